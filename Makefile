@@ -1,0 +1,49 @@
+# hypafilter top-level Makefile: `make demo` runs the main job, `make test` runs every test tier.
+# Set-up (Debian packages when missing, the pinned .venv) is part of each target and idempotent.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+PYTEST := $(VENV)/bin/pytest
+BUILD ?= build
+
+.PHONY: all setup test test-unit test-sim test-system demo lint format synth-estimate bench clean
+
+all: test
+
+setup:
+	@scripts/setup.sh python
+
+test: test-unit test-sim test-system
+
+test-unit:
+	@scripts/setup.sh python
+	$(PYTEST) -q tests/unit
+
+test-sim:
+	@scripts/setup.sh sim
+	$(PYTEST) -q sim
+
+test-system:
+	@scripts/setup.sh system
+	scripts/run-system-tests.sh
+
+demo:
+	@scripts/setup.sh system
+	scripts/demo.sh
+
+lint:
+	@scripts/setup.sh python
+	$(VENV)/bin/ruff check mgmt tests sim scripts
+	$(VENV)/bin/ruff format --check mgmt tests sim scripts
+
+format:
+	@scripts/setup.sh python
+	$(VENV)/bin/ruff format mgmt tests sim scripts
+	$(VENV)/bin/ruff check --fix mgmt tests sim scripts
+
+synth-estimate:
+	@scripts/setup.sh sim
+	$(VENV)/bin/hypafilter synth rulesets/example.rules --tool yosys --json
+
+clean:
+	rm -rf $(BUILD) sim/*/sim_build .pytest_cache

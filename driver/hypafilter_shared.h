@@ -1,0 +1,63 @@
+/* hypafilter_shared.h: the one definition of the shunt tag, metadata, mark layout and shim map names,
+ * included by the eBPF shim, the C tools and the emulated NIC, and parsed by the Python package
+ * (hypafilter.shared). Plain #defines with integer or string literals only, so every consumer can read it.
+ * Contract: ../shared/ARCHITECTURE.md sections 4 and 5.
+ */
+#ifndef HYPAFILTER_SHARED_H
+#define HYPAFILTER_SHARED_H
+
+/* In-band tag right after the source MAC: ethertype, then M big-endian (8 bytes), then the original ethertype. */
+#define HF_TAG_ETHERTYPE 0x88B5
+#define HF_TAG_LEN 10
+
+/* 64-bit shunt metadata M. */
+#define HF_META_INDEX_SHIFT 0
+#define HF_META_INDEX_MASK 0xFFFFFF
+#define HF_META_ACTION_SHIFT 24
+#define HF_META_ACTION_MASK 0xF
+#define HF_META_REASON_SHIFT 28
+#define HF_META_REASON_MASK 0xF
+#define HF_META_GEN_SHIFT 32
+#define HF_META_GEN_MASK 0xFFFF
+#define HF_META_MAGIC_SHIFT 48
+#define HF_META_MAGIC 0x4846
+
+/* Shunt reasons (M[31:28]). */
+#define HF_REASON_OVERRULE 0
+#define HF_REASON_POLICY 1
+#define HF_REASON_UNPARSED 2
+
+/* Action codes (M[27:24] and the low 4 bits of the mark value). */
+#define HF_ACTION_NONE 0
+#define HF_ACTION_ACCEPT 1
+#define HF_ACTION_DROP 2
+
+/* Mark value = (k << HF_MARK_K_SHIFT) | action; k = 0: no valid hardware metadata (full policy in software).
+ * The value is placed into skb->mark under a configurable mask: mark = (mark & ~mask) | ((value << shift) & mask). */
+#define HF_MARK_K_SHIFT 4
+#define HF_MARK_ACTION_MASK 0xF
+#define HF_K_NONE 0
+
+/* Shim BPF maps (pinned under HF_PIN_DIR). */
+#define HF_PIN_DIR "/sys/fs/bpf/hypafilter"
+#define HF_MAP_INTERVALS "hf_intervals"   /* array: match_index -> k (u32) */
+#define HF_MAP_CONFIG "hf_config"         /* array[1]: struct hf_config */
+#define HF_MAP_STATS "hf_stats"           /* per-cpu array: HF_STAT_* counters (u64) */
+#define HF_MAX_ENTRIES 1048576
+
+/* hf_config fields (struct hf_config { u32 generation, mark_mask, mark_shift, num_entries; }). */
+#define HF_CFG_GENERATION 0
+#define HF_CFG_MARK_MASK 1
+#define HF_CFG_MARK_SHIFT 2
+#define HF_CFG_NUM_ENTRIES 3
+
+/* Shim counters. */
+#define HF_STAT_TAGGED 0
+#define HF_STAT_UNTAGGED 1
+#define HF_STAT_BAD_MAGIC 2
+#define HF_STAT_STALE_GEN 3
+#define HF_STAT_UNPARSED 4
+#define HF_STAT_MARKED 5
+#define HF_STAT_COUNT 6
+
+#endif

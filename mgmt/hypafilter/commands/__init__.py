@@ -1,0 +1,1 @@
+"""CLI subcommands: every module here that defines `register(subparsers)` adds its commands."""

@@ -1,0 +1,60 @@
+"""Site configuration (TOML): mark bits, interface-to-hardware-port mapping, flattening bound, targets."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from .errors import HypafilterError
+
+
+@dataclass
+class Config:
+    # Mark: value (k << 4 | action) is written as (mark & ~mark_mask) | ((value << mark_shift) & mark_mask).
+    mark_mask: int = 0xFFFFFFFF
+    mark_shift: int = 0
+    # `-i NAME` / `-m physdev --physdev-in NAME` become the hardware field iport when NAME is mapped here
+    # (ingress MAC index 0..3); unmapped interfaces keep the rule complex.
+    hw_ports: dict[str, int] = field(default_factory=dict)
+    # Upper bound on the rules one jump may expand to when flattening user chains; above it the jump stays
+    # a complex rule and the user chain is loaded verbatim in software.
+    flatten_bound: int = 4096
+    # Shunting mode: "index", "selective" (paper Alg. 1) or "exact" (complex reductions in hardware).
+    shunt_mode: str = "selective"
+    # Software strategy: "full", "cut", "hsa_cut", "interval".
+    strategy: str = "interval"
+    # Netfilter table/base chain the tool hooks into, and the prefix of every chain it owns.
+    table: str = "filter"
+    chain_prefix: str = "HF"
+    # Hardware generation parameters.
+    tdata_width: int = 256
+    encoder_fanin: int = 8
+
+    @classmethod
+    def load(cls, path: str | Path | None) -> Config:
+        if path is None:
+            return cls()
+        p = Path(path)
+        try:
+            data = tomllib.loads(p.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise HypafilterError(f"{p}: cannot read configuration: {e}") from e
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise HypafilterError(f"{p}: unknown configuration keys: {', '.join(sorted(unknown))}")
+        cfg = cls(**data)
+        cfg.validate(str(p))
+        return cfg
+
+    def validate(self, where: str = "configuration") -> None:
+        if self.shunt_mode not in ("index", "selective", "exact"):
+            raise HypafilterError(f"{where}: shunt_mode must be index, selective or exact")
+        if self.strategy not in ("full", "cut", "hsa_cut", "interval"):
+            raise HypafilterError(f"{where}: strategy must be full, cut, hsa_cut or interval")
+        if self.tdata_width not in (256, 512):
+            raise HypafilterError(f"{where}: tdata_width must be 256 or 512")
+        for name, port in self.hw_ports.items():
+            if not 0 <= port <= 3:
+                raise HypafilterError(f"{where}: hw_ports[{name!r}] must be 0..3")

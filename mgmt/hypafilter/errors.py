@@ -1,0 +1,29 @@
+"""Error types shared by every part of the tool; each carries where the problem is."""
+
+from __future__ import annotations
+
+
+class HypafilterError(Exception):
+    """Base class: a clear, user-facing error (the CLI prints it and exits non-zero)."""
+
+
+class PolicyError(HypafilterError):
+    """An error in a policy file, naming file, line, column and the offending token."""
+
+    def __init__(self, message: str, file: str = "<policy>", line: int = 0, column: int = 0, token: str = ""):
+        self.message = message
+        self.file = file
+        self.line = line
+        self.column = column
+        self.token = token
+        where = f"{file}:{line}:{column}" if line else file
+        tok = f" (at {token!r})" if token else ""
+        super().__init__(f"{where}: {message}{tok}")
+
+
+class DeployError(HypafilterError):
+    """A deploy/update step failed; `step` names it. The previous deployment stays active."""
+
+    def __init__(self, step: str, message: str):
+        self.step = step
+        super().__init__(f"deploy step '{step}' failed: {message}")

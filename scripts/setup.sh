@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Idempotent set-up for every make target: Debian packages a tier needs (only when missing) and the pinned .venv.
+# Usage: scripts/setup.sh [python|sim|system|browser|all]...   (python is always done)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_SIM="ghdl ghdl-llvm yosys verilator g++ make"
+APT_SYSTEM="iproute2 iptables nftables clang llvm libbpf-dev bpftool libelf-dev zlib1g-dev libnetfilter-queue-dev
+            libmnl-dev gcc-multilib tcpdump ethtool kmod procps ghdl ghdl-llvm yosys verilator g++ make"
+APT_BROWSER="chromium"
+APT_PYTHON="python3 python3-venv"
+
+want=()
+for tier in "$@"; do
+  case "$tier" in
+    python) ;;
+    sim) want+=($APT_SIM) ;;
+    system) want+=($APT_SYSTEM) ;;
+    browser) want+=($APT_BROWSER) ;;
+    all) want+=($APT_SIM $APT_SYSTEM $APT_BROWSER) ;;
+    *) echo "setup.sh: unknown tier '$tier'" >&2; exit 2 ;;
+  esac
+done
+command -v python3 >/dev/null && python3 -c 'import venv, ensurepip' 2>/dev/null || want+=($APT_PYTHON)
+
+missing=()
+for pkg in "${want[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup.sh: missing Debian packages: ${missing[*]} (run as root, or install them)" >&2
+    exit 1
+  fi
+  echo "setup.sh: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# Python environment, rebuilt only when the lock file changes.
+stamp=.venv/.lock-$(sha256sum requirements.lock pyproject.toml | sha256sum | cut -c1-16)
+if [ ! -f "$stamp" ]; then
+  python3 -m venv .venv
+  .venv/bin/pip install -q --upgrade pip >/dev/null
+  .venv/bin/pip install -q -r requirements.lock
+  .venv/bin/pip install -q --no-deps -e .
+  rm -f .venv/.lock-*
+  touch "$stamp"
+fi

@@ -24,7 +24,7 @@ test-sim:
 	$(PYTEST) -q sim
 
 test-system:
-	@scripts/setup.sh system
+	@scripts/setup.sh system browser
 	scripts/run-system-tests.sh
 
 demo:

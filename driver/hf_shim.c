@@ -1,0 +1,395 @@
+/* hf_shim.c: loader and map tool for the eBPF shim (shim.bpf.o): load/unload on interfaces of a network namespace,
+ * bulk map updates, statistics as JSON.
+ *
+ *   hf_shim load   --obj OBJ --pin DIR [--netns NAME] [--generic] IFACE...
+ *   hf_shim unload --pin DIR [--netns NAME] IFACE...
+ *   hf_shim update --pin DIR [--generation G] [--mask M] [--shift S] [--num-entries N] [--intervals]
+ *                  (--intervals: whitespace-separated k values for match_index 0, 1, ... on stdin)
+ *   hf_shim stats  --pin DIR [--reset]
+ *   hf_shim dump   --pin DIR --count N
+ *
+ * It enters only the network namespace (setns CLONE_NEWNET), never the mount namespace: `ip netns exec` remounts
+ * /sys privately, which would hide the bpffs where the maps are pinned.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <limits.h>
+#include <net/if.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+#include <unistd.h>
+
+#include <bpf/bpf.h>
+#include <bpf/libbpf.h>
+#include <linux/if_link.h>
+
+#include "hypafilter_shared.h"
+
+#define BPF_FS_MAGIC_NUMBER 0xcafe4a11
+#define TC_HANDLE 0x4846
+#define TC_PRIORITY 1
+
+struct hf_config {
+	__u32 generation, mark_mask, mark_shift, num_entries;
+};
+
+static const char *stat_names[HF_STAT_COUNT] = {"tagged", "untagged", "bad_magic", "stale_gen", "unparsed", "marked"};
+
+static void die(const char *step, const char *fmt, ...)
+{
+	va_list ap;
+
+	fprintf(stderr, "hf_shim: %s: ", step);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	exit(1);
+}
+
+static int libbpf_log(enum libbpf_print_level level, const char *fmt, va_list ap)
+{
+	/* Verifier logs come at WARN level; they are what one needs when a load fails. */
+	if (level == LIBBPF_DEBUG)
+		return 0;
+	return vfprintf(stderr, fmt, ap);
+}
+
+static void enter_netns(const char *name)
+{
+	char path[PATH_MAX];
+	int fd;
+
+	if (!name || !*name)
+		return;
+	snprintf(path, sizeof(path), "/run/netns/%s", name);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		die("netns", "%s: %s", path, strerror(errno));
+	if (setns(fd, CLONE_NEWNET))
+		die("netns", "setns %s: %s", name, strerror(errno));
+	close(fd);
+}
+
+static void mkdirs(const char *dir)
+{
+	char buf[PATH_MAX];
+	char *p;
+
+	snprintf(buf, sizeof(buf), "%s", dir);
+	for (p = buf + 1; *p; p++) {
+		if (*p != '/')
+			continue;
+		*p = 0;
+		if (mkdir(buf, 0700) && errno != EEXIST)
+			die("pin", "mkdir %s: %s", buf, strerror(errno));
+		*p = '/';
+	}
+	if (mkdir(buf, 0700) && errno != EEXIST)
+		die("pin", "mkdir %s: %s", buf, strerror(errno));
+}
+
+/* The bpffs that holds HF_PIN_DIR, mounted if this boot has none yet. */
+static void ensure_bpffs(void)
+{
+	struct statfs st;
+
+	if (statfs("/sys/fs/bpf", &st) == 0 && (unsigned long)st.f_type == BPF_FS_MAGIC_NUMBER)
+		return;
+	if (mount("bpf", "/sys/fs/bpf", "bpf", 0, "mode=0700"))
+		die("bpffs", "mount bpf on /sys/fs/bpf: %s", strerror(errno));
+}
+
+static int ifindex_of(const char *ifname)
+{
+	int idx = if_nametoindex(ifname);
+
+	if (!idx)
+		die("interface", "%s: no such interface in this namespace", ifname);
+	return idx;
+}
+
+static int map_fd(const char *pin, const char *name)
+{
+	char path[PATH_MAX];
+	int fd;
+
+	snprintf(path, sizeof(path), "%s/%s", pin, name);
+	fd = bpf_obj_get(path);
+	if (fd < 0)
+		die("map", "%s: %s (is the shim loaded?)", path, strerror(errno));
+	return fd;
+}
+
+static int cmd_load(const char *obj_path, const char *pin, int generic, char **ifaces, int n)
+{
+	struct bpf_object *obj;
+	struct bpf_map *map;
+	struct bpf_program *xdp, *tc;
+	char path[PATH_MAX];
+	int i, err;
+
+	ensure_bpffs();
+	mkdirs(pin);
+	obj = bpf_object__open_file(obj_path, NULL);
+	if (!obj)
+		die("open", "%s: %s", obj_path, strerror(errno));
+	/* Pinned maps are reused by name, so a reload keeps tables and configuration. */
+	bpf_object__for_each_map(map, obj) {
+		snprintf(path, sizeof(path), "%s/%s", pin, bpf_map__name(map));
+		if (bpf_map__set_pin_path(map, path))
+			die("pin", "%s", path);
+	}
+	err = bpf_object__load(obj);
+	if (err)
+		die("load", "%s: %s", obj_path, strerror(-err));
+	xdp = bpf_object__find_program_by_name(obj, "hf_xdp");
+	tc = bpf_object__find_program_by_name(obj, "hf_tc");
+	if (!xdp || !tc)
+		die("load", "%s lacks hf_xdp or hf_tc", obj_path);
+
+	for (i = 0; i < n; i++) {
+		int idx = ifindex_of(ifaces[i]);
+		__u32 flags = generic ? XDP_FLAGS_SKB_MODE : XDP_FLAGS_DRV_MODE;
+		LIBBPF_OPTS(bpf_tc_hook, hook, .ifindex = idx, .attach_point = BPF_TC_INGRESS);
+		LIBBPF_OPTS(bpf_tc_opts, opts, .handle = TC_HANDLE, .priority = TC_PRIORITY,
+			    .prog_fd = bpf_program__fd(tc), .flags = BPF_TC_F_REPLACE);
+
+		/* TC first: a frame popped by XDP but not yet marked would still get k = 0, which is safe. */
+		err = bpf_tc_hook_create(&hook);
+		if (err && err != -EEXIST)
+			die("tc", "%s: clsact: %s", ifaces[i], strerror(-err));
+		err = bpf_tc_attach(&hook, &opts);
+		if (err)
+			die("tc", "%s: attach: %s", ifaces[i], strerror(-err));
+		err = bpf_xdp_attach(idx, bpf_program__fd(xdp), flags, NULL);
+		if (err)
+			die("xdp", "%s: attach (%s mode): %s", ifaces[i], generic ? "generic" : "native", strerror(-err));
+	}
+	bpf_object__close(obj);
+	return 0;
+}
+
+static int cmd_unload(const char *pin, char **ifaces, int n)
+{
+	char path[PATH_MAX];
+	int i, j, err, failed = 0;
+
+	for (i = 0; i < n; i++) {
+		int idx = if_nametoindex(ifaces[i]);
+		LIBBPF_OPTS(bpf_tc_hook, hook, .ifindex = idx, .attach_point = BPF_TC_INGRESS);
+		LIBBPF_OPTS(bpf_tc_opts, opts, .handle = TC_HANDLE, .priority = TC_PRIORITY);
+
+		if (!idx)
+			continue; /* interface gone: so are its programs */
+		/* Only our XDP program and our TC filter: other users of the interface keep theirs. */
+		err = bpf_xdp_detach(idx, XDP_FLAGS_DRV_MODE, NULL);
+		if (err)
+			err = bpf_xdp_detach(idx, XDP_FLAGS_SKB_MODE, NULL);
+		err = bpf_tc_detach(&hook, &opts);
+		if (err && err != -ENOENT && err != -EINVAL) {
+			fprintf(stderr, "hf_shim: tc: %s: detach: %s\n", ifaces[i], strerror(-err));
+			failed = 1;
+		}
+	}
+	for (j = 0; j < 3; j++) {
+		const char *names[] = {HF_MAP_INTERVALS, HF_MAP_CONFIG, HF_MAP_STATS};
+
+		snprintf(path, sizeof(path), "%s/%s", pin, names[j]);
+		if (unlink(path) && errno != ENOENT) {
+			fprintf(stderr, "hf_shim: pin: unlink %s: %s\n", path, strerror(errno));
+			failed = 1;
+		}
+	}
+	if (rmdir(pin) && errno != ENOENT && errno != ENOTEMPTY)
+		fprintf(stderr, "hf_shim: pin: rmdir %s: %s\n", pin, strerror(errno));
+	return failed;
+}
+
+static int cmd_update(const char *pin, long long gen, long long mask, long long shift, long long nent, int intervals)
+{
+	struct hf_config cfg;
+	__u32 zero = 0;
+	int cfd, ifd;
+
+	if (intervals) {
+		size_t cap = 4096, n = 0;
+		__u32 *vals = malloc(cap * sizeof(*vals)), *keys;
+		unsigned long v;
+		__u32 count;
+		int err;
+
+		ifd = map_fd(pin, HF_MAP_INTERVALS);
+		while (vals && scanf("%lu", &v) == 1) {
+			if (n == cap)
+				vals = realloc(vals, (cap *= 2) * sizeof(*vals));
+			if (!vals)
+				break;
+			if (n >= HF_MAX_ENTRIES)
+				die("intervals", "more than %d values", HF_MAX_ENTRIES);
+			vals[n++] = (__u32)v;
+		}
+		if (!vals)
+			die("intervals", "out of memory");
+		if (!feof(stdin))
+			die("intervals", "bad value after %zu numbers on stdin", n);
+		keys = malloc((n ? n : 1) * sizeof(*keys));
+		if (!keys)
+			die("intervals", "out of memory");
+		for (size_t i = 0; i < n; i++)
+			keys[i] = (__u32)i;
+		count = (__u32)n;
+		err = n ? bpf_map_update_batch(ifd, keys, vals, &count, NULL) : 0;
+		if (err == -EINVAL || err == -ENOTSUP || err == -EOPNOTSUPP) {
+			/* Kernels without batch ops on arrays: one syscall per entry is still fast for 1e5 entries. */
+			for (size_t i = 0; i < n; i++)
+				if (bpf_map_update_elem(ifd, &keys[i], &vals[i], BPF_ANY))
+					die("intervals", "update %zu: %s", i, strerror(errno));
+		} else if (err) {
+			die("intervals", "batch update: %s", strerror(-err));
+		}
+		free(keys);
+		free(vals);
+		close(ifd);
+	}
+	if (gen < 0 && mask < 0 && shift < 0 && nent < 0)
+		return 0;
+	cfd = map_fd(pin, HF_MAP_CONFIG);
+	if (bpf_map_lookup_elem(cfd, &zero, &cfg))
+		die("config", "read: %s", strerror(errno));
+	if (gen >= 0)
+		cfg.generation = (__u32)gen;
+	if (mask >= 0)
+		cfg.mark_mask = (__u32)mask;
+	if (shift >= 0)
+		cfg.mark_shift = (__u32)shift;
+	if (nent >= 0)
+		cfg.num_entries = (__u32)nent;
+	if (bpf_map_update_elem(cfd, &zero, &cfg, BPF_ANY))
+		die("config", "write: %s", strerror(errno));
+	close(cfd);
+	return 0;
+}
+
+static int cmd_stats(const char *pin, int reset)
+{
+	int ncpu = libbpf_num_possible_cpus(), sfd, cfd;
+	struct hf_config cfg;
+	__u64 *vals;
+	__u32 zero = 0;
+
+	if (ncpu <= 0)
+		die("stats", "cannot count CPUs");
+	vals = calloc(ncpu, sizeof(*vals));
+	sfd = map_fd(pin, HF_MAP_STATS);
+	cfd = map_fd(pin, HF_MAP_CONFIG);
+	if (bpf_map_lookup_elem(cfd, &zero, &cfg))
+		die("config", "read: %s", strerror(errno));
+	printf("{\"config\": {\"generation\": %u, \"mark_mask\": %u, \"mark_shift\": %u, \"num_entries\": %u}",
+	       cfg.generation, cfg.mark_mask, cfg.mark_shift, cfg.num_entries);
+	for (__u32 s = 0; s < HF_STAT_COUNT; s++) {
+		unsigned long long sum = 0;
+
+		if (bpf_map_lookup_elem(sfd, &s, vals))
+			die("stats", "read: %s", strerror(errno));
+		for (int c = 0; c < ncpu; c++)
+			sum += vals[c];
+		printf(", \"%s\": %llu", stat_names[s], sum);
+		if (reset) {
+			memset(vals, 0, ncpu * sizeof(*vals));
+			if (bpf_map_update_elem(sfd, &s, vals, BPF_ANY))
+				die("stats", "reset: %s", strerror(errno));
+		}
+	}
+	printf("}\n");
+	free(vals);
+	return 0;
+}
+
+static int cmd_dump(const char *pin, long long count)
+{
+	int fd = map_fd(pin, HF_MAP_INTERVALS);
+	__u32 v;
+
+	for (__u32 i = 0; i < (__u32)count; i++) {
+		if (bpf_map_lookup_elem(fd, &i, &v))
+			die("dump", "read %u: %s", i, strerror(errno));
+		printf("%u\n", v);
+	}
+	return 0;
+}
+
+static long long num_arg(const char *opt, const char *s)
+{
+	char *end;
+	long long v = strtoll(s, &end, 0);
+
+	if (!*s || *end || v < 0 || v > 0xFFFFFFFFLL)
+		die("arguments", "%s: not a 32-bit number: '%s'", opt, s);
+	return v;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"obj", required_argument, 0, 'o'},	    {"pin", required_argument, 0, 'p'},
+		{"netns", required_argument, 0, 'n'},	    {"generic", no_argument, 0, 'G'},
+		{"generation", required_argument, 0, 'g'}, {"mask", required_argument, 0, 'm'},
+		{"shift", required_argument, 0, 's'},	    {"num-entries", required_argument, 0, 'e'},
+		{"intervals", no_argument, 0, 'i'},	    {"reset", no_argument, 0, 'r'},
+		{"count", required_argument, 0, 'c'},	    {0, 0, 0, 0},
+	};
+	const char *cmd, *obj = NULL, *pin = NULL, *netns = NULL;
+	long long gen = -1, mask = -1, shift = -1, nent = -1, count = 0;
+	int c, generic = 0, intervals = 0, reset = 0;
+
+	if (argc < 2)
+		die("usage", "hf_shim load|unload|update|stats|dump [options] (see the source's header)");
+	cmd = argv[1];
+	optind = 2;
+	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (c) {
+		case 'o': obj = optarg; break;
+		case 'p': pin = optarg; break;
+		case 'n': netns = optarg; break;
+		case 'G': generic = 1; break;
+		case 'g': gen = num_arg("--generation", optarg); break;
+		case 'm': mask = num_arg("--mask", optarg); break;
+		case 's': shift = num_arg("--shift", optarg); break;
+		case 'e': nent = num_arg("--num-entries", optarg); break;
+		case 'i': intervals = 1; break;
+		case 'r': reset = 1; break;
+		case 'c': count = num_arg("--count", optarg); break;
+		default: die("usage", "unknown option");
+		}
+	}
+	if (!pin)
+		die("usage", "--pin DIR is required");
+	libbpf_set_print(libbpf_log);
+	if (!strcmp(cmd, "load")) {
+		if (!obj || optind >= argc)
+			die("usage", "load needs --obj OBJ and at least one interface");
+		enter_netns(netns);
+		return cmd_load(obj, pin, generic, argv + optind, argc - optind);
+	}
+	if (!strcmp(cmd, "unload")) {
+		enter_netns(netns);
+		return cmd_unload(pin, argv + optind, argc - optind);
+	}
+	if (!strcmp(cmd, "update"))
+		return cmd_update(pin, gen, mask, shift, nent, intervals);
+	if (!strcmp(cmd, "stats"))
+		return cmd_stats(pin, reset);
+	if (!strcmp(cmd, "dump"))
+		return cmd_dump(pin, count);
+	die("usage", "unknown command '%s'", cmd);
+	return 2;
+}

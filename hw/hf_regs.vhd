@@ -1,0 +1,219 @@
+-- AXI4-Lite register block of the core: the registers of hw/regmap.txt (offsets from the generated
+-- hf_regs_pkg), event counters, and the SUME indirect-access protocol to the per-entry tables.
+library ieee;
+use ieee.std_logic_1164.all;
+use ieee.numeric_std.all;
+
+use work.hf_pkg.all;
+use work.hf_regs_pkg.all;
+use work.hf_policy_pkg.all;
+
+entity hf_regs is
+  generic (
+    ADDR_WIDTH : positive := 12  -- AXI4-Lite address bits (4 KB window)
+  );
+  port (
+    clk           : in  std_logic;
+    rst           : in  std_logic;
+    s_axi_awaddr  : in  std_logic_vector(ADDR_WIDTH - 1 downto 0);
+    s_axi_awvalid : in  std_logic;
+    s_axi_awready : out std_logic;
+    s_axi_wdata   : in  std_logic_vector(31 downto 0);
+    s_axi_wstrb   : in  std_logic_vector(3 downto 0);
+    s_axi_wvalid  : in  std_logic;
+    s_axi_wready  : out std_logic;
+    s_axi_bresp   : out std_logic_vector(1 downto 0);
+    s_axi_bvalid  : out std_logic;
+    s_axi_bready  : in  std_logic;
+    s_axi_araddr  : in  std_logic_vector(ADDR_WIDTH - 1 downto 0);
+    s_axi_arvalid : in  std_logic;
+    s_axi_arready : out std_logic;
+    s_axi_rdata   : out std_logic_vector(31 downto 0);
+    s_axi_rresp   : out std_logic_vector(1 downto 0);
+    s_axi_rvalid  : out std_logic;
+    s_axi_rready  : in  std_logic;
+    -- to the datapath
+    generation    : out std_logic_vector(15 downto 0);
+    control       : out std_logic_vector(31 downto 0);
+    -- events: one pulse vector per frame leaving the core (EV_* bits), plus frames sent
+    ev_valid      : in  std_logic;
+    ev_bits       : in  std_logic_vector(EV_W - 1 downto 0);
+    ev_sent       : in  std_logic;
+    ev_fifo_drop  : in  std_logic;
+    -- tables
+    hits_clear    : out std_logic;
+    ind_req       : out std_logic;
+    ind_write     : out std_logic;
+    ind_addr      : out std_logic_vector(31 downto 0);
+    ind_wdata     : out std_logic_vector(31 downto 0);
+    ind_done      : in  std_logic;
+    ind_rdata     : in  std_logic_vector(31 downto 0)
+  );
+end entity;
+
+architecture rtl of hf_regs is
+  signal r_flip, r_debug, r_ind_addr, r_ind_wdata, r_ind_reply : std_logic_vector(31 downto 0) := (others => '0');
+  signal r_gen : std_logic_vector(31 downto 0) := REG_GENERATION_RESET;
+  signal r_control : std_logic_vector(31 downto 0) := REG_CONTROL_RESET;
+  signal r_ind_busy, r_ind_rd : std_logic := '0';
+  signal c_pktin, c_pktout, c_fwd, c_drop, c_over, c_pol, c_unp, c_host, c_forced, c_fifo :
+    unsigned(31 downto 0) := (others => '0');
+  signal clear_cnt : std_logic := '0';
+  signal bvalid, rvalid : std_logic := '0';
+  signal rdata : std_logic_vector(31 downto 0) := (others => '0');
+  signal req : std_logic := '0';
+  signal wr_fire, rd_fire : std_logic;
+  signal waddr, raddr : natural range 0 to 2 ** ADDR_WIDTH - 1;
+begin
+  assert ADDR_WIDTH >= 8 report "hf_regs: ADDR_WIDTH must cover the register map (>= 8)" severity failure;
+
+  -- a write takes address and data together; one transaction at a time keeps the slave simple
+  wr_fire <= s_axi_awvalid and s_axi_wvalid and not bvalid;
+  rd_fire <= s_axi_arvalid and not rvalid;
+  s_axi_awready <= wr_fire;
+  s_axi_wready <= wr_fire;
+  s_axi_arready <= rd_fire;
+  s_axi_bvalid <= bvalid;
+  s_axi_bresp <= "00";
+  s_axi_rvalid <= rvalid;
+  s_axi_rresp <= "00";
+  s_axi_rdata <= rdata;
+  waddr <= to_integer(unsigned(s_axi_awaddr(ADDR_WIDTH - 1 downto 2))) * 4;
+  raddr <= to_integer(unsigned(s_axi_araddr(ADDR_WIDTH - 1 downto 2))) * 4;
+
+  write_side : process (clk)
+  begin
+    if rising_edge(clk) then
+      req <= '0';
+      clear_cnt <= '0';
+      if bvalid = '1' and s_axi_bready = '1' then
+        bvalid <= '0';
+      end if;
+      if ind_done = '1' then
+        r_ind_busy <= '0';
+        r_ind_reply <= ind_rdata;
+      end if;
+      if wr_fire = '1' then
+        bvalid <= '1';
+        case waddr is
+          when REG_RESET =>
+            clear_cnt <= s_axi_wdata(0);
+          when REG_FLIP =>
+            r_flip <= s_axi_wdata;
+          when REG_DEBUG =>
+            r_debug <= s_axi_wdata;
+          when REG_IND_ADDRESS =>
+            r_ind_addr <= s_axi_wdata;
+          when REG_IND_WR_DATA =>
+            r_ind_wdata <= s_axi_wdata;
+          when REG_IND_COMMAND =>
+            r_ind_rd <= s_axi_wdata(4);
+            if s_axi_wdata(0) = '1' and r_ind_busy = '0' then
+              r_ind_busy <= '1';
+              req <= '1';
+            end if;
+          when REG_GENERATION =>
+            r_gen <= s_axi_wdata;
+          when REG_CONTROL =>
+            r_control <= s_axi_wdata;
+          when others =>
+            null;
+        end case;
+      end if;
+      if rst = '1' then
+        bvalid <= '0';
+        req <= '0';
+        r_ind_busy <= '0';
+        r_gen <= REG_GENERATION_RESET;
+        r_control <= REG_CONTROL_RESET;
+        r_flip <= (others => '0');
+        r_debug <= (others => '0');
+      end if;
+    end if;
+  end process;
+
+  counters : process (clk)
+    procedure bump(signal c : inout unsigned(31 downto 0); cond : std_logic) is
+    begin
+      if cond = '1' then
+        c <= c + 1;
+      end if;
+    end procedure;
+  begin
+    if rising_edge(clk) then
+      if ev_valid = '1' then
+        bump(c_pktin, ev_bits(EV_WIRE));
+        bump(c_pktout, ev_sent);
+        bump(c_fwd, ev_bits(EV_FORWARDED));
+        bump(c_drop, ev_bits(EV_DROPPED));
+        bump(c_over, ev_bits(EV_OVERRULE));
+        bump(c_pol, ev_bits(EV_POLICY));
+        bump(c_unp, ev_bits(EV_UNPARSED));
+        bump(c_host, ev_bits(EV_FROM_HOST));
+        bump(c_forced, ev_bits(EV_FORCED));
+      end if;
+      bump(c_fifo, ev_fifo_drop);
+      if clear_cnt = '1' or rst = '1' then
+        c_pktin <= (others => '0');
+        c_pktout <= (others => '0');
+        c_fwd <= (others => '0');
+        c_drop <= (others => '0');
+        c_over <= (others => '0');
+        c_pol <= (others => '0');
+        c_unp <= (others => '0');
+        c_host <= (others => '0');
+        c_forced <= (others => '0');
+        c_fifo <= (others => '0');
+      end if;
+    end if;
+  end process;
+
+  read_side : process (clk)
+  begin
+    if rising_edge(clk) then
+      if rvalid = '1' and s_axi_rready = '1' then
+        rvalid <= '0';
+      end if;
+      if rd_fire = '1' then
+        rvalid <= '1';
+        case raddr is
+          when REG_ID => rdata <= REG_ID_RESET;
+          when REG_VERSION => rdata <= REG_VERSION_RESET;
+          when REG_FLIP => rdata <= not r_flip;
+          when REG_DEBUG => rdata <= r_debug;
+          when REG_PKTIN => rdata <= std_logic_vector(c_pktin);
+          when REG_PKTOUT => rdata <= std_logic_vector(c_pktout);
+          when REG_IND_ADDRESS => rdata <= r_ind_addr;
+          when REG_IND_WR_DATA => rdata <= r_ind_wdata;
+          when REG_IND_REPLY => rdata <= r_ind_reply;
+          when REG_IND_COMMAND => rdata <= (4 => r_ind_rd, 0 => r_ind_busy, others => '0');
+          when REG_IND_CONFIG => rdata <= std_logic_vector(to_unsigned(N_ENTRIES + 1, 32));
+          when REG_GENERATION => rdata <= r_gen;
+          when REG_CONTROL => rdata <= r_control;
+          when REG_NUM_ENTRIES => rdata <= std_logic_vector(to_unsigned(N_ENTRIES, 32));
+          when REG_POLICY_HASH => rdata <= POLICY_HASH;
+          when REG_CNT_FORWARDED => rdata <= std_logic_vector(c_fwd);
+          when REG_CNT_DROPPED => rdata <= std_logic_vector(c_drop);
+          when REG_CNT_SHUNT_OVERRULE => rdata <= std_logic_vector(c_over);
+          when REG_CNT_SHUNT_POLICY => rdata <= std_logic_vector(c_pol);
+          when REG_CNT_SHUNT_UNPARSED => rdata <= std_logic_vector(c_unp);
+          when REG_CNT_FROM_HOST => rdata <= std_logic_vector(c_host);
+          when REG_CNT_SHUNT_FORCED => rdata <= std_logic_vector(c_forced);
+          when REG_CNT_FIFO_DROP => rdata <= std_logic_vector(c_fifo);
+          when others => rdata <= (others => '0');
+        end case;
+      end if;
+      if rst = '1' then
+        rvalid <= '0';
+      end if;
+    end if;
+  end process;
+
+  generation <= r_gen(15 downto 0);
+  control <= r_control;
+  hits_clear <= clear_cnt;
+  ind_req <= req;
+  ind_write <= not r_ind_rd;
+  ind_addr <= r_ind_addr;
+  ind_wdata <= r_ind_wdata;
+end architecture;

@@ -1,0 +1,253 @@
+// The dashboard page's code: polls /api, fills the cards and tables, and draws the rate charts as inline SVG.
+"use strict";
+
+(function () {
+  const REASON_COLORS = { overrule: "#e8871e", policy: "#8e44ad", unparsed: "#7f8c8d", forced: "#a0522d" };
+  const SERIES = [
+    { key: "forwarded", label: "forwarded (hw)", color: "#2e9d57", get: (p) => p.forwarded },
+    { key: "dropped", label: "dropped (hw)", color: "#d2433a", get: (p) => p.dropped },
+  ];
+  const SVGNS = "http://www.w3.org/2000/svg";
+  const interval = Math.max(0.2, parseFloat(document.body.dataset.interval) || 1);
+  // A token given as ?token= in the page address is passed on as a bearer token (header, not the URL).
+  const token = new URLSearchParams(window.location.search).get("token");
+  const fmt = new Intl.NumberFormat("en-US");
+  const fmtRate = new Intl.NumberFormat("en-US", { maximumFractionDigits: 1 });
+
+  if (token) {
+    for (const a of document.querySelectorAll("footer a")) {
+      a.href = a.getAttribute("href") + "?token=" + encodeURIComponent(token);
+    }
+  }
+
+  async function api(path) {
+    const headers = token ? { Authorization: "Bearer " + token } : {};
+    const res = await fetch(path, { headers, cache: "no-store" });
+    if (!res.ok) throw new Error(path + ": HTTP " + res.status);
+    return res.json();
+  }
+
+  function el(tag, attrs, text) {
+    const e = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
+    if (text !== undefined) e.textContent = text;
+    return e;
+  }
+
+  function setNum(id, value, formatter) {
+    const e = document.getElementById(id);
+    if (!e) return;
+    if (value === null || value === undefined) {
+      e.dataset.value = "";
+      e.textContent = "–";
+    } else {
+      e.dataset.value = String(value);
+      e.textContent = (formatter || fmt).format(value);
+    }
+  }
+
+  function pct(x) {
+    return x === null || x === undefined ? "–" : (100 * x).toFixed(2) + " %";
+  }
+
+  function setRatio(id, x) {
+    const e = document.getElementById(id);
+    e.dataset.value = x === null || x === undefined ? "" : String(x);
+    e.textContent = pct(x);
+  }
+
+  function renderSummary(s) {
+    document.getElementById("generation").textContent = s.generation === null ? "none" : s.generation;
+    document.getElementById("updated").textContent = s.time ? new Date(s.time * 1000).toLocaleTimeString() : "–";
+    const t = s.totals || {};
+    setNum("total-forwarded", t.forwarded);
+    setNum("total-dropped", t.dropped);
+    setNum("total-shunted", t.shunted);
+    for (const r of Object.keys(REASON_COLORS)) {
+      setNum("total-shunt-" + r, t.shunted_by_reason ? t.shunted_by_reason[r] : null);
+    }
+    setRatio("ratio-total", t.shunt_ratio);
+    const r = s.rates && s.rates.valid ? s.rates : null;
+    setNum("rate-forwarded", r ? r.forwarded : null, fmtRate);
+    setNum("rate-dropped", r ? r.dropped : null, fmtRate);
+    setNum("rate-shunted", r ? r.shunted : null, fmtRate);
+    for (const reason of Object.keys(REASON_COLORS)) {
+      setNum("rate-shunt-" + reason, r ? r.shunted_by_reason[reason] : null, fmtRate);
+    }
+    setRatio("ratio-interval", r ? r.shunt_ratio : null);
+    const errors = document.getElementById("errors");
+    errors.hidden = !s.errors.length;
+    errors.textContent = s.errors.join(" · ");
+  }
+
+  function chart(container, points, lines, yMax, yFmt, w) {
+    const h = 220, left = 64, right = 8, top = 8, bottom = 22;
+    const svg = document.createElementNS(SVGNS, "svg");
+    svg.setAttribute("viewBox", `0 0 ${w} ${h}`);
+    svg.setAttribute("role", "img");
+    const pw = w - left - right, ph = h - top - bottom;
+    const t0 = points.length ? points[0].time : 0;
+    const t1 = points.length ? points[points.length - 1].time : 1;
+    const span = Math.max(t1 - t0, interval);
+    const x = (t) => left + (pw * (t - t0)) / span;
+    const y = (v) => top + ph - (ph * v) / yMax;
+    const add = (tag, attrs, text) => {
+      const e = document.createElementNS(SVGNS, tag);
+      for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+      if (text !== undefined) e.textContent = text;
+      svg.appendChild(e);
+      return e;
+    };
+    for (let i = 0; i <= 4; i++) {
+      const v = (yMax * i) / 4;
+      add("line", { x1: left, x2: w - right, y1: y(v), y2: y(v), class: "gridline" });
+      add("text", { x: left - 6, y: y(v) + 4, class: "tick", "text-anchor": "end" }, yFmt(v));
+    }
+    add("text", { x: left, y: h - 6, class: "tick" }, points.length ? `${Math.round(span)} s` : "no data yet");
+    for (const line of lines) {
+      const pts = points.filter((p) => p.valid && line.get(p) !== null).map((p) => `${x(p.time).toFixed(1)},${y(line.get(p)).toFixed(1)}`);
+      if (pts.length) {
+        add("polyline", { points: pts.join(" "), fill: "none", stroke: line.color, "stroke-width": 2, "data-series": line.key });
+      }
+    }
+    container.replaceChildren(svg);
+  }
+
+  function niceMax(v) {
+    if (v <= 0) return 1;
+    const p = Math.pow(10, Math.floor(Math.log10(v)));
+    for (const m of [1, 2, 2.5, 5, 10]) if (m * p >= v) return m * p;
+    return 10 * p;
+  }
+
+  function renderSeries(series) {
+    const points = series.points;
+    const lines = SERIES.concat(
+      series.reasons.map((r) => ({ key: "shunt-" + r, label: "shunted: " + r, color: REASON_COLORS[r], get: (p) => p.shunted_by_reason[r] })),
+    );
+    let max = 0;
+    for (const p of points) if (p.valid) for (const l of lines) max = Math.max(max, l.get(p));
+    const yMax = niceMax(max);
+    const tick = yMax < 10 ? (v) => v.toFixed(2) : (v) => fmtRate.format(v);
+    chart(document.getElementById("chart-rates"), points, lines, yMax, tick, 640);
+    chart(
+      document.getElementById("chart-ratio"),
+      points,
+      [{ key: "ratio", label: "shunt ratio", color: "#e8871e", get: (p) => p.shunt_ratio }],
+      1,
+      (v) => Math.round(v * 100) + "%",
+      320,
+    );
+    const legend = document.getElementById("legend-rates");
+    if (!legend.childElementCount) {
+      for (const l of lines) {
+        const item = el("span", { class: "key" }, l.label);
+        item.style.setProperty("--c", l.color);
+        legend.appendChild(item);
+      }
+    }
+  }
+
+  function renderRules(v) {
+    const body = document.querySelector("#rules tbody");
+    const maxHits = Math.max(1, ...v.rules.map((r) => r.hits));
+    const rows = v.rules.map((r) => {
+      const tr = el("tr", { "data-rule": r.index, class: r.kind });
+      tr.appendChild(el("td", { class: "num" }, r.index));
+      tr.appendChild(el("td", { class: "where" }, r.where));
+      tr.appendChild(el("td", { class: "text" }, r.text));
+      tr.appendChild(el("td", { class: "kind" }, r.kind));
+      tr.appendChild(el("td", { class: "entry num" }, r.entry === null ? "–" : r.entry));
+      tr.appendChild(el("td", { class: "shunting" }, r.shunting === null ? "–" : r.shunting ? "yes" : "no"));
+      tr.appendChild(el("td", { class: "num hw", "data-value": r.hw_hits }, fmt.format(r.hw_hits)));
+      tr.appendChild(el("td", { class: "num nf", "data-value": r.nf_packets }, fmt.format(r.nf_packets)));
+      tr.appendChild(el("td", { class: "num hits", "data-value": r.hits }, fmt.format(r.hits)));
+      tr.appendChild(el("td", { class: "num rate" }, r.hits_rate === null ? "–" : fmtRate.format(r.hits_rate)));
+      const bar = el("td", { class: "bar" });
+      const fill = el("span");
+      fill.style.width = ((100 * r.hits) / maxHits).toFixed(1) + "%";
+      bar.appendChild(fill);
+      tr.appendChild(bar);
+      return tr;
+    });
+    body.replaceChildren(...rows);
+    const pe = document.getElementById("policy-entry");
+    const p = v.policy_entry;
+    pe.querySelector(".entry").textContent = p ? p.entry : "";
+    pe.querySelector(".shunting").textContent = p ? (p.shunting ? "yes" : "no") : "";
+    pe.querySelector(".hw").textContent = p ? fmt.format(p.hw_hits) : "";
+    pe.querySelector(".hw").dataset.value = p ? p.hw_hits : "";
+    pe.querySelector(".hits").textContent = p ? p.default : "";
+  }
+
+  function renderDeployment(d) {
+    const dl = document.getElementById("deployment");
+    const items = d.deployed
+      ? [
+          ["generation", d.generation],
+          ["policy", d.policy],
+          ["policy hash", (d.policy_hash || "").slice(0, 16)],
+          ["target", d.target],
+          ["shunt mode", d.mode],
+          ["strategy", d.strategy],
+          ["chain policy", d.default],
+          ["chains", `${d.chains} in ${d.netns}`],
+          ["rules", `${d.partition.rules} (${d.partition.simple} simple, ${d.partition.complex} complex)`],
+          ["hardware entries", `${d.partition.hardware_entries} (+ policy entry), ${d.partition.shunting_entries} shunting`],
+        ]
+      : [["deployed", "nothing"]];
+    dl.replaceChildren();
+    for (const [k, v] of items) {
+      dl.appendChild(el("dt", {}, k));
+      dl.appendChild(el("dd", { "data-key": k }, v === undefined || v === null ? "" : String(v)));
+    }
+    const body = document.querySelector("#history tbody");
+    body.replaceChildren(
+      ...d.history
+        .slice()
+        .reverse()
+        .map((u) => {
+          const tr = el("tr", { "data-generation": u.generation });
+          tr.appendChild(el("td", { class: "num" }, u.generation));
+          tr.appendChild(el("td", {}, u.kind));
+          tr.appendChild(el("td", {}, u.started ? new Date(u.started * 1000).toLocaleString() : "–"));
+          tr.appendChild(el("td", { class: "num duration", "data-value": u.duration }, u.duration.toFixed(2) + " s"));
+          tr.appendChild(el("td", { class: u.ok ? "ok" : "failed" }, u.ok ? "ok" : "failed" + (u.error ? ": " + u.error : "")));
+          tr.appendChild(el("td", { class: "hash" }, (u.policy_hash || "").slice(0, 12)));
+          return tr;
+        }),
+    );
+  }
+
+  function setStatus(cls, text) {
+    const s = document.getElementById("status");
+    s.className = "badge " + cls;
+    s.textContent = text;
+  }
+
+  let tick = 0;
+  async function refresh() {
+    try {
+      // Summary, series and rules are fetched together so that the page shows one snapshot at a time.
+      const [summary, series, rules] = await Promise.all([api("api/summary"), api("api/series?last=300"), api("api/rules")]);
+      if (tick % 5 === 0 || !document.getElementById("deployment").childElementCount) {
+        renderDeployment(await api("api/deployment"));
+      }
+      tick++;
+      renderSummary(summary);
+      renderSeries(series);
+      renderRules(rules);
+      document.body.dataset.seq = String(summary.seq);
+      document.body.dataset.rulesSeq = String(rules.seq);
+      if (!summary.deployed) setStatus("wait", "nothing deployed");
+      else if (summary.errors.length) setStatus("bad", "live, with errors");
+      else setStatus("live", "live");
+    } catch (e) {
+      setStatus("bad", "no connection");
+      console.error(e);
+    } finally {
+      setTimeout(refresh, interval * 1000);
+    }
+  }
+  refresh();
+})();

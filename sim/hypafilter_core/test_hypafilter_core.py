@@ -1,0 +1,312 @@
+"""Testbench of hypafilter_core, the whole core generated from real policies, checked frame by frame against hwmodel."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hftb import SIM_BUILD, AxiLite, AxisSink, AxisSource, load_obj, run_ghdl, save_obj  # noqa: E402
+
+from hypafilter import hwgen, hwmodel, regmap  # noqa: E402
+from hypafilter.ir import MAXV, Box, Header, Policy, Rule  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+FIFO_BYTES = 4096  # the emulator-sized packet FIFO; the SUME build uses 64 kB
+
+
+# ---------------------------------------------------------------- cocotb tests (run inside GHDL)
+
+try:
+    import cocotb
+    from cocotb.clock import Clock
+    from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
+except ImportError:  # collected by pytest outside a simulator: only the pytest functions below are used
+    cocotb = None
+
+
+class TB:
+    """Clock, reset, stream source/sink and register master of one hypafilter_core instance."""
+
+    def __init__(self, dut, seed: int, idle: float, ready: float):
+        self.dut = dut
+        self.width = len(dut.s_axis_tdata)
+        self.rng = random.Random(seed)
+        cocotb.start_soon(Clock(dut.axis_aclk, 4, units="ns").start())
+        self.src = AxisSource(dut, dut.axis_aclk, self.width, self.rng, idle)
+        self.sink = AxisSink(dut, dut.axis_aclk, self.width, self.rng, ready)
+        self.axil = AxiLite(dut, dut.axis_aclk)
+        self.regs = regmap
+
+    async def reset(self, n_entries: int) -> None:
+        self.dut.axis_resetn.value = 0
+        await ClockCycles(self.dut.axis_aclk, 5)
+        self.dut.axis_resetn.value = 1
+        cocotb.start_soon(self.sink.run())
+        # the hit counters are zeroed by a sweep after reset: one entry per cycle
+        await ClockCycles(self.dut.axis_aclk, n_entries + 10)
+
+    async def wait_out(self, count: int, limit: int = 200000) -> None:
+        for _ in range(limit):
+            if len(self.sink.frames) >= count:
+                break
+            await RisingEdge(self.dut.axis_aclk)
+        # nothing more may come out, and nothing may be left inside
+        await ClockCycles(self.dut.axis_aclk, 100)
+        assert len(self.sink.frames) == count, f"expected {count} frames out, got {len(self.sink.frames)}"
+        await ReadOnly()
+        assert int(self.dut.m_axis_tvalid.value) == 0, "a frame is still in flight"
+        await RisingEdge(self.dut.axis_aclk)
+
+
+def _expect(plan, frames, regs, counters, expected):
+    for f, tuser in frames:
+        sp = (tuser >> 16) & 0xFF
+        d = hwmodel.decide(plan, f, sp, regs)
+        counters.add(d, sp)
+        if d.kind != hwmodel.Kind.DROP:
+            expected.append((f, hwmodel.out_tuser(tuser, d), d))
+
+
+if cocotb is not None:
+
+    @cocotb.test()
+    async def core_traffic(dut):
+        """Phases of traffic with register changes between them; every frame, TUSER and counter checked."""
+        cfg = load_obj("HF_TB_CFG")
+        plan, phases = cfg["plan"], cfg["phases"]
+        n = len(plan.entries)
+        tb = TB(dut, cfg["seed"], idle=0.2, ready=0.7)
+        await tb.reset(n)
+        ax, R = tb.axil, regmap
+        assert await ax.read(R.REG_ID) == 0x48594641
+        assert await ax.read(R.REG_VERSION) == regmap.MAP.reg("VERSION").reset
+        assert await ax.read(R.REG_NUM_ENTRIES) == n
+        assert await ax.read(R.REG_IND_CONFIG) == n + 1
+        assert await ax.read(R.REG_POLICY_HASH) == int(plan.policy_hash[-8:], 16)
+        await ax.write(R.REG_FLIP, 0x12345678)
+        assert await ax.read(R.REG_FLIP) == 0x12345678 ^ 0xFFFFFFFF
+        assert await ax.read(R.REG_CONTROL) == 1
+        for i in range(min(n + 1, 40)):
+            assert await ax.table_access(R, R.TABLE_ACTION, i) == plan.actions[i] & 0xF
+
+        regs = hwmodel.Regs.from_plan(plan)
+        counters = hwmodel.Counters(n)
+        expected: list = []
+        rng = random.Random(cfg["seed"])
+        for phase, frames in enumerate(phases):
+            if phase == 1:  # shunt everything, new generation
+                regs.control, regs.generation = 3, 0xBEEF
+                await ax.write(R.REG_CONTROL, 3)
+                await ax.write(R.REG_GENERATION, 0x1BEEF)
+            elif phase == 2:  # a new shunt vector, written through the indirect table
+                regs.control = 1
+                await ax.write(R.REG_CONTROL, 1)
+                regs.shunt = [rng.randrange(2) for _ in range(n + 1)]
+                for w in range((n + 1 + 31) // 32):
+                    word = sum(b << j for j, b in enumerate(regs.shunt[32 * w : 32 * w + 32]))
+                    await ax.table_access(R, R.TABLE_SHUNT, w, word)
+                    assert await ax.table_access(R, R.TABLE_SHUNT, w) == word
+            elif phase == 3:  # some actions flipped
+                for i in rng.sample(range(n + 1), min(n + 1, 8)):
+                    regs.actions[i] = 3 - regs.actions[i] if regs.actions[i] in (1, 2) else 1
+                    await ax.table_access(R, R.TABLE_ACTION, i, regs.actions[i])
+            elif phase == 4:  # classification off: everything from the wire is shunted as unparsed
+                regs.control = 0
+                await ax.write(R.REG_CONTROL, 0)
+            _expect(plan, frames, regs, counters, expected)
+            await tb.src.send(frames)
+            await tb.wait_out(len(expected))
+        for k, ((f, tu, d), (got, gtu, _)) in enumerate(zip(expected, tb.sink.frames)):
+            assert got == f, f"frame {k}: data differs"
+            assert gtu == tu, f"frame {k}: tuser {gtu:#x} != {tu:#x} ({d})"
+        for name, value in counters.regs.items():
+            assert await ax.read(getattr(R, f"REG_{name}")) == value, name
+        sent = sum(len(p) for p in phases)
+        wire = await ax.read(R.REG_PKTIN)
+        assert wire + await ax.read(R.REG_CNT_FROM_HOST) == sent
+        assert await ax.read(R.REG_CNT_FIFO_DROP) == 0
+        idx = range(n + 1) if n < 48 else sorted(rng.sample(range(n), 40) + [n])
+        for i in idx:
+            assert await ax.table_access(R, R.TABLE_HITS, i) == counters.hits[i], f"HITS[{i}]"
+        await ax.write(R.REG_RESET, 1)
+        await ClockCycles(dut.axis_aclk, n + 10)
+        assert await ax.read(R.REG_PKTIN) == 0
+        assert await ax.table_access(R, R.TABLE_HITS, n) == 0
+        dut._log.info("core_traffic: %d frames in, %d out, counters %s", sent, len(expected), counters.regs)
+
+    @cocotb.test()
+    async def core_rate(dut):
+        """Back-to-back minimum-size frames, no back-pressure: packets per cycle and latency (printed)."""
+        cfg = load_obj("HF_TB_CFG")
+        plan = cfg["plan"]
+        tb = TB(dut, cfg["seed"], idle=0.0, ready=1.0)
+        await tb.reset(len(plan.entries))
+        frames = cfg["rate_frames"]
+        regs = hwmodel.Regs.from_plan(plan)
+        expected: list = []
+        _expect(plan, frames, regs, hwmodel.Counters(len(plan.entries)), expected)
+        await tb.src.send(frames[:1])  # latency of a lone frame through an empty core
+        await tb.wait_out(1)
+        latency = tb.sink.frames[0][2] - tb.src.accepted_first[0]
+        await tb.src.send(frames[1:])
+        await tb.wait_out(len(expected))
+        t = tb.src.accepted_first
+        rate = (len(frames) - 2) / (t[-1] - t[1])
+        beats = -(-len(frames[1][0]) // (tb.width // 8))
+        msg = (f"RESULT width={tb.width} entries={len(plan.entries)} frame={len(frames[1][0])}B "
+               f"packets/cycle={rate:.3f} (max {1 / beats:.3f}) latency_cycles={latency}")
+        dut._log.info(msg)
+        (Path(os.environ["HF_TB_OUT"])).write_text(msg + "\n")
+        assert all(g[0] == e[0] and g[1] == e[1] for g, e in zip(tb.sink.frames[1:], expected[1:]))
+
+
+# ---------------------------------------------------------------- policies and the pytest side
+
+FULL = Box.full()
+
+
+def random_policy(rng: random.Random, n_rules: int) -> Policy:
+    """A random policy over every field kind the hardware matches, with some complex rules."""
+    rules = []
+    for _ in range(n_rules):
+        boxes = []
+        for _ in range(rng.choice((1, 1, 1, 2, 3, 6))):
+            b = FULL
+            if rng.random() < 0.7:
+                plen = rng.choice((8, 16, 24, 32, rng.randrange(33)))
+                base = rng.getrandbits(32) & ~((1 << (32 - plen)) - 1) & 0xFFFFFFFF
+                b = b.with_field(rng.choice(("src", "dst")), base, base | ((1 << (32 - plen)) - 1))
+            if rng.random() < 0.15:
+                lo = rng.getrandbits(32)
+                b = b.with_field("dst", lo, min(MAXV[1], lo + rng.getrandbits(20)))
+            proto = rng.choice((6, 17, 1, None, 47))
+            if proto is not None:
+                b = b.with_field("proto", proto, proto)
+            if proto in (6, 17) and rng.random() < 0.7:
+                lo = rng.choice((80, 53, 0, 1024, rng.getrandbits(16)))
+                hi = lo if rng.random() < 0.5 else min(65535, lo + rng.getrandbits(rng.randrange(1, 16)))
+                b = b.with_field(rng.choice(("sport", "dport")), lo, hi)
+            if proto == 1 and rng.random() < 0.6:
+                t = rng.choice((0, 8, 3))
+                b = b.with_field("icmp_type", t, t)
+                if rng.random() < 0.5:
+                    b = b.with_field("icmp_code", 0, rng.randrange(4))
+            if proto == 6 and rng.random() < 0.3:
+                b = Box(b.lo, b.hi, 0x12, rng.choice((0x02, 0x10, 0x12)))
+            if rng.random() < 0.15:
+                p = rng.randrange(4)
+                b = b.with_field("iport", p, p)
+            boxes.append(b)
+        target = rng.choice(("ACCEPT", "ACCEPT", "DROP", "DROP", "LOG"))
+        rules.append(Rule(tuple(boxes), target, complex=(("-m", "state"),) if rng.random() < 0.1 else ()))
+    return Policy(rules, rng.choice(("ACCEPT", "DROP")), original_rules=[(str(rng.random()),)])
+
+
+def classbench_policy(path: Path, complex_every: int = 37) -> tuple[Policy, list[Header]]:
+    """ClassBench filters as IR rules (one box each, actions alternating, some complex), and the trace headers."""
+    rules = []
+    for i, line in enumerate(path.read_text().splitlines()):
+        f = line.lstrip("@").split("\t")
+        if len(f) < 5:
+            continue
+        b = FULL
+        for name, pfx in (("src", f[0]), ("dst", f[1])):
+            a, plen = pfx.split("/")
+            base = int.from_bytes(bytes(int(x) for x in a.split(".")), "big")
+            plen = int(plen)
+            mask = ((1 << plen) - 1) << (32 - plen)
+            b = b.with_field(name, base & mask, (base & mask) | (~mask & 0xFFFFFFFF))
+        for name, rng_ in (("sport", f[2]), ("dport", f[3])):
+            lo, hi = (int(x) for x in rng_.split(":"))
+            b = b.with_field(name, lo, hi)
+        proto, pmask = (int(x, 16) for x in f[4].split("/"))
+        if pmask == 0xFF:
+            b = b.with_field("proto", proto, proto)
+        target = "LOG" if i % complex_every == complex_every - 1 else ("ACCEPT", "DROP")[i % 2]
+        rules.append(Rule((b,), target))
+    trace = path.with_name(path.name.replace(".filters", "_trace.gz"))
+    headers = []
+    if trace.exists():
+        with gzip.open(trace, "rt") as t:
+            for k, line in enumerate(t):
+                if k >= 3000:
+                    break
+                s, d, sp, dp, pr = (int(x) for x in line.split()[:5])
+                headers.append(Header(s, d, pr, sp if pr in (6, 17) else 0, dp if pr in (6, 17) else 0, 0, 0, k % 4))
+    return Policy(rules, "DROP", original_rules=[(path.name,)]), headers
+
+
+def _run_core(tag: str, plan, width: int, seed: int, counts: tuple[int, ...], headers=None, testcase=None) -> Path:
+    from conftest import need_tool  # noqa: PLC0415
+
+    need_tool("ghdl")
+    from hftraffic import frames_for  # noqa: PLC0415
+
+    out = SIM_BUILD / "hypafilter_core" / tag
+    if out.exists():
+        shutil.rmtree(out)
+    gen = out / "gen"
+    hwgen.render(plan, gen, tdata_width=width)
+    rng = random.Random(seed)
+    phases = [frames_for(plan, rng, c, headers) for c in counts]
+    rate = frames_for(plan, random.Random(seed + 1), 300, headers)
+    rate = [(f[:60], (t & ~0xFFFF) | 60) for f, t in rate if len(f) >= 60 and (t >> 16) & 0x55]
+    cfg = save_obj({"plan": plan, "phases": phases, "seed": seed, "rate_frames": rate}, out / "cfg.pkl")
+    result = out / "rate.txt"
+    run_ghdl("hypafilter_core", hwgen.sources(gen), "test_hypafilter_core", tag,
+             {"C_S_AXIS_DATA_WIDTH": width, "C_FIFO_DEPTH_BYTES": FIFO_BYTES},
+             env={"HF_TB_CFG": str(cfg), "HF_TB_OUT": str(result)}, test_dir=HERE, testcase=testcase)
+    print(result.read_text() if result.exists() else "")
+    return out
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("width", [256, 512])
+def test_core_random_policy(width):
+    rng = random.Random(width)
+    plan = hwgen.minimal_plan(random_policy(rng, 40))
+    _run_core(f"random_w{width}", plan, width, seed=width, counts=(700, 300, 300, 200, 100))
+
+
+@pytest.mark.sim
+def test_core_tiny_policies():
+    """Edge cases of the generator: no entries at all, and a single catch-all entry."""
+    empty = hwgen.minimal_plan(Policy([], "DROP", original_rules=[("empty",)]))
+    _run_core("empty_w256", empty, 256, seed=3, counts=(150, 40, 40, 40, 40), testcase="core_traffic")
+    one = hwgen.minimal_plan(Policy([Rule((FULL,), "ACCEPT")], "DROP", original_rules=[("one",)]))
+    _run_core("one_w512", one, 512, seed=4, counts=(150, 40, 40, 40, 40), testcase="core_traffic")
+
+
+@pytest.mark.sim
+@pytest.mark.shared
+@pytest.mark.slow
+def test_core_classbench(shared_dir):
+    policy, headers = classbench_policy(shared_dir / "data" / "classbench" / "acl1_1100.filters")
+    plan = hwgen.hw_plan(policy)
+    assert len(plan.entries) > 1000
+    _run_core("acl1_1100_w256", plan, 256, seed=7, counts=(1500, 200, 300, 200, 100), headers=headers)
+
+
+@pytest.mark.sim
+def test_core_verilator_lint(tmp_path):
+    """The GHDL-produced Verilog of the top level (what the emulator builds) passes verilator --lint-only."""
+    from conftest import need_tool  # noqa: PLC0415
+
+    need_tool("ghdl", "verilator")
+    from hypafilter import synth  # noqa: PLC0415
+
+    plan = hwgen.minimal_plan(random_policy(random.Random(5), 20))
+    v = synth.ghdl_verilog(plan, tmp_path, tdata_width=256, fifo_bytes=FIFO_BYTES)
+    r = subprocess.run(["verilator", "--lint-only", "-Wno-fatal", "-Wall", "--top-module", "hypafilter_core", str(v)],
+                       capture_output=True, text=True)
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("%Error")]
+    assert r.returncode == 0 and not errors, r.stderr[-3000:]

@@ -1,0 +1,296 @@
+"""System tests of deploy/update/undeploy on the emulated NIC in a lab of its own: rollback, updates under traffic."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+
+import pytest
+
+from conftest import need_root, need_tool
+
+pytestmark = pytest.mark.system
+
+LAB = "hfd"
+STATE = f"/run/hypafilter/test-{LAB}"
+
+POLICY_A = """*filter
+:FORWARD DROP [0:0]
+-A FORWARD -p udp --dport 1000 -j ACCEPT
+-A FORWARD -p udp --dport 2000 -j DROP
+-A FORWARD -p udp --dport 3000 -m string --string BAD --algo bm -j DROP
+-A FORWARD -p udp --dport 3000 -j ACCEPT
+-A FORWARD -p tcp --dport 22 -j ACCEPT
+COMMIT
+"""
+# B: port 2000 flips to ACCEPT, a new complex rule on 4000; everything else keeps its verdict.
+POLICY_B = POLICY_A.replace("--dport 2000 -j DROP", "--dport 2000 -j ACCEPT").replace(
+    "COMMIT", "-A FORWARD -p udp --dport 4000 -m string --string BAD --algo bm -j ACCEPT\nCOMMIT"
+)
+
+
+def parse(text: str, name: str):
+    from hypafilter.config import Config
+    from hypafilter.parse import parse_policy
+
+    return parse_policy(text, filename=name, base_chain="FORWARD", config=Config())
+
+
+@pytest.fixture(scope="module")
+def lab():
+    need_root()
+    need_tool("ip", "iptables-restore", "clang", "ghdl", "verilator", "ethtool")
+    from hypafilter import deploy
+    from hypafilter.lab import Lab
+
+    deploy.configure(lab=LAB, state_dir=STATE)
+    shutil.rmtree(STATE, ignore_errors=True)
+    lab = Lab(LAB)
+    lab.down()
+    lab.up()
+    yield lab
+    try:
+        deploy.undeploy()
+    finally:
+        lab.down()
+        shutil.rmtree(STATE, ignore_errors=True)
+
+
+def verify(policy, packets=400):
+    from hypafilter.config import Config
+    from hypafilter.verify import verify
+
+    return verify(policy, Config(), packets=packets, seed=7)
+
+
+def nic_processes(sock_name: str) -> list[int]:
+    from pathlib import Path
+
+    pids = []
+    for p in Path("/proc").glob("[0-9]*"):
+        try:
+            if sock_name.encode() in (p / "cmdline").read_bytes():
+                pids.append(int(p.name))
+        except OSError:
+            pass
+    return pids
+
+
+def fw(lab, *argv):
+    return lab.exec_in("fw", list(argv)).stdout
+
+
+def test_deploy_status_undeploy(lab):
+    from hypafilter import deploy
+    from hypafilter.config import Config
+
+    pa = parse(POLICY_A, "a.rules")
+    st = deploy.deploy(pa, Config())
+    assert st["policy_hash"] == pa.policy_hash() and st["generation"] >= 1
+    assert f"-A FORWARD -j {st['main_chain']}" in fw(lab, "iptables", "-S", "FORWARD")
+    s = deploy.status()
+    assert s["deployed"] and s["shim_stats"]["config"]["generation"] == st["generation"]
+    assert "CNT_FORWARDED" in s["nic_counters"] and st["main_chain"] in s["netfilter"]
+    r = verify(pa)
+    assert r["mismatches"] == 0, r["examples"]
+    # Redeploying the same policy changes nothing.
+    assert deploy.deploy(pa, Config())["generation"] == st["generation"]
+    assert deploy.undeploy()
+    assert "HF" not in fw(lab, "iptables-save")
+    assert not deploy.status()["deployed"]
+
+
+@pytest.mark.parametrize("step", ["netfilter", "shim-tables", "registers", "activate"])
+def test_failed_update_keeps_previous(lab, monkeypatch, step):
+    from hypafilter import deploy
+    from hypafilter.config import Config
+    from hypafilter.errors import DeployError
+
+    pa, pb = parse(POLICY_A, "a.rules"), parse(POLICY_B, "b.rules")
+    before = deploy.deploy(pa, Config())
+    chains_before = fw(lab, "iptables-save", "-t", "filter")
+    monkeypatch.setenv(deploy.FAIL_ENV, step)
+    with pytest.raises(DeployError) as ei:
+        deploy.deploy(pb, Config())
+    assert ei.value.step == step
+    monkeypatch.delenv(deploy.FAIL_ENV)
+    after = deploy.read_state()
+    assert after["policy_hash"] == pa.policy_hash() and after["generation"] == before["generation"]
+    assert after["history"][-1]["result"] == "failed" and after["history"][-1]["step"] == step
+    # Nothing half-applied: the same chains, the old NIC alone, the shim back on the old generation.
+    assert fw(lab, "iptables-save", "-t", "filter").count(":HF") == chains_before.count(":HF")
+    assert f"HF{before['generation'] + 1}_" not in fw(lab, "iptables-save", "-t", "filter")
+    assert deploy.status()["shim_stats"]["config"]["generation"] == before["generation"]
+    assert deploy._nic_alive(after["nic"])
+    assert not nic_processes(f"{LAB}-g{before['generation'] + 1}.sock"), "the new NIC was left running"
+    with deploy.EmuTarget(Config()).client(after["nic"]) as c:
+        assert c.read("CONTROL") & 2 == 0, "shunt-all left on"
+    r = verify(pa)
+    assert r["mismatches"] == 0, r["examples"]
+
+
+def _traffic(lab, stop: threading.Event, sent: list, rate: float = 400.0):
+    """Frames on the hybrid path until `stop`: (time sent, uid, dport, payload has BAD)."""
+    from hypafilter.verify import build_frame, raw_socket
+
+    tx = raw_socket(lab.ns_send, "hyb0")
+    ports = (1000, 2000, 3000, 3000, 4000, 5000)
+    uid = 100000
+    try:
+        while not stop.is_set():
+            uid += 1
+            port = ports[uid % len(ports)]
+            bad = uid % 3 == 0
+            frame = build_frame(
+                uid,
+                {"src": 0x0A000101, "dst": 0x0A000201, "proto": 17, "sport": 999, "dport": port},
+                b"xxBADxx" if bad else b"xxgoodxx",
+            )
+            sent.append((time.monotonic(), uid, port, bad))
+            tx.send(frame)
+            time.sleep(1 / rate)
+    finally:
+        tx.close()
+
+
+def _expect(policy: str, port: int, bad: bool) -> bool:
+    if port == 1000:
+        return True
+    if port == 2000:
+        return policy == "B"
+    if port == 3000:
+        return not bad
+    if port == 4000:
+        return policy == "B" and bad
+    return False
+
+
+@pytest.mark.slow
+def test_update_under_traffic(lab):
+    from hypafilter import deploy
+    from hypafilter.config import Config
+    from hypafilter.verify import collect, drain, raw_socket
+
+    pa, pb = parse(POLICY_A, "a.rules"), parse(POLICY_B, "b.rules")
+    deploy.deploy(pa, Config())
+    from hypafilter import emu
+    from hypafilter.plan import build_plan
+
+    emu.build(build_plan(pb, Config()), Config(), build_root=deploy.BUILD_ROOT)  # the update measures the switch
+    rx = raw_socket(lab.ns_recv, "hyb0")
+    drain(rx)
+    got: dict = {"hybrid": {}}
+    sent: list = []
+    stop = threading.Event()
+    th = threading.Thread(target=_traffic, args=(lab, stop, sent))
+    th.start()
+    try:
+        time.sleep(1.0)
+        t_start = time.monotonic()
+        st = deploy.deploy(pb, Config())
+        t_done = time.monotonic()
+        time.sleep(1.0)
+    finally:
+        stop.set()
+        th.join()
+    collect({"hybrid": rx}, got, 0.5, 10.0)
+    rx.close()
+    assert st["policy_hash"] == pb.policy_hash()
+    wrong = []
+    for t, uid, port, bad in sent:
+        delivered = uid in got["hybrid"]
+        if t < t_start:
+            ok = delivered == _expect("A", port, bad)
+        elif t > t_done:
+            ok = delivered == _expect("B", port, bad)
+        else:  # during the update either policy's verdict is right
+            ok = delivered in (_expect("A", port, bad), _expect("B", port, bad))
+        if not ok:
+            wrong.append((round(t - t_start, 3), uid, port, bad, delivered))
+    during = sum(1 for t, *_ in sent if t_start <= t <= t_done)
+    assert during > 20, "too little traffic during the update to mean anything"
+    assert not wrong, f"{len(wrong)} wrong verdicts of {len(sent)} (t rel. to update start): {wrong[:10]}"
+
+
+def test_conntrack_tcp_both_paths(lab):
+    """First rule ESTABLISHED,RELATED: real TCP connections through the hybrid path and the plain path."""
+    import socket
+
+    from hypafilter import deploy
+    from hypafilter.config import Config
+    from hypafilter.verify import load_oracle, netns
+
+    text = """*filter
+:FORWARD DROP [0:0]
+-A FORWARD -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT
+-A FORWARD -p tcp --dport 8080 -j ACCEPT
+-A FORWARD -p tcp --dport 8081 -j DROP
+-A FORWARD -p icmp -j ACCEPT
+COMMIT
+"""
+    pol = parse(text, "ct.rules")
+    deploy.deploy(pol, Config())
+    load_oracle(lab.ns_plain, pol)
+    servers = []
+    stop = threading.Event()
+
+    def serve(srv):
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                continue
+            with c:
+                data = c.recv(4096)
+                c.sendall(data[::-1] * 50)  # a reply larger than one segment: several ESTABLISHED packets back
+
+    with netns(lab.ns_recv):
+        for port in (8080, 8081):
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("0.0.0.0", port))
+            s.listen(8)
+            servers.append(s)
+    threads = [threading.Thread(target=serve, args=(s,)) for s in servers]
+    for t in threads:
+        t.start()
+
+    def talk(dst: str, port: int) -> bytes | None:
+        with netns(lab.ns_send):
+            c = socket.socket()
+        c.settimeout(3)
+        try:
+            c.connect((dst, port))
+            c.sendall(b"hello hypafilter")
+            out = b""
+            while len(out) < 16 * 50:
+                chunk = c.recv(65536)
+                if not chunk:
+                    break
+                out += chunk
+            return out
+        except OSError:
+            return None
+        finally:
+            c.close()
+
+    try:
+        results = {}
+        for path in ("hyb", "plain"):
+            dst = lab.ip("recv", path)
+            for _ in range(3):
+                results[(path, 8080)] = talk(dst, 8080)
+            results[(path, 8081)] = talk(dst, 8081)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        for s in servers:
+            s.close()
+    want = b"retlifapyh olleh" * 50
+    assert results[("plain", 8080)] == want and results[("hyb", 8080)] == want, results
+    assert results[("plain", 8081)] is None and results[("hyb", 8081)] is None
+    counters = deploy.chain_counters(deploy.NS_FW, Config())
+    assert sum(r["packets"] for rules in counters.values() for r in rules) > 0

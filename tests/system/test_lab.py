@@ -1,0 +1,135 @@
+"""System test of the lab topology: idempotent up/down, exactly its own namespaces, working plain path (real TCP)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from conftest import ROOT, need_root, need_tool
+
+pytestmark = pytest.mark.system
+
+NAME = "hftl"
+BYSTANDER = "hftl_bystander"
+
+
+def sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    p = subprocess.run(list(argv), capture_output=True, text=True)
+    if check and p.returncode:
+        raise AssertionError(f"{' '.join(argv)}: {p.stderr}")
+    return p
+
+
+@pytest.fixture(scope="module")
+def lab():
+    need_root()
+    need_tool("ip", "ethtool", "sysctl")
+    from hypafilter.lab import Lab
+
+    lab = Lab(NAME)
+    lab.down()
+    sh("ip", "netns", "add", BYSTANDER, check=False)
+    yield lab
+    lab.down()
+    sh("ip", "netns", "del", BYSTANDER, check=False)
+
+
+def test_up_is_idempotent_and_complete(lab):
+    from hypafilter.lab import ROLES
+
+    lab.up()
+    first = lab.status()
+    lab.up()
+    second = lab.status()
+    assert first["complete"] and second["complete"]
+
+    # Link state may still settle between the calls; everything the lab configures must be identical.
+    def shape(st):
+        return {
+            ns: {i: {k: v for k, v in d.items() if k != "state"} for i, d in ls.items()}
+            for ns, ls in st["namespaces"].items()
+        }
+
+    assert shape(first) == shape(second)
+    assert sorted(first["namespaces"]) == sorted(lab.ns(r) for r in ROLES)
+    fw = second["namespaces"][lab.ns_fw]
+    assert fw["nf0"]["master"] == "br0" and fw["nf1"]["master"] == "br0"
+    assert fw["nf0"]["mtu"] >= 1514 + 10  # room for the in-band tag
+    for links in second["namespaces"].values():
+        for ifname, info in links.items():
+            assert info["ipv6"] == [], f"{ifname} has IPv6 addresses"
+            if ifname != "lo":
+                assert info["state"] in ("UP", "UNKNOWN"), f"{ifname} is {info['state']}"
+    assert second["namespaces"][lab.ns_send]["hyb0"]["ipv4"] == ["10.0.1.1/16"]
+    for role in ("fw", "plain"):
+        out = lab.exec_in(role, ["sysctl", "-n", "net.bridge.bridge-nf-call-iptables"]).stdout.strip()
+        assert out == "1"
+    feats = lab.exec_in("send", ["ethtool", "-k", "hyb0"]).stdout
+    for feat in ("generic-receive-offload", "generic-segmentation-offload", "tx-checksumming"):
+        assert f"{feat}: off" in feats
+
+
+def test_repairs_a_missing_link(lab):
+    lab.up()
+    sh("ip", "-n", lab.ns_fw, "link", "del", "nf1")  # removes host1 in the nic namespace too
+    assert not lab.status()["complete"]
+    lab.up()
+    st = lab.status()
+    assert st["complete"]
+    assert st["namespaces"][lab.ns_fw]["nf1"]["master"] == "br0"
+
+
+def test_plain_path_carries_tcp(lab):
+    """A real TCP exchange sender → plain bridge → receiver (the oracle path)."""
+    lab.up()
+    server = lab.popen_in(
+        "recv",
+        [
+            "python3",
+            "-c",
+            "import socket;s=socket.create_server(('10.1.2.1',5001));c,_=s.accept();c.sendall(c.recv(100)[::-1])",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        client = lab.exec_in(
+            "send",
+            [
+                "python3",
+                "-c",
+                "import socket,time\n"
+                "for _ in range(50):\n"
+                "    try:\n"
+                "        c=socket.create_connection(('10.1.2.1',5001),timeout=2);break\n"
+                "    except OSError: time.sleep(0.1)\n"
+                "c.sendall(b'hypafilter');print(c.recv(100).decode())",
+            ],
+            timeout=30,
+        )
+        assert client.stdout.strip() == "retlifapyh"
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_down_removes_only_its_own(lab):
+    lab.up()
+    removed = lab.down()
+    assert len(removed) == 5
+    names = sh("ip", "netns", "list").stdout
+    assert all(lab.ns(r) not in names.split() for r in ("send", "nic", "fw", "recv", "plain"))
+    assert BYSTANDER in names
+    assert lab.down() == []  # idempotent
+
+
+def test_cli(lab):
+    run = [str(ROOT / ".venv" / "bin" / "hypafilter"), "lab"]
+    assert sh(*run, "status", "--name", NAME, check=False).returncode == 1
+    assert "up" in sh(*run, "up", "--name", NAME).stdout
+    assert "complete" in sh(*run, "status", "--name", NAME).stdout
+    assert "removed" in sh(*run, "down", "--name", NAME).stdout
+    assert "nothing to remove" in sh(*run, "down", "--name", NAME).stdout
+    bad = sh(*run, "up", "--name", "no/slash", check=False)
+    assert bad.returncode == 2 and "lab name" in bad.stderr

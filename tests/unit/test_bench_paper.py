@@ -1,0 +1,137 @@
+"""`hypafilter bench paper` on a tiny ClassBench set: CSV/PNG/results outputs, and agreement with `analyze --json`."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+
+import pytest
+from hypafilter.cli import main
+
+pytestmark = pytest.mark.shared
+
+KS = (1, 5, 20)
+
+
+@pytest.fixture
+def tiny_shared(shared_dir, tmp_path):
+    """A shared-like folder with one small set: the first 120 rules of acl1_1100 and 3,000 of its trace headers."""
+    src = shared_dir / "data" / "classbench"
+    dst = tmp_path / "shared" / "data" / "classbench"
+    dst.mkdir(parents=True)
+    rules = (src / "acl1_1100.filters").read_text().splitlines()[:120]
+    (dst / "tiny_1100.filters").write_text("\n".join(rules) + "\n")
+    with gzip.open(src / "acl1_1100_trace.gz", "rt") as f:
+        lines = [next(f) for _ in range(3000)]
+    with gzip.open(dst / "tiny_1100_trace.gz", "wt") as f:
+        f.writelines(lines)
+    return tmp_path / "shared"
+
+
+def _rows(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_analytic_outputs_agree_with_analyze(tiny_shared, tmp_path, capsys):
+    out, md = tmp_path / "out", tmp_path / "results.md"
+    ks = ",".join(map(str, KS))
+    rc = main(
+        [
+            "bench",
+            "paper",
+            "--shared",
+            str(tiny_shared),
+            "--sets",
+            "tiny",
+            "--ks",
+            ks,
+            "--figures",
+            "11,12,13",
+            "--out",
+            str(out),
+            "--results-md",
+            str(md),
+        ]
+    )
+    assert rc == 0
+    capsys.readouterr()
+    f11, f12, f13 = (
+        _rows(out / f"{n}.csv") for n in ("fig11_shunting_rules", "fig12_shunted_packets", "fig13_traversed_rules")
+    )
+    for png in ("fig11.png", "fig12.png", "fig13.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = md.read_text()
+    for head in ("## Fig. 11", "## Fig. 12", "## Fig. 13", "Command: `", "Machine:"):
+        assert head in text
+
+    cb = tiny_shared / "data" / "classbench"
+    for k in KS:
+        rc = main(
+            [
+                "analyze",
+                "--classbench",
+                str(cb / "tiny_1100.filters"),
+                "--complex",
+                str(k),
+                "--trace",
+                str(cb / "tiny_1100_trace.gz"),
+                "--json",
+            ]
+        )
+        assert rc == 0
+        a = json.loads(capsys.readouterr().out)
+        r11 = {r["mode"]: int(r["shunting_rules"]) for r in f11 if int(r["K"]) == k}
+        r12 = {r["mode"]: int(r["shunted_packets"]) for r in f12 if int(r["K"]) == k}
+        r13 = {r["strategy"]: int(r["traversed_rules"]) for r in f13 if int(r["K"]) == k}
+        assert r11["index"] == a["shunting_rules_index_based"]
+        assert r11["selective"] == a["shunting_rules_selective"]
+        assert r12["index"] == a["shunted_packets_index_based"]
+        assert r12["selective"] == a["shunted_packets_selective"]
+        for strat, v in a["traversed_rules"].items():
+            assert r13[strat] == v, strat
+        # The exact mode shunts exactly the complex entries, and exactly the packets the lower bound counts.
+        assert r11["exact"] == a["complex"] == k
+        assert r12["exact"] == r12["lower_bound"]
+        assert r12["lower_bound"] <= r12["selective"] <= r12["index"] <= a["packets"]
+        assert r11["selective"] <= r11["index"]
+
+
+def test_unknown_figure_is_a_clear_error(tiny_shared, tmp_path, capsys):
+    rc = main(
+        [
+            "bench",
+            "paper",
+            "--shared",
+            str(tiny_shared),
+            "--figures",
+            "11,99",
+            "--out",
+            str(tmp_path / "o"),
+            "--no-results-md",
+        ]
+    )
+    assert rc == 2
+    assert "unknown figure(s) 99" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_missing_set_is_a_clear_error(tiny_shared, tmp_path, capsys):
+    rc = main(
+        [
+            "bench",
+            "paper",
+            "--shared",
+            str(tiny_shared),
+            "--sets",
+            "nosuch",
+            "--figures",
+            "11",
+            "--out",
+            str(tmp_path / "o"),
+            "--no-results-md",
+        ]
+    )
+    assert rc == 2
+    assert "nosuch_1100.filters" in capsys.readouterr().err

@@ -1,0 +1,112 @@
+"""Conformance of the parser with the iptables project's own rule-syntax tests (../shared/peer-tests/*.t)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypafilter.canonical import rule_tokens
+from hypafilter.errors import PolicyError
+from hypafilter.parse import parse_rule, tokenize
+
+MODELLED = {"tcp", "udp", "icmp", "multiport", "iprange", "comment"}
+VERDICTS = {"ACCEPT", "DROP", "RETURN"}
+FILES = sorted(
+    p.name for p in (Path(__file__).resolve().parents[2].parent / "shared/peer-tests/iptables-extensions").glob("*.t")
+)
+
+
+def cases(path: Path):
+    """(line number, rule, expected, ok) for every test line of a .t file."""
+    for no, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip() or line.startswith("#") or line.startswith(":"):
+            continue
+        parts = line.rsplit(";", 2)
+        if len(parts) != 3:
+            continue
+        rule, expected, result = parts
+        yield no, rule, expected, result.strip() == "OK"
+
+
+def understood(rule: str) -> bool:
+    """Whether every match and the target of a test line are ones the parser models fully."""
+    toks = []
+    for t in (t.text for t in tokenize(rule)):
+        if t.startswith("--") and "=" in t:
+            toks += t.split("=", 1)
+        elif len(t) > 2 and t[0] == "-" and t[1] in "mjg":
+            toks += [t[:2], t[2:]]
+        else:
+            toks.append(t)
+    for opt, arg in zip(toks, toks[1:] + [""], strict=True):
+        if opt in ("-m", "--match") and arg not in MODELLED:
+            return False
+        if opt in ("-j", "--jump") and arg not in VERDICTS:
+            return False
+        if opt in ("-g", "--goto"):
+            return False
+    return True
+
+
+def check_file(path: Path) -> dict[str, int]:
+    """Runs every line of one .t file; returns counts and raises AssertionError listing failures."""
+    n = {
+        "understood_ok": 0,
+        "understood_fail": 0,
+        "complex_ok": 0,
+        "complex_fail_rejected": 0,
+        "complex_fail_accepted": 0,
+    }
+    failures = []
+    for no, rule, expected, ok in cases(path):
+        where = f"{path.name}:{no}: {rule!r}"
+        try:
+            rules = parse_rule(rule, chains=set(), filename=path.name, line=no)
+            err = None
+        except PolicyError as e:
+            rules, err = None, e
+        if understood(rule):
+            if ok:
+                if err is not None:
+                    failures.append(f"{where} rejected: {err}")
+                    continue
+                want = rule if expected == "=" else expected
+                if expected:
+                    got = rule_tokens(rules[0])
+                    exp = tuple(t.text for t in tokenize(want))
+                    if got != exp:
+                        failures.append(f"{where} printed {' '.join(got)!r}, expected {want!r}")
+                        continue
+                n["understood_ok"] += 1
+            else:
+                if err is None:
+                    failures.append(f"{where} accepted, iptables rejects it")
+                    continue
+                n["understood_fail"] += 1
+        elif ok:
+            if err is not None:
+                failures.append(f"{where} (complex) rejected: {err}")
+                continue
+            n["complex_ok"] += 1
+        else:
+            n["complex_fail_rejected" if err is not None else "complex_fail_accepted"] += 1
+    assert not failures, "\n".join(failures)
+    return n
+
+
+@pytest.mark.shared
+@pytest.mark.parametrize("name", FILES or ["(none)"])
+def test_peer_file(shared_dir, name):
+    path = shared_dir / "peer-tests" / "iptables-extensions" / name
+    if not path.exists():
+        pytest.skip("no .t files")
+    check_file(path)
+
+
+@pytest.mark.shared
+def test_core_files_present_and_understood(shared_dir):
+    """The files the modelled matches come from must exist and have only understood lines checked strictly."""
+    d = shared_dir / "peer-tests" / "iptables-extensions"
+    for name in ("iptables.t", "libipt_standard.t", "libxt_tcp.t", "libxt_udp.t", "libipt_icmp.t", "libxt_multiport.t"):
+        counts = check_file(d / name)
+        assert counts["understood_ok"] + counts["understood_fail"] > 0, name

@@ -1,0 +1,141 @@
+"""Dashboard: the deployment as re-planned from the deploy state, and netfilter counters mapped back to policy rules."""
+
+import re
+
+import pytest
+from hypafilter.config import Config
+from hypafilter.dashboard.collector import attribute_netfilter, deployment_from_state, parse_iptables_save
+from hypafilter.deploy import partition_counts, plain_restore_text
+from hypafilter.errors import HypafilterError
+from hypafilter.netfilter import to_iptables_restore
+from hypafilter.parse import parse_policy
+from hypafilter.plan import build_plan
+
+USERCHAINS = """*filter
+:INPUT ACCEPT [0:0]
+:FORWARD DROP [0:0]
+:OUTPUT ACCEPT [0:0]
+:WEB - [0:0]
+-A FORWARD -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT
+-A FORWARD -s 10.0.1.0/24 -p udp --dport 53 -j ACCEPT
+-A FORWARD -p tcp -m string --string "BAD" --algo bm -j DROP
+-A FORWARD -p tcp --dport 80 -j WEB
+-A FORWARD -p udp --dport 5000:5100 -j DROP
+-A FORWARD -p icmp -j ACCEPT
+-A WEB -s 10.0.9.0/24 -j RETURN
+-A WEB -d 10.0.2.0/24 -j ACCEPT
+-A WEB -j LOG --log-prefix "web "
+COMMIT
+"""
+
+FLAT = """-P FORWARD ACCEPT
+-A FORWARD -p udp --dport 53 -j ACCEPT
+-A FORWARD -s 10.0.3.0/24 -j DROP
+-A FORWARD -p tcp -m string --string "BAD" --algo bm -j DROP
+-A FORWARD -p tcp --dport 22 -j DROP
+-A FORWARD -p icmp -j ACCEPT
+"""
+
+
+def deployed(tmp_path, text, strategy="interval", mode="selective", generation=4):
+    """The state `hypafilter deploy` writes for `text` (the fields the dashboard reads), and the rendered chains."""
+    path = tmp_path / "policy.rules"
+    path.write_text(text)
+    config = Config(strategy=strategy, shunt_mode=mode)
+    policy = parse_policy(text, str(path), "FORWARD", config)
+    plan = build_plan(policy, config)
+    prefix = f"HF{generation}_"
+    state = {
+        "generation": generation,
+        "prefix": prefix,
+        "chain_prefix": "HF",
+        "policy_hash": policy.policy_hash(),
+        "policy_source": str(path),
+        "base_chain": "FORWARD",
+        "table": "filter",
+        "mode": mode,
+        "strategy": strategy,
+        "mark_mask": config.mark_mask,
+        "mark_shift": config.mark_shift,
+        "plain_rules": plain_restore_text(policy),
+        "partition": partition_counts(policy, plan),
+        "nic": {"socket": "/run/hypafilter/x.sock"},
+        "shim": {"netns": "hf-fw"},
+        "history": [{"time": 10.0, "generation": generation, "kind": "deploy", "result": "ok", "duration_s": 1.5}],
+    }
+    return state, policy, plan, to_iptables_restore(plan, strategy, prefix)
+
+
+def with_counters(restore_text):
+    """The rendered chains as `iptables-save -c` would print them, each line counting a distinct packet number."""
+    out, numbers = [], {}
+    for n, line in enumerate(restore_text.splitlines(), 1):
+        if line.startswith("-A "):
+            out.append(f"[{n}:{n * 100}] {line}")
+            numbers[line] = n
+        else:
+            out.append(line)
+    return "\n".join(out) + "\n", numbers
+
+
+def test_rules_entries_and_shunt_bits_follow_the_plan(tmp_path):
+    state, policy, plan, _ = deployed(tmp_path, USERCHAINS)
+    dep = deployment_from_state(state)
+    assert dep.generation == 4 and dep.prefix == "HF4_" and dep.default == "DROP" and dep.nic.endswith("x.sock")
+    assert len(dep.rules) == len(policy.rules) and dep.n_entries == len(plan.entries)
+    for e, entry in enumerate(plan.entries):
+        rule = dep.rules[entry.rule_index]
+        assert rule.entry == e and rule.shunt == bool(plan.shunt[e])
+    assert [r.simple for r in dep.rules] == [r.is_simple for r in policy.rules]
+    assert dep.rules[3].where.endswith("policy.rules:13") and "10.0.2.0/24" in dep.rules[3].text
+    assert dep.policy_shunt == bool(plan.shunt[len(plan.entries)])
+    assert dep.partition["complex"] == len(policy.complex_indices)
+    assert dep.history[0].duration == 1.5
+
+
+def test_netfilter_counters_land_on_the_rule_each_line_was_emitted_for(tmp_path):
+    state, _, _, text = deployed(tmp_path, USERCHAINS)
+    dep = deployment_from_state(state)
+    saved, numbers = with_counters(text)
+    per_rule, _ = attribute_netfilter(parse_iptables_save(saved), dep.prefix, len(dep.rules), dep.positions)
+
+    def line(pattern):
+        hits = [n for ln, n in numbers.items() if re.search(pattern, ln)]
+        assert len(hits) == 1, (pattern, hits)
+        return hits[0]
+
+    # conntrack (rule 0) sits in C1, the string match (rule 2) in C2; the LOG rule of the user chain (rule 4)
+    # is counted by the last line of its helper chain, not by the jump into it.
+    assert per_rule[0][0] == line(r"^-A HF4_C1 .*conntrack")
+    assert per_rule[2][0] == line(r"^-A HF4_C2 .*string")
+    assert per_rule[4][0] == line(r"^-A HF4_R4L2 .*LOG")
+    assert set(per_rule) == {0, 2, 4}
+
+
+@pytest.mark.parametrize("strategy", ["full", "cut", "interval"])
+def test_full_chain_maps_line_by_line_and_recounted_rules_do_not_add_hardware_hits(tmp_path, strategy):
+    state, policy, plan, text = deployed(tmp_path, FLAT, strategy=strategy)
+    dep = deployment_from_state(state)
+    saved, numbers = with_counters(text)
+    per_rule, _ = attribute_netfilter(parse_iptables_save(saved), dep.prefix, len(dep.rules), dep.positions)
+    full = [n for ln, n in numbers.items() if ln.startswith("-A HF4_FULL ")]
+    assert len(full) == len(policy.rules)
+    for i in range(len(policy.rules)):
+        assert per_rule[i][0] >= full[i]  # the k = 0 path counts for every rule
+    shunting = [r for r in dep.rules if r.shunt]
+    assert shunting, "the string rule above makes later simple rules shunt"
+    for r in shunting:
+        # full/cut evaluate shunted simple rules again in software; interval decides them by the mark's action.
+        assert r.counts_hw == (strategy == "interval")
+    assert all(r.counts_hw for r in dep.rules if r.simple and not r.shunt)
+
+
+def test_a_changed_policy_file_falls_back_to_the_deployed_rules(tmp_path):
+    state, policy, _, _ = deployed(tmp_path, FLAT)
+    (tmp_path / "policy.rules").write_text(FLAT.replace("22", "23"))
+    dep = deployment_from_state(state)
+    assert [r.target for r in dep.rules] == [r.target for r in policy.rules]
+    assert "as deployed" in dep.rules[0].where
+    state["plain_rules"] = state["plain_rules"].replace("10.0.3.0/24", "10.0.4.0/24")
+    with pytest.raises(HypafilterError, match="do not hash"):
+        deployment_from_state(state)

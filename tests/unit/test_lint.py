@@ -1,0 +1,33 @@
+"""`hypafilter lint`: summary on success, file:line:column error and non-zero exit on bad input, no files written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hypafilter.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_lint_summary(capsys):
+    assert main(["lint", str(ROOT / "rulesets/listing1.rules")]) == 0
+    out = capsys.readouterr().out
+    assert "6 rules in FORWARD" in out and "4 simple, 2 complex" in out
+    assert "complex: match -m string --string SELECT --algo bm" in out
+
+
+def test_lint_error(tmp_path, capsys):
+    bad = tmp_path / "bad.rules"
+    bad.write_text("-p tcp -j ACCEPT\n-p udp --dport 9:1 -j DROP\n")
+    before = sorted(tmp_path.iterdir())
+    assert main(["lint", str(bad)]) != 0
+    err = capsys.readouterr().err
+    assert f"{bad}:2:16: invalid port range (min > max) (at '9:1')" in err
+    assert sorted(tmp_path.iterdir()) == before
+
+
+def test_lint_chain_option(tmp_path, capsys):
+    f = tmp_path / "in.rules"
+    f.write_text("*filter\n:INPUT DROP [0:0]\n-A INPUT -p tcp -m tcp --dport 22 -j ACCEPT\nCOMMIT\n")
+    assert main(["lint", str(f), "--chain", "INPUT"]) == 0
+    assert "policy DROP" in capsys.readouterr().out

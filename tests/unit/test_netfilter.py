@@ -1,0 +1,125 @@
+"""Unit tests for hypafilter.netfilter: chain structure, dispatch, mark mask, refusals (text only; loading is
+tests/system/test_netfilter_load.py)."""
+
+from __future__ import annotations
+
+import pytest
+from hypafilter.errors import HypafilterError
+from hypafilter.ir import Header
+from hypafilter.model import listing1, make_policy, make_rule
+from hypafilter.netfilter import STRATEGIES, build_program, dispatch_cost, mark_for, to_iptables_restore, to_nft
+from hypafilter.plan import build_plan
+
+STRING = [("-m", "string", "--string", "X", "--algo", "bm")]
+
+
+def _many_intervals(n=40):
+    rules = []
+    for i in range(n):
+        rules.append(make_rule("DROP", dst=f"10.0.{i}.0/24", proto="udp", complex=STRING))
+        rules.append(make_rule("ACCEPT" if i % 2 else "DROP", dst=f"10.0.{i}.0/24", proto="udp", dport=(53, 53)))
+    return make_policy(rules, "DROP")
+
+
+def test_every_chain_is_owned_and_main_ends_in_verdicts():
+    plan = build_plan(listing1(), mode="selective")
+    for s in STRATEGIES:
+        text = to_iptables_restore(plan, s, prefix="HF7_")
+        for ln in text.splitlines():
+            if ln.startswith((":", "-A")):
+                assert ln.split()[1 if ln.startswith("-A") else 0].lstrip(":").startswith("HF7_")
+        assert "-A FORWARD" not in text and text.rstrip().endswith("COMMIT")
+        assert "-A HF7_K0 -j HF7_FULL\n-A HF7_K0 -j ACCEPT\n" in text
+
+
+def test_full_chain_is_the_original_policy_verbatim():
+    pol = listing1()
+    text = to_iptables_restore(build_plan(pol), "full")
+    full = [ln[len("-A HF1_FULL ") :] for ln in text.splitlines() if ln.startswith("-A HF1_FULL ")]
+    assert len(full) == len(pol.original_rules)
+    assert full[0] == "-d 1.2.3.4/32 -p tcp -m tcp --dport 80 -j ACCEPT"
+
+
+def test_dispatch_is_a_binary_search_with_exact_leaves():
+    plan = build_plan(_many_intervals(), mode="selective")
+    prog = build_program(plan, "interval")
+    leaves = {(int(plan.interval[j]), int(plan.actions[j])) for j in range(plan.n + 1) if plan.shunt[j]}
+    assert len(leaves) > 30
+    # log2-ish cost instead of linear, for every leaf.
+    assert max(dispatch_cost(prog, mark_for(prog, k, a)) for k, a in leaves) <= 16
+    text = to_iptables_restore(plan, "interval")
+    assert text.count("-j HF1_D") >= 4
+    # Unknown marks fall back to the full policy.
+    assert prog.chains["HF1_MAIN"][-1].target == "HF1_K0"
+
+
+def test_interval_chains_share_prefixes_so_size_stays_linear():
+    plan = build_plan(_many_intervals(), mode="index")
+    text = to_iptables_restore(plan, "interval")
+    c_rules = [ln for ln in text.splitlines() if ln.startswith("-A HF1_C") and "string" in ln]
+    assert len(c_rules) == 40  # each complex rule written once, not once per interval
+
+
+def test_mark_mask_and_shift_are_honoured():
+    plan = build_plan(listing1(), mode="index")
+    text = to_iptables_restore(plan, "interval", mark_mask=0x00FFFF00, mark_shift=8)
+    assert "--mark 0x0/0xfff000" in text  # k = 0 test: the k bits inside the mask
+    assert "--mark 0x2100/0xffff00" in text
+    with pytest.raises(HypafilterError, match="does not fit mark_mask"):
+        to_iptables_restore(build_plan(_many_intervals(), mode="index"), "interval", mark_mask=0xF0, mark_shift=0)
+
+
+def test_hsa_cut_with_index_shunting_is_refused():
+    with pytest.raises(HypafilterError, match="not exact with index-based"):
+        to_iptables_restore(build_plan(listing1(), mode="index"), "hsa_cut")
+    with pytest.raises(HypafilterError, match="unknown strategy"):
+        to_iptables_restore(build_plan(listing1()), "magic")
+
+
+def test_cut_lists_follow_the_paper():
+    plan = build_plan(listing1(), mode="selective")
+    text = to_iptables_restore(plan, "cut")
+    cut = [ln for ln in text.splitlines() if ln.startswith("-A HF1_CUT")]
+    assert len(cut) == 4  # R3, R5, R6 and the chain policy
+    idx = to_iptables_restore(build_plan(listing1(), mode="index"), "cut")
+    assert len([ln for ln in idx.splitlines() if ln.startswith("-A HF1_CUT")]) == 5  # R3..R6 + policy
+
+
+def test_multi_level_rules_use_return_guards():
+    from hypafilter.ir import Level, Rule
+
+    base = make_rule("ACCEPT", src="10.0.0.0/8")
+    r = Rule(
+        boxes=base.boxes,
+        target="ACCEPT",
+        complex=(("-m", "conntrack", "--ctstate", "NEW"),),
+        levels=(Level(("-s", "10.0.0.0/8")), Level(("-m", "conntrack", "--ctstate", "NEW"), unless=(("-p", "tcp"),))),
+    )
+    pol = make_policy([base])
+    pol.rules = [r, make_rule("DROP", src="10.1.0.0/16")]
+    text = to_iptables_restore(build_plan(pol, mode="selective"), "interval")
+    assert "-A HF1_R0L2 -p tcp -j RETURN\n-A HF1_R0L2 -m conntrack --ctstate NEW -j ACCEPT" in text
+    assert "-s 10.0.0.0/8 -j HF1_R0L2" in text
+
+
+def test_nft_output_uses_a_verdict_map_and_refuses_string():
+    pol = make_policy(
+        [
+            make_rule("DROP", proto="tcp", dport=(22, 22), complex=[("-m", "conntrack", "--ctstate", "NEW")]),
+            make_rule("ACCEPT", src="10.0.0.0/8", proto="tcp", dports=[22, 80]),
+            make_rule("LOG", target_args=("--log-prefix", "x: "), proto="udp"),
+        ],
+        "DROP",
+    )
+    text = to_nft(build_plan(pol, mode="selective"), "interval")
+    assert "vmap {" in text and "ct state { new }" in text and 'log prefix "x: "' in text
+    assert "tcp dport { 22, 80 }" in text and text.count("table ip hf1") == 3
+    with pytest.raises(HypafilterError, match="no nftables equivalent"):
+        to_nft(build_plan(listing1()), "interval")
+
+
+def test_program_run_counts_rules():
+    plan = build_plan(listing1(), mode="index")
+    prog = build_program(plan, "full")
+    verdict, count = prog.run(Header(dst=0x01020306, proto=17, dport=53), 0, lambda *a: False)
+    assert (verdict, count) == ("ACCEPT", 6)

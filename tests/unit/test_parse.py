@@ -1,0 +1,283 @@
+"""Parser: file formats, modelled matches and their boxes, negations, complex rules, error positions, rulesets/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypafilter.canonical import format_tokens, rule_tokens
+from hypafilter.config import Config
+from hypafilter.errors import PolicyError
+from hypafilter.ir import Header
+from hypafilter.parse import parse_policy, parse_rule, tokenize
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def ip(s: str) -> int:
+    a, b, c, d = (int(x) for x in s.split("."))
+    return (a << 24) | (b << 16) | (c << 8) | d
+
+
+def one(text: str, **kw):
+    (r,) = parse_rule(text, **kw)
+    return r
+
+
+def hit(r, **h) -> bool:
+    return any(b.contains(Header(**h)) for b in r.boxes)
+
+
+def canon(text: str) -> str:
+    return format_tokens(rule_tokens(one(text)))
+
+
+def test_tokenize_quotes_and_columns():
+    toks = tokenize('-m comment --comment "a \\"b\\" c" -j ACCEPT # tail')
+    assert [t.text for t in toks] == ["-m", "comment", "--comment", 'a "b" c', "-j", "ACCEPT"]
+    assert [t.col for t in toks] == [1, 4, 12, 22, 34, 37]
+
+
+def test_unterminated_quote():
+    with pytest.raises(PolicyError) as e:
+        parse_policy('-m string --string "abc -j DROP\n', filename="q.rules")
+    assert (e.value.line, e.value.column) == (1, 20)
+
+
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        ("-s 10.11.12.13/8", "-s 10.0.0.0/8"),
+        ("-p 6 --dport 22", "-p tcp -m tcp --dport 22"),
+        ("--protocol=udp --sport=53:", "-p udp -m udp --sport 53:65535"),
+        ("-ptcp -s1.2.3.4 -jACCEPT", "-s 1.2.3.4/32 -p tcp -j ACCEPT"),
+        ("-p tcp --syn", "-p tcp -m tcp --tcp-flags FIN,SYN,RST,ACK SYN"),
+        ("-p tcp --dport ! 80", "-p tcp -m tcp ! --dport 80"),
+        ("-p tcp -m comment --comment 'a b' --dport 80", '-p tcp -m comment --comment "a b" -m tcp --dport 80'),
+        ("-p icmp --icmp-type echo-request", "-p icmp -m icmp --icmp-type 8"),
+        ("-p icmp --icmp-type port-unreachable", "-p icmp -m icmp --icmp-type 3/3"),
+        ("-m iprange --src-range 1.1.1.1", "-m iprange --src-range 1.1.1.1-1.1.1.1"),
+        ("-p udp -m multiport --dports 53,1024:65535", "-p udp -m multiport --dports 53,1024:65535"),
+        (
+            "-s 1.2.3.4 -p tcp -m string --string x --algo bm --dport 80",
+            "-s 1.2.3.4/32 -p tcp -m string --string x --algo bm -m tcp --dport 80",
+        ),
+        ("-i + -o eth1 -j LOG --log-prefix 'x y'", '-o eth1 -j LOG --log-prefix "x y"'),
+    ],
+)
+def test_canonical_forms(text, want):
+    assert canon(text) == want
+
+
+def test_addresses_and_negation():
+    r = one("! -s 10.0.0.0/8 -d 192.168.1.0/255.255.255.0")
+    assert not r.complex and len(r.boxes) == 2
+    assert hit(r, src=ip("11.0.0.1"), dst=ip("192.168.1.7"))
+    assert not hit(r, src=ip("10.9.0.1"), dst=ip("192.168.1.7"))
+    assert not hit(r, src=ip("11.0.0.1"), dst=ip("192.168.2.7"))
+
+
+def test_noncontiguous_mask_is_complex():
+    r = one("-s 10.0.12.0/255.0.255.0 -j ACCEPT")
+    assert r.complex == (("-s", "10.0.12.0/255.0.255.0"),) or r.complex == [("-s", "10.0.12.0/255.0.255.0")]
+
+
+def test_multiple_addresses_expand():
+    rs = parse_rule("-s 10.0.0.1,10.0.0.2 -d 1.1.1.1 -j DROP")
+    assert [format_tokens(rule_tokens(r)) for r in rs] == [
+        "-s 10.0.0.1/32 -d 1.1.1.1/32 -j DROP",
+        "-s 10.0.0.2/32 -d 1.1.1.1/32 -j DROP",
+    ]
+
+
+def test_ports_and_negated_ports():
+    r = one("-p tcp ! --dport 1000:2000 --sport 5")
+    assert hit(r, proto=6, sport=5, dport=999) and hit(r, proto=6, sport=5, dport=2001)
+    assert not hit(r, proto=6, sport=5, dport=1500)
+    assert not hit(r, proto=17, sport=5, dport=999)
+    assert not hit(r, proto=6, sport=6, dport=999)
+
+
+def test_multiport_ports_is_src_or_dst():
+    r = one("-p udp -m multiport --ports 53,100:110")
+    assert hit(r, proto=17, sport=53, dport=9) and hit(r, proto=17, sport=9, dport=105)
+    assert not hit(r, proto=17, sport=9, dport=9)
+    n = one("-p udp -m multiport ! --ports 53,100:110")
+    assert n.boxes and hit(n, proto=17, sport=9, dport=9)
+    assert not hit(n, proto=17, sport=53, dport=9) and not hit(n, proto=17, sport=9, dport=100)
+
+
+def test_multiport_on_sctp_is_complex():
+    r = one("-p sctp -m multiport --dports 1,2 -j ACCEPT")
+    assert r.complex and hit(r, proto=132) and not hit(r, proto=6)
+
+
+def test_tcp_flags_and_negation():
+    r = one("-p tcp --tcp-flags SYN,ACK SYN")
+    assert hit(r, proto=6, tcp_flags=0x02) and hit(r, proto=6, tcp_flags=0x03)
+    assert not hit(r, proto=6, tcp_flags=0x12)
+    n = one("-p tcp ! --syn")
+    for f in range(64):
+        assert hit(n, proto=6, tcp_flags=f) == ((f & 0x17) != 0x02)
+    impossible = one("-p tcp --tcp-flags SYN SYN,ACK")
+    assert impossible.boxes == []
+
+
+def test_icmp_types():
+    r = one("-p icmp --icmp-type destination-unreachable")
+    assert hit(r, proto=1, icmp_type=3, icmp_code=9) and not hit(r, proto=1, icmp_type=8)
+    r = one("-p icmp ! --icmp-type 3/1")
+    assert hit(r, proto=1, icmp_type=3, icmp_code=0) and hit(r, proto=1, icmp_type=8)
+    assert not hit(r, proto=1, icmp_type=3, icmp_code=1)
+    assert hit(one("-p icmp --icmp-type any"), proto=1, icmp_type=42)
+    assert one("-p icmp ! --icmp-type any").boxes == []
+
+
+def test_iprange_negated():
+    r = one("-m iprange ! --dst-range 10.0.0.5-10.0.0.9")
+    assert hit(r, dst=ip("10.0.0.4")) and hit(r, dst=ip("10.0.0.10")) and not hit(r, dst=ip("10.0.0.7"))
+
+
+def test_interfaces_mapped_and_unmapped():
+    cfg = Config(hw_ports={"nf0": 0, "nf1": 2})
+    r = one("-i nf1 -p udp -j ACCEPT", config=cfg)
+    assert not r.complex and hit(r, proto=17, iport=2) and not hit(r, proto=17, iport=0)
+    r = one("! -i nf1 -j ACCEPT", config=cfg)
+    assert not r.complex and hit(r, iport=1) and not hit(r, iport=2)
+    assert one("-i eth0 -j ACCEPT", config=cfg).complex == [("-i", "eth0")]
+    assert one("-i nf+ -j ACCEPT", config=cfg).complex == [("-i", "nf+")]
+    assert one("-o nf0 -j ACCEPT", config=cfg).complex == [("-o", "nf0")]
+    r = one("-m physdev --physdev-in nf0 -j ACCEPT", config=cfg)
+    assert not r.complex and hit(r, iport=0) and not hit(r, iport=1)
+
+
+def test_complex_matches_and_fragments_kept():
+    r = one('-p udp -m string --string "SELECT" --algo bm -f -j DROP')
+    assert ("-m", "string", "--string", "SELECT", "--algo", "bm") in r.complex
+    assert ("-f",) in r.complex
+    assert hit(r, proto=17) and not hit(r, proto=6)
+
+
+def test_comment_is_not_a_check():
+    r = one("-p tcp --dport 22 -m comment --comment ssh -j ACCEPT")
+    assert not r.complex
+
+
+@pytest.mark.parametrize(
+    "text, col, token, msg",
+    [
+        ("-p tcp --dport 4:3", 16, "4:3", "min > max"),
+        ("-p tcp --dport 65536", 16, "65536", "out of range"),
+        ("-s www.example.com", 4, "www.example.com", "host names"),
+        ("-s 10.0.0.0/33", 4, "10.0.0.0/33", "prefix"),
+        ("-p foo", 4, "foo", "unknown protocol"),
+        ("--dport 80", 1, "--dport", "unknown option"),
+        ("-m tcp --dport 80", 4, "tcp", "needs -p tcp"),
+        ("-p udp -m tcp --dport 80", 11, "tcp", "needs -p tcp"),
+        ("-p tcp -s 1.1.1.1 -s 2.2.2.2", 19, "-s", "multiple -s"),
+        ("-p tcp --dport 1 --dport 2", 18, "--dport", "only one"),
+        ("-j", 1, "-j", "needs an argument"),
+        ("-j FOO", 4, "FOO", "unknown target"),
+        ("! -p all", 6, "all", "never match"),
+        ("! ! -s 1.1.1.1", 3, "!", "multiple !"),
+        ("! -j ACCEPT", 1, "!", "cannot have !"),
+        ("-m multiport", 4, "multiport", "needs --sports"),
+        ("-p tcp -m multiport --dports 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16", 30, None, "too many"),
+        ("-m comment", 4, "comment", "needs --comment"),
+        ("-p icmp --icmp-type bogus", 21, "bogus", "ICMP type"),
+        ("-p tcp --tcp-flags SYN,BOGUS SYN", 20, "SYN,BOGUS", "TCP flag"),
+        ("-i thisinterfaceistoolong0", 4, "thisinterfaceistoolong0", "longer"),
+        ("-g ACCEPT", 4, "ACCEPT", "user-defined chain"),
+    ],
+)
+def test_errors_name_position_and_token(text, col, token, msg):
+    with pytest.raises(PolicyError) as e:
+        parse_policy(text + "\n", filename="bad.rules")
+    err = e.value
+    assert msg in err.message
+    assert (err.file, err.line, err.column) == ("bad.rules", 1, col)
+    if token is not None:
+        assert err.token == token
+    assert str(err).startswith(f"bad.rules:1:{col}: ")
+
+
+def test_plain_file_features():
+    text = """
+# a comment
+iptables -P FORWARD DROP
+-N WEB
+-A WEB -p tcp --dport 80 -j ACCEPT
+-p tcp -j WEB
+iptables -A FORWARD -p udp -j ACCEPT
+iptables -t nat -A POSTROUTING -j MASQUERADE
+-I FORWARD -s 10.9.9.9 -j DROP
+"""
+    p = parse_policy(text, filename="p.rules")
+    assert p.default == "DROP"
+    assert p.original_rules == [
+        ("-s", "10.9.9.9/32", "-j", "DROP"),
+        ("-p", "tcp", "-j", "WEB"),
+        ("-p", "udp", "-j", "ACCEPT"),
+    ]
+    assert [r.target for r in p.rules] == ["DROP", "ACCEPT", "ACCEPT"]
+    assert p.rules[1].origin.line == 5 and p.rules[1].origin.chain == "WEB"
+
+
+def test_plain_file_errors():
+    with pytest.raises(PolicyError, match="no such chain"):
+        parse_policy("-A NOPE -j ACCEPT\n")
+    with pytest.raises(PolicyError, match="user-defined chain cannot have a policy"):
+        parse_policy("-N X\n-P X DROP\n")
+    with pytest.raises(PolicyError, match="not supported"):
+        parse_policy("-F FORWARD\n")
+
+
+def test_save_file_errors():
+    with pytest.raises(PolicyError, match="COMMIT"):
+        parse_policy("*filter\n:FORWARD DROP [0:0]\n-A FORWARD -j ACCEPT\n")
+    with pytest.raises(PolicyError, match="cannot have a policy") as e:
+        parse_policy("*filter\n:X DROP [0:0]\nCOMMIT\n")
+    assert e.value.line == 2 and e.value.token == "DROP"
+    with pytest.raises(PolicyError, match="outside a table"):
+        parse_policy("*filter\nCOMMIT\n-A FORWARD -j ACCEPT\n")
+
+
+def test_other_tables_ignored():
+    text = "*nat\n:POSTROUTING ACCEPT [0:0]\n-A POSTROUTING -o eth0 -j MASQUERADE\nCOMMIT\n*filter\n:FORWARD DROP [0:0]\n-A FORWARD -p tcp -j ACCEPT\nCOMMIT\n"
+    p = parse_policy(text)
+    assert p.default == "DROP" and len(p.rules) == 1
+
+
+def test_counters_prefix_and_set_counters():
+    p = parse_policy("*filter\n:FORWARD ACCEPT [5:100]\n[3:4] -A FORWARD -c 1,2 -p udp -j DROP\nCOMMIT\n")
+    assert p.original_rules == [("-p", "udp", "-j", "DROP")]
+
+
+def test_rule_without_target_is_dropped_from_flat_list():
+    p = parse_policy("-p tcp\n-p udp -j DROP\n")
+    assert p.original_rules[0] == ("-p", "tcp") and [r.target for r in p.rules] == ["DROP"]
+
+
+@pytest.mark.parametrize("name", ["example", "listing1", "userchains", "conntrack"])
+def test_rulesets_parse(name):
+    path = ROOT / "rulesets" / f"{name}.rules"
+    p = parse_policy(path.read_text(), filename=str(path))
+    assert p.rules and p.complex_indices and p.simple_indices
+
+
+def test_listing1_partition():
+    p = parse_policy((ROOT / "rulesets/listing1.rules").read_text())
+    assert [r.is_simple for r in p.rules] == [True, True, False, True, False, True]
+    assert p.default == "ACCEPT"
+
+
+def test_example_has_both_verdicts_for_demo_hosts():
+    p = parse_policy((ROOT / "rulesets/example.rules").read_text())
+    verdicts = set()
+    for proto, dport in ((17, 53), (17, 9999), (6, 80), (6, 23), (6, 8080), (17, 123), (17, 40000), (1, 0)):
+        h = Header(src=ip("10.0.1.1"), dst=ip("10.0.2.1"), proto=proto, dport=dport, icmp_type=8 if proto == 1 else 0)
+        for r in p.rules:
+            if any(b.contains(h) for b in r.boxes) and r.is_simple:
+                verdicts.add(r.target)
+                break
+    assert verdicts == {"ACCEPT", "DROP"}

@@ -1,0 +1,146 @@
+"""Property tests: for random policies and headers, the hybrid system's verdict equals the reference verdict.
+
+Every strategy × shunting mode, with complex matches decided by one random callback shared by both sides, marks
+placed under random masks with foreign bits set. A deliberately broken shunt vector must be caught.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypafilter.ir import Header
+from hypafilter.model import hybrid_verdict, listing1, make_policy, make_rule, reference_verdict
+from hypafilter.netfilter import STRATEGIES
+from hypafilter.plan import build_plan
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+PREFIXES = [None, "10.0.0.0/8", "10.1.0.0/16", "10.1.2.0/24", "10.1.2.3/32", "192.168.0.0/16"]
+ADDRS = [0x0A010203, 0x0A010204, 0x0A020001, 0xC0A80101, 0x08080808]
+PORTS = [22, 53, 80, 443, 8080]
+COMPLEX = [("-m", "string", "--string", "X", "--algo", "bm")]
+MARKS = [(0xFFFFFFFF, 0), (0x00FFFF00, 8), (0x0FFFFFFF, 0), (0xFFFF0000, 16)]
+
+
+@st.composite
+def rules(draw):
+    proto = draw(st.sampled_from([None, "tcp", "udp"]))
+    kw = {}
+    src = draw(st.sampled_from(PREFIXES))
+    if src:
+        kw.update(src=src, not_src=draw(st.booleans()))
+    dst = draw(st.sampled_from(PREFIXES))
+    if dst:
+        kw.update(dst=dst, not_dst=draw(st.booleans()))
+    if proto:
+        kw["proto"] = proto
+        ports = draw(st.sampled_from(["none", "one", "range", "multi"]))
+        if ports == "one":
+            p = draw(st.sampled_from(PORTS))
+            kw["dport"] = (p, p)
+        elif ports == "range":
+            a, b = sorted(draw(st.lists(st.sampled_from(PORTS), min_size=2, max_size=2)))
+            kw["dport"] = (a, b)
+        elif ports == "multi":
+            kw["dports"] = sorted(set(draw(st.lists(st.sampled_from(PORTS), min_size=1, max_size=3))))
+    kind = draw(st.sampled_from(["ACCEPT", "DROP", "ACCEPT", "DROP", "cDROP", "cACCEPT", "LOG", "MARK", "REJECT"]))
+    if kind.startswith("c"):
+        return make_rule(kind[1:], complex=COMPLEX, **kw)
+    if kind == "LOG":
+        return make_rule("LOG", complex=COMPLEX if draw(st.booleans()) else (), **kw)
+    if kind == "MARK":  # a complex rule that rewrites the mark: dispatch must not read it afterwards
+        return make_rule("MARK", target_args=("--set-xmark", "0x5/0xffffffff"), **kw)
+    return make_rule(kind, **kw)
+
+
+@st.composite
+def headers(draw):
+    proto = draw(st.sampled_from([1, 6, 17]))
+    port = draw(st.sampled_from(PORTS)) if proto != 1 else 0
+    return Header(src=draw(st.sampled_from(ADDRS)), dst=draw(st.sampled_from(ADDRS)), proto=proto, dport=port)
+
+
+def _callback(seed: int):
+    """Random but fixed per (rule, header): the same answers on both sides of the comparison."""
+
+    def ev(i, rule, h):
+        return bool((seed >> ((i * 7 + h.dport + h.src) % 61)) & 1)
+
+    return ev
+
+
+def mismatches(plan, strategy, hdrs, ev, mark=(0xFFFFFFFF, 0), foreign=0):
+    bad = []
+    for h in hdrs:
+        want = reference_verdict(plan.policy, h, ev)
+        got, _, _ = hybrid_verdict(plan, strategy, h, ev, foreign, mark[0], mark[1])
+        if got != want:
+            bad.append((h, want, got))
+    return bad
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(rules(), min_size=1, max_size=9),
+    st.sampled_from(["ACCEPT", "DROP"]),
+    st.lists(headers(), min_size=1, max_size=12),
+    st.integers(0, (1 << 61) - 1),
+    st.sampled_from(MARKS),
+    st.integers(0, 0xFFFFFFFF),
+)
+def test_hybrid_equals_reference(rs, default, hdrs, seed, mark, foreign):
+    pol = make_policy(rs, default)
+    ev = _callback(seed)
+    for mode in ("index", "selective", "exact"):
+        plan = build_plan(pol, mode=mode)
+        for strategy in STRATEGIES:
+            if strategy == "hsa_cut" and mode == "index":
+                continue
+            assert mismatches(plan, strategy, hdrs, ev, mark, foreign) == [], (mode, strategy)
+
+
+def _all_headers():
+    return [
+        Header(src=s, dst=d, proto=p, dport=(q if p != 1 else 0))
+        for s in ADDRS
+        for d in ADDRS
+        for p in (1, 6, 17)
+        for q in PORTS
+    ]
+
+
+def test_broken_shunt_vector_is_caught():
+    # Listing 1 with R6's selective bit cleared: a DNS packet matching R5's string would be accepted in hardware.
+    plan = build_plan(listing1(), mode="selective")
+    ev = _callback((1 << 61) - 1)  # every complex check matches
+    hdrs = [Header(dst=0x01020306, proto=17, dport=53)] + _all_headers()
+    assert mismatches(plan, "interval", hdrs, ev) == []
+    plan.shunt[3] = False
+    bad = mismatches(plan, "interval", hdrs, ev)
+    assert bad and bad[0][1:] == ("DROP", "ACCEPT")
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(rules(), min_size=2, max_size=9), st.integers(0, (1 << 61) - 1))
+def test_broken_vectors_are_caught_on_random_policies(rs, seed):
+    """Clearing every shunt bit must break the property whenever some complex rule can decide a header."""
+    pol = make_policy(rs, "ACCEPT")
+    ev = _callback(seed)
+    hdrs = _all_headers()
+    plan = build_plan(pol, mode="selective")
+    truth = mismatches(plan, "interval", hdrs, ev)
+    assert truth == []
+    plan.shunt[:] = False
+    # With no shunting the hybrid answers with the first simple rule's action: every header whose true verdict
+    # differs from that must be reported, and no other.
+    simple_only = make_policy([r for r in rs if r.is_simple], "ACCEPT")
+    expected = [h for h in hdrs if reference_verdict(pol, h, ev) != reference_verdict(simple_only, h)]
+    assert [b[0] for b in mismatches(plan, "interval", hdrs, ev)] == expected
+
+
+def test_random_mark_bits_outside_mask_are_ignored():
+    plan = build_plan(listing1(), mode="index")
+    rng = np.random.default_rng(3)
+    ev = _callback(12345)
+    for mask, shift in MARKS:
+        for foreign in rng.integers(0, 1 << 32, 5):
+            assert mismatches(plan, "interval", _all_headers()[:60], ev, (mask, shift), int(foreign)) == []

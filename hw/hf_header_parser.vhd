@@ -96,7 +96,13 @@ begin
       if beat_valid = '1' then
         if beat_cnt < NHB then
           nb := hbuf;
-          nb((beat_cnt + 1) * DATA_WIDTH - 1 downto beat_cnt * DATA_WIDTH) := tdata;
+          -- Fixed slices selected by a loop: GHDL 2.0 synthesis drops the register behind a slice whose bounds
+          -- depend on beat_cnt (simulation is right, the netlist is not), so never index a variable slice here.
+          for k in 0 to NHB - 1 loop
+            if beat_cnt = k then
+              nb((k + 1) * DATA_WIDTH - 1 downto k * DATA_WIDTH) := tdata;
+            end if;
+          end loop;
           hbuf <= nb;
           if tlast = '1' then
             got := beat_cnt * BYTES + popcount(tkeep);

@@ -49,8 +49,19 @@ architecture rtl of hf_tables is
   signal lk_act, ind_act : std_logic_vector(3 downto 0) := (others => '0');
 
   -- indirect access state
-  type ind_state_t is (IDLE, ST_ACCESS, REPLY, HITS_WAIT, HITS_REPLY);
+  type ind_state_t is (RESTORE, IDLE, ST_ACCESS, REPLY, HITS_WAIT, HITS_REPLY);
   signal st : ind_state_t := IDLE;
+  -- restore of the policy's table contents after reset: a sweep reading the package constants as a ROM
+  signal rs_idx, rs_widx : unsigned(IDX_W - 1 downto 0) := (others => '0');
+  signal rs_wv : std_logic := '0';
+  signal pending : std_logic := '0';  -- a request that arrived while the tables were busy restoring
+  signal rom_sw : std_logic_vector(31 downto 0) := (others => '0');
+  signal rom_act : std_logic_vector(3 downto 0) := (others => '0');
+  signal swp_we, actp_we : std_logic;
+  signal swp_addr : natural range 0 to NSW - 1;
+  signal actp_addr : natural range 0 to NEP - 1;
+  signal swp_data : std_logic_vector(31 downto 0);
+  signal actp_data : std_logic_vector(3 downto 0);
   signal i_table : unsigned(7 downto 0) := (others => '0');
   signal i_index : unsigned(23 downto 0) := (others => '0');
   signal i_write : std_logic := '0';
@@ -89,11 +100,37 @@ begin
     act_we <= '1' when st = ST_ACCESS and i_write = '1' and i_table = TABLE_ACTION and i_index < NE else '0';
   end block;
 
+  -- one write port per table: indirect writes, or the restore sweep
+  swp_we <= sw_we or (rs_wv and to_sl(rs_widx < NSW));
+  swp_addr <= to_integer(resize(rs_widx, SW_W)) when rs_wv = '1' else sw_addr;
+  swp_data <= rom_sw when rs_wv = '1' else i_data;
+  actp_we <= act_we or rs_wv;
+  actp_addr <= to_integer(rs_widx) when rs_wv = '1' else act_addr;
+  actp_data <= rom_act when rs_wv = '1' else i_data(3 downto 0);
+
+  rom : process (clk)
+  begin
+    if rising_edge(clk) then
+      rom_sw <= SHUNT_INIT(to_integer(resize(rs_idx, SW_W)));
+      rom_act <= ACTION_INIT(to_integer(rs_idx));
+      rs_widx <= rs_idx;
+      rs_wv <= '0';
+      if st = RESTORE then
+        rs_wv <= '1';
+        rs_idx <= rs_idx + 1;
+      end if;
+      if rst = '1' then
+        rs_idx <= (others => '0');
+        rs_wv <= '0';
+      end if;
+    end if;
+  end process;
+
   shunt_ram : process (clk)
   begin
     if rising_edge(clk) then
-      if sw_we = '1' then
-        shunt_mem(sw_addr) <= i_data;
+      if swp_we = '1' then
+        shunt_mem(swp_addr) <= swp_data;
       end if;
       lk_word <= shunt_mem(to_integer(resize(shift_right(lk_idx, 5), SW_W)));
       ind_word <= shunt_mem(sw_addr);
@@ -104,8 +141,8 @@ begin
   action_ram : process (clk)
   begin
     if rising_edge(clk) then
-      if act_we = '1' then
-        action_mem(act_addr) <= i_data(3 downto 0);
+      if actp_we = '1' then
+        action_mem(actp_addr) <= actp_data;
       end if;
       lk_act <= action_mem(to_integer(lk_idx));
       ind_act <= action_mem(act_addr);
@@ -164,9 +201,17 @@ begin
   begin
     if rising_edge(clk) then
       i_done <= '0';
+      if ind_req = '1' and st /= IDLE then
+        pending <= '1';
+      end if;
       case st is
+        when RESTORE =>
+          if rs_idx = NEP - 1 then
+            st <= IDLE;
+          end if;
         when IDLE =>
-          if ind_req = '1' then
+          pending <= '0';
+          if ind_req = '1' or pending = '1' then
             i_table <= unsigned(ind_addr(31 downto 24));
             i_index <= unsigned(ind_addr(23 downto 0));
             i_write <= ind_write;
@@ -199,7 +244,8 @@ begin
           st <= IDLE;
       end case;
       if rst = '1' then
-        st <= IDLE;
+        pending <= '0';
+        st <= RESTORE;  -- tables return to the generated policy's contents on every reset
       end if;
     end if;
   end process;

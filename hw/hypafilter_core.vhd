@@ -78,8 +78,9 @@ architecture rtl of hypafilter_core is
     unp : std_logic;
     tu  : std_logic_vector(UW - 1 downto 0);
   end record;
-  type side_line is array (0 to SIDE_DELAY) of side_t;
+  type side_line is array (1 to SIDE_DELAY) of side_t;
   constant SIDE_ZERO : side_t := ('0', '0', (others => '0'));
+  signal side_in : side_t;
   signal side : side_line := (others => SIDE_ZERO);
 
   signal rst : std_logic;
@@ -156,11 +157,12 @@ begin
     port map (clk => axis_aclk, vec => res, any => enc_any, idx => enc_idx);
 
   -- frame information travelling beside matcher and encoder
-  side(0) <= (h_valid, h_unp, h_tuser);
+  side_in <= (h_valid, h_unp, h_tuser);
   side_shift : process (axis_aclk)
   begin
     if rising_edge(axis_aclk) then
-      for i in 1 to SIDE_DELAY loop
+      side(1) <= side_in;
+      for i in 2 to SIDE_DELAY loop
         side(i) <= side(i - 1);
       end loop;
       if rst = '1' then

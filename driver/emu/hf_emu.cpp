@@ -27,6 +27,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -381,15 +382,19 @@ void drain(Port &p) {
 }
 
 void set_active(bool on) {
+  if (on == g_active) return;
   for (auto &p : g_ports) {
     if (on) {
       // Drop what slipped in before the filter went on; then start receiving.
       drain(p);
-      setsockopt(p.fd, SOL_SOCKET, SO_DETACH_FILTER, nullptr, 0);
+      int zero = 0;  // the kernel rejects socket options shorter than an int, even this argument-less one
+      if (setsockopt(p.fd, SOL_SOCKET, SO_DETACH_FILTER, &zero, sizeof(zero)) < 0)
+        throw std::runtime_error(std::string("SO_DETACH_FILTER: ") + strerror(errno));
     } else {
       static sock_filter drop_all[] = {{BPF_RET | BPF_K, 0, 0, 0}};
       sock_fprog prog = {1, drop_all};
-      setsockopt(p.fd, SOL_SOCKET, SO_ATTACH_FILTER, &prog, sizeof(prog));
+      if (setsockopt(p.fd, SOL_SOCKET, SO_ATTACH_FILTER, &prog, sizeof(prog)) < 0)
+        throw std::runtime_error(std::string("SO_ATTACH_FILTER: ") + strerror(errno));
       p.inq.clear();
       drain(p);
     }

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 from ._iptables_tables import STATEFUL_MATCHES as STATEFUL
-from .ir import MAXV, PROTO_TCP, PROTO_UDP, Box, Origin
+from .ir import FIELD_INDEX, MAXV, PROTO_TCP, PROTO_UDP, Box, Origin
 
 Boxes = list[Box]
 
@@ -185,7 +186,7 @@ def analyse(rule: ParsedRule, hw_ports: dict[str, int], options_of) -> None:
 
     `options_of(match)` gives a match's canonical tokens (from canonical.py), used for complex token groups.
     """
-    parts: list[Boxes] = []
+    parts: list = []  # Boxes, or _FieldPart for a union of intervals on one field
     cx: list[tuple[str, ...]] = []
     for a, fname, opt in ((rule.src, "src", "-s"), (rule.dst, "dst", "-d")):
         if a is None:
@@ -194,25 +195,25 @@ def analyse(rule: ParsedRule, hw_ports: dict[str, int], options_of) -> None:
         if iv is None:  # non-contiguous netmask: not an interval, leave it to netfilter
             cx.append(options_of(("addr", opt, a)))
         elif not (a.mask == 0 and not a.invert):
-            parts.append(field_boxes(fname, iv))
+            parts.append(_FieldPart(fname, iv))
     if rule.iif is not None and not (rule.iif.matches_all and not rule.iif.invert):
         port = hw_ports.get(rule.iif.name)
         if port is None or rule.iif.name.endswith("+"):
             cx.append(options_of(("iface", "-i", rule.iif)))
         else:
-            parts.append(field_boxes("iport", complement(port, port, MAXV[7]) if rule.iif.invert else [(port, port)]))
+            parts.append(_FieldPart("iport", complement(port, port, MAXV[7]) if rule.iif.invert else [(port, port)]))
     if rule.oif is not None and not (rule.oif.matches_all and not rule.oif.invert):
         cx.append(options_of(("iface", "-o", rule.oif)))
     if rule.proto:
         p = rule.proto
-        parts.append(field_boxes("proto", complement(p, p, 0xFF) if rule.proto_invert else [(p, p)]))
+        parts.append(_FieldPart("proto", complement(p, p, 0xFF) if rule.proto_invert else [(p, p)]))
     if rule.frag is not None:
         cx.append(options_of(("frag", rule.frag)))
     for m in rule.matches:
         if isinstance(m, TcpUdp):
             for pc, fname in ((m.sport, "sport"), (m.dport, "dport")):
                 if pc is not None and not (pc.is_full and not pc.invert):
-                    parts.append(field_boxes(fname, pc.intervals()))
+                    parts.append(_FieldPart(fname, pc.intervals()))
             if m.flags is not None:
                 parts.append(flags_boxes(*m.flags))
             if m.option is not None:
@@ -230,12 +231,12 @@ def analyse(rule: ParsedRule, hw_ports: dict[str, int], options_of) -> None:
                     parts.append(field_boxes("sport", iv) + field_boxes("dport", iv))
             else:
                 fname = "sport" if m.kind == "sports" else "dport"
-                parts.append(field_boxes(fname, complement_union(iv, 0xFFFF) if m.invert else iv))
+                parts.append(_FieldPart(fname, complement_union(iv, 0xFFFF) if m.invert else iv))
         elif isinstance(m, Iprange):
             for r, fname in ((m.src, "src"), (m.dst, "dst")):
                 if r is not None:
                     lo, hi, inv = r
-                    parts.append(field_boxes(fname, complement(lo, hi, MAXV[0]) if inv else [(lo, hi)]))
+                    parts.append(_FieldPart(fname, complement(lo, hi, MAXV[0]) if inv else [(lo, hi)]))
         elif isinstance(m, Icmp):
             if m.is_any:
                 if m.invert:
@@ -266,11 +267,35 @@ def analyse(rule: ParsedRule, hw_ports: dict[str, int], options_of) -> None:
             if m.name in STATEFUL:
                 rule.stateful = True
             cx.append(options_of(m))
+    rule.boxes = _combine(parts)
+    rule.complex = cx
+
+
+class _FieldPart(tuple):
+    """(field, intervals): a union of intervals on one field, kept unexpanded until _combine."""
+
+    def __new__(cls, name: str, intervals):
+        return super().__new__(cls, (name, [(lo, hi) for lo, hi in intervals if lo <= hi]))
+
+
+def _combine(parts: list) -> Boxes:
+    """The intersection of the parts as a union of boxes, in the order the pairwise product gives."""
+    names = [p[0] for p in parts if isinstance(p, _FieldPart)]
+    if len(names) == len(parts) and len(set(names)) == len(names):
+        # Common case (each field restricted once, no flags): build the boxes directly, without intersections.
+        full = Box.full()
+        idx = [FIELD_INDEX[n] for n in names]
+        out = []
+        for combo in itertools.product(*(p[1] for p in parts)):
+            lo, hi = list(full.lo), list(full.hi)
+            for i, (a, b) in zip(idx, combo, strict=True):
+                lo[i], hi[i] = a, b
+            out.append(Box(tuple(lo), tuple(hi)))
+        return out
     boxes = [Box.full()]
     for p in parts:
-        boxes = boxes_product(boxes, p)
-    rule.boxes = boxes
-    rule.complex = cx
+        boxes = boxes_product(boxes, field_boxes(*p) if isinstance(p, _FieldPart) else p)
+    return boxes
 
 
 def _physdev_port(m: Verbatim, hw_ports: dict[str, int]) -> tuple[int, bool] | None:

@@ -371,10 +371,19 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: EmuTar
     t0 = time.monotonic()
     old = read_state()
     phash = policy.policy_hash()
-    if old and old.get("policy_hash") == phash and old.get("mode") == config.shunt_mode and not force:
-        if old.get("strategy") == config.strategy:
-            log("policy already deployed; nothing to do (use --force to redeploy)")
-            return old
+    same = old and all(
+        old.get(k) == v
+        for k, v in (
+            ("policy_hash", phash),
+            ("mode", config.shunt_mode),
+            ("strategy", config.strategy),
+            ("mark_mask", config.mark_mask),
+            ("mark_shift", config.mark_shift),
+        )
+    )
+    if same and not force and _nic_alive(old["nic"]):
+        log("policy already deployed; nothing to do (use --force to redeploy)")
+        return old
     _check_lab()
     gen = (old["generation"] + 1) if old else 1
     gen = gen if gen <= 0xFFFF else 1  # the hardware carries 16 bits of generation
@@ -450,7 +459,11 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: EmuTar
         # 5. Hardware: a new NIC for a new matcher (standby until programmed), else rewrite the registers.
         replace = not old_nic or old_nic.get("binary") != binary or force
         if replace:
-            new_nic = tx.step("nic", lambda: tgt.start(binary, gen, standby=True), None)
+            # Beside a running NIC the new one waits in standby until it is programmed. Alone it starts active: the
+            # core powers up with this plan's tables and GENERATION 0, which the shim (generation >= 1) treats as
+            # stale, so until `registers` every shunted frame gets the full policy in software — always right.
+            standby = bool(old_nic)
+            new_nic = tx.step("nic", lambda: tgt.start(binary, gen, standby=standby), None)
             tx.undo.append(("nic", lambda: tgt.stop(new_nic)))
             tx.step("registers", lambda: tgt.program(new_nic, plan, gen))
             # Activate the new NIC before silencing the old one: frames in the overlap may be seen by both

@@ -11,9 +11,17 @@ structure that gets loaded. Strategies:
   interval_geo interval, keeping in C_k only complex rules whose reduction meets the interval's shunted boxes
 
 Chains, all named prefix+…: MAIN (entry), K0 (mark k = 0: FULL then the chain policy), FULL (original policy
-verbatim, user chains renamed prefix+name), CUT, D<n> (dispatch nodes), L<k>A<a> (leaf: C<k> then the action),
-C<k>, R<i>L<j> (helper chains that rebuild a multi-level flattened rule exactly), and the renamed user chains.
-Dispatch compares the whole mark value under the mask and the mark is never read after complex rules ran.
+verbatim, user chains renamed prefix+name), CUT, D<n> (dispatch nodes), L<k>A<a> (leaf: the complex rules above
+interval k, as jumps to segment and block chains, then the action), C<k> (segment: the complex rules interval k's
+chain adds to the previous interval's), B<f>L<l>N<i> (block of B^l consecutive segments of chain family f),
+R<i>L<j> (helper chains
+that rebuild a multi-level flattened rule exactly), and the renamed user chains. Dispatch compares the whole mark
+value under the mask and the mark is never read after complex rules ran.
+
+Nesting depth: nf_tables refuses a ruleset whose chains nest deeper than NFT_JUMP_STACK_SIZE (16) below a base
+chain ("Too many links"), and its validator counts a goto like a jump. So the dispatch tree and the block
+hierarchy have a fixed number of levels whatever the number of intervals (their fan-out grows instead), chosen
+so that base chain -> MAIN -> dispatch -> leaf -> blocks -> helper chains stays within MAX_DEPTH.
 """
 
 from __future__ import annotations
@@ -28,6 +36,9 @@ from .plan import PrefixView
 STRATEGIES = ("full", "cut", "hsa_cut", "interval", "interval_geo")
 K_SHIFT = 4
 LEAF_FANOUT = 4  # leaves tested linearly once a dispatch node holds this few
+BLOCK_FANOUT = 8  # a family of more segments than this gets block chains (then more levels, up to the budget)
+MAX_DEPTH = 8  # target nesting below the base chain (its jump to MAIN included); nf_tables allows 15
+NFT_MAX_DEPTH = 15  # NFT_JUMP_STACK_SIZE - 1: one more nested jump and the kernel answers "Too many links"
 MAX_CHAIN_NAME = 28  # iptables' limit (XT_EXTENSION_MAXNAMELEN - 1)
 
 
@@ -35,8 +46,9 @@ MAX_CHAIN_NAME = 28  # iptables' limit (XT_EXTENSION_MAXNAMELEN - 1)
 class NfRule:
     """One rule of a generated chain.
 
-    kind "mark": `-m mark --mark value/mask -j target`; "always": `-j target`; "policy": flattened rule `index`
-    of the policy (rendered from its levels; target its own).
+    kind "mark": `-m mark --mark value/mask -j target`; "always": `-j target`; "block": `-j target` into a
+    block/segment chain that returns (counted as one tested rule); "policy": flattened rule `index` of the policy
+    (rendered from its levels; target its own).
     """
 
     kind: str
@@ -71,19 +83,38 @@ class Program:
             raise HypafilterError(f"{self.main} fell through without a verdict (generator bug)")
         return verdict, count[0]
 
-    def _run(self, chain: str, header: Header, mark: int, ev: ComplexEval, count: list[int], depth: int) -> str | None:
+    def path_cost(self, mark: int) -> int:
+        """Rules tested for `mark` when no policy rule matches (dispatch, block jumps, the leaf's complex rules)."""
+        count = [0]
+        self._run(self.main, None, mark, None, count, 0)
+        return count[0]
+
+    def _block_cost(self, chain: str) -> int:
+        memo = self.__dict__.setdefault("_costs", {})
+        if chain not in memo:
+            memo[chain] = sum(1 + (self._block_cost(r.target) if r.kind == "block" else 0) for r in self.chains[chain])
+        return memo[chain]
+
+    def _run(
+        self, chain: str, header: Header | None, mark: int, ev: ComplexEval | None, count: list[int], depth: int
+    ) -> str | None:
         if depth > 64:
             raise HypafilterError("chain recursion too deep (generator bug)")
         for r in self.chains[chain]:
             if r.kind == "policy":
                 count[0] += 1
-                out = rule_outcome(self.policy, r.index, header, ev)
+                out = None if header is None else rule_outcome(self.policy, r.index, header, ev)
                 if out:
                     return out
                 continue
             if r.kind == "mark":
                 count[0] += 1
                 if (mark & r.mask) != r.value:
+                    continue
+            elif r.kind == "block":
+                count[0] += 1
+                if header is None:  # no policy rule matches: the block's cost is static (memoised)
+                    count[0] += self._block_cost(r.target)
                     continue
             if r.target in ("ACCEPT", "DROP"):
                 return r.target
@@ -165,39 +196,24 @@ def build_program(
         chains = plan.geo_chains if strategy == "interval_geo" else plan.chains
         leaves = sorted({(int(plan.interval[j]), int(plan.actions[j])) for j in range(plan.n + 1) if plan.shunt[j]})
         c[main] = [NfRule("mark", k0, 0, kmask)]
+        # Depth budget below MAIN: dispatch levels (MAIN's test included) + block levels + the deepest helper chain
+        # of a complex rule, so that base -> MAIN -> ... stays within MAX_DEPTH.
+        budget = max(2, MAX_DEPTH - 1 - max((_helper_depth(pol.rules[i]) for i in pol.complex_indices), default=0))
+        d_levels = (budget + 1) // 2
+        families = _families([(k, chains.get(k)) for k, _ in leaves])
+        pieces = _Blocks(prog, families, budget - d_levels)
         leaf_rules = []
-        built: dict[tuple[int, ...], str] = {}
-        last: tuple = ()
         for k, a in leaves:
             verdict = {1: "ACCEPT", 2: "DROP"}.get(a, default)
             ch = chains.get(k)
             if ch:
-                # A prefix view of the complex list is identified by its length, without copying it.
-                key = ("P", len(ch)) if isinstance(ch, PrefixView) else tuple(ch)
-                if key not in built:
-                    cname = prog.name(f"C{k}")
-                    # Chains above consecutive intervals grow by a suffix: reuse the previous one by a jump, so
-                    # the rule count stays linear in the policy instead of intervals x complex rules.
-                    if key[0] == "P" and last and last[0] == "P" and last[1] < key[1]:
-                        rest = ch.base[last[1] : key[1]]
-                        c[cname] = [NfRule("always", built[last])] + [NfRule("policy", index=i) for i in rest]
-                    elif (
-                        key[0] != "P" and last and last[0] != "P" and len(last) < len(key) and key[: len(last)] == last
-                    ):
-                        c[cname] = [NfRule("always", built[last])] + [
-                            NfRule("policy", index=i) for i in key[len(last) :]
-                        ]
-                    else:
-                        c[cname] = [NfRule("policy", index=i) for i in ch]
-                    built[key] = cname
-                    last = key
-                cname, lname = built[key], prog.name(f"L{k}A{a}")
-                c[lname] = [NfRule("always", cname), NfRule("always", verdict)]
+                lname = prog.name(f"L{k}A{a}")
+                c[lname] = [NfRule("block", t) for t in pieces.cover(ch)] + [NfRule("always", verdict)]
                 tgt = lname
             else:
                 tgt = verdict
             leaf_rules.append(((k << K_SHIFT) | a, tgt))
-        _dispatch(prog, main, leaf_rules, [0])
+        _dispatch(prog, main, leaf_rules, d_levels, [0])
         c[main].append(NfRule("always", k0))  # a mark no leaf knows: the full policy decides
     c[k0] = [NfRule("always", full), NfRule("always", default)]
     c[full] = [NfRule("policy", index=i) for i in range(len(pol.rules))]
@@ -214,23 +230,183 @@ def _cut_list(plan, strategy: str) -> list[int]:
     return [i for i, r in enumerate(pol.rules) if not r.is_simple or i >= beta]
 
 
-def _dispatch(prog: Program, chain: str, leaves: list[tuple[int, str]], counter: list[int]) -> None:
-    """Append to `chain` a binary search over the leaf values (sorted): split on the highest differing bit."""
+def _helper_depth(rule) -> int:
+    """Nested jumps through R<i>L<j> helper chains that rendering flattened rule `rule` adds."""
+    lv = rule.levels
+    if not lv or (len(lv) == 1 and not lv[0].unless):
+        return 0
+    return len(lv) - 1 + (1 if lv[0].unless else 0)
+
+
+def _chain_key(ch) -> tuple:
+    # A prefix view of the complex list is identified by its length, without copying it.
+    return ("P", len(ch)) if isinstance(ch, PrefixView) else ("T", tuple(ch))
+
+
+def _families(chain_list) -> list[tuple[object, list[int], set, list[int]]]:
+    """Group the interval chains into families of prefixes of one base list: (base, sorted prefix lengths, keys).
+
+    All prefix views share the complex list. Explicit lists (interval_geo, exact mode) form a family while each
+    chain (in interval order) extends the previous one, which is how chains above consecutive intervals grow.
+    """
+    views: dict[int, tuple[object, set]] = {}
+    runs: list[list[tuple]] = []
+    first: dict[tuple, int] = {}  # chain key -> the first interval k with that chain (names its segment C<k>)
+    for k, ch in chain_list:
+        if not ch:
+            continue
+        first.setdefault(_chain_key(ch), k)
+        if isinstance(ch, PrefixView):
+            views.setdefault(id(ch.base), (ch.base, set()))[1].add(len(ch))
+            continue
+        t = tuple(ch)
+        last = runs[-1][-1] if runs else None
+        if last is not None and t == last:
+            continue
+        if last is not None and len(last) < len(t) and t[: len(last)] == last:
+            runs[-1].append(t)
+        else:
+            runs.append([t])
+    out = [
+        (base, sorted(lengths), {("P", n) for n in lengths}, [first[("P", n)] for n in sorted(lengths)])
+        for base, lengths in views.values()
+    ]
+    out += [(run[-1], [len(t) for t in run], {("T", t) for t in run}, [first[("T", t)] for t in run]) for run in runs]
+    return out
+
+
+class _Blocks:
+    """Segment and block chains of every family, built on first use, and the cover of each interval chain.
+
+    Segment j of a family holds the rules between its (j-1)-th and j-th prefix lengths. A level-1 block holds the
+    rules of B consecutive segments; a level-l block (l >= 2) jumps to B level-(l-1) blocks. A prefix of p segments
+    is covered by whole blocks from the top level down and then single segments: at most (B-1) jumps per level,
+    nesting at most `levels` deep: a family uses the fewest levels that keep B <= BLOCK_FANOUT (or all of them,
+    B growing instead). Every complex rule is written at most twice (its level-1 block and its segment).
+    """
+
+    def __init__(self, prog: Program, families, levels: int):
+        self.prog = prog
+        self.where: dict[tuple, tuple[int, int]] = {}  # chain key -> (family, segments in the prefix)
+        self.fam = []
+        for f, (base, lengths, keys, names) in enumerate(families):
+            m = len(lengths)
+            # As few levels as keep a leaf's jumps below BLOCK_FANOUT per level, at most `levels`.
+            lv = 0
+            while lv < max(1, levels) and m > BLOCK_FANOUT ** (lv + 1):
+                lv += 1
+            b = 2
+            while b ** (lv + 1) < m:
+                b += 1
+            self.fam.append((base, lengths, b, lv, names))
+            pos = {n: j + 1 for j, n in enumerate(lengths)}
+            for key in keys:
+                self.where[key] = (f, pos[key[1] if key[0] == "P" else len(key[1])])
+
+    def _rules(self, f: int, j0: int, j1: int) -> list[NfRule]:
+        base, lengths = self.fam[f][:2]
+        return [NfRule("policy", index=i) for i in base[(lengths[j0 - 1] if j0 else 0) : lengths[j1 - 1]]]
+
+    def _block(self, f: int, level: int, i: int) -> str:
+        name = self.prog.name(f"C{self.fam[f][4][i]}" if level == 0 else f"B{f}L{level}N{i}")
+        if name not in self.prog.chains:
+            b = self.fam[f][2]
+            if level <= 1:
+                self.prog.chains[name] = self._rules(f, i * b**level, (i + 1) * b**level)
+            else:
+                self.prog.chains[name] = [NfRule("block", self._block(f, level - 1, i * b + x)) for x in range(b)]
+        return name
+
+    def cover(self, ch) -> list[str]:
+        """Chains whose concatenation is `ch`: whole blocks from the top level down, then single segments."""
+        f, p = self.where[_chain_key(ch)]
+        b, lv = self.fam[f][2], self.fam[f][3]
+        out, start = [], 0
+        for level in range(lv, -1, -1):
+            size = b**level
+            while start + size <= p:
+                out.append(self._block(f, level, start // size))
+                start += size
+        return out
+
+
+def _dispatch(prog: Program, chain: str, leaves: list[tuple[int, str]], levels: int, counter: list[int]) -> None:
+    """Append to `chain` a search over the (sorted) leaf values that nests at most `levels` chains deep.
+
+    A node splits its leaves into about len ** (1 / levels) groups along the binary trie of the values (largest
+    group first), so each group is one value/mask test; a group of one leaf is tested directly.
+    """
     full_mask = prog.mark_mask & 0xFFFFFFFF
-    if len(leaves) <= LEAF_FANOUT:
+    if levels <= 1 or len(leaves) <= LEAF_FANOUT:
         for v, tgt in leaves:
             prog.chains[chain].append(NfRule("mark", tgt, _field(prog, v), full_mask))
         return
-    bit = (leaves[0][0] ^ leaves[-1][0]).bit_length() - 1
-    lo = [x for x in leaves if not (x[0] >> bit) & 1]
-    hi = [x for x in leaves if (x[0] >> bit) & 1]
-    counter[0] += 1
-    sub = prog.name(f"D{counter[0]}")
-    prog.chains[sub] = []
-    b = _field(prog, 1 << bit)
-    prog.chains[chain].append(NfRule("mark", sub, b, b))
-    _dispatch(prog, sub, hi, counter)
-    _dispatch(prog, chain, lo, counter)
+    want = 2
+    while want**levels < len(leaves):
+        want += 1
+    groups = [leaves]
+    while len(groups) < want:
+        big = max(range(len(groups)), key=lambda g: len(groups[g]))
+        grp = groups[big]
+        if len(grp) == 1:
+            break
+        bit = (grp[0][0] ^ grp[-1][0]).bit_length() - 1
+        groups[big : big + 1] = [[x for x in grp if not (x[0] >> bit) & 1], [x for x in grp if (x[0] >> bit) & 1]]
+    for grp in groups:
+        if len(grp) == 1:
+            v, tgt = grp[0]
+            prog.chains[chain].append(NfRule("mark", tgt, _field(prog, v), full_mask))
+            continue
+        low = (grp[0][0] ^ grp[-1][0]).bit_length()  # the bits the group's values differ in
+        value = _field(prog, grp[0][0] >> low << low)
+        mask = full_mask & ~((1 << (low + prog.mark_shift)) - 1) & 0xFFFFFFFF
+        counter[0] += 1
+        sub = prog.name(f"D{counter[0]}")
+        prog.chains[sub] = []
+        prog.chains[chain].append(NfRule("mark", sub, value, mask))
+        _dispatch(prog, sub, grp, levels - 1, counter)
+
+
+def chain_depth(prog_or_text, entry: str | None = None) -> tuple[int, list[str]]:
+    """Deepest nesting of jumps/gotos from `entry` (default MAIN) in a Program or iptables-restore text.
+
+    Returns (edges, path); the base chain's jump to MAIN is not included (add 1). Gotos count: the kernel's
+    validator counts them like jumps.
+    """
+    edges: dict[str, set[str]] = {}
+    if isinstance(prog_or_text, Program):
+        text = render_iptables(prog_or_text)
+        entry = entry or prog_or_text.main
+    else:
+        text = prog_or_text
+    for ln in text.splitlines():
+        if ln.startswith(":"):
+            edges.setdefault(ln[1:].split()[0], set())
+    for ln in text.splitlines():
+        if not ln.startswith("-A "):
+            continue
+        toks = ln.split()
+        for i in range(2, len(toks) - 1):
+            if toks[i] in ("-j", "-g", "--jump", "--goto") and toks[i + 1] in edges:
+                edges[toks[1]].add(toks[i + 1])
+    if entry is None:
+        entry = next(n for n in edges if n.endswith("MAIN"))
+    memo: dict[str, tuple[int, list[str]]] = {}
+
+    def walk(name: str, seen: frozenset) -> tuple[int, list[str]]:
+        if name in memo:
+            return memo[name]
+        best = (0, [name])
+        for nxt in edges.get(name, ()):
+            if nxt in seen:
+                raise HypafilterError(f"chain loop through {nxt}")
+            d, path = walk(nxt, seen | {nxt})
+            if d + 1 > best[0]:
+                best = (d + 1, [name, *path])
+        memo[name] = best
+        return best
+
+    return walk(entry, frozenset({entry}))
 
 
 # ---------------------------------------------------------------- iptables-restore
@@ -319,7 +495,14 @@ def render_iptables(prog: Program, table: str = "filter") -> str:
     for name, lines in body.items():
         out += [" ".join(["-A", name, *(_q(t) for t in toks)]) for toks in lines]
     out.append("COMMIT")
-    return "\n".join(out) + "\n"
+    text = "\n".join(out) + "\n"
+    depth, path = chain_depth(text, prog.main)
+    if depth + 1 > NFT_MAX_DEPTH:
+        raise HypafilterError(
+            f"chains nest {depth + 1} deep below the base chain ({' -> '.join(path)}); nf_tables allows "
+            f"{NFT_MAX_DEPTH}: the policy's own user chains or multi-level rules nest too deeply"
+        )
+    return text
 
 
 # ---------------------------------------------------------------- nftables
@@ -553,6 +736,7 @@ __all__ = [
     "NfRule",
     "Program",
     "build_program",
+    "chain_depth",
     "dispatch_cost",
     "mark_for",
     "render_iptables",

@@ -497,9 +497,10 @@ def verify(
         log(f"lab {lab.name} is not (fully) up: bringing it up")
         lab.up()
     state = deploy.read_state()
-    if not state or state.get("policy_hash") != policy.policy_hash() or not deploy._nic_alive(state.get("nic") or {}):
+    if not state or state.get("policy_hash") != policy.policy_hash():
         log("policy not deployed: deploying it")
-        state = deploy.deploy(policy, config, force=bool(state), log=log)
+    # deploy() returns at once when exactly this policy and configuration are live (and its NIC runs).
+    state = deploy.deploy(policy, config, log=log)
     ns = {"send": lab.ns_send, "recv": lab.ns_recv, "fw": lab.ns_fw, "plain": lab.ns_plain}
     load_oracle(ns["plain"], policy, config.table)
     # VLAN-tagged IPv4 is filtered on both bridges: the hardware parses VLAN tags and classifies the frame, so the

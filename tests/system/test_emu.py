@@ -150,13 +150,30 @@ def topo():
 @pytest.fixture(scope="module")
 def nic(emu_binary, topo, tmp_path_factory):
     from hypafilter.emu import EmuNic
+    from hypafilter.nic import pack_shunt
 
     binary, plan = emu_binary
     run = tmp_path_factory.mktemp("emu")
     n = EmuNic(binary, {r: v[0] for r, v in PORTS.items()}, name="t1", netns=NS_NIC, run_dir=run).start()
+    with n.client() as c:
+        power_on = {
+            "SHUNT": [c.read_table("SHUNT", w) for w in range(len(pack_shunt(plan.shunt)))],
+            "ACTION": [c.read_table("ACTION", i) for i in range(len(plan.entries) + 1)],
+        }
+        c.program(plan, 0)  # what deploy does before traffic; power-on contents are checked separately
+    n.power_on = power_on
     yield n
     assert n.stop() == 0
     assert not n.ctl_path.exists()
+
+
+def test_power_on_tables_hold_the_plan(nic, emu_binary):
+    """The generated core comes out of reset with the plan's shunt vector and actions (before any program())."""
+    from hypafilter.nic import pack_shunt
+
+    _, plan = emu_binary
+    assert nic.power_on["SHUNT"] == pack_shunt(plan.shunt)
+    assert nic.power_on["ACTION"] == [int(a) for a in plan.actions]
 
 
 def drain(socks) -> None:
@@ -282,7 +299,6 @@ def test_host_frames_pass_unclassified(nic, topo, emu_binary):
 
 
 def test_registers_and_counters(nic, topo, emu_binary):
-    from hypafilter import hwmodel
     from hypafilter.nic import CORE_ID
 
     _, plan = emu_binary
@@ -295,24 +311,32 @@ def test_registers_and_counters(nic, topo, emu_binary):
         assert c.read("FLIP") == 0xEDCBA987
         c.write("GENERATION", 0x1234)
         assert c.read("GENERATION") == 0x1234
-        regs = hwmodel.Regs.from_plan(plan)
-        regs.generation = 0x1234
-        c.clear_counters()
-        assert all(v == 0 for v in c.counters().values())
-        fs = [("wire0", f) for f in frames()] * 3
-        expect = hwmodel.Counters(len(plan.entries))
-        for role, f in fs:
-            src = PORTS[role][2]
-            expect.add(hwmodel.decide(plan, f, src, regs), src, True)
-        check_against_model(topo, plan, regs, fs)
-        got = c.counters(hits=True)
-        for name, value in expect.regs.items():
-            assert got[name] == value, f"{name}: core {got[name]}, model {value}"
-        for name in got:
-            if name != "HITS" and name not in expect.regs:
-                assert got[name] == 0, f"{name} counted {got[name]}, the model nothing"
-        assert [got["HITS"][i] for i in range(len(plan.entries) + 1)] == expect.hits
-        c.write("GENERATION", 0)
+        try:
+            _count_frames(c, topo, plan)
+        finally:
+            c.write("GENERATION", 0)
+
+
+def _count_frames(c, topo, plan) -> None:
+    from hypafilter import hwmodel
+
+    regs = hwmodel.Regs.from_plan(plan)
+    regs.generation = 0x1234
+    c.clear_counters()
+    assert all(v == 0 for v in c.counters().values())
+    fs = [("wire0", f) for f in frames()] * 3
+    expect = hwmodel.Counters(len(plan.entries))
+    for role, f in fs:
+        src = PORTS[role][2]
+        expect.add(hwmodel.decide(plan, f, src, regs), src)
+    check_against_model(topo, plan, regs, fs)
+    got = c.counters(hits=True)
+    for name, value in expect.regs.items():
+        assert got[name] == value, f"{name}: core {got[name]}, model {value}"
+    for name in got:
+        if name != "HITS" and name not in expect.regs:
+            assert got[name] == 0, f"{name} counted {got[name]}, the model nothing"
+    assert [got["HITS"][i] for i in range(len(plan.entries) + 1)] == expect.hits
 
 
 def test_shunt_rewrite_and_shunt_all(nic, topo, emu_binary):
@@ -377,7 +401,7 @@ def test_standby_then_activate_replaces_without_duplicates(nic, topo, emu_binary
     ).start()
     try:
         with new.client() as c:
-            c.write("GENERATION", 9)
+            c.program(plan, 9)  # deploy programs the replacement while it stands by
         check_against_model(topo, plan, regs, fs)  # the old NIC alone answers: generation 0, each frame once
         assert new.stats()["ports"]["wire0"]["rx"] == 0
         nic.deactivate()

@@ -119,3 +119,19 @@ def test_rulesets_load(netns, name):
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_classbench_policy_loads(netns, shared_dir, deterministic):
     _load_all(netns, _classbench(shared_dir, deterministic))
+
+
+@pytest.mark.parametrize("strategy", ["interval", "interval_geo"])
+def test_classbench_k50_index_mode_loads_under_forward(netns, shared_dir, strategy):
+    """acl1_1100 with 50 complex rules in index mode nested 55 chains deep before the block hierarchy (nf_tables
+    allows 16 and answers "Too many links"); reached from FORWARD, so the kernel validates the whole depth."""
+    f = shared_dir / "data" / "classbench" / "acl1_1100.filters"
+    pol = parse_policy(classbench_policy_text(f, complex_rules=50), str(f), "FORWARD", Config())
+    plan = build_plan(pol, mode="index")
+    assert plan.num_intervals >= 50
+    text = to_iptables_restore(plan, strategy, "HF9_", mark_mask=0x0FFFFFF0, mark_shift=4)
+    _sh(netns, "iptables-restore", "--noflush", stdin=text)
+    _sh(netns, "iptables", "-A", "FORWARD", "-j", "HF9_MAIN")
+    saved = _sh(netns, "iptables-save", "-t", "filter")
+    assert "-A FORWARD -j HF9_MAIN" in saved
+    assert sum(ln.startswith("-A HF9_") for ln in saved.splitlines()) == text.count("\n-A ")

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..classbench import read_trace, trace_udp_values
 from ..model import classify_entries
-from ..netfilter import build_program, dispatch_cost, mark_for
+from ..netfilter import build_program, mark_for
 from ..plan import Plan, build_plan
 from ._common import add_policy_args, load_config, load_policy
 
@@ -27,7 +27,8 @@ def strategy_costs(plan: Plan) -> dict[str, np.ndarray]:
     """Rules software tests per match_index (n + 1 values) for each strategy, complex checks evaluating false.
 
     Counted as the program interpreter counts (netfilter.Program.run): every conditional rule evaluated, i.e. the
-    policy rules up to and including the first match (or the whole list) plus the mark tests of the dispatch.
+    policy rules up to and including the first match (or the whole list), the mark tests of the dispatch, and one
+    per jump into a block chain of the interval strategies.
     """
     pol = plan.policy
     n_rules = len(pol.rules)
@@ -47,7 +48,7 @@ def strategy_costs(plan: Plan) -> dict[str, np.ndarray]:
     beta = int(shunted_pos.min()) if len(shunted_pos) else n_rules
     costs["cut"] = list_cost(cplx | (pos >= beta), 1)
     costs["hsa_cut"] = list_cost(cplx | plan.conflict, 1)
-    for name, chains in (("interval", plan.chains), ("interval_geo", plan.geo_chains)):
+    for name in ("interval", "interval_geo"):
         if name == "interval_geo" and plan.mode == "exact":
             costs[name] = costs["interval"]
             continue
@@ -57,7 +58,8 @@ def strategy_costs(plan: Plan) -> dict[str, np.ndarray]:
         for j in range(plan.n + 1):
             key = (int(plan.interval[j]), int(plan.actions[j]))
             if key not in memo:
-                memo[key] = dispatch_cost(prog, mark_for(prog, *key)) + len(chains.get(key[0], ()))
+                # Complex rules never match here: the whole path (dispatch, block jumps, chain) is tested.
+                memo[key] = prog.path_cost(mark_for(prog, *key))
             c[j] = memo[key]
         costs[name] = c
     return costs

@@ -67,13 +67,23 @@ def _fmt_status(st: dict) -> str:
         f"nic      {st['nic'].get('name')} pid {st['nic'].get('pid')}",
     ]
     nc = st.get("nic_counters") or {}
-    lines.append("counters " + ", ".join(f"{k}={v}" for k, v in nc.items() if not isinstance(v, (dict, list))))
+    if "error" in nc:
+        lines.append(f"hardware unreachable: {nc['error']}")
+    else:
+        lines.append(
+            f"hardware in {nc.get('PKTIN')} frames: forwarded {nc.get('CNT_FORWARDED')}, dropped {nc.get('CNT_DROPPED')}, "
+            f"shunted: may-overrule {nc.get('CNT_SHUNT_OVERRULE')}, policy {nc.get('CNT_SHUNT_POLICY')}, "
+            f"unparsed {nc.get('CNT_SHUNT_UNPARSED')}, forced {nc.get('CNT_SHUNT_FORCED')}; "
+            f"from host {nc.get('CNT_FROM_HOST')}, fifo drops {nc.get('CNT_FIFO_DROP')}"
+        )
     ss = st.get("shim_stats") or {}
     lines.append("shim     " + ", ".join(f"{k}={v}" for k, v in ss.items() if not isinstance(v, dict)))
     for chain, rules in sorted((st.get("netfilter") or {}).items()):
         if isinstance(rules, list):
-            pk = sum(r["packets"] for r in rules)
-            lines.append(f"chain    {chain}: {len(rules)} rules, {pk} packets")
+            lines.append(f"chain    {chain}: {len(rules)} rules")
+            for r in rules:
+                if r["packets"]:
+                    lines.append(f"  {r['packets']:>8} pkts  {r['rule']}")
     last = (st.get("history") or [{}])[-1]
     lines.append(f"last     {last.get('kind', last.get('result'))} took {last.get('duration_s')}s")
     return "\n".join(lines)

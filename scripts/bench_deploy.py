@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Measures deploy time (cold and cached build), update latency and packets per second through the hybrid path.
+
+Usage (root, from the repo root): .venv/bin/python scripts/bench_deploy.py [--rules N] [--frames N] [--lab NAME]
+Prints one line per figure with the command that produced it. Runs in a lab of its own (default `hfb`), removed
+at the end; the cold build goes to a fresh build directory so that it really is cold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "mgmt"))
+
+from hypafilter import deploy  # noqa: E402
+from hypafilter.classbench import classbench_policy_text  # noqa: E402
+from hypafilter.config import Config  # noqa: E402
+from hypafilter.lab import Lab  # noqa: E402
+from hypafilter.parse import parse_policy  # noqa: E402
+from hypafilter.verify import build_frame, collect, drain, raw_socket  # noqa: E402
+
+CMD = "sudo .venv/bin/python " + " ".join(sys.argv)
+
+
+def cb_policy(n: int, k: int, tmp: Path, shared: Path):
+    src = shared / "data" / "classbench" / "acl1_1100.filters"
+    sub = tmp / f"acl1_{n}.filters"
+    sub.write_text("".join(src.read_text().splitlines(keepends=True)[:n]))
+    text = classbench_policy_text(sub, complex_rules=k, policy="DROP", actions="alternate", deterministic=True)
+    return parse_policy(text, filename=str(sub), base_chain="FORWARD", config=Config())
+
+
+def blast(lab: Lab, frames: list[bytes], seconds: float = 3.0) -> tuple[int, int, float]:
+    """Send the frames round-robin as fast as one AF_PACKET socket takes them; count what reaches the receiver."""
+    tx, rx = raw_socket(lab.ns_send, "hyb0"), raw_socket(lab.ns_recv, "hyb0")
+    drain(rx)
+    got: dict = {"r": {}}
+    sent, t0 = 0, time.monotonic()
+    tx.setblocking(True)
+    while time.monotonic() - t0 < seconds:
+        for f in frames:
+            tx.send(f)
+        sent += len(frames)
+        collect({"r": rx}, got, 0.0005, 0.002)
+    t_send = time.monotonic() - t0
+    collect({"r": rx}, got, 0.5, 20.0)
+    t_all = time.monotonic() - t0 - 0.5
+    received = sum(len(v) for v in got["r"].values())
+    tx.close()
+    rx.close()
+    return sent, received, max(t_send, t_all)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rules", type=int, default=200, help="first N rules of acl1_1100 (default 200)")
+    ap.add_argument("--frames", type=int, default=256, help="distinct frames per blast round")
+    ap.add_argument("--lab", default="hfb")
+    args = ap.parse_args()
+    shared = ROOT.parent / "shared"
+    deploy.configure(lab=args.lab, state_dir=f"/run/hypafilter/bench-{args.lab}")
+    lab = Lab(args.lab)
+    lab.up()
+    tmp = Path(tempfile.mkdtemp(prefix="hfbench-"))
+    try:
+        p0 = cb_policy(args.rules, 10, tmp, shared)
+        p1 = cb_policy(args.rules, 11, tmp, shared)
+        cold_root = tmp / "build"
+        deploy.BUILD_ROOT = cold_root
+        t = time.monotonic()
+        deploy.deploy(p0, Config())
+        print(f"deploy cold ({args.rules} rules, emulator build included): {time.monotonic() - t:.1f} s   [{CMD}]")
+        deploy.undeploy()
+        t = time.monotonic()
+        st = deploy.deploy(p0, Config())
+        print(f"deploy cached ({args.rules} rules): {time.monotonic() - t:.2f} s   [{CMD}]")
+        print(f"  steps: {st['history'][-1]['steps']}")
+        from hypafilter import emu
+        from hypafilter.plan import build_plan
+
+        emu.build(build_plan(p1, Config()), Config(), build_root=cold_root)
+        t = time.monotonic()
+        st = deploy.deploy(p1, Config())
+        print(f"update latency (policy change -> new chains, shim and registers live; build cached): "
+              f"{time.monotonic() - t:.2f} s   [{CMD}]")  # fmt: skip
+        print(f"  steps: {st['history'][-1]['steps']}")
+        frames = [
+            build_frame(
+                i + 1, {"src": 0x0A000101, "dst": 0x0A000201 + i, "proto": 17, "sport": 1000, "dport": 53}, b"x" * 18
+            )  # fmt: skip
+            for i in range(args.frames)
+        ]
+        sent, received, secs = blast(lab, frames)
+        counters = deploy.status()["nic_counters"]
+        print(f"hybrid path: {sent} frames offered in {secs:.1f} s, {received} delivered = "
+              f"{received / secs:.0f} frames/s delivered (offered {sent / secs:.0f}/s)   [{CMD}]")  # fmt: skip
+        print(f"  NIC: {counters}")
+    finally:
+        try:
+            deploy.undeploy()
+        finally:
+            lab.down()
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(f"/run/hypafilter/bench-{args.lab}", ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

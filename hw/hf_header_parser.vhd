@@ -56,16 +56,17 @@ architecture rtl of hf_header_parser is
   signal beat_cnt : natural range 0 to NHB := 0;
   signal hbuf      : buf_t := (others => '0');
   signal tuser_q  : std_logic_vector(TUSER_WIDTH - 1 downto 0) := (others => '0');
+  signal have     : std_logic_vector(HB - 1 downto 0) := (others => '0');  -- byte k was received
   -- stage C: a complete capture
   signal c_v : std_logic := '0';
   signal c_buf : buf_t := (others => '0');
-  signal c_avail : unsigned(7 downto 0) := (others => '0');
+  signal c_have : std_logic_vector(HB - 1 downto 0) := (others => '0');
   signal c_tuser : std_logic_vector(TUSER_WIDTH - 1 downto 0) := (others => '0');
   -- stage 1: Ethernet and VLAN tags
   signal p1_v, p1_ip : std_logic := '0';
   signal p1_l3 : natural range 0 to 2 := 0;  -- tags before the IPv4 header
   signal p1_buf : buf_t := (others => '0');
-  signal p1_avail : unsigned(7 downto 0) := (others => '0');
+  signal p1_have : std_logic_vector(HB - 1 downto 0) := (others => '0');
   signal p1_tuser : std_logic_vector(TUSER_WIDTH - 1 downto 0) := (others => '0');
   -- stage 2: IPv4 header
   signal p2_v, p2_ok : std_logic := '0';
@@ -89,7 +90,7 @@ begin
 
   capture : process (clk)
     variable nb : buf_t;
-    variable got : natural range 0 to 2 * HB;
+    variable nh : std_logic_vector(HB - 1 downto 0);
   begin
     if rising_edge(clk) then
       c_v <= '0';
@@ -104,18 +105,25 @@ begin
             end if;
           end loop;
           hbuf <= nb;
-          if tlast = '1' then
-            got := beat_cnt * BYTES + popcount(tkeep);
-          else
-            got := (beat_cnt + 1) * BYTES;
+          -- which bytes exist: TKEEP is contiguous from byte 0, so a byte-valid mask replaces a byte count
+          -- (a popcount here was 46 LUT levels deep)
+          nh := have;
+          if beat_cnt = 0 then
+            nh := (others => '0');
           end if;
+          for k in 0 to NHB - 1 loop
+            if beat_cnt = k then
+              nh((k + 1) * BYTES - 1 downto k * BYTES) := tkeep;
+            end if;
+          end loop;
+          have <= nh;
           if beat_cnt = 0 then
             tuser_q <= tuser;
           end if;
           if tlast = '1' or beat_cnt = NHB - 1 then
             c_v <= '1';
             c_buf <= nb;
-            c_avail <= to_unsigned(got, 8);
+            c_have <= nh;
             if beat_cnt = 0 then
               c_tuser <= tuser;
             else
@@ -156,7 +164,7 @@ begin
       p1_ip <= '1' when et = x"0800" else '0';
       p1_l3 <= tags;
       p1_buf <= c_buf;
-      p1_avail <= c_avail;
+      p1_have <= c_have;
       p1_tuser <= c_tuser;
     end if;
   end process;
@@ -166,21 +174,24 @@ begin
     variable ihl : unsigned(3 downto 0);
     variable total : unsigned(15 downto 0);
     variable l3 : natural range 14 to 22;
+    variable present : std_logic;  -- the last fixed IPv4 header byte was received
     variable ok : boolean;
   begin
     if rising_edge(clk) then
       -- constant slices selected in a loop: a multiplexer, which GHDL synthesises without dynamic slicing
       ip := (others => '0');
+      present := '0';
       for t in 0 to 2 loop
         if p1_l3 = t then
           ip := p1_buf(8 * (14 + 4 * t) + 159 downto 8 * (14 + 4 * t));
+          present := p1_have(14 + 4 * t + 19);
         end if;
       end loop;
       l3 := 14 + 4 * p1_l3;
       ihl := unsigned(ip(3 downto 0));
       total := unsigned(ip(23 downto 16)) & unsigned(ip(31 downto 24));
       ok := p1_ip = '1'
-            and p1_avail >= l3 + 20
+            and present = '1'
             and ip(7 downto 4) = "0100"
             and ihl >= 5
             and total >= resize(ihl & "00", 16)

@@ -23,7 +23,7 @@ from hypafilter.classbench import classbench_policy_text  # noqa: E402
 from hypafilter.config import Config  # noqa: E402
 from hypafilter.lab import Lab  # noqa: E402
 from hypafilter.parse import parse_policy  # noqa: E402
-from hypafilter.verify import build_frame, collect, drain, raw_socket  # noqa: E402
+from hypafilter.verify import collect, drain, raw_socket  # noqa: E402
 
 CMD = "sudo .venv/bin/python " + " ".join(sys.argv)
 
@@ -90,17 +90,27 @@ def main() -> int:
         print(f"update latency (policy change -> new chains, shim and registers live; build cached): "
               f"{time.monotonic() - t:.2f} s   [{CMD}]")  # fmt: skip
         print(f"  steps: {st['history'][-1]['steps']}")
-        frames = [
-            build_frame(
-                i + 1, {"src": 0x0A000101, "dst": 0x0A000201 + i, "proto": 17, "sport": 1000, "dport": 53}, b"x" * 18
-            )  # fmt: skip
-            for i in range(args.frames)
-        ]
-        sent, received, secs = blast(lab, frames)
-        counters = deploy.status()["nic_counters"]
-        print(f"hybrid path: {sent} frames offered in {secs:.1f} s, {received} delivered = "
-              f"{received / secs:.0f} frames/s delivered (offered {sent / secs:.0f}/s)   [{CMD}]")  # fmt: skip
-        print(f"  NIC: {counters}")
+        # Frames the deployed policy accepts, split by where the verdict is made (the hardware model says which).
+        from hypafilter.hwmodel import Kind, Regs, decide
+        from hypafilter.verify import exchange, make_probes
+
+        plan = build_plan(p1, Config())
+        regs = Regs.from_plan(plan)
+        probes = make_probes(p1, 4000, seed=5, malformed=0.0, bad_share=0.0)
+        got = exchange({"send": lab.ns_send, "recv": lab.ns_recv}, probes)
+        kinds = {p.uid: decide(plan, p.frame, 0x01, regs).kind for p in probes}
+        for name, kind in (("hardware-forwarded", Kind.FORWARD), ("shunted, accepted in netfilter", Kind.SHUNT)):
+            frames = [p.frame for p in probes if p.uid in got["hybrid"] and kinds[p.uid] == kind][: args.frames]
+            if not frames:
+                print(f"hybrid path, {name}: no accepted frames of this kind among 4000 probes")
+                continue
+            before = deploy.status()["nic_counters"]
+            sent, received, secs = blast(lab, frames)
+            after = deploy.status()["nic_counters"]
+            delta = {k: after[k] - before[k] for k in after if isinstance(after[k], int) and after[k] != before[k]}
+            print(f"hybrid path, {name} ({len(frames)} distinct frames): {sent} offered in {secs:.1f} s, "
+                  f"{received} delivered = {received / secs:.0f} frames/s (offered {sent / secs:.0f}/s)   [{CMD}]")  # fmt: skip
+            print(f"  NIC counter deltas: {delta}")
     finally:
         try:
             deploy.undeploy()

@@ -16,23 +16,43 @@ HOST = (0x02, 0x08, 0x20, 0x80)
 # ---------------------------------------------------------------- building and running (pytest side)
 
 
-def run_ghdl(entity: str, sources: list[Path], test_module: str, tag: str, parameters: dict, env: dict | None = None,
-             test_dir: Path | None = None, testcase: str | None = None) -> None:
+def run_ghdl(
+    entity: str,
+    sources: list[Path],
+    test_module: str,
+    tag: str,
+    parameters: dict,
+    env: dict | None = None,
+    test_dir: Path | None = None,
+    testcase: str | None = None,
+) -> None:
     """Build `entity` with GHDL (VHDL-2008) into build/sim/<entity>/<tag> and run the cocotb tests of test_module."""
     from cocotb.runner import get_runner  # noqa: PLC0415 (only the pytest side needs it)
 
     build_dir = SIM_BUILD / entity / tag
     build_dir.mkdir(parents=True, exist_ok=True)
     runner = get_runner("ghdl")
-    runner.build(vhdl_sources=[str(s) for s in sources], hdl_toplevel=entity, build_args=["--std=08"],
-                 build_dir=build_dir, always=True)
+    runner.build(
+        vhdl_sources=[str(s) for s in sources],
+        hdl_toplevel=entity,
+        build_args=["--std=08"],
+        build_dir=build_dir,
+        always=True,
+    )
     import sys  # noqa: PLC0415
 
     path = [str(ROOT / "sim"), str(test_dir or build_dir), *sys.path]
     # the LLVM backend runs the elaborated binary from the build folder, so the tests run there too
-    results = runner.test(hdl_toplevel=entity, test_module=test_module, test_args=["--std=08"],
-                          parameters=parameters, build_dir=build_dir, test_dir=build_dir,
-                          extra_env={"PYTHONPATH": os.pathsep.join(path), **(env or {})}, testcase=testcase)
+    results = runner.test(
+        hdl_toplevel=entity,
+        test_module=test_module,
+        test_args=["--std=08"],
+        parameters=parameters,
+        build_dir=build_dir,
+        test_dir=build_dir,
+        extra_env={"PYTHONPATH": os.pathsep.join(path), **(env or {})},
+        testcase=testcase,
+    )
     from cocotb.runner import get_results  # noqa: PLC0415
 
     total, failed = get_results(results)
@@ -229,7 +249,9 @@ def header_frame(h, rng: random.Random, vlans: int = 0, options: int = 0, pad: i
 
     pkt = Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02")
     for i in range(vlans):
-        pkt = pkt / (Dot1AD(vlan=rng.randrange(4096)) if i == 0 and rng.random() < 0.5 else Dot1Q(vlan=rng.randrange(4096)))
+        pkt = pkt / (
+            Dot1AD(vlan=rng.randrange(4096)) if i == 0 and rng.random() < 0.5 else Dot1Q(vlan=rng.randrange(4096))
+        )
     ip = IP(src=addr(h.src), dst=addr(h.dst), proto=h.proto, options=[] if not options else b"\x01" * (4 * options))
     if h.proto == 6:
         l4 = TCP(sport=h.sport, dport=h.dport, flags=h.tcp_flags)

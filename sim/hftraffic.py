@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 
 from hftb import HOST, WIRE, header_frame, tuser_for
-
 from hypafilter.ir import FIELDS, Header
 
 PORT_OF_IPORT = {0: 0x01, 1: 0x04, 2: 0x10, 3: 0x40}
@@ -96,9 +95,21 @@ def frames_for(plan, rng: random.Random, count: int, headers: list[Header] | Non
     for _ in range(count):
         r = rng.random()
         if r < 0.45 and (boxes or headers):
-            h = rng.choice(headers) if headers and (not boxes or rng.random() < 0.5) else point_in_box(rng.choice(boxes), rng)
-            f, port = header_frame(h, rng, vlans=rng.choice((0, 0, 0, 1, 2)), options=rng.choice((0, 0, 0, 1, 10)),
-                                   pad=rng.randrange(64)), PORT_OF_IPORT[h.iport]
+            h = (
+                rng.choice(headers)
+                if headers and (not boxes or rng.random() < 0.5)
+                else point_in_box(rng.choice(boxes), rng)
+            )
+            f, port = (
+                header_frame(
+                    h,
+                    rng,
+                    vlans=rng.choice((0, 0, 0, 1, 2)),
+                    options=rng.choice((0, 0, 0, 1, 10)),
+                    pad=rng.randrange(64),
+                ),
+                PORT_OF_IPORT[h.iport],
+            )
         elif r < 0.7:
             h = random_header(rng)
             f, port = header_frame(h, rng, vlans=rng.randrange(3), pad=rng.randrange(100)), PORT_OF_IPORT[h.iport]

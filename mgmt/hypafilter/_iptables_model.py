@@ -179,6 +179,8 @@ class ParsedRule:
     boxes: Boxes = field(default_factory=list)
     complex: list[tuple[str, ...]] = field(default_factory=list)
     stateful: bool = False
+    # Canonical option tokens, set only by the parser's whole-line fast path (canonical.rule_options reads it).
+    options_cache: tuple[str, ...] | None = field(default=None, compare=False, repr=False)
 
 
 def analyse(rule: ParsedRule, hw_ports: dict[str, int], options_of) -> None:

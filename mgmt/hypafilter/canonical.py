@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 from ._iptables_model import Addr, Comment, Icmp, Iface, Iprange, Multiport, ParsedRule, PortCheck, TcpUdp, Verbatim
 from ._iptables_tables import PROTO_NAME, TCP_FLAGS
@@ -22,6 +23,7 @@ def format_tokens(tokens) -> str:
     return " ".join(quote_token(t) for t in tokens)
 
 
+@lru_cache(maxsize=1 << 16)  # policies repeat the same addresses many times
 def ip_str(v: int) -> str:
     return ".".join(str((v >> s) & 0xFF) for s in (24, 16, 8, 0))
 
@@ -109,6 +111,8 @@ def _iface_shown(i: Iface | None) -> bool:
 
 def rule_options(r: ParsedRule) -> tuple[str, ...]:
     """The rule's checks without `-A CHAIN` and without the target, as `iptables -S` orders them."""
+    if r.options_cache is not None:
+        return r.options_cache
     out: list[str] = []
     if r.src is not None and (r.src.mask or r.src.invert):
         out += options_of(("addr", "-s", r.src))

@@ -16,6 +16,7 @@ Semantics (docs/policy-language.md, "Flattening"):
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 from . import canonical
@@ -65,6 +66,9 @@ def boxes_minus(a: list[Box], b: list[Box], limit: int = MAX_BOXES) -> list[Box]
     return cur
 
 
+_ROOT = (Box.full(),)
+
+
 def is_terminal(target: str) -> bool:
     """Whether a rule with this target ends the packet's walk when it matches (LOG, MARK, ... do not)."""
     return bool(target) and target not in NONTERMINAL_TARGETS
@@ -106,7 +110,10 @@ class _Flattener:
                     approx = True
                 else:
                     own = cut
-            eff = tuple(boxes_intersect(list(fr.boxes), own))
+            if fr.boxes == _ROOT:  # the base chain: meeting the full box changes nothing (drops empty boxes)
+                eff = tuple(b for b in own if all(map(operator.le, b.lo, b.hi)))
+            else:
+                eff = tuple(boxes_intersect(list(fr.boxes), own))
             cx = fr.complex + tuple(r.complex)
             levels = fr.levels + (Level(opts, tuple(guard_opts)),)
 

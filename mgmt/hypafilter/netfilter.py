@@ -27,6 +27,7 @@ so that base chain -> MAIN -> dispatch -> leaf -> blocks -> helper chains stays 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from .errors import HypafilterError
 from .ir import Header, Policy
@@ -412,6 +413,7 @@ def chain_depth(prog_or_text, entry: str | None = None) -> tuple[int, list[str]]
 # ---------------------------------------------------------------- iptables-restore
 
 
+@lru_cache(maxsize=1 << 16)  # the same few thousand tokens recur in every leaf and block chain
 def _q(tok: str) -> str:
     return tok if tok and not any(ch in tok for ch in " \t\"'\\#") else '"' + tok.replace('"', '\\"') + '"'
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import NamedTuple
 
 from . import canonical
@@ -33,7 +34,7 @@ from ._iptables_tables import (
 )
 from .config import Config
 from .errors import PolicyError
-from .ir import PROTO_ICMP, PROTO_TCP, PROTO_UDP, Origin, Policy, UserChain
+from .ir import PROTO_ICMP, PROTO_TCP, PROTO_UDP, Box, Origin, Policy, UserChain
 
 IFNAMSIZ = 16
 MAX_CHAIN_NAME = 28  # XT_EXTENSION_MAXNAMELEN - 1
@@ -650,6 +651,14 @@ class _Document:
         in_table: str | None = None
         table_line = 0
         for no, raw in enumerate(lines, 1):
+            if (
+                FAST_PATH
+                and in_table == self.table
+                and raw.startswith("-A ")
+                and not _SPECIAL.search(raw)
+                and self._fast(no, raw)
+            ):
+                continue
             ctx = _Ctx(self.filename, no)
             toks = tokenize(raw, no, self.filename)
             if not toks:
@@ -689,6 +698,88 @@ class _Document:
             self._command(ctx, raw, toks, ours)
         if save_mode and in_table is not None:
             raise PolicyError(f"table *{in_table} has no COMMIT", self.filename, table_line, 1, f"*{in_table}")
+
+    def _fast(self, no: int, raw: str) -> bool:
+        """Appends the rule of a plain `-A CHAIN [-s A] [-d A] [-p tcp|udp [-m P] [--sport X] [--dport Y]] -j
+        ACCEPT|DROP` line (the ClassBench shape) without the general parser; False leaves the line to it.
+
+        Builds exactly the ParsedRule, boxes and canonical options the general path builds (checked by
+        tests/unit/test_parse_fast.py); values come from memoised calls of the same value parsers.
+        """
+        w = raw.split()
+        n = len(w)
+        if n < 4 or w[-2] != "-j" or w[-1] not in _FAST_TARGETS:
+            return False
+        ch = self.chains.get(w[1])
+        if ch is None:
+            return False
+        i, end = 2, n - 2
+        src = dst = proto = None
+        sport = dport = None
+        explicit = False
+        if i < end and w[i] == "-s":
+            src = _fast_addr(w[i + 1]) if i + 1 < end else None
+            if src is None:
+                return False
+            i += 2
+        if i < end and w[i] == "-d":
+            dst = _fast_addr(w[i + 1]) if i + 1 < end else None
+            if dst is None:
+                return False
+            i += 2
+        if i < end and w[i] == "-p":
+            proto = _FAST_PROTOS.get(w[i + 1]) if i + 1 < end else None
+            if proto is None:
+                return False
+            i += 2
+            if i < end and w[i] == "-m":
+                if i + 1 >= end or w[i + 1] != _IMPLICIT[proto]:
+                    return False
+                explicit, i = True, i + 2
+            if i < end and w[i] == "--sport":
+                sport = _fast_port(w[i + 1]) if i + 1 < end else None
+                if sport is None:
+                    return False
+                i += 2
+            if i < end and w[i] == "--dport":
+                dport = _fast_port(w[i + 1]) if i + 1 < end else None
+                if dport is None:
+                    return False
+                i += 2
+        if i != end:
+            return False
+        r = ParsedRule(chain=ch.name, origin=Origin(self.filename, no, ch.name, raw.strip()), target=w[-1])
+        full = _FULL_BOX
+        lo, hi = list(full.lo), list(full.hi)
+        opts: list[str] = []
+        if src is not None:
+            r.src = Addr(src[0], src[1])
+            lo[0], hi[0] = src[2], src[3]
+            if src[1]:
+                opts += ("-s", src[4])
+        if dst is not None:
+            r.dst = Addr(dst[0], dst[1])
+            lo[1], hi[1] = dst[2], dst[3]
+            if dst[1]:
+                opts += ("-d", dst[4])
+        if proto is not None:
+            r.proto = proto
+            lo[2] = hi[2] = proto
+            opts += ("-p", _IMPLICIT[proto])
+            if explicit or sport is not None or dport is not None:
+                m = TcpUdp(_IMPLICIT[proto])
+                r.matches.append(m)
+                opts += ("-m", m.name)
+                for pc, col, opt in ((sport, 3, "--sport"), (dport, 4, "--dport")):
+                    if pc is not None:
+                        setattr(m, opt[2:], PortCheck(pc[0], pc[1]))
+                        lo[col], hi[col] = pc[0], pc[1]
+                        if pc[2] is not None:
+                            opts += (opt, pc[2])
+        r.boxes = [full if lo == list(full.lo) and hi == list(full.hi) else type(full)(tuple(lo), tuple(hi))]
+        r.options_cache = tuple(opts)
+        ch.rules.append(r)
+        return True
 
     def _chain_decl(self, ctx: _Ctx, toks: list[Tok], ours: bool, table: str) -> None:
         first = toks[0]
@@ -800,6 +891,41 @@ class _Document:
         if pos > len(ch.rules) + 1:
             raise ctx.err(f"chain {name} has only {len(ch.rules)} rules", toks[2])
         ch.rules[pos - 1 : pos - 1] = rules
+
+
+# Whether _Document takes the whole-line fast path; the equivalence test turns it off to get the general path.
+FAST_PATH = True
+_FAST_TARGETS = frozenset({"ACCEPT", "DROP"})
+_FAST_PROTOS = {"tcp": PROTO_TCP, "udp": PROTO_UDP}
+_FULL_BOX = Box.full()
+_NO_CTX = _Ctx("<fast>", 0)
+
+
+@lru_cache(maxsize=1 << 16)
+def _fast_addr(text: str) -> tuple[int, int, int, int, str] | None:
+    """(net, mask, lo, hi, canonical text) of one contiguous `-s`/`-d` address; None for anything else."""
+    try:
+        addrs = _addresses(_NO_CTX, Tok(text, 0))
+    except PolicyError:
+        return None
+    if len(addrs) != 1:
+        return None
+    a = Addr(*addrs[0])
+    iv = a.intervals()
+    if iv is None:
+        return None
+    return a.net, a.mask, iv[0][0], iv[0][1], canonical.addr_text(a)
+
+
+@lru_cache(maxsize=1 << 16)
+def _fast_port(text: str) -> tuple[int, int, str | None] | None:
+    """(lo, hi, canonical text or None when the range is full) of one --sport/--dport; None when invalid."""
+    try:
+        lo, hi, _ = _port_range(_NO_CTX, Tok(text, 0), text)
+    except PolicyError:
+        return None
+    pc = PortCheck(lo, hi)
+    return lo, hi, None if pc.is_full else canonical._port(pc)
 
 
 def reachable_chains(chains: dict[str, ChainDef], base: str) -> list[str]:

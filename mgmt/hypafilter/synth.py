@@ -34,8 +34,15 @@ def _need(tool: str) -> None:
         raise HypafilterError(f"'{tool}' is not installed (scripts/setup.sh sim installs it)")
 
 
-def ghdl_verilog(plan, out_dir: Path, tdata_width: int = 256, fifo_bytes: int = 65536, encoder_fanin: int = 8,
-                 top: str = "hypafilter_core", generics: dict | None = None) -> Path:
+def ghdl_verilog(
+    plan,
+    out_dir: Path,
+    tdata_width: int = 256,
+    fifo_bytes: int = 65536,
+    encoder_fanin: int = 8,
+    top: str = "hypafilter_core",
+    generics: dict | None = None,
+) -> Path:
     """Render the plan, analyse every source with GHDL and write the Verilog of `top` to out_dir/<top>.v."""
     _need("ghdl")
     out_dir = Path(out_dir).resolve()
@@ -45,10 +52,13 @@ def ghdl_verilog(plan, out_dir: Path, tdata_width: int = 256, fifo_bytes: int = 
     work.mkdir(parents=True, exist_ok=True)
     _run(["ghdl", "-a", "--std=08", f"--workdir={work}", *map(str, hwgen.sources(gen))], out_dir, "GHDL analysis")
     if generics is None:
-        generics = {"C_S_AXIS_DATA_WIDTH": tdata_width, "C_FIFO_DEPTH_BYTES": fifo_bytes} if top == "hypafilter_core" else {}
+        generics = (
+            {"C_S_AXIS_DATA_WIDTH": tdata_width, "C_FIFO_DEPTH_BYTES": fifo_bytes} if top == "hypafilter_core" else {}
+        )
     gargs = [f"-g{k}={v}" for k, v in generics.items()]
-    text = _run(["ghdl", "--synth", "--std=08", f"--workdir={work}", *gargs, "--out=verilog", top], out_dir,
-                "GHDL synthesis")
+    text = _run(
+        ["ghdl", "--synth", "--std=08", f"--workdir={work}", *gargs, "--out=verilog", top], out_dir, "GHDL synthesis"
+    )
     v = out_dir / f"{top}.v"
     v.write_text(text)
     return v
@@ -98,8 +108,13 @@ def _lut_depths(module: dict) -> dict[str, int]:
                 stack.pop()
                 continue
             c = d[1]
-            ins = [x for p, bits in c["connections"].items() if c["port_directions"].get(p) == "input" for x in bits
-                   if isinstance(x, int)]
+            ins = [
+                x
+                for p, bits in c["connections"].items()
+                if c["port_directions"].get(p) == "input"
+                for x in bits
+                if isinstance(x, int)
+            ]
             todo = [x for x in ins if x not in memo]
             if todo:
                 stack.extend(todo)
@@ -114,9 +129,15 @@ def _lut_depths(module: dict) -> dict[str, int]:
             qs = [b for p, bits in c["connections"].items() if c["port_directions"].get(p) == "output" for b in bits]
             label = names.get(qs[0], "?") if qs else "?"
             label = re.sub(r"\[\d+\]$", "", label.lstrip("\\"))
-            d = max((depth(b) for p, bits in c["connections"].items()
-                     if c["port_directions"].get(p) == "input" and p not in ("C", "CLKARDCLK", "CLKBWRCLK")
-                     for b in bits), default=0)
+            d = max(
+                (
+                    depth(b)
+                    for p, bits in c["connections"].items()
+                    if c["port_directions"].get(p) == "input" and p not in ("C", "CLKARDCLK", "CLKBWRCLK")
+                    for b in bits
+                ),
+                default=0,
+            )
             stages[label] = max(stages[label], d)
     return dict(stages)
 
@@ -147,8 +168,9 @@ def yosys_estimate(verilog: Path, top: str, work: Path) -> dict:
     }
 
 
-def estimate(plan, out_dir: Path, tdata_width: int = 256, encoder_fanin: int = 8, fifo_bytes: int = 65536,
-             core: bool = True) -> dict:
+def estimate(
+    plan, out_dir: Path, tdata_width: int = 256, encoder_fanin: int = 8, fifo_bytes: int = 65536, core: bool = True
+) -> dict:
     """Estimates for matcher+encoder (the policy-specific part) and, when `core`, for the whole core."""
     from .hwgen import enc_stages, matcher_source  # noqa: PLC0415
 
@@ -171,8 +193,15 @@ def estimate(plan, out_dir: Path, tdata_width: int = 256, encoder_fanin: int = 8
     parts["matcher"] = yosys_estimate(v, "hf_matcher", mdir)
     edir = out_dir / "encoder"
     edir.mkdir(parents=True, exist_ok=True)
-    v = ghdl_verilog(plan, edir, tdata_width, fifo_bytes, encoder_fanin, top="hf_prio_enc",
-                     generics={"N_IN": res_w, "FANIN": encoder_fanin, "IDX_W": idx_w})
+    v = ghdl_verilog(
+        plan,
+        edir,
+        tdata_width,
+        fifo_bytes,
+        encoder_fanin,
+        top="hf_prio_enc",
+        generics={"N_IN": res_w, "FANIN": encoder_fanin, "IDX_W": idx_w},
+    )
     parts["encoder"] = yosys_estimate(v, "hf_prio_enc", edir)
     me = {k: parts["matcher"][k] + parts["encoder"][k] for k in ("LUT", "FF", "CARRY4", "BRAM36", "BRAM18")}
     me["max_lut_levels"] = max(parts["matcher"]["max_lut_levels"], parts["encoder"]["max_lut_levels"])
@@ -190,16 +219,23 @@ def estimate(plan, out_dir: Path, tdata_width: int = 256, encoder_fanin: int = 8
     return result
 
 
-def vivado_project(plan, out_dir: Path, tdata_width: int = 256, encoder_fanin: int = 8,
-                   fifo_bytes: int = 65536) -> Path:
+def vivado_project(
+    plan, out_dir: Path, tdata_width: int = 256, encoder_fanin: int = 8, fifo_bytes: int = 65536
+) -> Path:
     """Write the sources and a Vivado batch Tcl script (synthesis + implementation + timing/utilisation reports)."""
     out_dir = Path(out_dir).resolve()
     gen = out_dir / "gen"
     hwgen.render(plan, gen, tdata_width=tdata_width, encoder_fanin=encoder_fanin)
     tmpl = (VIVADO_TEMPLATES / "hypafilter_core.tcl.in").read_text()
     files = "\n".join(f"  {{{p}}}" for p in hwgen.sources(gen))
-    tcl = (tmpl.replace("@PART@", PART).replace("@SOURCES@", files).replace("@XDC@", str(XDC))
-           .replace("@OUT@", str(out_dir)).replace("@WIDTH@", str(tdata_width)).replace("@FIFO@", str(fifo_bytes)))
+    tcl = (
+        tmpl.replace("@PART@", PART)
+        .replace("@SOURCES@", files)
+        .replace("@XDC@", str(XDC))
+        .replace("@OUT@", str(out_dir))
+        .replace("@WIDTH@", str(tdata_width))
+        .replace("@FIFO@", str(fifo_bytes))
+    )
     path = out_dir / "hypafilter_core.tcl"
     path.write_text(tcl)
     return path

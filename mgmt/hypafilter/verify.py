@@ -331,7 +331,7 @@ def malform(kind: str, frame: bytes, rng: random.Random, generation: int = 0) ->
         f[20:22] = ((0x2000 if rng.random() < 0.5 else 0) | rng.randint(1, 400)).to_bytes(2, "big")
         _fix_ip(f)
     elif kind == "truncated_ip":
-        f = f[: rng.randint(14 + 20, len(f) - 1)]  # the header still claims the full length
+        f = f[: rng.randint(min(14 + 20, len(f) - 1), len(f) - 1)]  # the header still claims the full length
     elif kind == "truncated_l4":
         keep = {PROTO_TCP: rng.randint(1, 19), PROTO_UDP: rng.randint(1, 7), PROTO_ICMP: rng.randint(1, 7)}
         cut = keep.get(proto, 0)
@@ -361,6 +361,7 @@ def make_probes(
     malformed: float = 0.1,
     bad_share: float = 0.2,
     generation: int = 0,
+    kinds: tuple[str, ...] = MALFORMED_KINDS,
 ) -> list[Probe]:
     rng = random.Random(seed)
     gen = FrameGen(policy, rng, bad_share)
@@ -371,7 +372,7 @@ def make_probes(
         frame = build_frame(uid, h, gen.payload())
         kind = "normal"
         if rng.random() < malformed:
-            kind = rng.choice(MALFORMED_KINDS)
+            kind = rng.choice(kinds)
             frame = malform(kind, frame, rng, generation)
         probes.append(Probe(uid, kind, frame))
     return probes
@@ -484,6 +485,7 @@ def verify(
     seed: int = 1,
     malformed: float = 0.1,
     log: Callable[[str], None] = lambda s: None,
+    kinds: tuple[str, ...] = MALFORMED_KINDS,
 ) -> dict:
     """Deploy if needed, send the probes through both paths, compare per frame; returns the report dict."""
     from . import deploy  # noqa: PLC0415
@@ -492,6 +494,8 @@ def verify(
     refuse_nondeterministic(policy)
     if packets < 1 or packets > 0xFFFFFFFF:
         raise HypafilterError("--packets must be between 1 and 2^32-1")
+    if not 0.0 <= malformed <= 1.0:
+        raise HypafilterError("--malformed must be a share between 0 and 1")
     lab = Lab(deploy.LAB_NAME)
     if len(lab.namespaces()) < 5:
         log(f"lab {lab.name} is not (fully) up: bringing it up")
@@ -508,7 +512,10 @@ def verify(
     for n in (ns["fw"], ns["plain"]):
         run_in(n, ["sysctl", "-qw", "net.bridge.bridge-nf-filter-vlan-tagged=1"])
     t0 = time.monotonic()
-    probes = make_probes(policy, packets, seed, trace, malformed, generation=state["generation"])
+    unknown = set(kinds) - set(MALFORMED_KINDS)
+    if unknown:
+        raise HypafilterError(f"unknown malformed kinds: {', '.join(sorted(unknown))}")
+    probes = make_probes(policy, packets, seed, trace, malformed, generation=state["generation"], kinds=kinds)
     t_gen = time.monotonic() - t0
     tgt = deploy.EmuTarget(config)
     nic_before = tgt.counters(state["nic"])

@@ -110,3 +110,22 @@ def test_classbench(lab, shared_dir, tmp_path, k):
     assert len(pol.complex_indices) == k
     r = check(pol, packets=1000)
     assert r["delivered_oracle"] > 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="hardware parses L4 headers shorter than the kernel's matches accept (hwmodel.L4_NEED TCP 14, UDP 4, "
+    "ICMP 2 bytes; xt_tcpudp/icmp hotdrop below 20/8/8): the core forwards what the oracle drops",
+)
+def test_truncated_l4_headers(lab, tmp_path):
+    from hypafilter.config import Config
+    from hypafilter.verify import verify
+
+    f = tmp_path / "l4.rules"
+    f.write_text(
+        "*filter\n:FORWARD DROP [0:0]\n-A FORWARD -p icmp -j ACCEPT\n-A FORWARD -p udp -m udp --dport 0:65535 -j ACCEPT\n"
+        "-A FORWARD -p tcp -m tcp --dport 0:65535 -j ACCEPT\n-A FORWARD -p tcp -m string --string BAD --algo bm -j DROP\n"
+        "COMMIT\n"
+    )
+    r = verify(parse_file(f), Config(), packets=300, seed=5, malformed=1.0, kinds=("truncated_l4",))
+    assert r["mismatches"] == 0, f"{r['mismatches']} of 300 truncated-L4 frames differ, e.g. {r['examples'][:2]}"

@@ -44,10 +44,14 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(est, indent=2))
     else:
         me = est["matcher_encoder"]
-        print(f"{est['entries']} entries: matcher+encoder {me['LUT']} LUT, {me['FF']} FF, {me['CARRY4']} CARRY4, "
-              f"max {me['max_lut_levels']} LUT levels, {me['pipeline_cycles']} cycles")
+        print(
+            f"{est['entries']} entries: matcher+encoder {me['LUT']} LUT, {me['FF']} FF, {me['CARRY4']} CARRY4, "
+            f"max {me['max_lut_levels']} LUT levels, {me['pipeline_cycles']} cycles"
+        )
         if "core" in est:
             c = est["core"]
-            print(f"whole core: {c['LUT']} LUT, {c['FF']} FF, {c['BRAM36']} BRAM36 + {c['BRAM18']} BRAM18, "
-                  f"max {c['max_lut_levels']} LUT levels")
+            print(
+                f"whole core: {c['LUT']} LUT, {c['FF']} FF, {c['BRAM36']} BRAM36 + {c['BRAM18']} BRAM18, "
+                f"max {c['max_lut_levels']} LUT levels"
+            )
     return 0

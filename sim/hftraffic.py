@@ -13,7 +13,7 @@ PORT_OF_IPORT = {0: 0x01, 1: 0x04, 2: 0x10, 3: 0x40}
 def point_in_box(box, rng: random.Random) -> Header:
     """A header inside the box (ends of intervals favoured, where off-by-one bugs live)."""
     vals = {}
-    for name, lo, hi in zip(FIELDS, box.lo, box.hi):
+    for name, lo, hi in zip(FIELDS, box.lo, box.hi, strict=True):
         r = rng.random()
         vals[name] = lo if r < 0.2 else hi if r < 0.4 else rng.randint(lo, hi)
     flags = (box.flags_value | (rng.randrange(256) & ~box.flags_mask)) & 0xFF

@@ -126,7 +126,7 @@ def _field_tests(name: str, lo: int, hi: int) -> list[str]:
 
 def _box_tests(b: Box) -> list[str]:
     tests = []
-    for name, lo, hi in zip(_SIG, b.lo, b.hi):
+    for name, lo, hi in zip(_SIG, b.lo, b.hi, strict=True):
         tests += _field_tests(name, lo, hi)
     if b.flags_mask:
         tests.append(f"(h_flags and {_bits(b.flags_mask, 8)}) = {_bits(b.flags_value, 8)}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import random
 import sys
 from pathlib import Path
@@ -87,7 +86,7 @@ if cocotb is not None:
         await src.send(frames)
         await ClockCycles(dut.clk, 20)
         assert len(tb.out) == len(frames), "one header per frame, none left in flight"
-        for k, ((f, tuser), got) in enumerate(zip(frames, tb.out)):
+        for k, ((f, tuser), got) in enumerate(zip(frames, tb.out, strict=True)):
             want = hwmodel.parse_frame(f, (tuser >> 16) & 0xFF)
             assert got == want, f"frame {k} ({f.hex()}): {got} != {want}"
 
@@ -108,7 +107,6 @@ def test_header_parser(width):
     rng.shuffle(frames)
     tag = f"w{width}"
     cfg = save_obj(frames, SIM_BUILD / "hf_header_parser" / tag / "cfg.pkl")
-    os.environ.setdefault("HF_TB_CFG", "")
     run_ghdl(
         "hf_header_parser",
         [ROOT / "hw" / "hf_pkg.vhd", ROOT / "hw" / "hf_header_parser.vhd"],

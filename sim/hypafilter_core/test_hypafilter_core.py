@@ -124,7 +124,7 @@ if cocotb is not None:
             _expect(plan, frames, regs, counters, expected)
             await tb.src.send(frames)
             await tb.wait_out(len(expected))
-        for k, ((f, tu, d), (got, gtu, _)) in enumerate(zip(expected, tb.sink.frames)):
+        for k, ((f, tu, d), (got, gtu, _)) in enumerate(zip(expected, tb.sink.frames, strict=True)):
             assert got == f, f"frame {k}: data differs"
             assert gtu == tu, f"frame {k}: tuser {gtu:#x} != {tu:#x} ({d})"
         for name, value in counters.regs.items():
@@ -174,7 +174,7 @@ if cocotb is not None:
         )
         dut._log.info(msg)
         (Path(os.environ["HF_TB_OUT"])).write_text(msg + "\n")
-        assert all(g[0] == e[0] and g[1] == e[1] for g, e in zip(tb.sink.frames[1:], expected[1:]))
+        assert all(g[0] == e[0] and g[1] == e[1] for g, e in zip(tb.sink.frames[1:], expected[1:], strict=True))
 
 
 # ---------------------------------------------------------------- policies and the pytest side

@@ -227,10 +227,13 @@ def test_api_and_metrics_match_independent_reads(system, dashboard):
     counters, hits = nic_counters(state)
     assert t["forwarded"] == counters["CNT_FORWARDED"]
     assert t["dropped"] == counters["CNT_DROPPED"]
-    assert t["shunted_by_reason"] == {
+    by_reason = dict(t["shunted_by_reason"])
+    # The lab's own non-IP frames (ARP and the like) are shunted as unparsed at any moment, so the direct read,
+    # taken after the snapshot, may count a few more; IPv4 traffic comes only from this test and must agree exactly.
+    assert by_reason.pop("unparsed") <= counters["CNT_SHUNT_UNPARSED"]
+    assert by_reason == {
         "overrule": counters["CNT_SHUNT_OVERRULE"],
         "policy": counters["CNT_SHUNT_POLICY"],
-        "unparsed": counters["CNT_SHUNT_UNPARSED"],
         "forced": counters["CNT_SHUNT_FORCED"],
     }
     # The traffic exercised every path the policy has, and the hardware saw every frame we sent.

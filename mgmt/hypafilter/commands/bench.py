@@ -66,6 +66,16 @@ def grid_from_args(args: argparse.Namespace):
     return g
 
 
+def _grid_name(grid) -> str:
+    """'full' or 'quick' only when the grid is exactly that preset; anything narrowed by options is 'custom'."""
+    from ..bench import paper  # noqa: PLC0415
+
+    for name in ("full", "quick"):
+        if grid == getattr(paper.Grid, name)():
+            return name
+    return "custom (reduced)"
+
+
 def run_paper(args: argparse.Namespace) -> int:
     from ..bench import paper, plots, report  # noqa: PLC0415
     from ..config import Config  # noqa: PLC0415
@@ -123,7 +133,7 @@ def run_paper(args: argparse.Namespace) -> int:
         "command": command,
         "wall_seconds": wall,
         "step_seconds": res.seconds,
-        "grid_name": "quick" if args.quick else "full",
+        "grid_name": _grid_name(grid),
         "grid": {k: (",".join(map(str, v)) if isinstance(v, tuple) else v) for k, v in asdict(grid).items()},
         "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "machine": report.machine(),

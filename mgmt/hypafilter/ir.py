@@ -65,27 +65,32 @@ class Box:
 
     def with_field(self, name: str, lo: int, hi: int) -> Box:
         i = FIELD_INDEX[name]
-        return Box(self.lo[:i] + (lo,) + self.lo[i + 1 :], self.hi[:i] + (hi,) + self.hi[i + 1 :], self.flags_mask, self.flags_value)
+        return Box(
+            self.lo[:i] + (lo,) + self.lo[i + 1 :],
+            self.hi[:i] + (hi,) + self.hi[i + 1 :],
+            self.flags_mask,
+            self.flags_value,
+        )
 
     def interval(self, name: str) -> tuple[int, int]:
         i = FIELD_INDEX[name]
         return self.lo[i], self.hi[i]
 
     def is_empty(self) -> bool:
-        return any(lo > hi for lo, hi in zip(self.lo, self.hi))
+        return any(lo > hi for lo, hi in zip(self.lo, self.hi, strict=True))
 
     def intersect(self, other: Box) -> Box | None:
         if (self.flags_value ^ other.flags_value) & self.flags_mask & other.flags_mask:
             return None
-        lo = tuple(max(a, b) for a, b in zip(self.lo, other.lo))
-        hi = tuple(min(a, b) for a, b in zip(self.hi, other.hi))
-        if any(a > b for a, b in zip(lo, hi)):
+        lo = tuple(max(a, b) for a, b in zip(self.lo, other.lo, strict=True))
+        hi = tuple(min(a, b) for a, b in zip(self.hi, other.hi, strict=True))
+        if any(a > b for a, b in zip(lo, hi, strict=True)):
             return None
         return Box(lo, hi, self.flags_mask | other.flags_mask, self.flags_value | other.flags_value)
 
     def contains(self, point: Header) -> bool:
         v = point.values()
-        if any(not (lo <= x <= hi) for lo, hi, x in zip(self.lo, self.hi, v)):
+        if any(not (lo <= x <= hi) for lo, hi, x in zip(self.lo, self.hi, v, strict=True)):
             return False
         return (point.tcp_flags & self.flags_mask) == self.flags_value
 

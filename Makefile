@@ -13,7 +13,7 @@ all: test
 setup:
 	@scripts/setup.sh python
 
-test: test-unit test-sim test-system
+test: lint test-unit test-sim test-system
 
 test-unit:
 	@scripts/setup.sh python
@@ -33,13 +33,13 @@ demo:
 
 lint:
 	@scripts/setup.sh python
-	$(VENV)/bin/ruff check mgmt tests sim scripts
-	$(VENV)/bin/ruff format --check mgmt tests sim scripts
+	$(VENV)/bin/ruff check mgmt tests sim scripts bench conftest.py
+	$(VENV)/bin/ruff format --check mgmt tests sim scripts bench conftest.py
 
 format:
 	@scripts/setup.sh python
-	$(VENV)/bin/ruff format mgmt tests sim scripts
-	$(VENV)/bin/ruff check --fix mgmt tests sim scripts
+	$(VENV)/bin/ruff format mgmt tests sim scripts bench conftest.py
+	$(VENV)/bin/ruff check --fix mgmt tests sim scripts bench conftest.py
 
 synth-estimate:
 	@scripts/setup.sh sim

@@ -6,7 +6,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from ._iptables_tables import STATEFUL_MATCHES as STATEFUL
-from .ir import FIELD_INDEX, MAXV, PROTO_TCP, PROTO_UDP, Box, Origin
+from .ir import FIELD_INDEX, MAXV, PROTO_TCP, PROTO_UDP, Box, Origin, boxes_intersect
 
 Boxes = list[Box]
 
@@ -228,7 +228,7 @@ def analyse(rule: ParsedRule, hw_ports: dict[str, int], options_of) -> None:
             if m.kind == "ports":
                 if m.invert:
                     comp = complement_union(iv, 0xFFFF)
-                    parts.append(boxes_product(field_boxes("sport", comp), field_boxes("dport", comp)))
+                    parts.append(boxes_intersect(field_boxes("sport", comp), field_boxes("dport", comp)))
                 else:
                     parts.append(field_boxes("sport", iv) + field_boxes("dport", iv))
             else:
@@ -296,7 +296,7 @@ def _combine(parts: list) -> Boxes:
         return out
     boxes = [Box.full()]
     for p in parts:
-        boxes = boxes_product(boxes, field_boxes(*p) if isinstance(p, _FieldPart) else p)
+        boxes = boxes_intersect(boxes, field_boxes(*p) if isinstance(p, _FieldPart) else p)
     return boxes
 
 
@@ -307,13 +307,3 @@ def _physdev_port(m: Verbatim, hw_ports: dict[str, int]) -> tuple[int, bool] | N
     if len(rest) == 2 and rest[0] == "--physdev-in" and not rest[1].endswith("+") and rest[1] in hw_ports:
         return hw_ports[rest[1]], inv
     return None
-
-
-def boxes_product(a: Boxes, b: Boxes) -> Boxes:
-    out = []
-    for x in a:
-        for y in b:
-            z = x.intersect(y)
-            if z is not None:
-                out.append(z)
-    return out

@@ -216,7 +216,7 @@ begin
 
   transport_layer : process (clk)
     variable l4b : std_logic_vector(111 downto 0);  -- the first 14 L4 bytes
-    variable need : natural range 0 to 14;
+    variable need : natural range 0 to 20;
     variable is_tcp, is_udp, is_icmp : boolean;
     variable sp : std_logic_vector(7 downto 0);
   begin
@@ -230,12 +230,15 @@ begin
       is_tcp := p2_proto = x"06";
       is_udp := p2_proto = x"11";
       is_icmp := p2_proto = x"01";
+      -- the kernel's minimum L4 header sizes (xt_tcpudp, icmp match hotdrop anything shorter): a shorter header
+      -- is netfilter's to judge, so it is shunted unparsed; only the first 14 bytes are read, the rest may lie
+      -- beyond the capture and are checked against the IPv4 total length (itself checked against the frame)
       if is_tcp then
-        need := 14;
+        need := 20;
       elsif is_udp then
-        need := 4;
+        need := 8;
       elsif is_icmp then
-        need := 2;
+        need := 8;
       else
         need := 0;
       end if;

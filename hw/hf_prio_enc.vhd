@@ -38,9 +38,10 @@ architecture rtl of hf_prio_enc is
   constant WIDE : natural := FANIN ** STAGES;  -- input padded to a full tree
   type idx_arr is array (0 to WIDE - 1) of unsigned(IDX_W - 1 downto 0);
   type any_stages is array (0 to STAGES) of std_logic_vector(WIDE - 1 downto 0);
-  type idx_stages is array (0 to STAGES) of idx_arr;
-  signal a : any_stages := (others => (others => '0'));
-  signal x : idx_stages := (others => (others => (others => '0')));
+  type idx_stages is array (1 to STAGES) of idx_arr;
+  -- no initial values: GHDL writes them as one Verilog literal per signal, which grows past what yosys can read
+  signal a : any_stages;
+  signal x : idx_stages;
 begin
   assert 2 ** LF = FANIN and FANIN >= 2 report "hf_prio_enc: FANIN must be a power of two >= 2" severity failure;
   assert 2 ** IDX_W >= N_IN report "hf_prio_enc: IDX_W too small for N_IN" severity failure;
@@ -59,13 +60,22 @@ begin
       variable sel : unsigned(IDX_W - 1 downto 0);
     begin
       if rising_edge(clk) then
+        -- groups past this stage's width stay zero (and are trimmed): nothing is left undriven
+        for g in GROUPS to WIDE - 1 loop
+          a(s)(g) <= '0';
+          x(s)(g) <= (others => '0');
+        end loop;
         for g in 0 to GROUPS - 1 loop
           found := '0';
           sel := (others => '0');
           for j in FANIN - 1 downto 0 loop
             if a(s - 1)(g * FANIN + j) = '1' then
               found := '1';
-              sel := shift_left(to_unsigned(j, IDX_W), LF * (s - 1)) or x(s - 1)(g * FANIN + j);
+              if s = 1 then
+                sel := to_unsigned(j, IDX_W);
+              else
+                sel := shift_left(to_unsigned(j, IDX_W), LF * (s - 1)) or x(s - 1)(g * FANIN + j);
+              end if;
             end if;
           end loop;
           a(s)(g) <= found;

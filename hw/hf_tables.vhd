@@ -26,7 +26,8 @@ entity hf_tables is
     ind_addr   : in  std_logic_vector(31 downto 0);
     ind_wdata  : in  std_logic_vector(31 downto 0);
     ind_done   : out std_logic;
-    ind_rdata  : out std_logic_vector(31 downto 0)
+    ind_rdata  : out std_logic_vector(31 downto 0);
+    ready      : out std_logic  -- '0' while the reset sweep loads the policy's tables: lookups are not valid
   );
 end entity;
 
@@ -40,8 +41,11 @@ architecture rtl of hf_tables is
   subtype nib_mem is hf_nibble_array(0 to NEP - 1);
   type cnt_mem is array (0 to NEP - 1) of unsigned(31 downto 0);
 
-  signal shunt_mem : word_mem := SHUNT_INIT;  -- reset contents from the generated policy package
-  signal action_mem : nib_mem := ACTION_INIT;
+  -- No initial contents: GHDL synthesis does not carry a constant array's values into the netlist faithfully
+  -- (the shunt table came out all zeros), so the policy's contents are loaded by the sweep below, which also
+  -- runs at power-on (st starts in RESTORE) and after every reset.
+  signal shunt_mem : word_mem := (others => (others => '0'));
+  signal action_mem : nib_mem := (others => (others => '0'));
   signal hits_mem : cnt_mem := (others => (others => '0'));
 
   signal lk_bit : unsigned(4 downto 0) := (others => '0');
@@ -50,8 +54,9 @@ architecture rtl of hf_tables is
 
   -- indirect access state
   type ind_state_t is (RESTORE, IDLE, ST_ACCESS, REPLY, HITS_WAIT, HITS_REPLY);
-  signal st : ind_state_t := IDLE;
-  -- restore of the policy's table contents after reset: a sweep reading the package constants as a ROM
+  signal st : ind_state_t := RESTORE;
+  signal rdy : std_logic := '0';
+  -- restore of the policy's table contents after reset: a sweep reading the package's case functions as a ROM
   signal rs_idx, rs_widx : unsigned(IDX_W - 1 downto 0) := (others => '0');
   signal rs_wv : std_logic := '0';
   signal pending : std_logic := '0';  -- a request that arrived while the tables were busy restoring
@@ -87,7 +92,7 @@ architecture rtl of hf_tables is
   signal hw_data, h_cur : unsigned(31 downto 0);
   signal ind_hits_slot : std_logic;
 begin
-  assert SHUNT_INIT'length = NSW and ACTION_INIT'length = NEP
+  assert SHUNT_DEPTH = NSW and ACTION_DEPTH = NEP
     report "hf_tables: policy package tables do not match IDX_W" severity failure;
   assert SHUNT_WORDS = (NE + 31) / 32 report "hf_tables: SHUNT_WORDS inconsistent with N_ENTRIES" severity failure;
   assert 2 ** IDX_W >= NE report "hf_tables: IDX_W too small" severity failure;
@@ -111,8 +116,8 @@ begin
   rom : process (clk)
   begin
     if rising_edge(clk) then
-      rom_sw <= SHUNT_INIT(to_integer(resize(rs_idx, SW_W)));
-      rom_act <= ACTION_INIT(to_integer(rs_idx));
+      rom_sw <= shunt_init_word(to_integer(resize(rs_idx, SW_W)));
+      rom_act <= action_init(to_integer(rs_idx));
       rs_widx <= rs_idx;
       rs_wv <= '0';
       if st = RESTORE then
@@ -249,6 +254,18 @@ begin
       end if;
     end if;
   end process;
+
+  -- ready one cycle after the last sweep write, so that the first lookup it admits reads restored contents
+  ready_reg : process (clk)
+  begin
+    if rising_edge(clk) then
+      rdy <= to_sl(st /= RESTORE and rs_wv = '0');
+      if rst = '1' then
+        rdy <= '0';
+      end if;
+    end if;
+  end process;
+  ready <= rdy;
 
   ind_done <= i_done;
   ind_rdata <= i_reply;

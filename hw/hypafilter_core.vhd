@@ -96,6 +96,7 @@ architecture rtl of hypafilter_core is
   signal enc_idx : unsigned(IDX_W - 1 downto 0);
   signal lk_idx : unsigned(IDX_W - 1 downto 0);
   signal lk_shunt : std_logic;
+  signal tbl_ready : std_logic;  -- tables hold the policy (reset sweep done)
   signal lk_action : std_logic_vector(3 downto 0);
 
   signal t1 : side_t := SIDE_ZERO;
@@ -180,7 +181,7 @@ begin
       clk => axis_aclk, rst => rst, lk_idx => lk_idx, lk_shunt => lk_shunt, lk_action => lk_action,
       hit_v => hit_v, hit_idx => hit_idx, hits_clear => hits_clear,
       ind_req => ind_req, ind_write => ind_write, ind_addr => ind_addr, ind_wdata => ind_wdata,
-      ind_done => ind_done, ind_rdata => ind_rdata);
+      ind_done => ind_done, ind_rdata => ind_rdata, ready => tbl_ready);
 
   decide : process (axis_aclk)
     variable sp : std_logic_vector(7 downto 0);
@@ -198,7 +199,8 @@ begin
       sp := t1.tu(TUSER_SRC_LO + 7 downto TUSER_SRC_LO);
       wire := sp = x"01" or sp = x"04" or sp = x"10" or sp = x"40";
       host := sp = x"02" or sp = x"08" or sp = x"20" or sp = x"80";
-      classify := wire and control(0) = '1' and t1.unp = '0';
+      -- until the tables hold the policy nothing is judged here: wire frames go to netfilter as unparsed
+      classify := wire and control(0) = '1' and t1.unp = '0' and tbl_ready = '1';
       ev := (others => '0');
       shunt := false;
       drop := false;

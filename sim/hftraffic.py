@@ -88,6 +88,37 @@ def malformed(rng: random.Random) -> tuple[bytes, int]:
     return bytes(f), port
 
 
+def truncated_l4(rng: random.Random) -> tuple[bytes, int]:
+    """A TCP/UDP/ICMP (or GRE) frame whose IPv4 total length leaves just around the kernel's L4 minimum.
+
+    The L4 room (total length - IHL*4) is drawn near the edges that matter: the bytes the parser reads (TCP 14,
+    UDP 4, ICMP 2) and the kernel's hotdrop minimum (TCP 20, UDP 8, ICMP 8); the frame keeps its full length, so
+    only the total length makes the header short, as for a runt the sender padded.
+    """
+    port = rng.choice(WIRE)
+    h = random_header(rng)
+    proto = rng.choice((6, 17, 1, 47))
+    h = Header(
+        h.src,
+        h.dst,
+        proto,
+        h.sport if proto in (6, 17) else 0,
+        h.dport if proto in (6, 17) else 0,
+        h.icmp_type if proto == 1 else 0,
+        h.icmp_code if proto == 1 else 0,
+        h.iport,
+        h.tcp_flags if proto == 6 else 0,
+    )
+    vlans, options = rng.choice((0, 0, 1, 2)), rng.choice((0, 0, 1, 10))
+    f = bytearray(header_frame(h, rng, vlans=vlans, options=options, pad=rng.randrange(30)))
+    l3 = 14 + 4 * vlans
+    ihl = f[l3] & 0xF
+    edges = {6: (14, 20), 17: (4, 8), 1: (2, 8), 47: (0, 8)}[proto]
+    room = max(0, rng.choice(edges) + rng.randrange(-2, 3))
+    _set16(f, l3 + 2, ihl * 4 + min(room, len(f) - l3 - ihl * 4))
+    return bytes(f), port
+
+
 def frames_for(plan, rng: random.Random, count: int, headers: list[Header] | None = None) -> list[tuple[bytes, int]]:
     """A mix of (frame, tuser): aimed at entries, trace headers when given, random, malformed, from the host."""
     boxes = [b for e in plan.entries for b in e.boxes if not b.is_empty()]
@@ -114,7 +145,7 @@ def frames_for(plan, rng: random.Random, count: int, headers: list[Header] | Non
             h = random_header(rng)
             f, port = header_frame(h, rng, vlans=rng.randrange(3), pad=rng.randrange(100)), PORT_OF_IPORT[h.iport]
         elif r < 0.9:
-            f, port = malformed(rng)
+            f, port = malformed(rng) if rng.random() < 0.75 else truncated_l4(rng)
         else:
             f, port = header_frame(random_header(rng), rng, pad=rng.randrange(100)), rng.choice(HOST)
         out.append((f, tuser_for(f, port)))

@@ -9,8 +9,11 @@ The VHDL core, its testbenches, the emulated NIC and the verifier all compare ag
   (frame length = TUSER[15:0], which the testbenches and the emulator set to the byte count of the frame).
 - Fragments with offset != 0 are unparsed; a first fragment (offset 0, MF set) is parsed like any packet,
   because its L4 header is present and netfilter matches ports on it the same way.
-- L4 bytes needed, all inside the IPv4 total length: TCP 14 (ports .. flags), UDP 4 (ports), ICMP 2 (type, code);
-  other protocols need none. These bytes always lie within the first 96 bytes of the frame.
+- L4 bytes needed, all inside the IPv4 total length: TCP 20, UDP 8, ICMP 8 -- the fixed header sizes below which
+  the kernel's tcp/udp/icmp matches hotdrop the packet, so a shorter one is left to netfilter (unparsed) rather
+  than forwarded by a hardware match the kernel would never make. Other protocols need none (a rule on -p 47
+  reads no L4 byte). Only the bytes the parser reads (ports .. TCP flags, ICMP type and code) must lie within the
+  first 96 bytes of the frame; the rest of the minimum is checked against the total length alone.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ HOST_PORTS = (0x02, 0x08, 0x20, 0x80)
 PAIRED = {0x01: 0x04, 0x04: 0x01, 0x10: 0x40, 0x40: 0x10}  # bridge mode: MAC0<->MAC1, MAC2<->MAC3
 VLAN_TPIDS = (0x8100, 0x88A8)
 ETH_IPV4 = 0x0800
-L4_NEED = {PROTO_TCP: 14, PROTO_UDP: 4, PROTO_ICMP: 2}
+L4_NEED = {PROTO_TCP: 20, PROTO_UDP: 8, PROTO_ICMP: 8}  # xt_tcpudp / xt icmp minimum header sizes
 HEADER_BYTES = 96  # every byte the parser reads lies below this offset (2 tags + IHL 15 + 14 TCP bytes)
 
 CONTROL_ENABLE = 1 << 0

@@ -98,12 +98,14 @@ def test_header_parser(width):
 
     need_tool("ghdl")
     from hftb import tuser_for  # noqa: PLC0415
-    from hftraffic import frames_for, malformed  # noqa: PLC0415
+    from hftraffic import frames_for, malformed, truncated_l4  # noqa: PLC0415
     from hypafilter.hwgen import HwPlan  # noqa: PLC0415
 
     rng = random.Random(width)
     frames = frames_for(HwPlan([], [0], [1], "0" * 64), rng, 500)
     frames += [(f, tuser_for(f, p)) for f, p in (malformed(rng) for _ in range(300))]
+    # L4 headers around the kernel's hotdrop minimum: parsed only from 20 (TCP) / 8 (UDP, ICMP) bytes on
+    frames += [(f, tuser_for(f, p)) for f, p in (truncated_l4(rng) for _ in range(200))]
     rng.shuffle(frames)
     tag = f"w{width}"
     cfg = save_obj(frames, SIM_BUILD / "hf_header_parser" / tag / "cfg.pkl")

@@ -112,11 +112,6 @@ def test_classbench(lab, shared_dir, tmp_path, k):
     assert r["delivered_oracle"] > 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="hardware parses L4 headers shorter than the kernel's matches accept (hwmodel.L4_NEED TCP 14, UDP 4, "
-    "ICMP 2 bytes; xt_tcpudp/icmp hotdrop below 20/8/8): the core forwards what the oracle drops",
-)
 def test_truncated_l4_headers(lab, tmp_path):
     from hypafilter.config import Config
     from hypafilter.verify import verify

@@ -98,8 +98,7 @@ def check_file(path: Path) -> dict[str, int]:
 @pytest.mark.parametrize("name", FILES or ["(none)"])
 def test_peer_file(shared_dir, name):
     path = shared_dir / "peer-tests" / "iptables-extensions" / name
-    if not path.exists():
-        pytest.skip("no .t files")
+    assert path.exists(), f"{path}: the iptables conformance corpus is missing from shared/"
     check_file(path)
 
 

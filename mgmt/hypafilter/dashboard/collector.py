@@ -35,6 +35,9 @@ HW_COUNTERS: dict[str, tuple[str, str]] = {
     "CNT_FIFO_DROP": ("fifo_drop", ""),
 }
 SHUNT_REASONS: tuple[str, ...] = ("overrule", "policy", "unparsed", "forced")
+# A forced shunt (CONTROL "shunt everything") is also counted under its reason (overrule or policy) by the core,
+# so the total of shunted frames is the sum of the three reasons; "forced" is a subset shown on its own.
+SHUNT_TOTAL_COUNTERS: tuple[str, ...] = ("CNT_SHUNT_OVERRULE", "CNT_SHUNT_POLICY", "CNT_SHUNT_UNPARSED")
 
 HF_RULE_COMMENT = re.compile(r"\bhf:rule=(\d+)\b")
 
@@ -120,7 +123,7 @@ class Snapshot:
         return self.deployment.generation if self.deployment else None
 
     def shunted(self) -> int:
-        return sum(self.hw.get(c, 0) for c, (path, _) in HW_COUNTERS.items() if path == "shunted")
+        return sum(self.hw.get(c, 0) for c in SHUNT_TOTAL_COUNTERS)
 
     def classified(self) -> int:
         return self.hw.get("CNT_FORWARDED", 0) + self.hw.get("CNT_DROPPED", 0) + self.shunted()
@@ -155,7 +158,7 @@ def rates(prev: Snapshot, cur: Snapshot) -> Rates:
     # A snapshot whose NIC read failed has no counters: no rate rather than a spike when the NIC comes back.
     valid = bool(prev.hw) and bool(cur.hw)
     hw = {c: counter_delta(prev.hw.get(c, 0), cur.hw.get(c, 0)) / dt if valid else 0.0 for c in HW_COUNTERS}
-    shunted = sum(hw[c] for c, (path, _) in HW_COUNTERS.items() if path == "shunted")
+    shunted = sum(hw[c] for c in SHUNT_TOTAL_COUNTERS)
     classified = hw["CNT_FORWARDED"] + hw["CNT_DROPPED"] + shunted
     nf_main = counter_delta(prev.nf_main[0], cur.nf_main[0]) / dt
     return Rates(cur.time, dt, hw, shunted, classified, nf_main, valid)

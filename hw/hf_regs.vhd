@@ -191,7 +191,7 @@ begin
           when REG_GENERATION => rdata <= r_gen;
           when REG_CONTROL => rdata <= r_control;
           when REG_NUM_ENTRIES => rdata <= std_logic_vector(to_unsigned(N_ENTRIES, 32));
-          when REG_POLICY_HASH => rdata <= POLICY_HASH;
+          when REG_MATCHER_HASH => rdata <= MATCHER_HASH;
           when REG_CNT_FORWARDED => rdata <= std_logic_vector(c_fwd);
           when REG_CNT_DROPPED => rdata <= std_logic_vector(c_drop);
           when REG_CNT_SHUNT_OVERRULE => rdata <= std_logic_vector(c_over);

@@ -204,9 +204,15 @@ class Transaction:
     timings: dict[str, float] = field(default_factory=dict)
     rollback_errors: list[str] = field(default_factory=list)
 
-    def step(self, name: str, fn: Callable[[], object], undo: Callable[[], None] | None = None) -> object:
+    def step(
+        self, name: str, fn: Callable[[], object], undo: Callable[[], None] | None = None, undo_first: bool = False
+    ) -> object:
+        """Run one step. undo_first: the step can fail half-way (a run of register writes), so its undo is
+        registered before it runs and a failure of the step itself also undoes it."""
         t = time.monotonic()
         self.log(f"{name} ...")
+        if undo is not None and undo_first:
+            self.undo.append((name, undo))
         try:
             if os.environ.get(FAIL_ENV) == name and name != "netfilter":
                 raise HypafilterError(f"injected failure ({FAIL_ENV}={name})")
@@ -217,7 +223,7 @@ class Transaction:
             raise DeployError(name, str(e)) from e
         finally:
             self.timings[name] = round(time.monotonic() - t, 4)
-        if undo is not None:
+        if undo is not None and not undo_first:
             self.undo.append((name, undo))
         return result
 
@@ -283,9 +289,14 @@ class EmuTarget:
     def standby(self, info: dict) -> None:
         self._command(info, "STANDBY")
 
-    def program(self, info: dict, plan, generation: int) -> None:
+    def program(self, info: dict, plan, generation: int, known: dict | None = None) -> dict:
+        """Write the plan's tables (only what differs from `known`); returns what the core now holds."""
         with self.client(info) as c:
-            c.program(plan, generation)
+            return c.program(plan, generation, known=known)
+
+    def write_tables(self, info: dict, tables: dict, generation: int, known: dict | None = None) -> dict:
+        with self.client(info) as c:
+            return c.write_tables(tables, generation, known=known)
 
     def shunt_all(self, info: dict, on: bool) -> None:
         with self.client(info) as c:
@@ -456,28 +467,40 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: EmuTar
                 fwshim.update(old_intervals, num_entries=len(old_intervals))
 
         tx.step("shim-tables", lambda: fwshim.update(intervals, num_entries=len(intervals)), shim_tables_undo)
-        # 5. Hardware: a new NIC for a new matcher (standby until programmed), else rewrite the registers.
+        # 5. Hardware: a new NIC for a new matcher (standby until programmed), else rewrite the registers. The
+        #    build is keyed on the matcher (hwgen.matcher_hash), so only a change of the hardware entries replaces it.
         replace = not old_nic or old_nic.get("binary") != binary or force
         if replace:
             # Beside a running NIC the new one waits in standby until it is programmed. Alone it starts active: the
-            # core powers up with this plan's tables and GENERATION 0, which the shim (generation >= 1) treats as
-            # stale, so until `registers` every shunted frame gets the full policy in software — always right.
+            # core powers up shunting every entry with GENERATION 0, which the shim (generation >= 1) treats as
+            # stale, so until `registers` every frame gets the full policy in software — always right.
             standby = bool(old_nic)
             new_nic = tx.step("nic", lambda: tgt.start(binary, gen, standby=standby), None)
             tx.undo.append(("nic", lambda: tgt.stop(new_nic)))
-            tx.step("registers", lambda: tgt.program(new_nic, plan, gen))
+            written = tx.step("registers", lambda: tgt.program(new_nic, plan, gen))
             # Activate the new NIC before silencing the old one: frames in the overlap may be seen by both
             # (a duplicate with the right verdict), never by neither.
             tx.step("activate", lambda: tgt.activate(new_nic), lambda: tgt.standby(new_nic))
             if old_nic:
                 tx.step("standby-old", lambda: tgt.standby(old_nic), lambda: tgt.activate(old_nic))
         else:
+            # Same matcher: the running core takes the new shunt vector and actions by register writes, only the
+            # words that changed (a complex-only change in index/selective mode touches a few).
             new_nic = old_nic
-            tx.step(
-                "registers",
-                lambda: tgt.program(new_nic, plan, gen),
-                lambda: tgt.program(new_nic, plan, old["generation"]),
-            )
+            old_tables = old.get("tables")
+            done: dict = {}
+
+            def registers():
+                done.update(tgt.program(new_nic, plan, gen, known=old_tables))
+                return dict(done)
+
+            def registers_undo():
+                if old_tables:
+                    tgt.write_tables(new_nic, old_tables, old["generation"], known=done or None)
+                else:  # a state from before tables were recorded: the old plan's tables are unknown
+                    raise HypafilterError("previous tables unknown; redeploy the previous policy to restore them")
+
+            written = tx.step("registers", registers, registers_undo, undo_first=True)
             tx.step("release", lambda: tgt.shunt_all(new_nic, False))
         tx.undo.clear()  # committed: from here on, failures are clean-up warnings, not rollbacks
     except DeployError as e:
@@ -519,6 +542,7 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: EmuTar
         "partition": partition_counts(policy, plan),
         "intervals": intervals,
         "nic": new_nic,
+        "tables": {k: v for k, v in written.items() if k != "writes"},
         "shim": {"netns": NS_FW, "ifaces": list(FW_IFACES), "pin": str(fwshim.pin)},
         "deployed_at": time.time(),
         "plain_rules": plain_restore_text(policy, config.table),
@@ -531,6 +555,7 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: EmuTar
                 "result": "ok",
                 "kind": "update" if old else "deploy",
                 "replaced_nic": bool(replace),
+                "register_writes": written["writes"],
                 "duration_s": took,
                 "steps": tx.timings,
                 "warnings": warnings,

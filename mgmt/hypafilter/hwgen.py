@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import jinja2
 
 from . import regmap
-from .ir import MAXV, WIDTHS, Box, Policy
+from .ir import ACTION_DROP, MAXV, WIDTHS, Box, Policy
 
 HW_DIR = Path(__file__).resolve().parents[2] / "hw"
 TEMPLATES = HW_DIR / "templates"
@@ -173,6 +174,19 @@ def matcher_source(plan) -> dict:
     }
 
 
+def matcher_hash(plan) -> str:
+    """Hex SHA-256 of what the matcher is built from: the entries' boxes in order (not shunt bits, not actions,
+    which are run-time registers). Its low 32 bits are the MATCHER_HASH register: a plan with the same value
+    programs a running core by register writes alone; any other plan needs a core generated for it."""
+    h = hashlib.sha256(f"hypafilter matcher v1\n{len(plan.entries)}\n".encode())
+    for e in plan.entries:
+        for b in e.boxes:
+            if not b.is_empty():
+                h.update(f"{b.lo}{b.hi}{b.flags_mask},{b.flags_value};".encode())
+        h.update(b"\n")
+    return h.hexdigest()
+
+
 def enc_stages(n_in: int, fanin: int) -> int:
     """Pipeline stages of the priority encoder (the same formula as hf_prio_enc's STAGES)."""
     s, width = 1, fanin
@@ -182,8 +196,18 @@ def enc_stages(n_in: int, fanin: int) -> int:
     return s
 
 
-def render(plan, out_dir: Path, tdata_width: int = 256, encoder_fanin: int = 8) -> list[Path]:
-    """Write the generated VHDL (policy package, matcher) and the register package into out_dir."""
+POWER_ON = ("plan", "shunt_all")
+
+
+def render(plan, out_dir: Path, tdata_width: int = 256, encoder_fanin: int = 8, power_on: str = "plan") -> list[Path]:
+    """Write the generated VHDL (policy package, matcher) and the register package into out_dir.
+
+    power_on: the table contents after power-on/reset. "plan" = this plan's shunt vector and actions (a bitstream
+    that filters on its own); "shunt_all" = every entry shunts (safe for any plan with the same matcher; the
+    sources then depend on the matcher alone, so one build serves every plan that shares it).
+    """
+    if power_on not in POWER_ON:
+        raise ValueError(f"power_on must be one of {', '.join(POWER_ON)}")
     if tdata_width not in (256, 512):
         raise ValueError("tdata_width must be 256 or 512")
     if encoder_fanin < 2 or encoder_fanin & (encoder_fanin - 1):
@@ -195,23 +219,26 @@ def render(plan, out_dir: Path, tdata_width: int = 256, encoder_fanin: int = 8) 
         raise ValueError("plan.shunt and plan.actions need n + 1 values")
     if any(e.boxes and len(b.lo) != len(MAXV) for e in plan.entries for b in e.boxes):
         raise ValueError("box dimensions do not match ir.FIELDS")
+    shunt = plan.shunt if power_on == "plan" else [1] * (n + 1)
+    actions = plan.actions if power_on == "plan" else [ACTION_DROP] * (n + 1)
     words = [0] * ((n + 1 + 31) // 32)
-    for i, bit in enumerate(plan.shunt):
+    for i, bit in enumerate(shunt):
         if bit:
             words[i // 32] |= 1 << (i % 32)
     idx_w = max(1, math.ceil(math.log2(n + 1)))
     sw_w = max(1, math.ceil(math.log2(len(words))))
     padded_words = words + [0] * ((1 << sw_w) - len(words))
-    padded_actions = [a & 0xF for a in plan.actions] + [0] * ((1 << idx_w) - (n + 1))
+    padded_actions = [int(a) & 0xF for a in actions] + [0] * ((1 << idx_w) - (n + 1))
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined, keep_trailing_newline=True
     )
+    mhash = matcher_hash(plan)
     common = {
-        "policy_hash": plan.policy_hash,
+        "origin": f"policy {plan.policy_hash}" if power_on == "plan" else f"matcher {mhash} (power-on: shunt all)",
         "n": n,
         "res_width": max(n, 1),
         "idx_w": idx_w,
-        "hash32": plan.policy_hash[-8:].upper(),
+        "hash32": mhash[-8:].upper(),
         "fanin": encoder_fanin,
         "tdata_width": tdata_width,
         "shunt_words": len(words),

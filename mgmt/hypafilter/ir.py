@@ -221,5 +221,6 @@ class Policy:
         return "\n".join(lines) + "\n"
 
     def policy_hash(self) -> str:
-        """Hex SHA-256 of canonical_text(); its low 32 bits are burnt into the hardware (POLICY_HASH)."""
+        """Hex SHA-256 of canonical_text(); the deployment's identity (the hardware carries
+        hwgen.matcher_hash instead, which ignores everything registers can change)."""
         return hashlib.sha256(self.canonical_text().encode()).hexdigest()

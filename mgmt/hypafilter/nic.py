@@ -236,7 +236,7 @@ class NicClient:
         return {
             "ID": ident,
             "VERSION": self.read("VERSION"),
-            "POLICY_HASH": self.read("POLICY_HASH"),
+            "MATCHER_HASH": self.read("MATCHER_HASH"),
             "NUM_ENTRIES": self.read("NUM_ENTRIES"),
             "GENERATION": self.read("GENERATION"),
             "CONTROL": self.read("CONTROL"),
@@ -253,22 +253,65 @@ class NicClient:
     def clear_counters(self) -> None:
         self.write("RESET", 1)
 
-    def program(self, plan, generation: int) -> None:
+    def program(self, plan, generation: int, known: dict | None = None) -> dict:
         """Load a plan's run-time state: packed SHUNT words, ACTION codes, then GENERATION.
 
-        The core must have been generated from the same plan (POLICY_HASH and NUM_ENTRIES are checked).
+        The core must have been generated from a plan with the same hardware entries (NUM_ENTRIES and
+        MATCHER_HASH are checked); shunt bits and actions are free. `known` is what an earlier `program` returned
+        for this core: only words that differ from it are written (an insertion of a complex rule changes a few
+        shunt words, not thousands). It is trusted only while GENERATION still reads what it was written with.
+        Returns the tables as now written, with the number of writes issued.
         """
         n = len(plan.entries)
         have = self.read("NUM_ENTRIES")
         if have != n:
             raise NicError(f"core has {have} hardware entries, the plan {n}: it was generated from another plan")
-        want_hash = int(plan.policy_hash[-8:], 16)
-        got_hash = self.read("POLICY_HASH")
+        from .hwgen import matcher_hash  # noqa: PLC0415
+
+        want_hash = int(matcher_hash(plan)[-8:], 16)
+        got_hash = self.read("MATCHER_HASH")
         if got_hash != want_hash:
-            raise NicError(f"core POLICY_HASH 0x{got_hash:08x} does not match the plan's 0x{want_hash:08x}")
-        self.write_table_many("SHUNT", 0, pack_shunt(plan.shunt))
-        self.write_table_many("ACTION", 0, [int(a) for a in plan.actions])
+            raise NicError(
+                f"core MATCHER_HASH 0x{got_hash:08x} does not match the plan's 0x{want_hash:08x}: the plan's hardware "
+                "entries differ from the core's (a new core must be generated)"
+            )
+        tables = {
+            "matcher_hash": f"{want_hash:08x}",
+            "shunt": pack_shunt(plan.shunt),
+            "actions": [int(a) & 0xF for a in plan.actions],
+        }
+        return self.write_tables(tables, generation, known)
+
+    def write_tables(self, tables: dict, generation: int, known: dict | None = None) -> dict:
+        """Write SHUNT words and ACTION codes as `program` returned them (also to put earlier ones back), then
+        GENERATION; with `known` (the core's tables as last written, still valid: same matcher, GENERATION
+        unchanged since) only the words that differ are written."""
+        shunt, actions = list(tables["shunt"]), list(tables["actions"])
+        old_shunt: list[int | None] = [None] * len(shunt)
+        old_actions: list[int | None] = [None] * len(actions)
+        if (
+            known
+            and known.get("matcher_hash") == tables.get("matcher_hash")
+            and known.get("generation") == self.read("GENERATION")
+            and len(known.get("shunt", ())) == len(shunt)
+            and len(known.get("actions", ())) == len(actions)
+        ):
+            old_shunt, old_actions = list(known["shunt"]), list(known["actions"])
+        writes = 0
+        for name, new, old in (("SHUNT", shunt, old_shunt), ("ACTION", actions, old_actions)):
+            i = 0
+            while i < len(new):
+                if new[i] == old[i]:
+                    i += 1
+                    continue
+                j = i
+                while j < len(new) and new[j] != old[j]:
+                    j += 1
+                self.write_table_many(name, i, new[i:j])  # a run of changed words, pipelined
+                writes += j - i
+                i = j
         self.write("GENERATION", generation & 0xFFFF)
+        return {**tables, "generation": generation & 0xFFFF, "shunt": shunt, "actions": actions, "writes": writes + 1}
 
     def set_shunt_all(self, on: bool) -> None:
         control = self.read("CONTROL")

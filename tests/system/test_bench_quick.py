@@ -72,6 +72,15 @@ def test_quick_run_end_to_end(shared_dir, tmp_path):
     # Fig. 15: every insertion was loaded into the namespace and timed.
     f15 = [r for r in _rows(out / "fig15_update_delay.csv") if not r["error"]]
     assert f15 and all(float(r["load_s"]) > 0 and float(r["total_s"]) >= float(r["load_s"]) for r in f15)
+    # An insertion of a complex rule is a register update with index/selective shunting (a handful of changed
+    # words on the real emulated core), a new core in exact mode (the rule's reduction joins the matcher).
+    assert {r["register_target"] for r in f15} == {"emu"}
+    for r in f15:
+        if r["mode"] == "exact":
+            assert r["hardware"] == "new core" and r["register_writes"] == "", r
+        else:
+            assert r["hardware"] == "registers" and 1 <= int(r["register_writes"]) <= 10, r
+            assert float(r["registers_s"]) > 0
     text = md.read_text()
     for head in ("## Fig. 11", "## Fig. 14", "## Fig. 15", "## §VIII-I", "**Model**", "Wall time:"):
         assert head in text

@@ -24,10 +24,14 @@ POLICY_A = """*filter
 -A FORWARD -p tcp --dport 22 -j ACCEPT
 COMMIT
 """
-# B: port 2000 flips to ACCEPT, a new complex rule on 4000; everything else keeps its verdict.
+# B: port 2000 flips to ACCEPT, a new complex rule on 4000; everything else keeps its verdict. The hardware entries
+# (the simple rules' boxes) stay the same, so the running core is updated by register writes alone.
 POLICY_B = POLICY_A.replace("--dport 2000 -j DROP", "--dport 2000 -j ACCEPT").replace(
     "COMMIT", "-A FORWARD -p udp --dport 4000 -m string --string BAD --algo bm -j ACCEPT\nCOMMIT"
 )
+# C: a new simple rule (port 5000 ACCEPT): a new hardware entry, so a new core replaces the running one.
+POLICY_C = POLICY_A.replace("COMMIT", "-A FORWARD -p udp --dport 5000 -j ACCEPT\nCOMMIT")
+POLICIES = {"A": POLICY_A, "B": POLICY_B, "C": POLICY_C}
 
 
 def parse(text: str, name: str):
@@ -101,13 +105,23 @@ def test_deploy_status_undeploy(lab):
     assert not deploy.status()["deployed"]
 
 
-@pytest.mark.parametrize("step", ["netfilter", "shim-tables", "registers", "activate"])
-def test_failed_update_keeps_previous(lab, monkeypatch, step):
+@pytest.mark.parametrize(
+    ("to", "step"),
+    [
+        ("B", "netfilter"),
+        ("B", "shim-tables"),
+        ("B", "registers"),
+        ("B", "release"),
+        ("C", "registers"),
+        ("C", "activate"),
+    ],
+)
+def test_failed_update_keeps_previous(lab, monkeypatch, to, step):
     from hypafilter import deploy
     from hypafilter.config import Config
     from hypafilter.errors import DeployError
 
-    pa, pb = parse(POLICY_A, "a.rules"), parse(POLICY_B, "b.rules")
+    pa, pb = parse(POLICY_A, "a.rules"), parse(POLICIES[to], f"{to.lower()}.rules")
     before = deploy.deploy(pa, Config())
     chains_before = fw(lab, "iptables-save", "-t", "filter")
     monkeypatch.setenv(deploy.FAIL_ENV, step)
@@ -126,6 +140,12 @@ def test_failed_update_keeps_previous(lab, monkeypatch, step):
     assert not nic_processes(f"{LAB}-g{before['generation'] + 1}.sock"), "the new NIC was left running"
     with deploy.EmuTarget(Config()).client(after["nic"]) as c:
         assert c.read("CONTROL") & 2 == 0, "shunt-all left on"
+        # The old tables are back word for word (a register-only update that failed after writing undoes them).
+        assert c.read("GENERATION") == before["generation"]
+        assert [c.read_table("SHUNT", i) for i in range(len(before["tables"]["shunt"]))] == before["tables"]["shunt"]
+        assert [c.read_table("ACTION", i) for i in range(len(before["tables"]["actions"]))] == before["tables"][
+            "actions"
+        ]
     r = verify(pa)
     assert r["mismatches"] == 0, r["examples"]
 
@@ -163,16 +183,21 @@ def _expect(policy: str, port: int, bad: bool) -> bool:
         return not bad
     if port == 4000:
         return policy == "B" and bad
+    if port == 5000:
+        return policy == "C"
     return False
 
 
 @pytest.mark.slow
-def test_update_under_traffic(lab):
+@pytest.mark.parametrize(("to", "replaces_nic"), [("B", False), ("C", True)])
+def test_update_under_traffic(lab, to, replaces_nic):
+    """Every frame sent during an update gets the old or the new policy's verdict: B by register writes on the
+    running core, C (a new hardware entry) by a new core that takes over."""
     from hypafilter import deploy
     from hypafilter.config import Config
     from hypafilter.verify import collect, drain, raw_socket
 
-    pa, pb = parse(POLICY_A, "a.rules"), parse(POLICY_B, "b.rules")
+    pa, pb = parse(POLICY_A, "a.rules"), parse(POLICIES[to], f"{to.lower()}.rules")
     deploy.deploy(pa, Config())
     from hypafilter import emu
     from hypafilter.plan import build_plan
@@ -197,15 +222,18 @@ def test_update_under_traffic(lab):
     collect({"hybrid": rx}, got, 0.5, 10.0)
     rx.close()
     assert st["policy_hash"] == pb.policy_hash()
+    assert st["history"][-1]["replaced_nic"] is replaces_nic
+    if not replaces_nic:  # only the changed words: one SHUNT word at most, one ACTION entry, GENERATION
+        assert st["history"][-1]["register_writes"] <= 3, st["history"][-1]
     wrong = []
     for t, uid, port, bad in sent:
         delivered = uid in got["hybrid"]
         if t < t_start:
             ok = delivered == _expect("A", port, bad)
         elif t > t_done:
-            ok = delivered == _expect("B", port, bad)
+            ok = delivered == _expect(to, port, bad)
         else:  # during the update either policy's verdict is right
-            ok = delivered in (_expect("A", port, bad), _expect("B", port, bad))
+            ok = delivered in (_expect("A", port, bad), _expect(to, port, bad))
         if not ok:
             wrong.append((round(t - t_start, 3), uid, port, bad, delivered))
     during = sum(1 for t, *_ in sent if t_start <= t <= t_done)

@@ -167,13 +167,45 @@ def nic(emu_binary, topo, tmp_path_factory):
     assert not n.ctl_path.exists()
 
 
-def test_power_on_tables_hold_the_plan(nic, emu_binary):
-    """The generated core comes out of reset with the plan's shunt vector and actions (before any program())."""
+def test_power_on_tables_shunt_everything(nic, emu_binary):
+    """The emulator's core comes out of reset shunting every entry (before any program()): the build serves every
+    plan with the same matcher, so its power-on tables belong to none of them and must be safe for all."""
+    from hypafilter.ir import ACTION_DROP
     from hypafilter.nic import pack_shunt
 
     _, plan = emu_binary
-    assert nic.power_on["SHUNT"] == pack_shunt(plan.shunt)
-    assert nic.power_on["ACTION"] == [int(a) for a in plan.actions]
+    assert nic.power_on["SHUNT"] == pack_shunt([1] * (len(plan.entries) + 1))
+    assert nic.power_on["ACTION"] == [ACTION_DROP] * (len(plan.entries) + 1)
+
+
+def test_same_matcher_same_binary_other_matcher_refused(nic, emu_binary):
+    """A plan that differs only in shunt bits and actions reuses the build and is programmed by registers, with
+    only the changed words written; a plan with other hardware entries is refused by the running core."""
+    import dataclasses
+
+    import numpy as np
+    from hypafilter.config import Config
+    from hypafilter.emu import build
+    from hypafilter.nic import NicError
+
+    binary, plan = emu_binary
+    shunt = np.array(plan.shunt, dtype=bool)
+    shunt[0] = not shunt[0]
+    actions = np.array(plan.actions, dtype=np.uint8)
+    actions[1] = 3 - actions[1]  # ACCEPT <-> DROP
+    other = dataclasses.replace(plan, shunt=shunt, actions=actions, policy_hash="0" * 64)
+    assert build(other, Config(), build_root=ROOT / "build") == binary
+    with nic.client() as c:
+        try:
+            before = c.program(plan, 5)
+            after = c.program(other, 6, known=before)
+            assert after["writes"] == 3  # one SHUNT word, one ACTION entry, GENERATION
+            assert c.read_table("SHUNT", 0) == after["shunt"][0] and c.read_table("ACTION", 1) == actions[1]
+            moved = dataclasses.replace(plan, entries=plan.entries[1:] + plan.entries[:1])
+            with pytest.raises(NicError, match="MATCHER_HASH"):
+                c.program(moved, 7)
+        finally:
+            c.program(plan, 0)
 
 
 def drain(socks) -> None:
@@ -299,6 +331,7 @@ def test_host_frames_pass_unclassified(nic, topo, emu_binary):
 
 
 def test_registers_and_counters(nic, topo, emu_binary):
+    from hypafilter.hwgen import matcher_hash
     from hypafilter.nic import CORE_ID
 
     _, plan = emu_binary
@@ -306,7 +339,7 @@ def test_registers_and_counters(nic, topo, emu_binary):
         info = c.info()
         assert info["ID"] == CORE_ID
         assert info["NUM_ENTRIES"] == len(plan.entries)
-        assert info["POLICY_HASH"] == int(plan.policy_hash[-8:], 16)
+        assert info["MATCHER_HASH"] == int(matcher_hash(plan)[-8:], 16)
         c.write("FLIP", 0x12345678)
         assert c.read("FLIP") == 0xEDCBA987
         c.write("GENERATION", 0x1234)

@@ -135,3 +135,25 @@ def test_missing_set_is_a_clear_error(tiny_shared, tmp_path, capsys):
     )
     assert rc == 2
     assert "nosuch_1100.filters" in capsys.readouterr().err
+
+
+def test_insertions_keep_the_matcher_except_in_exact_mode(tiny_shared):
+    """Fig. 15's premise: inserting a complex rule leaves the hardware entries alone with index/selective
+    shunting (an update by registers) and adds an entry in exact mode (a new core)."""
+    from hypafilter.bench import paper
+    from hypafilter.config import Config
+    from hypafilter.hwgen import matcher_hash
+    from hypafilter.plan import build_plan
+
+    filters = tiny_shared / "data" / "classbench" / "tiny_1100.filters"
+    texts = paper.insertion_texts(filters, 3, rules=50)
+    cfg = Config()
+    policies = [paper.load_policy(filters, 0, cfg, text=t) for t in texts]
+    assert [len(p.rules) for p in policies] == [50, 51, 52, 53]
+    assert [len(p.complex_indices) for p in policies] == [0, 1, 2, 3]
+    for mode, same in (("index", True), ("selective", True), ("exact", False)):
+        plans = [build_plan(p, cfg, mode) for p in policies]
+        hashes = {matcher_hash(p) for p in plans}
+        assert (len(hashes) == 1) is same, mode
+        if mode != "exact":
+            assert any(list(a.shunt) != list(b.shunt) for a, b in zip(plans, plans[1:], strict=False)), mode

@@ -68,7 +68,7 @@ def test_render_shares_comparators_and_writes_packages(tmp_path):
     assert "r(2) <= (cmp(4) and cmp(5)) or cmp(6);" in m and "r(3) <= '0';" in m
     pkg = (tmp_path / "hf_policy_pkg.vhd").read_text()
     assert "constant N_ENTRIES     : natural := 4;" in pkg
-    assert f'x"{plan.policy_hash[-8:].upper()}"' in pkg
+    assert f'x"{hwgen.matcher_hash(plan)[-8:].upper()}"' in pkg
     assert "constant ENC_FANIN     : natural := 4;" in pkg
     # Table contents are functions the power-on sweep reads (GHDL synthesis loses constant-array initial values);
     # only non-zero entries are listed, everything else reads as zero.
@@ -117,3 +117,22 @@ def test_real_plan_renders_and_analyses(tmp_path):
         cwd=tmp_path,
     )
     assert r.returncode == 0, r.stderr
+
+
+def test_power_on_shunt_all_sources_depend_on_the_matcher_only(tmp_path):
+    """The emulator's build renders power-on tables that shunt everything: two plans with the same entries but
+    other shunt bits and actions give byte-identical sources (one cached binary), other entries do not."""
+    import dataclasses
+
+    plan = hwgen.minimal_plan(_policy())
+    other = dataclasses.replace(plan, shunt=[1 - b for b in plan.shunt], actions=[3 - a for a in plan.actions])
+    fewer = dataclasses.replace(plan, entries=plan.entries[:-1], shunt=plan.shunt[1:], actions=plan.actions[1:])
+
+    def texts(p, d, power_on):
+        return [f.read_text() for f in hwgen.render(p, tmp_path / d, power_on=power_on)]
+
+    assert texts(plan, "a", "shunt_all") == texts(other, "b", "shunt_all")
+    assert texts(plan, "c", "shunt_all") != texts(fewer, "d", "shunt_all")
+    assert texts(plan, "e", "plan") != texts(other, "f", "plan")  # the standalone bitstream keeps its plan
+    with pytest.raises(ValueError, match="power_on"):
+        hwgen.render(plan, tmp_path / "g", power_on="maybe")

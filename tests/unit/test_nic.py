@@ -112,24 +112,73 @@ def test_table_bounds_and_read_only(fake):
     assert fake.log == []
 
 
-def test_program_order_and_checks(fake):
-    class P:
-        entries = [object()] * 40
-        shunt = [1 if i in (0, 33, 40) else 0 for i in range(41)]
-        actions = [1] * 40 + [2]
-        policy_hash = "ab" * 28 + "cafef00d"
+def _plan(shunt_on=(0, 33, 40), drop=(40,), first_port=1):
+    from hypafilter.hwgen import HwEntry
+    from hypafilter.ir import Box
 
-    fake.regs[regmap.REG_POLICY_HASH] = 0xCAFEF00D
+    class P:
+        entries = [HwEntry((Box.full().with_field("dport", first_port + i, first_port + i),)) for i in range(40)]
+        shunt = [1 if i in shunt_on else 0 for i in range(41)]
+        actions = [2 if i in drop else 1 for i in range(41)]
+        policy_hash = "ab" * 32
+
+    return P
+
+
+def test_program_order_and_checks(fake):
+    from hypafilter.hwgen import matcher_hash
+
+    plan = _plan()
+    fake.regs[regmap.REG_NUM_ENTRIES] = 40
+    fake.regs[regmap.REG_MATCHER_HASH] = int(matcher_hash(plan)[-8:], 16)
     with NicClient(EmuTransport(fake.path)) as c:
-        c.program(P, 0x10007)
+        written = c.program(plan, 0x10007)
     assert fake.tables[(regmap.TABLE_SHUNT, 0)] == 1
     assert fake.tables[(regmap.TABLE_SHUNT, 1)] == (1 << 1) | (1 << 8)
     assert fake.tables[(regmap.TABLE_ACTION, 40)] == 2
     assert fake.regs[regmap.REG_GENERATION] == 0x0007
     assert fake.log[-1].startswith(f"W 0x{regmap.REG_GENERATION:x}")  # generation last: tables first
-    fake.regs[regmap.REG_POLICY_HASH] = 1
-    with NicClient(EmuTransport(fake.path)) as c, pytest.raises(NicError, match="POLICY_HASH"):
-        c.program(P, 1)
+    assert written["writes"] == 2 + 41 + 1 and written["generation"] == 7
+    fake.regs[regmap.REG_MATCHER_HASH] = 1
+    with NicClient(EmuTransport(fake.path)) as c, pytest.raises(NicError, match="MATCHER_HASH"):
+        c.program(plan, 1)
+    fake.regs[regmap.REG_NUM_ENTRIES] = 39
+    with NicClient(EmuTransport(fake.path)) as c, pytest.raises(NicError, match="39 hardware entries"):
+        c.program(plan, 1)
+
+
+def test_matcher_hash_ignores_runtime_state():
+    from hypafilter.hwgen import matcher_hash
+
+    assert matcher_hash(_plan()) == matcher_hash(_plan(shunt_on=(), drop=(1, 2, 3)))
+    assert matcher_hash(_plan()) != matcher_hash(_plan(first_port=2))
+
+
+def test_program_writes_only_what_changed(fake):
+    from hypafilter.hwgen import matcher_hash
+
+    a, b = _plan(), _plan(shunt_on=(0, 33, 34, 40), drop=(5, 6, 40))
+    fake.regs[regmap.REG_NUM_ENTRIES] = 40
+    fake.regs[regmap.REG_MATCHER_HASH] = int(matcher_hash(a)[-8:], 16)
+    with NicClient(EmuTransport(fake.path)) as c:
+        known = c.program(a, 3)
+        fake.log.clear()
+        got = c.program(b, 4, known=known)
+    table_writes = [ln for ln in fake.log if ln.startswith("T W")]
+    # SHUNT word 1 (entries 32-63) and ACTION 5, 6 (one run of two): nothing else
+    assert table_writes == [
+        f"T W {regmap.TABLE_SHUNT} 1 0x{(1 << 1) | (1 << 2) | (1 << 8):x}",
+        f"T W {regmap.TABLE_ACTION} 5 0x2",
+        f"T W {regmap.TABLE_ACTION} 6 0x2",
+    ]
+    assert got["writes"] == 4 and fake.regs[regmap.REG_GENERATION] == 4
+    assert fake.tables[(regmap.TABLE_SHUNT, 0)] == 1 and fake.tables[(regmap.TABLE_ACTION, 40)] == 2
+    # Not trusted once GENERATION moved on behind our back (another writer): everything is written again.
+    fake.regs[regmap.REG_GENERATION] = 99
+    fake.log.clear()
+    with NicClient(EmuTransport(fake.path)) as c:
+        c.program(a, 5, known=got)
+    assert len([ln for ln in fake.log if ln.startswith("T W")]) == 2 + 41
 
 
 def test_pack_shunt():

@@ -17,7 +17,7 @@ def test_map_has_sume_block_and_tables():
         0x28,
         0x2C,
     ]
-    assert m.reg("POLICY_HASH").reset is None
+    assert m.reg("MATCHER_HASH").reset is None
     assert (m.table("SHUNT").id, m.table("ACTION").id, m.table("HITS").id) == (0, 1, 2)
     assert regmap.REG_CONTROL == 0x34 and regmap.TABLE_HITS == 2
     assert regmap.ind_address(1, 5) == 0x01000005

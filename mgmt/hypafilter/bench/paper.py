@@ -58,6 +58,9 @@ class Grid:
     update_sets: tuple[str, ...] = ("acl1", "fw1")
     update_steps: int = 20
     update_strategies: tuple[str, ...] = STRATEGIES
+    update_modes: tuple[str, ...] = MODES
+    update_rules: int = 0  # 0: the whole set; else its first N rules (a smaller core to build)
+    time_rebuild: bool = True  # time one core build for the insertions that change the hardware entries
     scaling_sizes: tuple[int, ...] = (1000, 2000, 5000, 10000, 20000, 50000, 100000)
     scaling_repeats: int = 3
     figures: tuple[str, ...] = ("11", "12", "13", "14", "15", "scaling")
@@ -75,6 +78,8 @@ class Grid:
             update_sets=("acl1",),
             update_steps=2,
             update_strategies=("full", "interval"),
+            update_rules=200,
+            time_rebuild=False,
             scaling_sizes=(1000, 2000),
             scaling_repeats=1,
         )
@@ -346,11 +351,14 @@ def _runs(v: list[float]) -> str:
 # --- Fig. 15 -------------------------------------------------------------------------------------------------------
 
 
-def insertion_texts(filters: Path, steps: int, seed: int = 15) -> list[str]:
-    """Policy texts for consecutive insertions: start from the all-simple set, then insert one complex rule at a
-    time, at a seeded random position, as a copy of the rule there with the paper's complex part added."""
+def insertion_texts(filters: Path, steps: int, seed: int = 15, rules: int = 0) -> list[str]:
+    """Policy texts for consecutive insertions: start from the all-simple set (its first `rules` rules if given),
+    then insert one complex rule at a time, at a seeded random position, as a copy of the rule there with the
+    paper's complex part added."""
     base = policy_text(filters, 0).splitlines()
-    rule_lines = [i for i, ln in enumerate(base) if ln.startswith("-A ")]
+    if rules:
+        keep = {i for i in [i for i, ln in enumerate(base) if ln.startswith("-A ")][:rules]}
+        base = [ln for i, ln in enumerate(base) if not ln.startswith("-A ") or i in keep]
     rng = random.Random(seed)
     lines = list(base)
     out = [("\n".join(lines) + "\n")]
@@ -364,14 +372,17 @@ def insertion_texts(filters: Path, steps: int, seed: int = 15) -> list[str]:
 
 
 def updates(grid: Grid, shared: Path, config: Config, build: Path, log: Callable[[str], None]) -> list[dict]:
+    """Fig. 15 rows: per set, mode and strategy, the initial deployment (not a row) and `update_steps` insertions,
+    each timed as compute + atomic netfilter load + register writes (or marked as needing a new core)."""
+    from ..netfilter import to_iptables_restore  # noqa: PLC0415
     from . import nicbench, pktrate  # noqa: PLC0415
 
     rows = []
-    with pktrate.RateBench(pktrate.build_blaster(build)) as rb, nicbench.Registers(build, log) as regs:
+    with pktrate.RateBench(pktrate.build_blaster(build)) as rb, nicbench.Registers(log) as regs:
         for name in grid.update_sets:
             filters, _ = set_paths(shared, name)
-            texts = insertion_texts(filters, grid.update_steps)
-            for mode in MODES:
+            texts = insertion_texts(filters, grid.update_steps, rules=grid.update_rules)
+            for mode in grid.update_modes:
                 for strat in grid.update_strategies:
                     if strat == "hsa_cut" and mode == "index":
                         continue  # the compiler refuses it: HSA cut is exact only with selective/exact shunting
@@ -383,26 +394,30 @@ def updates(grid: Grid, shared: Path, config: Config, build: Path, log: Callable
                         policy = load_policy(filters, 0, config, text=text)
                         plan = build_plan(policy, config, mode)
                         prefix = f"{config.chain_prefix}{gen}_"
-                        from ..netfilter import to_iptables_restore  # noqa: PLC0415
-
                         rs = to_iptables_restore(
                             plan, strat, prefix=prefix, mark_mask=config.mark_mask, mark_shift=config.mark_shift
                         )
                         t1 = time.perf_counter()
+                        row = {
+                            "set": name,
+                            "mode": mode,
+                            "strategy": strat,
+                            "step": step,
+                            "rules": len(policy.rules),
+                            "entries": len(plan.entries),
+                            "compute_s": t1 - t0,
+                        }
                         try:
                             load_s = rb.switch(rs, prefix, prev)
                         except HypafilterError as e:
                             rows.append(
-                                {
-                                    "set": name,
-                                    "mode": mode,
-                                    "strategy": strat,
-                                    "step": step,
-                                    "rules": len(policy.rules),
-                                    "compute_s": t1 - t0,
+                                row
+                                | {
                                     "load_s": "",
+                                    "hardware": "",
                                     "registers_s": "",
                                     "register_writes": "",
+                                    "rebuild_s": "",
                                     "total_s": "",
                                     "register_target": regs.target,
                                     "error": str(e)[-200:],
@@ -411,33 +426,39 @@ def updates(grid: Grid, shared: Path, config: Config, build: Path, log: Callable
                             log(f"  {name} {strat}/{mode} step {step}: load failed: {str(e)[-160:]}")
                             break
                         t2 = time.perf_counter()
-                        writes = regs.program(plan, gen)
+                        if step == 0:  # the initial deployment, not an insertion: a core for this matcher
+                            regs.deploy(plan, gen)
+                            prev, gen = prefix, gen % 9 + 1
+                            continue
+                        writes, by_registers = regs.update(plan, gen)
                         t3 = time.perf_counter()
-                        if step:  # step 0 is the initial deployment, not an insertion
-                            rows.append(
-                                {
-                                    "set": name,
-                                    "mode": mode,
-                                    "strategy": strat,
-                                    "step": step,
-                                    "rules": len(policy.rules),
-                                    "compute_s": t1 - t0,
-                                    "load_s": load_s,
-                                    "registers_s": (t3 - t2) if regs.target == "emu" else "",
-                                    "register_writes": writes,
-                                    "total_s": t3 - t0,
-                                    "register_target": regs.target,
-                                    "error": "",
-                                }
-                            )
+                        timed = regs.target == "emu"
+                        if by_registers:
+                            hw = {
+                                "hardware": "registers",
+                                "registers_s": (t3 - t2) if timed else "",
+                                "register_writes": writes if timed else "",
+                                "rebuild_s": "",
+                                "total_s": (t3 - t0) if timed else (t2 - t0),
+                            }
+                        else:
+                            rebuild = regs.time_rebuild(plan) if grid.time_rebuild else None
+                            hw = {
+                                "hardware": "new core",
+                                "registers_s": "",
+                                "register_writes": "",
+                                "rebuild_s": rebuild if rebuild is not None else "",
+                                "total_s": (t2 - t0) + (rebuild or 0.0),
+                            }
+                        rows.append(row | {"load_s": load_s, **hw, "register_target": regs.target, "error": ""})
                         prev, gen = prefix, gen % 9 + 1
-                    last = rows[-1]
-                    if last["error"]:
+                    last = rows[-1] if rows else None
+                    if not last or last["error"]:
                         continue
                     log(
                         f"  {name} {strat}/{mode}: last insertion {last['total_s'] * 1000:.1f} ms (compute "
-                        f"{last['compute_s'] * 1000:.1f}, load {last['load_s'] * 1000:.1f} ms, registers on "
-                        f"{regs.target}: {last['register_writes']} writes)"
+                        f"{last['compute_s'] * 1000:.1f}, load {last['load_s'] * 1000:.1f} ms, hardware: "
+                        f"{last['hardware']}, {last['register_writes'] or 0} register writes on {regs.target})"
                     )
     return rows
 

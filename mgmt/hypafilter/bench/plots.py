@@ -135,6 +135,7 @@ def fig15(rows, path: Path) -> Path:
         {**r, "series": f"{r['strategy']}/{r['mode']}", "total_ms": float(r["total_s"]) * 1000.0}
         for r in rows
         if r.get("total_s") not in ("", None)
+        and not (r.get("hardware") == "new core" and r.get("rebuild_s") in ("", None))  # total without the build
     ]
     return _lines(
         path,

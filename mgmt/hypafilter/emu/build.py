@@ -49,10 +49,10 @@ def _tool_versions() -> str:
     return "\n".join(out)
 
 
-def cache_key(policy_hash: str, sources: list[Path], tdata_width: int) -> str:
-    """Hash of everything the binary depends on: policy, every VHDL source, the harness, width and tool versions."""
+def cache_key(matcher_hash: str, sources: list[Path], tdata_width: int) -> str:
+    """Hash of everything the binary depends on: matcher, every VHDL source, the harness, width and tool versions."""
     h = hashlib.sha256()
-    h.update(f"policy {policy_hash}\nwidth {tdata_width}\n{_tool_versions()}\n".encode())
+    h.update(f"matcher {matcher_hash}\nwidth {tdata_width}\n{_tool_versions()}\n".encode())
     for p in list(sources) + list(HARNESS_FILES):
         h.update(f"{p.name}\n".encode())
         h.update(p.read_bytes())
@@ -70,14 +70,17 @@ def build(plan, config=None, build_root: str | Path = "build", verbose: bool = F
     gen = scratch / "gen"
     try:
         try:
-            hwgen.render(plan, gen, tdata_width=width, encoder_fanin=fanin)
+            # Power-on tables "shunt all": the binary depends on the matcher alone, so every plan with the same
+            # hardware entries (any complex-only change, any shunt mode over the same simple rules) reuses it
+            # and is loaded by register writes (NicClient.program).
+            hwgen.render(plan, gen, tdata_width=width, encoder_fanin=fanin, power_on="shunt_all")
         except (ValueError, OSError) as e:
             raise EmuError("render VHDL", str(e)) from e
         sources = hwgen.sources(gen)
         missing = [str(p) for p in sources if not p.exists()]
         if missing:
             raise EmuError("render VHDL", "core sources missing: " + ", ".join(missing))
-        key = cache_key(plan.policy_hash, sources, width)
+        key = cache_key(hwgen.matcher_hash(plan), sources, width)
         final = root / key
         binary = final / "hf_emu"
         if binary.exists():

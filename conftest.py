@@ -1,9 +1,11 @@
-"""Test-wide helpers: where ../shared is, and the rule that nothing is skipped for lack of tools in CI."""
+"""Test-wide helpers: where ../shared is, the rule that nothing is skipped for lack of tools in CI, and the
+system tier's deployed lab."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -35,3 +37,36 @@ def need_root() -> None:
 def shared_dir() -> Path:
     need(SHARED.is_dir(), f"{SHARED} is absent (fresh clone without shared/): this test reads it")
     return SHARED
+
+
+def ns_sh(ns: str, *cmd: str, stdin: str | None = None) -> str:
+    """Run a command in network namespace `ns`; its stdout, or an AssertionError quoting stderr."""
+    r = subprocess.run(["ip", "netns", "exec", ns, *cmd], input=stdin, capture_output=True, text=True)
+    if r.returncode:
+        raise AssertionError(f"{' '.join(cmd)} failed ({r.returncode}): {r.stderr}")
+    return r.stdout
+
+
+@pytest.fixture(scope="module")
+def lab(request):
+    """System tier: a lab of the test module's own (its LAB constant) with deploy pointed at it; state in
+    /run/hypafilter/test-<LAB>; undeployed and torn down after the module. Modules with a `lab` of their own
+    (a bare lab, no deploy) define it and so override this one."""
+    need_root()
+    need_tool("ip", "iptables-restore", "clang", "ghdl", "verilator", "ethtool")
+    from hypafilter import deploy
+    from hypafilter.lab import Lab
+
+    name = request.module.LAB
+    state = f"/run/hypafilter/test-{name}"
+    deploy.configure(lab=name, state_dir=state)
+    shutil.rmtree(state, ignore_errors=True)
+    lab = Lab(name)
+    lab.down()
+    lab.up()
+    yield lab
+    try:
+        deploy.undeploy()
+    finally:
+        lab.down()
+        shutil.rmtree(state, ignore_errors=True)

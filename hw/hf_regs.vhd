@@ -55,7 +55,8 @@ architecture rtl of hf_regs is
   signal r_flip, r_debug, r_ind_addr, r_ind_wdata, r_ind_reply : std_logic_vector(31 downto 0) := (others => '0');
   signal r_gen : std_logic_vector(31 downto 0) := REG_GENERATION_RESET;
   signal r_control : std_logic_vector(31 downto 0) := REG_CONTROL_RESET;
-  signal r_ind_busy, r_ind_rd : std_logic := '0';
+  signal r_ind_busy, r_ind_rd, r_ind_stream : std_logic := '0';
+  signal wr_stall : std_logic;
   signal c_pktin, c_pktout, c_fwd, c_drop, c_over, c_pol, c_unp, c_host, c_forced, c_fifo :
     unsigned(31 downto 0) := (others => '0');
   signal clear_cnt : std_logic := '0';
@@ -67,8 +68,10 @@ architecture rtl of hf_regs is
 begin
   assert ADDR_WIDTH >= 8 report "hf_regs: ADDR_WIDTH must cover the register map (>= 8)" severity failure;
 
-  -- a write takes address and data together; one transaction at a time keeps the slave simple
-  wr_fire <= s_axi_awvalid and s_axi_wvalid and not bvalid;
+  -- a write takes address and data together; one transaction at a time keeps the slave simple. In stream mode a
+  -- write of IND_WR_DATA waits (no awready/wready) while the previous table write is still busy.
+  wr_stall <= '1' when r_ind_stream = '1' and r_ind_busy = '1' and waddr = REG_IND_WR_DATA else '0';
+  wr_fire <= s_axi_awvalid and s_axi_wvalid and not bvalid and not wr_stall;
   rd_fire <= s_axi_arvalid and not rvalid;
   s_axi_awready <= wr_fire;
   s_axi_wready <= wr_fire;
@@ -92,6 +95,9 @@ begin
       if ind_done = '1' then
         r_ind_busy <= '0';
         r_ind_reply <= ind_rdata;
+        if r_ind_stream = '1' then  -- stream mode: the next data word goes to the next index
+          r_ind_addr(23 downto 0) <= std_logic_vector(unsigned(r_ind_addr(23 downto 0)) + 1);
+        end if;
       end if;
       if wr_fire = '1' then
         bvalid <= '1';
@@ -106,8 +112,14 @@ begin
             r_ind_addr <= s_axi_wdata;
           when REG_IND_WR_DATA =>
             r_ind_wdata <= s_axi_wdata;
+            if r_ind_stream = '1' then  -- not busy here (wr_stall): this word is a table write
+              r_ind_rd <= '0';
+              r_ind_busy <= '1';
+              req <= '1';
+            end if;
           when REG_IND_COMMAND =>
             r_ind_rd <= s_axi_wdata(4);
+            r_ind_stream <= s_axi_wdata(8);
             if s_axi_wdata(0) = '1' and r_ind_busy = '0' then
               r_ind_busy <= '1';
               req <= '1';
@@ -124,6 +136,7 @@ begin
         bvalid <= '0';
         req <= '0';
         r_ind_busy <= '0';
+        r_ind_stream <= '0';
         r_gen <= REG_GENERATION_RESET;
         r_control <= REG_CONTROL_RESET;
         r_flip <= (others => '0');
@@ -186,7 +199,7 @@ begin
           when REG_IND_ADDRESS => rdata <= r_ind_addr;
           when REG_IND_WR_DATA => rdata <= r_ind_wdata;
           when REG_IND_REPLY => rdata <= r_ind_reply;
-          when REG_IND_COMMAND => rdata <= (4 => r_ind_rd, 0 => r_ind_busy, others => '0');
+          when REG_IND_COMMAND => rdata <= (8 => r_ind_stream, 4 => r_ind_rd, 0 => r_ind_busy, others => '0');
           when REG_IND_CONFIG => rdata <= std_logic_vector(to_unsigned(N_ENTRIES + 1, 32));
           when REG_GENERATION => rdata <= r_gen;
           when REG_CONTROL => rdata <= r_control;

@@ -338,6 +338,19 @@ uint32_t table_access(uint32_t table, uint32_t index, bool write, uint32_t value
   throw std::runtime_error("indirect access did not complete (IND_COMMAND bit 0 stuck)");
 }
 
+// Stream writes (hw/regmap.txt, IND_COMMAND bit 8): one address, then one bus write per word; the core
+// increments the index itself and holds the bus while a table write is still busy.
+void table_stream(uint32_t table, uint32_t start, const std::vector<uint32_t> &values) {
+  axi_write(kIndAddress, (table << 24) | (start & 0xFFFFFF));
+  axi_write(kIndCommand, 0x100);
+  for (uint32_t v : values) axi_write(kIndWrData, v);
+  axi_write(kIndCommand, 0);
+  for (int i = 0; i < 10000; i++) {
+    if (!(axi_read(kIndCommand) & 1)) return;
+  }
+  throw std::runtime_error("indirect stream write did not complete (IND_COMMAND bit 0 stuck)");
+}
+
 void reset_core() {
   g_top->axis_resetn = 0;
   for (int i = 0; i < 16; i++) tick();
@@ -538,6 +551,20 @@ std::string handle(const std::string &line) {
       if (wr && (!parse_num(w[4], c) || c > 0xFFFFFFFFull)) return "ERR bad value '" + w[4] + "'";
       uint32_t v = table_access(static_cast<uint32_t>(a), static_cast<uint32_t>(b), wr, static_cast<uint32_t>(c));
       return wr ? "OK" : "OK " + hex(v);
+    }
+    if (cmd == "T" && w.size() >= 5 && w[1] == "WS") {
+      auto it = g_tables.find(w[2]);
+      if (it != g_tables.end()) a = it->second;
+      else if (!parse_num(w[2], a) || a > 0xFF) return "ERR unknown table '" + w[2] + "'";
+      if (!parse_num(w[3], b) || b > 0xFFFFFF) return "ERR bad table index '" + w[3] + "'";
+      std::vector<uint32_t> values;
+      for (size_t k = 4; k < w.size(); k++) {
+        if (!parse_num(w[k], c) || c > 0xFFFFFFFFull) return "ERR bad value '" + w[k] + "'";
+        values.push_back(static_cast<uint32_t>(c));
+      }
+      if (b + values.size() > 0x1000000) return "ERR table indices beyond 24 bits";
+      table_stream(static_cast<uint32_t>(a), static_cast<uint32_t>(b), values);
+      return "OK";
     }
     if (cmd == "STATS" && w.size() == 1) return "OK " + stats_json();
     if (cmd == "ACTIVATE" && w.size() == 1) {

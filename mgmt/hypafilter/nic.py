@@ -19,6 +19,8 @@ CORE_ID = 0x48594641  # "HYPA", the ID register's fixed value
 CONTROL_ENABLE = 1 << 0
 CONTROL_SHUNT_ALL = 1 << 1
 PIPELINE = 256  # requests sent before their replies are read (the server answers in order)
+STREAM_CHUNK = 512  # table words per stream-write request (a line of ~6 kB)
+IND_STREAM = 0x100  # IND_COMMAND bit 8: stream writes (hw/regmap.txt)
 
 
 class NicError(HypafilterError):
@@ -86,7 +88,13 @@ class EmuTransport:
         return int(self.request(f"T R {table} {index}"), 0)
 
     def write_table_many(self, table: int, start: int, values: Sequence[int]) -> None:
-        self.request_many([f"T W {table} {start + i} 0x{v:x}" for i, v in enumerate(values)])
+        """Stream writes (IND_COMMAND bit 8): one request per STREAM_CHUNK words, the index counted by the core."""
+        self.request_many(
+            [
+                f"T WS {table} {start + i} " + " ".join(f"0x{v:x}" for v in values[i : i + STREAM_CHUNK])
+                for i in range(0, len(values), STREAM_CHUNK)
+            ]
+        )
 
     # Emulator-only requests (not register accesses).
     def stats(self) -> dict:
@@ -146,11 +154,15 @@ class SumeTransport:
         return self.read(regmap.REG_IND_REPLY)
 
     def write_table_many(self, table: int, start: int, values: Sequence[int]) -> None:
-        for i, v in enumerate(values):
-            self.write(regmap.REG_IND_ADDRESS, regmap.ind_address(table, start + i))
-            self.write(regmap.REG_IND_WR_DATA, v & 0xFFFFFFFF)
-            self.write(regmap.REG_IND_COMMAND, 0x01)
-            self._wait_ind()
+        # Stream writes (IND_COMMAND bit 8): the core counts the index and holds the bus while a write is busy.
+        self.write(regmap.REG_IND_ADDRESS, regmap.ind_address(table, start))
+        self.write(regmap.REG_IND_COMMAND, IND_STREAM)
+        try:
+            for v in values:
+                self.write(regmap.REG_IND_WR_DATA, v & 0xFFFFFFFF)
+        finally:
+            self.write(regmap.REG_IND_COMMAND, 0)
+        self._wait_ind()
 
     def _wait_ind(self) -> None:
         for _ in range(10000):

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import shutil
 import threading
 import time
 
 import pytest
 
-from conftest import need_root, need_tool
-
 pytestmark = pytest.mark.system
 
 LAB = "hfd"
-STATE = f"/run/hypafilter/test-{LAB}"
 
 POLICY_A = """*filter
 :FORWARD DROP [0:0]
@@ -39,26 +35,6 @@ def parse(text: str, name: str):
     from hypafilter.parse import parse_policy
 
     return parse_policy(text, filename=name, base_chain="FORWARD", config=Config())
-
-
-@pytest.fixture(scope="module")
-def lab():
-    need_root()
-    need_tool("ip", "iptables-restore", "clang", "ghdl", "verilator", "ethtool")
-    from hypafilter import deploy
-    from hypafilter.lab import Lab
-
-    deploy.configure(lab=LAB, state_dir=STATE)
-    shutil.rmtree(STATE, ignore_errors=True)
-    lab = Lab(LAB)
-    lab.down()
-    lab.up()
-    yield lab
-    try:
-        deploy.undeploy()
-    finally:
-        lab.down()
-        shutil.rmtree(STATE, ignore_errors=True)
 
 
 def verify(policy, packets=400):

@@ -3,41 +3,19 @@ path exactly the verdicts of the original policy alone (hypafilter.verify, in a 
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, need_root, need_tool
+from conftest import ROOT
 
 pytestmark = pytest.mark.system
 
 LAB = "hfe"
-STATE = f"/run/hypafilter/test-{LAB}"
 RULESETS = sorted((ROOT / "rulesets").glob("*.rules"))
 # ClassBench: the first CB_RULES rules of acl1_1100 (the emulator build of the whole set takes too long for the
 # system tier, and Verilator refuses the full set's table-initialisation constants; see docs/deploy.md).
 CB_RULES = 60
-
-
-@pytest.fixture(scope="module")
-def lab():
-    need_root()
-    need_tool("ip", "iptables-restore", "clang", "ghdl", "verilator", "ethtool")
-    from hypafilter import deploy
-    from hypafilter.lab import Lab
-
-    deploy.configure(lab=LAB, state_dir=STATE)
-    shutil.rmtree(STATE, ignore_errors=True)
-    lab = Lab(LAB)
-    lab.down()
-    lab.up()
-    yield lab
-    try:
-        deploy.undeploy()
-    finally:
-        lab.down()
-        shutil.rmtree(STATE, ignore_errors=True)
 
 
 def check(policy, packets: int = 800, trace=None, **cfg) -> dict:

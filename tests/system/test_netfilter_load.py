@@ -16,17 +16,10 @@ from hypafilter.netfilter import STRATEGIES, to_iptables_restore, to_nft
 from hypafilter.parse import parse_policy
 from hypafilter.plan import build_plan
 
-from conftest import need_root, need_tool
+from conftest import need_root, need_tool, ns_sh
 
 pytestmark = pytest.mark.system
 RULESETS = Path(__file__).resolve().parents[2] / "rulesets"
-
-
-def _sh(ns: str, *cmd: str, stdin: str | None = None) -> str:
-    r = subprocess.run(["ip", "netns", "exec", ns, *cmd], input=stdin, capture_output=True, text=True)
-    if r.returncode:
-        raise AssertionError(f"{' '.join(cmd)} failed ({r.returncode}): {r.stderr}")
-    return r.stdout
 
 
 @pytest.fixture
@@ -37,7 +30,7 @@ def netns():
     subprocess.run(["ip", "netns", "add", name], check=True)
     try:
         # Something of the site's own that must survive: a user chain, a rule in FORWARD, a marked rule.
-        _sh(
+        ns_sh(
             name,
             "iptables-restore",
             "--noflush",
@@ -78,7 +71,7 @@ def _tool_lines(save: str, prefixes) -> tuple[list[str], list[str]]:
 
 
 def _load_all(ns: str, policy) -> None:
-    before = _sh(ns, "iptables-save", "-t", "filter")
+    before = ns_sh(ns, "iptables-save", "-t", "filter")
     prefixes = []
     loaded = 0
     for n, (mode, strategy) in enumerate(itertools.product(("index", "selective", "exact"), STRATEGIES)):
@@ -88,12 +81,12 @@ def _load_all(ns: str, policy) -> None:
         prefix = f"T{n}_"
         prefixes.append(prefix)
         text = to_iptables_restore(plan, strategy, prefix, mark_mask=0x0FFFFFF0, mark_shift=4)
-        _sh(ns, "iptables-restore", "--noflush", stdin=text)
-        _sh(ns, "iptables-restore", "--noflush", stdin=text)  # reloading replaces, never duplicates
+        ns_sh(ns, "iptables-restore", "--noflush", stdin=text)
+        ns_sh(ns, "iptables-restore", "--noflush", stdin=text)  # reloading replaces, never duplicates
         loaded += 1
         want = sorted(ln for ln in text.splitlines() if ln.startswith("-A "))
         got = sorted(
-            ln for ln in _sh(ns, "iptables-save", "-t", "filter").splitlines() if ln.startswith(f"-A {prefix}")
+            ln for ln in ns_sh(ns, "iptables-save", "-t", "filter").splitlines() if ln.startswith(f"-A {prefix}")
         )
         assert len(got) == len(want), (mode, strategy)
         try:
@@ -101,10 +94,10 @@ def _load_all(ns: str, policy) -> None:
         except Exception as e:  # noqa: BLE001
             assert "nftables" in str(e)  # only the documented refusal is allowed
         else:
-            _sh(ns, "nft", "-f", "-", stdin=nft_text)
-            _sh(ns, "nft", "-f", "-", stdin=nft_text)
-            assert f"chain {prefix}MAIN" in _sh(ns, "nft", "list", "table", "ip", prefix.rstrip("_").lower())
-    after = _sh(ns, "iptables-save", "-t", "filter")
+            ns_sh(ns, "nft", "-f", "-", stdin=nft_text)
+            ns_sh(ns, "nft", "-f", "-", stdin=nft_text)
+            assert f"chain {prefix}MAIN" in ns_sh(ns, "nft", "list", "table", "ip", prefix.rstrip("_").lower())
+    after = ns_sh(ns, "iptables-save", "-t", "filter")
     _, other_before = _tool_lines(before, prefixes)
     mine, other_after = _tool_lines(after, prefixes)
     assert other_after == other_before  # nothing outside the tool's chains changed
@@ -130,8 +123,8 @@ def test_classbench_k50_index_mode_loads_under_forward(netns, shared_dir, strate
     plan = build_plan(pol, mode="index")
     assert plan.num_intervals >= 50
     text = to_iptables_restore(plan, strategy, "HF9_", mark_mask=0x0FFFFFF0, mark_shift=4)
-    _sh(netns, "iptables-restore", "--noflush", stdin=text)
-    _sh(netns, "iptables", "-A", "FORWARD", "-j", "HF9_MAIN")
-    saved = _sh(netns, "iptables-save", "-t", "filter")
+    ns_sh(netns, "iptables-restore", "--noflush", stdin=text)
+    ns_sh(netns, "iptables", "-A", "FORWARD", "-j", "HF9_MAIN")
+    saved = ns_sh(netns, "iptables-save", "-t", "filter")
     assert "-A FORWARD -j HF9_MAIN" in saved
     assert sum(ln.startswith("-A HF9_") for ln in saved.splitlines()) == text.count("\n-A ")

@@ -31,7 +31,7 @@ from hypafilter.config import Config
 from hypafilter.errors import PolicyError
 from hypafilter.parse import parse_policy, parse_rule, tokenize
 
-from conftest import need_root, need_tool
+from conftest import need_root, need_tool, ns_sh
 
 pytestmark = pytest.mark.system
 RULESETS = sorted((Path(__file__).resolve().parents[2] / "rulesets").glob("*.rules"))
@@ -50,13 +50,6 @@ _NFT_QUIRKS = {
     # Type 255 with the single code 255 is listed with the name of "type 255, any code".
     "-p icmp -m icmp --icmp-type 255/255": ("-p", "icmp", "-m", "icmp", "--icmp-type", "any"),
 }
-
-
-def _sh(ns: str, *cmd: str, stdin: str | None = None) -> str:
-    r = subprocess.run(["ip", "netns", "exec", ns, *cmd], input=stdin, capture_output=True, text=True)
-    if r.returncode:
-        raise AssertionError(f"{' '.join(cmd)} failed ({r.returncode}): {r.stderr}")
-    return r.stdout
 
 
 @pytest.fixture
@@ -90,7 +83,7 @@ def _listing(ns: str) -> tuple[dict[str, str], dict[str, list[tuple[str, ...]]]]
     """`iptables -S` of the filter table: chain policies, and each chain's rules as tokens after `-A CHAIN`."""
     policies: dict[str, str] = {}
     rules: dict[str, list[tuple[str, ...]]] = {}
-    for line in _sh(ns, "iptables", "-S").splitlines():
+    for line in ns_sh(ns, "iptables", "-S").splitlines():
         toks = [t.text for t in tokenize(line)]
         if toks[0] == "-P":
             policies[toks[1]] = toks[2]
@@ -114,7 +107,7 @@ def _restore_text(path: Path) -> str:
 @pytest.mark.parametrize("path", RULESETS, ids=[p.name for p in RULESETS])
 def test_ruleset_roundtrip(netns, path):
     pol = parse_policy(path.read_text(), str(path), "FORWARD", Config())
-    _sh(netns, "iptables-restore", stdin=_restore_text(path))
+    ns_sh(netns, "iptables-restore", stdin=_restore_text(path))
     policies, kernel = _listing(netns)
     assert policies["FORWARD"] == pol.default
     want = {"FORWARD": pol.original_rules} | {n: list(c.rules) for n, c in pol.user_chains.items()}
@@ -172,7 +165,7 @@ def test_conformance_rules_roundtrip(netns, shared_dir):
     assert len(rules) >= 60, f"only {len(rules)} conformance rules found"
     # One restore for all of them: the listing keeps their order, so rule i of FORWARD is corpus rule i.
     text = "*filter\n" + "".join(f"-A FORWARD {format_tokens(t.text for t in tokenize(r))}\n" for _, r, _ in rules)
-    _sh(netns, "iptables-restore", stdin=text + "COMMIT\n")
+    ns_sh(netns, "iptables-restore", stdin=text + "COMMIT\n")
     _, kernel = _listing(netns)
     assert len(kernel["FORWARD"]) == len(rules)
     bad = []

@@ -36,6 +36,10 @@ class FakeNic:
         if w[:2] == ["T", "W"]:
             self.tables[(int(w[2]), int(w[3]))] = int(w[4], 0)
             return "OK"
+        if w[:2] == ["T", "WS"]:
+            for k, v in enumerate(w[4:]):
+                self.tables[(int(w[2]), int(w[3]) + k)] = int(v, 0)
+            return "OK"
         if w[:2] == ["T", "R"]:
             return f"OK {self.tables.get((int(w[2]), int(w[3])), 0)}"
         return f"ERR unknown request '{line}'"
@@ -77,15 +81,17 @@ def test_register_lines_and_replies(fake):
         assert c.read(regmap.REG_ID) == CORE_ID
         c.write_table("ACTION", 3, 0x12)  # masked to the table's 4-bit width
     assert fake.log[0] == f"W 0x{regmap.REG_DEBUG:x} 0xdeadbeef"
-    assert fake.log[-1] == f"T W {regmap.TABLE_ACTION} 3 0x2"
+    assert fake.log[-1] == f"T WS {regmap.TABLE_ACTION} 3 0x2"
 
 
 def test_pipelined_batches_keep_order(fake):
     with NicClient(EmuTransport(fake.path)) as c:
         c.write_table_many("SHUNT", 0, list(range(1000)))
         assert c.read_table("SHUNT", 999) == 999
-    writes = [x for x in fake.log if x.startswith("T W")]
-    assert [int(x.split()[3]) for x in writes] == list(range(1000))
+    writes = [x.split() for x in fake.log if x.startswith("T WS")]
+    assert [int(w[3]) for w in writes] == [0, 512]  # stream requests of at most 512 words, the core counts
+    assert [int(v, 0) for w in writes for v in w[4:]] == list(range(1000))
+    assert [fake.tables[(regmap.TABLE_SHUNT, i)] for i in range(1000)] == list(range(1000))
 
 
 def test_err_reply_raises(fake):
@@ -165,11 +171,10 @@ def test_program_writes_only_what_changed(fake):
         fake.log.clear()
         got = c.program(b, 4, known=known)
     table_writes = [ln for ln in fake.log if ln.startswith("T W")]
-    # SHUNT word 1 (entries 32-63) and ACTION 5, 6 (one run of two): nothing else
+    # SHUNT word 1 (entries 32-63) and ACTION 5, 6 (one run of two, one stream request): nothing else
     assert table_writes == [
-        f"T W {regmap.TABLE_SHUNT} 1 0x{(1 << 1) | (1 << 2) | (1 << 8):x}",
-        f"T W {regmap.TABLE_ACTION} 5 0x2",
-        f"T W {regmap.TABLE_ACTION} 6 0x2",
+        f"T WS {regmap.TABLE_SHUNT} 1 0x{(1 << 1) | (1 << 2) | (1 << 8):x}",
+        f"T WS {regmap.TABLE_ACTION} 5 0x2 0x2",
     ]
     assert got["writes"] == 4 and fake.regs[regmap.REG_GENERATION] == 4
     assert fake.tables[(regmap.TABLE_SHUNT, 0)] == 1 and fake.tables[(regmap.TABLE_ACTION, 40)] == 2
@@ -178,7 +183,7 @@ def test_program_writes_only_what_changed(fake):
     fake.log.clear()
     with NicClient(EmuTransport(fake.path)) as c:
         c.program(a, 5, known=got)
-    assert len([ln for ln in fake.log if ln.startswith("T W")]) == 2 + 41
+    assert sum(len(ln.split()) - 4 for ln in fake.log if ln.startswith("T WS")) == 2 + 41
 
 
 def test_pack_shunt():

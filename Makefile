@@ -41,6 +41,12 @@ format:
 	$(VENV)/bin/ruff format mgmt tests sim scripts bench conftest.py
 	$(VENV)/bin/ruff check --fix mgmt tests sim scripts bench conftest.py
 
+# opt-in: the whole core built from acl1_10k (9,544 entries) at 512 and 256 bits; long, see docs/hardware.md
+.PHONY: sim-10k
+sim-10k:
+	@scripts/setup.sh sim
+	HF_SIM_10K=1 $(PYTEST) -q -s sim/hypafilter_core/test_hypafilter_core.py -k acl1_10k
+
 synth-estimate:
 	@scripts/setup.sh sim
 	$(VENV)/bin/hypafilter synth rulesets/example.rules --tool yosys --json

@@ -28,11 +28,20 @@ from hypafilter.verify import collect, drain, raw_socket  # noqa: E402
 CMD = "sudo .venv/bin/python " + " ".join(sys.argv)
 
 
-def cb_policy(n: int, k: int, tmp: Path, shared: Path):
+def cb_policy(n: int, k: int, tmp: Path, shared: Path, insert_complex_at: int | None = None):
+    """The first n rules of acl1_1100 with k complex ones; insert_complex_at: also a copy of that rule (0-based)
+    with a complex match put in front of it — the hardware entries stay the same (a register-only update)."""
     src = shared / "data" / "classbench" / "acl1_1100.filters"
     sub = tmp / f"acl1_{n}.filters"
     sub.write_text("".join(src.read_text().splitlines(keepends=True)[:n]))
     text = classbench_policy_text(sub, complex_rules=k, policy="DROP", actions="alternate", deterministic=True)
+    if insert_complex_at is not None:
+        lines = text.splitlines()
+        rules = [i for i, ln in enumerate(lines) if ln.startswith("-A ")]
+        at = rules[insert_complex_at]
+        head, _, target = lines[at].rpartition(" -j ")
+        lines.insert(at, f"{head} -m string --algo bm --string BAD -j {target}")
+        text = "\n".join(lines) + "\n"
     return parse_policy(text, filename=str(sub), base_chain="FORWARD", config=Config())
 
 
@@ -71,6 +80,7 @@ def main() -> int:
     try:
         p0 = cb_policy(args.rules, 10, tmp, shared)
         p1 = cb_policy(args.rules, 11, tmp, shared)
+        p0c = cb_policy(args.rules, 10, tmp, shared, insert_complex_at=args.rules // 2)
         cold_root = tmp / "build"
         deploy.BUILD_ROOT = cold_root
         t = time.monotonic()
@@ -84,12 +94,20 @@ def main() -> int:
         from hypafilter import emu
         from hypafilter.plan import build_plan
 
+        t = time.monotonic()
+        st = deploy.deploy(p0c, Config())
+        h = st["history"][-1]
+        print(f"update, a complex rule inserted (same hardware entries: registers only, core kept): "
+              f"{time.monotonic() - t:.2f} s, {h['register_writes']} register writes   [{CMD}]")  # fmt: skip
+        print(f"  steps: {h['steps']}")
+        assert not h["replaced_nic"], "a complex-only change must not replace the core"
         emu.build(build_plan(p1, Config()), Config(), build_root=cold_root)
         t = time.monotonic()
         st = deploy.deploy(p1, Config())
-        print(f"update latency (policy change -> new chains, shim and registers live; build cached): "
-              f"{time.monotonic() - t:.2f} s   [{CMD}]")  # fmt: skip
-        print(f"  steps: {st['history'][-1]['steps']}")
+        h = st["history"][-1]
+        print(f"update, K 10 -> 11 (other hardware entries: a new core takes over; build cached): "
+              f"{time.monotonic() - t:.2f} s, {h['register_writes']} register writes   [{CMD}]")  # fmt: skip
+        print(f"  steps: {h['steps']}")
         # Frames the deployed policy accepts, split by where the verdict is made (the hardware model says which).
         from hypafilter.hwmodel import Kind, Regs, decide
         from hypafilter.verify import exchange, make_probes

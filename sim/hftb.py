@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pickle
 import random
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,21 +25,28 @@ def run_ghdl(
     parameters: dict,
     env: dict | None = None,
     test_dir: Path | None = None,
-    testcase: str | None = None,
+    testcase: str | list[str] | None = None,
+    build_args: list[str] | None = None,
 ) -> None:
-    """Build `entity` with GHDL (VHDL-2008) into build/sim/<entity>/<tag> and run the cocotb tests of test_module."""
+    """Build `entity` with GHDL (VHDL-2008) into build/sim/<entity>/<tag> and run the cocotb tests of test_module.
+
+    build_args are added to the analysis options: `-O0` makes ghdl-llvm skip LLVM's optimiser, which takes
+    minutes on a 10,000-entry matcher (one process of ~11,000 assignments) and costs only ~25 % of simulation speed.
+    """
     from cocotb.runner import get_runner  # noqa: PLC0415 (only the pytest side needs it)
 
     build_dir = SIM_BUILD / entity / tag
     build_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
     runner = get_runner("ghdl")
     runner.build(
         vhdl_sources=[str(s) for s in sources],
         hdl_toplevel=entity,
-        build_args=["--std=08"],
+        build_args=["--std=08", *(build_args or [])],
         build_dir=build_dir,
         always=True,
     )
+    t1 = time.monotonic()
     import sys  # noqa: PLC0415
 
     path = [str(ROOT / "sim"), str(test_dir or build_dir), *sys.path]
@@ -56,6 +64,8 @@ def run_ghdl(
     from cocotb.runner import get_results  # noqa: PLC0415
 
     total, failed = get_results(results)
+    # wall times on stdout (pytest -s shows them): the figures docs/hardware.md quotes for large builds
+    print(f"TIME {entity}/{tag}: ghdl build {t1 - t0:.1f} s, simulation {time.monotonic() - t1:.1f} s")
     assert total > 0, "no cocotb test ran"
     assert failed == 0, f"{failed} of {total} cocotb tests failed (log under {build_dir})"
 

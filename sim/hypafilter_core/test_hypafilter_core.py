@@ -90,7 +90,7 @@ if cocotb is not None:
         assert await ax.read(R.REG_VERSION) == regmap.MAP.reg("VERSION").reset
         assert await ax.read(R.REG_NUM_ENTRIES) == n
         assert await ax.read(R.REG_IND_CONFIG) == n + 1
-        assert await ax.read(R.REG_POLICY_HASH) == int(plan.policy_hash[-8:], 16)
+        assert await ax.read(R.REG_MATCHER_HASH) == int(hwgen.matcher_hash(plan)[-8:], 16)
         await ax.write(R.REG_FLIP, 0x12345678)
         assert await ax.read(R.REG_FLIP) == 0x12345678 ^ 0xFFFFFFFF
         assert await ax.read(R.REG_CONTROL) == 1
@@ -109,8 +109,13 @@ if cocotb is not None:
             elif phase == 2:  # a new shunt vector, written through the indirect table
                 regs.control = 1
                 await ax.write(R.REG_CONTROL, 1)
-                regs.shunt = [rng.randrange(2) for _ in range(n + 1)]
-                for w in range((n + 1 + 31) // 32):
+                nw = (n + 1 + 31) // 32
+                # at 10k entries a full rewrite is ~10k cycles of AXI-Lite: a sample, with both ends of the table
+                words = range(nw) if not cfg.get("light") else sorted(set(rng.sample(range(nw), 6)) | {0, nw - 1})
+                regs.shunt = list(regs.shunt)
+                for w in words:
+                    regs.shunt[32 * w : 32 * w + 32] = [rng.randrange(2) for _ in regs.shunt[32 * w : 32 * w + 32]]
+                for w in words:
                     word = sum(b << j for j, b in enumerate(regs.shunt[32 * w : 32 * w + 32]))
                     await ax.table_access(R, R.TABLE_SHUNT, w, word)
                     assert await ax.table_access(R, R.TABLE_SHUNT, w) == word
@@ -133,7 +138,9 @@ if cocotb is not None:
         wire = await ax.read(R.REG_PKTIN)
         assert wire + await ax.read(R.REG_CNT_FROM_HOST) == sent
         assert await ax.read(R.REG_CNT_FIFO_DROP) == 0
-        idx = range(n + 1) if n < 48 else sorted(rng.sample(range(n), 40) + [n])
+        # at ClassBench size a random sample is mostly never-hit entries: add the most-hit ones
+        busiest = sorted(range(n), key=lambda i: -counters.hits[i])[:10]
+        idx = range(n + 1) if n < 48 else sorted(set(rng.sample(range(n), 40) + busiest + [n]))
         for i in idx:
             assert await ax.table_access(R, R.TABLE_HITS, i) == counters.hits[i], f"HITS[{i}]"
         await ax.write(R.REG_RESET, 1)
@@ -273,11 +280,29 @@ def classbench_policy(path: Path, complex_every: int = 37) -> tuple[Policy, list
     return Policy(rules, "DROP", original_rules=[(path.name,)]), headers
 
 
-def _run_core(tag: str, plan, width: int, seed: int, counts: tuple[int, ...], headers=None, testcase=None) -> Path:
+def _run_core(
+    tag: str,
+    plan,
+    width: int,
+    seed: int,
+    counts: tuple[int, ...],
+    headers=None,
+    testcase=None,
+    trace_frames: int = 0,
+    build_args: list[str] | None = None,
+    light: bool = False,
+) -> Path:
+    """Generate the core for plan, build it with GHDL and run the cocotb tests (all, or testcase) on it.
+
+    counts = frames per register phase of core_traffic; trace_frames more frames made of trace headers alone go
+    into the first phase (frames_for mixes them in at about one in five). light: core_traffic rewrites a sample
+    of the SHUNT table instead of all of it.
+    """
     from conftest import need_tool  # noqa: PLC0415
 
     need_tool("ghdl")
-    from hftraffic import frames_for  # noqa: PLC0415
+    from hftb import header_frame, tuser_for  # noqa: PLC0415
+    from hftraffic import PORT_OF_IPORT, frames_for  # noqa: PLC0415
 
     out = SIM_BUILD / "hypafilter_core" / tag
     if out.exists():
@@ -286,9 +311,16 @@ def _run_core(tag: str, plan, width: int, seed: int, counts: tuple[int, ...], he
     hwgen.render(plan, gen, tdata_width=width)
     rng = random.Random(seed)
     phases = [frames_for(plan, rng, c, headers) for c in counts]
+    if trace_frames and headers:
+        extra = []
+        for h in rng.sample(headers, min(trace_frames, len(headers))):
+            f = header_frame(h, rng, vlans=rng.choice((0, 0, 1)), pad=rng.randrange(64))
+            extra.append((f, tuser_for(f, PORT_OF_IPORT[h.iport])))
+        phases[0] = phases[0] + extra
+        rng.shuffle(phases[0])
     rate = frames_for(plan, random.Random(seed + 1), 300, headers)
     rate = [(f[:60], (t & ~0xFFFF) | 60) for f, t in rate if len(f) >= 60 and (t >> 16) & 0x55]
-    cfg = save_obj({"plan": plan, "phases": phases, "seed": seed, "rate_frames": rate}, out / "cfg.pkl")
+    cfg = save_obj({"plan": plan, "phases": phases, "seed": seed, "rate_frames": rate, "light": light}, out / "cfg.pkl")
     result = out / "rate.txt"
     run_ghdl(
         "hypafilter_core",
@@ -299,6 +331,7 @@ def _run_core(tag: str, plan, width: int, seed: int, counts: tuple[int, ...], he
         env={"HF_TB_CFG": str(cfg), "HF_TB_OUT": str(result)},
         test_dir=HERE,
         testcase=testcase,
+        build_args=build_args,
     )
     print(result.read_text() if result.exists() else "")
     return out
@@ -321,14 +354,44 @@ def test_core_tiny_policies():
     _run_core("one_w512", one, 512, seed=4, counts=(150, 40, 40, 40, 40), testcase="core_traffic")
 
 
+SIM_10K = os.environ.get("HF_SIM_10K") == "1"
+_10K = [pytest.mark.skipif(not SIM_10K, reason="opt-in: HF_SIM_10K=1 (make sim-10k); see docs/hardware.md")]
+
+
 @pytest.mark.sim
 @pytest.mark.shared
 @pytest.mark.slow
-def test_core_classbench(shared_dir):
-    policy, headers = classbench_policy(shared_dir / "data" / "classbench" / "acl1_1100.filters")
+@pytest.mark.parametrize(
+    ("name", "width"),
+    [("acl1_1100", 256), pytest.param("acl1_10k", 512, marks=_10K), pytest.param("acl1_10k", 256, marks=_10K)],
+)
+def test_core_classbench(shared_dir, name, width):
+    """A ClassBench set with its trace headers; at 10k the traffic is smaller and GHDL skips LLVM's optimiser."""
+    policy, headers = classbench_policy(shared_dir / "data" / "classbench" / f"{name}.filters")
     plan = hwgen.hw_plan(policy)
-    assert len(plan.entries) > 1000
-    _run_core("acl1_1100_w256", plan, 256, seed=7, counts=(1500, 200, 300, 200, 100), headers=headers)
+    big = name.endswith("10k")
+    assert len(plan.entries) > (9000 if big else 1000)
+    if not big:
+        _run_core(f"{name}_w{width}", plan, width, seed=7, counts=(1500, 200, 300, 200, 100), headers=headers)
+        return
+    tests = os.environ.get("HF_SIM_10K_TESTS", "core_rate,core_traffic").split(",")
+    out = _run_core(
+        f"{name}_w{width}",
+        plan,
+        width,
+        seed=11,
+        counts=(200, 60, 60, 60, 40),
+        headers=headers,
+        testcase=tests,
+        trace_frames=200,
+        build_args=["-O0"],
+        light=True,
+    )
+    if "core_rate" not in tests:
+        return
+    rate = (out / "rate.txt").read_text()
+    # one beat per cycle: a 60-byte frame is one beat at 512 bits (1.000) and two at 256 (0.500)
+    assert f"packets/cycle={1 / -(-60 // (width // 8)):.3f} " in rate, rate
 
 
 @pytest.mark.sim

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -39,6 +40,7 @@ def _run(step: str, argv: list[str], **kw) -> subprocess.CompletedProcess:
     return p
 
 
+@functools.lru_cache(maxsize=1)
 def _tool_versions() -> str:
     out = []
     for argv in (["ghdl", "--version"], ["verilator", "--version"]):
@@ -59,6 +61,27 @@ def cache_key(matcher_hash: str, sources: list[Path], tdata_width: int) -> str:
     return h.hexdigest()[:20]
 
 
+# Everything hwgen.render reads besides the plan: with the matcher hash, width and fan-in these determine the
+# generated sources, so a lookup can skip rendering (GENERATOR_FILES + static sources + harness + tool versions).
+GENERATOR_FILES = (
+    Path(hwgen.__file__),
+    Path(hwgen.__file__).with_name("regmap.py"),
+    hwgen.HW_DIR / "regmap.txt",
+    *sorted(hwgen.TEMPLATES.glob("*.j2")),
+)
+
+
+def quick_key(matcher_hash: str, tdata_width: int, encoder_fanin: int) -> str:
+    """Key of the inputs of a build (not of the rendered sources): finds a cached binary without rendering."""
+    h = hashlib.sha256(f"matcher {matcher_hash}\nwidth {tdata_width}\nfanin {encoder_fanin}\n".encode())
+    h.update(_tool_versions().encode())
+    static = [hwgen.HW_DIR / f for f in (*hwgen.STATIC_SOURCES, hwgen.TOP_SOURCE)]
+    for p in (*GENERATOR_FILES, *static, *HARNESS_FILES):
+        h.update(f"{p.name}\n".encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()[:20]
+
+
 def build(plan, config=None, build_root: str | Path = "build", verbose: bool = False, jobs: int = 1) -> Path:
     """Path of an hf_emu binary running the core generated from `plan` (built once, then taken from the cache)."""
     width = getattr(config, "tdata_width", 256)
@@ -66,6 +89,13 @@ def build(plan, config=None, build_root: str | Path = "build", verbose: bool = F
     t0 = time.monotonic()
     root = Path(build_root).resolve() / "emu"
     root.mkdir(parents=True, exist_ok=True)
+    index = root / "index" / quick_key(hwgen.matcher_hash(plan), width, fanin)
+    if index.exists():
+        binary = root / index.read_text().strip() / "hf_emu"
+        if binary.exists():
+            if verbose:
+                print(f"emu: cached build {binary.parent} ({time.monotonic() - t0:.2f} s)", file=sys.stderr)
+            return binary
     scratch = root / f".tmp-{os.getpid()}-{time.monotonic_ns()}"
     gen = scratch / "gen"
     try:
@@ -84,6 +114,7 @@ def build(plan, config=None, build_root: str | Path = "build", verbose: bool = F
         final = root / key
         binary = final / "hf_emu"
         if binary.exists():
+            _write_index(index, key)
             if verbose:
                 print(f"emu: cached build {final} ({time.monotonic() - t0:.2f} s)", file=sys.stderr)
             return binary
@@ -120,6 +151,7 @@ def build(plan, config=None, build_root: str | Path = "build", verbose: bool = F
             # Someone else finished the same build first; theirs is identical.
             if not binary.exists():
                 raise
+        _write_index(index, key)
         if verbose:
             print(
                 f"emu: built {binary} (ghdl {t1 - t0:.1f} s, verilator {time.monotonic() - t1:.1f} s, "
@@ -129,3 +161,11 @@ def build(plan, config=None, build_root: str | Path = "build", verbose: bool = F
         return binary
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _write_index(index: Path, key: str) -> None:
+    """index/<quick key> names the content-keyed build directory (written atomically)."""
+    index.parent.mkdir(exist_ok=True)
+    tmp = index.with_name(f".{index.name}.{os.getpid()}")
+    tmp.write_text(key + "\n")
+    tmp.replace(index)

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 from hypafilter import hwgen
 from hypafilter.ir import Box, Policy, Rule
-
-from conftest import need_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 FULL = Box.full()
@@ -90,33 +87,6 @@ def test_encoder_stages():
     assert hwgen.enc_stages(8, 8) == 1
     assert hwgen.enc_stages(1100, 8) == 4
     assert hwgen.enc_stages(10_000, 8) == 5
-
-
-def test_real_plan_renders_and_analyses(tmp_path):
-    """The Plan of plan.build_plan (parsed from rulesets/example.rules) goes through render and GHDL analysis."""
-    need_tool("ghdl")
-    from hypafilter.config import Config
-    from hypafilter.parse import parse_policy
-
-    text = (ROOT / "rulesets" / "example.rules").read_text()
-    policy = parse_policy(text, "example.rules", "FORWARD", Config())
-    plan = hwgen.hw_plan(policy)
-    hwgen.render(plan, tmp_path / "gen")
-    work = tmp_path / "work"
-    work.mkdir()
-    r = subprocess.run(
-        ["ghdl", "-a", "--std=08", f"--workdir={work}", *map(str, hwgen.sources(tmp_path / "gen"))],
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode == 0, r.stderr
-    r = subprocess.run(
-        ["ghdl", "-e", "--std=08", f"--workdir={work}", "-o", str(tmp_path / "core"), "hypafilter_core"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-    )
-    assert r.returncode == 0, r.stderr
 
 
 def test_power_on_shunt_all_sources_depend_on_the_matcher_only(tmp_path):

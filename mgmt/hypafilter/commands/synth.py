@@ -19,6 +19,20 @@ def register(sub) -> None:
     p.add_argument("--fanin", type=int, default=8, help="priority encoder fan-in (default 8)")
     p.add_argument("--fifo-bytes", type=int, default=65536, help="packet FIFO size (default 64 kB)")
     p.add_argument("--matcher-only", action="store_true", help="skip the whole-core estimate")
+    p.add_argument(
+        "--slices",
+        type=int,
+        metavar="M",
+        help="estimate the matcher as the sum of separately synthesised slices of M entries (an upper bound; "
+        "default and 0: the whole matcher)",
+    )
+    p.add_argument(
+        "--encoder",
+        choices=("auto", "whole", "subtrees"),
+        default="auto",
+        help="encoder estimate: whole, or the subtrees under its last stage plus a bound of that stage "
+        "(default: whole up to a 4096-wide tree)",
+    )
     p.add_argument("--out", metavar="DIR", help="build folder (default: a temporary folder; vivado: build/vivado)")
     p.set_defaults(func=run)
 
@@ -39,15 +53,29 @@ def run(args: argparse.Namespace) -> int:
         return rc
     with tempfile.TemporaryDirectory(prefix="hf-synth-") as tmp:
         out = Path(args.out) if args.out else Path(tmp)
-        est = synth.estimate(plan, out, args.width, args.fanin, args.fifo_bytes, core=not args.matcher_only)
+        est = synth.estimate(
+            plan,
+            out,
+            args.width,
+            args.fanin,
+            args.fifo_bytes,
+            core=not args.matcher_only,
+            slices=args.slices,
+            encoder_split={"auto": None, "whole": False, "subtrees": True}[args.encoder],
+        )
     if args.json:
         print(json.dumps(est, indent=2))
     else:
-        me = est["matcher_encoder"]
+        me, how = est["matcher_encoder"], est["method"]
         print(
             f"{est['entries']} entries: matcher+encoder {me['LUT']} LUT, {me['FF']} FF, {me['CARRY4']} CARRY4, "
             f"max {me['max_lut_levels']} LUT levels, {me['pipeline_cycles']} cycles"
         )
+        if how["matcher"] == "slices":
+            print(f"matcher estimated as the sum of {how['slices']} slices of <= {how['slice_entries']} entries")
+            print(f"  ({how['note']})")
+        if how["encoder"] == "subtrees":
+            print(f"  ({how['encoder_note']})")
         if "core" in est:
             c = est["core"]
             print(

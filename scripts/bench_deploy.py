@@ -66,6 +66,15 @@ def blast(lab: Lab, frames: list[bytes], seconds: float = 3.0) -> tuple[int, int
     return sent, received, max(t_send, t_all)
 
 
+def timed_update(policy, label: str) -> dict:
+    """Deploy `policy` over the running deployment; print its latency and register writes; its history entry."""
+    t = time.monotonic()
+    h = deploy.deploy(policy, Config())["history"][-1]
+    print(f"{label}: {time.monotonic() - t:.2f} s, {h['register_writes']} register writes   [{CMD}]")
+    print(f"  steps: {h['steps']}")
+    return h
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rules", type=int, default=200, help="first N rules of acl1_1100 (default 200)")
@@ -94,20 +103,10 @@ def main() -> int:
         from hypafilter import emu
         from hypafilter.plan import build_plan
 
-        t = time.monotonic()
-        st = deploy.deploy(p0c, Config())
-        h = st["history"][-1]
-        print(f"update, a complex rule inserted (same hardware entries: registers only, core kept): "
-              f"{time.monotonic() - t:.2f} s, {h['register_writes']} register writes   [{CMD}]")  # fmt: skip
-        print(f"  steps: {h['steps']}")
+        h = timed_update(p0c, "update, a complex rule inserted (same hardware entries: registers only, core kept)")
         assert not h["replaced_nic"], "a complex-only change must not replace the core"
         emu.build(build_plan(p1, Config()), Config(), build_root=cold_root)
-        t = time.monotonic()
-        st = deploy.deploy(p1, Config())
-        h = st["history"][-1]
-        print(f"update, K 10 -> 11 (other hardware entries: a new core takes over; build cached): "
-              f"{time.monotonic() - t:.2f} s, {h['register_writes']} register writes   [{CMD}]")  # fmt: skip
-        print(f"  steps: {h['steps']}")
+        timed_update(p1, "update, K 10 -> 11 (other hardware entries: a new core takes over; build cached)")
         # Frames the deployed policy accepts, split by where the verdict is made (the hardware model says which).
         from hypafilter.hwmodel import Kind, Regs, decide
         from hypafilter.verify import exchange, make_probes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from dataclasses import dataclass
@@ -199,6 +200,14 @@ def enc_stages(n_in: int, fanin: int) -> int:
 POWER_ON = ("plan", "shunt_all")
 
 
+@functools.lru_cache(maxsize=1)
+def template_env() -> jinja2.Environment:
+    """The Jinja2 environment of hw/templates (strict: a missing variable is an error)."""
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined, keep_trailing_newline=True
+    )
+
+
 def render(plan, out_dir: Path, tdata_width: int = 256, encoder_fanin: int = 8, power_on: str = "plan") -> list[Path]:
     """Write the generated VHDL (policy package, matcher) and the register package into out_dir.
 
@@ -229,9 +238,7 @@ def render(plan, out_dir: Path, tdata_width: int = 256, encoder_fanin: int = 8, 
     sw_w = max(1, math.ceil(math.log2(len(words))))
     padded_words = words + [0] * ((1 << sw_w) - len(words))
     padded_actions = [int(a) & 0xF for a in actions] + [0] * ((1 << idx_w) - (n + 1))
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined, keep_trailing_newline=True
-    )
+    env = template_env()
     mhash = matcher_hash(plan)
     common = {
         "origin": f"policy {plan.policy_hash}" if power_on == "plan" else f"matcher {mhash} (power-on: shunt all)",

@@ -11,8 +11,6 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-import jinja2
-
 from . import hwgen
 from .errors import HypafilterError
 
@@ -145,14 +143,11 @@ def render_matcher_slice(plan, m: dict, lo: int, hi: int, gen: Path, tdata_width
     default = int(plan.actions[-1])
     sub = hwgen.HwPlan(list(plan.entries[lo:hi]), [0] * (k + 1), [default] * (k + 1), plan.policy_hash)
     hwgen.render(sub, gen, tdata_width=tdata_width, encoder_fanin=encoder_fanin)
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(hwgen.TEMPLATES)),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-    )
     origin = f"policy {plan.policy_hash}, entries {lo}..{hi - 1} (synthesis estimate slice)"
-    env_vars = {"policy_hash": origin, "origin": origin, "n": k, "res_width": max(k, 1)}
-    text = env.get_template("hf_matcher.vhd.j2").render({**env_vars, **matcher_slice_source(m, lo, hi)})
+    env_vars = {"origin": origin, "n": k, "res_width": max(k, 1)}
+    text = (
+        hwgen.template_env().get_template("hf_matcher.vhd.j2").render({**env_vars, **matcher_slice_source(m, lo, hi)})
+    )
     (Path(gen) / "hf_matcher.vhd").write_text(text)
     return Path(gen)
 

@@ -89,7 +89,8 @@ def build(plan, config=None, build_root: str | Path = "build", verbose: bool = F
     t0 = time.monotonic()
     root = Path(build_root).resolve() / "emu"
     root.mkdir(parents=True, exist_ok=True)
-    index = root / "index" / quick_key(hwgen.matcher_hash(plan), width, fanin)
+    mhash = hwgen.matcher_hash(plan)
+    index = root / "index" / quick_key(mhash, width, fanin)
     if index.exists():
         binary = root / index.read_text().strip() / "hf_emu"
         if binary.exists():
@@ -110,7 +111,7 @@ def build(plan, config=None, build_root: str | Path = "build", verbose: bool = F
         missing = [str(p) for p in sources if not p.exists()]
         if missing:
             raise EmuError("render VHDL", "core sources missing: " + ", ".join(missing))
-        key = cache_key(hwgen.matcher_hash(plan), sources, width)
+        key = cache_key(mhash, sources, width)
         final = root / key
         binary = final / "hf_emu"
         if binary.exists():

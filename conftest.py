@@ -54,8 +54,8 @@ def lab(request):
     (a bare lab, no deploy) define it and so override this one."""
     need_root()
     need_tool("ip", "iptables-restore", "clang", "ghdl", "verilator", "ethtool")
-    from hypafilter import deploy
-    from hypafilter.lab import Lab
+    from hypafilter.ops import deploy
+    from hypafilter.ops.lab import Lab
 
     name = request.module.LAB
     state = f"/run/hypafilter/test-{name}"

@@ -31,8 +31,8 @@ def sh(*argv: str, check: bool = True) -> None:
 
 def small_plan():
     from hypafilter.config import Config
-    from hypafilter.hwgen import hw_plan
-    from hypafilter.ir import PROTO_TCP, PROTO_UDP, Box, Policy, Rule
+    from hypafilter.hw.vhdl import hw_plan
+    from hypafilter.ir.types import PROTO_TCP, PROTO_UDP, Box, Policy, Rule
 
     def box(**kw):
         b = Box.full()
@@ -64,7 +64,7 @@ def main() -> int:
     args = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("bench-emu: needs root (network namespaces)")
-    from hypafilter.emu import EmuNic, build
+    from hypafilter.targets.emu import EmuNic, build
 
     if args.binary:
         binary = Path(args.binary)

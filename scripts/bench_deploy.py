@@ -18,12 +18,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "mgmt"))
 
-from hypafilter import deploy  # noqa: E402
-from hypafilter.classbench import classbench_policy_text  # noqa: E402
 from hypafilter.config import Config  # noqa: E402
-from hypafilter.lab import Lab  # noqa: E402
-from hypafilter.parse import parse_policy  # noqa: E402
-from hypafilter.verify import collect, drain, raw_socket  # noqa: E402
+from hypafilter.iptables.parser import parse_policy  # noqa: E402
+from hypafilter.ops import deploy  # noqa: E402
+from hypafilter.ops.lab import Lab  # noqa: E402
+from hypafilter.ops.verify import collect, drain, raw_socket  # noqa: E402
+from hypafilter.tools.classbench import classbench_policy_text  # noqa: E402
 
 CMD = "sudo .venv/bin/python " + " ".join(sys.argv)
 
@@ -100,16 +100,16 @@ def main() -> int:
         st = deploy.deploy(p0, Config())
         print(f"deploy cached ({args.rules} rules): {time.monotonic() - t:.2f} s   [{CMD}]")
         print(f"  steps: {st['history'][-1]['steps']}")
-        from hypafilter import emu
-        from hypafilter.plan import build_plan
+        from hypafilter.analysis.plan import build_plan
+        from hypafilter.targets import emu
 
         h = timed_update(p0c, "update, a complex rule inserted (same hardware entries: registers only, core kept)")
         assert not h["replaced_nic"], "a complex-only change must not replace the core"
         emu.build(build_plan(p1, Config()), Config(), build_root=cold_root)
         timed_update(p1, "update, K 10 -> 11 (other hardware entries: a new core takes over; build cached)")
         # Frames the deployed policy accepts, split by where the verdict is made (the hardware model says which).
-        from hypafilter.hwmodel import Kind, Regs, decide
-        from hypafilter.verify import exchange, make_probes
+        from hypafilter.hw.model import Kind, Regs, decide
+        from hypafilter.ops.verify import exchange, make_probes
 
         plan = build_plan(p1, Config())
         regs = Regs.from_plan(plan)

@@ -6,7 +6,7 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from .errors import HypafilterError
+from hypafilter.errors import HypafilterError
 
 
 @dataclass

@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-HEADER = Path(__file__).resolve().parents[2] / "driver" / "hypafilter_shared.h"
+from hypafilter.paths import DRIVER_DIR
+
+HEADER = DRIVER_DIR / "hypafilter_shared.h"
 _DEFINE = re.compile(r"^#define\s+(HF_\w+)\s+(0x[0-9A-Fa-f]+|\d+|\"[^\"]*\")", re.M)
 
 

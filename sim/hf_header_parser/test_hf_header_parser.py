@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hftb import SIM_BUILD, AxisSource, load_obj, run_ghdl, save_obj  # noqa: E402
-from hypafilter import hwmodel  # noqa: E402
+from hypafilter.hw import model as hwmodel  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -99,7 +99,7 @@ def test_header_parser(width):
     need_tool("ghdl")
     from hftb import tuser_for  # noqa: PLC0415
     from hftraffic import frames_for, malformed, truncated_l4  # noqa: PLC0415
-    from hypafilter.hwgen import HwPlan  # noqa: PLC0415
+    from hypafilter.hw.vhdl import HwPlan  # noqa: PLC0415
 
     rng = random.Random(width)
     frames = frames_for(HwPlan([], [0], [1], "0" * 64), rng, 500)

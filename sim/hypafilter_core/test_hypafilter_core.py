@@ -15,8 +15,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hftb import SIM_BUILD, AxiLite, AxisSink, AxisSource, load_obj, run_ghdl, save_obj  # noqa: E402
-from hypafilter import hwgen, hwmodel, regmap  # noqa: E402
-from hypafilter.ir import MAXV, Box, Header, Policy, Rule  # noqa: E402
+from hypafilter.hw import model as hwmodel
+from hypafilter.hw import regmap  # noqa: E402
+from hypafilter.hw import vhdl as hwgen
+from hypafilter.ir.types import MAXV, Box, Header, Policy, Rule  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 FIFO_BYTES = 4096  # the emulator-sized packet FIFO; the SUME build uses 64 kB
@@ -402,7 +404,7 @@ def test_core_verilator_lint(tmp_path):
     from conftest import need_tool  # noqa: PLC0415
 
     need_tool("ghdl", "verilator")
-    from hypafilter import synth  # noqa: PLC0415
+    from hypafilter.hw import synth  # noqa: PLC0415
 
     plan = hwgen.minimal_plan(random_policy(random.Random(5), 20))
     v = synth.ghdl_verilog(plan, tmp_path, tdata_width=256, fifo_bytes=FIFO_BYTES)

@@ -14,7 +14,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hftb import SIM_BUILD, run_ghdl, save_obj  # noqa: E402
-from hypafilter import hwgen, hwmodel  # noqa: E402
+from hypafilter.hw import model as hwmodel  # noqa: E402
+from hypafilter.hw import vhdl as hwgen
 from test_hypafilter_core import HERE, random_policy  # noqa: E402
 
 TOP = "hypafilter_core"

@@ -8,8 +8,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from hypafilter import cli, hwgen, synth
-from hypafilter.ir import Box
+from hypafilter import cli
+from hypafilter.hw import synth
+from hypafilter.hw import vhdl as hwgen
+from hypafilter.ir.types import Box
 
 from conftest import need_tool
 
@@ -80,7 +82,7 @@ def test_real_plan_renders_and_analyses(tmp_path):
     """The Plan of plan.build_plan (parsed from rulesets/example.rules) goes through render and GHDL analysis."""
     need_tool("ghdl")
     from hypafilter.config import Config
-    from hypafilter.parse import parse_policy
+    from hypafilter.iptables.parser import parse_policy
 
     text = (ROOT / "rulesets" / "example.rules").read_text()
     policy = parse_policy(text, "example.rules", "FORWARD", Config())

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from hypafilter.ir import FIELDS
+from hypafilter.ir.types import FIELDS
 
 from conftest import ROOT, need, need_root, need_tool
 
@@ -100,7 +100,7 @@ def headers_for(policy) -> list[dict]:
 
 
 def send_traffic(lab, policy) -> int:
-    from hypafilter.lab import Lab
+    from hypafilter.ops.lab import Lab
 
     spec = {
         "headers": headers_for(policy),
@@ -125,10 +125,10 @@ def system():
     need_root()
     need_tool("ip", "iptables-save", "iptables")
     need(EXAMPLE.is_file(), f"{EXAMPLE} is missing")
-    from hypafilter import deploy
     from hypafilter.config import Config
-    from hypafilter.lab import Lab
-    from hypafilter.parse import parse_policy
+    from hypafilter.iptables.parser import parse_policy
+    from hypafilter.ops import deploy
+    from hypafilter.ops.lab import Lab
 
     lab = Lab("hf")
     lab_was_up = bool(lab.namespaces())
@@ -192,7 +192,7 @@ def settled(base: str, at_least: int, timeout: float = 60.0) -> dict:
 
 
 def nic_counters(state) -> tuple[dict, dict]:
-    from hypafilter.nic import NicClient
+    from hypafilter.targets.nic import NicClient
 
     with NicClient.emu(state["nic"]["socket"]) as nic:
         counters = nic.counters(hits=True)

@@ -7,11 +7,11 @@ import subprocess
 import sys
 
 import pytest
+from hypafilter.analysis.plan import build_plan
+from hypafilter.analysis.program import build_program, mark_for, to_iptables_restore
 from hypafilter.config import Config
-from hypafilter.dashboard.collector import Collector
-from hypafilter.netfilter import build_program, mark_for, to_iptables_restore
-from hypafilter.parse import parse_policy
-from hypafilter.plan import build_plan
+from hypafilter.iptables.parser import parse_policy
+from hypafilter.tools.dashboard.collector import Collector
 
 from conftest import need_root, need_tool
 

@@ -32,14 +32,14 @@ POLICIES = {"A": POLICY_A, "B": POLICY_B, "C": POLICY_C}
 
 def parse(text: str, name: str):
     from hypafilter.config import Config
-    from hypafilter.parse import parse_policy
+    from hypafilter.iptables.parser import parse_policy
 
     return parse_policy(text, filename=name, base_chain="FORWARD", config=Config())
 
 
 def verify(policy, packets=400):
     from hypafilter.config import Config
-    from hypafilter.verify import verify
+    from hypafilter.ops.verify import verify
 
     return verify(policy, Config(), packets=packets, seed=7)
 
@@ -62,8 +62,8 @@ def fw(lab, *argv):
 
 
 def test_deploy_status_undeploy(lab):
-    from hypafilter import deploy
     from hypafilter.config import Config
+    from hypafilter.ops import deploy
 
     pa = parse(POLICY_A, "a.rules")
     st = deploy.deploy(pa, Config())
@@ -93,9 +93,9 @@ def test_deploy_status_undeploy(lab):
     ],
 )
 def test_failed_update_keeps_previous(lab, monkeypatch, to, step):
-    from hypafilter import deploy
     from hypafilter.config import Config
     from hypafilter.errors import DeployError
+    from hypafilter.ops import deploy
 
     pa, pb = parse(POLICY_A, "a.rules"), parse(POLICIES[to], f"{to.lower()}.rules")
     before = deploy.deploy(pa, Config())
@@ -128,7 +128,7 @@ def test_failed_update_keeps_previous(lab, monkeypatch, to, step):
 
 def _traffic(lab, stop: threading.Event, sent: list, rate: float = 1000.0):
     """Frames on the hybrid path until `stop`: (time sent, uid, dport, payload has BAD)."""
-    from hypafilter.verify import build_frame, raw_socket
+    from hypafilter.ops.verify import build_frame, raw_socket
 
     tx = raw_socket(lab.ns_send, "hyb0")
     ports = (1000, 2000, 3000, 3000, 4000, 5000)
@@ -169,14 +169,14 @@ def _expect(policy: str, port: int, bad: bool) -> bool:
 def test_update_under_traffic(lab, to, replaces_nic):
     """Every frame sent during an update gets the old or the new policy's verdict: B by register writes on the
     running core, C (a new hardware entry) by a new core that takes over."""
-    from hypafilter import deploy
     from hypafilter.config import Config
-    from hypafilter.verify import collect, drain, raw_socket
+    from hypafilter.ops import deploy
+    from hypafilter.ops.verify import collect, drain, raw_socket
 
     pa, pb = parse(POLICY_A, "a.rules"), parse(POLICIES[to], f"{to.lower()}.rules")
     deploy.deploy(pa, Config())
-    from hypafilter import emu
-    from hypafilter.plan import build_plan
+    from hypafilter.analysis.plan import build_plan
+    from hypafilter.targets import emu
 
     emu.build(build_plan(pb, Config()), Config(), build_root=deploy.BUILD_ROOT)  # the update measures the switch
     rx = raw_socket(lab.ns_recv, "hyb0")
@@ -224,9 +224,9 @@ def test_conntrack_tcp_both_paths(lab):
     """First rule ESTABLISHED,RELATED: real TCP connections through the hybrid path and the plain path."""
     import socket
 
-    from hypafilter import deploy
     from hypafilter.config import Config
-    from hypafilter.verify import load_oracle, netns
+    from hypafilter.ops import deploy
+    from hypafilter.ops.verify import load_oracle, netns
 
     text = """*filter
 :FORWARD DROP [0:0]

@@ -57,8 +57,8 @@ def in_netns(name: str):
 def make_plan():
     """A small policy built straight from the IR: simple DROP/ACCEPT entries, one complex rule, policy ACCEPT."""
     from hypafilter.config import Config
-    from hypafilter.hwgen import hw_plan
-    from hypafilter.ir import PROTO_ICMP, PROTO_TCP, PROTO_UDP, Box, Policy, Rule
+    from hypafilter.hw.vhdl import hw_plan
+    from hypafilter.ir.types import PROTO_ICMP, PROTO_TCP, PROTO_UDP, Box, Policy, Rule
 
     def box(**kw):
         b = Box.full()
@@ -89,7 +89,7 @@ def make_plan():
 def emu_binary():
     need_root()
     need_tool("ghdl", "verilator", "make", "g++", "ip", "ethtool")
-    from hypafilter.emu import build
+    from hypafilter.targets.emu import build
 
     plan, cfg = make_plan()
     return build(plan, cfg, build_root=ROOT / "build"), plan
@@ -149,8 +149,8 @@ def topo():
 
 @pytest.fixture(scope="module")
 def nic(emu_binary, topo, tmp_path_factory):
-    from hypafilter.emu import EmuNic
-    from hypafilter.nic import pack_shunt
+    from hypafilter.targets.emu import EmuNic
+    from hypafilter.targets.nic import pack_shunt
 
     binary, plan = emu_binary
     run = tmp_path_factory.mktemp("emu")
@@ -170,8 +170,8 @@ def nic(emu_binary, topo, tmp_path_factory):
 def test_power_on_tables_shunt_everything(nic, emu_binary):
     """The emulator's core comes out of reset shunting every entry (before any program()): the build serves every
     plan with the same matcher, so its power-on tables belong to none of them and must be safe for all."""
-    from hypafilter.ir import ACTION_DROP
-    from hypafilter.nic import pack_shunt
+    from hypafilter.ir.types import ACTION_DROP
+    from hypafilter.targets.nic import pack_shunt
 
     _, plan = emu_binary
     assert nic.power_on["SHUNT"] == pack_shunt([1] * (len(plan.entries) + 1))
@@ -185,8 +185,8 @@ def test_same_matcher_same_binary_other_matcher_refused(nic, emu_binary):
 
     import numpy as np
     from hypafilter.config import Config
-    from hypafilter.emu import build
-    from hypafilter.nic import NicError
+    from hypafilter.targets.emu import build
+    from hypafilter.targets.nic import NicError
 
     binary, plan = emu_binary
     shunt = np.array(plan.shunt, dtype=bool)
@@ -283,7 +283,7 @@ def untag(frame: bytes) -> tuple[int, bytes]:
 
 def check_against_model(socks, plan, regs, sent: list[tuple[str, bytes]]) -> None:
     """Send frames and compare every output with hwmodel.decide for the same frame and register state."""
-    from hypafilter import hwmodel
+    from hypafilter.hw import model as hwmodel
 
     drain(socks)
     for role, f in sent:
@@ -313,7 +313,7 @@ def check_against_model(socks, plan, regs, sent: list[tuple[str, bytes]]) -> Non
 
 
 def test_wire_frames_follow_the_model(nic, topo, emu_binary):
-    from hypafilter import hwmodel
+    from hypafilter.hw import model as hwmodel
 
     _, plan = emu_binary
     regs = hwmodel.Regs.from_plan(plan)
@@ -321,7 +321,7 @@ def test_wire_frames_follow_the_model(nic, topo, emu_binary):
 
 
 def test_host_frames_pass_unclassified(nic, topo, emu_binary):
-    from hypafilter import hwmodel
+    from hypafilter.hw import model as hwmodel
 
     _, plan = emu_binary
     regs = hwmodel.Regs.from_plan(plan)
@@ -331,8 +331,8 @@ def test_host_frames_pass_unclassified(nic, topo, emu_binary):
 
 
 def test_registers_and_counters(nic, topo, emu_binary):
-    from hypafilter.hwgen import matcher_hash
-    from hypafilter.nic import CORE_ID
+    from hypafilter.hw.vhdl import matcher_hash
+    from hypafilter.targets.nic import CORE_ID
 
     _, plan = emu_binary
     with nic.client() as c:
@@ -351,7 +351,7 @@ def test_registers_and_counters(nic, topo, emu_binary):
 
 
 def _count_frames(c, topo, plan) -> None:
-    from hypafilter import hwmodel
+    from hypafilter.hw import model as hwmodel
 
     regs = hwmodel.Regs.from_plan(plan)
     regs.generation = 0x1234
@@ -373,8 +373,8 @@ def _count_frames(c, topo, plan) -> None:
 
 
 def test_shunt_rewrite_and_shunt_all(nic, topo, emu_binary):
-    from hypafilter import hwmodel
-    from hypafilter.nic import pack_shunt
+    from hypafilter.hw import model as hwmodel
+    from hypafilter.targets.nic import pack_shunt
 
     _, plan = emu_binary
     regs = hwmodel.Regs.from_plan(plan)
@@ -423,8 +423,8 @@ def test_idle_nic_uses_no_cpu(nic):
 
 def test_standby_then_activate_replaces_without_duplicates(nic, topo, emu_binary, tmp_path):
     """Make-before-break: a second NIC on the same interfaces sits in standby, then takes over."""
-    from hypafilter import hwmodel
-    from hypafilter.emu import EmuNic
+    from hypafilter.hw import model as hwmodel
+    from hypafilter.targets.emu import EmuNic
 
     binary, plan = emu_binary
     regs = hwmodel.Regs.from_plan(plan)
@@ -450,7 +450,7 @@ def test_standby_then_activate_replaces_without_duplicates(nic, topo, emu_binary
 
 
 def test_control_socket_errors(nic):
-    from hypafilter.nic import EmuTransport, NicError
+    from hypafilter.targets.nic import EmuTransport, NicError
 
     t = EmuTransport(nic.ctl_path)
     try:
@@ -463,7 +463,7 @@ def test_control_socket_errors(nic):
 
 
 def test_bad_interface_is_a_clear_error(emu_binary, tmp_path):
-    from hypafilter.emu import EmuError, EmuNic
+    from hypafilter.targets.emu import EmuError, EmuNic
 
     binary, _ = emu_binary
     ifs = {"wire0": "nope0", "wire1": "nope1", "host0": "nope2", "host1": "nope3"}

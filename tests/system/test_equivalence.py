@@ -20,7 +20,7 @@ CB_RULES = 60
 
 def check(policy, packets: int = 800, trace=None, **cfg) -> dict:
     from hypafilter.config import Config
-    from hypafilter.verify import verify
+    from hypafilter.ops.verify import verify
 
     config = Config(**cfg)
     r = verify(policy, config, packets=packets, trace=trace, seed=11)
@@ -31,7 +31,7 @@ def check(policy, packets: int = 800, trace=None, **cfg) -> dict:
 
 def parse_file(path: Path, **cfg):
     from hypafilter.config import Config
-    from hypafilter.parse import parse_policy
+    from hypafilter.iptables.parser import parse_policy
 
     return parse_policy(path.read_text(), filename=str(path), base_chain="FORWARD", config=Config(**cfg))
 
@@ -48,8 +48,8 @@ def test_ruleset(lab, path):
 @pytest.mark.parametrize("strategy", ["full", "cut"])
 def test_strategies_rewrite_in_place(lab, strategy):
     """Another strategy for the same policy keeps the hardware (registers rewritten, no new NIC)."""
-    from hypafilter import deploy
     from hypafilter.config import Config
+    from hypafilter.ops import deploy
 
     path = ROOT / "rulesets" / "example.rules"
     pol = parse_file(path)
@@ -76,9 +76,9 @@ def test_user_chains(lab, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("k", [0, 1, 10, 50])
 def test_classbench(lab, shared_dir, tmp_path, k):
-    from hypafilter.classbench import classbench_policy_text
     from hypafilter.config import Config
-    from hypafilter.parse import parse_policy
+    from hypafilter.iptables.parser import parse_policy
+    from hypafilter.tools.classbench import classbench_policy_text
 
     src = shared_dir / "data" / "classbench" / "acl1_1100.filters"
     sub = tmp_path / f"acl1_{CB_RULES}.filters"
@@ -92,7 +92,7 @@ def test_classbench(lab, shared_dir, tmp_path, k):
 
 def test_truncated_l4_headers(lab, tmp_path):
     from hypafilter.config import Config
-    from hypafilter.verify import verify
+    from hypafilter.ops.verify import verify
 
     f = tmp_path / "l4.rules"
     f.write_text(

@@ -25,7 +25,7 @@ def sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
 def lab():
     need_root()
     need_tool("ip", "ethtool", "sysctl")
-    from hypafilter.lab import Lab
+    from hypafilter.ops.lab import Lab
 
     lab = Lab(NAME)
     lab.down()
@@ -36,7 +36,7 @@ def lab():
 
 
 def test_up_is_idempotent_and_complete(lab):
-    from hypafilter.lab import ROLES
+    from hypafilter.ops.lab import ROLES
 
     lab.up()
     first = lab.status()

@@ -9,12 +9,12 @@ import uuid
 from pathlib import Path
 
 import pytest
-from hypafilter.classbench import classbench_policy_text
+from hypafilter.analysis.plan import build_plan
+from hypafilter.analysis.program import STRATEGIES, to_iptables_restore, to_nft
 from hypafilter.config import Config
-from hypafilter.model import listing1
-from hypafilter.netfilter import STRATEGIES, to_iptables_restore, to_nft
-from hypafilter.parse import parse_policy
-from hypafilter.plan import build_plan
+from hypafilter.iptables.parser import parse_policy
+from hypafilter.ir.semantics import listing1
+from hypafilter.tools.classbench import classbench_policy_text
 
 from conftest import need_root, need_tool, ns_sh
 

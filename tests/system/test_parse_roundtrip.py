@@ -26,10 +26,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-from hypafilter.canonical import format_tokens, rule_tokens
 from hypafilter.config import Config
 from hypafilter.errors import PolicyError
-from hypafilter.parse import parse_policy, parse_rule, tokenize
+from hypafilter.iptables.canonical import format_tokens, rule_tokens
+from hypafilter.iptables.parser import parse_policy, parse_rule, tokenize
 
 from conftest import need_root, need_tool, ns_sh
 

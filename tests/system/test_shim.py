@@ -37,7 +37,7 @@ def teardown() -> None:
 def topo():
     need_root()
     need_tool("ip", "iptables", "clang", "tc", "make")
-    from hypafilter.shim import Shim
+    from hypafilter.targets.shim import Shim
 
     teardown()
     for n in (S, F, R):
@@ -94,7 +94,7 @@ def frame(port: int, uid: int) -> bytes:
 
 
 def exchange(frames: list[bytes]) -> list[bytes]:
-    from hypafilter.verify import drain, raw_socket, receive, send
+    from hypafilter.ops.verify import drain, raw_socket, receive, send
 
     tx = raw_socket(S, "s0")
     rx = raw_socket(R, "r0")
@@ -115,7 +115,7 @@ def test_native_xdp_attached(topo):
 
 def test_marks_and_pop(topo):
     from hypafilter import shared
-    from hypafilter.shim import mark_value, tag_frame
+    from hypafilter.targets.shim import mark_value, tag_frame
 
     shim = topo
     shim.update(INTERVALS, generation=GEN, mark_mask=0xFFFFFFFF, mark_shift=0, num_entries=len(INTERVALS))
@@ -156,7 +156,7 @@ def test_marks_and_pop(topo):
 
 def test_mark_mask_and_shift(topo):
     from hypafilter import shared
-    from hypafilter.shim import mark_value, tag_frame
+    from hypafilter.targets.shim import mark_value, tag_frame
 
     shim = topo
     shim.update(INTERVALS, generation=GEN, mark_mask=0x0000FFF0, mark_shift=4, num_entries=len(INTERVALS))

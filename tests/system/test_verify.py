@@ -20,14 +20,14 @@ STATE = f"/run/hypafilter/test-{LAB}"
 
 def policy(text: str, name: str = "t.rules"):
     from hypafilter.config import Config
-    from hypafilter.parse import parse_policy
+    from hypafilter.iptables.parser import parse_policy
 
     return parse_policy(text, filename=name, base_chain="FORWARD", config=Config())
 
 
 @pytest.mark.parametrize("proto", [6, 17, 1, 99])
 def test_frames_match_scapy(proto):
-    from hypafilter.verify import build_frame, frame_id
+    from hypafilter.ops.verify import build_frame, frame_id
     from scapy.layers.inet import IP
     from scapy.layers.l2 import Ether
 
@@ -42,8 +42,8 @@ def test_frames_match_scapy(proto):
 
 
 def test_malformed_frames_as_the_hardware_sees_them():
-    from hypafilter.hwmodel import parse_frame
-    from hypafilter.verify import build_frame, frame_id, malform
+    from hypafilter.hw.model import parse_frame
+    from hypafilter.ops.verify import build_frame, frame_id, malform
 
     rng = random.Random(3)
     base = build_frame(5, {"src": 1, "dst": 2, "proto": 6, "sport": 1, "dport": 80, "flags": 2}, b"x" * 30)
@@ -66,7 +66,7 @@ def test_malformed_frames_as_the_hardware_sees_them():
 
 def test_refuses_random_matches():
     from hypafilter.errors import HypafilterError
-    from hypafilter.verify import refuse_nondeterministic
+    from hypafilter.ops.verify import refuse_nondeterministic
 
     p = policy(
         "*filter\n:FORWARD ACCEPT [0:0]\n-A FORWARD -p tcp --dport 80 -j ACCEPT\n"

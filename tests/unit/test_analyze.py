@@ -6,12 +6,12 @@ import json
 
 import numpy as np
 import pytest
-from hypafilter.classbench import classbench_policy, read_trace, trace_udp_values
+from hypafilter.analysis.plan import build_plan
 from hypafilter.cli import main
-from hypafilter.commands.analyze import analyze, strategy_costs
-from hypafilter.ir import FIELDS, Header
-from hypafilter.model import classify_entries, hybrid_verdict, listing1
-from hypafilter.plan import build_plan
+from hypafilter.cli.analyze import analyze, strategy_costs
+from hypafilter.ir.semantics import classify_entries, hybrid_verdict, listing1
+from hypafilter.ir.types import FIELDS, Header
+from hypafilter.tools.classbench import classbench_policy, read_trace, trace_udp_values
 
 KEYS = [
     "rules",
@@ -96,7 +96,7 @@ def test_cli_json_shape_and_consistency(shared_dir, capsys):
 
 
 def test_cli_table_output(tmp_path, capsys):
-    from hypafilter.classbench import classbench_policy_text
+    from hypafilter.tools.classbench import classbench_policy_text
 
     filt = tmp_path / "f.filters"
     filt.write_text("@10.0.0.0/8\t0.0.0.0/0\t0 : 65535\t53 : 53\t0x11/0xFF\t0x0000/0x0000\n" * 3)

@@ -140,10 +140,10 @@ def test_missing_set_is_a_clear_error(tiny_shared, tmp_path, capsys):
 def test_insertions_keep_the_matcher_except_in_exact_mode(tiny_shared):
     """Fig. 15's premise: inserting a complex rule leaves the hardware entries alone with index/selective
     shunting (an update by registers) and adds an entry in exact mode (a new core)."""
-    from hypafilter.bench import paper
+    from hypafilter.analysis.plan import build_plan
     from hypafilter.config import Config
-    from hypafilter.hwgen import matcher_hash
-    from hypafilter.plan import build_plan
+    from hypafilter.hw.vhdl import matcher_hash
+    from hypafilter.tools.bench import paper
 
     filters = tiny_shared / "data" / "classbench" / "tiny_1100.filters"
     texts = paper.insertion_texts(filters, 3, rules=50)

@@ -6,11 +6,17 @@ import gzip
 
 import numpy as np
 import pytest
-from hypafilter.classbench import classbench_policy, classbench_policy_text, complex_positions, read_filters, read_trace
 from hypafilter.cli import main
 from hypafilter.config import Config
 from hypafilter.errors import HypafilterError, PolicyError
-from hypafilter.parse import parse_policy
+from hypafilter.iptables.parser import parse_policy
+from hypafilter.tools.classbench import (
+    classbench_policy,
+    classbench_policy_text,
+    complex_positions,
+    read_filters,
+    read_trace,
+)
 
 FILTERS = (
     "@192.168.0.0/16\t10.1.2.3/32\t0 : 65535\t80 : 80\t0x06/0xFF\t0x0000/0x0200\t\n"

@@ -12,10 +12,10 @@ import os
 from pathlib import Path
 
 import pytest
+from hypafilter.analysis.plan import build_plan
+from hypafilter.analysis.program import STRATEGIES, to_iptables_restore
 from hypafilter.config import Config
-from hypafilter.netfilter import STRATEGIES, to_iptables_restore
-from hypafilter.parse import parse_policy
-from hypafilter.plan import build_plan
+from hypafilter.iptables.parser import parse_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 RULESETS = sorted((ROOT / "rulesets").glob("*.rules"))

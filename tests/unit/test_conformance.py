@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hypafilter.canonical import rule_tokens
 from hypafilter.errors import PolicyError
-from hypafilter.parse import parse_rule, tokenize
+from hypafilter.iptables.canonical import rule_tokens
+from hypafilter.iptables.parser import parse_rule, tokenize
 
 MODELLED = {"tcp", "udp", "icmp", "multiport", "iprange", "comment"}
 VERDICTS = {"ACCEPT", "DROP", "RETURN"}

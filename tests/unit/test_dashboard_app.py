@@ -3,10 +3,10 @@
 import pytest
 from fastapi.testclient import TestClient
 from hypafilter.cli import main
-from hypafilter.commands.dashboard import check_exposure, is_loopback, parse_listen
-from hypafilter.dashboard.app import create_app
-from hypafilter.dashboard.collector import Deployment, RuleInfo, Sampler, Snapshot, Update
+from hypafilter.cli.dashboard import check_exposure, is_loopback, parse_listen
 from hypafilter.errors import HypafilterError
+from hypafilter.tools.dashboard.app import create_app
+from hypafilter.tools.dashboard.collector import Deployment, RuleInfo, Sampler, Snapshot, Update
 from prometheus_client.parser import text_string_to_metric_families
 
 DEP = Deployment(

@@ -1,8 +1,9 @@
 """Dashboard collector: rate arithmetic, counter restarts, iptables-save -c parsing and per-rule attribution."""
 
 import pytest
-from hypafilter.dashboard import collector as col
-from hypafilter.dashboard.collector import (
+from hypafilter.errors import HypafilterError
+from hypafilter.tools.dashboard import collector as col
+from hypafilter.tools.dashboard.collector import (
     Collector,
     Deployment,
     NfRule,
@@ -14,7 +15,6 @@ from hypafilter.dashboard.collector import (
     parse_iptables_save,
     rates,
 )
-from hypafilter.errors import HypafilterError
 
 
 def hw(fwd=0, drop=0, over=0, pol=0, unp=0, forced=0, host=0):

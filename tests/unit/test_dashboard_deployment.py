@@ -3,13 +3,13 @@
 import re
 
 import pytest
+from hypafilter.analysis.plan import build_plan
+from hypafilter.analysis.program import to_iptables_restore
 from hypafilter.config import Config
-from hypafilter.dashboard.collector import attribute_netfilter, deployment_from_state, parse_iptables_save
-from hypafilter.deploy import partition_counts, plain_restore_text
 from hypafilter.errors import HypafilterError
-from hypafilter.netfilter import to_iptables_restore
-from hypafilter.parse import parse_policy
-from hypafilter.plan import build_plan
+from hypafilter.iptables.parser import parse_policy
+from hypafilter.ops.deploy import partition_counts, plain_restore_text
+from hypafilter.tools.dashboard.collector import attribute_netfilter, deployment_from_state, parse_iptables_save
 
 USERCHAINS = """*filter
 :INPUT ACCEPT [0:0]

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from hypafilter._iptables_tables import NONTERMINAL_TARGETS
 from hypafilter.config import Config
 from hypafilter.errors import PolicyError
-from hypafilter.flatten import box_minus, boxes_minus
-from hypafilter.ir import Box, Header
-from hypafilter.parse import parse_policy
+from hypafilter.iptables.flatten import box_minus, boxes_minus
+from hypafilter.iptables.parser import parse_policy
+from hypafilter.iptables.tables import NONTERMINAL_TARGETS
+from hypafilter.ir.types import Box, Header
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -313,7 +313,7 @@ def group_ok(group, k) -> bool:
 
 
 def guard_holds(tokens, h, k) -> bool:
-    from hypafilter.parse import parse_rule
+    from hypafilter.iptables.parser import parse_rule
 
     (r,) = parse_rule(" ".join(tokens))
     return any(b.contains(h) for b in r.boxes) and all(group_ok(g, k) for g in r.complex)

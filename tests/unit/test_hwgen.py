@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hypafilter import hwgen
-from hypafilter.ir import Box, Policy, Rule
+from hypafilter.hw import vhdl as hwgen
+from hypafilter.ir.types import Box, Policy, Rule
 
 ROOT = Path(__file__).resolve().parents[2]
 FULL = Box.full()

@@ -7,8 +7,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from hypafilter import regmap
-from hypafilter.nic import CORE_ID, EmuTransport, NicClient, NicError, pack_shunt
+from hypafilter.hw import regmap
+from hypafilter.targets.nic import CORE_ID, EmuTransport, NicClient, NicError, pack_shunt
 
 
 class FakeNic:
@@ -119,8 +119,8 @@ def test_table_bounds_and_read_only(fake):
 
 
 def _plan(shunt_on=(0, 33, 40), drop=(40,), first_port=1):
-    from hypafilter.hwgen import HwEntry
-    from hypafilter.ir import Box
+    from hypafilter.hw.vhdl import HwEntry
+    from hypafilter.ir.types import Box
 
     class P:
         entries = [HwEntry((Box.full().with_field("dport", first_port + i, first_port + i),)) for i in range(40)]
@@ -132,7 +132,7 @@ def _plan(shunt_on=(0, 33, 40), drop=(40,), first_port=1):
 
 
 def test_program_order_and_checks(fake):
-    from hypafilter.hwgen import matcher_hash
+    from hypafilter.hw.vhdl import matcher_hash
 
     plan = _plan()
     fake.regs[regmap.REG_NUM_ENTRIES] = 40
@@ -154,14 +154,14 @@ def test_program_order_and_checks(fake):
 
 
 def test_matcher_hash_ignores_runtime_state():
-    from hypafilter.hwgen import matcher_hash
+    from hypafilter.hw.vhdl import matcher_hash
 
     assert matcher_hash(_plan()) == matcher_hash(_plan(shunt_on=(), drop=(1, 2, 3)))
     assert matcher_hash(_plan()) != matcher_hash(_plan(first_port=2))
 
 
 def test_program_writes_only_what_changed(fake):
-    from hypafilter.hwgen import matcher_hash
+    from hypafilter.hw.vhdl import matcher_hash
 
     a, b = _plan(), _plan(shunt_on=(0, 33, 34, 40), drop=(5, 6, 40))
     fake.regs[regmap.REG_NUM_ENTRIES] = 40

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hypafilter.canonical import format_tokens, rule_tokens
 from hypafilter.config import Config
 from hypafilter.errors import PolicyError
-from hypafilter.ir import Header
-from hypafilter.parse import parse_policy, parse_rule, tokenize
+from hypafilter.iptables.canonical import format_tokens, rule_tokens
+from hypafilter.iptables.parser import parse_policy, parse_rule, tokenize
+from hypafilter.ir.types import Header
 
 ROOT = Path(__file__).resolve().parents[2]
 

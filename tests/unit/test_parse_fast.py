@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hypafilter import parse
-from hypafilter.classbench import classbench_policy_text
 from hypafilter.config import Config
 from hypafilter.errors import PolicyError
+from hypafilter.iptables import parser as parse
+from hypafilter.tools.classbench import classbench_policy_text
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypafilter.analysis.plan import build_plan, selective_bits
 from hypafilter.errors import HypafilterError
-from hypafilter.ir import ACTION_ACCEPT, ACTION_DROP
-from hypafilter.model import listing1, make_policy, make_rule
-from hypafilter.plan import build_plan, selective_bits
+from hypafilter.ir.semantics import listing1, make_policy, make_rule
+from hypafilter.ir.types import ACTION_ACCEPT, ACTION_DROP
 
 STRING = [("-m", "string", "--string", "X", "--algo", "bm")]
 

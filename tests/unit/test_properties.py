@@ -7,10 +7,10 @@ placed under random masks with foreign bits set. A deliberately broken shunt vec
 from __future__ import annotations
 
 import numpy as np
-from hypafilter.ir import Header
-from hypafilter.model import hybrid_verdict, listing1, make_policy, make_rule, reference_verdict
-from hypafilter.netfilter import STRATEGIES
-from hypafilter.plan import build_plan
+from hypafilter.analysis.plan import build_plan
+from hypafilter.analysis.program import STRATEGIES
+from hypafilter.ir.semantics import hybrid_verdict, listing1, make_policy, make_rule, reference_verdict
+from hypafilter.ir.types import Header
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from hypafilter import regmap
 from hypafilter.errors import HypafilterError
+from hypafilter.hw import regmap
 
 
 def test_map_has_sume_block_and_tables():

@@ -6,9 +6,11 @@ import re
 from pathlib import Path
 
 import pytest
-from hypafilter import cli, hwgen, synth
+from hypafilter import cli
 from hypafilter.errors import HypafilterError
-from hypafilter.ir import Box
+from hypafilter.hw import synth
+from hypafilter.hw import vhdl as hwgen
+from hypafilter.ir.types import Box
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "rulesets" / "example.rules")

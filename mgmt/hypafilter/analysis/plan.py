@@ -1,0 +1,314 @@
+"""The Plan: hardware entries, shunt vector, actions and intervals of a policy (paper §V–VI; docs/internals.md).
+
+Modes:
+  index     -- entry per simple rule; shunt iff the rule comes after the first complex rule (paper §V-A).
+  selective -- entry per simple rule; shunt iff some earlier complex reduction intersects it (Alg. 1).
+  exact     -- entry per rule (complex rules contribute their reduction R⁻); shunt exactly the complex entries.
+
+Intervals (paper §VI-C): consecutive simple entries form a group with one k; the policy entry has its own k.
+`chains[k]` is the list of policy rule positions software tests for a packet with interval k before applying the
+hardware action (index/selective: every complex rule above the group; exact: for a complex entry, the rule itself
+and every later rule whose geometry meets its reduction). `geo_chains[k]` keeps only the complex rules whose
+reduction meets the shunted boxes of the group (strategy `interval_geo`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hypafilter.analysis import geometry
+from hypafilter.analysis.geometry import BoxSet
+from hypafilter.config import Config
+from hypafilter.errors import HypafilterError
+from hypafilter.ir.types import ACTION_NONE, Box, Policy
+
+MODES = ("index", "selective", "exact")
+
+
+class PrefixView(Sequence):
+    """The first `count` items of a shared list (interval chains above a group are prefixes of the complex list;
+    storing them as views keeps 10k intervals x 10k complex rules from becoming 1e8 list slots)."""
+
+    def __init__(self, base: list[int], count: int):
+        self.base = base
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return self.base[: self.count][i]
+        if not -self.count <= i < self.count:
+            raise IndexError(i)
+        return self.base[i % self.count]
+
+    def __iter__(self):
+        return iter(self.base[: self.count])
+
+    def __eq__(self, other) -> bool:
+        return list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return repr(list(self))
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One hardware entry: the rule it comes from, its box union, its action code, whether it is a reduction."""
+
+    rule_index: int
+    boxes: tuple[Box, ...]
+    action: int
+    is_complex: bool
+
+
+@dataclass
+class Plan:
+    policy: Policy
+    mode: str
+    entries: list[Entry]
+    shunt: np.ndarray  # bool [n + 1]
+    actions: np.ndarray  # uint8 [n + 1]
+    interval: np.ndarray  # uint32 [n + 1], k >= 1
+    policy_hash: str
+    conflict: np.ndarray  # bool [len(rules)]: simple rule meets an earlier complex reduction (Alg. 1 bit)
+    chains: dict[int, Sequence[int]]  # k -> policy rule positions tested in software before the hardware action
+    entry_set: BoxSet = field(repr=False)  # every entry's boxes, owner = entry index
+    analysis_seconds: float = 0.0
+    groups: dict[int, list[int]] = field(default_factory=dict, repr=False)  # k -> entry indices
+    _geo: dict[int, list[int]] | None = field(default=None, repr=False)
+
+    @property
+    def geo_chains(self) -> dict[int, list[int]]:
+        """k -> chains[k] filtered by geometry (interval_geo); computed on first use (costly on huge policies)."""
+        if self._geo is None:
+            if self.mode == "exact":
+                self._geo = {k: list(v) for k, v in self.chains.items()}
+            else:
+                self._geo = _geo_chains(self.policy, self.entries, self.shunt, self.interval, self.chains, self.groups)
+        return self._geo
+
+    @property
+    def n(self) -> int:
+        return len(self.entries)
+
+    @property
+    def num_intervals(self) -> int:
+        return int(self.interval.max()) if len(self.interval) else 0
+
+    def shunt_string(self) -> str:
+        return "".join("1" if b else "0" for b in self.shunt)
+
+    def entry_of_rule(self) -> dict[int, int]:
+        return {e.rule_index: i for i, e in enumerate(self.entries)}
+
+    def report(self) -> dict:
+        """The partition report (JSON-ready)."""
+        pol = self.policy
+        e_of = self.entry_of_rule()
+        rules = []
+        for i, r in enumerate(pol.rules):
+            ent = e_of.get(i)
+            rules.append(
+                {
+                    "index": i,
+                    "line": r.origin.line if r.origin else None,
+                    "text": r.origin.text if r.origin else None,
+                    "kind": "simple" if r.is_simple else "complex",
+                    "target": r.target,
+                    "boxes": len(r.boxes),
+                    "entry": ent,
+                    "shunt": None if ent is None else bool(self.shunt[ent]),
+                    "interval": None if ent is None else int(self.interval[ent]),
+                }
+            )
+        return {
+            "source": pol.source,
+            "base_chain": pol.base_chain,
+            "default": pol.default,
+            "mode": self.mode,
+            "policy_hash": self.policy_hash,
+            "rules": len(pol.rules),
+            "simple": len(pol.simple_indices),
+            "complex": len(pol.complex_indices),
+            "entries": self.n,
+            "shunt_vector": self.shunt_string(),
+            "shunting_entries": int(self.shunt[:-1].sum()),
+            "policy_entry_shunted": bool(self.shunt[-1]),
+            "intervals": self.num_intervals,
+            "chains": {str(k): list(v) for k, v in sorted(self.chains.items())},
+            "geo_chains": {str(k): list(v) for k, v in sorted(self.geo_chains.items())},
+            "partition": rules,
+        }
+
+
+def rule_boxset(policy: Policy, positions) -> BoxSet:
+    """The boxes of the given rules, owner = rule position."""
+    pos = list(positions)
+    return BoxSet.from_unions([policy.rules[i].boxes for i in pos], owners=pos)
+
+
+def selective_bits(policy: Policy) -> np.ndarray:
+    """Alg. 1 for every rule at once: bool[len(rules)], True for a simple rule met by an earlier complex reduction."""
+    simple = policy.simple_indices
+    cplx = policy.complex_indices
+    out = np.zeros(len(policy.rules), dtype=bool)
+    if not simple or not cplx:
+        return out
+    tg = rule_boxset(policy, simple)
+    src = rule_boxset(policy, cplx)
+    hits = geometry.any_intersection(tg, src, before=tg.owner)
+    out[tg.owner[hits]] = True
+    return out
+
+
+def policy_entry_reachable(policy: Policy) -> bool:
+    """Can a complex rule's reduction reach the region no simple rule covers?
+
+    A cheap, sound test: False only if every box of every complex rule lies inside one simple rule's box (then a
+    packet in the reduction always matches a simple entry, so it never gets the policy entry). Empty reductions
+    never match.
+    """
+    cplx = policy.complex_indices
+    if not cplx:
+        return False
+    src = rule_boxset(policy, cplx)
+    if len(src) == 0:
+        return False
+    simple = rule_boxset(policy, policy.simple_indices)
+    return not bool(geometry.contained_in_any(src, simple).all())
+
+
+def build_plan(policy: Policy, config: Config | None = None, mode: str | None = None) -> Plan:
+    config = config or Config()
+    mode = mode or config.shunt_mode
+    if mode not in MODES:
+        raise HypafilterError(f"unknown shunting mode {mode!r} (choose index, selective or exact)")
+    t0 = time.perf_counter()
+    rules = policy.rules
+    conflict = selective_bits(policy)
+    cplx = policy.complex_indices
+    has_complex = bool(cplx)
+    first_complex = cplx[0] if cplx else len(rules)
+
+    if mode == "exact":
+        entries = [
+            Entry(i, r.boxes, r.action_code if r.is_simple else ACTION_NONE, not r.is_simple)
+            for i, r in enumerate(rules)
+        ]
+    else:
+        entries = [Entry(i, r.boxes, r.action_code, False) for i, r in enumerate(rules) if r.is_simple]
+    n = len(entries)
+    shunt = np.zeros(n + 1, dtype=bool)
+    actions = np.zeros(n + 1, dtype=np.uint8)
+    for j, e in enumerate(entries):
+        actions[j] = e.action
+        if mode == "index":
+            shunt[j] = e.rule_index > first_complex
+        elif mode == "selective":
+            shunt[j] = conflict[e.rule_index]
+        else:
+            shunt[j] = e.is_complex
+    actions[n] = policy.default_action_code
+    if mode == "index":
+        shunt[n] = has_complex
+    elif mode == "selective":
+        shunt[n] = policy_entry_reachable(policy)
+
+    interval = np.zeros(n + 1, dtype=np.uint32)
+    chains: dict[int, list[int]] = {}
+    groups: dict[int, list[int]] = {}  # k -> entry indices
+    k = 0
+    prev_simple_pos = None
+    for j, e in enumerate(entries):
+        new_group = (
+            e.is_complex
+            or prev_simple_pos is None
+            or any(not rules[p].is_simple for p in range(prev_simple_pos + 1, e.rule_index))
+        )
+        if new_group:
+            k += 1
+            groups[k] = []
+            if mode == "exact":
+                chains[k] = [] if not e.is_complex else [e.rule_index]
+            else:
+                chains[k] = PrefixView(cplx, bisect.bisect_left(cplx, e.rule_index))
+        groups[k].append(j)
+        interval[j] = k
+        prev_simple_pos = None if e.is_complex else e.rule_index
+    k += 1
+    interval[n] = k
+    groups[k] = [n]
+    chains[k] = [] if mode == "exact" else PrefixView(cplx, len(cplx))
+
+    if mode == "exact":
+        _exact_chains(policy, entries, interval, chains)
+    plan = Plan(
+        policy=policy,
+        mode=mode,
+        entries=entries,
+        shunt=shunt,
+        actions=actions,
+        interval=interval,
+        policy_hash=policy.policy_hash(),
+        conflict=conflict,
+        chains=chains,
+        groups=groups,
+        entry_set=BoxSet.from_unions([e.boxes for e in entries]),
+    )
+    plan.analysis_seconds = time.perf_counter() - t0
+    return plan
+
+
+def _exact_chains(policy: Policy, entries: list[Entry], interval: np.ndarray, chains: dict[int, list[int]]) -> None:
+    """For each complex entry c: c itself, then every later rule whose boxes meet c's reduction."""
+    cx = [j for j, e in enumerate(entries) if e.is_complex]
+    if not cx:
+        return
+    n_rules = len(policy.rules)
+    tg = BoxSet.from_unions([entries[j].boxes for j in cx], owners=[entries[j].rule_index for j in cx])
+    # Owners negated so that "owner < before" selects the rules *after* the complex rule.
+    src = rule_boxset(policy, range(n_rules))
+    src.owner = -src.owner
+    later = geometry.intersecting_owners(tg, src, before=-tg.owner)
+    per_rule: dict[int, set[int]] = {}
+    for owner, hit in zip(tg.owner, later, strict=True):
+        per_rule.setdefault(int(owner), set()).update((-hit).tolist())
+    for j in cx:
+        c = entries[j].rule_index
+        chains[int(interval[j])] = [c] + sorted(per_rule.get(c, ()))
+
+
+def _geo_chains(policy, entries, shunt, interval, chains, groups) -> dict[int, list[int]]:
+    """chains[k] restricted to complex rules whose reduction meets a shunted box of group k."""
+    n = len(entries)
+    geo: dict[int, list[int]] = {}
+    cplx = policy.complex_indices
+    tg_unions, tg_owner = [], []
+    for k, members in groups.items():
+        geo[k] = []
+        if members == [n]:
+            geo[k] = list(chains[k])  # the policy entry's region is a complement: keep every complex rule
+            continue
+        for j in members:
+            if shunt[j]:
+                tg_unions.append(entries[j].boxes)
+                tg_owner.append(k)
+    if not tg_unions or not cplx:
+        return geo
+    tg = BoxSet.from_unions(tg_unions, owners=tg_owner)
+    first_pos = {k: entries[m[0]].rule_index for k, m in groups.items() if m != [n]}
+    before = np.array([first_pos[int(k)] for k in tg.owner], dtype=np.int64)
+    hits = geometry.intersecting_owners(tg, rule_boxset(policy, cplx), before=before)
+    acc: dict[int, set[int]] = {}
+    for k, h in zip(tg.owner, hits, strict=True):
+        acc.setdefault(int(k), set()).update(h.tolist())
+    for k, s in acc.items():
+        geo[k] = sorted(s)
+    return geo

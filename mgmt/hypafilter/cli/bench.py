@@ -1,0 +1,180 @@
+"""`hypafilter bench paper`: reproduces the paper's evaluation (Figs. 11-15, §VIII-I) into CSV, PNG and docs/results.md."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from hypafilter.errors import HypafilterError
+from hypafilter.paths import ROOT
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench", help="benchmarks (paper evaluation)")
+    bsub = p.add_subparsers(dest="bench_command", metavar="BENCH")
+    bsub.required = True
+    q = bsub.add_parser("paper", help="reproduce the HyPaFilter+ evaluation figures 11-15 and the scaling test")
+    q.add_argument("--sets", help="comma-separated ClassBench sets (default: acl1-5,fw1-5; quick: acl1,fw1)")
+    q.add_argument("--out", metavar="DIR", help="output folder for CSV/PNG (default build/bench-paper[-quick])")
+    q.add_argument("--quick", action="store_true", help="reduced grid, under 5 minutes")
+    q.add_argument("--figures", help="comma-separated subset of 11,12,13,14,15,scaling (11-13 run together)")
+    q.add_argument("--ks", help="comma-separated K values (complex rules) for Figs. 11-13")
+    q.add_argument("--rate-sets", help="sets for Fig. 14 (packet rate)")
+    q.add_argument("--rate-ks", help="K values for Fig. 14")
+    q.add_argument("--seconds", type=float, help="seconds per packet-rate measurement")
+    q.add_argument("--repeats", type=int, help="repeats per packet-rate measurement (median reported)")
+    q.add_argument("--update-steps", type=int, help="consecutive insertions for Fig. 15")
+    q.add_argument("--scaling-sizes", help="rule counts for the scaling test")
+    q.add_argument("--shared", metavar="DIR", help="the shared folder with data/classbench (default ../shared)")
+    q.add_argument("--results-md", metavar="FILE", help="where to write the results page (default docs/results.md)")
+    q.add_argument("--no-results-md", action="store_true", help="do not write the results page")
+    q.set_defaults(func=run_paper)
+
+
+def _list(s: str | None, conv=str) -> tuple | None:
+    return None if s is None else tuple(conv(x) for x in s.split(",") if x.strip())
+
+
+def grid_from_args(args: argparse.Namespace):
+    from hypafilter.tools.bench.paper import Grid  # noqa: PLC0415
+
+    g = Grid.quick() if args.quick else Grid.full()
+    changes = {}
+    for attr, val in (
+        ("sets", _list(args.sets)),
+        ("ks", _list(args.ks, int)),
+        ("rate_sets", _list(args.rate_sets)),
+        ("rate_ks", _list(args.rate_ks, int)),
+        ("rate_seconds", args.seconds),
+        ("repeats", args.repeats),
+        ("update_steps", args.update_steps),
+        ("scaling_sizes", _list(args.scaling_sizes, int)),
+        ("figures", _list(args.figures)),
+    ):
+        if val is not None:
+            changes[attr] = val
+    if "sets" in changes and args.quick and not args.rate_sets:
+        changes["rate_sets"] = changes["sets"][:1]
+    g = replace(g, **changes)
+    bad = set(g.figures) - {"11", "12", "13", "14", "15", "scaling"}
+    if bad:
+        raise HypafilterError(f"--figures: unknown figure(s) {', '.join(sorted(bad))}")
+    return g
+
+
+def _grid_name(grid) -> str:
+    """'full' or 'quick' only when the grid is exactly that preset; anything narrowed by options is 'custom'."""
+    from hypafilter.tools.bench import paper  # noqa: PLC0415
+
+    for name in ("full", "quick"):
+        if grid == getattr(paper.Grid, name)():
+            return name
+    return "custom (reduced)"
+
+
+def run_paper(args: argparse.Namespace) -> int:
+    from hypafilter.config import Config  # noqa: PLC0415
+    from hypafilter.tools.bench import (
+        paper,
+        plots,
+        report,  # noqa: PLC0415
+    )
+
+    grid = grid_from_args(args)
+    shared = Path(args.shared) if args.shared else ROOT.parent / "shared"
+    if not (shared / "data" / "classbench").is_dir():
+        raise HypafilterError(f"{shared}/data/classbench not found (give --shared DIR)")
+    figs = set(grid.figures)
+    needed = set()
+    if figs & {"11", "12", "13"}:
+        needed |= set(grid.sets)
+    if "14" in figs:
+        needed |= set(grid.rate_sets)
+    if "15" in figs:
+        needed |= set(grid.update_sets)
+    for name in sorted(needed):
+        paper.set_paths(shared, name)  # fails before anything is written
+    out = Path(args.out) if args.out else ROOT / "build" / ("bench-paper-quick" if args.quick else "bench-paper")
+    out.mkdir(parents=True, exist_ok=True)
+    build = ROOT / "build" / "bench-work"  # frames, scaled sets, emulator builds: never under docs/
+    build.mkdir(parents=True, exist_ok=True)
+    config = Config()
+    command = (
+        "hypafilter " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+        if sys.argv[0].endswith("hypafilter")
+        else "hypafilter bench paper " + " ".join(shlex.quote(a) for a in _argv_of(args))
+    )
+
+    def log(msg: str) -> None:
+        print(msg, flush=True)
+
+    res = paper.Results()
+    t_start = time.perf_counter()
+    steps = [
+        ("fig11-13", bool(figs & {"11", "12", "13"}), lambda: paper.analytic(grid, shared, config, log)),
+        ("fig14", "14" in figs, lambda: {"fig14": paper.rates(grid, shared, config, build, log)}),
+        ("fig15", "15" in figs, lambda: {"fig15": paper.updates(grid, shared, config, build, log)}),
+        ("scaling", "scaling" in figs, lambda: {"scaling": paper.scaling(grid, shared, config, build, log)}),
+    ]
+    for name, wanted, fn in steps:
+        if not wanted:
+            continue
+        log(f"{name}:")
+        t0 = time.perf_counter()
+        res.rows.update(fn())
+        res.seconds[name] = time.perf_counter() - t0
+        log(f"{name}: {res.seconds[name]:.1f} s")
+    wall = time.perf_counter() - t_start
+
+    for key, rows in res.rows.items():
+        report.write_csv(out / f"{report.CSV_NAMES[key]}.csv", rows)
+        getattr(plots, key)(rows, out / f"{key}.png")
+    meta = {
+        "command": command,
+        "wall_seconds": wall,
+        "step_seconds": res.seconds,
+        "grid_name": _grid_name(grid),
+        "grid": {k: (",".join(map(str, v)) if isinstance(v, tuple) else v) for k, v in asdict(grid).items()},
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "machine": report.machine(),
+        "notes": res.notes,
+    }
+    (out / "run.json").write_text(json.dumps(meta, indent=2) + "\n")
+    log(f"wrote {', '.join(sorted(p.name for p in out.glob('*.csv')))} and plots to {out}")
+    if not args.no_results_md:
+        md = Path(args.results_md) if args.results_md else ROOT / "docs" / "results.md"
+        md.parent.mkdir(parents=True, exist_ok=True)
+        md.write_text(report.render(out.resolve(), md.resolve(), meta, res.rows))
+        log(f"wrote {md}")
+    log(f"command: {command}\nwall time: {wall:.1f} s")
+    return 0
+
+
+def _argv_of(args: argparse.Namespace) -> list[str]:
+    """The options of this run as a command line (when called through main(argv) rather than the script)."""
+    out = []
+    for opt in (
+        "sets",
+        "out",
+        "figures",
+        "ks",
+        "rate_sets",
+        "rate_ks",
+        "seconds",
+        "repeats",
+        "update_steps",
+        "scaling_sizes",
+        "shared",
+        "results_md",
+    ):
+        v = getattr(args, opt)
+        if v is not None:
+            out += [f"--{opt.replace('_', '-')}", str(v)]
+    if args.quick:
+        out.append("--quick")
+    return out

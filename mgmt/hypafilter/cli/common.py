@@ -1,0 +1,54 @@
+"""Arguments shared by every command that takes a policy: POLICY, or --classbench FILTERS with import options."""
+
+from __future__ import annotations
+
+import argparse
+
+from hypafilter.config import Config
+from hypafilter.errors import HypafilterError
+from hypafilter.ir.types import Policy
+
+
+def add_policy_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument("policy", nargs="?", metavar="POLICY", help="iptables-save file or plain rule file")
+    p.add_argument("--chain", default="FORWARD", help="base chain (default FORWARD)")
+    p.add_argument("--config", metavar="TOML", help="site configuration (see docs/configuration.md)")
+    cb = p.add_argument_group("ClassBench import (instead of POLICY; same meaning as `hypafilter import-classbench`)")
+    cb.add_argument("--classbench", metavar="FILTERS", help="ClassBench filter set")
+    cb.add_argument("--complex", type=int, default=0, metavar="K", help="number of complex rules to place")
+    cb.add_argument("--policy", dest="cb_policy", choices=("ACCEPT", "DROP"), default="ACCEPT", help="chain policy")
+    cb.add_argument("--actions", choices=("accept", "alternate"), default="accept", help="rule actions")
+    cb.add_argument("--deterministic", action="store_true", help="complex rules without the statistic match")
+    p.set_defaults(_policy_required=required)
+
+
+def load_config(args: argparse.Namespace) -> Config:
+    return Config.load(getattr(args, "config", None))
+
+
+def load_policy(args: argparse.Namespace, config: Config | None = None) -> Policy:
+    """The Policy named by the arguments (a file, or a ClassBench import)."""
+    from hypafilter.iptables.parser import parse_policy  # noqa: PLC0415 (keeps `hypafilter --help` fast)
+
+    config = config or load_config(args)
+    if args.classbench and args.policy:
+        raise HypafilterError("give either POLICY or --classbench, not both")
+    if args.classbench:
+        from hypafilter.tools.classbench import classbench_policy_text  # noqa: PLC0415
+
+        text = classbench_policy_text(
+            args.classbench,
+            complex_rules=args.complex,
+            policy=args.cb_policy,
+            actions=args.actions,
+            deterministic=args.deterministic,
+        )
+        return parse_policy(text, filename=args.classbench, base_chain=args.chain, config=config)
+    if not args.policy:
+        raise HypafilterError("no policy given (POLICY or --classbench FILTERS)")
+    try:
+        with open(args.policy, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise HypafilterError(f"{args.policy}: {e.strerror}") from e
+    return parse_policy(text, filename=args.policy, base_chain=args.chain, config=config)

@@ -1,0 +1,158 @@
+"""`hypafilter compile`: every artifact of a policy (partition, shunt vectors, netfilter per strategy, shim table,
+register image, manifest) into one directory, written atomically (a temporary directory renamed at the end)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from hypafilter.analysis.plan import MODES, Plan, build_plan
+from hypafilter.analysis.program import STRATEGIES, to_iptables_restore, to_nft
+from hypafilter.cli.common import add_policy_args, load_config, load_policy
+from hypafilter.errors import HypafilterError
+from hypafilter.ir.types import Policy
+
+ENTRY_LIMIT = 1 << 24  # match_index is 24 bits in the metadata
+
+
+def register(sub) -> None:
+    p = sub.add_parser("compile", help="compile a policy into hardware/software artifacts")
+    add_policy_args(p)
+    p.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory (replaced atomically)")
+    p.add_argument("--mode", choices=MODES, help="shunting mode (default: the configuration's shunt_mode)")
+    p.add_argument("--prefix", help="netfilter chain prefix (default: <chain_prefix>1_)")
+    p.set_defaults(func=run)
+
+
+def register_image(plan: Plan) -> list[dict]:
+    """Indirect-table writes (hw/regmap.txt): SHUNT packed 32 per word, ACTION one per entry."""
+    writes = []
+    bits = plan.shunt
+    for w in range((len(bits) + 31) // 32):
+        word = 0
+        for j, b in enumerate(bits[32 * w : 32 * w + 32]):
+            word |= int(bool(b)) << j
+        writes.append({"table": "SHUNT", "offset": w, "value": word})
+    writes += [{"table": "ACTION", "offset": i, "value": int(a)} for i, a in enumerate(plan.actions)]
+    return writes
+
+
+def partition_text(plan: Plan) -> str:
+    rep = plan.report()
+    lines = [
+        f"policy {rep['source']} ({rep['base_chain']}, policy {rep['default']}), hash {rep['policy_hash'][:16]}",
+        f"{rep['rules']} rules: {rep['simple']} simple, {rep['complex']} complex; mode {rep['mode']}, "
+        f"{rep['entries']} hardware entries, {rep['shunting_entries']} shunting, policy entry "
+        f"{'shunted' if rep['policy_entry_shunted'] else 'not shunted'}, {rep['intervals']} intervals",
+        "",
+        f"{'#':>5} {'line':>5} {'kind':<8} {'entry':>6} {'shunt':>5} {'k':>5}  rule",
+    ]
+    for r in rep["partition"]:
+        shunt = "" if r["shunt"] is None else str(int(r["shunt"]))
+        lines.append(
+            f"{r['index']:>5} {r['line'] or '':>5} {r['kind']:<8} {'' if r['entry'] is None else r['entry']:>6} "
+            f"{shunt:>5} {'' if r['interval'] is None else r['interval']:>5}  {r['text'] or r['target']}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def compile_to(policy: Policy, config, out: Path, mode: str | None = None, prefix: str | None = None) -> dict:
+    """Write every artifact to `out` (created or replaced only when everything succeeded); the manifest."""
+    plan = build_plan(policy, config, mode)
+    if plan.n + 1 > ENTRY_LIMIT:
+        raise HypafilterError(f"{plan.n} hardware entries: more than the 24-bit match_index allows")
+    prefix = prefix or f"{config.chain_prefix}1_"
+    plans = {m: (plan if m == plan.mode else build_plan(policy, config, m)) for m in ("index", "selective")}
+    files: dict[str, str] = {}
+    files["partition.json"] = json.dumps(plan.report(), indent=1) + "\n"
+    files["partition.txt"] = partition_text(plan)
+    files["shunt.json"] = (
+        json.dumps(
+            {
+                "mode": plan.mode,
+                "vector": plan.shunt_string(),
+                "index_based": plans["index"].shunt_string(),
+                "selective": plans["selective"].shunt_string(),
+            },
+            indent=1,
+        )
+        + "\n"
+    )
+    mm, ms = config.mark_mask, config.mark_shift
+    skipped: dict[str, str] = {}
+    for s in STRATEGIES:
+        try:
+            files[f"netfilter/{s}.iptables"] = to_iptables_restore(plan, s, prefix, mm, ms, table=config.table)
+        except HypafilterError as e:
+            if s != "hsa_cut":
+                raise
+            skipped[f"netfilter/{s}.iptables"] = str(e)
+            continue
+        try:
+            files[f"netfilter/{s}.nft"] = to_nft(plan, s, prefix, mm, ms)
+        except HypafilterError as e:
+            skipped[f"netfilter/{s}.nft"] = str(e)
+    files["shim_intervals.json"] = (
+        json.dumps(
+            {
+                "num_entries": plan.n + 1,
+                "mark_mask": mm,
+                "mark_shift": ms,
+                "intervals": [int(k) for k in plan.interval],
+            }
+        )
+        + "\n"
+    )
+    files["registers.json"] = json.dumps(register_image(plan)) + "\n"
+    manifest = {
+        "policy": policy.source,
+        "policy_hash": plan.policy_hash,
+        "mode": plan.mode,
+        "prefix": prefix,
+        "rules": len(policy.rules),
+        "simple": len(policy.simple_indices),
+        "complex": len(policy.complex_indices),
+        "entries": plan.n,
+        "shunting_entries": int(plan.shunt[:-1].sum()),
+        "intervals": plan.num_intervals,
+        "files": sorted([*files, "manifest.json"]),
+        "skipped": skipped,
+    }
+    files["manifest.json"] = json.dumps(manifest, indent=1) + "\n"
+    out = Path(out)
+    parent = out.resolve().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
+    try:
+        for name, text in files.items():
+            f = tmp / name
+            f.parent.mkdir(parents=True, exist_ok=True)
+            f.write_text(text)
+        old = None
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=parent))
+            os.rename(out, old / "d")
+        os.rename(tmp, out)
+        if old:
+            shutil.rmtree(old)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load_config(args)
+    policy = load_policy(args, config)
+    m = compile_to(policy, config, Path(args.output), args.mode, args.prefix)
+    print(
+        f"{args.output}: {m['rules']} rules ({m['simple']} simple, {m['complex']} complex), mode {m['mode']}, "
+        f"{m['shunting_entries']} shunting entries, {m['intervals']} intervals, {len(m['files'])} files"
+    )
+    for f, why in m["skipped"].items():
+        print(f"  skipped {f}: {why}")
+    return 0

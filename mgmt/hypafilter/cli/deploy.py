@@ -1,0 +1,119 @@
+"""`hypafilter deploy|update|undeploy|status`: put a policy on the target, change it, remove it, show it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from hypafilter.cli.common import add_policy_args, load_config, load_policy
+from hypafilter.errors import HypafilterError
+
+
+def _log(args: argparse.Namespace):
+    if getattr(args, "quiet", False):
+        return lambda s: None
+    return lambda s: print(f"hypafilter: {s}", file=sys.stderr)
+
+
+def _config(args: argparse.Namespace):
+    cfg = load_config(args)
+    if args.strategy:
+        cfg.strategy = args.strategy
+    if args.mode:
+        cfg.shunt_mode = args.mode
+    cfg.validate("command line")
+    return cfg
+
+
+def _summary(state: dict) -> dict:
+    keys = ("policy_hash", "policy_source", "generation", "mode", "strategy", "partition", "main_chain")
+    out = {k: state.get(k) for k in keys}
+    last = (state.get("history") or [{}])[-1]
+    out["duration_s"] = last.get("duration_s")
+    out["steps"] = last.get("steps")
+    return out
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    from hypafilter.ops import deploy  # noqa: PLC0415
+
+    if args.command == "update" and not deploy.read_state():
+        raise HypafilterError("nothing is deployed: use `hypafilter deploy`")
+    cfg = _config(args)
+    policy = load_policy(args, cfg)
+    state = deploy.deploy(policy, cfg, target=args.target, force=args.force, log=_log(args))
+    print(json.dumps(_summary(state), indent=None if args.json else 1))
+    return 0
+
+
+def cmd_undeploy(args: argparse.Namespace) -> int:
+    from hypafilter.ops import deploy  # noqa: PLC0415
+
+    if not deploy.undeploy(log=_log(args)):
+        print("hypafilter: nothing deployed", file=sys.stderr)
+    return 0
+
+
+def _fmt_status(st: dict) -> str:
+    if not st.get("deployed"):
+        return "nothing deployed"
+    p = st.get("partition", {})
+    lines = [
+        f"policy   {st['policy_source']} (hash {st['policy_hash'][:16]}), generation {st['generation']}",
+        f"rules    {p.get('rules')} ({p.get('simple')} simple, {p.get('complex')} complex), "
+        f"{p.get('entries')} hardware entries, {p.get('shunted_entries')} shunted; "
+        f"mode {st['mode']}, strategy {st['strategy']}",
+        f"nic      {st['nic'].get('name')} pid {st['nic'].get('pid')}",
+    ]
+    nc = st.get("nic_counters") or {}
+    if "error" in nc:
+        lines.append(f"hardware unreachable: {nc['error']}")
+    else:
+        lines.append(
+            f"hardware in {nc.get('PKTIN')} frames: forwarded {nc.get('CNT_FORWARDED')}, dropped {nc.get('CNT_DROPPED')}, "
+            f"shunted: may-overrule {nc.get('CNT_SHUNT_OVERRULE')}, policy {nc.get('CNT_SHUNT_POLICY')}, "
+            f"unparsed {nc.get('CNT_SHUNT_UNPARSED')}, forced {nc.get('CNT_SHUNT_FORCED')}; "
+            f"from host {nc.get('CNT_FROM_HOST')}, fifo drops {nc.get('CNT_FIFO_DROP')}"
+        )
+    ss = st.get("shim_stats") or {}
+    lines.append("shim     " + ", ".join(f"{k}={v}" for k, v in ss.items() if not isinstance(v, dict)))
+    for chain, rules in sorted((st.get("netfilter") or {}).items()):
+        if isinstance(rules, list):
+            lines.append(f"chain    {chain}: {len(rules)} rules")
+            for r in rules:
+                if r["packets"]:
+                    lines.append(f"  {r['packets']:>8} pkts  {r['rule']}")
+    last = (st.get("history") or [{}])[-1]
+    lines.append(f"last     {last.get('kind', last.get('result'))} took {last.get('duration_s')}s")
+    return "\n".join(lines)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from hypafilter.ops import deploy  # noqa: PLC0415
+
+    st = deploy.status()
+    print(json.dumps(st, indent=1, default=str) if args.json else _fmt_status(st))
+    return 0
+
+
+def register(sub) -> None:
+    for name, help_ in (
+        ("deploy", "compile, build and load a policy on the target (all or nothing)"),
+        ("update", "replace the deployed policy, make-before-break"),
+    ):
+        p = sub.add_parser(name, help=help_)
+        add_policy_args(p)
+        p.add_argument("--target", default="emu", choices=("emu",), help="where to deploy (default emu)")
+        p.add_argument("--strategy", choices=("full", "cut", "hsa_cut", "interval"), help="software strategy")
+        p.add_argument("--mode", choices=("index", "selective", "exact"), help="shunting mode")
+        p.add_argument("--force", action="store_true", help="redeploy even if this policy is deployed")
+        p.add_argument("--json", action="store_true", help="one-line JSON summary")
+        p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+        p.set_defaults(func=cmd_deploy)
+    p = sub.add_parser("undeploy", help="remove the deployment (NIC, chains, shim)")
+    p.add_argument("-q", "--quiet", action="store_true")
+    p.set_defaults(func=cmd_undeploy)
+    p = sub.add_parser("status", help="what is deployed, with live counters")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_status)

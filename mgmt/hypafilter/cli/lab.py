@@ -1,0 +1,40 @@
+"""`hypafilter lab up|down|status`: the reference network-namespace topology (see hypafilter.lab)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(sub) -> None:
+    p = sub.add_parser("lab", help="create, remove or show the reference namespace topology")
+    p.add_argument("action", choices=("up", "down", "status"))
+    p.add_argument("--name", default="hf", help="lab name: namespaces are NAME-send, NAME-nic, ... (default hf)")
+    p.add_argument("--json", action="store_true", help="status as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from hypafilter.ops.lab import ROLES, Lab  # noqa: PLC0415
+
+    lab = Lab(args.name)
+    if args.action == "up":
+        lab.up()
+        print(f"lab {args.name}: up ({', '.join(lab.ns(r) for r in ROLES)})")
+        return 0
+    if args.action == "down":
+        removed = lab.down()
+        print(f"lab {args.name}: removed {', '.join(removed)}" if removed else f"lab {args.name}: nothing to remove")
+        return 0
+    st = lab.status()
+    if args.json:
+        print(json.dumps(st, indent=2))
+    else:
+        print(f"lab {args.name}: {'complete' if st['complete'] else 'incomplete or absent'}")
+        for ns, links in st["namespaces"].items():
+            print(f"  {ns}")
+            for ifname, info in links.items():
+                addrs = " ".join(info["ipv4"])
+                master = f" master {info['master']}" if info["master"] else ""
+                print(f"    {ifname:8} {info['state']:8} mtu {info['mtu']}{master} {addrs}".rstrip())
+    return 0 if st["complete"] else 1

@@ -1,0 +1,55 @@
+"""`hypafilter lint POLICY`: validate a policy and summarise its partition into simple and complex rules."""
+
+from __future__ import annotations
+
+import argparse
+
+from hypafilter.cli.common import add_policy_args, load_config, load_policy
+from hypafilter.iptables.canonical import format_tokens
+from hypafilter.ir.types import HW_TARGETS, Rule
+
+
+def complex_reasons(rule: Rule) -> list[str]:
+    """Why a flattened rule cannot be decided by the hardware alone (empty for simple rules)."""
+    reasons = []
+    for group in rule.complex:
+        if group[:1] == ("-m",) or group[:2] == ("!", "-m"):
+            reasons.append(f"match {format_tokens(group)}")
+        else:
+            reasons.append(f"check {format_tokens(group)}")
+    if rule.target not in HW_TARGETS:
+        reasons.append(f"target {rule.target}" if rule.target else "no target (stateful match only)")
+    if rule.approximate:
+        reasons.append("behind a complex RETURN/goto guard in a user chain")
+    return reasons
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load_config(args)
+    policy = load_policy(args, config)
+    rules = policy.rules
+    n_simple = len(policy.simple_indices)
+    print(f"{policy.source}: chain {policy.base_chain}, policy {policy.default}")
+    print(
+        f"{len(policy.original_rules)} rules in {policy.base_chain}, {len(policy.user_chains)} user chains reachable; "
+        f"flattened: {len(rules)} rules, {n_simple} simple, {len(rules) - n_simple} complex"
+    )
+    for i in policy.complex_indices:
+        r = rules[i]
+        where = f"{r.origin.file}:{r.origin.line}" if r.origin else "?"
+        chain = f" (chain {r.origin.chain})" if r.origin and r.origin.chain != policy.base_chain else ""
+        print(f"  #{i} {where}{chain}: complex: {'; '.join(complex_reasons(r))}")
+    if args.verbose:
+        for i, r in enumerate(rules):
+            kind = "simple " if r.is_simple else "complex"
+            print(
+                f"  #{i} {kind} {len(r.boxes)} box(es) -> {r.target or '(none)'}: {r.origin.text if r.origin else ''}"
+            )
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("lint", help="validate a policy (no files written)", description=__doc__)
+    add_policy_args(p)
+    p.add_argument("-v", "--verbose", action="store_true", help="list every flattened rule")
+    p.set_defaults(func=run)

@@ -1,0 +1,86 @@
+"""`hypafilter synth`: resource and timing estimates of the generated core (yosys), or a Vivado project script."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+from hypafilter.cli.common import add_policy_args, load_config, load_policy
+
+
+def register(sub) -> None:
+    p = sub.add_parser("synth", help="synthesis estimate of the generated hardware (yosys) or Vivado Tcl")
+    add_policy_args(p)
+    p.add_argument("--tool", choices=("yosys", "vivado"), default="yosys", help="yosys estimate or Vivado script")
+    p.add_argument("--json", action="store_true", help="print the estimate as JSON")
+    p.add_argument("--width", type=int, choices=(256, 512), default=256, help="TDATA width (default 256)")
+    p.add_argument("--fanin", type=int, default=8, help="priority encoder fan-in (default 8)")
+    p.add_argument("--fifo-bytes", type=int, default=65536, help="packet FIFO size (default 64 kB)")
+    p.add_argument("--matcher-only", action="store_true", help="skip the whole-core estimate")
+    p.add_argument(
+        "--slices",
+        type=int,
+        metavar="M",
+        help="estimate the matcher as the sum of separately synthesised slices of M entries (an upper bound; "
+        "default and 0: the whole matcher)",
+    )
+    p.add_argument(
+        "--encoder",
+        choices=("auto", "whole", "subtrees"),
+        default="auto",
+        help="encoder estimate: whole, or the subtrees under its last stage plus a bound of that stage "
+        "(default: whole up to a 4096-wide tree)",
+    )
+    p.add_argument("--out", metavar="DIR", help="build folder (default: a temporary folder; vivado: build/vivado)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from hypafilter.hw import synth  # noqa: PLC0415
+    from hypafilter.hw import vhdl as hwgen
+
+    config = load_config(args)
+    policy = load_policy(args, config)
+    plan = hwgen.hw_plan(policy, config)
+    if args.tool == "vivado":
+        out = Path(args.out or "build/vivado")
+        tcl = synth.vivado_project(plan, out, args.width, args.fanin, args.fifo_bytes)
+        rc = synth.run_vivado(tcl)
+        if rc is None:
+            print(f"wrote {tcl}; vivado is not on PATH, so nothing was built (run: vivado -mode batch -source {tcl})")
+            return 0
+        return rc
+    with tempfile.TemporaryDirectory(prefix="hf-synth-") as tmp:
+        out = Path(args.out) if args.out else Path(tmp)
+        est = synth.estimate(
+            plan,
+            out,
+            args.width,
+            args.fanin,
+            args.fifo_bytes,
+            core=not args.matcher_only,
+            slices=args.slices,
+            encoder_split={"auto": None, "whole": False, "subtrees": True}[args.encoder],
+        )
+    if args.json:
+        print(json.dumps(est, indent=2))
+    else:
+        me, how = est["matcher_encoder"], est["method"]
+        print(
+            f"{est['entries']} entries: matcher+encoder {me['LUT']} LUT, {me['FF']} FF, {me['CARRY4']} CARRY4, "
+            f"max {me['max_lut_levels']} LUT levels, {me['pipeline_cycles']} cycles"
+        )
+        if how["matcher"] == "slices":
+            print(f"matcher estimated as the sum of {how['slices']} slices of <= {how['slice_entries']} entries")
+            print(f"  ({how['note']})")
+        if how["encoder"] == "subtrees":
+            print(f"  ({how['encoder_note']})")
+        if "core" in est:
+            c = est["core"]
+            print(
+                f"whole core: {c['LUT']} LUT, {c['FF']} FF, {c['BRAM36']} BRAM36 + {c['BRAM18']} BRAM18, "
+                f"max {c['max_lut_levels']} LUT levels"
+            )
+    return 0

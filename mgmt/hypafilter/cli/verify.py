@@ -1,0 +1,52 @@
+"""`hypafilter verify`: the same frames through the hybrid path and the original policy alone; verdicts compared."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from hypafilter.cli.common import add_policy_args, load_config, load_policy
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from hypafilter.ops.verify import verify  # noqa: PLC0415
+
+    cfg = load_config(args)
+    if args.strategy:
+        cfg.strategy = args.strategy
+    if args.mode:
+        cfg.shunt_mode = args.mode
+    cfg.validate("command line")
+    policy = load_policy(args, cfg)
+    log = (lambda s: None) if args.json else (lambda s: print(f"hypafilter: {s}", file=sys.stderr))
+    report = verify(
+        policy,
+        cfg,
+        packets=args.packets,
+        trace=args.trace,
+        seed=args.seed,
+        malformed=args.malformed,
+        log=log,
+    )
+    if args.json:
+        print(json.dumps(report))
+    else:
+        keep = ("packets", "mismatches", "shunted", "hw_forwarded", "hw_dropped", "delivered_oracle", "duplicates")
+        print(json.dumps({k: report[k] for k in keep}))
+        for ex in report["examples"]:
+            print(f"mismatch: {json.dumps(ex)}", file=sys.stderr)
+    return 1 if report["mismatches"] else 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("verify", help="compare the hybrid path with the original policy alone (the kernel as oracle)")
+    add_policy_args(p)
+    p.add_argument("--trace", metavar="T[.gz]", help="ClassBench header trace to draw headers from")
+    p.add_argument("--packets", type=int, default=1000, help="frames to send (default 1000)")
+    p.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
+    p.add_argument("--malformed", type=float, default=0.1, help="share of malformed frames (default 0.1)")
+    p.add_argument("--strategy", choices=("full", "cut", "hsa_cut", "interval"), help="software strategy")
+    p.add_argument("--mode", choices=("index", "selective", "exact"), help="shunting mode")
+    p.add_argument("--json", action="store_true", help="the full report as one JSON object")
+    p.set_defaults(func=cmd_verify)

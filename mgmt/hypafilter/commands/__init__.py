@@ -1,1 +1,0 @@
-"""CLI subcommands: every module here that defines `register(subparsers)` adds its commands."""

@@ -1,0 +1,478 @@
+"""Synthesis estimates of the generated core (GHDL synth -> Verilog -> yosys synth_xilinx) and Vivado project Tcl."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from hypafilter.errors import HypafilterError
+from hypafilter.hw import vhdl as hwgen
+from hypafilter.paths import ROOT
+
+VIVADO_TEMPLATES = ROOT / "scripts" / "vivado"
+XDC = ROOT / "constraints" / "nf_sume_hypafilter.xdc"
+PART = "xc7vx690t-3-ffg1761"
+LUTS = {f"LUT{i}" for i in range(1, 7)}
+FFS = {"FDRE", "FDSE", "FDCE", "FDPE"}
+SYNC_RAMS = {"RAMB18E1", "RAMB36E1"}
+# The matcher is synthesised whole unless slices are asked for: at 9,809 entries (acl1_10k) yosys 0.23 needs about
+# 390 s of CPU for it; ten slices took about twice as long in all and only bound it, loosely (+56 % LUTs on
+# acl1_1100 in four slices: comparators shared across slices are repeated in each).
+# The encoder is synthesised whole while its padded tree is at most this wide (the 1,100-entry sets: 4,096).
+# GHDL writes every stage as a register of WIDE x IDX_W bits, and yosys 0.23's proc_dff did not get through the
+# five 458,752-bit registers of the 9,809-entry encoder in 15 minutes; wider trees are estimated by subtrees.
+ENC_WHOLE_WIDE = 4096
+# Sources each estimated part needs (packages first); the rest of the core is not analysed for it.
+_PART_SOURCES = {
+    "hf_matcher": ("hf_regs_pkg.vhd", "hf_policy_pkg.vhd", "hf_pkg.vhd", "hf_matcher.vhd"),
+    "hf_prio_enc": ("hf_pkg.vhd", "hf_prio_enc.vhd"),
+}
+
+
+def _run(cmd: list[str], cwd: Path, what: str) -> str:
+    r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise HypafilterError(f"{what} failed ({' '.join(cmd[:3])} ...): {(r.stderr or r.stdout)[-2000:]}")
+    return r.stdout
+
+
+def _need(tool: str) -> None:
+    if shutil.which(tool) is None:
+        raise HypafilterError(f"'{tool}' is not installed (scripts/setup.sh sim installs it)")
+
+
+def ghdl_verilog(
+    plan,
+    out_dir: Path,
+    tdata_width: int = 256,
+    fifo_bytes: int = 65536,
+    encoder_fanin: int = 8,
+    top: str = "hypafilter_core",
+    generics: dict | None = None,
+) -> Path:
+    """Render the plan, analyse every source with GHDL and write the Verilog of `top` to out_dir/<top>.v."""
+    _need("ghdl")
+    out_dir = Path(out_dir).resolve()
+    gen = out_dir / "gen"
+    hwgen.render(plan, gen, tdata_width=tdata_width, encoder_fanin=encoder_fanin)
+    work = out_dir / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    _run(["ghdl", "-a", "--std=08", f"--workdir={work}", *map(str, hwgen.sources(gen))], out_dir, "GHDL analysis")
+    if generics is None:
+        generics = (
+            {"C_S_AXIS_DATA_WIDTH": tdata_width, "C_FIFO_DEPTH_BYTES": fifo_bytes} if top == "hypafilter_core" else {}
+        )
+    gargs = [f"-g{k}={v}" for k, v in generics.items()]
+    text = _run(
+        ["ghdl", "--synth", "--std=08", f"--workdir={work}", *gargs, "--out=verilog", top], out_dir, "GHDL synthesis"
+    )
+    v = out_dir / f"{top}.v"
+    v.write_text(text)
+    return v
+
+
+def ghdl_part_verilog(gen: Path, top: str, out_dir: Path, generics: dict | None = None) -> Path:
+    """Verilog of the matcher or the encoder from a rendered build folder `gen`, written to out_dir/<top>.v.
+
+    GHDL synthesises from the few files the part needs, without analysing (and code-generating) the rest of the
+    core: the netlist is the one ghdl_verilog gives, in seconds instead of a minute at 10k entries.
+    """
+    _need("ghdl")
+    out_dir = Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = [str(f) for f in hwgen.sources(gen) if f.name in _PART_SOURCES[top]]
+    gargs = [f"-g{k}={v}" for k, v in (generics or {}).items()]
+    text = _run(
+        ["ghdl", "--synth", "--std=08", f"--workdir={out_dir}", *gargs, "--out=verilog", *files, "-e", top],
+        out_dir,
+        "GHDL synthesis",
+    )
+    v = out_dir / f"{top}.v"
+    v.write_text(text)
+    return v
+
+
+def slice_ranges(n: int, size: int) -> list[tuple[int, int]]:
+    """[lo, hi) entry ranges of at most `size` entries covering 0..n, as even as possible."""
+    if size < 1:
+        raise HypafilterError("slice size must be at least 1")
+    count = max(1, -(-n // size))
+    bounds = [n * i // count for i in range(count + 1)]
+    return list(zip(bounds, bounds[1:], strict=False))
+
+
+def _renumber(texts: list[str], name: str) -> tuple[list[int], list[str]]:
+    """The indices of `name(i)` referenced in texts (ascending) and the texts with them renumbered 0, 1, ..."""
+    pat = re.compile(rf"\b{name}\((\d+)\)")
+    used = sorted({int(i) for t in texts for i in pat.findall(t)})
+    new = {old: k for k, old in enumerate(used)}
+    return used, [pat.sub(lambda mo: f"{name}({new[int(mo.group(1))]})", t) for t in texts]
+
+
+def matcher_slice_source(m: dict, lo: int, hi: int) -> dict:
+    """Template variables of a matcher holding entries lo..hi-1 of the matcher `m` (hwgen.matcher_source).
+
+    The slice keeps the whole matcher's shape (box stage, latency) and exactly the comparators and boxes its
+    entries use, so the slices of a matcher together hold every match unit once and every comparator at least once.
+    """
+    entries = m["entries"][lo:hi]
+    boxes: list[str] = []
+    if m["box_stage"]:
+        box_ids, entries = _renumber(entries, "box")
+        boxes = [m["boxes"][j] for j in box_ids]
+    cmp_ids, texts = _renumber(entries + boxes, "cmp")
+    return {
+        "comparators": [m["comparators"][k] for k in cmp_ids],
+        "entries": texts[: len(entries)],
+        "boxes": texts[len(entries) :],
+        "nboxes": len(boxes),
+        "box_stage": m["box_stage"],
+        "match_latency": m["match_latency"],
+    }
+
+
+def render_matcher_slice(plan, m: dict, lo: int, hi: int, gen: Path, tdata_width: int, encoder_fanin: int) -> Path:
+    """Render a build folder whose hf_matcher holds entries lo..hi-1 only (packages sized for hi - lo entries)."""
+    k = hi - lo
+    default = int(plan.actions[-1])
+    sub = hwgen.HwPlan(list(plan.entries[lo:hi]), [0] * (k + 1), [default] * (k + 1), plan.policy_hash)
+    hwgen.render(sub, gen, tdata_width=tdata_width, encoder_fanin=encoder_fanin)
+    origin = f"policy {plan.policy_hash}, entries {lo}..{hi - 1} (synthesis estimate slice)"
+    env_vars = {"origin": origin, "n": k, "res_width": max(k, 1)}
+    text = (
+        hwgen.template_env().get_template("hf_matcher.vhd.j2").render({**env_vars, **matcher_slice_source(m, lo, hi)})
+    )
+    (Path(gen) / "hf_matcher.vhd").write_text(text)
+    return Path(gen)
+
+
+def _stat_counts(cells: dict) -> dict[str, int]:
+    kinds: dict[str, int] = defaultdict(int)
+    for c in cells.values():
+        kinds[c["type"]] += 1
+    return dict(kinds)
+
+
+def _lut_depths(module: dict) -> dict[str, int]:
+    """Deepest chain of LUTs ending at each register (grouped by the register's signal name), register to register.
+
+    FFs and block RAMs (registered reads) cut paths; CARRY4 and MUXF7/8 pass depth through without adding a level.
+    """
+    cells = module["cells"]
+    driver: dict[int, tuple[str, dict]] = {}
+    for name, c in cells.items():
+        for port, bits in c["connections"].items():
+            if c.get("port_directions", {}).get(port) == "output":
+                for b in bits:
+                    if isinstance(b, int):
+                        driver[b] = (name, c)
+    names: dict[int, str] = {}
+    for nname, n in module["netnames"].items():
+        if n.get("hide_name"):
+            continue
+        for b in n["bits"]:
+            if isinstance(b, int) and (b not in names or len(nname) < len(names[b])):
+                names[b] = nname
+    memo: dict[int, int] = {}
+
+    def depth(bit) -> int:
+        if not isinstance(bit, int):
+            return 0
+        stack = [bit]
+        while stack:
+            b = stack[-1]
+            if b in memo:
+                stack.pop()
+                continue
+            d = driver.get(b)
+            if d is None or d[1]["type"] in FFS or d[1]["type"] in SYNC_RAMS:
+                memo[b] = 0
+                stack.pop()
+                continue
+            c = d[1]
+            ins = [
+                x
+                for p, bits in c["connections"].items()
+                if c["port_directions"].get(p) == "input"
+                for x in bits
+                if isinstance(x, int)
+            ]
+            todo = [x for x in ins if x not in memo]
+            if todo:
+                stack.extend(todo)
+                continue
+            memo[b] = max((memo[x] for x in ins), default=0) + (1 if c["type"] in LUTS else 0)
+            stack.pop()
+        return memo[bit]
+
+    stages: dict[str, int] = defaultdict(int)
+    for c in cells.values():
+        if c["type"] in FFS or c["type"] in SYNC_RAMS:
+            qs = [b for p, bits in c["connections"].items() if c["port_directions"].get(p) == "output" for b in bits]
+            label = names.get(qs[0], "?") if qs else "?"
+            label = re.sub(r"\[\d+\]$", "", label.lstrip("\\"))
+            d = max(
+                (
+                    depth(b)
+                    for p, bits in c["connections"].items()
+                    if c["port_directions"].get(p) == "input" and p not in ("C", "CLKARDCLK", "CLKBWRCLK")
+                    for b in bits
+                ),
+                default=0,
+            )
+            stages[label] = max(stages[label], d)
+    return dict(stages)
+
+
+def yosys_estimate(verilog: Path, top: str, work: Path) -> dict:
+    """yosys synth_xilinx -family xc7 on one Verilog file: cell counts and LUT depth per register group."""
+    _need("yosys")
+    net = work / f"{top}.json"
+    script = f"read_verilog {verilog}; synth_xilinx -family xc7 -top {top} -flatten; write_json {net}"
+    _run(["yosys", "-q", "-p", script], work, "yosys")
+    module = json.loads(net.read_text())["modules"][top]
+    kinds = _stat_counts(module["cells"])
+    stages = _lut_depths(module)
+    luts = sum(v for k, v in kinds.items() if k in LUTS)
+    lutram = sum(v for k, v in kinds.items() if k.startswith("RAM") and k not in SYNC_RAMS)
+    deepest = sorted(stages.items(), key=lambda kv: -kv[1])[:8]
+    return {
+        "LUT": luts,
+        "LUTRAM_cells": lutram,
+        "FF": sum(v for k, v in kinds.items() if k in FFS),
+        "CARRY4": kinds.get("CARRY4", 0),
+        "BRAM36": kinds.get("RAMB36E1", 0),
+        "BRAM18": kinds.get("RAMB18E1", 0),
+        "MUXF7_8": kinds.get("MUXF7", 0) + kinds.get("MUXF8", 0),
+        "max_lut_levels": max(stages.values(), default=0),
+        "deepest_stages": dict(deepest),
+        "cells": kinds,
+    }
+
+
+_SUMMED = ("LUT", "LUTRAM_cells", "FF", "CARRY4", "BRAM36", "BRAM18", "MUXF7_8")
+
+
+def _sum_estimates(parts: list[dict]) -> dict:
+    """Resources of several separately synthesised netlists: counts add up, LUT depth is the deepest of any."""
+    total: dict = {k: sum(p[k] for p in parts) for k in _SUMMED}
+    total["max_lut_levels"] = max((p["max_lut_levels"] for p in parts), default=0)
+    stages: dict[str, int] = {}
+    for p in parts:
+        for label, d in p["deepest_stages"].items():
+            stages[label] = max(stages.get(label, 0), d)
+    total["deepest_stages"] = dict(sorted(stages.items(), key=lambda kv: -kv[1])[:8])
+    cells: dict[str, int] = defaultdict(int)
+    for p in parts:
+        for kind, c in p.get("cells", {}).items():
+            cells[kind] += c
+    total["cells"] = dict(cells)
+    return total
+
+
+def slice_size_for(n: int, slices: int | None) -> int:
+    """Entries per matcher slice: `slices` when given, 0 (the whole matcher) when not or when one slice holds all."""
+    if slices is None:
+        return 0
+    if slices < 0:
+        raise HypafilterError(f"--slices must be 0 (whole matcher) or a number of entries, not {slices}")
+    return 0 if slices >= n else slices
+
+
+def matcher_estimate(plan, out_dir: Path, gen: Path, tdata_width: int, encoder_fanin: int, size: int) -> dict:
+    """yosys estimate of the matcher: the whole matcher when size == 0, else the sum over slices of `size` entries."""
+    t0 = time.monotonic()
+    n = len(plan.entries)
+    mdir = Path(out_dir) / "matcher"
+    if size == 0:
+        est = yosys_estimate(ghdl_part_verilog(gen, "hf_matcher", mdir), "hf_matcher", mdir)
+        est["method"] = "whole"
+    else:
+        m = hwgen.matcher_source(plan)
+        parts, rows = [], []
+        for i, (lo, hi) in enumerate(slice_ranges(n, size)):
+            t1 = time.monotonic()
+            sdir = mdir / f"slice{i:03d}"
+            sgen = render_matcher_slice(plan, m, lo, hi, sdir / "gen", tdata_width, encoder_fanin)
+            e = yosys_estimate(ghdl_part_verilog(sgen, "hf_matcher", sdir), "hf_matcher", sdir)
+            parts.append(e)
+            rows.append({"entries": [lo, hi], **_row(e), "seconds": round(time.monotonic() - t1, 1)})
+        est = _sum_estimates(parts)
+        est["method"] = "slices"
+        est["slice_entries"] = size
+        est["slices"] = rows
+    est["seconds"] = round(time.monotonic() - t0, 1)
+    return est
+
+
+def _clog2(x: int) -> int:
+    return max(0, (x - 1).bit_length())
+
+
+def top_stage_bound(groups: int, fanin: int, sub_stages: int) -> dict:
+    """Upper bound of the last encoder stage, which picks the first valid of `groups` (valid, index) pairs.
+
+    Every index bit below the group number is a priority mux: a LUT6 takes three (valid, bit) pairs, each further
+    LUT6 takes the previous result, "one of the earlier groups was valid" (one LUT per step, shared by all bits)
+    and two more pairs. The group-number bits and `any` are functions of the valid bits alone (one LUT6 up to six
+    groups, three LUTs up to eleven, as wide as FANIN goes at 8).
+    """
+    if not 2 <= groups <= fanin:
+        raise ValueError("the top stage combines 2..FANIN groups")
+    low = _clog2(fanin) * sub_stages  # index bits coming from the subtrees
+    high = _clog2(groups)  # bits of the group number (the rest are constant 0)
+    chain = 1 if groups <= 3 else 1 + -(-(groups - 3) // 2)
+    per_valid = 1 if groups <= 6 else 3
+    return {
+        "LUT": low * chain + (chain - 1) + high * per_valid + per_valid,
+        "FF": 1 + low + high,
+        "max_lut_levels": max(chain, 1 if groups <= 6 else 2),
+    }
+
+
+def encoder_estimate(out_dir: Path, gen: Path, n_in: int, fanin: int, idx_w: int, split: bool | None = None) -> dict:
+    """yosys estimate of the priority encoder: whole, or (split, default when wider than ENC_WHOLE_WIDE) the sum of
+    the subtrees under the last stage, each a real hf_prio_enc, plus an upper bound of the last stage."""
+    t0 = time.monotonic()
+    edir = Path(out_dir) / "encoder"
+    stages = hwgen.enc_stages(n_in, fanin)
+    if split is None:
+        split = fanin**stages > ENC_WHOLE_WIDE
+    if not split or stages < 2:
+        v = ghdl_part_verilog(gen, "hf_prio_enc", edir, {"N_IN": n_in, "FANIN": fanin, "IDX_W": idx_w})
+        est = yosys_estimate(v, "hf_prio_enc", edir)
+        est["method"] = "whole"
+        est["seconds"] = round(time.monotonic() - t0, 1)
+        return est
+    sub = fanin ** (stages - 1)
+    full, rest = divmod(n_in, sub)
+    # a short last subtree still runs through stages - 1 stages in the real tree: give it enough inputs to get them
+    # (the extra inputs are live ports here, constant 0 in the core, so this can only overestimate)
+    sizes = [sub] * full + ([max(rest, fanin ** (stages - 2) + 1)] if rest else [])
+    done: dict[int, dict] = {}
+    for size in sorted(set(sizes)):
+        sdir = edir / f"subtree{size}"
+        v = ghdl_part_verilog(gen, "hf_prio_enc", sdir, {"N_IN": size, "FANIN": fanin, "IDX_W": idx_w})
+        done[size] = yosys_estimate(v, "hf_prio_enc", sdir)
+    top = top_stage_bound(len(sizes), fanin, stages - 1)
+    top_part = {k: 0 for k in _SUMMED} | {
+        "LUT": top["LUT"],
+        "FF": top["FF"],
+        "max_lut_levels": top["max_lut_levels"],
+        "deepest_stages": {"last stage (bound)": top["max_lut_levels"]},
+    }
+    est = _sum_estimates([done[size] for size in sizes] + [top_part])
+    est["method"] = "subtrees"
+    est["subtrees"] = [{"inputs": size, "count": sizes.count(size), **_row(done[size])} for size in sorted(done)]
+    est["last_stage_bound"] = {"groups": len(sizes), **top}
+    est["seconds"] = round(time.monotonic() - t0, 1)
+    return est
+
+
+def _row(e: dict) -> dict:
+    return {k: e[k] for k in ("LUT", "FF", "CARRY4", "max_lut_levels")}
+
+
+def estimate(
+    plan,
+    out_dir: Path,
+    tdata_width: int = 256,
+    encoder_fanin: int = 8,
+    fifo_bytes: int = 65536,
+    core: bool = True,
+    slices: int | None = None,
+    encoder_split: bool | None = None,
+) -> dict:
+    """Estimates for matcher+encoder (the policy-specific part) and, when `core`, for the whole core.
+
+    slices: entries per matcher slice (see slice_size_for). A sliced estimate is the sum of the slices, an upper
+    bound of the whole matcher: comparators that entries of different slices share are counted in each slice.
+    encoder_split: estimate the encoder by subtrees (True), whole (False) or by its width (None; encoder_estimate).
+    """
+    from hypafilter.hw.vhdl import enc_stages, matcher_source  # noqa: PLC0415
+
+    out_dir = Path(out_dir).resolve()
+    n = len(plan.entries)
+    res_w = max(n, 1)
+    idx_w = max(1, (n).bit_length()) if n else 1
+    size = slice_size_for(n, slices)
+    method: dict = {"matcher": "slices" if size else "whole", "encoder": "whole"}
+    if size:
+        method["slice_entries"] = size
+        method["slices"] = len(slice_ranges(n, size))
+        method["note"] = (
+            "matcher = sum of separately synthesised slices: an upper bound (comparators shared by entries of "
+            "different slices are counted once per slice); LUT levels = deepest slice"
+        )
+    result: dict = {
+        "entries": n,
+        "policy_hash": plan.policy_hash,
+        "tdata_width": tdata_width,
+        "encoder_fanin": encoder_fanin,
+        "tool": "yosys synth_xilinx -family xc7 (GHDL synth -> Verilog)",
+        "method": method,
+    }
+    m_lat = matcher_source(plan)["match_latency"]
+    e_lat = enc_stages(res_w, encoder_fanin)
+    gen = out_dir / "gen"
+    hwgen.render(plan, gen, tdata_width=tdata_width, encoder_fanin=encoder_fanin)
+    parts = {"matcher": matcher_estimate(plan, out_dir, gen, tdata_width, encoder_fanin, size)}
+    parts["encoder"] = encoder_estimate(out_dir, gen, res_w, encoder_fanin, idx_w, encoder_split)
+    method["encoder"] = parts["encoder"]["method"]
+    if method["encoder"] == "subtrees":
+        method["encoder_note"] = (
+            "encoder = sum of the synthesised subtrees under its last stage (each a real hf_prio_enc) plus an "
+            "upper bound of the last stage (last_stage_bound), not a synthesis result"
+        )
+    me = {k: parts["matcher"][k] + parts["encoder"][k] for k in ("LUT", "FF", "CARRY4", "BRAM36", "BRAM18")}
+    me["max_lut_levels"] = max(parts["matcher"]["max_lut_levels"], parts["encoder"]["max_lut_levels"])
+    me["pipeline_cycles"] = m_lat + e_lat
+    result["matcher_encoder"] = me
+    result["matcher"] = parts["matcher"]
+    result["encoder"] = parts["encoder"]
+    if core:
+        t0 = time.monotonic()
+        cdir = out_dir / "core"
+        v = ghdl_verilog(plan, cdir, tdata_width, fifo_bytes, encoder_fanin)
+        result["core"] = yosys_estimate(v, "hypafilter_core", cdir)
+        result["core"]["seconds"] = round(time.monotonic() - t0, 1)
+    for part in ("matcher", "encoder", "core"):
+        if part in result:
+            result[part].pop("cells", None)
+    return result
+
+
+def vivado_project(
+    plan, out_dir: Path, tdata_width: int = 256, encoder_fanin: int = 8, fifo_bytes: int = 65536
+) -> Path:
+    """Write the sources and a Vivado batch Tcl script (synthesis + implementation + timing/utilisation reports)."""
+    out_dir = Path(out_dir).resolve()
+    gen = out_dir / "gen"
+    hwgen.render(plan, gen, tdata_width=tdata_width, encoder_fanin=encoder_fanin)
+    tmpl = (VIVADO_TEMPLATES / "hypafilter_core.tcl.in").read_text()
+    files = "\n".join(f"  {{{p}}}" for p in hwgen.sources(gen))
+    tcl = (
+        tmpl.replace("@PART@", PART)
+        .replace("@SOURCES@", files)
+        .replace("@XDC@", str(XDC))
+        .replace("@OUT@", str(out_dir))
+        .replace("@WIDTH@", str(tdata_width))
+        .replace("@FIFO@", str(fifo_bytes))
+    )
+    path = out_dir / "hypafilter_core.tcl"
+    path.write_text(tcl)
+    return path
+
+
+def run_vivado(tcl: Path) -> int | None:
+    """Run Vivado in batch mode on the script; None when Vivado is not on PATH."""
+    if shutil.which("vivado") is None:
+        return None
+    r = subprocess.run(["vivado", "-mode", "batch", "-source", str(tcl)], cwd=tcl.parent, stdout=sys.stderr)
+    return r.returncode

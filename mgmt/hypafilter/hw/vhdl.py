@@ -1,0 +1,273 @@
+"""Renders the rule-set-specific VHDL (matcher and policy package) from a Plan, and lists the core's sources."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from hypafilter.hw import regmap
+from hypafilter.ir.types import ACTION_DROP, MAXV, WIDTHS, Box, Policy
+from hypafilter.paths import HW_DIR
+
+TEMPLATES = HW_DIR / "templates"
+CHUNK = 8  # equality tests are split into 8-bit chunks so that prefixes share comparators across rules
+BOX_STAGE_ABOVE = 4  # entries with more boxes than this get a registered box stage (keeps LUT depth low)
+
+# Static sources of the core in compile order (after the generated packages, before the generated matcher
+# only where nothing static instantiates it; hypafilter_core does, so it comes last).
+STATIC_SOURCES = (
+    "hf_pkg.vhd",
+    "hf_fifo.vhd",
+    "hf_header_parser.vhd",
+    "hf_prio_enc.vhd",
+    "hf_tables.vhd",
+    "hf_regs.vhd",
+    "hf_output.vhd",
+)
+TOP_SOURCE = "hypafilter_core.vhd"
+
+# VHDL signal of each header field in the matcher (the order of ir.FIELDS, then the flags).
+_SIG = {
+    "src": "h_src",
+    "dst": "h_dst",
+    "proto": "h_proto",
+    "sport": "h_sport",
+    "dport": "h_dport",
+    "icmp_type": "h_icmp_type",
+    "icmp_code": "h_icmp_code",
+    "iport": "h_iport",
+}
+
+
+@dataclass(frozen=True)
+class HwEntry:
+    boxes: tuple[Box, ...]
+
+
+@dataclass
+class HwPlan:
+    """The part of plan.Plan the hardware needs; built from a Policy when plan.py is not there (index mode)."""
+
+    entries: list[HwEntry]
+    shunt: list[int]
+    actions: list[int]
+    policy_hash: str
+    mode: str = "index"
+
+
+def minimal_plan(policy: Policy) -> HwPlan:
+    """Index-based shunting over the simple rules: exact, if not minimal (paper §IV-A)."""
+    entries, shunt, actions = [], [], []
+    complex_seen = False
+    for r in policy.rules:
+        if r.is_simple:
+            entries.append(HwEntry(tuple(r.boxes)))
+            shunt.append(int(complex_seen))
+            actions.append(r.action_code)
+        else:
+            complex_seen = True
+    shunt.append(int(complex_seen))
+    actions.append(policy.default_action_code)
+    return HwPlan(entries, shunt, actions, policy.policy_hash())
+
+
+def hw_plan(policy: Policy, config=None):
+    """The Plan the hardware is generated from: plan.build_plan when available, else minimal_plan."""
+    try:
+        from hypafilter.analysis.plan import build_plan  # noqa: PLC0415 (written in parallel; optional until it lands)
+    except ImportError:
+        return minimal_plan(policy)
+    if config is None:
+        from hypafilter.config import Config  # noqa: PLC0415
+
+        config = Config()
+    return build_plan(policy, config)
+
+
+def _bits(value: int, width: int) -> str:
+    return '"' + format(value, f"0{width}b") + '"'
+
+
+def _field_tests(name: str, lo: int, hi: int) -> list[str]:
+    """VHDL boolean expressions testing lo <= field <= hi (nothing for the full range)."""
+    w = WIDTHS[name]
+    maxv = (1 << w) - 1
+    if lo <= 0 and hi >= maxv:
+        return []
+    sig = _SIG[name]
+    size = hi - lo + 1
+    if size & (size - 1) == 0 and lo % size == 0:
+        # prefix: compare the fixed high bits, chunk by chunk
+        free = size.bit_length() - 1
+        tests = []
+        for c0 in range(0, w, CHUNK):
+            c1 = min(w, c0 + CHUNK) - 1
+            cw = c1 - c0 + 1
+            mask = ((1 << cw) - 1) & ~((1 << max(0, free - c0)) - 1) if free > c0 else (1 << cw) - 1
+            if free > c1:
+                continue
+            val = (lo >> c0) & mask
+            part = f"{sig}({c1} downto {c0})"
+            if mask == (1 << cw) - 1:
+                tests.append(f"{part} = {_bits(val, cw)}")
+            else:
+                tests.append(f"({part} and {_bits(mask, cw)}) = {_bits(val, cw)}")
+        return tests
+    tests = []
+    if lo > 0:
+        tests.append(f"unsigned({sig}) >= unsigned'({_bits(lo, w)})")
+    if hi < maxv:
+        tests.append(f"unsigned({sig}) <= unsigned'({_bits(hi, w)})")
+    return tests
+
+
+def _box_tests(b: Box) -> list[str]:
+    tests = []
+    for name, lo, hi in zip(_SIG, b.lo, b.hi, strict=True):
+        tests += _field_tests(name, lo, hi)
+    if b.flags_mask:
+        tests.append(f"(h_flags and {_bits(b.flags_mask, 8)}) = {_bits(b.flags_value, 8)}")
+    return tests
+
+
+def _and(terms: list[str]) -> str:
+    return " and ".join(terms) if terms else "'1'"
+
+
+def _or(terms: list[str]) -> str:
+    return " or ".join(terms) if terms else "'0'"
+
+
+def matcher_source(plan) -> dict:
+    """Template variables of the matcher: deduplicated comparators and per-entry expressions."""
+    comps: dict[str, int] = {}
+
+    def ref(test: str) -> str:
+        if test not in comps:
+            comps[test] = len(comps)
+        return f"cmp({comps[test]})"
+
+    box_stage = any(len(e.boxes) > BOX_STAGE_ABOVE for e in plan.entries)
+    boxes, entries = [], []
+    for e in plan.entries:
+        live = [b for b in e.boxes if not b.is_empty()]
+        exprs = [_and([ref(t) for t in _box_tests(b)]) for b in live]
+        if box_stage:
+            refs = []
+            for x in exprs:
+                refs.append(f"box({len(boxes)})")
+                boxes.append(x)
+            entries.append(_or(refs))
+        else:
+            entries.append(_or([f"({x})" if " and " in x else x for x in exprs]))
+    return {
+        "comparators": list(comps),
+        "entries": entries,
+        "boxes": boxes,
+        "nboxes": len(boxes),
+        "box_stage": box_stage,
+        "match_latency": 3 if box_stage else 2,
+    }
+
+
+def matcher_hash(plan) -> str:
+    """Hex SHA-256 of what the matcher is built from: the entries' boxes in order (not shunt bits, not actions,
+    which are run-time registers). Its low 32 bits are the MATCHER_HASH register: a plan with the same value
+    programs a running core by register writes alone; any other plan needs a core generated for it."""
+    h = hashlib.sha256(f"hypafilter matcher v1\n{len(plan.entries)}\n".encode())
+    for e in plan.entries:
+        for b in e.boxes:
+            if not b.is_empty():
+                h.update(f"{b.lo}{b.hi}{b.flags_mask},{b.flags_value};".encode())
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def enc_stages(n_in: int, fanin: int) -> int:
+    """Pipeline stages of the priority encoder (the same formula as hf_prio_enc's STAGES)."""
+    s, width = 1, fanin
+    while width < n_in:
+        width *= fanin
+        s += 1
+    return s
+
+
+POWER_ON = ("plan", "shunt_all")
+
+
+@functools.lru_cache(maxsize=1)
+def template_env() -> jinja2.Environment:
+    """The Jinja2 environment of hw/templates (strict: a missing variable is an error)."""
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined, keep_trailing_newline=True
+    )
+
+
+def render(plan, out_dir: Path, tdata_width: int = 256, encoder_fanin: int = 8, power_on: str = "plan") -> list[Path]:
+    """Write the generated VHDL (policy package, matcher) and the register package into out_dir.
+
+    power_on: the table contents after power-on/reset. "plan" = this plan's shunt vector and actions (a bitstream
+    that filters on its own); "shunt_all" = every entry shunts (safe for any plan with the same matcher; the
+    sources then depend on the matcher alone, so one build serves every plan that shares it).
+    """
+    if power_on not in POWER_ON:
+        raise ValueError(f"power_on must be one of {', '.join(POWER_ON)}")
+    if tdata_width not in (256, 512):
+        raise ValueError("tdata_width must be 256 or 512")
+    if encoder_fanin < 2 or encoder_fanin & (encoder_fanin - 1):
+        raise ValueError("encoder_fanin must be a power of two >= 2")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    n = len(plan.entries)
+    if len(plan.shunt) != n + 1 or len(plan.actions) != n + 1:
+        raise ValueError("plan.shunt and plan.actions need n + 1 values")
+    if any(e.boxes and len(b.lo) != len(MAXV) for e in plan.entries for b in e.boxes):
+        raise ValueError("box dimensions do not match ir.FIELDS")
+    shunt = plan.shunt if power_on == "plan" else [1] * (n + 1)
+    actions = plan.actions if power_on == "plan" else [ACTION_DROP] * (n + 1)
+    words = [0] * ((n + 1 + 31) // 32)
+    for i, bit in enumerate(shunt):
+        if bit:
+            words[i // 32] |= 1 << (i % 32)
+    idx_w = max(1, math.ceil(math.log2(n + 1)))
+    sw_w = max(1, math.ceil(math.log2(len(words))))
+    padded_words = words + [0] * ((1 << sw_w) - len(words))
+    padded_actions = [int(a) & 0xF for a in actions] + [0] * ((1 << idx_w) - (n + 1))
+    env = template_env()
+    mhash = matcher_hash(plan)
+    common = {
+        "origin": f"policy {plan.policy_hash}" if power_on == "plan" else f"matcher {mhash} (power-on: shunt all)",
+        "n": n,
+        "res_width": max(n, 1),
+        "idx_w": idx_w,
+        "hash32": mhash[-8:].upper(),
+        "fanin": encoder_fanin,
+        "tdata_width": tdata_width,
+        "shunt_words": len(words),
+        "shunt_init": padded_words,
+        "actions": padded_actions,
+    }
+    m = matcher_source(plan)
+    common["match_latency"] = m["match_latency"]
+    paths = []
+    for tmpl, name, extra in (
+        ("hf_policy_pkg.vhd.j2", "hf_policy_pkg.vhd", {}),
+        ("hf_matcher.vhd.j2", "hf_matcher.vhd", m),
+    ):
+        p = out_dir / name
+        p.write_text(env.get_template(tmpl).render({**common, **extra}))
+        paths.append(p)
+    paths[:0] = regmap.write_all(out_dir)
+    return paths
+
+
+def sources(out_dir: Path) -> list[Path]:
+    """Every VHDL file of the core in compile order, for a build rendered into out_dir."""
+    out_dir = Path(out_dir).resolve()
+    gen = [out_dir / "hf_regs_pkg.vhd", out_dir / "hf_policy_pkg.vhd"]
+    return gen + [HW_DIR / s for s in STATIC_SOURCES] + [out_dir / "hf_matcher.vhd", HW_DIR / TOP_SOURCE]

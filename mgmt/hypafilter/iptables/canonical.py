@@ -1,0 +1,158 @@
+"""Canonical iptables text of parsed rules, in the order and spelling `iptables -S` prints them."""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+from hypafilter.iptables.rule import (
+    Addr,
+    Comment,
+    Icmp,
+    Iface,
+    Iprange,
+    Multiport,
+    ParsedRule,
+    PortCheck,
+    TcpUdp,
+    Verbatim,
+)
+from hypafilter.iptables.tables import PROTO_NAME, TCP_FLAGS
+
+_SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./!-]+$")
+
+
+def quote_token(tok: str) -> str:
+    """One token as iptables-save would write it: bare when safe, else in double quotes with \\ and " escaped."""
+    if _SAFE.match(tok):
+        return tok
+    return '"' + tok.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def format_tokens(tokens) -> str:
+    """A token sequence as one line of iptables text (the inverse of parse.tokenize)."""
+    return " ".join(quote_token(t) for t in tokens)
+
+
+@lru_cache(maxsize=1 << 16)  # policies repeat the same addresses many times
+def ip_str(v: int) -> str:
+    return ".".join(str((v >> s) & 0xFF) for s in (24, 16, 8, 0))
+
+
+def addr_text(a: Addr) -> str:
+    p = a.prefix
+    return f"{ip_str(a.net)}/{p}" if p is not None else f"{ip_str(a.net)}/{ip_str(a.mask)}"
+
+
+def proto_text(p: int) -> str:
+    return PROTO_NAME.get(p, str(p))
+
+
+def flags_text(v: int) -> str:
+    if v == 0:
+        return "NONE"
+    return ",".join(name for name, bit in TCP_FLAGS if v & bit)
+
+
+def _neg(inv: bool) -> tuple[str, ...]:
+    return ("!",) if inv else ()
+
+
+def _port(p: PortCheck) -> str:
+    return str(p.lo) if p.lo == p.hi else f"{p.lo}:{p.hi}"
+
+
+def match_tokens(m) -> tuple[str, ...]:
+    """`-m NAME` and the match's options in the order its iptables extension saves them."""
+    if isinstance(m, TcpUdp):
+        out = ["-m", m.name]
+        for opt, pc in (("--sport", m.sport), ("--dport", m.dport)):
+            if pc is not None and (pc.invert or not pc.is_full):
+                out += [*_neg(pc.invert), opt, _port(pc)]
+        if m.option is not None:
+            out += [*_neg(m.option[1]), "--tcp-option", str(m.option[0])]
+        if m.flags is not None and (m.flags[0] or m.flags[2]):
+            out += [*_neg(m.flags[2]), "--tcp-flags", flags_text(m.flags[0]), flags_text(m.flags[1])]
+        return tuple(out)
+    if isinstance(m, Multiport):
+        ports = ",".join(f"{lo}:{hi}" if rng else str(lo) for lo, hi, rng in m.entries)
+        return ("-m", "multiport", *_neg(m.invert), f"--{m.kind}", ports)
+    if isinstance(m, Iprange):
+        out = ["-m", "iprange"]
+        for opt, r in (("--src-range", m.src), ("--dst-range", m.dst)):
+            if r is not None:
+                out += [*_neg(r[2]), opt, f"{ip_str(r[0])}-{ip_str(r[1])}"]
+        return tuple(out)
+    if isinstance(m, Icmp):
+        if m.type == 0xFF and m.code_min == 0 and m.code_max == 0xFF:
+            t = "any"
+        elif m.code_min == 0 and m.code_max == 0xFF:
+            t = str(m.type)
+        elif m.code_min == m.code_max:
+            t = f"{m.type}/{m.code_min}"
+        else:
+            t = f"{m.type}/{m.code_min}:{m.code_max}"
+        return ("-m", "icmp", *_neg(m.invert), "--icmp-type", t)
+    if isinstance(m, Comment):
+        return ("-m", "comment", "--comment", m.text or "")
+    if isinstance(m, Verbatim):
+        return ("-m", m.name, *m.tokens)
+    raise TypeError(m)
+
+
+def options_of(x) -> tuple[str, ...]:
+    """Canonical tokens of one check: a match object, or a tagged tuple for the standard options."""
+    if isinstance(x, tuple):
+        kind = x[0]
+        if kind == "addr":
+            _, opt, a = x
+            return (*_neg(a.invert), opt, addr_text(a))
+        if kind == "iface":
+            _, opt, i = x
+            return (*_neg(i.invert), opt, i.name)
+        if kind == "frag":
+            return (*_neg(not x[1]), "-f")
+        raise ValueError(kind)
+    return match_tokens(x)
+
+
+def _iface_shown(i: Iface | None) -> bool:
+    return i is not None and not (i.matches_all and not i.invert)
+
+
+def rule_options(r: ParsedRule) -> tuple[str, ...]:
+    """The rule's checks without `-A CHAIN` and without the target, as `iptables -S` orders them."""
+    if r.options_cache is not None:
+        return r.options_cache
+    out: list[str] = []
+    if r.src is not None and (r.src.mask or r.src.invert):
+        out += options_of(("addr", "-s", r.src))
+    if r.dst is not None and (r.dst.mask or r.dst.invert):
+        out += options_of(("addr", "-d", r.dst))
+    if _iface_shown(r.iif):
+        out += options_of(("iface", "-i", r.iif))
+    if _iface_shown(r.oif):
+        out += options_of(("iface", "-o", r.oif))
+    if r.proto:
+        out += [*_neg(r.proto_invert), "-p", proto_text(r.proto)]
+    if r.frag is not None:
+        out += options_of(("frag", r.frag))
+    for m in r.matches:
+        out += match_tokens(m)
+    return tuple(out)
+
+
+def target_tokens(r: ParsedRule, target: str | None = None) -> tuple[str, ...]:
+    t = r.target if target is None else target
+    if not t:
+        return ()
+    return ("-g" if r.goto else "-j", t, *r.target_args)
+
+
+def rule_tokens(r: ParsedRule) -> tuple[str, ...]:
+    """Options and target: what `iptables -S` prints after `-A CHAIN`."""
+    return rule_options(r) + target_tokens(r)
+
+
+def rule_text(r: ParsedRule) -> str:
+    return format_tokens(rule_tokens(r))

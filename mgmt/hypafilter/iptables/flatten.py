@@ -1,0 +1,185 @@
+"""User-chain flattening: the base chain with its jumps, gotos and RETURNs as one first-match rule list.
+
+Semantics (docs/policy-language.md, "Flattening"):
+- `-j C`: every rule of C in order, each conjoined with the jump's checks; C's end falls through to the
+  rule after the jump.
+- `-j RETURN` in a user chain: later rules of that chain are reached only when the RETURN rule did not
+  match. A simple RETURN is subtracted from their boxes (exact); a complex one cannot be, so they are marked
+  approximate (boxes over-approximate, the rule stays complex, Level.unless names the guard).
+- `-g C`: like `-j C` followed by a RETURN with the same checks (the caller's remaining rules are skipped
+  for packets that took the goto); in the base chain, that RETURN is the chain policy.
+- `-j RETURN` in the base chain: the chain policy.
+- A jump that would expand to more than config.flatten_bound rules, or whose flattening cannot be exact
+  (stateful checks that would be evaluated a different number of times), stays one complex rule whose target
+  is the user chain; that chain is loaded verbatim in software.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+
+from hypafilter.config import Config
+from hypafilter.errors import PolicyError
+from hypafilter.iptables import canonical
+from hypafilter.iptables.tables import NONTERMINAL_TARGETS
+from hypafilter.ir.types import NDIM, Box, Level, Rule, boxes_intersect
+
+# Box differences can multiply boxes; above this many per rule the subtraction is abandoned and the rule is
+# marked approximate instead (still exact in software, only less precise for shunting).
+MAX_BOXES = 4096
+
+
+def box_minus(a: Box, b: Box) -> list[Box]:
+    """a \\ b as disjoint boxes (at most 2 per dimension plus one per TCP flag bit that b tests and a does not)."""
+    if a.intersect(b) is None:
+        return [a]
+    out: list[Box] = []
+    lo, hi = list(a.lo), list(a.hi)
+    for i in range(NDIM):
+        if lo[i] < b.lo[i]:
+            out.append(Box(tuple(lo), tuple(hi[:i] + [b.lo[i] - 1] + hi[i + 1 :]), a.flags_mask, a.flags_value))
+            lo[i] = b.lo[i]
+        if hi[i] > b.hi[i]:
+            out.append(Box(tuple(lo[:i] + [b.hi[i] + 1] + lo[i + 1 :]), tuple(hi), a.flags_mask, a.flags_value))
+            hi[i] = b.hi[i]
+    fm, fv = a.flags_mask, a.flags_value
+    free = b.flags_mask & ~a.flags_mask
+    for bit in range(8):
+        m = 1 << bit
+        if free & m:
+            out.append(Box(tuple(lo), tuple(hi), fm | m, fv | (~b.flags_value & m)))
+            fm, fv = fm | m, fv | (b.flags_value & m)
+    return out
+
+
+def boxes_minus(a: list[Box], b: list[Box], limit: int = MAX_BOXES) -> list[Box] | None:
+    """Union a minus union b; None when the result would exceed `limit` boxes."""
+    cur = list(a)
+    for y in b:
+        nxt: list[Box] = []
+        for x in cur:
+            nxt.extend(box_minus(x, y))
+            if len(nxt) > limit:
+                return None
+        cur = nxt
+    return cur
+
+
+_ROOT = (Box.full(),)
+
+
+def is_terminal(target: str) -> bool:
+    """Whether a rule with this target ends the packet's walk when it matches (LOG, MARK, ... do not)."""
+    return bool(target) and target not in NONTERMINAL_TARGETS
+
+
+class _NotFlat(Exception):
+    """This chain cannot be flattened exactly at this jump; keep the jump verbatim."""
+
+
+@dataclass(frozen=True)
+class _Frame:
+    boxes: tuple[Box, ...]
+    complex: tuple[tuple[str, ...], ...]
+    levels: tuple[Level, ...]
+    approx: bool
+
+
+class _Flattener:
+    def __init__(self, chains, base: str, default: str, config: Config):
+        self.chains, self.base, self.default, self.bound = chains, base, default, config.flatten_bound
+
+    def user(self, name: str) -> bool:
+        return name in self.chains and not self.chains[name].builtin
+
+    def walk(self, name: str, fr: _Frame, stack: tuple[str, ...]) -> list[Rule]:
+        out: list[Rule] = []
+        guard_boxes: list[Box] = []  # union of the simple RETURN guards met so far in this chain
+        guard_opts: list[tuple[str, ...]] = []
+        approx_here = False
+        in_base = name == self.base
+        depth = len(fr.levels)
+        for r in self.chains[name].rules:
+            opts = canonical.rule_options(r)
+            own = r.boxes
+            approx = fr.approx or approx_here
+            if guard_boxes:
+                cut = boxes_minus(own, guard_boxes)
+                if cut is None:
+                    approx = True
+                else:
+                    own = cut
+            if fr.boxes == _ROOT:  # the base chain: meeting the full box changes nothing (drops empty boxes)
+                eff = tuple(b for b in own if all(map(operator.le, b.lo, b.hi)))
+            else:
+                eff = tuple(boxes_intersect(list(fr.boxes), own))
+            cx = fr.complex + tuple(r.complex)
+            levels = fr.levels + (Level(opts, tuple(guard_opts)),)
+
+            def rule(
+                target: str, args: tuple[str, ...] = (), r=r, eff=eff, cx=cx, levels=levels, approx=approx
+            ) -> Rule:
+                return Rule(eff, target, cx, args, levels, r.origin, approx)
+
+            def guard(r=r, opts=opts) -> None:
+                nonlocal approx_here
+                if r.stateful:
+                    raise _NotFlat(name)
+                guard_opts.append(opts)
+                if r.complex:
+                    approx_here = True
+                else:
+                    guard_boxes.extend(r.boxes)
+
+            if depth and not eff:
+                # Never reached from this jump; keeping it would only cost hardware entries. It still
+                # guards later rules when it is a RETURN or goto (its own boxes, not the empty conjunction).
+                if r.target == "RETURN" or r.goto:
+                    guard()
+                continue
+            if r.target == "RETURN":
+                if in_base:
+                    out.append(rule(self.default))
+                else:
+                    guard()
+            elif self.user(r.target):
+                if r.target in stack:
+                    o = r.origin
+                    raise PolicyError(f"chain loop: {r.target} is reached from itself", o.file, o.line, 0, r.target)
+                sub = None
+                if not r.stateful:
+                    try:
+                        sub = self.walk(r.target, _Frame(eff, cx, levels, approx), stack + (r.target,))
+                    except _NotFlat:
+                        sub = None
+                    if sub is not None and len(sub) > self.bound:
+                        sub = None
+                out.extend(sub if sub is not None else [rule(r.target)])
+                if r.goto:
+                    if in_base:
+                        if r.stateful:
+                            o = r.origin
+                            raise PolicyError(
+                                "-g with a stateful match in the base chain cannot be represented; use -j and a "
+                                "RETURN-free chain, or move the stateful match into the chain",
+                                o.file,
+                                o.line,
+                                0,
+                                r.target,
+                            )
+                        out.append(rule(self.default))
+                    else:
+                        guard()
+            elif not r.target:
+                if r.stateful:  # a rule without target still updates its stateful matches
+                    out.append(rule(""))
+            else:
+                out.append(rule(r.target, tuple(r.target_args)))
+        return out
+
+
+def flatten(chains, base: str, default: str, config: Config | None = None) -> list[Rule]:
+    """The flattened rule list of `base` (chains: name -> parse.ChainDef)."""
+    f = _Flattener(chains, base, default, config or Config())
+    return f.walk(base, _Frame((Box.full(),), (), (), False), (base,))

@@ -1,0 +1,978 @@
+"""The policy parser: iptables-save files and plain rule files → a flattened `Policy` (see docs/policy-language.md)."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import NamedTuple
+
+from hypafilter.config import Config
+from hypafilter.errors import PolicyError
+from hypafilter.iptables import canonical
+from hypafilter.iptables.rule import (
+    Addr,
+    Comment,
+    Icmp,
+    Iface,
+    Iprange,
+    Multiport,
+    ParsedRule,
+    PortCheck,
+    TcpUdp,
+    Verbatim,
+    analyse,
+)
+from hypafilter.iptables.tables import (
+    BUILTIN_CHAINS,
+    ICMP_TYPES,
+    KNOWN_TARGETS,
+    PROTO_ALIASES,
+    PROTO_BY_NAME,
+    SERVICES,
+    STANDARD_TARGETS,
+    TCP_FLAG_WORDS,
+)
+from hypafilter.ir.types import PROTO_ICMP, PROTO_TCP, PROTO_UDP, Box, Origin, Policy, UserChain
+
+IFNAMSIZ = 16
+MAX_CHAIN_NAME = 28  # XT_EXTENSION_MAXNAMELEN - 1
+MULTIPORT_MAX = 15
+COMMENT_MAX = 255
+PORT_PROTOS = frozenset({PROTO_TCP, PROTO_UDP, 33, 132, 136})  # multiport: tcp, udp, dccp, sctp, udplite
+
+
+# --- tokens -------------------------------------------------------------------------------------------------
+
+
+class Tok(NamedTuple):  # a NamedTuple: tens of thousands are made per policy, a frozen dataclass is 3x slower
+    text: str
+    col: int  # 1-based column of the token's first character
+    quoted: bool = False
+
+
+_SPECIAL = re.compile(r"[\"'\\#]")
+_WORD = re.compile(r"\S+")
+
+
+def tokenize(line: str, lineno: int = 0, filename: str = "<policy>") -> list[Tok]:
+    """Shell-like split of one line as iptables-restore does it: "..." (\\" and \\\\ escapes), '...', # comments."""
+    if not _SPECIAL.search(line):
+        # Fast path for the common line without quotes, escapes or comments: plain whitespace split.
+        return [Tok(m.group(), m.start() + 1) for m in _WORD.finditer(line)]
+    toks: list[Tok] = []
+    i, n = 0, len(line)
+    while i < n:
+        if line[i].isspace():
+            i += 1
+            continue
+        if line[i] == "#":
+            break
+        start, buf, quoted = i, [], False
+        while i < n and not line[i].isspace():
+            c = line[i]
+            if c == '"':
+                quoted, j = True, i + 1
+                while j < n and line[j] != '"':
+                    if line[j] == "\\" and j + 1 < n and line[j + 1] in '"\\':
+                        j += 1
+                    buf.append(line[j])
+                    j += 1
+                if j >= n:
+                    raise PolicyError("unterminated double quote", filename, lineno, i + 1, line[i:])
+                i = j + 1
+            elif c == "'":
+                quoted, j = True, line.find("'", i + 1)
+                if j < 0:
+                    raise PolicyError("unterminated single quote", filename, lineno, i + 1, line[i:])
+                buf.append(line[i + 1 : j])
+                i = j + 1
+            elif c == "\\" and i + 1 < n:
+                buf.append(line[i + 1])
+                i += 2
+            else:
+                buf.append(c)
+                i += 1
+        toks.append(Tok("".join(buf), start + 1, quoted))
+    return toks
+
+
+# --- option tables --------------------------------------------------------------------------------------------
+
+# Standard (non-extension) rule options: canonical name -> takes an argument.
+_STD_LONG = {
+    "--source": "-s",
+    "--src": "-s",
+    "--destination": "-d",
+    "--dst": "-d",
+    "--protocol": "-p",
+    "--in-interface": "-i",
+    "--out-interface": "-o",
+    "--fragment": "-f",
+    "--jump": "-j",
+    "--goto": "-g",
+    "--match": "-m",
+    "--set-counters": "-c",
+    "--ipv4": "-4",
+    "--ipv6": "-6",
+}
+_STD_ARG = {"-s": True, "-d": True, "-p": True, "-i": True, "-o": True, "-f": False, "-j": True, "-g": True}
+_STD_ARG |= {"-m": True, "-c": True, "-4": False, "-6": False}
+_INVERTIBLE_STD = frozenset({"-s", "-d", "-p", "-i", "-o", "-f"})
+
+# Options of the matches the compiler models: match -> {spelling: (canonical, number of arguments)}.
+_MATCH_OPTS: dict[str, dict[str, tuple[str, int]]] = {
+    "tcp": {
+        "--sport": ("--sport", 1),
+        "--source-port": ("--sport", 1),
+        "--dport": ("--dport", 1),
+        "--destination-port": ("--dport", 1),
+        "--tcp-flags": ("--tcp-flags", 2),
+        "--syn": ("--syn", 0),
+        "--tcp-option": ("--tcp-option", 1),
+    },
+    "udp": {
+        "--sport": ("--sport", 1),
+        "--source-port": ("--sport", 1),
+        "--dport": ("--dport", 1),
+        "--destination-port": ("--dport", 1),
+    },
+    "icmp": {"--icmp-type": ("--icmp-type", 1)},
+    "multiport": {
+        "--sports": ("--sports", 1),
+        "--source-ports": ("--sports", 1),
+        "--dports": ("--dports", 1),
+        "--destination-ports": ("--dports", 1),
+        "--ports": ("--ports", 1),
+    },
+    "iprange": {"--src-range": ("--src-range", 1), "--dst-range": ("--dst-range", 1)},
+    "comment": {"--comment": ("--comment", 1)},
+}
+_IMPLICIT = {PROTO_TCP: "tcp", PROTO_UDP: "udp", PROTO_ICMP: "icmp"}
+_MATCH_PROTO = {"tcp": PROTO_TCP, "udp": PROTO_UDP, "icmp": PROTO_ICMP}
+
+
+def _is_std(text: str) -> bool:
+    if text in _STD_ARG or text in _STD_LONG:
+        return True
+    if text.startswith("--") and "=" in text:
+        return text.split("=", 1)[0] in _STD_LONG
+    return len(text) > 2 and text[0] == "-" and text[1] in "sdpiojgmc" and text[1] != "-"
+
+
+# --- value parsers ---------------------------------------------------------------------------------------------
+
+_IPV4 = re.compile(r"^\d{1,3}(\.\d{1,3}){0,3}$")
+
+
+class _Ctx:
+    """Where we are, for errors."""
+
+    def __init__(self, filename: str, line: int):
+        self.filename, self.line = filename, line
+
+    def err(self, msg: str, tok: Tok | None) -> PolicyError:
+        return PolicyError(msg, self.filename, self.line, tok.col if tok else 0, tok.text if tok else "")
+
+
+def _ipv4(ctx: _Ctx, tok: Tok, text: str) -> int:
+    m = _IPV4.match(text)
+    if not m:
+        if re.search(r"[A-Za-z]", text):
+            raise ctx.err("host names are not accepted, write an IPv4 address", tok)
+        raise ctx.err("bad IPv4 address", tok)
+    octets = [int(g) for g in text.split(".")]
+    if any(o > 255 for o in octets):
+        raise ctx.err("bad IPv4 address (octet > 255)", tok)
+    octets += [0] * (4 - len(octets))  # iptables pads a short address with zero octets
+    return (octets[0] << 24) | (octets[1] << 16) | (octets[2] << 8) | octets[3]
+
+
+def _addresses(ctx: _Ctx, tok: Tok) -> list[tuple[int, int]]:
+    out = []
+    for part in tok.text.split(","):
+        if not part:
+            raise ctx.err("empty address in list", tok)
+        addr, slash, m = part.partition("/")
+        ip = _ipv4(ctx, tok, addr)
+        if not slash:
+            mask = 0xFFFFFFFF
+        elif m.isdigit():
+            if int(m) > 32:
+                raise ctx.err("bad prefix length (0..32)", tok)
+            mask = (0xFFFFFFFF << (32 - int(m))) & 0xFFFFFFFF
+        else:
+            mask = _ipv4(ctx, tok, m)
+        out.append((ip & mask, mask))
+    return out
+
+
+def _number(ctx: _Ctx, tok: Tok, text: str, top: int, what: str) -> int:
+    if not text.isdigit():
+        raise ctx.err(f"bad {what} {text!r}", tok)
+    v = int(text)
+    if v > top:
+        raise ctx.err(f"{what} {v} out of range (0..{top})", tok)
+    return v
+
+
+def _port(ctx: _Ctx, tok: Tok, text: str) -> int:
+    if text in SERVICES:
+        return SERVICES[text]
+    if text and not text.isdigit() and re.match(r"^[A-Za-z][\w-]*$", text):
+        raise ctx.err(f"unknown service name {text!r} (write the port number)", tok)
+    return _number(ctx, tok, text, 0xFFFF, "port")
+
+
+def _port_range(ctx: _Ctx, tok: Tok, text: str) -> tuple[int, int, bool]:
+    if ":" not in text:
+        p = _port(ctx, tok, text)
+        return p, p, False
+    a, _, b = text.partition(":")
+    lo = _port(ctx, tok, a) if a else 0
+    hi = _port(ctx, tok, b) if b else 0xFFFF
+    if lo > hi:
+        raise ctx.err("invalid port range (min > max)", tok)
+    return lo, hi, True
+
+
+def _protocol(ctx: _Ctx, tok: Tok) -> int:
+    t = tok.text.lower()
+    if t == "all":
+        return 0
+    if t in PROTO_BY_NAME:
+        return PROTO_BY_NAME[t]
+    if t in PROTO_ALIASES:
+        return PROTO_ALIASES[t]
+    if t.isdigit():
+        return _number(ctx, tok, t, 255, "protocol number")
+    raise ctx.err("unknown protocol", tok)
+
+
+def _flags(ctx: _Ctx, tok: Tok) -> int:
+    v = 0
+    for w in tok.text.split(","):
+        if w.upper() not in TCP_FLAG_WORDS:
+            raise ctx.err(f"unknown TCP flag {w!r}", tok)
+        v |= TCP_FLAG_WORDS[w.upper()]
+    return v
+
+
+def _icmp(ctx: _Ctx, tok: Tok) -> tuple[int, int, int]:
+    t = tok.text
+    if t.lower() in ICMP_TYPES:
+        return ICMP_TYPES[t.lower()]
+    typ, slash, code = t.partition("/")
+    ty = _number(ctx, tok, typ, 255, "ICMP type")
+    if not slash:
+        return ty, 0, 0xFF
+    if ":" in code:
+        a, _, b = code.partition(":")
+        c1, c2 = _number(ctx, tok, a, 255, "ICMP code"), _number(ctx, tok, b, 255, "ICMP code")
+        if c1 != c2 and (c1, c2) != (0, 255):
+            # iptables accepts other code ranges but prints only their minimum back, which would reload
+            # differently; refuse rather than change the policy's meaning.
+            raise ctx.err("ICMP code ranges other than 0:255 are not supported", tok)
+        return ty, c1, c2
+    c = _number(ctx, tok, code, 255, "ICMP code")
+    return ty, c, c
+
+
+def _iface(ctx: _Ctx, tok: Tok) -> str:
+    if not tok.text:
+        raise ctx.err("empty interface name", tok)
+    if len(tok.text) >= IFNAMSIZ:
+        raise ctx.err(f"interface name longer than {IFNAMSIZ - 1} characters", tok)
+    if any(c.isspace() or c in "/" for c in tok.text):
+        raise ctx.err("bad character in interface name", tok)
+    return tok.text
+
+
+# --- one rule ---------------------------------------------------------------------------------------------------
+
+
+class _RuleParser:
+    """Parses the option tokens of one rule (after `-A CHAIN`) into ParsedRule objects (several for `-s a,b`)."""
+
+    def __init__(self, ctx: _Ctx, toks: list[Tok], chain: str, chains: set[str], origin: Origin):
+        self.ctx, self.chain, self.chains, self.origin = ctx, chain, chains, origin
+        self.toks = self._split(toks)
+        self.i = 0
+        self.r = ParsedRule(chain=chain, origin=origin)
+        self.srcs: list[tuple[int, int]] | None = None
+        self.dsts: list[tuple[int, int]] | None = None
+        self.src_inv = self.dst_inv = False
+        self.seen: dict[str, Tok] = {}
+        self.current: object | None = None  # the match (or "target") that takes unknown tokens
+        self.match_toks: dict[int, Tok] = {}  # id(match) -> its -m token, for late errors
+        self.match_seen: dict[int, set[str]] = {}
+
+    def _split(self, toks: list[Tok]) -> list[Tok]:
+        """`--opt=value` and `-pVALUE` into two tokens, as getopt_long does."""
+        out = []
+        for t in toks:
+            if not t.quoted and t.text.startswith("--") and "=" in t.text:
+                name, _, val = t.text.partition("=")
+                out += [Tok(name, t.col), Tok(val, t.col + len(name) + 1)]
+            elif (
+                not t.quoted and len(t.text) > 2 and t.text[0] == "-" and t.text[1] in "sdpiojgmc" and t.text[1] != "-"
+            ):
+                out += [Tok(t.text[:2], t.col), Tok(t.text[2:], t.col + 2)]
+            else:
+                out.append(t)
+        return out
+
+    def _next_arg(self, opt: Tok, what: str = "an argument") -> Tok:
+        if self.i >= len(self.toks):
+            raise self.ctx.err(f"option {opt.text} needs {what}", opt)
+        t = self.toks[self.i]
+        self.i += 1
+        return t
+
+    def _neg_after(self, inv: bool, opt: Tok) -> bool:
+        """Intrapositioned negation (`--dport ! 80`), still accepted by iptables."""
+        if self.i < len(self.toks) and self.toks[self.i].text == "!" and not self.toks[self.i].quoted:
+            if inv:
+                raise self.ctx.err("multiple ! flags not allowed", self.toks[self.i])
+            self.i += 1
+            return True
+        return inv
+
+    def parse(self) -> list[ParsedRule]:
+        inv_tok: Tok | None = None
+        while self.i < len(self.toks):
+            t = self.toks[self.i]
+            self.i += 1
+            if t.text == "!" and not t.quoted:
+                nxt = self.toks[self.i] if self.i < len(self.toks) else None
+                if isinstance(self.current, (Verbatim, str)) and not (
+                    nxt and (_is_std(nxt.text) or self._routable(nxt.text))
+                ):
+                    self._verbatim(t)
+                    continue
+                if inv_tok is not None:
+                    raise self.ctx.err("multiple ! flags not allowed", t)
+                if nxt is None:
+                    raise self.ctx.err("! at the end of the rule", t)
+                inv_tok = t
+                continue
+            inv = inv_tok is not None
+            if _is_std(t.text) and not t.quoted:
+                self._std(t, inv, inv_tok)
+            elif isinstance(self.current, (Verbatim, str)) and not self._routable(t.text):
+                if inv:
+                    self._verbatim(inv_tok)
+                self._verbatim(t)
+            else:
+                self._match_option(t, inv)
+            inv_tok = None
+        return self._finish()
+
+    def _verbatim(self, t: Tok) -> None:
+        if self.current == "target":
+            self.r.target_args.append(t.text)
+        else:
+            self.current.tokens.append(t.text)
+
+    def _std(self, t: Tok, inv: bool, inv_tok: Tok | None) -> None:
+        opt = _STD_LONG.get(t.text, t.text)
+        if inv and opt not in _INVERTIBLE_STD:
+            raise self.ctx.err(f"cannot have ! before {t.text}", inv_tok)
+        if opt not in ("-m",) and opt in self.seen:
+            raise self.ctx.err(f"multiple {opt} options not allowed", t)
+        self.seen.setdefault(opt, t)
+        self.current = None
+        if opt == "-4":
+            return
+        if opt == "-6":
+            raise self.ctx.err("IPv6 rules are not supported", t)
+        if opt == "-f":
+            self.r.frag = not self._neg_after(inv, t)
+            return
+        arg = self._next_arg(t)
+        if opt in _INVERTIBLE_STD and arg.text == "!" and not arg.quoted:
+            if inv:
+                raise self.ctx.err("multiple ! flags not allowed", arg)
+            inv, arg = True, self._next_arg(t)
+        if opt in ("-s", "-d"):
+            addrs = _addresses(self.ctx, arg)
+            if inv and len(addrs) > 1:
+                raise self.ctx.err("! not allowed with multiple addresses", arg)
+            if inv and addrs[0][1] == 0:
+                raise self.ctx.err("! with a /0 address would never match", arg)
+            if opt == "-s":
+                self.srcs, self.src_inv = addrs, inv
+            else:
+                self.dsts, self.dst_inv = addrs, inv
+        elif opt == "-p":
+            p = _protocol(self.ctx, arg)
+            if p == 0 and inv:
+                raise self.ctx.err("rule would never match protocol", arg)
+            self.r.proto, self.r.proto_invert = p, inv
+            self.proto_tok = arg
+        elif opt in ("-i", "-o"):
+            name = _iface(self.ctx, arg)
+            if opt == "-i":
+                self.r.iif = Iface(name, inv)
+            else:
+                self.r.oif = Iface(name, inv)
+        elif opt == "-c":
+            if not re.match(r"^\d+,\d+$", arg.text):
+                raise self.ctx.err("-c needs PACKETS,BYTES", arg)
+        elif opt == "-m":
+            self._load(arg)
+        elif opt in ("-j", "-g"):
+            if "-j" in self.seen and "-g" in self.seen:
+                raise self.ctx.err("give -j or -g, not both", t)
+            self._target(opt, arg)
+
+    def _load(self, name_tok: Tok) -> object:
+        name = name_tok.text
+        if not name or name.startswith("-"):
+            raise self.ctx.err("-m needs a match name", name_tok)
+        for m in self.r.matches:
+            # Loading a modelled header match again reuses the first instance, as iptables does.
+            if name == _kind(m) and name not in ("comment", "verbatim"):
+                self.current = m
+                return m
+        if name in ("tcp", "udp"):
+            m = TcpUdp(name)
+        elif name == "icmp":
+            m = Icmp()
+        elif name == "multiport":
+            m = Multiport()
+        elif name == "iprange":
+            m = Iprange()
+        elif name == "comment":
+            m = Comment()
+        else:
+            m = Verbatim(name)
+        self.r.matches.append(m)
+        self.match_toks[id(m)] = name_tok
+        self.match_seen[id(m)] = set()
+        self.current = m
+        return m
+
+    def _target(self, opt: str, arg: Tok) -> None:
+        name = arg.text
+        if not name or name.startswith("-"):
+            raise self.ctx.err(f"{opt} needs a target", arg)
+        if opt == "-g":
+            if name not in self.chains:
+                raise self.ctx.err("-g needs a user-defined chain", arg)
+        elif name not in KNOWN_TARGETS and name not in self.chains:
+            raise self.ctx.err("unknown target (neither a netfilter target nor a defined chain)", arg)
+        if name == self.chain:
+            raise self.ctx.err(f"chain {name} jumps to itself (loop)", arg)
+        self.r.target, self.r.goto = name, opt == "-g"
+        self.target_tok = arg
+        # Extension targets take their own options; standard verdicts and chains take none.
+        self.current = "target" if name in KNOWN_TARGETS and name not in STANDARD_TARGETS else None
+
+    def _owner(self, name: str) -> tuple[object | None, str | None]:
+        """Which modelled match takes option `name`: a loaded one, or the one `-p` would load implicitly."""
+        # iptables offers an option to every loaded match; failing that, -p tcp/udp/icmp loads its match.
+        for m in reversed(self.r.matches):
+            if not isinstance(m, Verbatim) and name in _MATCH_OPTS.get(_kind(m), {}):
+                return m, None
+        if self.r.proto in _IMPLICIT and not self.r.proto_invert:
+            mname = _IMPLICIT[self.r.proto]
+            if name in _MATCH_OPTS[mname]:
+                return None, mname
+        return None, None
+
+    def _routable(self, text: str) -> bool:
+        """Whether an option met inside a verbatim match/target group really belongs to a modelled match.
+
+        Only sctp and dccp (kept verbatim) share option names with the modelled matches; everything else
+        that a modelled match knows is taken by it, as iptables does.
+        """
+        name = text.split("=", 1)[0] if text.startswith("--") else text
+        if isinstance(self.current, Verbatim) and self.current.name in ("sctp", "dccp"):
+            return False
+        owner, implicit = self._owner(name)
+        return owner is not None or implicit is not None
+
+    def _match_option(self, t: Tok, inv: bool) -> None:
+        name = t.text
+        owner, implicit = self._owner(name)
+        if owner is None and implicit is not None:
+            owner = self._load(Tok(implicit, t.col))
+        if owner is None:
+            if self.r.proto in _IMPLICIT and name in ("--sport", "--dport", "--icmp-type", "--tcp-flags", "--syn"):
+                raise self.ctx.err(f"unknown option for -p {canonical.proto_text(self.r.proto)}", t)
+            raise self.ctx.err("unknown option", t)
+        self.current = owner
+        kind = _kind(owner)
+        canon, nargs = _MATCH_OPTS[kind][name]
+        if canon in self.match_seen[id(owner)] or (
+            kind == "tcp"
+            and canon in ("--syn", "--tcp-flags")
+            and {"--syn", "--tcp-flags"} & self.match_seen[id(owner)]
+        ):
+            raise self.ctx.err(f"only one {canon} allowed", t)
+        if kind == "multiport" and self.match_seen[id(owner)]:
+            raise self.ctx.err("multiport takes only one of --sports, --dports, --ports", t)
+        self.match_seen[id(owner)].add(canon)
+        if canon == "--comment" and inv:
+            raise self.ctx.err("cannot have ! before --comment", t)
+        inv = self._neg_after(inv, t)
+        args = [self._next_arg(t, f"{nargs} argument(s)") for _ in range(nargs)]
+        ctx = self.ctx
+        if isinstance(owner, TcpUdp):
+            if canon in ("--sport", "--dport"):
+                lo, hi, _ = _port_range(ctx, args[0], args[0].text)
+                setattr(owner, canon[2:], PortCheck(lo, hi, inv))
+            elif canon == "--tcp-flags":
+                owner.flags = (_flags(ctx, args[0]), _flags(ctx, args[1]), inv)
+            elif canon == "--syn":
+                owner.flags = (0x17, 0x02, inv)
+            elif canon == "--tcp-option":
+                owner.option = (_number(ctx, args[0], args[0].text, 255, "TCP option"), inv)
+        elif isinstance(owner, Icmp):
+            owner.type, owner.code_min, owner.code_max = _icmp(ctx, args[0])
+            owner.invert = inv
+        elif isinstance(owner, Multiport):
+            owner.kind, owner.invert = canon[2:], inv
+            count = 0
+            for part in args[0].text.split(","):
+                if not part:
+                    raise ctx.err("empty port in list", args[0])
+                lo, hi, rng = _port_range(ctx, args[0], part)
+                if rng and lo >= hi:
+                    raise ctx.err(f"invalid port range {part!r} in multiport list", args[0])
+                owner.entries.append((lo, hi, rng))
+                count += 2 if rng else 1
+            if count > MULTIPORT_MAX:
+                raise ctx.err(f"too many ports in multiport list (at most {MULTIPORT_MAX}; a range counts 2)", args[0])
+        elif isinstance(owner, Iprange):
+            a, dash, b = args[0].text.partition("-")
+            lo = _ipv4(ctx, args[0], a)
+            hi = _ipv4(ctx, args[0], b) if dash else lo
+            if lo > hi:
+                raise ctx.err("address range is reversed and would never match", args[0])
+            setattr(owner, "src" if canon == "--src-range" else "dst", (lo, hi, inv))
+        elif isinstance(owner, Comment):
+            if len(args[0].text) > COMMENT_MAX:
+                raise ctx.err(f"comment longer than {COMMENT_MAX} characters", args[0])
+            owner.text = args[0].text
+
+    def _finish(self) -> list[ParsedRule]:
+        r, ctx = self.r, self.ctx
+        for m in r.matches:
+            mt = self.match_toks[id(m)]
+            kind = _kind(m)
+            need = _MATCH_PROTO.get(kind)
+            if need is not None and (r.proto != need or r.proto_invert):
+                raise ctx.err(f"-m {kind} needs -p {kind} (not negated)", mt)
+            if kind == "multiport":
+                if not m.kind:
+                    raise ctx.err("multiport needs --sports, --dports or --ports", mt)
+                if r.proto not in PORT_PROTOS or r.proto_invert:
+                    raise ctx.err("multiport needs -p tcp, udp, udplite, sctp or dccp", mt)
+            if kind == "icmp" and m.type < 0:
+                raise ctx.err("icmp needs --icmp-type", mt)
+            if kind == "iprange" and m.src is None and m.dst is None:
+                raise ctx.err("iprange needs --src-range or --dst-range", mt)
+            if kind == "comment" and m.text is None:
+                raise ctx.err("comment needs --comment", mt)
+            if isinstance(m, Verbatim) and not m.tokens and m.name in _NEED_OPTIONS:
+                raise ctx.err(f"-m {m.name} needs options", mt)
+        out = []
+        for s in self.srcs or [None]:
+            for d in self.dsts or [None]:
+                rr = ParsedRule(**{k: getattr(r, k) for k in r.__dataclass_fields__})
+                rr.src = Addr(s[0], s[1], self.src_inv) if s else None
+                rr.dst = Addr(d[0], d[1], self.dst_inv) if d else None
+                out.append(rr)
+        return out
+
+
+# Matches that iptables refuses without any option (so `-m X` alone is an error, not a complex rule).
+_NEED_OPTIONS = frozenset({"string", "conntrack", "state", "mark", "connmark", "physdev", "set", "recent", "u32"})
+
+
+def _kind(m) -> str:
+    if isinstance(m, TcpUdp):
+        return m.name
+    return {Icmp: "icmp", Multiport: "multiport", Iprange: "iprange", Comment: "comment"}.get(type(m), "verbatim")
+
+
+def parse_rule(
+    text: str,
+    chain: str = "FORWARD",
+    chains: set[str] | None = None,
+    filename: str = "<rule>",
+    line: int = 1,
+    config: Config | None = None,
+) -> list[ParsedRule]:
+    """Parse one rule's options (no `-A`); the parsed rules carry boxes and complex groups (see analyse)."""
+    config = config or Config()
+    ctx = _Ctx(filename, line)
+    toks = tokenize(text, line, filename)
+    origin = Origin(filename, line, chain, text.strip())
+    rules = _RuleParser(ctx, toks, chain, set(chains or ()), origin).parse()
+    for r in rules:
+        analyse(r, config.hw_ports, canonical.options_of)
+    return rules
+
+
+# --- documents -------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ChainDef:
+    name: str
+    builtin: bool
+    policy: str | None = None  # ACCEPT/DROP for built-in chains
+    rules: list[ParsedRule] = field(default_factory=list)
+    line: int = 0
+
+
+_CMD_LONG = {"--append": "-A", "--insert": "-I", "--new-chain": "-N", "--policy": "-P", "--table": "-t"}
+_OTHER_COMMANDS = frozenset(
+    {"--delete", "--replace", "--flush", "--delete-chain", "--zero", "--rename-chain", "--list", "--check"}
+)
+_PLAIN_PREFIXES = frozenset({"iptables", "iptables-legacy", "iptables-nft"})
+
+
+class _Document:
+    def __init__(self, filename: str, base_chain: str, config: Config):
+        self.filename, self.base_chain, self.config = filename, base_chain, config
+        self.table = config.table
+        builtins = set(BUILTIN_CHAINS.get(self.table, ())) | {base_chain}
+        self.chains: dict[str, ChainDef] = {c: ChainDef(c, True, "ACCEPT") for c in builtins}
+        self.declared: set[str] = set()
+
+    def read(self, text: str) -> None:
+        lines = text.splitlines()
+        save_mode = None
+        in_table: str | None = None
+        table_line = 0
+        for no, raw in enumerate(lines, 1):
+            if (
+                FAST_PATH
+                and in_table == self.table
+                and raw.startswith("-A ")
+                and not _SPECIAL.search(raw)
+                and self._fast(no, raw)
+            ):
+                continue
+            ctx = _Ctx(self.filename, no)
+            toks = tokenize(raw, no, self.filename)
+            if not toks:
+                continue
+            first = toks[0]
+            if save_mode is None:
+                save_mode = first.text.startswith("*") and not first.quoted
+            if not save_mode:
+                if first.text.startswith("*") or first.text.startswith(":") or first.text == "COMMIT":
+                    raise ctx.err("iptables-save syntax in a plain rule file (start the file with *filter)", first)
+                self._plain_line(ctx, raw, toks)
+                continue
+            if first.text.startswith("*"):
+                if in_table is not None:
+                    raise ctx.err(f"table {first.text} starts before COMMIT of *{in_table}", first)
+                in_table, table_line = first.text[1:], no
+                if in_table not in BUILTIN_CHAINS:
+                    raise ctx.err("unknown table", first)
+                if len(toks) > 1:
+                    raise ctx.err("unexpected text after table name", toks[1])
+                continue
+            if in_table is None:
+                raise ctx.err("line outside a table (missing *filter?)", first)
+            if first.text == "COMMIT":
+                if len(toks) > 1:
+                    raise ctx.err("unexpected text after COMMIT", toks[1])
+                in_table = None
+                continue
+            ours = in_table == self.table
+            if first.text.startswith(":"):
+                self._chain_decl(ctx, toks, ours, in_table)
+                continue
+            if re.match(r"^\[\d+:\d+\]$", first.text):
+                toks = toks[1:]
+                if not toks:
+                    raise ctx.err("counters without a rule", first)
+            self._command(ctx, raw, toks, ours)
+        if save_mode and in_table is not None:
+            raise PolicyError(f"table *{in_table} has no COMMIT", self.filename, table_line, 1, f"*{in_table}")
+
+    def _fast(self, no: int, raw: str) -> bool:
+        """Appends the rule of a plain `-A CHAIN [-s A] [-d A] [-p tcp|udp [-m P] [--sport X] [--dport Y]] -j
+        ACCEPT|DROP` line (the ClassBench shape) without the general parser; False leaves the line to it.
+
+        Builds exactly the ParsedRule, boxes and canonical options the general path builds (checked by
+        tests/unit/test_parse_fast.py); values come from memoised calls of the same value parsers.
+        """
+        w = raw.split()
+        n = len(w)
+        if n < 4 or w[-2] != "-j" or w[-1] not in _FAST_TARGETS:
+            return False
+        ch = self.chains.get(w[1])
+        if ch is None:
+            return False
+        i, end = 2, n - 2
+        src = dst = proto = None
+        sport = dport = None
+        explicit = False
+        if i < end and w[i] == "-s":
+            src = _fast_addr(w[i + 1]) if i + 1 < end else None
+            if src is None:
+                return False
+            i += 2
+        if i < end and w[i] == "-d":
+            dst = _fast_addr(w[i + 1]) if i + 1 < end else None
+            if dst is None:
+                return False
+            i += 2
+        if i < end and w[i] == "-p":
+            proto = _FAST_PROTOS.get(w[i + 1]) if i + 1 < end else None
+            if proto is None:
+                return False
+            i += 2
+            if i < end and w[i] == "-m":
+                if i + 1 >= end or w[i + 1] != _IMPLICIT[proto]:
+                    return False
+                explicit, i = True, i + 2
+            if i < end and w[i] == "--sport":
+                sport = _fast_port(w[i + 1]) if i + 1 < end else None
+                if sport is None:
+                    return False
+                i += 2
+            if i < end and w[i] == "--dport":
+                dport = _fast_port(w[i + 1]) if i + 1 < end else None
+                if dport is None:
+                    return False
+                i += 2
+        if i != end:
+            return False
+        r = ParsedRule(chain=ch.name, origin=Origin(self.filename, no, ch.name, raw.strip()), target=w[-1])
+        full = _FULL_BOX
+        lo, hi = list(full.lo), list(full.hi)
+        opts: list[str] = []
+        if src is not None:
+            r.src = Addr(src[0], src[1])
+            lo[0], hi[0] = src[2], src[3]
+            if src[1]:
+                opts += ("-s", src[4])
+        if dst is not None:
+            r.dst = Addr(dst[0], dst[1])
+            lo[1], hi[1] = dst[2], dst[3]
+            if dst[1]:
+                opts += ("-d", dst[4])
+        if proto is not None:
+            r.proto = proto
+            lo[2] = hi[2] = proto
+            opts += ("-p", _IMPLICIT[proto])
+            if explicit or sport is not None or dport is not None:
+                m = TcpUdp(_IMPLICIT[proto])
+                r.matches.append(m)
+                opts += ("-m", m.name)
+                for pc, col, opt in ((sport, 3, "--sport"), (dport, 4, "--dport")):
+                    if pc is not None:
+                        setattr(m, opt[2:], PortCheck(pc[0], pc[1]))
+                        lo[col], hi[col] = pc[0], pc[1]
+                        if pc[2] is not None:
+                            opts += (opt, pc[2])
+        r.boxes = [full if lo == list(full.lo) and hi == list(full.hi) else type(full)(tuple(lo), tuple(hi))]
+        r.options_cache = tuple(opts)
+        ch.rules.append(r)
+        return True
+
+    def _chain_decl(self, ctx: _Ctx, toks: list[Tok], ours: bool, table: str) -> None:
+        first = toks[0]
+        name = first.text[1:]
+        if len(toks) < 2:
+            raise ctx.err("chain declaration needs a policy (ACCEPT, DROP or -)", first)
+        if len(toks) > 3 or (len(toks) == 3 and not re.match(r"^\[\d+:\d+\]$", toks[2].text)):
+            raise ctx.err("bad chain declaration (:NAME POLICY [packets:bytes])", toks[-1])
+        self._check_chain_name(ctx, Tok(name, first.col + 1))
+        pol = toks[1]
+        builtin = name in self.chains and self.chains[name].builtin if ours else name in BUILTIN_CHAINS[table]
+        if builtin and pol.text not in ("ACCEPT", "DROP"):
+            raise ctx.err("policy of a built-in chain must be ACCEPT or DROP", pol)
+        if not builtin and pol.text != "-":
+            raise ctx.err("a user-defined chain cannot have a policy (write -)", pol)
+        if not ours:
+            return
+        if name in self.declared:
+            raise ctx.err(f"chain {name} declared twice", first)
+        self.declared.add(name)
+        if builtin:
+            self.chains[name].policy = pol.text
+            self.chains[name].line = ctx.line
+        else:
+            if name in KNOWN_TARGETS:
+                raise ctx.err("a chain cannot have the name of a target", first)
+            self.chains[name] = ChainDef(name, False, line=ctx.line)
+
+    def _check_chain_name(self, ctx: _Ctx, tok: Tok) -> None:
+        n = tok.text
+        if not n or len(n) > MAX_CHAIN_NAME or n.startswith(("-", "!")) or any(c.isspace() for c in n):
+            raise ctx.err(f"bad chain name (1..{MAX_CHAIN_NAME} characters, not starting with - or !)", tok)
+
+    def _plain_line(self, ctx: _Ctx, raw: str, toks: list[Tok]) -> None:
+        if os.path.basename(toks[0].text) in _PLAIN_PREFIXES:
+            toks = toks[1:]
+            if not toks:
+                raise ctx.err("iptables without a command", None)
+        ours = True
+        if toks[0].text in ("-t", "--table"):
+            if len(toks) < 2:
+                raise ctx.err("-t needs a table name", toks[0])
+            if toks[1].text not in BUILTIN_CHAINS:
+                raise ctx.err("unknown table", toks[1])
+            ours = toks[1].text == self.table
+            toks = toks[2:]
+            if not toks:
+                raise ctx.err("no command after -t", None)
+        cmd = _CMD_LONG.get(toks[0].text, toks[0].text)
+        if cmd not in ("-A", "-I", "-N", "-P"):
+            if re.match(r"^-[A-Z]$", cmd) or cmd in _OTHER_COMMANDS:
+                raise ctx.err("command not supported in a policy file (use -A, -I, -N, -P)", toks[0])
+            toks = [Tok("-A", 0), Tok(self.base_chain, 0), *toks]
+        self._command(ctx, raw, toks, ours)
+
+    def _command(self, ctx: _Ctx, raw: str, toks: list[Tok], ours: bool) -> None:
+        cmd_tok = toks[0]
+        cmd = _CMD_LONG.get(cmd_tok.text, cmd_tok.text)
+        if cmd not in ("-A", "-I", "-N", "-P"):
+            raise ctx.err("expected a command (-A, -I, -N or -P)", cmd_tok)
+        if len(toks) < 2:
+            raise ctx.err(f"{cmd} needs a chain name", cmd_tok)
+        chain_tok = toks[1]
+        name = chain_tok.text
+        if cmd == "-N":
+            self._check_chain_name(ctx, chain_tok)
+            if len(toks) > 2:
+                raise ctx.err("unexpected text after -N CHAIN", toks[2])
+            if not ours:
+                return
+            if name in self.chains or name in KNOWN_TARGETS:
+                raise ctx.err(f"chain {name} already exists", chain_tok)
+            self.chains[name] = ChainDef(name, False, line=ctx.line)
+            return
+        if cmd == "-P":
+            if len(toks) != 3:
+                raise ctx.err("-P needs CHAIN and ACCEPT or DROP", toks[-1])
+            if not ours:
+                return
+            ch = self.chains.get(name)
+            if ch is None:
+                raise ctx.err("no such chain", chain_tok)
+            if not ch.builtin:
+                raise ctx.err("a user-defined chain cannot have a policy", chain_tok)
+            if toks[2].text not in ("ACCEPT", "DROP"):
+                raise ctx.err("policy must be ACCEPT or DROP", toks[2])
+            ch.policy = toks[2].text
+            return
+        rest = toks[2:]
+        pos = None
+        if cmd == "-I" and rest and rest[0].text.isdigit():
+            pos = int(rest[0].text)
+            if pos < 1:
+                raise ctx.err("rule position must be 1 or more", rest[0])
+            rest = rest[1:]
+        if not ours:
+            return
+        ch = self.chains.get(name)
+        if ch is None:
+            raise ctx.err("no such chain (define it first with -N or :NAME -)", chain_tok)
+        origin = Origin(self.filename, ctx.line, name, raw.strip())
+        rules = _RuleParser(ctx, rest, name, {c for c, d in self.chains.items() if not d.builtin}, origin).parse()
+        for r in rules:
+            analyse(r, self.config.hw_ports, canonical.options_of)
+        if cmd == "-A":
+            ch.rules.extend(rules)
+            return
+        pos = pos or 1
+        if pos > len(ch.rules) + 1:
+            raise ctx.err(f"chain {name} has only {len(ch.rules)} rules", toks[2])
+        ch.rules[pos - 1 : pos - 1] = rules
+
+
+# Whether _Document takes the whole-line fast path; the equivalence test turns it off to get the general path.
+FAST_PATH = True
+_FAST_TARGETS = frozenset({"ACCEPT", "DROP"})
+_FAST_PROTOS = {"tcp": PROTO_TCP, "udp": PROTO_UDP}
+_FULL_BOX = Box.full()
+_NO_CTX = _Ctx("<fast>", 0)
+
+
+@lru_cache(maxsize=1 << 16)
+def _fast_addr(text: str) -> tuple[int, int, int, int, str] | None:
+    """(net, mask, lo, hi, canonical text) of one contiguous `-s`/`-d` address; None for anything else."""
+    try:
+        addrs = _addresses(_NO_CTX, Tok(text, 0))
+    except PolicyError:
+        return None
+    if len(addrs) != 1:
+        return None
+    a = Addr(*addrs[0])
+    iv = a.intervals()
+    if iv is None:
+        return None
+    return a.net, a.mask, iv[0][0], iv[0][1], canonical.addr_text(a)
+
+
+@lru_cache(maxsize=1 << 16)
+def _fast_port(text: str) -> tuple[int, int, str | None] | None:
+    """(lo, hi, canonical text or None when the range is full) of one --sport/--dport; None when invalid."""
+    try:
+        lo, hi, _ = _port_range(_NO_CTX, Tok(text, 0), text)
+    except PolicyError:
+        return None
+    pc = PortCheck(lo, hi)
+    return lo, hi, None if pc.is_full else canonical._port(pc)
+
+
+def reachable_chains(chains: dict[str, ChainDef], base: str) -> list[str]:
+    """User chains reachable from `base`, in first-reach order; a loop is a PolicyError naming the chain."""
+    order: list[str] = []
+    state: dict[str, int] = {}
+
+    def visit(name: str, via: ParsedRule | None) -> None:
+        st = state.get(name)
+        if st == 1:
+            o = via.origin if via else None
+            raise PolicyError(
+                f"chain loop: {name} is reached from itself", o.file if o else "<policy>", o.line if o else 0, 0, name
+            )
+        if st == 2:
+            return
+        state[name] = 1
+        if name != base:
+            order.append(name)
+        for r in chains[name].rules:
+            if r.target in chains and not chains[r.target].builtin:
+                visit(r.target, r)
+        state[name] = 2
+
+    visit(base, None)
+    return order
+
+
+def parse_policy(
+    text: str, filename: str = "<policy>", base_chain: str = "FORWARD", config: Config | None = None
+) -> Policy:
+    """Parse and flatten a policy for `base_chain`; bad input raises PolicyError (file:line:column, token)."""
+    from hypafilter.iptables.flatten import flatten  # noqa: PLC0415 (flatten imports ParsedRule helpers from here)
+
+    config = config or Config()
+    doc = _Document(filename, base_chain, config)
+    doc.read(text)
+    base = doc.chains[base_chain]
+    if not base.builtin:
+        raise PolicyError(f"base chain {base_chain} is a user-defined chain", filename, base.line, 1, base_chain)
+    reach = reachable_chains(doc.chains, base_chain)
+    rules = flatten(doc.chains, base_chain, base.policy or "ACCEPT", config)
+    return Policy(
+        rules=rules,
+        default=base.policy or "ACCEPT",
+        base_chain=base_chain,
+        source=filename,
+        original_rules=[canonical.rule_tokens(r) for r in base.rules],
+        user_chains={n: UserChain(n, tuple(canonical.rule_tokens(r) for r in doc.chains[n].rules)) for n in reach},
+    )

@@ -1,0 +1,1 @@
+"""Operations on a running system: the deploy transaction and its state, the kernel-oracle verifier, the lab."""

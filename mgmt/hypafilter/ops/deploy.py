@@ -1,0 +1,647 @@
+"""Deploy, update and undeploy a policy on a target, all or nothing, with a journal of deployments in a state file.
+
+A deployment is: the hardware (the emulated NIC running the matcher generated for the policy, its registers), the
+software chains (`<prefix><gen>_*` in the firewall namespace, one jump from the base chain) and the shim (its
+generation, mark bits and interval table). Every step registers its undo before the next one runs; any failure
+undoes what was done, in reverse, and raises DeployError naming the step. An update is make-before-break (see
+docs/deploy.md for why no packet gets a wrong verdict at any point).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hypafilter.config import Config
+from hypafilter.errors import DeployError, HypafilterError
+from hypafilter.ir.types import Policy
+from hypafilter.paths import BUILD_ROOT
+from hypafilter.targets import shim as shim_mod
+
+STATE_DIR = Path(os.environ.get("HF_STATE_DIR", "/run/hypafilter"))
+FAIL_ENV = "HF_FAIL_STEP"  # test hook: the named step fails (netfilter: a real iptables-restore error)
+HISTORY_KEEP = 50
+
+# The reference lab topology (hypafilter.lab creates it; ARCHITECTURE §7). One lab per machine for deploy.
+LAB_NAME = os.environ.get("HF_LAB", "hf")
+NS_NIC, NS_FW, NS_PLAIN = f"{LAB_NAME}-nic", f"{LAB_NAME}-fw", f"{LAB_NAME}-plain"
+NIC_IFACES = {"wire0": "wire0", "wire1": "wire1", "host0": "host0", "host1": "host1"}
+FW_IFACES = ("nf0", "nf1")
+
+
+def configure(lab: str | None = None, state_dir: str | Path | None = None) -> None:
+    """Point this module at another lab and state directory (tests run their own lab beside the default one)."""
+    global LAB_NAME, NS_NIC, NS_FW, NS_PLAIN, STATE_DIR
+    if lab:
+        LAB_NAME = lab
+        NS_NIC, NS_FW, NS_PLAIN = f"{lab}-nic", f"{lab}-fw", f"{lab}-plain"
+    if state_dir:
+        STATE_DIR = Path(state_dir)
+
+
+def state_file() -> Path:
+    return STATE_DIR / "state.json"
+
+
+def read_state() -> dict | None:
+    try:
+        return json.loads(state_file().read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise HypafilterError(f"{state_file()}: unreadable deployment state: {e}") from e
+
+
+def write_state(state: dict) -> None:
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    tmp = state_file().with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=1, sort_keys=True) + "\n")
+    tmp.replace(state_file())  # readers (status, dashboard) never see a half-written file
+
+
+@contextlib.contextmanager
+def _lock() -> Iterator[None]:
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(STATE_DIR / "deploy.lock", "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise HypafilterError("another deploy/update/undeploy is running (lock held)") from None
+        yield
+
+
+# ---- netfilter --------------------------------------------------------------------------------------------------
+
+
+def _ipt(ns: str | None, argv: list[str], stdin: str | None = None) -> str:
+    full = (["ip", "netns", "exec", ns] if ns else []) + argv
+    p = subprocess.run(full, input=stdin, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise HypafilterError(f"{argv[0]}: {p.stderr.strip() or 'exit ' + str(p.returncode)}")
+    return p.stdout
+
+
+def chain_prefix(config: Config, generation: int) -> str:
+    return f"{config.chain_prefix}{generation}_"
+
+
+def owned_chains(ns: str | None, config: Config) -> dict[int, list[str]]:
+    """Chains in the table that belong to the tool, by generation (also leftovers of an interrupted run)."""
+    pat = re.compile(rf"^:({re.escape(config.chain_prefix)}(\d+)_\S*)")
+    out: dict[int, list[str]] = {}
+    for line in _ipt(ns, ["iptables-save", "-t", config.table]).splitlines():
+        m = pat.match(line)
+        if m:
+            out.setdefault(int(m.group(2)), []).append(m.group(1))
+    return out
+
+
+def _body(restore_text: str) -> list[str]:
+    """The rule and chain lines of an iptables-restore text, without table header and COMMIT."""
+    return [ln for ln in restore_text.splitlines() if ln.strip() and not ln.startswith(("*", "COMMIT", "#"))]
+
+
+def switch_text(config: Config, base: str, new_body: list[str], new_main: str | None, old_main: str | None) -> str:
+    """One restore that loads new chains and moves the single base-chain jump from old_main to new_main."""
+    lines = [f"*{config.table}", *new_body]
+    if old_main:
+        lines.append(f"-D {base} -j {old_main}")
+    if new_main:
+        lines.append(f"-I {base} 1 -j {new_main}")
+    lines.append("COMMIT")
+    return "\n".join(lines) + "\n"
+
+
+def delete_text(config: Config, chains: list[str], base: str | None = None, main: str | None = None) -> str:
+    lines = [f"*{config.table}"]
+    if base and main:
+        lines.append(f"-D {base} -j {main}")
+    lines += [f"-F {c}" for c in chains]  # flush all first: chains may jump to each other
+    lines += [f"-X {c}" for c in chains]
+    lines.append("COMMIT")
+    return "\n".join(lines) + "\n"
+
+
+def unswitch_text(config: Config, base: str, chains: list[str], new_main: str, old_main: str | None) -> str:
+    """The inverse of switch_text in one restore: jump back to old_main, new chains removed."""
+    lines = [f"*{config.table}", f"-D {base} -j {new_main}"]
+    if old_main:
+        lines.append(f"-I {base} 1 -j {old_main}")
+    lines += [f"-F {c}" for c in chains] + [f"-X {c}" for c in chains] + ["COMMIT"]
+    return "\n".join(lines) + "\n"
+
+
+def has_jump(ns: str | None, config: Config, base: str, chain: str) -> bool:
+    full = (["ip", "netns", "exec", ns] if ns else []) + ["iptables", "-w", "-t", config.table, "-C", base, "-j", chain]
+    return subprocess.run(full, capture_output=True).returncode == 0
+
+
+def restore(ns: str | None, text: str) -> None:
+    _ipt(ns, ["iptables-restore", "-w", "--noflush"], text)
+
+
+def chain_counters(ns: str | None, config: Config, prefix: str | None = None) -> dict[str, list[dict]]:
+    """Per-rule packet/byte counters of the tool's chains (iptables-save -c)."""
+    prefix = prefix or config.chain_prefix
+    out: dict[str, list[dict]] = {}
+    pat = re.compile(r"^\[(\d+):(\d+)\] -A (\S+) ?(.*)$")
+    for line in _ipt(ns, ["iptables-save", "-c", "-t", config.table]).splitlines():
+        m = pat.match(line)
+        if m and m.group(3).startswith(prefix):
+            out.setdefault(m.group(3), []).append(
+                {"packets": int(m.group(1)), "bytes": int(m.group(2)), "rule": m.group(4)}
+            )
+    return out
+
+
+def _quote(tok: str) -> str:
+    if tok and re.fullmatch(r"[A-Za-z0-9_./:,=!+@%^-]+", tok):
+        return tok
+    return '"' + tok.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _rule_tokens(chain: str, toks: tuple[str, ...]) -> str:
+    toks = tuple(toks)
+    if len(toks) >= 2 and toks[0] in ("-A", "--append"):
+        toks = toks[2:]
+    return " ".join([f"-A {chain}", *(_quote(t) for t in toks)])
+
+
+def plain_restore_text(policy: Policy, table: str = "filter") -> str:
+    """The original policy alone as a complete iptables-restore text (the oracle's rule set)."""
+    lines = [f"*{table}"]
+    for base in ("INPUT", "FORWARD", "OUTPUT"):
+        lines.append(f":{base} {policy.default if base == policy.base_chain else 'ACCEPT'} [0:0]")
+    if policy.base_chain not in ("INPUT", "FORWARD", "OUTPUT"):
+        raise HypafilterError(f"base chain {policy.base_chain} is not a built-in chain of {table}")
+    for name in sorted(policy.user_chains):
+        lines.append(f":{name} - [0:0]")
+    lines += [_rule_tokens(policy.base_chain, r) for r in policy.original_rules]
+    for name in sorted(policy.user_chains):
+        lines += [_rule_tokens(name, r) for r in policy.user_chains[name].rules]
+    lines.append("COMMIT")
+    return "\n".join(lines) + "\n"
+
+
+# ---- the transaction ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Transaction:
+    """Steps with their undos; a failure in any step rolls back every earlier one in reverse order."""
+
+    log: Callable[[str], None] = lambda s: None
+    undo: list[tuple[str, Callable[[], None]]] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    rollback_errors: list[str] = field(default_factory=list)
+
+    def step(
+        self, name: str, fn: Callable[[], object], undo: Callable[[], None] | None = None, undo_first: bool = False
+    ) -> object:
+        """Run one step. undo_first: the step can fail half-way (a run of register writes), so its undo is
+        registered before it runs and a failure of the step itself also undoes it."""
+        t = time.monotonic()
+        self.log(f"{name} ...")
+        if undo is not None and undo_first:
+            self.undo.append((name, undo))
+        try:
+            if os.environ.get(FAIL_ENV) == name and name != "netfilter":
+                raise HypafilterError(f"injected failure ({FAIL_ENV}={name})")
+            result = fn()
+        except DeployError:
+            raise
+        except (HypafilterError, OSError, subprocess.SubprocessError, RuntimeError, ValueError) as e:
+            raise DeployError(name, str(e)) from e
+        finally:
+            self.timings[name] = round(time.monotonic() - t, 4)
+        if undo is not None and not undo_first:
+            self.undo.append((name, undo))
+        return result
+
+    def rollback(self) -> None:
+        for name, fn in reversed(self.undo):
+            try:
+                self.log(f"rollback {name}")
+                fn()
+            except Exception as e:  # noqa: BLE001 -- keep undoing the rest; report every failure
+                self.rollback_errors.append(f"{name}: {e}")
+        self.undo.clear()
+
+
+# ---- the NIC (emulated target) --------------------------------------------------------------------------------
+
+
+class EmuTarget:
+    """Start/attach/stop the emulated NIC of the lab; `info` is what the state file keeps to find it again."""
+
+    # NICs started by this process, by pid, so that stopping one also reaps it.
+    started: dict[int, object] = {}
+
+    def __init__(self, config: Config):
+        self.config = config
+
+    def build(self, plan) -> str:
+        from hypafilter.targets import emu  # noqa: PLC0415
+
+        return str(emu.build(plan, self.config, build_root=BUILD_ROOT))
+
+    def start(self, binary: str, generation: int, standby: bool = True) -> dict:
+        from hypafilter.targets.emu import EmuNic  # noqa: PLC0415
+
+        name = f"{LAB_NAME}-g{generation}"
+        nic = EmuNic(binary, dict(NIC_IFACES), name=name, netns=NS_NIC, standby=standby)
+        nic.start()
+        assert nic.pid is not None
+        EmuTarget.started[nic.pid] = nic
+        return {"binary": binary, "name": name, "pid": nic.pid, "socket": str(nic.ctl_path)}
+
+    @contextlib.contextmanager
+    def client(self, info: dict):
+        from hypafilter.targets.nic import NicClient  # noqa: PLC0415
+
+        c = NicClient.emu(info["socket"])
+        try:
+            yield c
+        finally:
+            c.close()
+
+    def _command(self, info: dict, word: str) -> None:
+        from hypafilter.targets.nic import EmuTransport  # noqa: PLC0415
+
+        t = EmuTransport(info["socket"])
+        try:
+            t.command(word)
+        finally:
+            t.close()
+
+    def activate(self, info: dict) -> None:
+        self._command(info, "ACTIVATE")
+
+    def standby(self, info: dict) -> None:
+        self._command(info, "STANDBY")
+
+    def program(self, info: dict, plan, generation: int, known: dict | None = None) -> dict:
+        """Write the plan's tables (only what differs from `known`); returns what the core now holds."""
+        with self.client(info) as c:
+            return c.program(plan, generation, known=known)
+
+    def write_tables(self, info: dict, tables: dict, generation: int, known: dict | None = None) -> dict:
+        with self.client(info) as c:
+            return c.write_tables(tables, generation, known=known)
+
+    def shunt_all(self, info: dict, on: bool) -> None:
+        with self.client(info) as c:
+            c.set_shunt_all(on)
+
+    def counters(self, info: dict) -> dict:
+        with self.client(info) as c:
+            return c.counters()
+
+    def stop(self, info: dict, timeout: float = 10.0) -> None:
+        pid = int(info["pid"])
+        nic = EmuTarget.started.pop(pid, None)
+        if nic is not None:
+            nic.stop()  # type: ignore[attr-defined]
+            return
+        # Started by an earlier command: make sure the pid is still that NIC before signalling it.
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return
+        if info["socket"].encode() not in cmdline:
+            return
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                st = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
+                return
+            if st.rsplit(")", 1)[1].split()[0] == "Z":
+                return
+            time.sleep(0.02)
+        os.kill(pid, signal.SIGKILL)
+
+
+def _nic_alive(info: dict) -> bool:
+    try:
+        cmdline = Path(f"/proc/{int(info['pid'])}/cmdline").read_bytes()
+    except (OSError, KeyError, ValueError):
+        return False
+    return info.get("socket", "").encode() in cmdline and Path(info["socket"]).exists()
+
+
+def _fw_shim() -> shim_mod.Shim:
+    return shim_mod.Shim(NS_FW, list(FW_IFACES))
+
+
+def _check_lab() -> None:
+    missing = [ns for ns in (NS_NIC, NS_FW) if not Path(f"/run/netns/{ns}").exists()]
+    if missing:
+        raise HypafilterError(f"lab namespaces missing ({', '.join(missing)}): run `hypafilter lab up` first")
+
+
+def partition_counts(policy: Policy, plan) -> dict:
+    n = len(plan.entries)
+    return {
+        "rules": len(policy.rules),
+        "simple": len(policy.simple_indices),
+        "complex": len(policy.complex_indices),
+        "entries": n,
+        "shunted_entries": int(sum(bool(b) for b in plan.shunt)),
+    }
+
+
+def deploy(
+    policy: Policy,
+    config: Config,
+    target: str = "emu",
+    force: bool = False,
+    log: Callable[[str], None] = lambda s: None,
+) -> dict:
+    """Deploy `policy` (or update to it). Returns the new state; raises DeployError with everything as before."""
+    if target != "emu":
+        raise HypafilterError(f"target '{target}' is not available here (only 'emu'; no board is present)")
+    with _lock():
+        return _deploy_locked(policy, config, force, log, EmuTarget(config))
+
+
+def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: EmuTarget) -> dict:
+    from hypafilter.analysis.plan import build_plan  # noqa: PLC0415
+    from hypafilter.analysis.program import to_iptables_restore  # noqa: PLC0415
+
+    t0 = time.monotonic()
+    old = read_state()
+    phash = policy.policy_hash()
+    same = old and all(
+        old.get(k) == v
+        for k, v in (
+            ("policy_hash", phash),
+            ("mode", config.shunt_mode),
+            ("strategy", config.strategy),
+            ("mark_mask", config.mark_mask),
+            ("mark_shift", config.mark_shift),
+        )
+    )
+    if same and not force and _nic_alive(old["nic"]):
+        log("policy already deployed; nothing to do (use --force to redeploy)")
+        return old
+    _check_lab()
+    gen = (old["generation"] + 1) if old else 1
+    gen = gen if gen <= 0xFFFF else 1  # the hardware carries 16 bits of generation
+    tx = Transaction(log=log)
+    fwshim = _fw_shim()
+    base = policy.base_chain
+    prefix = chain_prefix(config, gen)
+    new_main = f"{prefix}MAIN"
+    old_main = old["main_chain"] if old and has_jump(NS_FW, config, base, old["main_chain"]) else None
+    old_nic = old["nic"] if old else None
+    if old_nic and not _nic_alive(old_nic):
+        log(f"previous NIC (pid {old_nic.get('pid')}) is gone; deploying as new")
+        old_nic = None
+
+    try:
+        plan = tx.step("compile", lambda: build_plan(policy, config))
+        binary = tx.step("build", lambda: tgt.build(plan))
+        intervals = [int(k) for k in plan.interval]
+        nf_text = tx.step(
+            "render",
+            lambda: to_iptables_restore(
+                plan, config.strategy, prefix, config.mark_mask, config.mark_shift, config.table
+            ),
+        )
+        body = _body(nf_text)
+        if os.environ.get(FAIL_ENV) == "netfilter":
+            body.append(f"-A {new_main} -m hf-no-such-match -j ACCEPT")
+        new_chains = [ln[1:].split()[0] for ln in body if ln.startswith(":")]
+        if new_main not in new_chains:
+            raise DeployError("render", f"netfilter rules do not define the entry chain {new_main}")
+
+        # 1. Everything to software on the running hardware (its metadata stays valid for the old chains).
+        if old_nic:
+            tx.step(
+                "shunt-all",
+                lambda: tgt.shunt_all(old_nic, True),
+                lambda: tgt.shunt_all(old_nic, False),
+            )
+        # 2. Shim generation first: from here every hardware tag is stale → k = 0 → full policy in software.
+        was_loaded = fwshim.loaded
+        old_cfg = fwshim.stats()["config"] if was_loaded else None
+
+        def shim_gen():
+            if not fwshim.loaded:
+                fwshim.load()
+            fwshim.update(generation=gen, mark_mask=config.mark_mask, mark_shift=config.mark_shift)
+
+        def shim_gen_undo():
+            if not was_loaded:
+                fwshim.unload()
+            else:
+                fwshim.update(
+                    generation=old_cfg["generation"],
+                    mark_mask=old_cfg["mark_mask"],
+                    mark_shift=old_cfg["mark_shift"],
+                )
+
+        tx.step("shim-generation", shim_gen, shim_gen_undo)
+        # 3. New chains and the jump to them, in one atomic restore.
+        tx.step(
+            "netfilter",
+            lambda: restore(NS_FW, switch_text(config, base, body, new_main, old_main)),
+            lambda: restore(NS_FW, unswitch_text(config, base, new_chains, new_main, old_main)),
+        )
+        # 4. Interval table of the new plan (read by nobody yet: everything is stale).
+        old_intervals = old.get("intervals") if old else None
+
+        def shim_tables_undo():
+            if old_intervals is not None:
+                fwshim.update(old_intervals, num_entries=len(old_intervals))
+
+        tx.step("shim-tables", lambda: fwshim.update(intervals, num_entries=len(intervals)), shim_tables_undo)
+        # 5. Hardware: a new NIC for a new matcher (standby until programmed), else rewrite the registers. The
+        #    build is keyed on the matcher (hwgen.matcher_hash), so only a change of the hardware entries replaces it.
+        replace = not old_nic or old_nic.get("binary") != binary or force
+        if replace:
+            # Beside a running NIC the new one waits in standby until it is programmed. Alone it starts active: the
+            # core powers up shunting every entry with GENERATION 0, which the shim (generation >= 1) treats as
+            # stale, so until `registers` every frame gets the full policy in software — always right.
+            standby = bool(old_nic)
+            new_nic = tx.step("nic", lambda: tgt.start(binary, gen, standby=standby), None)
+            tx.undo.append(("nic", lambda: tgt.stop(new_nic)))
+            written = tx.step("registers", lambda: tgt.program(new_nic, plan, gen))
+            # Activate the new NIC before silencing the old one: frames in the overlap may be seen by both
+            # (a duplicate with the right verdict), never by neither.
+            tx.step("activate", lambda: tgt.activate(new_nic), lambda: tgt.standby(new_nic))
+            if old_nic:
+                tx.step("standby-old", lambda: tgt.standby(old_nic), lambda: tgt.activate(old_nic))
+        else:
+            # Same matcher: the running core takes the new shunt vector and actions by register writes, only the
+            # words that changed (a complex-only change in index/selective mode touches a few).
+            new_nic = old_nic
+            old_tables = old.get("tables")
+            done: dict = {}
+
+            def registers():
+                done.update(tgt.program(new_nic, plan, gen, known=old_tables))
+                return dict(done)
+
+            def registers_undo():
+                if old_tables:
+                    tgt.write_tables(new_nic, old_tables, old["generation"], known=done or None)
+                else:  # a state from before tables were recorded: the old plan's tables are unknown
+                    raise HypafilterError("previous tables unknown; redeploy the previous policy to restore them")
+
+            written = tx.step("registers", registers, registers_undo, undo_first=True)
+            tx.step("release", lambda: tgt.shunt_all(new_nic, False))
+        tx.undo.clear()  # committed: from here on, failures are clean-up warnings, not rollbacks
+    except DeployError as e:
+        tx.rollback()
+        if tx.rollback_errors:
+            raise DeployError(e.step, f"{e}; rollback also failed: {'; '.join(tx.rollback_errors)}") from e
+        _journal_failure(old, phash, e, tx, t0)
+        raise
+
+    warnings = []
+    if old_nic and replace:
+        try:
+            tgt.stop(old_nic)
+        except Exception as e:  # noqa: BLE001
+            warnings.append(f"stopping the old NIC: {e}")
+    try:
+        stale = [c for g, cs in owned_chains(NS_FW, config).items() if g != gen for c in cs]
+        if stale:
+            restore(NS_FW, delete_text(config, stale))
+    except HypafilterError as e:
+        warnings.append(f"removing old chains: {e}")
+
+    took = round(time.monotonic() - t0, 3)
+    state = {
+        "target": "emu",
+        "policy_hash": phash,
+        "policy_source": policy.source,
+        "base_chain": base,
+        "table": config.table,
+        "chain_prefix": config.chain_prefix,
+        "prefix": prefix,
+        "main_chain": new_main,
+        "chains": new_chains,
+        "generation": gen,
+        "mode": config.shunt_mode,
+        "strategy": config.strategy,
+        "mark_mask": config.mark_mask,
+        "mark_shift": config.mark_shift,
+        "partition": partition_counts(policy, plan),
+        "intervals": intervals,
+        "nic": new_nic,
+        "tables": {k: v for k, v in written.items() if k != "writes"},
+        "shim": {"netns": NS_FW, "ifaces": list(FW_IFACES), "pin": str(fwshim.pin)},
+        "deployed_at": time.time(),
+        "plain_rules": plain_restore_text(policy, config.table),
+        "history": ((old or {}).get("history") or [])[-HISTORY_KEEP + 1 :]
+        + [
+            {
+                "time": time.time(),
+                "policy_hash": phash,
+                "generation": gen,
+                "result": "ok",
+                "kind": "update" if old else "deploy",
+                "replaced_nic": bool(replace),
+                "register_writes": written["writes"],
+                "duration_s": took,
+                "steps": tx.timings,
+                "warnings": warnings,
+            }
+        ],
+    }
+    write_state(state)
+    for w in warnings:
+        log(f"warning: {w}")
+    log(f"deployed generation {gen} in {took:.2f}s")
+    return state
+
+
+def _journal_failure(old: dict | None, phash: str, e: DeployError, tx: Transaction, t0: float) -> None:
+    if not old:
+        return
+    old.setdefault("history", []).append(
+        {
+            "time": time.time(),
+            "policy_hash": phash,
+            "result": "failed",
+            "step": e.step,
+            "error": str(e),
+            "duration_s": round(time.monotonic() - t0, 3),
+            "steps": tx.timings,
+        }
+    )
+    old["history"] = old["history"][-HISTORY_KEEP:]
+    write_state(old)
+
+
+def undeploy(log: Callable[[str], None] = lambda s: None) -> bool:
+    """Remove the deployment: stop the NIC, remove the tool's chains and the jump, unload the shim."""
+    with _lock():
+        st = read_state()
+        if not st:
+            return False
+        cfg = Config(table=st.get("table", "filter"), chain_prefix=st.get("chain_prefix", "HF"))
+        errors = []
+        if st.get("nic"):
+            try:
+                EmuTarget(cfg).stop(st["nic"])
+            except Exception as e:  # noqa: BLE001
+                errors.append(f"nic: {e}")
+        if Path(f"/run/netns/{NS_FW}").exists():
+            try:
+                chains = [c for cs in owned_chains(NS_FW, cfg).values() for c in cs]
+                text = delete_text(cfg, chains)
+                if st.get("main_chain"):
+                    text = switch_text(cfg, st["base_chain"], [], None, st["main_chain"]) + text
+                restore(NS_FW, text)
+            except HypafilterError as e:
+                errors.append(f"netfilter: {e}")
+            try:
+                sh = shim_mod.Shim(st["shim"]["netns"], st["shim"]["ifaces"])
+                if sh.loaded:
+                    sh.unload()
+            except HypafilterError as e:
+                errors.append(f"shim: {e}")
+        st["history"].append({"time": time.time(), "result": "undeployed", "errors": errors})
+        (STATE_DIR / "last-undeployed.json").write_text(json.dumps(st, indent=1) + "\n")
+        state_file().unlink()
+        if errors:
+            raise HypafilterError("undeploy finished with errors: " + "; ".join(errors))
+        log("undeployed")
+        return True
+
+
+def status() -> dict:
+    """What is deployed, with live NIC counters, shim statistics and the tool's chain counters."""
+    st = read_state()
+    if not st:
+        return {"deployed": False}
+    out = {k: v for k, v in st.items() if k not in ("intervals", "plain_rules")}
+    out["deployed"] = True
+    cfg = Config(table=st.get("table", "filter"), chain_prefix=st.get("chain_prefix", "HF"))
+    try:
+        out["nic_counters"] = EmuTarget(cfg).counters(st["nic"])
+    except Exception as e:  # noqa: BLE001 -- status reports what it can
+        out["nic_counters"] = {"error": str(e)}
+    try:
+        out["shim_stats"] = shim_mod.Shim(st["shim"]["netns"], st["shim"]["ifaces"]).stats()
+    except HypafilterError as e:
+        out["shim_stats"] = {"error": str(e)}
+    try:
+        out["netfilter"] = chain_counters(NS_FW, cfg, st["prefix"])
+    except HypafilterError as e:
+        out["netfilter"] = {"error": str(e)}
+    return out

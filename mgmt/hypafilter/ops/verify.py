@@ -1,0 +1,549 @@
+"""The kernel as oracle: the same frames through the hybrid path and the plain netfilter path, verdicts compared.
+
+Frames go from the lab's sender through the emulated NIC and the firewall namespace (hybrid) and through the
+plain namespace that holds only the original policy (oracle), and are captured at the receiver. Every frame
+carries its id in the source MAC address (0e:48:<id, 4 bytes>), which survives every path and needs no payload,
+so truncated and non-IP frames are matched too. A frame's verdict is "delivered" or not; a frame delivered on
+the hybrid path must also be byte-identical to what was sent (tag popped, nothing else changed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gzip
+import os
+import random
+import select
+import socket
+import struct
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from hypafilter.config import Config
+from hypafilter.errors import HypafilterError
+from hypafilter.ir.types import MAXV, PROTO_ICMP, PROTO_TCP, PROTO_UDP, Policy
+
+CLONE_NEWNET = 0x40000000
+ETH_P_ALL = 0x0003
+PACKET_OUTGOING = 4
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+@contextlib.contextmanager
+def netns(name: str | None) -> Iterator[None]:
+    """Run the body with this thread in network namespace `name` (None: stay); always switches back."""
+    if not name:
+        yield
+        return
+    back = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    target = os.open(f"/run/netns/{name}", os.O_RDONLY)
+    try:
+        if _libc.setns(target, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns {name}")
+        try:
+            yield
+        finally:
+            if _libc.setns(back, CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), "setns back")
+    finally:
+        os.close(back)
+        os.close(target)
+
+
+def raw_socket(ns: str | None, ifname: str, rcvbuf: int = 8 << 20) -> socket.socket:
+    """An AF_PACKET socket on `ifname` in namespace `ns` (sends raw frames, receives every frame)."""
+    with netns(ns):
+        s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, rcvbuf)
+        s.bind((ifname, 0))
+    s.setblocking(False)
+    return s
+
+
+def drain(s: socket.socket) -> None:
+    while True:
+        try:
+            s.recv(65536)
+        except BlockingIOError:
+            return
+
+
+def receive(s: socket.socket, quiet: float = 0.3, limit: float = 10.0, want: int | None = None) -> list[bytes]:
+    """Frames that arrive on `s` (not the ones it sent) until `quiet` seconds pass without one, or `want` came."""
+    got: list[bytes] = []
+    deadline = time.monotonic() + limit
+    last = time.monotonic()
+    while True:
+        now = time.monotonic()
+        if now > deadline or now - last > quiet or (want is not None and len(got) >= want):
+            return got
+        r, _, _ = select.select([s], [], [], min(quiet, 0.05))
+        if not r:
+            continue
+        while True:
+            try:
+                data, addr = s.recvfrom(65536)
+            except BlockingIOError:
+                break
+            if addr[2] != PACKET_OUTGOING:
+                got.append(data)
+                last = time.monotonic()
+
+
+def send(s: socket.socket, frames: list[bytes], pace_every: int = 256, pace: float = 0.0005) -> None:
+    """Send frames, pausing briefly every `pace_every` frames so the receiving path's queues do not overflow."""
+    s.setblocking(True)
+    try:
+        for i, f in enumerate(frames):
+            s.send(f)
+            if pace and pace_every and i % pace_every == pace_every - 1:
+                time.sleep(pace)
+    finally:
+        s.setblocking(False)
+
+
+def run_in(ns: str | None, argv: list[str], check: bool = True, input: str | None = None) -> str:
+    """Run a command in namespace `ns` (ip netns exec); returns stdout; raises with stderr on failure."""
+    full = (["ip", "netns", "exec", ns] if ns else []) + argv
+    p = subprocess.run(full, capture_output=True, text=True, input=input)
+    if check and p.returncode != 0:
+        raise RuntimeError(f"{' '.join(full)}: {p.stderr.strip() or p.returncode}")
+    return p.stdout
+
+
+# ---- what verify refuses ----------------------------------------------------------------------------------------
+
+# Matches whose outcome depends on chance, time or on how many packets a namespace has seen: the hybrid path
+# shows software only the shunted packets, so such a rule cannot give both paths the same verdict per frame.
+NONDETERMINISTIC = {
+    "statistic": "random or every-nth sampling",
+    "random": "random sampling",
+    "nth": "every-nth sampling",
+    "limit": "rate limiting",
+    "hashlimit": "rate limiting",
+    "quota": "byte quotas",
+    "connlimit": "connection counts",
+    "recent": "recently-seen lists",
+    "time": "time of day",
+    "cpu": "the receiving CPU",
+    "rateest": "rate estimates",
+}
+
+
+def _matches_in(tokens) -> list[str]:
+    toks = list(tokens)
+    return [toks[i + 1] for i, t in enumerate(toks[:-1]) if t in ("-m", "--match")]
+
+
+def refuse_nondeterministic(policy: Policy) -> None:
+    """HypafilterError naming file:line of the first rule whose verdict is not a function of the frame."""
+    for r in policy.rules:
+        for group in r.complex:
+            for m in _matches_in(group):
+                if m in NONDETERMINISTIC:
+                    where = f"{r.origin.file}:{r.origin.line}" if r.origin else policy.source
+                    raise HypafilterError(
+                        f"{where}: verify refuses match '{m}' ({NONDETERMINISTIC[m]}): its verdict is not a function "
+                        "of the frame, so the hybrid path and the oracle cannot be compared frame by frame"
+                    )
+    for name, uc in policy.user_chains.items():
+        for toks in uc.rules:
+            for m in _matches_in(toks):
+                if m in NONDETERMINISTIC:
+                    raise HypafilterError(
+                        f"{policy.source}: chain {name}: verify refuses match '{m}' ({NONDETERMINISTIC[m]})"
+                    )
+
+
+# ---- frames -------------------------------------------------------------------------------------------------------
+
+ID_MAC_PREFIX = b"\x0e\x48"  # locally administered unicast; the other 4 bytes are the frame id
+DST_MAC = bytes.fromhex("0e48fffffffe")  # owned by nobody: flooded by the bridges, ignored by the receiver's stack
+MALFORMED_KINDS = (
+    "ip_options",
+    "fragment_first",
+    "fragment_later",
+    "truncated_ip",
+    "truncated_l4",
+    "bad_ethertype",
+    "vlan",
+    "smuggled_tag",
+    "runt",
+)
+
+
+@dataclass
+class Probe:
+    uid: int
+    kind: str
+    frame: bytes
+
+
+def frame_id(frame: bytes) -> int | None:
+    if len(frame) >= 12 and frame[6:8] == ID_MAC_PREFIX:
+        return int.from_bytes(frame[8:12], "big")
+    return None
+
+
+def _csum(b: bytes) -> int:
+    if len(b) % 2:
+        b += b"\0"
+    s = sum(int.from_bytes(b[i : i + 2], "big") for i in range(0, len(b), 2))
+    while s >> 16:
+        s = (s & 0xFFFF) + (s >> 16)
+    return ~s & 0xFFFF
+
+
+def _fix_ip(frame: bytearray, l3: int = 14) -> None:
+    ihl = (frame[l3] & 0xF) * 4
+    frame[l3 + 10 : l3 + 12] = b"\0\0"
+    frame[l3 + 10 : l3 + 12] = _csum(bytes(frame[l3 : l3 + ihl])).to_bytes(2, "big")
+
+
+def read_trace(path: str | Path, limit: int, rng: random.Random) -> list[dict]:
+    """Headers from a ClassBench trace (SRC DST SPORT DPORT PROTO FLAGS FILTER, addresses as integers)."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    rows = []
+    try:
+        with opener(path, "rt") as f:
+            for lineno, line in enumerate(f, 1):
+                parts = line.split()
+                if not parts:
+                    continue
+                try:
+                    src, dst, sport, dport, proto = (int(x, 0) for x in parts[:5])
+                    flags = int(parts[5], 0) if len(parts) > 5 else 0
+                except ValueError:
+                    raise HypafilterError(f"{path}:{lineno}: not a ClassBench trace line: {line.strip()!r}") from None
+                rows.append({"src": src, "dst": dst, "sport": sport, "dport": dport, "proto": proto, "flags": flags})
+    except OSError as e:
+        raise HypafilterError(f"{path}: {e.strerror or e}") from e
+    if not rows:
+        raise HypafilterError(f"{path}: empty trace")
+    return [rows[i] for i in sorted(rng.sample(range(len(rows)), limit))] if len(rows) > limit else rows
+
+
+class FrameGen:
+    """Random headers biased to the policy's own boxes (their corners and just outside them), some fully random."""
+
+    COMMON_FLAGS = (0x02, 0x10, 0x12, 0x11, 0x04, 0x18, 0x00, 0x14, 0x29)
+
+    def __init__(self, policy: Policy, rng: random.Random, bad_share: float = 0.2):
+        self.rng = rng
+        self.bad_share = bad_share
+        self.boxes = [b for r in policy.rules for b in r.boxes]
+
+    def _pick(self, lo: int, hi: int, top: int) -> int:
+        r = self.rng.random()
+        if r < 0.25:
+            return lo
+        if r < 0.45:
+            return hi
+        if r < 0.55:
+            return max(0, lo - 1)
+        if r < 0.65:
+            return min(top, hi + 1)
+        return self.rng.randint(lo, hi)
+
+    def header(self) -> dict:
+        rng = self.rng
+        box = rng.choice(self.boxes) if self.boxes and rng.random() < 0.85 else None
+        h: dict = {}
+        for i, name in enumerate(("src", "dst", "proto", "sport", "dport", "icmp_type", "icmp_code")):
+            if box is not None and rng.random() < 0.9:
+                h[name] = self._pick(box.lo[i], box.hi[i], MAXV[i])
+            else:
+                h[name] = rng.randint(0, MAXV[i])
+        if box is None or box.hi[2] - box.lo[2] > 16 or rng.random() < 0.1:
+            h["proto"] = rng.choice((PROTO_TCP, PROTO_TCP, PROTO_UDP, PROTO_UDP, PROTO_ICMP, 47, rng.randint(0, 255)))
+        flags = rng.choice(self.COMMON_FLAGS)
+        if box is not None and box.flags_mask and rng.random() < 0.6:
+            flags = (flags & ~box.flags_mask) | box.flags_value
+        h["flags"] = flags
+        return h
+
+    def payload(self) -> bytes:
+        n = self.rng.randint(0, 48)
+        body = bytes(self.rng.getrandbits(8) for _ in range(n))
+        if self.rng.random() < self.bad_share:
+            at = self.rng.randint(0, n)
+            body = body[:at] + b"BAD" + body[at:]
+        return body
+
+
+def build_frame(uid: int, h: dict, payload: bytes) -> bytes:
+    """Ethernet + IPv4 + TCP/UDP/ICMP bytes with valid checksums (struct, not scapy: 100x faster per frame)."""
+    proto = h["proto"] & 0xFF
+    src, dst = int(h["src"]).to_bytes(4, "big"), int(h["dst"]).to_bytes(4, "big")
+    if proto == PROTO_TCP:
+        l4 = struct.pack(
+            "!HHIIBBHHH", h.get("sport", 0), h.get("dport", 0), uid, 0, 5 << 4, h.get("flags", 0) & 0xFF, 1024, 0, 0
+        )
+    elif proto == PROTO_UDP:
+        l4 = struct.pack("!HHHH", h.get("sport", 0), h.get("dport", 0), 8 + len(payload), 0)
+    elif proto == PROTO_ICMP:
+        l4 = struct.pack("!BBHI", h.get("icmp_type", 8) & 0xFF, h.get("icmp_code", 0) & 0xFF, 0, uid)
+    else:
+        l4 = b""
+    seg = bytearray(l4 + payload)
+    if proto in (PROTO_TCP, PROTO_UDP):
+        pseudo = src + dst + struct.pack("!BBH", 0, proto, len(seg))
+        c = _csum(pseudo + bytes(seg))
+        if proto == PROTO_UDP and c == 0:
+            c = 0xFFFF
+        off = 16 if proto == PROTO_TCP else 6
+        seg[off : off + 2] = c.to_bytes(2, "big")
+    elif proto == PROTO_ICMP:
+        seg[2:4] = _csum(bytes(seg)).to_bytes(2, "big")
+    ip = bytearray(struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(seg), uid & 0xFFFF, 0, 64, proto, 0, src, dst))
+    ip[10:12] = _csum(bytes(ip)).to_bytes(2, "big")
+    return DST_MAC + ID_MAC_PREFIX + uid.to_bytes(4, "big") + b"\x08\x00" + bytes(ip) + bytes(seg)
+
+
+def _ip(v: int) -> str:
+    return socket.inet_ntoa(int(v).to_bytes(4, "big"))
+
+
+def malform(kind: str, frame: bytes, rng: random.Random, generation: int = 0) -> bytes:
+    """A malformed variant of a well-formed IPv4 frame (the id in the source MAC kept)."""
+    from hypafilter.shared import pack_meta  # noqa: PLC0415
+
+    f = bytearray(frame)
+    ihl = (f[14] & 0xF) * 4
+    total = int.from_bytes(f[16:18], "big")
+    proto = f[23]
+    if kind == "ip_options":
+        words = rng.randint(1, 10)
+        opts = b"\x01" * (4 * words - 1) + b"\x00"  # NOPs then end-of-list: valid options the kernel accepts
+        f = f[: 14 + ihl] + bytearray(opts) + f[14 + ihl :]
+        f[14] = 0x40 | (ihl // 4 + words)
+        f[16:18] = (total + 4 * words).to_bytes(2, "big")
+        _fix_ip(f)
+    elif kind == "fragment_first":
+        f[20:22] = (0x2000).to_bytes(2, "big")  # MF, offset 0
+        _fix_ip(f)
+    elif kind == "fragment_later":
+        f[20:22] = ((0x2000 if rng.random() < 0.5 else 0) | rng.randint(1, 400)).to_bytes(2, "big")
+        _fix_ip(f)
+    elif kind == "truncated_ip":
+        f = f[: rng.randint(min(14 + 20, len(f) - 1), len(f) - 1)]  # the header still claims the full length
+    elif kind == "truncated_l4":
+        keep = {PROTO_TCP: rng.randint(1, 19), PROTO_UDP: rng.randint(1, 7), PROTO_ICMP: rng.randint(1, 7)}
+        cut = keep.get(proto, 0)
+        if cut:
+            f = f[: 14 + ihl + cut]
+            f[16:18] = (ihl + cut).to_bytes(2, "big")
+            _fix_ip(f)
+    elif kind == "bad_ethertype":
+        f[12:14] = rng.choice((0x1234, 0x88B6, 0x86DD, 0x0806, 0x9000)).to_bytes(2, "big")
+    elif kind == "vlan":
+        f = f[:12] + bytearray((0x8100).to_bytes(2, "big") + rng.randint(1, 4094).to_bytes(2, "big")) + f[12:]
+    elif kind == "smuggled_tag":
+        meta = pack_meta(rng.randint(0, 3), 1, 0, generation)
+        f = f[:12] + bytearray((0x88B5).to_bytes(2, "big") + meta.to_bytes(8, "big")) + f[12:]
+    elif kind == "runt":
+        f = f[: rng.randint(15, 33)]
+    else:
+        raise ValueError(kind)
+    return bytes(f)
+
+
+def make_probes(
+    policy: Policy,
+    packets: int,
+    seed: int = 1,
+    trace: str | Path | None = None,
+    malformed: float = 0.1,
+    bad_share: float = 0.2,
+    generation: int = 0,
+    kinds: tuple[str, ...] = MALFORMED_KINDS,
+) -> list[Probe]:
+    rng = random.Random(seed)
+    gen = FrameGen(policy, rng, bad_share)
+    rows = read_trace(trace, packets, rng) if trace else None
+    probes = []
+    for uid in range(1, packets + 1):
+        h = rows[(uid - 1) % len(rows)] if rows else gen.header()
+        frame = build_frame(uid, h, gen.payload())
+        kind = "normal"
+        if rng.random() < malformed:
+            kind = rng.choice(kinds)
+            frame = malform(kind, frame, rng, generation)
+        probes.append(Probe(uid, kind, frame))
+    return probes
+
+
+# ---- running the comparison ---------------------------------------------------------------------------------------
+
+
+def collect(
+    socks: dict[str, socket.socket], got: dict[str, dict[int, list[bytes]]], quiet: float, limit: float
+) -> None:
+    """Read every socket until none has had a frame for `quiet` seconds (or `limit` passed)."""
+    start = last = time.monotonic()
+    by_fd = {s.fileno(): name for name, s in socks.items()}
+    while True:
+        now = time.monotonic()
+        if now - last > quiet or now - start > limit:
+            return
+        r, _, _ = select.select(list(socks.values()), [], [], quiet / 4)
+        for s in r:
+            name = by_fd[s.fileno()]
+            while True:
+                try:
+                    data, addr = s.recvfrom(65536)
+                except BlockingIOError:
+                    break
+                if addr[2] == PACKET_OUTGOING:
+                    continue
+                uid = frame_id(data)
+                if uid is not None:
+                    got[name].setdefault(uid, []).append(data)
+                    last = time.monotonic()
+
+
+def exchange(
+    lab_ns: dict[str, str], probes: list[Probe], chunk: int = 128, quiet: float = 0.08
+) -> dict[str, dict[int, list[bytes]]]:
+    """Send every probe on both paths (chunk by chunk, each chunk drained before the next) and capture them."""
+    tx = {"hybrid": raw_socket(lab_ns["send"], "hyb0"), "plain": raw_socket(lab_ns["send"], "plain0")}
+    rx = {"hybrid": raw_socket(lab_ns["recv"], "hyb0"), "plain": raw_socket(lab_ns["recv"], "plain0")}
+    got: dict[str, dict[int, list[bytes]]] = {"hybrid": {}, "plain": {}}
+    try:
+        for s in rx.values():
+            drain(s)
+        for start in range(0, len(probes), chunk):
+            part = probes[start : start + chunk]
+            for path in ("hybrid", "plain"):
+                send(tx[path], [p.frame for p in part], pace_every=0)
+            collect(rx, got, quiet, 10.0)
+        collect(rx, got, max(quiet, 0.4), 10.0)
+    finally:
+        for s in (*tx.values(), *rx.values()):
+            s.close()
+    return got
+
+
+def compare(probes: list[Probe], got: dict[str, dict[int, list[bytes]]]) -> dict:
+    mismatches, altered, dups = [], [], 0
+    by_kind: dict[str, dict[str, int]] = {}
+    for p in probes:
+        h = got["hybrid"].get(p.uid, [])
+        o = got["plain"].get(p.uid, [])
+        dups += max(0, len(h) - 1)
+        k = by_kind.setdefault(p.kind, {"packets": 0, "delivered": 0, "mismatches": 0})
+        k["packets"] += 1
+        k["delivered"] += bool(o)
+        if bool(h) != bool(o):
+            k["mismatches"] += 1
+            mismatches.append(
+                {"id": p.uid, "kind": p.kind, "oracle": bool(o), "hybrid": bool(h), "frame": p.frame.hex()}
+            )
+        elif h and h[0] != o[0]:
+            altered.append({"id": p.uid, "kind": p.kind, "oracle": o[0].hex(), "hybrid": h[0].hex()})
+    return {
+        "packets": len(probes),
+        "delivered_oracle": sum(1 for p in probes if got["plain"].get(p.uid)),
+        "delivered_hybrid": sum(1 for p in probes if got["hybrid"].get(p.uid)),
+        "mismatches": len(mismatches) + len(altered),
+        "verdict_mismatches": len(mismatches),
+        "altered": len(altered),
+        "duplicates": dups,
+        "by_kind": by_kind,
+        "examples": (mismatches + altered)[:10],
+    }
+
+
+def _counter_delta(before: dict, after: dict) -> dict:
+    return {k: after[k] - before.get(k, 0) for k in after if isinstance(after[k], int)}
+
+
+def load_oracle(ns: str, policy: Policy, table: str = "filter") -> None:
+    """The original policy alone into the plain namespace (the whole table replaced)."""
+    from hypafilter.ops.deploy import plain_restore_text  # noqa: PLC0415
+
+    p = subprocess.run(
+        ["ip", "netns", "exec", ns, "iptables-restore", "-w"],
+        input=plain_restore_text(policy, table),
+        capture_output=True,
+        text=True,
+    )
+    if p.returncode != 0:
+        raise HypafilterError(f"loading the original policy into {ns} failed: {p.stderr.strip()}")
+
+
+def verify(
+    policy: Policy,
+    config: Config,
+    packets: int = 1000,
+    trace: str | Path | None = None,
+    seed: int = 1,
+    malformed: float = 0.1,
+    log: Callable[[str], None] = lambda s: None,
+    kinds: tuple[str, ...] = MALFORMED_KINDS,
+) -> dict:
+    """Deploy if needed, send the probes through both paths, compare per frame; returns the report dict."""
+    from hypafilter.ops import deploy  # noqa: PLC0415
+    from hypafilter.ops.lab import Lab  # noqa: PLC0415
+
+    refuse_nondeterministic(policy)
+    if packets < 1 or packets > 0xFFFFFFFF:
+        raise HypafilterError("--packets must be between 1 and 2^32-1")
+    if not 0.0 <= malformed <= 1.0:
+        raise HypafilterError("--malformed must be a share between 0 and 1")
+    lab = Lab(deploy.LAB_NAME)
+    if len(lab.namespaces()) < 5:
+        log(f"lab {lab.name} is not (fully) up: bringing it up")
+        lab.up()
+    state = deploy.read_state()
+    if not state or state.get("policy_hash") != policy.policy_hash():
+        log("policy not deployed: deploying it")
+    # deploy() returns at once when exactly this policy and configuration are live (and its NIC runs).
+    state = deploy.deploy(policy, config, log=log)
+    ns = {"send": lab.ns_send, "recv": lab.ns_recv, "fw": lab.ns_fw, "plain": lab.ns_plain}
+    load_oracle(ns["plain"], policy, config.table)
+    # VLAN-tagged IPv4 is filtered on both bridges: the hardware parses VLAN tags and classifies the frame, so the
+    # oracle must see it through iptables too (the kernel default, 0, lets such frames bypass the policy).
+    for n in (ns["fw"], ns["plain"]):
+        run_in(n, ["sysctl", "-qw", "net.bridge.bridge-nf-filter-vlan-tagged=1"])
+    t0 = time.monotonic()
+    unknown = set(kinds) - set(MALFORMED_KINDS)
+    if unknown:
+        raise HypafilterError(f"unknown malformed kinds: {', '.join(sorted(unknown))}")
+    probes = make_probes(policy, packets, seed, trace, malformed, generation=state["generation"], kinds=kinds)
+    t_gen = time.monotonic() - t0
+    tgt = deploy.EmuTarget(config)
+    nic_before = tgt.counters(state["nic"])
+    from hypafilter.targets.shim import Shim  # noqa: PLC0415
+
+    sh = Shim(state["shim"]["netns"], state["shim"]["ifaces"])
+    shim_before = sh.stats()
+    t1 = time.monotonic()
+    got = exchange(ns, probes)
+    t_run = time.monotonic() - t1
+    nic = _counter_delta(nic_before, tgt.counters(state["nic"]))
+    shim = _counter_delta({k: v for k, v in shim_before.items() if k != "config"}, sh.stats())
+    shim.pop("config", None)
+    report = compare(probes, got)
+    report.update(
+        {
+            "shunted": sum(v for k, v in nic.items() if k.startswith("CNT_SHUNT_") and k != "CNT_SHUNT_FORCED"),
+            "hw_forwarded": nic.get("CNT_FORWARDED", 0),
+            "hw_dropped": nic.get("CNT_DROPPED", 0),
+            "nic": nic,
+            "shim": shim,
+            "policy_hash": policy.policy_hash(),
+            "generation": state["generation"],
+            "seconds_generate": round(t_gen, 3),
+            "seconds_exchange": round(t_run, 3),
+            "pps": round(2 * packets / t_run, 1) if t_run else None,
+            "seed": seed,
+            "trace": str(trace) if trace else None,
+        }
+    )
+    return report

@@ -1,0 +1,172 @@
+"""Builds hf_emu for a plan: hwgen.render → GHDL synth to Verilog → Verilator + driver/emu, cached by content hash."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hypafilter.errors import HypafilterError
+from hypafilter.hw import vhdl as hwgen
+from hypafilter.paths import ROOT
+
+HARNESS_DIR = ROOT / "driver" / "emu"
+HARNESS_FILES = (HARNESS_DIR / "hf_emu.cpp", HARNESS_DIR / "Makefile", ROOT / "driver" / "hypafilter_shared.h")
+TOP = "hypafilter_core"
+
+
+class EmuError(HypafilterError):
+    """A step of building or running the emulated NIC failed; names the step and quotes the tool's stderr."""
+
+    def __init__(self, step: str, message: str, stderr: str = ""):
+        self.step = step
+        self.stderr = stderr
+        tail = "\n".join(stderr.strip().splitlines()[-15:])
+        super().__init__(f"emulated NIC: step '{step}' failed: {message}" + (f"\n{tail}" if tail else ""))
+
+
+def _run(step: str, argv: list[str], **kw) -> subprocess.CompletedProcess:
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, **kw)
+    except FileNotFoundError as e:
+        raise EmuError(step, f"{argv[0]} is not installed (scripts/setup.sh sim installs it)") from e
+    if p.returncode != 0:
+        raise EmuError(step, f"{' '.join(argv[:3])} ... exited with {p.returncode}", p.stderr or p.stdout)
+    return p
+
+
+@functools.lru_cache(maxsize=1)
+def _tool_versions() -> str:
+    out = []
+    for argv in (["ghdl", "--version"], ["verilator", "--version"]):
+        try:
+            out.append(subprocess.run(argv, capture_output=True, text=True).stdout.splitlines()[0])
+        except (FileNotFoundError, IndexError):
+            out.append(f"{argv[0]} missing")
+    return "\n".join(out)
+
+
+def cache_key(matcher_hash: str, sources: list[Path], tdata_width: int) -> str:
+    """Hash of everything the binary depends on: matcher, every VHDL source, the harness, width and tool versions."""
+    h = hashlib.sha256()
+    h.update(f"matcher {matcher_hash}\nwidth {tdata_width}\n{_tool_versions()}\n".encode())
+    for p in list(sources) + list(HARNESS_FILES):
+        h.update(f"{p.name}\n".encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()[:20]
+
+
+# Everything hwgen.render reads besides the plan: with the matcher hash, width and fan-in these determine the
+# generated sources, so a lookup can skip rendering (GENERATOR_FILES + static sources + harness + tool versions).
+GENERATOR_FILES = (
+    Path(hwgen.__file__),
+    Path(hwgen.__file__).with_name("regmap.py"),
+    hwgen.HW_DIR / "regmap.txt",
+    *sorted(hwgen.TEMPLATES.glob("*.j2")),
+)
+
+
+def quick_key(matcher_hash: str, tdata_width: int, encoder_fanin: int) -> str:
+    """Key of the inputs of a build (not of the rendered sources): finds a cached binary without rendering."""
+    h = hashlib.sha256(f"matcher {matcher_hash}\nwidth {tdata_width}\nfanin {encoder_fanin}\n".encode())
+    h.update(_tool_versions().encode())
+    static = [hwgen.HW_DIR / f for f in (*hwgen.STATIC_SOURCES, hwgen.TOP_SOURCE)]
+    for p in (*GENERATOR_FILES, *static, *HARNESS_FILES):
+        h.update(f"{p.name}\n".encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()[:20]
+
+
+def build(plan, config=None, build_root: str | Path = "build", verbose: bool = False, jobs: int = 1) -> Path:
+    """Path of an hf_emu binary running the core generated from `plan` (built once, then taken from the cache)."""
+    width = getattr(config, "tdata_width", 256)
+    fanin = getattr(config, "encoder_fanin", 8)
+    t0 = time.monotonic()
+    root = Path(build_root).resolve() / "emu"
+    root.mkdir(parents=True, exist_ok=True)
+    mhash = hwgen.matcher_hash(plan)
+    index = root / "index" / quick_key(mhash, width, fanin)
+    if index.exists():
+        binary = root / index.read_text().strip() / "hf_emu"
+        if binary.exists():
+            if verbose:
+                print(f"emu: cached build {binary.parent} ({time.monotonic() - t0:.2f} s)", file=sys.stderr)
+            return binary
+    scratch = root / f".tmp-{os.getpid()}-{time.monotonic_ns()}"
+    gen = scratch / "gen"
+    try:
+        try:
+            # Power-on tables "shunt all": the binary depends on the matcher alone, so every plan with the same
+            # hardware entries (any complex-only change, any shunt mode over the same simple rules) reuses it
+            # and is loaded by register writes (NicClient.program).
+            hwgen.render(plan, gen, tdata_width=width, encoder_fanin=fanin, power_on="shunt_all")
+        except (ValueError, OSError) as e:
+            raise EmuError("render VHDL", str(e)) from e
+        sources = hwgen.sources(gen)
+        missing = [str(p) for p in sources if not p.exists()]
+        if missing:
+            raise EmuError("render VHDL", "core sources missing: " + ", ".join(missing))
+        key = cache_key(mhash, sources, width)
+        final = root / key
+        binary = final / "hf_emu"
+        if binary.exists():
+            _write_index(index, key)
+            if verbose:
+                print(f"emu: cached build {final} ({time.monotonic() - t0:.2f} s)", file=sys.stderr)
+            return binary
+        work = scratch / "ghdl"
+        work.mkdir()
+        verilog = scratch / f"{TOP}.v"
+        # Absolute source paths: the generated package files are referenced from the scratch directory.
+        srcs = [str(p.resolve()) for p in sources]
+        p = _run(
+            "ghdl synth",
+            ["ghdl", "--synth", "--std=08", f"--workdir={work}", f"-gC_S_AXIS_DATA_WIDTH={width}", "--out=verilog"]
+            + srcs
+            + ["-e", TOP],
+        )
+        verilog.write_text(p.stdout)
+        t1 = time.monotonic()
+        _run(
+            "verilator build",
+            [
+                "make",
+                "-s",
+                "-C",
+                str(HARNESS_DIR),
+                f"VERILOG={verilog}",
+                f"OUT={scratch}",
+                f"TDATA_WIDTH={width}",
+                f"JOBS={jobs}",
+            ],
+        )
+        shutil.rmtree(scratch / "obj", ignore_errors=True)  # the object tree is large and never reused
+        try:
+            scratch.rename(final)
+        except OSError:
+            # Someone else finished the same build first; theirs is identical.
+            if not binary.exists():
+                raise
+        _write_index(index, key)
+        if verbose:
+            print(
+                f"emu: built {binary} (ghdl {t1 - t0:.1f} s, verilator {time.monotonic() - t1:.1f} s, "
+                f"total {time.monotonic() - t0:.1f} s)",
+                file=sys.stderr,
+            )
+        return binary
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _write_index(index: Path, key: str) -> None:
+    """index/<quick key> names the content-keyed build directory (written atomically)."""
+    index.parent.mkdir(exist_ok=True)
+    tmp = index.with_name(f".{index.name}.{os.getpid()}")
+    tmp.write_text(key + "\n")
+    tmp.replace(index)

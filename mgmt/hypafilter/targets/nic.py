@@ -1,0 +1,339 @@
+"""NicClient: register access to a hypafilter core on any target (emulated NIC socket, NetFPGA SUME ioctl).
+
+Register offsets and table ids come from hw/regmap.txt (hypafilter.regmap). A transport moves 32-bit words;
+everything above it (identity check, counters, programming a Plan) is target-independent.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import socket
+import struct
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from hypafilter.errors import HypafilterError
+from hypafilter.hw import regmap
+
+CORE_ID = 0x48594641  # "HYPA", the ID register's fixed value
+CONTROL_ENABLE = 1 << 0
+CONTROL_SHUNT_ALL = 1 << 1
+PIPELINE = 256  # requests sent before their replies are read (the server answers in order)
+STREAM_CHUNK = 512  # table words per stream-write request (a line of ~6 kB)
+IND_STREAM = 0x100  # IND_COMMAND bit 8: stream writes (hw/regmap.txt)
+
+
+class NicError(HypafilterError):
+    """A register access failed or the NIC is not the expected core."""
+
+
+class EmuTransport:
+    """The emulated NIC's Unix control socket (docs/internals.md, "Emulated NIC control socket")."""
+
+    def __init__(self, path: str | Path, timeout: float = 30.0):
+        self.path = str(path)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        try:
+            self.sock.connect(self.path)
+        except OSError as e:
+            self.sock.close()
+            raise NicError(f"cannot connect to emulated NIC at {self.path}: {e.strerror or e}") from e
+        self._buf = b""
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def _readline(self) -> str:
+        while b"\n" not in self._buf:
+            try:
+                chunk = self.sock.recv(65536)
+            except TimeoutError as e:
+                raise NicError(f"{self.path}: no reply from emulated NIC") from e
+            if not chunk:
+                raise NicError(f"{self.path}: emulated NIC closed the control socket")
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line.decode()
+
+    def request_many(self, lines: Sequence[str]) -> list[str]:
+        """Send requests in pipelined chunks; returns the reply payloads (text after OK). ERR raises NicError."""
+        out: list[str] = []
+        for start in range(0, len(lines), PIPELINE):
+            chunk = lines[start : start + PIPELINE]
+            self.sock.sendall("".join(f"{x}\n" for x in chunk).encode())
+            for req in chunk:
+                reply = self._readline()
+                if reply == "OK" or reply.startswith("OK "):
+                    out.append(reply[3:])
+                elif reply.startswith("ERR"):
+                    raise NicError(f"emulated NIC refused '{req}': {reply[4:]}")
+                else:
+                    raise NicError(f"emulated NIC sent a malformed reply to '{req}': {reply!r}")
+        return out
+
+    def request(self, line: str) -> str:
+        return self.request_many([line])[0]
+
+    def read(self, addr: int) -> int:
+        return int(self.request(f"R 0x{addr:x}"), 0)
+
+    def write(self, addr: int, value: int) -> None:
+        self.request(f"W 0x{addr:x} 0x{value:x}")
+
+    def write_many(self, pairs: Iterable[tuple[int, int]]) -> None:
+        self.request_many([f"W 0x{a:x} 0x{v:x}" for a, v in pairs])
+
+    def read_table(self, table: int, index: int) -> int:
+        return int(self.request(f"T R {table} {index}"), 0)
+
+    def write_table_many(self, table: int, start: int, values: Sequence[int]) -> None:
+        """Stream writes (IND_COMMAND bit 8): one request per STREAM_CHUNK words, the index counted by the core."""
+        self.request_many(
+            [
+                f"T WS {table} {start + i} " + " ".join(f"0x{v:x}" for v in values[i : i + STREAM_CHUNK])
+                for i in range(0, len(values), STREAM_CHUNK)
+            ]
+        )
+
+    # Emulator-only requests (not register accesses).
+    def stats(self) -> dict:
+        import json  # noqa: PLC0415
+
+        return json.loads(self.request("STATS"))
+
+    def command(self, word: str) -> None:
+        self.request(word)
+
+
+class SumeTransport:
+    """NetFPGA SUME register access through the sume_riffa driver's rwaxi ioctl.
+
+    The driver answers SIOCDEVPRIVATE+1 (write) and SIOCDEVPRIVATE+2 (read) on any socket, with an ifreq
+    whose data points at struct { u32 addr; u32 val; }; addresses are absolute (output_port_lookup window at
+    0x44020000). This class cannot be tested on this machine (no board, no driver): it is written from the
+    driver's documented interface and is exercised only on a real SUME.
+    """
+
+    BASE = 0x44020000
+    SIOCDEVPRIVATE = 0x89F0
+
+    def __init__(self, ifname: str = "nf0", base: int = BASE):
+        self.ifname = ifname
+        self.base = base
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def _ioctl(self, cmd: int, addr: int, val: int) -> int:
+        import ctypes  # noqa: PLC0415
+
+        data = ctypes.create_string_buffer(struct.pack("=II", addr, val))
+        ifr = struct.pack("16sP", self.ifname.encode()[:15], ctypes.addressof(data))
+        try:
+            fcntl.ioctl(self.sock.fileno(), cmd, ifr)
+        except OSError as e:
+            raise NicError(f"rwaxi ioctl on {self.ifname} at 0x{addr:08x} failed: {e.strerror}") from e
+        return struct.unpack("=II", data.raw)[1]
+
+    def read(self, addr: int) -> int:
+        return self._ioctl(self.SIOCDEVPRIVATE + 2, self.base + addr, 0)
+
+    def write(self, addr: int, value: int) -> None:
+        self._ioctl(self.SIOCDEVPRIVATE + 1, self.base + addr, value & 0xFFFFFFFF)
+
+    def write_many(self, pairs: Iterable[tuple[int, int]]) -> None:
+        for a, v in pairs:
+            self.write(a, v)
+
+    def read_table(self, table: int, index: int) -> int:
+        self.write(regmap.REG_IND_ADDRESS, regmap.ind_address(table, index))
+        self.write(regmap.REG_IND_COMMAND, 0x11)
+        self._wait_ind()
+        return self.read(regmap.REG_IND_REPLY)
+
+    def write_table_many(self, table: int, start: int, values: Sequence[int]) -> None:
+        # Stream writes (IND_COMMAND bit 8): the core counts the index and holds the bus while a write is busy.
+        self.write(regmap.REG_IND_ADDRESS, regmap.ind_address(table, start))
+        self.write(regmap.REG_IND_COMMAND, IND_STREAM)
+        try:
+            for v in values:
+                self.write(regmap.REG_IND_WR_DATA, v & 0xFFFFFFFF)
+        finally:
+            self.write(regmap.REG_IND_COMMAND, 0)
+        self._wait_ind()
+
+    def _wait_ind(self) -> None:
+        for _ in range(10000):
+            if not self.read(regmap.REG_IND_COMMAND) & 1:
+                return
+        raise NicError("indirect access did not complete (IND_COMMAND bit 0 stuck)")
+
+
+COUNTER_REGS = tuple(r.name for r in regmap.MAP.registers if r.name.startswith("CNT_")) + ("PKTIN", "PKTOUT")
+
+
+class NicClient:
+    """Register-level interface to one hypafilter core, whatever carries the accesses."""
+
+    def __init__(self, transport):
+        self.t = transport
+        self.map = regmap.MAP
+
+    @classmethod
+    def emu(cls, socket_path: str | Path, timeout: float = 30.0) -> NicClient:
+        return cls(EmuTransport(socket_path, timeout))
+
+    def close(self) -> None:
+        self.t.close()
+
+    def __enter__(self) -> NicClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _addr(self, reg: int | str) -> int:
+        if isinstance(reg, str):
+            try:
+                return self.map.reg(reg).offset
+            except KeyError as e:
+                raise NicError(f"unknown register '{reg}' (not in hw/regmap.txt)") from e
+        return reg
+
+    def _table(self, name: int | str):
+        if isinstance(name, int):
+            for t in self.map.tables:
+                if t.id == name:
+                    return t
+            raise NicError(f"unknown table id {name}")
+        try:
+            return self.map.table(name)
+        except KeyError as e:
+            raise NicError(f"unknown table '{name}' (not in hw/regmap.txt)") from e
+
+    def read(self, addr: int | str) -> int:
+        return self.t.read(self._addr(addr))
+
+    def write(self, addr: int | str, value: int) -> None:
+        self.t.write(self._addr(addr), value & 0xFFFFFFFF)
+
+    def write_many(self, pairs: Iterable[tuple[int | str, int]]) -> None:
+        self.t.write_many([(self._addr(a), v & 0xFFFFFFFF) for a, v in pairs])
+
+    def read_table(self, name: int | str, index: int) -> int:
+        t = self._table(name)
+        if not 0 <= index < t.depth:
+            raise NicError(f"table {t.name}: index {index} out of range 0..{t.depth - 1}")
+        return self.t.read_table(t.id, index)
+
+    def write_table(self, name: int | str, index: int, value: int) -> None:
+        self.write_table_many(name, index, [value])
+
+    def write_table_many(self, name: int | str, start: int, values: Sequence[int]) -> None:
+        t = self._table(name)
+        if t.access == "RO":
+            raise NicError(f"table {t.name} is read-only")
+        if start < 0 or start + len(values) > t.depth:
+            raise NicError(f"table {t.name}: indices {start}..{start + len(values) - 1} out of range")
+        mask = (1 << t.width) - 1
+        self.t.write_table_many(t.id, start, [v & mask for v in values])
+
+    def info(self) -> dict[str, int]:
+        """Identity block; refuses anything that is not a hypafilter core."""
+        ident = self.read("ID")
+        if ident != CORE_ID:
+            raise NicError(f"not a hypafilter core: ID register reads 0x{ident:08x}, expected 0x{CORE_ID:08x}")
+        return {
+            "ID": ident,
+            "VERSION": self.read("VERSION"),
+            "MATCHER_HASH": self.read("MATCHER_HASH"),
+            "NUM_ENTRIES": self.read("NUM_ENTRIES"),
+            "GENERATION": self.read("GENERATION"),
+            "CONTROL": self.read("CONTROL"),
+        }
+
+    def counters(self, hits: bool | Sequence[int] = False) -> dict:
+        """CNT_*, PKTIN and PKTOUT; with hits=True (all entries) or a list of indices, also per-entry HITS."""
+        out: dict = {name: self.read(name) for name in COUNTER_REGS}
+        if hits is not False:
+            indices = range(self.read("NUM_ENTRIES") + 1) if hits is True else hits
+            out["HITS"] = {i: self.read_table("HITS", i) for i in indices}
+        return out
+
+    def clear_counters(self) -> None:
+        self.write("RESET", 1)
+
+    def program(self, plan, generation: int, known: dict | None = None) -> dict:
+        """Load a plan's run-time state: packed SHUNT words, ACTION codes, then GENERATION.
+
+        The core must have been generated from a plan with the same hardware entries (NUM_ENTRIES and
+        MATCHER_HASH are checked); shunt bits and actions are free. `known` is what an earlier `program` returned
+        for this core: only words that differ from it are written (an insertion of a complex rule changes a few
+        shunt words, not thousands). It is trusted only while GENERATION still reads what it was written with.
+        Returns the tables as now written, with the number of writes issued.
+        """
+        n = len(plan.entries)
+        have = self.read("NUM_ENTRIES")
+        if have != n:
+            raise NicError(f"core has {have} hardware entries, the plan {n}: it was generated from another plan")
+        from hypafilter.hw.vhdl import matcher_hash  # noqa: PLC0415
+
+        want_hash = int(matcher_hash(plan)[-8:], 16)
+        got_hash = self.read("MATCHER_HASH")
+        if got_hash != want_hash:
+            raise NicError(
+                f"core MATCHER_HASH 0x{got_hash:08x} does not match the plan's 0x{want_hash:08x}: the plan's hardware "
+                "entries differ from the core's (a new core must be generated)"
+            )
+        tables = {
+            "matcher_hash": f"{want_hash:08x}",
+            "shunt": pack_shunt(plan.shunt),
+            "actions": [int(a) & 0xF for a in plan.actions],
+        }
+        return self.write_tables(tables, generation, known)
+
+    def write_tables(self, tables: dict, generation: int, known: dict | None = None) -> dict:
+        """Write SHUNT words and ACTION codes as `program` returned them (also to put earlier ones back), then
+        GENERATION; with `known` (the core's tables as last written, still valid: same matcher, GENERATION
+        unchanged since) only the words that differ are written."""
+        shunt, actions = list(tables["shunt"]), list(tables["actions"])
+        old_shunt: list[int | None] = [None] * len(shunt)
+        old_actions: list[int | None] = [None] * len(actions)
+        if (
+            known
+            and known.get("matcher_hash") == tables.get("matcher_hash")
+            and known.get("generation") == self.read("GENERATION")
+            and len(known.get("shunt", ())) == len(shunt)
+            and len(known.get("actions", ())) == len(actions)
+        ):
+            old_shunt, old_actions = list(known["shunt"]), list(known["actions"])
+        writes = 0
+        for name, new, old in (("SHUNT", shunt, old_shunt), ("ACTION", actions, old_actions)):
+            i = 0
+            while i < len(new):
+                if new[i] == old[i]:
+                    i += 1
+                    continue
+                j = i
+                while j < len(new) and new[j] != old[j]:
+                    j += 1
+                self.write_table_many(name, i, new[i:j])  # a run of changed words, pipelined
+                writes += j - i
+                i = j
+        self.write("GENERATION", generation & 0xFFFF)
+        return {**tables, "generation": generation & 0xFFFF, "shunt": shunt, "actions": actions, "writes": writes + 1}
+
+    def set_shunt_all(self, on: bool) -> None:
+        control = self.read("CONTROL")
+        self.write("CONTROL", (control | CONTROL_SHUNT_ALL) if on else (control & ~CONTROL_SHUNT_ALL))
+
+
+def pack_shunt(bits: Sequence[int]) -> list[int]:
+    """Shunt vector packed 32 entries per word (word w bit j = entry 32*w + j)."""
+    words = [0] * ((len(bits) + 31) // 32)
+    for i, b in enumerate(bits):
+        if b:
+            words[i // 32] |= 1 << (i % 32)
+    return words

@@ -1,0 +1,114 @@
+"""Builds, loads and fills the eBPF shim (driver/shim.bpf.c) through its loader driver/hf_shim.c."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from hypafilter import shared
+from hypafilter.errors import HypafilterError
+from hypafilter.paths import ROOT
+
+DRIVER = ROOT / "driver"
+
+
+def build(build_root: str | Path = ROOT / "build") -> tuple[Path, Path]:
+    """(shim.bpf.o, hf_shim loader), rebuilt by make only when their sources changed."""
+    out = (Path(build_root) / "shim").resolve()
+    proc = subprocess.run(["make", "-s", "-C", str(DRIVER), f"OUT={out}"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
+        raise HypafilterError(f"building the eBPF shim failed (make -C driver):\n{tail}")
+    return out / "shim.bpf.o", out / "hf_shim"
+
+
+def pin_dir(netns: str | None) -> Path:
+    return Path(shared.HF_PIN_DIR) / (netns or "root")
+
+
+class Shim:
+    """The shim on `ifaces` of network namespace `netns` (None: this namespace); its maps pinned in pin_dir()."""
+
+    def __init__(self, netns: str | None, ifaces: Sequence[str], build_root: str | Path = ROOT / "build"):
+        self.netns = netns
+        self.ifaces = list(ifaces)
+        self.pin = pin_dir(netns)
+        self.build_root = Path(build_root)
+        self._obj: Path | None = None
+        self._tool: Path | None = None
+
+    def _paths(self) -> tuple[Path, Path]:
+        if self._tool is None:
+            self._obj, self._tool = build(self.build_root)
+        assert self._obj is not None
+        return self._obj, self._tool
+
+    def _run(self, step: str, args: list[str], stdin: str | None = None) -> str:
+        _, tool = self._paths()
+        argv = [str(tool), *args]
+        proc = subprocess.run(argv, input=stdin, capture_output=True, text=True)
+        if proc.returncode != 0:
+            tail = "\n".join(proc.stderr.strip().splitlines()[-10:])
+            raise HypafilterError(f"shim {step} failed: {tail or 'exit ' + str(proc.returncode)}")
+        return proc.stdout
+
+    def _ns_args(self) -> list[str]:
+        return ["--netns", self.netns] if self.netns else []
+
+    @property
+    def loaded(self) -> bool:
+        return (self.pin / shared.HF_MAP_CONFIG).exists()
+
+    def load(self, generic: bool = False) -> None:
+        """Attach XDP (native unless `generic`) and TC ingress on every interface; maps pinned and reused."""
+        obj, _ = self._paths()
+        args = ["load", "--obj", str(obj), "--pin", str(self.pin), *self._ns_args()]
+        self._run("load", args + (["--generic"] if generic else []) + self.ifaces)
+
+    def unload(self) -> None:
+        self._run("unload", ["unload", "--pin", str(self.pin), *self._ns_args(), *self.ifaces])
+
+    def update(
+        self,
+        intervals: Iterable[int] | None = None,
+        generation: int | None = None,
+        mark_mask: int | None = None,
+        mark_shift: int | None = None,
+        num_entries: int | None = None,
+    ) -> None:
+        """Write intervals (match_index 0.. → k, one batch syscall) first, then the given hf_config fields."""
+        args = ["update", "--pin", str(self.pin)]
+        for opt, v in (
+            ("--generation", generation),
+            ("--mask", mark_mask),
+            ("--shift", mark_shift),
+            ("--num-entries", num_entries),
+        ):
+            if v is not None:
+                args += [opt, str(int(v))]
+        text = None
+        if intervals is not None:
+            args.append("--intervals")
+            text = " ".join(str(int(k)) for k in intervals) + "\n"
+        self._run("update", args, text)
+
+    def stats(self, reset: bool = False) -> dict:
+        import json  # noqa: PLC0415
+
+        out = self._run("stats", ["stats", "--pin", str(self.pin)] + (["--reset"] if reset else []))
+        return json.loads(out)
+
+    def dump(self, count: int) -> list[int]:
+        return [int(x) for x in self._run("dump", ["dump", "--pin", str(self.pin), "--count", str(count)]).split()]
+
+
+def mark_value(k: int, action: int) -> int:
+    """The value the shim computes (ARCHITECTURE §5); k = 0 means no valid hardware metadata."""
+    return 0 if k == shared.HF_K_NONE else (k << shared.HF_MARK_K_SHIFT) | (action & shared.HF_MARK_ACTION_MASK)
+
+
+def tag_frame(frame: bytes, meta: int) -> bytes:
+    """`frame` with the in-band tag inserted after the source MAC, as the NIC delivers it to the host."""
+    tag = shared.HF_TAG_ETHERTYPE.to_bytes(2, "big") + meta.to_bytes(8, "big")
+    return frame[:12] + tag + frame[12:]

@@ -1,0 +1,642 @@
+"""Counter collection for the dashboard: a Snapshot of every counter at one time, rates as snapshot differences.
+
+A `Collector` reads the deployed system (deploy state, NIC registers and HITS table, the tool's netfilter chains
+through `iptables-save -c`) into an immutable `Snapshot`; a `Sampler` thread takes one every interval and keeps
+the last N in a ring buffer. Everything the web app shows is computed from those snapshots, so the app can be
+tested on recorded snapshots and the collector's arithmetic on its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hypafilter.errors import HypafilterError
+
+# Hardware counters (hw/regmap.txt) and the (path, reason) labels they carry in /api and /metrics.
+HW_COUNTERS: dict[str, tuple[str, str]] = {
+    "CNT_FORWARDED": ("forwarded", ""),
+    "CNT_DROPPED": ("dropped", ""),
+    "CNT_SHUNT_OVERRULE": ("shunted", "overrule"),
+    "CNT_SHUNT_POLICY": ("shunted", "policy"),
+    "CNT_SHUNT_UNPARSED": ("shunted", "unparsed"),
+    "CNT_SHUNT_FORCED": ("shunted", "forced"),
+    "CNT_FROM_HOST": ("from_host", ""),
+    "CNT_FIFO_DROP": ("fifo_drop", ""),
+}
+SHUNT_REASONS: tuple[str, ...] = ("overrule", "policy", "unparsed", "forced")
+# A forced shunt (CONTROL "shunt everything") is also counted under its reason (overrule or policy) by the core,
+# so the total of shunted frames is the sum of the three reasons; "forced" is a subset shown on its own.
+SHUNT_TOTAL_COUNTERS: tuple[str, ...] = ("CNT_SHUNT_OVERRULE", "CNT_SHUNT_POLICY", "CNT_SHUNT_UNPARSED")
+
+HF_RULE_COMMENT = re.compile(r"\bhf:rule=(\d+)\b")
+
+
+@dataclass(frozen=True)
+class RuleInfo:
+    """One rule of the deployed (flattened) policy, as the per-rule view needs it."""
+
+    index: int
+    text: str
+    where: str
+    target: str
+    simple: bool
+    entry: int | None  # hardware entry whose HITS counter counts this rule's first matches (None: no entry)
+    shunt: bool | None  # that entry's shunt bit (None without an entry)
+    counts_hw: bool = True  # its hardware first-matches are its hits (False: software re-counts shunted ones)
+
+
+@dataclass(frozen=True)
+class Update:
+    """One deploy/update/undeploy from the deploy journal."""
+
+    generation: int
+    kind: str
+    started: float  # Unix time
+    duration: float  # seconds
+    ok: bool = True
+    policy_hash: str = ""
+    policy: str = ""
+    error: str = ""
+    steps: tuple[tuple[str, float], ...] = ()  # (step, seconds) in order
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What is deployed: generation, policy, partition and the update history."""
+
+    generation: int
+    policy_hash: str = ""
+    policy: str = ""
+    target: str = ""
+    mode: str = ""
+    strategy: str = ""
+    default: str = ""
+    prefix: str = "HF1_"  # every netfilter chain of this generation starts with it (docs/internals.md)
+    netns: str = "hf-fw"
+    table: str = "filter"
+    n_entries: int = 0  # hardware entries without the policy entry
+    policy_shunt: bool | None = None  # the policy entry's shunt bit
+    rules: tuple[RuleInfo, ...] = ()
+    history: tuple[Update, ...] = ()
+    nic: str = ""  # where the NIC's registers are (emulator control socket)
+    positions: dict[tuple[str, int], int] = field(default_factory=dict, compare=False)  # see rule_positions
+
+    @property
+    def partition(self) -> dict[str, int]:
+        simple = sum(1 for r in self.rules if r.simple)
+        return {
+            "rules": len(self.rules),
+            "simple": simple,
+            "complex": len(self.rules) - simple,
+            "hardware_entries": self.n_entries,
+            "shunting_entries": sum(1 for r in self.rules if r.shunt) + (1 if self.policy_shunt else 0),
+        }
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """All counters of the deployed system at one time. Counters are cumulative; rates come from differences."""
+
+    seq: int
+    time: float  # Unix time
+    mono: float  # monotonic clock, for rates
+    deployment: Deployment | None
+    hw: dict[str, int] = field(default_factory=dict)  # CNT_* register -> value
+    hits: tuple[int, ...] = ()  # HITS table, entry 0..n (n = policy entry)
+    nf: dict[int, tuple[int, int]] = field(default_factory=dict)  # policy rule index -> (packets, bytes)
+    nf_main: tuple[int, int] = (0, 0)  # packets/bytes that entered the tool's MAIN chain (shunted + k = 0)
+    errors: tuple[str, ...] = ()
+
+    @property
+    def generation(self) -> int | None:
+        return self.deployment.generation if self.deployment else None
+
+    def shunted(self) -> int:
+        return sum(self.hw.get(c, 0) for c in SHUNT_TOTAL_COUNTERS)
+
+    def classified(self) -> int:
+        return self.hw.get("CNT_FORWARDED", 0) + self.hw.get("CNT_DROPPED", 0) + self.shunted()
+
+
+def counter_delta(old: int, new: int) -> int:
+    """Increase of a cumulative counter; a smaller new value means it restarted (new NIC, cleared) from 0."""
+    return new - old if new >= old else new
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Per-second rates between two snapshots."""
+
+    time: float  # Unix time of the later snapshot
+    seconds: float
+    hw: dict[str, float]  # CNT_* -> frames/s
+    shunted: float
+    classified: float
+    nf_main: float
+    valid: bool = True  # False when either snapshot lacks hardware counters
+
+    @property
+    def shunt_ratio(self) -> float | None:
+        return self.shunted / self.classified if self.classified > 0 else None
+
+
+def rates(prev: Snapshot, cur: Snapshot) -> Rates:
+    dt = cur.mono - prev.mono
+    if dt <= 0:
+        raise ValueError("snapshots must be in time order")
+    # A snapshot whose NIC read failed has no counters: no rate rather than a spike when the NIC comes back.
+    valid = bool(prev.hw) and bool(cur.hw)
+    hw = {c: counter_delta(prev.hw.get(c, 0), cur.hw.get(c, 0)) / dt if valid else 0.0 for c in HW_COUNTERS}
+    shunted = sum(hw[c] for c in SHUNT_TOTAL_COUNTERS)
+    classified = hw["CNT_FORWARDED"] + hw["CNT_DROPPED"] + shunted
+    nf_main = counter_delta(prev.nf_main[0], cur.nf_main[0]) / dt
+    return Rates(cur.time, dt, hw, shunted, classified, nf_main, valid)
+
+
+# --- netfilter -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NfRule:
+    """One rule line of `iptables-save -c`."""
+
+    chain: str
+    position: int  # 1-based within its chain, as `iptables -L --line-numbers`
+    packets: int
+    bytes: int
+    tokens: tuple[str, ...]  # after `-A CHAIN`
+
+    @property
+    def target(self) -> str:
+        for flag in ("-j", "-g"):
+            if flag in self.tokens:
+                i = self.tokens.index(flag)
+                if i + 1 < len(self.tokens):
+                    return self.tokens[i + 1]
+        return ""
+
+    @property
+    def rule_tag(self) -> int | None:
+        """The policy rule index from an `hf:rule=<i>` comment the compiler puts on emitted rules, if any."""
+        for i, tok in enumerate(self.tokens[:-1]):
+            if tok == "--comment":
+                m = HF_RULE_COMMENT.search(self.tokens[i + 1])
+                if m:
+                    return int(m.group(1))
+        return None
+
+
+_COUNTED = re.compile(r"^\[(\d+):(\d+)\]\s+-A\s+(\S+)\s*(.*)$")
+
+
+def parse_iptables_save(text: str, table: str = "filter") -> list[NfRule]:
+    """Rules with counters of one table from `iptables-save -c` output."""
+    out: list[NfRule] = []
+    current = None
+    positions: dict[str, int] = {}
+    for lineno, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if line.startswith("*"):
+            current = line[1:]
+            positions = {}
+            continue
+        if current != table or not line.startswith("["):
+            continue
+        m = _COUNTED.match(line)
+        if not m:
+            raise HypafilterError(f"iptables-save -c:{lineno}: cannot read counters of {line!r}")
+        chain = m.group(3)
+        positions[chain] = positions.get(chain, 0) + 1
+        try:
+            tokens = tuple(shlex.split(m.group(4)))
+        except ValueError as e:
+            raise HypafilterError(f"iptables-save -c:{lineno}: {e}") from e
+        out.append(NfRule(chain, positions[chain], int(m.group(1)), int(m.group(2)), tokens))
+    return out
+
+
+def attribute_netfilter(
+    rules: Iterable[NfRule], prefix: str, n_policy_rules: int, positions: dict[tuple[str, int], int] | None = None
+) -> tuple[dict[int, tuple[int, int]], tuple[int, int]]:
+    """Netfilter counters of one generation's chains (names starting with `prefix`) per policy rule, and what
+    entered its MAIN chain.
+
+    `positions` maps (chain, position) to the policy rule whose matches that rule line counts (rule_positions).
+    Rules carrying an `hf:rule=<i>` comment count for rule i instead, when the emitter writes such comments; a
+    jump into a chain that holds rules tagged i is then not counted again.
+    """
+    mine = [r for r in rules if r.chain.startswith(prefix)]
+    tags_in: dict[str, set[int]] = {}
+    for r in mine:
+        if r.rule_tag is not None:
+            tags_in.setdefault(r.chain, set()).add(r.rule_tag)
+    per_rule: dict[int, tuple[int, int]] = {}
+
+    def add(i: int, r: NfRule) -> None:
+        if 0 <= i < n_policy_rules:
+            p, b = per_rule.get(i, (0, 0))
+            per_rule[i] = (p + r.packets, b + r.bytes)
+
+    for r in mine:
+        if tags_in:
+            tag = r.rule_tag
+            if tag is not None and tag not in tags_in.get(r.target, ()):
+                add(tag, r)
+        elif positions and (r.chain, r.position) in positions:
+            add(positions[(r.chain, r.position)], r)
+    main = f"{prefix}MAIN"
+    entered = [r for r in rules if r.target == main and not r.chain.startswith(prefix)]
+    return per_rule, (sum(r.packets for r in entered), sum(r.bytes for r in entered))
+
+
+def iptables_save(netns: str | None, table: str = "filter") -> str:
+    argv = ["iptables-save", "-c", "-t", table]
+    if netns:
+        argv = ["ip", "netns", "exec", netns, *argv]
+    try:
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise HypafilterError(f"{' '.join(argv)}: {e}") from e
+    if res.returncode != 0:
+        raise HypafilterError(f"{' '.join(argv)}: {res.stderr.strip() or 'exit ' + str(res.returncode)}")
+    return res.stdout
+
+
+# --- deploy state --------------------------------------------------------------------------------------------
+
+
+def read_state(path: str | Path | None = None) -> dict | None:
+    """The deploy state (`hypafilter.deploy`'s state file: what is deployed, generation, history), or None."""
+    if path is None:
+        from hypafilter.ops import deploy  # noqa: PLC0415 (imported late: it pulls in the shim and the NIC code)
+
+        return deploy.read_state()
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise HypafilterError(f"{path}: cannot read deploy state: {e}") from e
+
+
+def history_from_state(state: dict) -> tuple[Update, ...]:
+    """The deploy journal; its `time` is when a step ended, so the start is time - duration."""
+    out = []
+    for h in state.get("history") or []:
+        result = h.get("result", "ok")
+        duration = float(h.get("duration_s") or 0.0)
+        kind = h.get("kind") or ("undeploy" if result == "undeployed" else "update")
+        out.append(
+            Update(
+                generation=int(h.get("generation") or 0),
+                kind=str(kind),
+                started=float(h.get("time") or 0.0) - duration,
+                duration=duration,
+                ok=result in ("ok", "undeployed"),
+                policy_hash=str(h.get("policy_hash") or ""),
+                policy=str(h.get("policy_source") or ""),
+                error=str(h.get("error") or "; ".join(h.get("errors") or [])),
+                steps=tuple((str(k), float(v)) for k, v in (h.get("steps") or {}).items()),
+            )
+        )
+    return tuple(out)
+
+
+def deployed_policy(state: dict):
+    """The deployed Policy, re-read from its file when that still holds the deployed policy (so the per-rule
+    view shows file:line), else from the original rules the state keeps (`plain_rules`); checked by hash."""
+    from hypafilter.iptables.parser import parse_policy  # noqa: PLC0415
+
+    want = state.get("policy_hash", "")
+    base = state.get("base_chain", "FORWARD")
+    source = state.get("policy_source", "")
+    config = config_from_state(state)
+    if source and Path(source).is_file():
+        try:
+            policy = parse_policy(Path(source).read_text(), filename=source, base_chain=base, config=config)
+            if policy.policy_hash() == want:
+                return policy
+        except HypafilterError:
+            pass  # the file changed since the deploy: fall back to the deployed text
+    text = state.get("plain_rules")
+    if not text:
+        raise HypafilterError(f"deploy state has no rules of the deployed policy and {source or 'its file'} differs")
+    policy = parse_policy(text, filename=f"{source or 'deployed'} (as deployed)", base_chain=base, config=config)
+    if want and policy.policy_hash() != want:
+        raise HypafilterError("the deployed rules in the state file do not hash to the deployed policy hash")
+    return policy
+
+
+def config_from_state(state: dict):
+    from hypafilter.config import Config  # noqa: PLC0415
+
+    cfg = Config(
+        table=state.get("table", "filter"),
+        chain_prefix=state.get("chain_prefix", "HF"),
+        shunt_mode=state.get("mode", "selective"),
+        strategy=state.get("strategy", "interval"),
+    )
+    if "mark_mask" in state:
+        cfg.mark_mask = int(state["mark_mask"])
+    if "mark_shift" in state:
+        cfg.mark_shift = int(state["mark_shift"])
+    return cfg
+
+
+def rule_positions(program) -> dict[tuple[str, int], int]:
+    """(chain, 1-based position) of the netfilter rule whose counter counts the matches of each policy rule.
+
+    Follows netfilter.render_iptables: a policy rule is one line in its chain, except multi-level or guarded
+    rules, whose matches are counted by the last line of their helper chain R<i>L<last>. The verbatim FULL chain
+    maps line by line only when no user chain was flattened into the base chain.
+    """
+    pol = program.policy
+    pos: dict[tuple[str, int], int] = {}
+    for name, rules in program.chains.items():
+        if name == program.verbatim_full:
+            if not pol.user_chains and len(pol.original_rules) == len(pol.rules):
+                pos.update({(name, j + 1): j for j in range(len(pol.rules))})
+            continue
+        for p, r in enumerate(rules, 1):
+            if r.kind != "policy":
+                continue
+            levels = pol.rules[r.index].levels
+            if len(levels) == 1 and not levels[0].unless:
+                pos[(name, p)] = r.index
+            else:
+                pos[(program.name(f"R{r.index}L{len(levels)}"), len(levels[-1].unless) + 1)] = r.index
+    return pos
+
+
+def deployment_from_state(state: dict) -> Deployment:
+    """Everything the views need about the deployment: rules with their entries and shunt bits, positions."""
+    from hypafilter.analysis.plan import build_plan  # noqa: PLC0415
+    from hypafilter.analysis.program import build_program  # noqa: PLC0415
+
+    policy = deployed_policy(state)
+    config = config_from_state(state)
+    plan = build_plan(policy, config)
+    prefix = state.get("prefix") or f"{config.chain_prefix}{state['generation']}_"
+    program = build_program(plan, config.strategy, prefix, config.mark_mask, config.mark_shift)
+    # Rules that shunted traffic meets again in software: there netfilter counts their matches, so the hardware
+    # first-match count must not be added on top. Under "full" every shunted packet runs the verbatim FULL chain.
+    recounted = set(range(len(policy.rules))) if config.strategy == "full" else set()
+    recounted |= {
+        r.index
+        for name, rules in program.chains.items()
+        if name != program.verbatim_full
+        for r in rules
+        if r.kind == "policy"
+    }
+    entry_of: dict[int, int] = {}
+    for e, entry in enumerate(plan.entries):
+        entry_of.setdefault(int(entry.rule_index), e)
+    rules = []
+    for i, r in enumerate(policy.rules):
+        e = entry_of.get(i)
+        shunt = bool(plan.shunt[e]) if e is not None else None
+        where = f"{r.origin.file}:{r.origin.line}" if r.origin else ""
+        text = (
+            r.origin.text if r.origin else " ".join((*r.levels[-1].options, "-j", r.target)) if r.levels else r.target
+        )
+        counts_hw = e is not None and not (shunt and i in recounted)
+        rules.append(RuleInfo(i, text.strip(), where, r.target, r.is_simple, e, shunt, counts_hw))
+    n = len(plan.entries)
+    expected = (state.get("partition") or {}).get("entries")
+    if expected is not None and expected != n:
+        raise HypafilterError(
+            f"re-planned policy has {n} hardware entries, the deployed one {expected} "
+            "(deployed with a site configuration the state file does not record?)"
+        )
+    return Deployment(
+        generation=int(state["generation"]),
+        policy_hash=str(state.get("policy_hash", "")),
+        policy=str(state.get("policy_source", "")),
+        target=str(state.get("target", "")),
+        mode=config.shunt_mode,
+        strategy=config.strategy,
+        default=policy.default,
+        prefix=prefix,
+        netns=str((state.get("shim") or {}).get("netns", "hf-fw")),
+        table=config.table,
+        n_entries=n,
+        policy_shunt=bool(plan.shunt[n]),
+        rules=tuple(rules),
+        history=history_from_state(state),
+        nic=str((state.get("nic") or {}).get("socket", "")),
+        positions=rule_positions(program),
+    )
+
+
+def partial_deployment(state: dict) -> Deployment:
+    """Generation and history when the deployed policy cannot be re-read (the error is shown beside it)."""
+    gen = int(state.get("generation") or 0)
+    return Deployment(
+        generation=gen,
+        policy_hash=str(state.get("policy_hash", "")),
+        policy=str(state.get("policy_source", "")),
+        target=str(state.get("target", "")),
+        mode=str(state.get("mode", "")),
+        strategy=str(state.get("strategy", "")),
+        prefix=state.get("prefix") or f"{state.get('chain_prefix', 'HF')}{gen}_",
+        netns=str((state.get("shim") or {}).get("netns", "hf-fw")),
+        table=str(state.get("table", "filter")),
+        history=history_from_state(state),
+        nic=str((state.get("nic") or {}).get("socket", "")),
+    )
+
+
+# --- the collector -------------------------------------------------------------------------------------------
+
+
+def read_hardware(nic: Any, n_entries: int, errors: list[str]) -> tuple[dict[str, int], tuple[int, ...]]:
+    """CNT_* registers, then the HITS table (entries 0..n_entries, the policy entry last) through a NicClient.
+
+    A HITS failure leaves the traffic counters usable; it is reported in `errors`.
+    """
+    counters = nic.counters()
+    hw = {c: int(counters.get(c, 0)) for c in HW_COUNTERS}
+    try:
+        hits = tuple(int(nic.read_table("HITS", i)) for i in range(n_entries + 1))
+    except Exception as e:  # noqa: BLE001
+        errors.append(f"NIC HITS table: {e}")
+        hits = ()
+    return hw, hits
+
+
+def open_nic(deployment: Deployment) -> Any:
+    """A NicClient on the deployed emulated NIC's control socket."""
+    from hypafilter.targets.nic import NicClient  # noqa: PLC0415
+
+    if not deployment.nic:
+        raise HypafilterError("the deploy state names no NIC control socket")
+    return NicClient.emu(deployment.nic, timeout=5.0)
+
+
+class Collector:
+    """Takes Snapshots of the deployed system. The readers are parameters so each can be replaced in tests."""
+
+    def __init__(
+        self,
+        state_reader: Callable[[], dict | None] = read_state,
+        nic_opener: Callable[[Deployment], Any] = open_nic,
+        nf_reader: Callable[[str, str], str] = iptables_save,
+        deployment_builder: Callable[[dict], Deployment] = deployment_from_state,
+    ):
+        self._state_reader = state_reader
+        self._nic_opener = nic_opener
+        self._nf_reader = nf_reader
+        self._builder = deployment_builder
+        self._dep_key: tuple | None = None
+        self._dep: Deployment | None = None
+        self._dep_error: str | None = None
+        self._nic: Any = None
+        self._nic_for: tuple | None = None
+        self._seq = 0
+        self._lock = threading.Lock()
+
+    def _deployment(self, errors: list[str]) -> Deployment | None:
+        try:
+            state = self._state_reader()
+        except Exception as e:  # noqa: BLE001 (a broken reader must not stop the dashboard)
+            errors.append(f"deploy state: {e}")
+            return self._dep
+        if not state or not state.get("generation"):
+            self._dep_key, self._dep, self._dep_error = None, None, None
+            return None
+        # Re-planning is the expensive part: only when the deployment (or its journal) changed.
+        key = (state.get("generation"), state.get("policy_hash"), len(state.get("history") or ()))
+        if key != self._dep_key:
+            try:
+                self._dep, self._dep_error = self._builder(state), None
+            except Exception as e:  # noqa: BLE001
+                self._dep, self._dep_error = partial_deployment(state), f"deployed policy: {e}"
+            self._dep_key = key
+        if self._dep_error:
+            errors.append(self._dep_error)
+        return self._dep
+
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            errors: list[str] = []
+            dep = self._deployment(errors)
+            hw: dict[str, int] = {}
+            hits: tuple[int, ...] = ()
+            nf: dict[int, tuple[int, int]] = {}
+            nf_main = (0, 0)
+            if dep is not None:
+                key = (dep.nic, dep.generation)
+                try:
+                    if self._nic is None or self._nic_for != key:
+                        self._close_nic()
+                        self._nic = self._nic_opener(dep)
+                        self._nic_for = key
+                    hw, hits = read_hardware(self._nic, dep.n_entries, errors)
+                except Exception as e:  # noqa: BLE001
+                    errors.append(f"NIC: {e}")
+                    self._close_nic()
+                try:
+                    text = self._nf_reader(dep.netns, dep.table)
+                    saved = parse_iptables_save(text, dep.table)
+                    nf, nf_main = attribute_netfilter(saved, dep.prefix, len(dep.rules), dep.positions)
+                except Exception as e:  # noqa: BLE001
+                    errors.append(f"netfilter: {e}")
+            self._seq += 1
+            return Snapshot(self._seq, time.time(), time.monotonic(), dep, hw, hits, nf, nf_main, tuple(errors))
+
+    def _close_nic(self) -> None:
+        close = getattr(self._nic, "close", None)
+        if close is not None:
+            try:
+                close()
+            except Exception:  # noqa: BLE001, S110 (closing a broken connection)
+                pass
+        self._nic = None
+        self._nic_for = None
+
+
+class Sampler:
+    """Keeps the last `keep` snapshots in a ring buffer, taken every `interval` seconds by a background thread."""
+
+    def __init__(self, collector: Collector | None = None, interval: float = 1.0, keep: int = 600):
+        if interval <= 0 or keep < 2:
+            raise HypafilterError("sampler needs interval > 0 and at least 2 snapshots kept")
+        self.collector = collector
+        self.interval = interval
+        self._ring: deque[Snapshot] = deque(maxlen=keep)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.last_error: str | None = None
+
+    def add(self, snap: Snapshot) -> None:
+        """Append a snapshot (the sampler thread does this; tests feed recorded snapshots the same way)."""
+        with self._lock:
+            if self._ring and snap.mono <= self._ring[-1].mono:
+                raise ValueError("snapshots must be added in time order")
+            self._ring.append(snap)
+
+    def sample(self) -> Snapshot:
+        if self.collector is None:
+            raise HypafilterError("sampler has no collector")
+        snap = self.collector.snapshot()
+        self.add(snap)
+        return snap
+
+    def snapshots(self) -> list[Snapshot]:
+        with self._lock:
+            return list(self._ring)
+
+    def latest(self) -> Snapshot | None:
+        with self._lock:
+            return self._ring[-1] if self._ring else None
+
+    def get(self, seq: int) -> Snapshot | None:
+        with self._lock:
+            for s in reversed(self._ring):
+                if s.seq == seq:
+                    return s
+        return None
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="hypafilter-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def _run(self) -> None:
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                self.sample()
+                self.last_error = None
+            except Exception as e:  # noqa: BLE001 (keep sampling; a snapshot catches source errors itself)
+                self.last_error = str(e)
+            next_at += self.interval
+            delay = next_at - time.monotonic()
+            if delay < 0:  # fell behind (a slow read): do not try to catch up with a burst
+                next_at = time.monotonic()
+                delay = 0
+            self._stop.wait(delay)
+
+
+def env_token() -> str | None:
+    return os.environ.get("HYPAFILTER_DASHBOARD_TOKEN") or None

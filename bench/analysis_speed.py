@@ -16,7 +16,7 @@ import numpy as np
 from hypafilter.analysis.plan import build_plan, selective_bits
 from hypafilter.analysis.program import to_iptables_restore
 from hypafilter.config import Config
-from hypafilter.ir.types import MAXV, PROTO_UDP, Box, Level, Policy, Rule
+from hypafilter.ir import MAXV, PROTO_UDP, Box, Level, Policy, Rule
 from hypafilter.tools.classbench import classbench_policy, classbench_policy_text, complex_positions, read_filters
 
 

@@ -32,7 +32,7 @@ def sh(*argv: str, check: bool = True) -> None:
 def small_plan():
     from hypafilter.config import Config
     from hypafilter.hw.vhdl import hw_plan
-    from hypafilter.ir.types import PROTO_TCP, PROTO_UDP, Box, Policy, Rule
+    from hypafilter.ir import PROTO_TCP, PROTO_UDP, Box, Policy, Rule
 
     def box(**kw):
         b = Box.full()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from hftb import HOST, WIRE, header_frame, tuser_for
-from hypafilter.ir.types import FIELDS, Header
+from hypafilter.ir import FIELDS, Header
 
 PORT_OF_IPORT = {0: 0x01, 1: 0x04, 2: 0x10, 3: 0x40}
 

@@ -18,7 +18,7 @@ from hftb import SIM_BUILD, AxiLite, AxisSink, AxisSource, load_obj, run_ghdl, s
 from hypafilter.hw import model as hwmodel
 from hypafilter.hw import regmap  # noqa: E402
 from hypafilter.hw import vhdl as hwgen
-from hypafilter.ir.types import MAXV, Box, Header, Policy, Rule  # noqa: E402
+from hypafilter.ir import MAXV, Box, Header, Policy, Rule  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 FIFO_BYTES = 4096  # the emulator-sized packet FIFO; the SUME build uses 64 kB

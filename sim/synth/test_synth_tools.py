@@ -11,7 +11,7 @@ import pytest
 from hypafilter import cli
 from hypafilter.hw import synth
 from hypafilter.hw import vhdl as hwgen
-from hypafilter.ir.types import Box
+from hypafilter.ir import Box
 
 from conftest import need_tool
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from hypafilter.ir.types import FIELDS
+from hypafilter.ir import FIELDS
 
 from conftest import ROOT, need, need_root, need_tool
 

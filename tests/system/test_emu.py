@@ -58,7 +58,7 @@ def make_plan():
     """A small policy built straight from the IR: simple DROP/ACCEPT entries, one complex rule, policy ACCEPT."""
     from hypafilter.config import Config
     from hypafilter.hw.vhdl import hw_plan
-    from hypafilter.ir.types import PROTO_ICMP, PROTO_TCP, PROTO_UDP, Box, Policy, Rule
+    from hypafilter.ir import PROTO_ICMP, PROTO_TCP, PROTO_UDP, Box, Policy, Rule
 
     def box(**kw):
         b = Box.full()
@@ -170,7 +170,7 @@ def nic(emu_binary, topo, tmp_path_factory):
 def test_power_on_tables_shunt_everything(nic, emu_binary):
     """The emulator's core comes out of reset shunting every entry (before any program()): the build serves every
     plan with the same matcher, so its power-on tables belong to none of them and must be safe for all."""
-    from hypafilter.ir.types import ACTION_DROP
+    from hypafilter.ir import ACTION_DROP
     from hypafilter.targets.nic import pack_shunt
 
     _, plan = emu_binary

@@ -13,10 +13,10 @@ from hypafilter.analysis.plan import build_plan
 from hypafilter.analysis.program import STRATEGIES, to_iptables_restore, to_nft
 from hypafilter.config import Config
 from hypafilter.iptables.parser import parse_policy
-from hypafilter.ir.semantics import listing1
 from hypafilter.tools.classbench import classbench_policy_text
 
 from conftest import need_root, need_tool, ns_sh
+from tests.irbuild import listing1
 
 pytestmark = pytest.mark.system
 RULESETS = Path(__file__).resolve().parents[2] / "rulesets"

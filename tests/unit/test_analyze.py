@@ -6,12 +6,15 @@ import json
 
 import numpy as np
 import pytest
+from hypafilter.analysis.decision import match_indices
+from hypafilter.analysis.hybrid import hybrid_verdict
 from hypafilter.analysis.plan import build_plan
 from hypafilter.cli import main
 from hypafilter.cli.analyze import analyze, strategy_costs
-from hypafilter.ir.semantics import classify_entries, hybrid_verdict, listing1
-from hypafilter.ir.types import FIELDS, Header
+from hypafilter.ir import FIELDS, Header
 from hypafilter.tools.classbench import classbench_policy, read_trace, trace_udp_values
+
+from tests.irbuild import listing1
 
 KEYS = [
     "rules",
@@ -50,7 +53,7 @@ def test_costs_equal_the_interpreter_on_classbench(shared_dir):
     vals = trace_udp_values(trace)
     plan = build_plan(pol, mode="index")
     costs = strategy_costs(plan)
-    mi = classify_entries(plan, vals)
+    mi = match_indices(plan, vals)
     for p in range(0, len(vals), 7):
         h = Header(**dict(zip(FIELDS, (int(x) for x in vals[p]), strict=True)))
         for s in ("full", "cut", "interval", "interval_geo"):
@@ -92,7 +95,7 @@ def test_cli_json_shape_and_consistency(shared_dir, capsys):
         m = np.flatnonzero(((lo <= vals[p]) & (vals[p] <= hi)).all(axis=1))
         inside[p] = m[0] if len(m) else len(simple)
     sample = np.arange(0, len(vals), 500)
-    assert (classify_entries(plan, vals[sample]) == inside[sample]).all()
+    assert (match_indices(plan, vals[sample]) == inside[sample]).all()
 
 
 def test_cli_table_output(tmp_path, capsys):

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from hypafilter.config import Config
 from hypafilter.errors import PolicyError
-from hypafilter.iptables.flatten import box_minus, boxes_minus
 from hypafilter.iptables.parser import parse_policy
-from hypafilter.iptables.tables import NONTERMINAL_TARGETS
-from hypafilter.ir.types import Box, Header
+from hypafilter.ir import Box, Header
+from hypafilter.ir.box import box_minus, boxes_minus
+from hypafilter.ir.semantics import NONTERMINAL_TARGETS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

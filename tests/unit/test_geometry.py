@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypafilter.analysis import geometry
 from hypafilter.analysis.geometry import BoxSet
-from hypafilter.ir.types import MAXV, NDIM, Box, Header
+from hypafilter.ir import MAXV, NDIM, Box, Header
 
 
 def _random_boxes(rng: np.random.Generator, m: int, small: bool = True) -> BoxSet:

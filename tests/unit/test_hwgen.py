@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from hypafilter.hw import vhdl as hwgen
-from hypafilter.ir.types import Box, Policy, Rule
+from hypafilter.ir import Box, Policy, Rule
 
 ROOT = Path(__file__).resolve().parents[2]
 FULL = Box.full()

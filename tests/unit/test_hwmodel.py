@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypafilter.hw import model as hwmodel
 from hypafilter.hw import vhdl as hwgen
-from hypafilter.ir.types import Box, Header, Policy, Rule
+from hypafilter.ir import Box, Header, Policy, Rule
 from hypafilter.shared import unpack_meta
 from scapy.layers.inet import ICMP, IP, TCP, UDP
 from scapy.layers.inet6 import IPv6

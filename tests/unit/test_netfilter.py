@@ -4,11 +4,13 @@ tests/system/test_netfilter_load.py)."""
 from __future__ import annotations
 
 import pytest
+from hypafilter.analysis.hybrid import hybrid_verdict
 from hypafilter.analysis.plan import build_plan
 from hypafilter.analysis.program import STRATEGIES, build_program, dispatch_cost, mark_for, to_iptables_restore, to_nft
 from hypafilter.errors import HypafilterError
-from hypafilter.ir.semantics import hybrid_verdict, listing1, make_policy, make_rule
-from hypafilter.ir.types import Header
+from hypafilter.ir import Header
+
+from tests.irbuild import listing1, make_policy, make_rule
 
 STRING = [("-m", "string", "--string", "X", "--algo", "bm")]
 
@@ -87,7 +89,7 @@ def test_cut_lists_follow_the_paper():
 
 
 def test_multi_level_rules_use_return_guards():
-    from hypafilter.ir.types import Level, Rule
+    from hypafilter.ir import Level, Rule
 
     base = make_rule("ACCEPT", src="10.0.0.0/8")
     r = Rule(
@@ -128,7 +130,7 @@ def test_program_run_counts_rules():
 
 def _deep_policy(n=300):
     """n intervals; every third complex rule needs helper chains (a RETURN guard and a second level)."""
-    from hypafilter.ir.types import Level, Rule
+    from hypafilter.ir import Level, Rule
 
     rules = []
     for i in range(n):
@@ -167,7 +169,7 @@ def test_nesting_depth_is_bounded_for_hundreds_of_intervals():
 
 
 def test_block_chains_write_each_complex_rule_once_and_count_jumps():
-    from hypafilter.ir.semantics import hybrid_verdict as hv
+    from hypafilter.analysis.hybrid import hybrid_verdict as hv
 
     plan = build_plan(_deep_policy(), mode="index")
     text = to_iptables_restore(plan, "interval")

@@ -120,7 +120,7 @@ def test_table_bounds_and_read_only(fake):
 
 def _plan(shunt_on=(0, 33, 40), drop=(40,), first_port=1):
     from hypafilter.hw.vhdl import HwEntry
-    from hypafilter.ir.types import Box
+    from hypafilter.ir import Box
 
     class P:
         entries = [HwEntry((Box.full().with_field("dport", first_port + i, first_port + i),)) for i in range(40)]

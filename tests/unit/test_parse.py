@@ -9,7 +9,7 @@ from hypafilter.config import Config
 from hypafilter.errors import PolicyError
 from hypafilter.iptables.canonical import format_tokens, rule_tokens
 from hypafilter.iptables.parser import parse_policy, parse_rule, tokenize
-from hypafilter.ir.types import Header
+from hypafilter.ir import Header
 
 ROOT = Path(__file__).resolve().parents[2]
 

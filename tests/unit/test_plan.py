@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from hypafilter.analysis.plan import build_plan, selective_bits
 from hypafilter.errors import HypafilterError
-from hypafilter.ir.semantics import listing1, make_policy, make_rule
-from hypafilter.ir.types import ACTION_ACCEPT, ACTION_DROP
+from hypafilter.ir import ACTION_ACCEPT, ACTION_DROP
+
+from tests.irbuild import listing1, make_policy, make_rule
 
 STRING = [("-m", "string", "--string", "X", "--algo", "bm")]
 

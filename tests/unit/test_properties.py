@@ -7,12 +7,15 @@ placed under random masks with foreign bits set. A deliberately broken shunt vec
 from __future__ import annotations
 
 import numpy as np
+from hypafilter.analysis.hybrid import hybrid_verdict
 from hypafilter.analysis.plan import build_plan
 from hypafilter.analysis.program import STRATEGIES
-from hypafilter.ir.semantics import hybrid_verdict, listing1, make_policy, make_rule, reference_verdict
-from hypafilter.ir.types import Header
+from hypafilter.ir import Header
+from hypafilter.ir.semantics import reference_verdict
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from tests.irbuild import listing1, make_policy, make_rule
 
 PREFIXES = [None, "10.0.0.0/8", "10.1.0.0/16", "10.1.2.0/24", "10.1.2.3/32", "192.168.0.0/16"]
 ADDRS = [0x0A010203, 0x0A010204, 0x0A020001, 0xC0A80101, 0x08080808]

@@ -10,7 +10,7 @@ from hypafilter import cli
 from hypafilter.errors import HypafilterError
 from hypafilter.hw import synth
 from hypafilter.hw import vhdl as hwgen
-from hypafilter.ir.types import Box
+from hypafilter.ir import Box
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "rulesets" / "example.rules")

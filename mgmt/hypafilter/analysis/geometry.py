@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hypafilter.ir.types import MAXV, NDIM, Box
+from hypafilter.ir import MAXV, NDIM, Box
 
 _MAXV = np.array(MAXV, dtype=np.int64)
 # Sources are processed in chunks so that the per-dimension tables stay small (rows x chunk/64 words each).

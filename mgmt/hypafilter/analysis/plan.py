@@ -25,7 +25,7 @@ from hypafilter.analysis import geometry
 from hypafilter.analysis.geometry import BoxSet
 from hypafilter.config import Config
 from hypafilter.errors import HypafilterError
-from hypafilter.ir.types import ACTION_NONE, Box, Policy
+from hypafilter.ir import ACTION_NONE, Box, Policy
 
 MODES = ("index", "selective", "exact")
 

@@ -31,8 +31,8 @@ from functools import lru_cache
 
 from hypafilter.analysis.plan import PrefixView
 from hypafilter.errors import HypafilterError
-from hypafilter.ir.semantics import TERMINAL, ComplexEval, rule_outcome
-from hypafilter.ir.types import Header, Policy
+from hypafilter.ir import Header, Policy
+from hypafilter.ir.semantics import ComplexEval, rule_outcome
 
 STRATEGIES = ("full", "cut", "hsa_cut", "interval", "interval_geo")
 K_SHIFT = 4
@@ -734,7 +734,6 @@ def _nft_verdict(target: str) -> str:
 
 __all__ = [
     "STRATEGIES",
-    "TERMINAL",
     "NfRule",
     "Program",
     "build_program",

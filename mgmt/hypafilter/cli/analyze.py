@@ -8,10 +8,10 @@ import time
 
 import numpy as np
 
+from hypafilter.analysis.decision import match_indices
 from hypafilter.analysis.plan import Plan, build_plan
 from hypafilter.analysis.program import build_program, mark_for
 from hypafilter.cli.common import add_policy_args, load_config, load_policy
-from hypafilter.ir.semantics import classify_entries
 from hypafilter.tools.classbench import read_trace, trace_udp_values
 
 
@@ -79,7 +79,7 @@ def analyze(policy, config, trace=None) -> dict:
         "shunting_rules_index_based": int(idx.shunt[:-1].sum()),
     }
     if trace is not None:
-        mi = classify_entries(sel, trace_udp_values(trace))
+        mi = match_indices(sel, trace_udp_values(trace))
         hist = np.bincount(mi, minlength=sel.n + 1)
         idx_hist = hist * idx.shunt
         costs = strategy_costs(idx)

@@ -6,7 +6,7 @@ import argparse
 
 from hypafilter.config import Config
 from hypafilter.errors import HypafilterError
-from hypafilter.ir.types import Policy
+from hypafilter.ir import Policy
 
 
 def add_policy_args(p: argparse.ArgumentParser, required: bool = True) -> None:

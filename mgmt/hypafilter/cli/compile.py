@@ -14,7 +14,7 @@ from hypafilter.analysis.plan import MODES, Plan, build_plan
 from hypafilter.analysis.program import STRATEGIES, to_iptables_restore, to_nft
 from hypafilter.cli.common import add_policy_args, load_config, load_policy
 from hypafilter.errors import HypafilterError
-from hypafilter.ir.types import Policy
+from hypafilter.ir import Policy
 
 ENTRY_LIMIT = 1 << 24  # match_index is 24 bits in the metadata
 

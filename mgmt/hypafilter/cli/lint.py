@@ -6,7 +6,7 @@ import argparse
 
 from hypafilter.cli.common import add_policy_args, load_config, load_policy
 from hypafilter.iptables.canonical import format_tokens
-from hypafilter.ir.types import HW_TARGETS, Rule
+from hypafilter.ir import HW_TARGETS, Rule
 
 
 def complex_reasons(rule: Rule) -> list[str]:

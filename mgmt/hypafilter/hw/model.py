@@ -21,13 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-import numpy as np
-
-from hypafilter.ir.types import (
+from hypafilter.analysis import decision
+from hypafilter.ir import (
     ACTION_ACCEPT,
     ACTION_DROP,
     ACTION_NONE,
-    FIELDS,
     PROTO_ICMP,
     PROTO_TCP,
     PROTO_UDP,
@@ -121,47 +119,6 @@ class Decision:
     counters: tuple[str, ...] = field(default=())  # register names this frame increments
 
 
-class _Compiled:
-    """The plan's boxes as numpy arrays for fast first-match lookups (the model runs on whole traces)."""
-
-    def __init__(self, plan):
-        lo, hi, fm, fv, owner = [], [], [], [], []
-        for i, e in enumerate(plan.entries):
-            for b in e.boxes:
-                lo.append(b.lo)
-                hi.append(b.hi)
-                fm.append(b.flags_mask)
-                fv.append(b.flags_value)
-                owner.append(i)
-        self.n = len(plan.entries)
-        self.lo = np.array(lo, dtype=np.int64).reshape(-1, len(FIELDS))
-        self.hi = np.array(hi, dtype=np.int64).reshape(-1, len(FIELDS))
-        self.fm = np.array(fm, dtype=np.int64)
-        self.fv = np.array(fv, dtype=np.int64)
-        self.owner = np.array(owner, dtype=np.int64)
-
-    def first_match(self, h: Header) -> int:
-        if not len(self.owner):
-            return self.n
-        v = np.array(h.values(), dtype=np.int64)
-        ok = np.all((self.lo <= v) & (v <= self.hi), axis=1) & ((h.tcp_flags & self.fm) == self.fv)
-        hits = self.owner[ok]
-        return int(hits.min()) if len(hits) else self.n
-
-
-_cache: dict[int, tuple[object, _Compiled]] = {}
-
-
-def match_index(plan, header: Header) -> int:
-    """Index of the first entry containing the header; len(plan.entries) (the policy entry) when none does."""
-    key = id(plan)
-    hit = _cache.get(key)
-    if hit is None or hit[0] is not plan:
-        hit = (plan, _Compiled(plan))
-        _cache[key] = hit
-    return hit[1].first_match(header)
-
-
 def decide(plan, frame: bytes, src_port: int, regs: Regs) -> Decision:
     """What the core does with one frame arriving on `src_port` (one-hot TUSER[23:16])."""
     n = len(plan.entries)
@@ -175,7 +132,7 @@ def decide(plan, frame: bytes, src_port: int, regs: Regs) -> Decision:
     if hdr is None:
         meta = pack_meta(n, ACTION_NONE, REASON_UNPARSED, gen)
         return Decision(Kind.SHUNT, shunt_port, meta, n, ACTION_NONE, REASON_UNPARSED, False, ("CNT_SHUNT_UNPARSED",))
-    idx = match_index(plan, hdr)
+    idx = decision.match_index(plan, hdr)
     action = regs.actions[idx] & 0xF
     reason = REASON_POLICY if idx == n else REASON_OVERRULE
     rcnt = "CNT_SHUNT_POLICY" if idx == n else "CNT_SHUNT_OVERRULE"

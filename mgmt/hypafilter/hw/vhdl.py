@@ -11,7 +11,7 @@ from pathlib import Path
 import jinja2
 
 from hypafilter.hw import regmap
-from hypafilter.ir.types import ACTION_DROP, MAXV, WIDTHS, Box, Policy
+from hypafilter.ir import ACTION_DROP, MAXV, WIDTHS, Box, Policy
 from hypafilter.paths import HW_DIR
 
 TEMPLATES = HW_DIR / "templates"

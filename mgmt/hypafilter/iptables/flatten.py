@@ -22,56 +22,10 @@ from dataclasses import dataclass
 from hypafilter.config import Config
 from hypafilter.errors import PolicyError
 from hypafilter.iptables import canonical
-from hypafilter.iptables.tables import NONTERMINAL_TARGETS
-from hypafilter.ir.types import NDIM, Box, Level, Rule, boxes_intersect
-
-# Box differences can multiply boxes; above this many per rule the subtraction is abandoned and the rule is
-# marked approximate instead (still exact in software, only less precise for shunting).
-MAX_BOXES = 4096
-
-
-def box_minus(a: Box, b: Box) -> list[Box]:
-    """a \\ b as disjoint boxes (at most 2 per dimension plus one per TCP flag bit that b tests and a does not)."""
-    if a.intersect(b) is None:
-        return [a]
-    out: list[Box] = []
-    lo, hi = list(a.lo), list(a.hi)
-    for i in range(NDIM):
-        if lo[i] < b.lo[i]:
-            out.append(Box(tuple(lo), tuple(hi[:i] + [b.lo[i] - 1] + hi[i + 1 :]), a.flags_mask, a.flags_value))
-            lo[i] = b.lo[i]
-        if hi[i] > b.hi[i]:
-            out.append(Box(tuple(lo[:i] + [b.hi[i] + 1] + lo[i + 1 :]), tuple(hi), a.flags_mask, a.flags_value))
-            hi[i] = b.hi[i]
-    fm, fv = a.flags_mask, a.flags_value
-    free = b.flags_mask & ~a.flags_mask
-    for bit in range(8):
-        m = 1 << bit
-        if free & m:
-            out.append(Box(tuple(lo), tuple(hi), fm | m, fv | (~b.flags_value & m)))
-            fm, fv = fm | m, fv | (b.flags_value & m)
-    return out
-
-
-def boxes_minus(a: list[Box], b: list[Box], limit: int = MAX_BOXES) -> list[Box] | None:
-    """Union a minus union b; None when the result would exceed `limit` boxes."""
-    cur = list(a)
-    for y in b:
-        nxt: list[Box] = []
-        for x in cur:
-            nxt.extend(box_minus(x, y))
-            if len(nxt) > limit:
-                return None
-        cur = nxt
-    return cur
-
+from hypafilter.ir import Box, Level, Rule
+from hypafilter.ir.box import boxes_intersect, boxes_minus
 
 _ROOT = (Box.full(),)
-
-
-def is_terminal(target: str) -> bool:
-    """Whether a rule with this target ends the packet's walk when it matches (LOG, MARK, ... do not)."""
-    return bool(target) and target not in NONTERMINAL_TARGETS
 
 
 class _NotFlat(Exception):

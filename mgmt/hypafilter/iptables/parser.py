@@ -27,14 +27,13 @@ from hypafilter.iptables.rule import (
 from hypafilter.iptables.tables import (
     BUILTIN_CHAINS,
     ICMP_TYPES,
-    KNOWN_TARGETS,
     PROTO_ALIASES,
     PROTO_BY_NAME,
     SERVICES,
-    STANDARD_TARGETS,
     TCP_FLAG_WORDS,
 )
-from hypafilter.ir.types import PROTO_ICMP, PROTO_TCP, PROTO_UDP, Box, Origin, Policy, UserChain
+from hypafilter.ir import PROTO_ICMP, PROTO_TCP, PROTO_UDP, Box, Origin, Policy, UserChain
+from hypafilter.ir.semantics import KNOWN_TARGETS, STANDARD_TARGETS
 
 IFNAMSIZ = 16
 MAX_CHAIN_NAME = 28  # XT_EXTENSION_MAXNAMELEN - 1

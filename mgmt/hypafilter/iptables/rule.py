@@ -2,56 +2,20 @@
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 
 from hypafilter.iptables.tables import STATEFUL_MATCHES as STATEFUL
-from hypafilter.ir.types import FIELD_INDEX, MAXV, PROTO_TCP, PROTO_UDP, Box, Origin, boxes_intersect
+from hypafilter.ir import MAXV, PROTO_TCP, PROTO_UDP, Box, Origin
+from hypafilter.ir.box import (
+    boxes_intersect,
+    complement,
+    complement_union,
+    field_boxes,
+    flags_boxes,
+    product_boxes,
+)
 
 Boxes = list[Box]
-
-
-def complement(lo: int, hi: int, top: int) -> list[tuple[int, int]]:
-    """The closed intervals of [0, top] outside [lo, hi] (at most two)."""
-    out = []
-    if lo > 0:
-        out.append((0, lo - 1))
-    if hi < top:
-        out.append((hi + 1, top))
-    return out
-
-
-def complement_union(intervals: list[tuple[int, int]], top: int) -> list[tuple[int, int]]:
-    """The closed intervals of [0, top] outside a union of intervals."""
-    out, nxt = [], 0
-    for lo, hi in sorted(intervals):
-        if lo > nxt:
-            out.append((nxt, lo - 1))
-        nxt = max(nxt, hi + 1)
-    if nxt <= top:
-        out.append((nxt, top))
-    return out
-
-
-def field_boxes(name: str, intervals: list[tuple[int, int]]) -> Boxes:
-    full = Box.full()
-    return [full.with_field(name, lo, hi) for lo, hi in intervals if lo <= hi]
-
-
-def flags_boxes(mask: int, comp: int, invert: bool) -> Boxes:
-    """Boxes for `(flags & mask) == comp`, or its negation as disjoint ternaries (one per mask bit)."""
-    full = Box.full()
-    if comp & ~mask:  # the kernel compares against bits outside the mask too: never equal
-        return [full] if invert else []
-    if not invert:
-        return [Box(full.lo, full.hi, mask, comp)]
-    out, fixed_mask, fixed_val = [], 0, 0
-    for bit in range(8):
-        b = 1 << bit
-        if mask & b:
-            out.append(Box(full.lo, full.hi, fixed_mask | b, fixed_val | (~comp & b)))
-            fixed_mask, fixed_val = fixed_mask | b, fixed_val | (comp & b)
-    return out
 
 
 @dataclass
@@ -284,16 +248,7 @@ def _combine(parts: list) -> Boxes:
     """The intersection of the parts as a union of boxes, in the order the pairwise product gives."""
     names = [p[0] for p in parts if isinstance(p, _FieldPart)]
     if len(names) == len(parts) and len(set(names)) == len(names):
-        # Common case (each field restricted once, no flags): build the boxes directly, without intersections.
-        full = Box.full()
-        idx = [FIELD_INDEX[n] for n in names]
-        out = []
-        for combo in itertools.product(*(p[1] for p in parts)):
-            lo, hi = list(full.lo), list(full.hi)
-            for i, (a, b) in zip(idx, combo, strict=True):
-                lo[i], hi[i] = a, b
-            out.append(Box(tuple(lo), tuple(hi)))
-        return out
+        return product_boxes(parts)  # common case: each field restricted once, no flags
     boxes = [Box.full()]
     for p in parts:
         boxes = boxes_intersect(boxes, field_boxes(*p) if isinstance(p, _FieldPart) else p)

@@ -160,57 +160,6 @@ TCP_FLAGS: tuple[tuple[str, int], ...] = (
 )
 TCP_FLAG_WORDS: dict[str, int] = {**dict(TCP_FLAGS), "ALL": 0x3F, "NONE": 0}
 
-# Verdicts the kernel knows without an extension.
-STANDARD_TARGETS = frozenset({"ACCEPT", "DROP", "RETURN", "QUEUE"})
-
-# Extension targets (iptables-extensions(8)). Non-terminating ones let the packet continue to the next rule;
-# the others decide (or divert) the packet.
-NONTERMINAL_TARGETS = frozenset(
-    {
-        "AUDIT",
-        "CHECKSUM",
-        "CLASSIFY",
-        "CONNMARK",
-        "CONNSECMARK",
-        "CT",
-        "DSCP",
-        "ECN",
-        "HMARK",
-        "IDLETIMER",
-        "LED",
-        "LOG",
-        "MARK",
-        "NFLOG",
-        "NOTRACK",
-        "RATEEST",
-        "SECMARK",
-        "SET",
-        "TCPMSS",
-        "TCPOPTSTRIP",
-        "TEE",
-        "TOS",
-        "TRACE",
-        "TTL",
-        "ULOG",
-    }
-)
-TERMINAL_EXTENSION_TARGETS = frozenset(
-    {
-        "REJECT",
-        "NFQUEUE",
-        "SYNPROXY",
-        "TPROXY",
-        "DNAT",
-        "SNAT",
-        "MASQUERADE",
-        "NETMAP",
-        "REDIRECT",
-        "CLUSTERIP",
-        "MIRROR",
-    }
-)
-KNOWN_TARGETS = STANDARD_TARGETS | NONTERMINAL_TARGETS | TERMINAL_EXTENSION_TARGETS
-
 # Matches whose result depends on state they change when evaluated (token buckets, counters, random draws,
 # address lists): evaluating such a check more or fewer times than the original chain walk would changes
 # behaviour, so rules carrying them are never duplicated by chain flattening.

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from hypafilter.config import Config
 from hypafilter.errors import DeployError, HypafilterError
-from hypafilter.ir.types import Policy
+from hypafilter.ir import Policy
 from hypafilter.paths import BUILD_ROOT
 from hypafilter.targets import shim as shim_mod
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from hypafilter.config import Config
 from hypafilter.errors import HypafilterError
-from hypafilter.ir.types import MAXV, PROTO_ICMP, PROTO_TCP, PROTO_UDP, Policy
+from hypafilter.ir import MAXV, PROTO_ICMP, PROTO_TCP, PROTO_UDP, Policy
 
 CLONE_NEWNET = 0x40000000
 ETH_P_ALL = 0x0003

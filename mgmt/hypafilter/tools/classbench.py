@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from hypafilter.errors import HypafilterError, PolicyError
-from hypafilter.ir.types import FIELD_INDEX, MAXV, NDIM, PROTO_UDP, Box, Level, Origin, Policy, Rule
+from hypafilter.ir import FIELD_INDEX, MAXV, NDIM, PROTO_UDP, Box, Level, Origin, Policy, Rule
 
 STRING = ("-m", "string", "--algo", "bm", "!", "--string", "BAD")
 STATISTIC = ("-m", "statistic", "--mode", "random", "--probability", "0.99")

@@ -151,9 +151,9 @@ def trace_points(trace: np.ndarray) -> np.ndarray:
 
 def hw_match_index(plan, points: np.ndarray) -> np.ndarray:
     """match_index per header: the hardware's first matching entry (n = policy entry), from the model."""
-    from hypafilter.ir.semantics import classify_entries  # noqa: PLC0415
+    from hypafilter.analysis.decision import match_indices  # noqa: PLC0415
 
-    return classify_entries(plan, points)
+    return match_indices(plan, points)
 
 
 def lower_bound(policy, points: np.ndarray) -> int:

@@ -1,15 +1,8 @@
-"""The rule IR: format-independent rules whose header part is a union of boxes (ARCHITECTURE §2).
+"""Rules and policies of the IR: the flattened, ordered rule list of one base chain, each rule a union of boxes
+plus the verbatim checks and target the hardware does not implement.
 
 Nothing here knows iptables, nftables or VHDL syntax except the opaque option tokens a rule keeps so that
-emitters can write the original checks back. Conversions live at the boundaries (`parse`, `netfilter`,
-`hwgen`).
-
-Header model (the same convention in the hardware parser, the Python reference model and the trace tools):
-every IPv4 packet is a point in the space of FIELDS below. Fields that a packet does not carry are 0: ports
-are 0 unless the protocol is TCP (6) or UDP (17); icmp_type/icmp_code are 0 unless the protocol is ICMP (1);
-tcp_flags (byte 13 of the TCP header) is 0 unless TCP; iport is the ingress MAC index (0..3). A check on a
-port, ICMP field or TCP flags always comes with the matching protocol check, so the zero convention never
-lets a rule match a packet it should not.
+emitters can write the original checks back. Conversions live at the boundaries (`iptables`, `netfilter`, `hw`).
 """
 
 from __future__ import annotations
@@ -17,111 +10,12 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-# Interval dimensions of a box, in this order everywhere (numpy arrays use this column order).
-FIELDS: tuple[str, ...] = ("src", "dst", "proto", "sport", "dport", "icmp_type", "icmp_code", "iport")
-WIDTHS: dict[str, int] = {
-    "src": 32,
-    "dst": 32,
-    "proto": 8,
-    "sport": 16,
-    "dport": 16,
-    "icmp_type": 8,
-    "icmp_code": 8,
-    "iport": 2,
-}
-MAXV: tuple[int, ...] = tuple((1 << WIDTHS[f]) - 1 for f in FIELDS)
-NDIM = len(FIELDS)
-FIELD_INDEX = {f: i for i, f in enumerate(FIELDS)}
-
-PROTO_ICMP, PROTO_TCP, PROTO_UDP = 1, 6, 17
+from hypafilter.ir.box import Box
 
 # Action codes as carried in the shunt metadata M[27:24] and the low 4 bits of the netfilter mark.
 ACTION_NONE, ACTION_ACCEPT, ACTION_DROP = 0, 1, 2
 ACTION_CODES = {"ACCEPT": ACTION_ACCEPT, "DROP": ACTION_DROP}
 HW_TARGETS = frozenset(ACTION_CODES)
-
-
-@dataclass(frozen=True, order=True)
-class Box:
-    """A hyper-rectangle: closed intervals per FIELDS dimension, plus a ternary test on TCP flags.
-
-    The flags test is `(tcp_flags & flags_mask) == flags_value` (iptables' --tcp-flags); mask 0 = any.
-    """
-
-    lo: tuple[int, ...]
-    hi: tuple[int, ...]
-    flags_mask: int = 0
-    flags_value: int = 0
-
-    def __post_init__(self):
-        if len(self.lo) != NDIM or len(self.hi) != NDIM:
-            raise ValueError("box needs one interval per field")
-        if self.flags_value & ~self.flags_mask:
-            raise ValueError("flags_value has bits outside flags_mask")
-
-    @staticmethod
-    def full() -> Box:
-        return Box(tuple(0 for _ in FIELDS), MAXV)
-
-    def with_field(self, name: str, lo: int, hi: int) -> Box:
-        i = FIELD_INDEX[name]
-        return Box(
-            self.lo[:i] + (lo,) + self.lo[i + 1 :],
-            self.hi[:i] + (hi,) + self.hi[i + 1 :],
-            self.flags_mask,
-            self.flags_value,
-        )
-
-    def interval(self, name: str) -> tuple[int, int]:
-        i = FIELD_INDEX[name]
-        return self.lo[i], self.hi[i]
-
-    def is_empty(self) -> bool:
-        return any(lo > hi for lo, hi in zip(self.lo, self.hi, strict=True))
-
-    def intersect(self, other: Box) -> Box | None:
-        if (self.flags_value ^ other.flags_value) & self.flags_mask & other.flags_mask:
-            return None
-        lo = tuple(max(a, b) for a, b in zip(self.lo, other.lo, strict=True))
-        hi = tuple(min(a, b) for a, b in zip(self.hi, other.hi, strict=True))
-        if any(a > b for a, b in zip(lo, hi, strict=True)):
-            return None
-        return Box(lo, hi, self.flags_mask | other.flags_mask, self.flags_value | other.flags_value)
-
-    def contains(self, point: Header) -> bool:
-        v = point.values()
-        if any(not (lo <= x <= hi) for lo, hi, x in zip(self.lo, self.hi, v, strict=True)):
-            return False
-        return (point.tcp_flags & self.flags_mask) == self.flags_value
-
-
-def boxes_intersect(a: list[Box], b: list[Box]) -> list[Box]:
-    """Intersection of two unions of boxes (pairwise)."""
-    out = []
-    for x in a:
-        for y in b:
-            z = x.intersect(y)
-            if z is not None:
-                out.append(z)
-    return out
-
-
-@dataclass(frozen=True)
-class Header:
-    """A packet header as a point in the header space (see the module docstring for the zero convention)."""
-
-    src: int = 0
-    dst: int = 0
-    proto: int = 0
-    sport: int = 0
-    dport: int = 0
-    icmp_type: int = 0
-    icmp_code: int = 0
-    iport: int = 0
-    tcp_flags: int = 0
-
-    def values(self) -> tuple[int, ...]:
-        return (self.src, self.dst, self.proto, self.sport, self.dport, self.icmp_type, self.icmp_code, self.iport)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,53 @@
+"""The hardware's first-match decision, defined once: which entry a header hits, and what the core then does.
+
+Every consumer of "what would the matcher say" uses this module: the analysis (shunted packets per trace), the
+Python model of the core (`hw.model`), the emulation of the whole hybrid (`analysis.hybrid`), the verifier, the
+benchmarks, the property tests and the cocotb testbenches (through `hw.model`).
+
+`plan` is anything with `entries` (each with `boxes`), `shunt` and `actions` of length n + 1: an
+`analysis.plan.Plan` or the hardware's own view of one (`hw.vhdl.HwPlan`). match_index == n is the policy entry.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hypafilter.analysis.geometry import BoxSet, first_match
+from hypafilter.ir import Header
+
+_sets: dict[int, tuple[object, BoxSet]] = {}
+
+
+def entry_set(plan) -> BoxSet:
+    """Every entry's boxes as one BoxSet (owner = entry index), cached per plan object."""
+    es = getattr(plan, "entry_set", None)
+    if es is not None:
+        return es
+    hit = _sets.get(id(plan))
+    if hit is None or hit[0] is not plan:
+        hit = (plan, BoxSet.from_unions([e.boxes for e in plan.entries]))
+        _sets[id(plan)] = hit
+    return hit[1]
+
+
+def match_index(plan, header: Header) -> int:
+    """Index of the first entry whose boxes contain the header; len(plan.entries) when none does."""
+    s = entry_set(plan)
+    n = len(plan.entries)
+    if not len(s):
+        return n
+    v = np.array(header.values(), dtype=np.int64)
+    ok = np.all((s.lo <= v) & (v <= s.hi), axis=1) & ((header.tcp_flags & s.fmask) == s.fval)
+    hits = s.owner[ok]
+    return int(hits.min()) if len(hits) else n
+
+
+def match_indices(plan, values: np.ndarray, flags: np.ndarray | None = None) -> np.ndarray:
+    """match_index for many headers (values[p, NDIM] in ir.FIELDS order, flags[p] the TCP flags byte)."""
+    return first_match(BoxSet.points(values, flags), entry_set(plan), default=len(plan.entries))
+
+
+def decision(plan, header: Header) -> tuple[int, bool, int]:
+    """(match_index, shunted, action code) of a parsed header with the plan's tables loaded."""
+    mi = match_index(plan, header)
+    return mi, bool(plan.shunt[mi]), int(plan.actions[mi])

@@ -1,0 +1,52 @@
+"""The Python emulation of the whole hybrid: the hardware's decision, the mark the shim writes, and the generated
+netfilter chains interpreted exactly as they are loaded. The kernel-oracle tests check the real thing; this model
+lets the property tests and the analysis explore far more packets than a namespace can carry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from hypafilter.analysis.decision import decision
+from hypafilter.analysis.geometry import BoxSet, first_match
+from hypafilter.analysis.program import build_program, mark_for
+from hypafilter.ir import Header, Policy
+from hypafilter.ir.semantics import ComplexEval, never
+
+ACTION_NAMES = {1: "ACCEPT", 2: "DROP"}
+
+
+def hybrid_verdict(
+    plan,
+    strategy: str,
+    header: Header,
+    complex_eval: ComplexEval | None = None,
+    foreign_mark: int = 0,
+    mark_mask: int = 0xFFFFFFFF,
+    mark_shift: int = 0,
+) -> tuple[str, bool, int]:
+    """(verdict, shunted, traversed) of the hybrid system: hardware decision, shim mark, generated netfilter.
+
+    The software side runs the very chain structure the emitters write (netfilter.build_program), with the mark
+    the shim would write (other mark bits set to `foreign_mark`, to check that dispatch honours the mask).
+    """
+
+    mi, shunted, action = decision(plan, header)
+    if not shunted:
+        return (ACTION_NAMES.get(action, plan.policy.default) if mi < plan.n else plan.policy.default), False, 0
+    cache = plan.__dict__.setdefault("_programs", {})
+    key = (strategy, mark_mask, mark_shift)
+    if key not in cache:
+        cache[key] = build_program(plan, strategy, mark_mask=mark_mask, mark_shift=mark_shift)
+    prog = cache[key]
+    mark = mark_for(prog, int(plan.interval[mi]), action, foreign_mark)
+    verdict, count = prog.run(header, mark, complex_eval or never)
+    return verdict, True, count
+
+
+def first_rule_match(policy: Policy, positions: Sequence[int], values: np.ndarray, flags=None) -> np.ndarray:
+    """For many headers: the first of `positions` (rule positions) whose boxes contain it, else len(rules)."""
+    src = BoxSet.from_unions([policy.rules[i].boxes for i in positions], owners=list(positions))
+    return first_match(BoxSet.points(values, flags), src, default=len(policy.rules))

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 from hypafilter.analysis.plan import build_plan, selective_bits
-from hypafilter.analysis.program import to_iptables_restore
 from hypafilter.config import Config
 from hypafilter.ir import MAXV, PROTO_UDP, Box, Level, Policy, Rule
+from hypafilter.netfilter.restore import to_iptables_restore
 from hypafilter.tools.classbench import classbench_policy, classbench_policy_text, complex_positions, read_filters
 
 
@@ -81,7 +81,7 @@ def main() -> int:
 
     f = cb / "acl1_10k.filters"
     text = classbench_policy_text(f, complex_rules=1000)
-    from hypafilter.iptables.parser import parse_policy  # noqa: PLC0415
+    from hypafilter.iptables.document import parse_policy  # noqa: PLC0415
 
     cfg = Config()
 

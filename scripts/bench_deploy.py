@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "mgmt"))
 
 from hypafilter.config import Config  # noqa: E402
-from hypafilter.iptables.parser import parse_policy  # noqa: E402
+from hypafilter.iptables.document import parse_policy  # noqa: E402
 from hypafilter.ops import deploy  # noqa: E402
 from hypafilter.ops.lab import Lab  # noqa: E402
 from hypafilter.ops.verify import collect, drain, raw_socket  # noqa: E402

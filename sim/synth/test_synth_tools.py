@@ -82,7 +82,7 @@ def test_real_plan_renders_and_analyses(tmp_path):
     """The Plan of plan.build_plan (parsed from rulesets/example.rules) goes through render and GHDL analysis."""
     need_tool("ghdl")
     from hypafilter.config import Config
-    from hypafilter.iptables.parser import parse_policy
+    from hypafilter.iptables.document import parse_policy
 
     text = (ROOT / "rulesets" / "example.rules").read_text()
     policy = parse_policy(text, "example.rules", "FORWARD", Config())

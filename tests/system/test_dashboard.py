@@ -126,7 +126,7 @@ def system():
     need_tool("ip", "iptables-save", "iptables")
     need(EXAMPLE.is_file(), f"{EXAMPLE} is missing")
     from hypafilter.config import Config
-    from hypafilter.iptables.parser import parse_policy
+    from hypafilter.iptables.document import parse_policy
     from hypafilter.ops import deploy
     from hypafilter.ops.lab import Lab
 

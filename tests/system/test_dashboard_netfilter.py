@@ -8,9 +8,10 @@ import sys
 
 import pytest
 from hypafilter.analysis.plan import build_plan
-from hypafilter.analysis.program import build_program, mark_for, to_iptables_restore
+from hypafilter.analysis.program import build_program, mark_for
+from hypafilter.netfilter.restore import to_iptables_restore
 from hypafilter.config import Config
-from hypafilter.iptables.parser import parse_policy
+from hypafilter.iptables.document import parse_policy
 from hypafilter.tools.dashboard.collector import Collector
 
 from conftest import need_root, need_tool

@@ -32,7 +32,7 @@ POLICIES = {"A": POLICY_A, "B": POLICY_B, "C": POLICY_C}
 
 def parse(text: str, name: str):
     from hypafilter.config import Config
-    from hypafilter.iptables.parser import parse_policy
+    from hypafilter.iptables.document import parse_policy
 
     return parse_policy(text, filename=name, base_chain="FORWARD", config=Config())
 

@@ -31,7 +31,7 @@ def check(policy, packets: int = 800, trace=None, **cfg) -> dict:
 
 def parse_file(path: Path, **cfg):
     from hypafilter.config import Config
-    from hypafilter.iptables.parser import parse_policy
+    from hypafilter.iptables.document import parse_policy
 
     return parse_policy(path.read_text(), filename=str(path), base_chain="FORWARD", config=Config(**cfg))
 
@@ -77,7 +77,7 @@ def test_user_chains(lab, tmp_path):
 @pytest.mark.parametrize("k", [0, 1, 10, 50])
 def test_classbench(lab, shared_dir, tmp_path, k):
     from hypafilter.config import Config
-    from hypafilter.iptables.parser import parse_policy
+    from hypafilter.iptables.document import parse_policy
     from hypafilter.tools.classbench import classbench_policy_text
 
     src = shared_dir / "data" / "classbench" / "acl1_1100.filters"

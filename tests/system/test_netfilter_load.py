@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 from hypafilter.analysis.plan import build_plan
-from hypafilter.analysis.program import STRATEGIES, to_iptables_restore, to_nft
+from hypafilter.analysis.program import STRATEGIES
+from hypafilter.netfilter.restore import to_iptables_restore
+from hypafilter.netfilter.nft import to_nft
 from hypafilter.config import Config
-from hypafilter.iptables.parser import parse_policy
+from hypafilter.iptables.document import parse_policy
 from hypafilter.tools.classbench import classbench_policy_text
 
 from conftest import need_root, need_tool, ns_sh

@@ -28,8 +28,11 @@ from pathlib import Path
 import pytest
 from hypafilter.config import Config
 from hypafilter.errors import PolicyError
-from hypafilter.iptables.canonical import format_tokens, rule_tokens
-from hypafilter.iptables.parser import parse_policy, parse_rule, tokenize
+from hypafilter.iptables.canonical import rule_tokens
+from hypafilter.iptables.writer import tokens_text
+from hypafilter.iptables.document import parse_policy
+from hypafilter.iptables.parser import parse_rule
+from hypafilter.iptables.tokens import tokenize
 
 from conftest import need_root, need_tool, ns_sh
 
@@ -100,7 +103,7 @@ def _restore_text(path: Path) -> str:
     if any(line.strip() == "*filter" for line in text.splitlines()):
         return text
     # Plain rule files allow trailing `# comments`, which iptables-restore would pass on as arguments.
-    lines = [format_tokens(t.text for t in tokenize(line)) for line in text.splitlines()]
+    lines = [tokens_text(t.text for t in tokenize(line)) for line in text.splitlines()]
     return "*filter\n" + "".join(f"-A FORWARD {line}\n" for line in lines if line) + "COMMIT\n"
 
 
@@ -164,7 +167,7 @@ def test_conformance_rules_roundtrip(netns, shared_dir):
     rules = corpus_rules(shared_dir)
     assert len(rules) >= 60, f"only {len(rules)} conformance rules found"
     # One restore for all of them: the listing keeps their order, so rule i of FORWARD is corpus rule i.
-    text = "*filter\n" + "".join(f"-A FORWARD {format_tokens(t.text for t in tokenize(r))}\n" for _, r, _ in rules)
+    text = "*filter\n" + "".join(f"-A FORWARD {tokens_text(t.text for t in tokenize(r))}\n" for _, r, _ in rules)
     ns_sh(netns, "iptables-restore", stdin=text + "COMMIT\n")
     _, kernel = _listing(netns)
     assert len(kernel["FORWARD"]) == len(rules)

@@ -20,7 +20,7 @@ STATE = f"/run/hypafilter/test-{LAB}"
 
 def policy(text: str, name: str = "t.rules"):
     from hypafilter.config import Config
-    from hypafilter.iptables.parser import parse_policy
+    from hypafilter.iptables.document import parse_policy
 
     return parse_policy(text, filename=name, base_chain="FORWARD", config=Config())
 

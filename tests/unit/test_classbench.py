@@ -9,7 +9,7 @@ import pytest
 from hypafilter.cli import main
 from hypafilter.config import Config
 from hypafilter.errors import HypafilterError, PolicyError
-from hypafilter.iptables.parser import parse_policy
+from hypafilter.iptables.document import parse_policy
 from hypafilter.tools.classbench import (
     classbench_policy,
     classbench_policy_text,

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 from hypafilter.analysis.plan import build_plan
-from hypafilter.analysis.program import STRATEGIES, to_iptables_restore
+from hypafilter.analysis.program import STRATEGIES
 from hypafilter.config import Config
-from hypafilter.iptables.parser import parse_policy
+from hypafilter.iptables.document import parse_policy
+from hypafilter.netfilter.restore import to_iptables_restore
 
 ROOT = Path(__file__).resolve().parents[2]
 RULESETS = sorted((ROOT / "rulesets").glob("*.rules"))

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from hypafilter.errors import PolicyError
 from hypafilter.iptables.canonical import rule_tokens
-from hypafilter.iptables.parser import parse_rule, tokenize
+from hypafilter.iptables.parser import parse_rule
+from hypafilter.iptables.tokens import tokenize
 
 MODELLED = {"tcp", "udp", "icmp", "multiport", "iprange", "comment"}
 VERDICTS = {"ACCEPT", "DROP", "RETURN"}

@@ -4,10 +4,10 @@ import re
 
 import pytest
 from hypafilter.analysis.plan import build_plan
-from hypafilter.analysis.program import to_iptables_restore
 from hypafilter.config import Config
 from hypafilter.errors import HypafilterError
-from hypafilter.iptables.parser import parse_policy
+from hypafilter.iptables.document import parse_policy
+from hypafilter.netfilter.restore import to_iptables_restore
 from hypafilter.ops.deploy import partition_counts, plain_restore_text
 from hypafilter.tools.dashboard.collector import attribute_netfilter, deployment_from_state, parse_iptables_save
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypafilter.config import Config
 from hypafilter.errors import PolicyError
-from hypafilter.iptables.parser import parse_policy
+from hypafilter.iptables.document import parse_policy
 from hypafilter.ir import Box, Header
 from hypafilter.ir.box import box_minus, boxes_minus
 from hypafilter.ir.semantics import NONTERMINAL_TARGETS

@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 from hypafilter.analysis.hybrid import hybrid_verdict
 from hypafilter.analysis.plan import build_plan
-from hypafilter.analysis.program import STRATEGIES, build_program, dispatch_cost, mark_for, to_iptables_restore, to_nft
+from hypafilter.analysis.program import STRATEGIES, build_program, dispatch_cost, mark_for
 from hypafilter.errors import HypafilterError
 from hypafilter.ir import Header
+from hypafilter.netfilter.nft import to_nft
+from hypafilter.netfilter.restore import to_iptables_restore
 
 from tests.irbuild import listing1, make_policy, make_rule
 
@@ -150,8 +152,9 @@ def _deep_policy(n=300):
 
 
 def test_nesting_depth_is_bounded_for_hundreds_of_intervals():
-    from hypafilter.analysis.program import MAX_DEPTH, chain_depth
+    from hypafilter.analysis.program import MAX_DEPTH
     from hypafilter.ir.semantics import reference_verdict
+    from hypafilter.netfilter.restore import chain_depth
 
     pol = _deep_policy()
     for mode in ("index", "selective", "exact"):

@@ -7,8 +7,11 @@ from pathlib import Path
 import pytest
 from hypafilter.config import Config
 from hypafilter.errors import PolicyError
-from hypafilter.iptables.canonical import format_tokens, rule_tokens
-from hypafilter.iptables.parser import parse_policy, parse_rule, tokenize
+from hypafilter.iptables.canonical import rule_tokens
+from hypafilter.iptables.document import parse_policy
+from hypafilter.iptables.parser import parse_rule
+from hypafilter.iptables.tokens import tokenize
+from hypafilter.iptables.writer import tokens_text
 from hypafilter.ir import Header
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,7 +32,7 @@ def hit(r, **h) -> bool:
 
 
 def canon(text: str) -> str:
-    return format_tokens(rule_tokens(one(text)))
+    return tokens_text(rule_tokens(one(text)))
 
 
 def test_tokenize_quotes_and_columns():
@@ -84,7 +87,7 @@ def test_noncontiguous_mask_is_complex():
 
 def test_multiple_addresses_expand():
     rs = parse_rule("-s 10.0.0.1,10.0.0.2 -d 1.1.1.1 -j DROP")
-    assert [format_tokens(rule_tokens(r)) for r in rs] == [
+    assert [tokens_text(rule_tokens(r)) for r in rs] == [
         "-s 10.0.0.1/32 -d 1.1.1.1/32 -j DROP",
         "-s 10.0.0.2/32 -d 1.1.1.1/32 -j DROP",
     ]

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from hypafilter.config import Config
 from hypafilter.errors import PolicyError
-from hypafilter.iptables import parser as parse
+from hypafilter.iptables import document as parse
 from hypafilter.tools.classbench import classbench_policy_text
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -27,7 +27,6 @@ so that base chain -> MAIN -> dispatch -> leaf -> blocks -> helper chains stays 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 from hypafilter.analysis.plan import PrefixView
 from hypafilter.errors import HypafilterError
@@ -368,379 +367,58 @@ def _dispatch(prog: Program, chain: str, leaves: list[tuple[int, str]], levels: 
         _dispatch(prog, sub, grp, levels - 1, counter)
 
 
-def chain_depth(prog_or_text, entry: str | None = None) -> tuple[int, list[str]]:
-    """Deepest nesting of jumps/gotos from `entry` (default MAIN) in a Program or iptables-restore text.
-
-    Returns (edges, path); the base chain's jump to MAIN is not included (add 1). Gotos count: the kernel's
-    validator counts them like jumps.
-    """
-    edges: dict[str, set[str]] = {}
-    if isinstance(prog_or_text, Program):
-        text = render_iptables(prog_or_text)
-        entry = entry or prog_or_text.main
-    else:
-        text = prog_or_text
-    for ln in text.splitlines():
-        if ln.startswith(":"):
-            edges.setdefault(ln[1:].split()[0], set())
-    for ln in text.splitlines():
-        if not ln.startswith("-A "):
-            continue
-        toks = ln.split()
-        for i in range(2, len(toks) - 1):
-            if toks[i] in ("-j", "-g", "--jump", "--goto") and toks[i + 1] in edges:
-                edges[toks[1]].add(toks[i + 1])
-    if entry is None:
-        entry = next(n for n in edges if n.endswith("MAIN"))
-    memo: dict[str, tuple[int, list[str]]] = {}
-
-    def walk(name: str, seen: frozenset) -> tuple[int, list[str]]:
-        if name in memo:
-            return memo[name]
-        best = (0, [name])
-        for nxt in edges.get(name, ()):
-            if nxt in seen:
-                raise HypafilterError(f"chain loop through {nxt}")
-            d, path = walk(nxt, seen | {nxt})
-            if d + 1 > best[0]:
-                best = (d + 1, [name, *path])
-        memo[name] = best
-        return best
-
-    return walk(entry, frozenset({entry}))
+# ---------------------------------------------------------------- rule placement (shared by every renderer)
 
 
-# ---------------------------------------------------------------- iptables-restore
+@dataclass(frozen=True)
+class Placed:
+    """One generated rule in iptables token form: option tokens, then a target. `chain` says the target is a chain
+    of the program (a jump), otherwise it is a verdict or extension target with `args`."""
+
+    options: tuple[str, ...]
+    target: str
+    args: tuple[str, ...] = ()
+    chain: bool = False
 
 
-@lru_cache(maxsize=1 << 16)  # the same few thousand tokens recur in every leaf and block chain
-def _q(tok: str) -> str:
-    return tok if tok and not any(ch in tok for ch in " \t\"'\\#") else '"' + tok.replace('"', '\\"') + '"'
-
-
-def _target_tokens(prog: Program, target: str, args: tuple[str, ...]) -> list[str]:
-    pol = prog.policy
+def resolve_target(prog: Program, target: str, args: tuple[str, ...] = ()) -> Placed:
+    """A rule's target as loaded: RETURN in the base chain is the chain policy; user chains get the prefix."""
     if target == "RETURN":
-        return ["-j", pol.default]
-    if target in pol.user_chains:
-        return ["-j", prog.prefix + target]
-    return ["-j", target, *args]
+        return Placed((), prog.policy.default)
+    if target in prog.policy.user_chains:
+        return Placed((), prog.prefix + target, chain=True)
+    return Placed((), target, tuple(args))
 
 
-def _rename_jumps(prog: Program, toks: tuple[str, ...]) -> list[str]:
+def rename_jumps(prog: Program, toks: tuple[str, ...]) -> tuple[str, ...]:
+    """Verbatim rule tokens with jumps/gotos to the policy's user chains renamed to the program's copies."""
     out = list(toks)
     for i in range(1, len(out)):
         if out[i - 1] in ("-j", "-g", "--jump", "--goto") and out[i] in prog.policy.user_chains:
             out[i] = prog.prefix + out[i]
-    return out
+    return tuple(out)
 
 
-def _policy_rule_lines(prog: Program, chain: str, index: int, helpers: dict[str, list[list[str]]]) -> list[str]:
-    """The iptables lines (tokens) placing flattened rule `index` in `chain`, plus its helper chains."""
+def place_policy_rule(prog: Program, index: int, helpers: dict[str, list[Placed]]) -> Placed:
+    """How flattened rule `index` is written into a chain: one rule, plus (in `helpers`) the R<i>L<j> helper
+    chains that rebuild a multi-level rule exactly — each level's RETURN guards, then its options jumping on."""
     r = prog.policy.rules[index]
     if not r.levels:
         raise HypafilterError(f"rule {index} has no option levels: cannot write it back to netfilter")
-    tgt = _target_tokens(prog, r.target, r.target_args)
+    tgt = resolve_target(prog, r.target, r.target_args)
     levels = r.levels
     if len(levels) == 1 and not levels[0].unless:
-        return [[*levels[0].options, *tgt]]
+        return Placed(levels[0].options, tgt.target, tgt.args, tgt.chain)
     names = [prog.name(f"R{index}L{j + 1}") for j in range(len(levels))]
     for j, lv in enumerate(levels):
-        if j == 0 and not lv.unless:
+        if (j == 0 and not lv.unless) or names[j] in helpers:
             continue
-        if names[j] in helpers:
-            continue
-        body = [[*u, "-j", "RETURN"] for u in lv.unless]
-        body.append([*lv.options, *(tgt if j == len(levels) - 1 else ["-j", names[j + 1]])])
+        body = [Placed(tuple(u), "RETURN") for u in lv.unless]
+        if j == len(levels) - 1:
+            body.append(Placed(lv.options, tgt.target, tgt.args, tgt.chain))
+        else:
+            body.append(Placed(lv.options, names[j + 1], chain=True))
         helpers[names[j]] = body
     if levels[0].unless:
-        return [["-j", names[0]]]
-    return [[*levels[0].options, "-j", names[1]]]
-
-
-def to_iptables_restore(
-    plan, strategy: str, prefix: str = "HF1_", mark_mask: int = 0xFFFFFFFF, mark_shift: int = 0, table: str = "filter"
-) -> str:
-    """Input for `iptables-restore --noflush`: declares (and so flushes) only the tool's chains."""
-    prog = build_program(plan, strategy, prefix, mark_mask, mark_shift)
-    return render_iptables(prog, table)
-
-
-def render_iptables(prog: Program, table: str = "filter") -> str:
-    pol = prog.policy
-    body: dict[str, list[list[str]]] = {}
-    helpers: dict[str, list[list[str]]] = {}
-    for name, rules in prog.chains.items():
-        lines = []
-        if name == prog.verbatim_full:
-            lines = [_rename_jumps(prog, toks) for toks in pol.original_rules]
-        else:
-            for r in rules:
-                if r.kind == "policy":
-                    lines += _policy_rule_lines(prog, name, r.index, helpers)
-                elif r.kind == "mark":
-                    lines.append(["-m", "mark", "--mark", f"{r.value:#x}/{r.mask:#x}", "-j", r.target])
-                else:
-                    lines.append(["-j", r.target])
-        body[name] = lines
-    for uc in pol.user_chains.values():
-        body[prog.prefix + uc.name] = [_rename_jumps(prog, toks) for toks in uc.rules]
-    body.update(helpers)
-    for name in body:
-        if len(name) > MAX_CHAIN_NAME:
-            raise HypafilterError(f"chain name {name!r} is longer than {MAX_CHAIN_NAME} characters: shorten the prefix")
-    out = [
-        f"# hypafilter: strategy {prog.strategy}, policy {pol.source} ({pol.base_chain}, policy {pol.default})",
-        f"*{table}",
-    ]
-    out += [f":{name} - [0:0]" for name in body]
-    for name, lines in body.items():
-        out += [" ".join(["-A", name, *(_q(t) for t in toks)]) for toks in lines]
-    out.append("COMMIT")
-    text = "\n".join(out) + "\n"
-    depth, path = chain_depth(text, prog.main)
-    if depth + 1 > NFT_MAX_DEPTH:
-        raise HypafilterError(
-            f"chains nest {depth + 1} deep below the base chain ({' -> '.join(path)}); nf_tables allows "
-            f"{NFT_MAX_DEPTH}: the policy's own user chains or multi-level rules nest too deeply"
-        )
-    return text
-
-
-# ---------------------------------------------------------------- nftables
-
-
-class _NftUnsupported(HypafilterError):
-    pass
-
-
-def _nft_ports(spec: str) -> str:
-    parts = [p.replace(":", "-") for p in spec.split(",")]
-    return parts[0] if len(parts) == 1 else "{ " + ", ".join(parts) + " }"
-
-
-def _nft_match(tokens: tuple[str, ...], where: str) -> list[str]:
-    """nft expressions for iptables option tokens; HypafilterError for checks nft text cannot express."""
-    out: list[str] = []
-    toks = list(tokens)
-    i = 0
-    proto = None
-    neg = False
-
-    def take() -> str:
-        nonlocal i
-        if i >= len(toks):
-            raise HypafilterError(f"{where}: option {toks[i - 1]!r} without a value")
-        v = toks[i]
-        i += 1
-        return v
-
-    while i < len(toks):
-        t = take()
-        op = "!= " if neg else ""
-        if t == "!":
-            neg = True
-            continue
-        neg = False
-        if t in ("-s", "--source"):
-            out.append(f"ip saddr {op}{take()}")
-        elif t in ("-d", "--destination"):
-            out.append(f"ip daddr {op}{take()}")
-        elif t in ("-p", "--protocol"):
-            proto = take()
-            out.append(f"meta l4proto {op}{proto}")
-        elif t in ("-i", "--in-interface"):
-            out.append(f'iifname {op}"{take()}"')
-        elif t in ("-o", "--out-interface"):
-            out.append(f'oifname {op}"{take()}"')
-        elif t == "-m":
-            mod = take()
-            if mod not in ("tcp", "udp", "icmp", "multiport", "conntrack", "state", "limit", "mark", "comment"):
-                raise _NftUnsupported(f"{where}: match -m {mod} has no nftables equivalent in hypafilter's nft output")
-        elif t in ("--sport", "--source-port", "--sports", "--source-ports"):
-            out.append(f"{proto} sport {op}{_nft_ports(take())}")
-        elif t in ("--dport", "--destination-port", "--dports", "--destination-ports"):
-            out.append(f"{proto} dport {op}{_nft_ports(take())}")
-        elif t == "--icmp-type":
-            v = take()
-            if "/" in v:
-                typ, code = v.split("/", 1)
-                out.append(f"icmp type {op}{typ} icmp code {code}")
-            else:
-                out.append(f"icmp type {op}{v}")
-        elif t == "--tcp-flags":
-            mask, comp = take().lower(), take().lower()
-            m = " | ".join(mask.split(",")) if mask != "all" else "fin | syn | rst | psh | ack | urg | ecn | cwr"
-            c = " | ".join(comp.split(",")) if comp not in ("none",) else "0"
-            out.append(f"tcp flags & ({m}) {'!=' if op else '=='} {c}")
-        elif t == "--syn":
-            out.append(f"tcp flags & (fin | syn | rst | ack) {'!=' if op else '=='} syn")
-        elif t in ("--ctstate", "--state"):
-            out.append(f"ct state {op}{{ {', '.join(s.lower() for s in take().split(','))} }}")
-        elif t == "--limit":
-            rate = take()
-            num, _, unit = rate.partition("/")
-            unit = {"s": "second", "sec": "second", "m": "minute", "min": "minute", "h": "hour", "d": "day"}.get(
-                unit, unit or "hour"
-            )
-            out.append(f"limit rate {num}/{unit}")
-        elif t == "--limit-burst":
-            out[-1] += f" burst {take()} packets"
-        elif t == "--mark":
-            v = take()
-            val, _, mask = v.partition("/")
-            out.append(f"meta mark & {mask or '0xffffffff'} {'!=' if op else '=='} {val}")
-        elif t == "--comment":
-            out.append(f'comment "{take()}"')
-        else:
-            raise _NftUnsupported(f"{where}: option {t!r} has no nftables equivalent in hypafilter's nft output")
-    # nft wants a comment last.
-    return [x for x in out if not x.startswith("comment")] + [x for x in out if x.startswith("comment")]
-
-
-def _nft_target(prog: Program, target: str, args: tuple[str, ...], where: str) -> str:
-    pol = prog.policy
-    if target == "RETURN":
-        return pol.default.lower()
-    if target in ("ACCEPT", "DROP"):
-        return target.lower()
-    if target in pol.user_chains:
-        return f"jump {prog.prefix + target}"
-    if target == "REJECT":
-        return "reject"
-    if target == "LOG":
-        a = list(args)
-        if "--log-prefix" in a:
-            return f'log prefix "{a[a.index("--log-prefix") + 1]}"'
-        return "log"
-    if target == "MARK" and len(args) == 2 and args[0] in ("--set-mark", "--set-xmark"):
-        val, _, mask = args[1].partition("/")
-        if mask and args[0] == "--set-xmark":
-            return f"meta mark set meta mark & {~int(mask, 0) & 0xFFFFFFFF:#x} ^ {val}"
-        if mask:
-            return f"meta mark set meta mark & {~int(mask, 0) & 0xFFFFFFFF:#x} | {val}"
-        return f"meta mark set {val}"
-    raise _NftUnsupported(f"{where}: target {target} has no nftables equivalent in hypafilter's nft output")
-
-
-def _split_rule(toks: tuple[str, ...]) -> tuple[tuple[str, ...], str, tuple[str, ...]]:
-    """Option tokens, target, target args of a canonical rule."""
-    for i, t in enumerate(toks):
-        if t in ("-j", "-g", "--jump", "--goto") and i + 1 < len(toks):
-            return tuple(toks[:i]), toks[i + 1], tuple(toks[i + 2 :])
-    return tuple(toks), "", ()
-
-
-def to_nft(
-    plan,
-    strategy: str,
-    prefix: str = "HF1_",
-    mark_mask: int = 0xFFFFFFFF,
-    mark_shift: int = 0,
-    family: str = "ip",
-    table: str | None = None,
-) -> str:
-    """`nft -f` input: one table owned by the tool (deleted and recreated); dispatch as a verdict map on the mark.
-
-    Complex matches without an nft equivalent (string, statistic, recent, ...) raise HypafilterError: nft cannot
-    load xtables matches from text, so the nft form is optional and iptables-restore is the reference.
-    """
-    prog = build_program(plan, strategy, prefix, mark_mask, mark_shift)
-    pol = prog.policy
-    tname = table or prefix.rstrip("_").lower() or "hypafilter"
-    chains: dict[str, list[str]] = {}
-    helpers: dict[str, list[str]] = {}
-
-    def rule_text(toks: tuple[str, ...], target: str, args: tuple[str, ...], where: str) -> str:
-        parts = _nft_match(toks, where)
-        tgt = _nft_target(prog, target, args, where)
-        comments = [p for p in parts if p.startswith("comment")]
-        parts = [p for p in parts if not p.startswith("comment")]
-        return " ".join([*parts, tgt, *comments])
-
-    def policy_rule(index: int) -> str:
-        r = pol.rules[index]
-        where = f"{pol.source}:{r.origin.line if r.origin else index}"
-        lv = r.levels
-        if not lv:
-            raise HypafilterError(f"rule {index} has no option levels: cannot write it back to nftables")
-        if len(lv) == 1 and not lv[0].unless:
-            return rule_text(lv[0].options, r.target, r.target_args, where)
-        names = [prog.name(f"R{index}L{j + 1}") for j in range(len(lv))]
-        for j, level in enumerate(lv):
-            if (j == 0 and not level.unless) or names[j] in helpers:
-                continue
-            body = [" ".join([*_nft_match(u, where), "return"]) for u in level.unless]
-            last = j == len(lv) - 1
-            body.append(
-                rule_text(level.options, r.target, r.target_args, where)
-                if last
-                else " ".join([*_nft_match(level.options, where), f"jump {names[j + 1]}"])
-            )
-            helpers[names[j]] = body
-        if lv[0].unless:
-            return f"jump {names[0]}"
-        return " ".join([*_nft_match(lv[0].options, where), f"jump {names[1]}"])
-
-    for name, rules in prog.chains.items():
-        lines: list[str] = []
-        if name == prog.verbatim_full:
-            for toks in pol.original_rules:
-                opts, tgt, args = _split_rule(toks)
-                lines.append(rule_text(opts, tgt, args, f"{pol.source}: {' '.join(toks)}"))
-        else:
-            marks = [r for r in rules if r.kind == "mark" and r.mask == (mark_mask & 0xFFFFFFFF)]
-            for r in rules:
-                if r.kind == "policy":
-                    lines.append(policy_rule(r.index))
-                elif r.kind == "mark" and r in marks:
-                    if r is marks[0]:
-                        # The leaves of one dispatch node become a single verdict map on the whole mark.
-                        vm = ", ".join(f"{m.value:#x} : {_nft_verdict(m.target)}" for m in marks)
-                        lines.append(f"meta mark & {r.mask:#x} vmap {{ {vm} }}")
-                elif r.kind == "mark":
-                    lines.append(f"meta mark & {r.mask:#x} == {r.value:#x} {_nft_verdict(r.target)}")
-                else:
-                    lines.append(_nft_verdict(r.target))
-        chains[name] = lines
-    for uc in pol.user_chains.values():
-        lines = []
-        for toks in uc.rules:
-            opts, tgt, args = _split_rule(toks)
-            lines.append(
-                rule_text(opts, tgt, args, f"{pol.source}: chain {uc.name}")
-                if tgt
-                else " ".join(_nft_match(opts, uc.name))
-            )
-        chains[prog.prefix + uc.name] = lines
-    chains.update(helpers)
-    out = [
-        f"# hypafilter: strategy {strategy}, policy {pol.source} ({pol.base_chain}, policy {pol.default})",
-        f"table {family} {tname}",
-        f"delete table {family} {tname}",
-        f"table {family} {tname} {{",
-    ]
-    for name, lines in chains.items():
-        out.append(f"\tchain {name} {{")
-        out += [f"\t\t{ln}" for ln in lines]
-        out.append("\t}")
-    out.append("}")
-    return "\n".join(out) + "\n"
-
-
-def _nft_verdict(target: str) -> str:
-    return target.lower() if target in ("ACCEPT", "DROP") else f"jump {target}"
-
-
-__all__ = [
-    "STRATEGIES",
-    "NfRule",
-    "Program",
-    "build_program",
-    "chain_depth",
-    "dispatch_cost",
-    "mark_for",
-    "render_iptables",
-    "to_iptables_restore",
-    "to_nft",
-]
+        return Placed((), names[0], chain=True)
+    return Placed(levels[0].options, names[1], chain=True)

@@ -28,7 +28,7 @@ def load_config(args: argparse.Namespace) -> Config:
 
 def load_policy(args: argparse.Namespace, config: Config | None = None) -> Policy:
     """The Policy named by the arguments (a file, or a ClassBench import)."""
-    from hypafilter.iptables.parser import parse_policy  # noqa: PLC0415 (keeps `hypafilter --help` fast)
+    from hypafilter.iptables.document import parse_policy  # noqa: PLC0415 (keeps `hypafilter --help` fast)
 
     config = config or load_config(args)
     if args.classbench and args.policy:

@@ -11,10 +11,12 @@ import tempfile
 from pathlib import Path
 
 from hypafilter.analysis.plan import MODES, Plan, build_plan
-from hypafilter.analysis.program import STRATEGIES, to_iptables_restore, to_nft
+from hypafilter.analysis.program import STRATEGIES
 from hypafilter.cli.common import add_policy_args, load_config, load_policy
 from hypafilter.errors import HypafilterError
 from hypafilter.ir import Policy
+from hypafilter.netfilter.nft import to_nft
+from hypafilter.netfilter.restore import to_iptables_restore
 
 ENTRY_LIMIT = 1 << 24  # match_index is 24 bits in the metadata
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from hypafilter.cli.common import add_policy_args, load_config, load_policy
-from hypafilter.iptables.canonical import format_tokens
+from hypafilter.iptables.writer import tokens_text
 from hypafilter.ir import HW_TARGETS, Rule
 
 
@@ -14,9 +14,9 @@ def complex_reasons(rule: Rule) -> list[str]:
     reasons = []
     for group in rule.complex:
         if group[:1] == ("-m",) or group[:2] == ("!", "-m"):
-            reasons.append(f"match {format_tokens(group)}")
+            reasons.append(f"match {tokens_text(group)}")
         else:
-            reasons.append(f"check {format_tokens(group)}")
+            reasons.append(f"check {tokens_text(group)}")
     if rule.target not in HW_TARGETS:
         reasons.append(f"target {rule.target}" if rule.target else "no target (stateful match only)")
     if rule.approximate:

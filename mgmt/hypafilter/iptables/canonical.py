@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from functools import lru_cache
 
 from hypafilter.iptables.rule import (
@@ -18,20 +17,7 @@ from hypafilter.iptables.rule import (
     Verbatim,
 )
 from hypafilter.iptables.tables import PROTO_NAME, TCP_FLAGS
-
-_SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./!-]+$")
-
-
-def quote_token(tok: str) -> str:
-    """One token as iptables-save would write it: bare when safe, else in double quotes with \\ and " escaped."""
-    if _SAFE.match(tok):
-        return tok
-    return '"' + tok.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def format_tokens(tokens) -> str:
-    """A token sequence as one line of iptables text (the inverse of parse.tokenize)."""
-    return " ".join(quote_token(t) for t in tokens)
+from hypafilter.iptables.writer import tokens_text
 
 
 @lru_cache(maxsize=1 << 16)  # policies repeat the same addresses many times
@@ -155,4 +141,4 @@ def rule_tokens(r: ParsedRule) -> tuple[str, ...]:
 
 
 def rule_text(r: ParsedRule) -> str:
-    return format_tokens(rule_tokens(r))
+    return tokens_text(rule_tokens(r))

@@ -1,12 +1,9 @@
-"""The policy parser: iptables-save files and plain rule files → a flattened `Policy` (see docs/policy-language.md)."""
+"""The rule parser: one rule's tokens → a `ParsedRule` (checks, matches, target), with the option tables it reads
+and errors that name the user's file, line, column and token (see docs/policy-language.md)."""
 
 from __future__ import annotations
 
-import os
 import re
-from dataclasses import dataclass, field
-from functools import lru_cache
-from typing import NamedTuple
 
 from hypafilter.config import Config
 from hypafilter.errors import PolicyError
@@ -25,14 +22,14 @@ from hypafilter.iptables.rule import (
     analyse,
 )
 from hypafilter.iptables.tables import (
-    BUILTIN_CHAINS,
     ICMP_TYPES,
     PROTO_ALIASES,
     PROTO_BY_NAME,
     SERVICES,
     TCP_FLAG_WORDS,
 )
-from hypafilter.ir import PROTO_ICMP, PROTO_TCP, PROTO_UDP, Box, Origin, Policy, UserChain
+from hypafilter.iptables.tokens import Tok, tokenize
+from hypafilter.ir import PROTO_ICMP, PROTO_TCP, PROTO_UDP, Origin
 from hypafilter.ir.semantics import KNOWN_TARGETS, STANDARD_TARGETS
 
 IFNAMSIZ = 16
@@ -43,58 +40,6 @@ PORT_PROTOS = frozenset({PROTO_TCP, PROTO_UDP, 33, 132, 136})  # multiport: tcp,
 
 
 # --- tokens -------------------------------------------------------------------------------------------------
-
-
-class Tok(NamedTuple):  # a NamedTuple: tens of thousands are made per policy, a frozen dataclass is 3x slower
-    text: str
-    col: int  # 1-based column of the token's first character
-    quoted: bool = False
-
-
-_SPECIAL = re.compile(r"[\"'\\#]")
-_WORD = re.compile(r"\S+")
-
-
-def tokenize(line: str, lineno: int = 0, filename: str = "<policy>") -> list[Tok]:
-    """Shell-like split of one line as iptables-restore does it: "..." (\\" and \\\\ escapes), '...', # comments."""
-    if not _SPECIAL.search(line):
-        # Fast path for the common line without quotes, escapes or comments: plain whitespace split.
-        return [Tok(m.group(), m.start() + 1) for m in _WORD.finditer(line)]
-    toks: list[Tok] = []
-    i, n = 0, len(line)
-    while i < n:
-        if line[i].isspace():
-            i += 1
-            continue
-        if line[i] == "#":
-            break
-        start, buf, quoted = i, [], False
-        while i < n and not line[i].isspace():
-            c = line[i]
-            if c == '"':
-                quoted, j = True, i + 1
-                while j < n and line[j] != '"':
-                    if line[j] == "\\" and j + 1 < n and line[j + 1] in '"\\':
-                        j += 1
-                    buf.append(line[j])
-                    j += 1
-                if j >= n:
-                    raise PolicyError("unterminated double quote", filename, lineno, i + 1, line[i:])
-                i = j + 1
-            elif c == "'":
-                quoted, j = True, line.find("'", i + 1)
-                if j < 0:
-                    raise PolicyError("unterminated single quote", filename, lineno, i + 1, line[i:])
-                buf.append(line[i + 1 : j])
-                i = j + 1
-            elif c == "\\" and i + 1 < n:
-                buf.append(line[i + 1])
-                i += 2
-            else:
-                buf.append(c)
-                i += 1
-        toks.append(Tok("".join(buf), start + 1, quoted))
-    return toks
 
 
 # --- option tables --------------------------------------------------------------------------------------------
@@ -148,7 +93,7 @@ _MATCH_OPTS: dict[str, dict[str, tuple[str, int]]] = {
     "iprange": {"--src-range": ("--src-range", 1), "--dst-range": ("--dst-range", 1)},
     "comment": {"--comment": ("--comment", 1)},
 }
-_IMPLICIT = {PROTO_TCP: "tcp", PROTO_UDP: "udp", PROTO_ICMP: "icmp"}
+IMPLICIT_MATCH = {PROTO_TCP: "tcp", PROTO_UDP: "udp", PROTO_ICMP: "icmp"}
 _MATCH_PROTO = {"tcp": PROTO_TCP, "udp": PROTO_UDP, "icmp": PROTO_ICMP}
 
 
@@ -165,7 +110,7 @@ def _is_std(text: str) -> bool:
 _IPV4 = re.compile(r"^\d{1,3}(\.\d{1,3}){0,3}$")
 
 
-class _Ctx:
+class Ctx:
     """Where we are, for errors."""
 
     def __init__(self, filename: str, line: int):
@@ -175,7 +120,7 @@ class _Ctx:
         return PolicyError(msg, self.filename, self.line, tok.col if tok else 0, tok.text if tok else "")
 
 
-def _ipv4(ctx: _Ctx, tok: Tok, text: str) -> int:
+def _ipv4(ctx: Ctx, tok: Tok, text: str) -> int:
     m = _IPV4.match(text)
     if not m:
         if re.search(r"[A-Za-z]", text):
@@ -188,7 +133,7 @@ def _ipv4(ctx: _Ctx, tok: Tok, text: str) -> int:
     return (octets[0] << 24) | (octets[1] << 16) | (octets[2] << 8) | octets[3]
 
 
-def _addresses(ctx: _Ctx, tok: Tok) -> list[tuple[int, int]]:
+def addresses(ctx: Ctx, tok: Tok) -> list[tuple[int, int]]:
     out = []
     for part in tok.text.split(","):
         if not part:
@@ -207,7 +152,7 @@ def _addresses(ctx: _Ctx, tok: Tok) -> list[tuple[int, int]]:
     return out
 
 
-def _number(ctx: _Ctx, tok: Tok, text: str, top: int, what: str) -> int:
+def _number(ctx: Ctx, tok: Tok, text: str, top: int, what: str) -> int:
     if not text.isdigit():
         raise ctx.err(f"bad {what} {text!r}", tok)
     v = int(text)
@@ -216,7 +161,7 @@ def _number(ctx: _Ctx, tok: Tok, text: str, top: int, what: str) -> int:
     return v
 
 
-def _port(ctx: _Ctx, tok: Tok, text: str) -> int:
+def port_number(ctx: Ctx, tok: Tok, text: str) -> int:
     if text in SERVICES:
         return SERVICES[text]
     if text and not text.isdigit() and re.match(r"^[A-Za-z][\w-]*$", text):
@@ -224,19 +169,19 @@ def _port(ctx: _Ctx, tok: Tok, text: str) -> int:
     return _number(ctx, tok, text, 0xFFFF, "port")
 
 
-def _port_range(ctx: _Ctx, tok: Tok, text: str) -> tuple[int, int, bool]:
+def port_range(ctx: Ctx, tok: Tok, text: str) -> tuple[int, int, bool]:
     if ":" not in text:
-        p = _port(ctx, tok, text)
+        p = port_number(ctx, tok, text)
         return p, p, False
     a, _, b = text.partition(":")
-    lo = _port(ctx, tok, a) if a else 0
-    hi = _port(ctx, tok, b) if b else 0xFFFF
+    lo = port_number(ctx, tok, a) if a else 0
+    hi = port_number(ctx, tok, b) if b else 0xFFFF
     if lo > hi:
         raise ctx.err("invalid port range (min > max)", tok)
     return lo, hi, True
 
 
-def _protocol(ctx: _Ctx, tok: Tok) -> int:
+def _protocol(ctx: Ctx, tok: Tok) -> int:
     t = tok.text.lower()
     if t == "all":
         return 0
@@ -249,7 +194,7 @@ def _protocol(ctx: _Ctx, tok: Tok) -> int:
     raise ctx.err("unknown protocol", tok)
 
 
-def _flags(ctx: _Ctx, tok: Tok) -> int:
+def _flags(ctx: Ctx, tok: Tok) -> int:
     v = 0
     for w in tok.text.split(","):
         if w.upper() not in TCP_FLAG_WORDS:
@@ -258,7 +203,7 @@ def _flags(ctx: _Ctx, tok: Tok) -> int:
     return v
 
 
-def _icmp(ctx: _Ctx, tok: Tok) -> tuple[int, int, int]:
+def _icmp(ctx: Ctx, tok: Tok) -> tuple[int, int, int]:
     t = tok.text
     if t.lower() in ICMP_TYPES:
         return ICMP_TYPES[t.lower()]
@@ -278,7 +223,7 @@ def _icmp(ctx: _Ctx, tok: Tok) -> tuple[int, int, int]:
     return ty, c, c
 
 
-def _iface(ctx: _Ctx, tok: Tok) -> str:
+def _iface(ctx: Ctx, tok: Tok) -> str:
     if not tok.text:
         raise ctx.err("empty interface name", tok)
     if len(tok.text) >= IFNAMSIZ:
@@ -291,10 +236,10 @@ def _iface(ctx: _Ctx, tok: Tok) -> str:
 # --- one rule ---------------------------------------------------------------------------------------------------
 
 
-class _RuleParser:
+class RuleParser:
     """Parses the option tokens of one rule (after `-A CHAIN`) into ParsedRule objects (several for `-s a,b`)."""
 
-    def __init__(self, ctx: _Ctx, toks: list[Tok], chain: str, chains: set[str], origin: Origin):
+    def __init__(self, ctx: Ctx, toks: list[Tok], chain: str, chains: set[str], origin: Origin):
         self.ctx, self.chain, self.chains, self.origin = ctx, chain, chains, origin
         self.toks = self._split(toks)
         self.i = 0
@@ -395,7 +340,7 @@ class _RuleParser:
                 raise self.ctx.err("multiple ! flags not allowed", arg)
             inv, arg = True, self._next_arg(t)
         if opt in ("-s", "-d"):
-            addrs = _addresses(self.ctx, arg)
+            addrs = addresses(self.ctx, arg)
             if inv and len(addrs) > 1:
                 raise self.ctx.err("! not allowed with multiple addresses", arg)
             if inv and addrs[0][1] == 0:
@@ -475,8 +420,8 @@ class _RuleParser:
         for m in reversed(self.r.matches):
             if not isinstance(m, Verbatim) and name in _MATCH_OPTS.get(_kind(m), {}):
                 return m, None
-        if self.r.proto in _IMPLICIT and not self.r.proto_invert:
-            mname = _IMPLICIT[self.r.proto]
+        if self.r.proto in IMPLICIT_MATCH and not self.r.proto_invert:
+            mname = IMPLICIT_MATCH[self.r.proto]
             if name in _MATCH_OPTS[mname]:
                 return None, mname
         return None, None
@@ -499,7 +444,7 @@ class _RuleParser:
         if owner is None and implicit is not None:
             owner = self._load(Tok(implicit, t.col))
         if owner is None:
-            if self.r.proto in _IMPLICIT and name in ("--sport", "--dport", "--icmp-type", "--tcp-flags", "--syn"):
+            if self.r.proto in IMPLICIT_MATCH and name in ("--sport", "--dport", "--icmp-type", "--tcp-flags", "--syn"):
                 raise self.ctx.err(f"unknown option for -p {canonical.proto_text(self.r.proto)}", t)
             raise self.ctx.err("unknown option", t)
         self.current = owner
@@ -521,7 +466,7 @@ class _RuleParser:
         ctx = self.ctx
         if isinstance(owner, TcpUdp):
             if canon in ("--sport", "--dport"):
-                lo, hi, _ = _port_range(ctx, args[0], args[0].text)
+                lo, hi, _ = port_range(ctx, args[0], args[0].text)
                 setattr(owner, canon[2:], PortCheck(lo, hi, inv))
             elif canon == "--tcp-flags":
                 owner.flags = (_flags(ctx, args[0]), _flags(ctx, args[1]), inv)
@@ -538,7 +483,7 @@ class _RuleParser:
             for part in args[0].text.split(","):
                 if not part:
                     raise ctx.err("empty port in list", args[0])
-                lo, hi, rng = _port_range(ctx, args[0], part)
+                lo, hi, rng = port_range(ctx, args[0], part)
                 if rng and lo >= hi:
                     raise ctx.err(f"invalid port range {part!r} in multiport list", args[0])
                 owner.entries.append((lo, hi, rng))
@@ -608,370 +553,13 @@ def parse_rule(
 ) -> list[ParsedRule]:
     """Parse one rule's options (no `-A`); the parsed rules carry boxes and complex groups (see analyse)."""
     config = config or Config()
-    ctx = _Ctx(filename, line)
+    ctx = Ctx(filename, line)
     toks = tokenize(text, line, filename)
     origin = Origin(filename, line, chain, text.strip())
-    rules = _RuleParser(ctx, toks, chain, set(chains or ()), origin).parse()
+    rules = RuleParser(ctx, toks, chain, set(chains or ()), origin).parse()
     for r in rules:
         analyse(r, config.hw_ports, canonical.options_of)
     return rules
 
 
 # --- documents -------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class ChainDef:
-    name: str
-    builtin: bool
-    policy: str | None = None  # ACCEPT/DROP for built-in chains
-    rules: list[ParsedRule] = field(default_factory=list)
-    line: int = 0
-
-
-_CMD_LONG = {"--append": "-A", "--insert": "-I", "--new-chain": "-N", "--policy": "-P", "--table": "-t"}
-_OTHER_COMMANDS = frozenset(
-    {"--delete", "--replace", "--flush", "--delete-chain", "--zero", "--rename-chain", "--list", "--check"}
-)
-_PLAIN_PREFIXES = frozenset({"iptables", "iptables-legacy", "iptables-nft"})
-
-
-class _Document:
-    def __init__(self, filename: str, base_chain: str, config: Config):
-        self.filename, self.base_chain, self.config = filename, base_chain, config
-        self.table = config.table
-        builtins = set(BUILTIN_CHAINS.get(self.table, ())) | {base_chain}
-        self.chains: dict[str, ChainDef] = {c: ChainDef(c, True, "ACCEPT") for c in builtins}
-        self.declared: set[str] = set()
-
-    def read(self, text: str) -> None:
-        lines = text.splitlines()
-        save_mode = None
-        in_table: str | None = None
-        table_line = 0
-        for no, raw in enumerate(lines, 1):
-            if (
-                FAST_PATH
-                and in_table == self.table
-                and raw.startswith("-A ")
-                and not _SPECIAL.search(raw)
-                and self._fast(no, raw)
-            ):
-                continue
-            ctx = _Ctx(self.filename, no)
-            toks = tokenize(raw, no, self.filename)
-            if not toks:
-                continue
-            first = toks[0]
-            if save_mode is None:
-                save_mode = first.text.startswith("*") and not first.quoted
-            if not save_mode:
-                if first.text.startswith("*") or first.text.startswith(":") or first.text == "COMMIT":
-                    raise ctx.err("iptables-save syntax in a plain rule file (start the file with *filter)", first)
-                self._plain_line(ctx, raw, toks)
-                continue
-            if first.text.startswith("*"):
-                if in_table is not None:
-                    raise ctx.err(f"table {first.text} starts before COMMIT of *{in_table}", first)
-                in_table, table_line = first.text[1:], no
-                if in_table not in BUILTIN_CHAINS:
-                    raise ctx.err("unknown table", first)
-                if len(toks) > 1:
-                    raise ctx.err("unexpected text after table name", toks[1])
-                continue
-            if in_table is None:
-                raise ctx.err("line outside a table (missing *filter?)", first)
-            if first.text == "COMMIT":
-                if len(toks) > 1:
-                    raise ctx.err("unexpected text after COMMIT", toks[1])
-                in_table = None
-                continue
-            ours = in_table == self.table
-            if first.text.startswith(":"):
-                self._chain_decl(ctx, toks, ours, in_table)
-                continue
-            if re.match(r"^\[\d+:\d+\]$", first.text):
-                toks = toks[1:]
-                if not toks:
-                    raise ctx.err("counters without a rule", first)
-            self._command(ctx, raw, toks, ours)
-        if save_mode and in_table is not None:
-            raise PolicyError(f"table *{in_table} has no COMMIT", self.filename, table_line, 1, f"*{in_table}")
-
-    def _fast(self, no: int, raw: str) -> bool:
-        """Appends the rule of a plain `-A CHAIN [-s A] [-d A] [-p tcp|udp [-m P] [--sport X] [--dport Y]] -j
-        ACCEPT|DROP` line (the ClassBench shape) without the general parser; False leaves the line to it.
-
-        Builds exactly the ParsedRule, boxes and canonical options the general path builds (checked by
-        tests/unit/test_parse_fast.py); values come from memoised calls of the same value parsers.
-        """
-        w = raw.split()
-        n = len(w)
-        if n < 4 or w[-2] != "-j" or w[-1] not in _FAST_TARGETS:
-            return False
-        ch = self.chains.get(w[1])
-        if ch is None:
-            return False
-        i, end = 2, n - 2
-        src = dst = proto = None
-        sport = dport = None
-        explicit = False
-        if i < end and w[i] == "-s":
-            src = _fast_addr(w[i + 1]) if i + 1 < end else None
-            if src is None:
-                return False
-            i += 2
-        if i < end and w[i] == "-d":
-            dst = _fast_addr(w[i + 1]) if i + 1 < end else None
-            if dst is None:
-                return False
-            i += 2
-        if i < end and w[i] == "-p":
-            proto = _FAST_PROTOS.get(w[i + 1]) if i + 1 < end else None
-            if proto is None:
-                return False
-            i += 2
-            if i < end and w[i] == "-m":
-                if i + 1 >= end or w[i + 1] != _IMPLICIT[proto]:
-                    return False
-                explicit, i = True, i + 2
-            if i < end and w[i] == "--sport":
-                sport = _fast_port(w[i + 1]) if i + 1 < end else None
-                if sport is None:
-                    return False
-                i += 2
-            if i < end and w[i] == "--dport":
-                dport = _fast_port(w[i + 1]) if i + 1 < end else None
-                if dport is None:
-                    return False
-                i += 2
-        if i != end:
-            return False
-        r = ParsedRule(chain=ch.name, origin=Origin(self.filename, no, ch.name, raw.strip()), target=w[-1])
-        full = _FULL_BOX
-        lo, hi = list(full.lo), list(full.hi)
-        opts: list[str] = []
-        if src is not None:
-            r.src = Addr(src[0], src[1])
-            lo[0], hi[0] = src[2], src[3]
-            if src[1]:
-                opts += ("-s", src[4])
-        if dst is not None:
-            r.dst = Addr(dst[0], dst[1])
-            lo[1], hi[1] = dst[2], dst[3]
-            if dst[1]:
-                opts += ("-d", dst[4])
-        if proto is not None:
-            r.proto = proto
-            lo[2] = hi[2] = proto
-            opts += ("-p", _IMPLICIT[proto])
-            if explicit or sport is not None or dport is not None:
-                m = TcpUdp(_IMPLICIT[proto])
-                r.matches.append(m)
-                opts += ("-m", m.name)
-                for pc, col, opt in ((sport, 3, "--sport"), (dport, 4, "--dport")):
-                    if pc is not None:
-                        setattr(m, opt[2:], PortCheck(pc[0], pc[1]))
-                        lo[col], hi[col] = pc[0], pc[1]
-                        if pc[2] is not None:
-                            opts += (opt, pc[2])
-        r.boxes = [full if lo == list(full.lo) and hi == list(full.hi) else type(full)(tuple(lo), tuple(hi))]
-        r.options_cache = tuple(opts)
-        ch.rules.append(r)
-        return True
-
-    def _chain_decl(self, ctx: _Ctx, toks: list[Tok], ours: bool, table: str) -> None:
-        first = toks[0]
-        name = first.text[1:]
-        if len(toks) < 2:
-            raise ctx.err("chain declaration needs a policy (ACCEPT, DROP or -)", first)
-        if len(toks) > 3 or (len(toks) == 3 and not re.match(r"^\[\d+:\d+\]$", toks[2].text)):
-            raise ctx.err("bad chain declaration (:NAME POLICY [packets:bytes])", toks[-1])
-        self._check_chain_name(ctx, Tok(name, first.col + 1))
-        pol = toks[1]
-        builtin = name in self.chains and self.chains[name].builtin if ours else name in BUILTIN_CHAINS[table]
-        if builtin and pol.text not in ("ACCEPT", "DROP"):
-            raise ctx.err("policy of a built-in chain must be ACCEPT or DROP", pol)
-        if not builtin and pol.text != "-":
-            raise ctx.err("a user-defined chain cannot have a policy (write -)", pol)
-        if not ours:
-            return
-        if name in self.declared:
-            raise ctx.err(f"chain {name} declared twice", first)
-        self.declared.add(name)
-        if builtin:
-            self.chains[name].policy = pol.text
-            self.chains[name].line = ctx.line
-        else:
-            if name in KNOWN_TARGETS:
-                raise ctx.err("a chain cannot have the name of a target", first)
-            self.chains[name] = ChainDef(name, False, line=ctx.line)
-
-    def _check_chain_name(self, ctx: _Ctx, tok: Tok) -> None:
-        n = tok.text
-        if not n or len(n) > MAX_CHAIN_NAME or n.startswith(("-", "!")) or any(c.isspace() for c in n):
-            raise ctx.err(f"bad chain name (1..{MAX_CHAIN_NAME} characters, not starting with - or !)", tok)
-
-    def _plain_line(self, ctx: _Ctx, raw: str, toks: list[Tok]) -> None:
-        if os.path.basename(toks[0].text) in _PLAIN_PREFIXES:
-            toks = toks[1:]
-            if not toks:
-                raise ctx.err("iptables without a command", None)
-        ours = True
-        if toks[0].text in ("-t", "--table"):
-            if len(toks) < 2:
-                raise ctx.err("-t needs a table name", toks[0])
-            if toks[1].text not in BUILTIN_CHAINS:
-                raise ctx.err("unknown table", toks[1])
-            ours = toks[1].text == self.table
-            toks = toks[2:]
-            if not toks:
-                raise ctx.err("no command after -t", None)
-        cmd = _CMD_LONG.get(toks[0].text, toks[0].text)
-        if cmd not in ("-A", "-I", "-N", "-P"):
-            if re.match(r"^-[A-Z]$", cmd) or cmd in _OTHER_COMMANDS:
-                raise ctx.err("command not supported in a policy file (use -A, -I, -N, -P)", toks[0])
-            toks = [Tok("-A", 0), Tok(self.base_chain, 0), *toks]
-        self._command(ctx, raw, toks, ours)
-
-    def _command(self, ctx: _Ctx, raw: str, toks: list[Tok], ours: bool) -> None:
-        cmd_tok = toks[0]
-        cmd = _CMD_LONG.get(cmd_tok.text, cmd_tok.text)
-        if cmd not in ("-A", "-I", "-N", "-P"):
-            raise ctx.err("expected a command (-A, -I, -N or -P)", cmd_tok)
-        if len(toks) < 2:
-            raise ctx.err(f"{cmd} needs a chain name", cmd_tok)
-        chain_tok = toks[1]
-        name = chain_tok.text
-        if cmd == "-N":
-            self._check_chain_name(ctx, chain_tok)
-            if len(toks) > 2:
-                raise ctx.err("unexpected text after -N CHAIN", toks[2])
-            if not ours:
-                return
-            if name in self.chains or name in KNOWN_TARGETS:
-                raise ctx.err(f"chain {name} already exists", chain_tok)
-            self.chains[name] = ChainDef(name, False, line=ctx.line)
-            return
-        if cmd == "-P":
-            if len(toks) != 3:
-                raise ctx.err("-P needs CHAIN and ACCEPT or DROP", toks[-1])
-            if not ours:
-                return
-            ch = self.chains.get(name)
-            if ch is None:
-                raise ctx.err("no such chain", chain_tok)
-            if not ch.builtin:
-                raise ctx.err("a user-defined chain cannot have a policy", chain_tok)
-            if toks[2].text not in ("ACCEPT", "DROP"):
-                raise ctx.err("policy must be ACCEPT or DROP", toks[2])
-            ch.policy = toks[2].text
-            return
-        rest = toks[2:]
-        pos = None
-        if cmd == "-I" and rest and rest[0].text.isdigit():
-            pos = int(rest[0].text)
-            if pos < 1:
-                raise ctx.err("rule position must be 1 or more", rest[0])
-            rest = rest[1:]
-        if not ours:
-            return
-        ch = self.chains.get(name)
-        if ch is None:
-            raise ctx.err("no such chain (define it first with -N or :NAME -)", chain_tok)
-        origin = Origin(self.filename, ctx.line, name, raw.strip())
-        rules = _RuleParser(ctx, rest, name, {c for c, d in self.chains.items() if not d.builtin}, origin).parse()
-        for r in rules:
-            analyse(r, self.config.hw_ports, canonical.options_of)
-        if cmd == "-A":
-            ch.rules.extend(rules)
-            return
-        pos = pos or 1
-        if pos > len(ch.rules) + 1:
-            raise ctx.err(f"chain {name} has only {len(ch.rules)} rules", toks[2])
-        ch.rules[pos - 1 : pos - 1] = rules
-
-
-# Whether _Document takes the whole-line fast path; the equivalence test turns it off to get the general path.
-FAST_PATH = True
-_FAST_TARGETS = frozenset({"ACCEPT", "DROP"})
-_FAST_PROTOS = {"tcp": PROTO_TCP, "udp": PROTO_UDP}
-_FULL_BOX = Box.full()
-_NO_CTX = _Ctx("<fast>", 0)
-
-
-@lru_cache(maxsize=1 << 16)
-def _fast_addr(text: str) -> tuple[int, int, int, int, str] | None:
-    """(net, mask, lo, hi, canonical text) of one contiguous `-s`/`-d` address; None for anything else."""
-    try:
-        addrs = _addresses(_NO_CTX, Tok(text, 0))
-    except PolicyError:
-        return None
-    if len(addrs) != 1:
-        return None
-    a = Addr(*addrs[0])
-    iv = a.intervals()
-    if iv is None:
-        return None
-    return a.net, a.mask, iv[0][0], iv[0][1], canonical.addr_text(a)
-
-
-@lru_cache(maxsize=1 << 16)
-def _fast_port(text: str) -> tuple[int, int, str | None] | None:
-    """(lo, hi, canonical text or None when the range is full) of one --sport/--dport; None when invalid."""
-    try:
-        lo, hi, _ = _port_range(_NO_CTX, Tok(text, 0), text)
-    except PolicyError:
-        return None
-    pc = PortCheck(lo, hi)
-    return lo, hi, None if pc.is_full else canonical._port(pc)
-
-
-def reachable_chains(chains: dict[str, ChainDef], base: str) -> list[str]:
-    """User chains reachable from `base`, in first-reach order; a loop is a PolicyError naming the chain."""
-    order: list[str] = []
-    state: dict[str, int] = {}
-
-    def visit(name: str, via: ParsedRule | None) -> None:
-        st = state.get(name)
-        if st == 1:
-            o = via.origin if via else None
-            raise PolicyError(
-                f"chain loop: {name} is reached from itself", o.file if o else "<policy>", o.line if o else 0, 0, name
-            )
-        if st == 2:
-            return
-        state[name] = 1
-        if name != base:
-            order.append(name)
-        for r in chains[name].rules:
-            if r.target in chains and not chains[r.target].builtin:
-                visit(r.target, r)
-        state[name] = 2
-
-    visit(base, None)
-    return order
-
-
-def parse_policy(
-    text: str, filename: str = "<policy>", base_chain: str = "FORWARD", config: Config | None = None
-) -> Policy:
-    """Parse and flatten a policy for `base_chain`; bad input raises PolicyError (file:line:column, token)."""
-    from hypafilter.iptables.flatten import flatten  # noqa: PLC0415 (flatten imports ParsedRule helpers from here)
-
-    config = config or Config()
-    doc = _Document(filename, base_chain, config)
-    doc.read(text)
-    base = doc.chains[base_chain]
-    if not base.builtin:
-        raise PolicyError(f"base chain {base_chain} is a user-defined chain", filename, base.line, 1, base_chain)
-    reach = reachable_chains(doc.chains, base_chain)
-    rules = flatten(doc.chains, base_chain, base.policy or "ACCEPT", config)
-    return Policy(
-        rules=rules,
-        default=base.policy or "ACCEPT",
-        base_chain=base_chain,
-        source=filename,
-        original_rules=[canonical.rule_tokens(r) for r in base.rules],
-        user_chains={n: UserChain(n, tuple(canonical.rule_tokens(r) for r in doc.chains[n].rules)) for n in reach},
-    )

@@ -377,7 +377,7 @@ def deploy(
 
 def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: EmuTarget) -> dict:
     from hypafilter.analysis.plan import build_plan  # noqa: PLC0415
-    from hypafilter.analysis.program import to_iptables_restore  # noqa: PLC0415
+    from hypafilter.netfilter.restore import to_iptables_restore  # noqa: PLC0415
 
     t0 = time.monotonic()
     old = read_state()

@@ -110,7 +110,7 @@ def set_paths(shared: Path, name: str) -> tuple[Path, Path]:
 
 
 def load_policy(filters: Path, k: int, config: Config, text: str | None = None):
-    from hypafilter.iptables.parser import parse_policy  # noqa: PLC0415
+    from hypafilter.iptables.document import parse_policy  # noqa: PLC0415
 
     if text is None:
         text = policy_text(filters, k)
@@ -237,7 +237,7 @@ def _quote(tok: str) -> str:
 
 
 def hybrid_restore(plan, policy, config: Config, prefix: str) -> str:
-    from hypafilter.analysis.program import to_iptables_restore  # noqa: PLC0415
+    from hypafilter.netfilter.restore import to_iptables_restore  # noqa: PLC0415
 
     return to_iptables_restore(
         plan, "interval", prefix=prefix, mark_mask=config.mark_mask, mark_shift=config.mark_shift
@@ -373,7 +373,7 @@ def insertion_texts(filters: Path, steps: int, seed: int = 15, rules: int = 0) -
 def updates(grid: Grid, shared: Path, config: Config, build: Path, log: Callable[[str], None]) -> list[dict]:
     """Fig. 15 rows: per set, mode and strategy, the initial deployment (not a row) and `update_steps` insertions,
     each timed as compute + atomic netfilter load + register writes (or marked as needing a new core)."""
-    from hypafilter.analysis.program import to_iptables_restore  # noqa: PLC0415
+    from hypafilter.netfilter.restore import to_iptables_restore  # noqa: PLC0415
     from hypafilter.tools.bench import (
         nicbench,
         pktrate,  # noqa: PLC0415

@@ -316,7 +316,7 @@ def history_from_state(state: dict) -> tuple[Update, ...]:
 def deployed_policy(state: dict):
     """The deployed Policy, re-read from its file when that still holds the deployed policy (so the per-rule
     view shows file:line), else from the original rules the state keeps (`plain_rules`); checked by hash."""
-    from hypafilter.iptables.parser import parse_policy  # noqa: PLC0415
+    from hypafilter.iptables.document import parse_policy  # noqa: PLC0415
 
     want = state.get("policy_hash", "")
     base = state.get("base_chain", "FORWARD")

@@ -1,0 +1,211 @@
+"""The software strategies' chains as `nft -f` text: a `Program` rendered for nftables, dispatch as a verdict map.
+
+Only what nftables text can say is written (addresses, protocols, ports, ICMP, TCP flags, conntrack state, limit,
+mark, comments and the common targets); anything else raises HypafilterError, because nft cannot load xtables
+matches from text. iptables-restore (`netfilter.restore`) is the reference form.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypafilter.analysis.program import Placed, build_program, place_policy_rule, resolve_target
+from hypafilter.errors import HypafilterError
+
+
+class _NftUnsupported(HypafilterError):
+    pass
+
+
+def _nft_ports(spec: str) -> str:
+    parts = [p.replace(":", "-") for p in spec.split(",")]
+    return parts[0] if len(parts) == 1 else "{ " + ", ".join(parts) + " }"
+
+
+def _nft_match(tokens: tuple[str, ...], where: str) -> list[str]:
+    """nft expressions for iptables option tokens; HypafilterError for checks nft text cannot express."""
+    out: list[str] = []
+    toks = list(tokens)
+    i = 0
+    proto = None
+    neg = False
+
+    def take() -> str:
+        nonlocal i
+        if i >= len(toks):
+            raise HypafilterError(f"{where}: option {toks[i - 1]!r} without a value")
+        v = toks[i]
+        i += 1
+        return v
+
+    while i < len(toks):
+        t = take()
+        op = "!= " if neg else ""
+        if t == "!":
+            neg = True
+            continue
+        neg = False
+        if t in ("-s", "--source"):
+            out.append(f"ip saddr {op}{take()}")
+        elif t in ("-d", "--destination"):
+            out.append(f"ip daddr {op}{take()}")
+        elif t in ("-p", "--protocol"):
+            proto = take()
+            out.append(f"meta l4proto {op}{proto}")
+        elif t in ("-i", "--in-interface"):
+            out.append(f'iifname {op}"{take()}"')
+        elif t in ("-o", "--out-interface"):
+            out.append(f'oifname {op}"{take()}"')
+        elif t == "-m":
+            mod = take()
+            if mod not in ("tcp", "udp", "icmp", "multiport", "conntrack", "state", "limit", "mark", "comment"):
+                raise _NftUnsupported(f"{where}: match -m {mod} has no nftables equivalent in hypafilter's nft output")
+        elif t in ("--sport", "--source-port", "--sports", "--source-ports"):
+            out.append(f"{proto} sport {op}{_nft_ports(take())}")
+        elif t in ("--dport", "--destination-port", "--dports", "--destination-ports"):
+            out.append(f"{proto} dport {op}{_nft_ports(take())}")
+        elif t == "--icmp-type":
+            v = take()
+            if "/" in v:
+                typ, code = v.split("/", 1)
+                out.append(f"icmp type {op}{typ} icmp code {code}")
+            else:
+                out.append(f"icmp type {op}{v}")
+        elif t == "--tcp-flags":
+            mask, comp = take().lower(), take().lower()
+            m = " | ".join(mask.split(",")) if mask != "all" else "fin | syn | rst | psh | ack | urg | ecn | cwr"
+            c = " | ".join(comp.split(",")) if comp not in ("none",) else "0"
+            out.append(f"tcp flags & ({m}) {'!=' if op else '=='} {c}")
+        elif t == "--syn":
+            out.append(f"tcp flags & (fin | syn | rst | ack) {'!=' if op else '=='} syn")
+        elif t in ("--ctstate", "--state"):
+            out.append(f"ct state {op}{{ {', '.join(s.lower() for s in take().split(','))} }}")
+        elif t == "--limit":
+            rate = take()
+            num, _, unit = rate.partition("/")
+            unit = {"s": "second", "sec": "second", "m": "minute", "min": "minute", "h": "hour", "d": "day"}.get(
+                unit, unit or "hour"
+            )
+            out.append(f"limit rate {num}/{unit}")
+        elif t == "--limit-burst":
+            out[-1] += f" burst {take()} packets"
+        elif t == "--mark":
+            v = take()
+            val, _, mask = v.partition("/")
+            out.append(f"meta mark & {mask or '0xffffffff'} {'!=' if op else '=='} {val}")
+        elif t == "--comment":
+            out.append(f'comment "{take()}"')
+        else:
+            raise _NftUnsupported(f"{where}: option {t!r} has no nftables equivalent in hypafilter's nft output")
+    # nft wants a comment last.
+    return [x for x in out if not x.startswith("comment")] + [x for x in out if x.startswith("comment")]
+
+
+def _nft_target(p: Placed, where: str) -> str:
+    if p.chain:
+        return f"jump {p.target}"
+    target, args = p.target, p.args
+    if target == "RETURN":
+        return "return"
+    if target in ("ACCEPT", "DROP"):
+        return target.lower()
+    if target == "REJECT":
+        return "reject"
+    if target == "LOG":
+        a = list(args)
+        if "--log-prefix" in a:
+            return f'log prefix "{a[a.index("--log-prefix") + 1]}"'
+        return "log"
+    if target == "MARK" and len(args) == 2 and args[0] in ("--set-mark", "--set-xmark"):
+        val, _, mask = args[1].partition("/")
+        if mask and args[0] == "--set-xmark":
+            return f"meta mark set meta mark & {~int(mask, 0) & 0xFFFFFFFF:#x} ^ {val}"
+        if mask:
+            return f"meta mark set meta mark & {~int(mask, 0) & 0xFFFFFFFF:#x} | {val}"
+        return f"meta mark set {val}"
+    raise _NftUnsupported(f"{where}: target {target} has no nftables equivalent in hypafilter's nft output")
+
+
+def _split_rule(toks: tuple[str, ...]) -> tuple[tuple[str, ...], str, tuple[str, ...]]:
+    """Option tokens, target, target args of a canonical rule."""
+    for i, t in enumerate(toks):
+        if t in ("-j", "-g", "--jump", "--goto") and i + 1 < len(toks):
+            return tuple(toks[:i]), toks[i + 1], tuple(toks[i + 2 :])
+    return tuple(toks), "", ()
+
+
+def to_nft(
+    plan,
+    strategy: str,
+    prefix: str = "HF1_",
+    mark_mask: int = 0xFFFFFFFF,
+    mark_shift: int = 0,
+    family: str = "ip",
+    table: str | None = None,
+) -> str:
+    """`nft -f` input: one table owned by the tool (deleted and recreated); dispatch as a verdict map on the mark.
+
+    Complex matches without an nft equivalent (string, statistic, recent, ...) raise HypafilterError: nft cannot
+    load xtables matches from text, so the nft form is optional and iptables-restore is the reference.
+    """
+    prog = build_program(plan, strategy, prefix, mark_mask, mark_shift)
+    pol = prog.policy
+    tname = table or prefix.rstrip("_").lower() or "hypafilter"
+    chains: dict[str, list[str]] = {}
+    helpers: dict[str, list[Placed]] = {}
+
+    def rule_text(p: Placed, where: str) -> str:
+        parts = _nft_match(p.options, where)
+        comments = [x for x in parts if x.startswith("comment")]
+        parts = [x for x in parts if not x.startswith("comment")]
+        return " ".join([*parts, _nft_target(p, where), *comments])
+
+    def verbatim(toks: tuple[str, ...], where: str, in_base: bool) -> str:
+        opts, tgt, args = _split_rule(toks)
+        if not tgt:
+            return " ".join(_nft_match(opts, where))
+        if tgt == "RETURN" and not in_base:  # leaves the user chain; only the base chain's RETURN is its policy
+            return rule_text(Placed(opts, "RETURN"), where)
+        return rule_text(replace(resolve_target(prog, tgt, args), options=opts), where)
+
+    for name, rules in prog.chains.items():
+        lines: list[str] = []
+        if name == prog.verbatim_full:
+            lines = [verbatim(toks, f"{pol.source}: {' '.join(toks)}", True) for toks in pol.original_rules]
+        else:
+            marks = [r for r in rules if r.kind == "mark" and r.mask == (mark_mask & 0xFFFFFFFF)]
+            for r in rules:
+                if r.kind == "policy":
+                    rule = pol.rules[r.index]
+                    where = f"{pol.source}:{rule.origin.line if rule.origin else r.index}"
+                    lines.append(rule_text(place_policy_rule(prog, r.index, helpers), where))
+                elif r.kind == "mark" and r in marks:
+                    if r is marks[0]:
+                        # The leaves of one dispatch node become a single verdict map on the whole mark.
+                        vm = ", ".join(f"{m.value:#x} : {_nft_verdict(m.target)}" for m in marks)
+                        lines.append(f"meta mark & {r.mask:#x} vmap {{ {vm} }}")
+                elif r.kind == "mark":
+                    lines.append(f"meta mark & {r.mask:#x} == {r.value:#x} {_nft_verdict(r.target)}")
+                else:
+                    lines.append(_nft_verdict(r.target))
+        chains[name] = lines
+    for uc in pol.user_chains.values():
+        chains[prog.prefix + uc.name] = [verbatim(toks, f"{pol.source}: chain {uc.name}", False) for toks in uc.rules]
+    for name, placed in helpers.items():
+        chains[name] = [rule_text(p, f"{pol.source}: {name}") for p in placed]
+    out = [
+        f"# hypafilter: strategy {strategy}, policy {pol.source} ({pol.base_chain}, policy {pol.default})",
+        f"table {family} {tname}",
+        f"delete table {family} {tname}",
+        f"table {family} {tname} {{",
+    ]
+    for name, lines in chains.items():
+        out.append(f"\tchain {name} {{")
+        out += [f"\t\t{ln}" for ln in lines]
+        out.append("\t}")
+    out.append("}")
+    return "\n".join(out) + "\n"
+
+
+def _nft_verdict(target: str) -> str:
+    return target.lower() if target in ("ACCEPT", "DROP") else f"jump {target}"

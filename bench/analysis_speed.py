@@ -81,7 +81,7 @@ def main() -> int:
 
     f = cb / "acl1_10k.filters"
     text = classbench_policy_text(f, complex_rules=1000)
-    from hypafilter.iptables.document import parse_policy  # noqa: PLC0415
+    from hypafilter.iptables.document import parse_policy
 
     cfg = Config()
 

@@ -9,8 +9,8 @@ import pytest
 from hypafilter.analysis.decision import match_indices
 from hypafilter.analysis.hybrid import hybrid_verdict
 from hypafilter.analysis.plan import build_plan
+from hypafilter.analysis.traffic import analyze, strategy_costs
 from hypafilter.cli import main
-from hypafilter.cli.analyze import analyze, strategy_costs
 from hypafilter.ir import FIELDS, Header
 from hypafilter.tools.classbench import classbench_policy, read_trace, trace_udp_values
 

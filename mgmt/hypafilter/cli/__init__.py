@@ -1,4 +1,8 @@
-"""The `hypafilter` command: every module of this package that defines `register(subparsers)` adds its commands."""
+"""The `hypafilter` command: every module of this package that defines `register(subparsers)` adds its commands.
+
+Command modules import the layer they drive inside their run functions, so that `hypafilter --help` and `lint`
+do not load numpy, FastAPI, the emulator or the synthesis tool chain.
+"""
 
 from __future__ import annotations
 

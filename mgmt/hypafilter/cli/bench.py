@@ -41,7 +41,7 @@ def _list(s: str | None, conv=str) -> tuple | None:
 
 
 def grid_from_args(args: argparse.Namespace):
-    from hypafilter.tools.bench.paper import Grid  # noqa: PLC0415
+    from hypafilter.tools.bench.paper import Grid
 
     g = Grid.quick() if args.quick else Grid.full()
     changes = {}
@@ -69,7 +69,7 @@ def grid_from_args(args: argparse.Namespace):
 
 def _grid_name(grid) -> str:
     """'full' or 'quick' only when the grid is exactly that preset; anything narrowed by options is 'custom'."""
-    from hypafilter.tools.bench import paper  # noqa: PLC0415
+    from hypafilter.tools.bench import paper
 
     for name in ("full", "quick"):
         if grid == getattr(paper.Grid, name)():
@@ -78,12 +78,8 @@ def _grid_name(grid) -> str:
 
 
 def run_paper(args: argparse.Namespace) -> int:
-    from hypafilter.config import Config  # noqa: PLC0415
-    from hypafilter.tools.bench import (
-        paper,
-        plots,
-        report,  # noqa: PLC0415
-    )
+    from hypafilter.config import Config
+    from hypafilter.tools.bench import paper, plots, report
 
     grid = grid_from_args(args)
     shared = Path(args.shared) if args.shared else ROOT.parent / "shared"

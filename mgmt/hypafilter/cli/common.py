@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from hypafilter.config import Config
 from hypafilter.errors import HypafilterError
@@ -23,18 +24,34 @@ def add_policy_args(p: argparse.ArgumentParser, required: bool = True) -> None:
 
 
 def load_config(args: argparse.Namespace) -> Config:
-    return Config.load(getattr(args, "config", None))
+    """The site configuration, with --strategy/--mode from the command line over it where the command has them."""
+    cfg = Config.load(getattr(args, "config", None))
+    strategy, mode = getattr(args, "strategy", None), getattr(args, "mode", None)
+    if strategy:
+        cfg.strategy = strategy
+    if mode:
+        cfg.shunt_mode = mode
+    if strategy or mode:
+        cfg.validate("command line")
+    return cfg
+
+
+def progress(args: argparse.Namespace, quiet: bool = False):
+    """A logger of progress lines on stderr, or one that says nothing."""
+    if quiet or getattr(args, "quiet", False):
+        return lambda s: None
+    return lambda s: print(f"hypafilter: {s}", file=sys.stderr)
 
 
 def load_policy(args: argparse.Namespace, config: Config | None = None) -> Policy:
     """The Policy named by the arguments (a file, or a ClassBench import)."""
-    from hypafilter.iptables.document import parse_policy  # noqa: PLC0415 (keeps `hypafilter --help` fast)
+    from hypafilter.iptables.document import parse_policy
 
     config = config or load_config(args)
     if args.classbench and args.policy:
         raise HypafilterError("give either POLICY or --classbench, not both")
     if args.classbench:
-        from hypafilter.tools.classbench import classbench_policy_text  # noqa: PLC0415
+        from hypafilter.tools.classbench import classbench_policy_text
 
         text = classbench_policy_text(
             args.classbench,

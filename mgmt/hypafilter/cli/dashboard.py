@@ -64,7 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hypafilter.tools.dashboard.collector import Collector, Sampler, env_token, read_state  # noqa: PLC0415
+    from hypafilter.tools.dashboard.collector import Collector, Sampler, env_token, read_state
 
     host, port = parse_listen(args.listen)
     token = args.token or env_token()
@@ -72,9 +72,9 @@ def run(args: argparse.Namespace) -> int:
     if args.interval <= 0 or args.keep < 2:
         raise HypafilterError("--interval must be > 0 and --keep at least 2")
 
-    import uvicorn  # noqa: PLC0415 (keeps `hypafilter --help` fast)
+    import uvicorn
 
-    from hypafilter.tools.dashboard.app import create_app  # noqa: PLC0415
+    from hypafilter.tools.dashboard.app import create_app
 
     state_path = args.state
     collector = Collector(state_reader=lambda: read_state(state_path))

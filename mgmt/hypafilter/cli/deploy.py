@@ -6,24 +6,8 @@ import argparse
 import json
 import sys
 
-from hypafilter.cli.common import add_policy_args, load_config, load_policy
+from hypafilter.cli.common import add_policy_args, load_config, load_policy, progress
 from hypafilter.errors import HypafilterError
-
-
-def _log(args: argparse.Namespace):
-    if getattr(args, "quiet", False):
-        return lambda s: None
-    return lambda s: print(f"hypafilter: {s}", file=sys.stderr)
-
-
-def _config(args: argparse.Namespace):
-    cfg = load_config(args)
-    if args.strategy:
-        cfg.strategy = args.strategy
-    if args.mode:
-        cfg.shunt_mode = args.mode
-    cfg.validate("command line")
-    return cfg
 
 
 def _summary(state: dict) -> dict:
@@ -36,21 +20,21 @@ def _summary(state: dict) -> dict:
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    from hypafilter.ops import deploy  # noqa: PLC0415
+    from hypafilter.ops import deploy
 
     if args.command == "update" and not deploy.read_state():
         raise HypafilterError("nothing is deployed: use `hypafilter deploy`")
-    cfg = _config(args)
+    cfg = load_config(args)
     policy = load_policy(args, cfg)
-    state = deploy.deploy(policy, cfg, target=args.target, force=args.force, log=_log(args))
+    state = deploy.deploy(policy, cfg, target=args.target, force=args.force, log=progress(args))
     print(json.dumps(_summary(state), indent=None if args.json else 1))
     return 0
 
 
 def cmd_undeploy(args: argparse.Namespace) -> int:
-    from hypafilter.ops import deploy  # noqa: PLC0415
+    from hypafilter.ops import deploy
 
-    if not deploy.undeploy(log=_log(args)):
+    if not deploy.undeploy(log=progress(args)):
         print("hypafilter: nothing deployed", file=sys.stderr)
     return 0
 
@@ -90,7 +74,7 @@ def _fmt_status(st: dict) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from hypafilter.ops import deploy  # noqa: PLC0415
+    from hypafilter.ops import deploy
 
     st = deploy.status()
     print(json.dumps(st, indent=1, default=str) if args.json else _fmt_status(st))

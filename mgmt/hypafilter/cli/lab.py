@@ -15,7 +15,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hypafilter.ops.lab import ROLES, Lab  # noqa: PLC0415
+    from hypafilter.ops.lab import ROLES, Lab
 
     lab = Lab(args.name)
     if args.action == "up":

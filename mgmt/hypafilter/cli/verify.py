@@ -6,20 +6,15 @@ import argparse
 import json
 import sys
 
-from hypafilter.cli.common import add_policy_args, load_config, load_policy
+from hypafilter.cli.common import add_policy_args, load_config, load_policy, progress
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from hypafilter.ops.verify import verify  # noqa: PLC0415
+    from hypafilter.ops.verify import verify
 
     cfg = load_config(args)
-    if args.strategy:
-        cfg.strategy = args.strategy
-    if args.mode:
-        cfg.shunt_mode = args.mode
-    cfg.validate("command line")
     policy = load_policy(args, cfg)
-    log = (lambda s: None) if args.json else (lambda s: print(f"hypafilter: {s}", file=sys.stderr))
+    log = progress(args, quiet=args.json)
     report = verify(
         policy,
         cfg,

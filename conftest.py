@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
+from hypafilter import netns
 
 ROOT = Path(__file__).resolve().parent
 SHARED = ROOT.parent / "shared"
@@ -40,11 +40,8 @@ def shared_dir() -> Path:
 
 
 def ns_sh(ns: str, *cmd: str, stdin: str | None = None) -> str:
-    """Run a command in network namespace `ns`; its stdout, or an AssertionError quoting stderr."""
-    r = subprocess.run(["ip", "netns", "exec", ns, *cmd], input=stdin, capture_output=True, text=True)
-    if r.returncode:
-        raise AssertionError(f"{' '.join(cmd)} failed ({r.returncode}): {r.stderr}")
-    return r.stdout
+    """Run a command in network namespace `ns`; its stdout, or a netns.CommandError quoting stderr."""
+    return netns.run(cmd, ns, input=stdin)
 
 
 @pytest.fixture(scope="module")

@@ -25,11 +25,11 @@ step "mixed traffic: $PACKETS frames (TCP/UDP/ICMP biased to the policy, some wi
 .venv/bin/python - "$POLICY" "$PACKETS" <<'EOF'
 import sys
 
-from hypafilter import deploy
 from hypafilter.config import Config
-from hypafilter.lab import Lab
-from hypafilter.parse import parse_policy
-from hypafilter.verify import collect, drain, make_probes, raw_socket, send
+from hypafilter.iptables.document import parse_policy
+from hypafilter.ops import deploy
+from hypafilter.ops.lab import Lab
+from hypafilter.ops.verify import collect, drain, make_probes, raw_socket, send
 
 path, n = sys.argv[1], int(sys.argv[2])
 policy = parse_policy(open(path).read(), filename=path, base_chain="FORWARD", config=Config())

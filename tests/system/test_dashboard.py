@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from hypafilter import netns
 from hypafilter.ir import FIELDS
 
 from conftest import ROOT, need, need_root, need_tool
@@ -109,8 +110,7 @@ def send_traffic(lab, policy) -> int:
         "src_mac": Lab.mac("send"),
         "dst_mac": Lab.mac("recv"),
     }
-    res = lab.exec_in("send", [PY, "-c", SENDER], input=json.dumps(spec), timeout=120)
-    return int(res.stdout.strip())
+    return int(lab.exec_in("send", [PY, "-c", SENDER], input=json.dumps(spec), timeout=120).strip())
 
 
 def free_port() -> int:
@@ -201,12 +201,7 @@ def nic_counters(state) -> tuple[dict, dict]:
 
 def main_jump_packets(state) -> int:
     """Packets the base chain sent to the tool's MAIN chain, read with `iptables -L -v -x` (not iptables-save)."""
-    out = subprocess.run(
-        ["ip", "netns", "exec", "hf-fw", "iptables", "-w", "-t", "filter", "-L", state["base_chain"], "-v", "-x", "-n"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    out = netns.run(["iptables", "-w", "-t", "filter", "-L", state["base_chain"], "-v", "-x", "-n"], "hf-fw")
     total = 0
     for line in out.splitlines()[2:]:
         cols = line.split()

@@ -3,15 +3,15 @@ through them with the marks the shim would write, and the per-rule netfilter cou
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
+from hypafilter import netns
 from hypafilter.analysis.plan import build_plan
 from hypafilter.analysis.program import build_program, mark_for
-from hypafilter.netfilter.restore import to_iptables_restore
 from hypafilter.config import Config
 from hypafilter.iptables.document import parse_policy
+from hypafilter.netfilter.restore import to_iptables_restore
 from hypafilter.tools.dashboard.collector import Collector
 
 from conftest import need_root, need_tool
@@ -40,20 +40,16 @@ for spec in sys.argv[1:]:
 """
 
 
-def sh(*argv: str, input: str | None = None) -> str:
-    return subprocess.run(argv, input=input, capture_output=True, text=True, check=True).stdout
-
-
 def nsx(*argv: str, input: str | None = None) -> str:
-    return sh("ip", "netns", "exec", NS, *argv, input=input)
+    return netns.run(argv, NS, input=input)
 
 
 @pytest.fixture
-def netns():
+def namespace():
     need_root()
     need_tool("ip", "iptables", "iptables-save", "iptables-restore")
-    subprocess.run(["ip", "netns", "del", NS], capture_output=True)
-    sh("ip", "netns", "add", NS)
+    netns.delete(NS)
+    netns.add(NS)
     try:
         nsx("ip", "link", "set", "lo", "up")
         # A veth pair inside the namespace with a static neighbour: packets leave without ARP and vanish.
@@ -64,10 +60,10 @@ def netns():
         nsx("ip", "neigh", "add", "10.9.0.2", "lladdr", "02:00:00:00:09:02", "dev", "v0")
         yield
     finally:
-        subprocess.run(["ip", "netns", "del", NS], capture_output=True)
+        netns.delete(NS)
 
 
-def test_netfilter_counts_per_rule_from_the_kernel(netns, tmp_path):
+def test_netfilter_counts_per_rule_from_the_kernel(namespace, tmp_path):
     config = Config()
     path = tmp_path / "out.rules"
     path.write_text(POLICY)

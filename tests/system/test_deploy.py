@@ -58,7 +58,7 @@ def nic_processes(sock_name: str) -> list[int]:
 
 
 def fw(lab, *argv):
-    return lab.exec_in("fw", list(argv)).stdout
+    return lab.exec_in("fw", list(argv))
 
 
 def test_deploy_status_undeploy(lab):
@@ -112,9 +112,10 @@ def test_failed_update_keeps_previous(lab, monkeypatch, to, step):
     assert fw(lab, "iptables-save", "-t", "filter").count(":HF") == chains_before.count(":HF")
     assert f"HF{before['generation'] + 1}_" not in fw(lab, "iptables-save", "-t", "filter")
     assert deploy.status()["shim_stats"]["config"]["generation"] == before["generation"]
-    assert deploy._nic_alive(after["nic"])
+    tgt = deploy.target_of(after, Config())
+    assert tgt.alive(after["nic"])
     assert not nic_processes(f"{LAB}-g{before['generation'] + 1}.sock"), "the new NIC was left running"
-    with deploy.EmuTarget(Config()).client(after["nic"]) as c:
+    with tgt.client(after["nic"]) as c:
         assert c.read("CONTROL") & 2 == 0, "shunt-all left on"
         # The old tables are back word for word (a register-only update that failed after writing undoes them).
         assert c.read("GENERATION") == before["generation"]
@@ -225,8 +226,9 @@ def test_conntrack_tcp_both_paths(lab):
     import socket
 
     from hypafilter.config import Config
+    from hypafilter.netns import inside
     from hypafilter.ops import deploy
-    from hypafilter.ops.verify import load_oracle, netns
+    from hypafilter.ops.verify import load_oracle
 
     text = """*filter
 :FORWARD DROP [0:0]
@@ -253,7 +255,7 @@ COMMIT
                 data = c.recv(4096)
                 c.sendall(data[::-1] * 50)  # a reply larger than one segment: several ESTABLISHED packets back
 
-    with netns(lab.ns_recv):
+    with inside(lab.ns_recv):
         for port in (8080, 8081):
             s = socket.socket()
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -265,7 +267,7 @@ COMMIT
         t.start()
 
     def talk(dst: str, port: int) -> bytes | None:
-        with netns(lab.ns_send):
+        with inside(lab.ns_send):
             c = socket.socket()
         c.settimeout(3)
         try:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 
 import pytest
+from hypafilter import netns
+from hypafilter.ops.lab import ROLES, Lab
 
 from conftest import ROOT, need_root, need_tool
 
@@ -14,10 +16,10 @@ NAME = "hftl"
 BYSTANDER = "hftl_bystander"
 
 
-def sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
-    p = subprocess.run(list(argv), capture_output=True, text=True)
-    if check and p.returncode:
-        raise AssertionError(f"{' '.join(argv)}: {p.stderr}")
+def cli(*args: str, status: int = 0) -> subprocess.CompletedProcess:
+    """`hypafilter lab ...` as an operator runs it, expected to exit with `status`."""
+    p = subprocess.run([str(ROOT / ".venv" / "bin" / "hypafilter"), "lab", *args], capture_output=True, text=True)
+    assert p.returncode == status, f"lab {' '.join(args)}: exit {p.returncode}, {p.stderr}"
     return p
 
 
@@ -25,19 +27,16 @@ def sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
 def lab():
     need_root()
     need_tool("ip", "ethtool", "sysctl")
-    from hypafilter.ops.lab import Lab
-
     lab = Lab(NAME)
     lab.down()
-    sh("ip", "netns", "add", BYSTANDER, check=False)
+    if not netns.exists(BYSTANDER):
+        netns.add(BYSTANDER)
     yield lab
     lab.down()
-    sh("ip", "netns", "del", BYSTANDER, check=False)
+    netns.delete(BYSTANDER)
 
 
 def test_up_is_idempotent_and_complete(lab):
-    from hypafilter.ops.lab import ROLES
-
     lab.up()
     first = lab.status()
     lab.up()
@@ -63,16 +62,16 @@ def test_up_is_idempotent_and_complete(lab):
                 assert info["state"] in ("UP", "UNKNOWN"), f"{ifname} is {info['state']}"
     assert second["namespaces"][lab.ns_send]["hyb0"]["ipv4"] == ["10.0.1.1/16"]
     for role in ("fw", "plain"):
-        out = lab.exec_in(role, ["sysctl", "-n", "net.bridge.bridge-nf-call-iptables"]).stdout.strip()
+        out = lab.exec_in(role, ["sysctl", "-n", "net.bridge.bridge-nf-call-iptables"]).strip()
         assert out == "1"
-    feats = lab.exec_in("send", ["ethtool", "-k", "hyb0"]).stdout
+    feats = lab.exec_in("send", ["ethtool", "-k", "hyb0"])
     for feat in ("generic-receive-offload", "generic-segmentation-offload", "tx-checksumming"):
         assert f"{feat}: off" in feats
 
 
 def test_repairs_a_missing_link(lab):
     lab.up()
-    sh("ip", "-n", lab.ns_fw, "link", "del", "nf1")  # removes host1 in the nic namespace too
+    netns.run(["ip", "-n", lab.ns_fw, "link", "del", "nf1"])  # removes host1 in the nic namespace too
     assert not lab.status()["complete"]
     lab.up()
     st = lab.status()
@@ -108,7 +107,7 @@ def test_plain_path_carries_tcp(lab):
             ],
             timeout=30,
         )
-        assert client.stdout.strip() == "retlifapyh"
+        assert client.strip() == "retlifapyh"
     finally:
         server.kill()
         server.wait()
@@ -118,18 +117,16 @@ def test_down_removes_only_its_own(lab):
     lab.up()
     removed = lab.down()
     assert len(removed) == 5
-    names = sh("ip", "netns", "list").stdout
-    assert all(lab.ns(r) not in names.split() for r in ("send", "nic", "fw", "recv", "plain"))
+    names = netns.names()
+    assert all(lab.ns(r) not in names for r in ROLES)
     assert BYSTANDER in names
     assert lab.down() == []  # idempotent
 
 
 def test_cli(lab):
-    run = [str(ROOT / ".venv" / "bin" / "hypafilter"), "lab"]
-    assert sh(*run, "status", "--name", NAME, check=False).returncode == 1
-    assert "up" in sh(*run, "up", "--name", NAME).stdout
-    assert "complete" in sh(*run, "status", "--name", NAME).stdout
-    assert "removed" in sh(*run, "down", "--name", NAME).stdout
-    assert "nothing to remove" in sh(*run, "down", "--name", NAME).stdout
-    bad = sh(*run, "up", "--name", "no/slash", check=False)
-    assert bad.returncode == 2 and "lab name" in bad.stderr
+    cli("status", "--name", NAME, status=1)
+    assert "up" in cli("up", "--name", NAME).stdout
+    assert "complete" in cli("status", "--name", NAME).stdout
+    assert "removed" in cli("down", "--name", NAME).stdout
+    assert "nothing to remove" in cli("down", "--name", NAME).stdout
+    assert "lab name" in cli("up", "--name", "no/slash", status=2).stderr

@@ -4,21 +4,21 @@ and afterwards only the tool's chains differ (iptables-restore --noflush, nft -f
 from __future__ import annotations
 
 import itertools
-import subprocess
-import uuid
 from pathlib import Path
 
 import pytest
 from hypafilter.analysis.plan import build_plan
 from hypafilter.analysis.program import STRATEGIES
-from hypafilter.netfilter.restore import to_iptables_restore
-from hypafilter.netfilter.nft import to_nft
 from hypafilter.config import Config
+from hypafilter.errors import HypafilterError
 from hypafilter.iptables.document import parse_policy
+from hypafilter.netfilter.nft import to_nft
+from hypafilter.netfilter.restore import to_iptables_restore
 from hypafilter.tools.classbench import classbench_policy_text
 
-from conftest import need_root, need_tool, ns_sh
+from conftest import ns_sh
 from tests.irbuild import listing1
+from tests.scratchns import scratch_netns
 
 pytestmark = pytest.mark.system
 RULESETS = Path(__file__).resolve().parents[2] / "rulesets"
@@ -26,12 +26,8 @@ RULESETS = Path(__file__).resolve().parents[2] / "rulesets"
 
 @pytest.fixture
 def netns():
-    need_root()
-    need_tool("ip", "iptables-restore", "iptables-save", "nft")
-    name = f"hft-{uuid.uuid4().hex[:8]}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    try:
-        # Something of the site's own that must survive: a user chain, a rule in FORWARD, a marked rule.
+    with scratch_netns("hft", "iptables-restore", "iptables-save", "nft") as name:
+        # Something of the site's own that must survive: a user chain and a rule in FORWARD jumping to it.
         ns_sh(
             name,
             "iptables-restore",
@@ -39,8 +35,6 @@ def netns():
             stdin="*filter\n:SITE - [0:0]\n-A FORWARD -p tcp --dport 2222 -j SITE\n-A SITE -j ACCEPT\nCOMMIT\n",
         )
         yield name
-    finally:
-        subprocess.run(["ip", "netns", "del", name], check=False)
 
 
 def _policies():
@@ -49,7 +43,7 @@ def _policies():
     for f in sorted(RULESETS.glob("*.rules")):
         try:
             yield f.name, parse_policy(f.read_text(), str(f), "FORWARD", cfg)
-        except Exception as e:  # noqa: BLE001 - a ruleset meant to be rejected is not this test's subject
+        except HypafilterError as e:  # a ruleset meant to be rejected is not this test's subject
             if "error" in f.name or "bad" in f.name:
                 continue
             raise AssertionError(f"{f}: {e}") from e
@@ -93,7 +87,7 @@ def _load_all(ns: str, policy) -> None:
         assert len(got) == len(want), (mode, strategy)
         try:
             nft_text = to_nft(plan, strategy, prefix, mark_mask=0x0FFFFFF0, mark_shift=4)
-        except Exception as e:  # noqa: BLE001
+        except HypafilterError as e:
             assert "nftables" in str(e)  # only the documented refusal is allowed
         else:
             ns_sh(ns, "nft", "-f", "-", stdin=nft_text)

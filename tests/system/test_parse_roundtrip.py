@@ -21,25 +21,23 @@ Documented exceptions (applied by `_normalise` / `_nft_listing_quirk`, each one 
 from __future__ import annotations
 
 import re
-import subprocess
-import uuid
 from pathlib import Path
 
 import pytest
 from hypafilter.config import Config
 from hypafilter.errors import PolicyError
 from hypafilter.iptables.canonical import rule_tokens
-from hypafilter.iptables.writer import tokens_text
 from hypafilter.iptables.document import parse_policy
 from hypafilter.iptables.parser import parse_rule
 from hypafilter.iptables.tokens import tokenize
+from hypafilter.iptables.writer import Restore
 
-from conftest import need_root, need_tool, ns_sh
+from conftest import ns_sh
+from tests.peercorpus import cases, modelled
+from tests.scratchns import scratch_netns
 
 pytestmark = pytest.mark.system
 RULESETS = sorted((Path(__file__).resolve().parents[2] / "rulesets").glob("*.rules"))
-MODELLED = {"tcp", "udp", "icmp", "multiport", "iprange", "comment"}
-VERDICTS = {"ACCEPT", "DROP", "RETURN"}
 # The conformance files whose lines are loaded (the modelled matches plus the standard options).
 CORPUS = ("iptables.t", "libipt_standard.t", "libxt_tcp.t", "libxt_udp.t", "libipt_icmp.t", "libxt_multiport.t")
 CORPUS += ("libxt_iprange.t", "libxt_comment.t")
@@ -57,14 +55,8 @@ _NFT_QUIRKS = {
 
 @pytest.fixture
 def netns():
-    need_root()
-    need_tool("ip", "iptables", "iptables-restore")
-    name = f"hfrt-{uuid.uuid4().hex[:8]}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    try:
+    with scratch_netns("hfrt", "iptables", "iptables-restore") as name:
         yield name
-    finally:
-        subprocess.run(["ip", "netns", "del", name], check=False)
 
 
 _HEX = re.compile(r"\|[^|]*\|")
@@ -103,8 +95,11 @@ def _restore_text(path: Path) -> str:
     if any(line.strip() == "*filter" for line in text.splitlines()):
         return text
     # Plain rule files allow trailing `# comments`, which iptables-restore would pass on as arguments.
-    lines = [tokens_text(t.text for t in tokenize(line)) for line in text.splitlines()]
-    return "*filter\n" + "".join(f"-A FORWARD {line}\n" for line in lines if line) + "COMMIT\n"
+    doc = Restore()
+    for tokens in ([t.text for t in tokenize(line)] for line in text.splitlines()):
+        if tokens:
+            doc.rule("FORWARD", tokens)
+    return doc.text()
 
 
 @pytest.mark.parametrize("path", RULESETS, ids=[p.name for p in RULESETS])
@@ -129,14 +124,7 @@ def _understood(rule: str) -> bool:
         len(t) > 2 and t[0] == "-" and t[1] in "sdpiojgmc" for t in toks
     ):
         return False  # `--opt=value` and glued `-ptcp`: iptables-nft 1.8.9's command line refuses them
-    for opt, arg in zip(toks, [*toks[1:], ""], strict=True):
-        if opt in ("-m", "--match") and arg not in MODELLED:
-            return False
-        if opt in ("-j", "--jump") and arg not in VERDICTS:
-            return False
-        if opt in ("-g", "--goto"):
-            return False
-    return True
+    return modelled(toks)
 
 
 def corpus_rules(shared: Path) -> list[tuple[str, str, tuple[str, ...]]]:
@@ -146,12 +134,8 @@ def corpus_rules(shared: Path) -> list[tuple[str, str, tuple[str, ...]]]:
         path = shared / "peer-tests" / "iptables-extensions" / name
         if not path.exists():
             continue
-        for no, line in enumerate(path.read_text().splitlines(), 1):
-            parts = line.rsplit(";", 2)
-            if line.startswith(("#", ":")) or len(parts) != 3 or parts[2].strip() != "OK":
-                continue
-            rule = parts[0]
-            if not _understood(rule):
+        for no, rule, _, ok in cases(path):
+            if not ok or not _understood(rule):
                 continue
             try:
                 parsed = parse_rule(rule, chains=set(), filename=name, line=no)
@@ -167,8 +151,10 @@ def test_conformance_rules_roundtrip(netns, shared_dir):
     rules = corpus_rules(shared_dir)
     assert len(rules) >= 60, f"only {len(rules)} conformance rules found"
     # One restore for all of them: the listing keeps their order, so rule i of FORWARD is corpus rule i.
-    text = "*filter\n" + "".join(f"-A FORWARD {tokens_text(t.text for t in tokenize(r))}\n" for _, r, _ in rules)
-    ns_sh(netns, "iptables-restore", stdin=text + "COMMIT\n")
+    doc = Restore()
+    for _, rule, _ in rules:
+        doc.rule("FORWARD", [t.text for t in tokenize(rule)])
+    ns_sh(netns, "iptables-restore", stdin=doc.text())
     _, kernel = _listing(netns)
     assert len(kernel["FORWARD"]) == len(rules)
     bad = []

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import re
-import subprocess
 import time
 
 import pytest
+from hypafilter import netns
 
 from conftest import need_root, need_tool
 
@@ -17,20 +17,9 @@ GEN = 5
 INTERVALS = [3, 7, 9, 0, 11]  # k per match_index; index 3 maps to k = 0 (no interval: full policy)
 
 
-def sh(*argv: str, check: bool = True) -> str:
-    p = subprocess.run(list(argv), capture_output=True, text=True)
-    if check and p.returncode:
-        raise AssertionError(f"{' '.join(argv)}: {p.stderr}")
-    return p.stdout
-
-
-def ns(n: str, *argv: str, check: bool = True) -> str:
-    return sh("ip", "netns", "exec", n, *argv, check=check)
-
-
 def teardown() -> None:
     for n in (S, F, R):
-        sh("ip", "netns", "del", n, check=False)
+        netns.delete(n)
 
 
 @pytest.fixture(scope="module")
@@ -41,18 +30,18 @@ def topo():
 
     teardown()
     for n in (S, F, R):
-        sh("ip", "netns", "add", n)
-    sh("ip", "link", "add", "s0", "netns", S, "type", "veth", "peer", "name", "nf0", "netns", F)
-    sh("ip", "link", "add", "r0", "netns", R, "type", "veth", "peer", "name", "nf1", "netns", F)
+        netns.add(n)
+    netns.veth("s0", S, "nf0", F)
+    netns.veth("r0", R, "nf1", F)
     for n, ifs in ((S, ["s0"]), (R, ["r0"]), (F, ["nf0", "nf1"])):
-        ns(n, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1")
+        netns.run(["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"], n)
         for i in ifs:
-            sh("ip", "-n", n, "link", "set", i, "up")
-    sh("ip", "-n", F, "link", "add", "br0", "type", "bridge")
+            netns.run(["ip", "-n", n, "link", "set", i, "up"])
+    netns.run(["ip", "-n", F, "link", "add", "br0", "type", "bridge"])
     for i in ("nf0", "nf1"):
-        sh("ip", "-n", F, "link", "set", i, "master", "br0")
-    sh("ip", "-n", F, "link", "set", "br0", "up")
-    ns(F, "sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=1")
+        netns.run(["ip", "-n", F, "link", "set", i, "master", "br0"])
+    netns.run(["ip", "-n", F, "link", "set", "br0", "up"])
+    netns.run(["sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=1"], F)
     shim = Shim(F, ["nf0", "nf1"])
     shim.load()
     yield shim
@@ -67,11 +56,11 @@ def load_rules(marks: dict[int, int]) -> None:
         lines.append(f"-A FORWARD -p udp --dport {port} -m mark --mark {mark:#x} -j ACCEPT")
         lines.append(f"-A FORWARD -p udp --dport {port} -j DROP")
     lines.append("COMMIT")
-    subprocess.run(["ip", "netns", "exec", F, "iptables-restore"], input="\n".join(lines) + "\n", text=True, check=True)
+    netns.run(["iptables-restore"], F, input="\n".join(lines) + "\n")
 
 
 def accept_counts() -> dict[int, int]:
-    out = ns(F, "iptables", "-w", "-L", "FORWARD", "-nvx")
+    out = netns.run(["iptables", "-w", "-L", "FORWARD", "-nvx"], F)
     counts = {}
     for line in out.splitlines():
         m = re.match(r"\s*(\d+)\s+\d+\s+ACCEPT\s.*dpt:(\d+)", line)
@@ -108,9 +97,9 @@ def exchange(frames: list[bytes]) -> list[bytes]:
 
 def test_native_xdp_attached(topo):
     for i in ("nf0", "nf1"):
-        out = sh("ip", "-n", F, "-d", "link", "show", i)
+        out = netns.run(["ip", "-n", F, "-d", "link", "show", i])
         assert "prog/xdp " in out and "xdpgeneric" not in out, out
-        assert "hf_tc" in sh("tc", "-n", F, "filter", "show", "dev", i, "ingress")
+        assert "hf_tc" in netns.run(["tc", "-n", F, "filter", "show", "dev", i, "ingress"])
 
 
 def test_marks_and_pop(topo):

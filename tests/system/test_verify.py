@@ -8,9 +8,9 @@ import random
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from hypafilter import netns
 
 from conftest import ROOT, need_root, need_tool
 
@@ -124,4 +124,4 @@ def test_cli_verify_json(shared_dir):
         subprocess.run(hf + ["undeploy", "-q"], env=env, capture_output=True)
         subprocess.run(hf + ["lab", "down", "--name", LAB], env=env, capture_output=True)
         shutil.rmtree(STATE, ignore_errors=True)
-    assert not Path(f"/run/netns/{LAB}-fw").exists()
+    assert not netns.exists(f"{LAB}-fw")

@@ -7,7 +7,11 @@ import gzip
 import json
 
 import pytest
+from hypafilter.analysis.plan import build_plan
 from hypafilter.cli import main
+from hypafilter.config import Config
+from hypafilter.hw.vhdl import matcher_hash
+from hypafilter.tools.bench import paper
 
 pytestmark = pytest.mark.shared
 
@@ -34,27 +38,15 @@ def _rows(path):
         return list(csv.DictReader(f))
 
 
+def bench_paper(shared, out, *options: str) -> int:
+    """`hypafilter bench paper` on the `shared` folder, writing to `out`."""
+    return main(["bench", "paper", "--shared", str(shared), "--out", str(out), *options])
+
+
 def test_analytic_outputs_agree_with_analyze(tiny_shared, tmp_path, capsys):
     out, md = tmp_path / "out", tmp_path / "results.md"
     ks = ",".join(map(str, KS))
-    rc = main(
-        [
-            "bench",
-            "paper",
-            "--shared",
-            str(tiny_shared),
-            "--sets",
-            "tiny",
-            "--ks",
-            ks,
-            "--figures",
-            "11,12,13",
-            "--out",
-            str(out),
-            "--results-md",
-            str(md),
-        ]
-    )
+    rc = bench_paper(tiny_shared, out, "--sets", "tiny", "--ks", ks, "--figures", "11,12,13", "--results-md", str(md))
     assert rc == 0
     capsys.readouterr()
     f11, f12, f13 = (
@@ -98,53 +90,24 @@ def test_analytic_outputs_agree_with_analyze(tiny_shared, tmp_path, capsys):
         assert r11["selective"] <= r11["index"]
 
 
-def test_unknown_figure_is_a_clear_error(tiny_shared, tmp_path, capsys):
-    rc = main(
-        [
-            "bench",
-            "paper",
-            "--shared",
-            str(tiny_shared),
-            "--figures",
-            "11,99",
-            "--out",
-            str(tmp_path / "o"),
-            "--no-results-md",
-        ]
-    )
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (("--figures", "11,99"), "unknown figure(s) 99"),
+        (("--sets", "nosuch", "--figures", "11"), "nosuch_1100.filters"),
+    ],
+    ids=["unknown-figure", "missing-set"],
+)
+def test_bad_request_is_a_clear_error_before_any_output(tiny_shared, tmp_path, capsys, options, message):
+    rc = bench_paper(tiny_shared, tmp_path / "o", *options, "--no-results-md")
     assert rc == 2
-    assert "unknown figure(s) 99" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
-
-
-def test_missing_set_is_a_clear_error(tiny_shared, tmp_path, capsys):
-    rc = main(
-        [
-            "bench",
-            "paper",
-            "--shared",
-            str(tiny_shared),
-            "--sets",
-            "nosuch",
-            "--figures",
-            "11",
-            "--out",
-            str(tmp_path / "o"),
-            "--no-results-md",
-        ]
-    )
-    assert rc == 2
-    assert "nosuch_1100.filters" in capsys.readouterr().err
 
 
 def test_insertions_keep_the_matcher_except_in_exact_mode(tiny_shared):
     """Fig. 15's premise: inserting a complex rule leaves the hardware entries alone with index/selective
     shunting (an update by registers) and adds an entry in exact mode (a new core)."""
-    from hypafilter.analysis.plan import build_plan
-    from hypafilter.config import Config
-    from hypafilter.hw.vhdl import matcher_hash
-    from hypafilter.tools.bench import paper
-
     filters = tiny_shared / "data" / "classbench" / "tiny_1100.filters"
     texts = paper.insertion_texts(filters, 3, rules=50)
     cfg = Config()

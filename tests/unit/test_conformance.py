@@ -10,23 +10,11 @@ from hypafilter.iptables.canonical import rule_tokens
 from hypafilter.iptables.parser import parse_rule
 from hypafilter.iptables.tokens import tokenize
 
-MODELLED = {"tcp", "udp", "icmp", "multiport", "iprange", "comment"}
-VERDICTS = {"ACCEPT", "DROP", "RETURN"}
+from tests.peercorpus import cases, modelled
+
 FILES = sorted(
     p.name for p in (Path(__file__).resolve().parents[2].parent / "shared/peer-tests/iptables-extensions").glob("*.t")
 )
-
-
-def cases(path: Path):
-    """(line number, rule, expected, ok) for every test line of a .t file."""
-    for no, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip() or line.startswith("#") or line.startswith(":"):
-            continue
-        parts = line.rsplit(";", 2)
-        if len(parts) != 3:
-            continue
-        rule, expected, result = parts
-        yield no, rule, expected, result.strip() == "OK"
 
 
 def understood(rule: str) -> bool:
@@ -39,14 +27,7 @@ def understood(rule: str) -> bool:
             toks += [t[:2], t[2:]]
         else:
             toks.append(t)
-    for opt, arg in zip(toks, toks[1:] + [""], strict=True):
-        if opt in ("-m", "--match") and arg not in MODELLED:
-            return False
-        if opt in ("-j", "--jump") and arg not in VERDICTS:
-            return False
-        if opt in ("-g", "--goto"):
-            return False
-    return True
+    return modelled(toks)
 
 
 def check_file(path: Path) -> dict[str, int]:

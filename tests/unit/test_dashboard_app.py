@@ -9,6 +9,8 @@ from hypafilter.tools.dashboard.app import create_app
 from hypafilter.tools.dashboard.collector import Deployment, RuleInfo, Sampler, Snapshot, Update
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.hwcounters import hw_counters
+
 DEP = Deployment(
     generation=7,
     policy_hash="ab" * 32,
@@ -41,23 +43,11 @@ DEP = Deployment(
 )
 
 
-def counters(fwd, drop, over, pol, unp, forced=0):
-    return {
-        "CNT_FORWARDED": fwd,
-        "CNT_DROPPED": drop,
-        "CNT_SHUNT_OVERRULE": over,
-        "CNT_SHUNT_POLICY": pol,
-        "CNT_SHUNT_UNPARSED": unp,
-        "CNT_SHUNT_FORCED": forced,
-        "CNT_FROM_HOST": 3,
-        "CNT_FIFO_DROP": 0,
-    }
-
-
 # Two seconds of recorded traffic: 1000 fwd/s, 250 drop/s, shunts by reason.
+HW = (hw_counters(1000, 500, 100, 40, 2, host=3), hw_counters(3000, 1000, 300, 80, 2, host=3))
 SNAPS = [
-    Snapshot(1, 5000.0, 100.0, DEP, counters(1000, 500, 100, 40, 2), (1000, 100, 40), {1: (30, 3000)}, (142, 9000)),
-    Snapshot(2, 5002.0, 102.0, DEP, counters(3000, 1000, 300, 80, 2), (3000, 300, 80), {1: (70, 7000)}, (382, 20000)),
+    Snapshot(1, 5000.0, 100.0, DEP, HW[0], (1000, 100, 40), {1: (30, 3000)}, (142, 9000)),
+    Snapshot(2, 5002.0, 102.0, DEP, HW[1], (3000, 300, 80), {1: (70, 7000)}, (382, 20000)),
 ]
 
 

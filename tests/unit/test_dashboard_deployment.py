@@ -7,8 +7,9 @@ from hypafilter.analysis.plan import build_plan
 from hypafilter.config import Config
 from hypafilter.errors import HypafilterError
 from hypafilter.iptables.document import parse_policy
+from hypafilter.iptables.writer import policy_restore
 from hypafilter.netfilter.restore import to_iptables_restore
-from hypafilter.ops.deploy import partition_counts, plain_restore_text
+from hypafilter.ops.deploy import partition_counts
 from hypafilter.tools.dashboard.collector import attribute_netfilter, deployment_from_state, parse_iptables_save
 
 USERCHAINS = """*filter
@@ -57,7 +58,7 @@ def deployed(tmp_path, text, strategy="interval", mode="selective", generation=4
         "strategy": strategy,
         "mark_mask": config.mark_mask,
         "mark_shift": config.mark_shift,
-        "plain_rules": plain_restore_text(policy),
+        "plain_rules": policy_restore(policy),
         "partition": partition_counts(policy, plan),
         "nic": {"socket": "/run/hypafilter/x.sock"},
         "shim": {"netns": "hf-fw"},

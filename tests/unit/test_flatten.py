@@ -6,6 +6,7 @@ import pytest
 from hypafilter.config import Config
 from hypafilter.errors import PolicyError
 from hypafilter.iptables.document import parse_policy
+from hypafilter.iptables.parser import parse_rule
 from hypafilter.ir import Box, Header
 from hypafilter.ir.box import box_minus, boxes_minus
 from hypafilter.ir.semantics import NONTERMINAL_TARGETS
@@ -25,9 +26,10 @@ def first_match(policy, h: Header) -> str:
     return policy.default
 
 
-def save(*lines: str, policy: str = "ACCEPT", chains=()) -> str:
+def flat(*lines: str, policy: str = "ACCEPT", chains=(), **parse_options):
+    """The flattened policy of FORWARD (policy `policy`) with these rule lines and these user chains declared."""
     head = ["*filter", f":FORWARD {policy} [0:0]"] + [f":{c} - [0:0]" for c in chains]
-    return "\n".join(head + list(lines) + ["COMMIT"]) + "\n"
+    return parse_policy("\n".join(head + list(lines) + ["COMMIT"]) + "\n", **parse_options)
 
 
 # --- box difference -------------------------------------------------------------------------------------------
@@ -63,14 +65,12 @@ def test_boxes_minus_limit():
 
 
 def test_jump_conjunction_and_fallthrough():
-    p = parse_policy(
-        save(
-            "-A FORWARD -s 10.0.0.0/8 -j SUB",
-            "-A FORWARD -p tcp -j ACCEPT",
-            "-A SUB -p tcp -m tcp --dport 22 -j DROP",
-            chains=["SUB"],
-            policy="DROP",
-        )
+    p = flat(
+        "-A FORWARD -s 10.0.0.0/8 -j SUB",
+        "-A FORWARD -p tcp -j ACCEPT",
+        "-A SUB -p tcp -m tcp --dport 22 -j DROP",
+        chains=["SUB"],
+        policy="DROP",
     )
     assert [r.target for r in p.rules] == ["DROP", "ACCEPT"]
     assert p.rules[0].levels[0].options == ("-s", "10.0.0.0/8")
@@ -83,15 +83,13 @@ def test_jump_conjunction_and_fallthrough():
     assert p.user_chains["SUB"].rules == (("-p", "tcp", "-m", "tcp", "--dport", "22", "-j", "DROP"),)
 
 
+def returning_sub(condition: str):
+    """A policy whose FORWARD jumps to SUB, which RETURNs on `condition` and else drops UDP (default ACCEPT)."""
+    return flat("-A FORWARD -j SUB", f"-A SUB {condition} -j RETURN", "-A SUB -p udp -j DROP", chains=["SUB"])
+
+
 def test_simple_return_is_subtracted():
-    p = parse_policy(
-        save(
-            "-A FORWARD -j SUB",
-            "-A SUB -s 10.0.0.0/8 -j RETURN",
-            "-A SUB -p udp -j DROP",
-            chains=["SUB"],
-        )
-    )
+    p = returning_sub("-s 10.0.0.0/8")
     (r,) = p.rules
     assert r.is_simple and not r.approximate
     assert r.levels[1].unless == (("-s", "10.0.0.0/8"),)
@@ -100,34 +98,24 @@ def test_simple_return_is_subtracted():
 
 
 def test_complex_return_marks_approximate():
-    p = parse_policy(
-        save(
-            "-A FORWARD -j SUB",
-            "-A SUB -m conntrack --ctstate INVALID -j RETURN",
-            "-A SUB -p udp -j DROP",
-            chains=["SUB"],
-        )
-    )
-    (r,) = p.rules
+    (r,) = returning_sub("-m conntrack --ctstate INVALID").rules
     assert r.approximate and not r.is_simple
     assert r.levels[1].unless == (("-m", "conntrack", "--ctstate", "INVALID"),)
 
 
 def test_return_in_base_chain_is_policy():
-    p = parse_policy(save("-A FORWARD -p udp -j RETURN", "-A FORWARD -j ACCEPT", policy="DROP"))
+    p = flat("-A FORWARD -p udp -j RETURN", "-A FORWARD -j ACCEPT", policy="DROP")
     assert [r.target for r in p.rules] == ["DROP", "ACCEPT"]
     assert p.original_rules[0] == ("-p", "udp", "-j", "RETURN")
 
 
 def test_goto_from_base_ends_in_policy():
-    p = parse_policy(
-        save(
-            "-A FORWARD -p tcp -g SUB",
-            "-A FORWARD -j ACCEPT",
-            "-A SUB -m tcp -p tcp --dport 80 -j ACCEPT",
-            chains=["SUB"],
-            policy="DROP",
-        )
+    p = flat(
+        "-A FORWARD -p tcp -g SUB",
+        "-A FORWARD -j ACCEPT",
+        "-A SUB -m tcp -p tcp --dport 80 -j ACCEPT",
+        chains=["SUB"],
+        policy="DROP",
     )
     assert [r.target for r in p.rules] == ["ACCEPT", "DROP", "ACCEPT"]
     assert first_match(p, Header(proto=6, dport=80)) == "ACCEPT"
@@ -137,15 +125,13 @@ def test_goto_from_base_ends_in_policy():
 
 
 def test_goto_from_user_chain_returns_to_grandparent():
-    p = parse_policy(
-        save(
-            "-A FORWARD -j A",
-            "-A FORWARD -j DROP",
-            "-A A -p tcp -g B",
-            "-A A -j ACCEPT",
-            "-A B -p tcp -m tcp --dport 80 -j ACCEPT",
-            chains=["A", "B"],
-        )
+    p = flat(
+        "-A FORWARD -j A",
+        "-A FORWARD -j DROP",
+        "-A A -p tcp -g B",
+        "-A A -j ACCEPT",
+        "-A B -p tcp -m tcp --dport 80 -j ACCEPT",
+        chains=["A", "B"],
     )
     assert first_match(p, Header(proto=6, dport=80)) == "ACCEPT"
     assert first_match(p, Header(proto=6, dport=81)) == "DROP"  # back in FORWARD after the jump to A
@@ -154,58 +140,53 @@ def test_goto_from_user_chain_returns_to_grandparent():
 
 def test_loop_is_an_error():
     with pytest.raises(PolicyError, match="loop") as e:
-        parse_policy(save("-A FORWARD -j A", "-A A -j B", "-A B -j A", chains=["A", "B"]), filename="f.rules")
+        flat("-A FORWARD -j A", "-A A -j B", "-A B -j A", chains=["A", "B"], filename="f.rules")
     assert e.value.file == "f.rules" and e.value.token in ("A", "B")
 
 
 def test_loop_through_goto_is_an_error():
     with pytest.raises(PolicyError, match="loop"):
-        parse_policy(save("-A FORWARD -j A", "-A A -g B", "-A B -p tcp -j A", chains=["A", "B"]))
+        flat("-A FORWARD -j A", "-A A -g B", "-A B -p tcp -j A", chains=["A", "B"])
 
 
 def test_bound_keeps_jump_verbatim():
     lines = ["-A FORWARD -s 10.0.0.0/8 -j BIG", "-A FORWARD -j DROP"]
     lines += [f"-A BIG -p tcp -m tcp --dport {i} -j ACCEPT" for i in range(1, 6)]
-    p = parse_policy(save(*lines, chains=["BIG"]), config=Config(flatten_bound=3))
+    p = flat(*lines, chains=["BIG"], config=Config(flatten_bound=3))
     assert [r.target for r in p.rules] == ["BIG", "DROP"]
     kept = p.rules[0]
     assert not kept.is_simple and kept.levels[0].options == ("-s", "10.0.0.0/8")
     assert kept.boxes[0].interval("src") == (ip("10.0.0.0"), ip("10.255.255.255"))
     assert len(p.user_chains["BIG"].rules) == 5
-    p2 = parse_policy(save(*lines, chains=["BIG"]), config=Config(flatten_bound=5))
+    p2 = flat(*lines, chains=["BIG"], config=Config(flatten_bound=5))
     assert len(p2.rules) == 6
 
 
 def test_stateful_jump_not_duplicated():
-    p = parse_policy(
-        save(
-            "-A FORWARD -m limit --limit 5/sec -j SUB",
-            "-A SUB -p tcp -j ACCEPT",
-            "-A SUB -p udp -j ACCEPT",
-            chains=["SUB"],
-        )
+    p = flat(
+        "-A FORWARD -m limit --limit 5/sec -j SUB", "-A SUB -p tcp -j ACCEPT", "-A SUB -p udp -j ACCEPT", chains=["SUB"]
     )
     assert [r.target for r in p.rules] == ["SUB"]
 
 
 def test_unreachable_chain_not_listed_and_input_ignored():
-    p = parse_policy(save("-A FORWARD -j A", "-A INPUT -j B", "-A A -j ACCEPT", "-A B -j DROP", chains=["A", "B"]))
+    p = flat("-A FORWARD -j A", "-A INPUT -j B", "-A A -j ACCEPT", "-A B -j DROP", chains=["A", "B"])
     assert list(p.user_chains) == ["A"]
 
 
 def test_undefined_chain_error_position():
     with pytest.raises(PolicyError) as e:
-        parse_policy(save("-A FORWARD -p tcp -j NOPE"), filename="x.rules")
+        flat("-A FORWARD -p tcp -j NOPE", filename="x.rules")
     assert (e.value.line, e.value.column, e.value.token) == (3, 22, "NOPE")
 
 
 def test_stateful_goto_in_base_refused():
     with pytest.raises(PolicyError, match="stateful"):
-        parse_policy(save("-A FORWARD -m limit --limit 1/sec -g A", "-A A -j DROP", chains=["A"]))
+        flat("-A FORWARD -m limit --limit 1/sec -g A", "-A A -j DROP", chains=["A"])
 
 
 def test_nonterminal_target_stays():
-    p = parse_policy(save("-A FORWARD -j LOG --log-prefix x", "-A FORWARD -j DROP"))
+    p = flat("-A FORWARD -j LOG --log-prefix x", "-A FORWARD -j DROP")
     assert p.rules[0].target == "LOG" and p.rules[0].target_args == ("--log-prefix", "x")
     assert first_match(p, Header()) == "DROP"
 
@@ -313,8 +294,6 @@ def group_ok(group, k) -> bool:
 
 
 def guard_holds(tokens, h, k) -> bool:
-    from hypafilter.iptables.parser import parse_rule
-
     (r,) = parse_rule(" ".join(tokens))
     return any(b.contains(h) for b in r.boxes) and all(group_ok(g, k) for g in r.complex)
 

@@ -7,8 +7,17 @@ import threading
 from pathlib import Path
 
 import pytest
+from hypafilter import targets
+from hypafilter.analysis.plan import build_plan
+from hypafilter.config import Config
+from hypafilter.errors import HypafilterError
 from hypafilter.hw import regmap
+from hypafilter.ops import deploy
+from hypafilter.targets.emu import EmuTarget
 from hypafilter.targets.nic import CORE_ID, EmuTransport, NicClient, NicError, pack_shunt
+from hypafilter.targets.sume import SumeTarget
+
+from tests.irbuild import listing1
 
 
 class FakeNic:
@@ -194,3 +203,30 @@ def test_pack_shunt():
 def test_connect_error_names_the_socket(tmp_path):
     with pytest.raises(NicError, match="nothing.sock"):
         EmuTransport(tmp_path / "nothing.sock")
+
+
+def test_targets_by_name():
+    assert isinstance(targets.get("emu", Config()), EmuTarget)
+    assert isinstance(targets.get("sume", Config()), SumeTarget)
+    with pytest.raises(HypafilterError, match="unknown target 'fpga'.*emu, sume"):
+        targets.get("fpga", Config())
+
+
+def test_emu_target_registers_through_its_socket(fake):
+    tgt, info = EmuTarget(Config()), {"socket": fake.path}
+    tgt.shunt_all(info, True)
+    assert fake.regs[regmap.MAP.reg("CONTROL").offset] & 2
+    assert "CNT_FORWARDED" in tgt.counters(info)
+
+
+@pytest.mark.skipif(Path("/sys/module/sume_riffa").exists(), reason="a SUME driver is loaded here")
+def test_sume_without_board_is_refused_and_never_pretends(tmp_path):
+    tgt = SumeTarget(Config(), build_root=tmp_path)
+    assert tgt.missing() == "no board is present"
+    with pytest.raises(HypafilterError, match=r"target 'sume' is not available here \(only 'emu'; no board"):
+        deploy.deploy(listing1(), Config(), target="sume")
+    tcl = Path(tgt.build(build_plan(listing1(), Config())))
+    assert tcl.is_file() and tcl.is_relative_to(tmp_path / "sume") and "@PART@" not in tcl.read_text()
+    for step in (lambda: tgt.start(str(tcl), 1), lambda: tgt.standby({}), lambda: tgt.stop({})):
+        with pytest.raises(HypafilterError, match="target sume: .*bitstream"):
+            step()

@@ -1,6 +1,6 @@
 """Deploy, update and undeploy a policy on a target, all or nothing, with a journal of deployments in a state file.
 
-A deployment is: the hardware (the emulated NIC running the matcher generated for the policy, its registers), the
+A deployment is: the hardware (the target's NIC running the matcher generated for the policy, its registers), the
 software chains (`<prefix><gen>_*` in the firewall namespace, one jump from the base chain) and the shim (its
 generation, mark bits and interval table). Every step registers its undo before the next one runs; any failure
 undoes what was done, in reverse, and raises DeployError naming the step. An update is make-before-break (see
@@ -14,24 +14,28 @@ import fcntl
 import json
 import os
 import re
-import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hypafilter import netns, targets
+from hypafilter.analysis.plan import build_plan
 from hypafilter.config import Config
 from hypafilter.errors import DeployError, HypafilterError
+from hypafilter.iptables.writer import Restore, body_of, policy_restore
 from hypafilter.ir import Policy
+from hypafilter.netfilter.restore import to_iptables_restore
 from hypafilter.paths import BUILD_ROOT
 from hypafilter.targets import shim as shim_mod
+from hypafilter.targets.base import Site, Target
 
 STATE_DIR = Path(os.environ.get("HF_STATE_DIR", "/run/hypafilter"))
 FAIL_ENV = "HF_FAIL_STEP"  # test hook: the named step fails (netfilter: a real iptables-restore error)
 HISTORY_KEEP = 50
 
-# The reference lab topology (hypafilter.lab creates it; ARCHITECTURE §7). One lab per machine for deploy.
+# The reference lab topology (ops.lab creates it; ARCHITECTURE §7). One lab per machine for deploy.
 LAB_NAME = os.environ.get("HF_LAB", "hf")
 NS_NIC, NS_FW, NS_PLAIN = f"{LAB_NAME}-nic", f"{LAB_NAME}-fw", f"{LAB_NAME}-plain"
 NIC_IFACES = {"wire0": "wire0", "wire1": "wire1", "host0": "host0", "host1": "host1"}
@@ -82,14 +86,6 @@ def _lock() -> Iterator[None]:
 # ---- netfilter --------------------------------------------------------------------------------------------------
 
 
-def _ipt(ns: str | None, argv: list[str], stdin: str | None = None) -> str:
-    full = (["ip", "netns", "exec", ns] if ns else []) + argv
-    p = subprocess.run(full, input=stdin, capture_output=True, text=True)
-    if p.returncode != 0:
-        raise HypafilterError(f"{argv[0]}: {p.stderr.strip() or 'exit ' + str(p.returncode)}")
-    return p.stdout
-
-
 def chain_prefix(config: Config, generation: int) -> str:
     return f"{config.chain_prefix}{generation}_"
 
@@ -98,55 +94,45 @@ def owned_chains(ns: str | None, config: Config) -> dict[int, list[str]]:
     """Chains in the table that belong to the tool, by generation (also leftovers of an interrupted run)."""
     pat = re.compile(rf"^:({re.escape(config.chain_prefix)}(\d+)_\S*)")
     out: dict[int, list[str]] = {}
-    for line in _ipt(ns, ["iptables-save", "-t", config.table]).splitlines():
+    for line in netns.run(["iptables-save", "-t", config.table], ns).splitlines():
         m = pat.match(line)
         if m:
             out.setdefault(int(m.group(2)), []).append(m.group(1))
     return out
 
 
-def _body(restore_text: str) -> list[str]:
-    """The rule and chain lines of an iptables-restore text, without table header and COMMIT."""
-    return [ln for ln in restore_text.splitlines() if ln.strip() and not ln.startswith(("*", "COMMIT", "#"))]
-
-
 def switch_text(config: Config, base: str, new_body: list[str], new_main: str | None, old_main: str | None) -> str:
     """One restore that loads new chains and moves the single base-chain jump from old_main to new_main."""
-    lines = [f"*{config.table}", *new_body]
+    doc = Restore(config.table).extend(new_body)
     if old_main:
-        lines.append(f"-D {base} -j {old_main}")
+        doc.delete(base, ["-j", old_main])
     if new_main:
-        lines.append(f"-I {base} 1 -j {new_main}")
-    lines.append("COMMIT")
-    return "\n".join(lines) + "\n"
+        doc.insert(base, 1, ["-j", new_main])
+    return doc.text()
 
 
 def delete_text(config: Config, chains: list[str], base: str | None = None, main: str | None = None) -> str:
-    lines = [f"*{config.table}"]
+    """One restore that removes the jump base -> main (if given) and the chains."""
+    doc = Restore(config.table)
     if base and main:
-        lines.append(f"-D {base} -j {main}")
-    lines += [f"-F {c}" for c in chains]  # flush all first: chains may jump to each other
-    lines += [f"-X {c}" for c in chains]
-    lines.append("COMMIT")
-    return "\n".join(lines) + "\n"
+        doc.delete(base, ["-j", main])
+    return doc.remove(chains).text()
 
 
 def unswitch_text(config: Config, base: str, chains: list[str], new_main: str, old_main: str | None) -> str:
     """The inverse of switch_text in one restore: jump back to old_main, new chains removed."""
-    lines = [f"*{config.table}", f"-D {base} -j {new_main}"]
+    doc = Restore(config.table).delete(base, ["-j", new_main])
     if old_main:
-        lines.append(f"-I {base} 1 -j {old_main}")
-    lines += [f"-F {c}" for c in chains] + [f"-X {c}" for c in chains] + ["COMMIT"]
-    return "\n".join(lines) + "\n"
+        doc.insert(base, 1, ["-j", old_main])
+    return doc.remove(chains).text()
 
 
 def has_jump(ns: str | None, config: Config, base: str, chain: str) -> bool:
-    full = (["ip", "netns", "exec", ns] if ns else []) + ["iptables", "-w", "-t", config.table, "-C", base, "-j", chain]
-    return subprocess.run(full, capture_output=True).returncode == 0
+    return netns.succeeds(["iptables", "-w", "-t", config.table, "-C", base, "-j", chain], ns)
 
 
 def restore(ns: str | None, text: str) -> None:
-    _ipt(ns, ["iptables-restore", "-w", "--noflush"], text)
+    netns.run(["iptables-restore", "-w", "--noflush"], ns, input=text)
 
 
 def chain_counters(ns: str | None, config: Config, prefix: str | None = None) -> dict[str, list[dict]]:
@@ -154,42 +140,13 @@ def chain_counters(ns: str | None, config: Config, prefix: str | None = None) ->
     prefix = prefix or config.chain_prefix
     out: dict[str, list[dict]] = {}
     pat = re.compile(r"^\[(\d+):(\d+)\] -A (\S+) ?(.*)$")
-    for line in _ipt(ns, ["iptables-save", "-c", "-t", config.table]).splitlines():
+    for line in netns.run(["iptables-save", "-c", "-t", config.table], ns).splitlines():
         m = pat.match(line)
         if m and m.group(3).startswith(prefix):
             out.setdefault(m.group(3), []).append(
                 {"packets": int(m.group(1)), "bytes": int(m.group(2)), "rule": m.group(4)}
             )
     return out
-
-
-def _quote(tok: str) -> str:
-    if tok and re.fullmatch(r"[A-Za-z0-9_./:,=!+@%^-]+", tok):
-        return tok
-    return '"' + tok.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _rule_tokens(chain: str, toks: tuple[str, ...]) -> str:
-    toks = tuple(toks)
-    if len(toks) >= 2 and toks[0] in ("-A", "--append"):
-        toks = toks[2:]
-    return " ".join([f"-A {chain}", *(_quote(t) for t in toks)])
-
-
-def plain_restore_text(policy: Policy, table: str = "filter") -> str:
-    """The original policy alone as a complete iptables-restore text (the oracle's rule set)."""
-    lines = [f"*{table}"]
-    for base in ("INPUT", "FORWARD", "OUTPUT"):
-        lines.append(f":{base} {policy.default if base == policy.base_chain else 'ACCEPT'} [0:0]")
-    if policy.base_chain not in ("INPUT", "FORWARD", "OUTPUT"):
-        raise HypafilterError(f"base chain {policy.base_chain} is not a built-in chain of {table}")
-    for name in sorted(policy.user_chains):
-        lines.append(f":{name} - [0:0]")
-    lines += [_rule_tokens(policy.base_chain, r) for r in policy.original_rules]
-    for name in sorted(policy.user_chains):
-        lines += [_rule_tokens(name, r) for r in policy.user_chains[name].rules]
-    lines.append("COMMIT")
-    return "\n".join(lines) + "\n"
 
 
 # ---- the transaction ------------------------------------------------------------------------------------------
@@ -237,107 +194,18 @@ class Transaction:
         self.undo.clear()
 
 
-# ---- the NIC (emulated target) --------------------------------------------------------------------------------
+# ---- the NIC ---------------------------------------------------------------------------------------------------
 
 
-class EmuTarget:
-    """Start/attach/stop the emulated NIC of the lab; `info` is what the state file keeps to find it again."""
-
-    # NICs started by this process, by pid, so that stopping one also reaps it.
-    started: dict[int, object] = {}
-
-    def __init__(self, config: Config):
-        self.config = config
-
-    def build(self, plan) -> str:
-        from hypafilter.targets import emu  # noqa: PLC0415
-
-        return str(emu.build(plan, self.config, build_root=BUILD_ROOT))
-
-    def start(self, binary: str, generation: int, standby: bool = True) -> dict:
-        from hypafilter.targets.emu import EmuNic  # noqa: PLC0415
-
-        name = f"{LAB_NAME}-g{generation}"
-        nic = EmuNic(binary, dict(NIC_IFACES), name=name, netns=NS_NIC, standby=standby)
-        nic.start()
-        assert nic.pid is not None
-        EmuTarget.started[nic.pid] = nic
-        return {"binary": binary, "name": name, "pid": nic.pid, "socket": str(nic.ctl_path)}
-
-    @contextlib.contextmanager
-    def client(self, info: dict):
-        from hypafilter.targets.nic import NicClient  # noqa: PLC0415
-
-        c = NicClient.emu(info["socket"])
-        try:
-            yield c
-        finally:
-            c.close()
-
-    def _command(self, info: dict, word: str) -> None:
-        from hypafilter.targets.nic import EmuTransport  # noqa: PLC0415
-
-        t = EmuTransport(info["socket"])
-        try:
-            t.command(word)
-        finally:
-            t.close()
-
-    def activate(self, info: dict) -> None:
-        self._command(info, "ACTIVATE")
-
-    def standby(self, info: dict) -> None:
-        self._command(info, "STANDBY")
-
-    def program(self, info: dict, plan, generation: int, known: dict | None = None) -> dict:
-        """Write the plan's tables (only what differs from `known`); returns what the core now holds."""
-        with self.client(info) as c:
-            return c.program(plan, generation, known=known)
-
-    def write_tables(self, info: dict, tables: dict, generation: int, known: dict | None = None) -> dict:
-        with self.client(info) as c:
-            return c.write_tables(tables, generation, known=known)
-
-    def shunt_all(self, info: dict, on: bool) -> None:
-        with self.client(info) as c:
-            c.set_shunt_all(on)
-
-    def counters(self, info: dict) -> dict:
-        with self.client(info) as c:
-            return c.counters()
-
-    def stop(self, info: dict, timeout: float = 10.0) -> None:
-        pid = int(info["pid"])
-        nic = EmuTarget.started.pop(pid, None)
-        if nic is not None:
-            nic.stop()  # type: ignore[attr-defined]
-            return
-        # Started by an earlier command: make sure the pid is still that NIC before signalling it.
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            return
-        if info["socket"].encode() not in cmdline:
-            return
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                st = Path(f"/proc/{pid}/stat").read_text()
-            except OSError:
-                return
-            if st.rsplit(")", 1)[1].split()[0] == "Z":
-                return
-            time.sleep(0.02)
-        os.kill(pid, signal.SIGKILL)
+def _target(name: str, config: Config) -> Target:
+    """Target `name` with its NIC in the lab's nic namespace on its four veths. The module globals are read at
+    each call: configure() moves the lab, and a benchmark points BUILD_ROOT at an empty cache for a cold build."""
+    return targets.get(name, config, Site(LAB_NAME, NS_NIC, dict(NIC_IFACES)), BUILD_ROOT)
 
 
-def _nic_alive(info: dict) -> bool:
-    try:
-        cmdline = Path(f"/proc/{int(info['pid'])}/cmdline").read_bytes()
-    except (OSError, KeyError, ValueError):
-        return False
-    return info.get("socket", "").encode() in cmdline and Path(info["socket"]).exists()
+def target_of(state: dict, config: Config) -> Target:
+    """The target a deployment in the state file runs on."""
+    return _target(state.get("target", "emu"), config)
 
 
 def _fw_shim() -> shim_mod.Shim:
@@ -345,7 +213,7 @@ def _fw_shim() -> shim_mod.Shim:
 
 
 def _check_lab() -> None:
-    missing = [ns for ns in (NS_NIC, NS_FW) if not Path(f"/run/netns/{ns}").exists()]
+    missing = [ns for ns in (NS_NIC, NS_FW) if not netns.exists(ns)]
     if missing:
         raise HypafilterError(f"lab namespaces missing ({', '.join(missing)}): run `hypafilter lab up` first")
 
@@ -369,18 +237,19 @@ def deploy(
     log: Callable[[str], None] = lambda s: None,
 ) -> dict:
     """Deploy `policy` (or update to it). Returns the new state; raises DeployError with everything as before."""
-    if target != "emu":
-        raise HypafilterError(f"target '{target}' is not available here (only 'emu'; no board is present)")
+    tgt = _target(target, config)
+    missing = tgt.missing()
+    if missing:
+        raise HypafilterError(f"target '{target}' is not available here (only 'emu'; {missing})")
     with _lock():
-        return _deploy_locked(policy, config, force, log, EmuTarget(config))
+        return _deploy_locked(policy, config, force, log, tgt)
 
 
-def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: EmuTarget) -> dict:
-    from hypafilter.analysis.plan import build_plan  # noqa: PLC0415
-    from hypafilter.netfilter.restore import to_iptables_restore  # noqa: PLC0415
-
+def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target) -> dict:
     t0 = time.monotonic()
     old = read_state()
+    if old and old.get("target", "emu") != tgt.name:
+        raise HypafilterError(f"a policy is deployed on target '{old.get('target', 'emu')}': undeploy it first")
     phash = policy.policy_hash()
     same = old and all(
         old.get(k) == v
@@ -392,7 +261,7 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: EmuTar
             ("mark_shift", config.mark_shift),
         )
     )
-    if same and not force and _nic_alive(old["nic"]):
+    if same and not force and tgt.alive(old["nic"]):
         log("policy already deployed; nothing to do (use --force to redeploy)")
         return old
     _check_lab()
@@ -405,7 +274,7 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: EmuTar
     new_main = f"{prefix}MAIN"
     old_main = old["main_chain"] if old and has_jump(NS_FW, config, base, old["main_chain"]) else None
     old_nic = old["nic"] if old else None
-    if old_nic and not _nic_alive(old_nic):
+    if old_nic and not tgt.alive(old_nic):
         log(f"previous NIC (pid {old_nic.get('pid')}) is gone; deploying as new")
         old_nic = None
 
@@ -419,7 +288,7 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: EmuTar
                 plan, config.strategy, prefix, config.mark_mask, config.mark_shift, config.table
             ),
         )
-        body = _body(nf_text)
+        body = body_of(nf_text)
         if os.environ.get(FAIL_ENV) == "netfilter":
             body.append(f"-A {new_main} -m hf-no-such-match -j ACCEPT")
         new_chains = [ln[1:].split()[0] for ln in body if ln.startswith(":")]
@@ -525,7 +394,7 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: EmuTar
 
     took = round(time.monotonic() - t0, 3)
     state = {
-        "target": "emu",
+        "target": tgt.name,
         "policy_hash": phash,
         "policy_source": policy.source,
         "base_chain": base,
@@ -545,7 +414,7 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: EmuTar
         "tables": {k: v for k, v in written.items() if k != "writes"},
         "shim": {"netns": NS_FW, "ifaces": list(FW_IFACES), "pin": str(fwshim.pin)},
         "deployed_at": time.time(),
-        "plain_rules": plain_restore_text(policy, config.table),
+        "plain_rules": policy_restore(policy, config.table),
         "history": ((old or {}).get("history") or [])[-HISTORY_KEEP + 1 :]
         + [
             {
@@ -597,16 +466,13 @@ def undeploy(log: Callable[[str], None] = lambda s: None) -> bool:
         errors = []
         if st.get("nic"):
             try:
-                EmuTarget(cfg).stop(st["nic"])
+                target_of(st, cfg).stop(st["nic"])
             except Exception as e:  # noqa: BLE001
                 errors.append(f"nic: {e}")
-        if Path(f"/run/netns/{NS_FW}").exists():
+        if netns.exists(NS_FW):
             try:
                 chains = [c for cs in owned_chains(NS_FW, cfg).values() for c in cs]
-                text = delete_text(cfg, chains)
-                if st.get("main_chain"):
-                    text = switch_text(cfg, st["base_chain"], [], None, st["main_chain"]) + text
-                restore(NS_FW, text)
+                restore(NS_FW, delete_text(cfg, chains, st.get("base_chain"), st.get("main_chain")))
             except HypafilterError as e:
                 errors.append(f"netfilter: {e}")
             try:
@@ -633,7 +499,7 @@ def status() -> dict:
     out["deployed"] = True
     cfg = Config(table=st.get("table", "filter"), chain_prefix=st.get("chain_prefix", "HF"))
     try:
-        out["nic_counters"] = EmuTarget(cfg).counters(st["nic"])
+        out["nic_counters"] = target_of(st, cfg).counters(st["nic"])
     except Exception as e:  # noqa: BLE001 -- status reports what it can
         out["nic_counters"] = {"error": str(e)}
     try:

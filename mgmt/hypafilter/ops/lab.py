@@ -12,18 +12,19 @@ packets. IPv6 is off in every lab namespace and all offloads are off on every la
 
 from __future__ import annotations
 
+import json
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from hypafilter import netns
 from hypafilter.errors import HypafilterError
 
 HOST_MTU = 1600  # host0/host1 and nf0/nf1 carry frames grown by the 10-byte in-band tag
-OFFLOADS = ("gro", "gso", "tso", "tx", "rx", "sg", "rxvlan", "txvlan", "lro")
 
 
 class LabError(HypafilterError):
-    """A lab step failed; names the command and quotes its stderr."""
+    """A lab name, role or address that does not exist (a failed command raises netns.CommandError)."""
 
 
 @dataclass(frozen=True)
@@ -64,14 +65,14 @@ ADDRS = (
 NIC_INTERFACES = {"wire0": "wire0", "wire1": "wire1", "host0": "host0", "host1": "host1"}
 
 
-def _run(argv: list[str], check: bool = True, input: str | None = None, timeout: float | None = 60):
-    try:
-        p = subprocess.run(argv, capture_output=True, text=True, input=input, timeout=timeout)
-    except FileNotFoundError as e:
-        raise LabError(f"{argv[0]} is not installed (scripts/setup.sh system installs it)") from e
-    if check and p.returncode != 0:
-        raise LabError(f"command failed ({p.returncode}): {' '.join(argv)}\n{p.stderr.strip()[-2000:]}")
-    return p
+class _RoleNs:
+    """`lab.ns_<role>`: the full name of that role's namespace."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.role = name.removeprefix("ns_")
+
+    def __get__(self, lab: Lab, owner: type | None = None) -> str:
+        return lab.ns(self.role)
 
 
 class Lab:
@@ -88,25 +89,11 @@ class Lab:
             raise LabError(f"unknown lab role '{role}' (one of {', '.join(ROLES)})")
         return f"{self.name}-{role}"
 
-    @property
-    def ns_send(self) -> str:
-        return self.ns("send")
-
-    @property
-    def ns_nic(self) -> str:
-        return self.ns("nic")
-
-    @property
-    def ns_fw(self) -> str:
-        return self.ns("fw")
-
-    @property
-    def ns_recv(self) -> str:
-        return self.ns("recv")
-
-    @property
-    def ns_plain(self) -> str:
-        return self.ns("plain")
+    ns_send = _RoleNs()
+    ns_nic = _RoleNs()
+    ns_fw = _RoleNs()
+    ns_recv = _RoleNs()
+    ns_plain = _RoleNs()
 
     nic_interfaces = NIC_INTERFACES
     fw_ports = ("nf0", "nf1")
@@ -129,26 +116,24 @@ class Lab:
     def mac(role: str, path: str = "hyb") -> str:
         return Lab.address(role, f"{path}0").mac
 
-    def exec_in(
-        self, ns: str, argv: list[str], check: bool = True, input: str | None = None, timeout: float | None = 60
-    ):
-        """Run argv inside namespace `ns` (a full name or a role); returns the CompletedProcess (text)."""
-        if ns in ROLES:
-            ns = self.ns(ns)
-        return _run(["ip", "netns", "exec", ns, *argv], check=check, input=input, timeout=timeout)
+    def _full(self, ns: str) -> str:
+        return self.ns(ns) if ns in ROLES else ns
+
+    def exec_in(self, ns: str, argv: list[str], **kw) -> str:
+        """Run argv inside namespace `ns` (a full name or a role); returns its stdout. `kw`: netns.run's input,
+        check and timeout."""
+        return netns.run(argv, self._full(ns), **kw)
 
     def popen_in(self, ns: str, argv: list[str], **kw) -> subprocess.Popen:
-        if ns in ROLES:
-            ns = self.ns(ns)
-        return subprocess.Popen(["ip", "netns", "exec", ns, *argv], **kw)
+        return netns.popen(argv, self._full(ns), **kw)
 
     # ---- state ----
     def namespaces(self) -> list[str]:
-        out = _run(["ip", "netns", "list"]).stdout.split()
-        return [self.ns(r) for r in ROLES if self.ns(r) in out]
+        present = set(netns.names())
+        return [self.ns(r) for r in ROLES if self.ns(r) in present]
 
     def _has_link(self, role: str, ifname: str) -> bool:
-        return _run(["ip", "-n", self.ns(role), "link", "show", "dev", ifname], check=False).returncode == 0
+        return netns.succeeds(["ip", "-n", self.ns(role), "link", "show", "dev", ifname])
 
     def up(self) -> None:
         """Create whatever is missing; running it again changes nothing."""
@@ -156,69 +141,58 @@ class Lab:
         for role in ROLES:
             ns = self.ns(role)
             if ns not in existing:
-                _run(["ip", "netns", "add", ns])
+                netns.add(ns)
             # Before any interface exists, so none of them ever gets an IPv6 address or sends solicitations.
             for key in ("all", "default"):
                 self.exec_in(ns, ["sysctl", "-qw", f"net.ipv6.conf.{key}.disable_ipv6=1"], check=False)
-            _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+            netns.run(["ip", "-n", ns, "link", "set", "lo", "up"])
         for link in LINKS:
             if not self._has_link(link.a_role, link.a_if):
                 if self._has_link(link.b_role, link.b_if):  # half of a broken pair: replace it
-                    _run(["ip", "-n", self.ns(link.b_role), "link", "del", link.b_if])
-                _run(
-                    ["ip", "link", "add", link.a_if, "netns", self.ns(link.a_role), "mtu", str(link.mtu), "type",
-                     "veth", "peer", "name", link.b_if, "netns", self.ns(link.b_role), "mtu", str(link.mtu)]
-                )  # fmt: skip
+                    netns.run(["ip", "-n", self.ns(link.b_role), "link", "del", link.b_if])
+                netns.veth(link.a_if, self.ns(link.a_role), link.b_if, self.ns(link.b_role), link.mtu)
         for role, (br, ports) in BRIDGES.items():
             ns = self.ns(role)
             if not self._has_link(role, br):
-                _run(["ip", "-n", ns, "link", "add", br, "type", "bridge", "stp_state", "0", "forward_delay", "0"])
+                netns.run(["ip", "-n", ns, "link", "add", br, "type", "bridge", "stp_state", "0", "forward_delay", "0"])
             for port in ports:
-                _run(["ip", "-n", ns, "link", "set", port, "master", br])
+                netns.run(["ip", "-n", ns, "link", "set", port, "master", br])
             self._bridge_nf(role)
         for a in ADDRS:
             ns = self.ns(a.role)
-            _run(["ip", "-n", ns, "link", "set", a.ifname, "address", a.mac])
-            _run(["ip", "-n", ns, "addr", "replace", a.cidr, "dev", a.ifname])
+            netns.run(["ip", "-n", ns, "link", "set", a.ifname, "address", a.mac])
+            netns.run(["ip", "-n", ns, "addr", "replace", a.cidr, "dev", a.ifname])
         for link in LINKS:
             for role, ifname in ((link.a_role, link.a_if), (link.b_role, link.b_if)):
-                self._offloads_off(role, ifname)
-                _run(["ip", "-n", self.ns(role), "link", "set", ifname, "up"])
+                netns.offloads_off(ifname, self.ns(role))
+                netns.run(["ip", "-n", self.ns(role), "link", "set", ifname, "up"])
         for role, (br, _) in BRIDGES.items():
-            _run(["ip", "-n", self.ns(role), "link", "set", br, "up"])
+            netns.run(["ip", "-n", self.ns(role), "link", "set", br, "up"])
 
     def _bridge_nf(self, role: str) -> None:
         key = Path("/proc/sys/net/bridge/bridge-nf-call-iptables")
         if not key.exists():
-            _run(["modprobe", "br_netfilter"], check=False)
-        p = self.exec_in(role, ["sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=1"], check=False)
-        if p.returncode != 0:
+            netns.run(["modprobe", "br_netfilter"], check=False)
+        if not netns.succeeds(["sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=1"], self.ns(role)):
             raise LabError(f"cannot turn on br_netfilter in {self.ns(role)} (is the br_netfilter module loaded?)")
-
-    def _offloads_off(self, role: str, ifname: str) -> None:
-        for feature in OFFLOADS:
-            self.exec_in(role, ["ethtool", "-K", ifname, feature, "off"], check=False)
 
     def down(self) -> list[str]:
         """Delete this lab's namespaces (and with them every interface and bridge); returns what was removed."""
         removed = []
         for ns in self.namespaces():
-            pids = _run(["ip", "netns", "pids", ns], check=False).stdout.split()
-            for pid in pids:
+            for pid in netns.pids(ns):
                 # Processes still inside (an emulated NIC, a capture) would keep the namespace's interfaces alive.
-                _run(["kill", pid], check=False)
-            _run(["ip", "netns", "del", ns])
+                netns.run(["kill", str(pid)], check=False)
+            netns.run(["ip", "netns", "del", ns])
             removed.append(ns)
         return removed
 
     def status(self) -> dict:
         """Per namespace: its interfaces with state, MTU and IPv4 addresses; missing namespaces are absent."""
-        import json  # noqa: PLC0415
-
         out: dict = {"name": self.name, "namespaces": {}, "complete": False}
         present = self.namespaces()
         for ns in present:
-            links = json.loads(_run(["ip", "-n", ns, "-j", "addr", "show"]).stdout or "[]")
+            links = json.loads(netns.run(["ip", "-n", ns, "-j", "addr", "show"]) or "[]")
             out["namespaces"][ns] = {
                 link["ifname"]: {
                     "state": link.get("operstate"),

@@ -9,54 +9,33 @@ the hybrid path must also be byte-identical to what was sent (tag popped, nothin
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import gzip
-import os
 import random
 import select
 import socket
 import struct
-import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from hypafilter import netns
 from hypafilter.config import Config
 from hypafilter.errors import HypafilterError
+from hypafilter.iptables.writer import policy_restore
 from hypafilter.ir import MAXV, PROTO_ICMP, PROTO_TCP, PROTO_UDP, Policy
+from hypafilter.ops import deploy
+from hypafilter.ops.lab import Lab
+from hypafilter.shared import pack_meta
+from hypafilter.targets.shim import Shim
 
-CLONE_NEWNET = 0x40000000
 ETH_P_ALL = 0x0003
 PACKET_OUTGOING = 4
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-@contextlib.contextmanager
-def netns(name: str | None) -> Iterator[None]:
-    """Run the body with this thread in network namespace `name` (None: stay); always switches back."""
-    if not name:
-        yield
-        return
-    back = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
-    target = os.open(f"/run/netns/{name}", os.O_RDONLY)
-    try:
-        if _libc.setns(target, CLONE_NEWNET) != 0:
-            raise OSError(ctypes.get_errno(), f"setns {name}")
-        try:
-            yield
-        finally:
-            if _libc.setns(back, CLONE_NEWNET) != 0:
-                raise OSError(ctypes.get_errno(), "setns back")
-    finally:
-        os.close(back)
-        os.close(target)
 
 
 def raw_socket(ns: str | None, ifname: str, rcvbuf: int = 8 << 20) -> socket.socket:
     """An AF_PACKET socket on `ifname` in namespace `ns` (sends raw frames, receives every frame)."""
-    with netns(ns):
+    with netns.inside(ns):
         s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, rcvbuf)
@@ -105,15 +84,6 @@ def send(s: socket.socket, frames: list[bytes], pace_every: int = 256, pace: flo
                 time.sleep(pace)
     finally:
         s.setblocking(False)
-
-
-def run_in(ns: str | None, argv: list[str], check: bool = True, input: str | None = None) -> str:
-    """Run a command in namespace `ns` (ip netns exec); returns stdout; raises with stderr on failure."""
-    full = (["ip", "netns", "exec", ns] if ns else []) + argv
-    p = subprocess.run(full, capture_output=True, text=True, input=input)
-    if check and p.returncode != 0:
-        raise RuntimeError(f"{' '.join(full)}: {p.stderr.strip() or p.returncode}")
-    return p.stdout
 
 
 # ---- what verify refuses ----------------------------------------------------------------------------------------
@@ -311,8 +281,6 @@ def _ip(v: int) -> str:
 
 def malform(kind: str, frame: bytes, rng: random.Random, generation: int = 0) -> bytes:
     """A malformed variant of a well-formed IPv4 frame (the id in the source MAC kept)."""
-    from hypafilter.shared import pack_meta  # noqa: PLC0415
-
     f = bytearray(frame)
     ihl = (f[14] & 0xF) * 4
     total = int.from_bytes(f[16:18], "big")
@@ -353,29 +321,47 @@ def malform(kind: str, frame: bytes, rng: random.Random, generation: int = 0) ->
     return bytes(f)
 
 
-def make_probes(
-    policy: Policy,
-    packets: int,
-    seed: int = 1,
-    trace: str | Path | None = None,
-    malformed: float = 0.1,
-    bad_share: float = 0.2,
-    generation: int = 0,
-    kinds: tuple[str, ...] = MALFORMED_KINDS,
-) -> list[Probe]:
-    rng = random.Random(seed)
-    gen = FrameGen(policy, rng, bad_share)
-    rows = read_trace(trace, packets, rng) if trace else None
-    probes = []
-    for uid in range(1, packets + 1):
-        h = rows[(uid - 1) % len(rows)] if rows else gen.header()
-        frame = build_frame(uid, h, gen.payload())
-        kind = "normal"
-        if rng.random() < malformed:
-            kind = rng.choice(kinds)
-            frame = malform(kind, frame, rng, generation)
-        probes.append(Probe(uid, kind, frame))
-    return probes
+@dataclass(frozen=True)
+class ProbeSpec:
+    """What to send: how many frames, from which seed, with headers from a trace or from the policy's boxes, the
+    share of malformed frames (of `kinds`) and the share whose payload carries "BAD" for string matches."""
+
+    packets: int = 1000
+    seed: int = 1
+    trace: str | Path | None = None
+    malformed: float = 0.1
+    bad_share: float = 0.2
+    kinds: tuple[str, ...] = MALFORMED_KINDS
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.packets <= 0xFFFFFFFF:  # the frame id is 4 bytes of the source MAC
+            raise HypafilterError("--packets must be between 1 and 2^32-1")
+        if not 0.0 <= self.malformed <= 1.0:
+            raise HypafilterError("--malformed must be a share between 0 and 1")
+        unknown = set(self.kinds) - set(MALFORMED_KINDS)
+        if unknown:
+            raise HypafilterError(f"unknown malformed kinds: {', '.join(sorted(unknown))}")
+
+    def probes(self, policy: Policy, generation: int = 0) -> list[Probe]:
+        """The frames, ids 1..packets; `generation` is what smuggled tags claim (the deployed one)."""
+        rng = random.Random(self.seed)
+        gen = FrameGen(policy, rng, self.bad_share)
+        rows = read_trace(self.trace, self.packets, rng) if self.trace else None
+        out = []
+        for uid in range(1, self.packets + 1):
+            h = rows[(uid - 1) % len(rows)] if rows else gen.header()
+            frame = build_frame(uid, h, gen.payload())
+            kind = "normal"
+            if rng.random() < self.malformed:
+                kind = rng.choice(self.kinds)
+                frame = malform(kind, frame, rng, generation)
+            out.append(Probe(uid, kind, frame))
+        return out
+
+
+def make_probes(policy: Policy, packets: int, generation: int = 0, **options) -> list[Probe]:
+    """`packets` probes as `options` (the other ProbeSpec fields) describe them."""
+    return ProbeSpec(packets, **options).probes(policy, generation)
 
 
 # ---- running the comparison ---------------------------------------------------------------------------------------
@@ -465,37 +451,17 @@ def _counter_delta(before: dict, after: dict) -> dict:
 
 def load_oracle(ns: str, policy: Policy, table: str = "filter") -> None:
     """The original policy alone into the plain namespace (the whole table replaced)."""
-    from hypafilter.ops.deploy import plain_restore_text  # noqa: PLC0415
-
-    p = subprocess.run(
-        ["ip", "netns", "exec", ns, "iptables-restore", "-w"],
-        input=plain_restore_text(policy, table),
-        capture_output=True,
-        text=True,
-    )
-    if p.returncode != 0:
-        raise HypafilterError(f"loading the original policy into {ns} failed: {p.stderr.strip()}")
+    try:
+        netns.run(["iptables-restore", "-w"], ns, input=policy_restore(policy, table))
+    except netns.CommandError as e:
+        raise HypafilterError(f"loading the original policy into {ns} failed: {e}") from e
 
 
-def verify(
-    policy: Policy,
-    config: Config,
-    packets: int = 1000,
-    trace: str | Path | None = None,
-    seed: int = 1,
-    malformed: float = 0.1,
-    log: Callable[[str], None] = lambda s: None,
-    kinds: tuple[str, ...] = MALFORMED_KINDS,
-) -> dict:
-    """Deploy if needed, send the probes through both paths, compare per frame; returns the report dict."""
-    from hypafilter.ops import deploy  # noqa: PLC0415
-    from hypafilter.ops.lab import Lab  # noqa: PLC0415
-
+def verify(policy: Policy, config: Config, log: Callable[[str], None] = lambda s: None, **probes) -> dict:
+    """Deploy if needed, send the probes (`probes`: ProbeSpec fields) through both paths, compare per frame;
+    returns the report dict."""
     refuse_nondeterministic(policy)
-    if packets < 1 or packets > 0xFFFFFFFF:
-        raise HypafilterError("--packets must be between 1 and 2^32-1")
-    if not 0.0 <= malformed <= 1.0:
-        raise HypafilterError("--malformed must be a share between 0 and 1")
+    spec = ProbeSpec(**probes)
     lab = Lab(deploy.LAB_NAME)
     if len(lab.namespaces()) < 5:
         log(f"lab {lab.name} is not (fully) up: bringing it up")
@@ -510,26 +476,21 @@ def verify(
     # VLAN-tagged IPv4 is filtered on both bridges: the hardware parses VLAN tags and classifies the frame, so the
     # oracle must see it through iptables too (the kernel default, 0, lets such frames bypass the policy).
     for n in (ns["fw"], ns["plain"]):
-        run_in(n, ["sysctl", "-qw", "net.bridge.bridge-nf-filter-vlan-tagged=1"])
+        netns.run(["sysctl", "-qw", "net.bridge.bridge-nf-filter-vlan-tagged=1"], n)
     t0 = time.monotonic()
-    unknown = set(kinds) - set(MALFORMED_KINDS)
-    if unknown:
-        raise HypafilterError(f"unknown malformed kinds: {', '.join(sorted(unknown))}")
-    probes = make_probes(policy, packets, seed, trace, malformed, generation=state["generation"], kinds=kinds)
+    sent = spec.probes(policy, state["generation"])
     t_gen = time.monotonic() - t0
-    tgt = deploy.EmuTarget(config)
+    tgt = deploy.target_of(state, config)
     nic_before = tgt.counters(state["nic"])
-    from hypafilter.targets.shim import Shim  # noqa: PLC0415
-
     sh = Shim(state["shim"]["netns"], state["shim"]["ifaces"])
     shim_before = sh.stats()
     t1 = time.monotonic()
-    got = exchange(ns, probes)
+    got = exchange(ns, sent)
     t_run = time.monotonic() - t1
     nic = _counter_delta(nic_before, tgt.counters(state["nic"]))
     shim = _counter_delta({k: v for k, v in shim_before.items() if k != "config"}, sh.stats())
     shim.pop("config", None)
-    report = compare(probes, got)
+    report = compare(sent, got)
     report.update(
         {
             "shunted": sum(v for k, v in nic.items() if k.startswith("CNT_SHUNT_") and k != "CNT_SHUNT_FORCED"),
@@ -541,9 +502,9 @@ def verify(
             "generation": state["generation"],
             "seconds_generate": round(t_gen, 3),
             "seconds_exchange": round(t_run, 3),
-            "pps": round(2 * packets / t_run, 1) if t_run else None,
-            "seed": seed,
-            "trace": str(trace) if trace else None,
+            "pps": round(2 * spec.packets / t_run, 1) if t_run else None,
+            "seed": spec.seed,
+            "trace": str(spec.trace) if spec.trace else None,
         }
     )
     return report

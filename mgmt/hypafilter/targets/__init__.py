@@ -1,2 +1,25 @@
 """Where a Plan runs: the Target interface with the emulated NIC and NetFPGA SUME behind it, the register
 client, and the eBPF shim that turns hardware metadata into the netfilter mark."""
+
+from pathlib import Path
+
+from hypafilter.config import Config
+from hypafilter.errors import HypafilterError
+from hypafilter.paths import BUILD_ROOT
+from hypafilter.targets.base import Site, Target
+from hypafilter.targets.emu.target import EmuTarget
+from hypafilter.targets.sume import SumeTarget
+
+TARGETS: dict[str, type[Target]] = {cls.name: cls for cls in (EmuTarget, SumeTarget)}
+
+
+def get(name: str, config: Config, site: Site | None = None, build_root: Path = BUILD_ROOT) -> Target:
+    """The target called `name` for this configuration, its NIC at `site`, its artifacts under `build_root`."""
+    try:
+        cls = TARGETS[name]
+    except KeyError:
+        raise HypafilterError(f"unknown target '{name}' (one of {', '.join(TARGETS)})") from None
+    return cls(config, site, build_root)
+
+
+__all__ = ["TARGETS", "Site", "Target", "get"]

@@ -1,26 +1,26 @@
-"""NicClient: register access to a hypafilter core on any target (emulated NIC socket, NetFPGA SUME ioctl).
+"""NicClient: register access to a hypafilter core on any target, and the emulated NIC's socket transport.
 
-Register offsets and table ids come from hw/regmap.txt (hypafilter.regmap). A transport moves 32-bit words;
-everything above it (identity check, counters, programming a Plan) is target-independent.
+Register offsets and table ids come from hw/regmap.txt (hypafilter.hw.regmap). A transport moves 32-bit words
+(EmuTransport here, SumeTransport in targets/sume.py); everything above it (identity check, counters, programming
+a Plan) is target-independent.
 """
 
 from __future__ import annotations
 
-import fcntl
+import json
 import socket
-import struct
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from hypafilter.errors import HypafilterError
 from hypafilter.hw import regmap
+from hypafilter.hw.vhdl import matcher_hash
 
 CORE_ID = 0x48594641  # "HYPA", the ID register's fixed value
 CONTROL_ENABLE = 1 << 0
 CONTROL_SHUNT_ALL = 1 << 1
 PIPELINE = 256  # requests sent before their replies are read (the server answers in order)
 STREAM_CHUNK = 512  # table words per stream-write request (a line of ~6 kB)
-IND_STREAM = 0x100  # IND_COMMAND bit 8: stream writes (hw/regmap.txt)
 
 
 class NicError(HypafilterError):
@@ -98,77 +98,10 @@ class EmuTransport:
 
     # Emulator-only requests (not register accesses).
     def stats(self) -> dict:
-        import json  # noqa: PLC0415
-
         return json.loads(self.request("STATS"))
 
     def command(self, word: str) -> None:
         self.request(word)
-
-
-class SumeTransport:
-    """NetFPGA SUME register access through the sume_riffa driver's rwaxi ioctl.
-
-    The driver answers SIOCDEVPRIVATE+1 (write) and SIOCDEVPRIVATE+2 (read) on any socket, with an ifreq
-    whose data points at struct { u32 addr; u32 val; }; addresses are absolute (output_port_lookup window at
-    0x44020000). This class cannot be tested on this machine (no board, no driver): it is written from the
-    driver's documented interface and is exercised only on a real SUME.
-    """
-
-    BASE = 0x44020000
-    SIOCDEVPRIVATE = 0x89F0
-
-    def __init__(self, ifname: str = "nf0", base: int = BASE):
-        self.ifname = ifname
-        self.base = base
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def _ioctl(self, cmd: int, addr: int, val: int) -> int:
-        import ctypes  # noqa: PLC0415
-
-        data = ctypes.create_string_buffer(struct.pack("=II", addr, val))
-        ifr = struct.pack("16sP", self.ifname.encode()[:15], ctypes.addressof(data))
-        try:
-            fcntl.ioctl(self.sock.fileno(), cmd, ifr)
-        except OSError as e:
-            raise NicError(f"rwaxi ioctl on {self.ifname} at 0x{addr:08x} failed: {e.strerror}") from e
-        return struct.unpack("=II", data.raw)[1]
-
-    def read(self, addr: int) -> int:
-        return self._ioctl(self.SIOCDEVPRIVATE + 2, self.base + addr, 0)
-
-    def write(self, addr: int, value: int) -> None:
-        self._ioctl(self.SIOCDEVPRIVATE + 1, self.base + addr, value & 0xFFFFFFFF)
-
-    def write_many(self, pairs: Iterable[tuple[int, int]]) -> None:
-        for a, v in pairs:
-            self.write(a, v)
-
-    def read_table(self, table: int, index: int) -> int:
-        self.write(regmap.REG_IND_ADDRESS, regmap.ind_address(table, index))
-        self.write(regmap.REG_IND_COMMAND, 0x11)
-        self._wait_ind()
-        return self.read(regmap.REG_IND_REPLY)
-
-    def write_table_many(self, table: int, start: int, values: Sequence[int]) -> None:
-        # Stream writes (IND_COMMAND bit 8): the core counts the index and holds the bus while a write is busy.
-        self.write(regmap.REG_IND_ADDRESS, regmap.ind_address(table, start))
-        self.write(regmap.REG_IND_COMMAND, IND_STREAM)
-        try:
-            for v in values:
-                self.write(regmap.REG_IND_WR_DATA, v & 0xFFFFFFFF)
-        finally:
-            self.write(regmap.REG_IND_COMMAND, 0)
-        self._wait_ind()
-
-    def _wait_ind(self) -> None:
-        for _ in range(10000):
-            if not self.read(regmap.REG_IND_COMMAND) & 1:
-                return
-        raise NicError("indirect access did not complete (IND_COMMAND bit 0 stuck)")
 
 
 COUNTER_REGS = tuple(r.name for r in regmap.MAP.registers if r.name.startswith("CNT_")) + ("PKTIN", "PKTOUT")
@@ -278,8 +211,6 @@ class NicClient:
         have = self.read("NUM_ENTRIES")
         if have != n:
             raise NicError(f"core has {have} hardware entries, the plan {n}: it was generated from another plan")
-        from hypafilter.hw.vhdl import matcher_hash  # noqa: PLC0415
-
         want_hash = int(matcher_hash(plan)[-8:], 16)
         got_hash = self.read("MATCHER_HASH")
         if got_hash != want_hash:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
+import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from hypafilter import shared
+from hypafilter import netns, shared
 from hypafilter.errors import HypafilterError
 from hypafilter.paths import ROOT
 
@@ -16,10 +16,10 @@ DRIVER = ROOT / "driver"
 def build(build_root: str | Path = ROOT / "build") -> tuple[Path, Path]:
     """(shim.bpf.o, hf_shim loader), rebuilt by make only when their sources changed."""
     out = (Path(build_root) / "shim").resolve()
-    proc = subprocess.run(["make", "-s", "-C", str(DRIVER), f"OUT={out}"], capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
-        raise HypafilterError(f"building the eBPF shim failed (make -C driver):\n{tail}")
+    try:
+        netns.run(["make", "-s", "-C", str(DRIVER), f"OUT={out}"], timeout=None)
+    except netns.CommandError as e:
+        raise HypafilterError(f"building the eBPF shim failed: {e}") from e
     return out / "shim.bpf.o", out / "hf_shim"
 
 
@@ -46,12 +46,10 @@ class Shim:
 
     def _run(self, step: str, args: list[str], stdin: str | None = None) -> str:
         _, tool = self._paths()
-        argv = [str(tool), *args]
-        proc = subprocess.run(argv, input=stdin, capture_output=True, text=True)
-        if proc.returncode != 0:
-            tail = "\n".join(proc.stderr.strip().splitlines()[-10:])
-            raise HypafilterError(f"shim {step} failed: {tail or 'exit ' + str(proc.returncode)}")
-        return proc.stdout
+        try:
+            return netns.run([str(tool), *args], input=stdin)
+        except netns.CommandError as e:
+            raise HypafilterError(f"shim {step} failed: {e}") from e
 
     def _ns_args(self) -> list[str]:
         return ["--netns", self.netns] if self.netns else []
@@ -94,8 +92,6 @@ class Shim:
         self._run("update", args, text)
 
     def stats(self, reset: bool = False) -> dict:
-        import json  # noqa: PLC0415
-
         out = self._run("stats", ["stats", "--pin", str(self.pin)] + (["--reset"] if reset else []))
         return json.loads(out)
 

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import gzip
 import ipaddress
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from hypafilter.errors import HypafilterError, PolicyError
+from hypafilter.iptables.writer import Restore, rule_line
 from hypafilter.ir import FIELD_INDEX, MAXV, NDIM, PROTO_UDP, Box, Level, Origin, Policy, Rule
 
 STRING = ("-m", "string", "--algo", "bm", "!", "--string", "BAD")
@@ -91,71 +93,71 @@ def _options(row, extra: tuple[str, ...]) -> list[str]:
     return opts + list(extra)
 
 
-def _check(policy: str, actions: str) -> None:
-    if policy not in ("ACCEPT", "DROP"):
-        raise HypafilterError("--policy must be ACCEPT or DROP")
-    if actions not in ("accept", "alternate"):
-        raise HypafilterError("--actions must be accept or alternate")
+@dataclass(frozen=True)
+class Conversion:
+    """How a filter set becomes a policy: how many rules get the complex checks (and whether the random statistic
+    match is among them), the rules' actions (all ACCEPT, or alternating with DROP), the base chain and its policy."""
+
+    complex_rules: int = 0
+    policy: str = "ACCEPT"
+    actions: str = "accept"
+    deterministic: bool = False
+    chain: str = "FORWARD"
+
+    def __post_init__(self) -> None:
+        if self.policy not in ("ACCEPT", "DROP"):
+            raise HypafilterError("--policy must be ACCEPT or DROP")
+        if self.actions not in ("accept", "alternate"):
+            raise HypafilterError("--actions must be accept or alternate")
+
+    def rules(self, filters_path: str | Path):
+        """(index, filter row, complex checks, target) per filter, in order."""
+        rows = read_filters(filters_path)
+        cx = set(complex_positions(len(rows), self.complex_rules))
+        extra = STRING if self.deterministic else STRING + STATISTIC
+        for i, row in enumerate(rows.tolist()):
+            target = "DROP" if self.actions == "alternate" and i % 2 else "ACCEPT"
+            yield i, row, (extra if i in cx else ()), target
 
 
-def _plan_rows(filters_path, complex_rules: int, deterministic: bool, actions: str):
-    rows = read_filters(filters_path)
-    cx = set(complex_positions(len(rows), complex_rules))
-    extra = STRING if deterministic else STRING + STATISTIC
-    for i, row in enumerate(rows.tolist()):
-        target = "DROP" if actions == "alternate" and i % 2 else "ACCEPT"
-        yield i, row, (extra if i in cx else ()), target
+def classbench_policy_text(filters_path: str | Path, *conversion, **options) -> str:
+    """An iptables-save text of the filter set; the other arguments are `Conversion`'s, by position or by name."""
+    conv = Conversion(*conversion, **options)
+    doc = Restore(
+        comment=f"ClassBench {Path(filters_path).name}: complex={conv.complex_rules} deterministic={conv.deterministic}"
+    )
+    doc.chain(conv.chain, conv.policy)
+    for _i, row, extra, target in conv.rules(filters_path):
+        doc.rule(conv.chain, (*_options(row, extra), "-j", target))
+    return doc.text()
 
 
-def classbench_policy_text(
-    filters_path: str | Path,
-    complex_rules: int = 0,
-    policy: str = "ACCEPT",
-    actions: str = "accept",
-    deterministic: bool = False,
-    chain: str = "FORWARD",
-) -> str:
-    """An iptables-save text of the filter set (base chain `chain`, chain policy `policy`)."""
-    _check(policy, actions)
-    out = [f"# ClassBench {Path(filters_path).name}: complex={complex_rules} deterministic={deterministic}", "*filter"]
-    out.append(f":{chain} {policy} [0:0]")
-    for _i, row, extra, target in _plan_rows(filters_path, complex_rules, deterministic, actions):
-        out.append(" ".join(["-A", chain, *_options(row, extra), "-j", target]))
-    out.append("COMMIT")
-    return "\n".join(out) + "\n"
-
-
-def classbench_policy(
-    filters_path: str | Path,
-    complex_rules: int = 0,
-    policy: str = "ACCEPT",
-    actions: str = "accept",
-    deterministic: bool = False,
-    chain: str = "FORWARD",
-) -> Policy:
+def classbench_policy(filters_path: str | Path, *conversion, **options) -> Policy:
     """The same policy built straight into the IR (no text round trip; for benchmarks and large analyses)."""
-    _check(policy, actions)
+    conv = Conversion(*conversion, **options)
+    chain = conv.chain
     rules, orig = [], []
     src = str(filters_path)
-    for i, row, extra, target in _plan_rows(filters_path, complex_rules, deterministic, actions):
-        opts = tuple(_options(row, extra))
+    for i, row, extra, target in conv.rules(filters_path):
+        tokens = (*_options(row, extra), "-j", target)
         # FIELDS order: src, dst, proto, sport, dport, icmp_type, icmp_code, iport.
         b = Box(
             (row[0], row[2], PROTO_UDP, row[4], row[6], 0, 0, 0),
             (row[1], row[3], PROTO_UDP, row[5], row[7], MAXV[5], MAXV[6], MAXV[7]),
         )
-        complex_ = (STRING, STATISTIC) if extra and not deterministic else ((STRING,) if extra else ())
+        complex_ = (STRING, STATISTIC) if extra and not conv.deterministic else ((STRING,) if extra else ())
         rules.append(
             Rule(
                 boxes=(b,),
                 target=target,
                 complex=complex_,
-                levels=(Level(options=opts),),
-                origin=Origin(src, i + 4, chain, " ".join(["-A", chain, *opts, "-j", target])),
+                levels=(Level(options=tokens[:-2]),),
+                # Line i + 4 of the text: the comment, *filter and the chain line come first.
+                origin=Origin(src, i + 4, chain, rule_line(chain, tokens)),
             )
         )
-        orig.append((*opts, "-j", target))
-    return Policy(rules=rules, default=policy, base_chain=chain, source=src, original_rules=orig)
+        orig.append(tokens)
+    return Policy(rules=rules, default=conv.policy, base_chain=chain, source=src, original_rules=orig)
 
 
 def read_trace(path: str | Path) -> np.ndarray:

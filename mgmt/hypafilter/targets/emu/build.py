@@ -6,11 +6,11 @@ import functools
 import hashlib
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+from hypafilter import netns
 from hypafilter.errors import HypafilterError
 from hypafilter.hw import vhdl as hwgen
 from hypafilter.paths import ROOT
@@ -30,14 +30,14 @@ class EmuError(HypafilterError):
         super().__init__(f"emulated NIC: step '{step}' failed: {message}" + (f"\n{tail}" if tail else ""))
 
 
-def _run(step: str, argv: list[str], **kw) -> subprocess.CompletedProcess:
+def _run(step: str, argv: list[str]) -> str:
+    """stdout of a build tool (which may run for minutes); EmuError naming the step with the tool's output."""
     try:
-        p = subprocess.run(argv, capture_output=True, text=True, **kw)
-    except FileNotFoundError as e:
-        raise EmuError(step, f"{argv[0]} is not installed (scripts/setup.sh sim installs it)") from e
-    if p.returncode != 0:
-        raise EmuError(step, f"{' '.join(argv[:3])} ... exited with {p.returncode}", p.stderr or p.stdout)
-    return p
+        return netns.run(argv, timeout=None)
+    except netns.CommandError as e:
+        if e.returncode is None:
+            raise EmuError(step, f"{argv[0]} is not installed (scripts/setup.sh sim installs it)") from e
+        raise EmuError(step, f"{' '.join(argv[:3])} ... exited with {e.returncode}", e.stderr or e.stdout) from e
 
 
 @functools.lru_cache(maxsize=1)
@@ -45,8 +45,8 @@ def _tool_versions() -> str:
     out = []
     for argv in (["ghdl", "--version"], ["verilator", "--version"]):
         try:
-            out.append(subprocess.run(argv, capture_output=True, text=True).stdout.splitlines()[0])
-        except (FileNotFoundError, IndexError):
+            out.append(netns.run(argv, check=False).splitlines()[0])
+        except (netns.CommandError, IndexError):
             out.append(f"{argv[0]} missing")
     return "\n".join(out)
 
@@ -124,13 +124,13 @@ def build(plan, config=None, build_root: str | Path = "build", verbose: bool = F
         verilog = scratch / f"{TOP}.v"
         # Absolute source paths: the generated package files are referenced from the scratch directory.
         srcs = [str(p.resolve()) for p in sources]
-        p = _run(
+        synthesized = _run(
             "ghdl synth",
             ["ghdl", "--synth", "--std=08", f"--workdir={work}", f"-gC_S_AXIS_DATA_WIDTH={width}", "--out=verilog"]
             + srcs
             + ["-e", TOP],
         )
-        verilog.write_text(p.stdout)
+        verilog.write_text(synthesized)
         t1 = time.monotonic()
         _run(
             "verilator build",

@@ -9,21 +9,13 @@ import subprocess
 import time
 from pathlib import Path
 
+from hypafilter import netns
 from hypafilter.hw import regmap
+from hypafilter.targets.base import PORTS
 from hypafilter.targets.emu.build import EmuError
 from hypafilter.targets.nic import EmuTransport, NicClient
 
 RUN_DIR = Path("/run/hypafilter")
-ROLES = ("wire0", "wire1", "host0", "host1")
-# Offloads that make veth hand AF_PACKET merged super-frames or frames without a valid checksum.
-OFFLOADS = ("gro", "gso", "tso", "tx", "rx", "sg", "rxvlan", "txvlan", "lro")
-
-
-def offloads_off(ifname: str, netns: str | None = None) -> None:
-    """Turn off the offloads that would change what the frame mover sees (features a driver lacks are skipped)."""
-    prefix = ["ip", "netns", "exec", netns] if netns else []
-    for feature in OFFLOADS:
-        subprocess.run(prefix + ["ethtool", "-K", ifname, feature, "off"], capture_output=True)
 
 
 class EmuNic:
@@ -40,7 +32,7 @@ class EmuNic:
         settle_cycles: int | None = None,
         disable_offloads: bool = True,
     ):
-        missing = [r for r in ROLES if r not in interfaces]
+        missing = [r for r in PORTS if r not in interfaces]
         if missing:
             raise EmuError("start", f"no interface given for {', '.join(missing)}")
         self.binary = Path(binary)
@@ -59,7 +51,7 @@ class EmuNic:
 
     def argv(self) -> list[str]:
         argv = [str(self.binary)]
-        for role in ROLES:
+        for role in PORTS:
             argv += [f"--{role}", self.interfaces[role]]
         argv += ["--ctl", str(self.ctl_path), "--pidfile", str(self.pid_path)]
         for t in regmap.MAP.tables:
@@ -68,17 +60,15 @@ class EmuNic:
             argv.append("--standby")
         if self.settle_cycles is not None:
             argv += ["--settle", str(self.settle_cycles)]
-        if self.netns:
-            argv = ["ip", "netns", "exec", self.netns] + argv
-        return argv
+        return netns.argv_in(self.netns, argv)
 
     def start(self, timeout: float = 15.0) -> EmuNic:
         if not self.binary.exists():
-            raise EmuError("start", f"{self.binary} does not exist (build it with hypafilter.emu.build)")
+            raise EmuError("start", f"{self.binary} does not exist (build it with hypafilter.targets.emu.build)")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.disable_offloads:
             for ifname in self.interfaces.values():
-                offloads_off(ifname, self.netns)
+                netns.offloads_off(ifname, self.netns)
         log = open(self.log_path, "w")
         try:
             self.proc = subprocess.Popen(self.argv(), stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL)

@@ -10,13 +10,19 @@ are recorded as needing a new core, and the time of one such build is measured o
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from hypafilter import netns
 from hypafilter.errors import HypafilterError
+from hypafilter.hw.vhdl import matcher_hash
 from hypafilter.paths import BUILD_ROOT as EMU_BUILD_ROOT  # the emulator cache `hypafilter deploy` uses
+from hypafilter.targets.base import PORTS
+from hypafilter.targets.emu import EmuNic, build
 
 
 class Registers:
@@ -45,34 +51,24 @@ class Registers:
         if self.emu is not None:
             self.emu.stop()
         if self.ns:
-            subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
+            netns.delete(self.ns)
         self.nic = self.emu = None
         self.ns = ""
         self.known = None
 
     def _start(self, plan) -> None:
-        from hypafilter.hw.vhdl import matcher_hash  # noqa: PLC0415
-        from hypafilter.targets.emu import (
-            EmuNic,
-            build,  # noqa: PLC0415
-        )
-
         self._stop()
         self.log(f"  building/starting the emulated NIC for {len(plan.entries)} entries (cached by matcher hash)")
         t0 = time.perf_counter()
         binary = build(plan, None, build_root=self.build_root)
         self.log(f"  emulated NIC ready after {time.perf_counter() - t0:.1f} s")
         self.ns = f"hfbn{os.getpid() % 100000}"
-        subprocess.run(["ip", "netns", "add", self.ns], check=True, capture_output=True)
+        netns.add(self.ns)
         ifs = {}
-        for i, role in enumerate(("wire0", "wire1", "host0", "host1")):
-            subprocess.run(
-                ["ip", "-n", self.ns, "link", "add", f"e{i}", "type", "veth", "peer", "name", f"p{i}"],
-                check=True,
-                capture_output=True,
-            )
+        for i, role in enumerate(PORTS):
+            netns.veth(f"e{i}", self.ns, f"p{i}", self.ns)
             for d in (f"e{i}", f"p{i}"):
-                subprocess.run(["ip", "-n", self.ns, "link", "set", d, "up"], check=True, capture_output=True)
+                netns.run(["ip", "-n", self.ns, "link", "set", d, "up"])
             ifs[role] = f"e{i}"
         self.emu = EmuNic(binary, ifs, name=self.ns, netns=self.ns, run_dir=self.build_root / "bench-run").start(
             timeout=60
@@ -84,8 +80,6 @@ class Registers:
     def deploy(self, plan, generation: int) -> int:
         """The initial deployment of a series: a core for this plan's matcher (built or cached), then its tables.
         Returns the number of register writes."""
-        from hypafilter.hw.vhdl import matcher_hash  # noqa: PLC0415
-
         if self.target in ("none", "emu") and matcher_hash(plan) != self.core_hash:
             try:
                 self._start(plan)
@@ -99,8 +93,6 @@ class Registers:
     def update(self, plan, generation: int) -> tuple[int, bool]:
         """Load a plan by registers: (writes issued, True) — or (0, False) when the plan's hardware entries
         differ from the core's, so that only a new core can load it."""
-        from hypafilter.hw.vhdl import matcher_hash  # noqa: PLC0415
-
         if self.nic is None:
             return 0, matcher_hash(plan) == self.core_hash or self.target == "unavailable"
         if matcher_hash(plan) != self.core_hash:
@@ -113,11 +105,6 @@ class Registers:
         run in a scratch cache; None when the emulator is unavailable."""
         if self.rebuild_seconds is not None or self.target != "emu":
             return self.rebuild_seconds
-        import shutil  # noqa: PLC0415
-        import tempfile  # noqa: PLC0415
-
-        from hypafilter.targets.emu import build  # noqa: PLC0415
-
         scratch = Path(tempfile.mkdtemp(prefix="hf-rebuild-", dir=self.build_root))
         try:
             self.log(f"  timing one core rebuild ({len(plan.entries)} entries) for the steps that need one")

@@ -1,7 +1,7 @@
 """The HyPaFilter+ evaluation (paper §VIII, Figs. 11-15 and §VIII-I) as one reproducible run: rows per figure.
 
 Every number comes from the project's own code: shunting rules, shunted packets and traversed rules from the same
-functions `hypafilter analyze --json` uses (`hypafilter.commands.analyze`), packet rates from real netfilter in
+function `hypafilter analyze --json` uses (`analysis.traffic.analyze`), packet rates from real netfilter in
 namespaces (`pktrate`), update delays from real `iptables-restore` loads and register writes. Nothing here
 re-implements shunt analysis; the only extra computation is the per-packet lower bound (first matching rule of the
 original list, complex reductions included, is complex), a plain first-match classification.
@@ -18,8 +18,18 @@ from pathlib import Path
 
 import numpy as np
 
+from hypafilter.analysis.decision import match_indices
+from hypafilter.analysis.geometry import BoxSet, first_match
+from hypafilter.analysis.plan import build_plan
+from hypafilter.analysis.program import K_SHIFT
+from hypafilter.analysis.traffic import analyze
 from hypafilter.config import Config
 from hypafilter.errors import HypafilterError
+from hypafilter.iptables.document import parse_policy
+from hypafilter.iptables.writer import policy_restore
+from hypafilter.netfilter.restore import to_iptables_restore
+from hypafilter.tools.bench import nicbench, pktrate
+from hypafilter.tools.classbench import classbench_policy_text, read_trace, trace_udp_values
 
 ALL_SETS = ("acl1", "acl2", "acl3", "acl4", "acl5", "fw1", "fw2", "fw3", "fw4", "fw5")
 PAPER_KS = (1, 5, 10, 15, 20, 25, 30, 35, 40, 45, 50)
@@ -106,60 +116,22 @@ def set_paths(shared: Path, name: str) -> tuple[Path, Path]:
     return filters, trace
 
 
-# --- the project's functions this bench builds on (one place, so an interface change shows up here) ---------------
+# --- the policies this bench measures ----------------------------------------------------------------------------
 
 
 def load_policy(filters: Path, k: int, config: Config, text: str | None = None):
-    from hypafilter.iptables.document import parse_policy  # noqa: PLC0415
-
+    """The ClassBench set with `k` complex rules (or `text`, a variant of it) as a FORWARD policy."""
     if text is None:
         text = policy_text(filters, k)
     return parse_policy(text, filename=str(filters), base_chain="FORWARD", config=config)
 
 
 def policy_text(filters: Path, k: int) -> str:
-    from hypafilter.tools.classbench import classbench_policy_text  # noqa: PLC0415
-
     return classbench_policy_text(str(filters), complex_rules=k)
-
-
-def read_trace(path: Path) -> np.ndarray:
-    from hypafilter.tools.classbench import read_trace as rt  # noqa: PLC0415
-
-    return np.asarray(rt(str(path)))
-
-
-def analyze(policy, config: Config, trace) -> dict:
-    """The dict `hypafilter analyze --json` prints, from the same function."""
-    from hypafilter.cli.analyze import analyze as an  # noqa: PLC0415
-
-    return an(policy, config, trace=trace)
-
-
-def build_plan(policy, config: Config, mode: str):
-    from hypafilter.analysis.plan import build_plan as bp  # noqa: PLC0415
-
-    return bp(policy, config, mode)
-
-
-def trace_points(trace: np.ndarray) -> np.ndarray:
-    """Trace rows as header points in ir.FIELDS order, all UDP as in the paper (the analysis' own conversion)."""
-    from hypafilter.tools.classbench import trace_udp_values  # noqa: PLC0415
-
-    return trace_udp_values(trace)
-
-
-def hw_match_index(plan, points: np.ndarray) -> np.ndarray:
-    """match_index per header: the hardware's first matching entry (n = policy entry), from the model."""
-    from hypafilter.analysis.decision import match_indices  # noqa: PLC0415
-
-    return match_indices(plan, points)
 
 
 def lower_bound(policy, points: np.ndarray) -> int:
     """Packets whose first matching rule of the original list (complex reductions included) is complex."""
-    from hypafilter.analysis.geometry import BoxSet, first_match  # noqa: PLC0415
-
     rules = policy.rules
     first = first_match(BoxSet.points(points), BoxSet.from_unions([r.boxes for r in rules]), default=len(rules))
     is_complex = np.array([not r.is_simple for r in rules] + [False])
@@ -174,14 +146,14 @@ def analytic(grid: Grid, shared: Path, config: Config, log: Callable[[str], None
     for name in grid.sets:
         filters, trace_path = set_paths(shared, name)
         trace = read_trace(trace_path)
-        points = trace_points(trace)
+        points = trace_udp_values(trace)
         for k in grid.ks:
             policy = load_policy(filters, k, config)
-            a = analyze(policy, config, trace)
+            a = analyze(policy, config, points)
             exact = build_plan(policy, config, "exact")
             n_ex = len(exact.entries)
             ex_rules = int(np.asarray(exact.shunt[:n_ex]).sum())
-            ex_pkts = int(np.asarray(exact.shunt)[hw_match_index(exact, points)].sum())
+            ex_pkts = int(np.asarray(exact.shunt)[match_indices(exact, points)].sum())
             lb = lower_bound(policy, points)
             base = {"set": name, "K": k, "rules": a["rules"], "complex": a["complex"], "simple": a["simple"]}
             f11 += [
@@ -216,29 +188,8 @@ def analytic(grid: Grid, shared: Path, config: Config, log: Callable[[str], None
 # --- Fig. 14 -------------------------------------------------------------------------------------------------------
 
 
-def original_restore(policy) -> str:
-    """The original policy alone in FORWARD (the software-only firewall), as iptables-restore input."""
-    lines = ["*filter", f":FORWARD {policy.default} [0:0]"]
-    for name in sorted(policy.user_chains):
-        lines.append(f":{name} - [0:0]")
-    for tokens in policy.original_rules:
-        lines.append("-A FORWARD " + " ".join(_quote(t) for t in tokens))
-    for name in sorted(policy.user_chains):
-        for tokens in policy.user_chains[name].rules:
-            lines.append(f"-A {name} " + " ".join(_quote(t) for t in tokens))
-    lines.append("COMMIT")
-    return "\n".join(lines) + "\n"
-
-
-def _quote(tok: str) -> str:
-    if tok and all(c.isalnum() or c in "-_./:,!=+" for c in tok):
-        return tok
-    return '"' + tok.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def hybrid_restore(plan, policy, config: Config, prefix: str) -> str:
-    from hypafilter.netfilter.restore import to_iptables_restore  # noqa: PLC0415
-
+def hybrid_restore(plan, config: Config, prefix: str) -> str:
+    """The interval strategy's chains for the shunted packets, as deploy would load them."""
     return to_iptables_restore(
         plan, "interval", prefix=prefix, mark_mask=config.mark_mask, mark_shift=config.mark_shift
     )
@@ -248,14 +199,10 @@ def marks_for(plan, idx: np.ndarray) -> np.ndarray:
     """The mark the shim writes for a packet with this match_index: (k << 4) | action (ARCHITECTURE §5)."""
     interval = np.asarray(plan.interval, dtype=np.int64)
     actions = np.asarray(plan.actions, dtype=np.int64)
-    from hypafilter.analysis.program import K_SHIFT  # noqa: PLC0415
-
     return (interval[idx] << K_SHIFT) | actions[idx]
 
 
 def rates(grid: Grid, shared: Path, config: Config, build: Path, log: Callable[[str], None]) -> list[dict]:
-    from hypafilter.tools.bench import pktrate  # noqa: PLC0415
-
     blaster = pktrate.build_blaster(build)
     rows = []
     with pktrate.RateBench(blaster) as rb:
@@ -270,17 +217,17 @@ def rates(grid: Grid, shared: Path, config: Config, build: Path, log: Callable[[
         for name in grid.rate_sets:
             filters, trace_path = set_paths(shared, name)
             trace = read_trace(trace_path)
-            points = trace_points(trace)
+            points = trace_udp_values(trace)
             frames_all = build / f"frames_{name}.bin"
             pktrate.write_frames(frames_all, ((r[0], r[1], r[2], r[3], 0) for r in trace))
             for k in grid.rate_ks:
                 policy = load_policy(filters, k, config)
-                rb.load_restore(original_restore(policy))
+                rb.load_restore(policy_restore(policy))
                 sw = [rb.measure(frames_all, grid.rate_seconds)["pps"] for _ in range(grid.repeats)]
                 sw_pps = statistics.median(sw)
                 for mode in grid.rate_modes:
                     plan = build_plan(policy, config, mode)
-                    idx = hw_match_index(plan, points)
+                    idx = match_indices(plan, points)
                     shunted = np.asarray(plan.shunt, dtype=bool)[idx]
                     frac = float(shunted.mean())
                     row = {
@@ -306,9 +253,7 @@ def rates(grid: Grid, shared: Path, config: Config, build: Path, log: Callable[[
                         )
                         prefix = "HF1_"
                         try:
-                            rb.load_restore(
-                                hybrid_restore(plan, policy, config, prefix), jump=f"{prefix}MAIN", marks=True
-                            )
+                            rb.load_restore(hybrid_restore(plan, config, prefix), jump=f"{prefix}MAIN", marks=True)
                         except HypafilterError as e:
                             # Recorded, not hidden: the generated chains did not load into this kernel.
                             row |= {
@@ -373,12 +318,6 @@ def insertion_texts(filters: Path, steps: int, seed: int = 15, rules: int = 0) -
 def updates(grid: Grid, shared: Path, config: Config, build: Path, log: Callable[[str], None]) -> list[dict]:
     """Fig. 15 rows: per set, mode and strategy, the initial deployment (not a row) and `update_steps` insertions,
     each timed as compute + atomic netfilter load + register writes (or marked as needing a new core)."""
-    from hypafilter.netfilter.restore import to_iptables_restore  # noqa: PLC0415
-    from hypafilter.tools.bench import (
-        nicbench,
-        pktrate,  # noqa: PLC0415
-    )
-
     rows = []
     with pktrate.RateBench(pktrate.build_blaster(build)) as rb, nicbench.Registers(log) as regs:
         for name in grid.update_sets:

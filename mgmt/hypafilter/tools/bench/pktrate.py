@@ -17,11 +17,11 @@ import json
 import os
 import shutil
 import struct
-import subprocess
 import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from hypafilter import netns
 from hypafilter.errors import HypafilterError
 
 HERE = Path(__file__).resolve().parent
@@ -41,9 +41,10 @@ def build_blaster(build_dir: Path) -> Path:
     if not out.exists():
         build_dir.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(".tmp")
-        r = subprocess.run(["gcc", "-O2", "-Wall", "-o", str(tmp), str(BLAST_SRC)], capture_output=True, text=True)
-        if r.returncode != 0:
-            raise HypafilterError(f"building {BLAST_SRC.name} failed: {r.stderr.strip()}")
+        try:
+            netns.run(["gcc", "-O2", "-Wall", "-o", str(tmp), str(BLAST_SRC)], timeout=None)
+        except netns.CommandError as e:
+            raise HypafilterError(f"building {BLAST_SRC.name} failed: {e}") from e
         tmp.rename(out)
     return out
 
@@ -76,13 +77,6 @@ def write_frames(path: Path, rows: Iterable[tuple[int, int, int, int, int]]) -> 
     return n
 
 
-def _run(argv: list[str], input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    r = subprocess.run(argv, input=input, capture_output=True, text=True)
-    if check and r.returncode != 0:
-        raise HypafilterError(f"{' '.join(argv[:6])}: {r.stderr.strip() or r.stdout.strip()}")
-    return r
-
-
 class RateBench:
     """Creates the three namespaces on enter and removes them on exit (also after errors)."""
 
@@ -104,40 +98,37 @@ class RateBench:
     def __exit__(self, *exc) -> None:
         self._down()
 
-    def _ns(self, ns: str, *argv: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
-        return _run(["ip", "netns", "exec", ns, *argv], input=input, check=check)
-
     def _up(self) -> None:
         for ns in (self.ns_s, self.ns_f, self.ns_r):
-            _run(["ip", "netns", "add", ns])
-            self._ns(ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1")
-            self._ns(ns, "ip", "link", "set", "lo", "up")
-        _run(["ip", "-n", self.ns_s, "link", "add", "s0", "type", "veth", "peer", "name", "f0", "netns", self.ns_f])
-        _run(["ip", "-n", self.ns_r, "link", "add", "r0", "type", "veth", "peer", "name", "f1", "netns", self.ns_f])
+            netns.add(ns)
+            netns.run(["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"], ns)
+            netns.run(["ip", "link", "set", "lo", "up"], ns)
+        netns.veth("s0", self.ns_s, "f0", self.ns_f)
+        netns.veth("r0", self.ns_r, "f1", self.ns_f)
         f = ["ip", "-n", self.ns_f]
-        _run([*f, "link", "add", "br0", "type", "bridge"])
+        netns.run([*f, "link", "add", "br0", "type", "bridge"])
         for dev in ("f0", "f1"):
-            _run([*f, "link", "set", dev, "master", "br0"])
-            _run([*f, "link", "set", dev, "up"])
-        _run([*f, "link", "set", "br0", "up"])
-        _run(["ip", "-n", self.ns_s, "link", "set", "s0", "up"])
-        _run(["ip", "-n", self.ns_r, "link", "set", "r0", "up"])
+            netns.run([*f, "link", "set", dev, "master", "br0"])
+            netns.run([*f, "link", "set", dev, "up"])
+        netns.run([*f, "link", "set", "br0", "up"])
+        netns.run(["ip", "-n", self.ns_s, "link", "set", "s0", "up"])
+        netns.run(["ip", "-n", self.ns_r, "link", "set", "r0", "up"])
         # A static entry so that frames are forwarded to f1, not flooded; the bridge never learns DST_MAC.
-        self._ns(self.ns_f, "bridge", "fdb", "add", DST_MAC.hex(":"), "dev", "f1", "master", "static")
-        self._ns(self.ns_f, "sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=1")
+        netns.run(["bridge", "fdb", "add", DST_MAC.hex(":"), "dev", "f1", "master", "static"], self.ns_f)
+        netns.run(["sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=1"], self.ns_f)
 
     def _down(self) -> None:
         for ns in (self.ns_s, self.ns_f, self.ns_r):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+            netns.delete(ns)
 
     def reset_firewall(self) -> None:
         """Empty FORWARD (policy ACCEPT), no tool chains, no mark rule."""
-        self._ns(
+        netns.run(
+            ["iptables-restore"],
             self.ns_f,
-            "iptables-restore",
             input="*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\nCOMMIT\n",
         )
-        self._ns(self.ns_f, "nft", "delete", "table", "bridge", "hfbench", check=False)
+        netns.run(["nft", "delete", "table", "bridge", "hfbench"], self.ns_f, check=False)
 
     def load_restore(self, text: str, jump: str | None = None, marks: bool = False) -> float:
         """Loads iptables-restore text (flushing the filter table first); `jump` adds `-A FORWARD -j JUMP`.
@@ -145,28 +136,29 @@ class RateBench:
         Returns the load time in seconds (the restore alone)."""
         self.reset_firewall()
         t0 = time.perf_counter()
-        self._ns(self.ns_f, "iptables-restore", "--noflush", input=text)
+        netns.run(["iptables-restore", "--noflush"], self.ns_f, input=text)
         dt = time.perf_counter() - t0
         if jump:
-            self._ns(self.ns_f, "iptables", "-A", "FORWARD", "-j", jump)
+            netns.run(["iptables", "-A", "FORWARD", "-j", jump], self.ns_f)
         if marks:
-            self._ns(
+            netns.run(
+                [
+                    "nft",
+                    "add table bridge hfbench; add chain bridge hfbench pre { type filter hook prerouting priority -300; };"
+                    f" add rule bridge hfbench pre {MARK_RULE}",
+                ],
                 self.ns_f,
-                "nft",
-                f"add table bridge hfbench; add chain bridge hfbench pre {{ type filter hook prerouting priority -300; }};"
-                f" add rule bridge hfbench pre {MARK_RULE}",
             )
         return dt
 
     def _rx(self) -> int:
-        out = _run(["ip", "-n", self.ns_r, "-s", "-j", "link", "show", "dev", "r0"]).stdout
+        out = netns.run(["ip", "-n", self.ns_r, "-s", "-j", "link", "show", "dev", "r0"])
         return int(json.loads(out)[0]["stats64"]["rx"]["packets"])
 
     def measure(self, frames: Path, seconds: float) -> dict:
         """Blasts `frames` for `seconds`; returns sent, received and the received packets per second."""
         rx0 = self._rx()
-        r = self._ns(self.ns_s, str(self.blaster), "s0", str(frames), str(seconds))
-        res = json.loads(r.stdout)
+        res = json.loads(netns.run([str(self.blaster), "s0", str(frames), str(seconds)], self.ns_s, timeout=None))
         # Packets in flight are delivered within the blaster's last syscall, which ran in this context.
         received = self._rx() - rx0
         res["received"] = received
@@ -182,11 +174,11 @@ class RateBench:
         body = body[:-1]
         extra = [f"-I FORWARD 1 -j {prefix}MAIN"]
         if old_prefix:
-            old = self._ns(self.ns_f, "iptables", "-S").stdout.splitlines()
+            old = netns.run(["iptables", "-S"], self.ns_f).splitlines()
             chains = [ln.split()[1] for ln in old if ln.startswith(f"-N {old_prefix}")]
             extra.append(f"-D FORWARD -j {old_prefix}MAIN")
             extra += [f"-F {c}" for c in chains] + [f"-X {c}" for c in chains]
         text = "\n".join([*body, *extra, "COMMIT"]) + "\n"
         t0 = time.perf_counter()
-        self._ns(self.ns_f, "iptables-restore", "--noflush", input=text)
+        netns.run(["iptables-restore", "--noflush"], self.ns_f, input=text)
         return time.perf_counter() - t0

@@ -10,6 +10,9 @@ import subprocess
 from collections import defaultdict
 from pathlib import Path
 
+import matplotlib
+import numpy
+
 from hypafilter.paths import ROOT
 from hypafilter.tools.bench.paper import LINE_RATE_PPS
 
@@ -62,9 +65,6 @@ def machine() -> dict[str, str]:
         mem = f"{kb / 1048576:.1f} GiB"
     except (OSError, ValueError, IndexError):
         pass
-    import matplotlib  # noqa: PLC0415
-    import numpy  # noqa: PLC0415
-
     return {
         "cpu": cpu,
         "cores": str(os.cpu_count()),
@@ -92,16 +92,26 @@ def _num(x) -> float:
     return float(x) if x not in ("", None) else float("nan")
 
 
+def _row(cells) -> str:
+    """One row of a markdown table."""
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def _section(title: str, alt: str, png: str, rel: str) -> list[str]:
+    """A figure's heading and its plot."""
+    return [f"## {title}", "", f"![{alt}]({rel}/{png})", ""]
+
+
 def _by_k_table(rows, series_key, series, col, fmt="{:.1f}") -> list[str]:
     a = _agg(rows, ("K", series_key), col)
     ks = sorted({int(r["K"]) for r in rows})
-    out = ["| K | " + " | ".join(series) + " |", "|---:|" + "---:|" * len(series)]
+    out = [_row(["K", *series]), "|---:|" + "---:|" * len(series)]
     for k in ks:
         cells = []
         for s in series:
             v = a.get((str(k), s)) or a.get((k, s))
             cells.append("—" if v is None else (fmt.format(v[0]) + (f" ± {fmt.format(v[1])}" if v[1] else "")))
-        out.append(f"| {k} | " + " | ".join(cells) + " |")
+        out.append(_row([k, *cells]))
     return out
 
 
@@ -135,12 +145,12 @@ def render(out: Path, results_md: Path, meta: dict, rows: dict[str, list[dict]])
     ]
     if rows.get("fig11"):
         modes = _present(rows["fig11"], "mode", ("index", "selective", "exact"))
-        L += ["## Fig. 11 — shunting rules", "", f"![Fig. 11]({rel}/fig11.png)", ""]
+        L += _section("Fig. 11 — shunting rules", "Fig. 11", "fig11.png", rel)
         L += _by_k_table(rows["fig11"], "mode", modes, "shunting_rules")
         L += ["", "`exact` puts complex rules' reductions into the hardware: only they shunt (K entries).", ""]
     if rows.get("fig12"):
         modes = _present(rows["fig12"], "mode", ("index", "selective", "exact", "lower_bound"))
-        L += ["## Fig. 12 — shunted packets", "", f"![Fig. 12]({rel}/fig12.png)", ""]
+        L += _section("Fig. 12 — shunted packets", "Fig. 12", "fig12.png", rel)
         L += _by_k_table(rows["fig12"], "mode", modes, "shunted_packets")
         pk = _agg(rows["fig12"], ("set",), "packets")
         L += [
@@ -152,22 +162,19 @@ def render(out: Path, results_md: Path, meta: dict, rows: dict[str, list[dict]])
         ]
     if rows.get("fig13"):
         strats = _present(rows["fig13"], "strategy", ("full", "cut", "hsa_cut", "interval", "interval_geo"))
-        L += [
-            "## Fig. 13 — rules traversed in software for shunted packets (index-based shunting)",
-            "",
-            f"![Fig. 13]({rel}/fig13.png)",
-            "",
-        ]
+        L += _section(
+            "Fig. 13 — rules traversed in software for shunted packets (index-based shunting)",
+            "Fig. 13",
+            "fig13.png",
+            rel,
+        )
         L += _by_k_table(rows["fig13"], "strategy", strats, "traversed_rules", fmt="{:.0f}")
         L += [""]
     if rows.get("fig14"):
         r14 = rows["fig14"]
         modes = _present(r14, "mode", ("index", "selective", "exact"))
+        L += _section("Fig. 14 — packet rate, hybrid vs software-only", "Fig. 14", "fig14.png", rel)
         L += [
-            "## Fig. 14 — packet rate, hybrid vs software-only",
-            "",
-            f"![Fig. 14]({rel}/fig14.png)",
-            "",
             "**Model** (measured host cost, computed hybrid rate): the software-only rate `R_sw` is measured by "
             "sending the whole trace through the original policy loaded alone in a namespace's bridged FORWARD "
             "chain; the shunted-path rate `R_sh` by sending only the shunted packets, carrying their hardware mark, "
@@ -185,28 +192,20 @@ def render(out: Path, results_md: Path, meta: dict, rows: dict[str, list[dict]])
             "|---|---:|---|---:|---:|---:|---:|---:|",
         ]
         for r in r14:
-            sh = f"{_num(r['shunted_path_pps']):,.0f}" if r["shunted_path_pps"] not in ("", None) else "—"
+            cells = [r["set"], r["K"], r["mode"], f"{_num(r['shunted_fraction']):.2%}"]
+            cells += [f"{_num(r[c]):,.0f}" for c in ("bridge_only_pps", "sw_only_pps")]
             if r.get("error"):
-                L.append(
-                    f"| {r['set']} | {r['K']} | {r['mode']} | {_num(r['shunted_fraction']):.2%} | "
-                    f"{_num(r['bridge_only_pps']):,.0f} | {_num(r['sw_only_pps']):,.0f} | load failed: "
-                    f"`{r['error'][-90:]}` | — |"
-                )
-                continue
-            L.append(
-                f"| {r['set']} | {r['K']} | {r['mode']} | {_num(r['shunted_fraction']):.2%} | "
-                f"{_num(r['bridge_only_pps']):,.0f} | {_num(r['sw_only_pps']):,.0f} | {sh} | "
-                f"{_num(r['hybrid_pps_model']):,.0f} |"
-            )
+                cells += [f"load failed: `{r['error'][-90:]}`", "—"]
+            else:
+                sh = f"{_num(r['shunted_path_pps']):,.0f}" if r["shunted_path_pps"] not in ("", None) else "—"
+                cells += [sh, f"{_num(r['hybrid_pps_model']):,.0f}"]
+            L.append(_row(cells))
         L += [""]
     if rows.get("fig15"):
         r15 = rows["fig15"]
         rebuilds = sorted({float(r["rebuild_s"]) for r in r15 if r.get("rebuild_s") not in ("", None)})
+        L += _section("Fig. 15 — update delay for consecutive insertions", "Fig. 15", "fig15.png", rel)
         L += [
-            "## Fig. 15 — update delay for consecutive insertions",
-            "",
-            f"![Fig. 15]({rel}/fig15.png)",
-            "",
             "Each step inserts one complex rule (a copy of the rule at a seeded random position with the paper's "
             "complex part) and times: compute (parse + plan + netfilter text), the atomic `iptables-restore "
             "--noflush` into a real namespace (new generation's chains, jump switched, old chains removed), and "
@@ -237,18 +236,13 @@ def render(out: Path, results_md: Path, meta: dict, rows: dict[str, list[dict]])
                 return fmt.format(statistics.median(v)) if v else "—"
 
             by_regs = sum(1 for r in sel if r.get("hardware", "registers") == "registers")
-            L.append(
-                f"| {key[0]} | {key[1]} | {med('compute_s')} | {med('load_s')} | {med('registers_s')} | "
-                f"{med('register_writes', scale=1.0, fmt='{:.0f}')} | {med('total_s')} | "
-                f"{by_regs} / {len(sel) - by_regs} |"
-            )
+            medians = [med(c) for c in ("compute_s", "load_s", "registers_s")]
+            medians += [med("register_writes", scale=1.0, fmt="{:.0f}"), med("total_s")]
+            L.append(_row([*key, *medians, f"{by_regs} / {len(sel) - by_regs}"]))
         L += [""]
     if rows.get("scaling"):
+        L += _section("§VIII-I — shunt analysis time against rule count", "scaling", "scaling.png", rel)
         L += [
-            "## §VIII-I — shunt analysis time against rule count",
-            "",
-            f"![scaling]({rel}/scaling.png)",
-            "",
             "Synthetic sets: acl1_10k repeated with shifted source addresses; 10% of the rules complex (equally "
             "spaced). Time of `build_plan` (the whole shunt analysis), median over repeats. The paper: up to "
             "18.3 s at 5,000 rules with 1,000 complex.",
@@ -257,10 +251,8 @@ def render(out: Path, results_md: Path, meta: dict, rows: dict[str, list[dict]])
             "|---:|---:|---|---:|---:|---:|",
         ]
         for r in rows["scaling"]:
-            L.append(
-                f"| {r['rules']} | {r['complex']} | {r['mode']} | {_num(r['analysis_s']):.3f} | "
-                f"{_num(r['parse_s']):.2f} | {r['shunting_rules']} |"
-            )
+            timing = [f"{_num(r['analysis_s']):.3f}", f"{_num(r['parse_s']):.2f}"]
+            L.append(_row([r["rules"], r["complex"], r["mode"], *timing, r["shunting_rules"]]))
         L += [""]
     for fig, note in meta.get("notes", {}).items():
         L += [f"Note ({fig}): {note}", ""]

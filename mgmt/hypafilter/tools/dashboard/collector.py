@@ -12,7 +12,6 @@ import json
 import os
 import re
 import shlex
-import subprocess
 import threading
 import time
 from collections import deque
@@ -21,7 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hypafilter import netns
+from hypafilter.analysis.plan import build_plan
+from hypafilter.analysis.program import build_program
+from hypafilter.config import Config
 from hypafilter.errors import HypafilterError
+from hypafilter.iptables.document import parse_policy
+from hypafilter.ops import deploy
+from hypafilter.targets.nic import NicClient
 
 # Hardware counters (hw/regmap.txt) and the (path, reason) labels they carry in /api and /metrics.
 HW_COUNTERS: dict[str, tuple[str, str]] = {
@@ -260,17 +266,9 @@ def attribute_netfilter(
     return per_rule, (sum(r.packets for r in entered), sum(r.bytes for r in entered))
 
 
-def iptables_save(netns: str | None, table: str = "filter") -> str:
-    argv = ["iptables-save", "-c", "-t", table]
-    if netns:
-        argv = ["ip", "netns", "exec", netns, *argv]
-    try:
-        res = subprocess.run(argv, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise HypafilterError(f"{' '.join(argv)}: {e}") from e
-    if res.returncode != 0:
-        raise HypafilterError(f"{' '.join(argv)}: {res.stderr.strip() or 'exit ' + str(res.returncode)}")
-    return res.stdout
+def iptables_save(ns: str | None, table: str = "filter") -> str:
+    """The table with counters; a short timeout, so a stuck xtables lock costs one sample, not the dashboard."""
+    return netns.run(["iptables-save", "-c", "-t", table], ns, timeout=10)
 
 
 # --- deploy state --------------------------------------------------------------------------------------------
@@ -279,8 +277,6 @@ def iptables_save(netns: str | None, table: str = "filter") -> str:
 def read_state(path: str | Path | None = None) -> dict | None:
     """The deploy state (`hypafilter.deploy`'s state file: what is deployed, generation, history), or None."""
     if path is None:
-        from hypafilter.ops import deploy  # noqa: PLC0415 (imported late: it pulls in the shim and the NIC code)
-
         return deploy.read_state()
     try:
         return json.loads(Path(path).read_text())
@@ -316,8 +312,6 @@ def history_from_state(state: dict) -> tuple[Update, ...]:
 def deployed_policy(state: dict):
     """The deployed Policy, re-read from its file when that still holds the deployed policy (so the per-rule
     view shows file:line), else from the original rules the state keeps (`plain_rules`); checked by hash."""
-    from hypafilter.iptables.document import parse_policy  # noqa: PLC0415
-
     want = state.get("policy_hash", "")
     base = state.get("base_chain", "FORWARD")
     source = state.get("policy_source", "")
@@ -338,9 +332,7 @@ def deployed_policy(state: dict):
     return policy
 
 
-def config_from_state(state: dict):
-    from hypafilter.config import Config  # noqa: PLC0415
-
+def config_from_state(state: dict) -> Config:
     cfg = Config(
         table=state.get("table", "filter"),
         chain_prefix=state.get("chain_prefix", "HF"),
@@ -381,9 +373,6 @@ def rule_positions(program) -> dict[tuple[str, int], int]:
 
 def deployment_from_state(state: dict) -> Deployment:
     """Everything the views need about the deployment: rules with their entries and shunt bits, positions."""
-    from hypafilter.analysis.plan import build_plan  # noqa: PLC0415
-    from hypafilter.analysis.program import build_program  # noqa: PLC0415
-
     policy = deployed_policy(state)
     config = config_from_state(state)
     plan = build_plan(policy, config)
@@ -477,8 +466,6 @@ def read_hardware(nic: Any, n_entries: int, errors: list[str]) -> tuple[dict[str
 
 def open_nic(deployment: Deployment) -> Any:
     """A NicClient on the deployed emulated NIC's control socket."""
-    from hypafilter.targets.nic import NicClient  # noqa: PLC0415
-
     if not deployment.nic:
         raise HypafilterError("the deploy state names no NIC control socket")
     return NicClient.emu(deployment.nic, timeout=5.0)

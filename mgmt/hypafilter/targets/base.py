@@ -1,0 +1,100 @@
+"""The Target interface: what deploy needs from a place a Plan runs (build, start, program, switch over, stop).
+
+A target is stateless between commands: everything needed to find a started NIC again is in the `info` dict that
+`start` returns, which deploy keeps in its state file. Register access is the same on every target (`NicClient`
+over the target's transport), so the table writes, counters and shunt-all switch are implemented here once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hypafilter.config import Config
+from hypafilter.paths import BUILD_ROOT
+from hypafilter.targets.nic import NicClient
+
+PORTS = ("wire0", "wire1", "host0", "host1")  # the core's four ports: two to the wire, two to the host
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where a target's NIC sits on this host: the network namespace holding its ports, the interface of each
+    port (PORTS; empty: the target's own defaults) and a name for what it leaves behind (sockets, logs)."""
+
+    name: str = "hf"
+    netns: str | None = None
+    interfaces: dict[str, str] = field(default_factory=dict)
+
+
+class Target(ABC):
+    """One kind of NIC running the core generated for a Plan."""
+
+    name = ""
+
+    def __init__(self, config: Config, site: Site | None = None, build_root: Path = BUILD_ROOT):
+        self.config = config
+        self.site = site or Site()
+        self.build_root = Path(build_root)  # artifacts go under <build_root>/<target name>
+
+    def missing(self) -> str | None:
+        """What this host lacks to run the target (None: nothing), for the error that refuses it."""
+        return None
+
+    @abstractmethod
+    def build(self, plan) -> str:
+        """The artifact that runs `plan`'s matcher (a binary, a project), built or taken from a cache."""
+
+    @abstractmethod
+    def start(self, artifact: str, generation: int, standby: bool = True) -> dict:
+        """Run the artifact; `standby`: beside the running NIC, taking no frames until `activate`. Returns the
+        NIC's info (JSON-able)."""
+
+    @abstractmethod
+    def transport(self, info: dict):
+        """A register transport (read/write/read_table/write_table_many/close) to the NIC of `info`."""
+
+    @abstractmethod
+    def activate(self, info: dict) -> None:
+        """Take the frames from the wire."""
+
+    @abstractmethod
+    def standby(self, info: dict) -> None:
+        """Stop taking frames (frames already inside still leave)."""
+
+    @abstractmethod
+    def alive(self, info: dict) -> bool:
+        """Whether the NIC of `info` still runs (a state file can outlive it)."""
+
+    @abstractmethod
+    def stop(self, info: dict) -> None:
+        """Stop the NIC of `info`, also one started by an earlier command."""
+
+    @contextlib.contextmanager
+    def client(self, info: dict) -> Iterator[NicClient]:
+        c = NicClient(self.transport(info))
+        try:
+            yield c
+        finally:
+            c.close()
+
+    def program(self, info: dict, plan, generation: int, known: dict | None = None) -> dict:
+        """Write the plan's tables (only what differs from `known`); returns what the core now holds."""
+        with self.client(info) as c:
+            return c.program(plan, generation, known=known)
+
+    def write_tables(self, info: dict, tables: dict, generation: int, known: dict | None = None) -> dict:
+        """Put tables as `program` returned them back (deploy's rollback of a register-only update)."""
+        with self.client(info) as c:
+            return c.write_tables(tables, generation, known=known)
+
+    def shunt_all(self, info: dict, on: bool) -> None:
+        with self.client(info) as c:
+            c.set_shunt_all(on)
+
+    def counters(self, info: dict) -> dict:
+        with self.client(info) as c:
+            return c.counters()

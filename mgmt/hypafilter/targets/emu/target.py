@@ -1,0 +1,81 @@
+"""Target `emu`: the emulated NIC (a Verilator model of the generated core) on veths of this host."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from hypafilter.targets.base import PORTS, Target
+from hypafilter.targets.emu.build import build
+from hypafilter.targets.emu.run import EmuNic
+from hypafilter.targets.nic import EmuTransport
+
+
+class EmuTarget(Target):
+    """Builds, starts and stops hf_emu processes; `info` names the process (pid) and its control socket."""
+
+    name = "emu"
+    # NICs started by this process, by pid, so that stopping one also reaps it.
+    started: dict[int, EmuNic] = {}
+
+    def build(self, plan) -> str:
+        return str(build(plan, self.config, build_root=self.build_root))
+
+    def start(self, artifact: str, generation: int, standby: bool = True) -> dict:
+        name = f"{self.site.name}-g{generation}"
+        interfaces = dict(self.site.interfaces) or {p: p for p in PORTS}
+        nic = EmuNic(artifact, interfaces, name=name, netns=self.site.netns, standby=standby)
+        nic.start()
+        assert nic.pid is not None
+        EmuTarget.started[nic.pid] = nic
+        return {"binary": artifact, "name": name, "pid": nic.pid, "socket": str(nic.ctl_path)}
+
+    def transport(self, info: dict) -> EmuTransport:
+        return EmuTransport(info["socket"])
+
+    def _command(self, info: dict, word: str) -> None:
+        t = self.transport(info)
+        try:
+            t.command(word)
+        finally:
+            t.close()
+
+    def activate(self, info: dict) -> None:
+        self._command(info, "ACTIVATE")
+
+    def standby(self, info: dict) -> None:
+        self._command(info, "STANDBY")
+
+    @staticmethod
+    def _ours(info: dict) -> bool:
+        """Whether the pid of `info` is still that NIC (pids are reused)."""
+        try:
+            cmdline = Path(f"/proc/{int(info['pid'])}/cmdline").read_bytes()
+        except (OSError, KeyError, ValueError):
+            return False
+        return info.get("socket", "").encode() in cmdline
+
+    def alive(self, info: dict) -> bool:
+        return self._ours(info) and Path(info["socket"]).exists()
+
+    def stop(self, info: dict, timeout: float = 10.0) -> None:
+        pid = int(info["pid"])
+        nic = EmuTarget.started.pop(pid, None)
+        if nic is not None:
+            nic.stop()
+            return
+        if not self._ours(info):  # started by an earlier command and gone since
+            return
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                st = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
+                return
+            if st.rsplit(")", 1)[1].split()[0] == "Z":
+                return
+            time.sleep(0.02)
+        os.kill(pid, signal.SIGKILL)

@@ -12,7 +12,7 @@ POLICY = """*filter
 -A FORWARD -s 1.2.3.0/24 -p tcp -j ACCEPT
 -A FORWARD -d 1.2.3.5/32 -p udp -m udp --dport 3306 -m string --string SELECT --algo bm -j DROP
 -A FORWARD -d 1.2.3.4/32 -p tcp -m tcp --dport 443 -j ACCEPT
--A FORWARD -d 1.2.3.6/32 -p udp -m udp --dport 53 -m conntrack --ctstate NEW -j DROP
+-A FORWARD -d 1.2.3.6/32 -p udp -m udp --dport 53 -m statistic --mode random --probability 0.5 -j DROP
 -A FORWARD -d 1.2.3.6/32 -p udp -m udp --dport 53 -j ACCEPT
 COMMIT
 """

@@ -85,9 +85,10 @@ def test_cut_lists_follow_the_paper():
     plan = build_plan(listing1(), mode="selective")
     text = to_iptables_restore(plan, "cut")
     cut = [ln for ln in text.splitlines() if ln.startswith("-A HF1_CUT")]
-    assert len(cut) == 4  # R3, R5, R6 and the chain policy
+    assert cut[0] == "-A HF1_CUT -j MARK --set-xmark 0x0/0xffffffff"  # the shim's mark bits given back first
+    assert len(cut[1:]) == 4  # R3, R5, R6 and the chain policy
     idx = to_iptables_restore(build_plan(listing1(), mode="index"), "cut")
-    assert len([ln for ln in idx.splitlines() if ln.startswith("-A HF1_CUT")]) == 5  # R3..R6 + policy
+    assert len([ln for ln in idx.splitlines() if ln.startswith("-A HF1_CUT")][1:]) == 5  # R3..R6 + policy
 
 
 def test_multi_level_rules_use_return_guards():
@@ -121,6 +122,25 @@ def test_nft_output_uses_a_verdict_map_and_refuses_string():
     assert "tcp dport { 22, 80 }" in text and text.count("table ip hf1") == 3
     with pytest.raises(HypafilterError, match="no nftables equivalent"):
         to_nft(build_plan(listing1()), "interval")
+
+
+@pytest.mark.parametrize(
+    "rule, nft",
+    [
+        ("-p icmp -m icmp ! --icmp-type 3/1 -j DROP", "icmp type . icmp code != { 3 . 1 } drop"),
+        ("-p icmp -m icmp --icmp-type 3/1 -j DROP", "icmp type 3 icmp code 1 drop"),
+        ("-p icmp -m icmp ! --icmp-type 8 -j DROP", "icmp type != 8 drop"),
+        ("-p icmp -m icmp --icmp-type any -j DROP", "drop"),
+        ("-p icmp -m icmp ! --icmp-type any -j DROP", "icmp type != 0-255 drop"),
+    ],
+)
+def test_nft_icmp_types(rule, nft):
+    """A negated type/code pair is one negated test of the pair; `any` is every ICMP packet, as in the kernel."""
+    from hypafilter.iptables.document import parse_policy
+
+    pol = parse_policy(f"*filter\n:FORWARD ACCEPT [0:0]\n-A FORWARD {rule}\nCOMMIT\n")
+    full = to_nft(build_plan(pol), "full").split("chain HF1_FULL {\n")[1].split("\n\t}")[0]
+    assert [ln.strip() for ln in full.splitlines()] == [f"meta l4proto icmp {nft}"]
 
 
 def test_program_run_counts_rules():
@@ -184,3 +204,34 @@ def test_block_chains_write_each_complex_rule_once_and_count_jumps():
     mi = [j for j, e in enumerate(plan.entries) if any(b.contains(h) for b in e.boxes)][0]
     assert shunted and count == prog.path_cost(mark_for(prog, int(plan.interval[mi]), int(plan.actions[mi])))
     assert count > len(plan.chains[int(plan.interval[mi])])  # block jumps are tested rules too
+
+
+STATEFUL_MATCHES = ("limit", "hashlimit", "recent", "statistic", "quota", "connlimit")
+
+
+@pytest.mark.parametrize("mode", ["index", "selective", "exact"])
+def test_rules_with_per_rule_state_are_loaded_once(mode):
+    """limit, quota, recent, ... keep state per loaded rule: every such rule of the policy, base chain or user
+    chain, stands exactly once in what any strategy loads (the other chains jump to that copy)."""
+    from pathlib import Path
+
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.iptables.tokens import tokenize
+
+    path = Path(__file__).resolve().parents[2] / "rulesets" / "stateful.rules"
+    policy = parse_policy(path.read_text(), filename=str(path))
+    wanted = [toks for toks in policy.original_rules if any(m in toks for m in STATEFUL_MATCHES)]
+    wanted += [
+        toks for uc in policy.user_chains.values() for toks in uc.rules if any(m in toks for m in STATEFUL_MATCHES)
+    ]
+    assert len(wanted) == 5
+    plan = build_plan(policy, mode=mode)
+    for strategy in STRATEGIES:
+        if strategy == "hsa_cut" and mode == "index":
+            continue
+        lines = [tuple(t.text for t in tokenize(ln))[2:] for ln in to_iptables_restore(plan, strategy).splitlines()]
+        for toks in wanted:
+            # From the stateful match to the end (the generated copy may spell earlier checks canonically).
+            key = next(toks[i:] for i in range(len(toks) - 1) if toks[i] == "-m" and toks[i + 1] in STATEFUL_MATCHES)
+            hits = [ln for ln in lines if ln[len(ln) - len(key) :] == key]
+            assert len(hits) == 1, (strategy, toks, hits)

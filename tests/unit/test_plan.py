@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from hypafilter.analysis.plan import build_plan, selective_bits
+from hypafilter.config import Config
 from hypafilter.errors import HypafilterError
+from hypafilter.iptables.document import parse_policy
 from hypafilter.ir import ACTION_ACCEPT, ACTION_DROP
 
 from tests.irbuild import listing1, make_policy, make_rule
@@ -94,3 +96,43 @@ def test_plan_arrays_have_contract_types():
     assert plan.policy_hash == listing1().policy_hash()
     rep = plan.report()
     assert rep["complex"] == 2 and rep["simple"] == 4 and rep["shunt_vector"] == "00011"
+
+
+CT_POLICY = """*filter
+:FORWARD ACCEPT [0:0]
+-A FORWARD -p tcp -m tcp --dport 80 -j ACCEPT
+-A FORWARD -p udp -m udp --dport 53 -j DROP
+-A FORWARD -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT
+-A FORWARD -p tcp -m tcp --dport 22 -j ACCEPT
+-A FORWARD -p tcp -j DROP
+COMMIT
+"""
+
+
+@pytest.mark.parametrize("mode", ["index", "selective", "exact"])
+def test_conntrack_policy_never_accepts_in_hardware(mode):
+    """A policy that reads conntrack state: conntrack must see every accepted packet, so every ACCEPT entry
+    (the policy entry too, when the chain policy accepts) shunts, while DROP entries may stay in hardware."""
+    pol = parse_policy(CT_POLICY)
+    assert pol.reads_conntrack
+    plan = build_plan(pol, Config(), mode=mode)
+    for j in range(plan.n + 1):
+        if plan.actions[j] == ACTION_ACCEPT:
+            assert plan.shunt[j], (mode, j)
+    drops = [j for j in range(plan.n) if plan.actions[j] == ACTION_DROP]
+    assert drops and not plan.shunt[drops[0]]  # dport 53 DROP sits above every complex rule
+    # The same policy without the conntrack rule keeps ACCEPT in hardware above the first complex rule.
+    plain = parse_policy(
+        CT_POLICY.replace("-m conntrack --ctstate ESTABLISHED,RELATED ", "-m string --string x --algo bm ")
+    )
+    assert not plain.reads_conntrack
+    assert not build_plan(plain, Config(), mode=mode).shunt[0]
+
+
+def test_conntrack_read_in_a_user_chain_counts():
+    base = CT_POLICY.replace("-m conntrack --ctstate ESTABLISHED,RELATED ", "-m string --string x --algo bm ")
+    text = base.replace(
+        ":FORWARD ACCEPT [0:0]", ":FORWARD ACCEPT [0:0]\n:CTCHK - [0:0]\n-A CTCHK -m state --state INVALID -j DROP"
+    )
+    assert not parse_policy(text).reads_conntrack  # CTCHK is never reached
+    assert parse_policy(text.replace("-j DROP\nCOMMIT", "-j DROP\n-A FORWARD -j CTCHK\nCOMMIT")).reads_conntrack

@@ -25,7 +25,7 @@ from hypafilter.analysis import geometry
 from hypafilter.analysis.geometry import BoxSet
 from hypafilter.config import Config
 from hypafilter.errors import HypafilterError
-from hypafilter.ir import ACTION_NONE, Box, Policy
+from hypafilter.ir import ACTION_ACCEPT, ACTION_NONE, Box, Policy
 
 MODES = ("index", "selective", "exact")
 
@@ -220,6 +220,10 @@ def build_plan(policy: Policy, config: Config | None = None, mode: str | None = 
         shunt[n] = has_complex
     elif mode == "selective":
         shunt[n] = policy_entry_reachable(policy)
+    if policy.reads_conntrack:
+        # Conntrack must see every packet that is accepted, or the connection's later packets look INVALID or NEW
+        # to the rules that read its state: ACCEPT is decided in software; DROP may stay in hardware.
+        shunt |= actions == ACTION_ACCEPT
 
     interval = np.zeros(n + 1, dtype=np.uint32)
     chains: dict[int, list[int]] = {}

@@ -48,7 +48,8 @@ class NfRule:
 
     kind "mark": `-m mark --mark value/mask -j target`; "always": `-j target`; "block": `-j target` into a
     block/segment chain that returns (counted as one tested rule); "policy": flattened rule `index` of the policy
-    (rendered from its levels; target its own).
+    (rendered from its levels; target its own); "unmark": give back the mark bits the shim used (`mask`), so that
+    the policy rules after it see the mark they would see without the hybrid (unconditional, not counted).
     """
 
     kind: str
@@ -106,6 +107,9 @@ class Program:
                 out = None if header is None else rule_outcome(self.policy, r.index, header, ev)
                 if out:
                     return out
+                continue
+            if r.kind == "unmark":
+                mark &= ~r.mask
                 continue
             if r.kind == "mark":
                 count[0] += 1
@@ -186,12 +190,16 @@ def build_program(
     main, k0, full = prog.name("MAIN"), prog.name("K0"), prog.name("FULL")
     c[main] = []
     kmask = (~0xF << mark_shift) & mark_mask & 0xFFFFFFFF
+    # Every chain that runs policy rules first clears the bits the shim wrote: a packet from the NIC carries no
+    # mark in those bits (the mark is scrubbed between namespaces and a DMA'd packet starts at 0), so the policy
+    # sees exactly the mark it would see without the hybrid (ARCHITECTURE §5). Dispatch reads the mark before.
+    unmark = NfRule("unmark", mask=mark_mask & 0xFFFFFFFF)
     if strategy == "full":
         c[main] = [NfRule("always", k0)]
     elif strategy in ("cut", "hsa_cut"):
         cut = prog.name("CUT")
         c[main] = [NfRule("mark", k0, 0, kmask), NfRule("always", cut)]
-        c[cut] = [NfRule("policy", index=i) for i in _cut_list(plan, strategy)] + [NfRule("always", default)]
+        c[cut] = [unmark, *(NfRule("policy", index=i) for i in _cut_list(plan, strategy)), NfRule("always", default)]
     else:
         chains = plan.geo_chains if strategy == "interval_geo" else plan.chains
         leaves = sorted({(int(plan.interval[j]), int(plan.actions[j])) for j in range(plan.n + 1) if plan.shunt[j]})
@@ -208,14 +216,14 @@ def build_program(
             ch = chains.get(k)
             if ch:
                 lname = prog.name(f"L{k}A{a}")
-                c[lname] = [NfRule("block", t) for t in pieces.cover(ch)] + [NfRule("always", verdict)]
+                c[lname] = [unmark, *(NfRule("block", t) for t in pieces.cover(ch)), NfRule("always", verdict)]
                 tgt = lname
             else:
                 tgt = verdict
             leaf_rules.append(((k << K_SHIFT) | a, tgt))
         _dispatch(prog, main, leaf_rules, d_levels, [0])
         c[main].append(NfRule("always", k0))  # a mark no leaf knows: the full policy decides
-    c[k0] = [NfRule("always", full), NfRule("always", default)]
+    c[k0] = [unmark, NfRule("always", full), NfRule("always", default)]
     c[full] = [NfRule("policy", index=i) for i in range(len(pol.rules))]
     prog.verbatim_full = full
     return prog
@@ -231,7 +239,9 @@ def _cut_list(plan, strategy: str) -> list[int]:
 
 
 def _helper_depth(rule) -> int:
-    """Nested jumps through R<i>L<j> helper chains that rendering flattened rule `rule` adds."""
+    """Nested jumps through R<i>L<j> (or S<pos>) helper chains that rendering flattened rule `rule` adds."""
+    if rule.stateful_pos is not None:
+        return 1
     lv = rule.levels
     if not lv or (len(lv) == 1 and not lv[0].unless):
         return 0
@@ -407,6 +417,12 @@ def place_policy_rule(prog: Program, index: int, helpers: dict[str, list[Placed]
         raise HypafilterError(f"rule {index} has no option levels: cannot write it back to netfilter")
     tgt = resolve_target(prog, r.target, r.target_args)
     levels = r.levels
+    if r.stateful_pos is not None:
+        # Per-rule state (a limit's bucket, a quota, a recent list): one copy, in S<pos>, reached by every chain
+        # that tests the rule (interval segments, blocks, CUT and the verbatim FULL chain alike).
+        name = prog.name(f"S{r.stateful_pos}")
+        helpers[name] = [Placed(levels[0].options, tgt.target, tgt.args, tgt.chain)]
+        return Placed((), name, chain=True)
     if len(levels) == 1 and not levels[0].unless:
         return Placed(levels[0].options, tgt.target, tgt.args, tgt.chain)
     names = [prog.name(f"R{index}L{j + 1}") for j in range(len(levels))]
@@ -422,3 +438,13 @@ def place_policy_rule(prog: Program, index: int, helpers: dict[str, list[Placed]
     if levels[0].unless:
         return Placed((), names[0], chain=True)
     return Placed(levels[0].options, names[1], chain=True)
+
+
+def original_placements(prog: Program, helpers: dict[str, list[Placed]]) -> list[Placed | tuple[str, ...]]:
+    """The FULL chain: the base chain's rules verbatim (user-chain jumps renamed), except that a rule with per-rule
+    state is the jump to its one copy (`place_policy_rule`)."""
+    by_pos = {r.stateful_pos: i for i, r in enumerate(prog.policy.rules) if r.stateful_pos is not None}
+    return [
+        place_policy_rule(prog, by_pos[pos], helpers) if pos in by_pos else rename_jumps(prog, toks)
+        for pos, toks in enumerate(prog.policy.original_rules)
+    ]

@@ -18,18 +18,11 @@ from hypafilter.iptables.parser import (
     Ctx,
     RuleParser,
     addresses,
+    analyse_all,
     port_range,
 )
-from hypafilter.iptables.rule import (
-    Addr,
-    ParsedRule,
-    PortCheck,
-    TcpUdp,
-    analyse,
-)
-from hypafilter.iptables.tables import (
-    BUILTIN_CHAINS,
-)
+from hypafilter.iptables.rule import Addr, ParsedRule, PortCheck, TcpUdp, Verbatim
+from hypafilter.iptables.tables import BUILTIN_CHAINS, CONNTRACK_MATCHES, CONNTRACK_TARGETS
 from hypafilter.iptables.tokens import SPECIAL, Tok, tokenize
 from hypafilter.ir import PROTO_TCP, PROTO_UDP, Box, Origin, Policy, UserChain
 from hypafilter.ir.semantics import KNOWN_TARGETS
@@ -296,8 +289,7 @@ class _Document:
             raise ctx.err("no such chain (define it first with -N or :NAME -)", chain_tok)
         origin = Origin(self.filename, ctx.line, name, raw.strip())
         rules = RuleParser(ctx, rest, name, {c for c, d in self.chains.items() if not d.builtin}, origin).parse()
-        for r in rules:
-            analyse(r, self.config.hw_ports, canonical.options_of)
+        analyse_all(ctx, rest, rules, self.config)
         if cmd == "-A":
             ch.rules.extend(rules)
             return
@@ -381,6 +373,11 @@ def parse_policy(
         raise PolicyError(f"base chain {base_chain} is a user-defined chain", filename, base.line, 1, base_chain)
     reach = reachable_chains(doc.chains, base_chain)
     rules = flatten(doc.chains, base_chain, base.policy or "ACCEPT", config)
+    reads_ct = any(
+        r.target in CONNTRACK_TARGETS or any(isinstance(m, Verbatim) and m.name in CONNTRACK_MATCHES for m in r.matches)
+        for name in (base_chain, *reach)
+        for r in doc.chains[name].rules
+    )
     return Policy(
         rules=rules,
         default=base.policy or "ACCEPT",
@@ -388,4 +385,5 @@ def parse_policy(
         source=filename,
         original_rules=[canonical.rule_tokens(r) for r in base.rules],
         user_chains={n: UserChain(n, tuple(canonical.rule_tokens(r) for r in doc.chains[n].rules)) for n in reach},
+        reads_conntrack=reads_ct,
     )

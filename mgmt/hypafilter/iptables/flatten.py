@@ -9,9 +9,13 @@ Semantics (docs/policy-language.md, "Flattening"):
 - `-g C`: like `-j C` followed by a RETURN with the same checks (the caller's remaining rules are skipped
   for packets that took the goto); in the base chain, that RETURN is the chain policy.
 - `-j RETURN` in the base chain: the chain policy.
-- A jump that would expand to more than config.flatten_bound rules, or whose flattening cannot be exact
-  (stateful checks that would be evaluated a different number of times), stays one complex rule whose target
-  is the user chain; that chain is loaded verbatim in software.
+- A jump that would expand to more than config.flatten_bound rules, or whose flattening cannot be exact, stays
+  one complex rule whose target is the user chain; that chain is loaded verbatim in software. Flattening is not
+  exact for a chain that (itself or through chains it reaches) changes state or keeps per-rule state: a MARK,
+  CONNMARK, SET, ... would change what the re-evaluated caller checks and RETURN guards of its later rules test,
+  and a limit, quota, recent, ... rule copied into every expansion would count packets in several buckets.
+- A base-chain rule with per-rule state keeps its base position (`Rule.stateful_pos`), so the generated chains
+  load it once (see analysis.program.place_policy_rule).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from hypafilter.errors import PolicyError
 from hypafilter.iptables import canonical
 from hypafilter.ir import Box, Level, Rule
 from hypafilter.ir.box import boxes_intersect, boxes_minus
+from hypafilter.ir.semantics import STATE_CHANGING_TARGETS
 
 _ROOT = (Box.full(),)
 
@@ -43,18 +48,32 @@ class _Frame:
 class _Flattener:
     def __init__(self, chains, base: str, default: str, config: Config):
         self.chains, self.base, self.default, self.bound = chains, base, default, config.flatten_bound
+        self._keeps_state: dict[str, bool] = {}
 
     def user(self, name: str) -> bool:
         return name in self.chains and not self.chains[name].builtin
 
+    def keeps_state(self, name: str, visiting: frozenset[str] = frozenset()) -> bool:
+        """Does user chain `name`, or a chain it reaches, change state or keep per-rule state?"""
+        if name not in self._keeps_state:
+            self._keeps_state[name] = any(
+                r.stateful
+                or r.target in STATE_CHANGING_TARGETS
+                or (self.user(r.target) and r.target not in visiting and self.keeps_state(r.target, visiting | {name}))
+                for r in self.chains[name].rules
+            )
+        return self._keeps_state[name]
+
     def walk(self, name: str, fr: _Frame, stack: tuple[str, ...]) -> list[Rule]:
+        if name != self.base and self.keeps_state(name):
+            raise _NotFlat(name)
         out: list[Rule] = []
         guard_boxes: list[Box] = []  # union of the simple RETURN guards met so far in this chain
         guard_opts: list[tuple[str, ...]] = []
         approx_here = False
         in_base = name == self.base
         depth = len(fr.levels)
-        for r in self.chains[name].rules:
+        for pos, r in enumerate(self.chains[name].rules):
             opts = canonical.rule_options(r)
             own = r.boxes
             approx = fr.approx or approx_here
@@ -72,9 +91,10 @@ class _Flattener:
             levels = fr.levels + (Level(opts, tuple(guard_opts)),)
 
             def rule(
-                target: str, args: tuple[str, ...] = (), r=r, eff=eff, cx=cx, levels=levels, approx=approx
+                target: str, args: tuple[str, ...] = (), r=r, eff=eff, cx=cx, levels=levels, approx=approx, pos=pos
             ) -> Rule:
-                return Rule(eff, target, cx, args, levels, r.origin, approx)
+                spos = pos if in_base and r.stateful else None
+                return Rule(eff, target, cx, args, levels, r.origin, approx, spos)
 
             def guard(r=r, opts=opts) -> None:
                 nonlocal approx_here

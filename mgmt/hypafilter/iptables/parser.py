@@ -557,9 +557,21 @@ def parse_rule(
     toks = tokenize(text, line, filename)
     origin = Origin(filename, line, chain, text.strip())
     rules = RuleParser(ctx, toks, chain, set(chains or ()), origin).parse()
-    for r in rules:
-        analyse(r, config.hw_ports, canonical.options_of)
+    analyse_all(ctx, toks, rules, config)
     return rules
+
+
+def analyse_all(ctx: Ctx, toks: list[Tok], rules: list[ParsedRule], config: Config) -> None:
+    """Boxes and complex groups of the rules parsed from `toks`, after the checks that need the configuration."""
+    for r in rules:
+        if r.iif is not None and r.iif.name in config.hw_ports:
+            tok = next((b for a, b in zip(toks, toks[1:], strict=False) if a.text in ("-i", "--in-interface")), None)
+            raise ctx.err(
+                f"-i {r.iif.name}: in the bridged FORWARD chain -i is the bridge device, never a port, so hw_ports "
+                f"cannot map it; match the NIC port with -m physdev --physdev-in {r.iif.name}",
+                tok,
+            )
+        analyse(r, config.hw_ports, canonical.options_of)
 
 
 # --- documents -------------------------------------------------------------------------------------------------

@@ -163,11 +163,8 @@ def analyse(rule: ParsedRule, hw_ports: dict[str, int], options_of) -> None:
         elif not (a.mask == 0 and not a.invert):
             parts.append(_FieldPart(fname, iv))
     if rule.iif is not None and not (rule.iif.matches_all and not rule.iif.invert):
-        port = hw_ports.get(rule.iif.name)
-        if port is None or rule.iif.name.endswith("+"):
-            cx.append(options_of(("iface", "-i", rule.iif)))
-        else:
-            parts.append(_FieldPart("iport", complement(port, port, MAXV[7]) if rule.iif.invert else [(port, port)]))
+        # The ingress device as netfilter sees it (the bridge, for bridged traffic): software decides it.
+        cx.append(options_of(("iface", "-i", rule.iif)))
     if rule.oif is not None and not (rule.oif.matches_all and not rule.oif.invert):
         cx.append(options_of(("iface", "-o", rule.oif)))
     if rule.proto:

@@ -167,6 +167,12 @@ STATEFUL_MATCHES = frozenset(
     {"limit", "hashlimit", "recent", "statistic", "quota", "connlimit", "nfacct", "rateest", "random", "nth"}
 )
 
+# Matches and targets that read the connection tracking table. A packet conntrack never saw (one the fast path
+# accepted by itself) has no entry there, so a policy with any of these must let conntrack see every packet it
+# accepts (ARCHITECTURE §2: the fast path never accepts a frame conntrack has not seen).
+CONNTRACK_MATCHES = frozenset({"conntrack", "state", "connmark", "connbytes", "connlabel", "connlimit", "helper"})
+CONNTRACK_TARGETS = frozenset({"CONNMARK", "CONNSECMARK", "CT"})
+
 BUILTIN_CHAINS = {
     "filter": ("INPUT", "FORWARD", "OUTPUT"),
     "nat": ("PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"),

@@ -62,6 +62,9 @@ class Rule:
     levels: tuple[Level, ...] = ()
     origin: Origin | None = None
     approximate: bool = False  # boxes over-approximate the rule (e.g. a complex RETURN guard above it)
+    # Position in the base chain of a rule with per-rule state (limit, quota, recent, ...): such a rule must exist
+    # once in the loaded rule set, so every generated chain that needs it jumps to one copy (None: no such state).
+    stateful_pos: int | None = None
 
     @property
     def is_simple(self) -> bool:
@@ -92,6 +95,8 @@ class Policy:
     # including the target) and every user chain they can reach.
     original_rules: list[tuple[str, ...]] = field(default_factory=list)
     user_chains: dict[str, UserChain] = field(default_factory=dict)
+    # Some reachable rule reads conntrack state (set by the front end): the fast path then accepts nothing by itself.
+    reads_conntrack: bool = False
 
     @property
     def simple_indices(self) -> list[int]:

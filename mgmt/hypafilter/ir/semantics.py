@@ -26,6 +26,10 @@ NONTERMINAL_TARGETS = frozenset(
         "TOS", "TRACE", "TTL", "ULOG",
     }
 )  # fmt: skip
+# Non-terminating targets that only observe the packet; every other one changes state a later rule may read
+# (the packet mark, the connection mark, an ipset, header bytes, ...).
+OBSERVING_TARGETS = frozenset({"AUDIT", "LOG", "NFLOG", "TRACE", "ULOG"})
+STATE_CHANGING_TARGETS = NONTERMINAL_TARGETS - OBSERVING_TARGETS
 # Extension targets that decide (or divert) the packet when they match. SYNPROXY consumes SYN and ACK packets
 # and lets every other packet continue; DNAT/SNAT/MASQUERADE/REDIRECT/NETMAP belong to the nat table, where
 # they accept. A packet-dependent or table-dependent verdict is a complex rule's business: the model asks

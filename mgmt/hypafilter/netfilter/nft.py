@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hypafilter.analysis.program import Placed, build_program, place_policy_rule, resolve_target
+from hypafilter.analysis.program import (
+    Placed,
+    build_program,
+    original_placements,
+    place_policy_rule,
+    resolve_target,
+)
 from hypafilter.errors import HypafilterError
 
 
@@ -65,12 +71,7 @@ def _nft_match(tokens: tuple[str, ...], where: str) -> list[str]:
         elif t in ("--dport", "--destination-port", "--dports", "--destination-ports"):
             out.append(f"{proto} dport {op}{_nft_ports(take())}")
         elif t == "--icmp-type":
-            v = take()
-            if "/" in v:
-                typ, code = v.split("/", 1)
-                out.append(f"icmp type {op}{typ} icmp code {code}")
-            else:
-                out.append(f"icmp type {op}{v}")
+            out += _nft_icmp(take(), bool(op), where)
         elif t == "--tcp-flags":
             mask, comp = take().lower(), take().lower()
             m = " | ".join(mask.split(",")) if mask != "all" else "fin | syn | rst | psh | ack | urg | ecn | cwr"
@@ -99,6 +100,22 @@ def _nft_match(tokens: tuple[str, ...], where: str) -> list[str]:
             raise _NftUnsupported(f"{where}: option {t!r} has no nftables equivalent in hypafilter's nft output")
     # nft wants a comment last.
     return [x for x in out if not x.startswith("comment")] + [x for x in out if x.startswith("comment")]
+
+
+def _nft_icmp(spec: str, negated: bool, where: str) -> list[str]:
+    """`--icmp-type` as iptables -S prints it (any, T, T/C, T/A:B). Type 255 matches every ICMP packet, as in the
+    kernel; a negated type/code pair is one test of the pair, not two negated tests."""
+    typ, _, code = spec.partition("/")
+    if typ in ("any", "255"):
+        return ["icmp type != 0-255"] if negated else []  # never / always true for an ICMP packet
+    code = code.replace(":", "-")
+    if not code:
+        return [f"icmp type {'!= ' if negated else ''}{typ}"]
+    if not negated:
+        return [f"icmp type {typ} icmp code {code}"]
+    if "-" in code:
+        raise _NftUnsupported(f"{where}: ! --icmp-type {spec} (a negated code range) has no nftables form here")
+    return [f"icmp type . icmp code != {{ {typ} . {code} }}"]
 
 
 def _nft_target(p: Placed, where: str) -> str:
@@ -171,7 +188,12 @@ def to_nft(
     for name, rules in prog.chains.items():
         lines: list[str] = []
         if name == prog.verbatim_full:
-            lines = [verbatim(toks, f"{pol.source}: {' '.join(toks)}", True) for toks in pol.original_rules]
+            lines = [
+                rule_text(x, f"{pol.source}: {name}")
+                if isinstance(x, Placed)
+                else verbatim(x, f"{pol.source}: {' '.join(x)}", True)
+                for x in original_placements(prog, helpers)
+            ]
         else:
             marks = [r for r in rules if r.kind == "mark" and r.mask == (mark_mask & 0xFFFFFFFF)]
             for r in rules:
@@ -186,6 +208,8 @@ def to_nft(
                         lines.append(f"meta mark & {r.mask:#x} vmap {{ {vm} }}")
                 elif r.kind == "mark":
                     lines.append(f"meta mark & {r.mask:#x} == {r.value:#x} {_nft_verdict(r.target)}")
+                elif r.kind == "unmark":
+                    lines.append(f"meta mark set meta mark & {~r.mask & 0xFFFFFFFF:#x}")
                 else:
                     lines.append(_nft_verdict(r.target))
         chains[name] = lines

@@ -12,6 +12,7 @@ from hypafilter.analysis.program import (
     Placed,
     Program,
     build_program,
+    original_placements,
     place_policy_rule,
     rename_jumps,
 )
@@ -27,6 +28,8 @@ def to_iptables_restore(
 
 
 def _tokens(p: Placed) -> tuple[str, ...]:
+    if not p.target:  # a rule kept only for what its matches do (e.g. `-m recent --set`): no -j at all
+        return p.options
     return (*p.options, "-j", p.target, *p.args)
 
 
@@ -37,7 +40,7 @@ def chain_bodies(prog: Program) -> dict[str, list[tuple[str, ...]]]:
     helpers: dict[str, list[Placed]] = {}
     for name, rules in prog.chains.items():
         if name == prog.verbatim_full:
-            body[name] = [rename_jumps(prog, toks) for toks in pol.original_rules]
+            body[name] = [x if isinstance(x, tuple) else _tokens(x) for x in original_placements(prog, helpers)]
             continue
         lines: list[tuple[str, ...]] = []
         for r in rules:
@@ -45,6 +48,8 @@ def chain_bodies(prog: Program) -> dict[str, list[tuple[str, ...]]]:
                 lines.append(_tokens(place_policy_rule(prog, r.index, helpers)))
             elif r.kind == "mark":
                 lines.append(("-m", "mark", "--mark", f"{r.value:#x}/{r.mask:#x}", "-j", r.target))
+            elif r.kind == "unmark":
+                lines.append(("-j", "MARK", "--set-xmark", f"0x0/{r.mask:#x}"))
             else:
                 lines.append(("-j", r.target))
         body[name] = lines

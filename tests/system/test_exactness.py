@@ -124,3 +124,43 @@ def test_conntrack_sees_every_accepted_packet(lab):
     want = b"retlifapyh olleh" * 50
     assert got["plain"] == [want] * 3
     assert got["hyb"] == got["plain"]
+
+
+def test_tagged_frames_are_filtered_after_deploy(lab):
+    """deploy left net.bridge.bridge-nf-filter-vlan-tagged at the kernel's 0 (only verify set 1), so an 802.1Q
+    frame the hardware shunted crossed the firewall bridge without any iptables rule: a datagram the policy drops
+    reached the receiver. Now deploy sets it (and the oracle is the policy with the same setting)."""
+    from hypafilter import netns
+    from hypafilter.ops.verify import compare, exchange, make_probes
+
+    pol = parse(
+        "*filter\n:FORWARD ACCEPT [0:0]\n"
+        "-A FORWARD -p udp -m string --string BAD --algo bm -j DROP\n"
+        "-A FORWARD -p udp -j ACCEPT\n"
+        "-A FORWARD -p tcp -j DROP\nCOMMIT\n",
+        "vlan.rules",
+    )
+    deploy_both(lab, pol)
+    key = "net.bridge.bridge-nf-filter-vlan-tagged"
+    assert netns.run(["sysctl", "-n", key], lab.ns_fw).strip() == "1"
+    netns.run(["sysctl", "-qw", f"{key}=1"], lab.ns_plain)  # the oracle: the same policy, tagged frames filtered
+    probes = make_probes(pol, 400, generation=0, seed=9, malformed=1.0, kinds=("vlan",), bad_share=0.5)
+    report = compare(probes, exchange({"send": lab.ns_send, "recv": lab.ns_recv, "plain": lab.ns_plain}, probes))
+    assert report["mismatches"] == 0, report["examples"][:3]
+    assert report["delivered_oracle"] < 400  # the policy dropped some: the comparison had something to catch
+
+
+@pytest.mark.parametrize("chain", ["INPUT", "OUTPUT"])
+def test_host_chains_are_refused_on_a_bridge_nic(lab, chain):
+    """The NIC bridges its ports: INPUT/OUTPUT see none of its frames. Deploying such a policy used to succeed
+    and filter nothing; now it is refused before anything changes."""
+    from hypafilter.config import Config
+    from hypafilter.errors import HypafilterError
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.ops import deploy
+
+    before = deploy.read_state()
+    pol = parse_policy(f"*filter\n:{chain} DROP [0:0]\n-A {chain} -p tcp -j ACCEPT\nCOMMIT\n", "host.rules", chain)
+    with pytest.raises(HypafilterError, match=rf"host.rules: chain {chain} on target 'emu'.*--chain FORWARD"):
+        deploy.deploy(pol, Config())
+    assert deploy.read_state() == before

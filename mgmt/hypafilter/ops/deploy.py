@@ -34,6 +34,7 @@ from hypafilter.targets.base import Site, Target
 STATE_DIR = Path(os.environ.get("HF_STATE_DIR", "/run/hypafilter"))
 FAIL_ENV = "HF_FAIL_STEP"  # test hook: the named step fails (netfilter: a real iptables-restore error)
 HISTORY_KEEP = 50
+VLAN_SYSCTL = "net.bridge.bridge-nf-filter-vlan-tagged"
 
 # The reference lab topology (ops.lab creates it; ARCHITECTURE §7). One lab per machine for deploy.
 LAB_NAME = os.environ.get("HF_LAB", "hf")
@@ -241,6 +242,12 @@ def deploy(
     missing = tgt.missing()
     if missing:
         raise HypafilterError(f"target '{target}' is not available here (only 'emu'; {missing})")
+    if policy.base_chain not in tgt.base_chains:
+        raise HypafilterError(
+            f"{policy.source}: chain {policy.base_chain} on target '{tgt.name}': the NIC bridges its ports, so its "
+            f"frames reach only the bridged {' or '.join(tgt.base_chains)} chain; deploy the policy's "
+            f"{' or '.join(tgt.base_chains)} chain (--chain FORWARD)"
+        )
     with _lock():
         return _deploy_locked(policy, config, force, log, tgt)
 
@@ -322,6 +329,14 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
                 )
 
         tx.step("shim-generation", shim_gen, shim_gen_undo)
+        # Single-tagged (802.1Q) IPv4 frames are classified by the hardware, so netfilter must filter them too
+        # when they are shunted: the kernel default (0) lets them cross the bridge without any iptables rule.
+        old_vlan = netns.run(["sysctl", "-n", VLAN_SYSCTL], NS_FW).strip()
+        tx.step(
+            "bridge-vlan",
+            lambda: netns.run(["sysctl", "-qw", f"{VLAN_SYSCTL}=1"], NS_FW),
+            lambda: netns.run(["sysctl", "-qw", f"{VLAN_SYSCTL}={old_vlan}"], NS_FW),
+        )
         # 3. New chains and the jump to them, in one atomic restore.
         tx.step(
             "netfilter",

@@ -34,6 +34,9 @@ class Target(ABC):
     """One kind of NIC running the core generated for a Plan."""
 
     name = ""
+    # The NIC bridges a port pair: its frames reach the host's bridged FORWARD chain only. INPUT and OUTPUT see
+    # none of them, so a policy for those chains means nothing on it (host mode comes with an XDP target).
+    base_chains: tuple[str, ...] = ("FORWARD",)
 
     def __init__(self, config: Config, site: Site | None = None, build_root: Path = BUILD_ROOT):
         self.config = config

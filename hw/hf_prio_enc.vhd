@@ -1,5 +1,6 @@
 -- Pipelined priority encoder: index of the lowest set bit of a wide vector, one vector per cycle.
 -- Each stage reduces groups of FANIN (valid, index) pairs to one, so N_IN = 10,000 at FANIN 8 takes 5 stages.
+-- The stage count is computed once, by hypafilter.hw.vhdl.enc_stages, and given here as STAGES (checked below).
 library ieee;
 use ieee.std_logic_1164.all;
 use ieee.numeric_std.all;
@@ -8,9 +9,10 @@ use work.hf_pkg.all;
 
 entity hf_prio_enc is
   generic (
-    N_IN  : positive := 64;  -- input bits (bit 0 has the highest priority)
-    FANIN : positive := 8;   -- inputs per group and stage (a power of two >= 2)
-    IDX_W : positive := 6    -- bits of the index output (at least clog2(N_IN))
+    N_IN   : positive := 64;  -- input bits (bit 0 has the highest priority)
+    FANIN  : positive := 8;   -- inputs per group and stage (a power of two >= 2)
+    STAGES : positive := 2;   -- pipeline stages: the least s with FANIN ** s >= N_IN (enc_stages in Python)
+    IDX_W  : positive := 6    -- bits of the index output (at least clog2(N_IN))
   );
   port (
     clk     : in  std_logic;
@@ -21,21 +23,17 @@ entity hf_prio_enc is
 end entity;
 
 architecture rtl of hf_prio_enc is
-  function n_stages(n, f : natural) return natural is
-    variable s, w : natural;
+  -- the tree's width, FANIN ** STAGES, once STAGES is known to fit N_IN: a declaration, so that a wrong STAGES
+  -- stops elaboration here with its reason, before any signal is sized by it
+  function tree_width(n, f, s : positive) return positive is
   begin
-    s := 1;
-    w := f;
-    while w < n loop
-      w := w * f;
-      s := s + 1;
-    end loop;
-    return s;
+    assert n <= f ** s and (s = 1 or n > f ** (s - 1))
+      report "hf_prio_enc: STAGES is not the least s with FANIN ** s >= N_IN" severity failure;
+    return f ** s;
   end function;
 
-  constant STAGES : natural := n_stages(N_IN, FANIN);
   constant LF : natural := clog2(FANIN);
-  constant WIDE : natural := FANIN ** STAGES;  -- input padded to a full tree
+  constant WIDE : natural := tree_width(N_IN, FANIN, STAGES);  -- input padded to a full tree
   type idx_arr is array (0 to WIDE - 1) of unsigned(IDX_W - 1 downto 0);
   type any_stages is array (0 to STAGES) of std_logic_vector(WIDE - 1 downto 0);
   type idx_stages is array (1 to STAGES) of idx_arr;

@@ -59,19 +59,7 @@ architecture rtl of hypafilter_core is
   constant PW : natural := DW + KW + 1;      -- packet FIFO word: tdata, tkeep, tlast
   constant DECW : natural := 1 + EV_W + UW;  -- decision FIFO word: drop, events, tuser
 
-  function enc_latency(n, f : natural) return natural is
-    variable s, w : natural;
-  begin
-    s := 1;
-    w := f;
-    while w < n loop
-      w := w * f;
-      s := s + 1;
-    end loop;
-    return s;
-  end function;
-
-  constant SIDE_DELAY : natural := MATCH_LATENCY + enc_latency(RES_WIDTH, ENC_FANIN);
+  constant SIDE_DELAY : natural := MATCH_LATENCY + ENC_STAGES;
 
   type side_t is record
     v   : std_logic;
@@ -154,7 +142,7 @@ begin
       res => res);
 
   encoder : entity work.hf_prio_enc
-    generic map (N_IN => RES_WIDTH, FANIN => ENC_FANIN, IDX_W => IDX_W)
+    generic map (N_IN => RES_WIDTH, FANIN => ENC_FANIN, STAGES => ENC_STAGES, IDX_W => IDX_W)
     port map (clk => axis_aclk, vec => res, any => enc_any, idx => enc_idx);
 
   -- frame information travelling beside matcher and encoder

@@ -11,7 +11,6 @@ import argparse
 import ctypes
 import os
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,15 +22,9 @@ NS_NIC, NS_OUT = "hfbe-nic", "hfbe-out"
 PORTS = {"wire0": "w0p", "wire1": "w1p", "host0": "h0p", "host1": "h1p"}
 
 
-def sh(*argv: str, check: bool = True) -> None:
-    p = subprocess.run(list(argv), capture_output=True, text=True)
-    if check and p.returncode:
-        raise SystemExit(f"{' '.join(argv)}: {p.stderr}")
-
-
 def small_plan():
+    from hypafilter.analysis.plan import build_plan
     from hypafilter.config import Config
-    from hypafilter.hw.vhdl import hw_plan
     from hypafilter.ir import PROTO_TCP, PROTO_UDP, Box, Policy, Rule
 
     def box(**kw):
@@ -46,7 +39,7 @@ def small_plan():
     ]
     orig = [("-p", "tcp", "--dport", "22", "-j", "DROP"), ("-s", "10.0.1.0/24", "-p", "udp", "-j", "ACCEPT")]
     cfg = Config()
-    return hw_plan(Policy(rules, "ACCEPT", source="bench-emu", original_rules=orig), cfg), cfg
+    return build_plan(Policy(rules, "ACCEPT", source="bench-emu", original_rules=orig), cfg), cfg
 
 
 def setns(name: str) -> None:
@@ -65,6 +58,7 @@ def main() -> int:
     if os.geteuid() != 0:
         raise SystemExit("bench-emu: needs root (network namespaces)")
     from hypafilter.targets.emu import EmuNic, build
+    from hypafilter.targets.emu.ports import remove, veth_ports
 
     if args.binary:
         binary = Path(args.binary)
@@ -73,33 +67,7 @@ def main() -> int:
         t0 = time.monotonic()
         binary = build(plan, cfg, build_root=ROOT / "build", verbose=True)
         print(f"build: {time.monotonic() - t0:.1f} s -> {binary}")
-    for n in (NS_NIC, NS_OUT):
-        sh("ip", "netns", "del", n, check=False)
-        sh("ip", "netns", "add", n)
-        sh("ip", "netns", "exec", n, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1")
-        sh("ip", "netns", "exec", n, "sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1")
-    for nic_if, peer in PORTS.items():
-        sh(
-            "ip",
-            "link",
-            "add",
-            nic_if,
-            "netns",
-            NS_NIC,
-            "mtu",
-            "1600",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            peer,
-            "netns",
-            NS_OUT,
-            "mtu",
-            "1600",
-        )
-        sh("ip", "-n", NS_NIC, "link", "set", nic_if, "up")
-        sh("ip", "-n", NS_OUT, "link", "set", peer, "up")
+    veth_ports(NS_NIC, NS_OUT, PORTS.items(), mtu=1600)
     run = Path(tempfile.mkdtemp(prefix="hfbe-"))
     nic = EmuNic(binary, {k: k for k in PORTS}, name="bench", netns=NS_NIC, run_dir=run).start()
     try:
@@ -138,8 +106,7 @@ def main() -> int:
         print(f"command: {' '.join(sys.argv)}")
     finally:
         nic.stop()
-        for n in (NS_NIC, NS_OUT):
-            sh("ip", "netns", "del", n, check=False)
+        remove(NS_NIC, NS_OUT)
     return 0
 
 

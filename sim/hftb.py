@@ -1,14 +1,29 @@
-"""Shared cocotb testbench parts for the hypafilter core: GHDL build/run, AXI-Stream and AXI-Lite drivers, frames."""
+"""Shared cocotb testbench parts of the hypafilter entities: GHDL build/run, AXI-Stream and AXI-Lite drivers, frames.
+
+Testbenches import it as `sim.hftb` (the repository root is on sys.path under pytest, and run_ghdl puts it on the
+simulator's path), so no testbench edits sys.path.
+"""
 
 from __future__ import annotations
 
 import os
 import pickle
 import random
+import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from cocotb.runner import get_results, get_runner
+from cocotb.triggers import ReadOnly, RisingEdge
+from cocotb.utils import get_sim_time
+from hypafilter.paths import HW_DIR, ROOT
+from scapy.layers.inet import ICMP, IP, TCP, UDP
+from scapy.layers.l2 import Dot1AD, Dot1Q, Ether
+from scapy.packet import Raw
+
+from conftest import need_tool
+
+SIM_DIR = ROOT / "sim"
 SIM_BUILD = ROOT / "build" / "sim"
 WIRE = (0x01, 0x04, 0x10, 0x40)
 HOST = (0x02, 0x08, 0x20, 0x80)
@@ -17,24 +32,28 @@ HOST = (0x02, 0x08, 0x20, 0x80)
 # ---------------------------------------------------------------- building and running (pytest side)
 
 
+def hw(*names: str) -> list[Path]:
+    """Static sources of hw/ by file name, in the order given (compile order)."""
+    return [HW_DIR / n for n in names]
+
+
 def run_ghdl(
     entity: str,
     sources: list[Path],
-    test_module: str,
     tag: str,
     parameters: dict,
     env: dict | None = None,
-    test_dir: Path | None = None,
     testcase: str | list[str] | None = None,
     build_args: list[str] | None = None,
+    test_module: str | None = None,
 ) -> None:
-    """Build `entity` with GHDL (VHDL-2008) into build/sim/<entity>/<tag> and run the cocotb tests of test_module.
+    """Build `entity` with GHDL (VHDL-2008) into build/sim/<entity>/<tag> and run the cocotb tests of
+    sim/<entity>/<test_module> (default test_<entity>).
 
     build_args are added to the analysis options: `-O0` makes ghdl-llvm skip LLVM's optimiser, which takes
     minutes on a 10,000-entry matcher (one process of ~11,000 assignments) and costs only ~25 % of simulation speed.
     """
-    from cocotb.runner import get_runner  # noqa: PLC0415 (only the pytest side needs it)
-
+    need_tool("ghdl")
     build_dir = SIM_BUILD / entity / tag
     build_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -47,13 +66,11 @@ def run_ghdl(
         always=True,
     )
     t1 = time.monotonic()
-    import sys  # noqa: PLC0415
-
-    path = [str(ROOT / "sim"), str(test_dir or build_dir), *sys.path]
+    path = [str(ROOT), str(SIM_DIR / entity), *sys.path]
     # the LLVM backend runs the elaborated binary from the build folder, so the tests run there too
     results = runner.test(
         hdl_toplevel=entity,
-        test_module=test_module,
+        test_module=test_module or f"test_{entity}",
         test_args=["--std=08"],
         parameters=parameters,
         build_dir=build_dir,
@@ -61,8 +78,6 @@ def run_ghdl(
         extra_env={"PYTHONPATH": os.pathsep.join(path), **(env or {})},
         testcase=testcase,
     )
-    from cocotb.runner import get_results  # noqa: PLC0415
-
     total, failed = get_results(results)
     # wall times on stdout (pytest -s shows them): the figures docs/hardware.md quotes for large builds
     print(f"TIME {entity}/{tag}: ghdl build {t1 - t0:.1f} s, simulation {time.monotonic() - t1:.1f} s")
@@ -83,17 +98,33 @@ def load_obj(env_name: str):
 # ---------------------------------------------------------------- cocotb side
 
 
-def _cocotb():
-    import cocotb  # noqa: PLC0415
-    from cocotb.triggers import ReadOnly, RisingEdge  # noqa: PLC0415
-
-    return cocotb, ReadOnly, RisingEdge
-
-
 def _edge(period_ns: int) -> int:
-    from cocotb.utils import get_sim_time  # noqa: PLC0415
-
     return round(get_sim_time("ns") / period_ns)
+
+
+async def handshake(clk, ready) -> None:
+    """Wait for the clock edge that completes a transfer the caller offers (valid held at 1): `ready` sampled 1."""
+    while True:
+        await ReadOnly()
+        ok = int(ready.value)
+        await RisingEdge(clk)
+        if ok:
+            return
+
+
+class Free:
+    """A stand-in port: takes any value written, reads as `value` (ports an entity does not have)."""
+
+    def __init__(self, value: int = 0):
+        self.value = value
+
+
+class Ports:
+    """A view of dut under other names: Ports(dut, s_axis_tdata="tdata", s_axis_tready=Free(1), ...)."""
+
+    def __init__(self, dut, **names):
+        for alias, port in names.items():
+            setattr(self, alias, getattr(dut, port) if isinstance(port, str) else port)
 
 
 class AxisSource:
@@ -110,7 +141,6 @@ class AxisSource:
         dut.s_axis_tuser.value = 0
 
     async def send(self, frames) -> None:
-        _, ReadOnly, RisingEdge = _cocotb()
         d, n = self.dut, self.bytes
         for data, tuser in frames:
             beats = [data[i : i + n] for i in range(0, max(len(data), 1), n)]
@@ -123,12 +153,7 @@ class AxisSource:
                 d.s_axis_tlast.value = int(k == len(beats) - 1)
                 d.s_axis_tuser.value = tuser if k == 0 else 0
                 d.s_axis_tvalid.value = 1
-                while True:
-                    await ReadOnly()
-                    ready = int(d.s_axis_tready.value)
-                    await RisingEdge(self.clk)
-                    if ready:
-                        break
+                await handshake(self.clk, d.s_axis_tready)
                 if k == 0:
                     self.accepted_first.append(_edge(self.period_ns))
         d.s_axis_tvalid.value = 0
@@ -148,8 +173,11 @@ class AxisSink:
         self._first = 0
         dut.m_axis_tready.value = 0
 
+    @property
+    def mid_frame(self) -> bool:
+        return bool(self._cur)
+
     async def run(self) -> None:
-        _, ReadOnly, RisingEdge = _cocotb()
         d = self.dut
         while True:
             await RisingEdge(self.clk)
@@ -172,64 +200,61 @@ class AxisSink:
 
 
 class AxiLite:
-    """AXI4-Lite master on s_axi_* (one transaction at a time)."""
+    """AXI4-Lite master on s_axi_* (one transaction at a time); `stall` is the chance per cycle that it holds
+    bready/rready low while a response waits (0: always ready), and of an idle cycle before a request."""
 
-    def __init__(self, dut, clk):
-        self.dut, self.clk = dut, clk
+    def __init__(self, dut, clk, rng: random.Random | None = None, stall: float = 0.0):
+        self.dut, self.clk, self.rng, self.stall = dut, clk, rng or random.Random(0), stall
         for s in ("awvalid", "wvalid", "arvalid"):
             getattr(dut, f"s_axi_{s}").value = 0
-        dut.s_axi_bready.value = 1
-        dut.s_axi_rready.value = 1
+        dut.s_axi_bready.value = int(not stall)
+        dut.s_axi_rready.value = int(not stall)
         dut.s_axi_wstrb.value = 0xF
         dut.s_axi_awaddr.value = 0
         dut.s_axi_araddr.value = 0
         dut.s_axi_wdata.value = 0
 
+    def _hold(self) -> bool:
+        return bool(self.stall) and self.rng.random() < self.stall
+
+    async def _response(self, valid, ready, data=None) -> int:
+        """Take one response, holding `ready` low on random cycles; returns `data` as it was taken."""
+        while True:
+            ready.value = int(not self._hold())
+            await ReadOnly()
+            ok = int(valid.value) and int(ready.value)
+            val = int(data.value) if ok and data is not None else 0
+            await RisingEdge(self.clk)
+            if ok:
+                ready.value = int(not self.stall)
+                return val
+
     async def write(self, addr: int, value: int) -> None:
-        _, ReadOnly, RisingEdge = _cocotb()
         d = self.dut
+        while self._hold():
+            await RisingEdge(self.clk)
         d.s_axi_awaddr.value = addr
         d.s_axi_wdata.value = value & 0xFFFFFFFF
         d.s_axi_awvalid.value = 1
         d.s_axi_wvalid.value = 1
-        while True:
-            await ReadOnly()
-            ok = int(d.s_axi_awready.value)
-            await RisingEdge(self.clk)
-            if ok:
-                break
+        await handshake(self.clk, d.s_axi_awready)
         d.s_axi_awvalid.value = 0
         d.s_axi_wvalid.value = 0
-        while True:
-            await ReadOnly()
-            ok = int(d.s_axi_bvalid.value)
-            await RisingEdge(self.clk)
-            if ok:
-                break
+        await self._response(d.s_axi_bvalid, d.s_axi_bready)
 
     async def read(self, addr: int) -> int:
-        _, ReadOnly, RisingEdge = _cocotb()
         d = self.dut
+        while self._hold():
+            await RisingEdge(self.clk)
         d.s_axi_araddr.value = addr
         d.s_axi_arvalid.value = 1
-        while True:
-            await ReadOnly()
-            ok = int(d.s_axi_arready.value)
-            await RisingEdge(self.clk)
-            if ok:
-                break
+        await handshake(self.clk, d.s_axi_arready)
         d.s_axi_arvalid.value = 0
-        while True:
-            await ReadOnly()
-            ok = int(d.s_axi_rvalid.value)
-            val = int(d.s_axi_rdata.value)
-            await RisingEdge(self.clk)
-            if ok:
-                return val
+        return await self._response(d.s_axi_rvalid, d.s_axi_rready, d.s_axi_rdata)
 
     async def table_access(self, regs, table: int, index: int, value: int | None = None) -> int:
         """The SUME indirect-access protocol of hw/regmap.txt; returns IND_REPLY (reads) or 0."""
-        await self.write(regs.REG_IND_ADDRESS, (table << 24) | index)
+        await self.write(regs.REG_IND_ADDRESS, regs.ind_address(table, index))
         if value is not None:
             await self.write(regs.REG_IND_WR_DATA, value)
         await self.write(regs.REG_IND_COMMAND, 0x11 if value is None else 0x01)
@@ -250,9 +275,6 @@ def tuser_for(frame: bytes, src_port: int) -> int:
 
 def header_frame(h, rng: random.Random, vlans: int = 0, options: int = 0, pad: int = 0) -> bytes:
     """A frame (scapy) carrying header point h (ir.Header fields)."""
-    from scapy.layers.inet import ICMP, IP, TCP, UDP  # noqa: PLC0415
-    from scapy.layers.l2 import Dot1AD, Dot1Q, Ether  # noqa: PLC0415
-    from scapy.packet import Raw  # noqa: PLC0415
 
     def addr(v: int) -> str:
         return ".".join(str((v >> s) & 0xFF) for s in (24, 16, 8, 0))

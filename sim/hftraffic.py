@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import random
 
-from hftb import HOST, WIRE, header_frame, tuser_for
 from hypafilter.ir import FIELDS, Header
+from scapy.layers.inet import IP, UDP
+from scapy.layers.inet6 import IPv6
+from scapy.layers.l2 import ARP, Dot1Q, Ether
+
+from sim.hftb import HOST, WIRE, header_frame, tuser_for
 
 PORT_OF_IPORT = {0: 0x01, 1: 0x04, 2: 0x10, 3: 0x40}
 
@@ -47,10 +51,6 @@ def _set16(b: bytearray, off: int, v: int) -> None:
 
 def malformed(rng: random.Random) -> tuple[bytes, int]:
     """A frame the parser must not guess about (or a legal corner case); returns (frame, src_port)."""
-    from scapy.layers.inet import IP, UDP  # noqa: PLC0415
-    from scapy.layers.inet6 import IPv6  # noqa: PLC0415
-    from scapy.layers.l2 import ARP, Dot1Q, Ether  # noqa: PLC0415
-
     port = rng.choice(WIRE)
     h = random_header(rng)
     kind = rng.randrange(12)

@@ -3,25 +3,16 @@
 from __future__ import annotations
 
 import random
-import sys
-from pathlib import Path
 
+import cocotb
 import pytest
+from cocotb.clock import Clock
+from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
+from hypafilter.hw import model as hwmodel
+from hypafilter.hw.vhdl import HwPlan
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from hftb import SIM_BUILD, AxisSource, load_obj, run_ghdl, save_obj  # noqa: E402
-from hypafilter.hw import model as hwmodel  # noqa: E402
-
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-
-try:
-    import cocotb
-    from cocotb.clock import Clock
-    from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
-except ImportError:
-    cocotb = None
+from sim.hftb import SIM_BUILD, AxisSource, Free, Ports, hw, load_obj, run_ghdl, save_obj, tuser_for
+from sim.hftraffic import frames_for, malformed, truncated_l4
 
 
 class TB:
@@ -59,48 +50,39 @@ class TB:
                 self.out.append(h)
 
 
-class _Shim:
-    """Maps the parser's bare stream ports onto the s_axis_* names AxisSource drives (tready always 1)."""
+def _stream(dut) -> Ports:
+    """The parser's bare stream ports under the s_axis_* names AxisSource drives (it watches beats: always ready)."""
+    return Ports(
+        dut,
+        s_axis_tvalid="beat_valid",
+        s_axis_tdata="tdata",
+        s_axis_tkeep="tkeep",
+        s_axis_tlast="tlast",
+        s_axis_tuser="tuser",
+        s_axis_tready=Free(1),
+    )
 
-    def __init__(self, dut):
-        self.s_axis_tvalid, self.s_axis_tdata, self.s_axis_tkeep = dut.beat_valid, dut.tdata, dut.tkeep
-        self.s_axis_tlast, self.s_axis_tuser = dut.tlast, dut.tuser
-        self.s_axis_tready = _One()
 
-
-class _One:
-    value = 1
-
-
-if cocotb is not None:
-
-    @cocotb.test()
-    async def parser_matches_model(dut):
-        frames = load_obj("HF_TB_CFG")
-        tb = TB(dut, 1)
-        dut.rst.value = 1
-        src = AxisSource(_Shim(dut), dut.clk, tb.width, tb.rng, idle=0.3)
-        await ClockCycles(dut.clk, 3)
-        dut.rst.value = 0
-        cocotb.start_soon(tb.monitor())
-        await src.send(frames)
-        await ClockCycles(dut.clk, 20)
-        assert len(tb.out) == len(frames), "one header per frame, none left in flight"
-        for k, ((f, tuser), got) in enumerate(zip(frames, tb.out, strict=True)):
-            want = hwmodel.parse_frame(f, (tuser >> 16) & 0xFF)
-            assert got == want, f"frame {k} ({f.hex()}): {got} != {want}"
+@cocotb.test()
+async def parser_matches_model(dut):
+    frames = load_obj("HF_TB_CFG")
+    tb = TB(dut, 1)
+    dut.rst.value = 1
+    src = AxisSource(_stream(dut), dut.clk, tb.width, tb.rng, idle=0.3)
+    await ClockCycles(dut.clk, 3)
+    dut.rst.value = 0
+    cocotb.start_soon(tb.monitor())
+    await src.send(frames)
+    await ClockCycles(dut.clk, 20)
+    assert len(tb.out) == len(frames), "one header per frame, none left in flight"
+    for k, ((f, tuser), got) in enumerate(zip(frames, tb.out, strict=True)):
+        want = hwmodel.parse_frame(f, (tuser >> 16) & 0xFF)
+        assert got == want, f"frame {k} ({f.hex()}): {got} != {want}"
 
 
 @pytest.mark.sim
 @pytest.mark.parametrize("width", [256, 512])
 def test_header_parser(width):
-    from conftest import need_tool  # noqa: PLC0415
-
-    need_tool("ghdl")
-    from hftb import tuser_for  # noqa: PLC0415
-    from hftraffic import frames_for, malformed, truncated_l4  # noqa: PLC0415
-    from hypafilter.hw.vhdl import HwPlan  # noqa: PLC0415
-
     rng = random.Random(width)
     frames = frames_for(HwPlan([], [0], [1], "0" * 64), rng, 500)
     frames += [(f, tuser_for(f, p)) for f, p in (malformed(rng) for _ in range(300))]
@@ -109,12 +91,5 @@ def test_header_parser(width):
     rng.shuffle(frames)
     tag = f"w{width}"
     cfg = save_obj(frames, SIM_BUILD / "hf_header_parser" / tag / "cfg.pkl")
-    run_ghdl(
-        "hf_header_parser",
-        [ROOT / "hw" / "hf_pkg.vhd", ROOT / "hw" / "hf_header_parser.vhd"],
-        "test_hf_header_parser",
-        tag,
-        {"DATA_WIDTH": width},
-        env={"HF_TB_CFG": str(cfg)},
-        test_dir=HERE,
-    )
+    sources = hw("hf_pkg.vhd", "hf_header_parser.vhd")
+    run_ghdl("hf_header_parser", sources, tag, {"DATA_WIDTH": width}, env={"HF_TB_CFG": str(cfg)})

@@ -7,31 +7,26 @@ import os
 import random
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
+import cocotb
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from hftb import SIM_BUILD, AxiLite, AxisSink, AxisSource, load_obj, run_ghdl, save_obj  # noqa: E402
+from cocotb.clock import Clock
+from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
+from hypafilter.analysis.plan import build_plan
 from hypafilter.hw import model as hwmodel
-from hypafilter.hw import regmap  # noqa: E402
+from hypafilter.hw import regmap, synth
 from hypafilter.hw import vhdl as hwgen
-from hypafilter.ir import MAXV, Box, Header, Policy, Rule  # noqa: E402
+from hypafilter.ir import MAXV, Box, Header, Policy, Rule
 
-HERE = Path(__file__).resolve().parent
+from conftest import need_tool
+from sim.hftb import SIM_BUILD, AxiLite, AxisSink, AxisSource, header_frame, load_obj, run_ghdl, save_obj, tuser_for
+from sim.hftraffic import PORT_OF_IPORT, frames_for
+
 FIFO_BYTES = 4096  # the emulator-sized packet FIFO; the SUME build uses 64 kB
 
 
 # ---------------------------------------------------------------- cocotb tests (run inside GHDL)
-
-try:
-    import cocotb
-    from cocotb.clock import Clock
-    from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
-except ImportError:  # collected by pytest outside a simulator: only the pytest functions below are used
-    cocotb = None
 
 
 class TB:
@@ -77,130 +72,130 @@ def _expect(plan, frames, regs, counters, expected):
             expected.append((f, hwmodel.out_tuser(tuser, d), d))
 
 
-if cocotb is not None:
+@cocotb.test()
+async def core_traffic(dut):
+    """Phases of traffic with register changes between them; every frame, TUSER and counter checked."""
+    cfg = load_obj("HF_TB_CFG")
+    plan, phases = cfg["plan"], cfg["phases"]
+    n = len(plan.entries)
+    tb = TB(dut, cfg["seed"], idle=0.2, ready=0.7)
+    await tb.reset(n)
+    ax, R = tb.axil, regmap
+    assert await ax.read(R.REG_ID) == 0x48594641
+    assert await ax.read(R.REG_VERSION) == regmap.MAP.reg("VERSION").reset
+    assert await ax.read(R.REG_NUM_ENTRIES) == n
+    assert await ax.read(R.REG_IND_CONFIG) == n + 1
+    assert await ax.read(R.REG_MATCHER_HASH) == int(hwgen.matcher_hash(plan)[-8:], 16)
+    await ax.write(R.REG_FLIP, 0x12345678)
+    assert await ax.read(R.REG_FLIP) == 0x12345678 ^ 0xFFFFFFFF
+    assert await ax.read(R.REG_CONTROL) == 1
+    for i in range(min(n + 1, 40)):
+        assert await ax.table_access(R, R.TABLE_ACTION, i) == plan.actions[i] & 0xF
 
-    @cocotb.test()
-    async def core_traffic(dut):
-        """Phases of traffic with register changes between them; every frame, TUSER and counter checked."""
-        cfg = load_obj("HF_TB_CFG")
-        plan, phases = cfg["plan"], cfg["phases"]
-        n = len(plan.entries)
-        tb = TB(dut, cfg["seed"], idle=0.2, ready=0.7)
-        await tb.reset(n)
-        ax, R = tb.axil, regmap
-        assert await ax.read(R.REG_ID) == 0x48594641
-        assert await ax.read(R.REG_VERSION) == regmap.MAP.reg("VERSION").reset
-        assert await ax.read(R.REG_NUM_ENTRIES) == n
-        assert await ax.read(R.REG_IND_CONFIG) == n + 1
-        assert await ax.read(R.REG_MATCHER_HASH) == int(hwgen.matcher_hash(plan)[-8:], 16)
-        await ax.write(R.REG_FLIP, 0x12345678)
-        assert await ax.read(R.REG_FLIP) == 0x12345678 ^ 0xFFFFFFFF
-        assert await ax.read(R.REG_CONTROL) == 1
-        for i in range(min(n + 1, 40)):
-            assert await ax.table_access(R, R.TABLE_ACTION, i) == plan.actions[i] & 0xF
-
-        regs = hwmodel.Regs.from_plan(plan)
-        counters = hwmodel.Counters(n)
-        expected: list = []
-        rng = random.Random(cfg["seed"])
-        for phase, frames in enumerate(phases):
-            if phase == 1:  # shunt everything, new generation
-                regs.control, regs.generation = 3, 0xBEEF
-                await ax.write(R.REG_CONTROL, 3)
-                await ax.write(R.REG_GENERATION, 0x1BEEF)
-            elif phase == 2:  # a new shunt vector, written through the indirect table
-                regs.control = 1
-                await ax.write(R.REG_CONTROL, 1)
-                nw = (n + 1 + 31) // 32
-                # at 10k entries a full rewrite is ~10k cycles of AXI-Lite: a sample, with both ends of the table
-                words = range(nw) if not cfg.get("light") else sorted(set(rng.sample(range(nw), 6)) | {0, nw - 1})
-                regs.shunt = list(regs.shunt)
-                for w in words:
-                    regs.shunt[32 * w : 32 * w + 32] = [rng.randrange(2) for _ in regs.shunt[32 * w : 32 * w + 32]]
-                for w in words:
-                    word = sum(b << j for j, b in enumerate(regs.shunt[32 * w : 32 * w + 32]))
-                    await ax.table_access(R, R.TABLE_SHUNT, w, word)
-                    assert await ax.table_access(R, R.TABLE_SHUNT, w) == word
-            elif phase == 3:  # some actions flipped
-                for i in rng.sample(range(n + 1), min(n + 1, 8)):
-                    regs.actions[i] = 3 - regs.actions[i] if regs.actions[i] in (1, 2) else 1
-                    await ax.table_access(R, R.TABLE_ACTION, i, regs.actions[i])
-            elif phase == 4:  # classification off: everything from the wire is shunted as unparsed
-                regs.control = 0
-                await ax.write(R.REG_CONTROL, 0)
-            _expect(plan, frames, regs, counters, expected)
-            await tb.src.send(frames)
-            await tb.wait_out(len(expected))
-        for k, ((f, tu, d), (got, gtu, _)) in enumerate(zip(expected, tb.sink.frames, strict=True)):
-            assert got == f, f"frame {k}: data differs"
-            assert gtu == tu, f"frame {k}: tuser {gtu:#x} != {tu:#x} ({d})"
-        for name, value in counters.regs.items():
-            assert await ax.read(getattr(R, f"REG_{name}")) == value, name
-        sent = sum(len(p) for p in phases)
-        wire = await ax.read(R.REG_PKTIN)
-        assert wire + await ax.read(R.REG_CNT_FROM_HOST) == sent
-        assert await ax.read(R.REG_CNT_FIFO_DROP) == 0
-        # at ClassBench size a random sample is mostly never-hit entries: add the most-hit ones
-        busiest = sorted(range(n), key=lambda i: -counters.hits[i])[:10]
-        idx = range(n + 1) if n < 48 else sorted(set(rng.sample(range(n), 40) + busiest + [n]))
-        for i in idx:
-            assert await ax.table_access(R, R.TABLE_HITS, i) == counters.hits[i], f"HITS[{i}]"
-        await ax.write(R.REG_RESET, 1)
-        await ClockCycles(dut.axis_aclk, n + 10)
-        assert await ax.read(R.REG_PKTIN) == 0
-        assert await ax.table_access(R, R.TABLE_HITS, n) == 0
-        dut._log.info("core_traffic: %d frames in, %d out, counters %s", sent, len(expected), counters.regs)
-
-    @cocotb.test()
-    async def core_rate(dut):
-        """Back-to-back minimum-size frames, no back-pressure: packets per cycle and latency (printed)."""
-        cfg = load_obj("HF_TB_CFG")
-        plan = cfg["plan"]
-        tb = TB(dut, cfg["seed"], idle=0.0, ready=1.0)
-        await tb.reset(len(plan.entries))
-        frames = list(cfg["rate_frames"])
-        regs = hwmodel.Regs.from_plan(plan)
-        # the latency probe must leave the core: put the first frame that is not dropped in front
-        first = next(
-            k
-            for k, (f, t) in enumerate(frames)
-            if hwmodel.decide(plan, f, (t >> 16) & 0xFF, regs).kind != hwmodel.Kind.DROP
-        )
-        frames.insert(0, frames.pop(first))
-        expected: list = []
-        _expect(plan, frames, regs, hwmodel.Counters(len(plan.entries)), expected)
-        await tb.src.send(frames[:1])  # latency of a lone frame through an empty core
-        await tb.wait_out(1)
-        latency = tb.sink.frames[0][2] - tb.src.accepted_first[0]
-        await tb.src.send(frames[1:])
+    regs = hwmodel.Regs.from_plan(plan)
+    counters = hwmodel.Counters(n)
+    expected: list = []
+    rng = random.Random(cfg["seed"])
+    for phase, frames in enumerate(phases):
+        if phase == 1:  # shunt everything, new generation
+            regs.control, regs.generation = 3, 0xBEEF
+            await ax.write(R.REG_CONTROL, 3)
+            await ax.write(R.REG_GENERATION, 0x1BEEF)
+        elif phase == 2:  # a new shunt vector, written through the indirect table
+            regs.control = 1
+            await ax.write(R.REG_CONTROL, 1)
+            nw = (n + 1 + 31) // 32
+            # at 10k entries a full rewrite is ~10k cycles of AXI-Lite: a sample, with both ends of the table
+            words = range(nw) if not cfg.get("light") else sorted(set(rng.sample(range(nw), 6)) | {0, nw - 1})
+            regs.shunt = list(regs.shunt)
+            for w in words:
+                regs.shunt[32 * w : 32 * w + 32] = [rng.randrange(2) for _ in regs.shunt[32 * w : 32 * w + 32]]
+            for w in words:
+                word = sum(b << j for j, b in enumerate(regs.shunt[32 * w : 32 * w + 32]))
+                await ax.table_access(R, R.TABLE_SHUNT, w, word)
+                assert await ax.table_access(R, R.TABLE_SHUNT, w) == word
+        elif phase == 3:  # some actions flipped
+            for i in rng.sample(range(n + 1), min(n + 1, 8)):
+                regs.actions[i] = 3 - regs.actions[i] if regs.actions[i] in (1, 2) else 1
+                await ax.table_access(R, R.TABLE_ACTION, i, regs.actions[i])
+        elif phase == 4:  # classification off: everything from the wire is shunted as unparsed
+            regs.control = 0
+            await ax.write(R.REG_CONTROL, 0)
+        _expect(plan, frames, regs, counters, expected)
+        await tb.src.send(frames)
         await tb.wait_out(len(expected))
-        t = tb.src.accepted_first
-        rate = (len(frames) - 2) / (t[-1] - t[1])
-        beats = -(-len(frames[1][0]) // (tb.width // 8))
-        msg = (
-            f"RESULT width={tb.width} entries={len(plan.entries)} frame={len(frames[1][0])}B "
-            f"packets/cycle={rate:.3f} (max {1 / beats:.3f}) latency_cycles={latency}"
-        )
-        dut._log.info(msg)
-        (Path(os.environ["HF_TB_OUT"])).write_text(msg + "\n")
-        assert all(g[0] == e[0] and g[1] == e[1] for g, e in zip(tb.sink.frames[1:], expected[1:], strict=True))
+    for k, ((f, tu, d), (got, gtu, _)) in enumerate(zip(expected, tb.sink.frames, strict=True)):
+        assert got == f, f"frame {k}: data differs"
+        assert gtu == tu, f"frame {k}: tuser {gtu:#x} != {tu:#x} ({d})"
+    for name, value in counters.regs.items():
+        assert await ax.read(getattr(R, f"REG_{name}")) == value, name
+    sent = sum(len(p) for p in phases)
+    wire = await ax.read(R.REG_PKTIN)
+    assert wire + await ax.read(R.REG_CNT_FROM_HOST) == sent
+    assert await ax.read(R.REG_CNT_FIFO_DROP) == 0
+    # at ClassBench size a random sample is mostly never-hit entries: add the most-hit ones
+    busiest = sorted(range(n), key=lambda i: -counters.hits[i])[:10]
+    idx = range(n + 1) if n < 48 else sorted(set(rng.sample(range(n), 40) + busiest + [n]))
+    for i in idx:
+        assert await ax.table_access(R, R.TABLE_HITS, i) == counters.hits[i], f"HITS[{i}]"
+    await ax.write(R.REG_RESET, 1)
+    await ClockCycles(dut.axis_aclk, n + 10)
+    assert await ax.read(R.REG_PKTIN) == 0
+    assert await ax.table_access(R, R.TABLE_HITS, n) == 0
+    dut._log.info("core_traffic: %d frames in, %d out, counters %s", sent, len(expected), counters.regs)
 
-    @cocotb.test()
-    async def core_power_on(dut):
-        """Without any reset pulse the tables come up holding the plan (a sweep that starts at power-on)."""
-        cfg = load_obj("HF_TB_CFG")
-        plan = cfg["plan"]
-        n = len(plan.entries)
-        dut.axis_resetn.value = 1
-        tb = TB(dut, cfg["seed"], idle=0.0, ready=1.0)
-        cocotb.start_soon(tb.sink.run())
-        R = regmap
-        # first access at once: it waits for the sweep instead of reading half-loaded tables
-        for w in range((n + 1 + 31) // 32):
-            word = sum(int(b) << j for j, b in enumerate(plan.shunt[32 * w : 32 * w + 32]))
-            assert await tb.axil.table_access(R, R.TABLE_SHUNT, w) == word, f"SHUNT[{w}]"
-        for i in range(n + 1):
-            assert await tb.axil.table_access(R, R.TABLE_ACTION, i) == plan.actions[i] & 0xF, f"ACTION[{i}]"
+
+@cocotb.test()
+async def core_rate(dut):
+    """Back-to-back minimum-size frames, no back-pressure: packets per cycle and latency (printed)."""
+    cfg = load_obj("HF_TB_CFG")
+    plan = cfg["plan"]
+    tb = TB(dut, cfg["seed"], idle=0.0, ready=1.0)
+    await tb.reset(len(plan.entries))
+    frames = list(cfg["rate_frames"])
+    regs = hwmodel.Regs.from_plan(plan)
+    # the latency probe must leave the core: put the first frame that is not dropped in front
+    first = next(
+        k
+        for k, (f, t) in enumerate(frames)
+        if hwmodel.decide(plan, f, (t >> 16) & 0xFF, regs).kind != hwmodel.Kind.DROP
+    )
+    frames.insert(0, frames.pop(first))
+    expected: list = []
+    _expect(plan, frames, regs, hwmodel.Counters(len(plan.entries)), expected)
+    await tb.src.send(frames[:1])  # latency of a lone frame through an empty core
+    await tb.wait_out(1)
+    latency = tb.sink.frames[0][2] - tb.src.accepted_first[0]
+    await tb.src.send(frames[1:])
+    await tb.wait_out(len(expected))
+    t = tb.src.accepted_first
+    rate = (len(frames) - 2) / (t[-1] - t[1])
+    beats = -(-len(frames[1][0]) // (tb.width // 8))
+    msg = (
+        f"RESULT width={tb.width} entries={len(plan.entries)} frame={len(frames[1][0])}B "
+        f"packets/cycle={rate:.3f} (max {1 / beats:.3f}) latency_cycles={latency}"
+    )
+    dut._log.info(msg)
+    (Path(os.environ["HF_TB_OUT"])).write_text(msg + "\n")
+    assert all(g[0] == e[0] and g[1] == e[1] for g, e in zip(tb.sink.frames[1:], expected[1:], strict=True))
+
+
+@cocotb.test()
+async def core_power_on(dut):
+    """Without any reset pulse the tables come up holding the plan (a sweep that starts at power-on)."""
+    cfg = load_obj("HF_TB_CFG")
+    plan = cfg["plan"]
+    n = len(plan.entries)
+    dut.axis_resetn.value = 1
+    tb = TB(dut, cfg["seed"], idle=0.0, ready=1.0)
+    cocotb.start_soon(tb.sink.run())
+    R = regmap
+    # first access at once: it waits for the sweep instead of reading half-loaded tables
+    for w in range((n + 1 + 31) // 32):
+        word = sum(int(b) << j for j, b in enumerate(plan.shunt[32 * w : 32 * w + 32]))
+        assert await tb.axil.table_access(R, R.TABLE_SHUNT, w) == word, f"SHUNT[{w}]"
+    for i in range(n + 1):
+        assert await tb.axil.table_access(R, R.TABLE_ACTION, i) == plan.actions[i] & 0xF, f"ACTION[{i}]"
 
 
 # ---------------------------------------------------------------- policies and the pytest side
@@ -300,12 +295,6 @@ def _run_core(
     into the first phase (frames_for mixes them in at about one in five). light: core_traffic rewrites a sample
     of the SHUNT table instead of all of it.
     """
-    from conftest import need_tool  # noqa: PLC0415
-
-    need_tool("ghdl")
-    from hftb import header_frame, tuser_for  # noqa: PLC0415
-    from hftraffic import PORT_OF_IPORT, frames_for  # noqa: PLC0415
-
     out = SIM_BUILD / "hypafilter_core" / tag
     if out.exists():
         shutil.rmtree(out)
@@ -327,11 +316,9 @@ def _run_core(
     run_ghdl(
         "hypafilter_core",
         hwgen.sources(gen),
-        "test_hypafilter_core",
         tag,
         {"C_S_AXIS_DATA_WIDTH": width, "C_FIFO_DEPTH_BYTES": FIFO_BYTES},
         env={"HF_TB_CFG": str(cfg), "HF_TB_OUT": str(result)},
-        test_dir=HERE,
         testcase=testcase,
         build_args=build_args,
     )
@@ -372,7 +359,7 @@ CLASSBENCH_BUILDS = [("acl1_1100", 256)] + ([("acl1_10k", 512), ("acl1_10k", 256
 def test_core_classbench(shared_dir, name, width):
     """A ClassBench set with its trace headers; at 10k the traffic is smaller and GHDL skips LLVM's optimiser."""
     policy, headers = classbench_policy(shared_dir / "data" / "classbench" / f"{name}.filters")
-    plan = hwgen.hw_plan(policy)
+    plan = build_plan(policy)
     big = name.endswith("10k")
     assert len(plan.entries) > (9000 if big else 1000)
     if not big:
@@ -401,11 +388,7 @@ def test_core_classbench(shared_dir, name, width):
 @pytest.mark.sim
 def test_core_verilator_lint(tmp_path):
     """The GHDL-produced Verilog of the top level (what the emulator builds) passes verilator --lint-only."""
-    from conftest import need_tool  # noqa: PLC0415
-
     need_tool("ghdl", "verilator")
-    from hypafilter.hw import synth  # noqa: PLC0415
-
     plan = hwgen.minimal_plan(random_policy(random.Random(5), 20))
     v = synth.ghdl_verilog(plan, tmp_path, tdata_width=256, fifo_bytes=FIFO_BYTES)
     r = subprocess.run(

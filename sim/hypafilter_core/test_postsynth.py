@@ -6,17 +6,16 @@ import random
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from hftb import SIM_BUILD, run_ghdl, save_obj  # noqa: E402
-from hypafilter.hw import model as hwmodel  # noqa: E402
+from hypafilter.hw import model as hwmodel
 from hypafilter.hw import vhdl as hwgen
-from test_hypafilter_core import HERE, random_policy  # noqa: E402
+
+from conftest import need_tool
+from sim.hftb import SIM_BUILD, run_ghdl, save_obj
+from sim.hftraffic import frames_for
+from sim.hypafilter_core.test_hypafilter_core import random_policy
 
 TOP = "hypafilter_core"
 WIDTH = 256
@@ -24,7 +23,7 @@ COUNTS = (250, 80, 80, 50, 40)  # frames per phase of core_traffic
 MIN_ENTRIES_HIT = 12
 
 
-def covering_plan(frames_for):
+def covering_plan():
     """The first random policy whose first-phase traffic reaches many entries with every kind of verdict.
 
     random_policy often puts a catch-all early, after which the traffic tests one entry only; a post-synthesis test
@@ -72,16 +71,12 @@ def synth_netlist(plan, out: Path, width: int) -> list[Path]:
 @pytest.mark.sim
 def test_core_postsynth():
     """Synthesis must not change behaviour: the netlist gets the RTL's frame, TUSER, counter and power-on checks."""
-    from conftest import need_tool  # noqa: PLC0415
-
     need_tool("ghdl")
-    from hftraffic import frames_for  # noqa: PLC0415
-
     tag = f"postsynth_w{WIDTH}"
     out = SIM_BUILD / TOP / tag
     if out.exists():
         shutil.rmtree(out)
-    plan, seed = covering_plan(frames_for)
+    plan, seed = covering_plan()
     sources = synth_netlist(plan, out / "synth", WIDTH)
     rng = random.Random(seed)  # the first phase is the traffic covering_plan measured
     phases = [frames_for(plan, rng, c) for c in COUNTS]
@@ -92,10 +87,8 @@ def test_core_postsynth():
         run_ghdl(
             TOP,
             sources,
-            "test_hypafilter_core",
             f"{tag}_{testcase}",
             {},
             env={"HF_TB_CFG": str(cfg), "HF_TB_OUT": str(out / "unused.txt")},
-            test_dir=HERE,
             testcase=testcase,
         )

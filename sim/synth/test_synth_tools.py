@@ -9,8 +9,11 @@ from pathlib import Path
 
 import pytest
 from hypafilter import cli
+from hypafilter.analysis.plan import build_plan
+from hypafilter.config import Config
 from hypafilter.hw import synth
 from hypafilter.hw import vhdl as hwgen
+from hypafilter.iptables.document import parse_policy
 from hypafilter.ir import Box
 
 from conftest import need_tool
@@ -81,12 +84,9 @@ def test_encoder_by_subtrees_is_close_to_the_whole_encoder(tmp_path):
 def test_real_plan_renders_and_analyses(tmp_path):
     """The Plan of plan.build_plan (parsed from rulesets/example.rules) goes through render and GHDL analysis."""
     need_tool("ghdl")
-    from hypafilter.config import Config
-    from hypafilter.iptables.document import parse_policy
-
     text = (ROOT / "rulesets" / "example.rules").read_text()
     policy = parse_policy(text, "example.rules", "FORWARD", Config())
-    plan = hwgen.hw_plan(policy)
+    plan = build_plan(policy, Config())
     hwgen.render(plan, tmp_path / "gen")
     work = tmp_path / "work"
     work.mkdir()

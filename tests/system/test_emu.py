@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import ctypes
 import os
 import socket
 import struct
-import subprocess
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -31,33 +28,10 @@ TP_STATUS_VLAN_VALID, TP_STATUS_VLAN_TPID_VALID = 0x10, 0x40
 TAG = 0x88B5
 
 
-def sh(*argv: str, check: bool = True) -> str:
-    p = subprocess.run(list(argv), capture_output=True, text=True)
-    if check and p.returncode:
-        raise AssertionError(f"{' '.join(argv)}: {p.stderr}")
-    return p.stdout
-
-
-@contextmanager
-def in_netns(name: str):
-    """Run the block inside network namespace `name` (sockets opened there stay there)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    here = os.open("/proc/self/ns/net", os.O_RDONLY)
-    there = os.open(f"/run/netns/{name}", os.O_RDONLY)
-    try:
-        if libc.setns(there, 0x40000000) != 0:
-            raise OSError(ctypes.get_errno(), "setns")
-        yield
-    finally:
-        libc.setns(here, 0x40000000)
-        os.close(here)
-        os.close(there)
-
-
 def make_plan():
     """A small policy built straight from the IR: simple DROP/ACCEPT entries, one complex rule, policy ACCEPT."""
+    from hypafilter.analysis.plan import build_plan
     from hypafilter.config import Config
-    from hypafilter.hw.vhdl import hw_plan
     from hypafilter.ir import PROTO_ICMP, PROTO_TCP, PROTO_UDP, Box, Policy, Rule
 
     def box(**kw):
@@ -82,7 +56,7 @@ def make_plan():
         ("-p", "icmp", "-j", "ACCEPT"),
     ]
     cfg = Config()
-    return hw_plan(Policy(rules, "ACCEPT", source="test_emu", original_rules=orig), cfg), cfg
+    return build_plan(Policy(rules, "ACCEPT", source="test_emu", original_rules=orig), cfg), cfg
 
 
 @pytest.fixture(scope="session")
@@ -95,46 +69,18 @@ def emu_binary():
     return build(plan, cfg, build_root=ROOT / "build"), plan
 
 
-def _teardown() -> None:
-    for n in (NS_NIC, NS_OUT):
-        sh("ip", "netns", "del", n, check=False)
-
-
 @pytest.fixture(scope="module")
 def topo():
     need_root()
-    _teardown()
-    for n in (NS_NIC, NS_OUT):
-        sh("ip", "netns", "add", n)
-        sh("ip", "netns", "exec", n, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1")
-        sh("ip", "netns", "exec", n, "sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1")
-    for nic_if, peer, _ in PORTS.values():
-        # MTU 2000 on the wire side lets the test send an oversize frame; the host side must carry the tag.
-        sh(
-            "ip",
-            "link",
-            "add",
-            nic_if,
-            "netns",
-            NS_NIC,
-            "mtu",
-            "2000",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            peer,
-            "netns",
-            NS_OUT,
-            "mtu",
-            "2000",
-        )
-        sh("ip", "-n", NS_NIC, "link", "set", nic_if, "up")
-        sh("ip", "-n", NS_OUT, "link", "set", peer, "up")
-        for f in ("gro", "gso", "tso", "tx", "rxvlan", "txvlan"):
-            sh("ip", "netns", "exec", NS_OUT, "ethtool", "-K", peer, f, "off", check=False)
+    from hypafilter import netns
+    from hypafilter.targets.emu.ports import remove, veth_ports
+
+    # MTU 2000 on the wire side lets the test send an oversize frame; the host side must carry the tag.
+    veth_ports(NS_NIC, NS_OUT, [(nic_if, peer) for nic_if, peer, _ in PORTS.values()], mtu=2000)
+    for _, peer, _ in PORTS.values():
+        netns.offloads_off(peer, NS_OUT)
     socks = {}
-    with in_netns(NS_OUT):
+    with netns.inside(NS_OUT):
         for role, (_, peer, _) in PORTS.items():
             s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
             s.bind((peer, ETH_P_ALL))
@@ -144,7 +90,7 @@ def topo():
     yield socks
     for s in socks.values():
         s.close()
-    _teardown()
+    remove(NS_NIC, NS_OUT)
 
 
 @pytest.fixture(scope="module")

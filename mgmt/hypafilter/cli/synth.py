@@ -38,12 +38,13 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hypafilter.hw import synth  # noqa: PLC0415
-    from hypafilter.hw import vhdl as hwgen
+    # the analysis and the synthesis flow load only when the command runs (start-up time of every other command)
+    from hypafilter.analysis.plan import build_plan
+    from hypafilter.hw import synth
 
     config = load_config(args)
     policy = load_policy(args, config)
-    plan = hwgen.hw_plan(policy, config)
+    plan = build_plan(policy, config)
     if args.tool == "vivado":
         out = Path(args.out or "build/vivado")
         tcl = synth.vivado_project(plan, out, args.width, args.fanin, args.fifo_bytes)

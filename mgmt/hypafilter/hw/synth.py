@@ -47,28 +47,23 @@ def _need(tool: str) -> None:
         raise HypafilterError(f"'{tool}' is not installed (scripts/setup.sh sim installs it)")
 
 
-def ghdl_verilog(
-    plan,
-    out_dir: Path,
-    tdata_width: int = 256,
-    fifo_bytes: int = 65536,
-    encoder_fanin: int = 8,
-    top: str = "hypafilter_core",
-    generics: dict | None = None,
-) -> Path:
-    """Render the plan, analyse every source with GHDL and write the Verilog of `top` to out_dir/<top>.v."""
-    _need("ghdl")
+def render_build(plan, out_dir: Path, tdata_width: int, encoder_fanin: int) -> tuple[Path, Path]:
+    """Render the plan's sources into out_dir/gen; (out_dir resolved, gen), the folders every flow here builds in."""
     out_dir = Path(out_dir).resolve()
     gen = out_dir / "gen"
     hwgen.render(plan, gen, tdata_width=tdata_width, encoder_fanin=encoder_fanin)
+    return out_dir, gen
+
+
+def ghdl_verilog(plan, out_dir: Path, tdata_width: int = 256, fifo_bytes: int = 65536, encoder_fanin: int = 8) -> Path:
+    """Render the plan, analyse every source with GHDL and write the Verilog of hypafilter_core to out_dir."""
+    _need("ghdl")
+    out_dir, gen = render_build(plan, out_dir, tdata_width, encoder_fanin)
     work = out_dir / "work"
     work.mkdir(parents=True, exist_ok=True)
     _run(["ghdl", "-a", "--std=08", f"--workdir={work}", *map(str, hwgen.sources(gen))], out_dir, "GHDL analysis")
-    if generics is None:
-        generics = (
-            {"C_S_AXIS_DATA_WIDTH": tdata_width, "C_FIFO_DEPTH_BYTES": fifo_bytes} if top == "hypafilter_core" else {}
-        )
-    gargs = [f"-g{k}={v}" for k, v in generics.items()]
+    top = "hypafilter_core"
+    gargs = [f"-gC_S_AXIS_DATA_WIDTH={tdata_width}", f"-gC_FIFO_DEPTH_BYTES={fifo_bytes}"]
     text = _run(
         ["ghdl", "--synth", "--std=08", f"--workdir={work}", *gargs, "--out=verilog", top], out_dir, "GHDL synthesis"
     )
@@ -144,7 +139,7 @@ def render_matcher_slice(plan, m: dict, lo: int, hi: int, gen: Path, tdata_width
     sub = hwgen.HwPlan(list(plan.entries[lo:hi]), [0] * (k + 1), [default] * (k + 1), plan.policy_hash)
     hwgen.render(sub, gen, tdata_width=tdata_width, encoder_fanin=encoder_fanin)
     origin = f"policy {plan.policy_hash}, entries {lo}..{hi - 1} (synthesis estimate slice)"
-    env_vars = {"origin": origin, "n": k, "res_width": max(k, 1)}
+    env_vars = {"origin": origin, "n": k, "res_width": hwgen.res_width(k)}
     text = (
         hwgen.template_env().get_template("hf_matcher.vhd.j2").render({**env_vars, **matcher_slice_source(m, lo, hi)})
     )
@@ -345,7 +340,7 @@ def encoder_estimate(out_dir: Path, gen: Path, n_in: int, fanin: int, idx_w: int
     if split is None:
         split = fanin**stages > ENC_WHOLE_WIDE
     if not split or stages < 2:
-        v = ghdl_part_verilog(gen, "hf_prio_enc", edir, {"N_IN": n_in, "FANIN": fanin, "IDX_W": idx_w})
+        v = ghdl_part_verilog(gen, "hf_prio_enc", edir, hwgen.encoder_generics(n_in, fanin, idx_w))
         est = yosys_estimate(v, "hf_prio_enc", edir)
         est["method"] = "whole"
         est["seconds"] = round(time.monotonic() - t0, 1)
@@ -358,7 +353,7 @@ def encoder_estimate(out_dir: Path, gen: Path, n_in: int, fanin: int, idx_w: int
     done: dict[int, dict] = {}
     for size in sorted(set(sizes)):
         sdir = edir / f"subtree{size}"
-        v = ghdl_part_verilog(gen, "hf_prio_enc", sdir, {"N_IN": size, "FANIN": fanin, "IDX_W": idx_w})
+        v = ghdl_part_verilog(gen, "hf_prio_enc", sdir, hwgen.encoder_generics(size, fanin, idx_w))
         done[size] = yosys_estimate(v, "hf_prio_enc", sdir)
     top = top_stage_bound(len(sizes), fanin, stages - 1)
     top_part = {k: 0 for k in _SUMMED} | {
@@ -395,12 +390,8 @@ def estimate(
     bound of the whole matcher: comparators that entries of different slices share are counted in each slice.
     encoder_split: estimate the encoder by subtrees (True), whole (False) or by its width (None; encoder_estimate).
     """
-    from hypafilter.hw.vhdl import enc_stages, matcher_source  # noqa: PLC0415
-
-    out_dir = Path(out_dir).resolve()
     n = len(plan.entries)
-    res_w = max(n, 1)
-    idx_w = max(1, (n).bit_length()) if n else 1
+    res_w, idx_w = hwgen.res_width(n), hwgen.idx_width(n)
     size = slice_size_for(n, slices)
     method: dict = {"matcher": "slices" if size else "whole", "encoder": "whole"}
     if size:
@@ -418,10 +409,9 @@ def estimate(
         "tool": "yosys synth_xilinx -family xc7 (GHDL synth -> Verilog)",
         "method": method,
     }
-    m_lat = matcher_source(plan)["match_latency"]
-    e_lat = enc_stages(res_w, encoder_fanin)
-    gen = out_dir / "gen"
-    hwgen.render(plan, gen, tdata_width=tdata_width, encoder_fanin=encoder_fanin)
+    m_lat = hwgen.matcher_source(plan)["match_latency"]
+    e_lat = hwgen.enc_stages(res_w, encoder_fanin)
+    out_dir, gen = render_build(plan, out_dir, tdata_width, encoder_fanin)
     parts = {"matcher": matcher_estimate(plan, out_dir, gen, tdata_width, encoder_fanin, size)}
     parts["encoder"] = encoder_estimate(out_dir, gen, res_w, encoder_fanin, idx_w, encoder_split)
     method["encoder"] = parts["encoder"]["method"]
@@ -452,9 +442,7 @@ def vivado_project(
     plan, out_dir: Path, tdata_width: int = 256, encoder_fanin: int = 8, fifo_bytes: int = 65536
 ) -> Path:
     """Write the sources and a Vivado batch Tcl script (synthesis + implementation + timing/utilisation reports)."""
-    out_dir = Path(out_dir).resolve()
-    gen = out_dir / "gen"
-    hwgen.render(plan, gen, tdata_width=tdata_width, encoder_fanin=encoder_fanin)
+    out_dir, gen = render_build(plan, out_dir, tdata_width, encoder_fanin)
     tmpl = (VIVADO_TEMPLATES / "hypafilter_core.tcl.in").read_text()
     files = "\n".join(f"  {{{p}}}" for p in hwgen.sources(gen))
     tcl = (

@@ -51,7 +51,7 @@ class HwEntry:
 
 @dataclass
 class HwPlan:
-    """The part of plan.Plan the hardware needs; built from a Policy when plan.py is not there (index mode)."""
+    """The part of plan.Plan the hardware needs (index mode): what minimal_plan builds and the tests construct."""
 
     entries: list[HwEntry]
     shunt: list[int]
@@ -74,19 +74,6 @@ def minimal_plan(policy: Policy) -> HwPlan:
     shunt.append(int(complex_seen))
     actions.append(policy.default_action_code)
     return HwPlan(entries, shunt, actions, policy.policy_hash())
-
-
-def hw_plan(policy: Policy, config=None):
-    """The Plan the hardware is generated from: plan.build_plan when available, else minimal_plan."""
-    try:
-        from hypafilter.analysis.plan import build_plan  # noqa: PLC0415 (written in parallel; optional until it lands)
-    except ImportError:
-        return minimal_plan(policy)
-    if config is None:
-        from hypafilter.config import Config  # noqa: PLC0415
-
-        config = Config()
-    return build_plan(policy, config)
 
 
 def _bits(value: int, width: int) -> str:
@@ -189,12 +176,28 @@ def matcher_hash(plan) -> str:
 
 
 def enc_stages(n_in: int, fanin: int) -> int:
-    """Pipeline stages of the priority encoder (the same formula as hf_prio_enc's STAGES)."""
+    """Pipeline stages of the priority encoder: the least s with fanin**s >= n_in. The one computation of it: the
+    policy package carries it as ENC_STAGES, hf_prio_enc takes it as its STAGES generic and checks it."""
     s, width = 1, fanin
     while width < n_in:
         width *= fanin
         s += 1
     return s
+
+
+def res_width(n_entries: int) -> int:
+    """Width of the matcher's result vector, the encoder's N_IN: at least 1, so that no array is null."""
+    return max(n_entries, 1)
+
+
+def idx_width(n_entries: int) -> int:
+    """Bits of a match_index, 0 .. n_entries (the policy entry included): IDX_W of the policy package."""
+    return max(1, n_entries.bit_length())
+
+
+def encoder_generics(n_in: int, fanin: int, idx_w: int) -> dict[str, int]:
+    """The generics of one hf_prio_enc, for builds of the encoder alone (synthesis estimates, its testbench)."""
+    return {"N_IN": n_in, "FANIN": fanin, "STAGES": enc_stages(n_in, fanin), "IDX_W": idx_w}
 
 
 POWER_ON = ("plan", "shunt_all")
@@ -234,7 +237,7 @@ def render(plan, out_dir: Path, tdata_width: int = 256, encoder_fanin: int = 8, 
     for i, bit in enumerate(shunt):
         if bit:
             words[i // 32] |= 1 << (i % 32)
-    idx_w = max(1, math.ceil(math.log2(n + 1)))
+    idx_w = idx_width(n)
     sw_w = max(1, math.ceil(math.log2(len(words))))
     padded_words = words + [0] * ((1 << sw_w) - len(words))
     padded_actions = [int(a) & 0xF for a in actions] + [0] * ((1 << idx_w) - (n + 1))
@@ -243,10 +246,11 @@ def render(plan, out_dir: Path, tdata_width: int = 256, encoder_fanin: int = 8, 
     common = {
         "origin": f"policy {plan.policy_hash}" if power_on == "plan" else f"matcher {mhash} (power-on: shunt all)",
         "n": n,
-        "res_width": max(n, 1),
+        "res_width": res_width(n),
         "idx_w": idx_w,
         "hash32": mhash[-8:].upper(),
         "fanin": encoder_fanin,
+        "enc_stages": enc_stages(res_width(n), encoder_fanin),
         "tdata_width": tdata_width,
         "shunt_words": len(words),
         "shunt_init": padded_words,

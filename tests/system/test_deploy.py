@@ -7,6 +7,8 @@ import time
 
 import pytest
 
+from tests.netconn import tcp_servers, tcp_talk
+
 pytestmark = pytest.mark.system
 
 LAB = "hfd"
@@ -223,10 +225,7 @@ def test_update_under_traffic(lab, to, replaces_nic):
 
 def test_conntrack_tcp_both_paths(lab):
     """First rule ESTABLISHED,RELATED: real TCP connections through the hybrid path and the plain path."""
-    import socket
-
     from hypafilter.config import Config
-    from hypafilter.netns import inside
     from hypafilter.ops import deploy
     from hypafilter.ops.verify import load_oracle
 
@@ -241,63 +240,13 @@ COMMIT
     pol = parse(text, "ct.rules")
     deploy.deploy(pol, Config())
     load_oracle(lab.ns_plain, pol)
-    servers = []
-    stop = threading.Event()
-
-    def serve(srv):
-        srv.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                c, _ = srv.accept()
-            except OSError:
-                continue
-            with c:
-                data = c.recv(4096)
-                c.sendall(data[::-1] * 50)  # a reply larger than one segment: several ESTABLISHED packets back
-
-    with inside(lab.ns_recv):
-        for port in (8080, 8081):
-            s = socket.socket()
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind(("0.0.0.0", port))
-            s.listen(8)
-            servers.append(s)
-    threads = [threading.Thread(target=serve, args=(s,)) for s in servers]
-    for t in threads:
-        t.start()
-
-    def talk(dst: str, port: int) -> bytes | None:
-        with inside(lab.ns_send):
-            c = socket.socket()
-        c.settimeout(3)
-        try:
-            c.connect((dst, port))
-            c.sendall(b"hello hypafilter")
-            out = b""
-            while len(out) < 16 * 50:
-                chunk = c.recv(65536)
-                if not chunk:
-                    break
-                out += chunk
-            return out
-        except OSError:
-            return None
-        finally:
-            c.close()
-
-    try:
-        results = {}
+    results = {}
+    with tcp_servers(lab.ns_recv, [8080, 8081]):
         for path in ("hyb", "plain"):
             dst = lab.ip("recv", path)
             for _ in range(3):
-                results[(path, 8080)] = talk(dst, 8080)
-            results[(path, 8081)] = talk(dst, 8081)
-    finally:
-        stop.set()
-        for t in threads:
-            t.join()
-        for s in servers:
-            s.close()
+                results[(path, 8080)] = tcp_talk(lab.ns_send, dst, 8080)
+            results[(path, 8081)] = tcp_talk(lab.ns_send, dst, 8081)
     want = b"retlifapyh olleh" * 50
     assert results[("plain", 8080)] == want and results[("hyb", 8080)] == want, results
     assert results[("plain", 8081)] is None and results[("hyb", 8081)] is None

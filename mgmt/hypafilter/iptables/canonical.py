@@ -4,18 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from hypafilter.iptables.rule import (
-    Addr,
-    Comment,
-    Icmp,
-    Iface,
-    Iprange,
-    Multiport,
-    ParsedRule,
-    PortCheck,
-    TcpUdp,
-    Verbatim,
-)
+from hypafilter.iptables import rule as pr
 from hypafilter.iptables.tables import PROTO_NAME, TCP_FLAGS
 from hypafilter.iptables.writer import tokens_text
 
@@ -25,7 +14,7 @@ def ip_str(v: int) -> str:
     return ".".join(str((v >> s) & 0xFF) for s in (24, 16, 8, 0))
 
 
-def addr_text(a: Addr) -> str:
+def addr_text(a: pr.Addr) -> str:
     p = a.prefix
     return f"{ip_str(a.net)}/{p}" if p is not None else f"{ip_str(a.net)}/{ip_str(a.mask)}"
 
@@ -44,13 +33,13 @@ def _neg(inv: bool) -> tuple[str, ...]:
     return ("!",) if inv else ()
 
 
-def _port(p: PortCheck) -> str:
+def _port(p: pr.PortCheck) -> str:
     return str(p.lo) if p.lo == p.hi else f"{p.lo}:{p.hi}"
 
 
 def match_tokens(m) -> tuple[str, ...]:
     """`-m NAME` and the match's options in the order its iptables extension saves them."""
-    if isinstance(m, TcpUdp):
+    if isinstance(m, pr.TcpUdp):
         out = ["-m", m.name]
         for opt, pc in (("--sport", m.sport), ("--dport", m.dport)):
             if pc is not None and (pc.invert or not pc.is_full):
@@ -60,16 +49,16 @@ def match_tokens(m) -> tuple[str, ...]:
         if m.flags is not None and (m.flags[0] or m.flags[2]):
             out += [*_neg(m.flags[2]), "--tcp-flags", flags_text(m.flags[0]), flags_text(m.flags[1])]
         return tuple(out)
-    if isinstance(m, Multiport):
+    if isinstance(m, pr.Multiport):
         ports = ",".join(f"{lo}:{hi}" if rng else str(lo) for lo, hi, rng in m.entries)
         return ("-m", "multiport", *_neg(m.invert), f"--{m.kind}", ports)
-    if isinstance(m, Iprange):
+    if isinstance(m, pr.Iprange):
         out = ["-m", "iprange"]
         for opt, r in (("--src-range", m.src), ("--dst-range", m.dst)):
             if r is not None:
                 out += [*_neg(r[2]), opt, f"{ip_str(r[0])}-{ip_str(r[1])}"]
         return tuple(out)
-    if isinstance(m, Icmp):
+    if isinstance(m, pr.Icmp):
         if m.type == 0xFF and m.code_min == 0 and m.code_max == 0xFF:
             t = "any"
         elif m.code_min == 0 and m.code_max == 0xFF:
@@ -79,9 +68,9 @@ def match_tokens(m) -> tuple[str, ...]:
         else:
             t = f"{m.type}/{m.code_min}:{m.code_max}"
         return ("-m", "icmp", *_neg(m.invert), "--icmp-type", t)
-    if isinstance(m, Comment):
+    if isinstance(m, pr.Comment):
         return ("-m", "comment", "--comment", m.text or "")
-    if isinstance(m, Verbatim):
+    if isinstance(m, pr.Verbatim):
         return ("-m", m.name, *m.tokens)
     raise TypeError(m)
 
@@ -102,11 +91,11 @@ def options_of(x) -> tuple[str, ...]:
     return match_tokens(x)
 
 
-def _iface_shown(i: Iface | None) -> bool:
+def _iface_shown(i: pr.Iface | None) -> bool:
     return i is not None and not (i.matches_all and not i.invert)
 
 
-def rule_options(r: ParsedRule) -> tuple[str, ...]:
+def rule_options(r: pr.ParsedRule) -> tuple[str, ...]:
     """The rule's checks without `-A CHAIN` and without the target, as `iptables -S` orders them."""
     if r.options_cache is not None:
         return r.options_cache
@@ -128,17 +117,17 @@ def rule_options(r: ParsedRule) -> tuple[str, ...]:
     return tuple(out)
 
 
-def target_tokens(r: ParsedRule, target: str | None = None) -> tuple[str, ...]:
+def target_tokens(r: pr.ParsedRule, target: str | None = None) -> tuple[str, ...]:
     t = r.target if target is None else target
     if not t:
         return ()
     return ("-g" if r.goto else "-j", t, *r.target_args)
 
 
-def rule_tokens(r: ParsedRule) -> tuple[str, ...]:
+def rule_tokens(r: pr.ParsedRule) -> tuple[str, ...]:
     """Options and target: what `iptables -S` prints after `-A CHAIN`."""
     return rule_options(r) + target_tokens(r)
 
 
-def rule_text(r: ParsedRule) -> str:
+def rule_text(r: pr.ParsedRule) -> str:
     return tokens_text(rule_tokens(r))

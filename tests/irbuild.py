@@ -96,3 +96,18 @@ def listing1() -> Policy:
             make_rule("ACCEPT", dst="1.2.3.6/32", proto="udp", dport=(53, 53), line=6),
         ]
     )
+
+
+# User chain names that stress the tool's naming: ufw's and firewalld's long ones (26 and 28 characters, the
+# most iptables allows) and names of the tool's own chains.
+CHAIN_NAMES = ("ufw-before-logging-forward", "FWDI_public_allow_twenty_8ch", "MAIN", "K0", "S0", "FULL", "U0_MAIN")
+
+
+def chain_names_policy_text() -> str:
+    """An iptables-save policy jumping to one user chain of each name in CHAIN_NAMES (each complex, so they stay
+    user chains in every strategy)."""
+    lines = ["*filter", ":FORWARD DROP [0:0]", *(f":{n} - [0:0]" for n in CHAIN_NAMES)]
+    lines += [f"-A FORWARD -p udp -m udp --dport {1000 + i} -j {n}" for i, n in enumerate(CHAIN_NAMES)]
+    for i, n in enumerate(CHAIN_NAMES):
+        lines += [f"-A {n} -m string --string x{i} --algo bm -j DROP", f"-A {n} -j RETURN"]
+    return "\n".join([*lines, "COMMIT"]) + "\n"

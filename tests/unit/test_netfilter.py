@@ -235,3 +235,21 @@ def test_rules_with_per_rule_state_are_loaded_once(mode):
             key = next(toks[i:] for i in range(len(toks) - 1) if toks[i] == "-m" and toks[i + 1] in STATEFUL_MATCHES)
             hits = [ln for ln in lines if ln[len(ln) - len(key) :] == key]
             assert len(hits) == 1, (strategy, toks, hits)
+
+
+def test_user_chains_of_any_legal_length_and_name():
+    """Chain names of 25-28 characters (ufw, firewalld) and names of the tool's own chains (MAIN, K0, S0, ...)
+    get copies that fit iptables' 28 characters and collide with nothing."""
+    from hypafilter.analysis.program import MAX_CHAIN_NAME, user_chain_names
+    from hypafilter.iptables.document import parse_policy
+
+    from tests.irbuild import CHAIN_NAMES, chain_names_policy_text
+
+    pol = parse_policy(chain_names_policy_text())
+    assert set(pol.user_chains) == set(CHAIN_NAMES)
+    for strategy in STRATEGIES:
+        out = to_iptables_restore(build_plan(pol), strategy, prefix="HF65535_")
+        declared = [ln[1:].split()[0] for ln in out.splitlines() if ln.startswith(":")]
+        assert len(declared) == len(set(declared)) and max(map(len, declared)) <= MAX_CHAIN_NAME, declared
+    copies = user_chain_names("HF65535_", CHAIN_NAMES)
+    assert len(set(copies.values())) == len(CHAIN_NAMES) and all(len(c) <= MAX_CHAIN_NAME for c in copies.values())

@@ -68,6 +68,7 @@ class Program:
     mark_shift: int
     chains: dict[str, list[NfRule]] = field(default_factory=dict)  # in emission order; MAIN first
     verbatim_full: str = ""  # name of the FULL chain (rendered from Policy.original_rules)
+    user_names: dict[str, str] = field(default_factory=dict)  # the policy's user chain -> the tool's copy of it
 
     def name(self, suffix: str) -> str:
         return self.prefix + suffix
@@ -182,9 +183,9 @@ def build_program(
     _check_mark(mark_mask, mark_shift)
     pol = plan.policy
     prog = Program(pol, strategy, prefix, mark_mask, mark_shift)
-    for uc in pol.user_chains:
-        if len(prefix + uc) > MAX_CHAIN_NAME:
-            raise HypafilterError(f"user chain {uc!r}: {prefix + uc!r} is longer than {MAX_CHAIN_NAME} characters")
+    if len(prefix) + len("R99999L99") > MAX_CHAIN_NAME:
+        raise HypafilterError(f"chain prefix {prefix!r} is too long: the tool's chain names must fit {MAX_CHAIN_NAME}")
+    prog.user_names = user_chain_names(prefix, pol.user_chains)
     default = pol.default
     c = prog.chains
     main, k0, full = prog.name("MAIN"), prog.name("K0"), prog.name("FULL")
@@ -391,12 +392,20 @@ class Placed:
     chain: bool = False
 
 
+def user_chain_names(prefix: str, names) -> dict[str, str]:
+    """The tool's name for each of the policy's user chains: prefix, `U<i>_` and as much of the original name as
+    fits iptables' 28 characters. The index makes every name unique and keeps it apart from the tool's own
+    chains (MAIN, K0, FULL, CUT, D<n>, L<k>A<a>, C<k>, B.., R<i>L<j>, S<p>), whatever the user chains are called
+    and however long their names are (any legal name, up to 28 characters)."""
+    return {n: f"{prefix}U{i}_{n}"[:MAX_CHAIN_NAME] for i, n in enumerate(sorted(names))}
+
+
 def resolve_target(prog: Program, target: str, args: tuple[str, ...] = ()) -> Placed:
     """A rule's target as loaded: RETURN in the base chain is the chain policy; user chains get the prefix."""
     if target == "RETURN":
         return Placed((), prog.policy.default)
-    if target in prog.policy.user_chains:
-        return Placed((), prog.prefix + target, chain=True)
+    if target in prog.user_names:
+        return Placed((), prog.user_names[target], chain=True)
     return Placed((), target, tuple(args))
 
 
@@ -404,8 +413,8 @@ def rename_jumps(prog: Program, toks: tuple[str, ...]) -> tuple[str, ...]:
     """Verbatim rule tokens with jumps/gotos to the policy's user chains renamed to the program's copies."""
     out = list(toks)
     for i in range(1, len(out)):
-        if out[i - 1] in ("-j", "-g", "--jump", "--goto") and out[i] in prog.policy.user_chains:
-            out[i] = prog.prefix + out[i]
+        if out[i - 1] in ("-j", "-g", "--jump", "--goto") and out[i] in prog.user_names:
+            out[i] = prog.user_names[out[i]]
     return tuple(out)
 
 

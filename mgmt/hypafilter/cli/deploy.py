@@ -60,6 +60,8 @@ def _fmt_status(st: dict) -> str:
             f"unparsed {nc.get('CNT_SHUNT_UNPARSED')}, forced {nc.get('CNT_SHUNT_FORCED')}; "
             f"from host {nc.get('CNT_FROM_HOST')}, fifo drops {nc.get('CNT_FIFO_DROP')}"
         )
+    for name, loaded in (st.get("user_chains") or {}).items():
+        lines.append(f"user     chain {name} is loaded as {loaded}")
     ss = st.get("shim_stats") or {}
     lines.append("shim     " + ", ".join(f"{k}={v}" for k, v in ss.items() if not isinstance(v, dict)))
     for chain, rules in sorted((st.get("netfilter") or {}).items()):

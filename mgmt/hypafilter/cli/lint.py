@@ -34,6 +34,12 @@ def run(args: argparse.Namespace) -> int:
         f"{len(policy.original_rules)} rules in {policy.base_chain}, {len(policy.user_chains)} user chains reachable; "
         f"flattened: {len(rules)} rules, {n_simple} simple, {len(rules) - n_simple} complex"
     )
+    if policy.user_chains:
+        from hypafilter.analysis.program import user_chain_names  # numpy: loaded only when needed
+
+        prefix = f"{config.chain_prefix}1_"
+        for name, loaded in user_chain_names(prefix, policy.user_chains).items():
+            print(f"  user chain {name} is loaded as {loaded} (generation 1; {prefix} is {config.chain_prefix}<generation>_)")
     for i in policy.complex_indices:
         r = rules[i]
         where = f"{r.origin.file}:{r.origin.line}" if r.origin else "?"

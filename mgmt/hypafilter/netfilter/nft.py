@@ -214,7 +214,9 @@ def to_nft(
                     lines.append(_nft_verdict(r.target))
         chains[name] = lines
     for uc in pol.user_chains.values():
-        chains[prog.prefix + uc.name] = [verbatim(toks, f"{pol.source}: chain {uc.name}", False) for toks in uc.rules]
+        chains[prog.user_names[uc.name]] = [
+            verbatim(toks, f"{pol.source}: chain {uc.name}", False) for toks in uc.rules
+        ]
     for name, placed in helpers.items():
         chains[name] = [rule_text(p, f"{pol.source}: {name}") for p in placed]
     out = [

@@ -54,7 +54,7 @@ def chain_bodies(prog: Program) -> dict[str, list[tuple[str, ...]]]:
                 lines.append(("-j", r.target))
         body[name] = lines
     for uc in pol.user_chains.values():
-        body[prog.prefix + uc.name] = [rename_jumps(prog, toks) for toks in uc.rules]
+        body[prog.user_names[uc.name]] = [rename_jumps(prog, toks) for toks in uc.rules]
     for name, placed in helpers.items():
         body[name] = [_tokens(p) for p in placed]
     for name in body:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from hypafilter import netns, targets
 from hypafilter.analysis.plan import build_plan
+from hypafilter.analysis.program import user_chain_names
 from hypafilter.config import Config
 from hypafilter.errors import DeployError, HypafilterError
 from hypafilter.iptables.writer import Restore, body_of, policy_restore
@@ -417,6 +418,7 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
         "chain_prefix": config.chain_prefix,
         "prefix": prefix,
         "main_chain": new_main,
+        "user_chains": user_chain_names(prefix, policy.user_chains),
         "chains": new_chains,
         "generation": gen,
         "mode": config.shunt_mode,

@@ -43,7 +43,8 @@ def _fmt_status(st: dict) -> str:
     if not st.get("deployed"):
         return "nothing deployed"
     p = st.get("partition", {})
-    lines = [
+    lines = [f"DRIFT    {d}" for d in st.get("drift") or []]
+    lines += [
         f"policy   {st['policy_source']} (hash {st['policy_hash'][:16]}), generation {st['generation']}",
         f"rules    {p.get('rules')} ({p.get('simple')} simple, {p.get('complex')} complex), "
         f"{p.get('entries')} hardware entries, {p.get('shunted_entries')} shunted; "
@@ -80,6 +81,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     st = deploy.status()
     print(json.dumps(st, indent=1, default=str) if args.json else _fmt_status(st))
+    if st.get("drift"):  # what runs is not what was deployed: `hypafilter deploy` of the same policy repairs it
+        return 1
     return 0
 
 

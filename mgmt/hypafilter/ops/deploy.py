@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -103,9 +104,20 @@ def owned_chains(ns: str | None, config: Config) -> dict[int, list[str]]:
     return out
 
 
-def switch_text(config: Config, base: str, new_body: list[str], new_main: str | None, old_main: str | None) -> str:
-    """One restore that loads new chains and moves the single base-chain jump from old_main to new_main."""
-    doc = Restore(config.table).extend(new_body)
+def switch_text(
+    config: Config,
+    base: str,
+    new_body: list[str],
+    new_main: str | None,
+    old_main: str | None,
+    base_policy: str | None = None,
+) -> str:
+    """One restore that loads new chains and moves the single base-chain jump from old_main to new_main; with
+    `base_policy`, the base chain takes that policy (the policy's own: without the jump it fails closed)."""
+    doc = Restore(config.table)
+    if base_policy:
+        doc.chain(base, base_policy)  # with --noflush a built-in chain's declaration sets its policy, flushes nothing
+    doc.extend(new_body)
     if old_main:
         doc.delete(base, ["-j", old_main])
     if new_main:
@@ -113,17 +125,37 @@ def switch_text(config: Config, base: str, new_body: list[str], new_main: str | 
     return doc.text()
 
 
-def delete_text(config: Config, chains: list[str], base: str | None = None, main: str | None = None) -> str:
-    """One restore that removes the jump base -> main (if given) and the chains."""
+def delete_text(
+    config: Config,
+    chains: list[str],
+    base: str | None = None,
+    main: str | None = None,
+    base_policy: str | None = None,
+) -> str:
+    """One restore that removes the jump base -> main (if given) and the chains, and gives the base chain back the
+    policy it had before the first deploy (`base_policy`)."""
     doc = Restore(config.table)
+    if base and base_policy:
+        doc.chain(base, base_policy)
     if base and main:
         doc.delete(base, ["-j", main])
     return doc.remove(chains).text()
 
 
-def unswitch_text(config: Config, base: str, chains: list[str], new_main: str, old_main: str | None) -> str:
-    """The inverse of switch_text in one restore: jump back to old_main, new chains removed."""
-    doc = Restore(config.table).delete(base, ["-j", new_main])
+def unswitch_text(
+    config: Config,
+    base: str,
+    chains: list[str],
+    new_main: str,
+    old_main: str | None,
+    base_policy: str | None = None,
+) -> str:
+    """The inverse of switch_text in one restore: jump back to old_main, new chains removed, the base chain's
+    policy as it was (`base_policy`)."""
+    doc = Restore(config.table)
+    if base_policy:
+        doc.chain(base, base_policy)
+    doc.delete(base, ["-j", new_main])
     if old_main:
         doc.insert(base, 1, ["-j", old_main])
     return doc.remove(chains).text()
@@ -131,6 +163,69 @@ def unswitch_text(config: Config, base: str, chains: list[str], new_main: str, o
 
 def has_jump(ns: str | None, config: Config, base: str, chain: str) -> bool:
     return netns.succeeds(["iptables", "-w", "-t", config.table, "-C", base, "-j", chain], ns)
+
+
+def base_policy(ns: str | None, config: Config, base: str) -> str:
+    """The built-in chain's policy as the kernel holds it (ACCEPT or DROP)."""
+    for line in netns.run(["iptables", "-w", "-t", config.table, "-S", base], ns).splitlines():
+        if line.startswith(f"-P {base} "):
+            return line.split()[2]
+    raise HypafilterError(f"{base} is not a built-in chain of table {config.table}")
+
+
+def chains_fingerprint(ns: str | None, config: Config, chains: list[str]) -> str:
+    """SHA-256 of the tool's chains as the kernel lists them (rules in order, no counters): any rule added,
+    removed or changed by hand changes it."""
+    wanted = set(chains)
+    lines = [
+        ln
+        for ln in netns.run(["iptables-save", "-t", config.table], ns).splitlines()
+        if (ln.startswith(":") and ln[1:].split()[0] in wanted) or (ln.startswith("-A ") and ln.split()[1] in wanted)
+    ]
+    return hashlib.sha256(
+        "\n".join(
+            sorted(ln for ln in lines if ln.startswith(":")) + [ln for ln in lines if ln.startswith("-A ")]
+        ).encode()
+    ).hexdigest()
+
+
+def drift(st: dict, tgt: Target | None = None) -> list[str]:
+    """How the live system differs from what `st` says was deployed (empty: no drift): the base chain's jump and
+    policy, the tool's chains, the shim, the NIC."""
+    cfg = Config(table=st.get("table", "filter"), chain_prefix=st.get("chain_prefix", "HF"))
+    base, main = st.get("base_chain", "FORWARD"), st.get("main_chain")
+    out = []
+    try:
+        if not has_jump(NS_FW, cfg, base, main):
+            out.append(f"netfilter: the jump {base} -> {main} is missing")
+        want = st.get("base_policy")
+        have = base_policy(NS_FW, cfg, base)
+        if want and have != want:
+            out.append(f"netfilter: {base} has policy {have}, deployed with {want}")
+        if st.get("chains_sha256") and chains_fingerprint(NS_FW, cfg, st.get("chains", [])) != st["chains_sha256"]:
+            out.append("netfilter: the tool's chains were changed since the deploy")
+    except HypafilterError as e:
+        out.append(f"netfilter: {e}")
+    try:
+        sh = shim_mod.Shim(st["shim"]["netns"], st["shim"]["ifaces"])
+        if not sh.loaded:
+            out.append("shim: not loaded")
+        elif sh.stats()["config"].get("generation") != st["generation"]:
+            out.append(f"shim: generation {sh.stats()['config'].get('generation')}, deployed {st['generation']}")
+    except (HypafilterError, KeyError) as e:
+        out.append(f"shim: {e}")
+    try:
+        tgt = tgt or target_of(st, cfg)
+        if not tgt.alive(st["nic"]):
+            out.append(f"nic: {st['nic'].get('name')} (pid {st['nic'].get('pid')}) is not running")
+        else:
+            with tgt.client(st["nic"]) as c:
+                gen = c.info()["GENERATION"]
+            if gen != st["generation"]:
+                out.append(f"nic: GENERATION register {gen}, deployed {st['generation']}")
+    except Exception as e:  # noqa: BLE001 -- an unreachable NIC is drift, whatever the transport raised
+        out.append(f"nic: {e}")
+    return out
 
 
 def restore(ns: str | None, text: str) -> None:
@@ -270,8 +365,12 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
         )
     )
     if same and not force and tgt.alive(old["nic"]):
-        log("policy already deployed; nothing to do (use --force to redeploy)")
-        return old
+        found = drift(old, tgt)
+        if not found:
+            log("policy already deployed; nothing to do (use --force to redeploy)")
+            return old
+        log("the live system drifted from the deployment (" + "; ".join(found) + "): redeploying")
+        force = True
     _check_lab()
     gen = (old["generation"] + 1) if old else 1
     gen = gen if gen <= 0xFFFF else 1  # the hardware carries 16 bits of generation
@@ -281,6 +380,9 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
     prefix = chain_prefix(config, gen)
     new_main = f"{prefix}MAIN"
     old_main = old["main_chain"] if old and has_jump(NS_FW, config, base, old["main_chain"]) else None
+    # What the base chain's policy goes back to at undeploy: as found before the first deploy.
+    policy_before = (old or {}).get("base_policy_before") or base_policy(NS_FW, config, base)
+    policy_now = base_policy(NS_FW, config, base)
     old_nic = old["nic"] if old else None
     if old_nic and not tgt.alive(old_nic):
         log(f"previous NIC (pid {old_nic.get('pid')}) is gone; deploying as new")
@@ -341,8 +443,8 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
         # 3. New chains and the jump to them, in one atomic restore.
         tx.step(
             "netfilter",
-            lambda: restore(NS_FW, switch_text(config, base, body, new_main, old_main)),
-            lambda: restore(NS_FW, unswitch_text(config, base, new_chains, new_main, old_main)),
+            lambda: restore(NS_FW, switch_text(config, base, body, new_main, old_main, policy.default)),
+            lambda: restore(NS_FW, unswitch_text(config, base, new_chains, new_main, old_main, policy_now)),
         )
         # 4. Interval table of the new plan (read by nobody yet: everything is stale).
         old_intervals = old.get("intervals") if old else None
@@ -408,6 +510,11 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
     except HypafilterError as e:
         warnings.append(f"removing old chains: {e}")
 
+    try:
+        fingerprint = chains_fingerprint(NS_FW, config, new_chains)
+    except HypafilterError as e:
+        fingerprint = None
+        warnings.append(f"reading back the chains: {e}")
     took = round(time.monotonic() - t0, 3)
     state = {
         "target": tgt.name,
@@ -418,8 +525,11 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
         "chain_prefix": config.chain_prefix,
         "prefix": prefix,
         "main_chain": new_main,
+        "base_policy": policy.default,
+        "base_policy_before": policy_before,
         "user_chains": user_chain_names(prefix, policy.user_chains),
         "chains": new_chains,
+        "chains_sha256": fingerprint,
         "generation": gen,
         "mode": config.shunt_mode,
         "strategy": config.strategy,
@@ -489,7 +599,10 @@ def undeploy(log: Callable[[str], None] = lambda s: None) -> bool:
         if netns.exists(NS_FW):
             try:
                 chains = [c for cs in owned_chains(NS_FW, cfg).values() for c in cs]
-                restore(NS_FW, delete_text(cfg, chains, st.get("base_chain"), st.get("main_chain")))
+                restore(
+                    NS_FW,
+                    delete_text(cfg, chains, st.get("base_chain"), st.get("main_chain"), st.get("base_policy_before")),
+                )
             except HypafilterError as e:
                 errors.append(f"netfilter: {e}")
             try:
@@ -527,4 +640,5 @@ def status() -> dict:
         out["netfilter"] = chain_counters(NS_FW, cfg, st["prefix"])
     except HypafilterError as e:
         out["netfilter"] = {"error": str(e)}
+    out["drift"] = drift(st)
     return out

@@ -1,0 +1,61 @@
+"""The deployment never fails open: the firewall host's base chain takes the policy's own chain policy, `status`
+reports drift between what runs and what was deployed (exit 1), and deploying the same policy repairs it."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.netconn import udp_delivered
+
+pytestmark = pytest.mark.system
+
+LAB = "hfc"
+
+POLICY = """*filter
+:FORWARD DROP [0:0]
+-A FORWARD -p udp -m udp --dport 5000 -m string --string BAD --algo bm -j DROP
+-A FORWARD -p udp -m udp --dport 5000 -j ACCEPT
+-A FORWARD -p tcp -j DROP
+COMMIT
+"""
+
+
+def test_jump_removed_fails_closed_and_is_repaired(lab, capsys):
+    from hypafilter import netns
+    from hypafilter.cli import main
+    from hypafilter.config import Config
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.ops import deploy
+
+    before = deploy.base_policy(lab.ns_fw, Config(), "FORWARD")
+    assert before == "ACCEPT"  # the lab's bridge starts as the kernel leaves it
+    pol = parse_policy(POLICY, "closed.rules")
+    st = deploy.deploy(pol, Config())
+    assert deploy.base_policy(lab.ns_fw, Config(), "FORWARD") == "DROP"
+    assert deploy.status()["drift"] == []
+    dst = lab.ip("recv", "hyb")
+    sends = [(5000, b"fine"), (5000, b"BAD one")]
+    assert udp_delivered(lab.ns_send, lab.ns_recv, dst, sends) == [(5000, b"fine")]
+
+    # Someone removes the tool's jump: the shunted datagrams meet the base chain's policy, DROP, not ACCEPT.
+    netns.run(["iptables", "-D", "FORWARD", "-j", st["main_chain"]], lab.ns_fw)
+    assert udp_delivered(lab.ns_send, lab.ns_recv, dst, [(5000, b"BAD two")]) == []
+    drift = deploy.status()["drift"]
+    assert any("jump FORWARD" in d for d in drift), drift
+    assert main(["status"]) == 1 and "DRIFT" in capsys.readouterr().out
+
+    # Deploying the same policy repairs it (before: "nothing to do").
+    deploy.deploy(pol, Config())
+    assert deploy.status()["drift"] == []
+    assert udp_delivered(lab.ns_send, lab.ns_recv, dst, sends) == [(5000, b"fine")]
+    assert main(["status"]) == 0
+
+    # A rule changed by hand in the tool's chains is drift too.
+    chain = deploy.read_state()["main_chain"]
+    netns.run(["iptables", "-I", chain, "1", "-j", "ACCEPT"], lab.ns_fw)
+    assert any("changed since the deploy" in d for d in deploy.status()["drift"])
+    deploy.deploy(pol, Config())
+    assert deploy.status()["drift"] == []
+
+    deploy.undeploy()
+    assert deploy.base_policy(lab.ns_fw, Config(), "FORWARD") == before

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+TOKEN_SHOWN = 80  # a token longer than this is cut in messages (a 1 MB token is not echoed whole)
+
 
 class HypafilterError(Exception):
     """Base class: a clear, user-facing error (the CLI prints it and exits non-zero)."""
@@ -17,7 +19,8 @@ class PolicyError(HypafilterError):
         self.column = column
         self.token = token
         where = f"{file}:{line}:{column}" if line else file
-        tok = f" (at {token!r})" if token else ""
+        shown = token if len(token) <= TOKEN_SHOWN else f"{token[:TOKEN_SHOWN]}... ({len(token)} characters)"
+        tok = f" (at {shown!r})" if token else ""
         super().__init__(f"{where}: {message}{tok}")
 
 

@@ -17,9 +17,11 @@ import pytest
 from hypafilter import netns
 from hypafilter.ir import FIELDS
 
-from conftest import ROOT, need, need_root, need_tool
+from conftest import ROOT, need, need_tool
 
 pytestmark = [pytest.mark.system, pytest.mark.slow]
+
+LAB = "hfdb"
 
 EXAMPLE = ROOT / "rulesets" / "example.rules"
 OUTPUT = ROOT / "build" / "test-output"
@@ -120,37 +122,29 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def system():
-    """The lab with rulesets/example.rules deployed on the emulated NIC (undeployed afterwards)."""
-    need_root()
-    need_tool("ip", "iptables-save", "iptables")
+def system(lab):
+    """The module's own lab (LAB) with rulesets/example.rules deployed on the emulated NIC (undeployed afterwards)."""
     need(EXAMPLE.is_file(), f"{EXAMPLE} is missing")
     from hypafilter.config import Config
     from hypafilter.iptables.document import parse_policy
     from hypafilter.ops import deploy
-    from hypafilter.ops.lab import Lab
 
-    lab = Lab("hf")
-    lab_was_up = bool(lab.namespaces())
-    lab.up()
     policy = parse_policy(EXAMPLE.read_text(), str(EXAMPLE), "FORWARD", Config())
     state = deploy.deploy(policy, Config(), force=True)
-    try:
-        yield lab, policy, state
-    finally:
-        deploy.undeploy()
-        if not lab_was_up:
-            lab.down()
+    yield lab, policy, state
 
 
 @pytest.fixture(scope="module")
 def dashboard(system):
-    """`hypafilter dashboard` as an operator starts it, on a free loopback port."""
+    """`hypafilter dashboard` as an operator starts it (pointed at this module's lab), on a free loopback port."""
+    from hypafilter.ops import deploy
+
     port = free_port()
     OUTPUT.mkdir(parents=True, exist_ok=True)
     log = open(OUTPUT / "dashboard-server.log", "w")
     proc = subprocess.Popen(
         [str(Path(PY).with_name("hypafilter")), "dashboard", "--listen", f"127.0.0.1:{port}", "--interval", "0.5"],
+        env=dict(os.environ, HF_LAB=LAB, HF_STATE_DIR=str(deploy.STATE_DIR)),
         stdout=log,
         stderr=subprocess.STDOUT,
     )
@@ -201,7 +195,7 @@ def nic_counters(state) -> tuple[dict, dict]:
 
 def main_jump_packets(state) -> int:
     """Packets the base chain sent to the tool's MAIN chain, read with `iptables -L -v -x` (not iptables-save)."""
-    out = netns.run(["iptables", "-w", "-t", "filter", "-L", state["base_chain"], "-v", "-x", "-n"], "hf-fw")
+    out = netns.run(["iptables", "-w", "-t", "filter", "-L", state["base_chain"], "-v", "-x", "-n"], f"{LAB}-fw")
     total = 0
     for line in out.splitlines()[2:]:
         cols = line.split()

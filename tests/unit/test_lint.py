@@ -31,3 +31,33 @@ def test_lint_chain_option(tmp_path, capsys):
     f.write_text("*filter\n:INPUT DROP [0:0]\n-A INPUT -p tcp -m tcp --dport 22 -j ACCEPT\nCOMMIT\n")
     assert main(["lint", str(f), "--chain", "INPUT"]) == 0
     assert "policy DROP" in capsys.readouterr().out
+
+
+def test_binary_input_names_file_line_and_column(tmp_path, capsys):
+    pol = tmp_path / "bin.rules"
+    pol.write_bytes(b"*filter\n:FORWARD ACCEPT [0:0]\n-A FORWARD -s \xff\xfe -j DROP\nCOMMIT\n")
+    assert main(["lint", str(pol)]) == 2
+    err = capsys.readouterr().err
+    assert f"{pol}:3:15: not UTF-8 text: byte 0xff" in err and "Traceback" not in err
+
+
+def test_a_huge_token_is_not_echoed_whole(tmp_path, capsys):
+    pol = tmp_path / "big.rules"
+    pol.write_text("*filter\n:FORWARD ACCEPT [0:0]\n-A FORWARD -s " + "a" * 1_000_000 + " -j DROP\nCOMMIT\n")
+    assert main(["lint", str(pol)]) == 2
+    err = capsys.readouterr().err
+    assert len(err) < 500 and "(1000000 characters)" in err
+
+
+def test_a_closed_pipe_ends_lint_quietly():
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        f"{sys.executable} -m hypafilter lint -v rulesets/example.rules | head -1",
+        shell=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert r.stdout.startswith("rulesets/example.rules:") and "Traceback" not in r.stderr, r.stderr

@@ -31,7 +31,11 @@ def register(sub) -> None:
     q.add_argument("--update-steps", type=int, help="consecutive insertions for Fig. 15")
     q.add_argument("--scaling-sizes", help="rule counts for the scaling test")
     q.add_argument("--shared", metavar="DIR", help="the shared folder with data/classbench (default ../shared)")
-    q.add_argument("--results-md", metavar="FILE", help="where to write the results page (default docs/results.md)")
+    q.add_argument(
+        "--results-md",
+        metavar="FILE",
+        help="where to write the results page (default docs/results.md for a full run without --out, else OUT/results.md)",
+    )
     q.add_argument("--no-results-md", action="store_true", help="do not write the results page")
     q.set_defaults(func=run_paper)
 
@@ -143,7 +147,10 @@ def run_paper(args: argparse.Namespace) -> int:
     (out / "run.json").write_text(json.dumps(meta, indent=2) + "\n")
     log(f"wrote {', '.join(sorted(p.name for p in out.glob('*.csv')))} and plots to {out}")
     if not args.no_results_md:
-        md = Path(args.results_md) if args.results_md else ROOT / "docs" / "results.md"
+        # The committed docs/results.md is the full default run's page; a --quick or --out run writes its own
+        # page beside its output unless --results-md names a file.
+        default_md = ROOT / "docs" / "results.md" if not (args.quick or args.out) else out / "results.md"
+        md = Path(args.results_md) if args.results_md else default_md
         md.parent.mkdir(parents=True, exist_ok=True)
         md.write_text(report.render(out.resolve(), md.resolve(), meta, res.rows))
         log(f"wrote {md}")

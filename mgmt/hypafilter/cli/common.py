@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from hypafilter.config import Config
-from hypafilter.errors import HypafilterError
+from hypafilter.errors import HypafilterError, PolicyError
 from hypafilter.ir import Policy
 
 
@@ -64,8 +64,16 @@ def load_policy(args: argparse.Namespace, config: Config | None = None) -> Polic
     if not args.policy:
         raise HypafilterError("no policy given (POLICY or --classbench FILTERS)")
     try:
-        with open(args.policy, encoding="utf-8") as f:
-            text = f.read()
+        with open(args.policy, "rb") as f:
+            data = f.read()
     except OSError as e:
         raise HypafilterError(f"{args.policy}: {e.strerror}") from e
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise PolicyError(
+            f"not UTF-8 text: byte 0x{data[e.start]:02x} (is this an iptables-save file?)", args.policy, line, column
+        ) from e
     return parse_policy(text, filename=args.policy, base_chain=args.chain, config=config)

@@ -26,8 +26,14 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         raise HypafilterError("nothing is deployed: use `hypafilter deploy`")
     cfg = load_config(args)
     policy = load_policy(args, cfg)
+    before = deploy.read_state()
     state = deploy.deploy(policy, cfg, target=args.target, force=args.force, log=progress(args))
-    print(json.dumps(_summary(state), indent=None if args.json else 1))
+    summary = _summary(state)
+    # Nothing changed (the same policy and settings, no drift): say so instead of the old summary as if new.
+    summary["changed"] = not before or before.get("generation") != state.get("generation")
+    if not summary["changed"]:
+        summary["duration_s"], summary["steps"] = 0, {}
+    print(json.dumps(summary, indent=None if args.json else 1))
     return 0
 
 

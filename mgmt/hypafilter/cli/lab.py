@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 
 def register(sub) -> None:
     p = sub.add_parser("lab", help="create, remove or show the reference namespace topology")
     p.add_argument("action", choices=("up", "down", "status"))
-    p.add_argument("--name", default="hf", help="lab name: namespaces are NAME-send, NAME-nic, ... (default hf)")
+    p.add_argument(
+        "--name",
+        default=os.environ.get("HF_LAB", "hf"),
+        help="lab name: namespaces are NAME-send, NAME-nic, ... (default $HF_LAB, else hf; deploy uses the same)",
+    )
     p.add_argument("--json", action="store_true", help="status as JSON")
     p.set_defaults(func=run)
 

@@ -39,7 +39,9 @@ def run(args: argparse.Namespace) -> int:
 
         prefix = f"{config.chain_prefix}1_"
         for name, loaded in user_chain_names(prefix, policy.user_chains).items():
-            print(f"  user chain {name} is loaded as {loaded} (generation 1; {prefix} is {config.chain_prefix}<generation>_)")
+            print(
+                f"  user chain {name} is loaded as {loaded} (generation 1; {prefix} is {config.chain_prefix}<generation>_)"
+            )
     for i in policy.complex_indices:
         r = rules[i]
         where = f"{r.origin.file}:{r.origin.line}" if r.origin else "?"

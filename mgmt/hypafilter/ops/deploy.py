@@ -69,9 +69,13 @@ def read_state() -> dict | None:
 
 
 def write_state(state: dict) -> None:
-    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    STATE_DIR.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = state_file().with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, indent=1, sort_keys=True) + "\n")
+    # The state holds the whole policy: readable by root only (created so, never world-readable for a moment).
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(state, indent=1, sort_keys=True) + "\n")
+    os.chmod(tmp, 0o600)
     tmp.replace(state_file())  # readers (status, dashboard) never see a half-written file
 
 

@@ -61,3 +61,12 @@ def test_a_closed_pipe_ends_lint_quietly():
         text=True,
     )
     assert r.stdout.startswith("rulesets/example.rules:") and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_jump_loop_names_the_jump_target_column(tmp_path, capsys):
+    pol = tmp_path / "loop.rules"
+    pol.write_text(
+        "*filter\n:FORWARD ACCEPT [0:0]\n:A - [0:0]\n:B - [0:0]\n-A FORWARD -j A\n-A A -p tcp -j B\n-A B -p udp -j A\nCOMMIT\n"
+    )
+    assert main(["lint", str(pol)]) == 2
+    assert f"{pol}:7:16: chain loop: A is reached from itself" in capsys.readouterr().err

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from hypafilter.config import Config
 from hypafilter.errors import PolicyError
 from hypafilter.iptables import canonical
+from hypafilter.iptables.rule import target_column
 from hypafilter.ir import Box, Level, Rule
 from hypafilter.ir.box import boxes_intersect, boxes_minus
 from hypafilter.ir.semantics import STATE_CHANGING_TARGETS
@@ -120,7 +121,13 @@ class _Flattener:
             elif self.user(r.target):
                 if r.target in stack:
                     o = r.origin
-                    raise PolicyError(f"chain loop: {r.target} is reached from itself", o.file, o.line, 0, r.target)
+                    raise PolicyError(
+                        f"chain loop: {r.target} is reached from itself",
+                        o.file,
+                        o.line,
+                        target_column(o, r.target),
+                        r.target,
+                    )
                 sub = None
                 if not r.stateful:
                     try:
@@ -139,7 +146,7 @@ class _Flattener:
                                 "RETURN-free chain, or move the stateful match into the chain",
                                 o.file,
                                 o.line,
-                                0,
+                                target_column(o, r.target),
                                 r.target,
                             )
                         out.append(rule(self.default))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from hypafilter.iptables.tables import STATEFUL_MATCHES as STATEFUL
@@ -259,3 +260,11 @@ def _physdev_port(m: Verbatim, hw_ports: dict[str, int]) -> tuple[int, bool] | N
     if len(rest) == 2 and rest[0] == "--physdev-in" and not rest[1].endswith("+") and rest[1] in hw_ports:
         return hw_ports[rest[1]], inv
     return None
+
+
+def target_column(origin: Origin | None, target: str) -> int:
+    """1-based column of the jump or goto target `target` in the rule's text (0 when it cannot be found)."""
+    if origin is None:
+        return 0
+    m = re.search(rf"(?:^|\s)(?:-j|-g|--jump|--goto)\s+({re.escape(target)})(?=\s|$)", origin.text)
+    return m.start(1) + 1 if m else 0

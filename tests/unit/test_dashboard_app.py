@@ -176,3 +176,16 @@ def test_listen_parsing_and_exposure_rule(monkeypatch, capsys):
     monkeypatch.delenv("HYPAFILTER_DASHBOARD_TOKEN", raising=False)
     assert main(["dashboard", "--listen", "0.0.0.0:8080"]) == 2
     assert "needs a token" in capsys.readouterr().err
+
+
+def test_dns_rebinding_is_refused_on_loopback(sampler):
+    """Served on loopback without a token, the dashboard answers only requests for the machine's own names: a
+    page of another site whose name resolves to 127.0.0.1 gets nothing."""
+    from hypafilter.tools.dashboard.app import LOOPBACK_NAMES
+
+    c = TestClient(create_app(sampler, allowed_hosts=LOOPBACK_NAMES | {"127.0.0.1"}))
+    for host in ("127.0.0.1:8080", "localhost:8080", "[::1]:8080", "LOCALHOST"):
+        assert c.get("/api/summary", headers={"host": host}).status_code == 200, host
+    for host in ("evil.example:8080", "evil.example", "127.0.0.1.evil.example:8080"):
+        r = c.get("/api/summary", headers={"host": host})
+        assert r.status_code == 421 and "seq" not in r.text, host

@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from hypafilter.tools.dashboard.app import create_app
+    from hypafilter.tools.dashboard.app import LOOPBACK_NAMES, create_app
 
     state_path = args.state
     collector = Collector(state_reader=lambda: read_state(state_path))
@@ -87,7 +87,10 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     try:
-        uvicorn.run(create_app(sampler, token=token), host=host, port=port, log_level="warning", access_log=False)
+        # On loopback without a token, only requests for this machine's own names are answered (DNS rebinding).
+        allowed = None if token else LOOPBACK_NAMES | {host.lower()}
+        app = create_app(sampler, token=token, allowed_hosts=allowed)
+        uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
     finally:
         sampler.stop()
     return 0

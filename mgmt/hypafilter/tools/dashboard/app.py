@@ -35,8 +35,20 @@ def _authorized(request: Request, token: str) -> bool:
     return bool(given) and hmac.compare_digest(given.encode(), token.encode())
 
 
-def create_app(sampler: Sampler, token: str | None = None) -> FastAPI:
-    """The web app over `sampler`. With a token, every request except static assets needs it."""
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def _host_name(header: str) -> str:
+    """The host part of a Host header ("[::1]:8080" -> "::1", "localhost:80" -> "localhost")."""
+    if header.startswith("["):
+        return header[1 : header.find("]")] if "]" in header else header
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+def create_app(sampler: Sampler, token: str | None = None, allowed_hosts: frozenset[str] | None = None) -> FastAPI:
+    """The web app over `sampler`. With a token, every request except static assets needs it. With
+    `allowed_hosts`, a request whose Host header names another host is refused: a page on another site whose
+    name resolves to this loopback address (DNS rebinding) cannot read the dashboard."""
     app = FastAPI(title="hypafilter dashboard", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
@@ -46,6 +58,8 @@ def create_app(sampler: Sampler, token: str | None = None) -> FastAPI:
         # Read-only by construction: nothing but GET/HEAD reaches a handler.
         if request.method not in ("GET", "HEAD"):
             return JSONResponse({"detail": "read-only"}, status_code=405, headers={"Allow": "GET, HEAD"})
+        if allowed_hosts is not None and _host_name(request.headers.get("host", "")).lower() not in allowed_hosts:
+            return JSONResponse({"detail": "unknown Host header"}, status_code=421)
         # Static assets are the page's own code and carry no data; everything else is guarded.
         public = request.url.path.startswith("/static/") or request.url.path == "/favicon.ico"
         if token and not public and not _authorized(request, token):

@@ -2,7 +2,12 @@
 
 Each rulesets/*.rules file and the conformance corpus's fully understood single rules are loaded with
 iptables-restore into a fresh network namespace; every listed rule is compared token for token with the
-parser's `rule_tokens`. Both sides go through `parse.tokenize`, so shell quoting is not compared.
+parser's `rule_tokens`. Both sides go through `iptables.tokens.tokenize`, so quoting is not compared.
+
+The tokenising and repeated-option cases (`SAVE_CASES`, `REFUSED`, `SHELL_LINES`) are loaded as the user wrote
+them, never through our writer: save-file lines by iptables-restore (and iptables-legacy-restore), plain rule-file
+lines by `sh` running `iptables`; each must list back as the parser reads it, and what the tools refuse the parser
+refuses.
 
 Documented exceptions (applied by `_normalise` / `_nft_listing_quirk`, each one narrow):
 - string quoting: iptables prints `--string "BAD"` and `--log-prefix "blocked: "` in double quotes, the parser keeps
@@ -29,10 +34,10 @@ from hypafilter.errors import PolicyError
 from hypafilter.iptables.canonical import rule_tokens
 from hypafilter.iptables.document import parse_policy
 from hypafilter.iptables.parser import parse_rule
-from hypafilter.iptables.tokens import tokenize
-from hypafilter.iptables.writer import Restore
+from hypafilter.iptables.tokens import SHELL, tokenize
+from hypafilter.iptables.writer import Restore, policy_restore
 
-from conftest import ns_sh
+from conftest import need_tool, ns_sh
 from tests.peercorpus import cases, modelled
 from tests.scratchns import scratch_netns
 
@@ -55,7 +60,7 @@ _NFT_QUIRKS = {
 
 @pytest.fixture
 def netns():
-    with scratch_netns("hfrt", "iptables", "iptables-restore") as name:
+    with scratch_netns("hfrt", "iptables", "iptables-restore", "nft", "sh") as name:
         yield name
 
 
@@ -94,9 +99,9 @@ def _restore_text(path: Path) -> str:
     text = path.read_text()
     if any(line.strip() == "*filter" for line in text.splitlines()):
         return text
-    # Plain rule files allow trailing `# comments`, which iptables-restore would pass on as arguments.
+    # Plain rule files are shell command lines (trailing `# comments`, '...'): tokenised as a shell does.
     doc = Restore()
-    for tokens in ([t.text for t in tokenize(line)] for line in text.splitlines()):
+    for tokens in ([t.text for t in tokenize(line, mode=SHELL)] for line in text.splitlines()):
         if tokens:
             doc.rule("FORWARD", tokens)
     return doc.text()
@@ -119,7 +124,7 @@ def test_ruleset_roundtrip(netns, path):
 
 
 def _understood(rule: str) -> bool:
-    toks = [t.text for t in tokenize(rule)]
+    toks = [t.text for t in tokenize(rule, mode=SHELL)]
     if any(t.startswith("--") and "=" in t for t in toks) or any(
         len(t) > 2 and t[0] == "-" and t[1] in "sdpiojgmc" for t in toks
     ):
@@ -153,7 +158,7 @@ def test_conformance_rules_roundtrip(netns, shared_dir):
     # One restore for all of them: the listing keeps their order, so rule i of FORWARD is corpus rule i.
     doc = Restore()
     for _, rule, _ in rules:
-        doc.rule("FORWARD", [t.text for t in tokenize(rule)])
+        doc.rule("FORWARD", [t.text for t in tokenize(rule, mode=SHELL)])  # the .t tests go through a shell
     ns_sh(netns, "iptables-restore", stdin=doc.text())
     _, kernel = _listing(netns)
     assert len(kernel["FORWARD"]) == len(rules)
@@ -171,3 +176,128 @@ def test_quirks_are_real(shared_dir):
     for rule, printed in _NFT_QUIRKS.items():
         assert rule in rules, f"quirk {rule!r} is no longer in the corpus"
         assert rules[rule] != printed
+
+
+# Rules (after `-A FORWARD`) as an iptables-save file holds them: quoting, backslashes, `#`, single quotes, quoted
+# options, repeated options and matches. Each would have failed before iptables.tokens read lines as
+# iptables-restore does (`'q'`, `a\b`, `x#y`, `"it\'s"`) or before every -m loaded a new match instance.
+SAVE_CASES = [
+    "-m comment --comment 'q' -j ACCEPT",
+    r'-m comment --comment "it\'s" -j ACCEPT',
+    r"-m comment --comment a\b -j ACCEPT",
+    r'-m comment --comment "a\\b \"c\" \x" -j ACCEPT',
+    "-m comment --comment x#y -j ACCEPT",
+    "-m comment --comment # -j ACCEPT",
+    '-m comment --comment "" -j ACCEPT',
+    "-m comment --comment ! -j ACCEPT",
+    "-m string --string 'it''s' --algo bm -j DROP",
+    "-m string --string x#'y' --algo bm -j DROP",
+    '"-p" tcp "!" "--dport" 80 "-j" ACCEPT',
+    "-p tcp -m multiport --dports 80 -m multiport --sports 22 -j ACCEPT",
+    "-p tcp -m multiport --dports 80 -m multiport --dports 22 -j ACCEPT",
+    "-p tcp -m tcp --dport 80 -m tcp --dport 22 -j ACCEPT",
+    "-p tcp -m tcp --dport 80 -m tcp ! --dport 22 -j ACCEPT",
+    "-p tcp --dport 80 -m tcp --sport 22 -j ACCEPT",
+    "-p tcp -m tcp -m tcp --sport 22 -j ACCEPT",
+    "-p icmp -m icmp --icmp-type 8 -m icmp --icmp-type 0 -j ACCEPT",
+    "-m comment --comment a -m comment --comment b -j ACCEPT",
+    "-m iprange --src-range 1.1.1.1-1.1.1.2 -m iprange --src-range 1.1.1.3 -j ACCEPT",
+]
+# iptables-nft 1.8.9 lists the tcp matches of one rule merged, a later option replacing an earlier one; the kernel
+# checks every instance (`nft list` shows `tcp dport 80 tcp dport 22`), and iptables-legacy lists them all.
+_NFT_MERGED = {
+    "-p tcp -m tcp --dport 80 -m tcp --dport 22 -j ACCEPT": "-p tcp -m tcp --dport 22 -j ACCEPT",
+    "-p tcp -m tcp --dport 80 -m tcp ! --dport 22 -j ACCEPT": "-p tcp -m tcp ! --dport 22 -j ACCEPT",
+    "-p tcp --dport 80 -m tcp --sport 22 -j ACCEPT": "-p tcp -m tcp --sport 22 --dport 80 -j ACCEPT",
+}
+# Whole lines of a save file that iptables-restore 1.8.9 refuses; the parser must refuse each on its line.
+REFUSED = [
+    "-A FORWARD -j ACCEPT # tail",
+    "  # indented",
+    "   ",
+    " COMMIT",
+    ' -A FORWARD -m comment --comment "ab"cd -j ACCEPT',
+    "-A FORWARD -j ACCEPT\r",
+    "-A FORWARD -p tcp -m multiport --dports 80 --dports 22 -j ACCEPT",
+    "-A FORWARD -p tcp -m multiport --dports 80 --sports 22 -j ACCEPT",
+    "-A FORWARD -p tcp --dport 80 --dport 22 -j ACCEPT",
+    "-A FORWARD -p tcp -m tcp --sport 1 --sport 2 -j ACCEPT",
+    "-A FORWARD -p tcp --syn --syn -j ACCEPT",
+    "-A FORWARD -p icmp --icmp-type 8 --icmp-type 0 -j ACCEPT",
+    "-A FORWARD -m comment --comment a --comment b -j ACCEPT",
+    "-A FORWARD -p tcp --dport ! 80 -j ACCEPT",
+    "-A FORWARD -s ! 1.2.3.4 -j ACCEPT",
+    "-A FORWARD -j ACCEPT -j DROP",
+]
+# Plain rule-file lines: shell command lines, run by `sh` as written.
+SHELL_LINES = [
+    "iptables -A FORWARD -m comment --comment 'it'\\''s' -j ACCEPT # a shell comment",
+    'iptables -A FORWARD -m comment --comment "a\\\\b \\"c\\" \\x" -j ACCEPT',
+    "iptables -A FORWARD -m comment --comment a\\#b#c -j ACCEPT",
+    "iptables -A FORWARD -m string --string 'q' --algo bm -j DROP",
+    "iptables -A FORWARD -p tcp -m multiport --dports 80 -m multiport --sports 22 -j ACCEPT",
+]
+
+
+def _save_text(rules) -> str:
+    return "*filter\n:FORWARD ACCEPT [0:0]\n" + "".join(f"-A FORWARD {r}\n" for r in rules) + "COMMIT\n"
+
+
+def _forward(listing: str) -> list[tuple[str, ...]]:
+    return [tuple(t.text for t in tokenize(ln))[2:] for ln in listing.splitlines() if ln.startswith("-A FORWARD ")]
+
+
+def _nft_forward(ns: str) -> list[str]:
+    """The FORWARD rules as nft holds them (what the kernel checks), without counter values; every rule that
+    iptables-nft adds carries a counter, which tells rule lines from the chain's header lines."""
+    out = ns_sh(ns, "nft", "list", "chain", "ip", "filter", "FORWARD")
+    return [
+        re.sub(r"counter packets \d+ bytes \d+", "counter", ln.strip()) for ln in out.splitlines() if "counter" in ln
+    ]
+
+
+def test_save_cases_roundtrip(netns):
+    pol = parse_policy(_save_text(SAVE_CASES), "cases.save")
+    ns_sh(netns, "iptables-restore", stdin=_save_text(SAVE_CASES))
+    got = _forward(ns_sh(netns, "iptables", "-S", "FORWARD"))
+    assert len(got) == len(SAVE_CASES) == len(pol.original_rules)
+    bad = []
+    for rule, g, e in zip(SAVE_CASES, got, pol.original_rules, strict=True):
+        merged = _NFT_MERGED.get(rule)
+        if g != e and (merged is None or g != tuple(t.text for t in tokenize(merged))):
+            bad.append(f"{rule!r}: kernel {g}, parser {e}")
+    assert not bad, "\n".join(bad)
+    # Same meaning: the parser's canonical text, written by our writer, gives the kernel the same nft rules.
+    want = _nft_forward(netns)
+    assert len(want) == len(SAVE_CASES)
+    ns_sh(netns, "iptables-restore", stdin=policy_restore(pol))
+    assert _nft_forward(netns) == want
+
+
+def test_save_cases_roundtrip_legacy(netns):
+    """iptables-legacy lists every match instance as loaded: the canonical text must equal it exactly."""
+    need_tool("iptables-legacy-restore", "iptables-legacy")
+    pol = parse_policy(_save_text(SAVE_CASES), "cases.save")
+    ns_sh(netns, "iptables-legacy-restore", stdin=_save_text(SAVE_CASES))
+    got = _forward(ns_sh(netns, "iptables-legacy", "-S", "FORWARD"))
+    for rule, g, e in zip(SAVE_CASES, got, pol.original_rules, strict=True):
+        assert g == e, f"{rule!r}: kernel {g}, parser {e}"
+
+
+@pytest.mark.parametrize("line", REFUSED, ids=[repr(x) for x in REFUSED])
+def test_refused_by_both(netns, line):
+    text = f"*filter\n:FORWARD ACCEPT [0:0]\n{line}\nCOMMIT\n"
+    with pytest.raises(Exception) as kernel:
+        ns_sh(netns, "iptables-restore", stdin=text)
+    assert "line: 3" in str(kernel.value) or "line 3" in str(kernel.value), str(kernel.value)
+    with pytest.raises(PolicyError) as ours:
+        parse_policy(text, "refused.save")
+    assert (ours.value.file, ours.value.line) == ("refused.save", 3)
+    assert ours.value.column >= 1 and ours.value.token
+
+
+def test_plain_lines_as_a_shell_runs_them(netns):
+    script = "set -e\n" + "\n".join(SHELL_LINES) + "\n"
+    ns_sh(netns, "sh", "-c", script)
+    got = _forward(ns_sh(netns, "iptables", "-S", "FORWARD"))
+    assert got == parse_policy(script.replace("set -e\n", ""), "plain.rules").original_rules

@@ -32,9 +32,12 @@ POLICY = r"""*filter
 -A STRINGS -m string --string "it's" --algo kmp -j DROP
 -A STRINGS -m string --string "#1 two  words" --algo bm -j DROP
 -A STRINGS -m string --string "\\\"both\\\"" --algo bm -j DROP
+-A STRINGS -m string --string 'q' --algo bm -j DROP
+-A STRINGS -m string --string x\y#z --algo bm -j DROP
 COMMIT
 """
-STRINGS = {"a\\b", 'say "hi"', "it's", "#1 two  words", '\\"both\\"'}
+# Outside double quotes iptables-restore takes `'` and `\` literally: the kernel holds `'q'` and `x\y#z`.
+STRINGS = {"a\\b", 'say "hi"', "it's", "#1 two  words", '\\"both\\"', "'q'", "x\\y#z"}
 MODES = ("index", "selective", "exact")
 
 
@@ -66,7 +69,10 @@ def test_oracle_policy_keeps_strings(netns):
     pol = parse_policy(POLICY, base_chain="FORWARD")
     ns_sh(netns, "iptables-restore", stdin=policy_restore(pol))
     got = kernel_args(netns, "--string")
-    assert got == {"FORWARD": ["a\\b"], "STRINGS": ['say "hi"', "it's", "#1 two  words", '\\"both\\"']}
+    assert got == {
+        "FORWARD": ["a\\b"],
+        "STRINGS": ['say "hi"', "it's", "#1 two  words", '\\"both\\"', "'q'", "x\\y#z"],
+    }
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
@@ -83,11 +89,6 @@ def test_hybrid_chains_keep_strings(netns, strategy):
         assert strings == STRINGS, f"{strategy}/{mode}: the kernel holds {sorted(strings)}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="iptables.tokens reads iptables-save's `\\'` inside double quotes as two characters; iptables-restore "
-    "(add_param_to_argv) takes any backslash-escaped character literally",
-)
 def test_saved_comment_with_single_quote_reads_back(netns):
     """iptables-save writes a comment's `'` as `\\'` (xtables_save_string); reading the listing back must undo it."""
     ns_sh(netns, "iptables-restore", stdin='*filter\n-A FORWARD -m comment --comment "it\'s" -j DROP\nCOMMIT\n')

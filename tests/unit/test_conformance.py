@@ -8,7 +8,7 @@ import pytest
 from hypafilter.errors import PolicyError
 from hypafilter.iptables.canonical import rule_tokens
 from hypafilter.iptables.parser import parse_rule
-from hypafilter.iptables.tokens import tokenize
+from hypafilter.iptables.tokens import SHELL, tokenize
 
 from tests.peercorpus import cases, modelled
 
@@ -20,7 +20,7 @@ FILES = sorted(
 def understood(rule: str) -> bool:
     """Whether every match and the target of a test line are ones the parser models fully."""
     toks = []
-    for t in (t.text for t in tokenize(rule)):
+    for t in (t.text for t in tokenize(rule, mode=SHELL)):  # the .t tests run `iptables -A ...` through a shell
         if t.startswith("--") and "=" in t:
             toks += t.split("=", 1)
         elif len(t) > 2 and t[0] == "-" and t[1] in "mjg":
@@ -41,6 +41,10 @@ def check_file(path: Path) -> dict[str, int]:
     }
     failures = []
     for no, rule, expected, ok in cases(path):
+        if ";" in rule:
+            # A line with a variant field (`rule;expected;result;LEGACY...`): its result holds for one variant
+            # only, and `cases` leaves `rule;expected` in the rule, which a shell would split at the `;`.
+            continue
         where = f"{path.name}:{no}: {rule!r}"
         try:
             rules = parse_rule(rule, chains=set(), filename=path.name, line=no)

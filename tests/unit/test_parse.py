@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ from hypafilter.errors import PolicyError
 from hypafilter.iptables.canonical import rule_tokens
 from hypafilter.iptables.document import parse_policy
 from hypafilter.iptables.parser import parse_rule
-from hypafilter.iptables.tokens import tokenize
+from hypafilter.iptables.tokens import SHELL, tokenize
 from hypafilter.iptables.writer import tokens_text
 from hypafilter.ir import Header
 
@@ -36,9 +37,79 @@ def canon(text: str) -> str:
 
 
 def test_tokenize_quotes_and_columns():
-    toks = tokenize('-m comment --comment "a \\"b\\" c" -j ACCEPT # tail')
+    line = '-m comment --comment "a \\"b\\" c" -j ACCEPT # tail'
+    toks = tokenize(line, mode=SHELL)
     assert [t.text for t in toks] == ["-m", "comment", "--comment", 'a "b" c', "-j", "ACCEPT"]
     assert [t.col for t in toks] == [1, 4, 12, 22, 34, 37]
+    # iptables-restore has no trailing comments: `#` and `tail` are arguments (and then refused).
+    assert [t.text for t in tokenize(line)][-2:] == ["#", "tail"]
+
+
+# Each line as iptables-restore 1.8.9 splits it (checked with iptables-restore + iptables-save in a namespace)
+# and as a POSIX shell splits it (the plain rule file's reader); None where the shell reader refuses the line.
+TOKEN_CASES = [
+    ("'q'", ["'q'"], ["q"]),
+    ("it's", ["it's"], None),
+    ("'it'\\''s'", ["'it'\\''s'"], ["it's"]),
+    ('"it\'s"', ["it's"], ["it's"]),
+    ("a\\b", ["a\\b"], ["ab"]),
+    ('"a\\\'b\\\\c\\"d\\xe"', ["a'b\\c\"dxe"], ["a\\'b\\c\"d\\xe"]),
+    ('"\\$"', ["$"], ["$"]),
+    ('""', [""], [""]),
+    ("''", ["''"], [""]),
+    ("x#y", ["x#y"], ["x#y"]),
+    ("-j ACCEPT # tail", ["-j", "ACCEPT", "#", "tail"], ["-j", "ACCEPT"]),
+    ("-j ACCEPT #tail", ["-j", "ACCEPT", "#tail"], ["-j", "ACCEPT"]),
+    ("\\#", ["\\#"], ["#"]),
+    ('"ab"cd', ["ab", "cd"], ["abcd"]),  # iptables-restore: the closing quote ends the token
+    ('a"b c"d', ["ab c", "d"], ["ab cd"]),
+    ("a\\ b", ["a\\", "b"], ["a b"]),
+    ('"a\tb"', ["a\tb"], ["a\tb"]),
+    ("a\tb\x0bc", ["a", "b\x0bc"], ["a", "b\x0bc"]),  # only space and tab separate
+    ("ACCEPT\r", ["ACCEPT\r"], ["ACCEPT\r"]),
+    ("'a;b|c$d*'", ["'a;b|c$d*'"], ["a;b|c$d*"]),
+]
+
+
+@pytest.mark.parametrize("line, restore, shell", TOKEN_CASES)
+def test_tokenize_modes(line, restore, shell):
+    assert [t.text for t in tokenize(line)] == restore
+    if shell is None:
+        with pytest.raises(PolicyError):
+            tokenize(line, mode=SHELL)
+    else:
+        assert [t.text for t in tokenize(line, mode=SHELL)] == shell
+
+
+@pytest.mark.parametrize(
+    "line, col, msg",
+    [
+        ("-j ACCEPT; echo", 10, "shell syntax ';'"),
+        ("--comment $HOME", 11, "shell syntax '$'"),
+        ('--comment "$HOME"', 12, "shell expansion '$'"),
+        ("--comment `id`", 11, "shell syntax '`'"),
+        ("--comment a*", 12, "glob"),
+        ("--comment 'abc", 11, "unterminated single quote"),
+        ('--comment "abc', 11, "unterminated double quote"),
+        ("-j ACCEPT \\", 11, "trailing backslash"),
+    ],
+)
+def test_tokenize_shell_refusals(line, col, msg):
+    with pytest.raises(PolicyError, match=re.escape(msg)) as e:
+        tokenize(line, 3, "x.rules", SHELL)
+    assert (e.value.file, e.value.line, e.value.column) == ("x.rules", 3, col)
+
+
+def test_tokenize_restore_refuses_an_unterminated_quote():
+    # iptables-restore would take the line break and the rest of the line into the token.
+    with pytest.raises(PolicyError, match="unterminated double quote") as e:
+        tokenize('-m comment --comment "abc -j ACCEPT', 2, "s.save")
+    assert (e.value.line, e.value.column) == (2, 22)
+
+
+def test_tokenize_columns_after_quotes():
+    assert [t.col for t in tokenize('"ab"cd  x')] == [1, 5, 9]
+    assert [(t.text, t.quoted) for t in tokenize('a "b" c')] == [("a", False), ("b", True), ("c", False)]
 
 
 def test_unterminated_quote():
@@ -55,7 +126,17 @@ def test_unterminated_quote():
         ("--protocol=udp --sport=53:", "-p udp -m udp --sport 53:65535"),
         ("-ptcp -s1.2.3.4 -jACCEPT", "-s 1.2.3.4/32 -p tcp -j ACCEPT"),
         ("-p tcp --syn", "-p tcp -m tcp --tcp-flags FIN,SYN,RST,ACK SYN"),
-        ("-p tcp --dport ! 80", "-p tcp -m tcp ! --dport 80"),
+        ("-p tcp ! --dport 80", "-p tcp -m tcp ! --dport 80"),
+        ("-m comment --comment !", "-m comment --comment !"),  # no intrapositioned ! in 1.8.9: a value
+        ('"-p" tcp "!" "--dport" 80 "-j" ACCEPT', "-p tcp -m tcp ! --dport 80 -j ACCEPT"),  # argv ignores quotes
+        (
+            "-p tcp -m multiport --dports 80 -m multiport --sports 22",
+            "-p tcp -m multiport --dports 80 -m multiport --sports 22",
+        ),
+        ("-p tcp -m tcp --dport 80 -m tcp --dport 22", "-p tcp -m tcp --dport 80 -m tcp --dport 22"),
+        ("-p tcp --dport 80 -m tcp --sport 22", "-p tcp -m tcp --dport 80 -m tcp --sport 22"),
+        ("-p tcp -m tcp -m tcp --sport 22", "-p tcp -m tcp -m tcp --sport 22"),
+        ("-m comment --comment a -m comment --comment b", "-m comment --comment a -m comment --comment b"),
         ("-p tcp -m comment --comment 'a b' --dport 80", '-p tcp -m comment --comment "a b" -m tcp --dport 80'),
         ("-p icmp --icmp-type echo-request", "-p icmp -m icmp --icmp-type 8"),
         ("-p icmp --icmp-type port-unreachable", "-p icmp -m icmp --icmp-type 3/3"),
@@ -193,6 +274,22 @@ def test_comment_is_not_a_check():
         ("-p tcp --tcp-flags SYN,BOGUS SYN", 20, "SYN,BOGUS", "TCP flag"),
         ("-i thisinterfaceistoolong0", 4, "thisinterfaceistoolong0", "longer"),
         ("-g ACCEPT", 4, "ACCEPT", "user-defined chain"),
+        # Repeated options that iptables-nft 1.8.9 refuses (each checked with iptables-restore).
+        ("-p tcp -m multiport --dports 80 --dports 22", 33, "--dports", "only one --dports"),
+        ("-p tcp -m multiport --dports 80 --sports 22", 33, "--sports", "only one of"),
+        ("-p tcp -m tcp --sport 1 --sport 2", 25, "--sport", "only one --sport"),
+        ("-p udp --dport 1 --dport 2", 18, "--dport", "only one --dport"),
+        ("-p tcp --syn --tcp-flags SYN SYN", 14, "--tcp-flags", "only one --tcp-flags"),
+        ("-p icmp --icmp-type 8 --icmp-type 0", 23, "--icmp-type", "only one"),
+        ("-m comment --comment a --comment b", 24, "--comment", "only one"),
+        ("-m iprange --src-range 1.1.1.1 --src-range 1.1.1.2", 32, "--src-range", "only one"),
+        ("-j ACCEPT -j DROP", 11, "-j", "multiple -j"),
+        ("-p tcp -p udp", 8, "-p", "multiple -p"),
+        # iptables 1.8.9 has no intrapositioned `!`: it is the option's value.
+        ("-p tcp --dport ! 80", 16, "!", "bad port"),
+        ("-s ! 1.2.3.4", 4, "!", "bad IPv4"),
+        ("-p icmp --icmp-type ! 8", 21, "!", "ICMP type"),
+        ("-f ! -j ACCEPT", 4, "!", "cannot have !"),
     ],
 )
 def test_errors_name_position_and_token(text, col, token, msg):
@@ -286,3 +383,63 @@ def test_example_has_both_verdicts_for_demo_hosts():
                 verdicts.add(r.target)
                 break
     assert verdicts == {"ACCEPT", "DROP"}
+
+
+def test_repeated_matches_are_all_checked():
+    """Every -m loads a new instance and the kernel checks each (nft: `tcp dport 80 tcp dport 22`)."""
+    never = one("-p tcp -m tcp --dport 80 -m tcp --dport 22")
+    assert not any(hit(never, proto=6, dport=p) for p in (22, 80))
+    r = one("-p tcp -m tcp --dport 80 -m tcp ! --dport 22")
+    assert hit(r, proto=6, dport=80) and not hit(r, proto=6, dport=22) and not hit(r, proto=6, dport=23)
+    r = one("-p tcp -m multiport --dports 80,443 -m multiport --sports 22")
+    assert hit(r, proto=6, sport=22, dport=443) and not hit(r, proto=6, sport=23, dport=443)
+    assert not one("-p icmp -m icmp --icmp-type 8 -m icmp --icmp-type 0").boxes
+    r = one("-m iprange --src-range 1.0.0.0-1.0.0.9 -m iprange --src-range 1.0.0.5-1.0.0.20")
+    assert hit(r, src=ip("1.0.0.7")) and not hit(r, src=ip("1.0.0.2")) and not hit(r, src=ip("1.0.0.12"))
+
+
+def test_save_file_is_read_as_iptables_restore_reads_it():
+    def comment(line: str) -> str:
+        p = parse_policy(f"*filter\n:FORWARD ACCEPT [0:0]\n-A FORWARD {line}\nCOMMIT\n")
+        (toks,) = p.original_rules
+        return toks[toks.index("--comment") + 1]
+
+    assert comment("-m comment --comment 'q' -j ACCEPT") == "'q'"
+    assert comment('-m comment --comment "it\\\'s" -j ACCEPT') == "it's"
+    assert comment("-m comment --comment a\\b -j ACCEPT") == "a\\b"
+    assert comment("-m comment --comment x#y -j ACCEPT") == "x#y"
+    assert comment('-m comment --comment "" -j ACCEPT') == ""
+    # `*TABLE` ignores the rest of its line; a line starting with `#` is a comment.
+    assert parse_policy("# c\n*filter # x\n#-A FORWARD -j DROP\n\nCOMMIT\n").original_rules == []
+
+
+@pytest.mark.parametrize(
+    "body, line, col, token, msg",
+    [
+        ("-A FORWARD -j ACCEPT # tail", 2, 22, "#", "unknown option"),
+        ("  # indented", 2, 3, "#", "expected a command"),
+        ("   ", 2, 1, "   ", "a line of blanks"),
+        (" COMMIT", 2, 2, "COMMIT", "expected a command"),
+        ("COMMIT ", 2, 1, "COMMIT", "expected a command"),
+        (" :X - [0:0]", 2, 2, ":X", "expected a command"),
+        ("-A FORWARD -j ACCEPT\r", 2, 15, "ACCEPT\r", "unknown target"),
+    ],
+)
+def test_save_file_refusals(body, line, col, token, msg):
+    """Lines iptables-restore 1.8.9 refuses (Bad argument, no command specified, invalid target)."""
+    with pytest.raises(PolicyError, match=msg) as e:
+        parse_policy(f"*filter\n{body}\nCOMMIT\n", filename="s.save")
+    assert (e.value.line, e.value.column, e.value.token) == (line, col, token)
+
+
+def test_plain_file_is_read_as_a_shell_reads_it():
+    text = "iptables -A FORWARD -m comment --comment 'it'\\''s' -j ACCEPT # trailing comment\n"
+    text += 'iptables -A FORWARD -m comment --comment "a\\\\b#c" -j DROP\n'
+    p = parse_policy(text)
+    assert p.original_rules == [
+        ("-m", "comment", "--comment", "it's", "-j", "ACCEPT"),
+        ("-m", "comment", "--comment", "a\\b#c", "-j", "DROP"),
+    ]
+    with pytest.raises(PolicyError, match="shell syntax") as e:
+        parse_policy("iptables -A FORWARD -j ACCEPT && echo ok\n", filename="p.sh")
+    assert (e.value.file, e.value.line, e.value.column) == ("p.sh", 1, 31)

@@ -21,9 +21,9 @@ from hypafilter.iptables.parser import (
     analyse_all,
     port_range,
 )
-from hypafilter.iptables.rule import Addr, ParsedRule, PortCheck, TcpUdp, Verbatim
+from hypafilter.iptables.rule import Addr, ParsedRule, PortCheck, TcpUdp, Verbatim, target_column
 from hypafilter.iptables.tables import BUILTIN_CHAINS, CONNTRACK_MATCHES, CONNTRACK_TARGETS
-from hypafilter.iptables.tokens import SPECIAL, Tok, tokenize
+from hypafilter.iptables.tokens import RESTORE, SHELL, SPECIAL, Tok, tokenize
 from hypafilter.ir import PROTO_TCP, PROTO_UDP, Box, Origin, Policy, UserChain
 from hypafilter.ir.semantics import KNOWN_TARGETS
 
@@ -53,8 +53,28 @@ class _Document:
         self.declared: set[str] = set()
 
     def read(self, text: str) -> None:
-        lines = text.splitlines()
-        save_mode = None
+        # The format is fixed by the first line that is neither empty nor a comment: `*TABLE` makes an
+        # iptables-save file, read as iptables-restore reads it; anything else a plain rule file of shell
+        # command lines, read as a shell reads them (iptables.tokens explains both).
+        first_line = next((ln for ln in text.split("\n") if ln.strip() and not ln.lstrip().startswith("#")), "")
+        if first_line.startswith("*"):
+            self._read_save(text)
+            return
+        for no, raw in enumerate(text.split("\n"), 1):
+            toks = tokenize(raw, no, self.filename, SHELL)
+            if not toks:
+                continue
+            ctx, first = Ctx(self.filename, no), toks[0]
+            if first.text.startswith("*") or first.text.startswith(":") or first.text == "COMMIT":
+                raise ctx.err("iptables-save syntax in a plain rule file (start the file with *filter)", first)
+            self._plain_line(ctx, raw, toks)
+
+    def _read_save(self, text: str) -> None:
+        # iptables-restore reads lines up to "\n" only (a "\r" is part of the last token), skips an empty line
+        # and a line whose first character is `#`, and recognises `*`, `:` and COMMIT only in the first column.
+        lines = text.split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
         in_table: str | None = None
         table_line = 0
         for no, raw in enumerate(lines, 1):
@@ -66,44 +86,39 @@ class _Document:
                 and self._fast(no, raw)
             ):
                 continue
+            if not raw or raw[0] == "#":
+                continue
             ctx = Ctx(self.filename, no)
-            toks = tokenize(raw, no, self.filename)
+            toks = tokenize(raw, no, self.filename, RESTORE)
             if not toks:
-                continue
+                raise ctx.err("a line of blanks (iptables-restore refuses it: no command specified)", Tok(raw, 1))
             first = toks[0]
-            if save_mode is None:
-                save_mode = first.text.startswith("*") and not first.quoted
-            if not save_mode:
-                if first.text.startswith("*") or first.text.startswith(":") or first.text == "COMMIT":
-                    raise ctx.err("iptables-save syntax in a plain rule file (start the file with *filter)", first)
-                self._plain_line(ctx, raw, toks)
-                continue
-            if first.text.startswith("*"):
+            if raw[0] == "*":
                 if in_table is not None:
                     raise ctx.err(f"table {first.text} starts before COMMIT of *{in_table}", first)
-                in_table, table_line = first.text[1:], no
+                # iptables-restore takes the name up to the first blank and ignores the rest of the line.
+                in_table, table_line = raw[1:].replace("\t", " ").split(" ", 1)[0], no
                 if in_table not in BUILTIN_CHAINS:
                     raise ctx.err("unknown table", first)
-                if len(toks) > 1:
-                    raise ctx.err("unexpected text after table name", toks[1])
                 continue
             if in_table is None:
                 raise ctx.err("line outside a table (missing *filter?)", first)
-            if first.text == "COMMIT":
-                if len(toks) > 1:
-                    raise ctx.err("unexpected text after COMMIT", toks[1])
+            if raw == "COMMIT":
                 in_table = None
                 continue
             ours = in_table == self.table
-            if first.text.startswith(":"):
+            if raw[0] == ":":
                 self._chain_decl(ctx, toks, ours, in_table)
                 continue
+            if first.text in ("COMMIT",) or first.text[:1] in ("*", ":"):
+                # Not in the first column, or with more on the line: iptables-restore reads it as a rule line.
+                raise ctx.err("expected a command (-A, -I, -N or -P)", first)
             if re.match(r"^\[\d+:\d+\]$", first.text):
                 toks = toks[1:]
                 if not toks:
                     raise ctx.err("counters without a rule", first)
             self._command(ctx, raw, toks, ours)
-        if save_mode and in_table is not None:
+        if in_table is not None:
             raise PolicyError(f"table *{in_table} has no COMMIT", self.filename, table_line, 1, f"*{in_table}")
 
     def _fast(self, no: int, raw: str) -> bool:
@@ -344,7 +359,11 @@ def reachable_chains(chains: dict[str, ChainDef], base: str) -> list[str]:
         if st == 1:
             o = via.origin if via else None
             raise PolicyError(
-                f"chain loop: {name} is reached from itself", o.file if o else "<policy>", o.line if o else 0, 0, name
+                f"chain loop: {name} is reached from itself",
+                o.file if o else "<policy>",
+                o.line if o else 0,
+                target_column(o, name),
+                name,
             )
         if st == 2:
             return

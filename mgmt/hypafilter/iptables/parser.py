@@ -28,7 +28,7 @@ from hypafilter.iptables.tables import (
     SERVICES,
     TCP_FLAG_WORDS,
 )
-from hypafilter.iptables.tokens import Tok, tokenize
+from hypafilter.iptables.tokens import SHELL, Tok, tokenize
 from hypafilter.ir import PROTO_ICMP, PROTO_TCP, PROTO_UDP, Origin
 from hypafilter.ir.semantics import KNOWN_TARGETS, STANDARD_TARGETS
 
@@ -274,21 +274,17 @@ class RuleParser:
         self.i += 1
         return t
 
-    def _neg_after(self, inv: bool, opt: Tok) -> bool:
-        """Intrapositioned negation (`--dport ! 80`), still accepted by iptables."""
-        if self.i < len(self.toks) and self.toks[self.i].text == "!" and not self.toks[self.i].quoted:
-            if inv:
-                raise self.ctx.err("multiple ! flags not allowed", self.toks[self.i])
-            self.i += 1
-            return True
-        return inv
+    def _bare(self, t: Tok) -> bool:
+        """Whether `t` may be an option or `!`. iptables ignores quoting (argv is argv); only inside a verbatim
+        group, whose options' arity we do not know, is a quoted `"-j"` or `"!"` taken as that group's value."""
+        return not t.quoted or not isinstance(self.current, (Verbatim, str))
 
     def parse(self) -> list[ParsedRule]:
         inv_tok: Tok | None = None
         while self.i < len(self.toks):
             t = self.toks[self.i]
             self.i += 1
-            if t.text == "!" and not t.quoted:
+            if t.text == "!" and self._bare(t):
                 nxt = self.toks[self.i] if self.i < len(self.toks) else None
                 if isinstance(self.current, (Verbatim, str)) and not (
                     nxt and (_is_std(nxt.text) or self._routable(nxt.text))
@@ -302,7 +298,7 @@ class RuleParser:
                 inv_tok = t
                 continue
             inv = inv_tok is not None
-            if _is_std(t.text) and not t.quoted:
+            if _is_std(t.text) and self._bare(t):
                 self._std(t, inv, inv_tok)
             elif isinstance(self.current, (Verbatim, str)) and not self._routable(t.text):
                 if inv:
@@ -332,13 +328,11 @@ class RuleParser:
         if opt == "-6":
             raise self.ctx.err("IPv6 rules are not supported", t)
         if opt == "-f":
-            self.r.frag = not self._neg_after(inv, t)
+            self.r.frag = not inv
             return
+        # iptables 1.8.9 has no intrapositioned negation (`-s ! A`, `--dport ! 80`): a `!` after an option is
+        # that option's value, and the value parsers refuse it as iptables does.
         arg = self._next_arg(t)
-        if opt in _INVERTIBLE_STD and arg.text == "!" and not arg.quoted:
-            if inv:
-                raise self.ctx.err("multiple ! flags not allowed", arg)
-            inv, arg = True, self._next_arg(t)
         if opt in ("-s", "-d"):
             addrs = addresses(self.ctx, arg)
             if inv and len(addrs) > 1:
@@ -375,11 +369,9 @@ class RuleParser:
         name = name_tok.text
         if not name or name.startswith("-"):
             raise self.ctx.err("-m needs a match name", name_tok)
-        for m in self.r.matches:
-            # Loading a modelled header match again reuses the first instance, as iptables does.
-            if name == _kind(m) and name not in ("comment", "verbatim"):
-                self.current = m
-                return m
+        # Every -m loads a new instance, as iptables does (`-m tcp --dport 80 -m tcp --dport 22` holds two tcp
+        # matches, both checked; iptables-nft 1.8.9 lists only the last --dport, iptables-legacy lists both), and
+        # an option goes to the latest instance that takes it (`_owner`). The instances' boxes are intersected.
         if name in ("tcp", "udp"):
             m = TcpUdp(name)
         elif name == "icmp":
@@ -461,7 +453,6 @@ class RuleParser:
         self.match_seen[id(owner)].add(canon)
         if canon == "--comment" and inv:
             raise self.ctx.err("cannot have ! before --comment", t)
-        inv = self._neg_after(inv, t)
         args = [self._next_arg(t, f"{nargs} argument(s)") for _ in range(nargs)]
         ctx = self.ctx
         if isinstance(owner, TcpUdp):
@@ -550,11 +541,15 @@ def parse_rule(
     filename: str = "<rule>",
     line: int = 1,
     config: Config | None = None,
+    mode: str = SHELL,
 ) -> list[ParsedRule]:
-    """Parse one rule's options (no `-A`); the parsed rules carry boxes and complex groups (see analyse)."""
+    """Parse one rule's options (no `-A`); the parsed rules carry boxes and complex groups (see analyse).
+
+    The text is read as written after `iptables -A CHAIN` on a shell command line (the form of the iptables
+    project's .t tests); `mode=RESTORE` reads it as a line of an iptables-save file (iptables.tokens)."""
     config = config or Config()
     ctx = Ctx(filename, line)
-    toks = tokenize(text, line, filename)
+    toks = tokenize(text, line, filename, mode)
     origin = Origin(filename, line, chain, text.strip())
     rules = RuleParser(ctx, toks, chain, set(chains or ()), origin).parse()
     analyse_all(ctx, toks, rules, config)

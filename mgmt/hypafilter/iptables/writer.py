@@ -4,8 +4,9 @@ iptables-restore (1.8.x, `add_param_to_argv`) splits a line at blanks; a double 
 which a backslash takes the next character literally; outside quotes every other character, backslash and
 single quote included, is literal. So a token is written bare when it has only characters that no reader treats
 specially, and otherwise in double quotes with `\\` and `"` escaped — the form `iptables-save` itself writes
-(`xtables_save_string`). The empty token is written as `""`. Our own tokenizer (`iptables.parser.tokenize`)
-reads every text written here back to the same tokens; a round-trip test holds both to that.
+(`xtables_save_string`). The empty token is written as `""`; `#` and `'` are quoted too, though iptables-restore
+reads them literally anywhere but in the first column. Our own tokenizer (`iptables.tokens.tokenize`, its
+RESTORE mode) reads every text written here back to the same tokens; a round-trip test holds both to that.
 
 Every iptables-restore text the tool produces (the hybrid chains, the oracle's original policy, the deploy
 switch/delete transactions, the benchmarks' rule sets) is built here.
@@ -32,7 +33,7 @@ def quote(tok: str) -> str:
 
 
 def tokens_text(tokens: Iterable[str]) -> str:
-    """A token sequence as one line of iptables text (the inverse of `iptables.parser.tokenize`)."""
+    """A token sequence as one line of iptables-restore text (the inverse of `iptables.tokens.tokenize`)."""
     return " ".join(quote(t) for t in tokens)
 
 

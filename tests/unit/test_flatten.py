@@ -328,7 +328,7 @@ def test_flattening_matches_chain_walk(spec, data, bound):
             lines.append(f"-A {c} {spec_text(s)}")
             line_of[len(lines)] = (c, i)
     lines.append("COMMIT")
-    policy = parse_policy("\n".join(lines) + "\n", config=Config(flatten_bound=bound))
+    policy = parse_policy("\n".join(lines) + "\n", config=Config(flatten_bound=bound), allow_empty=True)
     for _ in range(12):
         h = Header(
             src=data.draw(st.sampled_from(SRCS)),

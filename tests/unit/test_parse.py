@@ -410,7 +410,7 @@ def test_save_file_is_read_as_iptables_restore_reads_it():
     assert comment("-m comment --comment x#y -j ACCEPT") == "x#y"
     assert comment('-m comment --comment "" -j ACCEPT') == ""
     # `*TABLE` ignores the rest of its line; a line starting with `#` is a comment.
-    assert parse_policy("# c\n*filter # x\n#-A FORWARD -j DROP\n\nCOMMIT\n").original_rules == []
+    assert parse_policy("# c\n*filter # x\n#-A FORWARD -j DROP\n\nCOMMIT\n", allow_empty=True).original_rules == []
 
 
 @pytest.mark.parametrize(
@@ -443,3 +443,31 @@ def test_plain_file_is_read_as_a_shell_reads_it():
     with pytest.raises(PolicyError, match="shell syntax") as e:
         parse_policy("iptables -A FORWARD -j ACCEPT && echo ok\n", filename="p.sh")
     assert (e.value.file, e.value.line, e.value.column) == ("p.sh", 1, 31)
+
+
+@pytest.mark.parametrize(
+    "text, chain, msg",
+    [
+        ("", "FORWARD", "no rules of table filter in the file"),
+        ("*nat\n:PREROUTING ACCEPT [0:0]\n-A PREROUTING -j ACCEPT\nCOMMIT\n", "FORWARD", "only nat, which the tool"),
+        ("*filter\n:INPUT DROP [0:0]\n-A INPUT -p tcp -j ACCEPT\nCOMMIT\n", "FORWARD", "never names chain FORWARD"),
+        ("*filter\n:FORWARD DROP [0:0]\nCOMMIT\n", "FORWARD", "chain FORWARD has no rules"),
+        ("*filter\n:FORWARD DROP [0:0]\n-A FORWARD -j ACCEPT\nCOMMIT\n", "forward", "forward is not a built-in chain"),
+        ("-A FORWARD -p tcp -j ACCEPT\n", "INPUT", "never names chain INPUT"),
+    ],
+)
+def test_a_policy_that_says_nothing_about_its_chain_is_refused(text, chain, msg):
+    """An empty file, only other tables, a typo in --chain or a base chain without rules used to give an
+    accept-everything firewall without a word."""
+    with pytest.raises(PolicyError, match=msg):
+        parse_policy(text, filename="e.rules", base_chain=chain)
+    if "built-in" not in msg:  # --allow-empty accepts the chain policy alone; a chain that does not exist never
+        pol = parse_policy(text, filename="e.rules", base_chain=chain, allow_empty=True)
+        assert pol.rules == [] or pol.base_chain == chain
+
+
+def test_other_tables_are_listed_as_ignored():
+    pol = parse_policy(
+        "*nat\n:POSTROUTING ACCEPT [0:0]\nCOMMIT\n*filter\n:FORWARD DROP [0:0]\n-A FORWARD -j ACCEPT\nCOMMIT\n"
+    )
+    assert pol.ignored_tables == ("nat",)

@@ -14,6 +14,11 @@ def add_policy_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("policy", nargs="?", metavar="POLICY", help="iptables-save file or plain rule file")
     p.add_argument("--chain", default="FORWARD", help="base chain (default FORWARD)")
     p.add_argument("--config", metavar="TOML", help="site configuration (see docs/configuration.md)")
+    p.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help="accept a file without rules for the base chain (the chain policy then decides every packet)",
+    )
     cb = p.add_argument_group("ClassBench import (instead of POLICY; same meaning as `hypafilter import-classbench`)")
     cb.add_argument("--classbench", metavar="FILTERS", help="ClassBench filter set")
     cb.add_argument("--complex", type=int, default=0, metavar="K", help="number of complex rules to place")
@@ -60,7 +65,9 @@ def load_policy(args: argparse.Namespace, config: Config | None = None) -> Polic
             actions=args.actions,
             deterministic=args.deterministic,
         )
-        return parse_policy(text, filename=args.classbench, base_chain=args.chain, config=config)
+        return parse_policy(
+            text, filename=args.classbench, base_chain=args.chain, config=config, allow_empty=args.allow_empty
+        )
     if not args.policy:
         raise HypafilterError("no policy given (POLICY or --classbench FILTERS)")
     try:
@@ -76,4 +83,4 @@ def load_policy(args: argparse.Namespace, config: Config | None = None) -> Polic
         raise PolicyError(
             f"not UTF-8 text: byte 0x{data[e.start]:02x} (is this an iptables-save file?)", args.policy, line, column
         ) from e
-    return parse_policy(text, filename=args.policy, base_chain=args.chain, config=config)
+    return parse_policy(text, filename=args.policy, base_chain=args.chain, config=config, allow_empty=args.allow_empty)

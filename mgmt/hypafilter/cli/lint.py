@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from hypafilter.cli.common import add_policy_args, load_config, load_policy
 from hypafilter.iptables.writer import tokens_text
@@ -34,6 +35,8 @@ def run(args: argparse.Namespace) -> int:
         f"{len(policy.original_rules)} rules in {policy.base_chain}, {len(policy.user_chains)} user chains reachable; "
         f"flattened: {len(rules)} rules, {n_simple} simple, {len(rules) - n_simple} complex"
     )
+    if policy.ignored_tables:
+        print(f"  tables ignored (only {config.table} is deployed): {', '.join(policy.ignored_tables)}")
     if policy.user_chains:
         from hypafilter.analysis.program import user_chain_names  # numpy: loaded only when needed
 
@@ -47,17 +50,35 @@ def run(args: argparse.Namespace) -> int:
         where = f"{r.origin.file}:{r.origin.line}" if r.origin else "?"
         chain = f" (chain {r.origin.chain})" if r.origin and r.origin.chain != policy.base_chain else ""
         print(f"  #{i} {where}{chain}: complex: {'; '.join(complex_reasons(r))}")
+    status = 0
+    if not args.no_kernel:
+        from hypafilter.iptables import kernel
+
+        why = kernel.available()
+        if why:
+            print(f"  kernel check skipped: {why}")
+        else:
+            errors = kernel.check(*kernel.policy_lines(policy, config.table), table=config.table)
+            for e in errors:
+                print(f"hypafilter: error: {e}", file=sys.stderr)
+            print(f"  kernel check: {'every rule loads' if not errors else f'{len(errors)} refused'}")
+            status = 2 if errors else 0
     if args.verbose:
         for i, r in enumerate(rules):
             kind = "simple " if r.is_simple else "complex"
             print(
                 f"  #{i} {kind} {len(r.boxes)} box(es) -> {r.target or '(none)'}: {r.origin.text if r.origin else ''}"
             )
-    return 0
+    return status
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("lint", help="validate a policy (no files written)", description=__doc__)
     add_policy_args(p)
     p.add_argument("-v", "--verbose", action="store_true", help="list every flattened rule")
+    p.add_argument(
+        "--no-kernel",
+        action="store_true",
+        help="skip loading the rules into a scratch network namespace (done by default when run as root)",
+    )
     p.set_defaults(func=run)

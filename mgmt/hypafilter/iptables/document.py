@@ -48,9 +48,11 @@ class _Document:
     def __init__(self, filename: str, base_chain: str, config: Config):
         self.filename, self.base_chain, self.config = filename, base_chain, config
         self.table = config.table
-        builtins = set(BUILTIN_CHAINS.get(self.table, ())) | {base_chain}
+        builtins = set(BUILTIN_CHAINS.get(self.table, ()))
         self.chains: dict[str, ChainDef] = {c: ChainDef(c, True, "ACCEPT") for c in builtins}
         self.declared: set[str] = set()
+        self.tables: dict[str, int] = {}  # every table the file fills -> its first line
+        self.mentioned: set[str] = set()  # chains of our table the file declares or gives a rule or policy
 
     def read(self, text: str) -> None:
         # The format is fixed by the first line that is neither empty nor a comment: `*TABLE` makes an
@@ -100,6 +102,7 @@ class _Document:
                 in_table, table_line = raw[1:].replace("\t", " ").split(" ", 1)[0], no
                 if in_table not in BUILTIN_CHAINS:
                     raise ctx.err("unknown table", first)
+                self.tables.setdefault(in_table, no)
                 continue
             if in_table is None:
                 raise ctx.err("line outside a table (missing *filter?)", first)
@@ -219,6 +222,7 @@ class _Document:
             raise ctx.err("a user-defined chain cannot have a policy (write -)", pol)
         if not ours:
             return
+        self.mentioned.add(name)
         if name in self.declared:
             raise ctx.err(f"chain {name} declared twice", first)
         self.declared.add(name)
@@ -241,15 +245,18 @@ class _Document:
             if not toks:
                 raise ctx.err("iptables without a command", None)
         ours = True
+        table = self.table
         if toks[0].text in ("-t", "--table"):
             if len(toks) < 2:
                 raise ctx.err("-t needs a table name", toks[0])
             if toks[1].text not in BUILTIN_CHAINS:
                 raise ctx.err("unknown table", toks[1])
-            ours = toks[1].text == self.table
+            table = toks[1].text
+            ours = table == self.table
             toks = toks[2:]
             if not toks:
                 raise ctx.err("no command after -t", None)
+        self.tables.setdefault(table, ctx.line)
         cmd = _CMD_LONG.get(toks[0].text, toks[0].text)
         if cmd not in ("-A", "-I", "-N", "-P"):
             if re.match(r"^-[A-Z]$", cmd) or cmd in _OTHER_COMMANDS:
@@ -266,6 +273,8 @@ class _Document:
             raise ctx.err(f"{cmd} needs a chain name", cmd_tok)
         chain_tok = toks[1]
         name = chain_tok.text
+        if ours:
+            self.mentioned.add(name)
         if cmd == "-N":
             self._check_chain_name(ctx, chain_tok)
             if len(toks) > 2:
@@ -380,16 +389,48 @@ def reachable_chains(chains: dict[str, ChainDef], base: str) -> list[str]:
 
 
 def parse_policy(
-    text: str, filename: str = "<policy>", base_chain: str = "FORWARD", config: Config | None = None
+    text: str,
+    filename: str = "<policy>",
+    base_chain: str = "FORWARD",
+    config: Config | None = None,
+    allow_empty: bool = False,
 ) -> Policy:
-    """Parse and flatten a policy for `base_chain`; bad input raises PolicyError (file:line:column, token)."""
+    """Parse and flatten a policy for `base_chain`; bad input raises PolicyError (file:line:column, token).
+
+    A policy that says nothing about its base chain is refused unless `allow_empty`: no table of ours in the
+    file, a base chain the file never names, or one without rules would otherwise become an accept-all (or
+    drop-all) firewall without a word."""
 
     config = config or Config()
     doc = _Document(filename, base_chain, config)
     doc.read(text)
-    base = doc.chains[base_chain]
+    base = doc.chains.get(base_chain)
+    if base is None:
+        builtins = ", ".join(BUILTIN_CHAINS.get(config.table, ()))
+        raise PolicyError(
+            f"{base_chain} is not a built-in chain of table {config.table} ({builtins}); chain names are "
+            "case-sensitive",
+            filename,
+        )
     if not base.builtin:
         raise PolicyError(f"base chain {base_chain} is a user-defined chain", filename, base.line, 1, base_chain)
+    ignored = tuple(sorted(t for t in doc.tables if t != config.table))
+    if not allow_empty:
+        hint = " (give --allow-empty to accept that)"
+        if config.table not in doc.tables:
+            only = f": only {', '.join(ignored)}, which the tool ignores" if ignored else ""
+            raise PolicyError(f"no rules of table {config.table} in the file{only}{hint}", filename)
+        if base_chain not in doc.mentioned:
+            raise PolicyError(f"the file never names chain {base_chain}{hint}", filename)
+        if not base.rules:
+            raise PolicyError(
+                f"chain {base_chain} has no rules: the policy would be its chain policy "
+                f"({base.policy or 'ACCEPT'}) for every packet{hint}",
+                filename,
+                base.line,
+                1 if base.line else 0,
+                base_chain if base.line else "",
+            )
     reach = reachable_chains(doc.chains, base_chain)
     rules = flatten(doc.chains, base_chain, base.policy or "ACCEPT", config)
     reads_ct = any(
@@ -403,6 +444,15 @@ def parse_policy(
         base_chain=base_chain,
         source=filename,
         original_rules=[canonical.rule_tokens(r) for r in base.rules],
-        user_chains={n: UserChain(n, tuple(canonical.rule_tokens(r) for r in doc.chains[n].rules)) for n in reach},
+        original_origins=[r.origin for r in base.rules],
+        user_chains={
+            n: UserChain(
+                n,
+                tuple(canonical.rule_tokens(r) for r in doc.chains[n].rules),
+                tuple(r.origin for r in doc.chains[n].rules),
+            )
+            for n in reach
+        },
         reads_conntrack=reads_ct,
+        ignored_tables=ignored,
     )

@@ -81,6 +81,7 @@ class UserChain:
 
     name: str
     rules: tuple[tuple[str, ...], ...]  # each: canonical option tokens including -j/-g target
+    origins: tuple[Origin | None, ...] = ()  # where each rule was written (same order), when known
 
 
 @dataclass
@@ -95,6 +96,8 @@ class Policy:
     # including the target) and every user chain they can reach.
     original_rules: list[tuple[str, ...]] = field(default_factory=list)
     user_chains: dict[str, UserChain] = field(default_factory=dict)
+    original_origins: list[Origin | None] = field(default_factory=list)  # where each original rule was written
+    ignored_tables: tuple[str, ...] = ()  # tables the source file fills besides this policy's (not deployed)
     # Some reachable rule reads conntrack state (set by the front end): the fast path then accepts nothing by itself.
     reads_conntrack: bool = False
 

@@ -26,6 +26,7 @@ from hypafilter.analysis.plan import build_plan
 from hypafilter.analysis.program import user_chain_names
 from hypafilter.config import Config
 from hypafilter.errors import DeployError, HypafilterError
+from hypafilter.iptables import kernel
 from hypafilter.iptables.writer import Restore, body_of, policy_restore
 from hypafilter.ir import Policy
 from hypafilter.netfilter.restore import to_iptables_restore
@@ -319,6 +320,16 @@ def _check_lab() -> None:
         raise HypafilterError(f"lab namespaces missing ({', '.join(missing)}): run `hypafilter lab up` first")
 
 
+def _kernel_check(policy: Policy, config: Config) -> None:
+    if kernel.available() is not None:
+        return
+    errors = kernel.check(*kernel.policy_lines(policy, config.table), table=config.table)
+    if errors:
+        raise HypafilterError(
+            "; ".join(str(e) for e in errors[:5]) + (f" (and {len(errors) - 5} more)" if len(errors) > 5 else "")
+        )
+
+
 def partition_counts(policy: Policy, plan) -> dict:
     n = len(plan.entries)
     return {
@@ -393,6 +404,8 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
         old_nic = None
 
     try:
+        # The kernel's own parser first: a rule it refuses is reported at the user's line, before a long build.
+        tx.step("kernel-check", lambda: _kernel_check(policy, config))
         plan = tx.step("compile", lambda: build_plan(policy, config))
         binary = tx.step("build", lambda: tgt.build(plan))
         intervals = [int(k) for k in plan.interval]

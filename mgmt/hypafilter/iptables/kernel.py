@@ -1,0 +1,142 @@
+"""The kernel's own word on a policy: its rules loaded for real into a scratch network namespace, and every line
+the kernel (or iptables' userspace parser) refuses mapped back to the user's file, line and token.
+
+`iptables-restore --test` alone is not enough: it parses in userspace only, so what only the kernel refuses (a
+string match with `--from` above `--to`, an algorithm that does not exist) passes it. A real load into a fresh
+namespace sees both, and changes nothing on the host. ipsets live per namespace: a set the policy names is
+created in the scratch namespace from the host's own definition (`ipset save`), and a set the host does not have
+is an error of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hypafilter import netns
+from hypafilter.errors import PolicyError
+from hypafilter.iptables.writer import BUILTIN_FILTER_CHAINS, rule_line
+from hypafilter.ir import Origin, Policy
+
+MAX_ERRORS = 50  # each refused line is commented out and the load retried; a file this broken is reported in part
+_USERSPACE = re.compile(r"^Error occurred at line: (\d+)$", re.M)
+_KERNEL = re.compile(r"^line (\d+): (.*)$", re.M)
+_PREFIX = re.compile(r"^iptables-restore v[\d.]+ \([^)]*\): ?", re.M)
+
+
+@dataclass(frozen=True)
+class Line:
+    """One line of the text to load and where it came from (None: a line the checker wrote)."""
+
+    text: str
+    origin: Origin | None = None
+
+
+def available() -> str | None:
+    """Why the kernel check cannot run here (None: it can): it needs root and iptables-restore."""
+    if os.geteuid() != 0:
+        return "not root (network namespaces need it)"
+    if not shutil.which("iptables-restore") or not shutil.which("ip"):
+        return "iptables-restore or ip is not installed"
+    return None
+
+
+def set_names(tokens: Sequence[str]) -> list[str]:
+    """The ipsets a rule's tokens name (`-m set --match-set NAME FLAGS`, `-j SET --add-set NAME FLAGS`)."""
+    return [tokens[i + 1] for i, t in enumerate(tokens[:-1]) if t in ("--match-set", "--add-set", "--del-set")]
+
+
+def _host_sets() -> dict[str, str]:
+    """The host's ipsets: name -> its `create` line from `ipset save` (empty when ipset is missing)."""
+    if not shutil.which("ipset"):
+        return {}
+    out = {}
+    for ln in netns.run(["ipset", "save"], check=False).splitlines():
+        parts = ln.split()
+        if len(parts) >= 3 and parts[0] == "create":
+            out[parts[1]] = ln
+    return out
+
+
+def check(lines: Sequence[Line], sets: dict[str, Origin], table: str = "filter") -> list[PolicyError]:
+    """Load `lines` (a complete iptables-restore text for `table`) into a scratch namespace; every refusal as a
+    PolicyError at the user's line. `sets`: ipset name -> the first rule that names it."""
+    errors: list[PolicyError] = []
+    host_sets = _host_sets()
+    missing = {name: o for name, o in sets.items() if name not in host_sets}
+    for name, o in sorted(missing.items()):
+        col = o.text.find(name) + 1 if o.text.find(name) >= 0 else 0
+        errors.append(PolicyError(f"ipset {name} does not exist on this host", o.file, o.line, col, name))
+    work = [ln.text for ln in lines]
+    for i, ln in enumerate(lines):  # rules on missing sets cannot load anywhere: already reported
+        if ln.origin is not None and any(n in missing for n in set_names(ln.text.split())):
+            work[i] = "# " + ln.text
+    ns = f"hflint-{os.getpid()}"
+    netns.add(ns)
+    try:
+        for name in sorted(set(sets) - set(missing)):
+            netns.run(["ipset", "restore"], ns, input=host_sets[name] + "\n")
+        for _ in range(MAX_ERRORS):
+            try:
+                netns.run(["iptables-restore", "-w"], ns, input="\n".join(work) + "\n")
+                break
+            except netns.CommandError as e:
+                refused = _refused(e.stderr)
+                if not refused:
+                    errors.append(
+                        PolicyError(
+                            f"the kernel refused the policy: {e}",
+                            lines[0].origin.file if lines and lines[0].origin else "<policy>",
+                        )
+                    )
+                    break
+                for n, msg in refused:
+                    ln = lines[n - 1] if 0 < n <= len(lines) else Line("")
+                    o = ln.origin
+                    if o is None:  # a line the checker wrote: report it against the policy as a whole
+                        errors.append(PolicyError(f"the kernel refused a generated line ({msg}): {ln.text}"))
+                    else:
+                        errors.append(PolicyError(f"the kernel refuses this rule: {msg}", o.file, o.line, 1, o.text))
+                    work[n - 1] = "# " + work[n - 1]
+    finally:
+        netns.delete(ns)
+    return sorted(errors, key=lambda e: (e.file, e.line, e.column))
+
+
+def _refused(stderr: str) -> list[tuple[int, str]]:
+    """(line, message) pairs from iptables-restore's error output: a userspace parse error names one line
+    ("Error occurred at line: N", the message before it); the kernel's refusals name theirs ("line N: ...")."""
+    text = _PREFIX.sub("", stderr)
+    m = _USERSPACE.search(text)
+    if m:
+        msg = text[: m.start()].strip().splitlines()
+        return [(int(m.group(1)), msg[-1] if msg else "parse error")]
+    return [(int(n), msg.strip()) for n, msg in _KERNEL.findall(text)]
+
+
+def policy_lines(policy: Policy, table: str = "filter") -> tuple[list[Line], dict[str, Origin]]:
+    """The policy's table as the kernel would load it alone (its base chain with its policy, every reachable user
+    chain), each rule line with the origin it was written at; and the ipsets its rules name."""
+    out = [Line(f"*{table}")]
+    out += [Line(f":{c} {policy.default if c == policy.base_chain else 'ACCEPT'} [0:0]") for c in BUILTIN_FILTER_CHAINS]
+    names = sorted(policy.user_chains)
+    out += [Line(f":{n} - [0:0]") for n in names]
+    placed = [(policy.base_chain, toks, o) for toks, o in _with_origins(policy.original_rules, policy.original_origins)]
+    for n in names:
+        uc = policy.user_chains[n]
+        placed += [(n, toks, o) for toks, o in _with_origins(uc.rules, uc.origins)]
+    sets: dict[str, Origin] = {}
+    for chain, toks, o in placed:
+        out.append(Line(rule_line(chain, toks), o))
+        for s in set_names(toks):
+            if o is not None:
+                sets.setdefault(s, o)
+    out.append(Line("COMMIT"))
+    return out, sets
+
+
+def _with_origins(rules, origins):
+    return zip(rules, list(origins) + [None] * (len(rules) - len(origins)), strict=True)

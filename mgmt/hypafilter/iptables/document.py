@@ -358,33 +358,45 @@ def _fast_port(text: str) -> tuple[int, int, str | None] | None:
     return lo, hi, None if pc.is_full else canonical._port(pc)
 
 
+# Jumps nf_tables follows below a base chain: NFT_JUMP_STACK_SIZE (16) - 1; one more and the kernel answers "Too
+# many links", so such a policy cannot be loaded at all (and deep recursion here is bounded by it).
+MAX_NESTING = 15
+
+
 def reachable_chains(chains: dict[str, ChainDef], base: str) -> list[str]:
-    """User chains reachable from `base`, in first-reach order; a loop is a PolicyError naming the chain."""
+    """User chains reachable from `base`, in first-reach order; a loop, or chains nested deeper than the kernel
+    can load, is a PolicyError naming the jump."""
     order: list[str] = []
     state: dict[str, int] = {}
+    height: dict[str, int] = {}  # the deepest nesting of jumps below each visited chain
 
-    def visit(name: str, via: ParsedRule | None) -> None:
+    def fail(msg: str, via: ParsedRule | None, name: str) -> PolicyError:
+        o = via.origin if via else None
+        return PolicyError(msg, o.file if o else "<policy>", o.line if o else 0, target_column(o, name), name)
+
+    def visit(name: str, via: ParsedRule | None, level: int) -> int:
         st = state.get(name)
         if st == 1:
-            o = via.origin if via else None
-            raise PolicyError(
-                f"chain loop: {name} is reached from itself",
-                o.file if o else "<policy>",
-                o.line if o else 0,
-                target_column(o, name),
-                name,
-            )
-        if st == 2:
-            return
-        state[name] = 1
-        if name != base:
-            order.append(name)
-        for r in chains[name].rules:
-            if r.target in chains and not chains[r.target].builtin:
-                visit(r.target, r)
-        state[name] = 2
+            raise fail(f"chain loop: {name} is reached from itself", via, name)
+        if st != 2:
+            if level > MAX_NESTING:
+                raise fail(
+                    f"chains nest more than {MAX_NESTING} jumps below {base}: the kernel cannot load it", via, name
+                )
+            state[name] = 1
+            if name != base:
+                order.append(name)
+            h = 0
+            for r in chains[name].rules:
+                if r.target in chains and not chains[r.target].builtin:
+                    h = max(h, 1 + visit(r.target, r, level + 1))
+            height[name] = h
+            state[name] = 2
+        if level + height[name] > MAX_NESTING:
+            raise fail(f"chains nest more than {MAX_NESTING} jumps below {base}: the kernel cannot load it", via, name)
+        return height[name]
 
-    visit(base, None)
+    visit(base, None, 0)
     return order
 
 

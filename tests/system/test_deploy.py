@@ -110,6 +110,10 @@ def test_failed_update_keeps_previous(lab, monkeypatch, to, step):
     after = deploy.read_state()
     assert after["policy_hash"] == pa.policy_hash() and after["generation"] == before["generation"]
     assert after["history"][-1]["result"] == "failed" and after["history"][-1]["step"] == step
+    # The journal names the attempt (not "generation 0 / update"): the generation it would have had, the policy.
+    failed = after["history"][-1]
+    assert failed["generation"] == before["generation"] + 1 and failed["kind"] == "update"
+    assert failed["policy_hash"] == pb.policy_hash() and failed["policy_source"] == pb.source
     # Nothing half-applied: the same chains, the old NIC alone, the shim back on the old generation.
     assert fw(lab, "iptables-save", "-t", "filter").count(":HF") == chains_before.count(":HF")
     assert f"HF{before['generation'] + 1}_" not in fw(lab, "iptables-save", "-t", "filter")

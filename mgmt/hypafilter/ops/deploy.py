@@ -511,7 +511,7 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
         tx.rollback()
         if tx.rollback_errors:
             raise DeployError(e.step, f"{e}; rollback also failed: {'; '.join(tx.rollback_errors)}") from e
-        _journal_failure(old, phash, e, tx, t0)
+        _journal_failure(old, policy, gen, e, tx, t0)
         raise
 
     warnings = []
@@ -582,13 +582,18 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
     return state
 
 
-def _journal_failure(old: dict | None, phash: str, e: DeployError, tx: Transaction, t0: float) -> None:
+def _journal_failure(old: dict | None, policy: Policy, gen: int, e: DeployError, tx: Transaction, t0: float) -> None:
+    """A failed update in the journal of the deployment that stays: what was attempted (the generation it would
+    have had, the policy) and where it failed."""
     if not old:
         return
     old.setdefault("history", []).append(
         {
             "time": time.time(),
-            "policy_hash": phash,
+            "kind": "update",
+            "generation": gen,
+            "policy_hash": policy.policy_hash(),
+            "policy_source": policy.source,
             "result": "failed",
             "step": e.step,
             "error": str(e),

@@ -85,16 +85,13 @@ def check(lines: Sequence[Line], sets: dict[str, Origin], table: str = "filter")
                 break
             except netns.CommandError as e:
                 refused = _refused(e.stderr)
-                if not refused:
-                    errors.append(
-                        PolicyError(
-                            f"the kernel refused the policy: {e}",
-                            lines[0].origin.file if lines and lines[0].origin else "<policy>",
-                        )
-                    )
+                refused = [(n, msg) for n, msg in refused if 0 < n <= len(lines) and not work[n - 1].startswith("#")]
+                if not refused:  # nothing to point at (or the same line again): report the whole answer once
+                    source = next((ln.origin.file for ln in lines if ln.origin), "<policy>")
+                    errors.append(PolicyError(f"the kernel refused the policy: {e}", source))
                     break
                 for n, msg in refused:
-                    ln = lines[n - 1] if 0 < n <= len(lines) else Line("")
+                    ln = lines[n - 1]
                     o = ln.origin
                     if o is None:  # a line the checker wrote: report it against the policy as a whole
                         errors.append(PolicyError(f"the kernel refused a generated line ({msg}): {ln.text}"))

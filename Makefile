@@ -53,3 +53,9 @@ synth-estimate:
 
 clean:
 	rm -rf $(BUILD) sim/*/sim_build .pytest_cache
+
+# opt-in: the kernel-differential fuzzer at 1,000,000 frames (not part of `make test`; figures in docs/deploy.md)
+.PHONY: fuzz
+fuzz:
+	@scripts/setup.sh system
+	CI=true HF_FUZZ_FRAMES=1000000 HF_FUZZ_POLICIES=6 $(PYTEST) -q -s tests/system/test_fuzz.py

@@ -54,12 +54,23 @@ def tcp_servers(ns: str, ports: Sequence[int]) -> Iterator[None]:
             s.close()
 
 
-def tcp_talk(ns: str, dst: str, port: int, message: bytes = b"hello hypafilter", timeout: float = 3.0) -> bytes | None:
-    """Connect from `ns`, send `message`, read the whole answer; None when the connection does not complete."""
+def tcp_talk(
+    ns: str,
+    dst: str,
+    port: int,
+    message: bytes = b"hello hypafilter",
+    timeout: float = 3.0,
+    sport: int | None = None,
+) -> bytes | None:
+    """Connect from `ns` (from source port `sport` if given), send `message`, read the whole answer; None when the
+    connection does not complete."""
     with inside(ns):
         c = socket.socket()
     c.settimeout(timeout)
     try:
+        if sport is not None:
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            c.bind(("0.0.0.0", sport))
         c.connect((dst, port))
         c.sendall(message)
         out = b""
@@ -75,9 +86,16 @@ def tcp_talk(ns: str, dst: str, port: int, message: bytes = b"hello hypafilter",
         c.close()
 
 
-def udp_delivered(ns_send: str, ns_recv: str, dst: str, sends: Sequence[tuple[int, bytes]], wait: float = 1.0) -> list:
-    """Send each (port, payload) datagram from `ns_send` to `dst`, in order; the (port, payload) pairs that reached
-    sockets bound in `ns_recv`."""
+def udp_delivered(
+    ns_send: str,
+    ns_recv: str,
+    dst: str,
+    sends: Sequence[tuple[int, bytes]],
+    wait: float = 1.0,
+    sport: int | None = None,
+) -> list:
+    """Send each (port, payload) datagram from `ns_send` (from source port `sport` if given) to `dst`, in order;
+    the (port, payload) pairs that reached sockets bound in `ns_recv`."""
     ports = sorted({p for p, _ in sends})
     with inside(ns_recv):
         socks = {}
@@ -88,6 +106,8 @@ def udp_delivered(ns_send: str, ns_recv: str, dst: str, sends: Sequence[tuple[in
             socks[p] = s
     with inside(ns_send):
         tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    if sport is not None:
+        tx.bind(("0.0.0.0", sport))
     got = []
     try:
         for p, payload in sends:
@@ -103,3 +123,31 @@ def udp_delivered(ns_send: str, ns_recv: str, dst: str, sends: Sequence[tuple[in
         for s in socks.values():
             s.close()
     return sorted(got)
+
+
+def connections_completed(
+    lab, tcp_ports: Sequence[int], udp_ports: Sequence[int], sport: int, timeout: float = 1.5
+) -> dict[str, list[str]]:
+    """Per path ("hyb", "plain"), which of the same connections complete between the lab's sender and receiver:
+    a TCP connection per port (answered in full) and a UDP datagram per port (received), every one from a fixed
+    source port (`sport` + its position), so that a policy's port matches see the same on both paths. The TCP
+    connections run in parallel, so blocked ones cost one `timeout`, not one each."""
+    out: dict[str, list[str]] = {}
+    with tcp_servers(lab.ns_recv, tcp_ports):
+        for path in ("hyb", "plain"):
+            dst = lab.ip("recv", path)
+            results: dict[int, bytes | None] = {}
+
+            def talk(i: int, port: int, dst: str = dst, results: dict = results) -> None:
+                results[port] = tcp_talk(lab.ns_send, dst, port, timeout=timeout, sport=sport + i)
+
+            threads = [threading.Thread(target=talk, args=(i, p)) for i, p in enumerate(tcp_ports)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            done = [f"tcp/{p}" for p in tcp_ports if results[p] == b"retlifapyh olleh" * REPLY_REPEAT]
+            sends = [(p, b"udp %d" % p) for p in udp_ports]
+            got = udp_delivered(lab.ns_send, lab.ns_recv, dst, sends, wait=0.3, sport=sport + len(tcp_ports))
+            out[path] = done + [f"udp/{p}" for p, _ in got]
+    return out

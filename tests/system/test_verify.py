@@ -64,6 +64,59 @@ def test_malformed_frames_as_the_hardware_sees_them():
             assert (parse_frame(f, 0x01) is not None) == parsed, kind
 
 
+def test_adversarial_frames_are_what_their_names_say():
+    from hypafilter.ops.verify import ADVERSARIAL_KINDS, build_frame, frame_id, malform
+    from scapy.layers.inet import IP
+
+    def ip_at(f: bytes, at: int = 14) -> IP:
+        return IP(f[at:])
+
+    def checksum_ok(f: bytes) -> bool:
+        ip = ip_at(f)
+        sent = ip.chksum
+        del ip.chksum
+        return IP(bytes(ip)).chksum == sent
+
+    rng = random.Random(4)
+    base = build_frame(9, {"src": 1, "dst": 2, "proto": 17, "sport": 5, "dport": 53}, b"y" * 20)
+    assert checksum_ok(base)
+    checks = {
+        "vlan_vid0": lambda f: f[12:14] == b"\x81\x00" and int.from_bytes(f[14:16], "big") & 0xFFF == 0,
+        "vlan_8021ad": lambda f: f[12:14] == b"\x88\xa8" and f[16:18] == b"\x08\x00",
+        "qinq": lambda f: f[12:14] in (b"\x88\xa8", b"\x81\x00")
+        and f[16:18] == b"\x81\x00"
+        and ip_at(f, 22).version == 4,
+        "fragment_middle": lambda f: ip_at(f).flags.MF and ip_at(f).frag > 0 and checksum_ok(f),
+        "fragment_last": lambda f: not ip_at(f).flags.MF and ip_at(f).frag > 0 and checksum_ok(f),
+        "bad_ip_checksum": lambda f: not checksum_ok(f) and f[14:24] == base[14:24] and f[26:] == base[26:],
+        "trailing_bytes": lambda f: len(f) > 14 + ip_at(f).len and f[: len(base)] == base,
+        "link_local_dst": lambda f: f[:5] == bytes.fromhex("0180c20000") and f[5] <= 0x0F and f[6:] == base[6:],
+        "unknown_ethertype": lambda f: int.from_bytes(f[12:14], "big")
+        not in (0x0800, 0x0806, 0x86DD, 0x8100, 0x88A8, 0x88B5),
+    }
+    assert set(checks) == set(ADVERSARIAL_KINDS)
+    for kind, ok in checks.items():
+        for _ in range(10):
+            f = malform(kind, base, rng)
+            assert frame_id(f) == 9, kind
+            assert ok(f), (kind, f.hex())
+
+
+def test_policy_strings_reach_payloads():
+    from hypafilter.ops.verify import FrameGen, policy_strings
+
+    p = policy(
+        "*filter\n:FORWARD ACCEPT [0:0]\n:C - [0:0]\n"
+        '-A FORWARD -m string --algo bm --string "say \\"hi\\"" -j DROP\n'
+        '-A FORWARD -p udp -j C\n-A C -m string --algo kmp --string "a\\\\b#c" -j RETURN\nCOMMIT\n'
+    )
+    assert policy_strings(p) == [b"a\\b#c", b'say "hi"']
+    gen = FrameGen(p, random.Random(1), bad_share=1.0)
+    bodies = [gen.payload() for _ in range(200)]
+    for needle in (b"BAD", b'say "hi"', b"a\\b#c"):
+        assert any(needle in b for b in bodies), needle
+
+
 def test_refuses_random_matches():
     from hypafilter.errors import HypafilterError
     from hypafilter.ops.verify import refuse_nondeterministic

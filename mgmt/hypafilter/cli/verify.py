@@ -3,16 +3,65 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
+from collections.abc import Iterator, Sequence
 
 from hypafilter.cli.common import add_policy_args, load_config, load_policy, progress
 
 
-def cmd_verify(args: argparse.Namespace) -> int:
-    from hypafilter.ops.verify import verify
+class _Lazy(Sequence):
+    """A tuple named `module.name`, imported when argparse first looks into it (checking a value, --help). The
+    tuples of modes and strategies live in modules that load numpy, which building the parser must not do."""
 
-    cfg = load_config(args)
+    def __init__(self, module: str, name: str):
+        self.module, self.name = module, name
+
+    def _values(self) -> tuple[str, ...]:
+        return getattr(importlib.import_module(self.module), self.name)
+
+    def __getitem__(self, i):
+        return self._values()[i]
+
+    def __len__(self) -> int:
+        return len(self._values())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values())
+
+    def __contains__(self, value: object) -> bool:
+        return value in self._values()
+
+
+MODES = _Lazy("hypafilter.analysis.plan", "MODES")
+STRATEGIES = _Lazy("hypafilter.analysis.program", "STRATEGIES")
+
+
+def kinds_arg(text: str) -> tuple[str, ...]:
+    """`--kinds`: comma-separated frame kinds, or `default` (the malformed kinds) or `all` (every kind)."""
+    from hypafilter.ops.verify import FRAME_KINDS, MALFORMED_KINDS
+
+    named = {"default": MALFORMED_KINDS, "all": FRAME_KINDS}
+    out: list[str] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        out += named.get(part, (part,))
+    unknown = sorted(set(out) - set(FRAME_KINDS))
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown frame kinds {', '.join(unknown)} (choose from {', '.join(FRAME_KINDS)})"
+        )
+    return tuple(dict.fromkeys(out))
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from hypafilter.ops.verify import MALFORMED_KINDS, verify
+
+    # --strategy/--mode go past Config.validate: the configuration file's check does not know every strategy the
+    # analysis offers (interval_geo), and the parser has already limited both to what the analysis accepts.
+    cfg = load_config(argparse.Namespace(config=args.config))
+    cfg.strategy = args.strategy or cfg.strategy
+    cfg.shunt_mode = args.mode or cfg.shunt_mode
     policy = load_policy(args, cfg)
     log = progress(args, quiet=args.json)
     report = verify(
@@ -22,6 +71,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         trace=args.trace,
         seed=args.seed,
         malformed=args.malformed,
+        kinds=args.kinds or MALFORMED_KINDS,
         log=log,
     )
     if args.json:
@@ -41,7 +91,15 @@ def register(sub) -> None:
     p.add_argument("--packets", type=int, default=1000, help="frames to send (default 1000)")
     p.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
     p.add_argument("--malformed", type=float, default=0.1, help="share of malformed frames (default 0.1)")
-    p.add_argument("--strategy", choices=("full", "cut", "hsa_cut", "interval"), help="software strategy")
-    p.add_argument("--mode", choices=("index", "selective", "exact"), help="shunting mode")
+    p.add_argument(
+        "--kinds",
+        type=kinds_arg,
+        metavar="K[,K...]",
+        help="kinds of the malformed frames: names, `default` (the classic malformed kinds) or `all` (also VLAN "
+        "VID 0, 802.1ad, QinQ, every fragment kind, bad IPv4 checksums, trailing bytes, link-local group "
+        "destinations, unknown ethertypes); see docs/deploy.md",
+    )
+    p.add_argument("--strategy", choices=STRATEGIES, metavar="STRATEGY", help="software strategy: %(choices)s")
+    p.add_argument("--mode", choices=MODES, metavar="MODE", help="shunting mode: %(choices)s")
     p.add_argument("--json", action="store_true", help="the full report as one JSON object")
     p.set_defaults(func=cmd_verify)

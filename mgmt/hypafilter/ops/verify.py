@@ -134,6 +134,7 @@ def refuse_nondeterministic(policy: Policy) -> None:
 
 ID_MAC_PREFIX = b"\x0e\x48"  # locally administered unicast; the other 4 bytes are the frame id
 DST_MAC = bytes.fromhex("0e48fffffffe")  # owned by nobody: flooded by the bridges, ignored by the receiver's stack
+# What `verify` sends by default besides well-formed frames.
 MALFORMED_KINDS = (
     "ip_options",
     "fragment_first",
@@ -145,6 +146,21 @@ MALFORMED_KINDS = (
     "smuggled_tag",
     "runt",
 )
+# Frames chosen to find where a hardware parser and the kernel bridge part ways (`--kinds` selects them; the
+# fuzzer sends them all). See docs/deploy.md for what the kernel itself does with each.
+ADVERSARIAL_KINDS = (
+    "vlan_vid0",  # 802.1Q priority tag: VID 0, the frame belongs to the port's native VLAN
+    "vlan_8021ad",  # one 802.1ad (0x88A8) service tag
+    "qinq",  # two tags: 0x88A8 or 0x8100 outside, 0x8100 inside
+    "fragment_middle",  # MF set, offset > 0
+    "fragment_last",  # MF clear, offset > 0
+    "bad_ip_checksum",
+    "trailing_bytes",  # bytes after the IP datagram (total length shorter than the frame)
+    "link_local_dst",  # destination 01:80:C2:00:00:00..0F, the bridge's reserved group addresses
+    "unknown_ethertype",  # an ethertype nobody uses, never one the kernel knows
+)
+FRAME_KINDS = MALFORMED_KINDS + ADVERSARIAL_KINDS
+STRING_MARKER = b"BAD"  # what string-match payloads carry when the policy names no string of its own
 
 
 @dataclass
@@ -207,6 +223,7 @@ class FrameGen:
         self.rng = rng
         self.bad_share = bad_share
         self.boxes = [b for r in policy.rules for b in r.boxes]
+        self.needles = [STRING_MARKER, *policy_strings(policy)]
 
     def _pick(self, lo: int, hi: int, top: int) -> int:
         r = self.rng.random()
@@ -242,8 +259,21 @@ class FrameGen:
         body = bytes(self.rng.getrandbits(8) for _ in range(n))
         if self.rng.random() < self.bad_share:
             at = self.rng.randint(0, n)
-            body = body[:at] + b"BAD" + body[at:]
+            body = body[:at] + self.rng.choice(self.needles) + body[at:]
         return body
+
+
+def _string_args(tokens) -> list[bytes]:
+    toks = list(tokens)
+    return [toks[i + 1].encode() for i, t in enumerate(toks[:-1]) if t == "--string"]
+
+
+def policy_strings(policy: Policy) -> list[bytes]:
+    """Every `-m string --string S` of the policy (rules and verbatim user chains), so that some payloads carry
+    each S and string matches go both ways whatever their quotes, backslashes or `#`."""
+    groups = [g for r in policy.rules for g in r.complex]
+    groups += [toks for uc in policy.user_chains.values() for toks in uc.rules]
+    return sorted({s for g in groups for s in _string_args(g)})
 
 
 def build_frame(uid: int, h: dict, payload: bytes) -> bytes:
@@ -316,6 +346,24 @@ def malform(kind: str, frame: bytes, rng: random.Random, generation: int = 0) ->
         f = f[:12] + bytearray((0x88B5).to_bytes(2, "big") + meta.to_bytes(8, "big")) + f[12:]
     elif kind == "runt":
         f = f[: rng.randint(15, 33)]
+    elif kind in ("vlan_vid0", "vlan_8021ad", "qinq"):
+        tags = {
+            "vlan_vid0": [(0x8100, rng.randint(0, 7) << 13)],
+            "vlan_8021ad": [(0x88A8, rng.randint(1, 4094))],
+            "qinq": [(rng.choice((0x88A8, 0x8100)), rng.randint(0, 4094)), (0x8100, rng.randint(0, 4094))],
+        }[kind]
+        f = f[:12] + bytearray(b"".join(struct.pack("!HH", tpid, tci) for tpid, tci in tags)) + f[12:]
+    elif kind in ("fragment_middle", "fragment_last"):
+        f[20:22] = ((0x2000 if kind == "fragment_middle" else 0) | rng.randint(1, 0x1FFF)).to_bytes(2, "big")
+        _fix_ip(f)
+    elif kind == "bad_ip_checksum":
+        f[24:26] = ((int.from_bytes(f[24:26], "big") + rng.randint(1, 0xFFFE)) % 0xFFFF).to_bytes(2, "big")
+    elif kind == "trailing_bytes":
+        f += bytearray(rng.getrandbits(8) for _ in range(rng.randint(1, 40)))
+    elif kind == "link_local_dst":
+        f[0:6] = bytes.fromhex("0180c20000") + bytes([rng.randint(0, 15)])
+    elif kind == "unknown_ethertype":
+        f[12:14] = rng.choice((0x0101, 0x1234, 0x5FFF, 0x88B6, 0x9999, 0xFFFF)).to_bytes(2, "big")
     else:
         raise ValueError(kind)
     return bytes(f)
@@ -324,7 +372,8 @@ def malform(kind: str, frame: bytes, rng: random.Random, generation: int = 0) ->
 @dataclass(frozen=True)
 class ProbeSpec:
     """What to send: how many frames, from which seed, with headers from a trace or from the policy's boxes, the
-    share of malformed frames (of `kinds`) and the share whose payload carries "BAD" for string matches."""
+    share of malformed frames (of `kinds`, any of FRAME_KINDS) and the share whose payload carries "BAD" or one
+    of the policy's own strings, for string matches."""
 
     packets: int = 1000
     seed: int = 1
@@ -338,9 +387,13 @@ class ProbeSpec:
             raise HypafilterError("--packets must be between 1 and 2^32-1")
         if not 0.0 <= self.malformed <= 1.0:
             raise HypafilterError("--malformed must be a share between 0 and 1")
-        unknown = set(self.kinds) - set(MALFORMED_KINDS)
+        unknown = set(self.kinds) - set(FRAME_KINDS)
         if unknown:
-            raise HypafilterError(f"unknown malformed kinds: {', '.join(sorted(unknown))}")
+            raise HypafilterError(
+                f"unknown frame kinds: {', '.join(sorted(unknown))} (choose from {', '.join(FRAME_KINDS)})"
+            )
+        if self.malformed and not self.kinds:
+            raise HypafilterError("--malformed above 0 needs at least one frame kind")
 
     def probes(self, policy: Policy, generation: int = 0) -> list[Probe]:
         """The frames, ids 1..packets; `generation` is what smuggled tags claim (the deployed one)."""

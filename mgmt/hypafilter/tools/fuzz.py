@@ -1,0 +1,253 @@
+"""The kernel-differential fuzzer: random policies from a seed, run through `verify` over shunting modes ×
+software strategies, mismatches counted by frame kind (tests/system/test_fuzz.py drives it; docs/deploy.md).
+
+A policy is iptables-save text built from one integer seed, so a failure reproduces from the seed alone
+(`random_policy(seed)`). What it draws: user chains with RETURN, goto and jumps to later chains, MARK and
+CONNMARK in user chains read back by `-m mark`/`-m connmark`, conntrack state rules, string matches whose
+strings hold quotes, backslashes, blanks and `#`, multiport, iprange, tcp-flags, ICMP types, and negations of
+each. Rules whose verdict is not a function of the frame (limit, quota, statistic, recent, ...) are never drawn:
+verify refuses them, and their per-rule state is checked by delivery counts in tests/system/test_exactness.py.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from hypafilter.analysis.plan import MODES
+from hypafilter.analysis.program import STRATEGIES
+from hypafilter.config import Config
+from hypafilter.iptables.writer import Restore
+from hypafilter.ir import Policy
+from hypafilter.ops.verify import verify
+
+# Strings for `-m string`: every character iptables-restore treats specially inside a quoted token, plus `#`
+# (a comment only in column 1) and blanks.
+STRINGS = ("BAD", 'say "hi"', "back\\slash", "#hash", "it's", 'a b#c"d\\e', 'x\\"y', "GET /#frag")
+# Ports the policies favour: well-known services and the ones the connection checks use (tests/netconn.py).
+PORTS = (22, 53, 80, 123, 443, 5001, 5002, 8080)
+ICMP_TYPES = ("echo-request", "echo-reply", "destination-unreachable", "time-exceeded", "8", "0", "3/1", "11/0")
+TCP_FLAGS = (("SYN,ACK,FIN,RST", "SYN"), ("SYN,ACK", "ACK"), ("ALL", "NONE"), ("FIN,SYN", "FIN,SYN"), ("RST", "RST"))
+CT_STATES = ("NEW", "ESTABLISHED", "RELATED", "INVALID", "ESTABLISHED,RELATED", "NEW,ESTABLISHED", "UNTRACKED")
+MARKS = ("0x1", "0x2", "0x1/0x1", "0x2/0x3", "0x4/0x4", "0x0/0x6", "0x10/0xf0")
+# The lab's two paths use 10.0.0.0/16 (hybrid) and 10.1.0.0/16 (plain). A policy checked with real connections
+# treats both alike: its address matches either contain all of 10.0.0.0/15 or miss it.
+PATHS_NET = ipaddress.ip_network("10.0.0.0/15")
+
+# Every (mode, strategy) pair deploy accepts: hsa_cut with index shunting is refused by design (a shunted packet
+# may first match a simple rule that hsa_cut left out of software; analysis.program says so and refuses it).
+REFUSED = {("index", "hsa_cut")}
+COMBOS = tuple((m, s) for m in MODES for s in STRATEGIES if (m, s) not in REFUSED)
+
+
+@dataclass
+class _Gen:
+    rng: random.Random
+    conntrack: bool
+    symmetric: bool
+    chains: list[str] = field(default_factory=list)
+
+    def neg(self, share: float = 0.2) -> list[str]:
+        return ["!"] if self.rng.random() < share else []
+
+    def prefix(self) -> str:
+        rng = self.rng
+        while True:
+            n = rng.choice((8, 12, 15, 16, 20, 24, 24, 28, 32))
+            base = rng.choice((0x0A000000, 0x0A010000, 0xC0A80000, 0xAC100000, rng.getrandbits(32)))
+            net = ipaddress.ip_network(((base + rng.getrandbits(16)) & 0xFFFFFFFF, n), strict=False)
+            if not self.symmetric or not net.overlaps(PATHS_NET) or net.supernet_of(PATHS_NET):
+                return str(net)
+
+    def iprange(self) -> str:
+        while True:
+            lo = ipaddress.ip_address(self.rng.choice((0x0A000000, 0xC0A80000, 0xAC100000)) + self.rng.getrandbits(12))
+            hi = lo + self.rng.randint(0, 5000)
+            inside = PATHS_NET[0] <= lo and hi <= PATHS_NET[-1]
+            touches = not (hi < PATHS_NET[0] or lo > PATHS_NET[-1])
+            if not self.symmetric or (not touches) or (lo <= PATHS_NET[0] and hi >= PATHS_NET[-1] and not inside):
+                return f"{lo}-{hi}"
+
+    def port(self) -> str:
+        rng = self.rng
+        p = rng.choice(PORTS) if rng.random() < 0.6 else rng.randint(0, 65535)
+        if rng.random() < 0.3:
+            return f"{p}:{min(65535, p + rng.randint(0, 2000))}"
+        return str(p)
+
+    def l4(self, proto: str) -> list[str]:
+        rng, out = self.rng, []
+        if proto in ("tcp", "udp"):
+            if rng.random() < 0.25:
+                ports = sorted({rng.choice(PORTS) if rng.random() < 0.7 else rng.randint(1, 65535) for _ in range(4)})
+                out += ["-m", "multiport", *self.neg(), rng.choice(("--dports", "--sports", "--ports"))]
+                out.append(",".join(map(str, ports)))
+            else:
+                out += ["-m", proto]
+                if rng.random() < 0.7:
+                    out += [*self.neg(), "--dport", self.port()]
+                if rng.random() < 0.3:
+                    out += [*self.neg(), "--sport", self.port()]
+                if proto == "tcp" and rng.random() < 0.35:
+                    if rng.random() < 0.3:
+                        out += [*self.neg(), "--syn"]
+                    else:
+                        out += [*self.neg(), "--tcp-flags", *rng.choice(TCP_FLAGS)]
+        elif proto == "icmp" and rng.random() < 0.7:
+            out += ["-m", "icmp", *self.neg(), "--icmp-type", rng.choice(ICMP_TYPES)]
+        return out
+
+    def matches(self, in_user_chain: bool) -> list[str]:
+        rng, out = self.rng, []
+        proto = rng.choice(("tcp", "tcp", "udp", "udp", "icmp", None, None))
+        if proto and rng.random() < 0.12:
+            out += ["!", "-p", proto]
+            proto = None
+        elif proto:
+            out += ["-p", proto]
+        for opt in ("-s", "-d"):
+            if rng.random() < 0.35:
+                out += [*self.neg(), opt, self.prefix()]
+        if proto:
+            out += self.l4(proto)
+        if rng.random() < 0.1:
+            out += ["-m", "iprange", *self.neg(), rng.choice(("--src-range", "--dst-range")), self.iprange()]
+        # Marks are what the user chains write: read them more often where they can have been written.
+        if rng.random() < (0.3 if in_user_chain else 0.12):
+            out += ["-m", rng.choice(("mark", "connmark")), *self.neg(0.3), "--mark", rng.choice(MARKS)]
+        if self.conntrack and rng.random() < 0.25:
+            if rng.random() < 0.7:
+                out += ["-m", "conntrack", *self.neg(0.15), "--ctstate", rng.choice(CT_STATES)]
+            else:
+                out += ["-m", "state", "--state", rng.choice(CT_STATES[:5])]
+        if rng.random() < 0.15:
+            out += ["-m", "string", "--algo", rng.choice(("bm", "kmp")), *self.neg(0.25), "--string"]
+            out.append(rng.choice(STRINGS))
+        return out
+
+    def target(self, chain_index: int | None) -> list[str]:
+        """chain_index: None in the base chain, else the user chain's position (it may jump only further on)."""
+        rng = self.rng
+        later = self.chains[(0 if chain_index is None else chain_index + 1) :]
+        r = rng.random()
+        if later and r < 0.25:
+            return [rng.choice(("-j", "-j", "-g")), rng.choice(later)]
+        if chain_index is not None and r < 0.45:
+            roll = rng.random()
+            if roll < 0.35:
+                return ["-j", "RETURN"]
+            if roll < 0.7:
+                verb = rng.choice(("--set-xmark", "--set-mark", "--or-mark"))
+                return ["-j", "MARK", verb, rng.choice(MARKS[:2] if verb == "--or-mark" else MARKS[:4])]
+            return [
+                "-j",
+                "CONNMARK",
+                *rng.choice((("--set-xmark", rng.choice(MARKS)), ("--save-mark",), ("--restore-mark",))),
+            ]
+        return ["-j", rng.choice(("ACCEPT", "DROP"))]
+
+
+def random_policy(seed: int, conntrack: bool | None = None, rules: int | None = None) -> str:
+    """A random FORWARD policy as iptables-save text, the same for the same arguments. conntrack: whether it reads
+    conntrack state (then its address matches treat the lab's two paths alike, for real connections); None lets
+    the seed decide."""
+    rng = random.Random(seed)
+    ct = rng.random() < 0.4 if conntrack is None else conntrack
+    g = _Gen(rng, ct, symmetric=ct)
+    g.chains = [f"U{i}" for i in range(rng.randint(1, 3))]
+    doc = Restore("filter", comment=f"hypafilter fuzz policy, seed {seed}")
+    doc.chain("FORWARD", rng.choice(("ACCEPT", "DROP")))
+    for c in g.chains:
+        doc.chain(c)
+    base = [g.matches(False) + g.target(None) for _ in range(rules if rules is not None else rng.randint(6, 18))]
+    if ct:
+        # Services the connection checks use, so that some connections complete and others do not; and the
+        # usual rule for the rest of an accepted connection, somewhere.
+        for _ in range(rng.randint(1, 4)):
+            proto = rng.choice(("tcp", "udp"))
+            rule = ["-p", proto, "-m", proto, "--dport", str(rng.choice(PORTS))]
+            rule += ["-m", "conntrack", "--ctstate", "NEW"] if rng.random() < 0.5 else []
+            base.insert(rng.randint(0, len(base)), rule + g.target(None))
+        rule = ["-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"]
+        base.insert(0 if rng.random() < 0.6 else rng.randint(0, len(base)), rule)
+    for rule in base:
+        doc.rule("FORWARD", rule)
+    for i, c in enumerate(g.chains):
+        for _ in range(rng.randint(2, 6)):
+            doc.rule(c, g.matches(True) + g.target(i))
+    return doc.text()
+
+
+def combos(modes=MODES, strategies=STRATEGIES) -> Iterator[tuple[str, str]]:
+    """The (mode, strategy) pairs deploy accepts, index and selective first: they share the hardware (register
+    writes only), exact needs another emulator build."""
+    yield from ((m, s) for m, s in COMBOS if m in modes and s in strategies)
+
+
+@dataclass
+class Tally:
+    """Frames, deliveries and mismatches by frame kind over many verify reports."""
+
+    by_kind: dict[str, dict[str, int]] = field(default_factory=dict)
+    runs: list[dict] = field(default_factory=list)
+    examples: list[dict] = field(default_factory=list)
+
+    def add(self, report: dict, **where) -> None:
+        for kind, counts in report["by_kind"].items():
+            mine = self.by_kind.setdefault(kind, {"packets": 0, "delivered": 0, "mismatches": 0})
+            for k in mine:
+                mine[k] += counts[k]
+        self.runs.append({**where, **{k: report[k] for k in ("packets", "mismatches", "altered", "delivered_oracle")}})
+        self.examples += [{**where, **ex} for ex in report["examples"][:3]]
+
+    @property
+    def frames(self) -> int:
+        return sum(v["packets"] for v in self.by_kind.values())
+
+    @property
+    def mismatches(self) -> int:
+        return sum(r["mismatches"] for r in self.runs)
+
+    def table(self) -> str:
+        rows = [f"{'kind':<20} {'frames':>9} {'delivered':>9} {'mismatches':>10}"]
+        for kind, v in sorted(self.by_kind.items()):
+            rows.append(f"{kind:<20} {v['packets']:>9} {v['delivered']:>9} {v['mismatches']:>10}")
+        return "\n".join(rows)
+
+
+def fuzz_policy(
+    policy: Policy,
+    seed: int,
+    frames: int,
+    kinds: tuple[str, ...],
+    malformed: float,
+    pairs: tuple[tuple[str, str], ...] = COMBOS,
+    tally: Tally | None = None,
+    after: Callable[[str, str, int], None] | None = None,
+    log: Callable[[str], None] = lambda s: None,
+) -> Tally:
+    """`frames` frames per (mode, strategy) pair through verify, frame seed = seed·100 + pair number; `after` runs
+    after each pair with the deployment still up (the connection checks)."""
+    tally = tally or Tally()
+    for n, (mode, strategy) in enumerate(pairs):
+        t = time.monotonic()
+        frame_seed = seed * 100 + n
+        report = verify(
+            policy,
+            Config(shunt_mode=mode, strategy=strategy),
+            packets=frames,
+            seed=frame_seed,
+            malformed=malformed,
+            kinds=kinds,
+        )
+        tally.add(report, policy_seed=seed, mode=mode, strategy=strategy, frame_seed=frame_seed)
+        log(
+            f"seed {seed} {mode}/{strategy}: {report['packets']} frames, {report['mismatches']} mismatches "
+            f"(frame seed {frame_seed}, {time.monotonic() - t:.1f} s)"
+        )
+        if after:
+            after(mode, strategy, n)
+    return tally

@@ -8,6 +8,11 @@ from pathlib import Path
 
 from hypafilter.errors import HypafilterError
 
+# The shunting modes (paper §V: index-based, Alg. 1 selective; exact: complex reductions in hardware) and the
+# software strategies (paper §VI, plus interval_geo), named once for the analysis, the CLI and the configuration.
+MODES = ("index", "selective", "exact")
+STRATEGIES = ("full", "cut", "hsa_cut", "interval", "interval_geo")
+
 
 @dataclass
 class Config:
@@ -22,11 +27,15 @@ class Config:
     flatten_bound: int = 4096
     # Shunting mode: "index", "selective" (paper Alg. 1) or "exact" (complex reductions in hardware).
     shunt_mode: str = "selective"
-    # Software strategy: "full", "cut", "hsa_cut", "interval".
+    # Software strategy: one of STRATEGIES.
     strategy: str = "interval"
     # Netfilter table/base chain the tool hooks into, and the prefix of every chain it owns.
     table: str = "filter"
     chain_prefix: str = "HF"
+    # Frames the bridge's netfilter cannot filter (two VLAN tags, 802.1Q or 802.1ad): "drop" them in the NIC
+    # (counted in CNT_DROP_UNFILTERABLE), or "pass" them to the host bridge, which forwards them unfiltered
+    # exactly as the kernel does (CONTROL bit 2, PASS_UNFILTERABLE).
+    unfilterable: str = "drop"
     # Hardware generation parameters.
     tdata_width: int = 256
     encoder_fanin: int = 8
@@ -49,10 +58,12 @@ class Config:
         return cfg
 
     def validate(self, where: str = "configuration") -> None:
-        if self.shunt_mode not in ("index", "selective", "exact"):
-            raise HypafilterError(f"{where}: shunt_mode must be index, selective or exact")
-        if self.strategy not in ("full", "cut", "hsa_cut", "interval"):
-            raise HypafilterError(f"{where}: strategy must be full, cut, hsa_cut or interval")
+        if self.shunt_mode not in MODES:
+            raise HypafilterError(f"{where}: shunt_mode must be one of {', '.join(MODES)}")
+        if self.strategy not in STRATEGIES:
+            raise HypafilterError(f"{where}: strategy must be one of {', '.join(STRATEGIES)}")
+        if self.unfilterable not in ("drop", "pass"):
+            raise HypafilterError(f"{where}: unfilterable must be drop or pass")
         if self.tdata_width not in (256, 512):
             raise HypafilterError(f"{where}: tdata_width must be 256 or 512")
         for name, port in self.hw_ports.items():

@@ -23,11 +23,9 @@ import numpy as np
 
 from hypafilter.analysis import geometry
 from hypafilter.analysis.geometry import BoxSet
-from hypafilter.config import Config
+from hypafilter.config import MODES, Config
 from hypafilter.errors import HypafilterError
 from hypafilter.ir import ACTION_ACCEPT, ACTION_NONE, Box, Policy
-
-MODES = ("index", "selective", "exact")
 
 
 class PrefixView(Sequence):

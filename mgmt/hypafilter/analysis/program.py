@@ -29,11 +29,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hypafilter.analysis.plan import PrefixView
+from hypafilter.config import STRATEGIES
 from hypafilter.errors import HypafilterError
 from hypafilter.ir import Header, Policy
 from hypafilter.ir.semantics import ComplexEval, rule_outcome
 
-STRATEGIES = ("full", "cut", "hsa_cut", "interval", "interval_geo")
 K_SHIFT = 4
 LEAF_FANOUT = 4  # leaves tested linearly once a dispatch node holds this few
 BLOCK_FANOUT = 8  # a family of more segments than this gets block chains (then more levels, up to the budget)

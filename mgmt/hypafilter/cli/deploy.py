@@ -7,6 +7,7 @@ import json
 import sys
 
 from hypafilter.cli.common import add_policy_args, load_config, load_policy, progress
+from hypafilter.config import MODES, STRATEGIES
 from hypafilter.errors import HypafilterError
 
 
@@ -100,8 +101,8 @@ def register(sub) -> None:
         p = sub.add_parser(name, help=help_)
         add_policy_args(p)
         p.add_argument("--target", default="emu", choices=("emu",), help="where to deploy (default emu)")
-        p.add_argument("--strategy", choices=("full", "cut", "hsa_cut", "interval"), help="software strategy")
-        p.add_argument("--mode", choices=("index", "selective", "exact"), help="shunting mode")
+        p.add_argument("--strategy", choices=STRATEGIES, help="software strategy")
+        p.add_argument("--mode", choices=MODES, help="shunting mode")
         p.add_argument("--force", action="store_true", help="redeploy even if this policy is deployed")
         p.add_argument("--json", action="store_true", help="one-line JSON summary")
         p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")

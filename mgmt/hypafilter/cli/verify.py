@@ -3,39 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
-from collections.abc import Iterator, Sequence
 
 from hypafilter.cli.common import add_policy_args, load_config, load_policy, progress
-
-
-class _Lazy(Sequence):
-    """A tuple named `module.name`, imported when argparse first looks into it (checking a value, --help). The
-    tuples of modes and strategies live in modules that load numpy, which building the parser must not do."""
-
-    def __init__(self, module: str, name: str):
-        self.module, self.name = module, name
-
-    def _values(self) -> tuple[str, ...]:
-        return getattr(importlib.import_module(self.module), self.name)
-
-    def __getitem__(self, i):
-        return self._values()[i]
-
-    def __len__(self) -> int:
-        return len(self._values())
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._values())
-
-    def __contains__(self, value: object) -> bool:
-        return value in self._values()
-
-
-MODES = _Lazy("hypafilter.analysis.plan", "MODES")
-STRATEGIES = _Lazy("hypafilter.analysis.program", "STRATEGIES")
+from hypafilter.config import MODES, STRATEGIES
 
 
 def kinds_arg(text: str) -> tuple[str, ...]:
@@ -57,11 +29,7 @@ def kinds_arg(text: str) -> tuple[str, ...]:
 def cmd_verify(args: argparse.Namespace) -> int:
     from hypafilter.ops.verify import MALFORMED_KINDS, verify
 
-    # --strategy/--mode go past Config.validate: the configuration file's check does not know every strategy the
-    # analysis offers (interval_geo), and the parser has already limited both to what the analysis accepts.
-    cfg = load_config(argparse.Namespace(config=args.config))
-    cfg.strategy = args.strategy or cfg.strategy
-    cfg.shunt_mode = args.mode or cfg.shunt_mode
+    cfg = load_config(args)
     policy = load_policy(args, cfg)
     log = progress(args, quiet=args.json)
     report = verify(

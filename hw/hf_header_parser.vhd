@@ -1,7 +1,8 @@
 -- Header parser: captures the first header bytes of each frame off the stream and extracts the match fields.
 -- Non-blocking: it only observes accepted beats and emits at most one header per cycle, 4 cycles after the
 -- beat that completes the capture (the beat holding byte 95, or the last beat of a shorter frame).
--- The rules (what counts as unparsed) are the ones of hypafilter.hwmodel.parse_frame.
+-- The rules (what counts as unparsed or unfilterable) are the ones of hypafilter.hw.model.parse_frame and
+-- .unfilterable; the IPv4 header checksum is summed by adder trees in stages 1 and 2 and checked in stage 3.
 library ieee;
 use ieee.std_logic_1164.all;
 use ieee.numeric_std.all;
@@ -23,6 +24,7 @@ entity hf_header_parser is
     tuser      : in  std_logic_vector(TUSER_WIDTH - 1 downto 0);
     h_valid    : out std_logic;  -- one pulse per frame
     h_unparsed : out std_logic;
+    h_unfilterable : out std_logic;  -- two VLAN tags, 802.1Q or 802.1ad (also unparsed)
     h_tuser    : out std_logic_vector(TUSER_WIDTH - 1 downto 0);  -- TUSER of the frame's first beat
     h_src      : out std_logic_vector(31 downto 0);
     h_dst      : out std_logic_vector(31 downto 0);
@@ -52,6 +54,13 @@ architecture rtl of hf_header_parser is
     return byte(b, k) & byte(b, k + 1);
   end function;
 
+  -- IPv4 header checksum: 30 words (IHL 15) in 8 groups of up to 4, summed for both places the header can start;
+  -- two-level adder trees in stage 1, three levels in stage 2 (a chain of 5 or 6 adders was 10 LUTs deep)
+  constant CS_GROUPS : natural := 8;
+  type cs_words_t is array (0 to 4 * CS_GROUPS - 1) of unsigned(15 downto 0);
+  type cs_groups_t is array (0 to 2 * CS_GROUPS - 1) of unsigned(17 downto 0);  -- CS_GROUPS * tags + group
+  type cs_sel_t is array (0 to CS_GROUPS - 1) of unsigned(17 downto 0);
+
   -- capture
   signal beat_cnt : natural range 0 to NHB := 0;
   signal hbuf      : buf_t := (others => '0');
@@ -63,21 +72,23 @@ architecture rtl of hf_header_parser is
   signal c_have : std_logic_vector(HB - 1 downto 0) := (others => '0');
   signal c_tuser : std_logic_vector(TUSER_WIDTH - 1 downto 0) := (others => '0');
   -- stage 1: Ethernet and VLAN tags
-  signal p1_v, p1_ip : std_logic := '0';
-  signal p1_l3 : natural range 0 to 2 := 0;  -- tags before the IPv4 header
+  signal p1_v, p1_ip, p1_unf : std_logic := '0';
+  signal p1_l3 : natural range 0 to 1 := 0;  -- tags before the IPv4 header
+  signal p1_cs : cs_groups_t := (others => (others => '0'));
   signal p1_buf : buf_t := (others => '0');
   signal p1_have : std_logic_vector(HB - 1 downto 0) := (others => '0');
   signal p1_tuser : std_logic_vector(TUSER_WIDTH - 1 downto 0) := (others => '0');
   -- stage 2: IPv4 header
-  signal p2_v, p2_ok : std_logic := '0';
+  signal p2_v, p2_ok, p2_unf : std_logic := '0';
+  signal p2_cs : unsigned(20 downto 0) := (others => '0');  -- sum of the header's words (30 * 0xFFFF < 2 ** 21)
   signal p2_buf : buf_t := (others => '0');
   signal p2_tuser : std_logic_vector(TUSER_WIDTH - 1 downto 0) := (others => '0');
-  signal p2_l4sel : natural range 0 to 12 := 0;  -- L4 offset = 34 + 4 * p2_l4sel
+  signal p2_l4sel : natural range 0 to 11 := 0;  -- L4 offset = 34 + 4 * p2_l4sel
   signal p2_l4room : unsigned(15 downto 0) := (others => '0');  -- IPv4 payload bytes (total length - IHL*4)
   signal p2_proto : std_logic_vector(7 downto 0) := (others => '0');
   signal p2_src, p2_dst : std_logic_vector(31 downto 0) := (others => '0');
   -- stage 3: output
-  signal o_v, o_unp : std_logic := '0';
+  signal o_v, o_unp, o_unf : std_logic := '0';
   signal o_tuser : std_logic_vector(TUSER_WIDTH - 1 downto 0) := (others => '0');
   signal o_src, o_dst : std_logic_vector(31 downto 0) := (others => '0');
   signal o_proto, o_it, o_ic, o_flags : std_logic_vector(7 downto 0) := (others => '0');
@@ -145,24 +156,47 @@ begin
   end process;
 
   ethernet : process (clk)
-    variable et : unsigned(15 downto 0);
-    variable tags : natural range 0 to 2;
+    variable et, inner : unsigned(15 downto 0);
+    variable tag, unf, ll : boolean;
+    variable ihl : unsigned(3 downto 0);
+    variable w : cs_words_t;
   begin
     if rising_edge(clk) then
       et := u16(c_buf, 12);
-      tags := 0;
-      if et = x"8100" or et = x"88A8" then
-        tags := 1;
-        if u16(c_buf, 16) = x"8100" or u16(c_buf, 16) = x"88A8" then
-          tags := 2;
-          et := u16(c_buf, 20);
-        else
-          et := u16(c_buf, 16);
-        end if;
+      inner := u16(c_buf, 16);
+      -- the kernel pops one tag (either TPID) before br_netfilter looks: two tags leave a tagged frame that no
+      -- iptables rule sees, so the frame is unfilterable
+      tag := et = x"8100" or et = x"88A8";
+      unf := tag and c_have(17) = '1' and (inner = x"8100" or inner = x"88A8");
+      if tag then
+        et := inner;
       end if;
+      -- 01:80:C2:00:00:00..0F, the link-local groups the Linux bridge handles itself
+      ll := byte(c_buf, 0) = x"01" and byte(c_buf, 1) = x"80" and byte(c_buf, 2) = x"C2" and byte(c_buf, 3) = x"00"
+            and byte(c_buf, 4) = x"00" and c_buf(47 downto 44) = "0000";
       p1_v <= c_v and not rst;
-      p1_ip <= '1' when et = x"0800" else '0';
-      p1_l3 <= tags;
+      p1_ip <= to_sl(et = x"0800" and not unf and not ll);
+      p1_unf <= to_sl(unf);
+      if tag then
+        p1_l3 <= 1;
+      else
+        p1_l3 <= 0;
+      end if;
+      -- checksum partial sums for both header positions (the tag decision is not known before this edge): the
+      -- 10 fixed words always, option words 10..29 only below IHL * 2, the 2 words of padding never
+      for t in 0 to 1 loop
+        ihl := unsigned(c_buf(8 * (14 + 4 * t) + 3 downto 8 * (14 + 4 * t)));
+        for i in 0 to 4 * CS_GROUPS - 1 loop
+          w(i) := (others => '0');
+          if i < 10 or (i < 30 and ihl > i / 2) then
+            w(i) := u16(c_buf, 14 + 4 * t + 2 * i);
+          end if;
+        end loop;
+        for g in 0 to CS_GROUPS - 1 loop
+          p1_cs(CS_GROUPS * t + g) <= resize(resize(w(4 * g), 17) + w(4 * g + 1), 18)
+                                      + (resize(w(4 * g + 2), 17) + w(4 * g + 3));
+        end loop;
+      end loop;
       p1_buf <= c_buf;
       p1_have <= c_have;
       p1_tuser <= c_tuser;
@@ -173,18 +207,23 @@ begin
     variable ip : std_logic_vector(159 downto 0);  -- the 20 fixed IPv4 header bytes, byte 0 in bits 7..0
     variable ihl : unsigned(3 downto 0);
     variable total : unsigned(15 downto 0);
-    variable l3 : natural range 14 to 22;
+    variable l3 : natural range 14 to 18;
     variable present : std_logic;  -- the last fixed IPv4 header byte was received
     variable ok : boolean;
+    variable gs : cs_sel_t;
   begin
     if rising_edge(clk) then
       -- constant slices selected in a loop: a multiplexer, which GHDL synthesises without dynamic slicing
       ip := (others => '0');
       present := '0';
-      for t in 0 to 2 loop
+      gs := (others => (others => '0'));
+      for t in 0 to 1 loop
         if p1_l3 = t then
           ip := p1_buf(8 * (14 + 4 * t) + 159 downto 8 * (14 + 4 * t));
           present := p1_have(14 + 4 * t + 19);
+          for g in 0 to CS_GROUPS - 1 loop
+            gs(g) := p1_cs(CS_GROUPS * t + g);
+          end loop;
         end if;
       end loop;
       l3 := 14 + 4 * p1_l3;
@@ -196,10 +235,13 @@ begin
             and ihl >= 5
             and total >= resize(ihl & "00", 16)
             and resize(total, 17) + l3 <= resize(unsigned(p1_tuser(TUSER_LEN_LO + 15 downto TUSER_LEN_LO)), 17)
-            and ip(52 downto 48) & ip(63 downto 56) = "0000000000000";
+            and ip(53 downto 48) & ip(63 downto 56) = "00000000000000";  -- no MF, no offset: not a fragment
       p2_v <= p1_v and not rst;
       p2_ok <= to_sl(ok);
-      -- (l3 - 14) / 4 + (ihl - 5): the 13 possible L4 offsets 34, 38, ... 82
+      p2_unf <= p1_unf;
+      p2_cs <= resize(resize(resize(gs(0), 19) + gs(1), 20) + (resize(gs(2), 19) + gs(3)), 21)
+               + (resize(resize(gs(4), 19) + gs(5), 20) + (resize(gs(6), 19) + gs(7)));
+      -- (l3 - 14) / 4 + (ihl - 5): the 12 possible L4 offsets 34, 38, ... 78
       if ihl >= 5 then
         p2_l4sel <= p1_l3 + to_integer(ihl) - 5;
       else
@@ -219,10 +261,11 @@ begin
     variable need : natural range 0 to 20;
     variable is_tcp, is_udp, is_icmp : boolean;
     variable sp : std_logic_vector(7 downto 0);
+    variable cs_ok : boolean;
   begin
     if rising_edge(clk) then
       l4b := (others => '0');
-      for i in 0 to 12 loop
+      for i in 0 to 11 loop
         if p2_l4sel = i then
           l4b := p2_buf(8 * (34 + 4 * i) + 111 downto 8 * (34 + 4 * i));
         end if;
@@ -242,8 +285,12 @@ begin
       else
         need := 0;
       end if;
+      -- ip_fast_csum's fold gives 0xFFFF exactly when low + high = 0xFFFF (the sum is below 2 ** 21, so high is 5
+      -- bits): the low half is 0xFFE0 + (31 - high), i.e. bits 15..5 set and bits 4..0 the complement of high
+      cs_ok := p2_cs(15 downto 5) = "11111111111" and p2_cs(4 downto 0) = not p2_cs(20 downto 16);
       o_v <= p2_v and not rst;
-      o_unp <= not (p2_ok and to_sl(p2_l4room >= need));
+      o_unp <= not (p2_ok and to_sl(p2_l4room >= need) and to_sl(cs_ok));
+      o_unf <= p2_unf;
       o_tuser <= p2_tuser;
       o_src <= p2_src;
       o_dst <= p2_dst;
@@ -276,6 +323,7 @@ begin
 
   h_valid <= o_v;
   h_unparsed <= o_unp;
+  h_unfilterable <= o_unf;
   h_tuser <= o_tuser;
   h_src <= o_src;
   h_dst <= o_dst;

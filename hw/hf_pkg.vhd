@@ -16,8 +16,8 @@ package hf_pkg is
   constant REASON_POLICY   : std_logic_vector(3 downto 0) := x"1";
   constant REASON_UNPARSED : std_logic_vector(3 downto 0) := x"2";
 
-  -- every byte the parser reads is below this offset: 14 + 2 tags + 60 (IHL 15) + 14 TCP bytes
-  constant HDR_NEED_BYTES : natural := 96;
+  -- every byte the parser reads is below this offset: 14 + 1 tag + 60 (IHL 15) + 14 TCP bytes
+  constant HDR_NEED_BYTES : natural := 92;
 
   -- counter event bits carried with each decision and counted when the frame leaves
   constant EV_FORWARDED : natural := 0;
@@ -28,7 +28,8 @@ package hf_pkg is
   constant EV_FROM_HOST : natural := 5;
   constant EV_FORCED    : natural := 6;
   constant EV_WIRE      : natural := 7;
-  constant EV_W      : natural := 8;
+  constant EV_UNFILTERABLE : natural := 8;  -- dropped: netfilter cannot filter it (CONTROL bit 2 clear)
+  constant EV_W      : natural := 9;
 
   function clog2(n : natural) return natural;
   function popcount(v : std_logic_vector) return natural;

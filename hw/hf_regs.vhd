@@ -57,7 +57,7 @@ architecture rtl of hf_regs is
   signal r_control : std_logic_vector(31 downto 0) := REG_CONTROL_RESET;
   signal r_ind_busy, r_ind_rd, r_ind_stream : std_logic := '0';
   signal wr_stall : std_logic;
-  signal c_pktin, c_pktout, c_fwd, c_drop, c_over, c_pol, c_unp, c_host, c_forced, c_fifo :
+  signal c_pktin, c_pktout, c_fwd, c_drop, c_over, c_pol, c_unp, c_host, c_forced, c_fifo, c_unf :
     unsigned(31 downto 0) := (others => '0');
   signal clear_cnt : std_logic := '0';
   signal bvalid, rvalid : std_logic := '0';
@@ -164,6 +164,7 @@ begin
         bump(c_unp, ev_bits(EV_UNPARSED));
         bump(c_host, ev_bits(EV_FROM_HOST));
         bump(c_forced, ev_bits(EV_FORCED));
+        bump(c_unf, ev_bits(EV_UNFILTERABLE));
       end if;
       bump(c_fifo, ev_fifo_drop);
       if clear_cnt = '1' or rst = '1' then
@@ -177,6 +178,7 @@ begin
         c_host <= (others => '0');
         c_forced <= (others => '0');
         c_fifo <= (others => '0');
+        c_unf <= (others => '0');
       end if;
     end if;
   end process;
@@ -213,6 +215,7 @@ begin
           when REG_CNT_FROM_HOST => rdata <= std_logic_vector(c_host);
           when REG_CNT_SHUNT_FORCED => rdata <= std_logic_vector(c_forced);
           when REG_CNT_FIFO_DROP => rdata <= std_logic_vector(c_fifo);
+          when REG_CNT_DROP_UNFILTERABLE => rdata <= std_logic_vector(c_unf);
           when others => rdata <= (others => '0');
         end case;
       end if;

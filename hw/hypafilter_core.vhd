@@ -64,16 +64,17 @@ architecture rtl of hypafilter_core is
   type side_t is record
     v   : std_logic;
     unp : std_logic;
+    unf : std_logic;  -- unfilterable by netfilter (two VLAN tags)
     tu  : std_logic_vector(UW - 1 downto 0);
   end record;
   type side_line is array (1 to SIDE_DELAY) of side_t;
-  constant SIDE_ZERO : side_t := ('0', '0', (others => '0'));
+  constant SIDE_ZERO : side_t := ('0', '0', '0', (others => '0'));
   signal side_in : side_t;
   signal side : side_line := (others => SIDE_ZERO);
 
   signal rst : std_logic;
   signal accept, pkt_in_ready : std_logic;
-  signal h_valid, h_unp : std_logic;
+  signal h_valid, h_unp, h_unf : std_logic;
   signal h_tuser : std_logic_vector(UW - 1 downto 0);
   signal h_src, h_dst : std_logic_vector(31 downto 0);
   signal h_proto, h_it, h_ic, h_flags : std_logic_vector(7 downto 0);
@@ -131,7 +132,7 @@ begin
     port map (
       clk => axis_aclk, rst => rst, beat_valid => accept,
       tdata => s_axis_tdata, tkeep => s_axis_tkeep, tlast => s_axis_tlast, tuser => s_axis_tuser,
-      h_valid => h_valid, h_unparsed => h_unp, h_tuser => h_tuser,
+      h_valid => h_valid, h_unparsed => h_unp, h_unfilterable => h_unf, h_tuser => h_tuser,
       h_src => h_src, h_dst => h_dst, h_proto => h_proto, h_sport => h_sport, h_dport => h_dport,
       h_icmp_type => h_it, h_icmp_code => h_ic, h_iport => h_iport, h_flags => h_flags);
 
@@ -146,7 +147,7 @@ begin
     port map (clk => axis_aclk, vec => res, any => enc_any, idx => enc_idx);
 
   -- frame information travelling beside matcher and encoder
-  side_in <= (h_valid, h_unp, h_tuser);
+  side_in <= (h_valid, h_unp, h_unf, h_tuser);
   side_shift : process (axis_aclk)
   begin
     if rising_edge(axis_aclk) then
@@ -173,7 +174,7 @@ begin
 
   decide : process (axis_aclk)
     variable sp : std_logic_vector(7 downto 0);
-    variable wire, host, classify, shunt, drop : boolean;
+    variable wire, host, judge, classify, shunt, drop : boolean;
     variable ev : std_logic_vector(EV_W - 1 downto 0);
     variable tu : std_logic_vector(UW - 1 downto 0);
     variable dst : std_logic_vector(7 downto 0);
@@ -188,7 +189,8 @@ begin
       wire := sp = x"01" or sp = x"04" or sp = x"10" or sp = x"40";
       host := sp = x"02" or sp = x"08" or sp = x"20" or sp = x"80";
       -- until the tables hold the policy nothing is judged here: wire frames go to netfilter as unparsed
-      classify := wire and control(0) = '1' and t1.unp = '0' and tbl_ready = '1';
+      judge := wire and control(0) = '1' and tbl_ready = '1';
+      classify := judge and t1.unp = '0';
       ev := (others => '0');
       shunt := false;
       drop := false;
@@ -204,6 +206,9 @@ begin
         ev(EV_FROM_HOST) := '1';
       elsif not wire then
         drop := true;  -- not a port of this datapath
+      elsif judge and t1.unf = '1' and control(2) = '0' then
+        drop := true;  -- netfilter would not filter it: dropped unless PASS_UNFILTERABLE hands it to the host bridge
+        ev(EV_UNFILTERABLE) := '1';
       elsif not classify then
         shunt := true;
         idx := to_unsigned(N_ENTRIES, 24);

@@ -273,8 +273,9 @@ def tuser_for(frame: bytes, src_port: int) -> int:
     return len(frame) | (src_port << 16)
 
 
-def header_frame(h, rng: random.Random, vlans: int = 0, options: int = 0, pad: int = 0) -> bytes:
-    """A frame (scapy) carrying header point h (ir.Header fields)."""
+def header_frame(h, rng: random.Random, vlans: int = 0, options: int = 0, pad: int = 0, ad_share: float = 0.5) -> bytes:
+    """A frame (scapy) carrying header point h (ir.Header fields); the outer of `vlans` tags is 802.1ad with
+    probability ad_share (two tags of any kind make the frame unfilterable)."""
 
     def addr(v: int) -> str:
         return ".".join(str((v >> s) & 0xFF) for s in (24, 16, 8, 0))
@@ -282,7 +283,7 @@ def header_frame(h, rng: random.Random, vlans: int = 0, options: int = 0, pad: i
     pkt = Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02")
     for i in range(vlans):
         pkt = pkt / (
-            Dot1AD(vlan=rng.randrange(4096)) if i == 0 and rng.random() < 0.5 else Dot1Q(vlan=rng.randrange(4096))
+            Dot1AD(vlan=rng.randrange(4096)) if i == 0 and rng.random() < ad_share else Dot1Q(vlan=rng.randrange(4096))
         )
     ip = IP(src=addr(h.src), dst=addr(h.dst), proto=h.proto, options=[] if not options else b"\x01" * (4 * options))
     if h.proto == 6:

@@ -1,4 +1,5 @@
-"""Testbench of hf_header_parser: every parsed header (or unparsed flag) equals hwmodel.parse_frame, at 256 and 512."""
+"""Testbench of hf_header_parser: every parsed header (or unparsed flag) equals hwmodel.parse_frame, and the
+unfilterable flag hwmodel.unfilterable, at 256 and 512."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from hypafilter.hw import model as hwmodel
 from hypafilter.hw.vhdl import HwPlan
 
 from sim.hftb import SIM_BUILD, AxisSource, Free, Ports, hw, load_obj, run_ghdl, save_obj, tuser_for
-from sim.hftraffic import frames_for, malformed, truncated_l4
+from sim.hftraffic import frames_for, kernel_apart, malformed, truncated_l4
 
 
 class TB:
@@ -47,7 +48,7 @@ class TB:
                             )
                         )
                     )
-                self.out.append(h)
+                self.out.append((h, int(d.h_unfilterable.value)))
 
 
 def _stream(dut) -> Ports:
@@ -76,7 +77,7 @@ async def parser_matches_model(dut):
     await ClockCycles(dut.clk, 20)
     assert len(tb.out) == len(frames), "one header per frame, none left in flight"
     for k, ((f, tuser), got) in enumerate(zip(frames, tb.out, strict=True)):
-        want = hwmodel.parse_frame(f, (tuser >> 16) & 0xFF)
+        want = (hwmodel.parse_frame(f, (tuser >> 16) & 0xFF), int(hwmodel.unfilterable(f)))
         assert got == want, f"frame {k} ({f.hex()}): {got} != {want}"
 
 
@@ -88,6 +89,8 @@ def test_header_parser(width):
     frames += [(f, tuser_for(f, p)) for f, p in (malformed(rng) for _ in range(300))]
     # L4 headers around the kernel's hotdrop minimum: parsed only from 20 (TCP) / 8 (UDP, ICMP) bytes on
     frames += [(f, tuser_for(f, p)) for f, p in (truncated_l4(rng) for _ in range(200))]
+    # what the kernel treats apart: unfilterable VLAN stacks, link-local groups, bad checksums, fragments
+    frames += [(f, tuser_for(f, p)) for f, p in (kernel_apart(rng) for _ in range(300))]
     rng.shuffle(frames)
     tag = f"w{width}"
     cfg = save_obj(frames, SIM_BUILD / "hf_header_parser" / tag / "cfg.pkl")

@@ -142,7 +142,7 @@ def make_cases(seed: int, count: int) -> list[dict]:
         if rng.random() < 0.05:
             tuser = (tuser & ~(0xFF << 16)) | (rng.choice((0x00, 0x03, 0x41)) << 16)
         regs = hwmodel.Regs.from_plan(plan)
-        regs.control = rng.choice((1, 1, 1, 3, 0))
+        regs.control = rng.choice((1, 1, 1, 3, 0, 5))  # 5: unfilterable frames passed (shunted)
         regs.generation = rng.getrandbits(32)
         tuser |= rng.getrandbits(32) << 32 | rng.getrandbits(64) << 64  # bits the output must keep (or replace)
         d = hwmodel.decide(plan, frame, (tuser >> 16) & 0xFF, regs)
@@ -154,7 +154,7 @@ def make_cases(seed: int, count: int) -> list[dict]:
                 "tuser": hwmodel.out_tuser(tuser, d),
                 "dst_port": d.dst_port,
                 "meta": d.meta,
-                "events": rng.getrandbits(8),
+                "events": rng.getrandbits(9),  # EV_W bits
             }
         )
     assert {c["kind"] for c in cases} == set(hwmodel.Kind), "the traffic must reach every decision kind"

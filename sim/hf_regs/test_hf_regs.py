@@ -29,6 +29,7 @@ EV_COUNTER = {
     "UNPARSED": "CNT_SHUNT_UNPARSED",
     "FROM_HOST": "CNT_FROM_HOST",
     "FORCED": "CNT_SHUNT_FORCED",
+    "UNFILTERABLE": "CNT_DROP_UNFILTERABLE",
 }
 COUNTERS = [*EV_COUNTER.values(), "PKTOUT", "CNT_FIFO_DROP"]
 CMD_TRIGGER, CMD_READ, CMD_STREAM = 0x01, 0x10, 0x100
@@ -80,7 +81,7 @@ class TB:
         d = self.dut
         while True:
             v = self.rng.random() < self.events
-            bits, sent, lost = self.rng.getrandbits(8), self.rng.randrange(2), self.rng.random() < self.events / 8
+            bits, sent, lost = self.rng.getrandbits(EV["W"]), self.rng.randrange(2), self.rng.random() < self.events / 8
             d.ev_valid.value, d.ev_bits.value, d.ev_sent.value, d.ev_fifo_drop.value = int(v), bits, sent, int(lost)
             await RisingEdge(d.clk)
             if v:

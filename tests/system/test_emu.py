@@ -199,9 +199,10 @@ def with_vlan(data: bytes, anc) -> bytes:
 
 
 def frames():
-    """Frames covering forward, drop, shunt (overrule / policy) and unparsed; each carries a unique id in its payload."""
+    """Frames covering forward, drop, shunt (overrule / policy), unparsed (fragments, bad checksum, link-local
+    groups) and unfilterable (two tags); each carries a unique id in its payload."""
     from scapy.layers.inet import ICMP, IP, TCP, UDP
-    from scapy.layers.l2 import ARP, Dot1Q, Ether
+    from scapy.layers.l2 import ARP, Dot1AD, Dot1Q, Ether
 
     eth = Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02")
     out = []
@@ -215,6 +216,13 @@ def frames():
         eth / Dot1Q(vlan=7) / IP(src="10.9.0.1", dst="10.9.0.2") / UDP(sport=5, dport=9),
         eth / IP(src="10.9.0.1", dst="10.9.0.2", frag=10) / UDP(sport=1000, dport=9),
         eth / ARP(psrc="10.9.0.1", pdst="10.9.0.2"),
+        eth / Dot1AD(vlan=5) / IP(src="10.0.1.5", dst="10.9.0.2") / UDP(sport=1000, dport=53),
+        eth / Dot1AD(vlan=5) / Dot1Q(vlan=6) / IP(src="10.0.1.5", dst="10.9.0.2") / UDP(sport=1000, dport=53),
+        eth / Dot1Q(vlan=5) / Dot1Q(vlan=6) / IP(src="10.0.1.5", dst="10.9.0.2") / UDP(sport=1000, dport=53),
+        Ether(src="02:00:00:00:00:01", dst="01:80:c2:00:00:0e") / IP(src="10.0.1.5") / UDP(sport=1000, dport=53),
+        eth / IP(src="10.0.1.5", dst="10.9.0.2", chksum=0x1234) / UDP(sport=1000, dport=53),
+        eth / IP(src="10.0.1.5", dst="10.9.0.2", flags="MF") / UDP(sport=1000, dport=53),
+        eth / Dot1Q(vlan=7) / IP(src="10.0.1.5", dst="10.9.0.2", options=b"\x01" * 40) / UDP(sport=1000, dport=53),
     ]
     for i, p in enumerate(specs):
         out.append(bytes(p / f"hf-test-{i:04d}".encode()) + bytes(range(40)))
@@ -339,6 +347,28 @@ def test_shunt_rewrite_and_shunt_all(nic, topo, emu_binary):
             c.set_shunt_all(False)
             c.program(plan, 0)
         check_against_model(topo, plan, hwmodel.Regs.from_plan(plan), fs)
+
+
+def test_unfilterable_dropped_or_passed(nic, topo, emu_binary):
+    """Frames with two VLAN tags: dropped and counted by default, shunted as unparsed with PASS_UNFILTERABLE."""
+    from hypafilter.hw import model as hwmodel
+
+    _, plan = emu_binary
+    fs = [("wire0", f) for f in frames()]
+    unfilterable = [f for _, f in fs if hwmodel.unfilterable(f)]
+    assert len(unfilterable) == 2
+    with nic.client() as c:
+        try:
+            c.clear_counters()
+            check_against_model(topo, plan, hwmodel.Regs.from_plan(plan), fs)
+            assert c.read("CNT_DROP_UNFILTERABLE") == len(unfilterable)
+            c.program(plan, 0, unfilterable="pass")
+            assert c.read("CONTROL") & hwmodel.CONTROL_PASS_UNFILTERABLE
+            check_against_model(topo, plan, hwmodel.Regs.from_plan(plan, "pass"), fs)
+            assert c.read("CNT_DROP_UNFILTERABLE") == len(unfilterable)
+        finally:
+            c.program(plan, 0)
+        assert c.read("CONTROL") == hwmodel.CONTROL_ENABLE
 
 
 def test_oversize_dropped_and_counted(nic, topo):

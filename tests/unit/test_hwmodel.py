@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypafilter.hw import model as hwmodel
 from hypafilter.hw import vhdl as hwgen
 from hypafilter.ir import Box, Header, Policy, Rule
@@ -26,13 +27,84 @@ def test_parse_tcp_udp_icmp_and_iport():
     assert (gre.proto, gre.sport, gre.dport) == (47, 0, 0)
 
 
+def _fix_checksum(b: bytearray, l3: int = 14) -> bytes:
+    """The frame with its IPv4 header checksum made right after a field changed."""
+    ihl = b[l3] & 0xF
+    b[l3 + 10 : l3 + 12] = b"\0\0"
+    b[l3 + 10 : l3 + 12] = (~hwmodel.ipv4_header_sum(bytes(b[l3 : l3 + ihl * 4])) & 0xFFFF).to_bytes(2, "big")
+    return bytes(b)
+
+
 def test_vlan_tags_and_options_cross_beats():
-    pkt = Ether() / Dot1AD(vlan=5) / Dot1Q(vlan=7) / IP(options=b"\x01" * 40) / TCP(dport=443, flags="S")
-    f = frame(pkt)
-    assert len(f) > 64 + 14  # L4 header beyond the first 512-bit beat
-    h = hwmodel.parse_frame(f, 0x04)
-    assert (h.dport, h.tcp_flags, h.iport) == (443, 0x02, 1)
-    assert hwmodel.parse_frame(frame(Ether() / Dot1Q() / Dot1Q() / Dot1Q() / IP() / UDP()), 0x01) is None
+    for tag in (Dot1Q(vlan=7), Dot1AD(vlan=7)):  # the kernel pops one tag of either kind and filters the IPv4
+        f = frame(Ether() / tag / IP(options=b"\x01" * 40) / TCP(dport=443, flags="S"))
+        assert len(f) > 64 + 14  # L4 header beyond the first 512-bit beat
+        h = hwmodel.parse_frame(f, 0x04)
+        assert (h.dport, h.tcp_flags, h.iport) == (443, 0x02, 1)
+        assert not hwmodel.unfilterable(f)
+
+
+def test_unfilterable_vlan_stacks():
+    """Two tags of either kind, in any order: netfilter on the bridge never filters them."""
+    for pkt in (
+        Ether() / Dot1AD(vlan=5) / Dot1AD(vlan=7) / IP() / UDP(),
+        Ether() / Dot1AD(vlan=5) / Dot1Q(vlan=7) / IP() / UDP(),
+        Ether() / Dot1Q(vlan=5) / Dot1Q(vlan=7) / IP() / UDP(),
+        Ether() / Dot1Q(vlan=5) / Dot1AD(vlan=7) / IP() / UDP(),
+        Ether() / Dot1Q() / Dot1Q() / Dot1Q() / IP() / UDP(),
+        Ether() / Dot1AD() / Dot1Q() / ARP(),
+    ):
+        f = frame(pkt)
+        assert hwmodel.unfilterable(f) and hwmodel.parse_frame(f, 0x01) is None, pkt.summary()
+    qinq = frame(Ether() / Dot1Q() / Dot1Q() / IP() / UDP())
+    assert hwmodel.unfilterable(qinq[:17]) is False  # no second tag to read: merely unparsed
+    assert hwmodel.unfilterable(qinq[:18])
+    assert not hwmodel.unfilterable(frame(Ether() / Dot1Q() / ARP()))
+    assert not hwmodel.unfilterable(frame(Ether() / Dot1AD() / ARP()))
+    assert not hwmodel.unfilterable(frame(Ether() / IP() / UDP()))
+
+
+def test_link_local_groups_are_unparsed():
+    for last in range(16):
+        f = frame(Ether(dst=f"01:80:c2:00:00:{last:02x}") / IP() / UDP())
+        assert hwmodel.parse_frame(f, 0x01) is None
+    for dst in ("01:80:c2:00:00:10", "01:80:c2:00:01:00", "01:00:5e:00:00:01", "ff:ff:ff:ff:ff:ff"):
+        assert hwmodel.parse_frame(frame(Ether(dst=dst) / IP() / UDP()), 0x01) is not None, dst
+
+
+def test_ipv4_checksum_every_ihl():
+    """A wrong header checksum (br_netfilter drops such packets) is unparsed, whatever the IHL; bytes after the
+    header are not covered."""
+    for ihl in range(5, 16):
+        for tag in (False, True):
+            l3 = 18 if tag else 14
+            pkt = Ether() / Dot1Q() if tag else Ether()
+            pkt = pkt / IP(options=b"\x01" * (4 * (ihl - 5)), id=ihl * 977) / TCP(dport=ihl)
+            good = bytearray(frame(pkt))
+            assert good[l3] & 0xF == ihl
+            assert hwmodel.parse_frame(bytes(good), 0x01).dport == ihl
+            for k in range(ihl * 4):
+                b = bytearray(good)
+                b[l3 + k] ^= 0x10
+                assert hwmodel.parse_frame(bytes(b), 0x01) is None, (ihl, k)
+            b = bytearray(good)
+            b[l3 + ihl * 4 + 4] ^= 0x10  # TCP sequence number: not the IPv4 header's
+            assert hwmodel.parse_frame(bytes(b), 0x01) is not None
+
+
+def test_checksum_ones_complement_zero():
+    """0x0000 and 0xFFFF are the same ones' complement number: ip_fast_csum accepts either where one is right."""
+    b = bytearray(frame(Ether() / IP(id=0) / UDP()))
+    b[24:26] = b"\0\0"
+    s = hwmodel.ipv4_header_sum(bytes(b[14:34]))
+    # choose the id so that the right checksum is 0x0000 (the rest of the header summing to 0xFFFF)
+    b[18:20] = ((0xFFFF - s) % 0xFFFF).to_bytes(2, "big")
+    assert hwmodel.ipv4_header_sum(bytes(b[14:34])) == 0xFFFF
+    assert hwmodel.parse_frame(bytes(b), 1) is not None
+    b[24:26] = b"\xff\xff"
+    assert hwmodel.parse_frame(bytes(b), 1) is not None
+    b[24:26] = b"\x00\x01"
+    assert hwmodel.parse_frame(bytes(b), 1) is None
 
 
 def test_unparsed_cases():
@@ -43,14 +115,17 @@ def test_unparsed_cases():
         lambda b: b.__setitem__(14, 0x44),  # IHL 4
         lambda b: b.__setitem__(slice(16, 18), b"\x01\x00"),  # total length beyond the frame
         lambda b: b.__setitem__(slice(20, 22), b"\x00\x05"),  # fragment offset
+        lambda b: b.__setitem__(slice(20, 22), b"\x20\x00"),  # first fragment (MF): a fragment all the same
+        lambda b: b.__setitem__(slice(20, 22), b"\x3f\xff"),  # MF and the last offset
         lambda b: b.__setitem__(slice(16, 18), b"\x00\x1f"),  # total length cuts the TCP flags
     ):
         b = bytearray(good)
         mutate(b)
-        assert hwmodel.parse_frame(bytes(b), 1) is None
-    mf = bytearray(good)
-    mf[20:22] = b"\x20\x00"  # first fragment, MF set: parsed
-    assert hwmodel.parse_frame(bytes(mf), 1) is not None
+        assert hwmodel.parse_frame(_fix_checksum(b), 1) is None
+    for flags in (b"\x40\x00", b"\x80\x00"):  # DF, reserved bit: not fragments
+        b = bytearray(good)
+        b[20:22] = flags
+        assert hwmodel.parse_frame(_fix_checksum(b), 1) is not None
     assert hwmodel.parse_frame(bytes(good[:40]), 1) is None  # truncated
     assert hwmodel.parse_frame(frame(Ether() / IPv6() / UDP()), 1) is None
     assert hwmodel.parse_frame(frame(Ether() / ARP()), 1) is None
@@ -101,3 +176,26 @@ def test_control_bits_and_generation():
     c = hwmodel.Counters(len(plan.entries))
     c.add(d, 0x01)
     assert c.regs == {"CNT_SHUNT_UNPARSED": 1, "PKTIN": 1, "PKTOUT": 1} and sum(c.hits) == 0
+
+
+def test_unfilterable_dropped_counted_or_passed():
+    plan = _plan()
+    qinq = frame(Ether() / Dot1Q() / Dot1Q() / IP() / TCP(dport=80))
+    regs = hwmodel.Regs.from_plan(plan)
+    assert regs.control == hwmodel.CONTROL_ENABLE
+    d = hwmodel.decide(plan, qinq, 0x01, regs)
+    assert (d.kind, d.match_index, d.counters) == (hwmodel.Kind.DROP, None, ("CNT_DROP_UNFILTERABLE",))
+    regs.control |= hwmodel.CONTROL_SHUNT_ALL  # not a policy decision: shunt-all leaves it dropped
+    assert hwmodel.decide(plan, qinq, 0x01, regs).kind == hwmodel.Kind.DROP
+    assert hwmodel.decide(plan, qinq, 0x02, regs).kind == hwmodel.Kind.FORWARD  # from the host: unclassified
+    passing = hwmodel.Regs.from_plan(plan, "pass")
+    assert passing.control == hwmodel.CONTROL_ENABLE | hwmodel.CONTROL_PASS_UNFILTERABLE
+    d = hwmodel.decide(plan, qinq, 0x01, passing)
+    assert (d.kind, d.dst_port, d.reason, d.counters) == (hwmodel.Kind.SHUNT, 0x02, 2, ("CNT_SHUNT_UNPARSED",))
+    regs.control = 0  # classification off: every wire frame goes to the host
+    assert hwmodel.decide(plan, qinq, 0x01, regs).reason == 2
+    c = hwmodel.Counters(len(plan.entries))
+    c.add(hwmodel.decide(plan, qinq, 0x01, hwmodel.Regs.from_plan(plan)), 0x01)
+    assert c.regs == {"CNT_DROP_UNFILTERABLE": 1, "PKTIN": 1} and sum(c.hits) == 0
+    with pytest.raises(ValueError, match="drop or pass"):
+        hwmodel.unfilterable_control("forward")

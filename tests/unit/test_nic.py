@@ -195,6 +195,40 @@ def test_program_writes_only_what_changed(fake):
     assert sum(len(ln.split()) - 4 for ln in fake.log if ln.startswith("T WS")) == 2 + 41
 
 
+def test_program_sets_the_unfilterable_bit_and_keeps_the_others(fake):
+    from hypafilter.hw.vhdl import matcher_hash
+
+    plan = _plan()
+    ctl = regmap.REG_CONTROL
+    fake.regs[regmap.REG_MATCHER_HASH] = int(matcher_hash(plan)[-8:], 16)
+    fake.regs[ctl] = 0x3  # enabled, shunting everything (an update in progress)
+    with NicClient(EmuTransport(fake.path)) as c:
+        passed = c.program(plan, 1, unfilterable="pass")
+        assert fake.regs[ctl] == 0x7 and passed["unfilterable"] == "pass" and passed["writes"] == 2 + 41 + 2
+        fake.log.clear()
+        c.write_tables(passed, 2, known=passed)  # nothing changed: CONTROL read, not written
+        assert [ln for ln in fake.log if ln.startswith("W")] == [f"W 0x{regmap.REG_GENERATION:x} 0x2"]
+        c.set_shunt_all(False)
+        assert fake.regs[ctl] == 0x5
+        dropped = c.program(plan, 3)
+        assert fake.regs[ctl] == 0x1 and dropped["unfilterable"] == "drop"
+        c.write_tables({"shunt": dropped["shunt"], "actions": dropped["actions"]}, 4)  # tables of an older state
+        assert fake.regs[ctl] == 0x1
+        with pytest.raises(NicError, match="drop or pass"):
+            c.program(plan, 5, unfilterable="forward")
+
+
+def test_config_unfilterable_setting(tmp_path):
+    assert Config().unfilterable == "drop"
+    good = tmp_path / "good.toml"
+    good.write_text('unfilterable = "pass"\n')
+    assert Config.load(good).unfilterable == "pass"
+    bad = tmp_path / "bad.toml"
+    bad.write_text('unfilterable = "forward"\n')
+    with pytest.raises(HypafilterError, match="unfilterable must be drop or pass"):
+        Config.load(bad)
+
+
 def test_pack_shunt():
     assert pack_shunt([1, 0, 1]) == [5]
     assert pack_shunt([0] * 32 + [1]) == [0, 1]

@@ -20,6 +20,7 @@ def test_map_has_sume_block_and_tables():
     assert m.reg("MATCHER_HASH").reset is None
     assert (m.table("SHUNT").id, m.table("ACTION").id, m.table("HITS").id) == (0, 1, 2)
     assert regmap.REG_CONTROL == 0x34 and regmap.TABLE_HITS == 2
+    assert m.reg("CNT_DROP_UNFILTERABLE").offset == 0x60 and "bit 2 PASS_UNFILTERABLE" in m.reg("CONTROL").doc
     assert regmap.ind_address(1, 5) == 0x01000005
 
 

@@ -4,11 +4,19 @@ The VHDL core, its testbenches, the emulated NIC and the verifier all compare ag
 `parse_frame(frame, src_port)` (None = unparsed, shunted with reason 2) and
 `decide(plan, frame, src_port, regs)`. The parsing rules are written down once here and in docs/hardware.md:
 
-- Ethernet II, then up to two VLAN tags (0x8100 or 0x88A8, in any order); a third tag is an unknown ethertype.
+- Ethernet II. Destination MACs 01:80:C2:00:00:00..0F (STP and the other link-local groups) are unparsed: the
+  Linux bridge treats them specially (it may not forward them, or hand them to the host), so the host decides.
+- One VLAN tag (0x8100 or 0x88A8) is parsed: the kernel's receive path pops either into the packet's metadata,
+  and br_netfilter (bridge-nf-filter-vlan-tagged=1) filters the IPv4 inside. Two tags (either TPID, in any
+  order) make the frame *unfilterable* (`unfilterable`): after the outer tag is popped the frame is still tagged,
+  so no iptables rule sees it and the kernel bridge passes it unfiltered (measured on this kernel; see
+  docs/hardware.md). `decide` drops such frames and counts them in CNT_DROP_UNFILTERABLE, unless CONTROL bit 2
+  (PASS_UNFILTERABLE) is set: then they are unparsed and the host's bridge passes them as the kernel does.
 - Only IPv4 (0x0800) is parsed: version 4, IHL >= 5, total length >= IHL*4 and within the frame
-  (frame length = TUSER[15:0], which the testbenches and the emulator set to the byte count of the frame).
-- Fragments with offset != 0 are unparsed; a first fragment (offset 0, MF set) is parsed like any packet,
-  because its L4 header is present and netfilter matches ports on it the same way.
+  (frame length = TUSER[15:0], which the testbenches and the emulator set to the byte count of the frame), and a
+  correct header checksum over all IHL*4 bytes (br_netfilter drops a bridged packet whose checksum is wrong).
+- Every fragment (MF set or offset != 0) is unparsed: a conntrack rule anywhere turns on defragmentation, and
+  then only the reassembled packet is filtered, so the hardware must not decide any piece of it.
 - L4 bytes needed, all inside the IPv4 total length: TCP 20, UDP 8, ICMP 8 -- the fixed header sizes below which
   the kernel's tcp/udp/icmp matches hotdrop the packet, so a shorter one is left to netfilter (unparsed) rather
   than forwarded by a hardware match the kernel would never make. Other protocols need none (a rule on -p 47
@@ -36,13 +44,15 @@ from hypafilter.shared import C, pack_meta
 WIRE_PORTS = {0x01: 0, 0x04: 1, 0x10: 2, 0x40: 3}  # one-hot src_port -> iport
 HOST_PORTS = (0x02, 0x08, 0x20, 0x80)
 PAIRED = {0x01: 0x04, 0x04: 0x01, 0x10: 0x40, 0x40: 0x10}  # bridge mode: MAC0<->MAC1, MAC2<->MAC3
-VLAN_TPIDS = (0x8100, 0x88A8)
+VLAN_TPIDS = (0x8100, 0x88A8)  # 802.1Q, 802.1ad
 ETH_IPV4 = 0x0800
+LINK_LOCAL_PREFIX = bytes.fromhex("0180c20000")  # 01:80:C2:00:00:00..0F: the bridge's link-local groups
 L4_NEED = {PROTO_TCP: 20, PROTO_UDP: 8, PROTO_ICMP: 8}  # xt_tcpudp / xt icmp minimum header sizes
-HEADER_BYTES = 96  # every byte the parser reads lies below this offset (2 tags + IHL 15 + 14 TCP bytes)
+HEADER_BYTES = 96  # every byte the parser reads lies below this offset (1 tag + IHL 15 + 14 TCP bytes = 92)
 
 CONTROL_ENABLE = 1 << 0
 CONTROL_SHUNT_ALL = 1 << 1
+CONTROL_PASS_UNFILTERABLE = 1 << 2
 REASON_OVERRULE = C["HF_REASON_OVERRULE"]
 REASON_POLICY = C["HF_REASON_POLICY"]
 REASON_UNPARSED = C["HF_REASON_UNPARSED"]
@@ -58,26 +68,45 @@ def _u16(b: bytes, off: int) -> int:
     return (b[off] << 8) | b[off + 1]
 
 
+def unfilterable(frame: bytes) -> bool:
+    """Two VLAN tags (802.1Q or 802.1ad, in any order): a frame the bridge's netfilter never filters."""
+    return len(frame) >= 18 and _u16(frame, 12) in VLAN_TPIDS and _u16(frame, 16) in VLAN_TPIDS
+
+
+def link_local(frame: bytes) -> bool:
+    """Destination 01:80:C2:00:00:00..0F, a group the Linux bridge never treats as ordinary traffic."""
+    return frame[:5] == LINK_LOCAL_PREFIX and len(frame) > 5 and frame[5] < 0x10
+
+
+def ipv4_header_sum(header: bytes) -> int:
+    """The ones' complement sum of the header's 16-bit words, folded as ip_fast_csum does: 0xFFFF when the
+    checksum field is right."""
+    s = sum(_u16(header, k) for k in range(0, len(header) - 1, 2))
+    while s > 0xFFFF:
+        s = (s & 0xFFFF) + (s >> 16)
+    return s
+
+
 def parse_frame(frame: bytes, src_port: int) -> Header | None:
     """The header of a wire frame as the hardware parser sees it, or None when the parser must not guess."""
     iport = WIRE_PORTS.get(src_port, 0)
     n = len(frame)
-    if n < 14:
+    if n < 14 or unfilterable(frame) or link_local(frame):
         return None
     et, l3 = _u16(frame, 12), 14
-    for _ in range(2):
-        if et not in VLAN_TPIDS:
-            break
-        if l3 + 4 > n:
+    if et in VLAN_TPIDS:
+        if n < 18:
             return None
-        et, l3 = _u16(frame, l3 + 2), l3 + 4
+        et, l3 = _u16(frame, 16), 18
     if et != ETH_IPV4 or l3 + 20 > n:
         return None
     ver, ihl = frame[l3] >> 4, frame[l3] & 0xF
     total = _u16(frame, l3 + 2)
     if ver != 4 or ihl < 5 or total < ihl * 4 or l3 + total > n:
         return None
-    if _u16(frame, l3 + 6) & 0x1FFF:
+    if _u16(frame, l3 + 6) & 0x3FFF:  # MF or a fragment offset
+        return None
+    if ipv4_header_sum(frame[l3 : l3 + ihl * 4]) != 0xFFFF:
         return None
     proto = frame[l3 + 9]
     src = int.from_bytes(frame[l3 + 12 : l3 + 16], "big")
@@ -103,8 +132,18 @@ class Regs:
     control: int = CONTROL_ENABLE
 
     @staticmethod
-    def from_plan(plan) -> Regs:
-        return Regs([int(b) for b in plan.shunt], [int(a) for a in plan.actions])
+    def from_plan(plan, unfilterable: str = "drop") -> Regs:
+        """The registers as the register client leaves them for `plan` (unfilterable: Config.unfilterable)."""
+        control = CONTROL_ENABLE | unfilterable_control(unfilterable)
+        return Regs([int(b) for b in plan.shunt], [int(a) for a in plan.actions], control=control)
+
+
+def unfilterable_control(setting: str) -> int:
+    """The CONTROL bits of Config.unfilterable: "drop" (the default) or "pass"."""
+    bits = {"drop": 0, "pass": CONTROL_PASS_UNFILTERABLE}
+    if setting not in bits:
+        raise ValueError(f"unfilterable must be drop or pass, not {setting!r}")
+    return bits[setting]
 
 
 @dataclass
@@ -128,7 +167,10 @@ def decide(plan, frame: bytes, src_port: int, regs: Regs) -> Decision:
     if src_port not in WIRE_PORTS:
         return Decision(Kind.DROP, 0, None, None, ACTION_NONE, None)  # not a port of this datapath: never emitted
     shunt_port = src_port << 1
-    hdr = parse_frame(frame, src_port) if regs.control & CONTROL_ENABLE else None
+    enabled = regs.control & CONTROL_ENABLE
+    if enabled and not regs.control & CONTROL_PASS_UNFILTERABLE and unfilterable(frame):
+        return Decision(Kind.DROP, 0, None, None, ACTION_NONE, None, False, ("CNT_DROP_UNFILTERABLE",))
+    hdr = parse_frame(frame, src_port) if enabled else None
     if hdr is None:
         meta = pack_meta(n, ACTION_NONE, REASON_UNPARSED, gen)
         return Decision(Kind.SHUNT, shunt_port, meta, n, ACTION_NONE, REASON_UNPARSED, False, ("CNT_SHUNT_UNPARSED",))

@@ -14,11 +14,11 @@ from pathlib import Path
 
 from hypafilter.errors import HypafilterError
 from hypafilter.hw import regmap
+from hypafilter.hw.model import CONTROL_ENABLE as CONTROL_ENABLE  # the targets' name for it
+from hypafilter.hw.model import CONTROL_PASS_UNFILTERABLE, CONTROL_SHUNT_ALL, unfilterable_control
 from hypafilter.hw.vhdl import matcher_hash
 
 CORE_ID = 0x48594641  # "HYPA", the ID register's fixed value
-CONTROL_ENABLE = 1 << 0
-CONTROL_SHUNT_ALL = 1 << 1
 PIPELINE = 256  # requests sent before their replies are read (the server answers in order)
 STREAM_CHUNK = 512  # table words per stream-write request (a line of ~6 kB)
 
@@ -198,8 +198,9 @@ class NicClient:
     def clear_counters(self) -> None:
         self.write("RESET", 1)
 
-    def program(self, plan, generation: int, known: dict | None = None) -> dict:
-        """Load a plan's run-time state: packed SHUNT words, ACTION codes, then GENERATION.
+    def program(self, plan, generation: int, known: dict | None = None, unfilterable: str = "drop") -> dict:
+        """Load a plan's run-time state: CONTROL bit 2 from `unfilterable` (Config.unfilterable: "drop" or
+        "pass"), packed SHUNT words, ACTION codes, then GENERATION.
 
         The core must have been generated from a plan with the same hardware entries (NUM_ENTRIES and
         MATCHER_HASH are checked); shunt bits and actions are free. `known` is what an earlier `program` returned
@@ -222,14 +223,26 @@ class NicClient:
             "matcher_hash": f"{want_hash:08x}",
             "shunt": pack_shunt(plan.shunt),
             "actions": [int(a) & 0xF for a in plan.actions],
+            "unfilterable": unfilterable,
         }
         return self.write_tables(tables, generation, known)
 
     def write_tables(self, tables: dict, generation: int, known: dict | None = None) -> dict:
-        """Write SHUNT words and ACTION codes as `program` returned them (also to put earlier ones back), then
-        GENERATION; with `known` (the core's tables as last written, still valid: same matcher, GENERATION
-        unchanged since) only the words that differ are written."""
+        """Write the unfilterable setting, SHUNT words and ACTION codes as `program` returned them (also to put
+        earlier ones back), then GENERATION; with `known` (the core's tables as last written, still valid: same
+        matcher, GENERATION unchanged since) only the words that differ are written. CONTROL keeps its other bits;
+        tables recorded without an unfilterable setting leave it as it is."""
         shunt, actions = list(tables["shunt"]), list(tables["actions"])
+        writes = 0
+        if tables.get("unfilterable") is not None:
+            try:
+                bits = unfilterable_control(tables["unfilterable"])
+            except ValueError as e:
+                raise NicError(str(e)) from e
+            control = self.read("CONTROL")
+            if control & CONTROL_PASS_UNFILTERABLE != bits:
+                self.write("CONTROL", (control & ~CONTROL_PASS_UNFILTERABLE) | bits)
+                writes += 1
         old_shunt: list[int | None] = [None] * len(shunt)
         old_actions: list[int | None] = [None] * len(actions)
         if (
@@ -240,7 +253,6 @@ class NicClient:
             and len(known.get("actions", ())) == len(actions)
         ):
             old_shunt, old_actions = list(known["shunt"]), list(known["actions"])
-        writes = 0
         for name, new, old in (("SHUNT", shunt, old_shunt), ("ACTION", actions, old_actions)):
             i = 0
             while i < len(new):

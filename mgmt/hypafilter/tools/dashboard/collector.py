@@ -33,6 +33,7 @@ from hypafilter.targets.nic import NicClient
 HW_COUNTERS: dict[str, tuple[str, str]] = {
     "CNT_FORWARDED": ("forwarded", ""),
     "CNT_DROPPED": ("dropped", ""),
+    "CNT_DROP_UNFILTERABLE": ("dropped", "unfilterable"),  # netfilter cannot filter it (Config.unfilterable)
     "CNT_SHUNT_OVERRULE": ("shunted", "overrule"),
     "CNT_SHUNT_POLICY": ("shunted", "policy"),
     "CNT_SHUNT_UNPARSED": ("shunted", "unparsed"),

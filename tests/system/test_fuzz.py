@@ -21,28 +21,16 @@ LAB = "hff"
 FRAMES = int(os.environ.get("HF_FUZZ_FRAMES", "100000"))
 POLICIES = int(os.environ.get("HF_FUZZ_POLICIES", "2"))
 FIRST_SEED = int(os.environ.get("HF_FUZZ_SEED", "1"))
-FULL_DIET = os.environ.get("HF_FUZZ_DIET") == "full"
 MALFORMED = 0.5  # half the frames are of one of the kinds, half well-formed
-# Frame kinds on which the hardware still departs from the kernel: excluded until the hardware fix (the VHDL
-# parser and hw.model) lands; remove a kind here when its fix is in. The value says when it diverges.
-EXCLUDED_UNTIL_HW_FIX = {
-    "bad_ip_checksum": "always: the hardware forwards frames the kernel drops",
-    "vlan_8021ad": "always: the kernel pops the one tag and filters the IPv4 inside; the hardware drops the frame",
-    "qinq": "always: the kernel passes two-tag frames unfiltered; the hardware drops them",
-    "link_local_dst": "always: the hardware forwards 01:80:C2:00:00:0X, the bridge does not",
-    "fragment_first": "with conntrack: defragmentation holds a lone first fragment, the hardware forwards it",
-}
 TCP_PORTS = (22, 80, 443, 5001, 8080)
 UDP_PORTS = (53, 123, 5002)
 
 
 def diet(conntrack: bool) -> tuple[str, ...]:
+    """Every frame kind, well-formed and adversarial: none is left out (the hardware is exact on all of them)."""
     from hypafilter.ops.verify import FRAME_KINDS
 
-    if FULL_DIET:
-        return FRAME_KINDS
-    skip = {k for k, when in EXCLUDED_UNTIL_HW_FIX.items() if when.startswith("always") or conntrack}
-    return tuple(k for k in FRAME_KINDS if k not in skip)
+    return FRAME_KINDS
 
 
 def policy_seeds() -> list[int]:
@@ -77,11 +65,10 @@ def test_fuzz(lab, seed):
         policy, seed, frames, kinds, MALFORMED, tally=Tally(), after=connections, log=lambda s: print(f"fuzz: {s}")
     )
     print(f"fuzz: seed {seed}: {tally.frames} frames in {time.monotonic() - t:.0f} s\n{tally.table()}")
-    counted = {k: v for k, v in tally.by_kind.items() if not (FULL_DIET and k in EXCLUDED_UNTIL_HW_FIX)}
-    bad = sum(v["mismatches"] for v in counted.values())
+    bad = sum(v["mismatches"] for v in tally.by_kind.values())
     altered = sum(r["altered"] for r in tally.runs)
     assert tally.frames == frames * len(COMBOS)
-    assert bad == 0 and (FULL_DIET or altered == 0), (
+    assert bad == 0 and altered == 0, (
         f"policy seed {seed}: {bad} verdict mismatches, {altered} altered frames; reproduce with "
         f"random_policy({seed}, conntrack={conntrack}) and the frame seeds below\n{tally.table()}\n{tally.examples[:6]}"
     )

@@ -29,6 +29,7 @@ from hypafilter.errors import DeployError, HypafilterError
 from hypafilter.iptables import kernel
 from hypafilter.iptables.writer import Restore, body_of, policy_restore
 from hypafilter.ir import Policy
+from hypafilter.netfilter.bridge import unfilterable_nft
 from hypafilter.netfilter.restore import to_iptables_restore
 from hypafilter.paths import BUILD_ROOT
 from hypafilter.targets import shim as shim_mod
@@ -377,6 +378,7 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
             ("strategy", config.strategy),
             ("mark_mask", config.mark_mask),
             ("mark_shift", config.mark_shift),
+            ("unfilterable", config.unfilterable),
         )
     )
     if same and not force and tgt.alive(old["nic"]):
@@ -456,6 +458,14 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
             "bridge-vlan",
             lambda: netns.run(["sysctl", "-qw", f"{VLAN_SYSCTL}=1"], NS_FW),
             lambda: netns.run(["sysctl", "-qw", f"{VLAN_SYSCTL}={old_vlan}"], NS_FW),
+        )
+        # Two-tag frames cross the bridge without iptables: dropped by the NIC (unfilterable = "drop"), and by
+        # the host too for frames the NIC hands it while it is not classifying (reset, standby, loading).
+        old_unfilterable = (old or {}).get("unfilterable", "pass")
+        tx.step(
+            "bridge-unfilterable",
+            lambda: netns.run(["nft", "-f", "-"], NS_FW, input=unfilterable_nft(config.unfilterable)),
+            lambda: netns.run(["nft", "-f", "-"], NS_FW, input=unfilterable_nft(old_unfilterable)),
         )
         # 3. New chains and the jump to them, in one atomic restore.
         tx.step(
@@ -552,6 +562,7 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
         "strategy": config.strategy,
         "mark_mask": config.mark_mask,
         "mark_shift": config.mark_shift,
+        "unfilterable": config.unfilterable,
         "partition": partition_counts(policy, plan),
         "intervals": intervals,
         "nic": new_nic,
@@ -627,6 +638,10 @@ def undeploy(log: Callable[[str], None] = lambda s: None) -> bool:
                 )
             except HypafilterError as e:
                 errors.append(f"netfilter: {e}")
+            try:
+                netns.run(["nft", "-f", "-"], NS_FW, input=unfilterable_nft("pass"))  # the bridge as it was
+            except HypafilterError as e:
+                errors.append(f"bridge table: {e}")
             try:
                 sh = shim_mod.Shim(st["shim"]["netns"], st["shim"]["ifaces"])
                 if sh.loaded:

@@ -24,6 +24,7 @@ from hypafilter.config import Config
 from hypafilter.errors import HypafilterError
 from hypafilter.iptables.writer import policy_restore
 from hypafilter.ir import MAXV, PROTO_ICMP, PROTO_TCP, PROTO_UDP, Policy
+from hypafilter.netfilter.bridge import unfilterable_nft
 from hypafilter.ops import deploy
 from hypafilter.ops.lab import Lab
 from hypafilter.shared import pack_meta
@@ -502,10 +503,12 @@ def _counter_delta(before: dict, after: dict) -> dict:
     return {k: after[k] - before.get(k, 0) for k in after if isinstance(after[k], int)}
 
 
-def load_oracle(ns: str, policy: Policy, table: str = "filter") -> None:
-    """The original policy alone into the plain namespace (the whole table replaced)."""
+def load_oracle(ns: str, policy: Policy, table: str = "filter", unfilterable: str = "drop") -> None:
+    """The original policy alone into the plain namespace (the whole table replaced), with the deployment's
+    handling of frames the bridge cannot filter (netfilter.bridge)."""
     try:
         netns.run(["iptables-restore", "-w"], ns, input=policy_restore(policy, table))
+        netns.run(["nft", "-f", "-"], ns, input=unfilterable_nft(unfilterable))
     except netns.CommandError as e:
         raise HypafilterError(f"loading the original policy into {ns} failed: {e}") from e
 
@@ -525,7 +528,7 @@ def verify(policy: Policy, config: Config, log: Callable[[str], None] = lambda s
     # deploy() returns at once when exactly this policy and configuration are live (and its NIC runs).
     state = deploy.deploy(policy, config, log=log)
     ns = {"send": lab.ns_send, "recv": lab.ns_recv, "fw": lab.ns_fw, "plain": lab.ns_plain}
-    load_oracle(ns["plain"], policy, config.table)
+    load_oracle(ns["plain"], policy, config.table, config.unfilterable)
     # VLAN-tagged IPv4 is filtered on both bridges: the hardware parses VLAN tags and classifies the frame, so the
     # oracle must see it through iptables too (the kernel default, 0, lets such frames bypass the policy).
     for n in (ns["fw"], ns["plain"]):

@@ -87,7 +87,7 @@ class Target(ABC):
     def program(self, info: dict, plan, generation: int, known: dict | None = None) -> dict:
         """Write the plan's tables (only what differs from `known`); returns what the core now holds."""
         with self.client(info) as c:
-            return c.program(plan, generation, known=known)
+            return c.program(plan, generation, known=known, unfilterable=self.config.unfilterable)
 
     def write_tables(self, info: dict, tables: dict, generation: int, known: dict | None = None) -> dict:
         """Put tables as `program` returned them back (deploy's rollback of a register-only update)."""

@@ -81,7 +81,7 @@ def test_lint_checks_every_rule_with_the_kernel(tmp_path, capsys):
     assert main(["lint", str(pol)]) == 2
     err = capsys.readouterr().err
     assert f"{pol}:4:1: the kernel refuses this rule: RULE_APPEND failed (Invalid argument)" in err
-    assert f"{pol}:5:" in err and "ipset hf-no-such-set does not exist on this host" in err
+    assert f"{pol}:5:" in err and "ipset hf-no-such-set does not exist on this host" in err  # ipset is installed
     assert f"{pol}:6:1: the kernel refuses this rule" in err
     assert f"{pol}:3" not in err
     assert main(["lint", "--no-kernel", str(pol)]) == 0

@@ -487,3 +487,9 @@ def test_nesting_is_bounded_as_in_the_kernel():
         with pytest.raises(PolicyError, match="nest more than 15 jumps below FORWARD") as e:
             parse_policy(_nested(n), filename="deep.rules")
         assert (e.value.line, e.value.token) == (n + 18, "C15"), (n, e.value.line, e.value.token)
+
+
+def test_an_ipv6_address_is_named_as_such():
+    with pytest.raises(PolicyError, match="an IPv6 address in an IPv4 policy") as e:
+        parse_rule("-s 2001:db8::1 -j DROP")
+    assert e.value.column == 4 and e.value.token == "2001:db8::1"

@@ -67,9 +67,10 @@ def check(lines: Sequence[Line], sets: dict[str, Origin], table: str = "filter")
     errors: list[PolicyError] = []
     host_sets = _host_sets()
     missing = {name: o for name, o in sets.items() if name not in host_sets}
+    why = "does not exist on this host" if shutil.which("ipset") else "cannot be checked: ipset is not installed"
     for name, o in sorted(missing.items()):
         col = o.text.find(name) + 1 if o.text.find(name) >= 0 else 0
-        errors.append(PolicyError(f"ipset {name} does not exist on this host", o.file, o.line, col, name))
+        errors.append(PolicyError(f"ipset {name} {why}", o.file, o.line, col, name))
     work = [ln.text for ln in lines]
     for i, ln in enumerate(lines):  # rules on missing sets cannot load anywhere: already reported
         if ln.origin is not None and any(n in missing for n in set_names(ln.text.split())):

@@ -123,6 +123,10 @@ class Ctx:
 def _ipv4(ctx: Ctx, tok: Tok, text: str) -> int:
     m = _IPV4.match(text)
     if not m:
+        if ":" in text:
+            raise ctx.err(
+                "an IPv6 address in an IPv4 policy (iptables is IPv4; ip6tables policies are not supported)", tok
+            )
         if re.search(r"[A-Za-z]", text):
             raise ctx.err("host names are not accepted, write an IPv4 address", tok)
         raise ctx.err("bad IPv4 address", tok)

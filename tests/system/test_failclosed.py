@@ -3,6 +3,8 @@ reports drift between what runs and what was deployed (exit 1), and deploying th
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.netconn import udp_delivered
@@ -57,8 +59,11 @@ def test_jump_removed_fails_closed_and_is_repaired(lab, capsys):
     deploy.deploy(pol, Config())
     assert deploy.status()["drift"] == []
 
+    # The NIC's socket, pid file and log live under the state directory (HF_STATE_DIR), and go with the NIC.
+    assert Path(deploy.read_state()["nic"]["socket"]).parent == deploy.STATE_DIR / "nic"
     deploy.undeploy()
     assert deploy.base_policy(lab.ns_fw, Config(), "FORWARD") == before
+    assert not list((deploy.STATE_DIR / "nic").glob(f"{LAB}-g*")), "the NIC left files behind"
 
 
 BAD = """*filter

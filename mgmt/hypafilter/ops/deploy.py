@@ -303,7 +303,7 @@ class Transaction:
 def _target(name: str, config: Config) -> Target:
     """Target `name` with its NIC in the lab's nic namespace on its four veths. The module globals are read at
     each call: configure() moves the lab, and a benchmark points BUILD_ROOT at an empty cache for a cold build."""
-    return targets.get(name, config, Site(LAB_NAME, NS_NIC, dict(NIC_IFACES)), BUILD_ROOT)
+    return targets.get(name, config, Site(LAB_NAME, NS_NIC, dict(NIC_IFACES), STATE_DIR / "nic"), BUILD_ROOT)
 
 
 def target_of(state: dict, config: Config) -> Target:

@@ -28,6 +28,7 @@ class Site:
     name: str = "hf"
     netns: str | None = None
     interfaces: dict[str, str] = field(default_factory=dict)
+    run_dir: Path | None = None  # the NIC's sockets, pid files and logs (None: the target's default)
 
 
 class Target(ABC):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from hypafilter.targets.base import PORTS, Target
 from hypafilter.targets.emu.build import build
-from hypafilter.targets.emu.run import EmuNic
+from hypafilter.targets.emu.run import RUN_DIR, EmuNic
 from hypafilter.targets.nic import EmuTransport
 
 
@@ -26,7 +26,8 @@ class EmuTarget(Target):
     def start(self, artifact: str, generation: int, standby: bool = True) -> dict:
         name = f"{self.site.name}-g{generation}"
         interfaces = dict(self.site.interfaces) or {p: p for p in PORTS}
-        nic = EmuNic(artifact, interfaces, name=name, netns=self.site.netns, standby=standby)
+        run_dir = self.site.run_dir or RUN_DIR
+        nic = EmuNic(artifact, interfaces, name=name, netns=self.site.netns, standby=standby, run_dir=run_dir)
         nic.start()
         assert nic.pid is not None
         EmuTarget.started[nic.pid] = nic
@@ -61,6 +62,16 @@ class EmuTarget(Target):
         return self._ours(info) and Path(info["socket"]).exists()
 
     def stop(self, info: dict, timeout: float = 10.0) -> None:
+        """Stop the NIC and remove what it left behind (socket, pid file, log)."""
+        try:
+            self._stop(info, timeout)
+        finally:
+            sock = Path(info.get("socket", ""))
+            if sock.name.endswith(".sock"):
+                for suffix in (".sock", ".pid", ".log"):
+                    sock.with_suffix(suffix).unlink(missing_ok=True)
+
+    def _stop(self, info: dict, timeout: float) -> None:
         pid = int(info["pid"])
         nic = EmuTarget.started.pop(pid, None)
         if nic is not None:

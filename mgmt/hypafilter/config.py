@@ -12,6 +12,51 @@ from hypafilter.errors import HypafilterError
 # software strategies (paper §VI, plus interval_geo), named once for the analysis, the CLI and the configuration.
 MODES = ("index", "selective", "exact")
 STRATEGIES = ("full", "cut", "hsa_cut", "interval", "interval_geo")
+NIC_PORTS = 4  # MAC0..MAC3 (ARCHITECTURE §3)
+IFNAMSIZ = 16  # the kernel's limit: names of at most 15 characters
+
+
+def pair(port: int) -> int:
+    """The port a bridged frame leaves by: MAC0 <-> MAC1, MAC2 <-> MAC3 (hw/hf_output.vhd, bridge mode)."""
+    return port ^ 1
+
+
+def valid_ifname(name: str) -> bool:
+    return 0 < len(name) < IFNAMSIZ and not any(c.isspace() or c in "/:" for c in name) and name not in (".", "..")
+
+
+@dataclass(frozen=True)
+class Interfaces:
+    """What the deployment knows about the interfaces the NIC's frames reach netfilter through.
+
+    ports  -- (host interface name, NIC port MACn) of every NIC port in use, by port; a NIC frame that came in on
+              port n enters the firewall by the interface of n and leaves by the interface of pair(n)
+    bridge -- the bridge device those interfaces are ports of ("" = unknown: then the frames' input and output
+              device are unknown and -i/-o stay checks for software; no port is guessed either)
+    """
+
+    bridge: str = ""
+    ports: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def bridged(self) -> bool:
+        return bool(self.bridge)
+
+    def port(self, name: str) -> int | None:
+        return next((p for n, p in self.ports if n == name), None)
+
+    @property
+    def all_ports(self) -> set[int]:
+        return {p for _, p in self.ports}
+
+    def name(self, port: int) -> str | None:
+        return next((n for n, p in self.ports if p == port), None)
+
+    def describe(self) -> str:
+        ports = ", ".join(f"{n}=MAC{p}" for n, p in self.ports)
+        if not self.bridge:
+            return f"ports {ports} (no bridge)" if ports else "nothing known"
+        return f"bridge {self.bridge}, ports {ports}"
 
 
 @dataclass
@@ -19,9 +64,11 @@ class Config:
     # Mark: value (k << 4 | action) is written as (mark & ~mark_mask) | ((value << mark_shift) & mark_mask).
     mark_mask: int = 0xFFFFFFFF
     mark_shift: int = 0
-    # `-i NAME` / `-m physdev --physdev-in NAME` become the hardware field iport when NAME is mapped here
-    # (ingress MAC index 0..3); unmapped interfaces keep the rule complex.
+    # The deployment's interfaces (docs/configuration.md, Interfaces): the host interface of each NIC port
+    # (name -> MAC index 0..3) and the bridge those interfaces are ports of. Without `bridge` only
+    # `--physdev-in NAME` of a mapped NAME is resolved (field iport); every other interface check stays complex.
     hw_ports: dict[str, int] = field(default_factory=dict)
+    bridge: str = ""
     # Upper bound on the rules one jump may expand to when flattening user chains; above it the jump stays
     # a complex rule and the user chain is loaded verbatim in software.
     flatten_bound: int = 4096
@@ -67,5 +114,27 @@ class Config:
         if self.tdata_width not in (256, 512):
             raise HypafilterError(f"{where}: tdata_width must be 256 or 512")
         for name, port in self.hw_ports.items():
-            if not 0 <= port <= 3:
-                raise HypafilterError(f"{where}: hw_ports[{name!r}] must be 0..3")
+            if not isinstance(port, int) or not 0 <= port < NIC_PORTS:
+                raise HypafilterError(f"{where}: hw_ports[{name!r}] must be 0..{NIC_PORTS - 1}")
+            if not valid_ifname(name):
+                raise HypafilterError(f"{where}: hw_ports: {name!r} is not an interface name")
+        taken = sorted(self.hw_ports.values())
+        if len(set(taken)) != len(taken):
+            raise HypafilterError(f"{where}: hw_ports maps two interfaces to one NIC port")
+        if self.bridge:
+            if not valid_ifname(self.bridge):
+                raise HypafilterError(f"{where}: bridge {self.bridge!r} is not an interface name")
+            if self.bridge in self.hw_ports:
+                raise HypafilterError(f"{where}: bridge {self.bridge!r} is also listed in hw_ports")
+            if not self.hw_ports:
+                raise HypafilterError(f"{where}: bridge needs hw_ports (the NIC's host interfaces in it)")
+            lonely = sorted(p for p in taken if pair(p) not in taken)
+            if lonely:
+                raise HypafilterError(
+                    f"{where}: hw_ports names MAC{lonely[0]} but not its pair MAC{pair(lonely[0])}: in bridge mode "
+                    "frames in on one port of a pair leave on the other, so both ports' interfaces are needed"
+                )
+
+    @property
+    def interfaces(self) -> Interfaces:
+        return Interfaces(self.bridge, tuple(sorted(self.hw_ports.items(), key=lambda kv: kv[1])))

@@ -6,7 +6,7 @@ import argparse
 import json
 
 from hypafilter.analysis.traffic import analyze
-from hypafilter.cli.common import add_policy_args, load_config, load_policy
+from hypafilter.cli.common import add_policy_args, interfaces_text, load_config, load_policy, resolved_lines
 from hypafilter.tools.classbench import read_trace, trace_udp_values
 
 
@@ -23,6 +23,9 @@ def run(args: argparse.Namespace) -> int:
     policy = load_policy(args, config)
     points = trace_udp_values(read_trace(args.trace)) if args.trace else None
     res = analyze(policy, config, points)
+    if policy.resolved:
+        res["interfaces"] = interfaces_text(policy)
+        res["interface_checks_resolved"] = resolved_lines(policy)
     if args.json:
         print(json.dumps(res))
         return 0
@@ -31,6 +34,9 @@ def run(args: argparse.Namespace) -> int:
         if k == "traversed_rules":
             for s, c in v.items():
                 print(f"{'traversed_rules.' + s:<{width + 10}} {c}")
+        elif isinstance(v, list):
+            for line in v:
+                print(f"{k:<{width + 10}} {line}")
         elif isinstance(v, str) and len(v) > 72:
             print(f"{k:<{width + 10}} {v[:72]}… ({len(v)} bits, {v.count('1')} set)")
         else:

@@ -41,6 +41,31 @@ def load_config(args: argparse.Namespace) -> Config:
     return cfg
 
 
+def resolved_lines(policy: Policy) -> list[str]:
+    """One line per interface check the deployment's interfaces decided for NIC frames (Policy.resolved)."""
+    from hypafilter.iptables.writer import tokens_text
+
+    out = []
+    for origin, toks, outcome in policy.resolved:
+        where = f"{origin.file}:{origin.line}" if origin else policy.source
+        chain = f" (chain {origin.chain})" if origin and origin.chain != policy.base_chain else ""
+        note = (
+            "; the rule matches no NIC frame: it leaves the hardware analysis, software keeps it for other frames"
+            if outcome.startswith("false")
+            else ""
+        )
+        out.append(f"{where}{chain}: {tokens_text(toks)}: {outcome}{note}")
+    return out
+
+
+def interfaces_text(policy: Policy) -> str:
+    bridge, ports = policy.interfaces
+    names = ", ".join(f"{n}=MAC{p}" for n, p in ports)
+    if bridge:
+        return f"bridge {bridge}, NIC ports {names}"
+    return f"NIC ports {names} (no bridge configured)" if ports else "none configured"
+
+
 def progress(args: argparse.Namespace, quiet: bool = False):
     """A logger of progress lines on stderr, or one that says nothing."""
     if quiet or getattr(args, "quiet", False):

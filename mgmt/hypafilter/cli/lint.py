@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hypafilter.cli.common import add_policy_args, load_config, load_policy
+from hypafilter.cli.common import add_policy_args, interfaces_text, load_config, load_policy, resolved_lines
 from hypafilter.iptables.writer import tokens_text
 from hypafilter.ir import HW_TARGETS, Rule
 
@@ -45,6 +45,11 @@ def run(args: argparse.Namespace) -> int:
             print(
                 f"  user chain {name} is loaded as {loaded} (generation 1; {prefix} is {config.chain_prefix}<generation>_)"
             )
+    resolved = resolved_lines(policy)
+    if resolved:
+        print(f"  interface checks resolved for NIC frames ({interfaces_text(policy)}):")
+        for line in resolved:
+            print(f"    {line}")
     for i in policy.complex_indices:
         r = rules[i]
         where = f"{r.origin.file}:{r.origin.line}" if r.origin else "?"

@@ -19,6 +19,7 @@ from hypafilter.iptables.parser import (
     RuleParser,
     addresses,
     analyse_all,
+    interfaces_for,
     port_range,
 )
 from hypafilter.iptables.rule import Addr, ParsedRule, PortCheck, TcpUdp, Verbatim, target_column
@@ -47,6 +48,7 @@ _PLAIN_PREFIXES = frozenset({"iptables", "iptables-legacy", "iptables-nft"})
 class _Document:
     def __init__(self, filename: str, base_chain: str, config: Config):
         self.filename, self.base_chain, self.config = filename, base_chain, config
+        self.ifaces = interfaces_for(config, base_chain)
         self.table = config.table
         builtins = set(BUILTIN_CHAINS.get(self.table, ()))
         self.chains: dict[str, ChainDef] = {c: ChainDef(c, True, "ACCEPT") for c in builtins}
@@ -313,7 +315,7 @@ class _Document:
             raise ctx.err("no such chain (define it first with -N or :NAME -)", chain_tok)
         origin = Origin(self.filename, ctx.line, name, raw.strip())
         rules = RuleParser(ctx, rest, name, {c for c, d in self.chains.items() if not d.builtin}, origin).parse()
-        analyse_all(ctx, rest, rules, self.config)
+        analyse_all(rules, self.ifaces)
         if cmd == "-A":
             ch.rules.extend(rules)
             return
@@ -467,4 +469,11 @@ def parse_policy(
         },
         reads_conntrack=reads_ct,
         ignored_tables=ignored,
+        interfaces=(doc.ifaces.bridge, doc.ifaces.ports),
+        resolved=[
+            (r.origin, toks, outcome)
+            for name in (base_chain, *reach)
+            for r in doc.chains[name].rules
+            for toks, outcome in r.resolved
+        ],
     )

@@ -107,6 +107,10 @@ class _Flattener:
                 else:
                     guard_boxes.extend(r.boxes)
 
+            if r.never:
+                # An interface check no NIC frame passes: the rule never matches, and never returns, a NIC frame.
+                # Software still holds it for other frames (FULL, verbatim from Policy.original_rules).
+                continue
             if depth and not eff:
                 # Never reached from this jump; keeping it would only cost hardware entries. It still
                 # guards later rules when it is a RETURN or goto (its own boxes, not the empty conjunction).

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from hypafilter.config import Config
+from hypafilter.config import Config, Interfaces
 from hypafilter.errors import PolicyError
 from hypafilter.iptables import canonical
 from hypafilter.iptables.rule import (
@@ -556,21 +556,21 @@ def parse_rule(
     toks = tokenize(text, line, filename, mode)
     origin = Origin(filename, line, chain, text.strip())
     rules = RuleParser(ctx, toks, chain, set(chains or ()), origin).parse()
-    analyse_all(ctx, toks, rules, config)
+    analyse_all(rules, interfaces_for(config, chain))
     return rules
 
 
-def analyse_all(ctx: Ctx, toks: list[Tok], rules: list[ParsedRule], config: Config) -> None:
-    """Boxes and complex groups of the rules parsed from `toks`, after the checks that need the configuration."""
+def interfaces_for(config: Config, base_chain: str) -> Interfaces:
+    """What the rules of a policy for `base_chain` may assume about the NIC's frames' interfaces: the deployment's
+    Interfaces in FORWARD, where the NIC's frames are bridged; elsewhere only which interface each port is."""
+    ifaces = config.interfaces
+    return ifaces if base_chain == "FORWARD" else Interfaces("", ifaces.ports)
+
+
+def analyse_all(rules: list[ParsedRule], ifaces: Interfaces) -> None:
+    """Boxes and complex groups of parsed rules, interface checks resolved against `ifaces`."""
     for r in rules:
-        if r.iif is not None and r.iif.name in config.hw_ports:
-            tok = next((b for a, b in zip(toks, toks[1:], strict=False) if a.text in ("-i", "--in-interface")), None)
-            raise ctx.err(
-                f"-i {r.iif.name}: in the bridged FORWARD chain -i is the bridge device, never a port, so hw_ports "
-                f"cannot map it; match the NIC port with -m physdev --physdev-in {r.iif.name}",
-                tok,
-            )
-        analyse(r, config.hw_ports, canonical.options_of)
+        analyse(r, ifaces, canonical.options_of)
 
 
 # --- documents -------------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from hypafilter.config import Interfaces, pair
 from hypafilter.iptables.tables import STATEFUL_MATCHES as STATEFUL
 from hypafilter.ir import MAXV, PROTO_TCP, PROTO_UDP, Box, Origin
 from hypafilter.ir.box import (
@@ -53,6 +54,12 @@ class Iface:
     @property
     def matches_all(self) -> bool:
         return self.name == "+"
+
+
+def if_match(pattern: str, name: str) -> bool:
+    """Whether interface `name` matches `pattern` as the kernel compares them (ifname_compare_aligned, nft's
+    iifname): the whole name, or with a trailing `+` every name that starts with the rest (`+` alone: any name)."""
+    return name.startswith(pattern[:-1]) if pattern.endswith("+") else name == pattern
 
 
 @dataclass
@@ -144,17 +151,28 @@ class ParsedRule:
     boxes: Boxes = field(default_factory=list)
     complex: list[tuple[str, ...]] = field(default_factory=list)
     stateful: bool = False
+    # Interface checks the deployment's Interfaces decided for NIC frames: (the check's tokens, what it became).
+    resolved: list[tuple[tuple[str, ...], str]] = field(default_factory=list)
+    # An interface check is false for every NIC frame: the rule leaves the hardware analysis (software keeps it).
+    never: bool = False
     # Canonical option tokens, set only by the parser's whole-line fast path (canonical.rule_options reads it).
     options_cache: tuple[str, ...] | None = field(default=None, compare=False, repr=False)
 
 
-def analyse(rule: ParsedRule, hw_ports: dict[str, int], options_of) -> None:
+NEVER = "false for every NIC frame"
+ALWAYS = "true for every NIC frame"
+
+
+def analyse(rule: ParsedRule, ifaces: Interfaces, options_of) -> None:
     """Fill rule.boxes (the header part as a union of boxes) and rule.complex (the checks hardware lacks).
 
     `options_of(match)` gives a match's canonical tokens (from canonical.py), used for complex token groups.
+    Interface checks are resolved against `ifaces` for the frames the NIC hands to the bridged FORWARD chain
+    (docs/policy-language.md, Interfaces); rule.resolved says what each became, rule.never that one is false.
     """
     parts: list = []  # Boxes, or _FieldPart for a union of intervals on one field
     cx: list[tuple[str, ...]] = []
+    rule.resolved, rule.never = [], False
     for a, fname, opt in ((rule.src, "src", "-s"), (rule.dst, "dst", "-d")):
         if a is None:
             continue
@@ -163,11 +181,17 @@ def analyse(rule: ParsedRule, hw_ports: dict[str, int], options_of) -> None:
             cx.append(options_of(("addr", opt, a)))
         elif not (a.mask == 0 and not a.invert):
             parts.append(_FieldPart(fname, iv))
-    if rule.iif is not None and not (rule.iif.matches_all and not rule.iif.invert):
-        # The ingress device as netfilter sees it (the bridge, for bridged traffic): software decides it.
-        cx.append(options_of(("iface", "-i", rule.iif)))
-    if rule.oif is not None and not (rule.oif.matches_all and not rule.oif.invert):
-        cx.append(options_of(("iface", "-o", rule.oif)))
+    for iface, opt, what in ((rule.iif, "-i", "input"), (rule.oif, "-o", "output")):
+        if iface is None or (iface.matches_all and not iface.invert):
+            continue
+        toks = options_of(("iface", opt, iface))
+        if not ifaces.bridged:  # the device netfilter sees is unknown here: software decides the check
+            cx.append(toks)
+            continue
+        # br_netfilter hands a bridged frame to FORWARD with the bridge as its input and output device.
+        holds = if_match(iface.name, ifaces.bridge) != iface.invert
+        rule.resolved.append((toks, f"{ALWAYS if holds else NEVER} (its {what} device is the bridge {ifaces.bridge})"))
+        rule.never |= not holds
     if rule.proto:
         p = rule.proto
         parts.append(_FieldPart("proto", complement(p, p, 0xFF) if rule.proto_invert else [(p, p)]))
@@ -221,16 +245,20 @@ def analyse(rule: ParsedRule, hw_ports: dict[str, int], options_of) -> None:
             pass
         elif isinstance(m, Verbatim):
             if m.name == "physdev":
-                port = _physdev_port(m, hw_ports)
-                if port is not None:
-                    port_no, inv = port
-                    parts.append(
-                        field_boxes("iport", complement(port_no, port_no, MAXV[7]) if inv else [(port_no, port_no)])
-                    )
+                ports = _physdev_ports(m, ifaces)
+                if ports is not None:
+                    rule.resolved.append((options_of(m), _ports_text(ports, ifaces)))
+                    if not ports:
+                        rule.never = True
+                    elif ports != ifaces.all_ports or not ifaces.bridged:
+                        parts.append(_FieldPart("iport", _runs(ports)))
                     continue
             if m.name in STATEFUL:
                 rule.stateful = True
             cx.append(options_of(m))
+    if rule.never:  # no NIC frame matches: nothing of it is hardware's business (software keeps the rule)
+        rule.boxes, rule.complex = [], []
+        return
     rule.boxes = _combine(parts)
     rule.complex = cx
 
@@ -253,13 +281,74 @@ def _combine(parts: list) -> Boxes:
     return boxes
 
 
-def _physdev_port(m: Verbatim, hw_ports: dict[str, int]) -> tuple[int, bool] | None:
-    toks = m.tokens
-    inv = bool(toks) and toks[0] == "!"
-    rest = toks[1:] if inv else toks
-    if len(rest) == 2 and rest[0] == "--physdev-in" and not rest[1].endswith("+") and rest[1] in hw_ports:
-        return hw_ports[rest[1]], inv
-    return None
+PHYSDEV_OPTIONS = {  # option -> takes an interface name
+    "--physdev-in": True,
+    "--physdev-out": True,
+    "--physdev-is-in": False,
+    "--physdev-is-out": False,
+    "--physdev-is-bridged": False,
+}
+
+
+def physdev_options(tokens: list[str]) -> list[tuple[str, str, bool]] | None:
+    """A physdev match's options as (option, name, negated), or None when they are not all understood."""
+    out: list[tuple[str, str, bool]] = []
+    i = 0
+    while i < len(tokens):
+        inv = tokens[i] == "!"
+        i += inv
+        if i >= len(tokens) or tokens[i] not in PHYSDEV_OPTIONS or any(o == tokens[i] for o, _, _ in out):
+            return None
+        opt, name = tokens[i], ""
+        i += 1
+        if PHYSDEV_OPTIONS[opt]:
+            if i >= len(tokens) or not 0 < len(tokens[i]) < 16 or tokens[i] == "!":
+                return None
+            name, i = tokens[i], i + 1
+        out.append((opt, name, inv))
+    return out or None
+
+
+def _physdev_ports(m: Verbatim, ifaces: Interfaces) -> set[int] | None:
+    """The NIC ports whose frames the physdev match `m` holds for, or None when that is not known.
+
+    In bridge mode a NIC frame in on port n is bridged from the interface of n to the interface of pair(n): it
+    entered by a bridge port, leaves by one and is bridged (xt_physdev, FORWARD). Without a bridge only
+    `[!] --physdev-in NAME` of a mapped NAME is known: the one port that interface is."""
+    opts = physdev_options(m.tokens)
+    if opts is None:
+        return None
+    if not ifaces.bridged:
+        if len(opts) != 1 or opts[0][0] != "--physdev-in" or ifaces.port(opts[0][1]) is None:
+            return None
+        port = ifaces.port(opts[0][1])
+        return set(range(MAXV[7] + 1)) - {port} if opts[0][2] else {port}
+    ports = set()
+    for name, port in ifaces.ports:
+        seen = {"--physdev-in": name, "--physdev-out": ifaces.name(pair(port))}
+        if all((opt not in seen or if_match(arg, seen[opt])) != inv for opt, arg, inv in opts):
+            ports.add(port)
+    return ports
+
+
+def _runs(ports: set[int]) -> list[tuple[int, int]]:
+    """Sorted ports as intervals of consecutive ones ({1, 2, 3} -> [(1, 3)])."""
+    out: list[tuple[int, int]] = []
+    for p in sorted(ports):
+        if out and out[-1][1] == p - 1:
+            out[-1] = (out[-1][0], p)
+        else:
+            out.append((p, p))
+    return out
+
+
+def _ports_text(ports: set[int], ifaces: Interfaces) -> str:
+    if not ports:
+        return f"{NEVER} (no NIC port's frames: {ifaces.describe()})"
+    if ifaces.bridged and ports == ifaces.all_ports:
+        return f"{ALWAYS} (every NIC port's frames: {ifaces.describe()})"
+    names = [f"MAC{p} ({ifaces.name(p)})" if ifaces.name(p) else f"MAC{p}" for p in sorted(ports)]
+    return "hardware field iport: frames in on " + ", ".join(names)
 
 
 def target_column(origin: Origin | None, target: str) -> int:

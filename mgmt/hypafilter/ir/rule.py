@@ -100,6 +100,12 @@ class Policy:
     ignored_tables: tuple[str, ...] = ()  # tables the source file fills besides this policy's (not deployed)
     # Some reachable rule reads conntrack state (set by the front end): the fast path then accepts nothing by itself.
     reads_conntrack: bool = False
+    # The deployment's interfaces the front end resolved interface checks against: (bridge, ((name, NIC port),
+    # ...)); ("", ()) = nothing known, every interface check stayed a check for software. A deployment must match.
+    interfaces: tuple[str, tuple[tuple[str, int], ...]] = ("", ())
+    # Every interface check so resolved, in the base chain and the user chains it reaches: (where, the check's
+    # option tokens, what it became for NIC frames), for reports.
+    resolved: list[tuple[Origin | None, tuple[str, ...], str]] = field(default_factory=list)
 
     @property
     def simple_indices(self) -> list[int]:

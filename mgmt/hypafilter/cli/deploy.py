@@ -25,7 +25,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
     if args.command == "update" and not deploy.read_state():
         raise HypafilterError("nothing is deployed: use `hypafilter deploy`")
-    cfg = load_config(args)
+    cfg = deploy.site_config(load_config(args))  # the policy's interface checks meet the lab's interfaces
     policy = load_policy(args, cfg)
     before = deploy.read_state()
     state = deploy.deploy(policy, cfg, target=args.target, force=args.force, log=progress(args))

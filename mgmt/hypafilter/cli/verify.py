@@ -27,9 +27,10 @@ def kinds_arg(text: str) -> tuple[str, ...]:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from hypafilter.ops import deploy
     from hypafilter.ops.verify import MALFORMED_KINDS, verify
 
-    cfg = load_config(args)
+    cfg = deploy.site_config(load_config(args))  # the policy's interface checks meet the lab's interfaces
     policy = load_policy(args, cfg)
     log = progress(args, quiet=args.json)
     report = verify(

@@ -10,6 +10,7 @@ docs/deploy.md for why no packet gets a wrong verdict at any point).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -24,7 +25,7 @@ from pathlib import Path
 from hypafilter import netns, targets
 from hypafilter.analysis.plan import build_plan
 from hypafilter.analysis.program import user_chain_names
-from hypafilter.config import Config
+from hypafilter.config import Config, Interfaces
 from hypafilter.errors import DeployError, HypafilterError
 from hypafilter.iptables import kernel
 from hypafilter.iptables.writer import Restore, body_of, policy_restore
@@ -44,7 +45,8 @@ VLAN_SYSCTL = "net.bridge.bridge-nf-filter-vlan-tagged"
 LAB_NAME = os.environ.get("HF_LAB", "hf")
 NS_NIC, NS_FW, NS_PLAIN = f"{LAB_NAME}-nic", f"{LAB_NAME}-fw", f"{LAB_NAME}-plain"
 NIC_IFACES = {"wire0": "wire0", "wire1": "wire1", "host0": "host0", "host1": "host1"}
-FW_IFACES = ("nf0", "nf1")
+FW_IFACES = ("nf0", "nf1")  # FW_IFACES[n]: the firewall's end of the veth from host<n>, the DMA port of MACn
+FW_BRIDGE = "br0"  # the bridge the firewall's FW_IFACES are ports of (ops.lab)
 
 
 def configure(lab: str | None = None, state_dir: str | Path | None = None) -> None:
@@ -321,6 +323,48 @@ def _check_lab() -> None:
         raise HypafilterError(f"lab namespaces missing ({', '.join(missing)}): run `hypafilter lab up` first")
 
 
+def site_interfaces() -> Interfaces:
+    """The lab's interfaces as the NIC's frames meet netfilter: MACn's frames enter the firewall by FW_IFACES[n],
+    a port of FW_BRIDGE (docs/configuration.md)."""
+    return Interfaces(FW_BRIDGE, tuple((name, n) for n, name in enumerate(FW_IFACES)))
+
+
+def site_config(config: Config) -> Config:
+    """`config` with the deployment's interfaces filled in, for parsing a policy that is to be deployed here.
+
+    A configuration that names none gets the lab's; one that names them must name the lab's (a port map without
+    a bridge gets the lab's bridge). Anything else is refused: a policy resolved against other interfaces would
+    get hardware entries this firewall does not agree with."""
+    site = site_interfaces()
+    if not config.hw_ports and not config.bridge:
+        return dataclasses.replace(config, bridge=site.bridge, hw_ports=dict(site.ports))
+    if config.interfaces.ports != site.ports or config.bridge not in ("", site.bridge):
+        raise HypafilterError(
+            f"the configuration's interfaces ({config.interfaces.describe()}) are not this deployment's "
+            f"({site.describe()}): leave bridge and hw_ports out, or give these"
+        )
+    return dataclasses.replace(config, bridge=site.bridge)
+
+
+def _check_interfaces(policy: Policy) -> None:
+    """The interfaces the policy's checks were resolved against are the firewall's: each named port is a port of
+    the named bridge in the firewall namespace, and they are this deployment's (site_interfaces)."""
+    bridge, ports = policy.interfaces
+    if not ports:
+        return
+    site = site_interfaces()
+    if ports != site.ports or bridge not in ("", site.bridge):
+        raise HypafilterError(
+            f"{policy.source}: its interface checks were resolved against {Interfaces(bridge, ports).describe()}, "
+            f"but this deployment's interfaces are {site.describe()}: parse it with deploy.site_config(config)"
+        )
+    links = {ln["ifname"]: ln for ln in json.loads(netns.run(["ip", "-j", "link", "show"], NS_FW) or "[]")}
+    for name, _ in ports:
+        master = links.get(name, {}).get("master")
+        if bridge and master != bridge:
+            raise HypafilterError(f"{NS_FW}: {name} is not a port of {bridge} (master: {master})")
+
+
 def _kernel_check(policy: Policy, config: Config) -> None:
     if kernel.available() is not None:
         return
@@ -379,6 +423,7 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
             ("mark_mask", config.mark_mask),
             ("mark_shift", config.mark_shift),
             ("unfilterable", config.unfilterable),
+            ("interfaces", _interfaces_state(policy)),
         )
     )
     if same and not force and tgt.alive(old["nic"]):
@@ -408,6 +453,7 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
     try:
         # The kernel's own parser first: a rule it refuses is reported at the user's line, before a long build.
         tx.step("kernel-check", lambda: _kernel_check(policy, config))
+        tx.step("interfaces", lambda: _check_interfaces(policy))
         plan = tx.step("compile", lambda: build_plan(policy, config))
         binary = tx.step("build", lambda: tgt.build(plan))
         intervals = [int(k) for k in plan.interval]
@@ -563,6 +609,7 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
         "mark_mask": config.mark_mask,
         "mark_shift": config.mark_shift,
         "unfilterable": config.unfilterable,
+        "interfaces": _interfaces_state(policy),
         "partition": partition_counts(policy, plan),
         "intervals": intervals,
         "nic": new_nic,
@@ -591,6 +638,12 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
         log(f"warning: {w}")
     log(f"deployed generation {gen} in {took:.2f}s")
     return state
+
+
+def _interfaces_state(policy: Policy) -> dict:
+    """What the policy's interface checks were resolved against, as the state file keeps it."""
+    bridge, ports = policy.interfaces
+    return {"bridge": bridge, "ports": {name: port for name, port in ports}}
 
 
 def _journal_failure(old: dict | None, policy: Policy, gen: int, e: DeployError, tx: Transaction, t0: float) -> None:

@@ -2,12 +2,14 @@
 
     <name>-send  hyb0 ──── wire0 ┐ <name>-nic (emulated NIC, started by deploy) ┌ wire1 ──── hyb0  <name>-recv
                                  └ host0 ── nf0 ┐ <name>-fw br0 ┌ nf1 ── host1 ┘
-                 plain0 ── p0 ┐ <name>-plain br0 (original policy only) ┌ p1 ── plain0
+                 plain0 ── nf0 ┐ <name>-plain br0 (original policy only) ┌ nf1 ── plain0
 
 Hybrid path: sender 10.0.1.1/16, receiver 10.0.2.1/16. Plain path: sender 10.1.1.1/16, receiver 10.1.2.1/16
 (its own addresses, so sender and receiver route each path by subnet). Both bridges have br_netfilter on
 (net.bridge.bridge-nf-call-iptables=1 in that namespace), so their iptables FORWARD chains see bridged
-packets. IPv6 is off in every lab namespace and all offloads are off on every lab interface.
+packets. The plain bridge and its ports have the firewall's names (br0, nf0 in, nf1 out), so a policy's interface
+checks (-i/-o, physdev) see the same devices on both paths and the oracle judges them as the firewall would.
+IPv6 is off in every lab namespace and all offloads are off on every lab interface.
 """
 
 from __future__ import annotations
@@ -52,10 +54,10 @@ LINKS = (
     Link("nic", "wire1", "recv", "hyb0"),
     Link("nic", "host0", "fw", "nf0", HOST_MTU),
     Link("nic", "host1", "fw", "nf1", HOST_MTU),
-    Link("send", "plain0", "plain", "p0"),
-    Link("plain", "p1", "recv", "plain0"),
+    Link("send", "plain0", "plain", "nf0"),
+    Link("plain", "nf1", "recv", "plain0"),
 )
-BRIDGES = {"fw": ("br0", ("nf0", "nf1")), "plain": ("br0", ("p0", "p1"))}
+BRIDGES = {"fw": ("br0", ("nf0", "nf1")), "plain": ("br0", ("nf0", "nf1"))}
 ADDRS = (
     Addr("send", "hyb0", "10.0.1.1/16", "02:48:46:00:01:01"),
     Addr("recv", "hyb0", "10.0.2.1/16", "02:48:46:00:02:01"),
@@ -79,8 +81,8 @@ class Lab:
     """The lab of one name; every namespace it owns is `<name>-<role>`."""
 
     def __init__(self, name: str = "hf"):
-        if not name or len(name) > 8 or not name.replace("_", "").isalnum():
-            raise LabError(f"lab name '{name}' must be 1-8 letters, digits or _")
+        if not name or len(name) > 8 or name[0] == "-" or not name.replace("_", "").replace("-", "").isalnum():
+            raise LabError(f"lab name '{name}' must be 1-8 letters, digits, _ or - (not first)")
         self.name = name
 
     # ---- names the deploy/verify code uses ----
@@ -147,9 +149,12 @@ class Lab:
                 self.exec_in(ns, ["sysctl", "-qw", f"net.ipv6.conf.{key}.disable_ipv6=1"], check=False)
             netns.run(["ip", "-n", ns, "link", "set", "lo", "up"])
         for link in LINKS:
-            if not self._has_link(link.a_role, link.a_if):
-                if self._has_link(link.b_role, link.b_if):  # half of a broken pair: replace it
-                    netns.run(["ip", "-n", self.ns(link.b_role), "link", "del", link.b_if])
+            a, b = self._has_link(link.a_role, link.a_if), self._has_link(link.b_role, link.b_if)
+            if not (a and b):
+                # Half of a pair (broken, or a lab from before an end was renamed): replace it.
+                for role, ifname, present in ((link.a_role, link.a_if, a), (link.b_role, link.b_if, b)):
+                    if present:
+                        netns.run(["ip", "-n", self.ns(role), "link", "del", ifname])
                 netns.veth(link.a_if, self.ns(link.a_role), link.b_if, self.ns(link.b_role), link.mtu)
         for role, (br, ports) in BRIDGES.items():
             ns = self.ns(role)

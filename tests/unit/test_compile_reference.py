@@ -1,5 +1,6 @@
 """Reference-file tests: each rulesets/<name>.rules has rulesets/<name>.expected/ with the expected partition,
-shunt vectors and generated iptables-restore text per strategy; the compiler must reproduce them exactly.
+shunt vectors and generated iptables-restore text per strategy (and what its interface checks became, when a site
+configuration rulesets/<name>.toml describes the interfaces); the compiler must reproduce them exactly.
 
 Regenerate after an intended change (and review the diff):
     HYPAFILTER_REGEN=1 .venv/bin/pytest tests/unit/test_compile_reference.py
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 from hypafilter.analysis.plan import build_plan
 from hypafilter.analysis.program import STRATEGIES
+from hypafilter.cli.common import resolved_lines
 from hypafilter.config import Config
 from hypafilter.iptables.document import parse_policy
 from hypafilter.netfilter.restore import to_iptables_restore
@@ -25,7 +27,8 @@ REGEN = os.environ.get("HYPAFILTER_REGEN") == "1"
 
 def expected_files(rules: Path) -> dict[str, str]:
     rel = str(rules.relative_to(ROOT))
-    pol = parse_policy(rules.read_text(), rel, "FORWARD", Config())
+    site = rules.with_suffix(".toml")
+    pol = parse_policy(rules.read_text(), rel, "FORWARD", Config.load(site) if site.exists() else Config())
     plans = {m: build_plan(pol, mode=m) for m in ("index", "selective", "exact")}
     files = {
         "partition.json": json.dumps(plans["selective"].report(), indent=1) + "\n",
@@ -35,6 +38,8 @@ def expected_files(rules: Path) -> dict[str, str]:
         files[f"selective.{s}.iptables"] = to_iptables_restore(plans["selective"], s)
     files["index.interval.iptables"] = to_iptables_restore(plans["index"], "interval")
     files["exact.interval.iptables"] = to_iptables_restore(plans["exact"], "interval")
+    if pol.resolved:
+        files["interfaces.txt"] = "".join(f"{line}\n" for line in resolved_lines(pol))
     return files
 
 

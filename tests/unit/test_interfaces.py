@@ -236,3 +236,18 @@ def test_lint_and_analyze_report_resolutions(tmp_path, capsys):
     assert main(["analyze", "--config", str(cfg), str(pol)]) == 0
     out = capsys.readouterr().out
     assert "interface_checks_resolved" in out and f"{pol}:7: -o eth+: false for every NIC frame" in out
+
+
+def test_deploy_fills_the_lab_interfaces_and_refuses_others():
+    """A lab deploy knows its bridge and ports; a configuration naming other interfaces is refused, not mixed."""
+    from hypafilter.ops import deploy
+
+    cfg = deploy.site_config(Config(strategy="cut"))
+    assert (cfg.bridge, cfg.hw_ports, cfg.strategy) == ("br0", {"nf0": 0, "nf1": 1}, "cut")
+    assert deploy.site_config(Config(hw_ports={"nf0": 0, "nf1": 1})).interfaces == LAB.interfaces
+    for other in (Config(bridge="br9", hw_ports={"nf0": 0, "nf1": 1}), Config(hw_ports={"nf1": 0, "nf0": 1})):
+        with pytest.raises(HypafilterError, match="not this deployment's"):
+            deploy.site_config(other)
+    # The state keeps the interfaces only when a check depended on them (else the plan does not).
+    assert deploy._interfaces_state(parse_policy(POLICY, config=cfg))["bridge"] == "br0"
+    assert deploy._interfaces_state(parse_policy("-A FORWARD -j DROP\n", config=cfg)) == {"bridge": "", "ports": {}}

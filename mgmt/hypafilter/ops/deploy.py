@@ -350,7 +350,7 @@ def _check_interfaces(policy: Policy) -> None:
     """The interfaces the policy's checks were resolved against are the firewall's: each named port is a port of
     the named bridge in the firewall namespace, and they are this deployment's (site_interfaces)."""
     bridge, ports = policy.interfaces
-    if not ports:
+    if not policy.resolved:  # no check depended on them
         return
     site = site_interfaces()
     if ports != site.ports or bridge not in ("", site.bridge):
@@ -641,8 +641,9 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
 
 
 def _interfaces_state(policy: Policy) -> dict:
-    """What the policy's interface checks were resolved against, as the state file keeps it."""
-    bridge, ports = policy.interfaces
+    """What the policy's interface checks were resolved against, as the state file keeps it (nothing when no check
+    was resolved: then the plan does not depend on the interfaces)."""
+    bridge, ports = policy.interfaces if policy.resolved else ("", ())
     return {"bridge": bridge, "ports": {name: port for name, port in ports}}
 
 

@@ -229,7 +229,7 @@ def drift(st: dict, tgt: Target | None = None) -> list[str]:
                 gen = c.info()["GENERATION"]
             if gen != st["generation"]:
                 out.append(f"nic: GENERATION register {gen}, deployed {st['generation']}")
-    except Exception as e:  # noqa: BLE001 -- an unreachable NIC is drift, whatever the transport raised
+    except Exception as e:  # an unreachable NIC is drift, whatever the transport raised
         out.append(f"nic: {e}")
     return out
 
@@ -292,7 +292,7 @@ class Transaction:
             try:
                 self.log(f"rollback {name}")
                 fn()
-            except Exception as e:  # noqa: BLE001 -- keep undoing the rest; report every failure
+            except Exception as e:  # keep undoing the rest; report every failure
                 self.rollback_errors.append(f"{name}: {e}")
         self.undo.clear()
 
@@ -528,7 +528,7 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
     if old_nic and replace:
         try:
             tgt.stop(old_nic)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             warnings.append(f"stopping the old NIC: {e}")
     try:
         stale = [c for g, cs in owned_chains(NS_FW, config).items() if g != gen for c in cs]
@@ -627,7 +627,7 @@ def undeploy(log: Callable[[str], None] = lambda s: None) -> bool:
         if st.get("nic"):
             try:
                 target_of(st, cfg).stop(st["nic"])
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 errors.append(f"nic: {e}")
         if netns.exists(NS_FW):
             try:
@@ -667,7 +667,7 @@ def status() -> dict:
     cfg = Config(table=st.get("table", "filter"), chain_prefix=st.get("chain_prefix", "HF"))
     try:
         out["nic_counters"] = target_of(st, cfg).counters(st["nic"])
-    except Exception as e:  # noqa: BLE001 -- status reports what it can
+    except Exception as e:  # status reports what it can
         out["nic_counters"] = {"error": str(e)}
     try:
         out["shim_stats"] = shim_mod.Shim(st["shim"]["netns"], st["shim"]["ifaces"]).stats()

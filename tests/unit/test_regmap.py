@@ -1,4 +1,4 @@
-"""Unit tests of hypafilter.regmap: parsing hw/regmap.txt and the generated VHDL, C and Python forms."""
+"""Unit tests of hypafilter.hw.regmap: parsing hw/regmap.txt and the generated VHDL, C and Python forms."""
 
 from __future__ import annotations
 

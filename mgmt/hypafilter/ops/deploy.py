@@ -482,7 +482,7 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
 
         tx.step("shim-tables", lambda: fwshim.update(intervals, num_entries=len(intervals)), shim_tables_undo)
         # 5. Hardware: a new NIC for a new matcher (standby until programmed), else rewrite the registers. The
-        #    build is keyed on the matcher (hwgen.matcher_hash), so only a change of the hardware entries replaces it.
+        #    build is keyed on the matcher (hw.vhdl.matcher_hash), so only a change of the hardware entries replaces it.
         replace = not old_nic or old_nic.get("binary") != binary or force
         if replace:
             # Beside a running NIC the new one waits in standby until it is programmed. Alone it starts active: the

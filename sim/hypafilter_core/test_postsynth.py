@@ -5,10 +5,10 @@ from __future__ import annotations
 import random
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
+from hypafilter import netns
 from hypafilter.hw import model as hwmodel
 from hypafilter.hw import vhdl
 
@@ -59,10 +59,9 @@ def synth_netlist(plan, out: Path, width: int) -> list[Path]:
         ["ghdl", "--synth", "--std=08", f"--workdir={work}", "--out=vhdl", f"-gC_S_AXIS_DATA_WIDTH={width}", TOP],
     )
     for argv in steps:
-        r = subprocess.run(argv, cwd=out, capture_output=True, text=True)
-        assert r.returncode == 0, f"{' '.join(argv[:3])} failed:\n{r.stderr[-3000:]}"
+        text = netns.run(argv, cwd=out, timeout=None)
     netlist = out / "core_synth.vhd"
-    netlist.write_text(r.stdout)
+    netlist.write_text(text)
     packages = [s for s in vhdl.sources(gen) if not re.search(r"^\s*entity\s", s.read_text(), re.M | re.I)]
     assert packages, "no VHDL package among the sources"
     return [*packages, netlist]

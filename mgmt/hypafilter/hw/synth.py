@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
+from hypafilter import netns
 from hypafilter.errors import HypafilterError
 from hypafilter.hw import vhdl
 from hypafilter.paths import ROOT
@@ -36,10 +35,11 @@ _PART_SOURCES = {
 
 
 def _run(cmd: list[str], cwd: Path, what: str) -> str:
-    r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise HypafilterError(f"{what} failed ({' '.join(cmd[:3])} ...): {(r.stderr or r.stdout)[-2000:]}")
-    return r.stdout
+    """stdout of a synthesis tool; like every build, it may run for minutes, so no time limit."""
+    try:
+        return netns.run(cmd, cwd=cwd, timeout=None)
+    except netns.CommandError as e:
+        raise HypafilterError(f"{what} failed: {e}") from e
 
 
 def _need(tool: str) -> None:
@@ -460,5 +460,8 @@ def run_vivado(tcl: Path) -> int | None:
     """Run Vivado in batch mode on the script; None when Vivado is not on PATH."""
     if shutil.which("vivado") is None:
         return None
-    r = subprocess.run(["vivado", "-mode", "batch", "-source", str(tcl)], cwd=tcl.parent, stdout=sys.stderr)
-    return r.returncode
+    try:
+        netns.run(["vivado", "-mode", "batch", "-source", str(tcl)], cwd=tcl.parent, timeout=None, echo=True)
+    except netns.CommandError as e:
+        return e.returncode
+    return 0

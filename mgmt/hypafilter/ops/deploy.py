@@ -71,14 +71,19 @@ def read_state() -> dict | None:
 
 
 def write_state(state: dict) -> None:
+    _write_private(state_file(), json.dumps(state, indent=1, sort_keys=True) + "\n")
+
+
+def _write_private(path: Path, text: str) -> None:
+    """A file of the state directory: it holds the whole policy, so readable by root only (created so, never
+    world-readable for a moment), and replaced whole (readers such as status and the dashboard never see half)."""
     STATE_DIR.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = state_file().with_suffix(".tmp")
-    # The state holds the whole policy: readable by root only (created so, never world-readable for a moment).
+    tmp = path.with_suffix(".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(state, indent=1, sort_keys=True) + "\n")
+        f.write(text)
     os.chmod(tmp, 0o600)
-    tmp.replace(state_file())  # readers (status, dashboard) never see a half-written file
+    tmp.replace(path)
 
 
 @contextlib.contextmanager
@@ -649,12 +654,28 @@ def undeploy(log: Callable[[str], None] = lambda s: None) -> bool:
             except HypafilterError as e:
                 errors.append(f"shim: {e}")
         st["history"].append({"time": time.time(), "result": "undeployed", "errors": errors})
-        (STATE_DIR / "last-undeployed.json").write_text(json.dumps(st, indent=1) + "\n")
+        _write_private(STATE_DIR / "last-undeployed.json", json.dumps(st, indent=1) + "\n")
         state_file().unlink()
         if errors:
             raise HypafilterError("undeploy finished with errors: " + "; ".join(errors))
         log("undeployed")
         return True
+
+
+def lab_down(lab, log: Callable[[str], None] = lambda s: None) -> list[str]:
+    """Take the lab `lab` (an `ops.lab.Lab`) down with what runs in it: the deployment in it is undeployed first
+    (NIC stopped, chains removed, state.json kept as last-undeployed.json), then its namespaces go, then whatever
+    files its NICs left in the state directory. Returns the namespaces removed."""
+    if lab.name == LAB_NAME and read_state():
+        try:
+            undeploy(log)
+        except HypafilterError as e:  # the namespaces go anyway; what was left undone goes with them
+            log(str(e))
+    removed = lab.down()
+    for f in (STATE_DIR / "nic").glob(f"{lab.name}-g*"):
+        if f.suffix in (".sock", ".pid", ".log"):
+            f.unlink(missing_ok=True)
+    return removed
 
 
 def status() -> dict:

@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
-TOKEN_SHOWN = 80  # a token longer than this is cut in messages (a 1 MB token is not echoed whole)
+import re
+
+TOKEN_SHOWN = 80  # a token longer than this is cut in messages and listings (a 1 MB token is not echoed whole)
+_LONG_WORD = re.compile(rf"[^ \t\n]{{{TOKEN_SHOWN + 1},}}")
+
+
+def shown(token: str) -> str:
+    """A token of user text as every message and listing prints it: cut after TOKEN_SHOWN characters."""
+    return token if len(token) <= TOKEN_SHOWN else f"{token[:TOKEN_SHOWN]}... ({len(token)} characters)"
+
+
+def shown_text(text: str) -> str:
+    """Text that quotes user tokens (a rule line, another tool's message) with each overlong word `shown`."""
+    return _LONG_WORD.sub(lambda m: shown(m.group()), text) if len(text) > TOKEN_SHOWN else text
 
 
 class HypafilterError(Exception):
@@ -19,8 +32,7 @@ class PolicyError(HypafilterError):
         self.column = column
         self.token = token
         where = f"{file}:{line}:{column}" if line else file
-        shown = token if len(token) <= TOKEN_SHOWN else f"{token[:TOKEN_SHOWN]}... ({len(token)} characters)"
-        tok = f" (at {shown!r})" if token else ""
+        tok = f" (at {shown(token)!r})" if token else ""
         super().__init__(f"{where}: {message}{tok}")
 
 

@@ -1,5 +1,6 @@
 """Commands run on this host or inside a network namespace, and this thread moved into one: the tool's one
-subprocess helper (every `ip netns exec`, iptables, ethtool or build command goes through `run`)."""
+subprocess helper. Every command the tool (and its sim tests) waits for goes through `run` (`ip netns exec`,
+iptables, ethtool, GHDL, yosys, Verilator, Vivado, make), every background process through `popen`."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import ctypes
 import os
 import shlex
 import subprocess
-from collections.abc import Iterator, Sequence
+import sys
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from hypafilter.errors import HypafilterError
@@ -53,13 +55,27 @@ def run(
     input: str | None = None,
     check: bool = True,
     timeout: float | None = TIMEOUT,
+    cwd: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    echo: bool = False,
 ) -> str:
-    """Run argv (inside namespace `ns` if given) with `input` on stdin; returns its stdout.
+    """Run argv (inside namespace `ns` if given, in directory `cwd`, with environment `env` if given) with `input`
+    on stdin; returns its stdout. With `echo` its output goes to our stderr as it runs (a long build) instead.
 
     CommandError when it is not installed or exceeds `timeout`, and with `check` when it exits non-zero."""
     full = argv_in(ns, argv)
+    pipe = None if echo else subprocess.PIPE
     try:
-        p = subprocess.run(full, input=input, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(
+            full,
+            input=input,
+            stdout=sys.stderr if echo else pipe,
+            stderr=pipe,
+            text=True,
+            timeout=timeout,
+            cwd=cwd,
+            env=env,
+        )
     except FileNotFoundError as e:
         raise CommandError(full, "not installed (scripts/setup.sh system installs it)") from e
     except OSError as e:
@@ -67,8 +83,8 @@ def run(
     except subprocess.TimeoutExpired as e:
         raise CommandError(full, f"no exit within {timeout:g} s", stderr=_text(e.stderr)) from e
     if check and p.returncode != 0:
-        raise CommandError(full, f"exit status {p.returncode}", p.returncode, p.stderr, p.stdout)
-    return p.stdout
+        raise CommandError(full, f"exit status {p.returncode}", p.returncode, p.stderr or "", p.stdout or "")
+    return p.stdout or ""
 
 
 def succeeds(argv: Sequence[str], ns: str | None = None, timeout: float | None = TIMEOUT) -> bool:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import random
-import subprocess
 
 import cocotb
 import pytest
 from cocotb.clock import Clock
 from cocotb.triggers import FallingEdge, ReadOnly, RisingEdge
+from hypafilter import netns
 from hypafilter.hw.vhdl import enc_stages, encoder_generics
 
 from conftest import need_tool
@@ -55,18 +55,9 @@ def test_prio_enc_refuses_a_wrong_stage_count(tmp_path, n_in, fanin, wrong):
     """STAGES comes from Python; one that does not fit N_IN and FANIN stops elaboration instead of mis-timing."""
     need_tool("ghdl")
     generics = {**encoder_generics(n_in, fanin, 7), "STAGES": wrong}
-    subprocess.run(["ghdl", "-a", "--std=08", *map(str, hw(*SOURCES))], cwd=tmp_path, check=True)
-    r = subprocess.run(
-        [
-            "ghdl",
-            "--elab-run",
-            "--std=08",
-            "hf_prio_enc",
-            *(f"-g{k}={v}" for k, v in generics.items()),
-            "--stop-time=1ns",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode != 0 and "STAGES is not the least" in r.stdout + r.stderr, r.stdout + r.stderr
+    netns.run(["ghdl", "-a", "--std=08", *map(str, hw(*SOURCES))], cwd=tmp_path, timeout=None)
+    elab = ["ghdl", "--elab-run", "--std=08", "hf_prio_enc", *(f"-g{k}={v}" for k, v in generics.items())]
+    with pytest.raises(netns.CommandError) as refused:
+        netns.run([*elab, "--stop-time=1ns"], cwd=tmp_path, timeout=None)
+    r = refused.value
+    assert r.returncode and "STAGES is not the least" in r.stdout + r.stderr, r.stdout + r.stderr

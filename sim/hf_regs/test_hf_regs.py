@@ -12,8 +12,7 @@ import pytest
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
 from cocotb.utils import get_sim_time
-from hypafilter.hw import regmap
-from hypafilter.hw import vhdl as hwgen
+from hypafilter.hw import regmap, vhdl
 
 from sim.hftb import SIM_BUILD, AxiLite, hw, load_obj, run_ghdl, save_obj
 
@@ -201,9 +200,9 @@ async def registers_and_indirect_access(dut):
 def test_regs(addr_width):
     tag = f"a{addr_width}"
     out = SIM_BUILD / "hf_regs" / tag
-    plan = hwgen.HwPlan([hwgen.HwEntry(()) for _ in range(9)], [0] * 10, [1] * 10, "ab" * 32)
+    plan = vhdl.HwPlan([vhdl.HwEntry(()) for _ in range(9)], [0] * 10, [1] * 10, "ab" * 32)
     gen = out / "gen"
-    hwgen.render(plan, gen)
-    cfg = save_obj({"n": 9, "hash32": int(hwgen.matcher_hash(plan)[-8:], 16)}, out / "cfg.pkl")
+    vhdl.render(plan, gen)
+    cfg = save_obj({"n": 9, "hash32": int(vhdl.matcher_hash(plan)[-8:], 16)}, out / "cfg.pkl")
     sources = [gen / "hf_regs_pkg.vhd", gen / "hf_policy_pkg.vhd", *hw("hf_pkg.vhd", "hf_regs.vhd")]
     run_ghdl("hf_regs", sources, tag, {"ADDR_WIDTH": addr_width}, env={"HF_TB_CFG": str(cfg)})

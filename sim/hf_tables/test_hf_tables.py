@@ -10,8 +10,7 @@ import cocotb
 import pytest
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
-from hypafilter.hw import regmap
-from hypafilter.hw import vhdl as hwgen
+from hypafilter.hw import regmap, vhdl
 from hypafilter.ir import ACTION_ACCEPT, ACTION_DROP
 
 from sim.hftb import SIM_BUILD, hw, load_obj, run_ghdl, save_obj
@@ -180,12 +179,12 @@ async def tables_follow_the_model(dut):
     assert not int(dut.ind_done.value) and int(dut.ready.value)
 
 
-def _plan(n: int, seed: int) -> hwgen.HwPlan:
+def _plan(n: int, seed: int) -> vhdl.HwPlan:
     """n entries with random shunt bits and actions (the matcher is not part of this entity)."""
     rng = random.Random(seed)
     shunt = [rng.randrange(2) for _ in range(n + 1)]
     actions = [rng.choice((ACTION_ACCEPT, ACTION_DROP, 0)) for _ in range(n + 1)]
-    return hwgen.HwPlan([hwgen.HwEntry(()) for _ in range(n)], shunt, actions, f"{seed:064x}")
+    return vhdl.HwPlan([vhdl.HwEntry(()) for _ in range(n)], shunt, actions, f"{seed:064x}")
 
 
 @pytest.mark.sim
@@ -195,7 +194,7 @@ def test_tables(n):
     out = SIM_BUILD / "hf_tables" / tag
     plan = _plan(n, n + 1)
     gen = out / "gen"
-    hwgen.render(plan, gen)
+    vhdl.render(plan, gen)
     cfg = save_obj(plan, out / "cfg.pkl")
     sources = [gen / "hf_regs_pkg.vhd", gen / "hf_policy_pkg.vhd", *hw("hf_pkg.vhd", "hf_tables.vhd")]
     run_ghdl("hf_tables", sources, tag, {}, env={"HF_TB_CFG": str(cfg)})

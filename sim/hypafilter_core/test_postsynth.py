@@ -5,12 +5,12 @@ from __future__ import annotations
 import random
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
+from hypafilter import netns
 from hypafilter.hw import model as hwmodel
-from hypafilter.hw import vhdl as hwgen
+from hypafilter.hw import vhdl
 
 from conftest import need_tool
 from sim.hftb import SIM_BUILD, run_ghdl, save_obj
@@ -30,7 +30,7 @@ def covering_plan():
     that few packets pass through must still exercise most of the matcher, so the seed is chosen by coverage.
     """
     for seed in range(1, 200):
-        plan = hwgen.minimal_plan(random_policy(random.Random(seed), 40))
+        plan = vhdl.minimal_plan(random_policy(random.Random(seed), 40))
         regs = hwmodel.Regs.from_plan(plan)
         frames = frames_for(plan, random.Random(seed), COUNTS[0])
         hit, kinds = set(), set()
@@ -52,18 +52,17 @@ def synth_netlist(plan, out: Path, width: int) -> list[Path]:
     """
     gen, work = out / "gen", out / "work"
     work.mkdir(parents=True)
-    hwgen.render(plan, gen, tdata_width=width)
+    vhdl.render(plan, gen, tdata_width=width)
     steps = (
-        ["ghdl", "-a", "--std=08", f"--workdir={work}", *map(str, hwgen.sources(gen))],
+        ["ghdl", "-a", "--std=08", f"--workdir={work}", *map(str, vhdl.sources(gen))],
         # the FIFO keeps its default depth (64 kB), as in the emulator's GHDL synthesis (emu/build.py)
         ["ghdl", "--synth", "--std=08", f"--workdir={work}", "--out=vhdl", f"-gC_S_AXIS_DATA_WIDTH={width}", TOP],
     )
     for argv in steps:
-        r = subprocess.run(argv, cwd=out, capture_output=True, text=True)
-        assert r.returncode == 0, f"{' '.join(argv[:3])} failed:\n{r.stderr[-3000:]}"
+        text = netns.run(argv, cwd=out, timeout=None)
     netlist = out / "core_synth.vhd"
-    netlist.write_text(r.stdout)
-    packages = [s for s in hwgen.sources(gen) if not re.search(r"^\s*entity\s", s.read_text(), re.M | re.I)]
+    netlist.write_text(text)
+    packages = [s for s in vhdl.sources(gen) if not re.search(r"^\s*entity\s", s.read_text(), re.M | re.I)]
     assert packages, "no VHDL package among the sources"
     return [*packages, netlist]
 

@@ -32,31 +32,18 @@ def make_plan():
     """A small policy built straight from the IR: simple DROP/ACCEPT entries, one complex rule, policy ACCEPT."""
     from hypafilter.analysis.plan import build_plan
     from hypafilter.config import Config
-    from hypafilter.ir import PROTO_ICMP, PROTO_TCP, PROTO_UDP, Box, Policy, Rule
 
-    def box(**kw):
-        b = Box.full()
-        for k, v in kw.items():
-            lo, hi = v if isinstance(v, tuple) else (v, v)
-            b = b.with_field(k, lo, hi)
-        return b
+    from tests.irbuild import make_policy, make_rule
 
     rules = [
-        Rule((box(proto=PROTO_TCP, dport=22),), "DROP"),
-        Rule((box(src=(0x0A000100, 0x0A0001FF), proto=PROTO_UDP, dport=53),), "ACCEPT"),
-        Rule((box(proto=PROTO_TCP, dport=80),), "REJECT", complex=(("-m", "conntrack", "--ctstate", "NEW"),)),
-        Rule((box(proto=PROTO_UDP, dport=9),), "DROP"),
-        Rule((box(proto=PROTO_ICMP),), "ACCEPT"),
-    ]
-    orig = [
-        ("-p", "tcp", "--dport", "22", "-j", "DROP"),
-        ("-s", "10.0.1.0/24", "-p", "udp", "--dport", "53", "-j", "ACCEPT"),
-        ("-p", "tcp", "--dport", "80", "-m", "conntrack", "--ctstate", "NEW", "-j", "REJECT"),
-        ("-p", "udp", "--dport", "9", "-j", "DROP"),
-        ("-p", "icmp", "-j", "ACCEPT"),
+        make_rule("DROP", proto="tcp", dport=(22, 22)),
+        make_rule("ACCEPT", src="10.0.1.0/24", proto="udp", dport=(53, 53)),
+        make_rule("REJECT", proto="tcp", dport=(80, 80), complex=[("-m", "conntrack", "--ctstate", "NEW")]),
+        make_rule("DROP", proto="udp", dport=(9, 9)),
+        make_rule("ACCEPT", proto="icmp"),
     ]
     cfg = Config()
-    return build_plan(Policy(rules, "ACCEPT", source="test_emu", original_rules=orig), cfg), cfg
+    return build_plan(make_policy(rules, "ACCEPT", source="test_emu"), cfg), cfg
 
 
 @pytest.fixture(scope="session")

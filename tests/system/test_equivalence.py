@@ -1,5 +1,5 @@
 """Kernel as oracle: every example policy, strategies, user chains and ClassBench-derived policies give the hybrid
-path exactly the verdicts of the original policy alone (hypafilter.verify, in a lab of this module's own)."""
+path exactly the verdicts of the original policy alone (hypafilter.ops.verify, in a lab of this module's own)."""
 
 from __future__ import annotations
 

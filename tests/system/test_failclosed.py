@@ -85,11 +85,36 @@ def test_lint_checks_every_rule_with_the_kernel(tmp_path, capsys):
     pol.write_text(BAD)
     assert main(["lint", str(pol)]) == 2
     err = capsys.readouterr().err
-    assert f"{pol}:4:1: the kernel refuses this rule: RULE_APPEND failed (Invalid argument)" in err
+    assert f"{pol}:4:54: the kernel refuses this rule: RULE_APPEND failed (Invalid argument)" in err
     assert f"{pol}:5:" in err and "ipset hf-no-such-set does not exist on this host" in err  # ipset is installed
-    assert f"{pol}:6:1: the kernel refuses this rule" in err
+    assert f"{pol}:6:29: the kernel refuses this rule" in err
     assert f"{pol}:3" not in err
     assert main(["lint", "--no-kernel", str(pol)]) == 0
+
+
+@pytest.mark.parametrize(
+    "options, token",
+    [
+        ("-m nosuchmatch", "nosuchmatch"),
+        ("-m string --algo nonsense --string x", "nonsense"),
+        ("-m string --algo bm --string " + "s" * 200, "s" * 200),
+        ("-m string --algo bm --string x --from 50 --to 10", "10"),
+        ("-m mac --mac-source 00:11:22:33:zz", "00:11:22:33:zz"),
+    ],
+)
+def test_a_kernel_refusal_points_at_the_token_it_names(tmp_path, capsys, options, token):
+    """The kernel's (or iptables' own) refusal points at the token it is about, not at column 1."""
+    from hypafilter.cli import main
+    from hypafilter.errors import shown
+
+    pol = tmp_path / "one.rules"
+    line = f"-A FORWARD -p tcp {options} -j DROP"
+    pol.write_text(f"*filter\n:FORWARD ACCEPT [0:0]\n{line}\nCOMMIT\n")
+    assert main(["lint", str(pol)]) == 2
+    err = capsys.readouterr().err
+    col = line.rindex(f" {token} ") + 2
+    assert f"{pol}:3:{col}: the kernel refuses this rule" in err and f"(at {shown(token)!r})" in err, err
+    assert len(err) < 600  # a long token is shown cut
 
 
 def test_deploy_refuses_what_the_kernel_refuses_before_building(lab):
@@ -102,7 +127,7 @@ def test_deploy_refuses_what_the_kernel_refuses_before_building(lab):
 
     before = deploy.read_state()
     t0 = time.monotonic()
-    with pytest.raises(HypafilterError, match=r"kernel-check.*bad\.rules:4:1: the kernel refuses this rule"):
+    with pytest.raises(HypafilterError, match=r"kernel-check.*bad\.rules:4:54: the kernel refuses this rule"):
         deploy.deploy(parse_policy(BAD, "bad.rules"), Config())
     assert time.monotonic() - t0 < 30  # refused before the emulator build (minutes for a new matcher)
     assert deploy.read_state() == before

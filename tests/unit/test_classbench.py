@@ -1,4 +1,4 @@
-"""Unit tests for hypafilter.classbench and `hypafilter import-classbench`."""
+"""Unit tests for hypafilter.tools.classbench and `hypafilter import-classbench`."""
 
 from __future__ import annotations
 

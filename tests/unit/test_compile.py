@@ -50,3 +50,15 @@ def test_compile_error_writes_nothing(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "bad.rules:" in err
     assert not out.exists() and list(tmp_path.iterdir()) == [pol]
+
+
+def test_a_huge_token_is_not_echoed_in_skipped_lines(tmp_path, capsys):
+    """nft has no form for an unknown match: each skipped .nft file says so with the match name cut."""
+    from tests.unit.test_lint import BIG
+
+    pol = tmp_path / "big.rules"
+    pol.write_text(BIG.format("bm", "n" * 1_000_000))
+    assert main(["compile", str(pol), "-o", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("skipped netfilter/") >= 5 and len(out) < 3000, out[:3000]
+    assert "n" * 81 not in str(json.loads((tmp_path / "out" / "manifest.json").read_text())["skipped"])

@@ -1,4 +1,4 @@
-"""Unit tests for hypafilter.geometry: the bitset engine agrees with pairwise box tests."""
+"""Unit tests for hypafilter.analysis.geometry: the bitset engine agrees with pairwise box tests."""
 
 from __future__ import annotations
 

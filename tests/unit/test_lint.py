@@ -49,6 +49,23 @@ def test_a_huge_token_is_not_echoed_whole(tmp_path, capsys):
     assert len(err) < 500 and "(1000000 characters)" in err
 
 
+BIG = (
+    "*filter\n:FORWARD DROP [0:0]\n-A FORWARD -p tcp -m string --algo {0} --string x -j ACCEPT\n"
+    "-A FORWARD -p tcp -m {1} -j ACCEPT\nCOMMIT\n"
+)
+
+
+def test_a_huge_match_name_or_value_is_not_listed_whole(tmp_path, capsys):
+    """Tokens the parser leaves to the kernel (a match name, a string match's --algo) are listed cut, in the
+    complex-rule reasons and in the -v listing alike."""
+    pol = tmp_path / "big.rules"
+    pol.write_text(BIG.format("b" * 1_000_000, "n" * 1_000_000))
+    assert main(["lint", "--no-kernel", "-v", str(pol)]) == 0
+    out = capsys.readouterr().out
+    assert len(out) < 2000 and out.count("... (1000000 characters)") == 4, out
+    assert 'match -m string --algo "' + "b" * 80 + '... (1000000 characters)" --string x' in out
+
+
 def test_a_closed_pipe_ends_lint_quietly():
     import subprocess
     import sys

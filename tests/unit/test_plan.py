@@ -1,4 +1,4 @@
-"""Unit tests for hypafilter.plan: shunt vectors, actions and intervals, starting from the paper's Listing 1."""
+"""Unit tests for hypafilter.analysis.plan: shunt vectors, actions and intervals, from the paper's Listing 1."""
 
 from __future__ import annotations
 

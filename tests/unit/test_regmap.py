@@ -1,4 +1,4 @@
-"""Unit tests of hypafilter.regmap: parsing hw/regmap.txt and the generated VHDL, C and Python forms."""
+"""Unit tests of hypafilter.hw.regmap: parsing hw/regmap.txt and the generated VHDL, C and Python forms."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def test_generated_forms_agree(tmp_path):
     assert 'constant REG_CONTROL_RESET : std_logic_vector(31 downto 0) := x"00000001";' in vhd
     assert "#define HF_REG_GENERATION 0x30" in h
     ns: dict = {}
-    exec(py, ns)  # noqa: S102 (our own generated constants)
+    exec(py, ns)  # our own generated constants
     assert all(ns[f"REG_{r.name}"] == r.offset for r in regmap.MAP.registers)
 
 

@@ -8,17 +8,16 @@ from pathlib import Path
 import pytest
 from hypafilter import cli
 from hypafilter.errors import HypafilterError
-from hypafilter.hw import synth
-from hypafilter.hw import vhdl as hwgen
+from hypafilter.hw import synth, vhdl
 from hypafilter.ir import Box
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "rulesets" / "example.rules")
 
 
-def _plan(boxes_per_entry: list[list[Box]]) -> hwgen.HwPlan:
+def _plan(boxes_per_entry: list[list[Box]]) -> vhdl.HwPlan:
     n = len(boxes_per_entry)
-    return hwgen.HwPlan([hwgen.HwEntry(tuple(b)) for b in boxes_per_entry], [0] * (n + 1), [0] * (n + 1), "ab" * 32)
+    return vhdl.HwPlan([vhdl.HwEntry(tuple(b)) for b in boxes_per_entry], [0] * (n + 1), [0] * (n + 1), "ab" * 32)
 
 
 def _box(i: int) -> Box:
@@ -62,8 +61,8 @@ def test_slice_size_default_and_explicit():
 @pytest.mark.parametrize("boxes", [1, 6], ids=["flat", "box_stage"])
 def test_slices_partition_the_matcher(boxes):
     plan = _plan([[_box(i + j) for j in range(boxes)] for i in range(23)])
-    m = hwgen.matcher_source(plan)
-    assert m["box_stage"] == (boxes > hwgen.BOX_STAGE_ABOVE)
+    m = vhdl.matcher_source(plan)
+    assert m["box_stage"] == (boxes > vhdl.BOX_STAGE_ABOVE)
     full = [_expand(m, e) for e in m["entries"]]
     joined = []
     for lo, hi in synth.slice_ranges(len(plan.entries), 5):
@@ -84,7 +83,7 @@ def test_slices_partition_the_matcher(boxes):
 
 def test_slice_of_everything_is_the_matcher():
     plan = _plan([[_box(i)] for i in range(9)])
-    m = hwgen.matcher_source(plan)
+    m = vhdl.matcher_source(plan)
     s = synth.matcher_slice_source(m, 0, 9)
     assert s == {k: m[k] for k in s}
 

@@ -1,8 +1,9 @@
 """The hardware's first-match decision, defined once: which entry a header hits, and what the core then does.
 
 Every consumer of "what would the matcher say" uses this module: the analysis (shunted packets per trace), the
-Python model of the core (`hw.model`), the emulation of the whole hybrid (`analysis.hybrid`), the verifier, the
-benchmarks, the property tests and the cocotb testbenches (through `hw.model`).
+Python model of the core (`hw.model`), the emulation of the whole hybrid (`analysis.hybrid`), the benchmarks, the
+unit and property tests and the cocotb testbenches (through `hw.model`). The verifier (`ops.verify`) needs no model:
+it compares the running hybrid with the kernel's verdicts on the original policy.
 
 `plan` is anything with `entries` (each with `boxes`), `shunt` and `actions` of length n + 1: an
 `analysis.plan.Plan` or the hardware's own view of one (`hw.vhdl.HwPlan`). match_index == n is the policy entry.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
 
 def register(sub) -> None:
@@ -28,7 +29,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"lab {args.name}: up ({', '.join(lab.ns(r) for r in ROLES)})")
         return 0
     if args.action == "down":
-        removed = lab.down()
+        from hypafilter.ops import deploy
+
+        removed = deploy.lab_down(lab, lambda s: print(f"lab {args.name}: {s}", file=sys.stderr))
         print(f"lab {args.name}: removed {', '.join(removed)}" if removed else f"lab {args.name}: nothing to remove")
         return 0
     st = lab.status()

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from hypafilter.cli.common import add_policy_args, interfaces_text, load_config, load_policy, resolved_lines
+from hypafilter.errors import shown, shown_text
 from hypafilter.iptables.writer import tokens_text
 from hypafilter.ir import HW_TARGETS, Rule
 
@@ -15,11 +16,11 @@ def complex_reasons(rule: Rule) -> list[str]:
     reasons = []
     for group in rule.complex:
         if group[:1] == ("-m",) or group[:2] == ("!", "-m"):
-            reasons.append(f"match {tokens_text(group)}")
+            reasons.append(f"match {tokens_text(map(shown, group))}")
         else:
-            reasons.append(f"check {tokens_text(group)}")
+            reasons.append(f"check {tokens_text(map(shown, group))}")
     if rule.target not in HW_TARGETS:
-        reasons.append(f"target {rule.target}" if rule.target else "no target (stateful match only)")
+        reasons.append(f"target {shown(rule.target)}" if rule.target else "no target (stateful match only)")
     if rule.approximate:
         reasons.append("behind a complex RETURN/goto guard in a user chain")
     return reasons
@@ -72,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         for i, r in enumerate(rules):
             kind = "simple " if r.is_simple else "complex"
             print(
-                f"  #{i} {kind} {len(r.boxes)} box(es) -> {r.target or '(none)'}: {r.origin.text if r.origin else ''}"
+                f"  #{i} {kind} {len(r.boxes)} box(es) -> {r.target or '(none)'}: {shown_text(r.origin.text) if r.origin else ''}"
             )
     return status
 

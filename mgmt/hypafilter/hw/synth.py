@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
+from hypafilter import netns
 from hypafilter.errors import HypafilterError
-from hypafilter.hw import vhdl as hwgen
+from hypafilter.hw import vhdl
 from hypafilter.paths import ROOT
 
 VIVADO_TEMPLATES = ROOT / "scripts" / "vivado"
@@ -36,10 +35,11 @@ _PART_SOURCES = {
 
 
 def _run(cmd: list[str], cwd: Path, what: str) -> str:
-    r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise HypafilterError(f"{what} failed ({' '.join(cmd[:3])} ...): {(r.stderr or r.stdout)[-2000:]}")
-    return r.stdout
+    """stdout of a synthesis tool; like every build, it may run for minutes, so no time limit."""
+    try:
+        return netns.run(cmd, cwd=cwd, timeout=None)
+    except netns.CommandError as e:
+        raise HypafilterError(f"{what} failed: {e}") from e
 
 
 def _need(tool: str) -> None:
@@ -51,7 +51,7 @@ def render_build(plan, out_dir: Path, tdata_width: int, encoder_fanin: int) -> t
     """Render the plan's sources into out_dir/gen; (out_dir resolved, gen), the folders every flow here builds in."""
     out_dir = Path(out_dir).resolve()
     gen = out_dir / "gen"
-    hwgen.render(plan, gen, tdata_width=tdata_width, encoder_fanin=encoder_fanin)
+    vhdl.render(plan, gen, tdata_width=tdata_width, encoder_fanin=encoder_fanin)
     return out_dir, gen
 
 
@@ -61,7 +61,7 @@ def ghdl_verilog(plan, out_dir: Path, tdata_width: int = 256, fifo_bytes: int = 
     out_dir, gen = render_build(plan, out_dir, tdata_width, encoder_fanin)
     work = out_dir / "work"
     work.mkdir(parents=True, exist_ok=True)
-    _run(["ghdl", "-a", "--std=08", f"--workdir={work}", *map(str, hwgen.sources(gen))], out_dir, "GHDL analysis")
+    _run(["ghdl", "-a", "--std=08", f"--workdir={work}", *map(str, vhdl.sources(gen))], out_dir, "GHDL analysis")
     top = "hypafilter_core"
     gargs = [f"-gC_S_AXIS_DATA_WIDTH={tdata_width}", f"-gC_FIFO_DEPTH_BYTES={fifo_bytes}"]
     text = _run(
@@ -81,7 +81,7 @@ def ghdl_part_verilog(gen: Path, top: str, out_dir: Path, generics: dict | None 
     _need("ghdl")
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    files = [str(f) for f in hwgen.sources(gen) if f.name in _PART_SOURCES[top]]
+    files = [str(f) for f in vhdl.sources(gen) if f.name in _PART_SOURCES[top]]
     gargs = [f"-g{k}={v}" for k, v in (generics or {}).items()]
     text = _run(
         ["ghdl", "--synth", "--std=08", f"--workdir={out_dir}", *gargs, "--out=verilog", *files, "-e", top],
@@ -111,7 +111,7 @@ def _renumber(texts: list[str], name: str) -> tuple[list[int], list[str]]:
 
 
 def matcher_slice_source(m: dict, lo: int, hi: int) -> dict:
-    """Template variables of a matcher holding entries lo..hi-1 of the matcher `m` (hwgen.matcher_source).
+    """Template variables of a matcher holding entries lo..hi-1 of the matcher `m` (vhdl.matcher_source).
 
     The slice keeps the whole matcher's shape (box stage, latency) and exactly the comparators and boxes its
     entries use, so the slices of a matcher together hold every match unit once and every comparator at least once.
@@ -136,13 +136,11 @@ def render_matcher_slice(plan, m: dict, lo: int, hi: int, gen: Path, tdata_width
     """Render a build folder whose hf_matcher holds entries lo..hi-1 only (packages sized for hi - lo entries)."""
     k = hi - lo
     default = int(plan.actions[-1])
-    sub = hwgen.HwPlan(list(plan.entries[lo:hi]), [0] * (k + 1), [default] * (k + 1), plan.policy_hash)
-    hwgen.render(sub, gen, tdata_width=tdata_width, encoder_fanin=encoder_fanin)
+    sub = vhdl.HwPlan(list(plan.entries[lo:hi]), [0] * (k + 1), [default] * (k + 1), plan.policy_hash)
+    vhdl.render(sub, gen, tdata_width=tdata_width, encoder_fanin=encoder_fanin)
     origin = f"policy {plan.policy_hash}, entries {lo}..{hi - 1} (synthesis estimate slice)"
-    env_vars = {"origin": origin, "n": k, "res_width": hwgen.res_width(k)}
-    text = (
-        hwgen.template_env().get_template("hf_matcher.vhd.j2").render({**env_vars, **matcher_slice_source(m, lo, hi)})
-    )
+    env_vars = {"origin": origin, "n": k, "res_width": vhdl.res_width(k)}
+    text = vhdl.template_env().get_template("hf_matcher.vhd.j2").render({**env_vars, **matcher_slice_source(m, lo, hi)})
     (Path(gen) / "hf_matcher.vhd").write_text(text)
     return Path(gen)
 
@@ -289,7 +287,7 @@ def matcher_estimate(plan, out_dir: Path, gen: Path, tdata_width: int, encoder_f
         est = yosys_estimate(ghdl_part_verilog(gen, "hf_matcher", mdir), "hf_matcher", mdir)
         est["method"] = "whole"
     else:
-        m = hwgen.matcher_source(plan)
+        m = vhdl.matcher_source(plan)
         parts, rows = [], []
         for i, (lo, hi) in enumerate(slice_ranges(n, size)):
             t1 = time.monotonic()
@@ -336,11 +334,11 @@ def encoder_estimate(out_dir: Path, gen: Path, n_in: int, fanin: int, idx_w: int
     the subtrees under the last stage, each a real hf_prio_enc, plus an upper bound of the last stage."""
     t0 = time.monotonic()
     edir = Path(out_dir) / "encoder"
-    stages = hwgen.enc_stages(n_in, fanin)
+    stages = vhdl.enc_stages(n_in, fanin)
     if split is None:
         split = fanin**stages > ENC_WHOLE_WIDE
     if not split or stages < 2:
-        v = ghdl_part_verilog(gen, "hf_prio_enc", edir, hwgen.encoder_generics(n_in, fanin, idx_w))
+        v = ghdl_part_verilog(gen, "hf_prio_enc", edir, vhdl.encoder_generics(n_in, fanin, idx_w))
         est = yosys_estimate(v, "hf_prio_enc", edir)
         est["method"] = "whole"
         est["seconds"] = round(time.monotonic() - t0, 1)
@@ -353,7 +351,7 @@ def encoder_estimate(out_dir: Path, gen: Path, n_in: int, fanin: int, idx_w: int
     done: dict[int, dict] = {}
     for size in sorted(set(sizes)):
         sdir = edir / f"subtree{size}"
-        v = ghdl_part_verilog(gen, "hf_prio_enc", sdir, hwgen.encoder_generics(size, fanin, idx_w))
+        v = ghdl_part_verilog(gen, "hf_prio_enc", sdir, vhdl.encoder_generics(size, fanin, idx_w))
         done[size] = yosys_estimate(v, "hf_prio_enc", sdir)
     top = top_stage_bound(len(sizes), fanin, stages - 1)
     top_part = {k: 0 for k in _SUMMED} | {
@@ -391,7 +389,7 @@ def estimate(
     encoder_split: estimate the encoder by subtrees (True), whole (False) or by its width (None; encoder_estimate).
     """
     n = len(plan.entries)
-    res_w, idx_w = hwgen.res_width(n), hwgen.idx_width(n)
+    res_w, idx_w = vhdl.res_width(n), vhdl.idx_width(n)
     size = slice_size_for(n, slices)
     method: dict = {"matcher": "slices" if size else "whole", "encoder": "whole"}
     if size:
@@ -409,8 +407,8 @@ def estimate(
         "tool": "yosys synth_xilinx -family xc7 (GHDL synth -> Verilog)",
         "method": method,
     }
-    m_lat = hwgen.matcher_source(plan)["match_latency"]
-    e_lat = hwgen.enc_stages(res_w, encoder_fanin)
+    m_lat = vhdl.matcher_source(plan)["match_latency"]
+    e_lat = vhdl.enc_stages(res_w, encoder_fanin)
     out_dir, gen = render_build(plan, out_dir, tdata_width, encoder_fanin)
     parts = {"matcher": matcher_estimate(plan, out_dir, gen, tdata_width, encoder_fanin, size)}
     parts["encoder"] = encoder_estimate(out_dir, gen, res_w, encoder_fanin, idx_w, encoder_split)
@@ -444,7 +442,7 @@ def vivado_project(
     """Write the sources and a Vivado batch Tcl script (synthesis + implementation + timing/utilisation reports)."""
     out_dir, gen = render_build(plan, out_dir, tdata_width, encoder_fanin)
     tmpl = (VIVADO_TEMPLATES / "hypafilter_core.tcl.in").read_text()
-    files = "\n".join(f"  {{{p}}}" for p in hwgen.sources(gen))
+    files = "\n".join(f"  {{{p}}}" for p in vhdl.sources(gen))
     tcl = (
         tmpl.replace("@PART@", PART)
         .replace("@SOURCES@", files)
@@ -462,5 +460,8 @@ def run_vivado(tcl: Path) -> int | None:
     """Run Vivado in batch mode on the script; None when Vivado is not on PATH."""
     if shutil.which("vivado") is None:
         return None
-    r = subprocess.run(["vivado", "-mode", "batch", "-source", str(tcl)], cwd=tcl.parent, stdout=sys.stderr)
-    return r.returncode
+    try:
+        netns.run(["vivado", "-mode", "batch", "-source", str(tcl)], cwd=tcl.parent, timeout=None, echo=True)
+    except netns.CommandError as e:
+        return e.returncode
+    return 0

@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hypafilter import netns
-from hypafilter.errors import PolicyError
+from hypafilter.errors import PolicyError, shown_text
+from hypafilter.iptables.tokens import tokenize
 from hypafilter.iptables.writer import BUILTIN_FILTER_CHAINS, rule_line
 from hypafilter.ir import Origin, Policy
 
@@ -97,7 +98,10 @@ def check(lines: Sequence[Line], sets: dict[str, Origin], table: str = "filter")
                     if o is None:  # a line the checker wrote: report it against the policy as a whole
                         errors.append(PolicyError(f"the kernel refused a generated line ({msg}): {ln.text}"))
                     else:
-                        errors.append(PolicyError(f"the kernel refuses this rule: {msg}", o.file, o.line, 1, o.text))
+                        col, tok = refused_token(msg, o.text)
+                        errors.append(
+                            PolicyError(f"the kernel refuses this rule: {shown_text(msg)}", o.file, o.line, col, tok)
+                        )
                     work[n - 1] = "# " + work[n - 1]
     finally:
         netns.delete(ns)
@@ -113,6 +117,44 @@ def _refused(stderr: str) -> list[tuple[int, str]]:
         msg = text[: m.start()].strip().splitlines()
         return [(int(m.group(1)), msg[-1] if msg else "parse error")]
     return [(int(n), msg.strip()) for n, msg in _KERNEL.findall(text)]
+
+
+def refused_token(msg: str, text: str) -> tuple[int, str]:
+    """(column, token) of the rule line `text` that a refusal `msg` is about: a token the message quotes (an unknown
+    match or target, a bad value), else the value of the option a message naming no token is known to be about;
+    (1, text) when neither is there."""
+    try:
+        toks = tokenize(text)
+    except PolicyError:
+        return 1, text
+    words = [t.text for t in toks]
+    for q in _QUOTED.findall(msg):
+        name = q[0] or q[1]
+        if name in words:
+            t = toks[words.index(name)]
+            return t.col, t.text
+    for pattern, option, applies in _HINTS:
+        if pattern.search(msg) and option in words[:-1] and applies(words):
+            t = toks[words.index(option) + 1]
+            return t.col, t.text
+    return 1, text
+
+
+def _value(words: list[str], option: str) -> int | None:
+    i = words.index(option) + 1 if option in words[:-1] else 0
+    return int(words[i]) if i and words[i].isdigit() else None
+
+
+# Tokens a refusal quotes: `name' (iptables' "Couldn't load match `x'") and "value".
+_QUOTED = re.compile(r"`([^']*)'|\"([^\"]*)\"")
+# Refusals that name no token, and the option whose value they are about when the rule has it.
+_HINTS = (
+    (re.compile(r"Invalid MAC address"), "--mac-source", lambda w: True),
+    # a text-search algorithm the kernel has no module for
+    (re.compile(r"\(No such file or directory\)"), "--algo", lambda w: True),
+    # the string match's window: --from above --to
+    (re.compile(r"\(Invalid argument\)"), "--to", lambda w: (_value(w, "--from") or 0) > (_value(w, "--to") or 0)),
+)
 
 
 def policy_lines(policy: Policy, table: str = "filter") -> tuple[list[Line], dict[str, Origin]]:

@@ -130,5 +130,5 @@ class Policy:
 
     def policy_hash(self) -> str:
         """Hex SHA-256 of canonical_text(); the deployment's identity (the hardware carries
-        hwgen.matcher_hash instead, which ignores everything registers can change)."""
+        hw.vhdl.matcher_hash instead, which ignores everything registers can change)."""
         return hashlib.sha256(self.canonical_text().encode()).hexdigest()

@@ -16,7 +16,7 @@ from hypafilter.analysis.program import (
     place_policy_rule,
     resolve_target,
 )
-from hypafilter.errors import HypafilterError
+from hypafilter.errors import HypafilterError, shown
 
 
 class _NftUnsupported(HypafilterError):
@@ -39,7 +39,7 @@ def _nft_match(tokens: tuple[str, ...], where: str) -> list[str]:
     def take() -> str:
         nonlocal i
         if i >= len(toks):
-            raise HypafilterError(f"{where}: option {toks[i - 1]!r} without a value")
+            raise HypafilterError(f"{where}: option {shown(toks[i - 1])!r} without a value")
         v = toks[i]
         i += 1
         return v
@@ -65,7 +65,9 @@ def _nft_match(tokens: tuple[str, ...], where: str) -> list[str]:
         elif t == "-m":
             mod = take()
             if mod not in ("tcp", "udp", "icmp", "multiport", "conntrack", "state", "limit", "mark", "comment"):
-                raise _NftUnsupported(f"{where}: match -m {mod} has no nftables equivalent in hypafilter's nft output")
+                raise _NftUnsupported(
+                    f"{where}: match -m {shown(mod)} has no nftables equivalent in hypafilter's nft output"
+                )
         elif t in ("--sport", "--source-port", "--sports", "--source-ports"):
             out.append(f"{proto} sport {op}{_nft_ports(take())}")
         elif t in ("--dport", "--destination-port", "--dports", "--destination-ports"):
@@ -97,7 +99,7 @@ def _nft_match(tokens: tuple[str, ...], where: str) -> list[str]:
         elif t == "--comment":
             out.append(f'comment "{take()}"')
         else:
-            raise _NftUnsupported(f"{where}: option {t!r} has no nftables equivalent in hypafilter's nft output")
+            raise _NftUnsupported(f"{where}: option {shown(t)!r} has no nftables equivalent in hypafilter's nft output")
     # nft wants a comment last.
     return [x for x in out if not x.startswith("comment")] + [x for x in out if x.startswith("comment")]
 
@@ -114,7 +116,7 @@ def _nft_icmp(spec: str, negated: bool, where: str) -> list[str]:
     if not negated:
         return [f"icmp type {typ} icmp code {code}"]
     if "-" in code:
-        raise _NftUnsupported(f"{where}: ! --icmp-type {spec} (a negated code range) has no nftables form here")
+        raise _NftUnsupported(f"{where}: ! --icmp-type {shown(spec)} (a negated code range) has no nftables form here")
     return [f"icmp type . icmp code != {{ {typ} . {code} }}"]
 
 
@@ -140,7 +142,7 @@ def _nft_target(p: Placed, where: str) -> str:
         if mask:
             return f"meta mark set meta mark & {~int(mask, 0) & 0xFFFFFFFF:#x} | {val}"
         return f"meta mark set {val}"
-    raise _NftUnsupported(f"{where}: target {target} has no nftables equivalent in hypafilter's nft output")
+    raise _NftUnsupported(f"{where}: target {shown(target)} has no nftables equivalent in hypafilter's nft output")
 
 
 def _split_rule(toks: tuple[str, ...]) -> tuple[tuple[str, ...], str, tuple[str, ...]]:
@@ -191,7 +193,7 @@ def to_nft(
             lines = [
                 rule_text(x, f"{pol.source}: {name}")
                 if isinstance(x, Placed)
-                else verbatim(x, f"{pol.source}: {' '.join(x)}", True)
+                else verbatim(x, f"{pol.source}: {' '.join(map(shown, x))}", True)
                 for x in original_placements(prog, helpers)
             ]
         else:

@@ -73,14 +73,19 @@ def read_state() -> dict | None:
 
 
 def write_state(state: dict) -> None:
+    _write_private(state_file(), json.dumps(state, indent=1, sort_keys=True) + "\n")
+
+
+def _write_private(path: Path, text: str) -> None:
+    """A file of the state directory: it holds the whole policy, so readable by root only (created so, never
+    world-readable for a moment), and replaced whole (readers such as status and the dashboard never see half)."""
     STATE_DIR.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = state_file().with_suffix(".tmp")
-    # The state holds the whole policy: readable by root only (created so, never world-readable for a moment).
+    tmp = path.with_suffix(".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(state, indent=1, sort_keys=True) + "\n")
+        f.write(text)
     os.chmod(tmp, 0o600)
-    tmp.replace(state_file())  # readers (status, dashboard) never see a half-written file
+    tmp.replace(path)
 
 
 @contextlib.contextmanager
@@ -231,7 +236,7 @@ def drift(st: dict, tgt: Target | None = None) -> list[str]:
                 gen = c.info()["GENERATION"]
             if gen != st["generation"]:
                 out.append(f"nic: GENERATION register {gen}, deployed {st['generation']}")
-    except Exception as e:  # noqa: BLE001 -- an unreachable NIC is drift, whatever the transport raised
+    except Exception as e:  # an unreachable NIC is drift, whatever the transport raised
         out.append(f"nic: {e}")
     return out
 
@@ -294,7 +299,7 @@ class Transaction:
             try:
                 self.log(f"rollback {name}")
                 fn()
-            except Exception as e:  # noqa: BLE001 -- keep undoing the rest; report every failure
+            except Exception as e:  # keep undoing the rest; report every failure
                 self.rollback_errors.append(f"{name}: {e}")
         self.undo.clear()
 
@@ -528,7 +533,7 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
 
         tx.step("shim-tables", lambda: fwshim.update(intervals, num_entries=len(intervals)), shim_tables_undo)
         # 5. Hardware: a new NIC for a new matcher (standby until programmed), else rewrite the registers. The
-        #    build is keyed on the matcher (hwgen.matcher_hash), so only a change of the hardware entries replaces it.
+        #    build is keyed on the matcher (hw.vhdl.matcher_hash), so only a change of the hardware entries replaces it.
         replace = not old_nic or old_nic.get("binary") != binary or force
         if replace:
             # Beside a running NIC the new one waits in standby until it is programmed. Alone it starts active: the
@@ -574,7 +579,7 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
     if old_nic and replace:
         try:
             tgt.stop(old_nic)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             warnings.append(f"stopping the old NIC: {e}")
     try:
         stale = [c for g, cs in owned_chains(NS_FW, config).items() if g != gen for c in cs]
@@ -681,7 +686,7 @@ def undeploy(log: Callable[[str], None] = lambda s: None) -> bool:
         if st.get("nic"):
             try:
                 target_of(st, cfg).stop(st["nic"])
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 errors.append(f"nic: {e}")
         if netns.exists(NS_FW):
             try:
@@ -703,12 +708,28 @@ def undeploy(log: Callable[[str], None] = lambda s: None) -> bool:
             except HypafilterError as e:
                 errors.append(f"shim: {e}")
         st["history"].append({"time": time.time(), "result": "undeployed", "errors": errors})
-        (STATE_DIR / "last-undeployed.json").write_text(json.dumps(st, indent=1) + "\n")
+        _write_private(STATE_DIR / "last-undeployed.json", json.dumps(st, indent=1) + "\n")
         state_file().unlink()
         if errors:
             raise HypafilterError("undeploy finished with errors: " + "; ".join(errors))
         log("undeployed")
         return True
+
+
+def lab_down(lab, log: Callable[[str], None] = lambda s: None) -> list[str]:
+    """Take the lab `lab` (an `ops.lab.Lab`) down with what runs in it: the deployment in it is undeployed first
+    (NIC stopped, chains removed, state.json kept as last-undeployed.json), then its namespaces go, then whatever
+    files its NICs left in the state directory. Returns the namespaces removed."""
+    if lab.name == LAB_NAME and read_state():
+        try:
+            undeploy(log)
+        except HypafilterError as e:  # the namespaces go anyway; what was left undone goes with them
+            log(str(e))
+    removed = lab.down()
+    for f in (STATE_DIR / "nic").glob(f"{lab.name}-g*"):
+        if f.suffix in (".sock", ".pid", ".log"):
+            f.unlink(missing_ok=True)
+    return removed
 
 
 def status() -> dict:
@@ -721,7 +742,7 @@ def status() -> dict:
     cfg = Config(table=st.get("table", "filter"), chain_prefix=st.get("chain_prefix", "HF"))
     try:
         out["nic_counters"] = target_of(st, cfg).counters(st["nic"])
-    except Exception as e:  # noqa: BLE001 -- status reports what it can
+    except Exception as e:  # status reports what it can
         out["nic_counters"] = {"error": str(e)}
     try:
         out["shim_stats"] = shim_mod.Shim(st["shim"]["netns"], st["shim"]["ifaces"]).stats()

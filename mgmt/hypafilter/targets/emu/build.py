@@ -1,4 +1,4 @@
-"""Builds hf_emu for a plan: hwgen.render → GHDL synth to Verilog → Verilator + driver/emu, cached by content hash."""
+"""Builds hf_emu for a plan: vhdl.render → GHDL synth to Verilog → Verilator + driver/emu, cached by content hash."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from hypafilter import netns
 from hypafilter.errors import HypafilterError
-from hypafilter.hw import vhdl as hwgen
+from hypafilter.hw import vhdl
 from hypafilter.paths import ROOT
 
 HARNESS_DIR = ROOT / "driver" / "emu"
@@ -61,13 +61,13 @@ def cache_key(matcher_hash: str, sources: list[Path], tdata_width: int) -> str:
     return h.hexdigest()[:20]
 
 
-# Everything hwgen.render reads besides the plan: with the matcher hash, width and fan-in these determine the
+# Everything vhdl.render reads besides the plan: with the matcher hash, width and fan-in these determine the
 # generated sources, so a lookup can skip rendering (GENERATOR_FILES + static sources + harness + tool versions).
 GENERATOR_FILES = (
-    Path(hwgen.__file__),
-    Path(hwgen.__file__).with_name("regmap.py"),
-    hwgen.HW_DIR / "regmap.txt",
-    *sorted(hwgen.TEMPLATES.glob("*.j2")),
+    Path(vhdl.__file__),
+    Path(vhdl.__file__).with_name("regmap.py"),
+    vhdl.HW_DIR / "regmap.txt",
+    *sorted(vhdl.TEMPLATES.glob("*.j2")),
 )
 
 
@@ -75,7 +75,7 @@ def quick_key(matcher_hash: str, tdata_width: int, encoder_fanin: int) -> str:
     """Key of the inputs of a build (not of the rendered sources): finds a cached binary without rendering."""
     h = hashlib.sha256(f"matcher {matcher_hash}\nwidth {tdata_width}\nfanin {encoder_fanin}\n".encode())
     h.update(_tool_versions().encode())
-    static = [hwgen.HW_DIR / f for f in (*hwgen.STATIC_SOURCES, hwgen.TOP_SOURCE)]
+    static = [vhdl.HW_DIR / f for f in (*vhdl.STATIC_SOURCES, vhdl.TOP_SOURCE)]
     for p in (*GENERATOR_FILES, *static, *HARNESS_FILES):
         h.update(f"{p.name}\n".encode())
         h.update(p.read_bytes())
@@ -89,7 +89,7 @@ def build(plan, config=None, build_root: str | Path = "build", verbose: bool = F
     t0 = time.monotonic()
     root = Path(build_root).resolve() / "emu"
     root.mkdir(parents=True, exist_ok=True)
-    mhash = hwgen.matcher_hash(plan)
+    mhash = vhdl.matcher_hash(plan)
     index = root / "index" / quick_key(mhash, width, fanin)
     if index.exists():
         binary = root / index.read_text().strip() / "hf_emu"
@@ -104,10 +104,10 @@ def build(plan, config=None, build_root: str | Path = "build", verbose: bool = F
             # Power-on tables "shunt all": the binary depends on the matcher alone, so every plan with the same
             # hardware entries (any complex-only change, any shunt mode over the same simple rules) reuses it
             # and is loaded by register writes (NicClient.program).
-            hwgen.render(plan, gen, tdata_width=width, encoder_fanin=fanin, power_on="shunt_all")
+            vhdl.render(plan, gen, tdata_width=width, encoder_fanin=fanin, power_on="shunt_all")
         except (ValueError, OSError) as e:
             raise EmuError("render VHDL", str(e)) from e
-        sources = hwgen.sources(gen)
+        sources = vhdl.sources(gen)
         missing = [str(p) for p in sources if not p.exists()]
         if missing:
             raise EmuError("render VHDL", "core sources missing: " + ", ".join(missing))

@@ -60,7 +60,7 @@ class EmuNic:
             argv.append("--standby")
         if self.settle_cycles is not None:
             argv += ["--settle", str(self.settle_cycles)]
-        return netns.argv_in(self.netns, argv)
+        return argv
 
     def start(self, timeout: float = 15.0) -> EmuNic:
         if not self.binary.exists():
@@ -71,7 +71,9 @@ class EmuNic:
                 netns.offloads_off(ifname, self.netns)
         log = open(self.log_path, "w")
         try:
-            self.proc = subprocess.Popen(self.argv(), stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL)
+            self.proc = netns.popen(
+                self.argv(), self.netns, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL
+            )
         finally:
             log.close()
         self._wait_ready(timeout)

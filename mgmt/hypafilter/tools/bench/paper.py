@@ -19,14 +19,15 @@ from pathlib import Path
 import numpy as np
 
 from hypafilter.analysis.decision import match_indices
-from hypafilter.analysis.geometry import BoxSet, first_match
+from hypafilter.analysis.hybrid import first_rule_match
 from hypafilter.analysis.plan import build_plan
 from hypafilter.analysis.program import K_SHIFT
 from hypafilter.analysis.traffic import analyze
 from hypafilter.config import Config
 from hypafilter.errors import HypafilterError
 from hypafilter.iptables.document import parse_policy
-from hypafilter.iptables.writer import policy_restore
+from hypafilter.iptables.tokens import tokenize
+from hypafilter.iptables.writer import policy_restore, rule_line
 from hypafilter.netfilter.restore import to_iptables_restore
 from hypafilter.tools.bench import nicbench, pktrate
 from hypafilter.tools.classbench import classbench_policy_text, read_trace, trace_udp_values
@@ -132,9 +133,8 @@ def policy_text(filters: Path, k: int) -> str:
 
 def lower_bound(policy, points: np.ndarray) -> int:
     """Packets whose first matching rule of the original list (complex reductions included) is complex."""
-    rules = policy.rules
-    first = first_match(BoxSet.points(points), BoxSet.from_unions([r.boxes for r in rules]), default=len(rules))
-    is_complex = np.array([not r.is_simple for r in rules] + [False])
+    first = first_rule_match(policy, range(len(policy.rules)), points)
+    is_complex = np.array([not r.is_simple for r in policy.rules] + [False])
     return int(is_complex[first].sum())
 
 
@@ -309,8 +309,9 @@ def insertion_texts(filters: Path, steps: int, seed: int = 15, rules: int = 0) -
     for _ in range(steps):
         rule_lines = [i for i, ln in enumerate(lines) if ln.startswith("-A ")]
         at = rng.choice(rule_lines)
-        head, _, target = lines[at].rpartition(" -j ")
-        lines.insert(at, f"{head} {' '.join(COMPLEX_PART)} -j {target}")
+        toks = [t.text for t in tokenize(lines[at])]
+        j = len(toks) - 1 - toks[::-1].index("-j")
+        lines.insert(at, rule_line(toks[1], [*toks[2:j], *COMPLEX_PART, *toks[j:]]))
         out.append("\n".join(lines) + "\n")
     return out
 

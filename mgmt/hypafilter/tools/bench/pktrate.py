@@ -23,6 +23,7 @@ from pathlib import Path
 
 from hypafilter import netns
 from hypafilter.errors import HypafilterError
+from hypafilter.iptables.writer import BUILTIN_FILTER_CHAINS, Restore, body_of
 
 HERE = Path(__file__).resolve().parent
 BLAST_SRC = HERE / "hf_blast.c"
@@ -123,11 +124,10 @@ class RateBench:
 
     def reset_firewall(self) -> None:
         """Empty FORWARD (policy ACCEPT), no tool chains, no mark rule."""
-        netns.run(
-            ["iptables-restore"],
-            self.ns_f,
-            input="*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\nCOMMIT\n",
-        )
+        empty = Restore()
+        for chain in BUILTIN_FILTER_CHAINS:
+            empty.chain(chain, "ACCEPT")
+        netns.run(["iptables-restore"], self.ns_f, input=empty.text())
         netns.run(["nft", "delete", "table", "bridge", "hfbench"], self.ns_f, check=False)
 
     def load_restore(self, text: str, jump: str | None = None, marks: bool = False) -> float:
@@ -168,17 +168,14 @@ class RateBench:
     def switch(self, restore: str, prefix: str, old_prefix: str | None) -> float:
         """One atomic update like deploy's: the new generation's chains, the FORWARD jump moved to them and the old
         generation's chains removed, all in one `iptables-restore --noflush`. Returns its wall time in seconds."""
-        body = restore.rstrip().splitlines()
-        if not body or body[-1].strip() != "COMMIT":
+        if restore.rstrip().splitlines()[-1:] != ["COMMIT"]:
             raise HypafilterError("generated iptables-restore text does not end in COMMIT")
-        body = body[:-1]
-        extra = [f"-I FORWARD 1 -j {prefix}MAIN"]
+        doc = Restore().extend(body_of(restore)).insert("FORWARD", 1, ["-j", f"{prefix}MAIN"])
         if old_prefix:
             old = netns.run(["iptables", "-S"], self.ns_f).splitlines()
             chains = [ln.split()[1] for ln in old if ln.startswith(f"-N {old_prefix}")]
-            extra.append(f"-D FORWARD -j {old_prefix}MAIN")
-            extra += [f"-F {c}" for c in chains] + [f"-X {c}" for c in chains]
-        text = "\n".join([*body, *extra, "COMMIT"]) + "\n"
+            doc.delete("FORWARD", ["-j", f"{old_prefix}MAIN"]).remove(chains)
+        text = doc.text()
         t0 = time.perf_counter()
         netns.run(["iptables-restore", "--noflush"], self.ns_f, input=text)
         return time.perf_counter() - t0

@@ -6,13 +6,13 @@ import csv
 import os
 import platform
 import statistics
-import subprocess
 from collections import defaultdict
 from pathlib import Path
 
 import matplotlib
 import numpy
 
+from hypafilter import netns
 from hypafilter.paths import ROOT
 from hypafilter.tools.bench.paper import LINE_RATE_PPS
 
@@ -44,9 +44,8 @@ def read_csv(path: Path) -> list[dict]:
 
 def _cmd(argv: list[str]) -> str:
     try:
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=10)
-        return (r.stdout or r.stderr).strip().splitlines()[0]
-    except (OSError, subprocess.SubprocessError, IndexError):
+        return netns.run(argv, timeout=10).strip().splitlines()[0]
+    except (netns.CommandError, IndexError):
         return "n/a"
 
 

@@ -459,7 +459,7 @@ def read_hardware(nic: Any, n_entries: int, errors: list[str]) -> tuple[dict[str
     hw = {c: int(counters.get(c, 0)) for c in HW_COUNTERS}
     try:
         hits = tuple(int(nic.read_table("HITS", i)) for i in range(n_entries + 1))
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         errors.append(f"NIC HITS table: {e}")
         hits = ()
     return hw, hits
@@ -497,7 +497,7 @@ class Collector:
     def _deployment(self, errors: list[str]) -> Deployment | None:
         try:
             state = self._state_reader()
-        except Exception as e:  # noqa: BLE001 (a broken reader must not stop the dashboard)
+        except Exception as e:  # a broken reader must not stop the dashboard
             errors.append(f"deploy state: {e}")
             return self._dep
         if not state or not state.get("generation"):
@@ -508,7 +508,7 @@ class Collector:
         if key != self._dep_key:
             try:
                 self._dep, self._dep_error = self._builder(state), None
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 self._dep, self._dep_error = partial_deployment(state), f"deployed policy: {e}"
             self._dep_key = key
         if self._dep_error:
@@ -531,14 +531,14 @@ class Collector:
                         self._nic = self._nic_opener(dep)
                         self._nic_for = key
                     hw, hits = read_hardware(self._nic, dep.n_entries, errors)
-                except Exception as e:  # noqa: BLE001
+                except Exception as e:
                     errors.append(f"NIC: {e}")
                     self._close_nic()
                 try:
                     text = self._nf_reader(dep.netns, dep.table)
                     saved = parse_iptables_save(text, dep.table)
                     nf, nf_main = attribute_netfilter(saved, dep.prefix, len(dep.rules), dep.positions)
-                except Exception as e:  # noqa: BLE001
+                except Exception as e:
                     errors.append(f"netfilter: {e}")
             self._seq += 1
             return Snapshot(self._seq, time.time(), time.monotonic(), dep, hw, hits, nf, nf_main, tuple(errors))
@@ -548,7 +548,7 @@ class Collector:
         if close is not None:
             try:
                 close()
-            except Exception:  # noqa: BLE001, S110 (closing a broken connection)
+            except Exception:  # closing a broken connection
                 pass
         self._nic = None
         self._nic_for = None
@@ -616,7 +616,7 @@ class Sampler:
             try:
                 self.sample()
                 self.last_error = None
-            except Exception as e:  # noqa: BLE001 (keep sampling; a snapshot catches source errors itself)
+            except Exception as e:  # keep sampling; a snapshot catches source errors itself
                 self.last_error = str(e)
             next_at += self.interval
             delay = next_at - time.monotonic()

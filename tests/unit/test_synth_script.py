@@ -1,4 +1,4 @@
-"""The synthesis path of hwgen output: `hypafilter synth` with yosys on a small policy, and the Vivado script."""
+"""The synthesis path of hw.vhdl output: `hypafilter synth` with yosys on a small policy, and the Vivado script."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-"""Unit tests of hypafilter.hwmodel, the reference model of the hardware parser and decision."""
+"""Unit tests of hypafilter.hw.model, the reference model of the hardware parser and decision."""
 
 from __future__ import annotations
 
 import pytest
 from hypafilter.hw import model as hwmodel
-from hypafilter.hw import vhdl as hwgen
+from hypafilter.hw import vhdl
 from hypafilter.ir import Box, Header, Policy, Rule
 from hypafilter.shared import unpack_meta
 from scapy.layers.inet import ICMP, IP, TCP, UDP
@@ -139,7 +139,7 @@ def _plan():
         Rule((full.with_field("proto", 1, 1),), "LOG"),
         Rule((full.with_field("proto", 47, 47),), "DROP"),
     ]
-    return hwgen.minimal_plan(Policy(rules, "ACCEPT", original_rules=[("t",)]))
+    return vhdl.minimal_plan(Policy(rules, "ACCEPT", original_rules=[("t",)]))
 
 
 def test_decisions_ports_and_metadata():

@@ -1,11 +1,11 @@
-"""Unit tests of hypafilter.hwgen: the generated matcher and policy package, from IR plans and from real policies."""
+"""Unit tests of hypafilter.hw.vhdl: the generated matcher and policy package, from IR plans and from real policies."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from hypafilter.hw import vhdl as hwgen
+from hypafilter.hw import vhdl
 from hypafilter.ir import Box, Policy, Rule
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,34 +24,34 @@ def _policy():
 
 
 def test_minimal_plan_index_shunting():
-    plan = hwgen.minimal_plan(_policy())
+    plan = vhdl.minimal_plan(_policy())
     assert len(plan.entries) == 4
     assert plan.shunt == [0, 0, 1, 1, 1]
     assert plan.actions == [1, 2, 2, 1, 2]
 
 
 def test_field_tests_prefix_chunks_and_ranges():
-    assert hwgen._field_tests("src", 0, 0xFFFFFFFF) == []
-    assert hwgen._field_tests("src", 0x0A000000, 0x0AFFFFFF) == ['h_src(31 downto 24) = "00001010"']
-    t = hwgen._field_tests("dst", 0xC0A80000, 0xC0A801FF)  # /23: the third byte is half fixed
+    assert vhdl._field_tests("src", 0, 0xFFFFFFFF) == []
+    assert vhdl._field_tests("src", 0x0A000000, 0x0AFFFFFF) == ['h_src(31 downto 24) = "00001010"']
+    t = vhdl._field_tests("dst", 0xC0A80000, 0xC0A801FF)  # /23: the third byte is half fixed
     assert t == [
         '(h_dst(15 downto 8) and "11111110") = "00000000"',
         'h_dst(23 downto 16) = "10101000"',
         'h_dst(31 downto 24) = "11000000"',
     ]
-    lo, hi = hwgen._field_tests("dst", 3_000_000_000, 3_000_000_100)  # beyond VHDL integers: bit strings
+    lo, hi = vhdl._field_tests("dst", 3_000_000_000, 3_000_000_100)  # beyond VHDL integers: bit strings
     assert lo == f'unsigned(h_dst) >= unsigned\'("{3_000_000_000:032b}")'
     assert hi == f'unsigned(h_dst) <= unsigned\'("{3_000_000_100:032b}")'
-    assert hwgen._field_tests("dport", 80, 80) == [
+    assert vhdl._field_tests("dport", 80, 80) == [
         'h_dport(7 downto 0) = "01010000"',
         'h_dport(15 downto 8) = "00000000"',
     ]
-    assert hwgen._field_tests("sport", 1024, 65535) == ['unsigned(h_sport) >= unsigned\'("0000010000000000")']
+    assert vhdl._field_tests("sport", 1024, 65535) == ['unsigned(h_sport) >= unsigned\'("0000010000000000")']
 
 
 def test_render_shares_comparators_and_writes_packages(tmp_path):
-    plan = hwgen.minimal_plan(_policy())
-    paths = hwgen.render(plan, tmp_path, tdata_width=512, encoder_fanin=4)
+    plan = vhdl.minimal_plan(_policy())
+    paths = vhdl.render(plan, tmp_path, tdata_width=512, encoder_fanin=4)
     names = [p.name for p in paths]
     assert {"hf_policy_pkg.vhd", "hf_matcher.vhd", "hf_regs_pkg.vhd", "hf_regs.h"} <= set(names)
     for p in paths:
@@ -65,7 +65,7 @@ def test_render_shares_comparators_and_writes_packages(tmp_path):
     assert "r(2) <= (cmp(4) and cmp(5)) or cmp(6);" in m and "r(3) <= '0';" in m
     pkg = (tmp_path / "hf_policy_pkg.vhd").read_text()
     assert "constant N_ENTRIES     : natural := 4;" in pkg
-    assert f'x"{hwgen.matcher_hash(plan)[-8:].upper()}"' in pkg
+    assert f'x"{vhdl.matcher_hash(plan)[-8:].upper()}"' in pkg
     assert "constant ENC_FANIN     : natural := 4;" in pkg
     # Table contents are functions the power-on sweep reads (GHDL synthesis loses constant-array initial values);
     # only non-zero entries are listed, everything else reads as zero.
@@ -75,18 +75,18 @@ def test_render_shares_comparators_and_writes_packages(tmp_path):
 
 
 def test_render_rejects_bad_arguments(tmp_path):
-    plan = hwgen.minimal_plan(_policy())
+    plan = vhdl.minimal_plan(_policy())
     with pytest.raises(ValueError):
-        hwgen.render(plan, tmp_path, tdata_width=128)
+        vhdl.render(plan, tmp_path, tdata_width=128)
     with pytest.raises(ValueError):
-        hwgen.render(plan, tmp_path, encoder_fanin=6)
+        vhdl.render(plan, tmp_path, encoder_fanin=6)
 
 
 def test_encoder_stages():
-    assert hwgen.enc_stages(1, 8) == 1
-    assert hwgen.enc_stages(8, 8) == 1
-    assert hwgen.enc_stages(1100, 8) == 4
-    assert hwgen.enc_stages(10_000, 8) == 5
+    assert vhdl.enc_stages(1, 8) == 1
+    assert vhdl.enc_stages(8, 8) == 1
+    assert vhdl.enc_stages(1100, 8) == 4
+    assert vhdl.enc_stages(10_000, 8) == 5
 
 
 def test_power_on_shunt_all_sources_depend_on_the_matcher_only(tmp_path):
@@ -94,15 +94,15 @@ def test_power_on_shunt_all_sources_depend_on_the_matcher_only(tmp_path):
     other shunt bits and actions give byte-identical sources (one cached binary), other entries do not."""
     import dataclasses
 
-    plan = hwgen.minimal_plan(_policy())
+    plan = vhdl.minimal_plan(_policy())
     other = dataclasses.replace(plan, shunt=[1 - b for b in plan.shunt], actions=[3 - a for a in plan.actions])
     fewer = dataclasses.replace(plan, entries=plan.entries[:-1], shunt=plan.shunt[1:], actions=plan.actions[1:])
 
     def texts(p, d, power_on):
-        return [f.read_text() for f in hwgen.render(p, tmp_path / d, power_on=power_on)]
+        return [f.read_text() for f in vhdl.render(p, tmp_path / d, power_on=power_on)]
 
     assert texts(plan, "a", "shunt_all") == texts(other, "b", "shunt_all")
     assert texts(plan, "c", "shunt_all") != texts(fewer, "d", "shunt_all")
     assert texts(plan, "e", "plan") != texts(other, "f", "plan")  # the standalone bitstream keeps its plan
     with pytest.raises(ValueError, match="power_on"):
-        hwgen.render(plan, tmp_path / "g", power_on="maybe")
+        vhdl.render(plan, tmp_path / "g", power_on="maybe")

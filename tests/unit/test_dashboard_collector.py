@@ -152,11 +152,11 @@ class FakeNic:
     def counters(self):
         return {"CNT_FORWARDED": 11, "CNT_DROPPED": 12, "CNT_SHUNT_POLICY": 3, "PKTIN": 26}
 
-    def read_table(self, name, i):
+    def read_table_many(self, name, start, count):
         if self.hits is None:
             raise OSError("indirect access did not complete")
         assert name == "HITS"
-        return self.hits[i]
+        return self.hits[start : start + count]
 
     def close(self):
         self.closed = True
@@ -179,6 +179,7 @@ def test_collector_merges_sources_and_reports_errors_per_source():
         nic_opener=lambda dep: nic,
         nf_reader=nf_reader,
         deployment_builder=lambda state: built.append(state) or DEP,
+        drift_checker=None,
     )
     s1 = c.snapshot()
     assert s1.generation == 3 and s1.errors == ()

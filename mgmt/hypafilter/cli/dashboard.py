@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     from hypafilter.tools.dashboard.app import LOOPBACK_NAMES, create_app
 
     state_path = args.state
-    collector = Collector(state_reader=lambda: read_state(state_path))
+    collector = Collector(state_reader=lambda: read_state(state_path), rules_async=True)
     sampler = Sampler(collector, interval=args.interval, keep=args.keep)
     sampler.sample()
     sampler.start()

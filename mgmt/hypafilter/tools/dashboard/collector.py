@@ -549,21 +549,6 @@ def partial_deployment(state: dict) -> Deployment:
 # --- the collector -------------------------------------------------------------------------------------------
 
 
-def read_hardware(nic: Any, n_entries: int, errors: list[str]) -> tuple[dict[str, int], tuple[int, ...]]:
-    """CNT_* registers, then the HITS table (entries 0..n_entries, the policy entry last) through a NicClient.
-
-    A HITS failure leaves the traffic counters usable; it is reported in `errors`.
-    """
-    counters = nic.counters()
-    hw = {c: int(counters.get(c, 0)) for c in HW_COUNTERS}
-    try:
-        hits = tuple(int(v) for v in nic.read_table_many("HITS", 0, n_entries + 1))
-    except Exception as e:  # noqa: BLE001
-        errors.append(f"NIC HITS table: {e}")
-        hits = ()
-    return hw, hits
-
-
 def open_nic(deployment: Deployment) -> Any:
     """A NicClient on the deployed emulated NIC's control socket."""
     if not deployment.nic:
@@ -592,6 +577,7 @@ class Collector:
         drift_checker: Callable[[dict], list[str]] | None = check_drift,
         drift_every: float = 2.0,
         drift_async: bool = True,
+        rules_async: bool = False,
     ):
         self._state_reader = state_reader
         self._nic_opener = nic_opener
@@ -600,6 +586,14 @@ class Collector:
         self._drift_checker = drift_checker
         self._drift_every = drift_every
         self._drift_async = drift_async
+        # Per-rule sources (HITS table, iptables-save of every chain) on a thread of their own: at 50,000 rules
+        # they take seconds, the traffic counters microseconds. A snapshot carries their newest reading.
+        self._rules_async = rules_async
+        self._rules_thread: threading.Thread | None = None
+        self._rules_reading: tuple | None = None  # (deployment key, seq, hits, nf, nf_main, nf_ok, errors)
+        self._rules_seq = 0
+        self._rules_used = -1
+        self._rules_nic: Any = None
         self._drift: tuple[tuple | None, tuple[str, ...]] | None = None  # (state key it was checked for, result)
         self._drift_at = -1e18
         self._drift_for: tuple | None = None
@@ -700,13 +694,13 @@ class Collector:
                 (r.id, r.entry, hits[r.entry]) for r in dep.rules if r.entry is not None and r.entry < len(hits)
             ]
             if dep.n_entries < len(hits):
-                readings.append(("", dep.n_entries, hits[dep.n_entries]))  # "": the policy entry
+                readings.append((None, dep.n_entries, hits[dep.n_entries]))  # None: the policy entry
             self._rule_hw.observe(dep.nic_id, readings)
         if dep is not None and nf is not None:
             self._rule_nf.observe(dep.prefix, ((r.id, r.index, nf.get(r.index, (0, 0))[0]) for r in dep.rules))
             self._main.observe(dep.prefix, [("", "", nf_main[0])])
         rule_hw = dict(self._rule_hw.totals)
-        policy_entry = rule_hw.pop("", 0)
+        policy_entry = rule_hw.pop(None, 0)
         return Totals(
             hw=dict(self._hw.totals),
             rule_hw=rule_hw,
@@ -718,6 +712,55 @@ class Collector:
             update_count=self._update_count,
             update_sum=self._update_sum,
         )
+
+    def _read_rules(self, dep: Deployment, nic: Any) -> tuple:
+        """HITS table and netfilter counters: (hits, nf, nf_main, nf_ok, errors)."""
+        errors: list[str] = []
+        hits: tuple[int, ...] = ()
+        if nic is not None:
+            try:
+                hits = tuple(int(v) for v in nic.read_table_many("HITS", 0, dep.n_entries + 1))
+            except Exception as e:  # noqa: BLE001
+                errors.append(f"NIC HITS table: {e}")
+        nf: dict[int, tuple[int, int]] = {}
+        nf_main, nf_ok = (0, 0), False
+        try:
+            text = self._nf_reader(dep.netns, dep.table)
+            saved = parse_iptables_save(text, dep.table)
+            nf, nf_main = attribute_netfilter(saved, dep.prefix, len(dep.rules), dep.positions)
+            nf_ok = True
+        except Exception as e:  # noqa: BLE001
+            errors.append(f"netfilter: {e}")
+        return hits, nf, nf_main, nf_ok, errors
+
+    def _rules_async_reading(self, dep: Deployment) -> tuple:
+        """The newest per-rule reading of this deployment, starting the next one when none is running."""
+        key = self._dep_key
+        running = self._rules_thread is not None and self._rules_thread.is_alive()
+        if not running:
+
+            def run() -> None:
+                try:
+                    if self._rules_nic is None or self._rules_nic[0] != dep.nic_id:
+                        self._rules_nic = (dep.nic_id, self._nic_opener(dep))
+                    nic = self._rules_nic[1]
+                except Exception as e:  # noqa: BLE001
+                    self._rules_nic, nic = None, None
+                    hits_err = [f"NIC: {e}"]
+                else:
+                    hits_err = []
+                hits, nf, nf_main, nf_ok, errors = self._read_rules(dep, nic)
+                if any(e.startswith("NIC HITS") for e in errors):
+                    self._rules_nic = None
+                self._rules_seq += 1
+                self._rules_reading = (key, self._rules_seq, hits, nf, nf_main, nf_ok, hits_err + errors)
+
+            self._rules_thread = threading.Thread(target=run, name="hypafilter-rules", daemon=True)
+            self._rules_thread.start()
+        r = self._rules_reading
+        if r is None or r[0] != key:
+            return 0, (), {}, (0, 0), False, []
+        return r[1:]
 
     def snapshot(self) -> Snapshot:
         with self._lock:
@@ -735,19 +778,27 @@ class Collector:
                         self._close_nic()
                         self._nic = self._nic_opener(dep)
                         self._nic_for = key
-                    hw, hits = read_hardware(self._nic, dep.n_entries, errors)
+                    counters = self._nic.counters()
+                    hw = {c: int(counters.get(c, 0)) for c in HW_COUNTERS}
                 except Exception as e:  # noqa: BLE001
                     errors.append(f"NIC: {e}")
                     self._close_nic()
-                try:
-                    text = self._nf_reader(dep.netns, dep.table)
-                    saved = parse_iptables_save(text, dep.table)
-                    nf, nf_main = attribute_netfilter(saved, dep.prefix, len(dep.rules), dep.positions)
-                    nf_ok = True
-                except Exception as e:  # noqa: BLE001
-                    errors.append(f"netfilter: {e}")
+                if self._rules_async:
+                    seq, hits, nf, nf_main, nf_ok, more = self._rules_async_reading(dep)
+                    if seq == self._rules_used:  # accumulated already: the totals take each reading once
+                        nf_ok, fresh_hits = False, ()
+                    else:
+                        fresh_hits = hits
+                        self._rules_used = seq
+                    errors += more
+                else:
+                    hits, nf, nf_main, nf_ok, more = self._read_rules(dep, self._nic if hw else None)
+                    fresh_hits = hits
+                    errors += more
+            else:
+                fresh_hits = ()
             drift = self._check_drift(state, dep)
-            totals = self._accumulate(dep, hw, hits, nf if nf_ok else None, nf_main)
+            totals = self._accumulate(dep, hw, fresh_hits, nf if nf_ok else None, nf_main)
             self._seq += 1
             return Snapshot(
                 self._seq, time.time(), time.monotonic(), dep, hw, hits, nf, nf_main, tuple(errors), drift, totals

@@ -86,6 +86,7 @@ def series(snaps: list[Snapshot], last: int | None = None) -> dict[str, Any]:
 
 
 RULE_SORTS = ("index", "hits", "hw_hits", "nf_packets", "hits_rate")
+_RULE_SUMS: dict[str, tuple] = {}  # "last": (snapshot key, hits, rates) of the newest rules_view
 MAX_PAGE = 1000
 
 
@@ -142,8 +143,17 @@ def rules_view(
         return (hw_of(s, rule) if rule.counts_hw else 0) + s.nf.get(rule.index, (0, 0))[0]
 
     rules = dep.rules
-    hits = [hits_of(cur, r) for r in rules]
-    rates_ = [counter_delta(hits_of(prev, r), h) / dt for r, h in zip(rules, hits, strict=True)] if with_rate else None
+    # Every page of one snapshot shares the per-rule sums (50,000 of them at the scale the page must stay usable).
+    key = (cur.seq, prev.seq if prev else None, id(dep))
+    cached = _RULE_SUMS.get("last")
+    if cached is not None and cached[0] == key:
+        hits, rates_ = cached[1], cached[2]
+    else:
+        hits = [hits_of(cur, r) for r in rules]
+        rates_ = (
+            [counter_delta(hits_of(prev, r), h) / dt for r, h in zip(rules, hits, strict=True)] if with_rate else None
+        )
+        _RULE_SUMS["last"] = (key, hits, rates_)
     chosen = range(len(rules))
     if q:
         needle = q.lower()

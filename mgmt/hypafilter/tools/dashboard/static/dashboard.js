@@ -314,10 +314,14 @@
   async function refresh() {
     try {
       // Summary, series and rules are fetched together so that the page shows one snapshot at a time.
-      const [summary, series, rules] = await Promise.all([api("api/summary"), api("api/series?last=300"), api(rulesPath())]);
-      if (tick % 5 === 0 || !document.getElementById("deployment").childElementCount) {
-        renderDeployment(await api("api/deployment"));
-      }
+      const wantDeployment = tick % 5 === 0 || !document.getElementById("deployment").childElementCount;
+      const [summary, series, rules, deployment] = await Promise.all([
+        api("api/summary"),
+        api("api/series?last=300"),
+        api(rulesPath()),
+        wantDeployment ? api("api/deployment") : null,
+      ]);
+      if (deployment) renderDeployment(deployment);
       tick++;
       renderSummary(summary);
       renderSeries(series);

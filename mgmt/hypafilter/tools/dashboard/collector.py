@@ -334,8 +334,9 @@ def attribute_netfilter(
 
 
 def iptables_save(ns: str | None, table: str = "filter") -> str:
-    """The table with counters; a short timeout, so a stuck xtables lock costs one sample, not the dashboard."""
-    return netns.run(["iptables-save", "-c", "-t", table], ns, timeout=10)
+    """The table with counters. The timeout bounds a stuck xtables lock; it is generous because the dump of a
+    50,000-rule table takes seconds on the nftables backend (and runs on the per-rule thread, not in a snapshot)."""
+    return netns.run(["iptables-save", "-c", "-t", table], ns, timeout=60)
 
 
 # --- deploy state --------------------------------------------------------------------------------------------

@@ -260,8 +260,8 @@ def test_api_and_metrics_match_independent_reads(system, dashboard):
     from prometheus_client.parser import text_string_to_metric_families
 
     fams = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{dashboard}/metrics", timeout=5).text)}
-    frames = {(x.labels["path"], x.labels["reason"]): x.value for x in fams["hypafilter_hardware_frames"].samples}
-    assert frames[("forwarded", "")] >= counters["CNT_FORWARDED"]  # scraped later: never less
+    frames = {(x.labels["decision"], x.labels["reason"]): x.value for x in fams["hypafilter_wire_frames"].samples}
+    assert frames[("forwarded", "rule")] >= counters["CNT_FORWARDED"]  # scraped later: never less
     assert frames[("shunted", "overrule")] >= counters["CNT_SHUNT_OVERRULE"]
     assert fams["hypafilter_generation"].samples[0].value == state["generation"]
     assert any(x.name.endswith("_count") and x.value >= 1 for x in fams["hypafilter_update_duration_seconds"].samples)

@@ -1,12 +1,15 @@
 """Dashboard web app on recorded snapshots: /api JSON, /metrics, the page, the token and the read-only rule."""
 
+import dataclasses
+import math
+
 import pytest
 from fastapi.testclient import TestClient
 from hypafilter.cli import main
 from hypafilter.cli.dashboard import check_exposure, is_loopback, parse_listen
 from hypafilter.errors import HypafilterError
 from hypafilter.tools.dashboard.app import create_app
-from hypafilter.tools.dashboard.collector import Deployment, RuleInfo, Sampler, Snapshot, Update
+from hypafilter.tools.dashboard.collector import Collector, Deployment, RuleInfo, Sampler, Snapshot, Update
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.hwcounters import hw_counters
@@ -23,7 +26,9 @@ DEP = Deployment(
     n_entries=2,
     policy_shunt=True,
     rules=(
-        RuleInfo(0, "-A FORWARD -s 10.0.0.0/8 -p udp -j ACCEPT", "example.rules:3", "ACCEPT", True, 0, False),
+        RuleInfo(
+            0, "-A FORWARD -s 10.0.0.0/8 -p udp -j ACCEPT", "example.rules:3", "ACCEPT", True, 0, False, id="aaa0"
+        ),
         RuleInfo(
             1,
             "-A FORWARD -p tcp -m string --string BAD --algo bm -j DROP",
@@ -32,8 +37,9 @@ DEP = Deployment(
             False,
             None,
             None,
+            id="bbb1",
         ),
-        RuleInfo(2, "-A FORWARD -p tcp --dport 22 -j ACCEPT", "example.rules:5", "ACCEPT", True, 1, True),
+        RuleInfo(2, "-A FORWARD -p tcp --dport 22 -j ACCEPT", "example.rules:5", "ACCEPT", True, 1, True, id="ccc2"),
     ),
     history=(
         Update(6, "deploy", 1000.0, 42.5, True, "cd" * 32),
@@ -43,12 +49,59 @@ DEP = Deployment(
 )
 
 
+# The deploy journal DEP.history was read from (time = end of the step).
+JOURNAL = [
+    {"time": 1042.5, "generation": 6, "kind": "deploy", "result": "ok", "duration_s": 42.5, "policy_hash": "cd" * 32},
+    {"time": 1100.3, "result": "failed", "duration_s": 0.3, "error": "deploy step 'netfilter' failed"},
+    {"time": 1201.25, "generation": 7, "kind": "update", "result": "ok", "duration_s": 1.25},
+]
+
+
+def save(rule1: tuple[int, int], main: tuple[int, int]) -> str:
+    """iptables-save -c of generation 7: the complex rule 1 (tagged) and the base chain's jump into MAIN."""
+    return (
+        "*filter\n"
+        f"[{main[0]}:{main[1]}] -A FORWARD -j HF7_MAIN\n"
+        f'[{rule1[0]}:{rule1[1]}] -A HF7_C1 -p tcp -m comment --comment "hf:rule=1" -j DROP\n'
+        "COMMIT\n"
+    )
+
+
+def record(readings, dep=DEP, journal=JOURNAL, drift=()):
+    """Replay NIC and netfilter readings (mono, CNT_*, HITS, netfilter text) through the real Collector, so the
+    snapshots carry the totals it accumulates; times are set to the readings' own."""
+    now: dict = {}
+
+    class Nic:
+        def counters(self):
+            return now["hw"]
+
+        def read_table_many(self, name, start, count):
+            return list(now["hits"][start : start + count])
+
+    c = Collector(
+        state_reader=lambda: {"generation": dep.generation, "history": journal},
+        nic_opener=lambda d: Nic(),
+        nf_reader=lambda ns, table: now["nf"],
+        deployment_builder=lambda state: dep,
+        drift_checker=lambda state: list(drift),
+        drift_async=False,
+    )
+    out = []
+    for mono, hw, hits, nf in readings:
+        now.update(hw=hw, hits=hits, nf=nf)
+        out.append(dataclasses.replace(c.snapshot(), time=4900.0 + mono, mono=mono))
+    return out
+
+
 # Two seconds of recorded traffic: 1000 fwd/s, 250 drop/s, shunts by reason.
 HW = (hw_counters(1000, 500, 100, 40, 2, host=3), hw_counters(3000, 1000, 300, 80, 2, host=3))
-SNAPS = [
-    Snapshot(1, 5000.0, 100.0, DEP, HW[0], (1000, 100, 40), {1: (30, 3000)}, (142, 9000)),
-    Snapshot(2, 5002.0, 102.0, DEP, HW[1], (3000, 300, 80), {1: (70, 7000)}, (382, 20000)),
-]
+SNAPS = record(
+    [
+        (100.0, HW[0], (1000, 100, 40), save((30, 3000), (142, 9000))),
+        (102.0, HW[1], (3000, 300, 80), save((70, 7000), (382, 20000))),
+    ]
+)
 
 
 @pytest.fixture
@@ -103,18 +156,29 @@ def test_series_rules_deployment_and_snapshot(client):
     assert "/api/rules" in client.get("/api/").json()["endpoints"]
 
 
-def test_metrics_use_prometheus_names_and_labels(client):
+def families(client) -> dict:
     res = client.get("/metrics")
     assert res.status_code == 200 and res.headers["content-type"].startswith("text/plain")
-    fams = {f.name: f for f in text_string_to_metric_families(res.text)}
-    frames = {(s.labels["path"], s.labels["reason"]): s.value for s in fams["hypafilter_hardware_frames"].samples}
-    assert frames[("forwarded", "")] == 3000 and frames[("shunted", "overrule")] == 300
-    assert frames[("shunted", "unparsed")] == 2 and frames[("dropped", "")] == 1000
-    assert fams["hypafilter_hardware_frames"].type == "counter"
+    return {f.name: f for f in text_string_to_metric_families(res.text)}
+
+
+def test_metrics_use_prometheus_names_and_labels(client):
+    fams = families(client)
+    wire = {(s.labels["decision"], s.labels["reason"]): s.value for s in fams["hypafilter_wire_frames"].samples}
+    assert wire[("forwarded", "rule")] == 3000 and wire[("shunted", "overrule")] == 300
+    assert wire[("shunted", "unparsed")] == 2 and wire[("dropped", "rule")] == 1000
+    assert fams["hypafilter_wire_frames"].type == "counter"
+    assert fams["hypafilter_from_host_frames"].samples[0].value == 3
     assert fams["hypafilter_generation"].samples[0].value == 7
     assert fams["hypafilter_shunt_ratio"].samples[0].value == pytest.approx(120 / 1370)
-    hits = {(s.labels["rule"], s.labels["source"]): s.value for s in fams["hypafilter_rule_hits"].samples}
-    assert hits[("0", "hardware")] == 3000 and hits[("1", "netfilter")] == 70 and ("1", "hardware") not in hits
+    info = {s.labels["rule"]: s.labels for s in fams["hypafilter_rule_info"].samples}
+    assert info["aaa0"]["where"] == "example.rules:3" and info["bbb1"]["kind"] == "complex"
+    hw = {s.labels["rule"]: s.value for s in fams["hypafilter_rule_hardware_hits"].samples}
+    nf = {s.labels["rule"]: s.value for s in fams["hypafilter_rule_netfilter_packets"].samples}
+    assert hw == {"aaa0": 3000, "ccc2": 300} and nf["bbb1"] == 70 and nf["aaa0"] == 0
+    assert fams["hypafilter_policy_entry_hits"].samples[0].value == 80
+    assert fams["hypafilter_netfilter_main_packets"].samples[0].value == 382
+    assert fams["hypafilter_drift"].samples and all(s.value == 0 for s in fams["hypafilter_drift"].samples)
     hist = fams["hypafilter_update_duration_seconds"]
     assert hist.type == "histogram"
     buckets = {s.labels["le"]: s.value for s in hist.samples if s.name.endswith("_bucket")}
@@ -123,6 +187,155 @@ def test_metrics_use_prometheus_names_and_labels(client):
     assert count == 2  # the failed update is not a duration of a deployment
     updates = {(s.labels["kind"], s.labels["result"]): s.value for s in fams["hypafilter_updates"].samples}
     assert updates == {("deploy", "ok"): 1, ("update", "failed"): 1, ("update", "ok"): 1}
+
+
+def test_metric_label_sums_partition_their_totals(client):
+    """Summing a family over any of its labels gives a total: nothing counted twice."""
+    fams = families(client)
+    hw = HW[1]
+    wire = fams["hypafilter_wire_frames"].samples
+    every_wire_frame = sum(hw[c] for c in ("CNT_FORWARDED", "CNT_DROPPED", "CNT_SHUNT_OVERRULE"))
+    every_wire_frame += sum(hw.get(c, 0) for c in ("CNT_SHUNT_POLICY", "CNT_SHUNT_UNPARSED", "CNT_DROP_UNFILTERABLE"))
+    assert sum(s.value for s in wire) == every_wire_frame
+    by_decision: dict[str, float] = {}
+    for s in wire:
+        by_decision[s.labels["decision"]] = by_decision.get(s.labels["decision"], 0) + s.value
+    assert by_decision == {"forwarded": 3000, "dropped": 1000, "shunted": 382}
+    # The shunted reasons add up to the shunted total the API shows; forced is a family of its own.
+    assert by_decision["shunted"] == client.get("/api/summary").json()["totals"]["shunted"]
+    assert "forced" not in {s.labels["reason"] for s in wire}
+    # Every classified IP frame hit one hardware entry or the policy entry: the per-rule sum and the policy entry
+    # account for the HITS table once.
+    rule_hw = sum(s.value for s in fams["hypafilter_rule_hardware_hits"].samples)
+    assert rule_hw + fams["hypafilter_policy_entry_hits"].samples[0].value == 3000 + 300 + 80
+    # Every family that carries a label has each label set once per series.
+    for fam in fams.values():
+        keys = [(s.name, *sorted(s.labels.items())) for s in fam.samples]
+        assert len(keys) == len(set(keys)), fam.name
+
+
+def test_shunt_ratio_is_always_there():
+    """No traffic in the last interval: the ratio is NaN (0/0), not a missing series."""
+    idle = record(
+        [
+            (10.0, hw_counters(5, 5), (5, 0, 0), save((0, 0), (0, 0))),
+            (11.0, hw_counters(5, 5), (5, 0, 0), save((0, 0), (0, 0))),
+        ]
+    )
+    s = Sampler(interval=1.0, keep=5)
+    for snap in idle:
+        s.add(snap)
+    ratio = families(TestClient(create_app(s)))["hypafilter_shunt_ratio"].samples
+    assert len(ratio) == 1 and math.isnan(ratio[0].value)
+
+
+def test_counters_only_go_up_across_nic_restart_undeploy_and_journal_truncation():
+    """The exporter's *_total survive a new NIC (counters from 0 again), an undeploy and a 50-entry journal."""
+    dep2 = dataclasses.replace(DEP, nic_id="other-nic#2")
+    now: dict = {}
+    journal = [
+        {"time": float(t), "kind": "update", "result": "ok", "duration_s": 0.2, "generation": 7} for t in range(50)
+    ]
+
+    class Nic:
+        def counters(self):
+            return now["hw"]
+
+        def read_table_many(self, name, start, count):
+            return list(now["hits"][start : start + count])
+
+    state = {"generation": 7, "history": journal}
+    deps = {"dep": DEP}
+    c = Collector(
+        state_reader=lambda: state,
+        nic_opener=lambda d: Nic(),
+        nf_reader=lambda ns, table: now["nf"],
+        deployment_builder=lambda st: deps["dep"],
+        drift_checker=None,
+    )
+    seen = []
+
+    def scrape(hw, hits, rule1, main):
+        now.update(hw=hw, hits=hits, nf=save(rule1, main))
+        s = Sampler(interval=1.0, keep=5)
+        s.add(c.snapshot())
+        f = families(TestClient(create_app(s)))
+
+        def value(fam, **labels):
+            if fam not in f:
+                return None
+            return next((x.value for x in f[fam].samples if labels.items() <= x.labels.items()), None)
+
+        seen.append(
+            {
+                "fwd": value("hypafilter_wire_frames", decision="forwarded"),
+                "rule0": value("hypafilter_rule_hardware_hits", rule="aaa0"),
+                "rule1": value("hypafilter_rule_netfilter_packets", rule="bbb1"),
+                "main": f["hypafilter_netfilter_main_packets"].samples[0].value,
+                "updates": sum(x.value for x in f["hypafilter_updates"].samples),
+            }
+        )
+
+    scrape(hw_counters(100), (100, 0, 0), (10, 1), (10, 1))
+    scrape(hw_counters(150), (150, 0, 0), (12, 1), (12, 1))
+    # The NIC restarted under the same identity (counters back near 0): the drop is a reset, absorbed.
+    scrape(hw_counters(20), (20, 0, 0), (12, 1), (12, 1))
+    # The journal is truncated to its last 50 entries with one more update: one more, not fewer.
+    journal[:] = journal[1:] + [{"time": 60.0, "kind": "update", "result": "ok", "duration_s": 0.3}]
+    scrape(hw_counters(30), (30, 0, 0), (12, 1), (12, 1))
+    # Undeployed: nothing to read, the totals stay.
+    saved, state = state, None
+    scrape(hw_counters(0), (0,), (0, 0), (0, 0))
+    # Deployed again on a new NIC and new chains: its counters count from 0 on top.
+    state = saved
+    state["generation"] = 8
+    deps["dep"] = dataclasses.replace(dep2, generation=8, prefix="HF7_")
+    scrape(hw_counters(5), (5, 0, 0), (3, 1), (3, 1))
+    fwd = [x["fwd"] for x in seen]
+    assert fwd == [100, 150, 170, 180, 180, 185]
+    # Per-rule series exist while the rule is deployed, and continue where they were when it is again.
+    assert [x["rule0"] for x in seen] == [100, 150, 170, 180, None, 185]
+    assert [x["rule1"] for x in seen] == [10, 12, 12, 12, None, 15]
+    assert [x["main"] for x in seen] == [10, 12, 12, 12, 12, 15]
+    assert [x["updates"] for x in seen] == [50, 50, 50, 51, 51, 51]
+
+
+def test_rule_metrics_are_left_out_above_the_limit(sampler):
+    f = families(TestClient(create_app(sampler, rule_series_limit=2)))
+    assert "hypafilter_rule_info" not in f and f["hypafilter_rule_series"].samples[0].value == 0
+    assert f["hypafilter_wire_frames"].samples  # the totals stay
+
+
+def test_drift_in_summary_and_metrics():
+    snaps = record(
+        [(1.0, hw_counters(1), (1, 0, 0), save((0, 0), (0, 0)))],
+        drift=["netfilter: the jump FORWARD -> HF7_MAIN is missing", "nic: GENERATION register 6, deployed 7"],
+    )
+    s = Sampler(interval=1.0, keep=5)
+    s.add(snaps[0])
+    c = TestClient(create_app(s))
+    assert c.get("/api/summary").json()["drift"] == [
+        "netfilter: the jump FORWARD -> HF7_MAIN is missing",
+        "nic: GENERATION register 6, deployed 7",
+    ]
+    drift = {x.labels["what"]: x.value for x in families(c)["hypafilter_drift"].samples}
+    assert drift == {"netfilter": 1, "shim": 0, "nic": 1}
+
+
+def test_rules_are_paged_sorted_and_filtered(client):
+    page = client.get("/api/rules?limit=2").json()
+    assert [r["index"] for r in page["rules"]] == [0, 1] and page["total"] == page["matched"] == 3
+    assert page["max_hits"] == 3000
+    page = client.get("/api/rules?offset=2&limit=2").json()
+    assert [r["index"] for r in page["rules"]] == [2]
+    by_hits = client.get("/api/rules?sort=hits").json()["rules"]
+    assert [r["index"] for r in by_hits] == [0, 2, 1] and by_hits[0]["id"] == "aaa0"
+    assert [r["index"] for r in client.get("/api/rules?sort=hits&order=asc").json()["rules"]] == [1, 2, 0]
+    found = client.get("/api/rules?q=dport%2022").json()
+    assert [r["index"] for r in found["rules"]] == [2] and found["matched"] == 1 and found["total"] == 3
+    assert [r["index"] for r in client.get("/api/rules?q=complex").json()["rules"]] == [1]
+    assert client.get("/api/rules?sort=bogus").status_code == 422
+    assert client.get("/api/rules?limit=100000").status_code == 422
 
 
 def test_page_and_assets_come_from_the_package(client):

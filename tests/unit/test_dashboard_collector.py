@@ -133,9 +133,9 @@ DEP = Deployment(
     prefix="HF3_",
     n_entries=2,
     rules=(
-        RuleInfo(0, "-s 10.0.0.0/8 -j ACCEPT", "p:1", "ACCEPT", True, 0, False),
-        RuleInfo(1, "-p tcp -m string --string BAD -j DROP", "p:2", "DROP", False, None, None),
-        RuleInfo(2, "-p udp -j DROP", "p:3", "DROP", True, 1, True),
+        RuleInfo(0, "-s 10.0.0.0/8 -j ACCEPT", "p:1", "ACCEPT", True, 0, False, id="r0"),
+        RuleInfo(1, "-p tcp -m string --string BAD -j DROP", "p:2", "DROP", False, None, None, id="r1"),
+        RuleInfo(2, "-p udp -j DROP", "p:3", "DROP", True, 1, True, id="r2"),
     ),
     policy_shunt=True,
     nic="/run/hypafilter/hf.sock",
@@ -152,11 +152,11 @@ class FakeNic:
     def counters(self):
         return {"CNT_FORWARDED": 11, "CNT_DROPPED": 12, "CNT_SHUNT_POLICY": 3, "PKTIN": 26}
 
-    def read_table(self, name, i):
+    def read_table_many(self, name, start, count):
         if self.hits is None:
             raise OSError("indirect access did not complete")
         assert name == "HITS"
-        return self.hits[i]
+        return self.hits[start : start + count]
 
     def close(self):
         self.closed = True
@@ -179,6 +179,7 @@ def test_collector_merges_sources_and_reports_errors_per_source():
         nic_opener=lambda dep: nic,
         nf_reader=nf_reader,
         deployment_builder=lambda state: built.append(state) or DEP,
+        drift_checker=None,
     )
     s1 = c.snapshot()
     assert s1.generation == 3 and s1.errors == ()
@@ -264,3 +265,33 @@ def test_history_follows_the_deploy_journal():
     assert h[0].steps == (("compile", 0.1), ("build", 2.0))
     assert not h[1].ok and h[1].kind == "update" and "netfilter" in h[1].error and h[1].started == 199.6
     assert h[2].kind == "undeploy" and h[2].ok
+
+
+def test_per_rule_sources_on_their_own_thread_are_counted_once():
+    """With rules_async (as the dashboard runs), snapshots carry the newest HITS/netfilter reading; a reading
+    carried by several snapshots adds to the totals once."""
+    import time
+
+    nic = FakeNic()
+    c = Collector(
+        state_reader=lambda: {"generation": 3},
+        nic_opener=lambda dep: nic,
+        nf_reader=lambda ns, table: SAVE,
+        deployment_builder=lambda state: DEP,
+        drift_checker=None,
+        rules_async=True,
+    )
+    snaps = [c.snapshot()]
+    deadline = time.monotonic() + 10
+    while not snaps[-1].hits and time.monotonic() < deadline:
+        time.sleep(0.01)
+        snaps.append(c.snapshot())
+    assert snaps[-1].hits == (7, 8, 9) and snaps[-1].nf[2] == (5, 500)
+    assert snaps[0].hw["CNT_FORWARDED"] == 11  # the traffic counters did not wait for the per-rule reading
+    for _ in range(3):
+        time.sleep(0.05)
+        snaps.append(c.snapshot())
+    # The sources did not move: whatever number of readings the snapshots carried, the totals are the values.
+    t = snaps[-1].totals
+    assert t.rule_hw == {"r0": 7, "r2": 8} and t.rule_nf == {"r0": 5, "r1": 0, "r2": 5}
+    assert t.policy_entry == 9 and t.nf_main == 120 and t.hw["CNT_FORWARDED"] == 11

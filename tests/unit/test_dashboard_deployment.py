@@ -140,3 +140,48 @@ def test_a_changed_policy_file_falls_back_to_the_deployed_rules(tmp_path):
     state["plain_rules"] = state["plain_rules"].replace("10.0.3.0/24", "10.0.4.0/24")
     with pytest.raises(HypafilterError, match="do not hash"):
         deployment_from_state(state)
+
+
+def test_rule_ids_survive_rules_inserted_above(tmp_path):
+    """The rule label is the rule, not its position: inserting rules above keeps every id; a duplicate line in
+    the same chain gets its own id; the same line in another chain is another rule."""
+    before = deployment_from_state(deployed(tmp_path, USERCHAINS)[0])
+    lines = USERCHAINS.splitlines()
+    at = lines.index("-A FORWARD -s 10.0.1.0/24 -p udp --dport 53 -j ACCEPT")
+    lines[at:at] = ["-A FORWARD -p udp --dport 123 -j ACCEPT", "-A FORWARD -p tcp --dport 80 -j WEB"]
+    (tmp_path / "v2").mkdir()
+    after = deployment_from_state(deployed(tmp_path / "v2", "\n".join(lines) + "\n", generation=5)[0])
+    old = {r.index: r.id for r in before.rules}
+    assert len({r.id for r in after.rules}) == len(after.rules)
+    ids_after = [r.id for r in after.rules]
+    for r in before.rules:
+        assert r.id in ids_after, r
+    moved = [r for r in after.rules if r.id in old.values()]
+    assert len(moved) == len(before.rules)
+    # By position, index 1 would now name the inserted rule; by id, the DNS rule is found where it moved.
+    assert after.rules[1].id != before.rules[1].id
+    assert next(r for r in after.rules if r.id == before.rules[1].id).index == 4  # + udp 123 + WEB (2 rules)
+    # The WEB rules reached through the inserted jump are new flattened rules, with their own ids.
+    web = [r for r in after.rules if r.chain == "WEB"]
+    assert len(web) == 2 * len([r for r in before.rules if r.chain == "WEB"])
+    assert all(r.where for r in after.rules)
+
+
+def test_an_empty_policy_deployed_with_allow_empty_is_shown(tmp_path):
+    """A deployment made with --allow-empty (no rules: the chain policy decides) is re-read without an error."""
+    path = tmp_path / "empty.rules"
+    path.write_text("*filter\n:FORWARD DROP [0:0]\nCOMMIT\n")
+    config = Config()
+    policy = parse_policy(path.read_text(), str(path), "FORWARD", config, allow_empty=True)
+    plan = build_plan(policy, config)
+    state = {
+        "generation": 2,
+        "policy_hash": policy.policy_hash(),
+        "policy_source": str(path),
+        "plain_rules": policy_restore(policy),
+        "partition": partition_counts(policy, plan),
+    }
+    dep = deployment_from_state(state)
+    assert dep.rules == () and dep.default == "DROP" and dep.n_entries == len(plan.entries)
+    path.unlink()  # from the state's copy of the rules too
+    assert deployment_from_state(state).default == "DROP"

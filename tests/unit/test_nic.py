@@ -103,6 +103,21 @@ def test_pipelined_batches_keep_order(fake):
     assert [fake.tables[(regmap.TABLE_SHUNT, i)] for i in range(1000)] == list(range(1000))
 
 
+def test_bulk_reads_are_pipelined_in_order(fake):
+    """The HITS table in bulk: one request line per entry, sent PIPELINE at a time, replies in index order."""
+    for i in range(41):
+        fake.tables[(regmap.TABLE_HITS, i)] = 1000 + i
+    with NicClient(EmuTransport(fake.path)) as c:
+        assert c.read_table_many("HITS", 0, 41) == [1000 + i for i in range(41)]
+        assert c.read_table_many("HITS", 39, 2) == [1039, 1040]
+        counters = c.counters(hits=True)
+        with pytest.raises(NicError, match="out of range"):
+            c.read_table_many("HITS", (1 << 20) - 1, 2)
+    assert counters["HITS"] == {i: 1000 + i for i in range(41)} and counters["CNT_FORWARDED"] == 0
+    reads = [x for x in fake.log if x.startswith("T R")]
+    assert reads[:41] == [f"T R {regmap.TABLE_HITS} {i}" for i in range(41)]
+
+
 def test_err_reply_raises(fake):
     t = EmuTransport(fake.path)
     with pytest.raises(NicError, match="unknown request"):

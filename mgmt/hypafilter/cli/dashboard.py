@@ -59,6 +59,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--interval", type=float, default=1.0, metavar="S", help="sampling interval in seconds (default 1)")
     p.add_argument("--keep", type=int, default=600, metavar="N", help="snapshots kept for the charts (default 600)")
+    p.add_argument(
+        "--rule-metrics",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="export per-rule series in /metrics when the policy has at most N rules (default 1000; 0: never); "
+        "/api/rules always pages through every rule",
+    )
     p.add_argument("--state", metavar="FILE", help="deploy state file (default: the one `hypafilter deploy` writes)")
     p.set_defaults(func=run)
 
@@ -77,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     from hypafilter.tools.dashboard.app import LOOPBACK_NAMES, create_app
 
     state_path = args.state
-    collector = Collector(state_reader=lambda: read_state(state_path))
+    collector = Collector(state_reader=lambda: read_state(state_path), rules_async=True)
     sampler = Sampler(collector, interval=args.interval, keep=args.keep)
     sampler.sample()
     sampler.start()
@@ -89,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         # On loopback without a token, only requests for this machine's own names are answered (DNS rebinding).
         allowed = None if token else LOOPBACK_NAMES | {host.lower()}
-        app = create_app(sampler, token=token, allowed_hosts=allowed)
+        app = create_app(sampler, token=token, allowed_hosts=allowed, rule_series_limit=args.rule_metrics)
         uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
     finally:
         sampler.stop()

@@ -87,6 +87,13 @@ class EmuTransport:
     def read_table(self, table: int, index: int) -> int:
         return int(self.request(f"T R {table} {index}"), 0)
 
+    def read_many(self, addrs: Sequence[int]) -> list[int]:
+        return [int(v, 0) for v in self.request_many([f"R 0x{a:x}" for a in addrs])]
+
+    def read_table_many(self, table: int, start: int, count: int) -> list[int]:
+        """`count` entries from `start`, pipelined (PIPELINE requests per round trip instead of one each)."""
+        return [int(v, 0) for v in self.request_many([f"T R {table} {i}" for i in range(start, start + count)])]
+
     def write_table_many(self, table: int, start: int, values: Sequence[int]) -> None:
         """Stream writes (IND_COMMAND bit 8): one request per STREAM_CHUNK words, the index counted by the core."""
         self.request_many(
@@ -161,6 +168,16 @@ class NicClient:
             raise NicError(f"table {t.name}: index {index} out of range 0..{t.depth - 1}")
         return self.t.read_table(t.id, index)
 
+    def read_table_many(self, name: int | str, start: int, count: int) -> list[int]:
+        """Entries start..start+count-1, in bulk when the transport can (the emulator pipelines its requests)."""
+        t = self._table(name)
+        if start < 0 or count < 0 or start + count > t.depth:
+            raise NicError(f"table {t.name}: indices {start}..{start + count - 1} out of range 0..{t.depth - 1}")
+        bulk = getattr(self.t, "read_table_many", None)
+        if bulk is not None:
+            return bulk(t.id, start, count)
+        return [self.t.read_table(t.id, i) for i in range(start, start + count)]
+
     def write_table(self, name: int | str, index: int, value: int) -> None:
         self.write_table_many(name, index, [value])
 
@@ -189,10 +206,15 @@ class NicClient:
 
     def counters(self, hits: bool | Sequence[int] = False) -> dict:
         """CNT_*, PKTIN and PKTOUT; with hits=True (all entries) or a list of indices, also per-entry HITS."""
-        out: dict = {name: self.read(name) for name in COUNTER_REGS}
-        if hits is not False:
-            indices = range(self.read("NUM_ENTRIES") + 1) if hits is True else hits
-            out["HITS"] = {i: self.read_table("HITS", i) for i in indices}
+        bulk = getattr(self.t, "read_many", None)
+        if bulk is not None:
+            out: dict = dict(zip(COUNTER_REGS, bulk([self._addr(n) for n in COUNTER_REGS]), strict=True))
+        else:
+            out = {name: self.read(name) for name in COUNTER_REGS}
+        if hits is True:
+            out["HITS"] = dict(enumerate(self.read_table_many("HITS", 0, self.read("NUM_ENTRIES") + 1)))
+        elif hits is not False:
+            out["HITS"] = {i: self.read_table("HITS", i) for i in hits}
         return out
 
     def clear_counters(self) -> None:

@@ -18,7 +18,8 @@ HERE = Path(__file__).resolve().parent
 API_ENDPOINTS = {
     "/api/summary": "latest totals and rates (forwarded, dropped, shunted by reason, shunt ratio)",
     "/api/series?last=N": "rates between consecutive snapshots, oldest first",
-    "/api/rules": "per-rule view: kind, shunting, hardware hits, netfilter counters",
+    "/api/rules": "per-rule view, one page (?offset=&limit=&sort=index|hits|hw_hits|nf_packets|hits_rate"
+    "&order=asc|desc&q=filter): kind, shunting, hardware hits, netfilter counters",
     "/api/deployment": "generation, policy, partition, update history with durations",
     "/api/snapshot?seq=N": "raw counters of the newest (or a given) snapshot",
     "/metrics": "Prometheus exposition",
@@ -45,7 +46,12 @@ def _host_name(header: str) -> str:
     return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
-def create_app(sampler: Sampler, token: str | None = None, allowed_hosts: frozenset[str] | None = None) -> FastAPI:
+def create_app(
+    sampler: Sampler,
+    token: str | None = None,
+    allowed_hosts: frozenset[str] | None = None,
+    rule_series_limit: int = metrics.RULE_SERIES_LIMIT,
+) -> FastAPI:
     """The web app over `sampler`. With a token, every request except static assets needs it. With
     `allowed_hosts`, a request whose Host header names another host is refused: a page on another site whose
     name resolves to this loopback address (DNS rebinding) cannot read the dashboard."""
@@ -102,8 +108,14 @@ def create_app(sampler: Sampler, token: str | None = None, allowed_hosts: frozen
         return views.series(sampler.snapshots(), last)
 
     @app.get("/api/rules")
-    def api_rules():
-        return views.rules_view(sampler.snapshots()[-2:])
+    def api_rules(
+        offset: int = Query(default=0, ge=0),
+        limit: int = Query(default=100, ge=0, le=views.MAX_PAGE),
+        sort: str = Query(default="index", pattern="^(" + "|".join(views.RULE_SORTS) + ")$"),
+        order: str | None = Query(default=None, pattern="^(asc|desc)$"),
+        q: str | None = Query(default=None, max_length=200),
+    ):
+        return views.rules_view(sampler.snapshots()[-2:], offset, limit, sort, order, q)
 
     @app.get("/api/deployment")
     def api_deployment():
@@ -119,6 +131,8 @@ def create_app(sampler: Sampler, token: str | None = None, allowed_hosts: frozen
 
     @app.get("/metrics")
     def prometheus():
-        return Response(metrics.render(lambda: sampler.snapshots()[-2:]), media_type="text/plain; version=0.0.4")
+        return Response(
+            metrics.render(lambda: sampler.snapshots()[-2:], rule_series_limit), media_type="text/plain; version=0.0.4"
+        )
 
     return app

@@ -1,13 +1,16 @@
 """Counter collection for the dashboard: a Snapshot of every counter at one time, rates as snapshot differences.
 
 A `Collector` reads the deployed system (deploy state, NIC registers and HITS table, the tool's netfilter chains
-through `iptables-save -c`) into an immutable `Snapshot`; a `Sampler` thread takes one every interval and keeps
-the last N in a ring buffer. Everything the web app shows is computed from those snapshots, so the app can be
-tested on recorded snapshots and the collector's arithmetic on its own.
+through `iptables-save -c`, and `ops.deploy.drift`) into an immutable `Snapshot`; a `Sampler` thread takes one
+every interval and keeps the last N in a ring buffer. The collector also keeps `Totals`: counters accumulated from
+the differences of the sources, so they only go up for the life of the process (a NIC restart, a new generation's
+chains or an undeploy does not take them back). Everything the web app shows is computed from those snapshots, so
+the app can be tested on recorded snapshots and the collector's arithmetic on its own.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -15,7 +18,7 @@ import shlex
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +48,17 @@ SHUNT_REASONS: tuple[str, ...] = ("overrule", "policy", "unparsed", "forced")
 # A forced shunt (CONTROL "shunt everything") is also counted under its reason (overrule or policy) by the core,
 # so the total of shunted frames is the sum of the three reasons; "forced" is a subset shown on its own.
 SHUNT_TOTAL_COUNTERS: tuple[str, ...] = ("CNT_SHUNT_OVERRULE", "CNT_SHUNT_POLICY", "CNT_SHUNT_UNPARSED")
+# Every frame from the wire is counted in exactly one of these (docs/hardware.md): (decision, reason) per counter.
+WIRE_DECISIONS: dict[str, tuple[str, str]] = {
+    "CNT_FORWARDED": ("forwarded", "rule"),
+    "CNT_DROPPED": ("dropped", "rule"),
+    "CNT_DROP_UNFILTERABLE": ("dropped", "unfilterable"),
+    "CNT_SHUNT_OVERRULE": ("shunted", "overrule"),
+    "CNT_SHUNT_POLICY": ("shunted", "policy"),
+    "CNT_SHUNT_UNPARSED": ("shunted", "unparsed"),
+}
+# Deploys and updates take from well under a second (cached build, table rewrite) to minutes (cold emulator build).
+UPDATE_BUCKETS: tuple[float, ...] = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 HF_RULE_COMMENT = re.compile(r"\bhf:rule=(\d+)\b")
 
@@ -61,6 +75,8 @@ class RuleInfo:
     entry: int | None  # hardware entry whose HITS counter counts this rule's first matches (None: no entry)
     shunt: bool | None  # that entry's shunt bit (None without an entry)
     counts_hw: bool = True  # its hardware first-matches are its hits (False: software re-counts shunted ones)
+    id: str = ""  # stable identity (rule_ids): the same rule keeps it when rules are inserted above it
+    chain: str = ""  # the chain it is written in
 
 
 @dataclass(frozen=True)
@@ -97,6 +113,7 @@ class Deployment:
     rules: tuple[RuleInfo, ...] = ()
     history: tuple[Update, ...] = ()
     nic: str = ""  # where the NIC's registers are (emulator control socket)
+    nic_id: str = ""  # which NIC process: a new one counts from 0
     positions: dict[tuple[str, int], int] = field(default_factory=dict, compare=False)  # see rule_positions
 
     @property
@@ -124,6 +141,8 @@ class Snapshot:
     nf: dict[int, tuple[int, int]] = field(default_factory=dict)  # policy rule index -> (packets, bytes)
     nf_main: tuple[int, int] = (0, 0)  # packets/bytes that entered the tool's MAIN chain (shunted + k = 0)
     errors: tuple[str, ...] = ()
+    drift: tuple[str, ...] | None = None  # ops.deploy.drift of this deployment (None: not checked yet)
+    totals: Totals | None = None  # counters accumulated by the collector up to this snapshot
 
     @property
     def generation(self) -> int | None:
@@ -134,6 +153,51 @@ class Snapshot:
 
     def classified(self) -> int:
         return self.hw.get("CNT_FORWARDED", 0) + self.hw.get("CNT_DROPPED", 0) + self.shunted()
+
+
+@dataclass(frozen=True)
+class Totals:
+    """Counters for the life of the collector: accumulated differences of the sources, never going down.
+
+    hw: CNT_* name -> frames. rule_hw / rule_nf: rule id -> hardware first matches / netfilter packets.
+    updates: (kind, result) -> journal entries seen. update_buckets: successful updates per UPDATE_BUCKETS bound.
+    """
+
+    hw: dict[str, int] = field(default_factory=dict)
+    rule_hw: dict[str, int] = field(default_factory=dict)
+    rule_nf: dict[str, int] = field(default_factory=dict)
+    policy_entry: int = 0
+    nf_main: int = 0
+    updates: dict[tuple[str, str], int] = field(default_factory=dict)
+    update_buckets: tuple[int, ...] = (0,) * len(UPDATE_BUCKETS)
+    update_count: int = 0
+    update_sum: float = 0.0
+
+
+class Accumulator:
+    """Totals of counters read from sources that restart: each reading adds its increase since the source's last
+    reading, or its whole value when it went down (the source restarted from 0) or is new, as Prometheus' rate()
+    reads a reset. A source belongs to a group (one NIC process, one generation's chains): when the group changes
+    the previous group's readings are forgotten, so the new group's counters count from 0."""
+
+    def __init__(self):
+        self.totals: dict[Hashable, int] = {}
+        self._group: Hashable = None
+        self._last: dict[Hashable, int] = {}
+
+    def observe(self, group: Hashable, readings: Iterable[tuple[Hashable, Hashable, int]]) -> None:
+        """readings: (key of the total, source, cumulative value of the source)."""
+        if group != self._group:
+            self._group, self._last = group, {}
+        last, totals = self._last, self.totals
+        for key, source, value in readings:
+            old = last.get(source)
+            last[source] = value
+            inc = value - old if old is not None and value >= old else value
+            if inc:
+                totals[key] = totals.get(key, 0) + inc
+            elif key not in totals:
+                totals[key] = 0
 
 
 def counter_delta(old: int, new: int) -> int:
@@ -225,8 +289,10 @@ def parse_iptables_save(text: str, table: str = "filter") -> list[NfRule]:
             raise HypafilterError(f"iptables-save -c:{lineno}: cannot read counters of {line!r}")
         chain = m.group(3)
         positions[chain] = positions.get(chain, 0) + 1
+        rest = m.group(4)
         try:
-            tokens = tuple(shlex.split(m.group(4)))
+            # shlex only where quoting can change the split: it is most of the cost at 50,000 rules.
+            tokens = tuple(shlex.split(rest) if '"' in rest or "'" in rest or "\\" in rest else rest.split())
         except ValueError as e:
             raise HypafilterError(f"iptables-save -c:{lineno}: {e}") from e
         out.append(NfRule(chain, positions[chain], int(m.group(1)), int(m.group(2)), tokens))
@@ -268,8 +334,9 @@ def attribute_netfilter(
 
 
 def iptables_save(ns: str | None, table: str = "filter") -> str:
-    """The table with counters; a short timeout, so a stuck xtables lock costs one sample, not the dashboard."""
-    return netns.run(["iptables-save", "-c", "-t", table], ns, timeout=10)
+    """The table with counters. The timeout bounds a stuck xtables lock; it is generous because the dump of a
+    50,000-rule table takes seconds on the nftables backend (and runs on the per-rule thread, not in a snapshot)."""
+    return netns.run(["iptables-save", "-c", "-t", table], ns, timeout=60)
 
 
 # --- deploy state --------------------------------------------------------------------------------------------
@@ -319,15 +386,20 @@ def deployed_policy(state: dict):
     config = config_from_state(state)
     if source and Path(source).is_file():
         try:
-            policy = parse_policy(Path(source).read_text(), filename=source, base_chain=base, config=config)
+            policy = parse_policy(
+                Path(source).read_text(), filename=source, base_chain=base, config=config, allow_empty=True
+            )
             if policy.policy_hash() == want:
                 return policy
         except HypafilterError:
             pass  # the file changed since the deploy: fall back to the deployed text
+    # Whether an empty policy was allowed was decided by the deploy (--allow-empty); what is deployed is shown.
     text = state.get("plain_rules")
-    if not text:
+    if text is None:
         raise HypafilterError(f"deploy state has no rules of the deployed policy and {source or 'its file'} differs")
-    policy = parse_policy(text, filename=f"{source or 'deployed'} (as deployed)", base_chain=base, config=config)
+    policy = parse_policy(
+        text, filename=f"{source or 'deployed'} (as deployed)", base_chain=base, config=config, allow_empty=True
+    )
     if want and policy.policy_hash() != want:
         raise HypafilterError("the deployed rules in the state file do not hash to the deployed policy hash")
     return policy
@@ -372,6 +444,25 @@ def rule_positions(program) -> dict[tuple[str, int], int]:
     return pos
 
 
+def rule_ids(policy) -> list[str]:
+    """A stable identity per flattened rule: a short hash of its chain, the canonical options of every level it
+    came through and its target, so inserting or removing other rules does not rename it. A rule written twice
+    the same way in one chain gets .2, .3, ... in order."""
+    out = []
+    seen: dict[str, int] = {}
+    for r in policy.rules:
+        chain = r.origin.chain if r.origin else policy.base_chain
+        if r.levels:
+            levels = [" ".join(lv.options) + "".join(" !(" + " ".join(u) + ")" for u in lv.unless) for lv in r.levels]
+            text = " > ".join(levels) + " -j " + " ".join((r.target, *r.target_args))
+        else:
+            text = r.origin.text if r.origin else r.target
+        h = hashlib.sha256(f"{policy.base_chain}|{chain}|{text}".encode()).hexdigest()[:12]
+        n = seen[h] = seen.get(h, 0) + 1
+        out.append(h if n == 1 else f"{h}.{n}")
+    return out
+
+
 def deployment_from_state(state: dict) -> Deployment:
     """Everything the views need about the deployment: rules with their entries and shunt bits, positions."""
     policy = deployed_policy(state)
@@ -393,6 +484,7 @@ def deployment_from_state(state: dict) -> Deployment:
     for e, entry in enumerate(plan.entries):
         entry_of.setdefault(int(entry.rule_index), e)
     rules = []
+    ids = rule_ids(policy)
     for i, r in enumerate(policy.rules):
         e = entry_of.get(i)
         shunt = bool(plan.shunt[e]) if e is not None else None
@@ -401,7 +493,8 @@ def deployment_from_state(state: dict) -> Deployment:
             r.origin.text if r.origin else " ".join((*r.levels[-1].options, "-j", r.target)) if r.levels else r.target
         )
         counts_hw = e is not None and not (shunt and i in recounted)
-        rules.append(RuleInfo(i, text.strip(), where, r.target, r.is_simple, e, shunt, counts_hw))
+        chain = r.origin.chain if r.origin else policy.base_chain
+        rules.append(RuleInfo(i, text.strip(), where, r.target, r.is_simple, e, shunt, counts_hw, ids[i], chain))
     n = len(plan.entries)
     expected = (state.get("partition") or {}).get("entries")
     if expected is not None and expected != n:
@@ -425,8 +518,14 @@ def deployment_from_state(state: dict) -> Deployment:
         rules=tuple(rules),
         history=history_from_state(state),
         nic=str((state.get("nic") or {}).get("socket", "")),
+        nic_id=nic_identity(state),
         positions=rule_positions(program),
     )
+
+
+def nic_identity(state: dict) -> str:
+    nic = state.get("nic") or {}
+    return f"{nic.get('socket', '')}#{nic.get('pid', '')}"
 
 
 def partial_deployment(state: dict) -> Deployment:
@@ -444,25 +543,11 @@ def partial_deployment(state: dict) -> Deployment:
         table=str(state.get("table", "filter")),
         history=history_from_state(state),
         nic=str((state.get("nic") or {}).get("socket", "")),
+        nic_id=nic_identity(state),
     )
 
 
 # --- the collector -------------------------------------------------------------------------------------------
-
-
-def read_hardware(nic: Any, n_entries: int, errors: list[str]) -> tuple[dict[str, int], tuple[int, ...]]:
-    """CNT_* registers, then the HITS table (entries 0..n_entries, the policy entry last) through a NicClient.
-
-    A HITS failure leaves the traffic counters usable; it is reported in `errors`.
-    """
-    counters = nic.counters()
-    hw = {c: int(counters.get(c, 0)) for c in HW_COUNTERS}
-    try:
-        hits = tuple(int(nic.read_table("HITS", i)) for i in range(n_entries + 1))
-    except Exception as e:
-        errors.append(f"NIC HITS table: {e}")
-        hits = ()
-    return hw, hits
 
 
 def open_nic(deployment: Deployment) -> Any:
@@ -472,8 +557,17 @@ def open_nic(deployment: Deployment) -> Any:
     return NicClient.emu(deployment.nic, timeout=5.0)
 
 
+def check_drift(state: dict) -> list[str]:
+    """What `hypafilter status` reports as drift (one implementation: ops.deploy.drift)."""
+    return deploy.drift(state)
+
+
 class Collector:
-    """Takes Snapshots of the deployed system. The readers are parameters so each can be replaced in tests."""
+    """Takes Snapshots of the deployed system. The readers are parameters so each can be replaced in tests.
+
+    Drift is checked every `drift_every` seconds (and at once when the deployment changes) on a thread of its
+    own (`drift_async`), so a slow check (iptables-save of a large rule set, the shim's maps) delays no snapshot.
+    """
 
     def __init__(
         self,
@@ -481,11 +575,30 @@ class Collector:
         nic_opener: Callable[[Deployment], Any] = open_nic,
         nf_reader: Callable[[str, str], str] = iptables_save,
         deployment_builder: Callable[[dict], Deployment] = deployment_from_state,
+        drift_checker: Callable[[dict], list[str]] | None = check_drift,
+        drift_every: float = 2.0,
+        drift_async: bool = True,
+        rules_async: bool = False,
     ):
         self._state_reader = state_reader
         self._nic_opener = nic_opener
         self._nf_reader = nf_reader
         self._builder = deployment_builder
+        self._drift_checker = drift_checker
+        self._drift_every = drift_every
+        self._drift_async = drift_async
+        # Per-rule sources (HITS table, iptables-save of every chain) on a thread of their own: at 50,000 rules
+        # they take seconds, the traffic counters microseconds. A snapshot carries their newest reading.
+        self._rules_async = rules_async
+        self._rules_thread: threading.Thread | None = None
+        self._rules_reading: tuple | None = None  # (deployment key, seq, hits, nf, nf_main, nf_ok, errors)
+        self._rules_seq = 0
+        self._rules_used = -1
+        self._rules_nic: Any = None
+        self._drift: tuple[tuple | None, tuple[str, ...]] | None = None  # (state key it was checked for, result)
+        self._drift_at = -1e18
+        self._drift_for: tuple | None = None
+        self._drift_thread: threading.Thread | None = None
         self._dep_key: tuple | None = None
         self._dep: Deployment | None = None
         self._dep_error: str | None = None
@@ -493,18 +606,34 @@ class Collector:
         self._nic_for: tuple | None = None
         self._seq = 0
         self._lock = threading.Lock()
+        self._hw = Accumulator()
+        self._rule_hw = Accumulator()
+        self._rule_nf = Accumulator()
+        self._main = Accumulator()
+        self._journal_seen = float("-inf")
+        self._updates: dict[tuple[str, str], int] = {}
+        self._buckets = [0] * len(UPDATE_BUCKETS)
+        self._update_count = 0
+        self._update_sum = 0.0
 
-    def _deployment(self, errors: list[str]) -> Deployment | None:
+    def _deployment(self, errors: list[str]) -> tuple[Deployment | None, dict | None]:
         try:
             state = self._state_reader()
         except Exception as e:  # a broken reader must not stop the dashboard
             errors.append(f"deploy state: {e}")
-            return self._dep
+            return self._dep, None
         if not state or not state.get("generation"):
             self._dep_key, self._dep, self._dep_error = None, None, None
-            return None
+            return None, state
+        self._journal(state)
         # Re-planning is the expensive part: only when the deployment (or its journal) changed.
-        key = (state.get("generation"), state.get("policy_hash"), len(state.get("history") or ()))
+        history = state.get("history") or ()
+        key = (
+            state.get("generation"),
+            state.get("policy_hash"),
+            len(history),
+            history[-1].get("time") if history else None,
+        )
         if key != self._dep_key:
             try:
                 self._dep, self._dep_error = self._builder(state), None
@@ -513,35 +642,168 @@ class Collector:
             self._dep_key = key
         if self._dep_error:
             errors.append(self._dep_error)
-        return self._dep
+        return self._dep, state
+
+    def _journal(self, state: dict) -> None:
+        """Count the journal entries not seen before (the journal keeps 50; the counts keep going)."""
+        newest = self._journal_seen
+        for u, h in zip(history_from_state(state), state.get("history") or (), strict=True):
+            t = float(h.get("time") or 0.0)
+            if t <= self._journal_seen:
+                continue
+            newest = max(newest, t)
+            key = (u.kind, "ok" if u.ok else "failed")
+            self._updates[key] = self._updates.get(key, 0) + 1
+            if u.ok and u.kind != "undeploy":
+                self._update_count += 1
+                self._update_sum += u.duration
+                for i, bound in enumerate(UPDATE_BUCKETS):
+                    if u.duration <= bound:
+                        self._buckets[i] += 1
+        self._journal_seen = newest
+
+    def _check_drift(self, state: dict | None, dep: Deployment | None) -> tuple[str, ...] | None:
+        if self._drift_checker is None or state is None or dep is None:
+            return None
+        key = self._dep_key
+        due = time.monotonic() - self._drift_at >= self._drift_every or self._drift_for != key
+        running = self._drift_thread is not None and self._drift_thread.is_alive()
+        if due and not running:
+            self._drift_at, self._drift_for = time.monotonic(), key
+
+            def run() -> None:
+                try:
+                    found = tuple(self._drift_checker(state))
+                except Exception as e:  # a check that cannot run says so as drift
+                    found = (f"drift check: {e}",)
+                self._drift = (key, found)
+
+            if self._drift_async:
+                self._drift_thread = threading.Thread(target=run, name="hypafilter-drift", daemon=True)
+                self._drift_thread.start()
+            else:
+                run()
+        if self._drift is None or self._drift[0] != key:
+            return None  # not checked yet for this deployment
+        return self._drift[1]
+
+    def _accumulate(self, dep: Deployment | None, hw: dict, hits: tuple, nf: dict, nf_main: tuple[int, int]) -> Totals:
+        if dep is not None and hw:
+            self._hw.observe(dep.nic_id, ((c, c, v) for c, v in hw.items()))
+        if dep is not None and hits:
+            readings = [
+                (r.id, r.entry, hits[r.entry]) for r in dep.rules if r.entry is not None and r.entry < len(hits)
+            ]
+            if dep.n_entries < len(hits):
+                readings.append((None, dep.n_entries, hits[dep.n_entries]))  # None: the policy entry
+            self._rule_hw.observe(dep.nic_id, readings)
+        if dep is not None and nf is not None:
+            self._rule_nf.observe(dep.prefix, ((r.id, r.index, nf.get(r.index, (0, 0))[0]) for r in dep.rules))
+            self._main.observe(dep.prefix, [("", "", nf_main[0])])
+        rule_hw = dict(self._rule_hw.totals)
+        policy_entry = rule_hw.pop(None, 0)
+        return Totals(
+            hw=dict(self._hw.totals),
+            rule_hw=rule_hw,
+            rule_nf=dict(self._rule_nf.totals),
+            policy_entry=policy_entry,
+            nf_main=self._main.totals.get("", 0),
+            updates=dict(self._updates),
+            update_buckets=tuple(self._buckets),
+            update_count=self._update_count,
+            update_sum=self._update_sum,
+        )
+
+    def _read_rules(self, dep: Deployment, nic: Any) -> tuple:
+        """HITS table and netfilter counters: (hits, nf, nf_main, nf_ok, errors)."""
+        errors: list[str] = []
+        hits: tuple[int, ...] = ()
+        if nic is not None:
+            try:
+                hits = tuple(int(v) for v in nic.read_table_many("HITS", 0, dep.n_entries + 1))
+            except Exception as e:
+                errors.append(f"NIC HITS table: {e}")
+        nf: dict[int, tuple[int, int]] = {}
+        nf_main, nf_ok = (0, 0), False
+        try:
+            text = self._nf_reader(dep.netns, dep.table)
+            saved = parse_iptables_save(text, dep.table)
+            nf, nf_main = attribute_netfilter(saved, dep.prefix, len(dep.rules), dep.positions)
+            nf_ok = True
+        except Exception as e:
+            errors.append(f"netfilter: {e}")
+        return hits, nf, nf_main, nf_ok, errors
+
+    def _rules_async_reading(self, dep: Deployment) -> tuple:
+        """The newest per-rule reading of this deployment, starting the next one when none is running."""
+        key = self._dep_key
+        running = self._rules_thread is not None and self._rules_thread.is_alive()
+        if not running:
+
+            def run() -> None:
+                try:
+                    if self._rules_nic is None or self._rules_nic[0] != dep.nic_id:
+                        self._rules_nic = (dep.nic_id, self._nic_opener(dep))
+                    nic = self._rules_nic[1]
+                except Exception as e:
+                    self._rules_nic, nic = None, None
+                    hits_err = [f"NIC: {e}"]
+                else:
+                    hits_err = []
+                hits, nf, nf_main, nf_ok, errors = self._read_rules(dep, nic)
+                if any(e.startswith("NIC HITS") for e in errors):
+                    self._rules_nic = None
+                self._rules_seq += 1
+                self._rules_reading = (key, self._rules_seq, hits, nf, nf_main, nf_ok, hits_err + errors)
+
+            self._rules_thread = threading.Thread(target=run, name="hypafilter-rules", daemon=True)
+            self._rules_thread.start()
+        r = self._rules_reading
+        if r is None or r[0] != key:
+            return 0, (), {}, (0, 0), False, []
+        return r[1:]
 
     def snapshot(self) -> Snapshot:
         with self._lock:
             errors: list[str] = []
-            dep = self._deployment(errors)
+            dep, state = self._deployment(errors)
             hw: dict[str, int] = {}
             hits: tuple[int, ...] = ()
             nf: dict[int, tuple[int, int]] = {}
+            nf_ok = False
             nf_main = (0, 0)
             if dep is not None:
-                key = (dep.nic, dep.generation)
+                key = (dep.nic, dep.nic_id)
                 try:
                     if self._nic is None or self._nic_for != key:
                         self._close_nic()
                         self._nic = self._nic_opener(dep)
                         self._nic_for = key
-                    hw, hits = read_hardware(self._nic, dep.n_entries, errors)
+                    counters = self._nic.counters()
+                    hw = {c: int(counters.get(c, 0)) for c in HW_COUNTERS}
                 except Exception as e:
                     errors.append(f"NIC: {e}")
                     self._close_nic()
-                try:
-                    text = self._nf_reader(dep.netns, dep.table)
-                    saved = parse_iptables_save(text, dep.table)
-                    nf, nf_main = attribute_netfilter(saved, dep.prefix, len(dep.rules), dep.positions)
-                except Exception as e:
-                    errors.append(f"netfilter: {e}")
+                if self._rules_async:
+                    seq, hits, nf, nf_main, nf_ok, more = self._rules_async_reading(dep)
+                    if seq == self._rules_used:  # accumulated already: the totals take each reading once
+                        nf_ok, fresh_hits = False, ()
+                    else:
+                        fresh_hits = hits
+                        self._rules_used = seq
+                    errors += more
+                else:
+                    hits, nf, nf_main, nf_ok, more = self._read_rules(dep, self._nic if hw else None)
+                    fresh_hits = hits
+                    errors += more
+            else:
+                fresh_hits = ()
+            drift = self._check_drift(state, dep)
+            totals = self._accumulate(dep, hw, fresh_hits, nf if nf_ok else None, nf_main)
             self._seq += 1
-            return Snapshot(self._seq, time.time(), time.monotonic(), dep, hw, hits, nf, nf_main, tuple(errors))
+            return Snapshot(
+                self._seq, time.time(), time.monotonic(), dep, hw, hits, nf, nf_main, tuple(errors), drift, totals
+            )
 
     def _close_nic(self) -> None:
         close = getattr(self._nic, "close", None)

@@ -1,39 +1,55 @@
-"""Prometheus exposition of the latest snapshot: the same counters as /api, with path/reason labels."""
+"""Prometheus exposition of the newest snapshot: counters accumulated by the collector, gauges of the deployment.
+
+Conventions (docs/dashboard.md): every `*_total` is a counter of the exporter process (it never goes down while the
+process runs: NIC restarts, new generations and undeploys are absorbed by the collector); within one family the
+label values partition what is counted, so a sum over any label is a total; rules are named by a stable id.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from hypafilter.tools.dashboard.collector import HW_COUNTERS, Snapshot, rates
+from hypafilter.tools.dashboard.collector import UPDATE_BUCKETS, WIRE_DECISIONS, Snapshot, Totals, rates
 
-# Deploys and updates take from well under a second (cached build, table rewrite) to minutes (cold emulator build).
-UPDATE_BUCKETS: tuple[float, ...] = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
-
-
-def update_histogram(durations: list[float], buckets: tuple[float, ...] = UPDATE_BUCKETS) -> HistogramMetricFamily:
-    h = HistogramMetricFamily(
-        "hypafilter_update_duration_seconds", "Duration of successful deploys and updates (deploy journal)."
-    )
-    cumulative = []
-    for b in buckets:
-        cumulative.append((_fmt(b), sum(1 for d in durations if d <= b)))
-    cumulative.append(("+Inf", len(durations)))
-    h.add_metric([], cumulative, sum_value=float(sum(durations)))
-    return h
+# Per-rule series are exported up to this many rules: above it, one series per rule costs more (a 50,000-rule
+# policy made 7.9 MB per scrape) than it tells; /api/rules pages through every rule instead.
+RULE_SERIES_LIMIT = 1000
+DRIFT_PARTS: tuple[str, ...] = ("netfilter", "shim", "nic")
 
 
 def _fmt(b: float) -> str:
     return repr(float(b))
 
 
+def update_histogram(t: Totals) -> HistogramMetricFamily:
+    h = HistogramMetricFamily(
+        "hypafilter_update_duration_seconds", "Duration of successful deploys and updates seen by this exporter."
+    )
+    buckets = [(_fmt(b), n) for b, n in zip(UPDATE_BUCKETS, t.update_buckets, strict=True)]
+    buckets.append(("+Inf", t.update_count))
+    h.add_metric([], buckets, sum_value=t.update_sum)
+    return h
+
+
+def drift_parts(drift: tuple[str, ...]) -> dict[str, int]:
+    """1 for each part of the system (netfilter, shim, nic) that ops.deploy.drift found different, else 0."""
+    out = dict.fromkeys(DRIFT_PARTS, 0)
+    for d in drift:
+        part = d.split(":", 1)[0].strip()
+        out[part if part in out else "other"] = 1
+    return out
+
+
 class SnapshotCollector:
     """A prometheus_client custom collector reading the newest snapshots on every scrape."""
 
-    def __init__(self, snapshots: Callable[[], list[Snapshot]]):
+    def __init__(self, snapshots: Callable[[], list[Snapshot]], rule_series_limit: int = RULE_SERIES_LIMIT):
         self._snapshots = snapshots
+        self._rule_limit = rule_series_limit
 
     def collect(self) -> Iterator[Metric]:
         snaps = self._snapshots()
@@ -50,6 +66,8 @@ class SnapshotCollector:
         ts = GaugeMetricFamily("hypafilter_snapshot_timestamp_seconds", "Unix time of the newest snapshot.")
         ts.add_metric([], cur.time)
         yield ts
+        # Counters of the process: shown whether or not something is deployed now.
+        yield from self._counters(cur.totals or Totals(), dep, cur)
         if dep is None:
             return
 
@@ -73,60 +91,100 @@ class SnapshotCollector:
         shunting.add_metric([], float(part["shunting_entries"]))
         yield shunting
 
-        if cur.hw:
-            frames = CounterMetricFamily(
-                "hypafilter_hardware_frames",
-                "Frames the hardware classified, by path (forwarded, dropped, shunted, ...) and shunt reason.",
-                labels=["path", "reason"],
-            )
-            for c, (path, reason) in HW_COUNTERS.items():
-                frames.add_metric([path, reason], float(cur.hw.get(c, 0)))
-            yield frames
-            if len(snaps) >= 2:
-                r = rates(snaps[-2], cur)
-                ratio = GaugeMetricFamily(
-                    "hypafilter_shunt_ratio", "Shunted / classified frames over the last sampling interval."
-                )
-                if r.shunt_ratio is not None:
-                    ratio.add_metric([], r.shunt_ratio)
-                    yield ratio
-
-        hits = CounterMetricFamily(
-            "hypafilter_rule_hits",
-            "Per policy rule: first matches in hardware (source=hardware) and netfilter matches (source=netfilter).",
-            labels=["rule", "kind", "source"],
+        # Always present while deployed: NaN when the last interval classified nothing (0/0 has no ratio), so an
+        # idle link neither loses the series nor reads as "nothing shunted".
+        ratio = GaugeMetricFamily(
+            "hypafilter_shunt_ratio",
+            "Shunted / classified frames over the last sampling interval (NaN: no traffic or no reading).",
         )
-        for rule in dep.rules:
-            kind = "simple" if rule.simple else "complex"
-            if rule.entry is not None and rule.entry < len(cur.hits):
-                hits.add_metric([str(rule.index), kind, "hardware"], float(cur.hits[rule.entry]))
-            hits.add_metric([str(rule.index), kind, "netfilter"], float(cur.nf.get(rule.index, (0, 0))[0]))
-        yield hits
-        if dep.n_entries < len(cur.hits):
-            pe = CounterMetricFamily("hypafilter_policy_entry_hits", "Frames no hardware entry matched.")
-            pe.add_metric([], float(cur.hits[dep.n_entries]))
-            yield pe
+        r = rates(snaps[-2], cur) if len(snaps) >= 2 else None
+        ratio.add_metric([], r.shunt_ratio if r is not None and r.valid and r.shunt_ratio is not None else math.nan)
+        yield ratio
+
+        if cur.drift is not None:
+            drift = GaugeMetricFamily(
+                "hypafilter_drift",
+                "1 when the live part differs from what was deployed (hypafilter status), else 0.",
+                labels=["what"],
+            )
+            for what, v in drift_parts(cur.drift).items():
+                drift.add_metric([what], float(v))
+            yield drift
+
+        n = len(dep.rules)
+        shown = GaugeMetricFamily(
+            "hypafilter_rule_series", "Rules with per-rule series in this exposition (all rules are in /api/rules)."
+        )
+        shown.add_metric([], float(n if n <= self._rule_limit else 0))
+        yield shown
+        if n <= self._rule_limit:
+            yield from self._rules(cur.totals or Totals(), dep)
+
+    def _counters(self, t: Totals, dep, cur: Snapshot) -> Iterator[Metric]:
+        wire = CounterMetricFamily(
+            "hypafilter_wire_frames",
+            "Frames from the wire by the hardware's decision; each frame counts once (decision, reason).",
+            labels=["decision", "reason"],
+        )
+        for c, (decision, reason) in WIRE_DECISIONS.items():
+            wire.add_metric([decision, reason], float(t.hw.get(c, 0)))
+        yield wire
+        for name, c, text in (
+            (
+                "hypafilter_forced_shunt_frames",
+                "CNT_SHUNT_FORCED",
+                "Shunted frames that were shunted because of "
+                "shunt-all during an update (also counted under their reason in hypafilter_wire_frames_total).",
+            ),
+            ("hypafilter_from_host_frames", "CNT_FROM_HOST", "Frames the host sent back through the NIC."),
+            ("hypafilter_fifo_drop_frames", "CNT_FIFO_DROP", "Frames lost to a full FIFO."),
+        ):
+            m = CounterMetricFamily(name, text)
+            m.add_metric([], float(t.hw.get(c, 0)))
+            yield m
+        pe = CounterMetricFamily("hypafilter_policy_entry_hits", "Frames no hardware entry matched (policy entry).")
+        pe.add_metric([], float(t.policy_entry))
+        yield pe
         main = CounterMetricFamily(
             "hypafilter_netfilter_main_packets", "Packets that entered the tool's netfilter chains (shunted or k = 0)."
         )
-        main.add_metric([], float(cur.nf_main[0]))
+        main.add_metric([], float(t.nf_main))
         yield main
-
         updates = CounterMetricFamily(
-            "hypafilter_updates", "Deploys and updates in the journal.", labels=["kind", "result"]
+            "hypafilter_updates", "Deploys, updates and undeploys seen by this exporter.", labels=["kind", "result"]
         )
-        counts: dict[tuple[str, str], int] = {}
-        for u in dep.history:
-            key = (u.kind, "ok" if u.ok else "failed")
-            counts[key] = counts.get(key, 0) + 1
-        for (kind, result), n in sorted(counts.items()):
+        for (kind, result), n in sorted(t.updates.items()):
             updates.add_metric([kind, result], float(n))
         yield updates
-        yield update_histogram([u.duration for u in dep.history if u.ok])
+        yield update_histogram(t)
+
+    def _rules(self, t: Totals, dep) -> Iterator[Metric]:
+        info = GaugeMetricFamily(
+            "hypafilter_rule_info",
+            "One series per deployed rule: its stable id and where it is written now.",
+            labels=["rule", "index", "chain", "where", "kind", "target"],
+        )
+        hw = CounterMetricFamily(
+            "hypafilter_rule_hardware_hits",
+            "Frames whose first matching hardware entry is the rule's (with the policy entry: every frame once).",
+            labels=["rule"],
+        )
+        nf = CounterMetricFamily(
+            "hypafilter_rule_netfilter_packets", "Packets the rule's netfilter lines matched.", labels=["rule"]
+        )
+        for r in dep.rules:
+            kind = "simple" if r.simple else "complex"
+            info.add_metric([r.id, str(r.index), r.chain, r.where, kind, r.target], 1.0)
+            if r.entry is not None:
+                hw.add_metric([r.id], float(t.rule_hw.get(r.id, 0)))
+            nf.add_metric([r.id], float(t.rule_nf.get(r.id, 0)))
+        yield info
+        yield hw
+        yield nf
 
 
-def render(snapshots: Callable[[], list[Snapshot]]) -> bytes:
+def render(snapshots: Callable[[], list[Snapshot]], rule_series_limit: int = RULE_SERIES_LIMIT) -> bytes:
     """The Prometheus text exposition of the newest snapshots."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(snapshots))
+    registry.register(SnapshotCollector(snapshots, rule_series_limit))
     return generate_latest(registry)

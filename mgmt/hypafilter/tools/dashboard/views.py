@@ -59,6 +59,7 @@ def summary(snaps: list[Snapshot]) -> dict[str, Any]:
             "totals": None,
             "rates": None,
             "errors": [],
+            "drift": None,
         }
     cur = snaps[-1]
     dep = cur.deployment
@@ -71,6 +72,8 @@ def summary(snaps: list[Snapshot]) -> dict[str, Any]:
         "totals": totals(cur) if cur.hw else None,
         "rates": rate_point(snaps[-2], cur) if len(snaps) >= 2 else None,
         "errors": list(cur.errors),
+        # What `hypafilter status` reports as drift: [] none, None not checked yet (or nothing deployed).
+        "drift": list(cur.drift) if cur.drift is not None else None,
     }
 
 
@@ -82,21 +85,56 @@ def series(snaps: list[Snapshot], last: int | None = None) -> dict[str, Any]:
     return {"points": points, "reasons": list(SHUNT_REASONS)}
 
 
-def rules_view(snaps: list[Snapshot]) -> dict[str, Any]:
-    """The original policy rule by rule, hardware HITS merged with netfilter counters.
+RULE_SORTS = ("index", "hits", "hw_hits", "nf_packets", "hits_rate")
+_RULE_SUMS: dict[str, tuple] = {}  # "last": (snapshot key, hits, rates) of the newest rules_view
+MAX_PAGE = 1000
+
+
+def rules_view(
+    snaps: list[Snapshot],
+    offset: int = 0,
+    limit: int = 100,
+    sort: str = "index",
+    order: str | None = None,
+    q: str | None = None,
+) -> dict[str, Any]:
+    """The original policy rule by rule, hardware HITS merged with netfilter counters, one page of it.
 
     hw_hits: packets whose first matching hardware entry is the rule's. nf_packets: packets the netfilter rules
     emitted for it matched (complex rules; simple rules on the k = 0 path, and shunted simple rules the software
     strategy evaluates again). hits = nf_packets, plus hw_hits when the hardware's first matches are final or go to
     a software path that does not count them again (RuleInfo.counts_hw). Under the interval strategy the hardware
     count of a shunting simple rule still includes packets an earlier complex rule then claims in software.
+
+    Rows are filtered by `q` (a substring of the rule's text, where, id or kind), sorted by `sort` (`order` asc or
+    desc; counters default to desc) and cut to [offset, offset + limit); `matched` counts the filtered rows and
+    `max_hits` is over all rules, so bars keep one scale across pages.
     """
+    if sort not in RULE_SORTS:
+        raise ValueError(f"sort must be one of {', '.join(RULE_SORTS)}")
+    order = order or ("asc" if sort == "index" else "desc")
+    if order not in ("asc", "desc"):
+        raise ValueError("order must be asc or desc")
+    limit = max(0, min(limit, MAX_PAGE))
     if not snaps or snaps[-1].deployment is None:
-        return {"seq": snaps[-1].seq if snaps else 0, "generation": None, "rules": [], "policy_entry": None}
+        return {
+            "seq": snaps[-1].seq if snaps else 0,
+            "generation": None,
+            "total": 0,
+            "matched": 0,
+            "offset": offset,
+            "limit": limit,
+            "sort": sort,
+            "order": order,
+            "max_hits": 0,
+            "rules": [],
+            "policy_entry": None,
+        }
     cur = snaps[-1]
     dep = cur.deployment
     prev = snaps[-2] if len(snaps) >= 2 and snaps[-2].generation == cur.generation else None
     dt = (cur.mono - prev.mono) if prev else 0.0
+    with_rate = prev is not None and dt > 0 and bool(prev.hits) and bool(cur.hits)
 
     def hw_of(s: Snapshot, rule) -> int:
         return s.hits[rule.entry] if rule.entry is not None and rule.entry < len(s.hits) else 0
@@ -104,28 +142,62 @@ def rules_view(snaps: list[Snapshot]) -> dict[str, Any]:
     def hits_of(s: Snapshot, rule) -> int:
         return (hw_of(s, rule) if rule.counts_hw else 0) + s.nf.get(rule.index, (0, 0))[0]
 
+    rules = dep.rules
+    # Every page of one snapshot shares the per-rule sums (50,000 of them at the scale the page must stay usable).
+    key = (cur.seq, prev.seq if prev else None, id(dep))
+    cached = _RULE_SUMS.get("last")
+    if cached is not None and cached[0] == key:
+        hits, rates_ = cached[1], cached[2]
+    else:
+        hits = [hits_of(cur, r) for r in rules]
+        rates_ = (
+            [counter_delta(hits_of(prev, r), h) / dt for r, h in zip(rules, hits, strict=True)] if with_rate else None
+        )
+        _RULE_SUMS["last"] = (key, hits, rates_)
+    chosen = range(len(rules))
+    if q:
+        needle = q.lower()
+        chosen = [
+            i
+            for i in chosen
+            if needle in rules[i].text.lower()
+            or needle in rules[i].where.lower()
+            or needle == rules[i].id
+            or needle == ("simple" if rules[i].simple else "complex")
+        ]
+    keys = {
+        "index": None,
+        "hits": lambda i: hits[i],
+        "hw_hits": lambda i: hw_of(cur, rules[i]),
+        "nf_packets": lambda i: cur.nf.get(i, (0, 0))[0],
+        "hits_rate": lambda i: rates_[i] if rates_ else 0.0,
+    }
+    key = keys[sort]
+    if key is None:
+        chosen = list(chosen) if order == "asc" else list(reversed(chosen))
+    else:
+        # Stable: equal counts keep policy order, whichever the direction.
+        chosen = sorted(chosen, key=lambda i: (-key(i), i) if order == "desc" else (key(i), i))
     rows = []
-    for rule in dep.rules:
-        hw = hw_of(cur, rule)
+    for i in chosen[offset : offset + limit]:
+        rule = rules[i]
         nf_p, nf_b = cur.nf.get(rule.index, (0, 0))
-        hits = hits_of(cur, rule)
-        rate = None
-        if prev is not None and dt > 0 and prev.hits and cur.hits:
-            rate = counter_delta(hits_of(prev, rule), hits) / dt
         rows.append(
             {
                 "index": rule.index,
+                "id": rule.id,
                 "text": rule.text,
                 "where": rule.where,
+                "chain": rule.chain,
                 "target": rule.target,
                 "kind": "simple" if rule.simple else "complex",
                 "entry": rule.entry,
                 "shunting": rule.shunt,
-                "hw_hits": hw,
+                "hw_hits": hw_of(cur, rule),
                 "nf_packets": nf_p,
                 "nf_bytes": nf_b,
-                "hits": hits,
-                "hits_rate": rate,
+                "hits": hits[i],
+                "hits_rate": rates_[i] if rates_ else None,
             }
         )
     n = dep.n_entries
@@ -135,7 +207,19 @@ def rules_view(snaps: list[Snapshot]) -> dict[str, Any]:
         "shunting": dep.policy_shunt,
         "hw_hits": cur.hits[n] if n < len(cur.hits) else 0,
     }
-    return {"seq": cur.seq, "generation": dep.generation, "rules": rows, "policy_entry": policy_entry}
+    return {
+        "seq": cur.seq,
+        "generation": dep.generation,
+        "total": len(rules),
+        "matched": len(chosen),
+        "offset": offset,
+        "limit": limit,
+        "sort": sort,
+        "order": order,
+        "max_hits": max(hits, default=0),
+        "rules": rows,
+        "policy_entry": policy_entry,
+    }
 
 
 def deployment_view(dep: Deployment | None) -> dict[str, Any]:

@@ -8,6 +8,11 @@
     { key: "dropped", label: "dropped (hw)", color: "#d2433a", get: (p) => p.dropped },
   ];
   const SVGNS = "http://www.w3.org/2000/svg";
+  // The rate chart's scale follows the last RECENT points, so a flood minutes ago does not flatten live traffic;
+  // older points above it are drawn at the top edge and marked.
+  const RECENT = 30;
+  const PAGE = 50; // rule rows per page
+  const view = { offset: 0, sort: "index", order: null, q: "" };
   const interval = Math.max(0.2, parseFloat(document.body.dataset.interval) || 1);
   // A token given as ?token= in the page address is passed on as a bearer token (header, not the URL).
   const token = new URLSearchParams(window.location.search).get("token");
@@ -85,12 +90,13 @@
     const svg = document.createElementNS(SVGNS, "svg");
     svg.setAttribute("viewBox", `0 0 ${w} ${h}`);
     svg.setAttribute("role", "img");
+    svg.dataset.ymax = String(yMax);
     const pw = w - left - right, ph = h - top - bottom;
     const t0 = points.length ? points[0].time : 0;
     const t1 = points.length ? points[points.length - 1].time : 1;
     const span = Math.max(t1 - t0, interval);
     const x = (t) => left + (pw * (t - t0)) / span;
-    const y = (v) => top + ph - (ph * v) / yMax;
+    const y = (v) => top + ph - (ph * Math.min(v, yMax)) / yMax;
     const add = (tag, attrs, text) => {
       const e = document.createElementNS(SVGNS, tag);
       for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
@@ -110,6 +116,23 @@
         add("polyline", { points: pts.join(" "), fill: "none", stroke: line.color, "stroke-width": 2, "data-series": line.key });
       }
     }
+    // Points above the scale: a marker on the top edge, with the value on hover, and the highest one named.
+    let clipped = 0, peak = 0;
+    for (const p of points) {
+      if (!p.valid) continue;
+      for (const line of lines) {
+        const v = line.get(p);
+        if (v === null || v <= yMax) continue;
+        clipped++;
+        peak = Math.max(peak, v);
+        const m = add("path", { d: `M${x(p.time).toFixed(1)},${top} l-4,7 h8 z`, fill: line.color, class: "clipped" });
+        const t = document.createElementNS(SVGNS, "title");
+        t.textContent = `${line.label}: ${yFmt(v)} (above the scale)`;
+        m.appendChild(t);
+      }
+    }
+    svg.dataset.clipped = String(clipped);
+    if (clipped) add("text", { x: w - right, y: top + 18, class: "tick clipnote", "text-anchor": "end" }, `▲ peak ${yFmt(peak)} off scale`);
     container.replaceChildren(svg);
   }
 
@@ -126,7 +149,7 @@
       series.reasons.map((r) => ({ key: "shunt-" + r, label: "shunted: " + r, color: REASON_COLORS[r], get: (p) => p.shunted_by_reason[r] })),
     );
     let max = 0;
-    for (const p of points) if (p.valid) for (const l of lines) max = Math.max(max, l.get(p));
+    for (const p of points.slice(-RECENT)) if (p.valid) for (const l of lines) max = Math.max(max, l.get(p));
     const yMax = niceMax(max);
     const tick = yMax < 10 ? (v) => v.toFixed(2) : (v) => fmtRate.format(v);
     chart(document.getElementById("chart-rates"), points, lines, yMax, tick, 640);
@@ -148,13 +171,20 @@
     }
   }
 
+  function rulesPath() {
+    const q = new URLSearchParams({ offset: view.offset, limit: PAGE, sort: view.sort });
+    if (view.order) q.set("order", view.order);
+    if (view.q) q.set("q", view.q);
+    return "api/rules?" + q.toString();
+  }
+
   function renderRules(v) {
     const body = document.querySelector("#rules tbody");
-    const maxHits = Math.max(1, ...v.rules.map((r) => r.hits));
+    const maxHits = Math.max(1, v.max_hits); // over all rules, so bars compare across pages
     const rows = v.rules.map((r) => {
-      const tr = el("tr", { "data-rule": r.index, class: r.kind });
+      const tr = el("tr", { "data-rule": r.index, "data-id": r.id, class: r.kind });
       tr.appendChild(el("td", { class: "num" }, r.index));
-      tr.appendChild(el("td", { class: "where" }, r.where));
+      tr.appendChild(el("td", { class: "where", title: "id " + r.id }, r.where));
       tr.appendChild(el("td", { class: "text" }, r.text));
       tr.appendChild(el("td", { class: "kind" }, r.kind));
       tr.appendChild(el("td", { class: "entry num" }, r.entry === null ? "–" : r.entry));
@@ -171,6 +201,17 @@
       return tr;
     });
     body.replaceChildren(...rows);
+    const first = v.matched ? v.offset + 1 : 0;
+    const pager = document.getElementById("rules-page");
+    pager.textContent = `${fmt.format(first)}–${fmt.format(v.offset + v.rules.length)} of ${fmt.format(v.matched)}` + (v.matched !== v.total ? ` (filtered from ${fmt.format(v.total)})` : "");
+    pager.dataset.total = String(v.total);
+    pager.dataset.matched = String(v.matched);
+    document.getElementById("rules-prev").disabled = v.offset <= 0;
+    document.getElementById("rules-next").disabled = v.offset + v.rules.length >= v.matched;
+    for (const th of document.querySelectorAll("#rules th[data-sort]")) {
+      th.classList.toggle("sorted", th.dataset.sort === v.sort);
+      th.dataset.order = th.dataset.sort === v.sort ? v.order : "";
+    }
     const pe = document.getElementById("policy-entry");
     const p = v.policy_entry;
     pe.querySelector(".entry").textContent = p ? p.entry : "";
@@ -178,6 +219,50 @@
     pe.querySelector(".hw").textContent = p ? fmt.format(p.hw_hits) : "";
     pe.querySelector(".hw").dataset.value = p ? p.hw_hits : "";
     pe.querySelector(".hits").textContent = p ? p.default : "";
+  }
+
+  async function reloadRules() {
+    try {
+      renderRules(await api(rulesPath()));
+    } catch (e) {
+      console.error(e);
+    }
+  }
+
+  document.getElementById("rules-prev").addEventListener("click", () => {
+    view.offset = Math.max(0, view.offset - PAGE);
+    reloadRules();
+  });
+  document.getElementById("rules-next").addEventListener("click", () => {
+    view.offset += PAGE;
+    reloadRules();
+  });
+  let filterTimer = null;
+  document.getElementById("rules-filter").addEventListener("input", (ev) => {
+    clearTimeout(filterTimer);
+    filterTimer = setTimeout(() => {
+      view.q = ev.target.value.trim();
+      view.offset = 0;
+      reloadRules();
+    }, 250);
+  });
+  for (const th of document.querySelectorAll("#rules th[data-sort]")) {
+    th.addEventListener("click", () => {
+      const same = view.sort === th.dataset.sort;
+      view.sort = th.dataset.sort;
+      view.order = same ? (th.dataset.order === "asc" ? "desc" : "asc") : null;
+      view.offset = 0;
+      reloadRules();
+    });
+  }
+
+  function renderDrift(s) {
+    const banner = document.getElementById("drift");
+    const drift = s.drift || [];
+    banner.hidden = !drift.length;
+    const list = document.getElementById("drift-list");
+    list.replaceChildren(...drift.map((d) => el("li", {}, d)));
+    document.body.dataset.drift = s.drift === null ? "unknown" : String(drift.length);
   }
 
   function renderDeployment(d) {
@@ -229,17 +314,23 @@
   async function refresh() {
     try {
       // Summary, series and rules are fetched together so that the page shows one snapshot at a time.
-      const [summary, series, rules] = await Promise.all([api("api/summary"), api("api/series?last=300"), api("api/rules")]);
-      if (tick % 5 === 0 || !document.getElementById("deployment").childElementCount) {
-        renderDeployment(await api("api/deployment"));
-      }
+      const wantDeployment = tick % 5 === 0 || !document.getElementById("deployment").childElementCount;
+      const [summary, series, rules, deployment] = await Promise.all([
+        api("api/summary"),
+        api("api/series?last=300"),
+        api(rulesPath()),
+        wantDeployment ? api("api/deployment") : null,
+      ]);
+      if (deployment) renderDeployment(deployment);
       tick++;
       renderSummary(summary);
       renderSeries(series);
       renderRules(rules);
+      renderDrift(summary);
       document.body.dataset.seq = String(summary.seq);
       document.body.dataset.rulesSeq = String(rules.seq);
       if (!summary.deployed) setStatus("wait", "nothing deployed");
+      else if (summary.drift && summary.drift.length) setStatus("bad", "live, drift");
       else if (summary.errors.length) setStatus("bad", "live, with errors");
       else setStatus("live", "live");
     } catch (e) {

@@ -26,6 +26,9 @@
 #define HF_REASON_OVERRULE 0
 #define HF_REASON_POLICY 1
 #define HF_REASON_UNPARSED 2
+/* Host mode (CONTROL bit 3 HOST_MODE): the hardware's verdict ACCEPT is final; the frame reaches the host only to
+ * be delivered locally (INPUT). The shim gives it the mark value HF_MARK_DECIDED_ACCEPT. */
+#define HF_REASON_DECIDED 5
 
 /* Action codes (M[27:24] and the low 4 bits of the mark value). */
 #define HF_ACTION_NONE 0
@@ -37,6 +40,10 @@
 #define HF_MARK_K_SHIFT 4
 #define HF_MARK_ACTION_MASK 0xF
 #define HF_K_NONE 0
+/* "Decided ACCEPT" (host mode, reason 5): (HF_K_NONE << HF_MARK_K_SHIFT) | HF_ACTION_ACCEPT, i.e. k = 0 with
+ * action ACCEPT. k = 0 with action 0 keeps meaning "no valid metadata"; in host mode the tool's MAIN chain accepts
+ * this value first (giving back the mark bits), before any dispatch. */
+#define HF_MARK_DECIDED_ACCEPT 0x1
 
 /* Shim BPF maps (pinned under HF_PIN_DIR). */
 #define HF_PIN_DIR "/sys/fs/bpf/hypafilter"

@@ -14,6 +14,9 @@
 
 #include "hypafilter_shared.h"
 
+_Static_assert(HF_MARK_DECIDED_ACCEPT == ((HF_K_NONE << HF_MARK_K_SHIFT) | HF_ACTION_ACCEPT),
+	       "the decided-ACCEPT mark value is k = 0 with action ACCEPT");
+
 /* Layout of hf_config[0]; field order follows HF_CFG_* in the shared header. */
 struct hf_config {
 	__u32 generation;
@@ -78,6 +81,10 @@ static __always_inline __u32 mark_value(__u64 m)
 		count(HF_STAT_UNPARSED);
 		return 0;
 	}
+	/* Host mode: the hardware's ACCEPT is final; only the value itself is needed, no interval. */
+	if (((m >> HF_META_REASON_SHIFT) & HF_META_REASON_MASK) == HF_REASON_DECIDED)
+		return ((m >> HF_META_ACTION_SHIFT) & HF_META_ACTION_MASK) == HF_ACTION_ACCEPT ? HF_MARK_DECIDED_ACCEPT
+											     : 0;
 	index = (m >> HF_META_INDEX_SHIFT) & HF_META_INDEX_MASK;
 	if (index >= cfg->num_entries)
 		return 0;

@@ -1,7 +1,8 @@
 -- hypafilter_core: the hardware firewall core (AXI4-Stream in/out, AXI4-Lite registers); the top level that
 -- the SUME wrapper and the Verilator emulator instantiate. Frames go into a packet FIFO while a copy of their
 -- header runs through parser, generated matcher, priority encoder and table lookup; the output stage joins
--- each frame with its decision (DROP, FORWARD to the paired MAC, SHUNT to the host with metadata).
+-- each frame with its decision (DROP, FORWARD to the paired MAC, SHUNT to the host with metadata; in host mode,
+-- CONTROL bit 3, a hardware ACCEPT goes to the host too, with metadata reason 5 "decided").
 library ieee;
 use ieee.std_logic_1164.all;
 use ieee.numeric_std.all;
@@ -174,7 +175,7 @@ begin
 
   decide : process (axis_aclk)
     variable sp : std_logic_vector(7 downto 0);
-    variable wire, host, judge, classify, shunt, drop : boolean;
+    variable wire, host, judge, classify, shunt, drop, deliver : boolean;
     variable ev : std_logic_vector(EV_W - 1 downto 0);
     variable tu : std_logic_vector(UW - 1 downto 0);
     variable dst : std_logic_vector(7 downto 0);
@@ -194,6 +195,7 @@ begin
       ev := (others => '0');
       shunt := false;
       drop := false;
+      deliver := false;
       dst := (others => '0');
       idx := resize(t1_idx, 24);
       action := lk_action;
@@ -225,6 +227,11 @@ begin
         if lk_shunt = '0' and (action = x"1" or action = x"2") then
           ev(EV_FORCED) := '1';
         end if;
+      elsif action = x"1" and control(3) = '1' then
+        -- host mode: the verdict is final; the frame goes to the ingress port's DMA queue, as a shunt does
+        ev(EV_FORWARDED) := '1';
+        deliver := true;
+        reason := REASON_DECIDED;
       elsif action = x"1" then
         ev(EV_FORWARDED) := '1';
         case sp is
@@ -241,7 +248,7 @@ begin
         ev(EV_WIRE) := '1';
       end if;
       tu := t1.tu;
-      if shunt then
+      if shunt or deliver then
         dst := sp(6 downto 0) & '0';
         tu(TUSER_META_LO + 63 downto TUSER_META_LO) := META_MAGIC & generation & reason & action & std_logic_vector(idx);
       end if;

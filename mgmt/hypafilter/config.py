@@ -12,6 +12,9 @@ from hypafilter.errors import HypafilterError
 # software strategies (paper §VI, plus interval_geo), named once for the analysis, the CLI and the configuration.
 MODES = ("index", "selective", "exact")
 STRATEGIES = ("full", "cut", "hsa_cut", "interval", "interval_geo")
+# How the NIC meets the host ("auto": from the policy's chain), and the base chain each mode's frames reach.
+NIC_MODES = ("bridge", "host")
+MODE_CHAIN = {"bridge": "FORWARD", "host": "INPUT"}
 NIC_PORTS = 4  # MAC0..MAC3 (ARCHITECTURE §3)
 IFNAMSIZ = 16  # the kernel's limit: names of at most 15 characters
 
@@ -83,6 +86,10 @@ class Config:
     # (counted in CNT_DROP_UNFILTERABLE), or "pass" them to the host bridge, which forwards them unfiltered
     # exactly as the kernel does (CONTROL bit 2, PASS_UNFILTERABLE).
     unfilterable: str = "drop"
+    # How the NIC meets the host: "bridge" (a port pair; the policy is the bridged FORWARD chain), "host" (the
+    # host terminates the traffic; the policy is INPUT, and a hardware ACCEPT reaches the host marked "decided":
+    # CONTROL bit 3, HOST_MODE) or "auto" (the mode of the policy's chain: INPUT host, FORWARD bridge).
+    nic_mode: str = "auto"
     # Hardware generation parameters.
     tdata_width: int = 256
     encoder_fanin: int = 8
@@ -111,6 +118,8 @@ class Config:
             raise HypafilterError(f"{where}: strategy must be one of {', '.join(STRATEGIES)}")
         if self.unfilterable not in ("drop", "pass"):
             raise HypafilterError(f"{where}: unfilterable must be drop or pass")
+        if self.nic_mode not in ("auto", *NIC_MODES):
+            raise HypafilterError(f"{where}: nic_mode must be auto, bridge or host")
         if self.tdata_width not in (256, 512):
             raise HypafilterError(f"{where}: tdata_width must be 256 or 512")
         for name, port in self.hw_ports.items():
@@ -138,3 +147,29 @@ class Config:
     @property
     def interfaces(self) -> Interfaces:
         return Interfaces(self.bridge, tuple(sorted(self.hw_ports.items(), key=lambda kv: kv[1])))
+
+    def mode_for(self, chain: str) -> str:
+        """The NIC mode a policy of base chain `chain` is compiled for: nic_mode, or with "auto" host for INPUT and
+        bridge otherwise (nic_mode_for says whether it can be deployed)."""
+        if self.nic_mode != "auto":
+            return self.nic_mode
+        return "host" if chain == MODE_CHAIN["host"] else "bridge"
+
+    def nic_mode_for(self, chain: str) -> str:
+        """The NIC mode that deploys a policy of base chain `chain` ("bridge" or "host"), or an error saying why
+        none does: OUTPUT never (the NIC never sees locally generated packets), INPUT in host mode, FORWARD in
+        bridge mode."""
+        if chain == "OUTPUT":
+            raise HypafilterError(
+                "chain OUTPUT cannot be deployed on a NIC: the NIC never sees the packets the host itself generates "
+                "(deploy INPUT in host mode or FORWARD in bridge mode)"
+            )
+        for mode, base in MODE_CHAIN.items():
+            if chain == base:
+                if self.nic_mode not in ("auto", mode):
+                    raise HypafilterError(
+                        f"chain {chain} needs nic_mode = {mode!r} (the configuration says {self.nic_mode!r}): in "
+                        f"{self.nic_mode} mode the NIC's frames reach the {MODE_CHAIN[self.nic_mode]} chain"
+                    )
+                return mode
+        raise HypafilterError(f"chain {chain} cannot be deployed on a NIC (INPUT in host mode, FORWARD in bridge mode)")

@@ -122,6 +122,10 @@ async def core_traffic(dut):
         elif phase == 4:  # classification off: everything from the wire is shunted as unparsed
             regs.control = 0
             await ax.write(R.REG_CONTROL, 0)
+        elif phase == 5:  # host mode: a hardware ACCEPT goes to the ingress port's DMA queue, reason 5 (decided)
+            regs.control = hwmodel.CONTROL_ENABLE | hwmodel.CONTROL_HOST_MODE
+            await ax.write(R.REG_CONTROL, regs.control)
+            assert await ax.read(R.REG_CONTROL) == regs.control
         _expect(plan, frames, regs, counters, expected)
         await tb.src.send(frames)
         await tb.wait_out(len(expected))
@@ -132,6 +136,8 @@ async def core_traffic(dut):
     for name in [r.name for r in regmap.MAP.registers if r.name.startswith("CNT_")] + ["PKTIN", "PKTOUT"]:
         assert await ax.read(getattr(R, f"REG_{name}")) == counters.regs.get(name, 0), name
     assert counters.regs.get("CNT_DROP_UNFILTERABLE", 0) > 0, "the traffic must hold unfilterable frames"
+    if len(phases) > 5 and n >= 8:
+        assert any(d.reason == hwmodel.REASON_DECIDED for _, _, d in expected), "host mode delivered no ACCEPT"
     sent = sum(len(p) for p in phases)
     wire = await ax.read(R.REG_PKTIN)
     assert wire + await ax.read(R.REG_CNT_FROM_HOST) == sent
@@ -334,16 +340,16 @@ def _run_core(
 def test_core_random_policy(width):
     rng = random.Random(width)
     plan = vhdl.minimal_plan(random_policy(rng, 40))
-    _run_core(f"random_w{width}", plan, width, seed=width, counts=(700, 300, 300, 200, 100))
+    _run_core(f"random_w{width}", plan, width, seed=width, counts=(700, 300, 300, 200, 100, 300))
 
 
 @pytest.mark.sim
 def test_core_tiny_policies():
     """Edge cases of the generator: no entries at all, and a single catch-all entry."""
     empty = vhdl.minimal_plan(Policy([], "DROP", original_rules=[("empty",)]))
-    _run_core("empty_w256", empty, 256, seed=3, counts=(150, 40, 40, 40, 40), testcase="core_traffic")
+    _run_core("empty_w256", empty, 256, seed=3, counts=(150, 40, 40, 40, 40, 40), testcase="core_traffic")
     one = vhdl.minimal_plan(Policy([Rule((FULL,), "ACCEPT")], "DROP", original_rules=[("one",)]))
-    _run_core("one_w512", one, 512, seed=4, counts=(150, 40, 40, 40, 40), testcase="core_traffic")
+    _run_core("one_w512", one, 512, seed=4, counts=(150, 40, 40, 40, 40, 40), testcase="core_traffic")
 
 
 # The 10k builds are opt-in (HF_SIM_10K=1, `make sim-10k`; about 40 minutes per width, see docs/hardware.md):
@@ -366,7 +372,7 @@ def test_core_classbench(shared_dir, name, width):
     big = name.endswith("10k")
     assert len(plan.entries) > (9000 if big else 1000)
     if not big:
-        _run_core(f"{name}_w{width}", plan, width, seed=7, counts=(1500, 200, 300, 200, 100), headers=headers)
+        _run_core(f"{name}_w{width}", plan, width, seed=7, counts=(1500, 200, 300, 200, 100, 200), headers=headers)
         return
     tests = os.environ.get("HF_SIM_10K_TESTS", "core_rate,core_traffic").split(",")
     out = _run_core(

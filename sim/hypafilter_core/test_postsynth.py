@@ -19,7 +19,7 @@ from sim.hypafilter_core.test_hypafilter_core import random_policy
 
 TOP = "hypafilter_core"
 WIDTH = 256
-COUNTS = (250, 80, 80, 50, 40)  # frames per phase of core_traffic
+COUNTS = (250, 80, 80, 50, 40, 60)  # frames per phase of core_traffic (the last: host mode)
 MIN_ENTRIES_HIT = 12
 
 

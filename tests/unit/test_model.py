@@ -199,3 +199,35 @@ def test_unfilterable_dropped_counted_or_passed():
     assert c.regs == {"CNT_DROP_UNFILTERABLE": 1, "PKTIN": 1} and sum(c.hits) == 0
     with pytest.raises(ValueError, match="drop or pass"):
         hwmodel.unfilterable_control("forward")
+
+
+def test_host_mode_delivers_hardware_accepts_with_reason_decided():
+    """CONTROL bit 3: ACCEPT goes to the ingress port's DMA queue with reason 5 and is counted as forwarded; DROP,
+    SHUNT and frames from the host are as in bridge mode."""
+    plan = _plan()
+    regs = hwmodel.Regs.from_plan(plan, nic_mode="host")
+    assert regs.control == hwmodel.CONTROL_ENABLE | hwmodel.CONTROL_HOST_MODE == 0x9
+    regs.generation = 7
+    web = frame(Ether() / IP() / TCP(dport=80))
+    d = hwmodel.decide(plan, web, 0x10, regs)
+    assert (d.kind, d.dst_port, d.match_index, d.reason, d.counters) == (
+        hwmodel.Kind.FORWARD,
+        0x20,
+        0,
+        hwmodel.REASON_DECIDED,
+        ("CNT_FORWARDED",),
+    )
+    assert hwmodel.REASON_DECIDED == 5
+    assert unpack_meta(d.meta) == {"index": 0, "action": 1, "reason": 5, "generation": 7, "magic": 0x4846}
+    assert hwmodel.out_tuser(60 | 0x10 << 16, d) == 60 | 0x10 << 16 | 0x20 << 24 | d.meta << 64
+    assert hwmodel.decide(plan, frame(Ether() / IP() / UDP()), 0x40, regs).kind == hwmodel.Kind.DROP
+    d = hwmodel.decide(plan, frame(Ether() / IP(proto=47)), 0x10, regs)
+    assert (d.kind, d.reason) == (hwmodel.Kind.SHUNT, 0)
+    assert hwmodel.decide(plan, web, 0x08, regs).dst_port == 0x04  # from the host: unchanged
+    regs.control |= hwmodel.CONTROL_SHUNT_ALL
+    assert hwmodel.decide(plan, web, 0x01, regs).reason == 0  # shunt-all still wins
+    c = hwmodel.Counters(len(plan.entries))
+    c.add(hwmodel.decide(plan, web, 0x01, hwmodel.Regs.from_plan(plan, nic_mode="host")), 0x01)
+    assert c.regs == {"CNT_FORWARDED": 1, "PKTIN": 1, "PKTOUT": 1} and c.hits[0] == 1
+    with pytest.raises(ValueError, match="bridge or host"):
+        hwmodel.nic_mode_control("auto")

@@ -255,3 +255,70 @@ def test_user_chains_of_any_legal_length_and_name():
         assert len(declared) == len(set(declared)) and max(map(len, declared)) <= MAX_CHAIN_NAME, declared
     copies = user_chain_names("HF65535_", CHAIN_NAMES)
     assert len(set(copies.values())) == len(CHAIN_NAMES) and all(len(c) <= MAX_CHAIN_NAME for c in copies.values())
+
+
+def test_host_mode_main_accepts_the_decided_mark_first():
+    """Host mode: MAIN's first rule sends the "decided ACCEPT" value (k = 0, action ACCEPT, under mask and shift)
+    to DA, which gives back the shim's mark bits and accepts; every other value is dispatched as in bridge mode,
+    whose chains are unchanged (no DA). The interpreter, iptables and nft texts agree."""
+    from hypafilter.analysis.program import DECIDED_ACCEPT
+    from hypafilter.ir.semantics import reference_verdict
+    from hypafilter.shared import C
+
+    assert DECIDED_ACCEPT == (C["HF_K_NONE"] << C["HF_MARK_K_SHIFT"]) | C["HF_ACTION_ACCEPT"] == 0x1
+    pol = _many_intervals(12)
+    for mode in ("index", "selective", "exact"):
+        plan = build_plan(pol, mode=mode)
+        for s in STRATEGIES:
+            if s == "hsa_cut" and mode == "index":
+                continue
+            for mask, shift in ((0xFFFFFFFF, 0), (0x0FFFFFF0, 4)):
+                bridge = build_program(plan, s, "HF3_", mask, shift)
+                host = build_program(plan, s, "HF3_", mask, shift, nic_mode="host")
+                assert "HF3_DA" not in bridge.chains
+                first = host.chains["HF3_MAIN"][0]
+                assert (first.kind, first.target, first.value, first.mask) == ("mark", "HF3_DA", 1 << shift, mask)
+                assert [r.kind for r in host.chains["HF3_DA"]] == ["unmark", "always"]
+                assert host.chains["HF3_DA"][-1].target == "ACCEPT"
+                assert {n: c for n, c in host.chains.items() if n != "HF3_DA"}["HF3_MAIN"][1:] == bridge.chains[
+                    "HF3_MAIN"
+                ]
+                foreign = 0xA0000005 & ~mask
+                mark = mark_for(host, 0, 1, foreign)
+                assert host.run(Header(dst=0x0A000107, proto=17, dport=53), mark, lambda *a: True)[0] == "ACCEPT"
+                # bridge mode never sees the value; it would run the whole policy (k = 0), never a wrong leaf
+                h = Header(dst=0x0A000207, proto=17, dport=9)
+                assert bridge.run(h, mark, lambda *a: False)[0] == reference_verdict(pol, h, lambda *a: False)
+            text = to_iptables_restore(plan, s, "HF3_", nic_mode="host")
+            assert text.splitlines()[[ln.startswith("-A HF3_MAIN") for ln in text.splitlines()].index(True)] == (
+                "-A HF3_MAIN -m mark --mark 0x1/0xffffffff -j HF3_DA"
+            )
+            assert "-A HF3_DA -j MARK --set-xmark 0x0/0xffffffff\n-A HF3_DA -j ACCEPT" in text
+            assert "HF3_DA" not in to_iptables_restore(plan, s, "HF3_")
+    ct = [("-m", "conntrack", "--ctstate", "NEW")]
+    small = make_policy([make_rule("DROP", dst="10.0.0.0/24", complex=ct), make_rule("ACCEPT", proto="udp")], "DROP")
+    for s in ("full", "interval"):
+        nft = to_nft(build_plan(small), s, "HF3_", nic_mode="host")
+        assert "meta mark & 0xffffffff vmap { 0x1 : jump HF3_DA" in nft
+        assert "chain HF3_DA {\n\t\tmeta mark set meta mark & 0x0\n\t\taccept" in nft
+    with pytest.raises(HypafilterError, match="NIC mode"):
+        build_program(build_plan(pol), "full", nic_mode="switch")
+
+
+def test_host_mode_hybrid_equals_the_policy():
+    """The whole hybrid in host mode (hardware ACCEPT → decided mark → MAIN) gives the policy's verdict, and the
+    hardware-accepted packets cost one mark test."""
+    from hypafilter.ir.semantics import reference_verdict
+
+    pol = _many_intervals(8)
+    for mode in ("index", "selective", "exact"):
+        plan = build_plan(pol, mode=mode)
+        for s in ("full", "cut", "interval", "interval_geo"):
+            for i in range(8):
+                for dport in (53, 54):
+                    h = Header(dst=0x0A000005 | i << 8, proto=17, dport=dport)
+                    for ev in (lambda *a: False, lambda *a: True):
+                        v, shunted, count = hybrid_verdict(plan, s, h, ev, nic_mode="host")
+                        assert v == reference_verdict(pol, h, ev), (mode, s, i, dport)
+                        if not shunted and v == "ACCEPT":
+                            assert count == 1

@@ -12,7 +12,7 @@ import numpy as np
 from hypafilter.analysis.decision import decision
 from hypafilter.analysis.geometry import BoxSet, first_match
 from hypafilter.analysis.program import build_program, mark_for
-from hypafilter.ir import Header, Policy
+from hypafilter.ir import ACTION_ACCEPT, Header, Policy
 from hypafilter.ir.semantics import ComplexEval, never
 
 ACTION_NAMES = {1: "ACCEPT", 2: "DROP"}
@@ -26,6 +26,7 @@ def hybrid_verdict(
     foreign_mark: int = 0,
     mark_mask: int = 0xFFFFFFFF,
     mark_shift: int = 0,
+    nic_mode: str = "bridge",
 ) -> tuple[str, bool, int]:
     """(verdict, shunted, traversed) of the hybrid system: hardware decision, shim mark, generated netfilter.
 
@@ -34,13 +35,18 @@ def hybrid_verdict(
     """
 
     mi, shunted, action = decision(plan, header)
-    if not shunted:
-        return (ACTION_NAMES.get(action, plan.policy.default) if mi < plan.n else plan.policy.default), False, 0
+    hw_verdict = ACTION_NAMES.get(action, plan.policy.default) if mi < plan.n else plan.policy.default
+    if not shunted and not (nic_mode == "host" and hw_verdict == "ACCEPT"):
+        return hw_verdict, False, 0
     cache = plan.__dict__.setdefault("_programs", {})
-    key = (strategy, mark_mask, mark_shift)
+    key = (strategy, mark_mask, mark_shift, nic_mode)
     if key not in cache:
-        cache[key] = build_program(plan, strategy, mark_mask=mark_mask, mark_shift=mark_shift)
+        cache[key] = build_program(plan, strategy, mark_mask=mark_mask, mark_shift=mark_shift, nic_mode=nic_mode)
     prog = cache[key]
+    if not shunted:
+        # host mode: the hardware's ACCEPT reaches INPUT with the "decided" mark value, which MAIN accepts at once
+        verdict, count = prog.run(header, mark_for(prog, 0, ACTION_ACCEPT, foreign_mark), complex_eval or never)
+        return verdict, False, count
     mark = mark_for(prog, int(plan.interval[mi]), action, foreign_mark)
     verdict, count = prog.run(header, mark, complex_eval or never)
     return verdict, True, count

@@ -218,9 +218,10 @@ def build_plan(policy: Policy, config: Config | None = None, mode: str | None = 
         shunt[n] = has_complex
     elif mode == "selective":
         shunt[n] = policy_entry_reachable(policy)
-    if policy.reads_conntrack:
+    if policy.reads_conntrack and config.mode_for(policy.base_chain) != "host":
         # Conntrack must see every packet that is accepted, or the connection's later packets look INVALID or NEW
-        # to the rules that read its state: ACCEPT is decided in software; DROP may stay in hardware.
+        # to the rules that read its state: ACCEPT is decided in software; DROP may stay in hardware. In host mode
+        # the hardware's ACCEPT is delivered to the host, whose conntrack sees (and confirms) it before INPUT.
         shunt |= actions == ACTION_ACCEPT
 
     interval = np.zeros(n + 1, dtype=np.uint32)

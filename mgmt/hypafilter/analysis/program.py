@@ -33,8 +33,10 @@ from hypafilter.config import STRATEGIES
 from hypafilter.errors import HypafilterError
 from hypafilter.ir import Header, Policy
 from hypafilter.ir.semantics import ComplexEval, rule_outcome
+from hypafilter.shared import C
 
-K_SHIFT = 4
+K_SHIFT = C["HF_MARK_K_SHIFT"]
+DECIDED_ACCEPT = C["HF_MARK_DECIDED_ACCEPT"]  # host mode: the hardware's ACCEPT is final (k = 0, action ACCEPT)
 LEAF_FANOUT = 4  # leaves tested linearly once a dispatch node holds this few
 BLOCK_FANOUT = 8  # a family of more segments than this gets block chains (then more levels, up to the budget)
 MAX_DEPTH = 8  # target nesting below the base chain (its jump to MAIN included); nf_tables allows 15
@@ -171,8 +173,15 @@ def _field(prog: Program, v: int) -> int:
 
 
 def build_program(
-    plan, strategy: str, prefix: str = "HF1_", mark_mask: int = 0xFFFFFFFF, mark_shift: int = 0
+    plan,
+    strategy: str,
+    prefix: str = "HF1_",
+    mark_mask: int = 0xFFFFFFFF,
+    mark_shift: int = 0,
+    nic_mode: str = "bridge",
 ) -> Program:
+    """The chains of `strategy` for `plan`. nic_mode "host": MAIN first accepts the mark value "decided ACCEPT"
+    (HF_MARK_DECIDED_ACCEPT: the hardware's ACCEPT is final) through chain DA, which gives back the mark bits."""
     if strategy not in STRATEGIES:
         raise HypafilterError(f"unknown strategy {strategy!r} (choose {', '.join(STRATEGIES)})")
     if strategy == "hsa_cut" and plan.mode == "index":
@@ -224,6 +233,15 @@ def build_program(
             leaf_rules.append(((k << K_SHIFT) | a, tgt))
         _dispatch(prog, main, leaf_rules, d_levels, [0])
         c[main].append(NfRule("always", k0))  # a mark no leaf knows: the full policy decides
+    if nic_mode == "host":
+        # Host mode: a frame the hardware accepted reaches INPUT with the "decided" value (k = 0, action ACCEPT),
+        # which no leaf uses and which the K0 test would otherwise send through the whole policy. Bridge mode never
+        # sees it (no frame carries reason 5), and its chains stay as they were.
+        da = prog.name("DA")
+        c[main].insert(0, NfRule("mark", da, _field(prog, DECIDED_ACCEPT), mark_mask & 0xFFFFFFFF))
+        c[da] = [unmark, NfRule("always", "ACCEPT")]
+    elif nic_mode != "bridge":
+        raise HypafilterError(f"unknown NIC mode {nic_mode!r} (bridge or host)")
     c[k0] = [unmark, NfRule("always", full), NfRule("always", default)]
     c[full] = [NfRule("policy", index=i) for i in range(len(pol.rules))]
     prog.verbatim_full = full

@@ -85,17 +85,22 @@ def compile_to(policy: Policy, config, out: Path, mode: str | None = None, prefi
         + "\n"
     )
     mm, ms = config.mark_mask, config.mark_shift
+    # The chains of the mode the policy would be deployed in (host mode: INPUT); a chain no NIC sees (OUTPUT)
+    # still compiles, as in bridge mode.
+    nic_mode = config.mode_for(policy.base_chain)
     skipped: dict[str, str] = {}
     for s in STRATEGIES:
         try:
-            files[f"netfilter/{s}.iptables"] = to_iptables_restore(plan, s, prefix, mm, ms, table=config.table)
+            files[f"netfilter/{s}.iptables"] = to_iptables_restore(
+                plan, s, prefix, mm, ms, table=config.table, nic_mode=nic_mode
+            )
         except HypafilterError as e:
             if s != "hsa_cut":
                 raise
             skipped[f"netfilter/{s}.iptables"] = str(e)
             continue
         try:
-            files[f"netfilter/{s}.nft"] = to_nft(plan, s, prefix, mm, ms)
+            files[f"netfilter/{s}.nft"] = to_nft(plan, s, prefix, mm, ms, nic_mode=nic_mode)
         except HypafilterError as e:
             skipped[f"netfilter/{s}.nft"] = str(e)
     files["shim_intervals.json"] = (

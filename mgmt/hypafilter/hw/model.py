@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 from hypafilter.analysis import decision
+from hypafilter.config import NIC_MODES
 from hypafilter.ir import (
     ACTION_ACCEPT,
     ACTION_DROP,
@@ -53,9 +54,11 @@ HEADER_BYTES = 96  # every byte the parser reads lies below this offset (1 tag +
 CONTROL_ENABLE = 1 << 0
 CONTROL_SHUNT_ALL = 1 << 1
 CONTROL_PASS_UNFILTERABLE = 1 << 2
+CONTROL_HOST_MODE = 1 << 3
 REASON_OVERRULE = C["HF_REASON_OVERRULE"]
 REASON_POLICY = C["HF_REASON_POLICY"]
 REASON_UNPARSED = C["HF_REASON_UNPARSED"]
+REASON_DECIDED = C["HF_REASON_DECIDED"]
 
 
 class Kind(IntEnum):
@@ -132,9 +135,9 @@ class Regs:
     control: int = CONTROL_ENABLE
 
     @staticmethod
-    def from_plan(plan, unfilterable: str = "drop") -> Regs:
-        """The registers as the register client leaves them for `plan` (unfilterable: Config.unfilterable)."""
-        control = CONTROL_ENABLE | unfilterable_control(unfilterable)
+    def from_plan(plan, unfilterable: str = "drop", nic_mode: str = "bridge") -> Regs:
+        """The registers as the register client leaves them for `plan` (Config.unfilterable, Config.nic_mode)."""
+        control = CONTROL_ENABLE | unfilterable_control(unfilterable) | nic_mode_control(nic_mode)
         return Regs([int(b) for b in plan.shunt], [int(a) for a in plan.actions], control=control)
 
 
@@ -146,11 +149,18 @@ def unfilterable_control(setting: str) -> int:
     return bits[setting]
 
 
+def nic_mode_control(mode: str) -> int:
+    """The CONTROL bits of Config.nic_mode: "bridge" (the default) or "host" (bit 3, HOST_MODE)."""
+    if mode not in NIC_MODES:
+        raise ValueError(f"nic_mode must be bridge or host, not {mode!r}")
+    return CONTROL_HOST_MODE if mode == "host" else 0
+
+
 @dataclass
 class Decision:
     kind: Kind
     dst_port: int
-    meta: int | None  # M (TUSER[127:64]) for SHUNT; None: TUSER[127:64] passes unchanged
+    meta: int | None  # M (TUSER[127:64]) for SHUNT and host-mode FORWARD; None: TUSER[127:64] passes unchanged
     match_index: int | None  # None for frames not classified (from the host, bad src_port)
     action: int
     reason: int | None
@@ -183,6 +193,10 @@ def decide(plan, frame: bytes, src_port: int, regs: Regs) -> Decision:
         return Decision(Kind.SHUNT, shunt_port, meta, idx, action, reason, False, (rcnt,))
     if regs.control & CONTROL_SHUNT_ALL:
         return Decision(Kind.SHUNT, shunt_port, meta, idx, action, reason, True, (rcnt, "CNT_SHUNT_FORCED"))
+    if action == ACTION_ACCEPT and regs.control & CONTROL_HOST_MODE:
+        # host mode: the verdict is final; the frame goes to the ingress port's DMA queue as a shunt does
+        meta = pack_meta(idx, action, REASON_DECIDED, gen)
+        return Decision(Kind.FORWARD, shunt_port, meta, idx, action, REASON_DECIDED, False, ("CNT_FORWARDED",))
     if action == ACTION_ACCEPT:
         return Decision(Kind.FORWARD, PAIRED[src_port], None, idx, action, None, False, ("CNT_FORWARDED",))
     return Decision(Kind.DROP, 0, None, idx, action, None, False, ("CNT_DROPPED",))

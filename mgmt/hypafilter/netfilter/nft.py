@@ -161,13 +161,14 @@ def to_nft(
     mark_shift: int = 0,
     family: str = "ip",
     table: str | None = None,
+    nic_mode: str = "bridge",
 ) -> str:
     """`nft -f` input: one table owned by the tool (deleted and recreated); dispatch as a verdict map on the mark.
 
     Complex matches without an nft equivalent (string, statistic, recent, ...) raise HypafilterError: nft cannot
     load xtables matches from text, so the nft form is optional and iptables-restore is the reference.
     """
-    prog = build_program(plan, strategy, prefix, mark_mask, mark_shift)
+    prog = build_program(plan, strategy, prefix, mark_mask, mark_shift, nic_mode)
     pol = prog.policy
     tname = table or prefix.rstrip("_").lower() or "hypafilter"
     chains: dict[str, list[str]] = {}

@@ -21,10 +21,16 @@ from hypafilter.iptables.writer import Restore
 
 
 def to_iptables_restore(
-    plan, strategy: str, prefix: str = "HF1_", mark_mask: int = 0xFFFFFFFF, mark_shift: int = 0, table: str = "filter"
+    plan,
+    strategy: str,
+    prefix: str = "HF1_",
+    mark_mask: int = 0xFFFFFFFF,
+    mark_shift: int = 0,
+    table: str = "filter",
+    nic_mode: str = "bridge",
 ) -> str:
     """Input for `iptables-restore --noflush`: declares (and so flushes) only the tool's chains."""
-    return render_iptables(build_program(plan, strategy, prefix, mark_mask, mark_shift), table)
+    return render_iptables(build_program(plan, strategy, prefix, mark_mask, mark_shift, nic_mode), table)
 
 
 def _tokens(p: Placed) -> tuple[str, ...]:

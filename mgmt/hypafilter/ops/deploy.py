@@ -403,12 +403,18 @@ def deploy(
     missing = tgt.missing()
     if missing:
         raise HypafilterError(f"target '{target}' is not available here (only 'emu'; {missing})")
+    try:
+        mode = config.nic_mode_for(policy.base_chain)
+    except HypafilterError as e:
+        raise HypafilterError(f"{policy.source}: {e}") from e
     if policy.base_chain not in tgt.base_chains:
         raise HypafilterError(
-            f"{policy.source}: chain {policy.base_chain} on target '{tgt.name}': the NIC bridges its ports, so its "
-            f"frames reach only the bridged {' or '.join(tgt.base_chains)} chain; deploy the policy's "
-            f"{' or '.join(tgt.base_chains)} chain (--chain FORWARD)"
+            f"{policy.source}: chain {policy.base_chain} on target '{tgt.name}': its frames reach only the "
+            f"{' or '.join(tgt.base_chains)} chain"
         )
+    if mode != config.nic_mode:
+        config = dataclasses.replace(config, nic_mode=mode)
+        tgt = _target(target, config)
     with _lock():
         return _deploy_locked(policy, config, force, log, tgt)
 
@@ -429,6 +435,7 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
             ("mark_shift", config.mark_shift),
             ("unfilterable", config.unfilterable),
             ("interfaces", _interfaces_state(policy)),
+            ("nic_mode", config.nic_mode),
         )
     )
     if same and not force and tgt.alive(old["nic"]):
@@ -438,6 +445,11 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
             return old
         log("the live system drifted from the deployment (" + "; ".join(found) + "): redeploying")
         force = True
+    if old and old.get("nic_mode", "bridge") != config.nic_mode:
+        raise HypafilterError(
+            f"the deployed policy runs the NIC in {old.get('nic_mode', 'bridge')} mode ({old.get('base_chain')}); "
+            f"{policy.base_chain} needs {config.nic_mode} mode: undeploy first"
+        )
     _check_lab()
     gen = (old["generation"] + 1) if old else 1
     gen = gen if gen <= 0xFFFF else 1  # the hardware carries 16 bits of generation
@@ -465,7 +477,7 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
         nf_text = tx.step(
             "render",
             lambda: to_iptables_restore(
-                plan, config.strategy, prefix, config.mark_mask, config.mark_shift, config.table
+                plan, config.strategy, prefix, config.mark_mask, config.mark_shift, config.table, config.nic_mode
             ),
         )
         body = body_of(nf_text)
@@ -615,6 +627,7 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
         "mark_shift": config.mark_shift,
         "unfilterable": config.unfilterable,
         "interfaces": _interfaces_state(policy),
+        "nic_mode": config.nic_mode,
         "partition": partition_counts(policy, plan),
         "intervals": intervals,
         "nic": new_nic,

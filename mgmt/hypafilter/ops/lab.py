@@ -10,6 +10,14 @@ Hybrid path: sender 10.0.1.1/16, receiver 10.0.2.1/16. Plain path: sender 10.1.1
 packets. The plain bridge and its ports have the firewall's names (br0, nf0 in, nf1 out), so a policy's interface
 checks (-i/-o, physdev) see the same devices on both paths and the oracle judges them as the firewall would.
 IPv6 is off in every lab namespace and all offloads are off on every lab interface.
+
+Host mode (`Lab.host_mode(True)`, for policies of the INPUT chain): the firewall and the plain namespace terminate
+the traffic. Both bridges get the same MAC (HOST_MAC) and address, and every IPv4 destination is local to them
+(`local 0.0.0.0/0 dev lo`, accept_local), so a frame sent to HOST_MAC reaches INPUT whatever its destination
+address and the policy's -d rules mean the same on both. The nftables table `hf_host` records every frame that
+INPUT let through (chain at hook input, priority 100, after the filter table: its source MAC, which carries the
+frame id, goes into the set `seen`) and drops everything the namespace itself would send (replies, RSTs, ICMP
+errors: output hook before conntrack), so no reply loops back into INPUT.
 """
 
 from __future__ import annotations
@@ -65,6 +73,29 @@ ADDRS = (
     Addr("recv", "plain0", "10.1.2.1/16", "02:48:46:01:02:01"),
 )
 NIC_INTERFACES = {"wire0": "wire0", "wire1": "wire1", "host0": "host0", "host1": "host1"}
+# Host mode: the address the firewall and the oracle share, and the table that observes local delivery.
+HOST_MAC = "02:48:46:00:fe:01"
+HOST_CIDR = "10.254.0.1/16"
+HOST_TABLE = "hf_host"
+HOST_SEEN_MAX = 1 << 20  # frames one run can observe (size of the set)
+HOST_ROLES = ("fw", "plain")
+
+
+def host_nft(bridge: str) -> str:
+    """The observing table of host mode (see the module text)."""
+    return f"""table inet {HOST_TABLE}
+delete table inet {HOST_TABLE}
+table inet {HOST_TABLE} {{
+  set seen {{ type ether_addr; size {HOST_SEEN_MAX}; flags dynamic; }}
+  chain observe {{
+    type filter hook input priority 100; policy accept;
+    iifname "{bridge}" ether saddr & ff:ff:00:00:00:00 == 0e:48:00:00:00:00 add @seen {{ ether saddr }}
+  }}
+  chain quiet {{
+    type filter hook output priority -300; policy drop;
+  }}
+}}
+"""
 
 
 class _RoleNs:
@@ -173,6 +204,38 @@ class Lab:
                 netns.run(["ip", "-n", self.ns(role), "link", "set", ifname, "up"])
         for role, (br, _) in BRIDGES.items():
             netns.run(["ip", "-n", self.ns(role), "link", "set", br, "up"])
+
+    def host_mode(self, on: bool) -> None:
+        """Host mode on (the bridges terminate traffic, local delivery observed) or off (bridge mode as built)."""
+        for role in HOST_ROLES:
+            ns, br = self.ns(role), BRIDGES[role][0]
+            if on:
+                netns.run(["ip", "-n", ns, "link", "set", br, "address", HOST_MAC])
+                netns.run(["ip", "-n", ns, "addr", "replace", HOST_CIDR, "dev", br])
+                netns.run(["ip", "-n", ns, "route", "replace", "local", "0.0.0.0/0", "dev", "lo", "table", "local"])
+                for key in ("all", br):
+                    self.exec_in(ns, ["sysctl", "-qw", f"net.ipv4.conf.{key}.accept_local=1"])
+                    self.exec_in(ns, ["sysctl", "-qw", f"net.ipv4.conf.{key}.rp_filter=0"])
+                self.exec_in(ns, ["nft", "-f", "-"], input=host_nft(br))
+            else:
+                self.exec_in(ns, ["nft", "delete", "table", "inet", HOST_TABLE], check=False)
+                netns.run(
+                    ["ip", "-n", ns, "route", "del", "local", "0.0.0.0/0", "dev", "lo", "table", "local"], check=False
+                )
+                netns.run(["ip", "-n", ns, "addr", "del", HOST_CIDR, "dev", br], check=False)
+
+    def host_seen(self, role: str, reset: bool = False) -> set[int]:
+        """Frame ids INPUT let through in `role`'s namespace since the last reset (host mode)."""
+        ns = self.ns(role)
+        out = json.loads(self.exec_in(ns, ["nft", "-j", "list", "set", "inet", HOST_TABLE, "seen"]))
+        ids = set()
+        for item in out.get("nftables", []):
+            for e in item.get("set", {}).get("elem", []):
+                mac = e if isinstance(e, str) else e.get("elem", {}).get("val", "")
+                ids.add(int(mac.replace(":", "")[4:], 16))
+        if reset:
+            self.exec_in(ns, ["nft", "flush", "set", "inet", HOST_TABLE, "seen"])
+        return ids
 
     def _bridge_nf(self, role: str) -> None:
         key = Path("/proc/sys/net/bridge/bridge-nf-call-iptables")

@@ -5,6 +5,11 @@ plain namespace that holds only the original policy (oracle), and are captured a
 carries its id in the source MAC address (0e:48:<id, 4 bytes>), which survives every path and needs no payload,
 so truncated and non-IP frames are matched too. A frame's verdict is "delivered" or not; a frame delivered on
 the hybrid path must also be byte-identical to what was sent (tag popped, nothing else changed).
+
+Host mode (a policy of the INPUT chain; the deployment's `nic_mode`): the frames are addressed to the firewall
+itself (lab.HOST_MAC; every destination address is local there and in the plain namespace, `Lab.host_mode`), and
+"delivered" means that INPUT let the frame through to the local stack, as the lab's `hf_host` table records it in
+each namespace; the bytes compared are those the bridge passed up to the stack.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from hypafilter.iptables.writer import policy_restore
 from hypafilter.ir import MAXV, PROTO_ICMP, PROTO_TCP, PROTO_UDP, Policy
 from hypafilter.netfilter.bridge import unfilterable_nft
 from hypafilter.ops import deploy
-from hypafilter.ops.lab import Lab
+from hypafilter.ops.lab import HOST_MAC, HOST_SEEN_MAX, Lab
 from hypafilter.shared import pack_meta
 from hypafilter.targets.shim import Shim
 
@@ -277,7 +282,7 @@ def policy_strings(policy: Policy) -> list[bytes]:
     return sorted({s for g in groups for s in _string_args(g)})
 
 
-def build_frame(uid: int, h: dict, payload: bytes) -> bytes:
+def build_frame(uid: int, h: dict, payload: bytes, dst_mac: bytes = DST_MAC) -> bytes:
     """Ethernet + IPv4 + TCP/UDP/ICMP bytes with valid checksums (struct, not scapy: 100x faster per frame)."""
     proto = h["proto"] & 0xFF
     src, dst = int(h["src"]).to_bytes(4, "big"), int(h["dst"]).to_bytes(4, "big")
@@ -303,7 +308,7 @@ def build_frame(uid: int, h: dict, payload: bytes) -> bytes:
         seg[2:4] = _csum(bytes(seg)).to_bytes(2, "big")
     ip = bytearray(struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(seg), uid & 0xFFFF, 0, 64, proto, 0, src, dst))
     ip[10:12] = _csum(bytes(ip)).to_bytes(2, "big")
-    return DST_MAC + ID_MAC_PREFIX + uid.to_bytes(4, "big") + b"\x08\x00" + bytes(ip) + bytes(seg)
+    return dst_mac + ID_MAC_PREFIX + uid.to_bytes(4, "big") + b"\x08\x00" + bytes(ip) + bytes(seg)
 
 
 def _ip(v: int) -> str:
@@ -396,15 +401,16 @@ class ProbeSpec:
         if self.malformed and not self.kinds:
             raise HypafilterError("--malformed above 0 needs at least one frame kind")
 
-    def probes(self, policy: Policy, generation: int = 0) -> list[Probe]:
-        """The frames, ids 1..packets; `generation` is what smuggled tags claim (the deployed one)."""
+    def probes(self, policy: Policy, generation: int = 0, dst_mac: bytes = DST_MAC) -> list[Probe]:
+        """The frames, ids 1..packets; `generation` is what smuggled tags claim (the deployed one); `dst_mac`:
+        the destination (host mode: the firewall's own address)."""
         rng = random.Random(self.seed)
         gen = FrameGen(policy, rng, self.bad_share)
         rows = read_trace(self.trace, self.packets, rng) if self.trace else None
         out = []
         for uid in range(1, self.packets + 1):
             h = rows[(uid - 1) % len(rows)] if rows else gen.header()
-            frame = build_frame(uid, h, gen.payload())
+            frame = build_frame(uid, h, gen.payload(), dst_mac)
             kind = "normal"
             if rng.random() < self.malformed:
                 kind = rng.choice(self.kinds)
@@ -448,11 +454,19 @@ def collect(
 
 
 def exchange(
-    lab_ns: dict[str, str], probes: list[Probe], chunk: int = 128, quiet: float = 0.08
+    lab_ns: dict[str, str], probes: list[Probe], chunk: int = 128, quiet: float = 0.08, lab: Lab | None = None
 ) -> dict[str, dict[int, list[bytes]]]:
-    """Send every probe on both paths (chunk by chunk, each chunk drained before the next) and capture them."""
+    """Send every probe on both paths (chunk by chunk, each chunk drained before the next) and capture them.
+
+    With `lab` (host mode): captured where the bridges pass frames up to the local stack, and kept only for the
+    frames INPUT let through (the lab's record of local delivery)."""
     tx = {"hybrid": raw_socket(lab_ns["send"], "hyb0"), "plain": raw_socket(lab_ns["send"], "plain0")}
-    rx = {"hybrid": raw_socket(lab_ns["recv"], "hyb0"), "plain": raw_socket(lab_ns["recv"], "plain0")}
+    if lab is not None:
+        for role in ("fw", "plain"):
+            lab.host_seen(role, reset=True)
+        rx = {"hybrid": raw_socket(lab_ns["fw"], lab.fw_bridge), "plain": raw_socket(lab_ns["plain"], lab.plain_bridge)}
+    else:
+        rx = {"hybrid": raw_socket(lab_ns["recv"], "hyb0"), "plain": raw_socket(lab_ns["recv"], "plain0")}
     got: dict[str, dict[int, list[bytes]]] = {"hybrid": {}, "plain": {}}
     try:
         for s in rx.values():
@@ -466,6 +480,10 @@ def exchange(
     finally:
         for s in (*tx.values(), *rx.values()):
             s.close()
+    if lab is not None:
+        for path, role in (("hybrid", "fw"), ("plain", "plain")):
+            seen = lab.host_seen(role)
+            got[path] = {uid: got[path].get(uid) or [b""] for uid in seen}
     return got
 
 
@@ -527,6 +545,10 @@ def verify(policy: Policy, config: Config, log: Callable[[str], None] = lambda s
         log("policy not deployed: deploying it")
     # deploy() returns at once when exactly this policy and configuration are live (and its NIC runs).
     state = deploy.deploy(policy, config, log=log)
+    host = state.get("nic_mode") == "host"
+    if host and spec.packets > HOST_SEEN_MAX:
+        raise HypafilterError(f"host mode observes at most {HOST_SEEN_MAX} frames per run: use fewer --packets")
+    lab.host_mode(host)
     ns = {"send": lab.ns_send, "recv": lab.ns_recv, "fw": lab.ns_fw, "plain": lab.ns_plain}
     load_oracle(ns["plain"], policy, config.table, config.unfilterable)
     # VLAN-tagged IPv4 is filtered on both bridges: the hardware parses VLAN tags and classifies the frame, so the
@@ -534,14 +556,14 @@ def verify(policy: Policy, config: Config, log: Callable[[str], None] = lambda s
     for n in (ns["fw"], ns["plain"]):
         netns.run(["sysctl", "-qw", "net.bridge.bridge-nf-filter-vlan-tagged=1"], n)
     t0 = time.monotonic()
-    sent = spec.probes(policy, state["generation"])
+    sent = spec.probes(policy, state["generation"], bytes.fromhex(HOST_MAC.replace(":", "")) if host else DST_MAC)
     t_gen = time.monotonic() - t0
     tgt = deploy.target_of(state, config)
     nic_before = tgt.counters(state["nic"])
     sh = Shim(state["shim"]["netns"], state["shim"]["ifaces"])
     shim_before = sh.stats()
     t1 = time.monotonic()
-    got = exchange(ns, sent)
+    got = exchange(ns, sent, lab=lab if host else None)
     t_run = time.monotonic() - t1
     nic = _counter_delta(nic_before, tgt.counters(state["nic"]))
     shim = _counter_delta({k: v for k, v in shim_before.items() if k != "config"}, sh.stats())
@@ -556,6 +578,7 @@ def verify(policy: Policy, config: Config, log: Callable[[str], None] = lambda s
             "shim": shim,
             "policy_hash": policy.policy_hash(),
             "generation": state["generation"],
+            "nic_mode": state.get("nic_mode", "bridge"),
             "seconds_generate": round(t_gen, 3),
             "seconds_exchange": round(t_run, 3),
             "pps": round(2 * spec.packets / t_run, 1) if t_run else None,

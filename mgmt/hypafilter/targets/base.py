@@ -35,9 +35,9 @@ class Target(ABC):
     """One kind of NIC running the core generated for a Plan."""
 
     name = ""
-    # The NIC bridges a port pair: its frames reach the host's bridged FORWARD chain only. INPUT and OUTPUT see
-    # none of them, so a policy for those chains means nothing on it (host mode comes with an XDP target).
-    base_chains: tuple[str, ...] = ("FORWARD",)
+    # In bridge mode the NIC bridges a port pair and its frames reach the host's bridged FORWARD chain only; in
+    # host mode (Config.nic_mode) the host terminates them and INPUT decides. OUTPUT sees none of its frames.
+    base_chains: tuple[str, ...] = ("FORWARD", "INPUT")
 
     def __init__(self, config: Config, site: Site | None = None, build_root: Path = BUILD_ROOT):
         self.config = config
@@ -88,7 +88,9 @@ class Target(ABC):
     def program(self, info: dict, plan, generation: int, known: dict | None = None) -> dict:
         """Write the plan's tables (only what differs from `known`); returns what the core now holds."""
         with self.client(info) as c:
-            return c.program(plan, generation, known=known, unfilterable=self.config.unfilterable)
+            return c.program(
+                plan, generation, known=known, unfilterable=self.config.unfilterable, nic_mode=self.config.nic_mode
+            )
 
     def write_tables(self, info: dict, tables: dict, generation: int, known: dict | None = None) -> dict:
         """Put tables as `program` returned them back (deploy's rollback of a register-only update)."""

@@ -15,7 +15,13 @@ from pathlib import Path
 from hypafilter.errors import HypafilterError
 from hypafilter.hw import regmap
 from hypafilter.hw.model import CONTROL_ENABLE as CONTROL_ENABLE  # the targets' name for it
-from hypafilter.hw.model import CONTROL_PASS_UNFILTERABLE, CONTROL_SHUNT_ALL, unfilterable_control
+from hypafilter.hw.model import (
+    CONTROL_HOST_MODE,
+    CONTROL_PASS_UNFILTERABLE,
+    CONTROL_SHUNT_ALL,
+    nic_mode_control,
+    unfilterable_control,
+)
 from hypafilter.hw.vhdl import matcher_hash
 
 CORE_ID = 0x48594641  # "HYPA", the ID register's fixed value
@@ -220,9 +226,12 @@ class NicClient:
     def clear_counters(self) -> None:
         self.write("RESET", 1)
 
-    def program(self, plan, generation: int, known: dict | None = None, unfilterable: str = "drop") -> dict:
+    def program(
+        self, plan, generation: int, known: dict | None = None, unfilterable: str = "drop", nic_mode: str = "bridge"
+    ) -> dict:
         """Load a plan's run-time state: CONTROL bit 2 from `unfilterable` (Config.unfilterable: "drop" or
-        "pass"), packed SHUNT words, ACTION codes, then GENERATION.
+        "pass") and bit 3 from `nic_mode` (Config.nic_mode: "bridge" or "host"), packed SHUNT words, ACTION codes,
+        then GENERATION.
 
         The core must have been generated from a plan with the same hardware entries (NUM_ENTRIES and
         MATCHER_HASH are checked); shunt bits and actions are free. `known` is what an earlier `program` returned
@@ -246,6 +255,7 @@ class NicClient:
             "shunt": pack_shunt(plan.shunt),
             "actions": [int(a) & 0xF for a in plan.actions],
             "unfilterable": unfilterable,
+            "nic_mode": nic_mode,
         }
         return self.write_tables(tables, generation, known)
 
@@ -253,17 +263,23 @@ class NicClient:
         """Write the unfilterable setting, SHUNT words and ACTION codes as `program` returned them (also to put
         earlier ones back), then GENERATION; with `known` (the core's tables as last written, still valid: same
         matcher, GENERATION unchanged since) only the words that differ are written. CONTROL keeps its other bits;
-        tables recorded without an unfilterable setting leave it as it is."""
+        tables recorded without an unfilterable setting or NIC mode leave that bit as it is."""
         shunt, actions = list(tables["shunt"]), list(tables["actions"])
         writes = 0
-        if tables.get("unfilterable") is not None:
-            try:
-                bits = unfilterable_control(tables["unfilterable"])
-            except ValueError as e:
-                raise NicError(str(e)) from e
+        keep, bits = ~0, 0
+        try:
+            if tables.get("unfilterable") is not None:
+                keep &= ~CONTROL_PASS_UNFILTERABLE
+                bits |= unfilterable_control(tables["unfilterable"])
+            if tables.get("nic_mode") is not None:
+                keep &= ~CONTROL_HOST_MODE
+                bits |= nic_mode_control(tables["nic_mode"])
+        except ValueError as e:
+            raise NicError(str(e)) from e
+        if keep != ~0:
             control = self.read("CONTROL")
-            if control & CONTROL_PASS_UNFILTERABLE != bits:
-                self.write("CONTROL", (control & ~CONTROL_PASS_UNFILTERABLE) | bits)
+            if (control & keep) | bits != control:
+                self.write("CONTROL", ((control & keep) | bits) & 0xFFFFFFFF)
                 writes += 1
         old_shunt: list[int | None] = [None] * len(shunt)
         old_actions: list[int | None] = [None] * len(actions)

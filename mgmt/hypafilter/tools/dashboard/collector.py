@@ -411,6 +411,7 @@ def config_from_state(state: dict) -> Config:
         chain_prefix=state.get("chain_prefix", "HF"),
         shunt_mode=state.get("mode", "selective"),
         strategy=state.get("strategy", "interval"),
+        nic_mode=state.get("nic_mode", "bridge"),
     )
     if "mark_mask" in state:
         cfg.mark_mask = int(state["mark_mask"])
@@ -469,7 +470,7 @@ def deployment_from_state(state: dict) -> Deployment:
     config = config_from_state(state)
     plan = build_plan(policy, config)
     prefix = state.get("prefix") or f"{config.chain_prefix}{state['generation']}_"
-    program = build_program(plan, config.strategy, prefix, config.mark_mask, config.mark_shift)
+    program = build_program(plan, config.strategy, prefix, config.mark_mask, config.mark_shift, config.nic_mode)
     # Rules that shunted traffic meets again in software: there netfilter counts their matches, so the hardware
     # first-match count must not be added on top. Under "full" every shunted packet runs the verbatim FULL chain.
     recounted = set(range(len(policy.rules))) if config.strategy == "full" else set()

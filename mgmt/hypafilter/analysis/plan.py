@@ -25,7 +25,7 @@ from hypafilter.analysis import geometry
 from hypafilter.analysis.geometry import BoxSet
 from hypafilter.config import MODES, Config
 from hypafilter.errors import HypafilterError
-from hypafilter.ir import ACTION_ACCEPT, ACTION_NONE, Box, Policy
+from hypafilter.ir import ACTION_NONE, Box, Policy
 
 
 class PrefixView(Sequence):
@@ -219,9 +219,11 @@ def build_plan(policy: Policy, config: Config | None = None, mode: str | None = 
     elif mode == "selective":
         shunt[n] = policy_entry_reachable(policy)
     if policy.reads_conntrack:
-        # Conntrack must see every packet that is accepted, or the connection's later packets look INVALID or NEW
-        # to the rules that read its state: ACCEPT is decided in software; DROP may stay in hardware.
-        shunt |= actions == ACTION_ACCEPT
+        # Conntrack updates a connection in PREROUTING for every packet it sees, before any filter rule runs: an
+        # accepted packet it missed leaves the connection unknown, and a dropped one it missed leaves it behind
+        # (a dropped UDP reply still sets SEEN_REPLY, a dropped RST still closes a TCP connection). Any frame may
+        # belong to a tracked connection, so nothing is decided in hardware until a flow cache can say which.
+        shunt[:] = True
 
     interval = np.zeros(n + 1, dtype=np.uint32)
     chains: dict[int, list[int]] = {}

@@ -58,4 +58,4 @@ clean:
 .PHONY: fuzz
 fuzz:
 	@scripts/setup.sh system
-	CI=true HF_FUZZ_FRAMES=1000000 HF_FUZZ_POLICIES=6 $(PYTEST) -q -s tests/system/test_fuzz.py
+	CI=true HF_FUZZ_FRAMES=1000000 HF_FUZZ_POLICIES=24 $(PYTEST) -q -s tests/system/test_fuzz.py

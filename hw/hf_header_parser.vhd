@@ -234,7 +234,9 @@ begin
             and ip(7 downto 4) = "0100"
             and ihl >= 5
             and total >= resize(ihl & "00", 16)
-            and resize(total, 17) + l3 <= resize(unsigned(p1_tuser(TUSER_LEN_LO + 15 downto TUSER_LEN_LO)), 17)
+            -- the datagram ends where the frame ends: br_netfilter trims bytes after it before the filter runs, so
+            -- the kernel forwards a shorter frame than the one received; netfilter must forward it (unparsed)
+            and resize(total, 17) + l3 = resize(unsigned(p1_tuser(TUSER_LEN_LO + 15 downto TUSER_LEN_LO)), 17)
             and ip(53 downto 48) & ip(63 downto 56) = "00000000000000";  -- no MF, no offset: not a fragment
       p2_v <= p1_v and not rst;
       p2_ok <= to_sl(ok);

@@ -294,5 +294,8 @@ def header_frame(h, rng: random.Random, vlans: int = 0, options: int = 0, pad: i
         l4 = ICMP(type=h.icmp_type, code=h.icmp_code)
     else:
         l4 = Raw(b"\x00" * 8)
-    frame = bytes(pkt / ip / l4 / Raw(bytes(rng.randrange(256) for _ in range(pad))))
-    return frame.ljust(60, b"\0")
+    body = bytes(rng.randrange(256) for _ in range(pad))
+    frame = bytes(pkt / ip / l4 / Raw(body))
+    if len(frame) < 60:  # the minimum Ethernet frame, filled inside the datagram: padding after it is unparsed
+        frame = bytes(pkt / ip / l4 / Raw(body + bytes(60 - len(frame))))
+    return frame

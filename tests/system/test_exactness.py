@@ -140,8 +140,9 @@ def test_tagged_frames_are_filtered_after_deploy(lab):
         "-A FORWARD -p tcp -j DROP\nCOMMIT\n",
         "vlan.rules",
     )
-    deploy_both(lab, pol)
     key = "net.bridge.bridge-nf-filter-vlan-tagged"
+    netns.run(["sysctl", "-qw", f"{key}=0"], lab.ns_fw)  # the kernel's default, whatever earlier tests left
+    deploy_both(lab, pol)
     assert netns.run(["sysctl", "-n", key], lab.ns_fw).strip() == "1"
     netns.run(["sysctl", "-qw", f"{key}=1"], lab.ns_plain)  # the oracle: the same policy, tagged frames filtered
     probes = make_probes(pol, 400, generation=0, seed=9, malformed=1.0, kinds=("vlan",), bad_share=0.5)
@@ -164,3 +165,127 @@ def test_host_chains_are_refused_on_a_bridge_nic(lab, chain):
     with pytest.raises(HypafilterError, match=rf"host.rules: chain {chain} on target 'emu'.*--chain FORWARD"):
         deploy.deploy(pol, Config())
     assert deploy.read_state() == before
+
+
+def test_bridge_settings_drift_and_undeploy_gives_them_back(lab):
+    """status names a firewall bridge that filters tagged frames no longer, or lost the table that drops two-tag
+    frames; a deploy repairs both; undeploy gives the VLAN setting found before the first deploy back."""
+    from hypafilter import netns
+    from hypafilter.config import Config
+    from hypafilter.netfilter.bridge import TABLE
+    from hypafilter.ops import deploy
+
+    key = "net.bridge.bridge-nf-filter-vlan-tagged"
+    deploy.undeploy()
+    netns.run(["sysctl", "-qw", f"{key}=0"], lab.ns_fw)
+    pol = parse("*filter\n:FORWARD ACCEPT [0:0]\n-A FORWARD -p tcp -j DROP\nCOMMIT\n", "bridge.rules")
+    deploy.deploy(pol, Config())
+    assert deploy.status()["drift"] == []
+    netns.run(["sysctl", "-qw", f"{key}=0"], lab.ns_fw)
+    netns.run(["nft", "delete", "table", "bridge", TABLE], lab.ns_fw)
+    found = deploy.status()["drift"]
+    assert any(key in d for d in found) and any(TABLE in d for d in found), found
+    deploy.deploy(pol, Config())  # repairs drift
+    assert deploy.status()["drift"] == []
+    assert netns.run(["sysctl", "-n", key], lab.ns_fw).strip() == "1"
+    deploy.undeploy()
+    assert netns.run(["sysctl", "-n", key], lab.ns_fw).strip() == "0"
+    assert not netns.succeeds(["nft", "list", "table", "bridge", TABLE], lab.ns_fw)
+
+
+# ---- frames the kernel treats apart, compared frame by frame with the kernel -----------------------------------
+
+STATELESS = (
+    "*filter\n:FORWARD DROP [0:0]\n"
+    "-A FORWARD -p udp -m udp --dport 53 -j DROP\n"
+    "-A FORWARD -p udp -j ACCEPT\n"
+    "-A FORWARD -p tcp -j ACCEPT\n"
+    "-A FORWARD -p icmp -j ACCEPT\nCOMMIT\n"
+)
+# The same hardware entries in selective mode (one emulator build), plus a conntrack rule: defragmentation is on.
+WITH_CONNTRACK = STATELESS.replace(
+    "-A FORWARD -p udp -m udp --dport 53",
+    "-A FORWARD -m conntrack --ctstate INVALID -j DROP\n-A FORWARD -p udp -m udp --dport 53",
+)
+
+
+def kinds_verified(policy, kinds: tuple[str, ...], packets: int = 300, **cfg) -> dict:
+    from hypafilter.config import Config
+    from hypafilter.ops.verify import verify
+
+    r = verify(policy, Config(**cfg), packets=packets, seed=11, malformed=1.0, kinds=kinds)
+    assert r["mismatches"] == 0, f"{r['mismatches']} mismatches ({r['by_kind']}), e.g. {r['examples'][:3]}"
+    return r
+
+
+@pytest.mark.parametrize("text", [STATELESS, WITH_CONNTRACK], ids=["stateless", "conntrack"])
+def test_fragments_against_the_kernel(lab, text):
+    """Complete datagrams fragmented by the sender's stack (3,000 bytes over a 1,500-byte path) reassemble at
+    the receiver exactly when the kernel lets them through; single fragments, frame by frame, too."""
+    from tests.netconn import udp_delivered
+
+    pol = parse(text, "frag.rules")
+    r = kinds_verified(pol, ("fragment_first", "fragment_later", "fragment_middle", "fragment_last"))
+    assert r["hw_forwarded"] == 0  # the hardware never decides a fragment
+    sends = [(53, b"d" * 3000), (54, b"e" * 3000), (55, b"f" * 2000 + b"BAD")]
+    plain = udp_delivered(lab.ns_send, lab.ns_recv, lab.ip("recv", "plain"), sends)
+    hyb = udp_delivered(lab.ns_send, lab.ns_recv, lab.ip("recv", "hyb"), sends)
+    assert [p for p, _ in plain] == [54, 55]
+    assert hyb == plain
+
+
+def test_bad_ip_checksums_against_the_kernel(lab):
+    """br_netfilter drops an IPv4 frame with a wrong header checksum before any rule; the hardware must not
+    forward it, although the policy accepts its headers."""
+    r = kinds_verified(parse(STATELESS, "csum.rules"), ("bad_ip_checksum",))
+    assert r["delivered_oracle"] == 0 and r["delivered_hybrid"] == 0
+
+
+@pytest.mark.parametrize("unfilterable", ["pass", "drop"])
+def test_two_tag_frames_against_the_kernel(lab, unfilterable):
+    """QinQ/802.1ad two-tag frames cross a bridge without any iptables rule: with unfilterable = "pass" the
+    kernel (no bridge table) delivers every one and so must the hybrid; with "drop" both drop them."""
+    r = kinds_verified(parse(STATELESS, "qinq.rules"), ("qinq",), packets=200, unfilterable=unfilterable)
+    assert r["delivered_oracle"] == (200 if unfilterable == "pass" else 0), r["by_kind"]
+
+
+def test_link_local_destinations_against_the_kernel(lab):
+    """01:80:C2:00:00:0x: the bridge forwards none of them but 01:80:C2:00:00:00 (STP off)."""
+    r = kinds_verified(parse(STATELESS, "ll.rules"), ("link_local_dst",))
+    assert 0 < r["delivered_oracle"] < r["packets"]
+
+
+def test_nft_icmp_forms_against_the_kernel(lab):
+    """`! --icmp-type 3/1`, `--icmp-type any` and `! --icmp-type any` written as nftables (netfilter.nft) give
+    every frame the verdict the policy gives it in iptables: the same frames through the plain namespace, first
+    with the policy in iptables, then with the nft rendering alone."""
+    from hypafilter.analysis.plan import build_plan
+    from hypafilter.netfilter.nft import to_nft
+    from hypafilter.ops.verify import exchange, load_oracle, make_probes
+
+    pol = parse(
+        "*filter\n:FORWARD DROP [0:0]\n"
+        "-A FORWARD -p icmp -m icmp ! --icmp-type any -j ACCEPT\n"
+        "-A FORWARD -s 10.0.0.0/9 -p icmp -m icmp ! --icmp-type 3/1 -j ACCEPT\n"
+        "-A FORWARD -s 10.128.0.0/9 -p icmp -m icmp --icmp-type any -j ACCEPT\n"
+        "-A FORWARD -p icmp -m icmp --icmp-type 3/1 -j ACCEPT\n"
+        "-A FORWARD -p icmp -m icmp --icmp-type 3 -j DROP\n"
+        "-A FORWARD -p tcp -j ACCEPT\nCOMMIT\n",
+        "icmp.rules",
+    )
+    probes = make_probes(pol, 600, seed=4, malformed=0.0)
+    ns = {"send": lab.ns_send, "recv": lab.ns_recv, "plain": lab.ns_plain}
+    load_oracle(lab.ns_plain, pol)
+    kernel = set(exchange(ns, probes)["plain"])
+    ns_sh(lab.ns_plain, "iptables-restore", stdin="*filter\n:FORWARD ACCEPT [0:0]\nCOMMIT\n")
+    text = to_nft(build_plan(pol), "full", "NFT1_")
+    text += "table ip nft1 {\n\tchain fwd {\n\t\ttype filter hook forward priority 0; policy drop;\n"
+    text += "\t\tjump NFT1_MAIN\n\t}\n}\n"
+    ns_sh(lab.ns_plain, "nft", "-f", "-", stdin=text)
+    try:
+        nft = set(exchange(ns, probes)["plain"])
+    finally:
+        ns_sh(lab.ns_plain, "nft", "delete", "table", "ip", "nft1")
+    icmp = {p.uid for p in probes if p.frame[23] == 1}
+    assert kernel & icmp and icmp - kernel  # some ICMP frames delivered, some dropped
+    assert nft == kernel, sorted(nft ^ kernel)[:10]

@@ -10,10 +10,26 @@ from hypafilter.shared import unpack_meta
 from scapy.layers.inet import ICMP, IP, TCP, UDP
 from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import ARP, Dot1AD, Dot1Q, Ether
+from scapy.packet import Raw
 
 
 def frame(pkt) -> bytes:
+    """The minimum Ethernet frame: an IPv4 datagram filled up inside (bytes after it make the frame unparsed)."""
+    short = 60 - len(bytes(pkt))
+    if short > 0 and IP in pkt:
+        pkt = pkt / Raw(bytes(short))
     return bytes(pkt).ljust(60, b"\0")
+
+
+def test_bytes_after_the_datagram_are_unparsed():
+    """br_netfilter trims them before the filter runs, so the kernel forwards a shorter frame: only netfilter
+    can do the same. Ethernet padding of a short frame is such bytes too."""
+    for pkt in (Ether() / IP() / UDP(dport=53), Ether() / Dot1Q() / IP() / TCP(dport=80) / Raw(b"x" * 40)):
+        exact = frame(pkt)
+        assert hwmodel.parse_frame(exact, 0x01) is not None
+        assert hwmodel.parse_frame(exact + b"\0", 0x01) is None
+        assert hwmodel.parse_frame(exact + b"tail" * 10, 0x01) is None
+    assert hwmodel.parse_frame(bytes(Ether() / IP() / UDP()).ljust(60, b"\0"), 0x01) is None
 
 
 def test_parse_tcp_udp_icmp_and_iport():

@@ -110,23 +110,36 @@ COMMIT
 
 
 @pytest.mark.parametrize("mode", ["index", "selective", "exact"])
-def test_conntrack_policy_never_accepts_in_hardware(mode):
-    """A policy that reads conntrack state: conntrack must see every accepted packet, so every ACCEPT entry
-    (the policy entry too, when the chain policy accepts) shunts, while DROP entries may stay in hardware."""
+def test_conntrack_policy_decides_nothing_in_hardware(mode):
+    """A policy that reads conntrack state: conntrack must see every packet of a connection, the dropped ones too
+    (a dropped reply still establishes it, a dropped RST still closes it), so every entry shunts, the policy
+    entry included, ACCEPT and DROP alike."""
     pol = parse_policy(CT_POLICY)
     assert pol.reads_conntrack
     plan = build_plan(pol, Config(), mode=mode)
-    for j in range(plan.n + 1):
-        if plan.actions[j] == ACTION_ACCEPT:
-            assert plan.shunt[j], (mode, j)
-    drops = [j for j in range(plan.n) if plan.actions[j] == ACTION_DROP]
-    assert drops and not plan.shunt[drops[0]]  # dport 53 DROP sits above every complex rule
+    assert plan.shunt.all(), (mode, plan.shunt_string())
+    assert ACTION_DROP in plan.actions and ACTION_ACCEPT in plan.actions  # the actions stay for software
     # The same policy without the conntrack rule keeps ACCEPT in hardware above the first complex rule.
     plain = parse_policy(
         CT_POLICY.replace("-m conntrack --ctstate ESTABLISHED,RELATED ", "-m string --string x --algo bm ")
     )
     assert not plain.reads_conntrack
     assert not build_plan(plain, Config(), mode=mode).shunt[0]
+
+
+@pytest.mark.parametrize("mode", ["index", "selective", "exact"])
+def test_conntrack_policy_in_host_mode_keeps_accept_in_hardware(mode):
+    """Host mode (INPUT): a hardware ACCEPT is delivered to the host, whose conntrack sees it in PREROUTING before
+    INPUT; only a hardware DROP would hide a frame from conntrack, so exactly the DROP entries shunt."""
+    pol = parse_policy(CT_POLICY.replace("FORWARD", "INPUT"), base_chain="INPUT")
+    assert pol.reads_conntrack and pol.base_chain == "INPUT"
+    plan = build_plan(pol, Config(), mode=mode)
+    drop = plan.actions == ACTION_DROP
+    assert plan.shunt[drop].all(), (mode, plan.shunt_string())
+    bridge = build_plan(parse_policy(CT_POLICY), Config(), mode=mode)
+    # Some ACCEPT entry the bridge-mode plan shunts is decided in hardware in host mode.
+    accept = plan.actions == ACTION_ACCEPT
+    assert (bridge.shunt[accept] & ~plan.shunt[accept]).any(), (mode, plan.shunt_string())
 
 
 def test_conntrack_read_in_a_user_chain_counts():

@@ -25,7 +25,7 @@ from hypafilter.analysis import geometry
 from hypafilter.analysis.geometry import BoxSet
 from hypafilter.config import MODES, Config
 from hypafilter.errors import HypafilterError
-from hypafilter.ir import ACTION_ACCEPT, ACTION_NONE, Box, Policy
+from hypafilter.ir import ACTION_DROP, ACTION_NONE, Box, Policy
 
 
 class PrefixView(Sequence):
@@ -218,11 +218,17 @@ def build_plan(policy: Policy, config: Config | None = None, mode: str | None = 
         shunt[n] = has_complex
     elif mode == "selective":
         shunt[n] = policy_entry_reachable(policy)
-    if policy.reads_conntrack and config.mode_for(policy.base_chain) != "host":
-        # Conntrack must see every packet that is accepted, or the connection's later packets look INVALID or NEW
-        # to the rules that read its state: ACCEPT is decided in software; DROP may stay in hardware. In host mode
-        # the hardware's ACCEPT is delivered to the host, whose conntrack sees (and confirms) it before INPUT.
-        shunt |= actions == ACTION_ACCEPT
+    if policy.reads_conntrack:
+        # Conntrack updates a connection in PREROUTING for every packet it sees, before any filter rule runs: an
+        # accepted packet it missed leaves the connection unknown, and a dropped one it missed leaves it behind
+        # (a dropped UDP reply still sets SEEN_REPLY, a dropped RST still closes a TCP connection). Any frame may
+        # belong to a tracked connection, so no frame is kept from conntrack until a flow cache can say which.
+        # In host mode the hardware's ACCEPT is delivered to the host, whose conntrack sees it before INPUT: only
+        # the hardware's DROP would hide a frame. In bridge mode both would.
+        if config.mode_for(policy.base_chain) == "host":
+            shunt |= actions == ACTION_DROP
+        else:
+            shunt[:] = True
 
     interval = np.zeros(n + 1, dtype=np.uint32)
     chains: dict[int, list[int]] = {}

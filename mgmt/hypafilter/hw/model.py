@@ -12,9 +12,11 @@ The VHDL core, its testbenches, the emulated NIC and the verifier all compare ag
   so no iptables rule sees it and the kernel bridge passes it unfiltered (measured on this kernel; see
   docs/hardware.md). `decide` drops such frames and counts them in CNT_DROP_UNFILTERABLE, unless CONTROL bit 2
   (PASS_UNFILTERABLE) is set: then they are unparsed and the host's bridge passes them as the kernel does.
-- Only IPv4 (0x0800) is parsed: version 4, IHL >= 5, total length >= IHL*4 and within the frame
-  (frame length = TUSER[15:0], which the testbenches and the emulator set to the byte count of the frame), and a
-  correct header checksum over all IHL*4 bytes (br_netfilter drops a bridged packet whose checksum is wrong).
+- Only IPv4 (0x0800) is parsed: version 4, IHL >= 5, total length >= IHL*4 and ending exactly where the frame
+  ends (frame length = TUSER[15:0], which the testbenches and the emulator set to the byte count of the frame):
+  br_netfilter trims bytes after the datagram (Ethernet padding included) before the filter runs, so the kernel
+  forwards a shorter frame than it received, which only netfilter can reproduce; and a correct header checksum
+  over all IHL*4 bytes (br_netfilter drops a bridged packet whose checksum is wrong).
 - Every fragment (MF set or offset != 0) is unparsed: a conntrack rule anywhere turns on defragmentation, and
   then only the reassembled packet is filtered, so the hardware must not decide any piece of it.
 - L4 bytes needed, all inside the IPv4 total length: TCP 20, UDP 8, ICMP 8 -- the fixed header sizes below which
@@ -105,7 +107,7 @@ def parse_frame(frame: bytes, src_port: int) -> Header | None:
         return None
     ver, ihl = frame[l3] >> 4, frame[l3] & 0xF
     total = _u16(frame, l3 + 2)
-    if ver != 4 or ihl < 5 or total < ihl * 4 or l3 + total > n:
+    if ver != 4 or ihl < 5 or total < ihl * 4 or l3 + total != n:
         return None
     if _u16(frame, l3 + 6) & 0x3FFF:  # MF or a fragment offset
         return None

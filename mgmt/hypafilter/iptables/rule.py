@@ -166,6 +166,10 @@ ALWAYS = "true for every NIC frame"
 def analyse(rule: ParsedRule, ifaces: Interfaces, options_of) -> None:
     """Fill rule.boxes (the header part as a union of boxes) and rule.complex (the checks hardware lacks).
 
+    The boxes hold the standard header options and the header matches written before the first match with
+    per-rule state; every match from that one on is a complex group (ARCHITECTURE §2: the fast path never
+    decides a packet whose walk would have changed state).
+
     `options_of(match)` gives a match's canonical tokens (from canonical.py), used for complex token groups.
     Interface checks are resolved against `ifaces` for the frames the NIC hands to the bridged FORWARD chain
     (docs/policy-language.md, Interfaces); rule.resolved says what each became, rule.never that one is false.
@@ -198,6 +202,12 @@ def analyse(rule: ParsedRule, ifaces: Interfaces, options_of) -> None:
     if rule.frag is not None:
         cx.append(options_of(("frag", rule.frag)))
     for m in rule.matches:
+        if rule.stateful and not isinstance(m, Comment):
+            # The kernel evaluates matches in order: a header check written after a match with per-rule state
+            # (a limit's bucket, a recent list, a quota) runs only once that match has been evaluated. Left out
+            # of the reduction, the hardware region stays a superset of every packet that reaches the state.
+            cx.append(options_of(m))
+            continue
         if isinstance(m, TcpUdp):
             for pc, fname in ((m.sport, "sport"), (m.dport, "dport")):
                 if pc is not None and not (pc.is_full and not pc.invert):

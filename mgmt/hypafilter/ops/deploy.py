@@ -30,6 +30,7 @@ from hypafilter.errors import DeployError, HypafilterError
 from hypafilter.iptables import kernel
 from hypafilter.iptables.writer import Restore, body_of, policy_restore
 from hypafilter.ir import Policy
+from hypafilter.netfilter.bridge import TABLE as BRIDGE_TABLE
 from hypafilter.netfilter.bridge import unfilterable_nft
 from hypafilter.netfilter.restore import to_iptables_restore
 from hypafilter.paths import BUILD_ROOT
@@ -219,6 +220,7 @@ def drift(st: dict, tgt: Target | None = None) -> list[str]:
             out.append("netfilter: the tool's chains were changed since the deploy")
     except HypafilterError as e:
         out.append(f"netfilter: {e}")
+    out += bridge_drift(st)
     try:
         sh = shim_mod.Shim(st["shim"]["netns"], st["shim"]["ifaces"])
         if not sh.loaded:
@@ -238,6 +240,30 @@ def drift(st: dict, tgt: Target | None = None) -> list[str]:
                 out.append(f"nic: GENERATION register {gen}, deployed {st['generation']}")
     except Exception as e:  # an unreachable NIC is drift, whatever the transport raised
         out.append(f"nic: {e}")
+    return out
+
+
+def bridge_drift(st: dict) -> list[str]:
+    """The firewall bridge's own settings: tagged frames filtered by iptables, and the table that drops two-tag
+    frames present exactly when the deployment drops them."""
+    out = []
+    try:
+        vlan = netns.run(["sysctl", "-n", VLAN_SYSCTL], NS_FW).strip()
+        if vlan != "1":
+            out.append(f"bridge: {VLAN_SYSCTL} is {vlan}, deployed 1 (tagged frames would cross without iptables)")
+    except HypafilterError as e:
+        out.append(f"bridge: {e}")
+    want = st.get("unfilterable", "pass") == "drop"
+    try:
+        listing = netns.run(["nft", "list", "table", "bridge", BRIDGE_TABLE], NS_FW)
+    except netns.CommandError:
+        listing = None
+    except HypafilterError as e:
+        return out + [f"bridge: {e}"]
+    if want and (listing is None or " drop" not in listing):
+        out.append(f"bridge: table {BRIDGE_TABLE} (drops two-tag frames) is missing or changed")
+    elif not want and listing is not None:
+        out.append(f"bridge: table {BRIDGE_TABLE} is present, deployed with unfilterable = pass")
     return out
 
 
@@ -628,6 +654,8 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
         "unfilterable": config.unfilterable,
         "interfaces": _interfaces_state(policy),
         "nic_mode": config.nic_mode,
+        # The firewall's VLAN setting found before the first deploy, given back at undeploy.
+        "vlan_filter_before": (old or {}).get("vlan_filter_before", old_vlan),
         "partition": partition_counts(policy, plan),
         "intervals": intervals,
         "nic": new_nic,
@@ -714,6 +742,12 @@ def undeploy(log: Callable[[str], None] = lambda s: None) -> bool:
                 netns.run(["nft", "-f", "-"], NS_FW, input=unfilterable_nft("pass"))  # the bridge as it was
             except HypafilterError as e:
                 errors.append(f"bridge table: {e}")
+            try:
+                vlan = st.get("vlan_filter_before")
+                if vlan is not None:
+                    netns.run(["sysctl", "-qw", f"{VLAN_SYSCTL}={vlan}"], NS_FW)
+            except HypafilterError as e:
+                errors.append(f"{VLAN_SYSCTL}: {e}")
             try:
                 sh = shim_mod.Shim(st["shim"]["netns"], st["shim"]["ifaces"])
                 if sh.loaded:

@@ -112,8 +112,42 @@ NONDETERMINISTIC = {
 
 
 def _matches_in(tokens) -> list[str]:
+    """The matches of a rule that the comparison cannot follow (see comparable_state)."""
     toks = list(tokens)
-    return [toks[i + 1] for i, t in enumerate(toks[:-1]) if t in ("-m", "--match")]
+    starts = [i for i, t in enumerate(toks[:-1]) if t in ("-m", "--match")]
+    out = []
+    for n, i in enumerate(starts):
+        end = starts[n + 1] if n + 1 < len(starts) else len(toks)
+        if not comparable_state(toks[i + 1], toks[i + 2 : end]):
+            out.append(toks[i + 1])
+    return out
+
+
+def _value(opts: list[str], name: str) -> str | None:
+    return opts[opts.index(name) + 1] if name in opts and opts.index(name) + 1 < len(opts) else None
+
+
+def comparable_state(match: str, opts: list[str]) -> bool:
+    """Per-rule state whose outcome both paths reach alike: the hybrid lets software see every packet that reaches
+    such a match in the kernel, in the same order (a rule's hardware region stops at its first stateful match), so
+    state driven only by those packets is compared frame by frame. That is statistic nth, quota, recent without
+    timers, and rate or connection limits that cannot trigger within a run (10000/s, the fastest iptables takes,
+    with a burst of at least 1000; connlimit at 10000 or more). Timers, chance and rates that do trigger are not."""
+    if match == "statistic":
+        return _value(opts, "--mode") == "nth"
+    if match == "quota":
+        return True
+    if match == "recent":
+        return not {"--seconds", "--reap"} & set(opts)
+    if match in ("limit", "hashlimit"):
+        key = "--limit" if match == "limit" else next((k for k in ("--hashlimit-upto", "--hashlimit") if k in opts), "")
+        burst = _value(opts, "--limit-burst" if match == "limit" else "--hashlimit-burst") or "0"
+        rate = _value(opts, key) or ""
+        return rate.split("/")[0] == "10000" and rate.split("/")[-1].startswith("s") and int(burst) >= 1000
+    if match == "connlimit":
+        n = _value(opts, "--connlimit-above") or _value(opts, "--connlimit-upto")
+        return n is not None and n.isdigit() and int(n) >= 10000
+    return False
 
 
 def refuse_nondeterministic(policy: Policy) -> None:

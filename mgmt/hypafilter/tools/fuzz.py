@@ -4,9 +4,12 @@ software strategies, mismatches counted by frame kind (tests/system/test_fuzz.py
 A policy is iptables-save text built from one integer seed, so a failure reproduces from the seed alone
 (`random_policy(seed)`). What it draws: user chains with RETURN, goto and jumps to later chains, MARK and
 CONNMARK in user chains read back by `-m mark`/`-m connmark`, conntrack state rules, string matches whose
-strings hold quotes, backslashes, blanks and `#`, multiport, iprange, tcp-flags, ICMP types, and negations of
-each. Rules whose verdict is not a function of the frame (limit, quota, statistic, recent, ...) are never drawn:
-verify refuses them, and their per-rule state is checked by delivery counts in tests/system/test_exactness.py.
+strings hold quotes, backslashes, blanks and `#`, multiport, iprange, tcp-flags, ICMP types, negations of each,
+and rules with per-rule state in the forms whose verdict the kernel and the hybrid reach alike from the same
+frames in the same order (`verify.comparable_state`): statistic nth, quota, recent without timers, and limit,
+hashlimit and connlimit at settings that never trigger within a run. No rule is unconditional (every rule tests a
+header field or a selective match), and no rule lies wholly inside one earlier ACCEPT/DROP rule, so every
+feature can be reached; tests/system/test_fuzz.py checks from the oracle's own rule counters that it was.
 """
 
 from __future__ import annotations
@@ -33,6 +36,29 @@ ICMP_TYPES = ("echo-request", "echo-reply", "destination-unreachable", "time-exc
 TCP_FLAGS = (("SYN,ACK,FIN,RST", "SYN"), ("SYN,ACK", "ACK"), ("ALL", "NONE"), ("FIN,SYN", "FIN,SYN"), ("RST", "RST"))
 CT_STATES = ("NEW", "ESTABLISHED", "RELATED", "INVALID", "ESTABLISHED,RELATED", "NEW,ESTABLISHED", "UNTRACKED")
 MARKS = ("0x1", "0x2", "0x1/0x1", "0x2/0x3", "0x4/0x4", "0x0/0x6", "0x10/0xf0")
+# What the coverage check looks for in the oracle's `iptables-save -c` (a feature counts when a rule carrying it
+# matched at least one packet): the rule's text holds the needle.
+FEATURES = {
+    "MARK": "-j MARK",
+    "CONNMARK": "-j CONNMARK",
+    "RETURN": "-j RETURN",
+    "goto": " -g U",
+    "jump": " -j U",
+    "multiport": "-m multiport",
+    "iprange": "-m iprange",
+    "tcp-flags": "--tcp-flags",
+    "icmp": "--icmp-type",
+    "mark": "-m mark",
+    "connmark": "-m connmark",
+    "string": "-m string",
+    "conntrack": "-m conntrack",
+    "limit": "-m limit",
+    "hashlimit": "-m hashlimit",
+    "quota": "-m quota",
+    "statistic": "-m statistic",
+    "recent": "-m recent",
+    "connlimit": "-m connlimit",
+}
 # The lab's two paths use 10.0.0.0/16 (hybrid) and 10.1.0.0/16 (plain). A policy checked with real connections
 # treats both alike: its address matches either contain all of 10.0.0.0/15 or miss it.
 PATHS_NET = ipaddress.ip_network("10.0.0.0/15")
@@ -100,6 +126,13 @@ class _Gen:
             out += ["-m", "icmp", *self.neg(), "--icmp-type", rng.choice(ICMP_TYPES)]
         return out
 
+    def checks(self, in_user_chain: bool) -> list[str]:
+        """matches() that test something: never empty, so no rule decides every packet that reaches it."""
+        while True:
+            m = self.matches(in_user_chain)
+            if m:
+                return m
+
     def matches(self, in_user_chain: bool) -> list[str]:
         rng, out = self.rng, []
         proto = rng.choice(("tcp", "tcp", "udp", "udp", "icmp", None, None))
@@ -128,6 +161,60 @@ class _Gen:
             out.append(rng.choice(STRINGS))
         return out
 
+    def state(self, name: str) -> list[str]:
+        """A match with per-rule state in a form verify can compare (verify.comparable_state)."""
+        rng = self.rng
+        kinds = ["limit", "hashlimit", "quota", "statistic", "recent", "recent"] + (
+            ["connlimit"] if self.conntrack else []
+        )
+        kind = rng.choice(kinds)
+        if kind == "limit":
+            return ["-m", "limit", "--limit", "10000/sec", "--limit-burst", str(rng.choice((5000, 10000)))]
+        if kind == "hashlimit":
+            mode = rng.choice(("srcip", "dstip", "srcip,dstport"))
+            return [
+                "-m",
+                "hashlimit",
+                "--hashlimit-upto",
+                "10000/sec",
+                "--hashlimit-burst",
+                "10000",
+                "--hashlimit-mode",
+                mode,
+                "--hashlimit-name",
+                f"{name}h{rng.randint(0, 9)}",
+            ]
+        if kind == "quota":
+            return ["-m", "quota", *self.neg(0.3), "--quota", str(rng.choice((2000, 20000, 200000)))]
+        if kind == "statistic":
+            every = rng.randint(2, 7)
+            return ["-m", "statistic", "--mode", "nth", "--every", str(every), "--packet", str(rng.randrange(every))]
+        if kind == "recent":
+            verb = rng.choice(("--set", "--rcheck", "--update", "--rcheck", "--remove"))
+            extra = (
+                ["--hitcount", str(rng.randint(2, 4))]
+                if verb in ("--rcheck", "--update") and rng.random() < 0.3
+                else []
+            )
+            return [
+                "-m",
+                "recent",
+                *self.neg(0.2),
+                verb,
+                "--name",
+                f"{name}r",
+                rng.choice(("--rsource", "--rdest")),
+                *extra,
+            ]
+        return [
+            "-m",
+            "connlimit",
+            rng.choice(("--connlimit-above", "--connlimit-upto")),
+            "100000",
+            "--connlimit-mask",
+            "32",
+        ]
+
     def target(self, chain_index: int | None) -> list[str]:
         """chain_index: None in the base chain, else the user chain's position (it may jump only further on)."""
         rng = self.rng
@@ -150,11 +237,38 @@ class _Gen:
         return ["-j", rng.choice(("ACCEPT", "DROP"))]
 
 
+def shadowed_lines(text: str) -> list[int]:
+    """Lines of the policy whose every flattened copy lies wholly inside one earlier ACCEPT/DROP rule (a cheap,
+    sound test: such a rule can never match a packet)."""
+    from hypafilter.analysis.geometry import BoxSet, contained_in_any
+    from hypafilter.iptables.document import parse_policy
+
+    pol = parse_policy(text, filename="<fuzz>", base_chain="FORWARD", config=Config())
+    live: dict[int, bool] = {}
+    for i, r in enumerate(pol.rules):
+        line = r.origin.line if r.origin else -1
+        earlier = [pol.rules[j].boxes for j in range(i) if pol.rules[j].is_simple]
+        hidden = bool(r.boxes) and bool(earlier)
+        if hidden:
+            hidden = bool(contained_in_any(BoxSet.from_unions([r.boxes]), BoxSet.from_unions(earlier)).all())
+        live[line] = live.get(line, False) or not hidden
+    return sorted(line for line, ok in live.items() if not ok)
+
+
 def random_policy(seed: int, conntrack: bool | None = None, rules: int | None = None) -> str:
     """A random FORWARD policy as iptables-save text, the same for the same arguments. conntrack: whether it reads
     conntrack state (then its address matches treat the lab's two paths alike, for real connections); None lets
-    the seed decide."""
+    the seed decide. Drawn again (from the same random stream) while a rule is shadowed by an earlier one."""
     rng = random.Random(seed)
+    text = ""
+    for _ in range(50):
+        text = _draw(rng, seed, conntrack, rules)
+        if not shadowed_lines(text):
+            return text
+    return text
+
+
+def _draw(rng: random.Random, seed: int, conntrack: bool | None, rules: int | None) -> str:
     ct = rng.random() < 0.4 if conntrack is None else conntrack
     g = _Gen(rng, ct, symmetric=ct)
     g.chains = [f"U{i}" for i in range(rng.randint(1, 3))]
@@ -162,7 +276,18 @@ def random_policy(seed: int, conntrack: bool | None = None, rules: int | None = 
     doc.chain("FORWARD", rng.choice(("ACCEPT", "DROP")))
     for c in g.chains:
         doc.chain(c)
-    base = [g.matches(False) + g.target(None) for _ in range(rules if rules is not None else rng.randint(6, 18))]
+    base = []
+    for _ in range(rules if rules is not None else rng.randint(6, 18)):
+        m = g.checks(False)
+        if rng.random() < 0.3:
+            # Per-rule state, sometimes before the header matches (the kernel evaluates it for every packet that
+            # reaches it, whatever the ports written after it), sometimes after them.
+            at = next((i for i, t in enumerate(m) if t == "-m"), len(m)) if rng.random() < 0.5 else len(m)
+            m = m[:at] + g.state(f"fz{seed}") + m[at:]
+            t = g.target(None)
+            base.append(m + (["-j", t[1]] if t[0] == "-g" else t))  # a stateful goto cannot be flattened
+            continue
+        base.append(m + g.target(None))
     if ct:
         # Services the connection checks use, so that some connections complete and others do not; and the
         # usual rule for the rest of an accepted connection, somewhere.
@@ -173,11 +298,16 @@ def random_policy(seed: int, conntrack: bool | None = None, rules: int | None = 
             base.insert(rng.randint(0, len(base)), rule + g.target(None))
         rule = ["-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"]
         base.insert(0 if rng.random() < 0.6 else rng.randint(0, len(base)), rule)
+    for c in g.chains:  # every user chain is reached from the base chain, not only from another user chain
+        if not any(c in rule for rule in base):
+            base.insert(rng.randint(0, len(base)), g.checks(False) + ["-j", c])
     for rule in base:
         doc.rule("FORWARD", rule)
     for i, c in enumerate(g.chains):
+        if i == 0:  # one MARK at least, so that the mark reads have something to read
+            doc.rule(c, g.checks(True) + ["-j", "MARK", "--set-xmark", rng.choice(MARKS[:4])])
         for _ in range(rng.randint(2, 6)):
-            doc.rule(c, g.matches(True) + g.target(i))
+            doc.rule(c, g.checks(True) + g.target(i))
     return doc.text()
 
 

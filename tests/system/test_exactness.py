@@ -99,12 +99,23 @@ def test_rules_with_per_rule_state_exist_once(lab):
 
 
 def test_stateful_ruleset_loads_each_stateful_rule_once(lab):
-    """rulesets/stateful.rules on the firewall host: every limit/recent/quota rule stands once in the table."""
+    """rulesets/stateful.rules on the firewall host: every limit/hashlimit/recent/connlimit/quota/statistic rule
+    stands once in the table."""
     path = ROOT / "rulesets" / "stateful.rules"
     pol = parse(path.read_text(), str(path))
     deploy_both(lab, pol)
     saved = ns_sh(lab.ns_fw, "iptables-save", "-t", "filter").splitlines()
-    for needle in ("--limit 5/sec", "--limit 1/min", "--set --name ssh", "--update --seconds 60", "--quota 100000"):
+    needles = (
+        "--limit 5/sec",
+        "--limit 1/min",
+        "--set --name ssh",
+        "--update --seconds 60",
+        "--quota 100000",
+        "--hashlimit-name http",
+        "--connlimit-above 16",
+        "--mode nth --every 10",
+    )
+    for needle in needles:
         assert sum(needle in ln for ln in saved) == 1, (needle, [ln for ln in saved if needle in ln])
 
 

@@ -3,10 +3,14 @@ tests/system/test_netfilter_load.py)."""
 
 from __future__ import annotations
 
+import re
+from collections import Counter
+from pathlib import Path
+
 import pytest
 from hypafilter.analysis.decision import match_index
 from hypafilter.analysis.hybrid import hybrid_verdict
-from hypafilter.analysis.plan import build_plan
+from hypafilter.analysis.plan import MODES, build_plan
 from hypafilter.analysis.program import STRATEGIES, build_program, dispatch_cost, mark_for
 from hypafilter.errors import HypafilterError
 from hypafilter.ir import Header
@@ -209,34 +213,81 @@ def test_block_chains_write_each_complex_rule_once_and_count_jumps():
 
 
 STATEFUL_MATCHES = ("limit", "hashlimit", "recent", "statistic", "quota", "connlimit")
+RULESETS = Path(__file__).resolve().parents[2] / "rulesets"
+REAL_CASES = [
+    (p, chain)
+    for p in sorted((RULESETS / "real").glob("*.rules"))
+    for chain in ("FORWARD", "INPUT")
+    if re.search(rf"^-A {chain} ", p.read_text().split("*filter\n", 1)[-1], re.M)
+]
 
 
-@pytest.mark.parametrize("mode", ["index", "selective", "exact"])
-def test_rules_with_per_rule_state_are_loaded_once(mode):
-    """limit, quota, recent, ... keep state per loaded rule: every such rule of the policy, base chain or user
-    chain, stands exactly once in what any strategy loads (the other chains jump to that copy)."""
-    from pathlib import Path
+def _stateful_tail(toks) -> tuple[str, ...] | None:
+    """A rule's tokens from its first match with per-rule state to the end, or None without one (the generated
+    copy may spell the checks before it canonically, never the verbatim group and what follows)."""
+    return next(
+        (
+            tuple(toks[i:])
+            for i in range(len(toks) - 1)
+            if toks[i] in ("-m", "--match") and toks[i + 1] in STATEFUL_MATCHES
+        ),
+        None,
+    )
 
-    from hypafilter.iptables.document import parse_policy
+
+def assert_per_rule_state_loaded_once(policy, mode: str, prefix: str = "HF1_") -> int:
+    """Every rule of `policy` with per-rule state (limit, recent, quota, ...; base chain or reachable user chain)
+    stands exactly once in what each strategy loads: as many generated lines end with its stateful tail (a jump
+    to a user chain renamed as the tool names its copy) as the policy has rules with that tail. Returns how many
+    strategies compiled."""
+    from hypafilter.analysis.program import user_chain_names
     from hypafilter.iptables.tokens import tokenize
 
-    path = Path(__file__).resolve().parents[2] / "rulesets" / "stateful.rules"
-    policy = parse_policy(path.read_text(), filename=str(path))
-    wanted = [toks for toks in policy.original_rules if any(m in toks for m in STATEFUL_MATCHES)]
-    wanted += [
-        toks for uc in policy.user_chains.values() for toks in uc.rules if any(m in toks for m in STATEFUL_MATCHES)
-    ]
-    assert len(wanted) == 5
+    copies = user_chain_names(prefix, policy.user_chains)
+    rules = [*policy.original_rules, *(toks for uc in policy.user_chains.values() for toks in uc.rules)]
+    tails = (_stateful_tail(toks) for toks in rules)
+    wanted = Counter(
+        tuple(copies.get(x, x) if i and t[i - 1] in ("-j", "-g") else x for i, x in enumerate(t)) for t in tails if t
+    )
     plan = build_plan(policy, mode=mode)
+    compiled = 0
     for strategy in STRATEGIES:
-        if strategy == "hsa_cut" and mode == "index":
-            continue
-        lines = [tuple(t.text for t in tokenize(ln))[2:] for ln in to_iptables_restore(plan, strategy).splitlines()]
-        for toks in wanted:
-            # From the stateful match to the end (the generated copy may spell earlier checks canonically).
-            key = next(toks[i:] for i in range(len(toks) - 1) if toks[i] == "-m" and toks[i + 1] in STATEFUL_MATCHES)
+        try:
+            text = to_iptables_restore(plan, strategy, prefix)
+        except HypafilterError:
+            continue  # a pair refused by design (hsa_cut with index); test_real_rulesets counts them
+        compiled += 1
+        lines = [tuple(t.text for t in tokenize(ln))[2:] for ln in text.splitlines() if ln.startswith("-A ")]
+        for key, n in wanted.items():
             hits = [ln for ln in lines if ln[len(ln) - len(key) :] == key]
-            assert len(hits) == 1, (strategy, toks, hits)
+            assert len(hits) == n, (policy.source, mode, strategy, key, hits)
+    return compiled
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_rules_with_per_rule_state_are_loaded_once(mode):
+    """limit, quota, recent, ... keep state per loaded rule: every such rule of rulesets/stateful.rules (each of
+    the six matches, in the base chain and in a user chain jumped to twice) stands exactly once in what any
+    strategy loads (the other chains jump to that copy)."""
+    from hypafilter.iptables.document import parse_policy
+
+    path = RULESETS / "stateful.rules"
+    policy = parse_policy(path.read_text(), filename=str(path))
+    tails = [t for t in map(_stateful_tail, [*policy.original_rules, *policy.user_chains["LOGDROP"].rules]) if t]
+    assert len(tails) == 8 and {t[1] for t in tails} == set(STATEFUL_MATCHES)
+    assert assert_per_rule_state_loaded_once(policy, mode) == len(STRATEGIES) - (mode == "index")
+
+
+@pytest.mark.parametrize(("path", "chain"), REAL_CASES, ids=[f"{p.stem}-{c}" for p, c in REAL_CASES])
+def test_real_rulesets_load_per_rule_state_once(path, chain):
+    """The same over the dumps of real firewall tools (rulesets/real: ufw and shorewall rate-limit their logging
+    with limit, ufw limits connections with recent), for every mode and strategy that compiles."""
+    from hypafilter.config import Config
+    from hypafilter.iptables.document import parse_policy
+
+    policy = parse_policy(path.read_text(), str(path), chain, Config())
+    compiled = sum(assert_per_rule_state_loaded_once(policy, mode) for mode in MODES)
+    assert compiled == len(MODES) * len(STRATEGIES) - 1
 
 
 def test_user_chains_of_any_legal_length_and_name():

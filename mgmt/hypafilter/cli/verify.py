@@ -18,11 +18,19 @@ def kinds_arg(text: str) -> tuple[str, ...]:
     out: list[str] = []
     for part in filter(None, (p.strip() for p in text.split(","))):
         out += named.get(part, (part,))
+    if "normal" in out:
+        # The report counts well-formed frames under "normal"; they are always sent (1 - --malformed of them).
+        raise argparse.ArgumentTypeError(
+            "'normal' is not a malformed kind: well-formed frames are always sent (the share 1 - --malformed); "
+            f"--kinds chooses the malformed ones from {', '.join(FRAME_KINDS)}"
+        )
     unknown = sorted(set(out) - set(FRAME_KINDS))
     if unknown:
         raise argparse.ArgumentTypeError(
             f"unknown frame kinds {', '.join(unknown)} (choose from {', '.join(FRAME_KINDS)})"
         )
+    if not out:
+        raise argparse.ArgumentTypeError("no frame kind given (names, `default` or `all`)")
     return tuple(dict.fromkeys(out))
 
 

@@ -1,14 +1,14 @@
 """`hypafilter bench rate`: frames per second through the hybrid path and through the policy alone in iptables and nft.
 
-The same frames (verify's probes: headers biased to the policy's boxes, or a ClassBench trace) leave the same sender
-socket three times: through the lab's hybrid path (sender → NIC → firewall → receiver), then through the plain
+The same frames (verify's probes: headers biased to the policy's boxes, or a ClassBench trace) leave the lab's sender
+namespace three times, from the same C sender (`hf_blast.c`, "once" mode: sendmmsg batches, qdisc bypassed): through the lab's hybrid path (sender → NIC → firewall → receiver), then through the plain
 namespace with the original policy loaded alone by `iptables-restore` (as verify loads its oracle), then with the
 same policy rendered for nftables (`netfilter.nft`, strategy full, one base chain at the forward hook). Each run
 counts what reaches the receiver, per frame, so the three verdicts of every frame are compared (`mismatches`).
 
 Rates are wire frames per second: frames / (first send → the fast path has decided every frame and the last
 delivered frame arrived). The hybrid sender keeps at most `window` frames ahead of what the fast path has decided
-(its own counter, `Fast.decided`), so no queue overflows and no frame is lost to the measurement; the plain path
+(its own counter, e.g. `EmuFast.decided`), so no queue overflows and no frame is lost to the measurement; the plain path
 decides each frame inside the sender's own send call (veth → bridge → netfilter run in its softirq).
 
 Targets slot in through FAST_PATHS: a fast path deploys the policy on the lab and reports decided wire frames and

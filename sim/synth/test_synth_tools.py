@@ -73,8 +73,9 @@ def test_encoder_by_subtrees_is_close_to_the_whole_encoder(tmp_path):
     assert whole["method"] == "whole" and split["method"] == "subtrees"
     assert [(t["inputs"], t["count"]) for t in split["subtrees"]] == [(36, 1), (64, 1)]
     assert split["LUT"] == sum(t["LUT"] * t["count"] for t in split["subtrees"]) + split["last_stage_bound"]["LUT"]
-    # an upper bound that stays close: measured on acl1_1100 as 1,584 vs 1,551 LUTs, equal FFs
-    assert whole["LUT"] <= split["LUT"] <= 1.25 * whole["LUT"] + 5
+    # close to the whole encoder: on acl1_1100 1,588 vs 1,590 LUTs, equal FFs (yosys packs the whole encoder, whose
+    # stages hold only their live groups, within a LUT or two of the sum of its subtrees, either side)
+    assert 0.98 * whole["LUT"] - 2 <= split["LUT"] <= 1.25 * whole["LUT"] + 5
     assert whole["FF"] <= split["FF"] <= whole["FF"] + 8
     assert split["max_lut_levels"] >= whole["max_lut_levels"] - 1
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -67,11 +68,30 @@ def test_render_shares_comparators_and_writes_packages(tmp_path):
     assert "constant N_ENTRIES     : natural := 4;" in pkg
     assert f'x"{vhdl.matcher_hash(plan)[-8:].upper()}"' in pkg
     assert "constant ENC_FANIN     : natural := 4;" in pkg
-    # Table contents are functions the power-on sweep reads (GHDL synthesis loses constant-array initial values);
-    # only non-zero entries are listed, everything else reads as zero.
-    assert 'if i = 0 then\n      r := x"0000001C";' in pkg  # shunt bits 2, 3, 4 in word 0
-    assert 'if i = 4 then\n      r := x"2";' in pkg  # the policy entry's action (DROP)
-    assert "if i = 7 then" not in pkg  # padding up to 2**IDX_W stays zero
+    # Table contents are functions the power-on sweep reads (GHDL synthesis loses constant-array initial values):
+    # evaluated here as VHDL would, they give the plan's tables, and the padding up to 2**IDX_W reads zero.
+    shunt = [_rom(pkg, "shunt_init_word", i) for i in range(2)]
+    assert shunt == [0x1C, 0]  # shunt bits 2, 3, 4 in word 0
+    assert [_rom(pkg, "action_init", i) for i in range(8)] == [int(a) for a in plan.actions] + [0] * 3
+    assert _rom(pkg, "action_init", 4) == 2  # the policy entry's action (DROP)
+
+
+def _rom(pkg: str, name: str, i: int) -> int:
+    """The value the generated if-chain function `name` returns for index i."""
+    body = pkg.split(f"function {name}(i : natural) return std_logic_vector is")[1].split("end function;")[0]
+    r = 0
+    for op, k, val in re.findall(r'if i (<|=) (\d+) then\s+r := x"([0-9A-F]+)";', body):
+        if (op == "<" and i < int(k)) or (op == "=" and i == int(k)):
+            r = int(val, 16)
+    return r
+
+
+def test_rom_chain_writes_the_common_value_once():
+    one = vhdl.rom_chain([2] * 1091 + [0] * 957, 1091)  # the emulator's power-on: DROP everywhere
+    assert one == {"live": 1091, "default": 2, "exceptions": []}
+    mixed = vhdl.rom_chain([1, 2, 1, 0, 0, 0, 0, 0], 4)
+    assert mixed["default"] == 1 and mixed["exceptions"] == [(1, 2), (3, 0)]
+    assert vhdl.rom_chain([0, 5, 0, 0], 4) == {"live": 4, "default": 0, "exceptions": [(1, 5)]}
 
 
 def test_render_rejects_bad_arguments(tmp_path):

@@ -1,4 +1,5 @@
-"""`hypafilter bench paper`: reproduces the paper's evaluation (Figs. 11-15, §VIII-I) into CSV, PNG and docs/results.md."""
+"""`hypafilter bench paper`: reproduces the paper's evaluation (Figs. 11-15, §VIII-I) into CSV, PNG and docs/results.md;
+`hypafilter bench rate`: frames per second through the hybrid path against the policy alone in iptables and nft."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from hypafilter.cli.common import add_policy_args, load_config, load_policy, progress
+from hypafilter.config import MODES, STRATEGIES
 from hypafilter.errors import HypafilterError
 from hypafilter.paths import ROOT
 
 
 def register(sub) -> None:
-    p = sub.add_parser("bench", help="benchmarks (paper evaluation)")
+    p = sub.add_parser("bench", help="benchmarks (paper evaluation, packet rate)")
     bsub = p.add_subparsers(dest="bench_command", metavar="BENCH")
     bsub.required = True
     q = bsub.add_parser("paper", help="reproduce the HyPaFilter+ evaluation figures 11-15 and the scaling test")
@@ -38,6 +41,44 @@ def register(sub) -> None:
     )
     q.add_argument("--no-results-md", action="store_true", help="do not write the results page")
     q.set_defaults(func=run_paper)
+    r = bsub.add_parser(
+        "rate",
+        help="frames/s of the same frames through the hybrid path and through the policy alone in iptables and nft",
+    )
+    add_policy_args(r)
+    r.add_argument("--target", default="emu", help="fast path of the hybrid (default emu)")
+    r.add_argument("--frames", type=int, default=20000, help="frames per path (default 20000)")
+    r.add_argument("--seed", type=int, default=1, help="random seed of the frames (default 1)")
+    r.add_argument("--trace", metavar="T[.gz]", help="ClassBench header trace to draw headers from")
+    r.add_argument("--malformed", type=float, default=0.0, help="share of malformed frames (default 0)")
+    r.add_argument("--window", type=int, default=2048, help="frames ahead of the fast path's decisions (default 2048)")
+    r.add_argument("--strategy", choices=STRATEGIES, metavar="STRATEGY", help="software strategy: %(choices)s")
+    r.add_argument("--mode", choices=MODES, metavar="MODE", help="shunting mode: %(choices)s")
+    r.add_argument("--json", action="store_true", help="the full report as one JSON object")
+    r.set_defaults(func=run_rate)
+
+
+def run_rate(args: argparse.Namespace) -> int:
+    from hypafilter.tools.bench.rate import FIELDS, rate
+
+    cfg = load_config(args)
+    policy = load_policy(args, cfg)
+    report = rate(
+        policy,
+        cfg,
+        target=args.target,
+        frames=args.frames,
+        seed=args.seed,
+        trace=args.trace,
+        malformed=args.malformed,
+        window=args.window,
+        log=progress(args, quiet=args.json),
+    )
+    report["command"] = "hypafilter " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    print(json.dumps(report if args.json else {k: report[k] for k in FIELDS}))
+    if not args.json:
+        print(f"command: {report['command']}", file=sys.stderr)
+    return 1 if report["mismatches"] else 0
 
 
 def _list(s: str | None, conv=str) -> tuple | None:

@@ -253,8 +253,10 @@ def render(plan, out_dir: Path, tdata_width: int = 256, encoder_fanin: int = 8, 
         "enc_stages": enc_stages(res_width(n), encoder_fanin),
         "tdata_width": tdata_width,
         "shunt_words": len(words),
-        "shunt_init": padded_words,
-        "actions": padded_actions,
+        "shunt_depth": len(padded_words),
+        "action_depth": len(padded_actions),
+        "shunt_rom": rom_chain(padded_words, len(words)),
+        "action_rom": rom_chain(padded_actions, n + 1),
     }
     m = matcher_source(plan)
     common["match_latency"] = m["match_latency"]
@@ -268,6 +270,19 @@ def render(plan, out_dir: Path, tdata_width: int = 256, encoder_fanin: int = 8, 
         paths.append(p)
     paths[:0] = regmap.write_all(out_dir)
     return paths
+
+
+def rom_chain(values: list[int], live: int) -> dict:
+    """A table's power-on contents as the template writes them: `default` for every index below `live` (the most
+    common value there), then one `if i = k` per entry that differs; every other index reads 0. The emulator's core
+    powers on with one value everywhere, so its sweep function is one comparison instead of one per entry (GHDL
+    turned ~1,100 of them into logic the emulator evaluated every cycle and compiled for minutes)."""
+    counts: dict[int, int] = {}
+    for v in values[:live]:
+        counts[v] = counts.get(v, 0) + 1
+    default = max(counts, key=lambda v: (counts[v], v == 0)) if counts else 0
+    exceptions = [(i, v) for i, v in enumerate(values) if v != (default if i < live else 0)]
+    return {"live": live, "default": default, "exceptions": exceptions}
 
 
 def sources(out_dir: Path) -> list[Path]:

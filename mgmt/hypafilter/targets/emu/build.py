@@ -82,8 +82,11 @@ def quick_key(matcher_hash: str, tdata_width: int, encoder_fanin: int) -> str:
     return h.hexdigest()[:20]
 
 
-def build(plan, config=None, build_root: str | Path = "build", verbose: bool = False, jobs: int = 1) -> Path:
-    """Path of an hf_emu binary running the core generated from `plan` (built once, then taken from the cache)."""
+def build(plan, config=None, build_root: str | Path = "build", verbose: bool = False, jobs: int | None = None) -> Path:
+    """Path of an hf_emu binary running the core generated from `plan` (built once, then taken from the cache).
+
+    `jobs`: C++ compilers run side by side (default: one per CPU)."""
+    jobs = jobs or os.cpu_count() or 1
     width = getattr(config, "tdata_width", 256)
     fanin = getattr(config, "encoder_fanin", 8)
     t0 = time.monotonic()

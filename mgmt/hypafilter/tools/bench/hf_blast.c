@@ -1,9 +1,13 @@
 /* hf_blast: sends a file of prebuilt Ethernet frames out of one interface as fast as AF_PACKET allows, for a while.
  *
  * Usage: hf_blast IFACE FRAMES_FILE SECONDS [BATCH]
+ *        hf_blast IFACE FRAMES_FILE once [BATCH]
  * FRAMES_FILE is a sequence of records: 2-byte little-endian length, then the frame. Frames are sent cyclically in
  * file order with sendmmsg() batches, bypassing the qdisc, so the only limit is the CPU cost of the path behind the
  * interface. Prints one JSON line: {"sent": N, "seconds": T, "errors": E}.
+ * With "once", every frame is sent exactly once, in order, and never beyond an allowance read from stdin (decimal
+ * lines: "frames 0..N-1 may go"; end of input lifts the limit): the caller's flow control (`bench rate`), so that a
+ * slower path behind the interface is never overrun and no frame is lost to the measurement.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -20,6 +24,31 @@
 #include <time.h>
 #include <unistd.h>
 
+/* The allowance from stdin: blocks only when nothing more may be sent. */
+static unsigned long long allowance(unsigned long long have, unsigned long long sent, int *eof)
+{
+	static char line[64];
+	static size_t used;
+	while (!*eof && have <= sent) {
+		ssize_t r = read(0, line + used, sizeof(line) - 1 - used);
+		if (r <= 0) {
+			*eof = 1;
+			break;
+		}
+		used += (size_t)r;
+		line[used] = 0;
+		char *nl;
+		while ((nl = strchr(line, '\n')) != NULL) {
+			unsigned long long v = strtoull(line, NULL, 10);
+			if (v > have)
+				have = v;
+			used -= (size_t)(nl + 1 - line);
+			memmove(line, nl + 1, used + 1);
+		}
+	}
+	return *eof ? ~0ULL : have;
+}
+
 static double now(void)
 {
 	struct timespec ts;
@@ -34,7 +63,8 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	const char *ifname = argv[1];
-	double seconds = atof(argv[3]);
+	int once = strcmp(argv[3], "once") == 0;
+	double seconds = once ? 0 : atof(argv[3]);
 	unsigned batch = argc > 4 ? (unsigned)atoi(argv[4]) : 256;
 	if (batch < 1 || batch > 1024)
 		batch = 256;
@@ -102,6 +132,40 @@ int main(int argc, char **argv)
 	unsigned long long sent = 0, errors = 0;
 	size_t next = 0;
 	double t0 = now(), t = t0;
+	if (once) {
+		printf("start\n"); /* the caller's clock starts here, not at exec */
+		fflush(stdout);
+		t0 = now();
+		unsigned long long allowed = 0;
+		int eof = 0;
+		while (sent < n) {
+			allowed = allowance(allowed, sent, &eof);
+			unsigned long long k = allowed - sent;
+			if (k > batch)
+				k = batch;
+			if (k > n - sent)
+				k = n - sent;
+			for (unsigned i = 0; i < k; i++) {
+				memset(&msgs[i], 0, sizeof(msgs[i]));
+				msgs[i].msg_hdr.msg_iov = &frames[sent + i];
+				msgs[i].msg_hdr.msg_iovlen = 1;
+			}
+			int r = sendmmsg(fd, msgs, (unsigned)k, 0);
+			if (r < 0) {
+				/* Nothing went: try the same frames again (a full device), never skip one. */
+				errors++;
+				if (errno != ENOBUFS && errno != EAGAIN) {
+					perror("sendmmsg");
+					return 1;
+				}
+				continue;
+			}
+			sent += (unsigned long long)r;
+		}
+		t = now();
+		printf("{\"sent\": %llu, \"seconds\": %.6f, \"errors\": %llu, \"frames\": %zu}\n", sent, t - t0, errors, n);
+		return 0;
+	}
 	while (t - t0 < seconds) {
 		for (unsigned i = 0; i < batch; i++) {
 			msgs[i].msg_hdr.msg_iov = &frames[next];

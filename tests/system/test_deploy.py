@@ -6,8 +6,7 @@ import threading
 import time
 
 import pytest
-
-from tests.netconn import tcp_servers, tcp_talk
+from hypafilter.ops.connections import TcpServers, tcp_talk
 
 pytestmark = pytest.mark.system
 
@@ -245,7 +244,7 @@ COMMIT
     deploy.deploy(pol, Config())
     load_oracle(lab.ns_plain, pol)
     results = {}
-    with tcp_servers(lab.ns_recv, [8080, 8081]):
+    with TcpServers(lab.ns_recv, [8080, 8081]):
         for path in ("hyb", "plain"):
             dst = lab.ip("recv", path)
             for _ in range(3):

@@ -45,7 +45,7 @@ def test_header_checks_after_a_limit_do_not_skip_it(lab, mode, strategy):
     """`-m limit ... -m udp --dport 80`: the kernel takes a token for every UDP datagram before it tests the port.
     The rule's hardware region used to be UDP/80 only, so datagrams to port 81 were accepted by the hardware
     without touching the bucket and the later port-80 datagrams still found tokens (3 delivered; kernel: 0)."""
-    from tests.netconn import udp_delivered
+    from hypafilter.ops.connections import udp_delivered
 
     pol = parse(
         "*filter\n:FORWARD DROP [0:0]\n"
@@ -64,7 +64,7 @@ def test_header_checks_after_a_limit_do_not_skip_it(lab, mode, strategy):
 def test_recent_set_sees_every_packet_before_its_port_check(lab):
     """`-m recent --set -m tcp --dport 22`: every TCP packet that reaches the rule is added to the list, whatever
     its port; a later rule that reads the list must see the same addresses on both paths."""
-    from tests.netconn import tcp_servers, tcp_talk
+    from hypafilter.ops.connections import TcpServers, tcp_talk
 
     pol = parse(
         "*filter\n:FORWARD ACCEPT [0:0]\n"
@@ -76,7 +76,7 @@ def test_recent_set_sees_every_packet_before_its_port_check(lab):
     )
     deploy_both(lab, pol, shunt_mode="selective")
     got = {}
-    with tcp_servers(lab.ns_recv, [8080, 5001]):
+    with TcpServers(lab.ns_recv, [8080, 5001]):
         for path in ("plain", "hyb"):
             dst = lab.ip("recv", path)
             first = tcp_talk(lab.ns_send, dst, 8080, timeout=1.0)

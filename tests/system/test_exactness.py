@@ -5,9 +5,9 @@ plain namespace, in a lab of this module's own, and failed on the code before it
 from __future__ import annotations
 
 import pytest
+from hypafilter.ops.connections import TcpServers, tcp_talk, udp_delivered
 
 from conftest import ROOT, ns_sh
-from tests.netconn import tcp_servers, tcp_talk, udp_delivered
 
 pytestmark = pytest.mark.system
 
@@ -130,7 +130,7 @@ def test_conntrack_sees_every_accepted_packet(lab):
         "ctlate.rules",
     )
     deploy_both(lab, pol)
-    with tcp_servers(lab.ns_recv, [8080]):
+    with TcpServers(lab.ns_recv, [8080]):
         got = {path: [tcp_talk(lab.ns_send, lab.ip("recv", path), 8080) for _ in range(3)] for path in ("plain", "hyb")}
     want = b"retlifapyh olleh" * 50
     assert got["plain"] == [want] * 3
@@ -233,7 +233,7 @@ def kinds_verified(policy, kinds: tuple[str, ...], packets: int = 300, **cfg) ->
 def test_fragments_against_the_kernel(lab, text):
     """Complete datagrams fragmented by the sender's stack (3,000 bytes over a 1,500-byte path) reassemble at
     the receiver exactly when the kernel lets them through; single fragments, frame by frame, too."""
-    from tests.netconn import udp_delivered
+    from hypafilter.ops.connections import udp_delivered
 
     pol = parse(text, "frag.rules")
     r = kinds_verified(pol, ("fragment_first", "fragment_later", "fragment_middle", "fragment_last"))

@@ -6,8 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from tests.netconn import udp_delivered
+from hypafilter.ops.connections import udp_delivered
 
 pytestmark = pytest.mark.system
 

@@ -17,9 +17,9 @@ import re
 import time
 
 import pytest
+from hypafilter.ops.connections import connections_completed
 
 from conftest import ns_sh
-from tests.netconn import connections_completed
 
 pytestmark = pytest.mark.system
 

@@ -146,3 +146,73 @@ def test_kinds_groups(captured, capsys, kinds, want):
 def test_mismatches_exit_1(captured, monkeypatch, capsys):
     monkeypatch.setattr(verify_mod, "verify", lambda *a, **k: dict(REPORT, mismatches=3))
     assert main(["verify", POLICY, "--mode", "index"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--connections", "0"], "--connections must be between 1 and 20000"),
+        (["--connections", "20001"], "--connections must be between 1 and 20000"),
+        (["--connections", "4", "--connection-bytes", "0"], "--connection-bytes must be between 1 and 1048576"),
+        (["--connection-bytes", "100"], "--connection-bytes needs --connections"),
+        (["--connections", "x"], "argument --connections: invalid int value: 'x'"),
+    ],
+)
+def test_bad_connection_values_exit_2_and_touch_nothing(untouched, capsys, args, message):
+    status, err = exit_status(["verify", POLICY, *args], capsys)
+    assert status == 2 and message in err, err
+
+
+def test_connections_reach_verify(captured, capsys):
+    from hypafilter.ops.connections import ConnectionSpec
+
+    assert main(["verify", POLICY, "--connections", "6", "--connection-bytes", "100"]) == 0
+    assert captured[0][2]["connections"] == ConnectionSpec(6, 100)
+    assert main(["verify", POLICY, "--connections", "3"]) == 0
+    assert captured[1][2]["connections"] == ConnectionSpec(3)  # the default bytes
+    assert main(["verify", POLICY]) == 0
+    assert captured[2][2]["connections"] is None  # frames only
+
+
+def test_connection_mismatches_exit_1(monkeypatch, capsys):
+    conn = {"connections": 2, "bytes": 1, "mismatches": 1, "completed_oracle": 1, "hw_share": 0.5, "by_kind": {}}
+    report = dict(REPORT, connections=dict(conn, examples=[{"connection": "tcp/40000->22"}]))
+    monkeypatch.setattr(verify_mod, "verify", lambda *a, **k: report)
+    assert main(["verify", POLICY, "--connections", "2"]) == 1
+    out, err = capsys.readouterr()
+    assert '"hw_share": 0.5' in out and "connection mismatch" in err
+
+
+def test_connection_plan_uses_the_policys_ports():
+    """TCP and UDP in turn, each through the destination ports the rules name and one they do not, from source
+    ports that are the same on both paths."""
+    from hypafilter.config import Config
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.ops.connections import SPORT_BASE, UNNAMED_PORT, ConnectionSpec, policy_ports
+    from hypafilter.ops.verify import hw_share
+
+    policy = parse_policy(Path(POLICY).read_text(), filename=POLICY, base_chain="FORWARD", config=Config())
+    ports = policy_ports(policy)
+    assert UNNAMED_PORT in ports["tcp"] and UNNAMED_PORT in ports["udp"] and len(ports["tcp"]) > 1
+    conns = ConnectionSpec(8).conns(policy)
+    assert [c.proto for c in conns] == ["tcp", "udp"] * 4
+    assert [c.sport for c in conns] == list(range(SPORT_BASE, SPORT_BASE + 8))
+    assert all(c.port in ports[c.proto] for c in conns)
+    assert hw_share({"PKTIN": 10, "CNT_FORWARDED": 3, "CNT_DROPPED": 1}) == 0.4 and hw_share({"PKTIN": 0}) is None
+
+
+def test_connection_outcomes_compared_whole():
+    """Any difference in a connection's outcome (completion, bytes or datagrams either way) is one mismatch."""
+    from hypafilter.ops.connections import Conn, compare
+
+    conns = [Conn("tcp", 22, 40000), Conn("udp", 53, 40001)]
+    tcp = {"completed": True, "up": 10, "down": 10, "intact": True}
+    udp = {"completed": True, "up": [0], "down": [0], "intact": True}
+    same = compare(conns, {"hyb": [tcp, udp], "plain": [tcp, udp]}, 10)
+    assert same["mismatches"] == 0 and same["completed_oracle"] == 2
+    short = dict(tcp, completed=False, down=9)
+    lost = dict(udp, completed=False, down=[])
+    got = compare(conns, {"hyb": [short, lost], "plain": [tcp, udp]}, 10)
+    assert got["mismatches"] == 2 and got["completed_hybrid"] == 0
+    assert got["by_kind"] == {k: {"connections": 1, "completed": 1, "mismatches": 1} for k in ("tcp", "udp")}
+    assert got["examples"][0] == {"connection": "tcp/40000->22", "hybrid": short, "oracle": tcp}

@@ -8,6 +8,7 @@ import sys
 
 from hypafilter.cli.common import add_policy_args, load_config, load_policy, progress
 from hypafilter.config import MODES, STRATEGIES
+from hypafilter.errors import HypafilterError
 
 
 def kinds_arg(text: str) -> tuple[str, ...]:
@@ -36,8 +37,15 @@ def kinds_arg(text: str) -> tuple[str, ...]:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from hypafilter.ops import deploy
+    from hypafilter.ops.connections import ConnectionSpec
     from hypafilter.ops.verify import MALFORMED_KINDS, verify
 
+    conns = None
+    if args.connections is not None:
+        given = {"nbytes": args.connection_bytes} if args.connection_bytes is not None else {}
+        conns = ConnectionSpec(args.connections, **given)
+    elif args.connection_bytes is not None:
+        raise HypafilterError("--connection-bytes needs --connections")
     cfg = deploy.site_config(load_config(args))  # the policy's interface checks meet the lab's interfaces
     policy = load_policy(args, cfg)
     log = progress(args, quiet=args.json)
@@ -49,8 +57,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
         seed=args.seed,
         malformed=args.malformed,
         kinds=args.kinds or MALFORMED_KINDS,
+        connections=conns,
         log=log,
     )
+    conn = report.get("connections")
     if args.json:
         print(json.dumps(report))
     else:
@@ -58,7 +68,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(json.dumps({k: report[k] for k in keep}))
         for ex in report["examples"]:
             print(f"mismatch: {json.dumps(ex)}", file=sys.stderr)
-    return 1 if report["mismatches"] else 0
+        if conn:
+            keep = ("connections", "bytes", "mismatches", "completed_oracle", "hw_share", "by_kind")
+            print(json.dumps({"connections": {k: conn[k] for k in keep}}))
+            for ex in conn["examples"]:
+                print(f"connection mismatch: {json.dumps(ex)}", file=sys.stderr)
+    return 1 if report["mismatches"] or (conn and conn["mismatches"]) else 0
 
 
 def register(sub) -> None:
@@ -75,6 +90,19 @@ def register(sub) -> None:
         help="kinds of the malformed frames: names, `default` (the classic malformed kinds) or `all` (also VLAN "
         "VID 0, 802.1ad, QinQ, every fragment kind, bad IPv4 checksums, trailing bytes, link-local group "
         "destinations, unknown ethertypes); see docs/deploy.md",
+    )
+    p.add_argument(
+        "--connections",
+        type=int,
+        metavar="N",
+        help="after the frames, N real connections (TCP and UDP in turn, to the ports the policy names) on both "
+        "paths, compared per connection; the report gains `connections` with hw_share",
+    )
+    p.add_argument(
+        "--connection-bytes",
+        type=int,
+        metavar="B",
+        help="payload bytes each way per connection (default 4096, ops.connections.ConnectionSpec)",
     )
     p.add_argument("--strategy", choices=STRATEGIES, metavar="STRATEGY", help="software strategy: %(choices)s")
     p.add_argument("--mode", choices=MODES, metavar="MODE", help="shunting mode: %(choices)s")

@@ -237,6 +237,17 @@ class Lab:
             self.exec_in(ns, ["nft", "flush", "set", "inet", HOST_TABLE, "seen"])
         return ids
 
+    def flush_conntrack(self, role: str) -> None:
+        """Forget every connection `role`'s namespace tracks, so that one run's entries never decide the next's."""
+        from pyroute2 import Conntrack
+
+        with netns.inside(self.ns(role)):
+            ct = Conntrack()  # its netlink socket stays in that namespace
+        try:
+            ct.flush()
+        finally:
+            ct.close()
+
     def _bridge_nf(self, role: str) -> None:
         key = Path("/proc/sys/net/bridge/bridge-nf-call-iptables")
         if not key.exists():

@@ -30,7 +30,8 @@ from hypafilter.errors import HypafilterError
 from hypafilter.iptables.writer import policy_restore
 from hypafilter.ir import MAXV, PROTO_ICMP, PROTO_TCP, PROTO_UDP, Policy
 from hypafilter.netfilter.bridge import unfilterable_nft
-from hypafilter.ops import deploy
+from hypafilter.ops import connections, deploy
+from hypafilter.ops.connections import ConnectionSpec
 from hypafilter.ops.lab import HOST_MAC, HOST_SEEN_MAX, Lab
 from hypafilter.shared import pack_meta
 from hypafilter.targets.shim import Shim
@@ -565,11 +566,8 @@ def load_oracle(ns: str, policy: Policy, table: str = "filter", unfilterable: st
         raise HypafilterError(f"loading the original policy into {ns} failed: {e}") from e
 
 
-def verify(policy: Policy, config: Config, log: Callable[[str], None] = lambda s: None, **probes) -> dict:
-    """Deploy if needed, send the probes (`probes`: ProbeSpec fields) through both paths, compare per frame;
-    returns the report dict."""
-    refuse_nondeterministic(policy)
-    spec = ProbeSpec(**probes)
+def _deployed(policy: Policy, config: Config, log: Callable[[str], None]) -> tuple[Lab, dict]:
+    """The lab up, this policy deployed, the original policy alone in the plain namespace: (lab, state)."""
     lab = Lab(deploy.LAB_NAME)
     if len(lab.namespaces()) < 5:
         log(f"lab {lab.name} is not (fully) up: bringing it up")
@@ -579,16 +577,41 @@ def verify(policy: Policy, config: Config, log: Callable[[str], None] = lambda s
         log("policy not deployed: deploying it")
     # deploy() returns at once when exactly this policy and configuration are live (and its NIC runs).
     state = deploy.deploy(policy, config, log=log)
+    load_oracle(lab.ns_plain, policy, config.table, config.unfilterable)
+    # VLAN-tagged IPv4 is filtered on both bridges: the hardware parses VLAN tags and classifies the frame, so the
+    # oracle must see it through iptables too (the kernel default, 0, lets such frames bypass the policy).
+    for n in (lab.ns_fw, lab.ns_plain):
+        netns.run(["sysctl", "-qw", "net.bridge.bridge-nf-filter-vlan-tagged=1"], n)
+    return lab, state
+
+
+def hw_share(nic: dict) -> float | None:
+    """Share of the wire frames the NIC classified (PKTIN) that it decided itself (forwarded or dropped), from a
+    counter delta; None when no wire frame came."""
+    wire = nic.get("PKTIN", 0)
+    return round((nic.get("CNT_FORWARDED", 0) + nic.get("CNT_DROPPED", 0)) / wire, 4) if wire else None
+
+
+def verify(
+    policy: Policy,
+    config: Config,
+    log: Callable[[str], None] = lambda s: None,
+    connections: ConnectionSpec | None = None,
+    **probes,
+) -> dict:
+    """Deploy if needed, send the probes (`probes`: ProbeSpec fields) through both paths, compare per frame; with
+    `connections`, then run those real connections on both paths and compare them too (report["connections"]).
+    Returns the report dict."""
+    refuse_nondeterministic(policy)
+    spec = ProbeSpec(**probes)
+    lab, state = _deployed(policy, config, log)
     host = state.get("nic_mode") == "host"
     if host and spec.packets > HOST_SEEN_MAX:
         raise HypafilterError(f"host mode observes at most {HOST_SEEN_MAX} frames per run: use fewer --packets")
+    if host and connections is not None:
+        raise HypafilterError("--connections runs between the lab's sender and receiver: not in host mode (INPUT)")
     lab.host_mode(host)
     ns = {"send": lab.ns_send, "recv": lab.ns_recv, "fw": lab.ns_fw, "plain": lab.ns_plain}
-    load_oracle(ns["plain"], policy, config.table, config.unfilterable)
-    # VLAN-tagged IPv4 is filtered on both bridges: the hardware parses VLAN tags and classifies the frame, so the
-    # oracle must see it through iptables too (the kernel default, 0, lets such frames bypass the policy).
-    for n in (ns["fw"], ns["plain"]):
-        netns.run(["sysctl", "-qw", "net.bridge.bridge-nf-filter-vlan-tagged=1"], n)
     t0 = time.monotonic()
     sent = spec.probes(policy, state["generation"], bytes.fromhex(HOST_MAC.replace(":", "")) if host else DST_MAC)
     t_gen = time.monotonic() - t0
@@ -608,6 +631,7 @@ def verify(policy: Policy, config: Config, log: Callable[[str], None] = lambda s
             "shunted": sum(v for k, v in nic.items() if k.startswith("CNT_SHUNT_") and k != "CNT_SHUNT_FORCED"),
             "hw_forwarded": nic.get("CNT_FORWARDED", 0),
             "hw_dropped": nic.get("CNT_DROPPED", 0),
+            "hw_share": hw_share(nic),
             "nic": nic,
             "shim": shim,
             "policy_hash": policy.policy_hash(),
@@ -620,4 +644,22 @@ def verify(policy: Policy, config: Config, log: Callable[[str], None] = lambda s
             "trace": str(spec.trace) if spec.trace else None,
         }
     )
+    if connections is not None:
+        report["connections"] = verify_connections(lab, policy, connections, lambda: tgt.counters(state["nic"]))
+    return report
+
+
+def verify_connections(lab: Lab, policy: Policy, spec: ConnectionSpec, counters: Callable[[], dict]) -> dict:
+    """The connections of `spec` on both paths (ops.connections), compared per connection, from empty conntrack
+    tables in the firewall and the plain namespace; `counters` reads the NIC's, for hw_share."""
+    conns = spec.conns(policy)
+    for role in ("fw", "plain"):
+        lab.flush_conntrack(role)
+    before = counters()
+    t = time.monotonic()
+    got = connections.run_both(lab, conns, spec.nbytes)
+    seconds = time.monotonic() - t
+    nic = _counter_delta(before, counters())
+    report = connections.compare(conns, got, spec.nbytes)
+    report.update({"hw_share": hw_share(nic), "nic": nic, "seconds": round(seconds, 3)})
     return report

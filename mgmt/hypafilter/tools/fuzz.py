@@ -30,7 +30,7 @@ from hypafilter.ops.verify import verify
 # Strings for `-m string`: every character iptables-restore treats specially inside a quoted token, plus `#`
 # (a comment only in column 1) and blanks.
 STRINGS = ("BAD", 'say "hi"', "back\\slash", "#hash", "it's", 'a b#c"d\\e', 'x\\"y', "GET /#frag")
-# Ports the policies favour: well-known services and the ones the connection checks use (tests/netconn.py).
+# Ports the policies favour: well-known services and the ones the connection checks use (tests/system/test_fuzz.py, through ops.connections).
 PORTS = (22, 53, 80, 123, 443, 5001, 5002, 8080)
 ICMP_TYPES = ("echo-request", "echo-reply", "destination-unreachable", "time-exceeded", "8", "0", "3/1", "11/0")
 TCP_FLAGS = (("SYN,ACK,FIN,RST", "SYN"), ("SYN,ACK", "ACK"), ("ALL", "NONE"), ("FIN,SYN", "FIN,SYN"), ("RST", "RST"))

@@ -1,0 +1,379 @@
+"""Real connections between the lab's sender and receiver namespaces, TCP with payload both ways and UDP datagrams
+echoed back, on the hybrid path and on the plain one, so that the two are compared on what applications see
+(`hypafilter verify --connections`, and the system tests).
+
+Servers run in the receiver namespace, bound to 0.0.0.0, so one set serves both paths (the paths have their own
+addresses, ops/lab.py); clients run in the sender namespace. Connection i leaves from the same source port on both
+paths, so a policy's port matches see the same headers. A TCP client sends its payload, shuts its side, and reads
+to the end; the server reads to the end and answers with what came, reversed (`repeat` times), then closes.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import struct
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from hypafilter.errors import HypafilterError
+from hypafilter.ir import FIELD_INDEX, PROTO_TCP, PROTO_UDP, Policy
+from hypafilter.netns import inside
+
+REPLY_REPEAT = 50  # tcp_talk's default: the reversed request this many times, several segments back
+TIMEOUT = 2.0  # seconds a connect, a read or a quiet UDP socket may take before the connection counts as failed
+UDP_CHUNK = 1024  # payload bytes per datagram, under every lab MTU
+SEQ = struct.Struct("!I")  # the sequence number that opens every datagram of a UDP connection
+SPORT_BASE = 40000  # connection i leaves from SPORT_BASE + i
+MAX_CONNECTIONS = 20000
+MAX_BYTES = 1 << 20
+PARALLEL = 32  # connections in flight per path: a blocked one costs one TIMEOUT, not one each
+UNNAMED_PORT = 47999  # a port no fixed rule of a typical policy names, so some connections meet the chain policy
+
+
+class TcpServers:
+    """Listening sockets in `ns`, one per port (see the module text). `received`: bytes each connection delivered,
+    by (client address, client port, server port)."""
+
+    def __init__(self, ns: str, ports: Sequence[int], repeat: int = REPLY_REPEAT, timeout: float = TIMEOUT):
+        self.repeat, self.timeout = repeat, timeout
+        self.received: dict[tuple[str, int, int], int] = {}
+        self._stop = threading.Event()
+        self._handlers: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._socks = []
+        with inside(ns):
+            for port in sorted(set(ports)):
+                s = socket.socket()
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind(("0.0.0.0", port))
+                s.listen(128)
+                s.settimeout(0.2)
+                self._socks.append(s)
+        self._threads = [threading.Thread(target=self._serve, args=(s,), daemon=True) for s in self._socks]
+
+    def __enter__(self) -> TcpServers:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join()
+        self.settle()
+        for s in self._socks:
+            s.close()
+
+    def _serve(self, srv: socket.socket) -> None:
+        while not self._stop.is_set():
+            try:
+                c, peer = srv.accept()
+            except OSError:
+                continue
+            t = threading.Thread(target=self._handle, args=(c, peer, srv.getsockname()[1]), daemon=True)
+            with self._lock:
+                self._handlers.append(t)
+            t.start()
+
+    def _handle(self, c: socket.socket, peer: tuple[str, int], port: int) -> None:
+        data = b""
+        with c:
+            c.settimeout(self.timeout)
+            try:
+                while chunk := c.recv(65536):
+                    data += chunk
+            except OSError:
+                pass
+            self.received[(peer[0], peer[1], port)] = len(data)
+            try:
+                c.sendall(data[::-1] * self.repeat)
+            except OSError:
+                pass
+
+    def settle(self) -> None:
+        """Wait until every accepted connection has been answered (or timed out)."""
+        with self._lock:
+            handlers = list(self._handlers)
+        for t in handlers:
+            t.join()
+
+
+class UdpServers:
+    """Bound UDP sockets in `ns`, one per port; `got` lists (client address, client port, server port, payload) in
+    arrival order. With `echo`, each datagram goes back to its sender: its 4-byte sequence number, then the rest
+    reversed."""
+
+    def __init__(self, ns: str, ports: Sequence[int], echo: bool = False):
+        self.echo = echo
+        self.got: list[tuple[str, int, int, bytes]] = []
+        self.last = time.monotonic()
+        self._stop = threading.Event()
+        with inside(ns):
+            self._socks = {}
+            for port in sorted(set(ports)):
+                s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                s.bind(("0.0.0.0", port))
+                s.setblocking(False)
+                self._socks[s.fileno()] = (s, port)
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+
+    def __enter__(self) -> UdpServers:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        for s, _ in self._socks.values():
+            s.close()
+
+    def _serve(self) -> None:
+        socks = [s for s, _ in self._socks.values()]
+        while not self._stop.is_set():
+            ready, _, _ = select.select(socks, [], [], 0.05)
+            for s in ready:
+                port = self._socks[s.fileno()][1]
+                while True:
+                    try:
+                        data, peer = s.recvfrom(65536)
+                    except OSError:
+                        break
+                    self.got.append((peer[0], peer[1], port, data))
+                    self.last = time.monotonic()
+                    if self.echo:
+                        try:
+                            s.sendto(data[: SEQ.size] + data[SEQ.size :][::-1], peer)
+                        except OSError:
+                            pass
+
+    def quiet(self, wait: float) -> None:
+        """Return once no datagram has arrived for `wait` seconds."""
+        self.last = time.monotonic()
+        while (left := self.last + wait - time.monotonic()) > 0:
+            time.sleep(left)
+
+
+def _tcp_client(
+    ns: str, dst: str, port: int, message: bytes, timeout: float, sport: int | None, want: int | None = None
+) -> tuple[bytes, bool]:
+    """Connect from `ns`, send `message`, shut the sending side, read to the end (or until `want` bytes came):
+    (what came back, whether it all went without an error)."""
+    with inside(ns):
+        c = socket.socket()
+    c.settimeout(timeout)
+    out = b""
+    try:
+        if sport is not None:
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            c.bind(("0.0.0.0", sport))
+        c.connect((dst, port))
+        c.sendall(message)
+        c.shutdown(socket.SHUT_WR)
+        while want is None or len(out) < want:
+            chunk = c.recv(65536)
+            if not chunk:
+                break
+            out += chunk
+        return out, True
+    except OSError:
+        return out, False
+    finally:
+        c.close()
+
+
+def tcp_talk(
+    ns: str,
+    dst: str,
+    port: int,
+    message: bytes = b"hello hypafilter",
+    timeout: float = 3.0,
+    sport: int | None = None,
+) -> bytes | None:
+    """Connect from `ns` (from source port `sport` if given) to a TcpServers port, send `message`, read the whole
+    answer; None when the connection does not complete."""
+    out, ok = _tcp_client(ns, dst, port, message, timeout, sport, want=len(message) * REPLY_REPEAT)
+    return out if ok else None
+
+
+def udp_delivered(
+    ns_send: str,
+    ns_recv: str,
+    dst: str,
+    sends: Sequence[tuple[int, bytes]],
+    wait: float = 1.0,
+    sport: int | None = None,
+) -> list:
+    """Send each (port, payload) datagram from `ns_send` (from source port `sport` if given) to `dst`, in order;
+    the (port, payload) pairs that reached sockets bound in `ns_recv`."""
+    with UdpServers(ns_recv, [p for p, _ in sends]) as srv:
+        with inside(ns_send):
+            tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            if sport is not None:
+                tx.bind(("0.0.0.0", sport))
+            for p, payload in sends:
+                tx.sendto(payload, (dst, p))
+            srv.quiet(wait)
+        finally:
+            tx.close()
+    return sorted((port, data) for _, _, port, data in srv.got)
+
+
+# ---- a set of connections on both paths ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Conn:
+    """One connection: "tcp" or "udp", the server port, the client's source port."""
+
+    proto: str
+    port: int
+    sport: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.proto}/{self.sport}->{self.port}"
+
+
+@dataclass(frozen=True)
+class ConnectionSpec:
+    """`verify --connections N --connection-bytes B`: N connections, half TCP and half UDP, B payload bytes each way."""
+
+    connections: int = 10
+    nbytes: int = 4096
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.connections <= MAX_CONNECTIONS:
+            raise HypafilterError(f"--connections must be between 1 and {MAX_CONNECTIONS}")
+        if not 1 <= self.nbytes <= MAX_BYTES:
+            raise HypafilterError(f"--connection-bytes must be between 1 and {MAX_BYTES}")
+
+    def conns(self, policy: Policy) -> list[Conn]:
+        """TCP and UDP in turn, each cycling through the ports the policy's rules name (policy_ports)."""
+        ports = policy_ports(policy)
+        out = []
+        for i in range(self.connections):
+            proto = ("tcp", "udp")[i % 2]
+            out.append(Conn(proto, ports[proto][(i // 2) % len(ports[proto])], SPORT_BASE + i))
+        return out
+
+
+def policy_ports(policy: Policy) -> dict[str, list[int]]:
+    """Per protocol, the destination ports the policy's rules name (each range's ends), and UNNAMED_PORT."""
+    ip, ilo = FIELD_INDEX["proto"], FIELD_INDEX["dport"]
+    out: dict[str, set[int]] = {"tcp": {UNNAMED_PORT}, "udp": {UNNAMED_PORT}}
+    for r in policy.rules:
+        for b in r.boxes:
+            lo, hi = b.lo[ilo], b.hi[ilo]
+            if lo == 0 and hi == 0xFFFF:
+                continue
+            for proto, num in (("tcp", PROTO_TCP), ("udp", PROTO_UDP)):
+                if b.lo[ip] <= num <= b.hi[ip]:
+                    out[proto].update(p for p in (lo, hi) if p)
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def _payload(n: int, salt: int) -> bytes:
+    return bytes((salt + i * 7) & 0xFF for i in range(n))
+
+
+def _datagrams(n: int) -> list[bytes]:
+    return [SEQ.pack(k) + _payload(min(UDP_CHUNK, n - at), k) for k, at in enumerate(range(0, n, UDP_CHUNK))]
+
+
+def run_path(lab, path: str, conns: Sequence[Conn], nbytes: int, tcp: TcpServers, udp: UdpServers) -> list[dict]:
+    """Run `conns` on one path ("hyb" or "plain") against running servers; per connection its outcome: completed,
+    what arrived up (client to server) and down (TCP: bytes; UDP: the sequence numbers of the datagrams) and
+    whether what came back was what was sent, reversed."""
+    dst, src = lab.ip("recv", path), lab.ip("send", path)
+
+    def one(c: Conn) -> dict:
+        if c.proto == "tcp":
+            message = _payload(nbytes, c.sport)
+            out, ok = _tcp_client(lab.ns_send, dst, c.port, message, TIMEOUT, c.sport)
+            return {"completed": ok, "down": len(out), "intact": out == message[::-1][: len(out)]}
+        grams = _datagrams(nbytes)
+        with inside(lab.ns_send):
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        back, intact = set(), True
+        try:
+            s.bind(("0.0.0.0", c.sport))
+            s.settimeout(TIMEOUT / 2)
+            for g in grams:
+                s.sendto(g, (dst, c.port))
+            while len(back) < len(grams):
+                g = s.recv(65536)
+                k = SEQ.unpack_from(g)[0] if len(g) >= SEQ.size else -1
+                intact &= 0 <= k < len(grams) and g[SEQ.size :] == grams[k][SEQ.size :][::-1]
+                back.add(k)
+        except OSError:
+            pass
+        finally:
+            s.close()
+        return {"completed": len(back) == len(grams), "down": sorted(back), "intact": intact}
+
+    with ThreadPoolExecutor(PARALLEL) as pool:
+        results = list(pool.map(one, conns))
+    tcp.settle()
+    udp.quiet(0.2)
+    up_udp: dict[tuple[int, int], list[int]] = {}
+    for addr, sport, port, data in udp.got:
+        if addr == src and len(data) >= SEQ.size:
+            up_udp.setdefault((sport, port), []).append(SEQ.unpack_from(data)[0])
+    for c, r in zip(conns, results, strict=True):
+        if c.proto == "tcp":
+            r["up"] = tcp.received.get((src, c.sport, c.port), 0)
+            r["completed"] &= r["up"] == nbytes and r["down"] == nbytes
+        else:
+            r["up"] = sorted(up_udp.get((c.sport, c.port), []))
+            r["completed"] &= len(r["up"]) == len(_datagrams(nbytes))
+    return results
+
+
+def run_both(lab, conns: Sequence[Conn], nbytes: int, repeat: int = 1) -> dict[str, list[dict]]:
+    """Outcomes of the same connections on the hybrid path, then on the plain one (see run_path)."""
+    tcp_ports = [c.port for c in conns if c.proto == "tcp"]
+    udp_ports = [c.port for c in conns if c.proto == "udp"]
+    with TcpServers(lab.ns_recv, tcp_ports, repeat) as tcp, UdpServers(lab.ns_recv, udp_ports, echo=True) as udp:
+        return {path: run_path(lab, path, conns, nbytes, tcp, udp) for path in ("hyb", "plain")}
+
+
+def compare(conns: Sequence[Conn], got: dict[str, list[dict]], nbytes: int) -> dict:
+    """Per kind: connections, completed on the plain path, mismatches; a mismatch is any difference between the
+    two paths' outcomes (first 10 as examples)."""
+    by_kind: dict[str, dict[str, int]] = {}
+    examples = []
+    for c, h, o in zip(conns, got["hyb"], got["plain"], strict=True):
+        k = by_kind.setdefault(c.proto, {"connections": 0, "completed": 0, "mismatches": 0})
+        k["connections"] += 1
+        k["completed"] += o["completed"]
+        if h != o:
+            k["mismatches"] += 1
+            examples.append({"connection": c.name, "hybrid": h, "oracle": o})
+    return {
+        "connections": len(conns),
+        "bytes": nbytes,
+        "completed_oracle": sum(o["completed"] for o in got["plain"]),
+        "completed_hybrid": sum(h["completed"] for h in got["hyb"]),
+        "mismatches": len(examples),
+        "by_kind": by_kind,
+        "examples": examples[:10],
+    }
+
+
+def connections_completed(
+    lab, tcp_ports: Sequence[int], udp_ports: Sequence[int], sport: int, nbytes: int = 64
+) -> dict[str, list[str]]:
+    """Per path ("hyb", "plain"), which of the same connections complete: a TCP connection per port and a UDP
+    exchange per port, each from its own fixed source port (`sport` + its position)."""
+    conns = [Conn("tcp", p, sport + i) for i, p in enumerate(tcp_ports)]
+    conns += [Conn("udp", p, sport + len(conns) + i) for i, p in enumerate(udp_ports)]
+    got = run_both(lab, conns, nbytes)
+    return {
+        path: [f"{c.proto}/{c.port}" for c, r in zip(conns, outcomes, strict=True) if r["completed"]]
+        for path, outcomes in got.items()
+    }

@@ -103,6 +103,16 @@ class Plan:
     def shunt_string(self) -> str:
         return "".join("1" if b else "0" for b in self.shunt)
 
+    def hsa_members(self) -> np.ndarray:
+        """bool[len(rules)]: the rules strategy hsa_cut keeps in software: every complex rule, every simple rule
+        whose Alg. 1 bit is set, and every simple rule whose entry shunts for another reason (a policy that reads
+        conntrack shunts its entries whatever their bit), since a shunted packet may first match any of them."""
+        keep = self.conflict | np.array([not r.is_simple for r in self.policy.rules], dtype=bool)
+        for j, e in enumerate(self.entries):
+            if self.shunt[j]:
+                keep[e.rule_index] = True
+        return keep
+
     def entry_of_rule(self) -> dict[int, int]:
         return {e.rule_index: i for i, e in enumerate(self.entries)}
 

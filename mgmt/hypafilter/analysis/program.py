@@ -6,7 +6,8 @@ structure that gets loaded. Strategies:
 
   full         every shunted packet runs the whole original policy
   cut          complex rules + simple rules from the first shunting rule on (paper §VI-B)
-  hsa_cut      complex rules + simple rules whose Alg. 1 bit is set (exact with selective/exact shunting only)
+  hsa_cut      complex rules + simple rules whose Alg. 1 bit is set or whose entry shunts anyway (Plan.hsa_members;
+               exact with selective/exact shunting only)
   interval     binary search on the mark → chain C_k of complex rules above the interval → hardware action
   interval_geo interval, keeping in C_k only complex rules whose reduction meets the interval's shunted boxes
 
@@ -27,6 +28,8 @@ so that base chain -> MAIN -> dispatch -> leaf -> blocks -> helper chains stays 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from hypafilter.analysis.plan import PrefixView
 from hypafilter.config import STRATEGIES
@@ -251,7 +254,7 @@ def build_program(
 def _cut_list(plan, strategy: str) -> list[int]:
     pol = plan.policy
     if strategy == "hsa_cut":
-        return [i for i, r in enumerate(pol.rules) if not r.is_simple or plan.conflict[i]]
+        return [int(i) for i in np.flatnonzero(plan.hsa_members())]
     shunted = [plan.entries[j].rule_index for j in range(plan.n) if plan.shunt[j]]
     beta = min(shunted) if shunted else len(pol.rules)
     return [i for i, r in enumerate(pol.rules) if not r.is_simple or i >= beta]

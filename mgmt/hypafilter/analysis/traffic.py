@@ -36,7 +36,7 @@ def strategy_costs(plan: Plan) -> dict[str, np.ndarray]:
     shunted_pos = fpos[:-1][plan.shunt[:-1]]
     beta = int(shunted_pos.min()) if len(shunted_pos) else n_rules
     costs["cut"] = list_cost(cplx | (pos >= beta), 1)
-    costs["hsa_cut"] = list_cost(cplx | plan.conflict, 1)
+    costs["hsa_cut"] = list_cost(plan.hsa_members(), 1)
     for name in ("interval", "interval_geo"):
         if name == "interval_geo" and plan.mode == "exact":
             costs[name] = costs["interval"]

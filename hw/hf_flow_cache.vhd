@@ -12,7 +12,9 @@
 --   set = the low LOG2_SETS bits of zlib's CRC-32 of the key's 13 bytes (most significant first);
 --   slot = way * 2**LOG2_SETS + set.
 -- Memories per way: key words (read by lookups; read and written by host commands: a true dual-port RAM), stats
--- (read and written by the hit path), and a copy of the stats written with them and read by host commands.
+-- (read and written by the hit path), and a copy of the stats written with them and read by host commands. The
+-- sweep after reset (and at power-on) invalidates every key word and zeroes every stats word; a clear command's
+-- sweep invalidates the key words only (in-flight hits may still write stats then).
 library ieee;
 use ieee.std_logic_1164.all;
 use ieee.numeric_std.all;
@@ -65,6 +67,7 @@ entity hf_flow_cache is
     cnt_inserts  : out std_logic_vector(31 downto 0);  -- successful inserts
     cnt_deletes  : out std_logic_vector(31 downto 0);  -- entries deleted by command (clear not counted)
     cnt_full     : out std_logic_vector(31 downto 0);  -- inserts refused because every way of the set was valid
+    cnt_clear    : in  std_logic;  -- zero cnt_inserts, cnt_deletes, cnt_full (the core's RESET bit 0)
     ready        : out std_logic  -- '0' during a sweep (reset, clear): every lookup misses
   );
 end entity;
@@ -115,8 +118,8 @@ architecture rtl of hf_flow_cache is
   end function;
 
   -- The CRC is affine in the key: bit j = CRC_ZERO(j) xor the key bits i whose column CRC_COLS(i) has bit j set.
-  -- Written as such, with a balanced XOR tree, it maps to three LUT levels; the loop above, synthesised as it
-  -- stands, is a 104-step chain that yosys left 11 levels deep.
+  -- Written as such, an XOR reduction, it maps to three LUT levels; the loop above, synthesised as it stands, is a
+  -- 104-step chain that yosys left 11 levels deep.
   type crc_cols_t is array (0 to KEY_W - 1) of std_logic_vector(31 downto 0);
   function crc_columns return crc_cols_t is
     variable r : crc_cols_t;
@@ -134,20 +137,13 @@ architecture rtl of hf_flow_cache is
 
   function key_set(k : key_t) return set_t is
     variable r : set_t;
-    variable x : std_logic_vector(127 downto 0);
+    variable m : key_t;
   begin
     for j in 0 to LOG2_SETS - 1 loop
-      x := (others => '0');
       for i in 0 to KEY_W - 1 loop
-        x(i) := k(i) and CRC_COLS(i)(j);
+        m(i) := CRC_COLS(i)(j);
       end loop;
-      -- pairwise levels; entries past each level's width are never read by x(0)
-      for lvl in 0 to 6 loop
-        for i in 0 to 63 loop
-          x(i) := x(2 * i) xor x(2 * i + 1);
-        end loop;
-      end loop;
-      r(j) := x(0) xor CRC_ZERO(j);
+      r(j) := (xor (k and m)) xor CRC_ZERO(j);  -- a reduction: yosys builds it as a balanced tree
     end loop;
     return r;
   end function;
@@ -205,6 +201,7 @@ architecture rtl of hf_flow_cache is
   signal st : hstate_t := SWEEP;
   signal sw_idx : set_t := (others => '0');
   signal sw_clear : std_logic := '0';  -- the sweep runs for a clear command (answer when it ends)
+  signal sw_zero : std_logic;  -- a reset sweep: the stats words are zeroed too
   signal c_op : std_logic_vector(2 downto 0) := (others => '0');
   signal c_key : key_t := (others => '0');
   signal c_swp : std_logic := '0';
@@ -386,14 +383,18 @@ begin
   hb_addr <= sw_idx when st = SWEEP else c_set;
   hk_data <= (others => '0') when st = SWEEP else c_wdata;
   hk_any <= '1' when st = SWEEP or st = WRITE else '0';
+  sw_zero <= '1' when st = SWEEP and sw_clear = '0' else '0';
 
   banks : for w in 0 to WAYS - 1 generate
     type kmem_t is array (0 to SETS - 1) of std_logic_vector(WORD_W - 1 downto 0);
     type smem_t is array (0 to SETS - 1) of std_logic_vector(ST_W - 1 downto 0);
-    -- no initial values: GHDL builds a large aggregate on the stack (the 64k-entry simulation crashed); the
-    -- power-on sweep clears the key words, and a stats word of unknown epoch counts for no entry
+    -- no initial values: the power-on sweep writes every word (an all-zero initial value made GHDL's simulation
+    -- of the 64k-entry build run out of stack, and GHDL's VHDL netlist drops a RAM's initial value anyway)
     signal kmem : kmem_t;
     signal smem, scopy : smem_t;
+    signal s_we : std_logic;
+    signal s_addr : set_t;
+    signal s_data : std_logic_vector(ST_W - 1 downto 0);
   begin
     hk_we(w) <= '1' when st = SWEEP or (st = WRITE and c_way = w) else '0';
 
@@ -408,11 +409,16 @@ begin
       end if;
     end process;
 
+    -- the hit path owns the stats write port, except in a reset sweep, when no lookup can hit, which zeroes them
+    s_we <= s3_match(w) or sw_zero;
+    s_addr <= sw_idx when sw_zero = '1' else s3_set;
+    s_data <= (others => '0') when sw_zero = '1' else st_new(w);
+
     stats_ram : process (clk)
     begin
       if rising_edge(clk) then
-        if s3_match(w) = '1' then
-          smem(to_integer(s3_set)) <= st_new(w);
+        if s_we = '1' then
+          smem(to_integer(s_addr)) <= s_data;
         end if;
         lk_stat(w) <= smem(to_integer(s2_set));
       end if;
@@ -421,8 +427,8 @@ begin
     stats_copy : process (clk)
     begin
       if rising_edge(clk) then
-        if s3_match(w) = '1' then
-          scopy(to_integer(s3_set)) <= st_new(w);
+        if s_we = '1' then
+          scopy(to_integer(s_addr)) <= s_data;
         end if;
         hb_stat(w) <= scopy(to_integer(hb_addr));
       end if;
@@ -538,8 +544,8 @@ begin
               r_sn <= (others => '0');
               r_h <= (others => '0');
               -- the epoch the slot's stats word does not have: the entry starts uncounted
-              r_w <= '1' & not to_sl(stat(SE_BIT) = '1') & c_swp & c_key;
-              c_wdata <= '1' & not to_sl(stat(SE_BIT) = '1') & c_swp & c_key;
+              r_w <= '1' & not stat(SE_BIT) & c_swp & c_key;
+              c_wdata <= '1' & not stat(SE_BIT) & c_swp & c_key;
               n_occ <= n_occ + 1;
               n_ins <= n_ins + 1;
               st <= WRITE;
@@ -603,6 +609,11 @@ begin
           rv <= '1';
           st <= IDLE;
       end case;
+      if cnt_clear = '1' then
+        n_ins <= (others => '0');
+        n_del <= (others => '0');
+        n_full <= (others => '0');
+      end if;
       if rst = '1' then
         st <= SWEEP;
         sw_idx <= (others => '0');

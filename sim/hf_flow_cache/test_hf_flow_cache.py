@@ -5,6 +5,7 @@ clear) under continuous traffic, last-seen times and hit counters exact, back-to
 
 from __future__ import annotations
 
+import os
 import random
 from collections import deque
 
@@ -19,10 +20,13 @@ from sim.hftb import handshake, hw, run_ghdl
 
 LOOKUP_PORTS = ("lk_src_ip", "lk_dst_ip", "lk_proto", "lk_sport", "lk_dport", "lk_tcp_flags")
 HOST_PORTS = ("h_op", "h_src_ip", "h_dst_ip", "h_proto", "h_sport", "h_dport", "h_slot")
-STAT_EPOCH: dict[int, int] = {}  # slot -> epoch of its stats word, over the whole simulation (memories start at 0)
+STAT_EPOCH: dict[int, int] = {}  # slot -> epoch of its stats word since the last reset sweep (which zeroes them)
 
 
 def generics(dut) -> tuple[int, int, int]:
+    """LOG2_SETS, WAYS, TS_W: from the generics, or for a synthesised netlist (which has none) from HF_FC_GENERICS."""
+    if "HF_FC_GENERICS" in os.environ:
+        return tuple(int(x) for x in os.environ["HF_FC_GENERICS"].split(","))
     return int(dut.LOG2_SETS.value), int(dut.WAYS.value), int(dut.TS_W.value)
 
 
@@ -31,7 +35,7 @@ class Model:
 
     def __init__(self, log2_sets: int, ways: int, ts_w: int):
         self.log2_sets, self.ways, self.ts_mask = log2_sets, ways, (1 << ts_w) - 1
-        self.stat_epoch = STAT_EPOCH  # the hardware never clears its stats words, not even between cocotb tests
+        self.stat_epoch = STAT_EPOCH  # only a reset clears the stats words (not a clear, not a new cocotb test)
         self.empty()
         self.inserts = self.deletes = self.full = 0
 
@@ -101,7 +105,7 @@ class TB:
         self.entries = self.ways << self.log2_sets
         self.m = Model(self.log2_sets, self.ways, ts_w)
         cocotb.start_soon(Clock(dut.clk, 4, units="ns").start())
-        for s in ("rst", "lk_valid", "h_valid", *LOOKUP_PORTS, *HOST_PORTS):
+        for s in ("rst", "lk_valid", "h_valid", "cnt_clear", *LOOKUP_PORTS, *HOST_PORTS):
             getattr(dut, s).value = 0
         self.flows: list[Flow] = []  # the traffic's flows (in the cache or not)
         self.rate = 0.0  # chance of a lookup per cycle
@@ -123,6 +127,7 @@ class TB:
         self.dut.rst.value = 0
         self.m.empty()
         self.m.inserts = self.m.deletes = self.m.full = 0
+        STAT_EPOCH.clear()  # the reset sweep zeroes every stats word
         await RisingEdge(self.dut.clk)
         await ReadOnly()
         assert not int(self.dut.ready.value) and not int(self.dut.h_ready.value), "ready during the sweep"
@@ -413,7 +418,17 @@ async def clear_and_reset(dut):
     await ClockCycles(dut.clk, 50)
     await tb.quiet()
     tb.check_counters()
-    assert int(dut.occupancy.value) == 0
+    assert int(dut.occupancy.value) == 0 and tb.m.inserts > 30
+    # the counter clear (RESET bit 0 of the core) zeroes the event counters, not the occupancy
+    await tb.command(fc.OP_INSERT, tb.flows[0])
+    dut.cnt_clear.value = 1
+    await RisingEdge(dut.clk)
+    dut.cnt_clear.value = 0
+    tb.m.inserts = tb.m.deletes = tb.m.full = 0
+    await ReadOnly()
+    tb.check_counters()
+    await RisingEdge(dut.clk)
+    await tb.command(fc.OP_DELETE, tb.flows[0])
     for f in tb.flows[:10]:
         await tb.command(fc.OP_INSERT, f)
     tb.rate = 1.0

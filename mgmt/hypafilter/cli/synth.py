@@ -33,6 +33,11 @@ def register(sub) -> None:
         help="encoder estimate: whole, or the subtrees under its last stage plus a bound of that stage "
         "(default: whole up to a 4096-wide tree)",
     )
+    p.add_argument(
+        "--flow-cache",
+        metavar="LOG2_SETS:WAYS",
+        help="estimate the flow cache alone (hw/hf_flow_cache.vhd, no policy), e.g. 14:4 for 65,536 entries",
+    )
     p.add_argument("--out", metavar="DIR", help="build folder (default: a temporary folder; vivado: build/vivado)")
     p.set_defaults(func=run)
 
@@ -42,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
     from hypafilter.analysis.plan import build_plan
     from hypafilter.hw import synth
 
+    if args.flow_cache:
+        return _flow_cache(args)
     config = load_config(args)
     policy = load_policy(args, config)
     plan = build_plan(policy, config)
@@ -84,4 +91,24 @@ def run(args: argparse.Namespace) -> int:
                 f"whole core: {c['LUT']} LUT, {c['FF']} FF, {c['BRAM36']} BRAM36 + {c['BRAM18']} BRAM18, "
                 f"max {c['max_lut_levels']} LUT levels"
             )
+    return 0
+
+
+def _flow_cache(args: argparse.Namespace) -> int:
+    from hypafilter.errors import HypafilterError
+    from hypafilter.hw import synth
+
+    try:
+        log2_sets, ways = (int(x) for x in args.flow_cache.split(":"))
+    except ValueError as e:
+        raise HypafilterError(f"--flow-cache wants LOG2_SETS:WAYS, not '{args.flow_cache}'") from e
+    with tempfile.TemporaryDirectory(prefix="hf-synth-") as tmp:
+        est = synth.flow_cache_estimate(Path(args.out) if args.out else Path(tmp), log2_sets, ways)
+    if args.json:
+        print(json.dumps(est, indent=2))
+    else:
+        print(
+            f"flow cache, {est['entries']} entries ({ways} ways): {est['LUT']} LUT, {est['FF']} FF, "
+            f"{est['BRAM36']} BRAM36 + {est['BRAM18']} BRAM18, max {est['max_lut_levels']} LUT levels"
+        )
     return 0

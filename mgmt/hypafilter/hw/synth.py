@@ -12,7 +12,7 @@ from pathlib import Path
 from hypafilter import netns
 from hypafilter.errors import HypafilterError
 from hypafilter.hw import vhdl
-from hypafilter.paths import ROOT
+from hypafilter.paths import HW_DIR, ROOT
 
 VIVADO_TEMPLATES = ROOT / "scripts" / "vivado"
 XDC = ROOT / "constraints" / "nf_sume_hypafilter.xdc"
@@ -32,6 +32,7 @@ _PART_SOURCES = {
     "hf_matcher": ("hf_regs_pkg.vhd", "hf_policy_pkg.vhd", "hf_pkg.vhd", "hf_matcher.vhd"),
     "hf_prio_enc": ("hf_pkg.vhd", "hf_prio_enc.vhd"),
 }
+FLOW_CACHE_SOURCES = ("hf_pkg.vhd", "hf_flow_cache.vhd")
 
 
 def _run(cmd: list[str], cwd: Path, what: str) -> str:
@@ -247,6 +248,33 @@ def yosys_estimate(verilog: Path, top: str, work: Path) -> dict:
         "deepest_stages": dict(deepest),
         "cells": kinds,
     }
+
+
+def flow_cache_estimate(out_dir: Path, log2_sets: int, ways: int, ts_w: int = 32) -> dict:
+    """The flow cache alone (static hw/hf_flow_cache.vhd, no policy): GHDL synth -> Verilog -> yosys synth_xilinx."""
+    _need("ghdl")
+    out_dir = Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    gargs = [f"-gLOG2_SETS={log2_sets}", f"-gWAYS={ways}", f"-gTS_W={ts_w}"]
+    files = [str(HW_DIR / n) for n in FLOW_CACHE_SOURCES]
+    cmd = [
+        "ghdl",
+        "--synth",
+        "--std=08",
+        f"--workdir={out_dir}",
+        *gargs,
+        "--out=verilog",
+        *files,
+        "-e",
+        "hf_flow_cache",
+    ]
+    v = out_dir / "hf_flow_cache.v"
+    v.write_text(_run(cmd, out_dir, "GHDL synthesis"))
+    t0 = time.monotonic()
+    est = yosys_estimate(v, "hf_flow_cache", out_dir)
+    est.update(entries=ways << log2_sets, log2_sets=log2_sets, ways=ways, ts_w=ts_w)
+    est["yosys_seconds"] = round(time.monotonic() - t0, 1)
+    return est
 
 
 _SUMMED = ("LUT", "LUTRAM_cells", "FF", "CARRY4", "BRAM36", "BRAM18", "MUXF7_8")

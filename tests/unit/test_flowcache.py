@@ -1,0 +1,61 @@
+"""Unit tests of hypafilter.hw.flowcache: canonical key of both directions, hash and set, stored and register words."""
+
+from __future__ import annotations
+
+import random
+import zlib
+
+from hypafilter.hw import flowcache as fc
+from hypafilter.hw import regmap
+from hypafilter.hw.flowcache import Flow
+
+
+def test_both_directions_share_one_key():
+    rng = random.Random(1)
+    for _ in range(500):
+        f = Flow(
+            rng.getrandbits(32), rng.getrandbits(32), rng.choice((6, 17)), rng.getrandbits(16), rng.getrandbits(16)
+        )
+        (k1, s1), (k2, s2) = fc.canonical(f), fc.canonical(f.reply())
+        assert k1 == k2 and s1 != s2
+        assert fc.direction(s1, s1) == 0 and fc.direction(s2, s1) == 1
+        assert fc.decode_word(fc.key_word(k1, s1)).flow == f
+        assert fc.decode_word(fc.key_word(k1, s2)).flow == f.reply()
+
+
+def test_key_layout_and_equal_endpoints():
+    f = Flow(0x0A000002, 0x0A000001, 6, 80, 1234)
+    key, swap = fc.canonical(f)
+    assert swap == 1 and key == 0x0A000001 << 72 | 0x0A000002 << 40 | 1234 << 24 | 80 << 8 | 6
+    same = Flow(7, 7, 17, 9, 9)
+    assert fc.canonical(same)[1] == fc.canonical(same.reply())[1] == 0  # one direction only: always "original"
+
+
+def test_hash_is_zlib_crc32_of_the_key_bytes():
+    key = fc.canonical(Flow(0xC0A80001, 0x08080808, 17, 5353, 53))[0]
+    assert fc.key_hash(key) == zlib.crc32(key.to_bytes(13, "big"))
+    assert fc.set_index(key, 10) == fc.key_hash(key) & 0x3FF
+    # spread: 4,096 sequential flows (one client, consecutive ports) over 1,024 sets
+    sets = [fc.set_index(fc.canonical(Flow(0x0A000001, 0x0A000002, 6, 10000 + p, 443))[0], 10) for p in range(4096)]
+    assert max(sets.count(s) for s in set(sets)) <= 5 and len(set(sets)) == 1024
+
+
+def test_words_and_slots():
+    f = Flow(0x01020304, 0x05060708, 6, 443, 50000)
+    key, swap = fc.canonical(f)
+    word = fc.key_word(key, swap, epoch=1)
+    e = fc.decode_word(word)
+    assert (e.valid, e.epoch, e.orient, e.key) == (True, 1, swap, key) and word < 1 << fc.WORD_BITS
+    entry, counted = fc.words_to_entry(fc.flow_key_words(word, True))
+    assert counted and entry.flow == f and entry.valid
+    assert fc.way_set(fc.slot(3, 77, 10), 10) == (3, 77)
+    assert fc.fc_key_regs(f) == (0x01020304, 0x05060708, 443 << 16 | 50000, 6)
+    assert fc.bypass(6, 0x12) and not fc.bypass(6, 0x10) and not fc.bypass(17, 0x02)
+
+
+def test_register_map_describes_the_flow_cache():
+    m = regmap.MAP
+    assert [m.table(t).id for t in ("FLOW_KEY", "FLOW_SEEN", "FLOW_HITS")] == [3, 4, 5]
+    assert m.table("FLOW_KEY").depth == 4 * fc.MAX_ENTRIES
+    assert m.reg("FC_CONFIG").reset == 0 and m.reg("FC_CMD").access == "WO"
+    assert m.reg("VERSION").reset == 0x00010004

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import pickle
 import random
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -30,6 +31,15 @@ HOST = (0x02, 0x08, 0x20, 0x80)
 
 
 # ---------------------------------------------------------------- building and running (pytest side)
+
+
+def fresh_build(top: str, tag: str) -> Path:
+    """SIM_BUILD/<top>/<tag>, emptied: a post-synthesis build starts from nothing."""
+    out = SIM_BUILD / top / tag
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    return out
 
 
 def hw(*names: str) -> list[Path]:

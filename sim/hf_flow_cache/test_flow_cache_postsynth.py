@@ -4,13 +4,11 @@ its full-set test."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-
 import pytest
+from hypafilter import netns
 
 from conftest import need_tool
-from sim.hftb import SIM_BUILD, hw, run_ghdl
+from sim.hftb import fresh_build, hw, run_ghdl
 
 TOP = "hf_flow_cache"
 LOG2_SETS, WAYS, TS_W = 10, 4, 16
@@ -20,18 +18,14 @@ LOG2_SETS, WAYS, TS_W = 10, 4, 16
 def test_flow_cache_postsynth():
     need_tool("ghdl")
     tag = f"postsynth_s{LOG2_SETS}_w{WAYS}"
-    out = SIM_BUILD / TOP / tag
-    if out.exists():
-        shutil.rmtree(out)
-    work = out / "synth"
-    work.mkdir(parents=True)
+    work = fresh_build(TOP, tag) / "synth"
+    work.mkdir()
     sources = hw("hf_pkg.vhd", "hf_flow_cache.vhd")
     generics = [f"-gLOG2_SETS={LOG2_SETS}", f"-gWAYS={WAYS}", f"-gTS_W={TS_W}", "-gTICK_CYCLES=3"]
     argv = ["ghdl", "--synth", "--std=08", f"--workdir={work}", *generics, "--out=vhdl", *map(str, sources), "-e", TOP]
-    r = subprocess.run(argv, cwd=work, capture_output=True, text=True)
-    assert r.returncode == 0, f"ghdl --synth failed:\n{r.stderr[-3000:]}"
+    text = netns.run(argv, cwd=work, timeout=None)
     netlist = work / "flow_cache_synth.vhd"
-    netlist.write_text(r.stdout)
+    netlist.write_text(text)
     # the netlist keeps the entity's use clause of hf_pkg, so the package is compiled before it
     run_ghdl(
         TOP,

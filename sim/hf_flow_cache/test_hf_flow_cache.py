@@ -99,6 +99,14 @@ class Model:
 class TB:
     """Clock, reset, the lookup driver/checker and the host command master of one hf_flow_cache, with the model."""
 
+    @classmethod
+    async def running(cls, dut, seed: int) -> TB:
+        """A TB out of reset with its lookup driver running."""
+        tb = cls(dut, seed)
+        await tb.reset()
+        cocotb.start_soon(tb.lookups())
+        return tb
+
     def __init__(self, dut, seed: int):
         self.dut, self.rng = dut, random.Random(seed)
         self.log2_sets, self.ways, ts_w = generics(dut)
@@ -320,10 +328,8 @@ def same_set(rng: random.Random, log2_sets: int, n: int) -> list[Flow]:
 
 @cocotb.test()
 async def lookups_follow_the_model(dut):
-    tb = TB(dut, 1)
+    tb = await TB.running(dut, 1)
     rng = tb.rng
-    await tb.reset()
-    cocotb.start_soon(tb.lookups())
     tb.flows = random_flows(rng, 120)
     for f in tb.flows[:80]:
         await tb.command(fc.OP_INSERT, f if rng.random() < 0.5 else f.reply())
@@ -369,9 +375,7 @@ async def lookups_follow_the_model(dut):
 
 @cocotb.test()
 async def full_sets_and_bad_commands(dut):
-    tb = TB(dut, 2)
-    await tb.reset()
-    cocotb.start_soon(tb.lookups())
+    tb = await TB.running(dut, 2)
     group = same_set(tb.rng, tb.log2_sets, tb.ways + 2)
     tb.flows = group
     tb.rate = 1.0
@@ -404,10 +408,8 @@ async def full_sets_and_bad_commands(dut):
 
 @cocotb.test()
 async def clear_and_reset(dut):
-    tb = TB(dut, 3)
+    tb = await TB.running(dut, 3)
     rng = tb.rng
-    await tb.reset()
-    cocotb.start_soon(tb.lookups())
     tb.flows = random_flows(rng, 40)
     for f in tb.flows:
         await tb.command(fc.OP_INSERT, f)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 import re
-import shutil
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ from hypafilter.hw import model as hwmodel
 from hypafilter.hw import vhdl
 
 from conftest import need_tool
-from sim.hftb import SIM_BUILD, run_ghdl, save_obj
+from sim.hftb import fresh_build, run_ghdl, save_obj
 from sim.hftraffic import frames_for
 from sim.hypafilter_core.test_hypafilter_core import random_policy
 
@@ -72,9 +71,7 @@ def test_core_postsynth():
     """Synthesis must not change behaviour: the netlist gets the RTL's frame, TUSER, counter and power-on checks."""
     need_tool("ghdl")
     tag = f"postsynth_w{WIDTH}"
-    out = SIM_BUILD / TOP / tag
-    if out.exists():
-        shutil.rmtree(out)
+    out = fresh_build(TOP, tag)
     plan, seed = covering_plan()
     sources = synth_netlist(plan, out / "synth", WIDTH)
     rng = random.Random(seed)  # the first phase is the traffic covering_plan measured

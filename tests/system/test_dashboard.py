@@ -6,18 +6,16 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 from hypafilter import netns
 from hypafilter.ir import FIELDS
 
-from conftest import ROOT, need, need_tool
+from conftest import ROOT, need
+from tests.dashserver import chromium, dashboard_server, deploy_example
 
 pytestmark = [pytest.mark.system, pytest.mark.slow]
 
@@ -115,22 +113,11 @@ def send_traffic(lab, policy) -> int:
     return int(lab.exec_in("send", [PY, "-c", SENDER], input=json.dumps(spec), timeout=120).strip())
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def system(lab):
     """The module's own lab (LAB) with rulesets/example.rules deployed on the emulated NIC (undeployed afterwards)."""
     need(EXAMPLE.is_file(), f"{EXAMPLE} is missing")
-    from hypafilter.config import Config
-    from hypafilter.iptables.document import parse_policy
-    from hypafilter.ops import deploy
-
-    policy = parse_policy(EXAMPLE.read_text(), str(EXAMPLE), "FORWARD", Config())
-    state = deploy.deploy(policy, Config(), force=True)
+    policy, state = deploy_example(EXAMPLE)
     yield lab, policy, state
 
 
@@ -139,36 +126,8 @@ def dashboard(system):
     """`hypafilter dashboard` as an operator starts it (pointed at this module's lab), on a free loopback port."""
     from hypafilter.ops import deploy
 
-    port = free_port()
-    OUTPUT.mkdir(parents=True, exist_ok=True)
-    log = open(OUTPUT / "dashboard-server.log", "w")
-    proc = subprocess.Popen(
-        [str(Path(PY).with_name("hypafilter")), "dashboard", "--listen", f"127.0.0.1:{port}", "--interval", "0.5"],
-        env=dict(os.environ, HF_LAB=LAB, HF_STATE_DIR=str(deploy.STATE_DIR)),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{base}/healthz", timeout=2).json()["ok"]:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"dashboard did not come up: {(OUTPUT / 'dashboard-server.log').read_text()[-2000:]}")
-        time.sleep(0.2)
-    try:
+    with dashboard_server(LAB, str(deploy.STATE_DIR), OUTPUT / "dashboard-server.log") as base:
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 def settled(base: str, at_least: int, timeout: float = 60.0) -> dict:
@@ -268,9 +227,6 @@ def test_api_and_metrics_match_independent_reads(system, dashboard):
 
 
 def test_page_in_headless_chromium_shows_the_api_numbers(system, dashboard):
-    need_tool("chromium", "chromedriver")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.support.ui import WebDriverWait
 
     lab, policy, _ = system
@@ -279,22 +235,7 @@ def test_page_in_headless_chromium_shows_the_api_numbers(system, dashboard):
     before = settled(dashboard, 0)["totals"]["classified"]
     sent = send_traffic(lab, policy)
 
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = "/usr/bin/chromium"
-    profile = tempfile.mkdtemp(prefix="hf-chromium-")
-    for arg in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--no-first-run",
-        f"--user-data-dir={profile}",
-        "--window-size=1400,1500",
-    ):
-        opts.add_argument(arg)
-    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=opts)
+    driver = chromium()
     try:
         driver.get(dashboard + "/")
         # Live data: the page shows the frames just sent, rendered from one snapshot.

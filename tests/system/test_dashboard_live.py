@@ -3,21 +3,17 @@ the rate chart rescaling after a flood subsides, and the drift banner appearing 
 
 from __future__ import annotations
 
-import os
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 from hypafilter import netns
 
-from conftest import ROOT, need, need_tool
+from conftest import ROOT, need
+from tests.dashserver import chromium, dashboard_server, deploy_example, free_port
 
 pytestmark = [pytest.mark.system, pytest.mark.slow]
 
@@ -47,34 +43,6 @@ else:  # a steady trickle of n frames per second until killed
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def chromium():
-    need_tool("chromium", "chromedriver")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = "/usr/bin/chromium"
-    for arg in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--no-first-run",
-        f"--user-data-dir={tempfile.mkdtemp(prefix='hf-chromium-')}",
-        "--window-size=1400,1500",
-    ):
-        opts.add_argument(arg)
-    return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=opts)
-
-
 def wait_for(driver, what, timeout=60.0, poll=0.2):
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -85,12 +53,7 @@ def wait_for(driver, what, timeout=60.0, poll=0.2):
 def system(lab):
     """This module's lab with rulesets/example.rules deployed on the emulated NIC."""
     need(EXAMPLE.is_file(), f"{EXAMPLE} is missing")
-    from hypafilter.config import Config
-    from hypafilter.iptables.document import parse_policy
-    from hypafilter.ops import deploy
-
-    policy = parse_policy(EXAMPLE.read_text(), str(EXAMPLE), "FORWARD", Config())
-    state = deploy.deploy(policy, Config(), force=True)
+    policy, state = deploy_example(EXAMPLE)
     yield lab, policy, state
 
 
@@ -277,36 +240,8 @@ def dashboard(system):
     """`hypafilter dashboard` as an operator starts it, pointed at this module's lab."""
     from hypafilter.ops import deploy
 
-    port = free_port()
-    OUTPUT.mkdir(parents=True, exist_ok=True)
-    log = open(OUTPUT / "dashboard-live-server.log", "w")
-    proc = subprocess.Popen(
-        [str(Path(PY).with_name("hypafilter")), "dashboard", "--listen", f"127.0.0.1:{port}", "--interval", "0.5"],
-        env=dict(os.environ, HF_LAB=LAB, HF_STATE_DIR=str(deploy.STATE_DIR)),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{base}/healthz", timeout=2).json()["ok"]:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"dashboard did not come up: {(OUTPUT / 'dashboard-live-server.log').read_text()[-2000:]}")
-        time.sleep(0.2)
-    try:
+    with dashboard_server(LAB, str(deploy.STATE_DIR), OUTPUT / "dashboard-live-server.log") as base:
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 def chart_state(driver) -> dict:

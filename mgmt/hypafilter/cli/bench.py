@@ -11,7 +11,7 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from hypafilter.cli.common import add_policy_args, load_config, load_policy, progress
+from hypafilter.cli.common import add_policy_args, frame_options, load_config, load_policy, progress
 from hypafilter.config import MODES, STRATEGIES
 from hypafilter.errors import HypafilterError
 from hypafilter.paths import ROOT
@@ -68,10 +68,8 @@ def run_rate(args: argparse.Namespace) -> int:
         cfg,
         target=args.target,
         frames=args.frames,
-        seed=args.seed,
-        trace=args.trace,
-        malformed=args.malformed,
         window=args.window,
+        **frame_options(args),
         log=progress(args, quiet=args.json),
     )
     report["command"] = "hypafilter " + " ".join(shlex.quote(a) for a in sys.argv[1:])

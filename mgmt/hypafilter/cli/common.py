@@ -66,6 +66,11 @@ def interfaces_text(policy: Policy) -> str:
     return f"NIC ports {names} (no bridge configured)" if ports else "none configured"
 
 
+def frame_options(args: argparse.Namespace) -> dict:
+    """The frame-drawing options `verify` and `bench rate` share (--seed, --trace, --malformed), as keywords."""
+    return {"seed": args.seed, "trace": args.trace, "malformed": args.malformed}
+
+
 def progress(args: argparse.Namespace, quiet: bool = False):
     """A logger of progress lines on stderr, or one that says nothing."""
     if quiet or getattr(args, "quiet", False):

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from hypafilter.cli.common import add_policy_args, load_config, load_policy, progress
+from hypafilter.cli.common import add_policy_args, frame_options, load_config, load_policy, progress
 from hypafilter.config import MODES, STRATEGIES
 from hypafilter.errors import HypafilterError
 
@@ -53,12 +53,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
         policy,
         cfg,
         packets=args.packets,
-        trace=args.trace,
-        seed=args.seed,
-        malformed=args.malformed,
         kinds=args.kinds or MALFORMED_KINDS,
         connections=conns,
         log=log,
+        **frame_options(args),
     )
     conn = report.get("connections")
     if args.json:

@@ -153,24 +153,16 @@ def _split_rule(toks: tuple[str, ...]) -> tuple[tuple[str, ...], str, tuple[str,
     return tuple(toks), "", ()
 
 
-def to_nft(
-    plan,
-    strategy: str,
-    prefix: str = "HF1_",
-    mark_mask: int = 0xFFFFFFFF,
-    mark_shift: int = 0,
-    family: str = "ip",
-    table: str | None = None,
-    nic_mode: str = "bridge",
-) -> str:
+def to_nft(plan, strategy: str, *program, family: str = "ip", table: str | None = None, **options) -> str:
     """`nft -f` input: one table owned by the tool (deleted and recreated); dispatch as a verdict map on the mark.
 
     Complex matches without an nft equivalent (string, statistic, recent, ...) raise HypafilterError: nft cannot
     load xtables matches from text, so the nft form is optional and iptables-restore is the reference.
+    `program` and `options` are build_program's (prefix, mark_mask, mark_shift, nic_mode).
     """
-    prog = build_program(plan, strategy, prefix, mark_mask, mark_shift, nic_mode)
+    prog = build_program(plan, strategy, *program, **options)
     pol = prog.policy
-    tname = table or prefix.rstrip("_").lower() or "hypafilter"
+    tname = table or prog.prefix.rstrip("_").lower() or "hypafilter"
     chains: dict[str, list[str]] = {}
     helpers: dict[str, list[Placed]] = {}
 
@@ -198,7 +190,7 @@ def to_nft(
                 for x in original_placements(prog, helpers)
             ]
         else:
-            marks = [r for r in rules if r.kind == "mark" and r.mask == (mark_mask & 0xFFFFFFFF)]
+            marks = [r for r in rules if r.kind == "mark" and r.mask == (prog.mark_mask & 0xFFFFFFFF)]
             for r in rules:
                 if r.kind == "policy":
                     rule = pol.rules[r.index]

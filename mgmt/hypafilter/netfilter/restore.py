@@ -20,17 +20,10 @@ from hypafilter.errors import HypafilterError
 from hypafilter.iptables.writer import Restore
 
 
-def to_iptables_restore(
-    plan,
-    strategy: str,
-    prefix: str = "HF1_",
-    mark_mask: int = 0xFFFFFFFF,
-    mark_shift: int = 0,
-    table: str = "filter",
-    nic_mode: str = "bridge",
-) -> str:
-    """Input for `iptables-restore --noflush`: declares (and so flushes) only the tool's chains."""
-    return render_iptables(build_program(plan, strategy, prefix, mark_mask, mark_shift, nic_mode), table)
+def to_iptables_restore(plan, strategy: str, *program, table: str = "filter", **options) -> str:
+    """Input for `iptables-restore --noflush`: declares (and so flushes) only the tool's chains. `program` and
+    `options` are build_program's (prefix, mark_mask, mark_shift, nic_mode)."""
+    return render_iptables(build_program(plan, strategy, *program, **options), table)
 
 
 def _tokens(p: Placed) -> tuple[str, ...]:

@@ -503,7 +503,13 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
         nf_text = tx.step(
             "render",
             lambda: to_iptables_restore(
-                plan, config.strategy, prefix, config.mark_mask, config.mark_shift, config.table, config.nic_mode
+                plan,
+                config.strategy,
+                prefix,
+                config.mark_mask,
+                config.mark_shift,
+                table=config.table,
+                nic_mode=config.nic_mode,
             ),
         )
         body = body_of(nf_text)

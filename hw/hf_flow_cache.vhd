@@ -414,22 +414,16 @@ begin
     s_addr <= sw_idx when sw_zero = '1' else s3_set;
     s_data <= (others => '0') when sw_zero = '1' else st_new(w);
 
-    stats_ram : process (clk)
+    -- two memories with the same contents: smem is read by the hit path, scopy by the host, so each keeps one
+    -- write port and one read port (a simple dual-port block RAM)
+    stats_rams : process (clk)
     begin
       if rising_edge(clk) then
         if s_we = '1' then
           smem(to_integer(s_addr)) <= s_data;
-        end if;
-        lk_stat(w) <= smem(to_integer(s2_set));
-      end if;
-    end process;
-
-    stats_copy : process (clk)
-    begin
-      if rising_edge(clk) then
-        if s_we = '1' then
           scopy(to_integer(s_addr)) <= s_data;
         end if;
+        lk_stat(w) <= smem(to_integer(s2_set));
         hb_stat(w) <= scopy(to_integer(hb_addr));
       end if;
     end process;

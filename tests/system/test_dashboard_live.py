@@ -44,9 +44,12 @@ else:  # a steady trickle of n frames per second until killed
 
 
 def wait_for(driver, what, timeout=60.0, poll=0.2):
+    """Poll `what` until true; an element the page re-rendered between finding and reading it is read again."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, timeout, poll_frequency=poll).until(what)
+    wait = WebDriverWait(driver, timeout, poll_frequency=poll, ignored_exceptions=(StaleElementReferenceException,))
+    return wait.until(what)
 
 
 @pytest.fixture(scope="module")
@@ -205,20 +208,26 @@ def test_page_interactive_within_three_seconds_at_50000_rules(big):
         print(f"/api/rules default page: {rules_bytes} bytes")
         assert rules_bytes < 100_000
         driver = chromium()
-        t0 = time.perf_counter()
-        driver.get(base + "/")
-        wait_for(
-            driver,
-            lambda d: d.execute_script(
-                "return document.getElementById('status').textContent === 'live'"
-                " && document.querySelectorAll('#rules tbody tr').length === 50"
-                " && document.querySelector('#chart-rates svg') !== null"
-            ),
-            timeout=60,
-            poll=0.05,
-        )
-        interactive = time.perf_counter() - t0
-        print(f"page interactive at {N_RULES} rules in headless Chromium: {interactive:.2f} s")
+        # Three loads of the page, each a fresh navigation; the median is the figure (one slow load on a busy
+        # 2-core machine says more about the machine than about the page).
+        loads = []
+        for i in range(3):
+            t0 = time.perf_counter()
+            driver.get(f"{base}/?load={i}")
+            wait_for(
+                driver,
+                lambda d: d.execute_script(
+                    "return document.getElementById('status').textContent === 'live'"
+                    " && document.querySelectorAll('#rules tbody tr').length === 50"
+                    " && document.querySelector('#chart-rates svg') !== null"
+                ),
+                timeout=60,
+                poll=0.05,
+            )
+            loads.append(time.perf_counter() - t0)
+        interactive = statistics.median(loads)
+        shown = ", ".join(f"{x:.2f}" for x in loads)
+        print(f"page interactive at {N_RULES} rules in headless Chromium: median {interactive:.2f} s ({shown})")
         assert driver.find_element("id", "rules-page").get_attribute("data-total") == str(N_RULES)
         # Paging and sorting work on the server: the next page and the busiest rules first.
         driver.find_element("id", "rules-next").click()
@@ -308,7 +317,12 @@ def test_chart_rescales_after_a_flood_and_the_drift_banner_follows_the_live_syst
         # `hypafilter deploy` of the deployed policy repairs it; the banner goes away.
         deploy.deploy(policy, Config())
         wait_for(driver, lambda d: not d.find_element("id", "drift").is_displayed(), timeout=60)
-        assert httpx.get(f"{dashboard}/api/summary", timeout=5).json()["drift"] == []
+        # The repair is a new deployment: its drift reads null (not checked yet) until its first check has run.
+        deadline = time.monotonic() + 30
+        while (drift := httpx.get(f"{dashboard}/api/summary", timeout=5).json()["drift"]) is None:
+            assert time.monotonic() < deadline, "the repaired deployment was never checked for drift"
+            time.sleep(0.5)
+        assert drift == []
         assert 'hypafilter_drift{what="netfilter"} 0.0' in httpx.get(f"{dashboard}/metrics", timeout=5).text
     finally:
         driver.quit()

@@ -49,13 +49,11 @@ SHUNT_REASONS: tuple[str, ...] = ("overrule", "policy", "unparsed", "forced")
 # so the total of shunted frames is the sum of the three reasons; "forced" is a subset shown on its own.
 SHUNT_TOTAL_COUNTERS: tuple[str, ...] = ("CNT_SHUNT_OVERRULE", "CNT_SHUNT_POLICY", "CNT_SHUNT_UNPARSED")
 # Every frame from the wire is counted in exactly one of these (docs/hardware.md): (decision, reason) per counter.
+# Forced shunts are a subset of overrule/policy, from-host frames and FIFO drops are not decisions on wire frames.
 WIRE_DECISIONS: dict[str, tuple[str, str]] = {
-    "CNT_FORWARDED": ("forwarded", "rule"),
-    "CNT_DROPPED": ("dropped", "rule"),
-    "CNT_DROP_UNFILTERABLE": ("dropped", "unfilterable"),
-    "CNT_SHUNT_OVERRULE": ("shunted", "overrule"),
-    "CNT_SHUNT_POLICY": ("shunted", "policy"),
-    "CNT_SHUNT_UNPARSED": ("shunted", "unparsed"),
+    c: (d, r or "rule")
+    for c, (d, r) in HW_COUNTERS.items()
+    if d in ("forwarded", "dropped", "shunted") and r != "forced"
 }
 # Deploys and updates take from well under a second (cached build, table rewrite) to minutes (cold emulator build).
 UPDATE_BUCKETS: tuple[float, ...] = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)

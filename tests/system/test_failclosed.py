@@ -58,6 +58,28 @@ def test_jump_removed_fails_closed_and_is_repaired(lab, capsys):
     deploy.deploy(pol, Config())
     assert deploy.status()["drift"] == []
 
+    # What the NIC and the shim hold is compared too, not only their generation: a SHUNT word, the CONTROL bits
+    # and an interval of the shim's map written by hand are each drift, and a deploy of the policy repairs them.
+    from hypafilter.targets.nic import CONTROL_SHUNT_ALL
+
+    st = deploy.read_state()
+    with deploy.target_of(st, Config()).client(st["nic"]) as c:
+        c.write_table("SHUNT", 0, st["tables"]["shunt"][0] ^ 1)
+        c.write("CONTROL", c.read("CONTROL") | CONTROL_SHUNT_ALL)
+    fwshim = deploy._fw_shim()
+    tampered = list(st["intervals"])
+    tampered[0] += 1
+    fwshim.update(tampered)
+    drift = deploy.status()["drift"]
+    assert any("SHUNT words differ" in d for d in drift), drift
+    assert any("shunt everything is on" in d for d in drift), drift
+    assert any("interval entries differ" in d for d in drift), drift
+    assert main(["status"]) == 1
+    capsys.readouterr()
+    deploy.deploy(pol, Config())
+    assert deploy.status()["drift"] == []
+    assert udp_delivered(lab.ns_send, lab.ns_recv, dst, sends) == [(5000, b"fine")]
+
     # The NIC's socket, pid file and log live under the state directory (HF_STATE_DIR), and go with the NIC.
     assert Path(deploy.read_state()["nic"]["socket"]).parent == deploy.STATE_DIR / "nic"
     deploy.undeploy()

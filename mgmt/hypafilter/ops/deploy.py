@@ -36,6 +36,7 @@ from hypafilter.netfilter.restore import to_iptables_restore
 from hypafilter.paths import BUILD_ROOT
 from hypafilter.targets import shim as shim_mod
 from hypafilter.targets.base import Site, Target
+from hypafilter.targets.nic import CONTROL_ENABLE, CONTROL_HOST_MODE, CONTROL_PASS_UNFILTERABLE, CONTROL_SHUNT_ALL
 
 STATE_DIR = Path(os.environ.get("HF_STATE_DIR", "/run/hypafilter"))
 FAIL_ENV = "HF_FAIL_STEP"  # test hook: the named step fails (netfilter: a real iptables-restore error)
@@ -225,9 +226,9 @@ def drift(st: dict, tgt: Target | None = None) -> list[str]:
         sh = shim_mod.Shim(st["shim"]["netns"], st["shim"]["ifaces"])
         if not sh.loaded:
             out.append("shim: not loaded")
-        elif sh.stats()["config"].get("generation") != st["generation"]:
-            out.append(f"shim: generation {sh.stats()['config'].get('generation')}, deployed {st['generation']}")
-    except (HypafilterError, KeyError) as e:
+        else:
+            out += shim_drift(sh, st)
+    except (HypafilterError, KeyError, ValueError) as e:
         out.append(f"shim: {e}")
     try:
         tgt = tgt or target_of(st, cfg)
@@ -235,11 +236,55 @@ def drift(st: dict, tgt: Target | None = None) -> list[str]:
             out.append(f"nic: {st['nic'].get('name')} (pid {st['nic'].get('pid')}) is not running")
         else:
             with tgt.client(st["nic"]) as c:
-                gen = c.info()["GENERATION"]
-            if gen != st["generation"]:
-                out.append(f"nic: GENERATION register {gen}, deployed {st['generation']}")
+                out += nic_drift(c, st)
     except Exception as e:  # an unreachable NIC is drift, whatever the transport raised
         out.append(f"nic: {e}")
+    return out
+
+
+def shim_drift(sh: shim_mod.Shim, st: dict) -> list[str]:
+    """The shim's configuration and interval map (match_index -> k) against what was deployed."""
+    out = []
+    cfg = sh.stats()["config"]
+    want = {"generation": st["generation"], "mark_mask": st.get("mark_mask"), "mark_shift": st.get("mark_shift")}
+    for key, value in want.items():
+        if value is not None and cfg.get(key) != value:
+            out.append(f"shim: {key} {cfg.get(key)}, deployed {value}")
+    intervals = st.get("intervals")
+    if intervals is not None:
+        have = sh.dump(len(intervals))
+        wrong = [i for i, (a, b) in enumerate(zip(have, intervals, strict=False)) if a != b]
+        if wrong or len(have) != len(intervals):
+            out.append(f"shim: {len(wrong)} interval entries differ from the deployed ones (first: {wrong[:1]})")
+    return out
+
+
+def nic_drift(c, st: dict) -> list[str]:
+    """The NIC's GENERATION, CONTROL bits and SHUNT/ACTION tables against what was deployed."""
+    out = []
+    info = c.info()
+    if info["GENERATION"] != st["generation"]:
+        out.append(f"nic: GENERATION register {info['GENERATION']}, deployed {st['generation']}")
+    control = info["CONTROL"]
+    if not control & CONTROL_ENABLE:
+        out.append("nic: classification is off (CONTROL bit 0): every frame is shunted")
+    if control & CONTROL_SHUNT_ALL:
+        out.append("nic: shunt everything is on (CONTROL bit 1), left by an interrupted update")
+    tables = st.get("tables") or {}
+    for key, bit, want in (
+        ("unfilterable", CONTROL_PASS_UNFILTERABLE, tables.get("unfilterable") == "pass"),
+        ("nic_mode", CONTROL_HOST_MODE, tables.get("nic_mode") == "host"),
+    ):
+        if tables.get(key) is not None and bool(control & bit) != want:
+            out.append(f"nic: CONTROL {key} bit is {int(bool(control & bit))}, deployed {tables[key]}")
+    for name, key in (("SHUNT", "shunt"), ("ACTION", "actions")):
+        want = tables.get(key)
+        if want is None:
+            continue
+        have = c.read_table_many(name, 0, len(want))
+        wrong = [i for i, (a, b) in enumerate(zip(have, want, strict=True)) if a != b]
+        if wrong:
+            out.append(f"nic: {len(wrong)} {name} words differ from the deployed ones (first at index {wrong[0]})")
     return out
 
 

@@ -87,6 +87,37 @@ def test_jump_removed_fails_closed_and_is_repaired(lab, capsys):
     assert not list((deploy.STATE_DIR / "nic").glob(f"{LAB}-g*")), "the NIC left files behind"
 
 
+def test_a_recreated_firewall_namespace_gets_the_shim_again(lab):
+    """The shim's pinned maps outlive a firewall namespace deleted without an undeploy (a crash, `ip netns del`).
+    A deploy used to take the pins for a loaded shim and attach nothing to the new namespace's interfaces, whose
+    tagged frames then crossed the bridge without iptables: every frame the policy drops was delivered."""
+    from hypafilter import netns
+    from hypafilter.config import Config
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.ops import deploy
+    from hypafilter.ops.verify import verify
+
+    pol = parse_policy(POLICY, "closed.rules")
+    deploy.deploy(pol, Config())
+    sh = deploy._fw_shim()
+    assert sh.attached() == sh.ifaces
+    netns.run(["ip", "netns", "del", lab.ns_fw])  # no undeploy, no unload
+    lab.up()
+    assert sh.pinned and sh.attached() == [], "the pins outlived their namespace, the programs did not"
+    assert any(d.startswith("shim: not loaded") for d in deploy.status()["drift"])
+    deploy.deploy(pol, Config())  # drift: redeploys
+    assert sh.attached() == sh.ifaces
+    assert deploy.status()["drift"] == []
+    r = verify(pol, Config(), packets=400, seed=5)
+    assert r["mismatches"] == 0, r["examples"][:3]
+    # `lab down` with the deployment still in it takes the pins with the namespace.
+    lab.down()
+    assert not sh.pinned
+    lab.up()
+    deploy.deploy(pol, Config())  # a fresh lab under the recorded deployment: drift, redeployed
+    assert sh.attached() == sh.ifaces and deploy.status()["drift"] == []
+
+
 BAD = """*filter
 :FORWARD DROP [0:0]
 -A FORWARD -p udp -m udp --dport 5000 -j ACCEPT

@@ -572,6 +572,8 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
                 lambda: tgt.shunt_all(old_nic, False),
             )
         # 2. Shim generation first: from here every hardware tag is stale → k = 0 → full policy in software.
+        if fwshim.clear_stale():
+            log(f"removed the shim's stale pins in {fwshim.pin} (their namespace was deleted without an unload)")
         was_loaded = fwshim.loaded
         old_cfg = fwshim.stats()["config"] if was_loaded else None
 
@@ -801,7 +803,7 @@ def undeploy(log: Callable[[str], None] = lambda s: None) -> bool:
                 errors.append(f"{VLAN_SYSCTL}: {e}")
             try:
                 sh = shim_mod.Shim(st["shim"]["netns"], st["shim"]["ifaces"])
-                if sh.loaded:
+                if sh.pinned:  # pinned but detached (its interfaces gone) is unloaded too: the pins go
                     sh.unload()
             except HypafilterError as e:
                 errors.append(f"shim: {e}")

@@ -23,12 +23,14 @@ errors: output hook before conntrack), so no reply loops back into INPUT.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from hypafilter import netns
 from hypafilter.errors import HypafilterError
+from hypafilter.targets import shim as shim_mod
 
 HOST_MTU = 1600  # host0/host1 and nf0/nf1 carry frames grown by the 10-byte in-band tag
 
@@ -264,6 +266,8 @@ class Lab:
                 netns.run(["kill", str(pid)], check=False)
             netns.run(["ip", "netns", "del", ns])
             removed.append(ns)
+        # The shim's pinned maps outlive the namespace: without this a new lab of the name would find them.
+        shutil.rmtree(shim_mod.pin_dir(self.ns_fw), ignore_errors=True)
         return removed
 
     def status(self) -> dict:

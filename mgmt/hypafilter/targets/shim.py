@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -55,8 +56,38 @@ class Shim:
         return ["--netns", self.netns] if self.netns else []
 
     @property
-    def loaded(self) -> bool:
+    def pinned(self) -> bool:
         return (self.pin / shared.HF_MAP_CONFIG).exists()
+
+    def attached(self) -> list[str]:
+        """The interfaces that carry both shim programs (hf_xdp at XDP, hf_tc at TC ingress)."""
+        out = []
+        for ifname in self.ifaces:
+            try:
+                link = json.loads(netns.run(["ip", "-j", "-d", "link", "show", "dev", ifname], self.netns))
+                tc = json.loads(netns.run(["tc", "-j", "filter", "show", "dev", ifname, "ingress"], self.netns) or "[]")
+            except (netns.CommandError, ValueError):
+                continue
+            xdp = ((link[0].get("xdp") or {}).get("prog") or {}).get("name") if link else None
+            has_tc = any(((f.get("options") or {}).get("prog") or {}).get("name") == "hf_tc" for f in tc)
+            if xdp == "hf_xdp" and has_tc:
+                out.append(ifname)
+        return out
+
+    @property
+    def loaded(self) -> bool:
+        """Pinned maps and both programs on every interface. Pins alone say nothing: they outlive a namespace
+        deleted without an unload, and a new namespace of that name has interfaces without programs, whose tagged
+        frames would cross the bridge unfiltered."""
+        return self.pinned and self.attached() == self.ifaces
+
+    def clear_stale(self) -> bool:
+        """Remove pins that no attached program uses (left by a namespace deleted without an unload); True if
+        there were any. The maps' contents are the deployment's and are written again by the next deploy."""
+        if not self.pinned or self.attached():
+            return False
+        shutil.rmtree(self.pin, ignore_errors=True)
+        return True
 
     def load(self, generic: bool = False) -> None:
         """Attach XDP (native unless `generic`) and TC ingress on every interface; maps pinned and reused."""

@@ -206,14 +206,9 @@ class _Gen:
                 rng.choice(("--rsource", "--rdest")),
                 *extra,
             ]
-        return [
-            "-m",
-            "connlimit",
-            rng.choice(("--connlimit-above", "--connlimit-upto")),
-            "100000",
-            "--connlimit-mask",
-            "32",
-        ]
+        # --connlimit-upto 100000 holds for every packet of a run (never more connections than that): the rule's
+        # target applies and the oracle's counters show it matched; --connlimit-above would never match at all.
+        return ["-m", "connlimit", "--connlimit-upto", "100000", "--connlimit-mask", "32"]
 
     def target(self, chain_index: int | None) -> list[str]:
         """chain_index: None in the base chain, else the user chain's position (it may jump only further on)."""

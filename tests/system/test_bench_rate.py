@@ -18,9 +18,9 @@ from conftest import ROOT, need_root, need_tool
 LAB = "t-rate"
 STATE = f"/run/hypafilter/test-{LAB}"
 # The JSON fields issue #13 names, written out here on their own (not read from the code under test).
-FIELDS = (
-    "target frames hybrid_pps iptables_pps nft_pps speedup_vs_iptables speedup_vs_nft hw_share mismatches"
-).split()
+FIELDS = tuple(
+    "target frames hybrid_pps iptables_pps nft_pps speedup_vs_iptables speedup_vs_nft hw_share mismatches".split()
+)
 
 
 @pytest.mark.system

@@ -116,6 +116,8 @@ def test_a_recreated_firewall_namespace_gets_the_shim_again(lab):
     lab.up()
     deploy.deploy(pol, Config())  # a fresh lab under the recorded deployment: drift, redeployed
     assert sh.attached() == sh.ifaces and deploy.status()["drift"] == []
+    deploy.undeploy()
+    assert not sh.pinned
 
 
 BAD = """*filter

@@ -585,11 +585,15 @@ def _deployed(policy: Policy, config: Config, log: Callable[[str], None]) -> tup
     return lab, state
 
 
+# The NIC's counters of the wire frames it decided itself: forwarded, dropped by a rule, dropped as unfilterable.
+HW_DECIDED = ("CNT_FORWARDED", "CNT_DROPPED", "CNT_DROP_UNFILTERABLE")
+
+
 def hw_share(nic: dict) -> float | None:
-    """Share of the wire frames the NIC classified (PKTIN) that it decided itself (forwarded or dropped), from a
-    counter delta; None when no wire frame came."""
+    """Share of the wire frames the NIC classified (PKTIN) that it decided itself (HW_DECIDED), from a counter
+    delta; None when no wire frame came."""
     wire = nic.get("PKTIN", 0)
-    return round((nic.get("CNT_FORWARDED", 0) + nic.get("CNT_DROPPED", 0)) / wire, 4) if wire else None
+    return round(sum(nic.get(k, 0) for k in HW_DECIDED) / wire, 4) if wire else None
 
 
 def verify(

@@ -41,6 +41,7 @@ from hypafilter.ops.verify import (
     compare,
     drain,
     frame_id,
+    hw_share,
     load_oracle,
     raw_socket,
     refuse_nondeterministic,
@@ -61,7 +62,6 @@ FIELDS = (
     "mismatches",
 )
 NFT_TABLE = "hfrate"  # the plain namespace's nft table while the nft run lasts (removed afterwards)
-HW_DECIDED = ("CNT_FORWARDED", "CNT_DROPPED", "CNT_DROP_UNFILTERABLE")
 
 
 class EmuFast:
@@ -285,8 +285,6 @@ def rate(
     vs_ipt = compare(probes, {"hybrid": hybrid.got, "plain": ipt.got})
     vs_nft = compare(probes, {"hybrid": hybrid.got, "plain": nft.got}) if nft else None
     mismatched = _mismatched(probes, hybrid.got, ipt.got) | (_mismatched(probes, hybrid.got, nft.got) if nft else set())
-    pkt = delta.get("PKTIN", 0)
-    hw = sum(delta.get(k, 0) for k in HW_DECIDED)
     report = {
         "target": target,
         "frames": n,
@@ -295,7 +293,7 @@ def rate(
         "nft_pps": nft.pps(n) if nft else None,
         "speedup_vs_iptables": round(ipt.seconds / hybrid.seconds, 3) if hybrid.seconds else None,
         "speedup_vs_nft": round(nft.seconds / hybrid.seconds, 3) if nft and hybrid.seconds else None,
-        "hw_share": round(hw / pkt, 4) if pkt else 0.0,
+        "hw_share": hw_share(delta) or 0.0,
         "mismatches": len(mismatched),
         "mismatches_vs_iptables": vs_ipt["mismatches"],
         "mismatches_vs_nft": vs_nft["mismatches"] if vs_nft else None,

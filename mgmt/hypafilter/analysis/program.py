@@ -215,7 +215,8 @@ def build_program(
         c[cut] = [unmark, *(NfRule("policy", index=i) for i in _cut_list(plan, strategy)), NfRule("always", default)]
     else:
         chains = plan.geo_chains if strategy == "interval_geo" else plan.chains
-        leaves = sorted({(int(plan.interval[j]), int(plan.actions[j])) for j in range(plan.n + 1) if plan.shunt[j]})
+        may = plan.may_shunt  # an entry forced on a flow-cache miss delivers (k, action) like a shunting one
+        leaves = sorted({(int(plan.interval[j]), int(plan.actions[j])) for j in range(plan.n + 1) if may[j]})
         c[main] = [NfRule("mark", k0, 0, kmask)]
         # Depth budget below MAIN: dispatch levels (MAIN's test included) + block levels + the deepest helper chain
         # of a complex rule, so that base -> MAIN -> ... stays within MAX_DEPTH.
@@ -255,7 +256,8 @@ def _cut_list(plan, strategy: str) -> list[int]:
     pol = plan.policy
     if strategy == "hsa_cut":
         return [int(i) for i in np.flatnonzero(plan.hsa_members())]
-    shunted = [plan.entries[j].rule_index for j in range(plan.n) if plan.shunt[j]]
+    may = plan.may_shunt
+    shunted = [plan.entries[j].rule_index for j in range(plan.n) if may[j]]
     beta = min(shunted) if shunted else len(pol.rules)
     return [i for i, r in enumerate(pol.rules) if not r.is_simple or i >= beta]
 

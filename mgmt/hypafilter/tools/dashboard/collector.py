@@ -429,8 +429,10 @@ def rule_positions(program) -> dict[tuple[str, int], int]:
     pos: dict[tuple[str, int], int] = {}
     for name, rules in program.chains.items():
         if name == program.verbatim_full:
-            if not pol.user_chains and len(pol.original_rules) == len(pol.rules):
-                pos.update({(name, j + 1): j for j in range(len(pol.rules))})
+            # The two parts of a rule split on conntrack state (consecutive) are one line there: its first part.
+            firsts = [i for i, r in enumerate(pol.rules) if not (r.ct_part == "miss" and _twin(pol, i))]
+            if not pol.user_chains and len(pol.original_rules) == len(firsts):
+                pos.update({(name, j + 1): i for j, i in enumerate(firsts)})
             continue
         for p, r in enumerate(rules, 1):
             if r.kind != "policy":
@@ -443,10 +445,17 @@ def rule_positions(program) -> dict[tuple[str, int], int]:
     return pos
 
 
+def _twin(pol, i: int) -> bool:
+    """Is rule i the miss part of a rule whose hit part is rule i - 1?"""
+    a = pol.rules[i - 1] if i else None
+    return a is not None and a.ct_part == "hit" and a.levels == pol.rules[i].levels and a.origin == pol.rules[i].origin
+
+
 def rule_ids(policy) -> list[str]:
     """A stable identity per flattened rule: a short hash of its chain, the canonical options of every level it
     came through and its target, so inserting or removing other rules does not rename it. A rule written twice
-    the same way in one chain gets .2, .3, ... in order."""
+    the same way in one chain gets .2, .3, ... in order. The two parts of a rule split on conntrack state
+    (Rule.ct_part) are told apart by their part."""
     out = []
     seen: dict[str, int] = {}
     for r in policy.rules:
@@ -456,6 +465,8 @@ def rule_ids(policy) -> list[str]:
             text = " > ".join(levels) + " -j " + " ".join((r.target, *r.target_args))
         else:
             text = r.origin.text if r.origin else r.target
+        if r.ct_part:
+            text += f" [ct {r.ct_part}]"
         h = hashlib.sha256(f"{policy.base_chain}|{chain}|{text}".encode()).hexdigest()[:12]
         n = seen[h] = seen.get(h, 0) + 1
         out.append(h if n == 1 else f"{h}.{n}")

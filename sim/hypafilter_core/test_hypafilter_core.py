@@ -126,6 +126,13 @@ async def core_traffic(dut):
             regs.control = hwmodel.CONTROL_ENABLE | hwmodel.CONTROL_HOST_MODE
             await ax.write(R.REG_CONTROL, regs.control)
             assert await ax.read(R.REG_CONTROL) == regs.control
+        elif phase == 6:  # miss forcing (ct is 0 for every frame): ACCEPT and DROP go to the host, reason 3
+            regs.control = hwmodel.CONTROL_ENABLE | hwmodel.CONTROL_MISS_SHUNT
+            await ax.write(R.REG_CONTROL, regs.control)
+            assert await ax.read(R.REG_CONTROL) == regs.control
+        elif phase == 7:  # host mode with DROP forced: ACCEPT is decided (reason 5), DROP shunted (reason 3)
+            regs.control = hwmodel.CONTROL_ENABLE | hwmodel.CONTROL_HOST_MODE | hwmodel.CONTROL_MISS_SHUNT_DROP
+            await ax.write(R.REG_CONTROL, regs.control)
         _expect(plan, frames, regs, counters, expected)
         await tb.src.send(frames)
         await tb.wait_out(len(expected))
@@ -138,6 +145,8 @@ async def core_traffic(dut):
     assert counters.regs.get("CNT_DROP_UNFILTERABLE", 0) > 0, "the traffic must hold unfilterable frames"
     if len(phases) > 5 and n >= 8:
         assert any(d.reason == hwmodel.REASON_DECIDED for _, _, d in expected), "host mode delivered no ACCEPT"
+    if len(phases) > 6 and n >= 8:
+        assert any(d.reason == hwmodel.REASON_STATE for _, _, d in expected), "miss forcing shunted nothing"
     sent = sum(len(p) for p in phases)
     wire = await ax.read(R.REG_PKTIN)
     assert wire + await ax.read(R.REG_CNT_FROM_HOST) == sent
@@ -340,7 +349,7 @@ def _run_core(
 def test_core_random_policy(width):
     rng = random.Random(width)
     plan = vhdl.minimal_plan(random_policy(rng, 40))
-    _run_core(f"random_w{width}", plan, width, seed=width, counts=(700, 300, 300, 200, 100, 300))
+    _run_core(f"random_w{width}", plan, width, seed=width, counts=(700, 300, 300, 200, 100, 300, 200, 200))
 
 
 @pytest.mark.sim

@@ -285,3 +285,30 @@ def test_software_writes_a_split_rule_from_its_levels():
     full = [ln for ln in text.splitlines() if ln.startswith("-A HF1_FULL ")]
     assert sum("conntrack" in ln for ln in full) == 1
     assert len(full) == len(pol.original_rules)
+
+
+def test_lint_names_the_parts(tmp_path, capsys):
+    from hypafilter.cli import main
+
+    f = tmp_path / "p.rules"
+    f.write_text(open("rulesets/conntrack.rules").read())
+    assert main(["lint", "--no-kernel", str(f)]) == 0
+    out = capsys.readouterr().out
+    assert "#0 " in out and "simple on a flow-cache hit (original direction and reply direction)" in out
+    assert "#1 " in out and "complex (on a flow-cache miss): match -m conntrack --ctstate ESTABLISHED,RELATED" in out
+
+
+def test_analyze_counts_frames_forced_on_a_miss():
+    """Trace headers have ct 0: in a policy that reads conntrack every one of them is shunted (bridge mode)."""
+    import numpy as np
+    from hypafilter.analysis.traffic import analyze
+    from hypafilter.ir import NDIM
+
+    pol = parse_policy(open("rulesets/conntrack.rules").read())
+    pts = np.zeros((4, NDIM), dtype=np.int64)
+    pts[:, 2] = [6, 17, 1, 47]  # proto
+    out = analyze(pol, Config(), pts)
+    assert out["shunted_packets_selective"] == out["shunted_packets_index_based"] == 4
+    pts[:, -1] = 1  # all of them hits of established flows: the hit part decides them in hardware
+    out = analyze(pol, Config(), pts)
+    assert out["shunted_packets_selective"] == out["shunted_packets_index_based"] == 0

@@ -312,3 +312,33 @@ def test_analyze_counts_frames_forced_on_a_miss():
     pts[:, -1] = 1  # all of them hits of established flows: the hit part decides them in hardware
     out = analyze(pol, Config(), pts)
     assert out["shunted_packets_selective"] == out["shunted_packets_index_based"] == 0
+
+
+@pytest.mark.parametrize(("mode", "strategy"), [("exact", "cut"), ("selective", "hsa_cut"), ("exact", "interval")])
+def test_a_split_rule_is_one_line_where_both_parts_are_tested(mode, strategy):
+    """A string rule above the state rule: both parts of the split rule meet its reduction (exact chains) or come
+    after the first shunting entry (CUT), and the chain holds the original rule once (a "policy" line of span 2)."""
+    from hypafilter.netfilter.restore import render_iptables
+
+    pol = parse_policy(
+        "*filter\n:FORWARD DROP [0:0]\n-A FORWARD -p tcp -m string --string x --algo bm -j DROP\n"
+        "-A FORWARD -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT\n"
+        "-A FORWARD -p tcp -m tcp --dport 80 -j ACCEPT\nCOMMIT\n"
+    )
+    assert [r.ct_part for r in pol.rules] == ["", "hit", "miss", ""]
+    prog = build_program(build_plan(pol, Config(), mode=mode), strategy)
+    spans = [r for rules in prog.chains.values() for r in rules if r.kind == "policy" and r.span == 2]
+    assert spans and all(r.index == 1 for r in spans)
+    for rules in prog.chains.values():  # never both parts as lines of their own in one chain
+        idx = [r.index for r in rules if r.kind == "policy"]
+        assert not (1 in idx and 2 in idx)
+    text = render_iptables(prog, "filter")
+    for chain in {c for c in prog.chains if c != prog.verbatim_full}:
+        lines = [ln for ln in text.splitlines() if ln.startswith(f"-A {chain} ")]
+        assert sum("conntrack" in ln for ln in lines) <= 1, chain
+    ev = consistent_eval(12345)
+    for ct in (0, 1, 2):
+        for h in (Header(proto=6, dport=80, ct=ct), Header(proto=17, dport=53, ct=ct)):
+            assert hybrid_verdict(build_plan(pol, Config(), mode=mode), strategy, h, ev)[0] == reference_verdict(
+                pol, h, ev
+            )

@@ -25,7 +25,7 @@ from typing import Any
 
 from hypafilter import netns
 from hypafilter.analysis.plan import build_plan
-from hypafilter.analysis.program import build_program
+from hypafilter.analysis.program import build_program, twins
 from hypafilter.config import Config
 from hypafilter.errors import HypafilterError
 from hypafilter.iptables.document import parse_policy
@@ -430,7 +430,7 @@ def rule_positions(program) -> dict[tuple[str, int], int]:
     for name, rules in program.chains.items():
         if name == program.verbatim_full:
             # The two parts of a rule split on conntrack state (consecutive) are one line there: its first part.
-            firsts = [i for i, r in enumerate(pol.rules) if not (r.ct_part == "miss" and _twin(pol, i))]
+            firsts = [i for i in range(len(pol.rules)) if not twins(pol, i - 1, i)]
             if not pol.user_chains and len(pol.original_rules) == len(firsts):
                 pos.update({(name, j + 1): i for j, i in enumerate(firsts)})
             continue
@@ -443,12 +443,6 @@ def rule_positions(program) -> dict[tuple[str, int], int]:
             else:
                 pos[(program.name(f"R{r.index}L{len(levels)}"), len(levels[-1].unless) + 1)] = r.index
     return pos
-
-
-def _twin(pol, i: int) -> bool:
-    """Is rule i the miss part of a rule whose hit part is rule i - 1?"""
-    a = pol.rules[i - 1] if i else None
-    return a is not None and a.ct_part == "hit" and a.levels == pol.rules[i].levels and a.origin == pol.rules[i].origin
 
 
 def rule_ids(policy) -> list[str]:
@@ -484,11 +478,12 @@ def deployment_from_state(state: dict) -> Deployment:
     # first-match count must not be added on top. Under "full" every shunted packet runs the verbatim FULL chain.
     recounted = set(range(len(policy.rules))) if config.strategy == "full" else set()
     recounted |= {
-        r.index
+        i
         for name, rules in program.chains.items()
         if name != program.verbatim_full
         for r in rules
         if r.kind == "policy"
+        for i in range(r.index, r.index + r.span)
     }
     entry_of: dict[int, int] = {}
     for e, entry in enumerate(plan.entries):

@@ -92,6 +92,8 @@ async def core_traffic(dut):
         assert await ax.table_access(R, R.TABLE_ACTION, i) == plan.actions[i] & 0xF
 
     regs = hwmodel.Regs.from_plan(plan)
+    if regs.control != 1:  # a plan with miss forcing (Plan.miss_shunt): CONTROL bits 4/5, as NicClient.program
+        await ax.write(R.REG_CONTROL, regs.control)
     counters = hwmodel.Counters(n)
     expected: list = []
     rng = random.Random(cfg["seed"])
@@ -359,6 +361,31 @@ def test_core_tiny_policies():
     _run_core("empty_w256", empty, 256, seed=3, counts=(150, 40, 40, 40, 40, 40), testcase="core_traffic")
     one = vhdl.minimal_plan(Policy([Rule((FULL,), "ACCEPT")], "DROP", original_rules=[("one",)]))
     _run_core("one_w512", one, 512, seed=4, counts=(150, 40, 40, 40, 40, 40), testcase="core_traffic")
+
+
+CONNTRACK_SPLIT = """*filter
+:FORWARD DROP [0:0]
+-A FORWARD -p tcp -m tcp --dport 80 -j ACCEPT
+-A FORWARD -p icmp -j ACCEPT
+-A FORWARD -m conntrack --ctstate INVALID -j DROP
+-A FORWARD -p tcp -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT
+-A FORWARD -p udp -m conntrack --ctstate ESTABLISHED --ctdir REPLY -j ACCEPT
+-A FORWARD -p udp -m udp --dport 53 -j DROP
+COMMIT
+"""
+
+
+@pytest.mark.sim
+def test_core_conntrack_split_policy():
+    """A policy whose state rules are split (hit parts with ct comparators, miss parts as exact-mode entries) and
+    miss forcing on: with h_ct tied to "00" no hit part matches and every decided frame goes to the host (reason 3),
+    frame by frame as the model says."""
+    from hypafilter.config import Config
+    from hypafilter.iptables.document import parse_policy
+
+    plan = build_plan(parse_policy(CONNTRACK_SPLIT), Config(), mode="exact")
+    assert plan.miss_shunt == (True, True) and any(r.ct_part == "hit" for r in plan.policy.rules)
+    _run_core("conntrack_w256", plan, 256, seed=5, counts=(300, 60, 60, 60, 60, 300, 150, 100), testcase="core_traffic")
 
 
 # The 10k builds are opt-in (HF_SIM_10K=1, `make sim-10k`; about 40 minutes per width, see docs/hardware.md):

@@ -342,3 +342,16 @@ def test_a_split_rule_is_one_line_where_both_parts_are_tested(mode, strategy):
             assert hybrid_verdict(build_plan(pol, Config(), mode=mode), strategy, h, ev)[0] == reference_verdict(
                 pol, h, ev
             )
+
+
+def test_compile_writes_the_miss_forcing_bits(tmp_path):
+    import json
+
+    from hypafilter.cli import main
+
+    out = tmp_path / "out"
+    assert main(["compile", "rulesets/conntrack.rules", "-o", str(out)]) == 0
+    regs = json.loads((out / "registers.json").read_text())
+    assert regs[-1] == {"register": "CONTROL", "mask": 0x30, "value": 0x30}
+    assert json.loads((out / "manifest.json").read_text())["miss_shunt"] == {"accept": True, "drop": True}
+    assert "miss forcing (CONTROL bits 4/5)" in (out / "partition.txt").read_text()

@@ -86,10 +86,11 @@ def test_rules_entries_and_shunt_bits_follow_the_plan(tmp_path):
     assert len(dep.rules) == len(policy.rules) and dep.n_entries == len(plan.entries)
     for e, entry in enumerate(plan.entries):
         rule = dep.rules[entry.rule_index]
-        assert rule.entry == e and rule.shunt == bool(plan.shunt[e])
+        assert rule.entry == e and rule.shunt == bool(plan.may_shunt[e])
     assert [r.simple for r in dep.rules] == [r.is_simple for r in policy.rules]
     assert dep.rules[4].where.endswith("policy.rules:13") and "10.0.2.0/24" in dep.rules[4].text
-    assert dep.policy_shunt == bool(plan.shunt[len(plan.entries)])
+    assert dep.policy_shunt == bool(plan.may_shunt[len(plan.entries)])
+    assert not dep.rules[0].shunt and dep.rules[2].shunt  # the hit part (never a miss) does not shunt; DNS may
     assert dep.partition["complex"] == len(policy.complex_indices)
     assert dep.history[0].duration == 1.5
 

@@ -71,7 +71,7 @@ class RuleInfo:
     target: str
     simple: bool
     entry: int | None  # hardware entry whose HITS counter counts this rule's first matches (None: no entry)
-    shunt: bool | None  # that entry's shunt bit (None without an entry)
+    shunt: bool | None  # that entry may shunt: its shunt bit, or miss forcing (Plan.may_shunt; None without an entry)
     counts_hw: bool = True  # its hardware first-matches are its hits (False: software re-counts shunted ones)
     id: str = ""  # stable identity (rule_ids): the same rule keeps it when rules are inserted above it
     chain: str = ""  # the chain it is written in
@@ -490,9 +490,10 @@ def deployment_from_state(state: dict) -> Deployment:
         entry_of.setdefault(int(entry.rule_index), e)
     rules = []
     ids = rule_ids(policy)
+    may = plan.may_shunt  # frames forced to software on a flow-cache miss meet the rule there again too
     for i, r in enumerate(policy.rules):
         e = entry_of.get(i)
-        shunt = bool(plan.shunt[e]) if e is not None else None
+        shunt = bool(may[e]) if e is not None else None
         where = f"{r.origin.file}:{r.origin.line}" if r.origin else ""
         text = (
             r.origin.text if r.origin else " ".join((*r.levels[-1].options, "-j", r.target)) if r.levels else r.target
@@ -519,7 +520,7 @@ def deployment_from_state(state: dict) -> Deployment:
         netns=str((state.get("shim") or {}).get("netns", "hf-fw")),
         table=config.table,
         n_entries=n,
-        policy_shunt=bool(plan.shunt[n]),
+        policy_shunt=bool(may[n]),
         rules=tuple(rules),
         history=history_from_state(state),
         nic=str((state.get("nic") or {}).get("socket", "")),

@@ -226,6 +226,7 @@ def test_split_states_negation_ctdir_conjunction(match, hit):
         "-m conntrack --ctstate ESTABLISHED -m string --string x --algo bm",  # another complex check
         "-m conntrack --ctstate ESTABLISHED -m limit --limit 5/s",  # per-rule state
         "-m connmark --mark 1 -m conntrack --ctstate ESTABLISHED",
+        "-i eth0 -m conntrack --ctstate ESTABLISHED",  # an interface check no site configuration resolved
     ],
 )
 def test_rules_with_other_checks_stay_wholly_complex(match):
@@ -355,3 +356,18 @@ def test_compile_writes_the_miss_forcing_bits(tmp_path):
     assert regs[-1] == {"register": "CONTROL", "mask": 0x30, "value": 0x30}
     assert json.loads((out / "manifest.json").read_text())["miss_shunt"] == {"accept": True, "drop": True}
     assert "miss forcing (CONTROL bits 4/5)" in (out / "partition.txt").read_text()
+
+
+def test_resolved_interface_checks_leave_the_state_checks_alone():
+    """With the site's interfaces, `-i br0` holds for every NIC frame and physdev becomes an iport interval: the
+    state check is then the only complex one and the rule splits; `-i nf+` matches no NIC frame (no IR rule)."""
+    cfg = Config(bridge="br0", hw_ports={"nf0": 0, "nf1": 1})
+    pol = parse_policy(
+        "*filter\n:FORWARD DROP [0:0]\n"
+        "-A FORWARD -i br0 -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT\n"
+        "-A FORWARD -m physdev --physdev-in nf0 -m state --state ESTABLISHED -j ACCEPT\n"
+        "-A FORWARD -i nf+ -m conntrack --ctstate ESTABLISHED -j ACCEPT\nCOMMIT\n",
+        config=cfg,
+    )
+    assert [r.ct_part for r in pol.rules] == ["hit", "miss", "hit", "miss"]
+    assert {b.interval("iport") for b in pol.rules[2].boxes} == {(0, 0)}

@@ -26,6 +26,9 @@
 #define HF_REASON_OVERRULE 0
 #define HF_REASON_POLICY 1
 #define HF_REASON_UNPARSED 2
+/* Miss forcing (CONTROL bits 4/5 MISS_SHUNT_ACCEPT/DROP): a frame the flow cache does not know (ct = 0) whose hardware
+ * verdict would be ACCEPT (DROP) goes to the host instead; match_index and action as for an overrule. */
+#define HF_REASON_STATE 3
 /* Host mode (CONTROL bit 3 HOST_MODE): the hardware's verdict ACCEPT is final; the frame reaches the host only to
  * be delivered locally (INPUT). The shim gives it the mark value HF_MARK_DECIDED_ACCEPT. */
 #define HF_REASON_DECIDED 5

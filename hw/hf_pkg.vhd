@@ -15,6 +15,7 @@ package hf_pkg is
   constant REASON_OVERRULE : std_logic_vector(3 downto 0) := x"0";
   constant REASON_POLICY   : std_logic_vector(3 downto 0) := x"1";
   constant REASON_UNPARSED : std_logic_vector(3 downto 0) := x"2";
+  constant REASON_STATE    : std_logic_vector(3 downto 0) := x"3";  -- ct unknown, forced by CONTROL bit 4/5
   constant REASON_DECIDED  : std_logic_vector(3 downto 0) := x"5";  -- host mode: the hardware's ACCEPT is final
 
   -- every byte the parser reads is below this offset: 14 + 1 tag + 60 (IHL 15) + 14 TCP bytes

@@ -81,6 +81,8 @@ architecture rtl of hypafilter_core is
   signal h_proto, h_it, h_ic, h_flags : std_logic_vector(7 downto 0);
   signal h_sport, h_dport : std_logic_vector(15 downto 0);
   signal h_iport : std_logic_vector(1 downto 0);
+  -- what the flow cache knows of the frame (ir.box CT_*): no flow cache is wired yet, so every frame is unknown
+  signal h_ct : std_logic_vector(1 downto 0) := "00";
   signal res : std_logic_vector(RES_WIDTH - 1 downto 0);
   signal enc_any : std_logic;
   signal enc_idx : unsigned(IDX_W - 1 downto 0);
@@ -140,8 +142,8 @@ begin
   matcher : entity work.hf_matcher
     port map (
       clk => axis_aclk, h_src => h_src, h_dst => h_dst, h_proto => h_proto, h_sport => h_sport,
-      h_dport => h_dport, h_icmp_type => h_it, h_icmp_code => h_ic, h_iport => h_iport, h_flags => h_flags,
-      res => res);
+      h_dport => h_dport, h_icmp_type => h_it, h_icmp_code => h_ic, h_iport => h_iport, h_ct => h_ct,
+      h_flags => h_flags, res => res);
 
   encoder : entity work.hf_prio_enc
     generic map (N_IN => RES_WIDTH, FANIN => ENC_FANIN, STAGES => ENC_STAGES, IDX_W => IDX_W)
@@ -227,6 +229,11 @@ begin
         if lk_shunt = '0' and (action = x"1" or action = x"2") then
           ev(EV_FORCED) := '1';
         end if;
+      elsif (action = x"1" and control(4) = '1') or (action = x"2" and control(5) = '1') then
+        -- miss forcing (MISS_SHUNT_ACCEPT/DROP): conntrack must see a frame of a connection the fast path does
+        -- not know; h_ct is "00" for every frame until the flow cache is wired, so every frame is a miss
+        shunt := true;
+        reason := REASON_STATE;
       elsif action = x"1" and control(3) = '1' then
         -- host mode: the verdict is final; the frame goes to the ingress port's DMA queue, as a shunt does
         ev(EV_FORWARDED) := '1';

@@ -92,6 +92,8 @@ async def core_traffic(dut):
         assert await ax.table_access(R, R.TABLE_ACTION, i) == plan.actions[i] & 0xF
 
     regs = hwmodel.Regs.from_plan(plan)
+    if regs.control != 1:  # a plan with miss forcing (Plan.miss_shunt): CONTROL bits 4/5, as NicClient.program
+        await ax.write(R.REG_CONTROL, regs.control)
     counters = hwmodel.Counters(n)
     expected: list = []
     rng = random.Random(cfg["seed"])
@@ -126,6 +128,13 @@ async def core_traffic(dut):
             regs.control = hwmodel.CONTROL_ENABLE | hwmodel.CONTROL_HOST_MODE
             await ax.write(R.REG_CONTROL, regs.control)
             assert await ax.read(R.REG_CONTROL) == regs.control
+        elif phase == 6:  # miss forcing (ct is 0 for every frame): ACCEPT and DROP go to the host, reason 3
+            regs.control = hwmodel.CONTROL_ENABLE | hwmodel.CONTROL_MISS_SHUNT
+            await ax.write(R.REG_CONTROL, regs.control)
+            assert await ax.read(R.REG_CONTROL) == regs.control
+        elif phase == 7:  # host mode with DROP forced: ACCEPT is decided (reason 5), DROP shunted (reason 3)
+            regs.control = hwmodel.CONTROL_ENABLE | hwmodel.CONTROL_HOST_MODE | hwmodel.CONTROL_MISS_SHUNT_DROP
+            await ax.write(R.REG_CONTROL, regs.control)
         _expect(plan, frames, regs, counters, expected)
         await tb.src.send(frames)
         await tb.wait_out(len(expected))
@@ -138,6 +147,8 @@ async def core_traffic(dut):
     assert counters.regs.get("CNT_DROP_UNFILTERABLE", 0) > 0, "the traffic must hold unfilterable frames"
     if len(phases) > 5 and n >= 8:
         assert any(d.reason == hwmodel.REASON_DECIDED for _, _, d in expected), "host mode delivered no ACCEPT"
+    if len(phases) > 6 and n >= 8:
+        assert any(d.reason == hwmodel.REASON_STATE for _, _, d in expected), "miss forcing shunted nothing"
     sent = sum(len(p) for p in phases)
     wire = await ax.read(R.REG_PKTIN)
     assert wire + await ax.read(R.REG_CNT_FROM_HOST) == sent
@@ -340,7 +351,7 @@ def _run_core(
 def test_core_random_policy(width):
     rng = random.Random(width)
     plan = vhdl.minimal_plan(random_policy(rng, 40))
-    _run_core(f"random_w{width}", plan, width, seed=width, counts=(700, 300, 300, 200, 100, 300))
+    _run_core(f"random_w{width}", plan, width, seed=width, counts=(700, 300, 300, 200, 100, 300, 200, 200))
 
 
 @pytest.mark.sim
@@ -350,6 +361,31 @@ def test_core_tiny_policies():
     _run_core("empty_w256", empty, 256, seed=3, counts=(150, 40, 40, 40, 40, 40), testcase="core_traffic")
     one = vhdl.minimal_plan(Policy([Rule((FULL,), "ACCEPT")], "DROP", original_rules=[("one",)]))
     _run_core("one_w512", one, 512, seed=4, counts=(150, 40, 40, 40, 40, 40), testcase="core_traffic")
+
+
+CONNTRACK_SPLIT = """*filter
+:FORWARD DROP [0:0]
+-A FORWARD -p tcp -m tcp --dport 80 -j ACCEPT
+-A FORWARD -p icmp -j ACCEPT
+-A FORWARD -m conntrack --ctstate INVALID -j DROP
+-A FORWARD -p tcp -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT
+-A FORWARD -p udp -m conntrack --ctstate ESTABLISHED --ctdir REPLY -j ACCEPT
+-A FORWARD -p udp -m udp --dport 53 -j DROP
+COMMIT
+"""
+
+
+@pytest.mark.sim
+def test_core_conntrack_split_policy():
+    """A policy whose state rules are split (hit parts with ct comparators, miss parts as exact-mode entries) and
+    miss forcing on: with h_ct tied to "00" no hit part matches and every decided frame goes to the host (reason 3),
+    frame by frame as the model says."""
+    from hypafilter.config import Config
+    from hypafilter.iptables.document import parse_policy
+
+    plan = build_plan(parse_policy(CONNTRACK_SPLIT), Config(), mode="exact")
+    assert plan.miss_shunt == (True, True) and any(r.ct_part == "hit" for r in plan.policy.rules)
+    _run_core("conntrack_w256", plan, 256, seed=5, counts=(300, 60, 60, 60, 60, 300, 150, 100), testcase="core_traffic")
 
 
 # The 10k builds are opt-in (HF_SIM_10K=1, `make sim-10k`; about 40 minutes per width, see docs/hardware.md):

@@ -86,10 +86,11 @@ def test_rules_entries_and_shunt_bits_follow_the_plan(tmp_path):
     assert len(dep.rules) == len(policy.rules) and dep.n_entries == len(plan.entries)
     for e, entry in enumerate(plan.entries):
         rule = dep.rules[entry.rule_index]
-        assert rule.entry == e and rule.shunt == bool(plan.shunt[e])
+        assert rule.entry == e and rule.shunt == bool(plan.may_shunt[e])
     assert [r.simple for r in dep.rules] == [r.is_simple for r in policy.rules]
-    assert dep.rules[3].where.endswith("policy.rules:13") and "10.0.2.0/24" in dep.rules[3].text
-    assert dep.policy_shunt == bool(plan.shunt[len(plan.entries)])
+    assert dep.rules[4].where.endswith("policy.rules:13") and "10.0.2.0/24" in dep.rules[4].text
+    assert dep.policy_shunt == bool(plan.may_shunt[len(plan.entries)])
+    assert not dep.rules[0].shunt and dep.rules[2].shunt  # the hit part (never a miss) does not shunt; DNS may
     assert dep.partition["complex"] == len(policy.complex_indices)
     assert dep.history[0].duration == 1.5
 
@@ -105,12 +106,13 @@ def test_netfilter_counters_land_on_the_rule_each_line_was_emitted_for(tmp_path)
         assert len(hits) == 1, (pattern, hits)
         return hits[0]
 
-    # conntrack (rule 0) sits in C1, the string match (rule 2) in C2; the LOG rule of the user chain (rule 4)
-    # is counted by the last line of its helper chain, not by the jump into it.
-    assert per_rule[0][0] == line(r"^-A HF4_C1 .*conntrack")
-    assert per_rule[2][0] == line(r"^-A HF4_C2 .*string")
-    assert per_rule[4][0] == line(r"^-A HF4_R4L2 .*LOG")
-    assert set(per_rule) == {0, 2, 4}
+    # conntrack's miss part (rule 1; its hit part, rule 0, is a hardware entry no frame leaves on a miss) sits in
+    # C2, the string match (rule 3) in C3; the LOG rule of the user chain (rule 5) is counted by the last line of
+    # its helper chain, not by the jump into it.
+    assert per_rule[1][0] == line(r"^-A HF4_C2 .*conntrack")
+    assert per_rule[3][0] == line(r"^-A HF4_C3 .*string")
+    assert per_rule[5][0] == line(r"^-A HF4_R5L2 .*LOG")
+    assert set(per_rule) == {1, 3, 5}
 
 
 @pytest.mark.parametrize("strategy", ["full", "cut", "interval"])
@@ -158,9 +160,11 @@ def test_rule_ids_survive_rules_inserted_above(tmp_path):
         assert r.id in ids_after, r
     moved = [r for r in after.rules if r.id in old.values()]
     assert len(moved) == len(before.rules)
-    # By position, index 1 would now name the inserted rule; by id, the DNS rule is found where it moved.
-    assert after.rules[1].id != before.rules[1].id
-    assert next(r for r in after.rules if r.id == before.rules[1].id).index == 4  # + udp 123 + WEB (2 rules)
+    # By position, index 2 would now name the inserted rule; by id, the DNS rule is found where it moved (the
+    # conntrack rule above it is two rules, its hit and miss parts, with ids of their own).
+    assert before.rules[0].id != before.rules[1].id
+    assert after.rules[2].id != before.rules[2].id
+    assert next(r for r in after.rules if r.id == before.rules[2].id).index == 5  # + udp 123 + WEB (2 rules)
     # The WEB rules reached through the inserted jump are new flattened rules, with their own ids.
     web = [r for r in after.rules if r.chain == "WEB"]
     assert len(web) == 2 * len([r for r in before.rules if r.chain == "WEB"])

@@ -11,7 +11,7 @@ from hypafilter.ir import MAXV, NDIM, Box, Header
 
 def _random_boxes(rng: np.random.Generator, m: int, small: bool = True) -> BoxSet:
     """Boxes over a small value range per dimension so that intersections are neither rare nor certain."""
-    span = np.array([8, 8, 3, 6, 6, 2, 2, 4]) if small else np.array(MAXV) + 1
+    span = np.array([8, 8, 3, 6, 6, 2, 2, 4, 4]) if small else np.array(MAXV) + 1
     a = rng.integers(0, span, size=(m, NDIM))
     b = rng.integers(0, span, size=(m, NDIM))
     lo, hi = np.minimum(a, b), np.maximum(a, b)
@@ -52,7 +52,7 @@ def test_intersecting_owners_and_first_match(monkeypatch):
             }
         )
         assert list(owners[i]) == want
-    pts = rng.integers(0, [8, 8, 3, 6, 6, 2, 2, 4], size=(300, NDIM))
+    pts = rng.integers(0, [8, 8, 3, 6, 6, 2, 2, 4, 4], size=(300, NDIM))
     flags = rng.integers(0, 4, 300)
     fm = geometry.first_match(BoxSet.points(pts, flags), src, default=-1)
     for p in range(300):

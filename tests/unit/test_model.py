@@ -247,3 +247,40 @@ def test_host_mode_delivers_hardware_accepts_with_reason_decided():
     assert c.regs == {"CNT_FORWARDED": 1, "PKTIN": 1, "PKTOUT": 1} and c.hits[0] == 1
     with pytest.raises(ValueError, match="bridge or host"):
         hwmodel.nic_mode_control("auto")
+
+
+def test_miss_forcing_precedence():
+    """CONTROL bits 4/5 (Plan.miss_shunt): a frame with ct = 0 whose verdict would be ACCEPT (DROP) is shunted with
+    reason 3, match_index and action kept; after unparsed (2), the entry's shunt bit, a non-decisive action and
+    shunt-everything (0/1), before host-mode ACCEPT (5); a flow-cache hit (ct 1/2) is decided as before."""
+    plan = _plan()
+    web = frame(Ether() / IP() / TCP(dport=80))
+    udp = frame(Ether() / IP() / UDP())
+    gre = frame(Ether() / IP(proto=47))  # entry 3: shunt bit set
+    plan.miss_shunt = (True, True)
+    regs = hwmodel.Regs.from_plan(plan)
+    assert regs.control == hwmodel.CONTROL_ENABLE | hwmodel.CONTROL_MISS_SHUNT == 0x31
+    for f, idx, action in ((web, 0, 1), (udp, 1, 2)):
+        d = hwmodel.decide(plan, f, 0x04, regs)
+        assert (d.kind, d.dst_port, d.match_index, d.action, d.reason) == (hwmodel.Kind.SHUNT, 0x08, idx, action, 3)
+        assert d.counters == ("CNT_SHUNT_STATE",) and not d.forced
+        assert unpack_meta(d.meta) == {"index": idx, "action": action, "reason": 3, "generation": 0, "magic": 0x4846}
+        for ct in (1, 2):
+            hit = hwmodel.decide(plan, f, 0x04, regs, ct=ct)
+            assert hit.kind == (hwmodel.Kind.FORWARD if action == 1 else hwmodel.Kind.DROP) and hit.reason is None
+    assert hwmodel.decide(plan, gre, 0x01, regs).reason == hwmodel.REASON_OVERRULE  # the shunt bit first
+    assert hwmodel.decide(plan, frame(Ether() / ARP()), 0x01, regs).reason == hwmodel.REASON_UNPARSED
+    regs.control |= hwmodel.CONTROL_SHUNT_ALL
+    d = hwmodel.decide(plan, web, 0x01, regs)
+    assert (d.reason, d.forced) == (hwmodel.REASON_OVERRULE, True)  # shunt-everything before miss forcing
+    # host mode: only DROP is forced; an ACCEPT is delivered as decided (the host's conntrack sees it)
+    plan.miss_shunt = (False, True)
+    host = hwmodel.Regs.from_plan(plan, nic_mode="host")
+    assert host.control == hwmodel.CONTROL_ENABLE | hwmodel.CONTROL_HOST_MODE | hwmodel.CONTROL_MISS_SHUNT_DROP
+    assert hwmodel.decide(plan, web, 0x01, host).reason == hwmodel.REASON_DECIDED
+    assert hwmodel.decide(plan, udp, 0x01, host).reason == hwmodel.REASON_STATE == 3
+    host.control |= hwmodel.CONTROL_MISS_SHUNT_ACCEPT  # both bits: forcing comes before the host-mode ACCEPT
+    assert hwmodel.decide(plan, web, 0x01, host).reason == hwmodel.REASON_STATE
+    c = hwmodel.Counters(len(plan.entries))
+    c.add(hwmodel.decide(plan, udp, 0x01, host), 0x01)
+    assert c.regs == {"CNT_SHUNT_STATE": 1, "PKTIN": 1, "PKTOUT": 1} and c.hits[1] == 1

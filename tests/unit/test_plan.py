@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypafilter.analysis.decision import decision
 from hypafilter.analysis.plan import build_plan, selective_bits
 from hypafilter.config import Config
 from hypafilter.errors import HypafilterError
 from hypafilter.iptables.document import parse_policy
-from hypafilter.ir import ACTION_ACCEPT, ACTION_DROP
+from hypafilter.ir import ACTION_ACCEPT, ACTION_DROP, Header
 
 from tests.irbuild import listing1, make_policy, make_rule
 
@@ -110,36 +111,48 @@ COMMIT
 
 
 @pytest.mark.parametrize("mode", ["index", "selective", "exact"])
-def test_conntrack_policy_decides_nothing_in_hardware(mode):
-    """A policy that reads conntrack state: conntrack must see every packet of a connection, the dropped ones too
-    (a dropped reply still establishes it, a dropped RST still closes it), so every entry shunts, the policy
-    entry included, ACCEPT and DROP alike."""
+def test_conntrack_policy_decides_no_unknown_frame_in_hardware(mode):
+    """A policy that reads conntrack state: conntrack must see every packet of a connection the fast path does not
+    know, the dropped ones too (a dropped reply still establishes it, a dropped RST still closes it). So a frame
+    with ct = 0 is shunted (miss forcing, CONTROL bits 4/5) whatever entry it hits, the policy entry included,
+    ACCEPT and DROP alike; the SHUNT table itself no longer carries that forcing."""
     pol = parse_policy(CT_POLICY)
     assert pol.reads_conntrack
     plan = build_plan(pol, Config(), mode=mode)
-    assert plan.shunt.all(), (mode, plan.shunt_string())
+    assert plan.miss_shunt == (True, True)
+    decisive = (plan.actions == ACTION_ACCEPT) | (plan.actions == ACTION_DROP)
+    hit_only = np.array([pol.rules[e.rule_index].ct_part == "hit" for e in plan.entries] + [False])
+    assert plan.may_shunt[decisive & ~hit_only].all(), (mode, plan.shunt_string())
+    assert not plan.forced[hit_only].any()  # the hit part (ct 1..2) never meets a frame the flow cache misses
+    assert not plan.shunt[0]  # tcp/80 ACCEPT above every complex rule: its shunt bit stays 0
+    assert decision(plan, Header(proto=6, dport=80)) == (0, True, ACTION_ACCEPT)  # ct = 0: forced
+    assert decision(plan, Header(proto=6, dport=80, ct=1)) == (0, False, ACTION_ACCEPT)  # a hit: decided
     assert ACTION_DROP in plan.actions and ACTION_ACCEPT in plan.actions  # the actions stay for software
-    # The same policy without the conntrack rule keeps ACCEPT in hardware above the first complex rule.
+    # The same policy without the conntrack rule forces nothing.
     plain = parse_policy(
         CT_POLICY.replace("-m conntrack --ctstate ESTABLISHED,RELATED ", "-m string --string x --algo bm ")
     )
     assert not plain.reads_conntrack
-    assert not build_plan(plain, Config(), mode=mode).shunt[0]
+    pp = build_plan(plain, Config(), mode=mode)
+    assert pp.miss_shunt == (False, False) and not pp.forced.any() and not pp.shunt[0]
 
 
 @pytest.mark.parametrize("mode", ["index", "selective", "exact"])
 def test_conntrack_policy_in_host_mode_keeps_accept_in_hardware(mode):
     """Host mode (INPUT): a hardware ACCEPT is delivered to the host, whose conntrack sees it in PREROUTING before
-    INPUT; only a hardware DROP would hide a frame from conntrack, so exactly the DROP entries shunt."""
+    INPUT; only a hardware DROP would hide a frame from conntrack, so only DROP is forced on a miss."""
     pol = parse_policy(CT_POLICY.replace("FORWARD", "INPUT"), base_chain="INPUT")
     assert pol.reads_conntrack and pol.base_chain == "INPUT"
     plan = build_plan(pol, Config(), mode=mode)
+    assert plan.miss_shunt == (False, True)
     drop = plan.actions == ACTION_DROP
-    assert plan.shunt[drop].all(), (mode, plan.shunt_string())
-    bridge = build_plan(parse_policy(CT_POLICY), Config(), mode=mode)
-    # Some ACCEPT entry the bridge-mode plan shunts is decided in hardware in host mode.
     accept = plan.actions == ACTION_ACCEPT
-    assert (bridge.shunt[accept] & ~plan.shunt[accept]).any(), (mode, plan.shunt_string())
+    assert plan.may_shunt[drop].all(), (mode, plan.shunt_string())
+    assert not plan.forced[accept].any()
+    bridge = build_plan(parse_policy(CT_POLICY), Config(), mode=mode)
+    assert bridge.miss_shunt == (True, True)
+    # Some ACCEPT entry that may shunt in bridge mode (a miss) is decided in hardware in host mode.
+    assert (bridge.may_shunt[accept] & ~plan.may_shunt[accept]).any(), (mode, plan.shunt_string())
 
 
 def test_conntrack_read_in_a_user_chain_counts():

@@ -59,7 +59,9 @@ def rules(draw):
 def headers(draw):
     proto = draw(st.sampled_from([1, 6, 17]))
     port = draw(st.sampled_from(PORTS)) if proto != 1 else 0
-    return Header(src=draw(st.sampled_from(ADDRS)), dst=draw(st.sampled_from(ADDRS)), proto=proto, dport=port)
+    src, dst = draw(st.sampled_from(ADDRS)), draw(st.sampled_from(ADDRS))
+    # ct: what a flow cache would know; no rule here reads a state, so any value is consistent with every callback
+    return Header(src=src, dst=dst, proto=proto, dport=port, ct=draw(st.sampled_from([0, 0, 1, 2])))
 
 
 def _callback(seed: int):

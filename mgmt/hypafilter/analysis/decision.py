@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from hypafilter.analysis.geometry import BoxSet, first_match
-from hypafilter.ir import Header
+from hypafilter.ir import ACTION_ACCEPT, ACTION_DROP, Header
 
 _sets: dict[int, tuple[object, BoxSet]] = {}
 
@@ -48,7 +48,16 @@ def match_indices(plan, values: np.ndarray, flags: np.ndarray | None = None) -> 
     return first_match(BoxSet.points(values, flags), entry_set(plan), default=len(plan.entries))
 
 
+def miss_forced(plan, action: int) -> bool:
+    """Whether a frame the flow cache does not know (ct = 0) with hardware action `action` is shunted by miss
+    forcing (Plan.miss_shunt, CONTROL bits 4/5; plans without it force nothing)."""
+    accept, drop = getattr(plan, "miss_shunt", (False, False))
+    return (accept and action == ACTION_ACCEPT) or (drop and action == ACTION_DROP)
+
+
 def decision(plan, header: Header) -> tuple[int, bool, int]:
-    """(match_index, shunted, action code) of a parsed header with the plan's tables loaded."""
+    """(match_index, shunted, action code) of a parsed header with the plan's tables loaded: shunted by the
+    entry's bit, or by miss forcing when the header's ct is 0 (hw.model.decide gives the reasons)."""
     mi = match_index(plan, header)
-    return mi, bool(plan.shunt[mi]), int(plan.actions[mi])
+    action = int(plan.actions[mi])
+    return mi, bool(plan.shunt[mi]) or (header.ct == 0 and miss_forced(plan, action)), action

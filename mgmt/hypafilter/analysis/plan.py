@@ -25,7 +25,10 @@ from hypafilter.analysis import geometry
 from hypafilter.analysis.geometry import BoxSet
 from hypafilter.config import MODES, Config
 from hypafilter.errors import HypafilterError
-from hypafilter.ir import ACTION_DROP, ACTION_NONE, Box, Policy
+from hypafilter.ir import ACTION_ACCEPT, ACTION_DROP, ACTION_NONE, FIELD_INDEX, Box, Policy
+from hypafilter.ir.box import CT_UNKNOWN
+
+CT = FIELD_INDEX["ct"]
 
 
 class PrefixView(Sequence):
@@ -80,6 +83,9 @@ class Plan:
     entry_set: BoxSet = field(repr=False)  # every entry's boxes, owner = entry index
     analysis_seconds: float = 0.0
     groups: dict[int, list[int]] = field(default_factory=dict, repr=False)  # k -> entry indices
+    # Miss forcing (CONTROL bits 4/5): a frame the flow cache does not know (ct = 0) whose hardware verdict would be
+    # (ACCEPT, DROP) is shunted with reason 3. Set for a policy that reads conntrack (see build_plan).
+    miss_shunt: tuple[bool, bool] = (False, False)
     _geo: dict[int, list[int]] | None = field(default=None, repr=False)
 
     @property
@@ -89,7 +95,9 @@ class Plan:
             if self.mode == "exact":
                 self._geo = {k: list(v) for k, v in self.chains.items()}
             else:
-                self._geo = _geo_chains(self.policy, self.entries, self.shunt, self.interval, self.chains, self.groups)
+                self._geo = _geo_chains(
+                    self.policy, self.entries, self.may_shunt, self.interval, self.chains, self.groups
+                )
         return self._geo
 
     @property
@@ -103,13 +111,31 @@ class Plan:
     def shunt_string(self) -> str:
         return "".join("1" if b else "0" for b in self.shunt)
 
+    @property
+    def forced(self) -> np.ndarray:
+        """bool [n + 1]: the entries whose frames miss forcing shunts when the flow cache does not know them (an
+        entry whose boxes all need a flow-cache hit, ct >= 1, never gets such a frame; the policy entry may)."""
+        accept, drop = self.miss_shunt
+        out = ((self.actions == ACTION_ACCEPT) & accept) | ((self.actions == ACTION_DROP) & drop)
+        if out.any():
+            for j, e in enumerate(self.entries):
+                if out[j] and not any(b.lo[CT] == CT_UNKNOWN for b in e.boxes):
+                    out[j] = False
+        return out
+
+    @property
+    def may_shunt(self) -> np.ndarray:
+        """bool [n + 1]: the entries that can deliver a frame to software (shunt bit, or forced on a miss)."""
+        return self.shunt | self.forced
+
     def hsa_members(self) -> np.ndarray:
         """bool[len(rules)]: the rules strategy hsa_cut keeps in software: every complex rule, every simple rule
-        whose Alg. 1 bit is set, and every simple rule whose entry shunts for another reason (a policy that reads
-        conntrack shunts its entries whatever their bit), since a shunted packet may first match any of them."""
+        whose Alg. 1 bit is set, and every simple rule whose entry may shunt for another reason (miss forcing in a
+        policy that reads conntrack), since a shunted packet may first match any of them."""
         keep = self.conflict | np.array([not r.is_simple for r in self.policy.rules], dtype=bool)
+        may = self.may_shunt
         for j, e in enumerate(self.entries):
-            if self.shunt[j]:
+            if may[j]:
                 keep[e.rule_index] = True
         return keep
 
@@ -136,7 +162,9 @@ class Plan:
                     "interval": None if ent is None else int(self.interval[ent]),
                 }
             )
-        return {
+            if r.ct_part:  # one part of a rule split on conntrack state (iptables.ctstate)
+                rules[-1]["ct_part"] = r.ct_part
+        out = {
             "source": pol.source,
             "base_chain": pol.base_chain,
             "default": pol.default,
@@ -154,6 +182,9 @@ class Plan:
             "geo_chains": {str(k): list(v) for k, v in sorted(self.geo_chains.items())},
             "partition": rules,
         }
+        if any(self.miss_shunt):  # (only then, so that reports of policies without conntrack stay as they were)
+            out["miss_shunt"] = {"accept": bool(self.miss_shunt[0]), "drop": bool(self.miss_shunt[1])}
+        return out
 
 
 def rule_boxset(policy: Policy, positions) -> BoxSet:
@@ -193,6 +224,24 @@ def policy_entry_reachable(policy: Policy) -> bool:
     return not bool(geometry.contained_in_any(src, simple).all())
 
 
+def miss_shunt_for(policy: Policy, config: Config) -> tuple[bool, bool]:
+    """Plan.miss_shunt: which hardware verdicts a frame the flow cache does not know (ct = 0) must not get.
+
+    Conntrack updates a connection in PREROUTING for every packet it sees, before any filter rule runs: an accepted
+    packet it missed leaves the connection unknown, and a dropped one it missed leaves it behind (a dropped UDP
+    reply still sets SEEN_REPLY, a dropped RST still closes a TCP connection). So in a policy that reads conntrack,
+    no frame the fast path does not know is kept from conntrack. In host mode the hardware's ACCEPT is delivered to
+    the host, whose conntrack sees it before INPUT: only the hardware's DROP would hide a frame. In bridge mode both
+    would. A flow-cache hit (ct 1 or 2) belongs to a connection conntrack holds as established, which a frame the
+    hardware decides leaves as it is (the sync service keeps the flow cache to conntrack's confirmed, established
+    flows and removes a flow when conntrack destroys it)."""
+    if not policy.reads_conntrack:
+        return (False, False)
+    if config.mode_for(policy.base_chain) == "host":
+        return (False, True)
+    return (True, True)
+
+
 def build_plan(policy: Policy, config: Config | None = None, mode: str | None = None) -> Plan:
     config = config or Config()
     mode = mode or config.shunt_mode
@@ -228,17 +277,7 @@ def build_plan(policy: Policy, config: Config | None = None, mode: str | None = 
         shunt[n] = has_complex
     elif mode == "selective":
         shunt[n] = policy_entry_reachable(policy)
-    if policy.reads_conntrack:
-        # Conntrack updates a connection in PREROUTING for every packet it sees, before any filter rule runs: an
-        # accepted packet it missed leaves the connection unknown, and a dropped one it missed leaves it behind
-        # (a dropped UDP reply still sets SEEN_REPLY, a dropped RST still closes a TCP connection). Any frame may
-        # belong to a tracked connection, so no frame is kept from conntrack until a flow cache can say which.
-        # In host mode the hardware's ACCEPT is delivered to the host, whose conntrack sees it before INPUT: only
-        # the hardware's DROP would hide a frame. In bridge mode both would.
-        if config.mode_for(policy.base_chain) == "host":
-            shunt |= actions == ACTION_DROP
-        else:
-            shunt[:] = True
+    miss_shunt = miss_shunt_for(policy, config)
 
     interval = np.zeros(n + 1, dtype=np.uint32)
     chains: dict[int, list[int]] = {}
@@ -280,6 +319,7 @@ def build_plan(policy: Policy, config: Config | None = None, mode: str | None = 
         chains=chains,
         groups=groups,
         entry_set=BoxSet.from_unions([e.boxes for e in entries]),
+        miss_shunt=miss_shunt,
     )
     plan.analysis_seconds = time.perf_counter() - t0
     return plan
@@ -305,7 +345,8 @@ def _exact_chains(policy: Policy, entries: list[Entry], interval: np.ndarray, ch
 
 
 def _geo_chains(policy, entries, shunt, interval, chains, groups) -> dict[int, list[int]]:
-    """chains[k] restricted to complex rules whose reduction meets a shunted box of group k."""
+    """chains[k] restricted to complex rules whose reduction meets a box of group k that may shunt (`shunt`:
+    Plan.may_shunt)."""
     n = len(entries)
     geo: dict[int, list[int]] = {}
     cplx = policy.complex_indices

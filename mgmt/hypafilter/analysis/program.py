@@ -53,7 +53,7 @@ class NfRule:
 
     kind "mark": `-m mark --mark value/mask -j target`; "always": `-j target`; "block": `-j target` into a
     block/segment chain that returns (counted as one tested rule); "policy": flattened rule `index` of the policy
-    (rendered from its levels; target its own); "unmark": give back the mark bits the shim used (`mask`), so that
+    (rendered from its levels; target its own; with `span` 2 also rule index + 1, its other conntrack part); "unmark": give back the mark bits the shim used (`mask`), so that
     the policy rules after it see the mark they would see without the hybrid (unconditional, not counted).
     """
 
@@ -62,6 +62,9 @@ class NfRule:
     value: int = 0
     mask: int = 0
     index: int = -1
+    # "policy" only: how many consecutive flattened rules from `index` this one line stands for: 2 for the hit and
+    # miss parts of a rule split on conntrack state (iptables.ctstate), which render as the same rule
+    span: int = 1
 
 
 @dataclass
@@ -110,9 +113,10 @@ class Program:
         for r in self.chains[chain]:
             if r.kind == "policy":
                 count[0] += 1
-                out = None if header is None else rule_outcome(self.policy, r.index, header, ev)
-                if out:
-                    return out
+                for i in range(r.index, r.index + r.span) if header is not None else ():
+                    out = rule_outcome(self.policy, i, header, ev)
+                    if out:
+                        return out
                 continue
             if r.kind == "unmark":
                 mark &= ~r.mask
@@ -212,10 +216,11 @@ def build_program(
     elif strategy in ("cut", "hsa_cut"):
         cut = prog.name("CUT")
         c[main] = [NfRule("mark", k0, 0, kmask), NfRule("always", cut)]
-        c[cut] = [unmark, *(NfRule("policy", index=i) for i in _cut_list(plan, strategy)), NfRule("always", default)]
+        c[cut] = [unmark, *policy_rules(pol, _cut_list(plan, strategy)), NfRule("always", default)]
     else:
         chains = plan.geo_chains if strategy == "interval_geo" else plan.chains
-        leaves = sorted({(int(plan.interval[j]), int(plan.actions[j])) for j in range(plan.n + 1) if plan.shunt[j]})
+        may = plan.may_shunt  # an entry forced on a flow-cache miss delivers (k, action) like a shunting one
+        leaves = sorted({(int(plan.interval[j]), int(plan.actions[j])) for j in range(plan.n + 1) if may[j]})
         c[main] = [NfRule("mark", k0, 0, kmask)]
         # Depth budget below MAIN: dispatch levels (MAIN's test included) + block levels + the deepest helper chain
         # of a complex rule, so that base -> MAIN -> ... stays within MAX_DEPTH.
@@ -246,16 +251,43 @@ def build_program(
     elif nic_mode != "bridge":
         raise HypafilterError(f"unknown NIC mode {nic_mode!r} (bridge or host)")
     c[k0] = [unmark, NfRule("always", full), NfRule("always", default)]
-    c[full] = [NfRule("policy", index=i) for i in range(len(pol.rules))]
+    c[full] = policy_rules(pol, range(len(pol.rules)))
     prog.verbatim_full = full
     return prog
+
+
+def twins(pol, i: int, j: int) -> bool:
+    """Are flattened rules i and j = i + 1 the hit and miss parts of one rule split on conntrack state?"""
+    if i < 0 or j != i + 1 or j >= len(pol.rules):
+        return False
+    a, b = pol.rules[i], pol.rules[j]
+    return (a.ct_part, b.ct_part) == ("hit", "miss") and (a.levels, a.origin, a.target, a.target_args) == (
+        b.levels,
+        b.origin,
+        b.target,
+        b.target_args,
+    )
+
+
+def policy_rules(pol, indices) -> list[NfRule]:
+    """The "policy" lines for these flattened rules, in order: the two parts of a split rule next to each other are
+    one line (they render as the same rule, which holds for a frame exactly when one of them does)."""
+    out: list[NfRule] = []
+    for i in indices:
+        i = int(i)
+        if out and out[-1].span == 1 and twins(pol, out[-1].index, i):
+            out[-1] = NfRule("policy", index=out[-1].index, span=2)
+        else:
+            out.append(NfRule("policy", index=i))
+    return out
 
 
 def _cut_list(plan, strategy: str) -> list[int]:
     pol = plan.policy
     if strategy == "hsa_cut":
         return [int(i) for i in np.flatnonzero(plan.hsa_members())]
-    shunted = [plan.entries[j].rule_index for j in range(plan.n) if plan.shunt[j]]
+    may = plan.may_shunt
+    shunted = [plan.entries[j].rule_index for j in range(plan.n) if may[j]]
     beta = min(shunted) if shunted else len(pol.rules)
     return [i for i, r in enumerate(pol.rules) if not r.is_simple or i >= beta]
 
@@ -337,7 +369,7 @@ class _Blocks:
 
     def _rules(self, f: int, j0: int, j1: int) -> list[NfRule]:
         base, lengths = self.fam[f][:2]
-        return [NfRule("policy", index=i) for i in base[(lengths[j0 - 1] if j0 else 0) : lengths[j1 - 1]]]
+        return policy_rules(self.prog.policy, base[(lengths[j0 - 1] if j0 else 0) : lengths[j1 - 1]])
 
     def _block(self, f: int, level: int, i: int) -> str:
         name = self.prog.name(f"C{self.fam[f][4][i]}" if level == 0 else f"B{f}L{level}N{i}")

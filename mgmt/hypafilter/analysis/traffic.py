@@ -10,6 +10,7 @@ import numpy as np
 from hypafilter.analysis.decision import match_indices
 from hypafilter.analysis.plan import Plan, build_plan
 from hypafilter.analysis.program import build_program, mark_for
+from hypafilter.ir import FIELD_INDEX
 
 
 def strategy_costs(plan: Plan) -> dict[str, np.ndarray]:
@@ -33,7 +34,7 @@ def strategy_costs(plan: Plan) -> dict[str, np.ndarray]:
         return np.where(found, at, len(lst)) + extra
 
     costs = {"full": list_cost(np.ones(n_rules, dtype=bool), 0)}
-    shunted_pos = fpos[:-1][plan.shunt[:-1]]
+    shunted_pos = fpos[:-1][plan.may_shunt[:-1]]  # as program._cut_list: entries forced on a miss count too
     beta = int(shunted_pos.min()) if len(shunted_pos) else n_rules
     costs["cut"] = list_cost(cplx | (pos >= beta), 1)
     costs["hsa_cut"] = list_cost(plan.hsa_members(), 1)
@@ -70,12 +71,14 @@ def analyze(policy, config, points: np.ndarray | None = None) -> dict:
         "shunting_rules_index_based": int(idx.shunt[:-1].sum()),
     }
     if points is not None:
-        mi = match_indices(sel, points)
-        hist = np.bincount(mi, minlength=sel.n + 1)
-        idx_hist = hist * idx.shunt
+        mi = match_indices(sel, points)  # index and selective mode share their entries
+        miss = np.asarray(points)[:, FIELD_INDEX["ct"]] == 0  # a frame the flow cache does not know: miss forcing
+        n1 = sel.n + 1
+        sel_hist = np.bincount(mi, weights=sel.shunt[mi] | (miss & sel.forced[mi]), minlength=n1).astype(np.int64)
+        idx_hist = np.bincount(mi, weights=idx.shunt[mi] | (miss & idx.forced[mi]), minlength=n1).astype(np.int64)
         costs = strategy_costs(idx)
         out["packets"] = int(len(points))
-        out["shunted_packets_selective"] = int((hist * sel.shunt).sum())
+        out["shunted_packets_selective"] = int(sel_hist.sum())
         out["shunted_packets_index_based"] = int(idx_hist.sum())
         out["traversed_rules"] = {s: int((idx_hist * costs[s]).sum()) for s in ("full", "cut", "hsa_cut", "interval")}
     out["analysis_seconds"] = round(time.perf_counter() - t0, 6)

@@ -14,6 +14,7 @@ from hypafilter.analysis.plan import MODES, Plan, build_plan
 from hypafilter.analysis.program import STRATEGIES
 from hypafilter.cli.common import add_policy_args, load_config, load_policy
 from hypafilter.errors import HypafilterError
+from hypafilter.hw.model import CONTROL_MISS_SHUNT, miss_shunt_control
 from hypafilter.ir import Policy
 from hypafilter.netfilter.nft import to_nft
 from hypafilter.netfilter.restore import to_iptables_restore
@@ -31,7 +32,8 @@ def register(sub) -> None:
 
 
 def register_image(plan: Plan) -> list[dict]:
-    """Indirect-table writes (hw/regmap.txt): SHUNT packed 32 per word, ACTION one per entry."""
+    """Indirect-table writes (hw/regmap.txt): SHUNT packed 32 per word, ACTION one per entry; for a plan with miss
+    forcing, the CONTROL bits 4/5 too."""
     writes = []
     bits = plan.shunt
     for w in range((len(bits) + 31) // 32):
@@ -40,6 +42,8 @@ def register_image(plan: Plan) -> list[dict]:
             word |= int(bool(b)) << j
         writes.append({"table": "SHUNT", "offset": w, "value": word})
     writes += [{"table": "ACTION", "offset": i, "value": int(a)} for i, a in enumerate(plan.actions)]
+    if any(plan.miss_shunt):  # miss forcing: CONTROL bits 4/5 under their mask (the other bits are the site's)
+        writes.append({"register": "CONTROL", "mask": CONTROL_MISS_SHUNT, "value": miss_shunt_control(plan.miss_shunt)})
     return writes
 
 
@@ -50,6 +54,14 @@ def partition_text(plan: Plan) -> str:
         f"{rep['rules']} rules: {rep['simple']} simple, {rep['complex']} complex; mode {rep['mode']}, "
         f"{rep['entries']} hardware entries, {rep['shunting_entries']} shunting, policy entry "
         f"{'shunted' if rep['policy_entry_shunted'] else 'not shunted'}, {rep['intervals']} intervals",
+        *(
+            [
+                f"miss forcing (CONTROL bits 4/5): frames the flow cache does not know are shunted when the verdict is "
+                f"{' or '.join(v for v, on in zip(('ACCEPT', 'DROP'), plan.miss_shunt, strict=True) if on)}"
+            ]
+            if any(plan.miss_shunt)
+            else []
+        ),
         "",
         f"{'#':>5} {'line':>5} {'kind':<8} {'entry':>6} {'shunt':>5} {'k':>5}  rule",
     ]
@@ -125,6 +137,7 @@ def compile_to(policy: Policy, config, out: Path, mode: str | None = None, prefi
         "complex": len(policy.complex_indices),
         "entries": plan.n,
         "shunting_entries": int(plan.shunt[:-1].sum()),
+        "miss_shunt": {"accept": bool(plan.miss_shunt[0]), "drop": bool(plan.miss_shunt[1])},
         "intervals": plan.num_intervals,
         "files": sorted([*files, "manifest.json"]),
         "skipped": skipped,

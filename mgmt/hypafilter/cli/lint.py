@@ -8,7 +8,7 @@ import sys
 from hypafilter.cli.common import add_policy_args, interfaces_text, load_config, load_policy, resolved_lines
 from hypafilter.errors import shown, shown_text
 from hypafilter.iptables.writer import tokens_text
-from hypafilter.ir import HW_TARGETS, Rule
+from hypafilter.ir import FIELD_INDEX, HW_TARGETS, Rule
 
 
 def complex_reasons(rule: Rule) -> list[str]:
@@ -24,6 +24,13 @@ def complex_reasons(rule: Rule) -> list[str]:
     if rule.approximate:
         reasons.append("behind a complex RETURN/goto guard in a user chain")
     return reasons
+
+
+def ct_text(rule: Rule) -> str:
+    """The directions of a flow-cache hit a rule's boxes take (ct 1 original, 2 reply)."""
+    ct = FIELD_INDEX["ct"]
+    vals = {v for b in rule.boxes for v in range(b.lo[ct], b.hi[ct] + 1)} & {1, 2}
+    return " and ".join(("original direction", "reply direction")[v - 1] for v in sorted(vals))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,11 +58,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"  interface checks resolved for NIC frames ({interfaces_text(policy)}):")
         for line in resolved:
             print(f"    {line}")
-    for i in policy.complex_indices:
-        r = rules[i]
+    for i, r in enumerate(rules):
+        if r.is_simple and r.ct_part != "hit":
+            continue
         where = f"{r.origin.file}:{r.origin.line}" if r.origin else "?"
         chain = f" (chain {r.origin.chain})" if r.origin and r.origin.chain != policy.base_chain else ""
-        print(f"  #{i} {where}{chain}: complex: {'; '.join(complex_reasons(r))}")
+        if r.is_simple:  # the hit part of a rule split on conntrack state (iptables.ctstate)
+            print(f"  #{i} {where}{chain}: simple on a flow-cache hit ({ct_text(r)}): its state checks hold there")
+            continue
+        part = " (on a flow-cache miss)" if r.ct_part == "miss" else ""
+        print(f"  #{i} {where}{chain}: complex{part}: {'; '.join(complex_reasons(r))}")
     status = 0
     if not args.no_kernel:
         from hypafilter.iptables import kernel
@@ -71,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
             status = 2 if errors else 0
     if args.verbose:
         for i, r in enumerate(rules):
-            kind = "simple " if r.is_simple else "complex"
+            kind = ("simple " if r.is_simple else "complex") + (f" [ct {r.ct_part}]" if r.ct_part else "")
             print(
                 f"  #{i} {kind} {len(r.boxes)} box(es) -> {r.target or '(none)'}: {shown_text(r.origin.text) if r.origin else ''}"
             )

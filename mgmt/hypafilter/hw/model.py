@@ -28,6 +28,7 @@ The VHDL core, its testbenches, the emulated NIC and the verifier all compare ag
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -57,9 +58,13 @@ CONTROL_ENABLE = 1 << 0
 CONTROL_SHUNT_ALL = 1 << 1
 CONTROL_PASS_UNFILTERABLE = 1 << 2
 CONTROL_HOST_MODE = 1 << 3
+CONTROL_MISS_SHUNT_ACCEPT = 1 << 4
+CONTROL_MISS_SHUNT_DROP = 1 << 5
+CONTROL_MISS_SHUNT = CONTROL_MISS_SHUNT_ACCEPT | CONTROL_MISS_SHUNT_DROP
 REASON_OVERRULE = C["HF_REASON_OVERRULE"]
 REASON_POLICY = C["HF_REASON_POLICY"]
 REASON_UNPARSED = C["HF_REASON_UNPARSED"]
+REASON_STATE = C["HF_REASON_STATE"]
 REASON_DECIDED = C["HF_REASON_DECIDED"]
 
 
@@ -140,6 +145,7 @@ class Regs:
     def from_plan(plan, unfilterable: str = "drop", nic_mode: str = "bridge") -> Regs:
         """The registers as the register client leaves them for `plan` (Config.unfilterable, Config.nic_mode)."""
         control = CONTROL_ENABLE | unfilterable_control(unfilterable) | nic_mode_control(nic_mode)
+        control |= miss_shunt_control(getattr(plan, "miss_shunt", (False, False)))
         return Regs([int(b) for b in plan.shunt], [int(a) for a in plan.actions], control=control)
 
 
@@ -158,6 +164,12 @@ def nic_mode_control(mode: str) -> int:
     return CONTROL_HOST_MODE if mode == "host" else 0
 
 
+def miss_shunt_control(miss_shunt) -> int:
+    """The CONTROL bits 4/5 (MISS_SHUNT_ACCEPT, MISS_SHUNT_DROP) of Plan.miss_shunt, (accept, drop)."""
+    accept, drop = miss_shunt
+    return (CONTROL_MISS_SHUNT_ACCEPT if accept else 0) | (CONTROL_MISS_SHUNT_DROP if drop else 0)
+
+
 @dataclass
 class Decision:
     kind: Kind
@@ -170,8 +182,14 @@ class Decision:
     counters: tuple[str, ...] = field(default=())  # register names this frame increments
 
 
-def decide(plan, frame: bytes, src_port: int, regs: Regs) -> Decision:
-    """What the core does with one frame arriving on `src_port` (one-hot TUSER[23:16])."""
+def decide(plan, frame: bytes, src_port: int, regs: Regs, ct: int = 0) -> Decision:
+    """What the core does with one frame arriving on `src_port` (one-hot TUSER[23:16]); `ct` is what the flow cache
+    knows of it (ir.box CT_*: 0 unknown, 1/2 a hit in the original/reply direction), 0 without a flow cache.
+
+    Precedence (the first that applies): a host port, not a wire port, unfilterable drop; unparsed (reason 2);
+    the entry's shunt bit, a non-decisive action, shunt everything (reasons 0/1); miss forcing, CONTROL bits 4/5
+    for a frame with ct = 0 whose verdict would be ACCEPT/DROP (reason 3); host-mode ACCEPT (reason 5); forward
+    or drop."""
     n = len(plan.entries)
     gen = regs.generation & 0xFFFF
     if src_port in HOST_PORTS:
@@ -183,6 +201,8 @@ def decide(plan, frame: bytes, src_port: int, regs: Regs) -> Decision:
     if enabled and not regs.control & CONTROL_PASS_UNFILTERABLE and unfilterable(frame):
         return Decision(Kind.DROP, 0, None, None, ACTION_NONE, None, False, ("CNT_DROP_UNFILTERABLE",))
     hdr = parse_frame(frame, src_port) if enabled else None
+    if hdr is not None and ct:
+        hdr = dataclasses.replace(hdr, ct=ct & 3)
     if hdr is None:
         meta = pack_meta(n, ACTION_NONE, REASON_UNPARSED, gen)
         return Decision(Kind.SHUNT, shunt_port, meta, n, ACTION_NONE, REASON_UNPARSED, False, ("CNT_SHUNT_UNPARSED",))
@@ -195,6 +215,13 @@ def decide(plan, frame: bytes, src_port: int, regs: Regs) -> Decision:
         return Decision(Kind.SHUNT, shunt_port, meta, idx, action, reason, False, (rcnt,))
     if regs.control & CONTROL_SHUNT_ALL:
         return Decision(Kind.SHUNT, shunt_port, meta, idx, action, reason, True, (rcnt, "CNT_SHUNT_FORCED"))
+    if not hdr.ct and regs.control & (
+        (CONTROL_MISS_SHUNT_ACCEPT if action == ACTION_ACCEPT else 0)
+        | (CONTROL_MISS_SHUNT_DROP if action == ACTION_DROP else 0)
+    ):
+        # conntrack must see a frame of a connection the fast path does not know (Plan.miss_shunt)
+        meta = pack_meta(idx, action, REASON_STATE, gen)
+        return Decision(Kind.SHUNT, shunt_port, meta, idx, action, REASON_STATE, False, ("CNT_SHUNT_STATE",))
     if action == ACTION_ACCEPT and regs.control & CONTROL_HOST_MODE:
         # host mode: the verdict is final; the frame goes to the ingress port's DMA queue as a shunt does
         meta = pack_meta(idx, action, REASON_DECIDED, gen)

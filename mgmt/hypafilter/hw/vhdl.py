@@ -11,11 +11,12 @@ from pathlib import Path
 import jinja2
 
 from hypafilter.hw import regmap
-from hypafilter.ir import ACTION_DROP, MAXV, WIDTHS, Box, Policy
+from hypafilter.ir import ACTION_DROP, FIELD_INDEX, MAXV, WIDTHS, Box, Policy
 from hypafilter.paths import HW_DIR
 
 TEMPLATES = HW_DIR / "templates"
 CHUNK = 8  # equality tests are split into 8-bit chunks so that prefixes share comparators across rules
+CT = FIELD_INDEX["ct"]
 BOX_STAGE_ABOVE = 4  # entries with more boxes than this get a registered box stage (keeps LUT depth low)
 
 # Static sources of the core in compile order (after the generated packages, before the generated matcher
@@ -42,6 +43,7 @@ _SIG = {
     "icmp_type": "h_icmp_type",
     "icmp_code": "h_icmp_code",
     "iport": "h_iport",
+    "ct": "h_ct",  # comparators only for boxes whose ct range is not full (_field_tests)
 }
 
 
@@ -171,7 +173,10 @@ def matcher_hash(plan) -> str:
     for e in plan.entries:
         for b in e.boxes:
             if not b.is_empty():
-                h.update(f"{b.lo}{b.hi}{b.flags_mask},{b.flags_value};".encode())
+                lo, hi = b.lo, b.hi
+                if lo[CT] == 0 and hi[CT] == MAXV[CT]:  # a box that leaves ct free hashes as before ct existed
+                    lo, hi = lo[:CT], hi[:CT]
+                h.update(f"{lo}{hi}{b.flags_mask},{b.flags_value};".encode())
         h.update(b"\n")
     return h.hexdigest()
 

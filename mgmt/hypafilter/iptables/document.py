@@ -11,6 +11,7 @@ from functools import lru_cache
 from hypafilter.config import Config
 from hypafilter.errors import PolicyError
 from hypafilter.iptables import canonical
+from hypafilter.iptables.ctstate import split_states
 from hypafilter.iptables.flatten import flatten
 from hypafilter.iptables.parser import (
     IMPLICIT_MATCH,
@@ -438,7 +439,7 @@ def parse_policy(
                 base_chain if base.line else "",
             )
     reach = reachable_chains(doc.chains, base_chain)
-    rules = flatten(doc.chains, base_chain, base.policy or "ACCEPT", config)
+    rules = split_states(flatten(doc.chains, base_chain, base.policy or "ACCEPT", config))
     reads_ct = any(
         r.target in CONNTRACK_TARGETS or any(isinstance(m, Verbatim) and m.name in CONNTRACK_MATCHES for m in r.matches)
         for name in (base_chain, *reach)

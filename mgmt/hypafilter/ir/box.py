@@ -4,9 +4,13 @@ and the operations on unions of boxes that the parser, flattening and analysis s
 Header model (the same convention in the hardware parser, the Python reference model and the trace tools):
 every IPv4 packet is a point in the space of FIELDS below. Fields that a packet does not carry are 0: ports
 are 0 unless the protocol is TCP (6) or UDP (17); icmp_type/icmp_code are 0 unless the protocol is ICMP (1);
-tcp_flags (byte 13 of the TCP header) is 0 unless TCP; iport is the ingress MAC index (0..3). A check on a
-port, ICMP field or TCP flags always comes with the matching protocol check, so the zero convention never
-lets a rule match a packet it should not.
+tcp_flags (byte 13 of the TCP header) is 0 unless TCP; iport is the ingress MAC index (0..3); ct is what the
+fast path knows of the frame's connection (0 unknown: no flow cache, a miss, a TCP SYN/FIN/RST, neither TCP nor
+UDP; 1 a flow-cache hit in the flow's original direction, conntrack state ESTABLISHED; 2 a hit in the reply
+direction, ESTABLISHED; 3 never produced). A check on a port, ICMP field or TCP flags always comes with the
+matching protocol check, so the zero convention never lets a rule match a packet it should not. Only the hit
+part of a rule whose sole complex checks are conntrack states narrows ct (iptables.ctstate); every other rule
+spans ct 0..3.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import itertools
 from dataclasses import dataclass
 
 # Interval dimensions of a box, in this order everywhere (numpy arrays use this column order).
-FIELDS: tuple[str, ...] = ("src", "dst", "proto", "sport", "dport", "icmp_type", "icmp_code", "iport")
+FIELDS: tuple[str, ...] = ("src", "dst", "proto", "sport", "dport", "icmp_type", "icmp_code", "iport", "ct")
 WIDTHS: dict[str, int] = {
     "src": 32,
     "dst": 32,
@@ -25,12 +29,15 @@ WIDTHS: dict[str, int] = {
     "icmp_type": 8,
     "icmp_code": 8,
     "iport": 2,
+    "ct": 2,
 }
 MAXV: tuple[int, ...] = tuple((1 << WIDTHS[f]) - 1 for f in FIELDS)
 NDIM = len(FIELDS)
 FIELD_INDEX = {f: i for i, f in enumerate(FIELDS)}
 
 PROTO_ICMP, PROTO_TCP, PROTO_UDP = 1, 6, 17
+# Values of the ct field (see the module docstring).
+CT_UNKNOWN, CT_ORIGINAL, CT_REPLY, CT_NEVER = 0, 1, 2, 3
 
 
 @dataclass(frozen=True, order=True)
@@ -111,9 +118,13 @@ class Header:
     icmp_code: int = 0
     iport: int = 0
     tcp_flags: int = 0
+    ct: int = 0  # not a header byte: what the flow cache knows (CT_*), 0 without one
 
     def values(self) -> tuple[int, ...]:
-        return (self.src, self.dst, self.proto, self.sport, self.dport, self.icmp_type, self.icmp_code, self.iport)
+        return (
+            self.src, self.dst, self.proto, self.sport, self.dport, self.icmp_type, self.icmp_code, self.iport,
+            self.ct,
+        )  # fmt: skip
 
 
 # Box differences can multiply boxes; above this many per rule the subtraction is abandoned and the rule is

@@ -65,6 +65,10 @@ class Rule:
     # Position in the base chain of a rule with per-rule state (limit, quota, recent, ...): such a rule must exist
     # once in the loaded rule set, so every generated chain that needs it jumps to one copy (None: no such state).
     stateful_pos: int | None = None
+    # A rule whose only complex checks are connection states is split in two (iptables.ctstate): "hit" = the
+    # part for frames the flow cache knows (ct 1/2, no complex checks), "miss" = the rest (ct 0/3, the checks
+    # kept); "" = not split. Both parts write the same rule from their levels.
+    ct_part: str = ""
 
     @property
     def is_simple(self) -> bool:

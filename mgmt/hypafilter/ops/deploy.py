@@ -27,6 +27,7 @@ from hypafilter.analysis.plan import build_plan
 from hypafilter.analysis.program import user_chain_names
 from hypafilter.config import Config, Interfaces
 from hypafilter.errors import DeployError, HypafilterError
+from hypafilter.hw.model import CONTROL_MISS_SHUNT, miss_shunt_control
 from hypafilter.iptables import kernel
 from hypafilter.iptables.writer import Restore, body_of, policy_restore
 from hypafilter.ir import Policy
@@ -277,6 +278,13 @@ def nic_drift(c, st: dict) -> list[str]:
     ):
         if tables.get(key) is not None and bool(control & bit) != want:
             out.append(f"nic: CONTROL {key} bit is {int(bool(control & bit))}, deployed {tables[key]}")
+    if tables.get("miss_shunt") is not None:
+        want_bits = miss_shunt_control(tables["miss_shunt"])
+        if control & CONTROL_MISS_SHUNT != want_bits:
+            out.append(
+                f"nic: CONTROL miss forcing bits 4/5 are {(control & CONTROL_MISS_SHUNT) >> 4:02b} (drop, accept), "
+                f"deployed {want_bits >> 4:02b}"
+            )
     for name, key in (("SHUNT", "shunt"), ("ACTION", "actions")):
         want = tables.get(key)
         if want is None:

@@ -17,8 +17,10 @@ from hypafilter.hw import regmap
 from hypafilter.hw.model import CONTROL_ENABLE as CONTROL_ENABLE  # the targets' name for it
 from hypafilter.hw.model import (
     CONTROL_HOST_MODE,
+    CONTROL_MISS_SHUNT,
     CONTROL_PASS_UNFILTERABLE,
     CONTROL_SHUNT_ALL,
+    miss_shunt_control,
     nic_mode_control,
     unfilterable_control,
 )
@@ -230,8 +232,8 @@ class NicClient:
         self, plan, generation: int, known: dict | None = None, unfilterable: str = "drop", nic_mode: str = "bridge"
     ) -> dict:
         """Load a plan's run-time state: CONTROL bit 2 from `unfilterable` (Config.unfilterable: "drop" or
-        "pass") and bit 3 from `nic_mode` (Config.nic_mode: "bridge" or "host"), packed SHUNT words, ACTION codes,
-        then GENERATION.
+        "pass"), bit 3 from `nic_mode` (Config.nic_mode: "bridge" or "host"), bits 4/5 from Plan.miss_shunt,
+        packed SHUNT words, ACTION codes, then GENERATION.
 
         The core must have been generated from a plan with the same hardware entries (NUM_ENTRIES and
         MATCHER_HASH are checked); shunt bits and actions are free. `known` is what an earlier `program` returned
@@ -256,6 +258,7 @@ class NicClient:
             "actions": [int(a) & 0xF for a in plan.actions],
             "unfilterable": unfilterable,
             "nic_mode": nic_mode,
+            "miss_shunt": [bool(x) for x in getattr(plan, "miss_shunt", (False, False))],
         }
         return self.write_tables(tables, generation, known)
 
@@ -263,7 +266,7 @@ class NicClient:
         """Write the unfilterable setting, SHUNT words and ACTION codes as `program` returned them (also to put
         earlier ones back), then GENERATION; with `known` (the core's tables as last written, still valid: same
         matcher, GENERATION unchanged since) only the words that differ are written. CONTROL keeps its other bits;
-        tables recorded without an unfilterable setting or NIC mode leave that bit as it is."""
+        tables recorded without an unfilterable setting, NIC mode or miss forcing leave those bits as they are."""
         shunt, actions = list(tables["shunt"]), list(tables["actions"])
         writes = 0
         keep, bits = ~0, 0
@@ -274,6 +277,9 @@ class NicClient:
             if tables.get("nic_mode") is not None:
                 keep &= ~CONTROL_HOST_MODE
                 bits |= nic_mode_control(tables["nic_mode"])
+            if tables.get("miss_shunt") is not None:
+                keep &= ~CONTROL_MISS_SHUNT
+                bits |= miss_shunt_control(tables["miss_shunt"])
         except ValueError as e:
             raise NicError(str(e)) from e
         if keep != ~0:

@@ -140,10 +140,10 @@ def classbench_policy(filters_path: str | Path, *conversion, **options) -> Polic
     src = str(filters_path)
     for i, row, extra, target in conv.rules(filters_path):
         tokens = (*_options(row, extra), "-j", target)
-        # FIELDS order: src, dst, proto, sport, dport, icmp_type, icmp_code, iport.
+        # FIELDS order: src, dst, proto, sport, dport, icmp_type, icmp_code, iport, ct.
         b = Box(
-            (row[0], row[2], PROTO_UDP, row[4], row[6], 0, 0, 0),
-            (row[1], row[3], PROTO_UDP, row[5], row[7], MAXV[5], MAXV[6], MAXV[7]),
+            (row[0], row[2], PROTO_UDP, row[4], row[6], 0, 0, 0, 0),
+            (row[1], row[3], PROTO_UDP, row[5], row[7], MAXV[5], MAXV[6], MAXV[7], MAXV[8]),
         )
         complex_ = (STRING, STATISTIC) if extra and not conv.deterministic else ((STRING,) if extra else ())
         rules.append(

@@ -25,7 +25,7 @@ from typing import Any
 
 from hypafilter import netns
 from hypafilter.analysis.plan import build_plan
-from hypafilter.analysis.program import build_program
+from hypafilter.analysis.program import build_program, twins
 from hypafilter.config import Config
 from hypafilter.errors import HypafilterError
 from hypafilter.iptables.document import parse_policy
@@ -71,7 +71,7 @@ class RuleInfo:
     target: str
     simple: bool
     entry: int | None  # hardware entry whose HITS counter counts this rule's first matches (None: no entry)
-    shunt: bool | None  # that entry's shunt bit (None without an entry)
+    shunt: bool | None  # that entry may shunt: its shunt bit, or miss forcing (Plan.may_shunt; None without an entry)
     counts_hw: bool = True  # its hardware first-matches are its hits (False: software re-counts shunted ones)
     id: str = ""  # stable identity (rule_ids): the same rule keeps it when rules are inserted above it
     chain: str = ""  # the chain it is written in
@@ -429,8 +429,10 @@ def rule_positions(program) -> dict[tuple[str, int], int]:
     pos: dict[tuple[str, int], int] = {}
     for name, rules in program.chains.items():
         if name == program.verbatim_full:
-            if not pol.user_chains and len(pol.original_rules) == len(pol.rules):
-                pos.update({(name, j + 1): j for j in range(len(pol.rules))})
+            # The two parts of a rule split on conntrack state (consecutive) are one line there: its first part.
+            firsts = [i for i in range(len(pol.rules)) if not twins(pol, i - 1, i)]
+            if not pol.user_chains and len(pol.original_rules) == len(firsts):
+                pos.update({(name, j + 1): i for j, i in enumerate(firsts)})
             continue
         for p, r in enumerate(rules, 1):
             if r.kind != "policy":
@@ -446,7 +448,8 @@ def rule_positions(program) -> dict[tuple[str, int], int]:
 def rule_ids(policy) -> list[str]:
     """A stable identity per flattened rule: a short hash of its chain, the canonical options of every level it
     came through and its target, so inserting or removing other rules does not rename it. A rule written twice
-    the same way in one chain gets .2, .3, ... in order."""
+    the same way in one chain gets .2, .3, ... in order. The two parts of a rule split on conntrack state
+    (Rule.ct_part) are told apart by their part."""
     out = []
     seen: dict[str, int] = {}
     for r in policy.rules:
@@ -456,6 +459,8 @@ def rule_ids(policy) -> list[str]:
             text = " > ".join(levels) + " -j " + " ".join((r.target, *r.target_args))
         else:
             text = r.origin.text if r.origin else r.target
+        if r.ct_part:
+            text += f" [ct {r.ct_part}]"
         h = hashlib.sha256(f"{policy.base_chain}|{chain}|{text}".encode()).hexdigest()[:12]
         n = seen[h] = seen.get(h, 0) + 1
         out.append(h if n == 1 else f"{h}.{n}")
@@ -473,20 +478,22 @@ def deployment_from_state(state: dict) -> Deployment:
     # first-match count must not be added on top. Under "full" every shunted packet runs the verbatim FULL chain.
     recounted = set(range(len(policy.rules))) if config.strategy == "full" else set()
     recounted |= {
-        r.index
+        i
         for name, rules in program.chains.items()
         if name != program.verbatim_full
         for r in rules
         if r.kind == "policy"
+        for i in range(r.index, r.index + r.span)
     }
     entry_of: dict[int, int] = {}
     for e, entry in enumerate(plan.entries):
         entry_of.setdefault(int(entry.rule_index), e)
     rules = []
     ids = rule_ids(policy)
+    may = plan.may_shunt  # frames forced to software on a flow-cache miss meet the rule there again too
     for i, r in enumerate(policy.rules):
         e = entry_of.get(i)
-        shunt = bool(plan.shunt[e]) if e is not None else None
+        shunt = bool(may[e]) if e is not None else None
         where = f"{r.origin.file}:{r.origin.line}" if r.origin else ""
         text = (
             r.origin.text if r.origin else " ".join((*r.levels[-1].options, "-j", r.target)) if r.levels else r.target
@@ -513,7 +520,7 @@ def deployment_from_state(state: dict) -> Deployment:
         netns=str((state.get("shim") or {}).get("netns", "hf-fw")),
         table=config.table,
         n_entries=n,
-        policy_shunt=bool(plan.shunt[n]),
+        policy_shunt=bool(may[n]),
         rules=tuple(rules),
         history=history_from_state(state),
         nic=str((state.get("nic") or {}).get("socket", "")),

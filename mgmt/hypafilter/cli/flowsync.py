@@ -20,12 +20,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not st or not st.get("nic"):
         raise HypafilterError(f"{deploy.state_file()}: nothing deployed, no NIC to synchronise")
     cfg = Config(table=st.get("table", "filter"), chain_prefix=st.get("chain_prefix", "HF"))
-    client = NicClient(deploy.target_of(st, cfg).transport(st["nic"]))
-    try:
-        flowsync.serve(args.ns, client, state_dir, args.interval, nic=st["nic"].get("name", ""))
-    finally:
-        client.close()
-    return 0
+    tgt, nic = deploy.target_of(st, cfg), st["nic"]
+    return flowsync.supervise(
+        args.ns, lambda: NicClient(tgt.transport(nic)), state_dir, args.interval, nic=nic.get("name", "")
+    )
 
 
 def cmd_status(args: argparse.Namespace) -> int:

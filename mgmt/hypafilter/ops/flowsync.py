@@ -16,6 +16,7 @@ against the deployed NIC (NicClient's flow API) and the firewall namespace; `sta
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import ipaddress
 import json
@@ -440,11 +441,20 @@ def _write_json(path: Path, data: dict) -> None:
 
 
 def serve(
-    ns: str, table, state_dir: Path, interval: float = INTERVAL, stop: Callable[[], bool] = lambda: False, nic: str = ""
+    ns: str,
+    table,
+    state_dir: Path,
+    interval: float = INTERVAL,
+    stop: Callable[[], bool] = lambda: False,
+    nic: str = "",
+    service_pid: int | None = None,
+    restarts: int = 0,
 ) -> None:
     """Run until `stop()` or SIGTERM/SIGINT: resync, then events and polls. The table is cleared on the way out:
-    without the service nothing evicts a flow conntrack has destroyed."""
+    without the service nothing evicts a flow conntrack has destroyed. `service_pid`: the pid the state file
+    names (the supervisor's, which `stop` signals), `restarts`: how many workers ended abnormally before."""
     state_dir = Path(state_dir)
+    service_pid = service_pid or os.getpid()
     stopping = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stopping.append(1))
@@ -462,7 +472,10 @@ def serve(
             now = time.monotonic()
             if now >= next_poll:
                 syncer.poll()
-                _write_json(state_path(state_dir), _status_doc(syncer, table, ns, nic, started, interval))
+                doc = _status_doc(syncer, table, ns, nic, started, interval)
+                _write_json(
+                    state_path(state_dir), {**doc, "pid": service_pid, "worker": os.getpid(), "restarts": restarts}
+                )
                 next_poll = now + interval
             r, _, _ = select.select([ct.events], [], [], max(0.0, min(next_poll - time.monotonic(), 0.2)))
             if not r:
@@ -483,8 +496,88 @@ def serve(
             table.flow_clear()
         finally:
             ct.close()
-            doc = {"running": False, "pid": os.getpid(), "stopped_at": time.time(), "ns": ns, "nic": nic}
+            doc = {"running": False, "pid": service_pid, "stopped_at": time.time(), "ns": ns, "nic": nic}
             _write_json(state_path(state_dir), doc)
+
+
+PR_SET_PDEATHSIG = 1
+EXIT_NOT_READY = 3  # a worker that failed before its first state file (no flow cache, no conntrack access)
+
+
+def supervise(
+    ns: str, open_table: Callable[[], object], state_dir: Path, interval: float = INTERVAL, nic: str = ""
+) -> int:
+    """The service process: runs `serve` in a forked worker and, when the worker ends other than by a stop (an
+    exception, a kill), clears the flow table (the worker may have left flows conntrack has destroyed since) and
+    starts another, which resyncs from a dump. The worker gets SIGTERM if the supervisor dies (PR_SET_PDEATHSIG),
+    so it never runs unsupervised. Returns the exit status: 0 after a stop, 1 when the first worker failed before
+    it was ready (nothing to supervise)."""
+    import ctypes
+
+    state_dir = Path(state_dir)
+    me = os.getpid()
+    stopping: list[int] = []
+    child: list[int] = []
+
+    def on_stop(*_):
+        stopping.append(1)
+        for pid in child:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_stop)
+    restarts, delay, ever_ready = 0, 0.5, False
+    while not stopping:
+        t0 = time.monotonic()
+        pid = os.fork()
+        if pid == 0:  # the worker
+            code = EXIT_NOT_READY
+            try:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    signal.signal(sig, signal.SIG_DFL)
+                ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+                if os.getppid() != me:  # the supervisor died before the prctl
+                    os._exit(0)
+                table = open_table()
+                code = 1
+                serve(ns, table, state_dir, interval, nic=nic, service_pid=me, restarts=restarts)
+                code = 0
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+                sys.stderr.flush()
+            os._exit(code)
+        child[:] = [pid]
+        _, status = os.waitpid(pid, 0)
+        child.clear()
+        code = os.waitstatus_to_exitcode(status)
+        doc = read_status_file(state_dir) or {}
+        ever_ready |= doc.get("worker") == pid
+        if stopping:
+            break
+        print(f"flowsync: worker {pid} ended ({code}); clearing the flow table", file=sys.stderr, flush=True)
+        if not ever_ready and code == EXIT_NOT_READY:
+            return 1
+        _write_json(
+            state_path(state_dir),
+            {"running": False, "restarting": True, "pid": me, "last_exit": code, "ns": ns, "nic": nic},
+        )
+        try:
+            t = open_table()
+            try:
+                t.flow_clear()
+            finally:
+                t.close()
+        except Exception as e:  # the NIC gone: nothing to clear; the next worker fails and says so
+            print(f"flowsync: clearing the flow table: {e}", file=sys.stderr, flush=True)
+        restarts += 1
+        delay = 1.0 if time.monotonic() - t0 > 30 else min(delay * 2, 30.0)
+        deadline = time.monotonic() + delay
+        while not stopping and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return 0
 
 
 def _status_doc(syncer: Syncer, table, ns: str, nic: str, started: float, interval: float) -> dict:

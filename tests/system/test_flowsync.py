@@ -153,7 +153,7 @@ def test_events_decisions_liberal_and_timeout_on_real_conntrack():
             assert entry_of(ns, "tcp", TCP_PORT, sport)["timeout"] > 1000
             assert ct.set_timeout(flow, 6, 77)
             assert 70 <= entry_of(ns, "tcp", TCP_PORT, sport)["timeout"] <= 77
-            assert ct.set_timeout(flow, 6, 432000)
+            assert ct.refresh(flow, 6, 432000)  # still established: refreshed
             assert entry_of(ns, "tcp", TCP_PORT, sport)["timeout"] > 431000
             dumped = [e for e in ct.dump() if is_tcp(e)]
             assert len(dumped) == 1 and flowsync.offload_reason(dumped[0]) is None
@@ -164,6 +164,9 @@ def test_events_decisions_liberal_and_timeout_on_real_conntrack():
             acc.close()
             got = [e for e in events_until(ct, lambda e: is_tcp(e) and e.tcp_state not in (3, None)) if is_tcp(e)]
             assert flowsync.offload_reason(got[-1]) is not None
+            before = entry_of(ns, "tcp", TCP_PORT, sport)["timeout"]
+            assert not ct.refresh(flow, 6, 432000)  # no longer established: not refreshed (the poll evicts it)
+            assert entry_of(ns, "tcp", TCP_PORT, sport)["timeout"] <= before
             netns.run(["iptables", "-w", "-F", "INPUT"], ns)  # entries outlive rules: destroy it by hand
             with inside(ns):
                 from pyroute2 import Conntrack as Pr2Conntrack
@@ -177,6 +180,7 @@ def test_events_decisions_liberal_and_timeout_on_real_conntrack():
             got = events_until(ct, lambda e: is_tcp(e) and e.kind == "destroy")
             assert any(e.kind == "destroy" and is_tcp(e) for e in got)
             assert entry_of(ns, "tcp", TCP_PORT, sport) is None
+            assert ct.get(flow) is None and not ct.refresh(flow, 6, 432000) and not ct.set_timeout(flow, 6, 60)
             netns.run(
                 ["iptables", "-w", "-A", "INPUT", "-m", "conntrack", "--ctstate", "ESTABLISHED", "-j", "ACCEPT"], ns
             )

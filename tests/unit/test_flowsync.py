@@ -99,7 +99,7 @@ class MemCt:
         self.calls.append(("liberal", ev.flow))
         return ev.flow in self.entries
 
-    def set_timeout(self, flow, proto, seconds):
+    def refresh(self, flow, proto, seconds):
         self.calls.append(("timeout", flow, seconds))
         return flow in self.entries
 

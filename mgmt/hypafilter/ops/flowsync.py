@@ -205,8 +205,9 @@ class Installed:
 @dataclass
 class Syncer:
     """Keeps `table` (NicClient's flow API: flow_insert, flow_delete, flow_entries, flow_counters, flow_clear)
-    equal to the offloadable entries of conntrack `ct` (set_liberal(ev), set_timeout(ev_or_flow, proto, seconds):
-    True, or False when conntrack no longer has the entry)."""
+    equal to the offloadable entries of conntrack `ct` (set_liberal(ev): True, or False when conntrack no longer
+    has the entry; refresh(flow, proto, seconds): True when the entry is there and still offloadable and its
+    timeout is set, else False)."""
 
     table: object
     ct: object
@@ -325,7 +326,7 @@ class Syncer:
                 continue
             if refresh_due(inst.last_hits, rec.counted, rec.hits):
                 inst.last_hits = rec.hits
-                if self.ct.set_timeout(rec.flow, inst.proto, self.timeout_for(inst)):
+                if self.ct.refresh(rec.flow, inst.proto, self.timeout_for(inst)):
                     self.counters["refreshes"] += 1
                 else:
                     self._delete(rec.flow, "evictions")
@@ -417,6 +418,28 @@ class Conntrack:
 
     def set_timeout(self, flow: Flow, proto: int, seconds: int) -> bool:
         return self._set(flow, timeout=int(seconds))
+
+    def get(self, flow: Flow) -> CtEvent | None:
+        from pyroute2.netlink.exceptions import NetlinkError
+
+        try:
+            msgs = self.req.entry("get", tuple_orig=self._tuple(flow))
+        except NetlinkError as e:
+            if e.code == errno.ENOENT:
+                return None
+            raise
+        for m in msgs:
+            if (ev := parse(m, "dump")) is not None:
+                return ev
+        return None
+
+    def refresh(self, flow: Flow, proto: int, seconds: int) -> bool:
+        """The timeout of a flow the hardware saw, if conntrack still holds it as offloadable (an entry of the
+        same tuple that is new again, after a destroy whose event came late, is not refreshed: False)."""
+        ev = self.get(flow)
+        if ev is None or offload_reason(ev) is not None:
+            return False
+        return self.set_timeout(flow, proto, seconds)
 
 
 def read_timeouts(ns: str | None) -> dict[str, int]:

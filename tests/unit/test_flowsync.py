@@ -281,3 +281,16 @@ def test_tcp_update_without_protoinfo_keeps_the_flow():
     s2, _, ct2 = syncer()
     ct2.entries.add(e.flow)
     assert s2.event(ev(state=None)) is None and not s2.installed  # no state known: nothing installed
+
+
+def test_a_leftover_entry_is_replaced_with_this_orientation():
+    """A flow already in the table (a leftover stored from the other end) is deleted and inserted again: its stored
+    orientation decides which direction is ORIGINAL (ct 1) and which REPLY (ct 2)."""
+    s, table, ct = syncer()
+    e = ev()
+    ct.entries.add(e.flow)
+    table.flow_insert(e.flow.reply())
+    table.ops.clear()
+    assert s.event(e) == "install"
+    assert table.ops == [("insert", e.flow), ("delete", e.flow), ("insert", e.flow)]
+    assert [r.flow for r in table.flow_entries()] == [e.flow] and s.counters["inserts"] == 1

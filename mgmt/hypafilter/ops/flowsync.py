@@ -241,10 +241,14 @@ class Syncer:
         if ev.proto == PROTO_TCP:
             self.counters["liberal"] += 1
         status, _slot = self.table.flow_insert(flow)
-        if status in (ST_OK, ST_EXISTS):
+        if status == ST_EXISTS:
+            # Not one of ours (we insert a flow once): a leftover, maybe stored with the other orientation, which
+            # would swap ORIGINAL and REPLY. Replace it.
+            self.table.flow_delete(flow)
+            status, _slot = self.table.flow_insert(flow)
+        if status == ST_OK:
             self.installed[flow] = Installed(ev.proto, bool(ev.status & IPS_ASSURED))
-            if status == ST_OK:
-                self.counters["inserts"] += 1
+            self.counters["inserts"] += 1
             if t_event is not None:
                 self.lag.append(self.clock() - t_event)
         elif status == ST_FULL:

@@ -244,9 +244,11 @@ class Echo:
         while not self.stop:
             try:
                 data, peer = self.usrv.recvfrom(65536)
+                if peer is None:  # shut down
+                    return
+                self.usrv.sendto(data, peer)
             except OSError:
                 return
-            self.usrv.sendto(data, peer)
 
     def close(self):
         self.stop = True

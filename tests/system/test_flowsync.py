@@ -19,7 +19,7 @@ from hypafilter import netns
 from hypafilter.netns import inside
 from hypafilter.ops import flowsync
 
-from conftest import need
+from conftest import need, need_root, need_tool
 from tests.scratchns import scratch_netns
 
 pytestmark = pytest.mark.system
@@ -419,3 +419,28 @@ def test_no_service_without_a_flow_cache_or_a_conntrack_policy(lab):
         assert flowsync.running_pid(deploy.STATE_DIR) is None
     deploy.undeploy()
     assert flowsync.running_pid(deploy.STATE_DIR) is None
+
+
+def test_lab_flush_conntrack_empties_the_roles_namespace():
+    """Lab.flush_conntrack (verify runs it between runs) flushes the role's namespace: pyroute2 opens its socket
+    lazily, and it used to be opened (and the flush done) in the caller's namespace instead."""
+    from hypafilter.ops.lab import Lab
+
+    need_root()
+    need_tool("ip", "iptables")
+    lab, role = Lab("dflush"), "fw"
+    ns = lab.ns(role)
+    netns.delete(ns)
+    netns.add(ns)
+    try:
+        netns.run(["ip", "link", "set", "lo", "up"], ns)
+        netns.run(["iptables", "-w", "-A", "INPUT", "-m", "conntrack", "--ctstate", "NEW", "-j", "ACCEPT"], ns)
+        with inside(ns):
+            u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        with u:
+            u.sendto(b"x", ("127.0.0.1", UDP_PORT))
+        assert entry_of(ns, "udp", UDP_PORT) is not None
+        lab.flush_conntrack(role)
+        assert entry_of(ns, "udp", UDP_PORT) is None
+    finally:
+        netns.delete(ns)

@@ -294,3 +294,30 @@ def test_a_leftover_entry_is_replaced_with_this_orientation():
     assert s.event(e) == "install"
     assert table.ops == [("insert", e.flow), ("delete", e.flow), ("insert", e.flow)]
     assert [r.flow for r in table.flow_entries()] == [e.flow] and s.counters["inserts"] == 1
+
+
+def test_status_line():
+    from hypafilter.cli.deploy import _fmt_flowsync
+
+    assert _fmt_flowsync({"wanted": False, "reason": "the NIC has no flow cache"}) == (
+        "flowsync not running: the NIC has no flow cache"
+    )
+    assert _fmt_flowsync({"wanted": True, "running": False}).startswith("flowsync DOWN")
+    line = _fmt_flowsync(
+        {
+            "wanted": True,
+            "running": True,
+            "pid": 7,
+            "offloaded": 3,
+            "occupancy": 4,
+            "inserts": 5,
+            "deletes": 2,
+            "evictions": 1,
+            "insert_failures": 0,
+            "refreshes": 9,
+            "lag_p50_ms": 0.4,
+            "lag_max_ms": 2.5,
+        }
+    )
+    assert line.startswith("flowsync pid 7: 3 flows offloaded, occupancy 4; inserts 5, deletes 2, evictions 1")
+    assert line.endswith("sync lag p50 0.4 ms, max 2.5 ms")

@@ -1,6 +1,6 @@
 """The flow sync service (ops/flowsync.py) against real conntrack: the events of real TCP and UDP connections, the
 install decision at each, TCP window liberal mode and the timeout set as conntrack itself reports them
-(/proc/net/nf_conntrack, pyroute2's dump); then the whole service on the emulated NIC's flow cache in a lab:
+(`conntrack -L`, pyroute2's dump); then the whole service on the emulated NIC's flow cache in a lab:
 deploy starts it, flows go in and out of the hardware, hits refresh conntrack's timeout, a restart resyncs, a dead
 service is drift, undeploy stops it."""
 
@@ -35,34 +35,33 @@ POLICY = (
 )
 
 
-def proc_conntrack(ns: str) -> list[dict]:
-    """The kernel's own listing (/proc/net/nf_conntrack of `ns`): proto, timeout, state and the original tuple."""
+def conntrack_list(ns: str) -> list[dict]:
+    """The kernel's own listing (`conntrack -L` in `ns`, conntrack-tools): proto, timeout, state and the original
+    tuple of every IPv4 entry."""
     out = []
-    for line in netns.run(["cat", "/proc/net/nf_conntrack"], ns).splitlines():
+    for line in netns.run(["conntrack", "-L", "-f", "ipv4"], ns).splitlines():
         f = line.split()
-        if len(f) < 6 or f[0] != "ipv4":
+        if len(f) < 4 or not f[2].isdigit():
             continue
-        kv = dict(re.findall(r"(\w+)=(\S+)", line))  # the first src=, dst=, sport=, dport= are the original tuple
-        first = {}
+        first: dict[str, str] = {}  # the first src=, dst=, sport=, dport= are the original tuple
         for k, v in re.findall(r"(src|dst|sport|dport)=(\S+)", line):
             first.setdefault(k, v)
         out.append(
             {
-                "proto": f[2],
-                "timeout": int(f[4]),
-                "state": f[5] if not f[5].startswith("src=") else None,
+                "proto": f[0],
+                "timeout": int(f[2]),
+                "state": None if f[3].startswith("src=") else f[3],
                 "src": first.get("src"),
                 "dst": first.get("dst"),
                 "sport": int(first.get("sport", 0)),
                 "dport": int(first.get("dport", 0)),
-                "zone": kv.get("zone"),
             }
         )
     return out
 
 
 def entry_of(ns: str, proto: str, dport: int, sport: int | None = None) -> dict | None:
-    for e in proc_conntrack(ns):
+    for e in conntrack_list(ns):
         if e["proto"] == proto and e["dport"] == dport and (sport is None or e["sport"] == sport):
             return e
     return None
@@ -115,7 +114,7 @@ def liberal_flags(ns: str, sport: int, dport: int) -> tuple[int, int]:
 
 
 def test_events_decisions_liberal_and_timeout_on_real_conntrack():
-    with scratch_netns("dsct", "iptables") as ns:
+    with scratch_netns("dsct", "iptables", "conntrack") as ns:
         netns.run(["ip", "link", "set", "lo", "up"], ns)
         # A conntrack match makes the namespace track connections (the kernel registers its hooks on demand).
         netns.run(["iptables", "-w", "-A", "INPUT", "-m", "conntrack", "--ctstate", "ESTABLISHED", "-j", "ACCEPT"], ns)
@@ -149,7 +148,7 @@ def test_events_decisions_liberal_and_timeout_on_real_conntrack():
             assert not any(f & 0x08 for f in liberal_flags(ns, sport, TCP_PORT))
             assert ct.set_liberal(got[-1])
             assert all(f & 0x08 for f in liberal_flags(ns, sport, TCP_PORT))
-            # A timeout write shows in the kernel's own listing.
+            # A timeout write shows in the kernel's own listing (conntrack -L).
             assert entry_of(ns, "tcp", TCP_PORT, sport)["timeout"] > 1000
             assert ct.set_timeout(flow, 6, 77)
             assert 70 <= entry_of(ns, "tcp", TCP_PORT, sport)["timeout"] <= 77
@@ -278,6 +277,7 @@ def test_service_on_the_emulated_flow_cache(lab):
     from hypafilter.iptables.document import parse_policy
     from hypafilter.ops import deploy
 
+    need_tool("conntrack")
     policy = parse_policy(POLICY, filename="established.rules", base_chain="FORWARD", config=Config())
     state = deploy.deploy(policy, deploy.site_config(Config()))
     tgt = deploy.target_of(state, Config())
@@ -427,7 +427,7 @@ def test_lab_flush_conntrack_empties_the_roles_namespace():
     from hypafilter.ops.lab import Lab
 
     need_root()
-    need_tool("ip", "iptables")
+    need_tool("ip", "iptables", "conntrack")
     lab, role = Lab("dflush"), "fw"
     ns = lab.ns(role)
     netns.delete(ns)

@@ -254,18 +254,32 @@ def test_resync_inserts_and_deletes_against_a_dump():
     assert s.counters["evictions"] == 2 and s.counters["inserts"] == 1
 
 
-def test_decides_established_falls_back_to_reads_conntrack():
+def test_decides_established():
+    """The plan's answer when it has one; from the entries' ct ranges once the IR has the field; else the policy."""
+    from hypafilter.ir import box
+
     class P:
         reads_conntrack = True
-
-    class Plan:
-        pass
 
     class PlanC1:
         decides_established = False
 
-    assert fs.decides_established(P(), Plan())
+    class Entry:
+        def __init__(self, boxes):
+            self.boxes = boxes
+
+    class Plan:
+        def __init__(self, entries):
+            self.entries = entries
+
     assert not fs.decides_established(P(), PlanC1())
+    if "ct" not in box.FIELD_INDEX:
+        assert fs.decides_established(P(), Plan([]))
+        return
+    full = box.Box.full()
+    hit = full.with_field("ct", 1, 2)
+    assert not fs.decides_established(P(), Plan([Entry([full])]))  # every entry spans ct 0..3
+    assert fs.decides_established(P(), Plan([Entry([full]), Entry([hit])]))
 
 
 def test_tcp_update_without_protoinfo_keeps_the_flow():

@@ -730,9 +730,17 @@ def status(state_dir: Path, wanted: dict | None = None) -> dict:
 
 
 def decides_established(policy, plan) -> bool:
-    """Whether the policy's hardware entries can decide established frames, so that the flow cache matters: the
-    plan's own answer when it has one (`Plan.decides_established`), else the policy reads conntrack."""
+    """Whether the policy's hardware entries can decide a frame by its flow-cache state, so that the flow cache
+    matters: the plan's own answer if it has one (`decides_established`); else, once the IR has the `ct` field,
+    whether some hardware entry's box does not span every ct value (it reads the flow cache); else (an IR without
+    it) whether the policy reads conntrack."""
     own = getattr(plan, "decides_established", None)
     if own is not None:
         return bool(own)
+    from hypafilter.ir import box
+
+    ct = box.FIELD_INDEX.get("ct")
+    if ct is not None:
+        top = box.MAXV[ct]
+        return any(b.lo[ct] != 0 or b.hi[ct] != top for e in plan.entries for b in e.boxes)
     return bool(getattr(policy, "reads_conntrack", False))

@@ -276,8 +276,13 @@ def test_service_on_the_emulated_flow_cache(lab):
     from hypafilter.hw.flowcache import Flow
     from hypafilter.iptables.document import parse_policy
     from hypafilter.ops import deploy
+    from hypafilter.targets.nic import NicClient
 
     need_tool("conntrack")
+    need(
+        hasattr(NicClient, "flow_config"),
+        "NicClient has no flow cache API yet (flow_config, flow_insert, ...): it comes with issue #13's hardware part",
+    )
     policy = parse_policy(POLICY, filename="established.rules", base_chain="FORWARD", config=Config())
     state = deploy.deploy(policy, deploy.site_config(Config()))
     tgt = deploy.target_of(state, Config())
@@ -450,3 +455,33 @@ def test_lab_flush_conntrack_empties_the_roles_namespace():
         assert entry_of(ns, "udp", UDP_PORT) is None
     finally:
         netns.delete(ns)
+
+
+def test_emulated_nic_survives_a_client_closing_as_another_connects(lab):
+    """Deploy closes its last NIC connection and opens the flow sync check's at once; the emulator used to accept
+    the new client in the poll round where the old one's close was served, erase a poll entry past the end and
+    die (munmap_chunk(): invalid pointer). Found by this feature's deploy; the loop accepts after serving now."""
+    from hypafilter.config import Config
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.ops import deploy
+    from hypafilter.targets.nic import EmuTransport
+
+    policy = parse_policy(
+        f"*filter\n:FORWARD DROP [0:0]\n-A FORWARD -p tcp -m tcp --dport {TCP_PORT} -j ACCEPT\nCOMMIT\n",
+        filename="plain.rules",
+        base_chain="FORWARD",
+        config=Config(),
+    )
+    state = deploy.deploy(policy, deploy.site_config(Config()))
+    tgt, path = deploy.target_of(state, Config()), state["nic"]["socket"]
+    for _ in range(20):
+        a = socket.socket(socket.AF_UNIX)
+        a.connect(path)
+        a.close()
+        b = EmuTransport(path, timeout=5)
+        try:
+            assert b.read(0) == 0x48594641  # the ID register
+        finally:
+            b.close()
+    assert tgt.alive(state["nic"])
+    deploy.undeploy()

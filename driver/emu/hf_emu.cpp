@@ -733,10 +733,6 @@ int main(int argc, char **argv) {
       signalfd_siginfo si;
       while (read(sfd, &si, sizeof(si)) == sizeof(si)) g_quit = true;
     }
-    if (pfds[1].revents & POLLIN) {
-      int cfd = accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
-      if (cfd >= 0) clients.push_back({cfd, ""});
-    }
     if (g_active)
       for (int i = 0; i < 4; i++)
         if (pfds[2 + i].revents & POLLIN) receive(g_ports[i]);
@@ -749,6 +745,12 @@ int main(int argc, char **argv) {
         continue;
       }
       i++;
+    }
+    // Accepted after the clients are served: a client accepted before would have no poll entry (pfds[6 + i] past
+    // the end), and one that closed in the same poll round then erased past the end (heap corruption).
+    if (pfds[1].revents & POLLIN) {
+      int cfd = accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
+      if (cfd >= 0) clients.push_back({cfd, ""});
     }
     if (g_active) {
       for (int k = 0; k < kBurstTicks && work_pending(); k++) tick();

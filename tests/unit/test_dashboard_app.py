@@ -319,7 +319,7 @@ def test_drift_in_summary_and_metrics():
         "nic: GENERATION register 6, deployed 7",
     ]
     drift = {x.labels["what"]: x.value for x in families(c)["hypafilter_drift"].samples}
-    assert drift == {"netfilter": 1, "shim": 0, "nic": 1}
+    assert drift == {"netfilter": 1, "shim": 0, "nic": 1, "flowsync": 0}
 
 
 def test_rules_are_paged_sorted_and_filtered(client):
@@ -402,3 +402,86 @@ def test_dns_rebinding_is_refused_on_loopback(sampler):
     for host in ("evil.example:8080", "evil.example", "127.0.0.1.evil.example:8080"):
         r = c.get("/api/summary", headers={"host": host})
         assert r.status_code == 421 and "seq" not in r.text, host
+
+
+def test_flowsync_in_summary_and_metrics():
+    """The flow sync service's state file as `status` reads it: its gauges in /api/summary and /metrics, its
+    counters accumulated across a restart of the service (a new pid counts from 0, the totals never go down)."""
+    readings = iter(
+        [
+            {
+                "wanted": True,
+                "running": True,
+                "pid": 10,
+                "inserts": 5,
+                "deletes": 1,
+                "evictions": 0,
+                "insert_failures": 2,
+                "refreshes": 7,
+                "events": 30,
+                "errors": 0,
+                "offloaded": 4,
+                "occupancy": 4,
+                "lag_p50_ms": 0.5,
+                "lag_max_ms": 3.0,
+                "lag_samples": 6,
+                "last_error": "",
+            },
+            {
+                "wanted": True,
+                "running": True,
+                "pid": 11,
+                "inserts": 3,
+                "deletes": 0,
+                "evictions": 1,
+                "insert_failures": 0,
+                "refreshes": 1,
+                "events": 9,
+                "errors": 0,
+                "offloaded": 2,
+                "occupancy": 3,
+                "lag_p50_ms": 0.25,
+                "lag_max_ms": 1.0,
+                "lag_samples": 3,
+                "last_error": "",
+            },
+            {"wanted": True, "running": False, "reason": ""},
+        ]
+    )
+
+    class Nic:
+        def counters(self):
+            return hw_counters(1)
+
+        def read_table_many(self, name, start, count):
+            return [0] * count
+
+    c = Collector(
+        state_reader=lambda: {"generation": DEP.generation, "history": JOURNAL, "flowsync": {"wanted": True}},
+        nic_opener=lambda d: Nic(),
+        nf_reader=lambda ns, table: save((0, 0), (0, 0)),
+        deployment_builder=lambda state: DEP,
+        drift_checker=None,
+        flowsync_reader=lambda state: next(readings),
+    )
+    s = Sampler(interval=1.0, keep=5)
+    s.add(c.snapshot())
+    s.add(c.snapshot())
+    client = TestClient(create_app(s))
+    fs = client.get("/api/summary").json()["flowsync"]
+    assert fs["running"] and fs["offloaded"] == 2 and fs["occupancy"] == 3 and fs["lag_max_ms"] == 1.0
+    assert fs["counters"]["inserts"] == 8 and fs["counters"]["insert_failures"] == 2
+    fam = families(client)
+    ops = {x.labels["op"]: x.value for x in fam["hypafilter_flowsync_operations"].samples}
+    assert ops["inserts"] == 8 and ops["evictions"] == 1 and ops["refreshes"] == 8
+    assert fam["hypafilter_flowsync_up"].samples[0].value == 1
+    assert fam["hypafilter_flows_offloaded"].samples[0].value == 2
+    lag = {x.labels["quantile"]: x.value for x in fam["hypafilter_flowsync_lag_seconds"].samples}
+    assert lag == {"0.5": 0.00025, "1": 0.001}
+    s.add(c.snapshot())  # the service went down: up 0, the counters stay
+    fam = families(client)
+    assert fam["hypafilter_flowsync_up"].samples[0].value == 0
+    assert fam["hypafilter_flowsync_wanted"].samples[0].value == 1
+    assert "hypafilter_flows_offloaded" not in fam
+    assert {x.labels["op"]: x.value for x in fam["hypafilter_flowsync_operations"].samples}["inserts"] == 8
+    assert 'id="flowsync"' in client.get("/").text

@@ -78,9 +78,24 @@ def _fmt_status(st: dict) -> str:
             for r in rules:
                 if r["packets"]:
                     lines.append(f"  {r['packets']:>8} pkts  {r['rule']}")
+    lines.append(_fmt_flowsync(st.get("flowsync") or {}))
     last = (st.get("history") or [{}])[-1]
     lines.append(f"last     {last.get('kind', last.get('result'))} took {last.get('duration_s')}s")
     return "\n".join(lines)
+
+
+def _fmt_flowsync(fs: dict) -> str:
+    """The flow sync service's line of `status` (docs/flowsync.md)."""
+    if not fs.get("wanted"):
+        return f"flowsync not running: {fs.get('reason') or 'not wanted by this deployment'}"
+    if not fs.get("running"):
+        return "flowsync DOWN: the flow cache does not follow conntrack (deploy again, or undeploy)"
+    return (
+        f"flowsync pid {fs.get('pid')}: {fs.get('offloaded')} flows offloaded, occupancy {fs.get('occupancy')}; "
+        f"inserts {fs.get('inserts')}, deletes {fs.get('deletes')}, evictions {fs.get('evictions')}, "
+        f"insert failures (set full) {fs.get('insert_failures')}, timeout refreshes {fs.get('refreshes')}; "
+        f"sync lag p50 {fs.get('lag_p50_ms')} ms, max {fs.get('lag_max_ms')} ms"
+    )
 
 
 def cmd_status(args: argparse.Namespace) -> int:

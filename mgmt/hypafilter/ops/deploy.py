@@ -34,6 +34,7 @@ from hypafilter.ir import Policy
 from hypafilter.netfilter.bridge import TABLE as BRIDGE_TABLE
 from hypafilter.netfilter.bridge import unfilterable_nft
 from hypafilter.netfilter.restore import to_iptables_restore
+from hypafilter.ops import flowsync
 from hypafilter.paths import BUILD_ROOT
 from hypafilter.targets import shim as shim_mod
 from hypafilter.targets.base import Site, Target
@@ -240,6 +241,8 @@ def drift(st: dict, tgt: Target | None = None) -> list[str]:
                 out += nic_drift(c, st)
     except Exception as e:  # an unreachable NIC is drift, whatever the transport raised
         out.append(f"nic: {e}")
+    if (st.get("flowsync") or {}).get("wanted") and flowsync.running_pid(STATE_DIR) is None:
+        out.append("flowsync: the flow sync service is not running (the NIC's flow cache does not follow conntrack)")
     return out
 
 
@@ -675,6 +678,10 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
         raise
 
     warnings = []
+    try:  # the running service follows the old NIC and policy; a new one starts below when wanted
+        flowsync.stop(STATE_DIR)
+    except (OSError, HypafilterError) as e:
+        warnings.append(f"stopping the flow sync service: {e}")
     if old_nic and replace:
         try:
             tgt.stop(old_nic)
@@ -741,10 +748,40 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
         ],
     }
     write_state(state)
+    state["flowsync"] = _start_flowsync(policy, plan, tgt, new_nic, warnings, log)
+    write_state(state)
     for w in warnings:
         log(f"warning: {w}")
     log(f"deployed generation {gen} in {took:.2f}s")
     return state
+
+
+def _start_flowsync(policy: Policy, plan, tgt: Target, nic: dict, warnings: list[str], log) -> dict:
+    """Start the flow sync service when the policy's hardware entries decide established frames and the NIC has
+    a flow cache (docs/flowsync.md); otherwise say why not. It runs after the commit: until it runs every frame
+    misses the flow cache (ct = 0), which only sends more frames to software."""
+    if not flowsync.decides_established(policy, plan):
+        reason = "the policy's hardware entries do not read conntrack state"
+    else:
+        try:
+            with tgt.client(nic) as c:
+                if not hasattr(c, "flow_config"):
+                    reason = "this NIC client has no flow cache API"
+                elif c.flow_config() is None:
+                    reason = "the NIC has no flow cache (FC_CONFIG reads 0)"
+                else:
+                    reason = ""
+        except Exception as e:  # an unreachable NIC shows as drift; the service is not started for it
+            reason = f"reading the NIC's flow cache configuration: {e}"
+    if reason:
+        return {"wanted": False, "reason": reason}
+    try:
+        pid = flowsync.start(NS_FW, STATE_DIR)
+    except (OSError, HypafilterError) as e:
+        warnings.append(f"starting the flow sync service: {e}")
+        return {"wanted": True, "pid": None, "reason": f"failed to start: {e}"}
+    log(f"flow sync service running (pid {pid})")
+    return {"wanted": True, "pid": pid, "reason": ""}
 
 
 def _interfaces_state(policy: Policy) -> dict:
@@ -785,6 +822,10 @@ def undeploy(log: Callable[[str], None] = lambda s: None) -> bool:
             return False
         cfg = Config(table=st.get("table", "filter"), chain_prefix=st.get("chain_prefix", "HF"))
         errors = []
+        try:  # before the NIC: it clears the flow table as it stops
+            flowsync.stop(STATE_DIR)
+        except (OSError, HypafilterError) as e:
+            errors.append(f"flowsync: {e}")
         if st.get("nic"):
             try:
                 target_of(st, cfg).stop(st["nic"])
@@ -860,5 +901,6 @@ def status() -> dict:
         out["netfilter"] = chain_counters(NS_FW, cfg, st["prefix"])
     except HypafilterError as e:
         out["netfilter"] = {"error": str(e)}
+    out["flowsync"] = flowsync.status(STATE_DIR, st.get("flowsync"))
     out["drift"] = drift(st)
     return out

@@ -244,7 +244,10 @@ class Lab:
         from pyroute2 import Conntrack
 
         with netns.inside(self.ns(role)):
-            ct = Conntrack()  # its netlink socket stays in that namespace
+            ct = Conntrack()
+            # pyroute2 opens its netlink socket on first use: open it here, inside the namespace, where it then
+            # stays (else the flush below emptied the caller's namespace's table and left the role's as it was).
+            ct.asyncore.socket  # noqa: B018
         try:
             ct.flush()
         finally:

@@ -10,6 +10,7 @@ the app can be tested on recorded snapshots and the collector's arithmetic on it
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -29,7 +30,7 @@ from hypafilter.analysis.program import build_program, twins
 from hypafilter.config import Config
 from hypafilter.errors import HypafilterError
 from hypafilter.iptables.document import parse_policy
-from hypafilter.ops import deploy
+from hypafilter.ops import deploy, flowsync
 from hypafilter.targets.nic import NicClient
 
 # Hardware counters (hw/regmap.txt) and the (path, reason) labels they carry in /api and /metrics.
@@ -141,6 +142,7 @@ class Snapshot:
     errors: tuple[str, ...] = ()
     drift: tuple[str, ...] | None = None  # ops.deploy.drift of this deployment (None: not checked yet)
     totals: Totals | None = None  # counters accumulated by the collector up to this snapshot
+    flowsync: dict = field(default_factory=dict)  # the flow sync service (ops.flowsync.status); {}: not deployed
 
     @property
     def generation(self) -> int | None:
@@ -170,6 +172,11 @@ class Totals:
     update_buckets: tuple[int, ...] = (0,) * len(UPDATE_BUCKETS)
     update_count: int = 0
     update_sum: float = 0.0
+    flowsync: dict[str, int] = field(default_factory=dict)  # FLOWSYNC_COUNTERS name -> events of the service
+
+
+# The flow sync service's counters (docs/flowsync.md): accumulated per service process like the NIC's.
+FLOWSYNC_COUNTERS = ("inserts", "deletes", "evictions", "insert_failures", "refreshes", "events", "errors")
 
 
 class Accumulator:
@@ -563,6 +570,14 @@ def open_nic(deployment: Deployment) -> Any:
     return NicClient.emu(deployment.nic, timeout=5.0)
 
 
+def read_flowsync(state: dict) -> dict:
+    """The flow sync service of the deployment in `state` as `hypafilter status` shows it ({} for a deployment
+    that never recorded one)."""
+    if "flowsync" not in state:
+        return {}
+    return flowsync.status(deploy.STATE_DIR, state.get("flowsync"))
+
+
 def check_drift(state: dict) -> list[str]:
     """What `hypafilter status` reports as drift (one implementation: ops.deploy.drift)."""
     return deploy.drift(state)
@@ -585,7 +600,10 @@ class Collector:
         drift_every: float = 2.0,
         drift_async: bool = True,
         rules_async: bool = False,
+        flowsync_reader: Callable[[dict], dict] = read_flowsync,
     ):
+        self._flowsync_reader = flowsync_reader
+        self._fs = Accumulator()
         self._state_reader = state_reader
         self._nic_opener = nic_opener
         self._nf_reader = nf_reader
@@ -805,10 +823,20 @@ class Collector:
             else:
                 fresh_hits = ()
             drift = self._check_drift(state, dep)
-            totals = self._accumulate(dep, hw, fresh_hits, nf if nf_ok else None, nf_main)
+            fs: dict = {}
+            if dep is not None and state is not None:
+                try:
+                    fs = self._flowsync_reader(state)
+                except Exception as e:
+                    errors.append(f"flowsync: {e}")
+            if fs.get("running"):
+                self._fs.observe(fs.get("pid"), ((c, c, int(fs.get(c) or 0)) for c in FLOWSYNC_COUNTERS))
+            totals = dataclasses.replace(
+                self._accumulate(dep, hw, fresh_hits, nf if nf_ok else None, nf_main), flowsync=dict(self._fs.totals)
+            )
             self._seq += 1
             return Snapshot(
-                self._seq, time.time(), time.monotonic(), dep, hw, hits, nf, nf_main, tuple(errors), drift, totals
+                self._seq, time.time(), time.monotonic(), dep, hw, hits, nf, nf_main, tuple(errors), drift, totals, fs
             )
 
     def _close_nic(self) -> None:

@@ -13,12 +13,19 @@ from collections.abc import Callable, Iterator
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from hypafilter.tools.dashboard.collector import UPDATE_BUCKETS, WIRE_DECISIONS, Snapshot, Totals, rates
+from hypafilter.tools.dashboard.collector import (
+    FLOWSYNC_COUNTERS,
+    UPDATE_BUCKETS,
+    WIRE_DECISIONS,
+    Snapshot,
+    Totals,
+    rates,
+)
 
 # Per-rule series are exported up to this many rules: above it, one series per rule costs more (a 50,000-rule
 # policy made 7.9 MB per scrape) than it tells; /api/rules pages through every rule instead.
 RULE_SERIES_LIMIT = 1000
-DRIFT_PARTS: tuple[str, ...] = ("netfilter", "shim", "nic")
+DRIFT_PARTS: tuple[str, ...] = ("netfilter", "shim", "nic", "flowsync")
 
 
 def _fmt(b: float) -> str:
@@ -33,6 +40,36 @@ def update_histogram(t: Totals) -> HistogramMetricFamily:
     buckets.append(("+Inf", t.update_count))
     h.add_metric([], buckets, sum_value=t.update_sum)
     return h
+
+
+def flowsync_gauges(fs: dict) -> Iterator[Metric]:
+    """The flow sync service's gauges: whether it should and does run, flows offloaded, the hardware table's
+    occupancy, and the sync lag (conntrack event read -> hardware write done) over its last samples."""
+    for name, text, value in (
+        ("hypafilter_flowsync_wanted", "1 when the deployment wants the flow sync service.", fs.get("wanted")),
+        ("hypafilter_flowsync_up", "1 when the flow sync service runs.", fs.get("running")),
+    ):
+        g = GaugeMetricFamily(name, text)
+        g.add_metric([], 1.0 if value else 0.0)
+        yield g
+    if not fs.get("running"):
+        return
+    for name, text, key in (
+        ("hypafilter_flows_offloaded", "Flows the service installed in the hardware flow cache.", "offloaded"),
+        ("hypafilter_flow_cache_occupancy", "Valid entries of the hardware flow cache (FC_OCCUPANCY).", "occupancy"),
+    ):
+        g = GaugeMetricFamily(name, text)
+        g.add_metric([], float(fs[key]) if fs.get(key) is not None else math.nan)
+        yield g
+    lag = GaugeMetricFamily(
+        "hypafilter_flowsync_lag_seconds",
+        "Sync lag, conntrack event read to hardware write done, over the service's last samples (NaN: none).",
+        labels=["quantile"],
+    )
+    for q, key in (("0.5", "lag_p50_ms"), ("1", "lag_max_ms")):
+        v = fs.get(key)
+        lag.add_metric([q], v / 1000 if v is not None else math.nan)
+    yield lag
 
 
 def drift_parts(drift: tuple[str, ...]) -> dict[str, int]:
@@ -111,6 +148,9 @@ class SnapshotCollector:
                 drift.add_metric([what], float(v))
             yield drift
 
+        if cur.flowsync:
+            yield from flowsync_gauges(cur.flowsync)
+
         n = len(dep.rules)
         shown = GaugeMetricFamily(
             "hypafilter_rule_series", "Rules with per-rule series in this exposition (all rules are in /api/rules)."
@@ -157,6 +197,16 @@ class SnapshotCollector:
             updates.add_metric([kind, result], float(n))
         yield updates
         yield update_histogram(t)
+        fs = CounterMetricFamily(
+            "hypafilter_flowsync_operations",
+            "Flow sync service (docs/flowsync.md): hardware inserts, deletes (conntrack destroyed or left "
+            "ESTABLISHED), evictions (the poll or a resync found conntrack without the flow), insert failures (set "
+            "full), conntrack timeout refreshes, conntrack events read, errors.",
+            labels=["op"],
+        )
+        for c in FLOWSYNC_COUNTERS:
+            fs.add_metric([c], float(t.flowsync.get(c, 0)))
+        yield fs
 
     def _rules(self, t: Totals, dep) -> Iterator[Metric]:
         info = GaugeMetricFamily(

@@ -60,6 +60,7 @@ def summary(snaps: list[Snapshot]) -> dict[str, Any]:
             "rates": None,
             "errors": [],
             "drift": None,
+            "flowsync": None,
         }
     cur = snaps[-1]
     dep = cur.deployment
@@ -74,7 +75,27 @@ def summary(snaps: list[Snapshot]) -> dict[str, Any]:
         "errors": list(cur.errors),
         # What `hypafilter status` reports as drift: [] none, None not checked yet (or nothing deployed).
         "drift": list(cur.drift) if cur.drift is not None else None,
+        "flowsync": flowsync_view(cur),
     }
+
+
+FLOWSYNC_FIELDS = ("offloaded", "occupancy", "lag_p50_ms", "lag_max_ms", "lag_samples", "last_error", "pid")
+
+
+def flowsync_view(snap: Snapshot) -> dict[str, Any] | None:
+    """The flow sync service (docs/flowsync.md): whether it should and does run, its gauges, and its counters
+    accumulated by the collector (they never go down across service restarts). None: nothing deployed."""
+    fs = snap.flowsync
+    if not fs:
+        return None
+    out: dict[str, Any] = {
+        "wanted": bool(fs.get("wanted")),
+        "running": bool(fs.get("running")),
+        "reason": fs.get("reason", ""),
+    }
+    out.update({k: fs.get(k) for k in FLOWSYNC_FIELDS})
+    out["counters"] = dict(snap.totals.flowsync) if snap.totals else {}
+    return out
 
 
 def series(snaps: list[Snapshot], last: int | None = None) -> dict[str, Any]:

@@ -304,6 +304,27 @@
     );
   }
 
+  function renderFlowsync(f) {
+    const state = document.getElementById("flowsync-state");
+    if (!f) {
+      state.textContent = "nothing deployed";
+    } else if (!f.wanted) {
+      state.textContent = "not running: " + (f.reason || "not wanted by this deployment");
+    } else if (!f.running) {
+      state.textContent = "DOWN: the flow cache does not follow conntrack";
+    } else {
+      state.textContent = "running, pid " + f.pid + (f.last_error ? " · last error: " + f.last_error : "");
+    }
+    const live = f && f.running ? f : null;
+    setNum("fs-offloaded", live ? live.offloaded : null);
+    setNum("fs-occupancy", live ? live.occupancy : null);
+    for (const c of ["inserts", "deletes", "evictions", "insert_failures", "refreshes"]) {
+      setNum("fs-" + c, f && f.counters ? f.counters[c] : null);
+    }
+    const lag = document.getElementById("fs-lag");
+    lag.textContent = live && live.lag_p50_ms !== null ? live.lag_p50_ms + " / " + live.lag_max_ms + " ms" : "–";
+  }
+
   function setStatus(cls, text) {
     const s = document.getElementById("status");
     s.className = "badge " + cls;
@@ -327,6 +348,7 @@
       renderSeries(series);
       renderRules(rules);
       renderDrift(summary);
+      renderFlowsync(summary.flowsync);
       document.body.dataset.seq = String(summary.seq);
       document.body.dataset.rulesSeq = String(rules.seq);
       if (!summary.deployed) setStatus("wait", "nothing deployed");

@@ -1,0 +1,47 @@
+"""`hypafilter flowsync run|status`: the flow sync service (started by deploy, stopped by undeploy) and its state."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from hypafilter.errors import HypafilterError
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from hypafilter.config import Config
+    from hypafilter.ops import deploy, flowsync
+    from hypafilter.targets.nic import NicClient
+
+    state_dir = Path(args.state_dir)
+    deploy.configure(state_dir=state_dir)
+    st = deploy.read_state()
+    if not st or not st.get("nic"):
+        raise HypafilterError(f"{deploy.state_file()}: nothing deployed, no NIC to synchronise")
+    cfg = Config(table=st.get("table", "filter"), chain_prefix=st.get("chain_prefix", "HF"))
+    tgt, nic = deploy.target_of(st, cfg), st["nic"]
+    return flowsync.supervise(
+        args.ns, lambda: NicClient(tgt.transport(nic)), state_dir, args.interval, nic=nic.get("name", "")
+    )
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from hypafilter.ops import deploy, flowsync
+
+    st = deploy.read_state() or {}
+    print(json.dumps(flowsync.status(deploy.STATE_DIR, st.get("flowsync")), indent=1, default=str))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("flowsync", help="the flow sync service: conntrack -> the NIC's flow cache (docs/flowsync.md)")
+    s = p.add_subparsers(dest="flowsync_command", metavar="SUBCOMMAND")
+    s.required = True
+    r = s.add_parser("run", help="run the service in the foreground (deploy starts it)")
+    r.add_argument("--ns", required=True, help="the firewall's network namespace")
+    r.add_argument("--state-dir", required=True, help="the deployment's state directory (state.json)")
+    r.add_argument("--interval", type=float, default=1.0, help="seconds between hardware polls (default 1)")
+    r.set_defaults(func=cmd_run)
+    q = s.add_parser("status", help="the service's state and counters (JSON)")
+    q.set_defaults(func=cmd_status)

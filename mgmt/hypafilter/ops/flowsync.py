@@ -1,0 +1,746 @@
+"""The flow sync service: the NIC's flow cache follows the firewall's conntrack (docs/flowsync.md).
+
+A flow goes into the hardware flow cache when conntrack confirms it established (TCP: protoinfo state ESTABLISHED,
+confirmed, seen a reply; UDP: confirmed and seen a reply; IPv4 without NAT, helper or zone only), and leaves it
+when conntrack destroys it or it stops being established. Before an insert the conntrack entry is put in TCP
+window liberal mode, since conntrack stops seeing the flow's established frames. Every `interval` seconds the
+hardware's per-flow hit counters are read: a flow that was hit since the last poll gets its conntrack timeout set
+back to the protocol's established timeout (conntrack did not see those frames, so it would let the flow expire),
+and a hardware flow conntrack no longer has is evicted. At start the table is reconciled with a full conntrack
+dump. Conntrack is read through pyroute2 (ctnetlink events, dump, entry updates) inside the firewall's namespace.
+
+The pure part (`CtEvent`, `offload_reason`, `Syncer`) takes the table and conntrack as parameters; `serve` runs it
+against the deployed NIC (NicClient's flow API) and the firewall namespace; `start`, `stop` and `status` are what
+`deploy`, `undeploy` and `status` call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import ipaddress
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hypafilter import netns
+from hypafilter.errors import HypafilterError
+from hypafilter.hw.flowcache import ST_EXISTS, ST_FULL, ST_NOT_FOUND, ST_OK, Flow
+
+# ctnetlink (include/uapi/linux/netfilter/nfnetlink_conntrack.h, nf_conntrack_common.h, nf_conntrack_tcp.h)
+NFNLGRP_CONNTRACK_NEW, NFNLGRP_CONNTRACK_UPDATE, NFNLGRP_CONNTRACK_DESTROY = 1, 2, 3
+GROUPS = (1 << NFNLGRP_CONNTRACK_NEW - 1) | (1 << NFNLGRP_CONNTRACK_UPDATE - 1) | (1 << NFNLGRP_CONNTRACK_DESTROY - 1)
+IPCTNL_MSG_CT_NEW, IPCTNL_MSG_CT_DELETE = 0, 2
+NLM_F_CREATE, NLM_F_EXCL = 0x400, 0x200
+IPS_EXPECTED, IPS_SEEN_REPLY, IPS_ASSURED, IPS_CONFIRMED = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+IPS_SRC_NAT, IPS_DST_NAT = 1 << 4, 1 << 5
+IPS_NAT_MASK = IPS_SRC_NAT | IPS_DST_NAT
+IPS_DYING, IPS_TEMPLATE, IPS_UNTRACKED, IPS_HELPER, IPS_OFFLOAD = 1 << 9, 1 << 11, 1 << 12, 1 << 13, 1 << 14
+TCP_CONNTRACK_ESTABLISHED = 3
+IP_CT_TCP_FLAG_BE_LIBERAL = 0x08
+PROTO_TCP, PROTO_UDP = 6, 17
+
+# The conntrack timeouts a refresh sets, read from these sysctls of the firewall namespace (seconds).
+TIMEOUT_SYSCTLS = {
+    "tcp": "net.netfilter.nf_conntrack_tcp_timeout_established",
+    "udp": "net.netfilter.nf_conntrack_udp_timeout",
+    "udp_stream": "net.netfilter.nf_conntrack_udp_timeout_stream",
+}
+INTERVAL = 1.0  # seconds between two polls of the hardware table (timeout refresh, eviction, counters)
+LAG_SAMPLES = 4096  # sync lag: the last this many event -> hardware-write times
+READY_TIMEOUT = 20.0  # seconds `start` waits for the service's first state file
+
+
+# ---- conntrack entries and the install rule (pure) ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CtEvent:
+    """One conntrack entry as an event (new, update, destroy) or a dump line (dump) carries it."""
+
+    kind: str  # "new" | "update" | "destroy" | "dump"
+    family: int
+    proto: int
+    src: str
+    dst: str
+    sport: int = 0
+    dport: int = 0
+    reply: tuple[str, str, int, int] | None = None  # reply tuple (src, dst, sport, dport), None when absent
+    status: int = 0
+    tcp_state: int | None = None
+    timeout: int | None = None
+    zone: int | None = None
+    helper: bool = False
+
+    @property
+    def flow(self) -> Flow | None:
+        """The hardware flow (original direction), None for what the flow cache cannot hold (not IPv4 TCP/UDP)."""
+        if self.family != socket.AF_INET or self.proto not in (PROTO_TCP, PROTO_UDP):
+            return None
+        return Flow(
+            int(ipaddress.IPv4Address(self.src)),
+            int(ipaddress.IPv4Address(self.dst)),
+            self.proto,
+            self.sport,
+            self.dport,
+        )
+
+
+def offload_reason(ev: CtEvent) -> str | None:
+    """None when the entry's established frames may be decided by the hardware; else why not.
+
+    TCP: ESTABLISHED (protoinfo state), confirmed and seen a reply. UDP: confirmed and seen a reply. Never: not IPv4
+    TCP/UDP, NAT (the reply is not the original reversed: the one hardware key covers both directions only
+    without it), a helper (it must see every packet to create its expectations), a zone other than 0 (the key has
+    no zone), an entry dying, a template, untracked, or offloaded to a kernel flowtable."""
+    if ev.kind == "destroy":
+        return "destroyed"
+    if ev.flow is None:
+        return "not IPv4 TCP/UDP"
+    if ev.status & (IPS_DYING | IPS_TEMPLATE | IPS_UNTRACKED | IPS_OFFLOAD):
+        return "dying, template, untracked or in a kernel flowtable"
+    if not ev.status & IPS_CONFIRMED:
+        return "not confirmed"
+    if not ev.status & IPS_SEEN_REPLY:
+        return "no reply seen"
+    if ev.proto == PROTO_TCP and ev.tcp_state != TCP_CONNTRACK_ESTABLISHED:
+        return f"TCP state {ev.tcp_state}, not ESTABLISHED"
+    if ev.status & IPS_NAT_MASK or ev.reply != (ev.dst, ev.src, ev.dport, ev.sport):
+        return "NAT"
+    if ev.helper or ev.status & IPS_HELPER:
+        return "has a helper"
+    if ev.zone:
+        return f"zone {ev.zone}"
+    return None
+
+
+def _tuple(t) -> tuple[str, str, int, int, int] | None:
+    if t is None:
+        return None
+    ip, proto = t.get_attr("CTA_TUPLE_IP"), t.get_attr("CTA_TUPLE_PROTO")
+    if ip is None or proto is None:
+        return None
+    src = ip.get_attr("CTA_IP_V4_SRC") or ip.get_attr("CTA_IP_V6_SRC")
+    dst = ip.get_attr("CTA_IP_V4_DST") or ip.get_attr("CTA_IP_V6_DST")
+    return (
+        src,
+        dst,
+        proto.get_attr("CTA_PROTO_NUM"),
+        proto.get_attr("CTA_PROTO_SRC_PORT") or 0,
+        proto.get_attr("CTA_PROTO_DST_PORT") or 0,
+    )
+
+
+def parse(msg, kind: str | None = None) -> CtEvent | None:
+    """A pyroute2 nfct_msg (an event, or a dump line with kind="dump") as a CtEvent; None without a tuple."""
+    if kind is None:
+        h = msg["header"]
+        t = h["type"] & 0xFF
+        if t == IPCTNL_MSG_CT_DELETE:
+            kind = "destroy"
+        elif t == IPCTNL_MSG_CT_NEW:
+            kind = "new" if h["flags"] & (NLM_F_CREATE | NLM_F_EXCL) else "update"
+        else:
+            return None
+    orig = _tuple(msg.get_attr("CTA_TUPLE_ORIG"))
+    if orig is None:
+        return None
+    rep = _tuple(msg.get_attr("CTA_TUPLE_REPLY"))
+    tcp_state = None
+    pi = msg.get_attr("CTA_PROTOINFO")
+    tcp = pi.get_attr("CTA_PROTOINFO_TCP") if pi is not None else None
+    if tcp is not None:
+        tcp_state = tcp.get_attr("CTA_PROTOINFO_TCP_STATE")
+    return CtEvent(
+        kind=kind,
+        family=msg["nfgen_family"],
+        proto=orig[2],
+        src=orig[0],
+        dst=orig[1],
+        sport=orig[3],
+        dport=orig[4],
+        reply=(rep[0], rep[1], rep[3], rep[4]) if rep else None,
+        status=msg.get_attr("CTA_STATUS") or 0,
+        tcp_state=tcp_state,
+        timeout=msg.get_attr("CTA_TIMEOUT"),
+        zone=msg.get_attr("CTA_ZONE"),
+        helper=msg.get_attr("CTA_HELP") is not None,
+    )
+
+
+def refresh_due(last_hits: int | None, counted: bool, hits: int) -> bool:
+    """Whether a hardware flow was hit since the last poll: its counter moved (it wraps, so any change), or it
+    was hit for the first time (FLOW_KEY's counted bit: hits read 0 until then)."""
+    if not counted:
+        return False
+    return last_hits is None or hits != last_hits
+
+
+def percentile(values: Iterable[float], q: float) -> float | None:
+    v = sorted(values)
+    if not v:
+        return None
+    return v[min(len(v) - 1, int(q * len(v)))]
+
+
+# ---- the synchroniser (pure: the table and conntrack are parameters) ---------------------------------------------
+
+
+@dataclass
+class Installed:
+    proto: int
+    assured: bool
+    last_hits: int | None = None
+
+
+@dataclass
+class Syncer:
+    """Keeps `table` (NicClient's flow API: flow_insert, flow_delete, flow_entries, flow_counters, flow_clear)
+    equal to the offloadable entries of conntrack `ct` (set_liberal(ev): True, or False when conntrack no longer
+    has the entry; refresh(flow, proto, seconds): True when the entry is there and still offloadable and its
+    timeout is set, else False)."""
+
+    table: object
+    ct: object
+    timeouts: dict[str, int]
+    clock: Callable[[], float] = time.monotonic
+    installed: dict[Flow, Installed] = field(default_factory=dict)
+    counters: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(
+            (
+                "events",
+                "inserts",
+                "deletes",
+                "evictions",
+                "insert_failures",
+                "refreshes",
+                "liberal",
+                "errors",
+                "resyncs",
+            ),
+            0,
+        )
+    )
+    lag: deque = field(default_factory=lambda: deque(maxlen=LAG_SAMPLES))
+    last_error: str = ""
+
+    def _insert(self, ev: CtEvent, flow: Flow, t_event: float | None) -> None:
+        # Liberal first: from the insert on conntrack misses the flow's established frames, and without it its
+        # window tracking would call the frames it sees later (FIN, RST, a shunted one) INVALID.
+        if ev.proto == PROTO_TCP and not self.ct.set_liberal(ev):
+            return  # gone meanwhile: its destroy event follows
+        if ev.proto == PROTO_TCP:
+            self.counters["liberal"] += 1
+        status, _slot = self.table.flow_insert(flow)
+        if status == ST_EXISTS:
+            # Not one of ours (we insert a flow once): a leftover, maybe stored with the other orientation, which
+            # would swap ORIGINAL and REPLY. Replace it.
+            self.table.flow_delete(flow)
+            status, _slot = self.table.flow_insert(flow)
+        if status == ST_OK:
+            self.installed[flow] = Installed(ev.proto, bool(ev.status & IPS_ASSURED))
+            self.counters["inserts"] += 1
+            if t_event is not None:
+                self.lag.append(self.clock() - t_event)
+        elif status == ST_FULL:
+            self.counters["insert_failures"] += 1  # the flow stays a miss: its frames go to software
+        else:
+            self._error(f"flow_insert {flow}: status {status}")
+
+    def _delete(self, flow: Flow, counter: str, t_event: float | None = None) -> None:
+        status, _slot = self.table.flow_delete(flow)
+        self.installed.pop(flow, None)
+        if status == ST_OK:
+            self.counters[counter] += 1
+            if t_event is not None:
+                self.lag.append(self.clock() - t_event)
+        elif status != ST_NOT_FOUND:
+            self._error(f"flow_delete {flow}: status {status}")
+
+    def _error(self, text: str) -> None:
+        self.counters["errors"] += 1
+        self.last_error = text
+
+    def event(self, ev: CtEvent, t_event: float | None = None) -> str | None:
+        """Apply one conntrack event; returns "install", "remove" or None (nothing to do)."""
+        t_event = self.clock() if t_event is None else t_event
+        self.counters["events"] += 1
+        flow = ev.flow
+        if flow is None:
+            return None
+        have = flow in self.installed
+        if ev.kind in ("new", "update") and ev.proto == PROTO_TCP and ev.tcp_state is None:
+            # The kernel puts protoinfo in an event only when it changed (IPCT_PROTOINFO): an update of the
+            # status, mark or timeout alone leaves the TCP state as the last event said.
+            return None
+        want = offload_reason(ev) is None
+        if want and not have:
+            self._insert(ev, flow, t_event)
+            return "install"
+        if want and have:
+            self.installed[flow].assured |= bool(ev.status & IPS_ASSURED)
+            return None
+        if have:
+            self._delete(flow, "deletes", t_event)
+            return "remove"
+        return None
+
+    def resync(self, entries: Iterable[CtEvent]) -> None:
+        """Reconcile the table with a full conntrack dump: insert what should be there, delete the rest."""
+        self.counters["resyncs"] += 1
+        want: dict[Flow, CtEvent] = {}
+        for ev in entries:
+            if offload_reason(ev) is None and ev.flow is not None:
+                want[ev.flow] = ev
+        present = {r.flow: r for r in self.table.flow_entries()}
+        self.installed = {f: i for f, i in self.installed.items() if f in present}
+        for flow in present:
+            if flow not in want:
+                self._delete(flow, "evictions")
+        for flow, ev in want.items():
+            if flow in present:
+                rec = present[flow]
+                self.installed[flow] = Installed(
+                    ev.proto, bool(ev.status & IPS_ASSURED), rec.hits if rec.counted else None
+                )
+            else:
+                self._insert(ev, flow, None)  # no event to measure a lag from
+
+    def timeout_for(self, inst: Installed) -> int:
+        if inst.proto == PROTO_TCP:
+            return self.timeouts["tcp"]
+        return self.timeouts["udp_stream"] if inst.assured else self.timeouts["udp"]
+
+    def poll(self) -> None:
+        """Refresh the conntrack timeout of every flow the hardware saw since the last poll; evict hardware flows
+        this service did not install or whose conntrack entry is gone."""
+        for rec in self.table.flow_entries():
+            inst = self.installed.get(rec.flow)
+            if inst is None:
+                self._delete(rec.flow, "evictions")
+                continue
+            if refresh_due(inst.last_hits, rec.counted, rec.hits):
+                inst.last_hits = rec.hits
+                if self.ct.refresh(rec.flow, inst.proto, self.timeout_for(inst)):
+                    self.counters["refreshes"] += 1
+                else:
+                    self._delete(rec.flow, "evictions")
+
+    def stats(self) -> dict:
+        lag = list(self.lag)
+        p50, mx = percentile(lag, 0.5), max(lag) if lag else None
+        return {
+            **self.counters,
+            "offloaded": len(self.installed),
+            "lag_samples": len(lag),
+            "lag_p50_ms": None if p50 is None else round(p50 * 1000, 3),
+            "lag_max_ms": None if mx is None else round(mx * 1000, 3),
+            "last_error": self.last_error,
+        }
+
+
+# ---- conntrack through pyroute2 ----------------------------------------------------------------------------------
+
+
+class Conntrack:
+    """Conntrack of namespace `ns` through ctnetlink: an event socket (NEW, UPDATE, DESTROY groups), a request
+    socket (dump, entry updates). Both are opened inside `ns` and stay there."""
+
+    def __init__(self, ns: str | None):
+        from pyroute2.netlink import NETLINK_NETFILTER
+        from pyroute2.netlink.nfnetlink.nfctsocket import AsyncNFCTSocket, NFCTSocket
+        from pyroute2.netlink.nlsocket import Marshal
+
+        with netns.inside(ns):
+            # Subscribed before the dump, so that nothing that happens between the two is lost.
+            self.events = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
+            self.req = NFCTSocket()
+            self.req.asyncore.socket  # noqa: B018  (pyroute2 opens its socket lazily: here, inside `ns`)
+        self.events.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        self.events.bind((0, GROUPS))
+        self.events.setblocking(False)
+        self.marshal = Marshal()
+        self.marshal.msg_map.update(AsyncNFCTSocket.policy)
+
+    def close(self) -> None:
+        self.events.close()
+        self.req.close()
+
+    def read_events(self) -> list[CtEvent]:
+        """Every event queued now (non-blocking). OSError ENOBUFS: events were lost (the caller resyncs)."""
+        out = []
+        while True:
+            try:
+                data = self.events.recv(1 << 20)
+            except BlockingIOError:
+                return out
+            for msg in self.marshal.parse(data):
+                ev = parse(msg)
+                if ev is not None:
+                    out.append(ev)
+
+    def dump(self) -> list[CtEvent]:
+        return [ev for msg in self.req.dump() if (ev := parse(msg, "dump")) is not None]
+
+    @staticmethod
+    def _tuple(flow: Flow):
+        from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple
+
+        return NFCTAttrTuple(
+            saddr=str(ipaddress.IPv4Address(flow.src)),
+            daddr=str(ipaddress.IPv4Address(flow.dst)),
+            proto=flow.proto,
+            sport=flow.sport,
+            dport=flow.dport,
+        )
+
+    def _set(self, flow: Flow, **attrs) -> bool:
+        from pyroute2.netlink.exceptions import NetlinkError
+
+        try:
+            self.req.entry("set", tuple_orig=self._tuple(flow), **attrs)
+        except NetlinkError as e:
+            if e.code == errno.ENOENT:
+                return False
+            raise
+        return True
+
+    def set_liberal(self, ev: CtEvent) -> bool:
+        """IP_CT_TCP_FLAG_BE_LIBERAL in both directions' TCP flags (flags, mask): conntrack's window checks off."""
+        flags = {"value": (IP_CT_TCP_FLAG_BE_LIBERAL, IP_CT_TCP_FLAG_BE_LIBERAL)}
+        tcp = {"attrs": [["CTA_PROTOINFO_TCP_FLAGS_ORIGINAL", flags], ["CTA_PROTOINFO_TCP_FLAGS_REPLY", flags]]}
+        return self._set(ev.flow, protoinfo={"attrs": [["CTA_PROTOINFO_TCP", tcp]]})
+
+    def set_timeout(self, flow: Flow, proto: int, seconds: int) -> bool:
+        return self._set(flow, timeout=int(seconds))
+
+    def get(self, flow: Flow) -> CtEvent | None:
+        from pyroute2.netlink.exceptions import NetlinkError
+
+        try:
+            msgs = self.req.entry("get", tuple_orig=self._tuple(flow))
+        except NetlinkError as e:
+            if e.code == errno.ENOENT:
+                return None
+            raise
+        for m in msgs:
+            if (ev := parse(m, "dump")) is not None:
+                return ev
+        return None
+
+    def refresh(self, flow: Flow, proto: int, seconds: int) -> bool:
+        """The timeout of a flow the hardware saw, if conntrack still holds it as offloadable (an entry of the
+        same tuple that is new again, after a destroy whose event came late, is not refreshed: False)."""
+        ev = self.get(flow)
+        if ev is None or offload_reason(ev) is not None:
+            return False
+        return self.set_timeout(flow, proto, seconds)
+
+
+def read_timeouts(ns: str | None) -> dict[str, int]:
+    return {k: int(netns.run(["sysctl", "-n", key], ns).strip()) for k, key in TIMEOUT_SYSCTLS.items()}
+
+
+# ---- the service -------------------------------------------------------------------------------------------------
+
+
+def state_path(state_dir: Path) -> Path:
+    return Path(state_dir) / "flowsync.json"
+
+
+def pid_path(state_dir: Path) -> Path:
+    return Path(state_dir) / "flowsync.pid"
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    tmp.replace(path)
+
+
+def serve(
+    ns: str,
+    table,
+    state_dir: Path,
+    interval: float = INTERVAL,
+    stop: Callable[[], bool] = lambda: False,
+    nic: str = "",
+    service_pid: int | None = None,
+    restarts: int = 0,
+) -> None:
+    """Run until `stop()` or SIGTERM/SIGINT: resync, then events and polls. The table is cleared on the way out:
+    without the service nothing evicts a flow conntrack has destroyed. `service_pid`: the pid the state file
+    names (the supervisor's, which `stop` signals), `restarts`: how many workers ended abnormally before."""
+    state_dir = Path(state_dir)
+    service_pid = service_pid or os.getpid()
+    stopping = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopping.append(1))
+    if not hasattr(table, "flow_config"):
+        raise HypafilterError("this NicClient has no flow cache API (flow_config, flow_insert, ...)")
+    if table.flow_config() is None:
+        raise HypafilterError(f"{nic or 'the NIC'} has no flow cache (FC_CONFIG reads 0): nothing to synchronise")
+    ct = Conntrack(ns)
+    started = time.time()
+    try:
+        syncer = Syncer(table, ct, read_timeouts(ns))
+        syncer.resync(ct.dump())
+        next_poll = time.monotonic()
+        while not stopping and not stop():
+            now = time.monotonic()
+            if now >= next_poll:
+                syncer.poll()
+                doc = _status_doc(syncer, table, ns, nic, started, interval)
+                _write_json(
+                    state_path(state_dir), {**doc, "pid": service_pid, "worker": os.getpid(), "restarts": restarts}
+                )
+                next_poll = now + interval
+            r, _, _ = select.select([ct.events], [], [], max(0.0, min(next_poll - time.monotonic(), 0.2)))
+            if not r:
+                continue
+            t = time.monotonic()
+            try:
+                events = ct.read_events()
+            except OSError as e:
+                if e.errno != errno.ENOBUFS:
+                    raise
+                syncer.last_error = "conntrack events lost (ENOBUFS): resynchronised from a dump"
+                syncer.resync(ct.dump())
+                continue
+            for ev in events:
+                syncer.event(ev, t)
+    finally:
+        try:
+            table.flow_clear()
+        finally:
+            ct.close()
+            doc = {"running": False, "pid": service_pid, "stopped_at": time.time(), "ns": ns, "nic": nic}
+            _write_json(state_path(state_dir), doc)
+
+
+PR_SET_PDEATHSIG = 1
+EXIT_NOT_READY = 3  # a worker that failed before its first state file (no flow cache, no conntrack access)
+
+
+def supervise(
+    ns: str, open_table: Callable[[], object], state_dir: Path, interval: float = INTERVAL, nic: str = ""
+) -> int:
+    """The service process: runs `serve` in a forked worker and, when the worker ends other than by a stop (an
+    exception, a kill), clears the flow table (the worker may have left flows conntrack has destroyed since) and
+    starts another, which resyncs from a dump. The worker gets SIGTERM if the supervisor dies (PR_SET_PDEATHSIG),
+    so it never runs unsupervised. Returns the exit status: 0 after a stop, 1 when the first worker failed before
+    it was ready (nothing to supervise)."""
+    import ctypes
+
+    state_dir = Path(state_dir)
+    me = os.getpid()
+    stopping: list[int] = []
+    child: list[int] = []
+
+    def on_stop(*_):
+        stopping.append(1)
+        for pid in child:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_stop)
+    restarts, delay, ever_ready = 0, 0.5, False
+    while not stopping:
+        t0 = time.monotonic()
+        pid = os.fork()
+        if pid == 0:  # the worker
+            code = EXIT_NOT_READY
+            try:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    signal.signal(sig, signal.SIG_DFL)
+                ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+                if os.getppid() != me:  # the supervisor died before the prctl
+                    os._exit(0)
+                table = open_table()
+                code = 1
+                serve(ns, table, state_dir, interval, nic=nic, service_pid=me, restarts=restarts)
+                code = 0
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+                sys.stderr.flush()
+            os._exit(code)
+        child[:] = [pid]
+        _, status = os.waitpid(pid, 0)
+        child.clear()
+        code = os.waitstatus_to_exitcode(status)
+        doc = read_status_file(state_dir) or {}
+        ever_ready |= doc.get("worker") == pid
+        if stopping:
+            break
+        print(f"flowsync: worker {pid} ended ({code}); clearing the flow table", file=sys.stderr, flush=True)
+        if not ever_ready and code == EXIT_NOT_READY:
+            return 1
+        _write_json(
+            state_path(state_dir),
+            {"running": False, "restarting": True, "pid": me, "last_exit": code, "ns": ns, "nic": nic},
+        )
+        try:
+            t = open_table()
+            try:
+                t.flow_clear()
+            finally:
+                t.close()
+        except Exception as e:  # the NIC gone: nothing to clear; the next worker fails and says so
+            print(f"flowsync: clearing the flow table: {e}", file=sys.stderr, flush=True)
+        restarts += 1
+        delay = 1.0 if time.monotonic() - t0 > 30 else min(delay * 2, 30.0)
+        deadline = time.monotonic() + delay
+        while not stopping and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return 0
+
+
+def _status_doc(syncer: Syncer, table, ns: str, nic: str, started: float, interval: float) -> dict:
+    try:
+        hw = dict(table.flow_counters())
+    except Exception as e:  # the counters are for display; the sync goes on
+        hw = {"error": str(e)}
+    return {
+        "running": True,
+        "pid": os.getpid(),
+        "ns": ns,
+        "nic": nic,
+        "started_at": started,
+        "updated_at": time.time(),
+        "interval": interval,
+        "timeouts": syncer.timeouts,
+        **syncer.stats(),
+        "occupancy": hw.get("occupancy"),
+        "hw": hw,
+    }
+
+
+# ---- start, stop, status (deploy, undeploy, status) ---------------------------------------------------------------
+
+
+def _alive(pid: int) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return b"flowsync" in cmdline and stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def running_pid(state_dir: Path) -> int | None:
+    try:
+        pid = int(pid_path(state_dir).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if _alive(pid) else None
+
+
+def start(ns: str, state_dir: Path, interval: float = INTERVAL, timeout: float = READY_TIMEOUT) -> int:
+    """Start the service for the deployment in `state_dir` (it reads the NIC from state.json); returns its pid
+    once it has resynchronised (its first state file), raises HypafilterError if it exits before."""
+    state_dir = Path(state_dir)
+    stop(state_dir)
+    state_path(state_dir).unlink(missing_ok=True)
+    log = open(state_dir / "flowsync.log", "ab")  # the child keeps it
+    argv = [
+        sys.executable,
+        "-m",
+        "hypafilter",
+        "flowsync",
+        "run",
+        "--ns",
+        ns,
+        "--state-dir",
+        str(state_dir),
+        "--interval",
+        str(interval),
+    ]
+    p = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+    log.close()
+    pid_path(state_dir).write_text(f"{p.pid}\n")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if p.poll() is not None:
+            tail = (state_dir / "flowsync.log").read_text(errors="replace")[-800:]
+            pid_path(state_dir).unlink(missing_ok=True)
+            raise HypafilterError(f"the flow sync service exited ({p.returncode}): {tail.strip()}")
+        doc = read_status_file(state_dir)
+        if doc and doc.get("running") and doc.get("pid") == p.pid:
+            return p.pid
+        time.sleep(0.05)
+    stop(state_dir)
+    raise HypafilterError(f"the flow sync service did not get ready within {timeout:g} s")
+
+
+def stop(state_dir: Path, timeout: float = 10.0) -> bool:
+    """Stop the service if it runs (SIGTERM: it clears the flow table and exits); True if one was running."""
+    state_dir = Path(state_dir)
+    pid = running_pid(state_dir)
+    pid_path(state_dir).unlink(missing_ok=True)
+    if pid is None:
+        return False
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            break
+        time.sleep(0.02)
+    else:
+        os.kill(pid, signal.SIGKILL)
+    with_reaped(pid)
+    return True
+
+
+def with_reaped(pid: int) -> None:
+    """Reap `pid` if it is our child (started by `start` in this process)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def read_status_file(state_dir: Path) -> dict | None:
+    try:
+        return json.loads(state_path(Path(state_dir)).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def status(state_dir: Path, wanted: dict | None = None) -> dict:
+    """The service as `status` shows it: wanted (from the deployment), running, and its counters."""
+    doc = read_status_file(state_dir) or {}
+    pid = running_pid(state_dir)
+    out = {**doc, "running": pid is not None and bool(doc.get("running")) and doc.get("pid") == pid}
+    if wanted is not None:
+        out["wanted"] = bool(wanted.get("wanted"))
+        out["reason"] = wanted.get("reason", "")
+    return out
+
+
+def decides_established(policy, plan) -> bool:
+    """Whether the policy's hardware entries can decide a frame by its flow-cache state, so that the flow cache
+    matters: the plan's own answer if it has one (`decides_established`); else, once the IR has the `ct` field,
+    whether some hardware entry's box does not span every ct value (it reads the flow cache); else (an IR without
+    it) whether the policy reads conntrack."""
+    own = getattr(plan, "decides_established", None)
+    if own is not None:
+        return bool(own)
+    from hypafilter.ir import box
+
+    ct = box.FIELD_INDEX.get("ct")
+    if ct is not None:
+        top = box.MAXV[ct]
+        return any(b.lo[ct] != 0 or b.hi[ct] != top for e in plan.entries for b in e.boxes)
+    return bool(getattr(policy, "reads_conntrack", False))

@@ -1,0 +1,337 @@
+"""The flow sync service's pure part: which conntrack events install or remove a flow, the timeout refresh
+decision, eviction and resync (ops/flowsync.py). The table here is a small in-memory one with NicClient's flow API
+(unit tier only; tests/system/test_flowsync.py runs the service against real conntrack and the emulated NIC)."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+
+from hypafilter.hw import flowcache as fc
+from hypafilter.ops import flowsync as fs
+from hypafilter.ops.flowsync import (
+    IPS_ASSURED,
+    IPS_CONFIRMED,
+    IPS_HELPER,
+    IPS_SEEN_REPLY,
+    IPS_SRC_NAT,
+    CtEvent,
+    Syncer,
+    offload_reason,
+    refresh_due,
+)
+
+TCP, UDP = 6, 17
+SYN_SENT, ESTABLISHED, FIN_WAIT = 1, 3, 4
+UP = IPS_CONFIRMED | IPS_SEEN_REPLY
+
+
+@dataclass(frozen=True)
+class Rec:
+    slot: int
+    flow: fc.Flow
+    counted: bool
+    seen: int
+    hits: int
+
+
+class MemTable:
+    """Set-associative like the hardware (canonical key, CRC-32 set), so a full set refuses an insert."""
+
+    def __init__(self, log2_sets: int = 4, ways: int = 2):
+        self.log2_sets, self.ways = log2_sets, ways
+        self.slots: dict[int, list] = {}  # slot -> [flow, hits]
+        self.ops: list[tuple[str, fc.Flow]] = []
+
+    def flow_config(self):
+        return (self.log2_sets, self.ways, 16)
+
+    def _find(self, flow):
+        key, _ = fc.canonical(flow)
+        s = fc.set_index(key, self.log2_sets)
+        for w in range(self.ways):
+            e = self.slots.get(fc.slot(w, s, self.log2_sets))
+            if e and fc.canonical(e[0])[0] == key:
+                return fc.slot(w, s, self.log2_sets)
+        return None
+
+    def flow_insert(self, flow):
+        self.ops.append(("insert", flow))
+        if (sl := self._find(flow)) is not None:
+            return fc.ST_EXISTS, sl
+        s = fc.set_index(fc.canonical(flow)[0], self.log2_sets)
+        for w in range(self.ways):
+            sl = fc.slot(w, s, self.log2_sets)
+            if sl not in self.slots:
+                self.slots[sl] = [flow, 0]
+                return fc.ST_OK, sl
+        return fc.ST_FULL, 0
+
+    def flow_delete(self, flow):
+        self.ops.append(("delete", flow))
+        sl = self._find(flow)
+        if sl is None:
+            return fc.ST_NOT_FOUND, 0
+        del self.slots[sl]
+        return fc.ST_OK, sl
+
+    def flow_clear(self):
+        self.slots.clear()
+
+    def flow_entries(self):
+        return [Rec(sl, f, h > 0, 0, h) for sl, (f, h) in sorted(self.slots.items())]
+
+    def flow_counters(self):
+        return {"occupancy": len(self.slots)}
+
+    def hit(self, flow, n=1):
+        self.slots[self._find(flow)][1] += n
+
+
+class MemCt:
+    """Conntrack as the syncer sees it: entries by flow; liberal and timeout writes recorded."""
+
+    def __init__(self):
+        self.entries: set[fc.Flow] = set()
+        self.calls: list[tuple] = []
+
+    def set_liberal(self, ev):
+        self.calls.append(("liberal", ev.flow))
+        return ev.flow in self.entries
+
+    def refresh(self, flow, proto, seconds):
+        self.calls.append(("timeout", flow, seconds))
+        return flow in self.entries
+
+
+def ev(kind="update", proto=TCP, state=ESTABLISHED, status=UP, sport=40000, dport=80, **kw):
+    src, dst = kw.pop("src", "10.0.0.1"), kw.pop("dst", "10.0.0.2")
+    return CtEvent(
+        kind=kind,
+        family=kw.pop("family", socket.AF_INET),
+        proto=proto,
+        src=src,
+        dst=dst,
+        sport=sport,
+        dport=dport,
+        reply=kw.pop("reply", (dst, src, dport, sport)),
+        status=status,
+        tcp_state=state if proto == TCP else None,
+        **kw,
+    )
+
+
+TIMEOUTS = {"tcp": 432000, "udp": 30, "udp_stream": 120}
+
+
+def syncer():
+    table, ct = MemTable(), MemCt()
+    return Syncer(table, ct, dict(TIMEOUTS)), table, ct
+
+
+def test_install_rule():
+    assert offload_reason(ev()) is None
+    assert offload_reason(ev(proto=UDP)) is None
+    assert offload_reason(ev(state=SYN_SENT, status=IPS_CONFIRMED)) is not None
+    assert offload_reason(ev(state=ESTABLISHED, status=IPS_CONFIRMED)) == "no reply seen"
+    assert offload_reason(ev(state=FIN_WAIT)) is not None
+    assert offload_reason(ev(proto=UDP, status=IPS_CONFIRMED)) == "no reply seen"
+    assert offload_reason(ev(status=IPS_SEEN_REPLY)) == "not confirmed"
+    assert offload_reason(ev(kind="destroy")) == "destroyed"
+    assert offload_reason(ev(proto=1)) == "not IPv4 TCP/UDP"
+    assert offload_reason(ev(family=socket.AF_INET6, src="::1", dst="::2")) == "not IPv4 TCP/UDP"
+    assert offload_reason(ev(status=UP | IPS_SRC_NAT)) == "NAT"
+    assert offload_reason(ev(reply=("10.9.9.9", "10.0.0.1", 80, 40000))) == "NAT"
+    assert offload_reason(ev(status=UP | IPS_HELPER)) == "has a helper"
+    assert offload_reason(ev(helper=True)) == "has a helper"
+    assert offload_reason(ev(zone=3)) == "zone 3"
+    assert offload_reason(ev(zone=0)) is None
+
+
+def test_tcp_lifecycle_installs_on_established_removes_on_close():
+    s, table, ct = syncer()
+    e = ev()
+    ct.entries.add(e.flow)
+    assert s.event(ev(kind="new", state=SYN_SENT, status=IPS_CONFIRMED)) is None
+    assert s.event(ev(state=2, status=UP)) is None  # SYN_RECV
+    assert s.event(e) == "install"
+    assert ct.calls == [("liberal", e.flow)]  # liberal before the insert
+    assert table.ops == [("insert", e.flow)]
+    assert s.event(e) is None  # our own liberal write comes back as an update
+    assert s.event(ev(state=FIN_WAIT)) == "remove"
+    assert s.event(ev(kind="destroy", status=0, state=None)) is None
+    assert table.slots == {}
+    st = s.stats()
+    assert (st["inserts"], st["deletes"], st["offloaded"], st["lag_samples"]) == (1, 1, 0, 2)
+
+
+def test_udp_installs_on_reply_and_leaves_on_destroy():
+    s, table, ct = syncer()
+    assert s.event(ev(kind="new", proto=UDP, status=IPS_CONFIRMED)) is None
+    assert s.event(ev(proto=UDP)) == "install"
+    assert ct.calls == []  # no liberal mode for UDP
+    assert s.event(ev(kind="destroy", proto=UDP, status=0)) == "remove"
+    assert table.slots == {} and s.counters["deletes"] == 1
+
+
+def test_liberal_refused_means_no_insert():
+    s, table, ct = syncer()  # conntrack does not have the entry (destroyed meanwhile)
+    assert s.event(ev()) == "install"
+    assert table.ops == [] and s.installed == {}
+
+
+def test_full_set_is_an_insert_failure_and_stays_a_miss():
+    s, table, ct = syncer()
+    table.ways, table.log2_sets = 1, 0  # one slot in all
+    a, b = ev(sport=1), ev(sport=2)
+    ct.entries |= {a.flow, b.flow}
+    s.event(a)
+    s.event(b)
+    assert s.counters["inserts"] == 1 and s.counters["insert_failures"] == 1
+    assert set(s.installed) == {a.flow}
+
+
+def test_refresh_due():
+    assert not refresh_due(None, False, 0)  # never hit
+    assert refresh_due(None, True, 5)  # first hit since the insert
+    assert not refresh_due(5, True, 5)
+    assert refresh_due(5, True, 6)
+    assert refresh_due(0xFFFFFFFF, True, 2)  # wrapped
+
+
+def test_poll_refreshes_only_hit_flows_with_the_protocol_timeout():
+    s, table, ct = syncer()
+    t, u = ev(sport=1), ev(proto=UDP, sport=2, status=UP | IPS_ASSURED)
+    u2 = ev(proto=UDP, sport=3)
+    ct.entries |= {t.flow, u.flow, u2.flow}
+    for e in (t, u, u2):
+        s.event(e)
+    ct.calls.clear()
+    s.poll()
+    assert ct.calls == []  # nothing hit yet
+    table.hit(t.flow)
+    table.hit(u.flow)
+    table.hit(u2.flow)
+    s.poll()
+    assert set(ct.calls) == {("timeout", t.flow, 432000), ("timeout", u.flow, 120), ("timeout", u2.flow, 30)}
+    ct.calls.clear()
+    s.poll()
+    assert ct.calls == []  # no new hits
+    table.hit(t.flow)
+    s.poll()
+    assert ct.calls == [("timeout", t.flow, 432000)]
+    assert s.counters["refreshes"] == 4
+
+
+def test_poll_evicts_what_conntrack_lost_and_strangers():
+    s, table, ct = syncer()
+    a, b = ev(sport=1), ev(sport=2)
+    ct.entries |= {a.flow, b.flow}
+    s.event(a)
+    s.event(b)
+    stranger = ev(sport=3).flow
+    table.flow_insert(stranger)
+    ct.entries.discard(a.flow)  # its destroy event was lost
+    table.hit(a.flow)
+    s.poll()
+    assert s.counters["evictions"] == 2
+    assert {r.flow for r in table.flow_entries()} == {b.flow}
+    assert set(s.installed) == {b.flow}
+
+
+def test_resync_inserts_and_deletes_against_a_dump():
+    s, table, ct = syncer()
+    keep, new, gone = ev(sport=1), ev(sport=2), ev(sport=3)
+    closing = ev(sport=4, state=FIN_WAIT)
+    table.flow_insert(keep.flow)
+    table.flow_insert(gone.flow)
+    table.flow_insert(closing.flow)
+    table.hit(keep.flow, 7)
+    ct.entries |= {keep.flow, new.flow, closing.flow}
+    s.resync([keep, new, closing, ev(proto=UDP, status=IPS_CONFIRMED)])
+    assert {r.flow for r in table.flow_entries()} == {keep.flow, new.flow}
+    assert s.installed[keep.flow].last_hits == 7  # no refresh for hits from before the restart
+    assert s.counters["evictions"] == 2 and s.counters["inserts"] == 1
+
+
+def test_decides_established():
+    """The plan's answer when it has one; from the entries' ct ranges once the IR has the field; else the policy."""
+    from hypafilter.ir import box
+
+    class P:
+        reads_conntrack = True
+
+    class PlanC1:
+        decides_established = False
+
+    class Entry:
+        def __init__(self, boxes):
+            self.boxes = boxes
+
+    class Plan:
+        def __init__(self, entries):
+            self.entries = entries
+
+    assert not fs.decides_established(P(), PlanC1())
+    if "ct" not in box.FIELD_INDEX:
+        assert fs.decides_established(P(), Plan([]))
+        return
+    full = box.Box.full()
+    hit = full.with_field("ct", 1, 2)
+    assert not fs.decides_established(P(), Plan([Entry([full])]))  # every entry spans ct 0..3
+    assert fs.decides_established(P(), Plan([Entry([full]), Entry([hit])]))
+
+
+def test_tcp_update_without_protoinfo_keeps_the_flow():
+    """The kernel sends protoinfo only when it changed: an update of the status alone (ASSURED, our own liberal
+    or timeout write) carries no TCP state and must not take an established flow out (it did, found on real
+    conntrack: every connection was inserted twice)."""
+    s, table, ct = syncer()
+    e = ev()
+    ct.entries.add(e.flow)
+    assert s.event(e) == "install"
+    assert s.event(ev(state=None, status=UP | IPS_ASSURED)) is None
+    assert e.flow in s.installed and s.counters["deletes"] == 0
+    s2, _, ct2 = syncer()
+    ct2.entries.add(e.flow)
+    assert s2.event(ev(state=None)) is None and not s2.installed  # no state known: nothing installed
+
+
+def test_a_leftover_entry_is_replaced_with_this_orientation():
+    """A flow already in the table (a leftover stored from the other end) is deleted and inserted again: its stored
+    orientation decides which direction is ORIGINAL (ct 1) and which REPLY (ct 2)."""
+    s, table, ct = syncer()
+    e = ev()
+    ct.entries.add(e.flow)
+    table.flow_insert(e.flow.reply())
+    table.ops.clear()
+    assert s.event(e) == "install"
+    assert table.ops == [("insert", e.flow), ("delete", e.flow), ("insert", e.flow)]
+    assert [r.flow for r in table.flow_entries()] == [e.flow] and s.counters["inserts"] == 1
+
+
+def test_status_line():
+    from hypafilter.cli.deploy import _fmt_flowsync
+
+    assert _fmt_flowsync({"wanted": False, "reason": "the NIC has no flow cache"}) == (
+        "flowsync not running: the NIC has no flow cache"
+    )
+    assert _fmt_flowsync({"wanted": True, "running": False}).startswith("flowsync DOWN")
+    line = _fmt_flowsync(
+        {
+            "wanted": True,
+            "running": True,
+            "pid": 7,
+            "offloaded": 3,
+            "occupancy": 4,
+            "inserts": 5,
+            "deletes": 2,
+            "evictions": 1,
+            "insert_failures": 0,
+            "refreshes": 9,
+            "lag_p50_ms": 0.4,
+            "lag_max_ms": 2.5,
+        }
+    )
+    assert line.startswith("flowsync pid 7: 3 flows offloaded, occupancy 4; inserts 5, deletes 2, evictions 1")
+    assert line.endswith("sync lag p50 0.4 ms, max 2.5 ms")

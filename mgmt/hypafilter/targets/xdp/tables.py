@@ -141,7 +141,7 @@ def build_tables(plan) -> Tables:
         per_field["flags"] = (np.arange(256), _pack_rows((f & fmask[None, :]) == fval[None, :]))
     used = tuple(f for f in FAST_FIELDS if f in per_field)
     allvec = np.concatenate([per_field[f][1] for f in used]) if used else np.zeros((0, max(words, 1)), np.uint64)
-    uniq, inverse = (np.unique(allvec, axis=0, return_inverse=True) if len(allvec) else (allvec, np.zeros(0, int)))
+    uniq, inverse = np.unique(allvec, axis=0, return_inverse=True) if len(allvec) else (allvec, np.zeros(0, int))
     inverse = np.asarray(inverse).reshape(-1)
     t = Tables(n=n, boxes=nbox, fields=used, words=words, vectors=np.ascontiguousarray(uniq, dtype=np.uint64))
     at = 0

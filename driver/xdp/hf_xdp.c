@@ -4,13 +4,17 @@
  *                 load the program unattached, fill its maps, run every frame through BPF_PROG_TEST_RUN; prints a
  *                 JSON line {verified_insns, xlated_insns, jited_bytes}, then one line per frame:
  *                 "retval value cookie m_hex ns_per_run", then the counters as JSON.
- *   hf_xdp load   --obj OBJ --pin DIR --tables FILE [--netns NS] [--generic] --port IF=IPORT:PAIRED...
- *                 load (maps pinned under DIR and reused), fill the maps, attach to every --port interface through
- *                 a bpf_link pinned as DIR/link_<IF>; a second load with a new object replaces the program on
- *                 each link atomically (make-before-break: the frames never see no program).
- *   hf_xdp update --pin DIR --tables FILE          write tables into the pinned maps
+ *   hf_xdp start  --obj OBJ --pin DIR [--netns NS] --port IF=IPORT[:PAIRED]...
+ *                 load, pin the program (DIR/prog) and its maps, fill the port tables; not attached
+ *   hf_xdp attach --pin DIR --links LDIR [--netns NS] [--generic] IF...
+ *                 the pinned program onto each IF through a bpf_link pinned as LDIR/link_<IF>; an existing link
+ *                 gets the program replaced atomically (make-before-break)
+ *   hf_xdp update --pin DIR --tables FILE          write tables into the pinned maps (CONTROL 0 meanwhile)
+ *   hf_xdp control --pin DIR --value V             rewrite CONTROL
  *   hf_xdp stats  --pin DIR [--reset]              counters and per-entry hits as JSON
- *   hf_xdp unload --pin DIR [--netns NS]           detach (unpin the links) and remove the pins
+ *   hf_xdp links  [--pin DIR] --links LDIR         the pinned program's id and each link's program id
+ *   hf_xdp stop   --pin DIR [--links LDIR]         detach the links running this program, remove its pins
+ *   hf_xdp detach --pin LDIR                       detach every link of LDIR (undeploy)
  *
  * Tables file: records {u32 name_len, name, u32 value_size, u32 count, count * value_size bytes}, keys 0..count-1,
  * written by hypafilter.targets.xdp.tables. Enters only the network namespace (as hf_shim does).
@@ -432,13 +436,36 @@ static int cmd_run(const char *obj_path, const char *tables, const char *frames,
 	return 0;
 }
 
-static void link_path(char *buf, size_t n, const char *pin, const char *ifname)
+static void link_path(char *buf, size_t n, const char *dir, const char *ifname)
 {
-	snprintf(buf, n, "%s/link_%s", pin, ifname);
+	snprintf(buf, n, "%s/link_%s", dir, ifname);
 }
 
-static int cmd_load(const char *obj_path, const char *pin, const char *tables, struct port *ports, int np,
-		    int generic)
+static __u32 prog_id_of_fd(int fd)
+{
+	struct bpf_prog_info info = {};
+	__u32 len = sizeof(info);
+
+	if (bpf_obj_get_info_by_fd(fd, &info, &len))
+		die("info", "%s", strerror(errno));
+	return info.id;
+}
+
+static int pinned_prog(const char *pin)
+{
+	char path[PATH_MAX];
+	int fd;
+
+	snprintf(path, sizeof(path), "%s/prog", pin);
+	fd = bpf_obj_get(path);
+	if (fd < 0)
+		die("prog", "%s: %s (was the fast path started?)", path, strerror(errno));
+	return fd;
+}
+
+/* Load the program, pin it (DIR/prog) and its maps (DIR/<map>), fill the port tables; attached by `attach`. Until
+ * `update` writes hfx_cfg, CONTROL is 0: every frame is passed with value 0 (the full policy in software). */
+static int cmd_start(const char *obj_path, const char *pin, struct port *ports, int np)
 {
 	struct bpf_object *obj;
 	struct bpf_program *prog;
@@ -451,63 +478,175 @@ static int cmd_load(const char *obj_path, const char *pin, const char *tables, s
 	if (!prog)
 		die("load", "%s lacks %s", obj_path, PROG_NAME);
 	write_ports(ports, np, obj_map_fd, obj);
-	if (tables)
-		write_tables(tables, obj_map_fd, obj, 0);
-	for (int i = 0; i < np; i++) {
-		int idx = ifindex_of(ports[i].name), lfd;
-
-		link_path(path, sizeof(path), pin, ports[i].name);
-		lfd = bpf_obj_get(path);
-		if (lfd >= 0) {
-			/* A link of ours is there: swap the program in it, atomically for the frames. */
-			if (bpf_link_update(lfd, bpf_program__fd(prog), NULL))
-				die("xdp", "%s: replace program: %s", ports[i].name, strerror(errno));
-			close(lfd);
-			continue;
-		}
-		{
-			LIBBPF_OPTS(bpf_link_create_opts, lo, .flags = generic ? XDP_FLAGS_SKB_MODE : XDP_FLAGS_DRV_MODE);
-
-			lfd = bpf_link_create(bpf_program__fd(prog), idx, BPF_XDP, &lo);
-			if (lfd < 0)
-				die("xdp", "%s: attach (%s mode): %s", ports[i].name, generic ? "generic" : "native",
-				    strerror(errno));
-			if (bpf_obj_pin(lfd, path))
-				die("xdp", "pin %s: %s", path, strerror(errno));
-			close(lfd);
-		}
-	}
+	snprintf(path, sizeof(path), "%s/prog", pin);
+	unlink(path);
+	if (bpf_program__pin(prog, path))
+		die("pin", "%s: %s", path, strerror(errno));
 	bpf_object__close(obj);
 	return 0;
 }
 
-static int cmd_unload(const char *pin)
+/* The pinned program onto every interface through a bpf_link pinned as LINKS/link_<IF>; where our link exists,
+ * its program is replaced in one step (frames see the old program or the new one, never none). A program attached
+ * the old way (netlink, e.g. the shim's hf_xdp) is detached first: in that instant frames reach TC without
+ * metadata, value 0, the full policy in software. */
+static int cmd_attach(const char *pin, const char *links, int generic, char **ifaces, int n)
 {
-	DIR *d = opendir(pin);
-	struct dirent *e;
+	int pfd = pinned_prog(pin);
 	char path[PATH_MAX];
+
+	ensure_bpffs();
+	mkdirs(links);
+	for (int i = 0; i < n; i++) {
+		int idx = ifindex_of(ifaces[i]), lfd;
+		LIBBPF_OPTS(bpf_link_create_opts, lo, .flags = generic ? XDP_FLAGS_SKB_MODE : XDP_FLAGS_DRV_MODE);
+
+		link_path(path, sizeof(path), links, ifaces[i]);
+		lfd = bpf_obj_get(path);
+		if (lfd >= 0) {
+			if (bpf_link_update(lfd, pfd, NULL))
+				die("xdp", "%s: replace program: %s", ifaces[i], strerror(errno));
+			close(lfd);
+			continue;
+		}
+		bpf_xdp_detach(idx, XDP_FLAGS_DRV_MODE, NULL);
+		bpf_xdp_detach(idx, XDP_FLAGS_SKB_MODE, NULL);
+		lfd = bpf_link_create(pfd, idx, BPF_XDP, &lo);
+		if (lfd < 0)
+			die("xdp", "%s: attach (%s mode): %s", ifaces[i], generic ? "generic" : "native", strerror(errno));
+		if (bpf_obj_pin(lfd, path))
+			die("xdp", "pin %s: %s", path, strerror(errno));
+		close(lfd);
+	}
+	return 0;
+}
+
+/* Remove a started program: links that still run it are unpinned (detached), then its pins. Links running another
+ * program (the one that replaced it) stay. */
+static int cmd_stop(const char *pin, const char *links)
+{
+	char path[PATH_MAX];
+	struct dirent *e;
+	__u32 id = 0;
 	int failed = 0;
+	DIR *d;
 
-	if (!d)
-		return errno == ENOENT ? 0 : (die("unload", "%s: %s", pin, strerror(errno)), 1);
-	/* Links first (unpinning the last reference detaches the program), then the maps. */
-	for (int pass = 0; pass < 2; pass++) {
-		rewinddir(d);
+	snprintf(path, sizeof(path), "%s/prog", pin);
+	{
+		int pfd = bpf_obj_get(path);
+
+		if (pfd >= 0) {
+			id = prog_id_of_fd(pfd);
+			close(pfd);
+		}
+	}
+	if (links && id && (d = opendir(links))) {
 		while ((e = readdir(d))) {
-			int is_link = !strncmp(e->d_name, "link_", 5);
+			struct bpf_link_info info = {};
+			__u32 len = sizeof(info);
+			int lfd;
 
-			if (e->d_name[0] == '.' || is_link != !pass)
+			if (strncmp(e->d_name, "link_", 5))
 				continue;
-			snprintf(path, sizeof(path), "%s/%s", pin, e->d_name);
-			if (unlink(path)) {
+			snprintf(path, sizeof(path), "%s/%s", links, e->d_name);
+			lfd = bpf_obj_get(path);
+			if (lfd < 0)
+				continue;
+			if (!bpf_obj_get_info_by_fd(lfd, &info, &len) && info.prog_id == id && unlink(path)) {
 				fprintf(stderr, "hf_xdp: unlink %s: %s\n", path, strerror(errno));
 				failed = 1;
 			}
+			close(lfd);
+		}
+		closedir(d);
+	}
+	d = opendir(pin);
+	if (!d)
+		return errno == ENOENT ? failed : (die("stop", "%s: %s", pin, strerror(errno)), 1);
+	while ((e = readdir(d))) {
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", pin, e->d_name);
+		if (unlink(path)) {
+			fprintf(stderr, "hf_xdp: unlink %s: %s\n", path, strerror(errno));
+			failed = 1;
 		}
 	}
 	closedir(d);
 	if (rmdir(pin) && errno != ENOENT)
 		fprintf(stderr, "hf_xdp: rmdir %s: %s\n", pin, strerror(errno));
+	return failed;
+}
+
+/* Which program each pinned link runs: "IF prog_id" lines, and the id of the pinned program of --pin. */
+static int cmd_links(const char *pin, const char *links)
+{
+	char path[PATH_MAX];
+	struct dirent *e;
+	DIR *d;
+
+	if (pin) {
+		int pfd = pinned_prog(pin);
+
+		printf("prog %u\n", prog_id_of_fd(pfd));
+		close(pfd);
+	}
+	d = opendir(links);
+	if (!d)
+		return 0;
+	while ((e = readdir(d))) {
+		struct bpf_link_info info = {};
+		__u32 len = sizeof(info);
+		int lfd;
+
+		if (strncmp(e->d_name, "link_", 5))
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", links, e->d_name);
+		lfd = bpf_obj_get(path);
+		if (lfd < 0 || bpf_obj_get_info_by_fd(lfd, &info, &len))
+			continue;
+		printf("%s %u %u\n", e->d_name + 5, info.prog_id, info.xdp.ifindex);
+		close(lfd);
+	}
+	closedir(d);
+	return 0;
+}
+
+static int cmd_control(const char *pin, long value)
+{
+	struct hfx_config cfg;
+	__u32 zero = 0;
+	int fd = pin_map_fd((void *)pin, "hfx_cfg");
+
+	if (bpf_map_lookup_elem(fd, &zero, &cfg))
+		die("control", "hfx_cfg: %s", strerror(errno));
+	cfg.control = (__u32)value;
+	if (bpf_map_update_elem(fd, &zero, &cfg, BPF_ANY))
+		die("control", "hfx_cfg: %s", strerror(errno));
+	return 0;
+}
+
+/* Detach every link of LINKS (undeploy), then remove the directory. */
+static int cmd_detach(const char *links)
+{
+	char path[PATH_MAX];
+	struct dirent *e;
+	DIR *d = opendir(links);
+	int failed = 0;
+
+	if (!d)
+		return 0;
+	while ((e = readdir(d))) {
+		if (strncmp(e->d_name, "link_", 5))
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", links, e->d_name);
+		if (unlink(path)) {
+			fprintf(stderr, "hf_xdp: unlink %s: %s\n", path, strerror(errno));
+			failed = 1;
+		}
+	}
+	closedir(d);
+	rmdir(links);
 	return failed;
 }
 
@@ -518,14 +657,16 @@ int main(int argc, char **argv)
 		{"netns", required_argument, 0, 'n'},  {"generic", no_argument, 0, 'G'},
 		{"tables", required_argument, 0, 't'}, {"frames", required_argument, 0, 'f'},
 		{"port", required_argument, 0, 'P'},   {"repeat", required_argument, 0, 'R'},
-		{"reset", no_argument, 0, 'r'},	       {0, 0, 0, 0},
+		{"reset", no_argument, 0, 'r'},	       {"links", required_argument, 0, 'L'},
+		{"value", required_argument, 0, 'V'},  {0, 0, 0, 0},
 	};
-	const char *cmd, *obj = NULL, *pin = NULL, *netns = NULL, *tables = NULL, *frames = NULL;
+	const char *cmd, *obj = NULL, *pin = NULL, *netns = NULL, *tables = NULL, *frames = NULL, *links = NULL;
+	long value = -1;
 	struct port ports[MAX_PORTS];
 	int c, generic = 0, reset = 0, np = 0, repeat = 1;
 
 	if (argc < 2)
-		die("usage", "hf_xdp run|load|update|stats|unload [options] (see the source's header)");
+		die("usage", "hf_xdp run|start|attach|update|control|stats|links|stop|detach [options] (see the source's header)");
 	cmd = argv[1];
 	optind = 2;
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -547,10 +688,16 @@ int main(int argc, char **argv)
 				die("usage", "--repeat must be >= 1");
 			break;
 		case 'r': reset = 1; break;
+		case 'L': links = optarg; break;
+		case 'V':
+			value = strtol(optarg, NULL, 0);
+			if (value < 0 || value > 0xFF)
+				die("usage", "--value must be a CONTROL value 0..255");
+			break;
 		default: die("usage", "unknown option");
 		}
 	}
-	if (optind != argc)
+	if (optind != argc && strcmp(cmd, "attach"))
 		die("usage", "unexpected argument '%s'", argv[optind]);
 	libbpf_set_print(libbpf_log);
 	if (!strcmp(cmd, "run")) {
@@ -561,11 +708,26 @@ int main(int argc, char **argv)
 	}
 	if (!pin)
 		die("usage", "--pin DIR is required");
-	if (!strcmp(cmd, "load")) {
-		if (!obj || !np)
-			die("usage", "load needs --obj and at least one --port");
+	if (!strcmp(cmd, "start")) {
+		if (!obj)
+			die("usage", "start needs --obj");
 		enter_netns(netns);
-		return cmd_load(obj, pin, tables, ports, np, generic);
+		return cmd_start(obj, pin, ports, np);
+	}
+	if (!strcmp(cmd, "attach")) {
+		if (!links || optind >= argc)
+			die("usage", "attach needs --links DIR and at least one interface");
+		enter_netns(netns);
+		return cmd_attach(pin, links, generic, argv + optind, argc - optind);
+	}
+	if (!strcmp(cmd, "stop"))
+		return cmd_stop(pin, links);
+	if (!strcmp(cmd, "links"))
+		return cmd_links(pin, links ? links : pin);
+	if (!strcmp(cmd, "control")) {
+		if (value < 0)
+			die("usage", "control needs --value");
+		return cmd_control(pin, value);
 	}
 	if (!strcmp(cmd, "update")) {
 		if (!tables)
@@ -577,10 +739,8 @@ int main(int argc, char **argv)
 		print_counters(pin_map_fd, (void *)pin, reset);
 		return 0;
 	}
-	if (!strcmp(cmd, "unload")) {
-		enter_netns(netns);
-		return cmd_unload(pin);
-	}
+	if (!strcmp(cmd, "detach"))
+		return cmd_detach(pin);
 	die("usage", "unknown command '%s'", cmd);
 	return 2;
 }

@@ -89,7 +89,7 @@ def run_rate(args: argparse.Namespace) -> int:
 
 def run_xdp_cost(args: argparse.Namespace) -> int:
     from hypafilter.analysis.plan import build_plan
-    from hypafilter.targets.xdp.cost import xdp_cost
+    from hypafilter.tools.bench.xdpcost import xdp_cost
 
     cfg = load_config(args)
     policy = load_policy(args, cfg)

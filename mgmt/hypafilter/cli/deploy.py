@@ -25,10 +25,13 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
     if args.command == "update" and not deploy.read_state():
         raise HypafilterError("nothing is deployed: use `hypafilter deploy`")
-    cfg = deploy.site_config(load_config(args))  # the policy's interface checks meet the lab's interfaces
+    cfg = load_config(args)
+    if args.target:
+        cfg.target = args.target
+    cfg = deploy.site_config(cfg)  # the policy's interface checks meet the lab's interfaces
     policy = load_policy(args, cfg)
     before = deploy.read_state()
-    state = deploy.deploy(policy, cfg, target=args.target, force=args.force, log=progress(args))
+    state = deploy.deploy(policy, cfg, target=args.target or cfg.target, force=args.force, log=progress(args))
     summary = _summary(state)
     # Nothing changed (the same policy and settings, no drift): say so instead of the old summary as if new.
     summary["changed"] = not before or before.get("generation") != state.get("generation")
@@ -100,7 +103,9 @@ def register(sub) -> None:
     ):
         p = sub.add_parser(name, help=help_)
         add_policy_args(p)
-        p.add_argument("--target", default="emu", choices=("emu",), help="where to deploy (default emu)")
+        p.add_argument(
+            "--target", choices=("emu", "xdp"), help="where to deploy (default: the configuration's target, emu)"
+        )
         p.add_argument("--strategy", choices=STRATEGIES, help="software strategy")
         p.add_argument("--mode", choices=MODES, help="shunting mode")
         p.add_argument("--force", action="store_true", help="redeploy even if this policy is deployed")

@@ -223,7 +223,7 @@ def drift(st: dict, tgt: Target | None = None) -> list[str]:
         out.append(f"netfilter: {e}")
     out += bridge_drift(st)
     try:
-        sh = shim_mod.Shim(st["shim"]["netns"], st["shim"]["ifaces"])
+        sh = shim_of(st)
         if not sh.loaded:
             out.append("shim: not loaded")
         else:
@@ -235,8 +235,12 @@ def drift(st: dict, tgt: Target | None = None) -> list[str]:
         if not tgt.alive(st["nic"]):
             out.append(f"nic: {st['nic'].get('name')} (pid {st['nic'].get('pid')}) is not running")
         else:
-            with tgt.client(st["nic"]) as c:
-                out += nic_drift(c, st)
+            own = getattr(tgt, "drift", None)
+            if own is not None:
+                out += own(st["nic"], st)
+            else:
+                with tgt.client(st["nic"]) as c:
+                    out += nic_drift(c, st)
     except Exception as e:  # an unreachable NIC is drift, whatever the transport raised
         out.append(f"nic: {e}")
     return out
@@ -379,8 +383,12 @@ class Transaction:
 
 
 def _target(name: str, config: Config) -> Target:
-    """Target `name` with its NIC in the lab's nic namespace on its four veths. The module globals are read at
-    each call: configure() moves the lab, and a benchmark points BUILD_ROOT at an empty cache for a cold build."""
+    """Target `name` with its NIC in the lab's nic namespace on its four veths (xdp: its program on the firewall's
+    two wire-facing interfaces, FW_IFACES). The module globals are read at each call: configure() moves the lab,
+    and a benchmark points BUILD_ROOT at an empty cache for a cold build."""
+    if name == "xdp":
+        ports = {"wire0": FW_IFACES[0], "wire1": FW_IFACES[1]}
+        return targets.get(name, config, Site(LAB_NAME, NS_FW, ports, STATE_DIR / "nic"), BUILD_ROOT)
     return targets.get(name, config, Site(LAB_NAME, NS_NIC, dict(NIC_IFACES), STATE_DIR / "nic"), BUILD_ROOT)
 
 
@@ -389,12 +397,20 @@ def target_of(state: dict, config: Config) -> Target:
     return _target(state.get("target", "emu"), config)
 
 
-def _fw_shim() -> shim_mod.Shim:
-    return shim_mod.Shim(NS_FW, list(FW_IFACES))
+def _fw_shim(target: str = "emu") -> shim_mod.Shim:
+    """The shim on the firewall's interfaces; with the xdp target only its TC program (the fast path is the XDP
+    program and leaves the mark value in the metadata itself)."""
+    return shim_mod.Shim(NS_FW, list(FW_IFACES), tc_only=target == "xdp")
 
 
-def _check_lab() -> None:
-    missing = [ns for ns in (NS_NIC, NS_FW) if not netns.exists(ns)]
+def shim_of(st: dict) -> shim_mod.Shim:
+    """The shim of a deployment in the state file."""
+    return shim_mod.Shim(st["shim"]["netns"], st["shim"]["ifaces"], tc_only=bool(st["shim"].get("tc_only")))
+
+
+def _check_lab(target: str = "emu") -> None:
+    need = (NS_FW,) if target == "xdp" else (NS_NIC, NS_FW)
+    missing = [ns for ns in need if not netns.exists(ns)]
     if missing:
         raise HypafilterError(f"lab namespaces missing ({', '.join(missing)}): run `hypafilter lab up` first")
 
@@ -521,11 +537,11 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
             f"the deployed policy runs the NIC in {old.get('nic_mode', 'bridge')} mode ({old.get('base_chain')}); "
             f"{policy.base_chain} needs {config.nic_mode} mode: undeploy first"
         )
-    _check_lab()
+    _check_lab(tgt.name)
     gen = (old["generation"] + 1) if old else 1
     gen = gen if gen <= 0xFFFF else 1  # the hardware carries 16 bits of generation
     tx = Transaction(log=log)
-    fwshim = _fw_shim()
+    fwshim = _fw_shim(tgt.name)
     base = policy.base_chain
     prefix = chain_prefix(config, gen)
     new_main = f"{prefix}MAIN"
@@ -713,7 +729,7 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
         "intervals": intervals,
         "nic": new_nic,
         "tables": {k: v for k, v in written.items() if k != "writes"},
-        "shim": {"netns": NS_FW, "ifaces": list(FW_IFACES), "pin": str(fwshim.pin)},
+        "shim": {"netns": NS_FW, "ifaces": list(FW_IFACES), "pin": str(fwshim.pin), "tc_only": fwshim.tc_only},
         "deployed_at": time.time(),
         "plain_rules": policy_restore(policy, config.table),
         "history": ((old or {}).get("history") or [])[-HISTORY_KEEP + 1 :]
@@ -802,7 +818,7 @@ def undeploy(log: Callable[[str], None] = lambda s: None) -> bool:
             except HypafilterError as e:
                 errors.append(f"{VLAN_SYSCTL}: {e}")
             try:
-                sh = shim_mod.Shim(st["shim"]["netns"], st["shim"]["ifaces"])
+                sh = shim_of(st)
                 if sh.pinned:  # pinned but detached (its interfaces gone) is unloaded too: the pins go
                     sh.unload()
             except HypafilterError as e:
@@ -845,7 +861,7 @@ def status() -> dict:
     except Exception as e:  # status reports what it can
         out["nic_counters"] = {"error": str(e)}
     try:
-        out["shim_stats"] = shim_mod.Shim(st["shim"]["netns"], st["shim"]["ifaces"]).stats()
+        out["shim_stats"] = shim_of(st).stats()
     except HypafilterError as e:
         out["shim_stats"] = {"error": str(e)}
     try:

@@ -3,6 +3,7 @@ builds the loader (driver/xdp/hf_xdp.c). Objects are cached per shape under <bui
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -47,6 +48,7 @@ def build_program(shape: dict, build_root: Path = BUILD_ROOT) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     src, obj = out / "fastpath.bpf.c", out / "fastpath.bpf.o"
     text = render(shape)
+    (out / "shape.json").write_text(json.dumps(shape, sort_keys=True) + "\n")
     if obj.exists() and src.exists() and src.read_text() == text:
         return obj
     src.write_text(text)

@@ -68,7 +68,35 @@ def test_verify_rulesets_bridge_mode(lab):
     assert pins[-1] == "links" and len(pins) == 2, pins  # the replaced programs were stopped
 
 
+def test_bench_rate(lab, shared_dir, tmp_path):
+    """`bench rate --target xdp`: the same frames through the xdp path, iptables and nft, compared per frame."""
+    filters = tmp_path / "acl1_60.filters"
+    src = shared_dir / "data" / "classbench" / "acl1_1100.filters"
+    filters.write_text("".join(src.read_text().splitlines(keepends=True)[:60]))
+    p = hf(
+        "bench", "rate", "--target", "xdp", "--classbench", str(filters), "--policy", "DROP", "--actions", "alternate"
+    )
+    r = json.loads(p.stdout.splitlines()[-1])
+    assert r["target"] == "xdp" and r["mismatches"] == 0 and r["hw_share"] == 1.0, r
+    assert r["hybrid_pps"] > 0 and r["iptables_pps"] > 0
+
+
+def test_host_mode(lab, tmp_path):
+    """An INPUT policy: the fast path's ACCEPT passes the frame up with the decided value (mark 0x1), INPUT takes it."""
+    import re
+
+    src = (ROOT / "tests" / "system" / "test_host_mode.py").read_text()
+    f = tmp_path / "host.rules"
+    f.write_text(re.search(r'HOST_POLICY = """(.*?)"""', src, re.S).group(1))
+    hf("undeploy", "-q", check=False)  # a deployment is not moved between modes by an update
+    p = hf("verify", str(f), "--chain", "INPUT", "--target", "xdp", "--packets", "1200", "--json")
+    r = json.loads(p.stdout)
+    assert r["nic_mode"] == "host" and r["mismatches"] == 0, r["examples"][:3]
+    assert r["hw_forwarded"] > 0 and 0 < r["delivered_oracle"] < 1200
+
+
 def test_undeploy_leaves_nothing(lab):
+    hf("undeploy", "-q", check=False)
     hf("deploy", str(ROOT / "rulesets" / "example.rules"), "--target", "xdp", "--json")
     hf("undeploy", "-q")
     assert xdp_prog("nf0") is None and xdp_prog("nf1") is None

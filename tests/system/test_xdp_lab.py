@@ -21,7 +21,7 @@ pytestmark = pytest.mark.system
 LAB = "exv"  # helper E's lab names start with "e"
 STATE = f"/run/hypafilter/test-{LAB}"
 HF = [sys.executable, "-m", "hypafilter"]
-RULESETS = ("example", "listing1", "userchains", "conntrack")
+RULESETS = ("example", "listing1", "userchains", "conntrack", "interfaces")
 
 
 def hf(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -54,7 +54,11 @@ def test_verify_rulesets_bridge_mode(lab):
     """Each policy in turn (each an update of the one before: a new program swapped in on the bpf_links)."""
     decided = 0
     for name in RULESETS:
-        p = hf("verify", str(ROOT / "rulesets" / f"{name}.rules"), "--target", "xdp", "--packets", "1200", "--json")
+        toml = ROOT / "rulesets" / f"{name}.toml"  # interfaces.rules: compiled for the lab's bridge and ports
+        extra = ["--config", str(toml)] if toml.exists() else []
+        p = hf(
+            "verify", str(ROOT / "rulesets" / f"{name}.rules"), *extra, "--target", "xdp", "--packets", "1200", "--json"
+        )
         r = json.loads(p.stdout)
         assert r["packets"] == 1200 and r["mismatches"] == 0, (name, r["examples"][:3])
         assert 0 < r["delivered_oracle"] < 1200, name

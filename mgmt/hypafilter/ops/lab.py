@@ -134,10 +134,12 @@ class Lab:
 
     def built_for(self) -> str | None:
         """The target the existing lab was built for (None: no firewall namespace yet)."""
-        if self.ns_fw not in netns.names():
+        names = netns.names()
+        if self.ns_fw not in names:
             return None
-        if self.ns_nic in netns.names() and self._has_link("nic", "wire0"):
+        if self.ns_nic in names and any(self._has_link("nic", i) for i in NIC_INTERFACES):
             return "emu"
+        # nf0 is one end of a veth pair: with no NIC interface left, its other end is the sender's (xdp topology).
         return "xdp" if self._has_link("fw", "nf0") else None
 
     # ---- names the deploy/verify code uses ----

@@ -63,6 +63,8 @@ def register(sub) -> None:
     x.add_argument("--seed", type=int, default=1, help="random seed of the frames (default 1)")
     x.add_argument("--trace", metavar="T[.gz]", help="ClassBench header trace to draw headers from")
     x.add_argument("--mode", choices=MODES, metavar="MODE", help="shunting mode: %(choices)s")
+    x.add_argument("--words", type=int, default=0, help="a program with this many vector words (default: the plan's)")
+    x.add_argument("--all-fields", action="store_true", help="a program that looks up every field")
     x.set_defaults(func=run_xdp_cost)
 
 
@@ -96,7 +98,16 @@ def run_xdp_cost(args: argparse.Namespace) -> int:
     if args.frames < 1 or args.repeat < 1:
         raise HypafilterError("--frames and --repeat must be at least 1")
     plan = build_plan(policy, cfg, mode=args.mode)
-    report = xdp_cost(plan, policy, frames=args.frames, repeat=args.repeat, seed=args.seed, trace=args.trace)
+    report = xdp_cost(
+        plan,
+        policy,
+        frames=args.frames,
+        repeat=args.repeat,
+        seed=args.seed,
+        trace=args.trace,
+        words=args.words,
+        all_fields=args.all_fields,
+    )
     report["command"] = "hypafilter " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     print(json.dumps(report))
     return 0

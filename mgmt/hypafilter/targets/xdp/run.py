@@ -51,11 +51,13 @@ def run_frames(
     repeat: int = 1,
     build_root: Path = BUILD_ROOT,
     paired: bool = True,
+    shape: dict | None = None,
 ) -> RunResult:
     """Each (iport, frame) through the program built for `plan`; `ports[i]` is the interface of iport i in `ns`
-    (it must exist there: the kernel resolves the ingress ifindex), paired 0<->1, 2<->3 for the devmap."""
+    (it must exist there: the kernel resolves the ingress ifindex), paired 0<->1, 2<->3 for the devmap. `shape`:
+    a larger program than the plan needs (fields and capacities; the tables must fit it)."""
     t = build_tables(plan)
-    shape = t.shape()
+    shape = shape or t.shape()
     obj = build_program(shape, build_root)
     tool = build_loader(build_root)
     with tempfile.TemporaryDirectory(prefix="hfx-") as d:

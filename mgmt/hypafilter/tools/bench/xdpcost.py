@@ -9,11 +9,16 @@ import statistics
 import time
 
 from hypafilter import netns
+from hypafilter.errors import HypafilterError
 from hypafilter.targets.xdp.run import run_frames
-from hypafilter.targets.xdp.tables import build_tables
+from hypafilter.targets.xdp.tables import FAST_FIELDS, build_tables
 
 
-def xdp_cost(plan, policy, frames: int = 2000, repeat: int = 100, seed: int = 1, trace=None) -> dict:
+def xdp_cost(
+    plan, policy, frames: int = 2000, repeat: int = 100, seed: int = 1, trace=None, words: int = 0, all_fields=False
+) -> dict:
+    """`words`/`all_fields`: load the plan's tables into a larger program (vector words, every field looked up), to
+    see the verifier's figures of shapes bigger than the plan's."""
     from hypafilter.ops.verify import FrameGen, build_frame, read_trace
 
     rng = random.Random(seed)
@@ -23,6 +28,13 @@ def xdp_cost(plan, policy, frames: int = 2000, repeat: int = 100, seed: int = 1,
     t0 = time.perf_counter()
     t = build_tables(plan)
     tables_s = time.perf_counter() - t0
+    shape = t.shape()
+    if words:
+        if words < t.words:
+            raise HypafilterError(f"--words {words}: the plan needs {t.words}")
+        shape["words"] = words
+    if all_fields:
+        shape["fields"] = list(FAST_FIELDS)
     ns = f"hfxc-{os.getpid()}"
     netns.delete(ns)
     netns.add(ns)
@@ -30,7 +42,7 @@ def xdp_cost(plan, policy, frames: int = 2000, repeat: int = 100, seed: int = 1,
         netns.run(["ip", "-n", ns, "link", "add", "c0", "type", "veth", "peer", "name", "c1"])
         for i in ("c0", "c1"):
             netns.run(["ip", "-n", ns, "link", "set", i, "up"])
-        res = run_frames(plan, fr, ["c0", "c1"], ns=ns, repeat=repeat)
+        res = run_frames(plan, fr, ["c0", "c1"], ns=ns, repeat=repeat, shape=shape)
     finally:
         netns.delete(ns)
     per = sorted(v.ns for v in res.verdicts)

@@ -72,6 +72,20 @@ def test_verify_rulesets_bridge_mode(lab):
     assert pins[-1] == "links" and len(pins) == 2, pins  # the replaced programs were stopped
 
 
+def test_update_that_keeps_the_shape_is_a_map_update(lab, tmp_path):
+    """A complex rule's string and a simple rule's action changed: the same program, new map contents."""
+    text = (ROOT / "rulesets" / "example.rules").read_text()
+    changed = text.replace('9999 -m string --string "BAD"', '9999 -m string --string "EVIL"', 1)
+    changed = changed.replace("-d 10.0.2.0/25 -p udp -j DROP", "-d 10.0.2.0/25 -p udp -j ACCEPT", 1)
+    assert changed.count("EVIL") == 1 and changed != text
+    (tmp_path / "b.rules").write_text(changed)
+    hf("deploy", str(ROOT / "rulesets" / "example.rules"), "--target", "xdp", "--json")
+    r = json.loads(hf("verify", str(tmp_path / "b.rules"), "--target", "xdp", "--packets", "1200", "--json").stdout)
+    assert r["mismatches"] == 0, r["examples"][:3]
+    st = json.loads(hf("status", "--json").stdout)
+    assert st["history"][-1]["replaced_nic"] is False and st["drift"] == []
+
+
 def test_bench_rate(lab, shared_dir, tmp_path):
     """`bench rate --target xdp`: the same frames through the xdp path, iptables and nft, compared per frame."""
     filters = tmp_path / "acl1_60.filters"

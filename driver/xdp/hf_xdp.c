@@ -13,7 +13,8 @@
  *   hf_xdp control --pin DIR --value V             rewrite CONTROL
  *   hf_xdp stats  --pin DIR [--reset]              counters and per-entry hits as JSON
  *   hf_xdp links  [--pin DIR] --links LDIR         the pinned program's id and each link's program id
- *   hf_xdp stop   --pin DIR [--links LDIR]         detach the links running this program, remove its pins
+ *   hf_xdp stop   --pin DIR [--links LDIR] [--fallback DIR2]
+ *                 links running this program get DIR2's program back (or are detached); its pins removed
  *   hf_xdp detach --pin LDIR                       detach every link of LDIR (undeploy)
  *
  * Tables file: records {u32 name_len, name, u32 value_size, u32 count, count * value_size bytes}, keys 0..count-1,
@@ -521,14 +522,15 @@ static int cmd_attach(const char *pin, const char *links, int generic, char **if
 	return 0;
 }
 
-/* Remove a started program: links that still run it are unpinned (detached), then its pins. Links running another
- * program (the one that replaced it) stay. */
-static int cmd_stop(const char *pin, const char *links)
+/* Remove a started program: links that still run it get the --fallback program back (a rolled-back update: the
+ * previous program) or, without one, are unpinned (detached); then its pins go. Links running another program (the
+ * one that replaced it) stay. */
+static int cmd_stop(const char *pin, const char *links, const char *fallback)
 {
 	char path[PATH_MAX];
 	struct dirent *e;
 	__u32 id = 0;
-	int failed = 0;
+	int failed = 0, ffd = fallback ? pinned_prog(fallback) : -1;
 	DIR *d;
 
 	snprintf(path, sizeof(path), "%s/prog", pin);
@@ -552,9 +554,16 @@ static int cmd_stop(const char *pin, const char *links)
 			lfd = bpf_obj_get(path);
 			if (lfd < 0)
 				continue;
-			if (!bpf_obj_get_info_by_fd(lfd, &info, &len) && info.prog_id == id && unlink(path)) {
-				fprintf(stderr, "hf_xdp: unlink %s: %s\n", path, strerror(errno));
-				failed = 1;
+			if (!bpf_obj_get_info_by_fd(lfd, &info, &len) && info.prog_id == id) {
+				if (ffd >= 0) {
+					if (bpf_link_update(lfd, ffd, NULL)) {
+						fprintf(stderr, "hf_xdp: %s: back to the fallback: %s\n", path, strerror(errno));
+						failed = 1;
+					}
+				} else if (unlink(path)) {
+					fprintf(stderr, "hf_xdp: unlink %s: %s\n", path, strerror(errno));
+					failed = 1;
+				}
 			}
 			close(lfd);
 		}
@@ -658,9 +667,11 @@ int main(int argc, char **argv)
 		{"tables", required_argument, 0, 't'}, {"frames", required_argument, 0, 'f'},
 		{"port", required_argument, 0, 'P'},   {"repeat", required_argument, 0, 'R'},
 		{"reset", no_argument, 0, 'r'},	       {"links", required_argument, 0, 'L'},
-		{"value", required_argument, 0, 'V'},  {0, 0, 0, 0},
+		{"value", required_argument, 0, 'V'},  {"fallback", required_argument, 0, 'F'},
+		{0, 0, 0, 0},
 	};
 	const char *cmd, *obj = NULL, *pin = NULL, *netns = NULL, *tables = NULL, *frames = NULL, *links = NULL;
+	const char *fallback = NULL;
 	long value = -1;
 	struct port ports[MAX_PORTS];
 	int c, generic = 0, reset = 0, np = 0, repeat = 1;
@@ -689,6 +700,7 @@ int main(int argc, char **argv)
 			break;
 		case 'r': reset = 1; break;
 		case 'L': links = optarg; break;
+		case 'F': fallback = optarg; break;
 		case 'V':
 			value = strtol(optarg, NULL, 0);
 			if (value < 0 || value > 0xFF)
@@ -706,6 +718,8 @@ int main(int argc, char **argv)
 		enter_netns(netns);
 		return cmd_run(obj, tables, frames, ports, np, repeat);
 	}
+	if (!strcmp(cmd, "links") && links)
+		return cmd_links(pin, links);
 	if (!pin)
 		die("usage", "--pin DIR is required");
 	if (!strcmp(cmd, "start")) {
@@ -721,7 +735,7 @@ int main(int argc, char **argv)
 		return cmd_attach(pin, links, generic, argv + optind, argc - optind);
 	}
 	if (!strcmp(cmd, "stop"))
-		return cmd_stop(pin, links);
+		return cmd_stop(pin, links, fallback);
 	if (!strcmp(cmd, "links"))
 		return cmd_links(pin, links ? links : pin);
 	if (!strcmp(cmd, "control")) {

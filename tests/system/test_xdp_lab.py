@@ -24,8 +24,10 @@ HF = [sys.executable, "-m", "hypafilter"]
 RULESETS = ("example", "listing1", "userchains", "conntrack", "interfaces")
 
 
-def hf(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+def hf(*args: str, check: bool = True, fail: str | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ, HF_LAB=LAB, HF_STATE_DIR=STATE)
+    if fail:
+        env["HF_FAIL_STEP"] = fail  # deploy's test hook: that step fails
     p = subprocess.run(HF + list(args), capture_output=True, text=True, env=env)
     if check:
         assert p.returncode == 0, f"hypafilter {' '.join(args)}: {p.stderr[-3000:]}"
@@ -84,6 +86,23 @@ def test_update_that_keeps_the_shape_is_a_map_update(lab, tmp_path):
     assert r["mismatches"] == 0, r["examples"][:3]
     st = json.loads(hf("status", "--json").stdout)
     assert st["history"][-1]["replaced_nic"] is False and st["drift"] == []
+
+
+@pytest.mark.parametrize("step", ["netfilter", "registers", "activate", "standby-old"])
+def test_failed_update_keeps_the_previous_program(lab, step):
+    """An update to a new program that fails at `step` rolls back: the previous program on every link, its
+    tables and CONTROL, the previous chains; verify still agrees with the oracle."""
+    example = str(ROOT / "rulesets" / "example.rules")
+    hf("deploy", example, "--target", "xdp", "--json")
+    before = json.loads(hf("status", "--json").stdout)
+    p = hf("deploy", str(ROOT / "rulesets" / "listing1.rules"), "--target", "xdp", "-q", check=False, fail=step)
+    assert p.returncode != 0 and step in p.stderr, p.stderr[-2000:]
+    st = json.loads(hf("status", "--json").stdout)
+    assert st["generation"] == before["generation"] and st["drift"] == [], st["drift"]
+    assert sorted(x.name for x in (Path("/sys/fs/bpf/hypafilter-xdp") / LAB).iterdir())[-1] == "links"
+    assert len(list((Path("/sys/fs/bpf/hypafilter-xdp") / LAB).iterdir())) == 2  # the new program is gone
+    r = json.loads(hf("verify", example, "--target", "xdp", "--packets", "600", "--json").stdout)
+    assert r["mismatches"] == 0 and r["generation"] == before["generation"]
 
 
 def test_bench_rate(lab, shared_dir, tmp_path):

@@ -69,8 +69,24 @@ class XdpTarget(Target):
     def build(self, plan) -> str:
         return str(build_program(build_tables(plan).shape(), self.build_root))
 
+    def _attached_ids(self, links: Path) -> set[int]:
+        out = self._tool("links", ["links", "--links", str(links)])
+        return {int(x.split()[1]) for x in out.splitlines() if x.strip()}
+
+    def _clear_stale(self, links: Path) -> None:
+        """Programs of this site that no link runs (left by an interrupted command): removed, so that a later stop
+        never takes one for the previous program."""
+        on = self._attached_ids(links)
+        for p in self._root().glob("g*-*"):
+            if not (p / "prog").exists():
+                continue
+            first = self._tool("links", ["links", "--pin", str(p), "--links", str(links)]).splitlines()[0]
+            if int(first.split()[1]) not in on:
+                self._tool("stop", ["stop", "--pin", str(p)])
+
     def start(self, artifact: str, generation: int, standby: bool = True) -> dict:
         obj = Path(artifact)
+        self._clear_stale(self._root() / "links")
         pin = self._root() / f"g{generation}-{obj.parent.name}"
         ports = self._ports()
         args = ["start", "--obj", str(obj), "--pin", str(pin)]
@@ -100,6 +116,14 @@ class XdpTarget(Target):
         raise HypafilterError("the xdp target has no register transport: its tables are BPF maps")
 
     def activate(self, info: dict) -> None:
+        # Which program this one replaces (deploy keeps `info` in its state): a rollback's stop puts it back.
+        links = Path(info["links"])
+        on = self._attached_ids(links) if links.exists() else set()
+        for p in self._root().glob("g*-*"):
+            if str(p) != info["pin"] and (p / "prog").exists():
+                first = self._tool("links", ["links", "--pin", str(p), "--links", str(links)]).splitlines()[0]
+                if int(first.split()[1]) in on:
+                    info["replaced"] = str(p)
         args = ["attach", "--pin", info["pin"], "--links", info["links"]]
         args += ["--generic"] if info.get("generic") else []
         self._tool("attach", args + list(info["ifaces"]), ns=True)
@@ -113,7 +137,13 @@ class XdpTarget(Target):
         return (Path(info.get("pin", "/nonexistent")) / "prog").exists()
 
     def stop(self, info: dict) -> None:
-        self._tool("stop", ["stop", "--pin", info["pin"], "--links", info["links"]])
+        """Remove a program. Interfaces whose link still runs it (a rolled-back update stops the new program) get
+        the program it replaced back (`activate` recorded it); without one (undeploy) they are detached."""
+        args = ["stop", "--pin", info["pin"], "--links", info["links"]]
+        before = info.get("replaced")  # the program this one replaced on the links (activate), if still there
+        if before and before != info["pin"] and (Path(before) / "prog").exists():
+            args += ["--fallback", before]
+        self._tool("stop", args)
         for f in self._run_dir().glob(f"{info.get('name', '')}-*.tables"):
             f.unlink(missing_ok=True)
         for d in (Path(info["links"]), Path(info["links"]).parent):

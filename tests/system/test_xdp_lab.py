@@ -105,6 +105,30 @@ def test_failed_update_keeps_the_previous_program(lab, step):
     assert r["mismatches"] == 0 and r["generation"] == before["generation"]
 
 
+@pytest.mark.parametrize("seed", [1, 2])
+def test_fuzz_policies(lab, seed):
+    """The kernel-differential fuzzer's policies (every shunting mode x software strategy, every frame kind, half of
+    them malformed) through the xdp path against the oracle; seed 2 reads conntrack state."""
+    from hypafilter.config import Config
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.ops import deploy
+    from hypafilter.ops.verify import FRAME_KINDS
+    from hypafilter.tools.fuzz import Tally, fuzz_policy, random_policy
+
+    hf("undeploy", "-q", check=False)
+    text = random_policy(seed, conntrack=seed % 2 == 0)
+    policy = parse_policy(text, filename=f"fuzz-{seed}", base_chain="FORWARD", config=Config())
+    was = (deploy.LAB_NAME, deploy.STATE_DIR)
+    deploy.configure(LAB, STATE)
+    try:
+        tally = fuzz_policy(policy, seed, 300, FRAME_KINDS, 0.5, tally=Tally(), target="xdp")
+    finally:
+        deploy.configure(*was)
+    bad = sum(v["mismatches"] for v in tally.by_kind.values())
+    altered = sum(r["altered"] for r in tally.runs)
+    assert bad == 0 and altered == 0, f"seed {seed}: {bad} mismatches, {altered} altered\n{tally.examples[:4]}"
+
+
 def test_bench_rate(lab, shared_dir, tmp_path):
     """`bench rate --target xdp`: the same frames through the xdp path, iptables and nft, compared per frame."""
     filters = tmp_path / "acl1_60.filters"

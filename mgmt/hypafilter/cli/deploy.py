@@ -28,6 +28,12 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     cfg = load_config(args)
     if args.target:
         cfg.target = args.target
+    if args.ports:
+        if (args.target or cfg.target) != "xdp":
+            raise HypafilterError("--ports needs --target xdp")
+        deploy.configure_ports(args.ports.split(","), args.netns)
+    elif args.command == "update":
+        deploy.configure_from_state()
     cfg = deploy.site_config(cfg)  # the policy's interface checks meet the lab's interfaces
     policy = load_policy(args, cfg)
     before = deploy.read_state()
@@ -44,6 +50,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 def cmd_undeploy(args: argparse.Namespace) -> int:
     from hypafilter.ops import deploy
 
+    deploy.configure_from_state()
     if not deploy.undeploy(log=progress(args)):
         print("hypafilter: nothing deployed", file=sys.stderr)
     return 0
@@ -89,6 +96,7 @@ def _fmt_status(st: dict) -> str:
 def cmd_status(args: argparse.Namespace) -> int:
     from hypafilter.ops import deploy
 
+    deploy.configure_from_state()
     st = deploy.status()
     print(json.dumps(st, indent=1, default=str) if args.json else _fmt_status(st))
     if st.get("drift"):  # what runs is not what was deployed: `hypafilter deploy` of the same policy repairs it
@@ -106,6 +114,12 @@ def register(sub) -> None:
         p.add_argument(
             "--target", choices=("emu", "xdp"), help="where to deploy (default: the configuration's target, emu)"
         )
+        p.add_argument(
+            "--ports",
+            metavar="IF0,IF1",
+            help="xdp: deploy on these two interfaces (a bridge port pair) instead of the lab's firewall",
+        )
+        p.add_argument("--netns", metavar="NS", help="with --ports: the network namespace holding them")
         p.add_argument("--strategy", choices=STRATEGIES, help="software strategy")
         p.add_argument("--mode", choices=MODES, help="shunting mode")
         p.add_argument("--force", action="store_true", help="redeploy even if this policy is deployed")

@@ -49,6 +49,7 @@ NS_NIC, NS_FW, NS_PLAIN = f"{LAB_NAME}-nic", f"{LAB_NAME}-fw", f"{LAB_NAME}-plai
 NIC_IFACES = {"wire0": "wire0", "wire1": "wire1", "host0": "host0", "host1": "host1"}
 FW_IFACES = ("nf0", "nf1")  # FW_IFACES[n]: the firewall's end of the veth from host<n>, the DMA port of MACn
 FW_BRIDGE = "br0"  # the bridge the firewall's FW_IFACES are ports of (ops.lab)
+SITE_PORTS = False  # configure_ports: real interfaces given by --ports instead of the lab's
 
 
 def configure(lab: str | None = None, state_dir: str | Path | None = None) -> None:
@@ -59,6 +60,31 @@ def configure(lab: str | None = None, state_dir: str | Path | None = None) -> No
         NS_NIC, NS_FW, NS_PLAIN = f"{lab}-nic", f"{lab}-fw", f"{lab}-plain"
     if state_dir:
         STATE_DIR = Path(state_dir)
+
+
+def configure_ports(ports: list[str] | tuple[str, ...], ns: str | None = None) -> None:
+    """Deploy on these two interfaces of namespace `ns` (None: this one) instead of the lab's firewall: target xdp
+    on real interfaces (docs/xdp.md). In bridge mode they must be ports of one bridge (br_netfilter on); the bridge
+    is taken from them."""
+    global NS_FW, FW_IFACES, FW_BRIDGE, SITE_PORTS
+    if len(ports) != 2 or ports[0] == ports[1] or not all(ports):
+        raise HypafilterError(f"--ports needs two interfaces, a port pair: IF0,IF1 (got {','.join(ports)!r})")
+    links = {ln["ifname"]: ln for ln in json.loads(netns.run(["ip", "-j", "link", "show"], ns) or "[]")}
+    missing = [p for p in ports if p not in links]
+    if missing:
+        raise HypafilterError(f"--ports: no interface {', '.join(missing)} in {ns or 'this network namespace'}")
+    masters = {links[p].get("master") for p in ports}
+    NS_FW, FW_IFACES = ns, tuple(ports)
+    FW_BRIDGE = masters.pop() if len(masters) == 1 and None not in masters else ""
+    SITE_PORTS = True
+
+
+def configure_from_state() -> None:
+    """Undeploy and status of a deployment made with --ports: the interfaces it recorded."""
+    st = read_state()
+    site = (st or {}).get("site") or {}
+    if site.get("ports"):
+        configure_ports(site["ifaces"], site.get("netns"))
 
 
 def state_file() -> Path:
@@ -409,6 +435,10 @@ def shim_of(st: dict) -> shim_mod.Shim:
 
 
 def _check_lab(target: str = "emu") -> None:
+    if SITE_PORTS:
+        if target != "xdp":
+            raise HypafilterError(f"--ports deploys the xdp target only, not {target}")
+        return
     need = (NS_FW,) if target == "xdp" else (NS_NIC, NS_FW)
     missing = [ns for ns in need if not netns.exists(ns)]
     if missing:
@@ -532,6 +562,12 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
             return old
         log("the live system drifted from the deployment (" + "; ".join(found) + "): redeploying")
         force = True
+    site = {"ports": SITE_PORTS, "netns": NS_FW, "ifaces": list(FW_IFACES)}
+    if old and "site" in old and {k: old["site"].get(k) for k in site} != site:
+        raise HypafilterError(
+            f"a policy is deployed on {old['site'].get('ifaces')} ({old['site'].get('netns') or 'this namespace'}), "
+            f"not on {site['ifaces']} ({site['netns'] or 'this namespace'}): undeploy it first"
+        )
     if old and old.get("nic_mode", "bridge") != config.nic_mode:
         raise HypafilterError(
             f"the deployed policy runs the NIC in {old.get('nic_mode', 'bridge')} mode ({old.get('base_chain')}); "
@@ -730,6 +766,7 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
         "nic": new_nic,
         "tables": {k: v for k, v in written.items() if k != "writes"},
         "shim": {"netns": NS_FW, "ifaces": list(FW_IFACES), "pin": str(fwshim.pin), "tc_only": fwshim.tc_only},
+        "site": {"ports": SITE_PORTS, "netns": NS_FW, "ifaces": list(FW_IFACES), "bridge": FW_BRIDGE},
         "deployed_at": time.time(),
         "plain_rules": policy_restore(policy, config.table),
         "history": ((old or {}).get("history") or [])[-HISTORY_KEEP + 1 :]

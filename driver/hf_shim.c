@@ -1,7 +1,8 @@
 /* hf_shim.c: loader and map tool for the eBPF shim (shim.bpf.o): load/unload on interfaces of a network namespace,
  * bulk map updates, statistics as JSON.
  *
- *   hf_shim load   --obj OBJ --pin DIR [--netns NAME] [--generic] IFACE...
+ *   hf_shim load   --obj OBJ --pin DIR [--netns NAME] [--generic] [--tc-only] IFACE...
+ *                  (--tc-only: TC ingress only; the XDP program is the fast path's own, docs/xdp.md)
  *   hf_shim unload --pin DIR [--netns NAME] IFACE...
  *   hf_shim update --pin DIR [--generation G] [--mask M] [--shift S] [--num-entries N] [--intervals]
  *                  (--intervals: whitespace-separated k values for match_index 0, 1, ... on stdin)
@@ -129,7 +130,7 @@ static int map_fd(const char *pin, const char *name)
 	return fd;
 }
 
-static int cmd_load(const char *obj_path, const char *pin, int generic, char **ifaces, int n)
+static int cmd_load(const char *obj_path, const char *pin, int generic, int tc_only, char **ifaces, int n)
 {
 	struct bpf_object *obj;
 	struct bpf_map *map;
@@ -170,6 +171,8 @@ static int cmd_load(const char *obj_path, const char *pin, int generic, char **i
 		err = bpf_tc_attach(&hook, &opts);
 		if (err)
 			die("tc", "%s: attach: %s", ifaces[i], strerror(-err));
+		if (tc_only)
+			continue;
 		err = bpf_xdp_attach(idx, bpf_program__fd(xdp), flags, NULL);
 		if (err)
 			die("xdp", "%s: attach (%s mode): %s", ifaces[i], generic ? "generic" : "native", strerror(-err));
@@ -345,11 +348,12 @@ int main(int argc, char **argv)
 		{"generation", required_argument, 0, 'g'}, {"mask", required_argument, 0, 'm'},
 		{"shift", required_argument, 0, 's'},	    {"num-entries", required_argument, 0, 'e'},
 		{"intervals", no_argument, 0, 'i'},	    {"reset", no_argument, 0, 'r'},
-		{"count", required_argument, 0, 'c'},	    {0, 0, 0, 0},
+		{"count", required_argument, 0, 'c'},	    {"tc-only", no_argument, 0, 'T'},
+		{0, 0, 0, 0},
 	};
 	const char *cmd, *obj = NULL, *pin = NULL, *netns = NULL;
 	long long gen = -1, mask = -1, shift = -1, nent = -1, count = 0;
-	int c, generic = 0, intervals = 0, reset = 0;
+	int c, generic = 0, intervals = 0, reset = 0, tc_only = 0;
 
 	if (argc < 2)
 		die("usage", "hf_shim load|unload|update|stats|dump [options] (see the source's header)");
@@ -368,6 +372,7 @@ int main(int argc, char **argv)
 		case 'i': intervals = 1; break;
 		case 'r': reset = 1; break;
 		case 'c': count = num_arg("--count", optarg); break;
+		case 'T': tc_only = 1; break;
 		default: die("usage", "unknown option");
 		}
 	}
@@ -378,7 +383,7 @@ int main(int argc, char **argv)
 		if (!obj || optind >= argc)
 			die("usage", "load needs --obj OBJ and at least one interface");
 		enter_netns(netns);
-		return cmd_load(obj, pin, generic, argv + optind, argc - optind);
+		return cmd_load(obj, pin, generic, tc_only, argv + optind, argc - optind);
 	}
 	if (!strcmp(cmd, "unload")) {
 		enter_netns(netns);

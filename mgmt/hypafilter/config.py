@@ -90,6 +90,11 @@ class Config:
     # host terminates the traffic; the policy is INPUT, and a hardware ACCEPT reaches the host marked "decided":
     # CONTROL bit 3, HOST_MODE) or "auto" (the mode of the policy's chain: INPUT host, FORWARD bridge).
     nic_mode: str = "auto"
+    # Where deploy, verify and bench run the fast path: "emu" (the emulated NIC), "xdp" (an XDP program on the
+    # firewall's wire-facing interfaces, docs/xdp.md) or "sume". `--target` overrides it.
+    target: str = "emu"
+    # xdp: attach in generic (skb) mode instead of native (driver) mode.
+    xdp_generic: bool = False
     # Hardware generation parameters.
     tdata_width: int = 256
     encoder_fanin: int = 8
@@ -120,6 +125,8 @@ class Config:
             raise HypafilterError(f"{where}: unfilterable must be drop or pass")
         if self.nic_mode not in ("auto", *NIC_MODES):
             raise HypafilterError(f"{where}: nic_mode must be auto, bridge or host")
+        if self.target not in ("emu", "xdp", "sume"):
+            raise HypafilterError(f"{where}: target must be emu, xdp or sume")
         if self.tdata_width not in (256, 512):
             raise HypafilterError(f"{where}: tdata_width must be 256 or 512")
         for name, port in self.hw_ports.items():

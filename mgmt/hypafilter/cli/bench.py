@@ -56,6 +56,16 @@ def register(sub) -> None:
     r.add_argument("--mode", choices=MODES, metavar="MODE", help="shunting mode: %(choices)s")
     r.add_argument("--json", action="store_true", help="the full report as one JSON object")
     r.set_defaults(func=run_rate)
+    x = bsub.add_parser("xdp-cost", help="per-frame cost (BPF_PROG_TEST_RUN) and verifier figures of the XDP fast path")
+    add_policy_args(x)
+    x.add_argument("--frames", type=int, default=2000, help="distinct frames (default 2000)")
+    x.add_argument("--repeat", type=int, default=100, help="runs of each frame (default 100)")
+    x.add_argument("--seed", type=int, default=1, help="random seed of the frames (default 1)")
+    x.add_argument("--trace", metavar="T[.gz]", help="ClassBench header trace to draw headers from")
+    x.add_argument("--mode", choices=MODES, metavar="MODE", help="shunting mode: %(choices)s")
+    x.add_argument("--words", type=int, default=0, help="a program with this many vector words (default: the plan's)")
+    x.add_argument("--all-fields", action="store_true", help="a program that looks up every field")
+    x.set_defaults(func=run_xdp_cost)
 
 
 def run_rate(args: argparse.Namespace) -> int:
@@ -77,6 +87,30 @@ def run_rate(args: argparse.Namespace) -> int:
     if not args.json:
         print(f"command: {report['command']}", file=sys.stderr)
     return 1 if report["mismatches"] else 0
+
+
+def run_xdp_cost(args: argparse.Namespace) -> int:
+    from hypafilter.analysis.plan import build_plan
+    from hypafilter.tools.bench.xdpcost import xdp_cost
+
+    cfg = load_config(args)
+    policy = load_policy(args, cfg)
+    if args.frames < 1 or args.repeat < 1:
+        raise HypafilterError("--frames and --repeat must be at least 1")
+    plan = build_plan(policy, cfg, mode=args.mode)
+    report = xdp_cost(
+        plan,
+        policy,
+        frames=args.frames,
+        repeat=args.repeat,
+        seed=args.seed,
+        trace=args.trace,
+        words=args.words,
+        all_fields=args.all_fields,
+    )
+    report["command"] = "hypafilter " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    print(json.dumps(report))
+    return 0
 
 
 def _list(s: str | None, conv=str) -> tuple | None:

@@ -25,10 +25,19 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
     if args.command == "update" and not deploy.read_state():
         raise HypafilterError("nothing is deployed: use `hypafilter deploy`")
-    cfg = deploy.site_config(load_config(args))  # the policy's interface checks meet the lab's interfaces
+    cfg = load_config(args)
+    if args.target:
+        cfg.target = args.target
+    if args.ports:
+        if (args.target or cfg.target) != "xdp":
+            raise HypafilterError("--ports needs --target xdp")
+        deploy.configure_ports(args.ports.split(","), args.netns)
+    elif args.command == "update":
+        deploy.configure_from_state()
+    cfg = deploy.site_config(cfg)  # the policy's interface checks meet the lab's interfaces
     policy = load_policy(args, cfg)
     before = deploy.read_state()
-    state = deploy.deploy(policy, cfg, target=args.target, force=args.force, log=progress(args))
+    state = deploy.deploy(policy, cfg, target=args.target or cfg.target, force=args.force, log=progress(args))
     summary = _summary(state)
     # Nothing changed (the same policy and settings, no drift): say so instead of the old summary as if new.
     summary["changed"] = not before or before.get("generation") != state.get("generation")
@@ -41,6 +50,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 def cmd_undeploy(args: argparse.Namespace) -> int:
     from hypafilter.ops import deploy
 
+    deploy.configure_from_state()
     if not deploy.undeploy(log=progress(args)):
         print("hypafilter: nothing deployed", file=sys.stderr)
     return 0
@@ -101,6 +111,7 @@ def _fmt_flowsync(fs: dict) -> str:
 def cmd_status(args: argparse.Namespace) -> int:
     from hypafilter.ops import deploy
 
+    deploy.configure_from_state()
     st = deploy.status()
     print(json.dumps(st, indent=1, default=str) if args.json else _fmt_status(st))
     if st.get("drift"):  # what runs is not what was deployed: `hypafilter deploy` of the same policy repairs it
@@ -115,7 +126,15 @@ def register(sub) -> None:
     ):
         p = sub.add_parser(name, help=help_)
         add_policy_args(p)
-        p.add_argument("--target", default="emu", choices=("emu",), help="where to deploy (default emu)")
+        p.add_argument(
+            "--target", choices=("emu", "xdp"), help="where to deploy (default: the configuration's target, emu)"
+        )
+        p.add_argument(
+            "--ports",
+            metavar="IF0,IF1",
+            help="xdp: deploy on these two interfaces (a bridge port pair) instead of the lab's firewall",
+        )
+        p.add_argument("--netns", metavar="NS", help="with --ports: the network namespace holding them")
         p.add_argument("--strategy", choices=STRATEGIES, help="software strategy")
         p.add_argument("--mode", choices=MODES, help="shunting mode")
         p.add_argument("--force", action="store_true", help="redeploy even if this policy is deployed")

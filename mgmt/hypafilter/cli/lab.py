@@ -16,6 +16,9 @@ def register(sub) -> None:
         default=os.environ.get("HF_LAB", "hf"),
         help="lab name: namespaces are NAME-send, NAME-nic, ... (default $HF_LAB, else hf; deploy uses the same)",
     )
+    p.add_argument(
+        "--target", choices=("emu", "xdp"), help="topology for this target (default: the existing lab's, else emu)"
+    )
     p.add_argument("--json", action="store_true", help="status as JSON")
     p.set_defaults(func=run)
 
@@ -23,7 +26,7 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from hypafilter.ops.lab import ROLES, Lab
 
-    lab = Lab(args.name)
+    lab = Lab(args.name, target=args.target or Lab(args.name).built_for() or "emu")
     if args.action == "up":
         lab.up()
         print(f"lab {args.name}: up ({', '.join(lab.ns(r) for r in ROLES)})")

@@ -46,7 +46,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
         conns = ConnectionSpec(args.connections, **given)
     elif args.connection_bytes is not None:
         raise HypafilterError("--connection-bytes needs --connections")
-    cfg = deploy.site_config(load_config(args))  # the policy's interface checks meet the lab's interfaces
+    cfg = load_config(args)
+    if args.target:
+        cfg.target = args.target
+    cfg = deploy.site_config(cfg)  # the policy's interface checks meet the lab's interfaces
     policy = load_policy(args, cfg)
     log = progress(args, quiet=args.json)
     report = verify(
@@ -104,5 +107,6 @@ def register(sub) -> None:
     )
     p.add_argument("--strategy", choices=STRATEGIES, metavar="STRATEGY", help="software strategy: %(choices)s")
     p.add_argument("--mode", choices=MODES, metavar="MODE", help="shunting mode: %(choices)s")
+    p.add_argument("--target", choices=("emu", "xdp"), help="fast path (default: the configuration's target, emu)")
     p.add_argument("--json", action="store_true", help="the full report as one JSON object")
     p.set_defaults(func=cmd_verify)

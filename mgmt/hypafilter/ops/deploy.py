@@ -51,6 +51,7 @@ NS_NIC, NS_FW, NS_PLAIN = f"{LAB_NAME}-nic", f"{LAB_NAME}-fw", f"{LAB_NAME}-plai
 NIC_IFACES = {"wire0": "wire0", "wire1": "wire1", "host0": "host0", "host1": "host1"}
 FW_IFACES = ("nf0", "nf1")  # FW_IFACES[n]: the firewall's end of the veth from host<n>, the DMA port of MACn
 FW_BRIDGE = "br0"  # the bridge the firewall's FW_IFACES are ports of (ops.lab)
+SITE_PORTS = False  # configure_ports: real interfaces given by --ports instead of the lab's
 
 
 def configure(lab: str | None = None, state_dir: str | Path | None = None) -> None:
@@ -61,6 +62,31 @@ def configure(lab: str | None = None, state_dir: str | Path | None = None) -> No
         NS_NIC, NS_FW, NS_PLAIN = f"{lab}-nic", f"{lab}-fw", f"{lab}-plain"
     if state_dir:
         STATE_DIR = Path(state_dir)
+
+
+def configure_ports(ports: list[str] | tuple[str, ...], ns: str | None = None) -> None:
+    """Deploy on these two interfaces of namespace `ns` (None: this one) instead of the lab's firewall: target xdp
+    on real interfaces (docs/xdp.md). In bridge mode they must be ports of one bridge (br_netfilter on); the bridge
+    is taken from them."""
+    global NS_FW, FW_IFACES, FW_BRIDGE, SITE_PORTS
+    if len(ports) != 2 or ports[0] == ports[1] or not all(ports):
+        raise HypafilterError(f"--ports needs two interfaces, a port pair: IF0,IF1 (got {','.join(ports)!r})")
+    links = {ln["ifname"]: ln for ln in json.loads(netns.run(["ip", "-j", "link", "show"], ns) or "[]")}
+    missing = [p for p in ports if p not in links]
+    if missing:
+        raise HypafilterError(f"--ports: no interface {', '.join(missing)} in {ns or 'this network namespace'}")
+    masters = {links[p].get("master") for p in ports}
+    NS_FW, FW_IFACES = ns, tuple(ports)
+    FW_BRIDGE = masters.pop() if len(masters) == 1 and None not in masters else ""
+    SITE_PORTS = True
+
+
+def configure_from_state() -> None:
+    """Undeploy and status of a deployment made with --ports: the interfaces it recorded."""
+    st = read_state()
+    site = (st or {}).get("site") or {}
+    if site.get("ports"):
+        configure_ports(site["ifaces"], site.get("netns"))
 
 
 def state_file() -> Path:
@@ -225,7 +251,7 @@ def drift(st: dict, tgt: Target | None = None) -> list[str]:
         out.append(f"netfilter: {e}")
     out += bridge_drift(st)
     try:
-        sh = shim_mod.Shim(st["shim"]["netns"], st["shim"]["ifaces"])
+        sh = shim_of(st)
         if not sh.loaded:
             out.append("shim: not loaded")
         else:
@@ -237,8 +263,12 @@ def drift(st: dict, tgt: Target | None = None) -> list[str]:
         if not tgt.alive(st["nic"]):
             out.append(f"nic: {st['nic'].get('name')} (pid {st['nic'].get('pid')}) is not running")
         else:
-            with tgt.client(st["nic"]) as c:
-                out += nic_drift(c, st)
+            own = getattr(tgt, "drift", None)
+            if own is not None:
+                out += own(st["nic"], st)
+            else:
+                with tgt.client(st["nic"]) as c:
+                    out += nic_drift(c, st)
     except Exception as e:  # an unreachable NIC is drift, whatever the transport raised
         out.append(f"nic: {e}")
     if (st.get("flowsync") or {}).get("wanted") and flowsync.running_pid(STATE_DIR) is None:
@@ -390,8 +420,12 @@ class Transaction:
 
 
 def _target(name: str, config: Config) -> Target:
-    """Target `name` with its NIC in the lab's nic namespace on its four veths. The module globals are read at
-    each call: configure() moves the lab, and a benchmark points BUILD_ROOT at an empty cache for a cold build."""
+    """Target `name` with its NIC in the lab's nic namespace on its four veths (xdp: its program on the firewall's
+    two wire-facing interfaces, FW_IFACES). The module globals are read at each call: configure() moves the lab,
+    and a benchmark points BUILD_ROOT at an empty cache for a cold build."""
+    if name == "xdp":
+        ports = {"wire0": FW_IFACES[0], "wire1": FW_IFACES[1]}
+        return targets.get(name, config, Site(LAB_NAME, NS_FW, ports, STATE_DIR / "nic"), BUILD_ROOT)
     return targets.get(name, config, Site(LAB_NAME, NS_NIC, dict(NIC_IFACES), STATE_DIR / "nic"), BUILD_ROOT)
 
 
@@ -400,12 +434,24 @@ def target_of(state: dict, config: Config) -> Target:
     return _target(state.get("target", "emu"), config)
 
 
-def _fw_shim() -> shim_mod.Shim:
-    return shim_mod.Shim(NS_FW, list(FW_IFACES))
+def _fw_shim(target: str = "emu") -> shim_mod.Shim:
+    """The shim on the firewall's interfaces; with the xdp target only its TC program (the fast path is the XDP
+    program and leaves the mark value in the metadata itself)."""
+    return shim_mod.Shim(NS_FW, list(FW_IFACES), tc_only=target == "xdp")
 
 
-def _check_lab() -> None:
-    missing = [ns for ns in (NS_NIC, NS_FW) if not netns.exists(ns)]
+def shim_of(st: dict) -> shim_mod.Shim:
+    """The shim of a deployment in the state file."""
+    return shim_mod.Shim(st["shim"]["netns"], st["shim"]["ifaces"], tc_only=bool(st["shim"].get("tc_only")))
+
+
+def _check_lab(target: str = "emu") -> None:
+    if SITE_PORTS:
+        if target != "xdp":
+            raise HypafilterError(f"--ports deploys the xdp target only, not {target}")
+        return
+    need = (NS_FW,) if target == "xdp" else (NS_NIC, NS_FW)
+    missing = [ns for ns in need if not netns.exists(ns)]
     if missing:
         raise HypafilterError(f"lab namespaces missing ({', '.join(missing)}): run `hypafilter lab up` first")
 
@@ -527,16 +573,22 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
             return old
         log("the live system drifted from the deployment (" + "; ".join(found) + "): redeploying")
         force = True
+    site = {"ports": SITE_PORTS, "netns": NS_FW, "ifaces": list(FW_IFACES)}
+    if old and "site" in old and {k: old["site"].get(k) for k in site} != site:
+        raise HypafilterError(
+            f"a policy is deployed on {old['site'].get('ifaces')} ({old['site'].get('netns') or 'this namespace'}), "
+            f"not on {site['ifaces']} ({site['netns'] or 'this namespace'}): undeploy it first"
+        )
     if old and old.get("nic_mode", "bridge") != config.nic_mode:
         raise HypafilterError(
             f"the deployed policy runs the NIC in {old.get('nic_mode', 'bridge')} mode ({old.get('base_chain')}); "
             f"{policy.base_chain} needs {config.nic_mode} mode: undeploy first"
         )
-    _check_lab()
+    _check_lab(tgt.name)
     gen = (old["generation"] + 1) if old else 1
     gen = gen if gen <= 0xFFFF else 1  # the hardware carries 16 bits of generation
     tx = Transaction(log=log)
-    fwshim = _fw_shim()
+    fwshim = _fw_shim(tgt.name)
     base = policy.base_chain
     prefix = chain_prefix(config, gen)
     new_main = f"{prefix}MAIN"
@@ -728,7 +780,8 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
         "intervals": intervals,
         "nic": new_nic,
         "tables": {k: v for k, v in written.items() if k != "writes"},
-        "shim": {"netns": NS_FW, "ifaces": list(FW_IFACES), "pin": str(fwshim.pin)},
+        "shim": {"netns": NS_FW, "ifaces": list(FW_IFACES), "pin": str(fwshim.pin), "tc_only": fwshim.tc_only},
+        "site": {"ports": SITE_PORTS, "netns": NS_FW, "ifaces": list(FW_IFACES), "bridge": FW_BRIDGE},
         "deployed_at": time.time(),
         "plain_rules": policy_restore(policy, config.table),
         "history": ((old or {}).get("history") or [])[-HISTORY_KEEP + 1 :]
@@ -851,7 +904,7 @@ def undeploy(log: Callable[[str], None] = lambda s: None) -> bool:
             except HypafilterError as e:
                 errors.append(f"{VLAN_SYSCTL}: {e}")
             try:
-                sh = shim_mod.Shim(st["shim"]["netns"], st["shim"]["ifaces"])
+                sh = shim_of(st)
                 if sh.pinned:  # pinned but detached (its interfaces gone) is unloaded too: the pins go
                     sh.unload()
             except HypafilterError as e:
@@ -894,7 +947,7 @@ def status() -> dict:
     except Exception as e:  # status reports what it can
         out["nic_counters"] = {"error": str(e)}
     try:
-        out["shim_stats"] = shim_mod.Shim(st["shim"]["netns"], st["shim"]["ifaces"]).stats()
+        out["shim_stats"] = shim_of(st).stats()
     except HypafilterError as e:
         out["shim_stats"] = {"error": str(e)}
     try:

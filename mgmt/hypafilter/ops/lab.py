@@ -31,6 +31,7 @@ from pathlib import Path
 from hypafilter import netns
 from hypafilter.errors import HypafilterError
 from hypafilter.targets import shim as shim_mod
+from hypafilter.targets.xdp.target import PIN_ROOT as XDP_PIN_ROOT
 
 HOST_MTU = 1600  # host0/host1 and nf0/nf1 carry frames grown by the 10-byte in-band tag
 
@@ -67,6 +68,15 @@ LINKS = (
     Link("send", "plain0", "plain", "nf0"),
     Link("plain", "nf1", "recv", "plain0"),
 )
+# Target xdp (docs/xdp.md): no NIC between the wire and the firewall; the firewall's bridge ports face the wire and
+# carry the XDP fast path. The nic namespace stays (empty), so every lab has the same namespaces.
+XDP_LINKS = (
+    Link("send", "hyb0", "fw", "nf0"),
+    Link("fw", "nf1", "recv", "hyb0"),
+    Link("send", "plain0", "plain", "nf0"),
+    Link("plain", "nf1", "recv", "plain0"),
+)
+LAB_TARGETS = {"emu": LINKS, "xdp": XDP_LINKS}
 BRIDGES = {"fw": ("br0", ("nf0", "nf1")), "plain": ("br0", ("nf0", "nf1"))}
 ADDRS = (
     Addr("send", "hyb0", "10.0.1.1/16", "02:48:46:00:01:01"),
@@ -113,10 +123,24 @@ class _RoleNs:
 class Lab:
     """The lab of one name; every namespace it owns is `<name>-<role>`."""
 
-    def __init__(self, name: str = "hf"):
+    def __init__(self, name: str = "hf", target: str = "emu"):
         if not name or len(name) > 8 or name[0] == "-" or not name.replace("_", "").replace("-", "").isalnum():
             raise LabError(f"lab name '{name}' must be 1-8 letters, digits, _ or - (not first)")
+        if target not in LAB_TARGETS:
+            raise LabError(f"no lab topology for target '{target}' (one of {', '.join(LAB_TARGETS)})")
         self.name = name
+        self.target = target
+        self.links = LAB_TARGETS[target]
+
+    def built_for(self) -> str | None:
+        """The target the existing lab was built for (None: no firewall namespace yet)."""
+        names = netns.names()
+        if self.ns_fw not in names:
+            return None
+        if self.ns_nic in names and any(self._has_link("nic", i) for i in NIC_INTERFACES):
+            return "emu"
+        # nf0 is one end of a veth pair: with no NIC interface left, its other end is the sender's (xdp topology).
+        return "xdp" if self._has_link("fw", "nf0") else None
 
     # ---- names the deploy/verify code uses ----
     def ns(self, role: str) -> str:
@@ -172,6 +196,9 @@ class Lab:
 
     def up(self) -> None:
         """Create whatever is missing; running it again changes nothing."""
+        built = self.built_for()
+        if built not in (None, self.target):
+            raise LabError(f"lab {self.name} is up for target {built}: take it down first (hypafilter lab down)")
         existing = set(self.namespaces())
         for role in ROLES:
             ns = self.ns(role)
@@ -181,7 +208,7 @@ class Lab:
             for key in ("all", "default"):
                 self.exec_in(ns, ["sysctl", "-qw", f"net.ipv6.conf.{key}.disable_ipv6=1"], check=False)
             netns.run(["ip", "-n", ns, "link", "set", "lo", "up"])
-        for link in LINKS:
+        for link in self.links:
             a, b = self._has_link(link.a_role, link.a_if), self._has_link(link.b_role, link.b_if)
             if not (a and b):
                 # Half of a pair (broken, or a lab from before an end was renamed): replace it.
@@ -200,10 +227,15 @@ class Lab:
             ns = self.ns(a.role)
             netns.run(["ip", "-n", ns, "link", "set", a.ifname, "address", a.mac])
             netns.run(["ip", "-n", ns, "addr", "replace", a.cidr, "dev", a.ifname])
-        for link in LINKS:
+        for link in self.links:
             for role, ifname in ((link.a_role, link.a_if), (link.b_role, link.b_if)):
                 netns.offloads_off(ifname, self.ns(role))
                 netns.run(["ip", "-n", self.ns(role), "link", "set", ifname, "up"])
+        if self.target == "xdp":
+            # A native XDP_REDIRECT into a veth lands in its peer's NAPI ring, which exists only while the peer
+            # has an XDP program or GRO: the wire ends of the hybrid path get GRO (docs/xdp.md, Lab).
+            for role in ("send", "recv"):
+                netns.run(["ethtool", "-K", "hyb0", "gro", "on"], self.ns(role))
         for role, (br, _) in BRIDGES.items():
             netns.run(["ip", "-n", self.ns(role), "link", "set", br, "up"])
 
@@ -271,6 +303,7 @@ class Lab:
             removed.append(ns)
         # The shim's pinned maps outlive the namespace: without this a new lab of the name would find them.
         shutil.rmtree(shim_mod.pin_dir(self.ns_fw), ignore_errors=True)
+        shutil.rmtree(XDP_PIN_ROOT / self.name, ignore_errors=True)  # the xdp target's program, maps and links
         return removed
 
     def status(self) -> dict:
@@ -292,7 +325,7 @@ class Lab:
                 }
                 for link in links
             }
-        need = {(lk.a_role, lk.a_if) for lk in LINKS} | {(lk.b_role, lk.b_if) for lk in LINKS}
+        need = {(lk.a_role, lk.a_if) for lk in self.links} | {(lk.b_role, lk.b_if) for lk in self.links}
         out["complete"] = len(present) == len(ROLES) and all(
             ifname in out["namespaces"].get(self.ns(role), {}) for role, ifname in need
         )

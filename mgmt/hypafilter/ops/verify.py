@@ -34,7 +34,6 @@ from hypafilter.ops import connections, deploy
 from hypafilter.ops.connections import ConnectionSpec
 from hypafilter.ops.lab import HOST_MAC, HOST_SEEN_MAX, Lab
 from hypafilter.shared import pack_meta
-from hypafilter.targets.shim import Shim
 
 ETH_P_ALL = 0x0003
 PACKET_OUTGOING = 4
@@ -568,15 +567,15 @@ def load_oracle(ns: str, policy: Policy, table: str = "filter", unfilterable: st
 
 def _deployed(policy: Policy, config: Config, log: Callable[[str], None]) -> tuple[Lab, dict]:
     """The lab up, this policy deployed, the original policy alone in the plain namespace: (lab, state)."""
-    lab = Lab(deploy.LAB_NAME)
-    if len(lab.namespaces()) < 5:
-        log(f"lab {lab.name} is not (fully) up: bringing it up")
+    lab = Lab(deploy.LAB_NAME, target=config.target)
+    if not lab.status()["complete"]:
+        log(f"lab {lab.name} is not (fully) up for target {config.target}: bringing it up")
         lab.up()
     state = deploy.read_state()
     if not state or state.get("policy_hash") != policy.policy_hash():
         log("policy not deployed: deploying it")
     # deploy() returns at once when exactly this policy and configuration are live (and its NIC runs).
-    state = deploy.deploy(policy, config, log=log)
+    state = deploy.deploy(policy, config, target=config.target, log=log)
     load_oracle(lab.ns_plain, policy, config.table, config.unfilterable)
     # VLAN-tagged IPv4 is filtered on both bridges: the hardware parses VLAN tags and classifies the frame, so the
     # oracle must see it through iptables too (the kernel default, 0, lets such frames bypass the policy).
@@ -621,7 +620,7 @@ def verify(
     t_gen = time.monotonic() - t0
     tgt = deploy.target_of(state, config)
     nic_before = tgt.counters(state["nic"])
-    sh = Shim(state["shim"]["netns"], state["shim"]["ifaces"])
+    sh = deploy.shim_of(state)
     shim_before = sh.stats()
     t1 = time.monotonic()
     got = exchange(ns, sent, lab=lab if host else None)

@@ -9,8 +9,9 @@ from hypafilter.paths import BUILD_ROOT
 from hypafilter.targets.base import Site, Target
 from hypafilter.targets.emu.target import EmuTarget
 from hypafilter.targets.sume import SumeTarget
+from hypafilter.targets.xdp.target import XdpTarget
 
-TARGETS: dict[str, type[Target]] = {cls.name: cls for cls in (EmuTarget, SumeTarget)}
+TARGETS: dict[str, type[Target]] = {cls.name: cls for cls in (EmuTarget, SumeTarget, XdpTarget)}
 
 
 def get(name: str, config: Config, site: Site | None = None, build_root: Path = BUILD_ROOT) -> Target:

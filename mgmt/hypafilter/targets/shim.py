@@ -31,8 +31,11 @@ def pin_dir(netns: str | None) -> Path:
 class Shim:
     """The shim on `ifaces` of network namespace `netns` (None: this namespace); its maps pinned in pin_dir()."""
 
-    def __init__(self, netns: str | None, ifaces: Sequence[str], build_root: str | Path = ROOT / "build"):
+    def __init__(
+        self, netns: str | None, ifaces: Sequence[str], build_root: str | Path = ROOT / "build", tc_only: bool = False
+    ):
         self.netns = netns
+        self.tc_only = tc_only  # TC ingress only: the XDP target's fast path writes the metadata (docs/xdp.md)
         self.ifaces = list(ifaces)
         self.pin = pin_dir(netns)
         self.build_root = Path(build_root)
@@ -60,7 +63,7 @@ class Shim:
         return (self.pin / shared.HF_MAP_CONFIG).exists()
 
     def attached(self) -> list[str]:
-        """The interfaces that carry both shim programs (hf_xdp at XDP, hf_tc at TC ingress)."""
+        """The interfaces that carry both shim programs (hf_xdp at XDP, hf_tc at TC ingress; TC alone if tc_only)."""
         out = []
         for ifname in self.ifaces:
             try:
@@ -70,7 +73,7 @@ class Shim:
                 continue
             xdp = ((link[0].get("xdp") or {}).get("prog") or {}).get("name") if link else None
             has_tc = any(((f.get("options") or {}).get("prog") or {}).get("name") == "hf_tc" for f in tc)
-            if xdp == "hf_xdp" and has_tc:
+            if has_tc and (self.tc_only or xdp == "hf_xdp"):
                 out.append(ifname)
         return out
 
@@ -93,7 +96,9 @@ class Shim:
         """Attach XDP (native unless `generic`) and TC ingress on every interface; maps pinned and reused."""
         obj, _ = self._paths()
         args = ["load", "--obj", str(obj), "--pin", str(self.pin), *self._ns_args()]
-        self._run("load", args + (["--generic"] if generic else []) + self.ifaces)
+        args += ["--generic"] if generic else []
+        args += ["--tc-only"] if self.tc_only else []
+        self._run("load", args + self.ifaces)
 
     def unload(self) -> None:
         self._run("unload", ["unload", "--pin", str(self.pin), *self._ns_args(), *self.ifaces])

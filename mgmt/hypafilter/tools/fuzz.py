@@ -353,16 +353,17 @@ def fuzz_policy(
     tally: Tally | None = None,
     after: Callable[[str, str, int], None] | None = None,
     log: Callable[[str], None] = lambda s: None,
+    target: str = "emu",
 ) -> Tally:
     """`frames` frames per (mode, strategy) pair through verify, frame seed = seed·100 + pair number; `after` runs
-    after each pair with the deployment still up (the connection checks)."""
+    after each pair with the deployment still up (the connection checks); `target`: the fast path (emu, xdp)."""
     tally = tally or Tally()
     for n, (mode, strategy) in enumerate(pairs):
         t = time.monotonic()
         frame_seed = seed * 100 + n
         report = verify(
             policy,
-            Config(shunt_mode=mode, strategy=strategy),
+            Config(shunt_mode=mode, strategy=strategy, target=target),
             packets=frames,
             seed=frame_seed,
             malformed=malformed,

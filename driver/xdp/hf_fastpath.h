@@ -1,0 +1,72 @@
+/* hf_fastpath.h: layouts shared by the XDP fast path (fastpath.bpf.c.j2, rendered per Plan shape) and its loader
+ * (hf_xdp.c). The Python side (hypafilter.targets.xdp) reads the #defines through hypafilter.shared's parser rules:
+ * plain #defines with integer literals. Design: docs/xdp.md.
+ */
+#ifndef HF_FASTPATH_H
+#define HF_FASTPATH_H
+
+/* CONTROL bits, the same meanings as the NIC's CONTROL register (hw/regmap.txt). */
+#define HFX_CONTROL_ENABLE 1
+#define HFX_CONTROL_SHUNT_ALL 2
+#define HFX_CONTROL_PASS_UNFILTERABLE 4
+#define HFX_CONTROL_HOST_MODE 8
+
+/* Reason field of M for frames the fast path decided itself (forwarded in bridge mode, dropped): never seen by the
+ * TC program (those frames do not reach the host stack); it only tells tests and tools "no shunt reason". */
+#define HFX_REASON_FAST 15
+/* match_index field of M for frames that were not classified (dropped as unfilterable). */
+#define HFX_INDEX_NONE 0xFFFFFF
+
+/* Counters (per-CPU array hfx_cnt), the same meanings as the NIC's registers of the same names. */
+#define HFX_CNT_PKTIN 0
+#define HFX_CNT_PKTOUT 1
+#define HFX_CNT_FORWARDED 2
+#define HFX_CNT_DROPPED 3
+#define HFX_CNT_SHUNT_OVERRULE 4
+#define HFX_CNT_SHUNT_POLICY 5
+#define HFX_CNT_SHUNT_UNPARSED 6
+#define HFX_CNT_FROM_HOST 7
+#define HFX_CNT_SHUNT_FORCED 8
+#define HFX_CNT_DROP_UNFILTERABLE 9
+#define HFX_CNT_UNKNOWN_PORT 10 /* frames from an interface not in hfx_ports: shunted as unparsed */
+#define HFX_CNT_COUNT 11
+
+/* Metadata the program leaves in front of every frame (bpf_xdp_adjust_meta). The first two words are exactly the
+ * shim's struct hf_xdp_meta (driver/shim.bpf.c), so the shim's TC program writes the mark from `value` unchanged;
+ * M follows for tests and tools. */
+#define HFX_META_COOKIE 0x48465348 /* "HFSH", the shim's HF_META_COOKIE */
+#define HFX_META_LEN 16
+
+#ifndef HFX_NO_STRUCTS
+struct hfx_config {
+	__u32 control;	   /* HFX_CONTROL_* */
+	__u32 generation;  /* M[47:32] */
+	__u32 num_entries; /* n: match_index n is the policy entry */
+	__u32 num_words;   /* 64-bit words of the box vectors in use (<= HFX_WORDS of the build) */
+	__u32 nb_src;	   /* elementary intervals in hfx_f_src (binary search) */
+	__u32 nb_dst;	   /* elementary intervals in hfx_f_dst */
+	__u32 pad[2];
+};
+
+/* One elementary interval of a 32-bit field: its first value and the id of its box vector in hfx_vec. */
+struct hfx_span {
+	__u32 start;
+	__u32 vec;
+};
+
+/* What match_index selects: action code, shunt bit, interval k (the mark's k). */
+struct hfx_entry {
+	__u8 action;
+	__u8 shunt;
+	__u16 pad;
+	__u32 k;
+};
+
+struct hfx_meta {
+	__u32 value;  /* the shim's mark value: k << 4 | action, 0x1 decided ACCEPT (host mode), 0 full policy */
+	__u32 cookie; /* HFX_META_COOKIE */
+	__u64 m;      /* M (ARCHITECTURE section 4) */
+};
+#endif
+
+#endif

@@ -1,0 +1,760 @@
+/* hf_xdp.c: loader and map tool for the XDP fast path (a fastpath.bpf.o rendered and built per Plan shape).
+ *
+ *   hf_xdp run    --obj OBJ --tables FILE --frames FILE [--port IF=IPORT[:PAIRED]]... [--repeat N] [--netns NS]
+ *                 load the program unattached, fill its maps, run every frame through BPF_PROG_TEST_RUN; prints a
+ *                 JSON line {verified_insns, xlated_insns, jited_bytes}, then one line per frame:
+ *                 "retval value cookie m_hex ns_per_run", then the counters as JSON.
+ *   hf_xdp start  --obj OBJ --pin DIR [--netns NS] --port IF=IPORT[:PAIRED]...
+ *                 load, pin the program (DIR/prog) and its maps, fill the port tables; not attached
+ *   hf_xdp attach --pin DIR --links LDIR [--netns NS] [--generic] IF...
+ *                 the pinned program onto each IF through a bpf_link pinned as LDIR/link_<IF>; an existing link
+ *                 gets the program replaced atomically (make-before-break)
+ *   hf_xdp update --pin DIR --tables FILE          write tables into the pinned maps (CONTROL 0 meanwhile)
+ *   hf_xdp control --pin DIR --value V             rewrite CONTROL
+ *   hf_xdp stats  --pin DIR [--reset]              counters and per-entry hits as JSON
+ *   hf_xdp links  [--pin DIR] --links LDIR         the pinned program's id and each link's program id
+ *   hf_xdp stop   --pin DIR [--links LDIR] [--fallback DIR2]
+ *                 links running this program get DIR2's program back (or are detached); its pins removed
+ *   hf_xdp detach --pin LDIR                       detach every link of LDIR (undeploy)
+ *
+ * Tables file: records {u32 name_len, name, u32 value_size, u32 count, count * value_size bytes}, keys 0..count-1,
+ * written by hypafilter.targets.xdp.tables. Enters only the network namespace (as hf_shim does).
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <limits.h>
+#include <net/if.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <bpf/bpf.h>
+#include <bpf/libbpf.h>
+#include <linux/if_link.h>
+
+#include "hypafilter_shared.h"
+#include "hf_fastpath.h"
+
+#define BPF_FS_MAGIC_NUMBER 0xcafe4a11
+#define MAX_PORTS 4
+#define PROG_NAME "hfx_fastpath"
+
+static const char *cnt_names[HFX_CNT_COUNT] = {
+	"PKTIN", "PKTOUT", "CNT_FORWARDED", "CNT_DROPPED", "CNT_SHUNT_OVERRULE", "CNT_SHUNT_POLICY",
+	"CNT_SHUNT_UNPARSED", "CNT_FROM_HOST", "CNT_SHUNT_FORCED", "CNT_DROP_UNFILTERABLE", "UNKNOWN_PORT"};
+
+struct port {
+	char name[IF_NAMESIZE];
+	char paired[IF_NAMESIZE];
+	__u32 iport;
+};
+
+static void die(const char *step, const char *fmt, ...)
+{
+	va_list ap;
+
+	fprintf(stderr, "hf_xdp: %s: ", step);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	exit(1);
+}
+
+static int libbpf_log(enum libbpf_print_level level, const char *fmt, va_list ap)
+{
+	if (level == LIBBPF_DEBUG)
+		return 0;
+	return vfprintf(stderr, fmt, ap);
+}
+
+static void enter_netns(const char *name)
+{
+	char path[PATH_MAX];
+	int fd;
+
+	if (!name || !*name)
+		return;
+	snprintf(path, sizeof(path), "/run/netns/%s", name);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		die("netns", "%s: %s", path, strerror(errno));
+	if (setns(fd, CLONE_NEWNET))
+		die("netns", "setns %s: %s", name, strerror(errno));
+	close(fd);
+}
+
+static void mkdirs(const char *dir)
+{
+	char buf[PATH_MAX];
+	char *p;
+
+	snprintf(buf, sizeof(buf), "%s", dir);
+	for (p = buf + 1; *p; p++) {
+		if (*p != '/')
+			continue;
+		*p = 0;
+		if (mkdir(buf, 0700) && errno != EEXIST)
+			die("pin", "mkdir %s: %s", buf, strerror(errno));
+		*p = '/';
+	}
+	if (mkdir(buf, 0700) && errno != EEXIST)
+		die("pin", "mkdir %s: %s", buf, strerror(errno));
+}
+
+static void ensure_bpffs(void)
+{
+	struct statfs st;
+
+	if (statfs("/sys/fs/bpf", &st) == 0 && (unsigned long)st.f_type == BPF_FS_MAGIC_NUMBER)
+		return;
+	if (mount("bpf", "/sys/fs/bpf", "bpf", 0, "mode=0700"))
+		die("bpffs", "mount bpf on /sys/fs/bpf: %s", strerror(errno));
+}
+
+static int ifindex_of(const char *ifname)
+{
+	int idx = if_nametoindex(ifname);
+
+	if (!idx)
+		die("interface", "%s: no such interface in this namespace", ifname);
+	return idx;
+}
+
+static void parse_port(const char *arg, struct port *p)
+{
+	const char *eq = strchr(arg, '='), *colon;
+	char *end;
+	long v;
+
+	memset(p, 0, sizeof(*p));
+	if (!eq || eq == arg || (size_t)(eq - arg) >= IF_NAMESIZE)
+		die("arguments", "--port %s: expected IF=IPORT[:PAIRED]", arg);
+	memcpy(p->name, arg, eq - arg);
+	v = strtol(eq + 1, &end, 10);
+	if (end == eq + 1 || v < 0 || v > 3 || (*end && *end != ':'))
+		die("arguments", "--port %s: IPORT must be 0..3", arg);
+	p->iport = (__u32)v;
+	if (*end == ':') {
+		colon = end + 1;
+		if (!*colon || strlen(colon) >= IF_NAMESIZE)
+			die("arguments", "--port %s: bad paired interface", arg);
+		strcpy(p->paired, colon);
+	}
+}
+
+/* --- maps ------------------------------------------------------------------------------------------------------ */
+
+typedef int (*map_fd_fn)(void *ctx, const char *name);
+
+static int obj_map_fd(void *ctx, const char *name)
+{
+	struct bpf_map *m = bpf_object__find_map_by_name(ctx, name);
+
+	if (!m)
+		die("tables", "the program has no map %s (a table for another shape?)", name);
+	return bpf_map__fd(m);
+}
+
+static int pin_map_fd(void *ctx, const char *name)
+{
+	char path[PATH_MAX];
+	int fd;
+
+	snprintf(path, sizeof(path), "%s/%s", (const char *)ctx, name);
+	fd = bpf_obj_get(path);
+	if (fd < 0)
+		die("map", "%s: %s (is the fast path loaded?)", path, strerror(errno));
+	return fd;
+}
+
+static void read_exact(FILE *f, void *buf, size_t n, const char *what)
+{
+	if (n && fread(buf, 1, n, f) != n)
+		die("tables", "truncated file (%s)", what);
+}
+
+/* Every record of the tables file into its map; hfx_cfg last, so the counts it holds never cover rows not yet
+ * written. Returns the number of records. */
+static int write_tables(const char *path, map_fd_fn fdof, void *ctx, int close_fds)
+{
+	FILE *f = fopen(path, "rb");
+	void *cfg_val = NULL;
+	__u32 cfg_size = 0;
+	int records = 0;
+
+	if (!f)
+		die("tables", "%s: %s", path, strerror(errno));
+	if (close_fds) {
+		/* A running program: while rows change it must not mix old and new ones. CONTROL 0 (not enabled)
+		 * shunts every frame as unparsed (value 0: the full policy in software) until hfx_cfg is rewritten. */
+		struct hfx_config cur;
+		__u32 zero = 0;
+		int fd = fdof(ctx, "hfx_cfg");
+
+		if (bpf_map_lookup_elem(fd, &zero, &cur))
+			die("tables", "hfx_cfg: %s", strerror(errno));
+		cur.control = 0;
+		if (bpf_map_update_elem(fd, &zero, &cur, BPF_ANY))
+			die("tables", "hfx_cfg: %s", strerror(errno));
+		close(fd);
+	}
+	for (;;) {
+		__u32 name_len, vsize, count, *keys;
+		char name[64];
+		void *vals;
+		int fd, err;
+		__u32 done;
+
+		if (fread(&name_len, 4, 1, f) != 1)
+			break;
+		if (!name_len || name_len >= sizeof(name))
+			die("tables", "%s: bad record name length %u", path, name_len);
+		read_exact(f, name, name_len, "name");
+		name[name_len] = 0;
+		read_exact(f, &vsize, 4, "value size");
+		read_exact(f, &count, 4, "count");
+		if (!vsize || vsize > (1 << 20))
+			die("tables", "%s: %s: bad value size %u", path, name, vsize);
+		vals = malloc((size_t)vsize * (count ? count : 1));
+		keys = malloc(sizeof(*keys) * (count ? count : 1));
+		if (!vals || !keys)
+			die("tables", "out of memory for %s", name);
+		read_exact(f, vals, (size_t)vsize * count, name);
+		records++;
+		if (!strcmp(name, "hfx_cfg")) {
+			free(cfg_val);
+			cfg_val = vals;
+			cfg_size = vsize;
+			free(keys);
+			continue;
+		}
+		fd = fdof(ctx, name);
+		for (__u32 i = 0; i < count; i++)
+			keys[i] = i;
+		done = count;
+		err = count ? bpf_map_update_batch(fd, keys, vals, &done, NULL) : 0;
+		if (err == -EINVAL || err == -ENOTSUP || err == -EOPNOTSUPP) {
+			for (__u32 i = 0; i < count; i++)
+				if (bpf_map_update_elem(fd, &keys[i], (char *)vals + (size_t)i * vsize, BPF_ANY))
+					die("tables", "%s[%u]: %s", name, i, strerror(errno));
+		} else if (err) {
+			die("tables", "%s: batch update of %u rows: %s", name, count, strerror(-err));
+		}
+		if (close_fds)
+			close(fd);
+		free(vals);
+		free(keys);
+	}
+	fclose(f);
+	if (cfg_val) {
+		__u32 zero = 0;
+		int fd = fdof(ctx, "hfx_cfg");
+
+		(void)cfg_size;
+		if (bpf_map_update_elem(fd, &zero, cfg_val, BPF_ANY))
+			die("tables", "hfx_cfg: %s", strerror(errno));
+		if (close_fds)
+			close(fd);
+		free(cfg_val);
+	}
+	return records;
+}
+
+static void write_ports(struct port *ports, int np, map_fd_fn fdof, void *ctx)
+{
+	int pfd = fdof(ctx, "hfx_ports"), tfd = fdof(ctx, "hfx_tx");
+
+	for (int i = 0; i < np; i++) {
+		__u32 idx = ifindex_of(ports[i].name);
+
+		if (bpf_map_update_elem(pfd, &idx, &ports[i].iport, BPF_ANY))
+			die("ports", "%s: %s", ports[i].name, strerror(errno));
+		if (ports[i].paired[0]) {
+			__u32 out = ifindex_of(ports[i].paired);
+
+			if (bpf_map_update_elem(tfd, &ports[i].iport, &out, BPF_ANY))
+				die("ports", "%s -> %s: devmap: %s", ports[i].name, ports[i].paired, strerror(errno));
+		}
+	}
+}
+
+static void print_counters(map_fd_fn fdof, void *ctx, int reset)
+{
+	int ncpu = libbpf_num_possible_cpus(), cfd = fdof(ctx, "hfx_cnt"), hfd = fdof(ctx, "hfx_hits"),
+	    gfd = fdof(ctx, "hfx_cfg");
+	struct hfx_config cfg;
+	__u64 *vals;
+	__u32 zero = 0;
+
+	if (ncpu <= 0)
+		die("stats", "cannot count CPUs");
+	vals = calloc(ncpu, sizeof(*vals));
+	if (!vals)
+		die("stats", "out of memory");
+	if (bpf_map_lookup_elem(gfd, &zero, &cfg))
+		die("stats", "hfx_cfg: %s", strerror(errno));
+	printf("{\"config\": {\"control\": %u, \"generation\": %u, \"num_entries\": %u, \"num_words\": %u}",
+	       cfg.control, cfg.generation, cfg.num_entries, cfg.num_words);
+	for (__u32 s = 0; s < HFX_CNT_COUNT; s++) {
+		unsigned long long sum = 0;
+
+		if (bpf_map_lookup_elem(cfd, &s, vals))
+			die("stats", "hfx_cnt: %s", strerror(errno));
+		for (int c = 0; c < ncpu; c++)
+			sum += vals[c];
+		printf(", \"%s\": %llu", cnt_names[s], sum);
+		if (reset) {
+			memset(vals, 0, ncpu * sizeof(*vals));
+			bpf_map_update_elem(cfd, &s, vals, BPF_ANY);
+		}
+	}
+	printf(", \"HITS\": [");
+	for (__u32 i = 0; i <= cfg.num_entries; i++) {
+		unsigned long long sum = 0;
+
+		if (bpf_map_lookup_elem(hfd, &i, vals))
+			die("stats", "hfx_hits[%u]: %s", i, strerror(errno));
+		for (int c = 0; c < ncpu; c++)
+			sum += vals[c];
+		printf("%s%llu", i ? ", " : "", sum);
+		if (reset && sum) {
+			memset(vals, 0, ncpu * sizeof(*vals));
+			bpf_map_update_elem(hfd, &i, vals, BPF_ANY);
+		}
+	}
+	printf("]}\n");
+	free(vals);
+}
+
+static void print_prog_info(int prog_fd)
+{
+	struct bpf_prog_info info = {};
+	__u32 len = sizeof(info);
+
+	if (bpf_obj_get_info_by_fd(prog_fd, &info, &len))
+		die("info", "%s", strerror(errno));
+	printf("{\"verified_insns\": %u, \"xlated_insns\": %u, \"jited_bytes\": %u}\n", info.verified_insns,
+	       info.xlated_prog_len / 8, info.jited_prog_len);
+}
+
+static struct bpf_object *open_load(const char *obj_path, const char *pin)
+{
+	struct bpf_object *obj = bpf_object__open_file(obj_path, NULL);
+	struct bpf_map *map;
+	char path[PATH_MAX];
+	int err;
+
+	if (!obj)
+		die("open", "%s: %s", obj_path, strerror(errno));
+	if (pin) {
+		bpf_object__for_each_map(map, obj) {
+			snprintf(path, sizeof(path), "%s/%s", pin, bpf_map__name(map));
+			if (bpf_map__set_pin_path(map, path))
+				die("pin", "%s", path);
+		}
+	}
+	err = bpf_object__load(obj);
+	if (err)
+		die("load", "%s: %s", obj_path, strerror(-err));
+	return obj;
+}
+
+/* --- commands -------------------------------------------------------------------------------------------------- */
+
+static int cmd_run(const char *obj_path, const char *tables, const char *frames, struct port *ports, int np,
+		   int repeat)
+{
+	struct bpf_object *obj = open_load(obj_path, NULL);
+	struct bpf_program *prog = bpf_object__find_program_by_name(obj, PROG_NAME);
+	__u32 ifindex_of_iport[MAX_PORTS] = {0};
+	unsigned char in[4096], out[4096 + 256];
+	FILE *f;
+	int pfd;
+
+	if (!prog)
+		die("load", "%s lacks %s", obj_path, PROG_NAME);
+	pfd = bpf_program__fd(prog);
+	write_ports(ports, np, obj_map_fd, obj);
+	for (int i = 0; i < np; i++)
+		ifindex_of_iport[ports[i].iport] = ifindex_of(ports[i].name);
+	write_tables(tables, obj_map_fd, obj, 0);
+	print_prog_info(pfd);
+	f = fopen(frames, "rb");
+	if (!f)
+		die("frames", "%s: %s", frames, strerror(errno));
+	/* Frames file: records {u32 iport, u32 len, len bytes}. */
+	for (;;) {
+		__u32 hdr[2];
+		struct xdp_md ctx_in = {}, ctx_out = {};
+		LIBBPF_OPTS(bpf_test_run_opts, opts);
+		__u32 value = 0, cookie = 0;
+		__u64 m = 0;
+		int err;
+
+		if (fread(hdr, 4, 2, f) != 2)
+			break;
+		if (hdr[0] >= MAX_PORTS || hdr[1] > sizeof(in) || hdr[1] < 14)
+			die("frames", "bad record (iport %u, length %u)", hdr[0], hdr[1]);
+		read_exact(f, in, hdr[1], "frame");
+		ctx_in.data_end = hdr[1];
+		ctx_in.ingress_ifindex = ifindex_of_iport[hdr[0]];
+		opts.data_in = in;
+		opts.data_size_in = hdr[1];
+		opts.data_out = out;
+		opts.data_size_out = sizeof(out);
+		opts.ctx_in = &ctx_in;
+		opts.ctx_size_in = sizeof(ctx_in);
+		opts.ctx_out = &ctx_out;
+		opts.ctx_size_out = sizeof(ctx_out);
+		opts.repeat = repeat;
+		err = bpf_prog_test_run_opts(pfd, &opts);
+		if (err)
+			die("run", "BPF_PROG_TEST_RUN: %s", strerror(-err));
+		if (ctx_out.data - ctx_out.data_meta >= HFX_META_LEN) {
+			struct hfx_meta meta;
+
+			memcpy(&meta, out + ctx_out.data - HFX_META_LEN, sizeof(meta));
+			value = meta.value;
+			cookie = meta.cookie;
+			m = meta.m;
+		}
+		printf("%u %u %u %llx %u\n", opts.retval, value, cookie, (unsigned long long)m, opts.duration);
+	}
+	fclose(f);
+	print_counters(obj_map_fd, obj, 0);
+	bpf_object__close(obj);
+	return 0;
+}
+
+static void link_path(char *buf, size_t n, const char *dir, const char *ifname)
+{
+	snprintf(buf, n, "%s/link_%s", dir, ifname);
+}
+
+static __u32 prog_id_of_fd(int fd)
+{
+	struct bpf_prog_info info = {};
+	__u32 len = sizeof(info);
+
+	if (bpf_obj_get_info_by_fd(fd, &info, &len))
+		die("info", "%s", strerror(errno));
+	return info.id;
+}
+
+static int pinned_prog(const char *pin)
+{
+	char path[PATH_MAX];
+	int fd;
+
+	snprintf(path, sizeof(path), "%s/prog", pin);
+	fd = bpf_obj_get(path);
+	if (fd < 0)
+		die("prog", "%s: %s (was the fast path started?)", path, strerror(errno));
+	return fd;
+}
+
+/* Load the program, pin it (DIR/prog) and its maps (DIR/<map>), fill the port tables; attached by `attach`. Until
+ * `update` writes hfx_cfg, CONTROL is 0: every frame is passed with value 0 (the full policy in software). */
+static int cmd_start(const char *obj_path, const char *pin, struct port *ports, int np)
+{
+	struct bpf_object *obj;
+	struct bpf_program *prog;
+	char path[PATH_MAX];
+
+	ensure_bpffs();
+	mkdirs(pin);
+	obj = open_load(obj_path, pin);
+	prog = bpf_object__find_program_by_name(obj, PROG_NAME);
+	if (!prog)
+		die("load", "%s lacks %s", obj_path, PROG_NAME);
+	write_ports(ports, np, obj_map_fd, obj);
+	snprintf(path, sizeof(path), "%s/prog", pin);
+	unlink(path);
+	if (bpf_program__pin(prog, path))
+		die("pin", "%s: %s", path, strerror(errno));
+	bpf_object__close(obj);
+	return 0;
+}
+
+/* The pinned program onto every interface through a bpf_link pinned as LINKS/link_<IF>; where our link exists,
+ * its program is replaced in one step (frames see the old program or the new one, never none). A program attached
+ * the old way (netlink, e.g. the shim's hf_xdp) is detached first: in that instant frames reach TC without
+ * metadata, value 0, the full policy in software. */
+static int cmd_attach(const char *pin, const char *links, int generic, char **ifaces, int n)
+{
+	int pfd = pinned_prog(pin);
+	char path[PATH_MAX];
+
+	ensure_bpffs();
+	mkdirs(links);
+	for (int i = 0; i < n; i++) {
+		int idx = ifindex_of(ifaces[i]), lfd;
+		LIBBPF_OPTS(bpf_link_create_opts, lo, .flags = generic ? XDP_FLAGS_SKB_MODE : XDP_FLAGS_DRV_MODE);
+
+		link_path(path, sizeof(path), links, ifaces[i]);
+		lfd = bpf_obj_get(path);
+		if (lfd >= 0) {
+			if (bpf_link_update(lfd, pfd, NULL))
+				die("xdp", "%s: replace program: %s", ifaces[i], strerror(errno));
+			close(lfd);
+			continue;
+		}
+		bpf_xdp_detach(idx, XDP_FLAGS_DRV_MODE, NULL);
+		bpf_xdp_detach(idx, XDP_FLAGS_SKB_MODE, NULL);
+		lfd = bpf_link_create(pfd, idx, BPF_XDP, &lo);
+		if (lfd < 0)
+			die("xdp", "%s: attach (%s mode): %s", ifaces[i], generic ? "generic" : "native", strerror(errno));
+		if (bpf_obj_pin(lfd, path))
+			die("xdp", "pin %s: %s", path, strerror(errno));
+		close(lfd);
+	}
+	return 0;
+}
+
+/* Remove a started program: links that still run it get the --fallback program back (a rolled-back update: the
+ * previous program) or, without one, are unpinned (detached); then its pins go. Links running another program (the
+ * one that replaced it) stay. */
+static int cmd_stop(const char *pin, const char *links, const char *fallback)
+{
+	char path[PATH_MAX];
+	struct dirent *e;
+	__u32 id = 0;
+	int failed = 0, ffd = fallback ? pinned_prog(fallback) : -1;
+	DIR *d;
+
+	snprintf(path, sizeof(path), "%s/prog", pin);
+	{
+		int pfd = bpf_obj_get(path);
+
+		if (pfd >= 0) {
+			id = prog_id_of_fd(pfd);
+			close(pfd);
+		}
+	}
+	if (links && id && (d = opendir(links))) {
+		while ((e = readdir(d))) {
+			struct bpf_link_info info = {};
+			__u32 len = sizeof(info);
+			int lfd;
+
+			if (strncmp(e->d_name, "link_", 5))
+				continue;
+			snprintf(path, sizeof(path), "%s/%s", links, e->d_name);
+			lfd = bpf_obj_get(path);
+			if (lfd < 0)
+				continue;
+			if (!bpf_obj_get_info_by_fd(lfd, &info, &len) && info.prog_id == id) {
+				if (ffd >= 0) {
+					if (bpf_link_update(lfd, ffd, NULL)) {
+						fprintf(stderr, "hf_xdp: %s: back to the fallback: %s\n", path, strerror(errno));
+						failed = 1;
+					}
+				} else if (unlink(path)) {
+					fprintf(stderr, "hf_xdp: unlink %s: %s\n", path, strerror(errno));
+					failed = 1;
+				}
+			}
+			close(lfd);
+		}
+		closedir(d);
+	}
+	d = opendir(pin);
+	if (!d)
+		return errno == ENOENT ? failed : (die("stop", "%s: %s", pin, strerror(errno)), 1);
+	while ((e = readdir(d))) {
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", pin, e->d_name);
+		if (unlink(path)) {
+			fprintf(stderr, "hf_xdp: unlink %s: %s\n", path, strerror(errno));
+			failed = 1;
+		}
+	}
+	closedir(d);
+	if (rmdir(pin) && errno != ENOENT)
+		fprintf(stderr, "hf_xdp: rmdir %s: %s\n", pin, strerror(errno));
+	return failed;
+}
+
+/* Which program each pinned link runs: "IF prog_id" lines, and the id of the pinned program of --pin. */
+static int cmd_links(const char *pin, const char *links)
+{
+	char path[PATH_MAX];
+	struct dirent *e;
+	DIR *d;
+
+	if (pin) {
+		int pfd = pinned_prog(pin);
+
+		printf("prog %u\n", prog_id_of_fd(pfd));
+		close(pfd);
+	}
+	d = opendir(links);
+	if (!d)
+		return 0;
+	while ((e = readdir(d))) {
+		struct bpf_link_info info = {};
+		__u32 len = sizeof(info);
+		int lfd;
+
+		if (strncmp(e->d_name, "link_", 5))
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", links, e->d_name);
+		lfd = bpf_obj_get(path);
+		if (lfd < 0 || bpf_obj_get_info_by_fd(lfd, &info, &len))
+			continue;
+		printf("%s %u %u\n", e->d_name + 5, info.prog_id, info.xdp.ifindex);
+		close(lfd);
+	}
+	closedir(d);
+	return 0;
+}
+
+static int cmd_control(const char *pin, long value)
+{
+	struct hfx_config cfg;
+	__u32 zero = 0;
+	int fd = pin_map_fd((void *)pin, "hfx_cfg");
+
+	if (bpf_map_lookup_elem(fd, &zero, &cfg))
+		die("control", "hfx_cfg: %s", strerror(errno));
+	cfg.control = (__u32)value;
+	if (bpf_map_update_elem(fd, &zero, &cfg, BPF_ANY))
+		die("control", "hfx_cfg: %s", strerror(errno));
+	return 0;
+}
+
+/* Detach every link of LINKS (undeploy), then remove the directory. */
+static int cmd_detach(const char *links)
+{
+	char path[PATH_MAX];
+	struct dirent *e;
+	DIR *d = opendir(links);
+	int failed = 0;
+
+	if (!d)
+		return 0;
+	while ((e = readdir(d))) {
+		if (strncmp(e->d_name, "link_", 5))
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", links, e->d_name);
+		if (unlink(path)) {
+			fprintf(stderr, "hf_xdp: unlink %s: %s\n", path, strerror(errno));
+			failed = 1;
+		}
+	}
+	closedir(d);
+	rmdir(links);
+	return failed;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"obj", required_argument, 0, 'o'},    {"pin", required_argument, 0, 'p'},
+		{"netns", required_argument, 0, 'n'},  {"generic", no_argument, 0, 'G'},
+		{"tables", required_argument, 0, 't'}, {"frames", required_argument, 0, 'f'},
+		{"port", required_argument, 0, 'P'},   {"repeat", required_argument, 0, 'R'},
+		{"reset", no_argument, 0, 'r'},	       {"links", required_argument, 0, 'L'},
+		{"value", required_argument, 0, 'V'},  {"fallback", required_argument, 0, 'F'},
+		{0, 0, 0, 0},
+	};
+	const char *cmd, *obj = NULL, *pin = NULL, *netns = NULL, *tables = NULL, *frames = NULL, *links = NULL;
+	const char *fallback = NULL;
+	long value = -1;
+	struct port ports[MAX_PORTS];
+	int c, generic = 0, reset = 0, np = 0, repeat = 1;
+
+	if (argc < 2)
+		die("usage", "hf_xdp run|start|attach|update|control|stats|links|stop|detach [options] (see the source's header)");
+	cmd = argv[1];
+	optind = 2;
+	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (c) {
+		case 'o': obj = optarg; break;
+		case 'p': pin = optarg; break;
+		case 'n': netns = optarg; break;
+		case 'G': generic = 1; break;
+		case 't': tables = optarg; break;
+		case 'f': frames = optarg; break;
+		case 'P':
+			if (np == MAX_PORTS)
+				die("usage", "at most %d --port", MAX_PORTS);
+			parse_port(optarg, &ports[np++]);
+			break;
+		case 'R':
+			repeat = atoi(optarg);
+			if (repeat < 1)
+				die("usage", "--repeat must be >= 1");
+			break;
+		case 'r': reset = 1; break;
+		case 'L': links = optarg; break;
+		case 'F': fallback = optarg; break;
+		case 'V':
+			value = strtol(optarg, NULL, 0);
+			if (value < 0 || value > 0xFF)
+				die("usage", "--value must be a CONTROL value 0..255");
+			break;
+		default: die("usage", "unknown option");
+		}
+	}
+	if (optind != argc && strcmp(cmd, "attach"))
+		die("usage", "unexpected argument '%s'", argv[optind]);
+	libbpf_set_print(libbpf_log);
+	if (!strcmp(cmd, "run")) {
+		if (!obj || !tables || !frames)
+			die("usage", "run needs --obj, --tables and --frames");
+		enter_netns(netns);
+		return cmd_run(obj, tables, frames, ports, np, repeat);
+	}
+	if (!strcmp(cmd, "links") && links)
+		return cmd_links(pin, links);
+	if (!pin)
+		die("usage", "--pin DIR is required");
+	if (!strcmp(cmd, "start")) {
+		if (!obj)
+			die("usage", "start needs --obj");
+		enter_netns(netns);
+		return cmd_start(obj, pin, ports, np);
+	}
+	if (!strcmp(cmd, "attach")) {
+		if (!links || optind >= argc)
+			die("usage", "attach needs --links DIR and at least one interface");
+		enter_netns(netns);
+		return cmd_attach(pin, links, generic, argv + optind, argc - optind);
+	}
+	if (!strcmp(cmd, "stop"))
+		return cmd_stop(pin, links, fallback);
+	if (!strcmp(cmd, "links"))
+		return cmd_links(pin, links ? links : pin);
+	if (!strcmp(cmd, "control")) {
+		if (value < 0)
+			die("usage", "control needs --value");
+		return cmd_control(pin, value);
+	}
+	if (!strcmp(cmd, "update")) {
+		if (!tables)
+			die("usage", "update needs --tables");
+		write_tables(tables, pin_map_fd, (void *)pin, 1);
+		return 0;
+	}
+	if (!strcmp(cmd, "stats")) {
+		print_counters(pin_map_fd, (void *)pin, reset);
+		return 0;
+	}
+	if (!strcmp(cmd, "detach"))
+		return cmd_detach(pin);
+	die("usage", "unknown command '%s'", cmd);
+	return 2;
+}

@@ -1,0 +1,1 @@
+"""Target `xdp`: hypafilter's fast path as an XDP program on commodity NICs (docs/xdp.md)."""

@@ -1,0 +1,70 @@
+"""Renders the fast path for a Plan's shape (driver/xdp/fastpath.bpf.c.j2) and compiles it with clang -target bpf;
+builds the loader (driver/xdp/hf_xdp.c). Objects are cached per shape under <build_root>/xdp/<shape id>/."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import jinja2
+
+from hypafilter import netns
+from hypafilter.errors import HypafilterError
+from hypafilter.paths import BUILD_ROOT, DRIVER_DIR
+from hypafilter.targets.xdp.tables import DIRECT_SIZE, SEARCH_FIELDS, shape_id
+
+XDP_DIR = DRIVER_DIR / "xdp"
+TEMPLATE = "fastpath.bpf.c.j2"
+
+
+def render(shape: dict) -> str:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(XDP_DIR)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    return env.get_template(TEMPLATE).render(
+        fields=shape["fields"],
+        search_fields=SEARCH_FIELDS,
+        direct_size=DIRECT_SIZE,
+        words=shape["words"],
+        vec_cap=shape["vec_cap"],
+        nb_cap=shape["nb_cap"],
+        ent_cap=shape["ent_cap"],
+    )
+
+
+def _arch_include() -> str:
+    machine = subprocess.run(["cc", "-dumpmachine"], capture_output=True, text=True, check=True).stdout.strip()
+    return f"/usr/include/{machine}"
+
+
+def build_program(shape: dict, build_root: Path = BUILD_ROOT) -> Path:
+    """fastpath.bpf.o for `shape`, compiled unless the cached source is the same text."""
+    out = Path(build_root) / "xdp" / shape_id(shape)
+    out.mkdir(parents=True, exist_ok=True)
+    src, obj = out / "fastpath.bpf.c", out / "fastpath.bpf.o"
+    text = render(shape)
+    (out / "shape.json").write_text(json.dumps(shape, sort_keys=True) + "\n")
+    if obj.exists() and src.exists() and src.read_text() == text:
+        return obj
+    src.write_text(text)
+    obj.unlink(missing_ok=True)
+    argv = ["clang", "-O2", "-g", "-target", "bpf", "-Wall", f"-I{XDP_DIR}", f"-I{DRIVER_DIR}", f"-I{_arch_include()}"]
+    try:
+        netns.run([*argv, "-c", str(src), "-o", str(obj)], timeout=None)
+    except netns.CommandError as e:
+        raise HypafilterError(f"compiling the XDP fast path failed: {e}") from e
+    return obj
+
+
+def build_loader(build_root: Path = BUILD_ROOT) -> Path:
+    out = (Path(build_root) / "xdp").resolve()
+    try:
+        netns.run(["make", "-s", "-C", str(XDP_DIR), f"OUT={out}"], timeout=None)
+    except netns.CommandError as e:
+        raise HypafilterError(f"building the XDP loader failed: {e}") from e
+    return out / "hf_xdp"

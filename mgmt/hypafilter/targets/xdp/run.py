@@ -1,0 +1,85 @@
+"""Runs the fast path on frames without attaching it (BPF_PROG_TEST_RUN through `hf_xdp run`): the tests' and the
+benchmarks' way to ask the loaded program what it decides, and how long it takes."""
+
+from __future__ import annotations
+
+import json
+import struct
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from hypafilter import netns
+from hypafilter.errors import HypafilterError
+from hypafilter.paths import BUILD_ROOT
+from hypafilter.targets.xdp.build import build_loader, build_program
+from hypafilter.targets.xdp.tables import build_tables, tables_file
+
+XDP_ABORTED, XDP_DROP, XDP_PASS, XDP_TX, XDP_REDIRECT = range(5)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    retval: int  # XDP_* action
+    value: int  # the shim's mark value left in the metadata
+    cookie: int
+    meta: int  # M
+    ns: int  # BPF_PROG_TEST_RUN duration per run (ns)
+
+
+@dataclass
+class RunResult:
+    verdicts: list[Verdict]
+    counters: dict
+    prog: dict  # verified_insns, xlated_insns, jited_bytes
+    shape: dict
+
+
+def frames_file(frames: Sequence[tuple[int, bytes]]) -> bytes:
+    return b"".join(struct.pack("<II", iport, len(f)) + f for iport, f in frames)
+
+
+def run_frames(
+    plan,
+    frames: Sequence[tuple[int, bytes]],
+    ports: Sequence[str],
+    *,
+    ns: str | None = None,
+    control: int = 1,
+    generation: int = 0,
+    repeat: int = 1,
+    build_root: Path = BUILD_ROOT,
+    paired: bool = True,
+    shape: dict | None = None,
+) -> RunResult:
+    """Each (iport, frame) through the program built for `plan`; `ports[i]` is the interface of iport i in `ns`
+    (it must exist there: the kernel resolves the ingress ifindex), paired 0<->1, 2<->3 for the devmap. `shape`:
+    a larger program than the plan needs (fields and capacities; the tables must fit it)."""
+    t = build_tables(plan)
+    shape = shape or t.shape()
+    obj = build_program(shape, build_root)
+    tool = build_loader(build_root)
+    with tempfile.TemporaryDirectory(prefix="hfx-") as d:
+        tf, ff = Path(d) / "tables", Path(d) / "frames"
+        tf.write_bytes(tables_file(t, shape, control, generation))
+        ff.write_bytes(frames_file(frames))
+        argv = [str(tool), "run", "--obj", str(obj), "--tables", str(tf), "--frames", str(ff), "--repeat", str(repeat)]
+        for i, name in enumerate(ports):
+            mate = i ^ 1
+            spec = f"{name}={i}" + (f":{ports[mate]}" if paired and mate < len(ports) else "")
+            argv += ["--port", spec]
+        if ns:
+            argv += ["--netns", ns]
+        try:
+            out = netns.run(argv, timeout=None)
+        except netns.CommandError as e:
+            raise HypafilterError(f"hf_xdp run failed: {e}") from e
+    lines = out.splitlines()
+    prog = json.loads(lines[0])
+    counters = json.loads(lines[-1])
+    verdicts = []
+    for line in lines[1:-1]:
+        r, v, c, m, dur = line.split()
+        verdicts.append(Verdict(int(r), int(v), int(c), int(m, 16), int(dur)))
+    return RunResult(verdicts, counters, prog, shape)

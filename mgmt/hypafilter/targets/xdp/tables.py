@@ -1,0 +1,213 @@
+"""The XDP fast path's tables for a Plan: per-field elementary intervals, box bit vectors, entries (docs/xdp.md).
+
+Every entry's boxes get one bit each, in entry order (so the lowest set bit of a box set is the first entry in
+priority order). For each field some box restricts, the field's value range splits into elementary intervals (the
+ranges between consecutive box boundaries); every value of one interval lies in exactly the same boxes, so one bit
+vector per interval says which. The program looks the header's interval up in every used field, ANDs the vectors
+and takes the lowest set bit: the first matching box; `box_entry` turns it into match_index. TCP flags are a
+ternary test, not an interval: their table has one vector per flags byte (256). Identical vectors are stored once.
+
+The shape (used fields, vector words, table capacities) fixes the compiled program; everything else is map content,
+so a rule change that keeps the shape is a map update.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hypafilter.ir import FIELDS, MAXV
+
+# Field order of the program's lookups; src/dst by binary search over sorted interval starts, the rest direct.
+FAST_FIELDS = ("src", "dst", "proto", "sport", "dport", "icmp_type", "icmp_code", "iport", "flags")
+SEARCH_FIELDS = ("src", "dst")
+DIRECT_SIZE = {"proto": 256, "sport": 65536, "dport": 65536, "icmp_type": 256, "icmp_code": 256, "iport": 4}
+DIRECT_SIZE["flags"] = 256
+CHUNK = 1024  # boxes per sweep step (memory: intervals x CHUNK bytes)
+
+# hfx_config (driver/xdp/hf_fastpath.h): control, generation, num_entries, num_words, nb_src, nb_dst, pad[2]
+CONFIG = struct.Struct("<8I")
+ENTRY = struct.Struct("<BBHI")  # struct hfx_entry: action, shunt, pad, k
+SPAN = np.dtype([("start", "<u4"), ("vec", "<u4")])
+
+
+def pow2(x: int, least: int) -> int:
+    v = least
+    while v < x:
+        v *= 2
+    return v
+
+
+@dataclass
+class Tables:
+    """The map contents for one plan (see the module docstring)."""
+
+    n: int  # entries; match_index n = the policy entry
+    boxes: int
+    fields: tuple[str, ...]  # fields some box restricts, in FAST_FIELDS order
+    words: int  # 64-bit words in use per vector
+    vectors: np.ndarray  # uint64 [nvec, words]
+    direct: dict[str, np.ndarray] = field(default_factory=dict)  # field -> uint32 vector id per value
+    spans: dict[str, np.ndarray] = field(default_factory=dict)  # field -> SPAN records (start, vector id)
+    box_entry: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint32))
+    entries: bytes = b""  # n + 1 packed struct hfx_entry
+
+    def shape(self) -> dict:
+        """What the compiled program depends on (capacities with headroom, so that growth stays a map update)."""
+        nb = max((len(s) for s in self.spans.values()), default=1)
+        return {
+            "fields": list(self.fields),
+            "words": pow2(self.words, 1),
+            "vec_cap": pow2(len(self.vectors) + len(self.vectors) // 4, 64),
+            "nb_cap": pow2(nb + nb // 4, 64),
+            "ent_cap": pow2(self.n + 1 + (self.n + 1) // 4, 64),
+        }
+
+    def fits(self, shape: dict) -> bool:
+        """Whether these tables load into a program of `shape` (a running one: update instead of rebuild)."""
+        nb = max((len(s) for s in self.spans.values()), default=1)
+        return (
+            set(self.fields) <= set(shape["fields"])
+            and self.words <= shape["words"]
+            and len(self.vectors) + (1 if set(self.fields) != set(shape["fields"]) else 0) <= shape["vec_cap"]
+            and nb <= shape["nb_cap"]
+            and self.n + 1 <= shape["ent_cap"]
+        )
+
+
+def shape_id(shape: dict) -> str:
+    text = repr(sorted(shape.items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _pack_rows(bits: np.ndarray) -> np.ndarray:
+    """bool [rows, CHUNK-or-less] -> uint64 [rows, ceil(cols/64)] (bit b of word w = column 64w + b)."""
+    rows, cols = bits.shape
+    pad = (-cols) % 64
+    if pad:
+        bits = np.concatenate([bits, np.zeros((rows, pad), dtype=bool)], axis=1)
+    packed = np.packbits(bits, axis=1, bitorder="little")  # [rows, cols/8] uint8
+    return np.ascontiguousarray(packed).view("<u8")
+
+
+def _interval_vectors(lo: np.ndarray, hi: np.ndarray, top: int) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, vectors[nint, words]) of the elementary intervals of [0, top] cut by the closed ranges lo..hi."""
+    bounds = np.unique(np.concatenate([[0], lo, hi[hi < top] + 1]).astype(np.int64))
+    nint = len(bounds)
+    s = np.searchsorted(bounds, lo)
+    e = np.searchsorted(bounds, hi + 1)  # exclusive; nint when hi == top
+    nbox = len(lo)
+    words = max(1, (nbox + 63) // 64)
+    out = np.zeros((nint, words), dtype=np.uint64)
+    for c0 in range(0, nbox, CHUNK):
+        c1 = min(nbox, c0 + CHUNK)
+        diff = np.zeros((nint + 1, c1 - c0), dtype=np.int8)
+        cols = np.arange(c1 - c0)
+        diff[s[c0:c1], cols] = 1  # one start and one end per column, s < e: plain assignment suffices
+        diff[e[c0:c1], cols] = -1
+        inside = np.cumsum(diff, axis=0, dtype=np.int8)[:nint] > 0
+        out[:, c0 // 64 : c0 // 64 + (c1 - c0 + 63) // 64] = _pack_rows(inside)
+    return bounds, out
+
+
+def build_tables(plan) -> Tables:
+    """The map contents for `plan` (anything with entries, shunt, actions, interval of length n + 1)."""
+    n = len(plan.entries)
+    owner, los, his, fm, fv = [], [], [], [], []
+    for j, e in enumerate(plan.entries):
+        for b in e.boxes:
+            if b.is_empty():
+                continue
+            owner.append(j)
+            los.append(b.lo)
+            his.append(b.hi)
+            fm.append(b.flags_mask)
+            fv.append(b.flags_value)
+    nbox = len(owner)
+    lo = np.array(los, dtype=np.int64).reshape(nbox, len(FIELDS))
+    hi = np.array(his, dtype=np.int64).reshape(nbox, len(FIELDS))
+    fmask = np.array(fm, dtype=np.int64)
+    fval = np.array(fv, dtype=np.int64)
+    words = (nbox + 63) // 64
+    per_field: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # field -> (starts, vectors)
+    for i, name in enumerate(FIELDS):
+        if nbox and ((lo[:, i] > 0) | (hi[:, i] < MAXV[i])).any():
+            per_field[name] = _interval_vectors(lo[:, i], hi[:, i], MAXV[i])
+    if nbox and fmask.any():
+        f = np.arange(256, dtype=np.int64)[:, None]
+        per_field["flags"] = (np.arange(256), _pack_rows((f & fmask[None, :]) == fval[None, :]))
+    used = tuple(f for f in FAST_FIELDS if f in per_field)
+    allvec = np.concatenate([per_field[f][1] for f in used]) if used else np.zeros((0, max(words, 1)), np.uint64)
+    uniq, inverse = np.unique(allvec, axis=0, return_inverse=True) if len(allvec) else (allvec, np.zeros(0, int))
+    inverse = np.asarray(inverse).reshape(-1)
+    t = Tables(n=n, boxes=nbox, fields=used, words=words, vectors=np.ascontiguousarray(uniq, dtype=np.uint64))
+    at = 0
+    for f in used:
+        starts, vecs = per_field[f]
+        ids = inverse[at : at + len(vecs)].astype(np.uint32)
+        at += len(vecs)
+        if f in SEARCH_FIELDS:
+            keep = np.ones(len(ids), dtype=bool)  # merge neighbours with the same vector
+            keep[1:] = ids[1:] != ids[:-1]
+            sp = np.zeros(int(keep.sum()), dtype=SPAN)
+            sp["start"] = starts[keep]
+            sp["vec"] = ids[keep]
+            t.spans[f] = sp
+        elif f == "flags":
+            t.direct[f] = ids
+        else:
+            values = np.arange(DIRECT_SIZE[f], dtype=np.int64)
+            t.direct[f] = ids[np.searchsorted(starts, values, side="right") - 1]
+    t.box_entry = np.array(owner, dtype=np.uint32)
+    t.entries = b"".join(
+        ENTRY.pack(int(plan.actions[j]) & 0xF, int(bool(plan.shunt[j])), 0, int(plan.interval[j])) for j in range(n + 1)
+    )
+    return t
+
+
+def _record(name: str, value_size: int, count: int, data: bytes) -> bytes:
+    assert len(data) == value_size * count, name
+    nm = name.encode()
+    return struct.pack("<I", len(nm)) + nm + struct.pack("<II", value_size, count) + data
+
+
+def tables_file(t: Tables, shape: dict, control: int, generation: int) -> bytes:
+    """The loader's tables file (driver/xdp/hf_xdp.c) for a program of `shape`; hfx_cfg is written last by it."""
+    if not t.fits(shape):
+        raise ValueError("tables do not fit the program's shape")
+    W = shape["words"]
+    out = []
+    vec = np.zeros((len(t.vectors), W), dtype=np.uint64)
+    vec[:, : t.words] = t.vectors[:, : t.words] if t.words else vec[:, :0]
+    ones = None
+    if set(t.fields) != set(shape["fields"]):
+        ones = len(vec)  # fields the program looks up but no box restricts any more: an all-ones vector
+        row = np.zeros((1, W), dtype=np.uint64)
+        full, rest = divmod(t.boxes, 64)
+        row[0, :full] = np.uint64(0xFFFFFFFFFFFFFFFF)
+        if rest:
+            row[0, full] = np.uint64((1 << rest) - 1)
+        vec = np.concatenate([vec, row])
+    out.append(_record("hfx_vec", 8 * W, len(vec), vec.astype("<u8").tobytes()))
+    for f in shape["fields"]:
+        if f in SEARCH_FIELDS:
+            sp = t.spans.get(f)
+            if sp is None:
+                sp = np.zeros(1, dtype=SPAN)
+                sp["vec"] = ones
+            out.append(_record(f"hfx_f_{f}", 8, len(sp), sp.tobytes()))
+        else:
+            ids = t.direct.get(f)
+            if ids is None:
+                ids = np.full(DIRECT_SIZE[f], ones, dtype=np.uint32)
+            out.append(_record(f"hfx_f_{f}", 4, len(ids), ids.astype("<u4").tobytes()))
+    if t.boxes:
+        out.append(_record("hfx_box", 4, t.boxes, t.box_entry.astype("<u4").tobytes()))
+    out.append(_record("hfx_ent", ENTRY.size, t.n + 1, t.entries))
+    nb = {f: len(t.spans[f]) if f in t.spans else 1 for f in SEARCH_FIELDS}
+    cfg = CONFIG.pack(control, generation & 0xFFFF, t.n, t.words, nb["src"], nb["dst"], 0, 0)
+    out.append(_record("hfx_cfg", CONFIG.size, 1, cfg))
+    return b"".join(out)

@@ -1,0 +1,225 @@
+"""Target `xdp`: the fast path as an XDP program on the site's wire-facing interfaces (docs/xdp.md).
+
+`info` (kept in deploy's state file) names the program's bpffs pins: `pin` (the program and its maps, one
+directory per started program) and `links` (the bpf_links that attach a program to each interface, shared by
+every generation, so that activating a program replaces the one on each link atomically).
+
+Register-level operations of the NIC map onto the program's maps: `program` writes the tables built from the
+Plan (hypafilter.targets.xdp.tables) in one loader call, which holds CONTROL at 0 while rows change; `shunt_all`
+sets CONTROL 0: every frame is passed with the mark value 0, the full policy in software (the NIC's shunt-all keeps
+the metadata valid; here the interval values of the old tables would reach the new chains, so k = 0 is the only
+safe answer while netfilter changes).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hypafilter import netns
+from hypafilter.errors import HypafilterError
+from hypafilter.targets.base import Target
+from hypafilter.targets.xdp.build import build_loader, build_program
+from hypafilter.targets.xdp.tables import build_tables, shape_id, tables_file
+
+PIN_ROOT = Path("/sys/fs/bpf/hypafilter-xdp")
+CONTROL_ENABLE, CONTROL_PASS_UNFILTERABLE, CONTROL_HOST_MODE = 1, 4, 8
+DEFAULT_PORTS = {"wire0": "wire0", "wire1": "wire1"}
+
+
+class XdpTarget(Target):
+    name = "xdp"
+
+    def missing(self) -> str | None:
+        import shutil
+
+        for tool in ("clang", "cc", "make"):
+            if shutil.which(tool) is None:
+                return f"{tool} is not installed"
+        return None
+
+    # --- where things are ------------------------------------------------------------------------------------------
+
+    def _ports(self) -> list[str]:
+        ifs = self.site.interfaces or DEFAULT_PORTS
+        return [ifs[p] for p in ("wire0", "wire1") if p in ifs]
+
+    def _root(self) -> Path:
+        return PIN_ROOT / self.site.name
+
+    def _run_dir(self) -> Path:
+        d = (self.site.run_dir or self.build_root / "xdp-run") / "xdp"
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def _tool(self, step: str, args: list[str], ns: bool = False) -> str:
+        tool = build_loader(self.build_root)
+        if ns and self.site.netns:
+            args = [*args, "--netns", self.site.netns]
+        try:
+            return netns.run([str(tool), *args])
+        except netns.CommandError as e:
+            raise HypafilterError(f"xdp {step} failed: {e}") from e
+
+    def control(self) -> int:
+        return control_of(self.config.unfilterable, self.config.nic_mode)
+
+    # --- Target ----------------------------------------------------------------------------------------------------
+
+    def build(self, plan) -> str:
+        return str(build_program(build_tables(plan).shape(), self.build_root))
+
+    def _attached_ids(self, links: Path) -> set[int]:
+        out = self._tool("links", ["links", "--links", str(links)])
+        return {int(x.split()[1]) for x in out.splitlines() if x.strip()}
+
+    def _clear_stale(self, links: Path) -> None:
+        """Programs of this site that no link runs (left by an interrupted command): removed, so that a later stop
+        never takes one for the previous program."""
+        on = self._attached_ids(links)
+        for p in self._root().glob("g*-*"):
+            if not (p / "prog").exists():
+                continue
+            first = self._tool("links", ["links", "--pin", str(p), "--links", str(links)]).splitlines()[0]
+            if int(first.split()[1]) not in on:
+                self._tool("stop", ["stop", "--pin", str(p)])
+
+    def start(self, artifact: str, generation: int, standby: bool = True) -> dict:
+        obj = Path(artifact)
+        self._clear_stale(self._root() / "links")
+        pin = self._root() / f"g{generation}-{obj.parent.name}"
+        ports = self._ports()
+        args = ["start", "--obj", str(obj), "--pin", str(pin)]
+        for i, name in enumerate(ports):
+            mate = ports[i ^ 1] if (i ^ 1) < len(ports) else None
+            args += ["--port", f"{name}={i}" + (f":{mate}" if mate and self.config.nic_mode == "bridge" else "")]
+        self._tool("start", args, ns=True)
+        info = {
+            "binary": str(obj),
+            "shape": obj.parent.name,
+            "name": f"{self.site.name}-g{generation}",
+            "pin": str(pin),
+            "links": str(self._root() / "links"),
+            "netns": self.site.netns,
+            "ifaces": ports,
+            "generic": bool(self.config_generic()),
+        }
+        if not standby:
+            self.activate(info)
+        return info
+
+    def config_generic(self) -> bool:
+        """Generic (skb) XDP instead of native: for interfaces whose driver cannot redirect natively."""
+        return bool(getattr(self.config, "xdp_generic", False))
+
+    def transport(self, info: dict):
+        raise HypafilterError("the xdp target has no register transport: its tables are BPF maps")
+
+    def activate(self, info: dict) -> None:
+        # Which program this one replaces (deploy keeps `info` in its state): a rollback's stop puts it back.
+        links = Path(info["links"])
+        on = self._attached_ids(links) if links.exists() else set()
+        for p in self._root().glob("g*-*"):
+            if str(p) != info["pin"] and (p / "prog").exists():
+                first = self._tool("links", ["links", "--pin", str(p), "--links", str(links)]).splitlines()[0]
+                if int(first.split()[1]) in on:
+                    info["replaced"] = str(p)
+        args = ["attach", "--pin", info["pin"], "--links", info["links"]]
+        args += ["--generic"] if info.get("generic") else []
+        self._tool("attach", args + list(info["ifaces"]), ns=True)
+
+    def standby(self, info: dict) -> None:
+        # A program stops deciding: every frame it still sees goes to software with the full policy.
+        if self.alive(info):
+            self._tool("control", ["control", "--pin", info["pin"], "--value", "0"])
+
+    def alive(self, info: dict) -> bool:
+        return (Path(info.get("pin", "/nonexistent")) / "prog").exists()
+
+    def stop(self, info: dict) -> None:
+        """Remove a program. Interfaces whose link still runs it (a rolled-back update stops the new program) get
+        the program it replaced back (`activate` recorded it); without one (undeploy) they are detached."""
+        args = ["stop", "--pin", info["pin"], "--links", info["links"]]
+        before = info.get("replaced")  # the program this one replaced on the links (activate), if still there
+        if before and before != info["pin"] and (Path(before) / "prog").exists():
+            args += ["--fallback", before]
+        self._tool("stop", args)
+        for f in self._run_dir().glob(f"{info.get('name', '')}-*.tables"):
+            f.unlink(missing_ok=True)
+        for d in (Path(info["links"]), Path(info["links"]).parent):
+            try:
+                d.rmdir()  # only when nothing is left in it
+            except OSError:
+                pass
+
+    def running(self, info: dict) -> bool:
+        """Whether every interface's link runs this program."""
+        out = self._tool("links", ["links", "--pin", info["pin"], "--links", info["links"]])
+        lines = [ln.split() for ln in out.splitlines()]
+        prog = next((int(x[1]) for x in lines if x[0] == "prog"), None)
+        on = {x[0] for x in lines if x[0] != "prog" and int(x[1]) == prog}
+        return set(info["ifaces"]) <= on
+
+    def drift(self, info: dict, st: dict) -> list[str]:
+        """How the running program differs from the deployment `st` (deploy.drift's NIC part)."""
+        out = []
+        if not self.running(info):
+            out.append(f"xdp: {info.get('name')} is not the program on every interface ({', '.join(info['ifaces'])})")
+        cfg = json.loads(self._tool("stats", ["stats", "--pin", info["pin"]]))["config"]
+        if cfg.get("generation") != st.get("generation", 0) & 0xFFFF:
+            out.append(f"xdp: generation {cfg.get('generation')}, deployed {st.get('generation')}")
+        want = control_of(st.get("unfilterable", "drop"), st.get("nic_mode", "bridge"))
+        if cfg.get("control") != want:
+            out.append(f"xdp: CONTROL {cfg.get('control')}, deployed {want}")
+        return out
+
+    def detach_all(self) -> None:
+        """Undeploy: every link of this site."""
+        self._tool("detach", ["detach", "--pin", str(self._root() / "links")])
+
+    def program(self, info: dict, plan, generation: int, known: dict | None = None) -> dict:
+        t = build_tables(plan)
+        shape = t.shape()
+        if shape_id(shape) != info["shape"] and not t.fits(_shape_of(info)):
+            raise HypafilterError(f"the plan's tables do not fit the running program (shape {info['shape']})")
+        path = self._run_dir() / f"{info['name']}-{generation}.tables"
+        data = tables_file(t, _shape_of(info), self.control(), generation)
+        path.write_bytes(data)
+        self._tool("update", ["update", "--pin", info["pin"], "--tables", str(path)])
+        keep = {path.name, Path((known or {}).get("file", "")).name}  # the previous tables: a rollback's
+        for f in self._run_dir().glob(f"{info['name']}-*.tables"):
+            if f.name not in keep:
+                f.unlink(missing_ok=True)
+        return {"file": str(path), "generation": generation, "entries": t.n, "writes": len(data)}
+
+    def write_tables(self, info: dict, tables: dict, generation: int, known: dict | None = None) -> dict:
+        if not Path(tables.get("file", "")).exists():
+            raise HypafilterError("previous tables unknown; redeploy the previous policy to restore them")
+        self._tool("update", ["update", "--pin", info["pin"], "--tables", tables["file"]])
+        return dict(tables)
+
+    def shunt_all(self, info: dict, on: bool) -> None:
+        self._tool("control", ["control", "--pin", info["pin"], "--value", str(0 if on else self.control())])
+
+    def counters(self, info: dict) -> dict:
+        out = json.loads(self._tool("stats", ["stats", "--pin", info["pin"]]))
+        out.pop("config", None)
+        hits = out.pop("HITS", [])
+        out["HITS"] = dict(enumerate(hits))
+        return out
+
+
+def control_of(unfilterable: str, nic_mode: str) -> int:
+    """CONTROL for Config.unfilterable and the NIC mode, the bits of the NIC's register of that name."""
+    c = CONTROL_ENABLE
+    if unfilterable == "pass":
+        c |= CONTROL_PASS_UNFILTERABLE
+    if nic_mode == "host":
+        c |= CONTROL_HOST_MODE
+    return c
+
+
+def _shape_of(info: dict) -> dict:
+    """The shape a started program was rendered for (kept beside its object)."""
+    src = Path(info["binary"]).with_name("shape.json")
+    return json.loads(src.read_text())

@@ -1,0 +1,171 @@
+"""System test of the XDP fast path: the loaded program (BPF_PROG_TEST_RUN, not attached) against hw.model.decide,
+frame by frame: (XDP action, match_index, reason, mark value), and the counters against hw.model.Counters.
+
+Frames: ClassBench traces and the policy-biased headers of verify's FrameGen, with every adversarial frame kind of
+the fuzzer (verify.FRAME_KINDS). Policies: ClassBench sets with complex rules (shunt bits, several intervals) and
+the fuzzer's random policies (prefixes, ranges, multiport, negations, ICMP, TCP flags, interfaces) in every shunt
+mode. 10,000-entry sets are opt-in (HF_XDP_LARGE=1): about a minute each.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import random
+
+import pytest
+from hypafilter import netns
+
+from conftest import need, need_root, need_tool
+
+pytestmark = pytest.mark.system
+
+NS = "exdp-run"  # helper E's lab names start with "e"
+PORTS = ("p0", "p1")
+WIRE = (0x01, 0x04)  # one-hot src_port of iport 0 and 1
+
+
+@pytest.fixture(scope="module")
+def ns():
+    need_root()
+    need_tool("ip", "clang", "make", "cc")
+    netns.delete(NS)
+    netns.add(NS)
+    netns.run(["ip", "-n", NS, "link", "add", PORTS[0], "type", "veth", "peer", "name", PORTS[1]])
+    for p in PORTS:
+        netns.run(["ip", "-n", NS, "link", "set", p, "up"])
+    yield NS
+    netns.delete(NS)
+
+
+def frames_for(policy, rng: random.Random, count: int, trace=None, malformed: float = 0.3):
+    from hypafilter.ops.verify import FRAME_KINDS, FrameGen, build_frame, malform, read_trace
+
+    gen = FrameGen(policy, rng)
+    rows = read_trace(trace, count, rng) if trace else None
+    out = []
+    kinds = list(FRAME_KINDS)
+    for uid in range(1, count + 1):
+        h = rows[(uid - 1) % len(rows)] if rows else gen.header()
+        f = build_frame(uid, h, gen.payload())
+        if rng.random() < malformed:
+            f = malform(kinds[uid % len(kinds)], f, rng)  # every kind, in turn
+        if len(f) >= 14:  # BPF_PROG_TEST_RUN takes no frame shorter than an Ethernet header
+            out.append((rng.randint(0, 1), f))
+    return out
+
+
+def check(plan, frames, ns, nic_mode="bridge", unfilterable="drop", shunt_all=False) -> collections.Counter:
+    """Run the frames and compare each with the model; returns the tally of (kind, reason)."""
+    from hypafilter.hw import model
+    from hypafilter.targets.xdp.run import XDP_DROP, XDP_PASS, XDP_REDIRECT, run_frames
+
+    regs = model.Regs.from_plan(plan, unfilterable=unfilterable, nic_mode=nic_mode)
+    regs.generation = 7
+    if shunt_all:
+        regs.control |= model.CONTROL_SHUNT_ALL
+    res = run_frames(plan, frames, PORTS, ns=ns, control=regs.control, generation=7)
+    assert len(res.verdicts) == len(frames)
+    counters = model.Counters(len(plan.entries))
+    tally: collections.Counter = collections.Counter()
+    bad = []
+    n = len(plan.entries)
+    for (iport, f), v in zip(frames, res.verdicts, strict=True):
+        d = model.decide(plan, f, WIRE[iport], regs)
+        counters.add(d, WIRE[iport])
+        want = {model.Kind.DROP: XDP_DROP, model.Kind.SHUNT: XDP_PASS}.get(d.kind)
+        if d.kind == model.Kind.FORWARD:
+            want = XDP_PASS if nic_mode == "host" else XDP_REDIRECT
+        index = v.meta & 0xFFFFFF
+        reason = (v.meta >> 28) & 0xF
+        if d.kind == model.Kind.SHUNT and d.reason != model.REASON_UNPARSED:
+            k = int(plan.interval[d.match_index])
+            value = (k << 4) | d.action if k else 0
+        elif d.kind == model.Kind.FORWARD and nic_mode == "host":
+            value = 0x1
+        elif d.kind == model.Kind.FORWARD:
+            value = (int(plan.interval[d.match_index]) << 4) | d.action  # used only if the redirect fails
+        else:
+            value = 0
+        got = (v.retval, index, v.value if v.retval == XDP_PASS or want == XDP_REDIRECT else 0)
+        exp = (want, 0xFFFFFF if d.match_index is None else d.match_index, value)
+        ok = got == exp and v.cookie == 0x48465348 and ((v.meta >> 32) & 0xFFFF) == 7
+        if d.reason is not None:
+            ok = ok and reason == d.reason
+        if d.kind == model.Kind.SHUNT:
+            ok = ok and v.meta == d.meta
+        if not ok:
+            bad.append((f.hex(), d, v))
+        tally[(d.kind.name, d.reason)] += 1
+    assert not bad, f"{len(bad)} of {len(frames)} frames differ from hw.model, first: {bad[:3]}"
+    want_regs = {k: v for k, v in counters.regs.items()}
+    got_regs = {k: res.counters.get(k, 0) for k in want_regs}
+    assert got_regs == want_regs
+    assert res.counters["HITS"] == counters.hits[: n + 1]
+    assert res.prog["verified_insns"] > 0
+    return tally
+
+
+CB_SETS = ("acl1_1100", "fw1_1100", "acl3_1100", "fw4_1100")
+
+
+@pytest.mark.parametrize("name", CB_SETS)
+def test_classbench_1100(ns, shared_dir, name):
+    from hypafilter.analysis.plan import build_plan
+    from hypafilter.tools.classbench import classbench_policy
+
+    d = shared_dir / "data" / "classbench"
+    policy = classbench_policy(d / f"{name}.filters", complex_rules=40, actions="alternate", deterministic=True)
+    plan = build_plan(policy)
+    assert plan.shunt[:-1].any() and not plan.shunt[:-1].all()
+    frames = frames_for(policy, random.Random(name), 3000, trace=d / f"{name}_trace.gz")
+    tally = check(plan, frames, ns)
+    kinds = {k for k, _ in tally}
+    assert len(kinds) >= 2 and "SHUNT" in kinds, tally
+
+
+@pytest.mark.parametrize("seed", range(1, 13))
+def test_fuzz_policies(ns, seed):
+    """The fuzzer's policies: negations, multiport, ICMP, TCP flags, ranges, user chains; every shunt mode."""
+    from hypafilter.analysis.plan import build_plan
+    from hypafilter.config import Config
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.tools.fuzz import random_policy
+
+    policy = parse_policy(random_policy(seed), f"fuzz-{seed}")
+    rng = random.Random(seed)
+    for mode in ("index", "selective", "exact"):
+        plan = build_plan(policy, Config(shunt_mode=mode))
+        check(plan, frames_for(policy, rng, 600), ns)
+
+
+def test_control_bits(ns, shared_dir):
+    """Host mode (ACCEPT -> PASS with the decided value), unfilterable frames passed, shunt-everything."""
+    from hypafilter.analysis.plan import build_plan
+    from hypafilter.config import Config
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.tools.fuzz import random_policy
+
+    policy = parse_policy(random_policy(3, conntrack=False), "fuzz-3", base_chain="FORWARD")
+    frames = frames_for(policy, random.Random(5), 800)
+    plan = build_plan(policy, Config(shunt_mode="selective"))
+    check(plan, frames, ns, unfilterable="pass")
+    check(plan, frames, ns, shunt_all=True)
+    host = parse_policy(random_policy(3, conntrack=False).replace("FORWARD", "INPUT"), "h", base_chain="INPUT")
+    hplan = build_plan(host, Config(shunt_mode="selective"))
+    tally = check(hplan, frames_for(host, random.Random(6), 800), ns, nic_mode="host")
+    assert tally[("FORWARD", 5)] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ("acl1_10k", "fw1_10k", "ipc1_10k"))
+def test_classbench_10k(ns, shared_dir, name):
+    need(os.environ.get("HF_XDP_LARGE") == "1", "opt-in: HF_XDP_LARGE=1 (about a minute per set)")
+    from hypafilter.analysis.plan import build_plan
+    from hypafilter.tools.classbench import classbench_policy
+
+    d = shared_dir / "data" / "classbench"
+    policy = classbench_policy(d / f"{name}.filters", complex_rules=200, actions="alternate", deterministic=True)
+    plan = build_plan(policy)
+    assert len(plan.entries) >= 9000
+    check(plan, frames_for(policy, random.Random(name), 6000, trace=d / f"{name}_trace.gz"), ns)

@@ -1,0 +1,166 @@
+"""The xdp target end to end: the lab's xdp topology (the fast path on the firewall's wire-facing bridge ports), deploy,
+updates that replace the program atomically, verify against the kernel oracle (the same frames through the plain
+namespace), status without drift, undeploy leaving nothing behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypafilter import netns
+
+from conftest import ROOT, need_root, need_tool
+
+pytestmark = pytest.mark.system
+
+LAB = "exv"  # helper E's lab names start with "e"
+STATE = f"/run/hypafilter/test-{LAB}"
+HF = [sys.executable, "-m", "hypafilter"]
+RULESETS = ("example", "listing1", "userchains", "conntrack", "interfaces")
+
+
+def hf(*args: str, check: bool = True, fail: str | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, HF_LAB=LAB, HF_STATE_DIR=STATE)
+    if fail:
+        env["HF_FAIL_STEP"] = fail  # deploy's test hook: that step fails
+    p = subprocess.run(HF + list(args), capture_output=True, text=True, env=env)
+    if check:
+        assert p.returncode == 0, f"hypafilter {' '.join(args)}: {p.stderr[-3000:]}"
+    return p
+
+
+@pytest.fixture(scope="module")
+def lab():
+    need_root()
+    need_tool("ip", "iptables-restore", "clang", "cc", "make", "tc", "ethtool", "nft")
+    hf("lab", "down", "--name", LAB, check=False)
+    shutil.rmtree(STATE, ignore_errors=True)
+    hf("lab", "up", "--target", "xdp", "--name", LAB)
+    yield LAB
+    hf("undeploy", "-q", check=False)
+    hf("lab", "down", "--name", LAB, check=False)
+    shutil.rmtree(STATE, ignore_errors=True)
+
+
+def xdp_prog(ifname: str) -> str | None:
+    link = json.loads(netns.run(["ip", "-j", "-d", "link", "show", "dev", ifname], f"{LAB}-fw"))[0]
+    return ((link.get("xdp") or {}).get("prog") or {}).get("name")
+
+
+def test_verify_rulesets_bridge_mode(lab):
+    """Each policy in turn (each an update of the one before: a new program swapped in on the bpf_links)."""
+    decided = 0
+    for name in RULESETS:
+        toml = ROOT / "rulesets" / f"{name}.toml"  # interfaces.rules: compiled for the lab's bridge and ports
+        extra = ["--config", str(toml)] if toml.exists() else []
+        p = hf(
+            "verify", str(ROOT / "rulesets" / f"{name}.rules"), *extra, "--target", "xdp", "--packets", "1200", "--json"
+        )
+        r = json.loads(p.stdout)
+        assert r["packets"] == 1200 and r["mismatches"] == 0, (name, r["examples"][:3])
+        assert 0 < r["delivered_oracle"] < 1200, name
+        assert r["nic"]["PKTIN"] == 1200, (name, r["nic"])
+        decided += r["hw_forwarded"] + r["hw_dropped"]
+        assert xdp_prog("nf0") == xdp_prog("nf1") == "hfx_fastpath"
+        st = json.loads(hf("status", "--json").stdout)
+        assert st["target"] == "xdp" and st["drift"] == [], st["drift"]
+    assert decided > 0  # the fast path decided frames itself, not only shunted them
+    pins = sorted(p.name for p in (Path("/sys/fs/bpf/hypafilter-xdp") / LAB).iterdir())
+    assert pins[-1] == "links" and len(pins) == 2, pins  # the replaced programs were stopped
+
+
+def test_update_that_keeps_the_shape_is_a_map_update(lab, tmp_path):
+    """A complex rule's string and a simple rule's action changed: the same program, new map contents."""
+    text = (ROOT / "rulesets" / "example.rules").read_text()
+    changed = text.replace('9999 -m string --string "BAD"', '9999 -m string --string "EVIL"', 1)
+    changed = changed.replace("-d 10.0.2.0/25 -p udp -j DROP", "-d 10.0.2.0/25 -p udp -j ACCEPT", 1)
+    assert changed.count("EVIL") == 1 and changed != text
+    (tmp_path / "b.rules").write_text(changed)
+    hf("deploy", str(ROOT / "rulesets" / "example.rules"), "--target", "xdp", "--json")
+    r = json.loads(hf("verify", str(tmp_path / "b.rules"), "--target", "xdp", "--packets", "1200", "--json").stdout)
+    assert r["mismatches"] == 0, r["examples"][:3]
+    st = json.loads(hf("status", "--json").stdout)
+    assert st["history"][-1]["replaced_nic"] is False and st["drift"] == []
+
+
+@pytest.mark.parametrize("step", ["netfilter", "registers", "activate", "standby-old"])
+def test_failed_update_keeps_the_previous_program(lab, step):
+    """An update to a new program that fails at `step` rolls back: the previous program on every link, its
+    tables and CONTROL, the previous chains; verify still agrees with the oracle."""
+    example = str(ROOT / "rulesets" / "example.rules")
+    hf("deploy", example, "--target", "xdp", "--json")
+    before = json.loads(hf("status", "--json").stdout)
+    p = hf("deploy", str(ROOT / "rulesets" / "listing1.rules"), "--target", "xdp", "-q", check=False, fail=step)
+    assert p.returncode != 0 and step in p.stderr, p.stderr[-2000:]
+    st = json.loads(hf("status", "--json").stdout)
+    assert st["generation"] == before["generation"] and st["drift"] == [], st["drift"]
+    assert sorted(x.name for x in (Path("/sys/fs/bpf/hypafilter-xdp") / LAB).iterdir())[-1] == "links"
+    assert len(list((Path("/sys/fs/bpf/hypafilter-xdp") / LAB).iterdir())) == 2  # the new program is gone
+    r = json.loads(hf("verify", example, "--target", "xdp", "--packets", "600", "--json").stdout)
+    assert r["mismatches"] == 0 and r["generation"] == before["generation"]
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_fuzz_policies(lab, seed):
+    """The kernel-differential fuzzer's policies (every shunting mode x software strategy, every frame kind, half of
+    them malformed) through the xdp path against the oracle; seed 2 reads conntrack state."""
+    from hypafilter.config import Config
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.ops import deploy
+    from hypafilter.ops.verify import FRAME_KINDS
+    from hypafilter.tools.fuzz import Tally, fuzz_policy, random_policy
+
+    hf("undeploy", "-q", check=False)
+    text = random_policy(seed, conntrack=seed % 2 == 0)
+    policy = parse_policy(text, filename=f"fuzz-{seed}", base_chain="FORWARD", config=Config())
+    was = (deploy.LAB_NAME, deploy.STATE_DIR)
+    deploy.configure(LAB, STATE)
+    try:
+        tally = fuzz_policy(policy, seed, 300, FRAME_KINDS, 0.5, tally=Tally(), target="xdp")
+    finally:
+        deploy.configure(*was)
+    bad = sum(v["mismatches"] for v in tally.by_kind.values())
+    altered = sum(r["altered"] for r in tally.runs)
+    assert bad == 0 and altered == 0, f"seed {seed}: {bad} mismatches, {altered} altered\n{tally.examples[:4]}"
+
+
+def test_bench_rate(lab, shared_dir, tmp_path):
+    """`bench rate --target xdp`: the same frames through the xdp path, iptables and nft, compared per frame."""
+    filters = tmp_path / "acl1_60.filters"
+    src = shared_dir / "data" / "classbench" / "acl1_1100.filters"
+    filters.write_text("".join(src.read_text().splitlines(keepends=True)[:60]))
+    p = hf(
+        "bench", "rate", "--target", "xdp", "--classbench", str(filters), "--policy", "DROP", "--actions", "alternate"
+    )
+    r = json.loads(p.stdout.splitlines()[-1])
+    assert r["target"] == "xdp" and r["mismatches"] == 0 and r["hw_share"] == 1.0, r
+    assert r["hybrid_pps"] > 0 and r["iptables_pps"] > 0
+
+
+def test_host_mode(lab, tmp_path):
+    """An INPUT policy: the fast path's ACCEPT passes the frame up with the decided value (mark 0x1), INPUT takes it."""
+    import re
+
+    src = (ROOT / "tests" / "system" / "test_host_mode.py").read_text()
+    f = tmp_path / "host.rules"
+    f.write_text(re.search(r'HOST_POLICY = """(.*?)"""', src, re.S).group(1))
+    hf("undeploy", "-q", check=False)  # a deployment is not moved between modes by an update
+    p = hf("verify", str(f), "--chain", "INPUT", "--target", "xdp", "--packets", "1200", "--json")
+    r = json.loads(p.stdout)
+    assert r["nic_mode"] == "host" and r["mismatches"] == 0, r["examples"][:3]
+    assert r["hw_forwarded"] > 0 and 0 < r["delivered_oracle"] < 1200
+
+
+def test_undeploy_leaves_nothing(lab):
+    hf("undeploy", "-q", check=False)
+    hf("deploy", str(ROOT / "rulesets" / "example.rules"), "--target", "xdp", "--json")
+    hf("undeploy", "-q")
+    assert xdp_prog("nf0") is None and xdp_prog("nf1") is None
+    tc = netns.run(["tc", "filter", "show", "dev", "nf0", "ingress"], f"{LAB}-fw")
+    assert "hf_tc" not in tc
+    assert not os.path.exists(f"/sys/fs/bpf/hypafilter-xdp/{LAB}")

@@ -1,0 +1,100 @@
+"""The XDP fast path's tables (hypafilter.targets.xdp.tables) without a kernel: the program's lookup done in numpy over
+the tables — per-field interval, AND of the vectors, lowest set bit, box -> entry — must give hw's match_index
+(analysis.decision, the one first-match definition) for every header; shapes and the tables file refuse misfits."""
+
+from __future__ import annotations
+
+import random
+import struct
+
+import numpy as np
+import pytest
+from hypafilter.analysis import decision
+from hypafilter.analysis.plan import build_plan
+from hypafilter.config import Config
+from hypafilter.iptables.document import parse_policy
+from hypafilter.ir import FIELDS, MAXV, Header
+from hypafilter.targets.xdp.tables import SEARCH_FIELDS, build_tables, shape_id, tables_file
+from hypafilter.tools.fuzz import random_policy
+
+POLICY = """*filter
+:FORWARD DROP [0:0]
+-A FORWARD -s 10.0.0.0/8 ! -d 10.1.0.0/16 -p tcp -m tcp --dport 1000:2000 --tcp-flags SYN,ACK SYN -j ACCEPT
+-A FORWARD -p udp -m multiport --dports 53,123,5000:5010 -j ACCEPT
+-A FORWARD -p icmp -m icmp --icmp-type 8/0 -j ACCEPT
+-A FORWARD ! -s 192.168.0.0/16 -p tcp ! --sport 1:1023 -j DROP
+-A FORWARD -m string --string BAD --algo bm -j DROP
+-A FORWARD -d 172.16.0.0/12 -j ACCEPT
+COMMIT
+"""
+
+
+def lookup(t, h: Header) -> int:
+    """What the program computes (driver/xdp/fastpath.bpf.c.j2, classify), in Python."""
+    if not t.boxes:
+        return t.n
+    acc = np.full(max(t.words, 1), np.uint64(0xFFFFFFFFFFFFFFFF))
+    vals = dict(zip(FIELDS, h.values(), strict=True), flags=h.tcp_flags)
+    for f in t.fields:
+        if f in SEARCH_FIELDS:
+            sp = t.spans[f]
+            i = int(np.searchsorted(sp["start"], vals[f], side="right")) - 1
+            vec = sp["vec"][i]
+        else:
+            vec = t.direct[f][vals[f]]
+        acc &= t.vectors[vec]
+    for w, word in enumerate(acc[: t.words]):
+        if word:
+            bit = (int(word) & -int(word)).bit_length() - 1
+            return int(t.box_entry[w * 64 + bit])
+    return t.n
+
+
+def headers(plan, rng: random.Random, count: int) -> list[Header]:
+    boxes = [b for e in plan.entries for b in e.boxes]
+    out = []
+    for _ in range(count):
+        b = rng.choice(boxes) if boxes and rng.random() < 0.8 else None
+        v = []
+        for i, top in enumerate(MAXV):
+            if b is None:
+                v.append(rng.randint(0, top))
+            else:
+                lo, hi = b.lo[i], b.hi[i]
+                v.append(rng.choice((lo, hi, max(0, lo - 1), min(top, hi + 1), rng.randint(lo, hi))))
+        out.append(Header(*v, rng.randint(0, 255)))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(1, 9))
+def test_lookup_is_first_match(seed):
+    text = POLICY if seed == 1 else random_policy(seed)
+    policy = parse_policy(text, f"p{seed}")
+    for mode in ("index", "exact"):
+        plan = build_plan(policy, Config(shunt_mode=mode))
+        t = build_tables(plan)
+        rng = random.Random(seed)
+        for h in headers(plan, rng, 400):
+            assert lookup(t, h) == decision.match_index(plan, h), h
+
+
+def test_shape_and_file():
+    plan = build_plan(parse_policy(POLICY, "p"))
+    t = build_tables(plan)
+    shape = t.shape()
+    assert set(t.fields) == {"src", "dst", "proto", "sport", "dport", "icmp_type", "icmp_code", "flags"}
+    assert shape["words"] >= t.words and shape["ent_cap"] > t.n
+    assert t.fits(shape) and len(shape_id(shape)) == 12
+    data = tables_file(t, shape, control=1, generation=3)
+    # The config record is the last one; its fields: control, generation, num_entries, num_words.
+    assert data.endswith(struct.pack("<8I", 1, 3, t.n, t.words, len(t.spans["src"]), len(t.spans["dst"]), 0, 0))
+    small = dict(shape, words=0)
+    assert not t.fits(small)
+    with pytest.raises(ValueError):
+        tables_file(t, small, 1, 0)
+    # Fewer fields than the program looks up: the missing ones get an all-ones vector, and the lookup still fits.
+    fewer = build_tables(
+        build_plan(parse_policy("*filter\n:FORWARD ACCEPT [0:0]\n-A FORWARD -s 10.0.0.0/8 -j DROP\nCOMMIT\n", "q"))
+    )
+    assert fewer.fields == ("src",) and fewer.fits(shape)
+    assert tables_file(fewer, shape, 1, 0)

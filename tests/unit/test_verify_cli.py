@@ -154,7 +154,11 @@ def test_mismatches_exit_1(captured, monkeypatch, capsys):
         (["--connections", "0"], "--connections must be between 1 and 20000"),
         (["--connections", "20001"], "--connections must be between 1 and 20000"),
         (["--connections", "4", "--connection-bytes", "0"], "--connection-bytes must be between 1 and 1048576"),
-        (["--connection-bytes", "100"], "--connection-bytes needs --connections"),
+        (["--connection-bytes", "100"], "--connection-bytes and --connection-kinds need --connections"),
+        (["--connection-kinds", "tcp"], "--connection-kinds need --connections"),
+        (["--connections", "4", "--connection-kinds", "sctp"], "--connection-kinds takes tcp and/or udp"),
+        (["--connections", "4", "--connection-kinds", "tcp,tcp"], "--connection-kinds takes tcp and/or udp"),
+        (["--connections", "4", "--connection-kinds", ","], "(got none)"),
         (["--connections", "x"], "argument --connections: invalid int value: 'x'"),
     ],
 )
@@ -172,6 +176,8 @@ def test_connections_reach_verify(captured, capsys):
     assert captured[1][2]["connections"] == ConnectionSpec(3)  # the default bytes
     assert main(["verify", POLICY]) == 0
     assert captured[2][2]["connections"] is None  # frames only
+    assert main(["verify", POLICY, "--connections", "4", "--connection-kinds", "udp,tcp"]) == 0
+    assert captured[3][2]["connections"] == ConnectionSpec(4, kinds=("udp", "tcp"))
 
 
 def test_connection_mismatches_exit_1(monkeypatch, capsys):
@@ -198,6 +204,7 @@ def test_connection_plan_uses_the_policys_ports():
     assert [c.proto for c in conns] == ["tcp", "udp"] * 4
     assert [c.sport for c in conns] == list(range(SPORT_BASE, SPORT_BASE + 8))
     assert all(c.port in ports[c.proto] for c in conns)
+    assert [c.proto for c in ConnectionSpec(3, kinds=("tcp",)).conns(policy)] == ["tcp"] * 3
     assert hw_share({"PKTIN": 10, "CNT_FORWARDED": 3, "CNT_DROPPED": 1}) == 0.4 and hw_share({"PKTIN": 0}) is None
 
 

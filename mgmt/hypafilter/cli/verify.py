@@ -43,9 +43,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
     conns = None
     if args.connections is not None:
         given = {"nbytes": args.connection_bytes} if args.connection_bytes is not None else {}
+        if args.connection_kinds is not None:
+            given["kinds"] = args.connection_kinds
         conns = ConnectionSpec(args.connections, **given)
-    elif args.connection_bytes is not None:
-        raise HypafilterError("--connection-bytes needs --connections")
+    elif args.connection_bytes is not None or args.connection_kinds is not None:
+        raise HypafilterError("--connection-bytes and --connection-kinds need --connections")
     cfg = load_config(args)
     if args.target:
         cfg.target = args.target
@@ -104,6 +106,12 @@ def register(sub) -> None:
         type=int,
         metavar="B",
         help="payload bytes each way per connection (default 4096, ops.connections.ConnectionSpec)",
+    )
+    p.add_argument(
+        "--connection-kinds",
+        type=lambda text: tuple(k.strip() for k in text.split(",") if k.strip()),
+        metavar="K[,K]",
+        help="kinds of the connections, in turn: tcp, udp or tcp,udp (default)",
     )
     p.add_argument("--strategy", choices=STRATEGIES, metavar="STRATEGY", help="software strategy: %(choices)s")
     p.add_argument("--mode", choices=MODES, metavar="MODE", help="shunting mode: %(choices)s")

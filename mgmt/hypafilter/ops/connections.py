@@ -29,6 +29,7 @@ UDP_CHUNK = 1024  # payload bytes per datagram, under every lab MTU
 SEQ = struct.Struct("!I")  # the sequence number that opens every datagram of a UDP connection
 SPORT_BASE = 40000  # connection i leaves from SPORT_BASE + i
 MAX_CONNECTIONS = 20000
+KINDS = ("tcp", "udp")  # connection kinds, in the order verify runs them in turn
 MAX_BYTES = 1 << 20
 PARALLEL = 32  # connections in flight per path: a blocked one costs one TIMEOUT, not one each
 UNNAMED_PORT = 47999  # a port no fixed rule of a typical policy names, so some connections meet the chain policy
@@ -241,23 +242,29 @@ class Conn:
 
 @dataclass(frozen=True)
 class ConnectionSpec:
-    """`verify --connections N --connection-bytes B`: N connections, half TCP and half UDP, B payload bytes each way."""
+    """`verify --connections N --connection-bytes B --connection-kinds K`: N connections of the kinds K in turn
+    (default TCP and UDP, so half each), B payload bytes each way."""
 
     connections: int = 10
     nbytes: int = 4096
+    kinds: tuple[str, ...] = KINDS
 
     def __post_init__(self) -> None:
         if not 1 <= self.connections <= MAX_CONNECTIONS:
             raise HypafilterError(f"--connections must be between 1 and {MAX_CONNECTIONS}")
         if not 1 <= self.nbytes <= MAX_BYTES:
             raise HypafilterError(f"--connection-bytes must be between 1 and {MAX_BYTES}")
+        if not self.kinds or any(k not in KINDS for k in self.kinds) or len(set(self.kinds)) != len(self.kinds):
+            raise HypafilterError(
+                f"--connection-kinds takes {' and/or '.join(KINDS)}, each once (got {','.join(self.kinds) or 'none'})"
+            )
 
     def conns(self, policy: Policy) -> list[Conn]:
-        """TCP and UDP in turn, each cycling through the ports the policy's rules name (policy_ports)."""
+        """The kinds in turn, each cycling through the ports the policy's rules name (policy_ports)."""
         ports = policy_ports(policy)
         out = []
         for i in range(self.connections):
-            proto = ("tcp", "udp")[i % 2]
+            proto = self.kinds[i % len(self.kinds)]
             out.append(Conn(proto, ports[proto][(i // 2) % len(ports[proto])], SPORT_BASE + i))
         return out
 

@@ -26,6 +26,9 @@
 #define HF_REASON_OVERRULE 0
 #define HF_REASON_POLICY 1
 #define HF_REASON_UNPARSED 2
+/* State unknown: a flow-cache miss (ct = 0) whose hardware decision CONTROL bit 4 (ACCEPT) or 5 (DROP) forces to
+ * the host, so that conntrack sees it; match_index and action are set as for reasons 0/1. */
+#define HF_REASON_STATE 3
 /* Host mode (CONTROL bit 3 HOST_MODE): the hardware's verdict ACCEPT is final; the frame reaches the host only to
  * be delivered locally (INPUT). The shim gives it the mark value HF_MARK_DECIDED_ACCEPT. */
 #define HF_REASON_DECIDED 5

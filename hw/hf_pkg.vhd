@@ -15,6 +15,7 @@ package hf_pkg is
   constant REASON_OVERRULE : std_logic_vector(3 downto 0) := x"0";
   constant REASON_POLICY   : std_logic_vector(3 downto 0) := x"1";
   constant REASON_UNPARSED : std_logic_vector(3 downto 0) := x"2";
+  constant REASON_STATE    : std_logic_vector(3 downto 0) := x"3";  -- a flow-cache miss forced to the host
   constant REASON_DECIDED  : std_logic_vector(3 downto 0) := x"5";  -- host mode: the hardware's ACCEPT is final
 
   -- every byte the parser reads is below this offset: 14 + 1 tag + 60 (IHL 15) + 14 TCP bytes
@@ -30,7 +31,8 @@ package hf_pkg is
   constant EV_FORCED    : natural := 6;
   constant EV_WIRE      : natural := 7;
   constant EV_UNFILTERABLE : natural := 8;  -- dropped: netfilter cannot filter it (CONTROL bit 2 clear)
-  constant EV_W      : natural := 9;
+  constant EV_STATE  : natural := 9;  -- shunted with reason 3: a flow-cache miss (CONTROL bits 4/5)
+  constant EV_W      : natural := 10;
 
   function clog2(n : natural) return natural;
   function popcount(v : std_logic_vector) return natural;

@@ -1,5 +1,7 @@
 -- AXI4-Lite register block of the core: the registers of hw/regmap.txt (offsets from the generated
--- hf_regs_pkg), event counters, and the SUME indirect-access protocol to the per-entry tables.
+-- hf_regs_pkg), event counters, the SUME indirect-access protocol to the per-entry tables, and the flow cache's
+-- command registers (FC_KEY0..3, FC_SLOT, FC_CMD: a write of FC_CMD pulses fc_cmd unless FC_STATUS bit 31, busy,
+-- is set) with its read-back registers, whose values the core supplies (0 when it has no flow cache).
 library ieee;
 use ieee.std_logic_1164.all;
 use ieee.numeric_std.all;
@@ -47,7 +49,22 @@ entity hf_regs is
     ind_addr      : out std_logic_vector(31 downto 0);
     ind_wdata     : out std_logic_vector(31 downto 0);
     ind_done      : in  std_logic;
-    ind_rdata     : in  std_logic_vector(31 downto 0)
+    ind_rdata     : in  std_logic_vector(31 downto 0);
+    -- flow cache: command (fc_cmd pulses for one cycle with fc_op, the key and the slot) and read-back values
+    fc_cmd        : out std_logic;
+    fc_op         : out std_logic_vector(2 downto 0);
+    fc_key0       : out std_logic_vector(31 downto 0);
+    fc_key1       : out std_logic_vector(31 downto 0);
+    fc_key2       : out std_logic_vector(31 downto 0);
+    fc_key3       : out std_logic_vector(31 downto 0);
+    fc_slot       : out std_logic_vector(23 downto 0);
+    fc_status     : in  std_logic_vector(31 downto 0) := (others => '0');
+    fc_config     : in  std_logic_vector(31 downto 0) := (others => '0');
+    fc_now        : in  std_logic_vector(31 downto 0) := (others => '0');
+    fc_occupancy  : in  std_logic_vector(31 downto 0) := (others => '0');
+    fc_inserts    : in  std_logic_vector(31 downto 0) := (others => '0');
+    fc_deletes    : in  std_logic_vector(31 downto 0) := (others => '0');
+    fc_full       : in  std_logic_vector(31 downto 0) := (others => '0')
   );
 end entity;
 
@@ -57,7 +74,11 @@ architecture rtl of hf_regs is
   signal r_control : std_logic_vector(31 downto 0) := REG_CONTROL_RESET;
   signal r_ind_busy, r_ind_rd, r_ind_stream : std_logic := '0';
   signal wr_stall : std_logic;
-  signal c_pktin, c_pktout, c_fwd, c_drop, c_over, c_pol, c_unp, c_host, c_forced, c_fifo, c_unf :
+  signal r_fc_key0, r_fc_key1, r_fc_key2, r_fc_key3 : std_logic_vector(31 downto 0) := (others => '0');
+  signal r_fc_slot : std_logic_vector(23 downto 0) := (others => '0');
+  signal r_fc_op : std_logic_vector(2 downto 0) := (others => '0');
+  signal r_fc_cmd : std_logic := '0';
+  signal c_pktin, c_pktout, c_fwd, c_drop, c_over, c_pol, c_unp, c_host, c_forced, c_fifo, c_unf, c_state :
     unsigned(31 downto 0) := (others => '0');
   signal clear_cnt : std_logic := '0';
   signal bvalid, rvalid : std_logic := '0';
@@ -89,6 +110,7 @@ begin
     if rising_edge(clk) then
       req <= '0';
       clear_cnt <= '0';
+      r_fc_cmd <= '0';
       if bvalid = '1' and s_axi_bready = '1' then
         bvalid <= '0';
       end if;
@@ -128,6 +150,19 @@ begin
             r_gen <= s_axi_wdata;
           when REG_CONTROL =>
             r_control <= s_axi_wdata;
+          when REG_FC_KEY0 =>
+            r_fc_key0 <= s_axi_wdata;
+          when REG_FC_KEY1 =>
+            r_fc_key1 <= s_axi_wdata;
+          when REG_FC_KEY2 =>
+            r_fc_key2 <= s_axi_wdata;
+          when REG_FC_KEY3 =>
+            r_fc_key3 <= s_axi_wdata;
+          when REG_FC_SLOT =>
+            r_fc_slot <= s_axi_wdata(23 downto 0);
+          when REG_FC_CMD =>
+            r_fc_op <= s_axi_wdata(2 downto 0);
+            r_fc_cmd <= not fc_status(31);  -- ignored while the last command runs
           when others =>
             null;
         end case;
@@ -135,6 +170,7 @@ begin
       if rst = '1' then
         bvalid <= '0';
         req <= '0';
+        r_fc_cmd <= '0';
         r_ind_busy <= '0';
         r_ind_stream <= '0';
         r_gen <= REG_GENERATION_RESET;
@@ -165,6 +201,7 @@ begin
         bump(c_host, ev_bits(EV_FROM_HOST));
         bump(c_forced, ev_bits(EV_FORCED));
         bump(c_unf, ev_bits(EV_UNFILTERABLE));
+        bump(c_state, ev_bits(EV_STATE));
       end if;
       bump(c_fifo, ev_fifo_drop);
       if clear_cnt = '1' or rst = '1' then
@@ -179,6 +216,7 @@ begin
         c_forced <= (others => '0');
         c_fifo <= (others => '0');
         c_unf <= (others => '0');
+        c_state <= (others => '0');
       end if;
     end if;
   end process;
@@ -216,6 +254,14 @@ begin
           when REG_CNT_SHUNT_FORCED => rdata <= std_logic_vector(c_forced);
           when REG_CNT_FIFO_DROP => rdata <= std_logic_vector(c_fifo);
           when REG_CNT_DROP_UNFILTERABLE => rdata <= std_logic_vector(c_unf);
+          when REG_CNT_SHUNT_STATE => rdata <= std_logic_vector(c_state);
+          when REG_FC_STATUS => rdata <= fc_status;
+          when REG_FC_CONFIG => rdata <= fc_config;
+          when REG_FC_NOW => rdata <= fc_now;
+          when REG_FC_OCCUPANCY => rdata <= fc_occupancy;
+          when REG_FC_INSERTS => rdata <= fc_inserts;
+          when REG_FC_DELETES => rdata <= fc_deletes;
+          when REG_FC_FULL => rdata <= fc_full;
           when others => rdata <= (others => '0');
         end case;
       end if;
@@ -232,4 +278,11 @@ begin
   ind_write <= not r_ind_rd;
   ind_addr <= r_ind_addr;
   ind_wdata <= r_ind_wdata;
+  fc_cmd <= r_fc_cmd;
+  fc_op <= r_fc_op;
+  fc_key0 <= r_fc_key0;
+  fc_key1 <= r_fc_key1;
+  fc_key2 <= r_fc_key2;
+  fc_key3 <= r_fc_key3;
+  fc_slot <= r_fc_slot;
 end architecture;

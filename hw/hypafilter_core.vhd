@@ -135,6 +135,7 @@ architecture rtl of hypafilter_core is
 
   signal t1 : side_t := SIDE_ZERO;
   signal t1_idx : unsigned(IDX_W - 1 downto 0) := (others => '0');
+  signal t1_mfa, t1_mfd : std_logic := '0';  -- ct = 0 and CONTROL bit 4 (5): registered here, off the decision's path
   signal d_in_v : std_logic := '0';
   signal d_in : std_logic_vector(DECW - 1 downto 0) := (others => '0');
   signal d_in_ready : std_logic;
@@ -423,6 +424,8 @@ begin
     if rising_edge(axis_aclk) then
       t1 <= side(SIDE_DELAY);
       t1_idx <= lk_idx;
+      t1_mfa <= to_sl(side(SIDE_DELAY).ct = "00") and control(4);
+      t1_mfd <= to_sl(side(SIDE_DELAY).ct = "00") and control(5);
 
       sp := t1.tu(TUSER_SRC_LO + 7 downto TUSER_SRC_LO);
       wire := sp = x"01" or sp = x"04" or sp = x"10" or sp = x"40";
@@ -465,7 +468,7 @@ begin
         if lk_shunt = '0' and (action = x"1" or action = x"2") then
           ev(EV_FORCED) := '1';
         end if;
-      elsif t1.ct = "00" and ((action = x"1" and control(4) = '1') or (action = x"2" and control(5) = '1')) then
+      elsif (action = x"1" and t1_mfa = '1') or (action = x"2" and t1_mfd = '1') then
         -- a flow-cache miss whose verdict conntrack must see (MISS_SHUNT_ACCEPT / MISS_SHUNT_DROP): to the host,
         -- with the entry's match_index and action as for any shunt
         shunt := true;

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,8 @@ from hypafilter.hw.model import (
 from hypafilter.hw.vhdl import matcher_hash
 
 CORE_ID = 0x48594641  # "HYPA", the ID register's fixed value
+CONTROL_MISS_SHUNT_ACCEPT = 1 << 4  # hw/regmap.txt CONTROL bit 4: a ct = 0 frame decided ACCEPT is shunted (reason 3)
+CONTROL_MISS_SHUNT_DROP = 1 << 5  # bit 5: the same for DROP
 PIPELINE = 256  # requests sent before their replies are read (the server answers in order)
 STREAM_CHUNK = 512  # table words per stream-write request (a line of ~6 kB)
 
@@ -148,7 +151,10 @@ class FlowRecord:
     hits: int
 
 
-FC_COMMAND_POLLS = 1000  # FC_STATUS reads before a command that stays busy is an error (one takes ~12 cycles)
+# How long FC_STATUS may read busy before a command is an error. A command takes ~12 cycles, but after a reset
+# (and for a clear) the cache sweeps 2**LOG2_SETS sets first: 16,384 cycles at 64k entries, and the emulated clock
+# advances only with the register reads that poll it.
+FC_COMMAND_SECONDS = 10.0
 
 
 def _check_flow(flow: Flow) -> None:
@@ -302,6 +308,9 @@ class NicClient:
             "actions": [int(a) & 0xF for a in plan.actions],
             "unfilterable": unfilterable,
             "nic_mode": nic_mode,
+            # CONTROL bits 4/5 (shunt a flow-cache miss decided ACCEPT / DROP): the plan's miss forcing, none for a
+            # plan without the field
+            "miss_shunt": [bool(x) for x in getattr(plan, "miss_shunt", (False, False))],
         }
         return self.write_tables(tables, generation, known)
 
@@ -320,6 +329,10 @@ class NicClient:
             if tables.get("nic_mode") is not None:
                 keep &= ~CONTROL_HOST_MODE
                 bits |= nic_mode_control(tables["nic_mode"])
+            if tables.get("miss_shunt") is not None:
+                accept, drop = tables["miss_shunt"]
+                keep &= ~(CONTROL_MISS_SHUNT_ACCEPT | CONTROL_MISS_SHUNT_DROP)
+                bits |= (CONTROL_MISS_SHUNT_ACCEPT if accept else 0) | (CONTROL_MISS_SHUNT_DROP if drop else 0)
         except ValueError as e:
             raise NicError(str(e)) from e
         if keep != ~0:
@@ -377,11 +390,13 @@ class NicClient:
             writes += list(zip(("FC_KEY0", "FC_KEY1", "FC_KEY2", "FC_KEY3"), flowcache.fc_key_regs(flow), strict=True))
         writes += [("FC_SLOT", slot), ("FC_CMD", op)]
         self.write_many(writes)
-        for _ in range(FC_COMMAND_POLLS):
+        deadline = time.monotonic() + FC_COMMAND_SECONDS
+        while True:
             st = self.read("FC_STATUS")
             if not st >> 31:
                 return (st >> 24) & 0xF, st & 0xFFFFFF
-        raise NicError(f"flow cache command {op} still busy after {FC_COMMAND_POLLS} reads of FC_STATUS")
+            if time.monotonic() > deadline:
+                raise NicError(f"flow cache command {op} still busy (FC_STATUS) after {FC_COMMAND_SECONDS:.0f} s")
 
     def flow_insert(self, flow: Flow) -> tuple[int, int]:
         """Insert a flow (its original direction): (ST_OK, slot), (ST_EXISTS, its slot) or (ST_FULL, 0)."""

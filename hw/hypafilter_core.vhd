@@ -275,6 +275,7 @@ begin
 
     arbiter : process (axis_aclk)
       variable slot : unsigned(23 downto 0);
+      variable w3 : std_logic_vector(31 downto 0);
     begin
       if rising_edge(axis_aclk) then
         i_done <= '0';
@@ -340,14 +341,21 @@ begin
                   i_rdata <= std_logic_vector(resize(unsigned(r_seen), 32));
                 elsif unsigned(i_tbl) = TABLE_FLOW_HITS then
                   i_rdata <= r_hits;
+                elsif i_idx(1 downto 0) = "00" then
+                  i_rdata <= r_word(103 downto 72);
+                elsif i_idx(1 downto 0) = "01" then
+                  i_rdata <= r_word(71 downto 40);
+                elsif i_idx(1 downto 0) = "10" then
+                  i_rdata <= r_word(39 downto 8);
                 else
-                  case i_idx(1 downto 0) is
-                    when "00" => i_rdata <= r_word(103 downto 72);
-                    when "01" => i_rdata <= r_word(71 downto 40);
-                    when "10" => i_rdata <= r_word(39 downto 8);
-                    when others =>
-                      i_rdata <= r_word(106) & r_counted & 21x"0" & r_word(104) & r_word(7 downto 0);
-                  end case;
+                  -- word 3 built bit by bit: GHDL 2.0's Verilog of the same concatenation inside a case branch
+                  -- read back word 2 in the emulator (the VHDL netlist was right)
+                  w3 := (others => '0');
+                  w3(31) := r_word(106);
+                  w3(30) := r_counted;
+                  w3(8) := r_word(104);
+                  w3(7 downto 0) := r_word(7 downto 0);
+                  i_rdata <= w3;
                 end if;
               end if;
             end if;

@@ -49,7 +49,7 @@ def setup(tmp_path_factory):
 
     plan, cfg = make_plan()
     binary = build(plan, cfg, build_root=ROOT / "build")
-    veth_ports(NS_NIC, NS_OUT, [(nic_if, peer) for nic_if, peer, _ in PORTS.values()])
+    veth_ports(NS_NIC, NS_OUT, [(nic_if, peer) for nic_if, peer, _ in PORTS.values()], mtu=1600)
     for _, peer, _ in PORTS.values():
         netns.offloads_off(peer, NS_OUT)
     socks = {}

@@ -234,6 +234,27 @@ def test_program_sets_the_unfilterable_bit_and_keeps_the_others(fake):
             c.program(plan, 5, unfilterable="forward")
 
 
+def test_program_writes_the_miss_forcing_bits(fake):
+    """CONTROL bits 4/5 follow Plan.miss_shunt (accept, drop); a plan without the field clears them."""
+    from hypafilter.hw.vhdl import matcher_hash
+
+    plan = _plan()
+
+    def forcing(accept: bool, drop: bool):
+        return type("PlanWithMissShunt", (plan,), {"miss_shunt": (accept, drop)})
+
+    ctl = regmap.REG_CONTROL
+    fake.regs[regmap.REG_MATCHER_HASH] = int(matcher_hash(plan)[-8:], 16)
+    fake.regs[ctl] = 0x1
+    with NicClient(EmuTransport(fake.path)) as c:
+        bridge = c.program(forcing(True, True), 1)
+        assert fake.regs[ctl] == 0x31 and bridge["miss_shunt"] == [True, True]
+        c.program(forcing(False, True), 2, nic_mode="host")
+        assert fake.regs[ctl] == 0x29
+        c.program(plan, 3)
+        assert fake.regs[ctl] == 0x1
+
+
 def test_config_unfilterable_setting(tmp_path):
     assert Config().unfilterable == "drop"
     good = tmp_path / "good.toml"

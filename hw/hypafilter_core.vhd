@@ -72,7 +72,6 @@ architecture rtl of hypafilter_core is
   constant SIDE_DELAY : natural := MATCH_LATENCY + ENC_STAGES;
   constant FC_ON : boolean := FC_LOG2_SETS > 0;
   constant FC_TS_W : natural := 32;
-  constant FC_SLOT_W : natural := clog2(FC_WAYS) + FC_LOG2_SETS;
 
   -- the parsed header (and the frame information with it), as the parser gives it and as the matcher takes it
   type hdr_t is record
@@ -219,7 +218,7 @@ begin
     signal p_slot : std_logic_vector(23 downto 0) := (others => '0');
     signal i_tbl : std_logic_vector(7 downto 0) := (others => '0');
     signal i_idx : std_logic_vector(23 downto 0) := (others => '0');
-    signal c_valid, c_ready, r_valid, r_counted : std_logic;
+    signal c_ready, r_valid, r_counted : std_logic;
     signal c_op : std_logic_vector(2 downto 0) := (others => '0');
     signal c_src, c_dst : std_logic_vector(31 downto 0) := (others => '0');
     signal c_proto : std_logic_vector(7 downto 0) := (others => '0');

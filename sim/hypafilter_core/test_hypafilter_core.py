@@ -88,6 +88,8 @@ async def core_traffic(dut):
     await ax.write(R.REG_FLIP, 0x12345678)
     assert await ax.read(R.REG_FLIP) == 0x12345678 ^ 0xFFFFFFFF
     assert await ax.read(R.REG_CONTROL) == 1
+    assert await ax.read(R.REG_FC_CONFIG) == 0, "a core built without a flow cache says so"
+    assert await ax.table_access(R, R.TABLE_FLOW_KEY, 3) == 0
     for i in range(min(n + 1, 40)):
         assert await ax.table_access(R, R.TABLE_ACTION, i) == plan.actions[i] & 0xF
 

@@ -24,11 +24,10 @@ end entity;
 
 architecture rtl of hf_fifo is
   constant AW : natural := clog2(DEPTH);
-  type mem_t is array (0 to DEPTH - 1) of std_logic_vector(WIDTH - 1 downto 0);
-  signal mem : mem_t;
   signal wr_ptr, rd_ptr : unsigned(AW - 1 downto 0) := (others => '0');
   signal count : unsigned(AW downto 0) := (others => '0');
-  signal r_data, o_data : std_logic_vector(WIDTH - 1 downto 0) := (others => '0');
+  signal r_data : std_logic_vector(WIDTH - 1 downto 0);
+  signal o_data : std_logic_vector(WIDTH - 1 downto 0) := (others => '0');
   signal r_v, o_v : std_logic := '0';
   signal full, wr_en, rd_en, move, pop : std_logic;
 begin
@@ -41,17 +40,10 @@ begin
   move <= r_v and (not o_v or pop);
   rd_en <= '1' when count /= 0 and (r_v = '0' or move = '1') else '0';
 
-  ram : process (clk)
-  begin
-    if rising_edge(clk) then
-      if wr_en = '1' then
-        mem(to_integer(wr_ptr)) <= in_data;
-      end if;
-      if rd_en = '1' then
-        r_data <= mem(to_integer(rd_ptr));
-      end if;
-    end if;
-  end process;
+  ram : entity work.hf_ram
+    generic map (WIDTH => WIDTH, ADDR_W => AW)
+    port map (clk => clk, we => wr_en, waddr => wr_ptr, wdata => in_data, re(0) => rd_en, raddr => rd_ptr,
+              rdata => r_data);
 
   ctrl : process (clk)
   begin

@@ -385,29 +385,18 @@ begin
   hk_any <= '1' when st = SWEEP or st = WRITE else '0';
   sw_zero <= '1' when st = SWEEP and sw_clear = '0' else '0';
 
+  -- no initial values in the memories (hf_ram): the power-on sweep writes every word
   banks : for w in 0 to WAYS - 1 generate
-    type kmem_t is array (0 to SETS - 1) of std_logic_vector(WORD_W - 1 downto 0);
-    type smem_t is array (0 to SETS - 1) of std_logic_vector(ST_W - 1 downto 0);
-    -- no initial values: the power-on sweep writes every word (an all-zero initial value made GHDL's simulation
-    -- of the 64k-entry build run out of stack, and GHDL's VHDL netlist drops a RAM's initial value anyway)
-    signal kmem : kmem_t;
-    signal smem, scopy : smem_t;
     signal s_we : std_logic;
     signal s_addr : set_t;
     signal s_data : std_logic_vector(ST_W - 1 downto 0);
   begin
     hk_we(w) <= '1' when st = SWEEP or (st = WRITE and c_way = w) else '0';
 
-    key_ram : process (clk)
-    begin
-      if rising_edge(clk) then
-        if hk_we(w) = '1' then
-          kmem(to_integer(hb_addr)) <= hk_data;
-        end if;
-        lk_word(w) <= kmem(to_integer(rd_set));
-        hb_word(w) <= kmem(to_integer(hb_addr));
-      end if;
-    end process;
+    key_ram : entity work.hf_ram
+      generic map (WIDTH => WORD_W, ADDR_W => LOG2_SETS, READS => 2)
+      port map (clk => clk, we => hk_we(w), waddr => hb_addr, wdata => hk_data, raddr => rd_set & hb_addr,
+                rdata(2 * WORD_W - 1 downto WORD_W) => lk_word(w), rdata(WORD_W - 1 downto 0) => hb_word(w));
 
     -- the hit path owns the stats write port, except in a reset sweep, when no lookup can hit, which zeroes them
     s_we <= s3_match(w) or sw_zero;
@@ -416,17 +405,12 @@ begin
 
     -- two memories with the same contents: smem is read by the hit path, scopy by the host, so each keeps one
     -- write port and one read port (a simple dual-port block RAM)
-    stats_rams : process (clk)
-    begin
-      if rising_edge(clk) then
-        if s_we = '1' then
-          smem(to_integer(s_addr)) <= s_data;
-          scopy(to_integer(s_addr)) <= s_data;
-        end if;
-        lk_stat(w) <= smem(to_integer(s2_set));
-        hb_stat(w) <= scopy(to_integer(hb_addr));
-      end if;
-    end process;
+    smem : entity work.hf_ram
+      generic map (WIDTH => ST_W, ADDR_W => LOG2_SETS)
+      port map (clk => clk, we => s_we, waddr => s_addr, wdata => s_data, raddr => s2_set, rdata => lk_stat(w));
+    scopy : entity work.hf_ram
+      generic map (WIDTH => ST_W, ADDR_W => LOG2_SETS)
+      port map (clk => clk, we => s_we, waddr => s_addr, wdata => s_data, raddr => hb_addr, rdata => hb_stat(w));
   end generate;
 
   host : process (clk)

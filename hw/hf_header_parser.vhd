@@ -54,6 +54,20 @@ architecture rtl of hf_header_parser is
     return byte(b, k) & byte(b, k + 1);
   end function;
 
+  -- v (NHB words of w'length bits, word 0 at the right) with word number beat replaced by w. Fixed slices selected
+  -- by a loop: GHDL 2.0 synthesis drops the register behind a slice whose bounds depend on beat_cnt (simulation
+  -- is right, the netlist is not), so never index a variable slice here.
+  function with_beat(v : std_logic_vector; beat : natural; w : std_logic_vector) return std_logic_vector is
+    variable r : std_logic_vector(v'length - 1 downto 0) := v;
+  begin
+    for k in 0 to NHB - 1 loop
+      if beat = k then
+        r((k + 1) * w'length - 1 downto k * w'length) := w;
+      end if;
+    end loop;
+    return r;
+  end function;
+
   -- IPv4 header checksum: 30 words (IHL 15) in 8 groups of up to 4, summed for both places the header can start;
   -- two-level adder trees in stage 1, three levels in stage 2 (a chain of 5 or 6 adders was 10 LUTs deep)
   constant CS_GROUPS : natural := 8;
@@ -107,14 +121,7 @@ begin
       c_v <= '0';
       if beat_valid = '1' then
         if beat_cnt < NHB then
-          nb := hbuf;
-          -- Fixed slices selected by a loop: GHDL 2.0 synthesis drops the register behind a slice whose bounds
-          -- depend on beat_cnt (simulation is right, the netlist is not), so never index a variable slice here.
-          for k in 0 to NHB - 1 loop
-            if beat_cnt = k then
-              nb((k + 1) * DATA_WIDTH - 1 downto k * DATA_WIDTH) := tdata;
-            end if;
-          end loop;
+          nb := with_beat(hbuf, beat_cnt, tdata);
           hbuf <= nb;
           -- which bytes exist: TKEEP is contiguous from byte 0, so a byte-valid mask replaces a byte count
           -- (a popcount here was 46 LUT levels deep)
@@ -122,11 +129,7 @@ begin
           if beat_cnt = 0 then
             nh := (others => '0');
           end if;
-          for k in 0 to NHB - 1 loop
-            if beat_cnt = k then
-              nh((k + 1) * BYTES - 1 downto k * BYTES) := tkeep;
-            end if;
-          end loop;
+          nh := with_beat(nh, beat_cnt, tkeep);
           have <= nh;
           if beat_cnt = 0 then
             tuser_q <= tuser;

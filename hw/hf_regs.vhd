@@ -78,8 +78,23 @@ architecture rtl of hf_regs is
   signal r_fc_slot : std_logic_vector(23 downto 0) := (others => '0');
   signal r_fc_op : std_logic_vector(2 downto 0) := (others => '0');
   signal r_fc_cmd : std_logic := '0';
-  signal c_pktin, c_pktout, c_fwd, c_drop, c_over, c_pol, c_unp, c_host, c_forced, c_fifo, c_unf, c_state :
-    unsigned(31 downto 0) := (others => '0');
+  -- The event counters: each counts the cycles in which its bit of evx is set. evx is ev_bits (EV_* positions)
+  -- while ev_valid, then ev_sent while ev_valid, then ev_fifo_drop (its own pulse).
+  constant EVX_SENT : natural := EV_W;
+  constant EVX_FIFO_DROP : natural := EV_W + 1;
+  type counter_t is record
+    reg : natural;  -- its register
+    ev : natural;   -- its bit of evx
+  end record;
+  type counters_t is array (natural range <>) of counter_t;
+  constant COUNTERS : counters_t := (
+    (REG_PKTIN, EV_WIRE), (REG_PKTOUT, EVX_SENT), (REG_CNT_FORWARDED, EV_FORWARDED), (REG_CNT_DROPPED, EV_DROPPED),
+    (REG_CNT_SHUNT_OVERRULE, EV_OVERRULE), (REG_CNT_SHUNT_POLICY, EV_POLICY), (REG_CNT_SHUNT_UNPARSED, EV_UNPARSED),
+    (REG_CNT_FROM_HOST, EV_FROM_HOST), (REG_CNT_SHUNT_FORCED, EV_FORCED), (REG_CNT_FIFO_DROP, EVX_FIFO_DROP),
+    (REG_CNT_DROP_UNFILTERABLE, EV_UNFILTERABLE), (REG_CNT_SHUNT_STATE, EV_STATE));
+  type count_arr is array (COUNTERS'range) of unsigned(31 downto 0);
+  signal counts : count_arr := (others => (others => '0'));
+  signal evx : std_logic_vector(EV_W + 1 downto 0);
   signal clear_cnt : std_logic := '0';
   signal bvalid, rvalid : std_logic := '0';
   signal rdata : std_logic_vector(31 downto 0) := (others => '0');
@@ -181,47 +196,25 @@ begin
     end if;
   end process;
 
-  counters : process (clk)
-    procedure bump(signal c : inout unsigned(31 downto 0); cond : std_logic) is
-    begin
-      if cond = '1' then
-        c <= c + 1;
-      end if;
-    end procedure;
+  evx <= ev_fifo_drop & (ev_valid and ev_sent) & (ev_bits and (ev_bits'range => ev_valid));
+
+  count : process (clk)
   begin
     if rising_edge(clk) then
-      if ev_valid = '1' then
-        bump(c_pktin, ev_bits(EV_WIRE));
-        bump(c_pktout, ev_sent);
-        bump(c_fwd, ev_bits(EV_FORWARDED));
-        bump(c_drop, ev_bits(EV_DROPPED));
-        bump(c_over, ev_bits(EV_OVERRULE));
-        bump(c_pol, ev_bits(EV_POLICY));
-        bump(c_unp, ev_bits(EV_UNPARSED));
-        bump(c_host, ev_bits(EV_FROM_HOST));
-        bump(c_forced, ev_bits(EV_FORCED));
-        bump(c_unf, ev_bits(EV_UNFILTERABLE));
-        bump(c_state, ev_bits(EV_STATE));
-      end if;
-      bump(c_fifo, ev_fifo_drop);
+      for i in COUNTERS'range loop
+        if evx(COUNTERS(i).ev) = '1' then
+          counts(i) <= counts(i) + 1;
+        end if;
+      end loop;
       if clear_cnt = '1' or rst = '1' then
-        c_pktin <= (others => '0');
-        c_pktout <= (others => '0');
-        c_fwd <= (others => '0');
-        c_drop <= (others => '0');
-        c_over <= (others => '0');
-        c_pol <= (others => '0');
-        c_unp <= (others => '0');
-        c_host <= (others => '0');
-        c_forced <= (others => '0');
-        c_fifo <= (others => '0');
-        c_unf <= (others => '0');
-        c_state <= (others => '0');
+        counts <= (others => (others => '0'));
       end if;
     end if;
   end process;
 
   read_side : process (clk)
+    variable cnt_word : std_logic_vector(31 downto 0);
+    variable cnt_sel : boolean;
   begin
     if rising_edge(clk) then
       if rvalid = '1' and s_axi_rready = '1' then
@@ -234,8 +227,6 @@ begin
           when REG_VERSION => rdata <= REG_VERSION_RESET;
           when REG_FLIP => rdata <= not r_flip;
           when REG_DEBUG => rdata <= r_debug;
-          when REG_PKTIN => rdata <= std_logic_vector(c_pktin);
-          when REG_PKTOUT => rdata <= std_logic_vector(c_pktout);
           when REG_IND_ADDRESS => rdata <= r_ind_addr;
           when REG_IND_WR_DATA => rdata <= r_ind_wdata;
           when REG_IND_REPLY => rdata <= r_ind_reply;
@@ -245,16 +236,6 @@ begin
           when REG_CONTROL => rdata <= r_control;
           when REG_NUM_ENTRIES => rdata <= std_logic_vector(to_unsigned(N_ENTRIES, 32));
           when REG_MATCHER_HASH => rdata <= MATCHER_HASH;
-          when REG_CNT_FORWARDED => rdata <= std_logic_vector(c_fwd);
-          when REG_CNT_DROPPED => rdata <= std_logic_vector(c_drop);
-          when REG_CNT_SHUNT_OVERRULE => rdata <= std_logic_vector(c_over);
-          when REG_CNT_SHUNT_POLICY => rdata <= std_logic_vector(c_pol);
-          when REG_CNT_SHUNT_UNPARSED => rdata <= std_logic_vector(c_unp);
-          when REG_CNT_FROM_HOST => rdata <= std_logic_vector(c_host);
-          when REG_CNT_SHUNT_FORCED => rdata <= std_logic_vector(c_forced);
-          when REG_CNT_FIFO_DROP => rdata <= std_logic_vector(c_fifo);
-          when REG_CNT_DROP_UNFILTERABLE => rdata <= std_logic_vector(c_unf);
-          when REG_CNT_SHUNT_STATE => rdata <= std_logic_vector(c_state);
           when REG_FC_STATUS => rdata <= fc_status;
           when REG_FC_CONFIG => rdata <= fc_config;
           when REG_FC_NOW => rdata <= fc_now;
@@ -264,6 +245,20 @@ begin
           when REG_FC_FULL => rdata <= fc_full;
           when others => rdata <= (others => '0');
         end case;
+        -- the counters' registers, after the case: GHDL 2.0's Verilog netlist (the yosys estimate) drops the value
+        -- of a case's `when others`, which lost the counters when they were read there. An OR of the (distinct)
+        -- registers' words, not a chain of ifs, keeps the selection flat.
+        cnt_word := (others => '0');
+        cnt_sel := false;
+        for i in COUNTERS'range loop
+          if raddr = COUNTERS(i).reg then
+            cnt_word := cnt_word or std_logic_vector(counts(i));
+            cnt_sel := true;
+          end if;
+        end loop;
+        if cnt_sel then
+          rdata <= cnt_word;
+        end if;
       end if;
       if rst = '1' then
         rvalid <= '0';

@@ -37,20 +37,15 @@ architecture rtl of hf_tables is
   constant SW_W : natural := maximum(1, clog2(SHUNT_WORDS));
   constant NSW : natural := 2 ** SW_W;
   constant NEP : natural := 2 ** IDX_W;
-  subtype word_mem is hf_word_array(0 to NSW - 1);
-  subtype nib_mem is hf_nibble_array(0 to NEP - 1);
-  type cnt_mem is array (0 to NEP - 1) of unsigned(31 downto 0);
 
-  -- No initial contents: GHDL synthesis does not carry a constant array's values into the netlist faithfully
-  -- (the shunt table came out all zeros), so the policy's contents are loaded by the sweep below, which also
-  -- runs at power-on (st starts in RESTORE) and after every reset.
-  signal shunt_mem : word_mem := (others => (others => '0'));
-  signal action_mem : nib_mem := (others => (others => '0'));
-  signal hits_mem : cnt_mem := (others => (others => '0'));
-
+  -- The memories (hf_ram) have no initial contents: GHDL synthesis does not carry a constant array's values into
+  -- the netlist faithfully (the shunt table came out all zeros), so the policy's contents are loaded by the sweep
+  -- below, and the hit counters are zeroed by theirs; both sweeps also run at power-on (st starts in RESTORE,
+  -- clr_busy at '1') and after every reset.
   signal lk_bit : unsigned(4 downto 0) := (others => '0');
-  signal lk_word, ind_word : std_logic_vector(31 downto 0) := (others => '0');
-  signal lk_act, ind_act : std_logic_vector(3 downto 0) := (others => '0');
+  signal lk_sw_addr : unsigned(SW_W - 1 downto 0);
+  signal lk_word, ind_word : std_logic_vector(31 downto 0);
+  signal lk_act, ind_act : std_logic_vector(3 downto 0);
 
   -- indirect access state
   type ind_state_t is (RESTORE, IDLE, ST_ACCESS, REPLY, HITS_WAIT, HITS_REPLY);
@@ -63,8 +58,8 @@ architecture rtl of hf_tables is
   signal rom_sw : std_logic_vector(31 downto 0) := (others => '0');
   signal rom_act : std_logic_vector(3 downto 0) := (others => '0');
   signal swp_we, actp_we : std_logic;
-  signal swp_addr : natural range 0 to NSW - 1;
-  signal actp_addr : natural range 0 to NEP - 1;
+  signal swp_addr : unsigned(SW_W - 1 downto 0);
+  signal actp_addr : unsigned(IDX_W - 1 downto 0);
   signal swp_data : std_logic_vector(31 downto 0);
   signal actp_data : std_logic_vector(3 downto 0);
   signal i_table : unsigned(7 downto 0) := (others => '0');
@@ -73,18 +68,18 @@ architecture rtl of hf_tables is
   signal i_data, i_reply : std_logic_vector(31 downto 0) := (others => '0');
   signal i_done : std_logic := '0';
   signal sw_we, act_we : std_logic;
-  signal sw_addr : natural range 0 to NSW - 1;
-  signal act_addr : natural range 0 to NEP - 1;
+  signal sw_addr : unsigned(SW_W - 1 downto 0);
+  signal act_addr : unsigned(IDX_W - 1 downto 0);
 
   -- hit counters: read, add one, write back; the write of the previous cycle is forwarded
   signal h0_v : std_logic := '0';
   signal h1_v : std_logic := '0';
   signal h1_idx : unsigned(IDX_W - 1 downto 0) := (others => '0');
-  signal h_rd : unsigned(31 downto 0) := (others => '0');
+  signal h_rd : std_logic_vector(31 downto 0);
   signal w_v : std_logic := '0';
   signal w_idx : unsigned(IDX_W - 1 downto 0) := (others => '0');
   signal w_val : unsigned(31 downto 0) := (others => '0');
-  signal clr_busy : std_logic := '0';
+  signal clr_busy : std_logic := '1';
   signal clr_idx : unsigned(IDX_W - 1 downto 0) := (others => '0');
   signal hr_addr : unsigned(IDX_W - 1 downto 0);
   signal hw_en : std_logic;
@@ -99,18 +94,18 @@ begin
 
   in_range : block
   begin
-    sw_addr <= to_integer(resize(i_index, SW_W)) when i_index < SHUNT_WORDS else 0;
-    act_addr <= to_integer(resize(i_index, IDX_W)) when i_index < NE else 0;
+    sw_addr <= resize(i_index, SW_W) when i_index < SHUNT_WORDS else (others => '0');
+    act_addr <= resize(i_index, IDX_W) when i_index < NE else (others => '0');
     sw_we <= '1' when st = ST_ACCESS and i_write = '1' and i_table = TABLE_SHUNT and i_index < SHUNT_WORDS else '0';
     act_we <= '1' when st = ST_ACCESS and i_write = '1' and i_table = TABLE_ACTION and i_index < NE else '0';
   end block;
 
   -- one write port per table: indirect writes, or the restore sweep
   swp_we <= sw_we or (rs_wv and to_sl(rs_widx < NSW));
-  swp_addr <= to_integer(resize(rs_widx, SW_W)) when rs_wv = '1' else sw_addr;
+  swp_addr <= resize(rs_widx, SW_W) when rs_wv = '1' else sw_addr;
   swp_data <= rom_sw when rs_wv = '1' else i_data;
   actp_we <= act_we or rs_wv;
-  actp_addr <= to_integer(rs_widx) when rs_wv = '1' else act_addr;
+  actp_addr <= rs_widx when rs_wv = '1' else act_addr;
   actp_data <= rom_act when rs_wv = '1' else i_data(3 downto 0);
 
   rom : process (clk)
@@ -131,49 +126,39 @@ begin
     end if;
   end process;
 
-  shunt_ram : process (clk)
+  -- shunt and action tables: one read port for lookups, one for indirect reads
+  lk_sw_addr <= resize(shift_right(lk_idx, 5), SW_W);
+  shunt_ram : entity work.hf_ram
+    generic map (WIDTH => 32, ADDR_W => SW_W, READS => 2)
+    port map (clk => clk, we => swp_we, waddr => swp_addr, wdata => swp_data, raddr => lk_sw_addr & sw_addr,
+              rdata(63 downto 32) => lk_word, rdata(31 downto 0) => ind_word);
+
+  action_ram : entity work.hf_ram
+    generic map (WIDTH => 4, ADDR_W => IDX_W, READS => 2)
+    port map (clk => clk, we => actp_we, waddr => actp_addr, wdata => actp_data, raddr => lk_idx & act_addr,
+              rdata(7 downto 4) => lk_act, rdata(3 downto 0) => ind_act);
+
+  lk_reg : process (clk)
   begin
     if rising_edge(clk) then
-      if swp_we = '1' then
-        shunt_mem(swp_addr) <= swp_data;
-      end if;
-      lk_word <= shunt_mem(to_integer(resize(shift_right(lk_idx, 5), SW_W)));
-      ind_word <= shunt_mem(sw_addr);
       lk_bit <= resize(lk_idx, 5);
     end if;
   end process;
-
-  action_ram : process (clk)
-  begin
-    if rising_edge(clk) then
-      if actp_we = '1' then
-        action_mem(actp_addr) <= actp_data;
-      end if;
-      lk_act <= action_mem(to_integer(lk_idx));
-      ind_act <= action_mem(act_addr);
-    end if;
-  end process;
-
   lk_shunt <= lk_word(to_integer(lk_bit));
   lk_action <= lk_act;
 
   -- hit counting: H0 reads, H1 adds (with forwarding of the write issued in the same cycle as the read)
   ind_hits_slot <= '1' when hit_v = '0' and clr_busy = '0' and st = HITS_WAIT else '0';
   hr_addr <= hit_idx when hit_v = '1' else resize(i_index, IDX_W);
-  h_cur <= w_val when w_v = '1' and w_idx = h1_idx else h_rd;
+  h_cur <= w_val when w_v = '1' and w_idx = h1_idx else unsigned(h_rd);
   hw_en <= clr_busy or h1_v;
   hw_addr <= clr_idx when clr_busy = '1' else h1_idx;
   hw_data <= (others => '0') when clr_busy = '1' else h_cur + 1;
 
-  hits_ram : process (clk)
-  begin
-    if rising_edge(clk) then
-      if hw_en = '1' then
-        hits_mem(to_integer(hw_addr)) <= hw_data;
-      end if;
-      h_rd <= hits_mem(to_integer(hr_addr));
-    end if;
-  end process;
+  hits_ram : entity work.hf_ram
+    generic map (WIDTH => 32, ADDR_W => IDX_W)
+    port map (clk => clk, we => hw_en, waddr => hw_addr, wdata => std_logic_vector(hw_data), raddr => hr_addr,
+              rdata => h_rd);
 
   hits_ctrl : process (clk)
   begin
@@ -244,7 +229,7 @@ begin
             st <= HITS_REPLY;
           end if;
         when HITS_REPLY =>
-          i_reply <= std_logic_vector(h_rd);
+          i_reply <= h_rd;
           i_done <= '1';
           st <= IDLE;
       end case;

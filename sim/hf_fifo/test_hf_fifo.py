@@ -51,4 +51,6 @@ async def fifo_order_and_backpressure(dut):
 @pytest.mark.sim
 @pytest.mark.parametrize("width, depth", [(8, 4), (37, 16), (300, 64)])
 def test_fifo(width, depth):
-    run_ghdl("hf_fifo", hw("hf_pkg.vhd", "hf_fifo.vhd"), f"w{width}_d{depth}", {"WIDTH": width, "DEPTH": depth})
+    run_ghdl(
+        "hf_fifo", hw("hf_pkg.vhd", "hf_ram.vhd", "hf_fifo.vhd"), f"w{width}_d{depth}", {"WIDTH": width, "DEPTH": depth}
+    )

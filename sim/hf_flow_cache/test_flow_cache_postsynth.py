@@ -20,7 +20,7 @@ def test_flow_cache_postsynth():
     tag = f"postsynth_s{LOG2_SETS}_w{WAYS}"
     work = fresh_build(TOP, tag) / "synth"
     work.mkdir()
-    sources = hw("hf_pkg.vhd", "hf_flow_cache.vhd")
+    sources = hw("hf_pkg.vhd", "hf_ram.vhd", "hf_flow_cache.vhd")
     generics = [f"-gLOG2_SETS={LOG2_SETS}", f"-gWAYS={WAYS}", f"-gTS_W={TS_W}", "-gTICK_CYCLES=3"]
     argv = ["ghdl", "--synth", "--std=08", f"--workdir={work}", *generics, "--out=vhdl", *map(str, sources), "-e", TOP]
     text = netns.run(argv, cwd=work, timeout=None)

@@ -458,4 +458,4 @@ async def clear_and_reset(dut):
 def test_flow_cache(log2_sets, ways, ts_w):
     tag = f"s{log2_sets}_w{ways}_t{ts_w}"
     params = {"LOG2_SETS": log2_sets, "WAYS": ways, "TS_W": ts_w, "TICK_CYCLES": 3}
-    run_ghdl("hf_flow_cache", hw("hf_pkg.vhd", "hf_flow_cache.vhd"), tag, params)
+    run_ghdl("hf_flow_cache", hw("hf_pkg.vhd", "hf_ram.vhd", "hf_flow_cache.vhd"), tag, params)

@@ -196,5 +196,5 @@ def test_tables(n):
     gen = out / "gen"
     vhdl.render(plan, gen)
     cfg = save_obj(plan, out / "cfg.pkl")
-    sources = [gen / "hf_regs_pkg.vhd", gen / "hf_policy_pkg.vhd", *hw("hf_pkg.vhd", "hf_tables.vhd")]
+    sources = [gen / "hf_regs_pkg.vhd", gen / "hf_policy_pkg.vhd", *hw("hf_pkg.vhd", "hf_ram.vhd", "hf_tables.vhd")]
     run_ghdl("hf_tables", sources, tag, {}, env={"HF_TB_CFG": str(cfg)})

@@ -32,7 +32,7 @@ _PART_SOURCES = {
     "hf_matcher": ("hf_regs_pkg.vhd", "hf_policy_pkg.vhd", "hf_pkg.vhd", "hf_matcher.vhd"),
     "hf_prio_enc": ("hf_pkg.vhd", "hf_prio_enc.vhd"),
 }
-FLOW_CACHE_SOURCES = ("hf_pkg.vhd", "hf_flow_cache.vhd")
+FLOW_CACHE_SOURCES = ("hf_pkg.vhd", "hf_ram.vhd", "hf_flow_cache.vhd")
 
 
 def _run(cmd: list[str], cwd: Path, what: str) -> str:

@@ -22,6 +22,7 @@ BOX_STAGE_ABOVE = 4  # entries with more boxes than this get a registered box st
 # only where nothing static instantiates it; hypafilter_core does, so it comes last).
 STATIC_SOURCES = (
     "hf_pkg.vhd",
+    "hf_ram.vhd",
     "hf_fifo.vhd",
     "hf_header_parser.vhd",
     "hf_prio_enc.vhd",

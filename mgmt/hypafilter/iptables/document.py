@@ -141,39 +141,19 @@ class _Document:
         if ch is None:
             return False
         i, end = 2, n - 2
-        src = dst = proto = None
         sport = dport = None
         explicit = False
-        if i < end and w[i] == "-s":
-            src = _fast_addr(w[i + 1]) if i + 1 < end else None
-            if src is None:
-                return False
-            i += 2
-        if i < end and w[i] == "-d":
-            dst = _fast_addr(w[i + 1]) if i + 1 < end else None
-            if dst is None:
-                return False
-            i += 2
-        if i < end and w[i] == "-p":
-            proto = _FAST_PROTOS.get(w[i + 1]) if i + 1 < end else None
-            if proto is None:
-                return False
-            i += 2
+        src, i = _fast_opt(w, i, end, "-s", _fast_addr)
+        dst, i = _fast_opt(w, i, end, "-d", _fast_addr)
+        proto, i = _fast_opt(w, i, end, "-p", _FAST_PROTOS.get)
+        if proto is not None and proto is not _NOT_FAST:
             if i < end and w[i] == "-m":
                 if i + 1 >= end or w[i + 1] != IMPLICIT_MATCH[proto]:
                     return False
                 explicit, i = True, i + 2
-            if i < end and w[i] == "--sport":
-                sport = _fast_port(w[i + 1]) if i + 1 < end else None
-                if sport is None:
-                    return False
-                i += 2
-            if i < end and w[i] == "--dport":
-                dport = _fast_port(w[i + 1]) if i + 1 < end else None
-                if dport is None:
-                    return False
-                i += 2
-        if i != end:
+            sport, i = _fast_opt(w, i, end, "--sport", _fast_port)
+            dport, i = _fast_opt(w, i, end, "--dport", _fast_port)
+        if i != end or _NOT_FAST in (src, dst, proto, sport, dport):
             return False
         r = ParsedRule(chain=ch.name, origin=Origin(self.filename, no, ch.name, raw.strip()), target=w[-1])
         full = _FULL_BOX
@@ -329,6 +309,18 @@ class _Document:
 FAST_PATH = True
 _FAST_TARGETS = frozenset({"ACCEPT", "DROP"})
 _FAST_PROTOS = {"tcp": PROTO_TCP, "udp": PROTO_UDP}
+_NOT_FAST = object()  # an option of the fast shape whose value the fast path does not take
+
+
+def _fast_opt(w: list[str], i: int, end: int, opt: str, value) -> tuple:
+    """`opt VALUE` at w[i] (before w[end]): (value(VALUE), i + 2); (None, i) when w[i] is not opt, and
+    (_NOT_FAST, i) when VALUE is missing or value() gives None for it (the general path reports it)."""
+    if i >= end or w[i] != opt:
+        return None, i
+    v = value(w[i + 1]) if i + 1 < end else None
+    return (_NOT_FAST, i) if v is None else (v, i + 2)
+
+
 _FULL_BOX = Box.full()
 _NO_CTX = Ctx("<fast>", 0)
 

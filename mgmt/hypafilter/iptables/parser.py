@@ -66,22 +66,21 @@ _STD_ARG |= {"-m": True, "-c": True, "-4": False, "-6": False}
 _INVERTIBLE_STD = frozenset({"-s", "-d", "-p", "-i", "-o", "-f"})
 
 # Options of the matches the compiler models: match -> {spelling: (canonical, number of arguments)}.
+# tcp and udp share the port options.
+_PORT_OPTS = {
+    "--sport": ("--sport", 1),
+    "--source-port": ("--sport", 1),
+    "--dport": ("--dport", 1),
+    "--destination-port": ("--dport", 1),
+}
 _MATCH_OPTS: dict[str, dict[str, tuple[str, int]]] = {
     "tcp": {
-        "--sport": ("--sport", 1),
-        "--source-port": ("--sport", 1),
-        "--dport": ("--dport", 1),
-        "--destination-port": ("--dport", 1),
+        **_PORT_OPTS,
         "--tcp-flags": ("--tcp-flags", 2),
         "--syn": ("--syn", 0),
         "--tcp-option": ("--tcp-option", 1),
     },
-    "udp": {
-        "--sport": ("--sport", 1),
-        "--source-port": ("--sport", 1),
-        "--dport": ("--dport", 1),
-        "--destination-port": ("--dport", 1),
-    },
+    "udp": _PORT_OPTS,
     "icmp": {"--icmp-type": ("--icmp-type", 1)},
     "multiport": {
         "--sports": ("--sports", 1),

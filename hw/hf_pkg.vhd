@@ -31,7 +31,8 @@ package hf_pkg is
   constant EV_FORCED    : natural := 6;
   constant EV_WIRE      : natural := 7;
   constant EV_UNFILTERABLE : natural := 8;  -- dropped: netfilter cannot filter it (CONTROL bit 2 clear)
-  constant EV_W      : natural := 9;
+  constant EV_STATE  : natural := 9;  -- shunted with reason 3: a flow-cache miss (CONTROL bits 4/5)
+  constant EV_W      : natural := 10;
 
   function clog2(n : natural) return natural;
   function popcount(v : std_logic_vector) return natural;

@@ -1,5 +1,7 @@
 -- AXI4-Lite register block of the core: the registers of hw/regmap.txt (offsets from the generated
--- hf_regs_pkg), event counters, and the SUME indirect-access protocol to the per-entry tables.
+-- hf_regs_pkg), event counters, the SUME indirect-access protocol to the per-entry tables, and the flow cache's
+-- command registers (FC_KEY0..3, FC_SLOT, FC_CMD: a write of FC_CMD pulses fc_cmd unless FC_STATUS bit 31, busy,
+-- is set) with its read-back registers, whose values the core supplies (0 when it has no flow cache).
 library ieee;
 use ieee.std_logic_1164.all;
 use ieee.numeric_std.all;
@@ -47,7 +49,22 @@ entity hf_regs is
     ind_addr      : out std_logic_vector(31 downto 0);
     ind_wdata     : out std_logic_vector(31 downto 0);
     ind_done      : in  std_logic;
-    ind_rdata     : in  std_logic_vector(31 downto 0)
+    ind_rdata     : in  std_logic_vector(31 downto 0);
+    -- flow cache: command (fc_cmd pulses for one cycle with fc_op, the key and the slot) and read-back values
+    fc_cmd        : out std_logic;
+    fc_op         : out std_logic_vector(2 downto 0);
+    fc_key0       : out std_logic_vector(31 downto 0);
+    fc_key1       : out std_logic_vector(31 downto 0);
+    fc_key2       : out std_logic_vector(31 downto 0);
+    fc_key3       : out std_logic_vector(31 downto 0);
+    fc_slot       : out std_logic_vector(23 downto 0);
+    fc_status     : in  std_logic_vector(31 downto 0) := (others => '0');
+    fc_config     : in  std_logic_vector(31 downto 0) := (others => '0');
+    fc_now        : in  std_logic_vector(31 downto 0) := (others => '0');
+    fc_occupancy  : in  std_logic_vector(31 downto 0) := (others => '0');
+    fc_inserts    : in  std_logic_vector(31 downto 0) := (others => '0');
+    fc_deletes    : in  std_logic_vector(31 downto 0) := (others => '0');
+    fc_full       : in  std_logic_vector(31 downto 0) := (others => '0')
   );
 end entity;
 
@@ -57,6 +74,10 @@ architecture rtl of hf_regs is
   signal r_control : std_logic_vector(31 downto 0) := REG_CONTROL_RESET;
   signal r_ind_busy, r_ind_rd, r_ind_stream : std_logic := '0';
   signal wr_stall : std_logic;
+  signal r_fc_key0, r_fc_key1, r_fc_key2, r_fc_key3 : std_logic_vector(31 downto 0) := (others => '0');
+  signal r_fc_slot : std_logic_vector(23 downto 0) := (others => '0');
+  signal r_fc_op : std_logic_vector(2 downto 0) := (others => '0');
+  signal r_fc_cmd : std_logic := '0';
   -- The event counters: each counts the cycles in which its bit of evx is set. evx is ev_bits (EV_* positions)
   -- while ev_valid, then ev_sent while ev_valid, then ev_fifo_drop (its own pulse).
   constant EVX_SENT : natural := EV_W;
@@ -70,7 +91,7 @@ architecture rtl of hf_regs is
     (REG_PKTIN, EV_WIRE), (REG_PKTOUT, EVX_SENT), (REG_CNT_FORWARDED, EV_FORWARDED), (REG_CNT_DROPPED, EV_DROPPED),
     (REG_CNT_SHUNT_OVERRULE, EV_OVERRULE), (REG_CNT_SHUNT_POLICY, EV_POLICY), (REG_CNT_SHUNT_UNPARSED, EV_UNPARSED),
     (REG_CNT_FROM_HOST, EV_FROM_HOST), (REG_CNT_SHUNT_FORCED, EV_FORCED), (REG_CNT_FIFO_DROP, EVX_FIFO_DROP),
-    (REG_CNT_DROP_UNFILTERABLE, EV_UNFILTERABLE));
+    (REG_CNT_DROP_UNFILTERABLE, EV_UNFILTERABLE), (REG_CNT_SHUNT_STATE, EV_STATE));
   type count_arr is array (COUNTERS'range) of unsigned(31 downto 0);
   signal counts : count_arr := (others => (others => '0'));
   signal evx : std_logic_vector(EV_W + 1 downto 0);
@@ -104,6 +125,7 @@ begin
     if rising_edge(clk) then
       req <= '0';
       clear_cnt <= '0';
+      r_fc_cmd <= '0';
       if bvalid = '1' and s_axi_bready = '1' then
         bvalid <= '0';
       end if;
@@ -143,6 +165,19 @@ begin
             r_gen <= s_axi_wdata;
           when REG_CONTROL =>
             r_control <= s_axi_wdata;
+          when REG_FC_KEY0 =>
+            r_fc_key0 <= s_axi_wdata;
+          when REG_FC_KEY1 =>
+            r_fc_key1 <= s_axi_wdata;
+          when REG_FC_KEY2 =>
+            r_fc_key2 <= s_axi_wdata;
+          when REG_FC_KEY3 =>
+            r_fc_key3 <= s_axi_wdata;
+          when REG_FC_SLOT =>
+            r_fc_slot <= s_axi_wdata(23 downto 0);
+          when REG_FC_CMD =>
+            r_fc_op <= s_axi_wdata(2 downto 0);
+            r_fc_cmd <= not fc_status(31);  -- ignored while the last command runs
           when others =>
             null;
         end case;
@@ -150,6 +185,7 @@ begin
       if rst = '1' then
         bvalid <= '0';
         req <= '0';
+        r_fc_cmd <= '0';
         r_ind_busy <= '0';
         r_ind_stream <= '0';
         r_gen <= REG_GENERATION_RESET;
@@ -200,6 +236,13 @@ begin
           when REG_CONTROL => rdata <= r_control;
           when REG_NUM_ENTRIES => rdata <= std_logic_vector(to_unsigned(N_ENTRIES, 32));
           when REG_MATCHER_HASH => rdata <= MATCHER_HASH;
+          when REG_FC_STATUS => rdata <= fc_status;
+          when REG_FC_CONFIG => rdata <= fc_config;
+          when REG_FC_NOW => rdata <= fc_now;
+          when REG_FC_OCCUPANCY => rdata <= fc_occupancy;
+          when REG_FC_INSERTS => rdata <= fc_inserts;
+          when REG_FC_DELETES => rdata <= fc_deletes;
+          when REG_FC_FULL => rdata <= fc_full;
           when others => rdata <= (others => '0');
         end case;
         -- the counters' registers, after the case: GHDL 2.0's Verilog netlist (the yosys estimate) drops the value
@@ -230,4 +273,11 @@ begin
   ind_write <= not r_ind_rd;
   ind_addr <= r_ind_addr;
   ind_wdata <= r_ind_wdata;
+  fc_cmd <= r_fc_cmd;
+  fc_op <= r_fc_op;
+  fc_key0 <= r_fc_key0;
+  fc_key1 <= r_fc_key1;
+  fc_key2 <= r_fc_key2;
+  fc_key3 <= r_fc_key3;
+  fc_slot <= r_fc_slot;
 end architecture;

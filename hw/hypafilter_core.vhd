@@ -3,19 +3,28 @@
 -- header runs through parser, generated matcher, priority encoder and table lookup; the output stage joins
 -- each frame with its decision (DROP, FORWARD to the paired MAC, SHUNT to the host with metadata; in host mode,
 -- CONTROL bit 3, a hardware ACCEPT goes to the host too, with metadata reason 5 "decided").
+-- With a flow cache (FC_LOG2_SETS > 0) the parsed header is looked up in hf_flow_cache and waits its LATENCY
+-- (4 cycles) before the matcher, which then sees the frame's ct: 0 unknown (miss, bypass, not TCP/UDP, unparsed),
+-- 1 a hit in the flow's original direction, 2 a hit in its reply direction. CONTROL bits 4/5 shunt a frame with
+-- ct = 0 whose decision is ACCEPT/DROP with reason 3 ("state unknown"). Host commands (FC_* registers) and the
+-- FLOW_* tables of the indirect interface share the cache's command port.
 library ieee;
 use ieee.std_logic_1164.all;
 use ieee.numeric_std.all;
 
 use work.hf_pkg.all;
 use work.hf_policy_pkg.all;
+use work.hf_regs_pkg.all;
 
 entity hypafilter_core is
   generic (
     C_S_AXIS_DATA_WIDTH  : positive := 256;    -- TDATA bits: 256 (SUME) or 512 (NetFPGA-PLUS)
     C_S_AXIS_TUSER_WIDTH : positive := 128;    -- TUSER bits (SUME layout, 128)
     C_S_AXI_ADDR_WIDTH   : positive := 12;     -- AXI4-Lite address bits (4 KB window)
-    C_FIFO_DEPTH_BYTES   : positive := 65536   -- packet FIFO size; TDATA bytes times a power of two
+    C_FIFO_DEPTH_BYTES   : positive := 65536;  -- packet FIFO size; TDATA bytes times a power of two
+    FC_LOG2_SETS         : natural := 0;       -- flow cache sets = 2**FC_LOG2_SETS; 0: no flow cache (ct always 0)
+    FC_WAYS              : positive := 4;      -- flow cache ways (FC_WAYS * 2**FC_LOG2_SETS in 4,096..65,536)
+    FC_TICK_CYCLES       : positive := 200000  -- clock cycles per flow cache timestamp tick (1 ms at 200 MHz)
   );
   port (
     axis_aclk     : in  std_logic;
@@ -61,17 +70,51 @@ architecture rtl of hypafilter_core is
   constant DECW : natural := 1 + EV_W + UW;  -- decision FIFO word: drop, events, tuser
 
   constant SIDE_DELAY : natural := MATCH_LATENCY + ENC_STAGES;
+  constant FC_ON : boolean := FC_LOG2_SETS > 0;
+  constant FC_TS_W : natural := 32;
+
+  -- the parsed header (and the frame information with it), as the parser gives it and as the matcher takes it
+  type hdr_t is record
+    v     : std_logic;
+    unp   : std_logic;
+    unf   : std_logic;
+    tu    : std_logic_vector(UW - 1 downto 0);
+    src   : std_logic_vector(31 downto 0);
+    dst   : std_logic_vector(31 downto 0);
+    proto : std_logic_vector(7 downto 0);
+    it    : std_logic_vector(7 downto 0);
+    ic    : std_logic_vector(7 downto 0);
+    flags : std_logic_vector(7 downto 0);
+    sport : std_logic_vector(15 downto 0);
+    dport : std_logic_vector(15 downto 0);
+    iport : std_logic_vector(1 downto 0);
+  end record;
+  constant HDR_ZERO : hdr_t := ('0', '0', '0', (others => '0'), (others => '0'), (others => '0'), (others => '0'),
+                                (others => '0'), (others => '0'), (others => '0'), (others => '0'),
+                                (others => '0'), (others => '0'));
+  signal hp, hq : hdr_t;
+  signal q_ct : std_logic_vector(1 downto 0);
 
   type side_t is record
     v   : std_logic;
     unp : std_logic;
     unf : std_logic;  -- unfilterable by netfilter (two VLAN tags)
+    ct  : std_logic_vector(1 downto 0);  -- flow-cache state: 0 unknown, 1 original direction, 2 reply
     tu  : std_logic_vector(UW - 1 downto 0);
   end record;
   type side_line is array (1 to SIDE_DELAY) of side_t;
-  constant SIDE_ZERO : side_t := ('0', '0', '0', (others => '0'));
+  constant SIDE_ZERO : side_t := ('0', '0', '0', "00", (others => '0'));
   signal side_in : side_t;
   signal side : side_line := (others => SIDE_ZERO);
+
+  -- flow cache command port and the register side of it
+  signal fc_cmd : std_logic;
+  signal fc_op : std_logic_vector(2 downto 0);
+  signal fc_key0, fc_key1, fc_key2, fc_key3 : std_logic_vector(31 downto 0);
+  signal fc_slot : std_logic_vector(23 downto 0);
+  signal fc_status, fc_config, fc_now, fc_occ, fc_ins, fc_del, fc_full : std_logic_vector(31 downto 0);
+  signal fc_tbl, tbl_req, tbl_done, fc_ind_done : std_logic;
+  signal tbl_rdata, fc_ind_rdata : std_logic_vector(31 downto 0);
 
   signal rst : std_logic;
   signal accept, pkt_in_ready : std_logic;
@@ -81,8 +124,6 @@ architecture rtl of hypafilter_core is
   signal h_proto, h_it, h_ic, h_flags : std_logic_vector(7 downto 0);
   signal h_sport, h_dport : std_logic_vector(15 downto 0);
   signal h_iport : std_logic_vector(1 downto 0);
-  -- what the flow cache knows of the frame (ir.box CT_*): no flow cache is wired yet, so every frame is unknown
-  signal h_ct : std_logic_vector(1 downto 0) := "00";
   signal res : std_logic_vector(RES_WIDTH - 1 downto 0);
   signal enc_any : std_logic;
   signal enc_idx : unsigned(IDX_W - 1 downto 0);
@@ -93,6 +134,7 @@ architecture rtl of hypafilter_core is
 
   signal t1 : side_t := SIDE_ZERO;
   signal t1_idx : unsigned(IDX_W - 1 downto 0) := (others => '0');
+  signal t1_mfa, t1_mfd : std_logic := '0';  -- ct = 0 and CONTROL bit 4 (5): registered here, off the decision's path
   signal d_in_v : std_logic := '0';
   signal d_in : std_logic_vector(DECW - 1 downto 0) := (others => '0');
   signal d_in_ready : std_logic;
@@ -139,18 +181,212 @@ begin
       h_src => h_src, h_dst => h_dst, h_proto => h_proto, h_sport => h_sport, h_dport => h_dport,
       h_icmp_type => h_it, h_icmp_code => h_ic, h_iport => h_iport, h_flags => h_flags);
 
+  hp <= (h_valid, h_unp, h_unf, h_tuser, h_src, h_dst, h_proto, h_it, h_ic, h_flags, h_sport, h_dport, h_iport);
+
+  no_cache : if not FC_ON generate
+    hq <= hp;
+    q_ct <= "00";
+    fc_status <= (others => '0');
+    fc_config <= (others => '0');
+    fc_now <= (others => '0');
+    fc_occ <= (others => '0');
+    fc_ins <= (others => '0');
+    fc_del <= (others => '0');
+    fc_full <= (others => '0');
+    -- the FLOW_* tables read 0; a write to them does nothing
+    answer : process (axis_aclk)
+    begin
+      if rising_edge(axis_aclk) then
+        fc_ind_done <= ind_req and fc_tbl and not rst;
+      end if;
+    end process;
+    fc_ind_rdata <= (others => '0');
+  end generate;
+
+  with_cache : if FC_ON generate
+    constant LAT : natural := 4;  -- hf_flow_cache's lookup latency (hypafilter.hw.flowcache.LATENCY)
+    type hdr_line is array (1 to LAT) of hdr_t;
+    signal hl : hdr_line := (others => HDR_ZERO);
+    signal sp : std_logic_vector(7 downto 0);
+    signal lk_v, r_hit, r_dir : std_logic;
+    -- command port: FC_CMD commands and FLOW_* table reads, one at a time (a read of a slot serves the tables)
+    type arb_t is (A_IDLE, A_ISSUE, A_WAIT);
+    signal arb : arb_t := A_IDLE;
+    signal reg_pend, ind_pend, own_ind : std_logic := '0';
+    signal p_op : std_logic_vector(2 downto 0) := (others => '0');
+    signal p_k0, p_k1, p_k2, p_k3 : std_logic_vector(31 downto 0) := (others => '0');
+    signal p_slot : std_logic_vector(23 downto 0) := (others => '0');
+    signal i_tbl : std_logic_vector(7 downto 0) := (others => '0');
+    signal i_idx : std_logic_vector(23 downto 0) := (others => '0');
+    signal c_ready, r_valid, r_counted : std_logic;
+    signal c_op : std_logic_vector(2 downto 0) := (others => '0');
+    signal c_src, c_dst : std_logic_vector(31 downto 0) := (others => '0');
+    signal c_proto : std_logic_vector(7 downto 0) := (others => '0');
+    signal c_sport, c_dport : std_logic_vector(15 downto 0) := (others => '0');
+    signal c_slot : std_logic_vector(23 downto 0) := (others => '0');
+    signal c_v : std_logic := '0';
+    signal r_status : std_logic_vector(3 downto 0);
+    signal r_slot : std_logic_vector(23 downto 0);
+    signal r_word : std_logic_vector(106 downto 0);
+    signal r_seen : std_logic_vector(FC_TS_W - 1 downto 0);
+    signal r_hits : std_logic_vector(31 downto 0);
+    signal stat : std_logic_vector(31 downto 0) := (others => '0');
+    signal i_done : std_logic := '0';
+    signal i_rdata : std_logic_vector(31 downto 0) := (others => '0');
+  begin
+    -- looked up: parsed TCP/UDP frames from a wire port (anything else has ct 0)
+    sp <= hp.tu(TUSER_SRC_LO + 7 downto TUSER_SRC_LO);
+    lk_v <= hp.v and not hp.unp and not hp.unf and to_sl(sp = x"01" or sp = x"04" or sp = x"10" or sp = x"40")
+            and to_sl(hp.proto = x"06" or hp.proto = x"11");
+
+    cache : entity work.hf_flow_cache
+      generic map (LOG2_SETS => FC_LOG2_SETS, WAYS => FC_WAYS, TS_W => FC_TS_W, TICK_CYCLES => FC_TICK_CYCLES)
+      port map (
+        clk => axis_aclk, rst => rst,
+        lk_valid => lk_v, lk_src_ip => hp.src, lk_dst_ip => hp.dst, lk_proto => hp.proto, lk_sport => hp.sport,
+        lk_dport => hp.dport, lk_tcp_flags => hp.flags,
+        res_valid => open, res_hit => r_hit, res_bypass => open, res_dir => r_dir, res_slot => open,
+        h_valid => c_v, h_ready => c_ready, h_op => c_op, h_src_ip => c_src, h_dst_ip => c_dst, h_proto => c_proto,
+        h_sport => c_sport, h_dport => c_dport, h_slot => c_slot,
+        r_valid => r_valid, r_status => r_status, r_slot => r_slot, r_word => r_word, r_counted => r_counted,
+        r_seen => r_seen, r_hits => r_hits,
+        now => fc_now, occupancy => fc_occ, cnt_inserts => fc_ins, cnt_deletes => fc_del, cnt_full => fc_full,
+        cnt_clear => hits_clear, ready => open);
+
+    -- the header waits for its lookup result: both reach the matcher in the same cycle
+    delay : process (axis_aclk)
+    begin
+      if rising_edge(axis_aclk) then
+        hl(1) <= hp;
+        for i in 2 to LAT loop
+          hl(i) <= hl(i - 1);
+        end loop;
+        if rst = '1' then
+          for i in 1 to LAT loop
+            hl(i).v <= '0';
+          end loop;
+        end if;
+      end if;
+    end process;
+    hq <= hl(LAT);
+    q_ct <= ('0' & '1') when r_hit = '1' and r_dir = '0' else
+            ('1' & '0') when r_hit = '1' else "00";
+
+    arbiter : process (axis_aclk)
+      variable slot : unsigned(23 downto 0);
+      variable w3 : std_logic_vector(31 downto 0);
+    begin
+      if rising_edge(axis_aclk) then
+        i_done <= '0';
+        if fc_cmd = '1' then  -- hf_regs ignores FC_CMD while bit 31 (busy) is set
+          reg_pend <= '1';
+          stat(31) <= '1';
+          p_op <= fc_op;
+          p_k0 <= fc_key0;
+          p_k1 <= fc_key1;
+          p_k2 <= fc_key2;
+          p_k3 <= fc_key3;
+          p_slot <= fc_slot;
+        end if;
+        if ind_req = '1' and fc_tbl = '1' then
+          if ind_write = '1' then
+            i_done <= '1';  -- the FLOW_* tables are read-only: a write does nothing
+            i_rdata <= (others => '0');
+          else
+            ind_pend <= '1';
+            i_tbl <= ind_addr(31 downto 24);
+            i_idx <= ind_addr(23 downto 0);
+          end if;
+        end if;
+        case arb is
+          when A_IDLE =>
+            if reg_pend = '1' then
+              reg_pend <= '0';
+              own_ind <= '0';
+              c_op <= p_op;
+              c_src <= p_k0;
+              c_dst <= p_k1;
+              c_sport <= p_k2(31 downto 16);
+              c_dport <= p_k2(15 downto 0);
+              c_proto <= p_k3(7 downto 0);
+              c_slot <= p_slot;
+              c_v <= '1';
+              arb <= A_ISSUE;
+            elsif ind_pend = '1' then
+              ind_pend <= '0';
+              own_ind <= '1';
+              c_op <= "100";  -- read slot
+              slot := unsigned(i_idx);
+              if unsigned(i_tbl) = TABLE_FLOW_KEY then
+                slot := shift_right(slot, 2);
+              end if;
+              c_slot <= std_logic_vector(slot);
+              c_v <= '1';
+              arb <= A_ISSUE;
+            end if;
+          when A_ISSUE =>
+            if c_ready = '1' then  -- taken at this edge
+              c_v <= '0';
+              arb <= A_WAIT;
+            end if;
+          when A_WAIT =>
+            if r_valid = '1' then
+              arb <= A_IDLE;
+              if own_ind = '0' then
+                stat <= "0000" & r_status & r_slot;
+              else
+                i_done <= '1';
+                if unsigned(i_tbl) = TABLE_FLOW_SEEN then
+                  i_rdata <= std_logic_vector(resize(unsigned(r_seen), 32));
+                elsif unsigned(i_tbl) = TABLE_FLOW_HITS then
+                  i_rdata <= r_hits;
+                elsif i_idx(1 downto 0) = "00" then
+                  i_rdata <= r_word(103 downto 72);
+                elsif i_idx(1 downto 0) = "01" then
+                  i_rdata <= r_word(71 downto 40);
+                elsif i_idx(1 downto 0) = "10" then
+                  i_rdata <= r_word(39 downto 8);
+                else
+                  -- word 3 built bit by bit: GHDL 2.0's Verilog of the same concatenation inside a case branch
+                  -- read back word 2 in the emulator (the VHDL netlist was right)
+                  w3 := (others => '0');
+                  w3(31) := r_word(106);
+                  w3(30) := r_counted;
+                  w3(8) := r_word(104);
+                  w3(7 downto 0) := r_word(7 downto 0);
+                  i_rdata <= w3;
+                end if;
+              end if;
+            end if;
+        end case;
+        if rst = '1' then
+          arb <= A_IDLE;
+          reg_pend <= '0';
+          ind_pend <= '0';
+          c_v <= '0';
+          stat <= (others => '0');
+          i_done <= '0';
+        end if;
+      end if;
+    end process;
+    fc_status <= stat;
+    fc_config <= std_logic_vector(to_unsigned(FC_LOG2_SETS + 256 * FC_WAYS + 65536 * FC_TS_W, 32));
+    fc_ind_done <= i_done;
+    fc_ind_rdata <= i_rdata;
+  end generate;
+
   matcher : entity work.hf_matcher
     port map (
-      clk => axis_aclk, h_src => h_src, h_dst => h_dst, h_proto => h_proto, h_sport => h_sport,
-      h_dport => h_dport, h_icmp_type => h_it, h_icmp_code => h_ic, h_iport => h_iport, h_ct => h_ct,
-      h_flags => h_flags, res => res);
+      clk => axis_aclk, h_src => hq.src, h_dst => hq.dst, h_proto => hq.proto, h_sport => hq.sport,
+      h_dport => hq.dport, h_icmp_type => hq.it, h_icmp_code => hq.ic, h_iport => hq.iport, h_flags => hq.flags,
+      h_ct => q_ct, res => res);
 
   encoder : entity work.hf_prio_enc
     generic map (N_IN => RES_WIDTH, FANIN => ENC_FANIN, STAGES => ENC_STAGES, IDX_W => IDX_W)
     port map (clk => axis_aclk, vec => res, any => enc_any, idx => enc_idx);
 
   -- frame information travelling beside matcher and encoder
-  side_in <= (h_valid, h_unp, h_unf, h_tuser);
+  side_in <= (hq.v, hq.unp, hq.unf, q_ct, hq.tu);
   side_shift : process (axis_aclk)
   begin
     if rising_edge(axis_aclk) then
@@ -168,12 +404,20 @@ begin
 
   lk_idx <= enc_idx when enc_any = '1' else to_unsigned(N_ENTRIES, IDX_W);
 
+  -- indirect accesses to the FLOW_* tables go to the flow cache's command port, the others to hf_tables
+  fc_tbl <= '1' when unsigned(ind_addr(31 downto 24)) = TABLE_FLOW_KEY
+                  or unsigned(ind_addr(31 downto 24)) = TABLE_FLOW_SEEN
+                  or unsigned(ind_addr(31 downto 24)) = TABLE_FLOW_HITS else '0';
+  tbl_req <= ind_req and not fc_tbl;
+  ind_done <= tbl_done or fc_ind_done;
+  ind_rdata <= fc_ind_rdata when fc_ind_done = '1' else tbl_rdata;
+
   tables : entity work.hf_tables
     port map (
       clk => axis_aclk, rst => rst, lk_idx => lk_idx, lk_shunt => lk_shunt, lk_action => lk_action,
       hit_v => hit_v, hit_idx => hit_idx, hits_clear => hits_clear,
-      ind_req => ind_req, ind_write => ind_write, ind_addr => ind_addr, ind_wdata => ind_wdata,
-      ind_done => ind_done, ind_rdata => ind_rdata, ready => tbl_ready);
+      ind_req => tbl_req, ind_write => ind_write, ind_addr => ind_addr, ind_wdata => ind_wdata,
+      ind_done => tbl_done, ind_rdata => tbl_rdata, ready => tbl_ready);
 
   decide : process (axis_aclk)
     variable sp : std_logic_vector(7 downto 0);
@@ -187,6 +431,8 @@ begin
     if rising_edge(axis_aclk) then
       t1 <= side(SIDE_DELAY);
       t1_idx <= lk_idx;
+      t1_mfa <= to_sl(side(SIDE_DELAY).ct = "00") and control(4);
+      t1_mfd <= to_sl(side(SIDE_DELAY).ct = "00") and control(5);
 
       sp := t1.tu(TUSER_SRC_LO + 7 downto TUSER_SRC_LO);
       wire := sp = x"01" or sp = x"04" or sp = x"10" or sp = x"40";
@@ -229,11 +475,12 @@ begin
         if lk_shunt = '0' and (action = x"1" or action = x"2") then
           ev(EV_FORCED) := '1';
         end if;
-      elsif (action = x"1" and control(4) = '1') or (action = x"2" and control(5) = '1') then
-        -- miss forcing (MISS_SHUNT_ACCEPT/DROP): conntrack must see a frame of a connection the fast path does
-        -- not know; h_ct is "00" for every frame until the flow cache is wired, so every frame is a miss
+      elsif (action = x"1" and t1_mfa = '1') or (action = x"2" and t1_mfd = '1') then
+        -- a flow-cache miss whose verdict conntrack must see (MISS_SHUNT_ACCEPT / MISS_SHUNT_DROP): to the host,
+        -- with the entry's match_index and action as for any shunt
         shunt := true;
         reason := REASON_STATE;
+        ev(EV_STATE) := '1';
       elsif action = x"1" and control(3) = '1' then
         -- host mode: the verdict is final; the frame goes to the ingress port's DMA queue, as a shunt does
         ev(EV_FORWARDED) := '1';
@@ -305,5 +552,8 @@ begin
       generation => generation, control => control,
       ev_valid => ev_valid, ev_bits => ev_bits, ev_sent => ev_sent, ev_fifo_drop => fifo_drop,
       hits_clear => hits_clear, ind_req => ind_req, ind_write => ind_write, ind_addr => ind_addr,
-      ind_wdata => ind_wdata, ind_done => ind_done, ind_rdata => ind_rdata);
+      ind_wdata => ind_wdata, ind_done => ind_done, ind_rdata => ind_rdata,
+      fc_cmd => fc_cmd, fc_op => fc_op, fc_key0 => fc_key0, fc_key1 => fc_key1, fc_key2 => fc_key2,
+      fc_key3 => fc_key3, fc_slot => fc_slot, fc_status => fc_status, fc_config => fc_config, fc_now => fc_now,
+      fc_occupancy => fc_occ, fc_inserts => fc_ins, fc_deletes => fc_del, fc_full => fc_full);
 end architecture;

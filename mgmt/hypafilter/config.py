@@ -98,6 +98,9 @@ class Config:
     # Hardware generation parameters.
     tdata_width: int = 256
     encoder_fanin: int = 8
+    # The flow cache built into the emulated NIC's core: "LOG2_SETS:WAYS" (2**LOG2_SETS sets of WAYS entries,
+    # 4,096..65,536 entries in all, at most 16 ways), or "none" for a core without one (ct is then always 0).
+    flow_cache: str = "10:4"
 
     @classmethod
     def load(cls, path: str | Path | None) -> Config:
@@ -129,6 +132,7 @@ class Config:
             raise HypafilterError(f"{where}: target must be emu, xdp or sume")
         if self.tdata_width not in (256, 512):
             raise HypafilterError(f"{where}: tdata_width must be 256 or 512")
+        self.flow_cache_geometry(where)
         for name, port in self.hw_ports.items():
             if not isinstance(port, int) or not 0 <= port < NIC_PORTS:
                 raise HypafilterError(f"{where}: hw_ports[{name!r}] must be 0..{NIC_PORTS - 1}")
@@ -150,6 +154,23 @@ class Config:
                     f"{where}: hw_ports names MAC{lonely[0]} but not its pair MAC{pair(lonely[0])}: in bridge mode "
                     "frames in on one port of a pair leave on the other, so both ports' interfaces are needed"
                 )
+
+    def flow_cache_geometry(self, where: str = "configuration") -> tuple[int, int] | None:
+        """(LOG2_SETS, WAYS) of `flow_cache`, or None for "none"."""
+        text = str(self.flow_cache).strip()
+        if text == "none":
+            return None
+        try:
+            log2_sets, ways = (int(x) for x in text.split(":"))
+        except ValueError:
+            raise HypafilterError(
+                f"{where}: flow_cache must be LOG2_SETS:WAYS (e.g. 10:4) or none, not {self.flow_cache!r}"
+            ) from None
+        if not 1 <= ways <= 16 or log2_sets < 1 or not 4096 <= ways << log2_sets <= 65536:
+            raise HypafilterError(
+                f"{where}: flow_cache {self.flow_cache!r}: WAYS must be 1..16 and WAYS * 2**LOG2_SETS 4,096..65,536"
+            )
+        return log2_sets, ways
 
     @property
     def interfaces(self) -> Interfaces:

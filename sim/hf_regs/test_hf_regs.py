@@ -29,6 +29,7 @@ EV_COUNTER = {
     "FROM_HOST": "CNT_FROM_HOST",
     "FORCED": "CNT_SHUNT_FORCED",
     "UNFILTERABLE": "CNT_DROP_UNFILTERABLE",
+    "STATE": "CNT_SHUNT_STATE",
 }
 COUNTERS = [*EV_COUNTER.values(), "PKTOUT", "CNT_FIFO_DROP"]
 CMD_TRIGGER, CMD_READ, CMD_STREAM = 0x01, 0x10, 0x100
@@ -193,6 +194,39 @@ async def registers_and_indirect_access(dut):
     ]
     for k in range(1, len(words)):  # word k's bus write completes only after word k-1's table write is done
         assert ends[k] > tb.done_at[-len(words) + k - 1], f"stream word {k} was not held"
+    # flow cache: FC_CMD pulses fc_cmd once with the op, the keys and the slot (ignored while FC_STATUS bit 31 is
+    # set); the read-back registers show what the core supplies
+    pulses: list[tuple[int, ...]] = []
+
+    async def watch_fc():
+        while True:
+            await RisingEdge(dut.clk)
+            await ReadOnly()
+            if int(dut.fc_cmd.value):
+                pulses.append(
+                    tuple(
+                        int(getattr(dut, p).value)
+                        for p in ("fc_op", "fc_key0", "fc_key1", "fc_key2", "fc_key3", "fc_slot")
+                    )
+                )
+
+    watcher = cocotb.start_soon(watch_fc())
+    keys = [tb.rng.getrandbits(32) for _ in range(4)]
+    for name, v in zip(("FC_KEY0", "FC_KEY1", "FC_KEY2", "FC_KEY3"), keys, strict=True):
+        await ax.write(m.reg(name).offset, v)
+    await ax.write(regmap.REG_FC_SLOT, 0xABCDEF12)
+    await ax.write(regmap.REG_FC_CMD, 0x5)
+    dut.fc_status.value = 1 << 31
+    await ax.write(regmap.REG_FC_CMD, 0x2)  # busy: ignored
+    assert await ax.read(regmap.REG_FC_STATUS) == 1 << 31
+    for i, name in enumerate(
+        ("FC_STATUS", "FC_CONFIG", "FC_NOW", "FC_OCCUPANCY", "FC_INSERTS", "FC_DELETES", "FC_FULL")
+    ):
+        getattr(dut, name.lower()).value = 0x1000 + i
+        assert await ax.read(m.reg(name).offset) == 0x1000 + i, name
+    await ClockCycles(dut.clk, 3)
+    watcher.kill()
+    assert pulses == [(5, *keys, 0xCDEF12)], pulses
     # nothing left in flight: counters agree, no request pending, no response outstanding
     await tb.quiet()
     await tb.check_counters()

@@ -88,6 +88,8 @@ async def core_traffic(dut):
     await ax.write(R.REG_FLIP, 0x12345678)
     assert await ax.read(R.REG_FLIP) == 0x12345678 ^ 0xFFFFFFFF
     assert await ax.read(R.REG_CONTROL) == 1
+    assert await ax.read(R.REG_FC_CONFIG) == 0, "a core built without a flow cache says so"
+    assert await ax.table_access(R, R.TABLE_FLOW_KEY, 3) == 0
     for i in range(min(n + 1, 40)):
         assert await ax.table_access(R, R.TABLE_ACTION, i) == plan.actions[i] & 0xF
 
@@ -308,6 +310,7 @@ def _run_core(
     trace_frames: int = 0,
     build_args: list[str] | None = None,
     light: bool = False,
+    generics: dict | None = None,
 ) -> Path:
     """Generate the core for plan, build it with GHDL and run the cocotb tests (all, or testcase) on it.
 
@@ -337,7 +340,7 @@ def _run_core(
         "hypafilter_core",
         vhdl.sources(gen),
         tag,
-        {"C_S_AXIS_DATA_WIDTH": width, "C_FIFO_DEPTH_BYTES": FIFO_BYTES},
+        {"C_S_AXIS_DATA_WIDTH": width, "C_FIFO_DEPTH_BYTES": FIFO_BYTES, **(generics or {})},
         env={"HF_TB_CFG": str(cfg), "HF_TB_OUT": str(result)},
         testcase=testcase,
         build_args=build_args,
@@ -352,6 +355,28 @@ def test_core_random_policy(width):
     rng = random.Random(width)
     plan = vhdl.minimal_plan(random_policy(rng, 40))
     _run_core(f"random_w{width}", plan, width, seed=width, counts=(700, 300, 300, 200, 100, 300, 200, 200))
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("width", [256, 512])
+def test_core_rate_with_flow_cache(width):
+    """The flow cache costs 4 cycles of latency (its lookup) and no throughput: core_rate with and without it."""
+    plan = vhdl.minimal_plan(random_policy(random.Random(width), 40))
+    figures = []
+    for tag, generics in (("nocache", {}), ("cache", {"FC_LOG2_SETS": 10, "FC_WAYS": 4})):
+        out = _run_core(
+            f"rate_{tag}_w{width}", plan, width, seed=width, counts=(1,), testcase="core_rate", generics=generics
+        )
+        text = (out / "rate.txt").read_text()
+        figures.append(
+            {
+                k: float(v)
+                for k, v in (w.split("=") for w in text.split() if "=" in w and w[0] != "(")
+                if k in ("packets/cycle", "latency_cycles")
+            }
+        )
+    assert figures[1]["latency_cycles"] == figures[0]["latency_cycles"] + 4, figures
+    assert figures[1]["packets/cycle"] == figures[0]["packets/cycle"], figures
 
 
 @pytest.mark.sim

@@ -43,7 +43,7 @@ def covering_plan():
     raise AssertionError(f"no seed below 200 gives traffic that hits {MIN_ENTRIES_HIT} entries and every verdict kind")
 
 
-def synth_netlist(plan, out: Path, width: int) -> list[Path]:
+def synth_netlist(plan, out: Path, width: int, generics: dict | None = None) -> list[Path]:
     """Render the plan, synthesise the top with GHDL; the VHDL netlist and the packages it names, in compile order.
 
     GHDL keeps the top entity's use clauses in the netlist, so the packages (declarations only) are compiled before
@@ -55,7 +55,16 @@ def synth_netlist(plan, out: Path, width: int) -> list[Path]:
     steps = (
         ["ghdl", "-a", "--std=08", f"--workdir={work}", *map(str, vhdl.sources(gen))],
         # the FIFO keeps its default depth (64 kB), as in the emulator's GHDL synthesis (emu/build.py)
-        ["ghdl", "--synth", "--std=08", f"--workdir={work}", "--out=vhdl", f"-gC_S_AXIS_DATA_WIDTH={width}", TOP],
+        [
+            "ghdl",
+            "--synth",
+            "--std=08",
+            f"--workdir={work}",
+            "--out=vhdl",
+            f"-gC_S_AXIS_DATA_WIDTH={width}",
+            *(f"-g{k}={v}" for k, v in (generics or {}).items()),
+            TOP,
+        ],
     )
     for argv in steps:
         text = netns.run(argv, cwd=out, timeout=None)

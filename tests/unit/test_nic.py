@@ -234,6 +234,27 @@ def test_program_sets_the_unfilterable_bit_and_keeps_the_others(fake):
             c.program(plan, 5, unfilterable="forward")
 
 
+def test_program_writes_the_miss_forcing_bits(fake):
+    """CONTROL bits 4/5 follow Plan.miss_shunt (accept, drop); a plan without the field clears them."""
+    from hypafilter.hw.vhdl import matcher_hash
+
+    plan = _plan()
+
+    def forcing(accept: bool, drop: bool):
+        return type("PlanWithMissShunt", (plan,), {"miss_shunt": (accept, drop)})
+
+    ctl = regmap.REG_CONTROL
+    fake.regs[regmap.REG_MATCHER_HASH] = int(matcher_hash(plan)[-8:], 16)
+    fake.regs[ctl] = 0x1
+    with NicClient(EmuTransport(fake.path)) as c:
+        bridge = c.program(forcing(True, True), 1)
+        assert fake.regs[ctl] == 0x31 and bridge["miss_shunt"] == [True, True]
+        c.program(forcing(False, True), 2, nic_mode="host")
+        assert fake.regs[ctl] == 0x29
+        c.program(plan, 3)
+        assert fake.regs[ctl] == 0x1
+
+
 def test_config_unfilterable_setting(tmp_path):
     assert Config().unfilterable == "drop"
     good = tmp_path / "good.toml"
@@ -243,6 +264,23 @@ def test_config_unfilterable_setting(tmp_path):
     bad.write_text('unfilterable = "forward"\n')
     with pytest.raises(HypafilterError, match="unfilterable must be drop or pass"):
         Config.load(bad)
+
+
+def test_config_flow_cache_setting(tmp_path):
+    from hypafilter.targets.emu.build import EMU_TICK_CYCLES, core_generics
+
+    assert Config().flow_cache_geometry() == (10, 4)
+    assert core_generics(Config()) == {"FC_LOG2_SETS": 10, "FC_WAYS": 4, "FC_TICK_CYCLES": EMU_TICK_CYCLES}
+    good = tmp_path / "good.toml"
+    good.write_text('flow_cache = "14:4"\n')
+    assert Config.load(good).flow_cache_geometry() == (14, 4)
+    good.write_text('flow_cache = "none"\n')
+    assert core_generics(Config.load(good)) == {"FC_LOG2_SETS": 0}
+    bad = tmp_path / "bad.toml"
+    for text in ("10", "11:4:1", "9:4", "15:4", "8:32", "a:b"):
+        bad.write_text(f'flow_cache = "{text}"\n')
+        with pytest.raises(HypafilterError, match="bad.toml: flow_cache"):
+            Config.load(bad)
 
 
 def test_pack_shunt():
@@ -281,3 +319,71 @@ def test_sume_without_board_is_refused_and_never_pretends(tmp_path):
     for step in (lambda: tgt.start(str(tcl), 1), lambda: tgt.standby({}), lambda: tgt.stop({})):
         with pytest.raises(HypafilterError, match="target sume: .*bitstream"):
             step()
+
+
+# ---- the flow cache API (framing and decoding here; its behaviour on the real core: tests/system/test_flow_api.py)
+
+
+def test_flow_api_without_a_flow_cache_refuses_and_writes_nothing(fake):
+    from hypafilter.hw.flowcache import Flow
+
+    with NicClient(EmuTransport(fake.path)) as c:
+        assert c.flow_config() is None
+        for call in (c.flow_insert, c.flow_delete, c.flow_find):
+            with pytest.raises(NicError, match="no flow cache"):
+                call(Flow(1, 2, 6, 3, 4))
+        with pytest.raises(NicError, match="no flow cache"):
+            c.flow_entries()
+    assert not [x for x in fake.log if x.startswith("W")]
+
+
+def test_flow_command_registers_and_status(fake):
+    from hypafilter.hw import flowcache as fc
+    from hypafilter.hw.flowcache import Flow
+
+    fake.regs[regmap.REG_FC_CONFIG] = fc.fc_config(10, 4, 32)
+    fake.regs[regmap.REG_FC_STATUS] = fc.ST_EXISTS << 24 | 0x1234
+    flow = Flow(0x0A000001, 0xC0A80102, 17, 5353, 53)
+    with NicClient(EmuTransport(fake.path)) as c:
+        cfg = c.flow_config()
+        assert (cfg.log2_sets, cfg.ways, cfg.ts_w, cfg.entries) == (10, 4, 32, 4096)
+        assert c.flow_insert(flow) == (fc.ST_EXISTS, 0x1234)
+        with pytest.raises(NicError, match="sport"):
+            c.flow_find(Flow(1, 2, 6, 70000, 4))
+        fake.regs[regmap.REG_FC_STATUS] = 1 << 31  # busy: refused before anything is written
+        n = len(fake.log)
+        with pytest.raises(NicError, match="busy"):
+            c.flow_delete(flow)
+        assert not [x for x in fake.log[n:] if x.startswith("W")]
+    writes = [x for x in fake.log if x.startswith("W")]
+    assert writes == [
+        f"W 0x{regmap.REG_FC_KEY0:x} 0xa000001",
+        f"W 0x{regmap.REG_FC_KEY1:x} 0xc0a80102",
+        f"W 0x{regmap.REG_FC_KEY2:x} 0x{5353 << 16 | 53:x}",
+        f"W 0x{regmap.REG_FC_KEY3:x} 0x11",
+        f"W 0x{regmap.REG_FC_SLOT:x} 0x0",
+        f"W 0x{regmap.REG_FC_CMD:x} 0x{fc.OP_INSERT:x}",
+    ]
+
+
+def test_flow_entries_decodes_the_tables(fake):
+    from hypafilter.hw import flowcache as fc
+    from hypafilter.hw.flowcache import Flow
+
+    fake.regs[regmap.REG_FC_CONFIG] = fc.fc_config(10, 4, 32)
+    flows = {7: (Flow(0xC0A80001, 0x0A000001, 6, 443, 1234), True), 4000: (Flow(1, 2, 17, 9, 8), False)}
+    for slot, (flow, counted) in flows.items():
+        key, swap = fc.canonical(flow)
+        for w, v in enumerate(fc.flow_key_words(fc.key_word(key, swap), counted)):
+            fake.tables[(regmap.TABLE_FLOW_KEY, 4 * slot + w)] = v
+        fake.tables[(regmap.TABLE_FLOW_SEEN, slot)] = 99 if counted else 0
+        fake.tables[(regmap.TABLE_FLOW_HITS, slot)] = 5 if counted else 0
+    for r, v in zip(("FC_NOW", "FC_OCCUPANCY", "FC_INSERTS", "FC_DELETES", "FC_FULL"), (100, 2, 3, 1, 0), strict=True):
+        fake.regs[regmap.MAP.reg(r).offset] = v
+    with NicClient(EmuTransport(fake.path)) as c:
+        got = c.flow_entries()
+        assert c.flow_counters() == {"now": 100, "occupancy": 2, "inserts": 3, "deletes": 1, "full": 0}
+    assert [(r.slot, r.flow, r.counted, r.seen, r.hits) for r in got] == [
+        (7, flows[7][0], True, 99, 5),
+        (4000, flows[4000][0], False, 0, 0),
+    ]

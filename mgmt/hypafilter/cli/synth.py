@@ -38,6 +38,12 @@ def register(sub) -> None:
         metavar="LOG2_SETS:WAYS",
         help="estimate the flow cache alone (hw/hf_flow_cache.vhd, no policy), e.g. 14:4 for 65,536 entries",
     )
+    p.add_argument(
+        "--core-flow-cache",
+        metavar="LOG2_SETS:WAYS",
+        help="build the whole core (estimate or Vivado script) with a flow cache inside, e.g. 14:4 for 65,536 "
+        "entries (default: none)",
+    )
     p.add_argument("--out", metavar="DIR", help="build folder (default: a temporary folder; vivado: build/vivado)")
     p.set_defaults(func=run)
 
@@ -49,12 +55,13 @@ def run(args: argparse.Namespace) -> int:
 
     if args.flow_cache:
         return _flow_cache(args)
+    fc = _geometry("--core-flow-cache", args.core_flow_cache) if args.core_flow_cache else None
     config = load_config(args)
     policy = load_policy(args, config)
     plan = build_plan(policy, config)
     if args.tool == "vivado":
         out = Path(args.out or "build/vivado")
-        tcl = synth.vivado_project(plan, out, args.width, args.fanin, args.fifo_bytes)
+        tcl = synth.vivado_project(plan, out, args.width, args.fanin, args.fifo_bytes, flow_cache=fc)
         rc = synth.run_vivado(tcl)
         if rc is None:
             print(f"wrote {tcl}; vivado is not on PATH, so nothing was built (run: vivado -mode batch -source {tcl})")
@@ -71,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
             core=not args.matcher_only,
             slices=args.slices,
             encoder_split={"auto": None, "whole": False, "subtrees": True}[args.encoder],
+            flow_cache=fc,
         )
     if args.json:
         print(json.dumps(est, indent=2))
@@ -94,14 +102,22 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _geometry(option: str, text: str) -> tuple[int, int]:
+    """(LOG2_SETS, WAYS) of an option's value, checked as Config.flow_cache is."""
+    from hypafilter.config import Config
+
+    geometry = Config(flow_cache=text).flow_cache_geometry(option)
+    if geometry is None:
+        from hypafilter.errors import HypafilterError
+
+        raise HypafilterError(f"{option} wants LOG2_SETS:WAYS, not '{text}'")
+    return geometry
+
+
 def _flow_cache(args: argparse.Namespace) -> int:
-    from hypafilter.errors import HypafilterError
     from hypafilter.hw import synth
 
-    try:
-        log2_sets, ways = (int(x) for x in args.flow_cache.split(":"))
-    except ValueError as e:
-        raise HypafilterError(f"--flow-cache wants LOG2_SETS:WAYS, not '{args.flow_cache}'") from e
+    log2_sets, ways = _geometry("--flow-cache", args.flow_cache)
     with tempfile.TemporaryDirectory(prefix="hf-synth-") as tmp:
         est = synth.flow_cache_estimate(Path(args.out) if args.out else Path(tmp), log2_sets, ways)
     if args.json:

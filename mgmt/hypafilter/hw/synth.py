@@ -56,8 +56,23 @@ def render_build(plan, out_dir: Path, tdata_width: int, encoder_fanin: int) -> t
     return out_dir, gen
 
 
-def ghdl_verilog(plan, out_dir: Path, tdata_width: int = 256, fifo_bytes: int = 65536, encoder_fanin: int = 8) -> Path:
-    """Render the plan, analyse every source with GHDL and write the Verilog of hypafilter_core to out_dir."""
+def flow_cache_generics(flow_cache: tuple[int, int] | None) -> dict[str, int]:
+    """hypafilter_core generics of a flow cache (LOG2_SETS, WAYS), or of none."""
+    if flow_cache is None:
+        return {"FC_LOG2_SETS": 0}
+    return {"FC_LOG2_SETS": flow_cache[0], "FC_WAYS": flow_cache[1]}
+
+
+def ghdl_verilog(
+    plan,
+    out_dir: Path,
+    tdata_width: int = 256,
+    fifo_bytes: int = 65536,
+    encoder_fanin: int = 8,
+    flow_cache: tuple[int, int] | None = None,
+) -> Path:
+    """Render the plan, analyse every source with GHDL and write the Verilog of hypafilter_core to out_dir
+    (with a flow cache of (LOG2_SETS, WAYS) inside when `flow_cache` is given)."""
     _need("ghdl")
     out_dir, gen = render_build(plan, out_dir, tdata_width, encoder_fanin)
     work = out_dir / "work"
@@ -65,6 +80,7 @@ def ghdl_verilog(plan, out_dir: Path, tdata_width: int = 256, fifo_bytes: int = 
     _run(["ghdl", "-a", "--std=08", f"--workdir={work}", *map(str, vhdl.sources(gen))], out_dir, "GHDL analysis")
     top = "hypafilter_core"
     gargs = [f"-gC_S_AXIS_DATA_WIDTH={tdata_width}", f"-gC_FIFO_DEPTH_BYTES={fifo_bytes}"]
+    gargs += [f"-g{k}={v}" for k, v in flow_cache_generics(flow_cache).items()]
     text = _run(
         ["ghdl", "--synth", "--std=08", f"--workdir={work}", *gargs, "--out=verilog", top], out_dir, "GHDL synthesis"
     )
@@ -409,12 +425,14 @@ def estimate(
     core: bool = True,
     slices: int | None = None,
     encoder_split: bool | None = None,
+    flow_cache: tuple[int, int] | None = None,
 ) -> dict:
     """Estimates for matcher+encoder (the policy-specific part) and, when `core`, for the whole core.
 
     slices: entries per matcher slice (see slice_size_for). A sliced estimate is the sum of the slices, an upper
     bound of the whole matcher: comparators that entries of different slices share are counted in each slice.
     encoder_split: estimate the encoder by subtrees (True), whole (False) or by its width (None; encoder_estimate).
+    flow_cache: (LOG2_SETS, WAYS) of a flow cache inside the whole core (its estimate only).
     """
     n = len(plan.entries)
     res_w, idx_w = vhdl.res_width(n), vhdl.idx_width(n)
@@ -455,8 +473,14 @@ def estimate(
     if core:
         t0 = time.monotonic()
         cdir = out_dir / "core"
-        v = ghdl_verilog(plan, cdir, tdata_width, fifo_bytes, encoder_fanin)
+        v = ghdl_verilog(plan, cdir, tdata_width, fifo_bytes, encoder_fanin, flow_cache)
         result["core"] = yosys_estimate(v, "hypafilter_core", cdir)
+        if flow_cache is not None:
+            result["core"]["flow_cache"] = {
+                "log2_sets": flow_cache[0],
+                "ways": flow_cache[1],
+                "entries": flow_cache[1] << flow_cache[0],
+            }
         result["core"]["seconds"] = round(time.monotonic() - t0, 1)
     for part in ("matcher", "encoder", "core"):
         if part in result:
@@ -465,11 +489,17 @@ def estimate(
 
 
 def vivado_project(
-    plan, out_dir: Path, tdata_width: int = 256, encoder_fanin: int = 8, fifo_bytes: int = 65536
+    plan,
+    out_dir: Path,
+    tdata_width: int = 256,
+    encoder_fanin: int = 8,
+    fifo_bytes: int = 65536,
+    flow_cache: tuple[int, int] | None = None,
 ) -> Path:
     """Write the sources and a Vivado batch Tcl script (synthesis + implementation + timing/utilisation reports)."""
     out_dir, gen = render_build(plan, out_dir, tdata_width, encoder_fanin)
     tmpl = (VIVADO_TEMPLATES / "hypafilter_core.tcl.in").read_text()
+    fcg = flow_cache_generics(flow_cache)
     files = "\n".join(f"  {{{p}}}" for p in vhdl.sources(gen))
     tcl = (
         tmpl.replace("@PART@", PART)
@@ -478,6 +508,8 @@ def vivado_project(
         .replace("@OUT@", str(out_dir))
         .replace("@WIDTH@", str(tdata_width))
         .replace("@FIFO@", str(fifo_bytes))
+        .replace("@FC_LOG2_SETS@", str(fcg["FC_LOG2_SETS"]))
+        .replace("@FC_WAYS@", str(fcg.get("FC_WAYS", 4)))
     )
     path = out_dir / "hypafilter_core.tcl"
     path.write_text(tcl)

@@ -30,6 +30,7 @@ STATIC_SOURCES = (
     "hf_tables.vhd",
     "hf_regs.vhd",
     "hf_output.vhd",
+    "hf_flow_cache.vhd",
 )
 TOP_SOURCE = "hypafilter_core.vhd"
 

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from hypafilter.errors import HypafilterError
-from hypafilter.hw import regmap
+from hypafilter.hw import flowcache, regmap
+from hypafilter.hw.flowcache import Flow
 from hypafilter.hw.model import CONTROL_ENABLE as CONTROL_ENABLE  # the targets' name for it
 from hypafilter.hw.model import (
     CONTROL_HOST_MODE,
@@ -100,7 +103,11 @@ class EmuTransport:
 
     def read_table_many(self, table: int, start: int, count: int) -> list[int]:
         """`count` entries from `start`, pipelined (PIPELINE requests per round trip instead of one each)."""
-        return [int(v, 0) for v in self.request_many([f"T R {table} {i}" for i in range(start, start + count)])]
+        return self.read_table_at(table, range(start, start + count))
+
+    def read_table_at(self, table: int, indices: Iterable[int]) -> list[int]:
+        """The entries at `indices` (any order), pipelined."""
+        return [int(v, 0) for v in self.request_many([f"T R {table} {i}" for i in indices])]
 
     def write_table_many(self, table: int, start: int, values: Sequence[int]) -> None:
         """Stream writes (IND_COMMAND bit 8): one request per STREAM_CHUNK words, the index counted by the core."""
@@ -117,6 +124,49 @@ class EmuTransport:
 
     def command(self, word: str) -> None:
         self.request(word)
+
+
+@dataclass(frozen=True)
+class FlowCacheConfig:
+    """The flow cache's geometry (FC_CONFIG): 2**log2_sets sets of `ways` entries, last-seen times ts_w bits."""
+
+    log2_sets: int
+    ways: int
+    ts_w: int
+
+    @property
+    def entries(self) -> int:
+        return self.ways << self.log2_sets
+
+
+@dataclass(frozen=True)
+class FlowRecord:
+    """A valid flow-cache entry: its slot, the flow in its original direction, whether it was hit since its insert
+    (counted), its last-seen time (FC_NOW ticks, 0 when not counted) and its hits since the insert."""
+
+    slot: int
+    flow: Flow
+    counted: bool
+    seen: int
+    hits: int
+
+
+# How long FC_STATUS may read busy before a command is an error. A command takes ~12 cycles, but after a reset
+# (and for a clear) the cache sweeps 2**LOG2_SETS sets first: 16,384 cycles at 64k entries, and the emulated clock
+# advances only with the register reads that poll it.
+FC_COMMAND_SECONDS = 10.0
+
+
+def _check_flow(flow: Flow) -> None:
+    for name, value, bits in (
+        ("src", flow.src, 32),
+        ("dst", flow.dst, 32),
+        ("proto", flow.proto, 8),
+        ("sport", flow.sport, 16),
+        ("dport", flow.dport, 16),
+    ):
+        if not isinstance(value, int) or not 0 <= value < 1 << bits:
+            raise NicError(f"flow {flow}: {name} {value!r} is not a {bits}-bit value")
 
 
 COUNTER_REGS = tuple(r.name for r in regmap.MAP.registers if r.name.startswith("CNT_")) + ("PKTIN", "PKTOUT")
@@ -258,6 +308,8 @@ class NicClient:
             "actions": [int(a) & 0xF for a in plan.actions],
             "unfilterable": unfilterable,
             "nic_mode": nic_mode,
+            # CONTROL bits 4/5 (shunt a flow-cache miss decided ACCEPT / DROP): the plan's miss forcing, none for a
+            # plan without the field
             "miss_shunt": [bool(x) for x in getattr(plan, "miss_shunt", (False, False))],
         }
         return self.write_tables(tables, generation, known)
@@ -311,6 +363,91 @@ class NicClient:
                 i = j
         self.write("GENERATION", generation & 0xFFFF)
         return {**tables, "generation": generation & 0xFFFF, "shunt": shunt, "actions": actions, "writes": writes + 1}
+
+    # ---- the flow cache (hw/hf_flow_cache.vhd; FC_* registers, FLOW_* tables; codes of hypafilter.hw.flowcache)
+
+    def flow_config(self) -> FlowCacheConfig | None:
+        """The flow cache's geometry, or None when this core has none (FC_CONFIG reads 0)."""
+        v = self.read("FC_CONFIG")
+        if v == 0:
+            return None
+        return FlowCacheConfig(v & 0xFF, (v >> 8) & 0xFF, (v >> 16) & 0xFF)
+
+    def _need_flow_cache(self) -> FlowCacheConfig:
+        cfg = self.flow_config()
+        if cfg is None:
+            raise NicError("this core has no flow cache (FC_CONFIG reads 0)")
+        return cfg
+
+    def _flow_command(self, op: int, flow: Flow | None = None, slot: int = 0) -> tuple[int, int]:
+        """Run one FC_CMD command; (status, slot) from FC_STATUS once its busy bit reads 0."""
+        if self.read("FC_STATUS") >> 31:
+            raise NicError("the flow cache is busy with a command (FC_STATUS bit 31): another client is using it")
+        writes: list[tuple[int | str, int]] = []
+        if flow is not None:
+            _check_flow(flow)
+            writes += list(zip(("FC_KEY0", "FC_KEY1", "FC_KEY2", "FC_KEY3"), flowcache.fc_key_regs(flow), strict=True))
+        writes += [("FC_SLOT", slot), ("FC_CMD", op)]
+        self.write_many(writes)
+        deadline = time.monotonic() + FC_COMMAND_SECONDS
+        while True:
+            st = self.read("FC_STATUS")
+            if not st >> 31:
+                return (st >> 24) & 0xF, st & 0xFFFFFF
+            if time.monotonic() > deadline:
+                raise NicError(f"flow cache command {op} still busy (FC_STATUS) after {FC_COMMAND_SECONDS:.0f} s")
+
+    def flow_insert(self, flow: Flow) -> tuple[int, int]:
+        """Insert a flow (its original direction): (ST_OK, slot), (ST_EXISTS, its slot) or (ST_FULL, 0)."""
+        self._need_flow_cache()
+        return self._flow_command(flowcache.OP_INSERT, flow)
+
+    def flow_delete(self, flow: Flow) -> tuple[int, int]:
+        """Delete a flow (either direction): (ST_OK, the slot it had) or (ST_NOT_FOUND, 0)."""
+        self._need_flow_cache()
+        return self._flow_command(flowcache.OP_DELETE, flow)
+
+    def flow_find(self, flow: Flow) -> tuple[int, int]:
+        """(ST_OK, slot) of a flow in the cache (either direction), or (ST_NOT_FOUND, 0)."""
+        self._need_flow_cache()
+        return self._flow_command(flowcache.OP_FIND, flow)
+
+    def flow_clear(self) -> None:
+        """Invalidate every entry (FC_INSERTS, FC_DELETES and FC_FULL keep counting)."""
+        self._need_flow_cache()
+        status, _ = self._flow_command(flowcache.OP_CLEAR)
+        if status != flowcache.ST_OK:
+            raise NicError(f"flow cache clear answered status {status}")
+
+    def _read_table_at(self, name: str, indices: Sequence[int]) -> list[int]:
+        t = self._table(name)
+        bulk = getattr(self.t, "read_table_at", None)
+        if bulk is not None:
+            return bulk(t.id, indices)
+        return [self.t.read_table(t.id, i) for i in indices]
+
+    def flow_entries(self) -> list[FlowRecord]:
+        """Every valid entry, by slot: FLOW_KEY word 3 of every slot, then the other words, FLOW_SEEN and FLOW_HITS
+        of the valid ones. Entries inserted or deleted while it reads may or may not be in the list."""
+        cfg = self._need_flow_cache()
+        w3 = self._read_table_at("FLOW_KEY", [4 * s + 3 for s in range(cfg.entries)])
+        valid = [s for s, w in enumerate(w3) if w >> 31]
+        words = self._read_table_at("FLOW_KEY", [4 * s + w for s in valid for w in range(3)])
+        seen = self._read_table_at("FLOW_SEEN", valid)
+        hits = self._read_table_at("FLOW_HITS", valid)
+        out = []
+        for k, s in enumerate(valid):
+            entry, counted = flowcache.words_to_entry((*words[3 * k : 3 * k + 3], w3[s]))
+            out.append(FlowRecord(s, entry.flow, counted, seen[k], hits[k]))
+        return out
+
+    def flow_counters(self) -> dict:
+        """{now, occupancy, inserts, deletes, full}: FC_NOW (ticks) and the flow cache's counters."""
+        self._need_flow_cache()
+        names = ("FC_NOW", "FC_OCCUPANCY", "FC_INSERTS", "FC_DELETES", "FC_FULL")
+        bulk = getattr(self.t, "read_many", None)
+        values = bulk([self._addr(x) for x in names]) if bulk is not None else [self.read(x) for x in names]
+        return dict(zip(("now", "occupancy", "inserts", "deletes", "full"), values, strict=True))
 
     def set_shunt_all(self, on: bool) -> None:
         control = self.read("CONTROL")

@@ -18,6 +18,18 @@ from hypafilter.paths import ROOT
 HARNESS_DIR = ROOT / "driver" / "emu"
 HARNESS_FILES = (HARNESS_DIR / "hf_emu.cpp", HARNESS_DIR / "Makefile", ROOT / "driver" / "hypafilter_shared.h")
 TOP = "hypafilter_core"
+# The emulator's flow-cache timestamp tick, in cycles of its clock (FC_TICK_CYCLES). The emulated clock runs only
+# while the emulator works (frames queued or in flight, register accesses, then --settle idle cycles), so FC_NOW
+# and the last-seen times count ticks of that work, not wall time (docs/emulator.md).
+EMU_TICK_CYCLES = 256
+
+
+def core_generics(config) -> dict[str, int]:
+    """The hypafilter_core generics of an emulator build besides the width: the flow cache (Config.flow_cache)."""
+    geometry = config.flow_cache_geometry() if config is not None else (10, 4)
+    if geometry is None:
+        return {"FC_LOG2_SETS": 0}
+    return {"FC_LOG2_SETS": geometry[0], "FC_WAYS": geometry[1], "FC_TICK_CYCLES": EMU_TICK_CYCLES}
 
 
 class EmuError(HypafilterError):
@@ -51,10 +63,12 @@ def _tool_versions() -> str:
     return "\n".join(out)
 
 
-def cache_key(matcher_hash: str, sources: list[Path], tdata_width: int) -> str:
-    """Hash of everything the binary depends on: matcher, every VHDL source, the harness, width and tool versions."""
+def cache_key(matcher_hash: str, sources: list[Path], tdata_width: int, generics: dict | None = None) -> str:
+    """Hash of everything the binary depends on: matcher, every VHDL source, the harness, width, the other generics
+    and tool versions."""
     h = hashlib.sha256()
     h.update(f"matcher {matcher_hash}\nwidth {tdata_width}\n{_tool_versions()}\n".encode())
+    h.update(f"generics {sorted((generics or {}).items())}\n".encode())
     for p in list(sources) + list(HARNESS_FILES):
         h.update(f"{p.name}\n".encode())
         h.update(p.read_bytes())
@@ -71,9 +85,10 @@ GENERATOR_FILES = (
 )
 
 
-def quick_key(matcher_hash: str, tdata_width: int, encoder_fanin: int) -> str:
+def quick_key(matcher_hash: str, tdata_width: int, encoder_fanin: int, generics: dict | None = None) -> str:
     """Key of the inputs of a build (not of the rendered sources): finds a cached binary without rendering."""
     h = hashlib.sha256(f"matcher {matcher_hash}\nwidth {tdata_width}\nfanin {encoder_fanin}\n".encode())
+    h.update(f"generics {sorted((generics or {}).items())}\n".encode())
     h.update(_tool_versions().encode())
     static = [vhdl.HW_DIR / f for f in (*vhdl.STATIC_SOURCES, vhdl.TOP_SOURCE)]
     for p in (*GENERATOR_FILES, *static, *HARNESS_FILES):
@@ -89,11 +104,15 @@ def build(plan, config=None, build_root: str | Path = "build", verbose: bool = F
     jobs = jobs or os.cpu_count() or 1
     width = getattr(config, "tdata_width", 256)
     fanin = getattr(config, "encoder_fanin", 8)
+    try:
+        generics = core_generics(config)
+    except HypafilterError as e:
+        raise EmuError("configure", str(e)) from e
     t0 = time.monotonic()
     root = Path(build_root).resolve() / "emu"
     root.mkdir(parents=True, exist_ok=True)
     mhash = vhdl.matcher_hash(plan)
-    index = root / "index" / quick_key(mhash, width, fanin)
+    index = root / "index" / quick_key(mhash, width, fanin, generics)
     if index.exists():
         binary = root / index.read_text().strip() / "hf_emu"
         if binary.exists():
@@ -114,7 +133,7 @@ def build(plan, config=None, build_root: str | Path = "build", verbose: bool = F
         missing = [str(p) for p in sources if not p.exists()]
         if missing:
             raise EmuError("render VHDL", "core sources missing: " + ", ".join(missing))
-        key = cache_key(mhash, sources, width)
+        key = cache_key(mhash, sources, width, generics)
         final = root / key
         binary = final / "hf_emu"
         if binary.exists():
@@ -130,6 +149,7 @@ def build(plan, config=None, build_root: str | Path = "build", verbose: bool = F
         synthesized = _run(
             "ghdl synth",
             ["ghdl", "--synth", "--std=08", f"--workdir={work}", f"-gC_S_AXIS_DATA_WIDTH={width}", "--out=verilog"]
+            + [f"-g{k}={v}" for k, v in generics.items()]
             + srcs
             + ["-e", TOP],
         )

@@ -1,0 +1,182 @@
+"""System test of NicClient's flow-cache API on the running emulated NIC (Verilator core with its flow cache, veth
+ports): inserts, finds, deletes, collisions in one set, entries and counters read back, frames through the wire
+counted per flow, and CONTROL bits 4/5 (a miss shunted with reason 3, a hit decided in hardware)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from conftest import ROOT, need_root, need_tool
+from tests.system.test_emu import ETH_P_ALL, PACKET_AUXDATA, SOL_PACKET, collect, drain, untag
+
+pytestmark = pytest.mark.system
+
+LAB = "ffc"
+NS_NIC, NS_OUT = f"{LAB}-nic", f"{LAB}-out"
+PORTS = {
+    "wire0": ("wire0", "w0p", 0x01),
+    "host0": ("host0", "h0p", 0x02),
+    "wire1": ("wire1", "w1p", 0x04),
+    "host1": ("host1", "h1p", 0x08),
+}
+MISS_ACCEPT, MISS_DROP = 1 << 4, 1 << 5
+
+
+def make_plan():
+    """UDP to port 53 from 10.0.1.0/24 accepted, TCP to 22 dropped, everything else accepted (policy)."""
+    from hypafilter.analysis.plan import build_plan
+    from hypafilter.config import Config
+
+    from tests.irbuild import make_policy, make_rule
+
+    rules = [
+        make_rule("DROP", proto="tcp", dport=(22, 22)),
+        make_rule("ACCEPT", src="10.0.1.0/24", proto="udp", dport=(53, 53)),
+    ]
+    cfg = Config()  # the emulator's default flow cache: 10:4
+    return build_plan(make_policy(rules, "ACCEPT", source="test_flow_api"), cfg), cfg
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    need_root()
+    need_tool("ghdl", "verilator", "make", "g++", "ip", "ethtool")
+    from hypafilter import netns
+    from hypafilter.targets.emu import EmuNic, build
+    from hypafilter.targets.emu.ports import remove, veth_ports
+
+    plan, cfg = make_plan()
+    binary = build(plan, cfg, build_root=ROOT / "build")
+    veth_ports(NS_NIC, NS_OUT, [(nic_if, peer) for nic_if, peer, _ in PORTS.values()], mtu=1600)
+    for _, peer, _ in PORTS.values():
+        netns.offloads_off(peer, NS_OUT)
+    socks = {}
+    with netns.inside(NS_OUT):
+        for role, (_, peer, _) in PORTS.items():
+            s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+            s.bind((peer, ETH_P_ALL))
+            s.setsockopt(SOL_PACKET, PACKET_AUXDATA, 1)
+            s.setblocking(False)
+            socks[role] = s
+    nic = EmuNic(
+        binary, {r: v[0] for r, v in PORTS.items()}, name=LAB, netns=NS_NIC, run_dir=tmp_path_factory.mktemp("emu")
+    ).start()
+    client = nic.client()
+    client.program(plan, 1)
+    yield client, socks, plan
+    client.close()
+    for s in socks.values():
+        s.close()
+    try:
+        assert nic.stop() == 0
+    finally:
+        remove(NS_NIC, NS_OUT)
+
+
+def frame(flow, payload: bytes = b"hf-flow") -> bytes:
+    from scapy.layers.inet import IP, TCP, UDP
+    from scapy.layers.l2 import Ether
+
+    def a(v: int) -> str:
+        return socket.inet_ntoa(v.to_bytes(4, "big"))
+
+    l4 = (
+        UDP(sport=flow.sport, dport=flow.dport)
+        if flow.proto == 17
+        else TCP(sport=flow.sport, dport=flow.dport, flags="A")
+    )
+    return bytes(
+        Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02") / IP(src=a(flow.src), dst=a(flow.dst)) / l4 / payload
+    )
+
+
+def ip(text: str) -> int:
+    return int.from_bytes(socket.inet_aton(text), "big")
+
+
+def test_flow_api_on_the_emulated_nic(setup):
+    from hypafilter.hw import flowcache as fc
+    from hypafilter.hw.flowcache import Flow
+    from hypafilter.shared import unpack_meta
+
+    c, socks, plan = setup
+    cfg = c.flow_config()
+    assert (cfg.log2_sets, cfg.ways, cfg.ts_w) == (10, 4, 32)
+    c.flow_clear()
+    start = c.flow_counters()
+    assert start["occupancy"] == 0
+
+    dns = Flow(ip("10.0.1.5"), ip("10.9.0.2"), 17, 4000, 53)
+    web = Flow(ip("10.9.0.7"), ip("10.0.1.9"), 6, 40000, 443)
+    ssh = Flow(ip("10.9.0.1"), ip("10.9.0.2"), 6, 1000, 22)
+    flows = [dns, web, ssh]
+    slots = {}
+    for fl in flows:
+        key = fc.canonical(fl)[0]
+        status, slot = c.flow_insert(fl)
+        assert (status, slot) == (fc.ST_OK, fc.slot(0, fc.set_index(key, cfg.log2_sets), cfg.log2_sets))
+        slots[fl] = slot
+    assert c.flow_insert(dns.reply()) == (fc.ST_EXISTS, slots[dns])
+    assert c.flow_find(web.reply()) == (fc.ST_OK, slots[web])
+    assert c.flow_find(Flow(1, 2, 17, 3, 4))[0] == fc.ST_NOT_FOUND
+    entries = {r.slot: r for r in c.flow_entries()}
+    assert {r.flow for r in entries.values()} == set(flows)
+    assert all(not r.counted and r.seen == 0 and r.hits == 0 for r in entries.values())
+
+    # frames through the wire: each frame of a cached flow is a hit of its entry, in either direction
+    drain(socks)
+    now0 = c.flow_counters()["now"]
+    sent = [("wire0", dns)] * 3 + [("wire1", dns.reply())] * 2 + [("wire0", web)] * 4
+    for role, fl in sent:
+        socks[role].send(frame(fl))
+    collect(socks, expect=len(sent))
+    entries = {r.slot: r for r in c.flow_entries()}
+    now1 = c.flow_counters()["now"]
+    assert entries[slots[dns]].hits == 5 and entries[slots[web]].hits == 4 and entries[slots[ssh]].hits == 0
+    assert entries[slots[dns]].counted and not entries[slots[ssh]].counted
+    assert now0 < entries[slots[dns]].seen <= now1, (now0, entries[slots[dns]].seen, now1)
+
+    # CONTROL bits 4 and 5: a miss whose verdict is ACCEPT or DROP goes to the host with reason 3; a hit does not
+    control = c.read("CONTROL")
+    c.write("CONTROL", control | MISS_ACCEPT | MISS_DROP)
+    try:
+        stranger = Flow(ip("10.0.1.6"), ip("10.9.0.2"), 17, 4001, 53)  # ACCEPT, not cached
+        blocked = Flow(ip("10.9.0.1"), ip("10.9.0.2"), 6, 1001, 22)  # DROP, not cached
+        drain(socks)
+        for fl, payload in ((dns, b"hit"), (stranger, b"miss"), (blocked, b"miss-drop"), (ssh, b"hit-drop")):
+            socks["wire0"].send(frame(fl, payload))
+        got = collect(socks, expect=3)
+        assert frame(dns, b"hit") in got["wire1"]
+        tagged = [untag(x) for x in got["host0"]]
+        assert sorted(f for _, f in tagged) == sorted([frame(stranger, b"miss"), frame(blocked, b"miss-drop")])
+        assert all(unpack_meta(m)["reason"] == 3 for m, _ in tagged)
+        assert sum(len(v) for v in got.values()) == 3, "the hit of the DROP flow must be dropped"
+        assert c.read("CNT_SHUNT_STATE") >= 2
+    finally:
+        c.write("CONTROL", control)
+
+    # collisions: a set holds `ways` flows; the next is refused and counted in FC_FULL
+    target = fc.set_index(fc.canonical(dns)[0], cfg.log2_sets)
+    crowd, port = [], 1
+    while len(crowd) < cfg.ways:
+        fl = Flow(ip("10.7.0.1"), ip("10.7.0.2"), 17, port, 9)
+        port += 1
+        if fc.set_index(fc.canonical(fl)[0], cfg.log2_sets) == target:
+            crowd.append(fl)
+    results = [c.flow_insert(fl) for fl in crowd]
+    assert [s for s, _ in results] == [fc.ST_OK] * (cfg.ways - 1) + [fc.ST_FULL]
+    counters = c.flow_counters()
+    assert counters["full"] == start["full"] + 1
+    assert counters["inserts"] == start["inserts"] + 3 + cfg.ways - 1
+    assert counters["occupancy"] == 3 + cfg.ways - 1
+
+    # deletes: by either direction; then not found, and gone from the entries
+    assert c.flow_delete(web.reply()) == (fc.ST_OK, slots[web])
+    assert c.flow_delete(web) == (fc.ST_NOT_FOUND, 0)
+    assert c.flow_find(web)[0] == fc.ST_NOT_FOUND
+    assert web not in {r.flow for r in c.flow_entries()}
+    assert c.flow_counters()["deletes"] == start["deletes"] + 1
+    c.flow_clear()
+    assert c.flow_entries() == [] and c.flow_counters()["occupancy"] == 0

@@ -15,6 +15,7 @@ each namespace; the bytes compared are those the bridge passed up to the stack.
 from __future__ import annotations
 
 import gzip
+import os
 import random
 import select
 import socket
@@ -459,6 +460,157 @@ def make_probes(policy: Policy, packets: int, generation: int = 0, **options) ->
     return ProbeSpec(packets, **options).probes(policy, generation)
 
 
+# The NIC's counters of the wire frames it decided itself: forwarded, dropped by a rule, dropped as unfilterable.
+HW_DECIDED = ("CNT_FORWARDED", "CNT_DROPPED", "CNT_DROP_UNFILTERABLE")
+# ---- closing the receive window on counters ------------------------------------------------------------------------
+
+SOL_PACKET = 263
+PACKET_STATISTICS = 6
+PACKET_IGNORE_OUTGOING = 23
+# The NIC's decision counters: every wire frame it classified (PKTIN) counts in exactly one of them (hw.model).
+NIC_DECISIONS = HW_DECIDED + ("CNT_SHUNT_OVERRULE", "CNT_SHUNT_POLICY", "CNT_SHUNT_UNPARSED")
+NIC_SHUNTED = ("CNT_SHUNT_OVERRULE", "CNT_SHUNT_POLICY", "CNT_SHUNT_UNPARSED")
+WINDOW_GRACE = 0.05  # the counters must read the same twice this far apart (see CounterWindow)
+WINDOW_TIMEOUT = 120.0  # last resort: counters that never reconcile are an error, not a verdict
+
+
+class WindowError(HypafilterError):
+    """The counters of a verify run never reconciled: frames were lost or are stuck in the lab, so no verdict."""
+
+
+class _NetDev:
+    """/proc/net/dev of one namespace, opened inside it (the open file keeps that namespace): per interface
+    (rx packets, rx dropped, tx packets, tx dropped)."""
+
+    def __init__(self, ns: str):
+        with netns.inside(ns):
+            self.fd = os.open("/proc/thread-self/net/dev", os.O_RDONLY)
+
+    def read(self) -> dict[str, tuple[int, int, int, int]]:
+        os.lseek(self.fd, 0, os.SEEK_SET)
+        chunks = []
+        while chunk := os.read(self.fd, 65536):
+            chunks.append(chunk)
+        out = {}
+        for line in b"".join(chunks).decode().splitlines()[2:]:
+            name, _, rest = line.partition(":")
+            f = [int(x) for x in rest.split()]
+            out[name.strip()] = (f[1], f[3], f[9], f[11])
+        return out
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _tap(ns: str, ifname: str) -> socket.socket:
+    """A socket that only counts the frames `ifname` receives (PACKET_STATISTICS: every frame that reached it,
+    queued or dropped for want of buffer), at the point where the namespace starts processing the frame: before
+    the bridge, whose forwarding or dropping of it then runs to its end in the same softirq."""
+    s = raw_socket(ns, ifname, rcvbuf=4096)
+    s.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
+    return s
+
+
+def _packets_seen(s: socket.socket) -> tuple[int, int]:
+    """(frames that reached the packet socket since the last call, of which dropped for want of buffer)."""
+    seen, drops = struct.unpack("II", s.getsockopt(SOL_PACKET, PACKET_STATISTICS, 8))
+    return seen, drops
+
+
+class CounterWindow:
+    """When every frame verify sent has met its fate on both paths, from counters (not from quiet time).
+
+    Hybrid path: the sender's veth counted N frames into the NIC's wire port; the NIC classified N wire frames
+    (PKTIN) and decided each (NIC_DECISIONS: forwarded, dropped, dropped as unfilterable, shunted for one of three
+    reasons); the firewall namespace started processing every shunted frame (a counting socket on nf0, `_tap`);
+    the NIC took back from the host every frame the firewall's bridge forwarded (CNT_FROM_HOST = the firewall's
+    nf1 tx packets); and the receiver captured every frame the NIC sent to the wire (CNT_FORWARDED +
+    CNT_FROM_HOST). Oracle path: the plain namespace started processing all N (its nf0 counting socket), and the
+    receiver captured every frame its bridge forwarded (the plain namespace's nf1 tx packets). Host mode: the
+    bridges are where the frames end, so the NIC's decisions and each namespace's nf0 count close the window.
+
+    A bridge decides a frame in the softirq that took it, so once the counts agree nothing is on its way; the
+    counters must also read the same twice WINDOW_GRACE apart. A frame lost by the lab (a full queue: tx dropped
+    on a veth, a socket's drops, CNT_FIFO_DROP) or counters that do not reconcile within WINDOW_TIMEOUT raise
+    WindowError naming the counters: the run has no verdict then, never a silent mismatch."""
+
+    TX = (("send", "hyb0"), ("send", "plain0"), ("nic", "host0"), ("nic", "wire1"), ("fw", "nf1"), ("plain", "nf1"))
+
+    def __init__(self, lab_ns: dict[str, str], nic_counters: Callable[[], dict], host: bool = False):
+        self.ns = lab_ns
+        self.nic_counters = nic_counters
+        self.host = host
+        self.dev = {role: _NetDev(lab_ns[role]) for role in ("send", "nic", "fw", "plain")}
+        self.taps = {"fw": _tap(lab_ns["fw"], "nf0"), "plain": _tap(lab_ns["plain"], "nf0")}
+        self.sent = 0
+        self.tapped = {"fw": 0, "plain": 0}
+        self.captured = {"hybrid": 0, "plain": 0}
+        self.capture_drops = 0
+        for s in self.taps.values():
+            _packets_seen(s)  # zero them
+        self.nic0 = nic_counters()
+        self.dev0 = {role: d.read() for role, d in self.dev.items()}
+
+    def close(self) -> None:
+        for d in self.dev.values():
+            d.close()
+        for s in self.taps.values():
+            s.close()
+
+    def reading(self) -> dict:
+        """The counters now, as deltas since the window opened."""
+        for role, s in self.taps.items():
+            self.tapped[role] += _packets_seen(s)[0]
+        nic = _counter_delta(self.nic0, self.nic_counters())
+        dev = {}
+        for role, d in self.dev.items():
+            now = d.read()
+            for r, ifname in self.TX:
+                if r == role:
+                    a, b = self.dev0[role].get(ifname), now.get(ifname)
+                    if a is None or b is None:
+                        raise WindowError(f"verify: interface {ifname} missing in {self.ns[role]}")
+                    dev[f"{role}.{ifname}"] = {"tx": b[2] - a[2], "tx_dropped": b[3] - a[3]}
+        return {
+            "sent": self.sent,
+            "nic": {k: nic.get(k, 0) for k in ("PKTIN", *NIC_DECISIONS, "CNT_FROM_HOST", "CNT_FIFO_DROP")},
+            "dev": dev,
+            "tapped": dict(self.tapped),
+            "captured": dict(self.captured),
+            "capture_drops": self.capture_drops,
+        }
+
+    def missing(self, r: dict) -> list[str]:
+        """What is still on its way (empty: every frame met its fate). Raises WindowError on a lost frame."""
+        lost = [f"{k} tx dropped {v['tx_dropped']}" for k, v in r["dev"].items() if v["tx_dropped"]]
+        if r["nic"]["CNT_FIFO_DROP"]:
+            lost.append(f"CNT_FIFO_DROP {r['nic']['CNT_FIFO_DROP']}")
+        if r["capture_drops"]:
+            lost.append(f"capture sockets dropped {r['capture_drops']}")
+        if lost:
+            raise WindowError(f"verify: the lab lost frames ({', '.join(lost)}), so there is no verdict: {r}")
+        n, nic, dev = r["sent"], r["nic"], r["dev"]
+        shunted = sum(nic[k] for k in NIC_SHUNTED)
+        want = {
+            "sender hyb0 tx": (dev["send.hyb0"]["tx"], n),
+            "sender plain0 tx": (dev["send.plain0"]["tx"], n),
+            "NIC PKTIN": (nic["PKTIN"], n),
+            "NIC decisions": (sum(nic[k] for k in NIC_DECISIONS), n),
+            "plain nf0 taken": (r["tapped"]["plain"], n),
+        }
+        if self.host:
+            want["firewall nf0 taken"] = (r["tapped"]["fw"], shunted + nic["CNT_FORWARDED"])
+        else:
+            want["firewall nf0 taken"] = (r["tapped"]["fw"], shunted)
+            want["NIC CNT_FROM_HOST"] = (nic["CNT_FROM_HOST"], dev["fw.nf1"]["tx"])
+            want["receiver hyb0 captured"] = (r["captured"]["hybrid"], nic["CNT_FORWARDED"] + nic["CNT_FROM_HOST"])
+            want["receiver plain0 captured"] = (r["captured"]["plain"], dev["plain.nf1"]["tx"])
+        over = [f"{k} {got} > {exp}" for k, (got, exp) in want.items() if got > exp]
+        if over:
+            raise WindowError(f"verify: counters above what was sent ({', '.join(over)}): frames not ours? {r}")
+        return [f"{k} {got}/{exp}" for k, (got, exp) in want.items() if got != exp]
+
+
 # ---- running the comparison ---------------------------------------------------------------------------------------
 
 
@@ -489,12 +641,19 @@ def collect(
 
 
 def exchange(
-    lab_ns: dict[str, str], probes: list[Probe], chunk: int = 128, quiet: float = 0.08, lab: Lab | None = None
+    lab_ns: dict[str, str],
+    probes: list[Probe],
+    chunk: int = 128,
+    quiet: float = 0.08,
+    lab: Lab | None = None,
+    window: CounterWindow | None = None,
 ) -> dict[str, dict[int, list[bytes]]]:
     """Send every probe on both paths (chunk by chunk, each chunk drained before the next) and capture them.
 
-    With `lab` (host mode): captured where the bridges pass frames up to the local stack, and kept only for the
-    frames INPUT let through (the lab's record of local delivery)."""
+    With `window` the receive window closes on counters (CounterWindow: every frame met its fate; a lost frame or
+    counters that never reconcile raise WindowError); without, after `quiet` seconds without a frame (what bare
+    captures without a NIC use). With `lab` (host mode): captured where the bridges pass frames up to the local
+    stack, and kept only for the frames INPUT let through (the lab's record of local delivery)."""
     tx = {"hybrid": raw_socket(lab_ns["send"], "hyb0"), "plain": raw_socket(lab_ns["send"], "plain0")}
     if lab is not None:
         for role in ("fw", "plain"):
@@ -506,12 +665,18 @@ def exchange(
     try:
         for s in rx.values():
             drain(s)
+            _packets_seen(s)  # zero its drop count
         for start in range(0, len(probes), chunk):
             part = probes[start : start + chunk]
             for path in ("hybrid", "plain"):
                 send(tx[path], [p.frame for p in part], pace_every=0)
-            collect(rx, got, quiet, 10.0)
-        collect(rx, got, max(quiet, 0.4), 10.0)
+            if window is None:
+                collect(rx, got, quiet, 10.0)
+            else:
+                window.sent += len(part)
+                settle(window, rx, got, final=start + chunk >= len(probes))
+        if window is None:
+            collect(rx, got, max(quiet, 0.4), 10.0)
     finally:
         for s in (*tx.values(), *rx.values()):
             s.close()
@@ -520,6 +685,53 @@ def exchange(
             seen = lab.host_seen(role)
             got[path] = {uid: got[path].get(uid) or [b""] for uid in seen}
     return got
+
+
+def _read_all(socks: dict[str, socket.socket], got: dict[str, dict[int, list[bytes]]], window: CounterWindow) -> None:
+    """Everything queued on the capture sockets now: frames with an id into `got`, every incoming frame counted."""
+    for name, s in socks.items():
+        while True:
+            try:
+                data, addr = s.recvfrom(65536)
+            except BlockingIOError:
+                break
+            if addr[2] == PACKET_OUTGOING:
+                continue
+            window.captured[name] += 1
+            uid = frame_id(data)
+            if uid is not None:
+                got[name].setdefault(uid, []).append(data)
+        window.capture_drops += _packets_seen(s)[1]
+
+
+def settle(
+    window: CounterWindow,
+    socks: dict[str, socket.socket],
+    got: dict[str, dict[int, list[bytes]]],
+    final: bool = True,
+    timeout: float = WINDOW_TIMEOUT,
+) -> dict:
+    """Capture until the window's counters account for every frame sent so far; `final`: also read the same twice
+    WINDOW_GRACE apart. Returns the last reading; WindowError when they do not reconcile within `timeout`."""
+    start = time.monotonic()
+    last: dict | None = None
+    while True:
+        _read_all(socks, got, window)
+        reading = window.reading()
+        missing = window.missing(reading)
+        if not missing:
+            if not final or reading == last:
+                return reading
+            last = reading
+            time.sleep(WINDOW_GRACE)
+            continue
+        last = None
+        if time.monotonic() - start > timeout:
+            raise WindowError(
+                f"verify: the counters did not reconcile within {timeout:.0f} s (still missing: {'; '.join(missing)}); "
+                f"frames are lost or stuck in the lab, so there is no verdict: {reading}"
+            )
+        select.select(list(socks.values()), [], [], 0.005)
 
 
 def compare(probes: list[Probe], got: dict[str, dict[int, list[bytes]]]) -> dict:
@@ -585,10 +797,6 @@ def _deployed(policy: Policy, config: Config, log: Callable[[str], None]) -> tup
     return lab, state
 
 
-# The NIC's counters of the wire frames it decided itself: forwarded, dropped by a rule, dropped as unfilterable.
-HW_DECIDED = ("CNT_FORWARDED", "CNT_DROPPED", "CNT_DROP_UNFILTERABLE")
-
-
 def hw_share(nic: dict) -> float | None:
     """Share of the wire frames the NIC classified (PKTIN) that it decided itself (HW_DECIDED), from a counter
     delta; None when no wire frame came."""
@@ -615,7 +823,7 @@ def verify(
     if host and connections is not None:
         raise HypafilterError("--connections runs between the lab's sender and receiver: not in host mode (INPUT)")
     lab.host_mode(host)
-    ns = {"send": lab.ns_send, "recv": lab.ns_recv, "fw": lab.ns_fw, "plain": lab.ns_plain}
+    ns = {"send": lab.ns_send, "recv": lab.ns_recv, "fw": lab.ns_fw, "plain": lab.ns_plain, "nic": lab.ns_nic}
     t0 = time.monotonic()
     sent = spec.probes(policy, state["generation"], bytes.fromhex(HOST_MAC.replace(":", "")) if host else DST_MAC)
     t_gen = time.monotonic() - t0
@@ -623,8 +831,18 @@ def verify(
     nic_before = tgt.counters(state["nic"])
     sh = Shim(state["shim"]["netns"], state["shim"]["ifaces"])
     shim_before = sh.stats()
+    # Both paths start from empty conntrack tables: entries left by an earlier run (or by connection checks) age
+    # out on their own clocks in each namespace, so they could decide a frame differently on the two paths.
+    for role in ("fw", "plain"):
+        lab.flush_conntrack(role)
     t1 = time.monotonic()
-    got = exchange(ns, sent, lab=lab if host else None)
+    with tgt.client(state["nic"]) as client:
+        window = CounterWindow(ns, client.counters, host)
+        try:
+            got = exchange(ns, sent, lab=lab if host else None, window=window)
+            closed = window.reading()
+        finally:
+            window.close()
     t_run = time.monotonic() - t1
     nic = _counter_delta(nic_before, tgt.counters(state["nic"]))
     shim = _counter_delta({k: v for k, v in shim_before.items() if k != "config"}, sh.stats())
@@ -646,6 +864,7 @@ def verify(
             "pps": round(2 * spec.packets / t_run, 1) if t_run else None,
             "seed": spec.seed,
             "trace": str(spec.trace) if spec.trace else None,
+            "window": {"closed_by": "counters", **closed},
         }
     )
     if connections is not None:

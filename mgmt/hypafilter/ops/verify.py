@@ -14,6 +14,7 @@ each namespace; the bytes compared are those the bridge passed up to the stack.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gzip
 import os
@@ -22,7 +23,7 @@ import select
 import socket
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -525,6 +526,31 @@ def _packets_seen(s: socket.socket) -> tuple[int, int]:
     return seen, drops
 
 
+QUIET_TABLE = "hf_verify_quiet"
+
+
+@contextlib.contextmanager
+def quiet_stacks(lab_ns: dict[str, str]) -> Iterator[None]:
+    """The sender's and receiver's own IP and ARP stacks send nothing while the frames are exchanged (an
+    output-hook drop in their namespaces; verify's raw frames do not pass it): a late retransmission or an ARP
+    probe of an earlier connection check would otherwise travel the paths beside the frames."""
+    text = "\n".join(
+        f"table {fam} {QUIET_TABLE}\ndelete table {fam} {QUIET_TABLE}\n"
+        f"table {fam} {QUIET_TABLE} {{\n  chain out {{\n    type filter hook output priority -300; policy drop;\n  }}\n}}"
+        for fam in ("inet", "arp")
+    )
+    done = []
+    try:
+        for role in ("send", "recv"):
+            netns.run(["nft", "-f", "-"], lab_ns[role], input=text + "\n")
+            done.append(role)
+        yield
+    finally:
+        for role in done:
+            for fam in ("inet", "arp"):
+                netns.run(["nft", "delete", "table", fam, QUIET_TABLE], lab_ns[role], check=False)
+
+
 class CounterWindow:
     """When every frame verify sent has met its fate on both paths, from counters (not from quiet time).
 
@@ -536,9 +562,10 @@ class CounterWindow:
     and its veths carried each of them; the firewall took every frame the NIC gave it; the NIC took back every
     frame the firewall's bridge forwarded (CNT_FROM_HOST); the receiver captured every frame the NIC sent it.
     Oracle path: the plain namespace took all N (by id), and the receiver captured every frame its bridge
-    forwarded. Host mode: the bridges are where the frames end, so the receiver's captures do not count. Frames
-    the lab's own stacks send (a late retransmission of an earlier connection check) are counted like the others
-    and so cannot hold the window open or close it early.
+    forwarded. Host mode: the bridges are where the frames end, so the receiver's captures do not count. Each
+    stage is checked against the one before it, whatever the frames are; the starting point is taken when the
+    lab is idle (`open`), so no frame from before sits between two counters, and verify keeps the sender's and
+    receiver's own stacks quiet meanwhile (`quiet_stacks`).
 
     A bridge decides a frame in the softirq that took it, so once the counts agree nothing is on its way; the
     last reading must also repeat WINDOW_GRACE later. A frame the lab itself loses (tx dropped on a veth, a capture
@@ -575,10 +602,27 @@ class CounterWindow:
         self.tapped = dict.fromkeys(self.taps, 0)
         self.captured = {"hybrid": 0, "plain": 0}
         self.capture_drops = 0
-        for s in self.taps.values():
-            _packets_seen(s)  # zero them
-        self.nic0 = nic_counters()
-        self.dev0 = {role: d.read() for role, d in self.dev.items()}
+        self.nic0: dict = {}
+        self.dev0: dict = {}
+
+    def open(self, captures: dict[str, socket.socket], timeout: float = WINDOW_TIMEOUT) -> None:
+        """Take the counters' starting point once the lab is idle: nothing counted anywhere and nothing captured
+        for WINDOW_GRACE (so no frame from before is still between two counters), the capture sockets emptied."""
+        start = time.monotonic()
+        last = None
+        while True:
+            moved = any(_packets_seen(s)[0] for s in self.taps.values())
+            for s in captures.values():
+                drain(s)
+                _packets_seen(s)
+            now = (self.nic_counters(), {role: d.read() for role, d in self.dev.items()})
+            if now == last and not moved:
+                self.nic0, self.dev0 = now
+                return
+            if time.monotonic() - start > timeout:
+                raise WindowError(f"verify: the lab never went idle within {timeout:.0f} s before the frames were sent")
+            last = now
+            time.sleep(WINDOW_GRACE)
 
     def close(self) -> None:
         for d in self.dev.values():
@@ -693,6 +737,8 @@ def exchange(
         for s in rx.values():
             drain(s)
             _packets_seen(s)  # zero its drop count
+        if window is not None:
+            window.open(rx)
         for start in range(0, len(probes), chunk):
             part = probes[start : start + chunk]
             for path in ("hybrid", "plain"):
@@ -863,7 +909,7 @@ def verify(
     for role in ("fw", "plain"):
         lab.flush_conntrack(role)
     t1 = time.monotonic()
-    with tgt.client(state["nic"]) as client:
+    with tgt.client(state["nic"]) as client, quiet_stacks(ns):
         window = CounterWindow(ns, client.counters, host)
         try:
             got = exchange(ns, sent, lab=lab if host else None, window=window)

@@ -8,7 +8,7 @@ each feature of tools.fuzz.FEATURES matched packets somewhere in the run (test_f
 per-rule state are drawn in the forms verify can compare, and each stands exactly once in the firewall's table.
 
 HF_FUZZ_FRAMES (total frames, default 100,000), HF_FUZZ_POLICIES (default 6) and HF_FUZZ_SEED (first policy
-seed) scale it; `make fuzz` is the long run (docs/deploy.md)."""
+seed) scale it, HF_FUZZ_LAB names its lab (default hff); `make fuzz` is the long run (docs/deploy.md)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from conftest import need, ns_sh
 
 pytestmark = pytest.mark.system
 
-LAB = "hff"
+LAB = os.environ.get("HF_FUZZ_LAB", "hff")  # another name lets a second run go beside this one
 FRAMES = int(os.environ.get("HF_FUZZ_FRAMES", "100000"))
 POLICIES = int(os.environ.get("HF_FUZZ_POLICIES", "6"))
 FIRST_SEED = int(os.environ.get("HF_FUZZ_SEED", "1"))

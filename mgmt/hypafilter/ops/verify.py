@@ -14,13 +14,16 @@ each namespace; the bytes compared are those the bridge passed up to the stack.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import gzip
+import os
 import random
 import select
 import socket
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -458,6 +461,226 @@ def make_probes(policy: Policy, packets: int, generation: int = 0, **options) ->
     return ProbeSpec(packets, **options).probes(policy, generation)
 
 
+# The NIC's counters of the wire frames it decided itself: forwarded, dropped by a rule, dropped as unfilterable.
+HW_DECIDED = ("CNT_FORWARDED", "CNT_DROPPED", "CNT_DROP_UNFILTERABLE")
+# ---- closing the receive window on counters ------------------------------------------------------------------------
+
+SOL_PACKET = 263
+PACKET_STATISTICS = 6
+PACKET_IGNORE_OUTGOING = 23
+SO_ATTACH_FILTER = 26
+# The NIC's decision counters: every wire frame it classified (PKTIN) counts in exactly one of them (hw.model).
+NIC_DECISIONS = HW_DECIDED + ("CNT_SHUNT_OVERRULE", "CNT_SHUNT_POLICY", "CNT_SHUNT_UNPARSED")
+NIC_SHUNTED = ("CNT_SHUNT_OVERRULE", "CNT_SHUNT_POLICY", "CNT_SHUNT_UNPARSED")
+WINDOW_GRACE = 0.05  # the counters must read the same twice this far apart (see CounterWindow)
+WINDOW_TIMEOUT = 120.0  # last resort: counters that never reconcile are an error, not a verdict
+
+
+class WindowError(HypafilterError):
+    """The counters of a verify run never reconciled: frames were lost or are stuck in the lab, so no verdict."""
+
+
+class _NetDev:
+    """/proc/net/dev of one namespace, opened inside it (the open file keeps that namespace): per interface
+    (rx packets, rx dropped, tx packets, tx dropped)."""
+
+    def __init__(self, ns: str):
+        with netns.inside(ns):
+            self.fd = os.open("/proc/thread-self/net/dev", os.O_RDONLY)
+
+    def read(self) -> dict[str, tuple[int, int, int, int]]:
+        os.lseek(self.fd, 0, os.SEEK_SET)
+        chunks = []
+        while chunk := os.read(self.fd, 65536):
+            chunks.append(chunk)
+        out = {}
+        for line in b"".join(chunks).decode().splitlines()[2:]:
+            name, _, rest = line.partition(":")
+            f = [int(x) for x in rest.split()]
+            out[name.strip()] = (f[1], f[3], f[9], f[11])
+        return out
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _tap(ns: str, ifname: str, ours: bool = False) -> socket.socket:
+    """A socket that only counts the frames `ifname` receives (PACKET_STATISTICS: every frame that reached it,
+    queued or dropped for want of buffer), at the point where the namespace starts processing the frame: before
+    a bridge, whose forwarding or dropping of it then runs to its end in the same softirq. `ours`: only frames
+    whose source MAC carries a frame id (a socket filter), not what the lab's own stacks send."""
+    s = raw_socket(ns, ifname, rcvbuf=4096)
+    s.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
+    if ours:
+        prefix = int.from_bytes(ID_MAC_PREFIX, "big")
+        code = [(0x28, 0, 0, 6), (0x15, 0, 1, prefix), (0x06, 0, 0, 0xFFFF), (0x06, 0, 0, 0)]  # ldh [6]; jeq; ret
+        prog = ctypes.create_string_buffer(b"".join(struct.pack("HBBI", *c) for c in code))
+        s.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, struct.pack("HL", len(code), ctypes.addressof(prog)))
+    return s
+
+
+def _packets_seen(s: socket.socket) -> tuple[int, int]:
+    """(frames that reached the packet socket since the last call, of which dropped for want of buffer)."""
+    seen, drops = struct.unpack("II", s.getsockopt(SOL_PACKET, PACKET_STATISTICS, 8))
+    return seen, drops
+
+
+QUIET_TABLE = "hf_verify_quiet"
+
+
+@contextlib.contextmanager
+def quiet_stacks(lab_ns: dict[str, str]) -> Iterator[None]:
+    """The sender's and receiver's own IP and ARP stacks send nothing while the frames are exchanged (an
+    output-hook drop in their namespaces; verify's raw frames do not pass it): a late retransmission or an ARP
+    probe of an earlier connection check would otherwise travel the paths beside the frames."""
+    text = "\n".join(
+        f"table {fam} {QUIET_TABLE}\ndelete table {fam} {QUIET_TABLE}\n"
+        f"table {fam} {QUIET_TABLE} {{\n  chain out {{\n    type filter hook output priority -300; policy drop;\n  }}\n}}"
+        for fam in ("inet", "arp")
+    )
+    done = []
+    try:
+        for role in ("send", "recv"):
+            netns.run(["nft", "-f", "-"], lab_ns[role], input=text + "\n")
+            done.append(role)
+        yield
+    finally:
+        for role in done:
+            for fam in ("inet", "arp"):
+                netns.run(["nft", "delete", "table", fam, QUIET_TABLE], lab_ns[role], check=False)
+
+
+class CounterWindow:
+    """When every frame verify sent has met its fate on both paths, from counters (not from quiet time).
+
+    Counting sockets (`_tap`) count what a namespace took from a veth, at the point where its bridge (or the
+    emulator's socket) takes it; veth tx counters what a namespace sent. Hybrid path: the NIC's namespace took all
+    N frames (by id) from the sender; the NIC classified every frame that reached its wire ports (PKTIN) and
+    decided each (NIC_DECISIONS: forwarded, dropped, dropped as unfilterable, shunted for one of three reasons);
+    it sent out every frame it decided or took back from the host (PKTOUT = forwarded + shunted + CNT_FROM_HOST)
+    and its veths carried each of them; the firewall took every frame the NIC gave it; the NIC took back every
+    frame the firewall's bridge forwarded (CNT_FROM_HOST); the receiver captured every frame the NIC sent it.
+    Oracle path: the plain namespace took all N (by id), and the receiver captured every frame its bridge
+    forwarded. Host mode: the bridges are where the frames end, so the receiver's captures do not count. Each
+    stage is checked against the one before it, whatever the frames are; the starting point is taken when the
+    lab is idle (`open`), so no frame from before sits between two counters, and verify keeps the sender's and
+    receiver's own stacks quiet meanwhile (`quiet_stacks`).
+
+    A bridge decides a frame in the softirq that took it, so once the counts agree nothing is on its way; the
+    last reading must also repeat WINDOW_GRACE later. A frame the lab itself loses (tx dropped on a veth, a capture
+    socket's drops, CNT_FIFO_DROP) or counters that do not reconcile within WINDOW_TIMEOUT raise WindowError
+    naming the counters: then there is no verdict, never a silent mismatch."""
+
+    TX = (
+        ("send", "hyb0"),
+        ("send", "plain0"),
+        ("nic", "wire0"),
+        ("nic", "wire1"),
+        ("nic", "host0"),
+        ("nic", "host1"),
+        ("fw", "nf0"),
+        ("fw", "nf1"),
+        ("plain", "nf1"),
+    )
+    TAPS = (
+        ("nic", "wire0", True),
+        ("nic", "wire0", False),
+        ("nic", "wire1", False),
+        ("fw", "nf0", False),
+        ("fw", "nf1", False),
+        ("plain", "nf0", True),
+    )
+
+    def __init__(self, lab_ns: dict[str, str], nic_counters: Callable[[], dict], host: bool = False):
+        self.ns = lab_ns
+        self.nic_counters = nic_counters
+        self.host = host
+        self.dev = {role: _NetDev(lab_ns[role]) for role in {r for r, _ in self.TX}}
+        self.taps = {f"{r}.{i}{'.ours' if o else ''}": _tap(lab_ns[r], i, o) for r, i, o in self.TAPS}
+        self.sent = 0
+        self.tapped = dict.fromkeys(self.taps, 0)
+        self.captured = {"hybrid": 0, "plain": 0}
+        self.capture_drops = 0
+        self.nic0: dict = {}
+        self.dev0: dict = {}
+
+    def open(self, captures: dict[str, socket.socket], timeout: float = WINDOW_TIMEOUT) -> None:
+        """Take the counters' starting point once the lab is idle: nothing counted anywhere and nothing captured
+        for WINDOW_GRACE (so no frame from before is still between two counters), the capture sockets emptied."""
+        start = time.monotonic()
+        last = None
+        while True:
+            moved = any(_packets_seen(s)[0] for s in self.taps.values())
+            for s in captures.values():
+                drain(s)
+                _packets_seen(s)
+            now = (self.nic_counters(), {role: d.read() for role, d in self.dev.items()})
+            if now == last and not moved:
+                self.nic0, self.dev0 = now
+                return
+            if time.monotonic() - start > timeout:
+                raise WindowError(f"verify: the lab never went idle within {timeout:.0f} s before the frames were sent")
+            last = now
+            time.sleep(WINDOW_GRACE)
+
+    def close(self) -> None:
+        for d in self.dev.values():
+            d.close()
+        for s in self.taps.values():
+            s.close()
+
+    def reading(self) -> dict:
+        """The counters now, as deltas since the window opened (taps, then the NIC, then the veths: each later
+        count can only be larger, so equal counts mean nothing was between them)."""
+        for name, s in self.taps.items():
+            self.tapped[name] += _packets_seen(s)[0]
+        nic = _counter_delta(self.nic0, self.nic_counters())
+        dev = {}
+        for role, ifname in self.TX:
+            a, b = self.dev0[role].get(ifname), self.dev[role].read().get(ifname)
+            if a is None or b is None:
+                raise WindowError(f"verify: interface {ifname} missing in {self.ns[role]}")
+            dev[f"{role}.{ifname}"] = {"tx": b[2] - a[2], "tx_dropped": b[3] - a[3]}
+        return {
+            "sent": self.sent,
+            "nic": {k: nic.get(k, 0) for k in ("PKTIN", "PKTOUT", *NIC_DECISIONS, "CNT_FROM_HOST", "CNT_FIFO_DROP")},
+            "dev": dev,
+            "tapped": dict(self.tapped),
+            "captured": dict(self.captured),
+            "capture_drops": self.capture_drops,
+        }
+
+    def missing(self, r: dict) -> list[str]:
+        """What is still on its way (empty: every frame met its fate). Raises WindowError on a lost frame."""
+        lost = [f"{k} tx dropped {v['tx_dropped']}" for k, v in r["dev"].items() if v["tx_dropped"]]
+        if r["nic"]["CNT_FIFO_DROP"]:
+            lost.append(f"CNT_FIFO_DROP {r['nic']['CNT_FIFO_DROP']}")
+        if r["capture_drops"]:
+            lost.append(f"capture sockets dropped {r['capture_drops']}")
+        if lost:
+            raise WindowError(f"verify: the lab lost frames ({', '.join(lost)}), so there is no verdict: {r}")
+        n, nic, tap = r["sent"], r["nic"], r["tapped"]
+        tx = {k: v["tx"] for k, v in r["dev"].items()}
+        over = [f"{k} {tap[k]} > {n}" for k in ("nic.wire0.ours", "plain.nf0.ours") if tap[k] > n]
+        if over:
+            raise WindowError(f"verify: more frames with our ids than were sent ({', '.join(over)}): {r}")
+        shunted = sum(nic[k] for k in NIC_SHUNTED)
+        want = {
+            "NIC took ours": (tap["nic.wire0.ours"], n),
+            "NIC classified": (nic["PKTIN"], tap["nic.wire0"] + tap["nic.wire1"]),
+            "NIC decided": (sum(nic[k] for k in NIC_DECISIONS), nic["PKTIN"]),
+            "NIC sent": (nic["PKTOUT"], nic["CNT_FORWARDED"] + shunted + nic["CNT_FROM_HOST"]),
+            "NIC veths carried": (tx["nic.wire0"] + tx["nic.wire1"] + tx["nic.host0"] + tx["nic.host1"], nic["PKTOUT"]),
+            "firewall took": (tap["fw.nf0"] + tap["fw.nf1"], tx["nic.host0"] + tx["nic.host1"]),
+            "NIC took back": (nic["CNT_FROM_HOST"], tx["fw.nf0"] + tx["fw.nf1"]),
+            "plain took ours": (tap["plain.nf0.ours"], n),
+        }
+        if not self.host:
+            want["receiver captured, hybrid"] = (r["captured"]["hybrid"], tx["nic.wire1"])
+            want["receiver captured, plain"] = (r["captured"]["plain"], tx["plain.nf1"])
+        return [f"{k} {got}/{exp}" for k, (got, exp) in want.items() if got != exp]
+
+
 # ---- running the comparison ---------------------------------------------------------------------------------------
 
 
@@ -488,12 +711,19 @@ def collect(
 
 
 def exchange(
-    lab_ns: dict[str, str], probes: list[Probe], chunk: int = 128, quiet: float = 0.08, lab: Lab | None = None
+    lab_ns: dict[str, str],
+    probes: list[Probe],
+    chunk: int = 128,
+    quiet: float = 0.08,
+    lab: Lab | None = None,
+    window: CounterWindow | None = None,
 ) -> dict[str, dict[int, list[bytes]]]:
     """Send every probe on both paths (chunk by chunk, each chunk drained before the next) and capture them.
 
-    With `lab` (host mode): captured where the bridges pass frames up to the local stack, and kept only for the
-    frames INPUT let through (the lab's record of local delivery)."""
+    With `window` the receive window closes on counters (CounterWindow: every frame met its fate; a lost frame or
+    counters that never reconcile raise WindowError); without, after `quiet` seconds without a frame (what bare
+    captures without a NIC use). With `lab` (host mode): captured where the bridges pass frames up to the local
+    stack, and kept only for the frames INPUT let through (the lab's record of local delivery)."""
     tx = {"hybrid": raw_socket(lab_ns["send"], "hyb0"), "plain": raw_socket(lab_ns["send"], "plain0")}
     if lab is not None:
         for role in ("fw", "plain"):
@@ -505,12 +735,20 @@ def exchange(
     try:
         for s in rx.values():
             drain(s)
+            _packets_seen(s)  # zero its drop count
+        if window is not None:
+            window.open(rx)
         for start in range(0, len(probes), chunk):
             part = probes[start : start + chunk]
             for path in ("hybrid", "plain"):
                 send(tx[path], [p.frame for p in part], pace_every=0)
-            collect(rx, got, quiet, 10.0)
-        collect(rx, got, max(quiet, 0.4), 10.0)
+            if window is None:
+                collect(rx, got, quiet, 10.0)
+            else:
+                window.sent += len(part)
+                settle(window, rx, got, final=start + chunk >= len(probes))
+        if window is None:
+            collect(rx, got, max(quiet, 0.4), 10.0)
     finally:
         for s in (*tx.values(), *rx.values()):
             s.close()
@@ -519,6 +757,53 @@ def exchange(
             seen = lab.host_seen(role)
             got[path] = {uid: got[path].get(uid) or [b""] for uid in seen}
     return got
+
+
+def _read_all(socks: dict[str, socket.socket], got: dict[str, dict[int, list[bytes]]], window: CounterWindow) -> None:
+    """Everything queued on the capture sockets now: frames with an id into `got`, every incoming frame counted."""
+    for name, s in socks.items():
+        while True:
+            try:
+                data, addr = s.recvfrom(65536)
+            except BlockingIOError:
+                break
+            if addr[2] == PACKET_OUTGOING:
+                continue
+            window.captured[name] += 1
+            uid = frame_id(data)
+            if uid is not None:
+                got[name].setdefault(uid, []).append(data)
+        window.capture_drops += _packets_seen(s)[1]
+
+
+def settle(
+    window: CounterWindow,
+    socks: dict[str, socket.socket],
+    got: dict[str, dict[int, list[bytes]]],
+    final: bool = True,
+    timeout: float = WINDOW_TIMEOUT,
+) -> dict:
+    """Capture until the window's counters account for every frame sent so far; `final`: also read the same twice
+    WINDOW_GRACE apart. Returns the last reading; WindowError when they do not reconcile within `timeout`."""
+    start = time.monotonic()
+    last: dict | None = None
+    while True:
+        _read_all(socks, got, window)
+        reading = window.reading()
+        missing = window.missing(reading)
+        if not missing:
+            if not final or reading == last:
+                return reading
+            last = reading
+            time.sleep(WINDOW_GRACE)
+            continue
+        last = None
+        if time.monotonic() - start > timeout:
+            raise WindowError(
+                f"verify: the counters did not reconcile within {timeout:.0f} s (still missing: {'; '.join(missing)}); "
+                f"frames are lost or stuck in the lab, so there is no verdict: {reading}"
+            )
+        select.select(list(socks.values()), [], [], 0.005)
 
 
 def compare(probes: list[Probe], got: dict[str, dict[int, list[bytes]]]) -> dict:
@@ -584,10 +869,6 @@ def _deployed(policy: Policy, config: Config, log: Callable[[str], None]) -> tup
     return lab, state
 
 
-# The NIC's counters of the wire frames it decided itself: forwarded, dropped by a rule, dropped as unfilterable.
-HW_DECIDED = ("CNT_FORWARDED", "CNT_DROPPED", "CNT_DROP_UNFILTERABLE")
-
-
 def hw_share(nic: dict) -> float | None:
     """Share of the wire frames the NIC classified (PKTIN) that it decided itself (HW_DECIDED), from a counter
     delta; None when no wire frame came."""
@@ -614,7 +895,7 @@ def verify(
     if host and connections is not None:
         raise HypafilterError("--connections runs between the lab's sender and receiver: not in host mode (INPUT)")
     lab.host_mode(host)
-    ns = {"send": lab.ns_send, "recv": lab.ns_recv, "fw": lab.ns_fw, "plain": lab.ns_plain}
+    ns = {"send": lab.ns_send, "recv": lab.ns_recv, "fw": lab.ns_fw, "plain": lab.ns_plain, "nic": lab.ns_nic}
     t0 = time.monotonic()
     sent = spec.probes(policy, state["generation"], bytes.fromhex(HOST_MAC.replace(":", "")) if host else DST_MAC)
     t_gen = time.monotonic() - t0
@@ -622,8 +903,18 @@ def verify(
     nic_before = tgt.counters(state["nic"])
     sh = deploy.shim_of(state)
     shim_before = sh.stats()
+    # Both paths start from empty conntrack tables: entries left by an earlier run (or by connection checks) age
+    # out on their own clocks in each namespace, so they could decide a frame differently on the two paths.
+    for role in ("fw", "plain"):
+        lab.flush_conntrack(role)
     t1 = time.monotonic()
-    got = exchange(ns, sent, lab=lab if host else None)
+    with tgt.client(state["nic"]) as client, quiet_stacks(ns):
+        window = CounterWindow(ns, client.counters, host)
+        try:
+            got = exchange(ns, sent, lab=lab if host else None, window=window)
+            closed = window.reading()
+        finally:
+            window.close()
     t_run = time.monotonic() - t1
     nic = _counter_delta(nic_before, tgt.counters(state["nic"]))
     shim = _counter_delta({k: v for k, v in shim_before.items() if k != "config"}, sh.stats())
@@ -645,6 +936,7 @@ def verify(
             "pps": round(2 * spec.packets / t_run, 1) if t_run else None,
             "seed": spec.seed,
             "trace": str(spec.trace) if spec.trace else None,
+            "window": {"closed_by": "counters", **closed},
         }
     )
     if connections is not None:

@@ -355,12 +355,13 @@ def fuzz_policy(
     log: Callable[[str], None] = lambda s: None,
     target: str = "emu",
 ) -> Tally:
-    """`frames` frames per (mode, strategy) pair through verify, frame seed = seed·100 + pair number; `after` runs
-    after each pair with the deployment still up (the connection checks); `target`: the fast path (emu, xdp)."""
+    """`frames` frames per (mode, strategy) pair through verify, frame seed = seed·100 + the pair's number in
+    COMBOS (so a subset of `pairs` sends the same frames per pair as the whole run); `after` runs after each pair
+    with the deployment still up (the connection checks); `target`: the fast path (emu, xdp)."""
     tally = tally or Tally()
     for n, (mode, strategy) in enumerate(pairs):
         t = time.monotonic()
-        frame_seed = seed * 100 + n
+        frame_seed = seed * 100 + COMBOS.index((mode, strategy))
         report = verify(
             policy,
             Config(shunt_mode=mode, strategy=strategy, target=target),

@@ -1,0 +1,109 @@
+"""verify.CounterWindow's rule for when every frame has met its fate (the counters are read in the system tier;
+tests/system/test_verify_load.py runs it under load). Readings here are what reading() returns."""
+
+from __future__ import annotations
+
+import pytest
+from hypafilter.ops.verify import CounterWindow, WindowError
+
+
+def window(host: bool = False) -> CounterWindow:
+    w = object.__new__(CounterWindow)  # no lab: only the rule is under test
+    w.host = host
+    return w
+
+
+def reading(n: int = 10, stray: int = 0) -> dict:
+    """N frames sent: 2 forwarded by the NIC, 3 dropped, 5 shunted of which the firewall forwarded 4; `stray`
+    frames from the sender's own stack, shunted and forwarded by the firewall (counted at every stage)."""
+    nic = {
+        "PKTIN": n + stray,
+        "PKTOUT": 2 + 5 + 4 + 2 * stray,
+        "CNT_FORWARDED": 2,
+        "CNT_DROPPED": 3,
+        "CNT_DROP_UNFILTERABLE": 0,
+        "CNT_SHUNT_OVERRULE": 1,
+        "CNT_SHUNT_POLICY": 3 + stray,
+        "CNT_SHUNT_UNPARSED": 1,
+        "CNT_FROM_HOST": 4 + stray,
+        "CNT_FIFO_DROP": 0,
+    }
+    tx = {
+        "send.hyb0": n + stray,
+        "send.plain0": n,
+        "nic.wire0": 0,
+        "nic.wire1": 2 + 4 + stray,
+        "nic.host0": 5 + stray,
+        "nic.host1": 0,
+        "fw.nf0": 0,
+        "fw.nf1": 4 + stray,
+        "plain.nf1": 6,
+    }
+    return {
+        "sent": n,
+        "nic": nic,
+        "dev": {k: {"tx": v, "tx_dropped": 0} for k, v in tx.items()},
+        "tapped": {
+            "nic.wire0.ours": n,
+            "nic.wire0": n + stray,
+            "nic.wire1": 0,
+            "fw.nf0": 5 + stray,
+            "fw.nf1": 0,
+            "plain.nf0.ours": n,
+        },
+        "captured": {"hybrid": 2 + 4 + stray, "plain": 6},
+        "capture_drops": 0,
+    }
+
+
+@pytest.mark.parametrize("stray", [0, 1, 3])
+def test_closed_when_every_stage_agrees(stray):
+    assert window().missing(reading(stray=stray)) == []
+
+
+@pytest.mark.parametrize(
+    "where, key, delta, expect",
+    [
+        ("tapped", "nic.wire0.ours", -1, "NIC took ours"),
+        ("tapped", "fw.nf0", -1, "firewall took"),
+        ("tapped", "plain.nf0.ours", -1, "plain took ours"),
+        ("captured", "hybrid", -1, "receiver captured, hybrid"),
+        ("captured", "plain", -1, "receiver captured, plain"),
+        ("nic", "CNT_FROM_HOST", -1, "NIC took back"),
+        ("nic", "CNT_SHUNT_POLICY", -1, "NIC decided"),
+    ],
+)
+def test_open_while_a_frame_is_on_its_way(where, key, delta, expect):
+    r = reading(stray=1)
+    r[where][key] += delta
+    missing = window().missing(r)
+    assert missing and any(m.startswith(expect) for m in missing), missing
+
+
+def test_host_mode_does_not_wait_for_the_receiver():
+    r = reading()
+    r["captured"] = {"hybrid": 0, "plain": 0}
+    assert window(host=True).missing(r) == []
+    assert window().missing(r)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda r: r["dev"]["fw.nf1"].update(tx_dropped=1),
+        lambda r: r["nic"].update(CNT_FIFO_DROP=1),
+        lambda r: r.update(capture_drops=2),
+    ],
+)
+def test_a_lost_frame_is_an_error_not_a_verdict(change):
+    r = reading()
+    change(r)
+    with pytest.raises(WindowError, match="lost frames"):
+        window().missing(r)
+
+
+def test_more_of_our_frames_than_were_sent_is_an_error():
+    r = reading()
+    r["tapped"]["plain.nf0.ours"] += 1
+    with pytest.raises(WindowError, match="more frames with our ids"):
+        window().missing(r)

@@ -22,7 +22,7 @@ from hypafilter.ops.flowsync import (
 )
 
 TCP, UDP = 6, 17
-SYN_SENT, ESTABLISHED, FIN_WAIT = 1, 3, 4
+SYN_SENT, ESTABLISHED, FIN_WAIT, CLOSE_WAIT, LAST_ACK, TIME_WAIT = 1, 3, 4, 5, 6, 7
 UP = IPS_CONFIRMED | IPS_SEEN_REPLY
 
 
@@ -121,7 +121,7 @@ def ev(kind="update", proto=TCP, state=ESTABLISHED, status=UP, sport=40000, dpor
     )
 
 
-TIMEOUTS = {"tcp": 432000, "udp": 30, "udp_stream": 120}
+TIMEOUTS = {"tcp": 432000, "tcp_fin_wait": 120, "tcp_close_wait": 60, "udp": 30, "udp_stream": 120}
 
 
 def syncer():
@@ -134,7 +134,9 @@ def test_install_rule():
     assert offload_reason(ev(proto=UDP)) is None
     assert offload_reason(ev(state=SYN_SENT, status=IPS_CONFIRMED)) is not None
     assert offload_reason(ev(state=ESTABLISHED, status=IPS_CONFIRMED)) == "no reply seen"
-    assert offload_reason(ev(state=FIN_WAIT)) is not None
+    # half-closed flows stay (one FIN seen); once both ends closed, conntrack must see the last ACK
+    assert offload_reason(ev(state=FIN_WAIT)) is None and offload_reason(ev(state=CLOSE_WAIT)) is None
+    assert offload_reason(ev(state=LAST_ACK)) is not None and offload_reason(ev(state=TIME_WAIT)) is not None
     assert offload_reason(ev(proto=UDP, status=IPS_CONFIRMED)) == "no reply seen"
     assert offload_reason(ev(status=IPS_SEEN_REPLY)) == "not confirmed"
     assert offload_reason(ev(kind="destroy")) == "destroyed"
@@ -149,6 +151,8 @@ def test_install_rule():
 
 
 def test_tcp_lifecycle_installs_on_established_removes_on_close():
+    """Installed at ESTABLISHED, kept while half-closed (the other end may still send), removed once both FINs
+    were seen; a refresh while half-closed sets that state's timeout, not the established one."""
     s, table, ct = syncer()
     e = ev()
     ct.entries.add(e.flow)
@@ -158,7 +162,11 @@ def test_tcp_lifecycle_installs_on_established_removes_on_close():
     assert ct.calls == [("liberal", e.flow)]  # liberal before the insert
     assert table.ops == [("insert", e.flow)]
     assert s.event(e) is None  # our own liberal write comes back as an update
-    assert s.event(ev(state=FIN_WAIT)) == "remove"
+    assert s.event(ev(state=FIN_WAIT)) is None  # half-closed: stays
+    table.hit(e.flow, 5)
+    s.poll()
+    assert ct.calls[-1] == ("timeout", e.flow, TIMEOUTS["tcp_fin_wait"])
+    assert s.event(ev(state=LAST_ACK)) == "remove"
     assert s.event(ev(kind="destroy", status=0, state=None)) is None
     assert table.slots == {}
     st = s.stats()
@@ -242,7 +250,7 @@ def test_poll_evicts_what_conntrack_lost_and_strangers():
 def test_resync_inserts_and_deletes_against_a_dump():
     s, table, ct = syncer()
     keep, new, gone = ev(sport=1), ev(sport=2), ev(sport=3)
-    closing = ev(sport=4, state=FIN_WAIT)
+    closing = ev(sport=4, state=LAST_ACK)
     table.flow_insert(keep.flow)
     table.flow_insert(gone.flow)
     table.flow_insert(closing.flow)

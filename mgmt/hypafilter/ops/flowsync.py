@@ -45,13 +45,24 @@ IPS_EXPECTED, IPS_SEEN_REPLY, IPS_ASSURED, IPS_CONFIRMED = 1 << 0, 1 << 1, 1 << 
 IPS_SRC_NAT, IPS_DST_NAT = 1 << 4, 1 << 5
 IPS_NAT_MASK = IPS_SRC_NAT | IPS_DST_NAT
 IPS_DYING, IPS_TEMPLATE, IPS_UNTRACKED, IPS_HELPER, IPS_OFFLOAD = 1 << 9, 1 << 11, 1 << 12, 1 << 13, 1 << 14
-TCP_CONNTRACK_ESTABLISHED = 3
+TCP_CONNTRACK_ESTABLISHED, TCP_CONNTRACK_FIN_WAIT, TCP_CONNTRACK_CLOSE_WAIT = 3, 4, 5
+# TCP states a flow stays in the hardware in: established, and half-closed (one FIN seen, its ACK maybe not: an ACK
+# the hardware forwards leaves conntrack in FIN_WAIT instead of CLOSE_WAIT, which only changes that state's
+# timeout). Once both ends sent their FIN (LAST_ACK, TIME_WAIT, CLOSE) the flow leaves, so the last ACK and anything
+# after it reach conntrack.
+TCP_OFFLOAD_STATES = {
+    TCP_CONNTRACK_ESTABLISHED: "established",
+    TCP_CONNTRACK_FIN_WAIT: "fin_wait",
+    TCP_CONNTRACK_CLOSE_WAIT: "close_wait",
+}
 IP_CT_TCP_FLAG_BE_LIBERAL = 0x08
 PROTO_TCP, PROTO_UDP = 6, 17
 
 # The conntrack timeouts a refresh sets, read from these sysctls of the firewall namespace (seconds).
 TIMEOUT_SYSCTLS = {
     "tcp": "net.netfilter.nf_conntrack_tcp_timeout_established",
+    "tcp_fin_wait": "net.netfilter.nf_conntrack_tcp_timeout_fin_wait",
+    "tcp_close_wait": "net.netfilter.nf_conntrack_tcp_timeout_close_wait",
     "udp": "net.netfilter.nf_conntrack_udp_timeout",
     "udp_stream": "net.netfilter.nf_conntrack_udp_timeout_stream",
 }
@@ -112,8 +123,8 @@ def offload_reason(ev: CtEvent) -> str | None:
         return "not confirmed"
     if not ev.status & IPS_SEEN_REPLY:
         return "no reply seen"
-    if ev.proto == PROTO_TCP and ev.tcp_state != TCP_CONNTRACK_ESTABLISHED:
-        return f"TCP state {ev.tcp_state}, not ESTABLISHED"
+    if ev.proto == PROTO_TCP and ev.tcp_state not in TCP_OFFLOAD_STATES:
+        return f"TCP state {ev.tcp_state}, not ESTABLISHED, FIN_WAIT or CLOSE_WAIT"
     if ev.status & IPS_NAT_MASK or ev.reply != (ev.dst, ev.src, ev.dport, ev.sport):
         return "NAT"
     if ev.helper or ev.status & IPS_HELPER:
@@ -200,6 +211,7 @@ class Installed:
     proto: int
     assured: bool
     last_hits: int | None = None
+    tcp_state: int | None = None  # the TCP state conntrack last reported (its timeout is the one a refresh sets)
 
 
 @dataclass
@@ -247,7 +259,7 @@ class Syncer:
             self.table.flow_delete(flow)
             status, _slot = self.table.flow_insert(flow)
         if status == ST_OK:
-            self.installed[flow] = Installed(ev.proto, bool(ev.status & IPS_ASSURED))
+            self.installed[flow] = Installed(ev.proto, bool(ev.status & IPS_ASSURED), tcp_state=ev.tcp_state)
             self.counters["inserts"] += 1
             if t_event is not None:
                 self.lag.append(self.clock() - t_event)
@@ -288,6 +300,8 @@ class Syncer:
             return "install"
         if want and have:
             self.installed[flow].assured |= bool(ev.status & IPS_ASSURED)
+            if ev.tcp_state is not None:
+                self.installed[flow].tcp_state = ev.tcp_state
             return None
         if have:
             self._delete(flow, "deletes", t_event)
@@ -310,14 +324,15 @@ class Syncer:
             if flow in present:
                 rec = present[flow]
                 self.installed[flow] = Installed(
-                    ev.proto, bool(ev.status & IPS_ASSURED), rec.hits if rec.counted else None
+                    ev.proto, bool(ev.status & IPS_ASSURED), rec.hits if rec.counted else None, ev.tcp_state
                 )
             else:
                 self._insert(ev, flow, None)  # no event to measure a lag from
 
     def timeout_for(self, inst: Installed) -> int:
         if inst.proto == PROTO_TCP:
-            return self.timeouts["tcp"]
+            name = TCP_OFFLOAD_STATES.get(inst.tcp_state, "established")
+            return self.timeouts["tcp" if name == "established" else f"tcp_{name}"]
         return self.timeouts["udp_stream"] if inst.assured else self.timeouts["udp"]
 
     def poll(self) -> None:

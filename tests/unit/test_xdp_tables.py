@@ -17,6 +17,8 @@ from hypafilter.ir import FIELDS, MAXV, Header
 from hypafilter.targets.xdp.tables import SEARCH_FIELDS, build_tables, shape_id, tables_file
 from hypafilter.tools.fuzz import random_policy
 
+from conftest import ROOT
+
 POLICY = """*filter
 :FORWARD DROP [0:0]
 -A FORWARD -s 10.0.0.0/8 ! -d 10.1.0.0/16 -p tcp -m tcp --dport 1000:2000 --tcp-flags SYN,ACK SYN -j ACCEPT
@@ -62,13 +64,27 @@ def headers(plan, rng: random.Random, count: int) -> list[Header]:
             else:
                 lo, hi = b.lo[i], b.hi[i]
                 v.append(rng.choice((lo, hi, max(0, lo - 1), min(top, hi + 1), rng.randint(lo, hi))))
-        out.append(Header(*v, rng.randint(0, 255)))
+        *fields, ct = v  # FIELDS ends with ct; Header's tcp_flags comes before it
+        out.append(Header(*fields, tcp_flags=rng.randint(0, 255), ct=ct))
     return out
 
 
 @pytest.mark.parametrize("seed", range(1, 9))
 def test_lookup_is_first_match(seed):
     text = POLICY if seed == 1 else random_policy(seed)
+    _check_lookup(text, seed)
+
+
+@pytest.mark.parametrize("seed", range(1, 5))
+def test_lookup_with_conntrack(seed):
+    """Policies that read conntrack: their split rules restrict ct, which the tables treat as any other field."""
+    text = (ROOT / "rulesets" / "conntrack.rules").read_text() if seed == 1 else random_policy(seed, conntrack=True)
+    plan = build_plan(parse_policy(text, f"c{seed}"))
+    assert "ct" in build_tables(plan).fields
+    _check_lookup(text, seed)
+
+
+def _check_lookup(text: str, seed: int) -> None:
     policy = parse_policy(text, f"p{seed}")
     for mode in ("index", "exact"):
         plan = build_plan(policy, Config(shunt_mode=mode))

@@ -22,9 +22,9 @@ import numpy as np
 from hypafilter.ir import FIELDS, MAXV
 
 # Field order of the program's lookups; src/dst by binary search over sorted interval starts, the rest direct.
-FAST_FIELDS = ("src", "dst", "proto", "sport", "dport", "icmp_type", "icmp_code", "iport", "flags")
+FAST_FIELDS = ("src", "dst", "proto", "sport", "dport", "icmp_type", "icmp_code", "iport", "ct", "flags")
 SEARCH_FIELDS = ("src", "dst")
-DIRECT_SIZE = {"proto": 256, "sport": 65536, "dport": 65536, "icmp_type": 256, "icmp_code": 256, "iport": 4}
+DIRECT_SIZE = {"proto": 256, "sport": 65536, "dport": 65536, "icmp_type": 256, "icmp_code": 256, "iport": 4, "ct": 4}
 DIRECT_SIZE["flags"] = 256
 CHUNK = 1024  # boxes per sweep step (memory: intervals x CHUNK bytes)
 

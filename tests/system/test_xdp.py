@@ -157,6 +157,52 @@ def test_control_bits(ns, shared_dir):
     assert tally[("FORWARD", 5)] > 0
 
 
+LATE_CT = """*filter
+:FORWARD DROP [0:0]
+-A FORWARD -p icmp -m icmp --icmp-type echo-request -j ACCEPT
+-A FORWARD -s 10.0.0.0/8 -p tcp -m tcp --dport 22 -j DROP
+-A FORWARD -p udp -m udp --dport 53 -j ACCEPT
+-A FORWARD -m conntrack --ctstate ESTABLISHED -j ACCEPT
+-A FORWARD -p tcp -m tcp --dport 80 -j ACCEPT
+COMMIT
+"""
+
+
+@pytest.mark.parametrize("name", ("conntrack", "late-ct", "fuzz-2", "fuzz-4"))
+def test_conntrack_policies(ns, name):
+    """Policies that read conntrack: the split rules' ct-restricted boxes and miss forcing (CONTROL bits 4/5,
+    reason 3 keeping match_index and action) in bridge mode (ACCEPT and DROP forced) and host mode (DROP forced,
+    ACCEPT decided), frame by frame against hw.model.decide with ct 0 (the program keeps no connection state)."""
+    from hypafilter.analysis.plan import build_plan
+    from hypafilter.config import Config
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.tools.fuzz import random_policy
+
+    from conftest import ROOT
+
+    if name == "late-ct":
+        text = LATE_CT
+    elif name.startswith("fuzz-"):
+        text = random_policy(int(name[5:]), conntrack=True)
+    else:
+        text = (ROOT / "rulesets" / f"{name}.rules").read_text()
+    policy = parse_policy(text, name)
+    assert policy.reads_conntrack
+    tally: collections.Counter = collections.Counter()
+    for mode in ("index", "exact"):
+        plan = build_plan(policy, Config(shunt_mode=mode))
+        assert tuple(plan.miss_shunt) == (True, True)
+        tally += check(plan, frames_for(policy, random.Random(name), 800), ns)
+    htext = "".join(ln for ln in text.splitlines(keepends=True) if not ln.startswith(":INPUT "))
+    host = parse_policy(htext.replace("FORWARD", "INPUT"), name, base_chain="INPUT")
+    hplan = build_plan(host, Config(shunt_mode="selective", nic_mode="host"))
+    assert tuple(hplan.miss_shunt) == (False, True)
+    htally = check(hplan, frames_for(host, random.Random(name + "h"), 800), ns, nic_mode="host")
+    print(name, dict(tally), dict(htally))
+    if name == "late-ct":  # entries before its conntrack rule decide in hardware, so miss forcing applies
+        assert tally[("SHUNT", 3)] > 0 and htally[("SHUNT", 3)] > 0 and htally[("FORWARD", 5)] > 0, (tally, htally)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ("acl1_10k", "fw1_10k", "ipc1_10k"))
 def test_classbench_10k(ns, shared_dir, name):

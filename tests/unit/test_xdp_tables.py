@@ -102,8 +102,8 @@ def test_shape_and_file():
     assert shape["words"] >= t.words and shape["ent_cap"] > t.n
     assert t.fits(shape) and len(shape_id(shape)) == 12
     data = tables_file(t, shape, control=1, generation=3)
-    # The config record is the last one; its fields: control, generation, num_entries, num_words.
-    assert data.endswith(struct.pack("<8I", 1, 3, t.n, t.words, len(t.spans["src"]), len(t.spans["dst"]), 0, 0))
+    # The config record is the last one; its fields: control, generation, num_entries, num_words, nb, armed.
+    assert data.endswith(struct.pack("<8I", 1, 3, t.n, t.words, len(t.spans["src"]), len(t.spans["dst"]), 1, 0))
     small = dict(shape, words=0)
     assert not t.fits(small)
     with pytest.raises(ValueError):
@@ -114,3 +114,17 @@ def test_shape_and_file():
     )
     assert fewer.fields == ("src",) and fewer.fits(shape)
     assert tables_file(fewer, shape, 1, 0)
+
+
+def test_control_has_the_nic_bits():
+    """The fast path's CONTROL bits are the NIC register's (hw.model), miss forcing (Plan.miss_shunt) included."""
+    from hypafilter.hw import model
+    from hypafilter.targets.xdp.target import control_of
+
+    for unf in ("drop", "pass"):
+        for mode in ("bridge", "host"):
+            for miss in ((False, False), (False, True), (True, True)):
+                want = model.CONTROL_ENABLE | model.unfilterable_control(unf) | model.nic_mode_control(mode)
+                assert control_of(unf, mode, miss) == want | model.miss_shunt_control(miss)
+    plan = build_plan(parse_policy((ROOT / "rulesets" / "conntrack.rules").read_text(), "c"))
+    assert model.Regs.from_plan(plan).control == control_of("drop", "bridge", plan.miss_shunt)

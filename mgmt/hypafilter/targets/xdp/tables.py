@@ -28,7 +28,7 @@ DIRECT_SIZE = {"proto": 256, "sport": 65536, "dport": 65536, "icmp_type": 256, "
 DIRECT_SIZE["flags"] = 256
 CHUNK = 1024  # boxes per sweep step (memory: intervals x CHUNK bytes)
 
-# hfx_config (driver/xdp/hf_fastpath.h): control, generation, num_entries, num_words, nb_src, nb_dst, pad[2]
+# hfx_config (driver/xdp/hf_fastpath.h): control, generation, num_entries, num_words, nb_src, nb_dst, armed, pad
 CONFIG = struct.Struct("<8I")
 ENTRY = struct.Struct("<BBHI")  # struct hfx_entry: action, shunt, pad, k
 SPAN = np.dtype([("start", "<u4"), ("vec", "<u4")])
@@ -208,6 +208,6 @@ def tables_file(t: Tables, shape: dict, control: int, generation: int) -> bytes:
         out.append(_record("hfx_box", 4, t.boxes, t.box_entry.astype("<u4").tobytes()))
     out.append(_record("hfx_ent", ENTRY.size, t.n + 1, t.entries))
     nb = {f: len(t.spans[f]) if f in t.spans else 1 for f in SEARCH_FIELDS}
-    cfg = CONFIG.pack(control, generation & 0xFFFF, t.n, t.words, nb["src"], nb["dst"], 0, 0)
+    cfg = CONFIG.pack(control, generation & 0xFFFF, t.n, t.words, nb["src"], nb["dst"], control, 0)
     out.append(_record("hfx_cfg", CONFIG.size, 1, cfg))
     return b"".join(out)

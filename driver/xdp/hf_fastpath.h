@@ -15,6 +15,10 @@
 #define HFX_CONTROL_MISS_SHUNT_ACCEPT 16
 #define HFX_CONTROL_MISS_SHUNT_DROP 32
 
+/* hfx_config.ct_flags: conntrack state from the kernel's table (docs/xdp.md "Conntrack state from the kernel"). */
+#define HFX_CT_LOOKUP 1	     /* look TCP/UDP frames up in conntrack (bpf_xdp_ct_lookup): ct 1/2 for established ones */
+#define HFX_CT_TCP_LIBERAL 2 /* the namespace's nf_conntrack_tcp_be_liberal is 1: no TCP window tracking */
+
 /* Reason field of M for frames the fast path decided itself (forwarded in bridge mode, dropped): never seen by the
  * TC program (those frames do not reach the host stack); it only tells tests and tools "no shunt reason". */
 #define HFX_REASON_FAST 15
@@ -51,7 +55,10 @@ struct hfx_config {
 	__u32 nb_src;	   /* elementary intervals in hfx_f_src (binary search) */
 	__u32 nb_dst;	   /* elementary intervals in hfx_f_dst */
 	__u32 armed;	   /* the CONTROL these tables were written with: what ends a shunt-everything (control 0) */
-	__u32 pad;
+	__u32 ct_tcp_ms;   /* conntrack's TCP ESTABLISHED timeout (the namespace's sysctl at deploy), ms */
+	__u32 ct_udp_ms;   /* conntrack's UDP stream (replied) timeout, ms */
+	__u32 ct_flags;	   /* HFX_CT_* */
+	__u32 ct_udp_unreplied_ms; /* conntrack's UDP timeout before the stream timeout applies, ms */
 };
 
 /* One elementary interval of a 32-bit field: its first value and the id of its box vector in hfx_vec. */

@@ -103,7 +103,8 @@ def test_shape_and_file():
     assert t.fits(shape) and len(shape_id(shape)) == 12
     data = tables_file(t, shape, control=1, generation=3)
     # The config record is the last one; its fields: control, generation, num_entries, num_words, nb, armed.
-    assert data.endswith(struct.pack("<8I", 1, 3, t.n, t.words, len(t.spans["src"]), len(t.spans["dst"]), 1, 0))
+    nb = (len(t.spans["src"]), len(t.spans["dst"]))
+    assert data.endswith(struct.pack("<11I", 1, 3, t.n, t.words, *nb, 1, 0, 0, 0, 0))
     small = dict(shape, words=0)
     assert not t.fits(small)
     with pytest.raises(ValueError):

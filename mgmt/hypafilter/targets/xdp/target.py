@@ -20,7 +20,7 @@ from hypafilter import netns
 from hypafilter.errors import HypafilterError
 from hypafilter.targets.base import Target
 from hypafilter.targets.xdp.build import build_loader, build_program
-from hypafilter.targets.xdp.tables import build_tables, shape_id, tables_file
+from hypafilter.targets.xdp.tables import CtConfig, build_tables, shape_id, tables_file
 
 PIN_ROOT = Path("/sys/fs/bpf/hypafilter-xdp")
 CONTROL_ENABLE, CONTROL_PASS_UNFILTERABLE, CONTROL_HOST_MODE = 1, 4, 8
@@ -187,7 +187,7 @@ class XdpTarget(Target):
         if shape_id(shape) != info["shape"] and not t.fits(_shape_of(info)):
             raise HypafilterError(f"the plan's tables do not fit the running program (shape {info['shape']})")
         path = self._run_dir() / f"{info['name']}-{generation}.tables"
-        data = tables_file(t, _shape_of(info), self.control(plan), generation)
+        data = tables_file(t, _shape_of(info), self.control(plan), generation, self.ct_config(plan))
         path.write_bytes(data)
         self._tool("update", ["update", "--pin", info["pin"], "--tables", str(path)])
         keep = {path.name, Path((known or {}).get("file", "")).name}  # the previous tables: a rollback's
@@ -196,6 +196,26 @@ class XdpTarget(Target):
                 f.unlink(missing_ok=True)
         miss = [bool(x) for x in plan.miss_shunt]
         return {"file": str(path), "generation": generation, "entries": t.n, "writes": len(data), "miss_shunt": miss}
+
+    def ct_config(self, plan) -> CtConfig:
+        """Conntrack state from the kernel's table for a policy that reads it (docs/xdp.md): the timeouts conntrack
+        sets for established TCP and replied UDP and whether its TCP tracking is liberal, read from the firewall
+        namespace's sysctls now. Unreadable: no lookup (ct 0 everywhere, every frame conntrack must see goes to it)."""
+        if not any(plan.miss_shunt):
+            return CtConfig()
+        keys = (
+            "nf_conntrack_tcp_timeout_established",
+            "nf_conntrack_udp_timeout_stream",
+            "nf_conntrack_tcp_be_liberal",
+            "nf_conntrack_udp_timeout",
+        )
+        try:
+            out = netns.run(["sysctl", "-n", *(f"net.netfilter.{k}" for k in keys)], self.site.netns).split()
+            tcp_s, udp_s, liberal, udp_unreplied_s = (int(x) for x in out)
+        except (netns.CommandError, ValueError):
+            return CtConfig()
+        ms = lambda s: min(s * 1000, 0xFFFFFFFF)  # noqa: E731
+        return CtConfig(True, ms(tcp_s), ms(udp_s), bool(liberal), ms(udp_unreplied_s))
 
     def write_tables(self, info: dict, tables: dict, generation: int, known: dict | None = None) -> dict:
         if not Path(tables.get("file", "")).exists():

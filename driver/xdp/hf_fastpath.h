@@ -10,6 +10,14 @@
 #define HFX_CONTROL_SHUNT_ALL 2
 #define HFX_CONTROL_PASS_UNFILTERABLE 4
 #define HFX_CONTROL_HOST_MODE 8
+/* Miss forcing (Plan.miss_shunt): a frame with ct 0 (unknown) whose verdict would be ACCEPT (resp. DROP) passes to
+ * software with reason 3 ("state unknown") instead, so that conntrack sees every frame it has to. */
+#define HFX_CONTROL_MISS_SHUNT_ACCEPT 16
+#define HFX_CONTROL_MISS_SHUNT_DROP 32
+
+/* hfx_config.ct_flags: conntrack state from the kernel's table (docs/xdp.md "Conntrack state from the kernel"). */
+#define HFX_CT_LOOKUP 1	     /* look TCP/UDP frames up in conntrack (bpf_xdp_ct_lookup): ct 1/2 for established ones */
+#define HFX_CT_TCP_LIBERAL 2 /* the namespace's nf_conntrack_tcp_be_liberal is 1: no TCP window tracking */
 
 /* Reason field of M for frames the fast path decided itself (forwarded in bridge mode, dropped): never seen by the
  * TC program (those frames do not reach the host stack); it only tells tests and tools "no shunt reason". */
@@ -29,7 +37,8 @@
 #define HFX_CNT_SHUNT_FORCED 8
 #define HFX_CNT_DROP_UNFILTERABLE 9
 #define HFX_CNT_UNKNOWN_PORT 10 /* frames from an interface not in hfx_ports: shunted as unparsed */
-#define HFX_CNT_COUNT 11
+#define HFX_CNT_SHUNT_STATE 11	/* shunted by miss forcing (reason 3) */
+#define HFX_CNT_COUNT 12
 
 /* Metadata the program leaves in front of every frame (bpf_xdp_adjust_meta). The first two words are exactly the
  * shim's struct hf_xdp_meta (driver/shim.bpf.c), so the shim's TC program writes the mark from `value` unchanged;
@@ -45,7 +54,11 @@ struct hfx_config {
 	__u32 num_words;   /* 64-bit words of the box vectors in use (<= HFX_WORDS of the build) */
 	__u32 nb_src;	   /* elementary intervals in hfx_f_src (binary search) */
 	__u32 nb_dst;	   /* elementary intervals in hfx_f_dst */
-	__u32 pad[2];
+	__u32 armed;	   /* the CONTROL these tables were written with: what ends a shunt-everything (control 0) */
+	__u32 ct_tcp_ms;   /* conntrack's TCP ESTABLISHED timeout (the namespace's sysctl at deploy), ms */
+	__u32 ct_udp_ms;   /* conntrack's UDP stream (replied) timeout, ms */
+	__u32 ct_flags;	   /* HFX_CT_* */
+	__u32 ct_udp_unreplied_ms; /* conntrack's UDP timeout before the stream timeout applies, ms */
 };
 
 /* One elementary interval of a 32-bit field: its first value and the id of its box vector in hfx_vec. */

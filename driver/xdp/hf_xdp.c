@@ -51,7 +51,8 @@
 
 static const char *cnt_names[HFX_CNT_COUNT] = {
 	"PKTIN", "PKTOUT", "CNT_FORWARDED", "CNT_DROPPED", "CNT_SHUNT_OVERRULE", "CNT_SHUNT_POLICY",
-	"CNT_SHUNT_UNPARSED", "CNT_FROM_HOST", "CNT_SHUNT_FORCED", "CNT_DROP_UNFILTERABLE", "UNKNOWN_PORT"};
+	"CNT_SHUNT_UNPARSED", "CNT_FROM_HOST", "CNT_SHUNT_FORCED", "CNT_DROP_UNFILTERABLE", "UNKNOWN_PORT",
+	"CNT_SHUNT_STATE"};
 
 struct port {
 	char name[IF_NAMESIZE];
@@ -304,8 +305,9 @@ static void print_counters(map_fd_fn fdof, void *ctx, int reset)
 		die("stats", "out of memory");
 	if (bpf_map_lookup_elem(gfd, &zero, &cfg))
 		die("stats", "hfx_cfg: %s", strerror(errno));
-	printf("{\"config\": {\"control\": %u, \"generation\": %u, \"num_entries\": %u, \"num_words\": %u}",
-	       cfg.control, cfg.generation, cfg.num_entries, cfg.num_words);
+	printf("{\"config\": {\"control\": %u, \"generation\": %u, \"num_entries\": %u, \"num_words\": %u, "
+	       "\"armed\": %u}",
+	       cfg.control, cfg.generation, cfg.num_entries, cfg.num_words, cfg.armed);
 	for (__u32 s = 0; s < HFX_CNT_COUNT; s++) {
 		unsigned long long sum = 0;
 

@@ -55,8 +55,9 @@ def frames_for(policy, rng: random.Random, count: int, trace=None, malformed: fl
     return out
 
 
-def check(plan, frames, ns, nic_mode="bridge", unfilterable="drop", shunt_all=False) -> collections.Counter:
-    """Run the frames and compare each with the model; returns the tally of (kind, reason)."""
+def check(plan, frames, ns, nic_mode="bridge", unfilterable="drop", shunt_all=False, ct=None) -> collections.Counter:
+    """Run the frames and compare each with the model; returns the tally of (kind, reason). `ct`: the program's
+    conntrack lookup (targets.xdp.tables.CtConfig); this namespace's conntrack holds no connection, so ct stays 0."""
     from hypafilter.hw import model
     from hypafilter.targets.xdp.run import XDP_DROP, XDP_PASS, XDP_REDIRECT, run_frames
 
@@ -64,7 +65,7 @@ def check(plan, frames, ns, nic_mode="bridge", unfilterable="drop", shunt_all=Fa
     regs.generation = 7
     if shunt_all:
         regs.control |= model.CONTROL_SHUNT_ALL
-    res = run_frames(plan, frames, PORTS, ns=ns, control=regs.control, generation=7)
+    res = run_frames(plan, frames, PORTS, ns=ns, control=regs.control, generation=7, ct=ct)
     assert len(res.verdicts) == len(frames)
     counters = model.Counters(len(plan.entries))
     tally: collections.Counter = collections.Counter()
@@ -155,6 +156,56 @@ def test_control_bits(ns, shared_dir):
     hplan = build_plan(host, Config(shunt_mode="selective"))
     tally = check(hplan, frames_for(host, random.Random(6), 800), ns, nic_mode="host")
     assert tally[("FORWARD", 5)] > 0
+
+
+LATE_CT = """*filter
+:FORWARD DROP [0:0]
+-A FORWARD -p icmp -m icmp --icmp-type echo-request -j ACCEPT
+-A FORWARD -s 10.0.0.0/8 -p tcp -m tcp --dport 22 -j DROP
+-A FORWARD -p udp -m udp --dport 53 -j ACCEPT
+-A FORWARD -m conntrack --ctstate ESTABLISHED -j ACCEPT
+-A FORWARD -p tcp -m tcp --dport 80 -j ACCEPT
+COMMIT
+"""
+
+
+@pytest.mark.parametrize("name", ("conntrack", "late-ct", "fuzz-2", "fuzz-4"))
+def test_conntrack_policies(ns, name):
+    """Policies that read conntrack: the split rules' ct-restricted boxes and miss forcing (CONTROL bits 4/5,
+    reason 3 keeping match_index and action) in bridge mode (ACCEPT and DROP forced) and host mode (DROP forced,
+    ACCEPT decided), frame by frame against hw.model.decide with ct 0 (this namespace's conntrack holds nothing)."""
+    from hypafilter.analysis.plan import build_plan
+    from hypafilter.config import Config
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.tools.fuzz import random_policy
+
+    from conftest import ROOT
+
+    if name == "late-ct":
+        text = LATE_CT
+    elif name.startswith("fuzz-"):
+        text = random_policy(int(name[5:]), conntrack=True)
+    else:
+        text = (ROOT / "rulesets" / f"{name}.rules").read_text()
+    policy = parse_policy(text, name)
+    assert policy.reads_conntrack
+    tally: collections.Counter = collections.Counter()
+    for mode in ("index", "exact"):
+        plan = build_plan(policy, Config(shunt_mode=mode))
+        assert tuple(plan.miss_shunt) == (True, True)
+        tally += check(plan, frames_for(policy, random.Random(name), 800), ns)
+    # With the lookup on (bpf_xdp_ct_lookup of every TCP/UDP frame): no entry here, so nothing changes.
+    from hypafilter.targets.xdp.tables import CtConfig
+
+    check(plan, frames_for(policy, random.Random(name), 400), ns, ct=CtConfig(True, 432_000_000, 120_000, True, 30_000))
+    htext = "".join(ln for ln in text.splitlines(keepends=True) if not ln.startswith(":INPUT "))
+    host = parse_policy(htext.replace("FORWARD", "INPUT"), name, base_chain="INPUT")
+    hplan = build_plan(host, Config(shunt_mode="selective", nic_mode="host"))
+    assert tuple(hplan.miss_shunt) == (False, True)
+    htally = check(hplan, frames_for(host, random.Random(name + "h"), 800), ns, nic_mode="host")
+    print(name, dict(tally), dict(htally))
+    if name == "late-ct":  # entries before its conntrack rule decide in hardware, so miss forcing applies
+        assert tally[("SHUNT", 3)] > 0 and htally[("SHUNT", 3)] > 0 and htally[("FORWARD", 5)] > 0, (tally, htally)
 
 
 @pytest.mark.slow

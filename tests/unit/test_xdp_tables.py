@@ -17,6 +17,8 @@ from hypafilter.ir import FIELDS, MAXV, Header
 from hypafilter.targets.xdp.tables import SEARCH_FIELDS, build_tables, shape_id, tables_file
 from hypafilter.tools.fuzz import random_policy
 
+from conftest import ROOT
+
 POLICY = """*filter
 :FORWARD DROP [0:0]
 -A FORWARD -s 10.0.0.0/8 ! -d 10.1.0.0/16 -p tcp -m tcp --dport 1000:2000 --tcp-flags SYN,ACK SYN -j ACCEPT
@@ -62,13 +64,27 @@ def headers(plan, rng: random.Random, count: int) -> list[Header]:
             else:
                 lo, hi = b.lo[i], b.hi[i]
                 v.append(rng.choice((lo, hi, max(0, lo - 1), min(top, hi + 1), rng.randint(lo, hi))))
-        out.append(Header(*v, rng.randint(0, 255)))
+        *fields, ct = v  # FIELDS ends with ct; Header's tcp_flags comes before it
+        out.append(Header(*fields, tcp_flags=rng.randint(0, 255), ct=ct))
     return out
 
 
 @pytest.mark.parametrize("seed", range(1, 9))
 def test_lookup_is_first_match(seed):
     text = POLICY if seed == 1 else random_policy(seed)
+    _check_lookup(text, seed)
+
+
+@pytest.mark.parametrize("seed", range(1, 5))
+def test_lookup_with_conntrack(seed):
+    """Policies that read conntrack: their split rules restrict ct, which the tables treat as any other field."""
+    text = (ROOT / "rulesets" / "conntrack.rules").read_text() if seed == 1 else random_policy(seed, conntrack=True)
+    plan = build_plan(parse_policy(text, f"c{seed}"))
+    assert "ct" in build_tables(plan).fields
+    _check_lookup(text, seed)
+
+
+def _check_lookup(text: str, seed: int) -> None:
     policy = parse_policy(text, f"p{seed}")
     for mode in ("index", "exact"):
         plan = build_plan(policy, Config(shunt_mode=mode))
@@ -86,8 +102,9 @@ def test_shape_and_file():
     assert shape["words"] >= t.words and shape["ent_cap"] > t.n
     assert t.fits(shape) and len(shape_id(shape)) == 12
     data = tables_file(t, shape, control=1, generation=3)
-    # The config record is the last one; its fields: control, generation, num_entries, num_words.
-    assert data.endswith(struct.pack("<8I", 1, 3, t.n, t.words, len(t.spans["src"]), len(t.spans["dst"]), 0, 0))
+    # The config record is the last one; its fields: control, generation, num_entries, num_words, nb, armed.
+    nb = (len(t.spans["src"]), len(t.spans["dst"]))
+    assert data.endswith(struct.pack("<11I", 1, 3, t.n, t.words, *nb, 1, 0, 0, 0, 0))
     small = dict(shape, words=0)
     assert not t.fits(small)
     with pytest.raises(ValueError):
@@ -98,3 +115,17 @@ def test_shape_and_file():
     )
     assert fewer.fields == ("src",) and fewer.fits(shape)
     assert tables_file(fewer, shape, 1, 0)
+
+
+def test_control_has_the_nic_bits():
+    """The fast path's CONTROL bits are the NIC register's (hw.model), miss forcing (Plan.miss_shunt) included."""
+    from hypafilter.hw import model
+    from hypafilter.targets.xdp.target import control_of
+
+    for unf in ("drop", "pass"):
+        for mode in ("bridge", "host"):
+            for miss in ((False, False), (False, True), (True, True)):
+                want = model.CONTROL_ENABLE | model.unfilterable_control(unf) | model.nic_mode_control(mode)
+                assert control_of(unf, mode, miss) == want | model.miss_shunt_control(miss)
+    plan = build_plan(parse_policy((ROOT / "rulesets" / "conntrack.rules").read_text(), "c"))
+    assert model.Regs.from_plan(plan).control == control_of("drop", "bridge", plan.miss_shunt)

@@ -3,6 +3,7 @@ builds the loader (driver/xdp/hf_xdp.c). Objects are cached per shape under <bui
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 from pathlib import Path
@@ -16,6 +17,7 @@ from hypafilter.targets.xdp.tables import DIRECT_SIZE, SEARCH_FIELDS, shape_id
 
 XDP_DIR = DRIVER_DIR / "xdp"
 TEMPLATE = "fastpath.bpf.c.j2"
+INCLUDED = (XDP_DIR / "hf_fastpath.h", DRIVER_DIR / "hypafilter_shared.h")
 
 
 def render(shape: dict) -> str:
@@ -48,6 +50,9 @@ def build_program(shape: dict, build_root: Path = BUILD_ROOT) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     src, obj = out / "fastpath.bpf.c", out / "fastpath.bpf.o"
     text = render(shape)
+    # The headers it includes are part of the source: a changed layout must rebuild a cached object.
+    headers = "".join(f"// {h.name} {hashlib.sha256(h.read_bytes()).hexdigest()}\n" for h in INCLUDED)
+    text = headers + text
     (out / "shape.json").write_text(json.dumps(shape, sort_keys=True) + "\n")
     if obj.exists() and src.exists() and src.read_text() == text:
         return obj

@@ -14,7 +14,7 @@ from hypafilter import netns
 from hypafilter.errors import HypafilterError
 from hypafilter.paths import BUILD_ROOT
 from hypafilter.targets.xdp.build import build_loader, build_program
-from hypafilter.targets.xdp.tables import build_tables, tables_file
+from hypafilter.targets.xdp.tables import CtConfig, build_tables, tables_file
 
 XDP_ABORTED, XDP_DROP, XDP_PASS, XDP_TX, XDP_REDIRECT = range(5)
 
@@ -52,6 +52,7 @@ def run_frames(
     build_root: Path = BUILD_ROOT,
     paired: bool = True,
     shape: dict | None = None,
+    ct: CtConfig | None = None,
 ) -> RunResult:
     """Each (iport, frame) through the program built for `plan`; `ports[i]` is the interface of iport i in `ns`
     (it must exist there: the kernel resolves the ingress ifindex), paired 0<->1, 2<->3 for the devmap. `shape`:
@@ -62,7 +63,7 @@ def run_frames(
     tool = build_loader(build_root)
     with tempfile.TemporaryDirectory(prefix="hfx-") as d:
         tf, ff = Path(d) / "tables", Path(d) / "frames"
-        tf.write_bytes(tables_file(t, shape, control, generation))
+        tf.write_bytes(tables_file(t, shape, control, generation, ct))
         ff.write_bytes(frames_file(frames))
         argv = [str(tool), "run", "--obj", str(obj), "--tables", str(tf), "--frames", str(ff), "--repeat", str(repeat)]
         for i, name in enumerate(ports):

@@ -22,14 +22,16 @@ import numpy as np
 from hypafilter.ir import FIELDS, MAXV
 
 # Field order of the program's lookups; src/dst by binary search over sorted interval starts, the rest direct.
-FAST_FIELDS = ("src", "dst", "proto", "sport", "dport", "icmp_type", "icmp_code", "iport", "flags")
+FAST_FIELDS = ("src", "dst", "proto", "sport", "dport", "icmp_type", "icmp_code", "iport", "ct", "flags")
 SEARCH_FIELDS = ("src", "dst")
-DIRECT_SIZE = {"proto": 256, "sport": 65536, "dport": 65536, "icmp_type": 256, "icmp_code": 256, "iport": 4}
+DIRECT_SIZE = {"proto": 256, "sport": 65536, "dport": 65536, "icmp_type": 256, "icmp_code": 256, "iport": 4, "ct": 4}
 DIRECT_SIZE["flags"] = 256
 CHUNK = 1024  # boxes per sweep step (memory: intervals x CHUNK bytes)
 
-# hfx_config (driver/xdp/hf_fastpath.h): control, generation, num_entries, num_words, nb_src, nb_dst, pad[2]
-CONFIG = struct.Struct("<8I")
+# hfx_config (driver/xdp/hf_fastpath.h): control, generation, num_entries, num_words, nb_src, nb_dst, armed,
+# ct_tcp_ms, ct_udp_ms, ct_flags, ct_udp_unreplied_ms
+CONFIG = struct.Struct("<11I")
+CT_LOOKUP, CT_TCP_LIBERAL = 1, 2  # hfx_config.ct_flags (HFX_CT_*)
 ENTRY = struct.Struct("<BBHI")  # struct hfx_entry: action, shunt, pad, k
 SPAN = np.dtype([("start", "<u4"), ("vec", "<u4")])
 
@@ -174,8 +176,24 @@ def _record(name: str, value_size: int, count: int, data: bytes) -> bytes:
     return struct.pack("<I", len(nm)) + nm + struct.pack("<II", value_size, count) + data
 
 
-def tables_file(t: Tables, shape: dict, control: int, generation: int) -> bytes:
+@dataclass(frozen=True)
+class CtConfig:
+    """Conntrack state from the kernel's table (docs/xdp.md): the established timeouts conntrack itself would set
+    (the namespace's sysctls, ms) and whether its TCP tracking is liberal. The default: no lookup (ct always 0)."""
+
+    lookup: bool = False
+    tcp_ms: int = 0
+    udp_ms: int = 0  # stream (replied) timeout
+    tcp_liberal: bool = False
+    udp_unreplied_ms: int = 0
+
+    def flags(self) -> int:
+        return (CT_LOOKUP if self.lookup else 0) | (CT_TCP_LIBERAL if self.tcp_liberal else 0)
+
+
+def tables_file(t: Tables, shape: dict, control: int, generation: int, ct: CtConfig | None = None) -> bytes:
     """The loader's tables file (driver/xdp/hf_xdp.c) for a program of `shape`; hfx_cfg is written last by it."""
+    ct = ct or CtConfig()
     if not t.fits(shape):
         raise ValueError("tables do not fit the program's shape")
     W = shape["words"]
@@ -208,6 +226,18 @@ def tables_file(t: Tables, shape: dict, control: int, generation: int) -> bytes:
         out.append(_record("hfx_box", 4, t.boxes, t.box_entry.astype("<u4").tobytes()))
     out.append(_record("hfx_ent", ENTRY.size, t.n + 1, t.entries))
     nb = {f: len(t.spans[f]) if f in t.spans else 1 for f in SEARCH_FIELDS}
-    cfg = CONFIG.pack(control, generation & 0xFFFF, t.n, t.words, nb["src"], nb["dst"], 0, 0)
+    cfg = CONFIG.pack(
+        control,
+        generation & 0xFFFF,
+        t.n,
+        t.words,
+        nb["src"],
+        nb["dst"],
+        control,
+        ct.tcp_ms,
+        ct.udp_ms,
+        ct.flags(),
+        ct.udp_unreplied_ms,
+    )
     out.append(_record("hfx_cfg", CONFIG.size, 1, cfg))
     return b"".join(out)

@@ -20,10 +20,12 @@ from hypafilter import netns
 from hypafilter.errors import HypafilterError
 from hypafilter.targets.base import Target
 from hypafilter.targets.xdp.build import build_loader, build_program
-from hypafilter.targets.xdp.tables import build_tables, shape_id, tables_file
+from hypafilter.targets.xdp.tables import CtConfig, build_tables, shape_id, tables_file
 
 PIN_ROOT = Path("/sys/fs/bpf/hypafilter-xdp")
 CONTROL_ENABLE, CONTROL_PASS_UNFILTERABLE, CONTROL_HOST_MODE = 1, 4, 8
+CONTROL_MISS_SHUNT_ACCEPT, CONTROL_MISS_SHUNT_DROP = 16, 32  # Plan.miss_shunt (hw/regmap.txt CONTROL bits 4/5)
+CONTROL_MISS_SHUNT = CONTROL_MISS_SHUNT_ACCEPT | CONTROL_MISS_SHUNT_DROP
 DEFAULT_PORTS = {"wire0": "wire0", "wire1": "wire1"}
 
 
@@ -61,8 +63,8 @@ class XdpTarget(Target):
         except netns.CommandError as e:
             raise HypafilterError(f"xdp {step} failed: {e}") from e
 
-    def control(self) -> int:
-        return control_of(self.config.unfilterable, self.config.nic_mode)
+    def control(self, plan) -> int:
+        return control_of(self.config.unfilterable, self.config.nic_mode, plan.miss_shunt)
 
     # --- Target ----------------------------------------------------------------------------------------------------
 
@@ -168,8 +170,10 @@ class XdpTarget(Target):
         cfg = json.loads(self._tool("stats", ["stats", "--pin", info["pin"]]))["config"]
         if cfg.get("generation") != st.get("generation", 0) & 0xFFFF:
             out.append(f"xdp: generation {cfg.get('generation')}, deployed {st.get('generation')}")
-        want = control_of(st.get("unfilterable", "drop"), st.get("nic_mode", "bridge"))
-        if cfg.get("control") != want:
+        miss = (st.get("tables") or {}).get("miss_shunt")
+        want = control_of(st.get("unfilterable", "drop"), st.get("nic_mode", "bridge"), miss or (False, False))
+        have = cfg.get("control", 0) & (~0 if miss is not None else ~CONTROL_MISS_SHUNT)  # older states: no bits 4/5
+        if have != want:
             out.append(f"xdp: CONTROL {cfg.get('control')}, deployed {want}")
         return out
 
@@ -183,14 +187,35 @@ class XdpTarget(Target):
         if shape_id(shape) != info["shape"] and not t.fits(_shape_of(info)):
             raise HypafilterError(f"the plan's tables do not fit the running program (shape {info['shape']})")
         path = self._run_dir() / f"{info['name']}-{generation}.tables"
-        data = tables_file(t, _shape_of(info), self.control(), generation)
+        data = tables_file(t, _shape_of(info), self.control(plan), generation, self.ct_config(plan))
         path.write_bytes(data)
         self._tool("update", ["update", "--pin", info["pin"], "--tables", str(path)])
         keep = {path.name, Path((known or {}).get("file", "")).name}  # the previous tables: a rollback's
         for f in self._run_dir().glob(f"{info['name']}-*.tables"):
             if f.name not in keep:
                 f.unlink(missing_ok=True)
-        return {"file": str(path), "generation": generation, "entries": t.n, "writes": len(data)}
+        miss = [bool(x) for x in plan.miss_shunt]
+        return {"file": str(path), "generation": generation, "entries": t.n, "writes": len(data), "miss_shunt": miss}
+
+    def ct_config(self, plan) -> CtConfig:
+        """Conntrack state from the kernel's table for a policy that reads it (docs/xdp.md): the timeouts conntrack
+        sets for established TCP and replied UDP and whether its TCP tracking is liberal, read from the firewall
+        namespace's sysctls now. Unreadable: no lookup (ct 0 everywhere, every frame conntrack must see goes to it)."""
+        if not any(plan.miss_shunt):
+            return CtConfig()
+        keys = (
+            "nf_conntrack_tcp_timeout_established",
+            "nf_conntrack_udp_timeout_stream",
+            "nf_conntrack_tcp_be_liberal",
+            "nf_conntrack_udp_timeout",
+        )
+        try:
+            out = netns.run(["sysctl", "-n", *(f"net.netfilter.{k}" for k in keys)], self.site.netns).split()
+            tcp_s, udp_s, liberal, udp_unreplied_s = (int(x) for x in out)
+        except (netns.CommandError, ValueError):
+            return CtConfig()
+        ms = lambda s: min(s * 1000, 0xFFFFFFFF)  # noqa: E731
+        return CtConfig(True, ms(tcp_s), ms(udp_s), bool(liberal), ms(udp_unreplied_s))
 
     def write_tables(self, info: dict, tables: dict, generation: int, known: dict | None = None) -> dict:
         if not Path(tables.get("file", "")).exists():
@@ -199,7 +224,12 @@ class XdpTarget(Target):
         return dict(tables)
 
     def shunt_all(self, info: dict, on: bool) -> None:
-        self._tool("control", ["control", "--pin", info["pin"], "--value", str(0 if on else self.control())])
+        # Off: back to the CONTROL the current tables were written with (their miss forcing included); tables
+        # never written (armed 0) stay at 0, every frame to software.
+        value = 0
+        if not on:
+            value = json.loads(self._tool("stats", ["stats", "--pin", info["pin"]]))["config"].get("armed", 0)
+        self._tool("control", ["control", "--pin", info["pin"], "--value", str(value)])
 
     def counters(self, info: dict) -> dict:
         out = json.loads(self._tool("stats", ["stats", "--pin", info["pin"]]))
@@ -209,9 +239,12 @@ class XdpTarget(Target):
         return out
 
 
-def control_of(unfilterable: str, nic_mode: str) -> int:
-    """CONTROL for Config.unfilterable and the NIC mode, the bits of the NIC's register of that name."""
+def control_of(unfilterable: str, nic_mode: str, miss_shunt=(False, False)) -> int:
+    """CONTROL for Config.unfilterable, the NIC mode and Plan.miss_shunt, the bits of the NIC's register of that
+    name."""
     c = CONTROL_ENABLE
+    c |= CONTROL_MISS_SHUNT_ACCEPT if miss_shunt[0] else 0
+    c |= CONTROL_MISS_SHUNT_DROP if miss_shunt[1] else 0
     if unfilterable == "pass":
         c |= CONTROL_PASS_UNFILTERABLE
     if nic_mode == "host":

@@ -34,7 +34,9 @@
 
 #include "hypafilter_shared.h"
 
-#define BPF_FS_MAGIC_NUMBER 0xcafe4a11
+#define HF_LOADER_NAME "hf_shim"
+#include "hf_loader.h"
+
 #define TC_HANDLE 0x4846
 #define TC_PRIORITY 1
 
@@ -43,80 +45,6 @@ struct hf_config {
 };
 
 static const char *stat_names[HF_STAT_COUNT] = {"tagged", "untagged", "bad_magic", "stale_gen", "unparsed", "marked"};
-
-static void die(const char *step, const char *fmt, ...)
-{
-	va_list ap;
-
-	fprintf(stderr, "hf_shim: %s: ", step);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-	exit(1);
-}
-
-static int libbpf_log(enum libbpf_print_level level, const char *fmt, va_list ap)
-{
-	/* Verifier logs come at WARN level; they are what one needs when a load fails. */
-	if (level == LIBBPF_DEBUG)
-		return 0;
-	return vfprintf(stderr, fmt, ap);
-}
-
-static void enter_netns(const char *name)
-{
-	char path[PATH_MAX];
-	int fd;
-
-	if (!name || !*name)
-		return;
-	snprintf(path, sizeof(path), "/run/netns/%s", name);
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		die("netns", "%s: %s", path, strerror(errno));
-	if (setns(fd, CLONE_NEWNET))
-		die("netns", "setns %s: %s", name, strerror(errno));
-	close(fd);
-}
-
-static void mkdirs(const char *dir)
-{
-	char buf[PATH_MAX];
-	char *p;
-
-	snprintf(buf, sizeof(buf), "%s", dir);
-	for (p = buf + 1; *p; p++) {
-		if (*p != '/')
-			continue;
-		*p = 0;
-		if (mkdir(buf, 0700) && errno != EEXIST)
-			die("pin", "mkdir %s: %s", buf, strerror(errno));
-		*p = '/';
-	}
-	if (mkdir(buf, 0700) && errno != EEXIST)
-		die("pin", "mkdir %s: %s", buf, strerror(errno));
-}
-
-/* The bpffs that holds HF_PIN_DIR, mounted if this boot has none yet. */
-static void ensure_bpffs(void)
-{
-	struct statfs st;
-
-	if (statfs("/sys/fs/bpf", &st) == 0 && (unsigned long)st.f_type == BPF_FS_MAGIC_NUMBER)
-		return;
-	if (mount("bpf", "/sys/fs/bpf", "bpf", 0, "mode=0700"))
-		die("bpffs", "mount bpf on /sys/fs/bpf: %s", strerror(errno));
-}
-
-static int ifindex_of(const char *ifname)
-{
-	int idx = if_nametoindex(ifname);
-
-	if (!idx)
-		die("interface", "%s: no such interface in this namespace", ifname);
-	return idx;
-}
 
 static int map_fd(const char *pin, const char *name)
 {
@@ -133,25 +61,12 @@ static int map_fd(const char *pin, const char *name)
 static int cmd_load(const char *obj_path, const char *pin, int generic, int tc_only, char **ifaces, int n)
 {
 	struct bpf_object *obj;
-	struct bpf_map *map;
 	struct bpf_program *xdp, *tc;
-	char path[PATH_MAX];
 	int i, err;
 
 	ensure_bpffs();
 	mkdirs(pin);
-	obj = bpf_object__open_file(obj_path, NULL);
-	if (!obj)
-		die("open", "%s: %s", obj_path, strerror(errno));
-	/* Pinned maps are reused by name, so a reload keeps tables and configuration. */
-	bpf_object__for_each_map(map, obj) {
-		snprintf(path, sizeof(path), "%s/%s", pin, bpf_map__name(map));
-		if (bpf_map__set_pin_path(map, path))
-			die("pin", "%s", path);
-	}
-	err = bpf_object__load(obj);
-	if (err)
-		die("load", "%s: %s", obj_path, strerror(-err));
+	obj = open_load(obj_path, pin);
 	xdp = bpf_object__find_program_by_name(obj, "hf_xdp");
 	tc = bpf_object__find_program_by_name(obj, "hf_tc");
 	if (!xdp || !tc)
@@ -298,20 +213,8 @@ static int cmd_stats(const char *pin, int reset)
 		die("config", "read: %s", strerror(errno));
 	printf("{\"config\": {\"generation\": %u, \"mark_mask\": %u, \"mark_shift\": %u, \"num_entries\": %u}",
 	       cfg.generation, cfg.mark_mask, cfg.mark_shift, cfg.num_entries);
-	for (__u32 s = 0; s < HF_STAT_COUNT; s++) {
-		unsigned long long sum = 0;
-
-		if (bpf_map_lookup_elem(sfd, &s, vals))
-			die("stats", "read: %s", strerror(errno));
-		for (int c = 0; c < ncpu; c++)
-			sum += vals[c];
-		printf(", \"%s\": %llu", stat_names[s], sum);
-		if (reset) {
-			memset(vals, 0, ncpu * sizeof(*vals));
-			if (bpf_map_update_elem(sfd, &s, vals, BPF_ANY))
-				die("stats", "reset: %s", strerror(errno));
-		}
-	}
+	for (__u32 s = 0; s < HF_STAT_COUNT; s++)
+		printf(", \"%s\": %llu", stat_names[s], percpu_sum(sfd, s, vals, ncpu, reset, HF_MAP_STATS));
 	printf("}\n");
 	free(vals);
 	return 0;
@@ -355,10 +258,7 @@ int main(int argc, char **argv)
 	long long gen = -1, mask = -1, shift = -1, nent = -1, count = 0;
 	int c, generic = 0, intervals = 0, reset = 0, tc_only = 0;
 
-	if (argc < 2)
-		die("usage", "hf_shim load|unload|update|stats|dump [options] (see the source's header)");
-	cmd = argv[1];
-	optind = 2;
+	cmd = command_of(argc, argv, "hf_shim load|unload|update|stats|dump [options] (see the source's header)");
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		switch (c) {
 		case 'o': obj = optarg; break;

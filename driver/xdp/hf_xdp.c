@@ -45,7 +45,9 @@
 #include "hypafilter_shared.h"
 #include "hf_fastpath.h"
 
-#define BPF_FS_MAGIC_NUMBER 0xcafe4a11
+#define HF_LOADER_NAME "hf_xdp"
+#include "hf_loader.h"
+
 #define MAX_PORTS 4
 #define PROG_NAME "hfx_fastpath"
 
@@ -59,78 +61,6 @@ struct port {
 	char paired[IF_NAMESIZE];
 	__u32 iport;
 };
-
-static void die(const char *step, const char *fmt, ...)
-{
-	va_list ap;
-
-	fprintf(stderr, "hf_xdp: %s: ", step);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-	exit(1);
-}
-
-static int libbpf_log(enum libbpf_print_level level, const char *fmt, va_list ap)
-{
-	if (level == LIBBPF_DEBUG)
-		return 0;
-	return vfprintf(stderr, fmt, ap);
-}
-
-static void enter_netns(const char *name)
-{
-	char path[PATH_MAX];
-	int fd;
-
-	if (!name || !*name)
-		return;
-	snprintf(path, sizeof(path), "/run/netns/%s", name);
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		die("netns", "%s: %s", path, strerror(errno));
-	if (setns(fd, CLONE_NEWNET))
-		die("netns", "setns %s: %s", name, strerror(errno));
-	close(fd);
-}
-
-static void mkdirs(const char *dir)
-{
-	char buf[PATH_MAX];
-	char *p;
-
-	snprintf(buf, sizeof(buf), "%s", dir);
-	for (p = buf + 1; *p; p++) {
-		if (*p != '/')
-			continue;
-		*p = 0;
-		if (mkdir(buf, 0700) && errno != EEXIST)
-			die("pin", "mkdir %s: %s", buf, strerror(errno));
-		*p = '/';
-	}
-	if (mkdir(buf, 0700) && errno != EEXIST)
-		die("pin", "mkdir %s: %s", buf, strerror(errno));
-}
-
-static void ensure_bpffs(void)
-{
-	struct statfs st;
-
-	if (statfs("/sys/fs/bpf", &st) == 0 && (unsigned long)st.f_type == BPF_FS_MAGIC_NUMBER)
-		return;
-	if (mount("bpf", "/sys/fs/bpf", "bpf", 0, "mode=0700"))
-		die("bpffs", "mount bpf on /sys/fs/bpf: %s", strerror(errno));
-}
-
-static int ifindex_of(const char *ifname)
-{
-	int idx = if_nametoindex(ifname);
-
-	if (!idx)
-		die("interface", "%s: no such interface in this namespace", ifname);
-	return idx;
-}
 
 static void parse_port(const char *arg, struct port *p)
 {
@@ -308,33 +238,11 @@ static void print_counters(map_fd_fn fdof, void *ctx, int reset)
 	printf("{\"config\": {\"control\": %u, \"generation\": %u, \"num_entries\": %u, \"num_words\": %u, "
 	       "\"armed\": %u}",
 	       cfg.control, cfg.generation, cfg.num_entries, cfg.num_words, cfg.armed);
-	for (__u32 s = 0; s < HFX_CNT_COUNT; s++) {
-		unsigned long long sum = 0;
-
-		if (bpf_map_lookup_elem(cfd, &s, vals))
-			die("stats", "hfx_cnt: %s", strerror(errno));
-		for (int c = 0; c < ncpu; c++)
-			sum += vals[c];
-		printf(", \"%s\": %llu", cnt_names[s], sum);
-		if (reset) {
-			memset(vals, 0, ncpu * sizeof(*vals));
-			bpf_map_update_elem(cfd, &s, vals, BPF_ANY);
-		}
-	}
+	for (__u32 s = 0; s < HFX_CNT_COUNT; s++)
+		printf(", \"%s\": %llu", cnt_names[s], percpu_sum(cfd, s, vals, ncpu, reset, "hfx_cnt"));
 	printf(", \"HITS\": [");
-	for (__u32 i = 0; i <= cfg.num_entries; i++) {
-		unsigned long long sum = 0;
-
-		if (bpf_map_lookup_elem(hfd, &i, vals))
-			die("stats", "hfx_hits[%u]: %s", i, strerror(errno));
-		for (int c = 0; c < ncpu; c++)
-			sum += vals[c];
-		printf("%s%llu", i ? ", " : "", sum);
-		if (reset && sum) {
-			memset(vals, 0, ncpu * sizeof(*vals));
-			bpf_map_update_elem(hfd, &i, vals, BPF_ANY);
-		}
-	}
+	for (__u32 i = 0; i <= cfg.num_entries; i++)
+		printf("%s%llu", i ? ", " : "", percpu_sum(hfd, i, vals, ncpu, reset, "hfx_hits"));
 	printf("]}\n");
 	free(vals);
 }
@@ -350,27 +258,6 @@ static void print_prog_info(int prog_fd)
 	       info.xlated_prog_len / 8, info.jited_prog_len);
 }
 
-static struct bpf_object *open_load(const char *obj_path, const char *pin)
-{
-	struct bpf_object *obj = bpf_object__open_file(obj_path, NULL);
-	struct bpf_map *map;
-	char path[PATH_MAX];
-	int err;
-
-	if (!obj)
-		die("open", "%s: %s", obj_path, strerror(errno));
-	if (pin) {
-		bpf_object__for_each_map(map, obj) {
-			snprintf(path, sizeof(path), "%s/%s", pin, bpf_map__name(map));
-			if (bpf_map__set_pin_path(map, path))
-				die("pin", "%s", path);
-		}
-	}
-	err = bpf_object__load(obj);
-	if (err)
-		die("load", "%s: %s", obj_path, strerror(-err));
-	return obj;
-}
 
 /* --- commands -------------------------------------------------------------------------------------------------- */
 
@@ -524,6 +411,27 @@ static int cmd_attach(const char *pin, const char *links, int generic, char **if
 	return 0;
 }
 
+/* The next link pinned in directory `d` (`links`), by its "link_IF" name: an fd (its path in `path`, its name in
+ * `*name`), or -1 when there is none left. */
+static int next_link(DIR *d, const char *links, char *path, size_t size, const char **name)
+{
+	struct dirent *e;
+
+	while ((e = readdir(d))) {
+		int lfd;
+
+		if (strncmp(e->d_name, "link_", 5))
+			continue;
+		snprintf(path, size, "%s/%s", links, e->d_name);
+		lfd = bpf_obj_get(path);
+		if (lfd < 0)
+			continue;
+		*name = e->d_name;
+		return lfd;
+	}
+	return -1;
+}
+
 /* Remove a started program: links that still run it get the --fallback program back (a rolled-back update: the
  * previous program) or, without one, are unpinned (detached); then its pins go. Links running another program (the
  * one that replaced it) stay. */
@@ -531,8 +439,9 @@ static int cmd_stop(const char *pin, const char *links, const char *fallback)
 {
 	char path[PATH_MAX];
 	struct dirent *e;
+	const char *name;
 	__u32 id = 0;
-	int failed = 0, ffd = fallback ? pinned_prog(fallback) : -1;
+	int failed = 0, ffd = fallback ? pinned_prog(fallback) : -1, lfd;
 	DIR *d;
 
 	snprintf(path, sizeof(path), "%s/prog", pin);
@@ -545,17 +454,10 @@ static int cmd_stop(const char *pin, const char *links, const char *fallback)
 		}
 	}
 	if (links && id && (d = opendir(links))) {
-		while ((e = readdir(d))) {
+		while ((lfd = next_link(d, links, path, sizeof(path), &name)) >= 0) {
 			struct bpf_link_info info = {};
 			__u32 len = sizeof(info);
-			int lfd;
 
-			if (strncmp(e->d_name, "link_", 5))
-				continue;
-			snprintf(path, sizeof(path), "%s/%s", links, e->d_name);
-			lfd = bpf_obj_get(path);
-			if (lfd < 0)
-				continue;
 			if (!bpf_obj_get_info_by_fd(lfd, &info, &len) && info.prog_id == id) {
 				if (ffd >= 0) {
 					if (bpf_link_update(lfd, ffd, NULL)) {
@@ -593,7 +495,8 @@ static int cmd_stop(const char *pin, const char *links, const char *fallback)
 static int cmd_links(const char *pin, const char *links)
 {
 	char path[PATH_MAX];
-	struct dirent *e;
+	const char *name;
+	int lfd;
 	DIR *d;
 
 	if (pin) {
@@ -605,18 +508,12 @@ static int cmd_links(const char *pin, const char *links)
 	d = opendir(links);
 	if (!d)
 		return 0;
-	while ((e = readdir(d))) {
+	while ((lfd = next_link(d, links, path, sizeof(path), &name)) >= 0) {
 		struct bpf_link_info info = {};
 		__u32 len = sizeof(info);
-		int lfd;
 
-		if (strncmp(e->d_name, "link_", 5))
-			continue;
-		snprintf(path, sizeof(path), "%s/%s", links, e->d_name);
-		lfd = bpf_obj_get(path);
-		if (lfd < 0 || bpf_obj_get_info_by_fd(lfd, &info, &len))
-			continue;
-		printf("%s %u %u\n", e->d_name + 5, info.prog_id, info.xdp.ifindex);
+		if (!bpf_obj_get_info_by_fd(lfd, &info, &len))
+			printf("%s %u %u\n", name + 5, info.prog_id, info.xdp.ifindex);
 		close(lfd);
 	}
 	closedir(d);
@@ -678,10 +575,7 @@ int main(int argc, char **argv)
 	struct port ports[MAX_PORTS];
 	int c, generic = 0, reset = 0, np = 0, repeat = 1;
 
-	if (argc < 2)
-		die("usage", "hf_xdp run|start|attach|update|control|stats|links|stop|detach [options] (see the source's header)");
-	cmd = argv[1];
-	optind = 2;
+	cmd = command_of(argc, argv, "hf_xdp run|start|attach|update|control|stats|links|stop|detach [options] (see the source's header)");
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		switch (c) {
 		case 'o': obj = optarg; break;

@@ -56,24 +56,33 @@ def emu_binary():
     return build(plan, cfg, build_root=ROOT / "build"), plan
 
 
-@pytest.fixture(scope="module")
-def topo():
-    need_root()
+def port_sockets(ns_nic: str, ns_out: str, ports: dict, mtu: int) -> dict[str, socket.socket]:
+    """veth pairs between the NIC's namespace and `ns_out` for `ports` (role -> (NIC interface, peer, ...)),
+    offloads off on the peers, and per role a non-blocking raw socket on its peer with PACKET_AUXDATA (VLAN tags)."""
     from hypafilter import netns
-    from hypafilter.targets.emu.ports import remove, veth_ports
+    from hypafilter.targets.emu.ports import veth_ports
 
-    # MTU 2000 on the wire side lets the test send an oversize frame; the host side must carry the tag.
-    veth_ports(NS_NIC, NS_OUT, [(nic_if, peer) for nic_if, peer, _ in PORTS.values()], mtu=2000)
-    for _, peer, _ in PORTS.values():
-        netns.offloads_off(peer, NS_OUT)
+    veth_ports(ns_nic, ns_out, [(nic_if, peer) for nic_if, peer, *_ in ports.values()], mtu=mtu)
+    for _, peer, *_ in ports.values():
+        netns.offloads_off(peer, ns_out)
     socks = {}
-    with netns.inside(NS_OUT):
-        for role, (_, peer, _) in PORTS.items():
+    with netns.inside(ns_out):
+        for role, (_, peer, *_) in ports.items():
             s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
             s.bind((peer, ETH_P_ALL))
             s.setsockopt(SOL_PACKET, PACKET_AUXDATA, 1)
             s.setblocking(False)
             socks[role] = s
+    return socks
+
+
+@pytest.fixture(scope="module")
+def topo():
+    need_root()
+    from hypafilter.targets.emu.ports import remove
+
+    # MTU 2000 on the wire side lets the test send an oversize frame; the host side must carry the tag.
+    socks = port_sockets(NS_NIC, NS_OUT, PORTS, mtu=2000)
     yield socks
     for s in socks.values():
         s.close()

@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from conftest import ROOT, need_root, need_tool
-from tests.system.test_emu import ETH_P_ALL, PACKET_AUXDATA, SOL_PACKET, collect, drain, untag
+from tests.system.test_emu import collect, drain, port_sockets, untag
 
 pytestmark = pytest.mark.system
 
@@ -43,23 +43,12 @@ def make_plan():
 def setup(tmp_path_factory):
     need_root()
     need_tool("ghdl", "verilator", "make", "g++", "ip", "ethtool")
-    from hypafilter import netns
     from hypafilter.targets.emu import EmuNic, build
-    from hypafilter.targets.emu.ports import remove, veth_ports
+    from hypafilter.targets.emu.ports import remove
 
     plan, cfg = make_plan()
     binary = build(plan, cfg, build_root=ROOT / "build")
-    veth_ports(NS_NIC, NS_OUT, [(nic_if, peer) for nic_if, peer, _ in PORTS.values()], mtu=1600)
-    for _, peer, _ in PORTS.values():
-        netns.offloads_off(peer, NS_OUT)
-    socks = {}
-    with netns.inside(NS_OUT):
-        for role, (_, peer, _) in PORTS.items():
-            s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
-            s.bind((peer, ETH_P_ALL))
-            s.setsockopt(SOL_PACKET, PACKET_AUXDATA, 1)
-            s.setblocking(False)
-            socks[role] = s
+    socks = port_sockets(NS_NIC, NS_OUT, PORTS, mtu=1600)
     nic = EmuNic(
         binary, {r: v[0] for r, v in PORTS.items()}, name=LAB, netns=NS_NIC, run_dir=tmp_path_factory.mktemp("emu")
     ).start()

@@ -18,6 +18,7 @@ import pytest
 from hypafilter import netns
 from hypafilter.netns import inside
 from hypafilter.ops import flowsync
+from hypafilter.ops.lab import flush_conntrack
 
 from conftest import need, need_root, need_tool
 from tests.scratchns import scratch_netns
@@ -33,6 +34,19 @@ POLICY = (
     f"-A FORWARD -p udp -m udp --dport {UDP_PORT} -j ACCEPT\n"
     "COMMIT\n"
 )
+
+
+def stateless_policy():
+    """A FORWARD policy that reads no conntrack state: deploy starts no flow sync service for it."""
+    from hypafilter.config import Config
+    from hypafilter.iptables.document import parse_policy
+
+    return parse_policy(
+        f"*filter\n:FORWARD DROP [0:0]\n-A FORWARD -p tcp -m tcp --dport {TCP_PORT} -j ACCEPT\nCOMMIT\n",
+        filename="plain.rules",
+        base_chain="FORWARD",
+        config=Config(),
+    )
 
 
 def conntrack_list(ns: str) -> list[dict]:
@@ -167,15 +181,7 @@ def test_events_decisions_liberal_and_timeout_on_real_conntrack():
             assert not ct.refresh(flow, 6, 432000)  # no longer established: not refreshed (the poll evicts it)
             assert entry_of(ns, "tcp", TCP_PORT, sport)["timeout"] <= before
             netns.run(["iptables", "-w", "-F", "INPUT"], ns)  # entries outlive rules: destroy it by hand
-            with inside(ns):
-                from pyroute2 import Conntrack as Pr2Conntrack
-
-                pr = Pr2Conntrack()
-                pr.asyncore.socket  # noqa: B018
-            try:
-                pr.flush()
-            finally:
-                pr.close()
+            flush_conntrack(ns)
             got = events_until(ct, lambda e: is_tcp(e) and e.kind == "destroy")
             assert any(e.kind == "destroy" and is_tcp(e) for e in got)
             assert entry_of(ns, "tcp", TCP_PORT, sport) is None
@@ -408,12 +414,7 @@ def test_no_service_without_a_flow_cache_or_a_conntrack_policy(lab):
     from hypafilter.iptables.document import parse_policy
     from hypafilter.ops import deploy
 
-    plain = parse_policy(
-        f"*filter\n:FORWARD DROP [0:0]\n-A FORWARD -p tcp -m tcp --dport {TCP_PORT} -j ACCEPT\nCOMMIT\n",
-        filename="plain.rules",
-        base_chain="FORWARD",
-        config=Config(),
-    )
+    plain = stateless_policy()
     state = deploy.deploy(plain, deploy.site_config(Config()))
     assert state["flowsync"] == {"wanted": False, "reason": "the policy's hardware entries do not read conntrack state"}
     assert flowsync.running_pid(deploy.STATE_DIR) is None
@@ -462,16 +463,10 @@ def test_emulated_nic_survives_a_client_closing_as_another_connects(lab):
     the new client in the poll round where the old one's close was served, erase a poll entry past the end and
     die (munmap_chunk(): invalid pointer). Found by this feature's deploy; the loop accepts after serving now."""
     from hypafilter.config import Config
-    from hypafilter.iptables.document import parse_policy
     from hypafilter.ops import deploy
     from hypafilter.targets.nic import EmuTransport
 
-    policy = parse_policy(
-        f"*filter\n:FORWARD DROP [0:0]\n-A FORWARD -p tcp -m tcp --dport {TCP_PORT} -j ACCEPT\nCOMMIT\n",
-        filename="plain.rules",
-        base_chain="FORWARD",
-        config=Config(),
-    )
+    policy = stateless_policy()
     state = deploy.deploy(policy, deploy.site_config(Config()))
     tgt, path = deploy.target_of(state, Config()), state["nic"]["socket"]
     for _ in range(20):

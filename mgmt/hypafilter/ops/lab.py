@@ -273,17 +273,7 @@ class Lab:
 
     def flush_conntrack(self, role: str) -> None:
         """Forget every connection `role`'s namespace tracks, so that one run's entries never decide the next's."""
-        from pyroute2 import Conntrack
-
-        with netns.inside(self.ns(role)):
-            ct = Conntrack()
-            # pyroute2 opens its netlink socket on first use: open it here, inside the namespace, where it then
-            # stays (else the flush below emptied the caller's namespace's table and left the role's as it was).
-            ct.asyncore.socket  # noqa: B018
-        try:
-            ct.flush()
-        finally:
-            ct.close()
+        flush_conntrack(self.ns(role))
 
     def _bridge_nf(self, role: str) -> None:
         key = Path("/proc/sys/net/bridge/bridge-nf-call-iptables")
@@ -330,3 +320,18 @@ class Lab:
             ifname in out["namespaces"].get(self.ns(role), {}) for role, ifname in need
         )
         return out
+
+
+def flush_conntrack(ns: str) -> None:
+    """Forget every connection network namespace `ns` tracks (ctnetlink through pyroute2)."""
+    from pyroute2 import Conntrack
+
+    with netns.inside(ns):
+        ct = Conntrack()
+        # pyroute2 opens its netlink socket on first use: open it here, inside the namespace, where it then stays
+        # (else the flush below emptied the caller's namespace's table and left this one's as it was).
+        ct.asyncore.socket  # noqa: B018
+    try:
+        ct.flush()
+    finally:
+        ct.close()

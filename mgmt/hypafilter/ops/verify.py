@@ -696,18 +696,26 @@ def collect(
             return
         r, _, _ = select.select(list(socks.values()), [], [], quiet / 4)
         for s in r:
-            name = by_fd[s.fileno()]
-            while True:
-                try:
-                    data, addr = s.recvfrom(65536)
-                except BlockingIOError:
-                    break
-                if addr[2] == PACKET_OUTGOING:
-                    continue
-                uid = frame_id(data)
-                if uid is not None:
-                    got[name].setdefault(uid, []).append(data)
-                    last = time.monotonic()
+            if _take(s, got[by_fd[s.fileno()]])[0]:
+                last = time.monotonic()
+
+
+def _take(s: socket.socket, into: dict[int, list[bytes]]) -> tuple[int, int]:
+    """Every incoming frame queued on `s` now (frames it sent itself skipped); those with an id go `into`.
+    Returns (frames with an id, incoming frames)."""
+    kept = seen = 0
+    while True:
+        try:
+            data, addr = s.recvfrom(65536)
+        except BlockingIOError:
+            return kept, seen
+        if addr[2] == PACKET_OUTGOING:
+            continue
+        seen += 1
+        uid = frame_id(data)
+        if uid is not None:
+            into.setdefault(uid, []).append(data)
+            kept += 1
 
 
 def exchange(
@@ -762,17 +770,7 @@ def exchange(
 def _read_all(socks: dict[str, socket.socket], got: dict[str, dict[int, list[bytes]]], window: CounterWindow) -> None:
     """Everything queued on the capture sockets now: frames with an id into `got`, every incoming frame counted."""
     for name, s in socks.items():
-        while True:
-            try:
-                data, addr = s.recvfrom(65536)
-            except BlockingIOError:
-                break
-            if addr[2] == PACKET_OUTGOING:
-                continue
-            window.captured[name] += 1
-            uid = frame_id(data)
-            if uid is not None:
-                got[name].setdefault(uid, []).append(data)
+        window.captured[name] += _take(s, got[name])[1]
         window.capture_drops += _packets_seen(s)[1]
 
 

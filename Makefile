@@ -54,6 +54,12 @@ synth-estimate:
 clean:
 	rm -rf $(BUILD) sim/*/sim_build .pytest_cache
 
+# opt-in: the XDP fast path against the hardware model on all three 10,000-rule ClassBench sets (one is in make test)
+.PHONY: test-xdp-large
+test-xdp-large:
+	@scripts/setup.sh system
+	CI=true HF_XDP_LARGE=1 $(PYTEST) -q -s tests/system/test_xdp.py -k classbench_10k
+
 # opt-in: the kernel-differential fuzzer at 1,000,000 frames (not part of `make test`; figures in docs/deploy.md)
 .PHONY: fuzz
 fuzz:

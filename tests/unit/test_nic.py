@@ -350,12 +350,16 @@ def test_flow_command_registers_and_status(fake):
         assert c.flow_insert(flow) == (fc.ST_EXISTS, 0x1234)
         with pytest.raises(NicError, match="sport"):
             c.flow_find(Flow(1, 2, 6, 70000, 4))
-        fake.regs[regmap.REG_FC_STATUS] = 1 << 31  # busy: refused before anything is written
+        # One batch: status, keys, command, status (one round trip); read first, so a busy reading refers to
+        # another client's command, which the core's FC_CMD-while-busy rule keeps running: refused.
         n = len(fake.log)
+        assert c.flow_find(flow) == (fc.ST_EXISTS, 0x1234)
+        assert fake.log[n] == f"R 0x{regmap.REG_FC_STATUS:x}" and fake.log[-1] == fake.log[n]
+        assert fake.log[-2] == f"W 0x{regmap.REG_FC_CMD:x} 0x{fc.OP_FIND:x}" and len(fake.log) - n == 8
+        fake.regs[regmap.REG_FC_STATUS] = 1 << 31  # busy
         with pytest.raises(NicError, match="busy"):
             c.flow_delete(flow)
-        assert not [x for x in fake.log[n:] if x.startswith("W")]
-    writes = [x for x in fake.log if x.startswith("W")]
+    writes = [x for x in fake.log[:n] if x.startswith("W")]
     assert writes == [
         f"W 0x{regmap.REG_FC_KEY0:x} 0xa000001",
         f"W 0x{regmap.REG_FC_KEY1:x} 0xc0a80102",

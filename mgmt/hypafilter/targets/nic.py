@@ -367,11 +367,16 @@ class NicClient:
     # ---- the flow cache (hw/hf_flow_cache.vhd; FC_* registers, FLOW_* tables; codes of hypafilter.hw.flowcache)
 
     def flow_config(self) -> FlowCacheConfig | None:
-        """The flow cache's geometry, or None when this core has none (FC_CONFIG reads 0)."""
+        """The flow cache's geometry, or None when this core has none (FC_CONFIG reads 0). A core's geometry never
+        changes, so the first non-zero reading is kept (a flow command then costs no extra register read)."""
+        cached = getattr(self, "_fc_config", None)
+        if cached is not None:
+            return cached
         v = self.read("FC_CONFIG")
         if v == 0:
             return None
-        return FlowCacheConfig(v & 0xFF, (v >> 8) & 0xFF, (v >> 16) & 0xFF)
+        self._fc_config = FlowCacheConfig(v & 0xFF, (v >> 8) & 0xFF, (v >> 16) & 0xFF)
+        return self._fc_config
 
     def _need_flow_cache(self) -> FlowCacheConfig:
         cfg = self.flow_config()
@@ -380,15 +385,34 @@ class NicClient:
         return cfg
 
     def _flow_command(self, op: int, flow: Flow | None = None, slot: int = 0) -> tuple[int, int]:
-        """Run one FC_CMD command; (status, slot) from FC_STATUS once its busy bit reads 0."""
-        if self.read("FC_STATUS") >> 31:
-            raise NicError("the flow cache is busy with a command (FC_STATUS bit 31): another client is using it")
+        """Run one FC_CMD command; (status, slot) from FC_STATUS once its busy bit reads 0.
+
+        On a transport that pipelines requests (the emulated NIC's socket) the busy check, the key and command
+        writes and the first status read go out as one batch, answered in order: one round trip for most commands
+        (the flow sync service's insert latency). A busy first reading means another client's command was running
+        (the flow cache has one writer, the flow sync service): the core ignores FC_CMD while busy, and the running
+        command latched its keys when it started, so it is not disturbed; this one is refused with NicError (it
+        ran only if the other ended between the reading and the write)."""
         writes: list[tuple[int | str, int]] = []
         if flow is not None:
             _check_flow(flow)
             writes += list(zip(("FC_KEY0", "FC_KEY1", "FC_KEY2", "FC_KEY3"), flowcache.fc_key_regs(flow), strict=True))
         writes += [("FC_SLOT", slot), ("FC_CMD", op)]
-        self.write_many(writes)
+        status_reg = self._addr("FC_STATUS")
+        batch = getattr(self.t, "request_many", None)
+        if batch is not None:
+            lines = [f"R 0x{status_reg:x}"]
+            lines += [f"W 0x{self._addr(a):x} 0x{v & 0xFFFFFFFF:x}" for a, v in writes]
+            replies = batch([*lines, f"R 0x{status_reg:x}"])
+            busy_before, st = int(replies[0], 0) >> 31, int(replies[-1], 0)
+        else:
+            busy_before, st = self.read("FC_STATUS") >> 31, None
+        if busy_before:
+            raise NicError("the flow cache is busy with a command (FC_STATUS bit 31): another client is using it")
+        if st is None:
+            self.write_many(writes)
+        elif not st >> 31:
+            return (st >> 24) & 0xF, st & 0xFFFFFF
         deadline = time.monotonic() + FC_COMMAND_SECONDS
         while True:
             st = self.read("FC_STATUS")

@@ -470,8 +470,10 @@ PACKET_STATISTICS = 6
 PACKET_IGNORE_OUTGOING = 23
 SO_ATTACH_FILTER = 26
 # The NIC's decision counters: every wire frame it classified (PKTIN) counts in exactly one of them (hw.model).
-NIC_DECISIONS = HW_DECIDED + ("CNT_SHUNT_OVERRULE", "CNT_SHUNT_POLICY", "CNT_SHUNT_UNPARSED")
-NIC_SHUNTED = ("CNT_SHUNT_OVERRULE", "CNT_SHUNT_POLICY", "CNT_SHUNT_UNPARSED")
+# Every wire frame counts in exactly one of these: decided, or shunted for one of four reasons (reason 3, "state
+# unknown", is a flow-cache miss forced to conntrack by CONTROL bits 4/5).
+NIC_SHUNTED = ("CNT_SHUNT_OVERRULE", "CNT_SHUNT_POLICY", "CNT_SHUNT_UNPARSED", "CNT_SHUNT_STATE")
+NIC_DECISIONS = HW_DECIDED + NIC_SHUNTED
 WINDOW_GRACE = 0.05  # the counters must read the same twice this far apart (see CounterWindow)
 WINDOW_TIMEOUT = 120.0  # last resort: counters that never reconcile are an error, not a verdict
 
@@ -556,7 +558,7 @@ class CounterWindow:
     Counting sockets (`_tap`) count what a namespace took from a veth, at the point where its bridge (or the
     emulator's socket) takes it; veth tx counters what a namespace sent. Hybrid path: the NIC's namespace took all
     N frames (by id) from the sender; the NIC classified every frame that reached its wire ports (PKTIN) and
-    decided each (NIC_DECISIONS: forwarded, dropped, dropped as unfilterable, shunted for one of three reasons);
+    decided each (NIC_DECISIONS: forwarded, dropped, dropped as unfilterable, shunted for one of four reasons);
     it sent out every frame it decided or took back from the host (PKTOUT = forwarded + shunted + CNT_FROM_HOST)
     and its veths carried each of them; the firewall took every frame the NIC gave it; the NIC took back every
     frame the firewall's bridge forwarded (CNT_FROM_HOST); the receiver captured every frame the NIC sent it.

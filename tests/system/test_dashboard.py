@@ -184,6 +184,7 @@ def test_api_and_metrics_match_independent_reads(system, dashboard):
     assert by_reason == {
         "overrule": counters["CNT_SHUNT_OVERRULE"],
         "policy": counters["CNT_SHUNT_POLICY"],
+        "state": counters["CNT_SHUNT_STATE"],
         "forced": counters["CNT_SHUNT_FORCED"],
     }
     # The traffic exercised every path the policy has, and the hardware saw every frame we sent — plus whatever the

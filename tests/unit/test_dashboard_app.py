@@ -122,7 +122,7 @@ def test_summary_totals_and_rates(client):
     assert s["seq"] == 2 and s["generation"] == 7 and s["deployed"]
     t = s["totals"]
     assert (t["forwarded"], t["dropped"], t["shunted"]) == (3000, 1000, 382)
-    assert t["shunted_by_reason"] == {"overrule": 300, "policy": 80, "unparsed": 2, "forced": 0}
+    assert t["shunted_by_reason"] == {"overrule": 300, "policy": 80, "unparsed": 2, "state": 0, "forced": 0}
     assert t["shunt_ratio"] == pytest.approx(382 / 4382)
     r = s["rates"]
     assert (r["forwarded"], r["dropped"], r["shunted"]) == (1000.0, 250.0, 120.0)

@@ -41,14 +41,20 @@ HW_COUNTERS: dict[str, tuple[str, str]] = {
     "CNT_SHUNT_OVERRULE": ("shunted", "overrule"),
     "CNT_SHUNT_POLICY": ("shunted", "policy"),
     "CNT_SHUNT_UNPARSED": ("shunted", "unparsed"),
+    "CNT_SHUNT_STATE": ("shunted", "state"),  # reason 3: a flow-cache miss forced to conntrack (CONTROL bits 4/5)
     "CNT_SHUNT_FORCED": ("shunted", "forced"),
     "CNT_FROM_HOST": ("from_host", ""),
     "CNT_FIFO_DROP": ("fifo_drop", ""),
 }
-SHUNT_REASONS: tuple[str, ...] = ("overrule", "policy", "unparsed", "forced")
+SHUNT_REASONS: tuple[str, ...] = ("overrule", "policy", "unparsed", "state", "forced")
 # A forced shunt (CONTROL "shunt everything") is also counted under its reason (overrule or policy) by the core,
-# so the total of shunted frames is the sum of the three reasons; "forced" is a subset shown on its own.
-SHUNT_TOTAL_COUNTERS: tuple[str, ...] = ("CNT_SHUNT_OVERRULE", "CNT_SHUNT_POLICY", "CNT_SHUNT_UNPARSED")
+# so the total of shunted frames is the sum of the four reasons; "forced" is a subset shown on its own.
+SHUNT_TOTAL_COUNTERS: tuple[str, ...] = (
+    "CNT_SHUNT_OVERRULE",
+    "CNT_SHUNT_POLICY",
+    "CNT_SHUNT_UNPARSED",
+    "CNT_SHUNT_STATE",
+)
 # Every frame from the wire is counted in exactly one of these (docs/hardware.md): (decision, reason) per counter.
 # Forced shunts are a subset of overrule/policy, from-host frames and FIFO drops are not decisions on wire frames.
 WIRE_DECISIONS: dict[str, tuple[str, str]] = {

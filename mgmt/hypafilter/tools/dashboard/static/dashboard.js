@@ -2,7 +2,7 @@
 "use strict";
 
 (function () {
-  const REASON_COLORS = { overrule: "#e8871e", policy: "#8e44ad", unparsed: "#7f8c8d", forced: "#a0522d" };
+  const REASON_COLORS = { overrule: "#e8871e", policy: "#8e44ad", unparsed: "#7f8c8d", state: "#2980b9", forced: "#a0522d" };
   const SERIES = [
     { key: "forwarded", label: "forwarded (hw)", color: "#2e9d57", get: (p) => p.forwarded },
     { key: "dropped", label: "dropped (hw)", color: "#d2433a", get: (p) => p.dropped },

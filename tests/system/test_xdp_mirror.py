@@ -101,7 +101,9 @@ def test_mirrored_accept_arrives_once_and_copies_reach_netfilter(lab, monkeypatc
         values = sorted({(int(plan.interval[j]) << 4) | 0x4 | int(plan.actions[j]) for j in mirrored})
         assert {v & 0xF for v in values} == {0x5, 0x6}
         for v in values:  # stand-ins for the chains' mirror leaves (helper M): count the copy, drop it
-            netns.run(["iptables", "-w", "-I", "FORWARD", "1", "-m", "mark", "--mark", hex(v), "-j", "DROP"], f"{LAB}-fw")
+            netns.run(
+                ["iptables", "-w", "-I", "FORWARD", "1", "-m", "mark", "--mark", hex(v), "-j", "DROP"], f"{LAB}-fw"
+            )
         before = leaf_counts(values)
         r = verify.verify(policy, config, packets=1200)
         after = leaf_counts(values)

@@ -60,19 +60,22 @@ def lab():
     shutil.rmtree(STATE, ignore_errors=True)
 
 
-def leaf_counts(values: list[int]) -> dict[int, int]:
+def leaf_counts(chain: str, leaves: dict[int, str]) -> dict[int, int]:
     """Packets counted by the stand-in leaf rules (mark value -> packets)."""
-    out = netns.run(["iptables", "-w", "-t", "filter", "-L", "FORWARD", "-v", "-x", "-n"], f"{LAB}-fw")
+    out = netns.run(["iptables", "-w", "-t", "filter", "-L", chain, "-v", "-x", "-n"], f"{LAB}-fw")
     got = {}
     for line in out.splitlines():
-        for v in values:
-            if f"mark match 0x{v:x}" in line and "DROP" in line:
+        for v, target in leaves.items():
+            if f"mark match 0x{v:x}" in line and target in line:
                 got[v] = int(line.split()[0])
-    assert set(got) == set(values), out
+    assert set(got) == set(leaves), out
     return got
 
 
-def test_mirrored_accept_arrives_once_and_copies_reach_netfilter(lab, monkeypatch):
+def mirrored_verify(monkeypatch, text: str, chain: str, packets: int) -> tuple[dict, dict[int, int]]:
+    """Deploy `text` with the entries of MIRRORED_RULES mirrored, the stand-in leaves at the top of `chain` (a copy
+    of an ACCEPT: ACCEPT in host mode, where it is the frame itself, else DROP; a copy of a DROP: DROP), then
+    verify; returns verify's report and the copies each leaf counted."""
     import numpy as np
     from hypafilter.config import Config
     from hypafilter.iptables.document import parse_policy
@@ -92,7 +95,8 @@ def test_mirrored_accept_arrives_once_and_copies_reach_netfilter(lab, monkeypatc
     was = (deploy.LAB_NAME, deploy.STATE_DIR)
     deploy.configure(LAB, STATE)
     try:
-        policy = parse_policy(POLICY, "mirror.rules")
+        hf("undeploy", "-q", check=False)
+        policy = parse_policy(text, "mirror.rules", base_chain=chain)
         config = Config(target="xdp")
         deploy.deploy(policy, config, target="xdp")
         plan = plans[-1]
@@ -100,24 +104,59 @@ def test_mirrored_accept_arrives_once_and_copies_reach_netfilter(lab, monkeypatc
         assert {plan.entries[j].rule_index for j in mirrored} == set(MIRRORED_RULES), plan.entries
         values = sorted({(int(plan.interval[j]) << 4) | 0x4 | int(plan.actions[j]) for j in mirrored})
         assert {v & 0xF for v in values} == {0x5, 0x6}
-        for v in values:  # stand-ins for the chains' mirror leaves (helper M): count the copy, drop it
-            netns.run(
-                ["iptables", "-w", "-I", "FORWARD", "1", "-m", "mark", "--mark", hex(v), "-j", "DROP"], f"{LAB}-fw"
-            )
-        before = leaf_counts(values)
-        r = verify.verify(policy, config, packets=1200)
-        after = leaf_counts(values)
+        host = chain == "INPUT"
+        leaves = {v: "ACCEPT" if host and v & 0xF == 0x5 else "DROP" for v in values}
+        for v, target in leaves.items():  # stand-ins for the chains' mirror leaves (helper M)
+            netns.run(["iptables", "-w", "-I", chain, "1", "-m", "mark", "--mark", hex(v), "-j", target], f"{LAB}-fw")
+        before = leaf_counts(chain, leaves)
+        r = verify.verify(policy, config, packets=packets)
+        after = leaf_counts(chain, leaves)
     finally:
         deploy.configure(*was)
     copies = {v: after[v] - before[v] for v in values}
     print(json.dumps({k: r[k] for k in ("packets", "mismatches", "duplicates", "altered", "nic", "shim")}), copies)
+    return r, copies
+
+
+def check_copies(r: dict, copies: dict[int, int], exact: bool = True) -> None:
     assert r["mismatches"] == 0 and r["duplicates"] == 0 and r["altered"] == 0, r["examples"][:3]
     nic = r["nic"]
     accept_copies = sum(c for v, c in copies.items() if v & 0xF == 0x5)
     drop_copies = sum(c for v, c in copies.items() if v & 0xF == 0x6)
     assert accept_copies > 0 and drop_copies > 0, copies
-    # every mirrored frame's copy reached netfilter exactly once; the forwarded ones arrived once (no duplicates)
-    assert nic["CNT_MIRROR"] == accept_copies + drop_copies, (nic, copies)
+    # every mirrored frame's copy reached netfilter exactly once (host mode: those the stack delivers locally reach
+    # INPUT, the kernel's alone as well; the others end at routing)
+    if exact:
+        assert nic["CNT_MIRROR"] == accept_copies + drop_copies, (nic, copies)
+    else:
+        assert nic["CNT_MIRROR"] >= accept_copies + drop_copies, (nic, copies)
     assert nic["CNT_FORWARDED"] > accept_copies and nic["CNT_DROPPED"] >= drop_copies, nic
-    st = json.loads(hf("status", "--json").stdout)
-    assert st["target"] == "xdp"
+
+
+def test_bridge_mirrored_accept_arrives_once_and_copies_reach_netfilter(lab, monkeypatch):
+    """Bridge mode: the mirrored ACCEPT is cloned to nf1 by TC (arrives once, unchanged: no duplicate, nothing
+    altered) and its copy, like a mirrored DROP's, is counted by the leaf and dropped."""
+    r, copies = mirrored_verify(monkeypatch, POLICY, "FORWARD", 1200)
+    check_copies(r, copies)
+    assert r["nic_mode"] == "bridge"
+
+
+HOST_POLICY = """*filter
+:INPUT DROP [0:0]
+:FORWARD ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+-A INPUT -p udp -m udp --dport 7001 -j ACCEPT
+-A INPUT -p udp -m udp --dport 7002 -j DROP
+-A INPUT -p udp -j ACCEPT
+-A INPUT -p tcp -m tcp --dport 80 -j ACCEPT
+COMMIT
+"""
+
+
+def test_host_mode_mirrored_accept_is_the_frame(lab, monkeypatch):
+    """Host mode: a mirrored ACCEPT is passed itself with reason 4 (no clone; INPUT's leaf accepts it), a mirrored
+    DROP's copy is dropped by its leaf; delivery as the kernel's."""
+    r, copies = mirrored_verify(monkeypatch, HOST_POLICY, "INPUT", 600)
+    check_copies(r, copies, exact=False)
+    assert r["nic_mode"] == "host"
+    hf("undeploy", "-q", check=False)

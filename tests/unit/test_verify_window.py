@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import pytest
 from hypafilter.ops.verify import CounterWindow, WindowError
+from hypafilter.targets.emu.target import EmuTarget
+from hypafilter.targets.xdp.target import XdpTarget
 
 
-def window(host: bool = False) -> CounterWindow:
-    w = object.__new__(CounterWindow)  # no lab: only the rule is under test
+def window(host: bool = False, target=EmuTarget) -> CounterWindow:
+    w = object.__new__(CounterWindow)  # no lab: only the rule is under test, with the target's stages
     w.host = host
+    w.stages = target.window_stages
     return w
 
 
@@ -119,3 +122,68 @@ def test_frames_shunted_as_state_unknown_count_as_decided():
     r["nic"]["CNT_SHUNT_STATE"] -= 1  # one frame not yet decided
     r["nic"]["PKTOUT"] -= 1
     assert window().missing(r)
+
+
+# --- the xdp target's stages: the fast path on the firewall's bridge ports, its per-CPU counters -------------------
+
+
+def xdp_reading(n: int = 10, host: bool = False) -> dict:
+    """N frames sent on the xdp lab: 2 accepted (redirected to the paired port; in host mode passed up with the
+    decided mark), 3 dropped, 5 passed to the firewall's bridge (1 as state unknown), of which it forwarded 4."""
+    nic = {
+        "PKTIN": n,
+        "PKTOUT": 7,
+        "CNT_FORWARDED": 2,
+        "CNT_DROPPED": 3,
+        "CNT_DROP_UNFILTERABLE": 0,
+        "CNT_SHUNT_OVERRULE": 1,
+        "CNT_SHUNT_POLICY": 2,
+        "CNT_SHUNT_UNPARSED": 1,
+        "CNT_SHUNT_STATE": 1,
+    }
+    tx = {"send.hyb0": n, "recv.hyb0": 0, "fw.nf0": 0, "fw.nf1": 4 if host else 6, "send.plain0": n, "plain.nf1": 6}
+    return {
+        "sent": n,
+        "nic": nic,
+        "dev": {k: {"tx": v, "tx_dropped": 0} for k, v in tx.items()},
+        "tapped": {"fw.nf0": 7 if host else 5, "fw.nf1": 0, "plain.nf0.ours": n},
+        "captured": {"hybrid": 0 if host else 6, "plain": 6},
+        "capture_drops": 0,
+    }
+
+
+def test_xdp_closed_when_every_stage_agrees():
+    assert window(target=XdpTarget).missing(xdp_reading()) == []
+    assert window(host=True, target=XdpTarget).missing(xdp_reading(host=True)) == []
+    # In host mode the accepted frames reach the bridge too: the bridge-mode balance does not close on them.
+    assert window(target=XdpTarget).missing(xdp_reading(host=True))
+
+
+@pytest.mark.parametrize(
+    "where, key, delta, expect",
+    [
+        ("dev", "send.hyb0", -1, "sender's veth carried ours"),
+        ("nic", "PKTIN", -1, "fast path classified"),
+        ("nic", "CNT_SHUNT_STATE", -1, "fast path decided"),
+        ("nic", "PKTOUT", -1, "fast path sent"),
+        ("tapped", "fw.nf0", -1, "firewall took"),
+        ("captured", "hybrid", -1, "receiver captured, hybrid"),
+        ("tapped", "plain.nf0.ours", -1, "plain took ours"),
+        ("captured", "plain", -1, "receiver captured, plain"),
+    ],
+)
+def test_xdp_open_while_a_frame_is_on_its_way(where, key, delta, expect):
+    r = xdp_reading()
+    if where == "dev":
+        r["dev"][key]["tx"] += delta
+    else:
+        r[where][key] += delta
+    missing = window(target=XdpTarget).missing(r)
+    assert missing and any(m.startswith(expect) for m in missing), missing
+
+
+def test_xdp_lost_frame_is_an_error_not_a_verdict():
+    r = xdp_reading()
+    r["dev"]["send.hyb0"]["tx_dropped"] = 1  # the firewall's end of the veth had no room (XDP's ring full)
+    with pytest.raises(WindowError, match="lost frames"):
+        window(target=XdpTarget).missing(r)

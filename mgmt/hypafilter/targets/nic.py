@@ -275,6 +275,10 @@ class NicClient:
             out["HITS"] = {i: self.read_table("HITS", i) for i in hits}
         return out
 
+    def hits(self, count: int) -> list[int]:
+        """HITS of entries 0..count-1, in bulk (the counter-source interface, targets.base.CounterSource)."""
+        return self.read_table_many("HITS", 0, count)
+
     def clear_counters(self) -> None:
         self.write("RESET", 1)
 

@@ -20,6 +20,7 @@ import gzip
 import os
 import random
 import select
+import shlex
 import socket
 import struct
 import time
@@ -32,8 +33,9 @@ from hypafilter.config import Config
 from hypafilter.errors import HypafilterError
 from hypafilter.iptables.writer import policy_restore
 from hypafilter.ir import MAXV, PROTO_ICMP, PROTO_TCP, PROTO_UDP, Policy
+from hypafilter.ir.semantics import OBSERVING_TARGETS
 from hypafilter.netfilter.bridge import unfilterable_nft
-from hypafilter.ops import connections, deploy
+from hypafilter.ops import connections, deploy, observers
 from hypafilter.ops.connections import ConnectionSpec
 from hypafilter.ops.lab import HOST_MAC, HOST_SEEN_MAX, Lab
 from hypafilter.shared import pack_meta
@@ -154,12 +156,36 @@ def comparable_state(match: str, opts: list[str]) -> bool:
     return False
 
 
+# State only the rule itself reads: on a rule that only observes (LOG, NFLOG, no target...) it changes what is logged,
+# never a verdict, so verify compares such a policy's verdicts (and reports those rules' counters as not comparable).
+PER_RULE_STATE = frozenset({"statistic", "random", "nth", "limit", "quota", "time", "cpu", "rateest"})
+
+
+def observing_target(target: str) -> bool:
+    """A target that never decides and changes no state another rule reads (or no target at all)."""
+    return not target or target in OBSERVING_TARGETS
+
+
+def unverifiable(matches: list[str], target: str) -> list[str]:
+    """The matches of a rule (its `_matches_in` list) that make verdicts incomparable: every nondeterministic one,
+    except per-rule state on an observing rule."""
+    return [m for m in matches if m in NONDETERMINISTIC and not (observing_target(target) and m in PER_RULE_STATE)]
+
+
+def _token_target(toks) -> str:
+    toks = list(toks)
+    for i, t in enumerate(toks[:-1]):
+        if t in ("-j", "--jump", "-g", "--goto"):
+            return toks[i + 1]
+    return ""
+
+
 def refuse_nondeterministic(policy: Policy) -> None:
     """HypafilterError naming file:line of the first rule whose verdict is not a function of the frame."""
     for r in policy.rules:
         for group in r.complex:
-            for m in _matches_in(group):
-                if m in NONDETERMINISTIC:
+            for m in unverifiable(_matches_in(group), r.target):
+                if m:
                     where = f"{r.origin.file}:{r.origin.line}" if r.origin else policy.source
                     raise HypafilterError(
                         f"{where}: verify refuses match '{m}' ({NONDETERMINISTIC[m]}): its verdict is not a function "
@@ -167,8 +193,8 @@ def refuse_nondeterministic(policy: Policy) -> None:
                     )
     for name, uc in policy.user_chains.items():
         for toks in uc.rules:
-            for m in _matches_in(toks):
-                if m in NONDETERMINISTIC:
+            for m in unverifiable(_matches_in(toks), _token_target(toks)):
+                if m:
                     raise HypafilterError(
                         f"{policy.source}: chain {name}: verify refuses match '{m}' ({NONDETERMINISTIC[m]})"
                     )
@@ -895,6 +921,7 @@ def verify(
     # out on their own clocks in each namespace, so they could decide a frame differently on the two paths.
     for role in ("fw", "plain"):
         lab.flush_conntrack(role)
+    obs_before = {role: observers.snapshot(ns[role], config.table) for role in ("fw", "plain")}
     t1 = time.monotonic()
     closed = None
     if tgt.window_stages is not None:
@@ -914,6 +941,13 @@ def verify(
     shim = _counter_delta({k: v for k, v in shim_before.items() if k != "config"}, sh.stats())
     shim.pop("config", None)
     report = compare(sent, got)
+    report["observers"] = observers.compare(
+        obs_before["fw"],
+        observers.settled(ns["fw"], config.table),
+        obs_before["plain"],
+        observers.settled(ns["plain"], config.table),
+        comparable=lambda text: not NONDETERMINISTIC.keys() & set(_matches_in(shlex.split(text))),
+    )
     report.update(
         {
             "shunted": sum(v for k, v in nic.items() if k.startswith("CNT_SHUNT_") and k != "CNT_SHUNT_FORCED"),

@@ -42,6 +42,7 @@ class MemTable:
         self.log2_sets, self.ways = log2_sets, ways
         self.slots: dict[int, list] = {}  # slot -> [flow, hits]
         self.ops: list[tuple[str, fc.Flow]] = []
+        self.batches: list[list] = []
 
     def flow_config(self):
         return (self.log2_sets, self.ways, 16)
@@ -75,6 +76,11 @@ class MemTable:
         del self.slots[sl]
         return fc.ST_OK, sl
 
+    def flow_commands(self, cmds):
+        """Inserts and deletes in order (NicClient.flow_commands); the batches are recorded."""
+        self.batches.append([(op, flow) for op, flow in cmds])
+        return [self.flow_insert(flow) if op == fc.OP_INSERT else self.flow_delete(flow) for op, flow in cmds]
+
     def flow_clear(self):
         self.slots.clear()
 
@@ -94,10 +100,12 @@ class MemCt:
     def __init__(self):
         self.entries: set[fc.Flow] = set()
         self.calls: list[tuple] = []
+        self.liberal_batches: list[list] = []
 
-    def set_liberal(self, ev):
-        self.calls.append(("liberal", ev.flow))
-        return ev.flow in self.entries
+    def set_liberal_many(self, evs):
+        self.calls += [("liberal", ev.flow) for ev in evs]
+        self.liberal_batches.append([ev.flow for ev in evs])
+        return [ev.flow in self.entries for ev in evs]
 
     def refresh(self, flow, proto, seconds):
         self.calls.append(("timeout", flow, seconds))
@@ -343,3 +351,27 @@ def test_status_line():
     )
     assert line.startswith("flowsync pid 7: 3 flows offloaded, occupancy 4; inserts 5, deletes 2, evictions 1")
     assert line.endswith("sync lag p50 0.4 ms, max 2.5 ms")
+
+
+def test_flows_established_together_are_installed_in_one_batch_after_their_liberal_flags():
+    """Events read together: every TCP flow's liberal flag in one conntrack batch, then the flows whose flag was
+    set in one flow-cache batch (none inserted before its flag is confirmed; one conntrack no longer has is
+    left out); a flow that a later event of the same read removes is not inserted; UDP needs no flag."""
+    s, table, ct = syncer()
+    tcp = [ev(sport=41000 + i) for i in range(20)]
+    gone = ev(sport=42000)  # destroyed before its flag could be set: conntrack answers ENOENT
+    short = ev(sport=43000)  # established and reset in the same read
+    udp = ev(proto=UDP, sport=5000, dport=53)
+    ct.entries |= {e.flow for e in (*tcp, short)}
+    got = s.events([*tcp, gone, short, ev(sport=43000, state=None, kind="destroy", status=0), udp])
+    assert got == ["install"] * 22 + ["remove", "install"]
+    assert ct.liberal_batches == [[e.flow for e in (*tcp, gone)]]
+    assert table.batches == [[(fs.OP_INSERT, e.flow) for e in (*tcp, udp)]]
+    assert set(s.installed) == {e.flow for e in (*tcp, udp)} and s.counters["inserts"] == 21
+    assert s.counters["liberal"] == 20 and s.stats()["lag_samples"] == 21
+    # a flow removed and set up again (same tuple) within one read: the delete first, then the insert
+    table.batches.clear()
+    again = tcp[0]
+    assert s.events([ev(sport=again.sport, kind="destroy", status=0, state=None), again]) == ["remove", "install"]
+    assert table.ops[-2:] == [("delete", again.flow), ("insert", again.flow)]
+    assert again.flow in s.installed and s.counters["deletes"] == 1

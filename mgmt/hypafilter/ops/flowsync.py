@@ -28,19 +28,21 @@ import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hypafilter import netns
 from hypafilter.errors import HypafilterError
-from hypafilter.hw.flowcache import ST_EXISTS, ST_FULL, ST_NOT_FOUND, ST_OK, Flow
+from hypafilter.hw.flowcache import OP_DELETE, OP_INSERT, ST_EXISTS, ST_FULL, ST_NOT_FOUND, ST_OK, Flow
 
 # ctnetlink (include/uapi/linux/netfilter/nfnetlink_conntrack.h, nf_conntrack_common.h, nf_conntrack_tcp.h)
 NFNLGRP_CONNTRACK_NEW, NFNLGRP_CONNTRACK_UPDATE, NFNLGRP_CONNTRACK_DESTROY = 1, 2, 3
 GROUPS = (1 << NFNLGRP_CONNTRACK_NEW - 1) | (1 << NFNLGRP_CONNTRACK_UPDATE - 1) | (1 << NFNLGRP_CONNTRACK_DESTROY - 1)
 IPCTNL_MSG_CT_NEW, IPCTNL_MSG_CT_DELETE = 0, 2
-NLM_F_CREATE, NLM_F_EXCL = 0x400, 0x200
+NFNL_SUBSYS_CTNETLINK = 1
+NLMSG_ERROR = 2
+NLM_F_REQUEST, NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL = 0x1, 0x4, 0x400, 0x200
 IPS_EXPECTED, IPS_SEEN_REPLY, IPS_ASSURED, IPS_CONFIRMED = 1 << 0, 1 << 1, 1 << 2, 1 << 3
 IPS_SRC_NAT, IPS_DST_NAT = 1 << 4, 1 << 5
 IPS_NAT_MASK = IPS_SRC_NAT | IPS_DST_NAT
@@ -217,10 +219,10 @@ class Installed:
 
 @dataclass
 class Syncer:
-    """Keeps `table` (NicClient's flow API: flow_insert, flow_delete, flow_entries, flow_counters, flow_clear)
-    equal to the offloadable entries of conntrack `ct` (set_liberal(ev): True, or False when conntrack no longer
-    has the entry; refresh(flow, proto, seconds): True when the entry is there and still offloadable and its
-    timeout is set, else False)."""
+    """Keeps `table` (NicClient's flow API: flow_commands, flow_delete, flow_entries, flow_counters, flow_clear)
+    equal to the offloadable entries of conntrack `ct` (set_liberal_many(evs): per entry True, or False when
+    conntrack no longer has it; refresh(flow, proto, seconds): True when the entry is there and still
+    offloadable and its timeout is set, else False)."""
 
     table: object
     ct: object
@@ -246,28 +248,39 @@ class Syncer:
     lag: deque = field(default_factory=lambda: deque(maxlen=LAG_SAMPLES))
     last_error: str = ""
 
-    def _insert(self, ev: CtEvent, flow: Flow, t_event: float | None) -> None:
-        # Liberal first: from the insert on conntrack misses the flow's established frames, and without it its
-        # window tracking would call the frames it sees later (FIN, RST, a shunted one) INVALID.
-        if ev.proto == PROTO_TCP and not self.ct.set_liberal(ev):
-            return  # gone meanwhile: its destroy event follows
-        if ev.proto == PROTO_TCP:
-            self.counters["liberal"] += 1
-        status, _slot = self.table.flow_insert(flow)
-        if status == ST_EXISTS:
-            # Not one of ours (we insert a flow once): a leftover, maybe stored with the other orientation, which
-            # would swap ORIGINAL and REPLY. Replace it.
-            self.table.flow_delete(flow)
-            status, _slot = self.table.flow_insert(flow)
-        if status == ST_OK:
-            self.installed[flow] = Installed(ev.proto, bool(ev.status & IPS_ASSURED), tcp_state=ev.tcp_state)
-            self.counters["inserts"] += 1
-            if t_event is not None:
-                self.lag.append(self.clock() - t_event)
-        elif status == ST_FULL:
-            self.counters["insert_failures"] += 1  # the flow stays a miss: its frames go to software
-        else:
-            self._error(f"flow_insert {flow}: status {status}")
+    def _insert_many(self, pending: list[tuple[CtEvent, float | None]]) -> None:
+        """Install flows: their liberal flags in one conntrack batch, then the flows whose flags are set in one
+        flow-cache batch. Liberal first: from the insert on conntrack misses the flow's established frames, and
+        without it its window tracking would call the frames it sees later (FIN, RST, a shunted one) INVALID; a
+        flow whose entry is gone meanwhile (its destroy event follows) is not inserted."""
+        tcp = [ev for ev, _ in pending if ev.proto == PROTO_TCP]
+        ok = dict(zip(tcp, self.ct.set_liberal_many(tcp), strict=True)) if tcp else {}
+        self.counters["liberal"] += sum(ok.values())
+        go = [(ev, t) for ev, t in pending if ok.get(ev, True)]
+        if not go:
+            return
+        results = self.table.flow_commands([(OP_INSERT, ev.flow) for ev, _ in go])
+        # Not one of ours (we insert a flow once): a leftover, maybe stored with the other orientation, which
+        # would swap ORIGINAL and REPLY. Replace it.
+        again = [k for k, (status, _slot) in enumerate(results) if status == ST_EXISTS]
+        if again:
+            redo = self.table.flow_commands(
+                [c for k in again for c in ((OP_DELETE, go[k][0].flow), (OP_INSERT, go[k][0].flow))]
+            )
+            for j, k in enumerate(again):
+                results[k] = redo[2 * j + 1]
+        now = self.clock()
+        for (ev, t_event), (status, _slot) in zip(go, results, strict=True):
+            flow = ev.flow
+            if status == ST_OK:
+                self.installed[flow] = Installed(ev.proto, bool(ev.status & IPS_ASSURED), tcp_state=ev.tcp_state)
+                self.counters["inserts"] += 1
+                if t_event is not None:
+                    self.lag.append(now - t_event)
+            elif status == ST_FULL:
+                self.counters["insert_failures"] += 1  # the flow stays a miss: its frames go to software
+            else:
+                self._error(f"flow_insert {flow}: status {status}")
 
     def _delete(self, flow: Flow, counter: str, t_event: float | None = None) -> None:
         status, _slot = self.table.flow_delete(flow)
@@ -285,29 +298,54 @@ class Syncer:
 
     def event(self, ev: CtEvent, t_event: float | None = None) -> str | None:
         """Apply one conntrack event; returns "install", "remove" or None (nothing to do)."""
+        return self.events([ev], t_event)[0]
+
+    def events(self, evs: Iterable[CtEvent], t_event: float | None = None) -> list[str | None]:
+        """Apply conntrack events in order (those read off the socket together); per event "install", "remove"
+        or None. Removals are done as they come; the flows to install are collected and installed together at
+        the end (`_insert_many`: one conntrack batch, one flow-cache batch), so the last of many flows that became
+        established together does not wait for a round trip per flow before it. A flow collected for install
+        whose entry a later event of the batch removes is not inserted at all."""
         t_event = self.clock() if t_event is None else t_event
-        self.counters["events"] += 1
-        flow = ev.flow
-        if flow is None:
-            return None
-        have = flow in self.installed
-        if ev.kind in ("new", "update") and ev.proto == PROTO_TCP and ev.tcp_state is None:
-            # The kernel puts protoinfo in an event only when it changed (IPCT_PROTOINFO): an update of the
-            # status, mark or timeout alone leaves the TCP state as the last event said.
-            return None
-        want = offload_reason(ev) is None
-        if want and not have:
-            self._insert(ev, flow, t_event)
-            return "install"
-        if want and have:
-            self.installed[flow].assured |= bool(ev.status & IPS_ASSURED)
-            if ev.tcp_state is not None:
-                self.installed[flow].tcp_state = ev.tcp_state
-            return None
-        if have:
-            self._delete(flow, "deletes", t_event)
-            return "remove"
-        return None
+        out: list[str | None] = []
+        pending: dict[Flow, CtEvent] = {}
+        for ev in evs:
+            self.counters["events"] += 1
+            flow = ev.flow
+            if flow is None:
+                out.append(None)
+                continue
+            if ev.kind in ("new", "update") and ev.proto == PROTO_TCP and ev.tcp_state is None:
+                # The kernel puts protoinfo in an event only when it changed (IPCT_PROTOINFO): an update of the
+                # status, mark or timeout alone leaves the TCP state as the last event said.
+                out.append(None)
+                continue
+            want = offload_reason(ev) is None
+            if flow in pending:
+                if want:
+                    pending[flow] = ev  # installed with what conntrack said last
+                    out.append(None)
+                else:
+                    del pending[flow]
+                    out.append("remove")
+                continue
+            have = flow in self.installed
+            if want and not have:
+                pending[flow] = ev
+                out.append("install")
+            elif want and have:
+                self.installed[flow].assured |= bool(ev.status & IPS_ASSURED)
+                if ev.tcp_state is not None:
+                    self.installed[flow].tcp_state = ev.tcp_state
+                out.append(None)
+            elif have:
+                self._delete(flow, "deletes", t_event)
+                out.append("remove")
+            else:
+                out.append(None)
+        if pending:
+            self._insert_many([(ev, t_event) for ev in pending.values()])
+        return out
 
     def resync(self, entries: Iterable[CtEvent]) -> None:
         """Reconcile the table with a full conntrack dump: insert what should be there, delete the rest."""
@@ -321,6 +359,7 @@ class Syncer:
         for flow in present:
             if flow not in want:
                 self._delete(flow, "evictions")
+        missing = []
         for flow, ev in want.items():
             if flow in present:
                 rec = present[flow]
@@ -328,7 +367,9 @@ class Syncer:
                     ev.proto, bool(ev.status & IPS_ASSURED), rec.hits if rec.counted else None, ev.tcp_state
                 )
             else:
-                self._insert(ev, flow, None)  # no event to measure a lag from
+                missing.append((ev, None))  # no event to measure a lag from
+        if missing:
+            self._insert_many(missing)
 
     def timeout_for(self, inst: Installed) -> int:
         if inst.proto == PROTO_TCP:
@@ -381,6 +422,14 @@ class Conntrack:
             self.events = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
             self.req = NFCTSocket()
             self.req.asyncore.socket  # noqa: B018  (pyroute2 opens its socket lazily: here, inside `ns`)
+            # Batched entry updates (set_liberal_many): several requests in one datagram, acks matched by sequence.
+            self.batch = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
+        self.batch.bind((0, 0))
+        self.batch.settimeout(10.0)
+        self.batch.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        self.batch_marshal = Marshal()
+        self.batch_marshal.msg_map.update(AsyncNFCTSocket.policy)
+        self._seq = 0
         self.events.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         self.events.bind((0, GROUPS))
         self.events.setblocking(False)
@@ -389,6 +438,7 @@ class Conntrack:
 
     def close(self) -> None:
         self.events.close()
+        self.batch.close()
         self.req.close()
 
     def read_events(self) -> list[CtEvent]:
@@ -432,9 +482,54 @@ class Conntrack:
 
     def set_liberal(self, ev: CtEvent) -> bool:
         """IP_CT_TCP_FLAG_BE_LIBERAL in both directions' TCP flags (flags, mask): conntrack's window checks off."""
+        return self.set_liberal_many([ev])[0]
+
+    def set_liberal_many(self, evs: Sequence[CtEvent]) -> list[bool]:
+        """set_liberal for several entries in one sendmsg: one IPCTNL_MSG_CT_NEW update (no NLM_F_CREATE) per entry,
+        each with NLM_F_ACK and its own sequence number; the kernel runs every message of the datagram and acks
+        each. Per entry True once its ack says done, False when conntrack has no such entry (ENOENT); any other
+        error raises (the worker ends and the supervisor starts another, which resyncs)."""
+        from pyroute2.netlink.exceptions import NetlinkError
+        from pyroute2.netlink.nfnetlink.nfctsocket import nfct_msg
+
+        if not evs:
+            return []
         flags = {"value": (IP_CT_TCP_FLAG_BE_LIBERAL, IP_CT_TCP_FLAG_BE_LIBERAL)}
         tcp = {"attrs": [["CTA_PROTOINFO_TCP_FLAGS_ORIGINAL", flags], ["CTA_PROTOINFO_TCP_FLAGS_REPLY", flags]]}
-        return self._set(ev.flow, protoinfo={"attrs": [["CTA_PROTOINFO_TCP", tcp]]})
+        data, seqs = b"", {}
+        for k, ev in enumerate(evs):
+            self._seq = (self._seq + 1) & 0x7FFFFFFF or 1
+            msg = nfct_msg.create_from(
+                tuple_orig=self._tuple(ev.flow), protoinfo={"attrs": [["CTA_PROTOINFO_TCP", tcp]]}
+            )
+            msg["header"]["type"] = NFNL_SUBSYS_CTNETLINK << 8 | IPCTNL_MSG_CT_NEW
+            msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK
+            msg["header"]["sequence_number"] = self._seq
+            msg["nfgen_family"] = socket.AF_INET
+            msg.encode()
+            data += msg.data
+            seqs[self._seq] = k
+        self.batch.send(data)
+        out: list[bool | None] = [None] * len(evs)
+        left = len(evs)
+        while left:
+            try:
+                chunk = self.batch.recv(1 << 16)
+            except TimeoutError as e:
+                raise HypafilterError(f"conntrack did not answer {left} of {len(evs)} updates") from e
+            for msg in self.batch_marshal.parse(chunk):
+                k = seqs.get(msg["header"]["sequence_number"])
+                if k is None or out[k] is not None or msg["header"]["type"] != NLMSG_ERROR:
+                    continue  # not an ack of this batch (a late one of an earlier batch that raised)
+                err = msg["header"]["error"]
+                if err is None:
+                    out[k] = True
+                elif isinstance(err, NetlinkError) and err.code == errno.ENOENT:
+                    out[k] = False
+                else:
+                    raise err
+                left -= 1
+        return [bool(x) for x in out]
 
     def set_timeout(self, flow: Flow, proto: int, seconds: int) -> bool:
         return self._set(flow, timeout=int(seconds))
@@ -536,8 +631,7 @@ def serve(
                 syncer.last_error = "conntrack events lost (ENOBUFS): resynchronised from a dump"
                 syncer.resync(ct.dump())
                 continue
-            for ev in events:
-                syncer.event(ev, t)
+            syncer.events(events, t)
     finally:
         try:
             table.flow_clear()

@@ -45,7 +45,9 @@ class MemTable:
         self.batches: list[list] = []
 
     def flow_config(self):
-        return (self.log2_sets, self.ways, 16)
+        from hypafilter.targets.nic import FlowCacheConfig
+
+        return FlowCacheConfig(self.log2_sets, self.ways, 16)
 
     def _find(self, flow):
         key, _ = fc.canonical(flow)
@@ -84,8 +86,9 @@ class MemTable:
     def flow_clear(self):
         self.slots.clear()
 
-    def flow_entries(self):
-        return [Rec(sl, f, h > 0, 0, h) for sl, (f, h) in sorted(self.slots.items())]
+    def flow_entries(self, first=0, count=None):
+        last = self.flow_config().entries if count is None else first + count
+        return [Rec(sl, f, h > 0, 0, h) for sl, (f, h) in sorted(self.slots.items()) if first <= sl < last]
 
     def flow_counters(self):
         return {"occupancy": len(self.slots)}
@@ -375,3 +378,32 @@ def test_flows_established_together_are_installed_in_one_batch_after_their_liber
     assert s.events([ev(sport=again.sport, kind="destroy", status=0, state=None), again]) == ["remove", "install"]
     assert table.ops[-2:] == [("delete", again.flow), ("insert", again.flow)]
     assert again.flow in s.installed and s.counters["deletes"] == 1
+
+
+def test_poll_reads_the_table_in_parts_and_lets_events_in_between(monkeypatch):
+    """The poll reads POLL_CHUNK slots at a time and calls `between` after every part but the last (the service
+    applies the events queued meanwhile there); flows in every part are refreshed or evicted as by one read."""
+    monkeypatch.setattr(fs, "POLL_CHUNK", 8)
+    s, table, ct = syncer()  # 16 sets x 2 ways: 32 slots, 4 parts
+    flows = [ev(sport=44000 + i) for i in range(12)]
+    ct.entries |= {e.flow for e in flows}
+    s.events(flows)
+    stranger = fc.Flow(9, 9, 17, 9, 9)
+    table.flow_insert(stranger)
+    for e in flows:
+        table.hit(e.flow)
+    slots = {sl for sl in table.slots}
+    assert len({sl // 8 for sl in slots}) > 1  # the flows are spread over several parts
+    late = ev(sport=45000)
+    ct.entries.add(late.flow)
+    calls = []
+
+    def between():
+        calls.append(len(calls))
+        if len(calls) == 1:
+            s.events([late])  # installed between two parts
+
+    s.poll(between=between)
+    assert calls == [0, 1, 2]
+    assert s.counters["refreshes"] == 12 and s.counters["evictions"] == 1
+    assert stranger not in {f for f, _ in table.slots.values()} and late.flow in s.installed

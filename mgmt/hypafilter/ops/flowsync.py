@@ -220,7 +220,7 @@ class Installed:
 
 @dataclass
 class Syncer:
-    """Keeps `table` (NicClient's flow API: flow_commands, flow_delete, flow_entries, flow_counters, flow_clear)
+    """Keeps `table` (NicClient's flow API: flow_config, flow_commands, flow_entries, flow_counters, flow_clear)
     equal to the offloadable entries of conntrack `ct` (set_liberal_many(evs): per entry True, or False when
     conntrack no longer has it; refresh(flow, proto, seconds): True when the entry is there and still
     offloadable and its timeout is set, else False)."""
@@ -249,31 +249,43 @@ class Syncer:
     lag: deque = field(default_factory=lambda: deque(maxlen=LAG_SAMPLES))
     last_error: str = ""
 
-    def _insert_many(self, pending: list[tuple[CtEvent, float | None]]) -> None:
-        """Install flows: their liberal flags in one conntrack batch, then the flows whose flags are set in one
-        flow-cache batch. Liberal first: from the insert on conntrack misses the flow's established frames, and
-        without it its window tracking would call the frames it sees later (FIN, RST, a shunted one) INVALID; a
-        flow whose entry is gone meanwhile (its destroy event follows) is not inserted."""
-        tcp = [ev for ev, _ in pending if ev.proto == PROTO_TCP]
+    def _apply(self, ops: list[tuple]) -> None:
+        """Flow-cache changes, in order: ("insert", CtEvent, t_event) and ("delete", Flow, counter, t_event), as
+        one flow-cache batch (NicClient.flow_commands: one round trip on the emulated NIC). The liberal flags of
+        the TCP flows to insert are set first, in one conntrack batch: from the insert on conntrack misses the
+        flow's established frames, and without it its window tracking would call the frames it sees later (FIN,
+        RST, a shunted one) INVALID. A flow whose flag could not be set (conntrack no longer has it: its destroy
+        event follows) is not inserted. t_event None: no event to measure a lag from."""
+        tcp = [op[1] for op in ops if op[0] == "insert" and op[1].proto == PROTO_TCP]
         ok = dict(zip(tcp, self.ct.set_liberal_many(tcp), strict=True)) if tcp else {}
         self.counters["liberal"] += sum(ok.values())
-        go = [(ev, t) for ev, t in pending if ok.get(ev, True)]
-        if not go:
+        ops = [op for op in ops if op[0] != "insert" or ok.get(op[1], True)]
+        if not ops:
             return
-        results = self.table.flow_commands([(OP_INSERT, ev.flow) for ev, _ in go])
-        # Not one of ours (we insert a flow once): a leftover, maybe stored with the other orientation, which
-        # would swap ORIGINAL and REPLY. Replace it.
-        again = [k for k, (status, _slot) in enumerate(results) if status == ST_EXISTS]
+        flows = [op[1].flow if op[0] == "insert" else op[1] for op in ops]
+        results = self.table.flow_commands(
+            [(OP_INSERT if op[0] == "insert" else OP_DELETE, f) for op, f in zip(ops, flows, strict=True)]
+        )
+        # An insert that finds its key is not one of ours (we insert a flow once): a leftover, maybe stored with
+        # the other orientation, which would swap ORIGINAL and REPLY. Replace it.
+        again = [k for k, op in enumerate(ops) if op[0] == "insert" and results[k][0] == ST_EXISTS]
         if again:
-            redo = self.table.flow_commands(
-                [c for k in again for c in ((OP_DELETE, go[k][0].flow), (OP_INSERT, go[k][0].flow))]
-            )
+            redo = self.table.flow_commands([c for k in again for c in ((OP_DELETE, flows[k]), (OP_INSERT, flows[k]))])
             for j, k in enumerate(again):
                 results[k] = redo[2 * j + 1]
         now = self.clock()
-        for (ev, t_event), (status, _slot) in zip(go, results, strict=True):
-            flow = ev.flow
-            if status == ST_OK:
+        for op, flow, (status, _slot) in zip(ops, flows, results, strict=True):
+            t_event = op[-1]
+            if op[0] == "delete":
+                self.installed.pop(flow, None)
+                if status == ST_OK:
+                    self.counters[op[2]] += 1
+                    if t_event is not None:
+                        self.lag.append(now - t_event)
+                elif status != ST_NOT_FOUND:
+                    self._error(f"flow_delete {flow}: status {status}")
+            elif status == ST_OK:
+                ev = op[1]
                 self.installed[flow] = Installed(ev.proto, bool(ev.status & IPS_ASSURED), tcp_state=ev.tcp_state)
                 self.counters["inserts"] += 1
                 if t_event is not None:
@@ -282,16 +294,6 @@ class Syncer:
                 self.counters["insert_failures"] += 1  # the flow stays a miss: its frames go to software
             else:
                 self._error(f"flow_insert {flow}: status {status}")
-
-    def _delete(self, flow: Flow, counter: str, t_event: float | None = None) -> None:
-        status, _slot = self.table.flow_delete(flow)
-        self.installed.pop(flow, None)
-        if status == ST_OK:
-            self.counters[counter] += 1
-            if t_event is not None:
-                self.lag.append(self.clock() - t_event)
-        elif status != ST_NOT_FOUND:
-            self._error(f"flow_delete {flow}: status {status}")
 
     def _error(self, text: str) -> None:
         self.counters["errors"] += 1
@@ -303,13 +305,15 @@ class Syncer:
 
     def events(self, evs: Iterable[CtEvent], t_event: float | None = None) -> list[str | None]:
         """Apply conntrack events in order (those read off the socket together); per event "install", "remove"
-        or None. Removals are done as they come; the flows to install are collected and installed together at
-        the end (`_insert_many`: one conntrack batch, one flow-cache batch), so the last of many flows that became
-        established together does not wait for a round trip per flow before it. A flow collected for install
-        whose entry a later event of the batch removes is not inserted at all."""
+        or None. The changes they call for go to the hardware together at the end, in event order (`_apply`: one
+        conntrack batch for the liberal flags, one flow-cache batch), so the last of many flows that became
+        established together, or of flows set up while others end, does not wait a round trip per flow. A flow
+        to be installed that a later event of the batch removes is not inserted at all."""
         t_event = self.clock() if t_event is None else t_event
         out: list[str | None] = []
-        pending: dict[Flow, CtEvent] = {}
+        ops: list[tuple | None] = []
+        pending: dict[Flow, int] = {}  # flow -> index of its insert in ops
+        removing: set[Flow] = set()  # installed flows this batch deletes
         for ev in evs:
             self.counters["events"] += 1
             flow = ev.flow
@@ -323,16 +327,19 @@ class Syncer:
                 continue
             want = offload_reason(ev) is None
             if flow in pending:
+                k = pending[flow]
                 if want:
-                    pending[flow] = ev  # installed with what conntrack said last
+                    ops[k] = ("insert", ev, t_event)  # installed with what conntrack said last
                     out.append(None)
                 else:
+                    ops[k] = None
                     del pending[flow]
                     out.append("remove")
                 continue
-            have = flow in self.installed
+            have = flow in self.installed and flow not in removing
             if want and not have:
-                pending[flow] = ev
+                pending[flow] = len(ops)
+                ops.append(("insert", ev, t_event))
                 out.append("install")
             elif want and have:
                 self.installed[flow].assured |= bool(ev.status & IPS_ASSURED)
@@ -340,12 +347,12 @@ class Syncer:
                     self.installed[flow].tcp_state = ev.tcp_state
                 out.append(None)
             elif have:
-                self._delete(flow, "deletes", t_event)
+                removing.add(flow)
+                ops.append(("delete", flow, "deletes", t_event))
                 out.append("remove")
             else:
                 out.append(None)
-        if pending:
-            self._insert_many([(ev, t_event) for ev in pending.values()])
+        self._apply([op for op in ops if op is not None])
         return out
 
     def resync(self, entries: Iterable[CtEvent]) -> None:
@@ -357,10 +364,7 @@ class Syncer:
                 want[ev.flow] = ev
         present = {r.flow: r for r in self.table.flow_entries()}
         self.installed = {f: i for f, i in self.installed.items() if f in present}
-        for flow in present:
-            if flow not in want:
-                self._delete(flow, "evictions")
-        missing = []
+        ops: list[tuple] = [("delete", flow, "evictions", None) for flow in present if flow not in want]
         for flow, ev in want.items():
             if flow in present:
                 rec = present[flow]
@@ -368,9 +372,8 @@ class Syncer:
                     ev.proto, bool(ev.status & IPS_ASSURED), rec.hits if rec.counted else None, ev.tcp_state
                 )
             else:
-                missing.append((ev, None))  # no event to measure a lag from
-        if missing:
-            self._insert_many(missing)
+                ops.append(("insert", ev, None))  # no event to measure a lag from
+        self._apply(ops)
 
     def timeout_for(self, inst: Installed) -> int:
         if inst.proto == PROTO_TCP:
@@ -387,17 +390,19 @@ class Syncer:
         slots = self.table.flow_config().entries
         parts = [(first, min(POLL_CHUNK, slots - first)) for first in range(0, slots, POLL_CHUNK)]
         for k, (first, count) in enumerate(parts):
+            evict: list[tuple] = []
             for rec in self.table.flow_entries(first, count):
                 inst = self.installed.get(rec.flow)
                 if inst is None:
-                    self._delete(rec.flow, "evictions")
+                    evict.append(("delete", rec.flow, "evictions", None))
                     continue
                 if refresh_due(inst.last_hits, rec.counted, rec.hits):
                     inst.last_hits = rec.hits
                     if self.ct.refresh(rec.flow, inst.proto, self.timeout_for(inst)):
                         self.counters["refreshes"] += 1
                     else:
-                        self._delete(rec.flow, "evictions")
+                        evict.append(("delete", rec.flow, "evictions", None))
+            self._apply(evict)
             if between is not None and k + 1 < len(parts):
                 between()
 

@@ -155,6 +155,12 @@ class FlowRecord:
 # (and for a clear) the cache sweeps 2**LOG2_SETS sets first: 16,384 cycles at 64k entries, and the emulated clock
 # advances only with the register reads that poll it.
 FC_COMMAND_SECONDS = 10.0
+# Status reads after each FC_CMD write of a batch (NicClient.flow_commands). An insert or delete runs 14-16 cycles and
+# an emulated register access takes 2 (an idle emulated core is clocked only by the accesses): with one read the
+# next command's FC_CMD came while the core was still busy, and was ignored. Eight reads give it 16 cycles; on a
+# board an access takes far longer than a command. Correctness does not depend on it (a busy reading before a
+# command's FC_CMD is detected and the rest of the batch runs again), only the number of round trips.
+FC_STATUS_READS = 8
 
 
 def _check_flow(flow: Flow) -> None:
@@ -392,15 +398,16 @@ class NicClient:
         """Run FC_CMD commands in order, as one batch of requests; per command (status, slot) from FC_STATUS.
 
         `cmds`: (op, flow) or (op, flow, slot) tuples (flow None for the commands without a key). Every command
-        is its key writes (FC_KEY0..3, FC_SLOT), a status read, the FC_CMD write and a status read, and the whole
-        batch goes to the transport's `request_many` at once: the emulated NIC's socket pipelines it (one round
-        trip for a batch of inserts: the flow sync service's insert latency), the SUME transport runs it in order.
+        is its key writes (FC_KEY0..3, FC_SLOT), a status read, the FC_CMD write and FC_STATUS_READS status
+        reads, and the whole batch goes to the transport's `request_many` at once: the emulated NIC's socket
+        pipelines it (one round trip for a batch of inserts: the flow sync service's insert latency), the SUME
+        transport runs it in order.
 
         The core ignores FC_CMD while FC_STATUS bit 31 (busy) is set, and a running command latched its key when
         it started, so key writes do not disturb it. The status read just before a command's FC_CMD write tells
         whether that write starts it: not busy, it does (the cache has one writer, the flow sync service), and
-        the reading is the previous command's final status. A command's result is the status read after its
-        FC_CMD write if that is not busy, else the next command's pre-write reading; the last one polls. Busy
+        the reading is the previous command's final status. A command's result is the first status read after
+        its FC_CMD write that is not busy, else the next command's pre-write reading; the last one polls. Busy
         before the first command means another client's command runs: refused with NicError (this batch ran
         only if that command ended in between). Busy before a later command means ours before it was still
         running (the host writes faster than the core finishes a command): from that earlier command on, the
@@ -421,10 +428,13 @@ class NicClient:
                 )
             writes.append(("FC_SLOT", c[2] if len(c) > 2 else 0))
             lines += [f"W 0x{self._addr(a):x} 0x{v & 0xFFFFFFFF:x}" for a, v in writes]
-            lines += [f"R 0x{status_reg:x}", f"W 0x{cmd_reg:x} 0x{op & 0xFFFFFFFF:x}", f"R 0x{status_reg:x}"]
+            lines += [f"R 0x{status_reg:x}", f"W 0x{cmd_reg:x} 0x{op & 0xFFFFFFFF:x}"]
+            lines += [f"R 0x{status_reg:x}"] * FC_STATUS_READS
         replies = self.t.request_many(lines)
         reads = [int(r, 0) for line, r in zip(lines, replies, strict=True) if line.startswith("R ")]
-        pre, post = reads[0::2], reads[1::2]
+        per = 1 + FC_STATUS_READS
+        pre = reads[0::per]
+        post = [[st for st in reads[k * per + 1 : (k + 1) * per] if not st >> 31] for k in range(len(cmds))]
         if pre[0] >> 31:
             raise NicError("the flow cache is busy with a command (FC_STATUS bit 31): another client is using it")
         out: list[tuple[int, int]] = []
@@ -433,7 +443,7 @@ class NicClient:
                 # ours (k) still ran when k + 1's FC_CMD was written: k's result and whether k + 1 ran are unknown
                 self._flow_wait(cmds[k][0])
                 return out + [self.flow_commands([c])[0] for c in cmds[k:]]
-            st = post[k] if not post[k] >> 31 else pre[k + 1] if k + 1 < len(cmds) else self._flow_wait(cmds[k][0])
+            st = post[k][0] if post[k] else pre[k + 1] if k + 1 < len(cmds) else self._flow_wait(cmds[k][0])
             out.append(((st >> 24) & 0xF, st & 0xFFFFFF))
         return out
 

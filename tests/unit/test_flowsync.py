@@ -43,6 +43,7 @@ class MemTable:
         self.slots: dict[int, list] = {}  # slot -> [flow, hits]
         self.ops: list[tuple[str, fc.Flow]] = []
         self.batches: list[list] = []
+        self.reads: list = []
 
     def flow_config(self):
         from hypafilter.targets.nic import FlowCacheConfig
@@ -86,9 +87,10 @@ class MemTable:
     def flow_clear(self):
         self.slots.clear()
 
-    def flow_entries(self, first=0, count=None):
-        last = self.flow_config().entries if count is None else first + count
-        return [Rec(sl, f, h > 0, 0, h) for sl, (f, h) in sorted(self.slots.items()) if first <= sl < last]
+    def flow_entries(self, slots=None):
+        self.reads.append(None if slots is None else sorted(slots))
+        want = set(range(self.flow_config().entries) if slots is None else slots)
+        return [Rec(sl, f, h > 0, 0, h) for sl, (f, h) in sorted(self.slots.items()) if sl in want]
 
     def flow_counters(self):
         return {"occupancy": len(self.slots)}
@@ -380,30 +382,33 @@ def test_flows_established_together_are_installed_in_one_batch_after_their_liber
     assert again.flow in s.installed and s.counters["deletes"] == 1
 
 
-def test_poll_reads_the_table_in_parts_and_lets_events_in_between(monkeypatch):
-    """The poll reads POLL_CHUNK slots at a time and calls `between` after every part but the last (the service
-    applies the events queued meanwhile there); flows in every part are refreshed or evicted as by one read."""
+def test_poll_reads_the_installed_slots_and_the_table_in_turn(monkeypatch):
+    """A poll reads the slots of the flows the service installed (refreshed or evicted every poll) and the next
+    POLL_CHUNK slots of the table, so a flow it did not install is evicted within entries / POLL_CHUNK polls."""
     monkeypatch.setattr(fs, "POLL_CHUNK", 8)
     s, table, ct = syncer()  # 16 sets x 2 ways: 32 slots, 4 parts
     flows = [ev(sport=44000 + i) for i in range(12)]
     ct.entries |= {e.flow for e in flows}
     s.events(flows)
+    mine = {table._find(e.flow) for e in flows}
+    assert {i.slot for i in s.installed.values()} == mine
+    assert len({sl // 8 for sl in mine}) > 1  # spread over several parts
     stranger = fc.Flow(9, 9, 17, 9, 9)
     table.flow_insert(stranger)
+    where = table._find(stranger)
     for e in flows:
         table.hit(e.flow)
-    slots = {sl for sl in table.slots}
-    assert len({sl // 8 for sl in slots}) > 1  # the flows are spread over several parts
-    late = ev(sport=45000)
-    ct.entries.add(late.flow)
-    calls = []
-
-    def between():
-        calls.append(len(calls))
-        if len(calls) == 1:
-            s.events([late])  # installed between two parts
-
-    s.poll(between=between)
-    assert calls == [0, 1, 2]
-    assert s.counters["refreshes"] == 12 and s.counters["evictions"] == 1
-    assert stranger not in {f for f, _ in table.slots.values()} and late.flow in s.installed
+    polls = 0
+    while stranger in {f for f, _ in table.slots.values()}:
+        s.poll()
+        polls += 1
+        assert set(table.reads[-1]) == mine | set(range(8 * ((polls - 1) % 4), 8 * ((polls - 1) % 4) + 8))
+        assert s.counters["refreshes"] == 12  # all of them at the first poll, whatever part it read
+        assert polls <= 4
+    assert polls == where // 8 + 1 and s.counters["evictions"] == 1
+    # a flow of ours whose conntrack entry is gone is evicted at the next poll, wherever it is
+    gone = flows[5]
+    ct.entries.discard(gone.flow)
+    table.hit(gone.flow)
+    s.poll()
+    assert gone.flow not in s.installed and s.counters["evictions"] == 2

@@ -486,15 +486,14 @@ class NicClient:
             return bulk(t.id, indices)
         return [self.t.read_table(t.id, i) for i in indices]
 
-    def flow_entries(self, first: int = 0, count: int | None = None) -> list[FlowRecord]:
-        """Every valid entry of slots first..first+count-1 (default: all), by slot: FLOW_KEY word 3 of every slot,
-        then the other words, FLOW_SEEN and FLOW_HITS of the valid ones. Entries inserted or deleted while it
-        reads may or may not be in the list."""
+    def flow_entries(self, slots: Iterable[int] | None = None) -> list[FlowRecord]:
+        """Every valid entry of `slots` (default: all), by slot: FLOW_KEY word 3 of every slot, then the other
+        words, FLOW_SEEN and FLOW_HITS of the valid ones. Entries inserted or deleted while it reads may or may
+        not be in the list."""
         cfg = self._need_flow_cache()
-        count = cfg.entries - first if count is None else count
-        if first < 0 or count < 0 or first + count > cfg.entries:
-            raise NicError(f"flow cache slots {first}..{first + count - 1} out of range 0..{cfg.entries - 1}")
-        slots = range(first, first + count)
+        slots = sorted(set(range(cfg.entries) if slots is None else slots))
+        if slots and not 0 <= slots[0] <= slots[-1] < cfg.entries:
+            raise NicError(f"flow cache slots {slots[0]}..{slots[-1]}: out of range 0..{cfg.entries - 1}")
         w3 = dict(zip(slots, self._read_table_at("FLOW_KEY", [4 * s + 3 for s in slots]), strict=True))
         valid = [s for s, w in w3.items() if w >> 31]
         words = self._read_table_at("FLOW_KEY", [4 * s + w for s in valid for w in range(3)])

@@ -476,3 +476,35 @@ def test_flow_command_batches_are_exact_however_long_a_command_runs(tmp_path, cy
                 assert [st for st, _ in got] == [fc.ST_OK] * 3
     finally:
         nic.srv.close()
+
+
+def test_sume_request_many_runs_the_request_lines_in_order():
+    """SumeTransport.request_many (no board here: its register accesses are stubbed) runs the control-socket
+    request lines one after the other, answers as EmuTransport does, and refuses what is not a register request."""
+    from hypafilter.targets.sume import SumeTransport
+
+    class Stub(SumeTransport):
+        def __init__(self):
+            self.log = []
+
+        def read(self, addr):
+            self.log.append(("R", addr))
+            return 5
+
+        def write(self, addr, value):
+            self.log.append(("W", addr, value))
+
+        def read_table(self, table, index):
+            self.log.append(("TR", table, index))
+            return 7
+
+        def write_table_many(self, table, start, values):
+            self.log.append(("TW", table, start, list(values)))
+
+    t = Stub()
+    got = t.request_many(["R 0x7c", "W 0x78 0x1", "T R 3 4", "T W 3 4 0x9", "T WS 3 4 1 2 3"])
+    assert got == ["0x00000005", "", "0x00000007", "", ""]
+    assert t.log == [("R", 0x7C), ("W", 0x78, 1), ("TR", 3, 4), ("TW", 3, 4, [9]), ("TW", 3, 4, [1, 2, 3])]
+    for bad in ("", "X 1", "R", "W 1", "T W 3 4 5 6", "R zz", "T Q 1 2", "STATS"):
+        with pytest.raises(NicError, match="not a register request"):
+            t.request_many([bad])

@@ -98,7 +98,7 @@ class Target(ABC):
 
     @abstractmethod
     def transport(self, info: dict):
-        """A register transport (read/write/read_table/write_table_many/close) to the NIC of `info`."""
+        """A register transport (read/write/read_table/write_table_many/request_many/close) to the NIC of `info`."""
 
     @abstractmethod
     def activate(self, info: dict) -> None:

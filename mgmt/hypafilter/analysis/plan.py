@@ -23,18 +23,13 @@ import numpy as np
 
 from hypafilter.analysis import geometry
 from hypafilter.analysis.geometry import BoxSet
-from hypafilter.config import MODES, STRATEGIES, Config
+from hypafilter.config import MODES, STRATEGIES, Config, mirrors
 from hypafilter.errors import HypafilterError
 from hypafilter.ir import ACTION_ACCEPT, ACTION_DROP, ACTION_NONE, FIELD_INDEX, Box, Policy
 from hypafilter.ir.box import CT_UNKNOWN
 from hypafilter.ir.semantics import observes
 
 CT = FIELD_INDEX["ct"]
-# Log mirroring applies to these shunting modes and strategies only: the copy of a decided frame runs the interval
-# chain above its entry (observing rules, and deciding complex rules that cannot match it) and is then discarded;
-# full/cut/hsa_cut would run deciding simple rules on it, and exact mode has no interval chain of that shape.
-MIRROR_MODES = ("index", "selective")
-MIRROR_STRATEGIES = ("interval", "interval_geo")
 
 
 class PrefixView(Sequence):
@@ -312,7 +307,7 @@ def build_plan(
     t0 = time.perf_counter()
     rules = policy.rules
     cplx = policy.complex_indices
-    mirroring = mode in MIRROR_MODES and strategy in MIRROR_STRATEGIES
+    mirroring = mirrors(mode, strategy)
     observing = np.zeros(len(rules), dtype=bool)
     if mirroring:
         for i in cplx:

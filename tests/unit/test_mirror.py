@@ -125,8 +125,11 @@ def test_leaves_and_guard(nic_mode):
         # a mirror mark no leaf takes (an unknown k, or a copy of a DROP where only ACCEPTs are mirrored): dropped
         assert prog.run(icmp, mark_for(prog, 60, 5), never)[0] == "DROP"
         assert prog.run(web, mark_for(prog, k80, 6), never)[0] == "DROP"
-    else:
-        assert guard == []
+    else:  # host mode: only a copy of a DROP is dropped; the "copy" of an ACCEPT is the frame, the policy decides
+        assert [(r.value, r.mask) for r in guard] == [(0x6, 0xF)] and prog.chains[prog.main][-2] == guard[0]
+        assert prog.run(Header(proto=17), mark_for(prog, 60, 6), never)[0] == "DROP"
+        assert prog.run(web, mark_for(prog, 60, 5), never)[0] == "ACCEPT"
+        assert prog.run(Header(proto=6, dport=9), mark_for(prog, 60, 5), never)[0] == "DROP"  # the policy: DROP
     # a mark without the mirror bit that no leaf knows: the full policy decides, as before
     assert prog.run(web, mark_for(prog, 60, 1), never)[0] == "ACCEPT"
 

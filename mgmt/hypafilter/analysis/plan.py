@@ -28,6 +28,7 @@ from hypafilter.errors import HypafilterError
 from hypafilter.ir import ACTION_ACCEPT, ACTION_DROP, ACTION_NONE, FIELD_INDEX, Box, Policy
 from hypafilter.ir.box import CT_UNKNOWN
 from hypafilter.ir.semantics import observes
+from hypafilter.shared import C
 
 CT = FIELD_INDEX["ct"]
 
@@ -210,7 +211,7 @@ class Plan:
         return out
 
 
-MIRROR_BIT = 0x8  # HF_ACTION_MIRROR_BIT (driver/hypafilter_shared.h; tests/unit/test_shared checks it)
+MIRROR_BIT = C["HF_ACTION_MIRROR_BIT"]  # 0x8 in the ACTION table word: the entry's decided frames are mirrored
 
 
 def action_words(plan) -> list[int]:

@@ -199,7 +199,8 @@ def build_program(
 
     Log mirroring (Plan.mirror, strategies interval/interval_geo): leaf (k, action | HF_MARK_MIRROR) runs chain k
     on the copy, then DROP (bridge mode, and a copy of a DROP in host mode) or ACCEPT (host mode, copy of an ACCEPT:
-    the frame itself); in bridge mode MAIN drops any other mark with the mirror bit before the K0 fallback."""
+    the frame itself); before the K0 fallback MAIN drops any other mark with the mirror bit (bridge mode) or of a
+    copy of a DROP (host mode)."""
     if strategy not in STRATEGIES:
         raise HypafilterError(f"unknown strategy {strategy!r} (choose {', '.join(STRATEGIES)})")
     if nic_mode not in ("bridge", "host"):
@@ -264,12 +265,17 @@ def build_program(
                 tgt = verdict
             leaf_rules.append(((k << K_SHIFT) | a, tgt))
         _dispatch(prog, main, leaf_rules, d_levels, [0])
-        if nic_mode == "bridge" and mirror is not None and mirror.any():
-            # A copy is never forwarded: a mark with the mirror bit that no leaf took is dropped, not sent through
-            # the full policy. (A plan without mirroring has no copies: the hardware sends none with its generation,
-            # and deploy shunts everything while the tables change.)
-            mm = _field(prog, MARK_MIRROR)
-            c[main].append(NfRule("mark", "DROP", mm, mm))
+        if mirror is not None and mirror.any():
+            # A copy is never forwarded or delivered: a mark with the mirror bit that no leaf took is dropped, not
+            # sent through the full policy. In host mode only the copy of a DROP (action nibble 0x6): the "copy" of
+            # an ACCEPT is the frame itself, which the full policy then decides. (A plan without mirroring has no
+            # copies: the hardware sends none with its generation, and deploy shunts everything while the tables
+            # change.)
+            if nic_mode == "bridge":
+                mm = _field(prog, MARK_MIRROR)
+                c[main].append(NfRule("mark", "DROP", mm, mm))
+            else:
+                c[main].append(NfRule("mark", "DROP", _field(prog, MARK_MIRROR | 2), _field(prog, 0xF)))
         c[main].append(NfRule("always", k0))  # a mark no leaf knows: the full policy decides
     if nic_mode == "host":
         # Host mode: a frame the hardware accepted reaches INPUT with the "decided" value (k = 0, action ACCEPT),

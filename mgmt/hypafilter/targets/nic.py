@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from hypafilter.analysis.plan import action_words
 from hypafilter.errors import HypafilterError
 from hypafilter.hw import flowcache, regmap
 from hypafilter.hw.flowcache import Flow
@@ -315,7 +316,7 @@ class NicClient:
         tables = {
             "matcher_hash": f"{want_hash:08x}",
             "shunt": pack_shunt(plan.shunt),
-            "actions": [int(a) & 0xF for a in plan.actions],
+            "actions": action_words(plan),  # action code | HF_ACTION_MIRROR_BIT (log mirroring)
             "unfilterable": unfilterable,
             "nic_mode": nic_mode,
             # CONTROL bits 4/5 (shunt a flow-cache miss decided ACCEPT / DROP): the plan's miss forcing, none for a

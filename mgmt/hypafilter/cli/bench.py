@@ -51,7 +51,22 @@ def register(sub) -> None:
     r.add_argument("--seed", type=int, default=1, help="random seed of the frames (default 1)")
     r.add_argument("--trace", metavar="T[.gz]", help="ClassBench header trace to draw headers from")
     r.add_argument("--malformed", type=float, default=0.0, help="share of malformed frames (default 0)")
-    r.add_argument("--window", type=int, default=2048, help="frames ahead of the fast path's decisions (default 2048)")
+    r.add_argument(
+        "--window", type=int, default=2048, help="frames ahead of the emulated NIC's decisions (default 2048)"
+    )
+    r.add_argument("--seconds", type=float, default=2.0, help="seconds per path and round of the rate pass (default 2)")
+    r.add_argument("--repeats", type=int, default=3, help="rounds of the rate pass, medians reported (default 3)")
+    r.add_argument("--cpu", type=int, help="CPU the sender is pinned to (default: the last; -1: not pinned)")
+    r.add_argument(
+        "--established",
+        action="store_true",
+        help="the trace's TCP/UDP headers as established connections (conntrack entries created first)",
+    )
+    r.add_argument(
+        "--ct-first",
+        action="store_true",
+        help="with --classbench: an ESTABLISHED,RELATED accept rule before the imported rules",
+    )
     r.add_argument("--strategy", choices=STRATEGIES, metavar="STRATEGY", help="software strategy: %(choices)s")
     r.add_argument("--mode", choices=MODES, metavar="MODE", help="shunting mode: %(choices)s")
     r.add_argument("--json", action="store_true", help="the full report as one JSON object")
@@ -72,13 +87,28 @@ def run_rate(args: argparse.Namespace) -> int:
     from hypafilter.tools.bench.rate import FIELDS, rate
 
     cfg = load_config(args)
-    policy = load_policy(args, cfg)
+    if args.ct_first and not args.classbench:
+        raise HypafilterError("--ct-first needs --classbench (a policy file states its own conntrack rule)")
+    nft_policy = None
+    if args.classbench:
+        policy = _classbench(args, cfg, args.complex)
+        if args.complex:
+            # nft has no string match: its path loads the same rules without the complex rules' string match
+            # (rate.rate compares it only on frames whose payload the string cannot match).
+            nft_policy = _classbench(args, cfg, 0)
+    else:
+        policy = load_policy(args, cfg)
     report = rate(
         policy,
         cfg,
         target=args.target,
         frames=args.frames,
         window=args.window,
+        seconds=args.seconds,
+        repeats=args.repeats,
+        cpu=args.cpu,
+        established=args.established,
+        nft_policy=nft_policy,
         **frame_options(args),
         log=progress(args, quiet=args.json),
     )
@@ -87,6 +117,26 @@ def run_rate(args: argparse.Namespace) -> int:
     if not args.json:
         print(f"command: {report['command']}", file=sys.stderr)
     return 1 if report["mismatches"] else 0
+
+
+def _classbench(args: argparse.Namespace, cfg, complex_rules: int):
+    """The --classbench import with `complex_rules` complex rules, with --ct-first its conntrack rule first."""
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.tools.classbench import classbench_policy_text
+
+    text = classbench_policy_text(
+        args.classbench,
+        complex_rules=complex_rules,
+        policy=args.cb_policy,
+        actions=args.actions,
+        deterministic=args.deterministic,
+    )
+    if args.ct_first:
+        lines = text.splitlines(keepends=True)
+        at = next(i for i, ln in enumerate(lines) if ln.startswith(("-A ", "COMMIT")))
+        lines.insert(at, f"-A {args.chain} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT\n")
+        text = "".join(lines)
+    return parse_policy(text, filename=args.classbench, base_chain=args.chain, config=cfg, allow_empty=args.allow_empty)
 
 
 def run_xdp_cost(args: argparse.Namespace) -> int:

@@ -77,12 +77,8 @@ bench-xdp-rate:
 	mkdir -p $(BENCH_XDP)
 	head -n 5000 $(SHARED)/data/classbench/acl1_10k.filters > $(BENCH_XDP)/acl1_5k.filters
 	zcat $(SHARED)/data/classbench/acl1_10k_trace.gz | awk '$$7 < 5000' | gzip -n > $(BENCH_XDP)/acl1_5k_trace.gz
-	for i in 1 2 3; do \
-	  $(VENV)/bin/hypafilter bench rate --target xdp --classbench $(BENCH_XDP)/acl1_5k.filters --complex 50 \
-	    --deterministic --mode selective --actions alternate --trace $(BENCH_XDP)/acl1_5k_trace.gz --json \
-	    > $(BENCH_XDP)/acl1_5k_c50.$$i.json || exit 1; \
-	  $(VENV)/bin/hypafilter bench rate --target xdp --classbench $(BENCH_XDP)/acl1_5k.filters --ct-first --established \
-	    --policy DROP --mode selective --trace $(BENCH_XDP)/acl1_5k_trace.gz --json \
-	    > $(BENCH_XDP)/acl1_5k_ctfirst.$$i.json || exit 1; \
-	done
+	$(VENV)/bin/hypafilter bench rate --target xdp --classbench $(BENCH_XDP)/acl1_5k.filters --complex 50 --deterministic \
+	  --mode selective --actions alternate --trace $(BENCH_XDP)/acl1_5k_trace.gz --json > $(BENCH_XDP)/acl1_5k_c50.json
+	$(VENV)/bin/hypafilter bench rate --target xdp --classbench $(BENCH_XDP)/acl1_5k.filters --ct-first --established \
+	  --policy DROP --mode selective --trace $(BENCH_XDP)/acl1_5k_trace.gz --json > $(BENCH_XDP)/acl1_5k_ctfirst.json
 	$(PY) -c 'import json,sys; [print(f, json.dumps({k: json.load(open(f))[k] for k in ("hybrid_pps","iptables_pps","nft_pps","fw_ns","fw_speedup_vs_iptables","fw_speedup_vs_nft","speedup_vs_iptables","speedup_vs_nft","sink_pps","hw_share","mismatches","load")})) for f in sys.argv[1:]]' $(BENCH_XDP)/*.json

@@ -38,6 +38,7 @@ how many of them it decided itself (hw_share).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -297,14 +298,43 @@ def _rx_packets(ns: str, ifname: str) -> int:
     return int(json.loads(out)[0]["stats64"]["rx"]["packets"])
 
 
-def _sink_up(ns: str) -> None:
-    """The sink: a veth pair in the sender's namespace; the far end drops every frame at the stack's first check."""
+SINK_SRC = Path(__file__).resolve().parent / "hf_sink.bpf.c"
+
+
+def build_sink(build_dir: Path) -> Path:
+    """hf_sink.bpf.c compiled with clang into build_dir (cached by the source's hash)."""
+    if shutil.which("clang") is None:
+        raise HypafilterError("clang is needed to build the XDP sink (apt-get install clang)")
+    digest = hashlib.sha256(SINK_SRC.read_bytes()).hexdigest()[:12]
+    out = build_dir / f"hf_sink-{digest}.o"
+    if not out.exists():
+        build_dir.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".tmp")
+        try:
+            netns.run(["clang", "-O2", "-target", "bpf", "-c", str(SINK_SRC), "-o", str(tmp)], timeout=None)
+        except netns.CommandError as e:
+            raise HypafilterError(f"building {SINK_SRC.name} failed: {e}") from e
+        tmp.rename(out)
+    return out
+
+
+def _xdp_drop(ns: str, ifname: str, obj: Path | None) -> None:
+    """Attach the XDP sink to `ifname` (obj) or take it off (None)."""
+    if obj is None:
+        netns.run(["ip", "-n", ns, "link", "set", "dev", ifname, "xdp", "off"], check=False)
+    else:
+        netns.run(["ip", "-n", ns, "link", "set", "dev", ifname, "xdp", "obj", str(obj), "sec", "xdp"])
+
+
+def _sink_up(ns: str, obj: Path) -> None:
+    """The sink: a veth pair in the sender's namespace; the far end drops every frame in XDP."""
     _sink_down(ns)
     netns.run(["ip", "-n", ns, "link", "add", SINK[0], "type", "veth", "peer", "name", SINK[1]])
     netns.run(["ip", "-n", ns, "link", "set", SINK[1], "address", SINK_MAC.hex(":")])
     for ifname in SINK:
         netns.offloads_off(ifname, ns)
         netns.run(["ip", "-n", ns, "link", "set", ifname, "up"])
+    _xdp_drop(ns, SINK[1], obj)
 
 
 def _sink_down(ns: str) -> None:
@@ -565,7 +595,10 @@ def _rate_rounds(lab, fast, blaster, frames_file, accepted, seconds, repeats, cp
     """`repeats` rounds of sink, hybrid, iptables and nft runs; each run's delivered count checked against the
     correctness pass's verdicts (a difference means frames were lost or counted wrongly: the run is refused)."""
     rounds = []
-    _sink_up(lab.ns_send)
+    obj = build_sink(BUILD_ROOT / "bench")
+    _sink_up(lab.ns_send, obj)
+    for ifname in ("hyb0", "plain0"):
+        _xdp_drop(lab.ns_recv, ifname, obj)
     try:
         for r in range(repeats):
             log(f"rate round {r + 1}/{repeats}: sink, hybrid, iptables" + (", nft" if load_nft else ""))
@@ -595,6 +628,8 @@ def _rate_rounds(lab, fast, blaster, frames_file, accepted, seconds, repeats, cp
             rounds.append({k: vars(c) | {"pps": round(c.pps, 1), "cpu_ns": round(c.cpu_ns, 1)} for k, c in rnd.items()})
     finally:
         _sink_down(lab.ns_send)
+        for ifname in ("hyb0", "plain0"):
+            _xdp_drop(lab.ns_recv, ifname, None)
     return rounds
 
 

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.system
 LAB = "bxr"  # helper B's lab names start with "b"
 STATE = f"/run/hypafilter/test-{LAB}"
 HF = [sys.executable, "-m", "hypafilter"]
-SHORT = ("--seconds", "0.3", "--repeats", "1", "--json")
+SHORT = ("--seconds", "0.3", "--repeats", "1", "--prog-repeat", "5", "--json")
 
 
 def hf(*args: str) -> dict:

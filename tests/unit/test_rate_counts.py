@@ -46,3 +46,12 @@ def test_refusals_before_the_lab(kw, msg):
     policy = parse_policy("*filter\n:FORWARD DROP [0:0]\n-A FORWARD -p udp -j ACCEPT\nCOMMIT\n")
     with pytest.raises(HypafilterError, match=msg):
         rate(policy, Config(), **({"target": "xdp"} | kw))
+
+
+def test_results_page_keeps_its_hand_kept_part(tmp_path):
+    from hypafilter.tools.bench.report import KEEP_MARK, kept
+
+    md = tmp_path / "results.md"
+    assert kept(md) == ""
+    md.write_text("# generated\n\n" + KEEP_MARK + "\n\n## XDP target rates\n")
+    assert kept(md) == "\n" + KEEP_MARK + "\n\n## XDP target rates\n"

@@ -58,6 +58,12 @@ def register(sub) -> None:
     r.add_argument("--repeats", type=int, default=3, help="rounds of the rate pass, medians reported (default 3)")
     r.add_argument("--cpu", type=int, help="CPU the sender is pinned to (default: the last; -1: not pinned)")
     r.add_argument(
+        "--prog-repeat",
+        type=int,
+        default=100,
+        help="xdp: BPF_PROG_TEST_RUN runs of each frame for the program's own cost (default 100; 0: not measured)",
+    )
+    r.add_argument(
         "--established",
         action="store_true",
         help="the trace's TCP/UDP headers as established connections (conntrack entries created first)",
@@ -108,6 +114,7 @@ def run_rate(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         cpu=args.cpu,
         established=args.established,
+        prog_repeat=args.prog_repeat,
         nft_policy=nft_policy,
         **frame_options(args),
         log=progress(args, quiet=args.json),
@@ -275,7 +282,7 @@ def run_paper(args: argparse.Namespace) -> int:
         default_md = ROOT / "docs" / "results.md" if not (args.quick or args.out) else out / "results.md"
         md = Path(args.results_md) if args.results_md else default_md
         md.parent.mkdir(parents=True, exist_ok=True)
-        md.write_text(report.render(out.resolve(), md.resolve(), meta, res.rows))
+        md.write_text(report.render(out.resolve(), md.resolve(), meta, res.rows) + report.kept(md))
         log(f"wrote {md}")
     log(f"command: {command}\nwall time: {wall:.1f} s")
     return 0

@@ -446,7 +446,7 @@ def rate(
     cpu: int | None = None,
     established: bool = False,
     nft_policy: Policy | None = None,
-    prog_cost: bool = True,
+    prog_repeat: int = 100,
     log: Callable[[str], None] = lambda s: None,
 ) -> dict:
     """Deploy on `target`, send the same frames through the three paths, compare them per frame, then count rates;
@@ -542,12 +542,14 @@ def rate(
                 log,
             )
         prog = None
-        if prog_cost and target == "xdp" and not established:
+        if prog_repeat > 0 and target == "xdp" and not established:
             from hypafilter.analysis.plan import build_plan
             from hypafilter.tools.bench.xdpcost import xdp_cost
 
             log("the program's own cost: BPF_PROG_TEST_RUN")
-            c = xdp_cost(build_plan(policy, config), policy, frames=min(n, 2000), repeat=100, seed=seed, trace=trace)
+            c = xdp_cost(
+                build_plan(policy, config), policy, frames=min(n, 2000), repeat=prog_repeat, seed=seed, trace=trace
+            )
             prog = {k: c[k] for k in ("frames", "repeat", "ns_mean", "ns_median", "ns_p99")}
     finally:
         fast.close()

@@ -88,12 +88,7 @@ FIELDS = (
     "speedup_vs_nft",
     "hw_share",
     "mismatches",
-    "fw_ns",
-    "fw_speedup_vs_iptables",
-    "fw_speedup_vs_nft",
-    "sink_pps",
-    "limit",
-)
+)  # the short report (issue #13's fields); --json adds the rest
 NFT_TABLE = "hfrate"  # the plain namespace's nft table while the nft run lasts (removed afterwards)
 SINK = ("hfsink0", "hfsink1")  # the sink's veth pair, both ends in the sender's namespace while the bench runs
 SINK_MAC = bytes.fromhex("02484600ff01")  # the sink end's own address; frames go to the lab's DST_MAC, not to it

@@ -64,6 +64,12 @@ def register(sub) -> None:
         help="xdp: BPF_PROG_TEST_RUN runs of each frame for the program's own cost (default 100; 0: not measured)",
     )
     r.add_argument(
+        "--prog-frames",
+        type=int,
+        default=500,
+        help="xdp: frames (the first of the bench's) for the program's own cost (default 500; ~40 ms each here)",
+    )
+    r.add_argument(
         "--established",
         action="store_true",
         help="the trace's TCP/UDP headers as established connections (conntrack entries created first)",
@@ -115,6 +121,7 @@ def run_rate(args: argparse.Namespace) -> int:
         cpu=args.cpu,
         established=args.established,
         prog_repeat=args.prog_repeat,
+        prog_frames=args.prog_frames,
         nft_policy=nft_policy,
         **frame_options(args),
         log=progress(args, quiet=args.json),

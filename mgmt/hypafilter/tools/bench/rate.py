@@ -442,6 +442,7 @@ def rate(
     established: bool = False,
     nft_policy: Policy | None = None,
     prog_repeat: int = 100,
+    prog_frames: int = 500,
     log: Callable[[str], None] = lambda s: None,
 ) -> dict:
     """Deploy on `target`, send the same frames through the three paths, compare them per frame, then count rates;
@@ -543,7 +544,12 @@ def rate(
 
             log("the program's own cost: BPF_PROG_TEST_RUN")
             c = xdp_cost(
-                build_plan(policy, config), policy, frames=min(n, 2000), repeat=prog_repeat, seed=seed, trace=trace
+                build_plan(policy, config),
+                policy,
+                frames=min(n, prog_frames),
+                repeat=prog_repeat,
+                seed=seed,
+                trace=trace,
             )
             prog = {k: c[k] for k in ("frames", "repeat", "ns_mean", "ns_median", "ns_p99")}
     finally:

@@ -29,6 +29,9 @@
 /* Miss forcing (CONTROL bits 4/5 MISS_SHUNT_ACCEPT/DROP): a frame the flow cache does not know (ct = 0) whose hardware
  * verdict would be ACCEPT (DROP) goes to the host instead; match_index and action as for an overrule. */
 #define HF_REASON_STATE 3
+/* Log mirroring: the hardware decided the frame and the host gets it (or, in bridge mode, a copy of it) only to run
+ * the rules that observe it (LOG, NFLOG, no target); M[27:24] holds the action without the mirror bit. */
+#define HF_REASON_MIRROR 4
 /* Host mode (CONTROL bit 3 HOST_MODE): the hardware's verdict ACCEPT is final; the frame reaches the host only to
  * be delivered locally (INPUT). The shim gives it the mark value HF_MARK_DECIDED_ACCEPT. */
 #define HF_REASON_DECIDED 5
@@ -37,6 +40,8 @@
 #define HF_ACTION_NONE 0
 #define HF_ACTION_ACCEPT 1
 #define HF_ACTION_DROP 2
+/* ACTION table word bit 3: the entry's frames are mirrored (reason 4); never in M[27:24]. */
+#define HF_ACTION_MIRROR_BIT 0x8
 
 /* Mark value = (k << HF_MARK_K_SHIFT) | action; k = 0: no valid hardware metadata (full policy in software).
  * The value is placed into skb->mark under a configurable mask: mark = (mark & ~mask) | ((value << shift) & mask). */

@@ -66,12 +66,15 @@ REASON_POLICY = C["HF_REASON_POLICY"]
 REASON_UNPARSED = C["HF_REASON_UNPARSED"]
 REASON_STATE = C["HF_REASON_STATE"]
 REASON_DECIDED = C["HF_REASON_DECIDED"]
+REASON_MIRROR = C["HF_REASON_MIRROR"]
+ACTION_MIRROR_BIT = C["HF_ACTION_MIRROR_BIT"]
 
 
 class Kind(IntEnum):
     DROP = 0
     FORWARD = 1
     SHUNT = 2
+    MIRROR = 3  # decided by the hardware, and the host gets the frame or a copy with reason 4 (ACTION bit 3)
 
 
 def _u16(b: bytes, off: int) -> int:
@@ -188,8 +191,10 @@ def decide(plan, frame: bytes, src_port: int, regs: Regs, ct: int = 0) -> Decisi
 
     Precedence (the first that applies): a host port, not a wire port, unfilterable drop; unparsed (reason 2);
     the entry's shunt bit, a non-decisive action, shunt everything (reasons 0/1); miss forcing, CONTROL bits 4/5
-    for a frame with ct = 0 whose verdict would be ACCEPT/DROP (reason 3); host-mode ACCEPT (reason 5); forward
-    or drop."""
+    for a frame with ct = 0 whose verdict would be ACCEPT/DROP (reason 3); a mirror entry (ACTION bit 3, reason 4,
+    Kind.MIRROR: bridge ACCEPT to the paired MAC and the ingress port's DMA queue, DROP to the DMA queue alone, host
+    mode ACCEPT to the DMA queue; counted in CNT_FORWARDED/CNT_DROPPED and CNT_MIRROR); host-mode ACCEPT (reason
+    5); forward or drop. The metadata's action never carries the mirror bit."""
     n = len(plan.entries)
     gen = regs.generation & 0xFFFF
     if src_port in HOST_PORTS:
@@ -207,7 +212,8 @@ def decide(plan, frame: bytes, src_port: int, regs: Regs, ct: int = 0) -> Decisi
         meta = pack_meta(n, ACTION_NONE, REASON_UNPARSED, gen)
         return Decision(Kind.SHUNT, shunt_port, meta, n, ACTION_NONE, REASON_UNPARSED, False, ("CNT_SHUNT_UNPARSED",))
     idx = decision.match_index(plan, hdr)
-    action = regs.actions[idx] & 0xF
+    mirror = bool(regs.actions[idx] & ACTION_MIRROR_BIT)
+    action = regs.actions[idx] & 0x7
     reason = REASON_POLICY if idx == n else REASON_OVERRULE
     rcnt = "CNT_SHUNT_POLICY" if idx == n else "CNT_SHUNT_OVERRULE"
     meta = pack_meta(idx, action, reason, gen)
@@ -222,6 +228,15 @@ def decide(plan, frame: bytes, src_port: int, regs: Regs, ct: int = 0) -> Decisi
         # conntrack must see a frame of a connection the fast path does not know (Plan.miss_shunt)
         meta = pack_meta(idx, action, REASON_STATE, gen)
         return Decision(Kind.SHUNT, shunt_port, meta, idx, action, REASON_STATE, False, ("CNT_SHUNT_STATE",))
+    if mirror:
+        meta = pack_meta(idx, action, REASON_MIRROR, gen)
+        if action == ACTION_DROP:
+            dst, counted = shunt_port, "CNT_DROPPED"
+        elif regs.control & CONTROL_HOST_MODE:
+            dst, counted = shunt_port, "CNT_FORWARDED"
+        else:
+            dst, counted = PAIRED[src_port] | shunt_port, "CNT_FORWARDED"
+        return Decision(Kind.MIRROR, dst, meta, idx, action, REASON_MIRROR, False, (counted, "CNT_MIRROR"))
     if action == ACTION_ACCEPT and regs.control & CONTROL_HOST_MODE:
         # host mode: the verdict is final; the frame goes to the ingress port's DMA queue as a shunt does
         meta = pack_meta(idx, action, REASON_DECIDED, gen)

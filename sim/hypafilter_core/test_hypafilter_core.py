@@ -23,6 +23,8 @@ from sim.hftb import SIM_BUILD, AxiLite, AxisSink, AxisSource, header_frame, loa
 from sim.hftraffic import PORT_OF_IPORT, frames_for
 
 FIFO_BYTES = 4096  # the emulator-sized packet FIFO; the SUME build uses 64 kB
+# the cocotb tests that run on any plan (core_mirror needs mirror_plan)
+ANY_PLAN_TESTS = ("core_traffic", "core_rate", "core_power_on")
 MIRROR = hwmodel.ACTION_MIRROR_BIT  # ACTION table bit 3: the entry's decided frames also go to the host (reason 4)
 
 
@@ -421,7 +423,7 @@ def _run_core(
     light: bool = False,
     generics: dict | None = None,
 ) -> Path:
-    """Generate the core for plan, build it with GHDL and run the cocotb tests (all, or testcase) on it.
+    """Generate the core for plan, build it with GHDL and run the cocotb tests (those of any plan, or testcase) on it.
 
     counts = frames per register phase of core_traffic; trace_frames more frames made of trace headers alone go
     into the first phase (frames_for mixes them in at about one in five). light: core_traffic rewrites a sample
@@ -451,7 +453,7 @@ def _run_core(
         tag,
         {"C_S_AXIS_DATA_WIDTH": width, "C_FIFO_DEPTH_BYTES": FIFO_BYTES, **(generics or {})},
         env={"HF_TB_CFG": str(cfg), "HF_TB_OUT": str(result)},
-        testcase=testcase,
+        testcase=testcase or list(ANY_PLAN_TESTS),
         build_args=build_args,
     )
     print(result.read_text() if result.exists() else "")

@@ -559,8 +559,9 @@ class CounterWindow:
     emulator's socket) takes it; veth tx counters what a namespace sent. Hybrid path: the NIC's namespace took all
     N frames (by id) from the sender; the NIC classified every frame that reached its wire ports (PKTIN) and
     decided each (NIC_DECISIONS: forwarded, dropped, dropped as unfilterable, shunted for one of four reasons);
-    it sent out every frame it decided or took back from the host (PKTOUT = forwarded + shunted + CNT_FROM_HOST)
-    and its veths carried each of them; the firewall took every frame the NIC gave it; the NIC took back every
+    it sent out every frame it decided or took back from the host (PKTOUT = forwarded + shunted + CNT_FROM_HOST,
+    plus the mirrored DROPs) and its veths carried each of them (in bridge mode a mirrored ACCEPT twice: the wire
+    veths carry forwarded + CNT_FROM_HOST, the host veths shunted + CNT_MIRROR); the firewall took every frame the NIC gave it; the NIC took back every
     frame the firewall's bridge forwarded (CNT_FROM_HOST); the receiver captured every frame the NIC sent it.
     Oracle path: the plain namespace took all N (by id), and the receiver captured every frame its bridge
     forwarded. Host mode: the bridges are where the frames end, so the receiver's captures do not count. Each
@@ -645,7 +646,10 @@ class CounterWindow:
             dev[f"{role}.{ifname}"] = {"tx": b[2] - a[2], "tx_dropped": b[3] - a[3]}
         return {
             "sent": self.sent,
-            "nic": {k: nic.get(k, 0) for k in ("PKTIN", "PKTOUT", *NIC_DECISIONS, "CNT_FROM_HOST", "CNT_FIFO_DROP")},
+            "nic": {
+                k: nic.get(k, 0)
+                for k in ("PKTIN", "PKTOUT", *NIC_DECISIONS, "CNT_MIRROR", "CNT_FROM_HOST", "CNT_FIFO_DROP")
+            },
             "dev": dev,
             "tapped": dict(self.tapped),
             "captured": dict(self.captured),
@@ -667,17 +671,25 @@ class CounterWindow:
         if over:
             raise WindowError(f"verify: more frames with our ids than were sent ({', '.join(over)}): {r}")
         shunted = sum(nic[k] for k in NIC_SHUNTED)
+        mirrored = nic.get("CNT_MIRROR", 0)
+        wire_tx, host_tx = tx["nic.wire0"] + tx["nic.wire1"], tx["nic.host0"] + tx["nic.host1"]
+        # A mirrored frame (CNT_MIRROR, also counted as forwarded or dropped) leaves the core once (PKTOUT); a
+        # mirrored DROP goes only to the host, a mirrored ACCEPT in bridge mode to its wire port AND to the host, in
+        # host mode only to the host. The core's counters do not tell the two apart, so PKTOUT lies between the
+        # frames sent without mirroring and those plus every mirrored frame; the veths count exactly.
+        sent = nic["CNT_FORWARDED"] + shunted + nic["CNT_FROM_HOST"]
         want = {
             "NIC took ours": (tap["nic.wire0.ours"], n),
             "NIC classified": (nic["PKTIN"], tap["nic.wire0"] + tap["nic.wire1"]),
             "NIC decided": (sum(nic[k] for k in NIC_DECISIONS), nic["PKTIN"]),
-            "NIC sent": (nic["PKTOUT"], nic["CNT_FORWARDED"] + shunted + nic["CNT_FROM_HOST"]),
-            "NIC veths carried": (tx["nic.wire0"] + tx["nic.wire1"] + tx["nic.host0"] + tx["nic.host1"], nic["PKTOUT"]),
+            "NIC sent": (nic["PKTOUT"], min(max(nic["PKTOUT"], sent), sent + mirrored)),
+            "NIC veths carried": (wire_tx + host_tx, nic["PKTOUT"] if self.host else sent + mirrored),
             "firewall took": (tap["fw.nf0"] + tap["fw.nf1"], tx["nic.host0"] + tx["nic.host1"]),
             "NIC took back": (nic["CNT_FROM_HOST"], tx["fw.nf0"] + tx["fw.nf1"]),
             "plain took ours": (tap["plain.nf0.ours"], n),
         }
         if not self.host:
+            want["NIC wire veths carried"] = (wire_tx, nic["CNT_FORWARDED"] + nic["CNT_FROM_HOST"])
             want["receiver captured, hybrid"] = (r["captured"]["hybrid"], tx["nic.wire1"])
             want["receiver captured, plain"] = (r["captured"]["plain"], tx["plain.nf1"])
         return [f"{k} {got}/{exp}" for k, (got, exp) in want.items() if got != exp]
@@ -932,6 +944,7 @@ def verify(
             "shunted": sum(v for k, v in nic.items() if k.startswith("CNT_SHUNT_") and k != "CNT_SHUNT_FORCED"),
             "hw_forwarded": nic.get("CNT_FORWARDED", 0),
             "hw_dropped": nic.get("CNT_DROPPED", 0),
+            "hw_mirrored": nic.get("CNT_MIRROR", 0),
             "hw_share": hw_share(nic),
             "nic": nic,
             "shim": shim,

@@ -123,10 +123,13 @@ async def core_traffic(dut):
         elif phase == 3:  # some actions flipped; unfilterable frames passed to the host instead of dropped
             regs.control = 1 | hwmodel.CONTROL_PASS_UNFILTERABLE
             await ax.write(R.REG_CONTROL, regs.control)
-            for i in rng.sample(range(n + 1), min(n + 1, 8)):
+            mirrors = any(int(a) & MIRROR for a in plan.actions)
+            for k, i in enumerate(rng.sample(range(n + 1), min(n + 1, 8))):
                 a = regs.actions[i] & 7
-                # the verdict flips, and so does the mirror bit (ACTION bit 3)
-                regs.actions[i] = (3 - a if a in (1, 2) else 1) | ((regs.actions[i] ^ MIRROR) & MIRROR)
+                # the verdict flips; in a plan with mirrored entries every other time the mirror bit (ACTION bit 3)
+                # too (not all: host mode must still deliver plain ACCEPTs with reason 5)
+                toggle = MIRROR if mirrors and k % 2 else 0
+                regs.actions[i] = (3 - a if a in (1, 2) else 1) | ((regs.actions[i] ^ toggle) & MIRROR)
                 await ax.table_access(R, R.TABLE_ACTION, i, regs.actions[i])
         elif phase == 4:  # classification off: everything from the wire is shunted as unparsed
             regs.control = 0
@@ -156,6 +159,8 @@ async def core_traffic(dut):
         assert any(d.reason == hwmodel.REASON_DECIDED for _, _, d in expected), "host mode delivered no ACCEPT"
     if len(phases) > 6 and n >= 8:
         assert any(d.reason == hwmodel.REASON_STATE for _, _, d in expected), "miss forcing shunted nothing"
+    if any(int(a) & MIRROR for a in plan.actions) and n >= 8:
+        assert any(d.kind == hwmodel.Kind.MIRROR for _, _, d in expected), "no frame met a mirrored entry"
     sent = sum(len(p) for p in phases)
     wire = await ax.read(R.REG_PKTIN)
     assert wire + await ax.read(R.REG_CNT_FROM_HOST) == sent

@@ -44,7 +44,8 @@ struct hf_config {
 	__u32 generation, mark_mask, mark_shift, num_entries;
 };
 
-static const char *stat_names[HF_STAT_COUNT] = {"tagged", "untagged", "bad_magic", "stale_gen", "unparsed", "marked"};
+static const char *stat_names[HF_STAT_COUNT] = {"tagged", "untagged", "bad_magic", "stale_gen", "unparsed", "marked",
+					       "mirror", "mirror_dropped"};
 
 static int map_fd(const char *pin, const char *name)
 {

@@ -29,8 +29,11 @@
 /* Miss forcing (CONTROL bits 4/5 MISS_SHUNT_ACCEPT/DROP): a frame the flow cache does not know (ct = 0) whose hardware
  * verdict would be ACCEPT (DROP) goes to the host instead; match_index and action as for an overrule. */
 #define HF_REASON_STATE 3
-/* Log mirroring: the hardware decided the frame and the host gets it (or, in bridge mode, a copy of it) only to run
- * the rules that observe it (LOG, NFLOG, no target); M[27:24] holds the action without the mirror bit. */
+/* Log mirroring: a COPY of a frame the fast path decided (M[27:24] = its action, ACCEPT or DROP, without the mirror
+ * bit), sent to the host so that netfilter runs the observing rules (LOG, NFLOG, no target) above the entry's
+ * interval on it; the shim marks it (k << HF_MARK_K_SHIFT) | HF_MARK_MIRROR | action, and the tool's chains
+ * discard it after those rules (in host mode the copy of an ACCEPT is the frame itself and is accepted). A copy
+ * whose metadata cannot be trusted (bad magic, stale generation, k = 0) is dropped by the shim. */
 #define HF_REASON_MIRROR 4
 /* Host mode (CONTROL bit 3 HOST_MODE): the hardware's verdict ACCEPT is final; the frame reaches the host only to
  * be delivered locally (INPUT). The shim gives it the mark value HF_MARK_DECIDED_ACCEPT. */
@@ -40,7 +43,7 @@
 #define HF_ACTION_NONE 0
 #define HF_ACTION_ACCEPT 1
 #define HF_ACTION_DROP 2
-/* ACTION table word bit 3: the entry's frames are mirrored (reason 4); never in M[27:24]. */
+/* ACTION table word = action code | HF_ACTION_MIRROR_BIT when the entry's decided frames are mirrored (reason 4). */
 #define HF_ACTION_MIRROR_BIT 0x8
 
 /* Mark value = (k << HF_MARK_K_SHIFT) | action; k = 0: no valid hardware metadata (full policy in software).
@@ -52,6 +55,9 @@
  * action ACCEPT. k = 0 with action 0 keeps meaning "no valid metadata"; in host mode the tool's MAIN chain accepts
  * this value first (giving back the mark bits), before any dispatch. */
 #define HF_MARK_DECIDED_ACCEPT 0x1
+/* Mirror copies (reason 4): mark value (k << HF_MARK_K_SHIFT) | HF_MARK_MIRROR | action: 0x5 = copy of an ACCEPT,
+ * 0x6 = copy of a DROP. A mark whose action nibble has this bit is never forwarded (bridge mode: MAIN drops it). */
+#define HF_MARK_MIRROR 0x4
 
 /* Shim BPF maps (pinned under HF_PIN_DIR). */
 #define HF_PIN_DIR "/sys/fs/bpf/hypafilter"
@@ -73,6 +79,8 @@
 #define HF_STAT_STALE_GEN 3
 #define HF_STAT_UNPARSED 4
 #define HF_STAT_MARKED 5
-#define HF_STAT_COUNT 6
+#define HF_STAT_MIRROR 6         /* mirror copies (reason 4) marked */
+#define HF_STAT_MIRROR_DROPPED 7 /* mirror copies with untrusted metadata, dropped in XDP */
+#define HF_STAT_COUNT 8
 
 #endif

@@ -142,7 +142,7 @@ def make_cases(seed: int, count: int) -> list[dict]:
     plan = minimal_plan(_policy(rng))
     # every other entry mirrored (ACTION bit 3), entry 2 decided by the hardware (its shunt bit cleared): Kind.MIRROR,
     # one output frame with M and two dst_port bits (the traffic rarely reaches entries 0 and 1)
-    plan.actions = [a | (hwmodel.ACTION_MIRROR_BIT if i % 2 == 0 else 0) for i, a in enumerate(plan.actions)]
+    plan.mirror = [i % 2 == 0 for i in range(len(plan.actions))]
     plan.shunt[2] = 0
     cases = []
     for frame, tuser in frames_for(plan, rng, count):

@@ -13,7 +13,7 @@ import pytest
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
 from hypafilter import netns
-from hypafilter.analysis.plan import build_plan
+from hypafilter.analysis.plan import action_words, build_plan
 from hypafilter.hw import model as hwmodel
 from hypafilter.hw import regmap, synth, vhdl
 from hypafilter.ir import MAXV, Box, Header, Policy, Rule
@@ -94,7 +94,7 @@ async def core_traffic(dut):
     assert await ax.read(R.REG_FC_CONFIG) == 0, "a core built without a flow cache says so"
     assert await ax.table_access(R, R.TABLE_FLOW_KEY, 3) == 0
     for i in range(min(n + 1, 40)):
-        assert await ax.table_access(R, R.TABLE_ACTION, i) == plan.actions[i] & 0xF
+        assert await ax.table_access(R, R.TABLE_ACTION, i) == action_words(plan)[i]
 
     regs = hwmodel.Regs.from_plan(plan)
     if regs.control != 1:  # a plan with miss forcing (Plan.miss_shunt): CONTROL bits 4/5, as NicClient.program
@@ -123,7 +123,7 @@ async def core_traffic(dut):
         elif phase == 3:  # some actions flipped; unfilterable frames passed to the host instead of dropped
             regs.control = 1 | hwmodel.CONTROL_PASS_UNFILTERABLE
             await ax.write(R.REG_CONTROL, regs.control)
-            mirrors = any(int(a) & MIRROR for a in plan.actions)
+            mirrors = any(w & MIRROR for w in action_words(plan))
             for k, i in enumerate(rng.sample(range(n + 1), min(n + 1, 8))):
                 a = regs.actions[i] & 7
                 # the verdict flips; in a plan with mirrored entries every other time the mirror bit (ACTION bit 3)
@@ -159,7 +159,7 @@ async def core_traffic(dut):
         assert any(d.reason == hwmodel.REASON_DECIDED for _, _, d in expected), "host mode delivered no ACCEPT"
     if len(phases) > 6 and n >= 8:
         assert any(d.reason == hwmodel.REASON_STATE for _, _, d in expected), "miss forcing shunted nothing"
-    if any(int(a) & MIRROR for a in plan.actions) and n >= 8:
+    if any(w & MIRROR for w in action_words(plan)) and n >= 8:
         assert any(d.kind == hwmodel.Kind.MIRROR for _, _, d in expected), "no frame met a mirrored entry"
     sent = sum(len(p) for p in phases)
     wire = await ax.read(R.REG_PKTIN)
@@ -227,7 +227,7 @@ async def core_power_on(dut):
         word = sum(int(b) << j for j, b in enumerate(plan.shunt[32 * w : 32 * w + 32]))
         assert await tb.axil.table_access(R, R.TABLE_SHUNT, w) == word, f"SHUNT[{w}]"
     for i in range(n + 1):
-        assert await tb.axil.table_access(R, R.TABLE_ACTION, i) == plan.actions[i] & 0xF, f"ACTION[{i}]"
+        assert await tb.axil.table_access(R, R.TABLE_ACTION, i) == action_words(plan)[i], f"ACTION[{i}]"
 
 
 # The mirror test's policy: UDP to these ports (entries 0..4 in this order), anything else hits the policy entry 5.
@@ -262,7 +262,10 @@ def mirror_plan():
     """The mirror test's plan: one UDP entry per MIRROR_DPORTS port, ACTION words and shunt bits set at power-on."""
     rules = [Rule((FULL.with_field("proto", 17, 17).with_field("dport", d, d),), "ACCEPT") for d in MIRROR_DPORTS]
     plan = vhdl.minimal_plan(Policy(rules, "DROP", original_rules=[("mirror",)]))
-    plan.actions, plan.shunt = list(MIRROR_ACTIONS), list(MIRROR_SHUNT)
+    # the action codes and Plan.mirror (the ACTION words carry the mirror bit: analysis.plan.action_words)
+    plan.actions, plan.shunt = [a & 7 for a in MIRROR_ACTIONS], list(MIRROR_SHUNT)
+    plan.mirror = [bool(a & MIRROR) for a in MIRROR_ACTIONS]
+    assert action_words(plan) == list(MIRROR_ACTIONS)
     return plan
 
 
@@ -469,7 +472,7 @@ def mirror_some(plan, rng: random.Random, share: float = 0.3):
     """The plan with the mirror bit (ACTION bit 3) set on a random share of its entries, the policy entry included:
     the generated core holds them at power-on, and the model-checked traffic meets mirrored entries in every
     phase (shunt bits, shunt everything, miss forcing and host mode over them)."""
-    plan.actions = [int(a) | (MIRROR if rng.random() < share else 0) for a in plan.actions]
+    plan.mirror = [rng.random() < share for _ in plan.actions]  # the ACTION words: analysis.plan.action_words
     return plan
 
 

@@ -76,8 +76,8 @@ def record(readings, dep=DEP, journal=JOURNAL, drift=()):
         def counters(self):
             return now["hw"]
 
-        def read_table_many(self, name, start, count):
-            return list(now["hits"][start : start + count])
+        def hits(self, count):
+            return list(now["hits"][:count])
 
     c = Collector(
         state_reader=lambda: {"generation": dep.generation, "history": journal},
@@ -245,8 +245,8 @@ def test_counters_only_go_up_across_nic_restart_undeploy_and_journal_truncation(
         def counters(self):
             return now["hw"]
 
-        def read_table_many(self, name, start, count):
-            return list(now["hits"][start : start + count])
+        def hits(self, count):
+            return list(now["hits"][:count])
 
     state = {"generation": 7, "history": journal}
     deps = {"dep": DEP}
@@ -457,7 +457,7 @@ def test_flowsync_in_summary_and_metrics():
         def counters(self):
             return hw_counters(1)
 
-        def read_table_many(self, name, start, count):
+        def hits(self, count):
             return [0] * count
 
     c = Collector(

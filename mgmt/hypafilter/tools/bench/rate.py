@@ -226,7 +226,7 @@ def nft_text(policy: Policy, config: Config) -> str:
     from hypafilter.netfilter.nft import to_nft
 
     prefix = NFT_TABLE.upper() + "_"
-    body = to_nft(build_plan(policy, config), "full", prefix, table=NFT_TABLE)
+    body = to_nft(build_plan(policy, config, strategy="full"), "full", prefix, table=NFT_TABLE)
     hook = (
         f"table ip {NFT_TABLE} {{\n\tchain forward {{\n\t\ttype filter hook forward priority filter; policy accept;\n"
         f"\t\tjump {prefix}MAIN\n\t}}\n}}\n"

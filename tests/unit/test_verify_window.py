@@ -16,13 +16,15 @@ def window(host: bool = False, target=EmuTarget) -> CounterWindow:
     return w
 
 
-def reading(n: int = 10, stray: int = 0, state: int = 0) -> dict:
+def reading(n: int = 10, stray: int = 0, state: int = 0, mirror: tuple[int, int] = (0, 0)) -> dict:
     """N frames sent: 2 forwarded by the NIC, 3 dropped, 5 shunted (`state` of them with reason 3, a flow-cache
     miss) of which the firewall forwarded 4; `stray` frames from the sender's own stack, shunted and forwarded by
-    the firewall (counted at every stage)."""
+    the firewall (counted at every stage). `mirror` = (a, d): a of the forwarded and d of the dropped frames were
+    mirrored (bridge mode): each sent the host a copy, which the firewall took and discarded."""
+    a, d = mirror
     nic = {
         "PKTIN": n + stray,
-        "PKTOUT": 2 + 5 + 4 + 2 * stray,
+        "PKTOUT": 2 + 5 + 4 + 2 * stray + d,
         "CNT_FORWARDED": 2,
         "CNT_DROPPED": 3,
         "CNT_DROP_UNFILTERABLE": 0,
@@ -32,13 +34,14 @@ def reading(n: int = 10, stray: int = 0, state: int = 0) -> dict:
         "CNT_SHUNT_STATE": state,
         "CNT_FROM_HOST": 4 + stray,
         "CNT_FIFO_DROP": 0,
+        "CNT_MIRROR": a + d,
     }
     tx = {
         "send.hyb0": n + stray,
         "send.plain0": n,
         "nic.wire0": 0,
         "nic.wire1": 2 + 4 + stray,
-        "nic.host0": 5 + stray,
+        "nic.host0": 5 + stray + a + d,
         "nic.host1": 0,
         "fw.nf0": 0,
         "fw.nf1": 4 + stray,
@@ -52,7 +55,7 @@ def reading(n: int = 10, stray: int = 0, state: int = 0) -> dict:
             "nic.wire0.ours": n,
             "nic.wire0": n + stray,
             "nic.wire1": 0,
-            "fw.nf0": 5 + stray,
+            "fw.nf0": 5 + stray + a + d,
             "fw.nf1": 0,
             "plain.nf0.ours": n,
         },
@@ -176,3 +179,21 @@ def test_xdp_lost_frame_is_an_error_not_a_verdict():
     r["dev"]["send.hyb0"]["tx_dropped"] = 1  # the firewall's end of the veth had no room (XDP's ring full)
     with pytest.raises(WindowError, match="lost frames"):
         window(target=XdpTarget).missing(r)
+
+
+def test_mirrored_frames_counted_on_both_paths():
+    """Log mirroring on the emulated NIC: a mirrored ACCEPT is forwarded on the wire AND its copy goes to the host,
+    a mirrored DROP sends only the copy; both count in CNT_MIRROR besides CNT_FORWARDED / CNT_DROPPED
+    (docs/hardware.md)."""
+    assert window().missing(reading(stray=1, mirror=(2, 1))) == []
+    r = reading(mirror=(2, 1))
+    r["dev"]["nic.host0"]["tx"] -= 1  # a copy still inside the emulator
+    r["tapped"]["fw.nf0"] -= 1
+    assert any(m.startswith("NIC veths carried") for m in window().missing(r))
+    r = reading(mirror=(2, 1))
+    r["nic"]["PKTOUT"] += 3  # more than every mirrored frame can explain
+    assert any(m.startswith("NIC sent") for m in window().missing(r))
+    r = reading(mirror=(2, 1))
+    r["dev"]["nic.wire1"]["tx"] -= 1  # a mirrored ACCEPT's wire copy not out yet
+    r["captured"]["hybrid"] -= 1
+    assert any(m.startswith("NIC wire veths carried") for m in window().missing(r))

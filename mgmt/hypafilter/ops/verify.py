@@ -953,6 +953,7 @@ def verify(
             "shunted": sum(v for k, v in nic.items() if k.startswith("CNT_SHUNT_") and k != "CNT_SHUNT_FORCED"),
             "hw_forwarded": nic.get("CNT_FORWARDED", 0),
             "hw_dropped": nic.get("CNT_DROPPED", 0),
+            "hw_mirrored": nic.get("CNT_MIRROR", 0),
             "hw_share": hw_share(nic),
             "nic": nic,
             "shim": shim,

@@ -47,6 +47,9 @@ HW_COUNTERS: dict[str, tuple[str, str]] = {
     "CNT_SHUNT_FORCED": ("shunted", "forced"),
     "CNT_FROM_HOST": ("from_host", ""),
     "CNT_FIFO_DROP": ("fifo_drop", ""),
+    # log mirroring: frames the hardware decided (also counted as forwarded or dropped) whose entry has the mirror
+    # bit, so the host got the frame or a copy with metadata reason 4 "mirror"
+    "CNT_MIRROR": ("mirrored", "mirror"),
 }
 SHUNT_REASONS: tuple[str, ...] = ("overrule", "policy", "unparsed", "state", "forced")
 # A forced shunt (CONTROL "shunt everything") is also counted under its reason (overrule or policy) by the core,
@@ -58,7 +61,8 @@ SHUNT_TOTAL_COUNTERS: tuple[str, ...] = (
     "CNT_SHUNT_STATE",
 )
 # Every frame from the wire is counted in exactly one of these (docs/hardware.md): (decision, reason) per counter.
-# Forced shunts are a subset of overrule/policy, from-host frames and FIFO drops are not decisions on wire frames.
+# Forced shunts are a subset of overrule/policy, mirrored frames of forwarded/dropped, from-host frames and FIFO
+# drops are not decisions on wire frames.
 WIRE_DECISIONS: dict[str, tuple[str, str]] = {
     c: (d, r or "rule")
     for c, (d, r) in HW_COUNTERS.items()

@@ -65,3 +65,20 @@ test-xdp-large:
 fuzz:
 	@scripts/setup.sh system
 	CI=true HF_FUZZ_FRAMES=1000000 HF_FUZZ_POLICIES=24 $(PYTEST) -q -s tests/system/test_fuzz.py
+
+# opt-in: XDP target rates (issue: xdp vs iptables vs nft; figures and method in docs/results.md, "XDP target rates").
+# acl1_5k = the first 5,000 rules of acl1_10k, its trace = the acl1_10k trace rows whose first matching rule is among
+# them (column 7, 0-based); lab name from HF_LAB (default hf).
+SHARED ?= ../shared
+BENCH_XDP := $(BUILD)/bench-xdp
+.PHONY: bench-xdp-rate
+bench-xdp-rate:
+	@scripts/setup.sh system
+	mkdir -p $(BENCH_XDP)
+	head -n 5000 $(SHARED)/data/classbench/acl1_10k.filters > $(BENCH_XDP)/acl1_5k.filters
+	zcat $(SHARED)/data/classbench/acl1_10k_trace.gz | awk '$$7 < 5000' | gzip -n > $(BENCH_XDP)/acl1_5k_trace.gz
+	$(VENV)/bin/hypafilter bench rate --target xdp --classbench $(BENCH_XDP)/acl1_5k.filters --complex 50 --deterministic \
+	  --mode selective --actions alternate --trace $(BENCH_XDP)/acl1_5k_trace.gz --json > $(BENCH_XDP)/acl1_5k_c50.json
+	$(VENV)/bin/hypafilter bench rate --target xdp --classbench $(BENCH_XDP)/acl1_5k.filters --ct-first --established \
+	  --policy DROP --mode selective --trace $(BENCH_XDP)/acl1_5k_trace.gz --json > $(BENCH_XDP)/acl1_5k_ctfirst.json
+	$(PY) -c 'import json,sys; [print(f, json.dumps({k: json.load(open(f))[k] for k in ("hybrid_pps","iptables_pps","nft_pps","fw_ns","fw_speedup_vs_iptables","fw_speedup_vs_nft","speedup_vs_iptables","speedup_vs_nft","sink_pps","hw_share","mismatches","load")})) for f in sys.argv[1:]]' $(BENCH_XDP)/*.json

@@ -14,6 +14,8 @@
 
 #include "hypafilter_shared.h"
 
+_Static_assert((HF_MARK_MIRROR & (HF_ACTION_ACCEPT | HF_ACTION_DROP)) == 0 && HF_MARK_MIRROR < (1 << HF_MARK_K_SHIFT),
+	       "the mirror bit sits in the mark's action nibble, apart from the action codes");
 _Static_assert(HF_MARK_DECIDED_ACCEPT == ((HF_K_NONE << HF_MARK_K_SHIFT) | HF_ACTION_ACCEPT),
 	       "the decided-ACCEPT mark value is k = 0 with action ACCEPT");
 
@@ -61,12 +63,17 @@ static __always_inline void count(__u32 which)
 		*c += 1;
 }
 
-/* Mark value for a tagged frame's metadata, 0 (k = 0) whenever the metadata cannot be trusted. */
-static __always_inline __u32 mark_value(__u64 m)
+/* Mark value for a tagged frame's metadata, 0 (k = 0) whenever the metadata cannot be trusted. A mirror copy
+ * (reason 4) gets (k << HF_MARK_K_SHIFT) | HF_MARK_MIRROR | action; one with untrusted metadata sets *drop: a copy is
+ * never handed to netfilter as an ordinary frame (k = 0 would run the whole policy and could forward it). */
+static __always_inline __u32 mark_value(__u64 m, int *drop)
 {
-	__u32 zero = 0, index, k, *kp;
+	__u32 zero = 0, index, k, *kp, action, reason;
 	struct hf_config *cfg = bpf_map_lookup_elem(&hf_config, &zero);
 
+	reason = (m >> HF_META_REASON_SHIFT) & HF_META_REASON_MASK;
+	action = (m >> HF_META_ACTION_SHIFT) & HF_META_ACTION_MASK;
+	*drop = reason == HF_REASON_MIRROR; /* cleared below once the copy's metadata is trusted */
 	if (!cfg)
 		return 0;
 	if (((m >> HF_META_MAGIC_SHIFT) & 0xFFFF) != HF_META_MAGIC) {
@@ -77,14 +84,13 @@ static __always_inline __u32 mark_value(__u64 m)
 		count(HF_STAT_STALE_GEN);
 		return 0;
 	}
-	if (((m >> HF_META_REASON_SHIFT) & HF_META_REASON_MASK) == HF_REASON_UNPARSED) {
+	if (reason == HF_REASON_UNPARSED) {
 		count(HF_STAT_UNPARSED);
 		return 0;
 	}
 	/* Host mode: the hardware's ACCEPT is final; only the value itself is needed, no interval. */
-	if (((m >> HF_META_REASON_SHIFT) & HF_META_REASON_MASK) == HF_REASON_DECIDED)
-		return ((m >> HF_META_ACTION_SHIFT) & HF_META_ACTION_MASK) == HF_ACTION_ACCEPT ? HF_MARK_DECIDED_ACCEPT
-											     : 0;
+	if (reason == HF_REASON_DECIDED)
+		return action == HF_ACTION_ACCEPT ? HF_MARK_DECIDED_ACCEPT : 0;
 	index = (m >> HF_META_INDEX_SHIFT) & HF_META_INDEX_MASK;
 	if (index >= cfg->num_entries)
 		return 0;
@@ -92,7 +98,13 @@ static __always_inline __u32 mark_value(__u64 m)
 	if (!kp || *kp == HF_K_NONE)
 		return 0;
 	k = *kp;
-	return (k << HF_MARK_K_SHIFT) | ((m >> HF_META_ACTION_SHIFT) & HF_META_ACTION_MASK);
+	if (reason == HF_REASON_MIRROR) {
+		if (action != HF_ACTION_ACCEPT && action != HF_ACTION_DROP)
+			return 0; /* *drop stays set */
+		*drop = 0;
+		return (k << HF_MARK_K_SHIFT) | HF_MARK_MIRROR | action;
+	}
+	return (k << HF_MARK_K_SHIFT) | action;
 }
 
 SEC("xdp")
@@ -103,6 +115,7 @@ int hf_xdp(struct xdp_md *ctx)
 	struct hf_xdp_meta *meta;
 	__u32 value = 0;
 	__u8 *p = data;
+	int drop = 0;
 
 	if (p + 2 * ETH_ALEN + HF_TAG_LEN + 2 <= (__u8 *)end &&
 	    *(__be16 *)(p + 2 * ETH_ALEN) == bpf_htons(HF_TAG_ETHERTYPE)) {
@@ -113,7 +126,11 @@ int hf_xdp(struct xdp_md *ctx)
 #pragma unroll
 		for (i = 0; i < 8; i++)
 			m = (m << 8) | p[2 * ETH_ALEN + 2 + i];
-		value = mark_value(m);
+		value = mark_value(m, &drop);
+		if (drop) {
+			count(HF_STAT_MIRROR_DROPPED);
+			return XDP_DROP;
+		}
 		/* Slide the MAC addresses over the tag, then drop the tag's bytes from the front. */
 #pragma unroll
 		for (i = 2 * ETH_ALEN - 1; i >= 0; i--)
@@ -173,6 +190,8 @@ int hf_tc(struct __sk_buff *skb)
 	skb->mark = (skb->mark & ~mask) | ((value << shift) & mask);
 	if (value >> HF_MARK_K_SHIFT)
 		count(HF_STAT_MARKED);
+	if ((value >> HF_MARK_K_SHIFT) && (value & HF_MARK_MIRROR))
+		count(HF_STAT_MIRROR);
 	return TC_ACT_OK;
 }
 

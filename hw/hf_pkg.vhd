@@ -16,6 +16,7 @@ package hf_pkg is
   constant REASON_POLICY   : std_logic_vector(3 downto 0) := x"1";
   constant REASON_UNPARSED : std_logic_vector(3 downto 0) := x"2";
   constant REASON_STATE    : std_logic_vector(3 downto 0) := x"3";  -- ct unknown, forced by CONTROL bit 4/5
+  constant REASON_MIRROR   : std_logic_vector(3 downto 0) := x"4";  -- a copy for the host's observing rules
   constant REASON_DECIDED  : std_logic_vector(3 downto 0) := x"5";  -- host mode: the hardware's ACCEPT is final
 
   -- every byte the parser reads is below this offset: 14 + 1 tag + 60 (IHL 15) + 14 TCP bytes
@@ -32,7 +33,8 @@ package hf_pkg is
   constant EV_WIRE      : natural := 7;
   constant EV_UNFILTERABLE : natural := 8;  -- dropped: netfilter cannot filter it (CONTROL bit 2 clear)
   constant EV_STATE  : natural := 9;  -- shunted with reason 3: a flow-cache miss (CONTROL bits 4/5)
-  constant EV_W      : natural := 10;
+  constant EV_MIRROR : natural := 10;  -- the host gets the frame or a copy with reason 4 (ACTION bit 3)
+  constant EV_W      : natural := 11;
 
   function clog2(n : natural) return natural;
   function popcount(v : std_logic_vector) return natural;

@@ -8,6 +8,11 @@
 -- 1 a hit in the flow's original direction, 2 a hit in its reply direction. CONTROL bits 4/5 shunt a frame with
 -- ct = 0 whose decision is ACCEPT/DROP with reason 3 ("state unknown"). Host commands (FC_* registers) and the
 -- FLOW_* tables of the indirect interface share the cache's command port.
+-- Log mirroring: ACTION bit 3 marks an entry whose decided frames the host must also see (observing rules, LOG or
+-- NFLOG): an ACCEPT goes to the paired MAC and, in the same output frame (two dst_port bits), to the ingress port's
+-- DMA queue with metadata reason 4; a DROP goes to the DMA queue alone with reason 4; in host mode an ACCEPT is
+-- delivered with reason 4 instead of 5. Shunting (shunt bit, non-decisive action, shunt everything, miss forcing)
+-- takes precedence, and the metadata's action never carries the mirror bit.
 library ieee;
 use ieee.std_logic_1164.all;
 use ieee.numeric_std.all;
@@ -421,7 +426,7 @@ begin
 
   decide : process (axis_aclk)
     variable sp : std_logic_vector(7 downto 0);
-    variable wire, host, judge, classify, shunt, drop, deliver : boolean;
+    variable wire, host, judge, classify, shunt, drop, deliver, mirror : boolean;
     variable ev : std_logic_vector(EV_W - 1 downto 0);
     variable tu : std_logic_vector(UW - 1 downto 0);
     variable dst : std_logic_vector(7 downto 0);
@@ -446,7 +451,8 @@ begin
       deliver := false;
       dst := (others => '0');
       idx := resize(t1_idx, 24);
-      action := lk_action;
+      mirror := lk_action(3) = '1';
+      action := '0' & lk_action(2 downto 0);
       reason := REASON_OVERRULE;
       if t1_idx = N_ENTRIES then
         reason := REASON_POLICY;
@@ -483,9 +489,14 @@ begin
         ev(EV_STATE) := '1';
       elsif action = x"1" and control(3) = '1' then
         -- host mode: the verdict is final; the frame goes to the ingress port's DMA queue, as a shunt does
+        -- (reason 4 when mirrored: the host runs the observing rules before it delivers the frame)
         ev(EV_FORWARDED) := '1';
         deliver := true;
         reason := REASON_DECIDED;
+        if mirror then
+          reason := REASON_MIRROR;
+          ev(EV_MIRROR) := '1';
+        end if;
       elsif action = x"1" then
         ev(EV_FORWARDED) := '1';
         case sp is
@@ -494,6 +505,19 @@ begin
           when x"10" => dst := x"40";
           when others => dst := x"10";
         end case;
+        if mirror then
+          -- also a copy to the ingress port's DMA queue: SUME's output queues (and the emulator) deliver the frame
+          -- to every dst_port bit; only the DMA copy carries M (a MAC sends no TUSER)
+          deliver := true;
+          reason := REASON_MIRROR;
+          ev(EV_MIRROR) := '1';
+        end if;
+      elsif mirror then
+        -- a mirrored DROP: nothing on the wire, the copy to the ingress port's DMA queue
+        ev(EV_DROPPED) := '1';
+        ev(EV_MIRROR) := '1';
+        deliver := true;
+        reason := REASON_MIRROR;
       else
         drop := true;
         ev(EV_DROPPED) := '1';
@@ -503,7 +527,7 @@ begin
       end if;
       tu := t1.tu;
       if shunt or deliver then
-        dst := sp(6 downto 0) & '0';
+        dst := dst or (sp(6 downto 0) & '0');
         tu(TUSER_META_LO + 63 downto TUSER_META_LO) := META_MAGIC & generation & reason & action & std_logic_vector(idx);
       end if;
       tu(TUSER_DST_LO + 7 downto TUSER_DST_LO) := dst;

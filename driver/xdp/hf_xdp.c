@@ -11,7 +11,7 @@
  *                 gets the program replaced atomically (make-before-break)
  *   hf_xdp update --pin DIR --tables FILE          write tables into the pinned maps (CONTROL 0 meanwhile)
  *   hf_xdp control --pin DIR --value V             rewrite CONTROL
- *   hf_xdp stats  --pin DIR [--reset]              counters and per-entry hits as JSON
+ *   hf_xdp stats  --pin DIR [--reset] [--no-hits]  counters and per-entry hits (--no-hits: counters only) as JSON
  *   hf_xdp links  [--pin DIR] --links LDIR         the pinned program's id and each link's program id
  *   hf_xdp stop   --pin DIR [--links LDIR] [--fallback DIR2]
  *                 links running this program get DIR2's program back (or are detached); its pins removed
@@ -220,7 +220,7 @@ static void write_ports(struct port *ports, int np, map_fd_fn fdof, void *ctx)
 	}
 }
 
-static void print_counters(map_fd_fn fdof, void *ctx, int reset)
+static void print_counters(map_fd_fn fdof, void *ctx, int reset, int hits)
 {
 	int ncpu = libbpf_num_possible_cpus(), cfd = fdof(ctx, "hfx_cnt"), hfd = fdof(ctx, "hfx_hits"),
 	    gfd = fdof(ctx, "hfx_cfg");
@@ -240,10 +240,13 @@ static void print_counters(map_fd_fn fdof, void *ctx, int reset)
 	       cfg.control, cfg.generation, cfg.num_entries, cfg.num_words, cfg.armed);
 	for (__u32 s = 0; s < HFX_CNT_COUNT; s++)
 		printf(", \"%s\": %llu", cnt_names[s], percpu_sum(cfd, s, vals, ncpu, reset, "hfx_cnt"));
-	printf(", \"HITS\": [");
-	for (__u32 i = 0; i <= cfg.num_entries; i++)
-		printf("%s%llu", i ? ", " : "", percpu_sum(hfd, i, vals, ncpu, reset, "hfx_hits"));
-	printf("]}\n");
+	if (hits) {
+		printf(", \"HITS\": [");
+		for (__u32 i = 0; i <= cfg.num_entries; i++)
+			printf("%s%llu", i ? ", " : "", percpu_sum(hfd, i, vals, ncpu, reset, "hfx_hits"));
+		printf("]");
+	}
+	printf("}\n");
 	free(vals);
 }
 
@@ -322,7 +325,7 @@ static int cmd_run(const char *obj_path, const char *tables, const char *frames,
 		printf("%u %u %u %llx %u %u\n", opts.retval, value, cookie, (unsigned long long)m, opts.duration, peer);
 	}
 	fclose(f);
-	print_counters(obj_map_fd, obj, 0);
+	print_counters(obj_map_fd, obj, 0, 1);
 	bpf_object__close(obj);
 	return 0;
 }
@@ -568,13 +571,14 @@ int main(int argc, char **argv)
 		{"port", required_argument, 0, 'P'},   {"repeat", required_argument, 0, 'R'},
 		{"reset", no_argument, 0, 'r'},	       {"links", required_argument, 0, 'L'},
 		{"value", required_argument, 0, 'V'},  {"fallback", required_argument, 0, 'F'},
+		{"no-hits", no_argument, 0, 'H'},
 		{0, 0, 0, 0},
 	};
 	const char *cmd, *obj = NULL, *pin = NULL, *netns = NULL, *tables = NULL, *frames = NULL, *links = NULL;
 	const char *fallback = NULL;
 	long value = -1;
 	struct port ports[MAX_PORTS];
-	int c, generic = 0, reset = 0, np = 0, repeat = 1;
+	int c, generic = 0, reset = 0, np = 0, repeat = 1, no_hits = 0;
 
 	cmd = command_of(argc, argv, "hf_xdp run|start|attach|update|control|stats|links|stop|detach [options] (see the source's header)");
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -596,6 +600,7 @@ int main(int argc, char **argv)
 				die("usage", "--repeat must be >= 1");
 			break;
 		case 'r': reset = 1; break;
+		case 'H': no_hits = 1; break;
 		case 'L': links = optarg; break;
 		case 'F': fallback = optarg; break;
 		case 'V':
@@ -647,7 +652,7 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	if (!strcmp(cmd, "stats")) {
-		print_counters(pin_map_fd, (void *)pin, reset);
+		print_counters(pin_map_fd, (void *)pin, reset, !no_hits);
 		return 0;
 	}
 	if (!strcmp(cmd, "detach"))

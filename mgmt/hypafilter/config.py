@@ -12,6 +12,18 @@ from hypafilter.errors import HypafilterError
 # software strategies (paper §VI, plus interval_geo), named once for the analysis, the CLI and the configuration.
 MODES = ("index", "selective", "exact")
 STRATEGIES = ("full", "cut", "hsa_cut", "interval", "interval_geo")
+# Log mirroring (docs/compiler.md) applies to these modes and strategies only: the copy of a decided frame runs the
+# interval chain above its entry and is then discarded; full/cut/hsa_cut would run deciding simple rules on it, and
+# exact mode has no interval chain of that shape.
+MIRROR_MODES = ("index", "selective")
+MIRROR_STRATEGIES = ("interval", "interval_geo")
+
+
+def mirrors(mode: str, strategy: str) -> bool:
+    """Whether observing rules (LOG, NFLOG, no target) are mirrored rather than shunted for this mode and strategy."""
+    return mode in MIRROR_MODES and strategy in MIRROR_STRATEGIES
+
+
 # How the NIC meets the host ("auto": from the policy's chain), and the base chain each mode's frames reach.
 NIC_MODES = ("bridge", "host")
 MODE_CHAIN = {"bridge": "FORWARD", "host": "INPUT"}

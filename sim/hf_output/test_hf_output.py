@@ -4,6 +4,7 @@ under idle packet and decision streams and m_axis back-pressure; events one per 
 from __future__ import annotations
 
 import random
+import re
 
 import cocotb
 import pytest
@@ -15,6 +16,8 @@ from hypafilter.ir import Box, Policy, Rule
 
 from sim.hftb import SIM_BUILD, AxisSink, AxisSource, Free, Ports, handshake, hw, load_obj, run_ghdl, save_obj
 from sim.hftraffic import frames_for
+
+EV_W = int(re.search(r"constant EV_W\s*: natural := (\d+);", hw("hf_pkg.vhd")[0].read_text())[1])  # event bits
 
 PERIOD_NS = 4
 
@@ -95,7 +98,7 @@ def check(cases, tb: TB) -> None:
         assert data == c["frame"], f"frame {k}: data differs"
         assert tuser == c["tuser"], f"frame {k} ({c['kind']}): tuser {tuser:#x} != {c['tuser']:#x}"
         assert (tuser >> 24) & 0xFF == c["dst_port"], f"frame {k}: dst_port"
-        if c["kind"] == hwmodel.Kind.SHUNT:
+        if c["kind"] in (hwmodel.Kind.SHUNT, hwmodel.Kind.MIRROR):
             assert tuser >> 64 == c["meta"], f"frame {k}: metadata M"
     assert tb.events == [(c["events"], int(not c["drop"])) for c in cases], "events differ"
 
@@ -137,6 +140,10 @@ def make_cases(seed: int, count: int) -> list[dict]:
     """Frames (wire, host, malformed, a port of no datapath) with hwmodel's decision under varied registers."""
     rng = random.Random(seed)
     plan = minimal_plan(_policy(rng))
+    # every other entry mirrored (ACTION bit 3), entry 2 decided by the hardware (its shunt bit cleared): Kind.MIRROR,
+    # one output frame with M and two dst_port bits (the traffic rarely reaches entries 0 and 1)
+    plan.mirror = [i % 2 == 0 for i in range(len(plan.actions))]
+    plan.shunt[2] = 0
     cases = []
     for frame, tuser in frames_for(plan, rng, count):
         if rng.random() < 0.05:
@@ -154,7 +161,7 @@ def make_cases(seed: int, count: int) -> list[dict]:
                 "tuser": hwmodel.out_tuser(tuser, d),
                 "dst_port": d.dst_port,
                 "meta": d.meta,
-                "events": rng.getrandbits(9),  # EV_W bits
+                "events": rng.getrandbits(EV_W),
             }
         )
     assert {c["kind"] for c in cases} == set(hwmodel.Kind), "the traffic must reach every decision kind"

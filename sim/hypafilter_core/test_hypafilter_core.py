@@ -13,7 +13,7 @@ import pytest
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
 from hypafilter import netns
-from hypafilter.analysis.plan import build_plan
+from hypafilter.analysis.plan import action_words, build_plan
 from hypafilter.hw import model as hwmodel
 from hypafilter.hw import regmap, synth, vhdl
 from hypafilter.ir import MAXV, Box, Header, Policy, Rule
@@ -23,6 +23,9 @@ from sim.hftb import SIM_BUILD, AxiLite, AxisSink, AxisSource, header_frame, loa
 from sim.hftraffic import PORT_OF_IPORT, frames_for
 
 FIFO_BYTES = 4096  # the emulator-sized packet FIFO; the SUME build uses 64 kB
+# the cocotb tests that run on any plan (core_mirror needs mirror_plan)
+ANY_PLAN_TESTS = ("core_traffic", "core_rate", "core_power_on")
+MIRROR = hwmodel.ACTION_MIRROR_BIT  # ACTION table bit 3: the entry's decided frames also go to the host (reason 4)
 
 
 # ---------------------------------------------------------------- cocotb tests (run inside GHDL)
@@ -91,7 +94,7 @@ async def core_traffic(dut):
     assert await ax.read(R.REG_FC_CONFIG) == 0, "a core built without a flow cache says so"
     assert await ax.table_access(R, R.TABLE_FLOW_KEY, 3) == 0
     for i in range(min(n + 1, 40)):
-        assert await ax.table_access(R, R.TABLE_ACTION, i) == plan.actions[i] & 0xF
+        assert await ax.table_access(R, R.TABLE_ACTION, i) == action_words(plan)[i]
 
     regs = hwmodel.Regs.from_plan(plan)
     if regs.control != 1:  # a plan with miss forcing (Plan.miss_shunt): CONTROL bits 4/5, as NicClient.program
@@ -120,8 +123,13 @@ async def core_traffic(dut):
         elif phase == 3:  # some actions flipped; unfilterable frames passed to the host instead of dropped
             regs.control = 1 | hwmodel.CONTROL_PASS_UNFILTERABLE
             await ax.write(R.REG_CONTROL, regs.control)
-            for i in rng.sample(range(n + 1), min(n + 1, 8)):
-                regs.actions[i] = 3 - regs.actions[i] if regs.actions[i] in (1, 2) else 1
+            mirrors = any(w & MIRROR for w in action_words(plan))
+            for k, i in enumerate(rng.sample(range(n + 1), min(n + 1, 8))):
+                a = regs.actions[i] & 7
+                # the verdict flips; in a plan with mirrored entries every other time the mirror bit (ACTION bit 3)
+                # too (not all: host mode must still deliver plain ACCEPTs with reason 5)
+                toggle = MIRROR if mirrors and k % 2 else 0
+                regs.actions[i] = (3 - a if a in (1, 2) else 1) | ((regs.actions[i] ^ toggle) & MIRROR)
                 await ax.table_access(R, R.TABLE_ACTION, i, regs.actions[i])
         elif phase == 4:  # classification off: everything from the wire is shunted as unparsed
             regs.control = 0
@@ -151,6 +159,8 @@ async def core_traffic(dut):
         assert any(d.reason == hwmodel.REASON_DECIDED for _, _, d in expected), "host mode delivered no ACCEPT"
     if len(phases) > 6 and n >= 8:
         assert any(d.reason == hwmodel.REASON_STATE for _, _, d in expected), "miss forcing shunted nothing"
+    if any(w & MIRROR for w in action_words(plan)) and n >= 8:
+        assert any(d.kind == hwmodel.Kind.MIRROR for _, _, d in expected), "no frame met a mirrored entry"
     sent = sum(len(p) for p in phases)
     wire = await ax.read(R.REG_PKTIN)
     assert wire + await ax.read(R.REG_CNT_FROM_HOST) == sent
@@ -217,7 +227,116 @@ async def core_power_on(dut):
         word = sum(int(b) << j for j, b in enumerate(plan.shunt[32 * w : 32 * w + 32]))
         assert await tb.axil.table_access(R, R.TABLE_SHUNT, w) == word, f"SHUNT[{w}]"
     for i in range(n + 1):
-        assert await tb.axil.table_access(R, R.TABLE_ACTION, i) == plan.actions[i] & 0xF, f"ACTION[{i}]"
+        assert await tb.axil.table_access(R, R.TABLE_ACTION, i) == action_words(plan)[i], f"ACTION[{i}]"
+
+
+# The mirror test's policy: UDP to these ports (entries 0..4 in this order), anything else hits the policy entry 5.
+MIRROR_DPORTS = (53, 54, 55, 56, 57)
+MIRROR_OTHER = 99
+# Power-on ACTION words and shunt bits of entries 0..5: mirrored ACCEPT, mirrored DROP, plain ACCEPT, mirrored ACCEPT
+# with its shunt bit, mirror bit with no verdict (action 0), mirrored DROP as the policy.
+MIRROR_ACTIONS = (1 | MIRROR, 2 | MIRROR, 1, 1 | MIRROR, MIRROR, 2 | MIRROR)
+MIRROR_SHUNT = (0, 0, 0, 1, 0, 0)
+# What the contract (notes s5-mirror.md, docs/hardware.md) says the core does, written out rather than computed:
+# per phase (CONTROL, ACTION writes before it) the output of entries 0..5 as (where, reason, action), where "P" is
+# the paired MAC, "H" the ingress port's DMA queue, "PH" both in one output frame (only the DMA copy is tagged),
+# None a frame dropped; reason None means no metadata.
+MIRROR_PHASES = (
+    ("bridge", 0x01, (), (("PH", 4, 1), ("H", 4, 2), ("P", None, 1), ("H", 0, 1), ("H", 0, 0), ("H", 4, 2))),
+    ("shunt all", 0x03, (), (("H", 0, 1), ("H", 0, 2), ("H", 0, 1), ("H", 0, 1), ("H", 0, 0), ("H", 1, 2))),
+    ("miss forcing", 0x31, (), (("H", 3, 1), ("H", 3, 2), ("H", 3, 1), ("H", 0, 1), ("H", 0, 0), ("H", 3, 2))),
+    ("host mode", 0x09, (), (("H", 4, 1), ("H", 4, 2), ("H", 5, 1), ("H", 0, 1), ("H", 0, 0), ("H", 4, 2))),
+    ("host, miss DROP", 0x29, (), (("H", 4, 1), ("H", 3, 2), ("H", 5, 1), ("H", 0, 1), ("H", 0, 0), ("H", 3, 2))),
+    # the mirror bit moves at run time: off for entries 0 and 1, on for entry 2
+    (
+        "rewritten",
+        0x01,
+        ((0, 1), (1, 2), (2, 1 | MIRROR)),
+        (("P", None, 1), (None, None, 2), ("PH", 4, 1), ("H", 0, 1), ("H", 0, 0), ("H", 4, 2)),
+    ),
+)
+MIRROR_COUNTER = {0: "CNT_SHUNT_OVERRULE", 1: "CNT_SHUNT_POLICY", 3: "CNT_SHUNT_STATE"}
+
+
+def mirror_plan():
+    """The mirror test's plan: one UDP entry per MIRROR_DPORTS port, ACTION words and shunt bits set at power-on."""
+    rules = [Rule((FULL.with_field("proto", 17, 17).with_field("dport", d, d),), "ACCEPT") for d in MIRROR_DPORTS]
+    plan = vhdl.minimal_plan(Policy(rules, "DROP", original_rules=[("mirror",)]))
+    # the action codes and Plan.mirror (the ACTION words carry the mirror bit: analysis.plan.action_words)
+    plan.actions, plan.shunt = [a & 7 for a in MIRROR_ACTIONS], list(MIRROR_SHUNT)
+    plan.mirror = [bool(a & MIRROR) for a in MIRROR_ACTIONS]
+    assert action_words(plan) == list(MIRROR_ACTIONS)
+    return plan
+
+
+@cocotb.test()
+async def core_mirror(dut):
+    """Log mirroring (ACTION bit 3) against the contract's table: dst_port bits, metadata reason 4 with the action
+    without the mirror bit, precedence of shunt bit / no verdict / shunt everything / miss forcing, host mode, the
+    bit rewritten at run time, and every counter."""
+    cfg = load_obj("HF_TB_CFG")
+    plan = cfg["plan"]
+    n = len(plan.entries)
+    assert n == len(MIRROR_DPORTS)
+    tb = TB(dut, cfg["seed"], idle=0.2, ready=0.7)
+    await tb.reset(n)
+    ax, R = tb.axil, regmap
+    for i, a in enumerate(MIRROR_ACTIONS):
+        assert await ax.table_access(R, R.TABLE_ACTION, i) == a, f"ACTION[{i}] at power-on"
+    rng = random.Random(cfg["seed"])
+    counts: dict[str, int] = {}
+    expected = []
+    gen = 0x2A
+    await ax.write(R.REG_GENERATION, gen)
+
+    def count(name: str) -> None:
+        counts[name] = counts.get(name, 0) + 1
+
+    for name, control, writes, table in MIRROR_PHASES:
+        await ax.write(R.REG_CONTROL, control)
+        for i, a in writes:
+            await ax.table_access(R, R.TABLE_ACTION, i, a)
+            assert await ax.table_access(R, R.TABLE_ACTION, i) == a
+        frames = []
+        for _ in range(3):
+            for e, dport in enumerate((*MIRROR_DPORTS, MIRROR_OTHER)):
+                for iport, sp in ((0, 0x01), (3, 0x40)):
+                    h = Header(
+                        rng.getrandbits(32), rng.getrandbits(32), 17, rng.randrange(1, 65536), dport, iport=iport
+                    )
+                    f = header_frame(h, rng, vlans=rng.choice((0, 0, 1)), pad=rng.randrange(80))
+                    frames.append((f, tuser_for(f, sp)))
+                    where, reason, action = table[e]
+                    count("PKTIN")
+                    if reason in MIRROR_COUNTER:
+                        count(MIRROR_COUNTER[reason])
+                        if control & 2 and e not in (3, 4):
+                            count("CNT_SHUNT_FORCED")
+                    elif action == 1:
+                        count("CNT_FORWARDED")
+                    else:
+                        count("CNT_DROPPED")
+                    if reason == 4:
+                        count("CNT_MIRROR")
+                    if where is None:
+                        continue
+                    count("PKTOUT")
+                    dst = {0x01: 0x04, 0x40: 0x10}[sp] if "P" in where else 0
+                    dst |= sp << 1 if "H" in where else 0
+                    meta = 0
+                    if reason is not None:
+                        meta = 0x4846 << 48 | gen << 32 | reason << 28 | action << 24 | (e if reason != 2 else n)
+                    tuser = (tuser_for(f, sp) & ~(0xFF << 24)) | dst << 24 | meta << 64
+                    expected.append((f, tuser, f"{name}: entry {e} from {sp:#x}"))
+        await tb.src.send(frames)
+        await tb.wait_out(len(expected))
+    for k, ((f, tu, what), (got, gtu, _)) in enumerate(zip(expected, tb.sink.frames, strict=True)):
+        assert got == f, f"frame {k} ({what}): data differs"
+        assert gtu == tu, f"frame {k} ({what}): tuser {gtu:#x} != {tu:#x}"
+    for reg in [r.name for r in regmap.MAP.registers if r.name.startswith("CNT_")] + ["PKTIN", "PKTOUT"]:
+        assert await ax.read(getattr(R, f"REG_{reg}")) == counts.get(reg, 0), reg
+    assert counts["CNT_MIRROR"] > 0
+    dut._log.info("core_mirror: %d frames out, counters %s", len(expected), counts)
 
 
 # ---------------------------------------------------------------- policies and the pytest side
@@ -312,7 +431,7 @@ def _run_core(
     light: bool = False,
     generics: dict | None = None,
 ) -> Path:
-    """Generate the core for plan, build it with GHDL and run the cocotb tests (all, or testcase) on it.
+    """Generate the core for plan, build it with GHDL and run the cocotb tests (those of any plan, or testcase) on it.
 
     counts = frames per register phase of core_traffic; trace_frames more frames made of trace headers alone go
     into the first phase (frames_for mixes them in at about one in five). light: core_traffic rewrites a sample
@@ -342,18 +461,32 @@ def _run_core(
         tag,
         {"C_S_AXIS_DATA_WIDTH": width, "C_FIFO_DEPTH_BYTES": FIFO_BYTES, **(generics or {})},
         env={"HF_TB_CFG": str(cfg), "HF_TB_OUT": str(result)},
-        testcase=testcase,
+        testcase=testcase or list(ANY_PLAN_TESTS),
         build_args=build_args,
     )
     print(result.read_text() if result.exists() else "")
     return out
 
 
+def mirror_some(plan, rng: random.Random, share: float = 0.3):
+    """The plan with the mirror bit (ACTION bit 3) set on a random share of its entries, the policy entry included:
+    the generated core holds them at power-on, and the model-checked traffic meets mirrored entries in every
+    phase (shunt bits, shunt everything, miss forcing and host mode over them)."""
+    plan.mirror = [rng.random() < share for _ in plan.actions]  # the ACTION words: analysis.plan.action_words
+    return plan
+
+
+@pytest.mark.sim
+def test_core_mirror():
+    """core_mirror: the mirror table of the contract on a generated core (256 bits)."""
+    _run_core("mirror_w256", mirror_plan(), 256, seed=9, counts=(1,), testcase="core_mirror")
+
+
 @pytest.mark.sim
 @pytest.mark.parametrize("width", [256, 512])
 def test_core_random_policy(width):
     rng = random.Random(width)
-    plan = vhdl.minimal_plan(random_policy(rng, 40))
+    plan = mirror_some(vhdl.minimal_plan(random_policy(rng, 40)), random.Random(width + 1))
     _run_core(f"random_w{width}", plan, width, seed=width, counts=(700, 300, 300, 200, 100, 300, 200, 200))
 
 

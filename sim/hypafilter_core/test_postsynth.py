@@ -14,7 +14,7 @@ from hypafilter.hw import vhdl
 from conftest import need_tool
 from sim.hftb import fresh_build, run_ghdl, save_obj
 from sim.hftraffic import frames_for
-from sim.hypafilter_core.test_hypafilter_core import random_policy
+from sim.hypafilter_core.test_hypafilter_core import mirror_some, random_policy
 
 TOP = "hypafilter_core"
 WIDTH = 256
@@ -26,10 +26,11 @@ def covering_plan():
     """The first random policy whose first-phase traffic reaches many entries with every kind of verdict.
 
     random_policy often puts a catch-all early, after which the traffic tests one entry only; a post-synthesis test
-    that few packets pass through must still exercise most of the matcher, so the seed is chosen by coverage.
+    that few packets pass through must still exercise most of the matcher, so the seed is chosen by coverage. Some
+    entries have the mirror bit (ACTION bit 3), so every verdict kind includes Kind.MIRROR.
     """
     for seed in range(1, 200):
-        plan = vhdl.minimal_plan(random_policy(random.Random(seed), 40))
+        plan = mirror_some(vhdl.minimal_plan(random_policy(random.Random(seed), 40)), random.Random(seed + 1000))
         regs = hwmodel.Regs.from_plan(plan)
         frames = frames_for(plan, random.Random(seed), COUNTS[0])
         hit, kinds = set(), set()

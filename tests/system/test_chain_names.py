@@ -19,12 +19,13 @@ def test_long_and_clashing_user_chain_names_load(mode):
     from hypafilter.iptables.document import parse_policy
     from hypafilter.netfilter.restore import to_iptables_restore
 
-    plan = build_plan(parse_policy(chain_names_policy_text(), "names.rules"), mode=mode)
+    pol = parse_policy(chain_names_policy_text(), "names.rules")
     copies = user_chain_names("HF65535_", CHAIN_NAMES)
     with scratch_netns("hfcn", "iptables-restore", "iptables-save") as ns:
         for strategy in STRATEGIES:
             if strategy == "hsa_cut" and mode == "index":
                 continue
+            plan = build_plan(pol, mode=mode, strategy=strategy)  # log mirroring depends on the strategy
             netns.run(["iptables-restore"], ns, input=to_iptables_restore(plan, strategy, prefix="HF65535_"))
             saved = netns.run(["iptables-save", "-t", "filter"], ns).splitlines()
             for i, name in enumerate(CHAIN_NAMES):  # the kernel holds each user chain under the tool's name for it

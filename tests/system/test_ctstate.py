@@ -1,8 +1,8 @@
 """A conntrack-first policy on the emulated NIC (its state rules split into hit and miss parts, miss forcing on
 CONTROL bits 4/5): `hypafilter verify` with frames and real connections finds no difference from the policy loaded
 alone in netfilter. Frames the flow cache does not know (ct = 0) go to conntrack (miss forcing); the frames of
-established connections, which the flow sync service puts into the NIC's flow cache, are decided in hardware: at least
-90 % of the wire frames of 20 TCP connections of 200 KB each."""
+established connections, which the flow sync service puts into the NIC's flow cache, are decided in hardware: issue #13
+asks for 90 % of the wire frames of 20 TCP connections of 200 KB each; under load the test guards 80 % (below)."""
 
 from __future__ import annotations
 
@@ -85,7 +85,9 @@ def test_established_tcp_is_decided_in_hardware(lab, tmp_path, capsys):
         print("20 TCP x 200 KB:", {k: c[k] for k in ("mismatches", "completed_hybrid", "hw_share", "seconds")})
     assert status == 0 and r["mismatches"] == 0 and c["mismatches"] == 0, (err[-2000:], c["examples"][:3])
     assert c["connections"] == 20 and c["completed_oracle"] == c["completed_hybrid"] == 20
-    # The issue's measure is 90 %: the median of 5 runs is 0.93 here, a full `make test` run saw 0.88
-    # (docs/flowsync.md); the share depends on the sync lag, which load stretches, so the test keeps a margin below
-    # it and prints the figure.
+    # The issue's measure is 90 %. Under load the share is not reliably there (docs/flowsync.md, "Measured"): with
+    # the batched flow sync 0.874-0.961 (median 0.919) at load 5-7, the code before it 0.876-0.904 in the same
+    # session and 0.884 and 0.859 in full CI runs. The two ranges overlap, so no guard above these figures can both
+    # fail the old code and never flake: the test keeps a margin below them (what it catches is a flow sync that
+    # installs nothing or far too late, as then the share falls to the handshakes' level) and prints the figure.
     assert c["hw_share"] >= 0.8, c["nic"]

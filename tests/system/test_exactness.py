@@ -297,7 +297,7 @@ def test_nft_icmp_forms_against_the_kernel(lab):
     load_oracle(lab.ns_plain, pol)
     kernel = set(exchange(ns, probes)["plain"])
     ns_sh(lab.ns_plain, "iptables-restore", stdin="*filter\n:FORWARD ACCEPT [0:0]\nCOMMIT\n")
-    text = to_nft(build_plan(pol), "full", "NFT1_")
+    text = to_nft(build_plan(pol, strategy="full"), "full", "NFT1_")
     text += "table ip nft1 {\n\tchain base_forward {\n\t\ttype filter hook forward priority 0; policy drop;\n"
     text += "\t\tjump NFT1_MAIN\n\t}\n}\n"
     ns_sh(lab.ns_plain, "nft", "-f", "-", stdin=text)

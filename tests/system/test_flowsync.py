@@ -277,6 +277,47 @@ def hw_flows(nic) -> dict:
     return {r.flow: r for r in nic.flow_entries()}
 
 
+def test_liberal_flags_of_many_entries_in_one_batch_on_real_conntrack():
+    """set_liberal_many: one datagram of updates for several established TCP entries and one conntrack does not
+    have; the kernel acks each (True, or False for ENOENT) and reports the flag set on exactly the existing ones,
+    in both directions; an entry not in the batch keeps its flags."""
+    with scratch_netns("dslb", "iptables", "conntrack") as ns:
+        netns.run(["ip", "link", "set", "lo", "up"], ns)
+        netns.run(["iptables", "-w", "-A", "INPUT", "-m", "conntrack", "--ctstate", "ESTABLISHED", "-j", "ACCEPT"], ns)
+        ct = flowsync.Conntrack(ns)
+        socks = []
+        try:
+            with inside(ns):
+                srv = socket.socket()
+                clients = [socket.socket() for _ in range(6)]
+            srv.bind(("127.0.0.1", TCP_PORT))
+            srv.listen()
+            for c in clients:
+                c.connect(("127.0.0.1", TCP_PORT))
+                socks.append(srv.accept()[0])
+            sports = [c.getsockname()[1] for c in clients]
+            est: dict[int, flowsync.CtEvent] = {}
+
+            def all_established(e):
+                if e.proto == 6 and e.dport == TCP_PORT and e.tcp_state == 3:
+                    est[e.sport] = e
+                return set(est) >= set(sports)
+
+            events_until(ct, all_established)
+            batch = [est[p] for p in sports[:5]]
+            missing = flowsync.CtEvent("update", socket.AF_INET, 6, "127.0.0.1", "127.0.0.1", 1, TCP_PORT)
+            assert ct.set_liberal_many([*batch[:3], missing, *batch[3:]]) == [True] * 3 + [False] + [True] * 2
+            for p in sports[:5]:
+                assert all(f & 0x08 for f in liberal_flags(ns, p, TCP_PORT)), p
+            assert not any(f & 0x08 for f in liberal_flags(ns, sports[5], TCP_PORT))
+            assert ct.set_liberal_many([]) == [] and ct.set_liberal(est[sports[5]])
+            assert all(f & 0x08 for f in liberal_flags(ns, sports[5], TCP_PORT))
+        finally:
+            for x in (*socks, *clients, srv):
+                x.close()
+            ct.close()
+
+
 def test_service_on_the_emulated_flow_cache(lab):
     from hypafilter.config import Config
     from hypafilter.hw.flowcache import Flow

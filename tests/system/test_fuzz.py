@@ -106,6 +106,11 @@ def test_fuzz(lab, seed):
         f"policy seed {seed}: {bad} verdict mismatches, {altered} altered frames; reproduce with "
         f"random_policy({seed}, conntrack={conntrack}) and the frame seeds below\n{tally.table()}\n{tally.examples[:6]}"
     )
+    observer_bad = [r for r in tally.runs if r["observer_mismatches"]]
+    assert not observer_bad, (
+        f"policy seed {seed}: observing rules counted other frames than the kernel's: {observer_bad}\n"
+        f"{[e for e in tally.examples if 'observer' in e][:6]}"
+    )
     assert not conn_diffs, f"policy seed {seed}: connections differ: {conn_diffs}"
     assert not once, f"policy seed {seed}: per-rule state not loaded exactly once: {once}"
 

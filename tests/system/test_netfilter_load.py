@@ -73,7 +73,7 @@ def _load_all(ns: str, policy) -> None:
     for n, (mode, strategy) in enumerate(itertools.product(("index", "selective", "exact"), STRATEGIES)):
         if strategy == "hsa_cut" and mode == "index":
             continue
-        plan = build_plan(policy, mode=mode)
+        plan = build_plan(policy, mode=mode, strategy=strategy)  # log mirroring depends on the strategy
         prefix = f"T{n}_"
         prefixes.append(prefix)
         text = to_iptables_restore(plan, strategy, prefix, mark_mask=0x0FFFFFF0, mark_shift=4)
@@ -116,7 +116,7 @@ def test_classbench_k50_index_mode_loads_under_forward(netns, shared_dir, strate
     allows 16 and answers "Too many links"); reached from FORWARD, so the kernel validates the whole depth."""
     f = shared_dir / "data" / "classbench" / "acl1_1100.filters"
     pol = parse_policy(classbench_policy_text(f, complex_rules=50), str(f), "FORWARD", Config())
-    plan = build_plan(pol, mode="index")
+    plan = build_plan(pol, mode="index", strategy=strategy)
     assert plan.num_intervals >= 50
     text = to_iptables_restore(plan, strategy, "HF9_", mark_mask=0x0FFFFFF0, mark_shift=4)
     ns_sh(netns, "iptables-restore", "--noflush", stdin=text)

@@ -213,7 +213,7 @@ def test_compile_and_load(path, chain):
         for n, (mode, strategy) in enumerate(itertools.product(MODES, STRATEGIES)):
             if strategy == "hsa_cut" and mode == "index":
                 continue  # refused by design (docs/deploy.md)
-            plan = build_plan(pol, Config(), mode)
+            plan = build_plan(pol, Config(), mode, strategy)  # log mirroring depends on the strategy
             prefix = f"T{n}_"
             try:
                 text = to_iptables_restore(plan, strategy, prefix, MARK_MASK, MARK_SHIFT)

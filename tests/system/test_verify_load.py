@@ -134,14 +134,13 @@ def test_quiet_window_loses_what_counters_wait_for(lab):
     for closure in ("counters", "quiet"):
         for role in ("fw", "plain"):
             lab.flush_conntrack(role)
-        with tgt.client(state["nic"]) as client:
-            window = CounterWindow(ns, client.counters) if closure == "counters" else None
-            try:
-                with frozen(lab, 3.0):
-                    got = exchange(ns, probes, window=window)
-            finally:
-                if window is not None:
-                    window.close()
+        window = CounterWindow.of(tgt, state["nic"], ns) if closure == "counters" else None
+        try:
+            with frozen(lab, 3.0):
+                got = exchange(ns, probes, window=window)
+        finally:
+            if window is not None:
+                window.close()
         results[closure] = compare(probes, got)
         print(f"load: {closure} window: {results[closure]['verdict_mismatches']} verdict mismatches of 1000")
         time.sleep(1.0)  # whatever the quiet window left behind has arrived before the next run

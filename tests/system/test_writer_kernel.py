@@ -82,7 +82,9 @@ def test_hybrid_chains_keep_strings(netns, strategy):
         if strategy == "hsa_cut" and mode == "index":
             continue  # refused by the compiler: HSA cut is exact only with selective/exact shunting
         prefix = f"W{n}_"
-        text = to_iptables_restore(build_plan(pol, mode=mode), strategy, prefix, mark_mask=0x0FFFFFF0, mark_shift=4)
+        text = to_iptables_restore(
+            build_plan(pol, mode=mode, strategy=strategy), strategy, prefix, mark_mask=0x0FFFFFF0, mark_shift=4
+        )
         ns_sh(netns, "iptables-restore", "--noflush", stdin=text)
         got = kernel_args(netns, "--string", prefix)
         strings = {s for args in got.values() for s in args}

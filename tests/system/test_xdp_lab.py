@@ -129,19 +129,6 @@ def test_fuzz_policies(lab, seed):
     assert bad == 0 and altered == 0, f"seed {seed}: {bad} mismatches, {altered} altered\n{tally.examples[:4]}"
 
 
-def test_bench_rate(lab, shared_dir, tmp_path):
-    """`bench rate --target xdp`: the same frames through the xdp path, iptables and nft, compared per frame."""
-    filters = tmp_path / "acl1_60.filters"
-    src = shared_dir / "data" / "classbench" / "acl1_1100.filters"
-    filters.write_text("".join(src.read_text().splitlines(keepends=True)[:60]))
-    p = hf(
-        "bench", "rate", "--target", "xdp", "--classbench", str(filters), "--policy", "DROP", "--actions", "alternate"
-    )
-    r = json.loads(p.stdout.splitlines()[-1])
-    assert r["target"] == "xdp" and r["mismatches"] == 0 and r["hw_share"] == 1.0, r
-    assert r["hybrid_pps"] > 0 and r["iptables_pps"] > 0
-
-
 def test_host_mode(lab, tmp_path):
     """An INPUT policy: the fast path's ACCEPT passes the frame up with the decided value (mark 0x1), INPUT takes it."""
     import re

@@ -25,6 +25,7 @@ POLICY = """*filter
 :FORWARD DROP [0:0]
 -A FORWARD -p udp -m udp --dport 53 -j ACCEPT
 -A FORWARD -p udp -m udp --dport 99 -j DROP
+-A FORWARD -p icmp -j DROP
 -A FORWARD -p udp -m udp --dport 7000 -m string --string "BAD" --algo bm -j DROP
 -A FORWARD -p udp -m udp --dport 7000 -j ACCEPT
 COMMIT

@@ -107,3 +107,35 @@ def test_cli_table_output(tmp_path, capsys):
     assert main(["analyze", "--classbench", str(filt), "--complex", "1"]) == 0
     out = capsys.readouterr().out
     assert "shunt_vector_selective" in out and "rules" in out
+
+
+def test_mirroring_counts_and_costs_equal_the_interpreter():
+    """A policy with observing rules: mirror vectors and mirrored packets are reported, the copies' interval cost is
+    what the interpreter counts for them, and full/cut/hsa_cut are costed on the plan without mirroring."""
+    from hypafilter.config import Config
+
+    from tests.unit.test_mirror import _policy
+
+    pol = _policy()
+    hdrs = [Header(proto=p, dport=d, src=s) for p in (1, 6, 17) for d in (22, 53, 80, 443, 8080) for s in (1, 2)]
+    vals = np.array([h.values() for h in hdrs], dtype=np.int64)
+    res = analyze(pol, Config(), vals)
+    assert res["mirror_vector_index_based"] == "01100" and res["mirroring_rules_index_based"] == 2
+    assert [r.split(":")[-1].strip() for r in res["observing_rules"]] == ["LOG", "NFLOG"]
+    plan = build_plan(pol, Config(), mode="index")
+    costs = strategy_costs(plan)
+    copies, traversed = 0, 0
+    for h in hdrs:
+        v, shunted, count = hybrid_verdict(plan, "interval", h)
+        mi = int(match_indices(plan, np.array([h.values()], dtype=np.int64))[0])
+        if plan.mirror[mi] or shunted:
+            assert count == costs["interval"][mi], h
+            copies += not shunted
+            traversed += count
+    assert res["mirrored_packets_index_based"] == copies > 0
+    assert res["traversed_rules"]["interval"] == traversed
+    plain = analyze(pol, Config(strategy="cut"), vals)
+    assert "mirror_vector_index_based" not in plain
+    assert {s: res["traversed_rules"][s] for s in ("full", "cut", "hsa_cut")} == {
+        s: plain["traversed_rules"][s] for s in ("full", "cut", "hsa_cut")
+    }

@@ -76,8 +76,8 @@ def record(readings, dep=DEP, journal=JOURNAL, drift=()):
         def counters(self):
             return now["hw"]
 
-        def read_table_many(self, name, start, count):
-            return list(now["hits"][start : start + count])
+        def hits(self, count):
+            return list(now["hits"][:count])
 
     c = Collector(
         state_reader=lambda: {"generation": dep.generation, "history": journal},
@@ -95,7 +95,7 @@ def record(readings, dep=DEP, journal=JOURNAL, drift=()):
 
 
 # Two seconds of recorded traffic: 1000 fwd/s, 250 drop/s, shunts by reason.
-HW = (hw_counters(1000, 500, 100, 40, 2, host=3), hw_counters(3000, 1000, 300, 80, 2, host=3))
+HW = (hw_counters(1000, 500, 100, 40, 2, host=3, mirror=10), hw_counters(3000, 1000, 300, 80, 2, host=3, mirror=50))
 SNAPS = record(
     [
         (100.0, HW[0], (1000, 100, 40), save((30, 3000), (142, 9000))),
@@ -129,6 +129,7 @@ def test_summary_totals_and_rates(client):
     assert r["shunted_by_reason"]["overrule"] == 100.0 and r["shunted_by_reason"]["policy"] == 20.0
     assert r["shunt_ratio"] == pytest.approx(120 / 1370)
     assert r["netfilter_main"] == 120.0
+    assert (t["mirrored"], r["mirrored"]) == (50, 20.0)  # CNT_MIRROR: a subset of forwarded + dropped
 
 
 def test_series_rules_deployment_and_snapshot(client):
@@ -169,6 +170,9 @@ def test_metrics_use_prometheus_names_and_labels(client):
     assert wire[("shunted", "unparsed")] == 2 and wire[("dropped", "rule")] == 1000
     assert fams["hypafilter_wire_frames"].type == "counter"
     assert fams["hypafilter_from_host_frames"].samples[0].value == 3
+    assert fams["hypafilter_mirrored_frames"].samples[0].value == 50 and "mirror" not in {
+        s.labels["reason"] for s in fams["hypafilter_wire_frames"].samples
+    }  # mirrored frames are counted under their decision, never twice
     assert fams["hypafilter_generation"].samples[0].value == 7
     assert fams["hypafilter_shunt_ratio"].samples[0].value == pytest.approx(120 / 1370)
     info = {s.labels["rule"]: s.labels for s in fams["hypafilter_rule_info"].samples}
@@ -241,8 +245,8 @@ def test_counters_only_go_up_across_nic_restart_undeploy_and_journal_truncation(
         def counters(self):
             return now["hw"]
 
-        def read_table_many(self, name, start, count):
-            return list(now["hits"][start : start + count])
+        def hits(self, count):
+            return list(now["hits"][:count])
 
     state = {"generation": 7, "history": journal}
     deps = {"dep": DEP}
@@ -453,7 +457,7 @@ def test_flowsync_in_summary_and_metrics():
         def counters(self):
             return hw_counters(1)
 
-        def read_table_many(self, name, start, count):
+        def hits(self, count):
             return [0] * count
 
     c = Collector(

@@ -143,20 +143,20 @@ DEP = Deployment(
 
 
 class FakeNic:
-    """Stands in for NicClient's interface in the collector's wiring test (the real one is tested in tests/system)."""
+    """Stands in for a target's counter source (targets.base.CounterSource) in the collector's wiring test (the
+    real ones are tested in tests/system)."""
 
     def __init__(self):
-        self.hits = [7, 8, 9]
+        self.table = [7, 8, 9]
         self.closed = False
 
     def counters(self):
         return {"CNT_FORWARDED": 11, "CNT_DROPPED": 12, "CNT_SHUNT_POLICY": 3, "PKTIN": 26}
 
-    def read_table_many(self, name, start, count):
-        if self.hits is None:
+    def hits(self, count):
+        if self.table is None:
             raise OSError("indirect access did not complete")
-        assert name == "HITS"
-        return self.hits[start : start + count]
+        return self.table[:count]
 
     def close(self):
         self.closed = True
@@ -190,7 +190,7 @@ def test_collector_merges_sources_and_reports_errors_per_source():
     assert s2.seq == s1.seq + 1 and s2.hw and s2.nf == {}
     assert len(s2.errors) == 1 and s2.errors[0].startswith("netfilter:")
     assert len(built) == 1  # the deployment is re-planned only when it changes
-    nic.hits = None  # a HITS failure keeps the traffic counters
+    nic.table = None  # a HITS failure keeps the traffic counters
     saves = iter([SAVE])
     s3 = c.snapshot()
     assert s3.hw["CNT_DROPPED"] == 12 and s3.hits == () and s3.errors[0].startswith("NIC HITS table:")

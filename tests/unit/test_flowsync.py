@@ -42,9 +42,13 @@ class MemTable:
         self.log2_sets, self.ways = log2_sets, ways
         self.slots: dict[int, list] = {}  # slot -> [flow, hits]
         self.ops: list[tuple[str, fc.Flow]] = []
+        self.batches: list[list] = []
+        self.reads: list = []
 
     def flow_config(self):
-        return (self.log2_sets, self.ways, 16)
+        from hypafilter.targets.nic import FlowCacheConfig
+
+        return FlowCacheConfig(self.log2_sets, self.ways, 16)
 
     def _find(self, flow):
         key, _ = fc.canonical(flow)
@@ -75,11 +79,18 @@ class MemTable:
         del self.slots[sl]
         return fc.ST_OK, sl
 
+    def flow_commands(self, cmds):
+        """Inserts and deletes in order (NicClient.flow_commands); the batches are recorded."""
+        self.batches.append([(op, flow) for op, flow in cmds])
+        return [self.flow_insert(flow) if op == fc.OP_INSERT else self.flow_delete(flow) for op, flow in cmds]
+
     def flow_clear(self):
         self.slots.clear()
 
-    def flow_entries(self):
-        return [Rec(sl, f, h > 0, 0, h) for sl, (f, h) in sorted(self.slots.items())]
+    def flow_entries(self, slots=None):
+        self.reads.append(None if slots is None else sorted(slots))
+        want = set(range(self.flow_config().entries) if slots is None else slots)
+        return [Rec(sl, f, h > 0, 0, h) for sl, (f, h) in sorted(self.slots.items()) if sl in want]
 
     def flow_counters(self):
         return {"occupancy": len(self.slots)}
@@ -94,10 +105,12 @@ class MemCt:
     def __init__(self):
         self.entries: set[fc.Flow] = set()
         self.calls: list[tuple] = []
+        self.liberal_batches: list[list] = []
 
-    def set_liberal(self, ev):
-        self.calls.append(("liberal", ev.flow))
-        return ev.flow in self.entries
+    def set_liberal_many(self, evs):
+        self.calls += [("liberal", ev.flow) for ev in evs]
+        self.liberal_batches.append([ev.flow for ev in evs])
+        return [ev.flow in self.entries for ev in evs]
 
     def refresh(self, flow, proto, seconds):
         self.calls.append(("timeout", flow, seconds))
@@ -343,3 +356,59 @@ def test_status_line():
     )
     assert line.startswith("flowsync pid 7: 3 flows offloaded, occupancy 4; inserts 5, deletes 2, evictions 1")
     assert line.endswith("sync lag p50 0.4 ms, max 2.5 ms")
+
+
+def test_flows_established_together_are_installed_in_one_batch_after_their_liberal_flags():
+    """Events read together: every TCP flow's liberal flag in one conntrack batch, then the flows whose flag was
+    set in one flow-cache batch (none inserted before its flag is confirmed; one conntrack no longer has is
+    left out); a flow that a later event of the same read removes is not inserted; UDP needs no flag."""
+    s, table, ct = syncer()
+    tcp = [ev(sport=41000 + i) for i in range(20)]
+    gone = ev(sport=42000)  # destroyed before its flag could be set: conntrack answers ENOENT
+    short = ev(sport=43000)  # established and reset in the same read
+    udp = ev(proto=UDP, sport=5000, dport=53)
+    ct.entries |= {e.flow for e in (*tcp, short)}
+    got = s.events([*tcp, gone, short, ev(sport=43000, state=None, kind="destroy", status=0), udp])
+    assert got == ["install"] * 22 + ["remove", "install"]
+    assert ct.liberal_batches == [[e.flow for e in (*tcp, gone)]]
+    assert table.batches == [[(fs.OP_INSERT, e.flow) for e in (*tcp, udp)]]
+    assert set(s.installed) == {e.flow for e in (*tcp, udp)} and s.counters["inserts"] == 21
+    assert s.counters["liberal"] == 20 and s.stats()["lag_samples"] == 21
+    # a flow removed and set up again (same tuple) within one read: the delete first, then the insert, together
+    table.batches.clear()
+    again = tcp[0]
+    assert s.events([ev(sport=again.sport, kind="destroy", status=0, state=None), again]) == ["remove", "install"]
+    assert table.batches == [[(fs.OP_DELETE, again.flow), (fs.OP_INSERT, again.flow)]]  # one batch, in order
+    assert again.flow in s.installed and s.counters["deletes"] == 1
+
+
+def test_poll_reads_the_installed_slots_and_the_table_in_turn(monkeypatch):
+    """A poll reads the slots of the flows the service installed (refreshed or evicted every poll) and the next
+    POLL_CHUNK slots of the table, so a flow it did not install is evicted within entries / POLL_CHUNK polls."""
+    monkeypatch.setattr(fs, "POLL_CHUNK", 8)
+    s, table, ct = syncer()  # 16 sets x 2 ways: 32 slots, 4 parts
+    flows = [ev(sport=44000 + i) for i in range(12)]
+    ct.entries |= {e.flow for e in flows}
+    s.events(flows)
+    mine = {table._find(e.flow) for e in flows}
+    assert {i.slot for i in s.installed.values()} == mine
+    assert len({sl // 8 for sl in mine}) > 1  # spread over several parts
+    stranger = fc.Flow(9, 9, 17, 9, 9)
+    table.flow_insert(stranger)
+    where = table._find(stranger)
+    for e in flows:
+        table.hit(e.flow)
+    polls = 0
+    while stranger in {f for f, _ in table.slots.values()}:
+        s.poll()
+        polls += 1
+        assert set(table.reads[-1]) == mine | set(range(8 * ((polls - 1) % 4), 8 * ((polls - 1) % 4) + 8))
+        assert s.counters["refreshes"] == 12  # all of them at the first poll, whatever part it read
+        assert polls <= 4
+    assert polls == where // 8 + 1 and s.counters["evictions"] == 1
+    # a flow of ours whose conntrack entry is gone is evicted at the next poll, wherever it is
+    gone = flows[5]
+    ct.entries.discard(gone.flow)
+    table.hit(gone.flow)
+    s.poll()
+    assert gone.flow not in s.installed and s.counters["evictions"] == 2

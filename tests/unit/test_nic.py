@@ -14,7 +14,7 @@ from hypafilter.errors import HypafilterError
 from hypafilter.hw import regmap
 from hypafilter.ops import deploy
 from hypafilter.targets.emu import EmuTarget
-from hypafilter.targets.nic import CORE_ID, EmuTransport, NicClient, NicError, pack_shunt
+from hypafilter.targets.nic import CORE_ID, FC_STATUS_READS, EmuTransport, NicClient, NicError, pack_shunt
 from hypafilter.targets.sume import SumeTarget
 
 from conftest import need
@@ -350,12 +350,14 @@ def test_flow_command_registers_and_status(fake):
         assert c.flow_insert(flow) == (fc.ST_EXISTS, 0x1234)
         with pytest.raises(NicError, match="sport"):
             c.flow_find(Flow(1, 2, 6, 70000, 4))
-        # One batch: status, keys, command, status (one round trip); read first, so a busy reading refers to
-        # another client's command, which the core's FC_CMD-while-busy rule keeps running: refused.
+        # One batch: keys, status, command, status (one round trip); the status read just before FC_CMD, so a
+        # busy reading refers to another client's command, which the core's FC_CMD-while-busy rule keeps running:
+        # refused.
         n = len(fake.log)
         assert c.flow_find(flow) == (fc.ST_EXISTS, 0x1234)
-        assert fake.log[n] == f"R 0x{regmap.REG_FC_STATUS:x}" and fake.log[-1] == fake.log[n]
-        assert fake.log[-2] == f"W 0x{regmap.REG_FC_CMD:x} 0x{fc.OP_FIND:x}" and len(fake.log) - n == 8
+        status, cmd = f"R 0x{regmap.REG_FC_STATUS:x}", f"W 0x{regmap.REG_FC_CMD:x} 0x{fc.OP_FIND:x}"
+        reads = [status] * FC_STATUS_READS
+        assert fake.log[n:][-2 - len(reads) :] == [status, cmd, *reads] and len(fake.log) - n == 7 + len(reads)
         fake.regs[regmap.REG_FC_STATUS] = 1 << 31  # busy
         with pytest.raises(NicError, match="busy"):
             c.flow_delete(flow)
@@ -387,7 +389,122 @@ def test_flow_entries_decodes_the_tables(fake):
     with NicClient(EmuTransport(fake.path)) as c:
         got = c.flow_entries()
         assert c.flow_counters() == {"now": 100, "occupancy": 2, "inserts": 3, "deletes": 1, "full": 0}
+        # some slots (the flow sync service's poll): only theirs are read
+        n = len(fake.log)
+        assert [r.slot for r in c.flow_entries([4000, *range(512), 7])] == [7, 4000]
+        assert len(fake.log) - n == 513 + 2 * 5 and c.flow_entries(range(8, 100)) == []
+        with pytest.raises(NicError, match="out of range"):
+            c.flow_entries([4000, 4096])
     assert [(r.slot, r.flow, r.counted, r.seen, r.hits) for r in got] == [
         (7, flows[7][0], True, 99, 5),
         (4000, flows[4000][0], False, 0, 0),
     ]
+
+
+class SlowFlowCache(FakeNic):
+    """A flow cache whose commands take `cycles` requests (each request one step of the core's clock): FC_STATUS
+    reads busy until then, and FC_CMD is ignored while busy, as in hw/hf_flow_cache.vhd. Inserts and deletes by
+    key in a dict (slot = order of insertion)."""
+
+    def __init__(self, path, cycles):
+        super().__init__(path, {regmap.REG_ID: CORE_ID})
+        from hypafilter.hw import flowcache as fc
+
+        self.fc, self.cycles, self.busy_until, self.now, self.result = fc, cycles, 0, 0, 0
+        self.flows: dict[tuple, int] = {}
+        self.next_slot = 1
+        self.regs[regmap.REG_FC_CONFIG] = fc.fc_config(10, 4, 32)
+
+    def _answer(self, line):
+        self.now += 1
+        w = line.split()
+        busy = self.now < self.busy_until
+        if w[0] == "R" and int(w[1], 0) == regmap.REG_FC_STATUS:
+            self.log.append(line)
+            return f"OK 0x{(1 << 31 if busy else 0) | self.result:08x}"
+        if w[0] == "W" and int(w[1], 0) == regmap.REG_FC_CMD:
+            self.log.append(line)
+            if not busy:
+                self.busy_until = self.now + self.cycles
+                self.result = self._run(int(w[2], 0))
+            return "OK"
+        return super()._answer(line)
+
+    def _run(self, op):
+        fc, r = self.fc, self.regs
+        key = tuple(r.get(getattr(regmap, f"REG_FC_KEY{i}"), 0) for i in range(4))
+        if op == fc.OP_INSERT:
+            if key in self.flows:
+                return fc.ST_EXISTS << 24 | self.flows[key]
+            self.flows[key] = self.next_slot
+            self.next_slot += 1
+            return fc.ST_OK << 24 | self.flows[key]
+        if op == fc.OP_DELETE:
+            slot = self.flows.pop(key, None)
+            return fc.ST_NOT_FOUND << 24 if slot is None else fc.ST_OK << 24 | slot
+        return fc.ST_BAD << 24
+
+
+@pytest.mark.parametrize("cycles", [1, 4, 9, 14, 15, 30])
+def test_flow_command_batches_are_exact_however_long_a_command_runs(tmp_path, cycles):
+    """A batch's results are each command's own, whether the status read after its FC_CMD already shows it done
+    (short commands), the next command's read before its FC_CMD does, or a later FC_CMD met it still running
+    and was ignored (long commands: run again once the cache is idle, so every flow ends in the table)."""
+    from hypafilter.hw import flowcache as fc
+    from hypafilter.hw.flowcache import Flow
+
+    nic = SlowFlowCache(tmp_path / "nic.sock", cycles)
+    flows = [Flow(0x0A000001, 0x0A000002, 6, 40000 + i, 80) for i in range(20)]
+    try:
+        with NicClient(EmuTransport(nic.path)) as c:
+            got = c.flow_commands([(fc.OP_INSERT, f) for f in flows])
+            assert len(nic.flows) == 20
+            slots = {f: nic.flows[tuple(fc.fc_key_regs(f))] for f in flows}
+            # (a command is 4 keys, slot, status, FC_CMD, FC_STATUS_READS statuses: the next FC_CMD comes 14 later)
+            if cycles <= 14:  # done by a read after its FC_CMD, or by the next command's read before its own
+                assert got == [(fc.ST_OK, slots[f]) for f in flows]
+            else:  # a later FC_CMD was ignored: run again; those that ran twice answer EXISTS with their slot
+                assert [slot for _, slot in got] == [slots[f] for f in flows]
+                assert {st for st, _ in got} <= {fc.ST_OK, fc.ST_EXISTS} and got[0][0] == fc.ST_EXISTS
+            # deletes and inserts of the same flows in one batch, in order
+            mixed = [(fc.OP_DELETE, flows[0]), (fc.OP_DELETE, flows[1]), (fc.OP_INSERT, flows[0])]
+            got = c.flow_commands(mixed)
+            assert tuple(fc.fc_key_regs(flows[1])) not in nic.flows
+            assert tuple(fc.fc_key_regs(flows[0])) in nic.flows
+            assert got[2][0] in (fc.ST_OK, fc.ST_EXISTS) and got[1][0] in (fc.ST_OK, fc.ST_NOT_FOUND)
+            if cycles <= 14:
+                assert [st for st, _ in got] == [fc.ST_OK] * 3
+    finally:
+        nic.srv.close()
+
+
+def test_sume_request_many_runs_the_request_lines_in_order():
+    """SumeTransport.request_many (no board here: its register accesses are stubbed) runs the control-socket
+    request lines one after the other, answers as EmuTransport does, and refuses what is not a register request."""
+    from hypafilter.targets.sume import SumeTransport
+
+    class Stub(SumeTransport):
+        def __init__(self):
+            self.log = []
+
+        def read(self, addr):
+            self.log.append(("R", addr))
+            return 5
+
+        def write(self, addr, value):
+            self.log.append(("W", addr, value))
+
+        def read_table(self, table, index):
+            self.log.append(("TR", table, index))
+            return 7
+
+        def write_table_many(self, table, start, values):
+            self.log.append(("TW", table, start, list(values)))
+
+    t = Stub()
+    got = t.request_many(["R 0x7c", "W 0x78 0x1", "T R 3 4", "T W 3 4 0x9", "T WS 3 4 1 2 3"])
+    assert got == ["0x00000005", "", "0x00000007", "", ""]
+    assert t.log == [("R", 0x7C), ("W", 0x78, 1), ("TR", 3, 4), ("TW", 3, 4, [9]), ("TW", 3, 4, [1, 2, 3])]
+    for bad in ("", "X 1", "R", "W 1", "T W 3 4 5 6", "R zz", "T Q 1 2", "STATS"):
+        with pytest.raises(NicError, match="not a register request"):
+            t.request_many([bad])

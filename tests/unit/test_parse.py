@@ -360,9 +360,12 @@ def test_counters_prefix_and_set_counters():
     assert p.original_rules == [("-p", "udp", "-j", "DROP")]
 
 
-def test_rule_without_target_is_dropped_from_flat_list():
+def test_rule_without_target_stays_in_flat_list_as_observer():
+    """A counting rule decides nothing but counts what it matches: it stays, complex (netfilter must see its
+    packets), with no target."""
     p = parse_policy("-p tcp\n-p udp -j DROP\n")
-    assert p.original_rules[0] == ("-p", "tcp") and [r.target for r in p.rules] == ["DROP"]
+    assert p.original_rules[0] == ("-p", "tcp") and [r.target for r in p.rules] == ["", "DROP"]
+    assert not p.rules[0].is_simple and p.rules[1].is_simple
 
 
 @pytest.mark.parametrize("name", ["example", "listing1", "userchains", "conntrack"])

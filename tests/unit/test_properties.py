@@ -1,17 +1,21 @@
 """Property tests: for random policies and headers, the hybrid system's verdict equals the reference verdict.
 
 Every strategy × shunting mode, with complex matches decided by one random callback shared by both sides, marks
-placed under random masks with foreign bits set. A deliberately broken shunt vector must be caught.
+placed under random masks with foreign bits set. A deliberately broken shunt vector must be caught. Observing rules
+(LOG, NFLOG, no target; log mirroring) must be evaluated by software for exactly the headers, and in the order, in
+which the reference walk over the original policy evaluates them.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from hypafilter.analysis.decision import decision
 from hypafilter.analysis.hybrid import hybrid_verdict
 from hypafilter.analysis.plan import build_plan
 from hypafilter.analysis.program import STRATEGIES
+from hypafilter.config import Config
 from hypafilter.ir import Header
-from hypafilter.ir.semantics import reference_verdict
+from hypafilter.ir.semantics import reference_verdict, rule_outcome
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -45,11 +49,15 @@ def rules(draw):
             kw["dport"] = (a, b)
         elif ports == "multi":
             kw["dports"] = sorted(set(draw(st.lists(st.sampled_from(PORTS), min_size=1, max_size=3))))
-    kind = draw(st.sampled_from(["ACCEPT", "DROP", "ACCEPT", "DROP", "cDROP", "cACCEPT", "LOG", "MARK", "REJECT"]))
-    if kind.startswith("c"):
+    kind = draw(
+        st.sampled_from(
+            ["ACCEPT", "DROP", "ACCEPT", "DROP", "cDROP", "cACCEPT", "LOG", "NFLOG", "count", "MARK", "REJECT"]
+        )
+    )
+    if kind.startswith("c") and kind != "count":
         return make_rule(kind[1:], complex=COMPLEX, **kw)
-    if kind == "LOG":
-        return make_rule("LOG", complex=COMPLEX if draw(st.booleans()) else (), **kw)
+    if kind in ("LOG", "NFLOG", "count"):  # observing rules: LOG, NFLOG, no target (a counting rule)
+        return make_rule("" if kind == "count" else kind, complex=COMPLEX if draw(st.booleans()) else (), **kw)
     if kind == "MARK":  # a complex rule that rewrites the mark: dispatch must not read it afterwards
         return make_rule("MARK", target_args=("--set-xmark", "0x5/0xffffffff"), **kw)
     return make_rule(kind, **kw)
@@ -73,13 +81,37 @@ def _callback(seed: int):
     return ev
 
 
-def mismatches(plan, strategy, hdrs, ev, mark=(0xFFFFFFFF, 0), foreign=0):
+OBSERVING = ("LOG", "NFLOG", "")
+
+
+def reference_observed(pol, h, ev) -> list[int]:
+    """The observing rules the kernel's walk over the original policy reaches with `h` inside their boxes (where
+    they may log or count), in walk order: written from ir.semantics alone, not from the code under test."""
+    seen = []
+    for i, r in enumerate(pol.rules):
+        if r.target in OBSERVING and any(b.contains(h) for b in r.boxes):
+            seen.append(i)
+        if rule_outcome(pol, i, h, ev):
+            break
+    return seen
+
+
+def mismatches(plan, strategy, hdrs, ev, mark=(0xFFFFFFFF, 0), foreign=0, nic_mode="bridge", observed=True):
+    """(header, want, got) for every header whose hybrid verdict, or (`observed`) whose observed rules, differ."""
     bad = []
+    pol = plan.policy
     for h in hdrs:
-        want = reference_verdict(plan.policy, h, ev)
-        got, _, _ = hybrid_verdict(plan, strategy, h, ev, foreign, mark[0], mark[1])
+        want = reference_verdict(pol, h, ev)
+        trace: list[int] = []
+        got, _, _ = hybrid_verdict(plan, strategy, h, ev, foreign, mark[0], mark[1], nic_mode=nic_mode, trace=trace)
         if got != want:
             bad.append((h, want, got))
+            continue
+        if not observed:
+            continue
+        seen = [i for i in trace if pol.rules[i].target in OBSERVING and any(b.contains(h) for b in pol.rules[i].boxes)]
+        if seen != reference_observed(pol, h, ev):
+            bad.append((h, ("observed", reference_observed(pol, h, ev)), ("observed", seen)))
     return bad
 
 
@@ -92,18 +124,20 @@ def mismatches(plan, strategy, hdrs, ev, mark=(0xFFFFFFFF, 0), foreign=0):
     st.sampled_from(MARKS),
     st.integers(0, 0xFFFFFFFF),
     st.booleans(),
+    st.sampled_from(["bridge", "host"]),
 )
-def test_hybrid_equals_reference(rs, default, hdrs, seed, mark, foreign, reads_conntrack):
+def test_hybrid_equals_reference(rs, default, hdrs, seed, mark, foreign, reads_conntrack, nic_mode):
     pol = make_policy(rs, default)
     # A policy that reads conntrack shunts entries whatever their Alg. 1 bit: every strategy must still be exact.
     pol.reads_conntrack = reads_conntrack
     ev = _callback(seed)
+    config = Config(nic_mode=nic_mode)
     for mode in ("index", "selective", "exact"):
-        plan = build_plan(pol, mode=mode)
         for strategy in STRATEGIES:
             if strategy == "hsa_cut" and mode == "index":
                 continue
-            assert mismatches(plan, strategy, hdrs, ev, mark, foreign) == [], (mode, strategy)
+            plan = build_plan(pol, config, mode=mode, strategy=strategy)  # mirroring depends on the strategy
+            assert mismatches(plan, strategy, hdrs, ev, mark, foreign, nic_mode) == [], (mode, strategy, nic_mode)
 
 
 def _all_headers():
@@ -142,7 +176,30 @@ def test_broken_vectors_are_caught_on_random_policies(rs, seed):
     # differs from that must be reported, and no other.
     simple_only = make_policy([r for r in rs if r.is_simple], "ACCEPT")
     expected = [h for h in hdrs if reference_verdict(pol, h, ev) != reference_verdict(simple_only, h)]
-    assert [b[0] for b in mismatches(plan, "interval", hdrs, ev)] == expected
+    assert [b[0] for b in mismatches(plan, "interval", hdrs, ev, observed=False)] == expected
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(rules(), min_size=2, max_size=9), st.integers(0, (1 << 61) - 1), st.sampled_from(["index", "selective"])
+)
+def test_cleared_mirror_bits_are_caught_on_random_policies(rs, seed, mode):
+    """Clearing every mirror bit keeps the verdicts but must be reported for exactly the headers whose entry was
+    mirrored and for which the reference walk reaches an observing rule that contains them."""
+    pol = make_policy(rs, "ACCEPT")
+    ev = _callback(seed)
+    hdrs = _all_headers()
+    plan = build_plan(pol, mode=mode, strategy="interval")
+    assert mismatches(plan, "interval", hdrs, ev) == []
+    was = plan.mirror.copy()
+    plan.mirror[:] = False
+    plan.refresh()
+    expected = [
+        h for h in hdrs if was[decision(plan, h)[0]] and not decision(plan, h)[1] and reference_observed(pol, h, ev)
+    ]
+    bad = mismatches(plan, "interval", hdrs, ev)
+    assert [b[0] for b in bad] == expected
+    assert all(b[1][0] == "observed" and b[2] == ("observed", []) for b in bad)
 
 
 def test_random_mark_bits_outside_mask_are_ignored():

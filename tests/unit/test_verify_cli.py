@@ -22,6 +22,14 @@ REPORT = {
     "delivered_oracle": 0,
     "duplicates": 0,
     "examples": [],
+    "observers": {
+        "rules": 0,
+        "mismatches": 0,
+        "matched_oracle": 0,
+        "matched_hybrid": 0,
+        "not_comparable": 0,
+        "examples": [],
+    },
 }
 
 
@@ -146,6 +154,16 @@ def test_kinds_groups(captured, capsys, kinds, want):
 def test_mismatches_exit_1(captured, monkeypatch, capsys):
     monkeypatch.setattr(verify_mod, "verify", lambda *a, **k: dict(REPORT, mismatches=3))
     assert main(["verify", POLICY, "--mode", "index"]) == 1
+
+
+def test_observer_mismatches_exit_1(captured, monkeypatch, capsys):
+    """Verdicts equal but an observing rule counted other frames than the kernel's: a failure, shown on stderr."""
+    bad = {"rule": "-p tcp -j LOG", "oracle": 3, "hybrid": 2, "comparable": True}
+    obs = dict(REPORT["observers"], rules=1, mismatches=1, matched_oracle=3, matched_hybrid=2, examples=[bad])
+    monkeypatch.setattr(verify_mod, "verify", lambda *a, **k: dict(REPORT, observers=obs))
+    assert main(["verify", POLICY, "--mode", "index"]) == 1
+    out = capsys.readouterr()
+    assert '"observers": {"rules": 1, "mismatches": 1' in out.out and "observer mismatch" in out.err
 
 
 @pytest.mark.parametrize(

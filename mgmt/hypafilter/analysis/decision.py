@@ -7,6 +7,7 @@ it compares the running hybrid with the kernel's verdicts on the original policy
 
 `plan` is anything with `entries` (each with `boxes`), `shunt` and `actions` of length n + 1: an
 `analysis.plan.Plan` or the hardware's own view of one (`hw.vhdl.HwPlan`). match_index == n is the policy entry.
+A plan with `mirror` (bool, n + 1; log mirroring) sends the host a copy of a frame its entry decides (reason 4).
 """
 
 from __future__ import annotations
@@ -53,6 +54,14 @@ def miss_forced(plan, action: int) -> bool:
     forcing (Plan.miss_shunt, CONTROL bits 4/5; plans without it force nothing)."""
     accept, drop = getattr(plan, "miss_shunt", (False, False))
     return (accept and action == ACTION_ACCEPT) or (drop and action == ACTION_DROP)
+
+
+def mirrored(plan, mi: int, shunted: bool, action: int) -> bool:
+    """Whether the hardware sends the host a mirror copy (reason 4) of a frame it decided: the entry's mirror bit,
+    when the frame is neither shunted nor forced (`shunted` as `decision` says) and the action decides. In host
+    mode the "copy" of an ACCEPT is the frame itself (delivered with reason 4 instead of 5)."""
+    mirror = getattr(plan, "mirror", None)
+    return mirror is not None and not shunted and bool(mirror[mi]) and action in (ACTION_ACCEPT, ACTION_DROP)
 
 
 def decision(plan, header: Header) -> tuple[int, bool, int]:

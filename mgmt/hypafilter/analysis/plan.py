@@ -23,10 +23,12 @@ import numpy as np
 
 from hypafilter.analysis import geometry
 from hypafilter.analysis.geometry import BoxSet
-from hypafilter.config import MODES, Config
+from hypafilter.config import MODES, STRATEGIES, Config, mirrors
 from hypafilter.errors import HypafilterError
 from hypafilter.ir import ACTION_ACCEPT, ACTION_DROP, ACTION_NONE, FIELD_INDEX, Box, Policy
 from hypafilter.ir.box import CT_UNKNOWN
+from hypafilter.ir.semantics import observes
+from hypafilter.shared import C
 
 CT = FIELD_INDEX["ct"]
 
@@ -86,7 +88,33 @@ class Plan:
     # Miss forcing (CONTROL bits 4/5): a frame the flow cache does not know (ct = 0) whose hardware verdict would be
     # (ACCEPT, DROP) is shunted with reason 3. Set for a policy that reads conntrack (see build_plan).
     miss_shunt: tuple[bool, bool] = (False, False)
+    # Log mirroring: bool [n + 1], entry j's frames get a copy to the host (reason 4) when they are neither shunted
+    # nor forced; `observing` bool [len(rules)]: the rules treated as observing (never deciding) in this plan
+    mirror: np.ndarray | None = field(default=None, repr=False)
+    observing: np.ndarray | None = field(default=None, repr=False)
+    strategy: str = "interval"  # the strategy the plan was built for (mirroring depends on it)
     _geo: dict[int, list[int]] | None = field(default=None, repr=False)
+
+    # Derived arrays, computed once (refresh): bool [n + 1] each.
+    forced: np.ndarray = field(init=False, repr=False)  # the entries miss forcing can shunt
+    may_shunt: np.ndarray = field(init=False, repr=False)  # deliver the frame itself: shunt | forced
+    delivers: np.ndarray = field(init=False, repr=False)  # send software anything: may_shunt | mirror (a copy)
+
+    def __post_init__(self):
+        if self.mirror is None:
+            self.mirror = np.zeros(len(self.entries) + 1, dtype=bool)
+        if self.observing is None:
+            self.observing = np.zeros(len(self.policy.rules), dtype=bool)
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Recompute the derived arrays (forced, may_shunt, delivers) and drop the cached geo chains and programs:
+        call it after changing shunt, actions, miss_shunt or mirror in place."""
+        self.forced = forced_entries(self.entries, self.actions, self.miss_shunt)
+        self.may_shunt = self.shunt | self.forced
+        self.delivers = self.may_shunt | self.mirror
+        self._geo = None
+        self.__dict__.pop("_programs", None)
 
     @property
     def geo_chains(self) -> dict[int, list[int]]:
@@ -96,7 +124,7 @@ class Plan:
                 self._geo = {k: list(v) for k, v in self.chains.items()}
             else:
                 self._geo = _geo_chains(
-                    self.policy, self.entries, self.may_shunt, self.interval, self.chains, self.groups
+                    self.policy, self.entries, self.delivers, self.interval, self.chains, self.groups
                 )
         return self._geo
 
@@ -111,22 +139,9 @@ class Plan:
     def shunt_string(self) -> str:
         return "".join("1" if b else "0" for b in self.shunt)
 
-    @property
-    def forced(self) -> np.ndarray:
-        """bool [n + 1]: the entries whose frames miss forcing shunts when the flow cache does not know them (an
-        entry whose boxes all need a flow-cache hit, ct >= 1, never gets such a frame; the policy entry may)."""
-        accept, drop = self.miss_shunt
-        out = ((self.actions == ACTION_ACCEPT) & accept) | ((self.actions == ACTION_DROP) & drop)
-        if out.any():
-            for j, e in enumerate(self.entries):
-                if out[j] and not any(b.lo[CT] == CT_UNKNOWN for b in e.boxes):
-                    out[j] = False
-        return out
-
-    @property
-    def may_shunt(self) -> np.ndarray:
-        """bool [n + 1]: the entries that can deliver a frame to software (shunt bit, or forced on a miss)."""
-        return self.shunt | self.forced
+    def action_words(self) -> list[int]:
+        """The ACTION table words: the action code, | HF_ACTION_MIRROR_BIT (0x8) for a mirrored entry."""
+        return action_words(self)
 
     def hsa_members(self) -> np.ndarray:
         """bool[len(rules)]: the rules strategy hsa_cut keeps in software: every complex rule, every simple rule
@@ -164,6 +179,10 @@ class Plan:
             )
             if r.ct_part:  # one part of a rule split on conntrack state (iptables.ctstate)
                 rules[-1]["ct_part"] = r.ct_part
+            if self.observing[i]:  # an observing rule the fast path leaves to mirror copies
+                rules[-1]["observing"] = True
+            if ent is not None and self.mirror[ent]:
+                rules[-1]["mirror"] = True
         out = {
             "source": pol.source,
             "base_chain": pol.base_chain,
@@ -184,7 +203,37 @@ class Plan:
         }
         if any(self.miss_shunt):  # (only then, so that reports of policies without conntrack stay as they were)
             out["miss_shunt"] = {"accept": bool(self.miss_shunt[0]), "drop": bool(self.miss_shunt[1])}
+        if self.observing.any():  # log mirroring (only then, as above)
+            out["observing_rules"] = [int(i) for i in np.flatnonzero(self.observing)]
+            out["mirror_vector"] = "".join("1" if b else "0" for b in self.mirror)
+            out["mirroring_entries"] = int(self.mirror[:-1].sum())
+            out["policy_entry_mirrored"] = bool(self.mirror[-1])
         return out
+
+
+MIRROR_BIT = C["HF_ACTION_MIRROR_BIT"]  # 0x8 in the ACTION table word: the entry's decided frames are mirrored
+
+
+def action_words(plan) -> list[int]:
+    """ACTION table words of any plan (Plan, hw.vhdl.HwPlan): the action code, | 0x8 (HF_ACTION_MIRROR_BIT) where
+    `plan.mirror` is set; a plan without `mirror` mirrors nothing."""
+    mirror = getattr(plan, "mirror", None)
+    words = [int(a) & 0x7 for a in plan.actions]
+    if mirror is not None:
+        words = [w | (MIRROR_BIT if m else 0) for w, m in zip(words, mirror, strict=True)]
+    return words
+
+
+def forced_entries(entries, actions: np.ndarray, miss_shunt: tuple[bool, bool]) -> np.ndarray:
+    """bool [n + 1]: the entries whose frames miss forcing shunts when the flow cache does not know them (an entry
+    whose boxes all need a flow-cache hit, ct >= 1, never gets such a frame; the policy entry may)."""
+    accept, drop = miss_shunt
+    out = ((actions == ACTION_ACCEPT) & accept) | ((actions == ACTION_DROP) & drop)
+    if out.any():
+        for j, e in enumerate(entries):
+            if out[j] and not any(b.lo[CT] == CT_UNKNOWN for b in e.boxes):
+                out[j] = False
+    return out
 
 
 def rule_boxset(policy: Policy, positions) -> BoxSet:
@@ -193,10 +242,11 @@ def rule_boxset(policy: Policy, positions) -> BoxSet:
     return BoxSet.from_unions([policy.rules[i].boxes for i in pos], owners=pos)
 
 
-def selective_bits(policy: Policy) -> np.ndarray:
-    """Alg. 1 for every rule at once: bool[len(rules)], True for a simple rule met by an earlier complex reduction."""
+def selective_bits(policy: Policy, sources: list[int] | None = None) -> np.ndarray:
+    """Alg. 1 for every rule at once: bool[len(rules)], True for a simple rule met by an earlier complex reduction
+    (`sources`: the complex rules to test, all of them by default)."""
     simple = policy.simple_indices
-    cplx = policy.complex_indices
+    cplx = policy.complex_indices if sources is None else sources
     out = np.zeros(len(policy.rules), dtype=bool)
     if not simple or not cplx:
         return out
@@ -207,14 +257,14 @@ def selective_bits(policy: Policy) -> np.ndarray:
     return out
 
 
-def policy_entry_reachable(policy: Policy) -> bool:
+def policy_entry_reachable(policy: Policy, sources: list[int] | None = None) -> bool:
     """Can a complex rule's reduction reach the region no simple rule covers?
 
     A cheap, sound test: False only if every box of every complex rule lies inside one simple rule's box (then a
     packet in the reduction always matches a simple entry, so it never gets the policy entry). Empty reductions
-    never match.
+    never match. `sources`: the complex rules to test, all of them by default.
     """
-    cplx = policy.complex_indices
+    cplx = policy.complex_indices if sources is None else sources
     if not cplx:
         return False
     src = rule_boxset(policy, cplx)
@@ -242,17 +292,32 @@ def miss_shunt_for(policy: Policy, config: Config) -> tuple[bool, bool]:
     return (True, True)
 
 
-def build_plan(policy: Policy, config: Config | None = None, mode: str | None = None) -> Plan:
+def build_plan(
+    policy: Policy, config: Config | None = None, mode: str | None = None, strategy: str | None = None
+) -> Plan:
+    """The Plan of `policy` for shunting `mode` and software `strategy` (default: the config's). With mode index or
+    selective and strategy interval or interval_geo, observing rules (ir.semantics.observes) do not make entries
+    shunt: an entry whose frames would reach one is mirrored instead (Plan.mirror)."""
     config = config or Config()
     mode = mode or config.shunt_mode
+    strategy = strategy or config.strategy
     if mode not in MODES:
         raise HypafilterError(f"unknown shunting mode {mode!r} (choose index, selective or exact)")
+    if strategy not in STRATEGIES:
+        raise HypafilterError(f"unknown strategy {strategy!r} (choose {', '.join(STRATEGIES)})")
     t0 = time.perf_counter()
     rules = policy.rules
-    conflict = selective_bits(policy)
     cplx = policy.complex_indices
-    has_complex = bool(cplx)
-    first_complex = cplx[0] if cplx else len(rules)
+    mirroring = mirrors(mode, strategy)
+    observing = np.zeros(len(rules), dtype=bool)
+    if mirroring:
+        for i in cplx:
+            observing[i] = observes(rules[i])
+    deciding = [i for i in cplx if not observing[i]]  # the complex rules that can decide (all without mirroring)
+    watching = [i for i in cplx if observing[i]]
+    conflict = selective_bits(policy, deciding)
+    first_deciding = deciding[0] if deciding else len(rules)
+    first_watching = watching[0] if watching else len(rules)
 
     if mode == "exact":
         entries = [
@@ -263,20 +328,27 @@ def build_plan(policy: Policy, config: Config | None = None, mode: str | None = 
         entries = [Entry(i, r.boxes, r.action_code, False) for i, r in enumerate(rules) if r.is_simple]
     n = len(entries)
     shunt = np.zeros(n + 1, dtype=bool)
+    mirror = np.zeros(n + 1, dtype=bool)  # before `& ~shunt`: some observing rule above may see the frame
     actions = np.zeros(n + 1, dtype=np.uint8)
+    seen = selective_bits(policy, watching) if mode == "selective" and watching else None
     for j, e in enumerate(entries):
         actions[j] = e.action
         if mode == "index":
-            shunt[j] = e.rule_index > first_complex
+            shunt[j] = e.rule_index > first_deciding
+            mirror[j] = e.rule_index > first_watching
         elif mode == "selective":
             shunt[j] = conflict[e.rule_index]
+            mirror[j] = seen is not None and seen[e.rule_index]
         else:
             shunt[j] = e.is_complex
     actions[n] = policy.default_action_code
     if mode == "index":
-        shunt[n] = has_complex
+        shunt[n] = bool(deciding)
+        mirror[n] = bool(watching)
     elif mode == "selective":
-        shunt[n] = policy_entry_reachable(policy)
+        shunt[n] = policy_entry_reachable(policy, deciding)
+        mirror[n] = bool(watching) and policy_entry_reachable(policy, watching)
+    mirror &= ~shunt
     miss_shunt = miss_shunt_for(policy, config)
 
     interval = np.zeros(n + 1, dtype=np.uint32)
@@ -320,6 +392,9 @@ def build_plan(policy: Policy, config: Config | None = None, mode: str | None = 
         groups=groups,
         entry_set=BoxSet.from_unions([e.boxes for e in entries]),
         miss_shunt=miss_shunt,
+        mirror=mirror,
+        observing=observing,
+        strategy=strategy,
     )
     plan.analysis_seconds = time.perf_counter() - t0
     return plan
@@ -345,8 +420,8 @@ def _exact_chains(policy: Policy, entries: list[Entry], interval: np.ndarray, ch
 
 
 def _geo_chains(policy, entries, shunt, interval, chains, groups) -> dict[int, list[int]]:
-    """chains[k] restricted to complex rules whose reduction meets a box of group k that may shunt (`shunt`:
-    Plan.may_shunt)."""
+    """chains[k] restricted to complex rules whose reduction meets a box of group k that delivers anything to
+    software (`shunt`: Plan.delivers: a shunted or forced frame, or a mirror copy, all of which run chain k)."""
     n = len(entries)
     geo: dict[int, list[int]] = {}
     cplx = policy.complex_indices

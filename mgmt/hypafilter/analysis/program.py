@@ -40,6 +40,7 @@ from hypafilter.shared import C
 
 K_SHIFT = C["HF_MARK_K_SHIFT"]
 DECIDED_ACCEPT = C["HF_MARK_DECIDED_ACCEPT"]  # host mode: the hardware's ACCEPT is final (k = 0, action ACCEPT)
+MARK_MIRROR = C["HF_MARK_MIRROR"]  # log mirroring: the mark's action nibble of a copy is action | MARK_MIRROR
 LEAF_FANOUT = 4  # leaves tested linearly once a dispatch node holds this few
 BLOCK_FANOUT = 8  # a family of more segments than this gets block chains (then more levels, up to the budget)
 MAX_DEPTH = 8  # target nesting below the base chain (its jump to MAIN included); nf_tables allows 15
@@ -85,9 +86,13 @@ class Program:
     def main(self) -> str:
         return self.name("MAIN")
 
-    def run(self, header: Header, mark: int, complex_eval: ComplexEval) -> tuple[str, int]:
-        """Interpret the program from MAIN: (verdict, conditional rules evaluated)."""
+    def run(
+        self, header: Header, mark: int, complex_eval: ComplexEval, trace: list[int] | None = None
+    ) -> tuple[str, int]:
+        """Interpret the program from MAIN: (verdict, conditional rules evaluated). `trace`, when given, gets the
+        position of every flattened policy rule evaluated, in order."""
         count = [0]
+        self._trace = trace
         verdict = self._run(self.main, header, mark, complex_eval, count, 0)
         if verdict is None:
             raise HypafilterError(f"{self.main} fell through without a verdict (generator bug)")
@@ -114,6 +119,8 @@ class Program:
             if r.kind == "policy":
                 count[0] += 1
                 for i in range(r.index, r.index + r.span) if header is not None else ():
+                    if getattr(self, "_trace", None) is not None:
+                        self._trace.append(i)
                     out = rule_outcome(self.policy, i, header, ev)
                     if out:
                         return out
@@ -188,9 +195,22 @@ def build_program(
     nic_mode: str = "bridge",
 ) -> Program:
     """The chains of `strategy` for `plan`. nic_mode "host": MAIN first accepts the mark value "decided ACCEPT"
-    (HF_MARK_DECIDED_ACCEPT: the hardware's ACCEPT is final) through chain DA, which gives back the mark bits."""
+    (HF_MARK_DECIDED_ACCEPT: the hardware's ACCEPT is final) through chain DA, which gives back the mark bits.
+
+    Log mirroring (Plan.mirror, strategies interval/interval_geo): leaf (k, action | HF_MARK_MIRROR) runs chain k
+    on the copy, then DROP (bridge mode, and a copy of a DROP in host mode) or ACCEPT (host mode, copy of an ACCEPT:
+    the frame itself); before the K0 fallback MAIN drops any other mark with the mirror bit (bridge mode) or of a
+    copy of a DROP (host mode)."""
     if strategy not in STRATEGIES:
         raise HypafilterError(f"unknown strategy {strategy!r} (choose {', '.join(STRATEGIES)})")
+    if nic_mode not in ("bridge", "host"):
+        raise HypafilterError(f"unknown NIC mode {nic_mode!r} (bridge or host)")
+    mirror = getattr(plan, "mirror", None)
+    if mirror is not None and mirror.any() and strategy not in ("interval", "interval_geo"):
+        raise HypafilterError(
+            f"the plan mirrors observing rules (built for strategy {getattr(plan, 'strategy', '?')}), which strategy "
+            f"{strategy} cannot run on a copy: build the plan for strategy {strategy}"
+        )
     if strategy == "hsa_cut" and plan.mode == "index":
         raise HypafilterError(
             "strategy hsa_cut is not exact with index-based shunting (a shunted packet may first match a simple "
@@ -220,7 +240,10 @@ def build_program(
     else:
         chains = plan.geo_chains if strategy == "interval_geo" else plan.chains
         may = plan.may_shunt  # an entry forced on a flow-cache miss delivers (k, action) like a shunting one
-        leaves = sorted({(int(plan.interval[j]), int(plan.actions[j])) for j in range(plan.n + 1) if may[j]})
+        leaves = {(int(plan.interval[j]), int(plan.actions[j])) for j in range(plan.n + 1) if may[j]}
+        if mirror is not None:  # a mirrored entry's copy carries (k, action | MARK_MIRROR)
+            leaves |= {(int(plan.interval[j]), int(plan.actions[j]) | MARK_MIRROR) for j in np.flatnonzero(mirror)}
+        leaves = sorted(leaves)
         c[main] = [NfRule("mark", k0, 0, kmask)]
         # Depth budget below MAIN: dispatch levels (MAIN's test included) + block levels + the deepest helper chain
         # of a complex rule, so that base -> MAIN -> ... stays within MAX_DEPTH.
@@ -231,6 +254,8 @@ def build_program(
         leaf_rules = []
         for k, a in leaves:
             verdict = {1: "ACCEPT", 2: "DROP"}.get(a, default)
+            if a & MARK_MIRROR:  # a copy: discarded, except in host mode where a copy of an ACCEPT is the frame
+                verdict = "ACCEPT" if nic_mode == "host" and a & ~MARK_MIRROR == 1 else "DROP"
             ch = chains.get(k)
             if ch:
                 lname = prog.name(f"L{k}A{a}")
@@ -240,6 +265,17 @@ def build_program(
                 tgt = verdict
             leaf_rules.append(((k << K_SHIFT) | a, tgt))
         _dispatch(prog, main, leaf_rules, d_levels, [0])
+        if mirror is not None and mirror.any():
+            # A copy is never forwarded or delivered: a mark with the mirror bit that no leaf took is dropped, not
+            # sent through the full policy. In host mode only the copy of a DROP (action nibble 0x6): the "copy" of
+            # an ACCEPT is the frame itself, which the full policy then decides. (A plan without mirroring has no
+            # copies: the hardware sends none with its generation, and deploy shunts everything while the tables
+            # change.)
+            if nic_mode == "bridge":
+                mm = _field(prog, MARK_MIRROR)
+                c[main].append(NfRule("mark", "DROP", mm, mm))
+            else:
+                c[main].append(NfRule("mark", "DROP", _field(prog, MARK_MIRROR | 2), _field(prog, 0xF)))
         c[main].append(NfRule("always", k0))  # a mark no leaf knows: the full policy decides
     if nic_mode == "host":
         # Host mode: a frame the hardware accepted reaches INPUT with the "decided" value (k = 0, action ACCEPT),
@@ -248,8 +284,6 @@ def build_program(
         da = prog.name("DA")
         c[main].insert(0, NfRule("mark", da, _field(prog, DECIDED_ACCEPT), mark_mask & 0xFFFFFFFF))
         c[da] = [unmark, NfRule("always", "ACCEPT")]
-    elif nic_mode != "bridge":
-        raise HypafilterError(f"unknown NIC mode {nic_mode!r} (bridge or host)")
     c[k0] = [unmark, NfRule("always", full), NfRule("always", default)]
     c[full] = policy_rules(pol, range(len(pol.rules)))
     prog.verbatim_full = full

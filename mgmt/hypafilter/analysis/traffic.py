@@ -9,17 +9,21 @@ import numpy as np
 
 from hypafilter.analysis.decision import match_indices
 from hypafilter.analysis.plan import Plan, build_plan
-from hypafilter.analysis.program import build_program, mark_for
+from hypafilter.analysis.program import MARK_MIRROR, build_program, mark_for
 from hypafilter.ir import FIELD_INDEX
 
 
-def strategy_costs(plan: Plan) -> dict[str, np.ndarray]:
+def strategy_costs(plan: Plan, plain: Plan | None = None) -> dict[str, np.ndarray]:
     """Rules software tests per match_index (n + 1 values) for each strategy, complex checks evaluating false.
 
     Counted as the program interpreter counts (netfilter.Program.run): every conditional rule evaluated, i.e. the
     policy rules up to and including the first match (or the whole list), the mark tests of the dispatch, and one
-    per jump into a block chain of the interval strategies.
+    per jump into a block chain of the interval strategies. A plan with log mirroring (Plan.mirror) is costed for
+    the interval strategies only (a mirrored entry at its copy's leaf); `plain`, the same policy's plan without
+    mirroring, for full, cut and hsa_cut (default: `plan`).
     """
+    interval_plan = plan
+    plan = plain if plain is not None else plan
     pol = plan.policy
     n_rules = len(pol.rules)
     # Complex rules never match here, so a packet's first match is its hardware entry's rule (or none).
@@ -38,6 +42,7 @@ def strategy_costs(plan: Plan) -> dict[str, np.ndarray]:
     beta = int(shunted_pos.min()) if len(shunted_pos) else n_rules
     costs["cut"] = list_cost(cplx | (pos >= beta), 1)
     costs["hsa_cut"] = list_cost(plan.hsa_members(), 1)
+    plan = interval_plan
     for name in ("interval", "interval_geo"):
         if name == "interval_geo" and plan.mode == "exact":
             costs[name] = costs["interval"]
@@ -45,8 +50,9 @@ def strategy_costs(plan: Plan) -> dict[str, np.ndarray]:
         prog = build_program(plan, name)
         memo: dict[tuple[int, int], int] = {}
         c = np.zeros(plan.n + 1, dtype=np.int64)
+        copy = plan.mirror & ~plan.may_shunt  # only ever a copy reaches software: its leaf (k, action | mirror)
         for j in range(plan.n + 1):
-            key = (int(plan.interval[j]), int(plan.actions[j]))
+            key = (int(plan.interval[j]), int(plan.actions[j]) | (MARK_MIRROR if copy[j] else 0))
             if key not in memo:
                 # Complex rules never match here: the whole path (dispatch, block jumps, chain) is tested.
                 memo[key] = prog.path_cost(mark_for(prog, *key))
@@ -55,12 +61,20 @@ def strategy_costs(plan: Plan) -> dict[str, np.ndarray]:
     return costs
 
 
+def _where(rule) -> str:
+    return f"{rule.origin.file}:{rule.origin.line}" if rule.origin else "?"
+
+
 def analyze(policy, config, points: np.ndarray | None = None) -> dict:
     """Shunt vectors (selective, index-based) and, for header points (values[p, NDIM]), shunted packets and the
-    software rules each strategy traverses for them (paper §VIII, Figs. 11-13)."""
+    software rules each strategy traverses for them (paper §VIII, Figs. 11-13). With log mirroring (the config's
+    strategy interval or interval_geo and observing rules in the policy) also the mirror vectors and mirrored
+    packets (copies software runs the interval chain on; counted in the interval strategy's traversed rules),
+    while full, cut and hsa_cut are costed on the plan without mirroring they would run with."""
     t0 = time.perf_counter()
     sel = build_plan(policy, config, mode="selective")
     idx = build_plan(policy, config, mode="index")
+    idx_plain = build_plan(policy, config, mode="index", strategy="cut") if idx.observing.any() else idx
     out = {
         "rules": len(policy.rules),
         "complex": len(policy.complex_indices),
@@ -70,16 +84,39 @@ def analyze(policy, config, points: np.ndarray | None = None) -> dict:
         "shunting_rules_selective": int(sel.shunt[:-1].sum()),
         "shunting_rules_index_based": int(idx.shunt[:-1].sum()),
     }
+    if sel.observing.any() or idx.observing.any():
+        out["observing_rules"] = [
+            f"#{i} {_where(policy.rules[i])}: {policy.rules[i].target or 'no target'}"
+            for i in np.flatnonzero(idx.observing)
+        ]
+        out["mirror_vector_selective"] = "".join("1" if b else "0" for b in sel.mirror)
+        out["mirror_vector_index_based"] = "".join("1" if b else "0" for b in idx.mirror)
+        out["mirroring_rules_selective"] = int(sel.mirror[:-1].sum())
+        out["mirroring_rules_index_based"] = int(idx.mirror[:-1].sum())
     if points is not None:
         mi = match_indices(sel, points)  # index and selective mode share their entries
         miss = np.asarray(points)[:, FIELD_INDEX["ct"]] == 0  # a frame the flow cache does not know: miss forcing
         n1 = sel.n + 1
-        sel_hist = np.bincount(mi, weights=sel.shunt[mi] | (miss & sel.forced[mi]), minlength=n1).astype(np.int64)
-        idx_hist = np.bincount(mi, weights=idx.shunt[mi] | (miss & idx.forced[mi]), minlength=n1).astype(np.int64)
-        costs = strategy_costs(idx)
+
+        def hist(weights):
+            return np.bincount(mi, weights=weights, minlength=n1).astype(np.int64)
+
+        def shunted(plan):
+            return plan.shunt[mi] | (miss & plan.forced[mi])
+
+        sel_hist, idx_hist = hist(shunted(sel)), hist(shunted(idx))
+        plain_hist = hist(shunted(idx_plain))
+        # a copy: mirrored entry, frame neither shunted nor forced
+        sel_copies = hist(sel.mirror[mi] & ~shunted(sel))
+        idx_copies = hist(idx.mirror[mi] & ~shunted(idx))
+        costs = strategy_costs(idx, idx_plain)
         out["packets"] = int(len(points))
         out["shunted_packets_selective"] = int(sel_hist.sum())
         out["shunted_packets_index_based"] = int(idx_hist.sum())
-        out["traversed_rules"] = {s: int((idx_hist * costs[s]).sum()) for s in ("full", "cut", "hsa_cut", "interval")}
+        if "observing_rules" in out:
+            out["mirrored_packets_selective"] = int(sel_copies.sum())
+            out["mirrored_packets_index_based"] = int(idx_copies.sum())
+        out["traversed_rules"] = {s: int((plain_hist * costs[s]).sum()) for s in ("full", "cut", "hsa_cut")}
+        out["traversed_rules"]["interval"] = int(((idx_hist + idx_copies) * costs["interval"]).sum())
     out["analysis_seconds"] = round(time.perf_counter() - t0, 6)
     return out

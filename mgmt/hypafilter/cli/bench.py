@@ -51,7 +51,34 @@ def register(sub) -> None:
     r.add_argument("--seed", type=int, default=1, help="random seed of the frames (default 1)")
     r.add_argument("--trace", metavar="T[.gz]", help="ClassBench header trace to draw headers from")
     r.add_argument("--malformed", type=float, default=0.0, help="share of malformed frames (default 0)")
-    r.add_argument("--window", type=int, default=2048, help="frames ahead of the fast path's decisions (default 2048)")
+    r.add_argument(
+        "--window", type=int, default=2048, help="frames ahead of the emulated NIC's decisions (default 2048)"
+    )
+    r.add_argument("--seconds", type=float, default=2.0, help="seconds per path and round of the rate pass (default 2)")
+    r.add_argument("--repeats", type=int, default=3, help="rounds of the rate pass, medians reported (default 3)")
+    r.add_argument("--cpu", type=int, help="CPU the sender is pinned to (default: the last; -1: not pinned)")
+    r.add_argument(
+        "--prog-repeat",
+        type=int,
+        default=100,
+        help="xdp: BPF_PROG_TEST_RUN runs of each frame for the program's own cost (default 100; 0: not measured)",
+    )
+    r.add_argument(
+        "--prog-frames",
+        type=int,
+        default=500,
+        help="xdp: frames (the first of the bench's) for the program's own cost (default 500; ~40 ms each here)",
+    )
+    r.add_argument(
+        "--established",
+        action="store_true",
+        help="the trace's TCP/UDP headers as established connections (conntrack entries created first)",
+    )
+    r.add_argument(
+        "--ct-first",
+        action="store_true",
+        help="with --classbench: an ESTABLISHED,RELATED accept rule before the imported rules",
+    )
     r.add_argument("--strategy", choices=STRATEGIES, metavar="STRATEGY", help="software strategy: %(choices)s")
     r.add_argument("--mode", choices=MODES, metavar="MODE", help="shunting mode: %(choices)s")
     r.add_argument("--json", action="store_true", help="the full report as one JSON object")
@@ -72,13 +99,30 @@ def run_rate(args: argparse.Namespace) -> int:
     from hypafilter.tools.bench.rate import FIELDS, rate
 
     cfg = load_config(args)
-    policy = load_policy(args, cfg)
+    if args.ct_first and not args.classbench:
+        raise HypafilterError("--ct-first needs --classbench (a policy file states its own conntrack rule)")
+    nft_policy = None
+    if args.classbench:
+        policy = _classbench(args, cfg, args.complex)
+        if args.complex:
+            # nft has no string match: its path loads the same rules without the complex rules' string match
+            # (rate.rate compares it only on frames whose payload the string cannot match).
+            nft_policy = _classbench(args, cfg, 0)
+    else:
+        policy = load_policy(args, cfg)
     report = rate(
         policy,
         cfg,
         target=args.target,
         frames=args.frames,
         window=args.window,
+        seconds=args.seconds,
+        repeats=args.repeats,
+        cpu=args.cpu,
+        established=args.established,
+        prog_repeat=args.prog_repeat,
+        prog_frames=args.prog_frames,
+        nft_policy=nft_policy,
         **frame_options(args),
         log=progress(args, quiet=args.json),
     )
@@ -87,6 +131,26 @@ def run_rate(args: argparse.Namespace) -> int:
     if not args.json:
         print(f"command: {report['command']}", file=sys.stderr)
     return 1 if report["mismatches"] else 0
+
+
+def _classbench(args: argparse.Namespace, cfg, complex_rules: int):
+    """The --classbench import with `complex_rules` complex rules, with --ct-first its conntrack rule first."""
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.tools.classbench import classbench_policy_text
+
+    text = classbench_policy_text(
+        args.classbench,
+        complex_rules=complex_rules,
+        policy=args.cb_policy,
+        actions=args.actions,
+        deterministic=args.deterministic,
+    )
+    if args.ct_first:
+        lines = text.splitlines(keepends=True)
+        at = next(i for i, ln in enumerate(lines) if ln.startswith(("-A ", "COMMIT")))
+        lines.insert(at, f"-A {args.chain} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT\n")
+        text = "".join(lines)
+    return parse_policy(text, filename=args.classbench, base_chain=args.chain, config=cfg, allow_empty=args.allow_empty)
 
 
 def run_xdp_cost(args: argparse.Namespace) -> int:
@@ -225,7 +289,7 @@ def run_paper(args: argparse.Namespace) -> int:
         default_md = ROOT / "docs" / "results.md" if not (args.quick or args.out) else out / "results.md"
         md = Path(args.results_md) if args.results_md else default_md
         md.parent.mkdir(parents=True, exist_ok=True)
-        md.write_text(report.render(out.resolve(), md.resolve(), meta, res.rows))
+        md.write_text(report.render(out.resolve(), md.resolve(), meta, res.rows) + report.kept(md))
         log(f"wrote {md}")
     log(f"command: {command}\nwall time: {wall:.1f} s")
     return 0

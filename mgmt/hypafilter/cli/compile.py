@@ -13,6 +13,7 @@ from pathlib import Path
 from hypafilter.analysis.plan import MODES, Plan, build_plan
 from hypafilter.analysis.program import STRATEGIES
 from hypafilter.cli.common import add_policy_args, load_config, load_policy
+from hypafilter.config import MIRROR_STRATEGIES
 from hypafilter.errors import HypafilterError
 from hypafilter.hw.model import CONTROL_MISS_SHUNT, miss_shunt_control
 from hypafilter.ir import Policy
@@ -32,8 +33,8 @@ def register(sub) -> None:
 
 
 def register_image(plan: Plan) -> list[dict]:
-    """Indirect-table writes (hw/regmap.txt): SHUNT packed 32 per word, ACTION one per entry; for a plan with miss
-    forcing, the CONTROL bits 4/5 too."""
+    """Indirect-table writes (hw/regmap.txt): SHUNT packed 32 per word, ACTION one per entry (the action code, | 0x8
+    HF_ACTION_MIRROR_BIT for a mirrored entry); for a plan with miss forcing, the CONTROL bits 4/5 too."""
     writes = []
     bits = plan.shunt
     for w in range((len(bits) + 31) // 32):
@@ -41,7 +42,7 @@ def register_image(plan: Plan) -> list[dict]:
         for j, b in enumerate(bits[32 * w : 32 * w + 32]):
             word |= int(bool(b)) << j
         writes.append({"table": "SHUNT", "offset": w, "value": word})
-    writes += [{"table": "ACTION", "offset": i, "value": int(a)} for i, a in enumerate(plan.actions)]
+    writes += [{"table": "ACTION", "offset": i, "value": a} for i, a in enumerate(plan.action_words())]
     if any(plan.miss_shunt):  # miss forcing: CONTROL bits 4/5 under their mask (the other bits are the site's)
         writes.append({"register": "CONTROL", "mask": CONTROL_MISS_SHUNT, "value": miss_shunt_control(plan.miss_shunt)})
     return writes
@@ -62,11 +63,22 @@ def partition_text(plan: Plan) -> str:
             if any(plan.miss_shunt)
             else []
         ),
+        *(
+            [
+                f"log mirroring: {int(plan.observing.sum())} observing rules (kind 'observe'); {rep['mirroring_entries']} "
+                f"entries{' and the policy entry' if rep['policy_entry_mirrored'] else ''} mirrored (shunt column 'm': "
+                "decided in hardware, a copy runs the observing rules in software)"
+            ]
+            if plan.observing.any()
+            else []
+        ),
         "",
         f"{'#':>5} {'line':>5} {'kind':<8} {'entry':>6} {'shunt':>5} {'k':>5}  rule",
     ]
     for r in rep["partition"]:
-        shunt = "" if r["shunt"] is None else str(int(r["shunt"]))
+        shunt = "" if r["shunt"] is None else "m" if r.get("mirror") else str(int(r["shunt"]))
+        if r.get("observing"):
+            r["kind"] = "observe"
         lines.append(
             f"{r['index']:>5} {r['line'] or '':>5} {r['kind']:<8} {'' if r['entry'] is None else r['entry']:>6} "
             f"{shunt:>5} {'' if r['interval'] is None else r['interval']:>5}  {r['text'] or r['target']}"
@@ -102,6 +114,11 @@ def compile_to(policy: Policy, config, out: Path, mode: str | None = None, prefi
     nic_mode = config.mode_for(policy.base_chain)
     skipped: dict[str, str] = {}
     for s in STRATEGIES:
+        if plan.mirror.any() and s not in MIRROR_STRATEGIES:
+            # these tables mirror observing rules; a copy must never meet this strategy's chains
+            why = f'the plan mirrors observing rules (strategy {plan.strategy}); set strategy = "{s}" in the site configuration for these'
+            skipped[f"netfilter/{s}.iptables"] = skipped[f"netfilter/{s}.nft"] = why
+            continue
         try:
             files[f"netfilter/{s}.iptables"] = to_iptables_restore(
                 plan, s, prefix, mm, ms, table=config.table, nic_mode=nic_mode

@@ -73,7 +73,8 @@ def _fmt_status(st: dict) -> str:
         lines.append(f"hardware unreachable: {nc['error']}")
     else:
         lines.append(
-            f"hardware in {nc.get('PKTIN')} frames: forwarded {nc.get('CNT_FORWARDED')}, dropped {nc.get('CNT_DROPPED')}, "
+            f"hardware in {nc.get('PKTIN')} frames: forwarded {nc.get('CNT_FORWARDED')}, dropped {nc.get('CNT_DROPPED')} "
+            f"(of these mirrored to the host {nc.get('CNT_MIRROR')}), "
             f"shunted: may-overrule {nc.get('CNT_SHUNT_OVERRULE')}, policy {nc.get('CNT_SHUNT_POLICY')}, "
             f"unparsed {nc.get('CNT_SHUNT_UNPARSED')}, forced {nc.get('CNT_SHUNT_FORCED')}; "
             f"from host {nc.get('CNT_FROM_HOST')}, fifo drops {nc.get('CNT_FIFO_DROP')}"

@@ -6,9 +6,11 @@ import argparse
 import sys
 
 from hypafilter.cli.common import add_policy_args, interfaces_text, load_config, load_policy, resolved_lines
+from hypafilter.config import mirrors
 from hypafilter.errors import shown, shown_text
 from hypafilter.iptables.writer import tokens_text
 from hypafilter.ir import FIELD_INDEX, HW_TARGETS, Rule
+from hypafilter.ir.semantics import observes
 
 
 def complex_reasons(rule: Rule) -> list[str]:
@@ -31,6 +33,15 @@ def ct_text(rule: Rule) -> str:
     ct = FIELD_INDEX["ct"]
     vals = {v for b in rule.boxes for v in range(b.lo[ct], b.hi[ct] + 1)} & {1, 2}
     return " and ".join(("original direction", "reply direction")[v - 1] for v in sorted(vals))
+
+
+def observing_text(rule: Rule, config) -> str:
+    """For an observing rule (LOG, NFLOG, no target): whether the fast path mirrors it under the configuration."""
+    if not observes(rule):
+        return ""
+    if mirrors(config.shunt_mode, config.strategy):
+        return "; observing: mirrored (the fast path decides, software sees a copy)"
+    return f"; observing, not mirrored with shunt_mode {config.shunt_mode} and strategy {config.strategy}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -67,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"  #{i} {where}{chain}: simple on a flow-cache hit ({ct_text(r)}): its state checks hold there")
             continue
         part = " (on a flow-cache miss)" if r.ct_part == "miss" else ""
-        print(f"  #{i} {where}{chain}: complex{part}: {'; '.join(complex_reasons(r))}")
+        print(f"  #{i} {where}{chain}: complex{part}: {'; '.join(complex_reasons(r))}{observing_text(r, config)}")
     status = 0
     if not args.no_kernel:
         from hypafilter.iptables import kernel

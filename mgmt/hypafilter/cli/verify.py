@@ -68,15 +68,22 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(json.dumps(report))
     else:
         keep = ("packets", "mismatches", "shunted", "hw_forwarded", "hw_dropped", "delivered_oracle", "duplicates")
-        print(json.dumps({k: report[k] for k in keep}))
+        summary = {k: report[k] for k in keep}
+        obs = report["observers"]
+        if obs["rules"]:  # the observing rules' counters, compared with the oracle's (ops/observers.py)
+            keep = ("rules", "mismatches", "matched_oracle", "matched_hybrid", "not_comparable")
+            summary["observers"] = {k: obs[k] for k in keep}
+        print(json.dumps(summary))
         for ex in report["examples"]:
             print(f"mismatch: {json.dumps(ex)}", file=sys.stderr)
+        for ex in obs["examples"]:
+            print(f"observer mismatch: {json.dumps(ex)}", file=sys.stderr)
         if conn:
             keep = ("connections", "bytes", "mismatches", "completed_oracle", "hw_share", "by_kind")
             print(json.dumps({"connections": {k: conn[k] for k in keep}}))
             for ex in conn["examples"]:
                 print(f"connection mismatch: {json.dumps(ex)}", file=sys.stderr)
-    return 1 if report["mismatches"] or (conn and conn["mismatches"]) else 0
+    return 1 if report["mismatches"] or report["observers"]["mismatches"] or (conn and conn["mismatches"]) else 0
 
 
 def register(sub) -> None:

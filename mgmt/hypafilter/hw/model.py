@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 from hypafilter.analysis import decision
+from hypafilter.analysis.plan import action_words
 from hypafilter.config import NIC_MODES
 from hypafilter.ir import (
     ACTION_ACCEPT,
@@ -65,6 +66,9 @@ REASON_OVERRULE = C["HF_REASON_OVERRULE"]
 REASON_POLICY = C["HF_REASON_POLICY"]
 REASON_UNPARSED = C["HF_REASON_UNPARSED"]
 REASON_STATE = C["HF_REASON_STATE"]
+REASON_MIRROR = C["HF_REASON_MIRROR"]
+ACTION_MIRROR_BIT = C["HF_ACTION_MIRROR_BIT"]  # in the ACTION table word: the entry's decided frames are mirrored
+CNT_MIRROR = "CNT_MIRROR"  # counts every frame delivered with reason 4
 REASON_DECIDED = C["HF_REASON_DECIDED"]
 
 
@@ -72,6 +76,10 @@ class Kind(IntEnum):
     DROP = 0
     FORWARD = 1
     SHUNT = 2
+    # Log mirroring (reason 4): the verdict is the hardware's; the ingress port's DMA queue gets the frame with M.
+    # ACCEPT in bridge mode: dst_port = paired MAC | DMA queue (the MAC copy untagged, the DMA copy tagged);
+    # DROP: dst_port = DMA queue only; host-mode ACCEPT: the DMA queue (the frame itself, reason 4).
+    MIRROR = 3
 
 
 def _u16(b: bytes, off: int) -> int:
@@ -134,7 +142,8 @@ def parse_frame(frame: bytes, src_port: int) -> Header | None:
 
 @dataclass
 class Regs:
-    """The run-time register state the decision depends on (tables as plain lists, n + 1 long)."""
+    """The run-time register state the decision depends on (tables as plain lists, n + 1 long; `actions` holds the
+    ACTION table words: action code | ACTION_MIRROR_BIT)."""
 
     shunt: list[int]
     actions: list[int]
@@ -146,7 +155,7 @@ class Regs:
         """The registers as the register client leaves them for `plan` (Config.unfilterable, Config.nic_mode)."""
         control = CONTROL_ENABLE | unfilterable_control(unfilterable) | nic_mode_control(nic_mode)
         control |= miss_shunt_control(getattr(plan, "miss_shunt", (False, False)))
-        return Regs([int(b) for b in plan.shunt], [int(a) for a in plan.actions], control=control)
+        return Regs([int(b) for b in plan.shunt], action_words(plan), control=control)
 
 
 def unfilterable_control(setting: str) -> int:
@@ -188,8 +197,8 @@ def decide(plan, frame: bytes, src_port: int, regs: Regs, ct: int = 0) -> Decisi
 
     Precedence (the first that applies): a host port, not a wire port, unfilterable drop; unparsed (reason 2);
     the entry's shunt bit, a non-decisive action, shunt everything (reasons 0/1); miss forcing, CONTROL bits 4/5
-    for a frame with ct = 0 whose verdict would be ACCEPT/DROP (reason 3); host-mode ACCEPT (reason 5); forward
-    or drop."""
+    for a frame with ct = 0 whose verdict would be ACCEPT/DROP (reason 3); the entry's mirror bit (ACTION word bit 3,
+    reason 4: Kind.MIRROR); host-mode ACCEPT (reason 5); forward or drop."""
     n = len(plan.entries)
     gen = regs.generation & 0xFFFF
     if src_port in HOST_PORTS:
@@ -207,7 +216,8 @@ def decide(plan, frame: bytes, src_port: int, regs: Regs, ct: int = 0) -> Decisi
         meta = pack_meta(n, ACTION_NONE, REASON_UNPARSED, gen)
         return Decision(Kind.SHUNT, shunt_port, meta, n, ACTION_NONE, REASON_UNPARSED, False, ("CNT_SHUNT_UNPARSED",))
     idx = decision.match_index(plan, hdr)
-    action = regs.actions[idx] & 0xF
+    word = regs.actions[idx] & 0xF
+    action = word & 0x7  # bit 3 is the mirror bit (HF_ACTION_MIRROR_BIT), never part of the action code
     reason = REASON_POLICY if idx == n else REASON_OVERRULE
     rcnt = "CNT_SHUNT_POLICY" if idx == n else "CNT_SHUNT_OVERRULE"
     meta = pack_meta(idx, action, reason, gen)
@@ -222,6 +232,17 @@ def decide(plan, frame: bytes, src_port: int, regs: Regs, ct: int = 0) -> Decisi
         # conntrack must see a frame of a connection the fast path does not know (Plan.miss_shunt)
         meta = pack_meta(idx, action, REASON_STATE, gen)
         return Decision(Kind.SHUNT, shunt_port, meta, idx, action, REASON_STATE, False, ("CNT_SHUNT_STATE",))
+    if word & ACTION_MIRROR_BIT and action in (ACTION_ACCEPT, ACTION_DROP):
+        # log mirroring: the hardware's verdict stands; the host gets a copy (bridge ACCEPT: also forwarded; host
+        # ACCEPT: the frame itself) with reason 4 and the action without the mirror bit
+        meta = pack_meta(idx, action, REASON_MIRROR, gen)
+        if action == ACTION_DROP:
+            dst, cnt = shunt_port, ("CNT_DROPPED", CNT_MIRROR)
+        elif regs.control & CONTROL_HOST_MODE:
+            dst, cnt = shunt_port, ("CNT_FORWARDED", CNT_MIRROR)
+        else:
+            dst, cnt = PAIRED[src_port] | shunt_port, ("CNT_FORWARDED", CNT_MIRROR)
+        return Decision(Kind.MIRROR, dst, meta, idx, action, REASON_MIRROR, False, cnt)
     if action == ACTION_ACCEPT and regs.control & CONTROL_HOST_MODE:
         # host mode: the verdict is final; the frame goes to the ingress port's DMA queue as a shunt does
         meta = pack_meta(idx, action, REASON_DECIDED, gen)

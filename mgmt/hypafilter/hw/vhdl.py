@@ -10,6 +10,7 @@ from pathlib import Path
 
 import jinja2
 
+from hypafilter.analysis.plan import action_words
 from hypafilter.hw import regmap
 from hypafilter.ir import ACTION_DROP, FIELD_INDEX, MAXV, WIDTHS, Box, Policy
 from hypafilter.paths import HW_DIR
@@ -239,7 +240,8 @@ def render(plan, out_dir: Path, tdata_width: int = 256, encoder_fanin: int = 8, 
     if any(e.boxes and len(b.lo) != len(MAXV) for e in plan.entries for b in e.boxes):
         raise ValueError("box dimensions do not match ir.FIELDS")
     shunt = plan.shunt if power_on == "plan" else [1] * (n + 1)
-    actions = plan.actions if power_on == "plan" else [ACTION_DROP] * (n + 1)
+    # the ACTION table words: action code | HF_ACTION_MIRROR_BIT for a mirrored entry (log mirroring)
+    actions = action_words(plan) if power_on == "plan" else [ACTION_DROP] * (n + 1)
     words = [0] * ((n + 1 + 31) // 32)
     for i, bit in enumerate(shunt):
         if bit:

@@ -157,8 +157,9 @@ class _Flattener:
                     else:
                         guard()
             elif not r.target:
-                if r.stateful:  # a rule without target still updates its stateful matches
-                    out.append(rule(""))
+                # A rule without a target decides nothing, but it counts the packets it matches (and updates its
+                # stateful matches): it stays, as an observing rule, so that netfilter sees what the kernel's sees
+                out.append(rule(""))
             else:
                 out.append(rule(r.target, tuple(r.target_args)))
         return out

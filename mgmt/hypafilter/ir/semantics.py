@@ -30,6 +30,10 @@ NONTERMINAL_TARGETS = frozenset(
 # (the packet mark, the connection mark, an ipset, header bytes, ...).
 OBSERVING_TARGETS = frozenset({"AUDIT", "LOG", "NFLOG", "TRACE", "ULOG"})
 STATE_CHANGING_TARGETS = NONTERMINAL_TARGETS - OBSERVING_TARGETS
+# Log mirroring (docs/internals.md, "Log mirroring"): the rules that never decide and whose only effect is to be
+# seen, which the fast path leaves to a copy of the frame: LOG, NFLOG, and a rule without a target ("" : a
+# counting rule, or one whose matches keep per-rule state such as a limit or quota).
+MIRRORED_TARGETS = frozenset({"LOG", "NFLOG", ""})
 # Extension targets that decide (or divert) the packet when they match. SYNPROXY consumes SYN and ACK packets
 # and lets every other packet continue; DNAT/SNAT/MASQUERADE/REDIRECT/NETMAP belong to the nat table, where
 # they accept. A packet-dependent or table-dependent verdict is a complex rule's business: the model asks
@@ -43,6 +47,11 @@ KNOWN_TARGETS = STANDARD_TARGETS | NONTERMINAL_TARGETS | TERMINAL_EXTENSION_TARG
 VERDICT_TARGETS = frozenset({"ACCEPT", "DROP", "REJECT", "QUEUE", "NFQUEUE"})
 
 ComplexEval = Callable[[int, Rule, Header], "bool | str"]
+
+
+def observes(rule: Rule) -> bool:
+    """An observing rule (log mirroring): its target is LOG or NFLOG or it has none, so it never decides."""
+    return rule.target in MIRRORED_TARGETS
 
 
 def never(index: int, rule: Rule, header: Header) -> bool:

@@ -28,19 +28,21 @@ import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hypafilter import netns
 from hypafilter.errors import HypafilterError
-from hypafilter.hw.flowcache import ST_EXISTS, ST_FULL, ST_NOT_FOUND, ST_OK, Flow
+from hypafilter.hw.flowcache import OP_DELETE, OP_INSERT, ST_EXISTS, ST_FULL, ST_NOT_FOUND, ST_OK, Flow
 
 # ctnetlink (include/uapi/linux/netfilter/nfnetlink_conntrack.h, nf_conntrack_common.h, nf_conntrack_tcp.h)
 NFNLGRP_CONNTRACK_NEW, NFNLGRP_CONNTRACK_UPDATE, NFNLGRP_CONNTRACK_DESTROY = 1, 2, 3
 GROUPS = (1 << NFNLGRP_CONNTRACK_NEW - 1) | (1 << NFNLGRP_CONNTRACK_UPDATE - 1) | (1 << NFNLGRP_CONNTRACK_DESTROY - 1)
 IPCTNL_MSG_CT_NEW, IPCTNL_MSG_CT_DELETE = 0, 2
-NLM_F_CREATE, NLM_F_EXCL = 0x400, 0x200
+NFNL_SUBSYS_CTNETLINK = 1
+NLMSG_ERROR = 2
+NLM_F_REQUEST, NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL = 0x1, 0x4, 0x400, 0x200
 IPS_EXPECTED, IPS_SEEN_REPLY, IPS_ASSURED, IPS_CONFIRMED = 1 << 0, 1 << 1, 1 << 2, 1 << 3
 IPS_SRC_NAT, IPS_DST_NAT = 1 << 4, 1 << 5
 IPS_NAT_MASK = IPS_SRC_NAT | IPS_DST_NAT
@@ -68,6 +70,7 @@ TIMEOUT_SYSCTLS = {
 }
 SERVICE_NICE = -10  # the worker's scheduling priority (serve): the sync lag is time a new flow spends in software
 INTERVAL = 1.0  # seconds between two polls of the hardware table (timeout refresh, eviction, counters)
+POLL_CHUNK = 512  # flow-cache slots a poll reads besides those of the flows it installed (the table in turn)
 LAG_SAMPLES = 4096  # sync lag: the last this many event -> hardware-write times
 READY_TIMEOUT = 20.0  # seconds `start` waits for the service's first state file
 
@@ -213,14 +216,15 @@ class Installed:
     assured: bool
     last_hits: int | None = None
     tcp_state: int | None = None  # the TCP state conntrack last reported (its timeout is the one a refresh sets)
+    slot: int | None = None  # where the flow cache put it (entries do not move)
 
 
 @dataclass
 class Syncer:
-    """Keeps `table` (NicClient's flow API: flow_insert, flow_delete, flow_entries, flow_counters, flow_clear)
-    equal to the offloadable entries of conntrack `ct` (set_liberal(ev): True, or False when conntrack no longer
-    has the entry; refresh(flow, proto, seconds): True when the entry is there and still offloadable and its
-    timeout is set, else False)."""
+    """Keeps `table` (NicClient's flow API: flow_config, flow_commands, flow_entries, flow_counters, flow_clear)
+    equal to the offloadable entries of conntrack `ct` (set_liberal_many(evs): per entry True, or False when
+    conntrack no longer has it; refresh(flow, proto, seconds): True when the entry is there and still
+    offloadable and its timeout is set, else False)."""
 
     table: object
     ct: object
@@ -244,40 +248,56 @@ class Syncer:
         )
     )
     lag: deque = field(default_factory=lambda: deque(maxlen=LAG_SAMPLES))
+    scan_at: int = 0  # the first slot of the next poll's part of the table
     last_error: str = ""
 
-    def _insert(self, ev: CtEvent, flow: Flow, t_event: float | None) -> None:
-        # Liberal first: from the insert on conntrack misses the flow's established frames, and without it its
-        # window tracking would call the frames it sees later (FIN, RST, a shunted one) INVALID.
-        if ev.proto == PROTO_TCP and not self.ct.set_liberal(ev):
-            return  # gone meanwhile: its destroy event follows
-        if ev.proto == PROTO_TCP:
-            self.counters["liberal"] += 1
-        status, _slot = self.table.flow_insert(flow)
-        if status == ST_EXISTS:
-            # Not one of ours (we insert a flow once): a leftover, maybe stored with the other orientation, which
-            # would swap ORIGINAL and REPLY. Replace it.
-            self.table.flow_delete(flow)
-            status, _slot = self.table.flow_insert(flow)
-        if status == ST_OK:
-            self.installed[flow] = Installed(ev.proto, bool(ev.status & IPS_ASSURED), tcp_state=ev.tcp_state)
-            self.counters["inserts"] += 1
-            if t_event is not None:
-                self.lag.append(self.clock() - t_event)
-        elif status == ST_FULL:
-            self.counters["insert_failures"] += 1  # the flow stays a miss: its frames go to software
-        else:
-            self._error(f"flow_insert {flow}: status {status}")
-
-    def _delete(self, flow: Flow, counter: str, t_event: float | None = None) -> None:
-        status, _slot = self.table.flow_delete(flow)
-        self.installed.pop(flow, None)
-        if status == ST_OK:
-            self.counters[counter] += 1
-            if t_event is not None:
-                self.lag.append(self.clock() - t_event)
-        elif status != ST_NOT_FOUND:
-            self._error(f"flow_delete {flow}: status {status}")
+    def _apply(self, ops: list[tuple]) -> None:
+        """Flow-cache changes, in order: ("insert", CtEvent, t_event) and ("delete", Flow, counter, t_event), as
+        one flow-cache batch (NicClient.flow_commands: one round trip on the emulated NIC). The liberal flags of
+        the TCP flows to insert are set first, in one conntrack batch: from the insert on conntrack misses the
+        flow's established frames, and without it its window tracking would call the frames it sees later (FIN,
+        RST, a shunted one) INVALID. A flow whose flag could not be set (conntrack no longer has it: its destroy
+        event follows) is not inserted. t_event None: no event to measure a lag from."""
+        tcp = [op[1] for op in ops if op[0] == "insert" and op[1].proto == PROTO_TCP]
+        ok = dict(zip(tcp, self.ct.set_liberal_many(tcp), strict=True)) if tcp else {}
+        self.counters["liberal"] += sum(ok.values())
+        ops = [op for op in ops if op[0] != "insert" or ok.get(op[1], True)]
+        if not ops:
+            return
+        flows = [op[1].flow if op[0] == "insert" else op[1] for op in ops]
+        results = self.table.flow_commands(
+            [(OP_INSERT if op[0] == "insert" else OP_DELETE, f) for op, f in zip(ops, flows, strict=True)]
+        )
+        # An insert that finds its key is not one of ours (we insert a flow once): a leftover, maybe stored with
+        # the other orientation, which would swap ORIGINAL and REPLY. Replace it.
+        again = [k for k, op in enumerate(ops) if op[0] == "insert" and results[k][0] == ST_EXISTS]
+        if again:
+            redo = self.table.flow_commands([c for k in again for c in ((OP_DELETE, flows[k]), (OP_INSERT, flows[k]))])
+            for j, k in enumerate(again):
+                results[k] = redo[2 * j + 1]
+        now = self.clock()
+        for op, flow, (status, slot) in zip(ops, flows, results, strict=True):
+            t_event = op[-1]
+            if op[0] == "delete":
+                self.installed.pop(flow, None)
+                if status == ST_OK:
+                    self.counters[op[2]] += 1
+                    if t_event is not None:
+                        self.lag.append(now - t_event)
+                elif status != ST_NOT_FOUND:
+                    self._error(f"flow_delete {flow}: status {status}")
+            elif status == ST_OK:
+                ev = op[1]
+                self.installed[flow] = Installed(
+                    ev.proto, bool(ev.status & IPS_ASSURED), tcp_state=ev.tcp_state, slot=slot
+                )
+                self.counters["inserts"] += 1
+                if t_event is not None:
+                    self.lag.append(now - t_event)
+            elif status == ST_FULL:
+                self.counters["insert_failures"] += 1  # the flow stays a miss: its frames go to software
+            else:
+                self._error(f"flow_insert {flow}: status {status}")
 
     def _error(self, text: str) -> None:
         self.counters["errors"] += 1
@@ -285,29 +305,59 @@ class Syncer:
 
     def event(self, ev: CtEvent, t_event: float | None = None) -> str | None:
         """Apply one conntrack event; returns "install", "remove" or None (nothing to do)."""
+        return self.events([ev], t_event)[0]
+
+    def events(self, evs: Iterable[CtEvent], t_event: float | None = None) -> list[str | None]:
+        """Apply conntrack events in order (those read off the socket together); per event "install", "remove"
+        or None. The changes they call for go to the hardware together at the end, in event order (`_apply`: one
+        conntrack batch for the liberal flags, one flow-cache batch), so the last of many flows that became
+        established together, or of flows set up while others end, does not wait a round trip per flow. A flow
+        to be installed that a later event of the batch removes is not inserted at all."""
         t_event = self.clock() if t_event is None else t_event
-        self.counters["events"] += 1
-        flow = ev.flow
-        if flow is None:
-            return None
-        have = flow in self.installed
-        if ev.kind in ("new", "update") and ev.proto == PROTO_TCP and ev.tcp_state is None:
-            # The kernel puts protoinfo in an event only when it changed (IPCT_PROTOINFO): an update of the
-            # status, mark or timeout alone leaves the TCP state as the last event said.
-            return None
-        want = offload_reason(ev) is None
-        if want and not have:
-            self._insert(ev, flow, t_event)
-            return "install"
-        if want and have:
-            self.installed[flow].assured |= bool(ev.status & IPS_ASSURED)
-            if ev.tcp_state is not None:
-                self.installed[flow].tcp_state = ev.tcp_state
-            return None
-        if have:
-            self._delete(flow, "deletes", t_event)
-            return "remove"
-        return None
+        out: list[str | None] = []
+        ops: list[tuple | None] = []
+        pending: dict[Flow, int] = {}  # flow -> index of its insert in ops
+        removing: set[Flow] = set()  # installed flows this batch deletes
+        for ev in evs:
+            self.counters["events"] += 1
+            flow = ev.flow
+            if flow is None:
+                out.append(None)
+                continue
+            if ev.kind in ("new", "update") and ev.proto == PROTO_TCP and ev.tcp_state is None:
+                # The kernel puts protoinfo in an event only when it changed (IPCT_PROTOINFO): an update of the
+                # status, mark or timeout alone leaves the TCP state as the last event said.
+                out.append(None)
+                continue
+            want = offload_reason(ev) is None
+            if flow in pending:
+                k = pending[flow]
+                if want:
+                    ops[k] = ("insert", ev, t_event)  # installed with what conntrack said last
+                    out.append(None)
+                else:
+                    ops[k] = None
+                    del pending[flow]
+                    out.append("remove")
+                continue
+            have = flow in self.installed and flow not in removing
+            if want and not have:
+                pending[flow] = len(ops)
+                ops.append(("insert", ev, t_event))
+                out.append("install")
+            elif want and have:
+                self.installed[flow].assured |= bool(ev.status & IPS_ASSURED)
+                if ev.tcp_state is not None:
+                    self.installed[flow].tcp_state = ev.tcp_state
+                out.append(None)
+            elif have:
+                removing.add(flow)
+                ops.append(("delete", flow, "deletes", t_event))
+                out.append("remove")
+            else:
+                out.append(None)
+        self._apply([op for op in ops if op is not None])
+        return out
 
     def resync(self, entries: Iterable[CtEvent]) -> None:
         """Reconcile the table with a full conntrack dump: insert what should be there, delete the rest."""
@@ -318,17 +368,16 @@ class Syncer:
                 want[ev.flow] = ev
         present = {r.flow: r for r in self.table.flow_entries()}
         self.installed = {f: i for f, i in self.installed.items() if f in present}
-        for flow in present:
-            if flow not in want:
-                self._delete(flow, "evictions")
+        ops: list[tuple] = [("delete", flow, "evictions", None) for flow in present if flow not in want]
         for flow, ev in want.items():
             if flow in present:
                 rec = present[flow]
                 self.installed[flow] = Installed(
-                    ev.proto, bool(ev.status & IPS_ASSURED), rec.hits if rec.counted else None, ev.tcp_state
+                    ev.proto, bool(ev.status & IPS_ASSURED), rec.hits if rec.counted else None, ev.tcp_state, rec.slot
                 )
             else:
-                self._insert(ev, flow, None)  # no event to measure a lag from
+                ops.append(("insert", ev, None))  # no event to measure a lag from
+        self._apply(ops)
 
     def timeout_for(self, inst: Installed) -> int:
         if inst.proto == PROTO_TCP:
@@ -338,18 +387,29 @@ class Syncer:
 
     def poll(self) -> None:
         """Refresh the conntrack timeout of every flow the hardware saw since the last poll; evict hardware flows
-        this service did not install or whose conntrack entry is gone."""
-        for rec in self.table.flow_entries():
+        whose conntrack entry is gone and flows this service did not install. A poll reads the slots of the flows
+        it installed and the next POLL_CHUNK slots of the table in turn (all of it every entries / POLL_CHUNK
+        polls: 8 with 4,096 entries), not the whole table: reading 4,096 slots took 70-130 ms of the emulated
+        NIC's time every poll, which new flows waited for; only another writer can leave a flow it did not
+        install once the resync at start has read everything."""
+        entries = self.table.flow_config().entries
+        first = self.scan_at % entries
+        window = range(first, min(first + POLL_CHUNK, entries))
+        self.scan_at = window.stop % entries
+        slots = {i.slot for i in self.installed.values() if i.slot is not None}.union(window)
+        evict: list[tuple] = []
+        for rec in self.table.flow_entries(sorted(slots)):
             inst = self.installed.get(rec.flow)
             if inst is None:
-                self._delete(rec.flow, "evictions")
+                evict.append(("delete", rec.flow, "evictions", None))
                 continue
             if refresh_due(inst.last_hits, rec.counted, rec.hits):
                 inst.last_hits = rec.hits
                 if self.ct.refresh(rec.flow, inst.proto, self.timeout_for(inst)):
                     self.counters["refreshes"] += 1
                 else:
-                    self._delete(rec.flow, "evictions")
+                    evict.append(("delete", rec.flow, "evictions", None))
+        self._apply(evict)
 
     def stats(self) -> dict:
         lag = list(self.lag)
@@ -381,6 +441,14 @@ class Conntrack:
             self.events = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
             self.req = NFCTSocket()
             self.req.asyncore.socket  # noqa: B018  (pyroute2 opens its socket lazily: here, inside `ns`)
+            # Batched entry updates (set_liberal_many): several requests in one datagram, acks matched by sequence.
+            self.batch = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
+        self.batch.bind((0, 0))
+        self.batch.settimeout(10.0)
+        self.batch.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        self.batch_marshal = Marshal()
+        self.batch_marshal.msg_map.update(AsyncNFCTSocket.policy)
+        self._seq = 0
         self.events.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         self.events.bind((0, GROUPS))
         self.events.setblocking(False)
@@ -389,6 +457,7 @@ class Conntrack:
 
     def close(self) -> None:
         self.events.close()
+        self.batch.close()
         self.req.close()
 
     def read_events(self) -> list[CtEvent]:
@@ -432,9 +501,54 @@ class Conntrack:
 
     def set_liberal(self, ev: CtEvent) -> bool:
         """IP_CT_TCP_FLAG_BE_LIBERAL in both directions' TCP flags (flags, mask): conntrack's window checks off."""
+        return self.set_liberal_many([ev])[0]
+
+    def set_liberal_many(self, evs: Sequence[CtEvent]) -> list[bool]:
+        """set_liberal for several entries in one sendmsg: one IPCTNL_MSG_CT_NEW update (no NLM_F_CREATE) per entry,
+        each with NLM_F_ACK and its own sequence number; the kernel runs every message of the datagram and acks
+        each. Per entry True once its ack says done, False when conntrack has no such entry (ENOENT); any other
+        error raises (the worker ends and the supervisor starts another, which resyncs)."""
+        from pyroute2.netlink.exceptions import NetlinkError
+        from pyroute2.netlink.nfnetlink.nfctsocket import nfct_msg
+
+        if not evs:
+            return []
         flags = {"value": (IP_CT_TCP_FLAG_BE_LIBERAL, IP_CT_TCP_FLAG_BE_LIBERAL)}
         tcp = {"attrs": [["CTA_PROTOINFO_TCP_FLAGS_ORIGINAL", flags], ["CTA_PROTOINFO_TCP_FLAGS_REPLY", flags]]}
-        return self._set(ev.flow, protoinfo={"attrs": [["CTA_PROTOINFO_TCP", tcp]]})
+        data, seqs = b"", {}
+        for k, ev in enumerate(evs):
+            self._seq = (self._seq + 1) & 0x7FFFFFFF or 1
+            msg = nfct_msg.create_from(
+                tuple_orig=self._tuple(ev.flow), protoinfo={"attrs": [["CTA_PROTOINFO_TCP", tcp]]}
+            )
+            msg["header"]["type"] = NFNL_SUBSYS_CTNETLINK << 8 | IPCTNL_MSG_CT_NEW
+            msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK
+            msg["header"]["sequence_number"] = self._seq
+            msg["nfgen_family"] = socket.AF_INET
+            msg.encode()
+            data += msg.data
+            seqs[self._seq] = k
+        self.batch.send(data)
+        out: list[bool | None] = [None] * len(evs)
+        left = len(evs)
+        while left:
+            try:
+                chunk = self.batch.recv(1 << 16)
+            except TimeoutError as e:
+                raise HypafilterError(f"conntrack did not answer {left} of {len(evs)} updates") from e
+            for msg in self.batch_marshal.parse(chunk):
+                k = seqs.get(msg["header"]["sequence_number"])
+                if k is None or out[k] is not None or msg["header"]["type"] != NLMSG_ERROR:
+                    continue  # not an ack of this batch (a late one of an earlier batch that raised)
+                err = msg["header"]["error"]
+                if err is None:
+                    out[k] = True
+                elif isinstance(err, NetlinkError) and err.code == errno.ENOENT:
+                    out[k] = False
+                else:
+                    raise err
+                left -= 1
+        return [bool(x) for x in out]
 
     def set_timeout(self, flow: Flow, proto: int, seconds: int) -> bool:
         return self._set(flow, timeout=int(seconds))
@@ -515,6 +629,20 @@ def serve(
         syncer = Syncer(table, ct, read_timeouts(ns))
         syncer.resync(ct.dump())
         next_poll = time.monotonic()
+
+        def drain() -> None:
+            """Apply the conntrack events queued now, together."""
+            t = time.monotonic()
+            try:
+                events = ct.read_events()
+            except OSError as e:
+                if e.errno != errno.ENOBUFS:
+                    raise
+                syncer.last_error = "conntrack events lost (ENOBUFS): resynchronised from a dump"
+                syncer.resync(ct.dump())
+                return
+            syncer.events(events, t)
+
         while not stopping and not stop():
             now = time.monotonic()
             if now >= next_poll:
@@ -525,19 +653,8 @@ def serve(
                 )
                 next_poll = now + interval
             r, _, _ = select.select([ct.events], [], [], max(0.0, min(next_poll - time.monotonic(), 0.2)))
-            if not r:
-                continue
-            t = time.monotonic()
-            try:
-                events = ct.read_events()
-            except OSError as e:
-                if e.errno != errno.ENOBUFS:
-                    raise
-                syncer.last_error = "conntrack events lost (ENOBUFS): resynchronised from a dump"
-                syncer.resync(ct.dump())
-                continue
-            for ev in events:
-                syncer.event(ev, t)
+            if r:
+                drain()
     finally:
         try:
             table.flow_clear()

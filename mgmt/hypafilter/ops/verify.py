@@ -20,6 +20,7 @@ import gzip
 import os
 import random
 import select
+import shlex
 import socket
 import struct
 import time
@@ -32,11 +33,13 @@ from hypafilter.config import Config
 from hypafilter.errors import HypafilterError
 from hypafilter.iptables.writer import policy_restore
 from hypafilter.ir import MAXV, PROTO_ICMP, PROTO_TCP, PROTO_UDP, Policy
+from hypafilter.ir.semantics import OBSERVING_TARGETS
 from hypafilter.netfilter.bridge import unfilterable_nft
-from hypafilter.ops import connections, deploy
+from hypafilter.ops import connections, deploy, observers
 from hypafilter.ops.connections import ConnectionSpec
 from hypafilter.ops.lab import HOST_MAC, HOST_SEEN_MAX, Lab
 from hypafilter.shared import pack_meta
+from hypafilter.targets.base import DECIDED, DECISIONS, SHUNTED, CounterSource, Target, WindowStages
 
 ETH_P_ALL = 0x0003
 PACKET_OUTGOING = 4
@@ -153,12 +156,36 @@ def comparable_state(match: str, opts: list[str]) -> bool:
     return False
 
 
+# State only the rule itself reads: on a rule that only observes (LOG, NFLOG, no target...) it changes what is logged,
+# never a verdict, so verify compares such a policy's verdicts (and reports those rules' counters as not comparable).
+PER_RULE_STATE = frozenset({"statistic", "random", "nth", "limit", "quota", "time", "cpu", "rateest"})
+
+
+def observing_target(target: str) -> bool:
+    """A target that never decides and changes no state another rule reads (or no target at all)."""
+    return not target or target in OBSERVING_TARGETS
+
+
+def unverifiable(matches: list[str], target: str) -> list[str]:
+    """The matches of a rule (its `_matches_in` list) that make verdicts incomparable: every nondeterministic one,
+    except per-rule state on an observing rule."""
+    return [m for m in matches if m in NONDETERMINISTIC and not (observing_target(target) and m in PER_RULE_STATE)]
+
+
+def _token_target(toks) -> str:
+    toks = list(toks)
+    for i, t in enumerate(toks[:-1]):
+        if t in ("-j", "--jump", "-g", "--goto"):
+            return toks[i + 1]
+    return ""
+
+
 def refuse_nondeterministic(policy: Policy) -> None:
     """HypafilterError naming file:line of the first rule whose verdict is not a function of the frame."""
     for r in policy.rules:
         for group in r.complex:
-            for m in _matches_in(group):
-                if m in NONDETERMINISTIC:
+            for m in unverifiable(_matches_in(group), r.target):
+                if m:
                     where = f"{r.origin.file}:{r.origin.line}" if r.origin else policy.source
                     raise HypafilterError(
                         f"{where}: verify refuses match '{m}' ({NONDETERMINISTIC[m]}): its verdict is not a function "
@@ -166,8 +193,8 @@ def refuse_nondeterministic(policy: Policy) -> None:
                     )
     for name, uc in policy.user_chains.items():
         for toks in uc.rules:
-            for m in _matches_in(toks):
-                if m in NONDETERMINISTIC:
+            for m in unverifiable(_matches_in(toks), _token_target(toks)):
+                if m:
                     raise HypafilterError(
                         f"{policy.source}: chain {name}: verify refuses match '{m}' ({NONDETERMINISTIC[m]})"
                     )
@@ -462,7 +489,7 @@ def make_probes(policy: Policy, packets: int, generation: int = 0, **options) ->
 
 
 # The NIC's counters of the wire frames it decided itself: forwarded, dropped by a rule, dropped as unfilterable.
-HW_DECIDED = ("CNT_FORWARDED", "CNT_DROPPED", "CNT_DROP_UNFILTERABLE")
+HW_DECIDED = DECIDED
 # ---- closing the receive window on counters ------------------------------------------------------------------------
 
 SOL_PACKET = 263
@@ -470,10 +497,8 @@ PACKET_STATISTICS = 6
 PACKET_IGNORE_OUTGOING = 23
 SO_ATTACH_FILTER = 26
 # The NIC's decision counters: every wire frame it classified (PKTIN) counts in exactly one of them (hw.model).
-# Every wire frame counts in exactly one of these: decided, or shunted for one of four reasons (reason 3, "state
-# unknown", is a flow-cache miss forced to conntrack by CONTROL bits 4/5).
-NIC_SHUNTED = ("CNT_SHUNT_OVERRULE", "CNT_SHUNT_POLICY", "CNT_SHUNT_UNPARSED", "CNT_SHUNT_STATE")
-NIC_DECISIONS = HW_DECIDED + NIC_SHUNTED
+NIC_SHUNTED = SHUNTED
+NIC_DECISIONS = DECISIONS
 WINDOW_GRACE = 0.05  # the counters must read the same twice this far apart (see CounterWindow)
 WINDOW_TIMEOUT = 120.0  # last resort: counters that never reconcile are an error, not a verdict
 
@@ -556,12 +581,9 @@ class CounterWindow:
     """When every frame verify sent has met its fate on both paths, from counters (not from quiet time).
 
     Counting sockets (`_tap`) count what a namespace took from a veth, at the point where its bridge (or the
-    emulator's socket) takes it; veth tx counters what a namespace sent. Hybrid path: the NIC's namespace took all
-    N frames (by id) from the sender; the NIC classified every frame that reached its wire ports (PKTIN) and
-    decided each (NIC_DECISIONS: forwarded, dropped, dropped as unfilterable, shunted for one of four reasons);
-    it sent out every frame it decided or took back from the host (PKTOUT = forwarded + shunted + CNT_FROM_HOST)
-    and its veths carried each of them; the firewall took every frame the NIC gave it; the NIC took back every
-    frame the firewall's bridge forwarded (CNT_FROM_HOST); the receiver captured every frame the NIC sent it.
+    emulator's socket) takes it; veth tx counters what a namespace sent. The hybrid path's stages are the target's
+    (`Target.window_stages`: which veths and taps to read, which of its counters, and how they balance; the emulated
+    NIC's registers, the XDP program's per-CPU counters), its counters read through the target's counter source.
     Oracle path: the plain namespace took all N (by id), and the receiver captured every frame its bridge
     forwarded. Host mode: the bridges are where the frames end, so the receiver's captures do not count. Each
     stage is checked against the one before it, whatever the frames are; the starting point is taken when the
@@ -570,41 +592,43 @@ class CounterWindow:
 
     A bridge decides a frame in the softirq that took it, so once the counts agree nothing is on its way; the
     last reading must also repeat WINDOW_GRACE later. A frame the lab itself loses (tx dropped on a veth, a capture
-    socket's drops, CNT_FIFO_DROP) or counters that do not reconcile within WINDOW_TIMEOUT raise WindowError
-    naming the counters: then there is no verdict, never a silent mismatch."""
+    socket's drops, a loss counter of the target such as CNT_FIFO_DROP) or counters that do not reconcile within
+    WINDOW_TIMEOUT raise WindowError naming the counters: then there is no verdict, never a silent mismatch."""
 
-    TX = (
-        ("send", "hyb0"),
-        ("send", "plain0"),
-        ("nic", "wire0"),
-        ("nic", "wire1"),
-        ("nic", "host0"),
-        ("nic", "host1"),
-        ("fw", "nf0"),
-        ("fw", "nf1"),
-        ("plain", "nf1"),
-    )
-    TAPS = (
-        ("nic", "wire0", True),
-        ("nic", "wire0", False),
-        ("nic", "wire1", False),
-        ("fw", "nf0", False),
-        ("fw", "nf1", False),
-        ("plain", "nf0", True),
-    )
+    # The oracle path's stages, the same on every target.
+    TX = (("send", "plain0"), ("plain", "nf1"))
+    TAPS = (("plain", "nf0", True),)
 
-    def __init__(self, lab_ns: dict[str, str], nic_counters: Callable[[], dict], host: bool = False):
+    def __init__(self, lab_ns: dict[str, str], source: CounterSource, stages: WindowStages, host: bool = False):
         self.ns = lab_ns
-        self.nic_counters = nic_counters
+        self.source = source
+        self.stages = stages
         self.host = host
-        self.dev = {role: _NetDev(lab_ns[role]) for role in {r for r, _ in self.TX}}
-        self.taps = {f"{r}.{i}{'.ours' if o else ''}": _tap(lab_ns[r], i, o) for r, i, o in self.TAPS}
+        self.tx = (*stages.tx, *self.TX)
+        self.dev = {role: _NetDev(lab_ns[role]) for role in {r for r, _ in self.tx}}
+        taps = (*stages.taps, *self.TAPS)
+        self.taps = {f"{r}.{i}{'.ours' if o else ''}": _tap(lab_ns[r], i, o) for r, i, o in taps}
         self.sent = 0
         self.tapped = dict.fromkeys(self.taps, 0)
         self.captured = {"hybrid": 0, "plain": 0}
         self.capture_drops = 0
         self.nic0: dict = {}
         self.dev0: dict = {}
+
+    @classmethod
+    def of(cls, target: Target, info: dict, lab_ns: dict[str, str], host: bool = False) -> CounterWindow:
+        """The window of the NIC `info` of `target` (its stages, its counter source; `close` closes both)."""
+        if target.window_stages is None:
+            raise HypafilterError(f"target {target.name} has no counter window (Target.window_stages)")
+        source = target.counter_source(info)
+        try:
+            return cls(lab_ns, source, target.window_stages, host)
+        except BaseException:
+            source.close()
+            raise
+
+    def nic_counters(self) -> dict:
+        return self.source.counters()
 
     def open(self, captures: dict[str, socket.socket], timeout: float = WINDOW_TIMEOUT) -> None:
         """Take the counters' starting point once the lab is idle: nothing counted anywhere and nothing captured
@@ -630,6 +654,7 @@ class CounterWindow:
             d.close()
         for s in self.taps.values():
             s.close()
+        self.source.close()
 
     def reading(self) -> dict:
         """The counters now, as deltas since the window opened (taps, then the NIC, then the veths: each later
@@ -638,14 +663,14 @@ class CounterWindow:
             self.tapped[name] += _packets_seen(s)[0]
         nic = _counter_delta(self.nic0, self.nic_counters())
         dev = {}
-        for role, ifname in self.TX:
+        for role, ifname in self.tx:
             a, b = self.dev0[role].get(ifname), self.dev[role].read().get(ifname)
             if a is None or b is None:
                 raise WindowError(f"verify: interface {ifname} missing in {self.ns[role]}")
             dev[f"{role}.{ifname}"] = {"tx": b[2] - a[2], "tx_dropped": b[3] - a[3]}
         return {
             "sent": self.sent,
-            "nic": {k: nic.get(k, 0) for k in ("PKTIN", "PKTOUT", *NIC_DECISIONS, "CNT_FROM_HOST", "CNT_FIFO_DROP")},
+            "nic": {k: nic.get(k, 0) for k in self.stages.counters},
             "dev": dev,
             "tapped": dict(self.tapped),
             "captured": dict(self.captured),
@@ -655,30 +680,19 @@ class CounterWindow:
     def missing(self, r: dict) -> list[str]:
         """What is still on its way (empty: every frame met its fate). Raises WindowError on a lost frame."""
         lost = [f"{k} tx dropped {v['tx_dropped']}" for k, v in r["dev"].items() if v["tx_dropped"]]
-        if r["nic"]["CNT_FIFO_DROP"]:
-            lost.append(f"CNT_FIFO_DROP {r['nic']['CNT_FIFO_DROP']}")
+        lost += [f"{k} {r['nic'][k]}" for k in self.stages.lost if r["nic"][k]]
         if r["capture_drops"]:
             lost.append(f"capture sockets dropped {r['capture_drops']}")
         if lost:
             raise WindowError(f"verify: the lab lost frames ({', '.join(lost)}), so there is no verdict: {r}")
-        n, nic, tap = r["sent"], r["nic"], r["tapped"]
+        n, tap = r["sent"], r["tapped"]
         tx = {k: v["tx"] for k, v in r["dev"].items()}
-        over = [f"{k} {tap[k]} > {n}" for k in ("nic.wire0.ours", "plain.nf0.ours") if tap[k] > n]
+        over = [f"{k} {v} > {n}" for k, v in tap.items() if k.endswith(".ours") and v > n]
         if over:
             raise WindowError(f"verify: more frames with our ids than were sent ({', '.join(over)}): {r}")
-        shunted = sum(nic[k] for k in NIC_SHUNTED)
-        want = {
-            "NIC took ours": (tap["nic.wire0.ours"], n),
-            "NIC classified": (nic["PKTIN"], tap["nic.wire0"] + tap["nic.wire1"]),
-            "NIC decided": (sum(nic[k] for k in NIC_DECISIONS), nic["PKTIN"]),
-            "NIC sent": (nic["PKTOUT"], nic["CNT_FORWARDED"] + shunted + nic["CNT_FROM_HOST"]),
-            "NIC veths carried": (tx["nic.wire0"] + tx["nic.wire1"] + tx["nic.host0"] + tx["nic.host1"], nic["PKTOUT"]),
-            "firewall took": (tap["fw.nf0"] + tap["fw.nf1"], tx["nic.host0"] + tx["nic.host1"]),
-            "NIC took back": (nic["CNT_FROM_HOST"], tx["fw.nf0"] + tx["fw.nf1"]),
-            "plain took ours": (tap["plain.nf0.ours"], n),
-        }
+        want = dict(self.stages.balance(r, self.host))
+        want["plain took ours"] = (tap["plain.nf0.ours"], n)
         if not self.host:
-            want["receiver captured, hybrid"] = (r["captured"]["hybrid"], tx["nic.wire1"])
             want["receiver captured, plain"] = (r["captured"]["plain"], tx["plain.nf1"])
         return [f"{k} {got}/{exp}" for k, (got, exp) in want.items() if got != exp]
 
@@ -907,31 +921,39 @@ def verify(
     # out on their own clocks in each namespace, so they could decide a frame differently on the two paths.
     for role in ("fw", "plain"):
         lab.flush_conntrack(role)
+    obs_before = {role: observers.snapshot(ns[role], config.table) for role in ("fw", "plain")}
     t1 = time.monotonic()
-    if tgt.name == "emu":
-        with tgt.client(state["nic"]) as client, quiet_stacks(ns):
-            window = CounterWindow(ns, client.counters, host)
+    closed = None
+    if tgt.window_stages is not None:
+        with quiet_stacks(ns):
+            window = CounterWindow.of(tgt, state["nic"], ns, host)
             try:
                 got = exchange(ns, sent, lab=lab if host else None, window=window)
                 closed = window.reading()
             finally:
                 window.close()
     else:
-        # CounterWindow knows the emulated NIC's lab (its namespace, veths and CNT_* registers); the xdp lab has
-        # neither, so its receive window still closes after a quiet time (docs/deploy.md, verify step 5)
+        # A target without window stages (SUME: no lab of veths to count on) closes after a quiet time.
         with quiet_stacks(ns):
             got = exchange(ns, sent, lab=lab if host else None)
-        closed = None
     t_run = time.monotonic() - t1
     nic = _counter_delta(nic_before, tgt.counters(state["nic"]))
     shim = _counter_delta({k: v for k, v in shim_before.items() if k != "config"}, sh.stats())
     shim.pop("config", None)
     report = compare(sent, got)
+    report["observers"] = observers.compare(
+        obs_before["fw"],
+        observers.settled(ns["fw"], config.table),
+        obs_before["plain"],
+        observers.settled(ns["plain"], config.table),
+        comparable=lambda text: not NONDETERMINISTIC.keys() & set(_matches_in(shlex.split(text))),
+    )
     report.update(
         {
             "shunted": sum(v for k, v in nic.items() if k.startswith("CNT_SHUNT_") and k != "CNT_SHUNT_FORCED"),
             "hw_forwarded": nic.get("CNT_FORWARDED", 0),
             "hw_dropped": nic.get("CNT_DROPPED", 0),
+            "hw_mirrored": nic.get("CNT_MIRROR", 0),
             "hw_share": hw_share(nic),
             "nic": nic,
             "shim": shim,

@@ -9,15 +9,54 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from hypafilter.config import Config
 from hypafilter.paths import BUILD_ROOT
 from hypafilter.targets.nic import NicClient
 
 PORTS = ("wire0", "wire1", "host0", "host1")  # the core's four ports: two to the wire, two to the host
+
+# Counter names every target uses with the NIC's meanings (hw/regmap.txt): every wire frame a target classified
+# (PKTIN) counts in exactly one of DECISIONS, decided by the target itself (DECIDED) or shunted to software for one
+# of four reasons (SHUNTED; reason 3, "state unknown", is a flow-cache miss forced to conntrack by CONTROL bits 4/5).
+DECIDED = ("CNT_FORWARDED", "CNT_DROPPED", "CNT_DROP_UNFILTERABLE")
+SHUNTED = ("CNT_SHUNT_OVERRULE", "CNT_SHUNT_POLICY", "CNT_SHUNT_UNPARSED", "CNT_SHUNT_STATE")
+DECISIONS = DECIDED + SHUNTED
+
+
+class CounterSource(Protocol):
+    """An open reader of a running NIC's counters (`Target.counter_source`): what the dashboard samples every
+    second and verify's counter window polls, kept open between readings where the target has a connection."""
+
+    def counters(self) -> dict[str, int]:
+        """PKTIN, PKTOUT and CNT_* with the NIC's meanings, plus any counter of the target's own."""
+        ...
+
+    def hits(self, count: int) -> list[int]:
+        """Per-entry first matches (the NIC's HITS table) of entries 0..count-1 (count - 1: the policy entry)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class WindowStages:
+    """How verify's receive window (ops.verify.CounterWindow) follows the hybrid path's frames through this target's
+    part of the lab, from counters: which veth tx counters (`tx`, (lab role, interface)) and counting sockets
+    (`taps`, (role, interface, only frames carrying verify's ids)) to read, which of the target's counters
+    (`counters`; `lost`: frames the target itself lost, any of them ends the run without a verdict) and `balance`:
+    for a reading (ops.verify.CounterWindow.reading) and host mode, each stage's count and the count it must equal
+    once every frame sent has met its fate. The oracle path's stages are the window's own."""
+
+    tx: tuple[tuple[str, str], ...]
+    taps: tuple[tuple[str, str, bool], ...]
+    counters: tuple[str, ...]
+    lost: tuple[str, ...]
+    balance: Callable[[dict, bool], dict[str, tuple[int, int]]]
 
 
 @dataclass(frozen=True)
@@ -59,7 +98,7 @@ class Target(ABC):
 
     @abstractmethod
     def transport(self, info: dict):
-        """A register transport (read/write/read_table/write_table_many/close) to the NIC of `info`."""
+        """A register transport (read/write/read_table/write_table_many/request_many/close) to the NIC of `info`."""
 
     @abstractmethod
     def activate(self, info: dict) -> None:
@@ -104,3 +143,11 @@ class Target(ABC):
     def counters(self, info: dict) -> dict:
         with self.client(info) as c:
             return c.counters()
+
+    def counter_source(self, info: dict, timeout: float = 30.0) -> CounterSource:
+        """The NIC's counters and HITS table over a register connection kept open until `close` (`timeout`: how
+        long one reading may take, where the transport has such a bound)."""
+        return NicClient(self.transport(info))
+
+    # How verify's counter window reconciles this target's lab (None: the target has no lab verify runs on).
+    window_stages: WindowStages | None = None

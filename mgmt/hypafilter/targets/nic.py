@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from hypafilter.analysis.plan import action_words
 from hypafilter.errors import HypafilterError
 from hypafilter.hw import flowcache, regmap
 from hypafilter.hw.flowcache import Flow
@@ -155,6 +156,12 @@ class FlowRecord:
 # (and for a clear) the cache sweeps 2**LOG2_SETS sets first: 16,384 cycles at 64k entries, and the emulated clock
 # advances only with the register reads that poll it.
 FC_COMMAND_SECONDS = 10.0
+# Status reads after each FC_CMD write of a batch (NicClient.flow_commands). An insert or delete runs 14-16 cycles and
+# an emulated register access takes 2 (an idle emulated core is clocked only by the accesses): with one read the
+# next command's FC_CMD came while the core was still busy, and was ignored. Eight reads give it 16 cycles; on a
+# board an access takes far longer than a command. Correctness does not depend on it (a busy reading before a
+# command's FC_CMD is detected and the rest of the batch runs again), only the number of round trips.
+FC_STATUS_READS = 8
 
 
 def _check_flow(flow: Flow) -> None:
@@ -275,6 +282,10 @@ class NicClient:
             out["HITS"] = {i: self.read_table("HITS", i) for i in hits}
         return out
 
+    def hits(self, count: int) -> list[int]:
+        """HITS of entries 0..count-1, in bulk (the counter-source interface, targets.base.CounterSource)."""
+        return self.read_table_many("HITS", 0, count)
+
     def clear_counters(self) -> None:
         self.write("RESET", 1)
 
@@ -305,7 +316,7 @@ class NicClient:
         tables = {
             "matcher_hash": f"{want_hash:08x}",
             "shunt": pack_shunt(plan.shunt),
-            "actions": [int(a) & 0xF for a in plan.actions],
+            "actions": action_words(plan),  # action code | HF_ACTION_MIRROR_BIT (log mirroring)
             "unfilterable": unfilterable,
             "nic_mode": nic_mode,
             # CONTROL bits 4/5 (shunt a flow-cache miss decided ACCEPT / DROP): the plan's miss forcing, none for a
@@ -385,39 +396,69 @@ class NicClient:
         return cfg
 
     def _flow_command(self, op: int, flow: Flow | None = None, slot: int = 0) -> tuple[int, int]:
-        """Run one FC_CMD command; (status, slot) from FC_STATUS once its busy bit reads 0.
+        """Run one FC_CMD command; (status, slot) from FC_STATUS once its busy bit reads 0."""
+        return self.flow_commands([(op, flow, slot)])[0]
 
-        On a transport that pipelines requests (the emulated NIC's socket) the busy check, the key and command
-        writes and the first status read go out as one batch, answered in order: one round trip for most commands
-        (the flow sync service's insert latency). A busy first reading means another client's command was running
-        (the flow cache has one writer, the flow sync service): the core ignores FC_CMD while busy, and the running
-        command latched its keys when it started, so it is not disturbed; this one is refused with NicError (it
-        ran only if the other ended between the reading and the write)."""
-        writes: list[tuple[int | str, int]] = []
-        if flow is not None:
-            _check_flow(flow)
-            writes += list(zip(("FC_KEY0", "FC_KEY1", "FC_KEY2", "FC_KEY3"), flowcache.fc_key_regs(flow), strict=True))
-        writes += [("FC_SLOT", slot), ("FC_CMD", op)]
-        status_reg = self._addr("FC_STATUS")
-        batch = getattr(self.t, "request_many", None)
-        if batch is not None:
-            lines = [f"R 0x{status_reg:x}"]
+    def flow_commands(self, cmds: Sequence[tuple]) -> list[tuple[int, int]]:
+        """Run FC_CMD commands in order, as one batch of requests; per command (status, slot) from FC_STATUS.
+
+        `cmds`: (op, flow) or (op, flow, slot) tuples (flow None for the commands without a key). Every command
+        is its key writes (FC_KEY0..3, FC_SLOT), a status read, the FC_CMD write and FC_STATUS_READS status
+        reads, and the whole batch goes to the transport's `request_many` at once: the emulated NIC's socket
+        pipelines it (one round trip for a batch of inserts: the flow sync service's insert latency), the SUME
+        transport runs it in order.
+
+        The core ignores FC_CMD while FC_STATUS bit 31 (busy) is set, and a running command latched its key when
+        it started, so key writes do not disturb it. The status read just before a command's FC_CMD write tells
+        whether that write starts it: not busy, it does (the cache has one writer, the flow sync service), and
+        the reading is the previous command's final status. A command's result is the first status read after
+        its FC_CMD write that is not busy, else the next command's pre-write reading; the last one polls. Busy
+        before the first command means another client's command runs: refused with NicError (this batch ran
+        only if that command ended in between). Busy before a later command means ours before it was still
+        running (the host writes faster than the core finishes a command): from that earlier command on, the
+        outcomes are not known from the readings, so once the cache is idle those commands run again one by one
+        (an insert that ran the first time then answers ST_EXISTS, a delete ST_NOT_FOUND)."""
+        if not cmds:
+            return []
+        self._need_flow_cache()
+        status_reg, cmd_reg = self._addr("FC_STATUS"), self._addr("FC_CMD")
+        lines: list[str] = []
+        for c in cmds:
+            op, flow = c[0], c[1]
+            writes: list[tuple[int | str, int]] = []
+            if flow is not None:
+                _check_flow(flow)
+                writes += list(
+                    zip(("FC_KEY0", "FC_KEY1", "FC_KEY2", "FC_KEY3"), flowcache.fc_key_regs(flow), strict=True)
+                )
+            writes.append(("FC_SLOT", c[2] if len(c) > 2 else 0))
             lines += [f"W 0x{self._addr(a):x} 0x{v & 0xFFFFFFFF:x}" for a, v in writes]
-            replies = batch([*lines, f"R 0x{status_reg:x}"])
-            busy_before, st = int(replies[0], 0) >> 31, int(replies[-1], 0)
-        else:
-            busy_before, st = self.read("FC_STATUS") >> 31, None
-        if busy_before:
+            lines += [f"R 0x{status_reg:x}", f"W 0x{cmd_reg:x} 0x{op & 0xFFFFFFFF:x}"]
+            lines += [f"R 0x{status_reg:x}"] * FC_STATUS_READS
+        replies = self.t.request_many(lines)
+        reads = [int(r, 0) for line, r in zip(lines, replies, strict=True) if line.startswith("R ")]
+        per = 1 + FC_STATUS_READS
+        pre = reads[0::per]
+        post = [[st for st in reads[k * per + 1 : (k + 1) * per] if not st >> 31] for k in range(len(cmds))]
+        if pre[0] >> 31:
             raise NicError("the flow cache is busy with a command (FC_STATUS bit 31): another client is using it")
-        if st is None:
-            self.write_many(writes)
-        elif not st >> 31:
-            return (st >> 24) & 0xF, st & 0xFFFFFF
+        out: list[tuple[int, int]] = []
+        for k in range(len(cmds)):
+            if k + 1 < len(cmds) and pre[k + 1] >> 31:
+                # ours (k) still ran when k + 1's FC_CMD was written: k's result and whether k + 1 ran are unknown
+                self._flow_wait(cmds[k][0])
+                return out + [self.flow_commands([c])[0] for c in cmds[k:]]
+            st = post[k][0] if post[k] else pre[k + 1] if k + 1 < len(cmds) else self._flow_wait(cmds[k][0])
+            out.append(((st >> 24) & 0xF, st & 0xFFFFFF))
+        return out
+
+    def _flow_wait(self, op: int) -> int:
+        """FC_STATUS once its busy bit reads 0 (the running command's final status)."""
         deadline = time.monotonic() + FC_COMMAND_SECONDS
         while True:
             st = self.read("FC_STATUS")
             if not st >> 31:
-                return (st >> 24) & 0xF, st & 0xFFFFFF
+                return st
             if time.monotonic() > deadline:
                 raise NicError(f"flow cache command {op} still busy (FC_STATUS) after {FC_COMMAND_SECONDS:.0f} s")
 
@@ -450,12 +491,16 @@ class NicClient:
             return bulk(t.id, indices)
         return [self.t.read_table(t.id, i) for i in indices]
 
-    def flow_entries(self) -> list[FlowRecord]:
-        """Every valid entry, by slot: FLOW_KEY word 3 of every slot, then the other words, FLOW_SEEN and FLOW_HITS
-        of the valid ones. Entries inserted or deleted while it reads may or may not be in the list."""
+    def flow_entries(self, slots: Iterable[int] | None = None) -> list[FlowRecord]:
+        """Every valid entry of `slots` (default: all), by slot: FLOW_KEY word 3 of every slot, then the other
+        words, FLOW_SEEN and FLOW_HITS of the valid ones. Entries inserted or deleted while it reads may or may
+        not be in the list."""
         cfg = self._need_flow_cache()
-        w3 = self._read_table_at("FLOW_KEY", [4 * s + 3 for s in range(cfg.entries)])
-        valid = [s for s, w in enumerate(w3) if w >> 31]
+        slots = sorted(set(range(cfg.entries) if slots is None else slots))
+        if slots and not 0 <= slots[0] <= slots[-1] < cfg.entries:
+            raise NicError(f"flow cache slots {slots[0]}..{slots[-1]}: out of range 0..{cfg.entries - 1}")
+        w3 = dict(zip(slots, self._read_table_at("FLOW_KEY", [4 * s + 3 for s in slots]), strict=True))
+        valid = [s for s, w in w3.items() if w >> 31]
         words = self._read_table_at("FLOW_KEY", [4 * s + w for s in valid for w in range(3)])
         seen = self._read_table_at("FLOW_SEEN", valid)
         hits = self._read_table_at("FLOW_HITS", valid)

@@ -135,9 +135,14 @@ class Shim:
         return [int(x) for x in self._run("dump", ["dump", "--pin", str(self.pin), "--count", str(count)]).split()]
 
 
-def mark_value(k: int, action: int) -> int:
-    """The value the shim computes (ARCHITECTURE §5); k = 0 means no valid hardware metadata."""
-    return 0 if k == shared.HF_K_NONE else (k << shared.HF_MARK_K_SHIFT) | (action & shared.HF_MARK_ACTION_MASK)
+def mark_value(k: int, action: int, mirror: bool = False) -> int:
+    """The value the shim computes (ARCHITECTURE §5); k = 0 means no valid hardware metadata. `mirror`: a mirror
+    copy (reason 4), whose value has HF_MARK_MIRROR in the action nibble (0x5 copy of an ACCEPT, 0x6 of a DROP)."""
+    if k == shared.HF_K_NONE:
+        return 0
+    return (
+        (k << shared.HF_MARK_K_SHIFT) | (action & shared.HF_MARK_ACTION_MASK) | (shared.HF_MARK_MIRROR if mirror else 0)
+    )
 
 
 def tag_frame(frame: bytes, meta: int) -> bytes:

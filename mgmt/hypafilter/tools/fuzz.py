@@ -5,7 +5,7 @@ A policy is iptables-save text built from one integer seed, so a failure reprodu
 (`random_policy(seed)`). What it draws: user chains with RETURN, goto and jumps to later chains, MARK and
 CONNMARK in user chains read back by `-m mark`/`-m connmark`, conntrack state rules, string matches whose
 strings hold quotes, backslashes, blanks and `#`, multiport, iprange, tcp-flags, ICMP types, negations of each,
-and rules with per-rule state in the forms whose verdict the kernel and the hybrid reach alike from the same
+observing rules (LOG, NFLOG, no target), and rules with per-rule state in the forms whose verdict the kernel and the hybrid reach alike from the same
 frames in the same order (`verify.comparable_state`): statistic nth, quota, recent without timers, and limit,
 hashlimit and connlimit at settings that never trigger within a run. No rule is unconditional (every rule tests a
 header field or a selective match), and no rule lies wholly inside one earlier ACCEPT/DROP rule, so every
@@ -58,6 +58,8 @@ FEATURES = {
     "statistic": "-m statistic",
     "recent": "-m recent",
     "connlimit": "-m connlimit",
+    "LOG": "-j LOG",
+    "NFLOG": "-j NFLOG",
 }
 # The lab's two paths use 10.0.0.0/16 (hybrid) and 10.1.0.0/16 (plain). A policy checked with real connections
 # treats both alike: its address matches either contain all of 10.0.0.0/15 or miss it.
@@ -229,7 +231,20 @@ class _Gen:
                 "CONNMARK",
                 *rng.choice((("--set-xmark", rng.choice(MARKS)), ("--save-mark",), ("--restore-mark",))),
             ]
+        if r > 0.88:
+            return self.observer()
         return ["-j", rng.choice(("ACCEPT", "DROP"))]
+
+    def observer(self) -> list[str]:
+        """A target that only observes (a LOG, an NFLOG or none: a counting rule): the fast path decides the frame
+        and mirrors a copy to netfilter, whose observer counters verify compares with the oracle's."""
+        rng = self.rng
+        roll = rng.random()
+        if roll < 0.45:
+            return ["-j", "LOG", "--log-prefix", f"fz{rng.randint(0, 9)}: "]
+        if roll < 0.8:
+            return ["-j", "NFLOG", "--nflog-group", str(rng.randint(1, 9))]
+        return []
 
 
 def shadowed_lines(text: str) -> list[int]:
@@ -280,7 +295,7 @@ def _draw(rng: random.Random, seed: int, conntrack: bool | None, rules: int | No
             at = next((i for i, t in enumerate(m) if t == "-m"), len(m)) if rng.random() < 0.5 else len(m)
             m = m[:at] + g.state(f"fz{seed}") + m[at:]
             t = g.target(None)
-            base.append(m + (["-j", t[1]] if t[0] == "-g" else t))  # a stateful goto cannot be flattened
+            base.append(m + (["-j", t[1]] if t and t[0] == "-g" else t))  # a stateful goto cannot be flattened
             continue
         base.append(m + g.target(None))
     if ct:
@@ -325,8 +340,16 @@ class Tally:
             mine = self.by_kind.setdefault(kind, {"packets": 0, "delivered": 0, "mismatches": 0})
             for k in mine:
                 mine[k] += counts[k]
-        self.runs.append({**where, **{k: report[k] for k in ("packets", "mismatches", "altered", "delivered_oracle")}})
+        obs = report.get("observers", {})
+        self.runs.append(
+            {
+                **where,
+                **{k: report[k] for k in ("packets", "mismatches", "altered", "delivered_oracle")},
+                "observer_mismatches": obs.get("mismatches", 0),
+            }
+        )
         self.examples += [{**where, **ex} for ex in report["examples"][:3]]
+        self.examples += [{**where, "observer": ex} for ex in obs.get("examples", [])[:3]]
 
     @property
     def frames(self) -> int:
@@ -334,7 +357,8 @@ class Tally:
 
     @property
     def mismatches(self) -> int:
-        return sum(r["mismatches"] for r in self.runs)
+        """Frames whose verdict or bytes differ, plus observing rules whose counters differ (verify's observers)."""
+        return sum(r["mismatches"] + r["observer_mismatches"] for r in self.runs)
 
     def table(self) -> str:
         rows = [f"{'kind':<20} {'frames':>9} {'delivered':>9} {'mismatches':>10}"]

@@ -7,16 +7,73 @@ import signal
 import time
 from pathlib import Path
 
-from hypafilter.targets.base import PORTS, Target
+from hypafilter.targets.base import DECISIONS, PORTS, SHUNTED, Target, WindowStages
 from hypafilter.targets.emu.build import build
 from hypafilter.targets.emu.run import RUN_DIR, EmuNic
-from hypafilter.targets.nic import EmuTransport
+from hypafilter.targets.nic import EmuTransport, NicClient
+
+
+def window_balance(r: dict, host: bool) -> dict[str, tuple[int, int]]:
+    """verify's counter window on the emulated NIC's lab (WindowStages.balance): the NIC's namespace took all N
+    frames (by id) from the sender; the NIC classified every frame that reached its wire ports (PKTIN) and decided
+    each (DECISIONS); it sent out every frame it decided or took back from the host (PKTOUT = forwarded + shunted +
+    CNT_FROM_HOST, plus the mirrored DROPs) and its veths carried each of them (log mirroring: in bridge mode a
+    mirrored ACCEPT twice, the wire veths carrying forwarded + CNT_FROM_HOST and the host veths shunted + CNT_MIRROR;
+    the core's counters do not tell mirrored ACCEPTs from DROPs, so PKTOUT is only bounded by them, the veths count
+    exactly); the firewall took every frame the NIC gave it; the NIC took
+    back every frame the firewall's bridge forwarded (CNT_FROM_HOST); the receiver captured every frame the NIC
+    sent it (not in host mode, where the frames end at the firewall's bridge)."""
+    n, nic, tap = r["sent"], r["nic"], r["tapped"]
+    tx = {k: v["tx"] for k, v in r["dev"].items()}
+    shunted = sum(nic[k] for k in SHUNTED)
+    # a mirrored frame (CNT_MIRROR, also counted as forwarded or dropped) leaves the core once (PKTOUT); a mirrored
+    # DROP goes to the host alone, a mirrored ACCEPT to its wire port AND the host (bridge) or the host alone (host)
+    mirrored = nic.get("CNT_MIRROR", 0)
+    sent = nic["CNT_FORWARDED"] + shunted + nic["CNT_FROM_HOST"]
+    wire_tx, host_tx = tx["nic.wire0"] + tx["nic.wire1"], tx["nic.host0"] + tx["nic.host1"]
+    want = {
+        "NIC took ours": (tap["nic.wire0.ours"], n),
+        "NIC classified": (nic["PKTIN"], tap["nic.wire0"] + tap["nic.wire1"]),
+        "NIC decided": (sum(nic[k] for k in DECISIONS), nic["PKTIN"]),
+        "NIC sent": (nic["PKTOUT"], min(max(nic["PKTOUT"], sent), sent + mirrored)),
+        "NIC veths carried": (wire_tx + host_tx, nic["PKTOUT"] if host else sent + mirrored),
+        "firewall took": (tap["fw.nf0"] + tap["fw.nf1"], host_tx),
+        "NIC took back": (nic["CNT_FROM_HOST"], tx["fw.nf0"] + tx["fw.nf1"]),
+    }
+    if not host:
+        want["NIC wire veths carried"] = (wire_tx, nic["CNT_FORWARDED"] + nic["CNT_FROM_HOST"])
+        want["receiver captured, hybrid"] = (r["captured"]["hybrid"], tx["nic.wire1"])
+    return want
+
+
+WINDOW = WindowStages(
+    tx=(
+        ("send", "hyb0"),
+        ("nic", "wire0"),
+        ("nic", "wire1"),
+        ("nic", "host0"),
+        ("nic", "host1"),
+        ("fw", "nf0"),
+        ("fw", "nf1"),
+    ),
+    taps=(
+        ("nic", "wire0", True),
+        ("nic", "wire0", False),
+        ("nic", "wire1", False),
+        ("fw", "nf0", False),
+        ("fw", "nf1", False),
+    ),
+    counters=("PKTIN", "PKTOUT", *DECISIONS, "CNT_MIRROR", "CNT_FROM_HOST", "CNT_FIFO_DROP"),
+    lost=("CNT_FIFO_DROP",),
+    balance=window_balance,
+)
 
 
 class EmuTarget(Target):
     """Builds, starts and stops hf_emu processes; `info` names the process (pid) and its control socket."""
 
     name = "emu"
+    window_stages = WINDOW
     # NICs started by this process, by pid, so that stopping one also reaps it.
     started: dict[int, EmuNic] = {}
 
@@ -33,8 +90,11 @@ class EmuTarget(Target):
         EmuTarget.started[nic.pid] = nic
         return {"binary": artifact, "name": name, "pid": nic.pid, "socket": str(nic.ctl_path)}
 
-    def transport(self, info: dict) -> EmuTransport:
-        return EmuTransport(info["socket"])
+    def transport(self, info: dict, timeout: float = 30.0) -> EmuTransport:
+        return EmuTransport(info["socket"], timeout)
+
+    def counter_source(self, info: dict, timeout: float = 30.0) -> NicClient:
+        return NicClient(self.transport(info, timeout))
 
     def _command(self, info: dict, word: str) -> None:
         t = self.transport(info)

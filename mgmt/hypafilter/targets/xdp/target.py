@@ -18,7 +18,7 @@ from pathlib import Path
 
 from hypafilter import netns
 from hypafilter.errors import HypafilterError
-from hypafilter.targets.base import Target
+from hypafilter.targets.base import DECISIONS, SHUNTED, Target, WindowStages
 from hypafilter.targets.xdp.build import build_loader, build_program
 from hypafilter.targets.xdp.tables import CtConfig, build_tables, shape_id, tables_file
 
@@ -29,8 +29,68 @@ CONTROL_MISS_SHUNT = CONTROL_MISS_SHUNT_ACCEPT | CONTROL_MISS_SHUNT_DROP
 DEFAULT_PORTS = {"wire0": "wire0", "wire1": "wire1"}
 
 
+def window_balance(r: dict, host: bool) -> dict[str, tuple[int, int]]:
+    """verify's counter window on the xdp lab (WindowStages.balance), where the fast path runs on the firewall's
+    bridge ports: the sender's veth carried all N frames (quiet stacks: only those; the veth counts a frame once
+    the firewall's end took it from its queue, or as it is sent) and the fast path classified every frame that
+    reached the two ports (PKTIN: what the sender's and the receiver's veths carried); it decided each (DECISIONS)
+    and passed or redirected every frame it did not drop (PKTOUT = forwarded + shunted); the firewall's bridge took
+    every frame it passed (the shunted ones; in host mode also the accepted ones, passed up with the decided mark);
+    the receiver captured every frame the firewall sent it, redirected or bridged (not in host mode)."""
+    n, nic, tap = r["sent"], r["nic"], r["tapped"]
+    tx = {k: v["tx"] for k, v in r["dev"].items()}
+    shunted = sum(nic[k] for k in SHUNTED)
+    want = {
+        "sender's veth carried ours": (min(tx["send.hyb0"], n), n),
+        "fast path classified": (nic["PKTIN"], tx["send.hyb0"] + tx["recv.hyb0"]),
+        "fast path decided": (sum(nic[k] for k in DECISIONS), nic["PKTIN"]),
+        "fast path sent": (nic["PKTOUT"], nic["CNT_FORWARDED"] + shunted),
+        "firewall took": (tap["fw.nf0"] + tap["fw.nf1"], shunted + (nic["CNT_FORWARDED"] if host else 0)),
+    }
+    if not host:
+        want["receiver captured, hybrid"] = (r["captured"]["hybrid"], tx["fw.nf1"])
+    return want
+
+
+# The taps on the firewall's ports count what the fast path passed (XDP runs before them, native or generic).
+WINDOW = WindowStages(
+    tx=(("send", "hyb0"), ("recv", "hyb0"), ("fw", "nf0"), ("fw", "nf1")),
+    taps=(("fw", "nf0", False), ("fw", "nf1", False)),
+    counters=("PKTIN", "PKTOUT", *DECISIONS),
+    lost=(),
+    balance=window_balance,
+)
+
+
+class XdpCounters:
+    """The program's per-CPU counters (summed over CPUs) and per-entry hits, read from its pinned maps
+    (`hf_xdp stats`): the counter-source interface (targets.base.CounterSource)."""
+
+    def __init__(self, target: XdpTarget, info: dict):
+        self.target, self.pin = target, info["pin"]
+
+    def _stats(self, hits: bool) -> dict:
+        args = ["stats", "--pin", self.pin] + ([] if hits else ["--no-hits"])
+        out = json.loads(self.target._tool("stats", args))
+        out.pop("config", None)
+        return out
+
+    def counters(self) -> dict[str, int]:
+        return self._stats(False)
+
+    def hits(self, count: int) -> list[int]:
+        hits = self._stats(True)["HITS"]
+        if len(hits) < count:
+            raise HypafilterError(f"xdp: the program counts hits of {len(hits)} entries, not the {count} asked for")
+        return hits[:count]
+
+    def close(self) -> None:
+        pass
+
+
 class XdpTarget(Target):
     name = "xdp"
+    window_stages = WINDOW
 
     def missing(self) -> str | None:
         import shutil
@@ -232,11 +292,12 @@ class XdpTarget(Target):
         self._tool("control", ["control", "--pin", info["pin"], "--value", str(value)])
 
     def counters(self, info: dict) -> dict:
-        out = json.loads(self._tool("stats", ["stats", "--pin", info["pin"]]))
-        out.pop("config", None)
-        hits = out.pop("HITS", [])
-        out["HITS"] = dict(enumerate(hits))
+        out = XdpCounters(self, info)._stats(True)
+        out["HITS"] = dict(enumerate(out.pop("HITS", [])))
         return out
+
+    def counter_source(self, info: dict, timeout: float = 30.0) -> XdpCounters:
+        return XdpCounters(self, info)
 
 
 def control_of(unfilterable: str, nic_mode: str, miss_shunt=(False, False)) -> int:

@@ -334,7 +334,7 @@ def updates(grid: Grid, shared: Path, config: Config, build: Path, log: Callable
                     for step, text in enumerate(texts):
                         t0 = time.perf_counter()
                         policy = load_policy(filters, 0, config, text=text)
-                        plan = build_plan(policy, config, mode)
+                        plan = build_plan(policy, config, mode, strat)
                         prefix = f"{config.chain_prefix}{gen}_"
                         rs = to_iptables_restore(
                             plan, strat, prefix=prefix, mark_mask=config.mark_mask, mark_shift=config.mark_shift

@@ -1,15 +1,36 @@
 """`hypafilter bench rate`: frames per second through the hybrid path and through the policy alone in iptables and nft.
 
 The same frames (verify's probes: headers biased to the policy's boxes, or a ClassBench trace) leave the lab's sender
-namespace three times, from the same C sender (`hf_blast.c`, "once" mode: sendmmsg batches, qdisc bypassed): through the lab's hybrid path (sender → NIC → firewall → receiver), then through the plain
-namespace with the original policy loaded alone by `iptables-restore` (as verify loads its oracle), then with the
-same policy rendered for nftables (`netfilter.nft`, strategy full, one base chain at the forward hook). Each run
-counts what reaches the receiver, per frame, so the three verdicts of every frame are compared (`mismatches`).
+namespace through each path, from the same C sender (`hf_blast.c`: sendmmsg batches of pre-built frames on an
+AF_PACKET socket with PACKET_QDISC_BYPASS; a frame the device refuses is sent again, never skipped). Two passes:
 
-Rates are wire frames per second: frames / (first send → the fast path has decided every frame and the last
-delivered frame arrived). The hybrid sender keeps at most `window` frames ahead of what the fast path has decided
-(its own counter, e.g. `EmuFast.decided`), so no queue overflows and no frame is lost to the measurement; the plain path
-decides each frame inside the sender's own send call (veth → bridge → netfilter run in its softirq).
+1. **Correctness** (every frame once, captured per frame at the receiver): the lab's hybrid path (sender → fast path
+   → firewall → receiver), then the plain namespace with the original policy loaded alone by `iptables-restore` (as
+   verify loads its oracle), then the same policy rendered for nftables (`netfilter.nft`, strategy full, one base
+   chain at the forward hook). The three verdicts of every frame are compared (`mismatches`). The hybrid sender of
+   the emu target keeps at most `window` frames ahead of the NIC's decided counter (the emulator is slower than the
+   sender); on veth every other path decides a frame inside the sender's own send call.
+2. **Rate** (`repeats` rounds; in each, every path for `seconds`, the sender cycling through the frames, pinned to
+   `cpu`): no per-frame capture; frames sent (= decided: nothing is lost, a refused frame is resent), frames
+   delivered from the receiver interface's rx counter (checked against the correctness pass: the delivered count
+   must be what the per-frame verdicts predict for the frames sent), the fast path's own counters, and CPU time.
+   On veth the whole path (sender's syscall, veth, XDP or bridge + netfilter, the receiver's stack) runs in the
+   sender's softirq context on its CPU, so a path's CPU time is the sender's user + system time (tick accounting
+   charges softirq work done in its context to it) plus that CPU's ksoftirqd's. The round also runs a **sink**:
+   the same sender into a veth whose peer only drops the frames (the receive stack's first check, dst MAC not its
+   own). Figures per path (medians over the rounds):
+   - `pps`: frames per wall-clock second (what the other load on the machine leaves us: noisy);
+   - `cpu_ns`: CPU ns per frame of the whole path; `fw_ns` = `cpu_ns` − the sink's `cpu_ns`: the firewall side's
+     own cost per frame (sender and veth hand-off subtracted); `fw_pps` = 1e9 / `fw_ns`;
+   speedups: wall (`speedup_vs_*`) and firewall side (`fw_speedup_vs_*`), each the median over the rounds of the
+   per-round ratio.
+
+`established`: the frames are the trace's TCP (flags ACK) and UDP headers as established connections: before
+anything is sent, conntrack entries (ESTABLISHED, SEEN_REPLY, ASSURED) for every flow are created with `conntrack
+-I` in the firewall and the plain namespace (conntrack -F first), and `nf_conntrack_tcp_be_liberal=1` is set in both
+(before the deploy, which reads it: the XDP program decides established TCP only when conntrack does not track the
+windows, docs/xdp.md). For a conntrack-first policy (ESTABLISHED,RELATED accept as the first rule) every path then
+accepts every frame through its conntrack lookup.
 
 Targets slot in through FAST_PATHS: a fast path deploys the policy on the lab and reports decided wire frames and
 how many of them it decided itself (hw_share).
@@ -17,9 +38,13 @@ how many of them it decided itself (hw_share).
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import random
 import select
 import shutil
+import statistics
 import struct
 import subprocess
 import tempfile
@@ -36,14 +61,17 @@ from hypafilter.ops import deploy
 from hypafilter.ops.lab import Lab
 from hypafilter.ops.verify import (
     PACKET_OUTGOING,
+    FrameGen,
     Probe,
     ProbeSpec,
+    build_frame,
     compare,
     drain,
     frame_id,
     hw_share,
     load_oracle,
     raw_socket,
+    read_trace,
     refuse_nondeterministic,
 )
 from hypafilter.paths import BUILD_ROOT
@@ -60,8 +88,11 @@ FIELDS = (
     "speedup_vs_nft",
     "hw_share",
     "mismatches",
-)
+)  # the short report (issue #13's fields); --json adds the rest
 NFT_TABLE = "hfrate"  # the plain namespace's nft table while the nft run lasts (removed afterwards)
+SINK = ("hfsink0", "hfsink1")  # the sink's veth pair, both ends in the sender's namespace while the bench runs
+SINK_MAC = bytes.fromhex("02484600ff01")  # the sink end's own address; frames go to the lab's DST_MAC, not to it
+CONNTRACK_TIMEOUT = 600  # seconds: the pre-created entries outlive any run
 
 
 class EmuFast:
@@ -69,6 +100,7 @@ class EmuFast:
     the core's PKTIN counter, hardware decisions its forward/drop counters."""
 
     name = "emu"
+    counted = False  # the emulator (a user-space process) is slower than the sender: only the paced pass
 
     def __init__(self, policy: Policy, config: Config, log: Callable[[str], None]):
         self.state = deploy.deploy(policy, config, target="emu", log=log)
@@ -91,6 +123,7 @@ class XdpFast:
     topology; decided frames are its PKTIN counter (read through the loader, a process per read)."""
 
     name = "xdp"
+    counted = True  # runs in the sender's softirq context: the unpaced, counted rate pass
 
     def __init__(self, policy: Policy, config: Config, log: Callable[[str], None]):
         self.state = deploy.deploy(policy, config, target="xdp", log=log)
@@ -226,7 +259,7 @@ def nft_text(policy: Policy, config: Config) -> str:
     from hypafilter.netfilter.nft import to_nft
 
     prefix = NFT_TABLE.upper() + "_"
-    body = to_nft(build_plan(policy, config), "full", prefix, table=NFT_TABLE)
+    body = to_nft(build_plan(policy, config, strategy="full"), "full", prefix, table=NFT_TABLE)
     hook = (
         f"table ip {NFT_TABLE} {{\n\tchain forward {{\n\t\ttype filter hook forward priority filter; policy accept;\n"
         f"\t\tjump {prefix}MAIN\n\t}}\n}}\n"
@@ -242,6 +275,158 @@ def _empty_filter(ns: str, table: str) -> None:
     )
 
 
+def _ksoftirqd_ticks(cpu: int) -> int:
+    """User + system clock ticks of ksoftirqd/`cpu` so far (0 when there is none to read)."""
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if (d / "comm").read_text().strip() != f"ksoftirqd/{cpu}":
+                continue
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        return int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat)
+    return 0
+
+
+def _rx_packets(ns: str, ifname: str) -> int:
+    out = netns.run(["ip", "-s", "-j", "link", "show", "dev", ifname], ns)
+    return int(json.loads(out)[0]["stats64"]["rx"]["packets"])
+
+
+SINK_SRC = Path(__file__).resolve().parent / "hf_sink.bpf.c"
+
+
+def build_sink(build_dir: Path) -> Path:
+    """hf_sink.bpf.c compiled with clang into build_dir (cached by the source's hash)."""
+    if shutil.which("clang") is None:
+        raise HypafilterError("clang is needed to build the XDP sink (apt-get install clang)")
+    digest = hashlib.sha256(SINK_SRC.read_bytes()).hexdigest()[:12]
+    out = build_dir / f"hf_sink-{digest}.o"
+    if not out.exists():
+        build_dir.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".tmp")
+        try:
+            netns.run(["clang", "-O2", "-target", "bpf", "-c", str(SINK_SRC), "-o", str(tmp)], timeout=None)
+        except netns.CommandError as e:
+            raise HypafilterError(f"building {SINK_SRC.name} failed: {e}") from e
+        tmp.rename(out)
+    return out
+
+
+def _xdp_drop(ns: str, ifname: str, obj: Path | None) -> None:
+    """Attach the XDP sink to `ifname` (obj) or take it off (None)."""
+    if obj is None:
+        netns.run(["ip", "-n", ns, "link", "set", "dev", ifname, "xdp", "off"], check=False)
+    else:
+        netns.run(["ip", "-n", ns, "link", "set", "dev", ifname, "xdp", "obj", str(obj), "sec", "xdp"])
+
+
+def _sink_up(ns: str, obj: Path) -> None:
+    """The sink: a veth pair in the sender's namespace; the far end drops every frame in XDP."""
+    _sink_down(ns)
+    netns.run(["ip", "-n", ns, "link", "add", SINK[0], "type", "veth", "peer", "name", SINK[1]])
+    netns.run(["ip", "-n", ns, "link", "set", SINK[1], "address", SINK_MAC.hex(":")])
+    for ifname in SINK:
+        netns.offloads_off(ifname, ns)
+        netns.run(["ip", "-n", ns, "link", "set", ifname, "up"])
+    _xdp_drop(ns, SINK[1], obj)
+
+
+def _sink_down(ns: str) -> None:
+    netns.run(["ip", "-n", ns, "link", "del", SINK[0]], check=False)
+
+
+@dataclass
+class Count:
+    """One rate run: frames sent (all decided), delivered at the receiver, wall and CPU seconds of the path."""
+
+    sent: int
+    delivered: int
+    seconds: float
+    cpu_seconds: float
+    errors: int
+
+    @property
+    def pps(self) -> float:
+        return self.sent / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def cpu_ns(self) -> float:
+        return 1e9 * self.cpu_seconds / self.sent if self.sent else 0.0
+
+
+def _count(
+    ns: str, ifname: str, rx: tuple[str, str], blaster: Path, frames_file: Path, seconds: float, cpu: int
+) -> Count:
+    """The sender cycling through `frames_file` out of `ifname` for `seconds`; `rx` (namespace, interface): where
+    delivered frames are counted."""
+    tick = os.sysconf("SC_CLK_TCK")
+    rx0 = _rx_packets(*rx)
+    k0 = _ksoftirqd_ticks(cpu) if cpu >= 0 else 0
+    out = netns.run([str(blaster), ifname, str(frames_file), f"{seconds:g}", "256", str(cpu)], ns, timeout=None)
+    k1 = _ksoftirqd_ticks(cpu) if cpu >= 0 else 0
+    rep = json.loads(out)
+    # Frames still in a NAPI ring or backlog when the sender returned are processed within milliseconds.
+    time.sleep(0.05)
+    return Count(
+        rep["sent"], _rx_packets(*rx) - rx0, rep["seconds"], rep["cpu_seconds"] + (k1 - k0) / tick, rep["errors"]
+    )
+
+
+def _expected(accepted: list[bool], sent: int) -> int:
+    """Frames the receiver gets when the sender sent `sent` frames cycling through frames with these verdicts."""
+    n = len(accepted)
+    return (sent // n) * sum(accepted) + sum(accepted[: sent % n])
+
+
+def established_probes(policy: Policy, trace: str, count: int, seed: int) -> tuple[list[Probe], list[tuple]]:
+    """`count` frames of the trace's TCP and UDP headers (TCP with flags ACK), and their flows (proto, src, dst,
+    sport, dport)."""
+    rng = random.Random(seed)
+    rows = [r for r in read_trace(trace, 10**9, rng) if r["proto"] in (6, 17)]
+    if not rows:
+        raise HypafilterError(f"{trace}: no TCP or UDP headers for established flows")
+    if len(rows) > count:
+        rows = [rows[i] for i in sorted(rng.sample(range(len(rows)), count))]
+    gen = FrameGen(policy, rng)
+    probes, flows = [], {}
+    for uid in range(1, count + 1):
+        h = dict(rows[(uid - 1) % len(rows)], flags=0x10)
+        probes.append(Probe(uid, "established", build_frame(uid, h, gen.payload())))
+        flows[(h["proto"], h["src"], h["dst"], h["sport"], h["dport"])] = None
+    return probes, list(flows)
+
+
+def _ip(v: int) -> str:
+    return ".".join(str((v >> s) & 0xFF) for s in (24, 16, 8, 0))
+
+
+def open_flows(ns: str, flows: list[tuple]) -> None:
+    """conntrack entries for `flows` in namespace `ns`, as conntrack has them for an established connection whose
+    reply it has seen (TCP: state ESTABLISHED); every other entry removed first."""
+    netns.run(["conntrack", "-F"], ns, check=False)
+    lines = []
+    for proto, src, dst, sport, dport in flows:
+        name = "tcp" if proto == 6 else "udp"
+        line = (
+            f"-I -s {_ip(src)} -d {_ip(dst)} -r {_ip(dst)} -q {_ip(src)} -p {name} --sport {sport} --dport {dport}"
+            f" --reply-port-src {dport} --reply-port-dst {sport} -t {CONNTRACK_TIMEOUT} -u SEEN_REPLY,ASSURED"
+        )
+        lines.append(line + (" --state ESTABLISHED" if proto == 6 else ""))
+    with tempfile.NamedTemporaryFile("w", suffix=".ct") as f:
+        f.write("\n".join(lines) + "\n")
+        f.flush()
+        try:
+            netns.run(["conntrack", "-R", f.name], ns, timeout=None)
+        except netns.CommandError as e:
+            raise HypafilterError(f"creating {len(flows)} conntrack entries in {ns} failed: {e}") from e
+    have = netns.run(["conntrack", "-C"], ns).strip()
+    if int(have or 0) < len(flows):
+        raise HypafilterError(f"{ns}: {have} conntrack entries after creating {len(flows)}")
+
+
 def rate(
     policy: Policy,
     config: Config,
@@ -251,23 +436,47 @@ def rate(
     trace: str | None = None,
     malformed: float = 0.0,
     window: int = 2048,
+    seconds: float = 2.0,
+    repeats: int = 3,
+    cpu: int | None = None,
+    established: bool = False,
+    nft_policy: Policy | None = None,
+    prog_repeat: int = 100,
+    prog_frames: int = 500,
     log: Callable[[str], None] = lambda s: None,
 ) -> dict:
-    """Deploy on `target`, send the same frames through the three paths, compare them per frame; the report."""
+    """Deploy on `target`, send the same frames through the three paths, compare them per frame, then count rates;
+    the report. `nft_policy`: what the nft path loads when `policy` has matches nft cannot express (the caller says
+    what it is; frames are then compared with nft only where the two policies mean the same: payloads without the
+    string "BAD", the ClassBench complex rules' string)."""
     if target not in FAST_PATHS:
         raise HypafilterError(f"bench rate: unknown target '{target}' (choose from {', '.join(FAST_PATHS)})")
+    if seconds <= 0 or repeats < 1:
+        raise HypafilterError("bench rate: --seconds must be above 0 and --repeats at least 1")
+    if established and not trace:
+        raise HypafilterError("bench rate: --established needs --trace (its TCP and UDP headers are the flows)")
     refuse_nondeterministic(policy)
+    cpu = (os.cpu_count() or 1) - 1 if cpu is None else cpu
     lab = Lab(deploy.LAB_NAME, target=target)
     if not lab.status()["complete"]:
         log(f"lab {lab.name} is not (fully) up for target {target}: bringing it up")
         lab.up()
     blaster = build_blaster(BUILD_ROOT / "bench")
+    if established:
+        # Before the deploy: the XDP target reads it from the firewall's sysctls (docs/xdp.md).
+        for ns in (lab.ns_fw, lab.ns_plain):
+            netns.run(["sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_be_liberal=1"], ns)
     fast = FAST_PATHS[target](policy, config, log)
     work = Path(tempfile.mkdtemp(prefix="hf-rate-"))
+    flows: list[tuple] = []
     try:
-        probes: list[Probe] = ProbeSpec(frames, seed=seed, trace=trace, malformed=malformed).probes(
-            policy, fast.generation
-        )
+        if established:
+            probes, flows = established_probes(policy, trace, frames, seed)
+            log(f"established: {len(flows)} flows into conntrack of {lab.ns_fw} and {lab.ns_plain}")
+            for ns in (lab.ns_fw, lab.ns_plain):
+                open_flows(ns, flows)
+        else:
+            probes = ProbeSpec(frames, seed=seed, trace=trace, malformed=malformed).probes(policy, fast.generation)
         frames_file = work / "frames.bin"
         with open(frames_file, "wb") as f:
             for p in probes:
@@ -275,66 +484,229 @@ def rate(
         n = len(probes)
         for ns in (lab.ns_fw, lab.ns_plain):
             netns.run(["sysctl", "-qw", "net.bridge.bridge-nf-filter-vlan-tagged=1"], ns)
+        nft_text_, nft_error = None, None
+        try:
+            nft_text_ = nft_text(nft_policy or policy, config)
+        except HypafilterError as e:
+            nft_error = str(e)
+
+        def load_ipt() -> None:
+            netns.run(["nft", "delete", "table", "ip", NFT_TABLE], lab.ns_plain, check=False)
+            load_oracle(lab.ns_plain, policy, config.table, config.unfilterable)
+
+        def load_nft() -> None:
+            _empty_filter(lab.ns_plain, config.table)
+            netns.run(["nft", "delete", "table", "ip", NFT_TABLE], lab.ns_plain, check=False)
+            netns.run(["nft", "-f", "-"], lab.ns_plain, input=nft_text_)
+
         rx = {"hybrid": raw_socket(lab.ns_recv, "hyb0"), "plain": raw_socket(lab.ns_recv, "plain0")}
         try:
-            log(f"hybrid ({target}): {n} frames")
+            log(f"correctness pass, hybrid ({target}): {n} frames")
             before = fast.counters()
-            hybrid = _run(lab.ns_send, "hyb0", rx["hybrid"], blaster, frames_file, n, fast.decided, window)
+            paced = fast.decided if target == "emu" else None
+            hybrid = _run(lab.ns_send, "hyb0", rx["hybrid"], blaster, frames_file, n, paced, window)
             after = fast.counters()
             delta = {k: after[k] - before.get(k, 0) for k in after if isinstance(after[k], int)}
-            log("plain path, iptables")
-            load_oracle(lab.ns_plain, policy, config.table, config.unfilterable)
+            log("correctness pass, plain path, iptables")
+            load_ipt()
             ipt = _run(lab.ns_send, "plain0", rx["plain"], blaster, frames_file, n, None, window)
-            nft, nft_error = None, None
-            try:
-                text = nft_text(policy, config)
-            except HypafilterError as e:
-                nft_error = str(e)
-            if nft_error is None:
-                log("plain path, nft")
-                _empty_filter(lab.ns_plain, config.table)
+            nft = None
+            if nft_text_ is not None:
+                log("correctness pass, plain path, nft")
                 try:
-                    netns.run(["nft", "-f", "-"], lab.ns_plain, input=text)
+                    load_nft()
                     nft = _run(lab.ns_send, "plain0", rx["plain"], blaster, frames_file, n, None, window)
                 finally:
-                    netns.run(["nft", "delete", "table", "ip", NFT_TABLE], lab.ns_plain, check=False)
-                    load_oracle(lab.ns_plain, policy, config.table, config.unfilterable)
+                    load_ipt()
         finally:
             for s in rx.values():
                 s.close()
+        accepted = [bool(ipt.got.get(p.uid)) for p in probes]
+        rounds = []
+        if fast.counted:
+            rounds = _rate_rounds(
+                lab,
+                fast,
+                blaster,
+                frames_file,
+                accepted,
+                seconds,
+                repeats,
+                cpu,
+                load_ipt,
+                load_nft if nft else None,
+                log,
+            )
+        prog = None
+        if prog_repeat > 0 and target == "xdp" and not established:
+            from hypafilter.analysis.plan import build_plan
+            from hypafilter.tools.bench.xdpcost import xdp_cost
+
+            log("the program's own cost: BPF_PROG_TEST_RUN")
+            c = xdp_cost(
+                build_plan(policy, config),
+                policy,
+                frames=min(n, prog_frames),
+                repeat=prog_repeat,
+                seed=seed,
+                trace=trace,
+            )
+            prog = {k: c[k] for k in ("frames", "repeat", "ns_mean", "ns_median", "ns_p99")}
     finally:
         fast.close()
         shutil.rmtree(work, ignore_errors=True)
     vs_ipt = compare(probes, {"hybrid": hybrid.got, "plain": ipt.got})
-    vs_nft = compare(probes, {"hybrid": hybrid.got, "plain": nft.got}) if nft else None
-    mismatched = _mismatched(probes, hybrid.got, ipt.got) | (_mismatched(probes, hybrid.got, nft.got) if nft else set())
+    nft_probes = [p for p in probes if b"BAD" not in p.frame] if nft_policy is not None else probes
+    vs_nft = compare(nft_probes, {"hybrid": hybrid.got, "plain": nft.got}) if nft else None
+    mismatched = _mismatched(probes, hybrid.got, ipt.got) | (
+        _mismatched(nft_probes, hybrid.got, nft.got) if nft else set()
+    )
+    if rounds:
+        med = _medians(rounds)
+        paths = med["paths"]
+        figures = {
+            "hybrid_pps": round(paths["hybrid"]["pps"], 1),
+            "iptables_pps": round(paths["iptables"]["pps"], 1),
+            "nft_pps": round(paths["nft"]["pps"], 1) if "nft" in paths else None,
+            "speedup_vs_iptables": med["speedup"].get("iptables"),
+            "speedup_vs_nft": med["speedup"].get("nft"),
+            "fw_ns": {k: round(v["fw_ns"], 1) for k, v in paths.items() if k != "sink"},
+            "fw_speedup_vs_iptables": med["fw_speedup"].get("iptables"),
+            "fw_speedup_vs_nft": med["fw_speedup"].get("nft"),
+            "sink_pps": round(paths["sink"]["pps"], 1),
+            "limit": _limit(paths),
+            "paths": {k: {m: round(x, 1) for m, x in v.items()} for k, v in paths.items()},
+        }
+    else:
+        # The paced correctness pass is the measurement: frames / (first send -> every frame decided and the last
+        # delivered one received).
+        figures = {
+            "hybrid_pps": hybrid.pps(n),
+            "iptables_pps": ipt.pps(n),
+            "nft_pps": nft.pps(n) if nft else None,
+            "speedup_vs_iptables": round(ipt.seconds / hybrid.seconds, 3) if hybrid.seconds else None,
+            "speedup_vs_nft": round(nft.seconds / hybrid.seconds, 3) if nft and hybrid.seconds else None,
+            "fw_ns": None,
+            "fw_speedup_vs_iptables": None,
+            "fw_speedup_vs_nft": None,
+            "sink_pps": None,
+            "limit": f"the {target} fast path paces the sender (correctness pass only)",
+            "paths": None,
+        }
     report = {
         "target": target,
         "frames": n,
-        "hybrid_pps": hybrid.pps(n),
-        "iptables_pps": ipt.pps(n),
-        "nft_pps": nft.pps(n) if nft else None,
-        "speedup_vs_iptables": round(ipt.seconds / hybrid.seconds, 3) if hybrid.seconds else None,
-        "speedup_vs_nft": round(nft.seconds / hybrid.seconds, 3) if nft and hybrid.seconds else None,
+        **figures,
+        "rounds": rounds,
+        "xdp_prog": prog,
         "hw_share": hw_share(delta) or 0.0,
         "mismatches": len(mismatched),
         "mismatches_vs_iptables": vs_ipt["mismatches"],
         "mismatches_vs_nft": vs_nft["mismatches"] if vs_nft else None,
         "nft_error": nft_error,
+        "nft_policy": "complex matches removed (nft has no string match); compared on frames without 'BAD'"
+        if nft_policy is not None
+        else "the policy",
         "delivered": {
             "hybrid": sum(1 for p in probes if hybrid.got.get(p.uid)),
             "iptables": sum(1 for p in probes if ipt.got.get(p.uid)),
             "nft": sum(1 for p in probes if nft.got.get(p.uid)) if nft else None,
         },
-        "seconds": {"hybrid": round(hybrid.seconds, 3), "iptables": round(ipt.seconds, 3)}
+        "correctness_seconds": {"hybrid": round(hybrid.seconds, 3), "iptables": round(ipt.seconds, 3)}
         | ({"nft": round(nft.seconds, 3)} if nft else {}),
         "nic": {k: v for k, v in delta.items() if v},
         "examples": vs_ipt["examples"][:5],
+        "established_flows": len(flows) if established else None,
+        "seconds": seconds,
+        "repeats": repeats,
+        "cpu": cpu,
+        "load": [round(x, 2) for x in os.getloadavg()],
         "policy_hash": policy.policy_hash(),
         "seed": seed,
         "trace": trace,
     }
     return report
+
+
+def _rate_rounds(lab, fast, blaster, frames_file, accepted, seconds, repeats, cpu, load_ipt, load_nft, log) -> list:
+    """`repeats` rounds of sink, hybrid, iptables and nft runs; each run's delivered count checked against the
+    correctness pass's verdicts (a difference means frames were lost or counted wrongly: the run is refused)."""
+    rounds = []
+    obj = build_sink(BUILD_ROOT / "bench")
+    _sink_up(lab.ns_send, obj)
+    for ifname in ("hyb0", "plain0"):
+        _xdp_drop(lab.ns_recv, ifname, obj)
+    try:
+        for r in range(repeats):
+            log(f"rate round {r + 1}/{repeats}: sink, hybrid, iptables" + (", nft" if load_nft else ""))
+            rnd = {"sink": _count(lab.ns_send, SINK[0], (lab.ns_send, SINK[1]), blaster, frames_file, seconds, cpu)}
+            before = fast.decided()
+            rnd["hybrid"] = _count(lab.ns_send, "hyb0", (lab.ns_recv, "hyb0"), blaster, frames_file, seconds, cpu)
+            decided = fast.decided() - before
+            if decided != rnd["hybrid"].sent:
+                raise HypafilterError(f"the fast path decided {decided} of {rnd['hybrid'].sent} frames sent")
+            load_ipt()
+            rnd["iptables"] = _count(lab.ns_send, "plain0", (lab.ns_recv, "plain0"), blaster, frames_file, seconds, cpu)
+            if load_nft:
+                try:
+                    load_nft()
+                    rnd["nft"] = _count(
+                        lab.ns_send, "plain0", (lab.ns_recv, "plain0"), blaster, frames_file, seconds, cpu
+                    )
+                finally:
+                    load_ipt()
+            for path, c in rnd.items():
+                want = c.sent if path == "sink" else _expected(accepted, c.sent)
+                if c.delivered != want:
+                    raise HypafilterError(
+                        f"rate round {r + 1}, {path}: {c.delivered} frames delivered of {c.sent} sent, the verdicts"
+                        f" of the correctness pass give {want}"
+                    )
+            rounds.append({k: vars(c) | {"pps": round(c.pps, 1), "cpu_ns": round(c.cpu_ns, 1)} for k, c in rnd.items()})
+    finally:
+        _sink_down(lab.ns_send)
+        for ifname in ("hyb0", "plain0"):
+            _xdp_drop(lab.ns_recv, ifname, None)
+    return rounds
+
+
+def _medians(rounds: list[dict]) -> dict:
+    """Per path the median wall rate, CPU ns/frame and firewall-side ns/frame (CPU ns − the same round's sink's);
+    per plain path the median over rounds of the wall and firewall-side speedups of the hybrid path."""
+    paths: dict[str, dict] = {}
+    speed: dict[str, list] = {}
+    fw_speed: dict[str, list] = {}
+    for rnd in rounds:
+        sink = rnd["sink"]["cpu_ns"]
+        for k, c in rnd.items():
+            p = paths.setdefault(k, {"pps": [], "cpu_ns": [], "fw_ns": []})
+            p["pps"].append(c["pps"])
+            p["cpu_ns"].append(c["cpu_ns"])
+            p["fw_ns"].append(c["cpu_ns"] - sink)
+        h = rnd["hybrid"]
+        for k in ("iptables", "nft"):
+            if k in rnd:
+                speed.setdefault(k, []).append(rnd[k]["seconds"] / rnd[k]["sent"] / (h["seconds"] / h["sent"]))
+                fh = h["cpu_ns"] - sink
+                if fh > 0:
+                    fw_speed.setdefault(k, []).append((rnd[k]["cpu_ns"] - sink) / fh)
+    out = {k: {m: statistics.median(v) for m, v in p.items()} for k, p in paths.items()}
+    for v in out.values():
+        v["fw_pps"] = 1e9 / v["fw_ns"] if v["fw_ns"] > 0 else 0.0
+        v["cpu_pps"] = 1e9 / v["cpu_ns"] if v["cpu_ns"] > 0 else 0.0
+    return {
+        "paths": out,
+        "speedup": {k: round(statistics.median(v), 2) for k, v in speed.items()},
+        "fw_speedup": {k: round(statistics.median(v), 2) for k, v in fw_speed.items() if v},
+    }
+
+
+def _limit(paths: dict) -> str:
+    """What bounds the hybrid path's wall rate: the sender (and veth) when it comes within 25 % of the sink's."""
+    h, s = paths["hybrid"]["pps"], paths["sink"]["pps"]
+    if s and h >= 0.75 * s:
+        return "sender: the hybrid path runs within 25 % of the sender's rate into a sink"
+    return "path: the hybrid path's own cost (the sender alone is faster)"
 
 
 def _mismatched(probes: list[Probe], a: dict[int, list[bytes]], b: dict[int, list[bytes]]) -> set[int]:

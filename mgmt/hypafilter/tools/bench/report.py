@@ -119,6 +119,19 @@ def _present(rows, key, order) -> list[str]:
     return [s for s in order if s in have] + sorted(have - set(order))
 
 
+KEEP_MARK = "<!-- Not generated: bench paper keeps everything below this line as it is when it rewrites the page. -->"
+
+
+def kept(results_md: Path) -> str:
+    """The hand-kept part of an existing results page (from KEEP_MARK on), or nothing."""
+    try:
+        text = results_md.read_text()
+    except OSError:
+        return ""
+    at = text.find(KEEP_MARK)
+    return "\n" + text[at:] if at >= 0 else ""
+
+
 def render(out: Path, results_md: Path, meta: dict, rows: dict[str, list[dict]]) -> str:
     rel = os.path.relpath(out, results_md.parent)
     m = meta["machine"]

@@ -1,7 +1,8 @@
 """Counter collection for the dashboard: a Snapshot of every counter at one time, rates as snapshot differences.
 
-A `Collector` reads the deployed system (deploy state, NIC registers and HITS table, the tool's netfilter chains
-through `iptables-save -c`, and `ops.deploy.drift`) into an immutable `Snapshot`; a `Sampler` thread takes one
+A `Collector` reads the deployed system (deploy state, the NIC's counters and per-entry hits through its
+target's counter source: the emulated NIC's registers and HITS table, the XDP program's per-CPU maps; the tool's
+netfilter chains through `iptables-save -c`, and `ops.deploy.drift`) into an immutable `Snapshot`; a `Sampler` thread takes one
 every interval and keeps the last N in a ring buffer. The collector also keeps `Totals`: counters accumulated from
 the differences of the sources, so they only go up for the life of the process (a NIC restart, a new generation's
 chains or an undeploy does not take them back). Everything the web app shows is computed from those snapshots, so
@@ -24,16 +25,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hypafilter import netns
+from hypafilter import netns, targets
 from hypafilter.analysis.plan import build_plan
 from hypafilter.analysis.program import build_program, twins
 from hypafilter.config import Config
 from hypafilter.errors import HypafilterError
 from hypafilter.iptables.document import parse_policy
 from hypafilter.ops import deploy, flowsync
-from hypafilter.targets.nic import NicClient
 
-# Hardware counters (hw/regmap.txt) and the (path, reason) labels they carry in /api and /metrics.
+# Hardware counters (hw/regmap.txt) and the (path, reason) labels they carry in /api and /metrics. Every target's
+# counter source (targets.base.CounterSource) reports these names with these meanings: the emulated NIC's registers,
+# the XDP program's per-CPU counters (a name a target lacks reads 0: the fast path has no FIFO to overflow).
 HW_COUNTERS: dict[str, tuple[str, str]] = {
     "CNT_FORWARDED": ("forwarded", ""),
     "CNT_DROPPED": ("dropped", ""),
@@ -45,6 +47,9 @@ HW_COUNTERS: dict[str, tuple[str, str]] = {
     "CNT_SHUNT_FORCED": ("shunted", "forced"),
     "CNT_FROM_HOST": ("from_host", ""),
     "CNT_FIFO_DROP": ("fifo_drop", ""),
+    # log mirroring: frames the hardware decided (also counted as forwarded or dropped) whose entry has the mirror
+    # bit, so the host got the frame or a copy with metadata reason 4 "mirror"
+    "CNT_MIRROR": ("mirrored", "mirror"),
 }
 SHUNT_REASONS: tuple[str, ...] = ("overrule", "policy", "unparsed", "state", "forced")
 # A forced shunt (CONTROL "shunt everything") is also counted under its reason (overrule or policy) by the core,
@@ -56,7 +61,8 @@ SHUNT_TOTAL_COUNTERS: tuple[str, ...] = (
     "CNT_SHUNT_STATE",
 )
 # Every frame from the wire is counted in exactly one of these (docs/hardware.md): (decision, reason) per counter.
-# Forced shunts are a subset of overrule/policy, from-host frames and FIFO drops are not decisions on wire frames.
+# Forced shunts are a subset of overrule/policy, mirrored frames of forwarded/dropped, from-host frames and FIFO
+# drops are not decisions on wire frames.
 WIRE_DECISIONS: dict[str, tuple[str, str]] = {
     c: (d, r or "rule")
     for c, (d, r) in HW_COUNTERS.items()
@@ -117,8 +123,9 @@ class Deployment:
     policy_shunt: bool | None = None  # the policy entry's shunt bit
     rules: tuple[RuleInfo, ...] = ()
     history: tuple[Update, ...] = ()
-    nic: str = ""  # where the NIC's registers are (emulator control socket)
-    nic_id: str = ""  # which NIC process: a new one counts from 0
+    nic: str = ""  # where the NIC's counters are (emulator control socket, XDP program's pins)
+    nic_id: str = ""  # which NIC process or program: a new one counts from 0
+    nic_info: dict = field(default_factory=dict, compare=False)  # the target's info on the NIC (deploy state "nic")
     positions: dict[tuple[str, int], int] = field(default_factory=dict, compare=False)  # see rule_positions
 
     @property
@@ -536,15 +543,22 @@ def deployment_from_state(state: dict) -> Deployment:
         policy_shunt=bool(may[n]),
         rules=tuple(rules),
         history=history_from_state(state),
-        nic=str((state.get("nic") or {}).get("socket", "")),
+        nic=nic_location(state),
         nic_id=nic_identity(state),
+        nic_info=dict(state.get("nic") or {}),
         positions=rule_positions(program),
     )
 
 
+def nic_location(state: dict) -> str:
+    """Where the deployed NIC's counters are: the emulator's control socket, the XDP program's pin directory."""
+    nic = state.get("nic") or {}
+    return str(nic.get("socket") or nic.get("pin") or "")
+
+
 def nic_identity(state: dict) -> str:
     nic = state.get("nic") or {}
-    return f"{nic.get('socket', '')}#{nic.get('pid', '')}"
+    return f"{nic_location(state)}#{nic.get('pid', '')}"
 
 
 def partial_deployment(state: dict) -> Deployment:
@@ -561,8 +575,9 @@ def partial_deployment(state: dict) -> Deployment:
         netns=str((state.get("shim") or {}).get("netns", "hf-fw")),
         table=str(state.get("table", "filter")),
         history=history_from_state(state),
-        nic=str((state.get("nic") or {}).get("socket", "")),
+        nic=nic_location(state),
         nic_id=nic_identity(state),
+        nic_info=dict(state.get("nic") or {}),
     )
 
 
@@ -570,10 +585,12 @@ def partial_deployment(state: dict) -> Deployment:
 
 
 def open_nic(deployment: Deployment) -> Any:
-    """A NicClient on the deployed emulated NIC's control socket."""
+    """The deployed NIC's counter source (targets.base.CounterSource: counters(), hits(count), close()), from the
+    target the deployment runs on (deploy state "target"; older states: the emulated NIC)."""
     if not deployment.nic:
-        raise HypafilterError("the deploy state names no NIC control socket")
-    return NicClient.emu(deployment.nic, timeout=5.0)
+        raise HypafilterError("the deploy state names no NIC")
+    target = targets.get(deployment.target or "emu", Config())
+    return target.counter_source(deployment.nic_info, timeout=5.0)
 
 
 def read_flowsync(state: dict) -> dict:
@@ -745,12 +762,12 @@ class Collector:
         )
 
     def _read_rules(self, dep: Deployment, nic: Any) -> tuple:
-        """HITS table and netfilter counters: (hits, nf, nf_main, nf_ok, errors)."""
+        """Per-entry hits and netfilter counters: (hits, nf, nf_main, nf_ok, errors)."""
         errors: list[str] = []
         hits: tuple[int, ...] = ()
         if nic is not None:
             try:
-                hits = tuple(int(v) for v in nic.read_table_many("HITS", 0, dep.n_entries + 1))
+                hits = tuple(int(v) for v in nic.hits(dep.n_entries + 1))
             except Exception as e:
                 errors.append(f"NIC HITS table: {e}")
         nf: dict[int, tuple[int, int]] = {}

@@ -176,6 +176,12 @@ class SnapshotCollector:
                 "Shunted frames that were shunted because of "
                 "shunt-all during an update (also counted under their reason in hypafilter_wire_frames_total).",
             ),
+            (
+                "hypafilter_mirrored_frames",
+                "CNT_MIRROR",
+                "Frames the hardware decided whose copy (or, in host mode, the frame) went to the host with reason "
+                '"mirror" for its observing rules (also counted under their decision in hypafilter_wire_frames_total).',
+            ),
             ("hypafilter_from_host_frames", "CNT_FROM_HOST", "Frames the host sent back through the NIC."),
             ("hypafilter_fifo_drop_frames", "CNT_FIFO_DROP", "Frames lost to a full FIFO."),
         ):

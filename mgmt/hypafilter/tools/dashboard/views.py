@@ -23,6 +23,7 @@ def totals(snap: Snapshot) -> dict[str, Any]:
         "shunted": shunted,
         "shunted_by_reason": {r: hw.get(_REASON_COUNTER[r], 0) for r in SHUNT_REASONS},
         "from_host": hw.get("CNT_FROM_HOST", 0),
+        "mirrored": hw.get("CNT_MIRROR", 0),  # a subset of forwarded + dropped: the host also got them (reason 4)
         "fifo_drop": hw.get("CNT_FIFO_DROP", 0),
         "classified": classified,
         "shunt_ratio": _ratio(shunted, classified),
@@ -42,6 +43,7 @@ def rate_point(prev: Snapshot, cur: Snapshot) -> dict[str, Any]:
         "shunted": r.shunted,
         "shunted_by_reason": {reason: r.hw[_REASON_COUNTER[reason]] for reason in SHUNT_REASONS},
         "from_host": r.hw["CNT_FROM_HOST"],
+        "mirrored": r.hw["CNT_MIRROR"],
         "classified": r.classified,
         "shunt_ratio": r.shunt_ratio,
         "netfilter_main": r.nf_main,

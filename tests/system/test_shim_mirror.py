@@ -1,0 +1,148 @@
+"""System test of the shim's log-mirroring path (reason 4): a trusted copy gets the mark (k << 4) | 0x4 | action, an
+untrusted one (bad magic, stale generation, no interval, a non-decisive action) is dropped in XDP: it never reaches
+netfilter and is never forwarded. Counted in the shim's mirror / mirror_dropped statistics."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypafilter import netns
+
+from conftest import need_root, need_tool
+
+pytestmark = pytest.mark.system
+
+S, F, R = "mshm-send", "mshm-fw", "mshm-recv"
+GEN = 9
+INTERVALS = [3, 7, 9, 0, 11]  # k per match_index; index 3 maps to k = 0
+
+
+def teardown() -> None:
+    for n in (S, F, R):
+        netns.delete(n)
+
+
+@pytest.fixture(scope="module")
+def topo():
+    need_root()
+    need_tool("ip", "iptables", "clang", "tc", "make")
+    from hypafilter.targets.shim import Shim
+
+    teardown()
+    for n in (S, F, R):
+        netns.add(n)
+    netns.veth("s0", S, "nf0", F)
+    netns.veth("r0", R, "nf1", F)
+    for n, ifs in ((S, ["s0"]), (R, ["r0"]), (F, ["nf0", "nf1"])):
+        netns.run(["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"], n)
+        for i in ifs:
+            netns.run(["ip", "-n", n, "link", "set", i, "up"])
+    netns.run(["ip", "-n", F, "link", "add", "br0", "type", "bridge"])
+    for i in ("nf0", "nf1"):
+        netns.run(["ip", "-n", F, "link", "set", i, "master", "br0"])
+    netns.run(["ip", "-n", F, "link", "set", "br0", "up"])
+    netns.run(["sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=1"], F)
+    shim = Shim(F, ["nf0", "nf1"])
+    shim.load()
+    yield shim
+    shim.unload()
+    teardown()
+
+
+def load_rules(marks: dict[int, int | None]) -> None:
+    """FORWARD: UDP to port P counts in an ACCEPT with mark marks[P] (None: any mark, the frame must never get
+    here); everything else on those ports is dropped."""
+    lines = ["*filter", ":FORWARD ACCEPT [0:0]"]
+    for port, mark in marks.items():
+        with_mark = [] if mark is None else ["-m", "mark", "--mark", f"{mark:#x}"]
+        lines.append(" ".join(["-A FORWARD -p udp --dport", str(port), *with_mark, "-j ACCEPT"]))
+        lines.append(f"-A FORWARD -p udp --dport {port} -j DROP")
+    lines.append("COMMIT")
+    netns.run(["iptables-restore"], F, input="\n".join(lines) + "\n")
+
+
+def rule_counts() -> dict[tuple[str, int], int]:
+    out = netns.run(["iptables", "-w", "-L", "FORWARD", "-nvx"], F)
+    counts: dict[tuple[str, int], int] = {}
+    for line in out.splitlines():
+        m = re.match(r"\s*(\d+)\s+\d+\s+(ACCEPT|DROP)\s.*dpt:(\d+)", line)
+        if m:
+            counts[(m.group(2), int(m.group(3)))] = int(m.group(1))
+    return counts
+
+
+def frame(port: int, uid: int) -> bytes:
+    from scapy.layers.inet import IP, UDP
+    from scapy.layers.l2 import Ether
+
+    payload = b"HFID%08d" % uid + b"x" * 24
+    pkt = (
+        Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02")
+        / IP(src="10.9.0.1", dst="10.9.0.2")
+        / UDP(sport=4000, dport=port)
+    )
+    return bytes(pkt / payload)
+
+
+def exchange(frames: list[bytes]) -> list[bytes]:
+    from hypafilter.ops.verify import drain, raw_socket, receive, send
+
+    tx = raw_socket(S, "s0")
+    rx = raw_socket(R, "r0")
+    drain(rx)
+    send(tx, frames)
+    got = [f for f in receive(rx, quiet=0.3) if b"HFID" in f]
+    tx.close()
+    rx.close()
+    return got
+
+
+def test_mirror_copies_marked_or_dropped(topo):
+    from hypafilter import shared
+    from hypafilter.targets.shim import mark_value, tag_frame
+
+    shim = topo
+    shim.update(INTERVALS, generation=GEN, mark_mask=0xFFFFFFFF, mark_shift=0, num_entries=len(INTERVALS))
+    shim.stats(reset=True)
+    pm, mirror = shared.pack_meta, shared.HF_REASON_MIRROR
+    cases = {
+        # port: (metadata, expected mark; None: dropped by the shim)
+        5201: (pm(0, 1, mirror, GEN), mark_value(3, 1, mirror=True)),  # copy of an ACCEPT: 0x35
+        5202: (pm(1, 2, mirror, GEN), mark_value(7, 2, mirror=True)),  # copy of a DROP: 0x76
+        5203: (pm(0, 1, mirror, GEN) ^ (1 << 60), None),  # bad magic
+        5204: (pm(0, 1, mirror, GEN + 1), None),  # stale generation
+        5205: (pm(len(INTERVALS), 1, mirror, GEN), None),  # index out of range
+        5206: (pm(3, 1, mirror, GEN), None),  # interval k = 0
+        5207: (pm(0, 0, mirror, GEN), None),  # not a decided action
+        5208: (pm(0, 1, 0, GEN), mark_value(3, 1)),  # an ordinary shunt beside them: 0x31
+    }
+    assert (mark_value(3, 1, mirror=True), mark_value(7, 2, mirror=True)) == (0x35, 0x76)
+    load_rules({p: m for p, (_, m) in cases.items()})
+    sent = [tag_frame(frame(port, i), meta) for i, (port, (meta, _)) in enumerate(cases.items())]
+    got = exchange(sent)
+    ids = sorted(int(g[g.index(b"HFID") + 4 : g.index(b"HFID") + 12]) for g in got)
+    # only the trusted ones reach netfilter (here accepted on their exact mark, so they come out)
+    assert ids == [0, 1, 7], ids
+    counts = rule_counts()
+    for port, (_, mark) in cases.items():
+        want_accept = 0 if mark is None else 1
+        assert counts[("ACCEPT", port)] == want_accept and counts[("DROP", port)] == 0, (port, counts)
+    st = shim.stats()
+    assert st["tagged"] == 8 and st["mirror"] == 2 and st["mirror_dropped"] == 5, st
+    assert st["marked"] == 3 and st["bad_magic"] == 1 and st["stale_gen"] == 1, st
+
+
+def test_mirror_mark_under_mask_and_shift(topo):
+    from hypafilter import shared
+    from hypafilter.targets.shim import mark_value, tag_frame
+
+    shim = topo
+    shim.update(INTERVALS, generation=GEN, mark_mask=0x0000FFF0, mark_shift=4, num_entries=len(INTERVALS))
+    want = (mark_value(9, 2, mirror=True) << 4) & 0xFFF0
+    assert want == 0x960
+    load_rules({5301: want})
+    got = exchange([tag_frame(frame(5301, 301), shared.pack_meta(2, 2, shared.HF_REASON_MIRROR, GEN))])
+    assert len(got) == 1
+    assert rule_counts()[("ACCEPT", 5301)] == 1
+    shim.update(mark_mask=0xFFFFFFFF, mark_shift=0)

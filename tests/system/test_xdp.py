@@ -56,31 +56,8 @@ def frames_for(policy, rng: random.Random, count: int, trace=None, malformed: fl
     return out
 
 
-# Log mirroring (docs/xdp.md): hw.model gains Kind.MIRROR with helper M's analysis; until then a plan's mirror bits
-# (Plan.mirror, set by hand in these tests) turn the model's decision into the contract's mirror decision here.
-MIRROR = getattr(Kind, "MIRROR", "MIRROR")
-MIRROR_NAME = getattr(MIRROR, "name", MIRROR)
-REASON_MIRROR = 4
-
-
-def mirror_decision(plan, d, gen: int):
-    """The contract's decision for a frame whose entry mirrors (a plan with mirror bits, a model without
-    Kind.MIRROR): precedence after shunt bit / non-decisive action / shunt-everything / miss forcing, before the
-    host-mode ACCEPT; the verdict stays (CNT_FORWARDED or CNT_DROPPED) and the frame passes with reason 4."""
-    import dataclasses
-
-    from hypafilter import shared
-    from hypafilter.hw import model
-
-    mirror = getattr(plan, "mirror", None)
-    if mirror is None or MIRROR != "MIRROR" or d.match_index is None or not mirror[d.match_index]:
-        return d
-    if not (d.kind == model.Kind.DROP or (d.kind == model.Kind.FORWARD and d.reason in (None, model.REASON_DECIDED))):
-        return d
-    meta = shared.pack_meta(d.match_index, d.action, REASON_MIRROR, gen)
-    counters = tuple(c for c in d.counters if c != "CNT_FORWARDED" and c != "CNT_DROPPED")
-    counters += ("CNT_FORWARDED" if d.action == model.ACTION_ACCEPT else "CNT_DROPPED", "CNT_MIRROR")
-    return dataclasses.replace(d, kind=MIRROR, meta=meta, reason=REASON_MIRROR, counters=counters)
+MIRROR = Kind.MIRROR
+MIRROR_NAME = MIRROR.name
 
 
 def ifindexes(ns) -> dict[str, int]:
@@ -109,7 +86,7 @@ def check(plan, frames, ns, nic_mode="bridge", unfilterable="drop", shunt_all=Fa
     n = len(plan.entries)
     ifx = ifindexes(ns)
     for (iport, f), v in zip(frames, res.verdicts, strict=True):
-        d = mirror_decision(plan, model.decide(plan, f, WIRE[iport], regs), 7)
+        d = model.decide(plan, f, WIRE[iport], regs)
         counters.add(d, WIRE[iport])
         want = {model.Kind.DROP: XDP_DROP, model.Kind.SHUNT: XDP_PASS, MIRROR: XDP_PASS}.get(d.kind)
         if d.kind == model.Kind.FORWARD:
@@ -140,7 +117,7 @@ def check(plan, frames, ns, nic_mode="bridge", unfilterable="drop", shunt_all=Fa
             ok = ok and v.meta == d.meta
         if not ok:
             bad.append((f.hex(), d, v))
-        tally[(getattr(d.kind, "name", d.kind), d.reason)] += 1
+        tally[(d.kind.name, d.reason)] += 1
     assert not bad, f"{len(bad)} of {len(frames)} frames differ from hw.model, first: {bad[:3]}"
     want_regs = {k: v for k, v in counters.regs.items()}
     got_regs = {k: res.counters.get(k, 0) for k in want_regs}
@@ -253,9 +230,9 @@ def test_conntrack_policies(ns, name):
 
 def with_mirror(plan, rng: random.Random, share: float = 0.4, zero_k: int = 0):
     """`plan` with mirror bits set by hand on a random `share` of its entries (shunted ones included: their shunt
-    bit must win) and the policy entry. Helper M's analysis sets Plan.mirror from the policy's observing rules;
-    these tests give the program every combination. `zero_k`: that many mirrored entries get interval 0 (the
-    mark's "no valid metadata": the full policy decides, nothing is cloned)."""
+    bit must win) and the policy entry. The analysis sets Plan.mirror from the policy's observing rules only where
+    nothing shunts; these tests give the program every combination. `zero_k`: that many mirrored entries get
+    interval 0 (the mark's "no valid metadata": the full policy decides, nothing is cloned)."""
     import numpy as np
 
     mirror = np.array([rng.random() < share for _ in range(len(plan.entries) + 1)], dtype=bool)
@@ -263,6 +240,7 @@ def with_mirror(plan, rng: random.Random, share: float = 0.4, zero_k: int = 0):
     plan.mirror = mirror
     for j in [j for j in np.flatnonzero(mirror) if not plan.shunt[j]][:zero_k]:
         plan.interval[j] = 0
+    plan.refresh()
     return plan
 
 
@@ -314,6 +292,39 @@ def test_mirror_fuzz_and_conntrack(ns):
     hplan = with_mirror(build_plan(host, Config(shunt_mode="selective", nic_mode="host")), rng, share=1.0)
     htally = check(hplan, frames_for(host, random.Random("cth"), 800), ns, nic_mode="host")
     assert htally[(MIRROR_NAME, 4)] > 0 and htally[("SHUNT", 3)] > 0 and htally[("FORWARD", 5)] == 0, htally
+
+
+OBSERVING = """*filter
+:FORWARD DROP [0:0]
+-A FORWARD -p tcp -m tcp --dport 22 -j LOG --log-prefix "ssh: "
+-A FORWARD -p tcp -m tcp --dport 20:30 -j ACCEPT
+-A FORWARD -s 10.0.0.0/9 -p udp -j NFLOG --nflog-group 7
+-A FORWARD -p udp -m udp --dport 53 -m string --string "evil" --algo bm -j DROP
+-A FORWARD -p udp -m udp --dport 53 -j ACCEPT
+-A FORWARD -d 10.128.0.0/9
+-A FORWARD -p tcp -m tcp --dport 1000:65535 -j ACCEPT
+-A FORWARD -p udp -j DROP
+-A FORWARD -p icmp -j ACCEPT
+COMMIT
+"""
+
+
+@pytest.mark.parametrize("mode", ["index", "selective"])
+def test_mirror_from_the_analysis(ns, mode):
+    """Observing rules (LOG, NFLOG, no target) and a deciding string match: the analysis's Plan.mirror, every frame
+    and counter against hw.model (Kind.MIRROR), bridge and host mode."""
+    from hypafilter.analysis.plan import build_plan
+    from hypafilter.config import Config
+    from hypafilter.iptables.document import parse_policy
+
+    policy = parse_policy(OBSERVING, "observing")
+    plan = build_plan(policy, Config(shunt_mode=mode))
+    assert plan.mirror.any() and plan.shunt.any(), (plan.mirror, plan.shunt)
+    frames = frames_for(policy, random.Random(mode), 1500)
+    tally = check(plan, frames, ns)
+    assert tally[(MIRROR_NAME, 4)] > 0 and tally[("SHUNT", 0)] + tally[("SHUNT", 1)] > 0, tally
+    host = check(plan, frames, ns, nic_mode="host")
+    assert host[(MIRROR_NAME, 4)] > 0, host
 
 
 # One 10,000-rule set in every run; all three with HF_XDP_LARGE=1 (`make test-xdp-large`, about a minute a set).

@@ -141,7 +141,7 @@ def test_mirror_bit_in_the_entries():
     plan = build_plan(parse_policy(POLICY, "p"))
     n = len(plan.entries)
     plain = build_tables(plan).entries
-    assert getattr(plan, "mirror", None) is None or not np.asarray(plan.mirror).any()
+    assert not plan.mirror.any()  # no observing rule
     assert all(ENTRY.unpack_from(plain, j * ENTRY.size)[0] & shared.HF_ACTION_MIRROR_BIT == 0 for j in range(n + 1))
     mirror = np.zeros(n + 1, dtype=bool)
     mirror[::2] = True
@@ -152,5 +152,5 @@ def test_mirror_bit_in_the_entries():
         assert action == int(plan.actions[j]) | (shared.HF_ACTION_MIRROR_BIT if mirror[j] else 0)
         assert (shunt, k) == ENTRY.unpack_from(plain, j * ENTRY.size)[1:2] + (int(plan.interval[j]),)
     plan.mirror = mirror[:-1]
-    with pytest.raises(ValueError, match="Plan.mirror"):
+    with pytest.raises(ValueError):
         build_tables(plan)

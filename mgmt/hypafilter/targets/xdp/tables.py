@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hypafilter import shared
+from hypafilter.analysis.plan import action_words
 from hypafilter.ir import FIELDS, MAXV
 
 # Field order of the program's lookups; src/dst by binary search over sorted interval starts, the rest direct.
@@ -33,8 +33,7 @@ CHUNK = 1024  # boxes per sweep step (memory: intervals x CHUNK bytes)
 # ct_tcp_ms, ct_udp_ms, ct_flags, ct_udp_unreplied_ms
 CONFIG = struct.Struct("<11I")
 CT_LOOKUP, CT_TCP_LIBERAL = 1, 2  # hfx_config.ct_flags (HFX_CT_*)
-ENTRY = struct.Struct("<BBHI")  # struct hfx_entry: action (| MIRROR_BIT), shunt, pad, k
-MIRROR_BIT = shared.HF_ACTION_MIRROR_BIT  # 0x8 in the action byte: the entry's decided frames are mirrored
+ENTRY = struct.Struct("<BBHI")  # struct hfx_entry: action (| HF_ACTION_MIRROR_BIT), shunt, pad, k
 SPAN = np.dtype([("start", "<u4"), ("vec", "<u4")])
 
 
@@ -166,30 +165,9 @@ def build_tables(plan) -> Tables:
             values = np.arange(DIRECT_SIZE[f], dtype=np.int64)
             t.direct[f] = ids[np.searchsorted(starts, values, side="right") - 1]
     t.box_entry = np.array(owner, dtype=np.uint32)
-    mirror = mirror_bits(plan)
-    t.entries = b"".join(
-        ENTRY.pack(
-            (int(plan.actions[j]) & 0xF & ~MIRROR_BIT) | (MIRROR_BIT if mirror[j] else 0),
-            int(bool(plan.shunt[j])),
-            0,
-            int(plan.interval[j]),
-        )
-        for j in range(n + 1)
-    )
+    words = action_words(plan)  # the action code | MIRROR_BIT where Plan.mirror is set (the NIC's ACTION word)
+    t.entries = b"".join(ENTRY.pack(words[j], int(bool(plan.shunt[j])), 0, int(plan.interval[j])) for j in range(n + 1))
     return t
-
-
-def mirror_bits(plan) -> np.ndarray:
-    """Plan.mirror (bool [n + 1]: entry j's decided frames get a copy to netfilter, docs/xdp.md "Log mirroring");
-    a plan without it mirrors nothing."""
-    n = len(plan.entries)
-    mirror = getattr(plan, "mirror", None)
-    if mirror is None:
-        return np.zeros(n + 1, dtype=bool)
-    mirror = np.asarray(mirror, dtype=bool)
-    if mirror.shape != (n + 1,):
-        raise ValueError(f"Plan.mirror has shape {mirror.shape}, the plan has {n + 1} entries")
-    return mirror
 
 
 def _record(name: str, value_size: int, count: int, data: bytes) -> bytes:

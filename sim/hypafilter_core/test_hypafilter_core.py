@@ -74,6 +74,16 @@ def _expect(plan, frames, regs, counters, expected):
             expected.append((f, hwmodel.out_tuser(tuser, d), d))
 
 
+async def check_outputs(tb, ax, expected: list, counts: dict) -> None:
+    """Every expected (data, tuser, what) came out, in order, and nothing else; every counter register reads what
+    `counts` says, also those nothing bumped (CNT_FIFO_DROP, and any kind of frame the traffic missed)."""
+    for k, ((f, tu, what), (got, gtu, _)) in enumerate(zip(expected, tb.sink.frames, strict=True)):
+        assert got == f, f"frame {k} ({what}): data differs"
+        assert gtu == tu, f"frame {k} ({what}): tuser {gtu:#x} != {tu:#x}"
+    for name in [r.name for r in regmap.MAP.registers if r.name.startswith("CNT_")] + ["PKTIN", "PKTOUT"]:
+        assert await ax.read(getattr(regmap, f"REG_{name}")) == counts.get(name, 0), name
+
+
 @cocotb.test()
 async def core_traffic(dut):
     """Phases of traffic with register changes between them; every frame, TUSER and counter checked."""
@@ -148,12 +158,7 @@ async def core_traffic(dut):
         _expect(plan, frames, regs, counters, expected)
         await tb.src.send(frames)
         await tb.wait_out(len(expected))
-    for k, ((f, tu, d), (got, gtu, _)) in enumerate(zip(expected, tb.sink.frames, strict=True)):
-        assert got == f, f"frame {k}: data differs"
-        assert gtu == tu, f"frame {k}: tuser {gtu:#x} != {tu:#x} ({d})"
-    # every counter, also those the model never bumped (CNT_FIFO_DROP, and any kind of frame the traffic missed)
-    for name in [r.name for r in regmap.MAP.registers if r.name.startswith("CNT_")] + ["PKTIN", "PKTOUT"]:
-        assert await ax.read(getattr(R, f"REG_{name}")) == counters.regs.get(name, 0), name
+    await check_outputs(tb, ax, expected, counters.regs)
     assert counters.regs.get("CNT_DROP_UNFILTERABLE", 0) > 0, "the traffic must hold unfilterable frames"
     if len(phases) > 5 and n >= 8:
         assert any(d.reason == hwmodel.REASON_DECIDED for _, _, d in expected), "host mode delivered no ACCEPT"
@@ -330,11 +335,7 @@ async def core_mirror(dut):
                     expected.append((f, tuser, f"{name}: entry {e} from {sp:#x}"))
         await tb.src.send(frames)
         await tb.wait_out(len(expected))
-    for k, ((f, tu, what), (got, gtu, _)) in enumerate(zip(expected, tb.sink.frames, strict=True)):
-        assert got == f, f"frame {k} ({what}): data differs"
-        assert gtu == tu, f"frame {k} ({what}): tuser {gtu:#x} != {tu:#x}"
-    for reg in [r.name for r in regmap.MAP.registers if r.name.startswith("CNT_")] + ["PKTIN", "PKTOUT"]:
-        assert await ax.read(getattr(R, f"REG_{reg}")) == counts.get(reg, 0), reg
+    await check_outputs(tb, ax, expected, counts)
     assert counts["CNT_MIRROR"] > 0
     dut._log.info("core_mirror: %d frames out, counters %s", len(expected), counts)
 

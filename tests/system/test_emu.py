@@ -15,13 +15,16 @@ from conftest import ROOT, need_root, need_tool
 pytestmark = pytest.mark.system
 
 NS_NIC, NS_OUT = "hfte-nic", "hfte-out"
-# NIC role -> (interface in NS_NIC, its peer in NS_OUT, one-hot TUSER port)
-PORTS = {
-    "wire0": ("wire0", "w0p", 0x01),
-    "host0": ("host0", "h0p", 0x02),
-    "wire1": ("wire1", "w1p", 0x04),
-    "host1": ("host1", "h1p", 0x08),
-}
+
+
+def port_table(prefix: str = "") -> dict[str, tuple[str, str, int]]:
+    """NIC role -> (interface in the NIC's namespace, its peer outside: prefix + w0p/h0p/w1p/h1p, one-hot TUSER
+    port)."""
+    roles = (("wire0", 0x01), ("host0", 0x02), ("wire1", 0x04), ("host1", 0x08))
+    return {role: (role, f"{prefix}{role[0]}{role[-1]}p", bit) for role, bit in roles}
+
+
+PORTS = port_table()
 ETH_P_ALL = 0x0003
 SOL_PACKET, PACKET_AUXDATA = 263, 8
 TP_STATUS_VLAN_VALID, TP_STATUS_VLAN_TPID_VALID = 0x10, 0x40

@@ -12,17 +12,12 @@ from __future__ import annotations
 import pytest
 
 from conftest import ROOT, need_root, need_tool
-from tests.system.test_emu import collect, drain, make_plan, port_sockets, untag
+from tests.system.test_emu import collect, drain, make_plan, port_sockets, port_table, untag
 
 pytestmark = pytest.mark.system
 
 NS_NIC, NS_OUT = "vmir-nic", "vmir-out"
-PORTS = {
-    "wire0": ("wire0", "vw0p", 0x01),
-    "host0": ("host0", "vh0p", 0x02),
-    "wire1": ("wire1", "vw1p", 0x04),
-    "host1": ("host1", "vh1p", 0x08),
-}
+PORTS = port_table("v")
 MIRROR = 0x8  # HF_ACTION_MIRROR_BIT
 GEN = 0x0321
 MAGIC = 0x4846

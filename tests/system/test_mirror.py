@@ -52,8 +52,8 @@ MIXED_POLICY = FORWARD_POLICY.replace(
 )
 
 
-def parse(text: str):
-    return parse_policy(text, filename="mirror.rules", base_chain="FORWARD", config=Config())
+def parse(text: str, chain: str = "FORWARD"):
+    return parse_policy(text, filename="mirror.rules", base_chain=chain, config=Config())
 
 
 def observed(ns: str, table: str = "filter") -> dict[str, int]:
@@ -71,15 +71,16 @@ def zero_counters(lab) -> None:
         ns_sh(ns, "iptables", "-w", "-Z")
 
 
-def run(lab, text: str, seed: int) -> dict:
-    pol = parse(text)
+def run(lab, text: str, seed: int, chain: str = "FORWARD", packets: int = PACKETS) -> dict:
+    pol = parse(text, chain)
     cfg = Config(shunt_mode="selective", strategy="interval")
     deploy.deploy(pol, cfg)  # the configuration verify deploys with: its own deploy is then a no-op
     zero_counters(lab)
-    r = verify(pol, cfg, packets=PACKETS, seed=seed, malformed=0.0)
+    r = verify(pol, cfg, packets=packets, seed=seed, malformed=0.0)
     assert r["mismatches"] == 0, f"{r['mismatches']} mismatches, e.g. {r['examples'][:3]}"
     assert r["duplicates"] == 0, "a mirror copy was forwarded"
-    assert 0 < r["delivered_oracle"] < PACKETS
+    assert r["observers"]["mismatches"] == 0, r["observers"]["examples"]
+    assert 0 < r["delivered_oracle"] < packets
     return r
 
 
@@ -122,3 +123,15 @@ def test_full_strategy_does_not_mirror(lab):
     assert r["nic"].get("CNT_MIRROR", 0) == 0
     assert r["nic"].get("CNT_SHUNT_OVERRULE", 0) > 0
     assert observed(lab.ns_fw) == observed(lab.ns_plain)
+
+
+def test_host_mode_mirrors_into_input(lab):
+    """Host mode (INPUT): a mirrored ACCEPT is the frame itself, delivered with reason 4 (not 5): INPUT runs the
+    observing rules above its interval and accepts it; a mirrored DROP runs them and drops it. Verdicts and observer
+    counters equal the kernel's."""
+    deploy.undeploy()  # the NIC changes mode: deploy refuses to switch a running bridge deployment
+    r = run(lab, FORWARD_POLICY.replace("FORWARD", "INPUT"), seed=6, chain="INPUT", packets=900)
+    nic = r["nic"]
+    assert r["nic_mode"] == "host"
+    assert observed(lab.ns_fw) == observed(lab.ns_plain)
+    assert nic.get("CNT_MIRROR", 0) > 0 and nic.get("CNT_SHUNT_OVERRULE", 0) == 0, nic

@@ -49,24 +49,31 @@ def topo():
     teardown()
 
 
-def load_rules(marks: dict[int, int]) -> None:
-    """FORWARD: UDP to port P is accepted only with mark marks[P]; everything else on those ports is dropped."""
+def load_rules(marks: dict[int, int | None]) -> None:
+    """FORWARD: UDP to port P is accepted only with mark marks[P] (None: with any mark, for frames that must never
+    get here at all); everything else on those ports is dropped."""
     lines = ["*filter", ":FORWARD ACCEPT [0:0]"]
     for port, mark in marks.items():
-        lines.append(f"-A FORWARD -p udp --dport {port} -m mark --mark {mark:#x} -j ACCEPT")
+        with_mark = "" if mark is None else f" -m mark --mark {mark:#x}"
+        lines.append(f"-A FORWARD -p udp --dport {port}{with_mark} -j ACCEPT")
         lines.append(f"-A FORWARD -p udp --dport {port} -j DROP")
     lines.append("COMMIT")
     netns.run(["iptables-restore"], F, input="\n".join(lines) + "\n")
 
 
-def accept_counts() -> dict[int, int]:
+def rule_counts() -> dict[tuple[str, int], int]:
+    """Packets per (ACCEPT|DROP, destination port) rule of FORWARD."""
     out = netns.run(["iptables", "-w", "-L", "FORWARD", "-nvx"], F)
-    counts = {}
+    counts: dict[tuple[str, int], int] = {}
     for line in out.splitlines():
-        m = re.match(r"\s*(\d+)\s+\d+\s+ACCEPT\s.*dpt:(\d+)", line)
+        m = re.match(r"\s*(\d+)\s+\d+\s+(ACCEPT|DROP)\s.*dpt:(\d+)", line)
         if m:
-            counts[int(m.group(2))] = int(m.group(1))
+            counts[(m.group(2), int(m.group(3)))] = int(m.group(1))
     return counts
+
+
+def accept_counts() -> dict[int, int]:
+    return {port: n for (target, port), n in rule_counts().items() if target == "ACCEPT"}
 
 
 def frame(port: int, uid: int) -> bytes:
@@ -170,3 +177,58 @@ def test_bulk_update_fast(topo):
     took = time.monotonic() - t
     assert shim.dump(len(values))[-1100:] == values[-1100:]
     assert took < 2.0, f"120000 entries took {took:.2f}s"
+
+
+# --- log mirroring (reason 4): a trusted copy gets the mark (k << 4) | 0x4 | action; an untrusted one (bad magic,
+# stale generation, no interval, a non-decisive action) is dropped in XDP: it never reaches netfilter and is never
+# forwarded. Counted in the shim's mirror / mirror_dropped statistics.
+
+
+def test_mirror_copies_marked_or_dropped(topo):
+    from hypafilter import shared
+    from hypafilter.targets.shim import mark_value, tag_frame
+
+    shim = topo
+    shim.update(INTERVALS, generation=GEN, mark_mask=0xFFFFFFFF, mark_shift=0, num_entries=len(INTERVALS))
+    shim.stats(reset=True)
+    pm, mirror = shared.pack_meta, shared.HF_REASON_MIRROR
+    cases = {
+        # port: (metadata, expected mark; None: dropped by the shim)
+        5201: (pm(0, 1, mirror, GEN), mark_value(3, 1, mirror=True)),  # copy of an ACCEPT: 0x35
+        5202: (pm(1, 2, mirror, GEN), mark_value(7, 2, mirror=True)),  # copy of a DROP: 0x76
+        5203: (pm(0, 1, mirror, GEN) ^ (1 << 60), None),  # bad magic
+        5204: (pm(0, 1, mirror, GEN + 1), None),  # stale generation
+        5205: (pm(len(INTERVALS), 1, mirror, GEN), None),  # index out of range
+        5206: (pm(3, 1, mirror, GEN), None),  # interval k = 0
+        5207: (pm(0, 0, mirror, GEN), None),  # not a decided action
+        5208: (pm(0, 1, 0, GEN), mark_value(3, 1)),  # an ordinary shunt beside them: 0x31
+    }
+    assert (mark_value(3, 1, mirror=True), mark_value(7, 2, mirror=True)) == (0x35, 0x76)
+    load_rules({p: m for p, (_, m) in cases.items()})
+    sent = [tag_frame(frame(port, i), meta) for i, (port, (meta, _)) in enumerate(cases.items())]
+    got = exchange(sent)
+    ids = sorted(int(g[g.index(b"HFID") + 4 : g.index(b"HFID") + 12]) for g in got)
+    # only the trusted ones reach netfilter (here accepted on their exact mark, so they come out)
+    assert ids == [0, 1, 7], ids
+    counts = rule_counts()
+    for port, (_, mark) in cases.items():
+        want_accept = 0 if mark is None else 1
+        assert counts[("ACCEPT", port)] == want_accept and counts[("DROP", port)] == 0, (port, counts)
+    st = shim.stats()
+    assert st["tagged"] == 8 and st["mirror"] == 2 and st["mirror_dropped"] == 5, st
+    assert st["marked"] == 3 and st["bad_magic"] == 1 and st["stale_gen"] == 1, st
+
+
+def test_mirror_mark_under_mask_and_shift(topo):
+    from hypafilter import shared
+    from hypafilter.targets.shim import mark_value, tag_frame
+
+    shim = topo
+    shim.update(INTERVALS, generation=GEN, mark_mask=0x0000FFF0, mark_shift=4, num_entries=len(INTERVALS))
+    want = (mark_value(9, 2, mirror=True) << 4) & 0xFFF0
+    assert want == 0x960
+    load_rules({5301: want})
+    got = exchange([tag_frame(frame(5301, 301), shared.pack_meta(2, 2, shared.HF_REASON_MIRROR, GEN))])
+    assert len(got) == 1
+    assert rule_counts()[("ACCEPT", 5301)] == 1
+    shim.update(mark_mask=0xFFFFFFFF, mark_shift=0)

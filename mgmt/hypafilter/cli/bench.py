@@ -162,16 +162,15 @@ def run_xdp_cost(args: argparse.Namespace) -> int:
     if args.frames < 1 or args.repeat < 1:
         raise HypafilterError("--frames and --repeat must be at least 1")
     plan = build_plan(policy, cfg, mode=args.mode)
-    report = xdp_cost(
-        plan,
-        policy,
-        frames=args.frames,
-        repeat=args.repeat,
-        seed=args.seed,
-        trace=args.trace,
-        words=args.words,
-        all_fields=args.all_fields,
-    )
+    options = (
+        "frames",
+        "repeat",
+        "seed",
+        "trace",
+        "words",
+        "all_fields",
+    )  # xdp_cost's keywords, as the flags name them
+    report = xdp_cost(plan, policy, **{k: getattr(args, k) for k in options})
     report["command"] = "hypafilter " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     print(json.dumps(report))
     return 0

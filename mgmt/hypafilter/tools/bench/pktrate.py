@@ -33,21 +33,27 @@ PAYLOAD = b"hf-xy"  # five bytes, as in the paper; never contains "BAD"
 MARK_RULE = "meta mark set @nh,32,32 >> 16"
 
 
-def build_blaster(build_dir: Path) -> Path:
-    """Compiles hf_blast.c with gcc into build_dir (cached by the source's hash)."""
-    if shutil.which("gcc") is None:
-        raise HypafilterError("gcc is needed to build the frame blaster (apt-get install gcc)")
-    digest = hashlib.sha256(BLAST_SRC.read_bytes()).hexdigest()[:12]
-    out = build_dir / f"hf_blast-{digest}"
+def build_cached(src: Path, build_dir: Path, compiler: list[str], suffix: str = "") -> Path:
+    """`src` compiled with `compiler` (its command before the source and -o) into build_dir, cached by the source's
+    hash: <stem>-<hash><suffix>."""
+    if shutil.which(compiler[0]) is None:
+        raise HypafilterError(f"{compiler[0]} is needed to build {src.name} (apt-get install {compiler[0]})")
+    digest = hashlib.sha256(src.read_bytes()).hexdigest()[:12]
+    out = build_dir / f"{src.stem.removesuffix('.bpf')}-{digest}{suffix}"
     if not out.exists():
         build_dir.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(".tmp")
         try:
-            netns.run(["gcc", "-O2", "-Wall", "-o", str(tmp), str(BLAST_SRC)], timeout=None)
+            netns.run([*compiler, str(src), "-o", str(tmp)], timeout=None)
         except netns.CommandError as e:
-            raise HypafilterError(f"building {BLAST_SRC.name} failed: {e}") from e
+            raise HypafilterError(f"building {src.name} failed: {e}") from e
         tmp.rename(out)
     return out
+
+
+def build_blaster(build_dir: Path) -> Path:
+    """hf_blast.c compiled with gcc into build_dir (cached by the source's hash)."""
+    return build_cached(BLAST_SRC, build_dir, ["gcc", "-O2", "-Wall"])
 
 
 def _csum(data: bytes) -> int:

@@ -38,7 +38,6 @@ how many of them it decided itself (hw_share).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -76,6 +75,7 @@ from hypafilter.ops.verify import (
 )
 from hypafilter.paths import BUILD_ROOT
 from hypafilter.targets.nic import NicClient
+from hypafilter.tools.bench import pktrate
 from hypafilter.tools.bench.pktrate import build_blaster
 
 FIELDS = (
@@ -300,19 +300,7 @@ SINK_SRC = Path(__file__).resolve().parent / "hf_sink.bpf.c"
 
 def build_sink(build_dir: Path) -> Path:
     """hf_sink.bpf.c compiled with clang into build_dir (cached by the source's hash)."""
-    if shutil.which("clang") is None:
-        raise HypafilterError("clang is needed to build the XDP sink (apt-get install clang)")
-    digest = hashlib.sha256(SINK_SRC.read_bytes()).hexdigest()[:12]
-    out = build_dir / f"hf_sink-{digest}.o"
-    if not out.exists():
-        build_dir.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(".tmp")
-        try:
-            netns.run(["clang", "-O2", "-target", "bpf", "-c", str(SINK_SRC), "-o", str(tmp)], timeout=None)
-        except netns.CommandError as e:
-            raise HypafilterError(f"building {SINK_SRC.name} failed: {e}") from e
-        tmp.rename(out)
-    return out
+    return pktrate.build_cached(SINK_SRC, build_dir, ["clang", "-O2", "-target", "bpf", "-c"], suffix=".o")
 
 
 def _xdp_drop(ns: str, ifname: str, obj: Path | None) -> None:

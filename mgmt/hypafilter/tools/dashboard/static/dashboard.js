@@ -68,6 +68,7 @@
     setNum("total-forwarded", t.forwarded);
     setNum("total-dropped", t.dropped);
     setNum("total-shunted", t.shunted);
+    setNum("total-mirrored", t.mirrored);
     for (const r of Object.keys(REASON_COLORS)) {
       setNum("total-shunt-" + r, t.shunted_by_reason ? t.shunted_by_reason[r] : null);
     }
@@ -76,6 +77,7 @@
     setNum("rate-forwarded", r ? r.forwarded : null, fmtRate);
     setNum("rate-dropped", r ? r.dropped : null, fmtRate);
     setNum("rate-shunted", r ? r.shunted : null, fmtRate);
+    setNum("rate-mirrored", r ? r.mirrored : null, fmtRate);
     for (const reason of Object.keys(REASON_COLORS)) {
       setNum("rate-shunt-" + reason, r ? r.shunted_by_reason[reason] : null, fmtRate);
     }

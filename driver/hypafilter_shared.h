@@ -72,6 +72,13 @@
 #define HF_CFG_MARK_SHIFT 2
 #define HF_CFG_NUM_ENTRIES 3
 
+/* XDP metadata in front of a frame for the shim's TC program: {u32 value, u32 cookie} (struct hf_xdp_meta). The XDP
+ * fast path (driver/xdp) leaves more: M (u64) at offset 8 and, at HF_XDP_META_PEER_OFFSET, the ifindex of the port
+ * paired with the ingress port when the frame is a mirrored ACCEPT in bridge mode (0 otherwise): TC sends the frame
+ * there unchanged (bpf_clone_redirect) before it goes on to netfilter as the copy (docs/xdp.md "Log mirroring"). */
+#define HF_XDP_META_PEER_OFFSET 16
+#define HF_XDP_META_EXT_LEN 24
+
 /* Shim counters. */
 #define HF_STAT_TAGGED 0
 #define HF_STAT_UNTAGGED 1

@@ -151,6 +151,27 @@ int hf_xdp(struct xdp_md *ctx)
 	return XDP_PASS;
 }
 
+/* The mirrored ACCEPT of the XDP fast path in bridge mode (docs/xdp.md "Log mirroring"): XDP cannot clone, so the
+ * frame passed with the mirror value (k << 4) | HF_MARK_MIRROR | ACCEPT and the paired port's ifindex after M. The
+ * frame itself goes out of that port here, once, before this program writes any mark; what continues into
+ * netfilter is the copy, which its chains log and drop. Should the clone fail, the mirror bit is cleared: the frame
+ * is then an ordinary shunt of its interval and netfilter forwards it. Without the peer (the NIC's copies, which
+ * the shim's XDP program tags; host mode) nothing is cloned. */
+static __always_inline __u32 mirror_clone(struct __sk_buff *skb, __u32 value)
+{
+	__u8 *meta = (void *)(long)skb->data_meta;
+	__u32 *peer = (__u32 *)(meta + HF_XDP_META_PEER_OFFSET);
+
+	if ((value & HF_MARK_ACTION_MASK) != (HF_MARK_MIRROR | HF_ACTION_ACCEPT) || !(value >> HF_MARK_K_SHIFT))
+		return value;
+	if (meta + HF_XDP_META_EXT_LEN > (__u8 *)(long)skb->data || (void *)(peer + 1) > (void *)(long)skb->data ||
+	    !*peer)
+		return value;
+	if (bpf_clone_redirect(skb, *peer, 0))
+		return value & ~HF_MARK_MIRROR;
+	return value;
+}
+
 SEC("tc")
 int hf_tc(struct __sk_buff *skb)
 {
@@ -165,6 +186,7 @@ int hf_tc(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	mask = cfg->mark_mask;
 	shift = cfg->mark_shift & 31;
+	value = mirror_clone(skb, value); /* before the mark: the frame leaves as it came */
 	skb->mark = (skb->mark & ~mask) | ((value << shift) & mask);
 	if (value >> HF_MARK_K_SHIFT)
 		count(HF_STAT_MARKED);

@@ -38,13 +38,15 @@
 #define HFX_CNT_DROP_UNFILTERABLE 9
 #define HFX_CNT_UNKNOWN_PORT 10 /* frames from an interface not in hfx_ports: shunted as unparsed */
 #define HFX_CNT_SHUNT_STATE 11	/* shunted by miss forcing (reason 3) */
-#define HFX_CNT_COUNT 12
+#define HFX_CNT_MIRROR 12	/* decided here and passed to software as a mirror copy (reason 4) */
+#define HFX_CNT_COUNT 13
 
 /* Metadata the program leaves in front of every frame (bpf_xdp_adjust_meta). The first two words are exactly the
  * shim's struct hf_xdp_meta (driver/shim.bpf.c), so the shim's TC program writes the mark from `value` unchanged;
- * M follows for tests and tools. */
+ * M follows for tests and tools, then the paired port's ifindex for a mirrored ACCEPT in bridge mode, which the
+ * shim's TC program clones the frame to (HF_XDP_META_PEER_OFFSET, HF_XDP_META_EXT_LEN in hypafilter_shared.h). */
 #define HFX_META_COOKIE 0x48465348 /* "HFSH", the shim's HF_META_COOKIE */
-#define HFX_META_LEN 16
+#define HFX_META_LEN 24
 
 #ifndef HFX_NO_STRUCTS
 struct hfx_config {
@@ -67,7 +69,8 @@ struct hfx_span {
 	__u32 vec;
 };
 
-/* What match_index selects: action code, shunt bit, interval k (the mark's k). */
+/* What match_index selects: action code (| HF_ACTION_MIRROR_BIT: mirror the decided frames), shunt bit, interval k
+ * (the mark's k). */
 struct hfx_entry {
 	__u8 action;
 	__u8 shunt;
@@ -79,6 +82,8 @@ struct hfx_meta {
 	__u32 value;  /* the shim's mark value: k << 4 | action, 0x1 decided ACCEPT (host mode), 0 full policy */
 	__u32 cookie; /* HFX_META_COOKIE */
 	__u64 m;      /* M (ARCHITECTURE section 4) */
+	__u32 peer;   /* mirrored ACCEPT, bridge mode: ifindex of the port to clone the frame to; else 0 */
+	__u32 pad;
 };
 #endif
 

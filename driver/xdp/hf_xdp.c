@@ -3,7 +3,7 @@
  *   hf_xdp run    --obj OBJ --tables FILE --frames FILE [--port IF=IPORT[:PAIRED]]... [--repeat N] [--netns NS]
  *                 load the program unattached, fill its maps, run every frame through BPF_PROG_TEST_RUN; prints a
  *                 JSON line {verified_insns, xlated_insns, jited_bytes}, then one line per frame:
- *                 "retval value cookie m_hex ns_per_run", then the counters as JSON.
+ *                 "retval value cookie m_hex ns_per_run peer_ifindex", then the counters as JSON.
  *   hf_xdp start  --obj OBJ --pin DIR [--netns NS] --port IF=IPORT[:PAIRED]...
  *                 load, pin the program (DIR/prog) and its maps, fill the port tables; not attached
  *   hf_xdp attach --pin DIR --links LDIR [--netns NS] [--generic] IF...
@@ -54,7 +54,7 @@
 static const char *cnt_names[HFX_CNT_COUNT] = {
 	"PKTIN", "PKTOUT", "CNT_FORWARDED", "CNT_DROPPED", "CNT_SHUNT_OVERRULE", "CNT_SHUNT_POLICY",
 	"CNT_SHUNT_UNPARSED", "CNT_FROM_HOST", "CNT_SHUNT_FORCED", "CNT_DROP_UNFILTERABLE", "UNKNOWN_PORT",
-	"CNT_SHUNT_STATE"};
+	"CNT_SHUNT_STATE", "CNT_MIRROR"};
 
 struct port {
 	char name[IF_NAMESIZE];
@@ -290,7 +290,7 @@ static int cmd_run(const char *obj_path, const char *tables, const char *frames,
 		__u32 hdr[2];
 		struct xdp_md ctx_in = {}, ctx_out = {};
 		LIBBPF_OPTS(bpf_test_run_opts, opts);
-		__u32 value = 0, cookie = 0;
+		__u32 value = 0, cookie = 0, peer = 0;
 		__u64 m = 0;
 		int err;
 
@@ -320,8 +320,9 @@ static int cmd_run(const char *obj_path, const char *tables, const char *frames,
 			value = meta.value;
 			cookie = meta.cookie;
 			m = meta.m;
+			peer = meta.peer;
 		}
-		printf("%u %u %u %llx %u\n", opts.retval, value, cookie, (unsigned long long)m, opts.duration);
+		printf("%u %u %u %llx %u %u\n", opts.retval, value, cookie, (unsigned long long)m, opts.duration, peer);
 	}
 	fclose(f);
 	print_counters(obj_map_fd, obj, 0, 1);

@@ -15,6 +15,7 @@ import random
 
 import pytest
 from hypafilter import netns
+from hypafilter.hw.model import Kind
 
 from conftest import need_root, need_tool
 
@@ -55,9 +56,21 @@ def frames_for(policy, rng: random.Random, count: int, trace=None, malformed: fl
     return out
 
 
+MIRROR = Kind.MIRROR
+MIRROR_NAME = MIRROR.name
+
+
+def ifindexes(ns) -> dict[str, int]:
+    import json
+
+    return {x["ifname"]: x["ifindex"] for x in json.loads(netns.run(["ip", "-n", ns, "-j", "link", "show"]))}
+
+
 def check(plan, frames, ns, nic_mode="bridge", unfilterable="drop", shunt_all=False, ct=None) -> collections.Counter:
     """Run the frames and compare each with the model; returns the tally of (kind, reason). `ct`: the program's
-    conntrack lookup (targets.xdp.tables.CtConfig); this namespace's conntrack holds no connection, so ct stays 0."""
+    conntrack lookup (targets.xdp.tables.CtConfig); this namespace's conntrack holds no connection, so ct stays 0.
+    Mirror decisions (reason 4): the value (k << 4) | 0x4 | action and, for a bridge's ACCEPT, the paired port's
+    ifindex for the shim's TC program to clone the frame to; every other frame carries no port."""
     from hypafilter.hw import model
     from hypafilter.targets.xdp.run import XDP_DROP, XDP_PASS, XDP_REDIRECT, run_frames
 
@@ -71,15 +84,22 @@ def check(plan, frames, ns, nic_mode="bridge", unfilterable="drop", shunt_all=Fa
     tally: collections.Counter = collections.Counter()
     bad = []
     n = len(plan.entries)
+    ifx = ifindexes(ns)
     for (iport, f), v in zip(frames, res.verdicts, strict=True):
         d = model.decide(plan, f, WIRE[iport], regs)
         counters.add(d, WIRE[iport])
-        want = {model.Kind.DROP: XDP_DROP, model.Kind.SHUNT: XDP_PASS}.get(d.kind)
+        want = {model.Kind.DROP: XDP_DROP, model.Kind.SHUNT: XDP_PASS, MIRROR: XDP_PASS}.get(d.kind)
         if d.kind == model.Kind.FORWARD:
             want = XDP_PASS if nic_mode == "host" else XDP_REDIRECT
         index = v.meta & 0xFFFFFF
         reason = (v.meta >> 28) & 0xF
-        if d.kind == model.Kind.SHUNT and d.reason != model.REASON_UNPARSED:
+        peer = 0
+        if d.kind == MIRROR:
+            k = int(plan.interval[d.match_index])
+            value = (k << 4) | 0x4 | d.action if k else 0
+            if k and d.action == model.ACTION_ACCEPT and nic_mode != "host":
+                peer = ifx[PORTS[iport ^ 1]]
+        elif d.kind == model.Kind.SHUNT and d.reason != model.REASON_UNPARSED:
             k = int(plan.interval[d.match_index])
             value = (k << 4) | d.action if k else 0
         elif d.kind == model.Kind.FORWARD and nic_mode == "host":
@@ -90,10 +110,10 @@ def check(plan, frames, ns, nic_mode="bridge", unfilterable="drop", shunt_all=Fa
             value = 0
         got = (v.retval, index, v.value if v.retval == XDP_PASS or want == XDP_REDIRECT else 0)
         exp = (want, 0xFFFFFF if d.match_index is None else d.match_index, value)
-        ok = got == exp and v.cookie == 0x48465348 and ((v.meta >> 32) & 0xFFFF) == 7
+        ok = got == exp and v.cookie == 0x48465348 and ((v.meta >> 32) & 0xFFFF) == 7 and v.peer == peer
         if d.reason is not None:
             ok = ok and reason == d.reason
-        if d.kind == model.Kind.SHUNT:
+        if d.kind in (model.Kind.SHUNT, MIRROR):
             ok = ok and v.meta == d.meta
         if not ok:
             bad.append((f.hex(), d, v))
@@ -206,6 +226,105 @@ def test_conntrack_policies(ns, name):
     print(name, dict(tally), dict(htally))
     if name == "late-ct":  # entries before its conntrack rule decide in hardware, so miss forcing applies
         assert tally[("SHUNT", 3)] > 0 and htally[("SHUNT", 3)] > 0 and htally[("FORWARD", 5)] > 0, (tally, htally)
+
+
+def with_mirror(plan, rng: random.Random, share: float = 0.4, zero_k: int = 0):
+    """`plan` with mirror bits set by hand on a random `share` of its entries (shunted ones included: their shunt
+    bit must win) and the policy entry. The analysis sets Plan.mirror from the policy's observing rules only where
+    nothing shunts; these tests give the program every combination. `zero_k`: that many mirrored entries get
+    interval 0 (the mark's "no valid metadata": the full policy decides, nothing is cloned)."""
+    import numpy as np
+
+    mirror = np.array([rng.random() < share for _ in range(len(plan.entries) + 1)], dtype=bool)
+    mirror[-1] = True
+    plan.mirror = mirror
+    for j in [j for j in np.flatnonzero(mirror) if not plan.shunt[j]][:zero_k]:
+        plan.interval[j] = 0
+    plan.refresh()
+    return plan
+
+
+def test_mirror_classbench(ns, shared_dir):
+    """Mirror bits on a ClassBench plan with shunted entries: bridge mode (ACCEPT passed with the paired port for the
+    clone, DROP passed as a copy), host mode (ACCEPT passed with reason 4, not 5), shunt-everything (no mirror),
+    every frame and counter (CNT_MIRROR) against the model; the non-mirrored entries decide as before."""
+    from hypafilter.analysis.plan import build_plan
+    from hypafilter.tools.classbench import classbench_policy
+
+    d = shared_dir / "data" / "classbench"
+    policy = classbench_policy(d / "acl1_1100.filters", complex_rules=40, actions="alternate", deterministic=True)
+    plan = with_mirror(build_plan(policy), random.Random(13), zero_k=3)
+    frames = frames_for(policy, random.Random("mirror"), 3000, trace=d / "acl1_1100_trace.gz")
+    tally = check(plan, frames, ns)
+    assert tally[(MIRROR_NAME, 4)] > 0 and tally[("FORWARD", None)] > 0 and tally[("DROP", None)] > 0, tally
+    # the policy entry is shunted (complex rules) and mirrored: its shunt bit wins
+    assert plan.shunt[-1] and plan.mirror[-1] and tally[("SHUNT", 1)] > 0, tally
+    host = check(plan, frames, ns, nic_mode="host")
+    assert host[(MIRROR_NAME, 4)] > 0 and host[("FORWARD", 5)] > 0, host
+    forced = check(plan, frames, ns, shunt_all=True)
+    assert forced[(MIRROR_NAME, 4)] == 0, forced
+
+
+def test_mirror_fuzz_and_conntrack(ns):
+    """The fuzzer's policies in every shunt mode with mirror bits; a conntrack policy: miss forcing (reason 3) comes
+    before mirroring in bridge mode (ACCEPT and DROP forced: no frame is mirrored) and in host mode (DROP forced,
+    the ACCEPTs mirrored with reason 4)."""
+    from hypafilter.analysis.plan import build_plan
+    from hypafilter.config import Config
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.tools.fuzz import random_policy
+
+    rng = random.Random(17)
+    total: collections.Counter = collections.Counter()
+    for seed in (1, 5):
+        policy = parse_policy(random_policy(seed, conntrack=False), f"fuzz-{seed}")
+        for mode in ("index", "selective", "exact"):
+            plan = with_mirror(build_plan(policy, Config(shunt_mode=mode)), rng)
+            plan.miss_shunt = (False, False)  # their connmark matches read conntrack; precedence: below
+            total += check(plan, frames_for(policy, rng, 500), ns)
+    assert total[(MIRROR_NAME, 4)] > 0, total
+    policy = parse_policy(LATE_CT, "late-ct")
+    plan = with_mirror(build_plan(policy, Config(shunt_mode="index")), rng, share=1.0)
+    bridge = check(plan, frames_for(policy, random.Random("ct"), 800), ns)
+    assert bridge[(MIRROR_NAME, 4)] == 0 and bridge[("SHUNT", 3)] > 0, bridge
+    htext = "".join(ln for ln in LATE_CT.splitlines(keepends=True) if not ln.startswith(":INPUT "))
+    host = parse_policy(htext.replace("FORWARD", "INPUT"), "late-ct", base_chain="INPUT")
+    hplan = with_mirror(build_plan(host, Config(shunt_mode="selective", nic_mode="host")), rng, share=1.0)
+    htally = check(hplan, frames_for(host, random.Random("cth"), 800), ns, nic_mode="host")
+    assert htally[(MIRROR_NAME, 4)] > 0 and htally[("SHUNT", 3)] > 0 and htally[("FORWARD", 5)] == 0, htally
+
+
+OBSERVING = """*filter
+:FORWARD DROP [0:0]
+-A FORWARD -p tcp -m tcp --dport 22 -j LOG --log-prefix "ssh: "
+-A FORWARD -p tcp -m tcp --dport 20:30 -j ACCEPT
+-A FORWARD -s 10.0.0.0/9 -p udp -j NFLOG --nflog-group 7
+-A FORWARD -p udp -m udp --dport 53 -m string --string "evil" --algo bm -j DROP
+-A FORWARD -p udp -m udp --dport 53 -j ACCEPT
+-A FORWARD -d 10.128.0.0/9
+-A FORWARD -p tcp -m tcp --dport 1000:65535 -j ACCEPT
+-A FORWARD -p udp -j DROP
+-A FORWARD -p icmp -j ACCEPT
+COMMIT
+"""
+
+
+@pytest.mark.parametrize("mode", ["index", "selective"])
+def test_mirror_from_the_analysis(ns, mode):
+    """Observing rules (LOG, NFLOG, no target) and a deciding string match: the analysis's Plan.mirror, every frame
+    and counter against hw.model (Kind.MIRROR), bridge and host mode."""
+    from hypafilter.analysis.plan import build_plan
+    from hypafilter.config import Config
+    from hypafilter.iptables.document import parse_policy
+
+    policy = parse_policy(OBSERVING, "observing")
+    plan = build_plan(policy, Config(shunt_mode=mode))
+    assert plan.mirror.any() and plan.shunt.any(), (plan.mirror, plan.shunt)
+    frames = frames_for(policy, random.Random(mode), 1500)
+    tally = check(plan, frames, ns)
+    assert tally[(MIRROR_NAME, 4)] > 0 and tally[("SHUNT", 0)] + tally[("SHUNT", 1)] > 0, tally
+    host = check(plan, frames, ns, nic_mode="host")
+    assert host[(MIRROR_NAME, 4)] > 0, host
 
 
 # One 10,000-rule set in every run; all three with HF_XDP_LARGE=1 (`make test-xdp-large`, about a minute a set).

@@ -142,12 +142,16 @@ def test_frames_shunted_as_state_unknown_count_as_decided():
 # --- the xdp target's stages: the fast path on the firewall's bridge ports, its per-CPU counters -------------------
 
 
-def xdp_reading(n: int = 10, host: bool = False) -> dict:
+def xdp_reading(n: int = 10, host: bool = False, mirror: tuple[int, int] = (0, 0)) -> dict:
     """N frames sent on the xdp lab: 2 accepted (redirected to the paired port; in host mode passed up with the
-    decided mark), 3 dropped, 5 passed to the firewall's bridge (1 as state unknown), of which it forwarded 4."""
+    decided mark), 3 dropped, 5 passed to the firewall's bridge (1 as state unknown), of which it forwarded 4.
+    `mirror` = (a, d): a of the accepted and d of the dropped frames were mirrored: passed up with reason 4 (a
+    mirrored ACCEPT in bridge mode leaves nf1 as the TC program's clone, as if redirected)."""
+    a, d = mirror
     nic = {
         "PKTIN": n,
-        "PKTOUT": 7,
+        "PKTOUT": 7 + d,
+        "CNT_MIRROR": a + d,
         "CNT_FORWARDED": 2,
         "CNT_DROPPED": 3,
         "CNT_DROP_UNFILTERABLE": 0,
@@ -161,7 +165,7 @@ def xdp_reading(n: int = 10, host: bool = False) -> dict:
         "sent": n,
         "nic": nic,
         "dev": {k: {"tx": v, "tx_dropped": 0} for k, v in tx.items()},
-        "tapped": {"fw.nf0": 7 if host else 5, "fw.nf1": 0, "plain.nf0.ours": n},
+        "tapped": {"fw.nf0": (7 if host else 5 + a) + d, "fw.nf1": 0, "plain.nf0.ours": n},
         "captured": {"hybrid": 0 if host else 6, "plain": 6},
         "capture_drops": 0,
     }
@@ -179,6 +183,19 @@ def test_xdp_lost_frame_is_an_error_not_a_verdict():
     r["dev"]["send.hyb0"]["tx_dropped"] = 1  # the firewall's end of the veth had no room (XDP's ring full)
     with pytest.raises(WindowError, match="lost frames"):
         window(target=XdpTarget).missing(r)
+
+
+def test_xdp_mirrored_frames():
+    """Log mirroring on the xdp target (docs/xdp.md): every mirrored frame passed once (PKTOUT gains the mirrored
+    DROPs, bounded by CNT_MIRROR) and taken by the firewall; in bridge mode a mirrored ACCEPT also leaves nf1."""
+    for host in (False, True):
+        assert window(host=host, target=XdpTarget).missing(xdp_reading(host=host, mirror=(2, 1))) == []
+    r = xdp_reading(mirror=(2, 1))
+    r["tapped"]["fw.nf0"] -= 1  # a copy not through the bridge yet
+    assert any(m.startswith("firewall took") for m in window(target=XdpTarget).missing(r))
+    r = xdp_reading(mirror=(2, 1))
+    r["nic"]["PKTOUT"] += 3  # more than every mirrored frame can explain
+    assert any(m.startswith("fast path sent") for m in window(target=XdpTarget).missing(r))
 
 
 def test_mirrored_frames_counted_on_both_paths():

@@ -129,3 +129,28 @@ def test_control_has_the_nic_bits():
                 assert control_of(unf, mode, miss) == want | model.miss_shunt_control(miss)
     plan = build_plan(parse_policy((ROOT / "rulesets" / "conntrack.rules").read_text(), "c"))
     assert model.Regs.from_plan(plan).control == control_of("drop", "bridge", plan.miss_shunt)
+
+
+def test_mirror_bit_in_the_entries():
+    """Plan.mirror (helper M's analysis; set by hand here) becomes HF_ACTION_MIRROR_BIT in each entry's action byte,
+    the hardware's ACTION word encoding; the action code and shunt bit stay. A plan without it mirrors nothing; a
+    mirror array of the wrong length is refused."""
+    from hypafilter import shared
+    from hypafilter.targets.xdp.tables import ENTRY
+
+    plan = build_plan(parse_policy(POLICY, "p"))
+    n = len(plan.entries)
+    plain = build_tables(plan).entries
+    assert not plan.mirror.any()  # no observing rule
+    assert all(ENTRY.unpack_from(plain, j * ENTRY.size)[0] & shared.HF_ACTION_MIRROR_BIT == 0 for j in range(n + 1))
+    mirror = np.zeros(n + 1, dtype=bool)
+    mirror[::2] = True
+    plan.mirror = mirror
+    got = build_tables(plan).entries
+    for j in range(n + 1):
+        action, shunt, _, k = ENTRY.unpack_from(got, j * ENTRY.size)
+        assert action == int(plan.actions[j]) | (shared.HF_ACTION_MIRROR_BIT if mirror[j] else 0)
+        assert (shunt, k) == ENTRY.unpack_from(plain, j * ENTRY.size)[1:2] + (int(plan.interval[j]),)
+    plan.mirror = mirror[:-1]
+    with pytest.raises(ValueError):
+        build_tables(plan)

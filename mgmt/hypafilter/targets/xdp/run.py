@@ -26,6 +26,7 @@ class Verdict:
     cookie: int
     meta: int  # M
     ns: int  # BPF_PROG_TEST_RUN duration per run (ns)
+    peer: int = 0  # mirrored ACCEPT in bridge mode: ifindex the shim's TC program clones the frame to
 
 
 @dataclass
@@ -81,6 +82,6 @@ def run_frames(
     counters = json.loads(lines[-1])
     verdicts = []
     for line in lines[1:-1]:
-        r, v, c, m, dur = line.split()
-        verdicts.append(Verdict(int(r), int(v), int(c), int(m, 16), int(dur)))
+        r, v, c, m, dur, peer = line.split()
+        verdicts.append(Verdict(int(r), int(v), int(c), int(m, 16), int(dur), int(peer)))
     return RunResult(verdicts, counters, prog, shape)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hypafilter.analysis.plan import action_words
 from hypafilter.ir import FIELDS, MAXV
 
 # Field order of the program's lookups; src/dst by binary search over sorted interval starts, the rest direct.
@@ -32,7 +33,7 @@ CHUNK = 1024  # boxes per sweep step (memory: intervals x CHUNK bytes)
 # ct_tcp_ms, ct_udp_ms, ct_flags, ct_udp_unreplied_ms
 CONFIG = struct.Struct("<11I")
 CT_LOOKUP, CT_TCP_LIBERAL = 1, 2  # hfx_config.ct_flags (HFX_CT_*)
-ENTRY = struct.Struct("<BBHI")  # struct hfx_entry: action, shunt, pad, k
+ENTRY = struct.Struct("<BBHI")  # struct hfx_entry: action (| HF_ACTION_MIRROR_BIT), shunt, pad, k
 SPAN = np.dtype([("start", "<u4"), ("vec", "<u4")])
 
 
@@ -164,9 +165,8 @@ def build_tables(plan) -> Tables:
             values = np.arange(DIRECT_SIZE[f], dtype=np.int64)
             t.direct[f] = ids[np.searchsorted(starts, values, side="right") - 1]
     t.box_entry = np.array(owner, dtype=np.uint32)
-    t.entries = b"".join(
-        ENTRY.pack(int(plan.actions[j]) & 0xF, int(bool(plan.shunt[j])), 0, int(plan.interval[j])) for j in range(n + 1)
-    )
+    words = action_words(plan)  # the action code | MIRROR_BIT where Plan.mirror is set (the NIC's ACTION word)
+    t.entries = b"".join(ENTRY.pack(words[j], int(bool(plan.shunt[j])), 0, int(plan.interval[j])) for j in range(n + 1))
     return t
 
 

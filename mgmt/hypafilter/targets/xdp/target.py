@@ -36,16 +36,22 @@ def window_balance(r: dict, host: bool) -> dict[str, tuple[int, int]]:
     reached the two ports (PKTIN: what the sender's and the receiver's veths carried); it decided each (DECISIONS)
     and passed or redirected every frame it did not drop (PKTOUT = forwarded + shunted); the firewall's bridge took
     every frame it passed (the shunted ones; in host mode also the accepted ones, passed up with the decided mark);
-    the receiver captured every frame the firewall sent it, redirected or bridged (not in host mode)."""
+    the receiver captured every frame the firewall sent it, redirected or bridged (not in host mode).
+    Log mirroring (docs/xdp.md): a mirrored frame (CNT_MIRROR, also counted as forwarded or dropped) is passed once
+    (PKTOUT): the counters do not tell mirrored ACCEPTs from DROPs, so PKTOUT is only bounded by them; every
+    mirrored frame reaches the firewall (bridge mode: a mirrored ACCEPT's copy, the frame itself leaving nf1 as
+    the TC program's clone, which nf1's transmit count and the receiver see)."""
     n, nic, tap = r["sent"], r["nic"], r["tapped"]
     tx = {k: v["tx"] for k, v in r["dev"].items()}
     shunted = sum(nic[k] for k in SHUNTED)
+    mirrored = nic.get("CNT_MIRROR", 0)
+    sent = nic["CNT_FORWARDED"] + shunted
     want = {
         "sender's veth carried ours": (min(tx["send.hyb0"], n), n),
         "fast path classified": (nic["PKTIN"], tx["send.hyb0"] + tx["recv.hyb0"]),
         "fast path decided": (sum(nic[k] for k in DECISIONS), nic["PKTIN"]),
-        "fast path sent": (nic["PKTOUT"], nic["CNT_FORWARDED"] + shunted),
-        "firewall took": (tap["fw.nf0"] + tap["fw.nf1"], shunted + (nic["CNT_FORWARDED"] if host else 0)),
+        "fast path sent": (nic["PKTOUT"], min(max(nic["PKTOUT"], sent), sent + mirrored)),
+        "firewall took": (tap["fw.nf0"] + tap["fw.nf1"], nic["PKTOUT"] if host else shunted + mirrored),
     }
     if not host:
         want["receiver captured, hybrid"] = (r["captured"]["hybrid"], tx["fw.nf1"])
@@ -56,7 +62,7 @@ def window_balance(r: dict, host: bool) -> dict[str, tuple[int, int]]:
 WINDOW = WindowStages(
     tx=(("send", "hyb0"), ("recv", "hyb0"), ("fw", "nf0"), ("fw", "nf1")),
     taps=(("fw", "nf0", False), ("fw", "nf1", False)),
-    counters=("PKTIN", "PKTOUT", *DECISIONS),
+    counters=("PKTIN", "PKTOUT", *DECISIONS, "CNT_MIRROR"),
     lost=(),
     balance=window_balance,
 )

@@ -1,0 +1,112 @@
+"""Log mirroring on the xdp lab (docs/xdp.md "Log mirroring"): the policies of test_mirror.py (observing rules:
+LOG, NFLOG, no target; one with a deciding string match) through the XDP fast path. A bridge's mirrored ACCEPT
+reaches the receiver exactly once and unchanged (cloned to the paired port by the shim's TC program), every copy
+reaches netfilter once; the kernel is the oracle twice: every frame's verdict against the policy alone (verify:
+duplicates and altered frames count too) and each observing rule's packet counter against the same rule's in the
+plain namespace.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from hypafilter import netns
+from hypafilter.config import Config
+from hypafilter.iptables.document import parse_policy
+from hypafilter.ops import deploy
+from hypafilter.ops.lab import Lab
+from hypafilter.ops.verify import verify
+from test_mirror import FORWARD_POLICY, MIXED_POLICY, observed
+
+from conftest import need_root, need_tool
+
+pytestmark = pytest.mark.system
+
+LAB = "xmv"  # helper XM's lab names start with "x"
+STATE = f"/run/hypafilter/test-{LAB}"
+PACKETS = 1500
+
+
+@pytest.fixture(scope="module")
+def lab():
+    need_root()
+    need_tool("ip", "iptables-restore", "clang", "cc", "make", "tc", "ethtool", "nft")
+    was = (deploy.LAB_NAME, deploy.STATE_DIR)
+    deploy.configure(LAB, STATE)
+    shutil.rmtree(STATE, ignore_errors=True)
+    lab = Lab(LAB, target="xdp")
+    lab.down()
+    lab.up()
+    try:
+        yield lab
+    finally:
+        try:
+            deploy.undeploy()
+        finally:
+            lab.down()
+            shutil.rmtree(STATE, ignore_errors=True)
+            deploy.configure(*was)
+
+
+def run(lab, text: str, seed: int, chain: str = "FORWARD", packets: int = PACKETS) -> dict:
+    pol = parse_policy(text, filename="mirror.rules", base_chain=chain, config=Config())
+    cfg = Config(shunt_mode="selective", strategy="interval", target="xdp")
+    deploy.deploy(pol, cfg, target="xdp")  # verify's own deploy is then a no-op
+    for ns in (lab.ns_fw, lab.ns_plain):
+        netns.run(["iptables", "-w", "-Z"], ns)
+    r = verify(pol, cfg, packets=packets, seed=seed, malformed=0.0)
+    assert r["mismatches"] == 0, f"{r['mismatches']} mismatches, e.g. {r['examples'][:3]}"
+    assert r["duplicates"] == 0 and r["altered"] == 0, "a mirrored frame was forwarded twice or changed"
+    # every copy was marked once by the shim's TC program (a failed clone would clear the mirror bit)
+    assert r["shim"]["mirror"] == r["nic"]["CNT_MIRROR"] > 0, (r["shim"], r["nic"])
+    return r
+
+
+def test_observers_are_mirrored_not_shunted(lab):
+    """Every frame is decided in XDP; the mirrored ACCEPTs arrive once, and the host's observing rules count exactly
+    what the kernel's count (a -m limit's burst included)."""
+    r = run(lab, FORWARD_POLICY, seed=3)
+    nic = r["nic"]
+    fw, plain = observed(lab.ns_fw), observed(lab.ns_plain)
+    print(f"mirrored {nic['CNT_MIRROR']}, forwarded {nic['CNT_FORWARDED']}, observed {plain}")
+    assert fw == plain
+    assert all(v > 0 for v in plain.values()), plain
+    assert plain["obs3"] == 5
+    assert nic.get("CNT_SHUNT_OVERRULE", 0) == 0 and nic.get("CNT_SHUNT_POLICY", 0) == 0, nic
+    assert r["hw_share"] == 1.0
+
+
+def test_mirrored_and_shunted_frames_together(lab):
+    """A deciding string match among the observers: its frames are shunted, the rest mirrored."""
+    r = run(lab, MIXED_POLICY, seed=4)
+    assert observed(lab.ns_fw) == observed(lab.ns_plain)
+    assert r["nic"].get("CNT_SHUNT_OVERRULE", 0) > 0 and r["hw_share"] < 1.0
+
+
+HOST_POLICY = """*filter
+:INPUT DROP [0:0]
+:FORWARD ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+-A INPUT -p tcp -m tcp --dport 22 -m comment --comment obs1 -j LOG --log-prefix "ssh: "
+-A INPUT -p tcp -m tcp --dport 20:30 -j ACCEPT
+-A INPUT -p udp -m comment --comment obs2 -j NFLOG --nflog-group 7
+-A INPUT -p udp -m udp --dport 53 -j ACCEPT
+-A INPUT -p icmp -m comment --comment obs3
+-A INPUT -p icmp -m icmp --icmp-type 8 -j DROP
+-A INPUT -m comment --comment obs4
+-A INPUT -p tcp -m tcp --dport 1000:65535 -j ACCEPT
+-A INPUT -p udp -j DROP
+-A INPUT -p icmp -j ACCEPT
+COMMIT
+"""
+
+
+def test_host_mode(lab):
+    """Host mode: a mirrored ACCEPT passes itself with reason 4 (no clone) and INPUT's leaf accepts it after the
+    observing rules; a mirrored DROP's copy is dropped after them."""
+    deploy.undeploy()  # bridge -> host mode
+    r = run(lab, HOST_POLICY, seed=5, chain="INPUT", packets=600)
+    assert r["nic_mode"] == "host"
+    assert observed(lab.ns_fw) == observed(lab.ns_plain)
+    deploy.undeploy()

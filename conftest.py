@@ -46,19 +46,25 @@ def ns_sh(ns: str, *cmd: str, stdin: str | None = None) -> str:
 
 @pytest.fixture(scope="module")
 def lab(request):
-    """System tier: a lab of the test module's own (its LAB constant) with deploy pointed at it; state in
-    /run/hypafilter/test-<LAB>; undeployed and torn down after the module. Modules with a `lab` of their own
-    (a bare lab, no deploy) define it and so override this one."""
+    """System tier: a lab of the test module's own (its LAB constant; its TARGET, emu unless the module says xdp)
+    with deploy pointed at it; state in /run/hypafilter/test-<LAB>; undeployed and torn down after the module, and
+    deploy pointed back where it was. Modules with a `lab` of their own (a bare lab, no deploy) define it and so
+    override this one."""
     need_root()
-    need_tool("ip", "iptables-restore", "clang", "ghdl", "verilator", "ethtool")
+    target = getattr(request.module, "TARGET", "emu")
+    if target == "xdp":
+        need_tool("ip", "iptables-restore", "clang", "cc", "make", "tc", "ethtool", "nft")
+    else:
+        need_tool("ip", "iptables-restore", "clang", "ghdl", "verilator", "ethtool")
     from hypafilter.ops import deploy
     from hypafilter.ops.lab import Lab
 
     name = request.module.LAB
     state = f"/run/hypafilter/test-{name}"
+    was = (deploy.LAB_NAME, deploy.STATE_DIR)
     deploy.configure(lab=name, state_dir=state)
     shutil.rmtree(state, ignore_errors=True)
-    lab = Lab(name)
+    lab = Lab(name, target=target)
     lab.down()
     lab.up()
     yield lab
@@ -67,3 +73,4 @@ def lab(request):
     finally:
         lab.down()
         shutil.rmtree(state, ignore_errors=True)
+        deploy.configure(*was)

@@ -8,45 +8,19 @@ plain namespace.
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 from hypafilter import netns
 from hypafilter.config import Config
 from hypafilter.iptables.document import parse_policy
 from hypafilter.ops import deploy
-from hypafilter.ops.lab import Lab
 from hypafilter.ops.verify import verify
 from test_mirror import FORWARD_POLICY, MIXED_POLICY, observed
-
-from conftest import need_root, need_tool
 
 pytestmark = pytest.mark.system
 
 LAB = "xmv"  # helper XM's lab names start with "x"
-STATE = f"/run/hypafilter/test-{LAB}"
+TARGET = "xdp"  # conftest's lab fixture brings up an xdp lab
 PACKETS = 1500
-
-
-@pytest.fixture(scope="module")
-def lab():
-    need_root()
-    need_tool("ip", "iptables-restore", "clang", "cc", "make", "tc", "ethtool", "nft")
-    was = (deploy.LAB_NAME, deploy.STATE_DIR)
-    deploy.configure(LAB, STATE)
-    shutil.rmtree(STATE, ignore_errors=True)
-    lab = Lab(LAB, target="xdp")
-    lab.down()
-    lab.up()
-    try:
-        yield lab
-    finally:
-        try:
-            deploy.undeploy()
-        finally:
-            lab.down()
-            shutil.rmtree(STATE, ignore_errors=True)
-            deploy.configure(*was)
 
 
 def run(lab, text: str, seed: int, chain: str = "FORWARD", packets: int = PACKETS) -> dict:

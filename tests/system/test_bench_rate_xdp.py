@@ -17,7 +17,7 @@ from conftest import need_root, need_tool
 
 pytestmark = pytest.mark.system
 
-LAB = "bxr"  # helper B's lab names start with "b"
+LAB = "bxr"
 STATE = f"/run/hypafilter/test-{LAB}"
 HF = [sys.executable, "-m", "hypafilter"]
 SHORT = ("--seconds", "0.3", "--repeats", "1", "--prog-repeat", "5", "--prog-frames", "20", "--json")

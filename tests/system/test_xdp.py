@@ -21,7 +21,7 @@ from conftest import need_root, need_tool
 
 pytestmark = pytest.mark.system
 
-NS = "exdp-run"  # helper E's lab names start with "e"
+NS = "exdp-run"
 PORTS = ("p0", "p1")
 WIRE = (0x01, 0x04)  # one-hot src_port of iport 0 and 1
 

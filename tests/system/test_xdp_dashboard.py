@@ -24,7 +24,7 @@ from conftest import ROOT, need_root, need_tool
 
 pytestmark = pytest.mark.system
 
-LAB = "dxd"  # helper D's lab names start with "d"
+LAB = "dxd"
 STATE = f"/run/hypafilter/test-{LAB}"
 HF = [sys.executable, "-m", "hypafilter"]
 OUTPUT = ROOT / "build" / "test-output"

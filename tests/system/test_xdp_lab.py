@@ -18,7 +18,7 @@ from conftest import ROOT, need_root, need_tool
 
 pytestmark = pytest.mark.system
 
-LAB = "exv"  # helper E's lab names start with "e"
+LAB = "exv"
 STATE = f"/run/hypafilter/test-{LAB}"
 HF = [sys.executable, "-m", "hypafilter"]
 RULESETS = ("example", "listing1", "userchains", "conntrack", "interfaces")

@@ -18,7 +18,7 @@ from test_mirror import FORWARD_POLICY, MIXED_POLICY, observed
 
 pytestmark = pytest.mark.system
 
-LAB = "xmv"  # helper XM's lab names start with "x"
+LAB = "xmv"
 TARGET = "xdp"  # conftest's lab fixture brings up an xdp lab
 PACKETS = 1500
 

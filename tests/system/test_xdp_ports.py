@@ -18,7 +18,7 @@ from conftest import need_root, need_tool
 
 pytestmark = pytest.mark.system
 
-S, H, R = "exp-s", "exp-h", "exp-r"  # helper E's names start with "e"
+S, H, R = "exp-s", "exp-h", "exp-r"
 LAB = "exp"  # names the pins (/sys/fs/bpf/hypafilter-xdp/exp); no lab of that name is ever built
 STATE = f"/run/hypafilter/test-{LAB}"
 POLICY = """*filter

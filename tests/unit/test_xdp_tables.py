@@ -132,7 +132,7 @@ def test_control_has_the_nic_bits():
 
 
 def test_mirror_bit_in_the_entries():
-    """Plan.mirror (helper M's analysis; set by hand here) becomes HF_ACTION_MIRROR_BIT in each entry's action byte,
+    """Plan.mirror (the analysis's; set by hand here) becomes HF_ACTION_MIRROR_BIT in each entry's action byte,
     the hardware's ACTION word encoding; the action code and shunt bit stay. A plan without it mirrors nothing; a
     mirror array of the wrong length is refused."""
     from hypafilter import shared

@@ -521,3 +521,58 @@ def test_emulated_nic_survives_a_client_closing_as_another_connects(lab):
             b.close()
     assert tgt.alive(state["nic"])
     deploy.undeploy()
+
+
+def test_verify_after_a_flush_the_lagging_service_has_not_read(lab, tmp_path):
+    """verify flushes conntrack on both paths before its frames; the NIC's flow cache loses the flushed flows only
+    once the sync service has read their destroy events. A frame of such a flow still cached is a hit, which the
+    policy's ESTABLISHED entry accepts in hardware while the flushed kernel sees NEW and drops it (`make fuzz`,
+    policy seed 14, found it with the service merely slow). Here the service is stopped (SIGSTOP) while verify runs,
+    so the lag is as long as verify: verify must still compare the frames from an empty fast path."""
+    from hypafilter.config import Config
+    from hypafilter.hw.flowcache import Flow
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.ops import deploy, verify
+
+    need_tool("conntrack")
+    config = deploy.site_config(Config())
+    policy = parse_policy(POLICY, filename="established.rules", base_chain="FORWARD", config=config)
+    state = deploy.deploy(policy, config)
+    tgt = deploy.target_of(state, config)
+    with tgt.client(state["nic"]) as nic:
+        need(nic.flow_config() is not None, "the emulated NIC has no flow cache")
+    src, dst = lab.ip("send", "hyb"), lab.ip("recv", "hyb")
+    echo = Echo(lab.ns_recv, TCP_PORT, UDP_PORT)
+    worker = None
+    try:
+        with inside(lab.ns_send):
+            u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        with u:
+            u.settimeout(5)
+            u.sendto(b"u1", (dst, UDP_PORT))
+            assert u.recv(16) == b"u1"
+            sport = u.getsockname()[1]
+        flow = Flow(
+            int.from_bytes(socket.inet_aton(src), "big"),
+            int.from_bytes(socket.inet_aton(dst), "big"),
+            17,
+            sport,
+            UDP_PORT,
+        )
+        with tgt.client(state["nic"]) as nic:
+            assert wait_for(lambda: flow in hw_flows(nic)), "the UDP flow with a reply did not reach the hardware"
+        worker = flowsync.read_status_file(deploy.STATE_DIR)["worker"]
+        os.kill(worker, signal.SIGSTOP)
+        # The reply direction: once conntrack is flushed it is a NEW datagram to the sender's port, which the
+        # policy drops; the stale cache entry would make it an ESTABLISHED hit accepted in hardware.
+        trace = tmp_path / "reply.trace"
+        trace.write_text(f"{flow.dst} {flow.src} {UDP_PORT} {sport} 17 0\n")
+        report = verify.verify(policy, config, packets=20, trace=str(trace), malformed=0.0)
+        assert report["mismatches"] == 0, report.get("examples", [])[:3]
+        with tgt.client(state["nic"]) as nic:
+            assert flow not in hw_flows(nic)
+    finally:
+        if worker:
+            os.kill(worker, signal.SIGCONT)
+        echo.close()
+    deploy.undeploy()

@@ -883,6 +883,15 @@ def _deployed(policy: Policy, config: Config, log: Callable[[str], None]) -> tup
     return lab, state
 
 
+def flush_conntrack(lab: Lab, tgt, state: dict) -> None:
+    """Both paths from empty conntrack tables, and the fast path holding none of the flushed flows: entries left by
+    an earlier run (or by connection checks) age out on their own clocks in each namespace, so they could decide a
+    frame differently on the two paths."""
+    for role in ("fw", "plain"):
+        lab.flush_conntrack(role)
+    tgt.forget_flushed_flows(state["nic"])
+
+
 def hw_share(nic: dict) -> float | None:
     """Share of the wire frames the NIC classified (PKTIN) that it decided itself (HW_DECIDED), from a counter
     delta; None when no wire frame came."""
@@ -917,10 +926,7 @@ def verify(
     nic_before = tgt.counters(state["nic"])
     sh = deploy.shim_of(state)
     shim_before = sh.stats()
-    # Both paths start from empty conntrack tables: entries left by an earlier run (or by connection checks) age
-    # out on their own clocks in each namespace, so they could decide a frame differently on the two paths.
-    for role in ("fw", "plain"):
-        lab.flush_conntrack(role)
+    flush_conntrack(lab, tgt, state)
     obs_before = {role: observers.snapshot(ns[role], config.table) for role in ("fw", "plain")}
     t1 = time.monotonic()
     closed = None
@@ -969,16 +975,20 @@ def verify(
         }
     )
     if connections is not None:
-        report["connections"] = verify_connections(lab, policy, connections, lambda: tgt.counters(state["nic"]))
+        report["connections"] = verify_connections(
+            lab, policy, connections, lambda: tgt.counters(state["nic"]), lambda: flush_conntrack(lab, tgt, state)
+        )
     return report
 
 
-def verify_connections(lab: Lab, policy: Policy, spec: ConnectionSpec, counters: Callable[[], dict]) -> dict:
+def verify_connections(
+    lab: Lab, policy: Policy, spec: ConnectionSpec, counters: Callable[[], dict], flush: Callable[[], None]
+) -> dict:
     """The connections of `spec` on both paths (ops.connections), compared per connection, from empty conntrack
-    tables in the firewall and the plain namespace; `counters` reads the NIC's, for hw_share."""
+    tables in the firewall and the plain namespace (`flush` empties them); `counters` reads the NIC's, for
+    hw_share."""
     conns = spec.conns(policy)
-    for role in ("fw", "plain"):
-        lab.flush_conntrack(role)
+    flush()
     before = counters()
     t = time.monotonic()
     got = connections.run_both(lab, conns, spec.nbytes)

@@ -297,6 +297,10 @@ class XdpTarget(Target):
             value = json.loads(self._tool("stats", ["stats", "--pin", info["pin"]]))["config"].get("armed", 0)
         self._tool("control", ["control", "--pin", info["pin"], "--value", str(value)])
 
+    def forget_flushed_flows(self, info: dict, wait: float = 3.0) -> None:
+        """The program looks flows up in the kernel's own conntrack table (bpf_xdp_ct_lookup): a flushed flow is
+        gone from it at once."""
+
     def counters(self, info: dict) -> dict:
         out = XdpCounters(self, info)._stats(True)
         out["HITS"] = dict(enumerate(out.pop("HITS", [])))

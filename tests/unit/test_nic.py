@@ -315,6 +315,18 @@ def test_emu_target_registers_through_its_socket(fake):
     assert "CNT_FORWARDED" in tgt.counters(info)
 
 
+def test_counter_source_keeps_the_timeout_it_is_given(fake):
+    """Target.counter_source passes its timeout to the target's transport (the dashboard reads with 5 s)."""
+    tgt, info = EmuTarget(Config()), {"socket": fake.path}
+    for timeout in (5.0, 30.0):
+        source = tgt.counter_source(info, timeout=timeout)
+        try:
+            assert source.t.sock.gettimeout() == timeout
+            assert "CNT_FORWARDED" in source.counters()
+        finally:
+            source.close()
+
+
 def test_sume_without_board_is_refused_and_never_pretends(tmp_path):
     # Only a machine with a SUME driver loaded skips this (outside CI); CI machines have none, and there it must run.
     need(not Path("/sys/module/sume_riffa").exists(), "a SUME driver is loaded here: the no-board case cannot be shown")

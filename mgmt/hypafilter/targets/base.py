@@ -97,8 +97,9 @@ class Target(ABC):
         NIC's info (JSON-able)."""
 
     @abstractmethod
-    def transport(self, info: dict):
-        """A register transport (read/write/read_table/write_table_many/request_many/close) to the NIC of `info`."""
+    def transport(self, info: dict, timeout: float = 30.0):
+        """A register transport (read/write/read_table/write_table_many/request_many/close) to the NIC of `info`
+        (`timeout`: how long one request may take, where the transport has such a bound)."""
 
     @abstractmethod
     def activate(self, info: dict) -> None:
@@ -147,7 +148,7 @@ class Target(ABC):
     def counter_source(self, info: dict, timeout: float = 30.0) -> CounterSource:
         """The NIC's counters and HITS table over a register connection kept open until `close` (`timeout`: how
         long one reading may take, where the transport has such a bound)."""
-        return NicClient(self.transport(info))
+        return NicClient(self.transport(info, timeout))
 
     # How verify's counter window reconciles this target's lab (None: the target has no lab verify runs on).
     window_stages: WindowStages | None = None

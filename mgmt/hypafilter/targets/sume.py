@@ -131,7 +131,7 @@ class SumeTarget(Target):
             "and programming the board with its bitstream is not automated"
         )
 
-    def transport(self, info: dict) -> SumeTransport:
+    def transport(self, info: dict, timeout: float = 30.0) -> SumeTransport:
         return SumeTransport(info.get("ifname", self.ifname))
 
     def activate(self, info: dict) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from hypafilter.targets.base import DECISIONS, PORTS, SHUNTED, Target, WindowStages
 from hypafilter.targets.emu.build import build
 from hypafilter.targets.emu.run import RUN_DIR, EmuNic
-from hypafilter.targets.nic import EmuTransport, NicClient
+from hypafilter.targets.nic import EmuTransport
 
 
 def window_balance(r: dict, host: bool) -> dict[str, tuple[int, int]]:
@@ -92,9 +92,6 @@ class EmuTarget(Target):
 
     def transport(self, info: dict, timeout: float = 30.0) -> EmuTransport:
         return EmuTransport(info["socket"], timeout)
-
-    def counter_source(self, info: dict, timeout: float = 30.0) -> NicClient:
-        return NicClient(self.transport(info, timeout))
 
     def _command(self, info: dict, word: str) -> None:
         t = self.transport(info)

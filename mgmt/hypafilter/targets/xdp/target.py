@@ -180,7 +180,7 @@ class XdpTarget(Target):
         """Generic (skb) XDP instead of native: for interfaces whose driver cannot redirect natively."""
         return bool(getattr(self.config, "xdp_generic", False))
 
-    def transport(self, info: dict):
+    def transport(self, info: dict, timeout: float = 30.0):
         raise HypafilterError("the xdp target has no register transport: its tables are BPF maps")
 
     def activate(self, info: dict) -> None:

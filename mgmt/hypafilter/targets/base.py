@@ -43,20 +43,33 @@ class CounterSource(Protocol):
     def close(self) -> None: ...
 
 
+# What a counter window stage must be (WindowStages.balance): a count, or bounds (low, high), both included.
+Expected = int | tuple[int, int]
+
+
+def stage_met(count: int, expected: Expected) -> bool:
+    """Whether a stage's count is what WindowStages.balance says it must be."""
+    if isinstance(expected, tuple):
+        low, high = expected
+        return low <= count <= high
+    return count == expected
+
+
 @dataclass(frozen=True)
 class WindowStages:
     """How verify's receive window (ops.verify.CounterWindow) follows the hybrid path's frames through this target's
     part of the lab, from counters: which veth tx counters (`tx`, (lab role, interface)) and counting sockets
     (`taps`, (role, interface, only frames carrying verify's ids)) to read, which of the target's counters
     (`counters`; `lost`: frames the target itself lost, any of them ends the run without a verdict) and `balance`:
-    for a reading (ops.verify.CounterWindow.reading) and host mode, each stage's count and the count it must equal
-    once every frame sent has met its fate. The oracle path's stages are the window's own."""
+    for a reading (ops.verify.CounterWindow.reading) and host mode, each stage's count and what it must be once every
+    frame sent has met its fate: a count it must equal, or bounds (low, high) it must lie within, both included.
+    The oracle path's stages are the window's own."""
 
     tx: tuple[tuple[str, str], ...]
     taps: tuple[tuple[str, str, bool], ...]
     counters: tuple[str, ...]
     lost: tuple[str, ...]
-    balance: Callable[[dict, bool], dict[str, tuple[int, int]]]
+    balance: Callable[[dict, bool], dict[str, tuple[int, Expected]]]
 
 
 @dataclass(frozen=True)

@@ -102,6 +102,17 @@ def test_open_while_a_frame_is_on_its_way(target, where, key, delta, expect):
     assert missing and any(m.startswith(expect) for m in missing), missing
 
 
+def test_xdp_sender_veth_is_bounded_below_only():
+    """The sender's veth carried at least the N frames sent (more: its stack's own, where not quiet); fewer is a
+    frame on its way, and the message says the bound."""
+    r = xdp_reading()
+    n = r["sent"]
+    r["dev"]["send.hyb0"]["tx"] = n - 1
+    assert f"sender's veth carried ours {n - 1}/{n}..inf" in window(target=XdpTarget).missing(r)
+    r["dev"]["send.hyb0"]["tx"] = n + 3
+    assert not any(m.startswith("sender's veth") for m in window(target=XdpTarget).missing(r))
+
+
 def test_host_mode_does_not_wait_for_the_receiver():
     r = reading()
     r["captured"] = {"hybrid": 0, "plain": 0}

@@ -43,8 +43,9 @@ class CounterSource(Protocol):
     def close(self) -> None: ...
 
 
-# What a counter window stage must be (WindowStages.balance): a count, or bounds (low, high), both included.
-Expected = int | tuple[int, int]
+# What a counter window stage must be (WindowStages.balance): a count, or bounds (low, high), both included
+# (high math.inf: no upper bound).
+Expected = int | tuple[int, int | float]
 
 
 def stage_met(count: int, expected: Expected) -> bool:

@@ -9,38 +9,19 @@ plain namespace.
 from __future__ import annotations
 
 import pytest
-from hypafilter import netns
-from hypafilter.config import Config
-from hypafilter.iptables.document import parse_policy
 from hypafilter.ops import deploy
-from hypafilter.ops.verify import verify
-from test_mirror import FORWARD_POLICY, MIXED_POLICY, observed
+from test_mirror import FORWARD_POLICY, MIXED_POLICY, observed, run
 
 pytestmark = pytest.mark.system
 
 LAB = "xmv"
-TARGET = "xdp"  # conftest's lab fixture brings up an xdp lab
-PACKETS = 1500
-
-
-def run(lab, text: str, seed: int, chain: str = "FORWARD", packets: int = PACKETS) -> dict:
-    pol = parse_policy(text, filename="mirror.rules", base_chain=chain, config=Config())
-    cfg = Config(shunt_mode="selective", strategy="interval", target="xdp")
-    deploy.deploy(pol, cfg, target="xdp")  # verify's own deploy is then a no-op
-    for ns in (lab.ns_fw, lab.ns_plain):
-        netns.run(["iptables", "-w", "-Z"], ns)
-    r = verify(pol, cfg, packets=packets, seed=seed, malformed=0.0)
-    assert r["mismatches"] == 0, f"{r['mismatches']} mismatches, e.g. {r['examples'][:3]}"
-    assert r["duplicates"] == 0 and r["altered"] == 0, "a mirrored frame was forwarded twice or changed"
-    # every copy was marked once by the shim's TC program (a failed clone would clear the mirror bit)
-    assert r["shim"]["mirror"] == r["nic"]["CNT_MIRROR"] > 0, (r["shim"], r["nic"])
-    return r
+TARGET = "xdp"  # conftest's lab fixture brings up an xdp lab; test_mirror.run deploys on it
 
 
 def test_observers_are_mirrored_not_shunted(lab):
     """Every frame is decided in XDP; the mirrored ACCEPTs arrive once, and the host's observing rules count exactly
     what the kernel's count (a -m limit's burst included)."""
-    r = run(lab, FORWARD_POLICY, seed=3)
+    r = run(lab, FORWARD_POLICY, seed=3, target=TARGET)
     nic = r["nic"]
     fw, plain = observed(lab.ns_fw), observed(lab.ns_plain)
     print(f"mirrored {nic['CNT_MIRROR']}, forwarded {nic['CNT_FORWARDED']}, observed {plain}")
@@ -53,7 +34,7 @@ def test_observers_are_mirrored_not_shunted(lab):
 
 def test_mirrored_and_shunted_frames_together(lab):
     """A deciding string match among the observers: its frames are shunted, the rest mirrored."""
-    r = run(lab, MIXED_POLICY, seed=4)
+    r = run(lab, MIXED_POLICY, seed=4, target=TARGET)
     assert observed(lab.ns_fw) == observed(lab.ns_plain)
     assert r["nic"].get("CNT_SHUNT_OVERRULE", 0) > 0 and r["hw_share"] < 1.0
 
@@ -80,7 +61,7 @@ def test_host_mode(lab):
     """Host mode: a mirrored ACCEPT passes itself with reason 4 (no clone) and INPUT's leaf accepts it after the
     observing rules; a mirrored DROP's copy is dropped after them."""
     deploy.undeploy()  # bridge -> host mode
-    r = run(lab, HOST_POLICY, seed=5, chain="INPUT", packets=600)
+    r = run(lab, HOST_POLICY, seed=5, chain="INPUT", packets=600, target=TARGET)
     assert r["nic_mode"] == "host"
     assert observed(lab.ns_fw) == observed(lab.ns_plain)
     deploy.undeploy()

@@ -14,7 +14,15 @@ from hypafilter.errors import HypafilterError
 from hypafilter.hw import regmap
 from hypafilter.ops import deploy
 from hypafilter.targets.emu import EmuTarget
-from hypafilter.targets.nic import CORE_ID, FC_STATUS_READS, EmuTransport, NicClient, NicError, pack_shunt
+from hypafilter.targets.nic import (
+    CORE_ID,
+    FC_STATUS_READS,
+    EmuTransport,
+    NicClient,
+    NicError,
+    RegRequest,
+    pack_shunt,
+)
 from hypafilter.targets.sume import SumeTarget
 
 from conftest import need
@@ -307,6 +315,18 @@ def test_emu_target_registers_through_its_socket(fake):
     assert "CNT_FORWARDED" in tgt.counters(info)
 
 
+def test_counter_source_keeps_the_timeout_it_is_given(fake):
+    """Target.counter_source passes its timeout to the target's transport (the dashboard reads with 5 s)."""
+    tgt, info = EmuTarget(Config()), {"socket": fake.path}
+    for timeout in (5.0, 30.0):
+        source = tgt.counter_source(info, timeout=timeout)
+        try:
+            assert source.t.sock.gettimeout() == timeout
+            assert "CNT_FORWARDED" in source.counters()
+        finally:
+            source.close()
+
+
 def test_sume_without_board_is_refused_and_never_pretends(tmp_path):
     # Only a machine with a SUME driver loaded skips this (outside CI); CI machines have none, and there it must run.
     need(not Path("/sys/module/sume_riffa").exists(), "a SUME driver is loaded here: the no-board case cannot be shown")
@@ -478,9 +498,9 @@ def test_flow_command_batches_are_exact_however_long_a_command_runs(tmp_path, cy
         nic.srv.close()
 
 
-def test_sume_request_many_runs_the_request_lines_in_order():
-    """SumeTransport.request_many (no board here: its register accesses are stubbed) runs the control-socket
-    request lines one after the other, answers as EmuTransport does, and refuses what is not a register request."""
+def test_sume_request_many_runs_the_register_requests_in_order():
+    """SumeTransport.request_many (no board here: its register accesses are stubbed) runs the structured register
+    requests one after the other and answers as EmuTransport does (the value read, None for a write)."""
     from hypafilter.targets.sume import SumeTransport
 
     class Stub(SumeTransport):
@@ -494,17 +514,22 @@ def test_sume_request_many_runs_the_request_lines_in_order():
         def write(self, addr, value):
             self.log.append(("W", addr, value))
 
-        def read_table(self, table, index):
-            self.log.append(("TR", table, index))
-            return 7
-
-        def write_table_many(self, table, start, values):
-            self.log.append(("TW", table, start, list(values)))
-
     t = Stub()
-    got = t.request_many(["R 0x7c", "W 0x78 0x1", "T R 3 4", "T W 3 4 0x9", "T WS 3 4 1 2 3"])
-    assert got == ["0x00000005", "", "0x00000007", "", ""]
-    assert t.log == [("R", 0x7C), ("W", 0x78, 1), ("TR", 3, 4), ("TW", 3, 4, [9]), ("TW", 3, 4, [1, 2, 3])]
-    for bad in ("", "X 1", "R", "W 1", "T W 3 4 5 6", "R zz", "T Q 1 2", "STATS"):
+    got = t.request_many([RegRequest("read", 0x7C), RegRequest("write", 0x78, 1), RegRequest("read", 0x10)])
+    assert got == [5, None, 5]
+    assert t.log == [("R", 0x7C), ("W", 0x78, 1), ("R", 0x10)]
+
+
+def test_emu_request_many_renders_the_socket_lines(fake):
+    """EmuTransport.request_many renders the structured requests as the control socket's R and W lines, in order,
+    and answers per request the value read (None for a write); an unknown op is refused before anything is sent."""
+    fake.regs[regmap.REG_DEBUG] = 0x1234
+    t = EmuTransport(fake.path)
+    try:
+        got = t.request_many([RegRequest("write", regmap.REG_GENERATION, 0xAB), RegRequest("read", regmap.REG_DEBUG)])
+        assert got == [None, 0x1234]
         with pytest.raises(NicError, match="not a register request"):
-            t.request_many([bad])
+            t.request_many([RegRequest("frob", 0)])
+    finally:
+        t.close()
+    assert fake.log == [f"W 0x{regmap.REG_GENERATION:x} 0xab", f"R 0x{regmap.REG_DEBUG:x}"]

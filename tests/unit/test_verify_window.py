@@ -3,6 +3,8 @@ tests/system/test_verify_load.py runs it under load). Readings here are what rea
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypafilter.ops.verify import CounterWindow, WindowError
 from hypafilter.targets.emu.target import EmuTarget
@@ -100,6 +102,17 @@ def test_open_while_a_frame_is_on_its_way(target, where, key, delta, expect):
     assert missing and any(m.startswith(expect) for m in missing), missing
 
 
+def test_xdp_sender_veth_is_bounded_below_only():
+    """The sender's veth carried at least the N frames sent (more: its stack's own, where not quiet); fewer is a
+    frame on its way, and the message says the bound."""
+    r = xdp_reading()
+    n = r["sent"]
+    r["dev"]["send.hyb0"]["tx"] = n - 1
+    assert f"sender's veth carried ours {n - 1}/{n}..inf" in window(target=XdpTarget).missing(r)
+    r["dev"]["send.hyb0"]["tx"] = n + 3
+    assert not any(m.startswith("sender's veth") for m in window(target=XdpTarget).missing(r))
+
+
 def test_host_mode_does_not_wait_for_the_receiver():
     r = reading()
     r["captured"] = {"hybrid": 0, "plain": 0}
@@ -195,7 +208,8 @@ def test_xdp_mirrored_frames():
     assert any(m.startswith("firewall took") for m in window(target=XdpTarget).missing(r))
     r = xdp_reading(mirror=(2, 1))
     r["nic"]["PKTOUT"] += 3  # more than every mirrored frame can explain
-    assert any(m.startswith("fast path sent") for m in window(target=XdpTarget).missing(r))
+    sent = [m for m in window(target=XdpTarget).missing(r) if m.startswith("fast path sent")]
+    assert len(sent) == 1 and re.fullmatch(r"fast path sent \d+/\d+\.\.\d+", sent[0]), sent
 
 
 def test_mirrored_frames_counted_on_both_paths():
@@ -207,9 +221,15 @@ def test_mirrored_frames_counted_on_both_paths():
     r["dev"]["nic.host0"]["tx"] -= 1  # a copy still inside the emulator
     r["tapped"]["fw.nf0"] -= 1
     assert any(m.startswith("NIC veths carried") for m in window().missing(r))
+    # PKTOUT lies within bounds: forwarded + shunted + CNT_FROM_HOST (11) .. that + CNT_MIRROR (14)
     r = reading(mirror=(2, 1))
     r["nic"]["PKTOUT"] += 3  # more than every mirrored frame can explain
-    assert any(m.startswith("NIC sent") for m in window().missing(r))
+    assert "NIC sent 15/11..14" in window().missing(r)  # the message says the bounds
+    r["nic"]["PKTOUT"] -= 5  # fewer than the frames sent without the mirrored DROPs
+    assert "NIC sent 10/11..14" in window().missing(r)
+    for pktout in (11, 14):  # both bounds included (the veths and the firewall decide the rest)
+        r["nic"]["PKTOUT"] = pktout
+        assert not any(m.startswith("NIC sent") for m in window().missing(r))
     r = reading(mirror=(2, 1))
     r["dev"]["nic.wire1"]["tx"] -= 1  # a mirrored ACCEPT's wire copy not out yet
     r["captured"]["hybrid"] -= 1

@@ -139,10 +139,6 @@ class Plan:
     def shunt_string(self) -> str:
         return "".join("1" if b else "0" for b in self.shunt)
 
-    def action_words(self) -> list[int]:
-        """The ACTION table words: the action code, | HF_ACTION_MIRROR_BIT (0x8) for a mirrored entry."""
-        return action_words(self)
-
     def hsa_members(self) -> np.ndarray:
         """bool[len(rules)]: the rules strategy hsa_cut keeps in software: every complex rule, every simple rule
         whose Alg. 1 bit is set, and every simple rule whose entry may shunt for another reason (miss forcing in a

@@ -10,7 +10,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from hypafilter.analysis.plan import MODES, Plan, build_plan
+from hypafilter.analysis.plan import MODES, Plan, action_words, build_plan
 from hypafilter.analysis.program import STRATEGIES
 from hypafilter.cli.common import add_policy_args, load_config, load_policy
 from hypafilter.config import MIRROR_STRATEGIES
@@ -42,7 +42,7 @@ def register_image(plan: Plan) -> list[dict]:
         for j, b in enumerate(bits[32 * w : 32 * w + 32]):
             word |= int(bool(b)) << j
         writes.append({"table": "SHUNT", "offset": w, "value": word})
-    writes += [{"table": "ACTION", "offset": i, "value": a} for i, a in enumerate(plan.action_words())]
+    writes += [{"table": "ACTION", "offset": i, "value": a} for i, a in enumerate(action_words(plan))]
     if any(plan.miss_shunt):  # miss forcing: CONTROL bits 4/5 under their mask (the other bits are the site's)
         writes.append({"register": "CONTROL", "mask": CONTROL_MISS_SHUNT, "value": miss_shunt_control(plan.miss_shunt)})
     return writes

@@ -39,7 +39,7 @@ from hypafilter.ops import connections, deploy, observers
 from hypafilter.ops.connections import ConnectionSpec
 from hypafilter.ops.lab import HOST_MAC, HOST_SEEN_MAX, Lab
 from hypafilter.shared import pack_meta
-from hypafilter.targets.base import DECIDED, DECISIONS, SHUNTED, CounterSource, Target, WindowStages
+from hypafilter.targets.base import DECIDED, DECISIONS, SHUNTED, CounterSource, Target, WindowStages, stage_met
 
 ETH_P_ALL = 0x0003
 PACKET_OUTGOING = 4
@@ -694,7 +694,11 @@ class CounterWindow:
         want["plain took ours"] = (tap["plain.nf0.ours"], n)
         if not self.host:
             want["receiver captured, plain"] = (r["captured"]["plain"], tx["plain.nf1"])
-        return [f"{k} {got}/{exp}" for k, (got, exp) in want.items() if got != exp]
+        return [
+            f"{k} {got}/{exp[0]}..{exp[1]}" if isinstance(exp, tuple) else f"{k} {got}/{exp}"
+            for k, (got, exp) in want.items()
+            if not stage_met(got, exp)
+        ]
 
 
 # ---- running the comparison ---------------------------------------------------------------------------------------

@@ -44,20 +44,34 @@ class CounterSource(Protocol):
     def close(self) -> None: ...
 
 
+# What a counter window stage must be (WindowStages.balance): a count, or bounds (low, high), both included
+# (high math.inf: no upper bound).
+Expected = int | tuple[int, int | float]
+
+
+def stage_met(count: int, expected: Expected) -> bool:
+    """Whether a stage's count is what WindowStages.balance says it must be."""
+    if isinstance(expected, tuple):
+        low, high = expected
+        return low <= count <= high
+    return count == expected
+
+
 @dataclass(frozen=True)
 class WindowStages:
     """How verify's receive window (ops.verify.CounterWindow) follows the hybrid path's frames through this target's
     part of the lab, from counters: which veth tx counters (`tx`, (lab role, interface)) and counting sockets
     (`taps`, (role, interface, only frames carrying verify's ids)) to read, which of the target's counters
     (`counters`; `lost`: frames the target itself lost, any of them ends the run without a verdict) and `balance`:
-    for a reading (ops.verify.CounterWindow.reading) and host mode, each stage's count and the count it must equal
-    once every frame sent has met its fate. The oracle path's stages are the window's own."""
+    for a reading (ops.verify.CounterWindow.reading) and host mode, each stage's count and what it must be once every
+    frame sent has met its fate: a count it must equal, or bounds (low, high) it must lie within, both included.
+    The oracle path's stages are the window's own."""
 
     tx: tuple[tuple[str, str], ...]
     taps: tuple[tuple[str, str, bool], ...]
     counters: tuple[str, ...]
     lost: tuple[str, ...]
-    balance: Callable[[dict, bool], dict[str, tuple[int, int]]]
+    balance: Callable[[dict, bool], dict[str, tuple[int, Expected]]]
 
 
 @dataclass(frozen=True)
@@ -98,8 +112,9 @@ class Target(ABC):
         NIC's info (JSON-able)."""
 
     @abstractmethod
-    def transport(self, info: dict):
-        """A register transport (read/write/read_table/write_table_many/request_many/close) to the NIC of `info`."""
+    def transport(self, info: dict, timeout: float = 30.0):
+        """A register transport (read/write/read_table/write_table_many/request_many/close) to the NIC of `info`
+        (`timeout`: how long one request may take, where the transport has such a bound)."""
 
     @abstractmethod
     def activate(self, info: dict) -> None:
@@ -163,7 +178,7 @@ class Target(ABC):
     def counter_source(self, info: dict, timeout: float = 30.0) -> CounterSource:
         """The NIC's counters and HITS table over a register connection kept open until `close` (`timeout`: how
         long one reading may take, where the transport has such a bound)."""
-        return NicClient(self.transport(info))
+        return NicClient(self.transport(info, timeout))
 
     # How verify's counter window reconciles this target's lab (None: the target has no lab verify runs on).
     window_stages: WindowStages | None = None

@@ -39,6 +39,20 @@ class NicError(HypafilterError):
     """A register access failed or the NIC is not the expected core."""
 
 
+@dataclass(frozen=True)
+class RegRequest:
+    """One register access of a batch (a transport's `request_many`): `op` "read" or "write", the register's byte
+    offset and, for a write, the value. Each transport renders it in its own wire format."""
+
+    op: str
+    addr: int
+    value: int = 0
+
+    def __post_init__(self):
+        if self.op not in ("read", "write"):
+            raise NicError(f"not a register request: op {self.op!r} (read or write)")
+
+
 class EmuTransport:
     """The emulated NIC's Unix control socket (docs/internals.md, "Emulated NIC control socket")."""
 
@@ -68,8 +82,8 @@ class EmuTransport:
         line, self._buf = self._buf.split(b"\n", 1)
         return line.decode()
 
-    def request_many(self, lines: Sequence[str]) -> list[str]:
-        """Send requests in pipelined chunks; returns the reply payloads (text after OK). ERR raises NicError."""
+    def request_lines(self, lines: Sequence[str]) -> list[str]:
+        """Send request lines in pipelined chunks; returns the reply payloads (text after OK). ERR raises NicError."""
         out: list[str] = []
         for start in range(0, len(lines), PIPELINE):
             chunk = lines[start : start + PIPELINE]
@@ -85,22 +99,28 @@ class EmuTransport:
         return out
 
     def request(self, line: str) -> str:
-        return self.request_many([line])[0]
+        return self.request_lines([line])[0]
+
+    def request_many(self, reqs: Sequence[RegRequest]) -> list[int | None]:
+        """Register accesses in order, pipelined (the `R`/`W` lines): per request the value read, None for a write."""
+        lines = [f"R 0x{r.addr:x}" if r.op == "read" else f"W 0x{r.addr:x} 0x{r.value:x}" for r in reqs]
+        replies = self.request_lines(lines)
+        return [int(v, 0) if r.op == "read" else None for r, v in zip(reqs, replies, strict=True)]
 
     def read(self, addr: int) -> int:
-        return int(self.request(f"R 0x{addr:x}"), 0)
+        return self.request_many([RegRequest("read", addr)])[0]
 
     def write(self, addr: int, value: int) -> None:
-        self.request(f"W 0x{addr:x} 0x{value:x}")
+        self.request_many([RegRequest("write", addr, value)])
 
     def write_many(self, pairs: Iterable[tuple[int, int]]) -> None:
-        self.request_many([f"W 0x{a:x} 0x{v:x}" for a, v in pairs])
+        self.request_many([RegRequest("write", a, v) for a, v in pairs])
 
     def read_table(self, table: int, index: int) -> int:
         return int(self.request(f"T R {table} {index}"), 0)
 
     def read_many(self, addrs: Sequence[int]) -> list[int]:
-        return [int(v, 0) for v in self.request_many([f"R 0x{a:x}" for a in addrs])]
+        return self.request_many([RegRequest("read", a) for a in addrs])
 
     def read_table_many(self, table: int, start: int, count: int) -> list[int]:
         """`count` entries from `start`, pipelined (PIPELINE requests per round trip instead of one each)."""
@@ -108,11 +128,11 @@ class EmuTransport:
 
     def read_table_at(self, table: int, indices: Iterable[int]) -> list[int]:
         """The entries at `indices` (any order), pipelined."""
-        return [int(v, 0) for v in self.request_many([f"T R {table} {i}" for i in indices])]
+        return [int(v, 0) for v in self.request_lines([f"T R {table} {i}" for i in indices])]
 
     def write_table_many(self, table: int, start: int, values: Sequence[int]) -> None:
         """Stream writes (IND_COMMAND bit 8): one request per STREAM_CHUNK words, the index counted by the core."""
-        self.request_many(
+        self.request_lines(
             [
                 f"T WS {table} {start + i} " + " ".join(f"0x{v:x}" for v in values[i : i + STREAM_CHUNK])
                 for i in range(0, len(values), STREAM_CHUNK)
@@ -422,7 +442,7 @@ class NicClient:
             return []
         self._need_flow_cache()
         status_reg, cmd_reg = self._addr("FC_STATUS"), self._addr("FC_CMD")
-        lines: list[str] = []
+        reqs: list[RegRequest] = []
         for c in cmds:
             op, flow = c[0], c[1]
             writes: list[tuple[int | str, int]] = []
@@ -432,11 +452,11 @@ class NicClient:
                     zip(("FC_KEY0", "FC_KEY1", "FC_KEY2", "FC_KEY3"), flowcache.fc_key_regs(flow), strict=True)
                 )
             writes.append(("FC_SLOT", c[2] if len(c) > 2 else 0))
-            lines += [f"W 0x{self._addr(a):x} 0x{v & 0xFFFFFFFF:x}" for a, v in writes]
-            lines += [f"R 0x{status_reg:x}", f"W 0x{cmd_reg:x} 0x{op & 0xFFFFFFFF:x}"]
-            lines += [f"R 0x{status_reg:x}"] * FC_STATUS_READS
-        replies = self.t.request_many(lines)
-        reads = [int(r, 0) for line, r in zip(lines, replies, strict=True) if line.startswith("R ")]
+            reqs += [RegRequest("write", self._addr(a), v & 0xFFFFFFFF) for a, v in writes]
+            reqs += [RegRequest("read", status_reg), RegRequest("write", cmd_reg, op & 0xFFFFFFFF)]
+            reqs += [RegRequest("read", status_reg)] * FC_STATUS_READS
+        replies = self.t.request_many(reqs)
+        reads = [v for r, v in zip(reqs, replies, strict=True) if r.op == "read"]
         per = 1 + FC_STATUS_READS
         pre = reads[0::per]
         post = [[st for st in reads[k * per + 1 : (k + 1) * per] if not st >> 31] for k in range(len(cmds))]

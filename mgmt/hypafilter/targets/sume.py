@@ -21,7 +21,7 @@ from hypafilter.hw import regmap
 from hypafilter.hw.synth import vivado_project
 from hypafilter.hw.vhdl import matcher_hash
 from hypafilter.targets.base import Target
-from hypafilter.targets.nic import CONTROL_ENABLE, NicError
+from hypafilter.targets.nic import CONTROL_ENABLE, NicError, RegRequest
 
 DRIVER = "sume_riffa"
 IFNAME = "nf0"  # the driver's first port; any of its interfaces answers the ioctl
@@ -83,34 +83,17 @@ class SumeTransport:
             self.write(regmap.REG_IND_COMMAND, 0)
         self._wait_ind()
 
-    def request_many(self, lines: Sequence[str]) -> list[str]:
-        """The emulated NIC's control-socket requests (`R`, `W`, `T R`, `T W`, `T WS`; docs/emulator.md), run one
-        after the other through the ioctl: the replies as EmuTransport.request_many gives them (the text after
-        OK). Callers that batch requests (NicClient.flow_commands) have one path on every transport."""
-        out: list[str] = []
-        for line in lines:
-            w = line.split() or [""]
-            try:
-                nums = [int(x, 0) for x in w[2 if w[0] == "T" else 1 :]]
-            except ValueError:
-                nums = None
-            if nums is None:
-                pass
-            elif w[0] == "R" and len(nums) == 1:
-                out.append(f"0x{self.read(nums[0]):08x}")
-                continue
-            elif w[0] == "W" and len(nums) == 2:
-                self.write(nums[0], nums[1])
-                out.append("")
-                continue
-            elif w[:2] == ["T", "R"] and len(nums) == 2:
-                out.append(f"0x{self.read_table(nums[0], nums[1]):08x}")
-                continue
-            elif w[:2] in (["T", "W"], ["T", "WS"]) and len(nums) >= 3 and (w[1] == "WS" or len(nums) == 3):
-                self.write_table_many(nums[0], nums[1], nums[2:])
-                out.append("")
-                continue
-            raise NicError(f"SUME transport: not a register request: '{line}'")
+    def request_many(self, reqs: Sequence[RegRequest]) -> list[int | None]:
+        """Register accesses in order, one ioctl each: per request the value read, None for a write (as
+        EmuTransport.request_many). Callers that batch requests (NicClient.flow_commands) have one path on every
+        transport."""
+        out: list[int | None] = []
+        for r in reqs:
+            if r.op == "read":
+                out.append(self.read(r.addr))
+            else:
+                self.write(r.addr, r.value)
+                out.append(None)
         return out
 
     def _wait_ind(self) -> None:
@@ -148,7 +131,7 @@ class SumeTarget(Target):
             "and programming the board with its bitstream is not automated"
         )
 
-    def transport(self, info: dict) -> SumeTransport:
+    def transport(self, info: dict, timeout: float = 30.0) -> SumeTransport:
         return SumeTransport(info.get("ifname", self.ifname))
 
     def activate(self, info: dict) -> None:

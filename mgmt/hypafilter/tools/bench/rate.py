@@ -403,6 +403,8 @@ def open_flows(ns: str, flows: list[tuple]) -> None:
             f" --reply-port-src {dport} --reply-port-dst {sport} -t {CONNTRACK_TIMEOUT} -u SEEN_REPLY,ASSURED"
         )
         lines.append(line + (" --state ESTABLISHED" if proto == 6 else ""))
+    if not flows:
+        return
     with tempfile.NamedTemporaryFile("w", suffix=".ct") as f:
         f.write("\n".join(lines) + "\n")
         f.flush()
@@ -526,20 +528,24 @@ def rate(
                 log,
             )
         prog = None
-        if prog_repeat > 0 and target == "xdp" and not established:
+        if prog_repeat > 0 and target == "xdp":
             from hypafilter.analysis.plan import build_plan
+            from hypafilter.targets.xdp.target import control_of
             from hypafilter.tools.bench.xdpcost import xdp_cost
 
-            log("the program's own cost: BPF_PROG_TEST_RUN")
-            c = xdp_cost(
-                build_plan(policy, config),
-                policy,
-                frames=min(n, prog_frames),
-                repeat=prog_repeat,
-                seed=seed,
-                trace=trace,
-            )
-            prog = {k: c[k] for k in ("frames", "repeat", "ns_mean", "ns_median", "ns_p99")}
+            log("the program's own cost: BPF_PROG_TEST_RUN" + (" on the established flows" if established else ""))
+            plan = build_plan(policy, config)
+            extra = {}
+            if established:
+                # The bench's frames, their flows established in the test run's namespace, the deployed CONTROL.
+                extra = {
+                    "frame_list": [p.frame for p in probes],
+                    "flows": flows,
+                    "control": control_of(config.unfilterable, config.nic_mode, plan.miss_shunt),
+                }
+            c = xdp_cost(plan, policy, frames=min(n, prog_frames), repeat=prog_repeat, seed=seed, trace=trace, **extra)
+            keys = ("frames", "repeat", "ns_mean", "ns_median", "ns_p99")
+            prog = {k: c[k] for k in keys + (("established_flows", "counters") if established else ())}
     finally:
         fast.close()
         shutil.rmtree(work, ignore_errors=True)

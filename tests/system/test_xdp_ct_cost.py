@@ -112,7 +112,7 @@ def test_established_decisions(ct_ns, shared_dir, name):
     from hypafilter.ops.verify import FrameGen, build_frame
     from hypafilter.targets.xdp.run import XDP_DROP, XDP_PASS, XDP_REDIRECT, run_frames
     from hypafilter.targets.xdp.target import read_ct_config
-    from hypafilter.tools.bench.rate import open_flows
+    from hypafilter.tools.bench.ctflows import open_flows
     from hypafilter.tools.classbench import classbench_policy_text
     from hypafilter.tools.fuzz import random_policy
 

@@ -250,7 +250,7 @@ class XdpTarget(Target):
     def program(self, info: dict, plan, generation: int, known: dict | None = None) -> dict:
         t = build_tables(plan)
         shape = t.shape()
-        if shape_id(shape) != info["shape"] and not t.fits(_shape_of(info)):
+        if shape_id(shape) != info["shape"].split("-")[0] and not t.fits(_shape_of(info)):
             raise HypafilterError(f"the plan's tables do not fit the running program (shape {info['shape']})")
         path = self._run_dir() / f"{info['name']}-{generation}.tables"
         data = tables_file(t, _shape_of(info), self.control(plan), generation, self.ct_config(plan))

@@ -76,6 +76,7 @@ from hypafilter.ops.verify import (
 from hypafilter.paths import BUILD_ROOT
 from hypafilter.targets.nic import NicClient
 from hypafilter.tools.bench import pktrate
+from hypafilter.tools.bench.ctflows import open_flows
 from hypafilter.tools.bench.pktrate import build_blaster
 
 FIELDS = (
@@ -92,7 +93,6 @@ FIELDS = (
 NFT_TABLE = "hfrate"  # the plain namespace's nft table while the nft run lasts (removed afterwards)
 SINK = ("hfsink0", "hfsink1")  # the sink's veth pair, both ends in the sender's namespace while the bench runs
 SINK_MAC = bytes.fromhex("02484600ff01")  # the sink end's own address; frames go to the lab's DST_MAC, not to it
-CONNTRACK_TIMEOUT = 600  # seconds: the pre-created entries outlive any run
 
 
 class EmuFast:
@@ -385,36 +385,6 @@ def established_probes(policy: Policy, trace: str, count: int, seed: int) -> tup
         probes.append(Probe(uid, "established", build_frame(uid, h, gen.payload())))
         flows[(h["proto"], h["src"], h["dst"], h["sport"], h["dport"])] = None
     return probes, list(flows)
-
-
-def _ip(v: int) -> str:
-    return ".".join(str((v >> s) & 0xFF) for s in (24, 16, 8, 0))
-
-
-def open_flows(ns: str, flows: list[tuple]) -> None:
-    """conntrack entries for `flows` in namespace `ns`, as conntrack has them for an established connection whose
-    reply it has seen (TCP: state ESTABLISHED); every other entry removed first."""
-    netns.run(["conntrack", "-F"], ns, check=False)
-    lines = []
-    for proto, src, dst, sport, dport in flows:
-        name = "tcp" if proto == 6 else "udp"
-        line = (
-            f"-I -s {_ip(src)} -d {_ip(dst)} -r {_ip(dst)} -q {_ip(src)} -p {name} --sport {sport} --dport {dport}"
-            f" --reply-port-src {dport} --reply-port-dst {sport} -t {CONNTRACK_TIMEOUT} -u SEEN_REPLY,ASSURED"
-        )
-        lines.append(line + (" --state ESTABLISHED" if proto == 6 else ""))
-    if not flows:
-        return
-    with tempfile.NamedTemporaryFile("w", suffix=".ct") as f:
-        f.write("\n".join(lines) + "\n")
-        f.flush()
-        try:
-            netns.run(["conntrack", "-R", f.name], ns, timeout=None)
-        except netns.CommandError as e:
-            raise HypafilterError(f"creating {len(flows)} conntrack entries in {ns} failed: {e}") from e
-    have = netns.run(["conntrack", "-C"], ns).strip()
-    if int(have or 0) < len(flows):
-        raise HypafilterError(f"{ns}: {have} conntrack entries after creating {len(flows)}")
 
 
 def rate(

@@ -72,7 +72,7 @@ def xdp_cost(
             netns.run(["ip", "-n", ns, "link", "set", i, "up"])
         ct = None
         if flows is not None:
-            from hypafilter.tools.bench.rate import open_flows
+            from hypafilter.tools.bench.ctflows import open_flows
 
             netns.run(["sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_be_liberal=1"], ns)
             open_flows(ns, list(flows))

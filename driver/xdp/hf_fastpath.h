@@ -22,6 +22,8 @@
 /* Reason field of M for frames the fast path decided itself (forwarded in bridge mode, dropped): never seen by the
  * TC program (those frames do not reach the host stack); it only tells tests and tools "no shunt reason". */
 #define HFX_REASON_FAST 15
+/* hfx_box value bit: no address (src, dst) restricts the box (a conntrack hit's shortcut, fastpath.bpf.c.j2). */
+#define HFX_BOX_WILD 0x80000000u
 /* match_index field of M for frames that were not classified (dropped as unfilterable). */
 #define HFX_INDEX_NONE 0xFFFFFF
 

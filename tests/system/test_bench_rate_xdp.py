@@ -80,3 +80,7 @@ def test_bench_rate_established(lab, acl60, shared_dir):
     assert r["delivered"] == {"hybrid": 1000, "iptables": 1000, "nft": 1000}
     assert r["hw_share"] == 1.0 and r["nic"]["CNT_FORWARDED"] == 1000, r["nic"]
     assert all(c["delivered"] == c["sent"] for c in r["rounds"][0].values())
+    # The program's own cost on the same established flows: every test run (20 frames x 5) a conntrack hit.
+    prog = r["xdp_prog"]
+    assert prog["ns_mean"] > 0 and prog["established_flows"] > 0
+    assert prog["counters"] == {"PKTIN": 100, "PKTOUT": 100, "CNT_FORWARDED": 100}, prog

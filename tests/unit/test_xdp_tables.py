@@ -37,6 +37,18 @@ def lookup(t, h: Header) -> int:
         return t.n
     acc = np.full(max(t.words, 1), np.uint64(0xFFFFFFFFFFFFFFFF))
     vals = dict(zip(FIELDS, h.values(), strict=True), flags=h.tcp_flags)
+    if vals["ct"] and "ct" in t.fields and set(SEARCH_FIELDS) & set(t.fields):
+        # A conntrack hit: the first box of the direct fields' AND decides when no address restricts it.
+        for f in t.fields:
+            if f not in SEARCH_FIELDS:
+                acc &= t.vectors[t.direct[f][vals[f]]]
+        for w, word in enumerate(acc[: t.words]):
+            if word:
+                box = w * 64 + (int(word) & -int(word)).bit_length() - 1
+                if t.box_wild[box]:
+                    return int(t.box_entry[box])
+                break
+        acc = np.full(max(t.words, 1), np.uint64(0xFFFFFFFFFFFFFFFF))
     for f in t.fields:
         if f in SEARCH_FIELDS:
             sp = t.spans[f]
@@ -82,6 +94,24 @@ def test_lookup_with_conntrack(seed):
     plan = build_plan(parse_policy(text, f"c{seed}"))
     assert "ct" in build_tables(plan).fields
     _check_lookup(text, seed)
+
+
+def test_wild_boxes_and_their_bit():
+    """The conntrack hit's shortcut: a box is wild exactly when no address restricts it, and hfx_box carries
+    HFX_BOX_WILD for those (the file's record); a ct-first policy's conntrack box is one, and the lookup (with the
+    shortcut, above) still gives the first match."""
+    text = POLICY.replace(
+        ":FORWARD DROP [0:0]\n", ":FORWARD DROP [0:0]\n-A FORWARD -m conntrack --ctstate ESTABLISHED -j ACCEPT\n"
+    )
+    _check_lookup(text, 11)
+    t = build_tables(build_plan(parse_policy(text, "ct-first")))
+    assert t.box_wild[0] and not t.box_wild.all() and t.box_entry[0] == 0
+    data = tables_file(t, t.shape(), 1, 0)
+    at = data.index(b"hfx_box") + len(b"hfx_box")
+    size, count = struct.unpack_from("<II", data, at)
+    box = np.frombuffer(data, "<u4", count, at + 8)
+    assert size == 4 and count == t.boxes
+    assert ((box & 0x7FFFFFFF) == t.box_entry).all() and ((box >> 31).astype(bool) == t.box_wild).all()
 
 
 def _check_lookup(text: str, seed: int) -> None:

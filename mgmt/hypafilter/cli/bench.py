@@ -92,6 +92,17 @@ def register(sub) -> None:
     x.add_argument("--mode", choices=MODES, metavar="MODE", help="shunting mode: %(choices)s")
     x.add_argument("--words", type=int, default=0, help="a program with this many vector words (default: the plan's)")
     x.add_argument("--all-fields", action="store_true", help="a program that looks up every field")
+    x.add_argument(
+        "--established",
+        action="store_true",
+        help="the trace's TCP/UDP headers as established connections (as bench rate's: conntrack entries created in "
+        "the test run's namespace, the lookup on)",
+    )
+    x.add_argument(
+        "--ct-first",
+        action="store_true",
+        help="with --classbench: an ESTABLISHED,RELATED accept rule before the imported rules",
+    )
     x.set_defaults(func=run_xdp_cost)
 
 
@@ -158,7 +169,11 @@ def run_xdp_cost(args: argparse.Namespace) -> int:
     from hypafilter.tools.bench.xdpcost import xdp_cost
 
     cfg = load_config(args)
-    policy = load_policy(args, cfg)
+    if args.ct_first and not args.classbench:
+        raise HypafilterError("--ct-first needs --classbench (a policy file states its own conntrack rule)")
+    if args.established and not args.trace:
+        raise HypafilterError("--established needs --trace (its TCP and UDP headers are the flows)")
+    policy = _classbench(args, cfg, args.complex) if args.ct_first else load_policy(args, cfg)
     if args.frames < 1 or args.repeat < 1:
         raise HypafilterError("--frames and --repeat must be at least 1")
     plan = build_plan(policy, cfg, mode=args.mode)
@@ -170,7 +185,15 @@ def run_xdp_cost(args: argparse.Namespace) -> int:
         "words",
         "all_fields",
     )  # xdp_cost's keywords, as the flags name them
-    report = xdp_cost(plan, policy, **{k: getattr(args, k) for k in options})
+    extra = {}
+    if args.established:
+        from hypafilter.targets.xdp.target import control_of
+        from hypafilter.tools.bench.rate import established_probes
+
+        probes, flows = established_probes(policy, args.trace, args.frames, args.seed)
+        control = control_of(cfg.unfilterable, cfg.nic_mode, plan.miss_shunt)
+        extra = {"frame_list": [p.frame for p in probes], "flows": flows, "control": control}
+    report = xdp_cost(plan, policy, **{k: getattr(args, k) for k in options}, **extra)
     report["command"] = "hypafilter " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     print(json.dumps(report))
     return 0

@@ -1,5 +1,5 @@
 """Renders the fast path for a Plan's shape (driver/xdp/fastpath.bpf.c.j2) and compiles it with clang -target bpf;
-builds the loader (driver/xdp/hf_xdp.c). Objects are cached per shape under <build_root>/xdp/<shape id>/."""
+builds the loader (driver/xdp/hf_xdp.c). Objects are cached under <build_root>/xdp/<shape id>-<source hash>/."""
 
 from __future__ import annotations
 
@@ -45,14 +45,16 @@ def _arch_include() -> str:
 
 
 def build_program(shape: dict, build_root: Path = BUILD_ROOT) -> Path:
-    """fastpath.bpf.o for `shape`, compiled unless the cached source is the same text."""
-    out = Path(build_root) / "xdp" / shape_id(shape)
-    out.mkdir(parents=True, exist_ok=True)
-    src, obj = out / "fastpath.bpf.c", out / "fastpath.bpf.o"
+    """fastpath.bpf.o for `shape`, compiled unless the cached source is the same text. The directory is named by the
+    shape and the source: a program built from another template (its tables may mean something else, e.g. hfx_box's
+    HFX_BOX_WILD bit) has another path, so deploy starts it instead of writing new tables into the running one."""
     text = render(shape)
     # The headers it includes are part of the source: a changed layout must rebuild a cached object.
     headers = "".join(f"// {h.name} {hashlib.sha256(h.read_bytes()).hexdigest()}\n" for h in INCLUDED)
     text = headers + text
+    out = Path(build_root) / "xdp" / f"{shape_id(shape)}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+    out.mkdir(parents=True, exist_ok=True)
+    src, obj = out / "fastpath.bpf.c", out / "fastpath.bpf.o"
     (out / "shape.json").write_text(json.dumps(shape, sort_keys=True) + "\n")
     if obj.exists() and src.exists() and src.read_text() == text:
         return obj

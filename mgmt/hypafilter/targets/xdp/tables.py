@@ -33,6 +33,7 @@ CHUNK = 1024  # boxes per sweep step (memory: intervals x CHUNK bytes)
 # ct_tcp_ms, ct_udp_ms, ct_flags, ct_udp_unreplied_ms
 CONFIG = struct.Struct("<11I")
 CT_LOOKUP, CT_TCP_LIBERAL = 1, 2  # hfx_config.ct_flags (HFX_CT_*)
+BOX_WILD = 0x80000000  # hfx_box value bit HFX_BOX_WILD: no address restricts the box
 ENTRY = struct.Struct("<BBHI")  # struct hfx_entry: action (| HF_ACTION_MIRROR_BIT), shunt, pad, k
 SPAN = np.dtype([("start", "<u4"), ("vec", "<u4")])
 
@@ -56,6 +57,7 @@ class Tables:
     direct: dict[str, np.ndarray] = field(default_factory=dict)  # field -> uint32 vector id per value
     spans: dict[str, np.ndarray] = field(default_factory=dict)  # field -> SPAN records (start, vector id)
     box_entry: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint32))
+    box_wild: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # per box: src and dst unrestricted
     entries: bytes = b""  # n + 1 packed struct hfx_entry
 
     def shape(self) -> dict:
@@ -165,6 +167,11 @@ def build_tables(plan) -> Tables:
             values = np.arange(DIRECT_SIZE[f], dtype=np.int64)
             t.direct[f] = ids[np.searchsorted(starts, values, side="right") - 1]
     t.box_entry = np.array(owner, dtype=np.uint32)
+    wild = np.ones(nbox, dtype=bool)
+    for f in SEARCH_FIELDS:
+        i = FIELDS.index(f)
+        wild &= (lo[:, i] == 0) & (hi[:, i] == MAXV[i])
+    t.box_wild = wild
     words = action_words(plan)  # the action code | MIRROR_BIT where Plan.mirror is set (the NIC's ACTION word)
     t.entries = b"".join(ENTRY.pack(words[j], int(bool(plan.shunt[j])), 0, int(plan.interval[j])) for j in range(n + 1))
     return t
@@ -223,7 +230,8 @@ def tables_file(t: Tables, shape: dict, control: int, generation: int, ct: CtCon
                 ids = np.full(DIRECT_SIZE[f], ones, dtype=np.uint32)
             out.append(_record(f"hfx_f_{f}", 4, len(ids), ids.astype("<u4").tobytes()))
     if t.boxes:
-        out.append(_record("hfx_box", 4, t.boxes, t.box_entry.astype("<u4").tobytes()))
+        box = t.box_entry.astype(np.uint32) | np.where(t.box_wild, np.uint32(BOX_WILD), np.uint32(0))
+        out.append(_record("hfx_box", 4, t.boxes, box.astype("<u4").tobytes()))
     out.append(_record("hfx_ent", ENTRY.size, t.n + 1, t.entries))
     nb = {f: len(t.spans[f]) if f in t.spans else 1 for f in SEARCH_FIELDS}
     cfg = CONFIG.pack(

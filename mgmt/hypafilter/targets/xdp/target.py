@@ -251,7 +251,7 @@ class XdpTarget(Target):
     def program(self, info: dict, plan, generation: int, known: dict | None = None) -> dict:
         t = build_tables(plan)
         shape = t.shape()
-        if shape_id(shape) != info["shape"] and not t.fits(_shape_of(info)):
+        if shape_id(shape) != info["shape"].split("-")[0] and not t.fits(_shape_of(info)):
             raise HypafilterError(f"the plan's tables do not fit the running program (shape {info['shape']})")
         path = self._run_dir() / f"{info['name']}-{generation}.tables"
         data = tables_file(t, _shape_of(info), self.control(plan), generation, self.ct_config(plan))
@@ -270,19 +270,7 @@ class XdpTarget(Target):
         namespace's sysctls now. Unreadable: no lookup (ct 0 everywhere, every frame conntrack must see goes to it)."""
         if not any(plan.miss_shunt):
             return CtConfig()
-        keys = (
-            "nf_conntrack_tcp_timeout_established",
-            "nf_conntrack_udp_timeout_stream",
-            "nf_conntrack_tcp_be_liberal",
-            "nf_conntrack_udp_timeout",
-        )
-        try:
-            out = netns.run(["sysctl", "-n", *(f"net.netfilter.{k}" for k in keys)], self.site.netns).split()
-            tcp_s, udp_s, liberal, udp_unreplied_s = (int(x) for x in out)
-        except (netns.CommandError, ValueError):
-            return CtConfig()
-        ms = lambda s: min(s * 1000, 0xFFFFFFFF)  # noqa: E731
-        return CtConfig(True, ms(tcp_s), ms(udp_s), bool(liberal), ms(udp_unreplied_s))
+        return read_ct_config(self.site.netns)
 
     def write_tables(self, info: dict, tables: dict, generation: int, known: dict | None = None) -> dict:
         if not Path(tables.get("file", "")).exists():
@@ -309,6 +297,24 @@ class XdpTarget(Target):
 
     def counter_source(self, info: dict, timeout: float = 30.0) -> XdpCounters:
         return XdpCounters(self, info)
+
+
+def read_ct_config(ns: str | None) -> CtConfig:
+    """The conntrack lookup's configuration from namespace `ns`'s sysctls (XdpTarget.ct_config); unreadable: no
+    lookup."""
+    keys = (
+        "nf_conntrack_tcp_timeout_established",
+        "nf_conntrack_udp_timeout_stream",
+        "nf_conntrack_tcp_be_liberal",
+        "nf_conntrack_udp_timeout",
+    )
+    try:
+        out = netns.run(["sysctl", "-n", *(f"net.netfilter.{k}" for k in keys)], ns).split()
+        tcp_s, udp_s, liberal, udp_unreplied_s = (int(x) for x in out)
+    except (netns.CommandError, ValueError):
+        return CtConfig()
+    ms = lambda s: min(s * 1000, 0xFFFFFFFF)  # noqa: E731
+    return CtConfig(True, ms(tcp_s), ms(udp_s), bool(liberal), ms(udp_unreplied_s))
 
 
 def control_of(unfilterable: str, nic_mode: str, miss_shunt=(False, False)) -> int:

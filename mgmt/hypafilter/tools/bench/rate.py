@@ -76,6 +76,7 @@ from hypafilter.ops.verify import (
 from hypafilter.paths import BUILD_ROOT
 from hypafilter.targets.nic import NicClient
 from hypafilter.tools.bench import pktrate
+from hypafilter.tools.bench.ctflows import open_flows
 from hypafilter.tools.bench.pktrate import build_blaster
 
 FIELDS = (
@@ -92,7 +93,6 @@ FIELDS = (
 NFT_TABLE = "hfrate"  # the plain namespace's nft table while the nft run lasts (removed afterwards)
 SINK = ("hfsink0", "hfsink1")  # the sink's veth pair, both ends in the sender's namespace while the bench runs
 SINK_MAC = bytes.fromhex("02484600ff01")  # the sink end's own address; frames go to the lab's DST_MAC, not to it
-CONNTRACK_TIMEOUT = 600  # seconds: the pre-created entries outlive any run
 
 
 class EmuFast:
@@ -387,34 +387,6 @@ def established_probes(policy: Policy, trace: str, count: int, seed: int) -> tup
     return probes, list(flows)
 
 
-def _ip(v: int) -> str:
-    return ".".join(str((v >> s) & 0xFF) for s in (24, 16, 8, 0))
-
-
-def open_flows(ns: str, flows: list[tuple]) -> None:
-    """conntrack entries for `flows` in namespace `ns`, as conntrack has them for an established connection whose
-    reply it has seen (TCP: state ESTABLISHED); every other entry removed first."""
-    netns.run(["conntrack", "-F"], ns, check=False)
-    lines = []
-    for proto, src, dst, sport, dport in flows:
-        name = "tcp" if proto == 6 else "udp"
-        line = (
-            f"-I -s {_ip(src)} -d {_ip(dst)} -r {_ip(dst)} -q {_ip(src)} -p {name} --sport {sport} --dport {dport}"
-            f" --reply-port-src {dport} --reply-port-dst {sport} -t {CONNTRACK_TIMEOUT} -u SEEN_REPLY,ASSURED"
-        )
-        lines.append(line + (" --state ESTABLISHED" if proto == 6 else ""))
-    with tempfile.NamedTemporaryFile("w", suffix=".ct") as f:
-        f.write("\n".join(lines) + "\n")
-        f.flush()
-        try:
-            netns.run(["conntrack", "-R", f.name], ns, timeout=None)
-        except netns.CommandError as e:
-            raise HypafilterError(f"creating {len(flows)} conntrack entries in {ns} failed: {e}") from e
-    have = netns.run(["conntrack", "-C"], ns).strip()
-    if int(have or 0) < len(flows):
-        raise HypafilterError(f"{ns}: {have} conntrack entries after creating {len(flows)}")
-
-
 def rate(
     policy: Policy,
     config: Config,
@@ -526,20 +498,24 @@ def rate(
                 log,
             )
         prog = None
-        if prog_repeat > 0 and target == "xdp" and not established:
+        if prog_repeat > 0 and target == "xdp":
             from hypafilter.analysis.plan import build_plan
+            from hypafilter.targets.xdp.target import control_of
             from hypafilter.tools.bench.xdpcost import xdp_cost
 
-            log("the program's own cost: BPF_PROG_TEST_RUN")
-            c = xdp_cost(
-                build_plan(policy, config),
-                policy,
-                frames=min(n, prog_frames),
-                repeat=prog_repeat,
-                seed=seed,
-                trace=trace,
-            )
-            prog = {k: c[k] for k in ("frames", "repeat", "ns_mean", "ns_median", "ns_p99")}
+            log("the program's own cost: BPF_PROG_TEST_RUN" + (" on the established flows" if established else ""))
+            plan = build_plan(policy, config)
+            extra = {}
+            if established:
+                # The bench's frames, their flows established in the test run's namespace, the deployed CONTROL.
+                extra = {
+                    "frame_list": [p.frame for p in probes],
+                    "flows": flows,
+                    "control": control_of(config.unfilterable, config.nic_mode, plan.miss_shunt),
+                }
+            c = xdp_cost(plan, policy, frames=min(n, prog_frames), repeat=prog_repeat, seed=seed, trace=trace, **extra)
+            keys = ("frames", "repeat", "ns_mean", "ns_median", "ns_p99")
+            prog = {k: c[k] for k in keys + (("established_flows", "counters") if established else ())}
     finally:
         fast.close()
         shutil.rmtree(work, ignore_errors=True)

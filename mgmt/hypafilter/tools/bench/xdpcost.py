@@ -1,5 +1,13 @@
 """The fast path's per-frame cost and verifier figures for a policy (`hypafilter bench xdp-cost`): the program built
-for the plan runs every frame `repeat` times through BPF_PROG_TEST_RUN in a scratch namespace."""
+for the plan runs every frame `repeat` times through BPF_PROG_TEST_RUN in a scratch namespace.
+
+With `flows` (established frames, `bench rate --established`): conntrack entries for the flows are created in the
+scratch namespace first (as the bench creates them in the lab, `nf_conntrack_tcp_be_liberal=1` too), and the
+program is loaded with the conntrack lookup on (its timeouts read from that namespace, as the target reads them
+from the firewall's) and the plan's miss forcing: bpf_xdp_ct_lookup (netns -1) looks up in the namespace of the
+test run's device, so the frames are established hits there, and the figure is the cost of the established path.
+The program's counters are reported (`counters`): a hit is decided here (CNT_FORWARDED / CNT_DROPPED), a miss
+shunted (CNT_SHUNT_STATE)."""
 
 from __future__ import annotations
 
@@ -7,24 +15,44 @@ import os
 import random
 import statistics
 import time
+from collections.abc import Sequence
 
 from hypafilter import netns
 from hypafilter.errors import HypafilterError
 from hypafilter.targets.xdp.run import run_frames
 from hypafilter.targets.xdp.tables import FAST_FIELDS, build_tables
+from hypafilter.targets.xdp.target import CONTROL_ENABLE, read_ct_config
 
 
 def xdp_cost(
-    plan, policy, frames: int = 2000, repeat: int = 100, seed: int = 1, trace=None, words: int = 0, all_fields=False
+    plan,
+    policy,
+    frames: int = 2000,
+    repeat: int = 100,
+    seed: int = 1,
+    trace=None,
+    words: int = 0,
+    all_fields=False,
+    frame_list: Sequence[bytes] | None = None,
+    flows: Sequence[tuple] | None = None,
+    control: int = CONTROL_ENABLE,
 ) -> dict:
     """`words`/`all_fields`: load the plan's tables into a larger program (vector words, every field looked up), to
-    see the verifier's figures of shapes bigger than the plan's."""
+    see the verifier's figures of shapes bigger than the plan's. `frame_list`: these frames (the first `frames` of
+    them) instead of generated ones; `flows` (proto, src, dst, sport, dport): established in the scratch namespace's
+    conntrack first, the lookup on (module doc); `control`: the program's CONTROL (default: enabled, bridge mode, no
+    miss forcing)."""
     from hypafilter.ops.verify import FrameGen, build_frame, read_trace
 
     rng = random.Random(seed)
     gen = FrameGen(policy, rng)
-    rows = read_trace(trace, frames, rng) if trace else None
-    fr = [(0, build_frame(u, rows[(u - 1) % len(rows)] if rows else gen.header(), b"")) for u in range(1, frames + 1)]
+    rows = read_trace(trace, frames, rng) if trace and frame_list is None else None
+    if frame_list is not None:
+        fr = [(0, f) for f in frame_list[:frames]]
+    else:
+        fr = [
+            (0, build_frame(u, rows[(u - 1) % len(rows)] if rows else gen.header(), b"")) for u in range(1, frames + 1)
+        ]
     t0 = time.perf_counter()
     t = build_tables(plan)
     tables_s = time.perf_counter() - t0
@@ -42,7 +70,16 @@ def xdp_cost(
         netns.run(["ip", "-n", ns, "link", "add", "c0", "type", "veth", "peer", "name", "c1"])
         for i in ("c0", "c1"):
             netns.run(["ip", "-n", ns, "link", "set", i, "up"])
-        res = run_frames(plan, fr, ["c0", "c1"], ns=ns, repeat=repeat, shape=shape)
+        ct = None
+        if flows is not None:
+            from hypafilter.tools.bench.ctflows import open_flows
+
+            netns.run(["sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_be_liberal=1"], ns)
+            open_flows(ns, list(flows))
+            ct = read_ct_config(ns)
+            if not ct.lookup:
+                raise HypafilterError(f"{ns}: conntrack's sysctls unreadable (no conntrack lookup to measure)")
+        res = run_frames(plan, fr, ["c0", "c1"], ns=ns, control=control, repeat=repeat, shape=shape, ct=ct)
     finally:
         netns.delete(ns)
     per = sorted(v.ns for v in res.verdicts)
@@ -59,4 +96,6 @@ def xdp_cost(
         "ns_mean": round(statistics.fmean(per), 1),
         "ns_median": per[len(per) // 2],
         "ns_p99": per[min(len(per) - 1, int(len(per) * 0.99))],
+        "established_flows": len(flows) if flows is not None else None,
+        "counters": {k: v for k, v in res.counters.items() if isinstance(v, int) and v},
     }

@@ -318,6 +318,47 @@ def test_liberal_flags_of_many_entries_in_one_batch_on_real_conntrack():
             ct.close()
 
 
+def test_echoes_of_the_services_own_updates_are_skipped_others_are_read():
+    """The events that the service's own entry updates cause (liberal flags, timeout) are skipped before they are
+    parsed (their header names the service's request socket); an update through other sockets and the kernel's
+    own events still come through."""
+    with scratch_netns("dsec", "iptables", "conntrack") as ns:
+        netns.run(["ip", "link", "set", "lo", "up"], ns)
+        netns.run(["iptables", "-w", "-A", "INPUT", "-m", "conntrack", "--ctstate", "ESTABLISHED", "-j", "ACCEPT"], ns)
+        ct = flowsync.Conntrack(ns)
+        try:
+            with inside(ns):
+                srv, c = socket.socket(), socket.socket()
+            srv.bind(("127.0.0.1", TCP_PORT))
+            srv.listen()
+            c.connect(("127.0.0.1", TCP_PORT))
+            a = srv.accept()[0]
+            sport = c.getsockname()[1]
+            mine = lambda e: e.proto == 6 and e.sport == sport and e.dport == TCP_PORT  # noqa: E731
+            est = [e for e in events_until(ct, lambda e: mine(e) and e.tcp_state == 3) if mine(e)][-1]
+            time.sleep(0.2)
+            assert not [e for e in ct.read_events() if mine(e)]
+            assert ct.set_liberal_many([est]) == [True] and ct.set_timeout(est.flow, 6, 1234)
+            # the same kind of update from other netlink sockets (another client's): its event is read
+            other = flowsync.Conntrack(ns)
+            try:
+                assert other.set_timeout(est.flow, 6, 999)
+            finally:
+                other.close()
+            time.sleep(0.3)
+            got = [e for e in ct.read_events() if mine(e)]
+            assert [e.kind for e in got] == ["update"], got
+            assert ct.echoes == 2 and len(ct.own_ports()) == 2
+            # the kernel's own events (port id 0) still come through: the close
+            c.close()
+            a.close()
+            assert events_until(ct, lambda e: mine(e) and e.tcp_state not in (None, 3))
+        finally:
+            for x in (c, a, srv):
+                x.close()
+            ct.close()
+
+
 def test_service_on_the_emulated_flow_cache(lab):
     from hypafilter.config import Config
     from hypafilter.hw.flowcache import Flow

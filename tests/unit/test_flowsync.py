@@ -412,3 +412,20 @@ def test_poll_reads_the_installed_slots_and_the_table_in_turn(monkeypatch):
     table.hit(gone.flow)
     s.poll()
     assert gone.flow not in s.installed and s.counters["evictions"] == 2
+
+
+def test_the_lag_of_an_install_is_split_into_its_parts():
+    """stats() says where the lag of an event batch with inserts went: reading the events (event time until the
+    batch is applied), the liberal-flag batch, the flow-cache batch; a batch without inserts adds no sample."""
+    s, table, ct = syncer()
+    times = iter([0.003, 0.004, 0.009])  # apply starts, liberal acked, NIC done (seconds)
+    s.clock = lambda: next(times)
+    flows = [ev(sport=45000 + i) for i in range(3)]
+    ct.entries |= {e.flow for e in flows}
+    assert s.events(flows, t_event=0.001) == ["install"] * 3
+    st = s.stats()
+    assert (st["lag_read_p50_ms"], st["lag_liberal_p50_ms"], st["lag_nic_p50_ms"]) == (2.0, 1.0, 5.0)
+    assert st["lag_p50_ms"] == 8.0 and st["lag_nic_max_ms"] == 5.0
+    times = iter([0.02, 0.02, 0.03])
+    s.events([ev(sport=45000, kind="destroy", status=0, state=None)], t_event=0.01)
+    assert len(s.phases["nic"]) == 1 and s.stats()["lag_samples"] == 4

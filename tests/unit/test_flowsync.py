@@ -429,3 +429,35 @@ def test_the_lag_of_an_install_is_split_into_its_parts():
     times = iter([0.02, 0.02, 0.03])
     s.events([ev(sport=45000, kind="destroy", status=0, state=None)], t_event=0.01)
     assert len(s.phases["nic"]) == 1 and s.stats()["lag_samples"] == 4
+
+
+def test_events_that_come_during_a_poll_are_applied_between_its_pieces(monkeypatch):
+    """A poll reads the table POLL_PIECE slots at a time and lets the events that came meanwhile through between
+    the pieces and refreshes; its evictions skip a flow such an event installed anew (here: a stranger in the table
+    that became an established flow of conntrack's, installed over it) and a flow it already removed."""
+    monkeypatch.setattr(fs, "POLL_CHUNK", 32)
+    monkeypatch.setattr(fs, "POLL_PIECE", 4)
+    s, table, ct = syncer()
+    flows = [ev(sport=46000 + i) for i in range(6)]
+    ct.entries |= {e.flow for e in flows}
+    s.events(flows)
+    stranger, gone = ev(sport=47000), flows[0]
+    table.flow_insert(stranger.flow)
+    for e in flows:
+        table.hit(e.flow)
+    ct.entries.discard(gone.flow)  # its refresh fails: evicted, unless an event removed it first
+    calls = []
+
+    def between():  # the events come once every piece was read, after the stranger's eviction was decided
+        calls.append(len(table.reads))
+        if calls.count(8) == 1 and calls[-1] == 8:
+            ct.entries.add(stranger.flow)
+            s.events([stranger, ev(sport=gone.sport, kind="destroy", status=0, state=None)])
+
+    s.poll(between)
+    assert len(table.reads) == 8 and all(len(r) <= 4 for r in table.reads)  # 32 slots in pieces of 4
+    assert sorted(set(calls)) == list(range(1, 9)) and len(calls) == 8 + 6  # after every piece and refresh
+    assert stranger.flow in s.installed and table._find(stranger.flow) is not None
+    assert gone.flow not in s.installed and table._find(gone.flow) is None
+    assert s.counters["evictions"] == 0 and s.counters["deletes"] == 1 and s.counters["refreshes"] == 5
+    assert s.stats()["poll_block_max_ms"] is not None

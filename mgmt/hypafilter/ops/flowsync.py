@@ -72,6 +72,7 @@ TIMEOUT_SYSCTLS = {
 SERVICE_NICE = -10  # the worker's scheduling priority (serve): the sync lag is time a new flow spends in software
 INTERVAL = 1.0  # seconds between two polls of the hardware table (timeout refresh, eviction, counters)
 POLL_CHUNK = 512  # flow-cache slots a poll reads besides those of the flows it installed (the table in turn)
+POLL_PIECE = 32  # slots a poll reads before it looks at the conntrack events again (Syncer.poll's `between`)
 LAG_SAMPLES = 4096  # sync lag: the last this many event -> hardware-write times
 LAG_PHASES = ("read", "liberal", "nic")  # the parts of the lag (Syncer.phases)
 READY_TIMEOUT = 20.0  # seconds `start` waits for the service's first state file
@@ -253,6 +254,9 @@ class Syncer:
     # Where the lag of an event batch with inserts goes (seconds each): reading and parsing the events, the
     # liberal-flag batch until its acks, the flow-cache batch until its last status.
     phases: dict = field(default_factory=lambda: {k: deque(maxlen=LAG_SAMPLES) for k in LAG_PHASES})
+    # Per poll: its duration, and the longest stretch of it in which no events were read (seconds).
+    poll_times: deque = field(default_factory=lambda: deque(maxlen=LAG_SAMPLES))
+    poll_blocks: deque = field(default_factory=lambda: deque(maxlen=LAG_SAMPLES))
     scan_at: int = 0  # the first slot of the next poll's part of the table
     last_error: str = ""
 
@@ -396,31 +400,53 @@ class Syncer:
             return self.timeouts["tcp" if name == "established" else f"tcp_{name}"]
         return self.timeouts["udp_stream"] if inst.assured else self.timeouts["udp"]
 
-    def poll(self) -> None:
+    def poll(self, between: Callable[[], None] = lambda: None) -> None:
         """Refresh the conntrack timeout of every flow the hardware saw since the last poll; evict hardware flows
         whose conntrack entry is gone and flows this service did not install. A poll reads the slots of the flows
         it installed and the next POLL_CHUNK slots of the table in turn (all of it every entries / POLL_CHUNK
         polls: 8 with 4,096 entries), not the whole table: reading 4,096 slots took 70-130 ms of the emulated
         NIC's time every poll, which new flows waited for; only another writer can leave a flow it did not
-        install once the resync at start has read everything."""
+        install once the resync at start has read everything.
+
+        `between()` runs after every POLL_PIECE slots read and every refresh: the service applies the conntrack
+        events that came meanwhile there, so a flow established during a poll (40-110 ms of it under load when it
+        was read in one piece) does not wait for its end. An eviction decided before such events is applied only
+        if the flow's record is still the one it was decided on (an event may have removed it, or installed it
+        anew)."""
+        t0 = block = self.clock()
+        longest = 0.0
+
+        def gap() -> None:
+            nonlocal block, longest
+            longest = max(longest, self.clock() - block)
+            between()
+            block = self.clock()
+
         entries = self.table.flow_config().entries
         first = self.scan_at % entries
         window = range(first, min(first + POLL_CHUNK, entries))
         self.scan_at = window.stop % entries
-        slots = {i.slot for i in self.installed.values() if i.slot is not None}.union(window)
-        evict: list[tuple] = []
-        for rec in self.table.flow_entries(sorted(slots)):
-            inst = self.installed.get(rec.flow)
-            if inst is None:
-                evict.append(("delete", rec.flow, "evictions", None))
-                continue
-            if refresh_due(inst.last_hits, rec.counted, rec.hits):
-                inst.last_hits = rec.hits
-                if self.ct.refresh(rec.flow, inst.proto, self.timeout_for(inst)):
-                    self.counters["refreshes"] += 1
-                else:
-                    evict.append(("delete", rec.flow, "evictions", None))
-        self._apply(evict)
+        slots = sorted({i.slot for i in self.installed.values() if i.slot is not None}.union(window))
+        evict: list[tuple[Flow, Installed | None]] = []  # flow, its record when the eviction was decided
+        for k in range(0, len(slots), POLL_PIECE):
+            recs = self.table.flow_entries(slots[k : k + POLL_PIECE])
+            gap()
+            for rec in recs:
+                inst = self.installed.get(rec.flow)
+                if inst is None:
+                    evict.append((rec.flow, None))
+                    continue
+                if refresh_due(inst.last_hits, rec.counted, rec.hits):
+                    inst.last_hits = rec.hits
+                    done = self.ct.refresh(rec.flow, inst.proto, self.timeout_for(inst))
+                    if done:
+                        self.counters["refreshes"] += 1
+                    else:
+                        evict.append((rec.flow, inst))
+                    gap()
+        self._apply([("delete", f, "evictions", None) for f, seen in evict if self.installed.get(f) is seen])
+        self.poll_blocks.append(max(longest, self.clock() - block))
+        self.poll_times.append(self.clock() - t0)
 
     def stats(self) -> dict:
         lag = list(self.lag)
@@ -434,6 +460,11 @@ class Syncer:
             **{
                 f"lag_{k}_{q}_ms": None if not v else round(f(v) * 1000, 3)
                 for k, v in self.phases.items()
+                for q, f in (("p50", lambda x: percentile(x, 0.5)), ("max", max))
+            },
+            **{
+                f"poll_{k}_{q}_ms": None if not v else round(f(v) * 1000, 3)
+                for k, v in (("time", self.poll_times), ("block", self.poll_blocks))
                 for q, f in (("p50", lambda x: percentile(x, 0.5)), ("max", max))
             },
             "last_error": self.last_error,
@@ -687,10 +718,15 @@ def serve(
                 return
             syncer.events(events, t)
 
+        def between() -> None:
+            """Within a poll: the events queued now, if any."""
+            if select.select([ct.events], [], [], 0)[0]:
+                drain()
+
         while not stopping and not stop():
             now = time.monotonic()
             if now >= next_poll:
-                syncer.poll()
+                syncer.poll(between)
                 doc = _status_doc(syncer, table, ns, nic, started, interval)
                 _write_json(
                     state_path(state_dir), {**doc, "pid": service_pid, "worker": os.getpid(), "restarts": restarts}

@@ -81,7 +81,7 @@ def run(name: str, probe_lines: int) -> dict:
     stop, lat = threading.Event(), []
     th = threading.Thread(target=probe, args=(state, probe_lines, stop, lat), daemon=True) if probe_lines else None
     try:
-        policy = Path(state) / "policy.rules"
+        policy = Path(f"/tmp/{name}-policy.rules")
         policy.write_text(POLICY_TCP)
         args = ["verify", str(policy), "--packets", "50", "--connections", "20", "--connection-kinds", "tcp"]
         buf = io.StringIO()

@@ -318,6 +318,105 @@ def test_liberal_flags_of_many_entries_in_one_batch_on_real_conntrack():
             ct.close()
 
 
+def test_lean_event_parser_reads_real_events_as_pyroute2_does():
+    """parse_event (struct, what the service reads events with) against pyroute2's nfct_msg through `parse`, on
+    the raw events of real TCP and UDP flows over IPv4 and IPv6: new, updates, destroys; every message the same."""
+    from pyroute2.netlink import NETLINK_NETFILTER
+    from pyroute2.netlink.nfnetlink.nfctsocket import AsyncNFCTSocket
+    from pyroute2.netlink.nlsocket import Marshal
+
+    marshal = Marshal()
+    marshal.msg_map.update(AsyncNFCTSocket.policy)
+    with scratch_netns("dslp", "iptables", "ip6tables") as ns:
+        netns.run(["ip", "link", "set", "lo", "up"], ns)
+        for tool in ("iptables", "ip6tables"):
+            netns.run([tool, "-w", "-A", "INPUT", "-m", "conntrack", "--ctstate", "ESTABLISHED", "-j", "ACCEPT"], ns)
+        with inside(ns):
+            evs = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
+            evs.bind((0, flowsync.GROUPS))
+            for fam, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+                srv = socket.socket(fam)
+                srv.bind((host, TCP_PORT))
+                srv.listen()
+                c = socket.socket(fam)
+                c.connect((host, TCP_PORT))
+                a = srv.accept()[0]
+                c.sendall(b"ping")
+                a.recv(10)
+                a.sendall(b"pong")
+                c.recv(10)
+                c.close()
+                a.close()
+                srv.close()
+                u, r = socket.socket(fam, socket.SOCK_DGRAM), socket.socket(fam, socket.SOCK_DGRAM)
+                r.bind((host, UDP_PORT))
+                u.sendto(b"x", (host, UDP_PORT))
+                _, peer = r.recvfrom(10)
+                r.sendto(b"y", peer)
+                u.recvfrom(10)
+                u.close()
+                r.close()
+        flush_conntrack(ns)  # the destroys
+        time.sleep(0.3)
+        evs.setblocking(False)
+        pairs = []
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                data = evs.recv(1 << 20)
+                off = 0
+                for msg in marshal.parse(data):
+                    pairs.append((flowsync.parse(msg), flowsync.parse_event(data, off)))
+                    off += msg["header"]["length"]
+        evs.close()
+    got = [a for a, _ in pairs]
+    assert [a for a, b in pairs if a != b] == [] and len(pairs) > 10
+    assert {(e.family, e.proto, e.kind) for e in got} >= {
+        (f, p, k) for f in (socket.AF_INET, socket.AF_INET6) for p in (6, 17) for k in ("new", "update", "destroy")
+    }
+    assert any(e.tcp_state == 3 for e in got) and any(e.timeout for e in got)
+
+
+def test_echoes_of_the_services_own_updates_are_skipped_others_are_read():
+    """The events that the service's own entry updates cause (liberal flags, timeout) are skipped before they are
+    parsed (their header names the service's request socket); an update through other sockets and the kernel's
+    own events still come through."""
+    with scratch_netns("dsec", "iptables", "conntrack") as ns:
+        netns.run(["ip", "link", "set", "lo", "up"], ns)
+        netns.run(["iptables", "-w", "-A", "INPUT", "-m", "conntrack", "--ctstate", "ESTABLISHED", "-j", "ACCEPT"], ns)
+        ct = flowsync.Conntrack(ns)
+        try:
+            with inside(ns):
+                srv, c = socket.socket(), socket.socket()
+            srv.bind(("127.0.0.1", TCP_PORT))
+            srv.listen()
+            c.connect(("127.0.0.1", TCP_PORT))
+            a = srv.accept()[0]
+            sport = c.getsockname()[1]
+            mine = lambda e: e.proto == 6 and e.sport == sport and e.dport == TCP_PORT  # noqa: E731
+            est = [e for e in events_until(ct, lambda e: mine(e) and e.tcp_state == 3) if mine(e)][-1]
+            time.sleep(0.2)
+            assert not [e for e in ct.read_events() if mine(e)]
+            assert ct.set_liberal_many([est]) == [True] and ct.set_timeout(est.flow, 6, 1234)
+            # the same kind of update from other netlink sockets (another client's): its event is read
+            other = flowsync.Conntrack(ns)
+            try:
+                assert other.set_timeout(est.flow, 6, 999)
+            finally:
+                other.close()
+            time.sleep(0.3)
+            got = [e for e in ct.read_events() if mine(e)]
+            assert [e.kind for e in got] == ["update"], got
+            assert ct.echoes == 2 and len(ct.own_ports()) == 2
+            # the kernel's own events (port id 0) still come through: the close
+            c.close()
+            a.close()
+            assert events_until(ct, lambda e: mine(e) and e.tcp_state not in (None, 3))
+        finally:
+            for x in (c, a, srv):
+                x.close()
+            ct.close()
+
+
 def test_service_on_the_emulated_flow_cache(lab):
     from hypafilter.config import Config
     from hypafilter.hw.flowcache import Flow

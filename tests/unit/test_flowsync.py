@@ -412,3 +412,52 @@ def test_poll_reads_the_installed_slots_and_the_table_in_turn(monkeypatch):
     table.hit(gone.flow)
     s.poll()
     assert gone.flow not in s.installed and s.counters["evictions"] == 2
+
+
+def test_the_lag_of_an_install_is_split_into_its_parts():
+    """stats() says where the lag of an event batch with inserts went: reading the events (event time until the
+    batch is applied), the liberal-flag batch, the flow-cache batch; a batch without inserts adds no sample."""
+    s, table, ct = syncer()
+    times = iter([0.003, 0.004, 0.009])  # apply starts, liberal acked, NIC done (seconds)
+    s.clock = lambda: next(times)
+    flows = [ev(sport=45000 + i) for i in range(3)]
+    ct.entries |= {e.flow for e in flows}
+    assert s.events(flows, t_event=0.001) == ["install"] * 3
+    st = s.stats()
+    assert (st["lag_read_p50_ms"], st["lag_liberal_p50_ms"], st["lag_nic_p50_ms"]) == (2.0, 1.0, 5.0)
+    assert st["lag_p50_ms"] == 8.0 and st["lag_nic_max_ms"] == 5.0
+    times = iter([0.02, 0.02, 0.03])
+    s.events([ev(sport=45000, kind="destroy", status=0, state=None)], t_event=0.01)
+    assert len(s.phases["nic"]) == 1 and s.stats()["lag_samples"] == 4
+
+
+def test_events_that_come_during_a_poll_are_applied_between_its_pieces(monkeypatch):
+    """A poll reads the table POLL_PIECE slots at a time and lets the events that came meanwhile through between
+    the pieces and refreshes; its evictions skip a flow such an event installed anew (here: a stranger in the table
+    that became an established flow of conntrack's, installed over it) and a flow it already removed."""
+    monkeypatch.setattr(fs, "POLL_CHUNK", 32)
+    monkeypatch.setattr(fs, "POLL_PIECE", 4)
+    s, table, ct = syncer()
+    flows = [ev(sport=46000 + i) for i in range(6)]
+    ct.entries |= {e.flow for e in flows}
+    s.events(flows)
+    stranger, gone = ev(sport=47000), flows[0]
+    table.flow_insert(stranger.flow)
+    for e in flows:
+        table.hit(e.flow)
+    ct.entries.discard(gone.flow)  # its refresh fails: evicted, unless an event removed it first
+    calls = []
+
+    def between():  # the events come once every piece was read, after the stranger's eviction was decided
+        calls.append(len(table.reads))
+        if calls.count(8) == 1 and calls[-1] == 8:
+            ct.entries.add(stranger.flow)
+            s.events([stranger, ev(sport=gone.sport, kind="destroy", status=0, state=None)])
+
+    s.poll(between)
+    assert len(table.reads) == 8 and all(len(r) <= 4 for r in table.reads)  # 32 slots in pieces of 4
+    assert sorted(set(calls)) == list(range(1, 9)) and len(calls) == 8 + 6  # after every piece and refresh
+    assert stranger.flow in s.installed and table._find(stranger.flow) is not None
+    assert gone.flow not in s.installed and table._find(gone.flow) is None
+    assert s.counters["evictions"] == 0 and s.counters["deletes"] == 1 and s.counters["refreshes"] == 5
+    assert s.stats()["poll_block_max_ms"] is not None

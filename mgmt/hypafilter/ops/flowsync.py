@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import ipaddress
 import json
 import os
 import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -71,7 +73,9 @@ TIMEOUT_SYSCTLS = {
 SERVICE_NICE = -10  # the worker's scheduling priority (serve): the sync lag is time a new flow spends in software
 INTERVAL = 1.0  # seconds between two polls of the hardware table (timeout refresh, eviction, counters)
 POLL_CHUNK = 512  # flow-cache slots a poll reads besides those of the flows it installed (the table in turn)
+POLL_PIECE = 32  # slots a poll reads before it looks at the conntrack events again (Syncer.poll's `between`)
 LAG_SAMPLES = 4096  # sync lag: the last this many event -> hardware-write times
+LAG_PHASES = ("read", "liberal", "nic")  # the parts of the lag (Syncer.phases)
 READY_TIMEOUT = 20.0  # seconds `start` waits for the service's first state file
 
 
@@ -192,6 +196,107 @@ def parse(msg, kind: str | None = None) -> CtEvent | None:
     )
 
 
+# ctnetlink attribute types (include/uapi/linux/netfilter/nfnetlink_conntrack.h) that parse_event reads
+CTA_TUPLE_ORIG, CTA_TUPLE_REPLY, CTA_STATUS, CTA_PROTOINFO, CTA_HELP, CTA_TIMEOUT, CTA_ZONE = 1, 2, 3, 4, 5, 7, 18
+CTA_TUPLE_IP, CTA_TUPLE_PROTO = 1, 2
+CTA_IP_V4_SRC, CTA_IP_V4_DST, CTA_IP_V6_SRC, CTA_IP_V6_DST = 1, 2, 3, 4
+CTA_PROTO_NUM, CTA_PROTO_SRC_PORT, CTA_PROTO_DST_PORT = 1, 2, 3
+CTA_PROTOINFO_TCP, CTA_PROTOINFO_TCP_STATE = 1, 1
+NLA_TYPE_MASK = 0x3FFF  # without NLA_F_NESTED and NLA_F_NET_BYTEORDER
+
+
+def _attrs(data: bytes, off: int, end: int) -> dict[int, tuple[int, int]]:
+    """The netlink attributes in data[off:end]: type -> (payload start, payload end); the first of a type counts."""
+    out: dict[int, tuple[int, int]] = {}
+    while off + 4 <= end:
+        length, kind = struct.unpack_from("=HH", data, off)
+        if length < 4 or off + length > end:
+            break
+        out.setdefault(kind & NLA_TYPE_MASK, (off + 4, off + length))
+        off += (length + 3) & ~3
+    return out
+
+
+def _raw_tuple(data: bytes, where: tuple[int, int] | None) -> tuple[str, str, int, int, int] | None:
+    if where is None:
+        return None
+    t = _attrs(data, *where)
+    if CTA_TUPLE_IP not in t or CTA_TUPLE_PROTO not in t:
+        return None
+    ip, proto = _attrs(data, *t[CTA_TUPLE_IP]), _attrs(data, *t[CTA_TUPLE_PROTO])
+    if CTA_IP_V4_SRC in ip and CTA_IP_V4_DST in ip:
+        fam, (a, _), (b, _) = socket.AF_INET, ip[CTA_IP_V4_SRC], ip[CTA_IP_V4_DST]
+        n = 4
+    elif CTA_IP_V6_SRC in ip and CTA_IP_V6_DST in ip:
+        fam, (a, _), (b, _) = socket.AF_INET6, ip[CTA_IP_V6_SRC], ip[CTA_IP_V6_DST]
+        n = 16
+    else:
+        return None
+    if CTA_PROTO_NUM not in proto:
+        return None
+    port = {
+        k: struct.unpack_from(">H", data, proto[k][0])[0]
+        for k in (CTA_PROTO_SRC_PORT, CTA_PROTO_DST_PORT)
+        if k in proto
+    }
+    return (
+        socket.inet_ntop(fam, data[a : a + n]),
+        socket.inet_ntop(fam, data[b : b + n]),
+        data[proto[CTA_PROTO_NUM][0]],
+        port.get(CTA_PROTO_SRC_PORT, 0),
+        port.get(CTA_PROTO_DST_PORT, 0),
+    )
+
+
+def parse_event(data: bytes, off: int = 0) -> CtEvent | None:
+    """The ctnetlink event message at data[off:] (its netlink header first) as a CtEvent, read with struct: what
+    `parse` gets from pyroute2's nfct_msg in about 1/20 of the time (the system test compares the two on real
+    events). None for a message that is no conntrack event or has no original tuple."""
+    if off + 20 > len(data):
+        return None
+    length, mtype, flags = struct.unpack_from("=IHH", data, off)
+    end = off + length
+    if length < 20 or end > len(data) or mtype >> 8 != NFNL_SUBSYS_CTNETLINK:
+        return None
+    if mtype & 0xFF == IPCTNL_MSG_CT_DELETE:
+        kind = "destroy"
+    elif mtype & 0xFF == IPCTNL_MSG_CT_NEW:
+        kind = "new" if flags & (NLM_F_CREATE | NLM_F_EXCL) else "update"
+    else:
+        return None
+    a = _attrs(data, off + 20, end)  # after the netlink header (16 bytes) and nfgenmsg (4)
+    orig = _raw_tuple(data, a.get(CTA_TUPLE_ORIG))
+    if orig is None:
+        return None
+    rep = _raw_tuple(data, a.get(CTA_TUPLE_REPLY))
+    tcp_state = None
+    if CTA_PROTOINFO in a:
+        pi = _attrs(data, *a[CTA_PROTOINFO])
+        if CTA_PROTOINFO_TCP in pi:
+            tcp = _attrs(data, *pi[CTA_PROTOINFO_TCP])
+            if CTA_PROTOINFO_TCP_STATE in tcp:
+                tcp_state = data[tcp[CTA_PROTOINFO_TCP_STATE][0]]
+
+    def be(k: int, fmt: str) -> int | None:
+        return struct.unpack_from(fmt, data, a[k][0])[0] if k in a else None
+
+    return CtEvent(
+        kind=kind,
+        family=data[off + 16],
+        proto=orig[2],
+        src=orig[0],
+        dst=orig[1],
+        sport=orig[3],
+        dport=orig[4],
+        reply=(rep[0], rep[1], rep[3], rep[4]) if rep else None,
+        status=be(CTA_STATUS, ">I") or 0,
+        tcp_state=tcp_state,
+        timeout=be(CTA_TIMEOUT, ">I"),
+        zone=be(CTA_ZONE, ">H"),
+        helper=CTA_HELP in a,
+    )
+
+
 def refresh_due(last_hits: int | None, counted: bool, hits: int) -> bool:
     """Whether a hardware flow was hit since the last poll: its counter moved (it wraps, so any change), or it
     was hit for the first time (FLOW_KEY's counted bit: hits read 0 until then)."""
@@ -248,6 +353,12 @@ class Syncer:
         )
     )
     lag: deque = field(default_factory=lambda: deque(maxlen=LAG_SAMPLES))
+    # Where the lag of an event batch with inserts goes (seconds each): reading and parsing the events, the
+    # liberal-flag batch until its acks, the flow-cache batch until its last status.
+    phases: dict = field(default_factory=lambda: {k: deque(maxlen=LAG_SAMPLES) for k in LAG_PHASES})
+    # Per poll: its duration, and the longest stretch of it in which no events were read (seconds).
+    poll_times: deque = field(default_factory=lambda: deque(maxlen=LAG_SAMPLES))
+    poll_blocks: deque = field(default_factory=lambda: deque(maxlen=LAG_SAMPLES))
     scan_at: int = 0  # the first slot of the next poll's part of the table
     last_error: str = ""
 
@@ -258,8 +369,11 @@ class Syncer:
         flow's established frames, and without it its window tracking would call the frames it sees later (FIN,
         RST, a shunted one) INVALID. A flow whose flag could not be set (conntrack no longer has it: its destroy
         event follows) is not inserted. t_event None: no event to measure a lag from."""
+        t_apply = self.clock()
+        t_first = min((op[-1] for op in ops if op[0] == "insert" and op[-1] is not None), default=None)
         tcp = [op[1] for op in ops if op[0] == "insert" and op[1].proto == PROTO_TCP]
         ok = dict(zip(tcp, self.ct.set_liberal_many(tcp), strict=True)) if tcp else {}
+        t_liberal = self.clock()
         self.counters["liberal"] += sum(ok.values())
         ops = [op for op in ops if op[0] != "insert" or ok.get(op[1], True)]
         if not ops:
@@ -276,6 +390,9 @@ class Syncer:
             for j, k in enumerate(again):
                 results[k] = redo[2 * j + 1]
         now = self.clock()
+        if t_first is not None:
+            for k, v in zip(LAG_PHASES, (t_apply - t_first, t_liberal - t_apply, now - t_liberal), strict=True):
+                self.phases[k].append(v)
         for op, flow, (status, slot) in zip(ops, flows, results, strict=True):
             t_event = op[-1]
             if op[0] == "delete":
@@ -385,31 +502,53 @@ class Syncer:
             return self.timeouts["tcp" if name == "established" else f"tcp_{name}"]
         return self.timeouts["udp_stream"] if inst.assured else self.timeouts["udp"]
 
-    def poll(self) -> None:
+    def poll(self, between: Callable[[], None] = lambda: None) -> None:
         """Refresh the conntrack timeout of every flow the hardware saw since the last poll; evict hardware flows
         whose conntrack entry is gone and flows this service did not install. A poll reads the slots of the flows
         it installed and the next POLL_CHUNK slots of the table in turn (all of it every entries / POLL_CHUNK
         polls: 8 with 4,096 entries), not the whole table: reading 4,096 slots took 70-130 ms of the emulated
         NIC's time every poll, which new flows waited for; only another writer can leave a flow it did not
-        install once the resync at start has read everything."""
+        install once the resync at start has read everything.
+
+        `between()` runs after every POLL_PIECE slots read and every refresh: the service applies the conntrack
+        events that came meanwhile there, so a flow established during a poll (40-110 ms of it under load when it
+        was read in one piece) does not wait for its end. An eviction decided before such events is applied only
+        if the flow's record is still the one it was decided on (an event may have removed it, or installed it
+        anew)."""
+        t0 = block = self.clock()
+        longest = 0.0
+
+        def gap() -> None:
+            nonlocal block, longest
+            longest = max(longest, self.clock() - block)
+            between()
+            block = self.clock()
+
         entries = self.table.flow_config().entries
         first = self.scan_at % entries
         window = range(first, min(first + POLL_CHUNK, entries))
         self.scan_at = window.stop % entries
-        slots = {i.slot for i in self.installed.values() if i.slot is not None}.union(window)
-        evict: list[tuple] = []
-        for rec in self.table.flow_entries(sorted(slots)):
-            inst = self.installed.get(rec.flow)
-            if inst is None:
-                evict.append(("delete", rec.flow, "evictions", None))
-                continue
-            if refresh_due(inst.last_hits, rec.counted, rec.hits):
-                inst.last_hits = rec.hits
-                if self.ct.refresh(rec.flow, inst.proto, self.timeout_for(inst)):
-                    self.counters["refreshes"] += 1
-                else:
-                    evict.append(("delete", rec.flow, "evictions", None))
-        self._apply(evict)
+        slots = sorted({i.slot for i in self.installed.values() if i.slot is not None}.union(window))
+        evict: list[tuple[Flow, Installed | None]] = []  # flow, its record when the eviction was decided
+        for k in range(0, len(slots), POLL_PIECE):
+            recs = self.table.flow_entries(slots[k : k + POLL_PIECE])
+            gap()
+            for rec in recs:
+                inst = self.installed.get(rec.flow)
+                if inst is None:
+                    evict.append((rec.flow, None))
+                    continue
+                if refresh_due(inst.last_hits, rec.counted, rec.hits):
+                    inst.last_hits = rec.hits
+                    done = self.ct.refresh(rec.flow, inst.proto, self.timeout_for(inst))
+                    if done:
+                        self.counters["refreshes"] += 1
+                    else:
+                        evict.append((rec.flow, inst))
+                    gap()
+        self._apply([("delete", f, "evictions", None) for f, seen in evict if self.installed.get(f) is seen])
+        self.poll_blocks.append(max(longest, self.clock() - block))
+        self.poll_times.append(self.clock() - t0)
 
     def stats(self) -> dict:
         lag = list(self.lag)
@@ -420,6 +559,16 @@ class Syncer:
             "lag_samples": len(lag),
             "lag_p50_ms": None if p50 is None else round(p50 * 1000, 3),
             "lag_max_ms": None if mx is None else round(mx * 1000, 3),
+            **{
+                f"lag_{k}_{q}_ms": None if not v else round(f(v) * 1000, 3)
+                for k, v in self.phases.items()
+                for q, f in (("p50", lambda x: percentile(x, 0.5)), ("max", max))
+            },
+            **{
+                f"poll_{k}_{q}_ms": None if not v else round(f(v) * 1000, 3)
+                for k, v in (("time", self.poll_times), ("block", self.poll_blocks))
+                for q, f in (("p50", lambda x: percentile(x, 0.5)), ("max", max))
+            },
             "last_error": self.last_error,
         }
 
@@ -449,29 +598,54 @@ class Conntrack:
         self.batch_marshal = Marshal()
         self.batch_marshal.msg_map.update(AsyncNFCTSocket.policy)
         self._seq = 0
+        self.echoes = 0  # events skipped as echoes of this service's own updates
         self.events.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         self.events.bind((0, GROUPS))
         self.events.setblocking(False)
-        self.marshal = Marshal()
-        self.marshal.msg_map.update(AsyncNFCTSocket.policy)
 
     def close(self) -> None:
         self.events.close()
         self.batch.close()
         self.req.close()
 
+    def own_ports(self) -> set[int]:
+        """The netlink port ids of this object's request sockets (0, the kernel's, never: a socket not bound yet
+        has none)."""
+        ports = {self.batch.getsockname()[0], self.req.asyncore.socket.getsockname()[0]}
+        return {p for p in ports if p}
+
+    def _foreign(self, data: bytes) -> list[CtEvent]:
+        """The events of a datagram (`parse_event`), except the echoes of this service's own entry updates.
+
+        An event that an update through ctnetlink causes carries the requesting socket's port id in its header
+        (nlmsg_pid; the kernel's own events carry 0), so the echoes of the liberal-flag and timeout updates are
+        known from the header alone and skipped unparsed. They say nothing new: those updates change no state a
+        decision reads (flags, timeout), and every change a packet makes comes as an event of its own with port
+        id 0."""
+        own = self.own_ports()
+        out = []
+        off = 0
+        while off + 16 <= len(data):
+            length, _, _, _, pid = struct.unpack_from("=IHHII", data, off)
+            if length < 16 or off + length > len(data):
+                break
+            if pid in own:
+                self.echoes += 1
+            elif (ev := parse_event(data, off)) is not None:
+                out.append(ev)
+            off += (length + 3) & ~3
+        return out
+
     def read_events(self) -> list[CtEvent]:
-        """Every event queued now (non-blocking). OSError ENOBUFS: events were lost (the caller resyncs)."""
+        """Every event queued now (non-blocking), without the echoes of this service's own updates (`_foreign`).
+        OSError ENOBUFS: events were lost (the caller resyncs)."""
         out = []
         while True:
             try:
                 data = self.events.recv(1 << 20)
             except BlockingIOError:
                 return out
-            for msg in self.marshal.parse(data):
-                ev = parse(msg)
-                if ev is not None:
-                    out.append(ev)
+            out += self._foreign(data)
 
     def dump(self) -> list[CtEvent]:
         return [ev for msg in self.req.dump() if (ev := parse(msg, "dump")) is not None]
@@ -628,6 +802,12 @@ def serve(
     try:
         syncer = Syncer(table, ct, read_timeouts(ns))
         syncer.resync(ct.dump())
+        # Python's full (generation 2) collection walked every object of the worker, pyroute2's modules included:
+        # 70-110 ms under load, once in a run of the established measure, and no flow was installed meanwhile.
+        # What is left after this collection (modules, sockets, the syncer) lives as long as the worker: frozen,
+        # collections no longer walk it.
+        gc.collect()
+        gc.freeze()
         next_poll = time.monotonic()
 
         def drain() -> None:
@@ -643,10 +823,15 @@ def serve(
                 return
             syncer.events(events, t)
 
+        def between() -> None:
+            """Within a poll: the events queued now, if any."""
+            if select.select([ct.events], [], [], 0)[0]:
+                drain()
+
         while not stopping and not stop():
             now = time.monotonic()
             if now >= next_poll:
-                syncer.poll()
+                syncer.poll(between)
                 doc = _status_doc(syncer, table, ns, nic, started, interval)
                 _write_json(
                     state_path(state_dir), {**doc, "pid": service_pid, "worker": os.getpid(), "restarts": restarts}
@@ -656,6 +841,7 @@ def serve(
             if r:
                 drain()
     finally:
+        gc.unfreeze()
         try:
             table.flow_clear()
         finally:
@@ -759,6 +945,7 @@ def _status_doc(syncer: Syncer, table, ns: str, nic: str, started: float, interv
         "interval": interval,
         "timeouts": syncer.timeouts,
         **syncer.stats(),
+        "echoes": getattr(syncer.ct, "echoes", 0),  # events skipped as echoes of the service's own updates
         "occupancy": hw.get("occupancy"),
         "hw": hw,
     }

@@ -171,15 +171,23 @@ def test_events_decisions_liberal_and_timeout_on_real_conntrack():
             dumped = [e for e in ct.dump() if is_tcp(e)]
             assert len(dumped) == 1 and flowsync.offload_reason(dumped[0]) is None
 
-            # Close: FIN takes the entry out of ESTABLISHED (remove), then it is destroyed.
+            # Close: both FINs take the entry through LAST_ACK (remove: conntrack must see the next ACK) to
+            # TIME_WAIT (offloadable again: its ACKs change nothing), then it is destroyed.
             ct.read_events()
             cli.close()
             acc.close()
-            got = [e for e in events_until(ct, lambda e: is_tcp(e) and e.tcp_state not in (3, None)) if is_tcp(e)]
-            assert flowsync.offload_reason(got[-1]) is not None
+            got = [e for e in events_until(ct, lambda e: is_tcp(e) and e.tcp_state == 7) if is_tcp(e)]
+            states = [e.tcp_state for e in got if e.tcp_state is not None]
+            assert 6 in states and states[-1] == 7, states
+            assert all(flowsync.offload_reason(e) is not None for e in got if e.tcp_state == 6)
+            assert flowsync.offload_reason(got[-1]) is None
             before = entry_of(ns, "tcp", TCP_PORT, sport)["timeout"]
-            assert not ct.refresh(flow, 6, 432000)  # no longer established: not refreshed (the poll evicts it)
+            assert before <= 120
+            # A refresh for the state the service last knew (ESTABLISHED) is refused: the entry moved on.
+            assert not ct.refresh(flow, 6, 432000, 3)
             assert entry_of(ns, "tcp", TCP_PORT, sport)["timeout"] <= before
+            assert ct.refresh(flow, 6, 118, 7)  # TIME_WAIT's own: set
+            assert 110 <= entry_of(ns, "tcp", TCP_PORT, sport)["timeout"] <= 118
             netns.run(["iptables", "-w", "-F", "INPUT"], ns)  # entries outlive rules: destroy it by hand
             flush_conntrack(ns)
             got = events_until(ct, lambda e: is_tcp(e) and e.kind == "destroy")

@@ -112,7 +112,7 @@ class MemCt:
         self.liberal_batches.append([ev.flow for ev in evs])
         return [ev.flow in self.entries for ev in evs]
 
-    def refresh(self, flow, proto, seconds):
+    def refresh(self, flow, proto, seconds, tcp_state=None):
         self.calls.append(("timeout", flow, seconds))
         return flow in self.entries
 
@@ -134,7 +134,14 @@ def ev(kind="update", proto=TCP, state=ESTABLISHED, status=UP, sport=40000, dpor
     )
 
 
-TIMEOUTS = {"tcp": 432000, "tcp_fin_wait": 120, "tcp_close_wait": 60, "udp": 30, "udp_stream": 120}
+TIMEOUTS = {
+    "tcp": 432000,
+    "tcp_fin_wait": 120,
+    "tcp_close_wait": 60,
+    "tcp_time_wait": 119,
+    "udp": 30,
+    "udp_stream": 120,
+}
 
 
 def syncer():
@@ -149,7 +156,9 @@ def test_install_rule():
     assert offload_reason(ev(state=ESTABLISHED, status=IPS_CONFIRMED)) == "no reply seen"
     # half-closed flows stay (one FIN seen); once both ends closed, conntrack must see the last ACK
     assert offload_reason(ev(state=FIN_WAIT)) is None and offload_reason(ev(state=CLOSE_WAIT)) is None
-    assert offload_reason(ev(state=LAST_ACK)) is not None and offload_reason(ev(state=TIME_WAIT)) is not None
+    # LAST_ACK's next ACK moves conntrack to TIME_WAIT: conntrack must see it; in TIME_WAIT ACKs change nothing
+    assert offload_reason(ev(state=LAST_ACK)) is not None and offload_reason(ev(state=TIME_WAIT)) is None
+    assert offload_reason(ev(state=8)) is not None  # CLOSE
     assert offload_reason(ev(proto=UDP, status=IPS_CONFIRMED)) == "no reply seen"
     assert offload_reason(ev(status=IPS_SEEN_REPLY)) == "not confirmed"
     assert offload_reason(ev(kind="destroy")) == "destroyed"
@@ -461,3 +470,41 @@ def test_events_that_come_during_a_poll_are_applied_between_its_pieces(monkeypat
     assert gone.flow not in s.installed and table._find(gone.flow) is None
     assert s.counters["evictions"] == 0 and s.counters["deletes"] == 1 and s.counters["refreshes"] == 5
     assert s.stats()["poll_block_max_ms"] is not None
+
+
+def test_time_wait_comes_back_and_leaves_when_idle():
+    """A client that sends its FIN twice before the server acknowledged it takes conntrack to LAST_ACK while the
+    server still sends its reply: the flow leaves at LAST_ACK (conntrack must see the next ACK), comes back at
+    TIME_WAIT (the server's next segment), is refreshed with TIME_WAIT's timeout while hit, and leaves after
+    TIME_WAIT_IDLE_POLLS polls without a hit; conntrack keeps its entry."""
+    from hypafilter.ops.flowsync import TIME_WAIT_IDLE_POLLS
+
+    s, table, ct = syncer()
+    e = ev()
+    ct.entries.add(e.flow)
+    assert s.event(e) == "install"
+    assert s.event(ev(state=FIN_WAIT)) is None
+    assert s.events([ev(state=LAST_ACK), ev(state=TIME_WAIT)]) == ["remove", "install"]
+    assert table.ops[-2:] == [("delete", e.flow), ("insert", e.flow)]
+    assert ct.calls[-1] == ("liberal", e.flow)
+    table.hit(e.flow, 3)
+    s.poll()
+    assert ct.calls[-1] == ("timeout", e.flow, TIMEOUTS["tcp_time_wait"])
+    for _ in range(TIME_WAIT_IDLE_POLLS - 1):
+        s.poll()
+        assert e.flow in s.installed
+    s.poll()
+    assert e.flow not in s.installed and table.slots == {}
+    assert s.counters["evictions"] == 1
+
+
+def test_an_idle_established_flow_stays():
+    from hypafilter.ops.flowsync import TIME_WAIT_IDLE_POLLS
+
+    s, table, ct = syncer()
+    e = ev()
+    ct.entries.add(e.flow)
+    s.event(e)
+    for _ in range(TIME_WAIT_IDLE_POLLS + 2):
+        s.poll()
+    assert e.flow in s.installed

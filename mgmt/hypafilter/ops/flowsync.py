@@ -50,15 +50,25 @@ IPS_SRC_NAT, IPS_DST_NAT = 1 << 4, 1 << 5
 IPS_NAT_MASK = IPS_SRC_NAT | IPS_DST_NAT
 IPS_DYING, IPS_TEMPLATE, IPS_UNTRACKED, IPS_HELPER, IPS_OFFLOAD = 1 << 9, 1 << 11, 1 << 12, 1 << 13, 1 << 14
 TCP_CONNTRACK_ESTABLISHED, TCP_CONNTRACK_FIN_WAIT, TCP_CONNTRACK_CLOSE_WAIT = 3, 4, 5
-# TCP states a flow stays in the hardware in: established, and half-closed (one FIN seen, its ACK maybe not: an ACK
-# the hardware forwards leaves conntrack in FIN_WAIT instead of CLOSE_WAIT, which only changes that state's
-# timeout). Once both ends sent their FIN (LAST_ACK, TIME_WAIT, CLOSE) the flow leaves, so the last ACK and anything
-# after it reach conntrack.
+TCP_CONNTRACK_LAST_ACK, TCP_CONNTRACK_TIME_WAIT = 6, 7
+# TCP states a flow is in the hardware in: established, half-closed (one FIN seen, its ACK maybe not: an ACK the
+# hardware forwards leaves conntrack in FIN_WAIT instead of CLOSE_WAIT, which only changes that state's timeout),
+# and TIME_WAIT, where every segment the flow cache looks up (no SYN, FIN or RST) leaves conntrack in TIME_WAIT with
+# TIME_WAIT's timeout, which the refresh sets. LAST_ACK (and CLOSE) is not: its next ACK takes conntrack to
+# TIME_WAIT, so the flow leaves the hardware at LAST_ACK and that ACK reaches conntrack. A flow comes back at
+# TIME_WAIT because conntrack also reaches LAST_ACK when one end sends its FIN twice before the other acknowledged
+# it, while the other end still sends its data (docs/flowsync.md); an idle TIME_WAIT flow leaves again
+# (TIME_WAIT_IDLE_POLLS).
 TCP_OFFLOAD_STATES = {
     TCP_CONNTRACK_ESTABLISHED: "established",
     TCP_CONNTRACK_FIN_WAIT: "fin_wait",
     TCP_CONNTRACK_CLOSE_WAIT: "close_wait",
+    TCP_CONNTRACK_TIME_WAIT: "time_wait",
 }
+# Polls without a hit after which a TIME_WAIT flow leaves the hardware (conntrack keeps its entry; its frames miss
+# and go to software, which is always right): a closed connection's TIME_WAIT entry does not hold a flow-cache way
+# for the state's two minutes.
+TIME_WAIT_IDLE_POLLS = 2
 IP_CT_TCP_FLAG_BE_LIBERAL = 0x08
 PROTO_TCP, PROTO_UDP = 6, 17
 
@@ -67,6 +77,7 @@ TIMEOUT_SYSCTLS = {
     "tcp": "net.netfilter.nf_conntrack_tcp_timeout_established",
     "tcp_fin_wait": "net.netfilter.nf_conntrack_tcp_timeout_fin_wait",
     "tcp_close_wait": "net.netfilter.nf_conntrack_tcp_timeout_close_wait",
+    "tcp_time_wait": "net.netfilter.nf_conntrack_tcp_timeout_time_wait",
     "udp": "net.netfilter.nf_conntrack_udp_timeout",
     "udp_stream": "net.netfilter.nf_conntrack_udp_timeout_stream",
 }
@@ -132,7 +143,7 @@ def offload_reason(ev: CtEvent) -> str | None:
     if not ev.status & IPS_SEEN_REPLY:
         return "no reply seen"
     if ev.proto == PROTO_TCP and ev.tcp_state not in TCP_OFFLOAD_STATES:
-        return f"TCP state {ev.tcp_state}, not ESTABLISHED, FIN_WAIT or CLOSE_WAIT"
+        return f"TCP state {ev.tcp_state}, not ESTABLISHED, FIN_WAIT, CLOSE_WAIT or TIME_WAIT"
     if ev.status & IPS_NAT_MASK or ev.reply != (ev.dst, ev.src, ev.dport, ev.sport):
         return "NAT"
     if ev.helper or ev.status & IPS_HELPER:
@@ -322,6 +333,7 @@ class Installed:
     last_hits: int | None = None
     tcp_state: int | None = None  # the TCP state conntrack last reported (its timeout is the one a refresh sets)
     slot: int | None = None  # where the flow cache put it (entries do not move)
+    idle_polls: int = 0  # polls in a row that found no hit (a TIME_WAIT flow leaves after TIME_WAIT_IDLE_POLLS)
 
 
 @dataclass
@@ -539,13 +551,17 @@ class Syncer:
                     evict.append((rec.flow, None))
                     continue
                 if refresh_due(inst.last_hits, rec.counted, rec.hits):
-                    inst.last_hits = rec.hits
-                    done = self.ct.refresh(rec.flow, inst.proto, self.timeout_for(inst))
+                    inst.last_hits, inst.idle_polls = rec.hits, 0
+                    done = self.ct.refresh(rec.flow, inst.proto, self.timeout_for(inst), inst.tcp_state)
                     if done:
                         self.counters["refreshes"] += 1
                     else:
                         evict.append((rec.flow, inst))
                     gap()
+                elif inst.proto == PROTO_TCP and inst.tcp_state == TCP_CONNTRACK_TIME_WAIT:
+                    inst.idle_polls += 1
+                    if inst.idle_polls >= TIME_WAIT_IDLE_POLLS:
+                        evict.append((rec.flow, inst))
         self._apply([("delete", f, "evictions", None) for f, seen in evict if self.installed.get(f) is seen])
         self.poll_blocks.append(max(longest, self.clock() - block))
         self.poll_times.append(self.clock() - t0)
@@ -741,11 +757,16 @@ class Conntrack:
                 return ev
         return None
 
-    def refresh(self, flow: Flow, proto: int, seconds: int) -> bool:
+    def refresh(self, flow: Flow, proto: int, seconds: int, tcp_state: int | None = None) -> bool:
         """The timeout of a flow the hardware saw, if conntrack still holds it as offloadable (an entry of the
-        same tuple that is new again, after a destroy whose event came late, is not refreshed: False)."""
+        same tuple that is new again, after a destroy whose event came late, is not refreshed: False) and, for
+        TCP with `tcp_state` given, in the state whose timeout `seconds` is (an entry whose state changed before
+        its event was read is not refreshed with the old state's timeout: False, and the poll evicts it; the
+        event then installs it again where the new state is one to offload)."""
         ev = self.get(flow)
         if ev is None or offload_reason(ev) is not None:
+            return False
+        if proto == PROTO_TCP and tcp_state is not None and ev.tcp_state != tcp_state:
             return False
         return self.set_timeout(flow, proto, seconds)
 

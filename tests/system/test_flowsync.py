@@ -49,6 +49,16 @@ def stateless_policy():
     )
 
 
+@contextlib.contextmanager
+def tracking_ns(name: str):
+    """A scratch namespace whose conntrack tracks connections (a conntrack match makes the kernel register its
+    hooks, on demand), loopback up, and a flowsync.Conntrack on it: (ns, ct); the caller closes ct."""
+    with scratch_netns(name, "iptables", "conntrack") as ns:
+        netns.run(["ip", "link", "set", "lo", "up"], ns)
+        netns.run(["iptables", "-w", "-A", "INPUT", "-m", "conntrack", "--ctstate", "ESTABLISHED", "-j", "ACCEPT"], ns)
+        yield ns, flowsync.Conntrack(ns)
+
+
 def conntrack_list(ns: str) -> list[dict]:
     """The kernel's own listing (`conntrack -L` in `ns`, conntrack-tools): proto, timeout, state and the original
     tuple of every IPv4 entry."""
@@ -128,11 +138,7 @@ def liberal_flags(ns: str, sport: int, dport: int) -> tuple[int, int]:
 
 
 def test_events_decisions_liberal_and_timeout_on_real_conntrack():
-    with scratch_netns("dsct", "iptables", "conntrack") as ns:
-        netns.run(["ip", "link", "set", "lo", "up"], ns)
-        # A conntrack match makes the namespace track connections (the kernel registers its hooks on demand).
-        netns.run(["iptables", "-w", "-A", "INPUT", "-m", "conntrack", "--ctstate", "ESTABLISHED", "-j", "ACCEPT"], ns)
-        ct = flowsync.Conntrack(ns)
+    with tracking_ns("dsct") as (ns, ct):  # closed by the test
         try:
             with inside(ns):
                 srv = socket.socket()
@@ -289,10 +295,7 @@ def test_liberal_flags_of_many_entries_in_one_batch_on_real_conntrack():
     """set_liberal_many: one datagram of updates for several established TCP entries and one conntrack does not
     have; the kernel acks each (True, or False for ENOENT) and reports the flag set on exactly the existing ones,
     in both directions; an entry not in the batch keeps its flags."""
-    with scratch_netns("dslb", "iptables", "conntrack") as ns:
-        netns.run(["ip", "link", "set", "lo", "up"], ns)
-        netns.run(["iptables", "-w", "-A", "INPUT", "-m", "conntrack", "--ctstate", "ESTABLISHED", "-j", "ACCEPT"], ns)
-        ct = flowsync.Conntrack(ns)
+    with tracking_ns("dslb") as (ns, ct):  # closed by the test
         socks = []
         try:
             with inside(ns):
@@ -388,10 +391,7 @@ def test_echoes_of_the_services_own_updates_are_skipped_others_are_read():
     """The events that the service's own entry updates cause (liberal flags, timeout) are skipped before they are
     parsed (their header names the service's request socket); an update through other sockets and the kernel's
     own events still come through."""
-    with scratch_netns("dsec", "iptables", "conntrack") as ns:
-        netns.run(["ip", "link", "set", "lo", "up"], ns)
-        netns.run(["iptables", "-w", "-A", "INPUT", "-m", "conntrack", "--ctstate", "ESTABLISHED", "-j", "ACCEPT"], ns)
-        ct = flowsync.Conntrack(ns)
+    with tracking_ns("dsec") as (ns, ct):  # closed by the test
         try:
             with inside(ns):
                 srv, c = socket.socket(), socket.socket()

@@ -170,6 +170,21 @@ def _tuple(t) -> tuple[str, str, int, int, int] | None:
     )
 
 
+def _event(kind: str, family: int, orig: tuple, rep: tuple | None, **rest) -> CtEvent:
+    """A CtEvent from the original and reply tuples (src, dst, proto, sport, dport) as both parsers read them."""
+    return CtEvent(
+        kind=kind,
+        family=family,
+        proto=orig[2],
+        src=orig[0],
+        dst=orig[1],
+        sport=orig[3],
+        dport=orig[4],
+        reply=(rep[0], rep[1], rep[3], rep[4]) if rep else None,
+        **rest,
+    )
+
+
 def parse(msg, kind: str | None = None) -> CtEvent | None:
     """A pyroute2 nfct_msg (an event, or a dump line with kind="dump") as a CtEvent; None without a tuple."""
     if kind is None:
@@ -190,15 +205,11 @@ def parse(msg, kind: str | None = None) -> CtEvent | None:
     tcp = pi.get_attr("CTA_PROTOINFO_TCP") if pi is not None else None
     if tcp is not None:
         tcp_state = tcp.get_attr("CTA_PROTOINFO_TCP_STATE")
-    return CtEvent(
-        kind=kind,
-        family=msg["nfgen_family"],
-        proto=orig[2],
-        src=orig[0],
-        dst=orig[1],
-        sport=orig[3],
-        dport=orig[4],
-        reply=(rep[0], rep[1], rep[3], rep[4]) if rep else None,
+    return _event(
+        kind,
+        msg["nfgen_family"],
+        orig,
+        rep,
         status=msg.get_attr("CTA_STATUS") or 0,
         tcp_state=tcp_state,
         timeout=msg.get_attr("CTA_TIMEOUT"),
@@ -291,15 +302,11 @@ def parse_event(data: bytes, off: int = 0) -> CtEvent | None:
     def be(k: int, fmt: str) -> int | None:
         return struct.unpack_from(fmt, data, a[k][0])[0] if k in a else None
 
-    return CtEvent(
-        kind=kind,
-        family=data[off + 16],
-        proto=orig[2],
-        src=orig[0],
-        dst=orig[1],
-        sport=orig[3],
-        dport=orig[4],
-        reply=(rep[0], rep[1], rep[3], rep[4]) if rep else None,
+    return _event(
+        kind,
+        data[off + 16],
+        orig,
+        rep,
         status=be(CTA_STATUS, ">I") or 0,
         tcp_state=tcp_state,
         timeout=be(CTA_TIMEOUT, ">I"),

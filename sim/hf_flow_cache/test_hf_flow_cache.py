@@ -159,7 +159,7 @@ class TB:
                 f = f.reply()
         flags = 0x10  # ACK
         if f.proto == fc.PROTO_TCP and self.rng.random() < self.syn:
-            flags |= self.rng.choice((0x01, 0x02, 0x04, 0x12, 0x11, 0x14))
+            flags = self.rng.choice((0x11, 0x12, 0x14, 0x01, 0x02, 0x04, 0x00, 0x08, 0x20, 0x28, 0xC0))
         return f, flags
 
     async def lookups(self) -> None:

@@ -29,7 +29,7 @@ from sim.hypafilter_core.test_hypafilter_core import TB
 
 LOG2_SETS, WAYS, TS_W, TICK = 10, 4, 32, 16
 MISS_ACCEPT, MISS_DROP = hwmodel.CONTROL_MISS_SHUNT_ACCEPT, hwmodel.CONTROL_MISS_SHUNT_DROP
-BYPASS_FLAGS = (0x02, 0x01, 0x04, 0x12, 0x11)  # SYN, FIN, RST, SYN+ACK, FIN+ACK
+BYPASS_FLAGS = (0x02, 0x01, 0x04, 0x12, 0x11, 0x00, 0x08, 0x28)  # SYN, FIN, RST, with ACK; no ACK: -, PSH, PSH+URG
 ACK = 0x10
 
 

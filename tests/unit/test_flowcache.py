@@ -51,6 +51,9 @@ def test_words_and_slots():
     assert fc.way_set(fc.slot(3, 77, 10), 10) == (3, 77)
     assert fc.fc_key_regs(f) == (0x01020304, 0x05060708, 443 << 16 | 50000, 6)
     assert fc.bypass(6, 0x12) and not fc.bypass(6, 0x10) and not fc.bypass(17, 0x02)
+    # no ACK: INVALID to conntrack (tcp_error), so never a hit; ACK with PSH, URG, ECE, CWR is
+    assert all(fc.bypass(6, f) for f in (0x00, 0x08, 0x20, 0x28, 0xC0)) and not fc.bypass(17, 0x00)
+    assert not any(fc.bypass(6, 0x10 | f) for f in (0x08, 0x20, 0x28, 0xC0, 0xE8))
 
 
 def test_register_map_describes_the_flow_cache():

@@ -69,8 +69,11 @@ def way_set(slot_: int, log2_sets: int) -> tuple[int, int]:
     return slot_ >> log2_sets, slot_ & ((1 << log2_sets) - 1)
 
 
-def bypass(proto: int, tcp_flags: int) -> bool:
-    return proto == PROTO_TCP and (bool(tcp_flags & TCP_BYPASS_FLAGS) or not tcp_flags & TCP_ACK)
+def bypass(proto: int, tcp_flags: int, l4_ok: bool = True) -> bool:
+    """A lookup that misses whatever the cache holds (res_bypass): TCP with SYN, FIN or RST or without ACK, or a
+    frame whose TCP data offset or UDP length conntrack calls INVALID (`l4_ok` False: the parser's h_l4_ok,
+    model.l4_ok)."""
+    return not l4_ok or (proto == PROTO_TCP and (bool(tcp_flags & TCP_BYPASS_FLAGS) or not tcp_flags & TCP_ACK))
 
 
 def direction(swap: int, orient: int) -> int:

@@ -21,5 +21,10 @@ def test_bad_lengths_are_not_established(lab):
     check(run(lab, LENGTH_CASES, target=TARGET))
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="open divergence (docs/flowsync.md, 'The sync lag and exactness'): XDP does not see the checksum state "
+    "conntrack trusts (CHECKSUM_PARTIAL on veth), so it does not sum the segment",
+)
 def test_bad_checksums_are_not_established(lab):
     check(run(lab, CSUM_CASES, target=TARGET))

@@ -38,10 +38,11 @@ entity hf_flow_cache is
     lk_proto     : in  std_logic_vector(7 downto 0);
     lk_sport     : in  std_logic_vector(15 downto 0);
     lk_dport     : in  std_logic_vector(15 downto 0);
-    lk_tcp_flags : in  std_logic_vector(7 downto 0);  -- FIN 0x01, SYN 0x02, RST 0x04 (read when proto = 6)
+    lk_tcp_flags : in  std_logic_vector(7 downto 0);  -- FIN 0x01, SYN 0x02, RST 0x04, ACK 0x10 (read when proto = 6)
+    lk_l4_ok     : in  std_logic := '1';  -- '0': TCP data offset or UDP length field that conntrack calls INVALID
     res_valid    : out std_logic;
     res_hit      : out std_logic;  -- the flow is in the cache (never for a bypass frame)
-    res_bypass   : out std_logic;  -- TCP with SYN, FIN or RST: a miss whatever the cache holds, not counted
+    res_bypass   : out std_logic;  -- TCP with SYN, FIN or RST, or without ACK; lk_l4_ok = '0': a miss, not counted
     res_dir      : out std_logic;  -- of a hit: 0 original direction, 1 reply
     res_slot     : out std_logic_vector(clog2(WAYS) + LOG2_SETS - 1 downto 0);  -- of a hit
     -- host commands: h_* taken in a cycle with h_valid = h_ready = '1'; r_valid pulses when the command is done,
@@ -259,7 +260,9 @@ begin
       kb := key_fwd(lk_dst_ip, lk_src_ip, lk_dport, lk_sport, lk_proto);
       sw := swapped(lk_src_ip, lk_dst_ip, lk_sport, lk_dport);
       s1_v <= lk_valid;
-      s1_byp <= to_sl(lk_proto = x"06" and (lk_tcp_flags(0) or lk_tcp_flags(1) or lk_tcp_flags(2)) = '1');
+      s1_byp <= to_sl(lk_proto = x"06"
+                      and (lk_tcp_flags(0) or lk_tcp_flags(1) or lk_tcp_flags(2) or not lk_tcp_flags(4)) = '1')
+                or not lk_l4_ok;
       s1_swp <= sw;
       s1_key <= kb when sw = '1' else ka;
       s1_ha <= key_set(ka);

@@ -34,7 +34,10 @@ entity hf_header_parser is
     h_icmp_type : out std_logic_vector(7 downto 0);
     h_icmp_code : out std_logic_vector(7 downto 0);
     h_iport    : out std_logic_vector(1 downto 0);
-    h_flags    : out std_logic_vector(7 downto 0)
+    h_flags    : out std_logic_vector(7 downto 0);
+    -- TCP data offset >= 5 words and within the IPv4 payload, UDP length field >= 8 and within it ('1' for every
+    -- other protocol): conntrack's tcp_error/udp_error call a packet failing them INVALID, so it must not hit
+    h_l4_ok    : out std_logic
   );
 end entity;
 
@@ -108,6 +111,7 @@ architecture rtl of hf_header_parser is
   signal o_proto, o_it, o_ic, o_flags : std_logic_vector(7 downto 0) := (others => '0');
   signal o_sport, o_dport : std_logic_vector(15 downto 0) := (others => '0');
   signal o_iport : std_logic_vector(1 downto 0) := (others => '0');
+  signal o_l4ok : std_logic := '1';
 begin
   assert DATA_WIDTH = 256 or DATA_WIDTH = 512
     report "hf_header_parser: DATA_WIDTH must be 256 or 512" severity failure;
@@ -267,6 +271,8 @@ begin
     variable is_tcp, is_udp, is_icmp : boolean;
     variable sp : std_logic_vector(7 downto 0);
     variable cs_ok : boolean;
+    variable doff : unsigned(3 downto 0);
+    variable ulen : unsigned(15 downto 0);
   begin
     if rising_edge(clk) then
       l4b := (others => '0');
@@ -312,6 +318,14 @@ begin
       if is_tcp then
         o_flags <= l4b(111 downto 104);
       end if;
+      doff := unsigned(l4b(103 downto 100));
+      ulen := unsigned(l4b(39 downto 32)) & unsigned(l4b(47 downto 40));
+      o_l4ok <= '1';
+      if is_tcp then
+        o_l4ok <= to_sl(doff >= 5 and resize(doff & "00", 16) <= p2_l4room);
+      elsif is_udp then
+        o_l4ok <= to_sl(ulen >= 8 and ulen <= p2_l4room);
+      end if;
       if is_icmp then
         o_it <= l4b(7 downto 0);
         o_ic <= l4b(15 downto 8);
@@ -339,4 +353,5 @@ begin
   h_icmp_code <= o_ic;
   h_iport <= o_iport;
   h_flags <= o_flags;
+  h_l4_ok <= o_l4ok;
 end architecture;

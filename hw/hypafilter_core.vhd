@@ -93,10 +93,11 @@ architecture rtl of hypafilter_core is
     sport : std_logic_vector(15 downto 0);
     dport : std_logic_vector(15 downto 0);
     iport : std_logic_vector(1 downto 0);
+    l4ok  : std_logic;
   end record;
   constant HDR_ZERO : hdr_t := ('0', '0', '0', (others => '0'), (others => '0'), (others => '0'), (others => '0'),
                                 (others => '0'), (others => '0'), (others => '0'), (others => '0'),
-                                (others => '0'), (others => '0'));
+                                (others => '0'), (others => '0'), '0');
   signal hp, hq : hdr_t;
   signal q_ct : std_logic_vector(1 downto 0);
 
@@ -127,6 +128,7 @@ architecture rtl of hypafilter_core is
   signal h_tuser : std_logic_vector(UW - 1 downto 0);
   signal h_src, h_dst : std_logic_vector(31 downto 0);
   signal h_proto, h_it, h_ic, h_flags : std_logic_vector(7 downto 0);
+  signal h_l4ok : std_logic;
   signal h_sport, h_dport : std_logic_vector(15 downto 0);
   signal h_iport : std_logic_vector(1 downto 0);
   signal res : std_logic_vector(RES_WIDTH - 1 downto 0);
@@ -184,9 +186,10 @@ begin
       tdata => s_axis_tdata, tkeep => s_axis_tkeep, tlast => s_axis_tlast, tuser => s_axis_tuser,
       h_valid => h_valid, h_unparsed => h_unp, h_unfilterable => h_unf, h_tuser => h_tuser,
       h_src => h_src, h_dst => h_dst, h_proto => h_proto, h_sport => h_sport, h_dport => h_dport,
-      h_icmp_type => h_it, h_icmp_code => h_ic, h_iport => h_iport, h_flags => h_flags);
+      h_icmp_type => h_it, h_icmp_code => h_ic, h_iport => h_iport, h_flags => h_flags,
+      h_l4_ok => h_l4ok);
 
-  hp <= (h_valid, h_unp, h_unf, h_tuser, h_src, h_dst, h_proto, h_it, h_ic, h_flags, h_sport, h_dport, h_iport);
+  hp <= (h_valid, h_unp, h_unf, h_tuser, h_src, h_dst, h_proto, h_it, h_ic, h_flags, h_sport, h_dport, h_iport, h_l4ok);
 
   no_cache : if not FC_ON generate
     hq <= hp;
@@ -249,7 +252,7 @@ begin
       port map (
         clk => axis_aclk, rst => rst,
         lk_valid => lk_v, lk_src_ip => hp.src, lk_dst_ip => hp.dst, lk_proto => hp.proto, lk_sport => hp.sport,
-        lk_dport => hp.dport, lk_tcp_flags => hp.flags,
+        lk_dport => hp.dport, lk_tcp_flags => hp.flags, lk_l4_ok => hp.l4ok,
         res_valid => open, res_hit => r_hit, res_bypass => open, res_dir => r_dir, res_slot => open,
         h_valid => c_v, h_ready => c_ready, h_op => c_op, h_src_ip => c_src, h_dst_ip => c_dst, h_proto => c_proto,
         h_sport => c_sport, h_dport => c_dport, h_slot => c_slot,

@@ -18,7 +18,7 @@ from hypafilter.hw.flowcache import Flow
 
 from sim.hftb import handshake, hw, run_ghdl
 
-LOOKUP_PORTS = ("lk_src_ip", "lk_dst_ip", "lk_proto", "lk_sport", "lk_dport", "lk_tcp_flags")
+LOOKUP_PORTS = ("lk_src_ip", "lk_dst_ip", "lk_proto", "lk_sport", "lk_dport", "lk_tcp_flags", "lk_l4_ok")
 HOST_PORTS = ("h_op", "h_src_ip", "h_dst_ip", "h_proto", "h_sport", "h_dport", "h_slot")
 STAT_EPOCH: dict[int, int] = {}  # slot -> epoch of its stats word since the last reset sweep (which zeroes them)
 
@@ -50,9 +50,9 @@ class Model:
     def set_of(self, flow: Flow) -> int:
         return fc.set_index(fc.canonical(flow)[0], self.log2_sets)
 
-    def lookup(self, flow: Flow, flags: int) -> tuple[int, int, int, int]:
+    def lookup(self, flow: Flow, flags: int, l4_ok: int = 1) -> tuple[int, int, int, int]:
         """(hit, bypass, dir, slot) the hardware must answer."""
-        if fc.bypass(flow.proto, flags):
+        if fc.bypass(flow.proto, flags, bool(l4_ok)):
             return 0, 1, 0, 0
         key, swap = fc.canonical(flow)
         s = self.slots.get(key)
@@ -118,8 +118,8 @@ class TB:
         self.flows: list[Flow] = []  # the traffic's flows (in the cache or not)
         self.rate = 0.0  # chance of a lookup per cycle
         self.burst = 0.3  # chance that a lookup repeats the previous flow (back-to-back hits on one slot)
-        self.syn = 0.1  # chance of a SYN/FIN/RST flag on a TCP lookup
-        self.pending: deque = deque()  # (valid, flow, flags, ts) per cycle, oldest first
+        self.syn = 0.1  # chance of bypass flags on a TCP lookup; half of it: a bad length (l4_ok 0)
+        self.pending: deque = deque()  # (valid, flow, flags, l4_ok, ts) per cycle, oldest first
         self.unsure: set[int] = set()  # sets a host command is changing: a result there may be old, new or a miss
         self.all_unsure = False  # a clear is running
         self.checked = {"hit": 0, "miss": 0, "bypass": 0, "unsure": 0, "same_slot_b2b": 0}
@@ -150,7 +150,7 @@ class TB:
             raise AssertionError("the sweep never ended")
         await RisingEdge(self.dut.clk)
 
-    def _pick(self, prev: Flow | None) -> tuple[Flow, int]:
+    def _pick(self, prev: Flow | None) -> tuple[Flow, int, int]:
         if prev is not None and self.rng.random() < self.burst:
             f = prev
         else:
@@ -159,8 +159,9 @@ class TB:
                 f = f.reply()
         flags = 0x10  # ACK
         if f.proto == fc.PROTO_TCP and self.rng.random() < self.syn:
-            flags |= self.rng.choice((0x01, 0x02, 0x04, 0x12, 0x11, 0x14))
-        return f, flags
+            flags = self.rng.choice((0x11, 0x12, 0x14, 0x01, 0x02, 0x04, 0x00, 0x08, 0x20, 0x28, 0xC0))
+        # a length conntrack calls INVALID (the parser's h_l4_ok), TCP or UDP alike
+        return f, flags, int(self.rng.random() >= self.syn / 2)
 
     async def lookups(self) -> None:
         """A lookup in a cycle with chance `rate`; the result LATENCY cycles later equals the model's."""
@@ -169,29 +170,29 @@ class TB:
         while True:
             await RisingEdge(d.clk)
             v = bool(self.flows) and self.rng.random() < self.rate
-            f, flags = self._pick(prev) if v else (Flow(0, 0, 0), 0)
+            f, flags, l4_ok = self._pick(prev) if v else (Flow(0, 0, 0), 0, 1)
             prev = f if v else prev
             d.lk_valid.value = int(v)
-            for port, val in zip(LOOKUP_PORTS, (f.src, f.dst, f.proto, f.sport, f.dport, flags), strict=True):
+            for port, val in zip(LOOKUP_PORTS, (f.src, f.dst, f.proto, f.sport, f.dport, flags, l4_ok), strict=True):
                 getattr(d, port).value = val
             await ReadOnly()
-            self.pending.append((v, f, flags, int(d.now.value)))
+            self.pending.append((v, f, flags, l4_ok, int(d.now.value)))
             if len(self.pending) > fc.LATENCY:
                 self.check(*self.pending.popleft())
 
-    def check(self, v: bool, f: Flow, flags: int, ts: int) -> None:
+    def check(self, v: bool, f: Flow, flags: int, l4_ok: int, ts: int) -> None:
         d = self.dut
         assert int(d.res_valid.value) == int(v), "a result that is not LATENCY cycles after its lookup"
         if not v:
             return
         got = (int(d.res_hit.value), int(d.res_bypass.value), int(d.res_dir.value), int(d.res_slot.value))
-        want = self.m.lookup(f, flags)
+        want = self.m.lookup(f, flags, l4_ok)
         if not got[0]:
             got = (*got[:2], 0, 0)
         if got != want:
             unsure = self.all_unsure or (self.m.set_of(f) in self.unsure and not want[1])
             ok = unsure and (not got[0] or fc.way_set(got[3], self.log2_sets)[1] == self.m.set_of(f))
-            assert ok, f"lookup {f} flags {flags:#x}: got (hit, bypass, dir, slot) {got}, model {want}"
+            assert ok, f"lookup {f} flags {flags:#x} l4_ok {l4_ok}: got (hit, bypass, dir, slot) {got}, model {want}"
             self.checked["unsure"] += 1
         kind = "bypass" if got[1] else "hit" if got[0] else "miss"
         self.checked[kind] += 1

@@ -11,9 +11,10 @@ from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
 from hypafilter.hw import model as hwmodel
 from hypafilter.hw.vhdl import HwPlan
+from hypafilter.ir import Header
 
-from sim.hftb import SIM_BUILD, AxisSource, Free, Ports, hw, load_obj, run_ghdl, save_obj, tuser_for
-from sim.hftraffic import frames_for, kernel_apart, malformed, truncated_l4
+from sim.hftb import SIM_BUILD, WIRE, AxisSource, Free, Ports, header_frame, hw, load_obj, run_ghdl, save_obj, tuser_for
+from sim.hftraffic import frames_for, kernel_apart, malformed, random_header, truncated_l4
 
 
 class TB:
@@ -48,7 +49,27 @@ class TB:
                             )
                         )
                     )
+                    h = (h, int(d.h_l4_ok.value))
                 self.out.append((h, int(d.h_unfilterable.value)))
+
+
+def l4_lengths(rng: random.Random) -> tuple[bytes, int]:
+    """A TCP or UDP frame with the data offset (TCP) or the length field (UDP) drawn around conntrack's limits
+    (h_l4_ok: tcp_error/udp_error), with IP options, a VLAN tag and Ethernet padding at times."""
+    h = random_header(rng)
+    proto = rng.choice((6, 17))
+    h = Header(h.src, h.dst, proto, h.sport, h.dport, 0, 0, h.iport, h.tcp_flags if proto == 6 else 0)
+    vlans, options = rng.choice((0, 0, 1)), rng.choice((0, 0, 1, 10))
+    f = bytearray(header_frame(h, rng, vlans=vlans, options=options, pad=rng.randrange(30), ad_share=0.0))
+    l3 = 14 + 4 * vlans
+    l4 = l3 + (f[l3] & 0xF) * 4
+    room = (f[l3 + 2] << 8 | f[l3 + 3]) - (l4 - l3)
+    if proto == 6:
+        f[l4 + 12] = rng.choice((rng.randrange(16), 4, 5, room // 4, room // 4 + 1)) % 16 << 4 | f[l4 + 12] & 0xF
+    else:
+        ulen = rng.choice((rng.randrange(0x10000), 7, 8, room, room + 1, room - 1))
+        f[l4 + 4 : l4 + 6] = ulen.to_bytes(2, "big")
+    return bytes(f), rng.choice(WIRE)
 
 
 def _stream(dut) -> Ports:
@@ -77,7 +98,8 @@ async def parser_matches_model(dut):
     await ClockCycles(dut.clk, 20)
     assert len(tb.out) == len(frames), "one header per frame, none left in flight"
     for k, ((f, tuser), got) in enumerate(zip(frames, tb.out, strict=True)):
-        want = (hwmodel.parse_frame(f, (tuser >> 16) & 0xFF), int(hwmodel.unfilterable(f)))
+        h = hwmodel.parse_frame(f, (tuser >> 16) & 0xFF)
+        want = (h if h is None else (h, int(hwmodel.l4_ok(f))), int(hwmodel.unfilterable(f)))
         assert got == want, f"frame {k} ({f.hex()}): {got} != {want}"
 
 
@@ -91,6 +113,8 @@ def test_header_parser(width):
     frames += [(f, tuser_for(f, p)) for f, p in (truncated_l4(rng) for _ in range(200))]
     # what the kernel treats apart: unfilterable VLAN stacks, link-local groups, bad checksums, fragments
     frames += [(f, tuser_for(f, p)) for f, p in (kernel_apart(rng) for _ in range(300))]
+    # TCP data offsets and UDP length fields around what conntrack calls INVALID (h_l4_ok)
+    frames += [(f, tuser_for(f, p)) for f, p in (l4_lengths(rng) for _ in range(300))]
     rng.shuffle(frames)
     tag = f"w{width}"
     cfg = save_obj(frames, SIM_BUILD / "hf_header_parser" / tag / "cfg.pkl")

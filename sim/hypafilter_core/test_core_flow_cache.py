@@ -29,7 +29,7 @@ from sim.hypafilter_core.test_hypafilter_core import TB
 
 LOG2_SETS, WAYS, TS_W, TICK = 10, 4, 32, 16
 MISS_ACCEPT, MISS_DROP = hwmodel.CONTROL_MISS_SHUNT_ACCEPT, hwmodel.CONTROL_MISS_SHUNT_DROP
-BYPASS_FLAGS = (0x02, 0x01, 0x04, 0x12, 0x11)  # SYN, FIN, RST, SYN+ACK, FIN+ACK
+BYPASS_FLAGS = (0x02, 0x01, 0x04, 0x12, 0x11, 0x00, 0x08, 0x28)  # SYN, FIN, RST, with ACK; no ACK: -, PSH, PSH+URG
 ACK = 0x10
 
 
@@ -87,9 +87,9 @@ class CacheModel:
         """A slot that holds no entry."""
         return next(s for s in range(WAYS << LOG2_SETS) if s not in self.used)
 
-    def ct(self, h: Header) -> int:
+    def ct(self, h: Header, l4_ok: bool = True) -> int:
         """The frame's ct: 0 unknown (miss, bypass, not TCP/UDP), 1 original direction, 2 reply."""
-        if h.proto not in (6, 17) or fc.bypass(h.proto, h.tcp_flags):
+        if h.proto not in (6, 17) or fc.bypass(h.proto, h.tcp_flags, l4_ok):
             return 0
         key, swap = fc.canonical(Flow(h.src, h.dst, h.proto, h.sport, h.dport))
         if key not in self.slot_of:
@@ -157,13 +157,22 @@ async def core_flow_cache(dut):
 
         cocotb.start_soon(watch_ct())
 
-    def expect(h: Header, ctl: int, uncertain: bool = False):
-        """(frame, tuser, variants): variants = [(decision, ct)], two for a frame sent while its flow is deleted."""
+    def expect(h: Header, ctl: int, uncertain: bool = False, bad_l4: bool = False):
+        """(frame, tuser, variants): variants = [(decision, ct)], two for a frame sent while its flow is deleted;
+        `bad_l4`: a TCP data offset or UDP length field that conntrack calls INVALID (never a hit)."""
         f = header_frame(h, rng)
+        if bad_l4:
+            b = bytearray(f)
+            l4 = 14 + (b[14] & 0xF) * 4
+            if h.proto == 6:
+                b[l4 + 12] = rng.choice((0, 4, 15)) << 4
+            else:
+                b[l4 + 4 : l4 + 6] = rng.choice((0, 7, len(b) - l4 + 1)).to_bytes(2, "big")
+            f = bytes(b)
         sp = PORT_OF_IPORT[h.iport]
         tu = tuser_for(f, sp)
         regs = hwmodel.Regs(base_regs.shunt, base_regs.actions, gen, ctl)
-        cts = [cache.ct(h)] + ([0] if uncertain else [])
+        cts = [cache.ct(h, hwmodel.l4_ok(f))] + ([0] if uncertain else [])
         return f, tu, sp, h, [(hwmodel.decide(plan, f, sp, regs, ct=c), c) for c in cts]
 
     async def run(items, ready: float = 0.7, idle: float = 0.2, during=None) -> list:
@@ -239,9 +248,15 @@ async def core_flow_cache(dut):
                 fl = rng.choice(kept)
                 fl = fl if rng.random() < 0.5 else fl.reply()
                 h = header_of(fl, rng.randrange(4))
-            elif r < 0.7:
+            elif r < 0.65:
                 fl = rng.choice([f for f in kept if f.proto == 6] or kept)
                 h = header_of(fl if rng.random() < 0.5 else fl.reply(), rng.randrange(4), rng.choice(BYPASS_FLAGS))
+            elif r < 0.7:  # a cached flow's frame with a length conntrack calls INVALID
+                fl = rng.choice(kept)
+                items.append(
+                    expect(header_of(fl if rng.random() < 0.5 else fl.reply(), rng.randrange(4)), ctl, bad_l4=True)
+                )
+                continue
             elif r < 0.85:
                 h = header_of(rng.choice(overflow) if rng.random() < 0.4 else rand_flow(), rng.randrange(4))
             else:

@@ -51,6 +51,9 @@ def test_words_and_slots():
     assert fc.way_set(fc.slot(3, 77, 10), 10) == (3, 77)
     assert fc.fc_key_regs(f) == (0x01020304, 0x05060708, 443 << 16 | 50000, 6)
     assert fc.bypass(6, 0x12) and not fc.bypass(6, 0x10) and not fc.bypass(17, 0x02)
+    # no ACK: INVALID to conntrack (tcp_error), so never a hit; ACK with PSH, URG, ECE, CWR is
+    assert all(fc.bypass(6, f) for f in (0x00, 0x08, 0x20, 0x28, 0xC0)) and not fc.bypass(17, 0x00)
+    assert not any(fc.bypass(6, 0x10 | f) for f in (0x08, 0x20, 0x28, 0xC0, 0xE8))
 
 
 def test_register_map_describes_the_flow_cache():
@@ -59,3 +62,24 @@ def test_register_map_describes_the_flow_cache():
     assert m.table("FLOW_KEY").depth == 4 * fc.MAX_ENTRIES
     assert m.reg("FC_CONFIG").reset == 0 and m.reg("FC_CMD").access == "WO"
     assert m.reg("VERSION").reset == 0x00010006  # 1.6: CNT_MIRROR (1.5: CONTROL bits 4/5 and CNT_SHUNT_STATE)
+
+
+def test_lengths_conntrack_calls_invalid_never_hit():
+    """model.l4_ok (the parser's h_l4_ok): TCP data offset 5..(IPv4 payload / 4), UDP length 8..(IPv4 payload);
+    anything else is a bypass for TCP and UDP alike."""
+    from hypafilter.hw import model
+    from hypafilter.ops.verify import build_frame
+
+    def frame(proto: int, doff: int | None = None, ulen: int | None = None) -> bytes:
+        h = {"src": 1, "dst": 2, "proto": proto, "sport": 3, "dport": 4, "flags": 0x10}
+        f = bytearray(build_frame(1, h, b"x" * 16))  # L4 payload: TCP 20 + 16 bytes, UDP 8 + 16 bytes
+        if doff is not None:
+            f[34 + 12] = doff << 4
+        if ulen is not None:
+            f[34 + 4 : 34 + 6] = ulen.to_bytes(2, "big")
+        return bytes(f)
+
+    assert model.l4_ok(frame(6)) and model.l4_ok(frame(17)) and model.l4_ok(frame(1))
+    assert [d for d in range(16) if model.l4_ok(frame(6, doff=d))] == [5, 6, 7, 8, 9]  # 36 bytes: up to 9 words
+    assert [n for n in range(40) if model.l4_ok(frame(17, ulen=n))] == list(range(8, 25))
+    assert fc.bypass(17, 0, l4_ok=False) and fc.bypass(6, 0x10, l4_ok=False) and not fc.bypass(6, 0x10, l4_ok=True)

@@ -20,6 +20,10 @@ KEY_BITS = 104
 WORD_BITS = 107  # valid(106) epoch(105) orient(104) key(103:0)
 LATENCY = 4  # cycles from a lookup to its result
 TCP_BYPASS_FLAGS = 0x07  # FIN, SYN, RST: such TCP frames never hit, so conntrack sees setup and teardown
+# ... and nor does a segment without ACK: with none of SYN/FIN/RST the only flags conntrack's tcp_error accepts are
+# ACK and ACK|URG (after masking ECE, CWR, PSH); any other segment is INVALID to it whatever the flow's state, so it
+# must reach conntrack (a miss) rather than be called ESTABLISHED by a hit
+TCP_ACK = 0x10
 PROTO_TCP = 6
 MIN_ENTRIES, MAX_ENTRIES = 4096, 65536
 
@@ -65,8 +69,11 @@ def way_set(slot_: int, log2_sets: int) -> tuple[int, int]:
     return slot_ >> log2_sets, slot_ & ((1 << log2_sets) - 1)
 
 
-def bypass(proto: int, tcp_flags: int) -> bool:
-    return proto == PROTO_TCP and bool(tcp_flags & TCP_BYPASS_FLAGS)
+def bypass(proto: int, tcp_flags: int, l4_ok: bool = True) -> bool:
+    """A lookup that misses whatever the cache holds (res_bypass): TCP with SYN, FIN or RST or without ACK, or a
+    frame whose TCP data offset or UDP length conntrack calls INVALID (`l4_ok` False: the parser's h_l4_ok,
+    model.l4_ok)."""
+    return not l4_ok or (proto == PROTO_TCP and (bool(tcp_flags & TCP_BYPASS_FLAGS) or not tcp_flags & TCP_ACK))
 
 
 def direction(swap: int, orient: int) -> int:

@@ -140,6 +140,22 @@ def parse_frame(frame: bytes, src_port: int) -> Header | None:
     return Header(src, dst, proto, 0, 0, 0, 0, iport, 0)
 
 
+def l4_ok(frame: bytes) -> bool:
+    """The parser's h_l4_ok for a frame parse_frame parses: False when conntrack's tcp_error or udp_error calls the
+    packet INVALID for its lengths (TCP data offset below 5 words or beyond the IPv4 payload, UDP length field below
+    8 or beyond it), whatever its connection's state; such a frame never hits the flow cache. True for every other
+    protocol. (The rest of their checks: the TCP flags are the flow cache's bypass, flowcache.bypass; the
+    checksums the core cannot check before it decides, docs/flowsync.md.)"""
+    l3 = 18 if _u16(frame, 12) in VLAN_TPIDS else 14
+    ihl, proto = frame[l3] & 0xF, frame[l3 + 9]
+    l4, room = l3 + ihl * 4, _u16(frame, l3 + 2) - ihl * 4
+    if proto == PROTO_TCP:
+        return 5 <= frame[l4 + 12] >> 4 and (frame[l4 + 12] >> 4) * 4 <= room
+    if proto == PROTO_UDP:
+        return 8 <= _u16(frame, l4 + 4) <= room
+    return True
+
+
 @dataclass
 class Regs:
     """The run-time register state the decision depends on (tables as plain lists, n + 1 long; `actions` holds the

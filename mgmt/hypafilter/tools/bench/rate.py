@@ -15,7 +15,8 @@ full veth ring dropped fails the run). Two passes:
    verify loads its oracle), then the same policy rendered for nftables (`netfilter.nft`, strategy full, one base
    chain at the forward hook). The three verdicts of every frame are compared (`mismatches`). The hybrid sender of
    the emu target keeps at most `window` frames ahead of the NIC's decided counter (the emulator is slower than the
-   sender); on veth every other path decides a frame inside the sender's own send call.
+   sender); on veth every other path decides a frame inside the sender's own send call. The live sender keeps at
+   most LIVE_WINDOW frames ahead of each path's wire-end rx counter (it would overrun the receiver's capture).
 2. **Rate** (`repeats` rounds; in each, every path for `seconds`, the sender cycling through the frames, pinned to
    `cpu`): no per-frame capture; frames sent (= decided: nothing is lost, a refused frame is resent), frames
    delivered from the receiver interface's rx counter (checked against the correctness pass: the delivered count
@@ -86,6 +87,7 @@ from hypafilter.tools.bench.ctflows import open_flows
 from hypafilter.tools.bench.pktrate import build_blaster
 
 SENDERS = ("packet", "live")  # hf_blast.c (AF_PACKET, the default) or hf_live.c (xdp_frames, target xdp)
+LIVE_WINDOW = 512  # frames the live sender may be ahead of the wire end's rx counter in the correctness pass
 
 FIELDS = (
     "target",
@@ -535,18 +537,27 @@ def rate(
             log(f"correctness pass, hybrid ({target}): {n} frames")
             before = fast.counters()
             paced = fast.decided if target == "emu" else None
+            paced_plain = None
+            if sender == "live":
+                # The live sender outruns the capture: an skb built around an xdp_frame takes a page of the
+                # receiver socket's buffer, so it keeps at most LIVE_WINDOW frames ahead of the wire end's count.
+                paced = lambda: _rx_packets(*wire["hybrid"])  # noqa: E731
+                paced_plain = lambda: _rx_packets(*wire["plain"])  # noqa: E731
+                window = min(window, LIVE_WINDOW)
             hybrid = _run(lab.ns_send, "hyb0", rx["hybrid"], snd, frames_file, n, paced, window, wire["hybrid"])
             after = fast.counters()
             delta = {k: after[k] - before.get(k, 0) for k in after if isinstance(after[k], int)}
             log("correctness pass, plain path, iptables")
             load_ipt()
-            ipt = _run(lab.ns_send, "plain0", rx["plain"], snd, frames_file, n, None, window, wire["plain"])
+            ipt = _run(lab.ns_send, "plain0", rx["plain"], snd, frames_file, n, paced_plain, window, wire["plain"])
             nft = None
             if nft_text_ is not None:
                 log("correctness pass, plain path, nft")
                 try:
                     load_nft()
-                    nft = _run(lab.ns_send, "plain0", rx["plain"], snd, frames_file, n, None, window, wire["plain"])
+                    nft = _run(
+                        lab.ns_send, "plain0", rx["plain"], snd, frames_file, n, paced_plain, window, wire["plain"]
+                    )
                 finally:
                     load_ipt()
         finally:

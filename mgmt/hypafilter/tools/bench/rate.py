@@ -15,8 +15,8 @@ full veth ring dropped fails the run). Two passes:
    verify loads its oracle), then the same policy rendered for nftables (`netfilter.nft`, strategy full, one base
    chain at the forward hook). The three verdicts of every frame are compared (`mismatches`). The hybrid sender of
    the emu target keeps at most `window` frames ahead of the NIC's decided counter (the emulator is slower than the
-   sender); on veth every other path decides a frame inside the sender's own send call. The live sender keeps at
-   most LIVE_WINDOW frames ahead of each path's wire-end rx counter (it would overrun the receiver's capture).
+   sender). On the xdp target the sender keeps at most CAPTURE_WINDOW frames ahead of each path's wire-end rx counter
+   (unpaced, it overruns the receiver's capture under load).
 2. **Rate** (`repeats` rounds; in each, every path for `seconds`, the sender cycling through the frames, pinned to
    `cpu`): no per-frame capture; frames sent (= decided: nothing is lost, a refused frame is resent), frames
    delivered from the receiver interface's rx counter (checked against the correctness pass: the delivered count
@@ -87,7 +87,7 @@ from hypafilter.tools.bench.ctflows import open_flows
 from hypafilter.tools.bench.pktrate import build_blaster
 
 SENDERS = ("packet", "live")  # hf_blast.c (AF_PACKET, the default) or hf_live.c (xdp_frames, target xdp)
-LIVE_WINDOW = 512  # frames the live sender may be ahead of the wire end's rx counter in the correctness pass
+CAPTURE_WINDOW = 512  # xdp: frames the sender may be ahead of the wire end's rx counter in the correctness pass
 
 FIELDS = (
     "target",
@@ -538,12 +538,13 @@ def rate(
             before = fast.counters()
             paced = fast.decided if target == "emu" else None
             paced_plain = None
-            if sender == "live":
-                # The live sender outruns the capture: an skb built around an xdp_frame takes a page of the
-                # receiver socket's buffer, so it keeps at most LIVE_WINDOW frames ahead of the wire end's count.
+            if target == "xdp":
+                # Unpaced, the sender outruns the capture (the receiver socket's buffer fills and the rest of the
+                # frames is dropped there, e.g. an skb veth builds around an xdp_frame takes a page of it): the
+                # sender keeps at most CAPTURE_WINDOW frames ahead of the wire end's rx counter.
                 paced = lambda: _rx_packets(*wire["hybrid"])  # noqa: E731
                 paced_plain = lambda: _rx_packets(*wire["plain"])  # noqa: E731
-                window = min(window, LIVE_WINDOW)
+                window = min(window, CAPTURE_WINDOW)
             hybrid = _run(lab.ns_send, "hyb0", rx["hybrid"], snd, frames_file, n, paced, window, wire["hybrid"])
             after = fast.counters()
             delta = {k: after[k] - before.get(k, 0) for k in after if isinstance(after[k], int)}

@@ -297,7 +297,9 @@ def _run(
                 t_end = last = t
     arrived = _rx_packets(*wire) - wire0
     if arrived != n:
-        raise HypafilterError(f"{wire[1]} in {wire[0]} received {arrived} of the {n} frames sent (frames lost)")
+        raise HypafilterError(
+            f"{wire[1]} in {wire[0]} received {arrived} frames for the {n} sent (frames lost, or others on the wire)"
+        )
     return Run(got, max(t_decided, t_end) - t0)
 
 

@@ -40,6 +40,8 @@ def test_medians_subtract_the_sink_per_round():
         ({"seconds": 0}, "--seconds"),
         ({"repeats": 0}, "--repeats"),
         ({"target": "nope"}, "unknown target"),
+        ({"sender": "nope"}, "unknown sender"),
+        ({"target": "emu", "sender": "live"}, "--sender live needs --target xdp"),
     ],
 )
 def test_refusals_before_the_lab(kw, msg):

@@ -58,6 +58,12 @@ def register(sub) -> None:
     r.add_argument("--repeats", type=int, default=3, help="rounds of the rate pass, medians reported (default 3)")
     r.add_argument("--cpu", type=int, help="CPU the sender is pinned to (default: the last; -1: not pinned)")
     r.add_argument(
+        "--sender",
+        choices=("packet", "live"),
+        default="packet",
+        help="packet: AF_PACKET sendmmsg (default); live (--target xdp): xdp_frames by BPF_PROG_TEST_RUN live frames",
+    )
+    r.add_argument(
         "--prog-repeat",
         type=int,
         default=100,
@@ -133,6 +139,7 @@ def run_rate(args: argparse.Namespace) -> int:
         established=args.established,
         prog_repeat=args.prog_repeat,
         prog_frames=args.prog_frames,
+        sender=args.sender,
         nft_policy=nft_policy,
         **frame_options(args),
         log=progress(args, quiet=args.json),

@@ -33,18 +33,18 @@ PAYLOAD = b"hf-xy"  # five bytes, as in the paper; never contains "BAD"
 MARK_RULE = "meta mark set @nh,32,32 >> 16"
 
 
-def build_cached(src: Path, build_dir: Path, compiler: list[str], suffix: str = "") -> Path:
-    """`src` compiled with `compiler` (its command before the source and -o) into build_dir, cached by the source's
-    hash: <stem>-<hash><suffix>."""
+def build_cached(src: Path, build_dir: Path, compiler: list[str], suffix: str = "", libs: tuple[str, ...] = ()) -> Path:
+    """`src` compiled with `compiler` (its command before the source and -o; `libs` after them) into build_dir,
+    cached by the hash of the source and the command: <stem>-<hash><suffix>."""
     if shutil.which(compiler[0]) is None:
         raise HypafilterError(f"{compiler[0]} is needed to build {src.name} (apt-get install {compiler[0]})")
-    digest = hashlib.sha256(src.read_bytes()).hexdigest()[:12]
+    digest = hashlib.sha256(src.read_bytes() + " ".join([*compiler, *libs]).encode()).hexdigest()[:12]
     out = build_dir / f"{src.stem.removesuffix('.bpf')}-{digest}{suffix}"
     if not out.exists():
         build_dir.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(".tmp")
         try:
-            netns.run([*compiler, str(src), "-o", str(tmp)], timeout=None)
+            netns.run([*compiler, str(src), "-o", str(tmp), *libs], timeout=None)
         except netns.CommandError as e:
             raise HypafilterError(f"building {src.name} failed: {e}") from e
         tmp.rename(out)
@@ -52,7 +52,7 @@ def build_cached(src: Path, build_dir: Path, compiler: list[str], suffix: str = 
 
 
 def build_blaster(build_dir: Path) -> Path:
-    """hf_blast.c compiled with gcc into build_dir (cached by the source's hash)."""
+    """hf_blast.c compiled with gcc into build_dir (cached by the source's and the command's hash)."""
     return build_cached(BLAST_SRC, build_dir, ["gcc", "-O2", "-Wall"])
 
 

@@ -2,14 +2,21 @@
 
 The same frames (verify's probes: headers biased to the policy's boxes, or a ClassBench trace) leave the lab's sender
 namespace through each path, from the same C sender (`hf_blast.c`: sendmmsg batches of pre-built frames on an
-AF_PACKET socket with PACKET_QDISC_BYPASS; a frame the device refuses is sent again, never skipped). Two passes:
+AF_PACKET socket with PACKET_QDISC_BYPASS; a frame the device refuses is sent again, never skipped), or with
+`sender="live"` (target xdp) from `hf_live.c`: BPF_PROG_TEST_RUN with BPF_F_TEST_XDP_LIVE_FRAMES runs `hf_live.bpf.c`,
+which writes the same frames into page-pool frames and sends them with XDP_TX into the sender's veth, so that they
+reach the firewall's wire end as xdp_frames, as from a native-XDP NIC driver (no skb; veth's ndo_xdp_xmit needs the
+receiving end to have NAPI: the hybrid's wire end has its XDP program, the plain path's gets `hf_pass.bpf.c` while
+the bench runs). Every pass checks that the firewall's wire end received every frame sent (its rx counter; a frame a
+full veth ring dropped fails the run). Two passes:
 
 1. **Correctness** (every frame once, captured per frame at the receiver): the lab's hybrid path (sender → fast path
    → firewall → receiver), then the plain namespace with the original policy loaded alone by `iptables-restore` (as
    verify loads its oracle), then the same policy rendered for nftables (`netfilter.nft`, strategy full, one base
    chain at the forward hook). The three verdicts of every frame are compared (`mismatches`). The hybrid sender of
    the emu target keeps at most `window` frames ahead of the NIC's decided counter (the emulator is slower than the
-   sender); on veth every other path decides a frame inside the sender's own send call.
+   sender). On the xdp target the sender keeps at most CAPTURE_WINDOW frames ahead of each path's wire-end rx counter
+   (unpaced, it overruns the receiver's capture under load).
 2. **Rate** (`repeats` rounds; in each, every path for `seconds`, the sender cycling through the frames, pinned to
    `cpu`): no per-frame capture; frames sent (= decided: nothing is lost, a refused frame is resent), frames
    delivered from the receiver interface's rx counter (checked against the correctness pass: the delivered count
@@ -78,6 +85,9 @@ from hypafilter.targets.nic import NicClient
 from hypafilter.tools.bench import pktrate
 from hypafilter.tools.bench.ctflows import open_flows
 from hypafilter.tools.bench.pktrate import build_blaster
+
+SENDERS = ("packet", "live")  # hf_blast.c (AF_PACKET, the default) or hf_live.c (xdp_frames, target xdp)
+CAPTURE_WINDOW = 512  # xdp: frames the sender may be ahead of the wire end's rx counter in the correctness pass
 
 FIELDS = (
     "target",
@@ -154,6 +164,38 @@ class Run:
         return round(frames / self.seconds, 1) if self.seconds > 0 else 0.0
 
 
+@dataclass(frozen=True)
+class Sender:
+    """A frame sender program and its batch size in the rate pass; `wire` (role, interface) per sending interface:
+    where the path's first receiver counts what arrived."""
+
+    name: str
+    argv0: tuple[str, ...]
+    batch: int
+
+    def argv(self, ifname: str, frames_file: Path, what: str, cpu: int | None = None) -> list[str]:
+        out = [*self.argv0, ifname, str(frames_file), what]
+        return out + [str(self.batch), str(cpu)] if cpu is not None else out
+
+
+LIVE_SRC = Path(__file__).resolve().parent / "hf_live.c"
+LIVE_BPF_SRC = Path(__file__).resolve().parent / "hf_live.bpf.c"
+PASS_SRC = Path(__file__).resolve().parent / "hf_pass.bpf.c"
+BPF_CC = ["clang", "-O2", "-target", "bpf", "-c"]
+
+
+def build_sender(name: str, build_dir: Path) -> Sender:
+    """The sender `name` (SENDERS) built into build_dir."""
+    if name == "packet":
+        return Sender(name, (str(build_blaster(build_dir)),), 256)
+    if name == "live":
+        exe = pktrate.build_cached(LIVE_SRC, build_dir, ["gcc", "-O2", "-Wall"], libs=("-lbpf",))
+        obj = pktrate.build_cached(LIVE_BPF_SRC, build_dir, [*BPF_CC, "-g"], suffix=".o")  # BTF: its maps
+        # 64: the kernel's default batch; a batch's frames wait in the peer's NAPI ring (256) until it ends.
+        return Sender(name, (str(exe), str(obj)), 64)
+    raise HypafilterError(f"bench rate: unknown sender '{name}' (choose from {', '.join(SENDERS)})")
+
+
 def _read(rx, got: dict[int, list[bytes]]) -> float | None:
     """Everything waiting on the receiver socket into `got`; the time of the last frame read, if any."""
     last = None
@@ -174,22 +216,25 @@ def _run(
     ns: str,
     ifname: str,
     rx,
-    blaster: Path,
+    sender: Sender,
     frames_file: Path,
     n: int,
     decided: Callable[[], int] | None,
     window: int,
+    wire: tuple[str, str],
     quiet: float = 0.3,
 ) -> Run:
     """Send every frame of `frames_file` once from `ifname` in `ns` (the C sender, sendmmsg batches) and capture at
     `rx`. With `decided` (a counter of the path's decided frames) the sender never gets more than `window` frames
-    ahead of it; the run ends when every frame is decided and the receiver has been quiet for `quiet` seconds."""
+    ahead of it; the run ends when every frame is decided and the receiver has been quiet for `quiet` seconds.
+    `wire` (namespace, interface): the path's first receiver, whose rx counter must grow by `n`."""
     got: dict[int, list[bytes]] = {}
     drain(rx)
+    wire0 = _rx_packets(*wire)
     base = decided() if decided else 0
     done = 0
     proc = netns.popen(
-        [str(blaster), ifname, str(frames_file), "once"],
+        sender.argv(ifname, frames_file, "once"),
         ns,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -250,6 +295,11 @@ def _run(
             t = _read(rx, got)
             if t:
                 t_end = last = t
+    arrived = _rx_packets(*wire) - wire0
+    if arrived != n:
+        raise HypafilterError(
+            f"{wire[1]} in {wire[0]} received {arrived} frames for the {n} sent (frames lost, or others on the wire)"
+        )
     return Run(got, max(t_decided, t_end) - t0)
 
 
@@ -299,12 +349,12 @@ SINK_SRC = Path(__file__).resolve().parent / "hf_sink.bpf.c"
 
 
 def build_sink(build_dir: Path) -> Path:
-    """hf_sink.bpf.c compiled with clang into build_dir (cached by the source's hash)."""
+    """hf_sink.bpf.c compiled with clang into build_dir (cached by the source's and the command's hash)."""
     return pktrate.build_cached(SINK_SRC, build_dir, ["clang", "-O2", "-target", "bpf", "-c"], suffix=".o")
 
 
 def _xdp_drop(ns: str, ifname: str, obj: Path | None) -> None:
-    """Attach the XDP sink to `ifname` (obj) or take it off (None)."""
+    """Attach the XDP program obj (the sink, or hf_pass) to `ifname`, or take it off (None)."""
     if obj is None:
         netns.run(["ip", "-n", ns, "link", "set", "dev", ifname, "xdp", "off"], check=False)
     else:
@@ -335,6 +385,7 @@ class Count:
     seconds: float
     cpu_seconds: float
     errors: int
+    arrived: int  # at the path's first receiver (rx counter): must be `sent`
 
     @property
     def pps(self) -> float:
@@ -346,20 +397,33 @@ class Count:
 
 
 def _count(
-    ns: str, ifname: str, rx: tuple[str, str], blaster: Path, frames_file: Path, seconds: float, cpu: int
+    ns: str,
+    ifname: str,
+    rx: tuple[str, str],
+    sender: Sender,
+    frames_file: Path,
+    seconds: float,
+    cpu: int,
+    wire: tuple[str, str],
 ) -> Count:
     """The sender cycling through `frames_file` out of `ifname` for `seconds`; `rx` (namespace, interface): where
-    delivered frames are counted."""
+    delivered frames are counted; `wire`: the path's first receiver (where every frame sent must arrive)."""
     tick = os.sysconf("SC_CLK_TCK")
     rx0 = _rx_packets(*rx)
+    w0 = _rx_packets(*wire)
     k0 = _ksoftirqd_ticks(cpu) if cpu >= 0 else 0
-    out = netns.run([str(blaster), ifname, str(frames_file), f"{seconds:g}", "256", str(cpu)], ns, timeout=None)
+    out = netns.run(sender.argv(ifname, frames_file, f"{seconds:g}", cpu), ns, timeout=None)
     k1 = _ksoftirqd_ticks(cpu) if cpu >= 0 else 0
     rep = json.loads(out)
     # Frames still in a NAPI ring or backlog when the sender returned are processed within milliseconds.
     time.sleep(0.05)
     return Count(
-        rep["sent"], _rx_packets(*rx) - rx0, rep["seconds"], rep["cpu_seconds"] + (k1 - k0) / tick, rep["errors"]
+        rep["sent"],
+        _rx_packets(*rx) - rx0,
+        rep["seconds"],
+        rep["cpu_seconds"] + (k1 - k0) / tick,
+        rep["errors"],
+        _rx_packets(*wire) - w0,
     )
 
 
@@ -403,14 +467,21 @@ def rate(
     nft_policy: Policy | None = None,
     prog_repeat: int = 100,
     prog_frames: int = 500,
+    sender: str = "packet",
     log: Callable[[str], None] = lambda s: None,
 ) -> dict:
     """Deploy on `target`, send the same frames through the three paths, compare them per frame, then count rates;
     the report. `nft_policy`: what the nft path loads when `policy` has matches nft cannot express (the caller says
     what it is; frames are then compared with nft only where the two policies mean the same: payloads without the
-    string "BAD", the ClassBench complex rules' string)."""
+    string "BAD", the ClassBench complex rules' string). `sender`: SENDERS ("live" only with target xdp)."""
     if target not in FAST_PATHS:
         raise HypafilterError(f"bench rate: unknown target '{target}' (choose from {', '.join(FAST_PATHS)})")
+    if sender not in SENDERS:
+        raise HypafilterError(f"bench rate: unknown sender '{sender}' (choose from {', '.join(SENDERS)})")
+    if sender == "live" and target != "xdp":
+        raise HypafilterError(
+            "bench rate: --sender live needs --target xdp (the emulated NIC reads frames from a socket)"
+        )
     if seconds <= 0 or repeats < 1:
         raise HypafilterError("bench rate: --seconds must be above 0 and --repeats at least 1")
     if established and not trace:
@@ -421,7 +492,7 @@ def rate(
     if not lab.status()["complete"]:
         log(f"lab {lab.name} is not (fully) up for target {target}: bringing it up")
         lab.up()
-    blaster = build_blaster(BUILD_ROOT / "bench")
+    snd = build_sender(sender, BUILD_ROOT / "bench")
     if established:
         # Before the deploy: the XDP target reads it from the firewall's sysctls (docs/xdp.md).
         for ns in (lab.ns_fw, lab.ns_plain):
@@ -429,6 +500,10 @@ def rate(
     fast = FAST_PATHS[target](policy, config, log)
     work = Path(tempfile.mkdtemp(prefix="hf-rate-"))
     flows: list[tuple] = []
+    wire = {"hybrid": (lab.ns_fw, "nf0") if target == "xdp" else (lab.ns_nic, "wire0"), "plain": (lab.ns_plain, "nf0")}
+    if sender == "live":
+        # ndo_xdp_xmit into the plain path's wire end needs NAPI there (the hybrid's has its XDP program).
+        _xdp_drop(lab.ns_plain, "nf0", pktrate.build_cached(PASS_SRC, BUILD_ROOT / "bench", BPF_CC, suffix=".o"))
     try:
         if established:
             probes, flows = established_probes(policy, trace, frames, seed)
@@ -464,18 +539,28 @@ def rate(
             log(f"correctness pass, hybrid ({target}): {n} frames")
             before = fast.counters()
             paced = fast.decided if target == "emu" else None
-            hybrid = _run(lab.ns_send, "hyb0", rx["hybrid"], blaster, frames_file, n, paced, window)
+            paced_plain = None
+            if target == "xdp":
+                # Unpaced, the sender outruns the capture (the receiver socket's buffer fills and the rest of the
+                # frames is dropped there, e.g. an skb veth builds around an xdp_frame takes a page of it): the
+                # sender keeps at most CAPTURE_WINDOW frames ahead of the wire end's rx counter.
+                paced = lambda: _rx_packets(*wire["hybrid"])  # noqa: E731
+                paced_plain = lambda: _rx_packets(*wire["plain"])  # noqa: E731
+                window = min(window, CAPTURE_WINDOW)
+            hybrid = _run(lab.ns_send, "hyb0", rx["hybrid"], snd, frames_file, n, paced, window, wire["hybrid"])
             after = fast.counters()
             delta = {k: after[k] - before.get(k, 0) for k in after if isinstance(after[k], int)}
             log("correctness pass, plain path, iptables")
             load_ipt()
-            ipt = _run(lab.ns_send, "plain0", rx["plain"], blaster, frames_file, n, None, window)
+            ipt = _run(lab.ns_send, "plain0", rx["plain"], snd, frames_file, n, paced_plain, window, wire["plain"])
             nft = None
             if nft_text_ is not None:
                 log("correctness pass, plain path, nft")
                 try:
                     load_nft()
-                    nft = _run(lab.ns_send, "plain0", rx["plain"], blaster, frames_file, n, None, window)
+                    nft = _run(
+                        lab.ns_send, "plain0", rx["plain"], snd, frames_file, n, paced_plain, window, wire["plain"]
+                    )
                 finally:
                     load_ipt()
         finally:
@@ -487,7 +572,8 @@ def rate(
             rounds = _rate_rounds(
                 lab,
                 fast,
-                blaster,
+                snd,
+                wire,
                 frames_file,
                 accepted,
                 seconds,
@@ -519,6 +605,8 @@ def rate(
     finally:
         fast.close()
         shutil.rmtree(work, ignore_errors=True)
+        if sender == "live":
+            _xdp_drop(lab.ns_plain, "nf0", None)
     vs_ipt = compare(probes, {"hybrid": hybrid.got, "plain": ipt.got})
     nft_probes = [p for p in probes if b"BAD" not in p.frame] if nft_policy is not None else probes
     vs_nft = compare(nft_probes, {"hybrid": hybrid.got, "plain": nft.got}) if nft else None
@@ -581,6 +669,7 @@ def rate(
         "nic": {k: v for k, v in delta.items() if v},
         "examples": vs_ipt["examples"][:5],
         "established_flows": len(flows) if established else None,
+        "sender": sender,
         "seconds": seconds,
         "repeats": repeats,
         "cpu": cpu,
@@ -592,9 +681,10 @@ def rate(
     return report
 
 
-def _rate_rounds(lab, fast, blaster, frames_file, accepted, seconds, repeats, cpu, load_ipt, load_nft, log) -> list:
-    """`repeats` rounds of sink, hybrid, iptables and nft runs; each run's delivered count checked against the
-    correctness pass's verdicts (a difference means frames were lost or counted wrongly: the run is refused)."""
+def _rate_rounds(lab, fast, snd, wire, frames_file, accepted, seconds, repeats, cpu, load_ipt, load_nft, log) -> list:
+    """`repeats` rounds of sink, hybrid, iptables and nft runs with the sender `snd`; each run's count at the path's
+    first receiver (`wire`) must be the frames sent and its delivered count what the correctness pass's verdicts
+    predict (a difference means frames were lost or counted wrongly: the run is refused)."""
     rounds = []
     obj = build_sink(BUILD_ROOT / "bench")
     _sink_up(lab.ns_send, obj)
@@ -603,23 +693,33 @@ def _rate_rounds(lab, fast, blaster, frames_file, accepted, seconds, repeats, cp
     try:
         for r in range(repeats):
             log(f"rate round {r + 1}/{repeats}: sink, hybrid, iptables" + (", nft" if load_nft else ""))
-            rnd = {"sink": _count(lab.ns_send, SINK[0], (lab.ns_send, SINK[1]), blaster, frames_file, seconds, cpu)}
+            sink = (lab.ns_send, SINK[1])
+            rnd = {"sink": _count(lab.ns_send, SINK[0], sink, snd, frames_file, seconds, cpu, sink)}
             before = fast.decided()
-            rnd["hybrid"] = _count(lab.ns_send, "hyb0", (lab.ns_recv, "hyb0"), blaster, frames_file, seconds, cpu)
+            rnd["hybrid"] = _count(
+                lab.ns_send, "hyb0", (lab.ns_recv, "hyb0"), snd, frames_file, seconds, cpu, wire["hybrid"]
+            )
             decided = fast.decided() - before
             if decided != rnd["hybrid"].sent:
                 raise HypafilterError(f"the fast path decided {decided} of {rnd['hybrid'].sent} frames sent")
             load_ipt()
-            rnd["iptables"] = _count(lab.ns_send, "plain0", (lab.ns_recv, "plain0"), blaster, frames_file, seconds, cpu)
+            rnd["iptables"] = _count(
+                lab.ns_send, "plain0", (lab.ns_recv, "plain0"), snd, frames_file, seconds, cpu, wire["plain"]
+            )
             if load_nft:
                 try:
                     load_nft()
                     rnd["nft"] = _count(
-                        lab.ns_send, "plain0", (lab.ns_recv, "plain0"), blaster, frames_file, seconds, cpu
+                        lab.ns_send, "plain0", (lab.ns_recv, "plain0"), snd, frames_file, seconds, cpu, wire["plain"]
                     )
                 finally:
                     load_ipt()
             for path, c in rnd.items():
+                if c.arrived != c.sent:
+                    raise HypafilterError(
+                        f"rate round {r + 1}, {path}: the path's first receiver got {c.arrived} of {c.sent} frames"
+                        " sent (frames lost before it)"
+                    )
                 want = c.sent if path == "sink" else _expected(accepted, c.sent)
                 if c.delivered != want:
                     raise HypafilterError(

@@ -1,0 +1,238 @@
+/* hf_live: sends a file of prebuilt Ethernet frames into one veth as xdp_frames (no skb), for a while.
+ *
+ * Usage: hf_live BPF_OBJ IFACE FRAMES_FILE SECONDS [BATCH [CPU]]
+ *        hf_live BPF_OBJ IFACE FRAMES_FILE once [BATCH [CPU]]
+ * The same interface as hf_blast.c (FRAMES_FILE records, "once" with the allowance from stdin, the JSON line), but
+ * the frames do not come from a socket: BPF_PROG_TEST_RUN with BPF_F_TEST_XDP_LIVE_FRAMES (Linux >= 5.18) runs
+ * BPF_OBJ's program (hf_live.bpf.c) `repeat` times on page-pool frames, in batches of BATCH (at most 256, default
+ * 64); the program writes the next frame of the file into each and returns XDP_TX, which the test run redirects to
+ * IFACE (the context's ingress_ifindex). On a veth, ndo_xdp_xmit hands the xdp_frame to the peer's NAPI ring (the
+ * peer needs an XDP program or GRO, else every frame is dropped); the peer's XDP program or stack runs in this
+ * process's softirq context when each batch ends, on CPU (>= 0: pinned), as with hf_blast. Frames sent = the
+ * program's own count of frames built; a frame it could not build fails the run. A frame the veth drops (a full
+ * ring) is not seen here: the caller checks the delivered counts.
+ * Prints one JSON line: {"sent": N, "seconds": T, "errors": E, "frames": F, "cpu_seconds": C}.
+ */
+#define _GNU_SOURCE
+#include <bpf/bpf.h>
+#include <bpf/libbpf.h>
+#include <errno.h>
+#include <linux/if_link.h>
+#include <net/if.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define HF_FRAME_MAX 1024 /* as in hf_live.bpf.c */
+#define CHUNK 65536	  /* frames per BPF_PROG_TEST_RUN call in the timed mode */
+
+struct hf_frame {
+	uint32_t len;
+	uint8_t data[HF_FRAME_MAX];
+};
+
+static unsigned long long allowance(unsigned long long have, unsigned long long sent, int *eof)
+{
+	static char line[64];
+	static size_t used;
+	while (!*eof && have <= sent) {
+		ssize_t r = read(0, line + used, sizeof(line) - 1 - used);
+		if (r <= 0) {
+			*eof = 1;
+			break;
+		}
+		used += (size_t)r;
+		line[used] = 0;
+		char *nl;
+		while ((nl = strchr(line, '\n')) != NULL) {
+			unsigned long long v = strtoull(line, NULL, 10);
+			if (v > have)
+				have = v;
+			used -= (size_t)(nl + 1 - line);
+			memmove(line, nl + 1, used + 1);
+		}
+	}
+	return *eof ? ~0ULL : have;
+}
+
+static double cpu_seconds(void)
+{
+	struct rusage ru;
+	getrusage(RUSAGE_SELF, &ru);
+	return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+}
+
+static double now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int state_fd;
+
+static uint64_t state(uint32_t key)
+{
+	uint64_t v = 0;
+	if (bpf_map_lookup_elem(state_fd, &key, &v)) {
+		perror("state map");
+		exit(1);
+	}
+	return v;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 5) {
+		fprintf(stderr, "usage: %s BPF_OBJ IFACE FRAMES_FILE SECONDS|once [BATCH [CPU]]\n", argv[0]);
+		return 2;
+	}
+	const char *ifname = argv[2];
+	int once = strcmp(argv[4], "once") == 0;
+	double seconds = once ? 0 : atof(argv[4]);
+	unsigned batch = argc > 5 ? (unsigned)atoi(argv[5]) : 64;
+	if (batch < 1 || batch > 256)
+		batch = 64;
+	int cpu = argc > 6 ? atoi(argv[6]) : -1;
+	if (cpu >= 0) {
+		cpu_set_t set;
+		CPU_ZERO(&set);
+		CPU_SET(cpu, &set);
+		if (sched_setaffinity(0, sizeof(set), &set) < 0) {
+			perror("sched_setaffinity");
+			return 1;
+		}
+	}
+	unsigned ifindex = if_nametoindex(ifname);
+	if (!ifindex) {
+		fprintf(stderr, "%s: no such interface\n", ifname);
+		return 1;
+	}
+
+	FILE *f = fopen(argv[3], "rb");
+	if (!f) {
+		perror(argv[3]);
+		return 1;
+	}
+	struct stat st;
+	fstat(fileno(f), &st);
+	unsigned char *buf = malloc(st.st_size ? st.st_size : 1);
+	if (fread(buf, 1, st.st_size, f) != (size_t)st.st_size) {
+		fprintf(stderr, "%s: short read\n", argv[3]);
+		return 1;
+	}
+	fclose(f);
+	size_t n = 0, maxlen = 14;
+	for (size_t off = 0; off + 2 <= (size_t)st.st_size; n++) {
+		unsigned len = buf[off] | (buf[off + 1] << 8);
+		if (len < 14 || len > HF_FRAME_MAX || off + 2 + len > (size_t)st.st_size) {
+			fprintf(stderr, "%s: bad record at offset %zu (length %u, 14..%d)\n", argv[3], off, len,
+				HF_FRAME_MAX);
+			return 1;
+		}
+		if (len > maxlen)
+			maxlen = len;
+		off += 2 + len;
+	}
+	if (n == 0) {
+		fprintf(stderr, "%s: no frames\n", argv[3]);
+		return 1;
+	}
+
+	libbpf_set_strict_mode(LIBBPF_STRICT_ALL);
+	struct bpf_object *obj = bpf_object__open_file(argv[1], NULL);
+	if (!obj) {
+		fprintf(stderr, "%s: cannot open: %s\n", argv[1], strerror(errno));
+		return 1;
+	}
+	struct bpf_map *frames_map = bpf_object__find_map_by_name(obj, "frames");
+	struct bpf_map *state_map = bpf_object__find_map_by_name(obj, "state");
+	struct bpf_program *prog = bpf_object__find_program_by_name(obj, "hf_live");
+	if (!frames_map || !state_map || !prog) {
+		fprintf(stderr, "%s: no map frames/state or program hf_live\n", argv[1]);
+		return 1;
+	}
+	bpf_map__set_max_entries(frames_map, (uint32_t)n);
+	if (bpf_object__load(obj)) {
+		fprintf(stderr, "%s: load failed: %s\n", argv[1], strerror(errno));
+		return 1;
+	}
+	int frames_fd = bpf_map__fd(frames_map), prog_fd = bpf_program__fd(prog);
+	state_fd = bpf_map__fd(state_map);
+	struct hf_frame *fr = calloc(1, sizeof(*fr));
+	size_t off = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		unsigned len = buf[off] | (buf[off + 1] << 8);
+		memset(fr, 0, sizeof(*fr));
+		fr->len = len;
+		memcpy(fr->data, buf + off + 2, len);
+		if (bpf_map_update_elem(frames_fd, &i, fr, BPF_ANY)) {
+			perror("frames map");
+			return 1;
+		}
+		off += 2 + len;
+	}
+	uint64_t count = n;
+	uint32_t key = 1;
+	if (bpf_map_update_elem(state_fd, &key, &count, BPF_ANY)) {
+		perror("state map");
+		return 1;
+	}
+	/* The template every page-pool frame starts from: the program overwrites it and sets its length. */
+	unsigned char *tmpl = calloc(1, maxlen);
+	memcpy(tmpl, buf + 2, buf[0] | (buf[1] << 8));
+
+	struct xdp_md md = {0};
+	md.ingress_ifindex = ifindex;
+	md.data_end = (uint32_t)maxlen;
+	unsigned long long sent = 0, errors = 0;
+	double t0 = now(), t = t0, c0 = cpu_seconds();
+	unsigned long long allowed = 0;
+	int eof = 0;
+	if (once) {
+		printf("start\n"); /* the caller's clock starts here, not at exec */
+		fflush(stdout);
+		t0 = now();
+		c0 = cpu_seconds();
+	}
+	for (;;) {
+		unsigned long long k;
+		if (once) {
+			if (sent >= n)
+				break;
+			allowed = allowance(allowed, sent, &eof);
+			k = allowed - sent;
+			if (k > n - sent)
+				k = n - sent;
+		} else {
+			if (t - t0 >= seconds)
+				break;
+			k = CHUNK;
+		}
+		LIBBPF_OPTS(bpf_test_run_opts, opts, .data_in = tmpl, .data_size_in = (uint32_t)maxlen, .ctx_in = &md,
+			    .ctx_size_in = sizeof(md), .repeat = (uint32_t)k, .flags = BPF_F_TEST_XDP_LIVE_FRAMES,
+			    .batch_size = batch);
+		int r = bpf_prog_test_run_opts(prog_fd, &opts);
+		if (r && errno != EINTR) {
+			fprintf(stderr, "BPF_PROG_TEST_RUN (live frames) on %s: %s (errno %d)\n", ifname, strerror(errno),
+				errno);
+			return 1;
+		}
+		sent = state(0);
+		errors = state(2);
+		if (errors) {
+			fprintf(stderr, "hf_live: the program could not build %llu frames\n", errors);
+			return 1;
+		}
+		t = now();
+	}
+	printf("{\"sent\": %llu, \"seconds\": %.6f, \"errors\": %llu, \"frames\": %zu, \"cpu_seconds\": %.6f}\n", sent,
+	       t - t0, errors, n, cpu_seconds() - c0);
+	return 0;
+}

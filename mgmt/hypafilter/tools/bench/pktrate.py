@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import struct
 import time
@@ -38,7 +39,11 @@ def build_cached(src: Path, build_dir: Path, compiler: list[str], suffix: str = 
     cached by the hash of the source and the command: <stem>-<hash><suffix>."""
     if shutil.which(compiler[0]) is None:
         raise HypafilterError(f"{compiler[0]} is needed to build {src.name} (apt-get install {compiler[0]})")
-    digest = hashlib.sha256(src.read_bytes() + " ".join([*compiler, *libs]).encode()).hexdigest()[:12]
+    text = src.read_bytes()
+    # The source's own quoted includes beside it (hf_sender.h) are part of what is built.
+    local = [src.parent / m.decode() for m in re.findall(rb'#include "([^"/]+)"', text)]
+    text += b"".join(h.read_bytes() for h in local if h.exists())
+    digest = hashlib.sha256(text + " ".join([*compiler, *libs]).encode()).hexdigest()[:12]
     out = build_dir / f"{src.stem.removesuffix('.bpf')}-{digest}{suffix}"
     if not out.exists():
         build_dir.mkdir(parents=True, exist_ok=True)

@@ -45,37 +45,21 @@ int main(int argc, char **argv)
 	if (batch < 1 || batch > 1024)
 		batch = 256;
 	int cpu = argc > 5 ? atoi(argv[5]) : -1;
-	if (cpu >= 0) {
-		cpu_set_t set;
-		CPU_ZERO(&set);
-		CPU_SET(cpu, &set);
-		if (sched_setaffinity(0, sizeof(set), &set) < 0) {
-			perror("sched_setaffinity");
-			return 1;
-		}
-	}
+	if (pin_cpu(cpu) < 0)
+		return 1;
 
-	FILE *f = fopen(argv[2], "rb");
-	if (!f) {
-		perror(argv[2]);
+	size_t size;
+	unsigned char *buf = read_file(argv[2], &size);
+	if (!buf)
 		return 1;
-	}
-	struct stat st;
-	fstat(fileno(f), &st);
-	unsigned char *buf = malloc(st.st_size ? st.st_size : 1);
-	if (fread(buf, 1, st.st_size, f) != (size_t)st.st_size) {
-		fprintf(stderr, "%s: short read\n", argv[2]);
-		return 1;
-	}
-	fclose(f);
 
 	/* Index the records once; the send loop only walks pointers. */
 	size_t cap = 1024, n = 0;
 	struct iovec *frames = malloc(cap * sizeof(*frames));
-	for (size_t off = 0; off + 2 <= (size_t)st.st_size;) {
+	for (size_t off = 0; off + 2 <= size;) {
 		unsigned len = buf[off] | (buf[off + 1] << 8);
 		off += 2;
-		if (len < 14 || off + len > (size_t)st.st_size) {
+		if (len < 14 || off + len > size) {
 			fprintf(stderr, "%s: bad record at offset %zu\n", argv[2], off - 2);
 			return 1;
 		}

@@ -64,38 +64,22 @@ int main(int argc, char **argv)
 	if (batch < 1 || batch > 256)
 		batch = 64;
 	int cpu = argc > 6 ? atoi(argv[6]) : -1;
-	if (cpu >= 0) {
-		cpu_set_t set;
-		CPU_ZERO(&set);
-		CPU_SET(cpu, &set);
-		if (sched_setaffinity(0, sizeof(set), &set) < 0) {
-			perror("sched_setaffinity");
-			return 1;
-		}
-	}
+	if (pin_cpu(cpu) < 0)
+		return 1;
 	unsigned ifindex = if_nametoindex(ifname);
 	if (!ifindex) {
 		fprintf(stderr, "%s: no such interface\n", ifname);
 		return 1;
 	}
 
-	FILE *f = fopen(argv[3], "rb");
-	if (!f) {
-		perror(argv[3]);
+	size_t size;
+	unsigned char *buf = read_file(argv[3], &size);
+	if (!buf)
 		return 1;
-	}
-	struct stat st;
-	fstat(fileno(f), &st);
-	unsigned char *buf = malloc(st.st_size ? st.st_size : 1);
-	if (fread(buf, 1, st.st_size, f) != (size_t)st.st_size) {
-		fprintf(stderr, "%s: short read\n", argv[3]);
-		return 1;
-	}
-	fclose(f);
 	size_t n = 0, maxlen = 14;
-	for (size_t off = 0; off + 2 <= (size_t)st.st_size; n++) {
+	for (size_t off = 0; off + 2 <= size; n++) {
 		unsigned len = buf[off] | (buf[off + 1] << 8);
-		if (len < 14 || len > HF_FRAME_MAX || off + 2 + len > (size_t)st.st_size) {
+		if (len < 14 || len > HF_FRAME_MAX || off + 2 + len > size) {
 			fprintf(stderr, "%s: bad record at offset %zu (length %u, 14..%d)\n", argv[3], off, len,
 				HF_FRAME_MAX);
 			return 1;

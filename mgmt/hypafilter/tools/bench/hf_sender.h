@@ -2,9 +2,12 @@
  * their clocks. Static functions: each sender includes it once. */
 #ifndef HF_SENDER_H
 #define HF_SENDER_H
+#include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -45,6 +48,42 @@ static double now(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Pins the process to `cpu` (>= 0; below: nothing). -1 with the error printed when the kernel refuses. */
+static int pin_cpu(int cpu)
+{
+	if (cpu < 0)
+		return 0;
+	cpu_set_t set;
+	CPU_ZERO(&set);
+	CPU_SET(cpu, &set);
+	if (sched_setaffinity(0, sizeof(set), &set) < 0) {
+		perror("sched_setaffinity");
+		return -1;
+	}
+	return 0;
+}
+
+/* The whole of file `path` in a malloc'ed buffer (its size in *size); NULL with the error printed. */
+static unsigned char *read_file(const char *path, size_t *size)
+{
+	FILE *f = fopen(path, "rb");
+	if (!f) {
+		perror(path);
+		return NULL;
+	}
+	struct stat st;
+	fstat(fileno(f), &st);
+	unsigned char *buf = malloc(st.st_size ? st.st_size : 1);
+	if (!buf || fread(buf, 1, st.st_size, f) != (size_t)st.st_size) {
+		fprintf(stderr, "%s: short read\n", path);
+		fclose(f);
+		return NULL;
+	}
+	fclose(f);
+	*size = (size_t)st.st_size;
+	return buf;
 }
 
 #endif

@@ -49,9 +49,20 @@ def busy(per_core: int = 2, limit: float = 900.0):
 
 
 def emulator_pids(lab) -> list[int]:
+    """The emulated NICs running in the lab's NIC namespace. Only hf_emu processes: `ip netns pids` lists every
+    process whose main thread is in that namespace at that moment, which includes this test's own process while
+    verify opens its counting sockets there — stopping it stopped the test with its stopper thread (seen in CI)."""
     from hypafilter import netns
 
-    return [int(p) for p in netns.run(["ip", "netns", "pids", lab.ns_nic]).split()]
+    out = []
+    for p in netns.run(["ip", "netns", "pids", lab.ns_nic]).split():
+        try:
+            comm = open(f"/proc/{p}/comm").read().strip()
+        except OSError:  # gone meanwhile
+            continue
+        if comm == "hf_emu" and int(p) != os.getpid():
+            out.append(int(p))
+    return out
 
 
 @contextlib.contextmanager

@@ -2,13 +2,14 @@
  *
  * Usage: hf_blast IFACE FRAMES_FILE SECONDS [BATCH [CPU]]
  *        hf_blast IFACE FRAMES_FILE once [BATCH [CPU]]
- * FRAMES_FILE is a sequence of records: 2-byte little-endian length, then the frame. Frames are sent cyclically in
- * file order with sendmmsg() batches, bypassing the qdisc, so the only limit is the CPU cost of the path behind the
- * interface. A frame the device refused (ENOBUFS: a full ring or backlog) is sent again, never skipped, so the
- * frames that went are always a prefix of the cyclic sequence. CPU (>= 0) pins the sender to that CPU: on veth the
- * path behind the interface (bridge, netfilter, XDP, the receiver's stack) runs in the sender's softirq context on
- * the same CPU. Prints one JSON line: {"sent": N, "seconds": T, "errors": E, "frames": F, "cpu_seconds": C} (C: the
- * sender's user + system time, which includes softirq work done in its context; TICK accounting here).
+ * FRAMES_FILE is a sequence of records: 2-byte little-endian length, then the frame. Frames are sent cyclically in file
+ * order with sendmmsg() batches of BATCH frames (1..1024, default 256), bypassing the qdisc, so the only limit is the
+ * CPU cost of the path behind the interface. A bad argument is an error (exit status 2). A frame the device refused
+ * (ENOBUFS: a full ring or backlog) is sent again, never skipped, so the frames that went are always a prefix of the
+ * cyclic sequence. CPU (>= 0) pins the sender to that CPU: on veth the path behind the interface (bridge, netfilter,
+ * XDP, the receiver's stack) runs in the sender's softirq context on the same CPU. Prints one JSON line: {"sent": N,
+ * "seconds": T, "errors": E, "frames": F, "cpu_seconds": C} (C: the sender's user + system time, which includes softirq
+ * work done in its context; TICK accounting here).
  * With "once", every frame is sent exactly once, in order, and never beyond an allowance read from stdin (decimal
  * lines: "frames 0..N-1 may go"; end of input lifts the limit): the caller's flow control (`bench rate`), so that a
  * slower path behind the interface is never overrun and no frame is lost to the measurement.
@@ -34,22 +35,20 @@
 
 int main(int argc, char **argv)
 {
-	if (argc < 4) {
-		fprintf(stderr, "usage: %s IFACE FRAMES_FILE SECONDS|once [BATCH [CPU]]\n", argv[0]);
-		return 2;
-	}
-	const char *ifname = argv[1];
-	int once = strcmp(argv[3], "once") == 0;
-	double seconds = once ? 0 : atof(argv[3]);
-	unsigned batch = argc > 4 ? (unsigned)atoi(argv[4]) : 256;
-	if (batch < 1 || batch > 1024)
-		batch = 256;
-	int cpu = argc > 5 ? atoi(argv[5]) : -1;
+	struct sender_args a;
+	int bad = parse_sender_args(argc, argv, 1, "IFACE FRAMES_FILE SECONDS|once [BATCH [CPU]]", 256, 1024, &a);
+	if (bad)
+		return bad;
+	const char *ifname = a.ifname;
+	int once = a.once;
+	double seconds = a.seconds;
+	unsigned batch = a.batch;
+	int cpu = a.cpu;
 	if (pin_cpu(cpu) < 0)
 		return 1;
 
 	size_t size;
-	unsigned char *buf = read_file(argv[2], &size);
+	unsigned char *buf = read_file(a.frames_path, &size);
 	if (!buf)
 		return 1;
 
@@ -60,7 +59,7 @@ int main(int argc, char **argv)
 		unsigned len = buf[off] | (buf[off + 1] << 8);
 		off += 2;
 		if (len < 14 || off + len > size) {
-			fprintf(stderr, "%s: bad record at offset %zu\n", argv[2], off - 2);
+			fprintf(stderr, "%s: bad record at offset %zu\n", a.frames_path, off - 2);
 			return 1;
 		}
 		if (n == cap) {
@@ -73,7 +72,7 @@ int main(int argc, char **argv)
 		off += len;
 	}
 	if (n == 0) {
-		fprintf(stderr, "%s: no frames\n", argv[2]);
+		fprintf(stderr, "%s: no frames\n", a.frames_path);
 		return 1;
 	}
 

@@ -53,17 +53,15 @@ static uint64_t state(uint32_t key)
 
 int main(int argc, char **argv)
 {
-	if (argc < 5) {
-		fprintf(stderr, "usage: %s BPF_OBJ IFACE FRAMES_FILE SECONDS|once [BATCH [CPU]]\n", argv[0]);
-		return 2;
-	}
-	const char *ifname = argv[2];
-	int once = strcmp(argv[4], "once") == 0;
-	double seconds = once ? 0 : atof(argv[4]);
-	unsigned batch = argc > 5 ? (unsigned)atoi(argv[5]) : 64;
-	if (batch < 1 || batch > 256)
-		batch = 64;
-	int cpu = argc > 6 ? atoi(argv[6]) : -1;
+	struct sender_args a;
+	int bad = parse_sender_args(argc, argv, 2, "BPF_OBJ IFACE FRAMES_FILE SECONDS|once [BATCH [CPU]]", 64, 256, &a);
+	if (bad)
+		return bad;
+	const char *ifname = a.ifname;
+	int once = a.once;
+	double seconds = a.seconds;
+	unsigned batch = a.batch;
+	int cpu = a.cpu;
 	if (pin_cpu(cpu) < 0)
 		return 1;
 	unsigned ifindex = if_nametoindex(ifname);
@@ -73,14 +71,14 @@ int main(int argc, char **argv)
 	}
 
 	size_t size;
-	unsigned char *buf = read_file(argv[3], &size);
+	unsigned char *buf = read_file(a.frames_path, &size);
 	if (!buf)
 		return 1;
 	size_t n = 0, maxlen = 14;
 	for (size_t off = 0; off + 2 <= size; n++) {
 		unsigned len = buf[off] | (buf[off + 1] << 8);
 		if (len < 14 || len > HF_FRAME_MAX || off + 2 + len > size) {
-			fprintf(stderr, "%s: bad record at offset %zu (length %u, 14..%d)\n", argv[3], off, len,
+			fprintf(stderr, "%s: bad record at offset %zu (length %u, 14..%d)\n", a.frames_path, off, len,
 				HF_FRAME_MAX);
 			return 1;
 		}
@@ -89,7 +87,7 @@ int main(int argc, char **argv)
 		off += 2 + len;
 	}
 	if (n == 0) {
-		fprintf(stderr, "%s: no frames\n", argv[3]);
+		fprintf(stderr, "%s: no frames\n", a.frames_path);
 		return 1;
 	}
 

@@ -1,7 +1,10 @@
-/* What the bench's frame senders (hf_blast.c, hf_live.c) share: the allowance read from stdin in "once" mode and
- * their clocks. Static functions: each sender includes it once. */
+/* What the bench's frame senders (hf_blast.c, hf_live.c) share: their command line's common part, the allowance read
+ * from stdin in "once" mode and their clocks. Static functions: each sender includes it once. */
 #ifndef HF_SENDER_H
 #define HF_SENDER_H
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +13,64 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
+/* The arguments both senders take, in this order: IFACE FRAMES_FILE SECONDS|once [BATCH [CPU]]. */
+struct sender_args {
+	const char *ifname;
+	const char *frames_path;
+	int once;	/* "once": every frame exactly once, under the allowance from stdin */
+	double seconds; /* otherwise: for this long (> 0) */
+	unsigned batch; /* 1..batch_max; batch_default when absent */
+	int cpu;	/* >= 0: pin to that CPU; absent or negative: no pinning */
+};
+
+/* The sender arguments from argv[first..argc-1] into *a; `usage` (the program's own, printed on an error) names the
+ * arguments before `first`. 2 with a message naming the bad argument (the usage's exit status), else 0. */
+static int parse_sender_args(int argc, char **argv, int first, const char *usage, unsigned batch_default,
+			     unsigned batch_max, struct sender_args *a)
+{
+	int left = argc - first;
+	if (left < 3 || left > 5) {
+		fprintf(stderr, "usage: %s %s\n", argv[0], usage);
+		return 2;
+	}
+	a->ifname = argv[first];
+	a->frames_path = argv[first + 1];
+	const char *what = argv[first + 2];
+	a->once = strcmp(what, "once") == 0;
+	a->seconds = 0;
+	if (!a->once) {
+		char *end;
+		errno = 0;
+		a->seconds = strtod(what, &end);
+		if (errno || end == what || *end || !isfinite(a->seconds) || a->seconds <= 0) {
+			fprintf(stderr, "%s: SECONDS: '%s' is neither 'once' nor a positive number\n", argv[0], what);
+			return 2;
+		}
+	}
+	a->batch = batch_default;
+	a->cpu = -1;
+	for (int i = 3; i < left; i++) {
+		const char *arg = argv[first + i];
+		char *end;
+		errno = 0;
+		long v = strtol(arg, &end, 10);
+		if (errno || end == arg || *end) {
+			fprintf(stderr, "%s: %s: '%s' is not an integer\n", argv[0], i == 3 ? "BATCH" : "CPU", arg);
+			return 2;
+		}
+		if (i == 3) {
+			if (v < 1 || v > (long)batch_max) {
+				fprintf(stderr, "%s: BATCH: %ld is not in 1..%u\n", argv[0], v, batch_max);
+				return 2;
+			}
+			a->batch = (unsigned)v;
+		} else {
+			a->cpu = v < 0 ? -1 : v > INT_MAX ? INT_MAX : (int)v;
+		}
+	}
+	return 0;
+}
 
 /* The allowance from stdin: blocks only when nothing more may be sent. */
 static unsigned long long allowance(unsigned long long have, unsigned long long sent, int *eof)

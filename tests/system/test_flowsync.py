@@ -7,6 +7,7 @@ service is drift, undeploy stops it."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import signal
@@ -329,8 +330,56 @@ def test_liberal_flags_of_many_entries_in_one_batch_on_real_conntrack():
             ct.close()
 
 
+def _pyroute2_tuple(t) -> tuple[str, str, int, int, int] | None:
+    if t is None:
+        return None
+    ip, proto = t.get_attr("CTA_TUPLE_IP"), t.get_attr("CTA_TUPLE_PROTO")
+    if ip is None or proto is None:
+        return None
+    return (
+        ip.get_attr("CTA_IP_V4_SRC") or ip.get_attr("CTA_IP_V6_SRC"),
+        ip.get_attr("CTA_IP_V4_DST") or ip.get_attr("CTA_IP_V6_DST"),
+        proto.get_attr("CTA_PROTO_NUM"),
+        proto.get_attr("CTA_PROTO_SRC_PORT") or 0,
+        proto.get_attr("CTA_PROTO_DST_PORT") or 0,
+    )
+
+
+def pyroute2_event(msg) -> flowsync.CtEvent | None:
+    """A ctnetlink event as pyroute2's nfct_msg decodes it (the oracle of parse_event; not the service's code)."""
+    h = msg["header"]
+    t = h["type"] & 0xFF
+    if t == flowsync.IPCTNL_MSG_CT_DELETE:
+        kind = "destroy"
+    elif t == flowsync.IPCTNL_MSG_CT_NEW:
+        kind = "new" if h["flags"] & (flowsync.NLM_F_CREATE | flowsync.NLM_F_EXCL) else "update"
+    else:
+        return None
+    orig = _pyroute2_tuple(msg.get_attr("CTA_TUPLE_ORIG"))
+    if orig is None:
+        return None
+    rep = _pyroute2_tuple(msg.get_attr("CTA_TUPLE_REPLY"))
+    pi = msg.get_attr("CTA_PROTOINFO")
+    tcp = pi.get_attr("CTA_PROTOINFO_TCP") if pi is not None else None
+    return flowsync.CtEvent(
+        kind=kind,
+        family=msg["nfgen_family"],
+        proto=orig[2],
+        src=orig[0],
+        dst=orig[1],
+        sport=orig[3],
+        dport=orig[4],
+        reply=(rep[0], rep[1], rep[3], rep[4]) if rep else None,
+        status=msg.get_attr("CTA_STATUS") or 0,
+        tcp_state=tcp.get_attr("CTA_PROTOINFO_TCP_STATE") if tcp is not None else None,
+        timeout=msg.get_attr("CTA_TIMEOUT"),
+        zone=msg.get_attr("CTA_ZONE"),
+        helper=msg.get_attr("CTA_HELP") is not None,
+    )
+
+
 def test_lean_event_parser_reads_real_events_as_pyroute2_does():
-    """parse_event (struct, what the service reads events with) against pyroute2's nfct_msg through `parse`, on
+    """parse_event (struct, what the service reads events with) against pyroute2's nfct_msg (`pyroute2_event`), on
     the raw events of real TCP and UDP flows over IPv4 and IPv6: new, updates, destroys; every message the same."""
     from pyroute2.netlink import NETLINK_NETFILTER
     from pyroute2.netlink.nfnetlink.nfctsocket import AsyncNFCTSocket
@@ -376,7 +425,7 @@ def test_lean_event_parser_reads_real_events_as_pyroute2_does():
                 data = evs.recv(1 << 20)
                 off = 0
                 for msg in marshal.parse(data):
-                    pairs.append((flowsync.parse(msg), flowsync.parse_event(data, off)))
+                    pairs.append((pyroute2_event(msg), flowsync.parse_event(data, off)))
                     off += msg["header"]["length"]
         evs.close()
     got = [a for a, _ in pairs]
@@ -385,6 +434,119 @@ def test_lean_event_parser_reads_real_events_as_pyroute2_does():
         (f, p, k) for f in (socket.AF_INET, socket.AF_INET6) for p in (6, 17) for k in ("new", "update", "destroy")
     }
     assert any(e.tcp_state == 3 for e in got) and any(e.timeout for e in got)
+
+
+TCP_STATE_NAMES = {  # conntrack -L's names of the TCP states (nf_conntrack_tcp.h's order)
+    1: "SYN_SENT",
+    2: "SYN_RECV",
+    3: "ESTABLISHED",
+    4: "FIN_WAIT",
+    5: "CLOSE_WAIT",
+    6: "LAST_ACK",
+    7: "TIME_WAIT",
+    8: "CLOSE",
+    9: "SYN_SENT2",
+}
+
+
+def conntrack_entries(ns: str) -> dict[tuple, dict]:
+    """Every IPv4 entry as `conntrack -L` (conntrack-tools) prints it, by original tuple (proto, src, dst, sport,
+    dport): its timeout, TCP state name, reply tuple and the [ASSURED] / [UNREPLIED] marks."""
+    out = {}
+    for line in netns.run(["conntrack", "-L", "-f", "ipv4"], ns).splitlines():
+        f = line.split()
+        if len(f) < 4 or not f[2].isdigit():
+            continue
+        kv = re.findall(r"(src|dst|sport|dport)=(\S+)", line)
+        orig, rep = dict(kv[:4]), dict(kv[4:8])
+        key = (int(f[1]), orig["src"], orig["dst"], int(orig.get("sport", 0)), int(orig.get("dport", 0)))
+        assert key not in out, line
+        out[key] = {
+            "timeout": int(f[2]),
+            "state": None if f[3].startswith("src=") else f[3],
+            "reply": (rep["src"], rep["dst"], int(rep.get("sport", 0)), int(rep.get("dport", 0))),
+            "assured": "[ASSURED]" in line,
+            "unreplied": "[UNREPLIED]" in line,
+        }
+    return out
+
+
+def test_dump_and_get_read_real_entries_as_conntrack_lists_them():
+    """Conntrack.dump and Conntrack.get (raw ctnetlink replies through parse_event) against `conntrack -L` on real
+    entries: TCP established, in TIME_WAIT and SYN_SENT (a SYN dropped), UDP answered and not, and enough UDP
+    entries (300) that the dump comes in several multipart datagrams; every entry, its reply tuple, TCP state,
+    timeout and status marks the same. A get of an entry conntrack lacks is None; a request conntrack refuses
+    raises ConntrackError with its errno."""
+    with tracking_ns("mdump") as (ns, ct):  # closed by the test
+        socks: list[socket.socket] = []
+        try:
+            netns.run(["iptables", "-w", "-A", "INPUT", "-p", "tcp", "--dport", "7009", "--syn", "-j", "DROP"], ns)
+            with inside(ns):
+                srv = socket.socket()
+                clients = [socket.socket() for _ in range(4)]
+                syn = socket.socket()
+                u, r = (
+                    socket.socket(socket.AF_INET, socket.SOCK_DGRAM),
+                    socket.socket(socket.AF_INET, socket.SOCK_DGRAM),
+                )
+            socks += [srv, *clients, syn, u, r]
+            srv.bind(("127.0.0.1", TCP_PORT))
+            srv.listen()
+            accepted = []
+            for c in clients:
+                c.connect(("127.0.0.1", TCP_PORT))
+                accepted.append(srv.accept()[0])
+                c.sendall(b"x")
+                accepted[-1].recv(1)
+            socks += accepted
+            clients[0].close()  # one goes to TIME_WAIT: both ends close
+            accepted[0].close()
+            syn.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                syn.connect(("127.0.0.1", 7009))
+            r.bind(("127.0.0.1", UDP_PORT))
+            u.sendto(b"q", ("127.0.0.1", UDP_PORT))
+            _, peer = r.recvfrom(10)
+            r.sendto(b"a", peer)
+            u.recv(10)
+            for port in range(20000, 20300):  # one-way: UNREPLIED
+                u.sendto(b"o", ("127.0.0.1", port))
+            time.sleep(0.3)
+
+            dumped = ct.dump()
+            listed = conntrack_entries(ns)
+            by_key = {(e.proto, e.src, e.dst, e.sport, e.dport): e for e in dumped}
+            assert len(by_key) == len(dumped) > 300
+            assert set(by_key) == set(listed)
+            states = set()
+            for key, want in listed.items():
+                e = by_key[key]
+                assert e.kind == "dump" and e.family == socket.AF_INET, e
+                assert e.reply == want["reply"], (e, want)
+                assert (TCP_STATE_NAMES.get(e.tcp_state) if e.proto == 6 else None) == want["state"], (e, want)
+                assert 0 <= e.timeout - want["timeout"] <= 2, (e, want)  # conntrack -L listed it a moment later
+                assert bool(e.status & flowsync.IPS_ASSURED) == want["assured"], (e, want)
+                assert (not e.status & flowsync.IPS_SEEN_REPLY) == want["unreplied"], (e, want)
+                states.add(want["state"])
+            assert {"ESTABLISHED", "TIME_WAIT", "SYN_SENT", None} <= states, states
+
+            # get: each entry as the dump has it (the timeout may have moved on by a second)
+            for key in [k for k in listed if k[0] == 6] + [(17, "127.0.0.1", "127.0.0.1", u.getsockname()[1], 20123)]:
+                e = by_key[key]
+                got = ct.get(e.flow)
+                assert got is not None and got.kind == "dump"
+                assert dataclasses.replace(got, timeout=e.timeout) == e and e.timeout - got.timeout <= 1
+            absent = flowsync.Flow(0x7F000001, 0x7F000001, 6, 1, TCP_PORT)
+            assert ct.get(absent) is None and not ct.set_timeout(absent, 6, 60)
+            # A get without a tuple: conntrack refuses it (EINVAL), and says so.
+            with pytest.raises(flowsync.ConntrackError, match=r"conntrack get: .*errno 22") as err:
+                ct._exchange("get", flowsync.IPCTNL_MSG_CT_GET, flowsync.NLM_F_ACK)
+            assert err.value.code == 22
+            assert len(ct.dump()) == len(dumped)  # the socket still works after the error
+        finally:
+            for x in socks:
+                x.close()
+            ct.close()
 
 
 def test_echoes_of_the_services_own_updates_are_skipped_others_are_read():

@@ -7,7 +7,8 @@ window liberal mode, since conntrack stops seeing the flow's established frames.
 hardware's per-flow hit counters are read: a flow that was hit since the last poll gets its conntrack timeout set
 back to the protocol's established timeout (conntrack did not see those frames, so it would let the flow expire),
 and a hardware flow conntrack no longer has is evicted. At start the table is reconciled with a full conntrack
-dump. Conntrack is read through pyroute2 (ctnetlink events, dump, entry updates) inside the firewall's namespace.
+dump. Conntrack is read through ctnetlink sockets of the service's own inside the firewall's namespace (events, dump,
+get, entry updates); every conntrack message, event or reply, is decoded by `parse_event`.
 
 The pure part (`CtEvent`, `offload_reason`, `Syncer`) takes the table and conntrack as parameters; `serve` runs it
 against the deployed NIC (NicClient's flow API) and the firewall namespace; `start`, `stop` and `status` are what
@@ -30,7 +31,7 @@ import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,10 +42,14 @@ from hypafilter.hw.flowcache import OP_DELETE, OP_INSERT, ST_EXISTS, ST_FULL, ST
 # ctnetlink (include/uapi/linux/netfilter/nfnetlink_conntrack.h, nf_conntrack_common.h, nf_conntrack_tcp.h)
 NFNLGRP_CONNTRACK_NEW, NFNLGRP_CONNTRACK_UPDATE, NFNLGRP_CONNTRACK_DESTROY = 1, 2, 3
 GROUPS = (1 << NFNLGRP_CONNTRACK_NEW - 1) | (1 << NFNLGRP_CONNTRACK_UPDATE - 1) | (1 << NFNLGRP_CONNTRACK_DESTROY - 1)
-IPCTNL_MSG_CT_NEW, IPCTNL_MSG_CT_DELETE = 0, 2
+IPCTNL_MSG_CT_NEW, IPCTNL_MSG_CT_GET, IPCTNL_MSG_CT_DELETE = 0, 1, 2
 NFNL_SUBSYS_CTNETLINK = 1
-NLMSG_ERROR = 2
-NLM_F_REQUEST, NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL = 0x1, 0x4, 0x400, 0x200
+NETLINK_NETFILTER = 12
+# netlink (include/uapi/linux/netlink.h)
+NLMSG_ERROR, NLMSG_DONE, NLMSG_MIN_TYPE = 2, 3, 0x10
+NLM_F_REQUEST, NLM_F_ACK, NLM_F_DUMP_INTR = 0x1, 0x4, 0x10
+NLM_F_DUMP, NLM_F_CREATE, NLM_F_EXCL = 0x300, 0x400, 0x200
+NLA_F_NESTED = 0x8000
 IPS_EXPECTED, IPS_SEEN_REPLY, IPS_ASSURED, IPS_CONFIRMED = 1 << 0, 1 << 1, 1 << 2, 1 << 3
 IPS_SRC_NAT, IPS_DST_NAT = 1 << 4, 1 << 5
 IPS_NAT_MASK = IPS_SRC_NAT | IPS_DST_NAT
@@ -153,25 +158,8 @@ def offload_reason(ev: CtEvent) -> str | None:
     return None
 
 
-def _tuple(t) -> tuple[str, str, int, int, int] | None:
-    if t is None:
-        return None
-    ip, proto = t.get_attr("CTA_TUPLE_IP"), t.get_attr("CTA_TUPLE_PROTO")
-    if ip is None or proto is None:
-        return None
-    src = ip.get_attr("CTA_IP_V4_SRC") or ip.get_attr("CTA_IP_V6_SRC")
-    dst = ip.get_attr("CTA_IP_V4_DST") or ip.get_attr("CTA_IP_V6_DST")
-    return (
-        src,
-        dst,
-        proto.get_attr("CTA_PROTO_NUM"),
-        proto.get_attr("CTA_PROTO_SRC_PORT") or 0,
-        proto.get_attr("CTA_PROTO_DST_PORT") or 0,
-    )
-
-
 def _event(kind: str, family: int, orig: tuple, rep: tuple | None, **rest) -> CtEvent:
-    """A CtEvent from the original and reply tuples (src, dst, proto, sport, dport) as both parsers read them."""
+    """A CtEvent from the original and reply tuples (src, dst, proto, sport, dport) as `_raw_tuple` reads them."""
     return CtEvent(
         kind=kind,
         family=family,
@@ -185,45 +173,14 @@ def _event(kind: str, family: int, orig: tuple, rep: tuple | None, **rest) -> Ct
     )
 
 
-def parse(msg, kind: str | None = None) -> CtEvent | None:
-    """A pyroute2 nfct_msg (an event, or a dump line with kind="dump") as a CtEvent; None without a tuple."""
-    if kind is None:
-        h = msg["header"]
-        t = h["type"] & 0xFF
-        if t == IPCTNL_MSG_CT_DELETE:
-            kind = "destroy"
-        elif t == IPCTNL_MSG_CT_NEW:
-            kind = "new" if h["flags"] & (NLM_F_CREATE | NLM_F_EXCL) else "update"
-        else:
-            return None
-    orig = _tuple(msg.get_attr("CTA_TUPLE_ORIG"))
-    if orig is None:
-        return None
-    rep = _tuple(msg.get_attr("CTA_TUPLE_REPLY"))
-    tcp_state = None
-    pi = msg.get_attr("CTA_PROTOINFO")
-    tcp = pi.get_attr("CTA_PROTOINFO_TCP") if pi is not None else None
-    if tcp is not None:
-        tcp_state = tcp.get_attr("CTA_PROTOINFO_TCP_STATE")
-    return _event(
-        kind,
-        msg["nfgen_family"],
-        orig,
-        rep,
-        status=msg.get_attr("CTA_STATUS") or 0,
-        tcp_state=tcp_state,
-        timeout=msg.get_attr("CTA_TIMEOUT"),
-        zone=msg.get_attr("CTA_ZONE"),
-        helper=msg.get_attr("CTA_HELP") is not None,
-    )
-
-
-# ctnetlink attribute types (include/uapi/linux/netfilter/nfnetlink_conntrack.h) that parse_event reads
+# ctnetlink attribute types (include/uapi/linux/netfilter/nfnetlink_conntrack.h) that parse_event reads and the
+# requests carry
 CTA_TUPLE_ORIG, CTA_TUPLE_REPLY, CTA_STATUS, CTA_PROTOINFO, CTA_HELP, CTA_TIMEOUT, CTA_ZONE = 1, 2, 3, 4, 5, 7, 18
 CTA_TUPLE_IP, CTA_TUPLE_PROTO = 1, 2
 CTA_IP_V4_SRC, CTA_IP_V4_DST, CTA_IP_V6_SRC, CTA_IP_V6_DST = 1, 2, 3, 4
 CTA_PROTO_NUM, CTA_PROTO_SRC_PORT, CTA_PROTO_DST_PORT = 1, 2, 3
 CTA_PROTOINFO_TCP, CTA_PROTOINFO_TCP_STATE = 1, 1
+CTA_PROTOINFO_TCP_FLAGS_ORIGINAL, CTA_PROTOINFO_TCP_FLAGS_REPLY = 4, 5
 NLA_TYPE_MASK = 0x3FFF  # without NLA_F_NESTED and NLA_F_NET_BYTEORDER
 
 
@@ -270,10 +227,12 @@ def _raw_tuple(data: bytes, where: tuple[int, int] | None) -> tuple[str, str, in
     )
 
 
-def parse_event(data: bytes, off: int = 0) -> CtEvent | None:
-    """The ctnetlink event message at data[off:] (its netlink header first) as a CtEvent, read with struct: what
-    `parse` gets from pyroute2's nfct_msg in about 1/20 of the time (the system test compares the two on real
-    events). None for a message that is no conntrack event or has no original tuple."""
+def parse_event(data: bytes, off: int = 0, kind: str | None = None) -> CtEvent | None:
+    """The ctnetlink conntrack message at data[off:] (its netlink header first) as a CtEvent, read with struct (in
+    about 1/20 of the time pyroute2's nfct_msg takes; the system tests compare it with pyroute2 on real events and
+    with `conntrack -L` on real dumps). The one decoder of conntrack messages: events, and with kind="dump" the
+    entries a dump or a get replies with (the same IPCTNL_MSG_CT_NEW messages). None for a message that is no
+    conntrack entry or has no original tuple."""
     if off + 20 > len(data):
         return None
     length, mtype, flags = struct.unpack_from("=IHH", data, off)
@@ -281,9 +240,9 @@ def parse_event(data: bytes, off: int = 0) -> CtEvent | None:
     if length < 20 or end > len(data) or mtype >> 8 != NFNL_SUBSYS_CTNETLINK:
         return None
     if mtype & 0xFF == IPCTNL_MSG_CT_DELETE:
-        kind = "destroy"
+        kind = kind or "destroy"
     elif mtype & 0xFF == IPCTNL_MSG_CT_NEW:
-        kind = "new" if flags & (NLM_F_CREATE | NLM_F_EXCL) else "update"
+        kind = kind or ("new" if flags & (NLM_F_CREATE | NLM_F_EXCL) else "update")
     else:
         return None
     a = _attrs(data, off + 20, end)  # after the netlink header (16 bytes) and nfgenmsg (4)
@@ -313,6 +272,54 @@ def parse_event(data: bytes, off: int = 0) -> CtEvent | None:
         zone=be(CTA_ZONE, ">H"),
         helper=CTA_HELP in a,
     )
+
+
+def nl_messages(data: bytes) -> Iterator[tuple[int, int, int, int, int, int]]:
+    """(offset, length, type, flags, sequence number, port id) of each netlink message of a datagram, in order;
+    a truncated message ends the walk."""
+    off = 0
+    while off + 16 <= len(data):
+        length, mtype, flags, seq, pid = struct.unpack_from("=IHHII", data, off)
+        if length < 16 or off + length > len(data):
+            return
+        yield off, length, mtype, flags, seq, pid
+        off += (length + 3) & ~3
+
+
+def nl_errno(data: bytes, off: int, length: int) -> int:
+    """The error an NLMSG_ERROR (0: an ack) or NLMSG_DONE (0: the dump's end) message at data[off:] carries, as a
+    positive errno."""
+    return -struct.unpack_from("=i", data, off + 16)[0] if length >= 20 else 0
+
+
+def _nla(kind: int, payload: bytes, nested: bool = False) -> bytes:
+    """One netlink attribute, padded to 4 bytes."""
+    head = struct.pack("=HH", 4 + len(payload), kind | (NLA_F_NESTED if nested else 0))
+    return head + payload + bytes(-len(payload) % 4)
+
+
+def ct_tuple_attr(flow: Flow) -> bytes:
+    """CTA_TUPLE_ORIG of an IPv4 TCP/UDP flow: what names a conntrack entry in a get or an update."""
+    ip = _nla(CTA_IP_V4_SRC, struct.pack(">I", flow.src)) + _nla(CTA_IP_V4_DST, struct.pack(">I", flow.dst))
+    sport, dport = struct.pack(">H", flow.sport), struct.pack(">H", flow.dport)
+    proto = _nla(CTA_PROTO_NUM, bytes([flow.proto]))
+    proto += _nla(CTA_PROTO_SRC_PORT, sport) + _nla(CTA_PROTO_DST_PORT, dport)
+    return _nla(CTA_TUPLE_ORIG, _nla(CTA_TUPLE_IP, ip, True) + _nla(CTA_TUPLE_PROTO, proto, True), True)
+
+
+def ct_request(mtype: int, flags: int, seq: int, attrs: bytes = b"", family: int = socket.AF_INET) -> bytes:
+    """One ctnetlink request message: netlink header (NLM_F_REQUEST | flags), nfgenmsg (family, version 0), attrs."""
+    body = struct.pack("=BBH", family, 0, 0) + attrs
+    head = struct.pack("=IHHII", 16 + len(body), NFNL_SUBSYS_CTNETLINK << 8 | mtype, NLM_F_REQUEST | flags, seq, 0)
+    return head + body
+
+
+class ConntrackError(HypafilterError):
+    """Conntrack refused a ctnetlink request: `code` is its errno."""
+
+    def __init__(self, what: str, code: int):
+        self.code = code
+        super().__init__(f"conntrack {what}: {os.strerror(code)} (errno {code})")
 
 
 def refresh_due(last_hits: int | None, counted: bool, hits: int) -> bool:
@@ -596,30 +603,28 @@ class Syncer:
         }
 
 
-# ---- conntrack through pyroute2 ----------------------------------------------------------------------------------
+# ---- conntrack through ctnetlink ---------------------------------------------------------------------------------
 
 
 class Conntrack:
     """Conntrack of namespace `ns` through ctnetlink: an event socket (NEW, UPDATE, DESTROY groups), a request
-    socket (dump, entry updates). Both are opened inside `ns` and stay there."""
+    socket (dump, get, entry updates) and a batch socket (liberal-flag updates of several entries). All three are
+    opened inside `ns` and stay there. Requests are built and replies read here (`ct_request`, `nl_messages`); every
+    conntrack entry, in an event or a reply, is read by `parse_event`."""
+
+    DUMP_TRIES = 3  # dumps the kernel marked inconsistent (NLM_F_DUMP_INTR) before `dump` gives up
 
     def __init__(self, ns: str | None):
-        from pyroute2.netlink import NETLINK_NETFILTER
-        from pyroute2.netlink.nfnetlink.nfctsocket import AsyncNFCTSocket, NFCTSocket
-        from pyroute2.netlink.nlsocket import Marshal
-
         with netns.inside(ns):
             # Subscribed before the dump, so that nothing that happens between the two is lost.
             self.events = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
-            self.req = NFCTSocket()
-            self.req.asyncore.socket  # noqa: B018  (pyroute2 opens its socket lazily: here, inside `ns`)
+            self.req = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
             # Batched entry updates (set_liberal_many): several requests in one datagram, acks matched by sequence.
             self.batch = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
-        self.batch.bind((0, 0))
-        self.batch.settimeout(10.0)
-        self.batch.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-        self.batch_marshal = Marshal()
-        self.batch_marshal.msg_map.update(AsyncNFCTSocket.policy)
+        for s in (self.req, self.batch):
+            s.bind((0, 0))
+            s.settimeout(10.0)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         self._seq = 0
         self.echoes = 0  # events skipped as echoes of this service's own updates
         self.events.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
@@ -634,8 +639,12 @@ class Conntrack:
     def own_ports(self) -> set[int]:
         """The netlink port ids of this object's request sockets (0, the kernel's, never: a socket not bound yet
         has none)."""
-        ports = {self.batch.getsockname()[0], self.req.asyncore.socket.getsockname()[0]}
+        ports = {self.batch.getsockname()[0], self.req.getsockname()[0]}
         return {p for p in ports if p}
+
+    def _next_seq(self) -> int:
+        self._seq = (self._seq + 1) & 0x7FFFFFFF or 1
+        return self._seq
 
     def _foreign(self, data: bytes) -> list[CtEvent]:
         """The events of a datagram (`parse_event`), except the echoes of this service's own entry updates.
@@ -647,16 +656,11 @@ class Conntrack:
         id 0."""
         own = self.own_ports()
         out = []
-        off = 0
-        while off + 16 <= len(data):
-            length, _, _, _, pid = struct.unpack_from("=IHHII", data, off)
-            if length < 16 or off + length > len(data):
-                break
+        for off, _, _, _, _, pid in nl_messages(data):
             if pid in own:
                 self.echoes += 1
             elif (ev := parse_event(data, off)) is not None:
                 out.append(ev)
-            off += (length + 3) & ~3
         return out
 
     def read_events(self) -> list[CtEvent]:
@@ -670,27 +674,56 @@ class Conntrack:
                 return out
             out += self._foreign(data)
 
+    def _exchange(self, what: str, mtype: int, flags: int, attrs: bytes = b"") -> tuple[list[CtEvent], bool]:
+        """One request on the request socket and its replies up to the last: NLMSG_DONE ending a dump (multipart
+        replies), or NLMSG_ERROR (the ack of a request with NLM_F_ACK, or an error). The conntrack entries replied
+        (`parse_event`, kind "dump") and whether the kernel marked the dump inconsistent (NLM_F_DUMP_INTR).
+        ConntrackError: the kernel refused the request or the dump (its errno); HypafilterError: no answer.
+        Replies of another sequence number (to an earlier request that raised) are skipped."""
+        seq = self._next_seq()
+        self.req.send(ct_request(mtype, flags, seq, attrs))
+        entries: list[CtEvent] = []
+        interrupted = False
+        while True:
+            try:
+                data = self.req.recv(1 << 20)
+            except TimeoutError as e:
+                raise HypafilterError(f"conntrack did not answer the {what}") from e
+            for off, length, rtype, rflags, rseq, _ in nl_messages(data):
+                if rseq != seq:
+                    continue
+                interrupted |= bool(rflags & NLM_F_DUMP_INTR)
+                if rtype in (NLMSG_ERROR, NLMSG_DONE):
+                    if code := nl_errno(data, off, length):
+                        raise ConntrackError(what, code)
+                    return entries, interrupted
+                if rtype >= NLMSG_MIN_TYPE and (ev := parse_event(data, off, "dump")) is not None:
+                    entries.append(ev)
+
     def dump(self) -> list[CtEvent]:
-        return [ev for msg in self.req.dump() if (ev := parse(msg, "dump")) is not None]
+        """Every IPv4 conntrack entry (kind "dump"). A dump the kernel marked inconsistent (the table changed under
+        it) is taken again, DUMP_TRIES times at most; then HypafilterError."""
+        for _ in range(self.DUMP_TRIES):
+            entries, interrupted = self._exchange("dump", IPCTNL_MSG_CT_GET, NLM_F_DUMP)
+            if not interrupted:
+                return entries
+        raise HypafilterError(f"conntrack dump: inconsistent {self.DUMP_TRIES} times in a row (NLM_F_DUMP_INTR)")
 
-    @staticmethod
-    def _tuple(flow: Flow):
-        from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple
-
-        return NFCTAttrTuple(
-            saddr=str(ipaddress.IPv4Address(flow.src)),
-            daddr=str(ipaddress.IPv4Address(flow.dst)),
-            proto=flow.proto,
-            sport=flow.sport,
-            dport=flow.dport,
-        )
-
-    def _set(self, flow: Flow, **attrs) -> bool:
-        from pyroute2.netlink.exceptions import NetlinkError
-
+    def get(self, flow: Flow) -> CtEvent | None:
+        """The entry of `flow` (original direction; kind "dump"), None when conntrack has none."""
         try:
-            self.req.entry("set", tuple_orig=self._tuple(flow), **attrs)
-        except NetlinkError as e:
+            entries, _ = self._exchange("get", IPCTNL_MSG_CT_GET, NLM_F_ACK, ct_tuple_attr(flow))
+        except ConntrackError as e:
+            if e.code == errno.ENOENT:
+                return None
+            raise
+        return entries[0] if entries else None
+
+    def _set(self, flow: Flow, what: str, attrs: bytes) -> bool:
+        """An update of `flow`'s entry (IPCTNL_MSG_CT_NEW without NLM_F_CREATE); False when conntrack has none."""
+        try:
+            self._exchange(what, IPCTNL_MSG_CT_NEW, NLM_F_ACK, ct_tuple_attr(flow) + attrs)
+        except ConntrackError as e:
             if e.code == errno.ENOENT:
                 return False
             raise
@@ -704,27 +737,17 @@ class Conntrack:
         """set_liberal for several entries in one sendmsg: one IPCTNL_MSG_CT_NEW update (no NLM_F_CREATE) per entry,
         each with NLM_F_ACK and its own sequence number; the kernel runs every message of the datagram and acks
         each. Per entry True once its ack says done, False when conntrack has no such entry (ENOENT); any other
-        error raises (the worker ends and the supervisor starts another, which resyncs)."""
-        from pyroute2.netlink.exceptions import NetlinkError
-        from pyroute2.netlink.nfnetlink.nfctsocket import nfct_msg
-
+        error raises ConntrackError (the worker ends and the supervisor starts another, which resyncs)."""
         if not evs:
             return []
-        flags = {"value": (IP_CT_TCP_FLAG_BE_LIBERAL, IP_CT_TCP_FLAG_BE_LIBERAL)}
-        tcp = {"attrs": [["CTA_PROTOINFO_TCP_FLAGS_ORIGINAL", flags], ["CTA_PROTOINFO_TCP_FLAGS_REPLY", flags]]}
+        flags = struct.pack("=BB", IP_CT_TCP_FLAG_BE_LIBERAL, IP_CT_TCP_FLAG_BE_LIBERAL)  # nf_ct_tcp_flags
+        tcp = _nla(CTA_PROTOINFO_TCP_FLAGS_ORIGINAL, flags) + _nla(CTA_PROTOINFO_TCP_FLAGS_REPLY, flags)
+        protoinfo = _nla(CTA_PROTOINFO, _nla(CTA_PROTOINFO_TCP, tcp, True), True)
         data, seqs = b"", {}
         for k, ev in enumerate(evs):
-            self._seq = (self._seq + 1) & 0x7FFFFFFF or 1
-            msg = nfct_msg.create_from(
-                tuple_orig=self._tuple(ev.flow), protoinfo={"attrs": [["CTA_PROTOINFO_TCP", tcp]]}
-            )
-            msg["header"]["type"] = NFNL_SUBSYS_CTNETLINK << 8 | IPCTNL_MSG_CT_NEW
-            msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK
-            msg["header"]["sequence_number"] = self._seq
-            msg["nfgen_family"] = socket.AF_INET
-            msg.encode()
-            data += msg.data
-            seqs[self._seq] = k
+            seq = self._next_seq()
+            data += ct_request(IPCTNL_MSG_CT_NEW, NLM_F_ACK, seq, ct_tuple_attr(ev.flow) + protoinfo)
+            seqs[seq] = k
         self.batch.send(data)
         out: list[bool | None] = [None] * len(evs)
         left = len(evs)
@@ -733,36 +756,22 @@ class Conntrack:
                 chunk = self.batch.recv(1 << 16)
             except TimeoutError as e:
                 raise HypafilterError(f"conntrack did not answer {left} of {len(evs)} updates") from e
-            for msg in self.batch_marshal.parse(chunk):
-                k = seqs.get(msg["header"]["sequence_number"])
-                if k is None or out[k] is not None or msg["header"]["type"] != NLMSG_ERROR:
+            for off, length, rtype, _, rseq, _ in nl_messages(chunk):
+                k = seqs.get(rseq)
+                if k is None or out[k] is not None or rtype != NLMSG_ERROR:
                     continue  # not an ack of this batch (a late one of an earlier batch that raised)
-                err = msg["header"]["error"]
-                if err is None:
+                code = nl_errno(chunk, off, length)
+                if code == 0:
                     out[k] = True
-                elif isinstance(err, NetlinkError) and err.code == errno.ENOENT:
+                elif code == errno.ENOENT:
                     out[k] = False
                 else:
-                    raise err
+                    raise ConntrackError("liberal-flag update", code)
                 left -= 1
         return [bool(x) for x in out]
 
     def set_timeout(self, flow: Flow, proto: int, seconds: int) -> bool:
-        return self._set(flow, timeout=int(seconds))
-
-    def get(self, flow: Flow) -> CtEvent | None:
-        from pyroute2.netlink.exceptions import NetlinkError
-
-        try:
-            msgs = self.req.entry("get", tuple_orig=self._tuple(flow))
-        except NetlinkError as e:
-            if e.code == errno.ENOENT:
-                return None
-            raise
-        for m in msgs:
-            if (ev := parse(m, "dump")) is not None:
-                return ev
-        return None
+        return self._set(flow, "timeout update", _nla(CTA_TIMEOUT, struct.pack(">I", int(seconds))))
 
     def refresh(self, flow: Flow, proto: int, seconds: int, tcp_state: int | None = None) -> bool:
         """The timeout of a flow the hardware saw, if conntrack still holds it as offloadable (an entry of the
@@ -830,7 +839,7 @@ def serve(
     try:
         syncer = Syncer(table, ct, read_timeouts(ns))
         syncer.resync(ct.dump())
-        # Python's full (generation 2) collection walked every object of the worker, pyroute2's modules included:
+        # Python's full (generation 2) collection walked every object of the worker (then pyroute2's modules too):
         # 70-110 ms under load, once in a run of the established measure, and no flow was installed meanwhile.
         # What is left after this collection (modules, sockets, the syncer) lives as long as the worker: frozen,
         # collections no longer walk it.

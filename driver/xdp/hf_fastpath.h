@@ -19,6 +19,10 @@
 #define HFX_CT_LOOKUP 1	     /* look TCP/UDP frames up in conntrack (bpf_xdp_ct_lookup): ct 1/2 for established ones */
 #define HFX_CT_TCP_LIBERAL 2 /* the namespace's nf_conntrack_tcp_be_liberal is 1: no TCP window tracking */
 
+/* hfx_config.ct_hit[]: a conntrack hit in that direction matches this entry whatever its other fields (the set bit
+ * marks the value valid; tables.build_tables). */
+#define HFX_CT_HIT_SET 0x80000000u
+
 /* Reason field of M for frames the fast path decided itself (forwarded in bridge mode, dropped): never seen by the
  * TC program (those frames do not reach the host stack); it only tells tests and tools "no shunt reason". */
 #define HFX_REASON_FAST 15
@@ -63,6 +67,15 @@ struct hfx_config {
 	__u32 ct_udp_ms;   /* conntrack's UDP stream (replied) timeout, ms */
 	__u32 ct_flags;	   /* HFX_CT_* */
 	__u32 ct_udp_unreplied_ms; /* conntrack's UDP timeout before the stream timeout applies, ms */
+	/* Per direction (ct 1 original, ct 2 reply): HFX_CT_HIT_SET | entry when the first box a conntrack hit in that
+	 * direction can lie in restricts no other field (a conntrack-first policy's ESTABLISHED accept): a hit's answer
+	 * without a lookup. 0: classify it. */
+	__u32 ct_hit[2];
+};
+
+/* hfx_ports: the ifindex of each port 0..3 (0: no such port), one row written whole by the loader. */
+struct hfx_port_table {
+	__u32 ifindex[4];
 };
 
 /* One elementary interval of a 32-bit field: its first value and the id of its box vector in hfx_vec. */

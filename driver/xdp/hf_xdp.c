@@ -192,7 +192,19 @@ static int write_tables(const char *path, map_fd_fn fdof, void *ctx, int close_f
 		__u32 zero = 0;
 		int fd = fdof(ctx, "hfx_cfg");
 
-		(void)cfg_size;
+		if (cfg_size != sizeof(struct hfx_config))
+			die("tables", "%s: hfx_cfg of %u bytes, this loader's is %zu", path, cfg_size,
+			    sizeof(struct hfx_config));
+		if (close_fds) {
+			/* The program reads the row while it is copied in (no lock): first every new field under
+			 * CONTROL 0, then the same row with its CONTROL, so a frame sees either "not enabled" or the
+			 * new row whole, never an enabled mix of the old row and the new. */
+			struct hfx_config off = *(struct hfx_config *)cfg_val;
+
+			off.control = 0;
+			if (bpf_map_update_elem(fd, &zero, &off, BPF_ANY))
+				die("tables", "hfx_cfg: %s", strerror(errno));
+		}
 		if (bpf_map_update_elem(fd, &zero, cfg_val, BPF_ANY))
 			die("tables", "hfx_cfg: %s", strerror(errno));
 		if (close_fds)
@@ -205,12 +217,11 @@ static int write_tables(const char *path, map_fd_fn fdof, void *ctx, int close_f
 static void write_ports(struct port *ports, int np, map_fd_fn fdof, void *ctx)
 {
 	int pfd = fdof(ctx, "hfx_ports"), tfd = fdof(ctx, "hfx_tx");
+	struct hfx_port_table pt = {};
+	__u32 zero = 0;
 
 	for (int i = 0; i < np; i++) {
-		__u32 idx = ifindex_of(ports[i].name);
-
-		if (bpf_map_update_elem(pfd, &idx, &ports[i].iport, BPF_ANY))
-			die("ports", "%s: %s", ports[i].name, strerror(errno));
+		pt.ifindex[ports[i].iport] = ifindex_of(ports[i].name);
 		if (ports[i].paired[0]) {
 			__u32 out = ifindex_of(ports[i].paired);
 
@@ -218,6 +229,8 @@ static void write_ports(struct port *ports, int np, map_fd_fn fdof, void *ctx)
 				die("ports", "%s -> %s: devmap: %s", ports[i].name, ports[i].paired, strerror(errno));
 		}
 	}
+	if (bpf_map_update_elem(pfd, &zero, &pt, BPF_ANY))
+		die("ports", "hfx_ports: %s", strerror(errno));
 }
 
 static void print_counters(map_fd_fn fdof, void *ctx, int reset, int hits)
@@ -592,7 +605,11 @@ int main(int argc, char **argv)
 		case 'P':
 			if (np == MAX_PORTS)
 				die("usage", "at most %d --port", MAX_PORTS);
-			parse_port(optarg, &ports[np++]);
+			parse_port(optarg, &ports[np]);
+			for (int i = 0; i < np; i++)
+				if (ports[i].iport == ports[np].iport)
+					die("usage", "--port %s: port %u is %s already", optarg, ports[np].iport, ports[i].name);
+			np++;
 			break;
 		case 'R':
 			repeat = atoi(optarg);

@@ -681,9 +681,18 @@ def test_service_on_the_emulated_flow_cache(lab):
             flowsync.start(deploy.NS_FW, sd)
             assert {tflow, uflow} <= set(hw_flows(nic)), "the restarted service did not resync from the dump"
 
-            # Close: the FIN takes TCP out of ESTABLISHED, the flow leaves the hardware.
+            # Close: the FINs take TCP out of ESTABLISHED and the flow leaves the hardware at LAST_ACK. The last
+            # ACK then takes conntrack to TIME_WAIT, where the flow comes back until TIME_WAIT_IDLE_POLLS polls
+            # without a hit, unless the hardware forwarded that ACK before the service had deleted the flow
+            # (the sync lag, docs/flowsync.md): then conntrack stays at LAST_ACK. Either way the flow is gone
+            # from the hardware for good once conntrack is there and the service has read the event.
             c.close()
-            assert wait_for(lambda: tflow not in hw_flows(nic)), "the closed TCP flow stayed in the hardware"
+            assert wait_for(
+                lambda: (entry_of(fw, "tcp", TCP_PORT, sport) or {}).get("state") in ("TIME_WAIT", "LAST_ACK")
+            ), [(e["proto"], e["state"], e["timeout"]) for e in conntrack_list(fw)]
+            time.sleep(0.3)  # the last ACK, and its event read by the service (lag p50 ~1 ms)
+            gone = (flowsync.TIME_WAIT_IDLE_POLLS + 2) * flowsync.INTERVAL + 2
+            assert wait_for(lambda: tflow not in hw_flows(nic), timeout=gone), "the closed TCP flow stayed in hardware"
 
             # The counters as status shows them (the state file is written at each poll: wait for the next one).
             def counted():

@@ -14,7 +14,7 @@ from hypafilter.analysis.plan import build_plan
 from hypafilter.config import Config
 from hypafilter.iptables.document import parse_policy
 from hypafilter.ir import FIELDS, MAXV, Header
-from hypafilter.targets.xdp.tables import SEARCH_FIELDS, build_tables, shape_id, tables_file
+from hypafilter.targets.xdp.tables import CONFIG, CT_HIT_SET, SEARCH_FIELDS, build_tables, shape_id, tables_file
 from hypafilter.tools.fuzz import random_policy
 
 from conftest import ROOT
@@ -37,6 +37,8 @@ def lookup(t, h: Header) -> int:
         return t.n
     acc = np.full(max(t.words, 1), np.uint64(0xFFFFFFFFFFFFFFFF))
     vals = dict(zip(FIELDS, h.values(), strict=True), flags=h.tcp_flags)
+    if vals["ct"] in (1, 2) and t.ct_hit[vals["ct"] - 1] & CT_HIT_SET:
+        return t.ct_hit[vals["ct"] - 1] & ~CT_HIT_SET  # hfx_config.ct_hit: the hit's entry without a lookup
     if vals["ct"] and "ct" in t.fields and set(SEARCH_FIELDS) & set(t.fields):
         # A conntrack hit: the first box of the direct fields' AND decides when no address restricts it.
         for f in t.fields:
@@ -114,6 +116,33 @@ def test_wild_boxes_and_their_bit():
     assert ((box & 0x7FFFFFFF) == t.box_entry).all() and ((box >> 31).astype(bool) == t.box_wild).all()
 
 
+CT_RULES = {
+    # first rule a hit can match -> the entry hfx_config.ct_hit names per direction (None: classify)
+    "-m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT": (0, 0),
+    "-m state --state ESTABLISHED -j ACCEPT": (0, 0),
+    "-m conntrack --ctstate ESTABLISHED --ctdir ORIGINAL -j ACCEPT": (0, None),
+    "-p tcp -m conntrack --ctstate ESTABLISHED -j ACCEPT": (None, None),
+    "-s 10.0.0.0/8 -m conntrack --ctstate ESTABLISHED -j ACCEPT": (None, None),
+    "-i eth0 -m conntrack --ctstate ESTABLISHED -j ACCEPT": (None, None),
+}
+
+
+@pytest.mark.parametrize("rule", sorted(CT_RULES))
+def test_conntrack_hit_entry(rule):
+    """hfx_config.ct_hit: set exactly when the first box a hit can lie in restricts nothing else; then it names that
+    box's entry, in the tables file's hfx_cfg row too, and the lookup (which takes it, above) still gives the first
+    match for every header, hits in both directions among them."""
+    text = POLICY.replace(":FORWARD DROP [0:0]\n", f":FORWARD DROP [0:0]\n-A FORWARD {rule}\n")
+    _check_lookup(text, 12)
+    t = build_tables(build_plan(parse_policy(text, "ct-hit")))
+    want = tuple(0 if e is None else CT_HIT_SET | e for e in CT_RULES[rule])
+    assert t.ct_hit == want
+    data = tables_file(t, t.shape(), 1, 0)
+    at = data.index(b"hfx_cfg") + len(b"hfx_cfg")
+    size, count = struct.unpack_from("<II", data, at)
+    assert (size, count) == (CONFIG.size, 1) and CONFIG.unpack_from(data, at + 8)[-2:] == want
+
+
 def _check_lookup(text: str, seed: int) -> None:
     policy = parse_policy(text, f"p{seed}")
     for mode in ("index", "exact"):
@@ -132,9 +161,10 @@ def test_shape_and_file():
     assert shape["words"] >= t.words and shape["ent_cap"] > t.n
     assert t.fits(shape) and len(shape_id(shape)) == 12
     data = tables_file(t, shape, control=1, generation=3)
-    # The config record is the last one; its fields: control, generation, num_entries, num_words, nb, armed.
+    # The config record is the last one; its fields: control, generation, num_entries, num_words, nb, armed, the
+    # conntrack fields (no lookup; no rule reads conntrack, so no hit entry).
     nb = (len(t.spans["src"]), len(t.spans["dst"]))
-    assert data.endswith(struct.pack("<11I", 1, 3, t.n, t.words, *nb, 1, 0, 0, 0, 0))
+    assert data.endswith(struct.pack("<13I", 1, 3, t.n, t.words, *nb, 1, 0, 0, 0, 0, 0, 0))
     small = dict(shape, words=0)
     assert not t.fits(small)
     with pytest.raises(ValueError):

@@ -30,8 +30,9 @@ DIRECT_SIZE["flags"] = 256
 CHUNK = 1024  # boxes per sweep step (memory: intervals x CHUNK bytes)
 
 # hfx_config (driver/xdp/hf_fastpath.h): control, generation, num_entries, num_words, nb_src, nb_dst, armed,
-# ct_tcp_ms, ct_udp_ms, ct_flags, ct_udp_unreplied_ms
-CONFIG = struct.Struct("<11I")
+# ct_tcp_ms, ct_udp_ms, ct_flags, ct_udp_unreplied_ms, ct_hit[2]
+CONFIG = struct.Struct("<13I")
+CT_HIT_SET = 0x80000000  # hfx_config.ct_hit[] bit HFX_CT_HIT_SET
 CT_LOOKUP, CT_TCP_LIBERAL = 1, 2  # hfx_config.ct_flags (HFX_CT_*)
 BOX_WILD = 0x80000000  # hfx_box value bit HFX_BOX_WILD: no address restricts the box
 ENTRY = struct.Struct("<BBHI")  # struct hfx_entry: action (| HF_ACTION_MIRROR_BIT), shunt, pad, k
@@ -58,6 +59,7 @@ class Tables:
     spans: dict[str, np.ndarray] = field(default_factory=dict)  # field -> SPAN records (start, vector id)
     box_entry: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint32))
     box_wild: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # per box: src and dst unrestricted
+    ct_hit: tuple[int, int] = (0, 0)  # hfx_config.ct_hit: CT_HIT_SET | entry per direction (ct 1, 2), or 0
     entries: bytes = b""  # n + 1 packed struct hfx_entry
 
     def shape(self) -> dict:
@@ -172,9 +174,24 @@ def build_tables(plan) -> Tables:
         i = FIELDS.index(f)
         wild &= (lo[:, i] == 0) & (hi[:, i] == MAXV[i])
     t.box_wild = wild
+    t.ct_hit = tuple(_ct_hit(lo, hi, fmask, t.box_entry, c) for c in (1, 2))
     words = action_words(plan)  # the action code | MIRROR_BIT where Plan.mirror is set (the NIC's ACTION word)
     t.entries = b"".join(ENTRY.pack(words[j], int(bool(plan.shunt[j])), 0, int(plan.interval[j])) for j in range(n + 1))
     return t
+
+
+def _ct_hit(lo: np.ndarray, hi: np.ndarray, fmask: np.ndarray, owner: np.ndarray, c: int) -> int:
+    """CT_HIT_SET | entry when the first box (priority order) whose ct range holds `c` restricts no other field, so
+    every frame with ct `c` matches it and no earlier box: a conntrack hit's answer without a lookup. Else 0."""
+    k = FIELDS.index("ct")
+    holds = np.flatnonzero((lo[:, k] <= c) & (hi[:, k] >= c))
+    if not len(holds):
+        return 0
+    b = int(holds[0])
+    others = [i for i in range(len(FIELDS)) if i != k]
+    if fmask[b] or (lo[b, others] != 0).any() or (hi[b, others] != np.array(MAXV)[others]).any():
+        return 0
+    return CT_HIT_SET | int(owner[b])
 
 
 def _record(name: str, value_size: int, count: int, data: bytes) -> bytes:
@@ -246,6 +263,7 @@ def tables_file(t: Tables, shape: dict, control: int, generation: int, ct: CtCon
         ct.udp_ms,
         ct.flags(),
         ct.udp_unreplied_ms,
+        *t.ct_hit,
     )
     out.append(_record("hfx_cfg", CONFIG.size, 1, cfg))
     return b"".join(out)

@@ -142,7 +142,7 @@ class Env:
         self.echo = Echo(lab.ns_recv, TCP_PORT, TCP_PORT + 1)
         self.uid = 1
 
-    def close(self) -> None:
+    def stop(self) -> None:
         self.echo.close()
 
     @contextlib.contextmanager
@@ -160,14 +160,17 @@ class Env:
             for p, ns in (("hybrid", self.lab.ns_fw), ("plain", self.lab.ns_plain))
         }
 
-    def timewait(self, cport: int) -> dict[str, Seqs]:
-        """A real connection from `cport` on each path, some data, closed by the client; returns when conntrack
-        holds both in TIME_WAIT, with each path's FIN numbers. The client's ACK of the server's FIN is held back in the sender's OUTPUT once (the
-        server sends its FIN again a retransmission timeout later, and the client acks that): the first ACK would
-        otherwise follow the FIN by less than the sync lag and could still hit the flow conntrack just took to
-        LAST_ACK (docs/flowsync.md), leaving the hybrid's entry in LAST_ACK; this way both paths see the same."""
+    def close(self, cport: int, hold: bool = True) -> dict[str, Seqs]:
+        """A real connection from `cport` on each path, some data, closed by the client; returns each path's FIN
+        numbers once conntrack holds the plain path's entry in TIME_WAIT and the hybrid's is past the FINs.
+
+        With `hold` the client's ACK of the server's FIN is held back in the sender's OUTPUT once (the server sends
+        its FIN again a retransmission timeout later, and the client acks that): the first ACK follows the FIN by one
+        trip through the client, less than the service takes to remove the flow conntrack just took to LAST_ACK, so
+        it hits and the hybrid's conntrack stays in LAST_ACK (test_a_normal_close); held, both paths see the same
+        close and reach TIME_WAIT."""
         lab = self.lab
-        hold = ["-p", "tcp", "--sport", str(cport), "--tcp-flags", "ALL", "ACK", "-j", "DROP"]
+        rule = ["-p", "tcp", "--sport", str(cport), "--tcp-flags", "ALL", "ACK", "-j", "DROP"]
         caps = {p: verify.raw_socket(lab.ns_send, f"{k}0") for p, k in PATHS}
         socks = []
         try:
@@ -183,16 +186,30 @@ class Env:
             time.sleep(0.3)  # the delayed ACKs of the last echo go out before the hold
             for cap in caps.values():
                 verify.drain(cap)
-            lab.exec_in(lab.ns_send, ["iptables", "-w", "-I", "OUTPUT", *hold])
+            if hold:
+                lab.exec_in(lab.ns_send, ["iptables", "-w", "-I", "OUTPUT", *rule])
             try:
                 for c in socks:
                     c.close()
                 time.sleep(0.1)
             finally:
-                lab.exec_in(lab.ns_send, ["iptables", "-w", "-D", "OUTPUT", *hold])
-            assert wait_for(
-                lambda: all(e and e["state"] == "TIME_WAIT" for e in self.entries(cport).values()), timeout=10
-            ), f"conntrack did not reach TIME_WAIT on both paths: {self.entries(cport)}"
+                if hold:
+                    lab.exec_in(lab.ns_send, ["iptables", "-w", "-D", "OUTPUT", *rule])
+
+            def closed():
+                e = self.entries(cport)
+                return (
+                    e["plain"]
+                    and e["plain"]["state"] == "TIME_WAIT"
+                    and e["hybrid"]
+                    and e["hybrid"]["state"]
+                    in (
+                        "TIME_WAIT",
+                        "LAST_ACK",
+                    )
+                )
+
+            assert wait_for(closed, timeout=10), f"conntrack did not see the close: {self.entries(cport)}"
             return {p: fins(caps[p], lab.ip("send", k), cport) for p, k in PATHS}
         finally:
             for cap in caps.values():
@@ -202,7 +219,10 @@ class Env:
 
     def run(self, cport: int, cases: list[Case]) -> list[dict]:
         """`cases` on a connection from `cport` in TIME_WAIT, through both paths: one record per case."""
-        lab, seqs = self.lab, self.timewait(cport)
+        lab, seqs = self.lab, self.close(cport)
+        assert wait_for(lambda: all(e and e["state"] == "TIME_WAIT" for e in self.entries(cport).values())), (
+            f"conntrack did not reach TIME_WAIT on both paths: {self.entries(cport)}"
+        )
         out = []
         with self.nic() as nic:
             if nic is not None:
@@ -309,7 +329,7 @@ def check(records: list[dict], target: str, diverging: frozenset[str] = frozense
 def env(lab):
     e = Env(lab, getattr(lab, "target", "emu"))
     yield e
-    e.close()
+    e.stop()
 
 
 def test_late_segments_of_a_closed_connection(env):
@@ -335,3 +355,58 @@ def test_out_of_window_segments(env):
     closes it this fails, and the cases become plain ones."""
     diverging = OUT_OF_WINDOW_DIVERGING if env.target == "emu" else frozenset()
     check(env.run(41034, OUT_OF_WINDOW), env.target, diverging)
+
+
+NORMAL_CLOSES = range(41040, 41056)  # the divergence is a race: seen in 40-90 % of closes
+LAST_ACK_TIMEOUT = 3  # seconds, on both paths for test_a_normal_close (the kernel's default: 30)
+
+
+def test_a_normal_close(env):
+    """Connections closed as TCP closes them (the client's FIN, the server's FIN, the client's ACK at once): the
+    kernel alone takes every entry to TIME_WAIT. On the emulated NIC the last ACK hits the flow the service is still
+    taking out at LAST_ACK, so the hybrid's conntrack never sees it and its entry stays in LAST_ACK (30 s, not
+    TIME_WAIT's 120 s): an open divergence (docs/flowsync.md, "The sync lag and exactness"), kept honest: the kernel's
+    state checked, and the hybrid's LAST_ACK seen at least once; once a change closes it this fails. The xdp program
+    leaves LAST_ACK to conntrack: there every entry must reach TIME_WAIT.
+
+    What it costs: once LAST_ACK's timeout has passed (shortened to LAST_ACK_TIMEOUT on both paths), a late segment
+    from the server (an ACK) finds no entry on the hybrid path and is a new connection the policy does not allow,
+    where the kernel alone still has the entry in TIME_WAIT and lets it through."""
+    lab = env.lab
+    key = "net.netfilter.nf_conntrack_tcp_timeout_last_ack"
+    was = {ns: lab.exec_in(ns, ["sysctl", "-n", key]).strip() for ns in (lab.ns_fw, lab.ns_plain)}
+    try:
+        for ns in was:
+            lab.exec_in(ns, ["sysctl", "-qw", f"{key}={LAST_ACK_TIMEOUT}"])
+        seqs, states = {}, {}
+        for c in NORMAL_CLOSES:  # each state read well within LAST_ACK_TIMEOUT of its close
+            seqs[c] = env.close(c, hold=False)
+            time.sleep(0.3)  # any ACK still on its way
+            states[c] = {p: (e or {}).get("state") for p, e in env.entries(c).items()}
+        last_ack = {c for c, s in states.items() if s["hybrid"] == "LAST_ACK"}
+        print(f"\n{env.target}: hybrid entries left in LAST_ACK {len(last_ack)} of {len(states)}: {states}")
+        assert all(s["plain"] == "TIME_WAIT" for s in states.values()), f"the kernel alone: {states}"
+        assert all(s["hybrid"] in ("LAST_ACK", "TIME_WAIT") for s in states.values()), states
+        if env.target == "emu":
+            assert last_ack, f"no longer diverges: {states}"
+        else:
+            assert not last_ack, f"conntrack states differ: {states}"
+        time.sleep(LAST_ACK_TIMEOUT + 1)
+        frames: dict[str, list] = {"hybrid": [], "plain": []}
+        late: dict[int, int] = {}  # frame id -> client port
+        for c in NORMAL_CLOSES:
+            for path, k in PATHS:
+                how = {"flags": ACK, "payload": b"", "seq": seqs[c][path].value("s"), "ack": seqs[c][path].value("c")}
+                frame = craft(env.uid, lab.ip("recv", k), lab.ip("send", k), TCP_PORT, c, 6, how)
+                frames[path].append((env.uid, frame, "reply"))
+                late[env.uid] = c
+                env.uid += 1
+        got = through_both(lab, frames, quiet=0.3)
+        delivered = {p: {late[i] for i in got[p]} for p, _ in PATHS}
+        print(f"late server ACK delivered: hybrid {sorted(delivered['hybrid'])} plain {sorted(delivered['plain'])}")
+        assert delivered["plain"] == set(NORMAL_CLOSES), "the kernel alone did not keep every TIME_WAIT entry"
+        # the hybrid path drops exactly the late segments of the entries that stayed in LAST_ACK and expired
+        assert delivered["hybrid"] == set(NORMAL_CLOSES) - last_ack
+    finally:
+        for ns, v in was.items():
+            lab.exec_in(ns, ["sysctl", "-qw", f"{key}={v}"])

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 from test_ct_timewait import (  # noqa: F401  (env: the fixture the imported tests use)
     env,
+    test_a_normal_close,
     test_late_segments_of_a_closed_connection,
     test_out_of_window_segments,
     test_syn_from_the_server,

@@ -11,6 +11,7 @@ from test_ct_timewait import (  # noqa: F401  (env: the fixture the imported tes
     test_a_normal_close,
     test_late_segments_of_a_closed_connection,
     test_out_of_window_segments,
+    test_syn_after_a_normal_close,
     test_syn_from_the_server,
     test_syn_reusing_the_tuple,
 )

@@ -64,7 +64,9 @@ CSUM_CASES = [
 
 def craft(uid: int, src: str, dst: str, sport: int, dport: int, proto: int, how: dict) -> bytes:
     """A frame of the flow (src, dst, sport, dport, proto) made INVALID as `how` says; its checksums right unless
-    `bad_csum` (the UDP length cases carry checksum 0: none, so only the length field is wrong)."""
+    `bad_csum` (the UDP length cases carry checksum 0: none, so only the length field is wrong). TCP `seq`, `ack`
+    (default: the id, 0) and `payload` (default 16 bytes) set a well-formed segment's numbers and data
+    (test_ct_timewait.py)."""
     h = {
         "src": int.from_bytes(socket.inet_aton(src), "big"),
         "dst": int.from_bytes(socket.inet_aton(dst), "big"),
@@ -73,9 +75,13 @@ def craft(uid: int, src: str, dst: str, sport: int, dport: int, proto: int, how:
         "dport": dport,
         "flags": how.get("flags", ACK),
     }
-    payload = bytes(range(16))
+    payload = how.get("payload", bytes(range(16)))
     f = bytearray(verify.build_frame(uid, h, payload))
     l4 = 14 + 20
+    if proto == 6 and "seq" in how:
+        f[l4 + 4 : l4 + 8] = struct.pack("!I", how["seq"] & 0xFFFFFFFF)
+    if proto == 6 and "ack" in how:
+        f[l4 + 8 : l4 + 12] = struct.pack("!I", how["ack"] & 0xFFFFFFFF)
     if "doff" in how:
         f[l4 + 12] = how["doff"] << 4
     if "ulen" in how:
@@ -93,20 +99,22 @@ def craft(uid: int, src: str, dst: str, sport: int, dport: int, proto: int, how:
     return bytes(f)
 
 
-def through_both(lab, frames: dict[str, list[tuple[int, bytes, str]]]) -> dict[str, set[int]]:
+def through_both(lab, frames: dict[str, list[tuple[int, bytes, str]]], quiet: float = 0.5) -> dict[str, set[int]]:
     """Send each path's frames (uid, frame, "orig" sender->receiver or "reply" receiver->sender) on that path's
-    veth and capture them at the other end: {path: ids delivered}."""
+    veth and capture them at the other end until `quiet` seconds pass without one: {path: ids delivered}."""
     ends = {"orig": (lab.ns_send, lab.ns_recv), "reply": (lab.ns_recv, lab.ns_send)}
     got: dict[str, set[int]] = {}
     for path, dev in (("hybrid", "hyb0"), ("plain", "plain0")):
         got[path] = set()
         for way, (a, b) in ends.items():
+            if not any(w == way for _, _, w in frames[path]):
+                continue
             tx, rx = verify.raw_socket(a, dev), verify.raw_socket(b, dev)
             try:
                 verify.drain(rx)
                 verify.send(tx, [f for _, f, w in frames[path] if w == way], pace_every=0)
                 seen: dict[int, list[bytes]] = {}
-                verify.collect({"rx": rx}, {"rx": seen}, 0.5, 5.0)
+                verify.collect({"rx": rx}, {"rx": seen}, quiet, 5.0)
                 got[path] |= set(seen)
             finally:
                 tx.close()

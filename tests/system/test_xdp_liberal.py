@@ -192,13 +192,17 @@ def test_no_service_when_there_is_nothing_to_mark(lab, tmp_path):
     hf("undeploy", "-q", check=False)
     try:
         set_liberal_sysctl(1)
-        st = json.loads(hf("deploy", str(f), "--target", "xdp", "--json").stdout)
+        hf("deploy", str(f), "--target", "xdp", "-q")
+        st = json.loads(hf("status", "--json").stdout)
         assert not st["flowsync"]["wanted"] and "nf_conntrack_tcp_be_liberal" in st["flowsync"]["reason"], st
-        assert service_pid() is None
+        assert service_pid() is None and st["drift"] == [], st["drift"]
     finally:
         set_liberal_sysctl(0)
         hf("undeploy", "-q", check=False)
-    st = json.loads(hf("deploy", str(g), "--target", "xdp", "--json").stdout)
-    assert not st["flowsync"]["wanted"] and "conntrack" in st["flowsync"]["reason"], st["flowsync"]
+    hf("deploy", str(g), "--target", "xdp", "-q")
+    st = json.loads(hf("status", "--json").stdout)
+    assert st["drift"] == [] and not st["flowsync"]["wanted"] and "conntrack" in st["flowsync"]["reason"], st[
+        "flowsync"
+    ]
     assert service_pid() is None
     hf("undeploy", "-q")

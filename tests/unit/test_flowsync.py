@@ -365,6 +365,13 @@ def test_status_line():
     )
     assert line.startswith("flowsync pid 7: 3 flows offloaded, occupancy 4; inserts 5, deletes 2, evictions 1")
     assert line.endswith("sync lag p50 0.4 ms, max 2.5 ms")
+    liberal = {"wanted": True, "mode": "liberal", "pid": 8, "offloaded": 2, "liberal": 3, "lag_p50_ms": 0.3}
+    assert _fmt_flowsync({**liberal, "running": True}).startswith(
+        "flowsync pid 8 (liberal marks): 2 TCP flows held, 3 entries marked liberal; sync lag p50 0.3 ms"
+    )
+    assert _fmt_flowsync({**liberal, "running": False}) == (
+        "flowsync DOWN: new TCP entries are not marked liberal (deploy again, or undeploy)"
+    )
 
 
 def test_flows_established_together_are_installed_in_one_batch_after_their_liberal_flags():

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from hypafilter import netns
 from hypafilter.netns import inside
+from test_xdp_lab import CT_FIRST  # the conntrack-first policy of the xdp lab's tests
 
 from conftest import need_root, need_tool
 
@@ -32,15 +33,6 @@ LIBERAL = "net.netfilter.nf_conntrack_tcp_be_liberal"
 IP_CT_TCP_FLAG_BE_LIBERAL = 0x08
 IPS_SEEN_REPLY = 0x2
 
-CT_FIRST = """*filter
-:FORWARD DROP [0:0]
--A FORWARD -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT
--A FORWARD -p tcp -m tcp --dport 8080 -m conntrack --ctstate NEW -j ACCEPT
--A FORWARD -p udp -m udp --dport 5353 -j ACCEPT
--A FORWARD -p icmp -j ACCEPT
--A FORWARD -p tcp -j DROP
-COMMIT
-"""
 STATELESS = "*filter\n:FORWARD DROP [0:0]\n-A FORWARD -p tcp -m tcp --dport 8080 -j ACCEPT\nCOMMIT\n"
 
 

@@ -81,4 +81,7 @@ bench-xdp-rate:
 	  --mode selective --actions alternate --trace $(BENCH_XDP)/acl1_5k_trace.gz --json > $(BENCH_XDP)/acl1_5k_c50.json
 	$(VENV)/bin/hypafilter bench rate --target xdp --classbench $(BENCH_XDP)/acl1_5k.filters --ct-first --established \
 	  --policy DROP --mode selective --trace $(BENCH_XDP)/acl1_5k_trace.gz --json > $(BENCH_XDP)/acl1_5k_ctfirst.json
+	$(VENV)/bin/hypafilter bench rate --target xdp --classbench $(BENCH_XDP)/acl1_5k.filters --ct-first --established \
+	  --policy DROP --mode selective --trace $(BENCH_XDP)/acl1_5k_trace.gz --prog-repeat 0 --sender live --json \
+	  > $(BENCH_XDP)/acl1_5k_ctfirst_live.json
 	$(PY) -c 'import json,sys; [print(f, json.dumps({k: json.load(open(f))[k] for k in ("hybrid_pps","iptables_pps","nft_pps","fw_ns","fw_speedup_vs_iptables","fw_speedup_vs_nft","speedup_vs_iptables","speedup_vs_nft","sink_pps","hw_share","mismatches","load")})) for f in sys.argv[1:]]' $(BENCH_XDP)/*.json

@@ -733,7 +733,11 @@ def test_no_service_without_a_flow_cache_or_a_conntrack_policy(lab):
 
     plain = stateless_policy()
     state = deploy.deploy(plain, deploy.site_config(Config()))
-    assert state["flowsync"] == {"wanted": False, "reason": "the policy's hardware entries do not read conntrack state"}
+    assert state["flowsync"] == {
+        "wanted": False,
+        "mode": "flowcache",
+        "reason": "the policy's hardware entries do not read conntrack state",
+    }
     assert flowsync.running_pid(deploy.STATE_DIR) is None
     st = deploy.status()
     assert not st["flowsync"]["wanted"] and not any(d.startswith("flowsync") for d in st["drift"])

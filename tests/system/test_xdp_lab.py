@@ -178,7 +178,7 @@ def test_conntrack_connections(lab, tmp_path):
     assert c["completed_oracle"] == c["completed_hybrid"] > 0, c
     assert c["by_kind"]["tcp"]["completed"] > 0 and c["by_kind"]["udp"]["completed"] > 0, c
     # UDP replies and later datagrams of connections conntrack holds as replied: decided in XDP (ct from the kernel's
-    # table); TCP not, while the namespace's conntrack tracks TCP windows (docs/xdp.md).
+    # table); TCP once the flow sync service has marked the entry liberal (docs/xdp.md, test_xdp_liberal.py).
     assert c["nic"]["CNT_FORWARDED"] > 0, c["nic"]
 
 

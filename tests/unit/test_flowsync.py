@@ -365,6 +365,13 @@ def test_status_line():
     )
     assert line.startswith("flowsync pid 7: 3 flows offloaded, occupancy 4; inserts 5, deletes 2, evictions 1")
     assert line.endswith("sync lag p50 0.4 ms, max 2.5 ms")
+    liberal = {"wanted": True, "mode": "liberal", "pid": 8, "offloaded": 2, "liberal": 3, "lag_p50_ms": 0.3}
+    assert _fmt_flowsync({**liberal, "running": True}).startswith(
+        "flowsync pid 8 (liberal marks): 2 TCP flows held, 3 entries marked liberal; sync lag p50 0.3 ms"
+    )
+    assert _fmt_flowsync({**liberal, "running": False}) == (
+        "flowsync DOWN: new TCP entries are not marked liberal (deploy again, or undeploy)"
+    )
 
 
 def test_flows_established_together_are_installed_in_one_batch_after_their_liberal_flags():
@@ -508,3 +515,45 @@ def test_an_idle_established_flow_stays():
     for _ in range(TIME_WAIT_IDLE_POLLS + 2):
         s.poll()
     assert e.flow in s.installed
+
+
+def test_liberal_marks_hold_tcp_only_and_are_never_polled():
+    """The xdp target's table (LiberalMarks): the TCP flows Syncer would offload are marked liberal before they
+    count as held, UDP flows are not held (they need no mark), and the poll neither refreshes timeouts nor evicts
+    (the XDP program refreshes the timeouts itself): a TIME_WAIT flow without hits stays until its event."""
+    table, ct = fs.LiberalMarks(), MemCt()
+    s = Syncer(table, ct, dict(TIMEOUTS))
+    t, u = ev(), ev(proto=UDP, sport=5000, dport=53)
+    ct.entries |= {t.flow, u.flow}
+    assert s.events([t, u]) == ["install", None]
+    assert ct.liberal_batches == [[t.flow]] and set(table.flows) == {t.flow}
+    for _ in range(fs.TIME_WAIT_IDLE_POLLS + 2):
+        s.poll()
+    assert s.event(ev(state=TIME_WAIT)) is None
+    for _ in range(fs.TIME_WAIT_IDLE_POLLS + 2):
+        s.poll()
+    assert set(table.flows) == {t.flow} and [c for c in ct.calls if c[0] == "timeout"] == []
+    assert s.event(ev(state=LAST_ACK)) == "remove" and table.flows == {}
+    assert ct.calls == [("liberal", t.flow)]  # a mark is never taken back
+    assert s.event(t) == "install" and s.event(ev(kind="destroy", status=0, state=None)) == "remove"
+    st = s.stats()
+    assert (st["inserts"], st["deletes"], st["refreshes"], st["evictions"], st["offloaded"]) == (2, 2, 0, 0, 0)
+    assert table.flow_counters()["occupancy"] == 0
+
+
+def test_liberal_marks_resync_and_capacity():
+    """A resync marks every TCP flow the dump says is offloadable; beyond the capacity an insert is refused as by a
+    full set (the entry is marked all the same); a stop's clear forgets the set only."""
+    table, ct = fs.LiberalMarks(capacity=2), MemCt()
+    s = Syncer(table, ct, dict(TIMEOUTS))
+    flows = [ev(sport=40000 + k) for k in range(3)]
+    ct.entries |= {e.flow for e in flows}
+    s.resync([*flows[:2], ev(proto=UDP), ev(sport=41000, state=SYN_SENT, status=IPS_CONFIRMED)])
+    assert set(table.flows) == {flows[0].flow, flows[1].flow} and s.counters["liberal"] == 2
+    assert s.event(flows[2]) == "install"
+    assert s.counters["insert_failures"] == 1 and ("liberal", flows[2].flow) in ct.calls
+    assert flows[2].flow not in table.flows and table.flow_counters()["full"] == 1
+    s.resync([flows[0]])  # flows[1] is no longer in conntrack's dump
+    assert set(table.flows) == {flows[0].flow} and s.counters["evictions"] == 1
+    table.flow_clear()
+    assert table.flows == {} and table.flow_entries() == []

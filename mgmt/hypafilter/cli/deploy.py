@@ -99,8 +99,16 @@ def _fmt_flowsync(fs: dict) -> str:
     """The flow sync service's line of `status` (docs/flowsync.md)."""
     if not fs.get("wanted"):
         return f"flowsync not running: {fs.get('reason') or 'not wanted by this deployment'}"
+    liberal = fs.get("mode") == "liberal"
     if not fs.get("running"):
-        return "flowsync DOWN: the flow cache does not follow conntrack (deploy again, or undeploy)"
+        what = "new TCP entries are not marked liberal" if liberal else "the flow cache does not follow conntrack"
+        return f"flowsync DOWN: {what} (deploy again, or undeploy)"
+    if liberal:
+        return (
+            f"flowsync pid {fs.get('pid')} (liberal marks): {fs.get('offloaded')} TCP flows held, "
+            f"{fs.get('liberal')} entries marked liberal; sync lag p50 {fs.get('lag_p50_ms')} ms, "
+            f"max {fs.get('lag_max_ms')} ms"
+        )
     return (
         f"flowsync pid {fs.get('pid')}: {fs.get('offloaded')} flows offloaded, occupancy {fs.get('occupancy')}; "
         f"inserts {fs.get('inserts')}, deletes {fs.get('deletes')}, evictions {fs.get('evictions')}, "

@@ -21,9 +21,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise HypafilterError(f"{deploy.state_file()}: nothing deployed, no NIC to synchronise")
     cfg = Config(table=st.get("table", "filter"), chain_prefix=st.get("chain_prefix", "HF"))
     tgt, nic = deploy.target_of(st, cfg), st["nic"]
-    return flowsync.supervise(
-        args.ns, lambda: NicClient(tgt.transport(nic)), state_dir, args.interval, nic=nic.get("name", "")
-    )
+    if args.mode == "liberal":  # the xdp target: conntrack's entries marked, no flow cache (flowsync.LiberalMarks)
+        open_table = flowsync.LiberalMarks
+    else:
+        open_table = lambda: NicClient(tgt.transport(nic))  # noqa: E731
+    return flowsync.supervise(args.ns, open_table, state_dir, args.interval, nic=nic.get("name", ""))
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -42,6 +44,13 @@ def register(sub) -> None:
     r.add_argument("--ns", required=True, help="the firewall's network namespace")
     r.add_argument("--state-dir", required=True, help="the deployment's state directory (state.json)")
     r.add_argument("--interval", type=float, default=1.0, help="seconds between hardware polls (default 1)")
+    r.add_argument(
+        "--mode",
+        choices=("flowcache", "liberal"),
+        default="flowcache",
+        help="flowcache: the NIC's flow cache follows conntrack; liberal (the xdp target): only mark the TCP entries "
+        "it would offload liberal (default flowcache)",
+    )
     r.set_defaults(func=cmd_run)
     q = s.add_parser("status", help="the service's state and counters (JSON)")
     q.set_defaults(func=cmd_status)

@@ -271,8 +271,14 @@ def drift(st: dict, tgt: Target | None = None) -> list[str]:
                     out += nic_drift(c, st)
     except Exception as e:  # an unreachable NIC is drift, whatever the transport raised
         out.append(f"nic: {e}")
-    if (st.get("flowsync") or {}).get("wanted") and flowsync.running_pid(STATE_DIR) is None:
-        out.append("flowsync: the flow sync service is not running (the NIC's flow cache does not follow conntrack)")
+    fs = st.get("flowsync") or {}
+    if fs.get("wanted") and flowsync.running_pid(STATE_DIR) is None:
+        if fs.get("mode") == "liberal":
+            out.append("flowsync: the flow sync service is not running (no new TCP entry is marked liberal)")
+        else:
+            out.append(
+                "flowsync: the flow sync service is not running (the NIC's flow cache does not follow conntrack)"
+            )
     return out
 
 
@@ -812,9 +818,28 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
 def _start_flowsync(policy: Policy, plan, tgt: Target, nic: dict, warnings: list[str], log) -> dict:
     """Start the flow sync service when the policy's hardware entries decide established frames and the NIC has
     a flow cache (docs/flowsync.md); otherwise say why not. It runs after the commit: until it runs every frame
-    misses the flow cache (ct = 0), which only sends more frames to software."""
+    misses the flow cache (ct = 0), which only sends more frames to software.
+
+    A target whose fast path reads conntrack's own table (`flowsync_mode` "liberal": xdp) has no flow cache; the
+    service then marks the TCP entries it would offload liberal (flowsync.LiberalMarks), unless conntrack tracks no
+    TCP window anyway (nf_conntrack_tcp_be_liberal = 1 in the firewall namespace) or the program does no lookup.
+    Until it runs established TCP goes to conntrack, which is always right."""
+    mode = getattr(tgt, "flowsync_mode", "flowcache")
     if not flowsync.decides_established(policy, plan):
         reason = "the policy's hardware entries do not read conntrack state"
+    elif mode == "liberal":
+        ct = tgt.ct_config(plan)
+        if not ct.lookup:
+            reason = (
+                "the XDP program does not look up conntrack (the plan forces no miss, or the sysctls were unreadable)"
+            )
+        elif ct.tcp_liberal:
+            reason = (
+                "nf_conntrack_tcp_be_liberal is 1 in the firewall namespace: conntrack tracks no TCP window, so the "
+                "XDP program decides established TCP without per-entry liberal flags"
+            )
+        else:
+            reason = ""
     else:
         try:
             with tgt.client(nic) as c:
@@ -827,14 +852,14 @@ def _start_flowsync(policy: Policy, plan, tgt: Target, nic: dict, warnings: list
         except Exception as e:  # an unreachable NIC shows as drift; the service is not started for it
             reason = f"reading the NIC's flow cache configuration: {e}"
     if reason:
-        return {"wanted": False, "reason": reason}
+        return {"wanted": False, "mode": mode, "reason": reason}
     try:
-        pid = flowsync.start(NS_FW, STATE_DIR)
+        pid = flowsync.start(NS_FW, STATE_DIR, mode=mode)
     except (OSError, HypafilterError) as e:
         warnings.append(f"starting the flow sync service: {e}")
-        return {"wanted": True, "pid": None, "reason": f"failed to start: {e}"}
-    log(f"flow sync service running (pid {pid})")
-    return {"wanted": True, "pid": pid, "reason": ""}
+        return {"wanted": True, "mode": mode, "pid": None, "reason": f"failed to start: {e}"}
+    log(f"flow sync service running (pid {pid}, mode {mode})")
+    return {"wanted": True, "mode": mode, "pid": pid, "reason": ""}
 
 
 def _interfaces_state(policy: Policy) -> dict:

@@ -12,7 +12,9 @@ get, entry updates); every conntrack message, event or reply, is decoded by `par
 
 The pure part (`CtEvent`, `offload_reason`, `Syncer`) takes the table and conntrack as parameters; `serve` runs it
 against the deployed NIC (NicClient's flow API) and the firewall namespace; `start`, `stop` and `status` are what
-`deploy`, `undeploy` and `status` call.
+`deploy`, `undeploy` and `status` call. On the xdp target, which has no flow cache but looks frames up in
+conntrack's own table, the table is `LiberalMarks` (mode "liberal"): the service only sets the TCP entries it would
+offload liberal, and polls nothing.
 """
 
 from __future__ import annotations
@@ -355,7 +357,12 @@ class Syncer:
     """Keeps `table` (NicClient's flow API: flow_config, flow_commands, flow_entries, flow_counters, flow_clear)
     equal to the offloadable entries of conntrack `ct` (set_liberal_many(evs): per entry True, or False when
     conntrack no longer has it; refresh(flow, proto, seconds): True when the entry is there and still
-    offloadable and its timeout is set, else False)."""
+    offloadable and its timeout is set, else False).
+
+    Two properties of the table, read here where they matter, say what it is: `protocols` (default TCP and UDP),
+    the protocols of the flows it holds, and `hit_counters` (default True), whether it counts hits that the poll
+    reads. A table without them (`LiberalMarks`, the xdp target's) gets no poll: nothing to refresh from, nothing
+    another writer could leave in it."""
 
     table: object
     ct: object
@@ -472,7 +479,7 @@ class Syncer:
                 # status, mark or timeout alone leaves the TCP state as the last event said.
                 out.append(None)
                 continue
-            want = offload_reason(ev) is None
+            want = self.wants(ev)
             if flow in pending:
                 k = pending[flow]
                 if want:
@@ -502,12 +509,17 @@ class Syncer:
         self._apply([op for op in ops if op is not None])
         return out
 
+    def wants(self, ev: CtEvent) -> bool:
+        """Whether the entry's flow belongs in the table: offloadable (`offload_reason`) and of a protocol the
+        table holds."""
+        return offload_reason(ev) is None and ev.proto in getattr(self.table, "protocols", (PROTO_TCP, PROTO_UDP))
+
     def resync(self, entries: Iterable[CtEvent]) -> None:
         """Reconcile the table with a full conntrack dump: insert what should be there, delete the rest."""
         self.counters["resyncs"] += 1
         want: dict[Flow, CtEvent] = {}
         for ev in entries:
-            if offload_reason(ev) is None and ev.flow is not None:
+            if ev.flow is not None and self.wants(ev):
                 want[ev.flow] = ev
         present = {r.flow: r for r in self.table.flow_entries()}
         self.installed = {f: i for f, i in self.installed.items() if f in present}
@@ -540,7 +552,12 @@ class Syncer:
         events that came meanwhile there, so a flow established during a poll (40-110 ms of it under load when it
         was read in one piece) does not wait for its end. An eviction decided before such events is applied only
         if the flow's record is still the one it was decided on (an event may have removed it, or installed it
-        anew)."""
+        anew).
+
+        A table without hit counters (`hit_counters` False: `LiberalMarks`) is not polled at all: whoever decides
+        its flows' frames refreshes their conntrack timeouts itself, and only this service writes it."""
+        if not getattr(self.table, "hit_counters", True):
+            return
         t0 = block = self.clock()
         longest = 0.0
 
@@ -601,6 +618,86 @@ class Syncer:
             },
             "last_error": self.last_error,
         }
+
+
+# ---- the xdp target's table: liberal marks --------------------------------------------------------------------
+
+MARKS_CAPACITY = 1 << 22  # LiberalMarks: flows held at most (nf_conntrack_max is 262,144 here)
+
+
+class LiberalMarks:
+    """The table of the service's liberal mode (the xdp target; docs/flowsync.md, "The xdp target: liberal marks"):
+    the TCP flows whose conntrack entries the service has set liberal, in memory, behind NicClient's flow API.
+
+    The XDP program has no flow cache: it looks every frame up in conntrack's own table and decides an established
+    TCP frame only when the entry is liberal in both directions (docs/xdp.md). What it needs from the service is
+    the Syncer's install path without a hardware write: IP_CT_TCP_FLAG_BE_LIBERAL set on an entry once it is
+    offloadable and before it counts as installed (`Syncer._apply`), the flow forgotten on its destroy or when it
+    stops being offloadable, a reconciliation from a dump at start. So the Syncer runs unchanged against this
+    table, and what differs is what the table is, said by its properties (a table, not a Syncer option, because
+    these are facts about what holds the flows, and every place that asks reads them from it):
+
+    - `protocols` TCP only: a UDP entry needs no mark (the program reads conntrack's UDP state as it is);
+    - `hit_counters` False: no hits to read, so the Syncer does not poll it. The program refreshes the timeout of
+      every entry whose frame it decides (`bpf_ct_change_timeout`, to what conntrack would set): the service must
+      neither refresh timeouts from hits nor evict idle flows for it;
+    - an ample capacity (`MARKS_CAPACITY`, above any nf_conntrack_max here): beyond it an insert answers ST_FULL
+      like a full flow-cache set (counted as an insert failure; the entry's flag is already set, so the program
+      decides its frames all the same).
+
+    A mark is never taken back, not when a flow leaves the set nor when the service stops (`flow_clear` empties
+    only the set): once the program forwarded a flow's segments conntrack's windows for it are stale, and the next
+    segment that reaches conntrack would be INVALID on an entry that is not liberal."""
+
+    mode = "liberal"
+    protocols = (PROTO_TCP,)
+    hit_counters = False
+
+    def __init__(self, capacity: int = MARKS_CAPACITY):
+        self.capacity = capacity
+        self.flows: dict[Flow, int] = {}  # flow (original direction) -> its slot number, an insert count
+        self.inserts = self.deletes = self.full = 0
+
+    def flow_config(self):
+        from hypafilter.targets.nic import FlowCacheConfig
+
+        return FlowCacheConfig(self.capacity.bit_length() - 1, 1, 0)
+
+    def flow_commands(self, cmds: Sequence[tuple]) -> list[tuple[int, int]]:
+        out = []
+        for op, flow, *_ in cmds:
+            if op == OP_INSERT:
+                if flow in self.flows:
+                    out.append((ST_EXISTS, self.flows[flow]))
+                elif len(self.flows) >= self.capacity:
+                    self.full += 1
+                    out.append((ST_FULL, 0))
+                else:
+                    self.flows[flow] = self.inserts
+                    self.inserts += 1
+                    out.append((ST_OK, self.flows[flow]))
+            elif op == OP_DELETE:
+                slot = self.flows.pop(flow, None)
+                self.deletes += int(slot is not None)
+                out.append((ST_NOT_FOUND, 0) if slot is None else (ST_OK, slot))
+            else:
+                raise HypafilterError(f"liberal marks: flow command {op} is not insert or delete")
+        return out
+
+    def flow_entries(self, slots: Iterable[int] | None = None) -> list:
+        from hypafilter.targets.nic import FlowRecord
+
+        want = None if slots is None else set(slots)
+        return [FlowRecord(s, f, False, 0, 0) for f, s in self.flows.items() if want is None or s in want]
+
+    def flow_counters(self) -> dict:
+        return {"occupancy": len(self.flows), "inserts": self.inserts, "deletes": self.deletes, "full": self.full}
+
+    def flow_clear(self) -> None:
+        self.flows.clear()
+
+    def close(self) -> None:
+        pass
 
 
 # ---- conntrack through ctnetlink ---------------------------------------------------------------------------------
@@ -975,6 +1072,7 @@ def _status_doc(syncer: Syncer, table, ns: str, nic: str, started: float, interv
     return {
         "running": True,
         "pid": os.getpid(),
+        "mode": getattr(table, "mode", "flowcache"),
         "ns": ns,
         "nic": nic,
         "started_at": started,
@@ -1008,9 +1106,17 @@ def running_pid(state_dir: Path) -> int | None:
     return pid if _alive(pid) else None
 
 
-def start(ns: str, state_dir: Path, interval: float = INTERVAL, timeout: float = READY_TIMEOUT) -> int:
-    """Start the service for the deployment in `state_dir` (it reads the NIC from state.json); returns its pid
-    once it has resynchronised (its first state file), raises HypafilterError if it exits before."""
+MODES = ("flowcache", "liberal")  # the NIC's flow cache (NicClient), or LiberalMarks (the xdp target)
+
+
+def start(
+    ns: str, state_dir: Path, interval: float = INTERVAL, timeout: float = READY_TIMEOUT, mode: str = "flowcache"
+) -> int:
+    """Start the service for the deployment in `state_dir` (it reads the NIC from state.json) in `mode` (MODES);
+    returns its pid once it has resynchronised (its first state file), raises HypafilterError if it exits
+    before."""
+    if mode not in MODES:
+        raise HypafilterError(f"flow sync mode {mode!r}: not one of {', '.join(MODES)}")
     state_dir = Path(state_dir)
     stop(state_dir)
     state_path(state_dir).unlink(missing_ok=True)
@@ -1027,6 +1133,8 @@ def start(ns: str, state_dir: Path, interval: float = INTERVAL, timeout: float =
         str(state_dir),
         "--interval",
         str(interval),
+        "--mode",
+        mode,
     ]
     p = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
     log.close()

@@ -98,6 +98,7 @@ class XdpCounters:
 class XdpTarget(Target):
     name = "xdp"
     window_stages = WINDOW
+    flowsync_mode = "liberal"  # no flow cache: the program reads conntrack, the service marks entries liberal
 
     def missing(self) -> str | None:
         import shutil

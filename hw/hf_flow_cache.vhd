@@ -6,9 +6,15 @@
 --     (ip, port) endpoint compared as the 48-bit number ip & port that is not greater is "lo";
 --   key word (107 bits): valid(106) epoch(105) orient(104) key(103:0); orient = 1 when the flow's original
 --     direction has its source as the "hi" endpoint;
---   stats word (33 + TS_W bits): epoch, last-seen time (TS_W), hits (32); a stats word counts for the entry only
---     when its epoch equals the key word's (an insert picks the epoch the slot's stats word does not have, so
---     the host never writes statistics and the hit path keeps both ports of their memories);
+--   stats word (35 + TS_W bits): epoch, closing (2), last-seen time (TS_W), hits (32); a stats word counts for
+--     the entry only when its epoch equals the key word's (an insert picks the epoch the slot's stats word does
+--     not have, so the host never writes statistics and the hit path keeps both ports of their memories);
+--   closing: the TCP FINs the entry has passed (a FIN adds 1, an RST sets 2; 2 stays). Conntrack takes a flow to
+--     LAST_ACK at its second FIN (either direction) and to CLOSE at an RST; from then on its ACKs must reach
+--     conntrack, so an entry at 2 no longer hits. The FIN/RST frames themselves still bypass (to software); the
+--     hit path counts them in the same cycle, so no frame behind them hits before the host could delete the
+--     entry. Counting FINs conntrack would refuse (out of window, no ACK) only ends hits early: more frames to
+--     software, never a wrong hit;
 --   set = the low LOG2_SETS bits of zlib's CRC-32 of the key's 13 bytes (most significant first);
 --   slot = way * 2**LOG2_SETS + set.
 -- Memories per way: key words (read by lookups; read and written by host commands: a true dual-port RAM), stats
@@ -43,6 +49,7 @@ entity hf_flow_cache is
     res_valid    : out std_logic;
     res_hit      : out std_logic;  -- the flow is in the cache (never for a bypass frame)
     res_bypass   : out std_logic;  -- TCP with SYN, FIN or RST, or without ACK; lk_l4_ok = '0': a miss, not counted
+                                   -- (a FIN or RST of a cached flow counts towards its closing, header comment)
     res_dir      : out std_logic;  -- of a hit: 0 original direction, 1 reply
     res_slot     : out std_logic_vector(clog2(WAYS) + LOG2_SETS - 1 downto 0);  -- of a hit
     -- host commands: h_* taken in a cycle with h_valid = h_ready = '1'; r_valid pulses when the command is done,
@@ -79,8 +86,10 @@ architecture rtl of hf_flow_cache is
   constant V_BIT : natural := 106;
   constant E_BIT : natural := 105;
   constant O_BIT : natural := 104;
-  constant ST_W : natural := 33 + TS_W;
+  constant ST_W : natural := 35 + TS_W;
   constant SE_BIT : natural := ST_W - 1;
+  constant CL_HI : natural := ST_W - 2;  -- closing count (2 bits)
+  constant CL_LO : natural := ST_W - 3;
   constant SETS : natural := 2 ** LOG2_SETS;
   constant ENTRIES : natural := WAYS * SETS;
   constant SLOT_W : natural := clog2(WAYS) + LOG2_SETS;
@@ -176,18 +185,20 @@ architecture rtl of hf_flow_cache is
 
   -- lookup pipeline: s1 keys and both hashes, s2 key words (and the stats read), s3 per-way match and stats,
   -- s4 the result
-  signal s1_v, s1_byp, s1_swp : std_logic := '0';
+  signal s1_v, s1_byp, s1_swp, s1_fin, s1_rst : std_logic := '0';
   signal s1_key : key_t := (others => '0');
   signal s1_ha, s1_hb : set_t := (others => '0');
   signal s1_ts : unsigned(TS_W - 1 downto 0) := (others => '0');
   signal rd_set : set_t;
-  signal s2_v, s2_byp, s2_swp, s2_ok : std_logic := '0';
+  signal s2_v, s2_byp, s2_swp, s2_ok, s2_fin, s2_rst : std_logic := '0';
   signal s2_key : key_t := (others => '0');
   signal s2_set : set_t := (others => '0');
   signal s2_ts : unsigned(TS_W - 1 downto 0) := (others => '0');
   signal lk_word : word_arr;
-  signal s3_v, s3_byp, s3_swp, s3_f1 : std_logic := '0';
+  signal s3_v, s3_byp, s3_swp, s3_f1, s3_fin, s3_rst : std_logic := '0';
   signal s3_match, s3_orient, s3_kep : std_logic_vector(WAYS - 1 downto 0) := (others => '0');
+  signal s3_cmatch : std_logic_vector(WAYS - 1 downto 0) := (others => '0');  -- a FIN/RST frame of the entry
+  signal s3_hit, s3_we : std_logic_vector(WAYS - 1 downto 0);  -- a hit (match, not closed); a stats write
   signal s3_set : set_t := (others => '0');
   signal s3_ts : unsigned(TS_W - 1 downto 0) := (others => '0');
   signal lk_stat : stat_arr;  -- the stats RAM output: read at s2_set, valid in s3
@@ -264,6 +275,8 @@ begin
                       and (lk_tcp_flags(0) or lk_tcp_flags(1) or lk_tcp_flags(2) or not lk_tcp_flags(4)) = '1')
                 or not lk_l4_ok;
       s1_swp <= sw;
+      s1_fin <= to_sl(lk_proto = x"06") and lk_tcp_flags(0);
+      s1_rst <= to_sl(lk_proto = x"06") and lk_tcp_flags(2);
       s1_key <= kb when sw = '1' else ka;
       s1_ha <= key_set(ka);
       s1_hb <= key_set(kb);
@@ -282,6 +295,8 @@ begin
       s2_v <= s1_v;
       s2_byp <= s1_byp;
       s2_swp <= s1_swp;
+      s2_fin <= s1_fin;
+      s2_rst <= s1_rst;
       s2_key <= s1_key;
       s2_set <= rd_set;
       s2_ts <= s1_ts;
@@ -298,14 +313,17 @@ begin
   begin
     if rising_edge(clk) then
       for w in 0 to WAYS - 1 loop
-        m := s2_v and s2_ok and not s2_byp and lk_word(w)(V_BIT) and to_sl(lk_word(w)(KEY_W - 1 downto 0) = s2_key);
-        s3_match(w) <= m;
+        m := s2_v and s2_ok and lk_word(w)(V_BIT) and to_sl(lk_word(w)(KEY_W - 1 downto 0) = s2_key);
+        s3_match(w) <= m and not s2_byp;
+        s3_cmatch(w) <= m and (s2_fin or s2_rst);
         s3_orient(w) <= lk_word(w)(O_BIT);
         s3_kep(w) <= lk_word(w)(E_BIT);
       end loop;
       s3_v <= s2_v;
       s3_byp <= s2_byp;
       s3_swp <= s2_swp;
+      s3_fin <= s2_fin;
+      s3_rst <= s2_rst;
       s3_set <= s2_set;
       s3_ts <= s2_ts;
       -- the stats write issued while this lookup's read ran (by the lookup one ahead, now in s3) is forwarded
@@ -313,35 +331,57 @@ begin
       if rst = '1' then
         s3_v <= '0';
         s3_match <= (others => '0');
+        s3_cmatch <= (others => '0');
       end if;
     end if;
   end process;
 
   -- s3 stats update per way: read-modify-write, the previous cycle's write forwarded; a stats word of another
-  -- epoch belongs to an earlier entry of the slot and starts over at 1
+  -- epoch belongs to an earlier entry of the slot and starts over (hits 1 for a hit, 0 for a FIN/RST, closing 0
+  -- before this frame). A match of a closed entry (closing 2) is no hit and writes nothing; a FIN or RST of the
+  -- entry writes its closing count and keeps last-seen and hits.
   stats_update : for w in 0 to WAYS - 1 generate
     process (all)
       variable cur : std_logic_vector(ST_W - 1 downto 0);
       variable h : unsigned(31 downto 0);
+      variable t : std_logic_vector(TS_W - 1 downto 0);
+      variable cl : unsigned(1 downto 0);
+      variable same : boolean;
     begin
       if s3_f1 = '1' and w1_we(w) = '1' then
         cur := w1_val(w);
       else
         cur := lk_stat(w);
       end if;
-      if cur(SE_BIT) = s3_kep(w) then
-        h := unsigned(cur(31 downto 0)) + 1;
-      else
-        h := to_unsigned(1, 32);
+      same := cur(SE_BIT) = s3_kep(w);
+      h := (others => '0');
+      t := (others => '0');
+      cl := "00";
+      if same then
+        h := unsigned(cur(31 downto 0));
+        t := cur(TS_W + 31 downto 32);
+        cl := unsigned(cur(CL_HI downto CL_LO));
       end if;
-      st_new(w) <= s3_kep(w) & std_logic_vector(s3_ts) & std_logic_vector(h);
+      s3_hit(w) <= s3_match(w) and not cl(1);
+      if s3_cmatch(w) = '1' then
+        if s3_rst = '1' or cl /= "00" then
+          cl := "10";
+        else
+          cl := "01";
+        end if;
+      else
+        h := h + 1;
+        t := std_logic_vector(s3_ts);
+      end if;
+      st_new(w) <= s3_kep(w) & std_logic_vector(cl) & t & std_logic_vector(h);
     end process;
+    s3_we(w) <= s3_hit(w) or s3_cmatch(w);
   end generate;
 
   history : process (clk)
   begin
     if rising_edge(clk) then
-      w1_we <= s3_match;
+      w1_we <= s3_we;
       w1_val <= st_new;
       if rst = '1' then
         w1_we <= (others => '0');
@@ -359,7 +399,7 @@ begin
       dir := '0';
       way := 0;
       for w in 0 to WAYS - 1 loop
-        if s3_match(w) = '1' then
+        if s3_hit(w) = '1' then
           hit := '1';
           dir := s3_orient(w) xor s3_swp;
           way := w;
@@ -402,7 +442,7 @@ begin
                 rdata(2 * WORD_W - 1 downto WORD_W) => lk_word(w), rdata(WORD_W - 1 downto 0) => hb_word(w));
 
     -- the hit path owns the stats write port, except in a reset sweep, when no lookup can hit, which zeroes them
-    s_we <= s3_match(w) or sw_zero;
+    s_we <= s3_we(w) or sw_zero;
     s_addr <= sw_idx when sw_zero = '1' else s3_set;
     s_data <= (others => '0') when sw_zero = '1' else st_new(w);
 

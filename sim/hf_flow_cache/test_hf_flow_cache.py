@@ -42,7 +42,9 @@ class Model:
     def empty(self) -> None:
         self.words: dict[int, int] = {}  # slot -> key word of a valid entry
         self.slots: dict[int, int] = {}  # canonical key -> slot
-        self.stats: dict[int, tuple[int, int]] = {}  # slot -> (seen, hits) once hit since its insert
+        self.stats: dict[int, tuple[int, int]] = {}  # slot -> (seen, hits) once hit (or passed a FIN/RST)
+        self.closing: dict[int, int] = {}  # slot -> FINs passed (an RST: 2); at 2 the entry no longer hits
+        self.unknown: set[int] = set()  # slots a FIN/RST may or may not have reached (it met a command)
 
     def find(self, flow: Flow) -> int | None:
         return self.slots.get(fc.canonical(flow)[0])
@@ -56,9 +58,24 @@ class Model:
             return 0, 1, 0, 0
         key, swap = fc.canonical(flow)
         s = self.slots.get(key)
-        if s is None:
+        if s is None or self.closing.get(s, 0) >= 2:
             return 0, 0, 0, 0
         return 1, 0, fc.direction(swap, fc.decode_word(self.words[s]).orient), s
+
+    def close(self, flow: Flow, flags: int) -> None:
+        """A TCP frame with FIN or RST of a cached flow: its entry's closing count (the header of hf_flow_cache)."""
+        s = self.find(flow)
+        if s is None:
+            return
+        self.closing[s] = 2 if flags & 0x04 else min(2, self.closing.get(s, 0) + 1)
+        if s not in self.stats:  # a stats word of this entry now: counted, never hit
+            self.stats[s] = (0, 0)
+            self.stat_epoch[s] = fc.decode_word(self.words[s]).epoch
+
+    def forget(self, s: int) -> None:
+        self.stats.pop(s, None)
+        self.closing.pop(s, None)
+        self.unknown.discard(s)
 
     def hit(self, slot: int, ts: int) -> None:
         _, hits = self.stats.get(slot, (0, 0))
@@ -75,7 +92,7 @@ class Model:
             if s not in self.words:
                 self.words[s] = fc.key_word(key, swap, 1 - self.stat_epoch.get(s, 0))
                 self.slots[key] = s
-                self.stats.pop(s, None)
+                self.forget(s)
                 self.inserts += 1
                 return fc.ST_OK, s
         self.full += 1
@@ -85,7 +102,7 @@ class Model:
         if s not in self.words:
             return fc.ST_NOT_FOUND
         del self.slots[fc.decode_word(self.words.pop(s)).key]
-        self.stats.pop(s, None)
+        self.forget(s)
         self.deletes += 1
         return fc.ST_OK
 
@@ -119,11 +136,15 @@ class TB:
         self.rate = 0.0  # chance of a lookup per cycle
         self.burst = 0.3  # chance that a lookup repeats the previous flow (back-to-back hits on one slot)
         self.syn = 0.1  # chance of bypass flags on a TCP lookup; half of it: a bad length (l4_ok 0)
+        self.fin = 0.01  # chance of a FIN or an RST on a TCP lookup (they close the flow's entry)
+        self.fin_unsure: set[int] = set()  # canonical keys of FIN/RST frames that met a command on their set
         self.pending: deque = deque()  # (valid, flow, flags, l4_ok, ts) per cycle, oldest first
         self.unsure: set[int] = set()  # sets a host command is changing: a result there may be old, new or a miss
         self.all_unsure = False  # a clear is running
-        self.checked = {"hit": 0, "miss": 0, "bypass": 0, "unsure": 0, "same_slot_b2b": 0}
+        self.checked = {"hit": 0, "miss": 0, "bypass": 0, "unsure": 0, "same_slot_b2b": 0, "close": 0}
         self.last_hit_slot = -1
+        self.script: deque = deque()  # (flow, flags) looked up one per cycle before any random lookup
+        self.scripted: list[tuple[int, int]] = []  # (hit, bypass) of each scripted lookup, in order
         self.early: dict[int, list[int]] = {}  # hits on a slot an insert under way has just written
 
     async def reset(self) -> None:
@@ -159,7 +180,9 @@ class TB:
                 f = f.reply()
         flags = 0x10  # ACK
         if f.proto == fc.PROTO_TCP and self.rng.random() < self.syn:
-            flags = self.rng.choice((0x11, 0x12, 0x14, 0x01, 0x02, 0x04, 0x00, 0x08, 0x20, 0x28, 0xC0))
+            flags = self.rng.choice((0x12, 0x02, 0x00, 0x08, 0x20, 0x28, 0xC0, 0x18))
+        if f.proto == fc.PROTO_TCP and self.rng.random() < self.fin:
+            flags = self.rng.choice((0x11, 0x19, 0x14, 0x01, 0x04))
         # a length conntrack calls INVALID (the parser's h_l4_ok), TCP or UDP alike
         return f, flags, int(self.rng.random() >= self.syn / 2)
 
@@ -169,31 +192,49 @@ class TB:
         prev = None
         while True:
             await RisingEdge(d.clk)
-            v = bool(self.flows) and self.rng.random() < self.rate
-            f, flags, l4_ok = self._pick(prev) if v else (Flow(0, 0, 0), 0, 1)
+            scripted = bool(self.script)
+            v = scripted or (bool(self.flows) and self.rng.random() < self.rate)
+            if scripted:
+                f, flags = self.script.popleft()
+                l4_ok = 1
+            else:
+                f, flags, l4_ok = self._pick(prev) if v else (Flow(0, 0, 0), 0, 1)
             prev = f if v else prev
             d.lk_valid.value = int(v)
             for port, val in zip(LOOKUP_PORTS, (f.src, f.dst, f.proto, f.sport, f.dport, flags, l4_ok), strict=True):
                 getattr(d, port).value = val
             await ReadOnly()
-            self.pending.append((v, f, flags, l4_ok, int(d.now.value)))
+            self.pending.append((v, f, flags, l4_ok, int(d.now.value), scripted))
             if len(self.pending) > fc.LATENCY:
                 self.check(*self.pending.popleft())
 
-    def check(self, v: bool, f: Flow, flags: int, l4_ok: int, ts: int) -> None:
+    def check(self, v: bool, f: Flow, flags: int, l4_ok: int, ts: int, scripted: bool = False) -> None:
         d = self.dut
         assert int(d.res_valid.value) == int(v), "a result that is not LATENCY cycles after its lookup"
         if not v:
             return
         got = (int(d.res_hit.value), int(d.res_bypass.value), int(d.res_dir.value), int(d.res_slot.value))
+        if scripted:
+            self.scripted.append(got[:2])
         want = self.m.lookup(f, flags, l4_ok)
         if not got[0]:
             got = (*got[:2], 0, 0)
+        set_unsure = self.all_unsure or self.m.set_of(f) in self.unsure
         if got != want:
-            unsure = self.all_unsure or (self.m.set_of(f) in self.unsure and not want[1])
+            unsure = set_unsure and not want[1]
             ok = unsure and (not got[0] or fc.way_set(got[3], self.log2_sets)[1] == self.m.set_of(f))
+            # an entry a FIN/RST may have closed: a hit of it, or a miss
+            s = self.m.find(f)
+            ok = ok or (s in self.m.unknown and not want[1] and (not got[0] or got[3] == s))
             assert ok, f"lookup {f} flags {flags:#x} l4_ok {l4_ok}: got (hit, bypass, dir, slot) {got}, model {want}"
             self.checked["unsure"] += 1
+        if f.proto == fc.PROTO_TCP and flags & 0x05:
+            if set_unsure:  # the command may have written the entry before or after this frame passed
+                self.fin_unsure.add(fc.canonical(f)[0])
+                if (s := self.m.find(f)) is not None:
+                    self.m.unknown.add(s)
+            self.m.close(f, flags)
+            self.checked["close"] += 1
         kind = "bypass" if got[1] else "hit" if got[0] else "miss"
         self.checked[kind] += 1
         if got[0]:
@@ -232,6 +273,7 @@ class TB:
         self.unsure -= unsure
         self.all_unsure = False
         self.early.clear()
+        self.fin_unsure.clear()
         return got
 
     def _follow(self, op: int, f: Flow, slot: int, got: tuple) -> None:
@@ -245,6 +287,8 @@ class TB:
                 assert got[2] == m.words[got[1]] and got[3:] == (0, 0, 0), f"insert {f}: {got}"
                 for ts in self.early.pop(got[1], []):
                     m.hit(got[1], ts)
+                if fc.canonical(f)[0] in self.fin_unsure:
+                    m.unknown.add(got[1])
             elif want[0] == fc.ST_EXISTS:
                 assert got[2] == m.words[before], f"insert of an existing flow {f}: {got}"
                 self._stats_match(before, got)
@@ -279,7 +323,9 @@ class TB:
     def _stats_match(self, s: int, got: tuple) -> None:
         """Exact when no lookup is running; with traffic a counter may lead the checked results by the in-flight."""
         _, counted, seen, hits = self.m.read(s)
-        if self.rate == 0.0:
+        if s in self.m.unknown:  # whether a FIN/RST wrote its stats word is not known
+            assert got[5] <= hits + fc.LATENCY, f"slot {s}: {got}, model {hits}"
+        elif self.rate == 0.0:
             assert got[3:] == (counted, seen, hits), f"stats of slot {s}: {got[3:]}, model {(counted, seen, hits)}"
         else:
             assert abs(got[5] - hits) <= fc.LATENCY, f"slot {s}: {got}, model {hits}"
@@ -371,7 +417,37 @@ async def lookups_follow_the_model(dut):
     await tb.check_all()
     c = tb.checked
     dut._log.info(f"lookups checked: {c}")
-    assert c["hit"] > 1200 and c["miss"] > 200 and c["bypass"] > 100 and c["same_slot_b2b"] > 300
+    assert c["hit"] > 1200 and c["miss"] > 200 and c["bypass"] > 100 and c["same_slot_b2b"] > 300 and c["close"] > 10
+
+
+@cocotb.test()
+async def fin_and_rst_close_entries(dut):
+    """Conntrack's LAST_ACK and CLOSE: an entry hits through one FIN, not after a second FIN (either direction)
+    or an RST, from the very next cycle (the FIN/RST frames themselves bypass); a new insert starts over."""
+    tb = await TB.running(dut, 4)
+    f, g = Flow(0x0A000001, 0x0A000102, 6, 40000, 443), Flow(0x0A000003, 0x0A000104, 6, 40001, 80)
+    tb.flows = [f, g]  # no random lookups (rate 0): only the scripted ones below
+    for x in (f, g):
+        assert (await tb.command(fc.OP_INSERT, x))[0] == fc.ST_OK
+    ack, fin, rst = 0x10, 0x11, 0x14
+    lines = [(f, ack), (f, fin), (f.reply(), ack), (f, ack | 0x08), (f.reply(), fin), (f, ack), (f.reply(), ack)]
+    lines += [(g, ack), (g.reply(), rst), (g, ack), (g.reply(), ack)]
+    tb.script.extend(lines)
+    await ClockCycles(dut.clk, len(lines) + fc.LATENCY + 2)
+    assert tb.scripted == [(1, 0), (0, 1), (1, 0), (1, 0), (0, 1), (0, 0), (0, 0), (1, 0), (0, 1), (0, 0), (0, 0)]
+    # the host reads the closed entries as counted (their FIN/RST wrote the stats word), hits kept
+    for x, hits in ((f, 3), (g, 1)):
+        got = await tb.command(fc.OP_FIND, x)
+        assert got[0] == fc.ST_OK and got[3] == 1 and got[5] == hits, got
+    # a new entry of the same flow (deleted, inserted again: the other epoch) hits again
+    await tb.command(fc.OP_DELETE, f)
+    await tb.command(fc.OP_INSERT, f.reply())
+    tb.scripted.clear()
+    tb.script.extend([(f, ack), (f.reply(), ack), (f, fin), (f, ack)])
+    await ClockCycles(dut.clk, 4 + fc.LATENCY + 2)
+    assert tb.scripted == [(1, 0), (1, 0), (0, 1), (1, 0)]
+    await tb.quiet()
+    await tb.check_all(extra=5)
 
 
 @cocotb.test()

@@ -59,6 +59,9 @@ class CacheModel:
         self.orient: dict[int, int] = {}  # canonical key -> orientation bit of the inserted flow
         self.used: set[int] = set()
         self.inserts = self.deletes = self.full = 0
+        self.closing: dict[int, int] = {}  # canonical key -> FINs passed (an RST: 2); at 2 the entry never hits
+        self.touched: set[int] = set()  # keys whose entry a FIN/RST passed (its stats word written: counted)
+        self.busy: set[int] = set()  # sets host commands write while the frames pass: no FIN/RST sent there
 
     def insert(self, flow: Flow) -> tuple[int, int]:
         key, swap = fc.canonical(flow)
@@ -70,6 +73,7 @@ class CacheModel:
             if slot not in self.used:
                 self.used.add(slot)
                 self.slot_of[key], self.orient[key] = slot, swap
+                self._forget(key)
                 self.inserts += 1
                 return fc.ST_OK, slot
         self.full += 1
@@ -79,6 +83,7 @@ class CacheModel:
         key, _ = fc.canonical(flow)
         slot = self.slot_of.pop(key)
         self.orient.pop(key)
+        self._forget(key)
         self.used.discard(slot)
         self.deletes += 1
         return slot
@@ -87,14 +92,23 @@ class CacheModel:
         """A slot that holds no entry."""
         return next(s for s in range(WAYS << LOG2_SETS) if s not in self.used)
 
+    def _forget(self, key: int) -> None:
+        self.closing.pop(key, None)
+        self.touched.discard(key)
+
     def ct(self, h: Header, l4_ok: bool = True) -> int:
-        """The frame's ct: 0 unknown (miss, bypass, not TCP/UDP), 1 original direction, 2 reply."""
-        if h.proto not in (6, 17) or fc.bypass(h.proto, h.tcp_flags, l4_ok):
-            return 0
+        """The frame's ct: 0 unknown (miss, bypass, not TCP/UDP, a closed entry), 1 original direction, 2 reply.
+        Then the frame passes: a TCP FIN or RST of a cached flow counts towards closing its entry (hf_flow_cache's
+        header; never sent to a busy set, where a host write may make the hardware miss the FIN)."""
         key, swap = fc.canonical(Flow(h.src, h.dst, h.proto, h.sport, h.dport))
-        if key not in self.slot_of:
-            return 0
-        return 1 + fc.direction(swap, self.orient[key])
+        out = 0
+        if h.proto in (6, 17) and not fc.bypass(h.proto, h.tcp_flags, l4_ok) and key in self.slot_of:
+            out = 0 if self.closing.get(key, 0) >= 2 else 1 + fc.direction(swap, self.orient[key])
+        if h.proto == 6 and h.tcp_flags & 0x05 and key in self.slot_of:
+            assert fc.set_index(key, LOG2_SETS) not in self.busy, "a FIN/RST sent to a set a command writes"
+            self.closing[key] = 2 if h.tcp_flags & 0x04 else min(2, self.closing.get(key, 0) + 1)
+            self.touched.add(key)
+        return out
 
 
 def key_of(h: Header) -> int:
@@ -248,8 +262,9 @@ async def core_flow_cache(dut):
                 fl = rng.choice(kept)
                 fl = fl if rng.random() < 0.5 else fl.reply()
                 h = header_of(fl, rng.randrange(4))
-            elif r < 0.65:
-                fl = rng.choice([f for f in kept if f.proto == 6] or kept)
+            elif r < 0.65:  # bypass flags, FIN and RST among them (they close the entry: never in a busy set)
+                calm = [f for f in kept if fc.set_index(fc.canonical(f)[0], LOG2_SETS) not in cache.busy]
+                fl = rng.choice([f for f in calm if f.proto == 6] or calm)
                 h = header_of(fl if rng.random() < 0.5 else fl.reply(), rng.randrange(4), rng.choice(BYPASS_FLAGS))
             elif r < 0.7:  # a cached flow's frame with a length conntrack calls INVALID
                 fl = rng.choice(kept)
@@ -281,7 +296,9 @@ async def core_flow_cache(dut):
     assert len(doomed) >= 4, "too few flows with an ACCEPT verdict to delete"
     kept = [fl for fl in flows if fl not in doomed]
     fresh = [rand_flow() for _ in range(8)]
+    cache.busy = {fc.set_index(fc.canonical(fl)[0], LOG2_SETS) for fl in doomed + fresh}
     items = traffic(500, control, kept)
+    cache.busy = set()
     for k in range(0, len(items), 6):  # frames of the doomed flows all through: each a hit, until it is deleted
         fl = doomed[(k // 6) % len(doomed)]
         items.insert(k, expect(header_of(fl, rng.randrange(4)), control, uncertain=True))
@@ -324,10 +341,11 @@ async def core_flow_cache(dut):
     assert now > 0
     for key, slot in cache.slot_of.items():
         words, seen, hits = await tb.flow_words(slot)
-        counted = flow_hits[key] > 0
-        assert words == fc.flow_key_words(fc.key_word(key, cache.orient[key]), counted), f"FLOW_KEY of slot {slot}"
+        counted = flow_hits[key] > 0 or key in cache.touched  # a FIN/RST writes the stats word too
+        assert words == fc.flow_key_words(fc.key_word(key, cache.orient[key]), counted), f"FLOW_KEY of {slot}"
         assert hits == flow_hits[key], f"FLOW_HITS of slot {slot}: {hits} != {flow_hits[key]}"
-        assert (seen == 0) if not counted else 0 < seen <= now, f"FLOW_SEEN of slot {slot}: {seen} (now {now})"
+        hit = flow_hits[key] > 0
+        assert (seen == 0) if not hit else 0 < seen <= now, f"FLOW_SEEN of slot {slot}: {seen} (now {now})"
     for name in [r.name for r in R.MAP.registers if r.name.startswith("CNT_")] + ["PKTIN", "PKTOUT"]:
         assert await ax.read(R.MAP.reg(name).offset) == counters.regs.get(name, 0), name
     assert counters.regs.get("CNT_SHUNT_STATE", 0) > 0

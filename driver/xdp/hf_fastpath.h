@@ -17,7 +17,6 @@
 
 /* hfx_config.ct_flags: conntrack state from the kernel's table (docs/xdp.md "Conntrack state from the kernel"). */
 #define HFX_CT_LOOKUP 1	     /* look TCP/UDP frames up in conntrack (bpf_xdp_ct_lookup): ct 1/2 for established ones */
-#define HFX_CT_TCP_LIBERAL 2 /* the namespace's nf_conntrack_tcp_be_liberal is 1: no TCP window tracking */
 
 /* hfx_config.ct_hit[]: a conntrack hit in that direction matches this entry whatever its other fields (the set bit
  * marks the value valid; tables.build_tables). */

@@ -184,7 +184,8 @@ def test_conntrack_connections(lab, tmp_path):
 
 def test_conntrack_tcp_liberal(lab, tmp_path):
     """With nf_conntrack_tcp_be_liberal = 1 (in both namespaces: the oracle alike) established TCP segments are
-    decided in XDP too; 1 MB each way per connection, every connection completing as on the oracle path."""
+    decided in XDP as with 0 (the flow sync service's marks decide, not the sysctl: test_xdp_liberal.py); 1 MB each
+    way per connection, every connection completing as on the oracle path."""
     f = tmp_path / "ctfirst.rules"
     f.write_text(CT_FIRST)
     key = "net.netfilter.nf_conntrack_tcp_be_liberal"

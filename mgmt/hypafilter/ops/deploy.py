@@ -821,9 +821,9 @@ def _start_flowsync(policy: Policy, plan, tgt: Target, nic: dict, warnings: list
     misses the flow cache (ct = 0), which only sends more frames to software.
 
     A target whose fast path reads conntrack's own table (`flowsync_mode` "liberal": xdp) has no flow cache; the
-    service then marks the TCP entries it would offload liberal (flowsync.LiberalMarks), unless conntrack tracks no
-    TCP window anyway (nf_conntrack_tcp_be_liberal = 1 in the firewall namespace) or the program does no lookup.
-    Until it runs established TCP goes to conntrack, which is always right."""
+    service then marks the TCP entries it would offload liberal (flowsync.LiberalMarks), whatever
+    nf_conntrack_tcp_be_liberal says (the program reads only the marks: the sysctl can change after deploy), unless
+    the program does no lookup. Until it runs established TCP goes to conntrack, which is always right."""
     mode = getattr(tgt, "flowsync_mode", "flowcache")
     if not flowsync.decides_established(policy, plan):
         reason = "the policy's hardware entries do not read conntrack state"
@@ -832,11 +832,6 @@ def _start_flowsync(policy: Policy, plan, tgt: Target, nic: dict, warnings: list
         if not ct.lookup:
             reason = (
                 "the XDP program does not look up conntrack (the plan forces no miss, or the sysctls were unreadable)"
-            )
-        elif ct.tcp_liberal:
-            reason = (
-                "nf_conntrack_tcp_be_liberal is 1 in the firewall namespace: conntrack tracks no TCP window, so the "
-                "XDP program decides established TCP without per-entry liberal flags"
             )
         else:
             reason = ""

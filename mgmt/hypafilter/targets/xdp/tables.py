@@ -33,7 +33,7 @@ CHUNK = 1024  # boxes per sweep step (memory: intervals x CHUNK bytes)
 # ct_tcp_ms, ct_udp_ms, ct_flags, ct_udp_unreplied_ms, ct_hit[2]
 CONFIG = struct.Struct("<13I")
 CT_HIT_SET = 0x80000000  # hfx_config.ct_hit[] bit HFX_CT_HIT_SET
-CT_LOOKUP, CT_TCP_LIBERAL = 1, 2  # hfx_config.ct_flags (HFX_CT_*)
+CT_LOOKUP = 1  # hfx_config.ct_flags (HFX_CT_*)
 BOX_WILD = 0x80000000  # hfx_box value bit HFX_BOX_WILD: no address restricts the box
 ENTRY = struct.Struct("<BBHI")  # struct hfx_entry: action (| HF_ACTION_MIRROR_BIT), shunt, pad, k
 SPAN = np.dtype([("start", "<u4"), ("vec", "<u4")])
@@ -203,16 +203,16 @@ def _record(name: str, value_size: int, count: int, data: bytes) -> bytes:
 @dataclass(frozen=True)
 class CtConfig:
     """Conntrack state from the kernel's table (docs/xdp.md): the established timeouts conntrack itself would set
-    (the namespace's sysctls, ms) and whether its TCP tracking is liberal. The default: no lookup (ct always 0)."""
+    (the namespace's sysctls, ms). The default: no lookup (ct always 0). Whether conntrack tracks TCP windows is not
+    part of it: the program decides established TCP only on entries marked liberal (docs/xdp.md)."""
 
     lookup: bool = False
     tcp_ms: int = 0
     udp_ms: int = 0  # stream (replied) timeout
-    tcp_liberal: bool = False
     udp_unreplied_ms: int = 0
 
     def flags(self) -> int:
-        return (CT_LOOKUP if self.lookup else 0) | (CT_TCP_LIBERAL if self.tcp_liberal else 0)
+        return CT_LOOKUP if self.lookup else 0
 
 
 def tables_file(t: Tables, shape: dict, control: int, generation: int, ct: CtConfig | None = None) -> bytes:

@@ -1,6 +1,7 @@
 """Established connections without opening them: conntrack entries created with `conntrack -R` in a namespace, as
 conntrack has them once it has seen the reply (`bench rate --established`, and its `xdp_prog` measure in the test
-run's namespace: tools/bench/xdpcost.py)."""
+run's namespace: tools/bench/xdpcost.py). The TCP entries are marked liberal as the flow sync service marks the ones
+it offloads (the XDP program decides established TCP only on such entries, docs/xdp.md)."""
 
 from __future__ import annotations
 
@@ -40,3 +41,22 @@ def open_flows(ns: str, flows: list[tuple]) -> None:
     have = netns.run(["conntrack", "-C"], ns).strip()
     if int(have or 0) < len(flows):
         raise HypafilterError(f"{ns}: {have} conntrack entries after creating {len(flows)}")
+    mark_liberal(ns)
+
+
+def mark_liberal(ns: str) -> None:
+    """IP_CT_TCP_FLAG_BE_LIBERAL in both directions on every TCP entry of `ns` (flowsync.Conntrack's batch update)."""
+    from hypafilter.ops.flowsync import PROTO_TCP, Conntrack
+
+    ct = Conntrack(ns)
+    try:
+        tcp = [ev for ev in ct.dump() if ev.proto == PROTO_TCP]
+        done = []
+        for k in range(0, len(tcp), 256):  # one datagram of updates each, well inside the socket's send buffer
+            done += ct.set_liberal_many(tcp[k : k + 256])
+    finally:
+        ct.close()
+    if not all(done):
+        raise HypafilterError(
+            f"{ns}: {done.count(False)} of {len(tcp)} TCP entries gone before they were marked liberal"
+        )

@@ -34,9 +34,9 @@ full veth ring dropped fails the run). Two passes:
 
 `established`: the frames are the trace's TCP (flags ACK) and UDP headers as established connections: before
 anything is sent, conntrack entries (ESTABLISHED, SEEN_REPLY, ASSURED) for every flow are created with `conntrack
--I` in the firewall and the plain namespace (conntrack -F first), and `nf_conntrack_tcp_be_liberal=1` is set in both
-(before the deploy, which reads it: the XDP program decides established TCP only when conntrack does not track the
-windows, docs/xdp.md). For a conntrack-first policy (ESTABLISHED,RELATED accept as the first rule) every path then
+-I` in the firewall and the plain namespace (conntrack -F first), their TCP entries marked liberal as the flow sync
+service marks the ones it offloads (the XDP program decides established TCP only on such entries, docs/xdp.md), and
+`nf_conntrack_tcp_be_liberal=1` is set in both, so that the plain path tracks no window either. For a conntrack-first policy (ESTABLISHED,RELATED accept as the first rule) every path then
 accepts every frame through its conntrack lookup.
 
 Targets slot in through FAST_PATHS: a fast path deploys the policy on the lab and reports decided wire frames and
@@ -494,7 +494,7 @@ def rate(
         lab.up()
     snd = build_sender(sender, BUILD_ROOT / "bench")
     if established:
-        # Before the deploy: the XDP target reads it from the firewall's sysctls (docs/xdp.md).
+        # The plain path tracks no window either (the hybrid's entries are marked liberal: tools/bench/ctflows.py).
         for ns in (lab.ns_fw, lab.ns_plain):
             netns.run(["sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_be_liberal=1"], ns)
     fast = FAST_PATHS[target](policy, config, log)

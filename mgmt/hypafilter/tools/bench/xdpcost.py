@@ -2,7 +2,7 @@
 for the plan runs every frame `repeat` times through BPF_PROG_TEST_RUN in a scratch namespace.
 
 With `flows` (established frames, `bench rate --established`): conntrack entries for the flows are created in the
-scratch namespace first (as the bench creates them in the lab, `nf_conntrack_tcp_be_liberal=1` too), and the
+scratch namespace first (as the bench creates them in the lab, their TCP entries marked liberal), and the
 program is loaded with the conntrack lookup on (its timeouts read from that namespace, as the target reads them
 from the firewall's) and the plan's miss forcing: bpf_xdp_ct_lookup (netns -1) looks up in the namespace of the
 test run's device, so the frames are established hits there, and the figure is the cost of the established path.
@@ -74,7 +74,6 @@ def xdp_cost(
         if flows is not None:
             from hypafilter.tools.bench.ctflows import open_flows
 
-            netns.run(["sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_be_liberal=1"], ns)
             open_flows(ns, list(flows))
             ct = read_ct_config(ns)
             if not ct.lookup:

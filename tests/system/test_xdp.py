@@ -217,7 +217,8 @@ def test_conntrack_policies(ns, name):
     # With the lookup on (bpf_xdp_ct_lookup of every TCP/UDP frame): no entry here, so nothing changes.
     from hypafilter.targets.xdp.tables import CtConfig
 
-    check(plan, frames_for(policy, random.Random(name), 400), ns, ct=CtConfig(True, 432_000_000, 120_000, True, 30_000))
+    ct = CtConfig(lookup=True, tcp_ms=432_000_000, udp_ms=120_000, udp_unreplied_ms=30_000)
+    check(plan, frames_for(policy, random.Random(name), 400), ns, ct=ct)
     htext = "".join(ln for ln in text.splitlines(keepends=True) if not ln.startswith(":INPUT "))
     host = parse_policy(htext.replace("FORWARD", "INPUT"), name, base_chain="INPUT")
     hplan = build_plan(host, Config(shunt_mode="selective", nic_mode="host"))

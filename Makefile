@@ -6,7 +6,9 @@ PY := $(VENV)/bin/python
 PYTEST := $(VENV)/bin/pytest
 BUILD ?= build
 
-.PHONY: all setup test test-unit test-sim test-system demo lint format synth-estimate bench clean
+.PHONY: all setup test test-quick test-unit test-sim test-system demo lint format synth-estimate bench clean
+# pytest-xdist workers of the sim and system tiers (each test module keeps its own lab; docs/testing.md)
+TEST_WORKERS ?= 2
 
 all: test
 
@@ -21,11 +23,20 @@ test-unit:
 
 test-sim:
 	@scripts/setup.sh sim
-	$(PYTEST) -q sim
+	$(PYTEST) -q -n $(TEST_WORKERS) --dist load sim
 
 test-system:
 	@scripts/setup.sh system browser
-	scripts/run-system-tests.sh
+	TEST_WORKERS=$(TEST_WORKERS) scripts/run-system-tests.sh
+
+# the edit loop: the unit tier, then one deploy + verify per target (emu, xdp), tests of the system tier run alone;
+# docs/testing.md
+QUICK_SYSTEM := tests/system/test_deploy.py::test_deploy_status_undeploy \
+                tests/system/test_xdp_lab.py::test_verify_rulesets_bridge_mode
+test-quick:
+	@scripts/setup.sh system
+	$(PYTEST) -q tests/unit
+	TEST_WORKERS=$(TEST_WORKERS) scripts/run-system-tests.sh $(QUICK_SYSTEM)
 
 demo:
 	@scripts/setup.sh system

@@ -3,8 +3,11 @@ system tier's deployed lab."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -74,3 +77,66 @@ def lab(request):
         lab.down()
         shutil.rmtree(state, ignore_errors=True)
         deploy.configure(*was)
+
+
+# Modules of the sim and system tiers that take longest, with their seconds in one sequential run (`make test` with
+# PYTEST_ADDOPTS=--durations=0, setup + call + teardown summed per module; docs/testing.md). Under pytest-xdist
+# (`make test` runs both tiers on two workers) the longest start first, so no worker is left with a long module at
+# the end while the other idles. Modules not listed keep their collection order after these.
+LONG_MODULES = {
+    "test_fuzz.py": 422,
+    "test_real_rulesets.py": 169,
+    "test_hypafilter_core.py": 108,
+    "test_equivalence.py": 102,
+    "test_exactness.py": 86,
+    "test_xdp_lab.py": 84,
+    "test_exact_state.py": 70,
+    "test_core_flow_cache.py": 60,
+    "test_hf_flow_cache.py": 58,
+    "test_deploy.py": 53,
+    "test_dashboard_live.py": 52,
+    "test_ct_timewait.py": 51,
+    "test_ctstate.py": 49,
+    "test_postsynth.py": 43,
+    "test_verify_connections.py": 43,
+    "test_synth_tools.py": 41,
+    "test_xdp_ct_timewait.py": 41,
+    "test_flowsync.py": 35,
+    "test_verify_load.py": 31,
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Longest modules first (LONG_MODULES), the order inside each module unchanged (a stable sort)."""
+    items.sort(key=lambda item: -LONG_MODULES.get(item.path.name, 0))
+
+
+@contextlib.contextmanager
+def _worker_lock(item):
+    """Under pytest-xdist, a test marked `solo` runs while no other worker runs a test; every other test holds the
+    lock shared. Held over the item's whole protocol, so module fixtures (a lab coming up, an emulator build) that
+    its setup or teardown runs count too. For tests whose thresholds read time or CPU share (hardware share of real
+    connections, dashboard budgets): they keep their thresholds and see the machine as a sequential run does.
+    A gate taken before the lock lets a waiting solo test in ahead of the next shared one (no starvation)."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not run:
+        yield
+        return
+    base = Path(tempfile.gettempdir()) / f"hypafilter-tests-{run}"
+    solo = item.get_closest_marker("solo") is not None
+    with open(f"{base}.gate", "a+") as gate, open(f"{base}.lock", "a+") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX if solo else fcntl.LOCK_SH)
+        fcntl.flock(lock, fcntl.LOCK_EX if solo else fcntl.LOCK_SH)
+        if not solo:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            fcntl.flock(gate, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    with _worker_lock(item):
+        yield

@@ -69,6 +69,7 @@ COMMIT
 """
 
 
+@pytest.mark.solo  # the 90 % reads the sync service's lag: no other worker's test beside it (conftest)
 def test_established_tcp_is_decided_in_hardware(lab, tmp_path, capsys):
     """Issue #13's measure: 20 TCP connections of 200 KB each way through a conntrack-first policy; every one completes
     as on the kernel alone, and the NIC decides at least 90 % of their wire frames itself."""

@@ -128,6 +128,7 @@ def big(system, tmp_path_factory):
         netns.delete(ns)
 
 
+@pytest.mark.solo  # a time budget: no other worker's test beside it (conftest)
 def test_snapshot_of_50000_rules_within_one_second(big):
     """The dashboard's collector (per-rule sources on their own thread, as `hypafilter dashboard` runs it): every
     snapshot within the budget; the per-rule reading's own duration printed beside it."""
@@ -184,6 +185,7 @@ def test_snapshot_of_50000_rules_within_one_second(big):
     assert len(body) < 20_000
 
 
+@pytest.mark.solo  # a time budget: no other worker's test beside it (conftest)
 def test_page_interactive_within_three_seconds_at_50000_rules(big):
     import uvicorn
     from hypafilter.tools.dashboard.app import create_app

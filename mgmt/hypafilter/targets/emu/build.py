@@ -16,7 +16,12 @@ from hypafilter.hw import vhdl
 from hypafilter.paths import ROOT
 
 HARNESS_DIR = ROOT / "driver" / "emu"
-HARNESS_FILES = (HARNESS_DIR / "hf_emu.cpp", HARNESS_DIR / "Makefile", ROOT / "driver" / "hypafilter_shared.h")
+HARNESS_FILES = (
+    HARNESS_DIR / "hf_emu.cpp",
+    HARNESS_DIR / "hf_emu.vlt",
+    HARNESS_DIR / "Makefile",
+    ROOT / "driver" / "hypafilter_shared.h",
+)
 TOP = "hypafilter_core"
 # The emulator's flow-cache timestamp tick, in cycles of its clock (FC_TICK_CYCLES). The emulated clock runs only
 # while the emulator works (frames queued or in flight, register accesses, then --settle idle cycles), so FC_NOW
@@ -42,10 +47,10 @@ class EmuError(HypafilterError):
         super().__init__(f"emulated NIC: step '{step}' failed: {message}" + (f"\n{tail}" if tail else ""))
 
 
-def _run(step: str, argv: list[str]) -> str:
+def _run(step: str, argv: list[str], env: dict[str, str] | None = None) -> str:
     """stdout of a build tool (which may run for minutes); EmuError naming the step with the tool's output."""
     try:
-        return netns.run(argv, timeout=None)
+        return netns.run(argv, timeout=None, env=env)
     except netns.CommandError as e:
         if e.returncode is None:
             raise EmuError(step, f"{argv[0]} is not installed (scripts/setup.sh sim installs it)") from e
@@ -95,6 +100,17 @@ def quick_key(matcher_hash: str, tdata_width: int, encoder_fanin: int, generics:
         h.update(f"{p.name}\n".encode())
         h.update(p.read_bytes())
     return h.hexdigest()[:20]
+
+
+def compiler_cache_env(root: Path) -> dict[str, str]:
+    """The environment of the C++ build: ccache (when driver/emu/Makefile finds it) keeps its objects in
+    <build root>/emu/ccache unless CCACHE_DIR says otherwise, and hashes paths relative to the build root, so the same
+    fixed entities compiled in two scratch folders are one cache entry."""
+    env = dict(os.environ)
+    env.setdefault("CCACHE_DIR", str(root / "ccache"))
+    env.setdefault("CCACHE_BASEDIR", str(root))
+    env.setdefault("CCACHE_NOHASHDIR", "1")
+    return env
 
 
 def build(plan, config=None, build_root: str | Path = "build", verbose: bool = False, jobs: int | None = None) -> Path:
@@ -167,6 +183,7 @@ def build(plan, config=None, build_root: str | Path = "build", verbose: bool = F
                 f"TDATA_WIDTH={width}",
                 f"JOBS={jobs}",
             ],
+            env=compiler_cache_env(root),
         )
         shutil.rmtree(scratch / "obj", ignore_errors=True)  # the object tree is large and never reused
         try:

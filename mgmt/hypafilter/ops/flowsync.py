@@ -118,6 +118,22 @@ class CtEvent:
     zone: int | None = None
     helper: bool = False
 
+    @classmethod
+    def from_tuples(cls, kind: str, family: int, orig: tuple, rep: tuple | None, **rest) -> CtEvent:
+        """The entry of the original and reply tuples (src, dst, proto, sport, dport) as `_raw_tuple` reads them
+        (reply None: absent); `rest`: the other fields (status, tcp_state, timeout, zone, helper)."""
+        return cls(
+            kind=kind,
+            family=family,
+            proto=orig[2],
+            src=orig[0],
+            dst=orig[1],
+            sport=orig[3],
+            dport=orig[4],
+            reply=(rep[0], rep[1], rep[3], rep[4]) if rep else None,
+            **rest,
+        )
+
     @property
     def flow(self) -> Flow | None:
         """The hardware flow (original direction), None for what the flow cache cannot hold (not IPv4 TCP/UDP)."""
@@ -158,21 +174,6 @@ def offload_reason(ev: CtEvent) -> str | None:
     if ev.zone:
         return f"zone {ev.zone}"
     return None
-
-
-def _event(kind: str, family: int, orig: tuple, rep: tuple | None, **rest) -> CtEvent:
-    """A CtEvent from the original and reply tuples (src, dst, proto, sport, dport) as `_raw_tuple` reads them."""
-    return CtEvent(
-        kind=kind,
-        family=family,
-        proto=orig[2],
-        src=orig[0],
-        dst=orig[1],
-        sport=orig[3],
-        dport=orig[4],
-        reply=(rep[0], rep[1], rep[3], rep[4]) if rep else None,
-        **rest,
-    )
 
 
 # ctnetlink attribute types (include/uapi/linux/netfilter/nfnetlink_conntrack.h) that parse_event reads and the
@@ -263,7 +264,7 @@ def parse_event(data: bytes, off: int = 0, kind: str | None = None) -> CtEvent |
     def be(k: int, fmt: str) -> int | None:
         return struct.unpack_from(fmt, data, a[k][0])[0] if k in a else None
 
-    return _event(
+    return CtEvent.from_tuples(
         kind,
         data[off + 16],
         orig,

@@ -454,13 +454,33 @@ static int next_link(DIR *d, const char *links, char *path, size_t size, const c
 	return -1;
 }
 
+/* Unlinks each entry of the open directory `d` (path `dir`) whose name starts with `prefix` ("": each one), dot
+ * names left alone, then closes it: 1 when one could not be removed (printed), else 0. */
+static int unlink_entries(DIR *d, const char *dir, const char *prefix)
+{
+	char path[PATH_MAX];
+	struct dirent *e;
+	int failed = 0;
+
+	while ((e = readdir(d))) {
+		if (e->d_name[0] == '.' || strncmp(e->d_name, prefix, strlen(prefix)))
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+		if (unlink(path)) {
+			fprintf(stderr, "hf_xdp: unlink %s: %s\n", path, strerror(errno));
+			failed = 1;
+		}
+	}
+	closedir(d);
+	return failed;
+}
+
 /* Remove a started program: links that still run it get the --fallback program back (a rolled-back update: the
  * previous program) or, without one, are unpinned (detached); then its pins go. Links running another program (the
  * one that replaced it) stay. */
 static int cmd_stop(const char *pin, const char *links, const char *fallback)
 {
 	char path[PATH_MAX];
-	struct dirent *e;
 	const char *name;
 	__u32 id = 0;
 	int failed = 0, ffd = fallback ? pinned_prog(fallback) : -1, lfd;
@@ -498,16 +518,7 @@ static int cmd_stop(const char *pin, const char *links, const char *fallback)
 	d = opendir(pin);
 	if (!d)
 		return errno == ENOENT ? failed : (die("stop", "%s: %s", pin, strerror(errno)), 1);
-	while ((e = readdir(d))) {
-		if (e->d_name[0] == '.')
-			continue;
-		snprintf(path, sizeof(path), "%s/%s", pin, e->d_name);
-		if (unlink(path)) {
-			fprintf(stderr, "hf_xdp: unlink %s: %s\n", path, strerror(errno));
-			failed = 1;
-		}
-	}
-	closedir(d);
+	failed |= unlink_entries(d, pin, "");
 	if (rmdir(pin) && errno != ENOENT)
 		fprintf(stderr, "hf_xdp: rmdir %s: %s\n", pin, strerror(errno));
 	return failed;
@@ -559,23 +570,12 @@ static int cmd_control(const char *pin, long value)
 /* Detach every link of LINKS (undeploy), then remove the directory. */
 static int cmd_detach(const char *links)
 {
-	char path[PATH_MAX];
-	struct dirent *e;
 	DIR *d = opendir(links);
-	int failed = 0;
+	int failed;
 
 	if (!d)
 		return 0;
-	while ((e = readdir(d))) {
-		if (strncmp(e->d_name, "link_", 5))
-			continue;
-		snprintf(path, sizeof(path), "%s/%s", links, e->d_name);
-		if (unlink(path)) {
-			fprintf(stderr, "hf_xdp: unlink %s: %s\n", path, strerror(errno));
-			failed = 1;
-		}
-	}
-	closedir(d);
+	failed = unlink_entries(d, links, "link_");
 	rmdir(links);
 	return failed;
 }

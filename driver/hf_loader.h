@@ -1,6 +1,7 @@
 /* Helpers the user-space loaders share (driver/hf_shim.c, driver/xdp/hf_xdp.c): errors, libbpf's log, entering a
- * network namespace, the bpffs pin directory, interface indexes. Each loader defines HF_LOADER_NAME (the prefix of
- * its error messages) before including this file, after the system headers it needs. */
+ * network namespace, the bpffs pin directory, interface indexes, per-CPU counters, the command line and its common
+ * options. Each loader defines HF_LOADER_NAME (the prefix of its error messages) before including this file, after
+ * the system headers it needs. */
 #ifndef HF_LOADER_H
 #define HF_LOADER_H
 
@@ -108,6 +109,20 @@ static struct bpf_object *open_load(const char *obj_path, const char *pin)
 	return obj;
 }
 
+/* Room for a per-CPU map value of every possible CPU (percpu_sum's `vals`); *ncpu: their count. */
+static __u64 *percpu_room(int *ncpu)
+{
+	__u64 *vals;
+
+	*ncpu = libbpf_num_possible_cpus();
+	if (*ncpu <= 0)
+		die("stats", "cannot count CPUs");
+	vals = calloc(*ncpu, sizeof(*vals));
+	if (!vals)
+		die("stats", "out of memory");
+	return vals;
+}
+
 /* The sum over CPUs of per-CPU map `fd`'s value at `key` (`vals`: room for `ncpu` values); zeroed after the read
  * with `reset`. */
 static unsigned long long percpu_sum(int fd, __u32 key, __u64 *vals, int ncpu, int reset, const char *what)
@@ -126,12 +141,53 @@ static unsigned long long percpu_sum(int fd, __u32 key, __u64 *vals, int ncpu, i
 	return sum;
 }
 
-/* The command word of `loader COMMAND [options]`; getopt_long goes on after it. */
-static const char *command_of(int argc, char **argv, const char *usage)
+/* The options every loader takes, before its own in the table getopt_long reads (parse_loader_args). */
+static const struct option loader_options[] = {
+	{"obj", required_argument, 0, 'o'},
+	{"pin", required_argument, 0, 'p'},
+	{"netns", required_argument, 0, 'n'},
+	{"generic", no_argument, 0, 'G'},
+};
+#define LOADER_OPTIONS_MAX 32 /* the common and a loader's own options, with the table's end */
+
+/* What those options say (NULL, 0: not given). */
+struct loader_args {
+	const char *obj, *pin, *netns;
+	int generic;
+};
+
+/* The command line `loader COMMAND [options] [ARG...]`: returns COMMAND (none: dies with `usage`). getopt_long reads
+ * loader_options, then the loader's own `opts` (ending with a zeroed entry); the common ones go into *la, each other
+ * one to `other` (getopt_long's answer, its optarg, `ctx`), which dies with "unknown option" on one it does not know
+ * ('?'). optind is then the first ARG. libbpf's messages go to libbpf_log from here on. */
+static const char *parse_loader_args(int argc, char **argv, const char *usage, const struct option *opts,
+				     struct loader_args *la, void (*other)(int opt, const char *arg, void *ctx),
+				     void *ctx)
 {
+	struct option all[LOADER_OPTIONS_MAX] = {0}; /* zeroed: the entries after the last end the table */
+	size_t n = sizeof(loader_options) / sizeof(loader_options[0]);
+	int c;
+
+	memcpy(all, loader_options, sizeof(loader_options));
+	for (const struct option *o = opts; o->name; o++) {
+		if (n == LOADER_OPTIONS_MAX - 1)
+			die("usage", "more than %d options: raise LOADER_OPTIONS_MAX", LOADER_OPTIONS_MAX - 1);
+		all[n++] = *o;
+	}
 	if (argc < 2)
 		die("usage", "%s", usage);
 	optind = 2;
+	memset(la, 0, sizeof(*la));
+	while ((c = getopt_long(argc, argv, "", all, NULL)) != -1) {
+		switch (c) {
+		case 'o': la->obj = optarg; break;
+		case 'p': la->pin = optarg; break;
+		case 'n': la->netns = optarg; break;
+		case 'G': la->generic = 1; break;
+		default: other(c, optarg, ctx);
+		}
+	}
+	libbpf_set_print(libbpf_log);
 	return argv[1];
 }
 

@@ -40,6 +40,16 @@
 #define TC_HANDLE 0x4846
 #define TC_PRIORITY 1
 
+/* hf_shim's own options (see the header), after the loaders' common ones (parse_loader_args); shim_option takes
+ * them. */
+static const struct option options[] = {
+	{"generation", required_argument, 0, 'g'}, {"mask", required_argument, 0, 'm'},
+	{"shift", required_argument, 0, 's'},	    {"num-entries", required_argument, 0, 'e'},
+	{"intervals", no_argument, 0, 'i'},	    {"reset", no_argument, 0, 'r'},
+	{"count", required_argument, 0, 'c'},	    {"tc-only", no_argument, 0, 'T'},
+	{0, 0, 0, 0},
+};
+
 struct hf_config {
 	__u32 generation, mark_mask, mark_shift, num_entries;
 };
@@ -200,14 +210,11 @@ static int cmd_update(const char *pin, long long gen, long long mask, long long 
 
 static int cmd_stats(const char *pin, int reset)
 {
-	int ncpu = libbpf_num_possible_cpus(), sfd, cfd;
+	int ncpu, sfd, cfd;
 	struct hf_config cfg;
-	__u64 *vals;
+	__u64 *vals = percpu_room(&ncpu);
 	__u32 zero = 0;
 
-	if (ncpu <= 0)
-		die("stats", "cannot count CPUs");
-	vals = calloc(ncpu, sizeof(*vals));
 	sfd = map_fd(pin, HF_MAP_STATS);
 	cfd = map_fd(pin, HF_MAP_CONFIG);
 	if (bpf_map_lookup_elem(cfd, &zero, &cfg))
@@ -244,58 +251,55 @@ static long long num_arg(const char *opt, const char *s)
 	return v;
 }
 
+/* What hf_shim's own options say (-1, 0: not given). */
+struct shim_args {
+	long long gen, mask, shift, nent, count;
+	int intervals, reset, tc_only;
+};
+
+static void shim_option(int c, const char *arg, void *ctx)
+{
+	struct shim_args *s = ctx;
+
+	switch (c) {
+	case 'g': s->gen = num_arg("--generation", arg); break;
+	case 'm': s->mask = num_arg("--mask", arg); break;
+	case 's': s->shift = num_arg("--shift", arg); break;
+	case 'e': s->nent = num_arg("--num-entries", arg); break;
+	case 'i': s->intervals = 1; break;
+	case 'r': s->reset = 1; break;
+	case 'c': s->count = num_arg("--count", arg); break;
+	case 'T': s->tc_only = 1; break;
+	default: die("usage", "unknown option");
+	}
+}
+
 int main(int argc, char **argv)
 {
-	static const struct option opts[] = {
-		{"obj", required_argument, 0, 'o'},	    {"pin", required_argument, 0, 'p'},
-		{"netns", required_argument, 0, 'n'},	    {"generic", no_argument, 0, 'G'},
-		{"generation", required_argument, 0, 'g'}, {"mask", required_argument, 0, 'm'},
-		{"shift", required_argument, 0, 's'},	    {"num-entries", required_argument, 0, 'e'},
-		{"intervals", no_argument, 0, 'i'},	    {"reset", no_argument, 0, 'r'},
-		{"count", required_argument, 0, 'c'},	    {"tc-only", no_argument, 0, 'T'},
-		{0, 0, 0, 0},
-	};
-	const char *cmd, *obj = NULL, *pin = NULL, *netns = NULL;
-	long long gen = -1, mask = -1, shift = -1, nent = -1, count = 0;
-	int c, generic = 0, intervals = 0, reset = 0, tc_only = 0;
+	struct shim_args s = {.gen = -1, .mask = -1, .shift = -1, .nent = -1};
+	struct loader_args a;
+	const char *cmd = parse_loader_args(argc, argv,
+					    "hf_shim load|unload|update|stats|dump [options] (see the source's header)",
+					    options, &a, shim_option, &s);
 
-	cmd = command_of(argc, argv, "hf_shim load|unload|update|stats|dump [options] (see the source's header)");
-	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-		switch (c) {
-		case 'o': obj = optarg; break;
-		case 'p': pin = optarg; break;
-		case 'n': netns = optarg; break;
-		case 'G': generic = 1; break;
-		case 'g': gen = num_arg("--generation", optarg); break;
-		case 'm': mask = num_arg("--mask", optarg); break;
-		case 's': shift = num_arg("--shift", optarg); break;
-		case 'e': nent = num_arg("--num-entries", optarg); break;
-		case 'i': intervals = 1; break;
-		case 'r': reset = 1; break;
-		case 'c': count = num_arg("--count", optarg); break;
-		case 'T': tc_only = 1; break;
-		default: die("usage", "unknown option");
-		}
-	}
-	if (!pin)
+	if (!a.pin)
 		die("usage", "--pin DIR is required");
-	libbpf_set_print(libbpf_log);
 	if (!strcmp(cmd, "load")) {
-		if (!obj || optind >= argc)
+		if (!a.obj || optind >= argc)
 			die("usage", "load needs --obj OBJ and at least one interface");
-		enter_netns(netns);
-		return cmd_load(obj, pin, generic, tc_only, argv + optind, argc - optind);
+		enter_netns(a.netns);
+		return cmd_load(a.obj, a.pin, a.generic, s.tc_only, argv + optind, argc - optind);
 	}
 	if (!strcmp(cmd, "unload")) {
-		enter_netns(netns);
-		return cmd_unload(pin, argv + optind, argc - optind);
+		enter_netns(a.netns);
+		return cmd_unload(a.pin, argv + optind, argc - optind);
 	}
 	if (!strcmp(cmd, "update"))
-		return cmd_update(pin, gen, mask, shift, nent, intervals);
+		return cmd_update(a.pin, s.gen, s.mask, s.shift, s.nent, s.intervals);
 	if (!strcmp(cmd, "stats"))
-		return cmd_stats(pin, reset);
+		return cmd_stats(a.pin, s.reset);
 	if (!strcmp(cmd, "dump"))
-		return cmd_dump(pin, count);
+		return cmd_dump(a.pin, s.count);
 	die("usage", "unknown command '%s'", cmd);
 	return 2;
 }

@@ -51,6 +51,17 @@
 #define MAX_PORTS 4
 #define PROG_NAME "hfx_fastpath"
 
+/* hf_xdp's own options (see the header), after the loaders' common ones (parse_loader_args); xdp_option takes
+ * them. */
+static const struct option options[] = {
+	{"tables", required_argument, 0, 't'}, {"frames", required_argument, 0, 'f'},
+	{"port", required_argument, 0, 'P'},   {"repeat", required_argument, 0, 'R'},
+	{"reset", no_argument, 0, 'r'},	       {"links", required_argument, 0, 'L'},
+	{"value", required_argument, 0, 'V'},  {"fallback", required_argument, 0, 'F'},
+	{"no-hits", no_argument, 0, 'H'},
+	{0, 0, 0, 0},
+};
+
 static const char *cnt_names[HFX_CNT_COUNT] = {
 	"PKTIN", "PKTOUT", "CNT_FORWARDED", "CNT_DROPPED", "CNT_SHUNT_OVERRULE", "CNT_SHUNT_POLICY",
 	"CNT_SHUNT_UNPARSED", "CNT_FROM_HOST", "CNT_SHUNT_FORCED", "CNT_DROP_UNFILTERABLE", "UNKNOWN_PORT",
@@ -235,17 +246,11 @@ static void write_ports(struct port *ports, int np, map_fd_fn fdof, void *ctx)
 
 static void print_counters(map_fd_fn fdof, void *ctx, int reset, int hits)
 {
-	int ncpu = libbpf_num_possible_cpus(), cfd = fdof(ctx, "hfx_cnt"), hfd = fdof(ctx, "hfx_hits"),
-	    gfd = fdof(ctx, "hfx_cfg");
+	int ncpu, cfd = fdof(ctx, "hfx_cnt"), hfd = fdof(ctx, "hfx_hits"), gfd = fdof(ctx, "hfx_cfg");
 	struct hfx_config cfg;
-	__u64 *vals;
+	__u64 *vals = percpu_room(&ncpu);
 	__u32 zero = 0;
 
-	if (ncpu <= 0)
-		die("stats", "cannot count CPUs");
-	vals = calloc(ncpu, sizeof(*vals));
-	if (!vals)
-		die("stats", "out of memory");
 	if (bpf_map_lookup_elem(gfd, &zero, &cfg))
 		die("stats", "hfx_cfg: %s", strerror(errno));
 	printf("{\"config\": {\"control\": %u, \"generation\": %u, \"num_entries\": %u, \"num_words\": %u, "
@@ -449,13 +454,33 @@ static int next_link(DIR *d, const char *links, char *path, size_t size, const c
 	return -1;
 }
 
+/* Unlinks each entry of the open directory `d` (path `dir`) whose name starts with `prefix` ("": each one), dot
+ * names left alone, then closes it: 1 when one could not be removed (printed), else 0. */
+static int unlink_entries(DIR *d, const char *dir, const char *prefix)
+{
+	char path[PATH_MAX];
+	struct dirent *e;
+	int failed = 0;
+
+	while ((e = readdir(d))) {
+		if (e->d_name[0] == '.' || strncmp(e->d_name, prefix, strlen(prefix)))
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+		if (unlink(path)) {
+			fprintf(stderr, "hf_xdp: unlink %s: %s\n", path, strerror(errno));
+			failed = 1;
+		}
+	}
+	closedir(d);
+	return failed;
+}
+
 /* Remove a started program: links that still run it get the --fallback program back (a rolled-back update: the
  * previous program) or, without one, are unpinned (detached); then its pins go. Links running another program (the
  * one that replaced it) stay. */
 static int cmd_stop(const char *pin, const char *links, const char *fallback)
 {
 	char path[PATH_MAX];
-	struct dirent *e;
 	const char *name;
 	__u32 id = 0;
 	int failed = 0, ffd = fallback ? pinned_prog(fallback) : -1, lfd;
@@ -493,16 +518,7 @@ static int cmd_stop(const char *pin, const char *links, const char *fallback)
 	d = opendir(pin);
 	if (!d)
 		return errno == ENOENT ? failed : (die("stop", "%s: %s", pin, strerror(errno)), 1);
-	while ((e = readdir(d))) {
-		if (e->d_name[0] == '.')
-			continue;
-		snprintf(path, sizeof(path), "%s/%s", pin, e->d_name);
-		if (unlink(path)) {
-			fprintf(stderr, "hf_xdp: unlink %s: %s\n", path, strerror(errno));
-			failed = 1;
-		}
-	}
-	closedir(d);
+	failed |= unlink_entries(d, pin, "");
 	if (rmdir(pin) && errno != ENOENT)
 		fprintf(stderr, "hf_xdp: rmdir %s: %s\n", pin, strerror(errno));
 	return failed;
@@ -554,126 +570,112 @@ static int cmd_control(const char *pin, long value)
 /* Detach every link of LINKS (undeploy), then remove the directory. */
 static int cmd_detach(const char *links)
 {
-	char path[PATH_MAX];
-	struct dirent *e;
 	DIR *d = opendir(links);
-	int failed = 0;
+	int failed;
 
 	if (!d)
 		return 0;
-	while ((e = readdir(d))) {
-		if (strncmp(e->d_name, "link_", 5))
-			continue;
-		snprintf(path, sizeof(path), "%s/%s", links, e->d_name);
-		if (unlink(path)) {
-			fprintf(stderr, "hf_xdp: unlink %s: %s\n", path, strerror(errno));
-			failed = 1;
-		}
-	}
-	closedir(d);
+	failed = unlink_entries(d, links, "link_");
 	rmdir(links);
 	return failed;
 }
 
+/* What hf_xdp's own options say (NULL, 0: not given; value -1, repeat 1). */
+struct xdp_args {
+	const char *tables, *frames, *links, *fallback;
+	long value;
+	struct port ports[MAX_PORTS];
+	int np, repeat, reset, no_hits;
+};
+
+static void xdp_option(int c, const char *arg, void *ctx)
+{
+	struct xdp_args *x = ctx;
+
+	switch (c) {
+	case 't': x->tables = arg; break;
+	case 'f': x->frames = arg; break;
+	case 'P':
+		if (x->np == MAX_PORTS)
+			die("usage", "at most %d --port", MAX_PORTS);
+		parse_port(arg, &x->ports[x->np]);
+		for (int i = 0; i < x->np; i++)
+			if (x->ports[i].iport == x->ports[x->np].iport)
+				die("usage", "--port %s: port %u is %s already", arg, x->ports[x->np].iport,
+				    x->ports[i].name);
+		x->np++;
+		break;
+	case 'R':
+		x->repeat = atoi(arg);
+		if (x->repeat < 1)
+			die("usage", "--repeat must be >= 1");
+		break;
+	case 'r': x->reset = 1; break;
+	case 'H': x->no_hits = 1; break;
+	case 'L': x->links = arg; break;
+	case 'F': x->fallback = arg; break;
+	case 'V':
+		x->value = strtol(arg, NULL, 0);
+		if (x->value < 0 || x->value > 0xFF)
+			die("usage", "--value must be a CONTROL value 0..255");
+		break;
+	default: die("usage", "unknown option");
+	}
+}
+
 int main(int argc, char **argv)
 {
-	static const struct option opts[] = {
-		{"obj", required_argument, 0, 'o'},    {"pin", required_argument, 0, 'p'},
-		{"netns", required_argument, 0, 'n'},  {"generic", no_argument, 0, 'G'},
-		{"tables", required_argument, 0, 't'}, {"frames", required_argument, 0, 'f'},
-		{"port", required_argument, 0, 'P'},   {"repeat", required_argument, 0, 'R'},
-		{"reset", no_argument, 0, 'r'},	       {"links", required_argument, 0, 'L'},
-		{"value", required_argument, 0, 'V'},  {"fallback", required_argument, 0, 'F'},
-		{"no-hits", no_argument, 0, 'H'},
-		{0, 0, 0, 0},
-	};
-	const char *cmd, *obj = NULL, *pin = NULL, *netns = NULL, *tables = NULL, *frames = NULL, *links = NULL;
-	const char *fallback = NULL;
-	long value = -1;
-	struct port ports[MAX_PORTS];
-	int c, generic = 0, reset = 0, np = 0, repeat = 1, no_hits = 0;
+	struct xdp_args x = {.value = -1, .repeat = 1};
+	struct loader_args a;
+	const char *cmd = parse_loader_args(
+		argc, argv, "hf_xdp run|start|attach|update|control|stats|links|stop|detach [options] (see the source's header)",
+		options, &a, xdp_option, &x);
 
-	cmd = command_of(argc, argv, "hf_xdp run|start|attach|update|control|stats|links|stop|detach [options] (see the source's header)");
-	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-		switch (c) {
-		case 'o': obj = optarg; break;
-		case 'p': pin = optarg; break;
-		case 'n': netns = optarg; break;
-		case 'G': generic = 1; break;
-		case 't': tables = optarg; break;
-		case 'f': frames = optarg; break;
-		case 'P':
-			if (np == MAX_PORTS)
-				die("usage", "at most %d --port", MAX_PORTS);
-			parse_port(optarg, &ports[np]);
-			for (int i = 0; i < np; i++)
-				if (ports[i].iport == ports[np].iport)
-					die("usage", "--port %s: port %u is %s already", optarg, ports[np].iport, ports[i].name);
-			np++;
-			break;
-		case 'R':
-			repeat = atoi(optarg);
-			if (repeat < 1)
-				die("usage", "--repeat must be >= 1");
-			break;
-		case 'r': reset = 1; break;
-		case 'H': no_hits = 1; break;
-		case 'L': links = optarg; break;
-		case 'F': fallback = optarg; break;
-		case 'V':
-			value = strtol(optarg, NULL, 0);
-			if (value < 0 || value > 0xFF)
-				die("usage", "--value must be a CONTROL value 0..255");
-			break;
-		default: die("usage", "unknown option");
-		}
-	}
 	if (optind != argc && strcmp(cmd, "attach"))
 		die("usage", "unexpected argument '%s'", argv[optind]);
-	libbpf_set_print(libbpf_log);
 	if (!strcmp(cmd, "run")) {
-		if (!obj || !tables || !frames)
+		if (!a.obj || !x.tables || !x.frames)
 			die("usage", "run needs --obj, --tables and --frames");
-		enter_netns(netns);
-		return cmd_run(obj, tables, frames, ports, np, repeat);
+		enter_netns(a.netns);
+		return cmd_run(a.obj, x.tables, x.frames, x.ports, x.np, x.repeat);
 	}
-	if (!strcmp(cmd, "links") && links)
-		return cmd_links(pin, links);
-	if (!pin)
+	if (!strcmp(cmd, "links") && x.links)
+		return cmd_links(a.pin, x.links);
+	if (!a.pin)
 		die("usage", "--pin DIR is required");
 	if (!strcmp(cmd, "start")) {
-		if (!obj)
+		if (!a.obj)
 			die("usage", "start needs --obj");
-		enter_netns(netns);
-		return cmd_start(obj, pin, ports, np);
+		enter_netns(a.netns);
+		return cmd_start(a.obj, a.pin, x.ports, x.np);
 	}
 	if (!strcmp(cmd, "attach")) {
-		if (!links || optind >= argc)
+		if (!x.links || optind >= argc)
 			die("usage", "attach needs --links DIR and at least one interface");
-		enter_netns(netns);
-		return cmd_attach(pin, links, generic, argv + optind, argc - optind);
+		enter_netns(a.netns);
+		return cmd_attach(a.pin, x.links, a.generic, argv + optind, argc - optind);
 	}
 	if (!strcmp(cmd, "stop"))
-		return cmd_stop(pin, links, fallback);
+		return cmd_stop(a.pin, x.links, x.fallback);
 	if (!strcmp(cmd, "links"))
-		return cmd_links(pin, links ? links : pin);
+		return cmd_links(a.pin, x.links ? x.links : a.pin);
 	if (!strcmp(cmd, "control")) {
-		if (value < 0)
+		if (x.value < 0)
 			die("usage", "control needs --value");
-		return cmd_control(pin, value);
+		return cmd_control(a.pin, x.value);
 	}
 	if (!strcmp(cmd, "update")) {
-		if (!tables)
+		if (!x.tables)
 			die("usage", "update needs --tables");
-		write_tables(tables, pin_map_fd, (void *)pin, 1);
+		write_tables(x.tables, pin_map_fd, (void *)a.pin, 1);
 		return 0;
 	}
 	if (!strcmp(cmd, "stats")) {
-		print_counters(pin_map_fd, (void *)pin, reset, !no_hits);
+		print_counters(pin_map_fd, (void *)a.pin, x.reset, !x.no_hits);
 		return 0;
 	}
 	if (!strcmp(cmd, "detach"))
-		return cmd_detach(pin);
+		return cmd_detach(a.pin);
 	die("usage", "unknown command '%s'", cmd);
 	return 2;
 }

@@ -346,7 +346,8 @@ def _pyroute2_tuple(t) -> tuple[str, str, int, int, int] | None:
 
 
 def pyroute2_event(msg) -> flowsync.CtEvent | None:
-    """A ctnetlink event as pyroute2's nfct_msg decodes it (the oracle of parse_event; not the service's code)."""
+    """A ctnetlink event as pyroute2's nfct_msg decodes it (the oracle of parse_event: the decoding is pyroute2's,
+    not the service's code; the decoded tuples and fields become a CtEvent as the service's own do, `from_tuples`)."""
     h = msg["header"]
     t = h["type"] & 0xFF
     if t == flowsync.IPCTNL_MSG_CT_DELETE:
@@ -361,15 +362,11 @@ def pyroute2_event(msg) -> flowsync.CtEvent | None:
     rep = _pyroute2_tuple(msg.get_attr("CTA_TUPLE_REPLY"))
     pi = msg.get_attr("CTA_PROTOINFO")
     tcp = pi.get_attr("CTA_PROTOINFO_TCP") if pi is not None else None
-    return flowsync.CtEvent(
-        kind=kind,
-        family=msg["nfgen_family"],
-        proto=orig[2],
-        src=orig[0],
-        dst=orig[1],
-        sport=orig[3],
-        dport=orig[4],
-        reply=(rep[0], rep[1], rep[3], rep[4]) if rep else None,
+    return flowsync.CtEvent.from_tuples(
+        kind,
+        msg["nfgen_family"],
+        orig,
+        rep,
         status=msg.get_attr("CTA_STATUS") or 0,
         tcp_state=tcp.get_attr("CTA_PROTOINFO_TCP_STATE") if tcp is not None else None,
         timeout=msg.get_attr("CTA_TIMEOUT"),

@@ -11,22 +11,19 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from conftest import ROOT, need_root, need_tool
+from conftest import ROOT
+from tests.hfcli import HfCli
 
 pytestmark = pytest.mark.system
 
 LAB = "dxd"
 STATE = f"/run/hypafilter/test-{LAB}"
-HF = [sys.executable, "-m", "hypafilter"]
 OUTPUT = ROOT / "build" / "test-output"
 
 POLICY = """*filter
@@ -49,28 +46,16 @@ KINDS = {
 }
 
 
-def hf(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    env = dict(os.environ, HF_LAB=LAB, HF_STATE_DIR=STATE)
-    p = subprocess.run(HF + list(args), capture_output=True, text=True, env=env)
-    if check:
-        assert p.returncode == 0, f"hypafilter {' '.join(args)}: {p.stderr[-3000:]}"
-    return p
+hf = HfCli(LAB, STATE)
 
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    need_root()
-    need_tool("ip", "iptables-restore", "clang", "cc", "make", "tc", "ethtool", "nft")
-    hf("lab", "down", "--name", LAB, check=False)
-    shutil.rmtree(STATE, ignore_errors=True)
-    hf("lab", "up", "--target", "xdp", "--name", LAB)
-    policy = tmp_path_factory.mktemp("xdpdash") / "known.rules"
-    policy.write_text(POLICY)
-    hf("deploy", str(policy), "--target", "xdp", "-q")
-    yield policy
-    hf("undeploy", "-q", check=False)
-    hf("lab", "down", "--name", LAB, check=False)
-    shutil.rmtree(STATE, ignore_errors=True)
+    with hf.xdp_lab():
+        policy = tmp_path_factory.mktemp("xdpdash") / "known.rules"
+        policy.write_text(POLICY)
+        hf("deploy", str(policy), "--target", "xdp", "-q")
+        yield policy
 
 
 def metrics(base: str) -> dict[tuple[str, tuple], float]:

@@ -6,45 +6,28 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from hypafilter import netns
 
-from conftest import ROOT, need_root, need_tool
+from conftest import ROOT
+from tests.hfcli import HfCli
 
 pytestmark = pytest.mark.system
 
 LAB = "exv"
 STATE = f"/run/hypafilter/test-{LAB}"
-HF = [sys.executable, "-m", "hypafilter"]
 RULESETS = ("example", "listing1", "userchains", "conntrack", "interfaces")
 
 
-def hf(*args: str, check: bool = True, fail: str | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, HF_LAB=LAB, HF_STATE_DIR=STATE)
-    if fail:
-        env["HF_FAIL_STEP"] = fail  # deploy's test hook: that step fails
-    p = subprocess.run(HF + list(args), capture_output=True, text=True, env=env)
-    if check:
-        assert p.returncode == 0, f"hypafilter {' '.join(args)}: {p.stderr[-3000:]}"
-    return p
+hf = HfCli(LAB, STATE)
 
 
 @pytest.fixture(scope="module")
 def lab():
-    need_root()
-    need_tool("ip", "iptables-restore", "clang", "cc", "make", "tc", "ethtool", "nft")
-    hf("lab", "down", "--name", LAB, check=False)
-    shutil.rmtree(STATE, ignore_errors=True)
-    hf("lab", "up", "--target", "xdp", "--name", LAB)
-    yield LAB
-    hf("undeploy", "-q", check=False)
-    hf("lab", "down", "--name", LAB, check=False)
-    shutil.rmtree(STATE, ignore_errors=True)
+    with hf.xdp_lab():
+        yield LAB
 
 
 def xdp_prog(ifname: str) -> str | None:

@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,13 +19,12 @@ from hypafilter import netns
 from hypafilter.netns import inside
 from test_xdp_lab import CT_FIRST  # the conntrack-first policy of the xdp lab's tests
 
-from conftest import need_root, need_tool
+from tests.hfcli import HfCli
 
 pytestmark = pytest.mark.system
 
 LAB = "lxl"
 STATE = f"/run/hypafilter/test-{LAB}"
-HF = [sys.executable, "-m", "hypafilter"]
 LIBERAL = "net.netfilter.nf_conntrack_tcp_be_liberal"
 IP_CT_TCP_FLAG_BE_LIBERAL = 0x08
 IPS_SEEN_REPLY = 0x2
@@ -36,12 +32,7 @@ IPS_SEEN_REPLY = 0x2
 STATELESS = "*filter\n:FORWARD DROP [0:0]\n-A FORWARD -p tcp -m tcp --dport 8080 -j ACCEPT\nCOMMIT\n"
 
 
-def hf(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    env = dict(os.environ, HF_LAB=LAB, HF_STATE_DIR=STATE)
-    p = subprocess.run(HF + list(args), capture_output=True, text=True, env=env)
-    if check:
-        assert p.returncode == 0, f"hypafilter {' '.join(args)}: {p.stderr[-3000:]}"
-    return p
+hf = HfCli(LAB, STATE)
 
 
 def set_liberal_sysctl(value: int) -> None:
@@ -52,16 +43,9 @@ def set_liberal_sysctl(value: int) -> None:
 
 @pytest.fixture(scope="module")
 def lab():
-    need_root()
-    need_tool("ip", "iptables-restore", "clang", "cc", "make", "tc", "ethtool", "nft")
-    hf("lab", "down", "--name", LAB, check=False)
-    shutil.rmtree(STATE, ignore_errors=True)
-    hf("lab", "up", "--target", "xdp", "--name", LAB)
-    set_liberal_sysctl(0)  # the kernel's default: conntrack tracks TCP windows
-    yield LAB
-    hf("undeploy", "-q", check=False)
-    hf("lab", "down", "--name", LAB, check=False)
-    shutil.rmtree(STATE, ignore_errors=True)
+    with hf.xdp_lab():
+        set_liberal_sysctl(0)  # the kernel's default: conntrack tracks TCP windows
+        yield LAB
 
 
 def tcp_entries(ns: str) -> list[dict]:

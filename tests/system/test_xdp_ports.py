@@ -8,13 +8,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 from hypafilter import netns
 
 from conftest import need_root, need_tool
+from tests.hfcli import HfCli
 
 pytestmark = pytest.mark.system
 
@@ -32,12 +31,7 @@ COMMIT
 """
 
 
-def hf(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    env = dict(os.environ, HF_LAB=LAB, HF_STATE_DIR=STATE)
-    p = subprocess.run([sys.executable, "-m", "hypafilter", *args], capture_output=True, text=True, env=env)
-    if check:
-        assert p.returncode == 0, f"hypafilter {' '.join(args)}: {p.stderr[-3000:]}"
-    return p
+hf = HfCli(LAB, STATE)
 
 
 def teardown() -> None:

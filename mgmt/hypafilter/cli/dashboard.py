@@ -72,7 +72,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hypafilter.tools.dashboard.collector import Collector, Sampler, env_token, read_state
+    from hypafilter.ops.deploy import read_state
+    from hypafilter.tools.dashboard.collector import Collector, Sampler, env_token
 
     host, port = parse_listen(args.listen)
     token = args.token or env_token()

@@ -10,7 +10,6 @@ from hypafilter.errors import HypafilterError
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from hypafilter.config import Config
     from hypafilter.ops import deploy, flowsync
     from hypafilter.targets.nic import NicClient
 
@@ -19,8 +18,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     st = deploy.read_state()
     if not st or not st.get("nic"):
         raise HypafilterError(f"{deploy.state_file()}: nothing deployed, no NIC to synchronise")
-    cfg = Config(table=st.get("table", "filter"), chain_prefix=st.get("chain_prefix", "HF"))
-    tgt, nic = deploy.target_of(st, cfg), st["nic"]
+    tgt, nic = deploy.target_of(st, deploy.state_config(st)), st["nic"]
     if args.mode == "liberal":  # the xdp target: conntrack's entries marked, no flow cache (flowsync.LiberalMarks)
         open_table = flowsync.LiberalMarks
     else:

@@ -93,13 +93,33 @@ def state_file() -> Path:
     return STATE_DIR / "state.json"
 
 
-def read_state() -> dict | None:
+def read_state(path: str | Path | None = None) -> dict | None:
+    """The deploy state (what is deployed, generation, history) in `path`, by default this state directory's
+    `state_file`; None when there is none."""
+    p = state_file() if path is None else Path(path)
     try:
-        return json.loads(state_file().read_text())
+        return json.loads(p.read_text())
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as e:
-        raise HypafilterError(f"{state_file()}: unreadable deployment state: {e}") from e
+        raise HypafilterError(f"{p}: unreadable deployment state: {e}") from e
+
+
+def state_config(st: dict, plan: bool = False) -> Config:
+    """The site configuration a deployment in the state `st` was made with, as far as the state keeps it: the
+    netfilter table and chain prefix (what drift, undeploy, status and the flow sync service need; the rest the
+    defaults) and, with `plan`, also what planning the deployed policy again needs (the dashboard): the shunting
+    mode, the strategy, the NIC mode and the mark bits."""
+    cfg = Config(table=st.get("table", "filter"), chain_prefix=st.get("chain_prefix", "HF"))
+    if plan:
+        cfg.shunt_mode = st.get("mode", "selective")
+        cfg.strategy = st.get("strategy", "interval")
+        cfg.nic_mode = st.get("nic_mode", "bridge")
+        if "mark_mask" in st:
+            cfg.mark_mask = int(st["mark_mask"])
+        if "mark_shift" in st:
+            cfg.mark_shift = int(st["mark_shift"])
+    return cfg
 
 
 def write_state(state: dict) -> None:
@@ -235,7 +255,7 @@ def chains_fingerprint(ns: str | None, config: Config, chains: list[str]) -> str
 def drift(st: dict, tgt: Target | None = None) -> list[str]:
     """How the live system differs from what `st` says was deployed (empty: no drift): the base chain's jump and
     policy, the tool's chains, the shim, the NIC."""
-    cfg = Config(table=st.get("table", "filter"), chain_prefix=st.get("chain_prefix", "HF"))
+    cfg = state_config(st)
     base, main = st.get("base_chain", "FORWARD"), st.get("main_chain")
     out = []
     try:
@@ -893,7 +913,7 @@ def undeploy(log: Callable[[str], None] = lambda s: None) -> bool:
         st = read_state()
         if not st:
             return False
-        cfg = Config(table=st.get("table", "filter"), chain_prefix=st.get("chain_prefix", "HF"))
+        cfg = state_config(st)
         errors = []
         try:  # before the NIC: it clears the flow table as it stops
             flowsync.stop(STATE_DIR)
@@ -961,7 +981,7 @@ def status() -> dict:
         return {"deployed": False}
     out = {k: v for k, v in st.items() if k not in ("intervals", "plain_rules")}
     out["deployed"] = True
-    cfg = Config(table=st.get("table", "filter"), chain_prefix=st.get("chain_prefix", "HF"))
+    cfg = state_config(st)
     try:
         out["nic_counters"] = target_of(st, cfg).counters(st["nic"])
     except Exception as e:  # status reports what it can

@@ -118,6 +118,22 @@ class CtEvent:
     zone: int | None = None
     helper: bool = False
 
+    @classmethod
+    def from_tuples(cls, kind: str, family: int, orig: tuple, rep: tuple | None, **rest) -> CtEvent:
+        """The entry of the original and reply tuples (src, dst, proto, sport, dport) as `_raw_tuple` reads them
+        (reply None: absent); `rest`: the other fields (status, tcp_state, timeout, zone, helper)."""
+        return cls(
+            kind=kind,
+            family=family,
+            proto=orig[2],
+            src=orig[0],
+            dst=orig[1],
+            sport=orig[3],
+            dport=orig[4],
+            reply=(rep[0], rep[1], rep[3], rep[4]) if rep else None,
+            **rest,
+        )
+
     @property
     def flow(self) -> Flow | None:
         """The hardware flow (original direction), None for what the flow cache cannot hold (not IPv4 TCP/UDP)."""
@@ -158,21 +174,6 @@ def offload_reason(ev: CtEvent) -> str | None:
     if ev.zone:
         return f"zone {ev.zone}"
     return None
-
-
-def _event(kind: str, family: int, orig: tuple, rep: tuple | None, **rest) -> CtEvent:
-    """A CtEvent from the original and reply tuples (src, dst, proto, sport, dport) as `_raw_tuple` reads them."""
-    return CtEvent(
-        kind=kind,
-        family=family,
-        proto=orig[2],
-        src=orig[0],
-        dst=orig[1],
-        sport=orig[3],
-        dport=orig[4],
-        reply=(rep[0], rep[1], rep[3], rep[4]) if rep else None,
-        **rest,
-    )
 
 
 # ctnetlink attribute types (include/uapi/linux/netfilter/nfnetlink_conntrack.h) that parse_event reads and the
@@ -263,7 +264,7 @@ def parse_event(data: bytes, off: int = 0, kind: str | None = None) -> CtEvent |
     def be(k: int, fmt: str) -> int | None:
         return struct.unpack_from(fmt, data, a[k][0])[0] if k in a else None
 
-    return _event(
+    return CtEvent.from_tuples(
         kind,
         data[off + 16],
         orig,
@@ -771,6 +772,22 @@ class Conntrack:
                 return out
             out += self._foreign(data)
 
+    @staticmethod
+    def _replies(
+        sock: socket.socket, size: int, what: Callable[[], str]
+    ) -> Iterator[tuple[bytes, int, int, int, int, int]]:
+        """(datagram, offset, length, type, flags, sequence number) of each netlink message `sock` receives
+        (datagrams of at most `size` bytes), for as long as the caller takes them: the one receive loop of the
+        request and batch sockets. HypafilterError "conntrack did not answer <what()>" when the socket's timeout
+        passes first (`what` is called then, so it can say what was still missing)."""
+        while True:
+            try:
+                data = sock.recv(size)
+            except TimeoutError as e:
+                raise HypafilterError(f"conntrack did not answer {what()}") from e
+            for off, length, rtype, rflags, rseq, _ in nl_messages(data):
+                yield data, off, length, rtype, rflags, rseq
+
     def _exchange(self, what: str, mtype: int, flags: int, attrs: bytes = b"") -> tuple[list[CtEvent], bool]:
         """One request on the request socket and its replies up to the last: NLMSG_DONE ending a dump (multipart
         replies), or NLMSG_ERROR (the ack of a request with NLM_F_ACK, or an error). The conntrack entries replied
@@ -781,21 +798,16 @@ class Conntrack:
         self.req.send(ct_request(mtype, flags, seq, attrs))
         entries: list[CtEvent] = []
         interrupted = False
-        while True:
-            try:
-                data = self.req.recv(1 << 20)
-            except TimeoutError as e:
-                raise HypafilterError(f"conntrack did not answer the {what}") from e
-            for off, length, rtype, rflags, rseq, _ in nl_messages(data):
-                if rseq != seq:
-                    continue
-                interrupted |= bool(rflags & NLM_F_DUMP_INTR)
-                if rtype in (NLMSG_ERROR, NLMSG_DONE):
-                    if code := nl_errno(data, off, length):
-                        raise ConntrackError(what, code)
-                    return entries, interrupted
-                if rtype >= NLMSG_MIN_TYPE and (ev := parse_event(data, off, "dump")) is not None:
-                    entries.append(ev)
+        for data, off, length, rtype, rflags, rseq in self._replies(self.req, 1 << 20, lambda: f"the {what}"):
+            if rseq != seq:
+                continue
+            interrupted |= bool(rflags & NLM_F_DUMP_INTR)
+            if rtype in (NLMSG_ERROR, NLMSG_DONE):
+                if code := nl_errno(data, off, length):
+                    raise ConntrackError(what, code)
+                return entries, interrupted
+            if rtype >= NLMSG_MIN_TYPE and (ev := parse_event(data, off, "dump")) is not None:
+                entries.append(ev)
 
     def dump(self) -> list[CtEvent]:
         """Every IPv4 conntrack entry (kind "dump"). A dump the kernel marked inconsistent (the table changed under
@@ -848,23 +860,24 @@ class Conntrack:
         self.batch.send(data)
         out: list[bool | None] = [None] * len(evs)
         left = len(evs)
-        while left:
-            try:
-                chunk = self.batch.recv(1 << 16)
-            except TimeoutError as e:
-                raise HypafilterError(f"conntrack did not answer {left} of {len(evs)} updates") from e
-            for off, length, rtype, _, rseq, _ in nl_messages(chunk):
-                k = seqs.get(rseq)
-                if k is None or out[k] is not None or rtype != NLMSG_ERROR:
-                    continue  # not an ack of this batch (a late one of an earlier batch that raised)
-                code = nl_errno(chunk, off, length)
-                if code == 0:
-                    out[k] = True
-                elif code == errno.ENOENT:
-                    out[k] = False
-                else:
-                    raise ConntrackError("liberal-flag update", code)
-                left -= 1
+
+        def unanswered() -> str:  # called if the socket times out: the acks missing then
+            return f"{left} of {len(evs)} updates"
+
+        for chunk, off, length, rtype, _, rseq in self._replies(self.batch, 1 << 16, unanswered):
+            k = seqs.get(rseq)
+            if k is None or out[k] is not None or rtype != NLMSG_ERROR:
+                continue  # not an ack of this batch (a late one of an earlier batch that raised)
+            code = nl_errno(chunk, off, length)
+            if code == 0:
+                out[k] = True
+            elif code == errno.ENOENT:
+                out[k] = False
+            else:
+                raise ConntrackError("liberal-flag update", code)
+            left -= 1
+            if not left:
+                break
         return [bool(x) for x in out]
 
     def set_timeout(self, flow: Flow, proto: int, seconds: int) -> bool:

@@ -36,16 +36,9 @@
 int main(int argc, char **argv)
 {
 	struct sender_args a;
-	int bad = parse_sender_args(argc, argv, 1, "IFACE FRAMES_FILE SECONDS|once [BATCH [CPU]]", 256, 1024, &a);
-	if (bad)
-		return bad;
-	const char *ifname = a.ifname;
-	int once = a.once;
-	double seconds = a.seconds;
-	unsigned batch = a.batch;
-	int cpu = a.cpu;
-	if (pin_cpu(cpu) < 0)
-		return 1;
+	int status = sender_setup(argc, argv, 1, "IFACE FRAMES_FILE SECONDS|once [BATCH [CPU]]", 256, 1024, &a);
+	if (status)
+		return status;
 
 	size_t size;
 	unsigned char *buf = read_file(a.frames_path, &size);
@@ -86,10 +79,10 @@ int main(int argc, char **argv)
 	setsockopt(fd, SOL_PACKET, PACKET_QDISC_BYPASS, &one, sizeof(one));
 	struct sockaddr_ll sll = {0};
 	sll.sll_family = AF_PACKET;
-	sll.sll_ifindex = if_nametoindex(ifname);
+	sll.sll_ifindex = if_nametoindex(a.ifname);
 	sll.sll_protocol = 0;
 	if (!sll.sll_ifindex) {
-		fprintf(stderr, "%s: no such interface\n", ifname);
+		fprintf(stderr, "%s: no such interface\n", a.ifname);
 		return 1;
 	}
 	if (bind(fd, (struct sockaddr *)&sll, sizeof(sll)) < 0) {
@@ -97,22 +90,19 @@ int main(int argc, char **argv)
 		return 1;
 	}
 
-	struct mmsghdr *msgs = calloc(batch, sizeof(*msgs));
+	struct mmsghdr *msgs = calloc(a.batch, sizeof(*msgs));
 	unsigned long long sent = 0, errors = 0;
 	size_t next = 0;
 	double t0 = now(), t = t0, c0 = cpu_seconds();
-	if (once) {
-		printf("start\n"); /* the caller's clock starts here, not at exec */
-		fflush(stdout);
-		t0 = now();
-		c0 = cpu_seconds();
+	if (a.once) {
+		start_once(&t0, &c0);
 		unsigned long long allowed = 0;
 		int eof = 0;
 		while (sent < n) {
 			allowed = allowance(allowed, sent, &eof);
 			unsigned long long k = allowed - sent;
-			if (k > batch)
-				k = batch;
+			if (k > a.batch)
+				k = a.batch;
 			if (k > n - sent)
 				k = n - sent;
 			for (unsigned i = 0; i < k; i++) {
@@ -133,17 +123,16 @@ int main(int argc, char **argv)
 			sent += (unsigned long long)r;
 		}
 		t = now();
-		printf("{\"sent\": %llu, \"seconds\": %.6f, \"errors\": %llu, \"frames\": %zu, \"cpu_seconds\": %.6f}\n",
-		       sent, t - t0, errors, n, cpu_seconds() - c0);
+		print_result(sent, t - t0, errors, n, cpu_seconds() - c0);
 		return 0;
 	}
-	while (t - t0 < seconds) {
-		for (unsigned i = 0; i < batch; i++) {
+	while (t - t0 < a.seconds) {
+		for (unsigned i = 0; i < a.batch; i++) {
 			size_t j = (next + i) % n;
 			msgs[i].msg_hdr.msg_iov = &frames[j];
 			msgs[i].msg_hdr.msg_iovlen = 1;
 		}
-		int r = sendmmsg(fd, msgs, batch, 0);
+		int r = sendmmsg(fd, msgs, a.batch, 0);
 		if (r < 0) {
 			errors++;
 			if (errno != ENOBUFS && errno != EAGAIN) {
@@ -157,7 +146,6 @@ int main(int argc, char **argv)
 		}
 		t = now();
 	}
-	printf("{\"sent\": %llu, \"seconds\": %.6f, \"errors\": %llu, \"frames\": %zu, \"cpu_seconds\": %.6f}\n", sent,
-	       t - t0, errors, n, cpu_seconds() - c0);
+	print_result(sent, t - t0, errors, n, cpu_seconds() - c0);
 	return 0;
 }

@@ -54,19 +54,12 @@ static uint64_t state(uint32_t key)
 int main(int argc, char **argv)
 {
 	struct sender_args a;
-	int bad = parse_sender_args(argc, argv, 2, "BPF_OBJ IFACE FRAMES_FILE SECONDS|once [BATCH [CPU]]", 64, 256, &a);
-	if (bad)
-		return bad;
-	const char *ifname = a.ifname;
-	int once = a.once;
-	double seconds = a.seconds;
-	unsigned batch = a.batch;
-	int cpu = a.cpu;
-	if (pin_cpu(cpu) < 0)
-		return 1;
-	unsigned ifindex = if_nametoindex(ifname);
+	int status = sender_setup(argc, argv, 2, "BPF_OBJ IFACE FRAMES_FILE SECONDS|once [BATCH [CPU]]", 64, 256, &a);
+	if (status)
+		return status;
+	unsigned ifindex = if_nametoindex(a.ifname);
 	if (!ifindex) {
-		fprintf(stderr, "%s: no such interface\n", ifname);
+		fprintf(stderr, "%s: no such interface\n", a.ifname);
 		return 1;
 	}
 
@@ -141,15 +134,11 @@ int main(int argc, char **argv)
 	double t0 = now(), t = t0, c0 = cpu_seconds();
 	unsigned long long allowed = 0;
 	int eof = 0;
-	if (once) {
-		printf("start\n"); /* the caller's clock starts here, not at exec */
-		fflush(stdout);
-		t0 = now();
-		c0 = cpu_seconds();
-	}
+	if (a.once)
+		start_once(&t0, &c0);
 	for (;;) {
 		unsigned long long k;
-		if (once) {
+		if (a.once) {
 			if (sent >= n)
 				break;
 			allowed = allowance(allowed, sent, &eof);
@@ -157,17 +146,17 @@ int main(int argc, char **argv)
 			if (k > n - sent)
 				k = n - sent;
 		} else {
-			if (t - t0 >= seconds)
+			if (t - t0 >= a.seconds)
 				break;
 			k = CHUNK;
 		}
 		LIBBPF_OPTS(bpf_test_run_opts, opts, .data_in = tmpl, .data_size_in = (uint32_t)maxlen, .ctx_in = &md,
 			    .ctx_size_in = sizeof(md), .repeat = (uint32_t)k, .flags = BPF_F_TEST_XDP_LIVE_FRAMES,
-			    .batch_size = batch);
+			    .batch_size = a.batch);
 		int r = bpf_prog_test_run_opts(prog_fd, &opts);
 		if (r && errno != EINTR) {
-			fprintf(stderr, "BPF_PROG_TEST_RUN (live frames) on %s: %s (errno %d)\n", ifname, strerror(errno),
-				errno);
+			fprintf(stderr, "BPF_PROG_TEST_RUN (live frames) on %s: %s (errno %d)\n", a.ifname,
+				strerror(errno), errno);
 			return 1;
 		}
 		sent = state(0);
@@ -178,7 +167,6 @@ int main(int argc, char **argv)
 		}
 		t = now();
 	}
-	printf("{\"sent\": %llu, \"seconds\": %.6f, \"errors\": %llu, \"frames\": %zu, \"cpu_seconds\": %.6f}\n", sent,
-	       t - t0, errors, n, cpu_seconds() - c0);
+	print_result(sent, t - t0, errors, n, cpu_seconds() - c0);
 	return 0;
 }

@@ -1,5 +1,6 @@
-/* What the bench's frame senders (hf_blast.c, hf_live.c) share: their command line's common part, the allowance read
- * from stdin in "once" mode and their clocks. Static functions: each sender includes it once. */
+/* What the bench's frame senders (hf_blast.c, hf_live.c) share: their command line's common part and CPU pinning,
+ * the frames file, the allowance read from stdin in "once" mode, their clocks and the JSON line they end with. Static
+ * functions: each sender includes it once. */
 #ifndef HF_SENDER_H
 #define HF_SENDER_H
 #include <errno.h>
@@ -124,6 +125,35 @@ static int pin_cpu(int cpu)
 		return -1;
 	}
 	return 0;
+}
+
+/* The command line (parse_sender_args), then the CPU pinning (pin_cpu) of a sender's start: 0, or the exit status to
+ * end with (2: a bad argument, 1: the kernel refused the pinning), the error printed. */
+static int sender_setup(int argc, char **argv, int first, const char *usage, unsigned batch_default,
+			unsigned batch_max, struct sender_args *a)
+{
+	int bad = parse_sender_args(argc, argv, first, usage, batch_default, batch_max, a);
+	if (bad)
+		return bad;
+	return pin_cpu(a->cpu) < 0 ? 1 : 0;
+}
+
+/* "once" mode: tells the caller that sending starts now (its clock starts here, not at exec) and restarts the
+ * sender's own clocks (*t0: now(), *c0: cpu_seconds()). */
+static void start_once(double *t0, double *c0)
+{
+	printf("start\n");
+	fflush(stdout);
+	*t0 = now();
+	*c0 = cpu_seconds();
+}
+
+/* The JSON line a sender ends with: frames sent, seconds, errors, frames in the file, CPU seconds. */
+static void print_result(unsigned long long sent, double seconds, unsigned long long errors, size_t frames,
+			 double cpu)
+{
+	printf("{\"sent\": %llu, \"seconds\": %.6f, \"errors\": %llu, \"frames\": %zu, \"cpu_seconds\": %.6f}\n", sent,
+	       seconds, errors, frames, cpu);
 }
 
 /* The whole of file `path` in a malloc'ed buffer (its size in *size); NULL with the error printed. */

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 import re
 import shlex
@@ -360,18 +359,6 @@ def iptables_save(ns: str | None, table: str = "filter") -> str:
 # --- deploy state --------------------------------------------------------------------------------------------
 
 
-def read_state(path: str | Path | None = None) -> dict | None:
-    """The deploy state (`hypafilter.deploy`'s state file: what is deployed, generation, history), or None."""
-    if path is None:
-        return deploy.read_state()
-    try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as e:
-        raise HypafilterError(f"{path}: cannot read deploy state: {e}") from e
-
-
 def history_from_state(state: dict) -> tuple[Update, ...]:
     """The deploy journal; its `time` is when a step ended, so the start is time - duration."""
     out = []
@@ -401,7 +388,7 @@ def deployed_policy(state: dict):
     want = state.get("policy_hash", "")
     base = state.get("base_chain", "FORWARD")
     source = state.get("policy_source", "")
-    config = config_from_state(state)
+    config = deploy.state_config(state, plan=True)
     if source and Path(source).is_file():
         try:
             policy = parse_policy(
@@ -421,21 +408,6 @@ def deployed_policy(state: dict):
     if want and policy.policy_hash() != want:
         raise HypafilterError("the deployed rules in the state file do not hash to the deployed policy hash")
     return policy
-
-
-def config_from_state(state: dict) -> Config:
-    cfg = Config(
-        table=state.get("table", "filter"),
-        chain_prefix=state.get("chain_prefix", "HF"),
-        shunt_mode=state.get("mode", "selective"),
-        strategy=state.get("strategy", "interval"),
-        nic_mode=state.get("nic_mode", "bridge"),
-    )
-    if "mark_mask" in state:
-        cfg.mark_mask = int(state["mark_mask"])
-    if "mark_shift" in state:
-        cfg.mark_shift = int(state["mark_shift"])
-    return cfg
 
 
 def rule_positions(program) -> dict[tuple[str, int], int]:
@@ -490,7 +462,7 @@ def rule_ids(policy) -> list[str]:
 def deployment_from_state(state: dict) -> Deployment:
     """Everything the views need about the deployment: rules with their entries and shunt bits, positions."""
     policy = deployed_policy(state)
-    config = config_from_state(state)
+    config = deploy.state_config(state, plan=True)
     plan = build_plan(policy, config)
     prefix = state.get("prefix") or f"{config.chain_prefix}{state['generation']}_"
     program = build_program(plan, config.strategy, prefix, config.mark_mask, config.mark_shift, config.nic_mode)
@@ -615,7 +587,7 @@ class Collector:
 
     def __init__(
         self,
-        state_reader: Callable[[], dict | None] = read_state,
+        state_reader: Callable[[], dict | None] = deploy.read_state,
         nic_opener: Callable[[Deployment], Any] = open_nic,
         nf_reader: Callable[[str, str], str] = iptables_save,
         deployment_builder: Callable[[dict], Deployment] = deployment_from_state,

@@ -38,6 +38,9 @@ class Rec:
 class MemTable:
     """Set-associative like the hardware (canonical key, CRC-32 set), so a full set refuses an insert."""
 
+    protocols = (TCP, UDP)
+    hit_counters = True
+
     def __init__(self, log2_sets: int = 4, ways: int = 2):
         self.log2_sets, self.ways = log2_sets, ways
         self.slots: dict[int, list] = {}  # slot -> [flow, hits]

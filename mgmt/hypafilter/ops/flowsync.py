@@ -39,7 +39,17 @@ from pathlib import Path
 
 from hypafilter import netns
 from hypafilter.errors import HypafilterError
-from hypafilter.hw.flowcache import OP_DELETE, OP_INSERT, ST_EXISTS, ST_FULL, ST_NOT_FOUND, ST_OK, Flow
+from hypafilter.hw.flowcache import (
+    OP_DELETE,
+    OP_INSERT,
+    PROTO_TCP,
+    PROTO_UDP,
+    ST_EXISTS,
+    ST_FULL,
+    ST_NOT_FOUND,
+    ST_OK,
+    Flow,
+)
 
 # ctnetlink (include/uapi/linux/netfilter/nfnetlink_conntrack.h, nf_conntrack_common.h, nf_conntrack_tcp.h)
 NFNLGRP_CONNTRACK_NEW, NFNLGRP_CONNTRACK_UPDATE, NFNLGRP_CONNTRACK_DESTROY = 1, 2, 3
@@ -77,7 +87,6 @@ TCP_OFFLOAD_STATES = {
 # for the state's two minutes.
 TIME_WAIT_IDLE_POLLS = 2
 IP_CT_TCP_FLAG_BE_LIBERAL = 0x08
-PROTO_TCP, PROTO_UDP = 6, 17
 
 # The conntrack timeouts a refresh sets, read from these sysctls of the firewall namespace (seconds).
 TIMEOUT_SYSCTLS = {
@@ -360,10 +369,10 @@ class Syncer:
     conntrack no longer has it; refresh(flow, proto, seconds): True when the entry is there and still
     offloadable and its timeout is set, else False).
 
-    Two properties of the table, read here where they matter, say what it is: `protocols` (default TCP and UDP),
-    the protocols of the flows it holds, and `hit_counters` (default True), whether it counts hits that the poll
-    reads. A table without them (`LiberalMarks`, the xdp target's) gets no poll: nothing to refresh from, nothing
-    another writer could leave in it."""
+    Two properties of the table, which every table declares (NicClient, `LiberalMarks`), say what it is:
+    `protocols`, the protocols of the flows it holds, and `hit_counters`, whether it counts hits that the poll
+    reads. A table without hit counters (`LiberalMarks`, the xdp target's) gets no poll: nothing to refresh from,
+    nothing another writer could leave in it."""
 
     table: object
     ct: object
@@ -513,7 +522,7 @@ class Syncer:
     def wants(self, ev: CtEvent) -> bool:
         """Whether the entry's flow belongs in the table: offloadable (`offload_reason`) and of a protocol the
         table holds."""
-        return offload_reason(ev) is None and ev.proto in getattr(self.table, "protocols", (PROTO_TCP, PROTO_UDP))
+        return offload_reason(ev) is None and ev.proto in self.table.protocols
 
     def resync(self, entries: Iterable[CtEvent]) -> None:
         """Reconcile the table with a full conntrack dump: insert what should be there, delete the rest."""
@@ -557,7 +566,7 @@ class Syncer:
 
         A table without hit counters (`hit_counters` False: `LiberalMarks`) is not polled at all: whoever decides
         its flows' frames refreshes their conntrack timeouts itself, and only this service writes it."""
-        if not getattr(self.table, "hit_counters", True):
+        if not self.table.hit_counters:
             return
         t0 = block = self.clock()
         longest = 0.0
@@ -1085,7 +1094,7 @@ def _status_doc(syncer: Syncer, table, ns: str, nic: str, started: float, interv
     return {
         "running": True,
         "pid": os.getpid(),
-        "mode": getattr(table, "mode", "flowcache"),
+        "mode": table.mode,
         "ns": ns,
         "nic": nic,
         "started_at": started,
@@ -1093,7 +1102,7 @@ def _status_doc(syncer: Syncer, table, ns: str, nic: str, started: float, interv
         "interval": interval,
         "timeouts": syncer.timeouts,
         **syncer.stats(),
-        "echoes": getattr(syncer.ct, "echoes", 0),  # events skipped as echoes of the service's own updates
+        "echoes": syncer.ct.echoes,  # events skipped as echoes of the service's own updates
         "occupancy": hw.get("occupancy"),
         "hw": hw,
     }

@@ -34,7 +34,8 @@ from hypafilter.ir import Policy
 from hypafilter.netfilter.bridge import TABLE as BRIDGE_TABLE
 from hypafilter.netfilter.bridge import unfilterable_nft
 from hypafilter.netfilter.restore import to_iptables_restore
-from hypafilter.ops import flowsync
+from hypafilter.ops.flowsync import service as flowsync
+from hypafilter.ops.flowsync.policy import decides_established
 from hypafilter.paths import BUILD_ROOT
 from hypafilter.targets import shim as shim_mod
 from hypafilter.targets.base import Site, Target
@@ -292,7 +293,7 @@ def drift(st: dict, tgt: Target | None = None) -> list[str]:
     except Exception as e:  # an unreachable NIC is drift, whatever the transport raised
         out.append(f"nic: {e}")
     fs = st.get("flowsync") or {}
-    if fs.get("wanted") and flowsync.running_pid(STATE_DIR) is None:
+    if fs.get("wanted") and flowsync.SERVICE.running_pid(STATE_DIR) is None:
         if fs.get("mode") == "liberal":
             out.append("flowsync: the flow sync service is not running (no new TCP entry is marked liberal)")
         else:
@@ -757,7 +758,7 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
 
     warnings = []
     try:  # the running service follows the old NIC and policy; a new one starts below when wanted
-        flowsync.stop(STATE_DIR)
+        flowsync.SERVICE.stop(STATE_DIR)
     except (OSError, HypafilterError) as e:
         warnings.append(f"stopping the flow sync service: {e}")
     if old_nic and replace:
@@ -841,11 +842,11 @@ def _start_flowsync(policy: Policy, plan, tgt: Target, nic: dict, warnings: list
     misses the flow cache (ct = 0), which only sends more frames to software.
 
     A target whose fast path reads conntrack's own table (`flowsync_mode` "liberal": xdp) has no flow cache; the
-    service then marks the TCP entries it would offload liberal (flowsync.LiberalMarks), whatever
+    service then marks the TCP entries it would offload liberal (ops.flowsync.marks.LiberalMarks), whatever
     nf_conntrack_tcp_be_liberal says (the program reads only the marks: the sysctl can change after deploy), unless
     the program does no lookup. Until it runs established TCP goes to conntrack, which is always right."""
     mode = getattr(tgt, "flowsync_mode", "flowcache")
-    if not flowsync.decides_established(policy, plan):
+    if not decides_established(policy, plan):
         reason = "the policy's hardware entries do not read conntrack state"
     elif mode == "liberal":
         ct = tgt.ct_config(plan)
@@ -916,7 +917,7 @@ def undeploy(log: Callable[[str], None] = lambda s: None) -> bool:
         cfg = state_config(st)
         errors = []
         try:  # before the NIC: it clears the flow table as it stops
-            flowsync.stop(STATE_DIR)
+            flowsync.SERVICE.stop(STATE_DIR)
         except (OSError, HypafilterError) as e:
             errors.append(f"flowsync: {e}")
         if st.get("nic"):
@@ -994,6 +995,6 @@ def status() -> dict:
         out["netfilter"] = chain_counters(NS_FW, cfg, st["prefix"])
     except HypafilterError as e:
         out["netfilter"] = {"error": str(e)}
-    out["flowsync"] = flowsync.status(STATE_DIR, st.get("flowsync"))
+    out["flowsync"] = flowsync.SERVICE.status(STATE_DIR, st.get("flowsync"))
     out["drift"] = drift(st)
     return out

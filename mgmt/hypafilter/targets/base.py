@@ -92,9 +92,9 @@ class Target(ABC):
     # In bridge mode the NIC bridges a port pair and its frames reach the host's bridged FORWARD chain only; in
     # host mode (Config.nic_mode) the host terminates them and INPUT decides. OUTPUT sees none of its frames.
     base_chains: tuple[str, ...] = ("FORWARD", "INPUT")
-    # How the flow sync service serves the fast path's conntrack state (ops.flowsync.MODES, docs/flowsync.md):
-    # "flowcache", the NIC's flow cache follows conntrack; "liberal", the fast path reads conntrack's own table
-    # and the service only marks the TCP entries it would offload liberal.
+    # How the flow sync service serves the fast path's conntrack state (ops.flowsync.service.MODES,
+    # docs/flowsync.md): "flowcache", the NIC's flow cache follows conntrack; "liberal", the fast path reads
+    # conntrack's own table and the service only marks the TCP entries it would offload liberal.
     flowsync_mode = "flowcache"
 
     def __init__(self, config: Config, site: Site | None = None, build_root: Path = BUILD_ROOT):

@@ -3,7 +3,8 @@ file, status file, log), its start (`python -m hypafilter NAME run ...` in a new
 first status file), its stop, whether it runs and its status, and its supervisor, which runs the service's worker in
 a forked child and starts another when one ends abnormally.
 
-A service gives its name and its worker (the flow sync service, ops.flowsync.service.SERVICE, is the first).
+A service is a subclass (the flow sync service, ops.flowsync.service.SERVICE, is the first) that gives its name and
+worker and answers what deploy asks of it (`why_not`, `record`, `launch`, `down`; ops.services runs the list).
 """
 
 from __future__ import annotations
@@ -69,6 +70,24 @@ class Service:
             return json.loads(self.state_path(Path(state_dir)).read_text())
         except (OSError, ValueError):
             return None
+
+    # ---- what deploy asks (ops.services) -----------------------------------------------------------------------
+
+    def why_not(self, policy, plan, tgt, nic: dict) -> str:
+        """Why the service does not run for this deployment ("": it runs)."""
+        raise NotImplementedError
+
+    def record(self, tgt) -> dict:
+        """What the deployment's record of the service keeps besides wanted, pid and reason (how it runs)."""
+        raise NotImplementedError
+
+    def launch(self, ns: str | None, state_dir: Path, tgt) -> int:
+        """Start the service for the deployment on `tgt` (`start` with its options); its pid."""
+        raise NotImplementedError
+
+    def down(self, tgt) -> str:
+        """What is left undone while the service does not run (the drift wording)."""
+        raise NotImplementedError
 
     # ---- start, stop, status ---------------------------------------------------------------------------------------
 

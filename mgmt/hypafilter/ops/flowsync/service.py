@@ -1,7 +1,7 @@
 """The flow sync service as a process: `serve`, its worker, runs the Syncer against conntrack's sockets in the
 firewall namespace and the table (the NIC's flow cache through NicClient, or the xdp target's `LiberalMarks`);
 `SERVICE` is its place in the generic runner (ops.daemon: files flowsync.{pid,json,log}, start, stop, status, the
-supervisor that clears the flow table after a worker's abnormal end)."""
+supervisor that clears the flow table after a worker's abnormal end) and what it answers deploy (ops.services)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from hypafilter.errors import HypafilterError
 from hypafilter.ops.daemon import READY_TIMEOUT, Service
 from hypafilter.ops.flowsync.ctnetlink import Conntrack
 from hypafilter.ops.flowsync.marks import LiberalMarks
-from hypafilter.ops.flowsync.policy import read_timeouts
+from hypafilter.ops.flowsync.policy import decides_established, read_timeouts
 from hypafilter.ops.flowsync.syncer import Syncer
 
 SERVICE_NICE = -10  # the worker's scheduling priority (serve): the sync lag is time a new flow spends in software
@@ -27,7 +27,29 @@ INTERVAL = 1.0  # seconds between two polls of the hardware table (timeout refre
 MODES = ("flowcache", "liberal")  # the NIC's flow cache (NicClient), or LiberalMarks (the xdp target)
 
 
-SERVICE = Service("flowsync", "flow sync service")
+class FlowSync(Service):
+    """The flow sync service: wanted when the policy's hardware entries decide established frames and the target
+    can serve them (`Target.flowsync_why_not`: a NIC with a flow cache, or the xdp target's conntrack lookup), in
+    the target's `flowsync_mode`. Deploy starts it after the commit: until it runs every frame misses the flow
+    cache (ct = 0), or on the xdp target established TCP goes to conntrack, which only sends more frames to
+    software."""
+
+    def why_not(self, policy, plan, tgt, nic: dict) -> str:
+        if not decides_established(policy, plan):
+            return "the policy's hardware entries do not read conntrack state"
+        return tgt.flowsync_why_not(plan, nic)
+
+    def record(self, tgt) -> dict:
+        return {"mode": tgt.flowsync_mode}
+
+    def launch(self, ns: str | None, state_dir: Path, tgt) -> int:
+        return start(ns, state_dir, mode=tgt.flowsync_mode)
+
+    def down(self, tgt) -> str:
+        return tgt.flowsync_down
+
+
+SERVICE = FlowSync("flowsync", "flow sync service")
 
 
 def serve(

@@ -1,4 +1,4 @@
-"""The flow sync service (ops/flowsync.py) against real conntrack: the events of real TCP and UDP connections, the
+"""The flow sync service (ops/flowsync/) against real conntrack: the events of real TCP and UDP connections, the
 install decision at each, TCP window liberal mode and the timeout set as conntrack itself reports them
 (`conntrack -L`, pyroute2's dump); then the whole service on the emulated NIC's flow cache in a lab:
 deploy starts it, flows go in and out of the hardware, hits refresh conntrack's timeout, a restart resyncs, a dead
@@ -17,9 +17,23 @@ import time
 
 import pytest
 from hypafilter import netns
+from hypafilter.hw.flowcache import Flow
 from hypafilter.netns import inside
-from hypafilter.ops import flowsync
+from hypafilter.ops.flowsync import service as flowsync
+from hypafilter.ops.flowsync.ctnetlink import (
+    GROUPS,
+    IPCTNL_MSG_CT_DELETE,
+    IPCTNL_MSG_CT_GET,
+    IPCTNL_MSG_CT_NEW,
+    Conntrack,
+    ConntrackError,
+    parse_event,
+)
+from hypafilter.ops.flowsync.events import IPS_ASSURED, IPS_SEEN_REPLY, CtEvent, offload_reason
+from hypafilter.ops.flowsync.service import SERVICE
+from hypafilter.ops.flowsync.syncer import TIME_WAIT_IDLE_POLLS
 from hypafilter.ops.lab import flush_conntrack
+from hypafilter.ops.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL
 
 from conftest import need, need_root, need_tool
 from tests.scratchns import scratch_netns
@@ -53,11 +67,11 @@ def stateless_policy():
 @contextlib.contextmanager
 def tracking_ns(name: str):
     """A scratch namespace whose conntrack tracks connections (a conntrack match makes the kernel register its
-    hooks, on demand), loopback up, and a flowsync.Conntrack on it: (ns, ct); the caller closes ct."""
+    hooks, on demand), loopback up, and a Conntrack on it: (ns, ct); the caller closes ct."""
     with scratch_netns(name, "iptables", "conntrack") as ns:
         netns.run(["ip", "link", "set", "lo", "up"], ns)
         netns.run(["iptables", "-w", "-A", "INPUT", "-m", "conntrack", "--ctstate", "ESTABLISHED", "-j", "ACCEPT"], ns)
-        yield ns, flowsync.Conntrack(ns)
+        yield ns, Conntrack(ns)
 
 
 def conntrack_list(ns: str) -> list[dict]:
@@ -101,9 +115,9 @@ def wait_for(cond, timeout: float = 5.0, step: float = 0.05):
         time.sleep(step)
 
 
-def events_until(ct: flowsync.Conntrack, pred, timeout: float = 5.0) -> list[flowsync.CtEvent]:
+def events_until(ct: Conntrack, pred, timeout: float = 5.0) -> list[CtEvent]:
     """Conntrack events read from `ct` until one satisfies `pred` (all of them, in order)."""
-    got: list[flowsync.CtEvent] = []
+    got: list[CtEvent] = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         new = ct.read_events()
@@ -159,10 +173,10 @@ def test_events_decisions_liberal_and_timeout_on_real_conntrack():
 
             got = [e for e in events_until(ct, lambda e: is_tcp(e) and e.tcp_state == 3) if is_tcp(e)]
             assert got[0].kind == "new" and got[0].tcp_state == 1  # SYN_SENT
-            assert flowsync.offload_reason(got[0]) is not None
+            assert offload_reason(got[0]) is not None
             assert [e.kind for e in got[1:]] == ["update"] * (len(got) - 1)
-            assert all(flowsync.offload_reason(e) is not None for e in got[:-1])
-            assert flowsync.offload_reason(got[-1]) is None  # ESTABLISHED, confirmed, seen a reply
+            assert all(offload_reason(e) is not None for e in got[:-1])
+            assert offload_reason(got[-1]) is None  # ESTABLISHED, confirmed, seen a reply
             flow = got[-1].flow
 
             # Liberal mode as the kernel then reports it, in both directions.
@@ -176,7 +190,7 @@ def test_events_decisions_liberal_and_timeout_on_real_conntrack():
             assert ct.refresh(flow, 6, 432000)  # still established: refreshed
             assert entry_of(ns, "tcp", TCP_PORT, sport)["timeout"] > 431000
             dumped = [e for e in ct.dump() if is_tcp(e)]
-            assert len(dumped) == 1 and flowsync.offload_reason(dumped[0]) is None
+            assert len(dumped) == 1 and offload_reason(dumped[0]) is None
 
             # Close: both FINs take the entry through LAST_ACK (remove: conntrack must see the next ACK) to
             # TIME_WAIT (offloadable again: its ACKs change nothing), then it is destroyed.
@@ -186,8 +200,8 @@ def test_events_decisions_liberal_and_timeout_on_real_conntrack():
             got = [e for e in events_until(ct, lambda e: is_tcp(e) and e.tcp_state == 7) if is_tcp(e)]
             states = [e.tcp_state for e in got if e.tcp_state is not None]
             assert 6 in states and states[-1] == 7, states
-            assert all(flowsync.offload_reason(e) is not None for e in got if e.tcp_state == 6)
-            assert flowsync.offload_reason(got[-1]) is None
+            assert all(offload_reason(e) is not None for e in got if e.tcp_state == 6)
+            assert offload_reason(got[-1]) is None
             before = entry_of(ns, "tcp", TCP_PORT, sport)["timeout"]
             assert before <= 120
             # A refresh for the state the service last knew (ESTABLISHED) is refused: the entry moved on.
@@ -215,11 +229,11 @@ def test_events_decisions_liberal_and_timeout_on_real_conntrack():
                 return e.proto == 17 and e.sport == usport and e.dport == UDP_PORT
 
             got = [e for e in events_until(ct, is_udp) if is_udp(e)]
-            assert got[0].kind == "new" and flowsync.offload_reason(got[0]) == "no reply seen"
+            assert got[0].kind == "new" and offload_reason(got[0]) == "no reply seen"
             usrv.sendto(b"b", peer)
             ucli.recv(16)
             got = [e for e in events_until(ct, lambda e: is_udp(e) and e.status & 2) if is_udp(e)]
-            assert got[-1].kind == "update" and flowsync.offload_reason(got[-1]) is None
+            assert got[-1].kind == "update" and offload_reason(got[-1]) is None
             assert ct.set_timeout(got[-1].flow, 17, 99)
             assert 90 <= entry_of(ns, "udp", UDP_PORT, usport)["timeout"] <= 99
             for s in (srv, usrv, ucli):
@@ -308,7 +322,7 @@ def test_liberal_flags_of_many_entries_in_one_batch_on_real_conntrack():
                 c.connect(("127.0.0.1", TCP_PORT))
                 socks.append(srv.accept()[0])
             sports = [c.getsockname()[1] for c in clients]
-            est: dict[int, flowsync.CtEvent] = {}
+            est: dict[int, CtEvent] = {}
 
             def all_established(e):
                 if e.proto == 6 and e.dport == TCP_PORT and e.tcp_state == 3:
@@ -317,7 +331,7 @@ def test_liberal_flags_of_many_entries_in_one_batch_on_real_conntrack():
 
             events_until(ct, all_established)
             batch = [est[p] for p in sports[:5]]
-            missing = flowsync.CtEvent("update", socket.AF_INET, 6, "127.0.0.1", "127.0.0.1", 1, TCP_PORT)
+            missing = CtEvent("update", socket.AF_INET, 6, "127.0.0.1", "127.0.0.1", 1, TCP_PORT)
             assert ct.set_liberal_many([*batch[:3], missing, *batch[3:]]) == [True] * 3 + [False] + [True] * 2
             for p in sports[:5]:
                 assert all(f & 0x08 for f in liberal_flags(ns, p, TCP_PORT)), p
@@ -345,15 +359,15 @@ def _pyroute2_tuple(t) -> tuple[str, str, int, int, int] | None:
     )
 
 
-def pyroute2_event(msg) -> flowsync.CtEvent | None:
+def pyroute2_event(msg) -> CtEvent | None:
     """A ctnetlink event as pyroute2's nfct_msg decodes it (the oracle of parse_event: the decoding is pyroute2's,
     not the service's code; the decoded tuples and fields become a CtEvent as the service's own do, `from_tuples`)."""
     h = msg["header"]
     t = h["type"] & 0xFF
-    if t == flowsync.IPCTNL_MSG_CT_DELETE:
+    if t == IPCTNL_MSG_CT_DELETE:
         kind = "destroy"
-    elif t == flowsync.IPCTNL_MSG_CT_NEW:
-        kind = "new" if h["flags"] & (flowsync.NLM_F_CREATE | flowsync.NLM_F_EXCL) else "update"
+    elif t == IPCTNL_MSG_CT_NEW:
+        kind = "new" if h["flags"] & (NLM_F_CREATE | NLM_F_EXCL) else "update"
     else:
         return None
     orig = _pyroute2_tuple(msg.get_attr("CTA_TUPLE_ORIG"))
@@ -362,7 +376,7 @@ def pyroute2_event(msg) -> flowsync.CtEvent | None:
     rep = _pyroute2_tuple(msg.get_attr("CTA_TUPLE_REPLY"))
     pi = msg.get_attr("CTA_PROTOINFO")
     tcp = pi.get_attr("CTA_PROTOINFO_TCP") if pi is not None else None
-    return flowsync.CtEvent.from_tuples(
+    return CtEvent.from_tuples(
         kind,
         msg["nfgen_family"],
         orig,
@@ -390,7 +404,7 @@ def test_lean_event_parser_reads_real_events_as_pyroute2_does():
             netns.run([tool, "-w", "-A", "INPUT", "-m", "conntrack", "--ctstate", "ESTABLISHED", "-j", "ACCEPT"], ns)
         with inside(ns):
             evs = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
-            evs.bind((0, flowsync.GROUPS))
+            evs.bind((0, GROUPS))
             for fam, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
                 srv = socket.socket(fam)
                 srv.bind((host, TCP_PORT))
@@ -422,7 +436,7 @@ def test_lean_event_parser_reads_real_events_as_pyroute2_does():
                 data = evs.recv(1 << 20)
                 off = 0
                 for msg in marshal.parse(data):
-                    pairs.append((pyroute2_event(msg), flowsync.parse_event(data, off)))
+                    pairs.append((pyroute2_event(msg), parse_event(data, off)))
                     off += msg["header"]["length"]
         evs.close()
     got = [a for a, _ in pairs]
@@ -522,8 +536,8 @@ def test_dump_and_get_read_real_entries_as_conntrack_lists_them():
                 assert e.reply == want["reply"], (e, want)
                 assert (TCP_STATE_NAMES.get(e.tcp_state) if e.proto == 6 else None) == want["state"], (e, want)
                 assert 0 <= e.timeout - want["timeout"] <= 2, (e, want)  # conntrack -L listed it a moment later
-                assert bool(e.status & flowsync.IPS_ASSURED) == want["assured"], (e, want)
-                assert (not e.status & flowsync.IPS_SEEN_REPLY) == want["unreplied"], (e, want)
+                assert bool(e.status & IPS_ASSURED) == want["assured"], (e, want)
+                assert (not e.status & IPS_SEEN_REPLY) == want["unreplied"], (e, want)
                 states.add(want["state"])
             assert {"ESTABLISHED", "TIME_WAIT", "SYN_SENT", None} <= states, states
 
@@ -533,11 +547,11 @@ def test_dump_and_get_read_real_entries_as_conntrack_lists_them():
                 got = ct.get(e.flow)
                 assert got is not None and got.kind == "dump"
                 assert dataclasses.replace(got, timeout=e.timeout) == e and e.timeout - got.timeout <= 1
-            absent = flowsync.Flow(0x7F000001, 0x7F000001, 6, 1, TCP_PORT)
+            absent = Flow(0x7F000001, 0x7F000001, 6, 1, TCP_PORT)
             assert ct.get(absent) is None and not ct.set_timeout(absent, 6, 60)
             # A get without a tuple: conntrack refuses it (EINVAL), and says so.
-            with pytest.raises(flowsync.ConntrackError, match=r"conntrack get: .*errno 22") as err:
-                ct._exchange("get", flowsync.IPCTNL_MSG_CT_GET, flowsync.NLM_F_ACK)
+            with pytest.raises(ConntrackError, match=r"conntrack get: .*errno 22") as err:
+                ct.request("get", IPCTNL_MSG_CT_GET, NLM_F_ACK)
             assert err.value.code == 22
             assert len(ct.dump()) == len(dumped)  # the socket still works after the error
         finally:
@@ -565,7 +579,7 @@ def test_echoes_of_the_services_own_updates_are_skipped_others_are_read():
             assert not [e for e in ct.read_events() if mine(e)]
             assert ct.set_liberal_many([est]) == [True] and ct.set_timeout(est.flow, 6, 1234)
             # the same kind of update from other netlink sockets (another client's): its event is read
-            other = flowsync.Conntrack(ns)
+            other = Conntrack(ns)
             try:
                 assert other.set_timeout(est.flow, 6, 999)
             finally:
@@ -586,7 +600,6 @@ def test_echoes_of_the_services_own_updates_are_skipped_others_are_read():
 
 def test_service_on_the_emulated_flow_cache(lab):
     from hypafilter.config import Config
-    from hypafilter.hw.flowcache import Flow
     from hypafilter.iptables.document import parse_policy
     from hypafilter.ops import deploy
     from hypafilter.targets.nic import NicClient
@@ -673,7 +686,7 @@ def test_service_on_the_emulated_flow_cache(lab):
             assert wait_for(lambda: uflow in hw_flows(nic)), "the UDP flow with a reply did not reach the hardware"
 
             # Restart: a new service resyncs from the dump (the stopped one cleared the table).
-            flowsync.stop(sd)
+            SERVICE.stop(sd)
             assert hw_flows(nic) == {}
             flowsync.start(deploy.NS_FW, sd)
             assert {tflow, uflow} <= set(hw_flows(nic)), "the restarted service did not resync from the dump"
@@ -686,7 +699,7 @@ def test_service_on_the_emulated_flow_cache(lab):
                 (e["proto"], e["state"], e["timeout"]) for e in conntrack_list(fw)
             ]
             time.sleep(0.3)  # the last ACK, and its event read by the service (lag p50 ~1 ms)
-            gone = (flowsync.TIME_WAIT_IDLE_POLLS + 2) * flowsync.INTERVAL + 2
+            gone = (TIME_WAIT_IDLE_POLLS + 2) * flowsync.INTERVAL + 2
             assert wait_for(lambda: tflow not in hw_flows(nic), timeout=gone), "the closed TCP flow stayed in hardware"
 
             # The counters as status shows them (the state file is written at each poll: wait for the next one).
@@ -700,25 +713,25 @@ def test_service_on_the_emulated_flow_cache(lab):
             assert st["lag_samples"] >= 1 and st["lag_max_ms"] is not None
 
             # A killed worker: the supervisor clears the table and starts another, which resyncs.
-            worker = flowsync.read_status_file(sd)["worker"]
+            worker = SERVICE.read_status_file(sd)["worker"]
             os.kill(worker, signal.SIGKILL)
             assert wait_for(
-                lambda: (flowsync.read_status_file(sd) or {}).get("worker") not in (None, worker)
-                and flowsync.read_status_file(sd).get("running"),
+                lambda: (SERVICE.read_status_file(sd) or {}).get("worker") not in (None, worker)
+                and SERVICE.read_status_file(sd).get("running"),
                 timeout=10,
             ), "no new worker after the old one was killed"
             assert uflow in hw_flows(nic), "the new worker did not resync"
             # A killed supervisor: its worker is told (PR_SET_PDEATHSIG), clears the table and ends; the service
             # is down, which status reports as drift.
-            os.kill(flowsync.running_pid(sd), signal.SIGKILL)
-            assert wait_for(lambda: flowsync.running_pid(sd) is None)
+            os.kill(SERVICE.running_pid(sd), signal.SIGKILL)
+            assert wait_for(lambda: SERVICE.running_pid(sd) is None)
             assert wait_for(lambda: hw_flows(nic) == {}), "flows stayed in the hardware without a service"
             assert any(d.startswith("flowsync:") for d in deploy.drift(deploy.read_state()))
         u.close()
     finally:
         echo.close()
     deploy.undeploy()
-    assert flowsync.running_pid(sd) is None and not flowsync.pid_path(sd).exists()
+    assert SERVICE.running_pid(sd) is None and not SERVICE.pid_path(sd).exists()
 
 
 def test_no_service_without_a_flow_cache_or_a_conntrack_policy(lab):
@@ -735,7 +748,7 @@ def test_no_service_without_a_flow_cache_or_a_conntrack_policy(lab):
         "mode": "flowcache",
         "reason": "the policy's hardware entries do not read conntrack state",
     }
-    assert flowsync.running_pid(deploy.STATE_DIR) is None
+    assert SERVICE.running_pid(deploy.STATE_DIR) is None
     st = deploy.status()
     assert not st["flowsync"]["wanted"] and not any(d.startswith("flowsync") for d in st["drift"])
     ctpol = parse_policy(POLICY, filename="established.rules", base_chain="FORWARD", config=Config())
@@ -743,12 +756,12 @@ def test_no_service_without_a_flow_cache_or_a_conntrack_policy(lab):
     with deploy.target_of(state, Config()).client(state["nic"]) as nic:
         has_fc = hasattr(nic, "flow_config") and nic.flow_config() is not None
     if has_fc:
-        assert state["flowsync"]["wanted"] and flowsync.running_pid(deploy.STATE_DIR) == state["flowsync"]["pid"]
+        assert state["flowsync"]["wanted"] and SERVICE.running_pid(deploy.STATE_DIR) == state["flowsync"]["pid"]
     else:
         assert not state["flowsync"]["wanted"] and "flow cache" in state["flowsync"]["reason"]
-        assert flowsync.running_pid(deploy.STATE_DIR) is None
+        assert SERVICE.running_pid(deploy.STATE_DIR) is None
     deploy.undeploy()
-    assert flowsync.running_pid(deploy.STATE_DIR) is None
+    assert SERVICE.running_pid(deploy.STATE_DIR) is None
 
 
 def test_lab_flush_conntrack_empties_the_roles_namespace():
@@ -807,7 +820,6 @@ def test_verify_after_a_flush_the_lagging_service_has_not_read(lab, tmp_path):
     policy seed 14, found it with the service merely slow). Here the service is stopped (SIGSTOP) while verify runs,
     so the lag is as long as verify: verify must still compare the frames from an empty fast path."""
     from hypafilter.config import Config
-    from hypafilter.hw.flowcache import Flow
     from hypafilter.iptables.document import parse_policy
     from hypafilter.ops import deploy, verify
 
@@ -838,7 +850,7 @@ def test_verify_after_a_flush_the_lagging_service_has_not_read(lab, tmp_path):
         )
         with tgt.client(state["nic"]) as nic:
             assert wait_for(lambda: flow in hw_flows(nic)), "the UDP flow with a reply did not reach the hardware"
-        worker = flowsync.read_status_file(deploy.STATE_DIR)["worker"]
+        worker = SERVICE.read_status_file(deploy.STATE_DIR)["worker"]
         os.kill(worker, signal.SIGSTOP)
         # The reply direction: once conntrack is flushed it is a NEW datagram to the sender's port, which the
         # policy drops; the stale cache entry would make it an ESTABLISHED hit accepted in hardware.

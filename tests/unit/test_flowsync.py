@@ -1,25 +1,40 @@
 """The flow sync service's pure part: which conntrack events install or remove a flow, the timeout refresh
-decision, eviction and resync (ops/flowsync.py). The table here is a small in-memory one with NicClient's flow API
-(unit tier only; tests/system/test_flowsync.py runs the service against real conntrack and the emulated NIC)."""
+decision, eviction and resync (ops/flowsync/: events, syncer, marks, policy), and the ctnetlink codec on the
+generic netlink framing. The table here is a small in-memory one with NicClient's flow API (unit tier only;
+tests/system/test_flowsync.py runs the service against real conntrack and the emulated NIC)."""
 
 from __future__ import annotations
 
 import socket
+import struct
 from dataclasses import dataclass
 
 from hypafilter.hw import flowcache as fc
-from hypafilter.ops import flowsync as fs
-from hypafilter.ops.flowsync import (
+from hypafilter.ops.flowsync import syncer as sync
+from hypafilter.ops.flowsync.ctnetlink import (
+    CTA_PROTOINFO,
+    CTA_PROTOINFO_TCP,
+    CTA_PROTOINFO_TCP_STATE,
+    CTA_STATUS,
+    CTA_TUPLE_REPLY,
+    IPCTNL_MSG_CT_NEW,
+    ct_request,
+    ct_tuple_attr,
+    parse_event,
+)
+from hypafilter.ops.flowsync.events import (
     IPS_ASSURED,
     IPS_CONFIRMED,
     IPS_HELPER,
     IPS_SEEN_REPLY,
     IPS_SRC_NAT,
     CtEvent,
-    Syncer,
     offload_reason,
-    refresh_due,
 )
+from hypafilter.ops.flowsync.marks import LiberalMarks
+from hypafilter.ops.flowsync.policy import decides_established
+from hypafilter.ops.flowsync.syncer import TIME_WAIT_IDLE_POLLS, Syncer, refresh_due
+from hypafilter.ops.netlink import NLM_F_CREATE, nl_messages, nla
 
 TCP, UDP = 6, 17
 SYN_SENT, ESTABLISHED, FIN_WAIT, CLOSE_WAIT, LAST_ACK, TIME_WAIT = 1, 3, 4, 5, 6, 7
@@ -37,6 +52,9 @@ class Rec:
 
 class MemTable:
     """Set-associative like the hardware (canonical key, CRC-32 set), so a full set refuses an insert."""
+
+    protocols = (TCP, UDP)
+    hit_counters = True
 
     def __init__(self, log2_sets: int = 4, ways: int = 2):
         self.log2_sets, self.ways = log2_sets, ways
@@ -302,14 +320,14 @@ def test_decides_established():
         def __init__(self, entries):
             self.entries = entries
 
-    assert not fs.decides_established(P(), PlanC1())
+    assert not decides_established(P(), PlanC1())
     if "ct" not in box.FIELD_INDEX:
-        assert fs.decides_established(P(), Plan([]))
+        assert decides_established(P(), Plan([]))
         return
     full = box.Box.full()
     hit = full.with_field("ct", 1, 2)
-    assert not fs.decides_established(P(), Plan([Entry([full])]))  # every entry spans ct 0..3
-    assert fs.decides_established(P(), Plan([Entry([full]), Entry([hit])]))
+    assert not decides_established(P(), Plan([Entry([full])]))  # every entry spans ct 0..3
+    assert decides_established(P(), Plan([Entry([full]), Entry([hit])]))
 
 
 def test_tcp_update_without_protoinfo_keeps_the_flow():
@@ -387,21 +405,21 @@ def test_flows_established_together_are_installed_in_one_batch_after_their_liber
     got = s.events([*tcp, gone, short, ev(sport=43000, state=None, kind="destroy", status=0), udp])
     assert got == ["install"] * 22 + ["remove", "install"]
     assert ct.liberal_batches == [[e.flow for e in (*tcp, gone)]]
-    assert table.batches == [[(fs.OP_INSERT, e.flow) for e in (*tcp, udp)]]
+    assert table.batches == [[(fc.OP_INSERT, e.flow) for e in (*tcp, udp)]]
     assert set(s.installed) == {e.flow for e in (*tcp, udp)} and s.counters["inserts"] == 21
     assert s.counters["liberal"] == 20 and s.stats()["lag_samples"] == 21
     # a flow removed and set up again (same tuple) within one read: the delete first, then the insert, together
     table.batches.clear()
     again = tcp[0]
     assert s.events([ev(sport=again.sport, kind="destroy", status=0, state=None), again]) == ["remove", "install"]
-    assert table.batches == [[(fs.OP_DELETE, again.flow), (fs.OP_INSERT, again.flow)]]  # one batch, in order
+    assert table.batches == [[(fc.OP_DELETE, again.flow), (fc.OP_INSERT, again.flow)]]  # one batch, in order
     assert again.flow in s.installed and s.counters["deletes"] == 1
 
 
 def test_poll_reads_the_installed_slots_and_the_table_in_turn(monkeypatch):
     """A poll reads the slots of the flows the service installed (refreshed or evicted every poll) and the next
     POLL_CHUNK slots of the table, so a flow it did not install is evicted within entries / POLL_CHUNK polls."""
-    monkeypatch.setattr(fs, "POLL_CHUNK", 8)
+    monkeypatch.setattr(sync, "POLL_CHUNK", 8)
     s, table, ct = syncer()  # 16 sets x 2 ways: 32 slots, 4 parts
     flows = [ev(sport=44000 + i) for i in range(12)]
     ct.entries |= {e.flow for e in flows}
@@ -451,8 +469,8 @@ def test_events_that_come_during_a_poll_are_applied_between_its_pieces(monkeypat
     """A poll reads the table POLL_PIECE slots at a time and lets the events that came meanwhile through between
     the pieces and refreshes; its evictions skip a flow such an event installed anew (here: a stranger in the table
     that became an established flow of conntrack's, installed over it) and a flow it already removed."""
-    monkeypatch.setattr(fs, "POLL_CHUNK", 32)
-    monkeypatch.setattr(fs, "POLL_PIECE", 4)
+    monkeypatch.setattr(sync, "POLL_CHUNK", 32)
+    monkeypatch.setattr(sync, "POLL_PIECE", 4)
     s, table, ct = syncer()
     flows = [ev(sport=46000 + i) for i in range(6)]
     ct.entries |= {e.flow for e in flows}
@@ -484,8 +502,6 @@ def test_time_wait_comes_back_and_leaves_when_idle():
     server still sends its reply: the flow leaves at LAST_ACK (conntrack must see the next ACK), comes back at
     TIME_WAIT (the server's next segment), is refreshed with TIME_WAIT's timeout while hit, and leaves after
     TIME_WAIT_IDLE_POLLS polls without a hit; conntrack keeps its entry."""
-    from hypafilter.ops.flowsync import TIME_WAIT_IDLE_POLLS
-
     s, table, ct = syncer()
     e = ev()
     ct.entries.add(e.flow)
@@ -506,8 +522,6 @@ def test_time_wait_comes_back_and_leaves_when_idle():
 
 
 def test_an_idle_established_flow_stays():
-    from hypafilter.ops.flowsync import TIME_WAIT_IDLE_POLLS
-
     s, table, ct = syncer()
     e = ev()
     ct.entries.add(e.flow)
@@ -521,16 +535,16 @@ def test_liberal_marks_hold_tcp_only_and_are_never_polled():
     """The xdp target's table (LiberalMarks): the TCP flows Syncer would offload are marked liberal before they
     count as held, UDP flows are not held (they need no mark), and the poll neither refreshes timeouts nor evicts
     (the XDP program refreshes the timeouts itself): a TIME_WAIT flow without hits stays until its event."""
-    table, ct = fs.LiberalMarks(), MemCt()
+    table, ct = LiberalMarks(), MemCt()
     s = Syncer(table, ct, dict(TIMEOUTS))
     t, u = ev(), ev(proto=UDP, sport=5000, dport=53)
     ct.entries |= {t.flow, u.flow}
     assert s.events([t, u]) == ["install", None]
     assert ct.liberal_batches == [[t.flow]] and set(table.flows) == {t.flow}
-    for _ in range(fs.TIME_WAIT_IDLE_POLLS + 2):
+    for _ in range(TIME_WAIT_IDLE_POLLS + 2):
         s.poll()
     assert s.event(ev(state=TIME_WAIT)) is None
-    for _ in range(fs.TIME_WAIT_IDLE_POLLS + 2):
+    for _ in range(TIME_WAIT_IDLE_POLLS + 2):
         s.poll()
     assert set(table.flows) == {t.flow} and [c for c in ct.calls if c[0] == "timeout"] == []
     assert s.event(ev(state=LAST_ACK)) == "remove" and table.flows == {}
@@ -544,7 +558,7 @@ def test_liberal_marks_hold_tcp_only_and_are_never_polled():
 def test_liberal_marks_resync_and_capacity():
     """A resync marks every TCP flow the dump says is offloadable; beyond the capacity an insert is refused as by a
     full set (the entry is marked all the same); a stop's clear forgets the set only."""
-    table, ct = fs.LiberalMarks(capacity=2), MemCt()
+    table, ct = LiberalMarks(capacity=2), MemCt()
     s = Syncer(table, ct, dict(TIMEOUTS))
     flows = [ev(sport=40000 + k) for k in range(3)]
     ct.entries |= {e.flow for e in flows}
@@ -557,3 +571,20 @@ def test_liberal_marks_resync_and_capacity():
     assert set(table.flows) == {flows[0].flow} and s.counters["evictions"] == 1
     table.flow_clear()
     assert table.flows == {} and table.flow_entries() == []
+
+
+def test_a_conntrack_message_built_and_framed_reads_back():
+    """A conntrack entry message built with the codec's request helpers (ct_request on the generic nfnetlink
+    header, ct_tuple_attr, nla) is framed by nl_messages and read back whole by parse_event."""
+    flow = fc.Flow(0x0A000001, 0x0A000002, 6, 40000, 80)
+    back = fc.Flow(flow.dst, flow.src, 6, flow.dport, flow.sport)
+    reply = ct_tuple_attr(back)
+    reply = struct.pack("=HH", len(reply), CTA_TUPLE_REPLY | 0x8000) + reply[4:]  # the same tuple, as the reply
+    tcp = nla(CTA_PROTOINFO_TCP, nla(CTA_PROTOINFO_TCP_STATE, bytes([3])), True)
+    attrs = ct_tuple_attr(flow) + reply + nla(CTA_STATUS, struct.pack(">I", IPS_CONFIRMED | IPS_SEEN_REPLY))
+    msg = ct_request(IPCTNL_MSG_CT_NEW, NLM_F_CREATE, 7, attrs + nla(CTA_PROTOINFO, tcp, True))
+    assert [(off, seq) for off, _, _, _, seq, _ in nl_messages(msg + msg)] == [(0, 7), (len(msg), 7)]
+    ev = parse_event(msg)
+    assert (ev.kind, ev.family, ev.flow, ev.tcp_state) == ("new", socket.AF_INET, flow, 3)
+    assert ev.reply == ("10.0.0.2", "10.0.0.1", 80, 40000) and offload_reason(ev) is None
+    assert parse_event(msg[:-4]) is None  # a truncated message is none

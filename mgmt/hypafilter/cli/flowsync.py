@@ -10,8 +10,8 @@ from hypafilter.errors import HypafilterError
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from hypafilter.ops import deploy, flowsync
-    from hypafilter.targets.nic import NicClient
+    from hypafilter.ops import deploy
+    from hypafilter.ops.flowsync import service
 
     state_dir = Path(args.state_dir)
     deploy.configure(state_dir=state_dir)
@@ -19,18 +19,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not st or not st.get("nic"):
         raise HypafilterError(f"{deploy.state_file()}: nothing deployed, no NIC to synchronise")
     tgt, nic = deploy.target_of(st, deploy.state_config(st)), st["nic"]
-    if args.mode == "liberal":  # the xdp target: conntrack's entries marked, no flow cache (flowsync.LiberalMarks)
-        open_table = flowsync.LiberalMarks
-    else:
-        open_table = lambda: NicClient(tgt.transport(nic))  # noqa: E731
-    return flowsync.supervise(args.ns, open_table, state_dir, args.interval, nic=nic.get("name", ""))
+    open_table = service.table_opener(args.mode, tgt, nic)
+    return service.supervise(args.ns, open_table, state_dir, args.interval, nic=nic.get("name", ""))
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from hypafilter.ops import deploy, flowsync
+    from hypafilter.ops import deploy
+    from hypafilter.ops.flowsync.service import SERVICE
 
     st = deploy.read_state() or {}
-    print(json.dumps(flowsync.status(deploy.STATE_DIR, st.get("flowsync")), indent=1, default=str))
+    print(json.dumps(SERVICE.status(deploy.STATE_DIR, st.get("flowsync")), indent=1, default=str))
     return 0
 
 

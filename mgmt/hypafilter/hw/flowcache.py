@@ -24,7 +24,7 @@ TCP_BYPASS_FLAGS = 0x07  # FIN, SYN, RST: such TCP frames never hit, so conntrac
 # ACK and ACK|URG (after masking ECE, CWR, PSH); any other segment is INVALID to it whatever the flow's state, so it
 # must reach conntrack (a miss) rather than be called ESTABLISHED by a hit
 TCP_ACK = 0x10
-PROTO_TCP = 6
+PROTO_TCP, PROTO_UDP = 6, 17  # the protocols of the flows a key holds
 MIN_ENTRIES, MAX_ENTRIES = 4096, 65536
 
 # host commands (hf_flow_cache h_op, the FC_CMD register's op field) and their status codes (r_status, FC_STATUS)

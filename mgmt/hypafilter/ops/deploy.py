@@ -34,7 +34,7 @@ from hypafilter.ir import Policy
 from hypafilter.netfilter.bridge import TABLE as BRIDGE_TABLE
 from hypafilter.netfilter.bridge import unfilterable_nft
 from hypafilter.netfilter.restore import to_iptables_restore
-from hypafilter.ops import flowsync
+from hypafilter.ops import services
 from hypafilter.paths import BUILD_ROOT
 from hypafilter.targets import shim as shim_mod
 from hypafilter.targets.base import Site, Target
@@ -254,7 +254,7 @@ def chains_fingerprint(ns: str | None, config: Config, chains: list[str]) -> str
 
 def drift(st: dict, tgt: Target | None = None) -> list[str]:
     """How the live system differs from what `st` says was deployed (empty: no drift): the base chain's jump and
-    policy, the tool's chains, the shim, the NIC."""
+    policy, the tool's chains, the shim, the NIC, the services it wants."""
     cfg = state_config(st)
     base, main = st.get("base_chain", "FORWARD"), st.get("main_chain")
     out = []
@@ -291,14 +291,8 @@ def drift(st: dict, tgt: Target | None = None) -> list[str]:
                     out += nic_drift(c, st)
     except Exception as e:  # an unreachable NIC is drift, whatever the transport raised
         out.append(f"nic: {e}")
-    fs = st.get("flowsync") or {}
-    if fs.get("wanted") and flowsync.running_pid(STATE_DIR) is None:
-        if fs.get("mode") == "liberal":
-            out.append("flowsync: the flow sync service is not running (no new TCP entry is marked liberal)")
-        else:
-            out.append(
-                "flowsync: the flow sync service is not running (the NIC's flow cache does not follow conntrack)"
-            )
+    # tgt None: the state names no known target (said above); the services' wording is then the NIC's
+    out += services.drift(st, STATE_DIR, tgt or Target)
     return out
 
 
@@ -755,11 +749,8 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
         _journal_failure(old, policy, gen, e, tx, t0)
         raise
 
-    warnings = []
-    try:  # the running service follows the old NIC and policy; a new one starts below when wanted
-        flowsync.stop(STATE_DIR)
-    except (OSError, HypafilterError) as e:
-        warnings.append(f"stopping the flow sync service: {e}")
+    # The running services follow the old NIC and policy; new ones start below when wanted.
+    warnings = [f"stopping {svc.title}: {e}" for svc, e in services.stop_all(STATE_DIR)]
     if old_nic and replace:
         try:
             tgt.stop(old_nic)
@@ -827,54 +818,12 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
         ],
     }
     write_state(state)
-    state["flowsync"] = _start_flowsync(policy, plan, tgt, new_nic, warnings, log)
+    state.update(services.start_wanted(NS_FW, STATE_DIR, policy, plan, tgt, new_nic, warnings, log))
     write_state(state)
     for w in warnings:
         log(f"warning: {w}")
     log(f"deployed generation {gen} in {took:.2f}s")
     return state
-
-
-def _start_flowsync(policy: Policy, plan, tgt: Target, nic: dict, warnings: list[str], log) -> dict:
-    """Start the flow sync service when the policy's hardware entries decide established frames and the NIC has
-    a flow cache (docs/flowsync.md); otherwise say why not. It runs after the commit: until it runs every frame
-    misses the flow cache (ct = 0), which only sends more frames to software.
-
-    A target whose fast path reads conntrack's own table (`flowsync_mode` "liberal": xdp) has no flow cache; the
-    service then marks the TCP entries it would offload liberal (flowsync.LiberalMarks), whatever
-    nf_conntrack_tcp_be_liberal says (the program reads only the marks: the sysctl can change after deploy), unless
-    the program does no lookup. Until it runs established TCP goes to conntrack, which is always right."""
-    mode = getattr(tgt, "flowsync_mode", "flowcache")
-    if not flowsync.decides_established(policy, plan):
-        reason = "the policy's hardware entries do not read conntrack state"
-    elif mode == "liberal":
-        ct = tgt.ct_config(plan)
-        if not ct.lookup:
-            reason = (
-                "the XDP program does not look up conntrack (the plan forces no miss, or the sysctls were unreadable)"
-            )
-        else:
-            reason = ""
-    else:
-        try:
-            with tgt.client(nic) as c:
-                if not hasattr(c, "flow_config"):
-                    reason = "this NIC client has no flow cache API"
-                elif c.flow_config() is None:
-                    reason = "the NIC has no flow cache (FC_CONFIG reads 0)"
-                else:
-                    reason = ""
-        except Exception as e:  # an unreachable NIC shows as drift; the service is not started for it
-            reason = f"reading the NIC's flow cache configuration: {e}"
-    if reason:
-        return {"wanted": False, "mode": mode, "reason": reason}
-    try:
-        pid = flowsync.start(NS_FW, STATE_DIR, mode=mode)
-    except (OSError, HypafilterError) as e:
-        warnings.append(f"starting the flow sync service: {e}")
-        return {"wanted": True, "mode": mode, "pid": None, "reason": f"failed to start: {e}"}
-    log(f"flow sync service running (pid {pid}, mode {mode})")
-    return {"wanted": True, "mode": mode, "pid": pid, "reason": ""}
 
 
 def _interfaces_state(policy: Policy) -> dict:
@@ -914,11 +863,8 @@ def undeploy(log: Callable[[str], None] = lambda s: None) -> bool:
         if not st:
             return False
         cfg = state_config(st)
-        errors = []
-        try:  # before the NIC: it clears the flow table as it stops
-            flowsync.stop(STATE_DIR)
-        except (OSError, HypafilterError) as e:
-            errors.append(f"flowsync: {e}")
+        # The services before the NIC: the flow sync service clears the flow table as it stops.
+        errors = [f"{svc.name}: {e}" for svc, e in services.stop_all(STATE_DIR)]
         if st.get("nic"):
             try:
                 target_of(st, cfg).stop(st["nic"])
@@ -994,6 +940,6 @@ def status() -> dict:
         out["netfilter"] = chain_counters(NS_FW, cfg, st["prefix"])
     except HypafilterError as e:
         out["netfilter"] = {"error": str(e)}
-    out["flowsync"] = flowsync.status(STATE_DIR, st.get("flowsync"))
+    out.update(services.status(st, STATE_DIR))
     out["drift"] = drift(st)
     return out

@@ -92,10 +92,12 @@ class Target(ABC):
     # In bridge mode the NIC bridges a port pair and its frames reach the host's bridged FORWARD chain only; in
     # host mode (Config.nic_mode) the host terminates them and INPUT decides. OUTPUT sees none of its frames.
     base_chains: tuple[str, ...] = ("FORWARD", "INPUT")
-    # How the flow sync service serves the fast path's conntrack state (ops.flowsync.MODES, docs/flowsync.md):
-    # "flowcache", the NIC's flow cache follows conntrack; "liberal", the fast path reads conntrack's own table
-    # and the service only marks the TCP entries it would offload liberal.
+    # How the flow sync service serves the fast path's conntrack state (ops.flowsync.service.MODES,
+    # docs/flowsync.md): "flowcache", the NIC's flow cache follows conntrack; "liberal", the fast path reads
+    # conntrack's own table and the service only marks the TCP entries it would offload liberal. And what is left
+    # undone while the service that should run does not (its drift).
     flowsync_mode = "flowcache"
+    flowsync_down = "the NIC's flow cache does not follow conntrack"
 
     def __init__(self, config: Config, site: Site | None = None, build_root: Path = BUILD_ROOT):
         self.config = config
@@ -143,6 +145,19 @@ class Target(ABC):
             yield c
         finally:
             c.close()
+
+    def flowsync_why_not(self, plan, info: dict) -> str:
+        """Why the flow sync service does not run for `plan` on the NIC of `info` ("": it runs, the policy's
+        hardware entries reading conntrack state): the NIC has no flow cache."""
+        try:
+            with self.client(info) as c:
+                if not hasattr(c, "flow_config"):
+                    return "this NIC client has no flow cache API"
+                if c.flow_config() is None:
+                    return "the NIC has no flow cache (FC_CONFIG reads 0)"
+                return ""
+        except Exception as e:  # an unreachable NIC shows as drift; the service is not started for it
+            return f"reading the NIC's flow cache configuration: {e}"
 
     def program(self, info: dict, plan, generation: int, known: dict | None = None) -> dict:
         """Write the plan's tables (only what differs from `known`); returns what the core now holds."""

@@ -202,6 +202,12 @@ COUNTER_REGS = tuple(r.name for r in regmap.MAP.registers if r.name.startswith("
 class NicClient:
     """Register-level interface to one hypafilter core, whatever carries the accesses."""
 
+    # What its flow API is as a table of the flow sync service (ops.flowsync.syncer.Syncer): the NIC's flow cache,
+    # which holds TCP and UDP flows and counts their hits.
+    mode = "flowcache"
+    protocols = (flowcache.PROTO_TCP, flowcache.PROTO_UDP)
+    hit_counters = True
+
     def __init__(self, transport):
         self.t = transport
         self.map = regmap.MAP

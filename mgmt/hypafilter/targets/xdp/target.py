@@ -99,6 +99,7 @@ class XdpTarget(Target):
     name = "xdp"
     window_stages = WINDOW
     flowsync_mode = "liberal"  # no flow cache: the program reads conntrack, the service marks entries liberal
+    flowsync_down = "no new TCP entry is marked liberal"
 
     def missing(self) -> str | None:
         import shutil
@@ -272,6 +273,16 @@ class XdpTarget(Target):
         if not any(plan.miss_shunt):
             return CtConfig()
         return read_ct_config(self.site.netns)
+
+    def flowsync_why_not(self, plan, info: dict) -> str:
+        """The service marks the TCP entries it would offload liberal (ops.flowsync.marks.LiberalMarks), whatever
+        nf_conntrack_tcp_be_liberal says (the program reads only the marks: the sysctl can change after deploy),
+        unless the program does no lookup."""
+        if not self.ct_config(plan).lookup:
+            return (
+                "the XDP program does not look up conntrack (the plan forces no miss, or the sysctls were unreadable)"
+            )
+        return ""
 
     def write_tables(self, info: dict, tables: dict, generation: int, known: dict | None = None) -> dict:
         if not Path(tables.get("file", "")).exists():

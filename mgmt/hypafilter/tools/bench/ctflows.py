@@ -45,15 +45,15 @@ def open_flows(ns: str, flows: list[tuple]) -> None:
 
 
 def mark_liberal(ns: str) -> None:
-    """IP_CT_TCP_FLAG_BE_LIBERAL in both directions on every TCP entry of `ns` (flowsync.Conntrack's batch update)."""
-    from hypafilter.ops.flowsync import PROTO_TCP, Conntrack
+    """IP_CT_TCP_FLAG_BE_LIBERAL in both directions on every TCP entry of `ns` (Conntrack's batch update)."""
+    from hypafilter.hw.flowcache import PROTO_TCP
+    from hypafilter.ops.flowsync.ctnetlink import Conntrack
 
     ct = Conntrack(ns)
     try:
         tcp = [ev for ev in ct.dump() if ev.proto == PROTO_TCP]
-        done = []
-        for k in range(0, len(tcp), 256):  # one datagram of updates each, well inside the socket's send buffer
-            done += ct.set_liberal_many(tcp[k : k + 256])
+        # 256 updates a datagram, well inside the socket's send buffer
+        done = ct.set_liberal_many(tcp, limit=256)
     finally:
         ct.close()
     if not all(done):

@@ -30,7 +30,8 @@ from hypafilter.analysis.program import build_program, twins
 from hypafilter.config import Config
 from hypafilter.errors import HypafilterError
 from hypafilter.iptables.document import parse_policy
-from hypafilter.ops import deploy, flowsync
+from hypafilter.ops import deploy
+from hypafilter.ops.flowsync.service import SERVICE as FLOWSYNC
 
 # Hardware counters (hw/regmap.txt) and the (path, reason) labels they carry in /api and /metrics. Every target's
 # counter source (targets.base.CounterSource) reports these names with these meanings: the emulated NIC's registers,
@@ -154,7 +155,7 @@ class Snapshot:
     errors: tuple[str, ...] = ()
     drift: tuple[str, ...] | None = None  # ops.deploy.drift of this deployment (None: not checked yet)
     totals: Totals | None = None  # counters accumulated by the collector up to this snapshot
-    flowsync: dict = field(default_factory=dict)  # the flow sync service (ops.flowsync.status); {}: not deployed
+    flowsync: dict = field(default_factory=dict)  # the flow sync service (ops.daemon.Service.status); {}: not deployed
 
     @property
     def generation(self) -> int | None:
@@ -570,7 +571,7 @@ def read_flowsync(state: dict) -> dict:
     that never recorded one)."""
     if "flowsync" not in state:
         return {}
-    return flowsync.status(deploy.STATE_DIR, state.get("flowsync"))
+    return FLOWSYNC.status(deploy.STATE_DIR, state.get("flowsync"))
 
 
 def check_drift(state: dict) -> list[str]:

@@ -1,0 +1,196 @@
+"""The flow sync service as a process: `serve`, its worker, runs the Syncer against conntrack's sockets in the
+firewall namespace and the table (the NIC's flow cache through NicClient, or the xdp target's `LiberalMarks`);
+`SERVICE` is its place in the generic runner (ops.daemon: files flowsync.{pid,json,log}, start, stop, status, the
+supervisor that clears the flow table after a worker's abnormal end) and what it answers deploy (ops.services)."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import gc
+import os
+import select
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from hypafilter.errors import HypafilterError
+from hypafilter.ops.daemon import READY_TIMEOUT, Service
+from hypafilter.ops.flowsync.ctnetlink import Conntrack
+from hypafilter.ops.flowsync.marks import LiberalMarks
+from hypafilter.ops.flowsync.policy import decides_established, read_timeouts
+from hypafilter.ops.flowsync.syncer import Syncer
+
+SERVICE_NICE = -10  # the worker's scheduling priority (serve): the sync lag is time a new flow spends in software
+INTERVAL = 1.0  # seconds between two polls of the hardware table (timeout refresh, eviction, counters)
+MODES = ("flowcache", "liberal")  # the NIC's flow cache (NicClient), or LiberalMarks (the xdp target)
+
+
+class FlowSync(Service):
+    """The flow sync service: wanted when the policy's hardware entries decide established frames and the target
+    can serve them (`Target.flowsync_why_not`: a NIC with a flow cache, or the xdp target's conntrack lookup), in
+    the target's `flowsync_mode`. Deploy starts it after the commit: until it runs every frame misses the flow
+    cache (ct = 0), or on the xdp target established TCP goes to conntrack, which only sends more frames to
+    software."""
+
+    def why_not(self, policy, plan, tgt, nic: dict) -> str:
+        if not decides_established(policy, plan):
+            return "the policy's hardware entries do not read conntrack state"
+        return tgt.flowsync_why_not(plan, nic)
+
+    def record(self, tgt) -> dict:
+        return {"mode": tgt.flowsync_mode}
+
+    def launch(self, ns: str | None, state_dir: Path, tgt) -> int:
+        return start(ns, state_dir, mode=tgt.flowsync_mode)
+
+    def down(self, tgt) -> str:
+        return tgt.flowsync_down
+
+
+SERVICE = FlowSync("flowsync", "flow sync service")
+
+
+def serve(
+    ns: str,
+    table,
+    state_dir: Path,
+    interval: float = INTERVAL,
+    stop: Callable[[], bool] = lambda: False,
+    nic: str = "",
+    service_pid: int | None = None,
+    restarts: int = 0,
+) -> None:
+    """Run until `stop()` or SIGTERM/SIGINT: resync, then events and polls. The table is cleared on the way out:
+    without the service nothing evicts a flow conntrack has destroyed. `service_pid`: the pid the state file
+    names (the supervisor's, which `stop` signals), `restarts`: how many workers ended abnormally before."""
+    state_dir = Path(state_dir)
+    service_pid = service_pid or os.getpid()
+    # The sync lag is what a new flow spends in software: ahead of ordinary work (the emulated NIC spins a core
+    # while frames flow) the service installs a flow within milliseconds. Unprivileged, it keeps its priority.
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, 0, SERVICE_NICE)
+    stopping = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopping.append(1))
+    if not hasattr(table, "flow_config"):
+        raise HypafilterError("this NicClient has no flow cache API (flow_config, flow_insert, ...)")
+    if table.flow_config() is None:
+        raise HypafilterError(f"{nic or 'the NIC'} has no flow cache (FC_CONFIG reads 0): nothing to synchronise")
+    ct = Conntrack(ns)
+    started = time.time()
+    try:
+        syncer = Syncer(table, ct, read_timeouts(ns))
+        syncer.resync(ct.dump())
+        # Python's full (generation 2) collection walked every object of the worker (then pyroute2's modules too):
+        # 70-110 ms under load, once in a run of the established measure, and no flow was installed meanwhile.
+        # What is left after this collection (modules, sockets, the syncer) lives as long as the worker: frozen,
+        # collections no longer walk it.
+        gc.collect()
+        gc.freeze()
+        next_poll = time.monotonic()
+
+        def drain() -> None:
+            """Apply the conntrack events queued now, together."""
+            t = time.monotonic()
+            try:
+                events = ct.read_events()
+            except OSError as e:
+                if e.errno != errno.ENOBUFS:
+                    raise
+                syncer.last_error = "conntrack events lost (ENOBUFS): resynchronised from a dump"
+                syncer.resync(ct.dump())
+                return
+            syncer.events(events, t)
+
+        def between() -> None:
+            """Within a poll: the events queued now, if any."""
+            if select.select([ct.events], [], [], 0)[0]:
+                drain()
+
+        while not stopping and not stop():
+            now = time.monotonic()
+            if now >= next_poll:
+                syncer.poll(between)
+                doc = _status_doc(syncer, table, ns, nic, started, interval)
+                SERVICE.write_status_file(
+                    state_dir, {**doc, "pid": service_pid, "worker": os.getpid(), "restarts": restarts}
+                )
+                next_poll = now + interval
+            r, _, _ = select.select([ct.events], [], [], max(0.0, min(next_poll - time.monotonic(), 0.2)))
+            if r:
+                drain()
+    finally:
+        gc.unfreeze()
+        try:
+            table.flow_clear()
+        finally:
+            ct.close()
+            doc = {"running": False, "pid": service_pid, "stopped_at": time.time(), "ns": ns, "nic": nic}
+            SERVICE.write_status_file(state_dir, doc)
+
+
+def _status_doc(syncer: Syncer, table, ns: str, nic: str, started: float, interval: float) -> dict:
+    try:
+        hw = dict(table.flow_counters())
+    except Exception as e:  # the counters are for display; the sync goes on
+        hw = {"error": str(e)}
+    return {
+        "running": True,
+        "pid": os.getpid(),
+        "mode": table.mode,
+        "ns": ns,
+        "nic": nic,
+        "started_at": started,
+        "updated_at": time.time(),
+        "interval": interval,
+        "timeouts": syncer.timeouts,
+        **syncer.stats(),
+        "echoes": syncer.ct.echoes,  # events skipped as echoes of the service's own updates
+        "occupancy": hw.get("occupancy"),
+        "hw": hw,
+    }
+
+
+def supervise(
+    ns: str, open_table: Callable[[], object], state_dir: Path, interval: float = INTERVAL, nic: str = ""
+) -> int:
+    """The service process (`SERVICE.supervise`): runs `serve` in a forked worker and, when the worker ends other
+    than by a stop (an exception, a kill), clears the flow table (the worker may have left flows conntrack has
+    destroyed since) and starts another, which resyncs from a dump. Returns the exit status: 0 after a stop, 1 when
+    the first worker failed before it was ready (nothing to supervise)."""
+
+    def open_worker() -> Callable[[int, int], None]:
+        table = open_table()
+        return lambda me, restarts: serve(ns, table, state_dir, interval, nic=nic, service_pid=me, restarts=restarts)
+
+    def clear() -> None:
+        t = open_table()
+        try:
+            t.flow_clear()
+        finally:
+            t.close()
+
+    return SERVICE.supervise(state_dir, open_worker, ("clearing the flow table", clear), {"ns": ns, "nic": nic})
+
+
+def table_opener(mode: str, tgt, nic: dict) -> Callable[[], object]:
+    """What opens the table of `mode` for the deployment's NIC `nic` on target `tgt`: a NicClient on its flow cache,
+    or (liberal: the xdp target, conntrack's entries marked, no flow cache) `LiberalMarks`."""
+    if mode == "liberal":
+        return LiberalMarks
+    from hypafilter.targets.nic import NicClient
+
+    return lambda: NicClient(tgt.transport(nic))
+
+
+def start(
+    ns: str, state_dir: Path, interval: float = INTERVAL, timeout: float = READY_TIMEOUT, mode: str = "flowcache"
+) -> int:
+    """Start the service for the deployment in `state_dir` (it reads the NIC from state.json) in `mode` (MODES);
+    returns its pid once it has resynchronised (its first state file), raises HypafilterError if it exits
+    before."""
+    if mode not in MODES:
+        raise HypafilterError(f"flow sync mode {mode!r}: not one of {', '.join(MODES)}")
+    return SERVICE.start(ns, state_dir, ["--interval", str(interval), "--mode", mode], timeout)

@@ -1,0 +1,70 @@
+"""The deployment's services (SERVICES, each an ops.daemon.Service): started after deploy's commit when the
+deployment wants them, stopped by every later deploy and by undeploy, drift when wanted and not running, shown by
+status. Each service says itself whether it runs for a deployment and why not, how it runs and what its absence
+leaves undone; the state file keeps a record of each under its name: {wanted, reason, pid, ...how it runs}."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from hypafilter.errors import HypafilterError
+from hypafilter.ops.daemon import Service
+from hypafilter.ops.flowsync.service import SERVICE as FLOWSYNC
+
+SERVICES: tuple[Service, ...] = (FLOWSYNC,)
+
+
+def start_wanted(
+    ns: str | None,
+    state_dir: Path,
+    policy,
+    plan,
+    tgt,
+    nic: dict,
+    warnings: list[str],
+    log: Callable[[str], None],
+    services: Sequence[Service] = SERVICES,
+) -> dict[str, dict]:
+    """Start each service the deployment wants; its record, by name, says why not when it does not run. It runs
+    after the commit: a service that fails to start is a warning (and drift), not a rollback."""
+    out = {}
+    for svc in services:
+        reason, how = svc.why_not(policy, plan, tgt, nic), svc.record(tgt)
+        if reason:
+            out[svc.name] = {"wanted": False, **how, "reason": reason}
+            continue
+        try:
+            pid = svc.launch(ns, state_dir, tgt)
+        except (OSError, HypafilterError) as e:
+            warnings.append(f"starting {svc.title}: {e}")
+            out[svc.name] = {"wanted": True, **how, "pid": None, "reason": f"failed to start: {e}"}
+            continue
+        log(f"{svc.noun} running (pid {pid}" + "".join(f", {k} {v}" for k, v in how.items()) + ")")
+        out[svc.name] = {"wanted": True, **how, "pid": pid, "reason": ""}
+    return out
+
+
+def stop_all(state_dir: Path, services: Sequence[Service] = SERVICES) -> list[tuple[Service, Exception]]:
+    """Stop every service that runs; the ones that could not be stopped, with why."""
+    errors: list[tuple[Service, Exception]] = []
+    for svc in services:
+        try:
+            svc.stop(state_dir)
+        except (OSError, HypafilterError) as e:
+            errors.append((svc, e))
+    return errors
+
+
+def drift(st: dict, state_dir: Path, tgt, services: Sequence[Service] = SERVICES) -> list[str]:
+    """The services the deployment in `st` (on target `tgt`) wants that do not run."""
+    return [
+        f"{svc.name}: {svc.title} is not running ({svc.down(tgt)})"
+        for svc in services
+        if (st.get(svc.name) or {}).get("wanted") and svc.running_pid(state_dir) is None
+    ]
+
+
+def status(st: dict, state_dir: Path, services: Sequence[Service] = SERVICES) -> dict[str, dict]:
+    """Each service as `status` shows it, by name: wanted (from the deployment's record), running, its counters."""
+    return {svc.name: svc.status(state_dir, st.get(svc.name)) for svc in services}

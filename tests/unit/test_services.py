@@ -1,0 +1,106 @@
+"""The deployment's services (ops/services.py) on the generic runner (ops/daemon.py): the records, log lines,
+warnings, drift and status that deploy, undeploy and status get for a list of services, and the flow sync
+service's answers per target. Nothing is started: a fake service answers, and a state directory without pid files
+has nothing running."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hypafilter.errors import HypafilterError
+from hypafilter.ops import services
+from hypafilter.ops.daemon import Service
+from hypafilter.ops.flowsync.service import SERVICE as FLOWSYNC
+from hypafilter.targets.base import Target
+from hypafilter.targets.xdp.target import XdpTarget
+
+
+class Fake(Service):
+    """A service whose answers are given: `why` (why not), a launch that returns 42 or raises `fail`."""
+
+    why = ""
+    fail: Exception | None = None
+    stop_error: Exception | None = None
+
+    def why_not(self, policy, plan, tgt, nic):
+        return self.why
+
+    def record(self, tgt):
+        return {"mode": "m"}
+
+    def launch(self, ns, state_dir, tgt):
+        if self.fail:
+            raise self.fail
+        return 42
+
+    def down(self, tgt):
+        return "nothing follows"
+
+    def stop(self, state_dir, timeout=10.0):
+        if self.stop_error:
+            raise self.stop_error
+        return False
+
+
+def start(svc, tmp_path: Path):
+    warnings, lines = [], []
+    out = services.start_wanted("ns", tmp_path, None, None, None, {}, warnings, lines.append, services=[svc])
+    return out[svc.name], warnings, lines
+
+
+def test_records_log_and_warnings_of_a_started_service(tmp_path):
+    svc = Fake("fake", "fake service")
+    assert start(svc, tmp_path) == (
+        {"wanted": True, "mode": "m", "pid": 42, "reason": ""},
+        [],
+        ["fake service running (pid 42, mode m)"],
+    )
+    svc.why = "not today"
+    assert start(svc, tmp_path) == ({"wanted": False, "mode": "m", "reason": "not today"}, [], [])
+    svc.why, svc.fail = "", HypafilterError("boom")
+    assert start(svc, tmp_path) == (
+        {"wanted": True, "mode": "m", "pid": None, "reason": "failed to start: boom"},
+        ["starting the fake service: boom"],
+        [],
+    )
+
+
+def test_stop_all_reports_each_service_it_could_not_stop(tmp_path):
+    ok, bad = Fake("ok", "ok service"), Fake("bad", "bad service")
+    bad.stop_error = OSError("gone")
+    assert [(s.name, str(e)) for s, e in services.stop_all(tmp_path, [ok, bad])] == [("bad", "gone")]
+
+
+def test_flowsync_drift_is_worded_by_the_target(tmp_path):
+    st = {"flowsync": {"wanted": True, "mode": "liberal"}}
+    assert services.drift(st, tmp_path, XdpTarget) == [
+        "flowsync: the flow sync service is not running (no new TCP entry is marked liberal)"
+    ]
+    assert services.drift({"flowsync": {"wanted": True}}, tmp_path, Target) == [
+        "flowsync: the flow sync service is not running (the NIC's flow cache does not follow conntrack)"
+    ]
+    assert services.drift({"flowsync": {"wanted": False, "reason": "x"}}, tmp_path, Target) == []
+    assert services.drift({}, tmp_path, Target) == []
+
+
+def test_status_of_each_service_by_name(tmp_path):
+    FLOWSYNC.write_status_file(tmp_path, {"running": True, "pid": 1, "inserts": 3})
+    got = services.status({"flowsync": {"wanted": True, "reason": ""}}, tmp_path)
+    assert got == {"flowsync": {"running": False, "pid": 1, "inserts": 3, "wanted": True, "reason": ""}}
+    assert services.status({}, tmp_path)["flowsync"]["running"] is False
+
+
+def test_flowsync_asks_the_policy_then_the_target():
+    class Plan:
+        decides_established = False
+
+    class Tgt:
+        flowsync_mode = "liberal"
+
+        def flowsync_why_not(self, plan, nic):
+            return "the target says no"
+
+    assert FLOWSYNC.why_not(None, Plan(), Tgt(), {}) == "the policy's hardware entries do not read conntrack state"
+    Plan.decides_established = True
+    assert FLOWSYNC.why_not(None, Plan(), Tgt(), {}) == "the target says no"
+    assert FLOWSYNC.record(Tgt()) == {"mode": "liberal"}

@@ -93,6 +93,7 @@ class Netlink:
     error: type[NetlinkError] = NetlinkError
     DUMP_TRIES = 3  # dumps the kernel marked inconsistent (NLM_F_DUMP_INTR) before `consistent_dump` gives up
     RCVBUF = 4 << 20
+    ACK_COST = 1024  # bytes of a receive buffer one ack takes at most (an skb's truesize, not its data)
     TIMEOUT = 10.0  # seconds a request waits for its reply
 
     def __init__(self, ns: str | None, protocol: int, groups: int):
@@ -205,37 +206,47 @@ class Netlink:
         )
 
     def acked(
-        self,
-        what: str,
-        request: Callable[[int, T], bytes],
-        items: Sequence[T],
-        absent: int = errno.ENOENT,
-        limit: int | None = None,
+        self, what: str, request: Callable[[int, T], bytes], items: Sequence[T], absent: int = errno.ENOENT
     ) -> list[bool]:
         """One request per item (`request(seq, item)`, with NLM_F_ACK and its own sequence number) on the batch
-        socket, `limit` of them in a datagram at most (None: all in one), the next datagram once the acks of the
-        one before are read; the kernel runs every message of a datagram and acks each. Per item True once its
-        ack says done, False when it answers `absent` (no such object); any other error raises `error`."""
+        socket, as many in a datagram as the socket's buffers take (`batch_room`), the next datagram once the acks
+        of the one before are read; the kernel runs every message of a datagram and acks each. Per item True once
+        its ack says done, False when it answers `absent` (no such object); any other error raises `error`."""
+        room, most = self.batch_room()
         out: list[bool] = []
-        step = limit or len(items) or 1
-        for k in range(0, len(items), step):
-            out += self._acked_datagram(what, request, items[k : k + step], absent)
+        msgs: list[tuple[int, bytes]] = []
+        size = 0
+        for item in items:
+            seq = self.next_seq()
+            msg = request(seq, item)
+            if msgs and (size + len(msg) > room or len(msgs) >= most):
+                out += self._acked_datagram(what, msgs, absent)
+                msgs, size = [], 0
+            msgs.append((seq, msg))
+            size += len(msg)
+        if msgs:
+            out += self._acked_datagram(what, msgs, absent)
         return out
 
-    def _acked_datagram(
-        self, what: str, request: Callable[[int, T], bytes], items: Sequence[T], absent: int
-    ) -> list[bool]:
-        data, seqs = b"", {}
-        for k, item in enumerate(items):
-            seq = self.next_seq()
-            data += request(seq, item)
-            seqs[seq] = k
+    def batch_room(self) -> tuple[int, int]:
+        """Bytes of requests one datagram of the batch socket may carry and how many requests: half its send buffer
+        (netlink_sendmsg refuses a datagram longer than sk_sndbuf - 32 with EMSGSIZE), and as many acks as half its
+        receive buffer holds at ACK_COST each (the kernel charges an ack's whole skb, its truesize, to the buffer;
+        an ack that finds it full is dropped and the socket gets ENOBUFS). Both as the kernel reports them, so a
+        machine with other net.core.wmem/rmem limits gets batches that fit its buffers."""
+        snd = self.batch.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+        rcv = self.batch.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+        return max(snd // 2, 1), max(rcv // 2 // self.ACK_COST, 1)
+
+    def _acked_datagram(self, what: str, msgs: list[tuple[int, bytes]], absent: int) -> list[bool]:
+        data = b"".join(m for _, m in msgs)
+        seqs = {seq: k for k, (seq, _) in enumerate(msgs)}
         self.batch.send(data)
-        out: list[bool | None] = [None] * len(items)
-        left = len(items)
+        out: list[bool | None] = [None] * len(msgs)
+        left = len(msgs)
 
         def unanswered() -> str:  # called if the socket times out: the acks missing then
-            return f"{left} of {len(items)} updates"
+            return f"{left} of {len(msgs)} updates"
 
         for chunk, off, length, rtype, _, rseq in self.receive(self.batch, 1 << 16, unanswered):
             k = seqs.get(rseq)

@@ -194,10 +194,10 @@ class Conntrack(Netlink):
         """IP_CT_TCP_FLAG_BE_LIBERAL in both directions' TCP flags (flags, mask): conntrack's window checks off."""
         return self.set_liberal_many([ev])[0]
 
-    def set_liberal_many(self, evs: Sequence[CtEvent], limit: int | None = None) -> list[bool]:
-        """set_liberal for several entries in one sendmsg (`limit` entries per datagram at most; None: all in
-        one): one IPCTNL_MSG_CT_NEW update (no NLM_F_CREATE) per entry, each with NLM_F_ACK and its own sequence
-        number (`Netlink.acked`). Per entry True once its ack says done, False when conntrack has no such entry
+    def set_liberal_many(self, evs: Sequence[CtEvent]) -> list[bool]:
+        """set_liberal for several entries, as many in one sendmsg as the socket's buffers take (`Netlink.acked`):
+        one IPCTNL_MSG_CT_NEW update (no NLM_F_CREATE) per entry, each with NLM_F_ACK and its own sequence
+        number. Per entry True once its ack says done, False when conntrack has no such entry
         (ENOENT); any other error raises ConntrackError (the worker ends and the supervisor starts another, which
         resyncs)."""
         flags = struct.pack("=BB", IP_CT_TCP_FLAG_BE_LIBERAL, IP_CT_TCP_FLAG_BE_LIBERAL)  # nf_ct_tcp_flags
@@ -207,7 +207,7 @@ class Conntrack(Netlink):
         def update(seq: int, ev: CtEvent) -> bytes:
             return ct_request(IPCTNL_MSG_CT_NEW, NLM_F_ACK, seq, ct_tuple_attr(ev.flow) + protoinfo)
 
-        return self.acked("liberal-flag update", update, evs, limit=limit)
+        return self.acked("liberal-flag update", update, evs)
 
     def set_timeout(self, flow: Flow, proto: int, seconds: int) -> bool:
         return self._set(flow, "timeout update", nla(CTA_TIMEOUT, struct.pack(">I", int(seconds))))

@@ -17,9 +17,10 @@ def _ip(v: int) -> str:
     return ".".join(str((v >> s) & 0xFF) for s in (24, 16, 8, 0))
 
 
-def open_flows(ns: str, flows: list[tuple]) -> None:
+def open_flows(ns: str, flows: list[tuple], liberal: bool = True) -> None:
     """conntrack entries for `flows` in namespace `ns`, as conntrack has them for an established connection whose
-    reply it has seen (TCP: state ESTABLISHED); every other entry removed first."""
+    reply it has seen (TCP: state ESTABLISHED); every other entry removed first. `liberal`: the TCP entries marked
+    as the flow sync service marks them (`mark_liberal`)."""
     netns.run(["conntrack", "-F"], ns, check=False)
     lines = []
     for proto, src, dst, sport, dport in flows:
@@ -41,7 +42,8 @@ def open_flows(ns: str, flows: list[tuple]) -> None:
     have = netns.run(["conntrack", "-C"], ns).strip()
     if int(have or 0) < len(flows):
         raise HypafilterError(f"{ns}: {have} conntrack entries after creating {len(flows)}")
-    mark_liberal(ns)
+    if liberal:
+        mark_liberal(ns)
 
 
 def mark_liberal(ns: str) -> None:
@@ -52,8 +54,7 @@ def mark_liberal(ns: str) -> None:
     ct = Conntrack(ns)
     try:
         tcp = [ev for ev in ct.dump() if ev.proto == PROTO_TCP]
-        # 256 updates a datagram, well inside the socket's send buffer
-        done = ct.set_liberal_many(tcp, limit=256)
+        done = ct.set_liberal_many(tcp)
     finally:
         ct.close()
     if not all(done):

@@ -9,6 +9,7 @@ worker and answers what deploy asks of it (`why_not`, `record`, `launch`, `down`
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import json
 import os
@@ -42,7 +43,7 @@ def with_reaped(pid: int) -> None:
 
 
 @dataclass(frozen=True)
-class Service:
+class Service(abc.ABC):
     """A service called `name`: its files NAME.pid, NAME.json (status) and NAME.log in the state directory, its
     command `hypafilter NAME run`, its messages; `noun` is what messages call it ("flow sync service")."""
 
@@ -73,21 +74,21 @@ class Service:
 
     # ---- what deploy asks (ops.services) -----------------------------------------------------------------------
 
+    @abc.abstractmethod
     def why_not(self, policy, plan, tgt, nic: dict) -> str:
         """Why the service does not run for this deployment ("": it runs)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def record(self, tgt) -> dict:
         """What the deployment's record of the service keeps besides wanted, pid and reason (how it runs)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def launch(self, ns: str | None, state_dir: Path, tgt) -> int:
         """Start the service for the deployment on `tgt` (`start` with its options); its pid."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def down(self, tgt) -> str:
         """What is left undone while the service does not run (the drift wording)."""
-        raise NotImplementedError
 
     # ---- start, stop, status ---------------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from hypafilter.analysis.geometry import BoxSet, first_match
+from hypafilter.analysis.overlay import hw_indices
 from hypafilter.ir import ACTION_ACCEPT, ACTION_DROP, Header
 
 _sets: dict[int, tuple[object, BoxSet]] = {}
@@ -33,7 +34,11 @@ def entry_set(plan) -> BoxSet:
 
 
 def match_index(plan, header: Header) -> int:
-    """Index of the first entry whose boxes contain the header; len(plan.entries) when none does."""
+    """Index of the first entry whose boxes contain the header; len(plan.entries) when none does. A plan with an
+    update buffer (`overlay`: analysis.overlay.View) answers the hardware index of the master rule set's match."""
+    if getattr(plan, "overlay", None) is not None:
+        v = np.array([header.values()], dtype=np.int64)
+        return int(match_indices(plan, v, np.array([header.tcp_flags], dtype=np.int64))[0])
     s = entry_set(plan)
     n = len(plan.entries)
     if not len(s):
@@ -46,6 +51,9 @@ def match_index(plan, header: Header) -> int:
 
 def match_indices(plan, values: np.ndarray, flags: np.ndarray | None = None) -> np.ndarray:
     """match_index for many headers (values[p, NDIM] in ir.FIELDS order, flags[p] the TCP flags byte)."""
+    ov = getattr(plan, "overlay", None)
+    if ov is not None:
+        return hw_indices(entry_set(plan), ov, BoxSet.points(values, flags))
     return first_match(BoxSet.points(values, flags), entry_set(plan), default=len(plan.entries))
 
 

@@ -40,14 +40,16 @@ def hybrid_verdict(
     """
 
     mi, shunted, action = decision(plan, header)
-    hw_verdict = ACTION_NAMES.get(action, plan.policy.default) if mi < plan.n else plan.policy.default
+    # the policy entry is index n; with an update buffer (analysis.overlay.View) the slots' indices follow it
+    hw_verdict = ACTION_NAMES.get(action, plan.policy.default) if mi != plan.n else plan.policy.default
     mirror = mirrored(plan, mi, shunted, action)
     if not shunted and not mirror and not (nic_mode == "host" and hw_verdict == "ACCEPT"):
         return hw_verdict, False, 0
     cache = plan.__dict__.setdefault("_programs", {})
     key = (strategy, mark_mask, mark_shift, nic_mode)
     if key not in cache:
-        cache[key] = build_program(plan, strategy, mark_mask=mark_mask, mark_shift=mark_shift, nic_mode=nic_mode)
+        # the chains are the master rule set's (a View carries its Plan; the interval rows are the View's)
+        cache[key] = build_program(getattr(plan, "plan", None) or plan, strategy, mark_mask=mark_mask, mark_shift=mark_shift, nic_mode=nic_mode)
     prog = cache[key]
     ev = complex_eval or never
     if mirror:

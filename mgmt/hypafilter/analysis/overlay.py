@@ -53,7 +53,7 @@ class Overlay:
             raise ValueError(f"valid mask of {self.valid.shape} for {self.n_static} static entries")
         if len(self.slots) > self.depth:
             raise ValueError(f"{len(self.slots)} buffer slots for a buffer of {self.depth}")
-        if any(a.pos > b.pos for a, b in zip(self.slots, self.slots[1:])):
+        if any(a.pos > b.pos for a, b in zip(self.slots, self.slots[1:], strict=False)):
             raise ValueError("buffer slots must be sorted by insert position")
         if any(not 0 <= s.pos <= self.n_static for s in self.slots):
             raise ValueError("a buffer slot's insert position is outside 0 .. n_static")

@@ -49,7 +49,9 @@ def hybrid_verdict(
     key = (strategy, mark_mask, mark_shift, nic_mode)
     if key not in cache:
         # the chains are the master rule set's (a View carries its Plan; the interval rows are the View's)
-        cache[key] = build_program(getattr(plan, "plan", None) or plan, strategy, mark_mask=mark_mask, mark_shift=mark_shift, nic_mode=nic_mode)
+        cache[key] = build_program(
+            getattr(plan, "plan", None) or plan, strategy, mark_mask=mark_mask, mark_shift=mark_shift, nic_mode=nic_mode
+        )
     prog = cache[key]
     ev = complex_eval or never
     if mirror:

@@ -12,7 +12,7 @@ import numpy as np
 from hypafilter.analysis.decision import decision
 from hypafilter.analysis.hybrid import hybrid_verdict
 from hypafilter.analysis.plan import build_plan
-from hypafilter.analysis.program import STRATEGIES
+from hypafilter.analysis.program import STRATEGIES, build_program
 from hypafilter.config import Config
 from hypafilter.ir import Header
 from hypafilter.ir.semantics import reference_verdict, rule_outcome
@@ -209,3 +209,60 @@ def test_random_mark_bits_outside_mask_are_ignored():
     for mask, shift in MARKS:
         for foreign in rng.integers(0, 1 << 32, 5):
             assert mismatches(plan, "interval", _all_headers()[:60], ev, (mask, shift), int(foreign)) == []
+
+
+LIMIT = ("-m", "limit", "--limit", "3/sec")
+
+
+def _reached(prog, chain, seen=None) -> set[int]:
+    """Flattened policy rules a chain of the program can evaluate (through blocks, segments and jumps)."""
+    seen = set() if seen is None else seen
+    out: set[int] = set()
+    if chain in seen or chain not in prog.chains:
+        return out
+    seen.add(chain)
+    for r in prog.chains[chain]:
+        if r.kind == "policy":
+            out |= set(range(r.index, r.index + r.span))
+        elif r.target in prog.chains:
+            out |= _reached(prog, r.target, seen)
+    return out
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(rules(), min_size=1, max_size=8),
+    st.lists(st.integers(0, 7), max_size=3),
+    st.sampled_from(["ACCEPT", "DROP"]),
+    st.lists(headers(), min_size=1, max_size=12),
+    st.integers(0, (1 << 61) - 1),
+    st.sampled_from(["bridge", "host"]),
+)
+def test_live_chains_equal_reference_and_never_copy_per_rule_state(rs, stateful, default, hdrs, seed, nic_mode):
+    """A deployment keeps the operator's chains (Plan.live): the tool's chains return to them for what they do not
+    decide. The hybrid still gives the reference verdict with the same observing rules reached, and no chain a
+    shunted frame runs holds a copy of a base-chain rule with per-rule state (its bucket is the operator's rule)."""
+    import dataclasses
+
+    rs = list(rs)
+    for i in stateful:
+        if i < len(rs):  # a rate-limited rule: complex, with per-rule state at its base position
+            r = rs[i]
+            rs[i] = dataclasses.replace(r, complex=(*r.complex, LIMIT), stateful_pos=i)
+    pol = make_policy(rs, default)
+    ev = _callback(seed)
+    config = Config(nic_mode=nic_mode)
+    for mode in ("index", "selective", "exact"):
+        for strategy in STRATEGIES:
+            if strategy == "hsa_cut" and mode == "index":
+                continue
+            plan = build_plan(pol, config, mode=mode, strategy=strategy, live=True)
+            assert mismatches(plan, strategy, hdrs, ev, nic_mode=nic_mode) == [], (mode, strategy, nic_mode)
+            prog = build_program(plan, strategy, nic_mode=nic_mode)
+            assert not any(k.endswith("FULL") for k in prog.chains) and prog.chains[prog.name("K0")][-1].kind == "unmark"
+            for name in prog.chains:
+                if name == prog.main or (name.startswith(prog.name("L")) and "A" in name and int(name.split("A")[-1]) & 4):
+                    continue  # MAIN itself; mirror leaves (a copy never reaches a stateful rule's boxes)
+                if name.startswith(prog.name("L")) or name == prog.name("CUT"):
+                    held = [i for i in _reached(prog, name) if pol.rules[i].stateful_pos is not None]
+                    assert held == [], (mode, strategy, name, held)

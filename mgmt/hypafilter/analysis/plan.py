@@ -93,6 +93,9 @@ class Plan:
     mirror: np.ndarray | None = field(default=None, repr=False)
     observing: np.ndarray | None = field(default=None, repr=False)
     strategy: str = "interval"  # the strategy the plan was built for (mirroring depends on it)
+    # Built for the live ruleset (a deployment): the operator's chains stay in the kernel under their names and the
+    # tool's chains return to them for every frame they do not decide (analysis.program, "live").
+    live: bool = False
     _geo: dict[int, list[int]] | None = field(default=None, repr=False)
 
     # Derived arrays, computed once (refresh): bool [n + 1] each.
@@ -289,11 +292,17 @@ def miss_shunt_for(policy: Policy, config: Config) -> tuple[bool, bool]:
 
 
 def build_plan(
-    policy: Policy, config: Config | None = None, mode: str | None = None, strategy: str | None = None
+    policy: Policy,
+    config: Config | None = None,
+    mode: str | None = None,
+    strategy: str | None = None,
+    live: bool = False,
 ) -> Plan:
     """The Plan of `policy` for shunting `mode` and software `strategy` (default: the config's). With mode index or
     selective and strategy interval or interval_geo, observing rules (ir.semantics.observes) do not make entries
-    shunt: an entry whose frames would reach one is mirrored instead (Plan.mirror)."""
+    shunt: an entry whose frames would reach one is mirrored instead (Plan.mirror). `live`: for a deployment that
+    keeps the operator's chains (Plan.live); a base-chain rule with per-rule state then has one instance, the
+    operator's, so an observing one is not mirrored (its copy would need it) but shunts like a deciding rule."""
     config = config or Config()
     mode = mode or config.shunt_mode
     strategy = strategy or config.strategy
@@ -308,7 +317,7 @@ def build_plan(
     observing = np.zeros(len(rules), dtype=bool)
     if mirroring:
         for i in cplx:
-            observing[i] = observes(rules[i])
+            observing[i] = observes(rules[i]) and not (live and rules[i].stateful_pos is not None)
     deciding = [i for i in cplx if not observing[i]]  # the complex rules that can decide (all without mirroring)
     watching = [i for i in cplx if observing[i]]
     conflict = selective_bits(policy, deciding)
@@ -391,6 +400,7 @@ def build_plan(
         mirror=mirror,
         observing=observing,
         strategy=strategy,
+        live=live,
     )
     plan.analysis_seconds = time.perf_counter() - t0
     return plan

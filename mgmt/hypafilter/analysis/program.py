@@ -78,6 +78,9 @@ class Program:
     chains: dict[str, list[NfRule]] = field(default_factory=dict)  # in emission order; MAIN first
     verbatim_full: str = ""  # name of the FULL chain (rendered from Policy.original_rules)
     user_names: dict[str, str] = field(default_factory=dict)  # the policy's user chain -> the tool's copy of it
+    # Live (a deployment, Plan.live): the policy stays in the kernel under its own chain names after the base chain's
+    # jump to MAIN; K0 and every frame no leaf decides return to it, user chains are the operator's own (no copies).
+    live: bool = False
 
     def name(self, suffix: str) -> str:
         return self.prefix + suffix
@@ -94,6 +97,16 @@ class Program:
         count = [0]
         self._trace = trace
         verdict = self._run(self.main, header, mark, complex_eval, count, 0)
+        if verdict is None and self.live:
+            # MAIN returned to the base chain: the operator's rules after the jump decide (the live policy)
+            for i in range(len(self.policy.rules)):
+                count[0] += 1
+                if trace is not None:
+                    trace.append(i)
+                out = rule_outcome(self.policy, i, header, complex_eval)
+                if out:
+                    return out, count[0]
+            return self.policy.default, count[0]
         if verdict is None:
             raise HypafilterError(f"{self.main} fell through without a verdict (generator bug)")
         return verdict, count[0]
@@ -218,10 +231,11 @@ def build_program(
         )
     _check_mark(mark_mask, mark_shift)
     pol = plan.policy
-    prog = Program(pol, strategy, prefix, mark_mask, mark_shift)
+    live = bool(getattr(plan, "live", False))
+    prog = Program(pol, strategy, prefix, mark_mask, mark_shift, live=live)
     if len(prefix) + len("R99999L99") > MAX_CHAIN_NAME:
         raise HypafilterError(f"chain prefix {prefix!r} is too long: the tool's chain names must fit {MAX_CHAIN_NAME}")
-    prog.user_names = user_chain_names(prefix, pol.user_chains)
+    prog.user_names = {n: n for n in pol.user_chains} if live else user_chain_names(prefix, pol.user_chains)
     default = pol.default
     c = prog.chains
     main, k0, full = prog.name("MAIN"), prog.name("K0"), prog.name("FULL")
@@ -233,6 +247,10 @@ def build_program(
     unmark = NfRule("unmark", mask=mark_mask & 0xFFFFFFFF)
     if strategy == "full":
         c[main] = [NfRule("always", k0)]
+    elif strategy in ("cut", "hsa_cut") and live and any(
+        pol.rules[i].stateful_pos is not None for i in _cut_list(plan, strategy)
+    ):
+        c[main] = [NfRule("always", k0)]  # the cut would copy a rule with per-rule state: the live rules decide
     elif strategy in ("cut", "hsa_cut"):
         cut = prog.name("CUT")
         c[main] = [NfRule("mark", k0, 0, kmask), NfRule("always", cut)]
@@ -252,6 +270,15 @@ def build_program(
         families = _families([(k, chains.get(k)) for k, _ in leaves])
         pieces = _Blocks(prog, families, budget - d_levels)
         leaf_rules = []
+        if live:
+            # A frame whose chain would run a copy of a base-chain rule with per-rule state (a limit's bucket, a
+            # quota) goes to the operator's rule itself: no leaf, so MAIN returns to the live chain. A mirror copy's
+            # chain may keep one: the plan mirrors an entry only where no such rule can see its frames.
+            leaves = [
+                (k, a)
+                for k, a in leaves
+                if a & MARK_MIRROR or not any(pol.rules[i].stateful_pos is not None for i in chains.get(k) or ())
+            ]
         for k, a in leaves:
             verdict = {1: "ACCEPT", 2: "DROP"}.get(a, default)
             if a & MARK_MIRROR:  # a copy: discarded, except in host mode where a copy of an ACCEPT is the frame
@@ -284,6 +311,9 @@ def build_program(
         da = prog.name("DA")
         c[main].insert(0, NfRule("mark", da, _field(prog, DECIDED_ACCEPT), mark_mask & 0xFFFFFFFF))
         c[da] = [unmark, NfRule("always", "ACCEPT")]
+    if live:
+        c[k0] = [unmark]  # falls off: back through MAIN to the base chain, whose rules after the jump are the policy
+        return prog
     c[k0] = [unmark, NfRule("always", full), NfRule("always", default)]
     c[full] = policy_rules(pol, range(len(pol.rules)))
     prog.verbatim_full = full

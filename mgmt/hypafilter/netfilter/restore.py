@@ -52,7 +52,7 @@ def chain_bodies(prog: Program) -> dict[str, list[tuple[str, ...]]]:
             else:
                 lines.append(("-j", r.target))
         body[name] = lines
-    for uc in pol.user_chains.values():
+    for uc in pol.user_chains.values() if not prog.live else ():  # live: the operator's own chains are jumped to
         body[prog.user_names[uc.name]] = [rename_jumps(prog, toks) for toks in uc.rules]
     for name, placed in helpers.items():
         body[name] = [_tokens(p) for p in placed]

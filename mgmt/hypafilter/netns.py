@@ -4,6 +4,7 @@ iptables, ethtool, GHDL, yosys, Verilator, Vivado, make), every background proce
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import os
@@ -43,6 +44,11 @@ class CommandError(HypafilterError):
         super().__init__(f"{shlex.join(self.argv)}: {why}" + (f"\n{tail}" if tail else ""))
 
 
+# The pids of the last commands this process ran (`run`): an nf_tables change event names the process that committed
+# it, so a service that both follows the ruleset and writes to it knows its own changes (ops.policysync).
+SPAWNED: collections.deque[int] = collections.deque(maxlen=256)
+
+
 def argv_in(ns: str | None, argv: Sequence[str]) -> list[str]:
     """argv run inside namespace `ns` (None: here) by `ip netns exec`, which execs it in place (same pid)."""
     return ["ip", "netns", "exec", ns, *argv] if ns else list(argv)
@@ -66,25 +72,29 @@ def run(
     full = argv_in(ns, argv)
     pipe = None if echo else subprocess.PIPE
     try:
-        p = subprocess.run(
+        with subprocess.Popen(
             full,
-            input=input,
+            stdin=subprocess.PIPE if input is not None else None,
             stdout=sys.stderr if echo else pipe,
             stderr=pipe,
             text=True,
-            timeout=timeout,
             cwd=cwd,
             env=env,
-        )
+        ) as p:
+            SPAWNED.append(p.pid)
+            try:
+                out, err = p.communicate(input, timeout=timeout)
+            except subprocess.TimeoutExpired as e:
+                p.kill()
+                _, err = p.communicate()
+                raise CommandError(full, f"no exit within {timeout:g} s", stderr=_text(err)) from e
     except FileNotFoundError as e:
         raise CommandError(full, "not installed (scripts/setup.sh system installs it)") from e
     except OSError as e:
         raise CommandError(full, f"cannot run it: {e.strerror or e}") from e
-    except subprocess.TimeoutExpired as e:
-        raise CommandError(full, f"no exit within {timeout:g} s", stderr=_text(e.stderr)) from e
     if check and p.returncode != 0:
-        raise CommandError(full, f"exit status {p.returncode}", p.returncode, p.stderr or "", p.stdout or "")
-    return p.stdout or ""
+        raise CommandError(full, f"exit status {p.returncode}", p.returncode, err or "", out or "")
+    return out or ""
 
 
 def succeeds(argv: Sequence[str], ns: str | None = None, timeout: float | None = TIMEOUT) -> bool:

@@ -84,6 +84,10 @@ def test_deploy_verify_status_undeploy(lab):
         deploy.deploy(pol, Config(nic_mode="bridge"))
     assert deploy.undeploy()
     assert st["main_chain"] not in ns_sh(fw, "iptables-save")
-    assert "-P INPUT ACCEPT" in ns_sh(fw, "iptables", "-S", "INPUT")
+    # the policy stays the firewall's live ruleset under its own names, its chain policy included
+    live = ns_sh(fw, "iptables", "-S", "INPUT")
+    assert "-P INPUT DROP" in live and "-A INPUT -s 10.9.0.0/16 -j DROP" in live, live
+    ns_sh(fw, "iptables", "-F", "INPUT")
+    ns_sh(fw, "iptables", "-P", "INPUT", "ACCEPT")
     lab.host_mode(False)
     assert HOST_TABLE not in ns_sh(fw, "nft", "list", "tables")

@@ -86,8 +86,20 @@ def test_flowsync_drift_is_worded_by_the_target(tmp_path):
 def test_status_of_each_service_by_name(tmp_path):
     FLOWSYNC.write_status_file(tmp_path, {"running": True, "pid": 1, "inserts": 3})
     got = services.status({"flowsync": {"wanted": True, "reason": ""}}, tmp_path)
-    assert got == {"flowsync": {"running": False, "pid": 1, "inserts": 3, "wanted": True, "reason": ""}}
+    assert got["flowsync"] == {"running": False, "pid": 1, "inserts": 3, "wanted": True, "reason": ""}
+    assert got["policysync"] == {"running": False}  # no status file: not running, nothing wanted
     assert services.status({}, tmp_path)["flowsync"]["running"] is False
+
+
+def test_policysync_reports_a_change_it_cannot_follow(tmp_path):
+    from hypafilter.ops.policysync.service import SERVICE as POLICYSYNC
+
+    POLICYSYNC.write_status_file(tmp_path, {"running": True, "pid": 1, "error": "change: bad rule"})
+    assert POLICYSYNC.problems(tmp_path) == [
+        "policysync: cannot follow the live ruleset (change: bad rule); the fast path shunts everything"
+    ]
+    POLICYSYNC.write_status_file(tmp_path, {"running": True, "pid": 1, "error": ""})
+    assert POLICYSYNC.problems(tmp_path) == []
 
 
 def test_flowsync_asks_the_policy_then_the_target():

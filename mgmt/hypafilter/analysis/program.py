@@ -247,8 +247,10 @@ def build_program(
     unmark = NfRule("unmark", mask=mark_mask & 0xFFFFFFFF)
     if strategy == "full":
         c[main] = [NfRule("always", k0)]
-    elif strategy in ("cut", "hsa_cut") and live and any(
-        pol.rules[i].stateful_pos is not None for i in _cut_list(plan, strategy)
+    elif (
+        strategy in ("cut", "hsa_cut")
+        and live
+        and any(pol.rules[i].stateful_pos is not None for i in _cut_list(plan, strategy))
     ):
         c[main] = [NfRule("always", k0)]  # the cut would copy a rule with per-rule state: the live rules decide
     elif strategy in ("cut", "hsa_cut"):
@@ -267,7 +269,16 @@ def build_program(
         # of a complex rule, so that base -> MAIN -> ... stays within MAX_DEPTH.
         budget = max(2, MAX_DEPTH - 1 - max((_helper_depth(pol.rules[i]) for i in pol.complex_indices), default=0))
         d_levels = (budget + 1) // 2
-        families = _families([(k, chains.get(k)) for k, _ in leaves])
+
+        def chain_of(k: int, a: int):
+            ch = chains.get(k)
+            if live and ch and a & MARK_MIRROR:
+                # a copy comes from an entry no rule with per-rule state can see (the plan shunts those entries):
+                # such a rule in its chain would only be a second instance in the table, which no copy reaches
+                ch = [i for i in ch if pol.rules[i].stateful_pos is None]
+            return ch
+
+        families = _families([(k, chain_of(k, a)) for k, a in leaves])
         pieces = _Blocks(prog, families, budget - d_levels)
         leaf_rules = []
         if live:
@@ -283,7 +294,7 @@ def build_program(
             verdict = {1: "ACCEPT", 2: "DROP"}.get(a, default)
             if a & MARK_MIRROR:  # a copy: discarded, except in host mode where a copy of an ACCEPT is the frame
                 verdict = "ACCEPT" if nic_mode == "host" and a & ~MARK_MIRROR == 1 else "DROP"
-            ch = chains.get(k)
+            ch = chain_of(k, a)
             if ch:
                 lname = prog.name(f"L{k}A{a}")
                 c[lname] = [unmark, *(NfRule("block", t) for t in pieces.cover(ch)), NfRule("always", verdict)]

@@ -52,7 +52,22 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.target:
         cfg.target = args.target
     cfg = deploy.site_config(cfg)  # the policy's interface checks meet the lab's interfaces
-    policy = load_policy(args, cfg)
+    if args.live:
+        # the deployment's policy as the firewall's live ruleset has it now (the oracle gets the same rules)
+        from hypafilter import netns
+        from hypafilter.ops.policysync import live
+
+        if args.policy or args.classbench:
+            raise HypafilterError("--live takes the policy from the firewall's live ruleset: give no POLICY")
+        deploy.configure_from_state()
+        st = deploy.read_state()
+        if not st:
+            raise HypafilterError("--live: nothing is deployed")
+        cfg = deploy.site_config(deploy.deployed_config(st))
+        text = netns.run(["iptables-save", "-t", cfg.table], st["site"].get("netns"))
+        policy = live.live_policy(text, st, cfg)
+    else:
+        policy = load_policy(args, cfg)
     log = progress(args, quiet=args.json)
     report = verify(
         policy,
@@ -60,6 +75,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         packets=args.packets,
         kinds=args.kinds or MALFORMED_KINDS,
         connections=conns,
+        live=args.live,
         log=log,
         **frame_options(args),
     )
@@ -90,6 +106,12 @@ def register(sub) -> None:
     p = sub.add_parser("verify", help="compare the hybrid path with the original policy alone (the kernel as oracle)")
     add_policy_args(p)
     p.add_argument("--trace", metavar="T[.gz]", help="ClassBench header trace to draw headers from")
+    p.add_argument(
+        "--live",
+        action="store_true",
+        help="the deployment's policy as the firewall's live ruleset has it now (what fail2ban, ufw, iptables "
+        "changed included), instead of POLICY",
+    )
     p.add_argument("--packets", type=int, default=1000, help="frames to send (default 1000)")
     p.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
     p.add_argument("--malformed", type=float, default=0.1, help="share of malformed frames (default 0.1)")

@@ -92,6 +92,10 @@ class Service(abc.ABC):
 
     # ---- start, stop, status ---------------------------------------------------------------------------------------
 
+    def problems(self, state_dir: Path) -> list[str]:
+        """Drift the running service reports itself (status exits 1 on any): none by default."""
+        return []
+
     def alive(self, pid: int) -> bool:
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()

@@ -22,7 +22,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from hypafilter import netns, targets
+from hypafilter.analysis.overlay import BufferFull, Overlay, Slot, align
 from hypafilter.analysis.plan import build_plan
 from hypafilter.analysis.program import user_chain_names
 from hypafilter.config import Config, Interfaces
@@ -30,11 +33,12 @@ from hypafilter.errors import DeployError, HypafilterError
 from hypafilter.hw.model import CONTROL_MISS_SHUNT, miss_shunt_control
 from hypafilter.iptables import kernel
 from hypafilter.iptables.writer import Restore, body_of, policy_restore
-from hypafilter.ir import Policy
+from hypafilter.ir import Box, Policy
 from hypafilter.netfilter.bridge import TABLE as BRIDGE_TABLE
 from hypafilter.netfilter.bridge import unfilterable_nft
 from hypafilter.netfilter.restore import to_iptables_restore
 from hypafilter.ops import services
+from hypafilter.ops.policysync import live
 from hypafilter.paths import BUILD_ROOT
 from hypafilter.targets import shim as shim_mod
 from hypafilter.targets.base import Site, Target
@@ -205,23 +209,36 @@ def delete_text(
     return doc.remove(chains).text()
 
 
-def unswitch_text(
-    config: Config,
-    base: str,
-    chains: list[str],
-    new_main: str,
-    old_main: str | None,
-    base_policy: str | None = None,
-) -> str:
-    """The inverse of switch_text in one restore: jump back to old_main, new chains removed, the base chain's
-    policy as it was (`base_policy`)."""
+def live_text(config: Config, policy: Policy, new_body: list[str], new_main: str, old_main: str | None) -> str:
+    """One restore that makes the policy the live ruleset under its own names — the base chain's rules, its policy
+    and its user chains (declared, so created or flushed) — with the single jump to new_main first, and loads the
+    tool's new chains (their rules jump to the operator's chains by name). Other chains of the table are left as
+    they are; the old MAIN goes with the base chain's flush."""
+    base = policy.base_chain
     doc = Restore(config.table)
-    if base_policy:
-        doc.chain(base, base_policy)
-    doc.delete(base, ["-j", new_main])
-    if old_main:
-        doc.insert(base, 1, ["-j", old_main])
-    return doc.remove(chains).text()
+    doc.chain(base, policy.default)
+    names = sorted(policy.user_chains)
+    for name in names:
+        doc.chain(name)
+    doc.extend(new_body)
+    doc.flush([base])
+    doc.rule(base, ["-j", new_main])
+    for toks in policy.original_rules:
+        doc.rule(base, toks)
+    for name in names:
+        for toks in policy.user_chains[name].rules:
+            doc.rule(name, toks)
+    return doc.text()
+
+
+def table_snapshot(ns: str | None, config: Config) -> str:
+    """The whole table as iptables-save writes it: what `restore_table` puts back (an undo)."""
+    return netns.run(["iptables-save", "-t", config.table], ns)
+
+
+def restore_table(ns: str | None, text: str) -> None:
+    """Replace the whole table with `text` (one atomic iptables-restore without --noflush)."""
+    netns.run(["iptables-restore", "-w"], ns, input=text)
 
 
 def has_jump(ns: str | None, config: Config, base: str, chain: str) -> bool:
@@ -389,6 +406,63 @@ def chain_counters(ns: str | None, config: Config, prefix: str | None = None) ->
                 {"packets": int(m.group(1)), "bytes": int(m.group(2)), "rule": m.group(4)}
             )
     return out
+
+
+# ---- the update buffer: what the running matcher was built from, and its overlay ---------------------------------
+
+
+class StaticEntry:
+    """A static entry of the running matcher as the state directory keeps it: its boxes (what `align` compares)."""
+
+    __slots__ = ("boxes",)
+
+    def __init__(self, boxes):
+        self.boxes = tuple(boxes)
+
+
+def _box_json(b) -> list:
+    return [list(b.lo), list(b.hi), b.flags_mask, b.flags_value]
+
+
+def _box_of(j) -> Box:
+    return Box(tuple(j[0]), tuple(j[1]), j[2], j[3])
+
+
+def static_path() -> Path:
+    return STATE_DIR / "static.json"
+
+
+def write_static(plan, depth: int, binary: str) -> None:
+    """The running matcher's entries (their boxes, in order) and its update buffer's depth: written when a new
+    core (program) starts, read by every update that tries the buffer first."""
+    doc = {"binary": binary, "depth": depth, "entries": [[_box_json(b) for b in e.boxes] for e in plan.entries]}
+    _write_private(static_path(), json.dumps(doc) + "\n")
+
+
+def read_static(binary: str) -> tuple[list[StaticEntry], int] | None:
+    """(entries, depth) of the running matcher `binary`, None when unknown or of another matcher."""
+    try:
+        doc = json.loads(static_path().read_text())
+    except (OSError, ValueError):
+        return None
+    if doc.get("binary") != binary:
+        return None
+    return [StaticEntry(_box_of(b) for b in e) for e in doc["entries"]], int(doc.get("depth", 0))
+
+
+def overlay_json(ov: Overlay) -> dict:
+    return {
+        "n_static": ov.n_static,
+        "depth": ov.depth,
+        "invalid": [int(i) for i in np.flatnonzero(~ov.valid)],
+        "slots": [[_box_json(sl.box), sl.pos, sl.master] for sl in ov.slots],
+    }
+
+
+def overlay_of(doc: dict) -> Overlay:
+    valid = np.ones(doc["n_static"], dtype=bool)
+    valid[doc["invalid"]] = False
+    return Overlay(doc["n_static"], doc["depth"], valid, tuple(Slot(_box_of(b), p, m) for b, p, m in doc["slots"]))
 
 
 # ---- the transaction ------------------------------------------------------------------------------------------
@@ -567,7 +641,30 @@ def deploy(
         return _deploy_locked(policy, config, force, log, tgt)
 
 
-def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target) -> dict:
+def follow(policy: Policy, log: Callable[[str], None] = lambda s: None) -> dict:
+    """Bring the deployment into step with `policy`, the live ruleset as the policy sync service read it (the
+    fast path already shunts everything, every tag stale: ops.policysync). The operator's chains are live already:
+    only the tool's chains, the jump (first again), the shim and the NIC change; through the update buffer when
+    the running matcher can hold the change. A failure leaves the fast path shunting (fail closed)."""
+    with _lock():
+        old = read_state()
+        if not old:
+            raise HypafilterError("nothing is deployed")
+        config = deployed_config(old)
+        return _deploy_locked(policy, config, False, log, target_of(old, config), follow=True)
+
+
+def deployed_config(st: dict) -> Config:
+    """The whole configuration a deployment was made with (the state keeps it since live policies: `config`),
+    else what state_config knows."""
+    doc = st.get("config")
+    if not doc:
+        return state_config(st, plan=True)
+    known = {f.name for f in dataclasses.fields(Config)}
+    return Config(**{k: v for k, v in doc.items() if k in known})
+
+
+def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target, follow: bool = False) -> dict:
     t0 = time.monotonic()
     old = read_state()
     if old and old.get("target", "emu") != tgt.name:
@@ -586,6 +683,9 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
             ("nic_mode", config.nic_mode),
         )
     )
+    if same and follow:
+        log("the live ruleset is the deployed policy")
+        return old
     if same and not force and tgt.alive(old["nic"]):
         found = drift(old, tgt)
         if not found:
@@ -605,6 +705,12 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
             f"{policy.base_chain} needs {config.nic_mode} mode: undeploy first"
         )
     _check_lab(tgt.name)
+    if not follow and live.backend(NS_FW) != "nf_tables":
+        raise HypafilterError(
+            "iptables here is the legacy xtables backend, which announces no ruleset change: hypafilter follows the "
+            "live ruleset through nf_tables events (docs/deploy.md, Live policy); use iptables-nft "
+            "(update-alternatives --set iptables /usr/sbin/iptables-nft)"
+        )
     gen = (old["generation"] + 1) if old else 1
     gen = gen if gen <= 0xFFFF else 1  # the hardware carries 16 bits of generation
     tx = Transaction(log=log)
@@ -613,21 +719,35 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
     prefix = chain_prefix(config, gen)
     new_main = f"{prefix}MAIN"
     old_main = old["main_chain"] if old and has_jump(NS_FW, config, base, old["main_chain"]) else None
-    # What the base chain's policy goes back to at undeploy: as found before the first deploy.
-    policy_before = (old or {}).get("base_policy_before") or base_policy(NS_FW, config, base)
-    policy_now = base_policy(NS_FW, config, base)
     old_nic = old["nic"] if old else None
     if old_nic and not tgt.alive(old_nic):
         log(f"previous NIC (pid {old_nic.get('pid')}) is gone; deploying as new")
         old_nic = None
 
+    if not follow:
+        # The policy sync service would take this transaction's own changes for the operator's: it stops first,
+        # and the deployment starts it again after the commit (or after a rollback, the old one's).
+        services.stop_all(STATE_DIR, only=("policysync",))
     try:
-        # The kernel's own parser first: a rule it refuses is reported at the user's line, before a long build.
-        tx.step("kernel-check", lambda: _kernel_check(policy, config))
+        if not follow:
+            # The kernel's own parser first: a rule it refuses is reported at the user's line, before a long build.
+            tx.step("kernel-check", lambda: _kernel_check(policy, config))
         tx.step("interfaces", lambda: _check_interfaces(policy))
-        plan = tx.step("compile", lambda: build_plan(policy, config))
-        binary = tx.step("build", lambda: tgt.build(plan))
-        intervals = [int(k) for k in plan.interval]
+        plan = tx.step("compile", lambda: build_plan(policy, config, live=True))
+        # The update buffer first (SFL, docs/deploy.md "Update buffer"): the running matcher with an overlay that
+        # makes it decide as the new plan; a new core (program) only when the change does not fit.
+        view = None
+        static = read_static(old_nic.get("binary", "")) if old_nic and not force else None
+        if static is not None and static[1] > 0:
+            t_ov = time.monotonic()
+            try:
+                view = align(static[0], plan, static[1])
+            except BufferFull as e:
+                log(f"update buffer: {e}; building a new core")
+            tx.timings["overlay"] = round(time.monotonic() - t_ov, 4)
+        hw = view if view is not None else plan
+        binary = old_nic["binary"] if view is not None else tx.step("build", lambda: tgt.build(plan))
+        intervals = [int(k) for k in hw.interval]
         nf_text = tx.step(
             "render",
             lambda: to_iptables_restore(
@@ -649,10 +769,11 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
 
         # 1. Everything to software on the running hardware (its metadata stays valid for the old chains).
         if old_nic:
+            # following the live ruleset, the old tables no longer hold: a failure leaves everything to software
             tx.step(
                 "shunt-all",
                 lambda: tgt.shunt_all(old_nic, True),
-                lambda: tgt.shunt_all(old_nic, False),
+                None if follow else lambda: tgt.shunt_all(old_nic, False),
             )
         # 2. Shim generation first: from here every hardware tag is stale → k = 0 → full policy in software.
         if fwshim.clear_stale():
@@ -675,7 +796,7 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
                     mark_shift=old_cfg["mark_shift"],
                 )
 
-        tx.step("shim-generation", shim_gen, shim_gen_undo)
+        tx.step("shim-generation", shim_gen, None if follow and was_loaded else shim_gen_undo)
         # Single-tagged (802.1Q) IPv4 frames are classified by the hardware, so netfilter must filter them too
         # when they are shunted: the kernel default (0) lets them cross the bridge without any iptables rule.
         old_vlan = netns.run(["sysctl", "-n", VLAN_SYSCTL], NS_FW).strip()
@@ -693,11 +814,25 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
             lambda: netns.run(["nft", "-f", "-"], NS_FW, input=unfilterable_nft(old_unfilterable)),
         )
         # 3. New chains and the jump to them, in one atomic restore.
-        tx.step(
-            "netfilter",
-            lambda: restore(NS_FW, switch_text(config, base, body, new_main, old_main, policy.default)),
-            lambda: restore(NS_FW, unswitch_text(config, base, new_chains, new_main, old_main, policy_now)),
-        )
+        # The policy goes live under its own names, the tool's chains beside it, the jump first: one atomic restore;
+        # its undo puts the whole table back as it was.
+        if follow:
+            # the operator's chains are the policy already: only the tool's chains and the jump, moved first
+            tx.step(
+                "netfilter",
+                lambda: restore(NS_FW, switch_text(config, base, body, new_main, old_main)),
+                lambda: (
+                    restore(NS_FW, switch_text(config, base, [], old_main, new_main)),
+                    restore(NS_FW, delete_text(config, new_chains)),
+                ),
+            )
+        else:
+            snapshot = table_snapshot(NS_FW, config)
+            tx.step(
+                "netfilter",
+                lambda: restore(NS_FW, live_text(config, policy, body, new_main, old_main)),
+                lambda: restore_table(NS_FW, snapshot),
+            )
         # 4. Interval table of the new plan (read by nobody yet: everything is stale).
         old_intervals = old.get("intervals") if old else None
 
@@ -727,10 +862,13 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
             # words that changed (a complex-only change in index/selective mode touches a few).
             new_nic = old_nic
             old_tables = old.get("tables")
+            old_overlay = old.get("overlay")
             done: dict = {}
 
             def registers():
-                done.update(tgt.program(new_nic, plan, gen, known=old_tables))
+                done.update(tgt.program(new_nic, hw, gen, known=old_tables))
+                if view is not None:  # the buffer's slots and the valid mask (written after the tables they index)
+                    tgt.write_overlay(new_nic, view.overlay)
                 return dict(done)
 
             def registers_undo():
@@ -738,19 +876,36 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
                     tgt.write_tables(new_nic, old_tables, old["generation"], known=done or None)
                 else:  # a state from before tables were recorded: the old plan's tables are unknown
                     raise HypafilterError("previous tables unknown; redeploy the previous policy to restore them")
+                if view is not None:
+                    tgt.write_overlay(
+                        new_nic,
+                        overlay_of(old_overlay)
+                        if old_overlay
+                        else Overlay.empty(view.overlay.n_static, view.overlay.depth),
+                    )
 
             written = tx.step("registers", registers, registers_undo, undo_first=True)
             tx.step("release", lambda: tgt.shunt_all(new_nic, False))
         tx.undo.clear()  # committed: from here on, failures are clean-up warnings, not rollbacks
     except DeployError as e:
         tx.rollback()
+        if not follow and old and (old.get("policysync") or {}).get("wanted"):
+            with contextlib.suppress(OSError, HypafilterError):  # the deployment that stays follows its ruleset again
+                services.start_wanted(NS_FW, STATE_DIR, None, None, tgt, old_nic or {}, [], log, only=("policysync",))
         if tx.rollback_errors:
             raise DeployError(e.step, f"{e}; rollback also failed: {'; '.join(tx.rollback_errors)}") from e
         _journal_failure(old, policy, gen, e, tx, t0)
         raise
 
-    # The running services follow the old NIC and policy; new ones start below when wanted.
-    warnings = [f"stopping {svc.title}: {e}" for svc, e in services.stop_all(STATE_DIR)]
+    # The running services follow the old NIC and policy; new ones start below when wanted. Following the live
+    # ruleset (the policy sync service itself runs this), only a service of a replaced NIC starts again.
+    restart = (("flowsync",) if replace else ()) if follow else None
+    warnings = [f"stopping {svc.title}: {e}" for svc, e in services.stop_all(STATE_DIR, only=restart)]
+    if replace:
+        try:
+            write_static(plan, getattr(config, "update_buffer", 0), binary)
+        except OSError as e:
+            warnings.append(f"writing {static_path()}: {e}")
     if old_nic and replace:
         try:
             tgt.stop(old_nic)
@@ -779,7 +934,6 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
         "prefix": prefix,
         "main_chain": new_main,
         "base_policy": policy.default,
-        "base_policy_before": policy_before,
         "user_chains": user_chain_names(prefix, policy.user_chains),
         "chains": new_chains,
         "chains_sha256": fingerprint,
@@ -801,6 +955,9 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
         "site": {"ports": SITE_PORTS, "netns": NS_FW, "ifaces": list(FW_IFACES), "bridge": FW_BRIDGE},
         "deployed_at": time.time(),
         "plain_rules": policy_restore(policy, config.table),
+        "config": dataclasses.asdict(config),
+        # the update buffer's contents over the running matcher (docs/deploy.md "Update buffer"); None: not in use
+        "overlay": overlay_json(view.overlay) if view is not None else None,
         "history": ((old or {}).get("history") or [])[-HISTORY_KEEP + 1 :]
         + [
             {
@@ -808,7 +965,8 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
                 "policy_hash": phash,
                 "generation": gen,
                 "result": "ok",
-                "kind": "update" if old else "deploy",
+                "kind": "follow" if follow else "update" if old else "deploy",
+                "overlay_slots": view.overlay.used if view is not None else None,
                 "replaced_nic": bool(replace),
                 "register_writes": written["writes"],
                 "duration_s": took,
@@ -817,8 +975,12 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
             }
         ],
     }
+    if follow:  # the records of the services that keep running
+        state.update(
+            {svc.name: old[svc.name] for svc in services.SERVICES if svc.name in old and svc.name not in restart}
+        )
     write_state(state)
-    state.update(services.start_wanted(NS_FW, STATE_DIR, policy, plan, tgt, new_nic, warnings, log))
+    state.update(services.start_wanted(NS_FW, STATE_DIR, policy, plan, tgt, new_nic, warnings, log, only=restart))
     write_state(state)
     for w in warnings:
         log(f"warning: {w}")
@@ -873,10 +1035,8 @@ def undeploy(log: Callable[[str], None] = lambda s: None) -> bool:
         if netns.exists(NS_FW):
             try:
                 chains = [c for cs in owned_chains(NS_FW, cfg).values() for c in cs]
-                restore(
-                    NS_FW,
-                    delete_text(cfg, chains, st.get("base_chain"), st.get("main_chain"), st.get("base_policy_before")),
-                )
+                # the policy stays: the operator's chains are the firewall's ruleset, with or without the fast path
+                restore(NS_FW, delete_text(cfg, chains, st.get("base_chain"), st.get("main_chain")))
             except HypafilterError as e:
                 errors.append(f"netfilter: {e}")
             try:

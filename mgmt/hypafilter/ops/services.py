@@ -11,8 +11,9 @@ from pathlib import Path
 from hypafilter.errors import HypafilterError
 from hypafilter.ops.daemon import Service
 from hypafilter.ops.flowsync.service import SERVICE as FLOWSYNC
+from hypafilter.ops.policysync.service import SERVICE as POLICYSYNC
 
-SERVICES: tuple[Service, ...] = (FLOWSYNC,)
+SERVICES: tuple[Service, ...] = (FLOWSYNC, POLICYSYNC)
 
 
 def start_wanted(
@@ -25,11 +26,15 @@ def start_wanted(
     warnings: list[str],
     log: Callable[[str], None],
     services: Sequence[Service] = SERVICES,
+    only: Sequence[str] | None = None,
 ) -> dict[str, dict]:
-    """Start each service the deployment wants; its record, by name, says why not when it does not run. It runs
-    after the commit: a service that fails to start is a warning (and drift), not a rollback."""
+    """Start each service the deployment wants (`only`: of these names); its record, by name, says why not when it
+    does not run. It runs after the commit: a service that fails to start is a warning (and drift), not a
+    rollback."""
     out = {}
     for svc in services:
+        if only is not None and svc.name not in only:
+            continue
         reason, how = svc.why_not(policy, plan, tgt, nic), svc.record(tgt)
         if reason:
             out[svc.name] = {"wanted": False, **how, "reason": reason}
@@ -45,10 +50,14 @@ def start_wanted(
     return out
 
 
-def stop_all(state_dir: Path, services: Sequence[Service] = SERVICES) -> list[tuple[Service, Exception]]:
-    """Stop every service that runs; the ones that could not be stopped, with why."""
+def stop_all(
+    state_dir: Path, services: Sequence[Service] = SERVICES, only: Sequence[str] | None = None
+) -> list[tuple[Service, Exception]]:
+    """Stop every service that runs (`only`: of these names); the ones that could not be stopped, with why."""
     errors: list[tuple[Service, Exception]] = []
     for svc in services:
+        if only is not None and svc.name not in only:
+            continue
         try:
             svc.stop(state_dir)
         except (OSError, HypafilterError) as e:
@@ -58,11 +67,15 @@ def stop_all(state_dir: Path, services: Sequence[Service] = SERVICES) -> list[tu
 
 def drift(st: dict, state_dir: Path, tgt, services: Sequence[Service] = SERVICES) -> list[str]:
     """The services the deployment in `st` (on target `tgt`) wants that do not run."""
-    return [
-        f"{svc.name}: {svc.title} is not running ({svc.down(tgt)})"
-        for svc in services
-        if (st.get(svc.name) or {}).get("wanted") and svc.running_pid(state_dir) is None
-    ]
+    out = []
+    for svc in services:
+        if not (st.get(svc.name) or {}).get("wanted"):
+            continue
+        if svc.running_pid(state_dir) is None:
+            out.append(f"{svc.name}: {svc.title} is not running ({svc.down(tgt)})")
+        else:
+            out += svc.problems(state_dir)
+    return out
 
 
 def status(st: dict, state_dir: Path, services: Sequence[Service] = SERVICES) -> dict[str, dict]:

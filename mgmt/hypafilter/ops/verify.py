@@ -868,8 +868,19 @@ def load_oracle(ns: str, policy: Policy, table: str = "filter", unfilterable: st
         raise HypafilterError(f"loading the original policy into {ns} failed: {e}") from e
 
 
-def _deployed(policy: Policy, config: Config, log: Callable[[str], None]) -> tuple[Lab, dict]:
-    """The lab up, this policy deployed, the original policy alone in the plain namespace: (lab, state)."""
+def _deployed(policy: Policy, config: Config, log: Callable[[str], None], live: bool = False) -> tuple[Lab, dict]:
+    """The lab up, this policy deployed, the original policy alone in the plain namespace: (lab, state). `live`:
+    the policy is the firewall's live ruleset, which the deployment must already follow (nothing is deployed)."""
+    if live:
+        state = deploy.read_state()
+        if not state or state.get("policy_hash") != policy.policy_hash():
+            raise HypafilterError(
+                "the deployment has not followed the live ruleset (the policy sync service applied another policy)"
+            )
+        lab = Lab(deploy.LAB_NAME, target=state.get("target", "emu"))
+        load_oracle(lab.ns_plain, policy, config.table, config.unfilterable)
+        netns.run(["sysctl", "-qw", "net.bridge.bridge-nf-filter-vlan-tagged=1"], lab.ns_plain)
+        return lab, state
     lab = Lab(deploy.LAB_NAME, target=config.target)
     if not lab.status()["complete"]:
         log(f"lab {lab.name} is not (fully) up for target {config.target}: bringing it up")
@@ -908,14 +919,15 @@ def verify(
     config: Config,
     log: Callable[[str], None] = lambda s: None,
     connections: ConnectionSpec | None = None,
+    live: bool = False,
     **probes,
 ) -> dict:
-    """Deploy if needed, send the probes (`probes`: ProbeSpec fields) through both paths, compare per frame; with
+    """Deploy if needed (`live`: never; the policy is the live ruleset the deployment follows), send the probes (`probes`: ProbeSpec fields) through both paths, compare per frame; with
     `connections`, then run those real connections on both paths and compare them too (report["connections"]).
     Returns the report dict."""
     refuse_nondeterministic(policy)
     spec = ProbeSpec(**probes)
-    lab, state = _deployed(policy, config, log)
+    lab, state = _deployed(policy, config, log, live)
     host = state.get("nic_mode") == "host"
     if host and spec.packets > HOST_SEEN_MAX:
         raise HypafilterError(f"host mode observes at most {HOST_SEEN_MAX} frames per run: use fewer --packets")

@@ -1,0 +1,52 @@
+"""The live ruleset as the policy: the firewall namespace's table as iptables-save lists it, consistent with one
+nf_tables generation, without the tool's own chains and jump, parsed as a Policy of the deployed base chain."""
+
+from __future__ import annotations
+
+import re
+
+from hypafilter import netns
+from hypafilter.config import Config
+from hypafilter.errors import HypafilterError
+from hypafilter.ir import Policy
+
+SNAPSHOT_TRIES = 5  # listings taken while the generation moved, before the service gives up for this round
+
+
+def backend(ns: str | None) -> str:
+    """'nf_tables' or 'legacy': which backend `iptables` writes. Legacy xtables sends no change events, so a
+    deployment there cannot follow the live ruleset (deploy refuses it: docs/deploy.md, "Live policy")."""
+    out = netns.run(["iptables", "-V"], ns)
+    return "nf_tables" if "nf_tables" in out else "legacy"
+
+
+def strip_tool(text: str, prefix: str) -> str:
+    """An iptables-save listing without the tool's chains (`prefix<gen>_...`) and the base chain's jumps to them."""
+    own = re.compile(rf"^(:|-A ){re.escape(prefix)}\d+_")
+    jump = re.compile(rf"^-A \S+ -j {re.escape(prefix)}\d+_MAIN$")
+    return "\n".join(ln for ln in text.splitlines() if not own.match(ln) and not jump.match(ln)) + "\n"
+
+
+def listing(ns: str | None, table: str, generation) -> tuple[str, int]:
+    """(iptables-save of `table`, the generation it shows): taken between two reads of the same generation
+    (`generation()`), so no commit fell between; HypafilterError after SNAPSHOT_TRIES moving ones."""
+    for _ in range(SNAPSHOT_TRIES):
+        g0 = generation()
+        text = netns.run(["iptables-save", "-t", table], ns)
+        if generation() == g0:
+            return text, g0
+    raise HypafilterError(f"the ruleset kept changing while it was read ({SNAPSHOT_TRIES} tries)")
+
+
+def live_policy(text: str, st: dict, config: Config) -> Policy:
+    """The deployed base chain's policy as the live listing `text` has it (the tool's chains stripped)."""
+    from hypafilter.iptables.document import parse_policy
+
+    body = strip_tool(text, config.chain_prefix)
+    return parse_policy(
+        body,
+        filename=f"live ruleset ({st['site'].get('netns') or 'this namespace'})",
+        base_chain=st["base_chain"],
+        config=config,
+        allow_empty=True,
+    )

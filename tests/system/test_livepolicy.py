@@ -1,0 +1,112 @@
+"""The live ruleset is the policy (issue #23): after deploy the operator's chains stay in the kernel under their own
+names, and what `iptables` (as fail2ban, ufw and Docker do) changes there holds on the hybrid path exactly as in the
+kernel alone, through the policy sync service: `verify --live` sends the same frames through the hybrid and through
+a namespace holding the live ruleset alone (the kernel as oracle)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+
+import pytest
+from hypafilter import netns
+
+from conftest import ROOT, need_root
+from tests.hfcli import HfCli
+
+pytestmark = pytest.mark.system
+
+LAB = "tlv"
+STATE = f"/run/hypafilter/test-{LAB}"
+FW = f"{LAB}-fw"
+hf = HfCli(LAB, STATE)
+
+
+@pytest.fixture(scope="module", params=["emu", "xdp"])
+def lab(request):
+    need_root()
+    target = request.param
+    hf("lab", "down", "--name", LAB, check=False)
+    shutil.rmtree(STATE, ignore_errors=True)
+    hf("lab", "up", "--name", LAB, *(["--target", "xdp"] if target == "xdp" else []))
+    hf("deploy", str(ROOT / "rulesets" / "example.rules"), "--target", target, "-q")
+    yield target
+    hf("undeploy", "-q", check=False)
+    hf("lab", "down", "--name", LAB, check=False)
+    shutil.rmtree(STATE, ignore_errors=True)
+
+
+def ipt(*args: str) -> None:
+    netns.run(["iptables", "-w", *args], FW)
+
+
+def service() -> dict:
+    return json.loads(hf("policysync", "status").stdout)
+
+
+def settled(applied: int, timeout: float = 30.0) -> dict:
+    """The service's status once it applied `applied` changes in all and shunts nothing for a change any more."""
+    deadline = time.monotonic() + timeout
+    doc = service()
+    while time.monotonic() < deadline:
+        doc = service()
+        if doc.get("applied", 0) >= applied and not doc.get("safe") and doc.get("following"):
+            return doc
+        time.sleep(0.1)
+    raise AssertionError(f"the policy sync service did not apply {applied} changes: {doc}")
+
+
+def verify_live() -> dict:
+    r = json.loads(hf("verify", "--live", "--packets", "1500", "--json", check=False).stdout)
+    assert r["mismatches"] == 0, r["examples"][:3]
+    return r
+
+
+def test_bans_hold_on_the_hybrid_path_and_lift(lab):
+    st = json.loads(hf("status", "--json").stdout)
+    assert st["drift"] == [] and st["policysync"]["running"], st.get("drift")
+    forward = netns.run(["iptables", "-S", "FORWARD"], FW).splitlines()
+    assert forward[1] == f"-A FORWARD -j {st['main_chain']}" and "-A FORWARD -s 10.0.1.13/32 -j DROP" in forward
+    base = service().get("applied", 0)
+
+    # a fail2ban-style ban at the top of the operator's chain
+    ipt("-I", "FORWARD", "1", "-s", "10.0.1.1/32", "-j", "DROP")
+    doc = settled(base + 1)
+    assert doc["lag_safe_ms"]["n"] >= 1
+    r = verify_live()
+    assert r["hw_forwarded"] + r["hw_dropped"] > 0  # the fast path still decides, with the ban in it
+    live = netns.run(["iptables", "-S", "FORWARD"], FW).splitlines()
+    assert live[1].startswith("-A FORWARD -j HF") and live[2] == "-A FORWARD -s 10.0.1.1/32 -j DROP", live
+    assert hf("status", check=False).returncode == 0
+
+    # a ban inside a user chain the operator's chain jumps to (ufw, Docker's DOCKER-USER)
+    ipt("-N", "BANS")
+    ipt("-A", "BANS", "-s", "10.0.1.0/28", "-p", "udp", "-j", "DROP")
+    ipt("-I", "FORWARD", "3", "-j", "BANS")
+    settled(base + 2)
+    verify_live()
+
+    # lifted: both gone, the policy is the deployed one again
+    ipt("-D", "FORWARD", "-s", "10.0.1.1/32", "-j", "DROP")
+    ipt("-D", "FORWARD", "-j", "BANS")
+    ipt("-F", "BANS")
+    ipt("-X", "BANS")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        st = json.loads(hf("status", "--json", check=False).stdout)  # exits 1 while a change is being applied
+        if (
+            st["policysync"].get("following")
+            and not st["policysync"].get("safe")
+            and "10.0.1.1" not in st.get("plain_rules", "")
+        ):
+            break
+        time.sleep(0.2)
+    r = verify_live()
+    assert r["hw_forwarded"] + r["hw_dropped"] > 0
+    assert hf("status", check=False).returncode == 0
+    doc = service()
+    print(
+        f"policysync: {doc['applied']} changes applied, fail-safe lag {doc['lag_safe_ms']} ms, applied lag {doc['lag_apply_ms']} ms"
+    )
+    assert doc["own"] >= 1  # its own restores were recognised, not taken for the operator's

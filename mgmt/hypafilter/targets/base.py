@@ -175,6 +175,10 @@ class Target(ABC):
         with self.client(info) as c:
             c.set_shunt_all(on)
 
+    def shunt_all_now(self, info: dict) -> None:
+        """Shunt everything, as fast as the target allows (the policy sync service's fail safe)."""
+        self.shunt_all(info, True)
+
     def counters(self, info: dict) -> dict:
         with self.client(info) as c:
             return c.counters()

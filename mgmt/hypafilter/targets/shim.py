@@ -10,6 +10,7 @@ from pathlib import Path
 from hypafilter import netns, shared
 from hypafilter.errors import HypafilterError
 from hypafilter.paths import ROOT
+from hypafilter.targets.bpfmap import PinnedArray
 
 DRIVER = ROOT / "driver"
 
@@ -126,6 +127,12 @@ class Shim:
             args.append("--intervals")
             text = " ".join(str(int(k)) for k in intervals) + "\n"
         self._run("update", args, text)
+
+    def set_generation(self, generation: int) -> None:
+        """Only hf_config's generation, through the bpf() syscall (no helper process): the policy sync service's
+        fail safe makes every tag stale with it within a millisecond."""
+        with PinnedArray(self.pin / shared.HF_MAP_CONFIG) as m:
+            m.set_word(shared.C["HF_CFG_GENERATION"], generation)
 
     def stats(self, reset: bool = False) -> dict:
         out = self._run("stats", ["stats", "--pin", str(self.pin)] + (["--reset"] if reset else []))

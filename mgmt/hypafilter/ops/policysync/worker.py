@@ -66,23 +66,28 @@ class Follower:
         self.lag_safe: deque[float] = deque(maxlen=2000)  # ms: events read -> fail safe in force
         self.lag_apply: deque[float] = deque(maxlen=2000)  # ms: events read -> the fast path decides again
         self.generation = 0  # the nf_tables generation last read
+        self._st: dict | None = None
+        self._tgt = self._shim = None
         self.last_kind = ""
 
-    def state(self) -> dict:
-        st = deploy.read_state()
-        if not st:
-            raise HypafilterError("nothing is deployed")
-        return st
+    def state(self, fresh: bool = True) -> dict:
+        """The deployment's state (`fresh`: read again; else as last read, what the fail safe needs)."""
+        if fresh or self._st is None:
+            st = deploy.read_state()
+            if not st:
+                raise HypafilterError("nothing is deployed")
+            self._st = st
+            self._tgt = deploy.target_of(st, deploy.state_config(st))
+            self._shim = deploy.shim_of(st)
+        return self._st
 
     def fail_safe(self) -> None:
-        """Everything to software, every tag stale (the live rules decide): two writes."""
+        """Everything to software, every tag stale (the live rules decide): two writes, no helper process."""
         if self.safe:
             return
-        st = self.state()
-        cfg = deploy.state_config(st)
-        deploy.target_of(st, cfg).shunt_all(st["nic"], True)
-        nxt = st["generation"] + 1 if st["generation"] < 0xFFFF else 1
-        deploy.shim_of(st).update(generation=nxt)
+        st = self.state(fresh=False)
+        self._tgt.shunt_all_now(st["nic"])
+        self._shim.set_generation(st["generation"] + 1 if st["generation"] < 0xFFFF else 1)
         self.safe = True
 
     def release(self) -> None:
@@ -107,6 +112,7 @@ class Follower:
                 self.fail_safe()
                 new = deploy.follow(policy, self.log)
                 self.safe = False
+                self.state()  # the new generation, tables and perhaps NIC: what the next fail safe writes to
                 self.counts["applied"] += 1
                 last = (new.get("history") or [{}])[-1]
                 self.last_kind = (

@@ -20,6 +20,7 @@ from pathlib import Path
 from hypafilter import netns
 from hypafilter.errors import HypafilterError
 from hypafilter.targets.base import DECISIONS, SHUNTED, Expected, Target, WindowStages
+from hypafilter.targets.bpfmap import PinnedArray
 from hypafilter.targets.xdp.build import build_loader, build_program
 from hypafilter.targets.xdp.tables import CtConfig, build_tables, shape_id, tables_file
 
@@ -297,6 +298,11 @@ class XdpTarget(Target):
         if not on:
             value = json.loads(self._tool("stats", ["stats", "--pin", info["pin"]]))["config"].get("armed", 0)
         self._tool("control", ["control", "--pin", info["pin"], "--value", str(value)])
+
+    def shunt_all_now(self, info: dict) -> None:
+        """Control word 0 (every frame to software) through the bpf() syscall, without the loader process."""
+        with PinnedArray(Path(info["pin"]) / "hfx_cfg") as m:
+            m.set_word(0, 0)
 
     def forget_flushed_flows(self, info: dict, wait: float = 3.0) -> None:
         """The program looks flows up in the kernel's own conntrack table (bpf_xdp_ct_lookup): a flushed flow is

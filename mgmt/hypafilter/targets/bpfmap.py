@@ -1,0 +1,83 @@
+"""Pinned BPF maps read and written from Python through the bpf() system call (no helper process): what a service
+that must react within milliseconds uses for a single word (the policy sync service's fail safe: the shim's
+generation, the xdp program's control word). Array maps with a u32 key; values as bytes, patched as u32 words."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import struct
+from pathlib import Path
+
+from hypafilter.errors import HypafilterError
+
+_NR_BPF = {"x86_64": 321, "aarch64": 280}.get(platform.machine(), 321)
+BPF_MAP_LOOKUP_ELEM, BPF_MAP_UPDATE_ELEM, BPF_OBJ_GET, BPF_OBJ_GET_INFO_BY_FD = 1, 2, 7, 15
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+
+def _bpf(cmd: int, attr: ctypes.Array) -> int:
+    r = _libc.syscall(_NR_BPF, cmd, ctypes.byref(attr), ctypes.sizeof(attr))
+    if r < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+    return r
+
+
+class PinnedArray:
+    """An array map pinned at `path` (its value size as the kernel reports it)."""
+
+    def __init__(self, path: str | Path):
+        self.path = str(path)
+        name = ctypes.create_string_buffer(self.path.encode())
+        attr = ctypes.create_string_buffer(128)
+        struct.pack_into("=Q", attr, 0, ctypes.addressof(name))
+        try:
+            self.fd = _bpf(BPF_OBJ_GET, attr)
+        except OSError as e:
+            raise HypafilterError(f"{self.path}: cannot open the pinned map: {e.strerror}") from e
+        info = ctypes.create_string_buffer(80)  # struct bpf_map_info: type, id, key_size, value_size, ...
+        attr = ctypes.create_string_buffer(128)
+        struct.pack_into("=IIQ", attr, 0, self.fd, len(info), ctypes.addressof(info))
+        _bpf(BPF_OBJ_GET_INFO_BY_FD, attr)
+        self.key_size, self.value_size = struct.unpack_from("=II", info, 8)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> PinnedArray:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _elem(self, cmd: int, index: int, value: ctypes.Array) -> None:
+        key = ctypes.c_uint32(index)
+        attr = ctypes.create_string_buffer(128)
+        struct.pack_into("=IIQQQ", attr, 0, self.fd, 0, ctypes.addressof(key), ctypes.addressof(value), 0)
+        try:
+            _bpf(cmd, attr)
+        except OSError as e:
+            raise HypafilterError(f"{self.path}[{index}]: {e.strerror}") from e
+
+    def read(self, index: int = 0) -> bytes:
+        buf = ctypes.create_string_buffer(self.value_size)
+        self._elem(BPF_MAP_LOOKUP_ELEM, index, buf)
+        return buf.raw
+
+    def write(self, value: bytes, index: int = 0) -> None:
+        if len(value) != self.value_size:
+            raise HypafilterError(f"{self.path}: a value of {len(value)} bytes, the map holds {self.value_size}")
+        self._elem(BPF_MAP_UPDATE_ELEM, index, ctypes.create_string_buffer(value, self.value_size))
+
+    def set_word(self, word: int, v: int, index: int = 0) -> int:
+        """Read element `index`, set its u32 word `word` to v, write it back; returns the old word."""
+        cur = bytearray(self.read(index))
+        old = struct.unpack_from("=I", cur, 4 * word)[0]
+        struct.pack_into("=I", cur, 4 * word, v & 0xFFFFFFFF)
+        self.write(bytes(cur), index)
+        return old

@@ -110,3 +110,28 @@ def test_bans_hold_on_the_hybrid_path_and_lift(lab):
         f"policysync: {doc['applied']} changes applied, fail-safe lag {doc['lag_safe_ms']} ms, applied lag {doc['lag_apply_ms']} ms"
     )
     assert doc["own"] >= 1  # its own restores were recognised, not taken for the operator's
+
+
+def test_bench_churn_follows_iptables_at_five_per_second(lab):
+    """`hypafilter bench churn`: bans inserted and deleted with iptables under traffic; every command's lag is
+    measured (the fast path no longer decides by the old policy), and the kernel finds no mismatch afterwards."""
+    p = hf(
+        "bench",
+        "churn",
+        str(ROOT / "rulesets" / "example.rules"),
+        "--target",
+        lab,
+        "--rates",
+        "5",
+        "--seconds",
+        "3",
+        "--frames",
+        "500",
+        "--json",
+    )
+    r = json.loads(p.stdout.splitlines()[-1])
+    print(f"bench churn ({lab}): {r}")
+    assert r["target"] == lab and r["updates"] >= 12 and r["mismatches"] == 0, r
+    assert r["lag_p50_ms"] is not None and r["lag_p99_ms"] < 30_000 and r["applied"] >= 1, r
+    assert 0 <= r["hw_share"] <= 1, r
+    assert hf("status", check=False).returncode == 0

@@ -89,6 +89,20 @@ def register(sub) -> None:
     r.add_argument("--mode", choices=MODES, metavar="MODE", help="shunting mode: %(choices)s")
     r.add_argument("--json", action="store_true", help="the full report as one JSON object")
     r.set_defaults(func=run_rate)
+    c = bsub.add_parser(
+        "churn",
+        help="a deployed policy under traffic while iptables inserts and deletes single-source bans at given rates",
+    )
+    add_policy_args(c)
+    c.add_argument("--target", default="emu", choices=("emu", "xdp"), help="fast path (default emu)")
+    c.add_argument("--rates", default="1,10,100", help="changes per second, one window each (default 1,10,100)")
+    c.add_argument("--seconds", type=float, default=60.0, help="seconds per rate (default 60)")
+    c.add_argument("--live-bans", type=int, default=4, help="bans standing at once before the oldest goes (default 4)")
+    c.add_argument("--frames", type=int, default=2000, help="distinct frames the sender cycles through (default 2000)")
+    c.add_argument("--strategy", choices=STRATEGIES, metavar="STRATEGY", help="software strategy: %(choices)s")
+    c.add_argument("--mode", choices=MODES, metavar="MODE", help="shunting mode: %(choices)s")
+    c.add_argument("--json", action="store_true", help="one JSON object per rate, one per line")
+    c.set_defaults(func=run_churn)
     x = bsub.add_parser("xdp-cost", help="per-frame cost (BPF_PROG_TEST_RUN) and verifier figures of the XDP fast path")
     add_policy_args(x)
     x.add_argument("--frames", type=int, default=2000, help="distinct frames (default 2000)")
@@ -149,6 +163,35 @@ def run_rate(args: argparse.Namespace) -> int:
     if not args.json:
         print(f"command: {report['command']}", file=sys.stderr)
     return 1 if report["mismatches"] else 0
+
+
+def run_churn(args: argparse.Namespace) -> int:
+    from hypafilter.ops import deploy
+    from hypafilter.tools.bench.churn import FIELDS, churn
+
+    cfg = load_config(args)
+    if args.target:
+        cfg.target = args.target
+    cfg = deploy.site_config(cfg)
+    policy = _classbench(args, cfg, args.complex) if args.classbench else load_policy(args, cfg)
+    rates = tuple(float(r) for r in args.rates.split(","))
+    results = churn(
+        policy,
+        cfg,
+        target=args.target,
+        rates=rates,
+        seconds=args.seconds,
+        live_bans=args.live_bans,
+        frames=args.frames,
+        log=progress(args, quiet=args.json),
+    )
+    command = "hypafilter " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    for r in results:
+        r["command"] = command
+        print(json.dumps(r if args.json else {k: r[k] for k in FIELDS}))
+    if not args.json:
+        print(f"command: {command}", file=sys.stderr)
+    return 1 if any(r["mismatches"] for r in results) else 0
 
 
 def _classbench(args: argparse.Namespace, cfg, complex_rules: int):

@@ -135,3 +135,15 @@ def test_bench_churn_follows_iptables_at_five_per_second(lab):
     assert r["lag_p50_ms"] is not None and r["lag_p99_ms"] < 30_000 and r["applied"] >= 1, r
     assert 0 <= r["hw_share"] <= 1, r
     assert hf("status", check=False).returncode == 0
+
+
+def test_update_defaults_to_the_deployed_target(lab, tmp_path):
+    """`update` without --target updates the deployed target (xdp included), here with one more simple rule."""
+    changed = tmp_path / "changed.rules"
+    text = (ROOT / "rulesets" / "example.rules").read_text()
+    changed.write_text(text.replace("COMMIT", "-A FORWARD -s 10.0.1.77/32 -j DROP\nCOMMIT"))
+    r = json.loads(hf("update", str(changed), "--json").stdout)
+    st = json.loads(hf("status", "--json").stdout)
+    assert r["changed"] and st["target"] == lab and st["policy_source"] == str(changed), (r, st["target"])
+    print(f"update ({lab}) with one more simple rule: {r['duration_s']} s, steps {r['steps']}")
+    hf("update", str(ROOT / "rulesets" / "example.rules"), "-q")

@@ -323,7 +323,7 @@ def test_drift_in_summary_and_metrics():
         "nic: GENERATION register 6, deployed 7",
     ]
     drift = {x.labels["what"]: x.value for x in families(c)["hypafilter_drift"].samples}
-    assert drift == {"netfilter": 1, "shim": 0, "nic": 1, "flowsync": 0}
+    assert drift == {"netfilter": 1, "shim": 0, "nic": 1, "flowsync": 0, "policysync": 0}
 
 
 def test_rules_are_paged_sorted_and_filtered(client):
@@ -489,3 +489,68 @@ def test_flowsync_in_summary_and_metrics():
     assert "hypafilter_flows_offloaded" not in fam
     assert {x.labels["op"]: x.value for x in fam["hypafilter_flowsync_operations"].samples}["inserts"] == 8
     assert 'id="flowsync"' in client.get("/").text
+
+
+def test_policysync_in_summary_and_metrics():
+    """The policy sync service's status as `status` reads it: following or not, its counters and lags in
+    /api/summary and /metrics, the update buffer's slots; a change it cannot follow shows as not following."""
+    readings = iter(
+        [
+            {
+                "wanted": True,
+                "running": True,
+                "pid": 20,
+                "following": True,
+                "error": "",
+                "safe": False,
+                "events": 12,
+                "changes": 3,
+                "applied": 3,
+                "unchanged": 1,
+                "failed": 0,
+                "resyncs": 0,
+                "own": 4,
+                "lag_safe_ms": {"n": 3, "p50": 0.5, "p99": 2.0, "max": 2.0, "last": 0.5},
+                "lag_apply_ms": {"n": 3, "p50": 40.0, "p99": 90.0, "max": 90.0, "last": 40.0},
+                "last_kind": "buffer",
+                "buffer": {"used": 2, "depth": 16},
+            },
+            {"wanted": True, "running": True, "pid": 20, "following": False, "error": "change: bad", "safe": True},
+        ]
+    )
+
+    class Nic:
+        def counters(self):
+            return hw_counters(1)
+
+        def hits(self, count):
+            return [0] * count
+
+    c = Collector(
+        state_reader=lambda: {"generation": DEP.generation, "history": JOURNAL, "policysync": {"wanted": True}},
+        nic_opener=lambda d: Nic(),
+        nf_reader=lambda ns, table: save((0, 0), (0, 0)),
+        deployment_builder=lambda state: DEP,
+        drift_checker=None,
+        flowsync_reader=lambda state: {},
+        policysync_reader=lambda state: next(readings),
+    )
+    s = Sampler(interval=1.0, keep=5)
+    s.add(c.snapshot())
+    client = TestClient(create_app(s))
+    ps = client.get("/api/summary").json()["policysync"]
+    assert ps["following"] and ps["applied"] == 3 and ps["buffer"] == {"used": 2, "depth": 16}
+    fam = families(client)
+    ops = {x.labels["what"]: x.value for x in fam["hypafilter_policysync_operations"].samples}
+    assert ops["applied"] == 3 and ops["own"] == 4 and ops["failed"] == 0
+    lag = {(x.labels["stage"], x.labels["quantile"]): x.value for x in fam["hypafilter_policysync_lag_seconds"].samples}
+    assert lag[("safe", "0.99")] == 0.002 and lag[("apply", "0.5")] == 0.04
+    slots = {x.labels["what"]: x.value for x in fam["hypafilter_update_buffer_slots"].samples}
+    assert slots == {"used": 2.0, "depth": 16.0}
+    assert fam["hypafilter_policysync_following"].samples[0].value == 1
+    s.add(c.snapshot())
+    fam = families(client)
+    assert fam["hypafilter_policysync_following"].samples[0].value == 0
+    assert fam["hypafilter_policysync_shunting_all"].samples[0].value == 1
+    assert client.get("/api/summary").json()["policysync"]["error"] == "change: bad"
+    assert 'id="policysync"' in client.get("/").text

@@ -28,6 +28,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     cfg = load_config(args)
     if args.target:
         cfg.target = args.target
+    elif args.command == "update":  # the deployed target, whatever the configuration's default
+        cfg.target = deploy.read_state().get("target", cfg.target)
     if args.ports:
         if (args.target or cfg.target) != "xdp":
             raise HypafilterError("--ports needs --target xdp")
@@ -37,7 +39,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     cfg = deploy.site_config(cfg)  # the policy's interface checks meet the lab's interfaces
     policy = load_policy(args, cfg)
     before = deploy.read_state()
-    state = deploy.deploy(policy, cfg, target=args.target or cfg.target, force=args.force, log=progress(args))
+    state = deploy.deploy(policy, cfg, target=cfg.target, force=args.force, log=progress(args))
     summary = _summary(state)
     # Nothing changed (the same policy and settings, no drift): say so instead of the old summary as if new.
     summary["changed"] = not before or before.get("generation") != state.get("generation")
@@ -90,6 +92,7 @@ def _fmt_status(st: dict) -> str:
                 if r["packets"]:
                     lines.append(f"  {r['packets']:>8} pkts  {r['rule']}")
     lines.append(_fmt_flowsync(st.get("flowsync") or {}))
+    lines.append(_fmt_policysync(st.get("policysync") or {}, st.get("overlay")))
     last = (st.get("history") or [{}])[-1]
     lines.append(f"last     {last.get('kind', last.get('result'))} took {last.get('duration_s')}s")
     return "\n".join(lines)
@@ -117,6 +120,24 @@ def _fmt_flowsync(fs: dict) -> str:
     )
 
 
+def _fmt_policysync(ps: dict, overlay: dict | None) -> str:
+    """The policy sync service's line of `status` (docs/deploy.md, "Live policy")."""
+    buf = f"update buffer {len(overlay['slots'])}/{overlay['depth']} slots" if overlay else "no update buffer in use"
+    if not ps.get("wanted"):
+        return f"policysync not running: {ps.get('reason') or 'not wanted by this deployment'}"
+    if not ps.get("running"):
+        return "policysync DOWN: changes to the live ruleset are not followed (deploy again, or undeploy)"
+    if ps.get("error"):
+        return f"policysync CANNOT FOLLOW: {ps['error']}; the fast path shunts everything"
+    lag = ps.get("lag_safe_ms") or {}
+    app = ps.get("lag_apply_ms") or {}
+    return (
+        f"policysync pid {ps.get('pid')}: following the live ruleset; {ps.get('changes')} changes, "
+        f"{ps.get('applied')} applied (last: {ps.get('last_kind') or '-'}), {ps.get('own')} own; "
+        f"fail-safe lag p50 {lag.get('p50')} ms, p99 {lag.get('p99')} ms; applied p50 {app.get('p50')} ms; {buf}"
+    )
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from hypafilter.ops import deploy
 
@@ -136,7 +157,9 @@ def register(sub) -> None:
         p = sub.add_parser(name, help=help_)
         add_policy_args(p)
         p.add_argument(
-            "--target", choices=("emu", "xdp"), help="where to deploy (default: the configuration's target, emu)"
+            "--target",
+            choices=("emu", "xdp"),
+            help="where to deploy (default: deploy the configuration's target, emu; update the deployed one)",
         )
         p.add_argument(
             "--ports",

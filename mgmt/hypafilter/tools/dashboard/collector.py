@@ -32,6 +32,7 @@ from hypafilter.errors import HypafilterError
 from hypafilter.iptables.document import parse_policy
 from hypafilter.ops import deploy
 from hypafilter.ops.flowsync.service import SERVICE as FLOWSYNC
+from hypafilter.ops.policysync.service import SERVICE as POLICYSYNC
 
 # Hardware counters (hw/regmap.txt) and the (path, reason) labels they carry in /api and /metrics. Every target's
 # counter source (targets.base.CounterSource) reports these names with these meanings: the emulated NIC's registers,
@@ -156,6 +157,8 @@ class Snapshot:
     drift: tuple[str, ...] | None = None  # ops.deploy.drift of this deployment (None: not checked yet)
     totals: Totals | None = None  # counters accumulated by the collector up to this snapshot
     flowsync: dict = field(default_factory=dict)  # the flow sync service (ops.daemon.Service.status); {}: not deployed
+    # the policy sync service (its status: following, counters, lags) and the update buffer's use {used, depth}
+    policysync: dict = field(default_factory=dict)
 
     @property
     def generation(self) -> int | None:
@@ -574,6 +577,17 @@ def read_flowsync(state: dict) -> dict:
     return FLOWSYNC.status(deploy.STATE_DIR, state.get("flowsync"))
 
 
+def read_policysync(state: dict) -> dict:
+    """The policy sync service of the deployment in `state` as `hypafilter status` shows it, with the update
+    buffer's use (`buffer`: slots used and the matcher's depth; None without a buffer)."""
+    if "policysync" not in state:
+        return {}
+    out = POLICYSYNC.status(deploy.STATE_DIR, state.get("policysync"))
+    ov = state.get("overlay")
+    out["buffer"] = {"used": len(ov["slots"]), "depth": ov["depth"]} if ov else None
+    return out
+
+
 def check_drift(state: dict) -> list[str]:
     """What `hypafilter status` reports as drift (one implementation: ops.deploy.drift)."""
     return deploy.drift(state)
@@ -597,8 +611,10 @@ class Collector:
         drift_async: bool = True,
         rules_async: bool = False,
         flowsync_reader: Callable[[dict], dict] = read_flowsync,
+        policysync_reader: Callable[[dict], dict] = read_policysync,
     ):
         self._flowsync_reader = flowsync_reader
+        self._policysync_reader = policysync_reader
         self._fs = Accumulator()
         self._state_reader = state_reader
         self._nic_opener = nic_opener
@@ -825,6 +841,12 @@ class Collector:
                     fs = self._flowsync_reader(state)
                 except Exception as e:
                     errors.append(f"flowsync: {e}")
+            ps: dict = {}
+            if dep is not None and state is not None:
+                try:
+                    ps = self._policysync_reader(state)
+                except Exception as e:
+                    errors.append(f"policysync: {e}")
             if fs.get("running"):
                 self._fs.observe(fs.get("pid"), ((c, c, int(fs.get(c) or 0)) for c in FLOWSYNC_COUNTERS))
             totals = dataclasses.replace(
@@ -832,7 +854,19 @@ class Collector:
             )
             self._seq += 1
             return Snapshot(
-                self._seq, time.time(), time.monotonic(), dep, hw, hits, nf, nf_main, tuple(errors), drift, totals, fs
+                self._seq,
+                time.time(),
+                time.monotonic(),
+                dep,
+                hw,
+                hits,
+                nf,
+                nf_main,
+                tuple(errors),
+                drift,
+                totals,
+                fs,
+                ps,
             )
 
     def _close_nic(self) -> None:

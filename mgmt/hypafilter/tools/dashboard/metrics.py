@@ -25,7 +25,9 @@ from hypafilter.tools.dashboard.collector import (
 # Per-rule series are exported up to this many rules: above it, one series per rule costs more (a 50,000-rule
 # policy made 7.9 MB per scrape) than it tells; /api/rules pages through every rule instead.
 RULE_SERIES_LIMIT = 1000
-DRIFT_PARTS: tuple[str, ...] = ("netfilter", "shim", "nic", "flowsync")
+DRIFT_PARTS: tuple[str, ...] = ("netfilter", "shim", "nic", "flowsync", "policysync")
+# The policy sync service's counters (docs/deploy.md, "Live policy"), as the service counts them since it started.
+POLICYSYNC_COUNTERS = ("events", "changes", "applied", "unchanged", "failed", "resyncs", "own")
 
 
 def _fmt(b: float) -> str:
@@ -70,6 +72,57 @@ def flowsync_gauges(fs: dict) -> Iterator[Metric]:
         v = fs.get(key)
         lag.add_metric([q], v / 1000 if v is not None else math.nan)
     yield lag
+
+
+def policysync_metrics(ps: dict) -> Iterator[Metric]:
+    """The policy sync service: up, following (no change it could not apply), shunting everything for a change
+    now, its counters, its two lags, and the update buffer's slots in use."""
+    running = bool(ps.get("running"))
+    for name, text, value in (
+        ("hypafilter_policysync_up", "1 when the policy sync service runs.", running),
+        (
+            "hypafilter_policysync_following",
+            "1 when it follows the live ruleset (no change it failed).",
+            running and bool(ps.get("following")),
+        ),
+        (
+            "hypafilter_policysync_shunting_all",
+            "1 while a change makes the fast path shunt everything.",
+            running and bool(ps.get("safe")),
+        ),
+    ):
+        g = GaugeMetricFamily(name, text)
+        g.add_metric([], 1.0 if value else 0.0)
+        yield g
+    if running:
+        c = CounterMetricFamily(
+            "hypafilter_policysync_operations",
+            "Policy sync service since it started: nf_tables events, foreign changes, changes applied, listings "
+            "equal to the deployed policy, failures, resyncs after lost events, its own changes recognised.",
+            labels=["what"],
+        )
+        for k in POLICYSYNC_COUNTERS:
+            c.add_metric([k], float(ps.get(k) or 0))
+        yield c
+        lag = GaugeMetricFamily(
+            "hypafilter_policysync_lag_seconds",
+            "Events read to the fail safe in force (stage safe) and to the fast path deciding again (stage apply), "
+            "over the service's last samples (NaN: none).",
+            labels=["stage", "quantile"],
+        )
+        for stage, key in (("safe", "lag_safe_ms"), ("apply", "lag_apply_ms")):
+            d = ps.get(key) or {}
+            for q, k in (("0.5", "p50"), ("0.99", "p99"), ("1", "max")):
+                v = d.get(k)
+                lag.add_metric([stage, q], v / 1000 if v is not None else math.nan)
+        yield lag
+    buf = ps.get("buffer")
+    g = GaugeMetricFamily(
+        "hypafilter_update_buffer_slots", "The update buffer's slots: in use, and the matcher's depth.", labels=["what"]
+    )
+    g.add_metric(["used"], float(buf["used"]) if buf else 0.0)
+    g.add_metric(["depth"], float(buf["depth"]) if buf else 0.0)
+    yield g
 
 
 def drift_parts(drift: tuple[str, ...]) -> dict[str, int]:
@@ -150,6 +203,8 @@ class SnapshotCollector:
 
         if cur.flowsync:
             yield from flowsync_gauges(cur.flowsync)
+        if cur.policysync:
+            yield from policysync_metrics(cur.policysync)
 
         n = len(dep.rules)
         shown = GaugeMetricFamily(

@@ -63,6 +63,7 @@ def summary(snaps: list[Snapshot]) -> dict[str, Any]:
             "errors": [],
             "drift": None,
             "flowsync": None,
+            "policysync": None,
         }
     cur = snaps[-1]
     dep = cur.deployment
@@ -78,7 +79,37 @@ def summary(snaps: list[Snapshot]) -> dict[str, Any]:
         # What `hypafilter status` reports as drift: [] none, None not checked yet (or nothing deployed).
         "drift": list(cur.drift) if cur.drift is not None else None,
         "flowsync": flowsync_view(cur),
+        "policysync": policysync_view(cur),
     }
+
+
+POLICYSYNC_FIELDS = (
+    "running",
+    "following",
+    "error",
+    "safe",
+    "events",
+    "changes",
+    "applied",
+    "unchanged",
+    "failed",
+    "resyncs",
+    "own",
+    "lag_safe_ms",
+    "lag_apply_ms",
+    "last_kind",
+    "buffer",
+    "pid",
+)
+
+
+def policysync_view(snap: Snapshot) -> dict[str, Any] | None:
+    """The policy sync service (docs/deploy.md, "Live policy"): whether it follows the live ruleset, its counters
+    and lags, the update buffer's use. None: nothing deployed."""
+    ps = snap.policysync
+    if not ps:
+        return None
+    return {k: ps.get(k) for k in POLICYSYNC_FIELDS}
 
 
 FLOWSYNC_FIELDS = ("offloaded", "occupancy", "lag_p50_ms", "lag_max_ms", "lag_samples", "last_error", "pid")

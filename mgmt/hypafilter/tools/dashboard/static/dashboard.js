@@ -327,6 +327,21 @@
     lag.textContent = live && live.lag_p50_ms !== null ? live.lag_p50_ms + " / " + live.lag_max_ms + " ms" : "–";
   }
 
+  function renderPolicysync(p) {
+    const state = document.getElementById("policysync-state");
+    if (!p) state.textContent = "nothing deployed";
+    else if (!p.running) state.textContent = "DOWN: changes to the live ruleset are not followed";
+    else if (p.error) state.textContent = "CANNOT FOLLOW: " + p.error + " · the fast path shunts everything";
+    else state.textContent = "following, pid " + p.pid + (p.safe ? " · applying a change (everything to software)" : "");
+    const live = p && p.running ? p : null;
+    for (const c of ["changes", "applied", "failed", "own"]) setNum("ps-" + c, live ? live[c] : null);
+    const lag = (d) => (d && d.n ? d.p50 + " / " + d.p99 + " ms" : "–");
+    document.getElementById("ps-lag-safe").textContent = live ? lag(live.lag_safe_ms) : "–";
+    document.getElementById("ps-lag-apply").textContent = live ? lag(live.lag_apply_ms) : "–";
+    document.getElementById("ps-buffer").textContent = p && p.buffer ? p.buffer.used + " / " + p.buffer.depth : "–";
+    document.getElementById("ps-kind").textContent = live && live.last_kind ? live.last_kind : "–";
+  }
+
   function setStatus(cls, text) {
     const s = document.getElementById("status");
     s.className = "badge " + cls;
@@ -351,6 +366,7 @@
       renderRules(rules);
       renderDrift(summary);
       renderFlowsync(summary.flowsync);
+      renderPolicysync(summary.policysync);
       document.body.dataset.seq = String(summary.seq);
       document.body.dataset.rulesSeq = String(rules.seq);
       if (!summary.deployed) setStatus("wait", "nothing deployed");

@@ -641,17 +641,19 @@ def deploy(
         return _deploy_locked(policy, config, force, log, tgt)
 
 
-def follow(policy: Policy, log: Callable[[str], None] = lambda s: None) -> dict:
+def follow(policy: Policy, log: Callable[[str], None] = lambda s: None, rebuild: bool = False) -> dict:
     """Bring the deployment into step with `policy`, the live ruleset as the policy sync service read it (the
     fast path already shunts everything, every tag stale: ops.policysync). The operator's chains are live already:
     only the tool's chains, the jump (first again), the shim and the NIC change; through the update buffer when
-    the running matcher can hold the change. A failure leaves the fast path shunting (fail closed)."""
+    the running matcher can hold the change. A failure leaves the fast path shunting (fail closed). `rebuild`: the
+    lazy rebuild — a new core (program) for `policy`, the deployed one, built beforehand (the build is cached),
+    swapped make-before-break, the update buffer empty after it."""
     with _lock():
         old = read_state()
         if not old:
             raise HypafilterError("nothing is deployed")
         config = deployed_config(old)
-        return _deploy_locked(policy, config, False, log, target_of(old, config), follow=True)
+        return _deploy_locked(policy, config, rebuild, log, target_of(old, config), follow=True)
 
 
 def deployed_config(st: dict) -> Config:
@@ -683,7 +685,7 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
             ("nic_mode", config.nic_mode),
         )
     )
-    if same and follow:
+    if same and follow and not force:
         log("the live ruleset is the deployed policy")
         return old
     if same and not force and tgt.alive(old["nic"]):

@@ -25,12 +25,14 @@ import errno
 import os
 import select
 import signal
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
 from hypafilter import netns
+from hypafilter.analysis.plan import build_plan
 from hypafilter.errors import HypafilterError
 from hypafilter.ops import deploy
 from hypafilter.ops.policysync import live
@@ -38,6 +40,7 @@ from hypafilter.ops.policysync.nftevents import NfTables, NftEvent
 from hypafilter.ops.policysync.service import SERVICE
 
 COALESCE_S = 0.002  # after a change, events arriving this soon join it (a tool's several commands)
+REBUILD_IDLE_S = 60.0  # a buffer in use and no change for this long: the lazy rebuild starts (SFL's idle link)
 STATUS_EVERY = 1.0  # seconds between two status files while nothing happens
 SERVICE_NICE = -10
 
@@ -55,6 +58,34 @@ def _pct(xs) -> dict:
     }
 
 
+class Rebuild:
+    """The lazy rebuild (SFL): the core (program) of the master rule set built in a thread while the buffer
+    serves; `done` once built (or failed), for `policy_hash`."""
+
+    def __init__(self, policy, st: dict):
+        self.policy = policy
+        self.policy_hash = policy.policy_hash()
+        self.error = ""
+        self.seconds = 0.0
+        cfg = deploy.deployed_config(st)
+        tgt = deploy.target_of(st, cfg)
+
+        def work() -> None:
+            t = time.monotonic()
+            try:
+                tgt.build(build_plan(policy, cfg, live=True))
+            except Exception as e:  # reported in the status file; the buffer keeps serving
+                self.error = str(e)
+            self.seconds = round(time.monotonic() - t, 3)
+
+        self.thread = threading.Thread(target=work, name="rebuild", daemon=True)
+        self.thread.start()
+
+    @property
+    def done(self) -> bool:
+        return not self.thread.is_alive()
+
+
 class Follower:
     """The fast path of the deployment in `state_dir`, kept in step with the live ruleset of `ns`."""
 
@@ -68,6 +99,11 @@ class Follower:
         self.generation = 0  # the nf_tables generation last read
         self._st: dict | None = None
         self._tgt = self._shim = None
+        self.policy = None  # the live policy last applied (what a lazy rebuild builds)
+        self.rebuild: Rebuild | None = None
+        self.last_change = time.monotonic()
+        self.counts["rebuilds"] = 0
+        self.rebuild_s = 0.0
         self.last_kind = ""
 
     def state(self, fresh: bool = True) -> dict:
@@ -105,12 +141,14 @@ class Follower:
             text, self.generation = live.listing(self.ns, cfg.table, self.nft.generation)
             policy = live.live_policy(text, st, cfg)
             if policy.policy_hash() == st["policy_hash"]:
+                self.policy = policy
                 self.counts["unchanged"] += 1
                 if self.safe:
                     self.release()
             else:
                 self.fail_safe()
                 new = deploy.follow(policy, self.log)
+                self.policy = policy
                 self.safe = False
                 self.state()  # the new generation, tables and perhaps NIC: what the next fail safe writes to
                 self.counts["applied"] += 1
@@ -131,6 +169,37 @@ class Follower:
             with contextlib.suppress(HypafilterError, OSError):
                 self.fail_safe()
 
+    def buffer_use(self) -> tuple[int, int]:
+        """(slots in use, depth) of the running matcher's update buffer ((0, 0): none in use)."""
+        ov = (self._st or {}).get("overlay")
+        return (len(ov["slots"]), ov["depth"]) if ov else (0, 0)
+
+    def maybe_rebuild(self) -> None:
+        """The lazy rebuild: start building the master rule set's core once the buffer is half full or has been in
+        use for REBUILD_IDLE_S without a change; swap it in make-before-break once built, if the policy is still
+        the one it was built for (else build again)."""
+        used, depth = self.buffer_use()
+        if self.rebuild is not None and self.rebuild.done:
+            rb, self.rebuild = self.rebuild, None
+            if rb.error:
+                self.log(f"lazy rebuild failed: {rb.error}")
+            elif rb.policy_hash == self.state(fresh=False)["policy_hash"] and used:
+                try:
+                    new = deploy.follow(rb.policy, self.log, rebuild=True)
+                    self.state()
+                    self.counts["rebuilds"] += 1
+                    self.rebuild_s = rb.seconds
+                    self.log(f"lazy rebuild: generation {new['generation']} on a new core (built in {rb.seconds} s)")
+                except (HypafilterError, OSError) as e:
+                    self.error = f"lazy rebuild: {e}"
+                    self.log(self.error)
+                return
+        if self.rebuild is not None or not used or self.policy is None or self.safe:
+            return
+        if used * 2 >= depth or time.monotonic() - self.last_change >= REBUILD_IDLE_S:
+            self.log(f"lazy rebuild: {used}/{depth} buffer slots in use; building the next core")
+            self.rebuild = Rebuild(self.policy, self.state(fresh=False))
+
     def doc(self) -> dict:
         return {
             "following": not self.error,
@@ -141,6 +210,8 @@ class Follower:
             "lag_safe_ms": _pct(self.lag_safe),
             "lag_apply_ms": _pct(self.lag_apply),
             "last_kind": self.last_kind,
+            "rebuilding": self.rebuild is not None,
+            "rebuild_s": self.rebuild_s,
         }
 
 
@@ -222,6 +293,8 @@ def serve(ns: str, state_dir: Path, service_pid: int | None = None, restarts: in
                 if not (change or lost):
                     break
                 r, _, _ = select.select([nft.events], [], [], COALESCE_S)
+            if change or lost:
+                f.last_change = time.monotonic()
             if lost:
                 f.counts["resyncs"] += 1
                 with contextlib.suppress(HypafilterError, OSError):
@@ -230,6 +303,7 @@ def serve(ns: str, state_dir: Path, service_pid: int | None = None, restarts: in
             elif change:
                 f.counts["changes"] += 1
                 f.sync("change", t0)
+            f.maybe_rebuild()
             if change or lost or time.monotonic() >= next_status:
                 status()
                 next_status = time.monotonic() + STATUS_EVERY

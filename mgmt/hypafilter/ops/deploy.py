@@ -12,40 +12,49 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
-import hashlib
 import json
 import os
-import re
-import subprocess
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from hypafilter import netns, targets
-from hypafilter.analysis.overlay import BufferFull, Overlay, Slot, align
+from hypafilter.analysis.overlay import BufferFull, Overlay, align
 from hypafilter.analysis.plan import build_plan
 from hypafilter.analysis.program import user_chain_names
 from hypafilter.config import Config, Interfaces
 from hypafilter.errors import DeployError, HypafilterError
 from hypafilter.hw.model import CONTROL_MISS_SHUNT, miss_shunt_control
 from hypafilter.iptables import kernel
-from hypafilter.iptables.writer import Restore, body_of, policy_restore
-from hypafilter.ir import Box, Policy
+from hypafilter.iptables.writer import body_of, policy_restore
+from hypafilter.ir import Policy
 from hypafilter.netfilter.bridge import TABLE as BRIDGE_TABLE
 from hypafilter.netfilter.bridge import unfilterable_nft
 from hypafilter.netfilter.restore import to_iptables_restore
 from hypafilter.ops import services
+from hypafilter.ops.buffer import overlay_json, overlay_of, read_static, static_path, write_static
 from hypafilter.ops.policysync import live
+from hypafilter.ops.ruleset import (
+    base_policy,
+    chain_counters,
+    chain_prefix,
+    chains_fingerprint,
+    delete_text,
+    has_jump,
+    live_text,
+    owned_chains,
+    restore,
+    restore_table,
+    switch_text,
+    table_snapshot,
+)
+from hypafilter.ops.transaction import FAIL_ENV, Transaction
 from hypafilter.paths import BUILD_ROOT
 from hypafilter.targets import shim as shim_mod
 from hypafilter.targets.base import Site, Target
 from hypafilter.targets.nic import CONTROL_ENABLE, CONTROL_HOST_MODE, CONTROL_PASS_UNFILTERABLE, CONTROL_SHUNT_ALL
 
 STATE_DIR = Path(os.environ.get("HF_STATE_DIR", "/run/hypafilter"))
-FAIL_ENV = "HF_FAIL_STEP"  # test hook: the named step fails (netfilter: a real iptables-restore error)
 HISTORY_KEEP = 50
 VLAN_SYSCTL = "net.bridge.bridge-nf-filter-vlan-tagged"
 
@@ -151,122 +160,6 @@ def _lock() -> Iterator[None]:
         except BlockingIOError:
             raise HypafilterError("another deploy/update/undeploy is running (lock held)") from None
         yield
-
-
-# ---- netfilter --------------------------------------------------------------------------------------------------
-
-
-def chain_prefix(config: Config, generation: int) -> str:
-    return f"{config.chain_prefix}{generation}_"
-
-
-def owned_chains(ns: str | None, config: Config) -> dict[int, list[str]]:
-    """Chains in the table that belong to the tool, by generation (also leftovers of an interrupted run)."""
-    pat = re.compile(rf"^:({re.escape(config.chain_prefix)}(\d+)_\S*)")
-    out: dict[int, list[str]] = {}
-    for line in netns.run(["iptables-save", "-t", config.table], ns).splitlines():
-        m = pat.match(line)
-        if m:
-            out.setdefault(int(m.group(2)), []).append(m.group(1))
-    return out
-
-
-def switch_text(
-    config: Config,
-    base: str,
-    new_body: list[str],
-    new_main: str | None,
-    old_main: str | None,
-    base_policy: str | None = None,
-) -> str:
-    """One restore that loads new chains and moves the single base-chain jump from old_main to new_main; with
-    `base_policy`, the base chain takes that policy (the policy's own: without the jump it fails closed)."""
-    doc = Restore(config.table)
-    if base_policy:
-        doc.chain(base, base_policy)  # with --noflush a built-in chain's declaration sets its policy, flushes nothing
-    doc.extend(new_body)
-    if old_main:
-        doc.delete(base, ["-j", old_main])
-    if new_main:
-        doc.insert(base, 1, ["-j", new_main])
-    return doc.text()
-
-
-def delete_text(
-    config: Config,
-    chains: list[str],
-    base: str | None = None,
-    main: str | None = None,
-    base_policy: str | None = None,
-) -> str:
-    """One restore that removes the jump base -> main (if given) and the chains, and gives the base chain back the
-    policy it had before the first deploy (`base_policy`)."""
-    doc = Restore(config.table)
-    if base and base_policy:
-        doc.chain(base, base_policy)
-    if base and main:
-        doc.delete(base, ["-j", main])
-    return doc.remove(chains).text()
-
-
-def live_text(config: Config, policy: Policy, new_body: list[str], new_main: str, old_main: str | None) -> str:
-    """One restore that makes the policy the live ruleset under its own names — the base chain's rules, its policy
-    and its user chains (declared, so created or flushed) — with the single jump to new_main first, and loads the
-    tool's new chains (their rules jump to the operator's chains by name). Other chains of the table are left as
-    they are; the old MAIN goes with the base chain's flush."""
-    base = policy.base_chain
-    doc = Restore(config.table)
-    doc.chain(base, policy.default)
-    names = sorted(policy.user_chains)
-    for name in names:
-        doc.chain(name)
-    doc.extend(new_body)
-    doc.flush([base])
-    doc.rule(base, ["-j", new_main])
-    for toks in policy.original_rules:
-        doc.rule(base, toks)
-    for name in names:
-        for toks in policy.user_chains[name].rules:
-            doc.rule(name, toks)
-    return doc.text()
-
-
-def table_snapshot(ns: str | None, config: Config) -> str:
-    """The whole table as iptables-save writes it: what `restore_table` puts back (an undo)."""
-    return netns.run(["iptables-save", "-t", config.table], ns)
-
-
-def restore_table(ns: str | None, text: str) -> None:
-    """Replace the whole table with `text` (one atomic iptables-restore without --noflush)."""
-    netns.run(["iptables-restore", "-w"], ns, input=text)
-
-
-def has_jump(ns: str | None, config: Config, base: str, chain: str) -> bool:
-    return netns.succeeds(["iptables", "-w", "-t", config.table, "-C", base, "-j", chain], ns)
-
-
-def base_policy(ns: str | None, config: Config, base: str) -> str:
-    """The built-in chain's policy as the kernel holds it (ACCEPT or DROP)."""
-    for line in netns.run(["iptables", "-w", "-t", config.table, "-S", base], ns).splitlines():
-        if line.startswith(f"-P {base} "):
-            return line.split()[2]
-    raise HypafilterError(f"{base} is not a built-in chain of table {config.table}")
-
-
-def chains_fingerprint(ns: str | None, config: Config, chains: list[str]) -> str:
-    """SHA-256 of the tool's chains as the kernel lists them (rules in order, no counters): any rule added,
-    removed or changed by hand changes it."""
-    wanted = set(chains)
-    lines = [
-        ln
-        for ln in netns.run(["iptables-save", "-t", config.table], ns).splitlines()
-        if (ln.startswith(":") and ln[1:].split()[0] in wanted) or (ln.startswith("-A ") and ln.split()[1] in wanted)
-    ]
-    return hashlib.sha256(
-        "\n".join(
-            sorted(ln for ln in lines if ln.startswith(":")) + [ln for ln in lines if ln.startswith("-A ")]
-        ).encode()
-    ).hexdigest()
 
 
 def drift(st: dict, tgt: Target | None = None) -> list[str]:
@@ -388,126 +281,6 @@ def bridge_drift(st: dict) -> list[str]:
     elif not want and listing is not None:
         out.append(f"bridge: table {BRIDGE_TABLE} is present, deployed with unfilterable = pass")
     return out
-
-
-def restore(ns: str | None, text: str) -> None:
-    netns.run(["iptables-restore", "-w", "--noflush"], ns, input=text)
-
-
-def chain_counters(ns: str | None, config: Config, prefix: str | None = None) -> dict[str, list[dict]]:
-    """Per-rule packet/byte counters of the tool's chains (iptables-save -c)."""
-    prefix = prefix or config.chain_prefix
-    out: dict[str, list[dict]] = {}
-    pat = re.compile(r"^\[(\d+):(\d+)\] -A (\S+) ?(.*)$")
-    for line in netns.run(["iptables-save", "-c", "-t", config.table], ns).splitlines():
-        m = pat.match(line)
-        if m and m.group(3).startswith(prefix):
-            out.setdefault(m.group(3), []).append(
-                {"packets": int(m.group(1)), "bytes": int(m.group(2)), "rule": m.group(4)}
-            )
-    return out
-
-
-# ---- the update buffer: what the running matcher was built from, and its overlay ---------------------------------
-
-
-class StaticEntry:
-    """A static entry of the running matcher as the state directory keeps it: its boxes (what `align` compares)."""
-
-    __slots__ = ("boxes",)
-
-    def __init__(self, boxes):
-        self.boxes = tuple(boxes)
-
-
-def _box_json(b) -> list:
-    return [list(b.lo), list(b.hi), b.flags_mask, b.flags_value]
-
-
-def _box_of(j) -> Box:
-    return Box(tuple(j[0]), tuple(j[1]), j[2], j[3])
-
-
-def static_path() -> Path:
-    return STATE_DIR / "static.json"
-
-
-def write_static(plan, depth: int, binary: str) -> None:
-    """The running matcher's entries (their boxes, in order) and its update buffer's depth: written when a new
-    core (program) starts, read by every update that tries the buffer first."""
-    doc = {"binary": binary, "depth": depth, "entries": [[_box_json(b) for b in e.boxes] for e in plan.entries]}
-    _write_private(static_path(), json.dumps(doc) + "\n")
-
-
-def read_static(binary: str) -> tuple[list[StaticEntry], int] | None:
-    """(entries, depth) of the running matcher `binary`, None when unknown or of another matcher."""
-    try:
-        doc = json.loads(static_path().read_text())
-    except (OSError, ValueError):
-        return None
-    if doc.get("binary") != binary:
-        return None
-    return [StaticEntry(_box_of(b) for b in e) for e in doc["entries"]], int(doc.get("depth", 0))
-
-
-def overlay_json(ov: Overlay) -> dict:
-    return {
-        "n_static": ov.n_static,
-        "depth": ov.depth,
-        "invalid": [int(i) for i in np.flatnonzero(~ov.valid)],
-        "slots": [[_box_json(sl.box), sl.pos, sl.master] for sl in ov.slots],
-    }
-
-
-def overlay_of(doc: dict) -> Overlay:
-    valid = np.ones(doc["n_static"], dtype=bool)
-    valid[doc["invalid"]] = False
-    return Overlay(doc["n_static"], doc["depth"], valid, tuple(Slot(_box_of(b), p, m) for b, p, m in doc["slots"]))
-
-
-# ---- the transaction ------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Transaction:
-    """Steps with their undos; a failure in any step rolls back every earlier one in reverse order."""
-
-    log: Callable[[str], None] = lambda s: None
-    undo: list[tuple[str, Callable[[], None]]] = field(default_factory=list)
-    timings: dict[str, float] = field(default_factory=dict)
-    rollback_errors: list[str] = field(default_factory=list)
-
-    def step(
-        self, name: str, fn: Callable[[], object], undo: Callable[[], None] | None = None, undo_first: bool = False
-    ) -> object:
-        """Run one step. undo_first: the step can fail half-way (a run of register writes), so its undo is
-        registered before it runs and a failure of the step itself also undoes it."""
-        t = time.monotonic()
-        self.log(f"{name} ...")
-        if undo is not None and undo_first:
-            self.undo.append((name, undo))
-        try:
-            if os.environ.get(FAIL_ENV) == name and name != "netfilter":
-                raise HypafilterError(f"injected failure ({FAIL_ENV}={name})")
-            result = fn()
-        except DeployError:
-            raise
-        except (HypafilterError, OSError, subprocess.SubprocessError, RuntimeError, ValueError) as e:
-            raise DeployError(name, str(e)) from e
-        finally:
-            self.timings[name] = round(time.monotonic() - t, 4)
-        if undo is not None and not undo_first:
-            self.undo.append((name, undo))
-        return result
-
-    def rollback(self) -> None:
-        for name, fn in reversed(self.undo):
-            try:
-                self.log(f"rollback {name}")
-                fn()
-            except Exception as e:  # keep undoing the rest; report every failure
-                self.rollback_errors.append(f"{name}: {e}")
-        self.undo.clear()
 
 
 # ---- the NIC ---------------------------------------------------------------------------------------------------
@@ -641,19 +414,31 @@ def deploy(
         return _deploy_locked(policy, config, force, log, tgt)
 
 
-def follow(policy: Policy, log: Callable[[str], None] = lambda s: None, rebuild: bool = False) -> dict:
+def follow(
+    policy: Policy,
+    log: Callable[[str], None] = lambda s: None,
+    rebuild: bool = False,
+    hold: Callable[[], bool] | None = None,
+) -> dict:
     """Bring the deployment into step with `policy`, the live ruleset as the policy sync service read it (the
     fast path already shunts everything, every tag stale: ops.policysync). The operator's chains are live already:
     only the tool's chains, the jump (first again), the shim and the NIC change; through the update buffer when
     the running matcher can hold the change. A failure leaves the fast path shunting (fail closed). `rebuild`: the
     lazy rebuild — a new core (program) for `policy`, the deployed one, built beforehand (the build is cached),
-    swapped make-before-break, the update buffer empty after it."""
+    swapped make-before-break, the update buffer empty after it. `hold()`, asked just before the fast path would
+    decide again: True when a newer change is pending, and then everything stays with software, every tag stale
+    (the new state's `held`)."""
     with _lock():
         old = read_state()
         if not old:
             raise HypafilterError("nothing is deployed")
         config = deployed_config(old)
-        return _deploy_locked(policy, config, rebuild, log, target_of(old, config), follow=True)
+        return _deploy_locked(policy, config, rebuild, log, target_of(old, config), follow=True, hold=hold)
+
+
+def stale_generation(gen: int) -> int:
+    """A generation no tag of generation `gen` carries: the shim takes every such tag for stale (k = 0)."""
+    return gen + 1 if gen < 0xFFFF else 1
 
 
 def deployed_config(st: dict) -> Config:
@@ -666,7 +451,15 @@ def deployed_config(st: dict) -> Config:
     return Config(**{k: v for k, v in doc.items() if k in known})
 
 
-def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target, follow: bool = False) -> dict:
+def _deploy_locked(
+    policy: Policy,
+    config: Config,
+    force: bool,
+    log,
+    tgt: Target,
+    follow: bool = False,
+    hold: Callable[[], bool] | None = None,
+) -> dict:
     t0 = time.monotonic()
     old = read_state()
     if old and old.get("target", "emu") != tgt.name:
@@ -726,6 +519,7 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
         log(f"previous NIC (pid {old_nic.get('pid')}) is gone; deploying as new")
         old_nic = None
 
+    held = False
     if not follow:
         # The policy sync service would take this transaction's own changes for the operator's: it stops first,
         # and the deployment starts it again after the commit (or after a rollback, the old one's).
@@ -739,7 +533,7 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
         # The update buffer first (SFL, docs/deploy.md "Update buffer"): the running matcher with an overlay that
         # makes it decide as the new plan; a new core (program) only when the change does not fit.
         view = None
-        static = read_static(old_nic.get("binary", "")) if old_nic and not force else None
+        static = read_static(STATE_DIR, old_nic.get("binary", "")) if old_nic and not force else None
         if static is not None and static[1] > 0:
             t_ov = time.monotonic()
             try:
@@ -854,6 +648,10 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
             new_nic = tx.step("nic", lambda: tgt.start(binary, gen, standby=standby), None)
             tx.undo.append(("nic", lambda: tgt.stop(new_nic)))
             written = tx.step("registers", lambda: tgt.program(new_nic, plan, gen))
+            if hold is not None and hold():  # a newer change of the live ruleset: the new NIC decides nothing yet
+                tgt.shunt_all(new_nic, True)
+                fwshim.set_generation(stale_generation(gen))
+                held = True
             # Activate the new NIC before silencing the old one: frames in the overlap may be seen by both
             # (a duplicate with the right verdict), never by neither.
             tx.step("activate", lambda: tgt.activate(new_nic), lambda: tgt.standby(new_nic))
@@ -887,7 +685,11 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
                     )
 
             written = tx.step("registers", registers, registers_undo, undo_first=True)
-            tx.step("release", lambda: tgt.shunt_all(new_nic, False))
+            if hold is not None and hold():  # a newer change of the live ruleset: everything stays with software
+                fwshim.set_generation(stale_generation(gen))
+                held = True
+            else:
+                tx.step("release", lambda: tgt.shunt_all(new_nic, False))
         tx.undo.clear()  # committed: from here on, failures are clean-up warnings, not rollbacks
     except DeployError as e:
         tx.rollback()
@@ -905,9 +707,9 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
     warnings = [f"stopping {svc.title}: {e}" for svc, e in services.stop_all(STATE_DIR, only=restart)]
     if replace:
         try:
-            write_static(plan, getattr(config, "update_buffer", 0), binary)
+            write_static(STATE_DIR, plan, getattr(config, "update_buffer", 0), binary, _write_private)
         except OSError as e:
-            warnings.append(f"writing {static_path()}: {e}")
+            warnings.append(f"writing {static_path(STATE_DIR)}: {e}")
     if old_nic and replace:
         try:
             tgt.stop(old_nic)
@@ -958,6 +760,8 @@ def _deploy_locked(policy: Policy, config: Config, force: bool, log, tgt: Target
         "deployed_at": time.time(),
         "plain_rules": policy_restore(policy, config.table),
         "config": dataclasses.asdict(config),
+        # a newer change of the live ruleset came while this one was applied: the fast path shunts everything
+        "held": held,
         # the update buffer's contents over the running matcher (docs/deploy.md "Update buffer"); None: not in use
         "overlay": overlay_json(view.overlay) if view is not None else None,
         "history": ((old or {}).get("history") or [])[-HISTORY_KEEP + 1 :]

@@ -100,6 +100,11 @@ class Follower:
         self._st: dict | None = None
         self._tgt = self._shim = None
         self.policy = None  # the live policy last applied (what a lazy rebuild builds)
+        self.table = "filter"
+        self.dirty = False  # a message of the transaction being read touched the deployed table
+        self.pending = False  # a foreign change not applied yet
+        self.pending_since: float | None = None
+        self.lost = False  # events were lost: read the ruleset again
         self.rebuild: Rebuild | None = None
         self.last_change = time.monotonic()
         self.counts["rebuilds"] = 0
@@ -123,7 +128,7 @@ class Follower:
             return
         st = self.state(fresh=False)
         self._tgt.shunt_all_now(st["nic"])
-        self._shim.set_generation(st["generation"] + 1 if st["generation"] < 0xFFFF else 1)
+        self._shim.set_generation(deploy.stale_generation(st["generation"]))
         self.safe = True
 
     def release(self) -> None:
@@ -137,19 +142,21 @@ class Follower:
         """Read the live ruleset and bring the fast path into step with it."""
         st = self.state()
         cfg = deploy.deployed_config(st)
+        # what arrives from here on is read by the hold check or the next round
+        self.pending, self.pending_since, self.lost = False, None, False
         try:
             text, self.generation = live.listing(self.ns, cfg.table, self.nft.generation)
             policy = live.live_policy(text, st, cfg)
             if policy.policy_hash() == st["policy_hash"]:
                 self.policy = policy
                 self.counts["unchanged"] += 1
-                if self.safe:
+                if self.safe and not self.hold():
                     self.release()
             else:
                 self.fail_safe()
-                new = deploy.follow(policy, self.log)
+                new = deploy.follow(policy, self.log, hold=self.hold)
                 self.policy = policy
-                self.safe = False
+                self.safe = bool(new.get("held"))  # a newer change came during the update: still fail-safe
                 self.state()  # the new generation, tables and perhaps NIC: what the next fail safe writes to
                 self.counts["applied"] += 1
                 last = (new.get("history") or [{}])[-1]
@@ -168,6 +175,46 @@ class Follower:
             self.log(f"cannot follow: {self.error}")
             with contextlib.suppress(HypafilterError, OSError):
                 self.fail_safe()
+
+    def intake(self, t0: float) -> bool:
+        """Read the events queued now: a transaction of another process that touched the deployed table makes a
+        change pending and puts the fail safe in force at once; lost events (ENOBUFS) mark a resync. True when
+        something is pending (the caller waits COALESCE_S for more before it reads the ruleset)."""
+        try:
+            events = self.nft.read_events()
+        except OSError as e:
+            if e.errno != errno.ENOBUFS:
+                raise
+            self.lost = True
+            events = []
+        for e in events:
+            self.counts["events"] += 1
+            if e.kind != "newgen":
+                self.dirty |= relevant(e, self.table)
+                continue
+            if self.dirty and e.pid not in netns.SPAWNED:
+                if not self.pending:
+                    self.pending, self.pending_since = True, t0
+                if not self.safe:  # step 1 at once, before the listing
+                    try:
+                        self.fail_safe()
+                        self.lag_safe.append((time.monotonic() - t0) * 1000)
+                    except (HypafilterError, OSError) as ex:
+                        self.error = f"fail safe: {ex}"
+            elif self.dirty:
+                self.counts["own"] += 1
+            self.dirty = False
+        if self.lost and not self.safe:
+            with contextlib.suppress(HypafilterError, OSError):
+                self.fail_safe()
+        return self.pending or self.lost
+
+    def hold(self) -> bool:
+        """Asked by the update just before it lets the fast path decide again: whether a change arrived meanwhile
+        (then the update leaves everything to software, every tag stale, and the next sync applies it)."""
+        if select.select([self.nft.events], [], [], 0)[0]:
+            self.intake(time.monotonic())
+        return self.pending or self.lost
 
     def buffer_use(self) -> tuple[int, int]:
         """(slots in use, depth) of the running matcher's update buffer ((0, 0): none in use)."""
@@ -239,7 +286,7 @@ def serve(ns: str, state_dir: Path, service_pid: int | None = None, restarts: in
         print(f"policysync: {msg}", flush=True)
 
     f = Follower(ns, state_dir, nft, log)
-    table = deploy.deployed_config(f.state()).table
+    f.table = deploy.deployed_config(f.state()).table
 
     def status() -> None:
         SERVICE.write_status_file(
@@ -260,49 +307,19 @@ def serve(ns: str, state_dir: Path, service_pid: int | None = None, restarts: in
         f.sync("start")
         status()
         next_status = time.monotonic() + STATUS_EVERY
-        dirty = False
         while not stopping:
-            r, _, _ = select.select([nft.events], [], [], max(0.0, next_status - time.monotonic()))
+            wait = 0.0 if f.pending or f.lost else max(0.0, next_status - time.monotonic())
+            r, _, _ = select.select([nft.events], [], [], wait)
             t0 = time.monotonic()
-            change = False
-            lost = False
             while r:
-                try:
-                    events = nft.read_events()
-                except OSError as e:
-                    if e.errno != errno.ENOBUFS:
-                        raise
-                    lost = True
-                    events = []
-                for e in events:
-                    f.counts["events"] += 1
-                    if e.kind != "newgen":
-                        dirty |= relevant(e, table)
-                        continue
-                    if dirty and e.pid not in netns.SPAWNED:
-                        change = True
-                        if not f.safe:  # step 1 at once, before the listing
-                            try:
-                                f.fail_safe()
-                                f.lag_safe.append((time.monotonic() - t0) * 1000)
-                            except (HypafilterError, OSError) as ex:
-                                f.error = f"fail safe: {ex}"
-                    elif dirty:
-                        f.counts["own"] += 1
-                    dirty = False
-                if not (change or lost):
+                if not f.intake(t0):
                     break
                 r, _, _ = select.select([nft.events], [], [], COALESCE_S)
+            change, lost = f.pending, f.lost
             if change or lost:
                 f.last_change = time.monotonic()
-            if lost:
-                f.counts["resyncs"] += 1
-                with contextlib.suppress(HypafilterError, OSError):
-                    f.fail_safe()
-                f.sync("events lost (ENOBUFS)", t0)
-            elif change:
-                f.counts["changes"] += 1
-                f.sync("change", t0)
+                f.counts["changes" if change else "resyncs"] += 1
+                f.sync("change" if change else "events lost (ENOBUFS)", f.pending_since or t0)
             f.maybe_rebuild()
             if change or lost or time.monotonic() >= next_status:
                 status()

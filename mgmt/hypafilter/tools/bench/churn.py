@@ -14,6 +14,7 @@ decided during the rate's window, `cores_built` the updates that started a new c
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import statistics
 import struct
@@ -38,6 +39,7 @@ from hypafilter.tools.bench.pktrate import build_blaster
 FIELDS = ("target", "updates", "rate_per_s", "lag_p50_ms", "lag_p99_ms", "cores_built", "mismatches", "hw_share")
 POLL_S = 0.0002
 LAG_TIMEOUT_S = 30.0
+REOPEN_S = 10.0  # how long a replaced NIC's successor may take to appear in the state file
 BAN_BASE = ipaddress.IPv4Address("10.0.1.16")  # banned sources, one new address per insert: inside the lab's /24s
 
 
@@ -46,10 +48,12 @@ class FastPathProbe:
     shunting everything, shim generation)."""
 
     def __init__(self, st: dict):
-        self.st = st
         self.shim = PinnedArray(Path(st["shim"]["pin"]) / shared.HF_MAP_CONFIG)
-        self.xdp = None
-        self.nic = None
+        self.xdp = self.nic = self.nic_client = None
+        self._open(st)
+
+    def _open(self, st: dict) -> None:
+        self.st = st
         if st.get("target") == "xdp":
             self.xdp = PinnedArray(Path(st["nic"]["pin"]) / "hfx_cfg")
         else:
@@ -57,19 +61,36 @@ class FastPathProbe:
             self.nic_client = tgt.client(st["nic"])
             self.nic = self.nic_client.__enter__()
 
+    def _close_nic(self) -> None:
+        if self.xdp is not None:
+            self.xdp.close()
+        if self.nic_client is not None:
+            with contextlib.suppress(Exception):
+                self.nic_client.__exit__(None, None, None)
+        self.xdp = self.nic = self.nic_client = None
+
     def read(self) -> tuple[int, bool, int]:
         shim_gen = struct.unpack_from("=I", self.shim.read(), 4 * shared.C["HF_CFG_GENERATION"])[0]
-        if self.xdp is not None:
-            control, gen = struct.unpack_from("=II", self.xdp.read(), 0)
-            return gen, control == 0, shim_gen
-        return self.nic.read("GENERATION"), bool(self.nic.read("CONTROL") & 2), shim_gen
+        deadline = time.monotonic() + REOPEN_S
+        while True:
+            try:
+                if self.xdp is None and self.nic is None:
+                    self._open(deploy.read_state())
+                if self.xdp is not None:
+                    control, gen = struct.unpack_from("=II", self.xdp.read(), 0)
+                    return gen, control == 0, shim_gen
+                return self.nic.read("GENERATION"), bool(self.nic.read("CONTROL") & 2), shim_gen
+            except (HypafilterError, OSError):
+                # the update replaced the NIC (a new core) or the program; the state file names the new one once
+                # the update has committed (the old NIC stops a moment before)
+                self._close_nic()
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
 
     def close(self) -> None:
         self.shim.close()
-        if self.xdp is not None:
-            self.xdp.close()
-        if self.nic is not None:
-            self.nic_client.__exit__(None, None, None)
+        self._close_nic()
 
 
 def _pct(xs: list[float], q: float) -> float | None:

@@ -1,0 +1,71 @@
+"""The update buffer's records in the state directory: `static.json` (the running matcher's entries, their boxes in
+order, and its buffer depth: written when a new core or program starts) and the state's `overlay` (what the buffer
+and the valid mask hold now), read by every update that tries the buffer first (analysis.overlay.align)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from hypafilter.analysis.overlay import Overlay, Slot
+from hypafilter.ir import Box
+
+
+class StaticEntry:
+    """A static entry of the running matcher as the state directory keeps it: its boxes (what `align` compares)."""
+
+    __slots__ = ("boxes",)
+
+    def __init__(self, boxes):
+        self.boxes = tuple(boxes)
+
+
+def _box_json(b) -> list:
+    return [list(b.lo), list(b.hi), b.flags_mask, b.flags_value]
+
+
+def _box_of(j) -> Box:
+    return Box(tuple(j[0]), tuple(j[1]), j[2], j[3])
+
+
+def static_path(state_dir: Path) -> Path:
+    return Path(state_dir) / "static.json"
+
+
+def write_static(state_dir: Path, plan, depth: int, binary: str, write=None) -> None:
+    """The running matcher's entries (their boxes, in order) and its update buffer's depth: written when a new
+    core (program) starts, read by every update that tries the buffer first."""
+    doc = {"binary": binary, "depth": depth, "entries": [[_box_json(b) for b in e.boxes] for e in plan.entries]}
+    text = json.dumps(doc) + "\n"
+    if write is not None:  # the state directory's private writer (ops.deploy)
+        write(static_path(state_dir), text)
+    else:
+        static_path(state_dir).write_text(text)
+
+
+def read_static(state_dir: Path, binary: str) -> tuple[list[StaticEntry], int] | None:
+    """(entries, depth) of the running matcher `binary`, None when unknown or of another matcher."""
+    try:
+        doc = json.loads(static_path(state_dir).read_text())
+    except (OSError, ValueError):
+        return None
+    if doc.get("binary") != binary:
+        return None
+    return [StaticEntry(_box_of(b) for b in e) for e in doc["entries"]], int(doc.get("depth", 0))
+
+
+def overlay_json(ov: Overlay) -> dict:
+    return {
+        "n_static": ov.n_static,
+        "depth": ov.depth,
+        "invalid": [int(i) for i in np.flatnonzero(~ov.valid)],
+        "slots": [[_box_json(sl.box), sl.pos, sl.master] for sl in ov.slots],
+    }
+
+
+def overlay_of(doc: dict) -> Overlay:
+    valid = np.ones(doc["n_static"], dtype=bool)
+    valid[doc["invalid"]] = False
+    return Overlay(doc["n_static"], doc["depth"], valid, tuple(Slot(_box_of(b), p, m) for b, p, m in doc["slots"]))

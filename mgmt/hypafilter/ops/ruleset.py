@@ -1,0 +1,146 @@
+"""The firewall's filter table as a deployment writes it: the tool's chains (`<prefix><gen>_*`) and the single jump to
+MAIN, the policy loaded live under its own names (`live_text`), the texts of the switch and of the removal, and what
+the kernel says back (the jump, the base chain's policy, a fingerprint of the tool's chains, their counters). Every
+function names the namespace it works in; nothing here keeps state."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from hypafilter import netns
+from hypafilter.config import Config
+from hypafilter.errors import HypafilterError
+from hypafilter.iptables.writer import Restore
+from hypafilter.ir import Policy
+
+
+def chain_prefix(config: Config, generation: int) -> str:
+    return f"{config.chain_prefix}{generation}_"
+
+
+def owned_chains(ns: str | None, config: Config) -> dict[int, list[str]]:
+    """Chains in the table that belong to the tool, by generation (also leftovers of an interrupted run)."""
+    pat = re.compile(rf"^:({re.escape(config.chain_prefix)}(\d+)_\S*)")
+    out: dict[int, list[str]] = {}
+    for line in netns.run(["iptables-save", "-t", config.table], ns).splitlines():
+        m = pat.match(line)
+        if m:
+            out.setdefault(int(m.group(2)), []).append(m.group(1))
+    return out
+
+
+def switch_text(
+    config: Config,
+    base: str,
+    new_body: list[str],
+    new_main: str | None,
+    old_main: str | None,
+    base_policy: str | None = None,
+) -> str:
+    """One restore that loads new chains and moves the single base-chain jump from old_main to new_main; with
+    `base_policy`, the base chain takes that policy (the policy's own: without the jump it fails closed)."""
+    doc = Restore(config.table)
+    if base_policy:
+        doc.chain(base, base_policy)  # with --noflush a built-in chain's declaration sets its policy, flushes nothing
+    doc.extend(new_body)
+    if old_main:
+        doc.delete(base, ["-j", old_main])
+    if new_main:
+        doc.insert(base, 1, ["-j", new_main])
+    return doc.text()
+
+
+def delete_text(
+    config: Config,
+    chains: list[str],
+    base: str | None = None,
+    main: str | None = None,
+    base_policy: str | None = None,
+) -> str:
+    """One restore that removes the jump base -> main (if given) and the chains, and gives the base chain back the
+    policy it had before the first deploy (`base_policy`)."""
+    doc = Restore(config.table)
+    if base and base_policy:
+        doc.chain(base, base_policy)
+    if base and main:
+        doc.delete(base, ["-j", main])
+    return doc.remove(chains).text()
+
+
+def live_text(config: Config, policy: Policy, new_body: list[str], new_main: str, old_main: str | None) -> str:
+    """One restore that makes the policy the live ruleset under its own names — the base chain's rules, its policy
+    and its user chains (declared, so created or flushed) — with the single jump to new_main first, and loads the
+    tool's new chains (their rules jump to the operator's chains by name). Other chains of the table are left as
+    they are; the old MAIN goes with the base chain's flush."""
+    base = policy.base_chain
+    doc = Restore(config.table)
+    doc.chain(base, policy.default)
+    names = sorted(policy.user_chains)
+    for name in names:
+        doc.chain(name)
+    doc.extend(new_body)
+    doc.flush([base])
+    doc.rule(base, ["-j", new_main])
+    for toks in policy.original_rules:
+        doc.rule(base, toks)
+    for name in names:
+        for toks in policy.user_chains[name].rules:
+            doc.rule(name, toks)
+    return doc.text()
+
+
+def table_snapshot(ns: str | None, config: Config) -> str:
+    """The whole table as iptables-save writes it: what `restore_table` puts back (an undo)."""
+    return netns.run(["iptables-save", "-t", config.table], ns)
+
+
+def restore_table(ns: str | None, text: str) -> None:
+    """Replace the whole table with `text` (one atomic iptables-restore without --noflush)."""
+    netns.run(["iptables-restore", "-w"], ns, input=text)
+
+
+def has_jump(ns: str | None, config: Config, base: str, chain: str) -> bool:
+    return netns.succeeds(["iptables", "-w", "-t", config.table, "-C", base, "-j", chain], ns)
+
+
+def base_policy(ns: str | None, config: Config, base: str) -> str:
+    """The built-in chain's policy as the kernel holds it (ACCEPT or DROP)."""
+    for line in netns.run(["iptables", "-w", "-t", config.table, "-S", base], ns).splitlines():
+        if line.startswith(f"-P {base} "):
+            return line.split()[2]
+    raise HypafilterError(f"{base} is not a built-in chain of table {config.table}")
+
+
+def chains_fingerprint(ns: str | None, config: Config, chains: list[str]) -> str:
+    """SHA-256 of the tool's chains as the kernel lists them (rules in order, no counters): any rule added,
+    removed or changed by hand changes it."""
+    wanted = set(chains)
+    lines = [
+        ln
+        for ln in netns.run(["iptables-save", "-t", config.table], ns).splitlines()
+        if (ln.startswith(":") and ln[1:].split()[0] in wanted) or (ln.startswith("-A ") and ln.split()[1] in wanted)
+    ]
+    return hashlib.sha256(
+        "\n".join(
+            sorted(ln for ln in lines if ln.startswith(":")) + [ln for ln in lines if ln.startswith("-A ")]
+        ).encode()
+    ).hexdigest()
+
+
+def restore(ns: str | None, text: str) -> None:
+    netns.run(["iptables-restore", "-w", "--noflush"], ns, input=text)
+
+
+def chain_counters(ns: str | None, config: Config, prefix: str | None = None) -> dict[str, list[dict]]:
+    """Per-rule packet/byte counters of the tool's chains (iptables-save -c)."""
+    prefix = prefix or config.chain_prefix
+    out: dict[str, list[dict]] = {}
+    pat = re.compile(r"^\[(\d+):(\d+)\] -A (\S+) ?(.*)$")
+    for line in netns.run(["iptables-save", "-c", "-t", config.table], ns).splitlines():
+        m = pat.match(line)
+        if m and m.group(3).startswith(prefix):
+            out.setdefault(m.group(3), []).append(
+                {"packets": int(m.group(1)), "bytes": int(m.group(2)), "rule": m.group(4)}
+            )
+    return out

@@ -97,6 +97,14 @@ def run(
     return out or ""
 
 
+def sysctl(key: str, ns: str | None = None) -> str:
+    """A sysctl's value as namespace `ns` sees it, read from /proc/sys without a helper process (the net.* files
+    answer for the network namespace the reader is in when it opens them)."""
+    path = "/proc/sys/" + key.replace(".", "/")
+    with inside(ns), open(path) as f:
+        return f.read().strip()
+
+
 def succeeds(argv: Sequence[str], ns: str | None = None, timeout: float | None = TIMEOUT) -> bool:
     """Whether argv exits 0 (a check such as `iptables -C`); False also when it cannot run."""
     try:

@@ -572,43 +572,59 @@ def _deploy_locked(
                 None if follow else lambda: tgt.shunt_all(old_nic, False),
             )
         # 2. Shim generation first: from here every hardware tag is stale → k = 0 → full policy in software.
-        if fwshim.clear_stale():
-            log(f"removed the shim's stale pins in {fwshim.pin} (their namespace was deleted without an unload)")
-        was_loaded = fwshim.loaded
-        old_cfg = fwshim.stats()["config"] if was_loaded else None
+        #    An update of a running deployment with the same mark bits writes the one word through the bpf()
+        #    syscall; anything else (a fresh deploy, a repair, other mark bits) goes through the shim's loader.
+        quick = bool(old) and not force and fwshim.pinned and all(
+            old.get(k) == getattr(config, k) for k in ("mark_mask", "mark_shift")
+        )
+        if quick:
+            old_gen = old["generation"]
+            tx.step(
+                "shim-generation",
+                lambda: fwshim.set_generation(gen),
+                None if follow else lambda: fwshim.set_generation(old_gen),
+            )
+        else:
+            if fwshim.clear_stale():
+                log(f"removed the shim's stale pins in {fwshim.pin} (their namespace was deleted without an unload)")
+            was_loaded = fwshim.loaded
+            old_cfg = fwshim.stats()["config"] if was_loaded else None
 
-        def shim_gen():
-            if not fwshim.loaded:
-                fwshim.load()
-            fwshim.update(generation=gen, mark_mask=config.mark_mask, mark_shift=config.mark_shift)
+            def shim_gen():
+                if not fwshim.loaded:
+                    fwshim.load()
+                fwshim.update(generation=gen, mark_mask=config.mark_mask, mark_shift=config.mark_shift)
 
-        def shim_gen_undo():
-            if not was_loaded:
-                fwshim.unload()
-            else:
-                fwshim.update(
-                    generation=old_cfg["generation"],
-                    mark_mask=old_cfg["mark_mask"],
-                    mark_shift=old_cfg["mark_shift"],
-                )
+            def shim_gen_undo():
+                if not was_loaded:
+                    fwshim.unload()
+                else:
+                    fwshim.update(
+                        generation=old_cfg["generation"],
+                        mark_mask=old_cfg["mark_mask"],
+                        mark_shift=old_cfg["mark_shift"],
+                    )
 
-        tx.step("shim-generation", shim_gen, None if follow and was_loaded else shim_gen_undo)
+            tx.step("shim-generation", shim_gen, None if follow and was_loaded else shim_gen_undo)
         # Single-tagged (802.1Q) IPv4 frames are classified by the hardware, so netfilter must filter them too
         # when they are shunted: the kernel default (0) lets them cross the bridge without any iptables rule.
-        old_vlan = netns.run(["sysctl", "-n", VLAN_SYSCTL], NS_FW).strip()
-        tx.step(
-            "bridge-vlan",
-            lambda: netns.run(["sysctl", "-qw", f"{VLAN_SYSCTL}=1"], NS_FW),
-            lambda: netns.run(["sysctl", "-qw", f"{VLAN_SYSCTL}={old_vlan}"], NS_FW),
-        )
+        old_vlan = netns.sysctl(VLAN_SYSCTL, NS_FW)
+        if old_vlan != "1":
+            tx.step(
+                "bridge-vlan",
+                lambda: netns.run(["sysctl", "-qw", f"{VLAN_SYSCTL}=1"], NS_FW),
+                lambda: netns.run(["sysctl", "-qw", f"{VLAN_SYSCTL}={old_vlan}"], NS_FW),
+            )
         # Two-tag frames cross the bridge without iptables: dropped by the NIC (unfilterable = "drop"), and by
-        # the host too for frames the NIC hands it while it is not classifying (reset, standby, loading).
+        # the host too for frames the NIC hands it while it is not classifying (reset, standby, loading). An update
+        # with the same setting leaves the table as the last deploy wrote it (drift names a change by hand).
         old_unfilterable = (old or {}).get("unfilterable", "pass")
-        tx.step(
-            "bridge-unfilterable",
-            lambda: netns.run(["nft", "-f", "-"], NS_FW, input=unfilterable_nft(config.unfilterable)),
-            lambda: netns.run(["nft", "-f", "-"], NS_FW, input=unfilterable_nft(old_unfilterable)),
-        )
+        if force or not old or old_unfilterable != config.unfilterable:
+            tx.step(
+                "bridge-unfilterable",
+                lambda: netns.run(["nft", "-f", "-"], NS_FW, input=unfilterable_nft(config.unfilterable)),
+                lambda: netns.run(["nft", "-f", "-"], NS_FW, input=unfilterable_nft(old_unfilterable)),
+            )
         # 3. New chains and the jump to them, in one atomic restore.
         # The policy goes live under its own names, the tool's chains beside it, the jump first: one atomic restore;
         # its undo puts the whole table back as it was.

@@ -283,7 +283,16 @@ def test_ufw_route_deny_holds_on_the_hybrid_path_and_lifts(lab, tmp_path):
     holds(decides=False)
     assert delivered() == [JAIL_PORT, OTHER_PORT]
 
+    applied = hf.service()["applied"]
     ufw("route", "insert", "1", "deny", "from", SENDER)  # route rules are FORWARD rules: ufw-user-forward
+    # while the change is read and applied (here a new core: seconds), `policysync status` says the fail safe is
+    # in force (it used to show the previous change's "safe": false until the apply ended)
+    until(
+        "policysync status: the fail safe in force, the change not applied yet",
+        lambda: (doc := hf.service())["safe"] and doc["applied"] == applied,
+        timeout=10,
+        every=0.01,
+    )
     assert ipt("-S", "ufw-user-forward").splitlines()[1] == f"-A ufw-user-forward -s {SENDER}/32 -j DROP"
     holds(decides=False)
     assert delivered() == []

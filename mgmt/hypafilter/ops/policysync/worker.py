@@ -226,10 +226,13 @@ def serve(ns: str, state_dir: Path, service_pid: int | None = None, restarts: in
                 f.counts["resyncs"] += 1
                 with contextlib.suppress(HypafilterError, OSError):
                     f.fail_safe()
-                f.sync("events lost (ENOBUFS)", t0)
             elif change:
                 f.counts["changes"] += 1
-                f.sync("change", t0)
+            if lost or change:
+                # the fail safe in force, said before the read and apply (a new core takes seconds): the status
+                # file must not show the last change's "safe": false meanwhile
+                status()
+                f.sync("events lost (ENOBUFS)" if lost else "change", t0)
             if change or lost or time.monotonic() >= next_status:
                 status()
                 next_status = time.monotonic() + STATUS_EVERY

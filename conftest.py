@@ -91,6 +91,7 @@ LONG_MODULES = {
     "test_exactness.py": 86,
     "test_xdp_lab.py": 84,
     "test_exact_state.py": 70,
+    "test_live_tools.py": 69,
     "test_core_flow_cache.py": 60,
     "test_hf_flow_cache.py": 58,
     "test_deploy.py": 53,

@@ -1,15 +1,19 @@
 """`hypafilter` on the command line, as an operator runs it, for the system tests that bring up a lab of their own
-(its name LAB, its deploy state in STATE: the environment's HF_LAB and HF_STATE_DIR), and that lab with the xdp
-topology for a test module's `lab` fixture."""
+(its name LAB, its deploy state in STATE: the environment's HF_LAB and HF_STATE_DIR), that lab with the xdp
+topology for a test module's `lab` fixture, and the live policy's checks (the policy sync service's status, the
+deployment following the live ruleset, `verify --live`)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 from conftest import need_root, need_tool
 
@@ -34,6 +38,51 @@ class HfCli:
         if check:
             assert p.returncode == 0, f"hypafilter {' '.join(args)}: {p.stderr[-3000:]}"
         return p
+
+    def service(self) -> dict:
+        """What `policysync status` prints (the policy sync service's status file and whether it runs; docs/deploy.md,
+        "Live policy"), read in this process: a poll costs no interpreter start."""
+        from hypafilter.ops import deploy
+        from hypafilter.ops.policysync.service import SERVICE
+
+        st = deploy.read_state(Path(self.state) / "state.json") or {}
+        return SERVICE.status(Path(self.state), st.get("policysync"))
+
+    def followed(self, timeout: float = 120.0) -> dict:
+        """The policy sync service's status once the deployment follows the firewall's live ruleset as it is now:
+        the deployed policy is the live ruleset's (as `verify --live` checks it) and the service follows, with the
+        fail safe lifted. A change that needs a new core takes seconds (an emulator build); AssertionError after
+        `timeout`."""
+        from hypafilter import netns
+        from hypafilter.ops import deploy
+        from hypafilter.ops.policysync import live
+        from hypafilter.ops.policysync.service import SERVICE
+
+        deadline = time.monotonic() + timeout
+        doc, why = {}, "no deployment"
+        while time.monotonic() < deadline:
+            st = deploy.read_state(Path(self.state) / "state.json")
+            if st:
+                cfg = deploy.deployed_config(st)
+                text = netns.run(["iptables-save", "-t", cfg.table], st["site"].get("netns"))
+                doc = SERVICE.status(Path(self.state), st.get("policysync"))
+                if live.live_policy(text, st, cfg).policy_hash() != st["policy_hash"]:
+                    why = "the deployed policy is not the live ruleset"
+                elif doc.get("safe") or not doc.get("following"):
+                    why = "the service is not following, or fails safe"
+                else:
+                    return doc
+            time.sleep(0.1)
+        raise AssertionError(f"the deployment did not follow the live ruleset within {timeout:g} s ({why}): {doc}")
+
+    def verify_live(self, packets: int = 1500) -> dict:
+        """`verify --live --packets N --json`, which must give 0 mismatches (the kernel with the live ruleset alone
+        as oracle); its report."""
+        p = self("verify", "--live", "--packets", str(packets), "--json", check=False)
+        assert p.stdout, f"verify --live: {p.stderr[-2000:]}"
+        r = json.loads(p.stdout)
+        assert r["mismatches"] == 0, r["examples"][:3]
+        return r
 
     @contextlib.contextmanager
     def xdp_lab(self) -> Iterator[str]:

@@ -41,26 +41,16 @@ def ipt(*args: str) -> None:
     netns.run(["iptables", "-w", *args], FW)
 
 
-def service() -> dict:
-    return json.loads(hf("policysync", "status").stdout)
-
-
 def settled(applied: int, timeout: float = 30.0) -> dict:
     """The service's status once it applied `applied` changes in all and shunts nothing for a change any more."""
     deadline = time.monotonic() + timeout
-    doc = service()
+    doc = hf.service()
     while time.monotonic() < deadline:
-        doc = service()
+        doc = hf.service()
         if doc.get("applied", 0) >= applied and not doc.get("safe") and doc.get("following"):
             return doc
         time.sleep(0.1)
     raise AssertionError(f"the policy sync service did not apply {applied} changes: {doc}")
-
-
-def verify_live() -> dict:
-    r = json.loads(hf("verify", "--live", "--packets", "1500", "--json", check=False).stdout)
-    assert r["mismatches"] == 0, r["examples"][:3]
-    return r
 
 
 def test_bans_hold_on_the_hybrid_path_and_lift(lab):
@@ -68,13 +58,13 @@ def test_bans_hold_on_the_hybrid_path_and_lift(lab):
     assert st["drift"] == [] and st["policysync"]["running"], st.get("drift")
     forward = netns.run(["iptables", "-S", "FORWARD"], FW).splitlines()
     assert forward[1] == f"-A FORWARD -j {st['main_chain']}" and "-A FORWARD -s 10.0.1.13/32 -j DROP" in forward
-    base = service().get("applied", 0)
+    base = hf.service().get("applied", 0)
 
     # a fail2ban-style ban at the top of the operator's chain
     ipt("-I", "FORWARD", "1", "-s", "10.0.1.1/32", "-j", "DROP")
     doc = settled(base + 1)
     assert doc["lag_safe_ms"]["n"] >= 1
-    r = verify_live()
+    r = hf.verify_live()
     assert r["hw_forwarded"] + r["hw_dropped"] > 0  # the fast path still decides, with the ban in it
     live = netns.run(["iptables", "-S", "FORWARD"], FW).splitlines()
     assert live[1].startswith("-A FORWARD -j HF") and live[2] == "-A FORWARD -s 10.0.1.1/32 -j DROP", live
@@ -85,7 +75,7 @@ def test_bans_hold_on_the_hybrid_path_and_lift(lab):
     ipt("-A", "BANS", "-s", "10.0.1.0/28", "-p", "udp", "-j", "DROP")
     ipt("-I", "FORWARD", "3", "-j", "BANS")
     settled(base + 2)
-    verify_live()
+    hf.verify_live()
 
     # lifted: both gone, the policy is the deployed one again
     ipt("-D", "FORWARD", "-s", "10.0.1.1/32", "-j", "DROP")
@@ -102,10 +92,10 @@ def test_bans_hold_on_the_hybrid_path_and_lift(lab):
         ):
             break
         time.sleep(0.2)
-    r = verify_live()
+    r = hf.verify_live()
     assert r["hw_forwarded"] + r["hw_dropped"] > 0
     assert hf("status", check=False).returncode == 0
-    doc = service()
+    doc = hf.service()
     print(
         f"policysync: {doc['applied']} changes applied, fail-safe lag {doc['lag_safe_ms']} ms, applied lag {doc['lag_apply_ms']} ms"
     )

@@ -319,6 +319,9 @@ def serve(ns: str, state_dir: Path, service_pid: int | None = None, restarts: in
             if change or lost:
                 f.last_change = time.monotonic()
                 f.counts["changes" if change else "resyncs"] += 1
+                # the fail safe in force, said before the read and apply (a new core takes seconds): the status
+                # file must not show the last change's "safe": false meanwhile
+                status()
                 f.sync("change" if change else "events lost (ENOBUFS)", f.pending_since or t0)
             f.maybe_rebuild()
             if change or lost or time.monotonic() >= next_status:

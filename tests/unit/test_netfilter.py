@@ -373,3 +373,30 @@ def test_host_mode_hybrid_equals_the_policy():
                         assert v == reference_verdict(pol, h, ev), (mode, s, i, dport)
                         if not shunted and v == "ACCEPT":
                             assert count == 1
+
+
+def test_live_chains_never_name_an_operator_chain_or_copy_per_rule_state():
+    """A deployment's chains (Plan.live) return to the operator's rules instead of jumping into the operator's
+    chains or copying a rule with per-rule state: `iptables -X` of an operator chain and the kernel's one bucket of a
+    limit stay the operator's. The same policy compiled for a file keeps its copies (FULL, renamed chains)."""
+    from hypafilter.config import Config
+    from hypafilter.iptables.document import parse_policy
+
+    text = (
+        "*filter\n:FORWARD DROP [0:0]\n:LIM - [0:0]\n"
+        "-A FORWARD -p udp --dport 53 -j LIM\n"
+        "-A FORWARD -p tcp --dport 22 -m limit --limit 3/sec -j ACCEPT\n"
+        "-A FORWARD -p udp -j ACCEPT\n-A FORWARD -p tcp -j DROP\n"
+        "-A LIM -m limit --limit 1/hour -j LOG\n-A LIM -j DROP\nCOMMIT\n"
+    )
+    pol = parse_policy(text, "lim.rules", config=Config())
+    for mode in ("index", "selective", "exact"):
+        for strategy in STRATEGIES:
+            if strategy == "hsa_cut" and mode == "index":
+                continue
+            live = to_iptables_restore(build_plan(pol, mode=mode, strategy=strategy, live=True), strategy, "HF3_")
+            body = [ln for ln in live.splitlines() if ln.startswith("-A ")]
+            assert not any(re.search(r"-[jg] LIM\b", ln) for ln in body), (mode, strategy, body)
+            assert not any("--limit" in ln for ln in body), (mode, strategy, body)
+            filed = to_iptables_restore(build_plan(pol, mode=mode, strategy=strategy), strategy, "HF3_")
+            assert "--limit 3/sec" in filed and "HF3_U0_LIM" in filed

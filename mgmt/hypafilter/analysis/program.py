@@ -247,12 +247,8 @@ def build_program(
     unmark = NfRule("unmark", mask=mark_mask & 0xFFFFFFFF)
     if strategy == "full":
         c[main] = [NfRule("always", k0)]
-    elif (
-        strategy in ("cut", "hsa_cut")
-        and live
-        and any(pol.rules[i].stateful_pos is not None for i in _cut_list(plan, strategy))
-    ):
-        c[main] = [NfRule("always", k0)]  # the cut would copy a rule with per-rule state: the live rules decide
+    elif strategy in ("cut", "hsa_cut") and live and any(_live_only(pol, i) for i in _cut_list(plan, strategy)):
+        c[main] = [NfRule("always", k0)]  # the cut would copy a rule only the live chain runs: the live rules decide
     elif strategy in ("cut", "hsa_cut"):
         cut = prog.name("CUT")
         c[main] = [NfRule("mark", k0, 0, kmask), NfRule("always", cut)]
@@ -270,26 +266,24 @@ def build_program(
         budget = max(2, MAX_DEPTH - 1 - max((_helper_depth(pol.rules[i]) for i in pol.complex_indices), default=0))
         d_levels = (budget + 1) // 2
 
+        if live:
+            # A frame whose chain would run a rule only the live chain runs (_live_only: per-rule state, a jump into
+            # an operator's chain) goes to the operator's rules: no leaf, so MAIN returns to the live chain.
+            leaves = [
+                (k, a) for k, a in leaves if a & MARK_MIRROR or not any(_live_only(pol, i) for i in chains.get(k) or ())
+            ]
+
         def chain_of(k: int, a: int):
             ch = chains.get(k)
             if live and ch and a & MARK_MIRROR:
-                # a copy comes from an entry no rule with per-rule state can see (the plan shunts those entries):
-                # such a rule in its chain would only be a second instance in the table, which no copy reaches
-                ch = [i for i in ch if pol.rules[i].stateful_pos is None]
+                # a copy comes from an entry no deciding complex rule can see (the plan shunts those entries): a rule
+                # only the live chain runs is left out of its chain, since no copy reaches it
+                ch = [i for i in ch if not _live_only(pol, i)]
             return ch
 
         families = _families([(k, chain_of(k, a)) for k, a in leaves])
         pieces = _Blocks(prog, families, budget - d_levels)
         leaf_rules = []
-        if live:
-            # A frame whose chain would run a copy of a base-chain rule with per-rule state (a limit's bucket, a
-            # quota) goes to the operator's rule itself: no leaf, so MAIN returns to the live chain. A mirror copy's
-            # chain may keep one: the plan mirrors an entry only where no such rule can see its frames.
-            leaves = [
-                (k, a)
-                for k, a in leaves
-                if a & MARK_MIRROR or not any(pol.rules[i].stateful_pos is not None for i in chains.get(k) or ())
-            ]
         for k, a in leaves:
             verdict = {1: "ACCEPT", 2: "DROP"}.get(a, default)
             if a & MARK_MIRROR:  # a copy: discarded, except in host mode where a copy of an ACCEPT is the frame
@@ -329,6 +323,14 @@ def build_program(
     c[full] = policy_rules(pol, range(len(pol.rules)))
     prog.verbatim_full = full
     return prog
+
+
+def _live_only(pol, i: int) -> bool:
+    """Rules of a live deployment that the tool's chains never copy: a base-chain rule with per-rule state (its
+    bucket is the operator's rule's) and a jump into one of the operator's chains (a reference from the tool's
+    chains would keep `iptables -X` from deleting it)."""
+    r = pol.rules[i]
+    return r.stateful_pos is not None or r.target in pol.user_chains
 
 
 def twins(pol, i: int, j: int) -> bool:

@@ -574,8 +574,11 @@ def _deploy_locked(
         # 2. Shim generation first: from here every hardware tag is stale → k = 0 → full policy in software.
         #    An update of a running deployment with the same mark bits writes the one word through the bpf()
         #    syscall; anything else (a fresh deploy, a repair, other mark bits) goes through the shim's loader.
-        quick = bool(old) and not force and fwshim.pinned and all(
-            old.get(k) == getattr(config, k) for k in ("mark_mask", "mark_shift")
+        quick = (
+            bool(old)
+            and not force
+            and fwshim.pinned
+            and all(old.get(k) == getattr(config, k) for k in ("mark_mask", "mark_shift"))
         )
         if quick:
             old_gen = old["generation"]

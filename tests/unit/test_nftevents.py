@@ -39,3 +39,13 @@ def test_strip_tool_keeps_the_operators_rules():
     out = strip_tool(text, "HF")
     assert "HF7" not in out
     assert "-A FORWARD -s 10.0.1.1/32 -j DROP" in out and ":HFX - [0:0]" in out and "-A FORWARD -j HFX" in out
+
+
+def test_digest_ignores_counters_comments_and_the_tools_chains():
+    from hypafilter.ops.policysync.live import digest
+
+    a = "# Generated\n*filter\n:FORWARD DROP [12:3400]\n:HF3_MAIN - [0:0]\n-A FORWARD -j HF3_MAIN\n-A FORWARD -j ACCEPT\nCOMMIT\n"
+    b = "# other\n*filter\n:FORWARD DROP [99:9]\n:HF4_MAIN - [0:0]\n-A FORWARD -j HF4_MAIN\n-A FORWARD -j ACCEPT\nCOMMIT\n"
+    assert digest(a, "HF") == digest(b, "HF")
+    assert digest(a, "HF") != digest(a.replace("-j ACCEPT", "-j DROP"), "HF")
+    assert digest(a, "HF") != digest(a.replace(":FORWARD DROP", ":FORWARD ACCEPT"), "HF")

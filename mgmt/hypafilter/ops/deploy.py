@@ -742,9 +742,11 @@ def _deploy_locked(
         warnings.append(f"removing old chains: {e}")
 
     try:
-        fingerprint = chains_fingerprint(NS_FW, config, new_chains)
+        saved = table_snapshot(NS_FW, config)
+        fingerprint = chains_fingerprint(NS_FW, config, new_chains, saved)
+        live_digest = live.digest(saved, config.chain_prefix)
     except HypafilterError as e:
-        fingerprint = None
+        fingerprint = live_digest = None
         warnings.append(f"reading back the chains: {e}")
     took = round(time.monotonic() - t0, 3)
     state = {
@@ -760,6 +762,8 @@ def _deploy_locked(
         "user_chains": user_chain_names(prefix, policy.user_chains),
         "chains": new_chains,
         "chains_sha256": fingerprint,
+        # the live ruleset as this deploy left it (ops.policysync.live.digest): what the service compares first
+        "live_digest": live_digest,
         "generation": gen,
         "mode": config.shunt_mode,
         "strategy": config.strategy,

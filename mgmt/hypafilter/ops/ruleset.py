@@ -112,13 +112,15 @@ def base_policy(ns: str | None, config: Config, base: str) -> str:
     raise HypafilterError(f"{base} is not a built-in chain of table {config.table}")
 
 
-def chains_fingerprint(ns: str | None, config: Config, chains: list[str]) -> str:
+def chains_fingerprint(ns: str | None, config: Config, chains: list[str], text: str | None = None) -> str:
     """SHA-256 of the tool's chains as the kernel lists them (rules in order, no counters): any rule added,
-    removed or changed by hand changes it."""
+    removed or changed by hand changes it. `text`: the table's iptables-save listing, if already read."""
     wanted = set(chains)
+    if text is None:
+        text = netns.run(["iptables-save", "-t", config.table], ns)
     lines = [
         ln
-        for ln in netns.run(["iptables-save", "-t", config.table], ns).splitlines()
+        for ln in text.splitlines()
         if (ln.startswith(":") and ln[1:].split()[0] in wanted) or (ln.startswith("-A ") and ln.split()[1] in wanted)
     ]
     return hashlib.sha256(

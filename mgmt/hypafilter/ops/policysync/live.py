@@ -3,6 +3,7 @@ nf_tables generation, without the tool's own chains and jump, parsed as a Policy
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 from hypafilter import netns
@@ -25,6 +26,20 @@ def strip_tool(text: str, prefix: str) -> str:
     own = re.compile(rf"^(:|-A ){re.escape(prefix)}\d+_")
     jump = re.compile(rf"^-A \S+ -j {re.escape(prefix)}\d+_MAIN$")
     return "\n".join(ln for ln in text.splitlines() if not own.match(ln) and not jump.match(ln)) + "\n"
+
+
+def digest(text: str, prefix: str) -> str:
+    """SHA-256 of a listing as the policy reads it: the tool's chains stripped, the chain counters and comment
+    lines left out. Equal digests, equal live policies; the deploy records the one it left (`live_digest`), so the
+    service need not parse a listing that did not change."""
+    lines = []
+    for ln in strip_tool(text, prefix).splitlines():
+        if ln.startswith("#"):
+            continue
+        if ln.startswith(":"):
+            ln = ln.rsplit(" [", 1)[0]
+        lines.append(ln)
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
 def listing(ns: str | None, table: str, generation) -> tuple[str, int]:

@@ -146,9 +146,10 @@ class Follower:
         self.pending, self.pending_since, self.lost = False, None, False
         try:
             text, self.generation = live.listing(self.ns, cfg.table, self.nft.generation)
-            policy = live.live_policy(text, st, cfg)
-            if policy.policy_hash() == st["policy_hash"]:
-                self.policy = policy
+            same = live.digest(text, cfg.chain_prefix) == st.get("live_digest")
+            policy = None if same else live.live_policy(text, st, cfg)
+            if same or policy.policy_hash() == st["policy_hash"]:
+                self.policy = policy or self.policy
                 self.counts["unchanged"] += 1
                 if self.safe and not self.hold():
                     self.release()
@@ -241,9 +242,18 @@ class Follower:
                     self.error = f"lazy rebuild: {e}"
                     self.log(self.error)
                 return
-        if self.rebuild is not None or not used or self.policy is None or self.safe:
+        if self.rebuild is not None or not used or self.safe:
             return
         if used * 2 >= depth or time.monotonic() - self.last_change >= REBUILD_IDLE_S:
+            if self.policy is None:  # a service started over a buffer in use: the deployed policy, read once
+                st = self.state()
+                cfg = deploy.deployed_config(st)
+                try:
+                    text, _ = live.listing(self.ns, cfg.table, self.nft.generation)
+                    self.policy = live.live_policy(text, st, cfg)
+                except (HypafilterError, OSError) as e:
+                    self.log(f"lazy rebuild: reading the ruleset: {e}")
+                    return
             self.log(f"lazy rebuild: {used}/{depth} buffer slots in use; building the next core")
             self.rebuild = Rebuild(self.policy, self.state(fresh=False))
 
@@ -304,6 +314,7 @@ def serve(ns: str, state_dir: Path, service_pid: int | None = None, restarts: in
         )
 
     try:
+        status()  # ready: subscribed; the first listing below may take a while on a large ruleset
         f.sync("start")
         status()
         next_status = time.monotonic() + STATUS_EVERY

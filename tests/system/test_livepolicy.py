@@ -138,3 +138,56 @@ def test_update_defaults_to_the_deployed_target(lab, tmp_path):
     assert r["changed"] and st["target"] == lab and st["policy_source"] == str(changed), (r, st["target"])
     print(f"update ({lab}) with one more simple rule: {r['duration_s']} s, steps {r['steps']}")
     hf("update", str(ROOT / "rulesets" / "example.rules"), "-q")
+
+
+def test_an_nftables_chain_beside_the_policy_stops_the_fast_path(lab):
+    """A base chain of another nftables table at the forward hook (firewalld's nftables backend, an operator's own
+    table) filters frames the fast path would decide without it: the service stops deciding (fail closed) and says
+    so in status; a deploy refuses it; removed, the fast path decides again."""
+    nft = ["nft", "add", "table", "inet", "opfw"]
+    netns.run(nft, FW)
+    netns.run(["nft", "add chain inet opfw opfw_fwd { type filter hook forward priority 10; }"], FW)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        doc = hf.service()
+        if doc.get("error") and doc.get("safe"):
+            break
+        time.sleep(0.1)
+    assert "inet opfw opfw_fwd" in doc["error"] and doc["safe"], doc
+    p = hf("status", check=False)
+    assert p.returncode == 1 and "cannot follow the live ruleset" in p.stdout, p.stdout[-800:]
+    st = json.loads(hf("status", "--json", check=False).stdout)
+    with deploy_target(st) as c:
+        assert c()  # every frame to software meanwhile
+    bad = hf("deploy", str(ROOT / "rulesets" / "example.rules"), "--target", lab, "--force", check=False)
+    assert bad.returncode != 0 and "inet opfw opfw_fwd" in bad.stderr, bad.stderr
+    netns.run(["nft", "delete", "table", "inet", "opfw"], FW)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        doc = hf.service()
+        if not doc.get("error") and not doc.get("safe"):
+            break
+        time.sleep(0.1)
+    assert not doc.get("error") and not doc.get("safe"), doc
+    assert hf("status", check=False).returncode == 0
+
+
+def deploy_target(st: dict):
+    """A context giving a function that reads whether the deployment's fast path shunts everything."""
+    import contextlib
+    from pathlib import Path
+
+    from hypafilter.targets.bpfmap import PinnedArray
+
+    @contextlib.contextmanager
+    def ctx():
+        if st["target"] == "xdp":
+            with PinnedArray(Path(st["nic"]["pin"]) / "hfx_cfg") as m:
+                yield lambda: int.from_bytes(m.read()[:4], "little") == 0
+        else:
+            from hypafilter.targets.nic import NicClient
+
+            with NicClient.emu(st["nic"]["socket"]) as c:
+                yield lambda: bool(c.read("CONTROL") & 2)
+
+    return ctx()

@@ -95,9 +95,12 @@ def configure_ports(ports: list[str] | tuple[str, ...], ns: str | None = None) -
 
 
 def configure_from_state() -> None:
-    """Undeploy and status of a deployment made with --ports: the interfaces it recorded."""
+    """Undeploy and status of a deployment made with --ports: the interfaces it recorded; and the lab it was made
+    in (a service started by deploy, whatever its environment says)."""
     st = read_state()
     site = (st or {}).get("site") or {}
+    if site.get("lab") and not site.get("ports"):
+        configure(lab=site["lab"])
     if site.get("ports"):
         configure_ports(site["ifaces"], site.get("netns"))
 
@@ -152,13 +155,20 @@ def _write_private(path: Path, text: str) -> None:
 
 
 @contextlib.contextmanager
-def _lock() -> Iterator[None]:
+def _lock(wait: float = 0.0, abort: Callable[[], bool] = lambda: False) -> Iterator[None]:
+    """The deployment's lock; `wait`: seconds to wait for it (the policy sync service waits out a deploy that is
+    starting it), unless `abort()` says to give up first (the service is being stopped)."""
     STATE_DIR.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + wait
     with open(STATE_DIR / "deploy.lock", "w") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise HypafilterError("another deploy/update/undeploy is running (lock held)") from None
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline or abort():
+                    raise HypafilterError("another deploy/update/undeploy is running (lock held)") from None
+                time.sleep(0.01)
         yield
 
 
@@ -419,6 +429,7 @@ def follow(
     log: Callable[[str], None] = lambda s: None,
     rebuild: bool = False,
     hold: Callable[[], bool] | None = None,
+    abort: Callable[[], bool] = lambda: False,
 ) -> dict:
     """Bring the deployment into step with `policy`, the live ruleset as the policy sync service read it (the
     fast path already shunts everything, every tag stale: ops.policysync). The operator's chains are live already:
@@ -427,8 +438,8 @@ def follow(
     lazy rebuild — a new core (program) for `policy`, the deployed one, built beforehand (the build is cached),
     swapped make-before-break, the update buffer empty after it. `hold()`, asked just before the fast path would
     decide again: True when a newer change is pending, and then everything stays with software, every tag stale
-    (the new state's `held`)."""
-    with _lock():
+    (the new state's `held`). The lock is waited for (30 s at most, or until `abort()`)."""
+    with _lock(30.0, abort):
         old = read_state()
         if not old:
             raise HypafilterError("nothing is deployed")
@@ -500,6 +511,12 @@ def _deploy_locked(
             f"{policy.base_chain} needs {config.nic_mode} mode: undeploy first"
         )
     _check_lab(tgt.name)
+    if not follow and (others := live.foreign_chains(NS_FW, config.table, config.nic_mode)):
+        raise HypafilterError(
+            f"nftables base chains besides iptables' {config.table} table filter the frames the fast path would "
+            f"decide without them: {'; '.join(others)}. hypafilter accelerates an iptables policy; remove them or "
+            "move their rules into the policy (docs/deploy.md, Live policy)"
+        )
     if not follow and live.backend(NS_FW) != "nf_tables":
         raise HypafilterError(
             "iptables here is the legacy xtables backend, which announces no ruleset change: hypafilter follows the "
@@ -779,7 +796,7 @@ def _deploy_locked(
         "nic": new_nic,
         "tables": {k: v for k, v in written.items() if k != "writes"},
         "shim": {"netns": NS_FW, "ifaces": list(FW_IFACES), "pin": str(fwshim.pin), "tc_only": fwshim.tc_only},
-        "site": {"ports": SITE_PORTS, "netns": NS_FW, "ifaces": list(FW_IFACES), "bridge": FW_BRIDGE},
+        "site": {"ports": SITE_PORTS, "netns": NS_FW, "ifaces": list(FW_IFACES), "bridge": FW_BRIDGE, "lab": LAB_NAME},
         "deployed_at": time.time(),
         "plain_rules": policy_restore(policy, config.table),
         "config": dataclasses.asdict(config),

@@ -4,12 +4,15 @@ nf_tables generation, without the tool's own chains and jump, parsed as a Policy
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 
 from hypafilter import netns
 from hypafilter.config import Config
 from hypafilter.errors import HypafilterError
 from hypafilter.ir import Policy
+from hypafilter.netfilter.bridge import TABLE as BRIDGE_TABLE
+from hypafilter.ops.lab import HOST_TABLE
 
 SNAPSHOT_TRIES = 5  # listings taken while the generation moved, before the service gives up for this round
 
@@ -26,6 +29,28 @@ def strip_tool(text: str, prefix: str) -> str:
     own = re.compile(rf"^(:|-A ){re.escape(prefix)}\d+_")
     jump = re.compile(rf"^-A \S+ -j {re.escape(prefix)}\d+_MAIN$")
     return "\n".join(ln for ln in text.splitlines() if not own.match(ln) and not jump.match(ln)) + "\n"
+
+
+# The hooks a NIC frame meets before the deployed chain decides it, per NIC mode: a base chain of another table there
+# filters frames the fast path decides without it.
+HOOKS = {"bridge": ("prerouting", "forward"), "host": ("prerouting", "input")}
+
+
+def foreign_chains(ns: str | None, table: str, nic_mode: str) -> list[str]:
+    """Base chains of nftables tables other than iptables' own `table` (and the tool's and the lab's tables) that
+    filter at the hooks a NIC frame meets (HOOKS): firewalld's nftables backend, an `nft` table of the operator's,
+    fail2ban's nftables actions, Docker's raw-table drops. The fast path decides frames without them, so a deployment
+    refuses them and the policy sync service stops deciding (fail closed) while one exists."""
+    own = {("ip", table), ("bridge", BRIDGE_TABLE), ("inet", HOST_TABLE)}
+    out = json.loads(netns.run(["nft", "-j", "list", "chains"], ns) or "{}")
+    found = []
+    for item in out.get("nftables", []):
+        c = item.get("chain")
+        if not c or c.get("type") != "filter" or c.get("hook") not in HOOKS[nic_mode]:
+            continue
+        if c.get("family") in ("ip", "inet", "bridge") and (c.get("family"), c.get("table")) not in own:
+            found.append(f"{c['family']} {c['table']} {c['name']} (hook {c['hook']}, priority {c.get('prio')})")
+    return found
 
 
 def digest(text: str, prefix: str) -> str:

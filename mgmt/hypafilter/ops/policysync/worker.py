@@ -34,12 +34,15 @@ from pathlib import Path
 from hypafilter import netns
 from hypafilter.analysis.plan import build_plan
 from hypafilter.errors import HypafilterError
+from hypafilter.netfilter.bridge import TABLE as BRIDGE_TABLE
 from hypafilter.ops import deploy
+from hypafilter.ops.lab import HOST_TABLE
 from hypafilter.ops.policysync import live
 from hypafilter.ops.policysync.nftevents import NfTables, NftEvent
 from hypafilter.ops.policysync.service import SERVICE
 
 COALESCE_S = 0.002  # after a change, events arriving this soon join it (a tool's several commands)
+RETRY_S = 2.0  # a sync that failed (the fast path shunting everything meanwhile) is tried again this often
 REBUILD_IDLE_S = 60.0  # a buffer in use and no change for this long: the lazy rebuild starts (SFL's idle link)
 STATUS_EVERY = 1.0  # seconds between two status files while nothing happens
 SERVICE_NICE = -10
@@ -93,7 +96,16 @@ class Follower:
         self.ns, self.state_dir, self.nft, self.log = ns, Path(state_dir), nft, log
         self.safe = False  # step 1 in force
         self.error = ""
-        self.counts = {"events": 0, "changes": 0, "own": 0, "applied": 0, "unchanged": 0, "failed": 0, "resyncs": 0}
+        self.counts = {
+            "events": 0,
+            "changes": 0,
+            "own": 0,
+            "applied": 0,
+            "unchanged": 0,
+            "failed": 0,
+            "resyncs": 0,
+            "retries": 0,
+        }
         self.lag_safe: deque[float] = deque(maxlen=2000)  # ms: events read -> fail safe in force
         self.lag_apply: deque[float] = deque(maxlen=2000)  # ms: events read -> the fast path decides again
         self.generation = 0  # the nf_tables generation last read
@@ -102,9 +114,12 @@ class Follower:
         self.policy = None  # the live policy last applied (what a lazy rebuild builds)
         self.table = "filter"
         self.dirty = False  # a message of the transaction being read touched the deployed table
+        self.elsewhere = False  # ... or another nftables table (whose base chains may filter NIC frames)
         self.pending = False  # a foreign change not applied yet
         self.pending_since: float | None = None
         self.lost = False  # events were lost: read the ruleset again
+        self.stopping: Callable[[], bool] = lambda: False
+        self.last_try = 0.0  # when the last sync began (a failed one is tried again every RETRY_S)
         self.rebuild: Rebuild | None = None
         self.last_change = time.monotonic()
         self.counts["rebuilds"] = 0
@@ -140,11 +155,18 @@ class Follower:
 
     def sync(self, reason: str, t0: float | None = None) -> None:
         """Read the live ruleset and bring the fast path into step with it."""
+        self.last_try = time.monotonic()
         st = self.state()
         cfg = deploy.deployed_config(st)
         # what arrives from here on is read by the hold check or the next round
         self.pending, self.pending_since, self.lost = False, None, False
         try:
+            others = live.foreign_chains(self.ns, cfg.table, st.get("nic_mode", "bridge"))
+            if others:
+                raise HypafilterError(
+                    "nftables base chains besides iptables' filter the frames the fast path decides: "
+                    + "; ".join(others)
+                )
             text, self.generation = live.listing(self.ns, cfg.table, self.nft.generation)
             same = live.digest(text, cfg.chain_prefix) == st.get("live_digest")
             policy = None if same else live.live_policy(text, st, cfg)
@@ -155,7 +177,7 @@ class Follower:
                     self.release()
             else:
                 self.fail_safe()
-                new = deploy.follow(policy, self.log, hold=self.hold)
+                new = deploy.follow(policy, self.log, hold=self.hold, abort=self.stopping)
                 self.policy = policy
                 self.safe = bool(new.get("held"))  # a newer change came during the update: still fail-safe
                 self.state()  # the new generation, tables and perhaps NIC: what the next fail safe writes to
@@ -192,7 +214,11 @@ class Follower:
             self.counts["events"] += 1
             if e.kind != "newgen":
                 self.dirty |= relevant(e, self.table)
+                self.elsewhere |= not relevant(e, self.table) and e.table not in OWN_TABLES
                 continue
+            if self.elsewhere and e.pid not in netns.SPAWNED:
+                self.dirty = True  # another table changed: its base chains are read with the ruleset
+            self.elsewhere = False
             if self.dirty and e.pid not in netns.SPAWNED:
                 if not self.pending:
                     self.pending, self.pending_since = True, t0
@@ -233,7 +259,7 @@ class Follower:
                 self.log(f"lazy rebuild failed: {rb.error}")
             elif rb.policy_hash == self.state(fresh=False)["policy_hash"] and used:
                 try:
-                    new = deploy.follow(rb.policy, self.log, rebuild=True)
+                    new = deploy.follow(rb.policy, self.log, rebuild=True, abort=self.stopping)
                     self.state()
                     self.counts["rebuilds"] += 1
                     self.rebuild_s = rb.seconds
@@ -272,6 +298,9 @@ class Follower:
         }
 
 
+OWN_TABLES = (BRIDGE_TABLE, HOST_TABLE)  # the tool's bridge table and the lab's recorder: no policy in them
+
+
 def relevant(e: NftEvent, table: str) -> bool:
     """A message that can change the deployed policy: the iptables table's (family ip)."""
     return e.kind != "newgen" and e.family == "ip" and e.table == table
@@ -296,6 +325,7 @@ def serve(ns: str, state_dir: Path, service_pid: int | None = None, restarts: in
         print(f"policysync: {msg}", flush=True)
 
     f = Follower(ns, state_dir, nft, log)
+    f.stopping = lambda: bool(stopping)
     f.table = deploy.deployed_config(f.state()).table
 
     def status() -> None:
@@ -327,15 +357,18 @@ def serve(ns: str, state_dir: Path, service_pid: int | None = None, restarts: in
                     break
                 r, _, _ = select.select([nft.events], [], [], COALESCE_S)
             change, lost = f.pending, f.lost
-            if change or lost:
+            # a change that could not be followed (the fast path shunting everything meanwhile): read it again
+            retry = bool(f.error) and not (change or lost) and time.monotonic() - f.last_try >= RETRY_S
+            if change or lost or retry:
                 f.last_change = time.monotonic()
-                f.counts["changes" if change else "resyncs"] += 1
+                why = "change" if change else "events lost (ENOBUFS)" if lost else "retry"
+                f.counts["changes" if change else "resyncs" if lost else "retries"] += 1
                 # the fail safe in force, said before the read and apply (a new core takes seconds): the status
                 # file must not show the last change's "safe": false meanwhile
                 status()
-                f.sync("change" if change else "events lost (ENOBUFS)", f.pending_since or t0)
+                f.sync(why, f.pending_since or t0)
             f.maybe_rebuild()
-            if change or lost or time.monotonic() >= next_status:
+            if change or lost or retry or time.monotonic() >= next_status:
                 status()
                 next_status = time.monotonic() + STATUS_EVERY
     finally:

@@ -83,7 +83,11 @@ def test_jump_removed_fails_closed_and_is_repaired(lab, capsys):
     # The NIC's socket, pid file and log live under the state directory (HF_STATE_DIR), and go with the NIC.
     assert Path(deploy.read_state()["nic"]["socket"]).parent == deploy.STATE_DIR / "nic"
     deploy.undeploy()
-    assert deploy.base_policy(lab.ns_fw, Config(), "FORWARD") == before
+    # the policy stays the firewall's live ruleset, its chain policy included (docs/deploy.md, Live policy)
+    assert deploy.base_policy(lab.ns_fw, Config(), "FORWARD") == "DROP"
+    assert "-A FORWARD -p udp -m udp --dport 5000 -j ACCEPT" in netns.run(["iptables", "-S", "FORWARD"], lab.ns_fw)
+    netns.run(["iptables", "-F", "FORWARD"], lab.ns_fw)
+    netns.run(["iptables", "-P", "FORWARD", before], lab.ns_fw)
     assert not list((deploy.STATE_DIR / "nic").glob(f"{LAB}-g*")), "the NIC left files behind"
 
 

@@ -269,15 +269,20 @@ def nic_drift(c, st: dict) -> list[str]:
     return out
 
 
-def bridge_drift(st: dict) -> list[str]:
+def _unfilterable_drift(st: dict) -> bool:
+    """Whether the bridge's unfilterable table is not as the deployment `st` left it (a recreated namespace)."""
+    return any(BRIDGE_TABLE in d for d in bridge_drift(st, vlan=False))
+
+
+def bridge_drift(st: dict, vlan: bool = True) -> list[str]:
     """The firewall bridge's own settings: tagged frames filtered by iptables, and the table that drops two-tag
     frames present exactly when the deployment drops them."""
     out = []
     try:
-        vlan = netns.run(["sysctl", "-n", VLAN_SYSCTL], NS_FW).strip()
-        if vlan != "1":
-            out.append(f"bridge: {VLAN_SYSCTL} is {vlan}, deployed 1 (tagged frames would cross without iptables)")
-    except HypafilterError as e:
+        value = netns.sysctl(VLAN_SYSCTL, NS_FW) if vlan else "1"
+        if value != "1":
+            out.append(f"bridge: {VLAN_SYSCTL} is {value}, deployed 1 (tagged frames would cross without iptables)")
+    except (HypafilterError, OSError) as e:
         out.append(f"bridge: {e}")
     want = st.get("unfilterable", "pass") == "drop"
     try:
@@ -592,10 +597,11 @@ def _deploy_locked(
         #    An update of a running deployment with the same mark bits writes the one word through the bpf()
         #    syscall; anything else (a fresh deploy, a repair, other mark bits) goes through the shim's loader.
         quick = (
-            bool(old)
+            bool(old_nic)
             and not force
             and fwshim.pinned
             and all(old.get(k) == getattr(config, k) for k in ("mark_mask", "mark_shift"))
+            and fwshim.attached() == fwshim.ifaces  # pins can outlive a deleted namespace's programs
         )
         if quick:
             old_gen = old["generation"]
@@ -639,7 +645,7 @@ def _deploy_locked(
         # the host too for frames the NIC hands it while it is not classifying (reset, standby, loading). An update
         # with the same setting leaves the table as the last deploy wrote it (drift names a change by hand).
         old_unfilterable = (old or {}).get("unfilterable", "pass")
-        if force or not old or old_unfilterable != config.unfilterable:
+        if force or not old or old_unfilterable != config.unfilterable or _unfilterable_drift(old):
             tx.step(
                 "bridge-unfilterable",
                 lambda: netns.run(["nft", "-f", "-"], NS_FW, input=unfilterable_nft(config.unfilterable)),

@@ -49,3 +49,21 @@ def test_digest_ignores_counters_comments_and_the_tools_chains():
     assert digest(a, "HF") == digest(b, "HF")
     assert digest(a, "HF") != digest(a.replace("-j ACCEPT", "-j DROP"), "HF")
     assert digest(a, "HF") != digest(a.replace(":FORWARD DROP", ":FORWARD ACCEPT"), "HF")
+
+
+def test_orphans_are_the_chains_a_deployed_file_leaves_unreached():
+    from hypafilter.config import Config
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.ops.ruleset import orphans
+
+    snapshot = (
+        "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD DROP [0:0]\n:OUTPUT ACCEPT [0:0]\n:OLD - [0:0]\n:OLDER - [0:0]\n"
+        ":KEPT - [0:0]\n:INUSE - [0:0]\n:HF4_MAIN - [0:0]\n"
+        "-A INPUT -j INUSE\n-A FORWARD -j HF4_MAIN\n-A FORWARD -j OLD\n-A OLD -j OLDER\n-A KEPT -j ACCEPT\nCOMMIT\n"
+    )
+    pol = parse_policy(
+        "*filter\n:FORWARD DROP [0:0]\n:KEPT - [0:0]\n-A FORWARD -j KEPT\n-A KEPT -j ACCEPT\nCOMMIT\n",
+        "new.rules",
+        config=Config(),
+    )
+    assert orphans(snapshot, pol, "HF") == ["OLD", "OLDER"]

@@ -42,6 +42,7 @@ from hypafilter.ops.ruleset import (
     delete_text,
     has_jump,
     live_text,
+    orphans,
     owned_chains,
     restore,
     restore_table,
@@ -435,6 +436,7 @@ def follow(
     rebuild: bool = False,
     hold: Callable[[], bool] | None = None,
     abort: Callable[[], bool] = lambda: False,
+    digest: str | None = None,
 ) -> dict:
     """Bring the deployment into step with `policy`, the live ruleset as the policy sync service read it (the
     fast path already shunts everything, every tag stale: ops.policysync). The operator's chains are live already:
@@ -449,7 +451,9 @@ def follow(
         if not old:
             raise HypafilterError("nothing is deployed")
         config = deployed_config(old)
-        return _deploy_locked(policy, config, rebuild, log, target_of(old, config), follow=True, hold=hold)
+        return _deploy_locked(
+            policy, config, rebuild, log, target_of(old, config), follow=True, hold=hold, digest=digest
+        )
 
 
 def stale_generation(gen: int) -> int:
@@ -475,6 +479,7 @@ def _deploy_locked(
     tgt: Target,
     follow: bool = False,
     hold: Callable[[], bool] | None = None,
+    digest: str | None = None,
 ) -> dict:
     t0 = time.monotonic()
     old = read_state()
@@ -666,9 +671,10 @@ def _deploy_locked(
             )
         else:
             snapshot = table_snapshot(NS_FW, config)
+            gone = orphans(snapshot, policy, config.chain_prefix)
             tx.step(
                 "netfilter",
-                lambda: restore(NS_FW, live_text(config, policy, body, new_main, old_main)),
+                lambda: restore(NS_FW, live_text(config, policy, body, new_main, old_main, gone)),
                 lambda: restore_table(NS_FW, snapshot),
             )
         # 4. Interval table of the new plan (read by nobody yet: everything is stale).
@@ -765,11 +771,9 @@ def _deploy_locked(
         warnings.append(f"removing old chains: {e}")
 
     try:
-        saved = table_snapshot(NS_FW, config)
-        fingerprint = chains_fingerprint(NS_FW, config, new_chains, saved)
-        live_digest = live.digest(saved, config.chain_prefix)
+        fingerprint = chains_fingerprint(NS_FW, config, new_chains)
     except HypafilterError as e:
-        fingerprint = live_digest = None
+        fingerprint = None
         warnings.append(f"reading back the chains: {e}")
     took = round(time.monotonic() - t0, 3)
     state = {
@@ -785,8 +789,9 @@ def _deploy_locked(
         "user_chains": user_chain_names(prefix, policy.user_chains),
         "chains": new_chains,
         "chains_sha256": fingerprint,
-        # the live ruleset as this deploy left it (ops.policysync.live.digest): what the service compares first
-        "live_digest": live_digest,
+        # the digest (ops.policysync.live.digest) of the live listing this policy was read from (a follow; None
+        # for a deploy of a file): a listing with the same digest is this policy, unparsed
+        "live_digest": digest,
         "generation": gen,
         "mode": config.shunt_mode,
         "strategy": config.strategy,

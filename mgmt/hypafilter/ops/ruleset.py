@@ -68,11 +68,48 @@ def delete_text(
     return doc.remove(chains).text()
 
 
-def live_text(config: Config, policy: Policy, new_body: list[str], new_main: str, old_main: str | None) -> str:
+def orphans(snapshot: str, policy: Policy, prefix: str) -> list[str]:
+    """User chains of the table listing `snapshot` that a deploy of `policy` leaves without a reason to exist: not
+    the policy's, not the tool's, and not reached from another built-in chain (INPUT, OUTPUT: not the policy's).
+    A file deployed is the table, as `iptables-restore` of it would make it: a chain of an earlier policy that stayed
+    would keep, for instance, conntrack and its defragmentation registered in the namespace."""
+    chains: dict[str, list[str]] = {}
+    builtin: set[str] = set()
+    for ln in snapshot.splitlines():
+        if ln.startswith(":"):
+            name, pol = ln[1:].split()[:2]
+            chains[name] = []
+            if pol != "-":
+                builtin.add(name)
+        elif ln.startswith("-A "):
+            toks = ln.split()
+            for i in range(2, len(toks) - 1):
+                if toks[i] in ("-j", "-g", "--jump", "--goto"):
+                    chains.setdefault(toks[1], []).append(toks[i + 1])
+    own = re.compile(rf"^{re.escape(prefix)}\d+_")
+    keep = set(policy.user_chains) | {c for c in chains if own.match(c)}
+    reached: set[str] = set()
+    todo = [c for c in builtin if c != policy.base_chain]
+    while todo:
+        for t in chains.get(todo.pop(), []):
+            if t in chains and t not in reached and t not in builtin:
+                reached.add(t)
+                todo.append(t)
+    return sorted(c for c in chains if c not in builtin and c not in keep and c not in reached)
+
+
+def live_text(
+    config: Config,
+    policy: Policy,
+    new_body: list[str],
+    new_main: str,
+    old_main: str | None,
+    remove: list[str] = (),
+) -> str:
     """One restore that makes the policy the live ruleset under its own names — the base chain's rules, its policy
     and its user chains (declared, so created or flushed) — with the single jump to new_main first, and loads the
-    tool's new chains (their rules jump to the operator's chains by name). Other chains of the table are left as
-    they are; the old MAIN goes with the base chain's flush."""
+    tool's new chains (their rules jump to the operator's chains by name). `remove`: user chains to delete
+    (`orphans`); other chains of the table are left as they are; the old MAIN goes with the base chain's flush."""
     base = policy.base_chain
     doc = Restore(config.table)
     doc.chain(base, policy.default)
@@ -87,6 +124,8 @@ def live_text(config: Config, policy: Policy, new_body: list[str], new_main: str
     for name in names:
         for toks in policy.user_chains[name].rules:
             doc.rule(name, toks)
+    if remove:
+        doc.remove(remove)
     return doc.text()
 
 

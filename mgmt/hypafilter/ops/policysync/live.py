@@ -55,8 +55,8 @@ def foreign_chains(ns: str | None, table: str, nic_mode: str) -> list[str]:
 
 def digest(text: str, prefix: str) -> str:
     """SHA-256 of a listing as the policy reads it: the tool's chains stripped, the chain counters and comment
-    lines left out. Equal digests, equal live policies; the deploy records the one it left (`live_digest`), so the
-    service need not parse a listing that did not change."""
+    lines left out. Equal digests, equal live policies: a follow records the digest of the listing its policy was
+    read from (`live_digest`), so the service need not parse that listing again."""
     lines = []
     for ln in strip_tool(text, prefix).splitlines():
         if ln.startswith("#"):

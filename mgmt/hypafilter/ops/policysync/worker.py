@@ -168,7 +168,8 @@ class Follower:
                     + "; ".join(others)
                 )
             text, self.generation = live.listing(self.ns, cfg.table, self.nft.generation)
-            same = live.digest(text, cfg.chain_prefix) == st.get("live_digest")
+            digest = live.digest(text, cfg.chain_prefix)
+            same = digest == st.get("live_digest")
             policy = None if same else live.live_policy(text, st, cfg)
             if same or policy.policy_hash() == st["policy_hash"]:
                 self.policy = policy or self.policy
@@ -177,7 +178,7 @@ class Follower:
                     self.release()
             else:
                 self.fail_safe()
-                new = deploy.follow(policy, self.log, hold=self.hold, abort=self.stopping)
+                new = deploy.follow(policy, self.log, hold=self.hold, abort=self.stopping, digest=digest)
                 self.policy = policy
                 self.safe = bool(new.get("held"))  # a newer change came during the update: still fail-safe
                 self.state()  # the new generation, tables and perhaps NIC: what the next fail safe writes to

@@ -475,8 +475,10 @@ struct record {
 	void *vals;
 };
 
-/* The records named hfx_valid, hfx_buf and hfx_ent of an overlay file (tables-file format); others refused. */
-static void read_overlay_file(const char *path, struct record *valid, struct record *buf, struct record *ent)
+/* The records of an overlay file (tables-file format): n_static (the static entries it is for), hfx_valid, hfx_buf
+ * and hfx_ent; others refused. */
+static void read_overlay_file(const char *path, struct record *n, struct record *valid, struct record *buf,
+			      struct record *ent)
 {
 	FILE *f = fopen(path, "rb");
 
@@ -495,7 +497,11 @@ static void read_overlay_file(const char *path, struct record *valid, struct rec
 		name[name_len] = 0;
 		read_exact(f, &r.vsize, 4, "value size");
 		read_exact(f, &r.count, 4, "count");
-		into = !strcmp(name, "hfx_valid") ? valid : !strcmp(name, "hfx_buf") ? buf : !strcmp(name, "hfx_ent") ? ent : 0;
+		into = !strcmp(name, "n_static")    ? n
+		       : !strcmp(name, "hfx_valid") ? valid
+		       : !strcmp(name, "hfx_buf")   ? buf
+		       : !strcmp(name, "hfx_ent")   ? ent
+						    : 0;
 		if (!into)
 			die("overlay", "%s: record %s is not part of an overlay", path, name);
 		if (!r.vsize || r.vsize > (1 << 20) || r.count > (1 << 24))
@@ -553,7 +559,7 @@ static void write_scan(int fd, struct hfx_config *cfg, __u32 scan)
  * Enabled slots stay sorted by position at every step (the program's scan relies on it). Prints what it wrote. */
 static int cmd_overlay_write(const char *pin, const char *path)
 {
-	struct record valid = {}, buf = {}, ent = {};
+	struct record n = {}, valid = {}, buf = {}, ent = {};
 	struct hfx_config cfg;
 	struct timespec t0, t1;
 	int cfd = pin_map_fd((void *)pin, "hfx_cfg"), vfd = pin_map_fd((void *)pin, "hfx_valid"), bfd = -1, efd;
@@ -564,11 +570,16 @@ static int cmd_overlay_write(const char *pin, const char *path)
 	struct bpf_map_info vi = map_info(vfd, "hfx_valid");
 
 	clock_gettime(CLOCK_MONOTONIC, &t0);
-	read_overlay_file(path, &valid, &buf, &ent);
+	read_overlay_file(path, &n, &valid, &buf, &ent);
 	if (bpf_map_lookup_elem(cfd, &zero, &cfg))
 		die("overlay", "hfx_cfg: %s", strerror(errno));
 	if (!(cfg.armed & HFX_CONTROL_ENABLE))
 		die("overlay", "%s: no tables written yet (hf_xdp update first)", pin);
+	if (n.vsize != 4 || n.count != 1 || *(__u32 *)n.vals != cfg.num_entries)
+		die("overlay", "%s: an overlay for %u static entries, the program has %u", path,
+		    n.count ? *(__u32 *)n.vals : 0, cfg.num_entries);
+	if (ent.count && ent.count != cfg.num_entries + 1 + cfg.buf_depth)
+		die("overlay", "%s: %u rows, the program has %u", path, ent.count, cfg.num_entries + 1 + cfg.buf_depth);
 	if (valid.vsize != 8 || valid.count != vi.max_entries)
 		die("overlay", "%s: hfx_valid of %u words, the program has %u", path, valid.count, vi.max_entries);
 	if (buf.count) {

@@ -2,12 +2,15 @@
 mask and buffer slots written with the overlay `analysis.overlay.align` computes for a changed policy (rules
 inserted, deleted, a verdict changed, a multiport rule: one slot per port), decides every frame as `hw.model.decide`
 over that View — which decides by `analysis.overlay.hw_indices`, the one definition —: XDP action, hardware index
-(slots n + 1 + b), reason, M, mark value, counters and the hits of every row."""
+(slots n + 1 + b), reason, M, mark value, counters and the hits of every row. Through a fresh program with the
+overlay in its tables file, and through a started program (XdpTarget) whose overlay `write_overlay` changes from one
+change to the next while it runs; `read_overlay` reads back what was written."""
 
 from __future__ import annotations
 
 import random
 import re
+import time
 
 import pytest
 from hypafilter import netns
@@ -18,6 +21,7 @@ from tests.system.test_xdp import PORTS, check, frames_for
 pytestmark = pytest.mark.system
 
 NS = "exov-run"
+SITE = "exov"  # names the started program's pins (/sys/fs/bpf/hypafilter-xdp/exov)
 MULTIPORT = "-A FORWARD -p tcp -m multiport --dports 22,80,443,8080 -j DROP"
 
 
@@ -43,10 +47,11 @@ def _flip(line: str) -> str:
     return line
 
 
-def changed(text: str, rng: random.Random, inserts: int = 3, deletes: int = 2) -> str:
+def changed(text: str, rng: random.Random, inserts: int = 3, deletes: int = 2, before_self: int = 1) -> str:
     """`text` changed as iptables -I / -D / -R would: `deletes` FORWARD rules deleted, one rule's verdict changed in
-    place, `inserts` copies of its rules with the other verdict inserted anywhere (they overlap the rules they copy:
-    a slot placed right before a static entry that a frame also matches is common), and MULTIPORT (four boxes)."""
+    place, `before_self` rules each preceded by a copy with the other verdict (its slot placed right before the
+    static entry it copies, so the frames of that entry need pos <= i to reach the slot), `inserts` such copies
+    inserted anywhere, and MULTIPORT (four boxes)."""
     lines = text.splitlines()
     at = [i for i, ln in enumerate(lines) if ln.startswith("-A FORWARD ")]
     body = [lines[i] for i in at]
@@ -54,6 +59,8 @@ def changed(text: str, rng: random.Random, inserts: int = 3, deletes: int = 2) -
         del body[rng.randrange(len(body))]
     j = rng.randrange(len(body))
     body[j] = _flip(body[j])
+    for j in sorted(rng.sample(range(len(body)), min(before_self, len(body))), reverse=True):
+        body.insert(j, _flip(body[j]))
     for _ in range(inserts):
         body.insert(rng.randint(0, len(body)), _flip(rng.choice(body)))
     body.insert(rng.randint(0, len(body)), MULTIPORT)
@@ -189,3 +196,63 @@ def test_ct_hit_entry_masked_off():
         assert got["static"] == {0} and 0 not in got["view"], got
     finally:
         netns.delete(ns)
+
+
+def test_write_overlay_on_a_running_program(ns, tmp_path):
+    """XdpTarget: a started program of one policy, its tables written, then `write_overlay` of one change after
+    another (Views: rows too), each time every frame against the model over that View; `read_overlay` gives what was
+    written; back to the identity overlay, the static policy's decisions. Measures write_overlay's time (full
+    buffer plus valid mask)."""
+    from hypafilter.analysis.overlay import Overlay, align
+    from hypafilter.analysis.plan import build_plan
+    from hypafilter.config import Config
+    from hypafilter.errors import HypafilterError
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.targets.base import Site
+    from hypafilter.targets.xdp.target import XdpTarget, overlay_state
+    from hypafilter.tools.fuzz import random_policy
+
+    text = random_policy(6, conntrack=False)
+    policy = parse_policy(text, "p6")
+    cfg = Config(shunt_mode="selective", update_buffer=16)
+    tgt = XdpTarget(cfg, Site(SITE, NS, {"wire0": PORTS[0], "wire1": PORTS[1]}, tmp_path))
+    static = build_plan(policy, cfg)
+    info = tgt.start(tgt.build(static), 7)
+    try:
+        tgt.program(info, static, 7)
+        assert overlay_state(tgt.read_overlay(info)) == overlay_state(Overlay.empty(static.n, 16))
+        took = []
+        m0, m1, m2 = (changed(text, random.Random(100 + k), inserts=2 + k) for k in range(3))
+        # m1 twice: nothing to write the second time; then m1 with one more rule at the end (its four slots appended,
+        # every other slot unchanged and enabled throughout); then m2 and m0 (slots rewritten, shifted)
+        m1_more = m1.replace("COMMIT", MULTIPORT.replace("DROP", "ACCEPT") + "\nCOMMIT")
+        masters = [m0, m1, m1, m1_more, m2, m0]
+        for k, mtext in enumerate(masters):
+            master_policy = parse_policy(mtext, f"p6.{k}")
+            view = align(static.entries, build_plan(master_policy, cfg), 16)
+            t0 = time.perf_counter()
+            out = tgt.write_overlay(info, view)
+            took.append((round(time.perf_counter() - t0, 4), out["us"], out["slots_changed"], out["rows_changed"]))
+            assert out["buf_scan"] == view.overlay.used
+            assert overlay_state(tgt.read_overlay(info)) == overlay_state(view.overlay) == out["overlay"]
+            if k == 2:
+                assert (out["slots_changed"], out["rows_changed"]) == (0, 0), out
+            if k == 3:
+                assert out["slots_changed"] == 4, out  # the appended rule's four boxes, nothing else
+            check(view, mixed_frames(policy, master_policy, k, 600), ns, pin=info["pin"])
+        # drift compares the state's record with what the program holds (the links are not ours to check here)
+        st = {"generation": 7, "tables": {"miss_shunt": [False, False], "overlay": out["overlay"]}}
+        assert not [d for d in tgt.drift(info, st) if "update buffer" in d]
+        st["tables"]["overlay"] = overlay_state(Overlay.empty(static.n, 16))
+        assert [d for d in tgt.drift(info, st) if "update buffer" in d]
+        with pytest.raises(HypafilterError, match="an overlay for"):  # another matcher's: refused, nothing written
+            tgt.write_overlay(info, Overlay.empty(static.n + 1, 16))
+        assert overlay_state(tgt.read_overlay(info)) == overlay_state(view.overlay)
+        ident = align(static.entries, static, 16)
+        assert ident.overlay.pristine
+        tgt.write_overlay(info, ident)
+        assert tgt.read_overlay(info).pristine
+        check(ident, frames_for(policy, random.Random(9), 600), ns, pin=info["pin"])
+        print("write_overlay (s, loader us, slots, rows):", took)
+    finally:
+        tgt.stop(info)

@@ -323,7 +323,8 @@ def test_overlay_records_refuse_misfits():
     box = Box.full().with_field("dport", 22, 22)
     ov = Overlay(plan.n, 4, [True, False] + [True] * (plan.n - 2), (Slot(box, 1, 0), Slot(box, 3, 2)))
     rec = records(overlay_records(ov, shape))
-    assert set(rec) == {"hfx_valid", "hfx_buf"} and rec["hfx_valid"][1] == shape["ent_cap"] // 64
+    assert set(rec) == {"n_static", "hfx_valid", "hfx_buf"} and rec["hfx_valid"][1] == shape["ent_cap"] // 64
+    assert struct.unpack("<I", rec["n_static"][2]) == (plan.n,)
     assert np.frombuffer(rec["hfx_valid"][2], "<u8")[0] == (1 << plan.n) - 1 - 2
     rows = [read_slot(rec["hfx_buf"][2][b * SLOT.size : (b + 1) * SLOT.size]) for b in range(4)]
     assert [(s.box, s.pos, on) for s, on in rows[:2]] == [(box, 1, True), (box, 3, True)]

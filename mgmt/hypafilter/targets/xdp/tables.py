@@ -252,15 +252,17 @@ def read_slot(data: bytes) -> tuple[Slot, bool]:
 
 
 def overlay_records(ov: Overlay, shape: dict, entries: bytes | None = None) -> bytes:
-    """What `hf_xdp overlay` writes into a running program of `shape`: hfx_valid, hfx_buf and, given, the rows of
-    every hardware index (`entries`, a View's: Tables.entries)."""
+    """What `hf_xdp overlay` writes into a running program of `shape`: the static entries it is for (`n_static`, which
+    the loader checks against the program's), hfx_valid, hfx_buf and, given, the rows of every hardware index
+    (`entries`, a View's: Tables.entries)."""
     buf = shape.get("buf", 0)
     words = shape["ent_cap"] // 64
     if len(ov.slots) > buf:
         raise ValueError(f"{len(ov.slots)} buffer slots for a program of {buf}")
     if ov.n_static + 1 + buf > shape["ent_cap"]:
         raise ValueError(f"{ov.n_static} static entries and {buf} slots do not fit {shape['ent_cap']} rows")
-    out = [_record("hfx_valid", 8, words, valid_words(ov.valid, words).astype("<u8").tobytes())]
+    out = [_record("n_static", 4, 1, struct.pack("<I", ov.n_static))]  # checked against hfx_config.num_entries
+    out.append(_record("hfx_valid", 8, words, valid_words(ov.valid, words).astype("<u8").tobytes()))
     if buf:
         out.append(_record("hfx_buf", SLOT.size, buf, slot_rows(ov, buf)))
     if entries is not None:

@@ -199,31 +199,43 @@ static void vbox_of(const __u64 *valid, __u32 words, const __u32 *box, __u32 box
 	}
 }
 
+/* hfx_vbox (map `ofd`) for the valid words `valid` and the boxes' entries `box` (hfx_box's first `boxes` rows). */
+static void write_vbox(int ofd, const __u64 *valid, __u32 words, const __u32 *box, __u32 boxes)
+{
+	struct bpf_map_info oi = map_info(ofd, "hfx_vbox");
+	__u64 *row = calloc(1, oi.value_size);
+	__u32 zero = 0;
+
+	if (!row)
+		die("tables", "out of memory for hfx_vbox");
+	if ((__u64)boxes > (__u64)oi.value_size * 8)
+		die("tables", "%u boxes for an hfx_vbox of %u bits", boxes, oi.value_size * 8);
+	vbox_of(valid, words, box, boxes, row);
+	if (bpf_map_update_elem(ofd, &zero, row, BPF_ANY))
+		die("tables", "hfx_vbox: %s", strerror(errno));
+	free(row);
+}
+
 /* hfx_vbox from hfx_valid (entries) and hfx_box (box -> entry), for the first `boxes` boxes. The program ANDs this
  * row into the lookup, so an invalid entry never matches. */
 static void project_valid(map_fd_fn fdof, void *ctx, __u32 boxes, int close_fds)
 {
 	int vfd = fdof(ctx, "hfx_valid"), bfd = fdof(ctx, "hfx_box"), ofd = fdof(ctx, "hfx_vbox");
-	struct bpf_map_info vi = map_info(vfd, "hfx_valid"), oi = map_info(ofd, "hfx_vbox");
-	__u64 *valid = calloc(vi.max_entries, 8), *row = calloc(1, oi.value_size);
-	__u32 *box = calloc(boxes ? boxes : 1, 4), zero = 0;
+	struct bpf_map_info vi = map_info(vfd, "hfx_valid");
+	__u64 *valid = calloc(vi.max_entries, 8);
+	__u32 *box = calloc(boxes ? boxes : 1, 4);
 
-	if (!valid || !row || !box)
+	if (!valid || !box)
 		die("tables", "out of memory for hfx_vbox");
-	if ((__u64)boxes > (__u64)oi.value_size * 8)
-		die("tables", "%u boxes for an hfx_vbox of %u bits", boxes, oi.value_size * 8);
 	read_rows(vfd, vi.max_entries, 8, valid, "hfx_valid");
 	read_rows(bfd, boxes, 4, box, "hfx_box");
-	vbox_of(valid, vi.max_entries, box, boxes, row);
-	if (bpf_map_update_elem(ofd, &zero, row, BPF_ANY))
-		die("tables", "hfx_vbox: %s", strerror(errno));
+	write_vbox(ofd, valid, vi.max_entries, box, boxes);
 	if (close_fds) {
 		close(vfd);
 		close(bfd);
 		close(ofd);
 	}
 	free(valid);
-	free(row);
 	free(box);
 }
 
@@ -534,6 +546,18 @@ static __u32 write_changed(int fd, struct record *r, void *cur, __u32 *keys, con
 	return k;
 }
 
+/* hfx_vbox's fd in *ofd and hfx_box's first `boxes` rows in *box: read once, the first time the valid mask changes. */
+static void open_vbox(const char *pin, int *ofd, __u32 **box, __u32 boxes)
+{
+	if (*ofd >= 0)
+		return;
+	*box = calloc(boxes ? boxes : 1, 4);
+	if (!*box)
+		die("overlay", "out of memory");
+	read_rows(pin_map_fd((void *)pin, "hfx_box"), boxes, 4, *box, "hfx_box");
+	*ofd = pin_map_fd((void *)pin, "hfx_vbox");
+}
+
 static void write_scan(int fd, struct hfx_config *cfg, __u32 scan)
 {
 	__u32 zero = 0;
@@ -567,6 +591,8 @@ static int cmd_overlay_write(const char *pin, const char *path)
 	__u64 *cur_valid, *mixed;
 	struct hfx_slot *cur = NULL, *want;
 	unsigned char *chg = NULL; /* per slot: its row changes */
+	__u32 *box = NULL;	   /* hfx_box's rows, read when the valid mask changes (open_vbox) */
+	int ofd = -1;
 	struct bpf_map_info vi = map_info(vfd, "hfx_valid");
 
 	clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -648,15 +674,19 @@ static int cmd_overlay_write(const char *pin, const char *path)
 	{
 		struct record r = {8, vi.max_entries, mixed};
 
-		if (write_changed(vfd, &r, cur_valid, keys, "hfx_valid"))
-			project_valid(pin_map_fd, (void *)pin, cfg.num_boxes, 1);
+		if (write_changed(vfd, &r, cur_valid, keys, "hfx_valid")) {
+			open_vbox(pin, &ofd, &box, cfg.num_boxes);
+			write_vbox(ofd, mixed, vi.max_entries, box, cfg.num_boxes);
+		}
 	}
 	write_scan(cfd, &cfg, scan > cfg.buf_scan ? scan : cfg.buf_scan);
 	for (__u32 b = 0; b < depth; b++) /* 4. */
 		if (chg[b] && want[b].enable && bpf_map_update_elem(bfd, &b, &want[b], BPF_ANY))
 			die("overlay", "hfx_buf[%u]: %s", b, strerror(errno));
-	if (write_changed(vfd, &valid, mixed, keys, "hfx_valid")) /* 5. */
-		project_valid(pin_map_fd, (void *)pin, cfg.num_boxes, 1);
+	if (write_changed(vfd, &valid, mixed, keys, "hfx_valid")) { /* 5. */
+		open_vbox(pin, &ofd, &box, cfg.num_boxes);
+		write_vbox(ofd, valid.vals, vi.max_entries, box, cfg.num_boxes);
+	}
 	write_scan(cfd, &cfg, scan);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	free(keys);
@@ -664,6 +694,7 @@ static int cmd_overlay_write(const char *pin, const char *path)
 	free(mixed);
 	free(cur);
 	free(chg);
+	free(box);
 	printf("{\"slots_changed\": %u, \"rows_changed\": %u, \"buf_scan\": %u, \"us\": %.1f}\n", changed, rows, scan,
 	       (t1.tv_sec - t0.tv_sec) * 1e6 + (t1.tv_nsec - t0.tv_nsec) / 1e3);
 	return 0;

@@ -333,3 +333,19 @@ def test_overlay_records_refuse_misfits():
         overlay_records(Overlay(plan.n, 8, np.ones(plan.n, bool), (Slot(box, 0, 0),) * 5), shape)
     with pytest.raises(ValueError):
         overlay_records(Overlay(shape["ent_cap"], 4, np.ones(shape["ent_cap"], bool)), shape)
+
+
+@pytest.mark.parametrize("at", ["spread", "top"])
+def test_bench_buffer_view_decides_as_the_plan(at):
+    """`bench xdp-cost --buffer-slots K`: K of the plan's entries left out of the static matcher and put into the
+    buffer (spread over the list, or the first K: every slot at position 0, scanned by every frame) decide every
+    header as the plan does (the View's hardware index stands for the plan's entry)."""
+    from hypafilter.tools.bench.xdpcost import buffer_view
+
+    plan = build_plan(parse_policy(random_policy(5), "p5"))
+    view = buffer_view(plan, 4, 16, at)
+    assert view.n == plan.n - 4 and view.overlay.used >= 4 and view.overlay.valid.all()
+    if at == "top":
+        assert {s.pos for s in view.overlay.slots} == {0}
+    for h in headers(plan, random.Random(at), 300):
+        assert view.master[decision.match_index(view, h)] == decision.match_index(plan, h), h

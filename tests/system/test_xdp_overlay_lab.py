@@ -2,7 +2,9 @@
 shim), then its program given the matcher of the policy before the change (`program` with the old policy's plan) and
 the change as an overlay (`write_overlay` of `analysis.overlay.align`'s View: slots, valid mask, rows of every
 hardware index), as the update service leaves a running program; `verify` sends the frames through that hybrid and
-through the kernel alone with the changed policy: the same verdict for every frame, and frames decided by the slots."""
+through the kernel alone with the changed policy: the same verdict for every frame, and frames decided by the slots.
+verify draws its frames from the changed policy's rules; a second run takes them from a trace of headers drawn from
+both policies' rules, so that the deleted rules' frames (the valid mask's) come too."""
 
 from __future__ import annotations
 
@@ -28,8 +30,22 @@ def lab():
         yield LAB
 
 
+def both_trace(before, after, path, count: int = 3000) -> str:
+    """A ClassBench-format trace (SRC DST SPORT DPORT PROTO FLAGS) of headers drawn from both policies' rules."""
+    from hypafilter.ops.verify import FrameGen
+
+    rng = random.Random(11)
+    gens = (FrameGen(before, rng), FrameGen(after, rng))
+    rows = []
+    for k in range(count):
+        h = gens[k % 2].header()
+        rows.append(f"{h['src']} {h['dst']} {h['sport']} {h['dport']} {h['proto']} {h['flags']}\n")
+    path.write_text("".join(rows))
+    return str(path)
+
+
 @pytest.mark.parametrize("mode", ["selective", "exact"])
-def test_verify_through_the_buffer(lab, mode):
+def test_verify_through_the_buffer(lab, mode, tmp_path):
     from hypafilter.analysis.overlay import align
     from hypafilter.analysis.plan import build_plan
     from hypafilter.config import Config
@@ -58,16 +74,18 @@ def test_verify_through_the_buffer(lab, mode):
         st["tables"] = {**written, "overlay": out["overlay"]}  # as the update service records it
         deploy.write_state(st)
         assert deploy.drift(st, tgt) == []
-        hits0 = tgt.counters(info)["HITS"]
-        report = verify(after, cfg, packets=1500, seed=3)
-        hits = tgt.counters(info)["HITS"]
-        assert report["mismatches"] == 0, report["examples"][:3]
-        assert report["generation"] == st["generation"]  # verified the running deployment, not a redeploy
-        assert overlay_state(tgt.read_overlay(info)) == out["overlay"]
+        trace = both_trace(before, after, tmp_path / "both.trace")
         n = view.n
-        by_slots = sum(hits.get(i, 0) - hits0.get(i, 0) for i in range(n + 1, n + 1 + 32))
-        assert by_slots > 0, "no frame reached a slot"
-        assert report["hw_forwarded"] + report["hw_dropped"] > 0
-        print(mode, view.overlay.used, "slots", int((~view.overlay.valid).sum()), "masked", by_slots, "by slots")
+        for probes in ({"seed": 3}, {"seed": 4, "trace": trace}):
+            hits0 = tgt.counters(info)["HITS"]
+            report = verify(after, cfg, packets=1500, **probes)
+            hits = tgt.counters(info)["HITS"]
+            assert report["mismatches"] == 0, (probes, report["examples"][:3])
+            assert report["generation"] == st["generation"]  # verified the running deployment, not a redeploy
+            assert overlay_state(tgt.read_overlay(info)) == out["overlay"]
+            by_slots = sum(hits.get(i, 0) - hits0.get(i, 0) for i in range(n + 1, n + 1 + 32))
+            assert by_slots > 0, "no frame reached a slot"
+            assert report["hw_forwarded"] + report["hw_dropped"] > 0
+            print(mode, probes, view.overlay.used, "slots", int((~view.overlay.valid).sum()), "masked", by_slots)
     finally:
         deploy.configure(*was)

@@ -29,6 +29,9 @@
 #define HFX_BOX_WILD 0x80000000u
 /* match_index field of M for frames that were not classified (dropped as unfilterable). */
 #define HFX_INDEX_NONE 0xFFFFFF
+/* The update buffer's slots (struct hfx_slot) hold one interval per header field, in hypafilter.ir.box FIELDS order:
+ * src, dst, proto, sport, dport, icmp_type, icmp_code, iport, ct. */
+#define HFX_NFIELDS 9
 
 /* Counters (per-CPU array hfx_cnt), the same meanings as the NIC's registers of the same names. */
 #define HFX_CNT_PKTIN 0
@@ -70,6 +73,9 @@ struct hfx_config {
 	 * direction can lie in restricts no other field (a conntrack-first policy's ESTABLISHED accept): a hit's answer
 	 * without a lookup. 0: classify it. */
 	__u32 ct_hit[2];
+	__u32 num_boxes; /* boxes in use (hfx_box rows): what hfx_vbox is projected over */
+	__u32 buf_depth; /* update-buffer slots of the program (hfx_buf rows; 0: no buffer) */
+	__u32 buf_scan;	 /* slots the program reads, 0 .. buf_scan - 1 (every enabled one lies below it) */
 };
 
 /* hfx_ports: the ifindex of each port 0..3 (0: no such port), one row written whole by the loader. */
@@ -90,6 +96,20 @@ struct hfx_entry {
 	__u8 shunt;
 	__u16 pad;
 	__u32 k;
+};
+
+/* One update-buffer slot (docs/xdp.md "Update buffer (SFL)"): a box (closed intervals per field, TCP flags
+ * ternary) and its insert position `pos` (the static entry it precedes, 0 .. n). An enabled slot b whose box holds
+ * the header wins over the first valid static match i when pos <= i (the first such slot in slot order): hardware
+ * index n + 1 + b. */
+struct hfx_slot {
+	__u32 lo[HFX_NFIELDS];
+	__u32 hi[HFX_NFIELDS];
+	__u8 flags_mask;
+	__u8 flags_value;
+	__u16 pad;
+	__u32 pos;
+	__u32 enable; /* 0: never read as a match (written 0 before its fields change, 1 after) */
 };
 
 struct hfx_meta {

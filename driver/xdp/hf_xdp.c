@@ -4,12 +4,17 @@
  *                 load the program unattached, fill its maps, run every frame through BPF_PROG_TEST_RUN; prints a
  *                 JSON line {verified_insns, xlated_insns, jited_bytes}, then one line per frame:
  *                 "retval value cookie m_hex ns_per_run peer_ifindex", then the counters as JSON.
+ *   hf_xdp run    --pin DIR --frames FILE [--repeat N] [--netns NS]
+ *                 the same through a started program with the maps it has (its ports from hfx_ports)
  *   hf_xdp start  --obj OBJ --pin DIR [--netns NS] --port IF=IPORT[:PAIRED]...
  *                 load, pin the program (DIR/prog) and its maps, fill the port tables; not attached
  *   hf_xdp attach --pin DIR --links LDIR [--netns NS] [--generic] IF...
  *                 the pinned program onto each IF through a bpf_link pinned as LDIR/link_<IF>; an existing link
  *                 gets the program replaced atomically (make-before-break)
  *   hf_xdp update --pin DIR --tables FILE          write tables into the pinned maps (CONTROL 0 meanwhile)
+ *   hf_xdp overlay --pin DIR [--tables FILE]       write the update buffer and valid mask (and rows) of FILE into a
+ *                 running program, each frame deciding throughout (docs/xdp.md "Update buffer (SFL)"); prints what
+ *                 changed as JSON. Without --tables: prints them as JSON (valid words, slot rows in hex).
  *   hf_xdp control --pin DIR --value V             rewrite CONTROL
  *   hf_xdp stats  --pin DIR [--reset] [--no-hits]  counters and per-entry hits (--no-hits: counters only) as JSON
  *   hf_xdp links  [--pin DIR] --links LDIR         the pinned program's id and each link's program id
@@ -126,8 +131,116 @@ static void read_exact(FILE *f, void *buf, size_t n, const char *what)
 		die("tables", "truncated file (%s)", what);
 }
 
+static struct bpf_map_info map_info(int fd, const char *name)
+{
+	struct bpf_map_info info = {};
+	__u32 len = sizeof(info);
+
+	if (bpf_obj_get_info_by_fd(fd, &info, &len))
+		die("map", "%s: %s", name, strerror(errno));
+	return info;
+}
+
+/* Rows keys[0..count) of map `fd` from `vals` (vsize bytes each): one batch syscall where the kernel has it. */
+static void update_rows(int fd, __u32 *keys, void *vals, __u32 count, __u32 vsize, const char *name)
+{
+	__u32 done = count;
+	int err = count ? bpf_map_update_batch(fd, keys, vals, &done, NULL) : 0;
+
+	if (err == -EINVAL || err == -ENOTSUP || err == -EOPNOTSUPP) {
+		for (__u32 i = 0; i < count; i++)
+			if (bpf_map_update_elem(fd, &keys[i], (char *)vals + (size_t)i * vsize, BPF_ANY))
+				die("tables", "%s[%u]: %s", name, keys[i], strerror(errno));
+	} else if (err) {
+		die("tables", "%s: batch update of %u rows: %s", name, count, strerror(-err));
+	}
+}
+
+/* Rows 0..count) of array map `fd` into `vals`: batch lookups where the kernel has them (a row per syscall costs
+ * about a microsecond, and an overlay write reads every hfx_ent row and hfx_box twice). */
+static void read_rows(int fd, __u32 count, __u32 vsize, void *vals, const char *name)
+{
+	__u32 *keys = calloc(count ? count : 1, sizeof(*keys)), done = 0, out = 0;
+	int err = 0;
+
+	if (!keys)
+		die("map", "out of memory for %s", name);
+	while (done < count && !err) {
+		__u32 n = count - done;
+		LIBBPF_OPTS(bpf_map_batch_opts, opts);
+
+		err = bpf_map_lookup_batch(fd, done ? &out : NULL, &out, keys + done, (char *)vals + (size_t)done * vsize,
+					   &n, &opts);
+		done += n;
+		if (err == -ENOENT) /* the last rows of the map */
+			err = 0;
+		if (!n)
+			break;
+	}
+	if (err == -EINVAL || err == -ENOTSUP || err == -EOPNOTSUPP || done < count) {
+		for (__u32 i = done; i < count; i++)
+			if (bpf_map_lookup_elem(fd, &i, (char *)vals + (size_t)i * vsize))
+				die("map", "%s[%u]: %s", name, i, strerror(errno));
+	} else if (err) {
+		die("map", "%s: batch lookup of %u rows: %s", name, count, strerror(-err));
+	}
+	free(keys);
+}
+
+/* The valid mask over the boxes (hfx_vbox's row): bit b set when box b's entry (box[b], hfx_box) is valid in
+ * `valid` (hfx_valid's words). */
+static void vbox_of(const __u64 *valid, __u32 words, const __u32 *box, __u32 boxes, __u64 *row)
+{
+	for (__u32 b = 0; b < boxes; b++) {
+		__u32 e = box[b] & ~HFX_BOX_WILD;
+
+		if (e / 64 < words && (valid[e / 64] >> (e % 64) & 1))
+			row[b / 64] |= 1ULL << (b % 64);
+	}
+}
+
+/* hfx_vbox (map `ofd`) for the valid words `valid` and the boxes' entries `box` (hfx_box's first `boxes` rows). */
+static void write_vbox(int ofd, const __u64 *valid, __u32 words, const __u32 *box, __u32 boxes)
+{
+	struct bpf_map_info oi = map_info(ofd, "hfx_vbox");
+	__u64 *row = calloc(1, oi.value_size);
+	__u32 zero = 0;
+
+	if (!row)
+		die("tables", "out of memory for hfx_vbox");
+	if ((__u64)boxes > (__u64)oi.value_size * 8)
+		die("tables", "%u boxes for an hfx_vbox of %u bits", boxes, oi.value_size * 8);
+	vbox_of(valid, words, box, boxes, row);
+	if (bpf_map_update_elem(ofd, &zero, row, BPF_ANY))
+		die("tables", "hfx_vbox: %s", strerror(errno));
+	free(row);
+}
+
+/* hfx_vbox from hfx_valid (entries) and hfx_box (box -> entry), for the first `boxes` boxes. The program ANDs this
+ * row into the lookup, so an invalid entry never matches. */
+static void project_valid(map_fd_fn fdof, void *ctx, __u32 boxes, int close_fds)
+{
+	int vfd = fdof(ctx, "hfx_valid"), bfd = fdof(ctx, "hfx_box"), ofd = fdof(ctx, "hfx_vbox");
+	struct bpf_map_info vi = map_info(vfd, "hfx_valid");
+	__u64 *valid = calloc(vi.max_entries, 8);
+	__u32 *box = calloc(boxes ? boxes : 1, 4);
+
+	if (!valid || !box)
+		die("tables", "out of memory for hfx_vbox");
+	read_rows(vfd, vi.max_entries, 8, valid, "hfx_valid");
+	read_rows(bfd, boxes, 4, box, "hfx_box");
+	write_vbox(ofd, valid, vi.max_entries, box, boxes);
+	if (close_fds) {
+		close(vfd);
+		close(bfd);
+		close(ofd);
+	}
+	free(valid);
+	free(box);
+}
+
 /* Every record of the tables file into its map; hfx_cfg last, so the counts it holds never cover rows not yet
- * written. Returns the number of records. */
+ * written, and hfx_vbox (the valid mask over the boxes) just before it. Returns the number of records. */
 static int write_tables(const char *path, map_fd_fn fdof, void *ctx, int close_fds)
 {
 	FILE *f = fopen(path, "rb");
@@ -155,8 +268,7 @@ static int write_tables(const char *path, map_fd_fn fdof, void *ctx, int close_f
 		__u32 name_len, vsize, count, *keys;
 		char name[64];
 		void *vals;
-		int fd, err;
-		__u32 done;
+		int fd;
 
 		if (fread(&name_len, 4, 1, f) != 1)
 			break;
@@ -184,15 +296,7 @@ static int write_tables(const char *path, map_fd_fn fdof, void *ctx, int close_f
 		fd = fdof(ctx, name);
 		for (__u32 i = 0; i < count; i++)
 			keys[i] = i;
-		done = count;
-		err = count ? bpf_map_update_batch(fd, keys, vals, &done, NULL) : 0;
-		if (err == -EINVAL || err == -ENOTSUP || err == -EOPNOTSUPP) {
-			for (__u32 i = 0; i < count; i++)
-				if (bpf_map_update_elem(fd, &keys[i], (char *)vals + (size_t)i * vsize, BPF_ANY))
-					die("tables", "%s[%u]: %s", name, i, strerror(errno));
-		} else if (err) {
-			die("tables", "%s: batch update of %u rows: %s", name, count, strerror(-err));
-		}
+		update_rows(fd, keys, vals, count, vsize, name);
 		if (close_fds)
 			close(fd);
 		free(vals);
@@ -206,6 +310,7 @@ static int write_tables(const char *path, map_fd_fn fdof, void *ctx, int close_f
 		if (cfg_size != sizeof(struct hfx_config))
 			die("tables", "%s: hfx_cfg of %u bytes, this loader's is %zu", path, cfg_size,
 			    sizeof(struct hfx_config));
+		project_valid(fdof, ctx, ((struct hfx_config *)cfg_val)->num_boxes, close_fds);
 		if (close_fds) {
 			/* The program reads the row while it is copied in (no lock): first every new field under
 			 * CONTROL 0, then the same row with its CONTROL, so a frame sees either "not enabled" or the
@@ -254,13 +359,15 @@ static void print_counters(map_fd_fn fdof, void *ctx, int reset, int hits)
 	if (bpf_map_lookup_elem(gfd, &zero, &cfg))
 		die("stats", "hfx_cfg: %s", strerror(errno));
 	printf("{\"config\": {\"control\": %u, \"generation\": %u, \"num_entries\": %u, \"num_words\": %u, "
-	       "\"armed\": %u}",
-	       cfg.control, cfg.generation, cfg.num_entries, cfg.num_words, cfg.armed);
+	       "\"armed\": %u, \"num_boxes\": %u, \"buf_depth\": %u, \"buf_scan\": %u}",
+	       cfg.control, cfg.generation, cfg.num_entries, cfg.num_words, cfg.armed, cfg.num_boxes, cfg.buf_depth,
+	       cfg.buf_scan);
 	for (__u32 s = 0; s < HFX_CNT_COUNT; s++)
 		printf(", \"%s\": %llu", cnt_names[s], percpu_sum(cfd, s, vals, ncpu, reset, "hfx_cnt"));
 	if (hits) {
 		printf(", \"HITS\": [");
-		for (__u32 i = 0; i <= cfg.num_entries; i++)
+		/* every hardware index: static entries, the policy entry, the buffer's slots */
+		for (__u32 i = 0; i <= cfg.num_entries + cfg.buf_depth; i++)
 			printf("%s%llu", i ? ", " : "", percpu_sum(hfd, i, vals, ncpu, reset, "hfx_hits"));
 		printf("]");
 	}
@@ -282,28 +389,15 @@ static void print_prog_info(int prog_fd)
 
 /* --- commands -------------------------------------------------------------------------------------------------- */
 
-static int cmd_run(const char *obj_path, const char *tables, const char *frames, struct port *ports, int np,
-		   int repeat)
+/* Every frame of the frames file (records {u32 iport, u32 len, len bytes}) through program `pfd` by
+ * BPF_PROG_TEST_RUN, `repeat` times each; one line per frame (see the header). */
+static void run_frames(int pfd, const char *frames, const __u32 *ifindex_of_iport, int repeat)
 {
-	struct bpf_object *obj = open_load(obj_path, NULL);
-	struct bpf_program *prog = bpf_object__find_program_by_name(obj, PROG_NAME);
-	__u32 ifindex_of_iport[MAX_PORTS] = {0};
 	unsigned char in[4096], out[4096 + 256];
-	FILE *f;
-	int pfd;
+	FILE *f = fopen(frames, "rb");
 
-	if (!prog)
-		die("load", "%s lacks %s", obj_path, PROG_NAME);
-	pfd = bpf_program__fd(prog);
-	write_ports(ports, np, obj_map_fd, obj);
-	for (int i = 0; i < np; i++)
-		ifindex_of_iport[ports[i].iport] = ifindex_of(ports[i].name);
-	write_tables(tables, obj_map_fd, obj, 0);
-	print_prog_info(pfd);
-	f = fopen(frames, "rb");
 	if (!f)
 		die("frames", "%s: %s", frames, strerror(errno));
-	/* Frames file: records {u32 iport, u32 len, len bytes}. */
 	for (;;) {
 		__u32 hdr[2];
 		struct xdp_md ctx_in = {}, ctx_out = {};
@@ -343,8 +437,313 @@ static int cmd_run(const char *obj_path, const char *tables, const char *frames,
 		printf("%u %u %u %llx %u %u\n", opts.retval, value, cookie, (unsigned long long)m, opts.duration, peer);
 	}
 	fclose(f);
+}
+
+static int cmd_run(const char *obj_path, const char *tables, const char *frames, struct port *ports, int np,
+		   int repeat)
+{
+	struct bpf_object *obj = open_load(obj_path, NULL);
+	struct bpf_program *prog = bpf_object__find_program_by_name(obj, PROG_NAME);
+	__u32 ifindex_of_iport[MAX_PORTS] = {0};
+	int pfd;
+
+	if (!prog)
+		die("load", "%s lacks %s", obj_path, PROG_NAME);
+	pfd = bpf_program__fd(prog);
+	write_ports(ports, np, obj_map_fd, obj);
+	for (int i = 0; i < np; i++)
+		ifindex_of_iport[ports[i].iport] = ifindex_of(ports[i].name);
+	write_tables(tables, obj_map_fd, obj, 0);
+	print_prog_info(pfd);
+	run_frames(pfd, frames, ifindex_of_iport, repeat);
 	print_counters(obj_map_fd, obj, 0, 1);
 	bpf_object__close(obj);
+	return 0;
+}
+
+static int pinned_prog(const char *pin);
+
+/* The frames through a started program as its maps are (a deployment's, or one a test wrote overlays into); the
+ * counters printed are the program's, frames before these included. */
+static int cmd_run_pinned(const char *pin, const char *frames, int repeat)
+{
+	int pfd = pinned_prog(pin), fd = pin_map_fd((void *)pin, "hfx_ports");
+	struct hfx_port_table pt;
+	__u32 zero = 0;
+
+	if (bpf_map_lookup_elem(fd, &zero, &pt))
+		die("ports", "hfx_ports: %s", strerror(errno));
+	close(fd);
+	print_prog_info(pfd);
+	run_frames(pfd, frames, pt.ifindex, repeat);
+	print_counters(pin_map_fd, (void *)pin, 0, 1);
+	return 0;
+}
+
+/* --- the update buffer ------------------------------------------------------------------------------------------ */
+
+struct record {
+	__u32 vsize, count;
+	void *vals;
+};
+
+/* The records of an overlay file (tables-file format): n_static (the static entries it is for), hfx_valid, hfx_buf
+ * and hfx_ent; others refused. */
+static void read_overlay_file(const char *path, struct record *n, struct record *valid, struct record *buf,
+			      struct record *ent)
+{
+	FILE *f = fopen(path, "rb");
+
+	if (!f)
+		die("overlay", "%s: %s", path, strerror(errno));
+	for (;;) {
+		__u32 name_len;
+		char name[64];
+		struct record r, *into;
+
+		if (fread(&name_len, 4, 1, f) != 1)
+			break;
+		if (!name_len || name_len >= sizeof(name))
+			die("overlay", "%s: bad record name length %u", path, name_len);
+		read_exact(f, name, name_len, "name");
+		name[name_len] = 0;
+		read_exact(f, &r.vsize, 4, "value size");
+		read_exact(f, &r.count, 4, "count");
+		into = !strcmp(name, "n_static")    ? n
+		       : !strcmp(name, "hfx_valid") ? valid
+		       : !strcmp(name, "hfx_buf")   ? buf
+		       : !strcmp(name, "hfx_ent")   ? ent
+						    : 0;
+		if (!into)
+			die("overlay", "%s: record %s is not part of an overlay", path, name);
+		if (!r.vsize || r.vsize > (1 << 20) || r.count > (1 << 24))
+			die("overlay", "%s: %s: bad size", path, name);
+		r.vals = malloc((size_t)r.vsize * (r.count ? r.count : 1));
+		if (!r.vals)
+			die("overlay", "out of memory for %s", name);
+		read_exact(f, r.vals, (size_t)r.vsize * r.count, name);
+		*into = r;
+	}
+	fclose(f);
+}
+
+/* Rows of `r` that differ from the map's (read into `cur`), written to map `fd` in one batch: their number. */
+static __u32 write_changed(int fd, struct record *r, void *cur, __u32 *keys, const char *name)
+{
+	__u32 k = 0;
+	char *vals = malloc((size_t)r->vsize * (r->count ? r->count : 1));
+
+	if (!vals)
+		die("overlay", "out of memory for %s", name);
+	for (__u32 i = 0; i < r->count; i++) {
+		if (!memcmp((char *)r->vals + (size_t)i * r->vsize, (char *)cur + (size_t)i * r->vsize, r->vsize))
+			continue;
+		memcpy(vals + (size_t)k * r->vsize, (char *)r->vals + (size_t)i * r->vsize, r->vsize);
+		keys[k++] = i;
+	}
+	update_rows(fd, keys, vals, k, r->vsize, name);
+	free(vals);
+	return k;
+}
+
+/* hfx_vbox's fd in *ofd and hfx_box's first `boxes` rows in *box: read once, the first time the valid mask changes. */
+static void open_vbox(const char *pin, int *ofd, __u32 **box, __u32 boxes)
+{
+	if (*ofd >= 0)
+		return;
+	*box = calloc(boxes ? boxes : 1, 4);
+	if (!*box)
+		die("overlay", "out of memory");
+	read_rows(pin_map_fd((void *)pin, "hfx_box"), boxes, 4, *box, "hfx_box");
+	*ofd = pin_map_fd((void *)pin, "hfx_vbox");
+}
+
+static void write_scan(int fd, struct hfx_config *cfg, __u32 scan)
+{
+	__u32 zero = 0;
+
+	/* The row is copied in without a lock: the other fields are rewritten with the values they hold, so a frame
+	 * reads either bound, whole. */
+	if (cfg->buf_scan == scan)
+		return;
+	cfg->buf_scan = scan;
+	if (bpf_map_update_elem(fd, &zero, cfg, BPF_ANY))
+		die("overlay", "hfx_cfg: %s", strerror(errno));
+}
+
+/* The overlay of `path` into the running program of `pin`, every frame deciding throughout (no CONTROL 0):
+ *   1. slots whose row changes are disabled (their old fields, enable 0);
+ *   2. their new fields written, still disabled, and every hfx_ent row that changes (a slot's rows while it is
+ *      disabled; a static entry's row is one 8-byte copy);
+ *   3. the valid mask becomes old | new (an entry that comes back is valid before the slot that stood in for it
+ *      goes), the scan bound the larger of the old and the new;
+ *   4. the changed slots that the overlay enables are enabled;
+ *   5. the valid mask becomes the new one (an entry leaves only once the slots placed for its successor are on),
+ *      the scan bound the new one.
+ * Enabled slots stay sorted by position at every step (the program's scan relies on it). Prints what it wrote. */
+static int cmd_overlay_write(const char *pin, const char *path)
+{
+	struct record n = {}, valid = {}, buf = {}, ent = {};
+	struct hfx_config cfg;
+	struct timespec t0, t1;
+	int cfd = pin_map_fd((void *)pin, "hfx_cfg"), vfd = pin_map_fd((void *)pin, "hfx_valid"), bfd = -1, efd;
+	__u32 zero = 0, depth = 0, scan = 0, changed = 0, rows = 0, *keys;
+	__u64 *cur_valid, *mixed;
+	struct hfx_slot *cur = NULL, *want;
+	unsigned char *chg = NULL; /* per slot: its row changes */
+	__u32 *box = NULL;	   /* hfx_box's rows, read when the valid mask changes (open_vbox) */
+	int ofd = -1;
+	struct bpf_map_info vi = map_info(vfd, "hfx_valid");
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	read_overlay_file(path, &n, &valid, &buf, &ent);
+	if (bpf_map_lookup_elem(cfd, &zero, &cfg))
+		die("overlay", "hfx_cfg: %s", strerror(errno));
+	if (!(cfg.armed & HFX_CONTROL_ENABLE))
+		die("overlay", "%s: no tables written yet (hf_xdp update first)", pin);
+	if (n.vsize != 4 || n.count != 1 || *(__u32 *)n.vals != cfg.num_entries)
+		die("overlay", "%s: an overlay for %u static entries, the program has %u", path,
+		    n.count ? *(__u32 *)n.vals : 0, cfg.num_entries);
+	if (ent.count && ent.count != cfg.num_entries + 1 + cfg.buf_depth)
+		die("overlay", "%s: %u rows, the program has %u", path, ent.count, cfg.num_entries + 1 + cfg.buf_depth);
+	if (valid.vsize != 8 || valid.count != vi.max_entries)
+		die("overlay", "%s: hfx_valid of %u words, the program has %u", path, valid.count, vi.max_entries);
+	if (buf.count) {
+		bfd = pin_map_fd((void *)pin, "hfx_buf");
+		depth = map_info(bfd, "hfx_buf").max_entries;
+	}
+	if (buf.count != depth || buf.count != cfg.buf_depth || (buf.count && buf.vsize != sizeof(struct hfx_slot)))
+		die("overlay", "%s: %u buffer slots, the program has %u", path, buf.count, cfg.buf_depth);
+	keys = calloc(vi.max_entries + depth + (ent.count ? ent.count : 1), sizeof(*keys));
+	cur_valid = calloc(vi.max_entries, 8);
+	mixed = calloc(vi.max_entries, 8);
+	if (!keys || !cur_valid || !mixed)
+		die("overlay", "out of memory");
+	read_rows(vfd, vi.max_entries, 8, cur_valid, "hfx_valid");
+	want = buf.vals;
+	if (depth) {
+		cur = calloc(depth, sizeof(*cur));
+		chg = calloc(depth, 1);
+		if (!cur || !chg)
+			die("overlay", "out of memory");
+		read_rows(bfd, depth, sizeof(*cur), cur, "hfx_buf");
+	}
+	for (__u32 b = 0; b < depth; b++) {
+		if (want[b].enable)
+			scan = b + 1;
+		chg[b] = memcmp(&want[b], &cur[b], sizeof(*cur)) != 0;
+		changed += chg[b];
+		if (chg[b] && cur[b].enable) { /* 1. */
+			cur[b].enable = 0;
+			if (bpf_map_update_elem(bfd, &b, &cur[b], BPF_ANY))
+				die("overlay", "hfx_buf[%u]: %s", b, strerror(errno));
+		}
+	}
+	if (depth) { /* 2. the changing slots' new fields, disabled; every other slot as it is */
+		struct hfx_slot *off = malloc(depth * sizeof(*off));
+		struct record r = {sizeof(*off), depth, off};
+
+		if (!off)
+			die("overlay", "out of memory");
+		for (__u32 b = 0; b < depth; b++) {
+			off[b] = chg[b] ? want[b] : cur[b];
+			if (chg[b])
+				off[b].enable = 0;
+		}
+		write_changed(bfd, &r, cur, keys, "hfx_buf");
+		free(off);
+	}
+	if (ent.count) {
+		struct bpf_map_info ei;
+		void *cur_ent;
+
+		efd = pin_map_fd((void *)pin, "hfx_ent");
+		ei = map_info(efd, "hfx_ent");
+		if (ent.vsize != ei.value_size || ent.count > ei.max_entries)
+			die("overlay", "%s: %u rows of %u bytes for hfx_ent", path, ent.count, ent.vsize);
+		cur_ent = malloc((size_t)ent.vsize * ent.count);
+		if (!cur_ent)
+			die("overlay", "out of memory");
+		read_rows(efd, ent.count, ent.vsize, cur_ent, "hfx_ent");
+		rows = write_changed(efd, &ent, cur_ent, keys, "hfx_ent");
+		free(cur_ent);
+		close(efd);
+	}
+	for (__u32 w = 0; w < vi.max_entries; w++) /* 3. */
+		mixed[w] = cur_valid[w] | ((__u64 *)valid.vals)[w];
+	{
+		struct record r = {8, vi.max_entries, mixed};
+
+		if (write_changed(vfd, &r, cur_valid, keys, "hfx_valid")) {
+			open_vbox(pin, &ofd, &box, cfg.num_boxes);
+			write_vbox(ofd, mixed, vi.max_entries, box, cfg.num_boxes);
+		}
+	}
+	write_scan(cfd, &cfg, scan > cfg.buf_scan ? scan : cfg.buf_scan);
+	for (__u32 b = 0; b < depth; b++) /* 4. */
+		if (chg[b] && want[b].enable && bpf_map_update_elem(bfd, &b, &want[b], BPF_ANY))
+			die("overlay", "hfx_buf[%u]: %s", b, strerror(errno));
+	if (write_changed(vfd, &valid, mixed, keys, "hfx_valid")) { /* 5. */
+		open_vbox(pin, &ofd, &box, cfg.num_boxes);
+		write_vbox(ofd, valid.vals, vi.max_entries, box, cfg.num_boxes);
+	}
+	write_scan(cfd, &cfg, scan);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	free(keys);
+	free(cur_valid);
+	free(mixed);
+	free(cur);
+	free(chg);
+	free(box);
+	printf("{\"slots_changed\": %u, \"rows_changed\": %u, \"buf_scan\": %u, \"us\": %.1f}\n", changed, rows, scan,
+	       (t1.tv_sec - t0.tv_sec) * 1e6 + (t1.tv_nsec - t0.tv_nsec) / 1e3);
+	return 0;
+}
+
+/* What the program's buffer and valid mask hold, as JSON: valid words, slot rows (hex of struct hfx_slot), and
+ * whether hfx_vbox is the projection of hfx_valid the loader writes. */
+static int cmd_overlay_read(const char *pin)
+{
+	int cfd = pin_map_fd((void *)pin, "hfx_cfg"), vfd = pin_map_fd((void *)pin, "hfx_valid");
+	int ofd = pin_map_fd((void *)pin, "hfx_vbox"), bfd = pin_map_fd((void *)pin, "hfx_box");
+	struct bpf_map_info vi = map_info(vfd, "hfx_valid"), oi = map_info(ofd, "hfx_vbox");
+	__u64 *valid = calloc(vi.max_entries, 8), *vbox = calloc(1, oi.value_size), *want = calloc(1, oi.value_size);
+	struct hfx_config cfg;
+	__u32 zero = 0, *box;
+
+	if (!valid || !vbox || !want)
+		die("overlay", "out of memory");
+	if (bpf_map_lookup_elem(cfd, &zero, &cfg))
+		die("overlay", "hfx_cfg: %s", strerror(errno));
+	if ((__u64)cfg.num_boxes > (__u64)oi.value_size * 8)
+		die("overlay", "%u boxes for an hfx_vbox of %u bits", cfg.num_boxes, oi.value_size * 8);
+	box = calloc(cfg.num_boxes ? cfg.num_boxes : 1, 4);
+	if (!box)
+		die("overlay", "out of memory");
+	read_rows(vfd, vi.max_entries, 8, valid, "hfx_valid");
+	read_rows(ofd, 1, oi.value_size, vbox, "hfx_vbox");
+	read_rows(bfd, cfg.num_boxes, 4, box, "hfx_box");
+	vbox_of(valid, vi.max_entries, box, cfg.num_boxes, want);
+	printf("{\"num_entries\": %u, \"buf_depth\": %u, \"buf_scan\": %u, \"vbox_ok\": %s, \"valid\": [",
+	       cfg.num_entries, cfg.buf_depth, cfg.buf_scan, memcmp(vbox, want, oi.value_size) ? "false" : "true");
+	for (__u32 w = 0; w < vi.max_entries; w++)
+		printf("%s%llu", w ? ", " : "", (unsigned long long)valid[w]);
+	printf("], \"slots\": [");
+	if (cfg.buf_depth) {
+		int sfd = pin_map_fd((void *)pin, "hfx_buf");
+
+		for (__u32 b = 0; b < cfg.buf_depth; b++) {
+			struct hfx_slot s;
+
+			if (bpf_map_lookup_elem(sfd, &b, &s))
+				die("overlay", "hfx_buf[%u]: %s", b, strerror(errno));
+			printf("%s\"", b ? ", " : "");
+			for (size_t i = 0; i < sizeof(s); i++)
+				printf("%02x", ((unsigned char *)&s)[i]);
+			printf("\"");
+		}
+	}
+	printf("]}\n");
 	return 0;
 }
 
@@ -628,11 +1027,17 @@ int main(int argc, char **argv)
 	struct xdp_args x = {.value = -1, .repeat = 1};
 	struct loader_args a;
 	const char *cmd = parse_loader_args(
-		argc, argv, "hf_xdp run|start|attach|update|control|stats|links|stop|detach [options] (see the source's header)",
+		argc, argv, "hf_xdp run|start|attach|update|overlay|control|stats|links|stop|detach [options] (see the source's header)",
 		options, &a, xdp_option, &x);
 
 	if (optind != argc && strcmp(cmd, "attach"))
 		die("usage", "unexpected argument '%s'", argv[optind]);
+	if (!strcmp(cmd, "run") && a.pin && !a.obj) {
+		if (!x.frames || x.tables || x.np)
+			die("usage", "run --pin takes --frames (the program's own tables and ports)");
+		enter_netns(a.netns);
+		return cmd_run_pinned(a.pin, x.frames, x.repeat);
+	}
 	if (!strcmp(cmd, "run")) {
 		if (!a.obj || !x.tables || !x.frames)
 			die("usage", "run needs --obj, --tables and --frames");
@@ -670,6 +1075,8 @@ int main(int argc, char **argv)
 		write_tables(x.tables, pin_map_fd, (void *)a.pin, 1);
 		return 0;
 	}
+	if (!strcmp(cmd, "overlay"))
+		return x.tables ? cmd_overlay_write(a.pin, x.tables) : cmd_overlay_read(a.pin);
 	if (!strcmp(cmd, "stats")) {
 		print_counters(pin_map_fd, (void *)a.pin, x.reset, !x.no_hits);
 		return 0;

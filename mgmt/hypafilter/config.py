@@ -113,6 +113,9 @@ class Config:
     # The flow cache built into the emulated NIC's core: "LOG2_SETS:WAYS" (2**LOG2_SETS sets of WAYS entries,
     # 4,096..65,536 entries in all, at most 16 ways), or "none" for a core without one (ct is then always 0).
     flow_cache: str = "10:4"
+    # Slots of the SFL update buffer beside the static matcher (ARCHITECTURE §8): rule changes applied at run time
+    # without a new core or program, until it is full; 0 = none.
+    update_buffer: int = 16
 
     @classmethod
     def load(cls, path: str | Path | None) -> Config:

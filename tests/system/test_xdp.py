@@ -66,9 +66,15 @@ def ifindexes(ns) -> dict[str, int]:
     return {x["ifname"]: x["ifindex"] for x in json.loads(netns.run(["ip", "-n", ns, "-j", "link", "show"]))}
 
 
-def check(plan, frames, ns, nic_mode="bridge", unfilterable="drop", shunt_all=False, ct=None) -> collections.Counter:
+def check(
+    plan, frames, ns, nic_mode="bridge", unfilterable="drop", shunt_all=False, ct=None, shape=None, pin=None
+) -> collections.Counter:
     """Run the frames and compare each with the model; returns the tally of (kind, reason). `ct`: the program's
     conntrack lookup (targets.xdp.tables.CtConfig); this namespace's conntrack holds no connection, so ct stays 0.
+    `plan` may be an analysis.overlay.View (the static entries' program with its update buffer): match_index is then
+    the hardware index (slots n + 1 + b), hits are counted for every row. `shape`: a larger program than the
+    plan's; `pin`: run through that started program as its maps are instead (its counters from before are
+    subtracted).
     Mirror decisions (reason 4): the value (k << 4) | 0x4 | action and, for a bridge's ACCEPT, the paired port's
     ifindex for the shim's TC program to clone the frame to; every other frame carries no port."""
     from hypafilter.hw import model
@@ -78,12 +84,19 @@ def check(plan, frames, ns, nic_mode="bridge", unfilterable="drop", shunt_all=Fa
     regs.generation = 7
     if shunt_all:
         regs.control |= model.CONTROL_SHUNT_ALL
-    res = run_frames(plan, frames, PORTS, ns=ns, control=regs.control, generation=7, ct=ct)
+    if pin is None:
+        res = run_frames(plan, frames, PORTS, ns=ns, control=regs.control, generation=7, ct=ct, shape=shape)
+        before = {}
+    else:
+        from hypafilter.targets.xdp.run import run_pinned
+
+        before = run_pinned(pin, [], ns=ns).counters
+        res = run_pinned(pin, frames, ns=ns)
     assert len(res.verdicts) == len(frames)
-    counters = model.Counters(len(plan.entries))
+    rows = len(plan.shunt)  # n + 1, or n + 1 + depth for a View
+    counters = model.Counters(rows - 1)
     tally: collections.Counter = collections.Counter()
     bad = []
-    n = len(plan.entries)
     ifx = ifindexes(ns)
     for (iport, f), v in zip(frames, res.verdicts, strict=True):
         d = model.decide(plan, f, WIRE[iport], regs)
@@ -118,11 +131,16 @@ def check(plan, frames, ns, nic_mode="bridge", unfilterable="drop", shunt_all=Fa
         if not ok:
             bad.append((f.hex(), d, v))
         tally[(d.kind.name, d.reason)] += 1
+        if d.match_index is not None and len(plan.entries) < d.match_index < rows:
+            tally[("SLOT", None)] += 1  # a View's buffer slot decided (hardware index n + 1 + b)
     assert not bad, f"{len(bad)} of {len(frames)} frames differ from hw.model, first: {bad[:3]}"
     want_regs = {k: v for k, v in counters.regs.items()}
-    got_regs = {k: res.counters.get(k, 0) for k in want_regs}
+    got_regs = {k: res.counters.get(k, 0) - before.get(k, 0) for k in want_regs}
     assert got_regs == want_regs
-    assert res.counters["HITS"] == counters.hits[: n + 1]
+    hits = res.counters["HITS"]
+    if before:
+        hits = [a - b for a, b in zip(hits, before["HITS"], strict=True)]
+    assert hits[:rows] == counters.hits and not any(hits[rows:]), (hits, counters.hits)
     assert res.prog["verified_insns"] > 0
     return tally
 

@@ -140,7 +140,7 @@ def test_conntrack_hit_entry(rule):
     data = tables_file(t, t.shape(), 1, 0)
     at = data.index(b"hfx_cfg") + len(b"hfx_cfg")
     size, count = struct.unpack_from("<II", data, at)
-    assert (size, count) == (CONFIG.size, 1) and CONFIG.unpack_from(data, at + 8)[-2:] == want
+    assert (size, count) == (CONFIG.size, 1) and CONFIG.unpack_from(data, at + 8)[11:13] == want
 
 
 def _check_lookup(text: str, seed: int) -> None:
@@ -162,9 +162,9 @@ def test_shape_and_file():
     assert t.fits(shape) and len(shape_id(shape)) == 12
     data = tables_file(t, shape, control=1, generation=3)
     # The config record is the last one; its fields: control, generation, num_entries, num_words, nb, armed, the
-    # conntrack fields (no lookup; no rule reads conntrack, so no hit entry).
+    # conntrack fields (no lookup; no rule reads conntrack, so no hit entry), boxes, the update buffer (none here).
     nb = (len(t.spans["src"]), len(t.spans["dst"]))
-    assert data.endswith(struct.pack("<13I", 1, 3, t.n, t.words, *nb, 1, 0, 0, 0, 0, 0, 0))
+    assert data.endswith(struct.pack("<16I", 1, 3, t.n, t.words, *nb, 1, 0, 0, 0, 0, 0, 0, t.boxes, 0, 0))
     small = dict(shape, words=0)
     assert not t.fits(small)
     with pytest.raises(ValueError):
@@ -214,3 +214,138 @@ def test_mirror_bit_in_the_entries():
     plan.mirror = mirror[:-1]
     with pytest.raises(ValueError):
         build_tables(plan)
+
+
+def records(data: bytes) -> dict[str, np.ndarray | bytes]:
+    """The tables file's records by name: {name: (value size, count, bytes)}."""
+    out, at = {}, 0
+    while at < len(data):
+        (k,) = struct.unpack_from("<I", data, at)
+        name = data[at + 4 : at + 4 + k].decode()
+        size, count = struct.unpack_from("<II", data, at + 4 + k)
+        at += 12 + k
+        out[name] = (size, count, data[at : at + size * count])
+        at += size * count
+    return out
+
+
+def lookup_buffered(t, data: bytes, h: Header) -> int:
+    """The program's decision with the update buffer (driver/xdp/fastpath.bpf.c.j2, classify and buffer) over the
+    tables file's records: the lookup over the boxes of valid entries (hfx_valid, projected onto hfx_box as the
+    loader does), then the enabled slots in order up to the first placed after the static match."""
+    from hypafilter.targets.xdp.tables import SLOT
+
+    rec = records(data)
+    cfg = CONFIG.unpack(rec["hfx_cfg"][2])
+    n, depth, scan = cfg[2], cfg[14], cfg[15]
+    words = np.frombuffer(rec["hfx_valid"][2], "<u8")
+    valid = np.unpackbits(words.view(np.uint8), bitorder="little").astype(bool)
+    keep = valid[t.box_entry] if t.boxes else np.zeros(0, bool)
+    vals = dict(zip(FIELDS, h.values(), strict=True), flags=h.tcp_flags)
+    i = n
+    if t.boxes:
+        acc = np.zeros(t.boxes, dtype=bool)
+        acc[:] = keep
+        for f in t.fields:
+            if f in SEARCH_FIELDS:
+                sp = t.spans[f]
+                vec = sp["vec"][int(np.searchsorted(sp["start"], vals[f], side="right")) - 1]
+            else:
+                vec = t.direct[f][vals[f]]
+            bits = np.unpackbits(t.vectors[vec].astype("<u8").view(np.uint8), bitorder="little")[: t.boxes]
+            acc &= bits.astype(bool)
+        hit = np.flatnonzero(acc)
+        i = int(t.box_entry[hit[0]]) if len(hit) else n
+    size, count, raw = rec.get("hfx_buf", (SLOT.size, 0, b""))
+    assert (size, count) == (SLOT.size, depth)
+    v = list(h.values())
+    k = len(FIELDS)
+    for b in range(min(scan, depth)):
+        row = SLOT.unpack_from(raw, b * SLOT.size)
+        lo, hi, fm, fv, pos, on = row[:k], row[k : 2 * k], row[2 * k], row[2 * k + 1], row[2 * k + 3], row[2 * k + 4]
+        if not on:
+            continue
+        if pos > i:
+            break
+        if all(a <= x <= z for a, x, z in zip(lo, v, hi, strict=True)) and h.tcp_flags & fm == fv:
+            return n + 1 + b
+    return i
+
+
+@pytest.mark.parametrize("seed", range(1, 7))
+def test_update_buffer_in_the_tables_file(seed):
+    """A static plan's tables with the overlay of a changed policy (analysis.overlay.align: rules deleted, inserted,
+    a multiport rule of one slot per port): hfx_valid, hfx_buf (slots in order, enabled, their positions), the rows
+    of every hardware index in hfx_ent (unused slots shunting) and hfx_cfg's buffer fields, decoded and run as the
+    program runs them, give analysis.decision's hardware index for every header."""
+    from hypafilter.analysis.overlay import align
+    from hypafilter.targets.xdp.tables import ENTRY
+
+    rng = random.Random(seed)
+    text = POLICY if seed == 1 else random_policy(seed)
+    lines = text.splitlines()
+    body = [i for i, ln in enumerate(lines) if ln.startswith("-A FORWARD ")]
+    changed = list(lines)
+    del changed[body[len(body) // 2]]
+    changed.insert(body[0], "-A FORWARD -p tcp -m multiport --dports 22,80,443 -j DROP")
+    changed.insert(body[-1], lines[body[0]].replace("-j ACCEPT", "-j DROP"))
+    for mode in ("index", "exact"):
+        cfg = Config(shunt_mode=mode)
+        static = build_plan(parse_policy(text, "s"), cfg)
+        master = build_plan(parse_policy("\n".join(changed) + "\n", "m"), cfg)
+        view = align(static.entries, master, 32)
+        t = build_tables(view)
+        assert t.depth == 32 and len(t.entries) == ENTRY.size * (t.n + 33)
+        shape = t.shape(48)  # a program with more slots than the view: the rest unused
+        data = tables_file(t, shape, 1, 0)
+        rec = records(data)
+        assert rec["hfx_ent"][1] == t.n + 1 + 48 and rec["hfx_buf"][1] == 48
+        for j in range(t.n + 1 + view.overlay.depth, t.n + 49):
+            assert ENTRY.unpack_from(rec["hfx_ent"][2], j * ENTRY.size)[:2] == (0, 1)  # shunt, never decides
+        assert CONFIG.unpack(rec["hfx_cfg"][2])[13:] == (t.boxes, 48, view.overlay.used)
+        for h in headers(master, rng, 300) + headers(static, rng, 100):
+            assert lookup_buffered(t, data, h) == decision.match_index(view, h), (mode, h)
+        # the same static tables without the overlay: the static plan's first match
+        plain = tables_file(build_tables(static), shape, 1, 0)
+        for h in headers(static, rng, 100):
+            assert lookup_buffered(build_tables(static), plain, h) == decision.match_index(static, h)
+
+
+def test_overlay_records_refuse_misfits():
+    """overlay_records (what write_overlay hands the loader): more slots than the program has, or more static
+    entries than its rows, are refused; a fitting one carries every valid word and slot row."""
+    from hypafilter.analysis.overlay import Overlay, Slot
+    from hypafilter.ir import Box
+    from hypafilter.targets.xdp.tables import SLOT, overlay_records, read_slot
+
+    plan = build_plan(parse_policy(POLICY, "p"))
+    shape = build_tables(plan).shape(4)
+    box = Box.full().with_field("dport", 22, 22)
+    ov = Overlay(plan.n, 4, [True, False] + [True] * (plan.n - 2), (Slot(box, 1, 0), Slot(box, 3, 2)))
+    rec = records(overlay_records(ov, shape))
+    assert set(rec) == {"n_static", "hfx_valid", "hfx_buf"} and rec["hfx_valid"][1] == shape["ent_cap"] // 64
+    assert struct.unpack("<I", rec["n_static"][2]) == (plan.n,)
+    assert np.frombuffer(rec["hfx_valid"][2], "<u8")[0] == (1 << plan.n) - 1 - 2
+    rows = [read_slot(rec["hfx_buf"][2][b * SLOT.size : (b + 1) * SLOT.size]) for b in range(4)]
+    assert [(s.box, s.pos, on) for s, on in rows[:2]] == [(box, 1, True), (box, 3, True)]
+    assert [on for _, on in rows[2:]] == [False, False]
+    with pytest.raises(ValueError):
+        overlay_records(Overlay(plan.n, 8, np.ones(plan.n, bool), (Slot(box, 0, 0),) * 5), shape)
+    with pytest.raises(ValueError):
+        overlay_records(Overlay(shape["ent_cap"], 4, np.ones(shape["ent_cap"], bool)), shape)
+
+
+@pytest.mark.parametrize("at", ["spread", "top"])
+def test_bench_buffer_view_decides_as_the_plan(at):
+    """`bench xdp-cost --buffer-slots K`: K of the plan's entries left out of the static matcher and put into the
+    buffer (spread over the list, or the first K: every slot at position 0, scanned by every frame) decide every
+    header as the plan does (the View's hardware index stands for the plan's entry)."""
+    from hypafilter.tools.bench.xdpcost import buffer_view
+
+    plan = build_plan(parse_policy(random_policy(5), "p5"))
+    view = buffer_view(plan, 4, 16, at)
+    assert view.n == plan.n - 4 and view.overlay.used >= 4 and view.overlay.valid.all()
+    if at == "top":
+        assert {s.pos for s in view.overlay.slots} == {0}
+    for h in headers(plan, random.Random(at), 300):
+        assert view.master[decision.match_index(view, h)] == decision.match_index(plan, h), h

@@ -113,6 +113,25 @@ def register(sub) -> None:
     x.add_argument("--words", type=int, default=0, help="a program with this many vector words (default: the plan's)")
     x.add_argument("--all-fields", action="store_true", help="a program that looks up every field")
     x.add_argument(
+        "--update-buffer",
+        type=int,
+        metavar="D",
+        help="update-buffer slots of the program (default: the configuration's update_buffer)",
+    )
+    x.add_argument(
+        "--buffer-slots",
+        type=int,
+        default=0,
+        metavar="K",
+        help="K of the policy's rules left out of the static matcher and decided by buffer slots (default 0)",
+    )
+    x.add_argument(
+        "--buffer-at",
+        choices=("spread", "top"),
+        default="spread",
+        help="which rules go to the buffer: evenly spaced, or the first K (every frame scans all K slots)",
+    )
+    x.add_argument(
         "--established",
         action="store_true",
         help="the trace's TCP/UDP headers as established connections (as bench rate's: conntrack entries created in "
@@ -243,7 +262,14 @@ def run_xdp_cost(args: argparse.Namespace) -> int:
         probes, flows = established_probes(policy, args.trace, args.frames, args.seed)
         control = control_of(cfg.unfilterable, cfg.nic_mode, plan.miss_shunt)
         extra = {"frame_list": [p.frame for p in probes], "flows": flows, "control": control}
-    report = xdp_cost(plan, policy, **{k: getattr(args, k) for k in options}, **extra)
+    depth = cfg.update_buffer if args.update_buffer is None else args.update_buffer
+    if depth < 0:
+        raise HypafilterError("--update-buffer must be at least 0")
+    if args.buffer_slots:
+        from hypafilter.tools.bench.xdpcost import buffer_view
+
+        plan = buffer_view(plan, args.buffer_slots, depth, args.buffer_at)
+    report = xdp_cost(plan, policy, **{k: getattr(args, k) for k in options}, **extra, depth=depth)
     report["command"] = "hypafilter " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     print(json.dumps(report))
     return 0

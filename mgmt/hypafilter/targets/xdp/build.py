@@ -36,6 +36,7 @@ def render(shape: dict) -> str:
         vec_cap=shape["vec_cap"],
         nb_cap=shape["nb_cap"],
         ent_cap=shape["ent_cap"],
+        buf=shape.get("buf", 0),
     )
 
 

@@ -55,9 +55,10 @@ def run_frames(
     shape: dict | None = None,
     ct: CtConfig | None = None,
 ) -> RunResult:
-    """Each (iport, frame) through the program built for `plan`; `ports[i]` is the interface of iport i in `ns`
+    """Each (iport, frame) through the program built for `plan` (a Plan, or an analysis.overlay.View: the static
+    entries' program with its update buffer and valid mask written); `ports[i]` is the interface of iport i in `ns`
     (it must exist there: the kernel resolves the ingress ifindex), paired 0<->1, 2<->3 for the devmap. `shape`:
-    a larger program than the plan needs (fields and capacities; the tables must fit it)."""
+    a larger program than the plan needs (fields and capacities, update-buffer slots; the tables must fit it)."""
     t = build_tables(plan)
     shape = shape or t.shape()
     obj = build_program(shape, build_root)
@@ -77,6 +78,34 @@ def run_frames(
             out = netns.run(argv, timeout=None)
         except netns.CommandError as e:
             raise HypafilterError(f"hf_xdp run failed: {e}") from e
+    return _result(out, shape)
+
+
+def run_pinned(
+    pin: str | Path,
+    frames: Sequence[tuple[int, bytes]],
+    *,
+    ns: str | None = None,
+    repeat: int = 1,
+    build_root: Path = BUILD_ROOT,
+) -> RunResult:
+    """Each (iport, frame) through a started program (`XdpTarget.start`'s pin) with the tables, overlay and ports it
+    has; its counters are cumulative (frames before these included). `ns`: the namespace of its ports."""
+    tool = build_loader(build_root)
+    with tempfile.TemporaryDirectory(prefix="hfx-") as d:
+        ff = Path(d) / "frames"
+        ff.write_bytes(frames_file(frames))
+        argv = [str(tool), "run", "--pin", str(pin), "--frames", str(ff), "--repeat", str(repeat)]
+        if ns:
+            argv += ["--netns", ns]
+        try:
+            out = netns.run(argv, timeout=None)
+        except netns.CommandError as e:
+            raise HypafilterError(f"hf_xdp run failed: {e}") from e
+    return _result(out, {})
+
+
+def _result(out: str, shape: dict) -> RunResult:
     lines = out.splitlines()
     prog = json.loads(lines[0])
     counters = json.loads(lines[-1])

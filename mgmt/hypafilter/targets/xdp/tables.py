@@ -7,8 +7,13 @@ vector per interval says which. The program looks the header's interval up in ev
 and takes the lowest set bit: the first matching box; `box_entry` turns it into match_index. TCP flags are a
 ternary test, not an interval: their table has one vector per flags byte (256). Identical vectors are stored once.
 
-The shape (used fields, vector words, table capacities) fixes the compiled program; everything else is map content,
-so a rule change that keeps the shape is a map update.
+The shape (used fields, vector words, table capacities, update-buffer slots) fixes the compiled program; everything
+else is map content, so a rule change that keeps the shape is a map update.
+
+The SFL update buffer (analysis.overlay): a plan given as an `analysis.overlay.View` has rows for every hardware
+index (n static entries, the policy entry, the slots), a valid mask over its static entries and the slots' boxes;
+`hfx_valid`, `hfx_buf` and the rows of `hfx_ent` hold them. A plain Plan is a pristine matcher: every entry valid,
+no slot enabled, the slots' rows shunting.
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hypafilter.analysis.overlay import Overlay, Slot
 from hypafilter.analysis.plan import action_words
-from hypafilter.ir import FIELDS, MAXV
+from hypafilter.ir import FIELDS, MAXV, Box
 
 # Field order of the program's lookups; src/dst by binary search over sorted interval starts, the rest direct.
 FAST_FIELDS = ("src", "dst", "proto", "sport", "dport", "icmp_type", "icmp_code", "iport", "ct", "flags")
@@ -30,12 +36,15 @@ DIRECT_SIZE["flags"] = 256
 CHUNK = 1024  # boxes per sweep step (memory: intervals x CHUNK bytes)
 
 # hfx_config (driver/xdp/hf_fastpath.h): control, generation, num_entries, num_words, nb_src, nb_dst, armed,
-# ct_tcp_ms, ct_udp_ms, ct_flags, ct_udp_unreplied_ms, ct_hit[2]
-CONFIG = struct.Struct("<13I")
+# ct_tcp_ms, ct_udp_ms, ct_flags, ct_udp_unreplied_ms, ct_hit[2], num_boxes, buf_depth, buf_scan
+CONFIG = struct.Struct("<16I")
 CT_HIT_SET = 0x80000000  # hfx_config.ct_hit[] bit HFX_CT_HIT_SET
 CT_LOOKUP = 1  # hfx_config.ct_flags (HFX_CT_*)
 BOX_WILD = 0x80000000  # hfx_box value bit HFX_BOX_WILD: no address restricts the box
 ENTRY = struct.Struct("<BBHI")  # struct hfx_entry: action (| HF_ACTION_MIRROR_BIT), shunt, pad, k
+UNUSED_ROW = ENTRY.pack(0, 1, 0, 0)  # the row of a slot no overlay uses: shunt, k 0 (never decides)
+# struct hfx_slot: lo[9], hi[9] (ir FIELDS order), flags mask, flags value, pad, pos, enable
+SLOT = struct.Struct(f"<{len(FIELDS)}I{len(FIELDS)}IBBHII")
 SPAN = np.dtype([("start", "<u4"), ("vec", "<u4")])
 
 
@@ -60,28 +69,39 @@ class Tables:
     box_entry: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint32))
     box_wild: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # per box: src and dst unrestricted
     ct_hit: tuple[int, int] = (0, 0)  # hfx_config.ct_hit: CT_HIT_SET | entry per direction (ct 1, 2), or 0
-    entries: bytes = b""  # n + 1 packed struct hfx_entry
+    entries: bytes = b""  # one packed struct hfx_entry per hardware index the plan has rows for
+    overlay: Overlay | None = None  # the update buffer's contents (a View's); None: pristine, no slot
 
-    def shape(self) -> dict:
-        """What the compiled program depends on (capacities with headroom, so that growth stays a map update)."""
+    @property
+    def depth(self) -> int:
+        """The update-buffer slots the plan has rows for (a View's depth; 0 for a plain Plan)."""
+        return self.overlay.depth if self.overlay is not None else 0
+
+    def shape(self, depth: int | None = None) -> dict:
+        """What the compiled program depends on (capacities with headroom, so that growth stays a map update);
+        `depth`: its update-buffer slots (default: the plan's)."""
         nb = max((len(s) for s in self.spans.values()), default=1)
+        buf = self.depth if depth is None else depth
         return {
             "fields": list(self.fields),
             "words": pow2(self.words, 1),
             "vec_cap": pow2(len(self.vectors) + len(self.vectors) // 4, 64),
             "nb_cap": pow2(nb + nb // 4, 64),
-            "ent_cap": pow2(self.n + 1 + (self.n + 1) // 4, 64),
+            "ent_cap": pow2(self.n + 1 + buf + (self.n + 1) // 4, 64),
+            "buf": buf,
         }
 
     def fits(self, shape: dict) -> bool:
         """Whether these tables load into a program of `shape` (a running one: update instead of rebuild)."""
         nb = max((len(s) for s in self.spans.values()), default=1)
+        buf = shape.get("buf", 0)
         return (
             set(self.fields) <= set(shape["fields"])
             and self.words <= shape["words"]
             and len(self.vectors) + (1 if set(self.fields) != set(shape["fields"]) else 0) <= shape["vec_cap"]
             and nb <= shape["nb_cap"]
-            and self.n + 1 <= shape["ent_cap"]
+            and self.depth <= buf
+            and self.n + 1 + buf <= shape["ent_cap"]
         )
 
 
@@ -121,7 +141,8 @@ def _interval_vectors(lo: np.ndarray, hi: np.ndarray, top: int) -> tuple[np.ndar
 
 
 def build_tables(plan) -> Tables:
-    """The map contents for `plan` (anything with entries, shunt, actions, interval of length n + 1)."""
+    """The map contents for `plan` (anything with entries, shunt, actions, interval of length n + 1; or an
+    analysis.overlay.View: its static entries, and rows and overlay for every hardware index)."""
     n = len(plan.entries)
     owner, los, his, fm, fv = [], [], [], [], []
     for j, e in enumerate(plan.entries):
@@ -175,9 +196,20 @@ def build_tables(plan) -> Tables:
         wild &= (lo[:, i] == 0) & (hi[:, i] == MAXV[i])
     t.box_wild = wild
     t.ct_hit = tuple(_ct_hit(lo, hi, fmask, t.box_entry, c) for c in (1, 2))
-    words = action_words(plan)  # the action code | MIRROR_BIT where Plan.mirror is set (the NIC's ACTION word)
-    t.entries = b"".join(ENTRY.pack(words[j], int(bool(plan.shunt[j])), 0, int(plan.interval[j])) for j in range(n + 1))
+    t.overlay = getattr(plan, "overlay", None)
+    t.entries = entry_rows(plan)
     return t
+
+
+def entry_rows(plan) -> bytes:
+    """hfx_ent's rows of `plan`, one per hardware index: n + 1 for a Plan, n + 1 + depth for a View."""
+    n = len(plan.entries)
+    ov = getattr(plan, "overlay", None)
+    rows = n + 1 + (ov.depth if ov is not None else 0)
+    words = action_words(plan)  # the action code | MIRROR_BIT where Plan.mirror is set (the NIC's ACTION word)
+    if len(words) != rows or len(plan.shunt) != rows or len(plan.interval) != rows:
+        raise ValueError(f"a plan of {n} entries needs {rows} rows (buffer slots included), not {len(words)}")
+    return b"".join(ENTRY.pack(words[j], int(bool(plan.shunt[j])), 0, int(plan.interval[j])) for j in range(rows))
 
 
 def _ct_hit(lo: np.ndarray, hi: np.ndarray, fmask: np.ndarray, owner: np.ndarray, c: int) -> int:
@@ -192,6 +224,58 @@ def _ct_hit(lo: np.ndarray, hi: np.ndarray, fmask: np.ndarray, owner: np.ndarray
     if fmask[b] or (lo[b, others] != 0).any() or (hi[b, others] != np.array(MAXV)[others]).any():
         return 0
     return CT_HIT_SET | int(owner[b])
+
+
+def valid_words(valid, words: int) -> np.ndarray:
+    """hfx_valid's contents: bit j of word j // 64 = static entry j valid."""
+    bits = np.zeros(words * 64, dtype=bool)
+    bits[: len(valid)] = np.asarray(valid, dtype=bool)
+    return _pack_rows(bits[None, :])[0] if words else np.zeros(0, np.uint64)
+
+
+def slot_rows(ov: Overlay | None, depth: int) -> bytes:
+    """hfx_buf's contents: the overlay's slots, enabled, then disabled empty rows up to `depth`."""
+    slots = ov.slots if ov is not None else ()
+    if len(slots) > depth:
+        raise ValueError(f"{len(slots)} buffer slots for a program of {depth}")
+    out = [SLOT.pack(*s.box.lo, *s.box.hi, s.box.flags_mask, s.box.flags_value, 0, s.pos, 1) for s in slots]
+    out += [SLOT.pack(*([0] * (2 * len(FIELDS))), 0, 0, 0, 0, 0)] * (depth - len(slots))
+    return b"".join(out)
+
+
+def read_slot(data: bytes) -> tuple[Slot, bool]:
+    """One hfx_buf row back: (Slot (master unknown: -1), enabled)."""
+    v = SLOT.unpack(data)
+    k = len(FIELDS)
+    box = Box(tuple(v[:k]), tuple(v[k : 2 * k]), v[2 * k], v[2 * k + 1])
+    return Slot(box, v[2 * k + 3], -1), bool(v[2 * k + 4])
+
+
+def overlay_records(ov: Overlay, shape: dict, entries: bytes | None = None) -> bytes:
+    """What `hf_xdp overlay` writes into a running program of `shape`: the static entries it is for (`n_static`, which
+    the loader checks against the program's), hfx_valid, hfx_buf and, given, the rows of every hardware index
+    (`entries`, a View's: Tables.entries)."""
+    buf = shape.get("buf", 0)
+    words = shape["ent_cap"] // 64
+    if len(ov.slots) > buf:
+        raise ValueError(f"{len(ov.slots)} buffer slots for a program of {buf}")
+    if ov.n_static + 1 + buf > shape["ent_cap"]:
+        raise ValueError(f"{ov.n_static} static entries and {buf} slots do not fit {shape['ent_cap']} rows")
+    out = [_record("n_static", 4, 1, struct.pack("<I", ov.n_static))]  # checked against hfx_config.num_entries
+    out.append(_record("hfx_valid", 8, words, valid_words(ov.valid, words).astype("<u8").tobytes()))
+    if buf:
+        out.append(_record("hfx_buf", SLOT.size, buf, slot_rows(ov, buf)))
+    if entries is not None:
+        out.append(_entry_record(entries, ov.n_static, buf))
+    return b"".join(out)
+
+
+def _entry_record(entries: bytes, n: int, buf: int) -> bytes:
+    """hfx_ent: the rows given, then unused slots' rows up to n + 1 + buf."""
+    have = len(entries) // ENTRY.size
+    if have > n + 1 + buf:
+        raise ValueError(f"{have} rows for {n} entries and {buf} buffer slots")
+    return _record("hfx_ent", ENTRY.size, n + 1 + buf, entries + UNUSED_ROW * (n + 1 + buf - have))
 
 
 def _record(name: str, value_size: int, count: int, data: bytes) -> bytes:
@@ -249,7 +333,13 @@ def tables_file(t: Tables, shape: dict, control: int, generation: int, ct: CtCon
     if t.boxes:
         box = t.box_entry.astype(np.uint32) | np.where(t.box_wild, np.uint32(BOX_WILD), np.uint32(0))
         out.append(_record("hfx_box", 4, t.boxes, box.astype("<u4").tobytes()))
-    out.append(_record("hfx_ent", ENTRY.size, t.n + 1, t.entries))
+    buf = shape.get("buf", 0)
+    out.append(_entry_record(t.entries, t.n, buf))
+    words = shape["ent_cap"] // 64
+    valid = t.overlay.valid if t.overlay is not None else np.ones(t.n, dtype=bool)
+    out.append(_record("hfx_valid", 8, words, valid_words(valid, words).astype("<u8").tobytes()))
+    if buf:
+        out.append(_record("hfx_buf", SLOT.size, buf, slot_rows(t.overlay, buf)))
     nb = {f: len(t.spans[f]) if f in t.spans else 1 for f in SEARCH_FIELDS}
     cfg = CONFIG.pack(
         control,
@@ -264,6 +354,9 @@ def tables_file(t: Tables, shape: dict, control: int, generation: int, ct: CtCon
         ct.flags(),
         ct.udp_unreplied_ms,
         *t.ct_hit,
+        t.boxes,
+        buf,
+        len(t.overlay.slots) if t.overlay is not None else 0,
     )
     out.append(_record("hfx_cfg", CONFIG.size, 1, cfg))
     return b"".join(out)

@@ -9,20 +9,37 @@ Plan (hypafilter.targets.xdp.tables) in one loader call, which holds CONTROL at 
 sets CONTROL 0: every frame is passed with the mark value 0, the full policy in software (the NIC's shunt-all keeps
 the metadata valid; here the interval values of the old tables would reach the new chains, so k = 0 is the only
 safe answer while netfilter changes).
+
+The SFL update buffer (docs/xdp.md "Update buffer (SFL)"): every program has `Config.update_buffer` slots and a
+valid mask over its static entries. `program` takes an `analysis.overlay.View` as well as a Plan (its static
+entries' tables, the rows of every hardware index, the overlay); `write_overlay` changes only the buffer, the mask
+and the rows, with every frame still decided by the program; `read_overlay` reads them back (drift).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import tempfile
 from pathlib import Path
 
+import numpy as np
+
 from hypafilter import netns
+from hypafilter.analysis.overlay import Overlay, View, box_key
 from hypafilter.errors import HypafilterError
 from hypafilter.targets.base import DECISIONS, SHUNTED, Expected, Target, WindowStages
 from hypafilter.targets.bpfmap import PinnedArray
 from hypafilter.targets.xdp.build import build_loader, build_program
-from hypafilter.targets.xdp.tables import CtConfig, build_tables, shape_id, tables_file
+from hypafilter.targets.xdp.tables import (
+    CtConfig,
+    build_tables,
+    entry_rows,
+    overlay_records,
+    read_slot,
+    shape_id,
+    tables_file,
+)
 
 PIN_ROOT = Path("/sys/fs/bpf/hypafilter-xdp")
 CONTROL_ENABLE, CONTROL_PASS_UNFILTERABLE, CONTROL_HOST_MODE = 1, 4, 8
@@ -125,7 +142,8 @@ class XdpTarget(Target):
         return d
 
     def _tool(self, step: str, args: list[str], ns: bool = False) -> str:
-        tool = build_loader(self.build_root)
+        # The loader is built (make) once per target object: a write_overlay is otherwise mostly make's time.
+        tool = self.__dict__.get("_loader") or self.__dict__.setdefault("_loader", build_loader(self.build_root))
         if ns and self.site.netns:
             args = [*args, "--netns", self.site.netns]
         try:
@@ -139,7 +157,7 @@ class XdpTarget(Target):
     # --- Target ----------------------------------------------------------------------------------------------------
 
     def build(self, plan) -> str:
-        return str(build_program(build_tables(plan).shape(), self.build_root))
+        return str(build_program(build_tables(plan).shape(self.config.update_buffer), self.build_root))
 
     def _attached_ids(self, links: Path) -> set[int]:
         out = self._tool("links", ["links", "--links", str(links)])
@@ -240,6 +258,18 @@ class XdpTarget(Target):
         cfg = json.loads(self._tool("stats", ["stats", "--pin", info["pin"]]))["config"]
         if cfg.get("generation") != st.get("generation", 0) & 0xFFFF:
             out.append(f"xdp: generation {cfg.get('generation')}, deployed {st.get('generation')}")
+        want_ov = (st.get("tables") or {}).get("overlay")  # states from before the update buffer: none to compare
+        if want_ov is not None:
+            try:
+                have_ov = overlay_state(self.read_overlay(info))
+            except HypafilterError as e:
+                out.append(f"xdp: update buffer: {e}")
+            else:
+                if have_ov != want_ov:
+                    out.append(
+                        f"xdp: update buffer: {len(have_ov['slots'])} slots and {len(have_ov['invalid'])} static "
+                        f"entries masked off, deployed {len(want_ov['slots'])} and {len(want_ov['invalid'])}"
+                    )
         miss = (st.get("tables") or {}).get("miss_shunt")
         want = control_of(st.get("unfilterable", "drop"), st.get("nic_mode", "bridge"), miss or (False, False))
         have = cfg.get("control", 0) & (~0 if miss is not None else ~CONTROL_MISS_SHUNT)  # older states: no bits 4/5
@@ -252,8 +282,10 @@ class XdpTarget(Target):
         self._tool("detach", ["detach", "--pin", str(self._root() / "links")])
 
     def program(self, info: dict, plan, generation: int, known: dict | None = None) -> dict:
+        """The tables of `plan` into the program (CONTROL 0 meanwhile): a Plan, or an analysis.overlay.View (its
+        static entries' tables, the rows of every hardware index, its valid mask and buffer)."""
         t = build_tables(plan)
-        shape = t.shape()
+        shape = t.shape(self.config.update_buffer)
         if shape_id(shape) != info["shape"].split("-")[0] and not t.fits(_shape_of(info)):
             raise HypafilterError(f"the plan's tables do not fit the running program (shape {info['shape']})")
         path = self._run_dir() / f"{info['name']}-{generation}.tables"
@@ -265,7 +297,56 @@ class XdpTarget(Target):
             if f.name not in keep:
                 f.unlink(missing_ok=True)
         miss = [bool(x) for x in plan.miss_shunt]
-        return {"file": str(path), "generation": generation, "entries": t.n, "writes": len(data), "miss_shunt": miss}
+        return {
+            "file": str(path),
+            "generation": generation,
+            "entries": t.n,
+            "writes": len(data),
+            "miss_shunt": miss,
+            "overlay": overlay_state(t.overlay if t.overlay is not None else Overlay.empty(t.n, 0)),
+        }
+
+    def write_overlay(self, info: dict, overlay: Overlay | View) -> dict:
+        """The update buffer and valid mask of `overlay` into the running program, every frame decided by it
+        throughout (`hf_xdp overlay`: changing slots disabled first, their fields written, the valid mask, enabled
+        last). Given a View, the rows of every hardware index (shunt bit, action, interval) that differ are written
+        too, a slot's while it is disabled. Returns the loader's account (`slots_changed`, `rows_changed`,
+        `buf_scan`, `us` inside the loader) and `overlay` (what drift compares, for the state file's tables)."""
+        view = overlay if isinstance(overlay, View) else None
+        ov = view.overlay if view is not None else overlay
+        shape = _shape_of(info)
+        if ov.depth > shape.get("buf", 0):
+            raise HypafilterError(f"an overlay of {ov.depth} slots for a program of {shape.get('buf', 0)}")
+        try:
+            data = overlay_records(ov, shape, entry_rows(view) if view is not None else None)
+        except ValueError as e:
+            raise HypafilterError(f"xdp overlay: {e}") from e
+        with tempfile.NamedTemporaryFile(dir=self._run_dir(), prefix="overlay-", suffix=".bin") as f:
+            f.write(data)
+            f.flush()
+            out = json.loads(self._tool("overlay", ["overlay", "--pin", info["pin"], "--tables", f.name]))
+        return {**out, "overlay": overlay_state(ov)}
+
+    def read_overlay(self, info: dict) -> Overlay:
+        """What the program's buffer and valid mask hold (slots' master entries unknown: -1). Raises when they are
+        not an overlay the target writes: enabled slots not the first ones or not sorted by position, the scan bound
+        short of them, or the valid mask's projection onto the boxes out of step."""
+        raw = json.loads(self._tool("overlay", ["overlay", "--pin", info["pin"]]))
+        n, depth = raw["num_entries"], raw["buf_depth"]
+        if not raw["vbox_ok"]:
+            raise HypafilterError("the valid mask over the boxes (hfx_vbox) is not the projection of hfx_valid")
+        words = np.array(raw["valid"], dtype=np.uint64)
+        valid = np.unpackbits(words.astype("<u8").view(np.uint8), bitorder="little")[:n].astype(bool)
+        rows = [read_slot(bytes.fromhex(h)) for h in raw["slots"]]
+        used = sum(on for _, on in rows)
+        if any(on for _, on in rows[used:]) or used > raw["buf_scan"]:
+            raise HypafilterError(
+                f"enabled slots {[b for b, (_, on) in enumerate(rows) if on]}, scan bound {raw['buf_scan']}"
+            )
+        try:
+            return Overlay(n, depth, valid, tuple(s for s, _ in rows[:used]))
+        except ValueError as e:
+            raise HypafilterError(str(e)) from e
 
     def ct_config(self, plan) -> CtConfig:
         """Conntrack state from the kernel's table for a policy that reads it (docs/xdp.md): the timeouts conntrack
@@ -345,6 +426,18 @@ def control_of(unfilterable: str, nic_mode: str, miss_shunt=(False, False)) -> i
     if nic_mode == "host":
         c |= CONTROL_HOST_MODE
     return c
+
+
+def overlay_state(ov: Overlay) -> dict:
+    """What the state file keeps of an overlay, and drift compares with `read_overlay`: the static entries masked off
+    and each slot's box and insert position, in slot order."""
+    return {
+        "invalid": [int(j) for j in np.flatnonzero(~ov.valid)],
+        "slots": [
+            [[int(x) for x in lo], [int(x) for x in hi], int(fm), int(fv), int(pos)]
+            for lo, hi, fm, fv, pos in box_key(ov)
+        ],
+    }
 
 
 def _shape_of(info: dict) -> dict:

@@ -7,7 +7,11 @@ program is loaded with the conntrack lookup on (its timeouts read from that name
 from the firewall's) and the plan's miss forcing: bpf_xdp_ct_lookup (netns -1) looks up in the namespace of the
 test run's device, so the frames are established hits there, and the figure is the cost of the established path.
 The program's counters are reported (`counters`): a hit is decided here (CNT_FORWARDED / CNT_DROPPED), a miss
-shunted (CNT_SHUNT_STATE)."""
+shunted (CNT_SHUNT_STATE).
+
+The update buffer (docs/xdp.md "Update buffer (SFL)"): `depth` slots in the program; `buffer_view` puts some of the
+plan's own entries into them (left out of the static matcher), so the frames decide as the plan does and the figure
+is the cost of the slot scan."""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import time
 from collections.abc import Sequence
 
 from hypafilter import netns
+from hypafilter.analysis.overlay import View, align
 from hypafilter.errors import HypafilterError
 from hypafilter.targets.xdp.run import run_frames
 from hypafilter.targets.xdp.tables import FAST_FIELDS, build_tables
@@ -36,9 +41,11 @@ def xdp_cost(
     frame_list: Sequence[bytes] | None = None,
     flows: Sequence[tuple] | None = None,
     control: int = CONTROL_ENABLE,
+    depth: int = 0,
 ) -> dict:
     """`words`/`all_fields`: load the plan's tables into a larger program (vector words, every field looked up), to
-    see the verifier's figures of shapes bigger than the plan's. `frame_list`: these frames (the first `frames` of
+    see the verifier's figures of shapes bigger than the plan's. `depth`: the program's update-buffer slots (at
+    least a View's); `plan` may be a View (`buffer_view`), its slots then scanned for every frame. `frame_list`: these frames (the first `frames` of
     them) instead of generated ones; `flows` (proto, src, dst, sport, dport): established in the scratch namespace's
     conntrack first, the lookup on (module doc); `control`: the program's CONTROL (default: enabled, bridge mode, no
     miss forcing)."""
@@ -56,7 +63,9 @@ def xdp_cost(
     t0 = time.perf_counter()
     t = build_tables(plan)
     tables_s = time.perf_counter() - t0
-    shape = t.shape()
+    if depth < t.depth:
+        raise HypafilterError(f"a program of {depth} buffer slots for a view of {t.depth}")
+    shape = t.shape(depth)
     if words:
         if words < t.words:
             raise HypafilterError(f"--words {words}: the plan needs {t.words}")
@@ -96,5 +105,25 @@ def xdp_cost(
         "ns_median": per[len(per) // 2],
         "ns_p99": per[min(len(per) - 1, int(len(per) * 0.99))],
         "established_flows": len(flows) if flows is not None else None,
+        "buffer_slots": depth,
+        "buffer_used": t.overlay.used if t.overlay is not None else 0,
         "counters": {k: v for k, v in res.counters.items() if isinstance(v, int) and v},
+        "hits_by_slots": sum(res.counters["HITS"][t.n + 1 :]),
     }
+
+
+def buffer_view(plan, slots: int, depth: int, at: str = "spread") -> View:
+    """`plan` decided through the update buffer: `slots` of its entries (evenly spaced, or with at="top" the first
+    ones, whose slots every frame then scans) left out of the static matcher and placed in the buffer by
+    analysis.overlay.align, which gives the plan's decision for every header (`bench xdp-cost --buffer-slots`)."""
+    n = len(plan.entries)
+    if not 0 <= slots <= min(n, depth):
+        raise HypafilterError(f"--buffer-slots {slots}: at most the {min(n, depth)} entries the buffer and plan have")
+    if at == "top":
+        out = set(range(slots))
+    elif at == "spread":
+        out = {(2 * k + 1) * n // (2 * slots) for k in range(slots)}
+    else:
+        raise HypafilterError(f"--buffer-at {at!r}: spread or top")
+    view = align([e for j, e in enumerate(plan.entries) if j not in out], plan, depth)
+    return view

@@ -497,6 +497,7 @@ def _deploy_locked(
             ("unfilterable", config.unfilterable),
             ("interfaces", _interfaces_state(policy)),
             ("nic_mode", config.nic_mode),
+            ("update_buffer", config.update_buffer),
         )
     )
     if same and follow and not force:
@@ -561,7 +562,8 @@ def _deploy_locked(
         # makes it decide as the new plan; a new core (program) only when the change does not fit.
         view = None
         static = read_static(STATE_DIR, old_nic.get("binary", "")) if old_nic and not force else None
-        if static is not None and static[1] > 0:
+        # a configuration with another buffer depth builds a new core (program): the depth is part of its build
+        if static is not None and static[1] > 0 and static[1] == tgt.buffer_depth():
             t_ov = time.monotonic()
             try:
                 view = align(static[0], plan, static[1])
@@ -755,7 +757,7 @@ def _deploy_locked(
     warnings = [f"stopping {svc.title}: {e}" for svc, e in services.stop_all(STATE_DIR, only=restart)]
     if replace:
         try:
-            write_static(STATE_DIR, plan, getattr(config, "update_buffer", 0), binary, _write_private)
+            write_static(STATE_DIR, plan, tgt.buffer_depth(), binary, _write_private)
         except OSError as e:
             warnings.append(f"writing {static_path(STATE_DIR)}: {e}")
     if old_nic and replace:
@@ -800,6 +802,7 @@ def _deploy_locked(
         "unfilterable": config.unfilterable,
         "interfaces": _interfaces_state(policy),
         "nic_mode": config.nic_mode,
+        "update_buffer": config.update_buffer,
         # The firewall's VLAN setting found before the first deploy, given back at undeploy.
         "vlan_filter_before": (old or {}).get("vlan_filter_before", old_vlan),
         "partition": partition_counts(policy, plan),

@@ -175,6 +175,10 @@ class Target(ABC):
         with self.client(info) as c:
             c.set_shunt_all(on)
 
+    def buffer_depth(self) -> int:
+        """Update-buffer slots (ARCHITECTURE §8) of what `build` makes for this configuration: 0, none."""
+        return 0
+
     def shunt_all_now(self, info: dict) -> None:
         """Shunt everything, as fast as the target allows (the policy sync service's fail safe)."""
         self.shunt_all(info, True)

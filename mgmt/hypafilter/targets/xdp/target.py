@@ -380,6 +380,9 @@ class XdpTarget(Target):
             value = json.loads(self._tool("stats", ["stats", "--pin", info["pin"]]))["config"].get("armed", 0)
         self._tool("control", ["control", "--pin", info["pin"], "--value", str(value)])
 
+    def buffer_depth(self) -> int:
+        return self.config.update_buffer
+
     def shunt_all_now(self, info: dict) -> None:
         """Control word 0 (every frame to software) through the bpf() syscall, without the loader process."""
         with PinnedArray(Path(info["pin"]) / "hfx_cfg") as m:

@@ -54,6 +54,7 @@ class HfCli:
         fail safe lifted. A change that needs a new core takes seconds (an emulator build); AssertionError after
         `timeout`."""
         from hypafilter import netns
+        from hypafilter.errors import HypafilterError
         from hypafilter.ops import deploy
         from hypafilter.ops.policysync import live
         from hypafilter.ops.policysync.service import SERVICE
@@ -66,7 +67,12 @@ class HfCli:
                 cfg = deploy.deployed_config(st)
                 text = netns.run(["iptables-save", "-t", cfg.table], st["site"].get("netns"))
                 doc = SERVICE.status(Path(self.state), st.get("policysync"))
-                if live.live_policy(text, st, cfg).policy_hash() != st["policy_hash"]:
+                try:
+                    live.followed(text, st, cfg)
+                    behind = False
+                except HypafilterError:
+                    behind = True
+                if behind:
                     why = "the deployed policy is not the live ruleset"
                 elif doc.get("safe") or not doc.get("following"):
                     why = "the service is not following, or fails safe"

@@ -65,7 +65,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             raise HypafilterError("--live: nothing is deployed")
         cfg = deploy.site_config(deploy.deployed_config(st))
         text = netns.run(["iptables-save", "-t", cfg.table], st["site"].get("netns"))
-        policy = live.live_policy(text, st, cfg)
+        policy = live.followed(text, st, cfg)
     else:
         policy = load_policy(args, cfg)
     log = progress(args, quiet=args.json)

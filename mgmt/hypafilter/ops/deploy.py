@@ -34,6 +34,7 @@ from hypafilter.netfilter.restore import to_iptables_restore
 from hypafilter.ops import services
 from hypafilter.ops.buffer import overlay_json, overlay_of, read_static, static_path, write_static
 from hypafilter.ops.policysync import live
+from hypafilter.ops.policysync.nftevents import NfTables
 from hypafilter.ops.ruleset import (
     base_policy,
     chain_counters,
@@ -674,11 +675,21 @@ def _deploy_locked(
         else:
             snapshot = table_snapshot(NS_FW, config)
             gone = orphans(snapshot, policy, config.chain_prefix)
-            tx.step(
-                "netfilter",
-                lambda: restore(NS_FW, live_text(config, policy, body, new_main, old_main, gone)),
-                lambda: restore_table(NS_FW, snapshot),
-            )
+            nft = NfTables(NS_FW)
+            try:
+                g0 = nft.generation()
+                tx.step(
+                    "netfilter",
+                    lambda: restore(NS_FW, live_text(config, policy, body, new_main, old_main, gone)),
+                    lambda: restore_table(NS_FW, snapshot),
+                )
+                # The listing as the kernel now shows this policy (iptables-save orders and omits options its own
+                # way): its digest lets the policy sync service know it without parsing it. Only when the load was
+                # the one commit since g0: a concurrent change must be read by the service, not taken as ours.
+                text, g1 = live.listing(NS_FW, config.table, nft.generation)
+                digest = live.digest(text, config.chain_prefix) if g1 == g0 + 1 else None
+            finally:
+                nft.close()
         # 4. Interval table of the new plan (read by nobody yet: everything is stale).
         old_intervals = old.get("intervals") if old else None
 
@@ -791,8 +802,8 @@ def _deploy_locked(
         "user_chains": user_chain_names(prefix, policy.user_chains),
         "chains": new_chains,
         "chains_sha256": fingerprint,
-        # the digest (ops.policysync.live.digest) of the live listing this policy was read from (a follow; None
-        # for a deploy of a file): a listing with the same digest is this policy, unparsed
+        # the digest (ops.policysync.live.digest) of the live listing this policy was read from (a follow) or that
+        # loading it gave (a deploy; None if another commit came between): a listing with this digest is this policy
         "live_digest": digest,
         "generation": gen,
         "mode": config.shunt_mode,

@@ -67,6 +67,18 @@ def digest(text: str, prefix: str) -> str:
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
+def followed(text: str, st: dict, config: Config) -> Policy:
+    """The live policy of listing `text`, which the deployment `st` must be deciding by: the listing it recorded
+    (`live_digest`: the deployed policy, however its file spelled it) or a policy with the deployed hash; else
+    HypafilterError (the policy sync service has not applied it yet, or cannot)."""
+    policy = live_policy(text, st, config)
+    if digest(text, config.chain_prefix) != st.get("live_digest") and policy.policy_hash() != st.get("policy_hash"):
+        raise HypafilterError(
+            "the deployment has not followed the live ruleset (the policy sync service has not applied it yet)"
+        )
+    return policy
+
+
 def listing(ns: str | None, table: str, generation) -> tuple[str, int]:
     """(iptables-save of `table`, the generation it shows): taken between two reads of the same generation
     (`generation()`), so no commit fell between; HypafilterError after SNAPSHOT_TRIES moving ones."""

@@ -190,14 +190,19 @@ def churn(
                 hw_share = round(sum(delta[k] for k in DECIDED) / delta["PKTIN"], 4)
         # settle, then the kernel as oracle over the live ruleset (every ban of this rate removed again)
         deadline = time.monotonic() + 120
+        live_pol = None
         while time.monotonic() < deadline:
             st_now = deploy.read_state()
             cfg_now = deploy.site_config(deploy.deployed_config(st_now))
             text = netns.run(["iptables-save", "-t", cfg_now.table], ns)
-            live_pol = live.live_policy(text, st_now, cfg_now)
-            if live_pol.policy_hash() == st_now["policy_hash"]:
+            try:
+                live_pol = live.followed(text, st_now, cfg_now)
                 break
+            except HypafilterError:
+                pass
             time.sleep(0.5)
+        if live_pol is None:
+            raise HypafilterError("bench churn: the deployment did not follow the live ruleset within 120 s")
         report = verify(live_pol, cfg_now, live=True, packets=verify_packets, seed=3)
         history = (deploy.read_state().get("history") or [])[history_before:]
         results.append(

@@ -12,7 +12,7 @@ import numpy as np
 from hypafilter.analysis.decision import decision
 from hypafilter.analysis.hybrid import hybrid_verdict
 from hypafilter.analysis.plan import build_plan
-from hypafilter.analysis.program import STRATEGIES, build_program
+from hypafilter.analysis.program import STRATEGIES, build_program, mark_for
 from hypafilter.config import Config
 from hypafilter.ir import Header
 from hypafilter.ir.semantics import reference_verdict, rule_outcome
@@ -262,6 +262,9 @@ def test_live_chains_equal_reference_and_never_copy_per_rule_state(rs, stateful,
             assert (
                 not any(k.endswith("FULL") for k in prog.chains) and prog.chains[prog.name("K0")][-1].kind == "unmark"
             )
+            # a frame without valid metadata (k = 0: untagged, unparsed, a stale generation) gets the live rules' verdict
+            for h in hdrs:
+                assert prog.run(h, mark_for(prog, 0, 0), ev)[0] == reference_verdict(pol, h, ev), (mode, strategy, h)
             for name in prog.chains:
                 if name.startswith(prog.name("L")) or name == prog.name("CUT"):
                     held = [i for i in _reached(prog, name) if pol.rules[i].stateful_pos is not None]

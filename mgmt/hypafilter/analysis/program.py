@@ -66,6 +66,9 @@ class NfRule:
     # "policy" only: how many consecutive flattened rules from `index` this one line stands for: 2 for the hit and
     # miss parts of a rule split on conntrack state (iptables.ctstate), which render as the same rule
     span: int = 1
+    # "mark"/"always": `-g` instead of `-j`: where the target chain ends, MAIN's caller goes on (a live deployment's
+    # K0: the operator's rules after the base chain's jump decide, not the rest of MAIN)
+    goto: bool = False
 
 
 @dataclass
@@ -153,7 +156,7 @@ class Program:
             if r.target in ("ACCEPT", "DROP"):
                 return r.target
             out = self._run(r.target, header, mark, ev, count, depth + 1)
-            if out is not None:
+            if out is not None or r.goto:  # a goto's chain ending ends this one too
                 return out
         return None
 
@@ -245,13 +248,14 @@ def build_program(
     # mark in those bits (the mark is scrubbed between namespaces and a DMA'd packet starts at 0), so the policy
     # sees exactly the mark it would see without the hybrid (ARCHITECTURE §5). Dispatch reads the mark before.
     unmark = NfRule("unmark", mask=mark_mask & 0xFFFFFFFF)
+    to_k0 = NfRule("always", k0, goto=live)
     if strategy == "full":
-        c[main] = [NfRule("always", k0)]
+        c[main] = [to_k0]
     elif strategy in ("cut", "hsa_cut") and live and any(_live_only(pol, i) for i in _cut_list(plan, strategy)):
-        c[main] = [NfRule("always", k0)]  # the cut would copy a rule only the live chain runs: the live rules decide
+        c[main] = [to_k0]  # the cut would copy a rule only the live chain runs: the live rules decide
     elif strategy in ("cut", "hsa_cut"):
         cut = prog.name("CUT")
-        c[main] = [NfRule("mark", k0, 0, kmask), NfRule("always", cut)]
+        c[main] = [NfRule("mark", k0, 0, kmask, goto=live), NfRule("always", cut)]
         c[cut] = [unmark, *policy_rules(pol, _cut_list(plan, strategy)), NfRule("always", default)]
     else:
         chains = plan.geo_chains if strategy == "interval_geo" else plan.chains
@@ -260,7 +264,7 @@ def build_program(
         if mirror is not None:  # a mirrored entry's copy carries (k, action | MARK_MIRROR)
             leaves |= {(int(plan.interval[j]), int(plan.actions[j]) | MARK_MIRROR) for j in np.flatnonzero(mirror)}
         leaves = sorted(leaves)
-        c[main] = [NfRule("mark", k0, 0, kmask)]
+        c[main] = [NfRule("mark", k0, 0, kmask, goto=live)]
         # Depth budget below MAIN: dispatch levels (MAIN's test included) + block levels + the deepest helper chain
         # of a complex rule, so that base -> MAIN -> ... stays within MAX_DEPTH.
         budget = max(2, MAX_DEPTH - 1 - max((_helper_depth(pol.rules[i]) for i in pol.complex_indices), default=0))
@@ -308,7 +312,7 @@ def build_program(
                 c[main].append(NfRule("mark", "DROP", mm, mm))
             else:
                 c[main].append(NfRule("mark", "DROP", _field(prog, MARK_MIRROR | 2), _field(prog, 0xF)))
-        c[main].append(NfRule("always", k0))  # a mark no leaf knows: the full policy decides
+        c[main].append(to_k0)  # a mark no leaf knows: the full policy decides
     if nic_mode == "host":
         # Host mode: a frame the hardware accepted reaches INPUT with the "decided" value (k = 0, action ACCEPT),
         # which no leaf uses and which the K0 test would otherwise send through the whole policy. Bridge mode never

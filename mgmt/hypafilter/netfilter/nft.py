@@ -202,11 +202,11 @@ def to_nft(plan, strategy: str, *program, family: str = "ip", table: str | None 
                         vm = ", ".join(f"{m.value:#x} : {_nft_verdict(m.target)}" for m in marks)
                         lines.append(f"meta mark & {r.mask:#x} vmap {{ {vm} }}")
                 elif r.kind == "mark":
-                    lines.append(f"meta mark & {r.mask:#x} == {r.value:#x} {_nft_verdict(r.target)}")
+                    lines.append(f"meta mark & {r.mask:#x} == {r.value:#x} {_nft_verdict(r.target, r.goto)}")
                 elif r.kind == "unmark":
                     lines.append(f"meta mark set meta mark & {~r.mask & 0xFFFFFFFF:#x}")
                 else:
-                    lines.append(_nft_verdict(r.target))
+                    lines.append(_nft_verdict(r.target, r.goto))
         chains[name] = lines
     for uc in pol.user_chains.values():
         chains[prog.user_names[uc.name]] = [
@@ -228,5 +228,5 @@ def to_nft(plan, strategy: str, *program, family: str = "ip", table: str | None 
     return "\n".join(out) + "\n"
 
 
-def _nft_verdict(target: str) -> str:
-    return target.lower() if target in ("ACCEPT", "DROP") else f"jump {target}"
+def _nft_verdict(target: str, goto: bool = False) -> str:
+    return target.lower() if target in ("ACCEPT", "DROP") else f"{'goto' if goto else 'jump'} {target}"

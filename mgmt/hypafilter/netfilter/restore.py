@@ -46,11 +46,11 @@ def chain_bodies(prog: Program) -> dict[str, list[tuple[str, ...]]]:
             if r.kind == "policy":
                 lines.append(_tokens(place_policy_rule(prog, r.index, helpers)))
             elif r.kind == "mark":
-                lines.append(("-m", "mark", "--mark", f"{r.value:#x}/{r.mask:#x}", "-j", r.target))
+                lines.append(("-m", "mark", "--mark", f"{r.value:#x}/{r.mask:#x}", "-g" if r.goto else "-j", r.target))
             elif r.kind == "unmark":
                 lines.append(("-j", "MARK", "--set-xmark", f"0x0/{r.mask:#x}"))
             else:
-                lines.append(("-j", r.target))
+                lines.append(("-g" if r.goto else "-j", r.target))
         body[name] = lines
     for uc in pol.user_chains.values() if not prog.live else ():  # live: the operator's own chains are jumped to
         body[prog.user_names[uc.name]] = [rename_jumps(prog, toks) for toks in uc.rules]

@@ -91,8 +91,8 @@ def run(lab, text: str, seed: int, chain: str = "FORWARD", packets: int = PACKET
 
 
 def test_observers_are_mirrored_not_shunted(lab):
-    """Every frame is decided by the NIC; the frames an observing rule may see reach the host as copies (CNT_MIRROR),
-    and the host's observing rules count exactly what the kernel's count."""
+    """The frames a stateless observing rule may see are decided by the NIC and reach the host as copies
+    (CNT_MIRROR), and the host's observing rules count exactly what the kernel's count."""
     r = run(lab, FORWARD_POLICY, seed=3)
     nic = r["nic"]
     fw, plain = observed(lab.ns_fw), observed(lab.ns_plain)
@@ -100,10 +100,12 @@ def test_observers_are_mirrored_not_shunted(lab):
     assert fw == plain
     assert all(plain[o] > 0 for o in OBSERVERS), plain  # every observer met frames (else the test proves nothing)
     assert plain["obs3"] == 5  # the limit's burst, then nothing: the bucket saw the frames the kernel's saw
-    # No deciding complex rule: nothing is shunted for an overrule (on the stateless model every observer forced it)
-    assert nic.get("CNT_SHUNT_OVERRULE", 0) == 0 and nic.get("CNT_SHUNT_POLICY", 0) == 0, nic
+    # The stateless observers mirror. obs3's limit has one bucket, the operator's rule in the live ruleset, so the
+    # frames its reduction (icmp) meets are shunted to it, not copied (docs/deploy.md, Live policy); nothing else is.
+    assert nic.get("CNT_SHUNT_POLICY", 0) == 0, nic
+    assert 0 < nic.get("CNT_SHUNT_OVERRULE", 0) < r["packets"] // 2, nic
     assert nic.get("CNT_MIRROR", 0) >= sum(plain[o] for o in ("obs1", "obs2", "obs4"))
-    assert r["hw_share"] == 1.0
+    assert 0.5 < r["hw_share"] < 1.0
 
 
 def test_mirrored_and_shunted_frames_together(lab):
@@ -140,4 +142,4 @@ def test_host_mode_mirrors_into_input(lab):
     nic = r["nic"]
     assert r["nic_mode"] == "host"
     assert observed(lab.ns_fw) == observed(lab.ns_plain)
-    assert nic.get("CNT_MIRROR", 0) > 0 and nic.get("CNT_SHUNT_OVERRULE", 0) == 0, nic
+    assert nic.get("CNT_MIRROR", 0) > 0 and 0 < nic.get("CNT_SHUNT_OVERRULE", 0) < r["packets"] // 2, nic

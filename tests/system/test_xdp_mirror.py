@@ -19,8 +19,8 @@ TARGET = "xdp"  # conftest's lab fixture brings up an xdp lab; test_mirror.run d
 
 
 def test_observers_are_mirrored_not_shunted(lab):
-    """Every frame is decided in XDP; the mirrored ACCEPTs arrive once, and the host's observing rules count exactly
-    what the kernel's count (a -m limit's burst included)."""
+    """The stateless observers' frames are decided in XDP and mirrored; the mirrored ACCEPTs arrive once, and the
+    host's observing rules count exactly what the kernel's count (a -m limit's burst included)."""
     r = run(lab, FORWARD_POLICY, seed=3, target=TARGET)
     nic = r["nic"]
     fw, plain = observed(lab.ns_fw), observed(lab.ns_plain)
@@ -28,8 +28,9 @@ def test_observers_are_mirrored_not_shunted(lab):
     assert fw == plain
     assert all(v > 0 for v in plain.values()), plain
     assert plain["obs3"] == 5
-    assert nic.get("CNT_SHUNT_OVERRULE", 0) == 0 and nic.get("CNT_SHUNT_POLICY", 0) == 0, nic
-    assert r["hw_share"] == 1.0
+    # obs3's limit has one bucket, the operator's rule in the live ruleset: its frames are shunted to it, not copied
+    assert nic.get("CNT_SHUNT_POLICY", 0) == 0 and 0 < nic.get("CNT_SHUNT_OVERRULE", 0) < r["packets"] // 2, nic
+    assert 0.5 < r["hw_share"] < 1.0
 
 
 def test_mirrored_and_shunted_frames_together(lab):

@@ -67,3 +67,10 @@ def test_orphans_are_the_chains_a_deployed_file_leaves_unreached():
         config=Config(),
     )
     assert orphans(snapshot, pol, "HF") == ["OLD", "OLDER"]
+    # a chain the file declares stays, reached or not (ufw's empty ones: its commands use them later)
+    declared = parse_policy(
+        "*filter\n:FORWARD DROP [0:0]\n:KEPT - [0:0]\n:OLDER - [0:0]\n-A FORWARD -j KEPT\n-A KEPT -j ACCEPT\nCOMMIT\n",
+        "new.rules",
+        config=Config(),
+    )
+    assert orphans(snapshot, declared, "HF") == ["OLD"]

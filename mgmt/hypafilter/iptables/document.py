@@ -462,6 +462,7 @@ def parse_policy(
         },
         reads_conntrack=reads_ct,
         ignored_tables=ignored,
+        declared_chains=tuple(sorted(n for n, c in doc.chains.items() if not c.builtin)),
         interfaces=(doc.ifaces.bridge, doc.ifaces.ports),
         resolved=[
             (r.origin, toks, outcome)

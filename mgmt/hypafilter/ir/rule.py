@@ -102,6 +102,9 @@ class Policy:
     user_chains: dict[str, UserChain] = field(default_factory=dict)
     original_origins: list[Origin | None] = field(default_factory=list)  # where each original rule was written
     ignored_tables: tuple[str, ...] = ()  # tables the source file fills besides this policy's (not deployed)
+    # every user chain the source declares in the policy's table, reached from the base chain or not (a deploy
+    # leaves them in the table, as iptables-restore of the file would have them)
+    declared_chains: tuple[str, ...] = ()
     # Some reachable rule reads conntrack state (set by the front end): the fast path then accepts nothing by itself.
     reads_conntrack: bool = False
     # The deployment's interfaces the front end resolved interface checks against: (bridge, ((name, NIC port),

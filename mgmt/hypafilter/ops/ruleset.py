@@ -87,7 +87,7 @@ def orphans(snapshot: str, policy: Policy, prefix: str) -> list[str]:
                 if toks[i] in ("-j", "-g", "--jump", "--goto"):
                     chains.setdefault(toks[1], []).append(toks[i + 1])
     own = re.compile(rf"^{re.escape(prefix)}\d+_")
-    keep = set(policy.user_chains) | {c for c in chains if own.match(c)}
+    keep = set(policy.user_chains) | set(policy.declared_chains) | {c for c in chains if own.match(c)}
     reached: set[str] = set()
     todo = [c for c in builtin if c != policy.base_chain]
     while todo:

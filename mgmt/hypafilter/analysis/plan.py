@@ -23,7 +23,7 @@ import numpy as np
 
 from hypafilter.analysis import geometry
 from hypafilter.analysis.geometry import BoxSet
-from hypafilter.config import MODES, STRATEGIES, Config, mirrors
+from hypafilter.config import MODES, STRATEGIES, UPDATE_BUFFER_DEFAULT, Config, mirrors
 from hypafilter.errors import HypafilterError
 from hypafilter.ir import ACTION_ACCEPT, ACTION_DROP, ACTION_NONE, FIELD_INDEX, Box, Policy
 from hypafilter.ir.box import CT_UNKNOWN
@@ -93,6 +93,9 @@ class Plan:
     mirror: np.ndarray | None = field(default=None, repr=False)
     observing: np.ndarray | None = field(default=None, repr=False)
     strategy: str = "interval"  # the strategy the plan was built for (mirroring depends on it)
+    # Slots of the update buffer of the core built for it (Config.update_buffer): part of the hardware's identity
+    # (hw.vhdl.matcher_hash); the tables of such a core have n + 1 + buffer_depth rows (analysis.overlay)
+    buffer_depth: int = UPDATE_BUFFER_DEFAULT
     _geo: dict[int, list[int]] | None = field(default=None, repr=False)
 
     # Derived arrays, computed once (refresh): bool [n + 1] each.
@@ -391,6 +394,7 @@ def build_plan(
         mirror=mirror,
         observing=observing,
         strategy=strategy,
+        buffer_depth=config.update_buffer,
     )
     plan.analysis_seconds = time.perf_counter() - t0
     return plan

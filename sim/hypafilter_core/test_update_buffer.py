@@ -7,6 +7,7 @@ are read back."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import Counter
 
@@ -17,7 +18,7 @@ from hypafilter.analysis.overlay import align
 from hypafilter.analysis.plan import build_plan
 from hypafilter.config import Config
 from hypafilter.hw import model as hwmodel
-from hypafilter.hw import regmap, updatebuffer
+from hypafilter.hw import regmap, updatebuffer, vhdl
 from hypafilter.ir import Policy, Rule
 from hypafilter.shared import unpack_meta
 
@@ -293,3 +294,23 @@ def test_core_update_buffer():
         extra={"views": views, "phases": phases},
         test_module="test_update_buffer",
     )
+
+
+@pytest.mark.sim
+def test_core_rate_with_update_buffer():
+    """The buffer costs vhdl.buffer_latency(δ) cycles of latency and no throughput: core_rate at 512 bits (one 60-byte
+    frame per cycle) on one plan built without slots and with 64 (3 cycles: the win register, two encoder stages)."""
+    base = vhdl.minimal_plan(random_policy(random.Random(512), 40))
+    figures = {}
+    for depth in (0, 64):
+        plan = dataclasses.replace(base, buffer_depth=depth)
+        out = _run_core(f"rate_d{depth}_w512", plan, 512, seed=512, counts=(1,), testcase="core_rate")
+        text = (out / "rate.txt").read_text()
+        words = dict(w.split("=") for w in text.split() if "=" in w and w[0] != "(")
+        figures[depth] = {k: float(words[k]) for k in ("packets/cycle", "latency_cycles")}
+    assert (
+        figures[64]["latency_cycles"]
+        == figures[0]["latency_cycles"] + vhdl.buffer_latency(64)
+        == (figures[0]["latency_cycles"] + 3)
+    ), figures
+    assert figures[64]["packets/cycle"] == figures[0]["packets/cycle"] == 1.0, figures

@@ -8,6 +8,8 @@
 -- block RAM written alongside, as it does the valid mask: a read multiplexer over the registers cost more than the
 -- slots' comparators (4,200 of 7,600 LUTs at 16 slots, yosys). The copies are swept to their reset values after
 -- power-on and every reset, as hf_tables does; the registers are reset at once, so the fast path never waits.
+-- Each slot and each VALID word is a generate block with registers of its own: one process writing an array of
+-- them became, in GHDL's Verilog, one 5,120-bit vector rebuilt by wide inserts every cycle (10x slower emulator).
 library ieee;
 use ieee.std_logic_1164.all;
 use ieee.numeric_std.all;
@@ -107,15 +109,8 @@ architecture rtl of hf_update_buffer is
   end function;
   constant LAST_MASK : std_logic_vector(31 downto 0) := valid_mask(maximum(VWORDS, 1) - 1);
 
-  type word_arr is array (0 to SD * USED - 1) of std_logic_vector(31 downto 0);
-  signal wd : word_arr := (others => (others => '0'));
-  signal vm : std_logic_vector(VW - 1 downto 0) := (others => '1');
-
-  type cmp_arr is array (0 to SD - 1) of std_logic_vector(NF downto 0);
-  signal c1 : cmp_arr := (others => (others => '0'));
-  type bits_line is array (2 to maximum(I_DELAY, 2)) of std_logic_vector(SD - 1 downto 0);
-  signal ml : bits_line := (others => (others => '0'));
-  signal win : std_logic_vector(SD - 1 downto 0) := (others => '0');
+  signal vm : std_logic_vector(VW - 1 downto 0);
+  signal win : std_logic_vector(SD - 1 downto 0);
   signal e_any : std_logic;
   signal e_idx : unsigned(EW - 1 downto 0);
   type idx_line is array (1 to STAGES + 1) of unsigned(IDX_W - 1 downto 0);
@@ -134,9 +129,11 @@ architecture rtl of hf_update_buffer is
   signal v_wa, v_ra : unsigned(VA - 1 downto 0);
   signal b_wd, v_wd, b_q, v_q : std_logic_vector(31 downto 0);
 
+  -- lo <= x <= hi with the matching relational operators: std_logic results, no short-circuit `and` of booleans
+  -- (GHDL writes that as multiplexers, which the emulator evaluates every cycle for every slot)
   function in_range(x, lo, hi : std_logic_vector) return std_logic is
   begin
-    return to_sl(unsigned(x) >= unsigned(lo) and unsigned(x) <= unsigned(hi));
+    return (unsigned(x) ?>= unsigned(lo)) and (unsigned(x) ?<= unsigned(hi));
   end function;
 begin
   assert I_DELAY >= 2 report "hf_update_buffer: I_DELAY must be at least 2 (the slot match takes 2 cycles)"
@@ -153,8 +150,6 @@ begin
   in_valid <= to_sl(r_buf = '0' and r_index < VWORDS);
 
   host : process (clk)
-    variable sh : std_logic_vector(SD - 1 downto 0);
-    variable wh : std_logic_vector(USED - 1 downto 0);
   begin
     if rising_edge(clk) then
       done <= '0';
@@ -171,32 +166,6 @@ begin
       elsif pend = '1' and swp = '0' then
         pend <= '0';
         r_v <= '1';
-      end if;
-      if r_v = '1' and r_write = '1' then
-        -- fixed indices only (GHDL 2.0 dropped the register behind a signal-indexed slice, docs/hardware.md); the
-        -- slot and word decoders once each, so that synthesis shares them
-        for b in 0 to SD - 1 loop
-          sh(b) := to_sl(r_index(23 downto 4) = b);
-        end loop;
-        for w in 0 to USED - 1 loop
-          wh(w) := to_sl(r_index(3 downto 0) = w);
-        end loop;
-        for b in 0 to DEPTH - 1 loop
-          for w in 0 to USED - 1 loop
-            if r_buf = '1' and sh(b) = '1' and wh(w) = '1' then
-              wd(b * USED + w) <= r_data and WMASK(w);
-            end if;
-          end loop;
-        end loop;
-        for k in 0 to VWORDS - 1 loop
-          if r_buf = '0' and r_index = k then
-            for j in 0 to 31 loop
-              if 32 * k + j < N_STATIC then
-                vm(32 * k + j) <= r_data(j);
-              end if;
-            end loop;
-          end if;
-        end loop;
       end if;
       if r2_v = '1' then
         done <= '1';
@@ -219,8 +188,6 @@ begin
         pend <= '0';
         swp <= '1';
         sw_idx <= (others => '0');
-        vm <= (others => '1');
-        wd <= (others => (others => '0'));
       end if;
     end if;
   end process;
@@ -249,55 +216,94 @@ begin
     generic map (WIDTH => 32, ADDR_W => VA)
     port map (clk => clk, we => v_we, waddr => v_wa, wdata => v_wd, raddr => v_ra, rdata => v_q);
 
+  -- the valid mask, one register per VALID word: written when the host writes that word
+  valid_words : for k in 0 to VWORDS - 1 generate
+    constant LO : natural := 32 * k;
+    constant HI : natural := minimum(32 * k + 31, N_STATIC - 1);
+    signal v : std_logic_vector(HI - LO downto 0) := (others => '1');
+  begin
+    reg : process (clk)
+    begin
+      if rising_edge(clk) then
+        if r_v = '1' and r_write = '1' and r_buf = '0' and r_index = k then
+          v <= r_data(HI - LO downto 0);
+        end if;
+        if rst = '1' then
+          v <= (others => '1');
+        end if;
+      end if;
+    end process;
+    vm(HI downto LO) <= v;
+  end generate;
+  no_entries : if N_STATIC = 0 generate
+    vm <= (others => '1');
+  end generate;
+
   none : if DEPTH = 0 generate
+    win <= (others => '0');
     idx <= st_idx;
   end generate;
 
   slots : if DEPTH > 0 generate
-    -- stage 1: each field of each slot against its range (fields of words 0..8, read in the header's cycle)
-    compare : process (clk)
-      variable c : std_logic_vector(NF downto 0);
-      variable w : natural;
+    -- one block per slot: its ten words (written by the host), the two stages that test a header
+    -- against them (words 0..8 read in the header's cycle), its match bit waiting for the static index, and its
+    -- win bit (the control word read in the static index's cycle)
+    slot : for b in 0 to DEPTH - 1 generate
+      signal w0, w1, w2, w3, w4, w5, w6, w7, w8, w9 : std_logic_vector(31 downto 0) := (others => '0');
+      signal c : std_logic_vector(NF downto 0) := (others => '0');
+      signal m : std_logic_vector(2 to maximum(I_DELAY, 2)) := (others => '0');
     begin
-      if rising_edge(clk) then
-        for b in 0 to DEPTH - 1 loop
-          w := b * USED;
-          c(0) := in_range(h_src, wd(w + 0), wd(w + 1));
-          c(1) := in_range(h_dst, wd(w + 2), wd(w + 3));
-          c(2) := in_range(h_proto, wd(w + 6)(7 downto 0), wd(w + 6)(15 downto 8));
-          c(3) := in_range(h_sport, wd(w + 4)(15 downto 0), wd(w + 4)(31 downto 16));
-          c(4) := in_range(h_dport, wd(w + 5)(15 downto 0), wd(w + 5)(31 downto 16));
-          c(5) := in_range(h_icmp_type, wd(w + 6)(23 downto 16), wd(w + 6)(31 downto 24));
-          c(6) := in_range(h_icmp_code, wd(w + 7)(7 downto 0), wd(w + 7)(15 downto 8));
-          c(7) := in_range(h_iport, wd(w + 7)(17 downto 16), wd(w + 7)(19 downto 18));
-          c(8) := in_range(h_ct, wd(w + 7)(21 downto 20), wd(w + 7)(23 downto 22));
-          c(9) := to_sl((h_flags and wd(w + W_FLAGS)(7 downto 0)) = wd(w + W_FLAGS)(15 downto 8));
-          c1(b) <= c;
-        end loop;
-      end if;
-    end process;
+      words : process (clk)
+      begin
+        if rising_edge(clk) then
+          if r_v = '1' and r_write = '1' and r_buf = '1' and r_index(23 downto 4) = b then
+            if r_index(3 downto 0) = 0 then w0 <= r_data; end if;
+            if r_index(3 downto 0) = 1 then w1 <= r_data; end if;
+            if r_index(3 downto 0) = 2 then w2 <= r_data; end if;
+            if r_index(3 downto 0) = 3 then w3 <= r_data; end if;
+            if r_index(3 downto 0) = 4 then w4 <= r_data; end if;
+            if r_index(3 downto 0) = 5 then w5 <= r_data; end if;
+            if r_index(3 downto 0) = 6 then w6 <= r_data and WMASK(6); end if;
+            if r_index(3 downto 0) = 7 then w7 <= r_data and WMASK(7); end if;
+            if r_index(3 downto 0) = W_FLAGS then w8 <= r_data and WMASK(W_FLAGS); end if;
+            if r_index(3 downto 0) = W_CONTROL then w9 <= r_data and WMASK(W_CONTROL); end if;
+          end if;
+          -- a reset disables the slot; its other words matter only once the host enables it again, after writing
+          -- all ten (hw.updatebuffer.writes; the host reads them back from the copy, which the sweep zeroes)
+          if rst = '1' then
+            w9 <= (others => '0');
+          end if;
+        end if;
+      end process;
 
-    -- stage 2: the slot's box holds the header; then the match bits wait for the static index
-    match : process (clk)
-    begin
-      if rising_edge(clk) then
-        for b in 0 to DEPTH - 1 loop
-          ml(2)(b) <= to_sl(c1(b) = (c1(b)'range => '1'));
-        end loop;
-        for k in 3 to I_DELAY loop
-          ml(k) <= ml(k - 1);
-        end loop;
-      end if;
-    end process;
+      test : process (clk)
+      begin
+        if rising_edge(clk) then
+          -- stage 1: each field against its range, and the flags test
+          c(0) <= in_range(h_src, w0, w1);
+          c(1) <= in_range(h_dst, w2, w3);
+          c(2) <= in_range(h_proto, w6(7 downto 0), w6(15 downto 8));
+          c(3) <= in_range(h_sport, w4(15 downto 0), w4(31 downto 16));
+          c(4) <= in_range(h_dport, w5(15 downto 0), w5(31 downto 16));
+          c(5) <= in_range(h_icmp_type, w6(23 downto 16), w6(31 downto 24));
+          c(6) <= in_range(h_icmp_code, w7(7 downto 0), w7(15 downto 8));
+          c(7) <= in_range(h_iport, w7(17 downto 16), w7(19 downto 18));
+          c(8) <= in_range(h_ct, w7(21 downto 20), w7(23 downto 22));
+          c(9) <= to_sl((h_flags and w8(7 downto 0)) = w8(15 downto 8));
+          -- stage 2: the slot's box holds the header; then the bit waits for the static index
+          m(2) <= to_sl(c = (c'range => '1'));
+          for k in 3 to I_DELAY loop
+            m(k) <= m(k - 1);
+          end loop;
+          -- the slot may win: enabled, and placed no later than the static match
+          win(b) <= m(I_DELAY) and w9(31) and to_sl(unsigned(w9(IDX_W - 1 downto 0)) <= st_idx);
+        end if;
+      end process;
+    end generate;
 
-    -- the slots that may win, registered (control words read in the static index's cycle); then the slot encoder
-    wins : process (clk)
+    static_line : process (clk)
     begin
       if rising_edge(clk) then
-        for b in 0 to DEPTH - 1 loop
-          win(b) <= ml(I_DELAY)(b) and wd(b * USED + W_CONTROL)(31)
-                    and to_sl(unsigned(wd(b * USED + W_CONTROL)(IDX_W - 1 downto 0)) <= st_idx);
-        end loop;
         sil(1) <= st_idx;
         for k in 2 to STAGES + 1 loop
           sil(k) <= sil(k - 1);

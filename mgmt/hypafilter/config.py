@@ -29,7 +29,8 @@ NIC_MODES = ("bridge", "host")
 MODE_CHAIN = {"bridge": "FORWARD", "host": "INPUT"}
 NIC_PORTS = 4  # MAC0..MAC3 (ARCHITECTURE §3)
 # The SFL update buffer of the generated core (ARCHITECTURE §8): slots by default and at most. Each slot costs
-# about 300 LUTs (docs/hardware.md, "Update buffer (SFL)"), so the bound keeps a typo from asking for a huge core.
+# about 200 LUTs and 290 FFs (docs/hardware.md, "Update buffer (SFL)"), so the bound keeps a typo from asking for a
+# huge core.
 UPDATE_BUFFER_DEFAULT = 16
 UPDATE_BUFFER_MAX = 256
 IFNAMSIZ = 16  # the kernel's limit: names of at most 15 characters

@@ -232,11 +232,12 @@ begin
           when REG_IND_WR_DATA => rdata <= r_ind_wdata;
           when REG_IND_REPLY => rdata <= r_ind_reply;
           when REG_IND_COMMAND => rdata <= (8 => r_ind_stream, 4 => r_ind_rd, 0 => r_ind_busy, others => '0');
-          when REG_IND_CONFIG => rdata <= std_logic_vector(to_unsigned(N_ENTRIES + 1, 32));
+          when REG_IND_CONFIG => rdata <= std_logic_vector(to_unsigned(N_ROWS, 32));
           when REG_GENERATION => rdata <= r_gen;
           when REG_CONTROL => rdata <= r_control;
           when REG_NUM_ENTRIES => rdata <= std_logic_vector(to_unsigned(N_ENTRIES, 32));
           when REG_MATCHER_HASH => rdata <= MATCHER_HASH;
+          when REG_BUF_CONFIG => rdata <= std_logic_vector(to_unsigned(BUF_DEPTH + 16 * 65536 + 10 * 16777216, 32));
           when REG_FC_STATUS => rdata <= fc_status;
           when REG_FC_CONFIG => rdata <= fc_config;
           when REG_FC_NOW => rdata <= fc_now;

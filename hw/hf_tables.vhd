@@ -1,5 +1,6 @@
 -- The per-entry tables: shunt vector (32 entries per word), action codes and hit counters, each a RAM
--- with one port for the classification path and one for indirect register access (IND_* registers).
+-- with one port for the classification path and one for indirect register access (IND_* registers). One row per
+-- hardware index: the entries, the policy entry and the update buffer's slots (N_ROWS).
 library ieee;
 use ieee.std_logic_1164.all;
 use ieee.numeric_std.all;
@@ -19,7 +20,7 @@ entity hf_tables is
     -- hit counting: one first-match per cycle at most
     hit_v      : in  std_logic;
     hit_idx    : in  unsigned(IDX_W - 1 downto 0);
-    hits_clear : in  std_logic;  -- pulse: zero every hit counter (takes N_ENTRIES + 1 cycles)
+    hits_clear : in  std_logic;  -- pulse: zero every hit counter (takes N_ROWS cycles)
     -- indirect access (IND_ADDRESS = table << 24 | index)
     ind_req    : in  std_logic;
     ind_write  : in  std_logic;
@@ -32,7 +33,7 @@ entity hf_tables is
 end entity;
 
 architecture rtl of hf_tables is
-  constant NE : natural := N_ENTRIES + 1;
+  constant NE : natural := N_ROWS;
   -- memories are a power of two deep so that no address needs a range check on the fast path
   constant SW_W : natural := maximum(1, clog2(SHUNT_WORDS));
   constant NSW : natural := 2 ** SW_W;
@@ -89,7 +90,7 @@ architecture rtl of hf_tables is
 begin
   assert SHUNT_DEPTH = NSW and ACTION_DEPTH = NEP
     report "hf_tables: policy package tables do not match IDX_W" severity failure;
-  assert SHUNT_WORDS = (NE + 31) / 32 report "hf_tables: SHUNT_WORDS inconsistent with N_ENTRIES" severity failure;
+  assert SHUNT_WORDS = (NE + 31) / 32 report "hf_tables: SHUNT_WORDS inconsistent with N_ROWS" severity failure;
   assert 2 ** IDX_W >= NE report "hf_tables: IDX_W too small" severity failure;
 
   in_range : block

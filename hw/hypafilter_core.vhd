@@ -13,6 +13,11 @@
 -- DMA queue with metadata reason 4; a DROP goes to the DMA queue alone with reason 4; in host mode an ACCEPT is
 -- delivered with reason 4 instead of 5. Shunting (shunt bit, non-decisive action, shunt everything, miss forcing)
 -- takes precedence, and the metadata's action never carries the mirror bit.
+-- Updates (SFL, ARCHITECTURE.md section 8): hf_update_buffer holds a valid mask the matcher ANDs with its entries
+-- and BUF_DEPTH run-time slots; it turns the static encoder's index into the hardware index (a slot b that wins is
+-- N_ENTRIES + 1 + b), which every table row, the hit counters and M[23:0] use. CONTROL bit 1 (shunt everything) is
+-- sampled in every cycle from the matcher's input to the decision, so a frame is decided only under the tables,
+-- mask and slots from before or from after a bracketed sequence of writes.
 library ieee;
 use ieee.std_logic_1164.all;
 use ieee.numeric_std.all;
@@ -74,7 +79,7 @@ architecture rtl of hypafilter_core is
   constant PW : natural := DW + KW + 1;      -- packet FIFO word: tdata, tkeep, tlast
   constant DECW : natural := 1 + EV_W + UW;  -- decision FIFO word: drop, events, tuser
 
-  constant SIDE_DELAY : natural := MATCH_LATENCY + ENC_STAGES;
+  constant SIDE_DELAY : natural := MATCH_LATENCY + ENC_STAGES + BUF_LATENCY;
   constant FC_ON : boolean := FC_LOG2_SETS > 0;
   constant FC_TS_W : natural := 32;
 
@@ -106,10 +111,11 @@ architecture rtl of hypafilter_core is
     unp : std_logic;
     unf : std_logic;  -- unfilterable by netfilter (two VLAN tags)
     ct  : std_logic_vector(1 downto 0);  -- flow-cache state: 0 unknown, 1 original direction, 2 reply
+    sa  : std_logic;  -- CONTROL bit 1 (shunt everything) was set in some cycle since the header entered the matcher
     tu  : std_logic_vector(UW - 1 downto 0);
   end record;
   type side_line is array (1 to SIDE_DELAY) of side_t;
-  constant SIDE_ZERO : side_t := ('0', '0', '0', "00", (others => '0'));
+  constant SIDE_ZERO : side_t := ('0', '0', '0', "00", '0', (others => '0'));
   signal side_in : side_t;
   signal side : side_line := (others => SIDE_ZERO);
 
@@ -132,6 +138,10 @@ architecture rtl of hypafilter_core is
   signal h_sport, h_dport : std_logic_vector(15 downto 0);
   signal h_iport : std_logic_vector(1 downto 0);
   signal res : std_logic_vector(RES_WIDTH - 1 downto 0);
+  signal valid_mask : std_logic_vector(RES_WIDTH - 1 downto 0);
+  signal st_idx : unsigned(IDX_W - 1 downto 0);  -- the static encoder's index (N_ENTRIES when none matched)
+  signal ub_tbl, ub_req, ub_done : std_logic;
+  signal ub_rdata : std_logic_vector(31 downto 0);
   signal enc_any : std_logic;
   signal enc_idx : unsigned(IDX_W - 1 downto 0);
   signal lk_idx : unsigned(IDX_W - 1 downto 0);
@@ -166,7 +176,7 @@ begin
   assert C_FIFO_DEPTH_BYTES mod KW = 0 and 2 ** clog2(PKT_DEPTH) = PKT_DEPTH and PKT_DEPTH >= 4
     report "hypafilter_core: C_FIFO_DEPTH_BYTES must be TDATA bytes times a power of two (>= 4 beats)"
     severity failure;
-  assert N_ENTRIES < 2 ** 24 report "hypafilter_core: match_index must fit M[23:0]" severity failure;
+  assert N_ROWS <= 2 ** 24 report "hypafilter_core: every hardware index must fit M[23:0]" severity failure;
 
   rst <= not axis_resetn;
   accept <= s_axis_tvalid and pkt_in_ready;
@@ -387,20 +397,35 @@ begin
     port map (
       clk => axis_aclk, h_src => hq.src, h_dst => hq.dst, h_proto => hq.proto, h_sport => hq.sport,
       h_dport => hq.dport, h_icmp_type => hq.it, h_icmp_code => hq.ic, h_iport => hq.iport, h_flags => hq.flags,
-      h_ct => q_ct, res => res);
+      h_ct => q_ct, valid => valid_mask, res => res);
 
   encoder : entity work.hf_prio_enc
     generic map (N_IN => RES_WIDTH, FANIN => ENC_FANIN, STAGES => ENC_STAGES, IDX_W => IDX_W)
     port map (clk => axis_aclk, vec => res, any => enc_any, idx => enc_idx);
 
-  -- frame information travelling beside matcher and encoder
-  side_in <= (hq.v, hq.unp, hq.unf, q_ct, hq.tu);
+  st_idx <= enc_idx when enc_any = '1' else to_unsigned(N_ENTRIES, IDX_W);
+
+  -- the valid mask and the buffer slots: the header enters with the matcher's, the hardware index comes out
+  -- BUF_LATENCY cycles after the static index
+  ub : entity work.hf_update_buffer
+    generic map (N_STATIC => N_ENTRIES, DEPTH => BUF_DEPTH, IDX_W => IDX_W, I_DELAY => MATCH_LATENCY + ENC_STAGES,
+                 FANIN => BUF_FANIN, STAGES => BUF_STAGES)
+    port map (
+      clk => axis_aclk, rst => rst, h_src => hq.src, h_dst => hq.dst, h_proto => hq.proto, h_sport => hq.sport,
+      h_dport => hq.dport, h_icmp_type => hq.it, h_icmp_code => hq.ic, h_iport => hq.iport, h_ct => q_ct,
+      h_flags => hq.flags, valid => valid_mask, st_idx => st_idx, idx => lk_idx,
+      ind_req => ub_req, ind_write => ind_write, ind_addr => ind_addr, ind_wdata => ind_wdata,
+      ind_done => ub_done, ind_rdata => ub_rdata);
+
+  -- frame information travelling beside matcher, encoder and buffer
+  side_in <= (hq.v, hq.unp, hq.unf, q_ct, control(1), hq.tu);
   side_shift : process (axis_aclk)
   begin
     if rising_edge(axis_aclk) then
       side(1) <= side_in;
       for i in 2 to SIDE_DELAY loop
         side(i) <= side(i - 1);
+        side(i).sa <= side(i - 1).sa or control(1);
       end loop;
       if rst = '1' then
         for i in 1 to SIDE_DELAY loop
@@ -410,15 +435,17 @@ begin
     end if;
   end process;
 
-  lk_idx <= enc_idx when enc_any = '1' else to_unsigned(N_ENTRIES, IDX_W);
-
-  -- indirect accesses to the FLOW_* tables go to the flow cache's command port, the others to hf_tables
+  -- indirect accesses to the FLOW_* tables go to the flow cache's command port, VALID and BUF to the update buffer,
+  -- the others to hf_tables
   fc_tbl <= '1' when unsigned(ind_addr(31 downto 24)) = TABLE_FLOW_KEY
                   or unsigned(ind_addr(31 downto 24)) = TABLE_FLOW_SEEN
                   or unsigned(ind_addr(31 downto 24)) = TABLE_FLOW_HITS else '0';
-  tbl_req <= ind_req and not fc_tbl;
-  ind_done <= tbl_done or fc_ind_done;
-  ind_rdata <= fc_ind_rdata when fc_ind_done = '1' else tbl_rdata;
+  ub_tbl <= '1' when unsigned(ind_addr(31 downto 24)) = TABLE_VALID
+                  or unsigned(ind_addr(31 downto 24)) = TABLE_BUF else '0';
+  ub_req <= ind_req and ub_tbl;
+  tbl_req <= ind_req and not fc_tbl and not ub_tbl;
+  ind_done <= tbl_done or fc_ind_done or ub_done;
+  ind_rdata <= fc_ind_rdata when fc_ind_done = '1' else ub_rdata when ub_done = '1' else tbl_rdata;
 
   tables : entity work.hf_tables
     port map (
@@ -438,6 +465,7 @@ begin
   begin
     if rising_edge(axis_aclk) then
       t1 <= side(SIDE_DELAY);
+      t1.sa <= side(SIDE_DELAY).sa or control(1);
       t1_idx <= lk_idx;
       t1_mfa <= to_sl(side(SIDE_DELAY).ct = "00") and control(4);
       t1_mfd <= to_sl(side(SIDE_DELAY).ct = "00") and control(5);
@@ -474,7 +502,7 @@ begin
         action := x"0";
         reason := REASON_UNPARSED;
         ev(EV_UNPARSED) := '1';
-      elsif lk_shunt = '1' or (action /= x"1" and action /= x"2") or control(1) = '1' then
+      elsif lk_shunt = '1' or (action /= x"1" and action /= x"2") or control(1) = '1' or t1.sa = '1' then
         shunt := true;
         if reason = REASON_POLICY then
           ev(EV_POLICY) := '1';

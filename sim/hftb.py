@@ -112,6 +112,11 @@ def _edge(period_ns: int) -> int:
     return round(get_sim_time("ns") / period_ns)
 
 
+def cycle(period_ns: int = 4) -> int:
+    """The current clock edge's number (sim time / period), as AxisSource and AxisSink record theirs."""
+    return _edge(period_ns)
+
+
 async def handshake(clk, ready) -> None:
     """Wait for the clock edge that completes a transfer the caller offers (valid held at 1): `ready` sampled 1."""
     while True:

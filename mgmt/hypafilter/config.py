@@ -28,6 +28,11 @@ def mirrors(mode: str, strategy: str) -> bool:
 NIC_MODES = ("bridge", "host")
 MODE_CHAIN = {"bridge": "FORWARD", "host": "INPUT"}
 NIC_PORTS = 4  # MAC0..MAC3 (ARCHITECTURE §3)
+# The SFL update buffer of the generated core (ARCHITECTURE §8): slots by default and at most. Each slot costs
+# about 200 LUTs and 290 FFs (docs/hardware.md, "Update buffer (SFL)"), so the bound keeps a typo from asking for a
+# huge core.
+UPDATE_BUFFER_DEFAULT = 16
+UPDATE_BUFFER_MAX = 256
 IFNAMSIZ = 16  # the kernel's limit: names of at most 15 characters
 
 
@@ -113,9 +118,10 @@ class Config:
     # The flow cache built into the emulated NIC's core: "LOG2_SETS:WAYS" (2**LOG2_SETS sets of WAYS entries,
     # 4,096..65,536 entries in all, at most 16 ways), or "none" for a core without one (ct is then always 0).
     flow_cache: str = "10:4"
-    # Slots of the SFL update buffer beside the static matcher (ARCHITECTURE §8): rule changes applied at run time
-    # without a new core or program, until it is full; 0 = none.
-    update_buffer: int = 16
+    # Slots (δ) of the core's update buffer (ARCHITECTURE §8, analysis.overlay): rule changes the running matcher
+    # takes without a rebuild, 0..UPDATE_BUFFER_MAX; 0 = none (the valid mask over the static entries remains).
+    # It shapes the hardware: hw.vhdl.matcher_hash includes it, so a change of it builds a new core.
+    update_buffer: int = UPDATE_BUFFER_DEFAULT
 
     @classmethod
     def load(cls, path: str | Path | None) -> Config:
@@ -148,6 +154,15 @@ class Config:
         if self.tdata_width not in (256, 512):
             raise HypafilterError(f"{where}: tdata_width must be 256 or 512")
         self.flow_cache_geometry(where)
+        if (
+            not isinstance(self.update_buffer, int)
+            or isinstance(self.update_buffer, bool)
+            or not 0 <= self.update_buffer <= UPDATE_BUFFER_MAX
+        ):
+            raise HypafilterError(
+                f"{where}: update_buffer must be a whole number of slots, 0..{UPDATE_BUFFER_MAX} (0: no update "
+                f"buffer), not {self.update_buffer!r}"
+            )
         for name, port in self.hw_ports.items():
             if not isinstance(port, int) or not 0 <= port < NIC_PORTS:
                 raise HypafilterError(f"{where}: hw_ports[{name!r}] must be 0..{NIC_PORTS - 1}")

@@ -114,7 +114,13 @@ async def registers_and_indirect_access(dut):
     ax, m = tb.axil, regmap.MAP
     await tb.reset()
     # reset values; '-' in regmap.txt: the generated policy package's
-    policy = {"IND_CONFIG": cfg["n"] + 1, "NUM_ENTRIES": cfg["n"], "MATCHER_HASH": cfg["hash32"]}
+    depth = cfg["depth"]  # update buffer slots: δ more table rows, and BUF_CONFIG says how many
+    policy = {
+        "IND_CONFIG": cfg["n"] + 1 + depth,
+        "NUM_ENTRIES": cfg["n"],
+        "MATCHER_HASH": cfg["hash32"],
+        "BUF_CONFIG": depth | 16 << 16 | 10 << 24,
+    }
     for r in m.registers:
         want = 0 if r.access == "WO" else policy[r.name] if r.reset is None else r.reset
         if r.name == "FLIP":
@@ -244,6 +250,8 @@ def test_regs(addr_width):
     plan = vhdl.HwPlan([vhdl.HwEntry(()) for _ in range(9)], [0] * 10, [1] * 10, "ab" * 32)
     gen = out / "gen"
     vhdl.render(plan, gen)
-    cfg = save_obj({"n": 9, "hash32": int(vhdl.matcher_hash(plan)[-8:], 16)}, out / "cfg.pkl")
+    cfg = save_obj(
+        {"n": 9, "depth": plan.buffer_depth, "hash32": int(vhdl.matcher_hash(plan)[-8:], 16)}, out / "cfg.pkl"
+    )
     sources = [gen / "hf_regs_pkg.vhd", gen / "hf_policy_pkg.vhd", *hw("hf_pkg.vhd", "hf_regs.vhd")]
     run_ghdl("hf_regs", sources, tag, {"ADDR_WIDTH": addr_width}, env={"HF_TB_CFG": str(cfg)})

@@ -10,7 +10,7 @@ import cocotb
 import pytest
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
-from hypafilter.hw import regmap, vhdl
+from hypafilter.hw import regmap, updatebuffer, vhdl
 from hypafilter.ir import ACTION_ACCEPT, ACTION_DROP
 
 from sim.hftb import SIM_BUILD, hw, load_obj, run_ghdl, save_obj
@@ -24,7 +24,7 @@ class TB:
     def __init__(self, dut, plan, seed: int):
         self.dut, self.rng = dut, random.Random(seed)
         self.plan = plan
-        self.ne = len(plan.entries) + 1
+        self.ne = updatebuffer.rows(plan)  # entries, the policy entry, the update buffer's slots
         self.words = (self.ne + 31) // 32
         self.restore()
         self.writing = False  # an indirect write is under way: lookups of this window are not checked
@@ -37,8 +37,10 @@ class TB:
     def restore(self) -> None:
         """The model after a reset: the plan's tables, hit counters zero."""
         self.shunt = [0] * (32 * self.words)
-        self.shunt[: self.ne] = [int(b) for b in self.plan.shunt]
-        self.actions = [int(a) & 0xF for a in self.plan.actions]
+        # the slots' rows after the policy entry power on shunted, with no action
+        slots = self.ne - len(self.plan.shunt)
+        self.shunt[: self.ne] = [int(b) for b in self.plan.shunt] + [1] * slots
+        self.actions = [int(a) & 0xF for a in self.plan.actions] + [0] * slots
         self.hits = [0] * self.ne
 
     def word(self, w: int) -> int:
@@ -179,20 +181,21 @@ async def tables_follow_the_model(dut):
     assert not int(dut.ind_done.value) and int(dut.ready.value)
 
 
-def _plan(n: int, seed: int) -> vhdl.HwPlan:
-    """n entries with random shunt bits and actions (the matcher is not part of this entity)."""
+def _plan(n: int, seed: int, depth: int) -> vhdl.HwPlan:
+    """n entries with random shunt bits and actions, and `depth` update buffer slots (their rows follow the policy
+    entry; the matcher and the buffer are not part of this entity)."""
     rng = random.Random(seed)
     shunt = [rng.randrange(2) for _ in range(n + 1)]
     actions = [rng.choice((ACTION_ACCEPT, ACTION_DROP, 0)) for _ in range(n + 1)]
-    return vhdl.HwPlan([vhdl.HwEntry(()) for _ in range(n)], shunt, actions, f"{seed:064x}")
+    return vhdl.HwPlan([vhdl.HwEntry(()) for _ in range(n)], shunt, actions, f"{seed:064x}", buffer_depth=depth)
 
 
 @pytest.mark.sim
-@pytest.mark.parametrize("n", [0, 5, 70])
-def test_tables(n):
-    tag = f"n{n}"
+@pytest.mark.parametrize(("n", "depth"), [(0, 0), (5, 16), (70, 3)])
+def test_tables(n, depth):
+    tag = f"n{n}_d{depth}"
     out = SIM_BUILD / "hf_tables" / tag
-    plan = _plan(n, n + 1)
+    plan = _plan(n, n + 1, depth)
     gen = out / "gen"
     vhdl.render(plan, gen)
     cfg = save_obj(plan, out / "cfg.pkl")

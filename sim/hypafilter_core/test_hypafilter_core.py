@@ -15,7 +15,7 @@ from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
 from hypafilter import netns
 from hypafilter.analysis.plan import action_words, build_plan
 from hypafilter.hw import model as hwmodel
-from hypafilter.hw import regmap, synth, vhdl
+from hypafilter.hw import regmap, synth, updatebuffer, vhdl
 from hypafilter.ir import MAXV, Box, Header, Policy, Rule
 
 from conftest import need_tool
@@ -96,7 +96,7 @@ async def core_traffic(dut):
     assert await ax.read(R.REG_ID) == 0x48594641
     assert await ax.read(R.REG_VERSION) == regmap.MAP.reg("VERSION").reset
     assert await ax.read(R.REG_NUM_ENTRIES) == n
-    assert await ax.read(R.REG_IND_CONFIG) == n + 1
+    assert await ax.read(R.REG_IND_CONFIG) == updatebuffer.rows(plan)  # entries, policy entry, buffer slots
     assert await ax.read(R.REG_MATCHER_HASH) == int(vhdl.matcher_hash(plan)[-8:], 16)
     await ax.write(R.REG_FLIP, 0x12345678)
     assert await ax.read(R.REG_FLIP) == 0x12345678 ^ 0xFFFFFFFF
@@ -124,8 +124,9 @@ async def core_traffic(dut):
             # at 10k entries a full rewrite is ~10k cycles of AXI-Lite: a sample, with both ends of the table
             words = range(nw) if not cfg.get("light") else sorted(set(rng.sample(range(nw), 6)) | {0, nw - 1})
             regs.shunt = list(regs.shunt)
-            for w in words:
-                regs.shunt[32 * w : 32 * w + 32] = [rng.randrange(2) for _ in regs.shunt[32 * w : 32 * w + 32]]
+            for w in words:  # the rows of the entries and the policy entry (the buffer's stay shunted)
+                lo, hi = 32 * w, min(32 * w + 32, n + 1)
+                regs.shunt[lo:hi] = [rng.randrange(2) for _ in range(lo, hi)]
             for w in words:
                 word = sum(b << j for j, b in enumerate(regs.shunt[32 * w : 32 * w + 32]))
                 await ax.table_access(R, R.TABLE_SHUNT, w, word)
@@ -219,20 +220,28 @@ async def core_rate(dut):
 
 @cocotb.test()
 async def core_power_on(dut):
-    """Without any reset pulse the tables come up holding the plan (a sweep that starts at power-on)."""
+    """Without any reset pulse the tables come up holding the plan (a sweep that starts at power-on), the buffer
+    slots' rows shunted with no action, every static entry valid and every slot disabled."""
     cfg = load_obj("HF_TB_CFG")
     plan = cfg["plan"]
-    n = len(plan.entries)
+    regs = hwmodel.Regs.from_plan(plan)  # the slots' rows as after reset
+    rows = len(regs.shunt)
     dut.axis_resetn.value = 1
     tb = TB(dut, cfg["seed"], idle=0.0, ready=1.0)
     cocotb.start_soon(tb.sink.run())
     R = regmap
     # first access at once: it waits for the sweep instead of reading half-loaded tables
-    for w in range((n + 1 + 31) // 32):
-        word = sum(int(b) << j for j, b in enumerate(plan.shunt[32 * w : 32 * w + 32]))
+    for w in range((rows + 31) // 32):
+        word = sum(int(b) << j for j, b in enumerate(regs.shunt[32 * w : 32 * w + 32]))
         assert await tb.axil.table_access(R, R.TABLE_SHUNT, w) == word, f"SHUNT[{w}]"
-    for i in range(n + 1):
-        assert await tb.axil.table_access(R, R.TABLE_ACTION, i) == action_words(plan)[i], f"ACTION[{i}]"
+    for i in range(rows):
+        assert await tb.axil.table_access(R, R.TABLE_ACTION, i) == regs.actions[i], f"ACTION[{i}]"
+    depth = updatebuffer.buffer_depth(plan)
+    assert await tb.axil.read(R.REG_BUF_CONFIG) == depth | 16 << 16 | 10 << 24
+    for k, w in enumerate(regs.buffer.valid):
+        assert await tb.axil.table_access(R, R.TABLE_VALID, k) == w, f"VALID[{k}]"
+    for b in range(depth):
+        assert await tb.axil.table_access(R, R.TABLE_BUF, b * 16 + updatebuffer.W_CONTROL) == 0, f"slot {b} enabled"
 
 
 # The mirror test's policy: UDP to these ports (entries 0..4 in this order), anything else hits the policy entry 5.
@@ -431,12 +440,15 @@ def _run_core(
     build_args: list[str] | None = None,
     light: bool = False,
     generics: dict | None = None,
+    extra: dict | None = None,
+    test_module: str | None = None,
 ) -> Path:
     """Generate the core for plan, build it with GHDL and run the cocotb tests (those of any plan, or testcase) on it.
 
     counts = frames per register phase of core_traffic; trace_frames more frames made of trace headers alone go
     into the first phase (frames_for mixes them in at about one in five). light: core_traffic rewrites a sample
-    of the SHUNT table instead of all of it.
+    of the SHUNT table instead of all of it. extra: more entries of the configuration the cocotb tests load;
+    test_module: the cocotb module of the tests (default this one).
     """
     out = SIM_BUILD / "hypafilter_core" / tag
     if out.exists():
@@ -454,7 +466,8 @@ def _run_core(
         rng.shuffle(phases[0])
     rate = frames_for(plan, random.Random(seed + 1), 300, headers)
     rate = [(f[:60], (t & ~0xFFFF) | 60) for f, t in rate if len(f) >= 60 and (t >> 16) & 0x55]
-    cfg = save_obj({"plan": plan, "phases": phases, "seed": seed, "rate_frames": rate, "light": light}, out / "cfg.pkl")
+    cfg = {"plan": plan, "phases": phases, "seed": seed, "rate_frames": rate, "light": light, **(extra or {})}
+    cfg = save_obj(cfg, out / "cfg.pkl")
     result = out / "rate.txt"
     run_ghdl(
         "hypafilter_core",
@@ -464,6 +477,7 @@ def _run_core(
         env={"HF_TB_CFG": str(cfg), "HF_TB_OUT": str(result)},
         testcase=testcase or list(ANY_PLAN_TESTS),
         build_args=build_args,
+        test_module=test_module,
     )
     print(result.read_text() if result.exists() else "")
     return out

@@ -42,7 +42,19 @@ def test_rendered_slice_is_a_matcher_of_its_entries(tmp_path):
 @pytest.mark.slow
 def test_json_names_the_method_and_slices_add_up(tmp_path, capsys):
     need_tool("ghdl", "yosys")
-    args = ["synth", EXAMPLE, "--tool", "yosys", "--json", "--matcher-only", "--out", str(tmp_path)]
+    # no buffer slots: the matcher's methods are what this checks (the buffer: test_yosys_estimate_is_sane)
+    args = [
+        "synth",
+        EXAMPLE,
+        "--tool",
+        "yosys",
+        "--json",
+        "--matcher-only",
+        "--update-buffer",
+        "0",
+        "--out",
+        str(tmp_path),
+    ]
     assert cli.main([*args, "--slices", "0"]) == 0
     whole = json.loads(capsys.readouterr().out)
     assert whole["method"] == {"matcher": "whole", "encoder": "whole"}
@@ -100,8 +112,11 @@ def test_real_plan_renders_and_analyses(tmp_path):
 @pytest.mark.slow
 def test_yosys_estimate_is_sane(capsys):
     need_tool("ghdl", "yosys")
-    assert cli.main(["synth", EXAMPLE, "--tool", "yosys", "--json", "--matcher-only"]) == 0
+    assert cli.main(["synth", EXAMPLE, "--tool", "yosys", "--json", "--matcher-only", "--update-buffer", "2"]) == 0
     est = json.loads(capsys.readouterr().out)
+    buf = est["buffer"]  # hf_update_buffer alone, with the generics the core gives it
+    assert est["update_buffer"] == buf["slots"] == 2 and buf["added_latency_cycles"] == 2
+    assert buf["LUT"] > 0 and buf["FF"] > est["entries"] and 1 <= buf["max_lut_levels"] <= 6
     me = est["matcher_encoder"]
     assert est["entries"] > 0
     assert me["LUT"] > 0 and me["FF"] > 0 and 1 <= me["max_lut_levels"] <= 6

@@ -94,16 +94,22 @@ def topo():
 
 @pytest.fixture(scope="module")
 def nic(emu_binary, topo, tmp_path_factory):
+    from hypafilter.hw import updatebuffer
     from hypafilter.targets.emu import EmuNic
     from hypafilter.targets.nic import pack_shunt
 
     binary, plan = emu_binary
     run = tmp_path_factory.mktemp("emu")
     n = EmuNic(binary, {r: v[0] for r, v in PORTS.items()}, name="t1", netns=NS_NIC, run_dir=run).start()
+    rows = updatebuffer.rows(plan)  # the entries, the policy entry, the update buffer's slots
     with n.client() as c:
         power_on = {
-            "SHUNT": [c.read_table("SHUNT", w) for w in range(len(pack_shunt(plan.shunt)))],
-            "ACTION": [c.read_table("ACTION", i) for i in range(len(plan.entries) + 1)],
+            "SHUNT": [c.read_table("SHUNT", w) for w in range(len(pack_shunt([0] * rows)))],
+            "ACTION": [c.read_table("ACTION", i) for i in range(rows)],
+            "BUF_CONFIG": c.read("BUF_CONFIG"),
+            "IND_CONFIG": c.read("IND_CONFIG"),
+            "image": c.read_image(),
+            "overlay": c.read_overlay(),
         }
         c.program(plan, 0)  # what deploy does before traffic; power-on contents are checked separately
     n.power_on = power_on
@@ -114,13 +120,20 @@ def nic(emu_binary, topo, tmp_path_factory):
 
 def test_power_on_tables_shunt_everything(nic, emu_binary):
     """The emulator's core comes out of reset shunting every entry (before any program()): the build serves every
-    plan with the same matcher, so its power-on tables belong to none of them and must be safe for all."""
+    plan with the same matcher, so its power-on tables belong to none of them and must be safe for all. Its update
+    buffer is empty (every entry valid, every slot disabled, their rows without action)."""
+    from hypafilter.hw import updatebuffer
     from hypafilter.ir import ACTION_DROP
     from hypafilter.targets.nic import pack_shunt
 
     _, plan = emu_binary
-    assert nic.power_on["SHUNT"] == pack_shunt([1] * (len(plan.entries) + 1))
-    assert nic.power_on["ACTION"] == [ACTION_DROP] * (len(plan.entries) + 1)
+    n, depth = len(plan.entries), updatebuffer.buffer_depth(plan)
+    assert nic.power_on["SHUNT"] == pack_shunt([1] * (n + 1 + depth))
+    # the update buffer's rows have no action; its slots are disabled and every static entry is valid
+    assert nic.power_on["ACTION"] == [ACTION_DROP] * (n + 1) + [0] * depth
+    assert nic.power_on["BUF_CONFIG"] == depth | 16 << 16 | 10 << 24 and nic.power_on["IND_CONFIG"] == n + 1 + depth
+    assert nic.power_on["image"] == updatebuffer.pristine(n, depth)
+    assert nic.power_on["overlay"] == ([True] * n, [])
 
 
 def test_same_matcher_same_binary_other_matcher_refused(nic, emu_binary):
@@ -271,6 +284,65 @@ def test_wire_frames_follow_the_model(nic, topo, emu_binary):
     _, plan = emu_binary
     regs = hwmodel.Regs.from_plan(plan)
     check_against_model(topo, plan, regs, [("wire0", f) for f in frames()] + [("wire1", f) for f in frames()[:3]])
+
+
+def test_update_buffer_in_the_emulated_core(nic, topo, emu_binary):
+    """The running core takes a changed policy as an update buffer (analysis.overlay.align: a rule inserted in front,
+    one deleted, one inserted before the last), programmed by NicClient.program(View) through the GHDL Verilog netlist
+    the emulator runs: read back as written, every frame as hw.model says under those registers (the inserted DROP
+    wins over the static ACCEPT, the deleted DROP's frames fall through), then emptied again by program(plan)."""
+    from hypafilter.analysis.overlay import align, box_key
+    from hypafilter.analysis.plan import build_plan
+    from hypafilter.hw import model as hwmodel
+    from hypafilter.hw import updatebuffer
+
+    from tests.irbuild import make_policy, make_rule
+
+    _, plan = emu_binary
+    n = len(plan.entries)
+    rules = list(plan.policy.rules)
+    changed = [make_rule("DROP", src="10.0.1.0/24", proto="udp", dport=(53, 53))] + rules[1:]
+    changed.insert(len(changed) - 1, make_rule("DROP", proto="icmp"))
+    master = build_plan(make_policy(changed, "ACCEPT", source="test_emu changed"), make_plan()[1])
+    view = align(plan.entries, master, updatebuffer.buffer_depth(plan))
+    assert view.slots and not view.valid.all()
+    from scapy.layers.inet import ICMP, IP, TCP, UDP
+    from scapy.layers.l2 import Ether
+
+    eth = Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02")
+    specs = [  # parsed frames (the datagram ends the frame), one per kind of change
+        IP(src="10.0.1.5", dst="10.9.0.2") / UDP(sport=1000, dport=53),  # the inserted DROP (a slot)
+        IP(src="10.0.2.5", dst="10.9.0.2") / UDP(sport=1000, dport=53),  # the policy entry, as before
+        IP(src="10.9.0.1", dst="10.9.0.2") / TCP(sport=1000, dport=22, flags="A"),  # the deleted DROP: masked
+        IP(src="10.9.0.1", dst="10.9.0.2") / UDP(sport=1000, dport=9),  # a static DROP, kept
+        IP(src="10.9.0.1", dst="10.9.0.2") / ICMP(type=8),  # the static ICMP entry's row: the new DROP
+        IP(src="10.9.0.1", dst="10.9.0.2") / TCP(sport=1000, dport=80, flags="S"),  # the complex rule: shunted
+    ]
+    sent = [
+        (r, bytes(eth / (p / f"hf-buf-{r}-{i:02d}".encode()))) for r in ("wire0", "wire1") for i, p in enumerate(specs)
+    ]
+    regs = hwmodel.Regs.from_plan(view)
+    hits = [hwmodel.decide(plan, f, PORTS[r][2], regs) for r, f in sent]
+    before = [hwmodel.decide(plan, f, PORTS[r][2], hwmodel.Regs.from_plan(plan)) for r, f in sent]
+    assert [d.kind for d in hits[:5]] == [hwmodel.Kind.DROP, hwmodel.Kind.SHUNT, hwmodel.Kind.SHUNT] + [
+        hwmodel.Kind.DROP
+    ] * 2
+    assert [d.kind for d in before[:5]] == [hwmodel.Kind.FORWARD, hwmodel.Kind.SHUNT] + [hwmodel.Kind.DROP] * 2 + [
+        hwmodel.Kind.FORWARD
+    ]
+    assert hits[0].match_index > n and (before[2].match_index, hits[2].match_index) == (0, n)  # a slot; masked
+    with nic.client() as c:
+        try:
+            written = c.program(view, 9)
+            assert c.read_overlay() == (view.valid.tolist(), box_key(view.overlay))
+            assert c.read("CONTROL") & hwmodel.CONTROL_SHUNT_ALL == 0  # its own bracket is closed again
+            regs.generation = 9
+            check_against_model(topo, plan, regs, sent)
+            c.program(plan, 0, known=written)
+            assert c.read_overlay() == ([True] * n, [])
+            check_against_model(topo, plan, hwmodel.Regs.from_plan(plan), sent)
+        finally:
+            c.program(plan, 0)
 
 
 def test_host_frames_pass_unclassified(nic, topo, emu_binary):

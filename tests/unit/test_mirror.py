@@ -191,7 +191,7 @@ def _regs(plan, **kw):
 def test_model_mirror_decisions():
     plan = build_plan(_policy(), mode="index", strategy="interval")
     regs = _regs(plan)
-    assert regs.actions == [1, 9, 10, 1, 2]
+    assert regs.actions == [1, 9, 10, 1, 2] + [0] * plan.buffer_depth  # the slots' rows: no action
     web = frame(Ether() / IP() / TCP(dport=80))
     d = hwmodel.decide(plan, web, 0x01, regs)  # bridge ACCEPT: forwarded and a tagged copy to the DMA queue
     assert (d.kind, d.dst_port, d.match_index, d.action, d.reason) == (hwmodel.Kind.MIRROR, 0x04 | 0x02, 1, 1, 4)

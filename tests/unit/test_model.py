@@ -161,7 +161,8 @@ def _plan():
 def test_decisions_ports_and_metadata():
     plan = _plan()
     regs = hwmodel.Regs.from_plan(plan)
-    assert regs.shunt == [0, 0, 1, 1] and regs.actions == [1, 2, 2, 1]
+    # the update buffer's rows after the policy entry: shunted with no action, as the core powers on
+    assert regs.shunt == [0, 0, 1, 1] + [1] * 16 and regs.actions == [1, 2, 2, 1] + [0] * 16
     web = frame(Ether() / IP() / TCP(dport=80))
     d = hwmodel.decide(plan, web, 0x01, regs)
     assert (d.kind, d.dst_port, d.match_index, d.meta) == (hwmodel.Kind.FORWARD, 0x04, 0, None)

@@ -85,9 +85,15 @@ class FakeNic:
             conn.sendall(out)
 
 
+BUF_CONFIG = 16 | 16 << 16 | 10 << 24  # a core of 16 update buffer slots (Config.update_buffer's default)
+
+
 @pytest.fixture
 def fake(tmp_path):
+    """A core of 40 entries as after reset: every entry valid (VALID), every slot disabled."""
     f = FakeNic(tmp_path / "nic.sock", {regmap.REG_ID: CORE_ID, regmap.REG_NUM_ENTRIES: 40})
+    f.regs[regmap.REG_BUF_CONFIG] = BUF_CONFIG
+    f.tables[(regmap.TABLE_VALID, 0)], f.tables[(regmap.TABLE_VALID, 1)] = 0xFFFFFFFF, 0xFF
     yield f
     f.srv.close()
 
@@ -173,11 +179,15 @@ def test_program_order_and_checks(fake):
     with NicClient(EmuTransport(fake.path)) as c:
         written = c.program(plan, 0x10007)
     assert fake.tables[(regmap.TABLE_SHUNT, 0)] == 1
-    assert fake.tables[(regmap.TABLE_SHUNT, 1)] == (1 << 1) | (1 << 8)
-    assert fake.tables[(regmap.TABLE_ACTION, 40)] == 2
+    # entries 33 and 40 (the policy entry), then the rows of the 16 buffer slots: shunted, no action
+    assert fake.tables[(regmap.TABLE_SHUNT, 1)] == (1 << 1) | (1 << 8) | 0xFFFF << 9
+    assert fake.tables[(regmap.TABLE_ACTION, 40)] == 2 and fake.tables[(regmap.TABLE_ACTION, 41)] == 0
+    assert (regmap.TABLE_ACTION, 57) not in fake.tables
     assert fake.regs[regmap.REG_GENERATION] == 0x0007
     assert fake.log[-1].startswith(f"W 0x{regmap.REG_GENERATION:x}")  # generation last: tables first
-    assert written["writes"] == 2 + 41 + 1 and written["generation"] == 7
+    # an empty buffer on a core whose buffer is empty: nothing written to VALID or BUF, no bracket
+    assert not [ln for ln in fake.log if ln.startswith(("T WS 6", "T WS 7"))]
+    assert written["writes"] == 2 + 57 + 1 and written["generation"] == 7
     fake.regs[regmap.REG_MATCHER_HASH] = 1
     with NicClient(EmuTransport(fake.path)) as c, pytest.raises(NicError, match="MATCHER_HASH"):
         c.program(plan, 1)
@@ -206,7 +216,7 @@ def test_program_writes_only_what_changed(fake):
     table_writes = [ln for ln in fake.log if ln.startswith("T W")]
     # SHUNT word 1 (entries 32-63) and ACTION 5, 6 (one run of two, one stream request): nothing else
     assert table_writes == [
-        f"T WS {regmap.TABLE_SHUNT} 1 0x{(1 << 1) | (1 << 2) | (1 << 8):x}",
+        f"T WS {regmap.TABLE_SHUNT} 1 0x{(1 << 1) | (1 << 2) | (1 << 8) | 0xFFFF << 9:x}",
         f"T WS {regmap.TABLE_ACTION} 5 0x2 0x2",
     ]
     assert got["writes"] == 4 and fake.regs[regmap.REG_GENERATION] == 4
@@ -216,7 +226,7 @@ def test_program_writes_only_what_changed(fake):
     fake.log.clear()
     with NicClient(EmuTransport(fake.path)) as c:
         c.program(a, 5, known=got)
-    assert sum(len(ln.split()) - 4 for ln in fake.log if ln.startswith("T WS")) == 2 + 41
+    assert sum(len(ln.split()) - 4 for ln in fake.log if ln.startswith("T WS")) == 2 + 57
 
 
 def test_program_sets_the_unfilterable_bit_and_keeps_the_others(fake):
@@ -228,7 +238,7 @@ def test_program_sets_the_unfilterable_bit_and_keeps_the_others(fake):
     fake.regs[ctl] = 0x3  # enabled, shunting everything (an update in progress)
     with NicClient(EmuTransport(fake.path)) as c:
         passed = c.program(plan, 1, unfilterable="pass")
-        assert fake.regs[ctl] == 0x7 and passed["unfilterable"] == "pass" and passed["writes"] == 2 + 41 + 2
+        assert fake.regs[ctl] == 0x7 and passed["unfilterable"] == "pass" and passed["writes"] == 2 + 57 + 2
         fake.log.clear()
         c.write_tables(passed, 2, known=passed)  # nothing changed: CONTROL read, not written
         assert [ln for ln in fake.log if ln.startswith("W")] == [f"W 0x{regmap.REG_GENERATION:x} 0x2"]

@@ -52,6 +52,9 @@ def test_field_tests_prefix_chunks_and_ranges():
 
 def test_render_shares_comparators_and_writes_packages(tmp_path):
     plan = vhdl.minimal_plan(_policy())
+    plan.buffer_depth = (
+        0  # the tables of the entries alone (with a buffer: test_render_sizes_the_tables_for_the_buffer)
+    )
     paths = vhdl.render(plan, tmp_path, tdata_width=512, encoder_fanin=4)
     names = [p.name for p in paths]
     assert {"hf_policy_pkg.vhd", "hf_matcher.vhd", "hf_regs_pkg.vhd", "hf_regs.h"} <= set(names)
@@ -63,7 +66,7 @@ def test_render_shares_comparators_and_writes_packages(tmp_path):
             )
     m = (tmp_path / "hf_matcher.vhd").read_text()
     assert m.count('h_src(31 downto 24) = "00001010"') == 1  # one comparator, used by two entries
-    assert "r(2) <= (cmp(4) and cmp(5)) or cmp(6);" in m and "r(3) <= '0';" in m
+    assert "r(2) <= ((cmp(4) and cmp(5)) or cmp(6)) and valid(2);" in m and "r(3) <= '0';" in m
     pkg = (tmp_path / "hf_policy_pkg.vhd").read_text()
     assert "constant N_ENTRIES     : natural := 4;" in pkg
     assert f'x"{vhdl.matcher_hash(plan)[-8:].upper()}"' in pkg
@@ -74,6 +77,48 @@ def test_render_shares_comparators_and_writes_packages(tmp_path):
     assert shunt == [0x1C, 0]  # shunt bits 2, 3, 4 in word 0
     assert [_rom(pkg, "action_init", i) for i in range(8)] == [int(a) for a in plan.actions] + [0] * 3
     assert _rom(pkg, "action_init", 4) == 2  # the policy entry's action (DROP)
+
+
+def test_render_sizes_the_tables_for_the_buffer(tmp_path):
+    """δ slots add δ rows after the policy entry, shunted with no action at power-on; IDX_W covers them; the
+    buffer's encoder and the latency it adds come from vhdl.buffer_stages and vhdl.buffer_latency."""
+    plan = vhdl.minimal_plan(_policy())
+    assert plan.buffer_depth == 16  # Config.update_buffer's default
+    vhdl.render(plan, tmp_path, encoder_fanin=4)
+    pkg = (tmp_path / "hf_policy_pkg.vhd").read_text()
+    for line in (
+        "BUF_DEPTH     : natural := 16;",
+        "BUF_FANIN     : natural := 16;",  # vhdl.BUF_FANIN, whatever the static encoder's fan-in
+        "BUF_STAGES    : natural := 1;",
+        "BUF_LATENCY   : natural := 2;",  # the register of the slots that may win, then one encoder stage
+        "IDX_W         : natural := 5;",  # indices 0 .. 4 + 16
+        "SHUNT_WORDS   : natural := 1;",
+        "ACTION_DEPTH  : natural := 32;",
+    ):
+        assert line in pkg, line
+    assert _rom(pkg, "shunt_init_word", 0) == 0x1C | 0xFFFF << 5  # entries 2..4, then the 16 slots' rows
+    assert [_rom(pkg, "action_init", i) for i in range(32)] == [int(a) for a in plan.actions] + [0] * 27
+    assert (vhdl.buffer_stages(0), vhdl.buffer_latency(0)) == (1, 0)
+    assert [vhdl.buffer_latency(d) for d in (1, 16, 17, 64, 256)] == [2, 2, 3, 3, 3]
+    assert [vhdl.buffer_latency(d, 8) for d in (1, 8, 9, 64, 65)] == [2, 2, 3, 3, 4]
+    assert vhdl.idx_width(1100, 16) == 11 and vhdl.idx_width(2047, 1) == 12
+    # a View (analysis.overlay) brings its own rows: n + 1 + δ of them
+    plan.shunt, plan.actions = [0] * 21, [1] * 21
+    vhdl.render(plan, tmp_path / "rows", encoder_fanin=4)
+    pkg = (tmp_path / "rows" / "hf_policy_pkg.vhd").read_text()
+    assert _rom(pkg, "shunt_init_word", 0) == 0 and _rom(pkg, "action_init", 20) == 1
+    with pytest.raises(ValueError, match="one per table row"):
+        vhdl.render(vhdl.HwPlan(plan.entries, [0] * 7, [1] * 7, "ab" * 32), tmp_path / "bad")
+
+
+def test_matcher_hash_covers_the_buffer_depth():
+    """δ shapes the hardware, so it is part of the matcher's identity; shunt bits and actions still are not."""
+    a = vhdl.minimal_plan(_policy())
+    b = vhdl.minimal_plan(_policy())
+    b.shunt = [1] * len(b.shunt)
+    assert vhdl.matcher_hash(a) == vhdl.matcher_hash(b)
+    b.buffer_depth = 64
+    assert vhdl.matcher_hash(a) != vhdl.matcher_hash(b)
 
 
 def _rom(pkg: str, name: str, i: int) -> int:

@@ -23,7 +23,7 @@ import numpy as np
 
 from hypafilter.analysis import geometry
 from hypafilter.analysis.geometry import BoxSet
-from hypafilter.config import MODES, STRATEGIES, Config, mirrors
+from hypafilter.config import MODES, STRATEGIES, UPDATE_BUFFER_DEFAULT, Config, mirrors
 from hypafilter.errors import HypafilterError
 from hypafilter.ir import ACTION_ACCEPT, ACTION_DROP, ACTION_NONE, FIELD_INDEX, Box, Policy
 from hypafilter.ir.box import CT_UNKNOWN
@@ -96,6 +96,9 @@ class Plan:
     # Built for the live ruleset (a deployment): the operator's chains stay in the kernel under their names and the
     # tool's chains return to them for every frame they do not decide (analysis.program, "live").
     live: bool = False
+    # Slots of the update buffer of the core built for it (Config.update_buffer): part of the hardware's identity
+    # (hw.vhdl.matcher_hash); the tables of such a core have n + 1 + buffer_depth rows (analysis.overlay)
+    buffer_depth: int = UPDATE_BUFFER_DEFAULT
     _geo: dict[int, list[int]] | None = field(default=None, repr=False)
 
     # Derived arrays, computed once (refresh): bool [n + 1] each.
@@ -401,6 +404,7 @@ def build_plan(
         observing=observing,
         strategy=strategy,
         live=live,
+        buffer_depth=config.update_buffer,
     )
     plan.analysis_seconds = time.perf_counter() - t0
     return plan

@@ -44,6 +44,12 @@ def register(sub) -> None:
         help="build the whole core (estimate or Vivado script) with a flow cache inside, e.g. 14:4 for 65,536 "
         "entries (default: none)",
     )
+    p.add_argument(
+        "--update-buffer",
+        type=int,
+        metavar="SLOTS",
+        help="slots of the core's update buffer (default: the configuration's update_buffer, 16; 0: none)",
+    )
     p.add_argument("--out", metavar="DIR", help="build folder (default: a temporary folder; vivado: build/vivado)")
     p.set_defaults(func=run)
 
@@ -57,6 +63,9 @@ def run(args: argparse.Namespace) -> int:
         return _flow_cache(args)
     fc = _geometry("--core-flow-cache", args.core_flow_cache) if args.core_flow_cache else None
     config = load_config(args)
+    if args.update_buffer is not None:
+        config.update_buffer = args.update_buffer
+        config.validate("--update-buffer")
     policy = load_policy(args, config)
     plan = build_plan(policy, config)
     if args.tool == "vivado":
@@ -93,6 +102,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"  ({how['note']})")
         if how["encoder"] == "subtrees":
             print(f"  ({how['encoder_note']})")
+        b = est["buffer"]
+        print(
+            f"update buffer, {b['slots']} slots: {b['LUT']} LUT, {b['FF']} FF, max {b['max_lut_levels']} LUT levels, "
+            f"+{b['added_latency_cycles']} cycles"
+        )
         if "core" in est:
             c = est["core"]
             print(

@@ -29,12 +29,19 @@ The VHDL core, its testbenches, the emulated NIC and the verifier all compare ag
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from enum import IntEnum
 
+import numpy as np
+
 from hypafilter.analysis import decision
+from hypafilter.analysis.geometry import BoxSet
+from hypafilter.analysis.overlay import Overlay, hw_indices
 from hypafilter.analysis.plan import action_words
 from hypafilter.config import NIC_MODES
+from hypafilter.hw import updatebuffer
+from hypafilter.hw.updatebuffer import Image
 from hypafilter.ir import (
     ACTION_ACCEPT,
     ACTION_DROP,
@@ -158,20 +165,31 @@ def l4_ok(frame: bytes) -> bool:
 
 @dataclass
 class Regs:
-    """The run-time register state the decision depends on (tables as plain lists, n + 1 long; `actions` holds the
-    ACTION table words: action code | ACTION_MIRROR_BIT)."""
+    """The run-time register state the decision depends on: the tables as plain lists, one value per hardware index
+    (n + 1 + δ rows; n + 1 for a core without an update buffer), `actions` holding the ACTION table words (action
+    code | ACTION_MIRROR_BIT), and the update buffer's tables VALID and BUF (`buffer`, hw.updatebuffer.Image; None:
+    the plan's own overlay, if it has one, else none)."""
 
     shunt: list[int]
     actions: list[int]
     generation: int = 0
     control: int = CONTROL_ENABLE
+    buffer: Image | None = None
 
     @staticmethod
     def from_plan(plan, unfilterable: str = "drop", nic_mode: str = "bridge") -> Regs:
-        """The registers as the register client leaves them for `plan` (Config.unfilterable, Config.nic_mode)."""
+        """The registers as the register client leaves them for `plan` (Config.unfilterable, Config.nic_mode): a Plan's
+        tables with the slots' rows as after reset (shunted, no action) and an empty buffer, or an
+        analysis.overlay.View's rows, valid mask and slots."""
         control = CONTROL_ENABLE | unfilterable_control(unfilterable) | nic_mode_control(nic_mode)
         control |= miss_shunt_control(getattr(plan, "miss_shunt", (False, False)))
-        return Regs([int(b) for b in plan.shunt], action_words(plan), control=control)
+        n, rows = len(plan.entries), updatebuffer.rows(plan)
+        shunt, actions = [int(b) for b in plan.shunt], action_words(plan)
+        shunt += [1] * (rows - len(shunt))
+        actions += [0] * (rows - len(actions))
+        ov = getattr(plan, "overlay", None)
+        buf = updatebuffer.image(ov) if ov is not None else updatebuffer.pristine(n, updatebuffer.buffer_depth(plan))
+        return Regs(shunt, actions, control=control, buffer=buf)
 
 
 def unfilterable_control(setting: str) -> int:
@@ -211,7 +229,9 @@ def decide(plan, frame: bytes, src_port: int, regs: Regs, ct: int = 0) -> Decisi
     """What the core does with one frame arriving on `src_port` (one-hot TUSER[23:16]); `ct` is what the flow cache
     knows of it (ir.box CT_*: 0 unknown, 1/2 a hit in the original/reply direction), 0 without a flow cache.
 
-    Precedence (the first that applies): a host port, not a wire port, unfilterable drop; unparsed (reason 2);
+    The hardware index (match_index, the row of every table) is `hw_index`: the static first match under the update
+    buffer's valid mask and slots (`regs.buffer`). Precedence (the first that applies): a host port, not a wire port,
+    unfilterable drop; unparsed (reason 2);
     the entry's shunt bit, a non-decisive action, shunt everything (reasons 0/1); miss forcing, CONTROL bits 4/5
     for a frame with ct = 0 whose verdict would be ACCEPT/DROP (reason 3); the entry's mirror bit (ACTION word bit 3,
     reason 4: Kind.MIRROR); host-mode ACCEPT (reason 5); forward or drop."""
@@ -231,7 +251,7 @@ def decide(plan, frame: bytes, src_port: int, regs: Regs, ct: int = 0) -> Decisi
     if hdr is None:
         meta = pack_meta(n, ACTION_NONE, REASON_UNPARSED, gen)
         return Decision(Kind.SHUNT, shunt_port, meta, n, ACTION_NONE, REASON_UNPARSED, False, ("CNT_SHUNT_UNPARSED",))
-    idx = decision.match_index(plan, hdr)
+    idx = hw_index(plan, hdr, regs.buffer)
     word = regs.actions[idx] & 0xF
     action = word & 0x7  # bit 3 is the mirror bit (HF_ACTION_MIRROR_BIT), never part of the action code
     reason = REASON_POLICY if idx == n else REASON_OVERRULE
@@ -268,6 +288,26 @@ def decide(plan, frame: bytes, src_port: int, regs: Regs, ct: int = 0) -> Decisi
     return Decision(Kind.DROP, 0, None, idx, action, None, False, ("CNT_DROPPED",))
 
 
+@functools.lru_cache(maxsize=64)
+def _overlay(img: Image) -> Overlay:
+    return updatebuffer.overlay_of(img)
+
+
+def hw_index(plan, hdr: Header, buffer: Image | None) -> int:
+    """The hardware index of a parsed header: the plan's static entries under the update buffer's register image
+    (analysis.overlay.hw_indices, the one definition); without an image the plan's own decision
+    (analysis.decision.match_index, which applies a View's overlay)."""
+    if buffer is None:
+        return decision.match_index(plan, hdr)
+    if buffer.n != len(plan.entries):
+        raise ValueError(f"update buffer image of {buffer.n} static entries for a plan of {len(plan.entries)}")
+    ov = _overlay(buffer)
+    if ov.pristine and getattr(plan, "overlay", None) is None:
+        return decision.match_index(plan, hdr)
+    points = BoxSet.points(np.array([hdr.values()], dtype=np.int64), np.array([hdr.tcp_flags], dtype=np.int64))
+    return int(hw_indices(decision.entry_set(plan), ov, points)[0])
+
+
 def out_tuser(tuser: int, d: Decision) -> int:
     """TUSER of the first output beat: dst_port set, M in [127:64] when shunted, every other bit kept."""
     t = (tuser & ~(0xFF << 24)) | (d.dst_port << 24)
@@ -277,11 +317,12 @@ def out_tuser(tuser: int, d: Decision) -> int:
 
 
 class Counters:
-    """Expected register counters for a sequence of decisions (PKTIN, PKTOUT, CNT_*, per-entry HITS)."""
+    """Expected register counters for a sequence of decisions (PKTIN, PKTOUT, CNT_*, per-row HITS: n + 1, and the
+    buffer slots' rows as frames reach them)."""
 
-    def __init__(self, n_entries: int):
+    def __init__(self, n_entries: int, depth: int = 0):
         self.regs: dict[str, int] = {}
-        self.hits = [0] * (n_entries + 1)
+        self.hits = [0] * (n_entries + 1 + depth)
 
     def add(self, d: Decision, src_port: int) -> None:
         for name in d.counters:
@@ -291,4 +332,6 @@ class Counters:
         if d.kind != Kind.DROP:
             self.regs["PKTOUT"] = self.regs.get("PKTOUT", 0) + 1
         if d.match_index is not None and d.reason != REASON_UNPARSED:
+            if d.match_index >= len(self.hits):
+                self.hits += [0] * (d.match_index + 1 - len(self.hits))
             self.hits[d.match_index] += 1

@@ -82,6 +82,11 @@ def parse(text: str, filename: str = "regmap.txt") -> RegMap:
     offsets = [r.offset for r in regs]
     if len(set(offsets)) != len(offsets):
         raise HypafilterError(f"{filename}: two registers share an offset")
+    ids = [t.id for t in tables]
+    if len(set(ids)) != len(ids) or not all(0 <= i <= 0xFF for i in ids):
+        raise HypafilterError(f"{filename}: table ids must be distinct and fit IND_ADDRESS[31:24]")
+    if any(not 0 < t.depth <= 1 << 24 for t in tables):
+        raise HypafilterError(f"{filename}: a table's depth must fit IND_ADDRESS[23:0]")
     return RegMap(tuple(regs), tuple(tables))
 
 

@@ -31,6 +31,7 @@ ENC_WHOLE_WIDE = 4096
 _PART_SOURCES = {
     "hf_matcher": ("hf_regs_pkg.vhd", "hf_policy_pkg.vhd", "hf_pkg.vhd", "hf_matcher.vhd"),
     "hf_prio_enc": ("hf_pkg.vhd", "hf_prio_enc.vhd"),
+    "hf_update_buffer": ("hf_regs_pkg.vhd", "hf_pkg.vhd", "hf_ram.vhd", "hf_prio_enc.vhd", "hf_update_buffer.vhd"),
 }
 FLOW_CACHE_SOURCES = ("hf_pkg.vhd", "hf_ram.vhd", "hf_flow_cache.vhd")
 
@@ -412,6 +413,32 @@ def encoder_estimate(out_dir: Path, gen: Path, n_in: int, fanin: int, idx_w: int
     return est
 
 
+def buffer_generics(plan, encoder_fanin: int) -> dict[str, int]:
+    """hf_update_buffer's generics in the core generated for `plan` (its I_DELAY: matcher and encoder stages)."""
+    n, depth = len(plan.entries), vhdl.buffer_depth(plan)
+    return {
+        "N_STATIC": n,
+        "DEPTH": depth,
+        "IDX_W": vhdl.idx_width(n, depth),
+        "I_DELAY": vhdl.matcher_source(plan)["match_latency"] + vhdl.enc_stages(vhdl.res_width(n), encoder_fanin),
+        "FANIN": vhdl.BUF_FANIN,
+        "STAGES": vhdl.buffer_stages(depth),
+    }
+
+
+def buffer_estimate(plan, out_dir: Path, gen: Path, encoder_fanin: int) -> dict:
+    """yosys estimate of the update buffer as the core instantiates it for `plan` (valid mask over its entries,
+    Config.update_buffer slots, the slot encoder, the VALID/BUF register access), and the cycles it adds."""
+    t0 = time.monotonic()
+    g = buffer_generics(plan, encoder_fanin)
+    bdir = Path(out_dir) / "update_buffer"
+    est = yosys_estimate(ghdl_part_verilog(gen, "hf_update_buffer", bdir, g), "hf_update_buffer", bdir)
+    est["slots"] = g["DEPTH"]
+    est["added_latency_cycles"] = vhdl.buffer_latency(g["DEPTH"])
+    est["seconds"] = round(time.monotonic() - t0, 1)
+    return est
+
+
 def _row(e: dict) -> dict:
     return {k: e[k] for k in ("LUT", "FF", "CARRY4", "max_lut_levels")}
 
@@ -435,7 +462,7 @@ def estimate(
     flow_cache: (LOG2_SETS, WAYS) of a flow cache inside the whole core (its estimate only).
     """
     n = len(plan.entries)
-    res_w, idx_w = vhdl.res_width(n), vhdl.idx_width(n)
+    res_w, idx_w = vhdl.res_width(n), vhdl.idx_width(n, vhdl.buffer_depth(plan))
     size = slice_size_for(n, slices)
     method: dict = {"matcher": "slices" if size else "whole", "encoder": "whole"}
     if size:
@@ -450,6 +477,7 @@ def estimate(
         "policy_hash": plan.policy_hash,
         "tdata_width": tdata_width,
         "encoder_fanin": encoder_fanin,
+        "update_buffer": vhdl.buffer_depth(plan),
         "tool": "yosys synth_xilinx -family xc7 (GHDL synth -> Verilog)",
         "method": method,
     }
@@ -470,6 +498,7 @@ def estimate(
     result["matcher_encoder"] = me
     result["matcher"] = parts["matcher"]
     result["encoder"] = parts["encoder"]
+    result["buffer"] = buffer_estimate(plan, out_dir, gen, encoder_fanin)
     if core:
         t0 = time.monotonic()
         cdir = out_dir / "core"
@@ -482,7 +511,7 @@ def estimate(
                 "entries": flow_cache[1] << flow_cache[0],
             }
         result["core"]["seconds"] = round(time.monotonic() - t0, 1)
-    for part in ("matcher", "encoder", "core"):
+    for part in ("matcher", "encoder", "buffer", "core"):
         if part in result:
             result[part].pop("cells", None)
     return result

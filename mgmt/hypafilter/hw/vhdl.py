@@ -11,7 +11,9 @@ from pathlib import Path
 import jinja2
 
 from hypafilter.analysis.plan import action_words
+from hypafilter.config import UPDATE_BUFFER_DEFAULT, UPDATE_BUFFER_MAX
 from hypafilter.hw import regmap
+from hypafilter.hw.updatebuffer import buffer_depth
 from hypafilter.ir import ACTION_DROP, FIELD_INDEX, MAXV, WIDTHS, Box, Policy
 from hypafilter.paths import HW_DIR
 
@@ -19,6 +21,8 @@ TEMPLATES = HW_DIR / "templates"
 CHUNK = 8  # equality tests are split into 8-bit chunks so that prefixes share comparators across rules
 CT = FIELD_INDEX["ct"]
 BOX_STAGE_ABOVE = 4  # entries with more boxes than this get a registered box stage (keeps LUT depth low)
+# Fan-in of the update buffer's slot encoder: up to 16 slots in one stage (3 LUT levels in yosys' mapping), 256 in two
+BUF_FANIN = 16
 
 # Static sources of the core in compile order (after the generated packages, before the generated matcher
 # only where nothing static instantiates it; hypafilter_core does, so it comes last).
@@ -28,6 +32,7 @@ STATIC_SOURCES = (
     "hf_fifo.vhd",
     "hf_header_parser.vhd",
     "hf_prio_enc.vhd",
+    "hf_update_buffer.vhd",
     "hf_tables.vhd",
     "hf_regs.vhd",
     "hf_output.vhd",
@@ -63,6 +68,7 @@ class HwPlan:
     actions: list[int]
     policy_hash: str
     mode: str = "index"
+    buffer_depth: int = UPDATE_BUFFER_DEFAULT  # update buffer slots of the core (Config.update_buffer)
 
 
 def minimal_plan(policy: Policy) -> HwPlan:
@@ -168,9 +174,10 @@ def matcher_source(plan) -> dict:
 
 
 def matcher_hash(plan) -> str:
-    """Hex SHA-256 of what the matcher is built from: the entries' boxes in order (not shunt bits, not actions,
-    which are run-time registers). Its low 32 bits are the MATCHER_HASH register: a plan with the same value
-    programs a running core by register writes alone; any other plan needs a core generated for it."""
+    """Hex SHA-256 of what the matcher is built from: the entries' boxes in order and the update buffer's depth δ
+    (not shunt bits, not actions, not the buffer's contents, which are run-time registers). Its low 32 bits are the
+    MATCHER_HASH register: a plan with the same value programs a running core by register writes alone; any other
+    plan needs a core generated for it. A View (analysis.overlay) hashes as its static entries: the core it runs on."""
     h = hashlib.sha256(f"hypafilter matcher v1\n{len(plan.entries)}\n".encode())
     for e in plan.entries:
         for b in e.boxes:
@@ -180,6 +187,7 @@ def matcher_hash(plan) -> str:
                     lo, hi = lo[:CT], hi[:CT]
                 h.update(f"{lo}{hi}{b.flags_mask},{b.flags_value};".encode())
         h.update(b"\n")
+    h.update(f"update buffer {buffer_depth(plan)}\n".encode())
     return h.hexdigest()
 
 
@@ -198,9 +206,21 @@ def res_width(n_entries: int) -> int:
     return max(n_entries, 1)
 
 
-def idx_width(n_entries: int) -> int:
-    """Bits of a match_index, 0 .. n_entries (the policy entry included): IDX_W of the policy package."""
-    return max(1, n_entries.bit_length())
+def idx_width(n_entries: int, depth: int = 0) -> int:
+    """Bits of a hardware index, 0 .. n_entries + depth (the policy entry and `depth` buffer slots included): IDX_W
+    of the policy package."""
+    return max(1, (n_entries + depth).bit_length())
+
+
+def buffer_stages(depth: int, fanin: int = BUF_FANIN) -> int:
+    """Stages of the update buffer's slot encoder (hf_update_buffer's STAGES; 1 when there is no slot)."""
+    return enc_stages(max(depth, 1), fanin)
+
+
+def buffer_latency(depth: int, fanin: int = BUF_FANIN) -> int:
+    """Cycles the update buffer adds between the static encoder and the tables: the register of the slots that may
+    win, then the slot encoder; none without slots (BUF_LATENCY of the policy package)."""
+    return 1 + buffer_stages(depth, fanin) if depth else 0
 
 
 def encoder_generics(n_in: int, fanin: int, idx_w: int) -> dict[str, int]:
@@ -235,21 +255,28 @@ def render(plan, out_dir: Path, tdata_width: int = 256, encoder_fanin: int = 8, 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     n = len(plan.entries)
-    if len(plan.shunt) != n + 1 or len(plan.actions) != n + 1:
-        raise ValueError("plan.shunt and plan.actions need n + 1 values")
+    depth = buffer_depth(plan)
+    rows = n + 1 + depth
+    if not 0 <= depth <= UPDATE_BUFFER_MAX:
+        raise ValueError(f"update buffer depth {depth} outside 0..{UPDATE_BUFFER_MAX}")
+    if len(plan.shunt) not in (n + 1, rows) or len(plan.actions) != len(plan.shunt):
+        raise ValueError(f"plan.shunt and plan.actions need n + 1 values (or n + 1 + {depth}: one per table row)")
     if any(e.boxes and len(b.lo) != len(MAXV) for e in plan.entries for b in e.boxes):
         raise ValueError("box dimensions do not match ir.FIELDS")
-    shunt = plan.shunt if power_on == "plan" else [1] * (n + 1)
-    # the ACTION table words: action code | HF_ACTION_MIRROR_BIT for a mirrored entry (log mirroring)
+    # the ACTION table words: action code | HF_ACTION_MIRROR_BIT for a mirrored entry (log mirroring); the rows of
+    # the buffer's slots power on shunted with no action (a slot is disabled until the host writes it and its row)
+    shunt = [int(b) for b in plan.shunt] if power_on == "plan" else [1] * (n + 1)
     actions = action_words(plan) if power_on == "plan" else [ACTION_DROP] * (n + 1)
-    words = [0] * ((n + 1 + 31) // 32)
+    shunt += [1] * (rows - len(shunt))
+    actions += [0] * (rows - len(actions))
+    words = [0] * ((rows + 31) // 32)
     for i, bit in enumerate(shunt):
         if bit:
             words[i // 32] |= 1 << (i % 32)
-    idx_w = idx_width(n)
+    idx_w = idx_width(n, depth)
     sw_w = max(1, math.ceil(math.log2(len(words))))
     padded_words = words + [0] * ((1 << sw_w) - len(words))
-    padded_actions = [int(a) & 0xF for a in actions] + [0] * ((1 << idx_w) - (n + 1))
+    padded_actions = [int(a) & 0xF for a in actions] + [0] * ((1 << idx_w) - rows)
     env = template_env()
     mhash = matcher_hash(plan)
     common = {
@@ -265,7 +292,11 @@ def render(plan, out_dir: Path, tdata_width: int = 256, encoder_fanin: int = 8, 
         "shunt_depth": len(padded_words),
         "action_depth": len(padded_actions),
         "shunt_rom": rom_chain(padded_words, len(words)),
-        "action_rom": rom_chain(padded_actions, n + 1),
+        "action_rom": rom_chain(padded_actions, rows),
+        "buf_depth": depth,
+        "buf_fanin": BUF_FANIN,
+        "buf_stages": buffer_stages(depth),
+        "buf_latency": buffer_latency(depth),
     }
     m = matcher_source(plan)
     common["match_latency"] = m["match_latency"]

@@ -176,8 +176,9 @@ class Target(ABC):
             c.set_shunt_all(on)
 
     def buffer_depth(self) -> int:
-        """Update-buffer slots (ARCHITECTURE §8) of what `build` makes for this configuration: 0, none."""
-        return 0
+        """Update-buffer slots (ARCHITECTURE §8) of what `build` makes for this configuration (the core's BUF_DEPTH:
+        Config.update_buffer; 0, none)."""
+        return self.config.update_buffer
 
     def shunt_all_now(self, info: dict) -> None:
         """Shunt everything, as fast as the target allows (the policy sync service's fail safe)."""

@@ -14,9 +14,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from hypafilter.analysis.overlay import Overlay
 from hypafilter.analysis.plan import action_words
 from hypafilter.errors import HypafilterError
-from hypafilter.hw import flowcache, regmap
+from hypafilter.hw import flowcache, regmap, updatebuffer
 from hypafilter.hw.flowcache import Flow
 from hypafilter.hw.model import CONTROL_ENABLE as CONTROL_ENABLE  # the targets' name for it
 from hypafilter.hw.model import (
@@ -28,6 +29,7 @@ from hypafilter.hw.model import (
     nic_mode_control,
     unfilterable_control,
 )
+from hypafilter.hw.updatebuffer import Image
 from hypafilter.hw.vhdl import matcher_hash
 
 CORE_ID = 0x48594641  # "HYPA", the ID register's fixed value
@@ -320,12 +322,14 @@ class NicClient:
     ) -> dict:
         """Load a plan's run-time state: CONTROL bit 2 from `unfilterable` (Config.unfilterable: "drop" or
         "pass"), bit 3 from `nic_mode` (Config.nic_mode: "bridge" or "host"), bits 4/5 from Plan.miss_shunt,
-        packed SHUNT words, ACTION codes, then GENERATION.
+        packed SHUNT words, ACTION codes, the update buffer (VALID, BUF), then GENERATION.
 
-        The core must have been generated from a plan with the same hardware entries (NUM_ENTRIES and
-        MATCHER_HASH are checked); shunt bits and actions are free. `known` is what an earlier `program` returned
-        for this core: only words that differ from it are written (an insertion of a complex rule changes a few
-        shunt words, not thousands). It is trusted only while GENERATION still reads what it was written with.
+        `plan` is a Plan (its n + 1 rows; the buffer's rows shunted with no action, the buffer empty) or an
+        analysis.overlay.View (its n + 1 + δ rows, valid mask and slots). The core must have been generated from a
+        plan with the same hardware entries and buffer depth (NUM_ENTRIES and MATCHER_HASH are checked); shunt bits,
+        actions and the buffer's contents are free. `known` is what an earlier `program` returned for this core:
+        only words that differ from it are written (an insertion of a complex rule changes a few shunt words, not
+        thousands). It is trusted only while GENERATION still reads what it was written with.
         Returns the tables as now written, with the number of writes issued.
         """
         n = len(plan.entries)
@@ -339,10 +343,19 @@ class NicClient:
                 f"core MATCHER_HASH 0x{got_hash:08x} does not match the plan's 0x{want_hash:08x}: the plan's hardware "
                 "entries differ from the core's (a new core must be generated)"
             )
+        rows = updatebuffer.rows(plan)
+        shunt, actions = [int(b) for b in plan.shunt], action_words(plan)  # action code | HF_ACTION_MIRROR_BIT
+        if len(shunt) not in (n + 1, rows):
+            raise NicError(f"plan has {len(shunt)} table rows; the core {rows} (entries, policy entry, buffer slots)")
+        # a Plan's buffer rows as after reset: shunted, no action (no enabled slot reaches them)
+        shunt += [1] * (rows - len(shunt))
+        actions += [0] * (rows - len(actions))
+        ov = getattr(plan, "overlay", None) or Overlay.empty(n, updatebuffer.buffer_depth(plan))
         tables = {
             "matcher_hash": f"{want_hash:08x}",
-            "shunt": pack_shunt(plan.shunt),
-            "actions": action_words(plan),  # action code | HF_ACTION_MIRROR_BIT (log mirroring)
+            "shunt": pack_shunt(shunt),
+            "actions": actions,
+            "overlay": updatebuffer.image(ov).as_dict(),
             "unfilterable": unfilterable,
             "nic_mode": nic_mode,
             # CONTROL bits 4/5 (shunt a flow-cache miss decided ACCEPT / DROP): the plan's miss forcing, none for a
@@ -352,10 +365,14 @@ class NicClient:
         return self.write_tables(tables, generation, known)
 
     def write_tables(self, tables: dict, generation: int, known: dict | None = None) -> dict:
-        """Write the unfilterable setting, SHUNT words and ACTION codes as `program` returned them (also to put
-        earlier ones back), then GENERATION; with `known` (the core's tables as last written, still valid: same
-        matcher, GENERATION unchanged since) only the words that differ are written. CONTROL keeps its other bits;
-        tables recorded without an unfilterable setting, NIC mode or miss forcing leave those bits as they are."""
+        """Write the unfilterable setting, SHUNT words, ACTION codes and the update buffer's image as `program`
+        returned them (also to put earlier ones back), then GENERATION; with `known` (the core's tables as last
+        written, still valid: same matcher, GENERATION unchanged since) only the words that differ are written, and
+        without it the buffer's image is read back to compare. CONTROL keeps its other bits; tables recorded without
+        an unfilterable setting, NIC mode, miss forcing or buffer image leave those bits and the buffer as they are.
+
+        When the buffer is not empty before or after, the writes run inside CONTROL bit 1 (shunt everything) unless
+        the caller set it already: a frame is then decided only with the tables and buffer from before or after."""
         shunt, actions = list(tables["shunt"]), list(tables["actions"])
         writes = 0
         keep, bits = ~0, 0
@@ -378,6 +395,8 @@ class NicClient:
                 writes += 1
         old_shunt: list[int | None] = [None] * len(shunt)
         old_actions: list[int | None] = [None] * len(actions)
+        new_img = Image.from_dict(tables["overlay"]) if tables.get("overlay") is not None else None
+        old_img: Image | None = None
         if (
             known
             and known.get("matcher_hash") == tables.get("matcher_hash")
@@ -386,6 +405,17 @@ class NicClient:
             and len(known.get("actions", ())) == len(actions)
         ):
             old_shunt, old_actions = list(known["shunt"]), list(known["actions"])
+            if known.get("overlay") is not None:
+                old_img = Image.from_dict(known["overlay"])
+        buffer_writes: list = []
+        if new_img is not None:
+            if old_img is None or (old_img.n, old_img.depth) != (new_img.n, new_img.depth):
+                old_img = self.read_image(new_img.depth, new_img.n)
+            buffer_writes = updatebuffer.writes(old_img, new_img)
+            busy = not (old_img.pristine and new_img.pristine)
+        else:
+            busy = False
+        runs: list[tuple[str, int, list[int]]] = []  # the changed words of SHUNT and ACTION, in runs
         for name, new, old in (("SHUNT", shunt, old_shunt), ("ACTION", actions, old_actions)):
             i = 0
             while i < len(new):
@@ -395,11 +425,80 @@ class NicClient:
                 j = i
                 while j < len(new) and new[j] != old[j]:
                     j += 1
-                self.write_table_many(name, i, new[i:j])  # a run of changed words, pipelined
-                writes += j - i
+                runs.append((name, i, new[i:j]))
                 i = j
+        runs += buffer_writes
+        # CONTROL bit 1 around the writes when the buffer is involved, unless the caller brackets them already
+        bracket = busy and bool(runs) and not self.read("CONTROL") & CONTROL_SHUNT_ALL
+        if bracket:
+            self.set_shunt_all(True)
+            writes += 1
+        for name, start, words in runs:
+            self.write_table_many(name, start, words)  # a run of changed words, pipelined
+            writes += len(words)
         self.write("GENERATION", generation & 0xFFFF)
-        return {**tables, "generation": generation & 0xFFFF, "shunt": shunt, "actions": actions, "writes": writes + 1}
+        writes += 1
+        if bracket:
+            self.set_shunt_all(False)
+            writes += 1
+        return {**tables, "generation": generation & 0xFFFF, "shunt": shunt, "actions": actions, "writes": writes}
+
+    # ---- the update buffer (hw/hf_update_buffer.vhd; tables VALID and BUF; layouts of hypafilter.hw.updatebuffer)
+
+    def buffer_depth(self) -> int:
+        """The core's update buffer slots (BUF_CONFIG[15:0]; 0: none)."""
+        return self.read("BUF_CONFIG") & 0xFFFF
+
+    def read_image(self, depth: int | None = None, n: int | None = None) -> Image:
+        """The VALID words and every slot's words as the core holds them (depth and entries: BUF_CONFIG and
+        NUM_ENTRIES unless given)."""
+        depth = self.buffer_depth() if depth is None else depth
+        n = self.read("NUM_ENTRIES") if n is None else n
+        valid = self.read_table_many("VALID", 0, (n + 31) // 32) if n else []
+        idx = [b * updatebuffer.WORDS + w for b in range(depth) for w in range(updatebuffer.USED)]
+        buf = self._read_table_at("BUF", idx) if idx else []
+        return Image(n, tuple(valid), tuple(buf))
+
+    def write_overlay(self, overlay: Overlay, known: Image | None = None) -> dict:
+        """Make the core's valid mask and slots those of `overlay` (analysis.overlay): the words that differ from
+        `known` (default: read back from the core), every enabled slot that changes disabled first, its fields
+        then written with the control word (enable) last, slots the overlay does not use disabled; all inside
+        CONTROL bit 1 (shunt everything) unless already set. The rows of the slots (SHUNT, ACTION) are the
+        caller's: program(View) writes both. Returns {"overlay": the image now written, "writes": count}."""
+        depth, n = self.buffer_depth(), self.read("NUM_ENTRIES")
+        if (overlay.depth, overlay.n_static) != (depth, n):
+            raise NicError(
+                f"overlay for {overlay.n_static} entries and {overlay.depth} slots; the core has {n} and {depth}"
+            )
+        new = updatebuffer.image(overlay)
+        old = known if known is not None else self.read_image(depth, n)
+        ops = updatebuffer.writes(old, new)
+        writes = 0
+        bracket = bool(ops) and not self.read("CONTROL") & CONTROL_SHUNT_ALL
+        if bracket:
+            self.set_shunt_all(True)
+            writes += 1
+        for name, start, words in ops:
+            self.write_table_many(name, start, words)
+            writes += len(words)
+        if bracket:
+            self.set_shunt_all(False)
+            writes += 1
+        return {"overlay": new.as_dict(), "writes": writes}
+
+    def read_overlay(self) -> tuple[list[bool], list[tuple | None]]:
+        """(valid bit of every static entry, the slots up to the last enabled one) as the core holds them, each
+        slot as analysis.overlay.box_key gives it, (lo, hi, flags mask, flags value, pos), None for a disabled one:
+        `read_overlay() == (list(ov.valid), box_key(ov))` checks a core against an overlay (drift)."""
+        n = self.read("NUM_ENTRIES")
+        img = self.read_image(None, n)
+        slots = [updatebuffer.slot_of(img.slot(b)) for b in range(img.depth)]
+        last = max((b for b, s in enumerate(slots) if s is not None), default=-1)
+        out = [
+            None if s is None else (s.box.lo, s.box.hi, s.box.flags_mask, s.box.flags_value, s.pos)
+            for s in slots[: last + 1]
+        ]
+        return [bool(v) for v in updatebuffer.valid_of(img.valid, n)], out
 
     # ---- the flow cache (hw/hf_flow_cache.vhd; FC_* registers, FLOW_* tables; codes of hypafilter.hw.flowcache)
 

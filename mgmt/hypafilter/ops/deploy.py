@@ -58,6 +58,9 @@ from hypafilter.targets.nic import CONTROL_ENABLE, CONTROL_HOST_MODE, CONTROL_PA
 
 STATE_DIR = Path(os.environ.get("HF_STATE_DIR", "/run/hypafilter"))
 HISTORY_KEEP = 50
+# seconds deploy, update and undeploy wait for the lock: the policy sync service holds it while it applies a change
+# of the live ruleset or swaps in a lazily rebuilt core (a fraction of a second; a new core: the build is done first)
+LOCK_WAIT = 60.0
 VLAN_SYSCTL = "net.bridge.bridge-nf-filter-vlan-tagged"
 
 # The reference lab topology (ops.lab creates it; ARCHITECTURE §7). One lab per machine for deploy.
@@ -427,7 +430,7 @@ def deploy(
     if mode != config.nic_mode:
         config = dataclasses.replace(config, nic_mode=mode)
         tgt = _target(target, config)
-    with _lock():
+    with _lock(LOCK_WAIT):
         return _deploy_locked(policy, config, force, log, tgt)
 
 
@@ -891,7 +894,7 @@ def _journal_failure(old: dict | None, policy: Policy, gen: int, e: DeployError,
 
 def undeploy(log: Callable[[str], None] = lambda s: None) -> bool:
     """Remove the deployment: stop the NIC, remove the tool's chains and the jump, unload the shim."""
-    with _lock():
+    with _lock(LOCK_WAIT):
         st = read_state()
         if not st:
             return False

@@ -106,7 +106,8 @@ def test_failed_update_keeps_previous(lab, monkeypatch, to, step):
     chains_before = fw(lab, "iptables-save", "-t", "filter")
     monkeypatch.setenv(deploy.FAIL_ENV, step)
     with pytest.raises(DeployError) as ei:
-        deploy.deploy(pb, Config())
+        # C replaces the core: without an update buffer (the running core's would take the new rule in place)
+        deploy.deploy(pb, Config(update_buffer=0) if to == "C" else Config())
     assert ei.value.step == step
     monkeypatch.delenv(deploy.FAIL_ENV)
     after = deploy.read_state()
@@ -174,20 +175,26 @@ def _expect(policy: str, port: int, bad: bool) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("to", "replaces_nic"), [("B", False), ("C", True)])
-def test_update_under_traffic(lab, to, replaces_nic):
+@pytest.mark.parametrize(
+    ("to", "buffer", "replaces_nic"),
+    [("B", 16, False), ("C", 16, False), ("C", 0, True)],
+    ids=["B", "C-buffer", "C-core"],
+)
+def test_update_under_traffic(lab, to, buffer, replaces_nic):
     """Every frame sent during an update gets the old or the new policy's verdict: B by register writes on the
-    running core, C (a new hardware entry) by a new core that takes over."""
+    running core, C (a new hardware entry) through the running core's update buffer, or, with none, by a new core
+    that takes over."""
     from hypafilter.config import Config
     from hypafilter.ops import deploy
     from hypafilter.ops.verify import collect, drain, raw_socket
 
+    cfg = Config(update_buffer=buffer)
     pa, pb = parse(POLICY_A, "a.rules"), parse(POLICIES[to], f"{to.lower()}.rules")
-    deploy.deploy(pa, Config())
+    deploy.deploy(pa, cfg)
     from hypafilter.analysis.plan import build_plan
     from hypafilter.targets import emu
 
-    emu.build(build_plan(pb, Config()), Config(), build_root=deploy.BUILD_ROOT)  # the update measures the switch
+    emu.build(build_plan(pb, cfg), cfg, build_root=deploy.BUILD_ROOT)  # the update measures the switch
     rx = raw_socket(lab.ns_recv, "hyb0")
     drain(rx)
     got: dict = {"hybrid": {}}
@@ -200,7 +207,7 @@ def test_update_under_traffic(lab, to, replaces_nic):
         # spells around it are short so that the receiver's socket buffer holds everything until `collect`.
         time.sleep(0.4)
         t_start = time.monotonic()
-        st = deploy.deploy(pb, Config())
+        st = deploy.deploy(pb, cfg)
         t_done = time.monotonic()
         time.sleep(0.4)
     finally:
@@ -210,8 +217,10 @@ def test_update_under_traffic(lab, to, replaces_nic):
     rx.close()
     assert st["policy_hash"] == pb.policy_hash()
     assert st["history"][-1]["replaced_nic"] is replaces_nic
-    if not replaces_nic:  # only the changed words: one SHUNT word at most, one ACTION entry, GENERATION
+    if to == "B":  # only the changed words: one SHUNT word at most, one ACTION entry, GENERATION
         assert st["history"][-1]["register_writes"] <= 3, st["history"][-1]
+    if not replaces_nic and to == "C":  # the new rule in one buffer slot: its rows, its words, the shunt bracket
+        assert st["history"][-1]["overlay_slots"] == 1 and st["history"][-1]["register_writes"] <= 30, st["history"]
     wrong = []
     for t, uid, port, bad in sent:
         delivered = uid in got["hybrid"]

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from hypafilter import netns, targets
-from hypafilter.analysis.overlay import BufferFull, Overlay, align
+from hypafilter.analysis.overlay import BufferFull, align
 from hypafilter.analysis.plan import build_plan
 from hypafilter.analysis.program import user_chain_names
 from hypafilter.config import Config, Interfaces
@@ -32,7 +32,7 @@ from hypafilter.netfilter.bridge import TABLE as BRIDGE_TABLE
 from hypafilter.netfilter.bridge import unfilterable_nft
 from hypafilter.netfilter.restore import to_iptables_restore
 from hypafilter.ops import services
-from hypafilter.ops.buffer import overlay_json, overlay_of, read_static, static_path, write_static
+from hypafilter.ops.buffer import overlay_json, read_static, static_path, write_static
 from hypafilter.ops.policysync import live
 from hypafilter.ops.policysync.nftevents import NfTables
 from hypafilter.ops.ruleset import (
@@ -726,27 +726,18 @@ def _deploy_locked(
             # words that changed (a complex-only change in index/selective mode touches a few).
             new_nic = old_nic
             old_tables = old.get("tables")
-            old_overlay = old.get("overlay")
             done: dict = {}
 
             def registers():
+                # a View's tables carry the buffer: its slots and valid mask are written with the rows they index
                 done.update(tgt.program(new_nic, hw, gen, known=old_tables))
-                if view is not None:  # the buffer's slots and the valid mask (written after the tables they index)
-                    tgt.write_overlay(new_nic, view.overlay)
                 return dict(done)
 
             def registers_undo():
-                if old_tables:
+                if old_tables:  # the tables as the last update wrote them, the buffer's image included
                     tgt.write_tables(new_nic, old_tables, old["generation"], known=done or None)
                 else:  # a state from before tables were recorded: the old plan's tables are unknown
                     raise HypafilterError("previous tables unknown; redeploy the previous policy to restore them")
-                if view is not None:
-                    tgt.write_overlay(
-                        new_nic,
-                        overlay_of(old_overlay)
-                        if old_overlay
-                        else Overlay.empty(view.overlay.n_static, view.overlay.depth),
-                    )
 
             written = tx.step("registers", registers, registers_undo, undo_first=True)
             if hold is not None and hold():  # a newer change of the live ruleset: everything stays with software
@@ -910,7 +901,9 @@ def undeploy(log: Callable[[str], None] = lambda s: None) -> bool:
             try:
                 chains = [c for cs in owned_chains(NS_FW, cfg).values() for c in cs]
                 # the policy stays: the operator's chains are the firewall's ruleset, with or without the fast path
-                restore(NS_FW, delete_text(cfg, chains, st.get("base_chain"), st.get("main_chain")))
+                base, main = st.get("base_chain"), st.get("main_chain")
+                jump = main if base and main and has_jump(NS_FW, cfg, base, main) else None
+                restore(NS_FW, delete_text(cfg, chains, base, jump))
             except HypafilterError as e:
                 errors.append(f"netfilter: {e}")
             try:

@@ -191,3 +191,28 @@ def deploy_target(st: dict):
                 yield lambda: bool(c.read("CONTROL") & 2)
 
     return ctx()
+
+
+def test_a_change_while_the_worker_is_dead_is_followed(lab):
+    """The policy sync worker killed (SIGKILL): the supervisor makes the fast path shunt everything and starts
+    another worker, whose first read of the ruleset applies a ban made meanwhile and lifts the fail safe."""
+    import os
+    import signal
+
+    doc = hf.service()
+    before = doc.get("restarts", 0)
+    os.kill(doc["worker"], signal.SIGKILL)
+    ipt("-I", "FORWARD", "1", "-s", "10.0.1.2/32", "-j", "DROP")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        doc = hf.service()
+        if doc.get("restarts", 0) > before and doc.get("running"):
+            break
+        time.sleep(0.1)
+    assert doc.get("restarts", 0) > before, doc
+    hf.followed()
+    r = hf.verify_live()
+    assert r["hw_forwarded"] + r["hw_dropped"] > 0
+    ipt("-D", "FORWARD", "-s", "10.0.1.2/32", "-j", "DROP")
+    hf.followed()
+    assert hf("status", check=False).returncode == 0

@@ -552,10 +552,10 @@ def _deploy_locked(
         old_nic = None
 
     held = False
-    if not follow:
-        # The policy sync service would take this transaction's own changes for the operator's: it stops first,
-        # and the deployment starts it again after the commit (or after a rollback, the old one's).
-        services.stop_all(STATE_DIR, only=("policysync",))
+    nft_gen = None
+    # A running policy sync service stays: it leaves the ruleset to a deploy that holds the lock and takes the
+    # commits up to the generation the deploy records (`nft_generation`) for the deploy's own.
+    keep = ("policysync",) if services.POLICYSYNC.running_pid(STATE_DIR) and not follow else ()
     try:
         if not follow:
             # The kernel's own parser first: a rule it refuses is reported at the user's line, before a long build.
@@ -691,6 +691,7 @@ def _deploy_locked(
                 # the one commit since g0: a concurrent change must be read by the service, not taken as ours.
                 text, g1 = live.listing(NS_FW, config.table, nft.generation)
                 digest = live.digest(text, config.chain_prefix) if g1 == g0 + 1 else None
+                nft_gen = g1 if g1 == g0 + 1 else None
             finally:
                 nft.close()
         # 4. Interval table of the new plan (read by nobody yet: everything is stale).
@@ -748,9 +749,6 @@ def _deploy_locked(
         tx.undo.clear()  # committed: from here on, failures are clean-up warnings, not rollbacks
     except DeployError as e:
         tx.rollback()
-        if not follow and old and (old.get("policysync") or {}).get("wanted"):
-            with contextlib.suppress(OSError, HypafilterError):  # the deployment that stays follows its ruleset again
-                services.start_wanted(NS_FW, STATE_DIR, None, None, tgt, old_nic or {}, [], log, only=("policysync",))
         if tx.rollback_errors:
             raise DeployError(e.step, f"{e}; rollback also failed: {'; '.join(tx.rollback_errors)}") from e
         _journal_failure(old, policy, gen, e, tx, t0)
@@ -758,7 +756,9 @@ def _deploy_locked(
 
     # The running services follow the old NIC and policy; new ones start below when wanted. Following the live
     # ruleset (the policy sync service itself runs this), only a service of a replaced NIC starts again.
-    restart = (("flowsync",) if replace else ()) if follow else None
+    restart = (
+        (("flowsync",) if replace else ()) if follow else tuple(s.name for s in services.SERVICES if s.name not in keep)
+    )
     warnings = [f"stopping {svc.title}: {e}" for svc, e in services.stop_all(STATE_DIR, only=restart)]
     if replace:
         try:
@@ -821,6 +821,10 @@ def _deploy_locked(
         "config": dataclasses.asdict(config),
         # a newer change of the live ruleset came while this one was applied: the fast path shunts everything
         "held": held,
+        # nf_tables' generation of this deploy's load of the ruleset: the policy sync service takes the commits up to
+        # it for the deploy's own (later ones, made while the lock is held, it reads again once it is free); a
+        # follow keeps the deploy's (the service knows its own commits by their pids)
+        "nft_generation": (old or {}).get("nft_generation") if follow else nft_gen,
         # the update buffer's contents over the running matcher (docs/deploy.md "Update buffer"); None: not in use
         "overlay": overlay_json(view.overlay) if view is not None else None,
         "history": ((old or {}).get("history") or [])[-HISTORY_KEEP + 1 :]
@@ -840,7 +844,7 @@ def _deploy_locked(
             }
         ],
     }
-    if follow:  # the records of the services that keep running
+    if (follow or keep) and old:  # the records of the services that keep running
         state.update(
             {svc.name: old[svc.name] for svc in services.SERVICES if svc.name in old and svc.name not in restart}
         )

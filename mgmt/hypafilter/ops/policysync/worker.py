@@ -110,6 +110,7 @@ class Follower:
         self.lag_apply: deque[float] = deque(maxlen=2000)  # ms: events read -> the fast path decides again
         self.generation = 0  # the nf_tables generation last read
         self._st: dict | None = None
+        self._mtime: int | None = None
         self._tgt = self._shim = None
         self.policy = None  # the live policy last applied (what a lazy rebuild builds)
         self.table = "filter"
@@ -118,6 +119,8 @@ class Follower:
         self.pending = False  # a foreign change not applied yet
         self.pending_since: float | None = None
         self.lost = False  # events were lost: read the ruleset again
+        self.after_deploy = False  # a deploy held the lock during a commit: read the ruleset once it is done
+        self.in_follow = False  # inside its own deploy.follow (which holds the lock)
         self.stopping: Callable[[], bool] = lambda: False
         self.last_try = 0.0  # when the last sync began (a failed one is tried again every RETRY_S)
         self.rebuild: Rebuild | None = None
@@ -127,8 +130,14 @@ class Follower:
         self.last_kind = ""
 
     def state(self, fresh: bool = True) -> dict:
-        """The deployment's state (`fresh`: read again; else as last read, what the fail safe needs)."""
-        if fresh or self._st is None:
+        """The deployment's state (`fresh`: read again; else as last read unless the file changed since, what the
+        fail safe needs: a deploy may have replaced the NIC)."""
+        try:
+            mtime = deploy.state_file().stat().st_mtime_ns
+        except OSError:
+            mtime = None
+        if fresh or self._st is None or mtime != self._mtime:
+            self._mtime = mtime
             st = deploy.read_state()
             if not st:
                 raise HypafilterError("nothing is deployed")
@@ -178,7 +187,11 @@ class Follower:
                     self.release()
             else:
                 self.fail_safe()
-                new = deploy.follow(policy, self.log, hold=self.hold, abort=self.stopping, digest=digest)
+                self.in_follow = True
+                try:
+                    new = deploy.follow(policy, self.log, hold=self.hold, abort=self.stopping, digest=digest)
+                finally:
+                    self.in_follow = False
                 self.policy = policy
                 self.safe = bool(new.get("held"))  # a newer change came during the update: still fail-safe
                 self.state()  # the new generation, tables and perhaps NIC: what the next fail safe writes to
@@ -220,7 +233,7 @@ class Follower:
             if self.elsewhere and e.pid not in netns.SPAWNED:
                 self.dirty = True  # another table changed: its base chains are read with the ruleset
             self.elsewhere = False
-            if self.dirty and e.pid not in netns.SPAWNED:
+            if self.dirty and e.pid not in netns.SPAWNED and not self.deployed(e.gen):
                 if not self.pending:
                     self.pending, self.pending_since = True, t0
                 if not self.safe:  # step 1 at once, before the listing
@@ -236,6 +249,16 @@ class Follower:
             with contextlib.suppress(HypafilterError, OSError):
                 self.fail_safe()
         return self.pending or self.lost
+
+    def deployed(self, gen: int) -> bool:
+        """A commit a deploy made (its generation at most the one the deployment recorded after its own commits), or
+        one made while a deploy holds the lock (the deploy writes the state the next sync reads: pending then)."""
+        if self.in_follow or not deploy_busy(self.state_dir):  # its own follow holds the lock: not a deploy's
+            st = self.state(fresh=False)
+            recorded = st.get("nft_generation")
+            return recorded is not None and gen <= recorded
+        self.after_deploy = True
+        return True
 
     def hold(self) -> bool:
         """Asked by the update just before it lets the fast path decide again: whether a change arrived meanwhile
@@ -260,7 +283,11 @@ class Follower:
                 self.log(f"lazy rebuild failed: {rb.error}")
             elif rb.policy_hash == self.state(fresh=False)["policy_hash"] and used:
                 try:
-                    new = deploy.follow(rb.policy, self.log, rebuild=True, abort=self.stopping)
+                    self.in_follow = True
+                    try:
+                        new = deploy.follow(rb.policy, self.log, rebuild=True, abort=self.stopping)
+                    finally:
+                        self.in_follow = False
                     self.state()
                     self.counts["rebuilds"] += 1
                     self.rebuild_s = rb.seconds
@@ -302,6 +329,22 @@ class Follower:
 OWN_TABLES = (BRIDGE_TABLE, HOST_TABLE)  # the tool's bridge table and the lab's recorder: no policy in them
 
 
+def deploy_busy(state_dir: Path) -> bool:
+    """Whether a deploy, update or undeploy holds the deployment's lock now."""
+    import fcntl
+
+    try:
+        with open(Path(state_dir) / "deploy.lock") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(f, fcntl.LOCK_UN)
+    except OSError:
+        return False
+    return False
+
+
 def relevant(e: NftEvent, table: str) -> bool:
     """A message that can change the deployed policy: the iptables table's (family ip)."""
     return e.kind != "newgen" and e.family == "ip" and e.table == table
@@ -327,6 +370,7 @@ def serve(ns: str, state_dir: Path, service_pid: int | None = None, restarts: in
 
     f = Follower(ns, state_dir, nft, log)
     f.stopping = lambda: bool(stopping)
+    f.safe = restarts > 0  # after an abnormal end the supervisor left the fail safe in force: the first sync lifts it
     f.table = deploy.deployed_config(f.state()).table
 
     def status() -> None:
@@ -350,13 +394,16 @@ def serve(ns: str, state_dir: Path, service_pid: int | None = None, restarts: in
         status()
         next_status = time.monotonic() + STATUS_EVERY
         while not stopping:
-            wait = 0.0 if f.pending or f.lost else max(0.0, next_status - time.monotonic())
+            wait = 0.0 if f.pending or f.lost else 0.05 if f.after_deploy else max(0.0, next_status - time.monotonic())
             r, _, _ = select.select([nft.events], [], [], wait)
             t0 = time.monotonic()
             while r:
                 if not f.intake(t0):
                     break
                 r, _, _ = select.select([nft.events], [], [], COALESCE_S)
+            if f.after_deploy and not deploy_busy(state_dir):
+                f.after_deploy = False
+                f.lost = True  # what the deploy left, and anything made meanwhile: read it once
             change, lost = f.pending, f.lost
             # a change that could not be followed (the fast path shunting everything meanwhile): read it again
             retry = bool(f.error) and not (change or lost) and time.monotonic() - f.last_try >= RETRY_S
@@ -379,11 +426,29 @@ def serve(ns: str, state_dir: Path, service_pid: int | None = None, restarts: in
         )
 
 
+def fail_safe_now(state_dir: Path) -> None:
+    """Everything to software, every tag stale, for the deployment in `state_dir`: what the supervisor does when a
+    worker ended abnormally (a change it missed meanwhile must not be decided by the old tables), before the next
+    worker reads the ruleset again and lifts it."""
+    deploy.configure(state_dir=state_dir)
+    deploy.configure_from_state()
+    st = deploy.read_state()
+    if not st:
+        return
+    deploy.target_of(st, deploy.state_config(st)).shunt_all_now(st["nic"])
+    deploy.shim_of(st).set_generation(deploy.stale_generation(st["generation"]))
+
+
 def supervise(ns: str, state_dir: Path) -> int:
-    """The service process: `serve` in a supervised worker (ops.daemon); a worker that ends abnormally leaves the
-    fast path as it was (shunting everything if it had begun a change), and the next one reads the ruleset again."""
+    """The service process: `serve` in a supervised worker (ops.daemon). A worker that ends abnormally leaves no
+    change unfollowed: the supervisor makes the fast path shunt everything (`fail_safe_now`) before it starts the
+    next worker, whose first read of the ruleset lifts it."""
 
     def open_worker():
         return lambda me, restarts: serve(ns, state_dir, service_pid=me, restarts=restarts)
 
-    return SERVICE.supervise(Path(state_dir), open_worker, None, {"ns": ns})
+    recover = (
+        "the fast path shunts everything until the next worker has read the ruleset",
+        lambda: fail_safe_now(state_dir),
+    )
+    return SERVICE.supervise(Path(state_dir), open_worker, recover, {"ns": ns})

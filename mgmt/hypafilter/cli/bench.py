@@ -101,6 +101,11 @@ def register(sub) -> None:
     c.add_argument("--frames", type=int, default=2000, help="distinct frames the sender cycles through (default 2000)")
     c.add_argument("--strategy", choices=STRATEGIES, metavar="STRATEGY", help="software strategy: %(choices)s")
     c.add_argument("--mode", choices=MODES, metavar="MODE", help="shunting mode: %(choices)s")
+    c.add_argument(
+        "--ct-first",
+        action="store_true",
+        help="with --classbench: an ESTABLISHED,RELATED accept rule before the imported rules",
+    )
     c.add_argument("--json", action="store_true", help="one JSON object per rate, one per line")
     c.set_defaults(func=run_churn)
     x = bsub.add_parser("xdp-cost", help="per-frame cost (BPF_PROG_TEST_RUN) and verifier figures of the XDP fast path")

@@ -241,3 +241,44 @@ def test_connection_outcomes_compared_whole():
     assert got["mismatches"] == 2 and got["completed_hybrid"] == 0
     assert got["by_kind"] == {k: {"connections": 1, "completed": 1, "mismatches": 1} for k in ("tcp", "udp")}
     assert got["examples"][0] == {"connection": "tcp/40000->22", "hybrid": short, "oracle": tcp}
+
+
+def test_cover_reaches_verify(captured, capsys):
+    assert main(["verify", POLICY, "--cover"]) == 0
+    assert captured[0][2]["cover"] is True
+    assert main(["verify", POLICY]) == 0
+    assert captured[1][2]["cover"] is False
+
+
+def test_cover_frames_are_the_corners_of_every_rule_in_order():
+    """`--cover`: frames 1..2k carry, in rule order, the low and the high end of every field of each box (read back
+    from the frames' own bytes), well-formed; the drawn frames follow."""
+    import struct
+
+    from hypafilter.iptables.document import parse_policy
+
+    text = (
+        "*filter\n:FORWARD DROP [0:0]\n"
+        "-A FORWARD -s 10.1.0.0/16 -d 192.168.7.128/25 -p udp -m udp --sport 1000:2000 --dport 53 -j ACCEPT\n"
+        "-A FORWARD -p tcp -m tcp --dport 80:88 -j DROP\n"
+        "-A FORWARD -d 172.16.0.1/32 -j ACCEPT\nCOMMIT\n"
+    )
+    policy = parse_policy(text, filename="cover.rules", base_chain="FORWARD")
+    boxes = [b for r in policy.rules for b in r.boxes]
+    probes = verify_mod.make_probes(policy, 2 * len(boxes) + 5, cover=True, malformed=1.0)
+    assert len(probes) == 2 * len(boxes) + 5
+    for k, box in enumerate(boxes):
+        for end, p in zip((box.lo, box.hi), probes[2 * k : 2 * k + 2], strict=True):
+            assert p.kind == "normal"
+            f = p.frame
+            src, dst = struct.unpack("!II", f[26:34])
+            proto = f[23]
+            assert (src, dst) == (end[0], end[1])
+            if box.hi[2] - box.lo[2] > 16:  # a protocol the rule leaves free: TCP or UDP, so ports are read
+                assert proto in (6, 17)
+            else:
+                assert proto == end[2]
+            if proto in (6, 17):
+                sport, dport = struct.unpack("!HH", f[34:38])
+                assert (sport, dport) == (end[3], end[4])
+    assert all(p.kind != "normal" for p in probes[2 * len(boxes) :])  # then the drawn frames (all malformed here)

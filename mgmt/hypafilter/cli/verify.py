@@ -77,6 +77,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         connections=conns,
         live=args.live,
         log=log,
+        cover=args.cover,
         **frame_options(args),
     )
     conn = report.get("connections")
@@ -115,6 +116,12 @@ def register(sub) -> None:
     p.add_argument("--packets", type=int, default=1000, help="frames to send (default 1000)")
     p.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
     p.add_argument("--malformed", type=float, default=0.1, help="share of malformed frames (default 0.1)")
+    p.add_argument(
+        "--cover",
+        action="store_true",
+        help="send the low and high corner of every rule's ranges first (two frames a rule, in rule order, within "
+        "--packets), then the drawn frames",
+    )
     p.add_argument(
         "--kinds",
         type=kinds_arg,

@@ -324,6 +324,23 @@ class FrameGen:
         h["flags"] = flags
         return h
 
+    def corners(self) -> list[dict]:
+        """Two headers per box of the policy, in rule order: its low corner and its high corner (every field at the
+        box's own bound; a protocol left free becomes UDP or TCP, so that the ports are read). What `--cover` sends
+        first: each rule of the policy meets a frame at both ends of its ranges, where comparator bugs live."""
+        out = []
+        for box in self.boxes:
+            for end in (box.lo, box.hi):
+                h = {
+                    n: end[i] for i, n in enumerate(("src", "dst", "proto", "sport", "dport", "icmp_type", "icmp_code"))
+                }
+                if box.hi[2] - box.lo[2] > 16:
+                    h["proto"] = self.rng.choice((PROTO_TCP, PROTO_UDP))
+                flags = self.rng.choice(self.COMMON_FLAGS)
+                h["flags"] = (flags & ~box.flags_mask) | box.flags_value if box.flags_mask else flags
+                out.append(h)
+        return out
+
     def payload(self) -> bytes:
         n = self.rng.randint(0, 48)
         body = bytes(self.rng.getrandbits(8) for _ in range(n))
@@ -443,7 +460,8 @@ def malform(kind: str, frame: bytes, rng: random.Random, generation: int = 0) ->
 class ProbeSpec:
     """What to send: how many frames, from which seed, with headers from a trace or from the policy's boxes, the
     share of malformed frames (of `kinds`, any of FRAME_KINDS) and the share whose payload carries "BAD" or one
-    of the policy's own strings, for string matches."""
+    of the policy's own strings, for string matches. `cover`: the first frames are the low and high corners of every
+    rule's boxes in rule order (FrameGen.corners; as many as `packets` allows), then the drawn ones."""
 
     packets: int = 1000
     seed: int = 1
@@ -451,6 +469,7 @@ class ProbeSpec:
     malformed: float = 0.1
     bad_share: float = 0.2
     kinds: tuple[str, ...] = MALFORMED_KINDS
+    cover: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.packets <= 0xFFFFFFFF:  # the frame id is 4 bytes of the source MAC
@@ -471,9 +490,14 @@ class ProbeSpec:
         rng = random.Random(self.seed)
         gen = FrameGen(policy, rng, self.bad_share)
         rows = read_trace(self.trace, self.packets, rng) if self.trace else None
+        corners = gen.corners() if self.cover else []
         out = []
         for uid in range(1, self.packets + 1):
-            h = rows[(uid - 1) % len(rows)] if rows else gen.header()
+            if uid <= len(corners):  # well-formed: a corner checks the rule's comparators, not the parser
+                out.append(Probe(uid, "normal", build_frame(uid, corners[uid - 1], gen.payload(), dst_mac)))
+                continue
+            k = uid - len(corners)
+            h = rows[(k - 1) % len(rows)] if rows else gen.header()
             frame = build_frame(uid, h, gen.payload(), dst_mac)
             kind = "normal"
             if rng.random() < self.malformed:

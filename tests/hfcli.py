@@ -30,13 +30,16 @@ class HfCli:
 
     def __call__(self, *args: str, check: bool = True, fail: str | None = None) -> subprocess.CompletedProcess:
         """`hypafilter ARGS...`, its output captured; with `check` it must exit 0 (else the test fails quoting its
-        stderr). `fail`: the deploy step that is to fail (deploy's test hook HF_FAIL_STEP)."""
+        stdout's and stderr's tails: `status` says its drift on stdout). `fail`: the deploy step that is to fail
+        (deploy's test hook HF_FAIL_STEP)."""
         env = dict(os.environ, HF_LAB=self.lab, HF_STATE_DIR=self.state)
         if fail:
             env["HF_FAIL_STEP"] = fail
         p = subprocess.run(HF + list(args), capture_output=True, text=True, env=env)
         if check:
-            assert p.returncode == 0, f"hypafilter {' '.join(args)}: {p.stderr[-3000:]}"
+            assert p.returncode == 0, (
+                f"hypafilter {' '.join(args)} exited {p.returncode}: {p.stderr[-3000:]}\nstdout: {p.stdout[-3000:]}"
+            )
         return p
 
     def service(self) -> dict:

@@ -54,12 +54,14 @@ class HfCli:
     def followed(self, timeout: float = 120.0) -> dict:
         """The policy sync service's status once the deployment follows the firewall's live ruleset as it is now:
         the deployed policy is the live ruleset's (as `verify --live` checks it) and the service follows, with the
-        fail safe lifted. A change that needs a new core takes seconds (an emulator build); AssertionError after
-        `timeout`."""
+        fail safe lifted, with every commit the kernel has made so far judged by it (a status file written before
+        the service read the last deploy's events says nothing of them). A change that needs a new core takes
+        seconds (an emulator build); AssertionError after `timeout`."""
         from hypafilter import netns
         from hypafilter.errors import HypafilterError
         from hypafilter.ops import deploy
         from hypafilter.ops.policysync import live
+        from hypafilter.ops.policysync.nftevents import NfTables
         from hypafilter.ops.policysync.service import SERVICE
 
         deadline = time.monotonic() + timeout
@@ -68,7 +70,13 @@ class HfCli:
             st = deploy.read_state(Path(self.state) / "state.json")
             if st:
                 cfg = deploy.deployed_config(st)
-                text = netns.run(["iptables-save", "-t", cfg.table], st["site"].get("netns"))
+                ns = st["site"].get("netns")
+                nft = NfTables(ns)
+                try:
+                    now = nft.generation()
+                finally:
+                    nft.close()
+                text = netns.run(["iptables-save", "-t", cfg.table], ns)
                 doc = SERVICE.status(Path(self.state), st.get("policysync"))
                 try:
                     live.followed(text, st, cfg)
@@ -79,6 +87,8 @@ class HfCli:
                     why = "the deployed policy is not the live ruleset"
                 elif doc.get("safe") or not doc.get("following"):
                     why = "the service is not following, or fails safe"
+                elif (doc.get("seen_generation") or 0) < now:
+                    why = f"the service has not judged the commits up to generation {now} yet"
                 else:
                     return doc
             time.sleep(0.1)

@@ -140,6 +140,33 @@ def test_update_defaults_to_the_deployed_target(lab, tmp_path):
     hf("update", str(ROOT / "rulesets" / "example.rules"), "-q")
 
 
+def test_a_deploys_commits_read_after_it_ended_are_its_own(lab):
+    """An update commits twice (the load, then the removal of the previous generation's chains). A service that
+    reads those events only after the deploy let go of its lock (a loaded machine; here its worker stopped during
+    the update) must take both for the deploy's: no change, no fail safe, `status` clean at once."""
+    import os
+    import signal
+
+    hf.followed()
+    before = hf.service()
+    worker = before["worker"]
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        hf("update", str(ROOT / "rulesets" / "example.rules"), "--force", "-q")
+    finally:
+        os.kill(worker, signal.SIGCONT)
+        resumed = time.time()
+    deadline = time.monotonic() + 30
+    while hf.service().get("updated_at", 0) <= resumed + 0.2:  # a status written after it read the events
+        assert time.monotonic() < deadline, "the resumed service wrote no status"
+        time.sleep(0.05)
+    doc = hf.followed()
+    assert doc["changes"] == before["changes"], (before, doc)  # nothing taken for an operator's change
+    assert doc["lag_safe_ms"]["n"] == before["lag_safe_ms"]["n"], (before, doc)  # no fail safe put in force
+    st = json.loads(hf("status", "--json").stdout)
+    assert st["drift"] == [], st["drift"]
+
+
 def test_an_nftables_chain_beside_the_policy_stops_the_fast_path(lab):
     """A base chain of another nftables table at the forward hook (firewalld's nftables backend, an operator's own
     table) filters frames the fast path would decide without it: the service stops deciding (fail closed) and says

@@ -773,7 +773,7 @@ def _deploy_locked(
     try:
         stale = [c for g, cs in owned_chains(NS_FW, config).items() if g != gen for c in cs]
         if stale:
-            restore(NS_FW, delete_text(config, stale))
+            nft_gen = _own_commit(lambda: restore(NS_FW, delete_text(config, stale)), nft_gen)
     except HypafilterError as e:
         warnings.append(f"removing old chains: {e}")
 
@@ -855,6 +855,24 @@ def _deploy_locked(
         log(f"warning: {w}")
     log(f"deployed generation {gen} in {took:.2f}s")
     return state
+
+
+def _own_commit(commit: Callable[[], object], recorded: int | None) -> int | None:
+    """Run `commit` (one nf_tables transaction of this deploy) and return the generation the deploy records as its
+    last own commit: the new one when nothing else committed since `recorded` and `commit` was the one commit, else
+    `recorded` (the policy sync service then reads the ruleset once more: a commit it cannot vouch for is never
+    taken as the deploy's). None stays None."""
+    if recorded is None:
+        commit()
+        return None
+    nft = NfTables(NS_FW)
+    try:
+        g0 = nft.generation()
+        commit()
+        g1 = nft.generation()
+    finally:
+        nft.close()
+    return g1 if g0 == recorded and g1 == g0 + 1 else recorded
 
 
 def _interfaces_state(policy: Policy) -> dict:

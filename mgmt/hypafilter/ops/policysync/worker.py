@@ -109,6 +109,7 @@ class Follower:
         self.lag_safe: deque[float] = deque(maxlen=2000)  # ms: events read -> fail safe in force
         self.lag_apply: deque[float] = deque(maxlen=2000)  # ms: events read -> the fast path decides again
         self.generation = 0  # the nf_tables generation last read
+        self.seen = 0  # the newest generation whose commit the service has judged (its NEWGEN event read)
         self._st: dict | None = None
         self._mtime: int | None = None
         self._tgt = self._shim = None
@@ -230,6 +231,7 @@ class Follower:
                 self.dirty |= relevant(e, self.table)
                 self.elsewhere |= not relevant(e, self.table) and e.table not in OWN_TABLES
                 continue
+            self.seen = max(self.seen, e.gen)
             if self.elsewhere and e.pid not in netns.SPAWNED:
                 self.dirty = True  # another table changed: its base chains are read with the ruleset
             self.elsewhere = False
@@ -317,6 +319,8 @@ class Follower:
             "error": self.error,
             "safe": self.safe,
             "nft_generation": self.generation,
+            # every commit up to this generation has been judged (own, a deploy's, or a change read and applied)
+            "seen_generation": max(self.seen, self.generation),
             **self.counts,
             "lag_safe_ms": _pct(self.lag_safe),
             "lag_apply_ms": _pct(self.lag_apply),

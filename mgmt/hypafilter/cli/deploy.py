@@ -16,6 +16,7 @@ def _summary(state: dict) -> dict:
     out = {k: state.get(k) for k in keys}
     last = (state.get("history") or [{}])[-1]
     out["duration_s"] = last.get("duration_s")
+    out["applied_s"] = last.get("applied_s")  # from the start until the new policy held (the rest: tidying up)
     out["steps"] = last.get("steps")
     return out
 
@@ -44,7 +45,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     # Nothing changed (the same policy and settings, no drift): say so instead of the old summary as if new.
     summary["changed"] = not before or before.get("generation") != state.get("generation")
     if not summary["changed"]:
-        summary["duration_s"], summary["steps"] = 0, {}
+        summary["duration_s"], summary["applied_s"], summary["steps"] = 0, 0, {}
     print(json.dumps(summary, indent=None if args.json else 1))
     return 0
 

@@ -746,6 +746,9 @@ def _deploy_locked(
                 held = True
             else:
                 tx.step("release", lambda: tgt.shunt_all(new_nic, False))
+        # the new policy holds from here (the fast path decides by it, or shunts while `held`): what an operator
+        # waits for; the rest (old chains, state) is tidying up
+        applied = round(time.monotonic() - t0, 4)
         tx.undo.clear()  # committed: from here on, failures are clean-up warnings, not rollbacks
     except DeployError as e:
         tx.rollback()
@@ -839,6 +842,7 @@ def _deploy_locked(
                 "replaced_nic": bool(replace),
                 "register_writes": written["writes"],
                 "duration_s": took,
+                "applied_s": applied,
                 "steps": tx.timings,
                 "warnings": warnings,
             }

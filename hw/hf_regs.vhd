@@ -1,7 +1,9 @@
 -- AXI4-Lite register block of the core: the registers of hw/regmap.txt (offsets from the generated
 -- hf_regs_pkg), event counters, the SUME indirect-access protocol to the per-entry tables, and the flow cache's
 -- command registers (FC_KEY0..3, FC_SLOT, FC_CMD: a write of FC_CMD pulses fc_cmd unless FC_STATUS bit 31, busy,
--- is set) with its read-back registers, whose values the core supplies (0 when it has no flow cache).
+-- is set) with its read-back registers, whose values the core supplies (0 when it has no flow cache), and the policy
+-- sync lease (LEASE, LEASE_STATUS): a count of ticks the host re-arms while its policy sync service runs; armed and
+-- run down to 0 it has expired (lease_expired), and the core then decides no wire frame.
 library ieee;
 use ieee.std_logic_1164.all;
 use ieee.numeric_std.all;
@@ -64,7 +66,10 @@ entity hf_regs is
     fc_occupancy  : in  std_logic_vector(31 downto 0) := (others => '0');
     fc_inserts    : in  std_logic_vector(31 downto 0) := (others => '0');
     fc_deletes    : in  std_logic_vector(31 downto 0) := (others => '0');
-    fc_full       : in  std_logic_vector(31 downto 0) := (others => '0')
+    fc_full       : in  std_logic_vector(31 downto 0) := (others => '0');
+    -- lease: ticks elapsed in this cycle (usually 0 or 1; the emulator's harness gives what wall time owes at once)
+    lease_ticks   : in  std_logic_vector(31 downto 0) := (others => '0');
+    lease_expired : out std_logic
   );
 end entity;
 
@@ -78,6 +83,11 @@ architecture rtl of hf_regs is
   signal r_fc_slot : std_logic_vector(23 downto 0) := (others => '0');
   signal r_fc_op : std_logic_vector(2 downto 0) := (others => '0');
   signal r_fc_cmd : std_logic := '0';
+  -- the lease: ticks left, armed (a non-zero write), expiries since reset (saturating at 16 bits)
+  signal r_lease : unsigned(31 downto 0) := (others => '0');
+  signal r_lease_armed : std_logic := '0';
+  signal r_lease_exp : std_logic := '0';
+  signal r_lease_expiries : unsigned(15 downto 0) := (others => '0');
   -- The event counters: each counts the cycles in which its bit of evx is set. evx is ev_bits (EV_* positions)
   -- while ev_valid, then ev_sent while ev_valid, then ev_fifo_drop (its own pulse).
   constant EVX_SENT : natural := EV_W;
@@ -130,6 +140,15 @@ begin
       if bvalid = '1' and s_axi_bready = '1' then
         bvalid <= '0';
       end if;
+      -- the lease runs down by the ticks of this cycle, stopping at 0; a write of LEASE below wins over them
+      if r_lease > unsigned(lease_ticks) then
+        r_lease <= r_lease - unsigned(lease_ticks);
+      else
+        r_lease <= (others => '0');
+        if r_lease_armed = '1' and r_lease /= 0 and r_lease_expiries /= x"FFFF" then
+          r_lease_expiries <= r_lease_expiries + 1;
+        end if;
+      end if;
       if ind_done = '1' then
         r_ind_busy <= '0';
         r_ind_reply <= ind_rdata;
@@ -166,6 +185,9 @@ begin
             r_gen <= s_axi_wdata;
           when REG_CONTROL =>
             r_control <= s_axi_wdata;
+          when REG_LEASE =>
+            r_lease <= unsigned(s_axi_wdata);
+            r_lease_armed <= to_sl(unsigned(s_axi_wdata) /= 0);
           when REG_FC_KEY0 =>
             r_fc_key0 <= s_axi_wdata;
           when REG_FC_KEY1 =>
@@ -191,6 +213,9 @@ begin
         r_ind_stream <= '0';
         r_gen <= REG_GENERATION_RESET;
         r_control <= REG_CONTROL_RESET;
+        r_lease <= (others => '0');
+        r_lease_armed <= '0';
+        r_lease_expiries <= (others => '0');
         r_flip <= (others => '0');
         r_debug <= (others => '0');
       end if;
@@ -245,6 +270,9 @@ begin
           when REG_FC_INSERTS => rdata <= fc_inserts;
           when REG_FC_DELETES => rdata <= fc_deletes;
           when REG_FC_FULL => rdata <= fc_full;
+          when REG_LEASE => rdata <= std_logic_vector(r_lease);
+          when REG_LEASE_STATUS =>
+            rdata <= std_logic_vector(r_lease_expiries) & (15 downto 2 => '0') & r_lease_exp & r_lease_armed;
           when others => rdata <= (others => '0');
         end case;
         -- the counters' registers, after the case: GHDL 2.0's Verilog netlist (the yosys estimate) drops the value
@@ -267,6 +295,18 @@ begin
       end if;
     end if;
   end process;
+
+  -- registered: the datapath sees an expiry (and a re-arm) one cycle after the counter does
+  lease_state : process (clk)
+  begin
+    if rising_edge(clk) then
+      r_lease_exp <= r_lease_armed and to_sl(r_lease = 0);
+      if rst = '1' then
+        r_lease_exp <= '0';
+      end if;
+    end if;
+  end process;
+  lease_expired <= r_lease_exp;
 
   generation <= r_gen(15 downto 0);
   control <= r_control;

@@ -18,6 +18,11 @@
 -- N_ENTRIES + 1 + b), which every table row, the hit counters and M[23:0] use. CONTROL bit 1 (shunt everything) is
 -- sampled in every cycle from the matcher's input to the decision, so a frame is decided only under the tables,
 -- mask and slots from before or from after a bracketed sequence of writes.
+-- The policy sync lease (LEASE, hw/regmap.txt): while the host's policy sync service runs it re-arms a count of 1 ms
+-- ticks; armed and run down it has expired, and the core then judges no wire frame (as with CONTROL bit 0 clear:
+-- every one is shunted as unparsed, k = 0, so the live ruleset decides it whole), until LEASE is written again. The
+-- ticks come from a divider of axis_aclk (LEASE_TICK_CYCLES), or, with LEASE_TICK_CYCLES = 0, from the lease_ticks
+-- input: the emulator, whose clock runs only while it works, gives there the milliseconds of wall time it owes.
 library ieee;
 use ieee.std_logic_1164.all;
 use ieee.numeric_std.all;
@@ -34,7 +39,8 @@ entity hypafilter_core is
     C_FIFO_DEPTH_BYTES   : positive := 65536;  -- packet FIFO size; TDATA bytes times a power of two
     FC_LOG2_SETS         : natural := 0;       -- flow cache sets = 2**FC_LOG2_SETS; 0: no flow cache (ct always 0)
     FC_WAYS              : positive := 4;      -- flow cache ways (FC_WAYS * 2**FC_LOG2_SETS in 4,096..65,536)
-    FC_TICK_CYCLES       : positive := 200000  -- clock cycles per flow cache timestamp tick (1 ms at 200 MHz)
+    FC_TICK_CYCLES       : positive := 200000; -- clock cycles per flow cache timestamp tick (1 ms at 200 MHz)
+    LEASE_TICK_CYCLES    : natural := 200000   -- clock cycles per lease tick (1 ms at 200 MHz); 0: ticks from lease_ticks
   );
   port (
     axis_aclk     : in  std_logic;
@@ -67,7 +73,9 @@ entity hypafilter_core is
     s_axi_rdata   : out std_logic_vector(31 downto 0);
     s_axi_rresp   : out std_logic_vector(1 downto 0);
     s_axi_rvalid  : out std_logic;
-    s_axi_rready  : in  std_logic
+    s_axi_rready  : in  std_logic;
+    -- lease ticks elapsed in this cycle, read only when LEASE_TICK_CYCLES = 0 (the emulator's wall-clock time base)
+    lease_ticks   : in  std_logic_vector(31 downto 0) := (others => '0')
   );
 end entity;
 
@@ -169,6 +177,8 @@ architecture rtl of hypafilter_core is
   signal ev_bits : std_logic_vector(EV_W - 1 downto 0);
   signal hits_clear, ind_req, ind_write, ind_done : std_logic;
   signal ind_addr, ind_wdata, ind_rdata : std_logic_vector(31 downto 0);
+  signal lease_t : std_logic_vector(31 downto 0) := (others => '0');
+  signal lease_expired : std_logic;
 begin
   assert C_S_AXIS_DATA_WIDTH = 256 or C_S_AXIS_DATA_WIDTH = 512
     report "hypafilter_core: C_S_AXIS_DATA_WIDTH must be 256 or 512" severity failure;
@@ -179,6 +189,30 @@ begin
   assert N_ROWS <= 2 ** 24 report "hypafilter_core: every hardware index must fit M[23:0]" severity failure;
 
   rst <= not axis_resetn;
+
+  lease_ext : if LEASE_TICK_CYCLES = 0 generate
+    lease_t <= lease_ticks;
+  end generate;
+  lease_div : if LEASE_TICK_CYCLES > 0 generate
+    signal div : natural range 0 to LEASE_TICK_CYCLES - 1 := 0;
+  begin
+    divide : process (axis_aclk)
+    begin
+      if rising_edge(axis_aclk) then
+        lease_t <= (others => '0');
+        if div = LEASE_TICK_CYCLES - 1 then
+          div <= 0;
+          lease_t(0) <= '1';
+        else
+          div <= div + 1;
+        end if;
+        if rst = '1' then
+          div <= 0;
+        end if;
+      end if;
+    end process;
+  end generate;
+
   accept <= s_axis_tvalid and pkt_in_ready;
   s_axis_tready <= pkt_in_ready;
 
@@ -473,8 +507,9 @@ begin
       sp := t1.tu(TUSER_SRC_LO + 7 downto TUSER_SRC_LO);
       wire := sp = x"01" or sp = x"04" or sp = x"10" or sp = x"40";
       host := sp = x"02" or sp = x"08" or sp = x"20" or sp = x"80";
-      -- until the tables hold the policy nothing is judged here: wire frames go to netfilter as unparsed
-      judge := wire and control(0) = '1' and tbl_ready = '1';
+      -- until the tables hold the policy, and while the policy sync lease has expired, nothing is judged here: wire
+      -- frames go to netfilter as unparsed
+      judge := wire and control(0) = '1' and tbl_ready = '1' and lease_expired = '0';
       classify := judge and t1.unp = '0';
       ev := (others => '0');
       shunt := false;
@@ -610,5 +645,6 @@ begin
       ind_wdata => ind_wdata, ind_done => ind_done, ind_rdata => ind_rdata,
       fc_cmd => fc_cmd, fc_op => fc_op, fc_key0 => fc_key0, fc_key1 => fc_key1, fc_key2 => fc_key2,
       fc_key3 => fc_key3, fc_slot => fc_slot, fc_status => fc_status, fc_config => fc_config, fc_now => fc_now,
-      fc_occupancy => fc_occ, fc_inserts => fc_ins, fc_deletes => fc_del, fc_full => fc_full);
+      fc_occupancy => fc_occ, fc_inserts => fc_ins, fc_deletes => fc_del, fc_full => fc_full,
+      lease_ticks => lease_t, lease_expired => lease_expired);
 end architecture;

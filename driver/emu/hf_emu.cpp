@@ -18,6 +18,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -95,6 +96,19 @@ struct Collect {
   uint8_t dst = 0;
   uint64_t meta = 0;
 } g_col;
+
+// The policy sync lease (hw/regmap.txt LEASE) counts milliseconds of wall time, but this model's clock runs only
+// while there is work. So each cycle hands the core the CLOCK_MONOTONIC milliseconds elapsed since the cycle before
+// (its lease_ticks input; 0 in most cycles): every frame decision and register access follows a cycle, so what they
+// see is at most 1 ms behind wall time, idle or not. After idle time the owed milliseconds come in one cycle, capped
+// at 2^32 - 1 (more than any lease the register holds, so the cap changes nothing).
+uint64_t g_lease_ms = 0;  // the monotonic millisecond last handed to the core
+
+uint64_t monotonic_ms() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000u + static_cast<uint64_t>(ts.tv_nsec) / 1000000u;
+}
 
 uint64_t g_fed = 0, g_emitted = 0, g_settled = 0;  // g_settled: frames the core dropped (assumed after quiet time)
 uint64_t g_idle_cycles = 0, g_settle_cycles = 4096, g_dst_none = 0, g_dst_other = 0, g_axi_ops = 0;
@@ -200,6 +214,10 @@ void emit_frame() {
 // One clock cycle: combinational settle with the current inputs, sample handshakes, rising edge, next inputs.
 void tick() {
   auto *t = g_top.get();
+  uint64_t now_ms = monotonic_ms();
+  uint64_t owed = now_ms - g_lease_ms;
+  g_lease_ms = now_ms;
+  t->lease_ticks = owed > 0xFFFFFFFFu ? 0xFFFFFFFFu : static_cast<uint32_t>(owed);
   drive_inputs();
   drive_axi();
   t->m_axis_tready = 1;  // the kernel socket never back-pressures; frames are queued in outq
@@ -692,6 +710,7 @@ int main(int argc, char **argv) {
     g_vcd->open(trace_path.c_str());
   }
 #endif
+  g_lease_ms = monotonic_ms();
   reset_core();
 
   for (auto &p : g_ports) open_port(p, standby);

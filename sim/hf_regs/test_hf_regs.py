@@ -1,6 +1,7 @@
 """Testbench of hf_regs: the registers of hw/regmap.txt over AXI4-Lite with back-pressure (reset values, RW round
 trips, RO ignored writes, event counters and their clear), and the indirect-access sequencing towards a model of
-the tables: one request per trigger, busy while it runs, stream writes held on the bus until the previous is done."""
+the tables: one request per trigger, busy while it runs, stream writes held on the bus until the previous is done;
+and the policy sync lease (LEASE, LEASE_STATUS, lease_expired) cycle by cycle against hw.model.Lease."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
 from cocotb.utils import get_sim_time
+from hypafilter.hw import model as hwmodel
 from hypafilter.hw import regmap, vhdl
 
 from sim.hftb import SIM_BUILD, AxiLite, hw, load_obj, run_ghdl, save_obj
@@ -49,7 +51,7 @@ class TB:
         self.requests: list[tuple[int, int, int]] = []  # (write, IND_ADDRESS, IND_WR_DATA) as the tables saw them
         self.done_at: list[float] = []  # sim time (ns) of each ind_done
         self.table: dict[int, int] = {}
-        for s in ("rst", "ev_valid", "ev_bits", "ev_sent", "ev_fifo_drop", "ind_done", "ind_rdata"):
+        for s in ("rst", "ev_valid", "ev_bits", "ev_sent", "ev_fifo_drop", "ind_done", "ind_rdata", "lease_ticks"):
             getattr(dut, s).value = 0
 
     async def reset(self) -> None:
@@ -240,6 +242,117 @@ async def registers_and_indirect_access(dut):
     await ClockCycles(dut.clk, 5)
     await ReadOnly()
     assert not int(dut.s_axi_bvalid.value) and not int(dut.s_axi_rvalid.value) and not int(dut.ind_req.value)
+
+
+class LeaseWatch:
+    """Drives lease_ticks every cycle (`mode`: "off" none, "slow" mostly 0 and 1, "wild" also bursts of many ticks
+    in one cycle; `fixed`: that many in every cycle) and follows every edge with hw.model.Lease: the ticks of the
+    cycle, then a LEASE write the bus takes at that edge. lease_expired must always be the model's `expired` of the
+    edge before (a registered output); `check` reads LEASE and LEASE_STATUS while the ticks are off."""
+
+    def __init__(self, dut, rng: random.Random):
+        self.dut, self.rng = dut, rng
+        self.model = hwmodel.Lease()
+        self.hist = [False, False]  # model.expired after the last two edges
+        self.mode = "off"
+        self.fixed: int | None = None
+        self.cycles = 0
+        self.seen: set[int] = set()  # lease_expired values met
+
+    def ticks(self) -> int:
+        if self.mode == "off":
+            return 0
+        if self.fixed is not None:
+            return self.fixed
+        r = self.rng.random()
+        if self.mode == "wild" and r < 0.05:
+            return self.rng.randrange(2, 200)
+        return 1 if r < 0.4 else 0
+
+    async def run(self) -> None:
+        d = self.dut
+        await RisingEdge(d.clk)
+        while True:
+            t = self.ticks()
+            d.lease_ticks.value = t
+            await ReadOnly()
+            got = int(d.lease_expired.value)
+            assert got == self.hist[-2], f"cycle {self.cycles}: lease_expired {got}, the model says {self.hist[-2]}"
+            self.seen.add(got)
+            fire = int(d.s_axi_awvalid.value) and int(d.s_axi_awready.value)
+            addr = int(d.s_axi_awaddr.value) & ~3
+            data = int(d.s_axi_wdata.value)
+            await RisingEdge(d.clk)
+            self.model.tick(t)
+            if fire and addr == regmap.REG_LEASE:
+                self.model.write(data)
+            self.hist = [self.hist[-1], self.model.expired]
+            self.cycles += 1
+
+    async def check(self, ax) -> None:
+        mode, self.mode = self.mode, "off"
+        await ClockCycles(self.dut.clk, 2)
+        assert await ax.read(regmap.REG_LEASE) == self.model.left, "LEASE (ticks left)"
+        assert await ax.read(regmap.REG_LEASE_STATUS) == self.model.status(), "LEASE_STATUS"
+        self.mode = mode
+
+    async def until(self, cond, limit: int = 5000) -> None:
+        for _ in range(limit):
+            if cond(self.model):
+                return
+            await RisingEdge(self.dut.clk)
+        raise AssertionError("the lease never got there")
+
+
+@cocotb.test()
+async def lease_countdown(dut):
+    """The lease counts down by the ticks of each cycle, expires at 0 when armed (lease_expired one cycle later),
+    re-arms on a write (also while expired, also in the cycle of an expiry), never expires disarmed (0), and counts
+    its expiries; ticks may come one at a time or many in one cycle (the emulator's harness)."""
+    cfg = load_obj("HF_TB_CFG")
+    tb = TB(dut, cfg["n"] + 77)
+    ax = tb.axil
+    await tb.reset()
+    w = LeaseWatch(dut, tb.rng)
+    cocotb.start_soon(w.run())
+    await w.check(ax)  # disarmed after reset: 0 left, status 0
+    assert w.model.status() == 0
+    w.mode = "slow"
+    await ClockCycles(dut.clk, 200)  # disarmed: ticks change nothing
+    assert not w.model.expired
+    await ax.write(regmap.REG_LEASE, 60)
+    await w.check(ax)
+    await w.until(lambda m: m.expired)
+    await ClockCycles(dut.clk, 3)
+    await w.check(ax)
+    assert w.model.status() == 0x10003, "armed, expired, one expiry"
+    await ax.write(regmap.REG_LEASE, 1000)  # re-armed while expired
+    await ClockCycles(dut.clk, 50)
+    await w.check(ax)
+    assert not w.model.expired and 0 < w.model.left < 1000
+    w.mode = "wild"
+    await w.until(lambda m: m.expired)  # bursts of ticks in one cycle
+    await ax.write(regmap.REG_LEASE, 0)  # disarmed: not expired, stays so
+    await ClockCycles(dut.clk, 100)
+    await w.check(ax)
+    assert w.model.status() == 2 << 16
+    # the widest lease, run down by one cycle's ticks
+    w.mode = "off"
+    await ax.write(regmap.REG_LEASE, 0xFFFFFFFF)
+    await ClockCycles(dut.clk, 3)
+    assert w.model.left == 0xFFFFFFFF
+    await w.check(ax)
+    w.fixed, w.mode = 0xFFFFFFFF, "slow"
+    await w.until(lambda m: m.expired)
+    w.fixed = None
+    # short leases written at random while the ticks run: writes meet expiries in the same cycles
+    w.mode = "wild"
+    for _ in range(40):
+        await ax.write(regmap.REG_LEASE, tb.rng.choice((0, 1, 2, 3, tb.rng.randrange(1, 40))))
+        await ClockCycles(dut.clk, tb.rng.randrange(0, 30))
+    await w.check(ax)
+    assert w.seen == {0, 1}
+    assert w.cycles > 1000
 
 
 @pytest.mark.sim

@@ -195,6 +195,66 @@ def test_control_bits_and_generation():
     assert c.regs == {"CNT_SHUNT_UNPARSED": 1, "PKTIN": 1, "PKTOUT": 1} and sum(c.hits) == 0
 
 
+def test_lease_counts_down_expires_rearms_and_disarms():
+    """hw.model.Lease, the register hf_regs keeps (sim/hf_regs checks the RTL against it cycle by cycle)."""
+    lease = hwmodel.Lease()
+    lease.tick(5)
+    assert (lease.left, lease.armed, lease.expired, lease.status()) == (0, False, False, 0)  # disarmed after reset
+    lease.write(3)
+    lease.tick()
+    lease.tick()
+    assert (lease.left, lease.expired, lease.status()) == (1, False, 0x1)
+    lease.tick()
+    assert (lease.left, lease.expired, lease.status()) == (0, True, 0x10003)
+    lease.tick(1000)  # expired once: more ticks count no second expiry
+    assert lease.status() == 0x10003
+    lease.write(1000)  # a write re-arms it, also while expired
+    assert not lease.expired and lease.left == 1000
+    lease.tick(0xFFFFFFFF)  # the emulator's owed milliseconds in one cycle
+    assert lease.expired and lease.expiries == 2
+    lease.write(0)  # 0 disarms: never expired, whatever the ticks
+    lease.tick(7)
+    assert (lease.armed, lease.expired, lease.status()) == (False, False, 2 << 16)
+    # a write in the cycle of an expiry: the expiry counts, the write wins (hf_regs: ticks first, then the write)
+    lease.write(2)
+    lease.tick(2)
+    lease.write(9)
+    assert (lease.expiries, lease.left, lease.expired) == (3, 9, False)
+    assert hwmodel.lease_status(lease.status()) == {"armed": True, "expired": False, "expiries": 3}
+    lease.expiries = hwmodel.LEASE_EXPIRIES_MAX  # saturates
+    lease.tick(9)
+    assert lease.status() >> 16 == 0xFFFF
+    for bad in (-1, 1 << 32):
+        with pytest.raises(ValueError, match="LEASE takes"):
+            lease.write(bad)
+
+
+def test_expired_lease_judges_no_wire_frame():
+    """An expired lease acts as CONTROL bit 0 clear: every wire frame unparsed (k = 0 at the shim: the live rules
+    decide it whole), two-tag frames included; frames from the host pass as always."""
+    plan = _plan()
+    regs = hwmodel.Regs.from_plan(plan)
+    web = frame(Ether() / IP() / TCP(dport=80))
+    qinq = frame(Ether() / Dot1Q() / Dot1Q() / IP() / TCP(dport=80))
+    assert hwmodel.decide(plan, web, 0x01, regs).kind == hwmodel.Kind.FORWARD
+    assert hwmodel.decide(plan, qinq, 0x01, regs).kind == hwmodel.Kind.DROP
+    regs.lease_expired = True
+    for f in (web, qinq, frame(Ether() / IP() / UDP())):
+        d = hwmodel.decide(plan, f, 0x01, regs)
+        assert (d.kind, d.dst_port, d.reason, d.match_index, d.counters) == (
+            hwmodel.Kind.SHUNT,
+            0x02,
+            2,
+            len(plan.entries),
+            ("CNT_SHUNT_UNPARSED",),
+        )
+        assert unpack_meta(d.meta)["reason"] == 2
+    assert hwmodel.decide(plan, web, 0x08, regs).kind == hwmodel.Kind.FORWARD  # from the host: unclassified
+    off = hwmodel.Regs.from_plan(plan)
+    off.control = 0
+    assert hwmodel.decide(plan, web, 0x01, off) == hwmodel.decide(plan, web, 0x01, regs)
+
+
 def test_unfilterable_dropped_counted_or_passed():
     plan = _plan()
     qinq = frame(Ether() / Dot1Q() / Dot1Q() / IP() / TCP(dport=80))

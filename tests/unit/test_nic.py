@@ -288,12 +288,13 @@ def test_config_flow_cache_setting(tmp_path):
     from hypafilter.targets.emu.build import EMU_TICK_CYCLES, core_generics
 
     assert Config().flow_cache_geometry() == (10, 4)
-    assert core_generics(Config()) == {"FC_LOG2_SETS": 10, "FC_WAYS": 4, "FC_TICK_CYCLES": EMU_TICK_CYCLES}
+    lease = {"LEASE_TICK_CYCLES": 0}  # the lease's ticks come from the harness (wall time), not a clock divider
+    assert core_generics(Config()) == {"FC_LOG2_SETS": 10, "FC_WAYS": 4, "FC_TICK_CYCLES": EMU_TICK_CYCLES, **lease}
     good = tmp_path / "good.toml"
     good.write_text('flow_cache = "14:4"\n')
     assert Config.load(good).flow_cache_geometry() == (14, 4)
     good.write_text('flow_cache = "none"\n')
-    assert core_generics(Config.load(good)) == {"FC_LOG2_SETS": 0}
+    assert core_generics(Config.load(good)) == {"FC_LOG2_SETS": 0, **lease}
     bad = tmp_path / "bad.toml"
     for text in ("10", "11:4:1", "9:4", "15:4", "8:32", "a:b"):
         bad.write_text(f'flow_cache = "{text}"\n')

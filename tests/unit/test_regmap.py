@@ -49,3 +49,16 @@ def test_bad_lines_name_file_and_line(line, why):
 def test_duplicate_offset_rejected():
     with pytest.raises(HypafilterError, match="share an offset"):
         regmap.parse("A 0x00 RO 0 a\nB 0x00 RO 0 b\n")
+
+
+def test_lease_registers():
+    """The policy sync lease (1.8): LEASE (RW, ticks of 1 ms, 0 disarmed) and LEASE_STATUS (RO), after the update
+    buffer's block, in the C header and the Python constants."""
+    m = regmap.MAP
+    assert m.reg("VERSION").reset == 0x00010008
+    lease, status = m.reg("LEASE"), m.reg("LEASE_STATUS")
+    assert (lease.offset, lease.access, lease.reset) == (0xA4, "RW", 0)
+    assert (status.offset, status.access, status.reset) == (0xA8, "RO", 0)
+    assert "1 ms" in lease.doc and "bit 1 expired" in status.doc
+    assert regmap.REG_LEASE == 0xA4 and regmap.REG_LEASE_STATUS == 0xA8
+    assert "#define HF_REG_LEASE 0xA4" in regmap.to_c() and "REG_LEASE_STATUS = 0xA8" in regmap.to_python()

@@ -15,6 +15,11 @@ def test_vivado_script_written_without_vivado(tmp_path, capsys):
     tcl = (tmp_path / "hypafilter_core.tcl").read_text()
     assert "xc7vx690t-3-ffg1761" in tcl and "nf_sume_hypafilter.xdc" in tcl
     assert "hf_matcher.vhd" in tcl and "synth_design -top hypafilter_core" in tcl
+    # the policy sync lease ticks once a millisecond of the XDC's 200 MHz axis_aclk
+    assert (
+        "-generic LEASE_TICK_CYCLES=200000" in tcl
+        and "-period 5.000" in (ROOT / "constraints").joinpath("nf_sume_hypafilter.xdc").read_text()
+    )
     assert "not on PATH" in capsys.readouterr().out
 
 

@@ -175,6 +175,7 @@ class Regs:
     generation: int = 0
     control: int = CONTROL_ENABLE
     buffer: Image | None = None
+    lease_expired: bool = False  # the policy sync lease (`Lease`) ran out: no wire frame is judged
 
     @staticmethod
     def from_plan(plan, unfilterable: str = "drop", nic_mode: str = "bridge") -> Regs:
@@ -190,6 +191,48 @@ class Regs:
         ov = getattr(plan, "overlay", None)
         buf = updatebuffer.image(ov) if ov is not None else updatebuffer.pristine(n, updatebuffer.buffer_depth(plan))
         return Regs(shunt, actions, control=control, buffer=buf)
+
+
+LEASE_MAX = 0xFFFFFFFF
+LEASE_EXPIRIES_MAX = 0xFFFF
+
+
+@dataclass
+class Lease:
+    """The policy sync lease (registers LEASE and LEASE_STATUS) as hf_regs keeps it: ticks left, armed (the last write
+    was not 0) and the expiries since reset. Per clock cycle the ticks of that cycle come first (`tick`), then a write
+    of LEASE (`write`), which wins over them. Armed and at 0 it has expired: the core then judges no wire frame
+    (`Regs.lease_expired`), from the cycle after the counter reached 0."""
+
+    left: int = 0
+    armed: bool = False
+    expiries: int = 0
+
+    def write(self, value: int) -> None:
+        if not 0 <= value <= LEASE_MAX:
+            raise ValueError(f"LEASE takes 0..{LEASE_MAX} ticks, not {value}")
+        self.left, self.armed = value, value != 0
+
+    def tick(self, ticks: int = 1) -> None:
+        if self.left > ticks:
+            self.left -= ticks
+            return
+        if self.armed and self.left and self.expiries < LEASE_EXPIRIES_MAX:
+            self.expiries += 1
+        self.left = 0
+
+    @property
+    def expired(self) -> bool:
+        return self.armed and self.left == 0
+
+    def status(self) -> int:
+        """The LEASE_STATUS word."""
+        return self.expiries << 16 | int(self.expired) << 1 | int(self.armed)
+
+
+def lease_status(word: int) -> dict:
+    """A LEASE_STATUS word as {armed, expired, expiries}."""
+    return {"armed": bool(word & 1), "expired": bool(word & 2), "expiries": word >> 16}
 
 
 def unfilterable_control(setting: str) -> int:
@@ -234,7 +277,8 @@ def decide(plan, frame: bytes, src_port: int, regs: Regs, ct: int = 0) -> Decisi
     unfilterable drop; unparsed (reason 2);
     the entry's shunt bit, a non-decisive action, shunt everything (reasons 0/1); miss forcing, CONTROL bits 4/5
     for a frame with ct = 0 whose verdict would be ACCEPT/DROP (reason 3); the entry's mirror bit (ACTION word bit 3,
-    reason 4: Kind.MIRROR); host-mode ACCEPT (reason 5); forward or drop."""
+    reason 4: Kind.MIRROR); host-mode ACCEPT (reason 5); forward or drop. An expired policy sync lease
+    (`regs.lease_expired`) acts as CONTROL bit 0 clear: every wire frame unparsed, two-tag frames included."""
     n = len(plan.entries)
     gen = regs.generation & 0xFFFF
     if src_port in HOST_PORTS:
@@ -242,7 +286,7 @@ def decide(plan, frame: bytes, src_port: int, regs: Regs, ct: int = 0) -> Decisi
     if src_port not in WIRE_PORTS:
         return Decision(Kind.DROP, 0, None, None, ACTION_NONE, None)  # not a port of this datapath: never emitted
     shunt_port = src_port << 1
-    enabled = regs.control & CONTROL_ENABLE
+    enabled = regs.control & CONTROL_ENABLE and not regs.lease_expired
     if enabled and not regs.control & CONTROL_PASS_UNFILTERABLE and unfilterable(frame):
         return Decision(Kind.DROP, 0, None, None, ACTION_NONE, None, False, ("CNT_DROP_UNFILTERABLE",))
     hdr = parse_frame(frame, src_port) if enabled else None

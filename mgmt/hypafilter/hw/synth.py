@@ -517,6 +517,11 @@ def estimate(
     return result
 
 
+# The policy sync lease's tick on the board: 1 ms of the datapath clock the XDC constrains (axis_aclk, 5 ns: 200 MHz;
+# a 160 MHz build, SUME release 1.8, takes 160,000). The host writes LEASE in milliseconds (hw/regmap.txt).
+SUME_LEASE_TICK_CYCLES = 200_000
+
+
 def vivado_project(
     plan,
     out_dir: Path,
@@ -539,6 +544,7 @@ def vivado_project(
         .replace("@FIFO@", str(fifo_bytes))
         .replace("@FC_LOG2_SETS@", str(fcg["FC_LOG2_SETS"]))
         .replace("@FC_WAYS@", str(fcg.get("FC_WAYS", 4)))
+        .replace("@LEASE_TICK_CYCLES@", str(SUME_LEASE_TICK_CYCLES))
     )
     path = out_dir / "hypafilter_core.tcl"
     path.write_text(tcl)

@@ -184,6 +184,17 @@ class Target(ABC):
         """Shunt everything, as fast as the target allows (the policy sync service's fail safe)."""
         self.shunt_all(info, True)
 
+    def set_lease(self, info: dict, ms: int) -> None:
+        """Arm (re-arm) the fast path's policy sync lease for `ms` milliseconds; 0 disarms it. Expired, the fast path
+        decides nothing (docs/deploy.md, "Live policy")."""
+        with self.client(info) as c:
+            c.set_lease(ms)
+
+    def lease(self, info: dict) -> dict:
+        """The fast path's policy sync lease: {armed, expired, left_ms, ...}."""
+        with self.client(info) as c:
+            return c.lease()
+
     def counters(self, info: dict) -> dict:
         with self.client(info) as c:
             return c.counters()

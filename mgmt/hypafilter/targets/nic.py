@@ -25,6 +25,8 @@ from hypafilter.hw.model import (
     CONTROL_MISS_SHUNT,
     CONTROL_PASS_UNFILTERABLE,
     CONTROL_SHUNT_ALL,
+    LEASE_MAX,
+    lease_status,
     miss_shunt_control,
     nic_mode_control,
     unfilterable_control,
@@ -646,6 +648,17 @@ class NicClient:
     def set_shunt_all(self, on: bool) -> None:
         control = self.read("CONTROL")
         self.write("CONTROL", (control | CONTROL_SHUNT_ALL) if on else (control & ~CONTROL_SHUNT_ALL))
+
+    def set_lease(self, ms: int) -> None:
+        """Arm the policy sync lease for `ms` ticks of 1 ms (a re-arm ends an expiry); 0 disarms it (LEASE)."""
+        if not isinstance(ms, int) or not 0 <= ms <= LEASE_MAX:
+            raise NicError(f"a lease of {ms!r} ms: the LEASE register takes 0..{LEASE_MAX}")
+        self.write("LEASE", ms)
+
+    def lease(self) -> dict:
+        """The policy sync lease: {armed, expired, expiries, left_ms} (LEASE_STATUS, LEASE); a core from before the
+        lease (register map 1.7 or older) reads as disarmed."""
+        return {**lease_status(self.read("LEASE_STATUS")), "left_ms": self.read("LEASE")}
 
 
 def pack_shunt(bits: Sequence[int]) -> list[int]:

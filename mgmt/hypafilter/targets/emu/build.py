@@ -27,14 +27,23 @@ TOP = "hypafilter_core"
 # while the emulator works (frames queued or in flight, register accesses, then --settle idle cycles), so FC_NOW
 # and the last-seen times count ticks of that work, not wall time (docs/emulator.md).
 EMU_TICK_CYCLES = 256
+# The policy sync lease counts milliseconds of wall time, not of that work: the core takes its ticks from the
+# lease_ticks input (LEASE_TICK_CYCLES = 0), which the harness drives from CLOCK_MONOTONIC (docs/emulator.md).
+EMU_LEASE_GENERICS = {"LEASE_TICK_CYCLES": 0}
 
 
 def core_generics(config) -> dict[str, int]:
-    """The hypafilter_core generics of an emulator build besides the width: the flow cache (Config.flow_cache)."""
+    """The hypafilter_core generics of an emulator build besides the width: the flow cache (Config.flow_cache) and
+    the lease's external time base."""
     geometry = config.flow_cache_geometry() if config is not None else (10, 4)
     if geometry is None:
-        return {"FC_LOG2_SETS": 0}
-    return {"FC_LOG2_SETS": geometry[0], "FC_WAYS": geometry[1], "FC_TICK_CYCLES": EMU_TICK_CYCLES}
+        return {"FC_LOG2_SETS": 0, **EMU_LEASE_GENERICS}
+    return {
+        "FC_LOG2_SETS": geometry[0],
+        "FC_WAYS": geometry[1],
+        "FC_TICK_CYCLES": EMU_TICK_CYCLES,
+        **EMU_LEASE_GENERICS,
+    }
 
 
 class EmuError(HypafilterError):

@@ -147,6 +147,12 @@ def register(sub) -> None:
         action="store_true",
         help="with --classbench: an ESTABLISHED,RELATED accept rule before the imported rules",
     )
+    x.add_argument(
+        "--lease",
+        choices=("off", "armed", "expired"),
+        default="off",
+        help="the policy sync lease word: disarmed (default), armed (the clock read per frame) or expired",
+    )
     x.set_defaults(func=run_xdp_cost)
 
 
@@ -258,6 +264,7 @@ def run_xdp_cost(args: argparse.Namespace) -> int:
         "trace",
         "words",
         "all_fields",
+        "lease",
     )  # xdp_cost's keywords, as the flags name them
     extra = {}
     if args.established:

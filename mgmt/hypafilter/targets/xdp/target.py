@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import json
 import math
+import struct
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +44,7 @@ from hypafilter.targets.xdp.tables import (
 )
 
 PIN_ROOT = Path("/sys/fs/bpf/hypafilter-xdp")
+LEASE_MAP = "hfx_lease"  # the policy sync lease: u64 CLOCK_MONOTONIC ns until which the tables are vouched for
 CONTROL_ENABLE, CONTROL_PASS_UNFILTERABLE, CONTROL_HOST_MODE = 1, 4, 8
 CONTROL_MISS_SHUNT_ACCEPT, CONTROL_MISS_SHUNT_DROP = 16, 32  # Plan.miss_shunt (hw/regmap.txt CONTROL bits 4/5)
 CONTROL_MISS_SHUNT = CONTROL_MISS_SHUNT_ACCEPT | CONTROL_MISS_SHUNT_DROP
@@ -387,6 +390,25 @@ class XdpTarget(Target):
         """Control word 0 (every frame to software) through the bpf() syscall, without the loader process."""
         with PinnedArray(Path(info["pin"]) / "hfx_cfg") as m:
             m.set_word(0, 0)
+
+    def set_lease(self, info: dict, ms: int) -> None:
+        """The lease word (hfx_lease): CLOCK_MONOTONIC now + `ms`, as the program's bpf_ktime_get_ns counts; 0
+        disarms it. One u64 through the bpf() syscall, without the loader process."""
+        if not isinstance(ms, int) or ms < 0:
+            raise HypafilterError(f"a lease of {ms!r} ms")
+        value = time.monotonic_ns() + ms * 1_000_000 if ms else 0
+        with PinnedArray(Path(info["pin"]) / LEASE_MAP) as m:
+            m.write(struct.pack("=Q", value))
+
+    def lease(self, info: dict) -> dict:
+        """{armed, expired, left_ms} of the lease word (a program from before the lease has none: disarmed)."""
+        path = Path(info["pin"]) / LEASE_MAP
+        if not path.exists():
+            return {"armed": False, "expired": False, "left_ms": 0}
+        with PinnedArray(path) as m:
+            (until,) = struct.unpack("=Q", m.read())
+        now = time.monotonic_ns()
+        return {"armed": until != 0, "expired": until != 0 and now >= until, "left_ms": max(0, until - now) // 10**6}
 
     def forget_flushed_flows(self, info: dict, wait: float = 3.0) -> None:
         """The program looks flows up in the kernel's own conntrack table (bpf_xdp_ct_lookup): a flushed flow is

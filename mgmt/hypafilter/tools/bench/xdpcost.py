@@ -28,6 +28,9 @@ from hypafilter.targets.xdp.run import run_frames
 from hypafilter.targets.xdp.tables import FAST_FIELDS, build_tables
 from hypafilter.targets.xdp.target import CONTROL_ENABLE, read_ct_config
 
+# the lease word per `lease` setting: 0 disarmed; 2**62 ns (about 146 years of uptime) ahead; 1 ns, long past
+LEASE_WORDS = {"off": 0, "armed": 1 << 62, "expired": 1}
+
 
 def xdp_cost(
     plan,
@@ -42,13 +45,15 @@ def xdp_cost(
     flows: Sequence[tuple] | None = None,
     control: int = CONTROL_ENABLE,
     depth: int = 0,
+    lease: str = "off",
 ) -> dict:
     """`words`/`all_fields`: load the plan's tables into a larger program (vector words, every field looked up), to
     see the verifier's figures of shapes bigger than the plan's. `depth`: the program's update-buffer slots (at
     least a View's); `plan` may be a View (`buffer_view`), its slots then scanned for every frame. `frame_list`: these frames (the first `frames` of
     them) instead of generated ones; `flows` (proto, src, dst, sport, dport): established in the scratch namespace's
     conntrack first, the lookup on (module doc); `control`: the program's CONTROL (default: enabled, bridge mode, no
-    miss forcing)."""
+    miss forcing); `lease`: the policy sync lease word, "off" (disarmed, 0), "armed" (far ahead: every frame reads
+    the clock and is decided as usual) or "expired" (in the past: every frame passed undecided)."""
     from hypafilter.ops.verify import FrameGen, build_frame, read_trace
 
     rng = random.Random(seed)
@@ -87,7 +92,12 @@ def xdp_cost(
             ct = read_ct_config(ns)
             if not ct.lookup:
                 raise HypafilterError(f"{ns}: conntrack's sysctls unreadable (no conntrack lookup to measure)")
-        res = run_frames(plan, fr, ["c0", "c1"], ns=ns, control=control, repeat=repeat, shape=shape, ct=ct)
+        lease_ns = LEASE_WORDS.get(lease)
+        if lease_ns is None:
+            raise HypafilterError(f"--lease {lease!r}: one of {', '.join(LEASE_WORDS)}")
+        res = run_frames(
+            plan, fr, ["c0", "c1"], ns=ns, control=control, repeat=repeat, shape=shape, ct=ct, lease_ns=lease_ns
+        )
     finally:
         netns.delete(ns)
     per = sorted(v.ns for v in res.verdicts)
@@ -106,6 +116,7 @@ def xdp_cost(
         "ns_p99": per[min(len(per) - 1, int(len(per) * 0.99))],
         "established_flows": len(flows) if flows is not None else None,
         "buffer_slots": depth,
+        "lease": lease,
         "buffer_used": t.overlay.used if t.overlay is not None else 0,
         "counters": {k: v for k, v in res.counters.items() if isinstance(v, int) and v},
         "hits_by_slots": sum(res.counters["HITS"][t.n + 1 :]),

@@ -94,10 +94,12 @@ class HfCli:
             time.sleep(0.1)
         raise AssertionError(f"the deployment did not follow the live ruleset within {timeout:g} s ({why}): {doc}")
 
-    def verify_live(self, packets: int = 1500) -> dict:
+    def verify_live(self, packets: int = 1500, unfollowed: bool = False) -> dict:
         """`verify --live --packets N --json`, which must give 0 mismatches (the kernel with the live ruleset alone
-        as oracle); its report."""
-        p = self("verify", "--live", "--packets", str(packets), "--json", check=False)
+        as oracle); its report. `unfollowed`: also when the deployment has not followed the live ruleset (the policy
+        sync service down)."""
+        extra = ["--unfollowed"] if unfollowed else []
+        p = self("verify", "--live", *extra, "--packets", str(packets), "--json", check=False)
         assert p.stdout, f"verify --live: {p.stderr[-2000:]}"
         r = json.loads(p.stdout)
         assert r["mismatches"] == 0, r["examples"][:3]

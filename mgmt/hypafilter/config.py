@@ -33,6 +33,12 @@ NIC_PORTS = 4  # MAC0..MAC3 (ARCHITECTURE §3)
 # huge core.
 UPDATE_BUFFER_DEFAULT = 16
 UPDATE_BUFFER_MAX = 256
+# The policy sync lease (Config.policysync_lease_ms): the service renews it every POLICYSYNC_LEASE_RENEW_S; a lease
+# shorter than a few renewals would run out under ordinary scheduling delays, one longer than an hour is no bound.
+POLICYSYNC_LEASE_DEFAULT_MS = 1000
+POLICYSYNC_LEASE_RENEW_S = 0.15
+POLICYSYNC_LEASE_MIN_MS = 500
+POLICYSYNC_LEASE_MAX_MS = 3_600_000
 IFNAMSIZ = 16  # the kernel's limit: names of at most 15 characters
 
 
@@ -122,6 +128,11 @@ class Config:
     # takes without a rebuild, 0..UPDATE_BUFFER_MAX; 0 = none (the valid mask over the static entries remains).
     # It shapes the hardware: hw.vhdl.matcher_hash includes it, so a change of it builds a new core.
     update_buffer: int = UPDATE_BUFFER_DEFAULT
+    # The policy sync lease (docs/deploy.md, "Live policy"): the fast path decides only while the policy sync service
+    # renewed it within this many milliseconds (it renews every POLICYSYNC_LEASE_RENEW_S); a service killed for good
+    # leaves every frame to the live ruleset at most this long after. 0: no lease (the fast path keeps deciding by
+    # the last tables when the service is gone), else POLICYSYNC_LEASE_MIN_MS..POLICYSYNC_LEASE_MAX_MS.
+    policysync_lease_ms: int = POLICYSYNC_LEASE_DEFAULT_MS
 
     @classmethod
     def load(cls, path: str | Path | None) -> Config:
@@ -162,6 +173,16 @@ class Config:
             raise HypafilterError(
                 f"{where}: update_buffer must be a whole number of slots, 0..{UPDATE_BUFFER_MAX} (0: no update "
                 f"buffer), not {self.update_buffer!r}"
+            )
+        lease = self.policysync_lease_ms
+        if (
+            not isinstance(lease, int)
+            or isinstance(lease, bool)
+            or not (lease == 0 or POLICYSYNC_LEASE_MIN_MS <= lease <= POLICYSYNC_LEASE_MAX_MS)
+        ):
+            raise HypafilterError(
+                f"{where}: policysync_lease_ms must be 0 (no lease) or {POLICYSYNC_LEASE_MIN_MS}.."
+                f"{POLICYSYNC_LEASE_MAX_MS} milliseconds, not {lease!r}"
             )
         for name, port in self.hw_ports.items():
             if not isinstance(port, int) or not 0 <= port < NIC_PORTS:

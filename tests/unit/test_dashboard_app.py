@@ -514,8 +514,17 @@ def test_policysync_in_summary_and_metrics():
                 "lag_apply_ms": {"n": 3, "p50": 40.0, "p99": 90.0, "max": 90.0, "last": 40.0},
                 "last_kind": "buffer",
                 "buffer": {"used": 2, "depth": 16},
+                "lease": {"armed": True, "expired": False, "left_ms": 880, "want_ms": 1000},
             },
-            {"wanted": True, "running": True, "pid": 20, "following": False, "error": "change: bad", "safe": True},
+            {
+                "wanted": True,
+                "running": True,
+                "pid": 20,
+                "following": False,
+                "error": "change: bad",
+                "safe": True,
+                "lease": {"armed": True, "expired": True, "left_ms": 0, "want_ms": 1000},
+            },
         ]
     )
 
@@ -548,9 +557,13 @@ def test_policysync_in_summary_and_metrics():
     slots = {x.labels["what"]: x.value for x in fam["hypafilter_update_buffer_slots"].samples}
     assert slots == {"used": 2.0, "depth": 16.0}
     assert fam["hypafilter_policysync_following"].samples[0].value == 1
+    assert fam["hypafilter_policysync_lease_armed"].samples[0].value == 1
+    assert fam["hypafilter_policysync_lease_expired"].samples[0].value == 0
     s.add(c.snapshot())
     fam = families(client)
     assert fam["hypafilter_policysync_following"].samples[0].value == 0
     assert fam["hypafilter_policysync_shunting_all"].samples[0].value == 1
+    assert fam["hypafilter_policysync_lease_expired"].samples[0].value == 1
+    assert client.get("/api/summary").json()["policysync"]["lease"]["expired"] is True
     assert client.get("/api/summary").json()["policysync"]["error"] == "change: bad"
     assert 'id="policysync"' in client.get("/").text

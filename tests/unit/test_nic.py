@@ -544,3 +544,38 @@ def test_emu_request_many_renders_the_socket_lines(fake):
     finally:
         t.close()
     assert fake.log == [f"W 0x{regmap.REG_GENERATION:x} 0xab", f"R 0x{regmap.REG_DEBUG:x}"]
+
+
+def test_config_policysync_lease(tmp_path):
+    """policysync_lease_ms: 1000 by default, 0 (no lease) or 500..3,600,000; anything else refused, naming the file."""
+    assert Config().policysync_lease_ms == 1000
+    good = tmp_path / "good.toml"
+    for v in (0, 500, 3_600_000):
+        good.write_text(f"policysync_lease_ms = {v}\n")
+        assert Config.load(good).policysync_lease_ms == v
+    for v in ("-1", "1", "499", "3600001", "true", '"1000"', "1.5"):
+        good.write_text(f"policysync_lease_ms = {v}\n")
+        with pytest.raises(HypafilterError, match="good.toml: policysync_lease_ms must be 0"):
+            Config.load(good)
+
+
+def test_first_lease_covers_the_service_start():
+    """deploy arms the lease for the service's start (its first act renews it to the configured length); a
+    deployment without a lease disarms it."""
+    from hypafilter.ops import deploy
+    from hypafilter.ops.daemon import READY_TIMEOUT
+
+    assert deploy.first_lease_ms(Config()) == 1000 + int(READY_TIMEOUT * 1000)
+    assert deploy.first_lease_ms(Config(policysync_lease_ms=0)) == 0
+
+
+def test_lease_drift_wording():
+    from hypafilter.ops.deploy import lease_drift
+
+    st = {"lease_ms": 1000}
+    assert lease_drift({"armed": True, "expired": False}, st) == []
+    (expired,) = lease_drift({"armed": True, "expired": True}, st)
+    assert expired.startswith("policysync: the fast path shunts everything: policy sync lease expired")
+    (unarmed,) = lease_drift({"armed": False, "expired": False}, st)
+    assert "not armed" in unarmed
+    assert lease_drift({"armed": False, "expired": False}, {"lease_ms": 0}) == []

@@ -127,7 +127,10 @@ def _fmt_policysync(ps: dict, overlay: dict | None) -> str:
     if not ps.get("wanted"):
         return f"policysync not running: {ps.get('reason') or 'not wanted by this deployment'}"
     if not ps.get("running"):
-        return "policysync DOWN: changes to the live ruleset are not followed (deploy again, or undeploy)"
+        return (
+            "policysync DOWN: changes to the live ruleset are not followed; the fast path decides nothing once its "
+            "lease runs out (deploy again, or undeploy)"
+        )
     if ps.get("error"):
         return f"policysync CANNOT FOLLOW: {ps['error']}; the fast path shunts everything"
     lag = ps.get("lag_safe_ms") or {}
@@ -135,7 +138,12 @@ def _fmt_policysync(ps: dict, overlay: dict | None) -> str:
     return (
         f"policysync pid {ps.get('pid')}: following the live ruleset; {ps.get('changes')} changes, "
         f"{ps.get('applied')} applied (last: {ps.get('last_kind') or '-'}), {ps.get('own')} own; "
-        f"fail-safe lag p50 {lag.get('p50')} ms, p99 {lag.get('p99')} ms; applied p50 {app.get('p50')} ms; {buf}"
+        f"fail-safe lag p50 {lag.get('p50')} ms, p99 {lag.get('p99')} ms; applied p50 {app.get('p50')} ms; {buf}; "
+        + (
+            f"lease {ps['lease_ms']} ms, renewed every {(ps.get('lease_interval_ms') or {}).get('p50')} ms (p50)"
+            if ps.get("lease_ms")
+            else "no lease"
+        )
     )
 
 

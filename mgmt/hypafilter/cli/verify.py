@@ -65,8 +65,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
             raise HypafilterError("--live: nothing is deployed")
         cfg = deploy.site_config(deploy.deployed_config(st))
         text = netns.run(["iptables-save", "-t", cfg.table], st["site"].get("netns"))
-        policy = live.followed(text, st, cfg)
+        policy = live.live_policy(text, st, cfg) if args.unfollowed else live.followed(text, st, cfg)
     else:
+        if args.unfollowed:
+            raise HypafilterError("--unfollowed needs --live")
         policy = load_policy(args, cfg)
     log = progress(args, quiet=args.json)
     report = verify(
@@ -112,6 +114,13 @@ def register(sub) -> None:
         action="store_true",
         help="the deployment's policy as the firewall's live ruleset has it now (what fail2ban, ufw, iptables "
         "changed included), instead of POLICY",
+    )
+    p.add_argument(
+        "--unfollowed",
+        action="store_true",
+        help="with --live: compare even when the deployment has not followed the live ruleset (the policy sync "
+        "service down): the hybrid must then still give the live ruleset's verdicts (its lease run out, the fast "
+        "path decides nothing)",
     )
     p.add_argument("--packets", type=int, default=1000, help="frames to send (default 1000)")
     p.add_argument("--seed", type=int, default=1, help="random seed (default 1)")

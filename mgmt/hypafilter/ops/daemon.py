@@ -174,6 +174,7 @@ class Service(abc.ABC):
         open_worker: Callable[[], Callable[[int, int], None]],
         recover: tuple[str, Callable[[], None]] | None = None,
         ident: dict | None = None,
+        keepalive: tuple[float, Callable[[], None]] | None = None,
     ) -> int:
         """The service process: runs a worker in a forked child and, when the child ends other than by a stop (an
         exception, a kill), recovers and starts another. The child gets SIGTERM if the supervisor dies
@@ -184,7 +185,9 @@ class Service(abc.ABC):
         the supervisor's pid (the one its status file names, which `stop` signals) and the number of children
         that ended abnormally before, and runs until SIGTERM; it is ready once its status file names its pid as
         `worker`. `recover`: (what, fn), run between an abnormal end and the next child (what: for the log);
-        `ident`: what the status file says of the service meanwhile besides its state."""
+        `ident`: what the status file says of the service meanwhile besides its state; `keepalive`: (period, fn), run
+        every period seconds from the abnormal end until the next child starts (the policy sync service renews its
+        lease: a worker renews it while it runs)."""
         import ctypes
 
         state_dir = Path(state_dir)
@@ -250,6 +253,13 @@ class Service(abc.ABC):
             restarts += 1
             delay = 1.0 if time.monotonic() - t0 > 30 else min(delay * 2, 30.0)
             deadline = time.monotonic() + delay
+            kept = 0.0
             while not stopping and time.monotonic() < deadline:
+                if keepalive is not None and time.monotonic() - kept >= keepalive[0]:
+                    kept = time.monotonic()
+                    try:
+                        keepalive[1]()
+                    except Exception as e:  # said in the log; the next worker tries again
+                        print(f"{self.name}: keepalive: {e}", file=sys.stderr, flush=True)
                 time.sleep(0.05)
         return 0

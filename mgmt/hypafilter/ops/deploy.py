@@ -33,6 +33,7 @@ from hypafilter.netfilter.bridge import unfilterable_nft
 from hypafilter.netfilter.restore import to_iptables_restore
 from hypafilter.ops import services
 from hypafilter.ops.buffer import overlay_json, read_static, static_path, write_static
+from hypafilter.ops.daemon import READY_TIMEOUT
 from hypafilter.ops.policysync import live
 from hypafilter.ops.policysync.nftevents import NfTables
 from hypafilter.ops.ruleset import (
@@ -214,11 +215,26 @@ def drift(st: dict, tgt: Target | None = None) -> list[str]:
             else:
                 with tgt.client(st["nic"]) as c:
                     out += nic_drift(c, st)
+            out += lease_drift(tgt.lease(st["nic"]), st)
     except Exception as e:  # an unreachable NIC is drift, whatever the transport raised
         out.append(f"nic: {e}")
     # tgt None: the state names no known target (said above); the services' wording is then the NIC's
     out += services.drift(st, STATE_DIR, tgt or Target)
     return out
+
+
+def lease_drift(lease: dict, st: dict) -> list[str]:
+    """The fast path's policy sync lease against the deployment's: expired (the fast path shunts everything: the
+    service has not renewed it in time), or not armed though the deployment wants one."""
+    want = int(st.get("lease_ms") or 0)
+    if lease.get("expired"):
+        return [
+            "policysync: the fast path shunts everything: policy sync lease expired (not renewed within "
+            f"{want or '?'} ms; the policy sync service renews it while it runs)"
+        ]
+    if want and not lease.get("armed"):
+        return [f"policysync: the policy sync lease ({want} ms) is not armed: the fast path decides without it"]
+    return []
 
 
 def shim_drift(sh: shim_mod.Shim, st: dict) -> list[str]:
@@ -460,6 +476,14 @@ def follow(
         )
 
 
+def first_lease_ms(config: Config) -> int:
+    """The lease a deploy arms the fast path with: the configured one (0: disarmed), plus the time the policy sync
+    service may take to start (ops.daemon.READY_TIMEOUT), whose first act is to renew it to the configured length;
+    a service that never starts leaves the fast path deciding nothing once this runs out."""
+    ms = config.policysync_lease_ms
+    return ms + int(READY_TIMEOUT * 1000) if ms else 0
+
+
 def stale_generation(gen: int) -> int:
     """A generation no tag of generation `gen` carries: the shim takes every such tag for stale (k = 0)."""
     return gen + 1 if gen < 0xFFFF else 1
@@ -502,6 +526,7 @@ def _deploy_locked(
             ("interfaces", _interfaces_state(policy)),
             ("nic_mode", config.nic_mode),
             ("update_buffer", config.update_buffer),
+            ("lease_ms", config.policysync_lease_ms),
         )
     )
     if same and follow and not force:
@@ -713,6 +738,7 @@ def _deploy_locked(
             new_nic = tx.step("nic", lambda: tgt.start(binary, gen, standby=standby), None)
             tx.undo.append(("nic", lambda: tgt.stop(new_nic)))
             written = tx.step("registers", lambda: tgt.program(new_nic, plan, gen))
+            tx.step("lease", lambda: tgt.set_lease(new_nic, first_lease_ms(config)))
             if hold is not None and hold():  # a newer change of the live ruleset: the new NIC decides nothing yet
                 tgt.shunt_all(new_nic, True)
                 fwshim.set_generation(stale_generation(gen))
@@ -741,6 +767,7 @@ def _deploy_locked(
                     raise HypafilterError("previous tables unknown; redeploy the previous policy to restore them")
 
             written = tx.step("registers", registers, registers_undo, undo_first=True)
+            tx.step("lease", lambda: tgt.set_lease(new_nic, first_lease_ms(config)))
             if hold is not None and hold():  # a newer change of the live ruleset: everything stays with software
                 fwshim.set_generation(stale_generation(gen))
                 held = True
@@ -811,6 +838,8 @@ def _deploy_locked(
         "interfaces": _interfaces_state(policy),
         "nic_mode": config.nic_mode,
         "update_buffer": config.update_buffer,
+        # the policy sync lease the service renews (0: none; docs/deploy.md "Live policy")
+        "lease_ms": config.policysync_lease_ms,
         # The firewall's VLAN setting found before the first deploy, given back at undeploy.
         "vlan_filter_before": (old or {}).get("vlan_filter_before", old_vlan),
         "partition": partition_counts(policy, plan),

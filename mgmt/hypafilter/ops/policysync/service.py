@@ -23,7 +23,10 @@ class PolicySync(Service):
         return self.start(ns, state_dir, [], READY_TIMEOUT)
 
     def down(self, tgt) -> str:
-        return "changes to the live ruleset are not followed: the fast path keeps deciding by the deployed policy"
+        return (
+            "changes to the live ruleset are not followed: the fast path decides by the deployed policy until its "
+            "policy sync lease runs out (for good without one: policysync_lease_ms = 0)"
+        )
 
     def problems(self, state_dir: Path) -> list[str]:
         """What makes the running service not vouch for the fast path: a change it could not apply (then the fast

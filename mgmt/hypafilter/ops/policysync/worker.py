@@ -16,6 +16,10 @@ another pid than the commands it ran, `netns.SPAWNED`):
 
 A listing that cannot be parsed or an update that fails leaves step 1 in force (fail closed) and the error in the
 status file, which `status` reports as drift. Lost events (ENOBUFS) lead to the same read and apply.
+
+While it runs, the worker renews the fast path's lease (the deployment's `lease_ms`, every
+POLICYSYNC_LEASE_RENEW_S, from its main loop: a worker stuck anywhere stops renewing it); a service killed for good
+leaves the lease to run out, and the fast path then decides nothing (fail closed).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from pathlib import Path
 
 from hypafilter import netns
 from hypafilter.analysis.plan import build_plan
+from hypafilter.config import POLICYSYNC_LEASE_RENEW_S
 from hypafilter.errors import HypafilterError
 from hypafilter.netfilter.bridge import TABLE as BRIDGE_TABLE
 from hypafilter.ops import deploy
@@ -129,6 +134,12 @@ class Follower:
         self.counts["rebuilds"] = 0
         self.rebuild_s = 0.0
         self.last_kind = ""
+        self.lease_due = 0.0  # when the lease is renewed next
+        self.lease_error = ""
+        self.lease_ms = 0  # the lease last written (the deployment's lease_ms)
+        self.counts["lease_renewals"] = 0
+        self.lag_lease: deque[float] = deque(maxlen=2000)  # ms: time between two renewals
+        self.lease_last: float | None = None
 
     def state(self, fresh: bool = True) -> dict:
         """The deployment's state (`fresh`: read again; else as last read unless the file changed since, what the
@@ -155,6 +166,30 @@ class Follower:
         self._tgt.shunt_all_now(st["nic"])
         self._shim.set_generation(deploy.stale_generation(st["generation"]))
         self.safe = True
+
+    def renew_lease(self, force: bool = False) -> float:
+        """Renew the fast path's lease when due (`force`: now): the deployment's `lease_ms` (0: it stays disarmed).
+        Returns the seconds until the next renewal is due. A failure is kept for the status file and tried again at
+        the next renewal; the lease then runs out, which is the point."""
+        now = time.monotonic()
+        if not force and now < self.lease_due:
+            return self.lease_due - now
+        self.lease_due = now + POLICYSYNC_LEASE_RENEW_S
+        try:
+            st = self.state(fresh=False)
+            ms = int(st.get("lease_ms") or 0)
+            self._tgt.set_lease(st["nic"], ms)
+        except Exception as e:  # a NIC being replaced, a transport error: said in the status file
+            if str(e) != self.lease_error:
+                self.log(f"lease: {e}")
+            self.lease_error = str(e)
+            return POLICYSYNC_LEASE_RENEW_S
+        self.lease_error, self.lease_ms = "", ms
+        self.counts["lease_renewals"] += 1
+        if self.lease_last is not None:
+            self.lag_lease.append((now - self.lease_last) * 1000)
+        self.lease_last = now
+        return POLICYSYNC_LEASE_RENEW_S
 
     def release(self) -> None:
         """Undo `fail_safe` when the live ruleset turned out to be the deployed policy."""
@@ -327,6 +362,9 @@ class Follower:
             "last_kind": self.last_kind,
             "rebuilding": self.rebuild is not None,
             "rebuild_s": self.rebuild_s,
+            "lease_ms": self.lease_ms,
+            "lease_error": self.lease_error,
+            "lease_interval_ms": _pct(self.lag_lease),
         }
 
 
@@ -393,13 +431,16 @@ def serve(ns: str, state_dir: Path, service_pid: int | None = None, restarts: in
         )
 
     try:
+        f.renew_lease(force=True)  # first: a deploy armed the fast path only for the time this start may take
         status()  # ready: subscribed; the first listing below may take a while on a large ruleset
         f.sync("start")
+        f.renew_lease()
         status()
         next_status = time.monotonic() + STATUS_EVERY
         while not stopping:
+            lease_in = f.renew_lease()
             wait = 0.0 if f.pending or f.lost else 0.05 if f.after_deploy else max(0.0, next_status - time.monotonic())
-            r, _, _ = select.select([nft.events], [], [], wait)
+            r, _, _ = select.select([nft.events], [], [], min(wait, lease_in))
             t0 = time.monotonic()
             while r:
                 if not f.intake(t0):
@@ -443,6 +484,17 @@ def fail_safe_now(state_dir: Path) -> None:
     deploy.shim_of(st).set_generation(deploy.stale_generation(st["generation"]))
 
 
+def renew_lease_now(state_dir: Path) -> None:
+    """Renew the lease of the deployment in `state_dir` once: what the supervisor does while it restarts a worker
+    (the fast path shunts everything meanwhile, `fail_safe_now`; the lease keeps status from calling it expired)."""
+    deploy.configure(state_dir=state_dir)
+    deploy.configure_from_state()
+    st = deploy.read_state()
+    if not st:
+        return
+    deploy.target_of(st, deploy.state_config(st)).set_lease(st["nic"], int(st.get("lease_ms") or 0))
+
+
 def supervise(ns: str, state_dir: Path) -> int:
     """The service process: `serve` in a supervised worker (ops.daemon). A worker that ends abnormally leaves no
     change unfollowed: the supervisor makes the fast path shunt everything (`fail_safe_now`) before it starts the
@@ -455,4 +507,5 @@ def supervise(ns: str, state_dir: Path) -> int:
         "the fast path shunts everything until the next worker has read the ruleset",
         lambda: fail_safe_now(state_dir),
     )
-    return SERVICE.supervise(Path(state_dir), open_worker, recover, {"ns": ns})
+    keepalive = (POLICYSYNC_LEASE_RENEW_S, lambda: renew_lease_now(state_dir))
+    return SERVICE.supervise(Path(state_dir), open_worker, recover, {"ns": ns}, keepalive=keepalive)

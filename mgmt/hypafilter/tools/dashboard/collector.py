@@ -579,12 +579,18 @@ def read_flowsync(state: dict) -> dict:
 
 def read_policysync(state: dict) -> dict:
     """The policy sync service of the deployment in `state` as `hypafilter status` shows it, with the update
-    buffer's use (`buffer`: slots used and the matcher's depth; None without a buffer)."""
+    buffer's use (`buffer`: slots used and the matcher's depth; None without a buffer) and the fast path's lease
+    (`lease`: armed, expired, left_ms, and the deployment's length `want_ms`; None when it cannot be read)."""
     if "policysync" not in state:
         return {}
     out = POLICYSYNC.status(deploy.STATE_DIR, state.get("policysync"))
     ov = state.get("overlay")
     out["buffer"] = {"used": len(ov["slots"]), "depth": ov["depth"]} if ov else None
+    try:
+        lease = deploy.target_of(state, deploy.state_config(state)).lease(state["nic"])
+        out["lease"] = {**lease, "want_ms": int(state.get("lease_ms") or 0)}
+    except Exception:  # a NIC gone or unreachable: drift says so
+        out["lease"] = None
     return out
 
 

@@ -76,8 +76,10 @@ def flowsync_gauges(fs: dict) -> Iterator[Metric]:
 
 def policysync_metrics(ps: dict) -> Iterator[Metric]:
     """The policy sync service: up, following (no change it could not apply), shunting everything for a change
-    now, its counters, its two lags, and the update buffer's slots in use."""
+    now, its lease on the fast path (armed; expired: the fast path shunts everything), its counters, its two lags,
+    and the update buffer's slots in use."""
     running = bool(ps.get("running"))
+    lease = ps.get("lease") or {}
     for name, text, value in (
         ("hypafilter_policysync_up", "1 when the policy sync service runs.", running),
         (
@@ -89,6 +91,12 @@ def policysync_metrics(ps: dict) -> Iterator[Metric]:
             "hypafilter_policysync_shunting_all",
             "1 while a change makes the fast path shunt everything.",
             running and bool(ps.get("safe")),
+        ),
+        ("hypafilter_policysync_lease_armed", "1 when the fast path holds a policy sync lease.", lease.get("armed")),
+        (
+            "hypafilter_policysync_lease_expired",
+            "1 when the policy sync lease expired: the fast path shunts everything (the service did not renew it).",
+            lease.get("expired"),
         ),
     ):
         g = GaugeMetricFamily(name, text)

@@ -99,13 +99,14 @@ POLICYSYNC_FIELDS = (
     "lag_apply_ms",
     "last_kind",
     "buffer",
+    "lease",
     "pid",
 )
 
 
 def policysync_view(snap: Snapshot) -> dict[str, Any] | None:
     """The policy sync service (docs/deploy.md, "Live policy"): whether it follows the live ruleset, its counters
-    and lags, the update buffer's use. None: nothing deployed."""
+    and lags, the update buffer's use, the fast path's lease. None: nothing deployed."""
     ps = snap.policysync
     if not ps:
         return None

@@ -329,8 +329,10 @@
 
   function renderPolicysync(p) {
     const state = document.getElementById("policysync-state");
+    const expired = p && p.lease && p.lease.expired ? " · LEASE EXPIRED: the fast path shunts everything" : "";
     if (!p) state.textContent = "nothing deployed";
-    else if (!p.running) state.textContent = "DOWN: changes to the live ruleset are not followed";
+    else if (!p.running) state.textContent = "DOWN: changes to the live ruleset are not followed" + expired;
+    else if (expired) state.textContent = "following, pid " + p.pid + expired;
     else if (p.error) state.textContent = "CANNOT FOLLOW: " + p.error + " · the fast path shunts everything";
     else state.textContent = "following, pid " + p.pid + (p.safe ? " · applying a change (everything to software)" : "");
     const live = p && p.running ? p : null;

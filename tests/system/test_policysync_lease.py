@@ -142,3 +142,21 @@ def test_a_ban_made_after_the_service_died_holds(lab):
     r = hf.verify_live()
     assert r["hw_forwarded"] + r["hw_dropped"] > 0
     assert hf("status", check=False).returncode == 0
+
+
+def test_the_xdp_programs_lease_word():
+    """The xdp program alone (BPF_PROG_TEST_RUN in a scratch namespace, `bench xdp-cost --lease`): disarmed and armed
+    (far ahead) it decides the same frames alike; expired, every frame passes as unparsed (value 0), none decided."""
+    need_root()
+    from hypafilter.analysis.plan import build_plan
+    from hypafilter.config import Config
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.tools.bench.xdpcost import xdp_cost
+
+    example = ROOT / "rulesets" / "example.rules"
+    policy = parse_policy(example.read_text(), str(example))
+    plan = build_plan(policy, Config())
+    runs = {w: xdp_cost(plan, policy, frames=300, repeat=1, lease=w)["counters"] for w in ("off", "armed", "expired")}
+    assert runs["off"] == runs["armed"], runs
+    assert runs["off"].get("CNT_FORWARDED", 0) + runs["off"].get("CNT_DROPPED", 0) > 0, runs["off"]
+    assert runs["expired"] == {"PKTIN": 300, "PKTOUT": 300, "CNT_SHUNT_UNPARSED": 300}, runs["expired"]

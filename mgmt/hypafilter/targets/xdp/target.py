@@ -44,6 +44,7 @@ from hypafilter.targets.xdp.tables import (
 )
 
 PIN_ROOT = Path("/sys/fs/bpf/hypafilter-xdp")
+CLOCK_MONOTONIC_COARSE = getattr(time, "CLOCK_MONOTONIC_COARSE", 6)  # Linux's clock id; Python names it on few builds
 LEASE_MAP = "hfx_lease"  # the policy sync lease: u64 CLOCK_MONOTONIC ns until which the tables are vouched for
 CONTROL_ENABLE, CONTROL_PASS_UNFILTERABLE, CONTROL_HOST_MODE = 1, 4, 8
 CONTROL_MISS_SHUNT_ACCEPT, CONTROL_MISS_SHUNT_DROP = 16, 32  # Plan.miss_shunt (hw/regmap.txt CONTROL bits 4/5)
@@ -392,8 +393,9 @@ class XdpTarget(Target):
             m.set_word(0, 0)
 
     def set_lease(self, info: dict, ms: int) -> None:
-        """The lease word (hfx_lease): CLOCK_MONOTONIC now + `ms`, as the program's bpf_ktime_get_ns counts; 0
-        disarms it. One u64 through the bpf() syscall, without the loader process."""
+        """The lease word (hfx_lease): CLOCK_MONOTONIC now + `ms` (the program compares it with the coarse clock of the
+        same timeline, at most a kernel tick behind); 0 disarms it. One u64 through the bpf() syscall, without the
+        loader process."""
         if not isinstance(ms, int) or ms < 0:
             raise HypafilterError(f"a lease of {ms!r} ms")
         value = time.monotonic_ns() + ms * 1_000_000 if ms else 0
@@ -407,7 +409,7 @@ class XdpTarget(Target):
             return {"armed": False, "expired": False, "left_ms": 0}
         with PinnedArray(path) as m:
             (until,) = struct.unpack("=Q", m.read())
-        now = time.monotonic_ns()
+        now = time.clock_gettime_ns(CLOCK_MONOTONIC_COARSE)  # the clock the program compares with
         return {"armed": until != 0, "expired": until != 0 and now >= until, "left_ms": max(0, until - now) // 10**6}
 
     def forget_flushed_flows(self, info: dict, wait: float = 3.0) -> None:

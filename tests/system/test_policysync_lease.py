@@ -7,6 +7,7 @@ before it) the fast path kept deciding by the last tables and let the banned sen
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -75,7 +76,9 @@ def test_the_lease_is_renewed_while_the_service_runs(lab):
         seen.append(lease())
         time.sleep(0.05)
     assert all(x["armed"] and not x["expired"] for x in seen), [x for x in seen if x["expired"] or not x["armed"]]
-    assert all(0 < x["left_ms"] <= want for x in seen), [x["left_ms"] for x in seen]
+    # xdp reads the time left against the program's coarse clock, up to a kernel tick (4 ms at HZ 250) behind
+    slack = 10 if lab == "xdp" else 0
+    assert all(0 < x["left_ms"] <= want + slack for x in seen), [x["left_ms"] for x in seen]
     lows = sorted(x["left_ms"] for x in seen)
     print(f"lease ({lab}): {len(seen)} readings over 3 s, left_ms min {lows[0]}, median {lows[len(lows) // 2]}")
     doc = hf.service()
@@ -102,7 +105,7 @@ def test_a_deployment_without_a_lease_disarms_it(lab, tmp_path):
     assert state()["lease_ms"] == 1000
     time.sleep(0.3)
     x = lease()
-    assert x["armed"] and not x["expired"] and x["left_ms"] <= 1000, x
+    assert x["armed"] and not x["expired"] and x["left_ms"] <= 1000 + (10 if lab == "xdp" else 0), x
     hf.followed()
 
 
@@ -124,6 +127,18 @@ def test_a_ban_made_after_the_service_died_holds(lab):
     killed = time.monotonic()
     netns.run(["iptables", "-w", "-I", "FORWARD", "1", "-s", f"{BANNED}/32", "-j", "DROP"], FW)
     lease_s = state().get("lease_ms", 1000) / 1000
+    # how long the fast path went on deciding: the lease read back every 10 ms until it says expired (the emulated
+    # core's LEASE_STATUS, the xdp word against the program's clock); at most the lease after the kill, less the
+    # time since the last renewal, plus the time base's delay (1 ms + 16 cycles; one kernel tick on xdp)
+    gone = None
+    while time.monotonic() < killed + lease_s + 1.0:
+        with contextlib.suppress(Exception):  # a reading that fails is taken again
+            if lease()["expired"]:
+                gone = time.monotonic() - killed
+                break
+        time.sleep(0.01)
+    assert gone is not None and gone <= lease_s + 0.05, f"the lease ran out {gone} s after the kill (lease {lease_s} s)"
+    print(f"lease ({lab}): expired {gone * 1000:.0f} ms after the kill (lease {lease_s * 1000:.0f} ms)")
     time.sleep(max(0.0, killed + lease_s + 0.3 - time.monotonic()))  # past the lease
     r = hf.verify_live(unfollowed=True)  # the kernel with the live ruleset (the ban in it) alone as oracle
     assert r["hw_forwarded"] + r["hw_dropped"] == 0, r  # the fast path decided nothing it could not vouch for

@@ -90,6 +90,24 @@ def test_the_lease_is_renewed_while_the_service_runs(lab):
     assert hf("status", check=False).returncode == 0
 
 
+def test_a_worker_restart_keeps_the_lease(lab):
+    """A worker killed alone (SIGKILL): its supervisor makes the fast path fail safe and renews the lease while it
+    starts the next worker, which renews it from its start: the lease never runs out meanwhile."""
+    hf.followed()
+    doc = hf.service()
+    restarts = doc.get("restarts", 0)
+    os.kill(doc["worker"], signal.SIGKILL)
+    t0, seen = time.monotonic(), []
+    while time.monotonic() - t0 < 3.0:
+        with contextlib.suppress(Exception):  # the NIC is busy with the supervisor's writes: read again
+            seen.append(lease())
+        time.sleep(0.02)
+    assert seen and not any(x["expired"] for x in seen), [x for x in seen if x["expired"]][:3]
+    doc = hf.followed()
+    assert doc.get("restarts", 0) > restarts, doc
+    assert hf("status", check=False).returncode == 0
+
+
 def test_a_deployment_without_a_lease_disarms_it(lab, tmp_path):
     """policysync_lease_ms = 0: the update disarms the lease (the fast path decides as before the lease, and the
     service keeps it disarmed); a deploy with the default arms it again."""

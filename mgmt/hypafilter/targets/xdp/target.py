@@ -399,7 +399,13 @@ class XdpTarget(Target):
         if not isinstance(ms, int) or ms < 0:
             raise HypafilterError(f"a lease of {ms!r} ms")
         value = time.monotonic_ns() + ms * 1_000_000 if ms else 0
-        with PinnedArray(Path(info["pin"]) / LEASE_MAP) as m:
+        path = Path(info["pin"]) / LEASE_MAP
+        if not path.exists() and Path(info["pin"]).exists():
+            raise HypafilterError(
+                f"the running XDP program ({info['pin']}) has no policy sync lease (built before it): "
+                "`deploy --force` starts one that has"
+            )
+        with PinnedArray(path) as m:
             m.write(struct.pack("=Q", value))
 
     def lease(self, info: dict) -> dict:

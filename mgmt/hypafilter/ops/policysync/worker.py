@@ -442,6 +442,11 @@ def serve(ns: str, state_dir: Path, service_pid: int | None = None, restarts: in
             wait = 0.0 if f.pending or f.lost else 0.05 if f.after_deploy else max(0.0, next_status - time.monotonic())
             r, _, _ = select.select([nft.events], [], [], min(wait, lease_in))
             t0 = time.monotonic()
+            # a wake-up only to renew the lease changes nothing else: the rest of the round (the lazy rebuild's
+            # checks included) keeps the pace it has without the lease (events, or the status interval)
+            lease_only = not r and t0 < next_status and not (f.pending or f.lost or f.after_deploy or f.error)
+            if lease_only:
+                continue
             while r:
                 if not f.intake(t0):
                     break

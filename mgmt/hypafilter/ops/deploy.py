@@ -14,6 +14,7 @@ import dataclasses
 import fcntl
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -395,6 +396,28 @@ def _kernel_check(policy: Policy, config: Config) -> None:
         )
 
 
+def _in_background(fn: Callable[[], object]) -> Callable[[], object]:
+    """Start `fn` in a thread; the function returned waits for it and returns its result or raises its error."""
+    done: dict = {}
+
+    def run() -> None:
+        try:
+            done["result"] = fn()
+        except BaseException as e:  # handed to the caller, which raises it in its own thread
+            done["error"] = e
+
+    t = threading.Thread(target=run, name="hf-deploy-read", daemon=True)
+    t.start()
+
+    def result() -> object:
+        t.join()
+        if "error" in done:
+            raise done["error"]
+        return done.get("result")
+
+    return result
+
+
 def partition_counts(policy: Policy, plan) -> dict:
     n = len(plan.entries)
     return {
@@ -526,13 +549,27 @@ def _deploy_locked(
             f"{policy.base_chain} needs {config.nic_mode} mode: undeploy first"
         )
     _check_lab(tgt.name)
-    if not follow and (others := live.foreign_chains(NS_FW, config.table, config.nic_mode)):
+    fwshim = _fw_shim(tgt.name)
+    base = policy.base_chain
+    # The reads before the first change, each a short command waiting on the kernel: run side by side (an update
+    # waited ~40 ms for them one after the other); each result is taken where the sequence needs it, its error
+    # raised there, so what is reported and in which order does not change.
+    pre = {
+        "foreign": (lambda: live.foreign_chains(NS_FW, config.table, config.nic_mode)) if not follow else None,
+        "backend": (lambda: live.backend(NS_FW)) if not follow else None,
+        "jump": (lambda: has_jump(NS_FW, config, base, old["main_chain"])) if old else None,
+        "attached": fwshim.attached if old else None,
+        "unfilterable": (lambda: _unfilterable_drift(old)) if old else None,
+        "kernel": (lambda: _kernel_check(policy, config)) if not follow else None,
+    }
+    ready = {k: _in_background(fn) for k, fn in pre.items() if fn is not None}
+    if not follow and (others := ready["foreign"]()):
         raise HypafilterError(
             f"nftables base chains besides iptables' {config.table} table filter the frames the fast path would "
             f"decide without them: {'; '.join(others)}. hypafilter accelerates an iptables policy; remove them or "
             "move their rules into the policy (docs/deploy.md, Live policy)"
         )
-    if not follow and live.backend(NS_FW) != "nf_tables":
+    if not follow and ready["backend"]() != "nf_tables":
         raise HypafilterError(
             "iptables here is the legacy xtables backend, which announces no ruleset change: hypafilter follows the "
             "live ruleset through nf_tables events (docs/deploy.md, Live policy); use iptables-nft "
@@ -541,11 +578,9 @@ def _deploy_locked(
     gen = (old["generation"] + 1) if old else 1
     gen = gen if gen <= 0xFFFF else 1  # the hardware carries 16 bits of generation
     tx = Transaction(log=log)
-    fwshim = _fw_shim(tgt.name)
-    base = policy.base_chain
     prefix = chain_prefix(config, gen)
     new_main = f"{prefix}MAIN"
-    old_main = old["main_chain"] if old and has_jump(NS_FW, config, base, old["main_chain"]) else None
+    old_main = old["main_chain"] if old and ready["jump"]() else None
     old_nic = old["nic"] if old else None
     if old_nic and not tgt.alive(old_nic):
         log(f"previous NIC (pid {old_nic.get('pid')}) is gone; deploying as new")
@@ -553,13 +588,14 @@ def _deploy_locked(
 
     held = False
     nft_gen = None
+    loaded = None  # (generation before, after) the deploy's load of the ruleset
     # A running policy sync service stays: it leaves the ruleset to a deploy that holds the lock and takes the
     # commits up to the generation the deploy records (`nft_generation`) for the deploy's own.
     keep = ("policysync",) if services.POLICYSYNC.running_pid(STATE_DIR) and not follow else ()
     try:
         if not follow:
             # The kernel's own parser first: a rule it refuses is reported at the user's line, before a long build.
-            tx.step("kernel-check", lambda: _kernel_check(policy, config))
+            tx.step("kernel-check", ready["kernel"])
         tx.step("interfaces", lambda: _check_interfaces(policy))
         plan = tx.step("compile", lambda: build_plan(policy, config, live=True))
         # The update buffer first (SFL, docs/deploy.md "Update buffer"): the running matcher with an overlay that
@@ -612,7 +648,7 @@ def _deploy_locked(
             and not force
             and fwshim.pinned
             and all(old.get(k) == getattr(config, k) for k in ("mark_mask", "mark_shift"))
-            and fwshim.attached() == fwshim.ifaces  # pins can outlive a deleted namespace's programs
+            and ready["attached"]() == fwshim.ifaces  # pins can outlive a deleted namespace's programs
         )
         if quick:
             old_gen = old["generation"]
@@ -656,7 +692,7 @@ def _deploy_locked(
         # the host too for frames the NIC hands it while it is not classifying (reset, standby, loading). An update
         # with the same setting leaves the table as the last deploy wrote it (drift names a change by hand).
         old_unfilterable = (old or {}).get("unfilterable", "pass")
-        if force or not old or old_unfilterable != config.unfilterable or _unfilterable_drift(old):
+        if force or not old or old_unfilterable != config.unfilterable or ready["unfilterable"]():
             tx.step(
                 "bridge-unfilterable",
                 lambda: netns.run(["nft", "-f", "-"], NS_FW, input=unfilterable_nft(config.unfilterable)),
@@ -686,11 +722,10 @@ def _deploy_locked(
                     lambda: restore(NS_FW, live_text(config, policy, body, new_main, old_main, gone)),
                     lambda: restore_table(NS_FW, snapshot),
                 )
-                # The listing as the kernel now shows this policy (iptables-save orders and omits options its own
-                # way): its digest lets the policy sync service know it without parsing it. Only when the load was
-                # the one commit since g0: a concurrent change must be read by the service, not taken as ours.
-                text, g1 = live.listing(NS_FW, config.table, nft.generation)
-                digest = live.digest(text, config.chain_prefix) if g1 == g0 + 1 else None
+                # Ours when the load was the one commit since g0: a concurrent change must be read by the service,
+                # not taken as ours. The listing of it (for the digest) is read once the new policy holds.
+                g1 = nft.generation()
+                loaded = (g0, g1)
                 nft_gen = g1 if g1 == g0 + 1 else None
             finally:
                 nft.close()
@@ -773,6 +808,19 @@ def _deploy_locked(
             tgt.stop(old_nic)
         except Exception as e:
             warnings.append(f"stopping the old NIC: {e}")
+    if loaded is not None:
+        # The listing as the kernel now shows the loaded policy (iptables-save orders and omits options its own way):
+        # its digest lets the policy sync service know it without parsing it; none when another commit came since.
+        digest = None
+        if nft_gen is not None:
+            nft = NfTables(NS_FW)
+            try:
+                text, g2 = live.listing(NS_FW, config.table, nft.generation)
+                digest = live.digest(text, config.chain_prefix) if g2 == nft_gen else None
+            except HypafilterError as e:
+                warnings.append(f"reading back the loaded ruleset: {e}")
+            finally:
+                nft.close()
     try:
         stale = [c for g, cs in owned_chains(NS_FW, config).items() if g != gen for c in cs]
         if stale:

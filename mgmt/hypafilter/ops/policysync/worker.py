@@ -105,6 +105,10 @@ class Follower:
             "failed": 0,
             "resyncs": 0,
             "retries": 0,
+            # the applied changes by how they reached the fast path (what `bench churn` reports)
+            "applied_buffer": 0,
+            "applied_registers": 0,
+            "applied_new_core": 0,
         }
         self.lag_safe: deque[float] = deque(maxlen=2000)  # ms: events read -> fail safe in force
         self.lag_apply: deque[float] = deque(maxlen=2000)  # ms: events read -> the fast path decides again
@@ -203,6 +207,7 @@ class Follower:
                     if last.get("overlay_slots") is not None and not last.get("replaced_nic")
                     else ("new core" if last.get("replaced_nic") else "registers")
                 )
+                self.counts["applied_" + self.last_kind.replace(" ", "_")] += 1
                 self.log(f"{reason}: generation {new['generation']} ({self.last_kind}, {last.get('duration_s')} s)")
             if t0 is not None:
                 self.lag_apply.append((time.monotonic() - t0) * 1000)

@@ -461,7 +461,7 @@ def follow(
     policy: Policy,
     log: Callable[[str], None] = lambda s: None,
     rebuild: bool = False,
-    hold: Callable[[], bool] | None = None,
+    watch: FollowWatch | None = None,
     abort: Callable[[], bool] = lambda: False,
     digest: str | None = None,
 ) -> dict:
@@ -470,17 +470,36 @@ def follow(
     only the tool's chains, the jump (first again), the shim and the NIC change; through the update buffer when
     the running matcher can hold the change. A failure leaves the fast path shunting (fail closed). `rebuild`: the
     lazy rebuild — a new core (program) for `policy`, the deployed one, built beforehand (the build is cached),
-    swapped make-before-break, the update buffer empty after it. `hold()`, asked just before the fast path would
-    decide again: True when a newer change is pending, and then everything stays with software, every tag stale
-    (the new state's `held`). The lock is waited for (30 s at most, or until `abort()`)."""
+    swapped make-before-break, the update buffer empty after it. `watch` (FollowWatch): the service's eye on the
+    ruleset while the update runs. The lock is waited for (30 s at most, or until `abort()`)."""
     with _lock(30.0, abort):
         old = read_state()
         if not old:
             raise HypafilterError("nothing is deployed")
         config = deployed_config(old)
         return _deploy_locked(
-            policy, config, rebuild, log, target_of(old, config), follow=True, hold=hold, digest=digest
+            policy, config, rebuild, log, target_of(old, config), follow=True, watch=watch, digest=digest
         )
+
+
+class FollowWatch:
+    """What the policy sync service does while `follow` applies a change (ops.policysync.worker.Follower):
+
+    - `hold()`, asked just before the fast path would decide again: True when a newer change is pending; then
+      everything stays with software, every tag stale (the new state's `held`);
+    - `applied(generation, nic)`, once the fast path decides by the new policy: from here a newer change must be
+      failed safe on this NIC and generation (the state file still names the old ones);
+    - `poll()`, between the steps of the tidying up that follows (old chains, read-back, state): read the events
+      queued meanwhile and fail safe at once for a newer change, instead of after the update."""
+
+    def hold(self) -> bool:
+        return False
+
+    def applied(self, generation: int, nic: dict) -> None:
+        pass
+
+    def poll(self) -> None:
+        pass
 
 
 def stale_generation(gen: int) -> int:
@@ -505,10 +524,11 @@ def _deploy_locked(
     log,
     tgt: Target,
     follow: bool = False,
-    hold: Callable[[], bool] | None = None,
+    watch: FollowWatch | None = None,
     digest: str | None = None,
 ) -> dict:
     t0 = time.monotonic()
+    watch = watch or FollowWatch()
     old = read_state()
     if old and old.get("target", "emu") != tgt.name:
         raise HypafilterError(f"a policy is deployed on target '{old.get('target', 'emu')}': undeploy it first")
@@ -748,7 +768,7 @@ def _deploy_locked(
             new_nic = tx.step("nic", lambda: tgt.start(binary, gen, standby=standby), None)
             tx.undo.append(("nic", lambda: tgt.stop(new_nic)))
             written = tx.step("registers", lambda: tgt.program(new_nic, plan, gen))
-            if hold is not None and hold():  # a newer change of the live ruleset: the new NIC decides nothing yet
+            if watch.hold():  # a newer change of the live ruleset: the new NIC decides nothing yet
                 tgt.shunt_all(new_nic, True)
                 fwshim.set_generation(stale_generation(gen))
                 held = True
@@ -776,7 +796,7 @@ def _deploy_locked(
                     raise HypafilterError("previous tables unknown; redeploy the previous policy to restore them")
 
             written = tx.step("registers", registers, registers_undo, undo_first=True)
-            if hold is not None and hold():  # a newer change of the live ruleset: everything stays with software
+            if watch.hold():  # a newer change of the live ruleset: everything stays with software
                 fwshim.set_generation(stale_generation(gen))
                 held = True
             else:
@@ -785,6 +805,8 @@ def _deploy_locked(
         # waits for; the rest (old chains, state) is tidying up
         applied = round(time.monotonic() - t0, 4)
         tx.undo.clear()  # committed: from here on, failures are clean-up warnings, not rollbacks
+        if not held:
+            watch.applied(gen, new_nic)
     except DeployError as e:
         tx.rollback()
         if tx.rollback_errors:
@@ -798,6 +820,7 @@ def _deploy_locked(
         (("flowsync",) if replace else ()) if follow else tuple(s.name for s in services.SERVICES if s.name not in keep)
     )
     warnings = [f"stopping {svc.title}: {e}" for svc, e in services.stop_all(STATE_DIR, only=restart)]
+    watch.poll()
     if replace:
         try:
             write_static(STATE_DIR, plan, tgt.buffer_depth(), binary, _write_private)
@@ -808,6 +831,7 @@ def _deploy_locked(
             tgt.stop(old_nic)
         except Exception as e:
             warnings.append(f"stopping the old NIC: {e}")
+    watch.poll()
     if loaded is not None:
         # The listing as the kernel now shows the loaded policy (iptables-save orders and omits options its own way):
         # its digest lets the policy sync service know it without parsing it; none when another commit came since.
@@ -827,6 +851,7 @@ def _deploy_locked(
             nft_gen = _own_commit(lambda: restore(NS_FW, delete_text(config, stale)), nft_gen)
     except HypafilterError as e:
         warnings.append(f"removing old chains: {e}")
+    watch.poll()
 
     try:
         fingerprint = chains_fingerprint(NS_FW, config, new_chains)
@@ -900,7 +925,9 @@ def _deploy_locked(
         state.update(
             {svc.name: old[svc.name] for svc in services.SERVICES if svc.name in old and svc.name not in restart}
         )
+    watch.poll()
     write_state(state)
+    watch.poll()
     state.update(services.start_wanted(NS_FW, STATE_DIR, policy, plan, tgt, new_nic, warnings, log, only=restart))
     write_state(state)
     for w in warnings:

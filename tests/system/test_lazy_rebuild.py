@@ -6,13 +6,12 @@ and after (the kernel as oracle: `verify --live`)."""
 from __future__ import annotations
 
 import json
-import shutil
 import time
 
 import pytest
 from hypafilter import netns
 
-from conftest import ROOT, need_root
+from conftest import ROOT
 from tests.hfcli import HfCli
 
 pytestmark = pytest.mark.system
@@ -26,16 +25,8 @@ BANS = [f"10.0.1.{40 + i}" for i in range(8)]  # half of the default buffer dept
 
 @pytest.fixture(scope="module", params=["emu", "xdp"])
 def lab(request):
-    need_root()
-    target = request.param
-    hf("lab", "down", "--name", LAB, check=False)
-    shutil.rmtree(STATE, ignore_errors=True)
-    hf("lab", "up", "--name", LAB, *(["--target", "xdp"] if target == "xdp" else []))
-    hf("deploy", str(ROOT / "rulesets" / "example.rules"), "--target", target, "-q")
-    yield target
-    hf("undeploy", "-q", check=False)
-    hf("lab", "down", "--name", LAB, check=False)
-    shutil.rmtree(STATE, ignore_errors=True)
+    with hf.deployed_lab(request.param, ROOT / "rulesets" / "example.rules") as target:
+        yield target
 
 
 def state() -> dict:

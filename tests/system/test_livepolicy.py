@@ -6,13 +6,12 @@ a namespace holding the live ruleset alone (the kernel as oracle)."""
 from __future__ import annotations
 
 import json
-import shutil
 import time
 
 import pytest
 from hypafilter import netns
 
-from conftest import ROOT, need_root
+from conftest import ROOT
 from tests.hfcli import HfCli
 
 pytestmark = pytest.mark.system
@@ -25,16 +24,8 @@ hf = HfCli(LAB, STATE)
 
 @pytest.fixture(scope="module", params=["emu", "xdp"])
 def lab(request):
-    need_root()
-    target = request.param
-    hf("lab", "down", "--name", LAB, check=False)
-    shutil.rmtree(STATE, ignore_errors=True)
-    hf("lab", "up", "--name", LAB, *(["--target", "xdp"] if target == "xdp" else []))
-    hf("deploy", str(ROOT / "rulesets" / "example.rules"), "--target", target, "-q")
-    yield target
-    hf("undeploy", "-q", check=False)
-    hf("lab", "down", "--name", LAB, check=False)
-    shutil.rmtree(STATE, ignore_errors=True)
+    with hf.deployed_lab(request.param, ROOT / "rulesets" / "example.rules") as target:
+        yield target
 
 
 def ipt(*args: str) -> None:

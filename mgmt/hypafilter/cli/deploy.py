@@ -64,6 +64,8 @@ def _fmt_status(st: dict) -> str:
         return "nothing deployed"
     p = st.get("partition", {})
     lines = [f"DRIFT    {d}" for d in st.get("drift") or []]
+    if st.get("busy"):  # deploy.status waited STATUS_WAIT for the lock in vain
+        lines.insert(0, "BUSY     a deploy, update or policy sync apply still runs: what follows may be half-way")
     lines += [
         f"policy   {st['policy_source']} (hash {st['policy_hash'][:16]}), generation {st['generation']}",
         f"rules    {p.get('rules')} ({p.get('simple')} simple, {p.get('complex')} complex), "

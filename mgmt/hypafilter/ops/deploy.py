@@ -612,12 +612,19 @@ def _deploy_locked(
     # A running policy sync service stays: it leaves the ruleset to a deploy that holds the lock and takes the
     # commits up to the generation the deploy records (`nft_generation`) for the deploy's own.
     keep = ("policysync",) if services.POLICYSYNC.running_pid(STATE_DIR) and not follow else ()
+    # The kernel's own parser (a scratch namespace) reports a rule it refuses at the user's line. Its verdict is
+    # awaited before a build (minutes for a new core) and whenever a step fails (its words then explain the
+    # failure); an update through the update buffer or the registers does not wait for it: the load of the
+    # ruleset itself refuses the same rules, atomically, and the transaction rolls back.
+    kernel = ready.get("kernel")
     try:
-        if not follow:
-            # The kernel's own parser first: a rule it refuses is reported at the user's line, before a long build.
-            tx.step("kernel-check", ready["kernel"])
-        tx.step("interfaces", lambda: _check_interfaces(policy))
-        plan = tx.step("compile", lambda: build_plan(policy, config, live=True))
+        try:
+            tx.step("interfaces", lambda: _check_interfaces(policy))
+            plan = tx.step("compile", lambda: build_plan(policy, config, live=True))
+        except DeployError:
+            if kernel is not None:
+                tx.step("kernel-check", kernel)
+            raise
         # The update buffer first (SFL, docs/deploy.md "Update buffer"): the running matcher with an overlay that
         # makes it decide as the new plan; a new core (program) only when the change does not fit.
         view = None
@@ -631,6 +638,9 @@ def _deploy_locked(
                 log(f"update buffer: {e}; building a new core")
             tx.timings["overlay"] = round(time.monotonic() - t_ov, 4)
         hw = view if view is not None else plan
+        if kernel is not None and (view is None or not old_nic):  # a build may come: the kernel's verdict first
+            tx.step("kernel-check", kernel)
+            kernel = None
         binary = old_nic["binary"] if view is not None else tx.step("build", lambda: tgt.build(plan))
         intervals = [int(k) for k in hw.interval]
         nf_text = tx.step(
@@ -809,9 +819,17 @@ def _deploy_locked(
             watch.applied(gen, new_nic)
     except DeployError as e:
         tx.rollback()
+        err = e
+        if kernel is not None and e.step != "kernel-check":
+            try:  # the kernel check not awaited yet: a rule it refuses explains the failure at the user's line
+                kernel()
+            except HypafilterError as refused:
+                err = DeployError("kernel-check", str(refused))
         if tx.rollback_errors:
-            raise DeployError(e.step, f"{e}; rollback also failed: {'; '.join(tx.rollback_errors)}") from e
-        _journal_failure(old, policy, gen, e, tx, t0)
+            raise DeployError(err.step, f"{err}; rollback also failed: {'; '.join(tx.rollback_errors)}") from e
+        _journal_failure(old, policy, gen, err, tx, t0)
+        if err is not e:
+            raise err from e
         raise
 
     # The running services follow the old NIC and policy; new ones start below when wanted. Following the live
@@ -831,6 +849,11 @@ def _deploy_locked(
             tgt.stop(old_nic)
         except Exception as e:
             warnings.append(f"stopping the old NIC: {e}")
+    if kernel is not None:  # not awaited: the load succeeded, so the kernel took every rule
+        try:
+            kernel()
+        except HypafilterError as refused:
+            warnings.append(f"the kernel check refused what the load took: {refused}")
     watch.poll()
     if loaded is not None:
         # The listing as the kernel now shows the loaded policy (iptables-save orders and omits options its own way):
@@ -1048,8 +1071,28 @@ def lab_down(lab, log: Callable[[str], None] = lambda s: None) -> list[str]:
     return removed
 
 
+STATUS_WAIT = 60.0  # seconds `status` waits for a deploy, update or the policy sync service's apply to end
+
+
 def status() -> dict:
-    """What is deployed, with live NIC counters, shim statistics and the tool's chain counters."""
+    """What is deployed, with live NIC counters, shim statistics and the tool's chain counters. Read while no deploy,
+    update or apply of the policy sync service runs (each holds the lock; status waits up to STATUS_WAIT for it):
+    half-way through one, the state file and the live system disagree, which is not drift. Past the wait it reads
+    anyway and says `busy`."""
+    with contextlib.ExitStack() as stack:
+        busy = False
+        try:
+            stack.enter_context(_lock(STATUS_WAIT))
+        except HypafilterError:
+            busy = True  # still running after the wait: read what is there
+        except OSError:
+            pass  # a state directory this user cannot lock: nothing of ours can be running from it
+        out = _status()
+        out["busy"] = busy
+        return out
+
+
+def _status() -> dict:
     st = read_state()
     if not st:
         return {"deployed": False}

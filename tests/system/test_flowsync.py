@@ -386,6 +386,9 @@ def pyroute2_event(msg) -> CtEvent | None:
     rep = _pyroute2_tuple(msg.get_attr("CTA_TUPLE_REPLY"))
     pi = msg.get_attr("CTA_PROTOINFO")
     tcp = pi.get_attr("CTA_PROTOINFO_TCP") if pi is not None else None
+    flags = (
+        [tcp.get_attr(k) for k in ("CTA_PROTOINFO_TCP_FLAGS_ORIGINAL", "CTA_PROTOINFO_TCP_FLAGS_REPLY")] if tcp else []
+    )
     return CtEvent.from_tuples(
         kind,
         msg["nfgen_family"],
@@ -396,6 +399,7 @@ def pyroute2_event(msg) -> CtEvent | None:
         timeout=msg.get_attr("CTA_TIMEOUT"),
         zone=msg.get_attr("CTA_ZONE"),
         helper=msg.get_attr("CTA_HELP") is not None,
+        liberal=bool(flags) and all(f is not None and f[0] & 0x08 for f in flags),
     )
 
 

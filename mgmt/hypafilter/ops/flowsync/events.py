@@ -49,11 +49,14 @@ class CtEvent:
     timeout: int | None = None
     zone: int | None = None
     helper: bool = False
+    # IP_CT_TCP_FLAG_BE_LIBERAL in both directions' TCP flags as the message reports them (False when it carries
+    # no TCP protoinfo): the flow sync service's mark, which it does not set twice
+    liberal: bool = False
 
     @classmethod
     def from_tuples(cls, kind: str, family: int, orig: tuple, rep: tuple | None, **rest) -> CtEvent:
         """The entry of the original and reply tuples (src, dst, proto, sport, dport) as the codec reads them
-        (reply None: absent); `rest`: the other fields (status, tcp_state, timeout, zone, helper)."""
+        (reply None: absent); `rest`: the other fields (status, tcp_state, timeout, zone, helper, liberal)."""
         return cls(
             kind=kind,
             family=family,

@@ -79,7 +79,8 @@ def entries(n: int = ENTRIES) -> list[tuple[str, int, int, int, int, bool]]:
         seen.add((src, sport))
         k = len(out)
         proto = "tcp" if k % 2 == 0 else "udp"
-        out.append((proto, src, 0xC0A80001, sport, PORT_TCP if proto == "tcp" else PORT_UDP, k % RECENT == 0))
+        recent = k // 2 % RECENT == 0  # as many TCP as UDP
+        out.append((proto, src, 0xC0A80001, sport, PORT_TCP if proto == "tcp" else PORT_UDP, recent))
     return out
 
 

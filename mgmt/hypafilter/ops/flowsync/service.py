@@ -43,13 +43,33 @@ class FlowSync(Service):
         return {"mode": tgt.flowsync_mode}
 
     def launch(self, ns: str | None, state_dir: Path, tgt) -> int:
-        return start(ns, state_dir, mode=tgt.flowsync_mode)
+        return start(ns, state_dir, mode=tgt.flowsync_mode, timeout=ready_timeout(conntrack_count(ns)))
 
     def down(self, tgt) -> str:
         return tgt.flowsync_down
 
 
 SERVICE = FlowSync("flowsync", "flow sync service")
+
+# The start's wait grows with conntrack's table: the service is ready once it has dumped the table and reconciled
+# the flow cache with it (`serve`). Measured at 250,000 entries on the 2-core development machine under other
+# sessions' load (docs/flowsync.md, "Conntrack at real scale"): 10-17 s from the start until ready.
+READY_PER_100K = 10.0  # seconds the start may wait beyond READY_TIMEOUT per 100,000 conntrack entries
+
+
+def conntrack_count(ns: str | None) -> int:
+    """How many entries conntrack of `ns` holds now (nf_conntrack_count; 0 when it cannot be read)."""
+    from hypafilter import netns
+
+    try:
+        return int(netns.run(["sysctl", "-n", "net.netfilter.nf_conntrack_count"], ns).strip())
+    except (netns.CommandError, OSError, ValueError):
+        return 0
+
+
+def ready_timeout(entries: int) -> float:
+    """Seconds the start waits for a service that resyncs over `entries` conntrack entries."""
+    return READY_TIMEOUT + READY_PER_100K * entries / 100_000
 
 
 def serve(

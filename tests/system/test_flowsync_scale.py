@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 from hypafilter import netns
+from test_flowsync import clear_liberal
 
 from conftest import need_root, need_tool
 from tests.hfcli import HfCli
@@ -105,34 +106,6 @@ def fill(ns: str, flows: list[tuple]) -> float:
     took = time.monotonic() - t0
     assert int(netns.run(["conntrack", "-C"], ns).strip()) == len(flows)
     return took
-
-
-def clear_liberal(ns: str) -> None:
-    """IP_CT_TCP_FLAG_BE_LIBERAL off in both directions of every TCP entry of `ns` (ctnetlink updates, flags 0 and
-    mask 0x08), so that the marks the service sets can be told from what conntrack -R made."""
-    from hypafilter.ops.flowsync import ctnetlink as c
-    from hypafilter.ops.netlink import nla
-
-    ct = c.Conntrack(ns)
-    try:
-        tcp = [e for e in ct.dump() if e.proto == 6]
-        off = struct.pack("=BB", 0, IP_CT_TCP_FLAG_BE_LIBERAL)
-        pi = nla(
-            c.CTA_PROTOINFO,
-            nla(
-                c.CTA_PROTOINFO_TCP,
-                nla(c.CTA_PROTOINFO_TCP_FLAGS_ORIGINAL, off) + nla(c.CTA_PROTOINFO_TCP_FLAGS_REPLY, off),
-                True,
-            ),
-            True,
-        )
-
-        def update(seq, e):
-            return c.ct_request(c.IPCTNL_MSG_CT_NEW, c.NLM_F_ACK, seq, c.ct_tuple_attr(e.flow) + pi)
-
-        assert all(ct.acked("liberal-flag clear", update, tcp))
-    finally:
-        ct.close()
 
 
 def liberal_of(ns: str, flows: list[tuple]) -> dict[tuple, bool]:
@@ -302,6 +275,12 @@ def test_flow_cache_over_a_large_conntrack_table(emu_lab, tmp_path):
             flow = fc.Flow(f[1], f[2], p, f[3], f[4])
             by_set.setdefault(fc.set_index(fc.canonical(flow)[0], cfg.log2_sets), []).append((flow, f))
         assert len(have) == sum(min(cfg.ways, len(v)) for v in by_set.values()), "a set with room was left empty"
+        recent_all = [fc.Flow(f[1], f[2], 6 if f[0] == "tcp" else 17, f[3], f[4]) for f in flows if f[5]]
+        print(
+            f"flow cache: {len(have)} flows held in {len(by_set)} sets; recent flows held "
+            f"{sum(f in have for f in recent_all)} of {len(recent_all)}, long idle ones "
+            f"{len(have) - sum(f in have for f in recent_all)} of {len(flows) - len(recent_all)}"
+        )
         # which flows win: in every set, a long-idle flow holds a way only when every recent flow of the set has one
         for s, v in by_set.items():
             recent = [flow for flow, f in v if f[5]]

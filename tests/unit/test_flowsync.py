@@ -486,11 +486,12 @@ def test_flows_established_together_are_installed_in_one_batch_after_their_liber
 
 
 def test_poll_reads_the_installed_slots_and_the_table_in_turn(monkeypatch):
-    """A poll reads the slots of the flows the service installed (refreshed or evicted every poll) and the next
-    POLL_CHUNK slots of the table, so a flow it did not install is evicted within entries / POLL_CHUNK polls."""
+    """A poll reads the slots of the flows the service installed (refreshed or evicted every poll, while they are
+    at most POLL_CHUNK) and the next POLL_CHUNK slots of the table, so a flow it did not install is evicted within
+    entries / POLL_CHUNK polls."""
     monkeypatch.setattr(sync, "POLL_CHUNK", 8)
     s, table, ct = syncer()  # 16 sets x 2 ways: 32 slots, 4 parts
-    flows = [ev(sport=44000 + i) for i in range(12)]
+    flows = [ev(sport=44000 + i) for i in range(8)]  # at most POLL_CHUNK: all of them every poll
     ct.entries |= {e.flow for e in flows}
     s.events(flows)
     mine = {table._find(e.flow) for e in flows}
@@ -506,7 +507,7 @@ def test_poll_reads_the_installed_slots_and_the_table_in_turn(monkeypatch):
         s.poll()
         polls += 1
         assert set(table.reads[-1]) == mine | set(range(8 * ((polls - 1) % 4), 8 * ((polls - 1) % 4) + 8))
-        assert s.counters["refreshes"] == 12  # all of them at the first poll, whatever part it read
+        assert s.counters["refreshes"] == 8  # all of them at the first poll, whatever part it read
         assert polls <= 4
     assert polls == where // 8 + 1 and s.counters["evictions"] == 1
     # a flow of ours whose conntrack entry is gone is evicted at the next poll, wherever it is
@@ -657,3 +658,31 @@ def test_a_conntrack_message_built_and_framed_reads_back():
     assert (ev.kind, ev.family, ev.flow, ev.tcp_state) == ("new", socket.AF_INET, flow, 3)
     assert ev.reply == ("10.0.0.2", "10.0.0.1", 80, 40000) and offload_reason(ev) is None
     assert parse_event(msg[:-4]) is None  # a truncated message is none
+
+
+def test_a_full_cache_is_polled_in_turn_each_flow_every_poll_cycle(monkeypatch):
+    """More installed flows than POLL_CHUNK: a poll reads max(POLL_CHUNK, flows / POLL_CYCLE) of their slots in turn
+    (plus its part of the table), not all of them, and every installed flow is read within POLL_CYCLE polls; a hit
+    flow is refreshed at the poll that reads it."""
+    monkeypatch.setattr(sync, "POLL_CHUNK", 4)
+    monkeypatch.setattr(sync, "POLL_CYCLE", 3)
+    s, table, ct = syncer()
+    table.log2_sets = 6  # 128 slots
+    flows = [ev(sport=45000 + i) for i in range(30)]
+    ct.entries |= {e.flow for e in flows}
+    s.events(flows)
+    held = {i.slot for i in s.installed.values()}
+    assert len(held) == 30
+    seen: set[int] = set()
+    for _ in range(3):
+        table.reads.clear()
+        s.poll()
+        read = {sl for r in table.reads for sl in r}
+        assert 10 <= len(read & held) <= 10 + 4  # max(4, 30 / 3), and those the table's part (4 slots) holds
+        seen |= read & held
+    assert seen == held
+    table.hit(flows[0].flow)
+    ct.calls.clear()
+    for _ in range(3):
+        s.poll()
+    assert [c[1] for c in ct.calls] == [flows[0].flow]

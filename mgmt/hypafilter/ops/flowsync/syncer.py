@@ -3,6 +3,7 @@ API equal to the offloadable entries of conntrack, from its events, a dump at st
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -22,6 +23,11 @@ from hypafilter.ops.flowsync.events import (
 # for the state's two minutes.
 TIME_WAIT_IDLE_POLLS = 2
 POLL_CHUNK = 512  # flow-cache slots a poll reads besides those of the flows it installed (the table in turn)
+# A poll reads the slots of the flows it installed, all of them while there are at most POLL_CHUNK, else in turn so
+# that each is read once every POLL_CYCLE polls (8 s at the default interval; a held flow's shortest conntrack
+# timeout is UDP's 30 s): with the cache full (4,096 flows) every poll read every slot, took 1 s of the 1 s interval
+# (p50 985 ms) and kept the emulated NIC busy with register reads half of a core, without a frame.
+POLL_CYCLE = 8
 POLL_PIECE = 32  # slots a poll reads before it looks at the conntrack events again (Syncer.poll's `between`)
 LAG_SAMPLES = 4096  # sync lag: the last this many event -> hardware-write times
 LAG_PHASES = ("read", "liberal", "nic")  # the parts of the lag (Syncer.phases)
@@ -105,6 +111,7 @@ class Syncer:
     poll_times: deque = field(default_factory=lambda: deque(maxlen=LAG_SAMPLES))
     poll_blocks: deque = field(default_factory=lambda: deque(maxlen=LAG_SAMPLES))
     scan_at: int = 0  # the first slot of the next poll's part of the table
+    held_at: int = 0  # the first of the installed flows' slots (in slot order) the next poll reads, when in turn
     last_error: str = ""
     # Flows whose set is full (`Waiting`), and per set the waiting flows and the ways taken (of installed flows).
     waiting: dict[Flow, Waiting] = field(default_factory=dict)
@@ -379,10 +386,11 @@ class Syncer:
     def poll(self, between: Callable[[], None] = lambda: None) -> None:
         """Refresh the conntrack timeout of every flow the hardware saw since the last poll; evict hardware flows
         whose conntrack entry is gone and flows this service did not install. A poll reads the slots of the flows
-        it installed and the next POLL_CHUNK slots of the table in turn (all of it every entries / POLL_CHUNK
-        polls: 8 with 4,096 entries), not the whole table: reading 4,096 slots took 70-130 ms of the emulated
-        NIC's time every poll, which new flows waited for; only another writer can leave a flow it did not
-        install once the resync at start has read everything.
+        it installed (all of them up to POLL_CHUNK flows, else the next max(POLL_CHUNK, flows / POLL_CYCLE) in
+        turn) and the next POLL_CHUNK slots of the table in turn (all of it every entries / POLL_CHUNK polls: 8
+        with 4,096 entries), not the whole table: reading 4,096 slots took 70-130 ms of the emulated NIC's time
+        every poll, which new flows waited for; only another writer can leave a flow it did not install once the
+        resync at start has read everything. TIME_WAIT_IDLE_POLLS counts the polls that read a flow.
 
         `between()` runs after every POLL_PIECE slots read and every refresh: the service applies the conntrack
         events that came meanwhile there, so a flow established during a poll (40-110 ms of it under load when it
@@ -407,7 +415,13 @@ class Syncer:
         first = self.scan_at % entries
         window = range(first, min(first + POLL_CHUNK, entries))
         self.scan_at = window.stop % entries
-        slots = sorted({i.slot for i in self.installed.values() if i.slot is not None}.union(window))
+        held = sorted(i.slot for i in self.installed.values() if i.slot is not None)
+        if len(held) > POLL_CHUNK:
+            take = max(POLL_CHUNK, -(-len(held) // POLL_CYCLE))
+            start = bisect.bisect_left(held, self.held_at)
+            held = (held[start:] + held[:start])[:take]
+            self.held_at = held[-1] + 1
+        slots = sorted(set(held).union(window))
         evict: list[tuple[Flow, Installed | None]] = []  # flow, its record when the eviction was decided
         for k in range(0, len(slots), POLL_PIECE):
             recs = self.table.flow_entries(slots[k : k + POLL_PIECE])

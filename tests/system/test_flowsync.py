@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import os
 import re
 import signal
 import socket
 import struct
+import tempfile
 import threading
 import time
 
@@ -479,6 +481,42 @@ def test_events_of_20000_new_entries_wait_in_the_event_socket():
             assert sum(e.kind == "new" for e in got) == n, len(got)
         finally:
             ct.close()
+
+
+def test_events_stashed_between_the_parts_of_a_long_piece_of_work_are_all_read():
+    """The event socket shrunk to about 200 events' room: 5,000 entries made 50 at a time (the events of a
+    flow sync resync's seconds), `Conntrack.stash` between the batches (as the dump's receive loop and the resync
+    call it): every NEW event is read, in order, and none lost; without the stash the same overflows (ENOBUFS)."""
+    from hypafilter.tools.bench.ctflows import _ip
+
+    def make(ns: str, first: int, n: int) -> None:
+        lines = [
+            f"-I -s {_ip(0x0A000000 + k)} -d 10.128.0.1 -r 10.128.0.1 -q {_ip(0x0A000000 + k)} -p udp --sport 1000"
+            f" --dport {UDP_PORT} --reply-port-src {UDP_PORT} --reply-port-dst 1000 -t 600 -u SEEN_REPLY,ASSURED"
+            for k in range(first, first + n)
+        ]
+        with tempfile.NamedTemporaryFile("w", suffix=".ct") as f:
+            f.write("\n".join(lines) + "\n")
+            f.flush()
+            netns.run(["conntrack", "-R", f.name], ns)
+
+    for stash in (True, False):
+        with tracking_ns("dsst") as (ns, ct):
+            try:
+                ct.events.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 128 << 10)  # a few hundred events
+                for k in range(0, 5000, 50):
+                    make(ns, k, 50)
+                    if stash:
+                        ct.stash()
+                if stash:
+                    got = ct.read_events()
+                    assert [e.src for e in got if e.kind == "new"] == [_ip(0x0A000000 + k) for k in range(5000)]
+                else:
+                    with pytest.raises(OSError) as e:
+                        ct.read_events()
+                    assert e.value.errno == errno.ENOBUFS
+            finally:
+                ct.close()
 
 
 def test_lean_event_parser_reads_real_events_as_pyroute2_does():

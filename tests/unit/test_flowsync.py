@@ -686,3 +686,16 @@ def test_a_full_cache_is_polled_in_turn_each_flow_every_poll_cycle(monkeypatch):
     for _ in range(3):
         s.poll()
     assert [c[1] for c in ct.calls] == [flows[0].flow]
+
+
+def test_a_resync_calls_between_in_pieces(monkeypatch):
+    """A resync runs `between` every RESYNC_PIECE entries and before its writes (the service takes the events that
+    come meanwhile off their socket there), and once more per RESYNC_PIECE ops it fits into the sets."""
+    monkeypatch.setattr(sync, "RESYNC_PIECE", 10)
+    s, table, ct = syncer()
+    dump = [ev("dump", sport=2000 + i) for i in range(45)]
+    ct.entries |= {e.flow for e in dump}
+    calls = []
+    s.resync(dump, lambda: calls.append(len(s.installed)))
+    assert len(calls) == 4 + 1 + 4  # 45 entries, before the writes, 45 inserts fitted
+    assert calls == [0] * len(calls)  # all before any write

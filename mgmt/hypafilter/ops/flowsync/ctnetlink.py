@@ -153,6 +153,7 @@ class Conntrack(Netlink):
     `ops.netlink.Netlink`; every conntrack entry, in an event or a reply, is read by `parse_event`."""
 
     error = ConntrackError
+    STASH = True  # the service reads its events through read_events and looks at `backlog` before it waits
 
     def __init__(self, ns: str | None):
         super().__init__(ns, NETLINK_NETFILTER, GROUPS)

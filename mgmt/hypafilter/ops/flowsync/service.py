@@ -102,7 +102,7 @@ def serve(
     started = time.time()
     try:
         syncer = Syncer(table, ct, read_timeouts(ns))
-        syncer.resync(ct.dump())
+        syncer.resync(ct.dump(), ct.stash)
         # Python's full (generation 2) collection walked every object of the worker (then pyroute2's modules too):
         # 70-110 ms under load, once in a run of the established measure, and no flow was installed meanwhile.
         # What is left after this collection (modules, sockets, the syncer) lives as long as the worker: frozen,
@@ -120,13 +120,13 @@ def serve(
                 if e.errno != errno.ENOBUFS:
                     raise
                 syncer.last_error = "conntrack events lost (ENOBUFS): resynchronised from a dump"
-                syncer.resync(ct.dump())
+                syncer.resync(ct.dump(), ct.stash)
                 return
             syncer.events(events, t)
 
         def between() -> None:
             """Within a poll: the events queued now, if any."""
-            if select.select([ct.events], [], [], 0)[0]:
+            if ct.backlog or ct.lost or select.select([ct.events], [], [], 0)[0]:
                 drain()
 
         while not stopping and not stop():
@@ -138,6 +138,9 @@ def serve(
                     state_dir, {**doc, "pid": service_pid, "worker": os.getpid(), "restarts": restarts}
                 )
                 next_poll = now + interval
+            if ct.backlog or ct.lost:  # taken off the socket while the service waited for a reply
+                drain()
+                continue
             r, _, _ = select.select([ct.events], [], [], max(0.0, min(next_poll - time.monotonic(), 0.2)))
             if r:
                 drain()

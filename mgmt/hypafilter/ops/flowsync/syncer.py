@@ -29,6 +29,7 @@ POLL_CHUNK = 512  # flow-cache slots a poll reads besides those of the flows it 
 # (p50 985 ms) and kept the emulated NIC busy with register reads half of a core, without a frame.
 POLL_CYCLE = 8
 POLL_PIECE = 32  # slots a poll reads before it looks at the conntrack events again (Syncer.poll's `between`)
+RESYNC_PIECE = 4096  # entries a resync goes through before its `between` (the service: events off their socket)
 LAG_SAMPLES = 4096  # sync lag: the last this many event -> hardware-write times
 LAG_PHASES = ("read", "liberal", "nic")  # the parts of the lag (Syncer.phases)
 
@@ -134,7 +135,7 @@ class Syncer:
                 del self.queues[w.set_]
         return w
 
-    def _fit(self, ops: list[tuple]) -> list[tuple]:
+    def _fit(self, ops: list[tuple], between: Callable[[], None] = lambda: None) -> list[tuple]:
         """The ops without the inserts whose set has no free way once the deletes before them are done: those
         flows wait (`Waiting`) instead, counted as insert failures. The ways are counted from the flows installed,
         so a flow that cannot go in is neither sent to the table nor marked liberal (a resync over 250,000 entries
@@ -145,7 +146,9 @@ class Syncer:
         ways = self._ways()
         fill = dict(self.fill)
         out = []
-        for op in ops:
+        for k, op in enumerate(ops):
+            if k % RESYNC_PIECE == RESYNC_PIECE - 1:
+                between()
             if op[0] == "delete":
                 inst = self.installed.get(op[1])
                 if inst is not None and inst.set_ is not None:
@@ -188,13 +191,13 @@ class Syncer:
         self.fill[inst.set_] -= 1
         return inst.set_
 
-    def _apply(self, ops: list[tuple]) -> None:
+    def _apply(self, ops: list[tuple], between: Callable[[], None] = lambda: None) -> None:
         """Flow-cache changes, in order: ("insert", CtEvent, t_event, stamp) and ("delete", Flow, counter,
         t_event); an insert whose set has no free way waits instead (`_fit`), and the ways that deletes free go to
         the waiting flows of their sets (`_refill`), in further rounds. See `_apply_round`."""
-        freed = self._apply_round(self._fit(ops))
+        freed = self._apply_round(self._fit(ops, between))
         while ops := self._refill(freed):
-            freed = self._apply_round(self._fit(ops))
+            freed = self._apply_round(self._fit(ops, between))
 
     def _apply_round(self, ops: list[tuple]) -> set[int]:
         """Flow-cache changes, in order, as one flow-cache batch (NicClient.flow_commands: one round trip on the
@@ -331,18 +334,21 @@ class Syncer:
         table holds."""
         return offload_reason(ev) is None and ev.proto in self.table.protocols
 
-    def resync(self, entries: Iterable[CtEvent]) -> None:
+    def resync(self, entries: Iterable[CtEvent], between: Callable[[], None] = lambda: None) -> None:
         """Reconcile the table with a full conntrack dump: insert what should be there, delete the rest. When more
         flows belong in the table than its sets hold, the flows whose entries are marked liberal win (an earlier
         worker of the service held them: the mark is never taken back), then the most recently active
         (`last_active`): the inserts go in that order, and the flows left over wait for a way of their set
-        (`_fit`)."""
+        (`_fit`). `between()` runs every RESYNC_PIECE entries (the service takes the events that come meanwhile
+        off their socket there: a resync over 250,000 entries takes seconds)."""
         self.counters["resyncs"] += 1
         now = self.clock()
         want: dict[Flow, CtEvent] = {}
-        for ev in entries:
+        for k, ev in enumerate(entries):
             if (flow := ev.flow) is not None and self.wants(ev):
                 want[flow] = ev
+            if k % RESYNC_PIECE == RESYNC_PIECE - 1:
+                between()
         present = {r.flow: r for r in self.table.flow_entries()}
         self.installed, self.fill, self.waiting, self.queues = {}, {}, {}, {}
         ops: list[tuple] = []
@@ -363,7 +369,8 @@ class Syncer:
         # entries already marked liberal first (the flows an earlier worker held: a restart keeps its choice, and
         # marks no flow it will not hold), then the most recently active
         inserts.sort(key=lambda op: (not op[1].liberal, -op[3]))
-        self._apply(ops + inserts)
+        between()
+        self._apply(ops + inserts, between)
 
     def last_active(self, ev: CtEvent, now: float) -> float:
         """When the entry last saw a frame, on the Syncer's clock: conntrack sets an entry's timeout to its

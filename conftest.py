@@ -104,6 +104,7 @@ LONG_MODULES = {
     "test_verify_connections.py": 43,
     "test_synth_tools.py": 41,
     "test_xdp_ct_timewait.py": 41,
+    "test_flowsync_scale.py": 40,
     "test_flowsync.py": 35,
     "test_verify_load.py": 31,
 }

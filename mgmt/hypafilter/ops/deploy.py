@@ -951,7 +951,12 @@ def _deploy_locked(
     watch.poll()
     write_state(state)
     watch.poll()
-    state.update(services.start_wanted(NS_FW, STATE_DIR, policy, plan, tgt, new_nic, warnings, log, only=restart))
+    started = services.start_wanted(NS_FW, STATE_DIR, policy, plan, tgt, new_nic, warnings, log, only=restart)
+    state.update(started)
+    # A wanted service that did not start: the policy holds (committed above; no service decides a verdict), but
+    # the deployment is degraded: said in the state and its history, drift in status, and deploy exits non-zero.
+    state["degraded"] = services.failed(started)
+    state["history"][-1]["degraded"] = state["degraded"]
     write_state(state)
     for w in warnings:
         log(f"warning: {w}")

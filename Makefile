@@ -52,6 +52,14 @@ format:
 	$(VENV)/bin/ruff format mgmt tests sim scripts bench conftest.py
 	$(VENV)/bin/ruff check --fix mgmt tests sim scripts bench conftest.py
 
+# opt-in: the flow sync service over 250,000 conntrack entries on the emulated NIC and on xdp (deploy, kill -9 of the
+# worker, restart; about 3 minutes; `make test` runs the same tests at 20,000). Figures in docs/flowsync.md.
+.PHONY: test-ctscale
+test-ctscale:
+	@scripts/setup.sh system
+	HF_CT_SCALE=250000 scripts/run-system-tests.sh -n 0 -s tests/system/test_flowsync_scale.py \
+		tests/system/test_xdp_flowsync_scale.py
+
 # opt-in: the whole core built from acl1_10k (9,544 entries) at 512 and 256 bits; long, see docs/hardware.md
 .PHONY: sim-10k
 sim-10k:

@@ -106,6 +106,24 @@ class HfCli:
         return r
 
     @contextlib.contextmanager
+    def deployed_lab(self, target: str, policy: str | Path) -> Iterator[str]:
+        """The lab brought up afresh for `target` (emu or xdp; whatever was left of it and its state removed first)
+        with `policy` deployed on it, for a module fixture to yield `target` from inside the `with`; when the block
+        ends the deployment is undeployed, the lab taken down and its state removed (a block that raises skips
+        that, as a fixture's own teardown would; the next setup removes what is left)."""
+        need_root()
+        if target == "xdp":
+            need_tool(*XDP_LAB_TOOLS)
+        self("lab", "down", "--name", self.lab, check=False)
+        shutil.rmtree(self.state, ignore_errors=True)
+        self("lab", "up", "--name", self.lab, *(["--target", "xdp"] if target == "xdp" else []))
+        self("deploy", str(policy), "--target", target, "-q")
+        yield target
+        self("undeploy", "-q", check=False)
+        self("lab", "down", "--name", self.lab, check=False)
+        shutil.rmtree(self.state, ignore_errors=True)
+
+    @contextlib.contextmanager
     def xdp_lab(self) -> Iterator[str]:
         """The lab brought up afresh with the xdp topology (`lab up --target xdp`; whatever was left of it and its
         state removed first), for a module fixture to yield from inside the `with`; when the block ends the

@@ -570,6 +570,15 @@ std::string handle(const std::string &line) {
       axi_write(static_cast<uint32_t>(a), static_cast<uint32_t>(b));
       return "OK";
     }
+    if (cmd == "S" && w.size() == 3) {
+      // set bits: one read and one write on the bus for one request (the policy sync service's fail safe sets
+      // CONTROL bit 1 with it: one round trip of the control socket instead of two)
+      if (!parse_num(w[1], a) || a > 0xFFF || (a & 3)) return "ERR bad register address '" + w[1] + "'";
+      if (!parse_num(w[2], b) || b > 0xFFFFFFFFull) return "ERR bad value '" + w[2] + "'";
+      uint32_t old = axi_read(static_cast<uint32_t>(a));
+      axi_write(static_cast<uint32_t>(a), old | static_cast<uint32_t>(b));
+      return "OK " + hex(old);
+    }
     if (cmd == "T" && (w.size() == 4 || w.size() == 5) && (w[1] == "R" || w[1] == "W")) {
       bool wr = w[1] == "W";
       if (wr != (w.size() == 5)) return "ERR usage: T R <table> <index> | T W <table> <index> <value>";

@@ -420,6 +420,36 @@ def test_shunt_rewrite_and_shunt_all(nic, topo, emu_binary):
         check_against_model(topo, plan, hwmodel.Regs.from_plan(plan), fs)
 
 
+def test_shunt_all_now_sets_the_bit_in_one_request(nic, topo, emu_binary):
+    """The policy sync service's fail safe on the emulated NIC (EmuTarget.shunt_all_now: one `S` request, the
+    connection kept): CONTROL bit 1 set and every other bit left, frames shunted as the model says; again on a
+    connection the NIC closed meanwhile (it reconnects)."""
+    from hypafilter.config import Config
+    from hypafilter.hw import model as hwmodel
+    from hypafilter.targets.emu.target import EmuTarget
+
+    _, plan = emu_binary
+    fs = [("wire0", f) for f in frames()[:6]]
+    info = {"socket": str(nic.ctl_path)}
+    tgt = EmuTarget(Config())
+    with nic.client() as c:
+        before = c.read("CONTROL")
+        try:
+            assert not before & hwmodel.CONTROL_SHUNT_ALL
+            tgt.shunt_all_now(info)
+            assert c.read("CONTROL") == before | hwmodel.CONTROL_SHUNT_ALL
+            regs = hwmodel.Regs.from_plan(plan)
+            regs.control = before | hwmodel.CONTROL_SHUNT_ALL
+            check_against_model(topo, plan, regs, fs)
+            c.set_shunt_all(False)
+            EmuTarget._fast[info["socket"]].sock.close()  # as if the NIC had closed it
+            tgt.shunt_all_now(info)
+            assert c.read("CONTROL") == before | hwmodel.CONTROL_SHUNT_ALL
+        finally:
+            c.write("CONTROL", before)
+            EmuTarget._fast.pop(info["socket"]).close()
+
+
 def test_unfilterable_dropped_or_passed(nic, topo, emu_binary):
     """Frames with two VLAN tags: dropped and counted by default, shunted as unparsed with PASS_UNFILTERABLE."""
     from hypafilter.hw import model as hwmodel
@@ -501,7 +531,18 @@ def test_control_socket_errors(nic):
 
     t = EmuTransport(nic.ctl_path)
     try:
-        for bad in ("R 5", "R 0x1000", "W 0x10", "T R NOPE 0", "T W 0 0", "FROB", "W 0x10 0x1ffffffff"):
+        for bad in (
+            "R 5",
+            "R 0x1000",
+            "W 0x10",
+            "T R NOPE 0",
+            "T W 0 0",
+            "FROB",
+            "W 0x10 0x1ffffffff",
+            "S 0x35 1",
+            "S 0x34",
+            "S 0x34 0x1ffffffff",
+        ):
             with pytest.raises(NicError):
                 t.request(bad)
         assert int(t.request("R 0"), 0) == 0x48594641  # still serving after the errors

@@ -189,3 +189,27 @@ def test_deploy_refuses_what_the_kernel_refuses_before_building(lab):
         deploy.deploy(parse_policy(BAD, "bad.rules"), Config())
     assert time.monotonic() - t0 < 30  # refused before the emulator build (minutes for a new matcher)
     assert deploy.read_state() == before
+
+
+def test_an_update_the_kernel_refuses_changes_nothing(lab):
+    """An update of a running deployment that needs no build (a complex rule added: the same matcher, registers
+    only) does not wait for the kernel check; the load of the ruleset refuses the rule, the transaction rolls back
+    (the fast path decides again, by the old tables), and the error is the kernel check's, at the user's line."""
+    from hypafilter.config import Config
+    from hypafilter.errors import HypafilterError
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.ops import deploy
+
+    deploy.deploy(parse_policy(POLICY, "good.rules"), Config())
+    before = deploy.read_state()
+    refused = POLICY.replace(
+        "-A FORWARD -p tcp -j DROP",
+        "-A FORWARD -p udp -m string --algo bm --from 50 --to 10 --string x -j DROP\n-A FORWARD -p tcp -j DROP",
+    )
+    with pytest.raises(HypafilterError, match=r"kernel-check.*refused\.rules:5:54: the kernel refuses this rule"):
+        deploy.deploy(parse_policy(refused, "refused.rules"), Config())
+    after = deploy.read_state()
+    failed = after.pop("history")[-1]  # the failed update is journalled, nothing else changed
+    assert failed["result"] == "failed" and failed["step"] == "kernel-check", failed
+    assert after == {k: v for k, v in before.items() if k != "history"}
+    assert deploy.drift(before) == []  # shunt-all cleared, the shim's generation and the chains as before

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import os
 import re
 import signal
 import socket
+import struct
+import tempfile
 import threading
 import time
 
@@ -386,6 +389,9 @@ def pyroute2_event(msg) -> CtEvent | None:
     rep = _pyroute2_tuple(msg.get_attr("CTA_TUPLE_REPLY"))
     pi = msg.get_attr("CTA_PROTOINFO")
     tcp = pi.get_attr("CTA_PROTOINFO_TCP") if pi is not None else None
+    flags = (
+        [tcp.get_attr(k) for k in ("CTA_PROTOINFO_TCP_FLAGS_ORIGINAL", "CTA_PROTOINFO_TCP_FLAGS_REPLY")] if tcp else []
+    )
     return CtEvent.from_tuples(
         kind,
         msg["nfgen_family"],
@@ -396,14 +402,43 @@ def pyroute2_event(msg) -> CtEvent | None:
         timeout=msg.get_attr("CTA_TIMEOUT"),
         zone=msg.get_attr("CTA_ZONE"),
         helper=msg.get_attr("CTA_HELP") is not None,
+        liberal=bool(flags) and all(f is not None and f[0] & 0x08 for f in flags),
     )
+
+
+def clear_liberal(ns: str) -> None:
+    """0x08 off in both directions of every TCP entry of `ns` (ctnetlink updates, flags 0 and
+    mask 0x08), so that the marks the service sets can be told from what conntrack -R made."""
+    from hypafilter.ops.flowsync import ctnetlink as c
+    from hypafilter.ops.netlink import nla
+
+    ct = c.Conntrack(ns)
+    try:
+        tcp = [e for e in ct.dump() if e.proto == 6]
+        off = struct.pack("=BB", 0, 0x08)
+        pi = nla(
+            c.CTA_PROTOINFO,
+            nla(
+                c.CTA_PROTOINFO_TCP,
+                nla(c.CTA_PROTOINFO_TCP_FLAGS_ORIGINAL, off) + nla(c.CTA_PROTOINFO_TCP_FLAGS_REPLY, off),
+                True,
+            ),
+            True,
+        )
+
+        def update(seq, e):
+            return c.ct_request(c.IPCTNL_MSG_CT_NEW, c.NLM_F_ACK, seq, c.ct_tuple_attr(e.flow) + pi)
+
+        assert all(ct.acked("liberal-flag clear", update, tcp))
+    finally:
+        ct.close()
 
 
 def test_liberal_marks_of_5000_entries_in_bounded_datagrams():
     """A resync over 5,000 established TCP entries (the xdp target's liberal marks after a worker restart): all
     5,000 updates acknowledged as done, in datagrams the socket's buffers take, and every entry liberal in both
-    directions after it (entries conntrack -I makes carry the flag already here: what this test proves is that the
-    batch goes through). Before, the 5,000 updates went as one datagram, the kernel refused it (EMSGSIZE, `Message
+    directions after it (entries conntrack -I makes carry the flag already: it is cleared first, so that the
+    service, which does not mark an entry that is liberal already, updates all 5,000). Before, the 5,000 updates went as one datagram, the kernel refused it (EMSGSIZE, `Message
     too long`) and the supervisor restarted the worker into the same resync (issue #24)."""
     from hypafilter.ops.flowsync.marks import LiberalMarks
     from hypafilter.ops.flowsync.policy import read_timeouts
@@ -415,9 +450,10 @@ def test_liberal_marks_of_5000_entries_in_bounded_datagrams():
         try:
             src, dst = 0x0A000001, 0x0A000002
             open_flows(ns, [(6, src, dst, 10000 + k, TCP_PORT) for k in range(n)], liberal=False)
+            clear_liberal(ns)
             before = tcp_flags(ns)
-            print(f"flags before, as conntrack -I made the entries: {sorted(set(before.values()))}")
-            assert len(before) == n
+            print(f"flags before, cleared: {sorted(set(before.values()))}")
+            assert len(before) == n and not any(o & 0x08 or r & 0x08 for o, r in before.values())
             room, most = ct.batch_room()
             print(f"batch room: {room} bytes, {most} updates a datagram")
             syncer = Syncer(table=LiberalMarks(), ct=ct, timeouts=read_timeouts(ns))
@@ -428,6 +464,59 @@ def test_liberal_marks_of_5000_entries_in_bounded_datagrams():
             assert len(after) == n and all(o & 0x08 and r & 0x08 for o, r in after.values())
         finally:
             ct.close()
+
+
+def test_events_of_20000_new_entries_wait_in_the_event_socket():
+    """20,000 conntrack entries made while nobody reads the event socket (as while the service resyncs over a large
+    table: 10-17 s at 250,000 entries): every NEW event is still there to read, none lost. With the socket's
+    buffer at 8 MiB about 6,600 fitted, the rest were lost (ENOBUFS) and the service would resync again, during
+    which more events come (issue #24)."""
+    from hypafilter.tools.bench.ctflows import open_flows
+
+    n = 20000
+    with tracking_ns("dsev") as (ns, ct):
+        try:
+            open_flows(ns, [(17, 0x0A000000 + k, 0x0A800001, 1000 + k % 50000, UDP_PORT) for k in range(n)], False)
+            got = ct.read_events()
+            assert sum(e.kind == "new" for e in got) == n, len(got)
+        finally:
+            ct.close()
+
+
+def test_events_stashed_between_the_parts_of_a_long_piece_of_work_are_all_read():
+    """The event socket shrunk to about 200 events' room: 5,000 entries made 50 at a time (the events of a
+    flow sync resync's seconds), `Conntrack.stash` between the batches (as the dump's receive loop and the resync
+    call it): every NEW event is read, in order, and none lost; without the stash the same overflows (ENOBUFS)."""
+    from hypafilter.tools.bench.ctflows import _ip
+
+    def make(ns: str, first: int, n: int) -> None:
+        lines = [
+            f"-I -s {_ip(0x0A000000 + k)} -d 10.128.0.1 -r 10.128.0.1 -q {_ip(0x0A000000 + k)} -p udp --sport 1000"
+            f" --dport {UDP_PORT} --reply-port-src {UDP_PORT} --reply-port-dst 1000 -t 600 -u SEEN_REPLY,ASSURED"
+            for k in range(first, first + n)
+        ]
+        with tempfile.NamedTemporaryFile("w", suffix=".ct") as f:
+            f.write("\n".join(lines) + "\n")
+            f.flush()
+            netns.run(["conntrack", "-R", f.name], ns)
+
+    for stash in (True, False):
+        with tracking_ns("dsst") as (ns, ct):
+            try:
+                ct.events.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 128 << 10)  # a few hundred events
+                for k in range(0, 5000, 50):
+                    make(ns, k, 50)
+                    if stash:
+                        ct.stash()
+                if stash:
+                    got = ct.read_events()
+                    assert [e.src for e in got if e.kind == "new"] == [_ip(0x0A000000 + k) for k in range(5000)]
+                else:
+                    with pytest.raises(OSError) as e:
+                        ct.read_events()
+                    assert e.value.errno == errno.ENOBUFS
+            finally:
+                ct.close()
 
 
 def test_lean_event_parser_reads_real_events_as_pyroute2_does():

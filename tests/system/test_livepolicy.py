@@ -6,13 +6,12 @@ a namespace holding the live ruleset alone (the kernel as oracle)."""
 from __future__ import annotations
 
 import json
-import shutil
 import time
 
 import pytest
 from hypafilter import netns
 
-from conftest import ROOT, need_root
+from conftest import ROOT
 from tests.hfcli import HfCli
 
 pytestmark = pytest.mark.system
@@ -25,16 +24,8 @@ hf = HfCli(LAB, STATE)
 
 @pytest.fixture(scope="module", params=["emu", "xdp"])
 def lab(request):
-    need_root()
-    target = request.param
-    hf("lab", "down", "--name", LAB, check=False)
-    shutil.rmtree(STATE, ignore_errors=True)
-    hf("lab", "up", "--name", LAB, *(["--target", "xdp"] if target == "xdp" else []))
-    hf("deploy", str(ROOT / "rulesets" / "example.rules"), "--target", target, "-q")
-    yield target
-    hf("undeploy", "-q", check=False)
-    hf("lab", "down", "--name", LAB, check=False)
-    shutil.rmtree(STATE, ignore_errors=True)
+    with hf.deployed_lab(request.param, ROOT / "rulesets" / "example.rules") as target:
+        yield target
 
 
 def ipt(*args: str) -> None:
@@ -123,6 +114,7 @@ def test_bench_churn_follows_iptables_at_five_per_second(lab):
     print(f"bench churn ({lab}): {r}")
     assert r["target"] == lab and r["updates"] >= 12 and r["mismatches"] == 0, r
     assert r["lag_p50_ms"] is not None and r["lag_p99_ms"] < 30_000 and r["applied"] >= 1, r
+    assert r["buffer_updates"] >= 1 and r["cores_built"] == 0, r  # the bans went through the update buffer
     # the share over the window, unless a new core replaced the NIC (its counters start again)
     assert (r["hw_share"] is None and r["cores_built"] > 0) or 0 <= r["hw_share"] <= 1, r
     assert hf("status", check=False).returncode == 0
@@ -167,28 +159,42 @@ def test_a_deploys_commits_read_after_it_ended_are_its_own(lab):
     assert st["drift"] == [], st["drift"]
 
 
-def test_an_nftables_chain_beside_the_policy_stops_the_fast_path(lab):
-    """A base chain of another nftables table at the forward hook (firewalld's nftables backend, an operator's own
-    table) filters frames the fast path would decide without it: the service stops deciding (fail closed) and says
-    so in status; a deploy refuses it; removed, the fast path decides again."""
-    nft = ["nft", "add", "table", "inet", "opfw"]
-    netns.run(nft, FW)
-    netns.run(["nft", "add chain inet opfw opfw_fwd { type filter hook forward priority 10; }"], FW)
+FOREIGN = {
+    # firewalld's nftables backend, an operator's own table: a chain at the forward hook
+    "inet-forward": ("inet", "opfw", "add chain inet opfw opfw_fwd { type filter hook forward priority 10; }"),
+    # a device's ingress: it sees the frames the kernel gets, not those the fast path forwards
+    "netdev-ingress": (
+        "netdev",
+        "opnd",
+        "add chain netdev opnd ing { type filter hook ingress device nf0 priority 0; }",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(FOREIGN))
+def test_an_nftables_chain_beside_the_policy_stops_the_fast_path(lab, kind):
+    """A base chain of another nftables table at a hook a NIC frame meets filters frames the fast path would decide
+    without it: the service stops deciding (fail closed) and says so in status; a deploy refuses it; removed, the
+    fast path decides again."""
+    family, table, chain = FOREIGN[kind]
+    name = f"{family} {table} {chain.split()[4]}"
+    netns.run(["nft", "add", "table", family, table], FW)
+    netns.run(["nft", chain], FW)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         doc = hf.service()
         if doc.get("error") and doc.get("safe"):
             break
         time.sleep(0.1)
-    assert "inet opfw opfw_fwd" in doc["error"] and doc["safe"], doc
+    assert name in doc["error"] and doc["safe"], doc
     p = hf("status", check=False)
     assert p.returncode == 1 and "cannot follow the live ruleset" in p.stdout, p.stdout[-800:]
     st = json.loads(hf("status", "--json", check=False).stdout)
     with deploy_target(st) as c:
         assert c()  # every frame to software meanwhile
     bad = hf("deploy", str(ROOT / "rulesets" / "example.rules"), "--target", lab, "--force", check=False)
-    assert bad.returncode != 0 and "inet opfw opfw_fwd" in bad.stderr, bad.stderr
-    netns.run(["nft", "delete", "table", "inet", "opfw"], FW)
+    assert bad.returncode != 0 and name in bad.stderr, bad.stderr
+    netns.run(["nft", "delete", "table", family, table], FW)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         doc = hf.service()

@@ -16,7 +16,7 @@ import pytest
 from hypafilter import netns
 
 from conftest import need_root, need_tool
-from tests.system.test_xdp import PORTS, check, frames_for
+from tests.system.test_xdp import PORTS, check, frames_for, veth_namespace
 
 pytestmark = pytest.mark.system
 
@@ -27,15 +27,8 @@ MULTIPORT = "-A FORWARD -p tcp -m multiport --dports 22,80,443,8080 -j DROP"
 
 @pytest.fixture(scope="module")
 def ns():
-    need_root()
-    need_tool("ip", "clang", "make", "cc")
-    netns.delete(NS)
-    netns.add(NS)
-    netns.run(["ip", "-n", NS, "link", "add", PORTS[0], "type", "veth", "peer", "name", PORTS[1]])
-    for p in PORTS:
-        netns.run(["ip", "-n", NS, "link", "set", p, "up"])
-    yield NS
-    netns.delete(NS)
+    with veth_namespace(NS) as name:
+        yield name
 
 
 def _flip(line: str) -> str:

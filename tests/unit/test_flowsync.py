@@ -55,6 +55,7 @@ class MemTable:
 
     protocols = (TCP, UDP)
     hit_counters = True
+    set_limited = True
 
     def __init__(self, log2_sets: int = 4, ways: int = 2):
         self.log2_sets, self.ways = log2_sets, ways
@@ -67,6 +68,9 @@ class MemTable:
         from hypafilter.targets.nic import FlowCacheConfig
 
         return FlowCacheConfig(self.log2_sets, self.ways, 16)
+
+    def flow_set(self, flow):
+        return fc.set_index(fc.canonical(flow)[0], self.log2_sets)
 
     def _find(self, flow):
         key, _ = fc.canonical(flow)
@@ -239,6 +243,62 @@ def test_full_set_is_an_insert_failure_and_stays_a_miss():
     assert set(s.installed) == {a.flow}
 
 
+def test_a_flow_whose_set_is_full_waits_unmarked_and_takes_the_next_free_way():
+    """More flows than the table holds: a flow whose set has no free way is neither marked liberal nor sent to the
+    table (it waits, its frames go to software); the way a delete frees goes to the set's most recently active
+    waiting flow, marked then; a waiting flow that conntrack destroys leaves the queue without a write."""
+    s, table, ct = syncer()
+    table.ways, table.log2_sets = 1, 0  # one slot in all
+    a, b, c = ev(sport=1), ev(sport=2), ev(sport=3)
+    ct.entries |= {a.flow, b.flow, c.flow}
+    s.event(a, 1.0)
+    table.batches.clear()
+    ct.liberal_batches.clear()
+    assert s.event(b, 2.0) == "install" and s.event(c, 3.0) == "install"  # wanted; both wait
+    assert ct.liberal_batches == [] and table.batches == []  # nothing marked, nothing written
+    assert s.counters["insert_failures"] == 2 and s.stats()["waiting"] == 2
+    s.event(ev(sport=1, kind="destroy", status=0, state=None))  # a's way frees: c, the more recent, takes it
+    assert ct.liberal_batches == [[c.flow]]
+    assert table.batches == [[(fc.OP_DELETE, a.flow)], [(fc.OP_INSERT, c.flow)]]
+    assert set(s.installed) == {c.flow} and s.stats()["waiting"] == 1
+    assert s.event(b, 4.0) is None and s.waiting[b.flow].stamp == 4.0  # a newer event of a waiting flow
+    assert s.event(ev(sport=2, kind="destroy", status=0, state=None)) == "remove"
+    assert s.waiting == {} and s.queues == {} and ct.liberal_batches == [[c.flow]]
+    s.event(ev(sport=3, kind="destroy", status=0, state=None))
+    assert s.installed == {} and s.fill == {0: 0}
+
+
+def test_resync_over_more_flows_than_the_table_holds_puts_the_most_recently_active_first():
+    """A dump with more offloadable entries than the sets hold: in every set the entries already marked liberal
+    (an earlier worker held them) and then those that saw a frame most recently (the least of their state's
+    timeout used) get the ways, and only they are marked liberal; the rest wait. An entry already liberal in both
+    directions is not marked again."""
+    s, table, ct = syncer()
+    table.ways, table.log2_sets = 2, 2  # 4 sets of 2
+    dump = []
+    for i in range(40):
+        proto = TCP if i % 2 else UDP
+        used = (i * 7919) % 97  # seconds of the state's timeout used: the entry's age
+        full = TIMEOUTS["tcp"] if proto == TCP else TIMEOUTS["udp_stream"]
+        st = UP | IPS_ASSURED
+        dump.append(ev("dump", proto=proto, sport=1000 + i, status=st, timeout=full - used, liberal=i % 10 == 1))
+    ct.entries |= {e.flow for e in dump}
+    s.resync(dump)
+    age = {e.flow: (TIMEOUTS["tcp"] if e.proto == TCP else TIMEOUTS["udp_stream"]) - e.timeout for e in dump}
+    by_set: dict[int, list] = {}
+    for e in dump:
+        by_set.setdefault(table.flow_set(e.flow), []).append(e.flow)
+    assert len(s.installed) == 8 and len(s.waiting) == 32 and s.counters["insert_failures"] == 32
+    marked_before = {e.flow for e in dump if e.liberal}
+    for flows in by_set.values():
+        first = sorted(flows, key=lambda f: (f not in marked_before, age[f]))[:2]
+        assert set(first) == {f for f in flows if f in s.installed}
+    held = {e.flow for e in dump if e.flow in s.installed}
+    marked = {f for b in ct.liberal_batches for f in b}
+    assert marked == {e.flow for e in dump if e.flow in held and e.proto == TCP and not e.liberal}
+    assert {f for _, f in table.batches[0]} == held and len(table.batches) == 1  # only what fits is written
+
+
 def test_refresh_due():
     assert not refresh_due(None, False, 0)  # never hit
     assert refresh_due(None, True, 5)  # first hit since the insert
@@ -372,6 +432,7 @@ def test_status_line():
             "pid": 7,
             "offloaded": 3,
             "occupancy": 4,
+            "waiting": 6,
             "inserts": 5,
             "deletes": 2,
             "evictions": 1,
@@ -381,11 +442,18 @@ def test_status_line():
             "lag_max_ms": 2.5,
         }
     )
-    assert line.startswith("flowsync pid 7: 3 flows offloaded, occupancy 4; inserts 5, deletes 2, evictions 1")
+    assert line.startswith(
+        "flowsync pid 7: 3 flows offloaded, occupancy 4, 6 waiting for a way (set full); inserts 5, deletes 2, "
+        "evictions 1"
+    )
     assert line.endswith("sync lag p50 0.4 ms, max 2.5 ms")
     liberal = {"wanted": True, "mode": "liberal", "pid": 8, "offloaded": 2, "liberal": 3, "lag_p50_ms": 0.3}
     assert _fmt_flowsync({**liberal, "running": True}).startswith(
         "flowsync pid 8 (liberal marks): 2 TCP flows held, 3 entries marked liberal; sync lag p50 0.3 ms"
+    )
+    restarting = "is restarting its worker (the last one exited -9)"
+    assert _fmt_flowsync({**liberal, "running": False, "down": restarting}) == (
+        f"flowsync DOWN: new TCP entries are not marked liberal; the service {restarting}"
     )
     assert _fmt_flowsync({**liberal, "running": False}) == (
         "flowsync DOWN: new TCP entries are not marked liberal (deploy again, or undeploy)"
@@ -397,6 +465,7 @@ def test_flows_established_together_are_installed_in_one_batch_after_their_liber
     set in one flow-cache batch (none inserted before its flag is confirmed; one conntrack no longer has is
     left out); a flow that a later event of the same read removes is not inserted; UDP needs no flag."""
     s, table, ct = syncer()
+    table.log2_sets = 6  # room for every flow here (a full set: test_a_flow_whose_set_is_full_waits_unmarked)
     tcp = [ev(sport=41000 + i) for i in range(20)]
     gone = ev(sport=42000)  # destroyed before its flag could be set: conntrack answers ENOENT
     short = ev(sport=43000)  # established and reset in the same read
@@ -417,11 +486,12 @@ def test_flows_established_together_are_installed_in_one_batch_after_their_liber
 
 
 def test_poll_reads_the_installed_slots_and_the_table_in_turn(monkeypatch):
-    """A poll reads the slots of the flows the service installed (refreshed or evicted every poll) and the next
-    POLL_CHUNK slots of the table, so a flow it did not install is evicted within entries / POLL_CHUNK polls."""
+    """A poll reads the slots of the flows the service installed (refreshed or evicted every poll, while they are
+    at most POLL_CHUNK) and the next POLL_CHUNK slots of the table, so a flow it did not install is evicted within
+    entries / POLL_CHUNK polls."""
     monkeypatch.setattr(sync, "POLL_CHUNK", 8)
     s, table, ct = syncer()  # 16 sets x 2 ways: 32 slots, 4 parts
-    flows = [ev(sport=44000 + i) for i in range(12)]
+    flows = [ev(sport=44000 + i) for i in range(8)]  # at most POLL_CHUNK: all of them every poll
     ct.entries |= {e.flow for e in flows}
     s.events(flows)
     mine = {table._find(e.flow) for e in flows}
@@ -437,7 +507,7 @@ def test_poll_reads_the_installed_slots_and_the_table_in_turn(monkeypatch):
         s.poll()
         polls += 1
         assert set(table.reads[-1]) == mine | set(range(8 * ((polls - 1) % 4), 8 * ((polls - 1) % 4) + 8))
-        assert s.counters["refreshes"] == 12  # all of them at the first poll, whatever part it read
+        assert s.counters["refreshes"] == 8  # all of them at the first poll, whatever part it read
         assert polls <= 4
     assert polls == where // 8 + 1 and s.counters["evictions"] == 1
     # a flow of ours whose conntrack entry is gone is evicted at the next poll, wherever it is
@@ -588,3 +658,44 @@ def test_a_conntrack_message_built_and_framed_reads_back():
     assert (ev.kind, ev.family, ev.flow, ev.tcp_state) == ("new", socket.AF_INET, flow, 3)
     assert ev.reply == ("10.0.0.2", "10.0.0.1", 80, 40000) and offload_reason(ev) is None
     assert parse_event(msg[:-4]) is None  # a truncated message is none
+
+
+def test_a_full_cache_is_polled_in_turn_each_flow_every_poll_cycle(monkeypatch):
+    """More installed flows than POLL_CHUNK: a poll reads max(POLL_CHUNK, flows / POLL_CYCLE) of their slots in turn
+    (plus its part of the table), not all of them, and every installed flow is read within POLL_CYCLE polls; a hit
+    flow is refreshed at the poll that reads it."""
+    monkeypatch.setattr(sync, "POLL_CHUNK", 4)
+    monkeypatch.setattr(sync, "POLL_CYCLE", 3)
+    s, table, ct = syncer()
+    table.log2_sets = 6  # 128 slots
+    flows = [ev(sport=45000 + i) for i in range(30)]
+    ct.entries |= {e.flow for e in flows}
+    s.events(flows)
+    held = {i.slot for i in s.installed.values()}
+    assert len(held) == 30
+    seen: set[int] = set()
+    for _ in range(3):
+        table.reads.clear()
+        s.poll()
+        read = {sl for r in table.reads for sl in r}
+        assert 10 <= len(read & held) <= 10 + 4  # max(4, 30 / 3), and those the table's part (4 slots) holds
+        seen |= read & held
+    assert seen == held
+    table.hit(flows[0].flow)
+    ct.calls.clear()
+    for _ in range(3):
+        s.poll()
+    assert [c[1] for c in ct.calls] == [flows[0].flow]
+
+
+def test_a_resync_calls_between_in_pieces(monkeypatch):
+    """A resync runs `between` every RESYNC_PIECE entries and before its writes (the service takes the events that
+    come meanwhile off their socket there), and once more per RESYNC_PIECE ops it fits into the sets."""
+    monkeypatch.setattr(sync, "RESYNC_PIECE", 10)
+    s, table, ct = syncer()
+    dump = [ev("dump", sport=2000 + i) for i in range(45)]
+    ct.entries |= {e.flow for e in dump}
+    calls = []
+    s.resync(dump, lambda: calls.append(len(s.installed)))
+    assert len(calls) == 4 + 1 + 4  # 45 entries, before the writes, 45 inserts fitted
+    assert calls == [0] * len(calls)  # all before any write

@@ -86,8 +86,15 @@ def test_flowsync_drift_is_worded_by_the_target(tmp_path):
 def test_status_of_each_service_by_name(tmp_path):
     FLOWSYNC.write_status_file(tmp_path, {"running": True, "pid": 1, "inserts": 3})
     got = services.status({"flowsync": {"wanted": True, "reason": ""}}, tmp_path)
-    assert got["flowsync"] == {"running": False, "pid": 1, "inserts": 3, "wanted": True, "reason": ""}
-    assert got["policysync"] == {"running": False}  # no status file: not running, nothing wanted
+    assert got["flowsync"] == {
+        "running": False,
+        "down": "is not running",
+        "pid": 1,
+        "inserts": 3,
+        "wanted": True,
+        "reason": "",
+    }
+    assert got["policysync"] == {"running": False, "down": "is not running"}  # no status file, nothing wanted
     assert services.status({}, tmp_path)["flowsync"]["running"] is False
 
 
@@ -116,3 +123,53 @@ def test_flowsync_asks_the_policy_then_the_target():
     Plan.decides_established = True
     assert FLOWSYNC.why_not(None, Plan(), Tgt(), {}) == "the target says no"
     assert FLOWSYNC.record(Tgt()) == {"mode": "liberal"}
+
+
+def test_a_service_whose_worker_restarts_is_drift_until_the_new_one_serves(tmp_path, monkeypatch):
+    """The supervisor runs (its pid alive) but no worker serves: after an abnormal end (the supervisor's status file
+    says restarting), right after a kill -9 of the worker (the file still names the dead worker), and before the
+    first worker has finished its start (no worker named). Each is drift, and status says it does not run; a live
+    worker named by the supervisor's own status file is not."""
+    import os
+    import subprocess
+
+    me = os.getpid()
+    monkeypatch.setattr(FLOWSYNC, "running_pid", lambda state_dir: me)
+    monkeypatch.setattr(FLOWSYNC, "alive", lambda pid: pid == me)
+    st = {"flowsync": {"wanted": True, "mode": "flowcache", "pid": me, "reason": ""}}
+    down = "(the NIC's flow cache does not follow conntrack)"
+
+    FLOWSYNC.write_status_file(tmp_path, {"running": False, "restarting": True, "pid": me, "last_exit": -9})
+    assert services.drift(st, tmp_path, Target) == [
+        f"flowsync: the flow sync service is restarting its worker (the last one exited -9) {down}"
+    ]
+    assert services.status(st, tmp_path)["flowsync"]["running"] is False
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    FLOWSYNC.write_status_file(tmp_path, {"running": True, "pid": me, "worker": gone.pid})
+    assert services.drift(st, tmp_path, Target) == [
+        f"flowsync: the flow sync service is restarting its worker (worker {gone.pid} is gone) {down}"
+    ]
+    FLOWSYNC.state_path(tmp_path).unlink()
+    assert services.drift(st, tmp_path, Target) == [
+        f"flowsync: the flow sync service is starting (its worker has not finished its start) {down}"
+    ]
+    FLOWSYNC.write_status_file(tmp_path, {"running": True, "pid": me, "worker": me, "offloaded": 3})
+    assert services.drift(st, tmp_path, Target) == []
+    got = services.status(st, tmp_path)["flowsync"]
+    assert got["running"] is True and got["down"] == "" and got["mode"] == "flowcache"  # mode from the record
+
+
+def test_a_wanted_service_that_did_not_start_makes_the_deployment_degraded(tmp_path, monkeypatch):
+    svc = Fake("fake", "fake service")
+    svc.fail = HypafilterError("did not get ready within 20 s")
+    rec, _, _ = start(svc, tmp_path)
+    assert services.failed({"fake": rec, "other": {"wanted": False, "reason": "x"}}) == [
+        "fake: failed to start: did not get ready within 20 s"
+    ]
+    svc.fail = None
+    assert services.failed({"fake": start(svc, tmp_path)[0]}) == []
+    monkeypatch.setenv("HF_FAIL_STEP", "service-fake")  # the tests' failure injection
+    rec, warnings, _ = start(svc, tmp_path)
+    assert rec["pid"] is None and "injected failure" in warnings[0]

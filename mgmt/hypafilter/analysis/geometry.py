@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.ma  # np.unique's first call imports it (~10 ms): at import, not inside the first update
 
 from hypafilter.ir import MAXV, NDIM, Box
 

@@ -10,6 +10,8 @@ from hypafilter.cli.common import add_policy_args, load_config, load_policy, pro
 from hypafilter.config import MODES, STRATEGIES
 from hypafilter.errors import HypafilterError
 
+EXIT_DEGRADED = 1  # deploy/update: committed, but a service the deployment wants did not start (as status: drift)
+
 
 def _summary(state: dict) -> dict:
     keys = ("policy_hash", "policy_source", "generation", "mode", "strategy", "partition", "main_chain")
@@ -46,7 +48,14 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     summary["changed"] = not before or before.get("generation") != state.get("generation")
     if not summary["changed"]:
         summary["duration_s"], summary["applied_s"], summary["steps"] = 0, 0, {}
+    if state.get("degraded"):
+        summary["degraded"] = state["degraded"]
     print(json.dumps(summary, indent=None if args.json else 1))
+    if state.get("degraded"):
+        # deployed and committed, but a service it wants does not run: status shows the drift, and deploy of the
+        # same policy tries again (docs/deploy.md, "Services")
+        print(f"hypafilter: deployed DEGRADED: {'; '.join(state['degraded'])}", file=sys.stderr)
+        return EXIT_DEGRADED
     return 0
 
 
@@ -64,6 +73,8 @@ def _fmt_status(st: dict) -> str:
         return "nothing deployed"
     p = st.get("partition", {})
     lines = [f"DRIFT    {d}" for d in st.get("drift") or []]
+    if st.get("busy"):  # deploy.status waited STATUS_WAIT for the lock in vain
+        lines.insert(0, "BUSY     a deploy, update or policy sync apply still runs: what follows may be half-way")
     lines += [
         f"policy   {st['policy_source']} (hash {st['policy_hash'][:16]}), generation {st['generation']}",
         f"rules    {p.get('rules')} ({p.get('simple')} simple, {p.get('complex')} complex), "
@@ -106,6 +117,8 @@ def _fmt_flowsync(fs: dict) -> str:
     liberal = fs.get("mode") == "liberal"
     if not fs.get("running"):
         what = "new TCP entries are not marked liberal" if liberal else "the flow cache does not follow conntrack"
+        if fs.get("down") and fs["down"] != "is not running":  # its supervisor runs: restarting or starting
+            return f"flowsync DOWN: {what}; the service {fs['down']}"
         return f"flowsync DOWN: {what} (deploy again, or undeploy)"
     if liberal:
         return (
@@ -114,7 +127,8 @@ def _fmt_flowsync(fs: dict) -> str:
             f"max {fs.get('lag_max_ms')} ms"
         )
     return (
-        f"flowsync pid {fs.get('pid')}: {fs.get('offloaded')} flows offloaded, occupancy {fs.get('occupancy')}; "
+        f"flowsync pid {fs.get('pid')}: {fs.get('offloaded')} flows offloaded, occupancy {fs.get('occupancy')}, "
+        f"{fs.get('waiting')} waiting for a way (set full); "
         f"inserts {fs.get('inserts')}, deletes {fs.get('deletes')}, evictions {fs.get('evictions')}, "
         f"insert failures (set full) {fs.get('insert_failures')}, timeout refreshes {fs.get('refreshes')}; "
         f"sync lag p50 {fs.get('lag_p50_ms')} ms, max {fs.get('lag_max_ms')} ms"
@@ -127,6 +141,8 @@ def _fmt_policysync(ps: dict, overlay: dict | None) -> str:
     if not ps.get("wanted"):
         return f"policysync not running: {ps.get('reason') or 'not wanted by this deployment'}"
     if not ps.get("running"):
+        if ps.get("down") and ps["down"] != "is not running":  # its supervisor runs: restarting or starting
+            return f"policysync DOWN: changes to the live ruleset are not followed; the service {ps['down']}"
         return (
             "policysync DOWN: changes to the live ruleset are not followed; the fast path decides nothing once its "
             "lease runs out (deploy again, or undeploy)"

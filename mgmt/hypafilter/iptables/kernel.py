@@ -66,7 +66,7 @@ def check(lines: Sequence[Line], sets: dict[str, Origin], table: str = "filter")
     """Load `lines` (a complete iptables-restore text for `table`) into a scratch namespace; every refusal as a
     PolicyError at the user's line. `sets`: ipset name -> the first rule that names it."""
     errors: list[PolicyError] = []
-    host_sets = _host_sets()
+    host_sets = _host_sets() if sets else {}
     missing = {name: o for name, o in sets.items() if name not in host_sets}
     why = "does not exist on this host" if shutil.which("ipset") else "cannot be checked: ipset is not installed"
     for name, o in sorted(missing.items()):
@@ -76,14 +76,19 @@ def check(lines: Sequence[Line], sets: dict[str, Origin], table: str = "filter")
     for i, ln in enumerate(lines):  # rules on missing sets cannot load anywhere: already reported
         if ln.origin is not None and any(n in missing for n in set_names(ln.text.split())):
             work[i] = "# " + ln.text
-    ns = f"hflint-{os.getpid()}"
-    netns.add(ns)
+    needed = sorted(set(sets) - set(missing))
+    # A scratch network namespace: a named one when ipsets must be created in it first, else a private one per
+    # attempt (`unshare --net`, one process instead of three; it ends with the command)
+    ns = f"hflint-{os.getpid()}" if needed else None
+    if ns:
+        netns.add(ns)
+    restore = ["iptables-restore", "-w"] if ns else ["unshare", "--net", "iptables-restore", "-w"]
     try:
-        for name in sorted(set(sets) - set(missing)):
+        for name in needed:
             netns.run(["ipset", "restore"], ns, input=host_sets[name] + "\n")
         for _ in range(MAX_ERRORS):
             try:
-                netns.run(["iptables-restore", "-w"], ns, input="\n".join(work) + "\n")
+                netns.run(restore, ns, input="\n".join(work) + "\n")
                 break
             except netns.CommandError as e:
                 refused = _refused(e.stderr)
@@ -104,7 +109,8 @@ def check(lines: Sequence[Line], sets: dict[str, Origin], table: str = "filter")
                         )
                     work[n - 1] = "# " + work[n - 1]
     finally:
-        netns.delete(ns)
+        if ns:
+            netns.delete(ns)
     return sorted(errors, key=lambda e: (e.file, e.line, e.column))
 
 

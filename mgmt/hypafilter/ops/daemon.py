@@ -105,11 +105,30 @@ class Service(abc.ABC):
         return self.name.encode() in cmdline and stat.rsplit(")", 1)[1].split()[0] != "Z"
 
     def running_pid(self, state_dir: Path) -> int | None:
+        """The supervisor's pid while it runs (its worker may be restarting: `not_serving` tells), else None."""
         try:
             pid = int(self.pid_path(state_dir).read_text().strip())
         except (OSError, ValueError):
             return None
         return pid if self.alive(pid) else None
+
+    def not_serving(self, state_dir: Path) -> str:
+        """Why the service does not serve now ("": it does): its supervisor is not running; or it runs but its
+        worker does not: the supervisor is restarting one (after an abnormal end; the status file says so, or still
+        names a worker that is gone, before the supervisor has noticed), or the first one has not finished its
+        start (the status file names no worker of this supervisor yet)."""
+        pid = self.running_pid(state_dir)
+        if pid is None:
+            return "is not running"
+        doc = self.read_status_file(state_dir) or {}
+        if doc.get("restarting"):
+            return f"is restarting its worker (the last one exited {doc.get('last_exit')})"
+        worker = doc.get("worker")
+        if doc.get("pid") != pid or not doc.get("running") or not worker:
+            return "is starting (its worker has not finished its start)"
+        if not self.alive(worker):
+            return f"is restarting its worker (worker {worker} is gone)"
+        return ""
 
     def start(
         self, ns: str | None, state_dir: Path, options: Sequence[str] = (), timeout: float = READY_TIMEOUT
@@ -157,11 +176,16 @@ class Service(abc.ABC):
         return True
 
     def status(self, state_dir: Path, wanted: dict | None = None) -> dict:
-        """The service as `status` shows it: wanted (from the deployment), running, and its counters."""
+        """The service as `status` shows it: wanted (from the deployment's record, whose other fields, such as how
+        it runs, fill in what the status file lacks), running (its worker serves: `not_serving`), why not, and its
+        counters."""
         doc = self.read_status_file(state_dir) or {}
-        pid = self.running_pid(state_dir)
-        out = {**doc, "running": pid is not None and bool(doc.get("running")) and doc.get("pid") == pid}
+        why = self.not_serving(state_dir)
+        out = {**doc, "running": not why, "down": why}
         if wanted is not None:
+            for k, v in wanted.items():
+                if k not in ("wanted", "reason", "pid"):
+                    out.setdefault(k, v)
             out["wanted"] = bool(wanted.get("wanted"))
             out["reason"] = wanted.get("reason", "")
         return out

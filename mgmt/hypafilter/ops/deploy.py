@@ -14,6 +14,7 @@ import dataclasses
 import fcntl
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -411,6 +412,28 @@ def _kernel_check(policy: Policy, config: Config) -> None:
         )
 
 
+def _in_background(fn: Callable[[], object]) -> Callable[[], object]:
+    """Start `fn` in a thread; the function returned waits for it and returns its result or raises its error."""
+    done: dict = {}
+
+    def run() -> None:
+        try:
+            done["result"] = fn()
+        except BaseException as e:  # handed to the caller, which raises it in its own thread
+            done["error"] = e
+
+    t = threading.Thread(target=run, name="hf-deploy-read", daemon=True)
+    t.start()
+
+    def result() -> object:
+        t.join()
+        if "error" in done:
+            raise done["error"]
+        return done.get("result")
+
+    return result
+
+
 def partition_counts(policy: Policy, plan) -> dict:
     n = len(plan.entries)
     return {
@@ -454,7 +477,7 @@ def follow(
     policy: Policy,
     log: Callable[[str], None] = lambda s: None,
     rebuild: bool = False,
-    hold: Callable[[], bool] | None = None,
+    watch: FollowWatch | None = None,
     abort: Callable[[], bool] = lambda: False,
     digest: str | None = None,
 ) -> dict:
@@ -463,16 +486,15 @@ def follow(
     only the tool's chains, the jump (first again), the shim and the NIC change; through the update buffer when
     the running matcher can hold the change. A failure leaves the fast path shunting (fail closed). `rebuild`: the
     lazy rebuild — a new core (program) for `policy`, the deployed one, built beforehand (the build is cached),
-    swapped make-before-break, the update buffer empty after it. `hold()`, asked just before the fast path would
-    decide again: True when a newer change is pending, and then everything stays with software, every tag stale
-    (the new state's `held`). The lock is waited for (30 s at most, or until `abort()`)."""
+    swapped make-before-break, the update buffer empty after it. `watch` (FollowWatch): the service's eye on the
+    ruleset while the update runs. The lock is waited for (30 s at most, or until `abort()`)."""
     with _lock(30.0, abort):
         old = read_state()
         if not old:
             raise HypafilterError("nothing is deployed")
         config = deployed_config(old)
         return _deploy_locked(
-            policy, config, rebuild, log, target_of(old, config), follow=True, hold=hold, digest=digest
+            policy, config, rebuild, log, target_of(old, config), follow=True, watch=watch, digest=digest
         )
 
 
@@ -482,6 +504,26 @@ def first_lease_ms(config: Config) -> int:
     a service that never starts leaves the fast path deciding nothing once this runs out."""
     ms = config.policysync_lease_ms
     return ms + int(READY_TIMEOUT * 1000) if ms else 0
+
+
+class FollowWatch:
+    """What the policy sync service does while `follow` applies a change (ops.policysync.worker.Follower):
+
+    - `hold()`, asked just before the fast path would decide again: True when a newer change is pending; then
+      everything stays with software, every tag stale (the new state's `held`);
+    - `applied(generation, nic)`, once the fast path decides by the new policy: from here a newer change must be
+      failed safe on this NIC and generation (the state file still names the old ones);
+    - `poll()`, between the steps of the tidying up that follows (old chains, read-back, state): read the events
+      queued meanwhile and fail safe at once for a newer change, instead of after the update."""
+
+    def hold(self) -> bool:
+        return False
+
+    def applied(self, generation: int, nic: dict) -> None:
+        pass
+
+    def poll(self) -> None:
+        pass
 
 
 def stale_generation(gen: int) -> int:
@@ -506,10 +548,11 @@ def _deploy_locked(
     log,
     tgt: Target,
     follow: bool = False,
-    hold: Callable[[], bool] | None = None,
+    watch: FollowWatch | None = None,
     digest: str | None = None,
 ) -> dict:
     t0 = time.monotonic()
+    watch = watch or FollowWatch()
     old = read_state()
     if old and old.get("target", "emu") != tgt.name:
         raise HypafilterError(f"a policy is deployed on target '{old.get('target', 'emu')}': undeploy it first")
@@ -551,13 +594,27 @@ def _deploy_locked(
             f"{policy.base_chain} needs {config.nic_mode} mode: undeploy first"
         )
     _check_lab(tgt.name)
-    if not follow and (others := live.foreign_chains(NS_FW, config.table, config.nic_mode)):
+    fwshim = _fw_shim(tgt.name)
+    base = policy.base_chain
+    # The reads before the first change, each a short command waiting on the kernel: run side by side (an update
+    # waited ~40 ms for them one after the other); each result is taken where the sequence needs it, its error
+    # raised there, so what is reported and in which order does not change.
+    pre = {
+        "foreign": (lambda: live.foreign_chains(NS_FW, config.table, config.nic_mode)) if not follow else None,
+        "backend": (lambda: live.backend(NS_FW)) if not follow else None,
+        "jump": (lambda: has_jump(NS_FW, config, base, old["main_chain"])) if old else None,
+        "attached": fwshim.attached if old else None,
+        "unfilterable": (lambda: _unfilterable_drift(old)) if old else None,
+        "kernel": (lambda: _kernel_check(policy, config)) if not follow else None,
+    }
+    ready = {k: _in_background(fn) for k, fn in pre.items() if fn is not None}
+    if not follow and (others := ready["foreign"]()):
         raise HypafilterError(
             f"nftables base chains besides iptables' {config.table} table filter the frames the fast path would "
             f"decide without them: {'; '.join(others)}. hypafilter accelerates an iptables policy; remove them or "
             "move their rules into the policy (docs/deploy.md, Live policy)"
         )
-    if not follow and live.backend(NS_FW) != "nf_tables":
+    if not follow and ready["backend"]() != "nf_tables":
         raise HypafilterError(
             "iptables here is the legacy xtables backend, which announces no ruleset change: hypafilter follows the "
             "live ruleset through nf_tables events (docs/deploy.md, Live policy); use iptables-nft "
@@ -566,11 +623,9 @@ def _deploy_locked(
     gen = (old["generation"] + 1) if old else 1
     gen = gen if gen <= 0xFFFF else 1  # the hardware carries 16 bits of generation
     tx = Transaction(log=log)
-    fwshim = _fw_shim(tgt.name)
-    base = policy.base_chain
     prefix = chain_prefix(config, gen)
     new_main = f"{prefix}MAIN"
-    old_main = old["main_chain"] if old and has_jump(NS_FW, config, base, old["main_chain"]) else None
+    old_main = old["main_chain"] if old and ready["jump"]() else None
     old_nic = old["nic"] if old else None
     if old_nic and not tgt.alive(old_nic):
         log(f"previous NIC (pid {old_nic.get('pid')}) is gone; deploying as new")
@@ -578,15 +633,23 @@ def _deploy_locked(
 
     held = False
     nft_gen = None
+    loaded = None  # (generation before, after) the deploy's load of the ruleset
     # A running policy sync service stays: it leaves the ruleset to a deploy that holds the lock and takes the
     # commits up to the generation the deploy records (`nft_generation`) for the deploy's own.
     keep = ("policysync",) if services.POLICYSYNC.running_pid(STATE_DIR) and not follow else ()
+    # The kernel's own parser (a scratch namespace) reports a rule it refuses at the user's line. Its verdict is
+    # awaited before a build (minutes for a new core) and whenever a step fails (its words then explain the
+    # failure); an update through the update buffer or the registers does not wait for it: the load of the
+    # ruleset itself refuses the same rules, atomically, and the transaction rolls back.
+    kernel = ready.get("kernel")
     try:
-        if not follow:
-            # The kernel's own parser first: a rule it refuses is reported at the user's line, before a long build.
-            tx.step("kernel-check", lambda: _kernel_check(policy, config))
-        tx.step("interfaces", lambda: _check_interfaces(policy))
-        plan = tx.step("compile", lambda: build_plan(policy, config, live=True))
+        try:
+            tx.step("interfaces", lambda: _check_interfaces(policy))
+            plan = tx.step("compile", lambda: build_plan(policy, config, live=True))
+        except DeployError:
+            if kernel is not None:
+                tx.step("kernel-check", kernel)
+            raise
         # The update buffer first (SFL, docs/deploy.md "Update buffer"): the running matcher with an overlay that
         # makes it decide as the new plan; a new core (program) only when the change does not fit.
         view = None
@@ -600,6 +663,9 @@ def _deploy_locked(
                 log(f"update buffer: {e}; building a new core")
             tx.timings["overlay"] = round(time.monotonic() - t_ov, 4)
         hw = view if view is not None else plan
+        if kernel is not None and (view is None or not old_nic):  # a build may come: the kernel's verdict first
+            tx.step("kernel-check", kernel)
+            kernel = None
         binary = old_nic["binary"] if view is not None else tx.step("build", lambda: tgt.build(plan))
         intervals = [int(k) for k in hw.interval]
         nf_text = tx.step(
@@ -637,7 +703,7 @@ def _deploy_locked(
             and not force
             and fwshim.pinned
             and all(old.get(k) == getattr(config, k) for k in ("mark_mask", "mark_shift"))
-            and fwshim.attached() == fwshim.ifaces  # pins can outlive a deleted namespace's programs
+            and ready["attached"]() == fwshim.ifaces  # pins can outlive a deleted namespace's programs
         )
         if quick:
             old_gen = old["generation"]
@@ -681,7 +747,7 @@ def _deploy_locked(
         # the host too for frames the NIC hands it while it is not classifying (reset, standby, loading). An update
         # with the same setting leaves the table as the last deploy wrote it (drift names a change by hand).
         old_unfilterable = (old or {}).get("unfilterable", "pass")
-        if force or not old or old_unfilterable != config.unfilterable or _unfilterable_drift(old):
+        if force or not old or old_unfilterable != config.unfilterable or ready["unfilterable"]():
             tx.step(
                 "bridge-unfilterable",
                 lambda: netns.run(["nft", "-f", "-"], NS_FW, input=unfilterable_nft(config.unfilterable)),
@@ -711,11 +777,10 @@ def _deploy_locked(
                     lambda: restore(NS_FW, live_text(config, policy, body, new_main, old_main, gone)),
                     lambda: restore_table(NS_FW, snapshot),
                 )
-                # The listing as the kernel now shows this policy (iptables-save orders and omits options its own
-                # way): its digest lets the policy sync service know it without parsing it. Only when the load was
-                # the one commit since g0: a concurrent change must be read by the service, not taken as ours.
-                text, g1 = live.listing(NS_FW, config.table, nft.generation)
-                digest = live.digest(text, config.chain_prefix) if g1 == g0 + 1 else None
+                # Ours when the load was the one commit since g0: a concurrent change must be read by the service,
+                # not taken as ours. The listing of it (for the digest) is read once the new policy holds.
+                g1 = nft.generation()
+                loaded = (g0, g1)
                 nft_gen = g1 if g1 == g0 + 1 else None
             finally:
                 nft.close()
@@ -739,7 +804,7 @@ def _deploy_locked(
             tx.undo.append(("nic", lambda: tgt.stop(new_nic)))
             written = tx.step("registers", lambda: tgt.program(new_nic, plan, gen))
             tx.step("lease", lambda: tgt.set_lease(new_nic, first_lease_ms(config)))
-            if hold is not None and hold():  # a newer change of the live ruleset: the new NIC decides nothing yet
+            if watch.hold():  # a newer change of the live ruleset: the new NIC decides nothing yet
                 tgt.shunt_all(new_nic, True)
                 fwshim.set_generation(stale_generation(gen))
                 held = True
@@ -768,7 +833,7 @@ def _deploy_locked(
 
             written = tx.step("registers", registers, registers_undo, undo_first=True)
             tx.step("lease", lambda: tgt.set_lease(new_nic, first_lease_ms(config)))
-            if hold is not None and hold():  # a newer change of the live ruleset: everything stays with software
+            if watch.hold():  # a newer change of the live ruleset: everything stays with software
                 fwshim.set_generation(stale_generation(gen))
                 held = True
             else:
@@ -777,11 +842,21 @@ def _deploy_locked(
         # waits for; the rest (old chains, state) is tidying up
         applied = round(time.monotonic() - t0, 4)
         tx.undo.clear()  # committed: from here on, failures are clean-up warnings, not rollbacks
+        if not held:
+            watch.applied(gen, new_nic)
     except DeployError as e:
         tx.rollback()
+        err = e
+        if kernel is not None and e.step != "kernel-check":
+            try:  # the kernel check not awaited yet: a rule it refuses explains the failure at the user's line
+                kernel()
+            except HypafilterError as refused:
+                err = DeployError("kernel-check", str(refused))
         if tx.rollback_errors:
-            raise DeployError(e.step, f"{e}; rollback also failed: {'; '.join(tx.rollback_errors)}") from e
-        _journal_failure(old, policy, gen, e, tx, t0)
+            raise DeployError(err.step, f"{err}; rollback also failed: {'; '.join(tx.rollback_errors)}") from e
+        _journal_failure(old, policy, gen, err, tx, t0)
+        if err is not e:
+            raise err from e
         raise
 
     # The running services follow the old NIC and policy; new ones start below when wanted. Following the live
@@ -790,6 +865,7 @@ def _deploy_locked(
         (("flowsync",) if replace else ()) if follow else tuple(s.name for s in services.SERVICES if s.name not in keep)
     )
     warnings = [f"stopping {svc.title}: {e}" for svc, e in services.stop_all(STATE_DIR, only=restart)]
+    watch.poll()
     if replace:
         try:
             write_static(STATE_DIR, plan, tgt.buffer_depth(), binary, _write_private)
@@ -800,12 +876,32 @@ def _deploy_locked(
             tgt.stop(old_nic)
         except Exception as e:
             warnings.append(f"stopping the old NIC: {e}")
+    if kernel is not None:  # not awaited: the load succeeded, so the kernel took every rule
+        try:
+            kernel()
+        except HypafilterError as refused:
+            warnings.append(f"the kernel check refused what the load took: {refused}")
+    watch.poll()
+    if loaded is not None:
+        # The listing as the kernel now shows the loaded policy (iptables-save orders and omits options its own way):
+        # its digest lets the policy sync service know it without parsing it; none when another commit came since.
+        digest = None
+        if nft_gen is not None:
+            nft = NfTables(NS_FW)
+            try:
+                text, g2 = live.listing(NS_FW, config.table, nft.generation)
+                digest = live.digest(text, config.chain_prefix) if g2 == nft_gen else None
+            except HypafilterError as e:
+                warnings.append(f"reading back the loaded ruleset: {e}")
+            finally:
+                nft.close()
     try:
         stale = [c for g, cs in owned_chains(NS_FW, config).items() if g != gen for c in cs]
         if stale:
             nft_gen = _own_commit(lambda: restore(NS_FW, delete_text(config, stale)), nft_gen)
     except HypafilterError as e:
         warnings.append(f"removing old chains: {e}")
+    watch.poll()
 
     try:
         fingerprint = chains_fingerprint(NS_FW, config, new_chains)
@@ -881,8 +977,15 @@ def _deploy_locked(
         state.update(
             {svc.name: old[svc.name] for svc in services.SERVICES if svc.name in old and svc.name not in restart}
         )
+    watch.poll()
     write_state(state)
-    state.update(services.start_wanted(NS_FW, STATE_DIR, policy, plan, tgt, new_nic, warnings, log, only=restart))
+    watch.poll()
+    started = services.start_wanted(NS_FW, STATE_DIR, policy, plan, tgt, new_nic, warnings, log, only=restart)
+    state.update(started)
+    # A wanted service that did not start: the policy holds (committed above; no service decides a verdict), but
+    # the deployment is degraded: said in the state and its history, drift in status, and deploy exits non-zero.
+    state["degraded"] = services.failed(started)
+    state["history"][-1]["degraded"] = state["degraded"]
     write_state(state)
     for w in warnings:
         log(f"warning: {w}")
@@ -1002,8 +1105,28 @@ def lab_down(lab, log: Callable[[str], None] = lambda s: None) -> list[str]:
     return removed
 
 
+STATUS_WAIT = 60.0  # seconds `status` waits for a deploy, update or the policy sync service's apply to end
+
+
 def status() -> dict:
-    """What is deployed, with live NIC counters, shim statistics and the tool's chain counters."""
+    """What is deployed, with live NIC counters, shim statistics and the tool's chain counters. Read while no deploy,
+    update or apply of the policy sync service runs (each holds the lock; status waits up to STATUS_WAIT for it):
+    half-way through one, the state file and the live system disagree, which is not drift. Past the wait it reads
+    anyway and says `busy`."""
+    with contextlib.ExitStack() as stack:
+        busy = False
+        try:
+            stack.enter_context(_lock(STATUS_WAIT))
+        except HypafilterError:
+            busy = True  # still running after the wait: read what is there
+        except OSError:
+            pass  # a state directory this user cannot lock: nothing of ours can be running from it
+        out = _status()
+        out["busy"] = busy
+        return out
+
+
+def _status() -> dict:
     st = read_state()
     if not st:
         return {"deployed": False}

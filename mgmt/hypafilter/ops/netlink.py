@@ -26,6 +26,7 @@ NLM_F_REQUEST, NLM_F_ACK, NLM_F_DUMP_INTR = 0x1, 0x4, 0x10
 NLM_F_DUMP, NLM_F_CREATE, NLM_F_EXCL = 0x300, 0x400, 0x200
 NLA_F_NESTED = 0x8000
 NLA_TYPE_MASK = 0x3FFF  # without NLA_F_NESTED and NLA_F_NET_BYTEORDER
+SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)  # asm-generic/socket.h
 
 
 def attrs(data: bytes, off: int, end: int) -> dict[int, tuple[int, int]]:
@@ -93,6 +94,16 @@ class Netlink:
     error: type[NetlinkError] = NetlinkError
     DUMP_TRIES = 3  # dumps the kernel marked inconsistent (NLM_F_DUMP_INTR) before `consistent_dump` gives up
     RCVBUF = 4 << 20
+    # The event socket's receive buffer (the kernel doubles it): the events that come while the owner does other
+    # work (the flow sync service's resync over 250,000 entries: 10-17 s) wait there, and one that finds it full is
+    # lost (ENOBUFS, and the flow sync service resyncs again). 8 MiB held 6,600 conntrack NEW events here (1.27 KB
+    # of buffer each); 64 MiB holds about 50,000. Set with SO_RCVBUFFORCE (CAP_NET_ADMIN), past net.core.rmem_max
+    # (212,992 bytes by default, which would make RCVBUF a few hundred events); without the capability, RCVBUF.
+    EVENTS_RCVBUF = 32 << 20
+    # Whether every wait for a reply first moves the queued event datagrams into `backlog` (`stash`): a family
+    # whose owner reads its events through `read` and looks at `backlog` before it waits on the socket sets it
+    # (Conntrack: a dump of 250,000 entries takes seconds, in which events would fill the socket).
+    STASH = False
     ACK_COST = 1024  # bytes of a receive buffer one ack takes at most (an skb's truesize, not its data)
     TIMEOUT = 10.0  # seconds a request waits for its reply
 
@@ -109,7 +120,12 @@ class Netlink:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.RCVBUF)
         self._seq = 0
         self.echoes = 0  # events skipped as echoes of this object's own requests
-        self.events.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.RCVBUF)
+        self.backlog: list[bytes] = []  # event datagrams taken off the socket by `stash`, not read yet
+        self.lost = False  # `stash` met ENOBUFS: the next `read` raises it
+        try:
+            self.events.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, self.EVENTS_RCVBUF)
+        except PermissionError:
+            self.events.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.RCVBUF)
         self.events.bind((0, groups))
         self.events.setblocking(False)
 
@@ -143,10 +159,30 @@ class Netlink:
                 out.append(ev)
         return out
 
+    def stash(self) -> None:
+        """Take the event datagrams queued now off the socket into `backlog`, unparsed (a recv each), so that a
+        long piece of work that calls it between its parts (a dump, a resync) does not let the socket's buffer
+        overflow; `read` gives them back first. An overflow met here is raised by the next `read`."""
+        while True:
+            try:
+                self.backlog.append(self.events.recv(1 << 20))
+            except BlockingIOError:
+                return
+            except OSError as e:
+                if e.errno != errno.ENOBUFS:
+                    raise
+                self.lost = True
+
     def read(self, parse: Callable[[bytes, int], T | None]) -> list[T]:
-        """Every event queued now (non-blocking), without the echoes of this object's own requests (`foreign`).
-        OSError ENOBUFS: events were lost (the caller resyncs)."""
+        """Every event queued now (non-blocking; those `stash` took off first), without the echoes of this
+        object's own requests (`foreign`). OSError ENOBUFS: events were lost (the caller resyncs)."""
+        backlog, self.backlog = self.backlog, []
+        if self.lost:
+            self.lost = False
+            raise OSError(errno.ENOBUFS, os.strerror(errno.ENOBUFS))
         out: list[T] = []
+        for data in backlog:
+            out += self.foreign(data, parse)
         while True:
             try:
                 data = self.events.recv(1 << 20)
@@ -162,6 +198,8 @@ class Netlink:
         request and batch sockets. HypafilterError "<peer> did not answer <what()>" when the socket's timeout
         passes first (`what` is called then, so it can say what was still missing)."""
         while True:
+            if self.STASH:
+                self.stash()
             try:
                 data = sock.recv(size)
             except TimeoutError as e:

@@ -5,6 +5,7 @@ leaves undone; the state file keeps a record of each under its name: {wanted, re
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from hypafilter.errors import HypafilterError
 from hypafilter.ops.daemon import Service
 from hypafilter.ops.flowsync.service import SERVICE as FLOWSYNC
 from hypafilter.ops.policysync.service import SERVICE as POLICYSYNC
+from hypafilter.ops.transaction import FAIL_ENV
 
 SERVICES: tuple[Service, ...] = (FLOWSYNC, POLICYSYNC)
 
@@ -29,8 +31,9 @@ def start_wanted(
     only: Sequence[str] | None = None,
 ) -> dict[str, dict]:
     """Start each service the deployment wants (`only`: of these names); its record, by name, says why not when it
-    does not run. It runs after the commit: a service that fails to start is a warning (and drift), not a
-    rollback."""
+    does not run. It runs after the commit: a service that fails to start is not a rollback (the policy holds
+    without it; what it adds is fast-path share) but a warning, drift, and a degraded deployment (`failed`), for
+    which deploy exits non-zero. FAIL_ENV=service-NAME (the tests' failure injection) makes NAME's start fail."""
     out = {}
     for svc in services:
         if only is not None and svc.name not in only:
@@ -40,6 +43,8 @@ def start_wanted(
             out[svc.name] = {"wanted": False, **how, "reason": reason}
             continue
         try:
+            if os.environ.get(FAIL_ENV) == f"service-{svc.name}":
+                raise HypafilterError(f"injected failure ({FAIL_ENV}=service-{svc.name})")
             pid = svc.launch(ns, state_dir, tgt)
         except (OSError, HypafilterError) as e:
             warnings.append(f"starting {svc.title}: {e}")
@@ -66,16 +71,23 @@ def stop_all(
 
 
 def drift(st: dict, state_dir: Path, tgt, services: Sequence[Service] = SERVICES) -> list[str]:
-    """The services the deployment in `st` (on target `tgt`) wants that do not run."""
+    """The services the deployment in `st` (on target `tgt`) wants that do not serve: not running, or running with
+    their worker restarting or not started yet (`Service.not_serving`), and what the running ones report."""
     out = []
     for svc in services:
         if not (st.get(svc.name) or {}).get("wanted"):
             continue
-        if svc.running_pid(state_dir) is None:
-            out.append(f"{svc.name}: {svc.title} is not running ({svc.down(tgt)})")
+        if why := svc.not_serving(state_dir):
+            out.append(f"{svc.name}: {svc.title} {why} ({svc.down(tgt)})")
         else:
             out += svc.problems(state_dir)
     return out
+
+
+def failed(records: dict[str, dict]) -> list[str]:
+    """Of the services' records (`start_wanted`), the ones wanted that did not start, each as "NAME: why": a
+    deployment with any is degraded (deploy exits non-zero; docs/deploy.md)."""
+    return [f"{name}: {r.get('reason')}" for name, r in records.items() if r.get("wanted") and not r.get("pid")]
 
 
 def status(st: dict, state_dir: Path, services: Sequence[Service] = SERVICES) -> dict[str, dict]:

@@ -5,6 +5,7 @@ generation, the xdp program's control word). Array maps with a u32 key; values a
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import platform
 import struct
@@ -14,6 +15,8 @@ from hypafilter.errors import HypafilterError
 
 _NR_BPF = {"x86_64": 321, "aarch64": 280}.get(platform.machine(), 321)
 BPF_MAP_LOOKUP_ELEM, BPF_MAP_UPDATE_ELEM, BPF_OBJ_GET, BPF_OBJ_GET_INFO_BY_FD = 1, 2, 7, 15
+BPF_MAP_UPDATE_BATCH = 26
+ENOTSUPP = 524  # the kernel's own "operation not supported" (not in errno's table)
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 
@@ -73,6 +76,31 @@ class PinnedArray:
         if len(value) != self.value_size:
             raise HypafilterError(f"{self.path}: a value of {len(value)} bytes, the map holds {self.value_size}")
         self._elem(BPF_MAP_UPDATE_ELEM, index, ctypes.create_string_buffer(value, self.value_size))
+
+    def write_many(self, values: list[bytes], start: int = 0) -> None:
+        """Elements start, start + 1, ... set to `values`, in one BPF_MAP_UPDATE_BATCH system call (element by
+        element where the kernel has no batch operation for the map)."""
+        if not values:
+            return
+        if any(len(v) != self.value_size for v in values):
+            raise HypafilterError(f"{self.path}: every value must be {self.value_size} bytes")
+        n = len(values)
+        keys = (ctypes.c_uint32 * n)(*range(start, start + n))
+        vals = ctypes.create_string_buffer(b"".join(values), n * self.value_size)
+        count = n
+        attr = ctypes.create_string_buffer(128)
+        # union bpf_attr, batch ops: in_batch, out_batch, keys, values (u64 each), count, map_fd, elem_flags, flags
+        struct.pack_into(
+            "=QQQQIIQQ", attr, 0, 0, 0, ctypes.addressof(keys), ctypes.addressof(vals), count, self.fd, 0, 0
+        )
+        try:
+            _bpf(BPF_MAP_UPDATE_BATCH, attr)
+            return
+        except OSError as e:
+            if e.errno not in (errno.EINVAL, ENOTSUPP):  # no batch operation for this map here
+                raise HypafilterError(f"{self.path}: batch update of {n} elements: {e.strerror}") from e
+        for i, v in enumerate(values):
+            self.write(v, start + i)
 
     def set_word(self, word: int, v: int, index: int = 0) -> int:
         """Read element `index`, set its u32 word `word` to v, write it back; returns the old word."""

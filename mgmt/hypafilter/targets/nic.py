@@ -207,10 +207,11 @@ class NicClient:
     """Register-level interface to one hypafilter core, whatever carries the accesses."""
 
     # What its flow API is as a table of the flow sync service (ops.flowsync.syncer.Syncer): the NIC's flow cache,
-    # which holds TCP and UDP flows and counts their hits.
+    # which holds TCP and UDP flows and counts their hits, in sets of `ways` entries (`flow_set`).
     mode = "flowcache"
     protocols = (flowcache.PROTO_TCP, flowcache.PROTO_UDP)
     hit_counters = True
+    set_limited = True
 
     def __init__(self, transport):
         self.t = transport
@@ -515,6 +516,12 @@ class NicClient:
             return None
         self._fc_config = FlowCacheConfig(v & 0xFF, (v >> 8) & 0xFF, (v >> 16) & 0xFF)
         return self._fc_config
+
+    def flow_set(self, flow: Flow) -> int:
+        """The set a flow's entry goes to (either direction: the canonical key's CRC-32, as the core computes it):
+        an insert finds a free way among its set's `ways`, or answers ST_FULL."""
+        key, _ = flowcache.canonical(flow)
+        return flowcache.set_index(key, self._need_flow_cache().log2_sets)
 
     def _need_flow_cache(self) -> FlowCacheConfig:
         cfg = self.flow_config()

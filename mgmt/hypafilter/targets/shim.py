@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import struct
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -64,19 +65,22 @@ class Shim:
         return (self.pin / shared.HF_MAP_CONFIG).exists()
 
     def attached(self) -> list[str]:
-        """The interfaces that carry both shim programs (hf_xdp at XDP, hf_tc at TC ingress; TC alone if tc_only)."""
-        out = []
-        for ifname in self.ifaces:
-            try:
-                link = json.loads(netns.run(["ip", "-j", "-d", "link", "show", "dev", ifname], self.netns))
-                tc = json.loads(netns.run(["tc", "-j", "filter", "show", "dev", ifname, "ingress"], self.netns) or "[]")
-            except (netns.CommandError, ValueError):
-                continue
-            xdp = ((link[0].get("xdp") or {}).get("prog") or {}).get("name") if link else None
-            has_tc = any(((f.get("options") or {}).get("prog") or {}).get("name") == "hf_tc" for f in tc)
-            if has_tc and (self.tc_only or xdp == "hf_xdp"):
-                out.append(ifname)
-        return out
+        """The interfaces that carry both shim programs (hf_xdp at XDP, hf_tc at TC ingress; TC alone if tc_only).
+        Two listings of the whole namespace (the links with their XDP program, bpftool's TC attachments), not two
+        per interface: `tc filter show` alone took 7.5 ms a call here."""
+        try:
+            links = json.loads(netns.run(["ip", "-j", "-d", "link", "show"], self.netns) or "[]")
+            net = json.loads(netns.run(["bpftool", "-j", "net", "show"], self.netns) or "[]")
+        except (netns.CommandError, ValueError):
+            return []
+        xdp = {ln.get("ifname"): ((ln.get("xdp") or {}).get("prog") or {}).get("name") for ln in links}
+        tc = {
+            t.get("devname")
+            for block in net
+            for t in block.get("tc") or []
+            if t.get("kind") in ("clsact/ingress", "tcx/ingress") and str(t.get("name", "")).split(":")[0] == "hf_tc"
+        }
+        return [i for i in self.ifaces if i in tc and (self.tc_only or xdp.get(i) == "hf_xdp")]
 
     @property
     def loaded(self) -> bool:
@@ -112,21 +116,24 @@ class Shim:
         mark_shift: int | None = None,
         num_entries: int | None = None,
     ) -> None:
-        """Write intervals (match_index 0.. → k, one batch syscall) first, then the given hf_config fields."""
-        args = ["update", "--pin", str(self.pin)]
-        for opt, v in (
-            ("--generation", generation),
-            ("--mask", mark_mask),
-            ("--shift", mark_shift),
-            ("--num-entries", num_entries),
-        ):
-            if v is not None:
-                args += [opt, str(int(v))]
-        text = None
+        """Write intervals (match_index 0.. → k, one batch syscall) first, then the given hf_config fields (one
+        write of the config element), through the bpf() system call into the pinned maps: no helper process."""
         if intervals is not None:
-            args.append("--intervals")
-            text = " ".join(str(int(k)) for k in intervals) + "\n"
-        self._run("update", args, text)
+            with PinnedArray(self.pin / shared.HF_MAP_INTERVALS) as m:
+                m.write_many([struct.pack("=I", int(k) & 0xFFFFFFFF) for k in intervals])
+        fields = (
+            ("HF_CFG_GENERATION", generation),
+            ("HF_CFG_MARK_MASK", mark_mask),
+            ("HF_CFG_MARK_SHIFT", mark_shift),
+            ("HF_CFG_NUM_ENTRIES", num_entries),
+        )
+        if any(v is not None for _, v in fields):
+            with PinnedArray(self.pin / shared.HF_MAP_CONFIG) as m:
+                cur = bytearray(m.read())
+                for name, v in fields:
+                    if v is not None:
+                        struct.pack_into("=I", cur, 4 * shared.C[name], int(v) & 0xFFFFFFFF)
+                m.write(bytes(cur))
 
     def set_generation(self, generation: int) -> None:
         """Only hf_config's generation, through the bpf() syscall (no helper process): the policy sync service's

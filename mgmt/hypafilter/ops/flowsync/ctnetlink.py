@@ -93,12 +93,16 @@ def parse_event(data: bytes, off: int = 0, kind: str | None = None) -> CtEvent |
         return None
     rep = _raw_tuple(data, a.get(CTA_TUPLE_REPLY))
     tcp_state = None
+    liberal = False
     if CTA_PROTOINFO in a:
         pi = attrs(data, *a[CTA_PROTOINFO])
         if CTA_PROTOINFO_TCP in pi:
             tcp = attrs(data, *pi[CTA_PROTOINFO_TCP])
             if CTA_PROTOINFO_TCP_STATE in tcp:
                 tcp_state = data[tcp[CTA_PROTOINFO_TCP_STATE][0]]
+            # struct nf_ct_tcp_flags {flags, mask}: the flags byte of each direction
+            dirs = (CTA_PROTOINFO_TCP_FLAGS_ORIGINAL, CTA_PROTOINFO_TCP_FLAGS_REPLY)
+            liberal = all(k in tcp and data[tcp[k][0]] & IP_CT_TCP_FLAG_BE_LIBERAL for k in dirs)
 
     def be(k: int, fmt: str) -> int | None:
         return struct.unpack_from(fmt, data, a[k][0])[0] if k in a else None
@@ -113,6 +117,7 @@ def parse_event(data: bytes, off: int = 0, kind: str | None = None) -> CtEvent |
         timeout=be(CTA_TIMEOUT, ">I"),
         zone=be(CTA_ZONE, ">H"),
         helper=CTA_HELP in a,
+        liberal=liberal,
     )
 
 
@@ -148,6 +153,7 @@ class Conntrack(Netlink):
     `ops.netlink.Netlink`; every conntrack entry, in an event or a reply, is read by `parse_event`."""
 
     error = ConntrackError
+    STASH = True  # the service reads its events through read_events and looks at `backlog` before it waits
 
     def __init__(self, ns: str | None):
         super().__init__(ns, NETLINK_NETFILTER, GROUPS)

@@ -38,6 +38,7 @@ class LiberalMarks:
     mode = "liberal"
     protocols = (PROTO_TCP,)
     hit_counters = False
+    set_limited = False  # no sets: an insert fails only beyond `capacity`
 
     def __init__(self, capacity: int = MARKS_CAPACITY):
         self.capacity = capacity
@@ -48,6 +49,9 @@ class LiberalMarks:
         from hypafilter.targets.nic import FlowCacheConfig
 
         return FlowCacheConfig(self.capacity.bit_length() - 1, 1, 0)
+
+    def flow_set(self, flow: Flow) -> None:
+        return None
 
     def flow_commands(self, cmds: Sequence[tuple]) -> list[tuple[int, int]]:
         out = []

@@ -43,13 +43,33 @@ class FlowSync(Service):
         return {"mode": tgt.flowsync_mode}
 
     def launch(self, ns: str | None, state_dir: Path, tgt) -> int:
-        return start(ns, state_dir, mode=tgt.flowsync_mode)
+        return start(ns, state_dir, mode=tgt.flowsync_mode, timeout=ready_timeout(conntrack_count(ns)))
 
     def down(self, tgt) -> str:
         return tgt.flowsync_down
 
 
 SERVICE = FlowSync("flowsync", "flow sync service")
+
+# The start's wait grows with conntrack's table: the service is ready once it has dumped the table and reconciled
+# the flow cache with it (`serve`). Measured at 250,000 entries on the 2-core development machine under other
+# sessions' load (docs/flowsync.md, "Conntrack at real scale"): 10-17 s from the start until ready.
+READY_PER_100K = 10.0  # seconds the start may wait beyond READY_TIMEOUT per 100,000 conntrack entries
+
+
+def conntrack_count(ns: str | None) -> int:
+    """How many entries conntrack of `ns` holds now (nf_conntrack_count; 0 when it cannot be read)."""
+    from hypafilter import netns
+
+    try:
+        return int(netns.run(["sysctl", "-n", "net.netfilter.nf_conntrack_count"], ns).strip())
+    except (netns.CommandError, OSError, ValueError):
+        return 0
+
+
+def ready_timeout(entries: int) -> float:
+    """Seconds the start waits for a service that resyncs over `entries` conntrack entries."""
+    return READY_TIMEOUT + READY_PER_100K * entries / 100_000
 
 
 def serve(
@@ -82,7 +102,7 @@ def serve(
     started = time.time()
     try:
         syncer = Syncer(table, ct, read_timeouts(ns))
-        syncer.resync(ct.dump())
+        syncer.resync(ct.dump(), ct.stash)
         # Python's full (generation 2) collection walked every object of the worker (then pyroute2's modules too):
         # 70-110 ms under load, once in a run of the established measure, and no flow was installed meanwhile.
         # What is left after this collection (modules, sockets, the syncer) lives as long as the worker: frozen,
@@ -100,13 +120,13 @@ def serve(
                 if e.errno != errno.ENOBUFS:
                     raise
                 syncer.last_error = "conntrack events lost (ENOBUFS): resynchronised from a dump"
-                syncer.resync(ct.dump())
+                syncer.resync(ct.dump(), ct.stash)
                 return
             syncer.events(events, t)
 
         def between() -> None:
             """Within a poll: the events queued now, if any."""
-            if select.select([ct.events], [], [], 0)[0]:
+            if ct.backlog or ct.lost or select.select([ct.events], [], [], 0)[0]:
                 drain()
 
         while not stopping and not stop():
@@ -118,6 +138,9 @@ def serve(
                     state_dir, {**doc, "pid": service_pid, "worker": os.getpid(), "restarts": restarts}
                 )
                 next_poll = now + interval
+            if ct.backlog or ct.lost:  # taken off the socket while the service waited for a reply
+                drain()
+                continue
             r, _, _ = select.select([ct.events], [], [], max(0.0, min(next_poll - time.monotonic(), 0.2)))
             if r:
                 drain()

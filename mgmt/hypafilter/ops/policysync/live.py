@@ -4,7 +4,6 @@ nf_tables generation, without the tool's own chains and jump, parsed as a Policy
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 
 from hypafilter import netns
@@ -13,6 +12,7 @@ from hypafilter.errors import HypafilterError
 from hypafilter.ir import Policy
 from hypafilter.netfilter.bridge import TABLE as BRIDGE_TABLE
 from hypafilter.ops.lab import HOST_TABLE
+from hypafilter.ops.policysync.nftevents import NfTables
 
 SNAPSHOT_TRIES = 5  # listings taken while the generation moved, before the service gives up for this round
 
@@ -38,18 +38,26 @@ HOOKS = {"bridge": ("prerouting", "forward"), "host": ("prerouting", "input")}
 
 def foreign_chains(ns: str | None, table: str, nic_mode: str) -> list[str]:
     """Base chains of nftables tables other than iptables' own `table` (and the tool's and the lab's tables) that
-    filter at the hooks a NIC frame meets (HOOKS): firewalld's nftables backend, an `nft` table of the operator's,
-    fail2ban's nftables actions, Docker's raw-table drops. The fast path decides frames without them, so a deployment
-    refuses them and the policy sync service stops deciding (fail closed) while one exists."""
+    filter at the hooks a NIC frame meets (HOOKS), and every netdev-family chain (ingress or egress of a device, which
+    sees the frames the kernel handles and not those the fast path forwards): firewalld's nftables backend, an `nft`
+    table of the operator's, fail2ban's nftables actions, Docker's raw-table drops. The fast path decides frames
+    without them, so a deployment refuses them and the policy sync service stops deciding (fail closed) while one
+    exists. Read through nf_tables' netlink dump (no `nft` process)."""
     own = {("ip", table), ("bridge", BRIDGE_TABLE), ("inet", HOST_TABLE)}
-    out = json.loads(netns.run(["nft", "-j", "list", "chains"], ns) or "{}")
+    nft = NfTables(ns)
+    try:
+        chains = nft.base_chains()
+    finally:
+        nft.close()
     found = []
-    for item in out.get("nftables", []):
-        c = item.get("chain")
-        if not c or c.get("type") != "filter" or c.get("hook") not in HOOKS[nic_mode]:
-            continue
-        if c.get("family") in ("ip", "inet", "bridge") and (c.get("family"), c.get("table")) not in own:
-            found.append(f"{c['family']} {c['table']} {c['name']} (hook {c['hook']}, priority {c.get('prio')})")
+    for c in chains:
+        if c.family == "netdev" or (
+            c.family in ("ip", "inet", "bridge")
+            and c.type == "filter"
+            and c.hook in (*HOOKS[nic_mode], "ingress")
+            and (c.family, c.table) not in own
+        ):
+            found.append(f"{c.family} {c.table} {c.name} (hook {c.hook}, priority {c.prio})")
     return found
 
 

@@ -10,7 +10,15 @@ import socket
 import struct
 from dataclasses import dataclass
 
-from hypafilter.ops.netlink import NETLINK_NETFILTER, NLM_F_ACK, Netlink, NetlinkError, attrs, nfnl_request
+from hypafilter.ops.netlink import (
+    NETLINK_NETFILTER,
+    NLM_F_ACK,
+    NLM_F_DUMP,
+    Netlink,
+    NetlinkError,
+    attrs,
+    nfnl_request,
+)
 
 NFNL_SUBSYS_NFTABLES = 10
 NFNLGRP_NFTABLES = 7
@@ -38,6 +46,48 @@ NFTA_GEN_ID, NFTA_GEN_PROC_PID, NFTA_GEN_PROC_NAME = 1, 2, 3
 NFTA_TABLE = 1  # the first attribute of a table, chain, rule, set, element list, object and flowtable: its table
 NFTA_CHAIN_NAME, NFTA_RULE_CHAIN = 3, 2
 FAMILY_NAMES = {1: "inet", 2: "ip", 3: "arp", 5: "netdev", 7: "bridge", 10: "ip6"}
+
+
+NFT_MSG_GETCHAIN = 4
+NFTA_CHAIN_HOOK, NFTA_CHAIN_TYPE = 4, 7
+NFTA_HOOK_HOOKNUM, NFTA_HOOK_PRIORITY = 1, 2
+# the hook numbers of the ip, ip6, inet and bridge families (NF_INET_* and NF_BR_* share them)
+HOOK_NAMES = {0: "prerouting", 1: "input", 2: "forward", 3: "output", 4: "postrouting", 5: "ingress"}
+
+
+@dataclass(frozen=True)
+class BaseChain:
+    """A chain attached to a hook (`nft list chains` shows the same)."""
+
+    family: str
+    table: str
+    name: str
+    type: str
+    hook: str
+    prio: int
+
+
+def parse_base_chain(data: bytes, off: int) -> BaseChain | None:
+    """The chain of an NFT_MSG_NEWCHAIN message of a dump at data[off:], if it is attached to a hook."""
+    length, mtype = struct.unpack_from("=IH", data, off)
+    if mtype != (NFNL_SUBSYS_NFTABLES << 8 | 3):
+        return None
+    a = attrs(data, off + 20, off + length)
+    if NFTA_CHAIN_HOOK not in a:
+        return None
+    h = attrs(data, *a[NFTA_CHAIN_HOOK])
+    if NFTA_HOOK_HOOKNUM not in h:
+        return None
+    hooknum = struct.unpack_from(">I", data, h[NFTA_HOOK_HOOKNUM][0])[0]
+    prio = struct.unpack_from(">i", data, h[NFTA_HOOK_PRIORITY][0])[0] if NFTA_HOOK_PRIORITY in h else 0
+    return BaseChain(
+        FAMILY_NAMES.get(data[off + 16], str(data[off + 16])),
+        _string(data, a.get(NFTA_TABLE)),
+        _string(data, a.get(NFTA_CHAIN_NAME)),
+        _string(data, a.get(NFTA_CHAIN_TYPE)),
+        HOOK_NAMES.get(hooknum, str(hooknum)),
+        prio,
+    )
 
 
 class NftError(NetlinkError):
@@ -95,6 +145,14 @@ class NfTables(Netlink):
 
     def read_events(self) -> list[NftEvent]:
         return self.read(parse_event)
+
+    def base_chains(self) -> list[BaseChain]:
+        """Every chain of every family attached to a hook (an NFT_MSG_GETCHAIN dump)."""
+
+        def request(seq: int) -> bytes:
+            return nfnl_request(NFNL_SUBSYS_NFTABLES, NFT_MSG_GETCHAIN, NLM_F_DUMP, seq, family=socket.AF_UNSPEC)
+
+        return self.consistent_dump("chains", request, parse_base_chain)
 
     def generation(self) -> int:
         """The ruleset's current generation id (NFT_MSG_GETGEN)."""

@@ -94,8 +94,9 @@ class Rebuild:
         return not self.thread.is_alive()
 
 
-class Follower:
-    """The fast path of the deployment in `state_dir`, kept in step with the live ruleset of `ns`."""
+class Follower(deploy.FollowWatch):
+    """The fast path of the deployment in `state_dir`, kept in step with the live ruleset of `ns`; while it applies
+    a change (deploy.follow) it keeps watching the ruleset (the FollowWatch calls)."""
 
     def __init__(self, ns: str, state_dir: Path, nft: NfTables, log: Callable[[str], None]):
         self.ns, self.state_dir, self.nft, self.log = ns, Path(state_dir), nft, log
@@ -110,6 +111,10 @@ class Follower:
             "failed": 0,
             "resyncs": 0,
             "retries": 0,
+            # the applied changes by how they reached the fast path (what `bench churn` reports)
+            "applied_buffer": 0,
+            "applied_registers": 0,
+            "applied_new_core": 0,
         }
         self.lag_safe: deque[float] = deque(maxlen=2000)  # ms: events read -> fail safe in force
         self.lag_apply: deque[float] = deque(maxlen=2000)  # ms: events read -> the fast path decides again
@@ -127,6 +132,8 @@ class Follower:
         self.lost = False  # events were lost: read the ruleset again
         self.after_deploy = False  # a deploy held the lock during a commit: read the ruleset once it is done
         self.in_follow = False  # inside its own deploy.follow (which holds the lock)
+        self.applying: dict | None = None  # the NIC and generation a running follow made live (not in the state yet)
+        self.released = False  # the running follow let the fast path decide again
         self.stopping: Callable[[], bool] = lambda: False
         self.last_try = 0.0  # when the last sync began (a failed one is tried again every RETRY_S)
         self.rebuild: Rebuild | None = None
@@ -162,7 +169,7 @@ class Follower:
         """Everything to software, every tag stale (the live rules decide): two writes, no helper process."""
         if self.safe:
             return
-        st = self.state(fresh=False)
+        st = self.applying or self.state(fresh=False)
         self._tgt.shunt_all_now(st["nic"])
         self._shim.set_generation(deploy.stale_generation(st["generation"]))
         self.safe = True
@@ -190,6 +197,18 @@ class Follower:
             self.lag_lease.append((now - self.lease_last) * 1000)
         self.lease_last = now
         return POLICYSYNC_LEASE_RENEW_S
+
+    def applied(self, generation: int, nic: dict) -> None:
+        """The running follow made the new policy live on `nic` under `generation`: a newer change is failed safe
+        there from now on."""
+        self.applying = {"generation": generation, "nic": nic}
+        self.safe = False
+        self.released = True
+
+    def poll(self) -> None:
+        """Between the steps of the running follow's tidying up: a newer change read and failed safe now."""
+        if self.released and select.select([self.nft.events], [], [], 0)[0]:
+            self.intake(time.monotonic())
 
     def release(self) -> None:
         """Undo `fail_safe` when the live ruleset turned out to be the deployed policy."""
@@ -223,14 +242,19 @@ class Follower:
                     self.release()
             else:
                 self.fail_safe()
-                self.in_follow = True
+                self.in_follow, self.released = True, False
                 try:
-                    new = deploy.follow(policy, self.log, hold=self.hold, abort=self.stopping, digest=digest)
+                    new = deploy.follow(policy, self.log, watch=self, abort=self.stopping, digest=digest)
                 finally:
                     self.in_follow = False
+                    self.applying = None
                 self.policy = policy
-                self.safe = bool(new.get("held"))  # a newer change came during the update: still fail-safe
                 self.state()  # the new generation, tables and perhaps NIC: what the next fail safe writes to
+                if new.get("held"):  # a newer change came during the update: still fail-safe
+                    self.safe = True
+                elif not self.released:  # nothing to apply after all (the deployed policy): lift step 1
+                    self.release()
+                # else: as `applied` and the polls of the tidying up left it (fail-safe again for a newer change)
                 self.counts["applied"] += 1
                 last = (new.get("history") or [{}])[-1]
                 self.last_kind = (
@@ -238,6 +262,7 @@ class Follower:
                     if last.get("overlay_slots") is not None and not last.get("replaced_nic")
                     else ("new core" if last.get("replaced_nic") else "registers")
                 )
+                self.counts["applied_" + self.last_kind.replace(" ", "_")] += 1
                 self.log(f"{reason}: generation {new['generation']} ({self.last_kind}, {last.get('duration_s')} s)")
             if t0 is not None:
                 self.lag_apply.append((time.monotonic() - t0) * 1000)

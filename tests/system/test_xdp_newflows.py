@@ -240,3 +240,26 @@ def test_helper_keeps_forcing(lab, tmp_path):
     assert r["nic"].get("CNT_DROPPED", 0) == 0 and r["shunted"] >= _attack_share(r)[0] > 0, r["nic"]
     why = json.loads(state)["tables"]["new_flows"]
     assert "ct helper" in why, why
+
+
+def test_helper_added_after_deploy_is_drift(lab, tmp_path):
+    """New flows decided since deploy, then a helper configured in the firewall: `status` reports drift (exits
+    non-zero) until a redeploy, which leaves misses to conntrack and says why."""
+    fw = f"{LAB}-fw"
+    f = tmp_path / "policy.rules"
+    f.write_text(CT_FIRST)
+    hf("undeploy", "-q", check=False)
+    hf("deploy", str(f), "--target", "xdp", "--json")
+    assert json.loads((Path(STATE) / "state.json").read_text())["tables"]["new_flows"] == "decided"
+    assert json.loads(hf("status", "--json").stdout)["drift"] == []
+    netns.run(["nft", "add", "table", "ip", "hfxnf"], fw)
+    netns.run(["nft", 'add ct helper ip hfxnf ftph { type "ftp" protocol tcp; }'], fw)
+    try:
+        p = hf("status", "--json", check=False)
+        assert p.returncode != 0 and any("new flows" in d for d in json.loads(p.stdout)["drift"]), p.stdout[-2000:]
+        hf("deploy", str(f), "--target", "xdp", "--json")
+        assert "ct helper" in json.loads((Path(STATE) / "state.json").read_text())["tables"]["new_flows"]
+        assert json.loads(hf("status", "--json").stdout)["drift"] == []
+    finally:
+        netns.run(["nft", "delete", "table", "ip", "hfxnf"], fw)
+        hf("undeploy", "-q", check=False)

@@ -278,6 +278,11 @@ class XdpTarget(Target):
         have = cfg.get("control", 0) & (~0 if miss is not None else ~CONTROL_MISS_SHUNT)  # older states: no bits 4/5
         if have != want:
             out.append(f"xdp: CONTROL {cfg.get('control')}, deployed {want}")
+        if (st.get("tables") or {}).get("new_flows") == "decided":
+            # misses are decided as NEW or INVALID: nothing may since have made such a frame RELATED or UNTRACKED
+            why = newflows.why_not(self.site.netns)
+            if why:
+                out.append(f"xdp: new flows are decided in XDP, but {why}: redeploy (misses then go to conntrack)")
         return out
 
     def detach_all(self) -> None:

@@ -263,3 +263,17 @@ def test_helper_added_after_deploy_is_drift(lab, tmp_path):
     finally:
         netns.run(["nft", "delete", "table", "ip", "hfxnf"], fw)
         hf("undeploy", "-q", check=False)
+
+
+@pytest.mark.parametrize("policy", ("ct-first", "ct-invalid"))
+def test_attack_host_mode(lab, tmp_path, policy):
+    """The same policies on INPUT (host mode: a decided ACCEPT passes the host's conntrack, so only DROP was forced
+    before): 0 mismatches with the firewall itself as the destination, and the attack frames the policy drops
+    dropped in XDP (CNT_DROPPED counts them and the policy's own frames it drops)."""
+    text = (CT_FIRST if policy == "ct-first" else CT_INVALID).replace("FORWARD", "INPUT")
+    args = ["--chain", "INPUT", "--packets", "1000", "--attack", ATTACK, "--attack-share", "0.7"]
+    r = _verify(tmp_path, text, *args)
+    assert r["mismatches"] == 0 and r["nic_mode"] == "host", r["examples"][:3]
+    dropped, decidable = _attack_share(r)
+    assert decidable > 300 and r["nic"].get("CNT_DROPPED", 0) >= dropped > 0, (r["nic"], r["by_kind"])
+    hf("undeploy", "-q", check=False)  # the module's other tests deploy FORWARD policies (bridge mode)

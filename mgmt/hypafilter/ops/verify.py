@@ -519,7 +519,7 @@ class ProbeSpec:
                 continue
             k = uid - len(corners)
             h = rows[(k - 1) % len(rows)] if rows else gen.header()
-            if self.attack and rng.random() < self.attack_share:
+            if self.attack and self.attack_share and rng.random() < self.attack_share:
                 shape = rng.choice(self.attack)
                 out.append(Probe(uid, f"attack_{shape}", attack_frame(uid, shape, h, rng, sent, dst_mac)))
                 continue

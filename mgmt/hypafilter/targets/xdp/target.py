@@ -376,7 +376,7 @@ class XdpTarget(Target):
         """The service marks the TCP entries it would offload liberal (ops.flowsync.marks.LiberalMarks), whatever
         nf_conntrack_tcp_be_liberal says (the program reads only the marks: the sysctl can change after deploy),
         unless the program does no lookup."""
-        if not self.ct_config(plan).lookup:
+        if not any(plan.miss_shunt) or not read_ct_config(self.site.netns).lookup:
             return (
                 "the XDP program does not look up conntrack (the plan forces no miss, or the sysctls were unreadable)"
             )

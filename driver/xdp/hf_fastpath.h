@@ -17,6 +17,9 @@
 
 /* hfx_config.ct_flags: conntrack state from the kernel's table (docs/xdp.md "Conntrack state from the kernel"). */
 #define HFX_CT_LOOKUP 1	     /* look TCP/UDP frames up in conntrack (bpf_xdp_ct_lookup): ct 1/2 for established ones */
+/* A lookup that finds no entry (-ENOENT) gives ct 3: the kernel reads the frame as NEW or INVALID. Set only where
+ * nothing can make such a frame RELATED or UNTRACKED (no helper, expectation, notrack or zone: targets/xdp/newflows). */
+#define HFX_CT_NONE 2
 
 /* hfx_config.ct_hit[]: a conntrack hit in that direction matches this entry whatever its other fields (the set bit
  * marks the value valid; tables.build_tables). */
@@ -89,8 +92,12 @@ struct hfx_span {
 	__u32 vec;
 };
 
-/* What match_index selects: action code (| HF_ACTION_MIRROR_BIT: mirror the decided frames), shunt bit, interval k
- * (the mark's k). */
+/* hfx_entry.shunt bits: the shunt bit for frames with ct 0, 1, 2 and the one for frames with ct 3 (Plan.shunt_none). */
+#define HFX_SHUNT 1
+#define HFX_SHUNT_NONE 2
+
+/* What match_index selects: action code (| HF_ACTION_MIRROR_BIT: mirror the decided frames), shunt bits (HFX_SHUNT*),
+ * interval k (the mark's k). */
 struct hfx_entry {
 	__u8 action;
 	__u8 shunt;

@@ -77,10 +77,12 @@ def ifindexes(ns) -> dict[str, int]:
 
 
 def check(
-    plan, frames, ns, nic_mode="bridge", unfilterable="drop", shunt_all=False, ct=None, shape=None, pin=None
+    plan, frames, ns, nic_mode="bridge", unfilterable="drop", shunt_all=False, ct=None, shape=None, pin=None, none=None
 ) -> collections.Counter:
     """Run the frames and compare each with the model; returns the tally of (kind, reason). `ct`: the program's
-    conntrack lookup (targets.xdp.tables.CtConfig); this namespace's conntrack holds no connection, so ct stays 0.
+    conntrack lookup (targets.xdp.tables.CtConfig); this namespace's conntrack holds no connection, so ct stays 0,
+    or is 3 for the frames the program looks up when it has HFX_CT_NONE (`ct.none`, or `none` for a started program
+    given by `pin`: model.miss_ct).
     `plan` may be an analysis.overlay.View (the static entries' program with its update buffer): match_index is then
     the hardware index (slots n + 1 + b), hits are counted for every row. `shape`: a larger program than the
     plan's; `pin`: run through that started program as its maps are instead (its counters from before are
@@ -108,8 +110,10 @@ def check(
     tally: collections.Counter = collections.Counter()
     bad = []
     ifx = ifindexes(ns)
+    if none is None:
+        none = bool(ct is not None and ct.lookup and ct.none)
     for (iport, f), v in zip(frames, res.verdicts, strict=True):
-        d = model.decide(plan, f, WIRE[iport], regs)
+        d = model.decide(plan, f, WIRE[iport], regs, ct=model.miss_ct(f, WIRE[iport]) if none else 0)
         counters.add(d, WIRE[iport])
         want = {model.Kind.DROP: XDP_DROP, model.Kind.SHUNT: XDP_PASS, MIRROR: XDP_PASS}.get(d.kind)
         if d.kind == model.Kind.FORWARD:

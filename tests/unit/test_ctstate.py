@@ -2,7 +2,9 @@
 (Plan.miss_shunt) and the hybrid against the reference semantics with frames of every ct value.
 
 The complex_eval of the property tests keeps the flow cache's promise: a frame with ct = 1 (2) belongs to a
-connection in state ESTABLISHED seen in its original (reply) direction; with ct = 0 (or 3) it may be in any state.
+connection in state ESTABLISHED seen in its original (reply) direction; with ct = 3 no conntrack entry holds it, so
+the kernel reads it as NEW (original direction) or INVALID (no conntrack: xt_conntrack tests no --ctdir); with
+ct = 0 it may be in any state.
 The unsplit policy, evaluated with that callback, is the reference.
 """
 
@@ -16,7 +18,7 @@ from hypafilter.analysis.hybrid import hybrid_verdict
 from hypafilter.analysis.plan import build_plan
 from hypafilter.analysis.program import STRATEGIES, build_program
 from hypafilter.config import Config
-from hypafilter.iptables.ctstate import split_states, state_check
+from hypafilter.iptables.ctstate import NO_ENTRY, split_states, state_check
 from hypafilter.iptables.document import parse_policy
 from hypafilter.ir import Header, Policy
 from hypafilter.ir.semantics import reference_verdict
@@ -92,10 +94,12 @@ def consistent_eval(seed: int):
     def bit(k: int) -> int:
         return (seed >> (k % 61)) & 1
 
-    def conn(h: Header) -> tuple[str, str]:
+    def conn(h: Header) -> tuple[str, str | None]:
         if h.ct in (1, 2):
             return "ESTABLISHED", DIRS[h.ct - 1]
         k = h.src + h.dport * 3 + h.proto + h.ct
+        if h.ct == 3:
+            return ("NEW", "ORIGINAL") if bit(k) else ("INVALID", NO_ENTRY)
         return CTSTATES[(bit(k) << 2 | bit(k + 1) << 1 | bit(k + 2)) % 5], DIRS[bit(k + 3)]
 
     def ev(i, rule, h):
@@ -150,6 +154,10 @@ def test_split_policy_and_hybrid_equal_the_reference(rs, default, hdrs, seed, ni
                 if split.reads_conntrack and h.ct == 0 and not shunted:
                     # conntrack sees every frame the fast path does not know: only a host-mode ACCEPT stays
                     assert nic_mode == "host" and action == 1, (mode, h)
+                if split.reads_conntrack and h.ct == 3 and not shunted:
+                    # a frame without an entry is decided only when dropped (no state left in the kernel), or as
+                    # host mode's ACCEPT (delivered to the host's conntrack)
+                    assert action == 2 or (nic_mode == "host" and action == 1), (mode, h)
 
 
 @pytest.mark.parametrize("nic_mode", ["bridge", "host"])
@@ -181,39 +189,54 @@ def _ct_of(rule) -> list[tuple[int, int]]:
     return sorted({(b.lo[-1], b.hi[-1]) for b in rule.boxes})
 
 
+M0, M03 = [(0, 0)], [(0, 0), (3, 3)]  # the miss part's ct: 0, or 0 and 3 when NEW and INVALID read it apart
+
+
 @pytest.mark.parametrize(
-    ("match", "hit"),
+    ("match", "hit", "miss"),
     [
-        ("-m conntrack --ctstate ESTABLISHED,RELATED", [(1, 2)]),
-        ("-m conntrack --ctstate RELATED,ESTABLISHED", [(1, 2)]),
-        ("-m state --state ESTABLISHED", [(1, 2)]),
-        ("-m state --state established", [(1, 2)]),
-        ("-m conntrack ! --ctstate NEW", [(1, 2)]),
-        ("-m conntrack --ctstate ESTABLISHED --ctdir ORIGINAL", [(1, 1)]),
-        ("-m conntrack --ctdir REPLY", [(2, 2)]),
-        ("-m conntrack --ctdir reply", [(2, 2)]),
-        ("-m conntrack --ctstate ESTABLISHED -m conntrack --ctdir REPLY", [(2, 2)]),  # conjunction
-        ("-m state ! --state NEW -m conntrack --ctdir ORIGINAL", [(1, 1)]),
-        ("-m conntrack --ctstate NEW", None),  # never on a hit: the miss part alone
-        ("-m conntrack --ctstate INVALID", None),
-        ("-m conntrack ! --ctstate ESTABLISHED", None),
-        ("-m conntrack --ctstate ESTABLISHED -m conntrack --ctstate NEW", None),
-        ("-m conntrack --ctstate ESTABLISHED --ctdir ORIGINAL -m conntrack --ctdir REPLY", None),
+        ("-m conntrack --ctstate ESTABLISHED,RELATED", [(1, 2)], M0),
+        ("-m conntrack --ctstate RELATED,ESTABLISHED", [(1, 2)], M0),
+        ("-m state --state ESTABLISHED", [(1, 2)], M0),
+        ("-m state --state established", [(1, 2)], M0),
+        ("-m conntrack ! --ctstate NEW", [(1, 2)], M03),  # INVALID holds, NEW not
+        ("-m conntrack --ctstate ESTABLISHED --ctdir ORIGINAL", [(1, 1)], M0),
+        ("-m conntrack --ctdir REPLY", [(2, 2)], M0),  # without a conntrack only a state check can match
+        ("-m conntrack --ctdir reply", [(2, 2)], M0),
+        ("-m conntrack --ctstate ESTABLISHED -m conntrack --ctdir REPLY", [(2, 2)], M0),  # conjunction
+        ("-m state ! --state NEW -m conntrack --ctdir ORIGINAL", [(1, 1)], M0),
+        ("-m conntrack --ctstate NEW", None, M03),  # never on a hit: the miss part alone
+        ("-m conntrack --ctstate INVALID", None, M03),
+        ("-m conntrack ! --ctstate ESTABLISHED", [(3, 3)], M0),  # NEW and INVALID both: no entry is decided
+        ("-m conntrack ! --ctstate ESTABLISHED,RELATED", [(3, 3)], M0),
+        ("-m conntrack --ctstate NEW,INVALID", [(3, 3)], M0),
+        ("-m conntrack --ctstate NEW,INVALID --ctdir ORIGINAL", [(3, 3)], M0),  # INVALID: --ctdir not tested
+        ("-m conntrack --ctstate NEW,INVALID --ctdir REPLY", None, M03),
+        ("-m conntrack --ctstate INVALID --ctdir REPLY", None, M03),
+        ("-m state ! --state RELATED", [(1, 3)], M0),
+        ("-m conntrack ! --ctstate RELATED --ctdir REPLY", [(2, 2)], M03),
+        ("-m conntrack --ctstate ESTABLISHED -m conntrack --ctstate NEW", None, M0),
+        ("-m conntrack --ctstate ESTABLISHED --ctdir ORIGINAL -m conntrack --ctdir REPLY", None, M0),
     ],
 )
-def test_split_states_negation_ctdir_conjunction(match, hit):
+def test_split_states_negation_ctdir_conjunction(match, hit, miss):
     rules = _one(f"-A FORWARD -p tcp -m tcp --dport 22 {match} -j ACCEPT")
     parts = [r.ct_part for r in rules]
-    miss = rules[-1]
-    assert miss.ct_part == "miss" and not miss.is_simple and miss.complex
-    assert _ct_of(miss) == [(0, 0), (3, 3)]
+    m = rules[-1]
+    assert m.ct_part == "miss" and not m.is_simple and m.complex
+    assert _ct_of(m) == miss
     if hit is None:
         assert parts == ["miss"]
     else:
         a = rules[0]
         assert parts == ["hit", "miss"] and a.is_simple and not a.complex and _ct_of(a) == hit
-        assert a.levels == miss.levels and a.origin == miss.origin and a.target == miss.target
+        assert a.levels == m.levels and a.origin == m.origin and a.target == m.target
         assert all(b.interval("dport") == (22, 22) and b.interval("proto") == (6, 6) for b in a.boxes)
+
+
+def test_hit_part_with_ct_1_and_3_is_two_boxes():
+    (a, _) = _one("-A FORWARD -p tcp -m conntrack ! --ctstate RELATED --ctdir ORIGINAL -j DROP")
+    assert _ct_of(a) == [(1, 1), (3, 3)]
 
 
 @pytest.mark.parametrize(

@@ -301,7 +301,10 @@ def test_update_buffer_in_the_tables_file(seed):
         rec = records(data)
         assert rec["hfx_ent"][1] == t.n + 1 + 48 and rec["hfx_buf"][1] == 48
         for j in range(t.n + 1 + view.overlay.depth, t.n + 49):
-            assert ENTRY.unpack_from(rec["hfx_ent"][2], j * ENTRY.size)[:2] == (0, 1)  # shunt, never decides
+            assert ENTRY.unpack_from(rec["hfx_ent"][2], j * ENTRY.size)[:2] == (
+                0,
+                3,
+            )  # shunt for every ct, never decides
         assert CONFIG.unpack(rec["hfx_cfg"][2])[13:] == (t.boxes, 48, view.overlay.used)
         for h in headers(master, rng, 300) + headers(static, rng, 100):
             assert lookup_buffered(t, data, h) == decision.match_index(view, h), (mode, h)

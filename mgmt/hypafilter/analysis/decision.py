@@ -57,11 +57,24 @@ def match_indices(plan, values: np.ndarray, flags: np.ndarray | None = None) -> 
     return first_match(BoxSet.points(values, flags), entry_set(plan), default=len(plan.entries))
 
 
-def miss_forced(plan, action: int) -> bool:
-    """Whether a frame the flow cache does not know (ct = 0) with hardware action `action` is shunted by miss
-    forcing (Plan.miss_shunt, CONTROL bits 4/5; plans without it force nothing)."""
+def miss_forced(plan, action: int, ct: int = 0) -> bool:
+    """Whether a frame with hardware action `action` is shunted by miss forcing (Plan.miss_shunt, CONTROL bits 4/5;
+    plans without it force nothing): with ct 0 (the flow cache does not know it) an ACCEPT or DROP that miss_shunt
+    names; with ct 3 (no conntrack entry: NEW or INVALID to the kernel) only an ACCEPT, when ACCEPT is forced —
+    conntrack must create the entry of a NEW frame the policy accepts, while a NEW frame the policy drops leaves no
+    entry (its unconfirmed conntrack is freed with the skb) and an INVALID one never had one."""
     accept, drop = getattr(plan, "miss_shunt", (False, False))
-    return (accept and action == ACTION_ACCEPT) or (drop and action == ACTION_DROP)
+    if ct == 3:
+        return bool(accept and action == ACTION_ACCEPT)
+    if ct:
+        return False
+    return bool((accept and action == ACTION_ACCEPT) or (drop and action == ACTION_DROP))
+
+
+def shunt_bit(plan, mi: int, ct: int = 0) -> bool:
+    """The entry's shunt bit for a frame with this ct: Plan.shunt_none for ct 3 (no conntrack entry), else shunt."""
+    bits = getattr(plan, "shunt_none", None) if ct == 3 else None
+    return bool((plan.shunt if bits is None else bits)[mi])
 
 
 def mirrored(plan, mi: int, shunted: bool, action: int) -> bool:
@@ -74,7 +87,7 @@ def mirrored(plan, mi: int, shunted: bool, action: int) -> bool:
 
 def decision(plan, header: Header) -> tuple[int, bool, int]:
     """(match_index, shunted, action code) of a parsed header with the plan's tables loaded: shunted by the
-    entry's bit, or by miss forcing when the header's ct is 0 (hw.model.decide gives the reasons)."""
+    entry's bit (shunt_bit), or by miss forcing (miss_forced) (hw.model.decide gives the reasons)."""
     mi = match_index(plan, header)
     action = int(plan.actions[mi])
-    return mi, bool(plan.shunt[mi]) or (header.ct == 0 and miss_forced(plan, action)), action
+    return mi, shunt_bit(plan, mi, header.ct) or miss_forced(plan, action, header.ct), action

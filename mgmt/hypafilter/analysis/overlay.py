@@ -116,6 +116,7 @@ class View:
     miss_shunt: tuple[bool, bool]
     master: np.ndarray  # int [rows]: the master entry of each hardware index (-1: an unused slot)
     plan: object = field(repr=False, default=None)  # the master rule set's Plan
+    shunt_none: np.ndarray | None = None  # bool [rows]: the master's Plan.shunt_none per row (None: `shunt`)
 
     @property
     def n(self) -> int:
@@ -206,6 +207,7 @@ def align(static_entries: list, master_plan, depth: int) -> View:
     actions = rows_of(p.actions, 0).astype(np.int64)
     interval = rows_of(p.interval, 0).astype(np.int64)
     mirror = rows_of(getattr(p, "mirror", None), False)
+    none = rows_of(getattr(p, "shunt_none", None), True)
     return View(
         entries=list(static_entries),
         overlay=ov,
@@ -216,6 +218,7 @@ def align(static_entries: list, master_plan, depth: int) -> View:
         miss_shunt=tuple(getattr(p, "miss_shunt", (False, False))),
         master=master,
         plan=p,
+        shunt_none=None if none is None else none.astype(bool),
     )
 
 

@@ -26,7 +26,7 @@ from hypafilter.analysis.geometry import BoxSet
 from hypafilter.config import MODES, STRATEGIES, UPDATE_BUFFER_DEFAULT, Config, mirrors
 from hypafilter.errors import HypafilterError
 from hypafilter.ir import ACTION_ACCEPT, ACTION_DROP, ACTION_NONE, FIELD_INDEX, Box, Policy
-from hypafilter.ir.box import CT_UNKNOWN
+from hypafilter.ir.box import CT_NONE, CT_UNKNOWN
 from hypafilter.ir.semantics import observes
 from hypafilter.shared import C
 
@@ -88,6 +88,11 @@ class Plan:
     # Miss forcing (CONTROL bits 4/5): a frame the flow cache does not know (ct = 0) whose hardware verdict would be
     # (ACCEPT, DROP) is shunted with reason 3. Set for a policy that reads conntrack (see build_plan).
     miss_shunt: tuple[bool, bool] = (False, False)
+    # The shunt bits for a frame no conntrack entry holds (ct 3, ir.box CT_NONE: only the xdp target's lookup proves
+    # one), bool [n + 1], a subset of `shunt`: the earlier complex rules that can claim such a frame are only those
+    # whose reductions reach ct 3 (iptables.ctstate keeps a state rule's miss part off ct 3 where NEW and INVALID
+    # read it alike). None: the same as `shunt`.
+    shunt_none: np.ndarray | None = field(default=None, repr=False)
     # Log mirroring: bool [n + 1], entry j's frames get a copy to the host (reason 4) when they are neither shunted
     # nor forced; `observing` bool [len(rules)]: the rules treated as observing (never deciding) in this plan
     mirror: np.ndarray | None = field(default=None, repr=False)
@@ -116,6 +121,9 @@ class Plan:
     def refresh(self) -> None:
         """Recompute the derived arrays (forced, may_shunt, delivers) and drop the cached geo chains and programs:
         call it after changing shunt, actions, miss_shunt or mirror in place."""
+        if self.shunt_none is None or len(self.shunt_none) != len(self.shunt):
+            self.shunt_none = np.array(self.shunt, dtype=bool, copy=True)
+        self.shunt_none = self.shunt_none & self.shunt  # a subset, also after shunt bits changed in place
         self.forced = forced_entries(self.entries, self.actions, self.miss_shunt)
         self.may_shunt = self.shunt | self.forced
         self.delivers = self.may_shunt | self.mirror
@@ -205,6 +213,8 @@ class Plan:
         }
         if any(self.miss_shunt):  # (only then, so that reports of policies without conntrack stay as they were)
             out["miss_shunt"] = {"accept": bool(self.miss_shunt[0]), "drop": bool(self.miss_shunt[1])}
+            # the shunt bits for frames no conntrack entry holds (ct 3, the xdp target's lookup)
+            out["shunt_vector_no_entry"] = "".join("1" if b else "0" for b in self.shunt_none)
         if self.observing.any():  # log mirroring (only then, as above)
             out["observing_rules"] = [int(i) for i in np.flatnonzero(self.observing)]
             out["mirror_vector"] = "".join("1" if b else "0" for b in self.mirror)
@@ -227,14 +237,20 @@ def action_words(plan) -> list[int]:
 
 
 def forced_entries(entries, actions: np.ndarray, miss_shunt: tuple[bool, bool]) -> np.ndarray:
-    """bool [n + 1]: the entries whose frames miss forcing shunts when the flow cache does not know them (an entry
-    whose boxes all need a flow-cache hit, ct >= 1, never gets such a frame; the policy entry may)."""
+    """bool [n + 1]: the entries whose frames miss forcing shunts: with ct 0 (the flow cache does not know them) an
+    entry whose verdict `miss_shunt` names, with ct 3 (no conntrack entry: NEW or INVALID) an ACCEPT entry when
+    ACCEPT is forced, since conntrack must create the entry of a NEW frame the policy accepts. An entry whose boxes
+    reach neither never gets such a frame (the policy entry may)."""
     accept, drop = miss_shunt
-    out = ((actions == ACTION_ACCEPT) & accept) | ((actions == ACTION_DROP) & drop)
+    at0 = ((actions == ACTION_ACCEPT) & accept) | ((actions == ACTION_DROP) & drop)
+    at3 = (actions == ACTION_ACCEPT) & accept
+    out = at0 | at3
     if out.any():
         for j, e in enumerate(entries):
-            if out[j] and not any(b.lo[CT] == CT_UNKNOWN for b in e.boxes):
-                out[j] = False
+            if out[j]:
+                out[j] = (at0[j] and any(b.lo[CT] == CT_UNKNOWN for b in e.boxes)) or (
+                    at3[j] and any(b.lo[CT] <= CT_NONE <= b.hi[CT] for b in e.boxes)
+                )
     return out
 
 
@@ -244,35 +260,46 @@ def rule_boxset(policy: Policy, positions) -> BoxSet:
     return BoxSet.from_unions([policy.rules[i].boxes for i in pos], owners=pos)
 
 
-def selective_bits(policy: Policy, sources: list[int] | None = None) -> np.ndarray:
+def at_ct(bs: BoxSet, value: int | None) -> BoxSet:
+    """The boxes of `bs` cut to the plane ct = value (boxes that do not reach it left out); None: `bs` itself."""
+    if value is None:
+        return bs
+    keep = (bs.lo[:, CT] <= value) & (bs.hi[:, CT] >= value)
+    lo, hi = bs.lo[keep].copy(), bs.hi[keep].copy()
+    lo[:, CT] = value
+    hi[:, CT] = value
+    return BoxSet(lo, hi, bs.fmask[keep], bs.fval[keep], bs.owner[keep])
+
+
+def selective_bits(policy: Policy, sources: list[int] | None = None, ct: int | None = None) -> np.ndarray:
     """Alg. 1 for every rule at once: bool[len(rules)], True for a simple rule met by an earlier complex reduction
-    (`sources`: the complex rules to test, all of them by default)."""
+    (`sources`: the complex rules to test, all of them by default; `ct`: only frames with that ct value)."""
     simple = policy.simple_indices
     cplx = policy.complex_indices if sources is None else sources
     out = np.zeros(len(policy.rules), dtype=bool)
     if not simple or not cplx:
         return out
-    tg = rule_boxset(policy, simple)
-    src = rule_boxset(policy, cplx)
+    tg = at_ct(rule_boxset(policy, simple), ct)
+    src = at_ct(rule_boxset(policy, cplx), ct)
     hits = geometry.any_intersection(tg, src, before=tg.owner)
     out[tg.owner[hits]] = True
     return out
 
 
-def policy_entry_reachable(policy: Policy, sources: list[int] | None = None) -> bool:
+def policy_entry_reachable(policy: Policy, sources: list[int] | None = None, ct: int | None = None) -> bool:
     """Can a complex rule's reduction reach the region no simple rule covers?
 
     A cheap, sound test: False only if every box of every complex rule lies inside one simple rule's box (then a
     packet in the reduction always matches a simple entry, so it never gets the policy entry). Empty reductions
-    never match. `sources`: the complex rules to test, all of them by default.
+    never match. `sources`: the complex rules to test, all of them by default; `ct`: only frames with that ct value.
     """
     cplx = policy.complex_indices if sources is None else sources
     if not cplx:
         return False
-    src = rule_boxset(policy, cplx)
+    src = at_ct(rule_boxset(policy, cplx), ct)
     if len(src) == 0:
         return False
-    simple = rule_boxset(policy, policy.simple_indices)
+    simple = at_ct(rule_boxset(policy, policy.simple_indices), ct)
     return not bool(geometry.contained_in_any(src, simple).all())
 
 
@@ -356,6 +383,7 @@ def build_plan(
     elif mode == "selective":
         shunt[n] = policy_entry_reachable(policy, deciding)
         mirror[n] = bool(watching) and policy_entry_reachable(policy, watching)
+    shunt_none = _shunt_none(policy, mode, entries, shunt, mirror, deciding) if policy.reads_conntrack else None
     mirror &= ~shunt
     miss_shunt = miss_shunt_for(policy, config)
 
@@ -400,6 +428,7 @@ def build_plan(
         groups=groups,
         entry_set=BoxSet.from_unions([e.boxes for e in entries]),
         miss_shunt=miss_shunt,
+        shunt_none=shunt_none,
         mirror=mirror,
         observing=observing,
         strategy=strategy,
@@ -408,6 +437,36 @@ def build_plan(
     )
     plan.analysis_seconds = time.perf_counter() - t0
     return plan
+
+
+def _shunt_none(policy: Policy, mode: str, entries: list[Entry], shunt, mirror, deciding: list[int]) -> np.ndarray:
+    """Plan.shunt_none: the shunt bits for frames with ct 3 (no conntrack entry), by the same rule as `shunt` with
+    every box cut to the plane ct = 3. One more exemption: the miss part of a DROP state rule (`-m conntrack
+    --ctstate INVALID -j DROP`: pure state checks, no per-rule state) cannot change the verdict of a DROP entry or
+    policy below it (it drops or lets the frame reach that DROP), so it does not make such an entry shunt. An entry
+    that some observing rule above may see (`mirror` before it is masked by `shunt`) keeps its shunt bit: its frame
+    must reach those rules, and without the bit it would be decided without a copy."""
+    n = len(entries)
+    if mode == "exact":
+        return shunt.copy()
+    reach = [i for i in deciding if any(b.lo[CT] <= CT_NONE <= b.hi[CT] for b in policy.rules[i].boxes)]
+    drops = [i for i in reach if policy.rules[i].target == "DROP" and policy.rules[i].ct_part == "miss"]
+    others = [i for i in reach if i not in set(drops)]
+    is_drop = np.array([e.action == ACTION_DROP for e in entries] + [policy.default_action_code == ACTION_DROP])
+    out = np.zeros(n + 1, dtype=bool)
+    if mode == "index":
+        first_all = reach[0] if reach else len(policy.rules)
+        first_others = others[0] if others else len(policy.rules)
+        for j, e in enumerate(entries):
+            out[j] = e.rule_index > (first_others if is_drop[j] else first_all)
+        out[n] = bool(others) if is_drop[n] else bool(reach)
+    else:
+        c_all = selective_bits(policy, reach, ct=CT_NONE)
+        c_others = selective_bits(policy, others, ct=CT_NONE) if drops else c_all
+        for j, e in enumerate(entries):
+            out[j] = (c_others if is_drop[j] else c_all)[e.rule_index]
+        out[n] = policy_entry_reachable(policy, others if is_drop[n] else reach, ct=CT_NONE)
+    return shunt & (out | mirror)
 
 
 def _exact_chains(policy: Policy, entries: list[Entry], interval: np.ndarray, chains: dict[int, list[int]]) -> None:

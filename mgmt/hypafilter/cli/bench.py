@@ -85,6 +85,12 @@ def register(sub) -> None:
         action="store_true",
         help="with --classbench: an ESTABLISHED,RELATED accept rule before the imported rules",
     )
+    r.add_argument(
+        "--attack",
+        choices=("syn", "udp"),
+        help="every frame an attack frame: TCP SYN or UDP from spoofed sources to destinations the policy drops",
+    )
+    r.add_argument("--attackers", type=int, default=1000, help="spoofed sources of --attack (default 1000)")
     r.add_argument("--strategy", choices=STRATEGIES, metavar="STRATEGY", help="software strategy: %(choices)s")
     r.add_argument("--mode", choices=MODES, metavar="MODE", help="shunting mode: %(choices)s")
     r.add_argument("--json", action="store_true", help="the full report as one JSON object")
@@ -181,6 +187,8 @@ def run_rate(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         cpu=args.cpu,
         established=args.established,
+        attack=args.attack,
+        attackers=args.attackers,
         prog_repeat=args.prog_repeat,
         prog_frames=args.prog_frames,
         sender=args.sender,

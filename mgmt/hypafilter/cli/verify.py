@@ -80,6 +80,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         live=args.live,
         log=log,
         cover=args.cover,
+        attack=args.attack or (),
+        attack_share=args.attack_share if args.attack_share is not None else (0.5 if args.attack else 0.0),
         **frame_options(args),
     )
     conn = report.get("connections")
@@ -138,6 +140,20 @@ def register(sub) -> None:
         help="kinds of the malformed frames: names, `default` (the classic malformed kinds) or `all` (also VLAN "
         "VID 0, 802.1ad, QinQ, every fragment kind, bad IPv4 checksums, trailing bytes, link-local group "
         "destinations, unknown ethertypes); see docs/deploy.md",
+    )
+    p.add_argument(
+        "--attack",
+        type=lambda text: tuple(k.strip() for k in text.split(",") if k.strip()),
+        metavar="SHAPE[,SHAPE...]",
+        help="send attack frames too, from spoofed sources to the policy's destinations and ports: syn, ack, rst, "
+        "fin (FIN, xmas, null scans), udp, frag (fragments of new flows), icmp_error (quoting flows sent before "
+        "or invented ones); their kinds in the report are attack_<shape>",
+    )
+    p.add_argument(
+        "--attack-share",
+        type=float,
+        metavar="S",
+        help="share of the frames that are attack frames (default 0.5 with --attack)",
     )
     p.add_argument(
         "--connections",

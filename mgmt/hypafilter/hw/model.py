@@ -51,6 +51,7 @@ from hypafilter.ir import (
     PROTO_UDP,
     Header,
 )
+from hypafilter.ir.box import CT_NONE
 from hypafilter.shared import C, pack_meta
 
 WIRE_PORTS = {0x01: 0, 0x04: 1, 0x10: 2, 0x40: 3}  # one-hot src_port -> iport
@@ -163,6 +164,14 @@ def l4_ok(frame: bytes) -> bool:
     return True
 
 
+def miss_ct(frame: bytes, src_port: int = 0x01) -> int:
+    """The ct the xdp program gives a frame conntrack holds no entry for, with HFX_CT_NONE (docs/xdp.md "New
+    flows"): 3 for a parsed TCP or UDP frame whose lengths conntrack accepts (the program looks it up), else 0 (ICMP
+    and other protocols are not looked up; unparsed frames get no ct)."""
+    h = parse_frame(frame, src_port)
+    return CT_NONE if h is not None and h.proto in (PROTO_TCP, PROTO_UDP) and l4_ok(frame) else 0
+
+
 @dataclass
 class Regs:
     """The run-time register state the decision depends on: the tables as plain lists, one value per hardware index
@@ -176,6 +185,9 @@ class Regs:
     control: int = CONTROL_ENABLE
     buffer: Image | None = None
     lease_expired: bool = False  # the policy sync lease (`Lease`) ran out: no wire frame is judged
+    # the shunt bits for a frame with ct 3 (no conntrack entry; Plan.shunt_none): the xdp target's hfx_ent shunt
+    # bit 1. The NIC has no such table (its flow cache never says ct 3). None: `shunt`.
+    shunt_none: list[int] | None = None
 
     @staticmethod
     def from_plan(plan, unfilterable: str = "drop", nic_mode: str = "bridge") -> Regs:
@@ -190,7 +202,9 @@ class Regs:
         actions += [0] * (rows - len(actions))
         ov = getattr(plan, "overlay", None)
         buf = updatebuffer.image(ov) if ov is not None else updatebuffer.pristine(n, updatebuffer.buffer_depth(plan))
-        return Regs(shunt, actions, control=control, buffer=buf)
+        none = getattr(plan, "shunt_none", None)
+        shunt_none = None if none is None else [int(b) for b in none] + [1] * (rows - len(none))
+        return Regs(shunt, actions, control=control, buffer=buf, shunt_none=shunt_none)
 
 
 LEASE_MAX = 0xFFFFFFFF
@@ -270,15 +284,18 @@ class Decision:
 
 def decide(plan, frame: bytes, src_port: int, regs: Regs, ct: int = 0) -> Decision:
     """What the core does with one frame arriving on `src_port` (one-hot TUSER[23:16]); `ct` is what the flow cache
-    knows of it (ir.box CT_*: 0 unknown, 1/2 a hit in the original/reply direction), 0 without a flow cache.
+    knows of it (ir.box CT_*: 0 unknown, 1/2 a hit in the original/reply direction), 0 without a flow cache; 3 (no
+    conntrack entry: the kernel reads the frame as NEW or INVALID) only from the xdp target's lookup.
 
     The hardware index (match_index, the row of every table) is `hw_index`: the static first match under the update
     buffer's valid mask and slots (`regs.buffer`). Precedence (the first that applies): a host port, not a wire port,
     unfilterable drop; unparsed (reason 2);
-    the entry's shunt bit, a non-decisive action, shunt everything (reasons 0/1); miss forcing, CONTROL bits 4/5
-    for a frame with ct = 0 whose verdict would be ACCEPT/DROP (reason 3); the entry's mirror bit (ACTION word bit 3,
-    reason 4: Kind.MIRROR); host-mode ACCEPT (reason 5); forward or drop. An expired policy sync lease
-    (`regs.lease_expired`) acts as CONTROL bit 0 clear: every wire frame unparsed, two-tag frames included."""
+    the entry's shunt bit (for ct 3: `regs.shunt_none`), a non-decisive action, shunt everything (reasons 0/1); miss
+    forcing, CONTROL bits 4/5 for a frame with ct = 0 whose verdict would be ACCEPT/DROP, and bit 4 for a frame with
+    ct = 3 whose verdict would be ACCEPT (reason 3: conntrack must create its entry; a NEW frame the policy drops
+    leaves none); the entry's mirror bit (ACTION word bit 3, reason 4: Kind.MIRROR); host-mode ACCEPT (reason 5);
+    forward or drop. An expired policy sync lease (`regs.lease_expired`) acts as CONTROL bit 0 clear: every wire
+    frame unparsed, two-tag frames included."""
     n = len(plan.entries)
     gen = regs.generation & 0xFFFF
     if src_port in HOST_PORTS:
@@ -301,14 +318,19 @@ def decide(plan, frame: bytes, src_port: int, regs: Regs, ct: int = 0) -> Decisi
     reason = REASON_POLICY if idx == n else REASON_OVERRULE
     rcnt = "CNT_SHUNT_POLICY" if idx == n else "CNT_SHUNT_OVERRULE"
     meta = pack_meta(idx, action, reason, gen)
-    if regs.shunt[idx] or action not in (ACTION_ACCEPT, ACTION_DROP):
+    bits = regs.shunt_none if hdr.ct == CT_NONE and regs.shunt_none is not None else regs.shunt
+    if bits[idx] or action not in (ACTION_ACCEPT, ACTION_DROP):
         return Decision(Kind.SHUNT, shunt_port, meta, idx, action, reason, False, (rcnt,))
     if regs.control & CONTROL_SHUNT_ALL:
         return Decision(Kind.SHUNT, shunt_port, meta, idx, action, reason, True, (rcnt, "CNT_SHUNT_FORCED"))
-    if not hdr.ct and regs.control & (
-        (CONTROL_MISS_SHUNT_ACCEPT if action == ACTION_ACCEPT else 0)
-        | (CONTROL_MISS_SHUNT_DROP if action == ACTION_DROP else 0)
-    ):
+    if (
+        not hdr.ct
+        and regs.control
+        & (
+            (CONTROL_MISS_SHUNT_ACCEPT if action == ACTION_ACCEPT else 0)
+            | (CONTROL_MISS_SHUNT_DROP if action == ACTION_DROP else 0)
+        )
+    ) or (hdr.ct == CT_NONE and action == ACTION_ACCEPT and regs.control & CONTROL_MISS_SHUNT_ACCEPT):
         # conntrack must see a frame of a connection the fast path does not know (Plan.miss_shunt)
         meta = pack_meta(idx, action, REASON_STATE, gen)
         return Decision(Kind.SHUNT, shunt_port, meta, idx, action, REASON_STATE, False, ("CNT_SHUNT_STATE",))

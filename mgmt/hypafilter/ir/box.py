@@ -7,10 +7,12 @@ are 0 unless the protocol is TCP (6) or UDP (17); icmp_type/icmp_code are 0 unle
 tcp_flags (byte 13 of the TCP header) is 0 unless TCP; iport is the ingress MAC index (0..3); ct is what the
 fast path knows of the frame's connection (0 unknown: no flow cache, a miss, a TCP SYN/FIN/RST, neither TCP nor
 UDP; 1 a flow-cache hit in the flow's original direction, conntrack state ESTABLISHED; 2 a hit in the reply
-direction, ESTABLISHED; 3 never produced). A check on a port, ICMP field or TCP flags always comes with the
-matching protocol check, so the zero convention never lets a rule match a packet it should not. Only the hit
-part of a rule whose sole complex checks are conntrack states narrows ct (iptables.ctstate); every other rule
-spans ct 0..3.
+direction, ESTABLISHED; 3 no entry: conntrack holds no connection for the frame, so the kernel reads it as NEW or
+INVALID, produced only where the fast path can prove the miss — the xdp target's lookup in the kernel's own table,
+never the NIC's flow cache, which holds only offloaded flows). A check on a port, ICMP field or TCP flags always
+comes with the matching protocol check, so the zero convention never lets a rule match a packet it should not. Only the hit
+and miss parts of a rule whose sole complex checks are conntrack states narrow ct (iptables.ctstate); every other
+rule spans ct 0..3.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ FIELD_INDEX = {f: i for i, f in enumerate(FIELDS)}
 
 PROTO_ICMP, PROTO_TCP, PROTO_UDP = 1, 6, 17
 # Values of the ct field (see the module docstring).
-CT_UNKNOWN, CT_ORIGINAL, CT_REPLY, CT_NEVER = 0, 1, 2, 3
+CT_UNKNOWN, CT_ORIGINAL, CT_REPLY, CT_NONE = 0, 1, 2, 3
 
 
 @dataclass(frozen=True, order=True)

@@ -230,6 +230,17 @@ ADVERSARIAL_KINDS = (
     "unknown_ethertype",  # an ethertype nobody uses, never one the kernel knows
 )
 FRAME_KINDS = MALFORMED_KINDS + ADVERSARIAL_KINDS
+# Attack shapes (`--attack`): frames of flows conntrack does not hold, from spoofed sources (docs/xdp.md "New flows").
+# Their probes' kind is "attack_<shape>", so that the report counts them apart (by_kind).
+ATTACK_SHAPES = (
+    "syn",  # a SYN flood
+    "ack",  # ACK segments without a connection
+    "rst",  # RST scan
+    "fin",  # FIN, FIN|PSH|URG (xmas) and no-flag (null) scans
+    "udp",  # UDP flood
+    "frag",  # a first or later fragment of a new TCP or UDP flow
+    "icmp_error",  # ICMP destination unreachable quoting a flow sent before in this run, or an invented one
+)
 STRING_MARKER = b"BAD"  # what string-match payloads carry when the policy names no string of its own
 
 
@@ -470,8 +481,17 @@ class ProbeSpec:
     bad_share: float = 0.2
     kinds: tuple[str, ...] = MALFORMED_KINDS
     cover: bool = False
+    attack: tuple[str, ...] = ()  # ATTACK_SHAPES to draw from for a share `attack_share` of the frames
+    attack_share: float = 0.0
 
     def __post_init__(self) -> None:
+        unknown_shapes = set(self.attack) - set(ATTACK_SHAPES)
+        if unknown_shapes:
+            raise HypafilterError(
+                f"unknown attack shapes: {', '.join(sorted(unknown_shapes))} (choose from {', '.join(ATTACK_SHAPES)})"
+            )
+        if not 0.0 <= self.attack_share <= 1.0 or (self.attack_share and not self.attack):
+            raise HypafilterError("--attack-share must be a share between 0 and 1, with --attack")
         if not 1 <= self.packets <= 0xFFFFFFFF:  # the frame id is 4 bytes of the source MAC
             raise HypafilterError("--packets must be between 1 and 2^32-1")
         if not 0.0 <= self.malformed <= 1.0:
@@ -491,13 +511,20 @@ class ProbeSpec:
         gen = FrameGen(policy, rng, self.bad_share)
         rows = read_trace(self.trace, self.packets, rng) if self.trace else None
         corners = gen.corners() if self.cover else []
-        out = []
+        out: list[Probe] = []
+        sent: list[dict] = []  # well-formed TCP/UDP headers sent so far: the flows ICMP errors quote
         for uid in range(1, self.packets + 1):
             if uid <= len(corners):  # well-formed: a corner checks the rule's comparators, not the parser
                 out.append(Probe(uid, "normal", build_frame(uid, corners[uid - 1], gen.payload(), dst_mac)))
                 continue
             k = uid - len(corners)
             h = rows[(k - 1) % len(rows)] if rows else gen.header()
+            if self.attack and self.attack_share and rng.random() < self.attack_share:
+                shape = rng.choice(self.attack)
+                out.append(Probe(uid, f"attack_{shape}", attack_frame(uid, shape, h, rng, sent, dst_mac)))
+                continue
+            if h.get("proto") in (PROTO_TCP, PROTO_UDP):
+                sent.append(h)
             frame = build_frame(uid, h, gen.payload(), dst_mac)
             kind = "normal"
             if rng.random() < self.malformed:
@@ -505,6 +532,42 @@ class ProbeSpec:
                 frame = malform(kind, frame, rng, generation)
             out.append(Probe(uid, kind, frame))
         return out
+
+
+def spoofed_source(rng: random.Random) -> int:
+    """A unicast address outside 0/8, 127/8 and class D/E (a spoofing sender's pick)."""
+    while True:
+        a = rng.randint(0x01000000, 0xDFFFFFFF)
+        if a >> 24 != 127:
+            return a
+
+
+def attack_frame(uid: int, shape: str, h: dict, rng: random.Random, sent: list[dict], dst_mac: bytes) -> bytes:
+    """One frame of attack `shape` (ATTACK_SHAPES) aimed at the destination and ports of header `h` (drawn from the
+    policy's boxes or a trace), from a spoofed source; `sent`: the well-formed TCP/UDP headers sent before."""
+    a = dict(h, src=spoofed_source(rng), sport=rng.randint(1024, 65535))
+    if shape in ("syn", "ack", "rst", "fin"):
+        flags = {"syn": 0x02, "ack": 0x10, "rst": 0x04, "fin": rng.choice((0x01, 0x29, 0x00))}[shape]
+        return build_frame(uid, dict(a, proto=PROTO_TCP, flags=flags), b"", dst_mac)
+    if shape == "udp":
+        return build_frame(uid, dict(a, proto=PROTO_UDP), bytes(rng.randint(0, 64)), dst_mac)
+    if shape == "frag":
+        proto = rng.choice((PROTO_TCP, PROTO_UDP))
+        f = build_frame(uid, dict(a, proto=proto, flags=0x02), bytes(rng.randint(0, 64)), dst_mac)
+        return malform(rng.choice(("fragment_first", "fragment_later")), f, rng)
+    if shape == "icmp_error":
+        q = dict(rng.choice(sent)) if sent and rng.random() < 0.5 else dict(a, proto=rng.choice((PROTO_TCP, PROTO_UDP)))
+        inner = build_frame(0, q, b"")[14:]  # the quoted datagram: its IPv4 header and first 8 bytes
+        ihl = (inner[0] & 0xF) * 4
+        err = {
+            "proto": PROTO_ICMP,
+            "icmp_type": 3,
+            "icmp_code": rng.choice((1, 3, 13)),
+            "src": q["dst"],
+            "dst": q["src"],
+        }
+        return build_frame(uid, err, inner[: ihl + 8], dst_mac)
+    raise ValueError(shape)
 
 
 def make_probes(policy: Policy, packets: int, generation: int = 0, **options) -> list[Probe]:

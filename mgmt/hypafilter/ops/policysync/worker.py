@@ -433,7 +433,9 @@ def serve(ns: str, state_dir: Path, service_pid: int | None = None, restarts: in
     started = time.time()
 
     def log(msg: str) -> None:
-        print(f"policysync: {msg}", flush=True)
+        now = time.time()
+        stamp = time.strftime("%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
+        print(f"{stamp} policysync: {msg}", flush=True)
 
     f = Follower(ns, state_dir, nft, log)
     f.stopping = lambda: bool(stopping)

@@ -39,10 +39,11 @@ CHUNK = 1024  # boxes per sweep step (memory: intervals x CHUNK bytes)
 # ct_tcp_ms, ct_udp_ms, ct_flags, ct_udp_unreplied_ms, ct_hit[2], num_boxes, buf_depth, buf_scan
 CONFIG = struct.Struct("<16I")
 CT_HIT_SET = 0x80000000  # hfx_config.ct_hit[] bit HFX_CT_HIT_SET
-CT_LOOKUP = 1  # hfx_config.ct_flags (HFX_CT_*)
+CT_LOOKUP, CT_NONE_FLAG = 1, 2  # hfx_config.ct_flags (HFX_CT_LOOKUP, HFX_CT_NONE)
+SHUNT, SHUNT_NONE = 1, 2  # hfx_entry.shunt bits (HFX_SHUNT, HFX_SHUNT_NONE): ct 0..2, ct 3
 BOX_WILD = 0x80000000  # hfx_box value bit HFX_BOX_WILD: no address restricts the box
-ENTRY = struct.Struct("<BBHI")  # struct hfx_entry: action (| HF_ACTION_MIRROR_BIT), shunt, pad, k
-UNUSED_ROW = ENTRY.pack(0, 1, 0, 0)  # the row of a slot no overlay uses: shunt, k 0 (never decides)
+ENTRY = struct.Struct("<BBHI")  # struct hfx_entry: action (| HF_ACTION_MIRROR_BIT), shunt bits, pad, k
+UNUSED_ROW = ENTRY.pack(0, SHUNT | SHUNT_NONE, 0, 0)  # the row of a slot no overlay uses: shunt, k 0 (never decides)
 # struct hfx_slot: lo[9], hi[9] (ir FIELDS order), flags mask, flags value, pad, pos, enable
 SLOT = struct.Struct(f"<{len(FIELDS)}I{len(FIELDS)}IBBHII")
 SPAN = np.dtype([("start", "<u4"), ("vec", "<u4")])
@@ -209,7 +210,11 @@ def entry_rows(plan) -> bytes:
     words = action_words(plan)  # the action code | MIRROR_BIT where Plan.mirror is set (the NIC's ACTION word)
     if len(words) != rows or len(plan.shunt) != rows or len(plan.interval) != rows:
         raise ValueError(f"a plan of {n} entries needs {rows} rows (buffer slots included), not {len(words)}")
-    return b"".join(ENTRY.pack(words[j], int(bool(plan.shunt[j])), 0, int(plan.interval[j])) for j in range(rows))
+    none = getattr(plan, "shunt_none", None)  # a Plan's or a View's (the master's per row); None: `shunt`
+    if none is None or len(none) != rows:
+        none = plan.shunt
+    bits = [(SHUNT if plan.shunt[j] else 0) | (SHUNT_NONE if none[j] else 0) for j in range(rows)]
+    return b"".join(ENTRY.pack(words[j], bits[j], 0, int(plan.interval[j])) for j in range(rows))
 
 
 def _ct_hit(lo: np.ndarray, hi: np.ndarray, fmask: np.ndarray, owner: np.ndarray, c: int) -> int:
@@ -294,9 +299,11 @@ class CtConfig:
     tcp_ms: int = 0
     udp_ms: int = 0  # stream (replied) timeout
     udp_unreplied_ms: int = 0
+    # a lookup without an entry is ct 3, NEW or INVALID (docs/xdp.md "New flows"; targets.xdp.newflows says when)
+    none: bool = False
 
     def flags(self) -> int:
-        return CT_LOOKUP if self.lookup else 0
+        return (CT_LOOKUP if self.lookup else 0) | (CT_NONE_FLAG if self.lookup and self.none else 0)
 
 
 def tables_file(t: Tables, shape: dict, control: int, generation: int, ct: CtConfig | None = None) -> bytes:

@@ -18,6 +18,7 @@ and the rows, with every frame still decided by the program; `read_overlay` read
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import struct
@@ -32,6 +33,7 @@ from hypafilter.analysis.overlay import Overlay, View, box_key
 from hypafilter.errors import HypafilterError
 from hypafilter.targets.base import DECISIONS, SHUNTED, Expected, Target, WindowStages
 from hypafilter.targets.bpfmap import PinnedArray
+from hypafilter.targets.xdp import newflows
 from hypafilter.targets.xdp.build import build_loader, build_program
 from hypafilter.targets.xdp.tables import (
     CtConfig,
@@ -122,6 +124,7 @@ class XdpTarget(Target):
     window_stages = WINDOW
     flowsync_mode = "liberal"  # no flow cache: the program reads conntrack, the service marks entries liberal
     flowsync_down = "no new TCP entry is marked liberal"
+    _new_flows_why_not = ""  # why a conntrack miss is not ct 3, from the last ct_config (newflows.why_not)
 
     def missing(self) -> str | None:
         import shutil
@@ -279,6 +282,11 @@ class XdpTarget(Target):
         have = cfg.get("control", 0) & (~0 if miss is not None else ~CONTROL_MISS_SHUNT)  # older states: no bits 4/5
         if have != want:
             out.append(f"xdp: CONTROL {cfg.get('control')}, deployed {want}")
+        if (st.get("tables") or {}).get("new_flows") == "decided":
+            # misses are decided as NEW or INVALID: nothing may since have made such a frame RELATED or UNTRACKED
+            why = newflows.why_not(self.site.netns)
+            if why:
+                out.append(f"xdp: new flows are decided in XDP, but {why}: redeploy (misses then go to conntrack)")
         return out
 
     def detach_all(self) -> None:
@@ -293,7 +301,8 @@ class XdpTarget(Target):
         if shape_id(shape) != info["shape"].split("-")[0] and not t.fits(_shape_of(info)):
             raise HypafilterError(f"the plan's tables do not fit the running program (shape {info['shape']})")
         path = self._run_dir() / f"{info['name']}-{generation}.tables"
-        data = tables_file(t, _shape_of(info), self.control(plan), generation, self.ct_config(plan))
+        ct = self.ct_config(plan)
+        data = tables_file(t, _shape_of(info), self.control(plan), generation, ct)
         path.write_bytes(data)
         self._tool("update", ["update", "--pin", info["pin"], "--tables", str(path)])
         keep = {path.name, Path((known or {}).get("file", "")).name}  # the previous tables: a rollback's
@@ -307,6 +316,8 @@ class XdpTarget(Target):
             "entries": t.n,
             "writes": len(data),
             "miss_shunt": miss,
+            # new flows: a conntrack miss is ct 3 (decided when dropped), or why not (docs/xdp.md "New flows")
+            "new_flows": "decided" if ct.none else (self._new_flows_why_not or "no conntrack lookup"),
             "overlay": overlay_state(t.overlay if t.overlay is not None else Overlay.empty(t.n, 0)),
         }
 
@@ -354,17 +365,22 @@ class XdpTarget(Target):
 
     def ct_config(self, plan) -> CtConfig:
         """Conntrack state from the kernel's table for a policy that reads it (docs/xdp.md): the timeouts conntrack
-        sets for established TCP and replied UDP and whether its TCP tracking is liberal, read from the firewall
-        namespace's sysctls now. Unreadable: no lookup (ct 0 everywhere, every frame conntrack must see goes to it)."""
+        sets for established TCP and replied UDP, read from the firewall namespace's sysctls now, and whether a miss
+        is ct 3 (NEW or INVALID: newflows.why_not finds nothing that makes such a frame RELATED or UNTRACKED).
+        Unreadable: no lookup (ct 0 everywhere, every frame conntrack must see goes to it)."""
         if not any(plan.miss_shunt):
             return CtConfig()
-        return read_ct_config(self.site.netns)
+        ct = read_ct_config(self.site.netns)
+        self._new_flows_why_not = newflows.why_not(self.site.netns) if ct.lookup else ""
+        if ct.lookup and not self._new_flows_why_not:
+            ct = dataclasses.replace(ct, none=True)
+        return ct
 
     def flowsync_why_not(self, plan, info: dict) -> str:
         """The service marks the TCP entries it would offload liberal (ops.flowsync.marks.LiberalMarks), whatever
         nf_conntrack_tcp_be_liberal says (the program reads only the marks: the sysctl can change after deploy),
         unless the program does no lookup."""
-        if not self.ct_config(plan).lookup:
+        if not any(plan.miss_shunt) or not read_ct_config(self.site.netns).lookup:
             return (
                 "the XDP program does not look up conntrack (the plan forces no miss, or the sysctls were unreadable)"
             )

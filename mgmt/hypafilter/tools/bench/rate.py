@@ -79,6 +79,7 @@ from hypafilter.ops.verify import (
     raw_socket,
     read_trace,
     refuse_nondeterministic,
+    spoofed_source,
 )
 from hypafilter.paths import BUILD_ROOT
 from hypafilter.targets.nic import NicClient
@@ -433,6 +434,44 @@ def _expected(accepted: list[bool], sent: int) -> int:
     return (sent // n) * sum(accepted) + sum(accepted[: sent % n])
 
 
+ATTACKS = ("syn", "udp")
+
+
+def attack_probes(
+    policy: Policy, config: Config, trace: str | None, count: int, seed: int, shape: str, attackers: int
+) -> list[Probe]:
+    """`count` attack frames (`shape`: TCP SYN or UDP) from a pool of `attackers` spoofed sources, aimed at the
+    destinations and ports of the trace's headers (or the policy's boxes) that the policy drops when the kernel reads
+    the frame as NEW or INVALID (the plan's entry for ct 3 is a DROP): a flood of new flows the policy refuses."""
+    from hypafilter.analysis.decision import decision
+    from hypafilter.analysis.plan import build_plan
+    from hypafilter.ir import ACTION_DROP, PROTO_TCP, PROTO_UDP, Header
+    from hypafilter.ir.box import CT_NONE
+
+    if shape not in ATTACKS or attackers < 1:
+        raise HypafilterError(f"bench rate: --attack is one of {', '.join(ATTACKS)}, with --attackers at least 1")
+    rng = random.Random(seed)
+    plan = build_plan(policy, config)
+    pool = [spoofed_source(rng) for _ in range(attackers)]
+    rows = read_trace(trace, 10**9, rng) if trace else None
+    gen = FrameGen(policy, rng)
+    proto, flags = (PROTO_TCP, 0x02) if shape == "syn" else (PROTO_UDP, 0)
+    out: list[Probe] = []
+    for _ in range(count * 100):
+        if len(out) == count:
+            break
+        h = rows[rng.randrange(len(rows))] if rows else gen.header()
+        a = dict(h, proto=proto, src=rng.choice(pool), sport=rng.randint(1024, 65535), flags=flags)
+        hdr = Header(a["src"], a["dst"], proto, a["sport"], a["dport"], 0, 0, 0, flags, CT_NONE)
+        if decision(plan, hdr)[2] != ACTION_DROP:
+            continue
+        uid = len(out) + 1
+        out.append(Probe(uid, f"attack_{shape}", build_frame(uid, a, gen.payload() if shape == "udp" else b"")))
+    if len(out) < count:
+        raise HypafilterError(f"bench rate --attack: the policy drops too few of the destinations ({len(out)} found)")
+    return out
+
+
 def established_probes(policy: Policy, trace: str, count: int, seed: int) -> tuple[list[Probe], list[tuple]]:
     """`count` frames of the trace's TCP and UDP headers (TCP with flags ACK), and their flows (proto, src, dst,
     sport, dport)."""
@@ -468,6 +507,8 @@ def rate(
     prog_repeat: int = 100,
     prog_frames: int = 500,
     sender: str = "packet",
+    attack: str | None = None,
+    attackers: int = 1000,
     log: Callable[[str], None] = lambda s: None,
 ) -> dict:
     """Deploy on `target`, send the same frames through the three paths, compare them per frame, then count rates;
@@ -486,6 +527,8 @@ def rate(
         raise HypafilterError("bench rate: --seconds must be above 0 and --repeats at least 1")
     if established and not trace:
         raise HypafilterError("bench rate: --established needs --trace (its TCP and UDP headers are the flows)")
+    if established and attack:
+        raise HypafilterError("bench rate: --attack sends new flows only; without --established")
     refuse_nondeterministic(policy)
     cpu = (os.cpu_count() or 1) - 1 if cpu is None else cpu
     lab = Lab(deploy.LAB_NAME, target=target)
@@ -510,6 +553,9 @@ def rate(
             log(f"established: {len(flows)} flows into conntrack of {lab.ns_fw} and {lab.ns_plain}")
             for ns in (lab.ns_fw, lab.ns_plain):
                 open_flows(ns, flows)
+        elif attack:
+            probes = attack_probes(policy, config, trace, frames, seed, attack, attackers)
+            log(f"attack: {frames} {attack} frames from {attackers} spoofed sources, to destinations the policy drops")
         else:
             probes = ProbeSpec(frames, seed=seed, trace=trace, malformed=malformed).probes(policy, fast.generation)
         frames_file = work / "frames.bin"
@@ -669,6 +715,10 @@ def rate(
         "nic": {k: v for k, v in delta.items() if v},
         "examples": vs_ipt["examples"][:5],
         "established_flows": len(flows) if established else None,
+        # every frame an attack frame: the share of them decided in the fast path
+        "attack": {"shape": attack, "attackers": attackers} if attack else None,
+        "attack_hw_share": (hw_share(delta) or 0.0) if attack else None,
+        "legit_connections_ok": None,  # no real connections beside the attack yet (docs/results.md)
         "sender": sender,
         "seconds": seconds,
         "repeats": repeats,

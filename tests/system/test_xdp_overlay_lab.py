@@ -89,3 +89,40 @@ def test_verify_through_the_buffer(lab, mode, tmp_path):
             print(mode, probes, view.overlay.used, "slots", int((~view.overlay.valid).sum()), "masked", by_slots)
     finally:
         deploy.configure(*was)
+
+
+def test_an_in_place_rewrite_keeps_the_program_shunting(lab):
+    """The update's register path on xdp: shunt-all (CONTROL 0), the tables rewritten in place (`known`), then the
+    release. Until the release the program must still shunt everything, as the NIC keeps CONTROL bit 1 through its
+    register writes: a change of the live ruleset that comes meanwhile (FollowWatch.hold) holds the update, and the
+    program must not decide by the tables being applied meanwhile (on main the rewrite re-armed it)."""
+    import json
+
+    from hypafilter.analysis.plan import build_plan
+    from hypafilter.config import Config
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.ops import deploy
+
+    pol = parse_policy((ROOT / "rulesets" / "example.rules").read_text(), "example.rules")
+    cfg = Config(target="xdp")
+    was = (deploy.LAB_NAME, deploy.STATE_DIR)
+    deploy.configure(LAB, STATE)
+    try:
+        st = deploy.deploy(pol, cfg, target="xdp", force=True)
+        tgt = deploy.target_of(st, cfg)
+        info = st["nic"]
+
+        def config() -> dict:
+            return json.loads(tgt._tool("stats", ["stats", "--pin", info["pin"]]))["config"]
+
+        armed = config()["control"]
+        assert armed != 0, "the deployed program decides"
+        tgt.shunt_all(info, True)
+        tgt.program(info, build_plan(pol, cfg), st["generation"] + 1, known=st["tables"])
+        assert config()["control"] == 0 and config()["armed"] == armed, config()  # still shunting everything
+        tgt.shunt_all(info, False)
+        assert config()["control"] == armed  # the release arms it
+        tgt.program(info, build_plan(pol, cfg), st["generation"] + 2)  # a fresh program's tables arm it at once
+        assert config()["control"] == armed
+    finally:
+        deploy.configure(*was)

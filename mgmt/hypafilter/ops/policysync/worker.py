@@ -73,6 +73,9 @@ class Rebuild:
     def __init__(self, policy, st: dict):
         self.policy = policy
         self.policy_hash = policy.policy_hash()
+        # the deployment's policy when the build began: the core is swapped in only if it is still that one (a
+        # deploy's policy, parsed from the live listing here, may hash apart from the file it came from)
+        self.deployed_hash = st["policy_hash"]
         self.error = ""
         self.seconds = 0.0
         cfg = deploy.deployed_config(st)
@@ -343,7 +346,7 @@ class Follower(deploy.FollowWatch):
             rb, self.rebuild = self.rebuild, None
             if rb.error:
                 self.log(f"lazy rebuild failed: {rb.error}")
-            elif rb.policy_hash == self.state(fresh=False)["policy_hash"] and used:
+            elif rb.deployed_hash == self.state(fresh=False)["policy_hash"] and used:
                 try:
                     self.in_follow = True
                     try:
@@ -361,7 +364,10 @@ class Follower(deploy.FollowWatch):
         if self.rebuild is not None or not used or self.safe:
             return
         if used * 2 >= depth or time.monotonic() - self.last_change >= REBUILD_IDLE_S:
-            if self.policy is None:  # a service started over a buffer in use: the deployed policy, read once
+            st = self.state(fresh=False)
+            if self.policy is None or self.policy.policy_hash() != st["policy_hash"]:
+                # a service started over a buffer in use, or a deploy (not this service) replaced the policy since
+                # this service last applied one: the deployed policy is the live ruleset, read now
                 st = self.state()
                 cfg = deploy.deployed_config(st)
                 try:

@@ -306,7 +306,9 @@ class CtConfig:
         return (CT_LOOKUP if self.lookup else 0) | (CT_NONE_FLAG if self.lookup and self.none else 0)
 
 
-def tables_file(t: Tables, shape: dict, control: int, generation: int, ct: CtConfig | None = None) -> bytes:
+def tables_file(
+    t: Tables, shape: dict, control: int, generation: int, ct: CtConfig | None = None, hold: bool = False
+) -> bytes:
     """The loader's tables file (driver/xdp/hf_xdp.c) for a program of `shape`; hfx_cfg is written last by it."""
     ct = ct or CtConfig()
     if not t.fits(shape):
@@ -349,7 +351,7 @@ def tables_file(t: Tables, shape: dict, control: int, generation: int, ct: CtCon
         out.append(_record("hfx_buf", SLOT.size, buf, slot_rows(t.overlay, buf)))
     nb = {f: len(t.spans[f]) if f in t.spans else 1 for f in SEARCH_FIELDS}
     cfg = CONFIG.pack(
-        control,
+        0 if hold else control,  # hold: still shunting everything after the write; `armed` below is what ends it
         generation & 0xFFFF,
         t.n,
         t.words,

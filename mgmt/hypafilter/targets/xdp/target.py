@@ -295,14 +295,20 @@ class XdpTarget(Target):
 
     def program(self, info: dict, plan, generation: int, known: dict | None = None) -> dict:
         """The tables of `plan` into the program (CONTROL 0 meanwhile): a Plan, or an analysis.overlay.View (its
-        static entries' tables, the rows of every hardware index, its valid mask and buffer)."""
+        static entries' tables, the rows of every hardware index, its valid mask and buffer).
+
+        An in-place rewrite of the running program (`known`: its tables; the update's shunt-all brackets it) leaves
+        CONTROL at 0, the tables' CONTROL as the word that ends it (`armed`, what shunt_all(off) writes), as the NIC
+        keeps CONTROL bit 1 through its register writes: a change of the live ruleset that comes meanwhile
+        (FollowWatch.hold) must find the program still shunting everything, not deciding by the tables being
+        applied."""
         t = build_tables(plan)
         shape = t.shape(self.config.update_buffer)
         if shape_id(shape) != info["shape"].split("-")[0] and not t.fits(_shape_of(info)):
             raise HypafilterError(f"the plan's tables do not fit the running program (shape {info['shape']})")
         path = self._run_dir() / f"{info['name']}-{generation}.tables"
         ct = self.ct_config(plan)
-        data = tables_file(t, _shape_of(info), self.control(plan), generation, ct)
+        data = tables_file(t, _shape_of(info), self.control(plan), generation, ct, hold=known is not None)
         path.write_bytes(data)
         self._tool("update", ["update", "--pin", info["pin"], "--tables", str(path)])
         keep = {path.name, Path((known or {}).get("file", "")).name}  # the previous tables: a rollback's

@@ -29,18 +29,21 @@ WIRE = (0x01, 0x04)  # one-hot src_port of iport 0 and 1
 
 
 @contextlib.contextmanager
-def veth_namespace(name: str) -> Iterator[str]:
-    """Namespace `name` (made afresh) holding a veth pair PORTS, both up, for a program on two ports without a
-    lab; deleted after. Skipped (CI: failed) without root or the tools that build the program."""
+def veth_namespace(name: str, ports: tuple[str, str] = PORTS, tools: tuple[str, ...] = ()) -> Iterator[str]:
+    """Namespace `name` (made afresh) holding a veth pair `ports`, both up, for a program on two ports without a
+    lab; deleted after, also when the body raises. Skipped (CI: failed) without root or the tools that build the
+    program and `tools`."""
     need_root()
-    need_tool("ip", "clang", "make", "cc")
+    need_tool("ip", "clang", "make", "cc", *tools)
     netns.delete(name)
     netns.add(name)
-    netns.run(["ip", "-n", name, "link", "add", PORTS[0], "type", "veth", "peer", "name", PORTS[1]])
-    for p in PORTS:
-        netns.run(["ip", "-n", name, "link", "set", p, "up"])
-    yield name
-    netns.delete(name)
+    try:
+        netns.run(["ip", "-n", name, "link", "add", ports[0], "type", "veth", "peer", "name", ports[1]])
+        for p in ports:
+            netns.run(["ip", "-n", name, "link", "set", p, "up"])
+        yield name
+    finally:
+        netns.delete(name)
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import random
 import pytest
 
 from conftest import need_root, need_tool
+from tests.system.test_xdp import veth_namespace
 
 pytestmark = pytest.mark.system
 
@@ -83,19 +84,8 @@ COMMIT
 
 @pytest.fixture
 def ct_ns():
-    need_root()
-    need_tool("ip", "clang", "cc", "make", "conntrack", "sysctl")
-    from hypafilter import netns
-
-    netns.delete(NS)
-    netns.add(NS)
-    try:
-        netns.run(["ip", "-n", NS, "link", "add", PORTS[0], "type", "veth", "peer", "name", PORTS[1]])
-        for p in PORTS:
-            netns.run(["ip", "-n", NS, "link", "set", p, "up"])
-        yield NS
-    finally:
-        netns.delete(NS)
+    with veth_namespace(NS, PORTS, ("conntrack", "sysctl")) as name:
+        yield name
 
 
 @pytest.mark.parametrize("name", ("ct-first", "late-ct", "fuzz-2", "fuzz-4"))

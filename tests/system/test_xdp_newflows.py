@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from hypafilter import netns
 
-from conftest import need_root, need_tool
 from tests.hfcli import HfCli
+from tests.system.test_xdp import veth_namespace
 
 pytestmark = pytest.mark.system
 
@@ -65,17 +65,8 @@ WIRE = (0x01, 0x04)
 
 @pytest.fixture
 def run_ns():
-    need_root()
-    need_tool("ip", "clang", "cc", "make", "conntrack", "sysctl")
-    netns.delete(NS)
-    netns.add(NS)
-    try:
-        netns.run(["ip", "-n", NS, "link", "add", PORTS[0], "type", "veth", "peer", "name", PORTS[1]])
-        for p in PORTS:
-            netns.run(["ip", "-n", NS, "link", "set", p, "up"])
-        yield NS
-    finally:
-        netns.delete(NS)
+    with veth_namespace(NS, PORTS, ("conntrack", "sysctl")) as name:
+        yield name
 
 
 def _frames(policy, seed: int, count: int):

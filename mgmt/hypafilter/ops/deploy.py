@@ -179,6 +179,31 @@ def _lock(wait: float = 0.0, abort: Callable[[], bool] = lambda: False) -> Itera
         yield
 
 
+@contextlib.contextmanager
+def measuring() -> Iterator[None]:
+    """Held (shared) by what reads the NIC's counters across a window (verify): the policy sync service's lazy
+    rebuild does not replace the NIC or program meanwhile (`unmeasured`), which would cut the window (a closed
+    control socket, counters from zero). Changes of the live ruleset are still followed."""
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(STATE_DIR / "measure.lock", "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_SH)
+        yield
+
+
+@contextlib.contextmanager
+def unmeasured() -> Iterator[bool]:
+    """The measurement lock held exclusively if nothing measures now (True), else False at once: the lazy rebuild
+    swaps its core only under it, and tries again later otherwise."""
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(STATE_DIR / "measure.lock", "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+
+
 def drift(st: dict, tgt: Target | None = None) -> list[str]:
     """How the live system differs from what `st` says was deployed (empty: no drift): the base chain's jump and
     policy, the tool's chains, the shim, the NIC, the services it wants."""
@@ -1122,7 +1147,8 @@ def status() -> dict:
         except OSError:
             pass  # a state directory this user cannot lock: nothing of ours can be running from it
         out = _status()
-        out["busy"] = busy
+        if out.get("deployed"):
+            out["busy"] = busy
         return out
 
 

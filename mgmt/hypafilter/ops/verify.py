@@ -1009,9 +1009,22 @@ def verify(
 ) -> dict:
     """Deploy if needed (`live`: never; the policy is the live ruleset the deployment follows), send the probes (`probes`: ProbeSpec fields) through both paths, compare per frame; with
     `connections`, then run those real connections on both paths and compare them too (report["connections"]).
-    Returns the report dict."""
+    Returns the report dict. The policy sync service's lazy rebuild does not replace the NIC (program) while it runs
+    (deploy.measuring)."""
     refuse_nondeterministic(policy)
     spec = ProbeSpec(**probes)
+    with deploy.measuring():
+        return _verify(policy, config, log, connections, live, spec)
+
+
+def _verify(
+    policy: Policy,
+    config: Config,
+    log: Callable[[str], None],
+    connections: ConnectionSpec | None,
+    live: bool,
+    spec: ProbeSpec,
+) -> dict:
     lab, state = _deployed(policy, config, log, live)
     host = state.get("nic_mode") == "host"
     if host and spec.packets > HOST_SEEN_MAX:

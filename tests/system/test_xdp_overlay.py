@@ -13,9 +13,7 @@ import re
 import time
 
 import pytest
-from hypafilter import netns
 
-from conftest import need_root, need_tool
 from tests.system.test_xdp import PORTS, check, frames_for, veth_namespace
 
 pytestmark = pytest.mark.system
@@ -139,8 +137,6 @@ def test_ct_hit_entry_masked_off():
     """hfx_config.ct_hit (a conntrack hit's entry, taken without a lookup) gives way to the valid mask: with the
     ESTABLISHED rule deleted, frames of connections the kernel's own table holds as established (ct 1/2, looked up
     in a namespace of their own) are classified as the changed policy says, not accepted by entry 0."""
-    need_root()
-    need_tool("ip", "clang", "cc", "make", "conntrack", "sysctl")
     from hypafilter.analysis.overlay import align
     from hypafilter.analysis.plan import build_plan
     from hypafilter.config import Config
@@ -167,13 +163,7 @@ def test_ct_hit_entry_masked_off():
         flows.append((proto, h["src"], h["dst"], h["sport"], h["dport"]))
         frames.append((uid % 2, build_frame(uid, h, b"")))
         cts.append(1)
-    ns = "exov-ct"
-    netns.delete(ns)
-    netns.add(ns)
-    try:
-        netns.run(["ip", "-n", ns, "link", "add", PORTS[0], "type", "veth", "peer", "name", PORTS[1]])
-        for p in PORTS:
-            netns.run(["ip", "-n", ns, "link", "set", p, "up"])
+    with veth_namespace("exov-ct", PORTS, ("conntrack", "sysctl")) as ns:
         open_flows(ns, flows)
         ct = read_ct_config(ns)
         assert ct.lookup
@@ -187,8 +177,6 @@ def test_ct_hit_entry_masked_off():
                 assert (v.retval, v.meta & 0xFFFFFF) == (want, d.match_index), (name, f.hex(), d, v)
             got[name] = {v.meta & 0xFFFFFF for v in res.verdicts}
         assert got["static"] == {0} and 0 not in got["view"], got
-    finally:
-        netns.delete(ns)
 
 
 def test_write_overlay_on_a_running_program(ns, tmp_path):

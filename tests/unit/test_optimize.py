@@ -12,7 +12,7 @@ from hypafilter.errors import HypafilterError
 from hypafilter.iptables.document import read_table
 from hypafilter.iptables.rule import Verbatim
 from hypafilter.ir import PROTO_ICMP, PROTO_TCP, PROTO_UDP, Header
-from hypafilter.optimize.emit import optimize
+from hypafilter.optimize.emit import NFT_MAX_DEPTH, _nesting, optimize
 from hypafilter.optimize.tree import Params, movable, prefix_cut, region
 
 TERMINAL = {"ACCEPT", "DROP", "REJECT"}
@@ -165,6 +165,7 @@ def test_every_header_gets_the_original_verdict_and_passes_the_same_rules(seed):
     assert res.expansion <= 4.0 + 1e-9
     tc = read_table(res.text, "<out>")
     assert any(n.startswith("ht-") for n in tc.chains)  # trees were written
+    assert _nesting(tc.chains) <= NFT_MAX_DEPTH  # nf_tables loads it (gotos count against the nesting limit)
     orig_tc = read_table(text, "<in>")
     # rules kept in place: the k-th rule of FORWARD that is not a tree jump is the k-th rule that may not move
     kept_in = [f"FORWARD:{i}" for i, r in enumerate(orig_tc.chains["FORWARD"].rules, 1) if movable(r)]
@@ -248,3 +249,17 @@ def test_other_tables_are_copied_and_a_plain_file_with_them_refused():
     assert "*nat\n:PREROUTING ACCEPT [0:0]\n-A PREROUTING -p tcp -j REDIRECT --to-ports 8080\nCOMMIT" in res.text
     with pytest.raises(HypafilterError, match="iptables-save file"):
         optimize("iptables -t nat -A PREROUTING -j ACCEPT\niptables -A FORWARD -j DROP\n", "plain.sh")
+
+
+def test_trees_fit_under_the_nesting_limit_or_are_left_out():
+    chains = [":FORWARD ACCEPT [0:0]"] + [f":U{i} - [0:0]" for i in range(8)]
+    rules = [f"-A FORWARD -s 10.0.{i}.0/24 -j DROP" for i in range(40)] + ["-A FORWARD -j U0"]
+    rules += [f"-A U{i} -j U{i + 1}" for i in range(7)]
+    deep = optimize("\n".join(["*filter", *chains, *rules, "COMMIT"]) + "\n", "deep.rules")
+    assert not deep.segments and deep.rules_out == deep.rules_in
+    assert deep.notes == [
+        "no trees: the chains already nest 8 jumps deep, and a tree would pass nf_tables' limit of 15 nested chains"
+    ]
+    shallow = "\n".join(["*filter", *chains[:3], *rules[:41], "-A U0 -j U1", "COMMIT"]) + "\n"
+    res = optimize(shallow, "shallow.rules", Params(binth=1))
+    assert res.segments and _nesting(read_table(res.text, "<out>").chains) <= NFT_MAX_DEPTH

@@ -137,6 +137,11 @@ def register(sub) -> None:
         default="nft",
         help="iptables back end both are loaded with (default nft: iptables-nft; legacy: x_tables)",
     )
+    o.add_argument(
+        "--peers",
+        action="store_true",
+        help="also the policy in nft (iptables-restore-translate) and as `nft -o` rewrites it (nft back end)",
+    )
     o.add_argument("--json", action="store_true", help="the report as one JSON object")
     o.set_defaults(func=run_optimize)
     x = bsub.add_parser("xdp-cost", help="per-frame cost (BPF_PROG_TEST_RUN) and verifier figures of the XDP fast path")
@@ -203,7 +208,11 @@ def run_optimize(args: argparse.Namespace) -> int:
         f = read_filters(args.classbench)
         report.update(bench.path_stats(res, f[:, [0, 2, 4, 6]], f[:, [1, 3, 5, 7]], rows[:5000]))
     log = (lambda m: print(m, file=sys.stderr)) if args.json else print
-    report.update(bench.run(text, res, rows, args.seconds, args.repeats, args.probes, args.seed, args.backend, log=log))
+    report.update(
+        bench.run(
+            text, res, rows, args.seconds, args.repeats, args.probes, args.seed, args.backend, args.peers, log=log
+        )
+    )
     report["command"] = "hypafilter " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     if args.json:
         print(json.dumps(report))

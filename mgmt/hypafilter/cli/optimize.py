@@ -82,4 +82,6 @@ def run(args) -> int:
             f"{s['rules_in_trees']} rules; kept in place: {kept}; {s['build_s']} s",
             file=sys.stderr,
         )
+        for note in s["notes"]:
+            print(f"{name}: {note}", file=sys.stderr)
     return 0

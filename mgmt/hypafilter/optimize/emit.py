@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hypafilter.config import Config
 from hypafilter.errors import HypafilterError
@@ -32,6 +32,7 @@ from hypafilter.optimize.tree import (
 )
 
 _PROTO_NAMES = {1: "icmp", 6: "tcp", 17: "udp"}
+NFT_MAX_DEPTH = 15  # NFT_JUMP_STACK_SIZE - 1 (analysis.program explains)
 
 
 @dataclass
@@ -51,6 +52,7 @@ class Result:
     segments: list[Segment] = field(default_factory=list)
     build_s: float = 0.0
     kept: dict[str, int] = field(default_factory=dict)  # why rules stayed in place -> how many
+    notes: list[str] = field(default_factory=list)
 
     @property
     def expansion(self) -> float:
@@ -65,6 +67,7 @@ class Result:
             "rules_in_trees": sum(len(s.rules) for s in self.segments if s.tree is not None),
             "kept_in_place": self.kept,
             "build_s": round(self.build_s, 3),
+            "notes": self.notes,
         }
 
 
@@ -169,6 +172,19 @@ def optimize(text: str, filename: str, params: Params | None = None, prefix: str
     if not tc.chains or "filter" not in tc.tables:
         raise HypafilterError(f"{filename}: no rules of table filter in the file")
     w = _Writer(prefix, set(tc.chains))
+    # nf_tables refuses nesting deeper than NFT_MAX_DEPTH below a base chain and counts gotos too. A walk passes
+    # at most nest + 1 chains (nest: the deepest chain of jumps the file has), each tree adding its jump and at
+    # most max_depth gotos (+1 for the linear copy): give every tree the same share of what is left.
+    nest = _nesting(tc.chains)
+    share = (NFT_MAX_DEPTH - nest) // (nest + 1) - 2
+    notes = []
+    if share < 1:
+        notes.append(
+            f"no trees: the chains already nest {nest} jumps deep, and a tree would pass nf_tables' limit of "
+            f"{NFT_MAX_DEPTH} nested chains"
+        )
+        min_segment = 1 << 62
+    params = replace(params, max_depth=min(params.max_depth, max(share, 1)))
     base = os.path.basename(filename)
     segments: list[Segment] = []
     kept: dict[str, int] = {}
@@ -213,7 +229,25 @@ def optimize(text: str, filename: str, params: Params | None = None, prefix: str
     lines.append("COMMIT")
     others = _other_tables(text, filename, tc.tables)
     rules_out = sum(len(v) for v in out_rules.values()) + len(w.lines)
-    return Result("\n".join(lines) + "\n" + others, rules_in, rules_out, segments, time.monotonic() - t0, kept)
+    return Result("\n".join(lines) + "\n" + others, rules_in, rules_out, segments, time.monotonic() - t0, kept, notes)
+
+
+def _nesting(chains) -> int:
+    """The longest chain of jumps (and gotos) between the file's user chains, from any chain."""
+    memo: dict[str, int] = {}
+
+    def height(name: str, seen: frozenset) -> int:
+        if name in memo:
+            return memo[name]
+        h = 0
+        for r in chains[name].rules:
+            t = r.target
+            if t in chains and not chains[t].builtin and t not in seen:
+                h = max(h, 1 + height(t, seen | {t}))
+        memo[name] = h
+        return h
+
+    return max((height(n, frozenset({n})) for n in chains), default=0)
 
 
 def _label(chain: str, index: int, r: ParsedRule, base: str) -> str:

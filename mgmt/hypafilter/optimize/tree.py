@@ -149,7 +149,7 @@ class Node:
     region: Region
     boxes: np.ndarray  # indexes into the segment's box arrays
     body: Leaf | Split | None = None
-    depth: int = 0
+    depth: int = 0  # chains entered by goto from the tree's root chain to reach this node's chain (at most)
     rules: int = 0
 
 
@@ -171,6 +171,9 @@ class Params:
     max_expansion: float = 4.0  # rules written (dispatch + leaves + linear copy) per rule of the segment
     cuts: int = 24  # candidate cut points tried per dimension and node
     dup_weight: float = 0.5  # score = largest child + dup_weight * rules duplicated
+    # Chains a path may goto through below the tree's root chain (the linear copy counts as one more): nf_tables
+    # counts a goto like a jump against its nesting limit (NFT_JUMP_STACK_SIZE, 16 below a base chain).
+    max_depth: int = 10
     guard: bool = True  # False only to show what the WHOLE_L4 guard prevents (tests): port cuts without it
     range_cost: float = 10.0  # added to the score of an address cut no prefix test makes (an iprange match)
 
@@ -225,6 +228,8 @@ def build(rules: list[list[tuple[tuple[int, ...], tuple[int, ...]]]], params: Pa
         if best is None:
             continue
         split, sizes, cost = best
+        if node.depth + 1 + (split.guard is not None) > params.max_depth:
+            continue
         extra = cost + sum(sizes) - node.rules
         if split.guard is not None and not tree.linear:
             extra += len(rules)
@@ -235,7 +240,9 @@ def build(rules: list[list[tuple[tuple[int, ...], tuple[int, ...]]]], params: Pa
             tree.linear = True
         node.body = split
         for child in (*split.children, split.rest):
-            child.depth = node.depth + 1
+            # a child is a chain of its own (goto), except the one written on in the node's chain; which one that is
+            # the writer decides (an address cut tests whichever side one prefix holds), so count both
+            child.depth = node.depth + (child is not split.rest or split.kind == "range")
             heapq.heappush(heap, (-child.rules, seq, child))
             seq += 1
     _finish(tree, root)

@@ -144,11 +144,41 @@ def path_stats(res: Result, lo: np.ndarray, hi: np.ndarray, rows) -> dict:
     }
 
 
+def _nft_load(rb: pktrate.RateBench, text: str) -> str:
+    netns.run(["nft", "flush", "ruleset"], rb.ns_f)
+    return netns.run(["nft", "-f", "-"], rb.ns_f, input=text)
+
+
+def nft_peers(rb: pktrate.RateBench, text: str, tmp: Path) -> dict:
+    """The policy in nft's own terms (iptables-restore-translate, counters left out as `nft -o` needs) and as
+    `nft -o` rewrites it (adjacent rules merged into set and verdict-map lookups): {"nft": text, "nft_o": text or
+    None, "nft_o_merges": n, "nft_o_error": words}."""
+    src = tmp / "policy.rules"
+    src.write_text(text)
+    netns.run(["nft", "flush", "ruleset"], rb.ns_f)
+    _nft_load(rb, netns.run(["iptables-restore-translate", "-f", str(src)], rb.ns_f))
+    decl = re.sub(r" counter packets \d+ bytes \d+", "", netns.run(["nft", "list", "ruleset"], rb.ns_f))
+    out = {"nft": decl, "nft_o": None, "nft_o_merges": 0, "nft_o_error": None}
+    netns.run(["nft", "flush", "ruleset"], rb.ns_f)
+    try:
+        said = netns.run(["nft", "-o", "-f", "-"], rb.ns_f, input=decl)
+    except netns.CommandError as e:
+        said = [ln.strip() for ln in str(e).splitlines() if "Error:" in ln]
+        out["nft_o_error"] = f"{said[0]} ({len(said)} such)" if said else str(e)[-300:]
+        return out
+    out["nft_o_merges"] = said.count("Merging:")
+    out["nft_o"] = netns.run(["nft", "list", "ruleset"], rb.ns_f)
+    return out
+
+
 def run(text: str, res: Result, rows, seconds: float = 2.0, repeats: int = 3, probes: int = 5000,
-        seed: int = 1, backend: str = "nft", log=print) -> dict:  # fmt: skip
-    """The measurement; `rows` are (src, dst, sport, dport) headers (UDP) for the rate frames and the probes."""
+        seed: int = 1, backend: str = "nft", peers: bool = False, log=print) -> dict:  # fmt: skip
+    """The measurement; `rows` are (src, dst, sport, dport) headers (UDP) for the rate frames and the probes.
+    `peers` (nft back end only): the same through the policy in nft and as `nft -o` rewrites it."""
     if not rows:
         raise HypafilterError("bench optimize needs headers to send: give --trace")
+    if peers and backend != "nft":
+        raise HypafilterError("the nft peers are measured with the nft back end")
     build = BUILD_ROOT / "bench"
     blaster = pktrate.build_blaster(build)
     out: dict = {}
@@ -159,27 +189,52 @@ def run(text: str, res: Result, rows, seconds: float = 2.0, repeats: int = 3, pr
         frames = Path(tmp) / "frames.bin"
         pktrate.write_frames(frames, ((s, d, sp, dp, 0) for s, d, sp, dp in rows))
         pr = probe_frames(rows, probes, seed)
+
+        def ipt(body):
+            def load():
+                if peers:  # an nft peer's tables out of the way
+                    netns.run(["nft", "flush", "ruleset"], rb.ns_f)
+                rb.load_restore(body)
+
+            return load
+
+        loads = {"in": ipt(text), "out": ipt(res.text)}
+        if peers:
+            nft = nft_peers(rb, text, Path(tmp))
+            out["nft_o_merges"], out["nft_o_error"] = nft["nft_o_merges"], nft["nft_o_error"]
+            loads["nft"] = lambda: _nft_load(rb, nft["nft"])
+            if nft["nft_o"] is not None:
+                loads["nft_o"] = lambda: _nft_load(rb, nft["nft_o"])
         got, cnt = {}, {}
-        for which, body in (("in", text), ("out", res.text)):
-            rb.load_restore(body)
+        for which, load in loads.items():
+            load()
             got[which] = delivered(rb, pr)
-            cnt[which] = counters(rb)
+            if which in ("in", "out"):
+                cnt[which] = counters(rb)
         bad = sorted(got["in"] ^ got["out"])
         out["mismatches"] = len(bad)
         out["mismatch_uids"] = bad[:20]
         out["counter_mismatches"] = counter_mismatches(cnt["in"], cnt["out"], res)
+        for which in set(loads) - {"in", "out"}:
+            out[f"{which}_mismatches"] = len(got["in"] ^ got[which])
         out["probes"] = len(pr)
         out["backend"] = backend
         if repeats <= 0:
             return out
-        pps: dict[str, list[float]] = {"in": [], "out": []}
+        loads["empty"] = rb.reset_firewall  # no rules at all: the cost of the path without a firewall
+        pps: dict[str, list[float]] = {k: [] for k in loads}
         for _ in range(repeats):
-            for which, body in (("in", text), ("out", res.text)):
-                rb.load_restore(body)
+            for which, load in loads.items():
+                load()
                 m = rb.measure(frames, seconds)
                 pps[which].append(m["sent"] / m["seconds"] if m["seconds"] else 0.0)
-            log(f"  pps original {pps['in'][-1]:,.0f}, optimised {pps['out'][-1]:,.0f}")
-        out["pps_in"] = round(statistics.median(pps["in"]))
-        out["pps_out"] = round(statistics.median(pps["out"]))
+            log("  pps " + ", ".join(f"{k} {v[-1]:,.0f}" for k, v in pps.items()))
+        for which, v in pps.items():
+            out[f"pps_{which}"] = round(statistics.median(v))
         out["speedup"] = round(out["pps_out"] / out["pps_in"], 2) if out["pps_in"] else None
+        for which in set(loads) - {"in", "out", "empty"}:
+            out[f"speedup_{which}"] = round(out[f"pps_{which}"] / out["pps_in"], 2) if out["pps_in"] else None
+        # HiTables' second figure: the speedup of the filtering alone, the empty path's time per frame taken off
+        t_io, t_in, t_out = (1 / out[f"pps_{k}"] if out[f"pps_{k}"] else 0.0 for k in ("empty", "in", "out"))
+        out["speedup_without_io"] = round((t_in - t_io) / (t_out - t_io), 2) if t_out > t_io else None
     return out

@@ -114,6 +114,36 @@ def register(sub) -> None:
     )
     c.add_argument("--json", action="store_true", help="one JSON object per rate, one per line")
     c.set_defaults(func=run_churn)
+    o = bsub.add_parser(
+        "optimize",
+        help="the same frames through a policy and through its `hypafilter optimize` rewrite, each alone in the kernel",
+    )
+    o.add_argument("policy", nargs="?", metavar="POLICY", help="iptables-save file or plain rule file")
+    o.add_argument("--classbench", metavar="FILTERS", help="ClassBench filter set (instead of POLICY)")
+    o.add_argument("--policy", dest="cb_policy", choices=("ACCEPT", "DROP"), default="DROP", help="chain policy")
+    o.add_argument("--actions", choices=("accept", "alternate"), default="alternate", help="rule actions")
+    o.add_argument("--trace", metavar="T[.gz]", required=True, help="ClassBench header trace: the frames sent")
+    o.add_argument("--frames", type=int, default=20000, help="distinct frames of the rate runs (default 20000)")
+    o.add_argument("--probes", type=int, default=5000, help="trace headers sent once each for verdicts (default 5000)")
+    o.add_argument("--seconds", type=float, default=2.0, help="seconds per rate run (default 2)")
+    o.add_argument("--repeats", type=int, default=3, help="rate runs of each (median reported; default 3)")
+    o.add_argument("--binth", type=int, default=8, help="leaf size (default 8)")
+    o.add_argument("--max-expansion", type=float, default=4.0, help="expansion bound (default 4.0)")
+    o.add_argument("--min-segment", type=int, default=16, help="shortest run made into a tree (default 16)")
+    o.add_argument("--seed", type=int, default=1, help="random seed of the probes (default 1)")
+    o.add_argument(
+        "--backend",
+        choices=("nft", "legacy"),
+        default="nft",
+        help="iptables back end both are loaded with (default nft: iptables-nft; legacy: x_tables)",
+    )
+    o.add_argument(
+        "--peers",
+        action="store_true",
+        help="also the policy in nft (iptables-restore-translate) and as `nft -o` rewrites it (nft back end)",
+    )
+    o.add_argument("--json", action="store_true", help="the report as one JSON object")
+    o.set_defaults(func=run_optimize)
     x = bsub.add_parser("xdp-cost", help="per-frame cost (BPF_PROG_TEST_RUN) and verifier figures of the XDP fast path")
     add_policy_args(x)
     x.add_argument("--frames", type=int, default=2000, help="distinct frames (default 2000)")
@@ -160,6 +190,36 @@ def register(sub) -> None:
         help="the policy sync lease word: disarmed (default), armed (the clock read per frame) or expired",
     )
     x.set_defaults(func=run_xdp_cost)
+
+
+def run_optimize(args: argparse.Namespace) -> int:
+    from hypafilter.cli.optimize import policy_text
+    from hypafilter.optimize.emit import optimize
+    from hypafilter.optimize.tree import Params
+    from hypafilter.tools.bench import optimize as bench
+    from hypafilter.tools.classbench import read_filters, read_trace
+
+    text, name = policy_text(args)
+    res = optimize(text, name, Params(binth=args.binth, max_expansion=args.max_expansion), min_segment=args.min_segment)
+    trace = read_trace(args.trace)
+    rows = bench.trace_rows(trace[: args.frames])
+    report = {"policy": name, "trace": args.trace, **res.summary()}
+    if args.classbench:
+        f = read_filters(args.classbench)
+        report.update(bench.path_stats(res, f[:, [0, 2, 4, 6]], f[:, [1, 3, 5, 7]], rows[:5000]))
+    log = (lambda m: print(m, file=sys.stderr)) if args.json else print
+    report.update(
+        bench.run(
+            text, res, rows, args.seconds, args.repeats, args.probes, args.seed, args.backend, args.peers, log=log
+        )
+    )
+    report["command"] = "hypafilter " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    if args.json:
+        print(json.dumps(report))
+    else:
+        for k, v in report.items():
+            print(f"{k}: {v}")
+    return 1 if report["mismatches"] or report["counter_mismatches"] else 0
 
 
 def run_rate(args: argparse.Namespace) -> int:

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from hypafilter.config import Config
+from hypafilter.config import Config, Interfaces
 from hypafilter.errors import PolicyError
 from hypafilter.iptables import canonical
 from hypafilter.iptables.ctstate import split_states
@@ -393,6 +393,26 @@ def reachable_chains(chains: dict[str, ChainDef], base: str) -> list[str]:
 
     visit(base, None, 0)
     return order
+
+
+@dataclass
+class TableChains:
+    """Every chain of one table of a policy file, in the order the file declares them (built-in chains first)."""
+
+    table: str
+    chains: dict[str, ChainDef]
+    tables: dict[str, int]  # every table the file fills -> its first line
+
+
+def read_table(text: str, filename: str, config: Config | None = None) -> TableChains:
+    """All chains of `config.table` (default filter) as parsed rules, for tools that rewrite a whole table.
+
+    Interface checks stay checks (no bridge is assumed), so a rule's boxes are its header checks alone."""
+    config = config or Config()
+    doc = _Document(filename, "INPUT", config)
+    doc.ifaces = Interfaces()
+    doc.read(text)
+    return TableChains(config.table, doc.chains, doc.tables)
 
 
 def parse_policy(

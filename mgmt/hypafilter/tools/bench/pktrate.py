@@ -92,8 +92,14 @@ def write_frames(path: Path, rows: Iterable[tuple[int, int, int, int, int]]) -> 
 class RateBench:
     """Creates the three namespaces on enter and removes them on exit (also after errors)."""
 
-    def __init__(self, blaster: Path, tag: str | None = None):
+    def __init__(self, blaster: Path, tag: str | None = None, backend: str = "nft"):
+        """`backend`: the iptables back end the rules are loaded with, "nft" (iptables-nft, the default tools) or
+        "legacy" (iptables-legacy: the x_tables interpreter, whose tcp/udp matches drop a truncated header)."""
+        if backend not in ("nft", "legacy"):
+            raise HypafilterError(f"unknown iptables back end {backend!r} (nft or legacy)")
         self.blaster = blaster
+        self.backend = backend
+        self.iptables = "iptables-legacy" if backend == "legacy" else "iptables"
         self.tag = tag or f"hfb{os.getpid() % 100000}"
         self.ns_s, self.ns_f, self.ns_r = f"{self.tag}-s", f"{self.tag}-f", f"{self.tag}-r"
 
@@ -138,7 +144,7 @@ class RateBench:
         empty = Restore()
         for chain in BUILTIN_FILTER_CHAINS:
             empty.chain(chain, "ACCEPT")
-        netns.run(["iptables-restore"], self.ns_f, input=empty.text())
+        netns.run([f"{self.iptables}-restore"], self.ns_f, input=empty.text())
         netns.run(["nft", "delete", "table", "bridge", "hfbench"], self.ns_f, check=False)
 
     def load_restore(self, text: str, jump: str | None = None, marks: bool = False) -> float:
@@ -147,10 +153,10 @@ class RateBench:
         Returns the load time in seconds (the restore alone)."""
         self.reset_firewall()
         t0 = time.perf_counter()
-        netns.run(["iptables-restore", "--noflush"], self.ns_f, input=text)
+        netns.run([f"{self.iptables}-restore", "--noflush"], self.ns_f, input=text)
         dt = time.perf_counter() - t0
         if jump:
-            netns.run(["iptables", "-A", "FORWARD", "-j", jump], self.ns_f)
+            netns.run([self.iptables, "-A", "FORWARD", "-j", jump], self.ns_f)
         if marks:
             netns.run(
                 [

@@ -1,0 +1,240 @@
+"""`hypafilter bench optimize`: the same frames through a policy and through its `hypafilter optimize` rewrite, each
+loaded alone in the kernel (the packet-rate bench's bridged namespaces).
+
+Measured: frames/s of each (median of repeats), per-frame verdicts of each on probe frames (trace headers, rule
+corners, and adversarial variants: truncated transport headers, first and later fragments, IP options, trailing
+bytes, TCP and ICMP frames) — every frame that one delivers and the other does not is a mismatch — and every
+original rule's packet counter against the sum of its copies' (the observing rules see the same packets). The
+path lengths (rules evaluated per packet) come from a walk of the trees over the trace, for policies whose rules
+are all header checks (ClassBench imports)."""
+
+from __future__ import annotations
+
+import random
+import re
+import statistics
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from hypafilter import netns
+from hypafilter.errors import HypafilterError
+from hypafilter.ir import PROTO_ICMP, PROTO_TCP, PROTO_UDP
+from hypafilter.optimize.emit import Result
+from hypafilter.optimize.tree import path
+from hypafilter.paths import BUILD_ROOT
+from hypafilter.tools.bench import pktrate
+
+ADVERSARIAL = ("truncated_l4", "fragment_first", "fragment_later", "ip_options", "trailing_bytes")
+_LABEL = re.compile(r'--comment "?(\S+) rule (\d+)\b')
+
+
+def trace_rows(trace: np.ndarray) -> list[tuple[int, int, int, int]]:
+    return [(int(r[0]), int(r[1]), int(r[2]), int(r[3])) for r in trace]
+
+
+def probe_frames(rows, n: int, seed: int) -> list[tuple[int, bytes]]:
+    """(uid, frame) probes: n trace headers as UDP, then TCP and ICMP twins of some, then adversarial variants."""
+    from hypafilter.ops.verify import build_frame, malform
+
+    rng = random.Random(seed)
+    pick = [rows[rng.randrange(len(rows))] for _ in range(n)] if rows else []
+    out: list[tuple[int, bytes]] = []
+    uid = 1
+    for src, dst, sport, dport in pick:
+        h = {"src": src, "dst": dst, "proto": PROTO_UDP, "sport": sport, "dport": dport}
+        f = build_frame(uid, h, b"hf-xy", pktrate.DST_MAC)
+        out.append((uid, f))
+        uid += 1
+        r = rng.random()
+        if r < 0.1:
+            out.append((uid, build_frame(uid, {**h, "proto": PROTO_TCP, "flags": 0x10}, b"", pktrate.DST_MAC)))
+            uid += 1
+        elif r < 0.15:
+            out.append((uid, build_frame(uid, {**h, "proto": PROTO_ICMP}, b"", pktrate.DST_MAC)))
+            uid += 1
+        elif r < 0.35:
+            kind = ADVERSARIAL[rng.randrange(len(ADVERSARIAL))]
+            base = f if rng.random() < 0.7 else build_frame(uid, {**h, "proto": PROTO_TCP}, b"", pktrate.DST_MAC)
+            out.append((uid, malform(kind, _with_uid(base, uid), rng)))
+            uid += 1
+    return out
+
+
+def _with_uid(frame: bytes, uid: int) -> bytes:
+    return frame[:8] + uid.to_bytes(4, "big") + frame[12:]
+
+
+def delivered(rb: pktrate.RateBench, probes: list[tuple[int, bytes]]) -> set[int]:
+    from hypafilter.ops.verify import drain, frame_id, raw_socket, receive, send
+
+    tx, rx = raw_socket(rb.ns_s, "s0"), raw_socket(rb.ns_r, "r0")
+    try:
+        drain(rx)
+        got: set[int] = set()
+        for i in range(0, len(probes), 2000):
+            send(tx, [f for _, f in probes[i : i + 2000]])
+            got |= {frame_id(f) for f in receive(rx, quiet=0.3)}
+        return got - {None}
+    finally:
+        tx.close()
+        rx.close()
+
+
+def counters(rb: pktrate.RateBench) -> dict[tuple[str, int], int]:
+    """(chain, 1-based position) -> packets, for every rule of the filter table (iptables-save -c)."""
+    out: dict[tuple[str, int], int] = {}
+    pos: dict[str, int] = {}
+    for ln in netns.run([f"{rb.iptables}-save", "-c", "-t", "filter"], rb.ns_f).splitlines():
+        m = re.match(r"^\[(\d+):\d+\] -A (\S+)", ln)
+        if not m:
+            continue
+        chain = m.group(2)
+        pos[chain] = pos.get(chain, 0) + 1
+        out[(chain, pos[chain])] = int(m.group(1))
+        lab = _LABEL.search(ln)
+        if lab:  # a copy the optimiser labelled: counts for the original rule it names
+            key = ("=" + lab.group(1), int(lab.group(2)))
+            out[key] = out.get(key, 0) + int(m.group(1))
+    return out
+
+
+def counter_mismatches(orig: dict, opt: dict, res: Result) -> list[str]:
+    """Original rules whose packet count differs from the sum of their copies' (rules moved into trees) or from
+    the rule kept in place."""
+    moved = {(s.chain, s.start + j + 1) for s in res.segments for j in range(len(s.rules))}
+    bad = []
+    for (chain, idx), n in orig.items():
+        if chain.startswith("="):
+            continue
+        if (chain, idx) in moved:
+            got = opt.get(("=" + chain, idx), 0)
+        else:
+            got = None  # kept in place: compared by the verdicts; positions shift around the tree jumps
+        if got is not None and got != n:
+            bad.append(f"{chain} rule {idx}: {n} packets in the original, {got} in its copies")
+    return bad
+
+
+def path_stats(res: Result, lo: np.ndarray, hi: np.ndarray, rows) -> dict:
+    """Mean rules evaluated per packet of the trace in the original list and in the tree (one segment holding the
+    whole chain, rules that are header checks alone: lo/hi [N, 4] = src, dst, sport, dport intervals, UDP)."""
+    if len(res.segments) != 1 or res.segments[0].tree is None or not rows:
+        return {}
+    tree = res.segments[0].tree
+    n_rules = len(lo)
+    pin, pout, pmax = [], [], 0
+    for src, dst, sport, dport in rows:
+        hit = (lo[:, 0] <= src) & (src <= hi[:, 0]) & (lo[:, 1] <= dst) & (dst <= hi[:, 1])
+        hit &= (lo[:, 2] <= sport) & (sport <= hi[:, 2]) & (lo[:, 3] <= dport) & (dport <= hi[:, 3])
+        first = np.flatnonzero(hit)
+        pin.append(int(first[0]) + 1 if len(first) else n_rules)
+
+        def fm(rules, hit=hit):
+            return next((k for k, i in enumerate(rules) if hit[i]), None)
+
+        n, _ = path(tree, (src, dst, PROTO_UDP, sport, dport), fm)
+        pout.append(n)
+        pmax = max(pmax, n)
+    return {
+        "path_mean_in": round(statistics.fmean(pin), 2),
+        "path_mean_out": round(statistics.fmean(pout), 2),
+        "path_max_out": pmax,
+    }
+
+
+def _nft_load(rb: pktrate.RateBench, text: str) -> str:
+    netns.run(["nft", "flush", "ruleset"], rb.ns_f)
+    return netns.run(["nft", "-f", "-"], rb.ns_f, input=text)
+
+
+def nft_peers(rb: pktrate.RateBench, text: str, tmp: Path) -> dict:
+    """The policy in nft's own terms (iptables-restore-translate, counters left out as `nft -o` needs) and as
+    `nft -o` rewrites it (adjacent rules merged into set and verdict-map lookups): {"nft": text, "nft_o": text or
+    None, "nft_o_merges": n, "nft_o_error": words}."""
+    src = tmp / "policy.rules"
+    src.write_text(text)
+    netns.run(["nft", "flush", "ruleset"], rb.ns_f)
+    _nft_load(rb, netns.run(["iptables-restore-translate", "-f", str(src)], rb.ns_f))
+    decl = re.sub(r" counter packets \d+ bytes \d+", "", netns.run(["nft", "list", "ruleset"], rb.ns_f))
+    out = {"nft": decl, "nft_o": None, "nft_o_merges": 0, "nft_o_error": None}
+    netns.run(["nft", "flush", "ruleset"], rb.ns_f)
+    try:
+        said = netns.run(["nft", "-o", "-f", "-"], rb.ns_f, input=decl)
+    except netns.CommandError as e:
+        said = [ln.strip() for ln in str(e).splitlines() if "Error:" in ln]
+        out["nft_o_error"] = f"{said[0]} ({len(said)} such)" if said else str(e)[-300:]
+        return out
+    out["nft_o_merges"] = said.count("Merging:")
+    out["nft_o"] = netns.run(["nft", "list", "ruleset"], rb.ns_f)
+    return out
+
+
+def run(text: str, res: Result, rows, seconds: float = 2.0, repeats: int = 3, probes: int = 5000,
+        seed: int = 1, backend: str = "nft", peers: bool = False, log=print) -> dict:  # fmt: skip
+    """The measurement; `rows` are (src, dst, sport, dport) headers (UDP) for the rate frames and the probes.
+    `peers` (nft back end only): the same through the policy in nft and as `nft -o` rewrites it."""
+    if not rows:
+        raise HypafilterError("bench optimize needs headers to send: give --trace")
+    if peers and backend != "nft":
+        raise HypafilterError("the nft peers are measured with the nft back end")
+    build = BUILD_ROOT / "bench"
+    blaster = pktrate.build_blaster(build)
+    out: dict = {}
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        pktrate.RateBench(blaster, f"hto{random.randrange(10**4)}", backend) as rb,
+    ):
+        frames = Path(tmp) / "frames.bin"
+        pktrate.write_frames(frames, ((s, d, sp, dp, 0) for s, d, sp, dp in rows))
+        pr = probe_frames(rows, probes, seed)
+
+        def ipt(body):
+            def load():
+                if peers:  # an nft peer's tables out of the way
+                    netns.run(["nft", "flush", "ruleset"], rb.ns_f)
+                rb.load_restore(body)
+
+            return load
+
+        loads = {"in": ipt(text), "out": ipt(res.text)}
+        if peers:
+            nft = nft_peers(rb, text, Path(tmp))
+            out["nft_o_merges"], out["nft_o_error"] = nft["nft_o_merges"], nft["nft_o_error"]
+            loads["nft"] = lambda: _nft_load(rb, nft["nft"])
+            if nft["nft_o"] is not None:
+                loads["nft_o"] = lambda: _nft_load(rb, nft["nft_o"])
+        got, cnt = {}, {}
+        for which, load in loads.items():
+            load()
+            got[which] = delivered(rb, pr)
+            if which in ("in", "out"):
+                cnt[which] = counters(rb)
+        bad = sorted(got["in"] ^ got["out"])
+        out["mismatches"] = len(bad)
+        out["mismatch_uids"] = bad[:20]
+        out["counter_mismatches"] = counter_mismatches(cnt["in"], cnt["out"], res)
+        for which in set(loads) - {"in", "out"}:
+            out[f"{which}_mismatches"] = len(got["in"] ^ got[which])
+        out["probes"] = len(pr)
+        out["backend"] = backend
+        if repeats <= 0:
+            return out
+        loads["empty"] = rb.reset_firewall  # no rules at all: the cost of the path without a firewall
+        pps: dict[str, list[float]] = {k: [] for k in loads}
+        for _ in range(repeats):
+            for which, load in loads.items():
+                load()
+                m = rb.measure(frames, seconds)
+                pps[which].append(m["sent"] / m["seconds"] if m["seconds"] else 0.0)
+            log("  pps " + ", ".join(f"{k} {v[-1]:,.0f}" for k, v in pps.items()))
+        for which, v in pps.items():
+            out[f"pps_{which}"] = round(statistics.median(v))
+        out["speedup"] = round(out["pps_out"] / out["pps_in"], 2) if out["pps_in"] else None
+        for which in set(loads) - {"in", "out", "empty"}:
+            out[f"speedup_{which}"] = round(out[f"pps_{which}"] / out["pps_in"], 2) if out["pps_in"] else None
+        # HiTables' second figure: the speedup of the filtering alone, the empty path's time per frame taken off
+        t_io, t_in, t_out = (1 / out[f"pps_{k}"] if out[f"pps_{k}"] else 0.0 for k in ("empty", "in", "out"))
+        out["speedup_without_io"] = round((t_in - t_io) / (t_out - t_io), 2) if t_out > t_io else None
+    return out

@@ -8,7 +8,7 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[2] / "mgmt" / "hypafilter"
 # The flow, top of the stack last: a module may import from its own folder and from any folder before it.
-LAYERS = ("root", "ir", "iptables", "analysis", "netfilter", "hw", "targets", "ops", "tools", "cli")
+LAYERS = ("root", "ir", "iptables", "analysis", "optimize", "netfilter", "hw", "targets", "ops", "tools", "cli")
 ROOT_MODULES_MAX = 8
 
 

@@ -54,7 +54,7 @@ format:
 
 # opt-in: the flow sync service over 250,000 conntrack entries on the emulated NIC and on xdp (deploy, kill -9 of the
 # worker, restart; about 3 minutes; `make test` runs the same tests at 20,000). Figures in docs/flowsync.md.
-.PHONY: test-ctscale
+.PHONY: test-ctscale fuzz-optimize
 test-ctscale:
 	@scripts/setup.sh system
 	HF_CT_SCALE=250000 scripts/run-system-tests.sh -n 0 -s tests/system/test_flowsync_scale.py \
@@ -84,6 +84,13 @@ test-xdp-large:
 fuzz:
 	@scripts/setup.sh system
 	CI=true HF_FUZZ_FRAMES=1000000 HF_FUZZ_POLICIES=24 $(PYTEST) -q -s tests/system/test_fuzz.py
+
+# opt-in: `hypafilter optimize` against the kernel on 200 fuzzer policies (docs/optimize.md); OPT_FUZZ_SEEDS=N
+fuzz-optimize:
+	@scripts/setup.sh system
+	PYTHONPATH=mgmt .venv/bin/python -c "import json, sys; from hypafilter.tools.bench.optimize import fuzz; \
+	r = fuzz(range(1, $${OPT_FUZZ_SEEDS:-200} + 1), packets=3000); bad = [x for x in r if x['mismatches'] or x['counter_mismatches']]; \
+	print(json.dumps(bad)); sys.exit(1 if bad else 0)"
 
 # opt-in: XDP target rates (issue: xdp vs iptables vs nft; figures and method in docs/results.md, "XDP target rates").
 # acl1_5k = the first 5,000 rules of acl1_10k, its trace = the acl1_10k trace rows whose first matching rule is among

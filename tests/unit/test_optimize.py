@@ -13,7 +13,7 @@ from hypafilter.iptables.document import read_table
 from hypafilter.iptables.rule import Verbatim
 from hypafilter.ir import PROTO_ICMP, PROTO_TCP, PROTO_UDP, Header
 from hypafilter.optimize.emit import NFT_MAX_DEPTH, _nesting, optimize
-from hypafilter.optimize.tree import Params, movable, prefix_cut, region
+from hypafilter.optimize.tree import Params, movable, prefix_cut, region, region_any
 
 TERMINAL = {"ACCEPT", "DROP", "REJECT"}
 PORTS: set[int] = set()  # port range ends (and their neighbours) of the random policies: headers test them
@@ -229,6 +229,22 @@ def test_a_rule_that_can_drop_a_packet_by_itself_is_placed_by_its_addresses_only
     assert region(loud) == [((0x0A000000, 0, 6, 0, 0), (0x0AFFFFFF, 0xFFFFFFFF, 6, 0xFFFF, 0xFFFF))]
     assert region(quiet) == [((0x0A000000, 0, 6, 0, 80), (0x0AFFFFFF, 0xFFFFFFFF, 6, 0xFFFF, 80))]
     assert movable(loud) is None and movable(quiet) is None
+
+
+def test_a_range_after_a_match_that_drops_a_truncated_header_does_not_narrow_where_truncated_frames_go():
+    tc = read_table(
+        "*filter\n:FORWARD ACCEPT [0:0]\n"
+        "-A FORWARD -p udp -m udp -m iprange --src-range 192.168.9.78-192.168.14.112 -j ACCEPT\n"
+        "-A FORWARD -p udp -m iprange --src-range 192.168.9.78-192.168.14.112 -m udp --dport 53 -j ACCEPT\nCOMMIT\n",
+        "<t>",
+    )
+    after, before = tc.chains["FORWARD"].rules
+    # udp (x_tables) drops a truncated header before iprange is looked at: for any frame the rule is all of UDP
+    assert region_any(after) == [((0, 0, 17, 0, 0), (0xFFFFFFFF, 0xFFFFFFFF, 17, 0xFFFF, 0xFFFF))]
+    assert region_any(before) == [((0xC0A8094E, 0, 17, 0, 0), (0xC0A80E70, 0xFFFFFFFF, 17, 0xFFFF, 0xFFFF))]
+    # a whole frame: both ranges and the port hold
+    assert region(after) == [((0xC0A8094E, 0, 17, 0, 0), (0xC0A80E70, 0xFFFFFFFF, 17, 0xFFFF, 0xFFFF))]
+    assert region(before) == [((0xC0A8094E, 0, 17, 0, 53), (0xC0A80E70, 0xFFFFFFFF, 17, 0xFFFF, 53))]
 
 
 def test_prefix_cuts():

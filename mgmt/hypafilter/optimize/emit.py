@@ -28,7 +28,7 @@ from hypafilter.optimize.tree import (
     Tree,
     build,
     movable,
-    region,
+    regions,
 )
 
 _PROTO_NAMES = {1: "icmp", 6: "tcp", 17: "udp"}
@@ -201,7 +201,7 @@ def optimize(text: str, filename: str, params: Params | None = None, prefix: str
             run = ch.rules[start:i]  # the movable rules before this one
             if len(run) >= min_segment:
                 seg = Segment(name, start, run)
-                seg.tree = build([region(x) for x in run], params)
+                seg.tree = build([regions(x) for x in run], params)
                 _emit_tree(w, seg, [_label(name, start + j, x, base) for j, x in enumerate(run)])
                 segments.append(seg)
                 out.append(("-j", seg.root))

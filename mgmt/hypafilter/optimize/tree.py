@@ -83,27 +83,65 @@ def _addr_iv(a) -> list[tuple[int, int]]:
     return [(0, 0xFFFFFFFF)] if iv is None else iv
 
 
+def _proto_iv(r: ParsedRule) -> list[tuple[int, int]]:
+    if not r.proto:
+        return [(0, 0xFF)]
+    if r.proto_invert:
+        return [(lo, hi) for lo, hi in ((0, r.proto - 1), (r.proto + 1, 0xFF)) if lo <= hi]
+    return [(r.proto, r.proto)]
+
+
+def _meet(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out = [(max(x0, y0), min(x1, y1)) for x0, x1 in a for y0, y1 in b]
+    return [(x, y) for x, y in out if x <= y]
+
+
+def region_any(r: ParsedRule) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Where the rule can act on any packet, a truncated or fragmented one included: its -s, -d and -p (tested by
+    ip_packet_match before any match) and the address ranges of the matches before the first one that may drop a
+    packet whose header it cannot read (tcp, udp, multiport, icmp and every match not in QUIET_MATCHES)."""
+    src, dst = _addr_iv(r.src), _addr_iv(r.dst)
+    for m in r.matches:
+        if isinstance(m, Iprange):
+            for rng_, which in ((m.src, "src"), (m.dst, "dst")):
+                if rng_ is None:
+                    continue
+                lo, hi, inv = rng_
+                iv = [(a, b) for a, b in ((0, lo - 1), (hi + 1, 0xFFFFFFFF)) if a <= b] if inv else [(lo, hi)]
+                if which == "src":
+                    src = _meet(src, iv)
+                else:
+                    dst = _meet(dst, iv)
+        elif isinstance(m, Comment) or (isinstance(m, Verbatim) and m.name in QUIET_MATCHES):
+            continue
+        else:
+            break
+    return [
+        ((s[0], d[0], p[0], 0, 0), (s[1], d[1], p[1], 0xFFFF, 0xFFFF)) for s in src for d in dst for p in _proto_iv(r)
+    ]
+
+
 def region(r: ParsedRule) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
-    """An over-approximation of the packets that reach any match of the rule, as boxes over DIMS."""
+    """Where the rule can act on a whole packet (a TCP/UDP first fragment whose transport header is all there, as
+    below a WHOLE_L4 guard): its header checks when no match of it can drop such a packet by itself, its -s, -d and
+    -p otherwise. The tree uses it only where every TCP/UDP frame is whole; region_any elsewhere."""
     if _quiet(r) and r.boxes:
         seen = {}
         for b in r.boxes:
             key = (tuple(b.lo[c] for c in _COLS), tuple(b.hi[c] for c in _COLS))
             seen[key] = None
         return list(seen)
-    # -s, -d and -p are tested before any match (ip_packet_match); nothing after them narrows safely.
-    if r.proto:
-        pv = [(r.proto, r.proto)]
-        if r.proto_invert:
-            pv = [(lo, hi) for lo, hi in ((0, r.proto - 1), (r.proto + 1, 0xFF)) if lo <= hi]
-    else:
-        pv = [(0, 0xFF)]
     return [
         ((s[0], d[0], p[0], 0, 0), (s[1], d[1], p[1], 0xFFFF, 0xFFFF))
         for s in _addr_iv(r.src)
         for d in _addr_iv(r.dst)
-        for p in pv
+        for p in _proto_iv(r)
     ]
+
+
+def regions(r: ParsedRule) -> tuple[list, list]:
+    """(region_any, region) of a rule: what `build` takes per rule."""
+    return region_any(r), region(r)
 
 
 @dataclass
@@ -154,15 +192,40 @@ class Node:
 
 
 @dataclass
-class Tree:
-    root: Node
+class Boxes:
+    """Boxes over DIMS with the rule each belongs to."""
+
     lo: np.ndarray
     hi: np.ndarray
     owner: np.ndarray
+
+    @staticmethod
+    def of(per_rule: list[list[tuple[tuple[int, ...], tuple[int, ...]]]]) -> Boxes:
+        lo_l, hi_l, own_l = [], [], []
+        for i, boxes in enumerate(per_rule):
+            for lo, hi in boxes:
+                lo_l.append(lo)
+                hi_l.append(hi)
+                own_l.append(i)
+        return Boxes(
+            np.array(lo_l, dtype=np.int64).reshape(-1, 5),
+            np.array(hi_l, dtype=np.int64).reshape(-1, 5),
+            np.array(own_l, dtype=np.int64),
+        )
+
+
+@dataclass
+class Tree:
+    root: Node
+    any: Boxes  # region_any per rule: where a node's TCP/UDP frames may lack readable ports
+    whole: Boxes  # region per rule: below a WHOLE_L4 guard
     size: int  # rules in the segment
     linear: bool = False  # a linear copy of the segment exists (some split reads ports)
     emitted_rules: int = 0
     stats: dict = field(default_factory=dict)
+
+    def boxes(self, rg: Region) -> Boxes:
+        return self.whole if rg.whole_l4 else self.any
 
 
 @dataclass
@@ -186,8 +249,14 @@ def prefix_cut(c: np.ndarray, rlo: int, rhi: int) -> np.ndarray:
     return (c - block <= rlo) | (c + block - 1 >= rhi)
 
 
-def _owners(tree_owner: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    return np.unique(tree_owner[idx])
+def _owners(owner: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    return np.unique(owner[idx])
+
+
+def _inside(bx: Boxes, rg: Region) -> np.ndarray:
+    """Which boxes meet the region."""
+    m = np.all((bx.lo <= np.array(rg.hi)) & (bx.hi >= np.array(rg.lo)), axis=1)
+    return m & _proto_hits(bx.lo, bx.hi, rg)
 
 
 def _proto_hits(lo: np.ndarray, hi: np.ndarray, rg: Region) -> np.ndarray:
@@ -200,21 +269,13 @@ def _proto_hits(lo: np.ndarray, hi: np.ndarray, rg: Region) -> np.ndarray:
     return n > 0
 
 
-def build(rules: list[list[tuple[tuple[int, ...], tuple[int, ...]]]], params: Params | None = None) -> Tree:
-    """A tree over the rules' regions (one list of boxes per rule, in priority order)."""
+def build(rules: list[tuple[list, list]], params: Params | None = None) -> Tree:
+    """A tree over the rules (in priority order), each given as (region_any, region): see `regions`."""
     params = params or Params()
-    lo_l, hi_l, own_l = [], [], []
-    for i, boxes in enumerate(rules):
-        for lo, hi in boxes:
-            lo_l.append(lo)
-            hi_l.append(hi)
-            own_l.append(i)
-    lo = np.array(lo_l, dtype=np.int64).reshape(-1, 5)
-    hi = np.array(hi_l, dtype=np.int64).reshape(-1, 5)
-    owner = np.array(own_l, dtype=np.int64)
-    root = Node(Region((0, 0, 0, 0, 0), tuple(int(x) for x in TOP)), np.arange(len(owner)))
+    any_, whole = Boxes.of([a for a, _ in rules]), Boxes.of([w for _, w in rules])
+    root = Node(Region((0, 0, 0, 0, 0), tuple(int(x) for x in TOP)), np.arange(len(any_.owner)))
     root.rules = len(rules)
-    tree = Tree(root, lo, hi, owner, len(rules))
+    tree = Tree(root, any_, whole, len(rules))
     # Written: the leaves' rules, the dispatch tests, the linear copy, and the jump into the tree.
     budget = params.max_expansion * max(len(rules), 1) - 1
     used = float(len(rules))
@@ -252,30 +313,40 @@ def build(rules: list[list[tuple[tuple[int, ...], tuple[int, ...]]]], params: Pa
 
 def _finish(tree: Tree, node: Node) -> None:
     if node.body is None:
-        node.body = Leaf([int(x) for x in _owners(tree.owner, node.boxes)])
+        node.body = Leaf([int(x) for x in _owners(tree.boxes(node.region).owner, node.boxes)])
         return
     for child in (*node.body.children, node.body.rest):
         _finish(tree, child)
 
 
-def _child(tree: Tree, node: Node, mask: np.ndarray, rg: Region) -> Node:
-    idx = node.boxes[mask]
+def _child(tree: Tree, idx: np.ndarray, rg: Region) -> Node:
+    """A node of region rg holding the boxes idx (indexes into tree.boxes(rg))."""
     n = Node(rg, idx)
-    n.rules = len(_owners(tree.owner, idx))
+    n.rules = len(_owners(tree.boxes(rg).owner, idx))
     return n
+
+
+def _whole_view(tree: Tree, node: Node) -> np.ndarray:
+    """The node's rules seen from below a guard: their whole-packet boxes (tree.whole) that meet its region."""
+    if node.region.whole_l4:
+        return node.boxes
+    owners = _owners(tree.any.owner, node.boxes)
+    return np.flatnonzero(np.isin(tree.whole.owner, owners) & _inside(tree.whole, node.region))
 
 
 def _best_split(tree: Tree, node: Node, params: Params):
     rg, idx = node.region, node.boxes
-    lo, hi = tree.lo[idx], tree.hi[idx]
+    bx = tree.boxes(rg)
+    lo, hi = bx.lo[idx], bx.hi[idx]
     n = node.rules
     cands = []  # (score, builder)
-    # Address and port cuts: children [rlo, c-1] and [c, rhi].
-    dims = [SRC, DST]
+    # Address and port cuts: children [rlo, c-1] and [c, rhi]. A port cut sees the rules as they read a whole
+    # packet (below it, or below the guard it brings, every TCP/UDP frame is whole).
     p = rg.proto()
-    if p in (PROTO_TCP, PROTO_UDP):
-        dims += [SPORT, DPORT]
-    for d in dims:
+    widx = _whole_view(tree, node) if p in (PROTO_TCP, PROTO_UDP) else None
+    for d in [SRC, DST] + ([SPORT, DPORT] if widx is not None else []):
+        if d in (SPORT, DPORT):
+            lo, hi = tree.whole.lo[widx], tree.whole.hi[widx]
         rlo, rhi = rg.lo[d], rg.hi[d]
         clo, chi = np.maximum(lo[:, d], rlo), np.minimum(hi[:, d], rhi)
         pts = np.unique(np.concatenate([clo[clo > rlo], chi[chi < rhi] + 1]))
@@ -289,7 +360,7 @@ def _best_split(tree: Tree, node: Node, params: Params):
             pts = np.unique(np.concatenate([pts, geo[(geo > rlo) & (geo <= rhi)]]))
         left = (clo[:, None] < pts[None, :]).sum(axis=0)
         right = (chi[:, None] >= pts[None, :]).sum(axis=0)
-        nb = len(idx)
+        nb = len(lo)
         score = np.maximum(left, right) + params.dup_weight * (left + right - nb)
         if d in (SRC, DST):
             score = score + params.range_cost * ~prefix_cut(pts, rlo, rhi)
@@ -297,6 +368,7 @@ def _best_split(tree: Tree, node: Node, params: Params):
         if max(left[k], right[k]) >= nb:
             continue
         cands.append((float(score[k]), ("range", d, int(pts[k]))))
+    lo, hi = bx.lo[idx], bx.hi[idx]
     # Protocol: the most common single protocols, then the rest.
     if p is None:
         single = lo[:, PROTO] == hi[:, PROTO]
@@ -311,9 +383,9 @@ def _best_split(tree: Tree, node: Node, params: Params):
             rest = int(_proto_hits(lo, hi, other).sum())
             sizes.append(rest)
             # A split that only fixes the protocol still pays: ports can be cut below it.
-            if max(sizes) < len(idx) or (
-                rest < len(idx) and np.any(lo[:, SPORT:] > 0) | np.any(hi[:, SPORT:] < 0xFFFF)
-            ):
+            mine = np.isin(tree.whole.owner, _owners(bx.owner, idx))
+            ports = bool(np.any(tree.whole.lo[mine, SPORT:] > 0) or np.any(tree.whole.hi[mine, SPORT:] < 0xFFFF))
+            if max(sizes) < len(idx) or (rest < len(idx) and ports):
                 score = max(sizes) + params.dup_weight * (sum(sizes) - len(idx)) + 0.5 * (len(keep) - 1)
                 cands.append((score, ("proto", PROTO, tuple(keep))))
     if not cands:
@@ -324,11 +396,14 @@ def _best_split(tree: Tree, node: Node, params: Params):
         lrg = rg.with_dim(d, rg.lo[d], c - 1)
         rrg = rg.with_dim(d, c, rg.hi[d])
         guard = None
-        if d in (SPORT, DPORT) and not rg.whole_l4 and params.guard:
-            guard = p
+        use, ubx = idx, bx
+        if d in (SPORT, DPORT):
+            if not rg.whole_l4 and params.guard:
+                guard = p
             lrg.whole_l4 = rrg.whole_l4 = True
-        left = _child(tree, node, lo[:, d] <= c - 1, lrg)
-        right = _child(tree, node, hi[:, d] >= c, rrg)
+            use, ubx = widx, tree.whole
+        left = _child(tree, use[ubx.lo[use, d] <= c - 1], lrg)
+        right = _child(tree, use[ubx.hi[use, d] >= c], rrg)
         split = Split("range", d, [(d, rg.lo[d], c - 1)], [left], right, guard)
         sizes = [left.rules, right.rules]
         cost = 1 + (1 if guard is not None else 0)
@@ -336,9 +411,9 @@ def _best_split(tree: Tree, node: Node, params: Params):
         children = []
         for v in arg:
             crg = rg.with_dim(PROTO, v, v, excluded=frozenset())
-            children.append(_child(tree, node, (lo[:, PROTO] <= v) & (hi[:, PROTO] >= v), crg))
+            children.append(_child(tree, idx[(lo[:, PROTO] <= v) & (hi[:, PROTO] >= v)], crg))
         orr = rg.with_dim(PROTO, rg.lo[PROTO], rg.hi[PROTO], excluded=rg.excluded | frozenset(arg))
-        rest = _child(tree, node, _proto_hits(lo, hi, orr), orr)
+        rest = _child(tree, idx[_proto_hits(lo, hi, orr)], orr)
         split = Split("proto", PROTO, list(arg), children, rest)
         sizes = [c.rules for c in children] + [rest.rules]
         cost = len(arg)

@@ -66,6 +66,13 @@ def _with_uid(frame: bytes, uid: int) -> bytes:
     return frame[:8] + uid.to_bytes(4, "big") + frame[12:]
 
 
+def forget_state(rb: pktrate.RateBench) -> None:
+    """Conntrack entries and `-m recent` lists outlive a reload of the rules: clear them, so that each policy sees
+    the probes from the same empty state."""
+    netns.run(["conntrack", "-F"], rb.ns_f, check=False)
+    netns.run(["sh", "-c", 'for f in /proc/net/xt_recent/*; do [ -e "$f" ] && echo / > "$f"; done; true'], rb.ns_f)
+
+
 def delivered(rb: pktrate.RateBench, probes: list[tuple[int, bytes]]) -> set[int]:
     from hypafilter.ops.verify import drain, frame_id, raw_socket, receive, send
 
@@ -208,6 +215,7 @@ def run(text: str, res: Result, rows, seconds: float = 2.0, repeats: int = 3, pr
         got, cnt = {}, {}
         for which, load in loads.items():
             load()
+            forget_state(rb)
             got[which] = delivered(rb, pr)
             if which in ("in", "out"):
                 cnt[which] = counters(rb)
@@ -237,4 +245,49 @@ def run(text: str, res: Result, rows, seconds: float = 2.0, repeats: int = 3, pr
         # HiTables' second figure: the speedup of the filtering alone, the empty path's time per frame taken off
         t_io, t_in, t_out = (1 / out[f"pps_{k}"] if out[f"pps_{k}"] else 0.0 for k in ("empty", "in", "out"))
         out["speedup_without_io"] = round((t_in - t_io) / (t_out - t_io), 2) if t_out > t_io else None
+    return out
+
+
+def fuzz(seeds, packets: int = 3000, params=None, min_segment: int = 4, log=print) -> list[dict]:
+    """`optimize` against the kernel on the fuzzer's random policies (tools.fuzz.random_policy: user chains with
+    RETURN and goto, MARK read back, conntrack states, strings, observing rules, per-rule state), trees forced small
+    (`params`, default binth 2): each policy and its rewrite alone in the kernel, the same probes (rule corners,
+    drawn headers, malformed frames, attack shapes) through both. One report per seed."""
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.ops.verify import ATTACK_SHAPES, ProbeSpec
+    from hypafilter.optimize.emit import optimize
+    from hypafilter.optimize.tree import Params
+    from hypafilter.tools.fuzz import random_policy
+
+    params = params or Params(binth=2)
+    blaster = pktrate.build_blaster(BUILD_ROOT / "bench")
+    out = []
+    with pktrate.RateBench(blaster, f"htz{random.randrange(10**4)}") as rb:
+        for seed in seeds:
+            text = random_policy(seed, rules=random.Random(seed).randint(20, 40))
+            res = optimize(text, f"fuzz-{seed}.rules", params, min_segment=min_segment)
+            policy = parse_policy(text, f"fuzz-{seed}.rules")
+            spec = ProbeSpec(packets, seed=seed, cover=True, attack=ATTACK_SHAPES, attack_share=0.1)
+            pr = [(p.uid, p.frame) for p in spec.probes(policy, dst_mac=pktrate.DST_MAC)]
+            got, cnt = {}, {}
+            for which, body in (("in", text), ("out", res.text)):
+                rb.load_restore(body)
+                forget_state(rb)
+                got[which] = delivered(rb, pr)
+                cnt[which] = counters(rb)
+            rep = {
+                "seed": seed,
+                "rules_in": res.rules_in,
+                "rules_out": res.rules_out,
+                "trees": len(res.segments),
+                "rules_in_trees": sum(len(s.rules) for s in res.segments),
+                "probes": len(pr),
+                "delivered": len(got["in"]),
+                "mismatches": len(got["in"] ^ got["out"]),
+                "mismatch_uids": sorted(got["in"] ^ got["out"])[:10],
+                "counter_mismatches": counter_mismatches(cnt["in"], cnt["out"], res),
+            }
+            log(f"seed {seed}: {rep['rules_in']} rules, {rep['trees']} trees over {rep['rules_in_trees']}, "
+                f"{rep['mismatches']} mismatches, {len(rep['counter_mismatches'])} counter mismatches")  # fmt: skip
+            out.append(rep)
     return out

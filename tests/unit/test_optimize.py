@@ -85,7 +85,9 @@ def random_policy(rng: random.Random, n: int) -> tuple[str, list[tuple[int, int]
             text, lo, hi = _net(rng)
             nets.append((lo, hi))
             opts += ["-d", text]
-        p = rng.choice(("tcp", "udp", "udp", "icmp", None))
+        p = rng.choice(("tcp", "udp", "udp", "icmp", None, "!icmp"))
+        if p == "!icmp":  # every protocol but one: its boxes hold protocol 0, which `-p 0` cannot test
+            opts += ["!", "-p", "icmp"]
         if p in ("tcp", "udp"):
             opts += ["-p", p]
             r = rng.random()

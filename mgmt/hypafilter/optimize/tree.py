@@ -373,8 +373,11 @@ def _best_split(tree: Tree, node: Node, params: Params):
     if p is None:
         single = lo[:, PROTO] == hi[:, PROTO]
         vals, counts = np.unique(lo[single, PROTO], return_counts=True)
+        # (protocol 0 cannot be tested: `-p 0` means every protocol)
         keep = [
-            int(v) for v, _ in sorted(zip(vals, counts, strict=True), key=lambda t: -t[1]) if int(v) not in rg.excluded
+            int(v)
+            for v, _ in sorted(zip(vals, counts, strict=True), key=lambda t: -t[1])
+            if int(v) not in rg.excluded and v != 0
         ]
         keep = keep[:4]
         if keep:

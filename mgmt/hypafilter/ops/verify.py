@@ -1029,8 +1029,6 @@ def _verify(
     host = state.get("nic_mode") == "host"
     if host and spec.packets > HOST_SEEN_MAX:
         raise HypafilterError(f"host mode observes at most {HOST_SEEN_MAX} frames per run: use fewer --packets")
-    if host and connections is not None:
-        raise HypafilterError("--connections runs between the lab's sender and receiver: not in host mode (INPUT)")
     lab.host_mode(host)
     ns = {"send": lab.ns_send, "recv": lab.ns_recv, "fw": lab.ns_fw, "plain": lab.ns_plain, "nic": lab.ns_nic}
     t0 = time.monotonic()
@@ -1090,22 +1088,35 @@ def _verify(
     )
     if connections is not None:
         report["connections"] = verify_connections(
-            lab, policy, connections, lambda: tgt.counters(state["nic"]), lambda: flush_conntrack(lab, tgt, state)
+            lab,
+            policy,
+            connections,
+            lambda: tgt.counters(state["nic"]),
+            lambda: flush_conntrack(lab, tgt, state),
+            host=host,
         )
     return report
 
 
 def verify_connections(
-    lab: Lab, policy: Policy, spec: ConnectionSpec, counters: Callable[[], dict], flush: Callable[[], None]
+    lab: Lab,
+    policy: Policy,
+    spec: ConnectionSpec,
+    counters: Callable[[], dict],
+    flush: Callable[[], None],
+    host: bool = False,
 ) -> dict:
     """The connections of `spec` on both paths (ops.connections), compared per connection, from empty conntrack
     tables in the firewall and the plain namespace (`flush` empties them); `counters` reads the NIC's, for
-    hw_share."""
-    conns = spec.conns(policy)
+    hw_share. `host` (host mode, INPUT): connections into the host and out of it (the host's replies and its own
+    connections leave through OUTPUT, which the policy leaves alone; INPUT judges what comes in), between the sender
+    and the firewall on the hybrid path, the sender and the plain namespace on the oracle's."""
+    conns = spec.conns(policy, host=host)
     flush()
     before = counters()
     t = time.monotonic()
-    got = connections.run_both(lab, conns, spec.nbytes)
+    with connections.host_connections(lab) if host else contextlib.nullcontext():
+        got = connections.run_both(lab, conns, spec.nbytes)
     seconds = time.monotonic() - t
     nic = _counter_delta(before, counters())
     report = connections.compare(conns, got, spec.nbytes)

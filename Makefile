@@ -83,7 +83,7 @@ test-xdp-large:
 .PHONY: fuzz
 fuzz:
 	@scripts/setup.sh system
-	CI=true HF_FUZZ_FRAMES=1000000 HF_FUZZ_POLICIES=24 $(PYTEST) -q -s tests/system/test_fuzz.py
+	CI=true HF_FUZZ_FRAMES=1000000 HF_FUZZ_POLICIES=24 HF_FUZZ_ALL_PAIRS=1 $(PYTEST) -q -s tests/system/test_fuzz.py
 
 # opt-in: XDP target rates (issue: xdp vs iptables vs nft; figures and method in docs/results.md, "XDP target rates").
 # acl1_5k = the first 5,000 rules of acl1_10k, its trace = the acl1_10k trace rows whose first matching rule is among

@@ -29,6 +29,7 @@ HASHLIMIT = """*filter
 -A FORWARD -p tcp -m tcp --dport 22 -j ACCEPT
 -A FORWARD -p udp -m udp --dport 53 -m hashlimit --hashlimit-upto 1/min --hashlimit-burst 3 --hashlimit-mode srcip,dstport --hashlimit-name vlmdns -j ACCEPT
 -A FORWARD -p tcp -m multiport --dports 80,443 -j ACCEPT
+-A FORWARD -p icmp -m icmp --icmp-type 8 -m limit --limit 1/min --limit-burst 3 -j ACCEPT
 COMMIT
 """
 
@@ -134,24 +135,32 @@ def test_ufw_limit_ssh(lab, tmp_path):
 
 def test_hashlimit_policy(lab, tmp_path):
     """A FORWARD policy with two hashlimit tables (SSH SYNs per source `--hashlimit-above 2/min` burst 4 dropped,
-    DNS per source and port `--hashlimit-upto 1/min` burst 3 accepted) whose buckets run out during the run: the run
-    is shorter than one token's refill, so each bucket passes its burst and refuses the rest on both paths. 0
-    mismatches in bridge mode; then the firewall's copy of the SSH rule with a larger burst: mismatches."""
+    DNS per source and port `--hashlimit-upto 1/min` burst 3 accepted) and a `-m limit` (pings, 1/min burst 3)
+    whose buckets run out during the run: the run is shorter than one token's refill, so each bucket passes its
+    burst and refuses the rest on both paths. 0 mismatches in bridge mode; then the firewall's copy of the SSH rule
+    with a larger burst: exactly its extra SYNs mismatch (the limit's bucket, spent by the first run, is full again
+    in both paths: verify renewed the firewall's rule)."""
     deploy.undeploy()
     pol = parse_policy(HASHLIMIT, filename="hashlimit.rules", base_chain="FORWARD", config=Config())
     limited = refuse_nondeterministic(pol)
-    assert [(x.match, x.upto, x.burst) for x in limited] == [("hashlimit", False, 4), ("hashlimit", True, 3)]
-    rows = floods(8, 4, 22, 6, 0x02) + floods(6, 3, 53, 17, 0) + floods(3, 3, 80, 6, 0x02)
+    assert [(x.match, x.upto, x.burst) for x in limited] == [
+        ("hashlimit", False, 4),
+        ("hashlimit", True, 3),
+        ("limit", True, 3),
+    ]
+    pings = [(0x0A090100 + i % 2, 0x0A0A0001, 0, 0, 1, 0) for i in range(7)]  # ICMP from a trace: echo requests
+    rows = floods(8, 4, 22, 6, 0x02) + floods(6, 3, 53, 17, 0) + floods(3, 3, 80, 6, 0x02) + pings
     t = trace(tmp_path, rows)
     r = verify(pol, Config(), packets=len(rows), trace=t, malformed=0.0, bad_share=0.0)
     lim = r["limited"]
     print({k: r[k] for k in ("packets", "mismatches", "delivered_oracle")}, lim)
     assert r["mismatches"] == 0 and lim["mismatches"] == 0, (r["examples"][:3], lim["examples"])
-    ssh, dns = lim["rules"]
+    ssh, dns, ping = lim["rules"]
     assert ssh["oracle"] == 4 * (8 - 4)  # each source's SYNs past the burst: the DROP rule matched them
     assert dns["oracle"] == 3 * 3  # each source's first three datagrams: the ACCEPT rule matched them
+    assert ping["oracle"] == 3  # one bucket for the rule: the first three pings
     assert "one token's refill" in ssh["held"]
-    assert r["delivered_oracle"] == 4 * 4 + 3 * 3 + 3 * 3
+    assert r["delivered_oracle"] == 4 * 4 + 3 * 3 + 3 * 3 + 3
 
     # New tables in the firewall (a table of an existing name keeps its first settings and its spent buckets).
     tamper(lab.ns_fw, "--hashlimit-name vlmssh", "--hashlimit-burst 4", "--hashlimit-burst 6")
@@ -160,4 +169,5 @@ def test_hashlimit_policy(lab, tmp_path):
     bad = verify(pol, Config(), packets=len(rows), trace=t, malformed=0.0, bad_share=0.0, live=True)
     print({k: bad[k] for k in ("mismatches", "delivered_oracle", "delivered_hybrid")}, bad["limited"])
     assert bad["mismatches"] == 4 * 2 and bad["delivered_hybrid"] == bad["delivered_oracle"] + 4 * 2
-    assert bad["limited"]["mismatches"] == 2  # the firewall holds neither rule as the policy has it
+    assert bad["limited"]["mismatches"] == 2  # the firewall holds neither hashlimit rule as the policy has it
+    assert bad["limited"]["rules"][2]["hybrid"] == bad["limited"]["rules"][2]["oracle"] == 3

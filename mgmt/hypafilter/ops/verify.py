@@ -159,8 +159,6 @@ def comparable_state(match: str, opts: list[str]) -> bool:
 # State only the rule itself reads: on a rule that only observes (LOG, NFLOG, no target...) it changes what is logged,
 # never a verdict, so verify compares such a policy's verdicts (and reports those rules' counters as not comparable).
 PER_RULE_STATE = frozenset({"statistic", "random", "nth", "limit", "quota", "time", "cpu", "rateest"})
-# Rate limits and timed lists that verify compares under run-time conditions (Limited, docs/verify.md).
-TIMED = frozenset({"limit", "hashlimit", "recent"})
 LIMIT_BURST_DEFAULT = 5  # xt_limit's and xt_hashlimit's burst when the rule names none
 RECENT_MARGIN = 1.0  # seconds of a timed recent list's window that a run leaves unused (clock reads, jiffies)
 
@@ -168,12 +166,6 @@ RECENT_MARGIN = 1.0  # seconds of a timed recent list's window that a run leaves
 def observing_target(target: str) -> bool:
     """A target that never decides and changes no state another rule reads (or no target at all)."""
     return not target or target in OBSERVING_TARGETS
-
-
-def unverifiable(matches: list[str], target: str) -> list[str]:
-    """The matches of a rule (its `_matches_in` list) that make verdicts incomparable: every nondeterministic one,
-    except per-rule state on an observing rule."""
-    return [m for m in matches if m in NONDETERMINISTIC and not (observing_target(target) and m in PER_RULE_STATE)]
 
 
 def _token_target(toks) -> str:

@@ -83,7 +83,7 @@ test-xdp-large:
 .PHONY: fuzz
 fuzz:
 	@scripts/setup.sh system
-	CI=true HF_FUZZ_FRAMES=1000000 HF_FUZZ_POLICIES=24 $(PYTEST) -q -s tests/system/test_fuzz.py
+	CI=true HF_FUZZ_FRAMES=1000000 HF_FUZZ_POLICIES=24 HF_FUZZ_ALL_PAIRS=1 $(PYTEST) -q -s tests/system/test_fuzz.py
 
 # opt-in: `hypafilter optimize` against the kernel on 200 fuzzer policies (docs/optimize.md); OPT_FUZZ_SEEDS=N
 fuzz-optimize:

@@ -132,11 +132,13 @@ def test_refuses_random_matches():
 
 
 def test_cli_refusal_changes_nothing(tmp_path):
-    f = tmp_path / "lim.rules"
-    f.write_text("*filter\n:FORWARD ACCEPT [0:0]\n-A FORWARD -m limit --limit 5/s -j ACCEPT\nCOMMIT\n")
+    f = tmp_path / "rand.rules"  # (a rate limit is compared now: docs/verify.md; chance never is)
+    f.write_text(
+        "*filter\n:FORWARD ACCEPT [0:0]\n-A FORWARD -m statistic --mode random --probability 0.5 -j DROP\nCOMMIT\n"
+    )
     env = dict(os.environ, HF_LAB="hfnone", HF_STATE_DIR=str(tmp_path / "state"))
     p = subprocess.run([sys.executable, "-m", "hypafilter", "verify", str(f)], capture_output=True, text=True, env=env)
-    assert p.returncode == 2 and "refuses match 'limit'" in p.stderr, p.stderr
+    assert p.returncode == 2 and "refuses match 'statistic'" in p.stderr, p.stderr
     assert not (tmp_path / "state").exists()
 
 

@@ -81,3 +81,61 @@ def test_a_second_run_starts_clean(lab, tmp_path, capsys):
     first = run_verify(tmp_path, capsys, CONNTRACK_FIRST)
     again = run_verify(tmp_path, capsys, CONNTRACK_FIRST)
     assert (first["completed_oracle"], first["by_kind"]) == (again["completed_oracle"], again["by_kind"])
+
+
+@pytest.fixture
+def host_lab(request):
+    """A lab of its own per target for host mode (INPUT), with deploy pointed at it; down afterwards."""
+    import shutil
+
+    from hypafilter.ops import deploy
+    from hypafilter.ops.lab import Lab
+
+    from conftest import need_root
+
+    need_root()
+    target = request.param
+    name, state = f"vhc{target[0]}", f"/run/hypafilter/test-vhc{target[0]}"
+    was = (deploy.LAB_NAME, deploy.STATE_DIR)
+    deploy.configure(lab=name, state_dir=state)
+    shutil.rmtree(state, ignore_errors=True)
+    lab = Lab(name, target=target)
+    lab.down()
+    lab.up()
+    try:
+        yield lab
+    finally:
+        try:
+            deploy.undeploy()
+        finally:
+            lab.down()
+            shutil.rmtree(state, ignore_errors=True)
+            deploy.configure(*was)
+
+
+@pytest.mark.parametrize("host_lab", ["emu", "xdp"], indirect=True)
+def test_host_mode_connections(host_lab):
+    """Host mode (an INPUT policy): real TCP and UDP connections into the host (servers in the firewall and in the
+    plain namespace) and out of it (the host the client, INPUT judging the replies), compared per connection with
+    the kernel's; some complete and some are refused (the chain policy DROP), on both targets."""
+    import re
+
+    from hypafilter.config import Config
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.ops.connections import ConnectionSpec
+    from hypafilter.ops.verify import verify
+
+    from conftest import ROOT
+
+    src = (ROOT / "tests" / "system" / "test_host_mode.py").read_text()
+    text = re.search(r'HOST_POLICY = """(.*?)"""', src, re.S).group(1)
+    pol = parse_policy(text, filename="host.rules", base_chain="INPUT", config=Config())
+    spec = ConnectionSpec(16, nbytes=2000)
+    r = verify(pol, Config(target=host_lab.target), packets=300, seed=3, connections=spec)
+    c = r["connections"]
+    print({k: c[k] for k in ("connections", "mismatches", "completed_oracle", "completed_hybrid", "by_kind")})
+    assert r["nic_mode"] == "host" and r["mismatches"] == 0, r["examples"][:3]
+    assert c["mismatches"] == 0, c["examples"][:3]
+    conns = spec.conns(pol, host=True)
+    assert {x.direction for x in conns} == {"in", "out"} and {x.proto for x in conns} == {"tcp", "udp"}
+    assert c["completed_oracle"] == c["completed_hybrid"] and 0 < c["completed_oracle"] < len(conns)

@@ -104,7 +104,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
             print(json.dumps({"connections": {k: conn[k] for k in keep}}))
             for ex in conn["examples"]:
                 print(f"connection mismatch: {json.dumps(ex)}", file=sys.stderr)
-    return 1 if report["mismatches"] or report["observers"]["mismatches"] or (conn and conn["mismatches"]) else 0
+    lim = report.get("limited", {})
+    if lim.get("rules") and not args.json:
+        print(json.dumps({"limited": {k: lim[k] for k in ("rules", "mismatches", "seconds")}}))
+        for ex in lim["examples"]:
+            print(f"limited rule mismatch: {json.dumps(ex)}", file=sys.stderr)
+    bad = report["mismatches"] or report["observers"]["mismatches"] or lim.get("mismatches")
+    return 1 if bad or (conn and conn["mismatches"]) else 0
 
 
 def register(sub) -> None:

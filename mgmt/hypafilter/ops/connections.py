@@ -10,6 +10,7 @@ to the end; the server reads to the end and answers with what came, reversed (`r
 
 from __future__ import annotations
 
+import contextlib
 import select
 import socket
 import struct
@@ -159,10 +160,17 @@ class UdpServers:
 
 
 def _tcp_client(
-    ns: str, dst: str, port: int, message: bytes, timeout: float, sport: int | None, want: int | None = None
+    ns: str,
+    dst: str,
+    port: int,
+    message: bytes,
+    timeout: float,
+    sport: int | None,
+    want: int | None = None,
+    src: str = "0.0.0.0",
 ) -> tuple[bytes, bool]:
-    """Connect from `ns`, send `message`, shut the sending side, read to the end (or until `want` bytes came):
-    (what came back, whether it all went without an error)."""
+    """Connect from `ns` (from address `src`), send `message`, shut the sending side, read to the end (or until
+    `want` bytes came): (what came back, whether it all went without an error)."""
     with inside(ns):
         c = socket.socket()
     c.settimeout(timeout)
@@ -170,7 +178,7 @@ def _tcp_client(
     try:
         if sport is not None:
             c.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            c.bind(("0.0.0.0", sport))
+            c.bind((src, sport))
         c.connect((dst, port))
         c.sendall(message)
         c.shutdown(socket.SHUT_WR)
@@ -226,18 +234,23 @@ def udp_delivered(
 
 # ---- a set of connections on both paths ---------------------------------------------------------------------------
 
+DIRECTIONS = ("in", "out")  # host mode: to the host (servers in the firewall), from it (servers at the sender)
+
 
 @dataclass(frozen=True)
 class Conn:
-    """One connection: "tcp" or "udp", the server port, the client's source port."""
+    """One connection: "tcp" or "udp", the server port, the client's source port; `direction` in host mode ("in":
+    the sender connects to the host, "out": the host connects to the sender), "" in bridge mode (sender to
+    receiver, through the firewall)."""
 
     proto: str
     port: int
     sport: int
+    direction: str = ""
 
     @property
     def name(self) -> str:
-        return f"{self.proto}/{self.sport}->{self.port}"
+        return f"{self.proto}/{self.sport}->{self.port}" + (f" ({self.direction})" if self.direction else "")
 
 
 @dataclass(frozen=True)
@@ -259,13 +272,15 @@ class ConnectionSpec:
                 f"--connection-kinds takes {' and/or '.join(KINDS)}, each once (got {','.join(self.kinds) or 'none'})"
             )
 
-    def conns(self, policy: Policy) -> list[Conn]:
-        """The kinds in turn, each cycling through the ports the policy's rules name (policy_ports)."""
+    def conns(self, policy: Policy, host: bool = False) -> list[Conn]:
+        """The kinds in turn, each cycling through the ports the policy's rules name (policy_ports); `host`: the
+        directions in turn too, every kind into the host, then every kind out of it."""
         ports = policy_ports(policy)
         out = []
         for i in range(self.connections):
             proto = self.kinds[i % len(self.kinds)]
-            out.append(Conn(proto, ports[proto][(i // 2) % len(ports[proto])], SPORT_BASE + i))
+            direction = DIRECTIONS[(i // len(self.kinds)) % 2] if host else ""
+            out.append(Conn(proto, ports[proto][(i // 2) % len(ports[proto])], SPORT_BASE + i, direction))
         return out
 
 
@@ -292,26 +307,101 @@ def _datagrams(n: int) -> list[bytes]:
     return [SEQ.pack(k) + _payload(min(UDP_CHUNK, n - at), k) for k, at in enumerate(range(0, n, UDP_CHUNK))]
 
 
-def run_path(lab, path: str, conns: Sequence[Conn], nbytes: int, tcp: TcpServers, udp: UdpServers) -> list[dict]:
-    """Run `conns` on one path ("hyb" or "plain") against running servers; per connection its outcome: completed,
-    what arrived up (client to server) and down (TCP: bytes; UDP: the sequence numbers of the datagrams) and
-    whether what came back was what was sent, reversed."""
-    dst, src = lab.ip("recv", path), lab.ip("send", path)
+@dataclass(frozen=True)
+class Ends:
+    """Where a connection of one path and direction runs: its client in `client_ns` connects to `dst`, its server
+    listens in `server_ns` and sees the client as `src`."""
+
+    client_ns: str
+    server_ns: str
+    dst: str
+    src: str
+
+
+# Host mode: the host's address on each path, in the sender's subnet of that path (lab.ADDRS), so the sender reaches
+# it on-link (Lab.host_connections gives both ends static neighbours and the host a route back).
+HOST_ADDRESS = {"hyb": "10.0.254.1", "plain": "10.1.254.1"}
+HOST_ROLE = {"hyb": "fw", "plain": "plain"}
+
+
+def ends(lab, path: str, direction: str) -> Ends:
+    """The ends of a connection of `direction` ("" bridge mode, "in", "out": host mode) on `path`."""
+    sender = lab.ip("send", path)
+    if direction == "in":
+        return Ends(lab.ns_send, lab.ns(HOST_ROLE[path]), HOST_ADDRESS[path], sender)
+    if direction == "out":
+        return Ends(lab.ns(HOST_ROLE[path]), lab.ns_send, sender, HOST_ADDRESS[path])
+    return Ends(lab.ns_send, lab.ns_recv, lab.ip("recv", path), sender)
+
+
+@contextlib.contextmanager
+def host_connections(lab):
+    """Host mode (Lab.host_mode on): the host (the firewall, and the plain namespace for the oracle) reachable at
+    HOST_ADDRESS[path] from the sender, and able to answer it, while the connections run: static neighbours both
+    ways (no ARP, which the host's bridges would answer for every address), a /32 route to the sender in the
+    host's local table (where `local 0.0.0.0/0` would take the sender's address for the host's own), and the host's
+    own traffic to the sender let out of hf_host's quiet chain (which keeps the host silent while verify's frames
+    run). All taken back afterwards."""
+    from hypafilter.ops.lab import BRIDGES, HOST_MAC, HOST_TABLE
+
+    undo: list[tuple[str, list[str]]] = []
+    try:
+        for path, role in HOST_ROLE.items():
+            ns, br = lab.ns(role), BRIDGES[role][0]
+            sender, sender_if = lab.ip("send", path), f"{path}0"
+            lab.exec_in(
+                lab.ns_send,
+                [
+                    "ip",
+                    "neigh",
+                    "replace",
+                    HOST_ADDRESS[path],
+                    "lladdr",
+                    HOST_MAC,
+                    "dev",
+                    sender_if,
+                    "nud",
+                    "permanent",
+                ],
+            )
+            undo.append((lab.ns_send, ["ip", "neigh", "del", HOST_ADDRESS[path], "dev", sender_if]))
+            lab.exec_in(
+                ns, ["ip", "neigh", "replace", sender, "lladdr", lab.mac("send", path), "dev", br, "nud", "permanent"]
+            )
+            undo.append((ns, ["ip", "neigh", "del", sender, "dev", br]))
+            route = [f"{sender}/32", "dev", br, "table", "local", "src", HOST_ADDRESS[path]]
+            lab.exec_in(ns, ["ip", "route", "replace", *route])
+            undo.append((ns, ["ip", "route", "del", *route]))
+            lab.exec_in(ns, ["nft", "insert", "rule", "inet", HOST_TABLE, "quiet", "ip", "daddr", sender, "accept"])
+            undo.append((ns, ["nft", "flush", "chain", "inet", HOST_TABLE, "quiet"]))  # has no rules of its own
+        yield
+    finally:
+        for ns, argv in reversed(undo):
+            lab.exec_in(ns, argv, check=False)
+
+
+def run_path(
+    lab, path: str, conns: Sequence[Conn], nbytes: int, tcp: dict[str, TcpServers], udp: dict[str, UdpServers]
+) -> list[dict]:
+    """Run `conns` on one path ("hyb" or "plain") against running servers (`tcp`, `udp`: by namespace); per
+    connection its outcome: completed, what arrived up (client to server) and down (TCP: bytes; UDP: the sequence
+    numbers of the datagrams) and whether what came back was what was sent, reversed."""
 
     def one(c: Conn) -> dict:
+        e = ends(lab, path, c.direction)
         if c.proto == "tcp":
             message = _payload(nbytes, c.sport)
-            out, ok = _tcp_client(lab.ns_send, dst, c.port, message, TIMEOUT, c.sport)
+            out, ok = _tcp_client(e.client_ns, e.dst, c.port, message, TIMEOUT, c.sport, src=e.src)
             return {"completed": ok, "down": len(out), "intact": out == message[::-1][: len(out)]}
         grams = _datagrams(nbytes)
-        with inside(lab.ns_send):
+        with inside(e.client_ns):
             s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         back, intact = set(), True
         try:
-            s.bind(("0.0.0.0", c.sport))
+            s.bind((e.src, c.sport))  # the path's own address: the other path's client has the same port
             s.settimeout(TIMEOUT / 2)
             for g in grams:
-                s.sendto(g, (dst, c.port))
+                s.sendto(g, (e.dst, c.port))
             while len(back) < len(grams):
                 g = s.recv(65536)
                 k = SEQ.unpack_from(g)[0] if len(g) >= SEQ.size else -1
@@ -325,28 +415,40 @@ def run_path(lab, path: str, conns: Sequence[Conn], nbytes: int, tcp: TcpServers
 
     with ThreadPoolExecutor(PARALLEL) as pool:
         results = list(pool.map(one, conns))
-    tcp.settle()
-    udp.quiet(0.2)
-    up_udp: dict[tuple[int, int], list[int]] = {}
-    for addr, sport, port, data in udp.got:
-        if addr == src and len(data) >= SEQ.size:
-            up_udp.setdefault((sport, port), []).append(SEQ.unpack_from(data)[0])
+    for srv in tcp.values():
+        srv.settle()
+    for srv in udp.values():
+        srv.quiet(0.2)
     for c, r in zip(conns, results, strict=True):
+        e = ends(lab, path, c.direction)
         if c.proto == "tcp":
-            r["up"] = tcp.received.get((src, c.sport, c.port), 0)
+            r["up"] = tcp[e.server_ns].received.get((e.src, c.sport, c.port), 0)
             r["completed"] &= r["up"] == nbytes and r["down"] == nbytes
         else:
-            r["up"] = sorted(up_udp.get((c.sport, c.port), []))
+            up = [d for a, sp, p, d in udp[e.server_ns].got if (a, sp, p) == (e.src, c.sport, c.port)]
+            r["up"] = sorted(SEQ.unpack_from(d)[0] for d in up if len(d) >= SEQ.size)
             r["completed"] &= len(r["up"]) == len(_datagrams(nbytes))
     return results
 
 
 def run_both(lab, conns: Sequence[Conn], nbytes: int, repeat: int = 1) -> dict[str, list[dict]]:
-    """Outcomes of the same connections on the hybrid path, then on the plain one (see run_path)."""
-    tcp_ports = [c.port for c in conns if c.proto == "tcp"]
-    udp_ports = [c.port for c in conns if c.proto == "udp"]
-    with TcpServers(lab.ns_recv, tcp_ports, repeat) as tcp, UdpServers(lab.ns_recv, udp_ports, echo=True) as udp:
-        return {path: run_path(lab, path, conns, nbytes, tcp, udp) for path in ("hyb", "plain")}
+    """Outcomes of the same connections on the hybrid path and on the plain one (see run_path), the two paths side
+    by side: they share no namespace but the sender's and the receiver's (whose servers tell them apart by the
+    client's address), so a blocked connection costs its timeout once, not once per path."""
+    with contextlib.ExitStack() as stack:
+        tcp: dict[str, TcpServers] = {}
+        udp: dict[str, UdpServers] = {}
+        where: dict[str, dict[str, set[int]]] = {}
+        for path in ("hyb", "plain"):
+            for c in conns:
+                ns = ends(lab, path, c.direction).server_ns
+                where.setdefault(ns, {"tcp": set(), "udp": set()})[c.proto].add(c.port)
+        for ns, ports in where.items():
+            tcp[ns] = stack.enter_context(TcpServers(ns, sorted(ports["tcp"]), repeat))
+            udp[ns] = stack.enter_context(UdpServers(ns, sorted(ports["udp"]), echo=True))
+        with ThreadPoolExecutor(2) as pool:
+            runs = {path: pool.submit(run_path, lab, path, conns, nbytes, tcp, udp) for path in ("hyb", "plain")}
+            return {path: f.result() for path, f in runs.items()}
 
 
 def compare(conns: Sequence[Conn], got: dict[str, list[dict]], nbytes: int) -> dict:

@@ -159,17 +159,13 @@ def comparable_state(match: str, opts: list[str]) -> bool:
 # State only the rule itself reads: on a rule that only observes (LOG, NFLOG, no target...) it changes what is logged,
 # never a verdict, so verify compares such a policy's verdicts (and reports those rules' counters as not comparable).
 PER_RULE_STATE = frozenset({"statistic", "random", "nth", "limit", "quota", "time", "cpu", "rateest"})
+LIMIT_BURST_DEFAULT = 5  # xt_limit's and xt_hashlimit's burst when the rule names none
+RECENT_MARGIN = 1.0  # seconds of a timed recent list's window that a run leaves unused (clock reads, jiffies)
 
 
 def observing_target(target: str) -> bool:
     """A target that never decides and changes no state another rule reads (or no target at all)."""
     return not target or target in OBSERVING_TARGETS
-
-
-def unverifiable(matches: list[str], target: str) -> list[str]:
-    """The matches of a rule (its `_matches_in` list) that make verdicts incomparable: every nondeterministic one,
-    except per-rule state on an observing rule."""
-    return [m for m in matches if m in NONDETERMINISTIC and not (observing_target(target) and m in PER_RULE_STATE)]
 
 
 def _token_target(toks) -> str:
@@ -180,24 +176,354 @@ def _token_target(toks) -> str:
     return ""
 
 
-def refuse_nondeterministic(policy: Policy) -> None:
-    """HypafilterError naming file:line of the first rule whose verdict is not a function of the frame."""
-    for r in policy.rules:
-        for group in r.complex:
-            for m in unverifiable(_matches_in(group), r.target):
-                if m:
-                    where = f"{r.origin.file}:{r.origin.line}" if r.origin else policy.source
-                    raise HypafilterError(
-                        f"{where}: verify refuses match '{m}' ({NONDETERMINISTIC[m]}): its verdict is not a function "
-                        "of the frame, so the hybrid path and the oracle cannot be compared frame by frame"
-                    )
-    for name, uc in policy.user_chains.items():
-        for toks in uc.rules:
-            for m in unverifiable(_matches_in(toks), _token_target(toks)):
-                if m:
-                    raise HypafilterError(
-                        f"{policy.source}: chain {name}: verify refuses match '{m}' ({NONDETERMINISTIC[m]})"
-                    )
+def _groups(toks) -> list[tuple[str, list[str]]]:
+    """(match name, its options) of every `-m` of a rule, in order; the options end at the next -m or the target."""
+    toks = list(toks)
+    starts = [i for i, t in enumerate(toks[:-1]) if t in ("-m", "--match")]
+    out = []
+    for n, i in enumerate(starts):
+        end = starts[n + 1] if n + 1 < len(starts) else len(toks)
+        opts = toks[i + 2 : end]
+        for j, t in enumerate(opts):
+            if t in ("-j", "--jump", "-g", "--goto"):
+                opts = opts[:j]
+                break
+        out.append((toks[i + 1], opts))
+    return out
+
+
+def _shared_state(toks) -> bool:
+    """Matches whose state other rules read: a recent list it writes (--set, --update, --remove), a hashlimit
+    table (named, shared by every rule of that name)."""
+    return any(m == "hashlimit" or (m == "recent" and "--rcheck" not in o) for m, o in _groups(toks))
+
+
+def policy_groups(policy: Policy) -> list[tuple[str, list[str]]]:
+    """(match name, options) of every match of every rule of the policy (_groups)."""
+    return [g for rules in chains_of(policy).values() for toks in rules for g in _groups(toks)]
+
+
+def chains_of(policy: Policy) -> dict[str, list[tuple[str, ...]]]:
+    """The policy's chains as the oracle loads them (policy_restore): the base chain's rules as written, every user
+    chain verbatim; each rule as its tokens after the chain name."""
+    return {policy.base_chain: list(policy.original_rules), **{n: list(c.rules) for n, c in policy.user_chains.items()}}
+
+
+def neutral_rules(chains: dict[str, list[tuple[str, ...]]]) -> set[tuple[str, int]]:
+    """(chain, index) of the rules whose outcome changes no verdict and no state another rule reads: a rule that
+    only observes (LOG, NFLOG, no target), a jump (-j, not -g) to a chain whose rules are all such, and a RETURN
+    after which the chain holds only such rules (whether it returns or runs on to its end, the caller goes on from
+    the same place); none of them writes a recent list or a hashlimit table. ufw's logging chains are such: their
+    `-m limit` decides what is logged, never a verdict (ufw-logging-deny's `-m limit ... -j RETURN`)."""
+    neutral: set[tuple[str, int]] = set()
+    log_only: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for name, rules in chains.items():
+            for i, toks in enumerate(rules):
+                if (name, i) in neutral or _shared_state(toks):
+                    continue
+                t = _token_target(toks)
+                goto = "-g" in toks or "--goto" in toks
+                rest = all((name, j) in neutral for j in range(i + 1, len(rules)))
+                if observing_target(t) or (t in log_only and not goto) or (t == "RETURN" and rest):
+                    neutral.add((name, i))
+                    changed = True
+            if name not in log_only and all((name, i) in neutral for i in range(len(rules))):
+                log_only.add(name)
+                changed = True
+    return neutral
+
+
+RATE_UNITS = {
+    "s": 1,
+    "sec": 1,
+    "second": 1,
+    "m": 60,
+    "min": 60,
+    "minute": 60,
+    "h": 3600,
+    "hour": 3600,
+    "d": 86400,
+    "day": 86400,
+}
+HASHLIMIT_EXPIRE_DEFAULT = 10.0  # seconds: xt_hashlimit's --hashlimit-htable-expire when the rule names none
+
+
+def token_seconds(rate: str) -> float | None:
+    """Seconds one token of a packet rate takes to refill (`3/min` -> 20.0); None for a rate iptables would not
+    take or a byte rate (`1kb/s`)."""
+    n, _, unit = rate.partition("/")
+    unit = unit.lower() or "s"
+    if not n.isdigit() or int(n) == 0 or unit not in RATE_UNITS:
+        return None
+    return RATE_UNITS[unit] / int(n)
+
+
+@dataclass(frozen=True)
+class Limited:
+    """A rule whose verdict a rate limit (-m limit, -m hashlimit) or a timed recent list (-m recent --seconds or
+    --reap) can decide. verify makes both paths start the same (full buckets, empty lists) and compares it under
+    conditions it checks after the run (limits_after; the argument: docs/verify.md)."""
+
+    where: str
+    chain: str
+    index: int  # its position in `chain` as the oracle loads it
+    match: str  # limit, hashlimit, recent
+    opts: tuple[str, ...]
+    upto: bool = False  # the match is true while within the rate (limit, --hashlimit-upto)
+    last: bool = False  # the rule's last match
+    burst: int = 0
+    token: float = 0.0  # seconds one token takes to refill
+    expire: float = 0.0  # hashlimit: seconds an idle entry lives
+    seconds: int = 0  # recent: --seconds
+    name: str = ""  # hashlimit table or recent list
+
+    def describe(self) -> str:
+        return f"{self.where}: -m {self.match} {' '.join(self.opts)}"
+
+
+def _limited(where: str, chain: str, index: int, toks) -> tuple[list[Limited], list[str]]:
+    """The Limited matches of a rule and the names of the matches verify cannot compare at all."""
+    groups = _groups(toks)
+    out, refused = [], []
+    for k, (m, opts) in enumerate(groups):
+        if m not in NONDETERMINISTIC or comparable_state(m, opts):
+            continue
+        last = k == len(groups) - 1
+        if m == "limit":
+            token = token_seconds(_value(opts, "--limit") or "3/hour")  # xt_limit's default rate
+            burst = int(_value(opts, "--limit-burst") or LIMIT_BURST_DEFAULT)
+            if token is None:
+                refused.append(m)
+                continue
+            out.append(Limited(where, chain, index, m, tuple(opts), True, last, burst, token))
+        elif m == "hashlimit":
+            above = _value(opts, "--hashlimit-above")
+            token = token_seconds(above or _value(opts, "--hashlimit-upto") or _value(opts, "--hashlimit") or "")
+            # a byte rate (a packet's cost is its length) or the rate-match mode: not a bucket of packets
+            if token is None or {"--hashlimit-rate-match", "--hashlimit-rate-interval"} & set(opts):
+                refused.append(m)
+                continue
+            burst = int(_value(opts, "--hashlimit-burst") or LIMIT_BURST_DEFAULT)
+            expire = int(_value(opts, "--hashlimit-htable-expire") or HASHLIMIT_EXPIRE_DEFAULT * 1000) / 1000
+            name = _value(opts, "--hashlimit-name") or ""
+            out.append(Limited(where, chain, index, m, tuple(opts), not above, last, burst, token, expire, name=name))
+        elif m == "recent" and {"--seconds", "--reap"} & set(opts):
+            seconds = int(_value(opts, "--seconds") or 0)
+            if seconds <= 0:
+                refused.append(m)
+                continue
+            name = _value(opts, "--name") or "DEFAULT"
+            out.append(Limited(where, chain, index, m, tuple(opts), last=last, seconds=seconds, name=name))
+        else:
+            refused.append(m)
+    return out, refused
+
+
+def refuse_nondeterministic(policy: Policy, limits: bool = True) -> list[Limited]:
+    """HypafilterError naming file:line of the first rule whose verdict is not a function of the frame; else the
+    rules verify compares under run-time conditions (Limited). Per-rule state on a neutral rule (neutral_rules)
+    never decides a verdict. `limits=False` (what a benchmark takes, which checks nothing after its run): the
+    Limited rules are refused too."""
+    chains = chains_of(policy)
+    neutral = neutral_rules(chains)
+    lines = list(dict.fromkeys(r.origin.line for r in policy.rules if r.origin))
+    found: list[Limited] = []
+    for chain, rules in chains.items():
+        for i, toks in enumerate(rules):
+            if chain == policy.base_chain:
+                line = lines[i] if len(lines) == len(rules) else None
+                where = f"{policy.source}:{line}" if line else f"{policy.source}: chain {chain} rule {i + 1}"
+            else:
+                where = f"{policy.source}: chain {chain} rule {i + 1}"
+            matches = _matches_in(toks)
+            skip = PER_RULE_STATE if (chain, i) in neutral else frozenset()
+            bad = [m for m in matches if m in NONDETERMINISTIC and m not in skip]
+            if not bad:
+                continue
+            limited, refused = _limited(where, chain, i, toks)
+            limited = [x for x in limited if x.match not in skip]
+            if not limits and limited:
+                refused.append(limited[0].match)
+            for m in refused:
+                raise HypafilterError(
+                    f"{where}: verify refuses match '{m}' ({NONDETERMINISTIC[m]}): its verdict is not a function "
+                    "of the frame, so the hybrid path and the oracle cannot be compared frame by frame"
+                )
+            found += limited
+    return found
+
+
+# ---- rate limits and timed lists at run time ---------------------------------------------------------------------
+
+HASHLIMIT_FULL_WAIT = 5.0  # seconds verify waits for spent hashlimit buckets of an earlier run to fill up again
+
+
+def _saved_rules(ns: str, table: str) -> list[tuple[str, list[str], int]]:
+    """(chain, tokens after the chain name, packets) of every rule in `ns`'s table, from `iptables-save -c`."""
+    out = []
+    for line in netns.run(["iptables-save", "-c", "-t", table], ns).splitlines():
+        if line.startswith("[") and "] -A " in line:
+            head, _, rest = line.partition("] -A ")
+            chain, _, body = rest.partition(" ")
+            out.append((chain, shlex.split(body), int(head[1:].split(":")[0])))
+    return out
+
+
+def _contains(toks: list[str], part: list[str]) -> bool:
+    n = len(part)
+    return any(toks[i : i + n] == part for i in range(len(toks) - n + 1))
+
+
+def _count(saved: list[tuple[str, list[str], int]], part: list[str]) -> int:
+    """Packets of the saved rules that hold the match `part` (every copy of a rule in the firewall adds up)."""
+    return sum(n for _, toks, n in saved if _contains(toks, part))
+
+
+def _fragment(lim: Limited, oracle: list[tuple[str, list[str], int]]) -> list[str]:
+    """The limited match as the kernel renders it (`-m NAME` and its options, from the oracle's own rule)."""
+    rules = [toks for chain, toks, _ in oracle if chain == lim.chain]
+    if lim.index >= len(rules):
+        raise HypafilterError(f"verify: {lim.where} is not in the oracle's table")
+    for m, opts in _groups(rules[lim.index]):
+        if m == lim.match and (lim.match != "recent" or {"--seconds", "--reap"} & set(opts)):
+            return ["-m", m, *opts]
+    raise HypafilterError(f"verify: {lim.where}: -m {lim.match} not found in the oracle's rendering of the rule")
+
+
+def _proc_net(ns: str, path: str) -> str | None:
+    """The text of /proc/net/<path> as namespace `ns` sees it; None when it does not exist."""
+    with netns.inside(ns):
+        try:
+            with open(f"/proc/thread-self/net/{path}") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+
+def clear_recent(ns: str, name: str) -> None:
+    """Empty the recent list `name` in `ns` (xt_recent: writing "/" to its /proc file), if it exists."""
+    with netns.inside(ns):
+        try:
+            with open(f"/proc/thread-self/net/xt_recent/{name}", "w") as f:
+                f.write("/\n")
+        except FileNotFoundError:
+            pass
+
+
+def hashlimit_spent(ns: str, name: str) -> int:
+    """Entries of hashlimit table `name` in `ns` whose bucket is not full (credit below its cap, as the kernel
+    prints it after refilling: /proc/net/ipt_hashlimit/<name>); a full entry acts as a new one."""
+    text = _proc_net(ns, f"ipt_hashlimit/{name}") or ""
+    spent = 0
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) >= 5 and int(f[-3]) < int(f[-2]):
+            spent += 1
+    return spent
+
+
+RATE_MARGIN = 0.9  # a run must stay under this share of one token's refill time, less RECENT_MARGIN
+
+
+def _renew_limits(limited: list[Limited], ns: str, table: str, oracle: list[tuple[str, list[str], int]]) -> None:
+    """Every rule of `ns` that holds a Limited -m limit replaced by itself (`iptables -R`): a new rule instance,
+    whose bucket the kernel fills when it loads it (xt_limit keeps its state per instance)."""
+    parts = [_fragment(lim, oracle) for lim in limited if lim.match == "limit"]
+    if not parts:
+        return
+    position: dict[str, int] = {}
+    for chain, toks, _ in _saved_rules(ns, table):
+        position[chain] = position.get(chain, 0) + 1
+        if any(_contains(toks, part) for part in parts):
+            netns.run(["iptables", "-w", "-t", table, "-R", chain, str(position[chain]), *toks], ns)
+
+
+def limits_before(limited: list[Limited], policy: Policy, lab_ns: dict[str, str], table: str) -> dict:
+    """Both paths' limit state made the same before the frames (docs/verify.md): every recent list of the policy
+    emptied; every Limited -m limit a new rule instance in the firewall (the oracle's policy was just loaded); every
+    hashlimit table of a Limited rule full (waiting up to HASHLIMIT_FULL_WAIT for buckets an earlier run spent).
+    Then the rules' counters and the clock."""
+    recent = {_value(o, "--name") or "DEFAULT" for m, o in policy_groups(policy) if m == "recent"}
+    if not limited and not recent:
+        return {"start": time.monotonic(), "fw": [], "plain": []}
+    for name in sorted(recent):
+        for role in ("fw", "plain"):
+            clear_recent(lab_ns[role], name)
+    _renew_limits(limited, lab_ns["fw"], table, _saved_rules(lab_ns["plain"], table))
+    deadline = time.monotonic() + HASHLIMIT_FULL_WAIT
+    for lim in limited:
+        if lim.match != "hashlimit":
+            continue
+        for role in ("fw", "plain"):
+            while (n := hashlimit_spent(lab_ns[role], lim.name)) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if n:
+                raise HypafilterError(
+                    f"verify: no verdict for {lim.where}: hashlimit table {lim.name} in {lab_ns[role]} still holds "
+                    f"{n} spent buckets of an earlier run after {HASHLIMIT_FULL_WAIT:.0f} s; run verify again later"
+                )
+    return {
+        "start": time.monotonic(),
+        "fw": _saved_rules(lab_ns["fw"], table),
+        "plain": _saved_rules(lab_ns["plain"], table),
+    }
+
+
+def limit_condition(lim: Limited, elapsed: float, delta: dict[str, int]) -> tuple[str, str]:
+    """(the condition of docs/verify.md that held, "") or ("", why none did), for a Limited rule over a run of
+    `elapsed` seconds from full buckets and empty lists, its rule having matched `delta` packets on each path."""
+    if lim.match == "recent":
+        if elapsed < lim.seconds - RECENT_MARGIN:
+            return f"the run took {elapsed:.1f} s, under --seconds {lim.seconds}: every hit inside the window", ""
+        return "", f"the run took {elapsed:.1f} s, not under --seconds {lim.seconds} less {RECENT_MARGIN:.0f} s"
+    if not delta["hybrid"] and not delta["oracle"]:
+        return "its rule matched no packet on either path", ""
+    bound = lim.token * RATE_MARGIN - RECENT_MARGIN
+    if lim.match == "hashlimit":
+        bound = min(bound, lim.expire - RECENT_MARGIN)
+    if elapsed < bound:
+        return (
+            f"the run took {elapsed:.1f} s, under one token's refill ({lim.token:g} s): the first {lim.burst} "
+            "packets of each bucket pass, every later one is refused, on both paths",
+            "",
+        )
+    if lim.upto and lim.last and max(delta.values()) < lim.burst:
+        return f"its rule passed {max(delta.values())} packets, under the burst {lim.burst}: never refused one", ""
+    return "", (
+        f"matched {delta['oracle']} packets on the oracle path and {delta['hybrid']} on the hybrid one in "
+        f"{elapsed:.1f} s, longer than {bound:.1f} s (one token's refill, {lim.token:g} s, less a margin), and "
+        f"{'not under its burst' if lim.upto and lim.last else 'not as its rule last match of a rate'}: the "
+        "paths' clocks may decide differently"
+    )
+
+
+def limits_after(limited: list[Limited], before: dict, lab_ns: dict[str, str], table: str) -> dict:
+    """The Limited rules' counters on both paths over the run and the condition that held for each
+    (limit_condition; HypafilterError, no verdict, when none did). A rule whose counters differ between the paths
+    is a mismatch: the hybrid ran it on other frames than the kernel did."""
+    elapsed = time.monotonic() - before["start"]
+    rows: list[dict] = []
+    if not limited:
+        return {"rules": rows, "mismatches": 0, "examples": [], "seconds": round(elapsed, 3)}
+    after = {role: _saved_rules(lab_ns[role], table) for role in ("fw", "plain")}
+    examples = []
+    for lim in limited:
+        part = _fragment(lim, after["plain"])
+        delta = {
+            "hybrid": _count(after["fw"], part) - _count(before["fw"], part),
+            "oracle": _count(after["plain"], part) - _count(before["plain"], part),
+        }
+        held, undecided = limit_condition(lim, elapsed, delta)
+        row = {"rule": lim.describe(), **delta, "held": held}
+        if delta["hybrid"] != delta["oracle"]:
+            examples.append(row)
+        elif undecided:
+            raise HypafilterError(f"verify: no verdict for {lim.describe()}: it {undecided}; send fewer --packets")
+        rows.append(row)
+    return {"rules": rows, "mismatches": len(examples), "examples": examples[:10], "seconds": round(elapsed, 3)}
 
 
 # ---- frames -------------------------------------------------------------------------------------------------------
@@ -947,8 +1273,16 @@ def _counter_delta(before: dict, after: dict) -> dict:
 
 def load_oracle(ns: str, policy: Policy, table: str = "filter", unfilterable: str = "drop") -> None:
     """The original policy alone into the plain namespace (the whole table replaced), with the deployment's
-    handling of frames the bridge cannot filter (netfilter.bridge)."""
+    handling of frames the bridge cannot filter (netfilter.bridge). A policy with hashlimit tables starts from an
+    empty table first, until the kernel has dropped the tables of the last load: a table outlives a reload that
+    keeps its name, buckets an earlier run spent included (limits_before)."""
+    names = {_value(o, "--hashlimit-name") or "" for m, o in policy_groups(policy) if m == "hashlimit"} - {""}
     try:
+        if names:
+            netns.run(["iptables-restore", "-w"], ns, input=f"*{table}\nCOMMIT\n")
+            deadline = time.monotonic() + 5.0
+            while any(_proc_net(ns, f"ipt_hashlimit/{n}") is not None for n in names) and time.monotonic() < deadline:
+                time.sleep(0.05)
         netns.run(["iptables-restore", "-w"], ns, input=policy_restore(policy, table))
         netns.run(["nft", "-f", "-"], ns, input=unfilterable_nft(unfilterable))
     except netns.CommandError as e:
@@ -1011,10 +1345,10 @@ def verify(
     `connections`, then run those real connections on both paths and compare them too (report["connections"]).
     Returns the report dict. The policy sync service's lazy rebuild does not replace the NIC (program) while it runs
     (deploy.measuring)."""
-    refuse_nondeterministic(policy)
+    limited = refuse_nondeterministic(policy)
     spec = ProbeSpec(**probes)
     with deploy.measuring():
-        return _verify(policy, config, log, connections, live, spec)
+        return _verify(policy, config, log, connections, live, spec, limited)
 
 
 def _verify(
@@ -1024,13 +1358,12 @@ def _verify(
     connections: ConnectionSpec | None,
     live: bool,
     spec: ProbeSpec,
+    limited: list[Limited] = (),
 ) -> dict:
     lab, state = _deployed(policy, config, log, live)
     host = state.get("nic_mode") == "host"
     if host and spec.packets > HOST_SEEN_MAX:
         raise HypafilterError(f"host mode observes at most {HOST_SEEN_MAX} frames per run: use fewer --packets")
-    if host and connections is not None:
-        raise HypafilterError("--connections runs between the lab's sender and receiver: not in host mode (INPUT)")
     lab.host_mode(host)
     ns = {"send": lab.ns_send, "recv": lab.ns_recv, "fw": lab.ns_fw, "plain": lab.ns_plain, "nic": lab.ns_nic}
     t0 = time.monotonic()
@@ -1042,6 +1375,7 @@ def _verify(
     shim_before = sh.stats()
     flush_conntrack(lab, tgt, state)
     obs_before = {role: observers.snapshot(ns[role], config.table) for role in ("fw", "plain")}
+    lim_before = limits_before(list(limited), policy, ns, config.table)
     t1 = time.monotonic()
     closed = None
     if tgt.window_stages is not None:
@@ -1057,6 +1391,7 @@ def _verify(
         with quiet_stacks(ns):
             got = exchange(ns, sent, lab=lab if host else None)
     t_run = time.monotonic() - t1
+    report_limited = limits_after(list(limited), lim_before, ns, config.table)
     nic = _counter_delta(nic_before, tgt.counters(state["nic"]))
     shim = _counter_delta({k: v for k, v in shim_before.items() if k != "config"}, sh.stats())
     shim.pop("config", None)
@@ -1068,6 +1403,7 @@ def _verify(
         observers.settled(ns["plain"], config.table),
         comparable=lambda text: not NONDETERMINISTIC.keys() & set(_matches_in(shlex.split(text))),
     )
+    report["limited"] = report_limited
     report.update(
         {
             "shunted": sum(v for k, v in nic.items() if k.startswith("CNT_SHUNT_") and k != "CNT_SHUNT_FORCED"),
@@ -1090,22 +1426,35 @@ def _verify(
     )
     if connections is not None:
         report["connections"] = verify_connections(
-            lab, policy, connections, lambda: tgt.counters(state["nic"]), lambda: flush_conntrack(lab, tgt, state)
+            lab,
+            policy,
+            connections,
+            lambda: tgt.counters(state["nic"]),
+            lambda: flush_conntrack(lab, tgt, state),
+            host=host,
         )
     return report
 
 
 def verify_connections(
-    lab: Lab, policy: Policy, spec: ConnectionSpec, counters: Callable[[], dict], flush: Callable[[], None]
+    lab: Lab,
+    policy: Policy,
+    spec: ConnectionSpec,
+    counters: Callable[[], dict],
+    flush: Callable[[], None],
+    host: bool = False,
 ) -> dict:
     """The connections of `spec` on both paths (ops.connections), compared per connection, from empty conntrack
     tables in the firewall and the plain namespace (`flush` empties them); `counters` reads the NIC's, for
-    hw_share."""
-    conns = spec.conns(policy)
+    hw_share. `host` (host mode, INPUT): connections into the host and out of it (the host's replies and its own
+    connections leave through OUTPUT, which the policy leaves alone; INPUT judges what comes in), between the sender
+    and the firewall on the hybrid path, the sender and the plain namespace on the oracle's."""
+    conns = spec.conns(policy, host=host)
     flush()
     before = counters()
     t = time.monotonic()
-    got = connections.run_both(lab, conns, spec.nbytes)
+    with connections.host_connections(lab) if host else contextlib.nullcontext():
+        got = connections.run_both(lab, conns, spec.nbytes)
     seconds = time.monotonic() - t
     nic = _counter_delta(before, counters())
     report = connections.compare(conns, got, spec.nbytes)

@@ -378,10 +378,14 @@ def fuzz_policy(
     after: Callable[[str, str, int], None] | None = None,
     log: Callable[[str], None] = lambda s: None,
     target: str = "emu",
+    attack: tuple[str, ...] = (),
+    attack_share: float = 0.0,
 ) -> Tally:
     """`frames` frames per (mode, strategy) pair through verify, frame seed = seed·100 + the pair's number in
     COMBOS (so a subset of `pairs` sends the same frames per pair as the whole run); `after` runs after each pair
-    with the deployment still up (the connection checks); `target`: the fast path (emu, xdp)."""
+    with the deployment still up (the connection checks); `target`: the fast path (emu, xdp); `attack`: the
+    attack shapes (verify.ATTACK_SHAPES) drawn for a share `attack_share` of the frames, counted by kind
+    attack_<shape>."""
     tally = tally or Tally()
     for n, (mode, strategy) in enumerate(pairs):
         t = time.monotonic()
@@ -393,6 +397,8 @@ def fuzz_policy(
             seed=frame_seed,
             malformed=malformed,
             kinds=kinds,
+            attack=attack,
+            attack_share=attack_share,
         )
         tally.add(report, policy_seed=seed, mode=mode, strategy=strategy, frame_seed=frame_seed)
         log(

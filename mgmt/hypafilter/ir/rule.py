@@ -11,6 +11,7 @@ import hashlib
 from dataclasses import dataclass, field
 
 from hypafilter.ir.box import Box
+from hypafilter.ir.sets import SetInfo, SetSlot
 
 # Action codes as carried in the shunt metadata M[27:24] and the low 4 bits of the netfilter mark.
 ACTION_NONE, ACTION_ACCEPT, ACTION_DROP = 0, 1, 2
@@ -113,6 +114,10 @@ class Policy:
     # Every interface check so resolved, in the base chain and the user chains it reaches: (where, the check's
     # option tokens, what it became for NIC frames), for reports.
     resolved: list[tuple[Origin | None, tuple[str, ...], str]] = field(default_factory=list)
+    # The set slots the simple rules' boxes test (bit i of Box.sets_mask = set_slots[i]; at most MAX_SET_SLOTS),
+    # and the sets the front end read (live or --ipsets), by name: what a target fills its tables from.
+    set_slots: tuple[SetSlot, ...] = ()
+    sets: dict[str, SetInfo] = field(default_factory=dict)
 
     @property
     def simple_indices(self) -> list[int]:

@@ -41,6 +41,10 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         deploy.configure_from_state()
     cfg = deploy.site_config(cfg)  # the policy's interface checks meet the lab's interfaces
     policy = load_policy(args, cfg)
+    if policy.ipsets_file:  # --ipsets: the sets created where the policy is loaded, before it (docs/sets.md)
+        from hypafilter.netfilter import ipset
+
+        ipset.restore(deploy.NS_FW, policy.ipsets_text)
     before = deploy.read_state()
     state = deploy.deploy(policy, cfg, target=cfg.target, force=args.force, log=progress(args))
     summary = _summary(state)

@@ -118,6 +118,11 @@ class Policy:
     # and the sets the front end read (live or --ipsets), by name: what a target fills its tables from.
     set_slots: tuple[SetSlot, ...] = ()
     sets: dict[str, SetInfo] = field(default_factory=dict)
+    # Every set match of the flattened rules and what became of it (iptables.sets.SetNote: slot or why complex).
+    set_notes: list = field(default_factory=list)
+    # The `ipset save` text the sets came from when given as a file (--ipsets): what labs and the oracle create.
+    ipsets_text: str = ""
+    ipsets_file: str = ""  # the file it came from ("": the live kernel's sets, read where the firewall runs)
 
     @property
     def simple_indices(self) -> list[int]:
@@ -138,6 +143,8 @@ class Policy:
         for name in sorted(self.user_chains):
             lines.append(f"chain {name}")
             lines += [" ".join(r) for r in self.user_chains[name].rules]
+        for i, slot in enumerate(self.set_slots):  # the set types shape the fast path (their contents do not)
+            lines.append(f"set slot {i} {slot.name} {slot.settype} {','.join(slot.dirs)}")
         return "\n".join(lines) + "\n"
 
     def policy_hash(self) -> str:

@@ -430,7 +430,9 @@ def _check_interfaces(policy: Policy) -> None:
 def _kernel_check(policy: Policy, config: Config) -> None:
     if kernel.available() is not None:
         return
-    errors = kernel.check(*kernel.policy_lines(policy, config.table), table=config.table)
+    errors = kernel.check(
+        *kernel.policy_lines(policy, config.table), table=config.table, sets_text=policy.ipsets_text or None
+    )
     if errors:
         raise HypafilterError(
             "; ".join(str(e) for e in errors[:5]) + (f" (and {len(errors) - 5} more)" if len(errors) > 5 else "")

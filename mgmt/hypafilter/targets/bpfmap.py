@@ -109,3 +109,57 @@ class PinnedArray:
         struct.pack_into("=I", cur, 4 * word, v & 0xFFFFFFFF)
         self.write(bytes(cur), index)
         return old
+
+
+BPF_MAP_DELETE_ELEM, BPF_MAP_GET_NEXT_KEY = 3, 4
+
+
+class PinnedMap(PinnedArray):
+    """Any pinned map (hash, LPM trie, array) with byte keys: look-ups, updates, deletes and the keys it holds."""
+
+    def _kv(self, cmd: int, key: bytes, value: ctypes.Array | None) -> int:
+        if len(key) != self.key_size:
+            raise HypafilterError(f"{self.path}: a key of {len(key)} bytes, the map's are {self.key_size}")
+        k = ctypes.create_string_buffer(key, self.key_size)
+        attr = ctypes.create_string_buffer(128)
+        struct.pack_into(
+            "=IIQQQ", attr, 0, self.fd, 0, ctypes.addressof(k), ctypes.addressof(value) if value is not None else 0, 0
+        )
+        try:
+            return _bpf(cmd, attr)
+        except OSError as e:
+            if e.errno == errno.ENOENT:
+                return -1
+            raise HypafilterError(f"{self.path}: {e.strerror}") from e
+
+    def get(self, key: bytes) -> bytes | None:
+        buf = ctypes.create_string_buffer(self.value_size)
+        return None if self._kv(BPF_MAP_LOOKUP_ELEM, key, buf) < 0 else buf.raw
+
+    def put(self, key: bytes, value: bytes) -> None:
+        if len(value) != self.value_size:
+            raise HypafilterError(f"{self.path}: a value of {len(value)} bytes, the map holds {self.value_size}")
+        self._kv(BPF_MAP_UPDATE_ELEM, key, ctypes.create_string_buffer(value, self.value_size))
+
+    def delete(self, key: bytes) -> bool:
+        """Remove `key`; False when it was not there."""
+        return self._kv(BPF_MAP_DELETE_ELEM, key, None) >= 0
+
+    def keys(self) -> list[bytes]:
+        """Every key the map holds now (BPF_MAP_GET_NEXT_KEY from none)."""
+        out: list[bytes] = []
+        nxt = ctypes.create_string_buffer(self.key_size)
+        attr = ctypes.create_string_buffer(128)
+        cur = None
+        while True:
+            struct.pack_into(
+                "=IIQQQ", attr, 0, self.fd, 0, ctypes.addressof(cur) if cur is not None else 0, ctypes.addressof(nxt), 0
+            )
+            try:
+                _bpf(BPF_MAP_GET_NEXT_KEY, attr)
+            except OSError as e:
+                if e.errno == errno.ENOENT:
+                    return out
+                raise HypafilterError(f"{self.path}: {e.strerror}") from e
+            out.append(nxt.raw)
+            cur = ctypes.create_string_buffer(nxt.raw, self.key_size)

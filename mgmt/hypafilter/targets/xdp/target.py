@@ -31,10 +31,13 @@ import numpy as np
 from hypafilter import netns
 from hypafilter.analysis.overlay import Overlay, View, box_key
 from hypafilter.errors import HypafilterError
+from hypafilter.ir.sets import MAX_SET_SLOTS
 from hypafilter.targets.base import DECISIONS, SHUNTED, Expected, Target, WindowStages
 from hypafilter.targets.bpfmap import PinnedArray
 from hypafilter.targets.xdp import newflows
 from hypafilter.targets.xdp.build import build_loader, build_program
+from hypafilter.targets.xdp import sets as setmaps
+from hypafilter.targets.xdp.sets import SET_CAPACITY
 from hypafilter.targets.xdp.tables import (
     CtConfig,
     build_tables,
@@ -124,6 +127,8 @@ class XdpTarget(Target):
     window_stages = WINDOW
     flowsync_mode = "liberal"  # no flow cache: the program reads conntrack, the service marks entries liberal
     flowsync_down = "no new TCP entry is marked liberal"
+    set_slots = MAX_SET_SLOTS  # one BPF map per slot (docs/sets.md)
+    set_capacity = SET_CAPACITY
     _new_flows_why_not = ""  # why a conntrack miss is not ct 3, from the last ct_config (newflows.why_not)
 
     def missing(self) -> str | None:
@@ -190,7 +195,17 @@ class XdpTarget(Target):
         for i, name in enumerate(ports):
             mate = ports[i ^ 1] if (i ^ 1) < len(ports) else None
             args += ["--port", f"{name}={i}" + (f":{mate}" if mate and self.config.nic_mode == "bridge" else "")]
+        slots = json.loads(obj.with_name("shape.json").read_text()).get("sets", [])
+        if slots:  # the host's ipset watcher, and its count map shared with this program (docs/sets.md)
+            setmaps.ensure_watcher(self.build_root)
+            setmaps.link_seq(pin)
         self._tool("start", args, ns=True)
+        if slots:
+            sm = setmaps.SetMaps(pin, slots, self.site.netns)
+            try:
+                sm.hold()  # nothing decided by the (empty) set tables before their first sync
+            finally:
+                sm.close()
         info = {
             "binary": str(obj),
             "shape": obj.parent.name,
@@ -307,6 +322,7 @@ class XdpTarget(Target):
         if shape_id(shape) != info["shape"].split("-")[0] and not t.fits(_shape_of(info)):
             raise HypafilterError(f"the plan's tables do not fit the running program (shape {info['shape']})")
         path = self._run_dir() / f"{info['name']}-{generation}.tables"
+        sets = self.sync_sets(info)  # the set tables equal the kernel's sets before the tables enable anything
         ct = self.ct_config(plan)
         data = tables_file(t, _shape_of(info), self.control(plan), generation, ct, hold=known is not None)
         path.write_bytes(data)
@@ -325,7 +341,21 @@ class XdpTarget(Target):
             # new flows: a conntrack miss is ct 3 (decided when dropped), or why not (docs/xdp.md "New flows")
             "new_flows": "decided" if ct.none else (self._new_flows_why_not or "no conntrack lookup"),
             "overlay": overlay_state(t.overlay if t.overlay is not None else Overlay.empty(t.n, 0)),
+            **({"sets": sets} if sets else {}),
         }
+
+    def sync_sets(self, info: dict) -> dict:
+        """The program's set tables made equal to the kernel's sets now and released (docs/sets.md); {} for a
+        program without set slots."""
+        slots = _shape_of(info).get("sets", [])
+        if not slots:
+            return {}
+        sm = setmaps.SetMaps(info["pin"], slots, self.site.netns)
+        try:
+            r = sm.sync()
+        finally:
+            sm.close()
+        return {"slots": [s["name"] for s in slots], "elements": r.elements, "seq": r.seq, "ms": round(r.seconds * 1e3, 2)}
 
     def write_overlay(self, info: dict, overlay: Overlay | View) -> dict:
         """The update buffer and valid mask of `overlay` into the running program, every frame decided by it
@@ -489,8 +519,7 @@ def overlay_state(ov: Overlay) -> dict:
     return {
         "invalid": [int(j) for j in np.flatnonzero(~ov.valid)],
         "slots": [
-            [[int(x) for x in lo], [int(x) for x in hi], int(fm), int(fv), int(pos)]
-            for lo, hi, fm, fv, pos in box_key(ov)
+            [[int(x) for x in k[0]], [int(x) for x in k[1]], *(int(x) for x in k[2:])] for k in box_key(ov)
         ],
     }
 

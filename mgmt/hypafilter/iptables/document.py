@@ -23,8 +23,8 @@ from hypafilter.iptables.parser import (
     interfaces_for,
     port_range,
 )
-from hypafilter.iptables.sets import SetEnv, apply_sets, changed_sets
 from hypafilter.iptables.rule import Addr, ParsedRule, PortCheck, TcpUdp, Verbatim, target_column
+from hypafilter.iptables.sets import SetEnv, apply_sets, changed_sets
 from hypafilter.iptables.tables import BUILTIN_CHAINS, CONNTRACK_MATCHES, CONNTRACK_TARGETS
 from hypafilter.iptables.tokens import RESTORE, SHELL, SPECIAL, Tok, tokenize
 from hypafilter.ir import PROTO_TCP, PROTO_UDP, Box, Origin, Policy, UserChain

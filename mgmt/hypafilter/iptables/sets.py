@@ -164,5 +164,7 @@ def apply_sets(rules: list[Rule], env: SetEnv | None) -> tuple[list[Rule], tuple
                 if x is not None:
                     nb.append(x)
             boxes = nb
-        out.append(r if not mask and len(keep) == len(r.complex) else replace(r, boxes=tuple(boxes), complex=tuple(keep)))
+        out.append(
+            r if not mask and len(keep) == len(r.complex) else replace(r, boxes=tuple(boxes), complex=tuple(keep))
+        )
     return out, tuple(slots), notes

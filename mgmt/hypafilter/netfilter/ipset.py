@@ -120,7 +120,7 @@ def parse_save(text: str, filename: str = "<ipsets>") -> dict[str, SetInfo]:
             continue
         w = line.split()
 
-        def err(msg: str, tok: str, w=w, no=no) -> PolicyError:
+        def err(msg: str, tok: str, raw=raw, no=no) -> PolicyError:
             col = raw.find(tok) + 1 if tok else 0
             return PolicyError(msg, filename, no, col, tok)
 
@@ -186,8 +186,10 @@ def parse_save(text: str, filename: str = "<ipsets>") -> dict[str, SetInfo]:
                         timeout = int(w[i + 1]) if w[i + 1].isdigit() else -1
                         if timeout < 0:
                             raise err("bad timeout", w[i + 1])
-                    if o == "comment" and w[i + 1].startswith('"') and not (
-                        len(w[i + 1]) > 1 and w[i + 1].endswith('"')
+                    if (
+                        o == "comment"
+                        and w[i + 1].startswith('"')
+                        and not (len(w[i + 1]) > 1 and w[i + 1].endswith('"'))
                     ):
                         j = i + 2
                         while j < len(w) and not w[j].endswith('"'):

@@ -32,9 +32,9 @@ from hypafilter import netns
 from hypafilter.config import Config
 from hypafilter.errors import HypafilterError
 from hypafilter.iptables.writer import policy_restore
-from hypafilter.netfilter import ipset
 from hypafilter.ir import MAXV, PROTO_ICMP, PROTO_TCP, PROTO_UDP, Policy
 from hypafilter.ir.semantics import OBSERVING_TARGETS
+from hypafilter.netfilter import ipset
 from hypafilter.netfilter.bridge import unfilterable_nft
 from hypafilter.ops import connections, deploy, observers
 from hypafilter.ops.connections import ConnectionSpec

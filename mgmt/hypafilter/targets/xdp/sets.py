@@ -50,7 +50,9 @@ def expiry(e: SetElem, t0: int, t1: int) -> Window | None:
     """The expiry window of an element read between monotonic times t0 and t1 (ns); None: no timeout."""
     if e.timeout_s is None:
         return None
-    return Window(t0 + (e.timeout_s - 1) * 1_000_000_000 - MARGIN_NS, t1 + (e.timeout_s + 1) * 1_000_000_000 + MARGIN_NS)
+    return Window(
+        t0 + (e.timeout_s - 1) * 1_000_000_000 - MARGIN_NS, t1 + (e.timeout_s + 1) * 1_000_000_000 + MARGIN_NS
+    )
 
 
 def key_of(settype: str, e: SetElem) -> bytes:

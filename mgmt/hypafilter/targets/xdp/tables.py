@@ -280,7 +280,9 @@ def slot_rows(ov: Overlay | None, depth: int) -> bytes:
     if len(slots) > depth:
         raise ValueError(f"{len(slots)} buffer slots for a program of {depth}")
     out = [
-        SLOT.pack(*s.box.lo, *s.box.hi, s.box.flags_mask, s.box.flags_value, s.box.sets_mask, s.box.sets_value, s.pos, 1)
+        SLOT.pack(
+            *s.box.lo, *s.box.hi, s.box.flags_mask, s.box.flags_value, s.box.sets_mask, s.box.sets_value, s.pos, 1
+        )
         for s in slots
     ]
     out += [SLOT.pack(*([0] * (2 * len(FIELDS))), 0, 0, 0, 0, 0, 0)] * (depth - len(slots))

@@ -35,8 +35,8 @@ from hypafilter.ir.sets import MAX_SET_SLOTS
 from hypafilter.targets.base import DECISIONS, SHUNTED, Expected, Target, WindowStages
 from hypafilter.targets.bpfmap import PinnedArray
 from hypafilter.targets.xdp import newflows
-from hypafilter.targets.xdp.build import build_loader, build_program
 from hypafilter.targets.xdp import sets as setmaps
+from hypafilter.targets.xdp.build import build_loader, build_program
 from hypafilter.targets.xdp.sets import SET_CAPACITY
 from hypafilter.targets.xdp.tables import (
     CtConfig,
@@ -355,7 +355,12 @@ class XdpTarget(Target):
             r = sm.sync()
         finally:
             sm.close()
-        return {"slots": [s["name"] for s in slots], "elements": r.elements, "seq": r.seq, "ms": round(r.seconds * 1e3, 2)}
+        return {
+            "slots": [s["name"] for s in slots],
+            "elements": r.elements,
+            "seq": r.seq,
+            "ms": round(r.seconds * 1e3, 2),
+        }
 
     def write_overlay(self, info: dict, overlay: Overlay | View) -> dict:
         """The update buffer and valid mask of `overlay` into the running program, every frame decided by it
@@ -518,9 +523,7 @@ def overlay_state(ov: Overlay) -> dict:
     and each slot's box and insert position, in slot order."""
     return {
         "invalid": [int(j) for j in np.flatnonzero(~ov.valid)],
-        "slots": [
-            [[int(x) for x in k[0]], [int(x) for x in k[1]], *(int(x) for x in k[2:])] for k in box_key(ov)
-        ],
+        "slots": [[[int(x) for x in k[0]], [int(x) for x in k[1]], *(int(x) for x in k[2:])] for k in box_key(ov)],
     }
 
 

@@ -60,10 +60,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hypafilter import netns
-from hypafilter.netfilter import ipset
 from hypafilter.config import Config
 from hypafilter.errors import HypafilterError
 from hypafilter.ir import Policy
+from hypafilter.netfilter import ipset
 from hypafilter.ops import deploy
 from hypafilter.ops.lab import Lab
 from hypafilter.ops.verify import (

@@ -56,15 +56,18 @@
  * shim's struct hf_xdp_meta (driver/shim.bpf.c), so the shim's TC program writes the mark from `value` unchanged;
  * M follows for tests and tools, then the paired port's ifindex for a mirrored ACCEPT in bridge mode, which the
  * shim's TC program clones the frame to (HF_XDP_META_PEER_OFFSET, HF_XDP_META_EXT_LEN in hypafilter_shared.h). */
-/* Sets in the fast path (docs/sets.md). hfx_setseq (shared with setwatch.bpf.c, pinned once per host): counts of
- * ipset commands entered and returned; hfx_setsync: the STARTED count the set tables were read at. */
-#define HFX_SETSEQ_STARTED 0
-#define HFX_SETSEQ_FINISHED 1
-#define HFX_SETSEQ_LEN 2
+/* Sets in the fast path (docs/sets.md). hfx_setseq (shared with setwatch.bpf.c, pinned once per host): per network
+ * namespace (its inode number), the ipset commands that change a set entered and returned; hfx_setsync[]: the
+ * STARTED count the set tables were read at, the writer's token, the namespace whose sets they follow. */
+#define HFX_SETSEQ_MAX 4096 /* network namespaces the watcher counts for */
+#define HFX_SETSYNC_SEQ 0
+#define HFX_SETSYNC_TOKEN 1
+#define HFX_SETSYNC_NETNS 2
+#define HFX_SETSYNC_LEN 3
 /* struct hfx_setval.flags */
 #define HFX_SETVAL_PRESENT 1
 #define HFX_SETVAL_NOMATCH 2
-#define HFX_CNT_SHUNT_SETS 13 /* shunted (reason 3) because a set table was not known to equal the kernel's */
+#define HFX_CNT_SETS_UNKNOWN 13 /* shunted (reason 3) because a set table was not known to equal the kernel's */
 
 #define HFX_META_COOKIE 0x48465348 /* "HFSH", the shim's HF_META_COOKIE */
 #define HFX_META_LEN 24
@@ -128,6 +131,12 @@ struct hfx_slot {
 	__u8 sets_value;
 	__u32 pos;
 	__u32 enable; /* 0: never read as a match (written 0 before its fields change, 1 after) */
+};
+
+/* hfx_setseq's value: ipset commands of one network namespace that change a set, counted on syscall entry and exit. */
+struct hfx_setcount {
+	__u64 started;
+	__u64 finished;
 };
 
 /* One element of a set slot's map (docs/sets.md): PRESENT (array maps: bitmap:port), NOMATCH (hash:net types), and

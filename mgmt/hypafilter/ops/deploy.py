@@ -682,6 +682,9 @@ def _deploy_locked(
         view = None
         static = read_static(STATE_DIR, old_nic.get("binary", "")) if old_nic and not force else None
         # a configuration with another buffer depth builds a new core (program): the depth is part of its build
+        # the running program's set slots must be the plan's (their maps are part of its build: docs/sets.md)
+        if static is not None and not tgt.same_sets(old_nic, plan):
+            static = None
         if static is not None and static[1] > 0 and static[1] == tgt.buffer_depth():
             t_ov = time.monotonic()
             try:

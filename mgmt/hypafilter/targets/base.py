@@ -108,6 +108,11 @@ class Target(ABC):
         self.site = site or Site()
         self.build_root = Path(build_root)  # artifacts go under <build_root>/<target name>
 
+    def same_sets(self, info: dict, plan) -> bool:
+        """Whether the running NIC (`info`) tests the set slots `plan` needs (docs/sets.md); a target without set
+        slots has none to differ."""
+        return True
+
     def missing(self) -> str | None:
         """What this host lacks to run the target (None: nothing), for the error that refuses it."""
         return None

@@ -163,3 +163,21 @@ class PinnedMap(PinnedArray):
                 raise HypafilterError(f"{self.path}: {e.strerror}") from e
             out.append(nxt.raw)
             cur = ctypes.create_string_buffer(nxt.raw, self.key_size)
+
+
+def possible_cpus() -> int:
+    """The kernel's possible CPUs (what a per-CPU map value holds one slot of each)."""
+    text = Path("/sys/devices/system/cpu/possible").read_text().strip()
+    n = 0
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        n = max(n, int(hi or lo) + 1)
+    return n
+
+
+def percpu_sum(m: PinnedArray, index: int) -> int:
+    """Element `index` of a per-CPU array of u64 counters, summed over the CPUs."""
+    n = possible_cpus()
+    buf = ctypes.create_string_buffer(8 * n)
+    m._elem(BPF_MAP_LOOKUP_ELEM, index, buf)
+    return sum(struct.unpack(f"<{n}Q", buf.raw))

@@ -125,24 +125,32 @@ def watcher_object(build_root: Path) -> Path:
 
 
 def ensure_watcher(build_root: Path) -> Path:
-    """The host's ipset watcher loaded (once: `hf_xdp watch` does nothing when its pins exist); its pin directory."""
+    """The host's ipset watcher loaded (once per build of it: `hf_xdp watch` does nothing when its pins exist); its
+    pin directory, SETWATCH_PIN/<its object's name> (a changed watcher loads beside the old one, which the programs
+    started with it keep using)."""
     obj = watcher_object(build_root)
     loader = build_loader(build_root)
+    pin = SETWATCH_PIN / obj.stem
     try:
-        netns.run([str(loader), "watch", "--obj", str(obj), "--pin", str(SETWATCH_PIN)])
+        netns.run([str(loader), "watch", "--obj", str(obj), "--pin", str(pin)])
     except netns.CommandError as e:
         raise HypafilterError(f"loading the ipset watcher failed: {e}") from e
-    return SETWATCH_PIN
+    return pin
 
 
-def link_seq(pin: Path) -> None:
+def link_seq(pin: Path, watcher: Path) -> None:
     """Before `hf_xdp start`: the program's hfx_setseq pin made a link to the watcher's map, so that loading the
     program reuses that map (libbpf reuses a pinned map by path) instead of creating its own."""
     pin.mkdir(parents=True, exist_ok=True)
     link = pin / "hfx_setseq"
     if link.is_symlink() or link.exists():
         link.unlink()
-    os.symlink(SETWATCH_PIN / "hfx_setseq", link)
+    os.symlink(watcher / "hfx_setseq", link)
+
+
+def netns_inum(ns: str | None) -> int:
+    """The inode number of network namespace `ns` (None: this process's), as the kernel's ns.inum."""
+    return os.stat(f"/run/netns/{ns}" if ns else "/proc/self/ns/net").st_ino
 
 
 @dataclass
@@ -162,7 +170,8 @@ class SetMaps:
 
     def __init__(self, pin: str | Path, slots: list[dict], ns: str | None):
         self.pin, self.slots, self.ns = Path(pin), slots, ns
-        self.seq = PinnedArray(self.pin / "hfx_setseq")
+        self.netns = struct.pack("<I", netns_inum(ns))
+        self.seq = PinnedMap(self.pin / "hfx_setseq")
         self.sync_map = PinnedArray(self.pin / "hfx_setsync")
         self.maps = [PinnedMap(self.pin / f"hfx_set{i}") for i in range(len(slots))]
         self.token = int.from_bytes(os.urandom(8), "little") | 1
@@ -173,8 +182,9 @@ class SetMaps:
             m.close()
 
     def counts(self) -> tuple[int, int]:
-        """(STARTED, FINISHED) ipset commands of the host so far."""
-        return struct.unpack("<Q", self.seq.read(0))[0], struct.unpack("<Q", self.seq.read(1))[0]
+        """(started, finished) ipset commands of the namespace so far."""
+        v = self.seq.get(self.netns)
+        return struct.unpack("<QQ", v) if v is not None else (0, 0)
 
     def synced(self) -> int:
         return struct.unpack("<Q", self.sync_map.read(0))[0]
@@ -184,8 +194,10 @@ class SetMaps:
         return self.counts()[0] == self.synced()
 
     def hold(self) -> None:
-        """Decide nothing by the set tables until the next sync (a program just started)."""
+        """Decide nothing by the set tables until the next sync (a program just started); the namespace whose
+        commands it follows."""
         self.sync_map.write(struct.pack("<Q", SYNC_NONE), 0)
+        self.sync_map.write(struct.pack("<Q", struct.unpack("<I", self.netns)[0]), 2)
 
     def sync(self, timeout: float = SETTLE_TIMEOUT_S) -> SyncResult:
         t_start = time.monotonic()

@@ -44,6 +44,7 @@ from hypafilter.targets.xdp.tables import (
     entry_rows,
     overlay_records,
     read_slot,
+    set_maps,
     shape_id,
     tables_file,
 )
@@ -197,8 +198,7 @@ class XdpTarget(Target):
             args += ["--port", f"{name}={i}" + (f":{mate}" if mate and self.config.nic_mode == "bridge" else "")]
         slots = json.loads(obj.with_name("shape.json").read_text()).get("sets", [])
         if slots:  # the host's ipset watcher, and its count map shared with this program (docs/sets.md)
-            setmaps.ensure_watcher(self.build_root)
-            setmaps.link_seq(pin)
+            setmaps.link_seq(pin, setmaps.ensure_watcher(self.build_root))
         self._tool("start", args, ns=True)
         if slots:
             sm = setmaps.SetMaps(pin, slots, self.site.netns)
@@ -343,6 +343,12 @@ class XdpTarget(Target):
             "overlay": overlay_state(t.overlay if t.overlay is not None else Overlay.empty(t.n, 0)),
             **({"sets": sets} if sets else {}),
         }
+
+    def same_sets(self, info: dict, plan) -> bool:
+        try:
+            return _shape_of(info).get("sets", []) == set_maps(plan)
+        except OSError:
+            return False
 
     def sync_sets(self, info: dict) -> dict:
         """The program's set tables made equal to the kernel's sets now and released (docs/sets.md); {} for a

@@ -104,3 +104,43 @@ def elem_matches(info: SetInfo, e: SetElem, src: int, dst: int, proto: int, spor
     if info.settype in PORT_TYPES:
         return e.proto == proto and e.port == (sport if dirs[1] == "src" else dport)
     return True
+
+
+def frame_ports(proto: int, sport: int, dport: int, icmp_type: int, icmp_code: int) -> tuple[int, int] | None:
+    """(source, destination) "port" a set's kadt reads from an unfragmented IPv4 frame (ip_set_get_ip4_port): the
+    ports of TCP, UDP, SCTP and UDP-Lite, type << 8 | code for ICMP (both directions), 0 for other protocols; None
+    for protocol 0 (no port: no element matches). Headers as the IR has them (SCTP/UDP-Lite ports are no IR field:
+    callers pass them)."""
+    if proto == 0:
+        return None
+    if proto == 1:
+        p = icmp_type << 8 | icmp_code
+        return p, p
+    return sport, dport
+
+
+def member(info: SetInfo, dirs: tuple[str, ...], src: int, dst: int, proto: int, ports: tuple[int, int] | None,
+           now_s: float | None = None) -> bool:  # fmt: skip
+    """The kernel's answer to `-m set --match-set info.name dirs` for a frame (no timeouts: every element lives,
+    unless `now_s` is given, then elements with timeout_s <= now_s are gone): the reference semantics the fast path's
+    tables implement (docs/sets.md). hash:net types: the longest matching prefix decides, a nomatch element there
+    answers no. bitmap:port: TCP and UDP only. Fewer dirs than the type's dimension: no."""
+    t = info.settype
+    if len(dirs) < SET_TYPES.get(t, 99):
+        return False
+    live = [e for e in info.entries if now_s is None or e.timeout_s is None or e.timeout_s > now_s]
+    if t == "bitmap:port":
+        if proto not in (6, 17) or ports is None:
+            return False
+        port = ports[0] if dirs[0] == "src" else ports[1]
+        return any(e.port == port for e in live)
+    addr = src if dirs[0] == "src" else dst
+    if t in PORT_TYPES:
+        if ports is None:
+            return False
+        port = ports[0] if dirs[1] == "src" else ports[1]
+        live = [e for e in live if e.proto == proto and e.port == port]
+    hits = [e for e in live if e.addr_lo <= addr <= e.addr_hi]
+    if not hits:
+        return False
+    return not max(hits, key=lambda e: e.prefix).nomatch

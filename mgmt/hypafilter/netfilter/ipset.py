@@ -31,7 +31,10 @@ ICMP_NAMES = {
     "address-mask-reply": (18, 0),
 }  # fmt: skip
 # create options with a value, and flags; anything else is refused
-_VALUED = {"family", "hashsize", "maxelem", "bucketsize", "initval", "timeout", "netmask", "range", "markmask"}
+_VALUED = {
+    "family", "hashsize", "maxelem", "bucketsize", "initval", "timeout", "netmask", "range", "markmask", "bitmask",
+    "size",
+}  # fmt: skip
 _FLAGS = {"counters", "comment", "skbinfo", "forceadd"}
 # element options: ignored for membership except timeout and nomatch
 _ELEM_VALUED = {"timeout", "packets", "bytes", "comment", "skbmark", "skbprio", "skbqueue"}
@@ -143,6 +146,9 @@ def parse_save(text: str, filename: str = "<ipsets>") -> dict[str, SetInfo]:
                 elif o in _FLAGS:
                     flags.append(o)
                     i += 1
+                elif stype not in SET_TYPES:  # a type the fast path leaves to netfilter: its options kept as read
+                    flags.append(o)
+                    i += 1
                 else:
                     raise err(f"unknown create option {o}", o)
             try:
@@ -159,7 +165,7 @@ def parse_save(text: str, filename: str = "<ipsets>") -> dict[str, SetInfo]:
                     netmask=int(opts.get("netmask", 32)),
                     timeout_default=int(opts["timeout"]) if "timeout" in opts else None,
                     port_range=port_range,
-                    options=tuple(flags) + tuple(f"{k} {v}" for k, v in opts.items() if k in ("markmask",)),
+                    options=tuple(flags) + tuple(f"{k} {v}" for k, v in opts.items() if k in ("markmask", "bitmask")),
                 )
             except ValueError:
                 raise err(f"bad create options for set {name}", name) from None
@@ -197,6 +203,8 @@ def parse_save(text: str, filename: str = "<ipsets>") -> dict[str, SetInfo]:
                         i = j + 1
                         continue
                     i += 2
+                elif info.settype not in SET_TYPES or info.family != "inet":
+                    i += 1  # an element of a set netfilter alone decides: not read
                 else:
                     raise err(f"unknown element option {o}", o)
             if info.family != "inet" or info.settype not in SET_TYPES:

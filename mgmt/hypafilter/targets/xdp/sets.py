@@ -160,6 +160,8 @@ class SyncResult:
     written: int  # map writes and deletes it took
     seconds: float
     next_expiry_ns: int | None  # when an element's expiry window ends next (a sync then removes it)
+    read_s: float = 0.0  # of `seconds`: reading the kernel's sets (ipset save)
+    wait_s: float = 0.0  # ... waiting for running commands and the lock
 
 
 class SetMaps:
@@ -203,6 +205,7 @@ class SetMaps:
         t_start = time.monotonic()
         with open(LOCK, "a") as lk:
             fcntl.flock(lk, fcntl.LOCK_EX)
+            self._locked = time.monotonic() - t_start
             try:
                 return self._sync(t_start, timeout)
             finally:
@@ -221,6 +224,7 @@ class SetMaps:
                     )
                 time.sleep(0.0002)
                 continue
+            t_wait = time.monotonic() - t_start
             t0 = time.monotonic_ns()
             sets = ipset.read_live(self.ns)
             t1 = time.monotonic_ns()
@@ -245,7 +249,7 @@ class SetMaps:
             self.sync_map.write(struct.pack("<Q", self.token), 1)
             if self.counts()[0] == started:
                 self.sync_map.write(struct.pack("<Q", started), 0)
-                return SyncResult(started, elements, written, time.monotonic() - t_start, nxt)
+                return SyncResult(started, elements, written, time.monotonic() - t_start, nxt, (t1 - t0) / 1e9, t_wait)
 
     def _apply(self, i: int, settype: str, want: dict[bytes, bytes]) -> int:
         m = self.maps[i]

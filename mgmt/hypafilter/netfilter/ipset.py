@@ -7,7 +7,6 @@ unknown option or a malformed element is an error naming file, line and token, a
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 from dataclasses import replace
 
@@ -77,8 +76,20 @@ def _port_part(text: str) -> tuple[int, int]:
 
 
 def _net(text: str, default_prefix: int = 32) -> tuple[int, int, int]:
-    n = ipaddress.IPv4Network(text if "/" in text else f"{text}/{default_prefix}", strict=False)
-    return int(n.network_address), int(n.broadcast_address), n.prefixlen
+    """(first, last, prefix length) of `a.b.c.d[/len]` (the address masked: ipset saves nets masked)."""
+    addr, sep, plen = text.partition("/")
+    parts = addr.split(".")
+    if len(parts) != 4 or not all(p.isdigit() and len(p) <= 3 for p in parts):
+        raise ValueError(text)
+    a, b, c, d = (int(p) for p in parts)
+    if max(a, b, c, d) > 255:
+        raise ValueError(text)
+    prefix = int(plen) if sep else default_prefix
+    if not 0 <= prefix <= 32:
+        raise ValueError(text)
+    v = a << 24 | b << 16 | c << 8 | d
+    mask = (0xFFFFFFFF << (32 - prefix)) & 0xFFFFFFFF
+    return v & mask, (v & mask) | (~mask & 0xFFFFFFFF), prefix
 
 
 def parse_element(info: SetInfo, text: str) -> SetElem:
@@ -108,7 +119,8 @@ def parse_element(info: SetInfo, text: str) -> SetElem:
         if prefix != 32:
             raise ValueError(text)
         if info.netmask != 32:  # the kernel keys the address masked by the set's netmask (saved masked)
-            lo, hi, prefix = _net(f"{ipaddress.IPv4Address(lo)}/{info.netmask}")
+            mask = (0xFFFFFFFF << (32 - info.netmask)) & 0xFFFFFFFF
+            lo, hi, prefix = lo & mask, (lo & mask) | (~mask & 0xFFFFFFFF), info.netmask
     return SetElem(lo, hi, prefix, proto, port)
 
 

@@ -79,6 +79,22 @@ def contents(info: SetInfo, t0: int, t1: int) -> dict[bytes, bytes]:
     return {key_of(info.settype, e): value_of(e, expiry(e, t0, t1)) for e in info.entries}
 
 
+def split_save(text: str) -> dict[str, str]:
+    """An `ipset save` text cut into each set's part (its create line and its add lines), by name."""
+    out: dict[str, str] = {}
+    start, name = 0, None
+    pos = 0
+    for line in text.splitlines(keepends=True):
+        if line.startswith("create "):
+            if name is not None:
+                out[name] = text[start:pos]
+            name, start = line.split(None, 2)[1], pos
+        pos += len(line)
+    if name is not None:
+        out[name] = text[start:pos]
+    return out
+
+
 def describe_key(settype: str, key: bytes) -> str:
     """A map key back as ipset writes the element (for messages and tests)."""
     if settype == "hash:ip":
@@ -178,6 +194,8 @@ class SetMaps:
         self.maps = [PinnedMap(self.pin / f"hfx_set{i}") for i in range(len(slots))]
         self.token = int.from_bytes(os.urandom(8), "little") | 1
         self.shadow: list[dict[bytes, bytes] | None] = [None] * len(slots)
+        self.texts = [""] * len(slots)  # each slot's set as `ipset save` wrote it when last read
+        self.expiries: list[int | None] = [None] * len(slots)  # the end of the earliest expiry window of that read
 
     def close(self) -> None:
         for m in (self.seq, self.sync_map, *self.maps):
@@ -214,6 +232,7 @@ class SetMaps:
     def _sync(self, t_start: float, timeout: float) -> SyncResult:
         if struct.unpack("<Q", self.sync_map.read(1))[0] != self.token:
             self.shadow = [None] * len(self.slots)  # another process wrote the maps since: read them anew
+            self.texts = [""] * len(self.slots)
         while True:
             started, finished = self.counts()
             if started != finished:
@@ -226,26 +245,35 @@ class SetMaps:
                 continue
             t_wait = time.monotonic() - t_start
             t0 = time.monotonic_ns()
-            sets = ipset.read_live(self.ns)
+            chunks = split_save(ipset.save_text(self.ns))
             t1 = time.monotonic_ns()
             written = elements = 0
             nxt: int | None = None
             self.sync_map.write(struct.pack("<Q", 0), 1)  # the maps change: no process's shadow holds
             for i, slot in enumerate(self.slots):
-                info = sets.get(slot["name"])
-                if info is None or info.settype != slot["type"]:
-                    raise HypafilterError(
-                        f"set {slot['name']} ({slot['type']}) is not in the kernel as deployed"
-                        + (f" (now {info.settype})" if info is not None else "")
-                        + ": the fast path keeps leaving frames to the stack; redeploy"
-                    )
-                want = contents(info, t0, t1)
-                written += self._apply(i, slot["type"], want)
-                elements += len(want)
-                for e in info.entries:
-                    w = expiry(e, t0, t1)
-                    if w is not None and (nxt is None or w.hi < nxt):
-                        nxt = w.hi
+                chunk = chunks.get(slot["name"], "")
+                if chunk and chunk == self.texts[i] and self.shadow[i] is not None:
+                    # the same text as the last read (a set no command changed, no timeout ticked): the same contents;
+                    # the expiry windows of that read still hold
+                    elements += len(self.shadow[i])
+                    w = self.expiries[i]
+                else:
+                    info = ipset.parse_save(chunk, f"ipset save ({self.ns})").get(slot["name"]) if chunk else None
+                    if info is None or info.settype != slot["type"]:
+                        self.texts[i] = ""
+                        raise HypafilterError(
+                            f"set {slot['name']} ({slot['type']}) is not in the kernel as deployed"
+                            + (f" (now {info.settype})" if info is not None else "")
+                            + ": the fast path keeps leaving frames to the stack; redeploy"
+                        )
+                    want = contents(info, t0, t1)
+                    written += self._apply(i, slot["type"], want)
+                    elements += len(want)
+                    ends = [x.hi for x in (expiry(e, t0, t1) for e in info.entries) if x is not None]
+                    w = self.expiries[i] = min(ends) if ends else None
+                    self.texts[i] = chunk
+                if w is not None and (nxt is None or w < nxt):
+                    nxt = w
             self.sync_map.write(struct.pack("<Q", self.token), 1)
             if self.counts()[0] == started:
                 self.sync_map.write(struct.pack("<Q", started), 0)

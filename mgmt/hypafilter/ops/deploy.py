@@ -461,6 +461,19 @@ def _in_background(fn: Callable[[], object]) -> Callable[[], object]:
     return result
 
 
+def sets_state(policy: Policy) -> dict:
+    """What became of the policy's -m set matches (docs/sets.md): the set slots of the fast path, and each match
+    that stays complex with why (what `status` says)."""
+    return {
+        "slots": [f"{s.name} ({s.settype}) by {','.join(s.dirs)}" for s in policy.set_slots],
+        "complex": [
+            {"where": f"{n.origin.file}:{n.origin.line}" if n.origin else "?", "test": n.test, "why": n.why}
+            for n in policy.set_notes
+            if n.slot < 0
+        ],
+    }
+
+
 def partition_counts(policy: Policy, plan) -> dict:
     n = len(plan.entries)
     return {
@@ -969,6 +982,7 @@ def _deploy_locked(
         # The firewall's VLAN setting found before the first deploy, given back at undeploy.
         "vlan_filter_before": (old or {}).get("vlan_filter_before", old_vlan),
         "partition": partition_counts(policy, plan),
+        "sets": sets_state(policy),
         "intervals": intervals,
         "nic": new_nic,
         "tables": {k: v for k, v in written.items() if k != "writes"},

@@ -8,6 +8,7 @@ them itself after the lag; an element with a timeout: dropped while it surely li
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import threading
@@ -34,11 +35,14 @@ def lab():
         yield LAB
 
 
-def blocklist(n: int = 10_000, seed: int = 7) -> str:
+SCALE = int(os.environ.get("HF_SETS_SCALE", "10000"))  # networks in the blocklist (`make test-sets-scale`: 200,000)
+
+
+def blocklist(n: int = SCALE, seed: int = 7) -> str:
     """`ipset save` text: bl (hash:net, n networks, some with nomatch holes), svc (hash:ip,port: tcp, udp, icmp),
     np (hash:net,port with a nomatch hole), bp (bitmap:port)."""
     rng = random.Random(seed)
-    lines = ["create bl hash:net family inet hashsize 4096 maxelem 65536"]
+    lines = [f"create bl hash:net family inet hashsize 4096 maxelem {max(65536, 2 * n)}"]
     nets = set()
     while len(nets) < n:
         plen = rng.choice((16, 20, 24, 24, 24, 28, 32))

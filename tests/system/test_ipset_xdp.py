@@ -175,7 +175,7 @@ def test_ban_added_during_traffic(lab, tmp_path):
     recv = raw_socket(f"{LAB}-recv", "hyb0")
     sent: list = []
     stop = threading.Event()
-    th = threading.Thread(target=_run_sender, args=(BANNED, 1.6, 2000, sent, stop))
+    th = threading.Thread(target=_run_sender, args=(BANNED, 1.6, 5000, sent, stop))
     th.start()
     time.sleep(0.5)
     dropped0 = cnt(CNT_DROPPED)

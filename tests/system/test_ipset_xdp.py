@@ -237,3 +237,20 @@ def test_nic_targets_keep_set_rules_complex(tmp_path):
     pol.write_text(POLICY)
     out = hf("lint", str(pol), "--ipsets", str(sets), "--target", "emu", "--no-kernel").stdout
     assert "set matches: 0 set slot(s)" in out and "target emu has no set slots" in out, out
+
+
+def test_live_rule_change_keeps_the_set_slots(lab, tmp_path):
+    """A rule added with `iptables` while a set policy is deployed: the policy sync service reads the live ruleset
+    with the live sets (not as set-less complex rules), so the program keeps its set slot and the ban stays a
+    fast-path drop; status lists the slot as followed."""
+    _deploy_ban(tmp_path, 600)
+    subprocess.run(
+        ["ip", "netns", "exec", FW, "iptables", "-A", "FORWARD", "-p", "tcp", "--dport", "7", "-j", "DROP"], check=True
+    )
+    hf.followed()
+    st = json.loads(hf("status", "--json").stdout)
+    assert st["sets"]["slots"] == ["ban (hash:ip) by src"] and st["drift"] == [], (st["sets"], st["drift"])
+    assert st["policysync"]["sets"]["following"], st["policysync"]
+    synced()
+    out = hf("status").stdout
+    assert "sets     1 slot(s) in the fast path: ban (hash:ip) by src; following the kernel's sets" in out, out

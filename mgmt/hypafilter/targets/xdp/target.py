@@ -302,7 +302,30 @@ class XdpTarget(Target):
             why = newflows.why_not(self.site.netns)
             if why:
                 out.append(f"xdp: new flows are decided in XDP, but {why}: redeploy (misses then go to conntrack)")
+        out += self._sets_drift(info)
         return out
+
+    def _sets_drift(self, info: dict, grace: float = 1.0) -> list[str]:
+        """The set tables not released for `grace` seconds (an ipset command's resync takes tens of ms): the policy
+        sync service does not follow the kernel's sets, and the program leaves every frame to the stack."""
+        slots = _shape_of(info).get("sets", [])
+        if not slots:
+            return []
+        sm = setmaps.SetMaps(info["pin"], slots, self.site.netns)
+        try:
+            deadline = time.monotonic() + grace
+            while not sm.current():
+                if time.monotonic() > deadline:
+                    started, finished = sm.counts()
+                    return [
+                        f"xdp: the set tables ({', '.join(s['name'] for s in slots)}) are not known to equal the "
+                        f"kernel's sets (ipset commands {started} started, {finished} finished, tables read at "
+                        f"{sm.synced()}): every frame goes to the stack until the policy sync service reads them"
+                    ]
+                time.sleep(0.01)
+        finally:
+            sm.close()
+        return []
 
     def detach_all(self) -> None:
         """Undeploy: every link of this site."""

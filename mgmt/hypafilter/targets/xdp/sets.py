@@ -15,10 +15,12 @@ removed from the map only after the latest plus MARGIN_NS (sync_set).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import ipaddress
 import os
+import shutil
 import struct
 import time
 from dataclasses import dataclass
@@ -164,6 +166,31 @@ def link_seq(pin: Path, watcher: Path) -> None:
     os.symlink(watcher / "hfx_setseq", link)
 
 
+@contextlib.contextmanager
+def host_lock():
+    """One set synchronisation, watcher load or watcher release at a time on this host."""
+    with open(LOCK, "a") as lk:
+        fcntl.flock(lk, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lk, fcntl.LOCK_UN)
+
+
+def watcher_users(pin_root: Path) -> list[Path]:
+    """The started programs (of every site under `pin_root`) whose count map is the watcher's."""
+    return [p.parent for p in Path(pin_root).glob("*/g*/hfx_setseq") if p.is_symlink()]
+
+
+def release_watcher(pin_root: Path) -> bool:
+    """Unload the ipset watcher when no started program uses it (its tracepoints cost every syscall of the host
+    ~280 ns while attached: docs/sets.md); True when it was unloaded. Call with host_lock() held."""
+    if watcher_users(pin_root) or not SETWATCH_PIN.exists():
+        return False
+    shutil.rmtree(SETWATCH_PIN, ignore_errors=True)  # unpinning the links detaches the programs
+    return True
+
+
 def netns_inum(ns: str | None) -> int:
     """The inode number of network namespace `ns` (None: this process's), as the kernel's ns.inum."""
     return os.stat(f"/run/netns/{ns}" if ns else "/proc/self/ns/net").st_ino
@@ -221,13 +248,8 @@ class SetMaps:
 
     def sync(self, timeout: float = SETTLE_TIMEOUT_S) -> SyncResult:
         t_start = time.monotonic()
-        with open(LOCK, "a") as lk:
-            fcntl.flock(lk, fcntl.LOCK_EX)
-            self._locked = time.monotonic() - t_start
-            try:
-                return self._sync(t_start, timeout)
-            finally:
-                fcntl.flock(lk, fcntl.LOCK_UN)
+        with host_lock():
+            return self._sync(t_start, timeout)
 
     def _sync(self, t_start: float, timeout: float) -> SyncResult:
         if struct.unpack("<Q", self.sync_map.read(1))[0] != self.token:

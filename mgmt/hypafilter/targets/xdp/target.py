@@ -198,8 +198,11 @@ class XdpTarget(Target):
             args += ["--port", f"{name}={i}" + (f":{mate}" if mate and self.config.nic_mode == "bridge" else "")]
         slots = json.loads(obj.with_name("shape.json").read_text()).get("sets", [])
         if slots:  # the host's ipset watcher, and its count map shared with this program (docs/sets.md)
-            setmaps.link_seq(pin, setmaps.ensure_watcher(self.build_root))
-        self._tool("start", args, ns=True)
+            with setmaps.host_lock():  # no release of the watcher between its load and this program's start
+                setmaps.link_seq(pin, setmaps.ensure_watcher(self.build_root))
+                self._tool("start", args, ns=True)
+        else:
+            self._tool("start", args, ns=True)
         if slots:
             sm = setmaps.SetMaps(pin, slots, self.site.netns)
             try:
@@ -256,6 +259,9 @@ class XdpTarget(Target):
         if before and before != info["pin"] and (Path(before) / "prog").exists():
             args += ["--fallback", before]
         self._tool("stop", args)
+        if setmaps.SETWATCH_PIN.exists():
+            with setmaps.host_lock():  # the last program with set slots gone: the watcher's cost goes too
+                setmaps.release_watcher(PIN_ROOT)
         for f in self._run_dir().glob(f"{info.get('name', '')}-*.tables"):
             f.unlink(missing_ok=True)
         for d in (Path(info["links"]), Path(info["links"]).parent):

@@ -150,3 +150,20 @@ def test_xdp_keys_and_expiry_windows():
     assert w.hi == 1_000_000_500 + 100_000_000_000 + xs.MARGIN_NS
     flags = struct.unpack("<QII", xs.value_of(sets["bl"].entries[1], None))[1]
     assert flags == xs.PRESENT | xs.NOMATCH
+
+
+def test_split_save_and_watcher_release(tmp_path, monkeypatch):
+    parts = xs.split_save(SAVE)
+    assert list(parts)[:3] == ["bl", "svc", "bp"] and parts["bl"].count("\n") == 4
+    assert parse_save(parts["svc"])["svc"].entries == parse_save(SAVE)["svc"].entries
+    watcher = tmp_path / "watch"
+    watcher.mkdir()
+    (watcher / "hfx_setseq").write_text("")
+    monkeypatch.setattr(xs, "SETWATCH_PIN", watcher)
+    prog = tmp_path / "root" / "lab" / "g1-abc"
+    prog.mkdir(parents=True)
+    (prog / "hfx_setseq").symlink_to(watcher / "hfx_setseq")
+    assert xs.watcher_users(tmp_path / "root") == [prog]
+    assert not xs.release_watcher(tmp_path / "root") and watcher.exists()  # a program still uses it
+    (prog / "hfx_setseq").unlink()
+    assert xs.release_watcher(tmp_path / "root") and not watcher.exists()

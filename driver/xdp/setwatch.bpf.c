@@ -72,6 +72,13 @@ struct {
 	__type(value, __u32); /* the namespace it counted in */
 } hfx_setpending SEC(".maps");
 
+/* A record per command that returned (its namespace), forcing a wake-up of every reader (the policy sync services
+ * poll this map's descriptor instead of the counts). */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 4096);
+} hfx_setwake SEC(".maps");
+
 static __always_inline struct hfx_setcount *counts(__u32 netns)
 {
 	struct hfx_setcount *c = bpf_map_lookup_elem(&hfx_setseq, &netns), zero = {};
@@ -192,6 +199,7 @@ int hfx_setwatch_exit(struct bpf_raw_tracepoint_args *ctx)
 	c = bpf_map_lookup_elem(&hfx_setseq, netns);
 	if (c)
 		__sync_fetch_and_add(&c->finished, 1);
+	bpf_ringbuf_output(&hfx_setwake, netns, sizeof(*netns), BPF_RB_FORCE_WAKEUP);
 	bpf_map_delete_elem(&hfx_setpending, &key);
 	return 0;
 }

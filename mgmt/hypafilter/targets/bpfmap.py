@@ -1,13 +1,16 @@
 """Pinned BPF maps read and written from Python through the bpf() system call (no helper process): what a service
 that must react within milliseconds uses for a single word (the policy sync service's fail safe: the shim's
-generation, the xdp program's control word). Array maps with a u32 key; values as bytes, patched as u32 words."""
+generation, the xdp program's control word). Array maps with a u32 key; values as bytes, patched as u32 words; any
+map with byte keys (PinnedMap); a ring buffer as a wake-up (PinnedRingbuf)."""
 
 from __future__ import annotations
 
 import ctypes
 import errno
+import mmap
 import os
 import platform
+import select
 import struct
 from pathlib import Path
 
@@ -181,3 +184,28 @@ def percpu_sum(m: PinnedArray, index: int) -> int:
     buf = ctypes.create_string_buffer(8 * n)
     m._elem(BPF_MAP_LOOKUP_ELEM, index, buf)
     return sum(struct.unpack(f"<{n}Q", buf.raw))
+
+
+class PinnedRingbuf(PinnedArray):
+    """A pinned BPF ring buffer read only as a wake-up: `wait` blocks until a record came (or `timeout`), then
+    consumes everything (the records themselves are not read)."""
+
+    def __init__(self, path: str | Path):
+        super().__init__(path)
+        page = mmap.PAGESIZE
+        self.cons = mmap.mmap(self.fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
+        self.prod = mmap.mmap(self.fd, page, mmap.MAP_SHARED, mmap.PROT_READ, offset=page)
+        self.poller = select.poll()
+        self.poller.register(self.fd, select.POLLIN)
+
+    def wait(self, timeout: float) -> bool:
+        """True when records came (all consumed now)."""
+        got = bool(self.poller.poll(max(0, int(timeout * 1000))))
+        struct.pack_into("<Q", self.cons, 0, struct.unpack_from("<Q", self.prod, 0)[0])
+        return got
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            self.cons.close()
+            self.prod.close()
+        super().close()

@@ -45,6 +45,7 @@ from hypafilter.ops.lab import HOST_TABLE
 from hypafilter.ops.policysync import live
 from hypafilter.ops.policysync.nftevents import NfTables, NftEvent
 from hypafilter.ops.policysync.service import SERVICE
+from hypafilter.targets.bpfmap import PinnedRingbuf
 
 COALESCE_S = 0.002  # after a change, events arriving this soon join it (a tool's several commands)
 RETRY_S = 2.0  # a sync that failed (the fast path shunting everything meanwhile) is tried again this often
@@ -566,17 +567,20 @@ def supervise(ns: str, state_dir: Path) -> int:
 
 class SetFollower:
     """The kernel's ipsets followed into the xdp program's set tables (docs/sets.md, "Following the kernel's sets"),
-    in a thread of the worker: the ipset watcher's counts (targets.xdp.sets) polled every POLL_S; when a command ran
-    since the tables were read (the program already leaves every frame to the stack: it compares the same counts) or
-    an element's expiry window has passed, the tables are read again and released (SetMaps.sync)."""
+    in a thread of the worker: woken by the ipset watcher's ring buffer when an ipset command returns (and every
+    POLL_S in any case: another reader may consume a wake-up first), it compares the watcher's counts with the
+    tables'; when a command ran since the tables were read (the program already leaves every frame to the stack: it
+    compares the same counts) or an element's expiry window has passed, the tables are read again and released
+    (SetMaps.sync)."""
 
-    POLL_S = 0.001
+    POLL_S = 0.02
     STATE_S = 0.5  # how often the deployment's state is looked at (a deploy may have started another program)
     RETRY_S = 1.0
 
     def __init__(self, log: Callable[[str], None]):
         self.log = log
         self.maps = None
+        self.wake = None
         self.pin = ""
         self.error = ""
         self.next_expiry: int | None = None
@@ -592,8 +596,7 @@ class SetFollower:
         self.stop.set()
         if self.thread.is_alive():
             self.thread.join(timeout=5)
-        if self.maps is not None:
-            self.maps.close()
+        self._close()
 
     def _refresh(self) -> None:
         from hypafilter.targets.xdp import sets as setmaps
@@ -604,16 +607,21 @@ class SetFollower:
         pin = nic.get("pin", "") if st.get("target") == "xdp" else ""
         if pin == self.pin:
             return
-        if self.maps is not None:
-            self.maps.close()
-            self.maps = None
+        self._close()
         self.pin, self.next_expiry = pin, None
         if not pin:
             return
         slots = _shape_of(nic).get("sets", [])
         if slots:
             self.maps = setmaps.SetMaps(pin, slots, st["site"].get("netns"))
+            self.wake = PinnedRingbuf(self.maps.watcher / "hfx_setwake")
             self.next_expiry = 0  # read them once now: whatever happened while nobody followed them
+
+    def _close(self) -> None:
+        for m in (self.maps, self.wake):
+            if m is not None:
+                m.close()
+        self.maps = self.wake = None
 
     def run(self) -> None:
         next_state = 0.0
@@ -630,7 +638,10 @@ class SetFollower:
                 changed = started != self.maps.synced()
                 due = self.next_expiry is not None and time.monotonic_ns() >= self.next_expiry
                 if not changed and not due:
-                    self.stop.wait(self.POLL_S)
+                    wait = self.POLL_S
+                    if self.next_expiry is not None:
+                        wait = min(wait, max(0.0, (self.next_expiry - time.monotonic_ns()) / 1e9))
+                    self.wake.wait(wait)
                     continue
                 t0 = time.monotonic()
                 r = self.maps.sync()

@@ -216,6 +216,7 @@ class SetMaps:
     def __init__(self, pin: str | Path, slots: list[dict], ns: str | None):
         self.pin, self.slots, self.ns = Path(pin), slots, ns
         self.netns = struct.pack("<I", netns_inum(ns))
+        self.watcher = Path(os.readlink(self.pin / "hfx_setseq")).parent  # the watcher's pins (its wake-up ring)
         self.seq = PinnedMap(self.pin / "hfx_setseq")
         self.sync_map = PinnedArray(self.pin / "hfx_setsync")
         self.maps = [PinnedMap(self.pin / f"hfx_set{i}") for i in range(len(slots))]

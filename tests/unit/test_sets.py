@@ -156,14 +156,17 @@ def test_split_save_and_watcher_release(tmp_path, monkeypatch):
     parts = xs.split_save(SAVE)
     assert list(parts)[:3] == ["bl", "svc", "bp"] and parts["bl"].count("\n") == 4
     assert parse_save(parts["svc"])["svc"].entries == parse_save(SAVE)["svc"].entries
-    watcher = tmp_path / "watch"
-    watcher.mkdir()
-    (watcher / "hfx_setseq").write_text("")
-    monkeypatch.setattr(xs, "SETWATCH_PIN", watcher)
+    root = tmp_path / "setwatch"
+    watcher, old = root / "setwatch-new", root / "setwatch-old"
+    for d in (watcher, old):
+        d.mkdir(parents=True)
+        (d / "hfx_setseq").write_text("")
+    monkeypatch.setattr(xs, "SETWATCH_PIN", root)
     prog = tmp_path / "root" / "lab" / "g1-abc"
     prog.mkdir(parents=True)
     (prog / "hfx_setseq").symlink_to(watcher / "hfx_setseq")
     assert xs.watcher_users(tmp_path / "root") == [prog]
-    assert not xs.release_watcher(tmp_path / "root") and watcher.exists()  # a program still uses it
+    assert xs.release_watcher(tmp_path / "root") and watcher.exists() and not old.exists()  # the unused build goes
+    assert not xs.release_watcher(tmp_path / "root") and watcher.exists()  # a program still uses this one
     (prog / "hfx_setseq").unlink()
-    assert xs.release_watcher(tmp_path / "root") and not watcher.exists()
+    assert xs.release_watcher(tmp_path / "root") and not root.exists()

@@ -183,12 +183,20 @@ def watcher_users(pin_root: Path) -> list[Path]:
 
 
 def release_watcher(pin_root: Path) -> bool:
-    """Unload the ipset watcher when no started program uses it (its tracepoints cost every syscall of the host
-    ~280 ns while attached: docs/sets.md); True when it was unloaded. Call with host_lock() held."""
-    if watcher_users(pin_root) or not SETWATCH_PIN.exists():
+    """Unload every loaded build of the ipset watcher that no started program uses (its tracepoints cost every
+    syscall of the host ~300 ns while attached: docs/sets.md); True when one was unloaded. Call with host_lock()
+    held."""
+    if not SETWATCH_PIN.exists():
         return False
-    shutil.rmtree(SETWATCH_PIN, ignore_errors=True)  # unpinning the links detaches the programs
-    return True
+    used = {Path(os.readlink(p / "hfx_setseq")).parent for p in watcher_users(pin_root)}
+    gone = False
+    for d in SETWATCH_PIN.iterdir():
+        if d not in used:
+            shutil.rmtree(d, ignore_errors=True)  # unpinning the links detaches the programs
+            gone = True
+    with contextlib.suppress(OSError):
+        SETWATCH_PIN.rmdir()
+    return gone
 
 
 def netns_inum(ns: str | None) -> int:

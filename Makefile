@@ -60,6 +60,15 @@ test-ctscale:
 	HF_CT_SCALE=250000 scripts/run-system-tests.sh -n 0 -s tests/system/test_flowsync_scale.py \
 		tests/system/test_xdp_flowsync_scale.py
 
+# opt-in: sets in the fast path at scale and their lag (docs/sets.md): the blocklist test at 200,000 networks, then the
+# ban lag by `ipset add` and by fail2ban beside a 10,000-network blocklist (lab ips; a few minutes)
+.PHONY: test-sets-scale
+test-sets-scale:
+	@scripts/setup.sh system
+	HF_SETS_SCALE=200000 scripts/run-system-tests.sh -n 0 -s tests/system/test_ipset_xdp.py -k blocklist
+	PYTHONPATH=mgmt $(VENV)/bin/python scripts/set-lag.py --tool ipset --bans 20 --blocklist 10000
+	PYTHONPATH=mgmt $(VENV)/bin/python scripts/set-lag.py --tool fail2ban --bans 20 --blocklist 10000
+
 # opt-in: the whole core built from acl1_10k (9,544 entries) at 512 and 256 bits; long, see docs/hardware.md
 .PHONY: sim-10k
 sim-10k:

@@ -50,12 +50,25 @@
 #define HFX_CNT_UNKNOWN_PORT 10 /* frames from an interface not in hfx_ports: shunted as unparsed */
 #define HFX_CNT_SHUNT_STATE 11	/* shunted by miss forcing (reason 3) */
 #define HFX_CNT_MIRROR 12	/* decided here and passed to software as a mirror copy (reason 4) */
-#define HFX_CNT_COUNT 13
+#define HFX_CNT_COUNT 14
 
 /* Metadata the program leaves in front of every frame (bpf_xdp_adjust_meta). The first two words are exactly the
  * shim's struct hf_xdp_meta (driver/shim.bpf.c), so the shim's TC program writes the mark from `value` unchanged;
  * M follows for tests and tools, then the paired port's ifindex for a mirrored ACCEPT in bridge mode, which the
  * shim's TC program clones the frame to (HF_XDP_META_PEER_OFFSET, HF_XDP_META_EXT_LEN in hypafilter_shared.h). */
+/* Sets in the fast path (docs/sets.md). hfx_setseq (shared with setwatch.bpf.c, pinned once per host): per network
+ * namespace (its inode number), the ipset commands that change a set entered and returned; hfx_setsync[]: the
+ * STARTED count the set tables were read at, the writer's token, the namespace whose sets they follow. */
+#define HFX_SETSEQ_MAX 4096 /* network namespaces the watcher counts for */
+#define HFX_SETSYNC_SEQ 0
+#define HFX_SETSYNC_TOKEN 1
+#define HFX_SETSYNC_NETNS 2
+#define HFX_SETSYNC_LEN 3
+/* struct hfx_setval.flags */
+#define HFX_SETVAL_PRESENT 1
+#define HFX_SETVAL_NOMATCH 2
+#define HFX_CNT_SETS_UNKNOWN 13 /* shunted (reason 3) because a set table was not known to equal the kernel's */
+
 #define HFX_META_COOKIE 0x48465348 /* "HFSH", the shim's HF_META_COOKIE */
 #define HFX_META_LEN 24
 
@@ -114,9 +127,45 @@ struct hfx_slot {
 	__u32 hi[HFX_NFIELDS];
 	__u8 flags_mask;
 	__u8 flags_value;
-	__u16 pad;
+	__u8 sets_mask; /* the set-slot ternary (ir.box sets_mask/sets_value) */
+	__u8 sets_value;
 	__u32 pos;
 	__u32 enable; /* 0: never read as a match (written 0 before its fields change, 1 after) */
+};
+
+/* hfx_setseq's value: ipset commands of one network namespace that change a set, counted on syscall entry and exit. */
+struct hfx_setcount {
+	__u64 started;
+	__u64 finished;
+};
+
+/* One element of a set slot's map (docs/sets.md): PRESENT (array maps: bitmap:port), NOMATCH (hash:net types), and
+ * the CLOCK_MONOTONIC time (ns) from which the element may have expired in the kernel (0: no timeout): from then on
+ * a frame whose lookup finds it goes to the stack (reason 3) until the policy sync service has removed it. */
+struct hfx_setval {
+	__u64 expire;
+	__u32 flags;
+	__u32 pad;
+};
+
+/* Keys: hash:ip a __u32 address (host order, masked by the set's netmask); hash:ip,port hfx_setkey_ipport (host
+ * order); hash:net and hash:net,port LPM trie keys (prefix length, then big-endian data); bitmap:port the port. */
+struct hfx_setkey_ipport {
+	__u32 addr;
+	__u16 port;
+	__u8 proto;
+	__u8 pad;
+};
+struct hfx_setkey_net {
+	__u32 prefixlen; /* the net's prefix length */
+	__u32 addr;	 /* big-endian */
+};
+struct hfx_setkey_netport {
+	__u32 prefixlen; /* 32 + the net's prefix length */
+	__u8 proto;
+	__u8 pad;
+	__u16 port; /* big-endian */
+	__u32 addr; /* big-endian */
 };
 
 struct hfx_meta {

@@ -21,6 +21,9 @@
  *   hf_xdp stop   --pin DIR [--links LDIR] [--fallback DIR2]
  *                 links running this program get DIR2's program back (or are detached); its pins removed
  *   hf_xdp detach --pin LDIR                       detach every link of LDIR (undeploy)
+ *   hf_xdp watch  --obj OBJ --pin DIR              load the ipset watcher (setwatch.bpf.c): its map hfx_setseq
+ *                                                  pinned as DIR/hfx_setseq, each kprobe's link as DIR/link_<prog>;
+ *                                                  nothing done when DIR/hfx_setseq and every link exist
  *
  * Tables file: records {u32 name_len, name, u32 value_size, u32 count, count * value_size bytes}, keys 0..count-1,
  * written by hypafilter.targets.xdp.tables. Enters only the network namespace (as hf_shim does).
@@ -70,7 +73,7 @@ static const struct option options[] = {
 static const char *cnt_names[HFX_CNT_COUNT] = {
 	"PKTIN", "PKTOUT", "CNT_FORWARDED", "CNT_DROPPED", "CNT_SHUNT_OVERRULE", "CNT_SHUNT_POLICY",
 	"CNT_SHUNT_UNPARSED", "CNT_FROM_HOST", "CNT_SHUNT_FORCED", "CNT_DROP_UNFILTERABLE", "UNKNOWN_PORT",
-	"CNT_SHUNT_STATE", "CNT_MIRROR"};
+	"CNT_SHUNT_STATE", "CNT_MIRROR", "CNT_SETS_UNKNOWN"};
 
 struct port {
 	char name[IF_NAMESIZE];
@@ -1022,12 +1025,56 @@ static void xdp_option(int c, const char *arg, void *ctx)
 	}
 }
 
+/* The ipset watcher (setwatch.bpf.c), loaded once per host: its counts map pinned in `pin` (reused when there), each
+ * program attached as its section says and the link pinned beside it, so it outlives this process. */
+static int cmd_watch(const char *obj_path, const char *pin)
+{
+	struct bpf_object *obj;
+	struct bpf_program *prog;
+	char path[PATH_MAX];
+	int missing = 0;
+
+	ensure_bpffs();
+	mkdirs(pin);
+	obj = bpf_object__open_file(obj_path, NULL);
+	if (!obj)
+		die("open", "%s: %s", obj_path, strerror(errno));
+	bpf_object__for_each_program(prog, obj) {
+		snprintf(path, sizeof(path), "%s/link_%s", pin, bpf_program__name(prog));
+		if (access(path, F_OK))
+			missing++;
+	}
+	snprintf(path, sizeof(path), "%s/hfx_setseq", pin);
+	if (!missing && !access(path, F_OK)) {
+		bpf_object__close(obj);
+		return 0;
+	}
+	bpf_object__close(obj);
+	obj = open_load(obj_path, pin);
+	bpf_object__for_each_program(prog, obj) {
+		struct bpf_link *link;
+
+		snprintf(path, sizeof(path), "%s/link_%s", pin, bpf_program__name(prog));
+		if (!access(path, F_OK))
+			continue;
+		link = bpf_program__attach(prog);
+		if (!link)
+			die("watch", "attach %s: %s", bpf_program__name(prog), strerror(errno));
+		if (bpf_link__pin(link, path))
+			die("watch", "pin %s: %s", path, strerror(errno));
+		bpf_link__disconnect(link);
+		bpf_link__destroy(link);
+	}
+	bpf_object__close(obj);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	struct xdp_args x = {.value = -1, .repeat = 1};
 	struct loader_args a;
 	const char *cmd = parse_loader_args(
-		argc, argv, "hf_xdp run|start|attach|update|overlay|control|stats|links|stop|detach [options] (see the source's header)",
+		argc, argv, "hf_xdp run|start|attach|update|overlay|control|stats|links|stop|detach|watch [options] (see the source's header)",
 		options, &a, xdp_option, &x);
 
 	if (optind != argc && strcmp(cmd, "attach"))
@@ -1048,6 +1095,11 @@ int main(int argc, char **argv)
 		return cmd_links(a.pin, x.links);
 	if (!a.pin)
 		die("usage", "--pin DIR is required");
+	if (!strcmp(cmd, "watch")) {
+		if (!a.obj)
+			die("usage", "watch needs --obj");
+		return cmd_watch(a.obj, a.pin);
+	}
 	if (!strcmp(cmd, "start")) {
 		if (!a.obj)
 			die("usage", "start needs --obj");

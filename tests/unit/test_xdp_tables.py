@@ -36,7 +36,7 @@ def lookup(t, h: Header) -> int:
     if not t.boxes:
         return t.n
     acc = np.full(max(t.words, 1), np.uint64(0xFFFFFFFFFFFFFFFF))
-    vals = dict(zip(FIELDS, h.values(), strict=True), flags=h.tcp_flags)
+    vals = dict(zip(FIELDS, h.values(), strict=True), flags=h.tcp_flags, sets=h.sets)
     if vals["ct"] in (1, 2) and t.ct_hit[vals["ct"] - 1] & CT_HIT_SET:
         return t.ct_hit[vals["ct"] - 1] & ~CT_HIT_SET  # hfx_config.ct_hit: the hit's entry without a lookup
     if vals["ct"] and "ct" in t.fields and set(SEARCH_FIELDS) & set(t.fields):
@@ -241,7 +241,7 @@ def lookup_buffered(t, data: bytes, h: Header) -> int:
     words = np.frombuffer(rec["hfx_valid"][2], "<u8")
     valid = np.unpackbits(words.view(np.uint8), bitorder="little").astype(bool)
     keep = valid[t.box_entry] if t.boxes else np.zeros(0, bool)
-    vals = dict(zip(FIELDS, h.values(), strict=True), flags=h.tcp_flags)
+    vals = dict(zip(FIELDS, h.values(), strict=True), flags=h.tcp_flags, sets=h.sets)
     i = n
     if t.boxes:
         acc = np.zeros(t.boxes, dtype=bool)
@@ -262,12 +262,12 @@ def lookup_buffered(t, data: bytes, h: Header) -> int:
     k = len(FIELDS)
     for b in range(min(scan, depth)):
         row = SLOT.unpack_from(raw, b * SLOT.size)
-        lo, hi, fm, fv, pos, on = row[:k], row[k : 2 * k], row[2 * k], row[2 * k + 1], row[2 * k + 3], row[2 * k + 4]
+        lo, hi, (fm, fv, sm, sv, pos, on) = row[:k], row[k : 2 * k], row[2 * k :]
         if not on:
             continue
         if pos > i:
             break
-        if all(a <= x <= z for a, x, z in zip(lo, v, hi, strict=True)) and h.tcp_flags & fm == fv:
+        if all(a <= x <= z for a, x, z in zip(lo, v, hi, strict=True)) and h.tcp_flags & fm == fv and h.sets & sm == sv:
             return n + 1 + b
     return i
 

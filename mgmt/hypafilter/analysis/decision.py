@@ -38,13 +38,13 @@ def match_index(plan, header: Header) -> int:
     update buffer (`overlay`: analysis.overlay.View) answers the hardware index of the master rule set's match."""
     if getattr(plan, "overlay", None) is not None:
         v = np.array([header.values()], dtype=np.int64)
-        return int(match_indices(plan, v, np.array([header.tcp_flags], dtype=np.int64))[0])
+        return int(match_indices(plan, v, np.array([header.tcp_flags | header.sets << 8], dtype=np.int64))[0])
     s = entry_set(plan)
     n = len(plan.entries)
     if not len(s):
         return n
     v = np.array(header.values(), dtype=np.int64)
-    ok = np.all((s.lo <= v) & (v <= s.hi), axis=1) & ((header.tcp_flags & s.fmask) == s.fval)
+    ok = np.all((s.lo <= v) & (v <= s.hi), axis=1) & (((header.tcp_flags | header.sets << 8) & s.fmask) == s.fval)
     hits = s.owner[ok]
     return int(hits.min()) if len(hits) else n
 

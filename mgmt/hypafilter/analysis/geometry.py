@@ -1,6 +1,7 @@
 """Numpy form of many box unions and the vectorised intersection / first-match engine used by the analysis.
 
-A `BoxSet` holds m boxes as arrays (lo[m, NDIM], hi[m, NDIM], TCP-flags mask/value, owner). The engine answers
+A `BoxSet` holds m boxes as arrays (lo[m, NDIM], hi[m, NDIM], one ternary mask/value, owner): the ternary's low
+8 bits are the TCP-flags test, the bits above them the set-slot test (Box.sets_mask << 8). The engine answers
 "which source boxes intersect this target box (optionally: only sources whose owner is below a bound)" for many
 targets at once. Instead of testing all target × source pairs (9e8 pairs for 90k simple × 10k complex rules),
 it precomputes, per dimension, cumulative bitsets over the sources: row r of the "lo" table is the set of sources
@@ -20,6 +21,10 @@ import numpy as np
 import numpy.ma  # np.unique's first call imports it (~10 ms): at import, not inside the first update
 
 from hypafilter.ir import MAXV, NDIM, Box
+from hypafilter.ir.sets import MAX_SET_SLOTS
+
+# Every bit of the combined ternary (8 TCP flag bits, then one bit per set slot).
+TERNARY_MASK = (1 << (8 + MAX_SET_SLOTS)) - 1
 
 _MAXV = np.array(MAXV, dtype=np.int64)
 # Sources are processed in chunks so that the per-dimension tables stay small (rows x chunk/64 words each).
@@ -57,8 +62,8 @@ class BoxSet:
                     continue
                 lo.append(b.lo)
                 hi.append(b.hi)
-                fm.append(b.flags_mask)
-                fv.append(b.flags_value)
+                fm.append(b.flags_mask | b.sets_mask << 8)
+                fv.append(b.flags_value | b.sets_value << 8)
                 ow.append(o)
         if not ow:
             return cls.empty()
@@ -72,11 +77,14 @@ class BoxSet:
 
     @classmethod
     def points(cls, values: np.ndarray, flags: np.ndarray | None = None) -> BoxSet:
-        """Headers as zero-width boxes: values[p, NDIM] (FIELDS order), flags[p] the TCP flags byte."""
+        """Headers as zero-width boxes: values[p, NDIM] (FIELDS order), flags[p] the TCP flags byte, with the
+        header's set-slot bits above it (tcp_flags | sets << 8; sets 0 when only the flags byte is given)."""
         v = np.asarray(values, dtype=np.int64).reshape(-1, NDIM)
         f = np.zeros(len(v), dtype=np.int64) if flags is None else np.asarray(flags, dtype=np.int64)
-        # A point's flags are fully specified: mask = all 8 flag bits.
-        return cls(v, v, np.full(len(v), 0xFF, dtype=np.int64), f & 0xFF, np.arange(len(v), dtype=np.int64))
+        # A point's flags and set bits are fully specified: mask = all 8 flag bits and every slot bit.
+        return cls(
+            v, v, np.full(len(v), TERNARY_MASK, dtype=np.int64), f & TERNARY_MASK, np.arange(len(v), dtype=np.int64)
+        )
 
     def take(self, idx: np.ndarray) -> BoxSet:
         return BoxSet(self.lo[idx], self.hi[idx], self.fmask[idx], self.fval[idx], self.owner[idx])

@@ -223,8 +223,13 @@ def align(static_entries: list, master_plan, depth: int) -> View:
 
 
 def box_key(ov: Overlay) -> list[tuple]:
-    """The slots as plain tuples (lo, hi, flags mask, flags value, pos): what a target writes and reads back."""
-    return [(s.box.lo, s.box.hi, s.box.flags_mask, s.box.flags_value, s.pos) for s in ov.slots]
+    """The slots as plain tuples (lo, hi, flags mask, flags value, pos[, sets mask, sets value]): what a target writes
+    and reads back (the sets ternary only where a slot has one: targets without set slots never write it)."""
+    return [
+        (s.box.lo, s.box.hi, s.box.flags_mask, s.box.flags_value, s.pos)
+        + ((s.box.sets_mask, s.box.sets_value) if s.box.sets_mask else ())
+        for s in ov.slots
+    ]
 
 
 assert NDIM == 9  # the slot word layout (hw/regmap.txt BUF, the XDP program's hf_buf) names these nine fields

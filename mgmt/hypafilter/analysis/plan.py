@@ -111,6 +111,11 @@ class Plan:
     may_shunt: np.ndarray = field(init=False, repr=False)  # deliver the frame itself: shunt | forced
     delivers: np.ndarray = field(init=False, repr=False)  # send software anything: may_shunt | mirror (a copy)
 
+    @property
+    def set_slots(self) -> tuple:
+        """The set slots the entries' sets ternaries test, in slot order (ir.sets.SetSlot; Policy.set_slots)."""
+        return self.policy.set_slots
+
     def __post_init__(self):
         if self.mirror is None:
             self.mirror = np.zeros(len(self.entries) + 1, dtype=bool)

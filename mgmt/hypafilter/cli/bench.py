@@ -226,6 +226,7 @@ def run_rate(args: argparse.Namespace) -> int:
     from hypafilter.tools.bench.rate import FIELDS, rate
 
     cfg = load_config(args)
+    cfg.target = "xdp"  # the program measured is the xdp target's: its set slots (docs/sets.md) included
     if args.ct_first and not args.classbench:
         raise HypafilterError("--ct-first needs --classbench (a policy file states its own conntrack rule)")
     nft_policy = None
@@ -317,6 +318,7 @@ def run_xdp_cost(args: argparse.Namespace) -> int:
     from hypafilter.tools.bench.xdpcost import xdp_cost
 
     cfg = load_config(args)
+    cfg.target = "xdp"  # the program measured is the xdp target's: its set slots (docs/sets.md) included
     if args.ct_first and not args.classbench:
         raise HypafilterError("--ct-first needs --classbench (a policy file states its own conntrack rule)")
     if args.established and not args.trace:

@@ -19,6 +19,12 @@ def add_policy_args(p: argparse.ArgumentParser, required: bool = True) -> None:
         action="store_true",
         help="accept a file without rules for the base chain (the chain policy then decides every packet)",
     )
+    p.add_argument(
+        "--ipsets",
+        metavar="FILE",
+        help="the ipsets the policy's -m set matches read (`ipset save` format; default: the firewall's live sets); "
+        "created in the lab and the oracle's namespace (docs/sets.md)",
+    )
     cb = p.add_argument_group("ClassBench import (instead of POLICY; same meaning as `hypafilter import-classbench`)")
     cb.add_argument("--classbench", metavar="FILTERS", help="ClassBench filter set")
     cb.add_argument("--complex", type=int, default=0, metavar="K", help="number of complex rules to place")
@@ -78,11 +84,52 @@ def progress(args: argparse.Namespace, quiet: bool = False):
     return lambda s: print(f"hypafilter: {s}", file=sys.stderr)
 
 
+def set_env(args: argparse.Namespace, config: Config):
+    """What the front end knows of the sets (iptables.sets.SetEnv): --ipsets FILE, else the firewall namespace's
+    live sets (the lab's or the site's, when it exists; else this namespace's), with the target's set slots."""
+    from hypafilter.iptables.sets import SetEnv
+    from hypafilter.netfilter import ipset
+    from hypafilter.targets import set_capability
+
+    target = getattr(args, "target", None) or config.target
+    slots, capacity = set_capability(target)
+    path = getattr(args, "ipsets", None)
+    if path:
+        sets, text = ipset.read_file(path)
+        return SetEnv(sets, slots, capacity, target, path, text=text)
+    from hypafilter import netns
+    from hypafilter.ops import deploy
+
+    ns = deploy.NS_FW if deploy.NS_FW and netns.exists(deploy.NS_FW) else None
+
+    def live() -> tuple[dict, str]:
+        try:
+            text = ipset.save_text(ns)
+            return ipset.parse_save(text, f"ipset save ({ns or 'this namespace'})"), text
+        except HypafilterError:
+            return {}, ""
+
+    return SetEnv({}, slots, capacity, target, f"live sets of {ns or 'this namespace'}", loader=live)
+
+
 def load_policy(args: argparse.Namespace, config: Config | None = None) -> Policy:
-    """The Policy named by the arguments (a file, or a ClassBench import)."""
-    from hypafilter.iptables.document import parse_policy
+    """The Policy named by the arguments (a file, or a ClassBench import); the sets its -m set matches read from
+    --ipsets or the live kernel (Policy.sets, .ipsets_text)."""
+    import dataclasses
 
     config = config or load_config(args)
+    env = set_env(args, config)
+    policy = _load_policy(args, config, env)
+    if not env.text:
+        return policy
+    return dataclasses.replace(
+        policy, ipsets_text=env.text, sets=dict(env.sets), ipsets_file=getattr(args, "ipsets", None) or ""
+    )
+
+
+def _load_policy(args: argparse.Namespace, config: Config, env) -> Policy:
+    from hypafilter.iptables.document import parse_policy
+
     if args.classbench and args.policy:
         raise HypafilterError("give either POLICY or --classbench, not both")
     if args.classbench:
@@ -96,7 +143,7 @@ def load_policy(args: argparse.Namespace, config: Config | None = None) -> Polic
             deterministic=args.deterministic,
         )
         return parse_policy(
-            text, filename=args.classbench, base_chain=args.chain, config=config, allow_empty=args.allow_empty
+            text, filename=args.classbench, base_chain=args.chain, config=config, allow_empty=args.allow_empty, sets=env
         )
     if not args.policy:
         raise HypafilterError("no policy given (POLICY or --classbench FILTERS)")
@@ -113,4 +160,6 @@ def load_policy(args: argparse.Namespace, config: Config | None = None) -> Polic
         raise PolicyError(
             f"not UTF-8 text: byte 0x{data[e.start]:02x} (is this an iptables-save file?)", args.policy, line, column
         ) from e
-    return parse_policy(text, filename=args.policy, base_chain=args.chain, config=config, allow_empty=args.allow_empty)
+    return parse_policy(
+        text, filename=args.policy, base_chain=args.chain, config=config, allow_empty=args.allow_empty, sets=env
+    )

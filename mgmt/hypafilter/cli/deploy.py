@@ -41,6 +41,10 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         deploy.configure_from_state()
     cfg = deploy.site_config(cfg)  # the policy's interface checks meet the lab's interfaces
     policy = load_policy(args, cfg)
+    if policy.ipsets_file:  # --ipsets: the sets created where the policy is loaded, before it (docs/sets.md)
+        from hypafilter.netfilter import ipset
+
+        ipset.restore(deploy.NS_FW, policy.ipsets_text)
     before = deploy.read_state()
     state = deploy.deploy(policy, cfg, target=cfg.target, force=args.force, log=progress(args))
     summary = _summary(state)
@@ -105,6 +109,7 @@ def _fmt_status(st: dict) -> str:
                     lines.append(f"  {r['packets']:>8} pkts  {r['rule']}")
     lines.append(_fmt_flowsync(st.get("flowsync") or {}))
     lines.append(_fmt_policysync(st.get("policysync") or {}, st.get("overlay")))
+    lines += _fmt_sets(st.get("sets") or {}, (st.get("policysync") or {}).get("sets") or {})
     last = (st.get("history") or [{}])[-1]
     lines.append(f"last     {last.get('kind', last.get('result'))} took {last.get('duration_s')}s")
     return "\n".join(lines)
@@ -133,6 +138,26 @@ def _fmt_flowsync(fs: dict) -> str:
         f"insert failures (set full) {fs.get('insert_failures')}, timeout refreshes {fs.get('refreshes')}; "
         f"sync lag p50 {fs.get('lag_p50_ms')} ms, max {fs.get('lag_max_ms')} ms"
     )
+
+
+def _fmt_sets(sets: dict, follow: dict) -> list[str]:
+    """The set lines of `status` (docs/sets.md): the slots in the fast path and how the kernel's sets are followed,
+    and each set match left to netfilter with why."""
+    if not sets.get("slots") and not sets.get("complex"):
+        return []
+    lines = []
+    if sets.get("slots"):
+        how = "following the kernel's sets" if follow.get("following") else "NOT following the kernel's sets"
+        if follow.get("error"):
+            how += f" ({follow['error']}): frames leave to the stack"
+        lag = follow.get("lag_release_ms") or {}
+        lines.append(
+            f"sets     {len(sets['slots'])} slot(s) in the fast path: {'; '.join(sets['slots'])}; {how}; "
+            f"{follow.get('syncs', 0)} syncs, release lag p50 {lag.get('p50')} ms, max {lag.get('max')} ms"
+        )
+    for c in sets.get("complex") or []:
+        lines.append(f"sets     {c['where']}: {c['test']}: complex: {c['why']}")
+    return lines
 
 
 def _fmt_policysync(ps: dict, overlay: dict | None) -> str:

@@ -28,6 +28,23 @@ def complex_reasons(rule: Rule) -> list[str]:
     return reasons
 
 
+def set_lines(policy) -> list[str]:
+    """What became of each -m set match (docs/sets.md): a set slot of the fast path, or why it stays complex."""
+    notes = getattr(policy, "set_notes", [])
+    if not notes:
+        return []
+    out = [f"  set matches: {len(policy.set_slots)} set slot(s) in the fast path"]
+    for i, slot in enumerate(policy.set_slots):
+        info = policy.sets.get(slot.name)
+        size = f", {len(info.entries)} elements, maxelem {info.maxelem}" if info is not None else ""
+        out.append(f"    slot {i}: {slot.name} ({slot.settype}) by {','.join(slot.dirs)}{size}")
+    for n in notes:
+        where = f"{n.origin.file}:{n.origin.line}" if n.origin else "?"
+        what = f"simple (slot {n.slot})" if n.slot >= 0 else f"complex: {n.why}"
+        out.append(f"    {where}: {shown_text(n.test)}: {what}")
+    return out
+
+
 def ct_text(rule: Rule) -> str:
     """The directions of a flow-cache hit a rule's boxes take (ct 1 original, 2 reply)."""
     ct = FIELD_INDEX["ct"]
@@ -69,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"  interface checks resolved for NIC frames ({interfaces_text(policy)}):")
         for line in resolved:
             print(f"    {line}")
+    for line in set_lines(policy):
+        print(line)
     for i, r in enumerate(rules):
         if r.is_simple and r.ct_part != "hit":
             continue
@@ -87,7 +106,9 @@ def run(args: argparse.Namespace) -> int:
         if why:
             print(f"  kernel check skipped: {why}")
         else:
-            errors = kernel.check(*kernel.policy_lines(policy, config.table), table=config.table)
+            errors = kernel.check(
+                *kernel.policy_lines(policy, config.table), table=config.table, sets_text=policy.ipsets_text or None
+            )
             for e in errors:
                 print(f"hypafilter: error: {e}", file=sys.stderr)
             print(f"  kernel check: {'every rule loads' if not errors else f'{len(errors)} refused'}")
@@ -105,6 +126,12 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("lint", help="validate a policy (no files written)", description=__doc__)
     add_policy_args(p)
     p.add_argument("-v", "--verbose", action="store_true", help="list every flattened rule")
+    p.add_argument(
+        "--target",
+        choices=("emu", "xdp", "sume"),
+        help="the target the partition is for (its set slots decide which -m set matches are simple; default: the "
+        "configuration's)",
+    )
     p.add_argument(
         "--no-kernel",
         action="store_true",

@@ -370,7 +370,9 @@ def hw_index(plan, hdr: Header, buffer: Image | None) -> int:
     ov = _overlay(buffer)
     if ov.pristine and getattr(plan, "overlay", None) is None:
         return decision.match_index(plan, hdr)
-    points = BoxSet.points(np.array([hdr.values()], dtype=np.int64), np.array([hdr.tcp_flags], dtype=np.int64))
+    points = BoxSet.points(
+        np.array([hdr.values()], dtype=np.int64), np.array([hdr.tcp_flags | hdr.sets << 8], dtype=np.int64)
+    )
     return int(hw_indices(decision.entry_set(plan), ov, points)[0])
 
 

@@ -24,6 +24,7 @@ from hypafilter.iptables.parser import (
     port_range,
 )
 from hypafilter.iptables.rule import Addr, ParsedRule, PortCheck, TcpUdp, Verbatim, target_column
+from hypafilter.iptables.sets import SetEnv, apply_sets, changed_sets
 from hypafilter.iptables.tables import BUILTIN_CHAINS, CONNTRACK_MATCHES, CONNTRACK_TARGETS
 from hypafilter.iptables.tokens import RESTORE, SHELL, SPECIAL, Tok, tokenize
 from hypafilter.ir import PROTO_TCP, PROTO_UDP, Box, Origin, Policy, UserChain
@@ -421,6 +422,7 @@ def parse_policy(
     base_chain: str = "FORWARD",
     config: Config | None = None,
     allow_empty: bool = False,
+    sets: SetEnv | None = None,
 ) -> Policy:
     """Parse and flatten a policy for `base_chain`; bad input raises PolicyError (file:line:column, token).
 
@@ -459,7 +461,10 @@ def parse_policy(
                 base_chain if base.line else "",
             )
     reach = reachable_chains(doc.chains, base_chain)
-    rules = split_states(flatten(doc.chains, base_chain, base.policy or "ACCEPT", config))
+    if sets is not None:
+        sets.changed = sets.changed | changed_sets(text)
+    rules, set_slots, set_notes = apply_sets(flatten(doc.chains, base_chain, base.policy or "ACCEPT", config), sets)
+    rules = split_states(rules)
     reads_ct = any(
         r.target in CONNTRACK_TARGETS or any(isinstance(m, Verbatim) and m.name in CONNTRACK_MATCHES for m in r.matches)
         for name in (base_chain, *reach)
@@ -484,6 +489,10 @@ def parse_policy(
         ignored_tables=ignored,
         declared_chains=tuple(sorted(n for n, c in doc.chains.items() if not c.builtin)),
         interfaces=(doc.ifaces.bridge, doc.ifaces.ports),
+        set_slots=set_slots,
+        sets=dict(sets.sets) if sets is not None else {},
+        ipsets_text=sets.text if sets is not None else "",
+        set_notes=set_notes,
         resolved=[
             (r.origin, toks, outcome)
             for name in (base_chain, *reach)

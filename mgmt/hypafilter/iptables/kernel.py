@@ -50,23 +50,29 @@ def set_names(tokens: Sequence[str]) -> list[str]:
     return [tokens[i + 1] for i, t in enumerate(tokens[:-1]) if t in ("--match-set", "--add-set", "--del-set")]
 
 
-def _host_sets() -> dict[str, str]:
-    """The host's ipsets: name -> its `create` line from `ipset save` (empty when ipset is missing)."""
+def _host_sets(text: str | None = None) -> dict[str, str]:
+    """The host's ipsets (or those of an `ipset save` text): name -> its `create` line from `ipset save` (empty when
+    ipset is missing)."""
     if not shutil.which("ipset"):
         return {}
     out = {}
-    for ln in netns.run(["ipset", "save"], check=False).splitlines():
+    if text is None:
+        text = netns.run(["ipset", "save"], check=False)
+    for ln in text.splitlines():
         parts = ln.split()
         if len(parts) >= 3 and parts[0] == "create":
             out[parts[1]] = ln
     return out
 
 
-def check(lines: Sequence[Line], sets: dict[str, Origin], table: str = "filter") -> list[PolicyError]:
+def check(
+    lines: Sequence[Line], sets: dict[str, Origin], table: str = "filter", sets_text: str | None = None
+) -> list[PolicyError]:
     """Load `lines` (a complete iptables-restore text for `table`) into a scratch namespace; every refusal as a
-    PolicyError at the user's line. `sets`: ipset name -> the first rule that names it."""
+    PolicyError at the user's line. `sets`: ipset name -> the first rule that names it; `sets_text`: the `ipset save`
+    text they come from (--ipsets, or the firewall's; None: this namespace's)."""
     errors: list[PolicyError] = []
-    host_sets = _host_sets() if sets else {}
+    host_sets = _host_sets(sets_text or None) if sets else {}
     missing = {name: o for name, o in sets.items() if name not in host_sets}
     why = "does not exist on this host" if shutil.which("ipset") else "cannot be checked: ipset is not installed"
     for name, o in sorted(missing.items()):

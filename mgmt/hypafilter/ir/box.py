@@ -47,18 +47,24 @@ class Box:
     """A hyper-rectangle: closed intervals per FIELDS dimension, plus a ternary test on TCP flags.
 
     The flags test is `(tcp_flags & flags_mask) == flags_value` (iptables' --tcp-flags); mask 0 = any.
+    The sets test is the same ternary over set-slot membership bits (ir.sets): `(sets & sets_mask) == sets_value`,
+    bit i = the frame is a member of slot i's set by slot i's directions; mask 0 = any.
     """
 
     lo: tuple[int, ...]
     hi: tuple[int, ...]
     flags_mask: int = 0
     flags_value: int = 0
+    sets_mask: int = 0
+    sets_value: int = 0
 
     def __post_init__(self):
         if len(self.lo) != NDIM or len(self.hi) != NDIM:
             raise ValueError("box needs one interval per field")
         if self.flags_value & ~self.flags_mask:
             raise ValueError("flags_value has bits outside flags_mask")
+        if self.sets_value & ~self.sets_mask:
+            raise ValueError("sets_value has bits outside sets_mask")
 
     @staticmethod
     def full() -> Box:
@@ -71,7 +77,15 @@ class Box:
             self.hi[:i] + (hi,) + self.hi[i + 1 :],
             self.flags_mask,
             self.flags_value,
+            self.sets_mask,
+            self.sets_value,
         )
+
+    def with_sets(self, mask: int, value: int) -> Box | None:
+        """This box with the sets ternary `(sets & mask) == value` added (None: contradicts the box's own)."""
+        if (self.sets_value ^ value) & self.sets_mask & mask:
+            return None
+        return Box(self.lo, self.hi, self.flags_mask, self.flags_value, self.sets_mask | mask, self.sets_value | value)
 
     def interval(self, name: str) -> tuple[int, int]:
         i = FIELD_INDEX[name]
@@ -83,15 +97,26 @@ class Box:
     def intersect(self, other: Box) -> Box | None:
         if (self.flags_value ^ other.flags_value) & self.flags_mask & other.flags_mask:
             return None
+        if (self.sets_value ^ other.sets_value) & self.sets_mask & other.sets_mask:
+            return None
         lo = tuple(max(a, b) for a, b in zip(self.lo, other.lo, strict=True))
         hi = tuple(min(a, b) for a, b in zip(self.hi, other.hi, strict=True))
         if any(a > b for a, b in zip(lo, hi, strict=True)):
             return None
-        return Box(lo, hi, self.flags_mask | other.flags_mask, self.flags_value | other.flags_value)
+        return Box(
+            lo,
+            hi,
+            self.flags_mask | other.flags_mask,
+            self.flags_value | other.flags_value,
+            self.sets_mask | other.sets_mask,
+            self.sets_value | other.sets_value,
+        )
 
     def contains(self, point: Header) -> bool:
         v = point.values()
         if any(not (lo <= x <= hi) for lo, hi, x in zip(self.lo, self.hi, v, strict=True)):
+            return False
+        if (point.sets & self.sets_mask) != self.sets_value:
             return False
         return (point.tcp_flags & self.flags_mask) == self.flags_value
 
@@ -121,6 +146,7 @@ class Header:
     iport: int = 0
     tcp_flags: int = 0
     ct: int = 0  # not a header byte: what the flow cache knows (CT_*), 0 without one
+    sets: int = 0  # not a header byte: bit i = member of set slot i's set by its directions (ir.sets)
 
     def values(self) -> tuple[int, ...]:
         return (
@@ -135,25 +161,34 @@ MAX_BOXES = 4096
 
 
 def box_minus(a: Box, b: Box) -> list[Box]:
-    """a \\ b as disjoint boxes (at most 2 per dimension plus one per TCP flag bit that b tests and a does not)."""
+    """a \\ b as disjoint boxes (at most 2 per dimension plus one per TCP flag bit and per set-slot bit that b
+    tests and a does not)."""
     if a.intersect(b) is None:
         return [a]
     out: list[Box] = []
     lo, hi = list(a.lo), list(a.hi)
+    fm, fv, sm, sv = a.flags_mask, a.flags_value, a.sets_mask, a.sets_value
     for i in range(NDIM):
         if lo[i] < b.lo[i]:
-            out.append(Box(tuple(lo), tuple(hi[:i] + [b.lo[i] - 1] + hi[i + 1 :]), a.flags_mask, a.flags_value))
+            out.append(Box(tuple(lo), tuple(hi[:i] + [b.lo[i] - 1] + hi[i + 1 :]), fm, fv, sm, sv))
             lo[i] = b.lo[i]
         if hi[i] > b.hi[i]:
-            out.append(Box(tuple(lo[:i] + [b.hi[i] + 1] + lo[i + 1 :]), tuple(hi), a.flags_mask, a.flags_value))
+            out.append(Box(tuple(lo[:i] + [b.hi[i] + 1] + lo[i + 1 :]), tuple(hi), fm, fv, sm, sv))
             hi[i] = b.hi[i]
-    fm, fv = a.flags_mask, a.flags_value
     free = b.flags_mask & ~a.flags_mask
     for bit in range(8):
         m = 1 << bit
         if free & m:
-            out.append(Box(tuple(lo), tuple(hi), fm | m, fv | (~b.flags_value & m)))
+            out.append(Box(tuple(lo), tuple(hi), fm | m, fv | (~b.flags_value & m), sm, sv))
             fm, fv = fm | m, fv | (b.flags_value & m)
+    free = b.sets_mask & ~a.sets_mask
+    bit = 0
+    while free >> bit:
+        m = 1 << bit
+        if free & m:
+            out.append(Box(tuple(lo), tuple(hi), fm, fv, sm | m, sv | (~b.sets_value & m)))
+            sm, sv = sm | m, sv | (b.sets_value & m)
+        bit += 1
     return out
 
 

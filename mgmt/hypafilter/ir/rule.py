@@ -11,6 +11,7 @@ import hashlib
 from dataclasses import dataclass, field
 
 from hypafilter.ir.box import Box
+from hypafilter.ir.sets import SetInfo, SetSlot
 
 # Action codes as carried in the shunt metadata M[27:24] and the low 4 bits of the netfilter mark.
 ACTION_NONE, ACTION_ACCEPT, ACTION_DROP = 0, 1, 2
@@ -113,6 +114,15 @@ class Policy:
     # Every interface check so resolved, in the base chain and the user chains it reaches: (where, the check's
     # option tokens, what it became for NIC frames), for reports.
     resolved: list[tuple[Origin | None, tuple[str, ...], str]] = field(default_factory=list)
+    # The set slots the simple rules' boxes test (bit i of Box.sets_mask = set_slots[i]; at most MAX_SET_SLOTS),
+    # and the sets the front end read (live or --ipsets), by name: what a target fills its tables from.
+    set_slots: tuple[SetSlot, ...] = ()
+    sets: dict[str, SetInfo] = field(default_factory=dict)
+    # Every set match of the flattened rules and what became of it (iptables.sets.SetNote: slot or why complex).
+    set_notes: list = field(default_factory=list)
+    # The `ipset save` text the sets came from when given as a file (--ipsets): what labs and the oracle create.
+    ipsets_text: str = ""
+    ipsets_file: str = ""  # the file it came from ("": the live kernel's sets, read where the firewall runs)
 
     @property
     def simple_indices(self) -> list[int]:
@@ -133,6 +143,8 @@ class Policy:
         for name in sorted(self.user_chains):
             lines.append(f"chain {name}")
             lines += [" ".join(r) for r in self.user_chains[name].rules]
+        for i, slot in enumerate(self.set_slots):  # the set types shape the fast path (their contents do not)
+            lines.append(f"set slot {i} {slot.name} {slot.settype} {','.join(slot.dirs)}")
         return "\n".join(lines) + "\n"
 
     def policy_hash(self) -> str:

@@ -23,11 +23,12 @@ class StaticEntry:
 
 
 def _box_json(b) -> list:
-    return [list(b.lo), list(b.hi), b.flags_mask, b.flags_value]
+    out = [list(b.lo), list(b.hi), b.flags_mask, b.flags_value]
+    return out + [b.sets_mask, b.sets_value] if b.sets_mask else out
 
 
 def _box_of(j) -> Box:
-    return Box(tuple(j[0]), tuple(j[1]), j[2], j[3])
+    return Box(tuple(j[0]), tuple(j[1]), j[2], j[3], *(j[4:6] if len(j) > 4 else ()))
 
 
 def static_path(state_dir: Path) -> Path:

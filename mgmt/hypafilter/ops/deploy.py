@@ -430,7 +430,9 @@ def _check_interfaces(policy: Policy) -> None:
 def _kernel_check(policy: Policy, config: Config) -> None:
     if kernel.available() is not None:
         return
-    errors = kernel.check(*kernel.policy_lines(policy, config.table), table=config.table)
+    errors = kernel.check(
+        *kernel.policy_lines(policy, config.table), table=config.table, sets_text=policy.ipsets_text or None
+    )
     if errors:
         raise HypafilterError(
             "; ".join(str(e) for e in errors[:5]) + (f" (and {len(errors) - 5} more)" if len(errors) > 5 else "")
@@ -457,6 +459,19 @@ def _in_background(fn: Callable[[], object]) -> Callable[[], object]:
         return done.get("result")
 
     return result
+
+
+def sets_state(policy: Policy) -> dict:
+    """What became of the policy's -m set matches (docs/sets.md): the set slots of the fast path, and each match
+    that stays complex with why (what `status` says)."""
+    return {
+        "slots": [f"{s.name} ({s.settype}) by {','.join(s.dirs)}" for s in policy.set_slots],
+        "complex": [
+            {"where": f"{n.origin.file}:{n.origin.line}" if n.origin else "?", "test": n.test, "why": n.why}
+            for n in policy.set_notes
+            if n.slot < 0
+        ],
+    }
 
 
 def partition_counts(policy: Policy, plan) -> dict:
@@ -680,6 +695,9 @@ def _deploy_locked(
         view = None
         static = read_static(STATE_DIR, old_nic.get("binary", "")) if old_nic and not force else None
         # a configuration with another buffer depth builds a new core (program): the depth is part of its build
+        # the running program's set slots must be the plan's (their maps are part of its build: docs/sets.md)
+        if static is not None and not tgt.same_sets(old_nic, plan):
+            static = None
         if static is not None and static[1] > 0 and static[1] == tgt.buffer_depth():
             t_ov = time.monotonic()
             try:
@@ -964,6 +982,7 @@ def _deploy_locked(
         # The firewall's VLAN setting found before the first deploy, given back at undeploy.
         "vlan_filter_before": (old or {}).get("vlan_filter_before", old_vlan),
         "partition": partition_counts(policy, plan),
+        "sets": sets_state(policy),
         "intervals": intervals,
         "nic": new_nic,
         "tables": {k: v for k, v in written.items() if k != "writes"},

@@ -34,6 +34,7 @@ from hypafilter.errors import HypafilterError
 from hypafilter.iptables.writer import policy_restore
 from hypafilter.ir import MAXV, PROTO_ICMP, PROTO_TCP, PROTO_UDP, Policy
 from hypafilter.ir.semantics import OBSERVING_TARGETS
+from hypafilter.netfilter import ipset
 from hypafilter.netfilter.bridge import unfilterable_nft
 from hypafilter.ops import connections, deploy, observers
 from hypafilter.ops.connections import ConnectionSpec
@@ -631,6 +632,7 @@ class FrameGen:
         self.bad_share = bad_share
         self.boxes = [b for r in policy.rules for b in r.boxes]
         self.needles = [STRING_MARKER, *policy_strings(policy)]
+        self.members = set_members(policy)
 
     def _pick(self, lo: int, hi: int, top: int) -> int:
         r = self.rng.random()
@@ -659,7 +661,27 @@ class FrameGen:
         if box is not None and box.flags_mask and rng.random() < 0.6:
             flags = (flags & ~box.flags_mask) | box.flags_value
         h["flags"] = flags
+        if self.members and rng.random() < 0.4:  # a set's element (or just beside it) by a set match's directions
+            self.member(h, *rng.choice(self.members))
         return h
+
+    def member(self, h: dict, settype: str, dirs: tuple[str, ...], e) -> None:
+        """Header `h` made to hit element `e` of a set matched by `dirs`, or its edges and just outside them."""
+        rng = self.rng
+        if settype != "bitmap:port":
+            a = dirs[0] if dirs else "src"
+            h[a] = self._pick(e.addr_lo, e.addr_hi, MAXV[0])
+        if settype in ("hash:ip,port", "hash:net,port") and len(dirs) > 1:
+            proto = e.proto if rng.random() < 0.9 else rng.choice((PROTO_TCP, PROTO_UDP, PROTO_ICMP))
+            h["proto"] = proto
+            if proto == PROTO_ICMP:
+                h["icmp_type"], h["icmp_code"] = e.port >> 8, e.port & 0xFF
+            else:
+                h["sport" if dirs[1] == "src" else "dport"] = self._pick(e.port, e.port, 0xFFFF)
+        elif settype == "bitmap:port":
+            if h["proto"] not in (PROTO_TCP, PROTO_UDP) or rng.random() < 0.5:
+                h["proto"] = rng.choice((PROTO_TCP, PROTO_UDP))
+            h["sport" if dirs[:1] == ("src",) else "dport"] = self._pick(e.port, e.port, 0xFFFF)
 
     def corners(self) -> list[dict]:
         """Two headers per box of the policy, in rule order: its low corner and its high corner (every field at the
@@ -685,6 +707,28 @@ class FrameGen:
             at = self.rng.randint(0, n)
             body = body[:at] + self.rng.choice(self.needles) + body[at:]
         return body
+
+
+def set_members(policy: Policy, per_set: int = 2000) -> list[tuple]:
+    """(set type, directions, element) for the elements of every set the policy's -m set matches read (at most
+    `per_set` of each, evenly spread), what verify's frames aim at besides the boxes (docs/sets.md)."""
+    from hypafilter.iptables.sets import set_match
+
+    out = []
+    seen = set()
+    for note in getattr(policy, "set_notes", ()):
+        m = set_match(("-m", "set", *note.test.split()))
+        if m is None:
+            continue
+        _, name, dirs_text, _ = m
+        info = policy.sets.get(name)
+        if info is None or (name, dirs_text) in seen or not info.entries:
+            continue
+        seen.add((name, dirs_text))
+        step = max(1, len(info.entries) // per_set)
+        dirs = tuple(dirs_text.split(","))
+        out += [(info.settype, dirs, e) for e in info.entries[::step] if e.addr_hi or e.port or e.proto]
+    return out
 
 
 def _string_args(tokens) -> list[bytes]:
@@ -1271,11 +1315,16 @@ def _counter_delta(before: dict, after: dict) -> dict:
     return {k: after[k] - before.get(k, 0) for k in after if isinstance(after[k], int)}
 
 
-def load_oracle(ns: str, policy: Policy, table: str = "filter", unfilterable: str = "drop") -> None:
+def load_oracle(ns: str, policy: Policy, table: str = "filter", unfilterable: str = "drop", fw: str = "") -> None:
     """The original policy alone into the plain namespace (the whole table replaced), with the deployment's
-    handling of frames the bridge cannot filter (netfilter.bridge). A policy with hashlimit tables starts from an
-    empty table first, until the kernel has dropped the tables of the last load: a table outlives a reload that
-    keeps its name, buckets an earlier run spent included (limits_before)."""
+    handling of frames the bridge cannot filter (netfilter.bridge). The sets its -m set matches read first, as the
+    firewall has them now (`fw`, its namespace; docs/sets.md): the same contents on both paths. A policy with
+    hashlimit tables starts from an empty table first, until the kernel has dropped the tables of the last load: a
+    table outlives a reload that keeps its name, buckets an earlier run spent included (limits_before)."""
+    if policy.set_notes:
+        text = ipset.save_text(fw) if fw else policy.ipsets_text
+        if text:
+            ipset.restore(ns, text)
     names = {_value(o, "--hashlimit-name") or "" for m, o in policy_groups(policy) if m == "hashlimit"} - {""}
     try:
         if names:
@@ -1297,19 +1346,21 @@ def _deployed(policy: Policy, config: Config, log: Callable[[str], None], live: 
         if not state:
             raise HypafilterError("nothing is deployed")
         lab = Lab(deploy.LAB_NAME, target=state.get("target", "emu"))
-        load_oracle(lab.ns_plain, policy, config.table, config.unfilterable)
+        load_oracle(lab.ns_plain, policy, config.table, config.unfilterable, lab.ns_fw)
         netns.run(["sysctl", "-qw", "net.bridge.bridge-nf-filter-vlan-tagged=1"], lab.ns_plain)
         return lab, state
     lab = Lab(deploy.LAB_NAME, target=config.target)
     if not lab.status()["complete"]:
         log(f"lab {lab.name} is not (fully) up for target {config.target}: bringing it up")
         lab.up()
+    if policy.ipsets_file:  # --ipsets: the sets created in the lab's firewall before the policy that reads them
+        ipset.restore(lab.ns_fw, policy.ipsets_text)
     state = deploy.read_state()
     if not state or state.get("policy_hash") != policy.policy_hash():
         log("policy not deployed: deploying it")
     # deploy() returns at once when exactly this policy and configuration are live (and its NIC runs).
     state = deploy.deploy(policy, config, target=config.target, log=log)
-    load_oracle(lab.ns_plain, policy, config.table, config.unfilterable)
+    load_oracle(lab.ns_plain, policy, config.table, config.unfilterable, lab.ns_fw)
     # VLAN-tagged IPv4 is filtered on both bridges: the hardware parses VLAN tags and classifies the frame, so the
     # oracle must see it through iptables too (the kernel default, 0, lets such frames bypass the policy).
     for n in (lab.ns_fw, lab.ns_plain):

@@ -23,4 +23,11 @@ def get(name: str, config: Config, site: Site | None = None, build_root: Path = 
     return cls(config, site, build_root)
 
 
-__all__ = ["TARGETS", "Site", "Target", "get"]
+def set_capability(name: str) -> tuple[int, int]:
+    """(set slots, elements per slot) of target `name` (docs/sets.md): the one place a target's set support is
+    read from (Target.set_slots, Target.set_capacity). Unknown targets: none."""
+    cls = TARGETS.get(name)
+    return (cls.set_slots, cls.set_capacity) if cls is not None else (0, 0)
+
+
+__all__ = ["TARGETS", "Site", "Target", "get", "set_capability"]

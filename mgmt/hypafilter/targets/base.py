@@ -98,11 +98,20 @@ class Target(ABC):
     # undone while the service that should run does not (its drift).
     flowsync_mode = "flowcache"
     flowsync_down = "the NIC's flow cache does not follow conntrack"
+    # Sets in the fast path (docs/sets.md): how many set slots the target's matcher tests (ir.sets.MAX_SET_SLOTS at
+    # most; 0: every -m set match stays a complex rule) and the most elements one slot's table holds.
+    set_slots = 0
+    set_capacity = 0
 
     def __init__(self, config: Config, site: Site | None = None, build_root: Path = BUILD_ROOT):
         self.config = config
         self.site = site or Site()
         self.build_root = Path(build_root)  # artifacts go under <build_root>/<target name>
+
+    def same_sets(self, info: dict, plan) -> bool:
+        """Whether the running NIC (`info`) tests the set slots `plan` needs (docs/sets.md); a target without set
+        slots has none to differ."""
+        return True
 
     def missing(self) -> str | None:
         """What this host lacks to run the target (None: nothing), for the error that refuses it."""

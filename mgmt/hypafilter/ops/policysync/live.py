@@ -109,4 +109,22 @@ def live_policy(text: str, st: dict, config: Config) -> Policy:
         base_chain=st["base_chain"],
         config=config,
         allow_empty=True,
+        sets=live_sets(st),
     )
+
+
+def live_sets(st: dict):
+    """The firewall's live ipsets as the front end reads them for the deployed target (docs/sets.md), read only if
+    the policy has a set match."""
+    from hypafilter.iptables.sets import SetEnv
+    from hypafilter.netfilter import ipset
+    from hypafilter.targets import set_capability
+
+    ns = st["site"].get("netns")
+    target = st.get("target", "emu")
+
+    def load() -> tuple[dict, str]:
+        text = ipset.save_text(ns)
+        return ipset.parse_save(text, f"ipset save ({ns or 'this namespace'})"), text
+
+    return SetEnv({}, *set_capability(target), target, f"live sets of {ns or 'this namespace'}", loader=load)

@@ -45,6 +45,7 @@ from hypafilter.ops.lab import HOST_TABLE
 from hypafilter.ops.policysync import live
 from hypafilter.ops.policysync.nftevents import NfTables, NftEvent
 from hypafilter.ops.policysync.service import SERVICE
+from hypafilter.targets.bpfmap import PinnedRingbuf
 
 COALESCE_S = 0.002  # after a change, events arriving this soon join it (a tool's several commands)
 RETRY_S = 2.0  # a sync that failed (the fast path shunting everything meanwhile) is tried again this often
@@ -456,6 +457,7 @@ def serve(ns: str, state_dir: Path, service_pid: int | None = None, restarts: in
 
     f = Follower(ns, state_dir, nft, log)
     f.stopping = lambda: bool(stopping)
+    sets = SetFollower(log)  # the kernel's ipsets into the xdp program's set tables (docs/sets.md)
     f.safe = restarts > 0  # after an abnormal end the supervisor left the fail safe in force: the first sync lifts it
     f.table = deploy.deployed_config(f.state()).table
 
@@ -471,9 +473,11 @@ def serve(ns: str, state_dir: Path, service_pid: int | None = None, restarts: in
                 "started_at": started,
                 "updated_at": time.time(),
                 **f.doc(),
+                "sets": sets.doc(),
             },
         )
 
+    sets.start()
     try:
         f.renew_lease(force=True)  # first: a deploy armed the fast path only for the time this start may take
         status()  # ready: subscribed; the first listing below may take a while on a large ruleset
@@ -514,6 +518,7 @@ def serve(ns: str, state_dir: Path, service_pid: int | None = None, restarts: in
                 status()
                 next_status = time.monotonic() + STATUS_EVERY
     finally:
+        sets.close()
         nft.close()
         SERVICE.write_status_file(
             state_dir, {"running": False, "pid": service_pid, "stopped_at": time.time(), "ns": ns}
@@ -558,3 +563,105 @@ def supervise(ns: str, state_dir: Path) -> int:
     )
     keepalive = (POLICYSYNC_LEASE_RENEW_S, lambda: renew_lease_now(state_dir))
     return SERVICE.supervise(Path(state_dir), open_worker, recover, {"ns": ns}, keepalive=keepalive)
+
+
+class SetFollower:
+    """The kernel's ipsets followed into the xdp program's set tables (docs/sets.md, "Following the kernel's sets"),
+    in a thread of the worker: woken by the ipset watcher's ring buffer when an ipset command returns (and every
+    POLL_S in any case: another reader may consume a wake-up first), it compares the watcher's counts with the
+    tables'; when a command ran since the tables were read (the program already leaves every frame to the stack: it
+    compares the same counts) or an element's expiry window has passed, the tables are read again and released
+    (SetMaps.sync)."""
+
+    POLL_S = 0.02
+    STATE_S = 0.5  # how often the deployment's state is looked at (a deploy may have started another program)
+    RETRY_S = 1.0
+
+    def __init__(self, log: Callable[[str], None]):
+        self.log = log
+        self.maps = None
+        self.wake = None
+        self.pin = ""
+        self.error = ""
+        self.next_expiry: int | None = None
+        self.counts = {"syncs": 0, "expiries": 0, "failed": 0}
+        self.lag_release: deque[float] = deque(maxlen=2000)  # ms: a command seen -> the tables released again
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, name="sets", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join(timeout=5)
+        self._close()
+
+    def _refresh(self) -> None:
+        from hypafilter.targets.xdp import sets as setmaps
+        from hypafilter.targets.xdp.target import _shape_of
+
+        st = deploy.read_state() or {}
+        nic = st.get("nic") or {}
+        pin = nic.get("pin", "") if st.get("target") == "xdp" else ""
+        if pin == self.pin:
+            return
+        self._close()
+        self.pin, self.next_expiry = pin, None
+        if not pin:
+            return
+        slots = _shape_of(nic).get("sets", [])
+        if slots:
+            self.maps = setmaps.SetMaps(pin, slots, st["site"].get("netns"))
+            self.wake = PinnedRingbuf(self.maps.watcher / "hfx_setwake")
+            self.next_expiry = 0  # read them once now: whatever happened while nobody followed them
+
+    def _close(self) -> None:
+        for m in (self.maps, self.wake):
+            if m is not None:
+                m.close()
+        self.maps = self.wake = None
+
+    def run(self) -> None:
+        next_state = 0.0
+        while not self.stop.is_set():
+            now = time.monotonic()
+            try:
+                if now >= next_state:
+                    self._refresh()
+                    next_state = now + self.STATE_S
+                if self.maps is None:
+                    self.stop.wait(self.STATE_S)
+                    continue
+                started, _ = self.maps.counts()
+                changed = started != self.maps.synced()
+                due = self.next_expiry is not None and time.monotonic_ns() >= self.next_expiry
+                if not changed and not due:
+                    wait = self.POLL_S
+                    if self.next_expiry is not None:
+                        wait = min(wait, max(0.0, (self.next_expiry - time.monotonic_ns()) / 1e9))
+                    self.wake.wait(wait)
+                    continue
+                t0 = time.monotonic()
+                r = self.maps.sync()
+                if changed:
+                    self.lag_release.append((time.monotonic() - t0) * 1e3)
+                self.counts["syncs"] += 1
+                self.counts["expiries"] += int(due)
+                self.next_expiry = r.next_expiry_ns
+                self.error = ""
+            except (HypafilterError, OSError) as e:
+                if str(e) != self.error:
+                    self.log(f"sets: {e}")
+                self.error = str(e)
+                self.counts["failed"] += 1
+                self.stop.wait(self.RETRY_S)
+
+    def doc(self) -> dict:
+        return {
+            "following": self.maps is not None and not self.error,
+            "error": self.error,
+            **self.counts,
+            "lag_release_ms": _pct(self.lag_release),
+        }

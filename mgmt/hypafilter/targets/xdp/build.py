@@ -37,6 +37,7 @@ def render(shape: dict) -> str:
         nb_cap=shape["nb_cap"],
         ent_cap=shape["ent_cap"],
         buf=shape.get("buf", 0),
+        sets=shape.get("sets", []),
     )
 
 

@@ -27,12 +27,14 @@ import numpy as np
 from hypafilter.analysis.overlay import Overlay, Slot
 from hypafilter.analysis.plan import action_words
 from hypafilter.ir import FIELDS, MAXV, Box
+from hypafilter.ir.sets import MAX_SET_SLOTS
 
 # Field order of the program's lookups; src/dst by binary search over sorted interval starts, the rest direct.
-FAST_FIELDS = ("src", "dst", "proto", "sport", "dport", "icmp_type", "icmp_code", "iport", "ct", "flags")
+FAST_FIELDS = ("src", "dst", "proto", "sport", "dport", "icmp_type", "icmp_code", "iport", "ct", "flags", "sets")
 SEARCH_FIELDS = ("src", "dst")
 DIRECT_SIZE = {"proto": 256, "sport": 65536, "dport": 65536, "icmp_type": 256, "icmp_code": 256, "iport": 4, "ct": 4}
 DIRECT_SIZE["flags"] = 256
+DIRECT_SIZE["sets"] = 1 << MAX_SET_SLOTS  # the frame's set-slot bits (docs/sets.md), a ternary like the flags
 CHUNK = 1024  # boxes per sweep step (memory: intervals x CHUNK bytes)
 
 # hfx_config (driver/xdp/hf_fastpath.h): control, generation, num_entries, num_words, nb_src, nb_dst, armed,
@@ -44,8 +46,8 @@ SHUNT, SHUNT_NONE = 1, 2  # hfx_entry.shunt bits (HFX_SHUNT, HFX_SHUNT_NONE): ct
 BOX_WILD = 0x80000000  # hfx_box value bit HFX_BOX_WILD: no address restricts the box
 ENTRY = struct.Struct("<BBHI")  # struct hfx_entry: action (| HF_ACTION_MIRROR_BIT), shunt bits, pad, k
 UNUSED_ROW = ENTRY.pack(0, SHUNT | SHUNT_NONE, 0, 0)  # the row of a slot no overlay uses: shunt, k 0 (never decides)
-# struct hfx_slot: lo[9], hi[9] (ir FIELDS order), flags mask, flags value, pad, pos, enable
-SLOT = struct.Struct(f"<{len(FIELDS)}I{len(FIELDS)}IBBHII")
+# struct hfx_slot: lo[9], hi[9] (ir FIELDS order), flags mask, flags value, sets mask, sets value, pos, enable
+SLOT = struct.Struct(f"<{len(FIELDS)}I{len(FIELDS)}IBBBBII")
 SPAN = np.dtype([("start", "<u4"), ("vec", "<u4")])
 
 
@@ -72,6 +74,8 @@ class Tables:
     ct_hit: tuple[int, int] = (0, 0)  # hfx_config.ct_hit: CT_HIT_SET | entry per direction (ct 1, 2), or 0
     entries: bytes = b""  # one packed struct hfx_entry per hardware index the plan has rows for
     overlay: Overlay | None = None  # the update buffer's contents (a View's); None: pristine, no slot
+    # the set slots' maps (docs/sets.md), in slot order: {"type", "dirs", "mask" (hash:ip's netmask), "cap"}
+    sets: list = field(default_factory=list)
 
     @property
     def depth(self) -> int:
@@ -90,6 +94,7 @@ class Tables:
             "nb_cap": pow2(nb + nb // 4, 64),
             "ent_cap": pow2(self.n + 1 + buf + (self.n + 1) // 4, 64),
             "buf": buf,
+            **({"sets": self.sets} if self.sets else {}),
         }
 
     def fits(self, shape: dict) -> bool:
@@ -103,6 +108,7 @@ class Tables:
             and nb <= shape["nb_cap"]
             and self.depth <= buf
             and self.n + 1 + buf <= shape["ent_cap"]
+            and self.sets == shape.get("sets", [])
         )
 
 
@@ -145,7 +151,7 @@ def build_tables(plan) -> Tables:
     """The map contents for `plan` (anything with entries, shunt, actions, interval of length n + 1; or an
     analysis.overlay.View: its static entries, and rows and overlay for every hardware index)."""
     n = len(plan.entries)
-    owner, los, his, fm, fv = [], [], [], [], []
+    owner, los, his, fm, fv, sm, sv = [], [], [], [], [], [], []
     for j, e in enumerate(plan.entries):
         for b in e.boxes:
             if b.is_empty():
@@ -155,7 +161,11 @@ def build_tables(plan) -> Tables:
             his.append(b.hi)
             fm.append(b.flags_mask)
             fv.append(b.flags_value)
+            sm.append(b.sets_mask)
+            sv.append(b.sets_value)
     nbox = len(owner)
+    smask = np.array(sm, dtype=np.int64)
+    sval = np.array(sv, dtype=np.int64)
     lo = np.array(los, dtype=np.int64).reshape(nbox, len(FIELDS))
     hi = np.array(his, dtype=np.int64).reshape(nbox, len(FIELDS))
     fmask = np.array(fm, dtype=np.int64)
@@ -168,6 +178,9 @@ def build_tables(plan) -> Tables:
     if nbox and fmask.any():
         f = np.arange(256, dtype=np.int64)[:, None]
         per_field["flags"] = (np.arange(256), _pack_rows((f & fmask[None, :]) == fval[None, :]))
+    if nbox and smask.any():
+        v = np.arange(DIRECT_SIZE["sets"], dtype=np.int64)[:, None]
+        per_field["sets"] = (np.arange(DIRECT_SIZE["sets"]), _pack_rows((v & smask[None, :]) == sval[None, :]))
     used = tuple(f for f in FAST_FIELDS if f in per_field)
     allvec = np.concatenate([per_field[f][1] for f in used]) if used else np.zeros((0, max(words, 1)), np.uint64)
     uniq, inverse = np.unique(allvec, axis=0, return_inverse=True) if len(allvec) else (allvec, np.zeros(0, int))
@@ -185,7 +198,7 @@ def build_tables(plan) -> Tables:
             sp["start"] = starts[keep]
             sp["vec"] = ids[keep]
             t.spans[f] = sp
-        elif f == "flags":
+        elif f in ("flags", "sets"):
             t.direct[f] = ids
         else:
             values = np.arange(DIRECT_SIZE[f], dtype=np.int64)
@@ -196,7 +209,8 @@ def build_tables(plan) -> Tables:
         i = FIELDS.index(f)
         wild &= (lo[:, i] == 0) & (hi[:, i] == MAXV[i])
     t.box_wild = wild
-    t.ct_hit = tuple(_ct_hit(lo, hi, fmask, t.box_entry, c) for c in (1, 2))
+    t.ct_hit = tuple(_ct_hit(lo, hi, fmask | smask, t.box_entry, c) for c in (1, 2))
+    t.sets = set_maps(plan)
     t.overlay = getattr(plan, "overlay", None)
     t.entries = entry_rows(plan)
     return t
@@ -215,6 +229,28 @@ def entry_rows(plan) -> bytes:
         none = plan.shunt
     bits = [(SHUNT if plan.shunt[j] else 0) | (SHUNT_NONE if none[j] else 0) for j in range(rows)]
     return b"".join(ENTRY.pack(words[j], bits[j], 0, int(plan.interval[j])) for j in range(rows))
+
+
+def set_maps(plan) -> list[dict]:
+    """The set slots' maps of `plan` (its policy's Policy.set_slots and sets): type, directions, hash:ip's netmask
+    as a mask, and capacity (the set's maxelem, so the kernel's set always fits)."""
+    policy = getattr(plan, "policy", None)
+    slots = getattr(policy, "set_slots", ()) if policy is not None else ()
+    out = []
+    for s in slots:
+        info = policy.sets.get(s.name)
+        maxelem = info.maxelem if info is not None else 65536
+        netmask = info.netmask if info is not None else 32
+        out.append(
+            {
+                "name": s.name,
+                "type": s.settype,
+                "dirs": list(s.dirs),
+                "mask": (0xFFFFFFFF << (32 - netmask)) & 0xFFFFFFFF,
+                "cap": pow2(maxelem, 64),
+            }
+        )
+    return out
 
 
 def _ct_hit(lo: np.ndarray, hi: np.ndarray, fmask: np.ndarray, owner: np.ndarray, c: int) -> int:
@@ -243,8 +279,13 @@ def slot_rows(ov: Overlay | None, depth: int) -> bytes:
     slots = ov.slots if ov is not None else ()
     if len(slots) > depth:
         raise ValueError(f"{len(slots)} buffer slots for a program of {depth}")
-    out = [SLOT.pack(*s.box.lo, *s.box.hi, s.box.flags_mask, s.box.flags_value, 0, s.pos, 1) for s in slots]
-    out += [SLOT.pack(*([0] * (2 * len(FIELDS))), 0, 0, 0, 0, 0)] * (depth - len(slots))
+    out = [
+        SLOT.pack(
+            *s.box.lo, *s.box.hi, s.box.flags_mask, s.box.flags_value, s.box.sets_mask, s.box.sets_value, s.pos, 1
+        )
+        for s in slots
+    ]
+    out += [SLOT.pack(*([0] * (2 * len(FIELDS))), 0, 0, 0, 0, 0, 0)] * (depth - len(slots))
     return b"".join(out)
 
 
@@ -252,8 +293,8 @@ def read_slot(data: bytes) -> tuple[Slot, bool]:
     """One hfx_buf row back: (Slot (master unknown: -1), enabled)."""
     v = SLOT.unpack(data)
     k = len(FIELDS)
-    box = Box(tuple(v[:k]), tuple(v[k : 2 * k]), v[2 * k], v[2 * k + 1])
-    return Slot(box, v[2 * k + 3], -1), bool(v[2 * k + 4])
+    box = Box(tuple(v[:k]), tuple(v[k : 2 * k]), v[2 * k], v[2 * k + 1], v[2 * k + 2], v[2 * k + 3])
+    return Slot(box, v[2 * k + 4], -1), bool(v[2 * k + 5])
 
 
 def overlay_records(ov: Overlay, shape: dict, entries: bytes | None = None) -> bytes:

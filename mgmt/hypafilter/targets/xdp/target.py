@@ -31,16 +31,20 @@ import numpy as np
 from hypafilter import netns
 from hypafilter.analysis.overlay import Overlay, View, box_key
 from hypafilter.errors import HypafilterError
+from hypafilter.ir.sets import MAX_SET_SLOTS
 from hypafilter.targets.base import DECISIONS, SHUNTED, Expected, Target, WindowStages
 from hypafilter.targets.bpfmap import PinnedArray
 from hypafilter.targets.xdp import newflows
+from hypafilter.targets.xdp import sets as setmaps
 from hypafilter.targets.xdp.build import build_loader, build_program
+from hypafilter.targets.xdp.sets import SET_CAPACITY
 from hypafilter.targets.xdp.tables import (
     CtConfig,
     build_tables,
     entry_rows,
     overlay_records,
     read_slot,
+    set_maps,
     shape_id,
     tables_file,
 )
@@ -124,6 +128,8 @@ class XdpTarget(Target):
     window_stages = WINDOW
     flowsync_mode = "liberal"  # no flow cache: the program reads conntrack, the service marks entries liberal
     flowsync_down = "no new TCP entry is marked liberal"
+    set_slots = MAX_SET_SLOTS  # one BPF map per slot (docs/sets.md)
+    set_capacity = SET_CAPACITY
     _new_flows_why_not = ""  # why a conntrack miss is not ct 3, from the last ct_config (newflows.why_not)
 
     def missing(self) -> str | None:
@@ -190,7 +196,19 @@ class XdpTarget(Target):
         for i, name in enumerate(ports):
             mate = ports[i ^ 1] if (i ^ 1) < len(ports) else None
             args += ["--port", f"{name}={i}" + (f":{mate}" if mate and self.config.nic_mode == "bridge" else "")]
-        self._tool("start", args, ns=True)
+        slots = json.loads(obj.with_name("shape.json").read_text()).get("sets", [])
+        if slots:  # the host's ipset watcher, and its count map shared with this program (docs/sets.md)
+            with setmaps.host_lock():  # no release of the watcher between its load and this program's start
+                setmaps.link_seq(pin, setmaps.ensure_watcher(self.build_root))
+                self._tool("start", args, ns=True)
+        else:
+            self._tool("start", args, ns=True)
+        if slots:
+            sm = setmaps.SetMaps(pin, slots, self.site.netns)
+            try:
+                sm.hold()  # nothing decided by the (empty) set tables before their first sync
+            finally:
+                sm.close()
         info = {
             "binary": str(obj),
             "shape": obj.parent.name,
@@ -241,6 +259,9 @@ class XdpTarget(Target):
         if before and before != info["pin"] and (Path(before) / "prog").exists():
             args += ["--fallback", before]
         self._tool("stop", args)
+        if setmaps.SETWATCH_PIN.exists():
+            with setmaps.host_lock():  # the last program with set slots gone: the watcher's cost goes too
+                setmaps.release_watcher(PIN_ROOT)
         for f in self._run_dir().glob(f"{info.get('name', '')}-*.tables"):
             f.unlink(missing_ok=True)
         for d in (Path(info["links"]), Path(info["links"]).parent):
@@ -287,7 +308,30 @@ class XdpTarget(Target):
             why = newflows.why_not(self.site.netns)
             if why:
                 out.append(f"xdp: new flows are decided in XDP, but {why}: redeploy (misses then go to conntrack)")
+        out += self._sets_drift(info)
         return out
+
+    def _sets_drift(self, info: dict, grace: float = 1.0) -> list[str]:
+        """The set tables not released for `grace` seconds (an ipset command's resync takes tens of ms): the policy
+        sync service does not follow the kernel's sets, and the program leaves every frame to the stack."""
+        slots = _shape_of(info).get("sets", [])
+        if not slots:
+            return []
+        sm = setmaps.SetMaps(info["pin"], slots, self.site.netns)
+        try:
+            deadline = time.monotonic() + grace
+            while not sm.current():
+                if time.monotonic() > deadline:
+                    started, finished = sm.counts()
+                    return [
+                        f"xdp: the set tables ({', '.join(s['name'] for s in slots)}) are not known to equal the "
+                        f"kernel's sets (ipset commands {started} started, {finished} finished, tables read at "
+                        f"{sm.synced()}): every frame goes to the stack until the policy sync service reads them"
+                    ]
+                time.sleep(0.01)
+        finally:
+            sm.close()
+        return []
 
     def detach_all(self) -> None:
         """Undeploy: every link of this site."""
@@ -307,6 +351,7 @@ class XdpTarget(Target):
         if shape_id(shape) != info["shape"].split("-")[0] and not t.fits(_shape_of(info)):
             raise HypafilterError(f"the plan's tables do not fit the running program (shape {info['shape']})")
         path = self._run_dir() / f"{info['name']}-{generation}.tables"
+        sets = self.sync_sets(info)  # the set tables equal the kernel's sets before the tables enable anything
         ct = self.ct_config(plan)
         data = tables_file(t, _shape_of(info), self.control(plan), generation, ct, hold=known is not None)
         path.write_bytes(data)
@@ -325,6 +370,31 @@ class XdpTarget(Target):
             # new flows: a conntrack miss is ct 3 (decided when dropped), or why not (docs/xdp.md "New flows")
             "new_flows": "decided" if ct.none else (self._new_flows_why_not or "no conntrack lookup"),
             "overlay": overlay_state(t.overlay if t.overlay is not None else Overlay.empty(t.n, 0)),
+            **({"sets": sets} if sets else {}),
+        }
+
+    def same_sets(self, info: dict, plan) -> bool:
+        try:
+            return _shape_of(info).get("sets", []) == set_maps(plan)
+        except OSError:
+            return False
+
+    def sync_sets(self, info: dict) -> dict:
+        """The program's set tables made equal to the kernel's sets now and released (docs/sets.md); {} for a
+        program without set slots."""
+        slots = _shape_of(info).get("sets", [])
+        if not slots:
+            return {}
+        sm = setmaps.SetMaps(info["pin"], slots, self.site.netns)
+        try:
+            r = sm.sync()
+        finally:
+            sm.close()
+        return {
+            "slots": [s["name"] for s in slots],
+            "elements": r.elements,
+            "seq": r.seq,
+            "ms": round(r.seconds * 1e3, 2),
         }
 
     def write_overlay(self, info: dict, overlay: Overlay | View) -> dict:
@@ -488,10 +558,7 @@ def overlay_state(ov: Overlay) -> dict:
     and each slot's box and insert position, in slot order."""
     return {
         "invalid": [int(j) for j in np.flatnonzero(~ov.valid)],
-        "slots": [
-            [[int(x) for x in lo], [int(x) for x in hi], int(fm), int(fv), int(pos)]
-            for lo, hi, fm, fv, pos in box_key(ov)
-        ],
+        "slots": [[[int(x) for x in k[0]], [int(x) for x in k[1]], *(int(x) for x in k[2:])] for k in box_key(ov)],
     }
 
 

@@ -63,6 +63,7 @@ from hypafilter import netns
 from hypafilter.config import Config
 from hypafilter.errors import HypafilterError
 from hypafilter.ir import Policy
+from hypafilter.netfilter import ipset
 from hypafilter.ops import deploy
 from hypafilter.ops.lab import Lab
 from hypafilter.ops.verify import (
@@ -114,6 +115,8 @@ class EmuFast:
     counted = False  # the emulator (a user-space process) is slower than the sender: only the paced pass
 
     def __init__(self, policy: Policy, config: Config, log: Callable[[str], None]):
+        if policy.ipsets_file:  # --ipsets: the sets in the lab's firewall before the policy that reads them
+            ipset.restore(deploy.NS_FW, policy.ipsets_text)
         self.state = deploy.deploy(policy, config, target="emu", log=log)
         self.target = deploy.target_of(self.state, config)
         self.nic = NicClient(self.target.transport(self.state["nic"]))
@@ -137,6 +140,8 @@ class XdpFast:
     counted = True  # runs in the sender's softirq context: the unpaced, counted rate pass
 
     def __init__(self, policy: Policy, config: Config, log: Callable[[str], None]):
+        if policy.ipsets_file:  # --ipsets: the sets in the lab's firewall before the policy that reads them
+            ipset.restore(deploy.NS_FW, policy.ipsets_text)
         self.state = deploy.deploy(policy, config, target="xdp", log=log)
         self.target = deploy.target_of(self.state, config)
         self.generation = self.state["generation"]
@@ -573,7 +578,7 @@ def rate(
 
         def load_ipt() -> None:
             netns.run(["nft", "delete", "table", "ip", NFT_TABLE], lab.ns_plain, check=False)
-            load_oracle(lab.ns_plain, policy, config.table, config.unfilterable)
+            load_oracle(lab.ns_plain, policy, config.table, config.unfilterable, lab.ns_fw)
 
         def load_nft() -> None:
             _empty_filter(lab.ns_plain, config.table)

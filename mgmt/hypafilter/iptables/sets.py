@@ -1,0 +1,170 @@
+"""`-m set --match-set NAME DIRS` as a fast-path dimension (issue #24, docs/sets.md).
+
+After flattening, each set match of a rule either becomes the set-slot ternary of the rule's boxes (bit 1 for
+`--match-set`, bit 0 for `! --match-set`; ir.sets) or stays a complex check, with the reason said (lint, status):
+
+- `--return-nomatch`, counter tests and updates (`--packets-*`, `--bytes-*`, `--update-counters`,
+  `--update-subcounters` in any form), or any other option beside `--match-set`;
+- a set the front end does not know (not in the live kernel, not in --ipsets), of another type than hash:ip,
+  hash:net, hash:ip,port, hash:net,port, bitmap:port, family inet6, or hash:ip with a netmask on a port type;
+- a set some `-j SET --add-set/--del-set` of the policy changes (its contents change per packet);
+- fewer directions than the set has dimensions (the kernel's ip_set_test answers "no" to every frame then);
+- a set whose maxelem exceeds what the target holds per slot, or a ninth slot (MAX_SET_SLOTS), or a target
+  without set slots (`Target.set_slots` 0: the NICs until their membership tables land);
+- a rule with per-rule state before the set match (the reduction must stay a superset of the frames that reach
+  the state).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from hypafilter.ir import Origin, Rule
+from hypafilter.ir.sets import MAX_SET_SLOTS, SET_TYPES, SetInfo, SetSlot
+
+SET_TARGET_RE = re.compile(r"--(?:add|del)-set\s+(\S+)")
+
+
+@dataclass
+class SetEnv:
+    """What the front end knows of the kernel's sets, and what the target can hold."""
+
+    sets: dict[str, SetInfo] = field(default_factory=dict)
+    slots: int = MAX_SET_SLOTS  # set slots of the target (0: every set match stays complex)
+    capacity: int = 1 << 20  # the most elements one slot holds (a set's maxelem above it: complex)
+    target: str = ""
+    source: str = ""  # where the sets were read ("live kernel", a file)
+    changed: frozenset[str] = frozenset()  # sets a -j SET of the policy adds to or deletes from
+    # the `ipset save` text the sets were read from (labs, the oracle and the kernel check create them from it)
+    text: str = field(default="", repr=False)
+    # reads (sets, text) when the first set match needs them (the live kernel is asked only for a policy with set
+    # matches)
+    loader: Callable[[], tuple[dict[str, SetInfo], str]] | None = field(default=None, repr=False, compare=False)
+
+    def load(self) -> None:
+        if self.loader is not None:
+            loader, self.loader = self.loader, None
+            self.sets, self.text = loader()
+
+
+@dataclass(frozen=True)
+class SetNote:
+    """One set match of the flattened policy and what became of it (for lint and status)."""
+
+    origin: Origin | None
+    test: str  # e.g. "! --match-set svc dst,dst"
+    slot: int  # -1: complex
+    why: str  # the reason it stayed complex ("" when a slot)
+
+
+def set_match(group: tuple[str, ...]) -> tuple[bool, str, str, tuple[str, ...]] | None:
+    """(negated, name, dirs text, other option tokens) of a `-m set` token group; None for any other group."""
+    if group[:2] != ("-m", "set"):
+        return None
+    toks = list(group[2:])
+    neg, name, dirs, rest, i = False, "", "", [], 0
+    while i < len(toks):
+        t = toks[i]
+        if t == "!" and i + 1 < len(toks) and toks[i + 1] in ("--match-set", "--set"):
+            neg = True
+            i += 1
+            continue
+        if t in ("--match-set", "--set") and i + 1 < len(toks) and not name:
+            name, dirs = toks[i + 1], toks[i + 2] if i + 2 < len(toks) else ""
+            i += 3
+            continue
+        rest.append(t)
+        i += 1
+    return (neg, name, dirs, tuple(rest)) if name else None
+
+
+def why_not(env: SetEnv | None, name: str, dirs: tuple[str, ...], rest: tuple[str, ...]) -> str:
+    """Why a set match cannot be a slot ('' when it can), before slot counting."""
+    if env is None or env.slots <= 0:
+        who = f"target {env.target}" if env is not None and env.target else "the target"
+        return f"{who} has no set slots"
+    if rest:
+        return f"option {' '.join(rest)} (only a plain --match-set is a fast-path test)"
+    env.load()
+    info = env.sets.get(name)
+    if info is None:
+        return f"set {name} is unknown ({env.source or 'no sets read'}): give --ipsets or create it first"
+    why = info.supported()
+    if why:
+        return why
+    if name in env.changed:
+        return f"set {name} is changed per packet by a -j SET of the policy"
+    if any(d not in ("src", "dst") for d in dirs) or not dirs:
+        return "directions other than src/dst"
+    if len(dirs) < SET_TYPES[info.settype]:
+        return f"{len(dirs)} direction(s) for a {info.settype} set: the kernel matches no frame"
+    if info.netmask != 32 and info.settype != "hash:ip":
+        return f"netmask {info.netmask} on a {info.settype} set"
+    if any(o.startswith(("bitmask", "markmask")) for o in info.options):
+        return f"set {name}: a bitmask/markmask option"
+    if info.maxelem > env.capacity:
+        return f"set {name} may hold {info.maxelem} elements (maxelem), the target's slot {env.capacity}"
+    return ""
+
+
+def changed_sets(text: str) -> frozenset[str]:
+    """Sets a `-j SET --add-set/--del-set` anywhere in the policy text changes."""
+    return frozenset(SET_TARGET_RE.findall(text))
+
+
+def apply_sets(rules: list[Rule], env: SetEnv | None) -> tuple[list[Rule], tuple[SetSlot, ...], list[SetNote]]:
+    """The rules with every eligible set match turned into its slot ternary, the slots in order, and a note per
+    set match (see the module docstring)."""
+    slots: list[SetSlot] = []
+    index: dict[tuple[str, tuple[str, ...]], int] = {}
+    notes: list[SetNote] = []
+    out: list[Rule] = []
+    for r in rules:
+        keep: list[tuple[str, ...]] = []
+        mask = value = 0
+        boxes = list(r.boxes)
+        for g in r.complex:
+            m = set_match(g)
+            if m is None:
+                keep.append(g)
+                continue
+            neg, name, dirs_text, rest = m
+            dirs = tuple(dirs_text.split(",")) if dirs_text else ()
+            test = f"{'! ' if neg else ''}--match-set {name} {dirs_text}".strip()
+            why = why_not(env, name, dirs, rest)
+            if not why and r.stateful_pos is not None:
+                why = "the rule keeps per-rule state"
+            slot = -1
+            if not why:
+                info = env.sets[name]
+                key = (name, dirs[: SET_TYPES[info.settype]])
+                slot = index.get(key, -1)
+                if slot < 0:
+                    if len(slots) >= min(env.slots, MAX_SET_SLOTS):
+                        why = f"a set slot beyond the target's {min(env.slots, MAX_SET_SLOTS)}"
+                    else:
+                        slot = index[key] = len(slots)
+                        slots.append(SetSlot(name, info.settype, key[1]))
+            if why:
+                notes.append(SetNote(r.origin, test, -1, why))
+                keep.append(g)
+                continue
+            bit = 1 << slot
+            if mask & bit and (value & bit) != (0 if neg else bit):
+                boxes = []  # `-m set A` and `! -m set A` by the same slot: never true
+            mask |= bit
+            value = (value & ~bit) | (0 if neg else bit)
+            notes.append(SetNote(r.origin, test, slot, ""))
+        if mask:
+            nb = []
+            for b in boxes:
+                x = b.with_sets(mask, value)
+                if x is not None:
+                    nb.append(x)
+            boxes = nb
+        out.append(
+            r if not mask and len(keep) == len(r.complex) else replace(r, boxes=tuple(boxes), complex=tuple(keep))
+        )
+    return out, tuple(slots), notes

@@ -49,6 +49,7 @@ LEGIT_BYTES = 4096  # payload bytes each way per legitimate connection
 UDP_CHUNK = 512
 LEGIT_TIMEOUT = 5.0  # seconds a connect, a read or a quiet UDP socket may take (a lost SYN is retried after 1 s)
 PARALLEL = 16
+UDP_RETRY = 0.5  # seconds before a UDP flow sends its unanswered datagrams again
 
 
 def _ok_unicast(a: int) -> bool:
@@ -291,23 +292,33 @@ def _tcp(ns: str, flow: LegitFlow, sport: int, timeout: float) -> bool:
 
 
 def _udp(ns: str, flow: LegitFlow, sport: int, timeout: float) -> bool:
-    """One UDP flow: LEGIT_BYTES in datagrams, each echoed back (its 2-byte number, then the rest reversed)."""
+    """One UDP flow: LEGIT_BYTES in datagrams, each echoed back (its 2-byte number, then the rest reversed); the
+    datagrams not yet answered are sent again every UDP_RETRY seconds (as a resolver retries a query), until every
+    one came back intact or nothing came for `timeout` seconds."""
     dst = (str(ipaddress.IPv4Address(flow.server)), flow.port)
     grams = [k.to_bytes(2, "big") + _payload(UDP_CHUNK, sport + k) for k in range(max(1, LEGIT_BYTES // UDP_CHUNK))]
     with netns.inside(ns):
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.settimeout(timeout)
-    back = set()
+    back: set[int] = set()
     try:
         s.bind((str(ipaddress.IPv4Address(flow.client)), sport))
-        for g in grams:
-            s.sendto(g, dst)
-        while len(back) < len(grams):
-            g = s.recv(65536)
-            k = int.from_bytes(g[:2], "big")
-            if k < len(grams) and g[2:] == grams[k][2:][::-1]:
-                back.add(k)
-        return True
+        last = time.monotonic()
+        while len(back) < len(grams) and time.monotonic() - last < timeout:
+            for k, g in enumerate(grams):
+                if k not in back:
+                    s.sendto(g, dst)
+            resend = time.monotonic() + UDP_RETRY
+            while len(back) < len(grams) and (left := resend - time.monotonic()) > 0:
+                s.settimeout(left)
+                try:
+                    g = s.recv(65536)
+                except TimeoutError:
+                    break
+                k = int.from_bytes(g[:2], "big")
+                if k < len(grams) and g[2:] == grams[k][2:][::-1]:
+                    back.add(k)
+                    last = time.monotonic()
+        return len(back) == len(grams)
     except OSError:
         return False
     finally:

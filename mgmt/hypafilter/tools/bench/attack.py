@@ -464,6 +464,7 @@ def legit_under_flood(
         for ns, own, peer in ends:
             netns.run(["ip", "-n", ns, "route", "del", f"{peer}/32", "dev", ifname], check=False)
             netns.run(["ip", "-n", ns, "addr", "del", f"{own}/32", "dev", ifname], check=False)
+            netns.run(["ip", "-n", ns, "neigh", "del", peer, "dev", ifname], check=False)
     if "error" in flood:
         raise HypafilterError(f"legitimate connections on the {path} path: {flood['error']}")
     return {

@@ -710,18 +710,6 @@ def rate(
             for s in rx.values():
                 s.close()
         accepted = [bool(ipt.got.get(p.uid)) for p in probes]
-        legit_report = None
-        if attack:
-            legit_report = {**flow.summary(), "completed": {}, "flood_pps": {}, "seconds": {}}
-            for path, label, decided in (("hyb", "hybrid", fast.decided if target == "emu" else None),
-                                         ("plain", "iptables", None)):  # fmt: skip
-                log(f"{len(flow.sports)} legitimate {flow.proto} connections on the {label} path under the flood")
-                got = attack_mod.legit_under_flood(
-                    lab, path, flow, snd, frames_file, cpu, decided, window, timeout=legit_timeout
-                )
-                legit_report["completed"][label] = got["completed"]
-                legit_report["flood_pps"][label] = got["flood_pps"]
-                legit_report["seconds"][label] = got["seconds"]
         rounds = []
         if fast.counted and repeats > 0:
             rounds = _rate_rounds(
@@ -757,6 +745,19 @@ def rate(
             c = xdp_cost(plan, policy, frames=min(n, prog_frames), repeat=prog_repeat, seed=seed, trace=trace, **extra)
             keys = ("frames", "repeat", "ns_mean", "ns_median", "ns_p99")
             prog = {k: c[k] for k in keys + (("established_flows", "counters") if established else ())}
+        # Last: the connections leave conntrack entries and neighbour traffic behind them.
+        legit_report = None
+        if attack:
+            legit_report = {**flow.summary(), "completed": {}, "flood_pps": {}, "seconds": {}}
+            for path, label, decided in (("hyb", "hybrid", fast.decided if target == "emu" else None),
+                                         ("plain", "iptables", None)):  # fmt: skip
+                log(f"{len(flow.sports)} legitimate {flow.proto} connections on the {label} path under the flood")
+                got = attack_mod.legit_under_flood(
+                    lab, path, flow, snd, frames_file, cpu, decided, window, timeout=legit_timeout
+                )
+                legit_report["completed"][label] = got["completed"]
+                legit_report["flood_pps"][label] = got["flood_pps"]
+                legit_report["seconds"][label] = got["seconds"]
     finally:
         fast.close()
         shutil.rmtree(work, ignore_errors=True)

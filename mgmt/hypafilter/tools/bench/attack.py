@@ -40,6 +40,7 @@ from hypafilter.errors import HypafilterError
 from hypafilter.ir import Policy
 
 BLOCKLIST_AS = ("ipset", "rules")
+MAX_BLOCKLIST = 40000
 DEFAULT_BLOCKLIST = 10000  # networks in --attack's blocklist unless --blocklist says otherwise
 BLOCKLIST_SET = "hfrate-block"  # the ipset in the lab's firewall and plain namespaces (and the nft set's name)
 NFT_SET = "block"
@@ -60,8 +61,8 @@ def _ok_unicast(a: int) -> bool:
 def blocklist_networks(count: int, seed: int, avoid: set[int] = frozenset()) -> list[tuple[int, int]]:
     """`count` disjoint networks (address, prefix length), each in a /16 of its own holding none of the addresses
     `avoid` (their /16s are skipped) and outside 0/8, 10/8, 127/8 and class D/E."""
-    if count < 0 or count > 40000:
-        raise HypafilterError("--blocklist takes 0 to 40000 networks")
+    if count < 0 or count > MAX_BLOCKLIST:
+        raise HypafilterError(f"--blocklist takes 0 to {MAX_BLOCKLIST} networks")
     rng = random.Random(seed ^ 0xB10C)
     taken = {a >> 16 for a in avoid}
     lengths = [p for p, _ in PREFIXES]
@@ -88,23 +89,27 @@ def address_in(net: tuple[int, int], rng: random.Random) -> int:
     return a | (rng.getrandbits(32 - plen) if plen < 32 else 0)
 
 
-def ipset_restore(networks: list[tuple[int, int]]) -> str:
-    """`ipset restore` input that creates (or empties) the blocklist set and fills it."""
-    size = max(1024, 1 << (len(networks) - 1).bit_length()) if networks else 1024
-    lines = [
-        f"create {BLOCKLIST_SET} hash:net family inet hashsize {size} maxelem {max(65536, 2 * len(networks))}",
-        f"flush {BLOCKLIST_SET}",
-    ]
-    lines += [f"add {BLOCKLIST_SET} {net_text(n)}" for n in networks]
+def ipset_restore(networks: list[tuple[int, int]], name: str = BLOCKLIST_SET) -> str:
+    """`ipset restore` input that creates the set `name` holding the blocklist's networks."""
+    lines = [f"create {name} hash:net family inet hashsize 16384 maxelem 131072"]
+    lines += [f"add {name} {net_text(n)}" for n in networks]
     return "\n".join(lines) + "\n"
 
 
 def create_ipset(namespaces: list[str], networks: list[tuple[int, int]]) -> None:
-    """The blocklist set, exactly these networks, in each namespace (created, or emptied and refilled)."""
-    text = ipset_restore(networks)
+    """The blocklist set, exactly these networks, in each namespace: filled under a scratch name, then swapped in
+    for a set of that name already there (rules may reference it) or renamed to it."""
+    scratch = BLOCKLIST_SET + "-new"
+    text = ipset_restore(networks, scratch)
     for ns in namespaces:
         try:
-            netns.run(["ipset", "restore", "-exist"], ns, input=text)
+            netns.run(["ipset", "destroy", scratch], ns, check=False)
+            netns.run(["ipset", "restore"], ns, input=text)
+            if netns.run(["ipset", "list", "-n", BLOCKLIST_SET], ns, check=False).strip() == BLOCKLIST_SET:
+                netns.run(["ipset", "swap", scratch, BLOCKLIST_SET], ns)
+                netns.run(["ipset", "destroy", scratch], ns)
+            else:
+                netns.run(["ipset", "rename", scratch, BLOCKLIST_SET], ns)
         except netns.CommandError as e:
             raise HypafilterError(f"creating the blocklist ipset {BLOCKLIST_SET} in {ns} failed: {e}") from e
 

@@ -103,3 +103,37 @@ def test_attack_mix_measured(lab, tmp_path):
     legit = r["legit"]
     assert (legit["proto"], legit["port"]) == ("udp", 9090)
     assert legit["completed"] == {"hybrid": 0, "iptables": 0} and r["legit_connections_ok"] is False, legit
+
+
+def test_blocklist_set_refilled_in_place():
+    """The blocklist set made again for another run: the same set refilled in place (a fast path that follows the
+    kernel's sets sees element changes, not a set replaced), a set of that name made otherwise swapped for one made
+    as the bench makes it, while a rule references it."""
+    need_root()
+    need_tool("ip", "ipset", "iptables")
+    from hypafilter.tools.bench import attack
+
+    ns = f"{LAB}-scr"
+    netns.run(["ip", "netns", "del", ns], check=False)
+    netns.run(["ip", "netns", "add", ns])
+
+    def members() -> set[str]:
+        return set(netns.run(["ipset", "list", attack.BLOCKLIST_SET], ns).split("Members:")[1].split())
+
+    def header() -> str:
+        return netns.run(["ipset", "save", attack.BLOCKLIST_SET], ns).splitlines()[0]
+
+    try:
+        nets = attack.blocklist_networks(300, 1)
+        netns.run(["ipset", "create", attack.BLOCKLIST_SET, "hash:net", "maxelem", "1000"], ns)
+        netns.run(
+            ["iptables", "-A", "FORWARD", "-m", "set", "--match-set", attack.BLOCKLIST_SET, "src", "-j", "DROP"], ns
+        )
+        attack.create_ipset([ns], nets)
+        assert "maxelem 131072" in header() and len(members()) == 300
+        assert netns.run(["ipset", "list", "-n"], ns).split() == [attack.BLOCKLIST_SET]  # no scratch set left
+        initval = header().split("initval")[1]  # the set's own hash seed: the same set while it stays
+        attack.create_ipset([ns], nets[:100])
+        assert len(members()) == 100 and header().split("initval")[1] == initval
+    finally:
+        netns.run(["ip", "netns", "del", ns], check=False)

@@ -97,15 +97,25 @@ def ipset_restore(networks: list[tuple[int, int]], name: str = BLOCKLIST_SET) ->
 
 
 def create_ipset(namespaces: list[str], networks: list[tuple[int, int]]) -> None:
-    """The blocklist set, exactly these networks, in each namespace: filled under a scratch name, then swapped in
-    for a set of that name already there (rules may reference it) or renamed to it."""
+    """The blocklist set, exactly these networks, in each namespace. A set of that name made as ipset_restore makes
+    it is emptied and refilled in place (one `ipset restore`: the same set, so a fast path following the kernel's
+    sets sees element changes); any other is replaced: filled under a scratch name, swapped in (rules may reference
+    it) or renamed to it."""
     scratch = BLOCKLIST_SET + "-new"
-    text = ipset_restore(networks, scratch)
+    header = ipset_restore([], BLOCKLIST_SET).split()  # ipset save adds bucketsize and initval to it
+    adds = ipset_restore(networks).split("\n", 1)[1]
     for ns in namespaces:
         try:
+            saved = netns.run(["ipset", "save", BLOCKLIST_SET], ns, check=False).splitlines()
+            if saved and saved[0].split()[: len(header)] == header:
+                # ipset save lists a /32 without its length, in its hash's order
+                have = {ln.removesuffix("/32") for ln in saved[1:] if ln.strip()}
+                if have != {ln.removesuffix("/32") for ln in adds.splitlines()}:
+                    netns.run(["ipset", "restore"], ns, input=f"flush {BLOCKLIST_SET}\n" + adds)
+                continue
             netns.run(["ipset", "destroy", scratch], ns, check=False)
-            netns.run(["ipset", "restore"], ns, input=text)
-            if netns.run(["ipset", "list", "-n", BLOCKLIST_SET], ns, check=False).strip() == BLOCKLIST_SET:
+            netns.run(["ipset", "restore"], ns, input=ipset_restore(networks, scratch))
+            if saved:
                 netns.run(["ipset", "swap", scratch, BLOCKLIST_SET], ns)
                 netns.run(["ipset", "destroy", scratch], ns)
             else:

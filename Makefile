@@ -120,3 +120,19 @@ bench-xdp-rate:
 	  --policy DROP --mode selective --trace $(BENCH_XDP)/acl1_5k_trace.gz --prog-repeat 0 --sender live --json \
 	  > $(BENCH_XDP)/acl1_5k_ctfirst_live.json
 	$(PY) -c 'import json,sys; [print(f, json.dumps({k: json.load(open(f))[k] for k in ("hybrid_pps","iptables_pps","nft_pps","fw_ns","fw_speedup_vs_iptables","fw_speedup_vs_nft","speedup_vs_iptables","speedup_vs_nft","sink_pps","hw_share","mismatches","load")})) for f in sys.argv[1:]]' $(BENCH_XDP)/*.json
+
+# opt-in: the attack mix on xdp (issue #24; docs/results.md "Attack mix"): SYN and UDP floods from 1,000 spoofed
+# sources and a 10,000-network blocklist (as an ipset, then as rules) with 20 legitimate connections, at 1,100 and
+# 5,000 rules, one run each (~15 min here); lab name from HF_LAB (default hf).
+BENCH_ATTACK := $(BUILD)/bench-attack
+.PHONY: bench-xdp-attack
+bench-xdp-attack:
+	@scripts/setup.sh system
+	mkdir -p $(BENCH_ATTACK)
+	head -n 5000 $(SHARED)/data/classbench/acl1_10k.filters > $(BENCH_ATTACK)/acl1_5k.filters
+	zcat $(SHARED)/data/classbench/acl1_10k_trace.gz | awk '$$7 < 5000' | gzip -n > $(BENCH_ATTACK)/acl1_5k_trace.gz
+	set -e; for set in $(SHARED)/data/classbench/acl1_1100 $(BENCH_ATTACK)/acl1_5k; do for as in ipset rules; do \
+	  for a in syn udp; do $(VENV)/bin/hypafilter bench rate --target xdp --classbench $$set.filters --ct-first \
+	    --policy DROP --trace $${set}_trace.gz --prog-repeat 0 --attack $$a --attackers 1000 --blocklist-as $$as \
+	    --json > $(BENCH_ATTACK)/$$(basename $$set)_$${a}_$$as.json; done; done; done
+	$(PY) -c 'import json,sys; [print(f, json.dumps({k: json.load(open(f))[k] for k in ("attack_hw_share","attack","legit_connections_ok","legit","hybrid_pps","iptables_pps","nft_pps","fw_ns","fw_speedup_vs_iptables","fw_speedup_vs_nft","speedup_vs_iptables","speedup_vs_nft","mismatches","load")})) for f in sys.argv[1:]]' $(BENCH_ATTACK)/*.json

@@ -38,7 +38,10 @@ def test_medians_subtract_the_sink_per_round():
     [
         ({"established": True}, "--established needs --trace"),
         ({"seconds": 0}, "--seconds"),
-        ({"repeats": 0}, "--repeats"),
+        ({"repeats": -1}, "--repeats"),  # 0: no rate pass
+        ({"blocklist": 10}, "parts of --attack's mix"),
+        ({"legit": ("tcp", 80)}, "parts of --attack's mix"),
+        ({"attack": "syn", "blocklist_as": "bpf"}, "--blocklist-as"),
         ({"target": "nope"}, "unknown target"),
         ({"sender": "nope"}, "unknown sender"),
         ({"target": "emu", "sender": "live"}, "--sender live needs --target xdp"),

@@ -55,7 +55,9 @@ def register(sub) -> None:
         "--window", type=int, default=2048, help="frames ahead of the emulated NIC's decisions (default 2048)"
     )
     r.add_argument("--seconds", type=float, default=2.0, help="seconds per path and round of the rate pass (default 2)")
-    r.add_argument("--repeats", type=int, default=3, help="rounds of the rate pass, medians reported (default 3)")
+    r.add_argument(
+        "--repeats", type=int, default=3, help="rounds of the rate pass, medians reported (default 3; 0: none)"
+    )
     r.add_argument("--cpu", type=int, help="CPU the sender is pinned to (default: the last; -1: not pinned)")
     r.add_argument(
         "--sender",
@@ -91,6 +93,42 @@ def register(sub) -> None:
         help="every frame an attack frame: TCP SYN or UDP from spoofed sources to destinations the policy drops",
     )
     r.add_argument("--attackers", type=int, default=1000, help="spoofed sources of --attack (default 1000)")
+    r.add_argument(
+        "--blocklist",
+        type=int,
+        metavar="N",
+        help="--attack: networks of a blocklist dropped ahead of the policy, half the attack frames from them"
+        " (default 10000; 0: none)",
+    )
+    r.add_argument(
+        "--blocklist-as",
+        choices=("ipset", "rules"),
+        default="ipset",
+        help="the blocklist as one -m set --match-set rule over a hash:net ipset (default) or one -s NET rule each",
+    )
+    r.add_argument(
+        "--blocklist-share",
+        type=float,
+        default=0.5,
+        help="--attack: share of the attack frames from blocklisted sources (default 0.5)",
+    )
+    r.add_argument(
+        "--legit",
+        metavar="PROTO:PORT",
+        help="--attack: the legitimate connections' protocol and port (default: a new flow the policy accepts)",
+    )
+    r.add_argument(
+        "--legit-connections",
+        type=int,
+        default=20,
+        help="--attack: legitimate connections per path, run under the flood (default 20)",
+    )
+    r.add_argument(
+        "--legit-timeout",
+        type=float,
+        default=5.0,
+        help="--attack: seconds a legitimate connection's connect or read may take (default 5)",
+    )
     r.add_argument("--strategy", choices=STRATEGIES, metavar="STRATEGY", help="software strategy: %(choices)s")
     r.add_argument("--mode", choices=MODES, metavar="MODE", help="shunting mode: %(choices)s")
     r.add_argument("--json", action="store_true", help="the full report as one JSON object")
@@ -223,6 +261,7 @@ def run_optimize(args: argparse.Namespace) -> int:
 
 
 def run_rate(args: argparse.Namespace) -> int:
+    from hypafilter.tools.bench.attack import parse_legit
     from hypafilter.tools.bench.rate import FIELDS, rate
 
     cfg = load_config(args)
@@ -250,6 +289,12 @@ def run_rate(args: argparse.Namespace) -> int:
         established=args.established,
         attack=args.attack,
         attackers=args.attackers,
+        blocklist=args.blocklist,
+        blocklist_as=args.blocklist_as,
+        blocklist_share=args.blocklist_share,
+        legit=parse_legit(args.legit),
+        legit_connections=args.legit_connections,
+        legit_timeout=args.legit_timeout,
         prog_repeat=args.prog_repeat,
         prog_frames=args.prog_frames,
         sender=args.sender,

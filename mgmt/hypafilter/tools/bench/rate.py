@@ -45,6 +45,7 @@ how many of them it decided itself (hw_share).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -84,6 +85,7 @@ from hypafilter.ops.verify import (
 )
 from hypafilter.paths import BUILD_ROOT
 from hypafilter.targets.nic import NicClient
+from hypafilter.tools.bench import attack as attack_mod
 from hypafilter.tools.bench import pktrate
 from hypafilter.tools.bench.ctflows import open_flows
 from hypafilter.tools.bench.pktrate import build_blaster
@@ -309,16 +311,19 @@ def _run(
     return Run(got, max(t_decided, t_end) - t0)
 
 
-def nft_text(policy: Policy, config: Config) -> str:
-    """The policy alone for nftables: the full strategy's chains and one base chain at the forward hook."""
+def nft_text(policy: Policy, config: Config, blocklist: list[tuple[int, int]] = ()) -> str:
+    """The policy alone for nftables: the full strategy's chains and one base chain at the forward hook; with
+    `blocklist` (networks) an interval set of them and a rule dropping their sources ahead of the policy's chains."""
     from hypafilter.analysis.plan import build_plan
     from hypafilter.netfilter.nft import to_nft
 
     prefix = NFT_TABLE.upper() + "_"
     body = to_nft(build_plan(policy, config, strategy="full"), "full", prefix, table=NFT_TABLE)
+    decl, drop = attack_mod.nft_blocklist(blocklist) if blocklist else ("", "")
     hook = (
-        f"table ip {NFT_TABLE} {{\n\tchain forward {{\n\t\ttype filter hook forward priority filter; policy accept;\n"
-        f"\t\tjump {prefix}MAIN\n\t}}\n}}\n"
+        f"table ip {NFT_TABLE} {{\n{decl}\tchain forward {{\n\t\ttype filter hook forward priority filter; policy accept;\n"
+        + (f"\t\t{drop}\n" if drop else "")
+        + f"\t\tjump {prefix}MAIN\n\t}}\n}}\n"
     )
     return body + hook
 
@@ -442,28 +447,49 @@ def _expected(accepted: list[bool], sent: int) -> int:
 ATTACKS = ("syn", "udp")
 
 
+def attacker_pool(seed: int, attackers: int) -> list[int]:
+    """The `attackers` spoofed sources of attack_probes (the same seed gives the same pool)."""
+    rng = random.Random(seed)
+    return [spoofed_source(rng) for _ in range(attackers)]
+
+
 def attack_probes(
-    policy: Policy, config: Config, trace: str | None, count: int, seed: int, shape: str, attackers: int
+    policy: Policy,
+    config: Config,
+    trace: str | None,
+    count: int,
+    seed: int,
+    shape: str,
+    attackers: int,
+    blocklist: list[tuple[int, int]] = (),
+    blocklist_share: float = 0.5,
 ) -> list[Probe]:
-    """`count` attack frames (`shape`: TCP SYN or UDP) from a pool of `attackers` spoofed sources, aimed at the
-    destinations and ports of the trace's headers (or the policy's boxes) that the policy drops when the kernel reads
-    the frame as NEW or INVALID (the plan's entry for ct 3 is a DROP): a flood of new flows the policy refuses."""
+    """`count` attack frames (`shape`: TCP SYN or UDP). Of them, a share `blocklist_share` (when there is a
+    `blocklist`: networks) comes from addresses in the blocklist's networks, aimed at any of the trace's (or the
+    policy's boxes') destinations and ports (kind "blocklist_<shape>", last); the others (kind "attack_<shape>",
+    first) come from a pool of `attackers` spoofed sources, aimed at the destinations and ports that `policy` (the
+    policy without the blocklist) drops when the kernel reads the frame as NEW or INVALID (the plan's entry for ct 3
+    is a DROP): a flood of new flows the policy refuses."""
     from hypafilter.analysis.decision import decision
     from hypafilter.analysis.plan import build_plan
     from hypafilter.ir import ACTION_DROP, PROTO_TCP, PROTO_UDP, Header
     from hypafilter.ir.box import CT_NONE
+    from hypafilter.tools.bench.attack import address_in
 
     if shape not in ATTACKS or attackers < 1:
         raise HypafilterError(f"bench rate: --attack is one of {', '.join(ATTACKS)}, with --attackers at least 1")
+    if not 0.0 <= blocklist_share <= 1.0:
+        raise HypafilterError("bench rate: --blocklist-share must be a share between 0 and 1")
     rng = random.Random(seed)
     plan = build_plan(policy, config)
     pool = [spoofed_source(rng) for _ in range(attackers)]
     rows = read_trace(trace, 10**9, rng) if trace else None
     gen = FrameGen(policy, rng)
     proto, flags = (PROTO_TCP, 0x02) if shape == "syn" else (PROTO_UDP, 0)
+    from_list = round(count * blocklist_share) if blocklist else 0
     out: list[Probe] = []
-    for _ in range(count * 100):
-        if len(out) == count:
+    for _ in range((count - from_list) * 100):
+        if len(out) == count - from_list:
             break
         h = rows[rng.randrange(len(rows))] if rows else gen.header()
         a = dict(h, proto=proto, src=rng.choice(pool), sport=rng.randint(1024, 65535), flags=flags)
@@ -472,8 +498,29 @@ def attack_probes(
             continue
         uid = len(out) + 1
         out.append(Probe(uid, f"attack_{shape}", build_frame(uid, a, gen.payload() if shape == "udp" else b"")))
-    if len(out) < count:
+    if len(out) < count - from_list:
         raise HypafilterError(f"bench rate --attack: the policy drops too few of the destinations ({len(out)} found)")
+    for _ in range(from_list):
+        h = rows[rng.randrange(len(rows))] if rows else gen.header()
+        src = address_in(blocklist[rng.randrange(len(blocklist))], rng)
+        a = dict(h, proto=proto, src=src, sport=rng.randint(1024, 65535), flags=flags)
+        uid = len(out) + 1
+        out.append(Probe(uid, f"blocklist_{shape}", build_frame(uid, a, gen.payload() if shape == "udp" else b"")))
+    return out
+
+
+def _parts(probes: list[Probe], work: Path) -> list[tuple[str, Path, int]]:
+    """The attack mix's frames by source ("spoofed": attack_*, then "blocklist": blocklist_*), each part a frames
+    file: (part, file, frames)."""
+    out = []
+    for name, prefix in (("spoofed", "attack_"), ("blocklist", "blocklist_")):
+        part = [p for p in probes if p.kind.startswith(prefix)]
+        if part:
+            path = work / f"frames-{name}.bin"
+            with open(path, "wb") as f:
+                for p in part:
+                    f.write(struct.pack("<H", len(p.frame)) + p.frame)
+            out.append((name, path, len(part)))
     return out
 
 
@@ -514,12 +561,23 @@ def rate(
     sender: str = "packet",
     attack: str | None = None,
     attackers: int = 1000,
+    blocklist: int | None = None,
+    blocklist_as: str = "ipset",
+    blocklist_share: float = 0.5,
+    legit: tuple[str, int] | None = None,
+    legit_connections: int = 20,
+    legit_timeout: float = 5.0,
     log: Callable[[str], None] = lambda s: None,
 ) -> dict:
     """Deploy on `target`, send the same frames through the three paths, compare them per frame, then count rates;
     the report. `nft_policy`: what the nft path loads when `policy` has matches nft cannot express (the caller says
     what it is; frames are then compared with nft only where the two policies mean the same: payloads without the
-    string "BAD", the ClassBench complex rules' string). `sender`: SENDERS ("live" only with target xdp)."""
+    string "BAD", the ClassBench complex rules' string). `sender`: SENDERS ("live" only with target xdp).
+
+    `attack` (ATTACKS): every frame an attack frame (attack_probes), `blocklist` networks (default 10,000 with
+    `attack`) dropped ahead of the policy as `blocklist_as` (tools/bench/attack.py), and `legit_connections` real
+    connections the policy accepts (`legit`: (proto, port) forced) run on the hybrid path and on the policy alone in
+    iptables while the attack frames flood each. `repeats` 0: no rate pass (the correctness pass's figures)."""
     if target not in FAST_PATHS:
         raise HypafilterError(f"bench rate: unknown target '{target}' (choose from {', '.join(FAST_PATHS)})")
     if sender not in SENDERS:
@@ -528,12 +586,18 @@ def rate(
         raise HypafilterError(
             "bench rate: --sender live needs --target xdp (the emulated NIC reads frames from a socket)"
         )
-    if seconds <= 0 or repeats < 1:
-        raise HypafilterError("bench rate: --seconds must be above 0 and --repeats at least 1")
+    if seconds <= 0 or repeats < 0:
+        raise HypafilterError("bench rate: --seconds must be above 0 and --repeats at least 0")
     if established and not trace:
         raise HypafilterError("bench rate: --established needs --trace (its TCP and UDP headers are the flows)")
     if established and attack:
         raise HypafilterError("bench rate: --attack sends new flows only; without --established")
+    if (blocklist or legit) and not attack:
+        raise HypafilterError("bench rate: --blocklist and --legit are parts of --attack's mix")
+    if blocklist_as not in attack_mod.BLOCKLIST_AS:
+        raise HypafilterError(f"bench rate: --blocklist-as is one of {', '.join(attack_mod.BLOCKLIST_AS)}")
+    if attack and blocklist is None:
+        blocklist = attack_mod.DEFAULT_BLOCKLIST
     refuse_nondeterministic(policy, limits=False)  # a benchmark checks no limit after its run
     cpu = (os.cpu_count() or 1) - 1 if cpu is None else cpu
     lab = Lab(deploy.LAB_NAME, target=target)
@@ -545,7 +609,22 @@ def rate(
         # The plain path tracks no window either (the hybrid's entries are marked liberal: tools/bench/ctflows.py).
         for ns in (lab.ns_fw, lab.ns_plain):
             netns.run(["sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_be_liberal=1"], ns)
-    fast = FAST_PATHS[target](policy, config, log)
+    base, networks, flow = policy, [], None
+    if attack:
+        # The mix's parts from the policy without the blocklist: the attackers aim at what it drops, the legitimate
+        # connections at what it accepts; the blocklist avoids both (tools/bench/attack.py).
+        pool = attacker_pool(seed, attackers)
+        rng = random.Random(seed)
+        headers = read_trace(trace, 20000, rng) if trace else [FrameGen(policy, rng).header() for _ in range(20000)]
+        flow = attack_mod.legit_flow(policy, config, headers, legit_connections, seed, legit, set(pool))
+        networks = attack_mod.blocklist_networks(blocklist or 0, seed, set(pool) | {flow.client, flow.server})
+        if networks:
+            log(f"blocklist: {len(networks)} networks as {blocklist_as}, ahead of the policy")
+            policy = attack_mod.with_blocklist(base, config, networks, blocklist_as)
+            if blocklist_as == "ipset":
+                attack_mod.create_ipset([lab.ns_fw, lab.ns_plain], networks)
+    with attack_mod.host_set_for_check() if networks and blocklist_as == "ipset" else contextlib.nullcontext():
+        fast = FAST_PATHS[target](policy, config, log)
     work = Path(tempfile.mkdtemp(prefix="hf-rate-"))
     flows: list[tuple] = []
     wire = {"hybrid": (lab.ns_fw, "nf0") if target == "xdp" else (lab.ns_nic, "wire0"), "plain": (lab.ns_plain, "nf0")}
@@ -559,8 +638,11 @@ def rate(
             for ns in (lab.ns_fw, lab.ns_plain):
                 open_flows(ns, flows)
         elif attack:
-            probes = attack_probes(policy, config, trace, frames, seed, attack, attackers)
-            log(f"attack: {frames} {attack} frames from {attackers} spoofed sources, to destinations the policy drops")
+            probes = attack_probes(base, config, trace, frames, seed, attack, attackers, networks, blocklist_share)
+            log(
+                f"attack: {frames} {attack} frames from {attackers} spoofed sources to destinations the policy drops"
+                f" and from {len(networks)} blocklisted networks"
+            )
         else:
             probes = ProbeSpec(frames, seed=seed, trace=trace, malformed=malformed).probes(policy, fast.generation)
         frames_file = work / "frames.bin"
@@ -572,7 +654,12 @@ def rate(
             netns.run(["sysctl", "-qw", "net.bridge.bridge-nf-filter-vlan-tagged=1"], ns)
         nft_text_, nft_error = None, None
         try:
-            nft_text_ = nft_text(nft_policy or policy, config)
+            if networks and blocklist_as == "ipset":
+                nft_text_ = nft_text(nft_policy or base, config, networks)
+            elif networks and nft_policy is not None:
+                nft_text_ = nft_text(attack_mod.with_blocklist(nft_policy, config, networks, blocklist_as), config)
+            else:
+                nft_text_ = nft_text(nft_policy or policy, config)
         except HypafilterError as e:
             nft_error = str(e)
 
@@ -598,9 +685,19 @@ def rate(
                 paced = lambda: _rx_packets(*wire["hybrid"])  # noqa: E731
                 paced_plain = lambda: _rx_packets(*wire["plain"])  # noqa: E731
                 window = min(window, CAPTURE_WINDOW)
-            hybrid = _run(lab.ns_send, "hyb0", rx["hybrid"], snd, frames_file, n, paced, window, wire["hybrid"])
-            after = fast.counters()
-            delta = {k: after[k] - before.get(k, 0) for k in after if isinstance(after[k], int)}
+            # An attack mix goes in parts (the spoofed sources' frames, then the blocklist's), each part's counter
+            # delta its own share of frames decided in the fast path.
+            parts = _parts(probes, work) if attack else [("all", frames_file, n)]
+            hybrid, delta, by_part = Run({}, 0.0), {}, {}
+            for name, path_file, count in parts:
+                run_ = _run(lab.ns_send, "hyb0", rx["hybrid"], snd, path_file, count, paced, window, wire["hybrid"])
+                hybrid.got.update(run_.got)
+                hybrid.seconds += run_.seconds
+                after = fast.counters()
+                d = {k: after[k] - before.get(k, 0) for k in after if isinstance(after[k], int)}
+                by_part[name] = {"frames": count, "hw_share": hw_share(d) or 0.0}
+                delta = {k: delta.get(k, 0) + v for k, v in d.items()}
+                before = after
             log("correctness pass, plain path, iptables")
             load_ipt()
             ipt = _run(lab.ns_send, "plain0", rx["plain"], snd, frames_file, n, paced_plain, window, wire["plain"])
@@ -619,7 +716,7 @@ def rate(
                 s.close()
         accepted = [bool(ipt.got.get(p.uid)) for p in probes]
         rounds = []
-        if fast.counted:
+        if fast.counted and repeats > 0:
             rounds = _rate_rounds(
                 lab,
                 fast,
@@ -653,6 +750,19 @@ def rate(
             c = xdp_cost(plan, policy, frames=min(n, prog_frames), repeat=prog_repeat, seed=seed, trace=trace, **extra)
             keys = ("frames", "repeat", "ns_mean", "ns_median", "ns_p99")
             prog = {k: c[k] for k in keys + (("established_flows", "counters") if established else ())}
+        # Last: the connections leave conntrack entries and neighbour traffic behind them.
+        legit_report = None
+        if attack:
+            legit_report = {**flow.summary(), "completed": {}, "flood_pps": {}, "seconds": {}}
+            for path, label, decided in (("hyb", "hybrid", fast.decided if target == "emu" else None),
+                                         ("plain", "iptables", None)):  # fmt: skip
+                log(f"{len(flow.sports)} legitimate {flow.proto} connections on the {label} path under the flood")
+                got = attack_mod.legit_under_flood(
+                    lab, path, flow, snd, frames_file, cpu, decided, window, timeout=legit_timeout
+                )
+                legit_report["completed"][label] = got["completed"]
+                legit_report["flood_pps"][label] = got["flood_pps"]
+                legit_report["seconds"][label] = got["seconds"]
     finally:
         fast.close()
         shutil.rmtree(work, ignore_errors=True)
@@ -720,10 +830,22 @@ def rate(
         "nic": {k: v for k, v in delta.items() if v},
         "examples": vs_ipt["examples"][:5],
         "established_flows": len(flows) if established else None,
-        # every frame an attack frame: the share of them decided in the fast path
-        "attack": {"shape": attack, "attackers": attackers} if attack else None,
+        # every frame an attack frame: the share of them decided in the fast path (and per part of the mix)
+        "attack": {
+            "shape": attack,
+            "attackers": attackers,
+            "blocklist": len(networks),
+            "blocklist_as": blocklist_as if networks else None,
+            "hw_share": by_part,
+        }
+        if attack
+        else None,
         "attack_hw_share": (hw_share(delta) or 0.0) if attack else None,
-        "legit_connections_ok": None,  # no real connections beside the attack yet (docs/results.md)
+        # every legitimate connection completed on the hybrid path under the flood (real sockets, counted)
+        "legit_connections_ok": legit_report["completed"]["hybrid"] == legit_report["connections"]
+        if legit_report
+        else None,
+        "legit": legit_report,
         "sender": sender,
         "seconds": seconds,
         "repeats": repeats,

@@ -150,9 +150,17 @@ def blocklist_rules(networks: list[tuple[int, int]], as_: str, chain: str) -> li
     raise HypafilterError(f"--blocklist-as is one of {', '.join(BLOCKLIST_AS)} (got '{as_}')")
 
 
-def with_blocklist(policy: Policy, config: Config, networks: list[tuple[int, int]], as_: str) -> Policy:
+def with_blocklist(
+    policy: Policy,
+    config: Config,
+    networks: list[tuple[int, int]],
+    as_: str,
+    sets_ns: str | None = None,
+    target: str = "",
+) -> Policy:
     """The policy with the blocklist's rules first in its base chain (parsed again from the oracle's text, so that
-    every path loads the same rules)."""
+    every path loads the same rules). `sets_ns`: the namespace whose live sets the set match reads (the lab's
+    firewall, where create_ipset made the blocklist), for `target`'s set slots."""
     from hypafilter.iptables.document import parse_policy
     from hypafilter.iptables.writer import policy_restore
 
@@ -165,8 +173,18 @@ def with_blocklist(policy: Policy, config: Config, networks: list[tuple[int, int
         len(lines),
     )
     text = "\n".join(lines[:at] + extra + lines[at:]) + "\n"
+    sets = None
+    if as_ == "ipset" and sets_ns:
+        from hypafilter.iptables.sets import SetEnv
+        from hypafilter.netfilter import ipset
+        from hypafilter.targets import set_capability
+
+        slots, capacity = set_capability(target or config.target)
+        saved = ipset.save_text(sets_ns)
+        found = ipset.parse_save(saved, f"ipset save ({sets_ns})")
+        sets = SetEnv(found, slots, capacity, target or config.target, f"live sets of {sets_ns}", text=saved)
     return parse_policy(text, filename=f"{policy.source} + blocklist ({len(networks)} networks as {as_})",
-                        base_chain=policy.base_chain, config=config)  # fmt: skip
+                        base_chain=policy.base_chain, config=config, sets=sets)  # fmt: skip
 
 
 def nft_blocklist(networks: list[tuple[int, int]]) -> tuple[str, str]:

@@ -620,9 +620,9 @@ def rate(
         networks = attack_mod.blocklist_networks(blocklist or 0, seed, set(pool) | {flow.client, flow.server})
         if networks:
             log(f"blocklist: {len(networks)} networks as {blocklist_as}, ahead of the policy")
-            policy = attack_mod.with_blocklist(base, config, networks, blocklist_as)
             if blocklist_as == "ipset":
                 attack_mod.create_ipset([lab.ns_fw, lab.ns_plain], networks)
+            policy = attack_mod.with_blocklist(base, config, networks, blocklist_as, lab.ns_fw, target)
     with attack_mod.host_set_for_check() if networks and blocklist_as == "ipset" else contextlib.nullcontext():
         fast = FAST_PATHS[target](policy, config, log)
     work = Path(tempfile.mkdtemp(prefix="hf-rate-"))

@@ -119,6 +119,19 @@ def popen(argv: Sequence[str], ns: str | None = None, **kw) -> subprocess.Popen:
     return subprocess.Popen(argv_in(ns, argv), **kw)
 
 
+def reap(proc: subprocess.Popen) -> None:
+    """A process started with pipes (popen) gone for good: killed and waited for if it still runs, its pipes closed."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    for f in (proc.stdin, proc.stdout, proc.stderr):
+        try:
+            if f is not None:
+                f.close()
+        except (OSError, ValueError):
+            pass
+
+
 def _text(b: bytes | str | None) -> str:
     return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
 

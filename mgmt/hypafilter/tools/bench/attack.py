@@ -441,14 +441,7 @@ def _flood(ns, ifname, sender, frames_file, cpu, stop: threading.Event, decided,
                     raise HypafilterError(f"the flood's sender failed: {proc.stderr.read()[-500:]}")
                 sent += json.loads(proc.stdout.read())["sent"]
             finally:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-                for f in (proc.stdin, proc.stdout, proc.stderr):
-                    try:
-                        f.close()
-                    except (OSError, ValueError):
-                        pass
+                netns.reap(proc)
     except Exception as e:  # reported by the caller
         out["error"] = str(e)
     out["sent"], out["seconds"] = sent, time.perf_counter() - t0

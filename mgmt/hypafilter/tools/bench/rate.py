@@ -277,14 +277,7 @@ def _run(
             raise HypafilterError(f"the frame sender failed: {proc.stderr.read()[-500:]}")
         report = json.loads(proc.stdout.read())
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for f in (proc.stdin, proc.stdout, proc.stderr):
-            try:
-                f.close()
-            except (OSError, ValueError):
-                pass
+        netns.reap(proc)
     if report["sent"] != n:
         raise HypafilterError(f"the frame sender sent {report['sent']} of {n} frames")
     t_decided = t0 + report["seconds"]

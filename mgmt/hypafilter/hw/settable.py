@@ -231,7 +231,8 @@ class Image:
                     return self._place(b, bkt, w, e, [])
         free = [b for b, n in enumerate(self.bank_len) if n is None]
         if not free:
-            raise TableFull(f"set slot {self.slot}: no room for {e} (every bank of length {e.plen} is full there)")
+            why = f"its bucket is full in every bank of length {e.plen}" if banks else "no bank is free for its length"
+            raise TableFull(f"set slot {self.slot}: no room for {e}: {why}")
         b = free[0]
         self.bank_len[b] = e.plen
         return self._place(b, bkt, 0, e, [self._bank_write(b)])
@@ -271,3 +272,63 @@ def image_of(slot: int, settype: str, elems, geom: Geometry = DEFAULT_GEOMETRY) 
     for e in sorted(elems, key=lambda e: (-by_len[e.plen], e.plen)):
         writes += img.insert(e)
     return img, writes
+
+
+# An element whose timeout has at most this many seconds left is uncertain: ipset reports whole seconds of a timer
+# kept in jiffies, so the kernel may expire it any moment now (the follower deletes it at its expiry).
+UNCERTAIN_S = 2
+
+
+def elems_of(info, dirs: tuple[str, ...], uncertain_s: int = UNCERTAIN_S) -> list[Elem]:
+    """A kernel set's elements (ir.sets.SetInfo) as a slot's table holds them. A slot read by fewer directions than
+    the type has dimensions never matches in the kernel (ip_set_test: opt->dim < dimension): no element then. For
+    the port types proto 0 is ipset's default, TCP; hash:ip elements are stored at the set's netmask."""
+    if len(dirs) < info.dimension:
+        return []
+    out = []
+    for e in info.entries:
+        unc = e.timeout_s is not None and e.timeout_s <= uncertain_s
+        if info.settype == "bitmap:port":
+            out.append(Elem(0, 0, 0, e.port, False, unc))
+            continue
+        plen = info.netmask if info.settype in ("hash:ip", "hash:ip,port") else e.prefix
+        proto = (e.proto or PROTO_TCP) if info.settype in PORT_TYPES else 0
+        port = e.port if info.settype in PORT_TYPES else 0
+        out.append(Elem(e.addr_lo & prefix_mask(plen), plen, proto, port, e.nomatch, unc))
+    return out
+
+
+@dataclass(frozen=True)
+class SlotState:
+    """One slot's table as the model sees it: its type and directions, its elements, SET_CTL bit 0."""
+
+    settype: str
+    dirs: tuple[str, ...]
+    elems: tuple[Elem, ...] = ()
+    all_uncertain: bool = False
+
+    def lookup(self, hdr) -> tuple[bool, bool]:
+        return lookup(self.settype, self.dirs, self.elems, hdr, self.all_uncertain)
+
+
+def slot_states(slots, sets: dict) -> tuple[SlotState, ...]:
+    """The tables as the register client loads them for `slots` from the sets by name (ir.sets.SetInfo); a slot
+    whose set is not known stays uncertain (as after reset)."""
+    out = []
+    for s in slots:
+        info = sets.get(s.name)
+        if info is None:
+            out.append(SlotState(s.settype, tuple(s.dirs), (), True))
+        else:
+            out.append(SlotState(s.settype, tuple(s.dirs), tuple(elems_of(info, tuple(s.dirs)))))
+    return tuple(out)
+
+
+def set_bits(states, hdr) -> tuple[int, bool]:
+    """(Header.sets, uncertain) of a parsed header under the slots' tables."""
+    bits, unc = 0, False
+    for i, st in enumerate(states):
+        m, u = st.lookup(hdr)
+        bits |= int(m) << i
+        unc = unc or u
+    return bits, unc

@@ -50,14 +50,10 @@ package body hf_set_pkg is
 
   function set_hash(key : std_logic_vector(KEY_W - 1 downto 0); bits : natural) return unsigned is
     variable h : unsigned(bits - 1 downto 0);
-    variable p : std_logic;
   begin
+    -- one reduction per bit: a single XOR of the selected key bits in synthesis and in the emulator's Verilog
     for i in 0 to bits - 1 loop
-      p := '0';
-      for k in 0 to KEY_W - 1 loop
-        p := p xor (key(k) and HASH_ROW(i)(k));
-      end loop;
-      h(i) := p;
+      h(i) := xor (key and HASH_ROW(i));
     end loop;
     return h;
   end function;

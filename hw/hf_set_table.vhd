@@ -17,7 +17,8 @@
 --   SET_INFO (10) index = slot << 20, read-only: type | addr dir << 4 | port dir << 5 | BANKS << 8 |
 --                 LOG2_BUCKETS << 16 | WAYS << 24.
 --   SET_CTL (11)  index = slot << 20: bit 0 every lookup of the slot is uncertain (the host's fail safe while it
---                 rewrites the set). Set after reset.
+--                 rewrites the set), set after reset; writing bit 1 clears the slot (every element invalid, every
+--                 bank disabled: the sweep again, 2**LOG2_BUCKETS cycles; reads 0).
 -- After every reset a sweep clears the memories (2**LOG2_BUCKETS cycles); until it ends every lookup is uncertain
 -- and host requests wait.
 library ieee;
@@ -137,6 +138,8 @@ architecture rtl of hf_set_table is
   -- bank configuration (SET_BANK) and the "longer than" relation between banks, registered off the lookup path
   signal b_en : std_logic_vector(BANKS - 1 downto 0) := (others => '0');
   signal b_len : len_arr := (others => (others => '0'));
+  type mask_arr is array (0 to BANKS - 1) of std_logic_vector(31 downto 0);
+  signal b_mask : mask_arr := (others => (others => '0'));  -- prefix_mask(b_len), computed when the host writes it
   type gt_arr is array (0 to BANKS - 1) of std_logic_vector(BANKS - 1 downto 0);
   signal longer : gt_arr := (others => (others => '0'));  -- longer(b)(q): bank q is enabled and longer than bank b
   signal ctl_unc : std_logic := '1';
@@ -225,7 +228,7 @@ begin
       for b in 0 to BANKS - 1 loop
         k.a := (others => '0');
         if HAS_ADDR then
-          k.a := a and prefix_mask(b_len(b));
+          k.a := a and b_mask(b);
         end if;
         k.pp := (others => '0');
         if HAS_PORT then
@@ -382,6 +385,7 @@ begin
           if wr = '1' then
             b_en(bank) <= wd(31);
             b_len(bank) <= unsigned(wd(5 downto 0));
+            b_mask(bank) <= prefix_mask(unsigned(wd(5 downto 0)));
             if unsigned(wd(5 downto 0)) > 32 then
               b_len(bank) <= to_unsigned(32, 6);
             end if;
@@ -395,6 +399,11 @@ begin
         elsif tbl = T_CTL then
           if wr = '1' then
             ctl_unc <= wd(0);
+            if wd(1) = '1' then  -- clear: every element invalid, every bank disabled (the sweep)
+              sweeping <= '1';
+              sw_addr <= (others => '0');
+              b_en <= (others => '0');
+            end if;
           end if;
           rdata <= (0 => ctl_unc, others => '0');
           done <= '1';

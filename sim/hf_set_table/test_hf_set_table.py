@@ -237,7 +237,16 @@ async def set_table(dut):
     assert full, "the table never filled up"
     assert None not in tb.img.bank_len and len(tb.img) > tb.geom.capacity // 3, (tb.img.bank_len, len(tb.img))
     await tb.idle(400)
-    # a reset empties the table (the sweep) and sets SET_CTL bit 0 again
+    # SET_CTL bit 1 clears the slot (the host's full reload); a reset empties it too and sets SET_CTL bit 0 again
+    tb.traffic = False
+    await tb.access(settable.TABLE_SET_CTL, 0, 0b10)
+    tb.img = Image(0, tb.settype, tb.geom)
+    await tb.set_ctl(False)
+    tb.traffic = True
+    await tb.idle(60)
+    for e in elems[:5]:
+        await tb.insert(e)
+    await tb.idle(60)
     tb.img = Image(0, tb.settype, tb.geom)
     tb.ctl_unc = True
     tb.traffic = False

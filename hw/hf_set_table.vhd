@@ -143,6 +143,7 @@ architecture rtl of hf_set_table is
   type gt_arr is array (0 to BANKS - 1) of std_logic_vector(BANKS - 1 downto 0);
   signal longer : gt_arr := (others => (others => '0'));  -- longer(b)(q): bank q is enabled and longer than bank b
   signal ctl_unc : std_logic := '1';
+  signal recalc : std_logic := '1';  -- a SET_BANK write (or clear, reset): recompute `longer`
   signal sweeping : std_logic := '1';
   signal sw_addr : unsigned(LB - 1 downto 0) := (others => '0');
 
@@ -327,11 +328,17 @@ begin
       done <= '0';
       rd2 <= rd1;
       rd1 <= '0';
-      for b in 0 to BANKS - 1 loop
-        for q in 0 to BANKS - 1 loop
-          longer(b)(q) <= b_en(q) and to_sl(b_len(q) > b_len(b));
+      -- the relation changes only with SET_BANK writes: recomputed in the cycle after one (not every cycle, which
+      -- the emulator would evaluate for nothing); a lookup in between may still use the old one, as it may the
+      -- old bank
+      recalc <= '0';
+      if recalc = '1' then
+        for b in 0 to BANKS - 1 loop
+          for q in 0 to BANKS - 1 loop
+            longer(b)(q) <= b_en(q) and to_sl(b_len(q) > b_len(b));
+          end loop;
         end loop;
-      end loop;
+      end if;
       req := ind_req or pend;
       wr := ind_write;
       addr := ind_addr;
@@ -386,6 +393,7 @@ begin
             b_en(bank) <= wd(31);
             b_len(bank) <= unsigned(wd(5 downto 0));
             b_mask(bank) <= prefix_mask(unsigned(wd(5 downto 0)));
+            recalc <= '1';
             if unsigned(wd(5 downto 0)) > 32 then
               b_len(bank) <= to_unsigned(32, 6);
             end if;
@@ -403,6 +411,7 @@ begin
               sweeping <= '1';
               sw_addr <= (others => '0');
               b_en <= (others => '0');
+              recalc <= '1';
             end if;
           end if;
           rdata <= (0 => ctl_unc, others => '0');
@@ -428,6 +437,7 @@ begin
         sweeping <= '1';
         sw_addr <= (others => '0');
         b_en <= (others => '0');
+        recalc <= '1';
         ctl_unc <= '1';
         pend <= '0';
         rd1 <= '0';

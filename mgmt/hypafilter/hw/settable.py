@@ -70,7 +70,7 @@ class Geometry:
     """The generics of one slot's table: banks, log2 of the buckets per bank, ways per bucket."""
 
     banks: int = 16
-    log2_buckets: int = 9
+    log2_buckets: int = 10
     ways: int = 4
 
     def __post_init__(self):
@@ -90,8 +90,9 @@ class Geometry:
         return self.banks * self.per_bank
 
 
-# The NIC's default: 16 banks of 512 buckets x 4 ways = 32,768 elements per slot (docs/hardware.md, "Set tables").
-DEFAULT_GEOMETRY = Geometry()
+# The NIC's default: 16 banks of 1,024 buckets x 4 ways = 65,536 element cells per slot, ipset's default maxelem
+# (docs/hardware.md, "Set tables").
+DEFAULT_GEOMETRY = Geometry(16, 10, 4)
 
 
 def elem_bits(settype: str) -> int:
@@ -332,3 +333,55 @@ def set_bits(states, hdr) -> tuple[int, bool]:
         bits |= int(m) << i
         unc = unc or u
     return bits, unc
+
+
+def image_dict(img: Image) -> dict:
+    """An image as JSON-able data (deploy keeps it as the `known` of the next programming)."""
+    return {
+        "slot": img.slot,
+        "settype": img.settype,
+        "geometry": [img.geom.banks, img.geom.log2_buckets, img.geom.ways],
+        "bank_len": list(img.bank_len),
+        "cells": [
+            [b, k, w, e.addr, e.plen, e.proto, e.port, int(e.nomatch), int(e.uncertain)]
+            for (b, k, w), e in sorted(img.cells.items())
+        ],  # fmt: skip
+    }
+
+
+def image_from_dict(d: dict) -> Image:
+    img = Image(int(d["slot"]), str(d["settype"]), Geometry(*(int(x) for x in d["geometry"])))
+    img.bank_len = [None if x is None else int(x) for x in d["bank_len"]]
+    for b, k, w, addr, plen, proto, port, nom, unc in d["cells"]:
+        e = Elem(addr, plen, proto, port, bool(nom), bool(unc))
+        img.cells[(b, k, w)] = e
+        img.where[e.ident] = (b, k, w)
+    return img
+
+
+def diff_writes(img: Image, elems) -> list[tuple[int, int, int]]:
+    """The writes that make `img` hold exactly `elems` (deletes first, then inserts and flag changes); raises
+    TableFull when an insert finds no room (the image then holds the deletes and the inserts before it)."""
+    want = {}
+    for e in elems:
+        e = img.normal(e)
+        want[e.ident] = e
+    writes: list[tuple[int, int, int]] = []
+    for ident in [i for i in img.where if i not in want]:
+        writes += img.delete(img.cells[img.where[ident]])
+    for ident, e in want.items():
+        at = img.where.get(ident)
+        if at is None or img.cells[at] != e:
+            writes += img.insert(e)
+    return writes
+
+
+def runs(writes) -> list[tuple[int, int, list[int]]]:
+    """Writes (table, index, word) as runs of consecutive indices of one table, in order: (table, start, words)."""
+    out: list[tuple[int, int, list[int]]] = []
+    for t, i, w in writes:
+        if out and out[-1][0] == t and out[-1][1] + len(out[-1][2]) == i:
+            out[-1][2].append(w)
+        else:
+            out.append((t, i, [w]))
+    return out

@@ -5,14 +5,15 @@
 -- table SET_BANK); every bank is probed in parallel with the frame's address masked to its length, and the longest
 -- length that hits decides (longest-prefix match, as the kernel's hash:net walks its prefix lengths from the most
 -- specific): a hit on a nomatch element there means "not a member". hash:ip and hash:ip,port use the same banks at
--- length 32 (or the set's netmask). A bank is 2**LOG2_BUCKETS buckets of WAYS elements, each way a memory of its
--- own (one write port, a lookup and a host read port: block RAM); the host places every element itself, with the
--- bucket hash of hf_set_pkg, so an insert or a delete is one table write (hypafilter.hw.settable).
+-- length 32 (or the set's netmask). A bank is 2**LOG2_BUCKETS buckets of WAYS elements, one memory per bank with a
+-- bucket per word (one write port, a lookup and a host read port: block RAM); the host places every element itself,
+-- with the bucket hash of hf_set_pkg, so an insert or a delete is one element write (hypafilter.hw.settable), which
+-- the table applies as a read-modify-write of the bucket's word.
 -- Tables (IND_ADDRESS = table << 24 | index, index bits 22:20 = slot, which the core decodes):
 --   SET_ELEM (8)  index = slot << 20 | bank << 16 | (bucket * WAYS + way) << 1 | w; w0 address (masked to the bank's
 --                 length), w1 valid << 31 | uncertain << 30 | nomatch << 29 | proto << 16 | port. A write of w1
---                 stores the element with the last w0 written, in one memory write (a lookup sees the old or the
---                 new element, never a mix).
+--                 stores the element with the last w0 written, in one memory write of its bucket (a lookup sees the
+--                 old or the new element, never a mix).
 --   SET_BANK (9)  index = slot << 20 | bank: enable << 31 | prefix length (5:0). Disabled after reset.
 --   SET_INFO (10) index = slot << 20, read-only: type | addr dir << 4 | port dir << 5 | BANKS << 8 |
 --                 LOG2_BUCKETS << 16 | WAYS << 24.
@@ -50,7 +51,7 @@ entity hf_set_table is
     member    : out std_logic;  -- LATENCY cycles after the header
     unc       : out std_logic;  -- the answer is uncertain: the frame must be shunted (reason 3)
     -- indirect access to this slot's tables (the core routes requests whose slot field is this slot); one request
-    -- at a time, answered (ind_done) 1 cycle (writes) or 3 cycles (reads) after it, later during the sweep
+    -- at a time, answered (ind_done) 1 cycle after it, 3 for element reads and w1 writes, later during the sweep
     ind_req   : in  std_logic;
     ind_write : in  std_logic;
     ind_addr  : in  std_logic_vector(31 downto 0);
@@ -75,7 +76,7 @@ architecture rtl of hf_set_table is
   constant EW : positive := 3 + AWD + PWD;  -- stored element: valid, uncertain, nomatch, address, proto, port
   constant LB : positive := LOG2_BUCKETS;
   constant LW : natural := clog2(WAYS);
-  constant NR : positive := BANKS * WAYS;  -- memories: bank b, way w is number b * WAYS + w
+  constant BW : positive := WAYS * EW;  -- a bucket: its WAYS elements side by side, way j at bits (j+1)*EW-1..j*EW
   constant T_ELEM : natural := 8;
   constant T_BANK : natural := 9;
   constant T_INFO : natural := 10;
@@ -88,7 +89,7 @@ architecture rtl of hf_set_table is
   type key_arr is array (0 to BANKS - 1) of key_t;
   type bkt_arr is array (0 to BANKS - 1) of unsigned(LB - 1 downto 0);
   type len_arr is array (0 to BANKS - 1) of unsigned(5 downto 0);
-  type word_arr is array (0 to NR - 1) of std_logic_vector(EW - 1 downto 0);
+  type word_arr is array (0 to BANKS - 1) of std_logic_vector(BW - 1 downto 0);
 
   function prefix_mask(len : unsigned(5 downto 0)) return std_logic_vector is
     variable m : std_logic_vector(31 downto 0) := (others => '0');
@@ -159,16 +160,19 @@ architecture rtl of hf_set_table is
   signal r_member, r_unc : std_logic := '0';
 
   -- host side
-  signal we : std_logic_vector(NR - 1 downto 0) := (others => '0');
+  signal we : std_logic_vector(BANKS - 1 downto 0) := (others => '0');
   signal w_addr : unsigned(LB - 1 downto 0) := (others => '0');
-  signal w_data : std_logic_vector(EW - 1 downto 0) := (others => '0');
+  signal w_data : std_logic_vector(BW - 1 downto 0) := (others => '0');
+  signal w_new : std_logic_vector(EW - 1 downto 0) := (others => '0');  -- the element a w1 write stores
+  signal rmw : std_logic := '0';  -- the bucket read in flight is for a w1 write (read-modify-write)
   signal w0 : std_logic_vector(31 downto 0) := (others => '0');
   signal h_raddr : unsigned(LB - 1 downto 0) := (others => '0');
   signal hb_word : word_arr;
   signal pend, rd1, rd2 : std_logic := '0';
   signal p_write : std_logic := '0';
   signal p_addr, p_wdata : std_logic_vector(31 downto 0) := (others => '0');
-  signal rd_mem : natural range 0 to NR - 1 := 0;
+  signal rd_mem : natural range 0 to BANKS - 1 := 0;
+  signal rd_way : natural range 0 to WAYS - 1 := 0;
   signal rd_w : std_logic := '0';
   signal done : std_logic := '0';
   signal rdata : std_logic_vector(31 downto 0) := (others => '0');
@@ -243,17 +247,16 @@ begin
     end if;
   end process;
 
-  -- stage 2: the memories read the buckets (registered read ports)
-  mems : for m in 0 to NR - 1 generate
-    constant B : natural := m / WAYS;
-    signal q : std_logic_vector(2 * EW - 1 downto 0);
+  -- stage 2: the memories read the buckets (registered read ports), one memory per bank, a bucket per word
+  mems : for m in 0 to BANKS - 1 generate
+    signal q : std_logic_vector(2 * BW - 1 downto 0);
   begin
     ram : entity work.hf_ram
-      generic map (WIDTH => EW, ADDR_W => LB, READS => 2)
-      port map (clk => clk, we => we(m), waddr => w_addr, wdata => w_data, raddr => s1_bkt(B) & h_raddr,
+      generic map (WIDTH => BW, ADDR_W => LB, READS => 2)
+      port map (clk => clk, we => we(m), waddr => w_addr, wdata => w_data, raddr => s1_bkt(m) & h_raddr,
                 rdata => q);
-    lk_word(m) <= q(2 * EW - 1 downto EW);
-    hb_word(m) <= q(EW - 1 downto 0);
+    lk_word(m) <= q(2 * BW - 1 downto BW);
+    hb_word(m) <= q(BW - 1 downto 0);
   end generate;
 
   stage2 : process (clk)
@@ -276,7 +279,7 @@ begin
         nom := '0';
         u := '0';
         for j in 0 to WAYS - 1 loop
-          w := lk_word(b * WAYS + j);
+          w := lk_word(b)((j + 1) * EW - 1 downto j * EW);
           if w(EW - 1) = '1' and key_of(w) = s2_key(b) then
             hit := '1';
             u := u or w(EW - 2);
@@ -320,6 +323,8 @@ begin
     variable w1 : std_logic_vector(31 downto 0);
     variable kk : key_t;
     variable sel : std_logic_vector(EW - 1 downto 0);
+    variable bword : std_logic_vector(BW - 1 downto 0);
+    variable plen : unsigned(5 downto 0);
     variable req, wr : std_logic;
     variable addr, wd : std_logic_vector(31 downto 0);
   begin
@@ -370,33 +375,43 @@ begin
           bank := to_integer(unsigned(addr(3 downto 0)));
         end if;
         ent := unsigned(addr(15 downto 1));
-        idx := bank * WAYS + to_integer(ent) mod WAYS;
+        idx := to_integer(ent) mod WAYS;
         rdata <= (others => '0');
         if tbl = T_ELEM and bank < BANKS and ent < 2 ** (LB + LW) then
           if wr = '1' then
             if addr(0) = '0' then
               w0 <= wd;
+              done <= '1';
             else
-              we(idx) <= '1';
-              w_addr <= to_unsigned(to_integer(ent) / WAYS, LB);
-              w_data <= pack(w0, wd(23 downto 0), wd(31 downto 29));
+              -- the element goes into its way of the bucket: read the bucket, then write it back with the way
+              -- replaced (answered then), one memory write
+              w_new <= pack(w0, wd(23 downto 0), wd(31 downto 29));
+              rmw <= '1';
             end if;
-            done <= '1';
-          else
+          end if;
+          if wr = '0' or addr(0) = '1' then
             h_raddr <= to_unsigned(to_integer(ent) / WAYS, LB);
-            rd_mem <= idx;
+            rd_mem <= bank;
+            rd_way <= idx;
             rd_w <= addr(0);
             rd1 <= '1';
           end if;
         elsif tbl = T_BANK and bank < BANKS then
           if wr = '1' then
-            b_en(bank) <= wd(31);
-            b_len(bank) <= unsigned(wd(5 downto 0));
-            b_mask(bank) <= prefix_mask(unsigned(wd(5 downto 0)));
-            recalc <= '1';
-            if unsigned(wd(5 downto 0)) > 32 then
-              b_len(bank) <= to_unsigned(32, 6);
+            plen := unsigned(wd(5 downto 0));
+            if plen > 32 then
+              plen := to_unsigned(32, 6);
             end if;
+            -- each bank's registers written under a constant index: GHDL 2.0 synthesis took b_len and b_mask
+            -- written at `bank` for memories and wrote them as combinational loops (docs/hardware.md, GHDL traps)
+            for q in 0 to BANKS - 1 loop
+              if bank = q then
+                b_en(q) <= wd(31);
+                b_len(q) <= plen;
+                b_mask(q) <= prefix_mask(plen);
+              end if;
+            end loop;
+            recalc <= '1';
           end if;
           rdata <= b_en(bank) & (30 downto 6 => '0') & std_logic_vector(b_len(bank));
           done <= '1';
@@ -421,9 +436,23 @@ begin
         end if;
       end if;
       if rd2 = '1' then
-        sel := hb_word(rd_mem);
+        bword := hb_word(rd_mem);
+        sel := (others => '0');
+        for j in 0 to WAYS - 1 loop  -- constant slices: no variable-width part select in the netlist
+          if rd_way = j then
+            sel := bword((j + 1) * EW - 1 downto j * EW);
+            if rmw = '1' then
+              bword((j + 1) * EW - 1 downto j * EW) := w_new;
+            end if;
+          end if;
+        end loop;
         kk := key_of(sel);
-        if rd_w = '0' then
+        if rmw = '1' then
+          we(rd_mem) <= '1';
+          w_addr <= h_raddr;
+          w_data <= bword;
+          rmw <= '0';
+        elsif rd_w = '0' then
           rdata <= kk.a;
         else
           w1 := (others => '0');
@@ -442,6 +471,7 @@ begin
         pend <= '0';
         rd1 <= '0';
         rd2 <= '0';
+        rmw <= '0';
         done <= '0';
       end if;
     end if;

@@ -24,20 +24,33 @@ TYPES = {v: k for k, v in settable.SETTYPES.items()}
 PROTOS = (6, 17, 1, 47, 132, 0)
 
 
+GENERICS = ("SETTYPE", "ADDR_DIR", "PORT_DIR", "BANKS", "LOG2_BUCKETS", "WAYS")
+
+
+def generics_of(dut) -> dict[str, int]:
+    """The unit's generics: from the entity, or (a synthesised netlist has none) from HF_ST_GENERICS."""
+    env = os.environ.get("HF_ST_GENERICS")
+    if env:
+        return dict(zip(GENERICS, (int(x) for x in env.split(",")), strict=True))
+    return {k: int(getattr(dut, k).value) for k in GENERICS}
+
+
 class TB:
     """Clock, the header driver (one header per cycle, answers checked LATENCY cycles later against the model
     state around the header's flight) and the indirect port."""
 
     def __init__(self, dut):
         self.dut = dut
-        self.settype = TYPES[int(dut.SETTYPE.value)]
-        self.dirs = ("dst" if int(dut.ADDR_DIR.value) else "src", "dst" if int(dut.PORT_DIR.value) else "src")
+        g = generics_of(dut)
+        self.g = g
+        self.settype = TYPES[g["SETTYPE"]]
+        self.dirs = ("dst" if g["ADDR_DIR"] else "src", "dst" if g["PORT_DIR"] else "src")
         if self.settype == "bitmap:port":
             self.dirs = (self.dirs[1],)
-        self.geom = Geometry(int(dut.BANKS.value), int(dut.LOG2_BUCKETS.value), int(dut.WAYS.value))
+        self.geom = Geometry(g["BANKS"], g["LOG2_BUCKETS"], g["WAYS"])
         self.img = Image(0, self.settype, self.geom)
         self.ctl_unc = True
-        self.rng = random.Random(int(dut.SETTYPE.value))
+        self.rng = random.Random(g["SETTYPE"])
         self.cyc = 0
         self.versions: list[tuple[int, list[Elem], bool]] = []  # (cycle it holds from, elements, SET_CTL bit 0)
         self.sent: list[tuple[int, Header]] = []
@@ -186,7 +199,7 @@ async def set_table(dut):
     # during the sweep and until SET_CTL bit 0 is cleared, every answer is uncertain
     await tb.idle(20)
     info = await tb.access(settable.TABLE_SET_INFO, 0, write=False)
-    assert info == settable.SETTYPES[tb.settype] | int(dut.ADDR_DIR.value) << 4 | int(dut.PORT_DIR.value) << 5 | \
+    assert info == settable.SETTYPES[tb.settype] | tb.g["ADDR_DIR"] << 4 | tb.g["PORT_DIR"] << 5 | \
         tb.geom.banks << 8 | tb.geom.log2_buckets << 16 | tb.geom.ways << 24, hex(info)  # fmt: skip
     await tb.set_ctl(False)
     rng = random.Random(7)

@@ -70,8 +70,8 @@ class Geometry:
     """The generics of one slot's table: banks, log2 of the buckets per bank, ways per bucket."""
 
     banks: int = 16
-    log2_buckets: int = 10
-    ways: int = 4
+    log2_buckets: int = 9
+    ways: int = 8
 
     def __post_init__(self):
         if not 1 <= self.banks <= MAX_BANKS:
@@ -90,9 +90,10 @@ class Geometry:
         return self.banks * self.per_bank
 
 
-# The NIC's default: 16 banks of 1,024 buckets x 4 ways = 65,536 element cells per slot, ipset's default maxelem
-# (docs/hardware.md, "Set tables").
-DEFAULT_GEOMETRY = Geometry(16, 10, 4)
+# The NIC's default: 16 banks of 512 buckets x 8 ways = 65,536 element cells per slot, ipset's default maxelem
+# (docs/hardware.md, "Set tables": 8 ways hold 4.6 times the elements of 4 ways x 1,024 buckets before a set of 16
+# prefix lengths first finds a bucket full).
+DEFAULT_GEOMETRY = Geometry(16, 9, 8)
 
 
 def elem_bits(settype: str) -> int:

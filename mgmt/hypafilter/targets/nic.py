@@ -451,6 +451,7 @@ class NicClient:
             self.write_table_many(name, start, words)  # a run of changed words, pipelined
             writes += len(words)
         images = None
+        set_errors: list[str] = []
         if tables.get("sets") is not None:
             known_images = known.get("set_images") if known and known.get("sets") == tables["sets"] else None
             images = []
@@ -462,7 +463,14 @@ class NicClient:
                     images.append(None)
                     writes += 1
                     continue
-                img, n = self.load_set(i, settype, [settable.Elem(*e) for e in elems], known=k)
+                try:
+                    img, n = self.load_set(i, settype, [settable.Elem(*e) for e in elems], known=k)
+                except NicError as e:
+                    # too large for this table: the slot stays cleared and uncertain, its frames go to the host
+                    # (never a wrong verdict); said in the deployment's tables and by status
+                    set_errors.append(str(e))
+                    images.append(None)
+                    continue
                 images.append(img)
                 writes += n
         self.write("GENERATION", generation & 0xFFFF)
@@ -473,6 +481,7 @@ class NicClient:
         out = {**tables, "generation": generation & 0xFFFF, "shunt": shunt, "actions": actions, "writes": writes}
         if images is not None:
             out["set_images"] = images
+            out["set_errors"] = set_errors
         return out
 
     # ---- set membership tables (hw/hf_set_table.vhd; tables SET_*; placement of hypafilter.hw.settable)

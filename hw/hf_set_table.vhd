@@ -247,16 +247,33 @@ begin
     end if;
   end process;
 
-  -- stage 2: the memories read the buckets (registered read ports), one memory per bank, a bucket per word
+  -- stage 2: the memories read the buckets (registered read ports), one memory per bank, a bucket per word. Two
+  -- ports, as a block RAM has them: the host's (write, or read, at one address; read-first) and the lookup's (read).
+  -- Not hf_ram with two read ports beside its write port, which synthesis builds from two copies of the memory.
   mems : for m in 0 to BANKS - 1 generate
-    signal q : std_logic_vector(2 * BW - 1 downto 0);
+    type mem_t is array (0 to 2 ** LB - 1) of std_logic_vector(BW - 1 downto 0);
+    signal mem : mem_t;  -- no initial contents: the sweep clears it (hf_ram's note)
+    signal qa, qb : std_logic_vector(BW - 1 downto 0) := (others => '0');
+    signal a_addr : unsigned(LB - 1 downto 0);
   begin
-    ram : entity work.hf_ram
-      generic map (WIDTH => BW, ADDR_W => LB, READS => 2)
-      port map (clk => clk, we => we(m), waddr => w_addr, wdata => w_data, raddr => s1_bkt(m) & h_raddr,
-                rdata => q);
-    lk_word(m) <= q(2 * BW - 1 downto BW);
-    hb_word(m) <= q(BW - 1 downto 0);
+    a_addr <= w_addr when we(m) = '1' else h_raddr;
+    port_a : process (clk)
+    begin
+      if rising_edge(clk) then
+        if we(m) = '1' then
+          mem(to_integer(a_addr)) <= w_data;
+        end if;
+        qa <= mem(to_integer(a_addr));
+      end if;
+    end process;
+    port_b : process (clk)
+    begin
+      if rising_edge(clk) then
+        qb <= mem(to_integer(s1_bkt(m)));
+      end if;
+    end process;
+    lk_word(m) <= qb;
+    hb_word(m) <= qa;
   end generate;
 
   stage2 : process (clk)

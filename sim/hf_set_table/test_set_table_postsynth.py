@@ -12,16 +12,17 @@ from sim.hf_set_table.test_hf_set_table import GENERICS, SOURCES
 from sim.hftb import fresh_build, hw, run_ghdl
 
 TOP = "hf_set_table"
-CASES = [("hash:net", 0, 0, 8, 3, 2), ("hash:ip,port", 0, 1, 2, 3, 4)]
+# a small table (filled up by the test); the NIC's default geometry ("hash:net", 1, 0, 16, 9, 8) passes too (43 s)
+CASES = [("hash:net", 0, 0, 8, 3, 2)]
 
 
 @pytest.mark.sim
-@pytest.mark.parametrize("case", CASES, ids=[c[0].replace(":", "_").replace(",", "_") for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=["net_small"])
 def test_set_table_postsynth(case):
     need_tool("ghdl")
     settype, *rest = case
     values = [settable.SETTYPES[settype], *rest]
-    tag = "postsynth_" + settype.replace(":", "_").replace(",", "_")
+    tag = "postsynth_" + "_".join(map(str, values))
     work = fresh_build(TOP, tag) / "synth"
     work.mkdir()
     gargs = [f"-g{k}={v}" for k, v in zip(GENERICS, values, strict=True)]

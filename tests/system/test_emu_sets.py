@@ -105,7 +105,8 @@ def test_sets_on_the_emulated_nic(lab):
     r = json.loads(hf("verify", str(pol), "--target", "emu", "--packets", "3000", "--json").stdout)
     assert r["packets"] == 3000 and r["mismatches"] == 0, r["examples"][:3]
     assert r["hw_dropped"] > 100 and r["hw_forwarded"] > 100, r["nic"]
-    assert r["nic"].get("CNT_SHUNT_STATE", 0) == 0, r["nic"]
+    # reason 3 only for the few SCTP / UDP-Lite frames (ports the parser does not read) the hash:ip,port slot sees
+    assert r["nic"]["CNT_SHUNT_STATE"] == r["nic"]["CNT_SET_UNCERTAIN"] <= 30, r["nic"]
 
     # run time: the kernel's set grows; the NIC's table follows by element writes (the set sync)
     from hypafilter.ir.sets import SetSlot

@@ -120,3 +120,15 @@ def test_default_geometry_holds_a_10000_network_blocklist():
             elems.append(Elem(a, plen, nomatch=len(elems) % 50 == 0))
     img, writes = settable.image_of(0, "hash:net", elems)
     assert len(img) == 10_000 and len(writes) >= 20_000
+
+
+def test_register_map_describes_the_set_tables():
+    from hypafilter.hw import regmap
+
+    m = regmap.MAP
+    assert m.reg("VERSION").reset >= 0x00010009  # 1.9: set membership tables
+    assert [m.table(t).id for t in ("SET_ELEM", "SET_BANK", "SET_INFO", "SET_CTL")] == [8, 9, 10, 11]
+    assert m.table("SET_INFO").access == "RO" and m.reg("SET_CONFIG").offset == 0xAC
+    assert 0xAC <= m.reg("CNT_SET_UNCERTAIN").offset <= 0xBC
+    # the slot field (bits 22:20) holds every slot, and every element index of the largest table
+    assert (7 << settable.SLOT_SHIFT | settable.elem_index(0, 15, 4095, 7, 8, 1)) < m.table("SET_ELEM").depth

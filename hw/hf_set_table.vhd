@@ -19,7 +19,8 @@
 --                 LOG2_BUCKETS << 16 | WAYS << 24.
 --   SET_CTL (11)  index = slot << 20: bit 0 every lookup of the slot is uncertain (the host's fail safe while it
 --                 rewrites the set), set after reset; writing bit 1 clears the slot (every element invalid, every
---                 bank disabled: the sweep again, 2**LOG2_BUCKETS cycles; reads 0).
+--                 bank disabled: the sweep again, 2**LOG2_BUCKETS cycles; reads 0); bits 31:8 a tag the host
+--                 writes with the contents it loaded and reads back (0 after reset).
 -- After every reset a sweep clears the memories (2**LOG2_BUCKETS cycles); until it ends every lookup is uncertain
 -- and host requests wait.
 library ieee;
@@ -144,6 +145,7 @@ architecture rtl of hf_set_table is
   type gt_arr is array (0 to BANKS - 1) of std_logic_vector(BANKS - 1 downto 0);
   signal longer : gt_arr := (others => (others => '0'));  -- longer(b)(q): bank q is enabled and longer than bank b
   signal ctl_unc : std_logic := '1';
+  signal ctl_tag : std_logic_vector(23 downto 0) := (others => '0');  -- SET_CTL bits 31:8, the host's epoch
   signal recalc : std_logic := '1';  -- a SET_BANK write (or clear, reset): recompute `longer`
   signal sweeping : std_logic := '1';
   signal sw_addr : unsigned(LB - 1 downto 0) := (others => '0');
@@ -439,6 +441,7 @@ begin
         elsif tbl = T_CTL then
           if wr = '1' then
             ctl_unc <= wd(0);
+            ctl_tag <= wd(31 downto 8);
             if wd(1) = '1' then  -- clear: every element invalid, every bank disabled (the sweep)
               sweeping <= '1';
               sw_addr <= (others => '0');
@@ -446,7 +449,7 @@ begin
               recalc <= '1';
             end if;
           end if;
-          rdata <= (0 => ctl_unc, others => '0');
+          rdata <= ctl_tag & "0000000" & ctl_unc;
           done <= '1';
         else
           done <= '1';  -- outside this slot's tables: writes do nothing, reads give 0
@@ -485,6 +488,7 @@ begin
         b_en <= (others => '0');
         recalc <= '1';
         ctl_unc <= '1';
+        ctl_tag <= (others => '0');
         pend <= '0';
         rd1 <= '0';
         rd2 <= '0';

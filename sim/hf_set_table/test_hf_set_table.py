@@ -202,6 +202,8 @@ async def set_table(dut):
     assert info == settable.SETTYPES[tb.settype] | tb.g["ADDR_DIR"] << 4 | tb.g["PORT_DIR"] << 5 | \
         tb.geom.banks << 8 | tb.geom.log2_buckets << 16 | tb.geom.ways << 24, hex(info)  # fmt: skip
     await tb.set_ctl(False)
+    await tb.access(settable.TABLE_SET_CTL, 0, 0xABCDE5 << 8)  # the host's tag, bit 0 still clear
+    assert await tb.access(settable.TABLE_SET_CTL, 0, write=False) == 0xABCDE5 << 8
     rng = random.Random(7)
     elems = some_elems(tb.settype, rng, 21)
     # inserts while headers flow, one at a time

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import secrets
 import socket
 import time
 from collections.abc import Iterable, Sequence
@@ -453,26 +454,29 @@ class NicClient:
         images = None
         set_errors: list[str] = []
         if tables.get("sets") is not None:
+            from hypafilter.targets.xdp.sets import host_lock
+
             known_images = known.get("set_images") if known and known.get("sets") == tables["sets"] else None
             images = []
-            for i, (_, settype, _) in enumerate(tables["sets"]):
-                elems = tables["set_elems"][i]
-                k = known_images[i] if known_images is not None and i < len(known_images) else None
-                if elems is None:
-                    self.set_slot_uncertain(i, True, clear=True)
-                    images.append(None)
-                    writes += 1
-                    continue
-                try:
-                    img, n = self.load_set(i, settype, [settable.Elem(*e) for e in elems], known=k)
-                except NicError as e:
-                    # too large for this table: the slot stays cleared and uncertain, its frames go to the host
-                    # (never a wrong verdict); said in the deployment's tables and by status
-                    set_errors.append(str(e))
-                    images.append(None)
-                    continue
-                images.append(img)
-                writes += n
+            with host_lock():  # the set follower writes the same tables (ops.policysync.nicsets)
+                for i, (_, settype, _) in enumerate(tables["sets"]):
+                    elems = tables["set_elems"][i]
+                    k = known_images[i] if known_images is not None and i < len(known_images) else None
+                    if elems is None:
+                        self.set_slot_uncertain(i, True, clear=True)
+                        images.append(None)
+                        writes += 1
+                        continue
+                    try:
+                        img, n = self.load_set(i, settype, [settable.Elem(*e) for e in elems], known=k)
+                    except NicError as e:
+                        # too large for this table: the slot stays cleared and uncertain, its frames go to the host
+                        # (never a wrong verdict); said in the deployment's tables and by status
+                        set_errors.append(str(e))
+                        images.append(None)
+                        continue
+                    images.append(img)
+                    writes += n
         self.write("GENERATION", generation & 0xFFFF)
         writes += 1
         if bracket:
@@ -514,7 +518,9 @@ class NicClient:
         """SET_CTL of a slot: bit 0 every lookup uncertain (frames it could decide go to the host), bit 1 clear."""
         self.write_table("SET_CTL", slot << settable.SLOT_SHIFT, int(on) | int(clear) << 1)
 
-    def load_set(self, slot: int, settype: str, elems, known: dict | None = None) -> tuple[dict, int]:
+    def load_set(
+        self, slot: int, settype: str, elems, known: dict | None = None, release: bool = True
+    ) -> tuple[dict, int]:
         """Make slot `slot` hold `elems` (settable.Elem): with `known` (its image as this returned it last) by the
         inserts and deletes that differ, each write one element (a lookup sees the element before or after it);
         else, or when the changes do not fit, the slot cleared and loaded whole, every lookup of it uncertain
@@ -525,7 +531,11 @@ class NicClient:
             have = cfg[slot]["settype"] if 0 <= slot < len(cfg) else "none"
             raise NicError(f"set slot {slot}: the core's table is {have}, not {settype}")
         geom = cfg[slot]["geometry"]
-        if known is not None:
+        ctl = self.read_table("SET_CTL", slot << settable.SLOT_SHIFT)
+        tag = secrets.randbits(24) | 1
+        if known is not None and known.get("tag") == ctl >> 8:
+            # the copy is trusted only while the slot's tag is the one written with it: any other writer (a
+            # deploy, the set follower, a reset) changed it
             img = settable.image_from_dict(known)
             if (img.slot, img.settype, img.geom) == (slot, settype, geom):
                 try:
@@ -533,17 +543,34 @@ class NicClient:
                 except settable.TableFull:
                     pass  # placed anew below, from an empty table
                 else:
-                    return settable.image_dict(img), self._set_write(writes)
+                    n = self._set_write(writes)
+                    self.write_table("SET_CTL", slot << settable.SLOT_SHIFT, tag << 8 | int(not release))
+                    return {**settable.image_dict(img), "tag": tag}, n + 1
         self.set_slot_uncertain(slot, True, clear=True)
         try:
             img, writes = settable.image_of(slot, settype, elems, geom)
         except settable.TableFull as e:
             raise NicError(f"{e} (the slot stays uncertain: its frames go to the host)") from e
         n = self._set_write(writes)
-        self.set_slot_uncertain(slot, False)
-        return settable.image_dict(img), n + 2
+        # certain again (unless the caller releases it), the new tag
+        self.write_table("SET_CTL", slot << settable.SLOT_SHIFT, tag << 8 | int(not release))
+        return {**settable.image_dict(img), "tag": tag}, n + 2
 
-    def program_sets(self, slots, sets: dict, known: list | None = None) -> tuple[list[dict], int]:
+    def hold_sets(self, images: list) -> None:
+        """Every set slot uncertain (its frames go to the host), its tag kept: the set follower's fail safe from a
+        change seen until the tables are the kernel's sets again (`release_sets`)."""
+        for i, img in enumerate(images):
+            tag = img.get("tag", 0) if img else 0
+            self.write_table("SET_CTL", i << settable.SLOT_SHIFT, tag << 8 | 1)
+
+    def release_sets(self, images: list) -> None:
+        for i, img in enumerate(images):
+            if img:  # a slot without an image (its set unknown, too large) stays uncertain
+                self.write_table("SET_CTL", i << settable.SLOT_SHIFT, img["tag"] << 8)
+
+    def program_sets(
+        self, slots, sets: dict, known: list | None = None, release: bool = True
+    ) -> tuple[list[dict], int]:
         """Load every set slot's table from the kernel's sets by name (ir.sets.SetInfo; Policy.sets); `known`:
         the images program_sets returned last for this core. A slot whose set is unknown is cleared and left
         uncertain. Returns (the images, writes)."""
@@ -556,7 +583,11 @@ class NicClient:
                 images.append(None)
                 writes += 1
                 continue
-            img, n = self.load_set(i, s.settype, settable.elems_of(info, tuple(s.dirs)), known=k)
+            try:
+                img, n = self.load_set(i, s.settype, settable.elems_of(info, tuple(s.dirs)), known=k, release=release)
+            except NicError:
+                images.append(None)  # too large: the slot stays uncertain
+                continue
             images.append(img)
             writes += n
         return images, writes

@@ -201,7 +201,7 @@ def _program_fake(nic, plan) -> NicClient:
     """A client of the fake NIC made a core built for `plan`, as after reset."""
     nic.regs[regmap.REG_NUM_ENTRIES] = len(plan.entries)
     nic.regs[regmap.REG_MATCHER_HASH] = int(vhdl.matcher_hash(plan)[-8:], 16)
-    nic.regs[regmap.REG_BUF_CONFIG] = updatebuffer.buffer_depth(plan) | 16 << 16 | 10 << 24
+    nic.regs[regmap.REG_BUF_CONFIG] = updatebuffer.buffer_depth(plan) | 16 << 16 | updatebuffer.USED << 24
     nic.regs[regmap.REG_CONTROL] = 1
     for k, w in enumerate(updatebuffer.valid_words([True] * len(plan.entries))):
         nic.tables[(regmap.TABLE_VALID, k)] = w

@@ -1,6 +1,7 @@
 """The set table as the emulator runs it: GHDL's Verilog netlist under Verilator, with the RTL testbench. GHDL 2.0's
 Verilog writer differs from its VHDL netlist (a constant wider than 32 bits became a quoted string: every key hashed
-to a wrong bucket in the emulator while both VHDL runs were right), so this path is tested on its own."""
+to a wrong bucket in the emulator while both VHDL runs were right), so this path is tested on its own (it also stands for the post-synthesis run: the VHDL netlist under GHDL passed the
+same bench, the default geometry included, when it was written)."""
 
 from __future__ import annotations
 

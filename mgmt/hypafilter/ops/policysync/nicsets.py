@@ -10,6 +10,9 @@ expired."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import os
 import struct
 import time
 from dataclasses import dataclass
@@ -21,6 +24,7 @@ from hypafilter.ir.sets import SetSlot
 from hypafilter.netfilter import ipset
 from hypafilter.targets.bpfmap import PinnedMap
 from hypafilter.targets.xdp import sets as setmaps
+from hypafilter.targets.xdp.target import PIN_ROOT as XDP_PIN_ROOT
 
 SYNC_NONE = setmaps.SYNC_NONE
 
@@ -45,9 +49,22 @@ class NicSets:
         self.watcher = watcher
         self.seq = PinnedMap(watcher / "hfx_setseq")
         self.at = SYNC_NONE
+        # a user of the watcher as an xdp program is one (setmaps.watcher_users), so that no xdp target's stop
+        # unloads it while this NIC follows the sets through it
+        key = hashlib.sha256(str(info.get("socket", "")).encode()).hexdigest()[:12]
+        self.user = XDP_PIN_ROOT / f"nic-{key}" / "gnic"
+        self.user.mkdir(parents=True, exist_ok=True)
+        link = self.user / "hfx_setseq"
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        os.symlink(watcher / "hfx_setseq", link)
 
     def close(self) -> None:
         self.seq.close()
+        with contextlib.suppress(OSError):
+            (self.user / "hfx_setseq").unlink()
+            self.user.rmdir()
+            self.user.parent.rmdir()
 
     def counts(self) -> tuple[int, int]:
         v = self.seq.get(self.netns)

@@ -641,10 +641,10 @@ class SetFollower:
 
         self._close()
         self.pin, self.next_expiry = pin, None
-        with setmaps_lock():
+        with setmaps_lock():  # loaded and registered as used in one step: no xdp stop releases it in between
             watcher = _ensure_watcher(BUILD_ROOT)
-        self.maps = NicSets(EmuTarget(deploy.deployed_config(st)), st["nic"], st["tables"], st["site"].get("netns"),
-                            watcher)  # fmt: skip
+            self.maps = NicSets(EmuTarget(deploy.deployed_config(st)), st["nic"], st["tables"],
+                                st["site"].get("netns"), watcher)  # fmt: skip
         self.wake = PinnedRingbuf(watcher / "hfx_setwake")
         self.next_expiry = 0  # read them once now: whatever happened while nobody followed them
 

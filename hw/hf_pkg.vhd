@@ -34,7 +34,8 @@ package hf_pkg is
   constant EV_UNFILTERABLE : natural := 8;  -- dropped: netfilter cannot filter it (CONTROL bit 2 clear)
   constant EV_STATE  : natural := 9;  -- shunted with reason 3: a flow-cache miss (CONTROL bits 4/5)
   constant EV_MIRROR : natural := 10;  -- the host gets the frame or a copy with reason 4 (ACTION bit 3)
-  constant EV_W      : natural := 11;
+  constant EV_SET_UNC : natural := 11;  -- shunted with reason 3: a set lookup was uncertain (issue #24)
+  constant EV_W      : natural := 12;
 
   function clog2(n : natural) return natural;
   function popcount(v : std_logic_vector) return natural;

@@ -102,7 +102,7 @@ architecture rtl of hf_regs is
     (REG_CNT_SHUNT_OVERRULE, EV_OVERRULE), (REG_CNT_SHUNT_POLICY, EV_POLICY), (REG_CNT_SHUNT_UNPARSED, EV_UNPARSED),
     (REG_CNT_FROM_HOST, EV_FROM_HOST), (REG_CNT_SHUNT_FORCED, EV_FORCED), (REG_CNT_FIFO_DROP, EVX_FIFO_DROP),
     (REG_CNT_DROP_UNFILTERABLE, EV_UNFILTERABLE), (REG_CNT_SHUNT_STATE, EV_STATE),
-    (REG_CNT_MIRROR, EV_MIRROR));
+    (REG_CNT_MIRROR, EV_MIRROR), (REG_CNT_SET_UNCERTAIN, EV_SET_UNC));
   type count_arr is array (COUNTERS'range) of unsigned(31 downto 0);
   signal counts : count_arr := (others => (others => '0'));
   signal evx : std_logic_vector(EV_W + 1 downto 0);
@@ -262,7 +262,7 @@ begin
           when REG_CONTROL => rdata <= r_control;
           when REG_NUM_ENTRIES => rdata <= std_logic_vector(to_unsigned(N_ENTRIES, 32));
           when REG_MATCHER_HASH => rdata <= MATCHER_HASH;
-          when REG_BUF_CONFIG => rdata <= std_logic_vector(to_unsigned(BUF_DEPTH + 16 * 65536 + 10 * 16777216, 32));
+          when REG_BUF_CONFIG => rdata <= std_logic_vector(to_unsigned(BUF_DEPTH + 16 * 65536 + 11 * 16777216, 32));
           when REG_FC_STATUS => rdata <= fc_status;
           when REG_FC_CONFIG => rdata <= fc_config;
           when REG_FC_NOW => rdata <= fc_now;
@@ -271,6 +271,7 @@ begin
           when REG_FC_DELETES => rdata <= fc_deletes;
           when REG_FC_FULL => rdata <= fc_full;
           when REG_LEASE => rdata <= std_logic_vector(r_lease);
+          when REG_SET_CONFIG => rdata <= std_logic_vector(to_unsigned(N_SET_SLOTS + 256 * SET_LATENCY, 32));
           when REG_LEASE_STATUS =>
             rdata <= std_logic_vector(r_lease_expiries) & (15 downto 2 => '0') & r_lease_exp & r_lease_armed;
           when others => rdata <= (others => '0');

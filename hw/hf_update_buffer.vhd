@@ -39,6 +39,7 @@ entity hf_update_buffer is
     h_iport     : in  std_logic_vector(1 downto 0);
     h_ct        : in  std_logic_vector(1 downto 0);
     h_flags     : in  std_logic_vector(7 downto 0);
+    h_sets      : in  std_logic_vector(7 downto 0) := (others => '0');  -- set slot bits (hf_set_table), 0 padded
     valid       : out std_logic_vector(maximum(N_STATIC, 1) - 1 downto 0);  -- the valid mask, to the matcher
     st_idx      : in  unsigned(IDX_W - 1 downto 0);  -- the static index, I_DELAY cycles after the header
     -- the hardware index, LATENCY cycles after st_idx: 0 without slots (combinational), else 1 + STAGES
@@ -59,10 +60,11 @@ architecture rtl of hf_update_buffer is
   constant VWORDS : natural := (N_STATIC + 31) / 32;
   constant SD : positive := maximum(DEPTH, 1);
   constant WORDS : natural := 16;  -- BUF index stride per slot (hypafilter.hw.updatebuffer.WORDS)
-  constant USED : natural := 10;   -- words 0..9 hold a slot, 10..15 read 0
+  constant USED : natural := 11;   -- words 0..10 hold a slot, 11..15 read 0
   constant W_FLAGS : natural := 8;
   constant W_CONTROL : natural := 9;
-  constant NF : natural := 9;      -- fields (ir.FIELDS), then the flags test: NF + 1 compare bits per slot
+  constant W_SETS : natural := 10;  -- set slot bits mask | value << 8 (issue #24)
+  constant NF : natural := 10;     -- fields (ir.FIELDS), the flags test, then the sets test: NF + 1 compare bits
   constant EW : positive := maximum(clog2(SD), 1);
   constant BA : positive := maximum(clog2(SD * WORDS), 1);  -- address bits of the BUF copy
   constant VA : positive := maximum(clog2(maximum(VWORDS, 1)), 1);  -- and of the VALID copy
@@ -76,6 +78,7 @@ architecture rtl of hf_update_buffer is
     m(6) := x"FFFFFFFF";
     m(7) := x"00FFFFFF";
     m(W_FLAGS) := x"0000FFFF";
+    m(W_SETS) := x"0000FFFF";
     m(W_CONTROL) := (others => '0');
     m(W_CONTROL)(31) := '1';
     m(W_CONTROL)(minimum(IDX_W, 24) - 1 downto 0) := (others => '1');
@@ -245,11 +248,11 @@ begin
   end generate;
 
   slots : if DEPTH > 0 generate
-    -- one block per slot: its ten words (written by the host), the two stages that test a header
+    -- one block per slot: its eleven words (written by the host), the two stages that test a header
     -- against them (words 0..8 read in the header's cycle), its match bit waiting for the static index, and its
     -- win bit (the control word read in the static index's cycle)
     slot : for b in 0 to DEPTH - 1 generate
-      signal w0, w1, w2, w3, w4, w5, w6, w7, w8, w9 : std_logic_vector(31 downto 0) := (others => '0');
+      signal w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10 : std_logic_vector(31 downto 0) := (others => '0');
       signal c : std_logic_vector(NF downto 0) := (others => '0');
       signal m : std_logic_vector(2 to maximum(I_DELAY, 2)) := (others => '0');
     begin
@@ -267,9 +270,10 @@ begin
             if r_index(3 downto 0) = 7 then w7 <= r_data and WMASK(7); end if;
             if r_index(3 downto 0) = W_FLAGS then w8 <= r_data and WMASK(W_FLAGS); end if;
             if r_index(3 downto 0) = W_CONTROL then w9 <= r_data and WMASK(W_CONTROL); end if;
+            if r_index(3 downto 0) = W_SETS then w10 <= r_data and WMASK(W_SETS); end if;
           end if;
           -- a reset disables the slot; its other words matter only once the host enables it again, after writing
-          -- all ten (hw.updatebuffer.writes; the host reads them back from the copy, which the sweep zeroes)
+          -- all eleven (hw.updatebuffer.writes; the host reads them back from the copy, which the sweep zeroes)
           if rst = '1' then
             w9 <= (others => '0');
           end if;
@@ -290,6 +294,7 @@ begin
           c(7) <= in_range(h_iport, w7(17 downto 16), w7(19 downto 18));
           c(8) <= in_range(h_ct, w7(21 downto 20), w7(23 downto 22));
           c(9) <= to_sl((h_flags and w8(7 downto 0)) = w8(15 downto 8));
+          c(10) <= to_sl((h_sets and w10(7 downto 0)) = w10(15 downto 8));
           -- stage 2: the slot's box holds the header; then the bit waits for the static index
           m(2) <= to_sl(c = (c'range => '1'));
           for k in 3 to I_DELAY loop

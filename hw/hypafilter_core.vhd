@@ -23,11 +23,16 @@
 -- every one is shunted as unparsed, k = 0, so the live ruleset decides it whole), until LEASE is written again. The
 -- ticks come from a divider of axis_aclk (LEASE_TICK_CYCLES), or, with LEASE_TICK_CYCLES = 0, from the lease_ticks
 -- input: the emulator, whose clock runs only while it works, gives there the milliseconds of wall time it owes.
+-- Sets (issue #24, N_SET_SLOTS > 0): one hf_set_table per set slot looks the header up (SET_LATENCY cycles, the
+-- header waits beside it) and gives the matcher h_sets; a lookup that rests on an uncertain element shunts the frame
+-- with reason 3 and match_index 0xFFFFFF (no index: the shim gives it k = 0, the whole policy), counted in
+-- CNT_SHUNT_STATE and CNT_SET_UNCERTAIN. Tables SET_* (IDs 8-11, index bits 22:20 = slot) go to the slot's unit.
 library ieee;
 use ieee.std_logic_1164.all;
 use ieee.numeric_std.all;
 
 use work.hf_pkg.all;
+use work.hf_set_pkg.all;
 use work.hf_policy_pkg.all;
 use work.hf_regs_pkg.all;
 
@@ -113,6 +118,13 @@ architecture rtl of hypafilter_core is
                                 (others => '0'), (others => '0'), '0');
   signal hp, hq : hdr_t;
   signal q_ct : std_logic_vector(1 downto 0);
+  -- after the set tables: the header the matcher takes, its ct, its set bits and whether they are uncertain
+  signal hs : hdr_t;
+  signal s_ct : std_logic_vector(1 downto 0);
+  signal s_sets : std_logic_vector(SET_SLOTS - 1 downto 0);
+  signal s_unc : std_logic;
+  signal set_tbl, set_ind_done : std_logic;
+  signal set_ind_rdata : std_logic_vector(31 downto 0);
 
   type side_t is record
     v   : std_logic;
@@ -120,10 +132,11 @@ architecture rtl of hypafilter_core is
     unf : std_logic;  -- unfilterable by netfilter (two VLAN tags)
     ct  : std_logic_vector(1 downto 0);  -- flow-cache state: 0 unknown, 1 original direction, 2 reply
     sa  : std_logic;  -- CONTROL bit 1 (shunt everything) was set in some cycle since the header entered the matcher
+    su  : std_logic;  -- a set lookup was uncertain
     tu  : std_logic_vector(UW - 1 downto 0);
   end record;
   type side_line is array (1 to SIDE_DELAY) of side_t;
-  constant SIDE_ZERO : side_t := ('0', '0', '0', "00", '0', (others => '0'));
+  constant SIDE_ZERO : side_t := ('0', '0', '0', "00", '0', '0', (others => '0'));
   signal side_in : side_t;
   signal side : side_line := (others => SIDE_ZERO);
 
@@ -427,11 +440,96 @@ begin
     fc_ind_rdata <= i_rdata;
   end generate;
 
+  -- ---- set membership tables (issue #24) ----
+  no_sets : if N_SET_SLOTS = 0 generate
+    hs <= hq;
+    s_ct <= q_ct;
+    s_sets <= (others => '0');
+    s_unc <= '0';
+    -- the SET_* tables read 0; a write to them does nothing
+    answer : process (axis_aclk)
+    begin
+      if rising_edge(axis_aclk) then
+        set_ind_done <= ind_req and set_tbl and not rst;
+      end if;
+    end process;
+    set_ind_rdata <= (others => '0');
+  end generate;
+
+  with_sets : if N_SET_SLOTS > 0 generate
+    type hdr_line is array (1 to SET_LATENCY) of hdr_t;
+    type ct_line is array (1 to SET_LATENCY) of std_logic_vector(1 downto 0);
+    type word_arr is array (0 to N_SET_SLOTS - 1) of std_logic_vector(31 downto 0);
+    signal hl : hdr_line := (others => HDR_ZERO);
+    signal cl : ct_line := (others => "00");
+    signal unc_v, done_v : std_logic_vector(N_SET_SLOTS - 1 downto 0);
+    signal rd_v : word_arr;
+    signal slot_req : std_logic_vector(N_SET_SLOTS - 1 downto 0);
+    signal miss_done : std_logic := '0';
+  begin
+    slots : for i in 0 to N_SET_SLOTS - 1 generate
+      slot_req(i) <= ind_req and set_tbl and to_sl(unsigned(ind_addr(22 downto 20)) = i);
+      unit : entity work.hf_set_table
+        generic map (SETTYPE => SET_TYPE(i), ADDR_DIR => SET_ADDR_DIR(i), PORT_DIR => SET_PORT_DIR(i),
+                     BANKS => SET_BANKS(i), LOG2_BUCKETS => SET_LOG2_BUCKETS(i), WAYS => SET_WAYS(i))
+        port map (
+          clk => axis_aclk, rst => rst, h_src => hq.src, h_dst => hq.dst, h_proto => hq.proto, h_sport => hq.sport,
+          h_dport => hq.dport, h_icmp_type => hq.it, h_icmp_code => hq.ic, member => s_sets(i), unc => unc_v(i),
+          ind_req => slot_req(i), ind_write => ind_write, ind_addr => ind_addr, ind_wdata => ind_wdata,
+          ind_done => done_v(i), ind_rdata => rd_v(i));
+    end generate;
+    pad : if SET_SLOTS > N_SET_SLOTS generate
+      s_sets(SET_SLOTS - 1 downto N_SET_SLOTS) <= (others => '0');
+    end generate;
+    s_unc <= or unc_v;
+
+    -- a slot without a table answers at once: writes do nothing, reads give 0
+    miss : process (axis_aclk)
+    begin
+      if rising_edge(axis_aclk) then
+        miss_done <= ind_req and set_tbl and to_sl(unsigned(ind_addr(22 downto 20)) >= N_SET_SLOTS) and not rst;
+      end if;
+    end process;
+    set_ind_done <= miss_done or (or done_v);
+    reply : process (done_v, rd_v)
+      variable r : std_logic_vector(31 downto 0);
+    begin
+      r := (others => '0');
+      for i in 0 to N_SET_SLOTS - 1 loop
+        if done_v(i) = '1' then
+          r := r or rd_v(i);
+        end if;
+      end loop;
+      set_ind_rdata <= r;
+    end process;
+
+    -- the header and its ct wait for the lookups: all reach the matcher in the same cycle
+    delay : process (axis_aclk)
+    begin
+      if rising_edge(axis_aclk) then
+        hl(1) <= hq;
+        cl(1) <= q_ct;
+        for i in 2 to SET_LATENCY loop
+          hl(i) <= hl(i - 1);
+          cl(i) <= cl(i - 1);
+        end loop;
+        if rst = '1' then
+          for i in 1 to SET_LATENCY loop
+            hl(i).v <= '0';
+          end loop;
+        end if;
+      end if;
+    end process;
+    hs <= hl(SET_LATENCY);
+    s_ct <= cl(SET_LATENCY);
+  end generate;
+  -- ---- end of the set membership tables ----
+
   matcher : entity work.hf_matcher
     port map (
-      clk => axis_aclk, h_src => hq.src, h_dst => hq.dst, h_proto => hq.proto, h_sport => hq.sport,
-      h_dport => hq.dport, h_icmp_type => hq.it, h_icmp_code => hq.ic, h_iport => hq.iport, h_flags => hq.flags,
-      h_ct => q_ct, valid => valid_mask, res => res);
+      clk => axis_aclk, h_src => hs.src, h_dst => hs.dst, h_proto => hs.proto, h_sport => hs.sport,
+      h_dport => hs.dport, h_icmp_type => hs.it, h_icmp_code => hs.ic, h_iport => hs.iport, h_flags => hs.flags,
+      h_ct => s_ct, h_sets => s_sets, valid => valid_mask, res => res);
 
   encoder : entity work.hf_prio_enc
     generic map (N_IN => RES_WIDTH, FANIN => ENC_FANIN, STAGES => ENC_STAGES, IDX_W => IDX_W)
@@ -445,14 +543,14 @@ begin
     generic map (N_STATIC => N_ENTRIES, DEPTH => BUF_DEPTH, IDX_W => IDX_W, I_DELAY => MATCH_LATENCY + ENC_STAGES,
                  FANIN => BUF_FANIN, STAGES => BUF_STAGES)
     port map (
-      clk => axis_aclk, rst => rst, h_src => hq.src, h_dst => hq.dst, h_proto => hq.proto, h_sport => hq.sport,
-      h_dport => hq.dport, h_icmp_type => hq.it, h_icmp_code => hq.ic, h_iport => hq.iport, h_ct => q_ct,
-      h_flags => hq.flags, valid => valid_mask, st_idx => st_idx, idx => lk_idx,
+      clk => axis_aclk, rst => rst, h_src => hs.src, h_dst => hs.dst, h_proto => hs.proto, h_sport => hs.sport,
+      h_dport => hs.dport, h_icmp_type => hs.it, h_icmp_code => hs.ic, h_iport => hs.iport, h_ct => s_ct,
+      h_flags => hs.flags, h_sets => std_logic_vector(resize(unsigned(s_sets), 8)), valid => valid_mask, st_idx => st_idx, idx => lk_idx,
       ind_req => ub_req, ind_write => ind_write, ind_addr => ind_addr, ind_wdata => ind_wdata,
       ind_done => ub_done, ind_rdata => ub_rdata);
 
   -- frame information travelling beside matcher, encoder and buffer
-  side_in <= (hq.v, hq.unp, hq.unf, q_ct, control(1), hq.tu);
+  side_in <= (hs.v, hs.unp, hs.unf, s_ct, control(1), s_unc, hs.tu);
   side_shift : process (axis_aclk)
   begin
     if rising_edge(axis_aclk) then
@@ -476,10 +574,13 @@ begin
                   or unsigned(ind_addr(31 downto 24)) = TABLE_FLOW_HITS else '0';
   ub_tbl <= '1' when unsigned(ind_addr(31 downto 24)) = TABLE_VALID
                   or unsigned(ind_addr(31 downto 24)) = TABLE_BUF else '0';
+  set_tbl <= '1' when unsigned(ind_addr(31 downto 24)) >= TABLE_SET_ELEM
+                   and unsigned(ind_addr(31 downto 24)) <= TABLE_SET_CTL else '0';
   ub_req <= ind_req and ub_tbl;
-  tbl_req <= ind_req and not fc_tbl and not ub_tbl;
-  ind_done <= tbl_done or fc_ind_done or ub_done;
-  ind_rdata <= fc_ind_rdata when fc_ind_done = '1' else ub_rdata when ub_done = '1' else tbl_rdata;
+  tbl_req <= ind_req and not fc_tbl and not ub_tbl and not set_tbl;
+  ind_done <= tbl_done or fc_ind_done or ub_done or set_ind_done;
+  ind_rdata <= fc_ind_rdata when fc_ind_done = '1' else ub_rdata when ub_done = '1' else
+               set_ind_rdata when set_ind_done = '1' else tbl_rdata;
 
   tables : entity work.hf_tables
     port map (
@@ -537,6 +638,14 @@ begin
         action := x"0";
         reason := REASON_UNPARSED;
         ev(EV_UNPARSED) := '1';
+      elsif t1.su = '1' then
+        -- a set lookup rests on an uncertain element: the set bits, so the index, may be wrong; no index (k = 0)
+        shunt := true;
+        idx := (others => '1');
+        action := x"0";
+        reason := REASON_STATE;
+        ev(EV_STATE) := '1';
+        ev(EV_SET_UNC) := '1';
       elsif lk_shunt = '1' or (action /= x"1" and action /= x"2") or control(1) = '1' or t1.sa = '1' then
         shunt := true;
         if reason = REASON_POLICY then
@@ -599,7 +708,7 @@ begin
       tu(TUSER_DST_LO + 7 downto TUSER_DST_LO) := dst;
       d_in_v <= t1.v;
       d_in <= to_sl(drop) & ev & tu;
-      hit_v <= t1.v and to_sl(classify);
+      hit_v <= t1.v and to_sl(classify) and not t1.su;
       hit_idx <= t1_idx;
       if rst = '1' then
         t1.v <= '0';

@@ -14,7 +14,7 @@ from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
 from cocotb.utils import get_sim_time
 from hypafilter.hw import model as hwmodel
-from hypafilter.hw import regmap, vhdl
+from hypafilter.hw import regmap, updatebuffer, vhdl
 
 from sim.hftb import SIM_BUILD, AxiLite, hw, load_obj, run_ghdl, save_obj
 
@@ -33,6 +33,7 @@ EV_COUNTER = {
     "UNFILTERABLE": "CNT_DROP_UNFILTERABLE",
     "STATE": "CNT_SHUNT_STATE",
     "MIRROR": "CNT_MIRROR",
+    "SET_UNC": "CNT_SET_UNCERTAIN",
 }
 COUNTERS = [*EV_COUNTER.values(), "PKTOUT", "CNT_FIFO_DROP"]
 CMD_TRIGGER, CMD_READ, CMD_STREAM = 0x01, 0x10, 0x100
@@ -121,7 +122,8 @@ async def registers_and_indirect_access(dut):
         "IND_CONFIG": cfg["n"] + 1 + depth,
         "NUM_ENTRIES": cfg["n"],
         "MATCHER_HASH": cfg["hash32"],
-        "BUF_CONFIG": depth | 16 << 16 | 10 << 24,
+        "BUF_CONFIG": depth | 16 << 16 | updatebuffer.USED << 24,
+        "SET_CONFIG": 0,  # a plan without set slots: no tables, no latency
     }
     for r in m.registers:
         want = 0 if r.access == "WO" else policy[r.name] if r.reset is None else r.reset

@@ -240,7 +240,7 @@ async def core_power_on(dut):
     for i in range(rows):
         assert await tb.axil.table_access(R, R.TABLE_ACTION, i) == regs.actions[i], f"ACTION[{i}]"
     depth = updatebuffer.buffer_depth(plan)
-    assert await tb.axil.read(R.REG_BUF_CONFIG) == depth | 16 << 16 | 10 << 24
+    assert await tb.axil.read(R.REG_BUF_CONFIG) == depth | 16 << 16 | updatebuffer.USED << 24
     for k, w in enumerate(regs.buffer.valid):
         assert await tb.axil.table_access(R, R.TABLE_VALID, k) == w, f"VALID[{k}]"
     for b in range(depth):

@@ -131,7 +131,7 @@ def test_power_on_tables_shunt_everything(nic, emu_binary):
     assert nic.power_on["SHUNT"] == pack_shunt([1] * (n + 1 + depth))
     # the update buffer's rows have no action; its slots are disabled and every static entry is valid
     assert nic.power_on["ACTION"] == [ACTION_DROP] * (n + 1) + [0] * depth
-    assert nic.power_on["BUF_CONFIG"] == depth | 16 << 16 | 10 << 24 and nic.power_on["IND_CONFIG"] == n + 1 + depth
+    assert nic.power_on["BUF_CONFIG"] == depth | 16 << 16 | 11 << 24 and nic.power_on["IND_CONFIG"] == n + 1 + depth
     assert nic.power_on["image"] == updatebuffer.pristine(n, depth)
     assert nic.power_on["overlay"] == ([True] * n, [])
 

@@ -85,7 +85,7 @@ class FakeNic:
             conn.sendall(out)
 
 
-BUF_CONFIG = 16 | 16 << 16 | 10 << 24  # a core of 16 update buffer slots (Config.update_buffer's default)
+BUF_CONFIG = 16 | 16 << 16 | 11 << 24  # a core of 16 update buffer slots (Config.update_buffer's default)
 
 
 @pytest.fixture

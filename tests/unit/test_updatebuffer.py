@@ -151,21 +151,37 @@ def test_writes_disable_first_and_enable_last():
     valid[33] = False
     new = updatebuffer.image(Overlay(40, 4, valid, (Slot(a, 0, 0), Slot(c, 9, 2))))
     ops = updatebuffer.writes(old, new)
-    assert ops == [
-        ("BUF", 1 * WORDS + W_CONTROL, [0]),  # slot 1 changes (c replaces b): disabled first
-        ("BUF", 2 * WORDS + W_CONTROL, [0]),  # slot 2 is unused now: disabled, its fields stay
-        ("VALID", 1, [0xFF & ~(1 << 1)]),
-        ("BUF", 1 * WORDS, updatebuffer.slot_words(Slot(c, 9, 2))),  # fields, then the control word: enabled
-    ]
+    assert (
+        ops
+        == [
+            ("BUF", 1 * WORDS + W_CONTROL, [0]),  # slot 1 changes (c replaces b): disabled first
+            ("BUF", 2 * WORDS + W_CONTROL, [0]),  # slot 2 is unused now: disabled, its fields stay
+            ("VALID", 1, [0xFF & ~(1 << 1)]),
+            (
+                "BUF",
+                1 * WORDS,
+                updatebuffer.slot_words(Slot(c, 9, 2))[: W_CONTROL + 1],
+            ),  # fields, control word: enabled
+        ]
+    )
     assert updatebuffer.writes(new, new) == []
     assert updatebuffer.writes(new, old)[0] == ("BUF", 1 * WORDS + W_CONTROL, [0])
     # a slot disabled before and after compares equal whatever stale fields it keeps
-    stale = Image(new.n, new.valid, new.buf[: 2 * USED] + old.buf[2 * USED : 3 * USED - 1] + (0,) + new.buf[3 * USED :])
+    slot2 = list(old.buf[2 * USED : 3 * USED])
+    slot2[W_CONTROL] = 0
+    stale = Image(new.n, new.valid, new.buf[: 2 * USED] + tuple(slot2) + new.buf[3 * USED :])
     assert stale.same(new) and updatebuffer.writes(stale, new) == []
     # not known: every slot disabled first, every word written
     blind = updatebuffer.writes(None, new)
     assert [op[1] for op in blind[:4]] == [b * WORDS + W_CONTROL for b in range(4)]
-    assert blind[4][0] == "VALID" and [op[1] for op in blind[5:]] == [0, WORDS]
+    assert blind[4][0] == "VALID" and [op[1] for op in blind[5:]] == [
+        0,
+        10,
+        W_CONTROL,
+        WORDS,
+        WORDS + 10,
+        WORDS + W_CONTROL,
+    ]
 
 
 def test_config_update_buffer(tmp_path):
@@ -185,7 +201,7 @@ def _program_fake(nic, plan) -> NicClient:
     """A client of the fake NIC made a core built for `plan`, as after reset."""
     nic.regs[regmap.REG_NUM_ENTRIES] = len(plan.entries)
     nic.regs[regmap.REG_MATCHER_HASH] = int(vhdl.matcher_hash(plan)[-8:], 16)
-    nic.regs[regmap.REG_BUF_CONFIG] = updatebuffer.buffer_depth(plan) | 16 << 16 | 10 << 24
+    nic.regs[regmap.REG_BUF_CONFIG] = updatebuffer.buffer_depth(plan) | 16 << 16 | updatebuffer.USED << 24
     nic.regs[regmap.REG_CONTROL] = 1
     for k, w in enumerate(updatebuffer.valid_words([True] * len(plan.entries))):
         nic.tables[(regmap.TABLE_VALID, k)] = w
@@ -240,7 +256,9 @@ def test_write_overlay_and_read_overlay(fake):  # noqa: F811
         fake.log.clear()
         out = c.write_overlay(ov)
         assert _control_writes(fake) == [3, 1]
-        assert out["writes"] == 2 + 2 + 2 * USED and Image.from_dict(out["overlay"]) == updatebuffer.image(ov)
+        assert out["writes"] == 2 + 2 + 2 * (W_CONTROL + 1) and Image.from_dict(out["overlay"]) == updatebuffer.image(
+            ov
+        )
         assert fake.tables[(regmap.TABLE_BUF, 1 * WORDS + W_CONTROL)] == ENABLE | 40
         got_valid, slots = c.read_overlay()
         assert got_valid == valid.tolist() and slots == box_key(ov)

@@ -110,6 +110,8 @@ def _fmt_status(st: dict) -> str:
     lines.append(_fmt_flowsync(st.get("flowsync") or {}))
     lines.append(_fmt_policysync(st.get("policysync") or {}, st.get("overlay")))
     lines += _fmt_sets(st.get("sets") or {}, (st.get("policysync") or {}).get("sets") or {})
+    # a NIC set table too small for its set (NicClient: the slot stays uncertain, its frames go to the host)
+    lines += [f"sets     NIC table: {e}" for e in (st.get("tables") or {}).get("set_errors") or []]
     last = (st.get("history") or [{}])[-1]
     lines.append(f"last     {last.get('kind', last.get('result'))} took {last.get('duration_s')}s")
     return "\n".join(lines)

@@ -40,7 +40,7 @@ from hypafilter.analysis.geometry import BoxSet
 from hypafilter.analysis.overlay import Overlay, hw_indices
 from hypafilter.analysis.plan import action_words
 from hypafilter.config import NIC_MODES
-from hypafilter.hw import updatebuffer
+from hypafilter.hw import settable, updatebuffer
 from hypafilter.hw.updatebuffer import Image
 from hypafilter.ir import (
     ACTION_ACCEPT,
@@ -78,6 +78,7 @@ REASON_MIRROR = C["HF_REASON_MIRROR"]
 ACTION_MIRROR_BIT = C["HF_ACTION_MIRROR_BIT"]  # in the ACTION table word: the entry's decided frames are mirrored
 CNT_MIRROR = "CNT_MIRROR"  # counts every frame delivered with reason 4
 REASON_DECIDED = C["HF_REASON_DECIDED"]
+NO_INDEX = 0xFFFFFF  # M[23:0] of a frame shunted for an uncertain set lookup: no hardware index (k = 0)
 
 
 class Kind(IntEnum):
@@ -188,6 +189,9 @@ class Regs:
     # the shunt bits for a frame with ct 3 (no conntrack entry; Plan.shunt_none): the xdp target's hfx_ent shunt
     # bit 1. The NIC has no such table (its flow cache never says ct 3). None: `shunt`.
     shunt_none: list[int] | None = None
+    # the set slots' tables (hw.settable.SlotState per slot of plan.set_slots); None: as after reset (every lookup
+    # uncertain) for a plan with set slots
+    sets: tuple | None = None
 
     @staticmethod
     def from_plan(plan, unfilterable: str = "drop", nic_mode: str = "bridge") -> Regs:
@@ -204,7 +208,10 @@ class Regs:
         buf = updatebuffer.image(ov) if ov is not None else updatebuffer.pristine(n, updatebuffer.buffer_depth(plan))
         none = getattr(plan, "shunt_none", None)
         shunt_none = None if none is None else [int(b) for b in none] + [1] * (rows - len(none))
-        return Regs(shunt, actions, control=control, buffer=buf, shunt_none=shunt_none)
+        slots = getattr(plan, "set_slots", ())
+        policy = getattr(plan, "policy", None)
+        sets = settable.slot_states(slots, getattr(policy, "sets", {}) or {}) if slots else None
+        return Regs(shunt, actions, control=control, buffer=buf, shunt_none=shunt_none, sets=sets)
 
 
 LEASE_MAX = 0xFFFFFFFF
@@ -312,6 +319,20 @@ def decide(plan, frame: bytes, src_port: int, regs: Regs, ct: int = 0) -> Decisi
     if hdr is None:
         meta = pack_meta(n, ACTION_NONE, REASON_UNPARSED, gen)
         return Decision(Kind.SHUNT, shunt_port, meta, n, ACTION_NONE, REASON_UNPARSED, False, ("CNT_SHUNT_UNPARSED",))
+    slots = getattr(plan, "set_slots", ())
+    if slots:
+        states = (
+            regs.sets
+            if regs.sets is not None
+            else tuple(settable.SlotState(s.settype, tuple(s.dirs), (), True) for s in slots)
+        )
+        bits, unc = settable.set_bits(states, hdr)
+        if unc:
+            # a set lookup rests on an uncertain element: no index (the shim gives k = 0, the whole policy)
+            meta = pack_meta(NO_INDEX, ACTION_NONE, REASON_STATE, gen)
+            cnt = ("CNT_SHUNT_STATE", "CNT_SET_UNCERTAIN")
+            return Decision(Kind.SHUNT, shunt_port, meta, None, ACTION_NONE, REASON_STATE, False, cnt)
+        hdr = dataclasses.replace(hdr, sets=bits)
     idx = hw_index(plan, hdr, regs.buffer)
     word = regs.actions[idx] & 0xF
     action = word & 0x7  # bit 3 is the mirror bit (HF_ACTION_MIRROR_BIT), never part of the action code

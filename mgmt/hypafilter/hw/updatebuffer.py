@@ -20,9 +20,10 @@ from hypafilter.config import UPDATE_BUFFER_DEFAULT
 from hypafilter.ir import FIELDS, MAXV, Box
 
 WORDS = 16  # BUF index stride: word w of slot b is table index b * WORDS + w
-USED = 10  # words 0..9 hold a slot; 10..15 read 0 and ignore writes
+USED = 11  # words 0..10 hold a slot; 11..15 read 0 and ignore writes
 W_FLAGS = 8  # TCP flags mask | value << 8
 W_CONTROL = 9  # enable << 31 | pos: written last, it makes the slot live
+W_SETS = 10  # set slot bits (ir.sets) mask | value << 8
 ENABLE = 1 << 31
 POS_MASK = 0xFFFFFF
 # (lo word, lo shift, hi word, hi shift) of each field, in the order of ir.FIELDS
@@ -48,6 +49,7 @@ def _word_masks() -> tuple[int, ...]:
         masks[hw] |= m << hs
     masks[W_FLAGS] = 0xFFFF
     masks[W_CONTROL] = ENABLE | POS_MASK
+    masks[W_SETS] = 0xFFFF
     return tuple(masks)
 
 
@@ -84,6 +86,9 @@ def slot_words(slot: Slot | None) -> list[int]:
         w[lw] |= b.lo[k] << ls
         w[hw] |= b.hi[k] << hs
     w[W_FLAGS] = b.flags_mask | b.flags_value << 8
+    if b.sets_mask >> 8:
+        raise ValueError("a slot tests at most 8 set slots (w10)")
+    w[W_SETS] = b.sets_mask | b.sets_value << 8
     w[W_CONTROL] = ENABLE | slot.pos
     return w
 
@@ -98,10 +103,11 @@ def slot_of(words: Sequence[int], master: int = -1) -> Slot | None:
         lo.append((words[lw] >> ls) & m)
         hi.append((words[hw] >> hs) & m)
     fmask, fval = words[W_FLAGS] & 0xFF, (words[W_FLAGS] >> 8) & 0xFF
+    smask, sval = words[W_SETS] & 0xFF, (words[W_SETS] >> 8) & 0xFF
     pos = words[W_CONTROL] & POS_MASK
-    if fval & ~fmask:  # (flags & mask) == value never holds
+    if fval & ~fmask or sval & ~smask:  # (flags & mask) == value never holds
         return Slot(NEVER, pos, master)
-    return Slot(Box(tuple(lo), tuple(hi), fmask, fval), pos, master)
+    return Slot(Box(tuple(lo), tuple(hi), fmask, fval, smask, sval), pos, master)
 
 
 def valid_words(valid: Sequence[bool]) -> list[int]:
@@ -190,8 +196,9 @@ def overlay_of(img: Image) -> Overlay:
 def writes(old: Image | None, new: Image) -> list[tuple[str, int, list[int]]]:
     """The table writes that take the core from `old` (None: not known) to `new`, in order, as (table, first index,
     words) runs for stream writes: every enabled slot that changes is disabled first (its control word), then the
-    VALID words that differ, then each changed slot that `new` uses, its USED words in one run, the control word
-    (enable) last. Slots disabled in `new` keep their stale fields. Frames classified between the first and the last
+    VALID words that differ, then each changed slot that `new` uses, its words 0..9 in one run, the control word
+    (enable) last; a slot whose sets word (w10, after the control word) is or may have been non-zero gets it written
+    before the control word. Slots disabled in `new` keep their stale fields. Frames classified between the first and the last
     write see states that are neither `old` nor `new`: the caller brackets the sequence with CONTROL bit 1."""
     out: list[tuple[str, int, list[int]]] = []
     changed = [b for b in range(new.depth) if old is None or not old.same_slot(new, b)]
@@ -210,7 +217,13 @@ def writes(old: Image | None, new: Image) -> list[tuple[str, int, list[int]]]:
         i = j
     for b in changed:
         if new.enabled(b):
-            out.append(("BUF", b * WORDS, list(new.slot(b))))
+            words = list(new.slot(b))
+            if words[W_SETS] or old is None or old.slot(b)[W_SETS]:
+                out.append(("BUF", b * WORDS, words[:W_CONTROL]))
+                out.append(("BUF", b * WORDS + W_SETS, [words[W_SETS]]))
+                out.append(("BUF", b * WORDS + W_CONTROL, [words[W_CONTROL]]))
+            else:
+                out.append(("BUF", b * WORDS, words[:W_SETS]))
     return out
 
 

@@ -12,9 +12,10 @@ import jinja2
 
 from hypafilter.analysis.plan import action_words
 from hypafilter.config import UPDATE_BUFFER_DEFAULT, UPDATE_BUFFER_MAX
-from hypafilter.hw import regmap
+from hypafilter.hw import regmap, settable
 from hypafilter.hw.updatebuffer import buffer_depth
 from hypafilter.ir import ACTION_DROP, FIELD_INDEX, MAXV, WIDTHS, Box, Policy
+from hypafilter.ir.sets import MAX_SET_SLOTS
 from hypafilter.paths import HW_DIR
 
 TEMPLATES = HW_DIR / "templates"
@@ -33,6 +34,8 @@ STATIC_SOURCES = (
     "hf_header_parser.vhd",
     "hf_prio_enc.vhd",
     "hf_update_buffer.vhd",
+    "hf_set_pkg.vhd",
+    "hf_set_table.vhd",
     "hf_tables.vhd",
     "hf_regs.vhd",
     "hf_output.vhd",
@@ -69,6 +72,8 @@ class HwPlan:
     policy_hash: str
     mode: str = "index"
     buffer_depth: int = UPDATE_BUFFER_DEFAULT  # update buffer slots of the core (Config.update_buffer)
+    set_slots: tuple = ()  # ir.sets.SetSlot per set slot the entries' sets ternaries test
+    set_geometry: settable.Geometry | None = None  # the slots' tables (None: settable.DEFAULT_GEOMETRY)
 
 
 def minimal_plan(policy: Policy) -> HwPlan:
@@ -124,13 +129,33 @@ def _field_tests(name: str, lo: int, hi: int) -> list[str]:
     return tests
 
 
-def _box_tests(b: Box) -> list[str]:
+def _box_tests(b: Box, sets_w: int = 1) -> list[str]:
     tests = []
     for name, lo, hi in zip(_SIG, b.lo, b.hi, strict=True):
         tests += _field_tests(name, lo, hi)
     if b.flags_mask:
         tests.append(f"(h_flags and {_bits(b.flags_mask, 8)}) = {_bits(b.flags_value, 8)}")
+    if b.sets_mask:
+        if b.sets_mask >> sets_w:
+            raise ValueError(f"a box tests set slot bits {b.sets_mask:#x} beyond the plan's {sets_w} slots")
+        tests.append(f"(h_sets and {_bits(b.sets_mask, sets_w)}) = {_bits(b.sets_value, sets_w)}")
     return tests
+
+
+def set_slots(plan) -> tuple:
+    """The plan's set slots (ir.sets.SetSlot), in slot order; () for plans without any."""
+    return tuple(getattr(plan, "set_slots", ()) or ())
+
+
+def set_geometry(plan) -> settable.Geometry:
+    """The geometry of every set slot's table: the plan's `set_geometry` if it has one, else the NIC's default."""
+    return getattr(plan, "set_geometry", None) or settable.DEFAULT_GEOMETRY
+
+
+def set_generics(plan) -> list[dict[str, int]]:
+    """hf_set_table's generics per slot (the policy package's SET_* arrays)."""
+    geom = set_geometry(plan)
+    return [settable.slot_generics(s.settype, tuple(s.dirs), geom) for s in set_slots(plan)]
 
 
 def _and(terms: list[str]) -> str:
@@ -151,10 +176,11 @@ def matcher_source(plan) -> dict:
         return f"cmp({comps[test]})"
 
     box_stage = any(len(e.boxes) > BOX_STAGE_ABOVE for e in plan.entries)
+    sets_w = max(len(set_slots(plan)), 1)
     boxes, entries = [], []
     for e in plan.entries:
         live = [b for b in e.boxes if not b.is_empty()]
-        exprs = [_and([ref(t) for t in _box_tests(b)]) for b in live]
+        exprs = [_and([ref(t) for t in _box_tests(b, sets_w)]) for b in live]
         if box_stage:
             refs = []
             for x in exprs:
@@ -185,9 +211,12 @@ def matcher_hash(plan) -> str:
                 lo, hi = b.lo, b.hi
                 if lo[CT] == 0 and hi[CT] == MAXV[CT]:  # a box that leaves ct free hashes as before ct existed
                     lo, hi = lo[:CT], hi[:CT]
-                h.update(f"{lo}{hi}{b.flags_mask},{b.flags_value};".encode())
+                sets = f"s{b.sets_mask},{b.sets_value}" if b.sets_mask else ""
+                h.update(f"{lo}{hi}{b.flags_mask},{b.flags_value}{sets};".encode())
         h.update(b"\n")
     h.update(f"update buffer {buffer_depth(plan)}\n".encode())
+    if set_slots(plan):  # the tables' types, directions and geometry are the core's (their contents are not)
+        h.update(f"sets {set_generics(plan)}\n".encode())
     return h.hexdigest()
 
 
@@ -261,6 +290,8 @@ def render(plan, out_dir: Path, tdata_width: int = 256, encoder_fanin: int = 8, 
         raise ValueError(f"update buffer depth {depth} outside 0..{UPDATE_BUFFER_MAX}")
     if len(plan.shunt) not in (n + 1, rows) or len(plan.actions) != len(plan.shunt):
         raise ValueError(f"plan.shunt and plan.actions need n + 1 values (or n + 1 + {depth}: one per table row)")
+    if len(set_slots(plan)) > MAX_SET_SLOTS:
+        raise ValueError(f"{len(set_slots(plan))} set slots; the core has tables for at most {MAX_SET_SLOTS}")
     if any(e.boxes and len(b.lo) != len(MAXV) for e in plan.entries for b in e.boxes):
         raise ValueError("box dimensions do not match ir.FIELDS")
     # the ACTION table words: action code | HF_ACTION_MIRROR_BIT for a mirrored entry (log mirroring); the rows of
@@ -297,6 +328,9 @@ def render(plan, out_dir: Path, tdata_width: int = 256, encoder_fanin: int = 8, 
         "buf_fanin": BUF_FANIN,
         "buf_stages": buffer_stages(depth),
         "buf_latency": buffer_latency(depth),
+        "sets": set_generics(plan),
+        "sets_or_none": set_generics(plan) or [settable.slot_generics("hash:ip", ("src",), settable.Geometry(1, 1, 1))],
+        "set_latency": settable.LATENCY if set_slots(plan) else 0,
     }
     m = matcher_source(plan)
     common["match_latency"] = m["match_latency"]

@@ -175,6 +175,15 @@ class Target(ABC):
                 plan, generation, known=known, unfilterable=self.config.unfilterable, nic_mode=self.config.nic_mode
             )
 
+    def sync_sets(self, info: dict, slots, sets: dict, known: list | None = None) -> list:
+        """Bring the NIC's set tables to the kernel's sets (ir.sets.SetInfo by name) for the plan's set slots: the
+        element inserts and deletes that differ from `known` (the images this or `program` returned last: its
+        tables' "set_images"), each one table write; without them, or when they no longer fit, a slot is cleared
+        and reloaded with its lookups uncertain meanwhile (its frames go to the host). Returns the new images."""
+        with self.client(info) as c:
+            images, _ = c.program_sets(tuple(slots), sets, known)
+            return images
+
     def write_tables(self, info: dict, tables: dict, generation: int, known: dict | None = None) -> dict:
         """Put tables as `program` returned them back (deploy's rollback of a register-only update)."""
         with self.client(info) as c:

@@ -7,7 +7,9 @@ a Plan) is target-independent.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import secrets
 import socket
 import time
 from collections.abc import Iterable, Sequence
@@ -17,7 +19,7 @@ from pathlib import Path
 from hypafilter.analysis.overlay import Overlay
 from hypafilter.analysis.plan import action_words
 from hypafilter.errors import HypafilterError
-from hypafilter.hw import flowcache, regmap, updatebuffer
+from hypafilter.hw import flowcache, regmap, settable, updatebuffer
 from hypafilter.hw.flowcache import Flow
 from hypafilter.hw.model import CONTROL_ENABLE as CONTROL_ENABLE  # the targets' name for it
 from hypafilter.hw.model import (
@@ -365,6 +367,16 @@ class NicClient:
             # plan without the field
             "miss_shunt": [bool(x) for x in getattr(plan, "miss_shunt", (False, False))],
         }
+        slots = tuple(getattr(plan, "set_slots", ()) or ())
+        if slots:
+            # the set slots' contents: the kernel's sets as the front end read them (Policy.sets)
+            sets = getattr(getattr(plan, "policy", None), "sets", None) or {}
+            tables["sets"] = [[s.name, s.settype, list(s.dirs)] for s in slots]
+            tables["set_elems"] = [
+                None if s.name not in sets else [list(dataclasses.astuple(e)) for e in
+                                                 settable.elems_of(sets[s.name], tuple(s.dirs))]
+                for s in slots
+            ]  # fmt: skip
         return self.write_tables(tables, generation, known)
 
     def write_tables(self, tables: dict, generation: int, known: dict | None = None) -> dict:
@@ -439,12 +451,146 @@ class NicClient:
         for name, start, words in runs:
             self.write_table_many(name, start, words)  # a run of changed words, pipelined
             writes += len(words)
+        images = None
+        set_errors: list[str] = []
+        if tables.get("sets") is not None:
+            from hypafilter.targets.xdp.sets import host_lock
+
+            known_images = known.get("set_images") if known and known.get("sets") == tables["sets"] else None
+            images = []
+            with host_lock():  # the set follower writes the same tables (ops.policysync.nicsets)
+                for i, (_, settype, _) in enumerate(tables["sets"]):
+                    elems = tables["set_elems"][i]
+                    k = known_images[i] if known_images is not None and i < len(known_images) else None
+                    if elems is None:
+                        self.set_slot_uncertain(i, True, clear=True)
+                        images.append(None)
+                        writes += 1
+                        continue
+                    try:
+                        img, n = self.load_set(i, settype, [settable.Elem(*e) for e in elems], known=k)
+                    except NicError as e:
+                        # too large for this table: the slot stays cleared and uncertain, its frames go to the host
+                        # (never a wrong verdict); said in the deployment's tables and by status
+                        set_errors.append(str(e))
+                        images.append(None)
+                        continue
+                    images.append(img)
+                    writes += n
         self.write("GENERATION", generation & 0xFFFF)
         writes += 1
         if bracket:
             self.set_shunt_all(False)
             writes += 1
-        return {**tables, "generation": generation & 0xFFFF, "shunt": shunt, "actions": actions, "writes": writes}
+        out = {**tables, "generation": generation & 0xFFFF, "shunt": shunt, "actions": actions, "writes": writes}
+        if images is not None:
+            out["set_images"] = images
+            out["set_errors"] = set_errors
+        return out
+
+    # ---- set membership tables (hw/hf_set_table.vhd; tables SET_*; placement of hypafilter.hw.settable)
+
+    def set_config(self) -> list[dict]:
+        """Each set slot's table of this core (SET_CONFIG, SET_INFO): [{settype, dirs, geometry}] in slot order;
+        [] for a core without tables (or from before register map 1.9)."""
+        n = self.read("SET_CONFIG") & 0xFF
+        out = []
+        names = {v: k for k, v in settable.SETTYPES.items()}
+        for i in range(n):
+            w = self.read_table("SET_INFO", i << settable.SLOT_SHIFT)
+            t = names.get(w & 0xF)
+            if t is None:
+                raise NicError(f"set slot {i}: SET_INFO {w:#x} names no set type")
+            adir, pdir = "dst" if w >> 4 & 1 else "src", "dst" if w >> 5 & 1 else "src"
+            dirs = (
+                (pdir,) if t == "bitmap:port" else (adir, pdir) if t in ("hash:ip,port", "hash:net,port") else (adir,)
+            )
+            geom = settable.Geometry(w >> 8 & 0xFF, w >> 16 & 0xFF, w >> 24 & 0xFF)
+            out.append({"settype": t, "dirs": dirs, "geometry": geom})
+        return out
+
+    def _set_write(self, writes) -> int:
+        for table, start, words in settable.runs(writes):
+            self.write_table_many(table, start, words)
+        return len(writes)
+
+    def set_slot_uncertain(self, slot: int, on: bool, clear: bool = False) -> None:
+        """SET_CTL of a slot: bit 0 every lookup uncertain (frames it could decide go to the host), bit 1 clear."""
+        self.write_table("SET_CTL", slot << settable.SLOT_SHIFT, int(on) | int(clear) << 1)
+
+    def load_set(
+        self, slot: int, settype: str, elems, known: dict | None = None, release: bool = True
+    ) -> tuple[dict, int]:
+        """Make slot `slot` hold `elems` (settable.Elem): with `known` (its image as this returned it last) by the
+        inserts and deletes that differ, each write one element (a lookup sees the element before or after it);
+        else, or when the changes do not fit, the slot cleared and loaded whole, every lookup of it uncertain
+        meanwhile. Returns (the image now held, writes). A set that does not fit at all leaves the slot cleared and
+        uncertain (its frames go to the host) and raises NicError."""
+        cfg = self.set_config()
+        if not 0 <= slot < len(cfg) or cfg[slot]["settype"] != settype:
+            have = cfg[slot]["settype"] if 0 <= slot < len(cfg) else "none"
+            raise NicError(f"set slot {slot}: the core's table is {have}, not {settype}")
+        geom = cfg[slot]["geometry"]
+        ctl = self.read_table("SET_CTL", slot << settable.SLOT_SHIFT)
+        tag = secrets.randbits(24) | 1
+        if known is not None and known.get("tag") == ctl >> 8:
+            # the copy is trusted only while the slot's tag is the one written with it: any other writer (a
+            # deploy, the set follower, a reset) changed it
+            img = settable.image_from_dict(known)
+            if (img.slot, img.settype, img.geom) == (slot, settype, geom):
+                try:
+                    writes = settable.diff_writes(img, elems)
+                except settable.TableFull:
+                    pass  # placed anew below, from an empty table
+                else:
+                    n = self._set_write(writes)
+                    self.write_table("SET_CTL", slot << settable.SLOT_SHIFT, tag << 8 | int(not release))
+                    return {**settable.image_dict(img), "tag": tag}, n + 1
+        self.set_slot_uncertain(slot, True, clear=True)
+        try:
+            img, writes = settable.image_of(slot, settype, elems, geom)
+        except settable.TableFull as e:
+            raise NicError(f"{e} (the slot stays uncertain: its frames go to the host)") from e
+        n = self._set_write(writes)
+        # certain again (unless the caller releases it), the new tag
+        self.write_table("SET_CTL", slot << settable.SLOT_SHIFT, tag << 8 | int(not release))
+        return {**settable.image_dict(img), "tag": tag}, n + 2
+
+    def hold_sets(self, images: list) -> None:
+        """Every set slot uncertain (its frames go to the host), its tag kept: the set follower's fail safe from a
+        change seen until the tables are the kernel's sets again (`release_sets`)."""
+        for i, img in enumerate(images):
+            tag = img.get("tag", 0) if img else 0
+            self.write_table("SET_CTL", i << settable.SLOT_SHIFT, tag << 8 | 1)
+
+    def release_sets(self, images: list) -> None:
+        for i, img in enumerate(images):
+            if img:  # a slot without an image (its set unknown, too large) stays uncertain
+                self.write_table("SET_CTL", i << settable.SLOT_SHIFT, img["tag"] << 8)
+
+    def program_sets(
+        self, slots, sets: dict, known: list | None = None, release: bool = True
+    ) -> tuple[list[dict], int]:
+        """Load every set slot's table from the kernel's sets by name (ir.sets.SetInfo; Policy.sets); `known`:
+        the images program_sets returned last for this core. A slot whose set is unknown is cleared and left
+        uncertain. Returns (the images, writes)."""
+        images, writes = [], 0
+        for i, s in enumerate(slots):
+            info = sets.get(s.name)
+            k = known[i] if known is not None and i < len(known) else None
+            if info is None:
+                self.set_slot_uncertain(i, True, clear=True)
+                images.append(None)
+                writes += 1
+                continue
+            try:
+                img, n = self.load_set(i, s.settype, settable.elems_of(info, tuple(s.dirs)), known=k, release=release)
+            except NicError:
+                images.append(None)  # too large: the slot stays uncertain
+                continue
+            images.append(img)
+            writes += n
+        return images, writes
 
     # ---- the update buffer (hw/hf_update_buffer.vhd; tables VALID and BUF; layouts of hypafilter.hw.updatebuffer)
 

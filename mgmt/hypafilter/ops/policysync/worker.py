@@ -565,6 +565,18 @@ def supervise(ns: str, state_dir: Path) -> int:
     return SERVICE.supervise(Path(state_dir), open_worker, recover, {"ns": ns}, keepalive=keepalive)
 
 
+def setmaps_lock():
+    from hypafilter.targets.xdp import sets as setmaps
+
+    return setmaps.host_lock()
+
+
+def _ensure_watcher(build_root: Path) -> Path:
+    from hypafilter.targets.xdp import sets as setmaps
+
+    return setmaps.ensure_watcher(build_root)
+
+
 class SetFollower:
     """The kernel's ipsets followed into the xdp program's set tables (docs/sets.md, "Following the kernel's sets"),
     in a thread of the worker: woken by the ipset watcher's ring buffer when an ipset command returns (and every
@@ -605,7 +617,12 @@ class SetFollower:
         st = deploy.read_state() or {}
         nic = st.get("nic") or {}
         pin = nic.get("pin", "") if st.get("target") == "xdp" else ""
+        if st.get("target") == "emu" and (st.get("tables") or {}).get("sets"):
+            pin = "emu:" + nic.get("socket", "")  # a NIC core's set tables (ops.policysync.nicsets)
         if pin == self.pin:
+            return
+        if pin.startswith("emu:"):
+            self._refresh_nic(st, pin)
             return
         self._close()
         self.pin, self.next_expiry = pin, None
@@ -616,6 +633,20 @@ class SetFollower:
             self.maps = setmaps.SetMaps(pin, slots, st["site"].get("netns"))
             self.wake = PinnedRingbuf(self.maps.watcher / "hfx_setwake")
             self.next_expiry = 0  # read them once now: whatever happened while nobody followed them
+
+    def _refresh_nic(self, st: dict, pin: str) -> None:
+        from hypafilter.ops.policysync.nicsets import NicSets
+        from hypafilter.paths import BUILD_ROOT
+        from hypafilter.targets.emu.target import EmuTarget
+
+        self._close()
+        self.pin, self.next_expiry = pin, None
+        with setmaps_lock():  # loaded and registered as used in one step: no xdp stop releases it in between
+            watcher = _ensure_watcher(BUILD_ROOT)
+            self.maps = NicSets(EmuTarget(deploy.deployed_config(st)), st["nic"], st["tables"],
+                                st["site"].get("netns"), watcher)  # fmt: skip
+        self.wake = PinnedRingbuf(watcher / "hfx_setwake")
+        self.next_expiry = 0  # read them once now: whatever happened while nobody followed them
 
     def _close(self) -> None:
         for m in (self.maps, self.wake):

@@ -94,6 +94,7 @@ def cache_key(matcher_hash: str, sources: list[Path], tdata_width: int, generics
 GENERATOR_FILES = (
     Path(vhdl.__file__),
     Path(vhdl.__file__).with_name("regmap.py"),
+    Path(vhdl.__file__).with_name("settable.py"),
     vhdl.HW_DIR / "regmap.txt",
     *sorted(vhdl.TEMPLATES.glob("*.j2")),
 )

@@ -7,8 +7,9 @@ import signal
 import time
 from pathlib import Path
 
-from hypafilter.hw import regmap
+from hypafilter.hw import regmap, settable
 from hypafilter.hw.model import CONTROL_SHUNT_ALL
+from hypafilter.ir.sets import MAX_SET_SLOTS
 from hypafilter.targets.base import DECISIONS, PORTS, SHUNTED, Expected, Target, WindowStages
 from hypafilter.targets.emu.build import build
 from hypafilter.targets.emu.run import RUN_DIR, EmuNic
@@ -76,6 +77,10 @@ class EmuTarget(Target):
 
     name = "emu"
     window_stages = WINDOW
+    # the core's set membership tables (hw/hf_set_table.vhd, docs/hardware.md "Set tables"): one per slot, the
+    # default geometry's element cells each
+    set_slots = MAX_SET_SLOTS
+    set_capacity = settable.DEFAULT_GEOMETRY.capacity
     # NICs started by this process, by pid, so that stopping one also reaps it.
     started: dict[int, EmuNic] = {}
 

@@ -1,0 +1,134 @@
+"""The core's set tables on the host side (hw.settable): the slot's answer equals the kernel's reference semantics
+(ir.sets.member) for every set type, the placement's writes and images, and the model's use of them."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypafilter.hw import settable
+from hypafilter.hw.settable import Elem, Geometry, Image, TableFull
+from hypafilter.ir import Header
+from hypafilter.ir.sets import SetElem, SetInfo, frame_ports, member
+
+DIRS = {
+    "hash:ip": [("src",), ("dst",)],
+    "hash:net": [("src",), ("dst",)],
+    "hash:ip,port": [("src", "dst"), ("dst", "dst"), ("dst", "src")],
+    "hash:net,port": [("src", "dst"), ("dst", "src")],
+    "bitmap:port": [("src",), ("dst",)],
+}
+
+
+def random_set(settype: str, rng: random.Random) -> SetInfo:
+    """A small set with nested prefixes (net types, nomatch among them) over few addresses, protos and ports, so
+    that random frames hit it."""
+    entries, seen = [], set()
+    for _ in range(12):
+        if settype == "bitmap:port":
+            e = SetElem(port=rng.choice((22, 80, 443, 1000)))
+        else:
+            plen = rng.choice((8, 16, 24, 26, 32)) if "net" in settype else 32
+            a = (10 << 24 | rng.choice((0, 1)) << 16 | rng.choice((0, 2)) << 8 | rng.choice((0, 5, 77))) & (
+                settable.prefix_mask(plen)
+            )
+            proto, port = 0, 0
+            if "port" in settype:
+                proto = rng.choice((6, 17, 1))
+                port = rng.choice((22, 53, 8 << 8))
+            e = SetElem(a, a | (~settable.prefix_mask(plen) & 0xFFFFFFFF), plen, proto, port,
+                        nomatch="net" in settype and rng.random() < 0.3)  # fmt: skip
+        if e.key() not in seen:
+            seen.add(e.key())
+            entries.append(e)
+    return SetInfo("s", settype, entries=tuple(entries))
+
+
+def random_header(rng: random.Random) -> Header:
+    proto = rng.choice((6, 17, 1, 47, 0))
+    addr = lambda: 10 << 24 | rng.choice((0, 1)) << 16 | rng.choice((0, 2, 9)) << 8 | rng.choice((0, 5, 77, 200))  # noqa: E731
+    ports = (22, 53, 80, 443, 1000, 7)
+    return Header(src=addr(), dst=addr(), proto=proto, sport=rng.choice(ports) if proto in (6, 17) else 0,
+                  dport=rng.choice(ports) if proto in (6, 17) else 0, icmp_type=8 if proto == 1 else 0)  # fmt: skip
+
+
+@pytest.mark.parametrize("settype", sorted(DIRS))
+def test_slot_answer_is_the_kernels(settype):
+    """For every direction choice: the table's answer (longest prefix, nomatch, port rules) is ir.sets.member's."""
+    rng = random.Random(settype)
+    hits = 0
+    for _ in range(30):
+        info = random_set(settype, rng)
+        for dirs in DIRS[settype]:
+            elems = settable.elems_of(info, dirs)
+            img, _ = settable.image_of(0, settype, elems, Geometry(16, 4, 2))
+            for _ in range(40):
+                h = random_header(rng)
+                want = member(info, dirs, h.src, h.dst, h.proto,
+                              frame_ports(h.proto, h.sport, h.dport, h.icmp_type, h.icmp_code))  # fmt: skip
+                got, unc = settable.lookup(settype, dirs, img.elems(), h)
+                assert not unc and got == want, (info, dirs, h)
+                hits += got
+    assert hits > 50
+
+
+def test_uncertain_and_unparsed_ports():
+    info = SetInfo("s", "hash:ip,port", entries=(SetElem(5, 5, 32, 6, 80, timeout_s=1), SetElem(6, 6, 32, 6, 80)))
+    st = settable.SlotState("hash:ip,port", ("dst", "dst"), tuple(settable.elems_of(info, ("dst", "dst"))))
+    assert st.lookup(Header(dst=5, proto=6, dport=80)) == (True, True)  # 1 s left: may expire any moment
+    assert st.lookup(Header(dst=6, proto=6, dport=80)) == (True, False)
+    assert st.lookup(Header(dst=6, proto=132)) == (False, True)  # SCTP: ports the parser does not read
+    # fewer directions than dimensions: the kernel matches nothing, the table holds nothing
+    assert settable.elems_of(info, ("dst",)) == []
+
+
+def test_placement_writes_images_and_full():
+    geom = Geometry(2, 2, 1)  # 2 banks of 4 buckets, 1 way
+    img = Image(3, "hash:net", geom)
+    w = img.insert(Elem(0x0A000000, 8))
+    # bank opened (its length) before the element, the element's w0 then w1 (the commit), slot 3 in bits 22:20
+    assert w[0] == (settable.TABLE_SET_BANK, 3 << 20 | 0, settable.BANK_ENABLE | 8)
+    assert [x[0] for x in w[1:]] == [settable.TABLE_SET_ELEM] * 2 and w[2][1] == w[1][1] | 1
+    assert w[1][1] >> 20 == 3 and w[2][2] == settable.W1_VALID
+    assert img.insert(Elem(0x0A010000, 16, nomatch=True))[0][2] == settable.BANK_ENABLE | 16
+    with pytest.raises(TableFull, match="no bank is free"):
+        img.insert(Elem(0x0A010200, 24))
+    assert len(img) == 2 and img.bank_len == [8, 16]
+    # the same key again changes its flags in place: one element write, no bank write
+    w = img.insert(Elem(0x0A000000, 8, uncertain=True))
+    assert [x[0] for x in w] == [settable.TABLE_SET_ELEM] * 2 and w[1][2] & settable.W1_UNCERTAIN
+    # deleting the last element of a bank disables it
+    w = img.delete(Elem(0x0A010000, 16))
+    assert w[-1] == (settable.TABLE_SET_BANK, 3 << 20 | 1, 0) and img.bank_len == [8, None]
+    back = settable.image_from_dict(settable.image_dict(img))
+    assert back.cells == img.cells and back.bank_len == img.bank_len and back.where == img.where
+    # diff: deletes before inserts
+    w = settable.diff_writes(back, [Elem(0x0B000000, 8)])
+    assert back.elems() == [Elem(0x0B000000, 8)] and w[0][2] == 0
+    assert settable.runs([(8, 4, 1), (8, 5, 2), (9, 6, 3), (8, 7, 4)]) == [(8, 4, [1, 2]), (9, 6, [3]), (8, 7, [4])]
+
+
+def test_default_geometry_holds_a_10000_network_blocklist():
+    """The NIC's default table: 10,000 networks over six prefix lengths (with nomatch holes) placed."""
+    rng = random.Random(7)
+    elems, seen = [], set()
+    while len(elems) < 10_000:
+        plen = rng.choice((16, 20, 24, 24, 24, 28, 32))
+        a = rng.getrandbits(32) & settable.prefix_mask(plen)
+        if (a, plen) not in seen:
+            seen.add((a, plen))
+            elems.append(Elem(a, plen, nomatch=len(elems) % 50 == 0))
+    img, writes = settable.image_of(0, "hash:net", elems)
+    assert len(img) == 10_000 and len(writes) >= 20_000
+
+
+def test_register_map_describes_the_set_tables():
+    from hypafilter.hw import regmap
+
+    m = regmap.MAP
+    assert m.reg("VERSION").reset >= 0x00010009  # 1.9: set membership tables
+    assert [m.table(t).id for t in ("SET_ELEM", "SET_BANK", "SET_INFO", "SET_CTL")] == [8, 9, 10, 11]
+    assert m.table("SET_INFO").access == "RO" and m.reg("SET_CONFIG").offset == 0xAC
+    assert 0xAC <= m.reg("CNT_SET_UNCERTAIN").offset <= 0xBC
+    # the slot field (bits 22:20) holds every slot, and every element index of the largest table
+    assert (7 << settable.SLOT_SHIFT | settable.elem_index(0, 15, 4095, 7, 8, 1)) < m.table("SET_ELEM").depth

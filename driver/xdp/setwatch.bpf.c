@@ -139,6 +139,8 @@ static __always_inline __u32 fd_netns(int fd)
 
 /* The syscalls/sys_enter_* tracepoints' record (tracefs events/syscalls/sys_enter_sendto/format): the common
  * fields, the syscall number, then the arguments as 8-byte words. */
+/* The syscalls/sys_enter_* tracepoints' record (tracefs events/syscalls/sys_enter_sendto/format): the common fields,
+ * the syscall number, then the arguments as 8-byte words. */
 struct sys_enter_ctx {
 	__u64 common;
 	long nr;

@@ -22,7 +22,7 @@
  *                 links running this program get DIR2's program back (or are detached); its pins removed
  *   hf_xdp detach --pin LDIR                       detach every link of LDIR (undeploy)
  *   hf_xdp watch  --obj OBJ --pin DIR              load the ipset watcher (setwatch.bpf.c): its map hfx_setseq
- *                                                  pinned as DIR/hfx_setseq, each kprobe's link as DIR/link_<prog>;
+ *                                                  pinned as DIR/hfx_setseq, each tracepoint link as DIR/link_<prog>;
  *                                                  nothing done when DIR/hfx_setseq and every link exist
  *
  * Tables file: records {u32 name_len, name, u32 value_size, u32 count, count * value_size bytes}, keys 0..count-1,

@@ -1,27 +1,25 @@
 /* setwatch.bpf.c: the kernel's ipset changes as they happen (docs/sets.md "Following the kernel's sets").
  *
- * ipset sends no netlink events, and this kernel lets no kprobe or fentry program attach (no kprobe PMU; tracing
- * programs are refused), so the watcher sits on the raw syscall tracepoints: a sendto/sendmsg/sendmmsg whose netlink
- * payload holds an ipset command that changes a set (NFNL_SUBSYS_IPSET, any command but the read-only ones) counts
- * into hfx_setseq[netns].started on syscall entry — before the kernel has parsed the message, let alone changed the
- * set (nfnetlink runs the command inside that very syscall) — and into .finished when that syscall returns, by which
- * time the change is done. netns is the network namespace of the socket the message goes through (the sets it
- * changes are that namespace's). The XDP fast path shares the map (pinned) and decides nothing by its set tables
- * while its namespace's started count differs from the one its tables were read at (hfx_setsync); the policy sync
- * service re-reads the sets once started == finished and releases with the started count it read before them.
+ * ipset sends no netlink events, and this kernel lets no kprobe, fentry/fexit or BPF LSM program attach (no kprobe
+ * PMU; programs attached by trampoline are refused with EPERM), so the watcher sits on the per-syscall tracepoints
+ * of sendto, sendmsg and sendmmsg (not the raw sys_enter/sys_exit tracepoints: a BPF program there runs for every
+ * syscall of the host, see docs/sets.md "Its cost"): a send whose netlink payload holds an ipset command that
+ * changes a set (NFNL_SUBSYS_IPSET, any command but the read-only ones) counts into hfx_setseq[netns].started on
+ * syscall entry — before the kernel has parsed the message, let alone changed the set (nfnetlink runs the command
+ * inside that very syscall) — and into .finished when that syscall returns, by which time the change is done. netns
+ * is the network namespace of the socket the message goes through (the sets it changes are that namespace's). The
+ * XDP fast path shares the map (pinned) and decides nothing by its set tables while its namespace's started count
+ * differs from the one its tables were read at (hfx_setsync); the policy sync service re-reads the sets once
+ * started == finished and releases with the started count it read before them.
  *
  * Anything else looking like an ipset message (a false positive) only costs a resynchronisation. Loaded once per
- * host (`hf_xdp watch`). x86_64 syscall numbers and pt_regs; kernel structures by CO-RE (the running kernel's BTF). */
+ * host (`hf_xdp watch`). x86_64 (struct msghdr layout); kernel structures by CO-RE (the running kernel's BTF). */
 #include <linux/bpf.h>
-#include <asm/ptrace.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_core_read.h>
 
 #include "hf_fastpath.h"
 
-#define NR_SENDTO 44
-#define NR_SENDMSG 46
-#define NR_SENDMMSG 307
 #define SUBSYS_IPSET 6
 #define MAX_MSGS 8 /* netlink messages looked at per buffer */
 
@@ -139,43 +137,26 @@ static __always_inline __u32 fd_netns(int fd)
 	return BPF_CORE_READ(sock, sk, __sk_common.skc_net.net, ns.inum);
 }
 
-SEC("raw_tp/sys_enter")
-int hfx_setwatch_enter(struct bpf_raw_tracepoint_args *ctx)
+/* The syscalls/sys_enter_* tracepoints' record (tracefs events/syscalls/sys_enter_sendto/format): the common
+ * fields, the syscall number, then the arguments as 8-byte words. */
+/* The syscalls/sys_enter_* tracepoints' record (tracefs events/syscalls/sys_enter_sendto/format): the common fields,
+ * the syscall number, then the arguments as 8-byte words. */
+struct sys_enter_ctx {
+	__u64 common;
+	long nr;
+	unsigned long args[6];
+};
+
+/* Entry of a send of buffer buf (len bytes) on descriptor fd. */
+static __always_inline int enter(int fd, const __u8 *buf, __u64 len)
 {
-	struct pt_regs *regs = (struct pt_regs *)ctx->args[0];
-	long id = (long)ctx->args[1];
-	unsigned long a0 = 0, a1 = 0, a2 = 0;
-	const __u8 *buf = 0;
 	struct hfx_setcount *c;
-	__u64 len = 0, key;
+	__u64 key;
 	__u32 netns;
 
-	if (id != NR_SENDTO && id != NR_SENDMSG && id != NR_SENDMMSG)
-		return 0;
-	bpf_probe_read_kernel(&a0, sizeof(a0), &regs->rdi);
-	bpf_probe_read_kernel(&a1, sizeof(a1), &regs->rsi);
-	bpf_probe_read_kernel(&a2, sizeof(a2), &regs->rdx);
-	if (id == NR_SENDTO) {
-		buf = (const __u8 *)a1;
-		len = a2;
-	} else {
-		/* struct msghdr (sendmsg) or the first struct mmsghdr's (sendmmsg): msg_iov at 16, its first iovec */
-		struct {
-			void *base;
-			__u64 len;
-		} iov;
-		void *iovp = 0;
-
-		if (bpf_probe_read_user(&iovp, sizeof(iovp), (const __u8 *)a1 + 16) || !iovp)
-			return 0;
-		if (bpf_probe_read_user(&iov, sizeof(iov), iovp))
-			return 0;
-		buf = iov.base;
-		len = iov.len;
-	}
 	if (!buf || !ipset_change(buf, len))
 		return 0;
-	netns = fd_netns((int)a0);
+	netns = fd_netns(fd);
 	c = counts(netns);
 	if (!c)
 		return 0; /* HFX_SETSEQ_MAX namespaces counted already: see docs/sets.md */
@@ -187,8 +168,24 @@ int hfx_setwatch_enter(struct bpf_raw_tracepoint_args *ctx)
 	return 0;
 }
 
-SEC("raw_tp/sys_exit")
-int hfx_setwatch_exit(struct bpf_raw_tracepoint_args *ctx)
+/* struct msghdr (sendmsg) or the first struct mmsghdr's (sendmmsg): msg_iov at 16, its first iovec. */
+static __always_inline int enter_msg(int fd, const void *msg)
+{
+	struct {
+		void *base;
+		__u64 len;
+	} iov;
+	void *iovp = 0;
+
+	if (bpf_probe_read_user(&iovp, sizeof(iovp), (const __u8 *)msg + 16) || !iovp)
+		return 0;
+	if (bpf_probe_read_user(&iov, sizeof(iov), iovp))
+		return 0;
+	return enter(fd, iov.base, iov.len);
+}
+
+/* Return of a send: counted as finished when its entry counted as started. */
+static __always_inline int leave(void)
 {
 	__u64 key = bpf_get_current_pid_tgid();
 	__u32 *netns = bpf_map_lookup_elem(&hfx_setpending, &key);
@@ -202,6 +199,42 @@ int hfx_setwatch_exit(struct bpf_raw_tracepoint_args *ctx)
 	bpf_ringbuf_output(&hfx_setwake, netns, sizeof(*netns), BPF_RB_FORCE_WAKEUP);
 	bpf_map_delete_elem(&hfx_setpending, &key);
 	return 0;
+}
+
+SEC("tracepoint/syscalls/sys_enter_sendto")
+int hfx_setwatch_sendto(struct sys_enter_ctx *ctx)
+{
+	return enter((int)ctx->args[0], (const __u8 *)ctx->args[1], ctx->args[2]);
+}
+
+SEC("tracepoint/syscalls/sys_enter_sendmsg")
+int hfx_setwatch_sendmsg(struct sys_enter_ctx *ctx)
+{
+	return enter_msg((int)ctx->args[0], (const void *)ctx->args[1]);
+}
+
+SEC("tracepoint/syscalls/sys_enter_sendmmsg")
+int hfx_setwatch_sendmmsg(struct sys_enter_ctx *ctx)
+{
+	return enter_msg((int)ctx->args[0], (const void *)ctx->args[1]);
+}
+
+SEC("tracepoint/syscalls/sys_exit_sendto")
+int hfx_setwatch_sendto_ret(void *ctx)
+{
+	return leave();
+}
+
+SEC("tracepoint/syscalls/sys_exit_sendmsg")
+int hfx_setwatch_sendmsg_ret(void *ctx)
+{
+	return leave();
+}
+
+SEC("tracepoint/syscalls/sys_exit_sendmmsg")
+int hfx_setwatch_sendmmsg_ret(void *ctx)
+{
+	return leave();
 }
 
 char LICENSE[] SEC("license") = "GPL";

@@ -230,6 +230,61 @@ def test_timeout_entry_expires(lab, tmp_path):
     assert cnt(CNT_FORWARDED) - f0 > 0, "the fast path never forwarded the frames after the element was removed"
 
 
+NL_SENDS = r"""
+import socket, struct
+IPSET_ADD, IPSET_PROTOCOL = 9, 1  # ipset commands (linux/netfilter/ipset/ip_set.h); NFNL_SUBSYS_IPSET is 6
+
+
+def msg(cmd, seq):
+    attrs = struct.pack("=HHB3x", 5, 1, 7) + struct.pack("=HH12s", 16, 2, b"hfx-no-such")  # protocol 7, set name
+    body = struct.pack("=BBH", socket.AF_INET, 0, 0) + attrs
+    return struct.pack("=IHHII", 16 + len(body), 6 << 8 | cmd, 1 | 4, seq, 0) + body  # NLM_F_REQUEST | NLM_F_ACK
+
+
+s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 12)  # NETLINK_NETFILTER
+s.sendto(msg(IPSET_ADD, 1), (0, 0))  # a set-changing command (refused: no such set), by sendto
+s.recv(65536)
+s.sendmsg([msg(IPSET_ADD, 2)], [], 0, (0, 0))  # ... by sendmsg
+s.recv(65536)
+s.sendto(msg(IPSET_PROTOCOL, 3), (0, 0))  # a read-only one: not counted
+s.recv(65536)
+"""
+
+
+def test_watcher_counts_only_set_changing_sends(lab, tmp_path):
+    """The watcher counts an ipset command that changes a set into the socket's namespace, started and finished,
+    whether sent by sendto or sendmsg, and not a read-only one; its programs sit on the per-syscall tracepoints of
+    the sends (perf_event links), not on the raw sys_enter/sys_exit tracepoints every syscall of the host would pay
+    for (docs/sets.md "Its cost")."""
+    import shutil
+    import struct
+    import sys
+
+    from hypafilter.ops import deploy
+    from hypafilter.targets.bpfmap import PinnedMap
+    from hypafilter.targets.xdp import sets as setmaps
+
+    _deploy_ban(tmp_path, 600)
+    pin = Path(deploy.read_state(Path(STATE) / "state.json")["nic"]["pin"])
+    watcher = Path(os.readlink(pin / "hfx_setseq")).parent
+    seq = PinnedMap(pin / "hfx_setseq")
+    key = struct.pack("<I", setmaps.netns_inum(FW))
+    counts = lambda: struct.unpack("<QQ", seq.get(key) or bytes(16))  # noqa: E731 (no entry before a first command)
+    try:
+        s0, f0 = counts()
+        subprocess.run(["ip", "netns", "exec", FW, sys.executable, "-c", NL_SENDS], check=True)
+        s1, f1 = counts()
+    finally:
+        seq.close()
+    assert (s1 - s0, f1 - f0) == (2, 2), (s0, f0, s1, f1)
+    links = sorted(watcher.glob("link_*"))
+    assert len(links) == 6, links
+    if shutil.which("bpftool"):
+        for link in links:
+            out = subprocess.run(["bpftool", "-j", "link", "show", "pinned", str(link)], capture_output=True, text=True)
+            assert json.loads(out.stdout)["type"] == "perf_event", (link, out.stdout)
+
+
 def test_a_target_without_set_tables_keeps_set_rules_complex(tmp_path):
     """sume's bitstream has no membership tables yet (`set_slots` 0): every set match stays complex there, while the
     emulated NIC (tables in its core) and xdp make it a slot."""

@@ -69,7 +69,13 @@ entity hf_regs is
     fc_full       : in  std_logic_vector(31 downto 0) := (others => '0');
     -- lease: ticks elapsed in this cycle (usually 0 or 1; the emulator's harness gives what wall time owes at once)
     lease_ticks   : in  std_logic_vector(31 downto 0) := (others => '0');
-    lease_expired : out std_logic
+    lease_expired : out std_logic;
+    -- [ctm] registers 0xC0-0xDC live in the core (hypafilter_core's ctm block): a write there pulses x_wr with the
+    -- register's number (offset - 0xC0) / 4; a read returns word x of x_rdata
+    x_wr          : out std_logic;
+    x_waddr       : out std_logic_vector(2 downto 0);
+    x_wdata       : out std_logic_vector(31 downto 0);
+    x_rdata       : in  std_logic_vector(255 downto 0) := (others => '0')
   );
 end entity;
 
@@ -88,6 +94,9 @@ architecture rtl of hf_regs is
   signal r_lease_armed : std_logic := '0';
   signal r_lease_exp : std_logic := '0';
   signal r_lease_expiries : unsigned(15 downto 0) := (others => '0');
+  signal r_x_wr : std_logic := '0';  -- [ctm]
+  signal r_x_waddr : std_logic_vector(2 downto 0) := (others => '0');
+  signal r_x_wdata : std_logic_vector(31 downto 0) := (others => '0');
   -- The event counters: each counts the cycles in which its bit of evx is set. evx is ev_bits (EV_* positions)
   -- while ev_valid, then ev_sent while ev_valid, then ev_fifo_drop (its own pulse).
   constant EVX_SENT : natural := EV_W;
@@ -137,6 +146,7 @@ begin
       req <= '0';
       clear_cnt <= '0';
       r_fc_cmd <= '0';
+      r_x_wr <= '0';
       if bvalid = '1' and s_axi_bready = '1' then
         bvalid <= '0';
       end if;
@@ -202,13 +212,20 @@ begin
             r_fc_op <= s_axi_wdata(2 downto 0);
             r_fc_cmd <= not fc_status(31);  -- ignored while the last command runs
           when others =>
-            null;
+            for i in 0 to 7 loop  -- [ctm]
+              if waddr = REG_CTM_CONTROL + 4 * i then
+                r_x_wr <= '1';
+                r_x_waddr <= std_logic_vector(to_unsigned(i, 3));
+                r_x_wdata <= s_axi_wdata;
+              end if;
+            end loop;
         end case;
       end if;
       if rst = '1' then
         bvalid <= '0';
         req <= '0';
         r_fc_cmd <= '0';
+        r_x_wr <= '0';
         r_ind_busy <= '0';
         r_ind_stream <= '0';
         r_gen <= REG_GENERATION_RESET;
@@ -273,7 +290,13 @@ begin
           when REG_LEASE => rdata <= std_logic_vector(r_lease);
           when REG_LEASE_STATUS =>
             rdata <= std_logic_vector(r_lease_expiries) & (15 downto 2 => '0') & r_lease_exp & r_lease_armed;
-          when others => rdata <= (others => '0');
+          when others =>
+            rdata <= (others => '0');
+            for i in 0 to 7 loop  -- [ctm]
+              if raddr = REG_CTM_CONTROL + 4 * i then
+                rdata <= x_rdata(32 * i + 31 downto 32 * i);
+              end if;
+            end loop;
         end case;
         -- the counters' registers, after the case: GHDL 2.0's Verilog netlist (the yosys estimate) drops the value
         -- of a case's `when others`, which lost the counters when they were read there. An OR of the (distinct)
@@ -322,4 +345,7 @@ begin
   fc_key2 <= r_fc_key2;
   fc_key3 <= r_fc_key3;
   fc_slot <= r_fc_slot;
+  x_wr <= r_x_wr;
+  x_waddr <= r_x_waddr;
+  x_wdata <= r_x_wdata;
 end architecture;

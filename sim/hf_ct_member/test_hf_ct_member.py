@@ -108,9 +108,11 @@ class TB:
         d = self.dut
         f = flow or Flow(0, 0, 0)
         key = cm.key_of(f)
-        related = {k for k in map(cm.key_of, self.flows) if set(cm.bank_indices(k, self.m.log2)) & set(
-            cm.bank_indices(key, self.m.log2)
-        )}
+        related = {
+            k
+            for k in map(cm.key_of, self.flows)
+            if set(cm.bank_indices(k, self.m.log2)) & set(cm.bank_indices(key, self.m.log2))
+        }
         self.unsure |= related | {key}
         self.sweeping = op == cm.OP_CLEAR
         d.h_op.value = op

@@ -97,6 +97,9 @@ architecture rtl of hf_regs is
   signal r_x_wr : std_logic := '0';  -- [ctm]
   signal r_x_waddr : std_logic_vector(2 downto 0) := (others => '0');
   signal r_x_wdata : std_logic_vector(31 downto 0) := (others => '0');
+  signal x_word : std_logic_vector(31 downto 0);
+  signal x_whit, x_rhit : std_logic;
+  signal x_widx : std_logic_vector(2 downto 0);
   -- The event counters: each counts the cycles in which its bit of evx is set. evx is ev_bits (EV_* positions)
   -- while ev_valid, then ev_sent while ev_valid, then ev_fifo_drop (its own pulse).
   constant EVX_SENT : natural := EV_W;
@@ -212,14 +215,11 @@ begin
             r_fc_op <= s_axi_wdata(2 downto 0);
             r_fc_cmd <= not fc_status(31);  -- ignored while the last command runs
           when others =>
-            for i in 0 to 7 loop  -- [ctm]
-              if waddr = REG_CTM_CONTROL + 4 * i then
-                r_x_wr <= '1';
-                r_x_waddr <= std_logic_vector(to_unsigned(i, 3));
-                r_x_wdata <= s_axi_wdata;
-              end if;
-            end loop;
+            null;
         end case;
+        r_x_wr <= x_whit;  -- [ctm] (x_whit: 0 outside 0xC0-0xDC)
+        r_x_waddr <= x_widx;
+        r_x_wdata <= s_axi_wdata;
       end if;
       if rst = '1' then
         bvalid <= '0';
@@ -237,6 +237,32 @@ begin
         r_debug <= (others => '0');
       end if;
     end if;
+  end process;
+
+  -- [ctm] which register of 0xC0-0xDC is accessed, outside the processes: GHDL 2.0's Verilog drops assignments in
+  -- the register case's others branch (the emulator read the previous word there, and no write reached the core)
+  x_write : process (waddr)
+  begin
+    x_whit <= '0';
+    x_widx <= (others => '0');
+    for i in 0 to 7 loop
+      if waddr = REG_CTM_CONTROL + 4 * i then
+        x_whit <= '1';
+        x_widx <= std_logic_vector(to_unsigned(i, 3));
+      end if;
+    end loop;
+  end process;
+
+  x_read : process (raddr, x_rdata)
+  begin
+    x_word <= (others => '0');
+    x_rhit <= '0';
+    for i in 0 to 7 loop
+      if raddr = REG_CTM_CONTROL + 4 * i then
+        x_rhit <= '1';
+        x_word <= x_rdata(32 * i + 31 downto 32 * i);
+      end if;
+    end loop;
   end process;
 
   evx <= ev_fifo_drop & (ev_valid and ev_sent) & (ev_bits and (ev_bits'range => ev_valid));
@@ -290,13 +316,7 @@ begin
           when REG_LEASE => rdata <= std_logic_vector(r_lease);
           when REG_LEASE_STATUS =>
             rdata <= std_logic_vector(r_lease_expiries) & (15 downto 2 => '0') & r_lease_exp & r_lease_armed;
-          when others =>
-            rdata <= (others => '0');
-            for i in 0 to 7 loop  -- [ctm]
-              if raddr = REG_CTM_CONTROL + 4 * i then
-                rdata <= x_rdata(32 * i + 31 downto 32 * i);
-              end if;
-            end loop;
+          when others => rdata <= (others => '0');
         end case;
         -- the counters' registers, after the case: GHDL 2.0's Verilog netlist (the yosys estimate) drops the value
         -- of a case's `when others`, which lost the counters when they were read there. An OR of the (distinct)
@@ -311,6 +331,9 @@ begin
         end loop;
         if cnt_sel then
           rdata <= cnt_word;
+        end if;
+        if x_rhit = '1' then  -- [ctm]
+          rdata <= x_word;
         end if;
       end if;
       if rst = '1' then

@@ -186,7 +186,7 @@ class Regs:
     buffer: Image | None = None
     lease_expired: bool = False  # the policy sync lease (`Lease`) ran out: no wire frame is judged
     # the shunt bits for a frame with ct 3 (no conntrack entry; Plan.shunt_none): the xdp target's hfx_ent shunt
-    # bit 1. The NIC has no such table (its flow cache never says ct 3). None: `shunt`.
+    # bit 1, the NIC's table SHUNT_NONE (ct 3 from its conntrack membership structure, hw/ctmember.py). None: `shunt`.
     shunt_none: list[int] | None = None
 
     @staticmethod
@@ -285,7 +285,8 @@ class Decision:
 def decide(plan, frame: bytes, src_port: int, regs: Regs, ct: int = 0) -> Decision:
     """What the core does with one frame arriving on `src_port` (one-hot TUSER[23:16]); `ct` is what the flow cache
     knows of it (ir.box CT_*: 0 unknown, 1/2 a hit in the original/reply direction), 0 without a flow cache; 3 (no
-    conntrack entry: the kernel reads the frame as NEW or INVALID) only from the xdp target's lookup.
+    conntrack entry: the kernel reads the frame as NEW or INVALID) from the xdp target's lookup or the NIC's conntrack
+    membership structure (hw/ctmember.py: not a member, no recent egress, COMPLETE).
 
     The hardware index (match_index, the row of every table) is `hw_index`: the static first match under the update
     buffer's valid mask and slots (`regs.buffer`). Precedence (the first that applies): a host port, not a wire port,

@@ -17,7 +17,7 @@ from pathlib import Path
 from hypafilter.analysis.overlay import Overlay
 from hypafilter.analysis.plan import action_words
 from hypafilter.errors import HypafilterError
-from hypafilter.hw import flowcache, regmap, updatebuffer
+from hypafilter.hw import ctmember, flowcache, regmap, updatebuffer
 from hypafilter.hw.flowcache import Flow
 from hypafilter.hw.model import CONTROL_ENABLE as CONTROL_ENABLE  # the targets' name for it
 from hypafilter.hw.model import (
@@ -365,6 +365,10 @@ class NicClient:
             # plan without the field
             "miss_shunt": [bool(x) for x in getattr(plan, "miss_shunt", (False, False))],
         }
+        if self.ctm_config() is not None:  # [ctm] the shunt bits of frames with ct 3 (Plan.shunt_none; else shunt's)
+            none = getattr(plan, "shunt_none", None)
+            bits = shunt if none is None else [int(b) for b in none] + [1] * (rows - len(none))
+            tables["shunt_none"] = pack_shunt(bits)
         return self.write_tables(tables, generation, known)
 
     def write_tables(self, tables: dict, generation: int, known: dict | None = None) -> dict:
@@ -398,6 +402,8 @@ class NicClient:
                 writes += 1
         old_shunt: list[int | None] = [None] * len(shunt)
         old_actions: list[int | None] = [None] * len(actions)
+        shunt_none = list(tables.get("shunt_none") or [])
+        old_none: list[int | None] = [None] * len(shunt_none)
         new_img = Image.from_dict(tables["overlay"]) if tables.get("overlay") is not None else None
         old_img: Image | None = None
         if (
@@ -408,6 +414,8 @@ class NicClient:
             and len(known.get("actions", ())) == len(actions)
         ):
             old_shunt, old_actions = list(known["shunt"]), list(known["actions"])
+            if len(known.get("shunt_none") or ()) == len(shunt_none):
+                old_none = list(known["shunt_none"])
             if known.get("overlay") is not None:
                 old_img = Image.from_dict(known["overlay"])
         buffer_writes: list = []
@@ -419,7 +427,11 @@ class NicClient:
         else:
             busy = False
         runs: list[tuple[str, int, list[int]]] = []  # the changed words of SHUNT and ACTION, in runs
-        for name, new, old in (("SHUNT", shunt, old_shunt), ("ACTION", actions, old_actions)):
+        for name, new, old in (
+            ("SHUNT", shunt, old_shunt),
+            ("ACTION", actions, old_actions),
+            ("SHUNT_NONE", shunt_none, old_none),
+        ):
             i = 0
             while i < len(new):
                 if new[i] == old[i]:
@@ -666,6 +678,50 @@ class NicClient:
         """The policy sync lease: {armed, expired, expiries, left_ms} (LEASE_STATUS, LEASE); a core from before the
         lease (register map 1.7 or older) reads as disarmed."""
         return {**lease_status(self.read("LEASE_STATUS")), "left_ms": self.read("LEASE")}
+
+    # ---- [ctm] the conntrack membership structure (hw/hf_ct_member.vhd; CTM_* registers, table CTM_CMD)
+
+    def ctm_config(self) -> tuple[int, int] | None:
+        """(LOG2, EGRESS_LOG2) of the core's conntrack membership structure, None when it has none."""
+        cached = getattr(self, "_ctm_config", None)
+        if cached is None:
+            cached = self._ctm_config = (ctmember.parse_config(self.read("CTM_CONFIG")),)
+        return cached[0]
+
+    def ctm_commands(self, cmds: Sequence[tuple[int, Flow | None]]) -> None:
+        """Inserts, deletes and clears (ctmember.OP_*, flow) in order, as stream writes of CTM_CMD (a word that finds
+        the structure busy waits on the bus: the writes are the flow control)."""
+        if self.ctm_config() is None:
+            raise NicError("this core has no conntrack membership structure (CTM_CONFIG reads 0)")
+        words = [w for op, f in cmds for w in ctmember.cmd_words(op, f)]
+        for i in range(0, len(words), CTM_BATCH_WORDS):
+            self.write_table_many("CTM_CMD", 0, words[i : i + CTM_BATCH_WORDS])
+
+    def ctm_complete(self, lease_ms: int) -> None:
+        """Say the structure holds every conntrack entry, for `lease_ms` (0: it does not; ct 3 stops at once)."""
+        if lease_ms:
+            self.write_many([("CTM_LEASE", lease_ms), ("CTM_CONTROL", ctmember.CONTROL_COMPLETE)])
+        else:
+            self.write_many([("CTM_CONTROL", 0), ("CTM_LEASE", 0)])
+
+    def ctm_counters(self) -> dict:
+        names = ("CTM_CONTROL", "CTM_LEASE", "CTM_WINDOW", "CTM_STATUS", "CTM_MEMBERS", "CTM_SATURATED", "CNT_CT_NONE")
+        bulk = getattr(self.t, "read_many", None)
+        v = dict(
+            zip(names, bulk([self._addr(x) for x in names]) if bulk else [self.read(x) for x in names], strict=True)
+        )
+        return {
+            "complete": bool(v["CTM_CONTROL"] & ctmember.CONTROL_COMPLETE),
+            "lease_ms": v["CTM_LEASE"],
+            "window_ms": v["CTM_WINDOW"],
+            "members": v["CTM_MEMBERS"],
+            "saturated": v["CTM_SATURATED"],
+            "refused": v["CTM_STATUS"] & 0xFFFF,
+            "ct_none_frames": v["CNT_CT_NONE"],
+        }
+
+
+CTM_BATCH_WORDS = 1 << 20  # CTM_CMD words per stream (its index is 24 bits; the word is the index mod 4)
 
 
 def pack_shunt(bits: Sequence[int]) -> list[int]:

@@ -1,0 +1,166 @@
+"""New flows on the emulated NIC (docs/flowsync.md, "New flows on the NIC"): the flow sync service keeps the core's
+conntrack membership structure complete, frames it does not hold get ct 3, and a conntrack-first policy's drops of new
+flows are decided in hardware; replies that race the service (its worker stopped with SIGSTOP while connections open)
+still find their tuple in the recent-egress table, and once COMPLETE's lease has run out nothing is ct 3. The kernel is
+the oracle: every connection opened through the hybrid path is opened the same way through the plain path, with the
+same outcome. A negative control shows the race is real: with the egress window at 0 and COMPLETE forced on by hand
+(what a service lying about its lag would do) the hardware drops the replies and the connections fail."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+
+import pytest
+from hypafilter.netns import inside
+
+from conftest import need_tool
+from tests.system.test_flowsync import Echo, wait_for
+
+pytestmark = pytest.mark.system
+
+LAB = "ctm"
+TCP_PORT, UDP_PORT, CLOSED_PORT = 7101, 7102, 7199
+POLICY = (
+    "*filter\n:FORWARD DROP [0:0]\n"
+    "-A FORWARD -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT\n"
+    f"-A FORWARD -p tcp -m tcp --dport {TCP_PORT} -j ACCEPT\n"
+    f"-A FORWARD -p udp -m udp --dport {UDP_PORT} -j ACCEPT\n"
+    "COMMIT\n"
+)
+
+
+def connections(lab, path: str, count: int, timeout: float = 3.0) -> list[bool]:
+    """`count` TCP connections and UDP exchanges from the sender to the receiver's echo servers on `path`, opened
+    together (their replies race each other and the service); per connection whether it completed."""
+    dst = lab.ip("recv", path)
+    socks = []
+    with inside(lab.ns_send):
+        for _ in range(count):
+            t = socket.socket()
+            t.setblocking(False)
+            u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            socks.append((t, u))
+    for t, u in socks:
+        t.connect_ex((dst, TCP_PORT))
+        u.sendto(b"ping", (dst, UDP_PORT))
+    out = []
+    deadline = time.monotonic() + timeout
+    for t, u in socks:
+        t.setblocking(True)
+        t.settimeout(max(0.1, deadline - time.monotonic()))
+        try:
+            t.send(b"hello")
+            ok_t = t.recv(16) == b"hello"
+        except OSError:
+            ok_t = False
+        u.settimeout(max(0.1, deadline - time.monotonic()))
+        try:
+            ok_u = u.recv(16) == b"ping"
+        except OSError:
+            ok_u = False
+        out += [ok_t, ok_u]
+        t.close()
+        u.close()
+    return out
+
+
+def syn_to_closed_port(lab, path: str, count: int) -> None:
+    """SYNs the policy drops (new flows to a port no rule accepts)."""
+    dst = lab.ip("recv", path)
+    with inside(lab.ns_send):
+        socks = [socket.socket() for _ in range(count)]
+    for s in socks:
+        s.setblocking(False)
+        s.connect_ex((dst, CLOSED_PORT))
+    time.sleep(0.3)
+    for s in socks:
+        s.close()
+
+
+def worker_pid(state_dir) -> int:
+    return json.loads((state_dir / "flowsync.json").read_text())["worker"]
+
+
+@pytest.fixture(scope="module")
+def deployed(lab):
+    from hypafilter.config import Config
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.ops import deploy
+
+    need_tool("conntrack")
+    policy = parse_policy(POLICY, filename="ctfirst.rules", base_chain="FORWARD", config=Config())
+    state = deploy.deploy(policy, deploy.site_config(Config()))
+    lab.exec_in(lab.ns("plain"), ["iptables-restore"], input=POLICY)
+    tgt = deploy.target_of(state, Config())
+    echo = Echo(lab.ns_recv, TCP_PORT, UDP_PORT)
+    yield state, tgt, deploy.STATE_DIR
+    echo.stop = True
+
+
+def test_new_flows_dropped_in_hardware_and_replies_racing_a_stopped_service(lab, deployed):
+    state, tgt, sd = deployed
+    assert state["flowsync"]["new_flows"] == "decided", state["flowsync"]
+    with tgt.client(state["nic"]) as nic:
+        assert wait_for(lambda: nic.ctm_counters()["complete"], timeout=5), nic.ctm_counters()
+        # the oracle first: every connection completes on the plain path
+        assert all(connections(lab, "plain", 6))
+        # new flows the policy drops: decided in hardware (ct 3, dropped), nothing for the host
+        c0 = nic.counters()
+        syn_to_closed_port(lab, "hyb", 20)
+        c1 = nic.counters()
+        assert c1["CNT_CT_NONE"] - c0["CNT_CT_NONE"] >= 20, (c0, c1)
+        assert c1["CNT_DROPPED"] - c0["CNT_DROPPED"] >= 20, (c0, c1)
+        # connections with the service running: all complete (their first frames are ct 3, accepted, to the host)
+        assert all(connections(lab, "hyb", 6))
+        # the worker stopped: connections opened now race a service that cannot insert their tuples; the frames
+        # the host sends out (SYN, first datagram) keep their replies members until the lease has run out
+        pid = worker_pid(sd)
+        before = nic.ctm_counters()
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            got = connections(lab, "hyb", 6)
+            during = nic.ctm_counters()
+            assert all(got), f"replies dropped while the service was stopped: {got}"
+            assert during["members"] == before["members"], "the stopped service inserted"
+            # the lease runs out (500 ms): COMPLETE clears, no ct 3, connections still complete
+            assert wait_for(lambda: not nic.ctm_counters()["complete"], timeout=3)
+            n0 = nic.ctm_counters()["ct_none_frames"]
+            assert all(connections(lab, "hyb", 6))
+            syn_to_closed_port(lab, "hyb", 5)
+            assert nic.ctm_counters()["ct_none_frames"] == n0, "ct 3 without COMPLETE"
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        # the service catches up: COMPLETE again, drops decided in hardware again
+        assert wait_for(lambda: nic.ctm_counters()["complete"], timeout=5)
+        c2 = nic.counters()
+        syn_to_closed_port(lab, "hyb", 10)
+        assert nic.counters()["CNT_CT_NONE"] - c2["CNT_CT_NONE"] >= 10
+        assert all(connections(lab, "hyb", 6))
+        assert nic.ctm_counters()["refused"] == 0
+
+
+def test_negative_control_without_the_egress_window_replies_are_dropped(lab, deployed):
+    """The race the egress table closes is real: the service stopped, COMPLETE forced on with a long lease and the
+    window at 0, the replies of new connections are not members and the hardware drops them (the plain path
+    completes them)."""
+    state, tgt, sd = deployed
+    with tgt.client(state["nic"]) as nic:
+        assert wait_for(lambda: nic.ctm_counters()["complete"], timeout=5)
+        pid = worker_pid(sd)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            nic.write("CTM_WINDOW", 0)
+            nic.ctm_complete(60_000)
+            got = connections(lab, "hyb", 4, timeout=1.5)
+            assert not any(got[0::2]), f"TCP connections completed without their replies' tuples: {got}"
+            assert all(connections(lab, "plain", 4)), "the oracle path failed"
+        finally:
+            nic.ctm_complete(0)
+            nic.write("CTM_WINDOW", 2000)
+            os.kill(pid, signal.SIGCONT)
+        assert wait_for(lambda: nic.ctm_counters()["complete"], timeout=5)
+        assert all(connections(lab, "hyb", 4))

@@ -34,6 +34,7 @@ _PART_SOURCES = {
     "hf_update_buffer": ("hf_regs_pkg.vhd", "hf_pkg.vhd", "hf_ram.vhd", "hf_prio_enc.vhd", "hf_update_buffer.vhd"),
 }
 FLOW_CACHE_SOURCES = ("hf_pkg.vhd", "hf_ram.vhd", "hf_flow_cache.vhd")
+CT_MEMBER_SOURCES = ("hf_pkg.vhd", "hf_ram.vhd", "hf_ct_member.vhd")
 
 
 def _run(cmd: list[str], cwd: Path, what: str) -> str:
@@ -290,6 +291,23 @@ def flow_cache_estimate(out_dir: Path, log2_sets: int, ways: int, ts_w: int = 32
     t0 = time.monotonic()
     est = yosys_estimate(v, "hf_flow_cache", out_dir)
     est.update(entries=ways << log2_sets, log2_sets=log2_sets, ways=ways, ts_w=ts_w)
+    est["yosys_seconds"] = round(time.monotonic() - t0, 1)
+    return est
+
+
+def ct_member_estimate(out_dir: Path, log2: int, egress_log2: int) -> dict:
+    """The conntrack membership structure alone (hw/hf_ct_member.vhd): GHDL synth -> Verilog -> yosys synth_xilinx."""
+    _need("ghdl")
+    out_dir = Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = [str(HW_DIR / n) for n in CT_MEMBER_SOURCES]
+    cmd = ["ghdl", "--synth", "--std=08", f"--workdir={out_dir}", f"-gLOG2={log2}", f"-gEGRESS_LOG2={egress_log2}"]
+    cmd += ["--out=verilog", *files, "-e", "hf_ct_member"]
+    v = out_dir / "hf_ct_member.v"
+    v.write_text(_run(cmd, out_dir, "GHDL synthesis"))
+    t0 = time.monotonic()
+    est = yosys_estimate(v, "hf_ct_member", out_dir)
+    est.update(log2=log2, egress_log2=egress_log2, counter_bits=4 * 4 << log2, stamp_bits=32 << egress_log2)
     est["yosys_seconds"] = round(time.monotonic() - t0, 1)
     return est
 

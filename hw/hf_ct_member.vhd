@@ -11,9 +11,10 @@
 --     LOG2 bits for banks 0/1, high LOG2 bits for banks 2/3; counters of 4 bits, 15 sticky;
 --   egress index: bits 8 .. 8 + EGRESS_LOG2 - 1 of CRC-32 xor CRC-32C; stamp = the 32-bit tick count (1 ms);
 --     recent while now - stamp < window (mod 2**32).
--- Memories: per bank a RAM of 2**LOG2 counters (read port 0 lookups, read port 1 and the write port the host's
--- read-modify-write and the sweeps), the egress stamps (read port lookups, write port egress frames and the reset
--- sweep). The sweep after reset zeroes every counter and stamp; a clear command's sweep the counters only.
+-- Memories: per bank a RAM of 2**LOG2 counters (read port 0 lookups; read port 1 and the write port, on one address,
+-- the host's read-modify-write and the sweeps: a block RAM's second port, so synthesis keeps one copy), the egress
+-- stamps (read port lookups, write port egress frames and the reset sweep). The sweep after reset zeroes every
+-- counter and stamp; a clear command's sweep the counters only.
 library ieee;
 use ieee.std_logic_1164.all;
 use ieee.numeric_std.all;
@@ -220,7 +221,7 @@ begin
     ram : entity work.hf_ram
       generic map (WIDTH => CW, ADDR_W => LOG2, READS => 2)
       port map (clk => clk, we => we, waddr => waddr, wdata => wdata,
-                raddr => c_idx(b) & l_idx(b), rdata => q);
+                raddr => waddr & l_idx(b), rdata => q);
     l_cnt(b) <= unsigned(q(CW - 1 downto 0));
     h_cnt(b) <= unsigned(q(2 * CW - 1 downto CW));
   end generate;

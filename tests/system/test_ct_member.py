@@ -18,19 +18,13 @@ import pytest
 from hypafilter.netns import inside
 
 from conftest import need_tool
-from tests.system.test_flowsync import Echo, wait_for
+from tests.system.test_flowsync import POLICY, TCP_PORT, UDP_PORT, Echo, wait_for
 
 pytestmark = pytest.mark.system
 
 LAB = "ctm"
-TCP_PORT, UDP_PORT, CLOSED_PORT = 7101, 7102, 7199
-POLICY = (
-    "*filter\n:FORWARD DROP [0:0]\n"
-    "-A FORWARD -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT\n"
-    f"-A FORWARD -p tcp -m tcp --dport {TCP_PORT} -j ACCEPT\n"
-    f"-A FORWARD -p udp -m udp --dport {UDP_PORT} -j ACCEPT\n"
-    "COMMIT\n"
-)
+# test_flowsync's policy (ESTABLISHED first, then TCP_PORT and UDP_PORT): the same matcher, so the same emulator binary
+CLOSED_PORT = 7199
 
 
 def connections(lab, path: str, count: int, timeout: float = 3.0) -> list[bool]:
@@ -164,3 +158,22 @@ def test_negative_control_without_the_egress_window_replies_are_dropped(lab, dep
             os.kill(pid, signal.SIGCONT)
         assert wait_for(lambda: nic.ctm_counters()["complete"], timeout=5)
         assert all(connections(lab, "hyb", 4))
+
+
+def test_notrack_added_after_deploy_is_drift(lab, deployed):
+    """New flows decided since deploy, then a notrack rule in the firewall (a frame without an entry may now be
+    UNTRACKED, not NEW): `status` drifts (the xdp target's check, targets.xdp.newflows) until it is gone."""
+    from hypafilter import netns
+    from hypafilter.ops import deploy
+
+    assert not [d for d in deploy.status()["drift"] if "new flows" in d]
+    fw = lab.ns("fw")
+    netns.run(["nft", "add", "table", "ip", "ctmnt"], fw)
+    try:
+        netns.run(["nft", "add chain ip ctmnt pre { type filter hook prerouting priority raw; }"], fw)
+        netns.run(["nft", "add rule ip ctmnt pre udp dport 9 notrack"], fw)
+        drift = deploy.status()["drift"]
+        assert any("new flows" in d and "notrack" in d for d in drift), drift
+    finally:
+        netns.run(["nft", "delete", "table", "ip", "ctmnt"], fw)
+    assert not [d for d in deploy.status()["drift"] if "new flows" in d]

@@ -51,6 +51,21 @@ class FlowSync(Service):
             return {"mode": tgt.flowsync_mode}
         return {"mode": tgt.flowsync_mode, "new_flows": self.new_flows or "decided"}
 
+    def problems(self, state_dir: Path) -> list[str]:
+        """[ctm] A service keeping the conntrack membership structure complete (the NIC's misses are NEW) while the
+        firewall namespace now has what can make a frame without an entry RELATED or UNTRACKED (a helper, an
+        expectation, notrack, a zone: targets.xdp.newflows, as the xdp target's drift says): drift, until a redeploy
+        keeps the structure incomplete."""
+        doc = self.read_status_file(state_dir) or {}
+        if not (doc.get("running") and doc.get("members")):
+            return []
+        from hypafilter.targets.xdp import newflows
+
+        why = newflows.why_not(doc.get("ns"))
+        if why:
+            return [f"{self.name}: the NIC decides new flows (ct 3), but {why}: redeploy (misses then go to conntrack)"]
+        return []
+
     def launch(self, ns: str | None, state_dir: Path, tgt) -> int:
         members = tgt.flowsync_mode == "flowcache" and not self.new_flows
         return start(ns, state_dir, mode=tgt.flowsync_mode, timeout=ready_timeout(conntrack_count(ns)), members=members)

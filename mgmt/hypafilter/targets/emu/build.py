@@ -32,8 +32,9 @@ EMU_TICK_CYCLES = 256
 EMU_LEASE_GENERICS = {"LEASE_TICK_CYCLES": 0}
 # [ctm] The conntrack membership structure beside the flow cache (hw/hf_ct_member.vhd): 4 banks of 2**16 counters
 # (a false-positive rate under 1e-7 at 1,000 conntrack tuples, 16 % at 65,536; docs/flowsync.md "New flows on the
-# NIC") and 4,096 recent-egress stamps. HF_EMU_CTM_LOG2 overrides the banks' size (the opt-in 250,000-entry runs: 20).
-EMU_CTM_LOG2, EMU_CTM_EGRESS_LOG2 = 16, 12
+# NIC") and 65,536 recent-egress stamps (few collide with the keys of the frames the host sent in the last 2 s).
+# HF_EMU_CTM_LOG2 overrides the banks' size (the opt-in 250,000-entry runs: 20).
+EMU_CTM_LOG2, EMU_CTM_EGRESS_LOG2 = 16, 16
 
 
 def core_generics(config) -> dict[str, int]:

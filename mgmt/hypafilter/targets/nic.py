@@ -414,7 +414,7 @@ class NicClient:
             and len(known.get("actions", ())) == len(actions)
         ):
             old_shunt, old_actions = list(known["shunt"]), list(known["actions"])
-            if len(known.get("shunt_none") or ()) == len(shunt_none):
+            if shunt_none and len(known.get("shunt_none") or ()) == len(shunt_none):
                 old_none = list(known["shunt_none"])
             if known.get("overlay") is not None:
                 old_img = Image.from_dict(known["overlay"])

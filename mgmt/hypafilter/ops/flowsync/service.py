@@ -172,9 +172,11 @@ def serve(
                 mem.renew()
 
         def between() -> None:
-            """Within a poll: the events queued now, if any."""
+            """Within a poll: the events queued now, if any; then COMPLETE's lease (a poll took up to 858 ms under
+            load, longer than the lease: COMPLETE lapsed and new flows went to software meanwhile)."""
             if ct.backlog or ct.lost or select.select([ct.events], [], [], 0)[0]:
                 drain()
+            keep_complete()
 
         while not stopping and not stop():
             now = time.monotonic()

@@ -802,16 +802,19 @@ begin
           elsif ind_write = '0' then
             i_done <= '1';  -- CTM_CMD is write-only
             i_rdata <= (others => '0');
+          elsif idx(1 downto 0) = "00" then  -- an if-chain: GHDL 2.0's Verilog drops a case's others branch
+            c_w0 <= ind_wdata;
+            i_done <= '1';
+          elsif idx(1 downto 0) = "01" then
+            c_w1 <= ind_wdata;
+            i_done <= '1';
+          elsif idx(1 downto 0) = "10" then
+            c_w2 <= ind_wdata;
+            i_done <= '1';
           else
-            case idx(1 downto 0) is
-              when "00" => c_w0 <= ind_wdata; i_done <= '1';
-              when "01" => c_w1 <= ind_wdata; i_done <= '1';
-              when "10" => c_w2 <= ind_wdata; i_done <= '1';
-              when others =>
-                c_op <= ind_wdata(9 downto 8);
-                c_proto <= ind_wdata(7 downto 0);
-                c_pend <= '1';  -- done once the structure takes it
-            end case;
+            c_op <= ind_wdata(9 downto 8);
+            c_proto <= ind_wdata(7 downto 0);
+            c_pend <= '1';  -- done once the structure takes it
           end if;
         end if;
         if rst = '1' then

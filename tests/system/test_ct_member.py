@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import socket
+import threading
 import time
 
 import pytest
@@ -75,6 +76,52 @@ def syn_to_closed_port(lab, path: str, count: int) -> None:
         s.close()
 
 
+class UdpServer:
+    """The receiver's UDP server on UDP_PORT: echoes every datagram, except "hold", whose sender it keeps (`held`)
+    without an answer."""
+
+    def __init__(self, ns: str):
+        with inside(ns):
+            self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("0.0.0.0", UDP_PORT))
+        self.held: list = []
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                data, peer = self.sock.recvfrom(2048)
+            except OSError:
+                return
+            if data == b"hold":
+                self.held.append(peer)
+            else:
+                self.sock.sendto(data, peer)
+
+
+def late_reply(lab, server: UdpServer, path: str) -> bool:
+    """A datagram from the client that the server does not answer at once (conntrack: an unreplied entry, which the
+    flow cache does not hold), then, after the egress window (2 s), the server's answer: whether the client gets it
+    (conntrack: the entry's reply, ESTABLISHED)."""
+    dst = lab.ip("recv", path)
+    with inside(lab.ns_send):
+        u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        u.settimeout(2)
+        n = len(server.held)
+        u.sendto(b"hold", (dst, UDP_PORT))
+        if not wait_for(lambda: len(server.held) > n, timeout=2):
+            return False
+        time.sleep(2.3)
+        server.sock.sendto(b"late", server.held[-1])
+        try:
+            return u.recv(16) == b"late"
+        except OSError:
+            return False
+    finally:
+        u.close()
+
+
 def worker_pid(state_dir) -> int:
     return json.loads((state_dir / "flowsync.json").read_text())["worker"]
 
@@ -90,13 +137,15 @@ def deployed(lab):
     state = deploy.deploy(policy, deploy.site_config(Config()))
     lab.exec_in(lab.ns("plain"), ["iptables-restore"], input=POLICY)
     tgt = deploy.target_of(state, Config())
-    echo = Echo(lab.ns_recv, TCP_PORT, UDP_PORT)
-    yield state, tgt, deploy.STATE_DIR
+    echo = Echo(lab.ns_recv, TCP_PORT, UDP_PORT + 1000)  # its UDP side unused: UdpServer answers UDP_PORT
+    udp = UdpServer(lab.ns_recv)
+    yield state, tgt, deploy.STATE_DIR, udp
     echo.stop = True
+    udp.sock.close()
 
 
 def test_new_flows_dropped_in_hardware_and_replies_racing_a_stopped_service(lab, deployed):
-    state, tgt, sd = deployed
+    state, tgt, sd, udp = deployed
     assert state["flowsync"]["new_flows"] == "decided", state["flowsync"]
     with tgt.client(state["nic"]) as nic:
         assert wait_for(lambda: nic.ctm_counters()["complete"], timeout=5), nic.ctm_counters()
@@ -108,8 +157,14 @@ def test_new_flows_dropped_in_hardware_and_replies_racing_a_stopped_service(lab,
         c1 = nic.counters()
         assert c1["CNT_CT_NONE"] - c0["CNT_CT_NONE"] >= 20, (c0, c1)
         assert c1["CNT_DROPPED"] - c0["CNT_DROPPED"] >= 20, (c0, c1)
-        # connections with the service running: all complete (their first frames are ct 3, accepted, to the host)
+        # connections with the service running: all complete (their first frames are ct 3, accepted, to the host),
+        # and the service puts their entries in the structure
+        m0 = nic.ctm_counters()["members"]
         assert all(connections(lab, "hyb", 6))
+        assert wait_for(lambda: nic.ctm_counters()["members"] >= m0 + 12, timeout=5), (m0, nic.ctm_counters())
+        # a reply long after the egress stamps aged out: only the structure's insert makes it a member (else it is
+        # ct 3, and the policy drops it as NEW, in hardware, where the kernel calls it ESTABLISHED)
+        assert late_reply(lab, udp, "plain") and late_reply(lab, udp, "hyb")
         # the worker stopped: connections opened now race a service that cannot insert their tuples; the frames
         # the host sends out (SYN, first datagram) keep their replies members until the lease has run out
         pid = worker_pid(sd)
@@ -144,7 +199,7 @@ def test_negative_control_without_the_egress_window_replies_are_dropped(lab, dep
     """The race the egress table closes is real: the service stopped, COMPLETE forced on with a long lease and the
     window at 0, the replies of new connections are not members and the hardware drops them (the plain path
     completes them)."""
-    state, tgt, sd = deployed
+    state, tgt, sd, udp = deployed
     with tgt.client(state["nic"]) as nic:
         assert wait_for(lambda: nic.ctm_counters()["complete"], timeout=5)
         pid = worker_pid(sd)

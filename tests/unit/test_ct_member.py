@@ -86,6 +86,9 @@ class Recorder:
             else:
                 assert self.m.delete(cm.key_of(f)), "a delete of a key the service never inserted"
 
+    def ctm_wait_idle(self):
+        pass
+
     def ctm_complete(self, lease_ms: int):
         self.complete.append(lease_ms)
 

@@ -180,6 +180,9 @@ class FlowRecord:
 # (and for a clear) the cache sweeps 2**LOG2_SETS sets first: 16,384 cycles at 64k entries, and the emulated clock
 # advances only with the register reads that poll it.
 FC_COMMAND_SECONDS = 10.0
+CTM_IDLE_SECONDS = 30.0
+CTM_IDLE_BURST = 256  # CTM_STATUS reads per request while waiting for a sweep (the emulator's clock runs for them)
+CTM_BATCH_WORDS = 1 << 20  # CTM_CMD words per stream (its index is 24 bits; the word is the index mod 4)
 # Status reads after each FC_CMD write of a batch (NicClient.flow_commands). An insert or delete runs 14-16 cycles and
 # an emulated register access takes 2 (an idle emulated core is clocked only by the accesses): with one read the
 # next command's FC_CMD came while the core was still busy, and was ignored. Eight reads give it 16 cycles; on a
@@ -697,6 +700,20 @@ class NicClient:
         for i in range(0, len(words), CTM_BATCH_WORDS):
             self.write_table_many("CTM_CMD", 0, words[i : i + CTM_BATCH_WORDS])
 
+    def ctm_wait_idle(self, timeout: float = CTM_IDLE_SECONDS) -> None:
+        """Until CTM_STATUS says the structure is idle (a clear's sweep of 2**LOG2 cycles, or the one after reset,
+        done: lookups answer "member" meanwhile). The emulated core runs its clock only for work, so this reads the
+        status in pipelined bursts, which also clock it."""
+        addr = self._addr("CTM_STATUS")
+        bulk = getattr(self.t, "read_many", None)
+        deadline = time.monotonic() + timeout
+        while True:
+            values = bulk([addr] * CTM_IDLE_BURST) if bulk is not None else [self.read(addr)]
+            if not values[-1] >> 31:
+                return
+            if time.monotonic() > deadline:
+                raise NicError(f"the conntrack membership structure still busy (CTM_STATUS) after {timeout:.0f} s")
+
     def ctm_complete(self, lease_ms: int) -> None:
         """Say the structure holds every conntrack entry, for `lease_ms` (0: it does not; ct 3 stops at once)."""
         if lease_ms:
@@ -719,9 +736,6 @@ class NicClient:
             "refused": v["CTM_STATUS"] & 0xFFFF,
             "ct_none_frames": v["CNT_CT_NONE"],
         }
-
-
-CTM_BATCH_WORDS = 1 << 20  # CTM_CMD words per stream (its index is 24 bits; the word is the index mod 4)
 
 
 def pack_shunt(bits: Sequence[int]) -> list[int]:

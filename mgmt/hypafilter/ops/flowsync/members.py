@@ -90,6 +90,7 @@ class Members:
         self.withdraw()
         self.held.clear()
         self.nic.ctm_commands([(ctmember.OP_CLEAR, None)])
+        self.nic.ctm_wait_idle()  # the clear's sweep (lookups answer "member" meanwhile: only share is lost)
         self.nic.ctm_commands(self._ops(e for e in entries if e.kind != "destroy"))
         self.counters["loads"] += 1
 

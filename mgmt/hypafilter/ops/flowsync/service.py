@@ -35,19 +35,23 @@ class FlowSync(Service):
     cache (ct = 0), or on the xdp target established TCP goes to conntrack, which only sends more frames to
     software."""
 
-    new_flows = ""  # [ctm] why the NIC's misses are not ct 3 (Target.new_flows_why_not; "" : decided), of why_not
+    # [ctm] of the last why_not: why the NIC's misses are not ct 3 (Target.new_flows_why_not; "": decided; None: the
+    # service does not run for the flow cache)
+    new_flows: str | None = None
 
     def why_not(self, policy, plan, tgt, nic: dict) -> str:
-        self.new_flows = "the policy's hardware entries do not read conntrack state"
+        self.new_flows = None
         if not decides_established(policy, plan):
             return "the policy's hardware entries do not read conntrack state"
         why = tgt.flowsync_why_not(plan, nic)
-        if not why:
+        if not why and tgt.flowsync_mode == "flowcache":
             self.new_flows = getattr(tgt, "new_flows_why_not", lambda *_: "not on this target")(plan, nic)
         return why
 
     def record(self, tgt) -> dict:
-        if tgt.flowsync_mode != "flowcache":
+        """The mode, and for a service that runs for the flow cache whether it keeps the conntrack membership
+        structure complete (`new_flows`: "decided", or why not)."""
+        if self.new_flows is None:
             return {"mode": tgt.flowsync_mode}
         return {"mode": tgt.flowsync_mode, "new_flows": self.new_flows or "decided"}
 
@@ -67,7 +71,7 @@ class FlowSync(Service):
         return []
 
     def launch(self, ns: str | None, state_dir: Path, tgt) -> int:
-        members = tgt.flowsync_mode == "flowcache" and not self.new_flows
+        members = tgt.flowsync_mode == "flowcache" and self.new_flows == ""
         return start(ns, state_dir, mode=tgt.flowsync_mode, timeout=ready_timeout(conntrack_count(ns)), members=members)
 
     def down(self, tgt) -> str:

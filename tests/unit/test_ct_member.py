@@ -97,8 +97,16 @@ def test_members_follow_events_and_loads():
     nic = Recorder()
     mem = Members(nic)
     a, b = ev("dump"), ev("dump", sport=40001)
-    mem.load([a, b])
-    assert nic.complete == [0] and nic.m.members == 2
+    mem.load([a, b, ev("dump", sport=40003)])
+    assert nic.complete == [0] and nic.m.members == 0 and len(mem.pending) == 3
+    # events during the load: a pending entry destroyed is never inserted (nor deleted: the hardware never had it)
+    mem.events([ev("destroy", sport=40003), ev("new", sport=40001)])
+    assert nic.m.members == 0 and len(mem.pending) == 2
+    mem.caught_up()
+    mem.renew()
+    assert nic.complete == [0], "COMPLETE while a load is pending"
+    assert mem.load_step(1) and len(mem.pending) == 1  # a chunk of one: one left
+    assert not mem.load_step() and nic.m.members == 2
     mem.events([ev("new"), ev("update"), ev("new", sport=40002), ev("destroy", sport=40001), ev("destroy", sport=9)])
     assert nic.m.members == 2 and len(mem.held) == 2  # duplicates not inserted twice, unknown destroys ignored
     nat = ev("new", sport=5, reply=("10.0.9.9", "100.64.0.1", 80, 61000), status=IPS_CONFIRMED | IPS_DST_NAT)
@@ -107,6 +115,7 @@ def test_members_follow_events_and_loads():
     mem.events([ev("destroy", sport=5, reply=("10.0.9.9", "100.64.0.1", 80, 61000))])
     assert nic.m.members == 2
     mem.load([a])
+    mem.load_step()
     assert nic.m.members == 1 and nic.complete[-1] == 0
 
 

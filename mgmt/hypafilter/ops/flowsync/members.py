@@ -20,6 +20,7 @@ from hypafilter.ops.flowsync.events import CtEvent, _ipv4
 LEASE_MS = 500
 RENEW_EVERY = 0.1
 MARGIN_MS = 200
+LOAD_CHUNK = 2048  # inserts a `load_step` sends (about 0.5 s on the emulated NIC) before the service looks at events
 
 
 def entry_keys(ev: CtEvent) -> tuple[int, ...]:
@@ -50,6 +51,9 @@ class Members:
     lease_ms: int = LEASE_MS
     window_ms: int = ctmember.DEFAULT_WINDOW_MS
     held: dict[tuple, tuple[int, ...]] = field(default_factory=dict)
+    # a full load's entries not inserted yet (`load_step` puts them in, a chunk at a time, between the events): no
+    # COMPLETE until none is left
+    pending: dict[tuple, tuple[int, ...]] = field(default_factory=dict)
     complete: bool = False
     caught_up_at: float | None = None  # the last moment no conntrack event was waiting
     renewed_at: float = 0.0
@@ -66,10 +70,12 @@ class Members:
         for ev in evs:
             ident = self.ident(ev)
             if ev.kind == "destroy":
+                if self.pending.pop(ident, None) is not None:
+                    continue  # never inserted: nothing to take out
                 for k in self.held.pop(ident, ()):
                     ops.append((ctmember.OP_DELETE, _key_flow(k)))
                     self.counters["deletes"] += 1
-            elif ident not in self.held:
+            elif ident not in self.held and ident not in self.pending:
                 keys = entry_keys(ev)
                 if keys:
                     self.held[ident] = keys
@@ -85,14 +91,32 @@ class Members:
             self.nic.ctm_commands(ops)
 
     def load(self, entries: Iterable[CtEvent]) -> None:
-        """A full load (start, lost events): COMPLETE off, clear, every entry of the dump in. COMPLETE comes back with
-        the next renewal after the service has caught up."""
+        """A full load (start, lost events): COMPLETE off, clear, every entry of the dump pending; `load_step` inserts
+        them a chunk at a time, so that the service goes on with its events (and its start is not held up: 250,000
+        entries take about a minute on the emulated NIC). COMPLETE comes back with the first renewal after the last
+        chunk, once the service has caught up."""
         self.withdraw()
         self.held.clear()
+        self.pending.clear()
         self.nic.ctm_commands([(ctmember.OP_CLEAR, None)])
         self.nic.ctm_wait_idle()  # the clear's sweep (lookups answer "member" meanwhile: only share is lost)
-        self.nic.ctm_commands(self._ops(e for e in entries if e.kind != "destroy"))
+        for ev in entries:
+            if ev.kind != "destroy" and (keys := entry_keys(ev)):
+                self.pending[self.ident(ev)] = keys
         self.counters["loads"] += 1
+
+    def load_step(self, limit: int = LOAD_CHUNK) -> bool:
+        """Insert up to `limit` pending entries; whether any are left."""
+        ops = []
+        while self.pending and len(ops) < limit:
+            ident, keys = next(iter(self.pending.items()))
+            del self.pending[ident]
+            self.held[ident] = keys
+            ops += [(ctmember.OP_INSERT, _key_flow(k)) for k in keys]
+            self.counters["inserts"] += len(keys)
+        if ops:
+            self.nic.ctm_commands(ops)
+        return bool(self.pending)
 
     def withdraw(self) -> None:
         self.nic.ctm_complete(0)
@@ -110,7 +134,7 @@ class Members:
         now = self.clock()
         if now - self.renewed_at < RENEW_EVERY and self.complete:
             return
-        if self.caught_up_at is None:
+        if self.caught_up_at is None or self.pending:
             return
         behind_ms = (now - self.caught_up_at) * 1000.0
         if behind_ms + self.lease_ms > self.window_ms - MARGIN_MS:
@@ -122,4 +146,4 @@ class Members:
         self.counters["renewals"] += 1
 
     def stats(self) -> dict:
-        return {"entries": len(self.held), "complete": self.complete, **self.counters}
+        return {"entries": len(self.held), "pending": len(self.pending), "complete": self.complete, **self.counters}

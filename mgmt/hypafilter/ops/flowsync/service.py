@@ -196,8 +196,12 @@ def serve(
             if ct.backlog or ct.lost:  # taken off the socket while the service waited for a reply
                 drain()
                 continue
-            keep_complete()
-            wait = min(next_poll - time.monotonic(), 0.2 if mem is None else RENEW_EVERY)
+            if mem is not None and mem.pending:  # a full load, a chunk between the events
+                mem.load_step()
+                wait = 0.0
+            else:
+                keep_complete()
+                wait = min(next_poll - time.monotonic(), 0.2 if mem is None else RENEW_EVERY)
             r, _, _ = select.select([ct.events], [], [], max(0.0, wait))
             if r:
                 drain()

@@ -124,8 +124,8 @@ async def core_ct_member(dut):
             if port in hwmodel.HOST_PORTS:
                 if h.proto in (6, 17):
                     model.egress(key, now)
-            elif complete and h.proto in (6, 17) and not model.possible(key, now):
-                ct = 3
+            else:
+                ct = hwmodel.nic_miss_ct(f, port, model.possible(key, now), complete)
             d = hwmodel.decide(plan, f, port, regs, ct=ct)
             counters.add(d, port)
             ct_none += ct == 3

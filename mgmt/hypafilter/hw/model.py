@@ -172,6 +172,15 @@ def miss_ct(frame: bytes, src_port: int = 0x01) -> int:
     return CT_NONE if h is not None and h.proto in (PROTO_TCP, PROTO_UDP) and l4_ok(frame) else 0
 
 
+def nic_miss_ct(frame: bytes, src_port: int, possible_member: bool, complete: bool) -> int:
+    """The ct the core gives a wire frame its flow cache misses, with the conntrack membership structure
+    (hw/ctmember.py, docs/flowsync.md "New flows on the NIC"): 3 while COMPLETE holds (`complete`: CTM_CONTROL bit 0
+    and CTM_LEASE running) for a frame whose key the structure does not hold (`possible_member` False: no counter
+    test passes, no recent egress stamp) and that the xdp program would look up (`miss_ct`: parsed TCP/UDP, lengths
+    conntrack accepts); else 0."""
+    return miss_ct(frame, src_port) if complete and not possible_member else 0
+
+
 @dataclass
 class Regs:
     """The run-time register state the decision depends on: the tables as plain lists, one value per hardware index

@@ -701,8 +701,6 @@ begin
     signal r_window : std_logic_vector(15 downto 0) := REG_CTM_WINDOW_RESET(15 downto 0);
     signal complete : std_logic := '0';  -- COMPLETE and the lease running (registered)
     signal n_none : unsigned(31 downto 0) := (others => '0');
-    signal e_now, e_blind : unsigned(31 downto 0) := (others => '0');  -- ticks; the last unparsed TCP/UDP egress
-    signal blind : std_logic := '1';
     -- SHUNT_NONE: a RAM of packed words (lookup port, host port), all ones after the reset sweep
     signal sn_we : std_logic;
     signal sn_waddr : unsigned(SNW - 1 downto 0);
@@ -733,26 +731,8 @@ begin
         members => m_members, saturated => m_sat, refused => m_ref, ready => m_ready);
 
     -- the lookup's answer reaches the matcher with its header (both LATENCY = 4 after the parser)
-    q_none <= complete and m_valid and not m_member and not hq.unp and hq.l4ok and not blind
+    q_none <= complete and m_valid and not m_member and not hq.unp and hq.l4ok
               and to_sl(hq.proto = x"06" or hq.proto = x"11");
-
-    -- a host frame the parser could not read whose protocol field says TCP or UDP (an IPv4 fragment, options or a
-    -- header the parser refuses) may be a connection's first frame out, with no key to stamp: no ct 3 for a window
-    unparsed_egress : process (axis_aclk)
-    begin
-      if rising_edge(axis_aclk) then
-        e_now <= e_now + unsigned(lease_t);
-        if hp.v = '1' and hp_host = '1' and hp.unp = '1' and (hp.proto = x"06" or hp.proto = x"11") then
-          e_blind <= e_now;
-        end if;
-        blind <= to_sl(e_now - e_blind < resize(unsigned(r_window), 32));
-        if rst = '1' then
-          e_now <= (others => '0');
-          e_blind <= (others => '0');
-          blind <= '1';
-        end if;
-      end if;
-    end process;
 
     regs_and_commands : process (axis_aclk)
       variable idx : unsigned(23 downto 0);

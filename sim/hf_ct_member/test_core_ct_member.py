@@ -96,9 +96,7 @@ async def core_ct_member(dut):
             0x0A000000 | rng.getrandbits(16), 0xC0A80000 | rng.getrandbits(8), proto, rng.randrange(1024, 65536), dport
         )
 
-    def frame(
-        fl: Flow, port: int, flags: int = 0x10, icmp: bool = False, fragment: bool = False
-    ) -> tuple[bytes, int, Header]:
+    def frame(fl: Flow, port: int, flags: int = 0x10, icmp: bool = False) -> tuple[bytes, int, Header]:
         iport = {0x01: 0, 0x04: 1, 0x10: 2, 0x40: 3}.get(port, 0)
         proto = 1 if icmp else fl.proto
         h = Header(
@@ -113,10 +111,6 @@ async def core_ct_member(dut):
             flags if proto == 6 else 0,
         )
         f = header_frame(h, rng)
-        if fragment:  # MF set (the checksum no longer fits either): the parser calls it unparsed
-            b = bytearray(f)
-            b[20] |= 0x20
-            f = bytes(b)
         return f, tuser_for(f, port), h
 
     async def run(items: list[tuple[Flow, int, dict]], complete: bool) -> list[int]:
@@ -128,9 +122,7 @@ async def core_ct_member(dut):
             key = cm.key_of(fl)
             ct = 0
             if port in hwmodel.HOST_PORTS:
-                if kw.get("fragment"):
-                    model.egress_unparsed(now)
-                elif h.proto in (6, 17):
+                if h.proto in (6, 17):
                     model.egress(key, now)
             else:
                 ct = hwmodel.nic_miss_ct(f, port, model.possible(key, now), complete)
@@ -183,12 +175,6 @@ async def core_ct_member(dut):
     now += cm.DEFAULT_WINDOW_MS
     got = await run([(fl.reply(), 0x04, {}) for fl in out], complete=True)
     assert 3 in got
-    # -- an unparsed TCP/UDP frame from the host (a fragment): no ct 3 at all for a window
-    got = await run([(strangers[12], 0x02, {"fragment": True})] + [(fl, 0x01, {}) for fl in strangers[13:20]], True)
-    assert 3 not in got, got
-    await tb.ticks(cm.DEFAULT_WINDOW_MS)
-    now += cm.DEFAULT_WINDOW_MS
-    assert 3 in await run([(fl, 0x01, {}) for fl in strangers[13:20]], complete=True)
     # -- deletes: a deleted tuple is NEW again
     for fl in members[:10]:
         await tb.ctm(cm.OP_DELETE, fl)

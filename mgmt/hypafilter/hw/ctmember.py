@@ -109,7 +109,6 @@ class CtMember:
     members: int = 0  # inserts minus deletes done (CTM_MEMBERS)
     saturated: int = 0  # counters an insert made sticky (CTM_SATURATED)
     refused: int = 0  # deletes refused: a counter of the key was 0 (CTM_STATUS bits 15:0)
-    blind: int = 0  # the time of the last unparsed TCP/UDP egress frame (0 after reset, as the stamps)
 
     def __post_init__(self):
         if not self.banks:
@@ -152,13 +151,6 @@ class CtMember:
         s = self.stamps.get(egress_index(key, self.egress_log2), 0)
         return (now - s) % (1 << EGRESS_TS_BITS) < self.window
 
-    def egress_unparsed(self, now: int) -> None:
-        """A host frame the parser could not read whose protocol field says TCP or UDP (an IPv4 fragment, options or
-        a header it refuses): a connection's first frame out, perhaps, with no key to stamp."""
-        self.blind = now & ((1 << EGRESS_TS_BITS) - 1)
-
     def possible(self, key: int, now: int) -> bool:
-        """What a lookup answers: a possible member (a frame then gets ct 0), or not (ct 3 when complete). Within a
-        window of an unparsed TCP/UDP egress frame, every key (the core's `blind`)."""
-        blind = (now - self.blind) % (1 << EGRESS_TS_BITS) < self.window
-        return blind or self.member(key) or self.recent(key, now)
+        """What a lookup answers: a possible member (a frame then gets ct 0), or not (ct 3 when complete)."""
+        return self.member(key) or self.recent(key, now)

@@ -722,7 +722,10 @@ begin
       port map (
         clk => axis_aclk, rst => rst,
         lk_valid => hp.v and hp_wire and not hp.unp,
-        eg_valid => hp.v and hp_host and not hp.unp and to_sl(hp.proto = x"06" or hp.proto = x"11"),
+        -- every host frame whose protocol field says TCP or UDP, parsed or not: a connection's first frame out may be
+        -- one the parser refuses (a fragment, options, padding after the datagram), and its header fields are there
+        -- all the same (anything else it stamps is a false positive)
+        eg_valid => hp.v and hp_host and to_sl(hp.proto = x"06" or hp.proto = x"11"),
         lk_src_ip => hp.src, lk_dst_ip => hp.dst, lk_proto => hp.proto, lk_sport => hp.sport, lk_dport => hp.dport,
         res_valid => m_valid, res_member => m_member, res_egress => m_egress,
         ticks => lease_t, window => r_window,

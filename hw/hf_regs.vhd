@@ -69,7 +69,13 @@ entity hf_regs is
     fc_full       : in  std_logic_vector(31 downto 0) := (others => '0');
     -- lease: ticks elapsed in this cycle (usually 0 or 1; the emulator's harness gives what wall time owes at once)
     lease_ticks   : in  std_logic_vector(31 downto 0) := (others => '0');
-    lease_expired : out std_logic
+    lease_expired : out std_logic;
+    -- [ctm] registers 0xC0-0xDC live in the core (hypafilter_core's ctm block): a write there pulses x_wr with the
+    -- register's number (offset - 0xC0) / 4; a read returns word x of x_rdata
+    x_wr          : out std_logic;
+    x_waddr       : out std_logic_vector(2 downto 0);
+    x_wdata       : out std_logic_vector(31 downto 0);
+    x_rdata       : in  std_logic_vector(255 downto 0) := (others => '0')
   );
 end entity;
 
@@ -88,6 +94,12 @@ architecture rtl of hf_regs is
   signal r_lease_armed : std_logic := '0';
   signal r_lease_exp : std_logic := '0';
   signal r_lease_expiries : unsigned(15 downto 0) := (others => '0');
+  signal r_x_wr : std_logic := '0';  -- [ctm]
+  signal r_x_waddr : std_logic_vector(2 downto 0) := (others => '0');
+  signal r_x_wdata : std_logic_vector(31 downto 0) := (others => '0');
+  signal x_word : std_logic_vector(31 downto 0);
+  signal x_whit, x_rhit : std_logic;
+  signal x_widx : std_logic_vector(2 downto 0);
   -- The event counters: each counts the cycles in which its bit of evx is set. evx is ev_bits (EV_* positions)
   -- while ev_valid, then ev_sent while ev_valid, then ev_fifo_drop (its own pulse).
   constant EVX_SENT : natural := EV_W;
@@ -137,6 +149,7 @@ begin
       req <= '0';
       clear_cnt <= '0';
       r_fc_cmd <= '0';
+      r_x_wr <= '0';
       if bvalid = '1' and s_axi_bready = '1' then
         bvalid <= '0';
       end if;
@@ -204,11 +217,15 @@ begin
           when others =>
             null;
         end case;
+        r_x_wr <= x_whit;  -- [ctm] (x_whit: 0 outside 0xC0-0xDC)
+        r_x_waddr <= x_widx;
+        r_x_wdata <= s_axi_wdata;
       end if;
       if rst = '1' then
         bvalid <= '0';
         req <= '0';
         r_fc_cmd <= '0';
+        r_x_wr <= '0';
         r_ind_busy <= '0';
         r_ind_stream <= '0';
         r_gen <= REG_GENERATION_RESET;
@@ -220,6 +237,32 @@ begin
         r_debug <= (others => '0');
       end if;
     end if;
+  end process;
+
+  -- [ctm] which register of 0xC0-0xDC is accessed, outside the processes: GHDL 2.0's Verilog drops assignments in
+  -- the register case's others branch (the emulator read the previous word there, and no write reached the core)
+  x_write : process (waddr)
+  begin
+    x_whit <= '0';
+    x_widx <= (others => '0');
+    for i in 0 to 7 loop
+      if waddr = REG_CTM_CONTROL + 4 * i then
+        x_whit <= '1';
+        x_widx <= std_logic_vector(to_unsigned(i, 3));
+      end if;
+    end loop;
+  end process;
+
+  x_read : process (raddr, x_rdata)
+  begin
+    x_word <= (others => '0');
+    x_rhit <= '0';
+    for i in 0 to 7 loop
+      if raddr = REG_CTM_CONTROL + 4 * i then
+        x_rhit <= '1';
+        x_word <= x_rdata(32 * i + 31 downto 32 * i);
+      end if;
+    end loop;
   end process;
 
   evx <= ev_fifo_drop & (ev_valid and ev_sent) & (ev_bits and (ev_bits'range => ev_valid));
@@ -290,6 +333,9 @@ begin
         if cnt_sel then
           rdata <= cnt_word;
         end if;
+        if x_rhit = '1' then  -- [ctm]
+          rdata <= x_word;
+        end if;
       end if;
       if rst = '1' then
         rvalid <= '0';
@@ -323,4 +369,7 @@ begin
   fc_key2 <= r_fc_key2;
   fc_key3 <= r_fc_key3;
   fc_slot <= r_fc_slot;
+  x_wr <= r_x_wr;
+  x_waddr <= r_x_waddr;
+  x_wdata <= r_x_wdata;
 end architecture;

@@ -18,6 +18,11 @@
 -- N_ENTRIES + 1 + b), which every table row, the hit counters and M[23:0] use. CONTROL bit 1 (shunt everything) is
 -- sampled in every cycle from the matcher's input to the decision, so a frame is decided only under the tables,
 -- mask and slots from before or from after a bracketed sequence of writes.
+-- [ctm] New flows (CTM_LOG2 > 0, with a flow cache): hf_ct_member holds the canonical keys of every conntrack entry's
+-- tuples (the flow sync service's inserts and deletes, table CTM_CMD) and the recent egress of the frames the host
+-- sends out; while CTM_CONTROL's COMPLETE holds (and CTM_LEASE runs), a wire TCP/UDP frame that misses the flow cache
+-- and is in neither gets ct 3 (no conntrack entry: NEW or INVALID to the kernel), decided with the SHUNT_NONE vector;
+-- an ACCEPT of such a frame is forced to the host by CONTROL bit 4 (conntrack must create its entry).
 -- The policy sync lease (LEASE, hw/regmap.txt): while the host's policy sync service runs it re-arms a count of 1 ms
 -- ticks; armed and run down it has expired, and the core then judges no wire frame (as with CONTROL bit 0 clear:
 -- every one is shunted as unparsed, k = 0, so the live ruleset decides it whole), until LEASE is written again. The
@@ -45,7 +50,9 @@ entity hypafilter_core is
     FC_LOG2_SETS         : natural := 0;       -- flow cache sets = 2**FC_LOG2_SETS; 0: no flow cache (ct always 0)
     FC_WAYS              : positive := 4;      -- flow cache ways (FC_WAYS * 2**FC_LOG2_SETS in 4,096..65,536)
     FC_TICK_CYCLES       : positive := 200000; -- clock cycles per flow cache timestamp tick (1 ms at 200 MHz)
-    LEASE_TICK_CYCLES    : natural := 200000   -- clock cycles per lease tick (1 ms at 200 MHz); 0: ticks from lease_ticks
+    LEASE_TICK_CYCLES    : natural := 200000;  -- clock cycles per lease tick (1 ms at 200 MHz); 0: ticks from lease_ticks
+    CTM_LOG2             : natural := 0;       -- [ctm] conntrack membership counters per bank = 2**CTM_LOG2; 0: none
+    CTM_EGRESS_LOG2      : natural := 12       -- [ctm] recent-egress stamps = 2**CTM_EGRESS_LOG2
   );
   port (
     axis_aclk     : in  std_logic;
@@ -192,6 +199,15 @@ architecture rtl of hypafilter_core is
   signal ind_addr, ind_wdata, ind_rdata : std_logic_vector(31 downto 0);
   signal lease_t : std_logic_vector(31 downto 0) := (others => '0');
   signal lease_expired : std_logic;
+  -- [ctm] the conntrack membership structure's side of the core
+  signal q_none : std_logic;  -- the header at the matcher has ct 3 (no conntrack entry)
+  signal sh_bit, sn_bit : std_logic;  -- the shunt bit that counts for the frame at the decision; SHUNT_NONE's
+  signal ctm_tbl, ctm_done : std_logic;
+  signal ctm_rdata : std_logic_vector(31 downto 0);
+  signal x_wr : std_logic;
+  signal x_waddr : std_logic_vector(2 downto 0);
+  signal x_wdata : std_logic_vector(31 downto 0);
+  signal x_rdata : std_logic_vector(255 downto 0);
 begin
   assert C_S_AXIS_DATA_WIDTH = 256 or C_S_AXIS_DATA_WIDTH = 512
     report "hypafilter_core: C_S_AXIS_DATA_WIDTH must be 256 or 512" severity failure;
@@ -335,7 +351,8 @@ begin
     end process;
     hq <= hl(LAT);
     q_ct <= ('0' & '1') when r_hit = '1' and r_dir = '0' else
-            ('1' & '0') when r_hit = '1' else "00";
+            ('1' & '0') when r_hit = '1' else
+            ('1' & '1') when q_none = '1' else "00";
 
     arbiter : process (axis_aclk)
       variable slot : unsigned(23 downto 0);
@@ -572,15 +589,17 @@ begin
   fc_tbl <= '1' when unsigned(ind_addr(31 downto 24)) = TABLE_FLOW_KEY
                   or unsigned(ind_addr(31 downto 24)) = TABLE_FLOW_SEEN
                   or unsigned(ind_addr(31 downto 24)) = TABLE_FLOW_HITS else '0';
+  ctm_tbl <= '1' when unsigned(ind_addr(31 downto 24)) = TABLE_SHUNT_NONE
+                   or unsigned(ind_addr(31 downto 24)) = TABLE_CTM_CMD else '0';
   ub_tbl <= '1' when unsigned(ind_addr(31 downto 24)) = TABLE_VALID
                   or unsigned(ind_addr(31 downto 24)) = TABLE_BUF else '0';
   set_tbl <= '1' when unsigned(ind_addr(31 downto 24)) >= TABLE_SET_ELEM
                    and unsigned(ind_addr(31 downto 24)) <= TABLE_SET_CTL else '0';
   ub_req <= ind_req and ub_tbl;
-  tbl_req <= ind_req and not fc_tbl and not ub_tbl and not set_tbl;
-  ind_done <= tbl_done or fc_ind_done or ub_done or set_ind_done;
+  tbl_req <= ind_req and not fc_tbl and not ub_tbl and not set_tbl and not ctm_tbl;
+  ind_done <= tbl_done or fc_ind_done or ub_done or set_ind_done or ctm_done;
   ind_rdata <= fc_ind_rdata when fc_ind_done = '1' else ub_rdata when ub_done = '1' else
-               set_ind_rdata when set_ind_done = '1' else tbl_rdata;
+               set_ind_rdata when set_ind_done = '1' else ctm_rdata when ctm_done = '1' else tbl_rdata;
 
   tables : entity work.hf_tables
     port map (
@@ -602,7 +621,8 @@ begin
       t1 <= side(SIDE_DELAY);
       t1.sa <= side(SIDE_DELAY).sa or control(1);
       t1_idx <= lk_idx;
-      t1_mfa <= to_sl(side(SIDE_DELAY).ct = "00") and control(4);
+      -- ct 3 (no conntrack entry) accepted: to the host all the same, conntrack must create the entry ([ctm])
+      t1_mfa <= to_sl(side(SIDE_DELAY).ct = "00" or side(SIDE_DELAY).ct = "11") and control(4);
       t1_mfd <= to_sl(side(SIDE_DELAY).ct = "00") and control(5);
 
       sp := t1.tu(TUSER_SRC_LO + 7 downto TUSER_SRC_LO);
@@ -646,14 +666,14 @@ begin
         reason := REASON_STATE;
         ev(EV_STATE) := '1';
         ev(EV_SET_UNC) := '1';
-      elsif lk_shunt = '1' or (action /= x"1" and action /= x"2") or control(1) = '1' or t1.sa = '1' then
+      elsif sh_bit = '1' or (action /= x"1" and action /= x"2") or control(1) = '1' or t1.sa = '1' then
         shunt := true;
         if reason = REASON_POLICY then
           ev(EV_POLICY) := '1';
         else
           ev(EV_OVERRULE) := '1';
         end if;
-        if lk_shunt = '0' and (action = x"1" or action = x"2") then
+        if sh_bit = '0' and (action = x"1" or action = x"2") then
           ev(EV_FORCED) := '1';
         end if;
       elsif (action = x"1" and t1_mfa = '1') or (action = x"2" and t1_mfd = '1') then
@@ -755,5 +775,205 @@ begin
       fc_cmd => fc_cmd, fc_op => fc_op, fc_key0 => fc_key0, fc_key1 => fc_key1, fc_key2 => fc_key2,
       fc_key3 => fc_key3, fc_slot => fc_slot, fc_status => fc_status, fc_config => fc_config, fc_now => fc_now,
       fc_occupancy => fc_occ, fc_inserts => fc_ins, fc_deletes => fc_del, fc_full => fc_full,
-      lease_ticks => lease_t, lease_expired => lease_expired);
+      lease_ticks => lease_t, lease_expired => lease_expired,
+      x_wr => x_wr, x_waddr => x_waddr, x_wdata => x_wdata, x_rdata => x_rdata);
+
+  -- [ctm] ---------------------------------------------------------------- the conntrack membership structure
+  sh_bit <= sn_bit when t1.ct = "11" else lk_shunt;
+
+  no_ctm : if CTM_LOG2 = 0 generate
+    q_none <= '0';
+    sn_bit <= lk_shunt;
+    x_rdata <= (others => '0');
+    ctm_rdata <= (others => '0');
+    -- SHUNT_NONE and CTM_CMD read 0; a write does nothing
+    answer : process (axis_aclk)
+    begin
+      if rising_edge(axis_aclk) then
+        ctm_done <= ind_req and ctm_tbl and not rst;
+      end if;
+    end process;
+  end generate;
+
+  with_ctm : if CTM_LOG2 > 0 generate
+    constant SNW : natural := maximum(1, clog2(SHUNT_WORDS));
+    signal hp_wire, hp_host : std_logic;
+    signal m_valid, m_member, m_egress, m_ready, m_h_ready, m_h_valid : std_logic;
+    signal m_members, m_sat, m_ref : std_logic_vector(31 downto 0);
+    signal c_w0, c_w1, c_w2 : std_logic_vector(31 downto 0) := (others => '0');
+    signal c_op : std_logic_vector(1 downto 0) := (others => '0');
+    signal c_proto : std_logic_vector(7 downto 0) := (others => '0');
+    signal c_pend, c_hv : std_logic := '0';
+    signal r_complete : std_logic := '0';
+    signal r_lease : unsigned(31 downto 0) := (others => '0');
+    signal r_window : std_logic_vector(15 downto 0) := REG_CTM_WINDOW_RESET(15 downto 0);
+    signal complete : std_logic := '0';  -- COMPLETE and the lease running (registered)
+    signal n_none : unsigned(31 downto 0) := (others => '0');
+    -- SHUNT_NONE: a RAM of packed words (lookup port, host port), all ones after the reset sweep
+    signal sn_we : std_logic;
+    signal sn_waddr : unsigned(SNW - 1 downto 0);
+    signal sn_wdata : std_logic_vector(31 downto 0);
+    signal sn_q : std_logic_vector(63 downto 0);
+    signal sn_sel : unsigned(4 downto 0) := (others => '0');
+    signal sw_busy : std_logic := '1';
+    signal sw_idx : unsigned(SNW - 1 downto 0) := (others => '0');
+    signal i_we, i_rd, i_rd2, i_done : std_logic := '0';
+    signal i_addr : unsigned(SNW - 1 downto 0) := (others => '0');
+    signal i_data, i_rdata : std_logic_vector(31 downto 0) := (others => '0');
+  begin
+    assert FC_ON report "hypafilter_core: CTM_LOG2 > 0 needs a flow cache (FC_LOG2_SETS > 0)" severity failure;
+
+    hp_wire <= to_sl((hp.tu(TUSER_SRC_LO + 7 downto TUSER_SRC_LO) and x"55") /= x"00");
+    hp_host <= to_sl((hp.tu(TUSER_SRC_LO + 7 downto TUSER_SRC_LO) and x"AA") /= x"00");
+    member : entity work.hf_ct_member
+      generic map (LOG2 => CTM_LOG2, EGRESS_LOG2 => CTM_EGRESS_LOG2)
+      port map (
+        clk => axis_aclk, rst => rst,
+        lk_valid => hp.v and hp_wire and not hp.unp,
+        -- every host frame whose protocol field says TCP or UDP, parsed or not: a connection's first frame out may be
+        -- one the parser refuses (a fragment, options, padding after the datagram), and its header fields are there
+        -- all the same (anything else it stamps is a false positive)
+        eg_valid => hp.v and hp_host and to_sl(hp.proto = x"06" or hp.proto = x"11"),
+        lk_src_ip => hp.src, lk_dst_ip => hp.dst, lk_proto => hp.proto, lk_sport => hp.sport, lk_dport => hp.dport,
+        res_valid => m_valid, res_member => m_member, res_egress => m_egress,
+        ticks => lease_t, window => r_window,
+        h_valid => c_hv, h_ready => m_h_ready, h_op => c_op, h_src_ip => c_w0, h_dst_ip => c_w1, h_proto => c_proto,
+        h_sport => c_w2(31 downto 16), h_dport => c_w2(15 downto 0),
+        members => m_members, saturated => m_sat, refused => m_ref, ready => m_ready);
+
+    -- the lookup's answer reaches the matcher with its header (both LATENCY = 4 after the parser)
+    q_none <= complete and m_valid and not m_member and not hq.unp and hq.l4ok
+              and to_sl(hq.proto = x"06" or hq.proto = x"11");
+
+    regs_and_commands : process (axis_aclk)
+      variable idx : unsigned(23 downto 0);
+    begin
+      if rising_edge(axis_aclk) then
+        -- the lease runs down with the policy sync lease's time base; at 0 COMPLETE no longer counts, and clears
+        if r_lease > unsigned(lease_t) then
+          r_lease <= r_lease - unsigned(lease_t);
+        else
+          r_lease <= (others => '0');
+          if r_lease /= 0 then
+            r_complete <= '0';
+          end if;
+        end if;
+        if lease_expired = '1' then
+          r_complete <= '0';
+        end if;
+        if x_wr = '1' then
+          case x_waddr is
+            when "000" => r_complete <= x_wdata(0);
+            when "001" => r_lease <= unsigned(x_wdata);
+            when "010" => r_window <= x_wdata(15 downto 0);
+            when others => null;
+          end case;
+        end if;
+        complete <= r_complete and to_sl(r_lease /= 0);
+        if hq.v = '1' and q_ct = "11" then
+          n_none <= n_none + 1;
+        end if;
+        if hits_clear = '1' then
+          n_none <= (others => '0');
+        end if;
+        -- indirect accesses: SHUNT_NONE reads and writes, CTM_CMD words (w3 runs the command)
+        i_done <= '0';
+        i_we <= '0';
+        i_rd <= '0';
+        i_rd2 <= i_rd;
+        if i_rd2 = '1' then
+          i_done <= '1';
+          i_rdata <= sn_q(63 downto 32);
+        end if;
+        if c_hv = '1' and m_h_ready = '1' then  -- taken at this edge
+          c_hv <= '0';
+          c_pend <= '0';
+          i_done <= '1';
+          i_rdata <= (others => '0');
+          if c_op = "11" then
+            r_complete <= '0';  -- a clear empties the structure: not complete until the service says so
+          end if;
+        elsif c_pend = '1' and m_h_ready = '1' then
+          c_hv <= '1';
+        end if;
+        if ind_req = '1' and ctm_tbl = '1' then
+          idx := unsigned(ind_addr(23 downto 0));
+          if unsigned(ind_addr(31 downto 24)) = TABLE_SHUNT_NONE then
+            i_addr <= resize(idx, SNW);
+            i_data <= ind_wdata;
+            if idx >= SHUNT_WORDS then
+              i_done <= '1';
+              i_rdata <= (others => '0');
+            elsif ind_write = '1' then
+              i_we <= '1';
+              i_done <= '1';
+            else
+              i_rd <= '1';
+            end if;
+          elsif ind_write = '0' then
+            i_done <= '1';  -- CTM_CMD is write-only
+            i_rdata <= (others => '0');
+          elsif idx(1 downto 0) = "00" then  -- an if-chain: GHDL 2.0's Verilog drops a case's others branch
+            c_w0 <= ind_wdata;
+            i_done <= '1';
+          elsif idx(1 downto 0) = "01" then
+            c_w1 <= ind_wdata;
+            i_done <= '1';
+          elsif idx(1 downto 0) = "10" then
+            c_w2 <= ind_wdata;
+            i_done <= '1';
+          else
+            c_op <= ind_wdata(9 downto 8);
+            c_proto <= ind_wdata(7 downto 0);
+            c_pend <= '1';  -- done once the structure takes it
+          end if;
+        end if;
+        if rst = '1' then
+          r_complete <= '0';
+          r_lease <= (others => '0');
+          r_window <= REG_CTM_WINDOW_RESET(15 downto 0);
+          complete <= '0';
+          n_none <= (others => '0');
+          c_pend <= '0';
+          c_hv <= '0';
+          i_done <= '0';
+          i_we <= '0';
+          i_rd <= '0';
+          i_rd2 <= '0';
+        end if;
+      end if;
+    end process;
+    ctm_done <= i_done;
+    ctm_rdata <= i_rdata;
+
+    x_rdata <= std_logic_vector(n_none) & m_sat & m_members
+               & (not (m_ready and not c_pend)) & (30 downto 16 => '0') & m_ref(15 downto 0)
+               & std_logic_vector(to_unsigned(CTM_LOG2 + 256 * 4 + 4096 * 4 + 65536 * CTM_EGRESS_LOG2, 32))
+               & x"0000" & r_window & std_logic_vector(r_lease) & (31 downto 1 => '0') & r_complete;
+
+    sweep : process (axis_aclk)
+    begin
+      if rising_edge(axis_aclk) then
+        if sw_busy = '1' then
+          sw_idx <= sw_idx + 1;
+          if sw_idx = to_unsigned(2 ** SNW - 1, SNW) then
+            sw_busy <= '0';
+          end if;
+        end if;
+        sn_sel <= lk_idx(4 downto 0);
+        if rst = '1' then
+          sw_busy <= '1';
+          sw_idx <= (others => '0');
+        end if;
+      end if;
+    end process;
+    sn_we <= sw_busy or i_we;
+    sn_waddr <= sw_idx when sw_busy = '1' else i_addr;
+    sn_wdata <= (others => '1') when sw_busy = '1' else i_data;
+    shunt_none : entity work.hf_ram
+      generic map (WIDTH => 32, ADDR_W => SNW, READS => 2)
+      port map (clk => axis_aclk, we => sn_we, waddr => sn_waddr, wdata => sn_wdata,
+                raddr => i_addr & resize(shift_right(lk_idx, 5), SNW), rdata => sn_q);
+    sn_bit <= sn_q(to_integer(sn_sel)) or sw_busy;
+  end generate;
 end architecture;

@@ -125,8 +125,13 @@ async def registers_and_indirect_access(dut):
         "BUF_CONFIG": depth | 16 << 16 | updatebuffer.USED << 24,
         "SET_CONFIG": 0,  # a plan without set slots: no tables, no latency
     }
+    # [ctm] 0xC0-0xDC live in the core (hypafilter_core's ctm block): hf_regs reads them from x_rdata
+    base = m.reg("CTM_CONTROL").offset
+    dut.x_rdata.value = sum((0xC7C70000 | i) << (32 * i) for i in range(8))
     for r in m.registers:
         want = 0 if r.access == "WO" else policy[r.name] if r.reset is None else r.reset
+        if base <= r.offset <= base + 28:
+            want = 0xC7C70000 | (r.offset - base) // 4
         if r.name == "FLIP":
             want ^= 0xFFFFFFFF
         assert await ax.read(r.offset) == want, f"{r.name} after reset"
@@ -137,6 +142,10 @@ async def registers_and_indirect_access(dut):
         if r.access != "RW" or r.name == "IND_COMMAND":
             continue
         value = tb.rng.getrandbits(32)
+        if base <= r.offset <= base + 28:  # [ctm] the core's: the write reaches x_wr, x_waddr, x_wdata
+            await ax.write(r.offset, value)
+            assert (int(dut.x_waddr.value), int(dut.x_wdata.value)) == ((r.offset - base) // 4, value), r.name
+            continue
         await ax.write(r.offset, value)
         assert await ax.read(r.offset) == (value ^ 0xFFFFFFFF if r.name == "FLIP" else value), r.name
         if r.name == "GENERATION":

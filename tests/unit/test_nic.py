@@ -285,11 +285,18 @@ def test_config_unfilterable_setting(tmp_path):
 
 
 def test_config_flow_cache_setting(tmp_path):
-    from hypafilter.targets.emu.build import EMU_TICK_CYCLES, core_generics
+    from hypafilter.targets.emu.build import EMU_CTM_EGRESS_LOG2, EMU_CTM_LOG2, EMU_TICK_CYCLES, core_generics
 
     assert Config().flow_cache_geometry() == (10, 4)
     lease = {"LEASE_TICK_CYCLES": 0}  # the lease's ticks come from the harness (wall time), not a clock divider
-    assert core_generics(Config()) == {"FC_LOG2_SETS": 10, "FC_WAYS": 4, "FC_TICK_CYCLES": EMU_TICK_CYCLES, **lease}
+    ctm = {"CTM_LOG2": EMU_CTM_LOG2, "CTM_EGRESS_LOG2": EMU_CTM_EGRESS_LOG2}  # the conntrack membership structure
+    assert core_generics(Config()) == {
+        "FC_LOG2_SETS": 10,
+        "FC_WAYS": 4,
+        "FC_TICK_CYCLES": EMU_TICK_CYCLES,
+        **lease,
+        **ctm,
+    }
     good = tmp_path / "good.toml"
     good.write_text('flow_cache = "14:4"\n')
     assert Config.load(good).flow_cache_geometry() == (14, 4)

@@ -55,7 +55,7 @@ def test_lease_registers():
     """The policy sync lease (1.8): LEASE (RW, ticks of 1 ms, 0 disarmed) and LEASE_STATUS (RO), after the update
     buffer's block, in the C header and the Python constants."""
     m = regmap.MAP
-    assert m.reg("VERSION").reset >= 0x00010008
+    assert m.reg("VERSION").reset >= 0x0001000A  # 1.10: the conntrack membership structure
     lease, status = m.reg("LEASE"), m.reg("LEASE_STATUS")
     assert (lease.offset, lease.access, lease.reset) == (0xA4, "RW", 0)
     assert (status.offset, status.access, status.reset) == (0xA8, "RO", 0)

@@ -20,7 +20,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise HypafilterError(f"{deploy.state_file()}: nothing deployed, no NIC to synchronise")
     tgt, nic = deploy.target_of(st, deploy.state_config(st)), st["nic"]
     open_table = service.table_opener(args.mode, tgt, nic)
-    return service.supervise(args.ns, open_table, state_dir, args.interval, nic=nic.get("name", ""))
+    return service.supervise(
+        args.ns, open_table, state_dir, args.interval, nic=nic.get("name", ""), members=args.members
+    )
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -46,6 +48,11 @@ def register(sub) -> None:
         default="flowcache",
         help="flowcache: the NIC's flow cache follows conntrack; liberal (the xdp target): only mark the TCP entries "
         "it would offload liberal (default flowcache)",
+    )
+    r.add_argument(
+        "--members",
+        action="store_true",
+        help="also keep the NIC's conntrack membership structure complete (its misses are then NEW: ct 3)",
     )
     r.set_defaults(func=cmd_run)
     q = s.add_parser("status", help="the service's state and counters (JSON)")

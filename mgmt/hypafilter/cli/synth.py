@@ -39,6 +39,12 @@ def register(sub) -> None:
         help="estimate the flow cache alone (hw/hf_flow_cache.vhd, no policy), e.g. 14:4 for 65,536 entries",
     )
     p.add_argument(
+        "--ct-member",
+        metavar="LOG2:EGRESS_LOG2",
+        help="estimate the conntrack membership structure alone (hw/hf_ct_member.vhd), e.g. 20:12 for 4 banks of "
+        "2**20 counters and 4,096 egress stamps",
+    )
+    p.add_argument(
         "--core-flow-cache",
         metavar="LOG2_SETS:WAYS",
         help="build the whole core (estimate or Vivado script) with a flow cache inside, e.g. 14:4 for 65,536 "
@@ -61,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.flow_cache:
         return _flow_cache(args)
+    if args.ct_member:
+        return _ct_member(args)
     fc = _geometry("--core-flow-cache", args.core_flow_cache) if args.core_flow_cache else None
     config = load_config(args)
     if args.update_buffer is not None:
@@ -126,6 +134,28 @@ def _geometry(option: str, text: str) -> tuple[int, int]:
 
         raise HypafilterError(f"{option} wants LOG2_SETS:WAYS, not '{text}'")
     return geometry
+
+
+def _ct_member(args: argparse.Namespace) -> int:
+    from hypafilter.errors import HypafilterError
+    from hypafilter.hw import synth
+
+    try:
+        log2, egress_log2 = (int(x) for x in args.ct_member.split(":"))
+    except ValueError:
+        raise HypafilterError(f"--ct-member wants LOG2:EGRESS_LOG2 (e.g. 20:12), not '{args.ct_member}'") from None
+    if not (8 <= log2 <= 24 and 4 <= egress_log2 <= 24):
+        raise HypafilterError(f"--ct-member {args.ct_member}: LOG2 must be 8..24 and EGRESS_LOG2 4..24")
+    with tempfile.TemporaryDirectory(prefix="hf-synth-") as tmp:
+        est = synth.ct_member_estimate(Path(args.out) if args.out else Path(tmp), log2, egress_log2)
+    if args.json:
+        print(json.dumps(est, indent=2))
+    else:
+        print(
+            f"conntrack membership, 4 x {1 << log2} counters, {1 << egress_log2} egress stamps: {est['LUT']} LUT, "
+            f"{est['FF']} FF, {est['BRAM36']} BRAM36 + {est['BRAM18']} BRAM18, max {est['max_lut_levels']} LUT levels"
+        )
+    return 0
 
 
 def _flow_cache(args: argparse.Namespace) -> int:

@@ -173,6 +173,15 @@ def miss_ct(frame: bytes, src_port: int = 0x01) -> int:
     return CT_NONE if h is not None and h.proto in (PROTO_TCP, PROTO_UDP) and l4_ok(frame) else 0
 
 
+def nic_miss_ct(frame: bytes, src_port: int, possible_member: bool, complete: bool) -> int:
+    """The ct the core gives a wire frame its flow cache misses, with the conntrack membership structure
+    (hw/ctmember.py, docs/flowsync.md "New flows on the NIC"): 3 while COMPLETE holds (`complete`: CTM_CONTROL bit 0
+    and CTM_LEASE running) for a frame whose key the structure does not hold (`possible_member` False: no counter
+    test passes, no recent egress stamp) and that the xdp program would look up (`miss_ct`: parsed TCP/UDP, lengths
+    conntrack accepts); else 0."""
+    return miss_ct(frame, src_port) if complete and not possible_member else 0
+
+
 @dataclass
 class Regs:
     """The run-time register state the decision depends on: the tables as plain lists, one value per hardware index
@@ -187,7 +196,7 @@ class Regs:
     buffer: Image | None = None
     lease_expired: bool = False  # the policy sync lease (`Lease`) ran out: no wire frame is judged
     # the shunt bits for a frame with ct 3 (no conntrack entry; Plan.shunt_none): the xdp target's hfx_ent shunt
-    # bit 1. The NIC has no such table (its flow cache never says ct 3). None: `shunt`.
+    # bit 1, the NIC's table SHUNT_NONE (ct 3 from its conntrack membership structure, hw/ctmember.py). None: `shunt`.
     shunt_none: list[int] | None = None
     # the set slots' tables (hw.settable.SlotState per slot of plan.set_slots); None: as after reset (every lookup
     # uncertain) for a plan with set slots
@@ -292,7 +301,8 @@ class Decision:
 def decide(plan, frame: bytes, src_port: int, regs: Regs, ct: int = 0) -> Decision:
     """What the core does with one frame arriving on `src_port` (one-hot TUSER[23:16]); `ct` is what the flow cache
     knows of it (ir.box CT_*: 0 unknown, 1/2 a hit in the original/reply direction), 0 without a flow cache; 3 (no
-    conntrack entry: the kernel reads the frame as NEW or INVALID) only from the xdp target's lookup.
+    conntrack entry: the kernel reads the frame as NEW or INVALID) from the xdp target's lookup or the NIC's conntrack
+    membership structure (hw/ctmember.py: not a member, no recent egress, COMPLETE).
 
     The hardware index (match_index, the row of every table) is `hw_index`: the static first match under the update
     buffer's valid mask and slots (`regs.buffer`). Precedence (the first that applies): a host port, not a wire port,

@@ -34,6 +34,7 @@ _PART_SOURCES = {
     "hf_update_buffer": ("hf_regs_pkg.vhd", "hf_pkg.vhd", "hf_ram.vhd", "hf_prio_enc.vhd", "hf_update_buffer.vhd"),
 }
 FLOW_CACHE_SOURCES = ("hf_pkg.vhd", "hf_ram.vhd", "hf_flow_cache.vhd")
+CT_MEMBER_SOURCES = ("hf_pkg.vhd", "hf_ram.vhd", "hf_ct_member.vhd")
 
 
 def _run(cmd: list[str], cwd: Path, what: str) -> str:
@@ -318,6 +319,23 @@ def set_table_estimate(out_dir: Path, settype: str = "hash:net", geom=None) -> d
                elements=geom.capacity, element_bits=settable.elem_bits(settype))  # fmt: skip
     est["yosys_seconds"] = round(time.monotonic() - t0, 1)
     est.pop("cells", None)
+    return est
+
+
+def ct_member_estimate(out_dir: Path, log2: int, egress_log2: int) -> dict:
+    """The conntrack membership structure alone (hw/hf_ct_member.vhd): GHDL synth -> Verilog -> yosys synth_xilinx."""
+    _need("ghdl")
+    out_dir = Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = [str(HW_DIR / n) for n in CT_MEMBER_SOURCES]
+    cmd = ["ghdl", "--synth", "--std=08", f"--workdir={out_dir}", f"-gLOG2={log2}", f"-gEGRESS_LOG2={egress_log2}"]
+    cmd += ["--out=verilog", *files, "-e", "hf_ct_member"]
+    v = out_dir / "hf_ct_member.v"
+    v.write_text(_run(cmd, out_dir, "GHDL synthesis"))
+    t0 = time.monotonic()
+    est = yosys_estimate(v, "hf_ct_member", out_dir)
+    est.update(log2=log2, egress_log2=egress_log2, counter_bits=4 * 4 << log2, stamp_bits=32 << egress_log2)
+    est["yosys_seconds"] = round(time.monotonic() - t0, 1)
     return est
 
 

@@ -40,6 +40,7 @@ STATIC_SOURCES = (
     "hf_regs.vhd",
     "hf_output.vhd",
     "hf_flow_cache.vhd",
+    "hf_ct_member.vhd",
 )
 TOP_SOURCE = "hypafilter_core.vhd"
 

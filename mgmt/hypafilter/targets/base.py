@@ -155,6 +155,23 @@ class Target(ABC):
         finally:
             c.close()
 
+    def new_flows_why_not(self, plan, info: dict) -> str:
+        """[ctm] Why a frame the NIC's conntrack membership structure does not hold is not ct 3 (NEW or INVALID; "":
+        it is, while the flow sync service keeps the structure complete; docs/flowsync.md "New flows on the NIC"): the
+        policy does not read conntrack, the core has no structure, or the firewall namespace has what can make a
+        frame without an entry RELATED or UNTRACKED (the xdp target's check, targets.xdp.newflows)."""
+        if not any(getattr(plan, "miss_shunt", (False, False))) or getattr(plan, "shunt_none", None) is None:
+            return "the policy's hardware entries do not read conntrack state"
+        try:
+            with self.client(info) as c:
+                if not hasattr(c, "ctm_config") or c.ctm_config() is None:
+                    return "the NIC has no conntrack membership structure (CTM_CONFIG reads 0)"
+        except Exception as e:
+            return f"reading the NIC's CTM_CONFIG: {e}"
+        from hypafilter.targets.xdp import newflows
+
+        return newflows.why_not(self.site.netns)
+
     def flowsync_why_not(self, plan, info: dict) -> str:
         """Why the flow sync service does not run for `plan` on the NIC of `info` ("": it runs, the policy's
         hardware entries reading conntrack state): the NIC has no flow cache."""

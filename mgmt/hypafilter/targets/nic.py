@@ -19,7 +19,7 @@ from pathlib import Path
 from hypafilter.analysis.overlay import Overlay
 from hypafilter.analysis.plan import action_words
 from hypafilter.errors import HypafilterError
-from hypafilter.hw import flowcache, regmap, settable, updatebuffer
+from hypafilter.hw import ctmember, flowcache, regmap, settable, updatebuffer
 from hypafilter.hw.flowcache import Flow
 from hypafilter.hw.model import CONTROL_ENABLE as CONTROL_ENABLE  # the targets' name for it
 from hypafilter.hw.model import (
@@ -182,6 +182,9 @@ class FlowRecord:
 # (and for a clear) the cache sweeps 2**LOG2_SETS sets first: 16,384 cycles at 64k entries, and the emulated clock
 # advances only with the register reads that poll it.
 FC_COMMAND_SECONDS = 10.0
+CTM_IDLE_SECONDS = 30.0
+CTM_IDLE_BURST = 256  # CTM_STATUS reads per request while waiting for a sweep (the emulator's clock runs for them)
+CTM_BATCH_WORDS = 1 << 20  # CTM_CMD words per stream (its index is 24 bits; the word is the index mod 4)
 # Status reads after each FC_CMD write of a batch (NicClient.flow_commands). An insert or delete runs 14-16 cycles and
 # an emulated register access takes 2 (an idle emulated core is clocked only by the accesses): with one read the
 # next command's FC_CMD came while the core was still busy, and was ignored. Eight reads give it 16 cycles; on a
@@ -377,6 +380,10 @@ class NicClient:
                                                  settable.elems_of(sets[s.name], tuple(s.dirs))]
                 for s in slots
             ]  # fmt: skip
+        if self.ctm_config() is not None:  # [ctm] the shunt bits of frames with ct 3 (Plan.shunt_none; else shunt's)
+            none = getattr(plan, "shunt_none", None)
+            bits = shunt if none is None else [int(b) for b in none] + [1] * (rows - len(none))
+            tables["shunt_none"] = pack_shunt(bits)
         return self.write_tables(tables, generation, known)
 
     def write_tables(self, tables: dict, generation: int, known: dict | None = None) -> dict:
@@ -410,6 +417,8 @@ class NicClient:
                 writes += 1
         old_shunt: list[int | None] = [None] * len(shunt)
         old_actions: list[int | None] = [None] * len(actions)
+        shunt_none = list(tables.get("shunt_none") or [])
+        old_none: list[int | None] = [None] * len(shunt_none)
         new_img = Image.from_dict(tables["overlay"]) if tables.get("overlay") is not None else None
         old_img: Image | None = None
         if (
@@ -420,6 +429,8 @@ class NicClient:
             and len(known.get("actions", ())) == len(actions)
         ):
             old_shunt, old_actions = list(known["shunt"]), list(known["actions"])
+            if shunt_none and len(known.get("shunt_none") or ()) == len(shunt_none):
+                old_none = list(known["shunt_none"])
             if known.get("overlay") is not None:
                 old_img = Image.from_dict(known["overlay"])
         buffer_writes: list = []
@@ -431,7 +442,11 @@ class NicClient:
         else:
             busy = False
         runs: list[tuple[str, int, list[int]]] = []  # the changed words of SHUNT and ACTION, in runs
-        for name, new, old in (("SHUNT", shunt, old_shunt), ("ACTION", actions, old_actions)):
+        for name, new, old in (
+            ("SHUNT", shunt, old_shunt),
+            ("ACTION", actions, old_actions),
+            ("SHUNT_NONE", shunt_none, old_none),
+        ):
             i = 0
             while i < len(new):
                 if new[i] == old[i]:
@@ -812,6 +827,61 @@ class NicClient:
         """The policy sync lease: {armed, expired, expiries, left_ms} (LEASE_STATUS, LEASE); a core from before the
         lease (register map 1.7 or older) reads as disarmed."""
         return {**lease_status(self.read("LEASE_STATUS")), "left_ms": self.read("LEASE")}
+
+    # ---- [ctm] the conntrack membership structure (hw/hf_ct_member.vhd; CTM_* registers, table CTM_CMD)
+
+    def ctm_config(self) -> tuple[int, int] | None:
+        """(LOG2, EGRESS_LOG2) of the core's conntrack membership structure, None when it has none."""
+        cached = getattr(self, "_ctm_config", None)
+        if cached is None:
+            cached = self._ctm_config = (ctmember.parse_config(self.read("CTM_CONFIG")),)
+        return cached[0]
+
+    def ctm_commands(self, cmds: Sequence[tuple[int, Flow | None]]) -> None:
+        """Inserts, deletes and clears (ctmember.OP_*, flow) in order, as stream writes of CTM_CMD (a word that finds
+        the structure busy waits on the bus: the writes are the flow control)."""
+        if self.ctm_config() is None:
+            raise NicError("this core has no conntrack membership structure (CTM_CONFIG reads 0)")
+        words = [w for op, f in cmds for w in ctmember.cmd_words(op, f)]
+        for i in range(0, len(words), CTM_BATCH_WORDS):
+            self.write_table_many("CTM_CMD", 0, words[i : i + CTM_BATCH_WORDS])
+
+    def ctm_wait_idle(self, timeout: float = CTM_IDLE_SECONDS) -> None:
+        """Until CTM_STATUS says the structure is idle (a clear's sweep of 2**LOG2 cycles, or the one after reset,
+        done: lookups answer "member" meanwhile). The emulated core runs its clock only for work, so this reads the
+        status in pipelined bursts, which also clock it."""
+        addr = self._addr("CTM_STATUS")
+        bulk = getattr(self.t, "read_many", None)
+        deadline = time.monotonic() + timeout
+        while True:
+            values = bulk([addr] * CTM_IDLE_BURST) if bulk is not None else [self.read(addr)]
+            if not values[-1] >> 31:
+                return
+            if time.monotonic() > deadline:
+                raise NicError(f"the conntrack membership structure still busy (CTM_STATUS) after {timeout:.0f} s")
+
+    def ctm_complete(self, lease_ms: int) -> None:
+        """Say the structure holds every conntrack entry, for `lease_ms` (0: it does not; ct 3 stops at once)."""
+        if lease_ms:
+            self.write_many([("CTM_LEASE", lease_ms), ("CTM_CONTROL", ctmember.CONTROL_COMPLETE)])
+        else:
+            self.write_many([("CTM_CONTROL", 0), ("CTM_LEASE", 0)])
+
+    def ctm_counters(self) -> dict:
+        names = ("CTM_CONTROL", "CTM_LEASE", "CTM_WINDOW", "CTM_STATUS", "CTM_MEMBERS", "CTM_SATURATED", "CNT_CT_NONE")
+        bulk = getattr(self.t, "read_many", None)
+        v = dict(
+            zip(names, bulk([self._addr(x) for x in names]) if bulk else [self.read(x) for x in names], strict=True)
+        )
+        return {
+            "complete": bool(v["CTM_CONTROL"] & ctmember.CONTROL_COMPLETE),
+            "lease_ms": v["CTM_LEASE"],
+            "window_ms": v["CTM_WINDOW"],
+            "members": v["CTM_MEMBERS"],
+            "saturated": v["CTM_SATURATED"],
+            "refused": v["CTM_STATUS"] & 0xFFFF,
+            "ct_none_frames": v["CNT_CT_NONE"],
+        }
 
 
 def pack_shunt(bits: Sequence[int]) -> list[int]:

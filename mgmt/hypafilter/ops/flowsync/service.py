@@ -19,6 +19,7 @@ from hypafilter.errors import HypafilterError
 from hypafilter.ops.daemon import READY_TIMEOUT, Service
 from hypafilter.ops.flowsync.ctnetlink import Conntrack
 from hypafilter.ops.flowsync.marks import LiberalMarks
+from hypafilter.ops.flowsync.members import RENEW_EVERY, Members
 from hypafilter.ops.flowsync.policy import decides_established, read_timeouts
 from hypafilter.ops.flowsync.syncer import Syncer
 
@@ -34,16 +35,44 @@ class FlowSync(Service):
     cache (ct = 0), or on the xdp target established TCP goes to conntrack, which only sends more frames to
     software."""
 
+    # [ctm] of the last why_not: why the NIC's misses are not ct 3 (Target.new_flows_why_not; "": decided; None: the
+    # service does not run for the flow cache)
+    new_flows: str | None = None
+
     def why_not(self, policy, plan, tgt, nic: dict) -> str:
+        self.new_flows = None
         if not decides_established(policy, plan):
             return "the policy's hardware entries do not read conntrack state"
-        return tgt.flowsync_why_not(plan, nic)
+        why = tgt.flowsync_why_not(plan, nic)
+        if not why and tgt.flowsync_mode == "flowcache":
+            self.new_flows = getattr(tgt, "new_flows_why_not", lambda *_: "not on this target")(plan, nic)
+        return why
 
     def record(self, tgt) -> dict:
-        return {"mode": tgt.flowsync_mode}
+        """The mode, and for a service that runs for the flow cache whether it keeps the conntrack membership
+        structure complete (`new_flows`: "decided", or why not)."""
+        if self.new_flows is None:
+            return {"mode": tgt.flowsync_mode}
+        return {"mode": tgt.flowsync_mode, "new_flows": self.new_flows or "decided"}
+
+    def problems(self, state_dir: Path) -> list[str]:
+        """[ctm] A service keeping the conntrack membership structure complete (the NIC's misses are NEW) while the
+        firewall namespace now has what can make a frame without an entry RELATED or UNTRACKED (a helper, an
+        expectation, notrack, a zone: targets.xdp.newflows, as the xdp target's drift says): drift, until a redeploy
+        keeps the structure incomplete."""
+        doc = self.read_status_file(state_dir) or {}
+        if not (doc.get("running") and doc.get("members")):
+            return []
+        from hypafilter.targets.xdp import newflows
+
+        why = newflows.why_not(doc.get("ns"))
+        if why:
+            return [f"{self.name}: the NIC decides new flows (ct 3), but {why}: redeploy (misses then go to conntrack)"]
+        return []
 
     def launch(self, ns: str | None, state_dir: Path, tgt) -> int:
-        return start(ns, state_dir, mode=tgt.flowsync_mode, timeout=ready_timeout(conntrack_count(ns)))
+        members = tgt.flowsync_mode == "flowcache" and self.new_flows == ""
+        return start(ns, state_dir, mode=tgt.flowsync_mode, timeout=ready_timeout(conntrack_count(ns)), members=members)
 
     def down(self, tgt) -> str:
         return tgt.flowsync_down
@@ -81,6 +110,7 @@ def serve(
     nic: str = "",
     service_pid: int | None = None,
     restarts: int = 0,
+    members: bool = False,
 ) -> None:
     """Run until `stop()` or SIGTERM/SIGINT: resync, then events and polls. The table is cleared on the way out:
     without the service nothing evicts a flow conntrack has destroyed. `service_pid`: the pid the state file
@@ -100,9 +130,14 @@ def serve(
         raise HypafilterError(f"{nic or 'the NIC'} has no flow cache (FC_CONFIG reads 0): nothing to synchronise")
     ct = Conntrack(ns)
     started = time.time()
+    mem = Members(table, window_ms=table.read("CTM_WINDOW")) if members else None
     try:
         syncer = Syncer(table, ct, read_timeouts(ns))
-        syncer.resync(ct.dump(), ct.stash)
+        entries = ct.dump()
+        syncer.resync(entries, ct.stash)
+        if mem is not None:
+            mem.load(entries)
+        del entries
         # Python's full (generation 2) collection walked every object of the worker (then pyroute2's modules too):
         # 70-110 ms under load, once in a run of the established measure, and no flow was installed meanwhile.
         # What is left after this collection (modules, sockets, the syncer) lives as long as the worker: frozen,
@@ -120,20 +155,40 @@ def serve(
                 if e.errno != errno.ENOBUFS:
                     raise
                 syncer.last_error = "conntrack events lost (ENOBUFS): resynchronised from a dump"
-                syncer.resync(ct.dump(), ct.stash)
+                if mem is not None:
+                    mem.withdraw()
+                entries = ct.dump()
+                syncer.resync(entries, ct.stash)
+                if mem is not None:
+                    mem.load(entries)
                 return
             syncer.events(events, t)
+            if mem is not None:
+                mem.events(events)
+
+        def keep_complete() -> None:
+            """[ctm] Caught up (no event read and not applied, none waiting): renew COMPLETE's lease."""
+            if mem is None:
+                return
+            t = time.monotonic()
+            if not (ct.backlog or ct.lost or select.select([ct.events], [], [], 0)[0]):
+                mem.caught_up(t)
+                mem.renew()
 
         def between() -> None:
-            """Within a poll: the events queued now, if any."""
+            """Within a poll: the events queued now, if any; then COMPLETE's lease (a poll took up to 858 ms under
+            load, longer than the lease: COMPLETE lapsed and new flows went to software meanwhile)."""
             if ct.backlog or ct.lost or select.select([ct.events], [], [], 0)[0]:
                 drain()
+            keep_complete()
 
         while not stopping and not stop():
             now = time.monotonic()
             if now >= next_poll:
                 syncer.poll(between)
                 doc = _status_doc(syncer, table, ns, nic, started, interval)
+                if mem is not None:
+                    doc["members"] = {**mem.stats(), "hw": _ctm_counters(table)}
                 SERVICE.write_status_file(
                     state_dir, {**doc, "pid": service_pid, "worker": os.getpid(), "restarts": restarts}
                 )
@@ -141,12 +196,20 @@ def serve(
             if ct.backlog or ct.lost:  # taken off the socket while the service waited for a reply
                 drain()
                 continue
-            r, _, _ = select.select([ct.events], [], [], max(0.0, min(next_poll - time.monotonic(), 0.2)))
+            if mem is not None and mem.pending:  # a full load, a chunk between the events
+                mem.load_step()
+                wait = 0.0
+            else:
+                keep_complete()
+                wait = min(next_poll - time.monotonic(), 0.2 if mem is None else RENEW_EVERY)
+            r, _, _ = select.select([ct.events], [], [], max(0.0, wait))
             if r:
                 drain()
     finally:
         gc.unfreeze()
         try:
+            if mem is not None:
+                mem.withdraw()
             table.flow_clear()
         finally:
             ct.close()
@@ -176,8 +239,20 @@ def _status_doc(syncer: Syncer, table, ns: str, nic: str, started: float, interv
     }
 
 
+def _ctm_counters(table) -> dict:
+    try:
+        return table.ctm_counters()
+    except Exception as e:  # for display
+        return {"error": str(e)}
+
+
 def supervise(
-    ns: str, open_table: Callable[[], object], state_dir: Path, interval: float = INTERVAL, nic: str = ""
+    ns: str,
+    open_table: Callable[[], object],
+    state_dir: Path,
+    interval: float = INTERVAL,
+    nic: str = "",
+    members: bool = False,
 ) -> int:
     """The service process (`SERVICE.supervise`): runs `serve` in a forked worker and, when the worker ends other
     than by a stop (an exception, a kill), clears the flow table (the worker may have left flows conntrack has
@@ -186,11 +261,15 @@ def supervise(
 
     def open_worker() -> Callable[[int, int], None]:
         table = open_table()
-        return lambda me, restarts: serve(ns, table, state_dir, interval, nic=nic, service_pid=me, restarts=restarts)
+        return lambda me, restarts: serve(
+            ns, table, state_dir, interval, nic=nic, service_pid=me, restarts=restarts, members=members
+        )
 
     def clear() -> None:
         t = open_table()
         try:
+            if members:
+                t.ctm_complete(0)  # the worker that kept it complete is gone
             t.flow_clear()
         finally:
             t.close()
@@ -209,11 +288,17 @@ def table_opener(mode: str, tgt, nic: dict) -> Callable[[], object]:
 
 
 def start(
-    ns: str, state_dir: Path, interval: float = INTERVAL, timeout: float = READY_TIMEOUT, mode: str = "flowcache"
+    ns: str,
+    state_dir: Path,
+    interval: float = INTERVAL,
+    timeout: float = READY_TIMEOUT,
+    mode: str = "flowcache",
+    members: bool = False,
 ) -> int:
     """Start the service for the deployment in `state_dir` (it reads the NIC from state.json) in `mode` (MODES);
     returns its pid once it has resynchronised (its first state file), raises HypafilterError if it exits
     before."""
     if mode not in MODES:
         raise HypafilterError(f"flow sync mode {mode!r}: not one of {', '.join(MODES)}")
-    return SERVICE.start(ns, state_dir, ["--interval", str(interval), "--mode", mode], timeout)
+    args = ["--interval", str(interval), "--mode", mode] + (["--members"] if members else [])
+    return SERVICE.start(ns, state_dir, args, timeout)

@@ -30,6 +30,11 @@ EMU_TICK_CYCLES = 256
 # The policy sync lease counts milliseconds of wall time, not of that work: the core takes its ticks from the
 # lease_ticks input (LEASE_TICK_CYCLES = 0), which the harness drives from CLOCK_MONOTONIC (docs/emulator.md).
 EMU_LEASE_GENERICS = {"LEASE_TICK_CYCLES": 0}
+# [ctm] The conntrack membership structure beside the flow cache (hw/hf_ct_member.vhd): 4 banks of 2**16 counters
+# (a false-positive rate under 1e-7 at 1,000 conntrack tuples, 16 % at 65,536; docs/flowsync.md "New flows on the
+# NIC") and 65,536 recent-egress stamps (few collide with the keys of the frames the host sent in the last 2 s).
+# HF_EMU_CTM_LOG2 overrides the banks' size (the opt-in 250,000-entry runs: 20).
+EMU_CTM_LOG2, EMU_CTM_EGRESS_LOG2 = 16, 16
 
 
 def core_generics(config) -> dict[str, int]:
@@ -43,6 +48,8 @@ def core_generics(config) -> dict[str, int]:
         "FC_WAYS": geometry[1],
         "FC_TICK_CYCLES": EMU_TICK_CYCLES,
         **EMU_LEASE_GENERICS,
+        "CTM_LOG2": int(os.environ.get("HF_EMU_CTM_LOG2", EMU_CTM_LOG2)),
+        "CTM_EGRESS_LOG2": EMU_CTM_EGRESS_LOG2,
     }
 
 

@@ -1,0 +1,156 @@
+"""The conntrack membership structure's meanings in Python (hw/hf_ct_member.vhd): the key, the hashes, the counting
+Bloom filter, the recent-egress table, command codes and register words. The testbenches, the model and the flow
+sync service use these; the VHDL implements the same definitions (docs/flowsync.md, "New flows on the NIC").
+
+Key: the flow cache's canonical key (`flowcache.canonical`: both directions of a tuple give one key, 104 bits). A
+conntrack entry is held under the canonical keys of its original and its reply tuple (the same key without NAT,
+two with it: each as seen on some wire); a frame is a possible member when its own canonical key is.
+
+Counting Bloom filter: BANKS banks of 2**log2 counters of COUNTER_BITS bits, one counter per bank per key at
+`bank_index`: zlib's CRC-32 and CRC-32C (Castagnoli) of the key's 13 bytes, their low bits for banks 0 and 1 and
+their high bits for banks 2 and 3 (four different linear maps, each an XOR network in hardware). A key is a
+possible member when all its counters are non-zero. An insert adds 1 to each of its counters, a delete takes 1 off;
+a counter at COUNTER_MAX stays there for good (sticky: a permanent possible member, never a lost one), and a delete
+that finds any of its counters at 0 changes nothing (it was never inserted: taking 1 off the others would lose real
+members) and is counted as refused. Every error of the structure is thus a false positive: a frame shunted as
+"unknown", never a frame called NEW while conntrack holds it.
+
+Recent egress: 2**egress_log2 timestamps (EGRESS_TS_BITS, in lease ticks, 1 ms), indexed by `egress_index`. The
+core writes the current time at the index of every TCP/UDP frame the host sends out through the NIC; a key is
+recent while (now - stamp) mod 2**EGRESS_TS_BITS < window. A stamp only moves forward, so a collision keeps every
+key recent at least as long as its own frame made it (another false positive at most).
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+
+from hypafilter.hw.flowcache import KEY_BITS, Flow, canonical
+
+BANKS = 4
+COUNTER_BITS = 4
+COUNTER_MAX = (1 << COUNTER_BITS) - 1
+EGRESS_TS_BITS = 32
+LATENCY = 4  # cycles from a lookup to its result (the flow cache's, so both reach the matcher together)
+MIN_LOG2, MAX_LOG2 = 8, 24
+OP_INSERT, OP_DELETE, OP_CLEAR = 1, 2, 3
+CMD_WORDS = 4  # table CTM_CMD: w0 src, w1 dst, w2 sport << 16 | dport, w3 op << 8 | proto (its write runs it)
+CONTROL_COMPLETE = 1  # CTM_CONTROL bit 0
+DEFAULT_WINDOW_MS = 2000  # CTM_WINDOW after reset
+
+
+def _crc32c_table() -> list[int]:
+    t = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ (0x82F63B78 if c & 1 else 0)
+        t.append(c)
+    return t
+
+
+_C_TABLE = _crc32c_table()
+
+
+def crc32c(data: bytes) -> int:
+    c = 0xFFFFFFFF
+    for b in data:
+        c = _C_TABLE[(c ^ b) & 0xFF] ^ (c >> 8)
+    return c ^ 0xFFFFFFFF
+
+
+def key_of(flow: Flow) -> int:
+    return canonical(flow)[0]
+
+
+def _crcs(key: int) -> tuple[int, int]:
+    b = key.to_bytes(KEY_BITS // 8, "big")
+    return zlib.crc32(b), crc32c(b)
+
+
+def bank_indices(key: int, log2: int) -> tuple[int, ...]:
+    """The counter of `key` in each bank."""
+    a, c = _crcs(key)
+    m = (1 << log2) - 1
+    return a & m, c & m, a >> (32 - log2), c >> (32 - log2)
+
+
+def egress_index(key: int, egress_log2: int) -> int:
+    a, c = _crcs(key)
+    return (a ^ c) >> 8 & ((1 << egress_log2) - 1)
+
+
+def cmd_words(op: int, flow: Flow | None = None) -> list[int]:
+    """The 4 CTM_CMD words of a command (a clear has no key)."""
+    f = flow or Flow(0, 0, 0)
+    return [f.src, f.dst, f.sport << 16 | f.dport, op << 8 | f.proto]
+
+
+def ctm_config(log2: int, egress_log2: int) -> int:
+    """CTM_CONFIG of a core with the structure (0: none): LOG2 | BANKS << 8 | COUNTER_BITS << 12 | EGRESS_LOG2 << 16."""
+    return log2 | BANKS << 8 | COUNTER_BITS << 12 | egress_log2 << 16
+
+
+def parse_config(word: int) -> tuple[int, int] | None:
+    """(log2, egress_log2) of CTM_CONFIG, None when the core has no structure."""
+    return None if word == 0 else (word & 0xFF, word >> 16 & 0xFF)
+
+
+@dataclass
+class CtMember:
+    """The structure as the hardware keeps it (the reference the benches compare with)."""
+
+    log2: int
+    egress_log2: int = 12
+    window: int = DEFAULT_WINDOW_MS
+    banks: list[dict[int, int]] = field(default_factory=list)
+    stamps: dict[int, int] = field(default_factory=dict)
+    members: int = 0  # inserts minus deletes done (CTM_MEMBERS)
+    saturated: int = 0  # counters an insert made sticky (CTM_SATURATED)
+    refused: int = 0  # deletes refused: a counter of the key was 0 (CTM_STATUS bits 15:0)
+
+    def __post_init__(self):
+        if not self.banks:
+            self.banks = [{} for _ in range(BANKS)]
+
+    def insert(self, key: int) -> None:
+        for bank, i in zip(self.banks, bank_indices(key, self.log2), strict=True):
+            v = bank.get(i, 0)
+            if v < COUNTER_MAX:
+                bank[i] = v + 1
+                if v + 1 == COUNTER_MAX:
+                    self.saturated += 1
+        self.members += 1
+
+    def delete(self, key: int) -> bool:
+        idx = bank_indices(key, self.log2)
+        vals = [bank.get(i, 0) for bank, i in zip(self.banks, idx, strict=True)]
+        if 0 in vals:
+            self.refused += 1
+            return False
+        for bank, i, v in zip(self.banks, idx, vals, strict=True):
+            if v < COUNTER_MAX:
+                bank[i] = v - 1
+        self.members -= 1
+        return True
+
+    def clear(self) -> None:
+        self.banks = [{} for _ in range(BANKS)]
+        self.members = 0
+
+    def member(self, key: int) -> bool:
+        return all(bank.get(i, 0) for bank, i in zip(self.banks, bank_indices(key, self.log2), strict=True))
+
+    def egress(self, key: int, now: int) -> None:
+        self.stamps[egress_index(key, self.egress_log2)] = now & ((1 << EGRESS_TS_BITS) - 1)
+
+    def recent(self, key: int, now: int) -> bool:
+        """Whether an egress frame of `key` (or of a colliding key) is younger than the window. A stamp never written
+        reads 0 (the reset sweep)."""
+        s = self.stamps.get(egress_index(key, self.egress_log2), 0)
+        return (now - s) % (1 << EGRESS_TS_BITS) < self.window
+
+    def possible(self, key: int, now: int) -> bool:
+        """What a lookup answers: a possible member (a frame then gets ct 0), or not (ct 3 when complete)."""
+        return self.member(key) or self.recent(key, now)

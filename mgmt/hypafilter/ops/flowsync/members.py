@@ -1,0 +1,149 @@
+"""The NIC's conntrack membership structure kept complete (docs/flowsync.md, "New flows on the NIC"): every conntrack
+entry's tuples go in on its first event or dump line, out on its destroy; a full load at start and after lost events;
+COMPLETE set, and its lease renewed, only while the service has caught up with conntrack's events recently enough that
+the NIC's recent-egress window covers every reply it has not inserted yet (`Members.renew`). Pure: the NIC client and
+the clock are parameters."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from hypafilter.hw import ctmember
+from hypafilter.hw.flowcache import PROTO_TCP, PROTO_UDP, Flow
+from hypafilter.ops.flowsync.events import CtEvent, _ipv4
+
+# COMPLETE's lease (ms): the hardware drops COMPLETE this long after the last renewal. The service renews it every
+# RENEW_EVERY seconds, only at a moment it has caught up with conntrack's events (`caught_up`), and only when that
+# moment plus the lease stays within the egress window less MARGIN_MS (the sync-lag argument, docs/flowsync.md).
+LEASE_MS = 500
+RENEW_EVERY = 0.1
+MARGIN_MS = 200
+LOAD_CHUNK = 2048  # inserts a `load_step` sends (about 0.5 s on the emulated NIC) before the service looks at events
+
+
+def entry_keys(ev: CtEvent) -> tuple[int, ...]:
+    """The canonical keys of an entry's tuples as seen on the wire (original, and reply when NAT makes it another
+    key); () for what the structure does not hold (not IPv4 TCP/UDP: such frames never get ct 3)."""
+    if ev.flow is None or ev.proto not in (PROTO_TCP, PROTO_UDP):
+        return ()
+    keys = [ctmember.key_of(ev.flow)]
+    if ev.reply is not None:
+        rs, rd, rsp, rdp = ev.reply
+        k = ctmember.key_of(Flow(_ipv4(rs), _ipv4(rd), ev.proto, rsp, rdp))
+        if k != keys[0]:
+            keys.append(k)
+    return tuple(keys)
+
+
+def _key_flow(key: int) -> Flow:
+    """A flow whose canonical key is `key` (the hardware canonicalises the command's tuple itself)."""
+    return Flow(key >> 72, (key >> 40) & 0xFFFFFFFF, key & 0xFF, (key >> 24) & 0xFFFF, (key >> 8) & 0xFFFF)
+
+
+@dataclass
+class Members:
+    """The entries the structure holds (by their original tuple and zone), and COMPLETE's state."""
+
+    nic: object  # NicClient: ctm_commands, ctm_complete, ctm_counters, ctm_config
+    clock: Callable[[], float] = time.monotonic
+    lease_ms: int = LEASE_MS
+    window_ms: int = ctmember.DEFAULT_WINDOW_MS
+    held: dict[tuple, tuple[int, ...]] = field(default_factory=dict)
+    # a full load's entries not inserted yet (`load_step` puts them in, a chunk at a time, between the events): no
+    # COMPLETE until none is left
+    pending: dict[tuple, tuple[int, ...]] = field(default_factory=dict)
+    complete: bool = False
+    caught_up_at: float | None = None  # the last moment no conntrack event was waiting
+    renewed_at: float = 0.0
+    counters: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(("inserts", "deletes", "loads", "renewals", "withheld"), 0)
+    )
+
+    @staticmethod
+    def ident(ev: CtEvent) -> tuple:
+        return (ev.family, ev.proto, ev.src, ev.dst, ev.sport, ev.dport, ev.zone or 0)
+
+    def _ops(self, evs: Iterable[CtEvent]) -> list[tuple[int, Flow]]:
+        ops = []
+        for ev in evs:
+            ident = self.ident(ev)
+            if ev.kind == "destroy":
+                if self.pending.pop(ident, None) is not None:
+                    continue  # never inserted: nothing to take out
+                for k in self.held.pop(ident, ()):
+                    ops.append((ctmember.OP_DELETE, _key_flow(k)))
+                    self.counters["deletes"] += 1
+            elif ident not in self.held and ident not in self.pending:
+                keys = entry_keys(ev)
+                if keys:
+                    self.held[ident] = keys
+                    for k in keys:
+                        ops.append((ctmember.OP_INSERT, _key_flow(k)))
+                        self.counters["inserts"] += 1
+        return ops
+
+    def events(self, evs: Iterable[CtEvent]) -> None:
+        """Apply conntrack events (in order): a new entry's tuples in, a destroyed one's out."""
+        ops = self._ops(evs)
+        if ops:
+            self.nic.ctm_commands(ops)
+
+    def load(self, entries: Iterable[CtEvent]) -> None:
+        """A full load (start, lost events): COMPLETE off, clear, every entry of the dump pending; `load_step` inserts
+        them a chunk at a time, so that the service goes on with its events (and its start is not held up: 250,000
+        entries take about a minute on the emulated NIC). COMPLETE comes back with the first renewal after the last
+        chunk, once the service has caught up."""
+        self.withdraw()
+        self.held.clear()
+        self.pending.clear()
+        self.nic.ctm_commands([(ctmember.OP_CLEAR, None)])
+        self.nic.ctm_wait_idle()  # the clear's sweep (lookups answer "member" meanwhile: only share is lost)
+        for ev in entries:
+            if ev.kind != "destroy" and (keys := entry_keys(ev)):
+                self.pending[self.ident(ev)] = keys
+        self.counters["loads"] += 1
+
+    def load_step(self, limit: int = LOAD_CHUNK) -> bool:
+        """Insert up to `limit` pending entries; whether any are left."""
+        ops = []
+        while self.pending and len(ops) < limit:
+            ident, keys = next(iter(self.pending.items()))
+            del self.pending[ident]
+            self.held[ident] = keys
+            ops += [(ctmember.OP_INSERT, _key_flow(k)) for k in keys]
+            self.counters["inserts"] += len(keys)
+        if ops:
+            self.nic.ctm_commands(ops)
+        return bool(self.pending)
+
+    def withdraw(self) -> None:
+        self.nic.ctm_complete(0)
+        self.complete = False
+        self.caught_up_at = None
+
+    def caught_up(self, t: float | None = None) -> None:
+        """No conntrack event waits now (every event read so far is applied)."""
+        self.caught_up_at = self.clock() if t is None else t
+
+    def renew(self) -> None:
+        """Set COMPLETE with a fresh lease when the last catch-up is recent enough: until the lease runs out, every
+        entry confirmed after that catch-up has its first frame out through the NIC at most lease + (now - catch-up)
+        ago, which the egress window (less a margin) covers. Otherwise leave the lease to run out."""
+        now = self.clock()
+        if now - self.renewed_at < RENEW_EVERY and self.complete:
+            return
+        if self.caught_up_at is None or self.pending:
+            return
+        behind_ms = (now - self.caught_up_at) * 1000.0
+        if behind_ms + self.lease_ms > self.window_ms - MARGIN_MS:
+            self.counters["withheld"] += 1
+            return
+        self.nic.ctm_complete(self.lease_ms)
+        self.complete = True
+        self.renewed_at = now
+        self.counters["renewals"] += 1
+
+    def stats(self) -> dict:
+        return {"entries": len(self.held), "pending": len(self.pending), "complete": self.complete, **self.counters}

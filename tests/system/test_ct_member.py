@@ -1,0 +1,237 @@
+"""New flows on the emulated NIC (docs/flowsync.md, "New flows on the NIC"): the flow sync service keeps the core's
+conntrack membership structure complete, frames it does not hold get ct 3, and a conntrack-first policy's drops of new
+flows are decided in hardware; replies that race the service (its worker stopped with SIGSTOP while connections open)
+still find their tuple in the recent-egress table, and once COMPLETE's lease has run out nothing is ct 3. The kernel is
+the oracle: every connection opened through the hybrid path is opened the same way through the plain path, with the
+same outcome. A negative control shows the race is real: with the egress window at 0 and COMPLETE forced on by hand
+(what a service lying about its lag would do) the hardware drops the replies and the connections fail."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+
+import pytest
+from hypafilter.netns import inside
+
+from conftest import need_tool
+from tests.system.test_flowsync import POLICY, TCP_PORT, UDP_PORT, Echo, wait_for
+
+pytestmark = pytest.mark.system
+
+LAB = "ctm"
+# test_flowsync's policy (ESTABLISHED first, then TCP_PORT and UDP_PORT): the same matcher, so the same emulator binary
+CLOSED_PORT = 7199
+
+
+def connections(lab, path: str, count: int, timeout: float = 3.0) -> list[bool]:
+    """`count` TCP connections and UDP exchanges from the sender to the receiver's echo servers on `path`, opened
+    together (their replies race each other and the service); per connection whether it completed."""
+    dst = lab.ip("recv", path)
+    socks = []
+    with inside(lab.ns_send):
+        for _ in range(count):
+            t = socket.socket()
+            t.setblocking(False)
+            u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            socks.append((t, u))
+    for t, u in socks:
+        t.connect_ex((dst, TCP_PORT))
+        u.sendto(b"ping", (dst, UDP_PORT))
+    out = []
+    deadline = time.monotonic() + timeout
+    for t, u in socks:
+        t.setblocking(True)
+        t.settimeout(max(0.1, deadline - time.monotonic()))
+        try:
+            t.send(b"hello")
+            ok_t = t.recv(16) == b"hello"
+        except OSError:
+            ok_t = False
+        u.settimeout(max(0.1, deadline - time.monotonic()))
+        try:
+            ok_u = u.recv(16) == b"ping"
+        except OSError:
+            ok_u = False
+        out += [ok_t, ok_u]
+        t.close()
+        u.close()
+    return out
+
+
+def syn_to_closed_port(lab, path: str, count: int) -> None:
+    """SYNs the policy drops (new flows to a port no rule accepts)."""
+    dst = lab.ip("recv", path)
+    with inside(lab.ns_send):
+        socks = [socket.socket() for _ in range(count)]
+    for s in socks:
+        s.setblocking(False)
+        s.connect_ex((dst, CLOSED_PORT))
+    time.sleep(0.3)
+    for s in socks:
+        s.close()
+
+
+class UdpServer:
+    """The receiver's UDP server on UDP_PORT: echoes every datagram, except "hold", whose sender it keeps (`held`)
+    without an answer."""
+
+    def __init__(self, ns: str):
+        with inside(ns):
+            self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("0.0.0.0", UDP_PORT))
+        self.held: list = []
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                data, peer = self.sock.recvfrom(2048)
+            except OSError:
+                return
+            if data == b"hold":
+                self.held.append(peer)
+            else:
+                self.sock.sendto(data, peer)
+
+
+def late_reply(lab, server: UdpServer, path: str) -> bool:
+    """A datagram from the client that the server does not answer at once (conntrack: an unreplied entry, which the
+    flow cache does not hold), then, after the egress window (2 s), the server's answer: whether the client gets it
+    (conntrack: the entry's reply, ESTABLISHED)."""
+    dst = lab.ip("recv", path)
+    with inside(lab.ns_send):
+        u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        u.settimeout(2)
+        n = len(server.held)
+        u.sendto(b"hold", (dst, UDP_PORT))
+        if not wait_for(lambda: len(server.held) > n, timeout=2):
+            return False
+        time.sleep(2.3)
+        server.sock.sendto(b"late", server.held[-1])
+        try:
+            return u.recv(16) == b"late"
+        except OSError:
+            return False
+    finally:
+        u.close()
+
+
+def worker_pid(state_dir) -> int:
+    return json.loads((state_dir / "flowsync.json").read_text())["worker"]
+
+
+@pytest.fixture(scope="module")
+def deployed(lab):
+    from hypafilter.config import Config
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.ops import deploy
+
+    need_tool("conntrack")
+    policy = parse_policy(POLICY, filename="ctfirst.rules", base_chain="FORWARD", config=Config())
+    state = deploy.deploy(policy, deploy.site_config(Config()))
+    lab.exec_in(lab.ns("plain"), ["iptables-restore"], input=POLICY)
+    tgt = deploy.target_of(state, Config())
+    echo = Echo(lab.ns_recv, TCP_PORT, UDP_PORT + 1000)  # its UDP side unused: UdpServer answers UDP_PORT
+    udp = UdpServer(lab.ns_recv)
+    yield state, tgt, deploy.STATE_DIR, udp
+    echo.stop = True
+    udp.sock.close()
+
+
+def test_new_flows_dropped_in_hardware_and_replies_racing_a_stopped_service(lab, deployed):
+    state, tgt, sd, udp = deployed
+    assert state["flowsync"]["new_flows"] == "decided", state["flowsync"]
+    with tgt.client(state["nic"]) as nic:
+        assert wait_for(lambda: nic.ctm_counters()["complete"], timeout=5), nic.ctm_counters()
+        # the oracle first: every connection completes on the plain path
+        assert all(connections(lab, "plain", 6))
+        # new flows the policy drops: decided in hardware (ct 3, dropped), nothing for the host
+        c0 = nic.counters()
+        syn_to_closed_port(lab, "hyb", 20)
+        c1 = nic.counters()
+        assert c1["CNT_CT_NONE"] - c0["CNT_CT_NONE"] >= 20, (c0, c1)
+        assert c1["CNT_DROPPED"] - c0["CNT_DROPPED"] >= 20, (c0, c1)
+        # connections with the service running: all complete (their first frames are ct 3, accepted, to the host),
+        # and the service puts their entries in the structure
+        m0 = nic.ctm_counters()["members"]
+        assert all(connections(lab, "hyb", 6))
+        assert wait_for(lambda: nic.ctm_counters()["members"] >= m0 + 12, timeout=5), (m0, nic.ctm_counters())
+        # a reply long after the egress stamps aged out: only the structure's insert makes it a member (else it is
+        # ct 3, and the policy drops it as NEW, in hardware, where the kernel calls it ESTABLISHED)
+        assert late_reply(lab, udp, "plain") and late_reply(lab, udp, "hyb")
+        # the worker stopped: connections opened now race a service that cannot insert their tuples; the frames
+        # the host sends out (SYN, first datagram) keep their replies members until the lease has run out
+        pid = worker_pid(sd)
+        before = nic.ctm_counters()
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            got = connections(lab, "hyb", 6)
+            during = nic.ctm_counters()
+            assert all(got), f"replies dropped while the service was stopped: {got}"
+            assert during["members"] == before["members"], "the stopped service inserted"
+            # the race took place: the connections' first frames were ct 3 (COMPLETE still set), so their replies,
+            # which the stopped service never inserted, were judged with COMPLETE set too
+            assert during["ct_none_frames"] - before["ct_none_frames"] >= 6, (before, during)
+            # the lease runs out (500 ms): COMPLETE clears, no ct 3, connections still complete
+            assert wait_for(lambda: not nic.ctm_counters()["complete"], timeout=3)
+            n0 = nic.ctm_counters()["ct_none_frames"]
+            assert all(connections(lab, "hyb", 6))
+            syn_to_closed_port(lab, "hyb", 5)
+            assert nic.ctm_counters()["ct_none_frames"] == n0, "ct 3 without COMPLETE"
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        # the service catches up: COMPLETE again, drops decided in hardware again
+        assert wait_for(lambda: nic.ctm_counters()["complete"], timeout=5)
+        c2 = nic.counters()
+        syn_to_closed_port(lab, "hyb", 10)
+        assert nic.counters()["CNT_CT_NONE"] - c2["CNT_CT_NONE"] >= 10
+        assert all(connections(lab, "hyb", 6))
+        assert nic.ctm_counters()["refused"] == 0
+
+
+def test_negative_control_without_the_egress_window_replies_are_dropped(lab, deployed):
+    """The race the egress table closes is real: the service stopped, COMPLETE forced on with a long lease and the
+    window at 0, the replies of new connections are not members and the hardware drops them (the plain path
+    completes them)."""
+    state, tgt, sd, udp = deployed
+    with tgt.client(state["nic"]) as nic:
+        assert wait_for(lambda: nic.ctm_counters()["complete"], timeout=5)
+        pid = worker_pid(sd)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            nic.write("CTM_WINDOW", 0)
+            nic.ctm_complete(60_000)
+            got = connections(lab, "hyb", 4, timeout=1.5)
+            assert not any(got[0::2]), f"TCP connections completed without their replies' tuples: {got}"
+            assert all(connections(lab, "plain", 4)), "the oracle path failed"
+        finally:
+            nic.ctm_complete(0)
+            nic.write("CTM_WINDOW", 2000)
+            os.kill(pid, signal.SIGCONT)
+        assert wait_for(lambda: nic.ctm_counters()["complete"], timeout=5)
+        assert all(connections(lab, "hyb", 4))
+
+
+def test_notrack_added_after_deploy_is_drift(lab, deployed):
+    """New flows decided since deploy, then a notrack rule in the firewall (a frame without an entry may now be
+    UNTRACKED, not NEW): `status` drifts (the xdp target's check, targets.xdp.newflows) until it is gone."""
+    from hypafilter import netns
+    from hypafilter.ops import deploy
+
+    assert not [d for d in deploy.status()["drift"] if "new flows" in d]
+    fw = lab.ns("fw")
+    netns.run(["nft", "add", "table", "ip", "ctmnt"], fw)
+    try:
+        netns.run(["nft", "add chain ip ctmnt pre { type filter hook prerouting priority raw; }"], fw)
+        netns.run(["nft", "add rule ip ctmnt pre udp dport 9 notrack"], fw)
+        drift = deploy.status()["drift"]
+        assert any("new flows" in d and "notrack" in d for d in drift), drift
+    finally:
+        netns.run(["nft", "delete", "table", "ip", "ctmnt"], fw)
+    assert not [d for d in deploy.status()["drift"] if "new flows" in d]

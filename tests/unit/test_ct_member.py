@@ -1,0 +1,138 @@
+"""The conntrack membership structure's Python side: the reference (hw/ctmember.py: hashes, counting, sticky
+counters, refused deletes, egress stamps) and the service's `Members` (ops/flowsync/members.py): which tuples go in
+and out for which conntrack entries, the full load, and when COMPLETE's lease is renewed (the sync-lag argument of
+docs/flowsync.md "New flows on the NIC")."""
+
+from __future__ import annotations
+
+import socket
+import zlib
+
+from hypafilter.hw import ctmember as cm
+from hypafilter.hw.flowcache import KEY_BITS, Flow
+from hypafilter.ops.flowsync.events import IPS_CONFIRMED, IPS_DST_NAT, CtEvent
+from hypafilter.ops.flowsync.members import LEASE_MS, MARGIN_MS, Members, entry_keys
+
+
+def test_crc32c_and_bank_indices():
+    assert cm.crc32c(b"123456789") == 0xE3069283  # the CRC-32C check value
+    f = Flow(0x0A000001, 0xC0A80001, 6, 40000, 80)
+    key = cm.key_of(f)
+    assert key == cm.key_of(f.reply())
+    b = key.to_bytes(KEY_BITS // 8, "big")
+    a, c = zlib.crc32(b), cm.crc32c(b)
+    assert cm.bank_indices(key, 16) == (a & 0xFFFF, c & 0xFFFF, a >> 16, c >> 16)
+    assert cm.egress_index(key, 12) == ((a ^ c) >> 8) & 0xFFF
+    assert cm.cmd_words(cm.OP_DELETE, f) == [f.src, f.dst, 40000 << 16 | 80, 2 << 8 | 6]
+    assert cm.parse_config(cm.ctm_config(16, 12)) == (16, 12) and cm.parse_config(0) is None
+
+
+def test_counting_sticky_refused_and_egress():
+    m = cm.CtMember(8, 4, window=100)
+    k1, k2 = cm.key_of(Flow(1, 2, 6, 3, 4)), cm.key_of(Flow(5, 6, 17, 7, 8))
+    assert not m.member(k1)
+    m.insert(k1)
+    m.insert(k1)
+    assert m.delete(k1) and m.member(k1)
+    assert m.delete(k1) and not m.member(k1)
+    assert not m.delete(k2) and m.refused == 1 and m.members == 0  # never inserted: nothing changes
+    for _ in range(cm.COUNTER_MAX + 3):
+        m.insert(k2)
+    assert m.saturated >= 1
+    for _ in range(cm.COUNTER_MAX + 3):
+        m.delete(k2)
+    assert m.member(k2)  # sticky: a permanent possible member, never a lost one
+    m.egress(k1, 1000)
+    assert m.possible(k1, 1099) and not m.possible(k1, 1100)
+    assert not m.recent(k1, 999 + 2**32)  # a stamp from the future after a wrap reads old, not recent
+
+
+def ev(kind: str, src="10.0.0.1", dst="10.0.1.1", sport=40000, dport=80, reply=None, status=IPS_CONFIRMED, proto=6):
+    return CtEvent(
+        kind=kind,
+        family=socket.AF_INET,
+        proto=proto,
+        src=src,
+        dst=dst,
+        sport=sport,
+        dport=dport,
+        reply=reply or (dst, src, dport, sport),
+        status=status,
+    )
+
+
+def test_entry_keys_nat_and_protocols():
+    plain = ev("new")
+    assert len(entry_keys(plain)) == 1
+    nat = ev("new", reply=("10.0.9.9", "100.64.0.1", 80, 61000), status=IPS_CONFIRMED | IPS_DST_NAT)
+    keys = entry_keys(nat)
+    assert len(keys) == 2 and keys[1] == cm.key_of(Flow(0x0A000909, 0x64400001, 6, 80, 61000))
+    assert entry_keys(ev("new", proto=1, sport=0, dport=0)) == ()
+
+
+class Recorder:
+    """What the service writes to the NIC: the commands and COMPLETE's writes, applied to a reference structure."""
+
+    def __init__(self):
+        self.m = cm.CtMember(12)
+        self.complete: list[int] = []
+
+    def ctm_commands(self, cmds):
+        for op, f in cmds:
+            if op == cm.OP_CLEAR:
+                self.m.clear()
+            elif op == cm.OP_INSERT:
+                self.m.insert(cm.key_of(f))
+            else:
+                assert self.m.delete(cm.key_of(f)), "a delete of a key the service never inserted"
+
+    def ctm_wait_idle(self):
+        pass
+
+    def ctm_complete(self, lease_ms: int):
+        self.complete.append(lease_ms)
+
+
+def test_members_follow_events_and_loads():
+    nic = Recorder()
+    mem = Members(nic)
+    a, b = ev("dump"), ev("dump", sport=40001)
+    mem.load([a, b, ev("dump", sport=40003)])
+    assert nic.complete == [0] and nic.m.members == 0 and len(mem.pending) == 3
+    # events during the load: a pending entry destroyed is never inserted (nor deleted: the hardware never had it)
+    mem.events([ev("destroy", sport=40003), ev("new", sport=40001)])
+    assert nic.m.members == 0 and len(mem.pending) == 2
+    mem.caught_up()
+    mem.renew()
+    assert nic.complete == [0], "COMPLETE while a load is pending"
+    assert mem.load_step(1) and len(mem.pending) == 1  # a chunk of one: one left
+    assert not mem.load_step() and nic.m.members == 2
+    mem.events([ev("new"), ev("update"), ev("new", sport=40002), ev("destroy", sport=40001), ev("destroy", sport=9)])
+    assert nic.m.members == 2 and len(mem.held) == 2  # duplicates not inserted twice, unknown destroys ignored
+    nat = ev("new", sport=5, reply=("10.0.9.9", "100.64.0.1", 80, 61000), status=IPS_CONFIRMED | IPS_DST_NAT)
+    mem.events([nat])
+    assert nic.m.members == 4
+    mem.events([ev("destroy", sport=5, reply=("10.0.9.9", "100.64.0.1", 80, 61000))])
+    assert nic.m.members == 2
+    mem.load([a])
+    mem.load_step()
+    assert nic.m.members == 1 and nic.complete[-1] == 0
+
+
+def test_complete_only_renewed_when_caught_up_within_the_window():
+    t = [100.0]
+    nic = Recorder()
+    mem = Members(nic, clock=lambda: t[0], window_ms=2000)
+    mem.load([])
+    mem.renew()
+    assert nic.complete == [0], "renewed before the service caught up"
+    mem.caught_up()
+    mem.renew()
+    assert nic.complete[-1] == LEASE_MS and mem.complete
+    # caught up long ago (a poll or a stop since): the lease plus the time behind must stay within the window
+    t[0] += (2000 - MARGIN_MS - LEASE_MS) / 1000 + 0.01
+    mem.renew()
+    assert nic.complete[-1] == LEASE_MS and mem.counters["withheld"] == 1 and mem.counters["renewals"] == 1
+    mem.caught_up()
+    mem.renew()
+    assert mem.counters["renewals"] == 2

@@ -960,7 +960,7 @@ begin
             sw_busy <= '0';
           end if;
         end if;
-        sn_sel <= lk_idx(4 downto 0);
+        sn_sel <= resize(lk_idx, 5);  -- the bit in its word (lk_idx may be narrower than 5 bits)
         if rst = '1' then
           sw_busy <= '1';
           sw_idx <= (others => '0');

@@ -80,7 +80,8 @@ def test_quick_run_end_to_end(shared_dir, tmp_path):
         if r["mode"] == "exact":
             assert r["hardware"] == "new core" and r["register_writes"] == "", r
         else:
-            assert r["hardware"] == "registers" and 1 <= int(r["register_writes"]) <= 10, r
+            # (each changed SHUNT word has a SHUNT_NONE twin on a core with the conntrack membership structure)
+            assert r["hardware"] == "registers" and 1 <= int(r["register_writes"]) <= 20, r
             assert float(r["registers_s"]) > 0
     text = md.read_text()
     for head in ("## Fig. 11", "## Fig. 14", "## Fig. 15", "## §VIII-I", "**Model**", "Wall time:"):

@@ -14,21 +14,19 @@ Speed is measured, not asserted (docs/results.md "Attack mix")."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-import sys
 
 import pytest
 from hypafilter import netns
 
 from conftest import need_root, need_tool
+from tests.hfcli import HfCli
 
 pytestmark = pytest.mark.system
 
 LAB = "atkt"
 STATE = f"/run/hypafilter/test-{LAB}"
-HF = [sys.executable, "-m", "hypafilter"]
+HF = HfCli(LAB, STATE)
 SHORT = ("--target", "xdp", "--attack", "udp", "--attackers", "50", "--frames", "400", "--repeats", "0",
          "--prog-repeat", "0", "--legit-connections", "4", "--json")  # fmt: skip
 CT_FIRST = """*filter
@@ -48,24 +46,15 @@ COMPLEX = CT_FIRST.replace(
 
 
 def hf(*args: str) -> dict:
-    env = dict(os.environ, HF_LAB=LAB, HF_STATE_DIR=STATE)
-    p = subprocess.run(HF + list(args), capture_output=True, text=True, env=env)
-    assert p.returncode == 0, f"hypafilter {' '.join(args)}: {p.stderr[-3000:]}"
+    p = HF(*args)
     return json.loads(p.stdout.splitlines()[-1]) if "--json" in args else {}
 
 
 @pytest.fixture(scope="module")
 def lab():
-    need_root()
-    need_tool("ip", "iptables-restore", "clang", "cc", "ethtool", "nft", "ipset")
-    env = dict(os.environ, HF_LAB=LAB, HF_STATE_DIR=STATE)
-    subprocess.run(HF + ["lab", "down", "--name", LAB], capture_output=True, env=env)
-    shutil.rmtree(STATE, ignore_errors=True)
-    hf("lab", "up", "--target", "xdp", "--name", LAB)
-    yield LAB
-    subprocess.run(HF + ["undeploy", "-q"], capture_output=True, env=env)
-    subprocess.run(HF + ["lab", "down", "--name", LAB], capture_output=True, env=env)
-    shutil.rmtree(STATE, ignore_errors=True)
+    need_tool("ipset")
+    with HF.xdp_lab() as name:
+        yield name
 
 
 def test_attack_mix_measured(lab, tmp_path):

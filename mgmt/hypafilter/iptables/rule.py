@@ -16,6 +16,7 @@ from hypafilter.ir.box import (
     flags_boxes,
     product_boxes,
 )
+from hypafilter.ir.family import ADDR_BITS, ADDR_MAX
 
 Boxes = list[Box]
 
@@ -27,21 +28,24 @@ class Addr:
     net: int
     mask: int
     invert: bool = False
+    family: int = 4  # 6: 128-bit net and mask (ip6tables)
 
     @property
     def prefix(self) -> int | None:
-        inv = ~self.mask & 0xFFFFFFFF
+        top = ADDR_MAX[self.family]
+        inv = ~self.mask & top
         if inv & (inv + 1):
             return None  # not contiguous
-        return 32 - inv.bit_length()
+        return ADDR_BITS[self.family] - inv.bit_length()
 
     def intervals(self) -> list[tuple[int, int]] | None:
         p = self.prefix
         if p is None:
             return None
+        top = ADDR_MAX[self.family]
         lo = self.net
-        hi = self.net | (~self.mask & 0xFFFFFFFF)
-        return complement(lo, hi, MAXV[0]) if self.invert else [(lo, hi)]
+        hi = self.net | (~self.mask & top)
+        return complement(lo, hi, top) if self.invert else [(lo, hi)]
 
 
 @dataclass
@@ -100,6 +104,7 @@ class Multiport:
 class Iprange:
     src: tuple[int, int, bool] | None = None
     dst: tuple[int, int, bool] | None = None
+    family: int = 4  # 6: 128-bit addresses (ip6tables)
 
 
 @dataclass
@@ -115,6 +120,15 @@ class Icmp:
 
 
 @dataclass
+class Icmp6(Icmp):
+    """`-m icmp6 --icmpv6-type T[/C]` (ip6tables): the kernel's icmp6_match has no "any" type (IPv4's type 255)."""
+
+    @property
+    def is_any(self) -> bool:
+        return False
+
+
+@dataclass
 class Comment:
     text: str | None = None
 
@@ -127,7 +141,13 @@ class Verbatim:
     tokens: list[str] = field(default_factory=list)
 
 
-Match = TcpUdp | Multiport | Iprange | Icmp | Comment | Verbatim
+Match = TcpUdp | Multiport | Iprange | Icmp | Icmp6 | Comment | Verbatim
+
+# Extension headers ipv6_find_hdr walks past when ip6tables asks for the upper-layer protocol (net/ipv6/exthdrs_core.c,
+# ipv6_ext_hdr; ip6_tables.c ip6_packet_match): `-p` of one of them never matches (ip6tables: "Warning: never matched
+# protocol ... use extension match instead"), `! -p` of one always does. Hop-by-hop is 0, which `-p` reads as "all".
+# No Next Header (59) is returned as the protocol of a chain that ends with it, so `-p 59` matches those.
+IPV6_EXT_PROTOS = frozenset({43, 44, 51, 60})
 
 
 @dataclass
@@ -147,6 +167,7 @@ class ParsedRule:
     target_args: list[str] = field(default_factory=list)
     goto: bool = False
     origin: Origin | None = None
+    family: int = 4  # 6: a rule of an ip6tables policy
     # Filled by `analyse`:
     boxes: Boxes = field(default_factory=list)
     complex: list[tuple[str, ...]] = field(default_factory=list)
@@ -196,7 +217,10 @@ def analyse(rule: ParsedRule, ifaces: Interfaces, options_of) -> None:
         holds = if_match(iface.name, ifaces.bridge) != iface.invert
         rule.resolved.append((toks, f"{ALWAYS if holds else NEVER} (its {what} device is the bridge {ifaces.bridge})"))
         rule.never |= not holds
-    if rule.proto:
+    if rule.proto and rule.family == 6 and rule.proto in IPV6_EXT_PROTOS:
+        if not rule.proto_invert:  # never the upper-layer protocol (see IPV6_EXT_PROTOS); `!` of it: every frame
+            parts.append([])
+    elif rule.proto:
         p = rule.proto
         parts.append(_FieldPart("proto", complement(p, p, 0xFF) if rule.proto_invert else [(p, p)]))
     if rule.frag is not None:
@@ -234,7 +258,8 @@ def analyse(rule: ParsedRule, ifaces: Interfaces, options_of) -> None:
             for r, fname in ((m.src, "src"), (m.dst, "dst")):
                 if r is not None:
                     lo, hi, inv = r
-                    parts.append(_FieldPart(fname, complement(lo, hi, MAXV[0]) if inv else [(lo, hi)]))
+                    top = ADDR_MAX[m.family]
+                    parts.append(_FieldPart(fname, complement(lo, hi, top) if inv else [(lo, hi)]))
         elif isinstance(m, Icmp):
             if m.is_any:
                 if m.invert:

@@ -6,19 +6,21 @@ from __future__ import annotations
 import ipaddress
 import random
 import socket
+from pathlib import Path
 
 import pytest
 from hypafilter.errors import PolicyError
 from hypafilter.iptables.canonical import ip6_str, rule_tokens
-from hypafilter.iptables.document import parse_policy
+from hypafilter.iptables.document import parse_policy, read_table
 from hypafilter.iptables.parser import parse_rule
 from hypafilter.iptables.sets import SetEnv
-from hypafilter.iptables.writer import tokens_text
+from hypafilter.iptables.writer import rule_line, tokens_text
 from hypafilter.ir import Header
 from hypafilter.ir.family import address_space
 from hypafilter.ir.sets import SetInfo
 
 TOP = (1 << 128) - 1
+REAL6 = sorted((Path(__file__).resolve().parents[2] / "rulesets" / "real").glob("*.rules6"))
 
 
 def a6(s: str) -> int:
@@ -270,3 +272,16 @@ def test_sets_in_an_ipv6_policy():
     with pytest.raises(PolicyError, match="set bad4 is family inet") as e:
         policy("-p tcp -j ACCEPT", "-m set --match-set bad4 src -j DROP", sets=env)
     assert (e.value.line, e.value.token) == (6, "bad4")
+
+
+@pytest.mark.parametrize("path", REAL6, ids=lambda p: p.name)
+def test_real_ip6tables_dumps_parse_and_print_back_as_ip6tables_save_wrote_them(path):
+    """ufw's IPv6 side (rulesets/real/*.rules6, written by the real tool): every rule's canonical text is the line
+    ip6tables-save wrote, and FORWARD and INPUT flatten."""
+    text = path.read_text()
+    table = read_table(text, str(path), family=6)
+    mine = sorted(rule_line(c.name, rule_tokens(r)) for c in table.chains.values() for r in c.rules)
+    assert mine == sorted(ln for ln in text.splitlines() if ln.startswith("-A "))
+    for chain in ("FORWARD", "INPUT"):
+        p = parse_policy(text, str(path), chain, family=6)
+        assert p.family == 6 and p.simple_indices and p.complex_indices

@@ -419,14 +419,16 @@ class TableChains:
     tables: dict[str, int]  # every table the file fills -> its first line
 
 
-def read_table(text: str, filename: str, config: Config | None = None) -> TableChains:
+def read_table(text: str, filename: str, config: Config | None = None, family: int = 4) -> TableChains:
     """All chains of `config.table` (default filter) as parsed rules, for tools that rewrite a whole table.
 
-    Interface checks stay checks (no bridge is assumed), so a rule's boxes are its header checks alone."""
+    Interface checks stay checks (no bridge is assumed), so a rule's boxes are its header checks alone. `family` 6:
+    an ip6tables table (its boxes hold 128-bit addresses, ir.family)."""
     config = config or Config()
-    doc = _Document(filename, "INPUT", config)
+    doc = _Document(filename, "INPUT", config, family)
     doc.ifaces = Interfaces()
-    doc.read(text)
+    with address_space(family):
+        doc.read(text)
     return TableChains(config.table, doc.chains, doc.tables)
 
 

@@ -136,13 +136,17 @@ def test_protocols_of_extension_headers_never_match_as_ipv6_find_hdr_reads_them(
     p = policy(
         "-p 44 -j DROP", "-p ah -j DROP", "! -p 60 -j DROP", "-p 59 -j DROP", "-p all -j ACCEPT", "-p esp -j DROP"
     )
-    never_frag, never_ah, not_opts, nonxt, every, esp = p.rules
-    assert never_frag.boxes == () and never_ah.boxes == ()  # ipv6_find_hdr never returns 43/44/51/60
+    never_frag, ah, not_opts, nonxt, every, esp = p.rules
+    assert never_frag.boxes == ()  # ipv6_find_hdr never returns 43/44/60
+    assert ah.boxes[0].interval("proto") == (51, 51)  # nf_tables: the walk stops at AH (IP6_FH_F_AUTH)
     assert not_opts.boxes[0].interval("proto") == (0, 255)  # `! -p 60`: every frame
     assert nonxt.boxes[0].interval("proto") == (59, 59)  # No Next Header is returned as the protocol
     assert every.boxes[0].interval("proto") == (0, 255)
     assert esp.boxes[0].interval("proto") == (50, 50)
-    assert [(o.line, "never matches" in n) for o, n in p.notes] == [(5, True), (6, True)]
+    assert [(o.line, "never matches" in n, "reaches AH" in n) for o, n in p.notes] == [
+        (5, True, False),
+        (6, False, True),
+    ]
     assert one("-p ipv6-route -m rt --rt-type 0 -j DROP").boxes == []  # as ip6tables warns: use -m rt alone
     with pytest.raises(PolicyError, match="would never match protocol"):
         one("! -p all -j DROP")

@@ -538,10 +538,10 @@ def _parse_policy(
         ],
         family=family,
         notes=[
-            (r.origin, _EXT_PROTO_NOTE.format(p=canonical.proto_text(r.proto)))
+            (r.origin, (_AH_NOTE if r.proto == 51 else _EXT_PROTO_NOTE).format(p=canonical.proto_text(r.proto)))
             for name in (base_chain, *reach)
             for r in doc.chains[name].rules
-            if family == 6 and r.proto in IPV6_EXT_PROTOS and not r.proto_invert
+            if family == 6 and (r.proto in IPV6_EXT_PROTOS or r.proto == 51) and not r.proto_invert
         ],
     )
 
@@ -549,4 +549,8 @@ def _parse_policy(
 _EXT_PROTO_NOTE = (
     "-p {p} never matches: ip6tables compares -p with the upper-layer protocol ipv6_find_hdr finds after the "
     'extension headers (ip6tables warns "never matched protocol"; use -m ipv6header or the header\'s own match)'
+)
+_AH_NOTE = (
+    "-p {p} matches frames whose extension-header chain reaches AH (nf_tables stops ipv6_find_hdr there); with "
+    'ip6tables-legacy it would never match (ip6tables warns "never matched protocol")'
 )

@@ -143,11 +143,17 @@ class Verbatim:
 
 Match = TcpUdp | Multiport | Iprange | Icmp | Icmp6 | Comment | Verbatim
 
-# Extension headers ipv6_find_hdr walks past when ip6tables asks for the upper-layer protocol (net/ipv6/exthdrs_core.c,
-# ipv6_ext_hdr; ip6_tables.c ip6_packet_match): `-p` of one of them never matches (ip6tables: "Warning: never matched
-# protocol ... use extension match instead"), `! -p` of one always does. Hop-by-hop is 0, which `-p` reads as "all".
-# No Next Header (59) is returned as the protocol of a chain that ends with it, so `-p 59` matches those.
-IPV6_EXT_PROTOS = frozenset({43, 44, 51, 60})
+# `-p` of an ip6tables rule compares the protocol ipv6_find_hdr(skb, &thoff, -1, ...) returns: the header after the
+# extension-header chain (net/ipv6/exthdrs_core.c). With the nf_tables back end (iptables-nft, what this project's
+# kernel runs) `-p` is `meta l4proto`, set by nft_set_pktinfo_ipv6 (include/net/netfilter/nf_tables_ipv6.h), which
+# passes IP6_FH_F_AUTH: the walk stops at an AH header and 51 is the protocol. So hop-by-hop (0), routing (43),
+# fragment (44) and destination options (60) are never the protocol: `-p` of one of them never matches (ip6tables
+# warns "never matched protocol"), `! -p` of one matches every frame; `-p 0` is "all". AH (51) is the protocol of a
+# frame whose chain reaches AH (legacy ip6_tables' ip6_packet_match passes no flags and walks past AH: there
+# `-p ah` never matches; docs/ipv6.md). No Next Header (59) is returned for a chain that ends with it.
+# A frame the walk cannot finish (truncated, bad lengths) gets no protocol: no `-p` test matches it under nf_tables
+# (hotdrop under legacy); the fast paths hand such frames to the stack unparsed.
+IPV6_EXT_PROTOS = frozenset({43, 44, 60})
 
 
 @dataclass

@@ -220,6 +220,9 @@ class Plan:
             "geo_chains": {str(k): list(v) for k, v in sorted(self.geo_chains.items())},
             "partition": rules,
         }
+        if self.family != 4:  # an IPv6 plan: its entries hold address ranks (addr_map; IPv4 reports as they were)
+            out["family"] = self.family
+            out["address_ranks"] = {d: len(v) for d, v in self.addr_map.starts.items()}
         if any(self.miss_shunt):  # (only then, so that reports of policies without conntrack stay as they were)
             out["miss_shunt"] = {"accept": bool(self.miss_shunt[0]), "drop": bool(self.miss_shunt[1])}
             # the shunt bits for frames no conntrack entry holds (ct 3, the xdp target's lookup)

@@ -9,6 +9,7 @@ through the hybrid as it does through the plain namespace (the kernel alone, the
 from __future__ import annotations
 
 import json
+import os
 import struct
 import subprocess
 import sys
@@ -212,3 +213,100 @@ def test_expectation_withdraws_and_restores(lab):
         assert wait_for(decided, 5.0) is not None, (service(), netns.run(["conntrack", "-L", "expect"], FW))
     finally:
         c.close()
+
+
+# ---- opt-in: the window, measured (`make newflows-lag`; docs/xdp.md "Following the configuration") -----------------
+
+LAG_RUNS = int(os.environ.get("HF_NEWFLOWS_LAG", "0"))
+
+
+def dropped() -> int:
+    from hypafilter.targets.bpfmap import PinnedArray, percpu_sum
+
+    st = json.loads((Path(STATE) / "state.json").read_text())
+    with PinnedArray(Path(st["nic"]["pin"]) / "hfx_cnt") as m:
+        return percpu_sum(m, 3)  # HFX_CNT_DROPPED
+
+
+def _pcts(xs: list[float]) -> str:
+    s = sorted(xs)
+    return f"p50 {s[len(s) // 2]:.1f} ms, max {s[-1]:.1f} ms (n={len(s)})"
+
+
+@pytest.mark.skipif(not LAG_RUNS, reason="opt-in: HF_NEWFLOWS_LAG=N (make newflows-lag)")
+@pytest.mark.parametrize("kind", ("nft-object", "iptables-nft", "iptables-legacy", "expectation"))
+def test_withdraw_lag(lab, kind):
+    """N times: the change made, then HFX_CT_NONE polled every 0.2 ms until it is clear: the time from the command's
+    start and from its return, and the service's own (the cause read -> the map written); then undone, and the
+    permission back before the next run."""
+    import socket
+
+    from hypafilter.netns import inside
+
+    add, undo = {
+        "nft-object": (
+            ["nft", 'add table ip cthx; add ct helper ip cthx h { type "ftp" protocol tcp; }'],
+            [["nft", "delete", "table", "ip", "cthx"]],
+        ),
+        "iptables-nft": (["iptables", *HELPER], [["iptables", "-t", "raw", "-F"], ["nft", "delete table ip raw"]]),
+        "iptables-legacy": (["iptables-legacy", *HELPER], [["iptables-legacy", "-t", "raw", "-F"]]),
+    }.get(kind, (None, [["conntrack", "-F", "expect"]]))
+    c = None
+    if kind == "expectation":  # a master with the ftp helper, the rule gone
+        netns.run(["iptables-legacy", *HELPER], FW)
+        with inside(SEND):
+            c = socket.create_connection(("10.0.2.1", 21), timeout=3)
+        netns.run(["iptables-legacy", "-t", "raw", "-F"], FW)
+        sport = c.getsockname()[1]
+        add = ["conntrack", "-I", "expect", "--orig-src", "10.0.1.1", "--orig-dst", "10.0.2.1", "-p", "tcp"]
+        add += ["--orig-port-src", str(sport), "--orig-port-dst", "21", "--tuple-src", "10.0.2.1"]
+        add += ["--tuple-dst", "10.0.1.1", "--tuple-port-src", "0", "--tuple-port-dst", "50022"]
+        add += ["--mask-src", "255.255.255.255", "--mask-dst", "255.255.255.255", "--mask-port-src", "0"]
+        add += ["--mask-port-dst", "65535", "-t", "60"]
+    from_start, from_return = [], []
+    try:
+        for _ in range(LAG_RUNS):
+            assert wait_for(decided, 5.0) is not None, service()
+            time.sleep(0.1)
+            t0 = time.monotonic()
+            netns.run(add, FW)
+            t1 = time.monotonic()
+            w = wait_for(lambda: not decided(), 2.0, 0.0002)
+            assert w is not None
+            from_start.append((t1 - t0 + w) * 1000)
+            from_return.append(w * 1000)
+            for u in undo:
+                netns.run(u, FW)
+        time.sleep(1.1)  # the status file (every second)
+        print(f"\n{kind}: command start -> withdrawn {_pcts(from_start)}; command return -> withdrawn "
+              f"{_pcts(from_return)}; service (cause read -> written) {service()['lag_withdraw_ms']}")  # fmt: skip
+    finally:
+        if c is not None:
+            c.close()
+    assert wait_for(decided, 5.0) is not None
+
+
+@pytest.mark.skipif(not LAG_RUNS, reason="opt-in: HF_NEWFLOWS_LAG=N (make newflows-lag)")
+@pytest.mark.parametrize("tool", ("iptables", "iptables-legacy"))
+def test_ftp_right_after_the_rule(lab, tool):
+    """The race itself, N times: the helper rule added and an active-FTP exchange started at once (the control
+    connection, USER, PORT, the server's data connection: every step a round trip through the firewall): whether the
+    data connection's first SYN was dropped in XDP (HFX_CNT_DROPPED moved: a frame the kernel would have accepted
+    as RELATED, decided as NEW) or the exchange failed."""
+    wrong, failed = 0, 0
+    for _ in range(LAG_RUNS):
+        assert wait_for(decided, 5.0) is not None, service()
+        if tool == "iptables":
+            hf.followed(timeout=30)
+        time.sleep(0.1)
+        d0 = dropped()
+        netns.run([tool, *HELPER], FW)
+        ok = ftp("hyb") == "226 ok"
+        wrong += dropped() != d0
+        failed += not ok
+        netns.run([tool, "-t", "raw", "-F"], FW)
+        if tool == "iptables":
+            netns.run(["nft", "delete table ip raw"], FW)
+        netns.run(["conntrack", "-F", "expect"], FW, check=False)
+    print(f"\n{tool}: {wrong} of {LAG_RUNS} exchanges had a frame dropped in XDP, {failed} failed")
+    assert failed == 0

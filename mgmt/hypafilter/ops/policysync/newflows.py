@@ -139,9 +139,8 @@ class HelperSysctl:
 
 
 class XdpPermission:
-    """HFX_CT_NONE in the running program's hfx_config (its pin directory `pin`). Written only under the deployment's
-    lock taken without waiting (`lock`): a deploy writes the whole hfx_config with its own check's answer, and a
-    read-modify-write racing it would put the old tables' configuration back."""
+    """HFX_CT_NONE in the running program's hfx_config (its pin directory `pin`), read-modified-written under the
+    deployment's lock (`deploy_lock_now`)."""
 
     def __init__(self, pin: str):
         self.path = Path(pin) / "hfx_cfg"
@@ -178,6 +177,20 @@ def hold_lock(state_dir: Path):
     with open(Path(state_dir) / (HOLD_FILE + ".lock"), "a+") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         yield
+
+
+@contextlib.contextmanager
+def deploy_lock_now(state_dir: Path):
+    """The deployment's lock (ops.deploy's deploy.lock), taken without waiting: yields whether it is held. The
+    permission is written only under it: a deploy writes the program's whole configuration with its own check's
+    answer, and a read-modify-write racing it would put back the old tables' configuration."""
+    with open(Path(state_dir) / "deploy.lock", "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
 
 
 def held(state_dir: Path) -> bool:
@@ -346,20 +359,21 @@ class NewFlows:
             if perm is None:
                 self.want_off, self.t_off = False, None
                 return
-            if self.busy():  # a deploy writes the program's configuration now: after it (`step`)
-                self.want_check = True
-                return
-            if self.want_off or self.why:
-                if perm.on():
-                    perm.set(False)
-                    self.counts["withdrawals"] += 1
-                    if self.t_off is not None:
-                        self.lag_withdraw.append((time.monotonic() - self.t_off) * 1000)
-                self.t_off, self.want_off = None, False  # withdrawn; the check to come decides whether it stays
-            elif not self.want_check and self.checking is None and not perm.on() and perm.allowed():
-                perm.set(True)
-                self.counts["restores"] += 1
-                self.log("new flows: decided again (ct 3)")
+            with deploy_lock_now(self.state_dir) as free:
+                if not free:  # a deploy (or this worker's own follow) writes the configuration now: after it
+                    self.want_check = True
+                    return
+                if self.want_off or self.why:
+                    if perm.on():
+                        perm.set(False)
+                        self.counts["withdrawals"] += 1
+                        if self.t_off is not None:
+                            self.lag_withdraw.append((time.monotonic() - self.t_off) * 1000)
+                    self.t_off, self.want_off = None, False  # withdrawn; the check to come decides whether it stays
+                elif not self.want_check and self.checking is None and not perm.on() and perm.allowed():
+                    perm.set(True)
+                    self.counts["restores"] += 1
+                    self.log("new flows: decided again (ct 3)")
             self.error = ""
         except (HypafilterError, OSError) as e:
             if str(e) != self.error:

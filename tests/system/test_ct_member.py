@@ -231,7 +231,7 @@ def test_notrack_added_after_deploy_is_followed(lab, deployed):
     hardware again."""
     from hypafilter import netns
     from hypafilter.ops import deploy
-    from hypafilter.ops.policysync.newflows import held
+    from hypafilter.ops.flowsync.hold import held
     from hypafilter.ops.policysync.service import SERVICE
 
     state, tgt, sd, udp = deployed

@@ -141,7 +141,7 @@ def test_complete_only_renewed_when_caught_up_within_the_window():
 def test_no_renewal_while_the_policy_sync_service_holds_new_flows(tmp_path):
     """The hold file of ops.policysync.newflows (a helper, expectation, notrack or zone appeared): COMPLETE is not
     renewed, and the next renewal after the hold is gone sets it again."""
-    from hypafilter.ops.policysync.newflows import HOLD_FILE, held
+    from hypafilter.ops.flowsync.hold import HOLD_FILE, held
 
     t = [100.0]
     nic = Recorder()

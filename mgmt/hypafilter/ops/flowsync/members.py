@@ -14,7 +14,7 @@ from pathlib import Path
 from hypafilter.hw import ctmember
 from hypafilter.hw.flowcache import PROTO_TCP, PROTO_UDP, Flow
 from hypafilter.ops.flowsync.events import CtEvent, _ipv4
-from hypafilter.ops.policysync.newflows import held, hold_lock
+from hypafilter.ops.flowsync.hold import held, hold_lock
 
 # COMPLETE's lease (ms): the hardware drops COMPLETE this long after the last renewal. The service renews it every
 # RENEW_EVERY seconds, only at a moment it has caught up with conntrack's events (`caught_up`), and only when that

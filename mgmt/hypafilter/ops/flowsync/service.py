@@ -63,7 +63,7 @@ class FlowSync(Service):
         doc = self.read_status_file(state_dir) or {}
         if not (doc.get("running") and doc.get("members")):
             return []
-        from hypafilter.ops.policysync.newflows import held
+        from hypafilter.ops.flowsync.hold import held
         from hypafilter.targets.xdp import newflows
 
         why = newflows.why_not(doc.get("ns"))

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from hypafilter import netns
 from hypafilter.errors import HypafilterError
+from hypafilter.ops.flowsync.hold import HOLD_FILE, held, hold_lock
 from hypafilter.ops.netlink import NETLINK_NETFILTER, Netlink, NetlinkError
 
 # include/uapi/linux/netfilter/nfnetlink.h, nfnetlink_conntrack.h
@@ -44,7 +45,6 @@ EXP_GROUPS = (1 << NFNLGRP_CONNTRACK_EXP_NEW - 1) | (1 << NFNLGRP_CONNTRACK_EXP_
 NFNL_SUBSYS_CTNETLINK_EXP = 2
 IPCTNL_MSG_EXP_NEW, IPCTNL_MSG_EXP_DELETE = 0, 2
 
-HOLD_FILE = "newflows.hold"  # in the state directory: present (its text the reason) while ct 3 is withheld
 POLL_S = 0.05  # the legacy raw table and the helper sysctl are read this often
 CT_LOOKUP, CT_NONE = 1, 2  # hfx_config.ct_flags (driver/xdp/hf_fastpath.h HFX_CT_LOOKUP, HFX_CT_NONE)
 CFG_CT_FLAGS = 9  # the word of hfx_config that holds ct_flags
@@ -135,6 +135,14 @@ class HelperSysctl:
             os.close(self.fd)
 
 
+def _pct(xs) -> dict:
+    """p50, max and count of a series (ms), as the worker's status file gives its lags."""
+    if not xs:
+        return {"n": 0}
+    s = sorted(xs)
+    return {"n": len(s), "p50": round(s[len(s) // 2], 3), "max": round(s[-1], 3)}
+
+
 # ---- the permission, per target ------------------------------------------------------------------------------------
 
 
@@ -171,15 +179,6 @@ class XdpPermission:
 
 
 @contextlib.contextmanager
-def hold_lock(state_dir: Path):
-    """The hold's lock (exclusive): the flow sync service renews COMPLETE under it after looking at the hold, the
-    policy sync service sets the hold and clears COMPLETE under it: no renewal falls between the two."""
-    with open(Path(state_dir) / (HOLD_FILE + ".lock"), "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        yield
-
-
-@contextlib.contextmanager
 def deploy_lock_now(state_dir: Path):
     """The deployment's lock (ops.deploy's deploy.lock), taken without waiting: yields whether it is held. The
     permission is written only under it: a deploy writes the program's whole configuration with its own check's
@@ -191,11 +190,6 @@ def deploy_lock_now(state_dir: Path):
             yield False
             return
         yield True
-
-
-def held(state_dir: Path) -> bool:
-    """Whether ct 3 is withheld on the NIC (the hold file exists): the flow sync service does not set COMPLETE."""
-    return (Path(state_dir) / HOLD_FILE).exists()
 
 
 class NicPermission:
@@ -390,8 +384,6 @@ class NewFlows:
             return None
 
     def doc(self, st: dict | None) -> dict:
-        from hypafilter.ops.policysync.worker import _pct
-
         return {
             "decided": self.decided(st),
             "why_not": self.why,

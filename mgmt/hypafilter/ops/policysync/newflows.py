@@ -270,7 +270,9 @@ class NewFlows:
             return self.perm
         self.pin, self.perm = key, None
         if st.get("target") == "xdp" and (st.get("nic") or {}).get("pin"):
-            self.perm = XdpPermission(st["nic"]["pin"])
+            perm = XdpPermission(st["nic"]["pin"])
+            with contextlib.suppress(HypafilterError, OSError):  # unreadable: a program being replaced, next time
+                self.perm = perm if perm.allowed() else None
         elif st.get("target") == "emu" and (st.get("flowsync") or {}).get("new_flows") == "decided":
             self.perm = NicPermission(self.state_dir, deploy.target_of(st, deploy.state_config(st)), st["nic"])
         return self.perm
@@ -326,6 +328,10 @@ class NewFlows:
             if why:
                 self.want_off = True
         if self.busy():
+            return
+        if self._permission(st) is None:  # nothing to follow (no lookup on xdp, no structure on the NIC)
+            self.want_check = self.want_off = False
+            self.t_off = None
             return
         if self.want_check and self.checking is None:
             self.want_check = False

@@ -302,8 +302,9 @@ class Follower(deploy.FollowWatch):
             self.seen = max(self.seen, e.gen)
             if self.newflows is not None and e.pid not in netns.SPAWNED:
                 # a rule or object may bring a helper, notrack or zone: ct 3 withdrawn before anything is read;
-                # any other commit (a rule deleted) is checked, and may let it back
-                if self.adds:
+                # any other commit (a rule deleted) is checked, and may let it back. A deploy's commits are checked
+                # once it ends (it made its own check; a change made meanwhile is found then)
+                if self.adds and not self.deployed(e.gen):
                     self.newflows.withdraw(t0, self.state(fresh=False))
                 self.newflows.want_check = True
             self.adds = False

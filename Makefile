@@ -69,6 +69,13 @@ test-sets-scale:
 	PYTHONPATH=mgmt $(VENV)/bin/python scripts/set-lag.py --tool ipset --bans 20 --blocklist 10000
 	PYTHONPATH=mgmt $(VENV)/bin/python scripts/set-lag.py --tool fail2ban --bans 20 --blocklist 10000
 
+# opt-in: the new-flow permission's withdrawal lag and the FTP race right after a helper rule, 20 runs each (xdp lab
+# cth, about a minute; figures in docs/xdp.md "Following the configuration")
+.PHONY: newflows-lag
+newflows-lag:
+	@scripts/setup.sh system
+	HF_NEWFLOWS_LAG=20 scripts/run-system-tests.sh -n 0 -s tests/system/test_newflows_follow.py -k "lag or right_after"
+
 # opt-in: the whole core built from acl1_10k (9,544 entries) at 512 and 256 bits; long, see docs/hardware.md
 .PHONY: sim-10k
 sim-10k:

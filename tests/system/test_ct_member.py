@@ -223,20 +223,40 @@ def test_negative_control_without_the_egress_window_replies_are_dropped(lab, dep
         assert all(connections(lab, "hyb", 4))
 
 
-def test_notrack_added_after_deploy_is_drift(lab, deployed):
+def test_notrack_added_after_deploy_is_followed(lab, deployed):
     """New flows decided since deploy, then a notrack rule in the firewall (a frame without an entry may now be
-    UNTRACKED, not NEW): `status` drifts (the xdp target's check, targets.xdp.newflows) until it is gone."""
+    UNTRACKED, not NEW): the policy sync service withdraws ct 3 at once, without `status` or a redeploy (the hold
+    file, COMPLETE cleared and not renewed: ops.policysync.newflows), so no frame is ct 3 and `status` has no drift
+    about it; the rule gone, the flow sync service sets COMPLETE again and new flows the policy drops are decided in
+    hardware again."""
     from hypafilter import netns
     from hypafilter.ops import deploy
+    from hypafilter.ops.flowsync.hold import held
+    from hypafilter.ops.policysync.service import SERVICE
 
+    state, tgt, sd, udp = deployed
     assert not [d for d in deploy.status()["drift"] if "new flows" in d]
     fw = lab.ns("fw")
-    netns.run(["nft", "add", "table", "ip", "ctmnt"], fw)
-    try:
-        netns.run(["nft", "add chain ip ctmnt pre { type filter hook prerouting priority raw; }"], fw)
-        netns.run(["nft", "add rule ip ctmnt pre udp dport 9 notrack"], fw)
-        drift = deploy.status()["drift"]
-        assert any("new flows" in d and "notrack" in d for d in drift), drift
-    finally:
-        netns.run(["nft", "delete", "table", "ip", "ctmnt"], fw)
+    with tgt.client(state["nic"]) as nic:
+        assert wait_for(lambda: nic.ctm_counters()["complete"], timeout=5)
+        netns.run(["nft", "add", "table", "ip", "ctmnt"], fw)
+        try:
+            netns.run(["nft", "add chain ip ctmnt pre { type filter hook prerouting priority raw; }"], fw)
+            t0 = time.monotonic()
+            netns.run(["nft", "add rule ip ctmnt pre udp dport 9 notrack"], fw)
+            assert wait_for(lambda: held(sd) and not nic.ctm_counters()["complete"], timeout=1), nic.ctm_counters()
+            print(f"notrack rule: ct 3 withdrawn {1000 * (time.monotonic() - t0):.0f} ms after the command began")
+            n0 = nic.ctm_counters()["ct_none_frames"]
+            time.sleep(0.3)  # past a renewal of the flow sync service (every 100 ms): it must not set COMPLETE
+            syn_to_closed_port(lab, "hyb", 5)
+            assert not nic.ctm_counters()["complete"] and nic.ctm_counters()["ct_none_frames"] == n0
+            assert not [d for d in deploy.status()["drift"] if "new flows" in d]
+        finally:
+            netns.run(["nft", "delete", "table", "ip", "ctmnt"], fw)
+        assert wait_for(lambda: not held(sd) and nic.ctm_counters()["complete"], timeout=5), nic.ctm_counters()
+        # the base chain was also a foreign one: the service shunted everything until it was gone
+        assert wait_for(lambda: (SERVICE.read_status_file(sd) or {}).get("safe") is False, timeout=5)
+        c0 = nic.counters()
+        syn_to_closed_port(lab, "hyb", 5)
+        assert nic.counters()["CNT_CT_NONE"] - c0["CNT_CT_NONE"] >= 5
     assert not [d for d in deploy.status()["drift"] if "new flows" in d]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import json
 import random
+import time
 import zlib
 from pathlib import Path
 
@@ -233,26 +234,44 @@ def test_helper_keeps_forcing(lab, tmp_path):
     assert "ct helper" in why, why
 
 
-def test_helper_added_after_deploy_is_drift(lab, tmp_path):
-    """New flows decided since deploy, then a helper configured in the firewall: `status` reports drift (exits
-    non-zero) until a redeploy, which leaves misses to conntrack and says why."""
+def test_helper_added_after_deploy_is_followed(lab, tmp_path):
+    """New flows decided since deploy, then a helper configured in the firewall (an nft ct helper object: the
+    transaction's NEWOBJ): the policy sync service withdraws HFX_CT_NONE without `status` or a redeploy, so `status`
+    has no drift; the table deleted, it comes back (tests/system/test_newflows_follow.py: CT rules, expectations)."""
+    from hypafilter.targets.xdp.target import _ct_flags
+
     fw = f"{LAB}-fw"
     f = tmp_path / "policy.rules"
     f.write_text(CT_FIRST)
     hf("undeploy", "-q", check=False)
     hf("deploy", str(f), "--target", "xdp", "--json")
-    assert json.loads((Path(STATE) / "state.json").read_text())["tables"]["new_flows"] == "decided"
+    st = json.loads((Path(STATE) / "state.json").read_text())
+    assert st["tables"]["new_flows"] == "decided"
     assert json.loads(hf("status", "--json").stdout)["drift"] == []
+
+    def decided() -> bool:
+        return bool(_ct_flags(st["nic"]) & 2)
+
+    def wait(cond, timeout: float = 3.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+    assert wait(decided)
     netns.run(["nft", "add", "table", "ip", "hfxnf"], fw)
     netns.run(["nft", 'add ct helper ip hfxnf ftph { type "ftp" protocol tcp; }'], fw)
     try:
+        assert wait(lambda: not decided(), 1.0)
         p = hf("status", "--json", check=False)
-        assert p.returncode != 0 and any("new flows" in d for d in json.loads(p.stdout)["drift"]), p.stdout[-2000:]
-        hf("deploy", str(f), "--target", "xdp", "--json")
-        assert "ct helper" in json.loads((Path(STATE) / "state.json").read_text())["tables"]["new_flows"]
-        assert json.loads(hf("status", "--json").stdout)["drift"] == []
+        assert p.returncode == 0 and not json.loads(p.stdout)["drift"], p.stdout[-2000:]
     finally:
         netns.run(["nft", "delete", "table", "ip", "hfxnf"], fw)
+    try:
+        assert wait(decided)
+    finally:
         hf("undeploy", "-q", check=False)
 
 

@@ -136,3 +136,24 @@ def test_complete_only_renewed_when_caught_up_within_the_window():
     mem.caught_up()
     mem.renew()
     assert mem.counters["renewals"] == 2
+
+
+def test_no_renewal_while_the_policy_sync_service_holds_new_flows(tmp_path):
+    """The hold file of ops.policysync.newflows (a helper, expectation, notrack or zone appeared): COMPLETE is not
+    renewed, and the next renewal after the hold is gone sets it again."""
+    from hypafilter.ops.flowsync.hold import HOLD_FILE, held
+
+    t = [100.0]
+    nic = Recorder()
+    mem = Members(nic, clock=lambda: t[0], window_ms=2000, state_dir=tmp_path)
+    mem.load([])
+    mem.caught_up()
+    (tmp_path / HOLD_FILE).write_text("held\n")
+    assert held(tmp_path)
+    mem.renew()
+    assert nic.complete == [0] and not mem.complete and mem.counters["held"] == 1
+    (tmp_path / HOLD_FILE).unlink()
+    t[0] += 0.2
+    mem.caught_up()
+    mem.renew()
+    assert nic.complete[-1] == LEASE_MS and mem.complete

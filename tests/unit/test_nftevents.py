@@ -74,3 +74,15 @@ def test_orphans_are_the_chains_a_deployed_file_leaves_unreached():
         config=Config(),
     )
     assert orphans(snapshot, declared, "HF") == ["OLD"]
+
+
+def test_expectation_events():
+    """ctnetlink's expectation messages (NFNL_SUBSYS_CTNETLINK_EXP): NEW and DELETE, nothing else."""
+    from hypafilter.ops.policysync.newflows import NFNL_SUBSYS_CTNETLINK_EXP, parse_exp
+
+    def exp(mtype: int, subsys: int = NFNL_SUBSYS_CTNETLINK_EXP) -> bytes:
+        return struct.pack("=IHHII", 20, subsys << 8 | mtype, 0, 0, 0) + b"\2\0\0\0"
+
+    assert parse_exp(exp(0), 0) == "new" and parse_exp(exp(2), 0) == "destroy"
+    assert parse_exp(exp(1), 0) is None  # a GET
+    assert parse_exp(exp(0, subsys=1), 0) is None  # a conntrack entry's NEW

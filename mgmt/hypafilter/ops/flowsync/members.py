@@ -9,10 +9,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from hypafilter.hw import ctmember
 from hypafilter.hw.flowcache import PROTO_TCP, PROTO_UDP, Flow
 from hypafilter.ops.flowsync.events import CtEvent, _ipv4
+from hypafilter.ops.flowsync.hold import held, hold_lock
 
 # COMPLETE's lease (ms): the hardware drops COMPLETE this long after the last renewal. The service renews it every
 # RENEW_EVERY seconds, only at a moment it has caught up with conntrack's events (`caught_up`), and only when that
@@ -57,8 +59,11 @@ class Members:
     complete: bool = False
     caught_up_at: float | None = None  # the last moment no conntrack event was waiting
     renewed_at: float = 0.0
+    # the deployment's state directory: while its new-flows hold exists (the policy sync service found a helper,
+    # expectation, notrack or zone: ops.policysync.newflows) COMPLETE is not set, looked at under the hold's lock
+    state_dir: Path | None = None
     counters: dict[str, int] = field(
-        default_factory=lambda: dict.fromkeys(("inserts", "deletes", "loads", "renewals", "withheld"), 0)
+        default_factory=lambda: dict.fromkeys(("inserts", "deletes", "loads", "renewals", "withheld", "held"), 0)
     )
 
     @staticmethod
@@ -140,7 +145,15 @@ class Members:
         if behind_ms + self.lease_ms > self.window_ms - MARGIN_MS:
             self.counters["withheld"] += 1
             return
-        self.nic.ctm_complete(self.lease_ms)
+        if self.state_dir is not None:
+            with hold_lock(self.state_dir):
+                if held(self.state_dir):
+                    self.counters["held"] += 1
+                    self.complete = False
+                    return
+                self.nic.ctm_complete(self.lease_ms)
+        else:
+            self.nic.ctm_complete(self.lease_ms)
         self.complete = True
         self.renewed_at = now
         self.counters["renewals"] += 1

@@ -63,10 +63,11 @@ class FlowSync(Service):
         doc = self.read_status_file(state_dir) or {}
         if not (doc.get("running") and doc.get("members")):
             return []
+        from hypafilter.ops.flowsync.hold import held
         from hypafilter.targets.xdp import newflows
 
         why = newflows.why_not(doc.get("ns"))
-        if why:
+        if why and not held(state_dir):  # withheld by the policy sync service: followed, not drift
             return [f"{self.name}: the NIC decides new flows (ct 3), but {why}: redeploy (misses then go to conntrack)"]
         return []
 
@@ -130,7 +131,7 @@ def serve(
         raise HypafilterError(f"{nic or 'the NIC'} has no flow cache (FC_CONFIG reads 0): nothing to synchronise")
     ct = Conntrack(ns)
     started = time.time()
-    mem = Members(table, window_ms=table.read("CTM_WINDOW")) if members else None
+    mem = Members(table, window_ms=table.read("CTM_WINDOW"), state_dir=state_dir) if members else None
     try:
         syncer = Syncer(table, ct, read_timeouts(ns))
         entries = ct.dump()

@@ -43,6 +43,7 @@ from hypafilter.netfilter.bridge import TABLE as BRIDGE_TABLE
 from hypafilter.ops import deploy
 from hypafilter.ops.lab import HOST_TABLE
 from hypafilter.ops.policysync import live
+from hypafilter.ops.policysync.newflows import NewFlows
 from hypafilter.ops.policysync.nftevents import NfTables, NftEvent
 from hypafilter.ops.policysync.service import SERVICE
 from hypafilter.targets.bpfmap import PinnedRingbuf
@@ -151,6 +152,8 @@ class Follower(deploy.FollowWatch):
         self.counts["lease_renewals"] = 0
         self.lag_lease: deque[float] = deque(maxlen=2000)  # ms: time between two renewals
         self.lease_last: float | None = None
+        self.newflows = None  # the new-flow permission's watch (ops.policysync.newflows), set by `serve`
+        self.adds = False  # a message of the transaction being read adds a rule or an object (any table)
 
     def state(self, fresh: bool = True) -> dict:
         """The deployment's state (`fresh`: read again; else as last read unless the file changed since, what the
@@ -292,10 +295,19 @@ class Follower(deploy.FollowWatch):
         for e in events:
             self.counts["events"] += 1
             if e.kind != "newgen":
+                self.adds |= e.kind in ("newrule", "newobj")
                 self.dirty |= relevant(e, self.table)
                 self.elsewhere |= not relevant(e, self.table) and e.table not in OWN_TABLES
                 continue
             self.seen = max(self.seen, e.gen)
+            if self.newflows is not None and e.pid not in netns.SPAWNED:
+                # a rule or object may bring a helper, notrack or zone: ct 3 withdrawn before anything is read;
+                # any other commit (a rule deleted) is checked, and may let it back. A deploy's commits are checked
+                # once it ends (it made its own check; a change made meanwhile is found then)
+                if self.adds and not self.deployed(e.gen):
+                    self.newflows.withdraw(t0, self.state(fresh=False))
+                self.newflows.want_check = True
+            self.adds = False
             if self.elsewhere and e.pid not in netns.SPAWNED:
                 self.dirty = True  # another table changed: its base chains are read with the ruleset
             self.elsewhere = False
@@ -460,6 +472,8 @@ def serve(ns: str, state_dir: Path, service_pid: int | None = None, restarts: in
     sets = SetFollower(log)  # the kernel's ipsets into the xdp program's set tables (docs/sets.md)
     f.safe = restarts > 0  # after an abnormal end the supervisor left the fail safe in force: the first sync lifts it
     f.table = deploy.deployed_config(f.state()).table
+    # conntrack's expectation events, subscribed before the first check (docs/xdp.md "New flows")
+    watch = f.newflows = NewFlows(ns, state_dir, log, lambda: deploy_busy(state_dir))
 
     def status() -> None:
         SERVICE.write_status_file(
@@ -474,6 +488,7 @@ def serve(ns: str, state_dir: Path, service_pid: int | None = None, restarts: in
                 "updated_at": time.time(),
                 **f.doc(),
                 "sets": sets.doc(),
+                "new_flows": watch.doc(f.state(fresh=False)),
             },
         )
 
@@ -487,9 +502,17 @@ def serve(ns: str, state_dir: Path, service_pid: int | None = None, restarts: in
         next_status = time.monotonic() + STATUS_EVERY
         while not stopping:
             lease_in = f.renew_lease()
+            poll_in = watch.poll(time.monotonic(), f.state(fresh=False))
+            if watch.checking is not None:
+                poll_in = min(poll_in, 0.005)
             wait = 0.0 if f.pending or f.lost else 0.05 if f.after_deploy else max(0.0, next_status - time.monotonic())
-            r, _, _ = select.select([nft.events], [], [], min(wait, lease_in))
+            r, _, _ = select.select([nft.events, watch], [], [], min(wait, lease_in, poll_in))
             t0 = time.monotonic()
+            if watch in r:
+                watch.intake(t0, f.state(fresh=False))
+            r = [x for x in r if x is nft.events]
+            if watch.pending():
+                watch.step(f.state(fresh=False))
             # a wake-up only to renew the lease changes nothing else: the rest of the round (the lazy rebuild's
             # checks included) keeps the pace it has without the lease (events, or the status interval)
             lease_only = not r and t0 < next_status and not (f.pending or f.lost or f.after_deploy or f.error)
@@ -513,12 +536,15 @@ def serve(ns: str, state_dir: Path, service_pid: int | None = None, restarts: in
                 # file must not show the last change's "safe": false meanwhile
                 status()
                 f.sync(why, f.pending_since or t0)
+                watch.want_check = True  # a follow writes the tables with its own check's answer
+            watch.step(f.state(fresh=False))
             f.maybe_rebuild()
             if change or lost or retry or time.monotonic() >= next_status:
                 status()
                 next_status = time.monotonic() + STATUS_EVERY
     finally:
         sets.close()
+        watch.close()
         nft.close()
         SERVICE.write_status_file(
             state_dir, {"running": False, "pid": service_pid, "stopped_at": time.time(), "ns": ns}

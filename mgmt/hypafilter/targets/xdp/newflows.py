@@ -7,7 +7,8 @@ conntrack helper, or by a program through ctnetlink), a helper assigned to conne
 --helper`, nft `ct helper set`, or the old automatic assignment `net.netfilter.nf_conntrack_helper = 1`), a notrack
 rule (`-j NOTRACK`, `-j CT --notrack`, nft `notrack`) or a zone (`-j CT --zone`, nft `ct zone set`). `why_not`
 reads the namespace's configuration for any of these; the program gets HFX_CT_NONE only when it finds none and
-could read everything. Nothing here follows later changes: docs/xdp.md "Not yet".
+could read everything. The policy sync service follows later changes with it (ops.policysync.newflows; docs/xdp.md
+"Following the configuration").
 """
 
 from __future__ import annotations

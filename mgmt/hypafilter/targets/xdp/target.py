@@ -39,6 +39,8 @@ from hypafilter.targets.xdp import sets as setmaps
 from hypafilter.targets.xdp.build import build_loader, build_program
 from hypafilter.targets.xdp.sets import SET_CAPACITY
 from hypafilter.targets.xdp.tables import (
+    CONFIG,
+    CT_NONE_FLAG,
     CtConfig,
     build_tables,
     entry_rows,
@@ -303,11 +305,15 @@ class XdpTarget(Target):
         have = cfg.get("control", 0) & (~0 if miss is not None else ~CONTROL_MISS_SHUNT)  # older states: no bits 4/5
         if have != want:
             out.append(f"xdp: CONTROL {cfg.get('control')}, deployed {want}")
-        if (st.get("tables") or {}).get("new_flows") == "decided":
-            # misses are decided as NEW or INVALID: nothing may since have made such a frame RELATED or UNTRACKED
+        if _ct_flags(info) & CT_NONE_FLAG:
+            # misses are decided as NEW or INVALID now: nothing may have made such a frame RELATED or UNTRACKED (the
+            # policy sync service withdraws HFX_CT_NONE when something does: ops.policysync.newflows)
             why = newflows.why_not(self.site.netns)
             if why:
-                out.append(f"xdp: new flows are decided in XDP, but {why}: redeploy (misses then go to conntrack)")
+                out.append(
+                    f"xdp: new flows are decided in XDP, but {why}: the policy sync service has not withdrawn it "
+                    "(redeploy: misses then go to conntrack)"
+                )
         out += self._sets_drift(info)
         return out
 
@@ -521,6 +527,13 @@ class XdpTarget(Target):
 
     def counter_source(self, info: dict, timeout: float = 30.0) -> XdpCounters:
         return XdpCounters(self, info)
+
+
+def _ct_flags(info: dict) -> int:
+    """hfx_config.ct_flags of the running program (HFX_CT_*; the policy sync service clears and sets HFX_CT_NONE in
+    place: ops.policysync.newflows)."""
+    with PinnedArray(Path(info["pin"]) / "hfx_cfg") as m:
+        return CONFIG.unpack(m.read()[: CONFIG.size])[9]
 
 
 def read_ct_config(ns: str | None) -> CtConfig:

@@ -163,3 +163,60 @@ def _load_policy(args: argparse.Namespace, config: Config, env) -> Policy:
     return parse_policy(
         text, filename=args.policy, base_chain=args.chain, config=config, allow_empty=args.allow_empty, sets=env
     )
+
+
+def add_ipv6_args(p: argparse.ArgumentParser, only: bool = True) -> None:
+    """--ipv6 V6POLICY (dual stack), -6 V6POLICY (an IPv6 policy alone, with `only`) and --ipv6-default: the IPv6
+    side of deploy, update and verify (docs/ipv6.md, "Deploy and verify")."""
+    p.add_argument(
+        "--ipv6",
+        metavar="V6POLICY",
+        help="ip6tables-save file: the IPv6 policy beside POLICY (loaded into ip6tables; every IPv6 frame decided there)",
+    )
+    if only:
+        p.add_argument(
+            "-6",
+            dest="ipv6_only",
+            metavar="V6POLICY",
+            help="ip6tables-save file: an IPv6 policy alone (no POLICY; IPv4 frames meet an empty FORWARD ACCEPT)",
+        )
+    p.add_argument(
+        "--ipv6-default",
+        choices=("kernel", "drop"),
+        default=None,
+        help="without an IPv6 policy: kernel (default) leaves ip6tables as the operator has it, drop drops every "
+        "IPv6 frame (ip6tables' base chain policy DROP, no rule)",
+    )
+
+
+EMPTY_V4 = "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\nCOMMIT\n"
+
+
+def load_ipv6(args: argparse.ArgumentParser, base_chain: str):
+    """The IPv6 side the arguments name: a V6Policy (--ipv6 or -6 file, or --ipv6-default drop), or None (kernel)."""
+    from hypafilter.netfilter import ip6
+
+    path = getattr(args, "ipv6", None) or getattr(args, "ipv6_only", None)
+    if getattr(args, "ipv6", None) and getattr(args, "ipv6_only", None):
+        raise HypafilterError("give either --ipv6 V6POLICY (beside POLICY) or -6 V6POLICY (alone), not both")
+    if path and args.ipv6_default:
+        raise HypafilterError("--ipv6-default is for a deployment without an IPv6 policy: drop it or the policy")
+    if path:
+        return ip6.read(path, base_chain)
+    if args.ipv6_default == "drop":
+        return ip6.drop_policy(base_chain)
+    return None
+
+
+def load_policy_v4(args: argparse.Namespace, config: Config) -> Policy:
+    """load_policy, or with -6 alone (no POLICY) the empty IPv4 policy (every IPv4 frame accepted) that verify puts
+    beside an IPv6 policy of its own."""
+    if getattr(args, "ipv6_only", None):
+        if args.policy or args.classbench:
+            raise HypafilterError("-6 V6POLICY takes no IPv4 POLICY: for both, give POLICY --ipv6 V6POLICY")
+        from hypafilter.iptables.document import parse_policy
+
+        return parse_policy(
+            EMPTY_V4, filename="(no IPv4 policy: -6)", base_chain=args.chain, config=config, allow_empty=True
+        )
+    return load_policy(args, config)

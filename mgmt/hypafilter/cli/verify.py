@@ -115,6 +115,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
             print(f"mismatch: {json.dumps(ex)}", file=sys.stderr)
         for ex in obs["examples"]:
             print(f"observer mismatch: {json.dumps(ex)}", file=sys.stderr)
+        conn6 = (report.get("ipv6") or {}).get("connections")
+        if conn6:
+            keep = ("connections", "bytes", "mismatches", "completed_oracle", "by_kind")
+            print(json.dumps({"ipv6_connections": {k: conn6[k] for k in keep}}))
+            for ex in conn6["examples"]:
+                print(f"IPv6 connection mismatch: {json.dumps(ex)}", file=sys.stderr)
         if conn:
             keep = ("connections", "bytes", "mismatches", "completed_oracle", "hw_share", "by_kind")
             print(json.dumps({"connections": {k: conn[k] for k in keep}}))
@@ -126,7 +132,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         for ex in lim["examples"]:
             print(f"limited rule mismatch: {json.dumps(ex)}", file=sys.stderr)
     bad = report["mismatches"] or report["observers"]["mismatches"] or lim.get("mismatches")
-    return 1 if bad or (conn and conn["mismatches"]) else 0
+    conn6 = (report.get("ipv6") or {}).get("connections")
+    return 1 if bad or (conn and conn["mismatches"]) or (conn6 and conn6["mismatches"]) else 0
 
 
 def register(sub) -> None:

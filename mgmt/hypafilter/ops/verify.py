@@ -37,6 +37,7 @@ from hypafilter.ir.semantics import OBSERVING_TARGETS
 from hypafilter.netfilter import ipset
 from hypafilter.netfilter.bridge import unfilterable_nft
 from hypafilter.ops import connections, deploy, observers, verify6
+from hypafilter.ops import connections as connections_mod
 from hypafilter.ops.connections import ConnectionSpec
 from hypafilter.ops.lab import HOST_MAC, HOST_SEEN_MAX, Lab
 from hypafilter.shared import pack_meta
@@ -1507,7 +1508,24 @@ def _verify(
             "window": {"closed_by": "counters", **closed} if closed is not None else {"closed_by": "quiet time"},
         }
     )
-    if connections is not None:
+    if connections is not None and six is not None:
+        if host:
+            raise HypafilterError("IPv6 connections run in bridge mode only (host mode: --connections without IPv6)")
+        conns6 = verify6.conns6(six.policy, connections)
+        before = tgt.counters(state["nic"])
+        flush_conntrack(lab, tgt, state)
+        verify6.flush6(lab.ns_fw, lab.ns_plain)
+        t = time.monotonic()
+        got6 = connections_mod.run_both(lab, conns6, connections.nbytes)
+        c6 = connections_mod.compare(conns6, got6, connections.nbytes)
+        c6.update(
+            {
+                "hw_share": hw_share(_counter_delta(before, tgt.counters(state["nic"]))),
+                "seconds": round(time.monotonic() - t, 3),
+            }
+        )
+        report["ipv6"]["connections"] = c6
+    if connections is not None and (six is None or six.ipv4):
         report["connections"] = verify_connections(
             lab,
             policy,

@@ -267,3 +267,20 @@ def flush6(*namespaces: str) -> None:
     for ns in namespaces:
         with contextlib.suppress(netns.CommandError):
             netns.run(["conntrack", "-F", "-f", "ipv6"], ns)
+
+
+def conns6(policy: ip6.V6Policy | None, spec) -> list:
+    """`spec.connections` IPv6 connections (ops.connections.Conn, family 6) of the spec's kinds in turn, to the ports
+    the IPv6 policy names and one it does not, from source ports of their own."""
+    from hypafilter.ops.connections import SPORT_BASE, UNNAMED_PORT, Conn
+
+    ports = sorted({p for p in (ip6.aims(policy).ports if policy is not None else []) if p} | {UNNAMED_PORT})
+    return [
+        Conn(
+            spec.kinds[i % len(spec.kinds)],
+            ports[(i // len(spec.kinds)) % len(ports)],
+            SPORT_BASE + 10000 + i,
+            family=6,
+        )
+        for i in range(spec.connections)
+    ]

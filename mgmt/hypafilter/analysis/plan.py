@@ -104,6 +104,10 @@ class Plan:
     # Slots of the update buffer of the core built for it (Config.update_buffer): part of the hardware's identity
     # (hw.vhdl.matcher_hash); the tables of such a core have n + 1 + buffer_depth rows (analysis.overlay)
     buffer_depth: int = UPDATE_BUFFER_DEFAULT
+    # The address family (ir.family): 6 for a plan of an ip6tables policy, whose entries hold address ranks; a frame's
+    # addresses map to them by `addr_map.rank(dim, addr)` (ir.family.AddrMap; None for IPv4).
+    family: int = 4
+    addr_map: object | None = field(default=None, repr=False)
     _geo: dict[int, list[int]] | None = field(default=None, repr=False)
 
     # Derived arrays, computed once (refresh): bool [n + 1] each.
@@ -346,6 +350,10 @@ def build_plan(
     if strategy not in STRATEGIES:
         raise HypafilterError(f"unknown strategy {strategy!r} (choose {', '.join(STRATEGIES)})")
     t0 = time.perf_counter()
+    if policy.family != 4 and policy.addr_map is None:  # wide addresses: analysed as ranks (ir.family)
+        from hypafilter.ir.family import compress
+
+        policy, _ = compress(policy)
     rules = policy.rules
     cplx = policy.complex_indices
     mirroring = mirrors(mode, strategy)
@@ -439,6 +447,8 @@ def build_plan(
         strategy=strategy,
         live=live,
         buffer_depth=config.update_buffer,
+        family=policy.family,
+        addr_map=policy.addr_map,
     )
     plan.analysis_seconds = time.perf_counter() - t0
     return plan

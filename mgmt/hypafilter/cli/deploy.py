@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from hypafilter.cli.common import add_ipv6_args, add_policy_args, load_config, load_ipv6, load_policy, progress
+from hypafilter.cli.common import add_ipv6_default_arg, add_policy_args, load_config, load_ipv6, load_policy, progress
 from hypafilter.config import MODES, STRATEGIES
 from hypafilter.errors import HypafilterError
 
@@ -42,8 +42,13 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     elif args.command == "update":
         deploy.configure_from_state()
     cfg = deploy.site_config(cfg)  # the policy's interface checks meet the lab's interfaces
+    if args.family6:
+        raise HypafilterError(
+            "deploy -6: the IPv6 policy goes beside an IPv4 one in this stage (POLICY --ipv6 V6POLICY); a deployment "
+            "of an IPv6 policy alone would leave the operator's IPv4 side undecided"
+        )
     policy = load_policy(args, cfg)
-    v6 = load_ipv6(args, policy.base_chain)
+    v6 = load_ipv6(args, cfg, policy.base_chain)
     if args.command == "update" and v6 is None and args.ipv6_default is None:
         # an update without IPv6 arguments keeps the deployed IPv6 side
         from hypafilter.netfilter import ip6
@@ -245,7 +250,7 @@ def register(sub) -> None:
         ("update", "replace the deployed policy, make-before-break"),
     ):
         p = sub.add_parser(name, help=help_)
-        add_policy_args(p)
+        add_policy_args(p, ipv6=True)
         p.add_argument(
             "--target",
             choices=("emu", "xdp"),
@@ -257,7 +262,7 @@ def register(sub) -> None:
             help="xdp: deploy on these two interfaces (a bridge port pair) instead of the lab's firewall",
         )
         p.add_argument("--netns", metavar="NS", help="with --ports: the network namespace holding them")
-        add_ipv6_args(p, only=False)
+        add_ipv6_default_arg(p)
         p.add_argument("--strategy", choices=STRATEGIES, help="software strategy")
         p.add_argument("--mode", choices=MODES, help="shunting mode")
         p.add_argument("--force", action="store_true", help="redeploy even if this policy is deployed")

@@ -7,7 +7,7 @@ import json
 import sys
 
 from hypafilter.cli.common import (
-    add_ipv6_args,
+    add_ipv6_default_arg,
     add_policy_args,
     frame_options,
     load_config,
@@ -78,10 +78,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if args.unfollowed:
             raise HypafilterError("--unfollowed needs --live")
         policy = load_policy_v4(args, cfg)
-    v6 = load_ipv6(args, policy.base_chain)
+    v6 = load_ipv6(args, cfg, policy.base_chain)
     six = None
-    if v6 is not None or args.ipv6_default or args.ipv6_only:
-        six = Six(v6, packets=args.packets, ipv4=not args.ipv6_only)
+    if v6 is not None or args.ipv6_default:
+        six = Six(v6, packets=args.packets, ipv4=not args.family6)
     log = progress(args, quiet=args.json)
     report = verify(
         policy,
@@ -138,7 +138,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("verify", help="compare the hybrid path with the original policy alone (the kernel as oracle)")
-    add_policy_args(p)
+    add_policy_args(p, ipv6=True)
     p.add_argument("--trace", metavar="T[.gz]", help="ClassBench header trace to draw headers from")
     p.add_argument(
         "--live",
@@ -203,7 +203,7 @@ def register(sub) -> None:
         metavar="K[,K]",
         help="kinds of the connections, in turn: tcp, udp or tcp,udp (default)",
     )
-    add_ipv6_args(p)
+    add_ipv6_default_arg(p)
     p.add_argument("--strategy", choices=STRATEGIES, metavar="STRATEGY", help="software strategy: %(choices)s")
     p.add_argument("--mode", choices=MODES, metavar="MODE", help="shunting mode: %(choices)s")
     p.add_argument("--target", choices=("emu", "xdp"), help="fast path (default: the configuration's target, emu)")

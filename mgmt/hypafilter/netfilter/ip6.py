@@ -46,6 +46,8 @@ class V6Policy:
     tables: tuple[str, ...] = ()
     rules: dict[str, int] = field(default_factory=dict)  # "table/chain" -> rules
     policies: dict[str, str] = field(default_factory=dict)  # "table/chain" -> policy of a built-in chain
+    # the IPv6 front end's reading of the file (an ir.Policy of family 6), for aiming verify's frames only
+    ir: object | None = field(default=None, compare=False, repr=False)
 
     @property
     def family(self) -> int:

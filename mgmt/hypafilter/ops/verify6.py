@@ -68,6 +68,8 @@ class Gen6:
         self.ports = a.ports or [22, 53, 80, 443]
         self.protos = a.protos
         self.icmp = a.icmp
+        ir = getattr(policy, "ir", None) if policy is not None else None
+        self.boxes = [b for r in ir.rules for b in r.boxes] if ir is not None else []
 
     def addr(self) -> str:
         rng = self.rng
@@ -87,7 +89,42 @@ class Gen6:
         p = rng.choice(self.ports)
         return max(0, min(0xFFFF, p + rng.choice((0, 0, 0, -1, 1)))) if rng.random() < 0.8 else rng.randint(1, 65535)
 
+    def _edge(self, lo: int, hi: int, top: int) -> int:
+        r = self.rng.random()
+        v = lo if r < 0.25 else hi if r < 0.45 else lo - 1 if r < 0.55 else hi + 1 if r < 0.65 else None
+        return self.rng.randint(lo, hi) if v is None or not 0 <= v <= top else v
+
+    def box_header(self, b) -> dict:
+        """A header at the edges of (or inside, or just outside) box `b` of the policy, as the IPv6 front end read
+        it (128-bit src and dst)."""
+        from hypafilter.ir import FIELD_INDEX
+
+        f = {n: (b.lo[i], b.hi[i]) for n, i in FIELD_INDEX.items() if i < len(b.lo)}
+        top = (1 << 128) - 1
+        h = self.plain_header()
+        for dim in ("src", "dst"):
+            v = self._edge(f[dim][0], min(f[dim][1], top), top)
+            if not ipaddress.IPv6Address(v).is_multicast or dim == "dst":
+                h[dim] = str(ipaddress.IPv6Address(v))
+        plo, phi = f["proto"]
+        if phi - plo <= 16:
+            h["proto"] = self.rng.randint(plo, phi)
+            if h["proto"] not in (6, 17, 58):
+                h["proto"] = self.rng.choice((6, 17, 58))
+        if h["proto"] in (6, 17):
+            h["dport"] = self._edge(*f["dport"], 0xFFFF)
+            h["sport"] = self._edge(*f["sport"], 0xFFFF)
+        elif h["proto"] == 58 and "icmp_type" in f:
+            h["type"] = self._edge(*f["icmp_type"], 255)
+            h["code"] = self._edge(*f["icmp_code"], 255)
+        return h
+
     def header(self) -> dict:
+        if self.boxes and self.rng.random() < 0.5:
+            return self.box_header(self.rng.choice(self.boxes))
+        return self.plain_header()
+
+    def plain_header(self) -> dict:
         rng = self.rng
         proto = rng.choice(self.protos) if self.protos and rng.random() < 0.6 else rng.choice((6, 6, 17, 17, 58))
         if proto not in (6, 17, 58):

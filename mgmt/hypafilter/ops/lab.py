@@ -300,10 +300,14 @@ class Lab:
         for key in ("default", *links, "all"):
             self.exec_in(ns, ["sysctl", "-qw", f"net.ipv6.conf.{key}.disable_ipv6=0"], check=False)
 
-    def host_mode(self, on: bool) -> None:
-        """Host mode on (the bridges terminate traffic, local delivery observed) or off (bridge mode as built)."""
+    def host_mode(self, on: bool, ipv6: bool = False) -> None:
+        """Host mode on (the bridges terminate traffic, local delivery observed) or off (bridge mode as built).
+        `ipv6`: the bridges take IPv6 frames to their own stacks too (every IPv6 destination local, as IPv4's; no
+        address of their own, nothing sent: IPV6_QUIET, and the observing table drops all output); else IPv6 stays
+        off there."""
         for role in HOST_ROLES:
             ns, br = self.ns(role), BRIDGES[role][0]
+            self._host6(ns, br, on and ipv6)
             if on:
                 netns.run(["ip", "-n", ns, "link", "set", br, "address", HOST_MAC])
                 netns.run(["ip", "-n", ns, "addr", "replace", HOST_CIDR, "dev", br])
@@ -318,6 +322,23 @@ class Lab:
                     ["ip", "-n", ns, "route", "del", "local", "0.0.0.0/0", "dev", "lo", "table", "local"], check=False
                 )
                 netns.run(["ip", "-n", ns, "addr", "del", HOST_CIDR, "dev", br], check=False)
+
+    def _host6(self, ns: str, br: str, on: bool) -> None:
+        local6 = ["ip", "-n", ns, "-6", "route"]
+        if on:
+            quiet = [
+                f"net.ipv6.conf.{i}.{k}={v}" for i in (br, "lo") for k, v in IPV6_QUIET.items() if k != "disable_ipv6"
+            ]
+            self.exec_in(ns, ["sysctl", "-qw", *quiet])
+            self.exec_in(ns, ["sysctl", "-qw", f"net.ipv6.conf.{br}.disable_ipv6=0", "net.ipv6.conf.lo.disable_ipv6=0"])
+            netns.run([*local6, "replace", "local", "::/0", "dev", "lo", "table", "local"])
+        else:
+            netns.run([*local6, "del", "local", "::/0", "dev", "lo", "table", "local"], check=False)
+            self.exec_in(
+                ns,
+                ["sysctl", "-qw", f"net.ipv6.conf.{br}.disable_ipv6=1", "net.ipv6.conf.lo.disable_ipv6=1"],
+                check=False,
+            )
 
     def host_seen(self, role: str, reset: bool = False) -> set[int]:
         """Frame ids INPUT let through in `role`'s namespace since the last reset (host mode)."""

@@ -1435,7 +1435,7 @@ def _verify(
     host = state.get("nic_mode") == "host"
     if host and spec.packets > HOST_SEEN_MAX:
         raise HypafilterError(f"host mode observes at most {HOST_SEEN_MAX} frames per run: use fewer --packets")
-    lab.host_mode(host)
+    lab.host_mode(host, ipv6=six is not None)
     ns = {"send": lab.ns_send, "recv": lab.ns_recv, "fw": lab.ns_fw, "plain": lab.ns_plain, "nic": lab.ns_nic}
     t0 = time.monotonic()
     dst_mac = bytes.fromhex(HOST_MAC.replace(":", "")) if host else DST_MAC

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.system
 
 EMU, XDP = "v6oe", "v6ox"
 hf = {EMU: HfCli(EMU, f"/run/hypafilter/test-{EMU}"), XDP: HfCli(XDP, f"/run/hypafilter/test-{XDP}")}
-PACKETS = 200
+PACKETS = 150
 V6 = """*filter
 :INPUT ACCEPT [0:0]
 :FORWARD DROP [0:0]

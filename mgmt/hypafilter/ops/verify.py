@@ -1442,7 +1442,10 @@ def _verify(
     sent = spec.probes(policy, state["generation"], dst_mac) if six is None or six.ipv4 else []
     sent6 = []
     if six is not None and six.packets:
-        sent6 = verify6.probes6(six.policy, len(sent) + 1, six.packets, spec.seed, dst_mac)
+        sent6 = [
+            Probe(*f)
+            for f in verify6.probes6(six.policy, len(sent) + 1, six.packets, spec.seed, dst_mac, ID_MAC_PREFIX)
+        ]
         sent = sent + sent6
     t_gen = time.monotonic() - t0
     tgt = deploy.target_of(state, config)

@@ -154,13 +154,13 @@ def _l4(sc, h: dict, uid: int, payload: bytes):
     return sc.Raw(payload or b"\0" * 8)
 
 
-def build6(uid: int, kind: str, h: dict, rng: random.Random, sent: list[dict], dst_mac: bytes) -> bytes:
-    """The frame of `kind` (KINDS6) for header `h`; `sent`: well-formed TCP/UDP headers sent before (quoted by
-    icmp_error_real)."""
-    from hypafilter.ops.verify import ID_MAC_PREFIX
-
+def build6(
+    uid: int, kind: str, h: dict, rng: random.Random, sent: list[dict], dst_mac: bytes, id_prefix: bytes
+) -> bytes:
+    """The frame of `kind` (KINDS6) for header `h`, its id `uid` in the source MAC after `id_prefix`; `sent`:
+    well-formed TCP/UDP headers sent before (quoted by icmp_error_real)."""
     sc = _scapy()
-    src_mac = (ID_MAC_PREFIX + uid.to_bytes(4, "big")).hex(":")
+    src_mac = (id_prefix + uid.to_bytes(4, "big")).hex(":")
     eth = sc.Ether(dst=dst_mac.hex(":"), src=src_mac, type=0x86DD)
     payload = bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 32)))
     ip = sc.IPv6(src=h["src"], dst=h["dst"], hlim=rng.choice((64, 1, 255)))
@@ -266,10 +266,10 @@ def _nd(sc, kind: str, uid: int, h: dict, rng: random.Random, src_mac: str, dst_
     return bytes(sc.Ether(dst=mac, src=src_mac) / sc.IPv6(src=src, dst=dst, hlim=hlim) / body)
 
 
-def probes6(policy: ip6.V6Policy | None, first_uid: int, packets: int, seed: int, dst_mac: bytes) -> list:
-    """`packets` IPv6 probes (ids first_uid, first_uid+1, ...), kinds `v6_<kind>`."""
-    from hypafilter.ops.verify import Probe
-
+def probes6(
+    policy: ip6.V6Policy | None, first_uid: int, packets: int, seed: int, dst_mac: bytes, id_prefix: bytes
+) -> list[tuple[int, str, bytes]]:
+    """`packets` IPv6 frames as (id, kind, bytes), ids first_uid, first_uid+1, ..., kinds `v6_<kind>`."""
     rng = random.Random(seed * 1000003 + 6)
     gen = Gen6(policy, rng)
     out = []
@@ -281,7 +281,7 @@ def probes6(policy: ip6.V6Policy | None, first_uid: int, packets: int, seed: int
         kind = "normal" if rng.random() < NORMAL_SHARE else others[i % len(others)]
         if kind == "normal" and h["proto"] in (6, 17):
             sent.append(h)
-        out.append(Probe(uid, PREFIX + kind, build6(uid, kind, h, rng, sent, dst_mac)))
+        out.append((uid, PREFIX + kind, build6(uid, kind, h, rng, sent, dst_mac, id_prefix)))
     return out
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import ipaddress
 
 import pytest
-
 from hypafilter.errors import PolicyError
 from hypafilter.netfilter import ip6
 from hypafilter.ops import verify6

@@ -107,3 +107,35 @@ def test_protocol_of_frames_with_extension_headers_is_the_kernels():
         hit = [any(bx.contains(header) for bx in r.boxes) for r in irules]
         unexpected = [RULES[j] for j, (h, k) in enumerate(zip(hit, kernel, strict=True)) if h != k]
         assert not unexpected, (name, unexpected)
+
+
+def test_sets_ip6tables_refuses_are_errors_and_the_others_are_read():
+    """An inet set in an IPv6 rule: ip6tables refuses it ("The protocol family of set ... is IPv4"), and so does the
+    parser, at the rule; an inet6 set and a family-free bitmap:port set load, and the parser reads them (complex)."""
+    from hypafilter.errors import PolicyError
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.iptables.sets import SetEnv
+    from hypafilter.netfilter import ipset
+
+    save = "create s4 hash:net\ncreate s6 hash:net family inet6\ncreate p bitmap:port range 0-1024\n"
+    sets = ipset.parse_save(save, "sets6")
+    with scratch_netns(PREFIX, "ip6tables", "ipset") as ns:
+        netns.run(["ipset", "restore"], ns, input=save)
+        for name, ok in (("s4", False), ("s6", True), ("p", True)):
+            rule = f"-m set --match-set {name} {'dst' if name == 'p' else 'src'} -j DROP"
+            try:
+                netns.run(["ip6tables", "-A", "FORWARD", *rule.split()], ns)
+                loaded = True
+            except netns.CommandError as e:
+                assert "protocol family of set" in str(e)
+                loaded = False
+            assert loaded == ok, name
+            text = f"*filter\n:FORWARD ACCEPT [0:0]\n-A FORWARD {rule}\nCOMMIT\n"
+            try:
+                p = parse_policy(text, "sets6.rules", family=6, sets=SetEnv(sets))
+                assert not p.rules[0].is_simple, name
+                parsed = True
+            except PolicyError as e:
+                assert (e.line, e.token) == (3, name)
+                parsed = False
+            assert parsed == ok, name

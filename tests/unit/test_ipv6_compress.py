@@ -211,6 +211,8 @@ def test_compile_and_analyze_a_dual_stack(tmp_path, capsys):
     starts = json.loads((out / "ipv6" / "addr_map.json").read_text())
     assert starts["src"] == ["0x0", hex(0x20010DB8 << 96), hex(0x20010DB9 << 96)]
     assert "family" not in json.loads((out / "manifest.json").read_text())
+    assert json.loads((out / "ipv6" / "partition.json").read_text())["address_ranks"] == {"src": 3, "dst": 1}
+    assert "family" not in json.loads((out / "partition.json").read_text())
     capsys.readouterr()
     assert main(["analyze", "-6", v6, "--json"]) == 0
     res = json.loads(capsys.readouterr().out)

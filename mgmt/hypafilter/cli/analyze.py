@@ -28,8 +28,10 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = load_config(args)
-    if args.trace and (args.family6 or args.ipv6):
-        raise HypafilterError("--trace: ClassBench traces are IPv4 headers (not with -6 or --ipv6)")
+    if args.trace and args.family6:
+        raise HypafilterError(
+            "--trace: ClassBench traces are IPv4 headers (not with -6; with --ipv6 the trace is the IPv4 side's)"
+        )
     policy = load_policy(args, config)
     policy6 = load_policy6(args, config)
     points = trace_udp_values(read_trace(args.trace)) if args.trace else None
@@ -42,14 +44,19 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(res))
         return 0
-    width = max(len(k) for k in res)
+    _print(res, max(len(k) for k in res))
+    return 0
+
+
+def _print(res: dict, width: int, prefix: str = "") -> None:
     for k, v in res.items():
-        if k == "traversed_rules":
+        if k == "ipv6" and isinstance(v, dict):  # dual stack: the IPv6 side's figures
+            _print(v, width, "ipv6.")
+            continue
+        k = prefix + k
+        if isinstance(v, dict):
             for s, c in v.items():
-                print(f"{'traversed_rules.' + s:<{width + 10}} {c}")
-        elif isinstance(v, dict) and k == "ipv6":
-            for s, c in v.items():
-                print(f"{'ipv6.' + s:<{width + 10}} {c}")
+                print(f"{k + '.' + s:<{width + 10}} {c}")
         elif isinstance(v, list):
             for line in v:
                 print(f"{k:<{width + 10}} {line}")
@@ -57,4 +64,3 @@ def run(args: argparse.Namespace) -> int:
             print(f"{k:<{width + 10}} {v[:72]}… ({len(v)} bits, {v.count('1')} set)")
         else:
             print(f"{k:<{width + 10}} {v}")
-    return 0

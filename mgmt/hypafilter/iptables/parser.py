@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from functools import lru_cache
 
 from hypafilter.config import Config, Interfaces
 from hypafilter.errors import PolicyError
@@ -170,6 +171,19 @@ def _ipv6(ctx: Ctx, tok: Tok, text: str) -> int:
 def addresses6(ctx: Ctx, tok: Tok) -> list[tuple[int, int]]:
     """`-s`/`-d` of ip6tables: ADDR[/LEN|/MASK][,...]; LEN 0..128 or an IPv6 mask (xtables parse_ip6mask; an
     IPv4-style dotted mask is refused, as ip6tables refuses it)."""
+    ok = _addresses6_ok(tok.text)  # (policies repeat their addresses: valid texts are parsed once)
+    return list(ok) if ok is not None else _addresses6(ctx, tok)
+
+
+@lru_cache(maxsize=1 << 16)
+def _addresses6_ok(text: str) -> tuple[tuple[int, int], ...] | None:
+    try:
+        return tuple(_addresses6(Ctx("", 0, 6), Tok(text, 0)))
+    except PolicyError:
+        return None
+
+
+def _addresses6(ctx: Ctx, tok: Tok) -> list[tuple[int, int]]:
     out = []
     for part in tok.text.split(","):
         if not part:

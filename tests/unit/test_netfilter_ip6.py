@@ -101,3 +101,12 @@ def test_ipv6_connections_aim_at_the_policy_ports():
     assert len({c.sport for c in conns}) == 8
     assert {c.port for c in conns} <= {22, 443, 5000, 5100, 53, UNNAMED_PORT}
     assert "(IPv6)" in conns[0].name
+
+
+def test_sets_read_by_the_policy_are_aimed_at():
+    text = V6.replace("COMMIT\n*raw", "-A FORWARD -m set --match-set bl6 src -j DROP\nCOMMIT\n*raw")
+    sets = "create bl6 hash:net family inet6\nadd bl6 2001:db8:77::/64\n"
+    assert ip6.uses_sets(text) and not ip6.uses_sets(V6.replace("udp --dport 53", "udp -j MARK --set-xmark 1"))
+    p = ip6.parse(text, "v6.rules", validate=False, sets_text=sets)
+    assert ipaddress.IPv6Network("2001:db8:77::/64") in ip6.aims(p).nets
+    assert ip6.parse(V6, "v6.rules", validate=False, sets_text=sets).sets_text == ""  # no set match: not kept

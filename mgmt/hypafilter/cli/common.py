@@ -248,10 +248,24 @@ def load_ipv6(args: argparse.Namespace, config: Config, base_chain: str):
             raise HypafilterError("give either -6 POLICY (IPv6 only) or POLICY --ipv6 V6POLICY (dual stack), not both")
         env = set_env(args, config)
         ir = parse_policy_file(path, base_chain, config, True, env, family=6)
-        return dataclasses.replace(ip6.read(path, base_chain), ir=ir)
+        sets_text = env.text or _live_sets_text()  # --ipsets FILE, else the firewall's sets
+        return dataclasses.replace(ip6.read(path, base_chain, sets_text), ir=ir)
     if args.ipv6_default == "drop":
         return ip6.drop_policy(base_chain)
     return None
+
+
+def _live_sets_text() -> str:
+    """`ipset save` of the firewall namespace (the lab's or the site's; else this one), "" when unreadable."""
+    from hypafilter import netns
+    from hypafilter.netfilter import ipset
+    from hypafilter.ops import deploy
+
+    ns = deploy.NS_FW if deploy.NS_FW and netns.exists(deploy.NS_FW) else None
+    try:
+        return ipset.save_text(ns)
+    except HypafilterError:
+        return ""
 
 
 def load_policy_v4(args: argparse.Namespace, config: Config) -> Policy:

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import os
 import re
 import shlex
 from dataclasses import dataclass, field
 
 from hypafilter import netns
 from hypafilter.errors import HypafilterError, PolicyError
+from hypafilter.netfilter import ipset
 
 DEFAULTS = ("kernel", "drop")  # --ipv6-default
 BUILTIN = {
@@ -48,6 +50,8 @@ class V6Policy:
     policies: dict[str, str] = field(default_factory=dict)  # "table/chain" -> policy of a built-in chain
     # the IPv6 front end's reading of the file (an ir.Policy of family 6), for aiming verify's frames only
     ir: object | None = field(default=None, compare=False, repr=False)
+    # the `ipset save` text of the sets its -m set matches read (checked with them; verify aims at their elements)
+    sets_text: str = field(default="", compare=False, repr=False)
 
     @property
     def family(self) -> int:
@@ -145,12 +149,24 @@ def _structure(text: str, source: str) -> tuple[tuple[str, ...], dict[str, int],
     return tuple(dict.fromkeys(tables)), rules, policies
 
 
-def check(text: str, source: str) -> None:
-    """The text loaded for real by `ip6tables-restore` into a private scratch network namespace (`unshare --net`;
-    `--test` alone takes a jump to a missing chain): a line the kernel or its parser refuses raises PolicyError
-    naming the file and line."""
+def uses_sets(text: str) -> bool:
+    """Whether the policy reads or writes ipsets (-m set, -j SET)."""
+    return any(opt in text for opt in ("--match-set", "--add-set", "--del-set"))
+
+
+def check(text: str, source: str, sets_text: str = "") -> None:
+    """The text loaded for real by `ip6tables-restore` into a scratch network namespace (`--test` alone takes a
+    jump to a missing chain): a line the kernel or its parser refuses raises PolicyError naming the file and line.
+    `sets_text`: the `ipset save` text of the sets its -m set matches read, created there first (a named scratch
+    namespace then; else a private one, `unshare --net`)."""
+    ns = f"hf6chk-{os.getpid()}" if sets_text else None
     try:
-        netns.run(["unshare", "--net", "ip6tables-restore", "-w"], None, input=text)
+        if ns:
+            netns.add(ns)
+            ipset.restore(ns, sets_text)
+            netns.run(["ip6tables-restore", "-w"], ns, input=text)
+        else:
+            netns.run(["unshare", "--net", "ip6tables-restore", "-w"], None, input=text)
     except netns.CommandError as e:
         msg = e.stderr or str(e)
         m = re.search(r"line:? (\d+)", msg)
@@ -161,6 +177,9 @@ def check(text: str, source: str) -> None:
         raise PolicyError(
             f"ip6tables refuses it: {first.strip()}" + (f" ({bad[:80]})" if bad else ""), source, line, 1
         ) from e
+    finally:
+        if ns:
+            netns.delete(ns)
 
 
 def _last_line(msg: str) -> str:
@@ -168,8 +187,9 @@ def _last_line(msg: str) -> str:
     return lines[-1] if lines else msg
 
 
-def parse(text: str, source: str, base_chain: str = "FORWARD", validate: bool = True) -> V6Policy:
-    """The V6Policy of an ip6tables-save text (checked by the kernel's parser unless `validate` is off)."""
+def parse(text: str, source: str, base_chain: str = "FORWARD", validate: bool = True, sets_text: str = "") -> V6Policy:
+    """The V6Policy of an ip6tables-save text (checked by the kernel's parser unless `validate` is off; `sets_text`:
+    the sets its -m set matches read, `check`)."""
     tables, rules, policies = _structure(text, source)
     if "filter" not in tables:
         raise PolicyError("no *filter table: the IPv6 policy's rules go in ip6tables' filter table", source, 1, 1)
@@ -178,11 +198,20 @@ def parse(text: str, source: str, base_chain: str = "FORWARD", validate: bool = 
             f"the filter table does not declare :{base_chain} (the chain IPv6 frames meet here)", source, 1, 1
         )
     if validate:
-        check(text, source)
-    return V6Policy(source, text if text.endswith("\n") else text + "\n", base_chain, "policy", tables, rules, policies)
+        check(text, source, sets_text if uses_sets(text) else "")
+    return V6Policy(
+        source,
+        text if text.endswith("\n") else text + "\n",
+        base_chain,
+        "policy",
+        tables,
+        rules,
+        policies,
+        sets_text=sets_text if uses_sets(text) else "",
+    )
 
 
-def read(path: str, base_chain: str = "FORWARD") -> V6Policy:
+def read(path: str, base_chain: str = "FORWARD", sets_text: str = "") -> V6Policy:
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -193,7 +222,7 @@ def read(path: str, base_chain: str = "FORWARD") -> V6Policy:
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         raise PolicyError(f"not UTF-8 text: byte 0x{data[e.start]:02x}", path, line, 1) from e
-    return parse(text, path, base_chain)
+    return parse(text, path, base_chain, sets_text=sets_text)
 
 
 def drop_policy(base_chain: str = "FORWARD") -> V6Policy:
@@ -361,6 +390,10 @@ def aims(policy: V6Policy) -> Aims:
                     ty, _, code = v.partition("/")
                     if ty.isdigit():
                         a.icmp.append((int(ty), int(code) if code.isdigit() else -1))
+    for ln in policy.sets_text.splitlines():  # the elements of the sets the policy reads
+        parts = ln.split()
+        if len(parts) >= 3 and parts[0] == "add":
+            a.nets += _net(parts[2].split(",")[0])
     a.nets = list(dict.fromkeys(a.nets))
     a.ports = sorted(set(a.ports))
     a.protos = sorted(set(a.protos))

@@ -20,7 +20,7 @@ import ipaddress
 import random
 
 from hypafilter import netns
-from hypafilter.netfilter import ip6
+from hypafilter.netfilter import ip6, ipset
 
 KINDS6 = (
     "normal",
@@ -291,6 +291,10 @@ def load_oracle6(ns: str, policy: ip6.V6Policy | None, fw: str) -> None:
     for t in ip6.BUILTIN:
         if ip6.table_exists(ns, t):
             netns.run(["nft", "delete", "table", "ip6", t], ns)
+    if policy is not None and ip6.uses_sets(policy.text):  # the firewall's sets, as they are now (docs/sets.md)
+        sets = ipset.save_text(fw)
+        if sets:
+            ipset.restore(ns, sets)
     if policy is not None:
         ip6.load(ns, policy)
         return

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 from hypafilter import netns
-from hypafilter.ops.lab import ROLES, Lab
+from hypafilter.ops.lab import ADDRS6, ROLES, Lab
 
 from conftest import ROOT, need_root, need_tool
 
@@ -55,9 +55,13 @@ def test_up_is_idempotent_and_complete(lab):
     fw = second["namespaces"][lab.ns_fw]
     assert fw["nf0"]["master"] == "br0" and fw["nf1"]["master"] == "br0"
     assert fw["nf0"]["mtu"] >= 1514 + 10  # room for the in-band tag
-    for links in second["namespaces"].values():
+    # IPv6 (docs/ipv6.md): the endpoints' static addresses (and lo's ::1) and nothing else, no link-local address
+    # anywhere (nothing the lab's stacks would send on their own)
+    want6 = {(lab.ns(a.role), a.ifname): [a.cidr.split("/")[0]] for a in ADDRS6}
+    for ns, links in second["namespaces"].items():
         for ifname, info in links.items():
-            assert info["ipv6"] == [], f"{ifname} has IPv6 addresses"
+            loop = ["::1"] if ifname == "lo" and ns in (lab.ns_send, lab.ns_recv) else []
+            assert info["ipv6"] == want6.get((ns, ifname), loop), f"{ns} {ifname} has IPv6 addresses {info['ipv6']}"
             if ifname != "lo":
                 assert info["state"] in ("UP", "UNKNOWN"), f"{ifname} is {info['state']}"
     assert second["namespaces"][lab.ns_send]["hyb0"]["ipv4"] == ["10.0.1.1/16"]

@@ -69,6 +69,11 @@
 #define HFX_SETVAL_NOMATCH 2
 #define HFX_CNT_SETS_UNKNOWN 13 /* shunted (reason 3) because a set table was not known to equal the kernel's */
 
+/* IPv6 (docs/ipv6.md "## xdp"): the extension headers the program walks before it calls a chain unparsed (hop-by-hop,
+ * routing, destination options, AH), and the hop-by-hop options (TLVs) it checks as br_nf_check_hbh_len does. */
+#define HFX6_EXT_MAX 8
+#define HFX6_HBH_TLV_MAX 8
+
 #define HFX_META_COOKIE 0x48465348 /* "HFSH", the shim's HF_META_COOKIE */
 #define HFX_META_LEN 24
 
@@ -102,6 +107,24 @@ struct hfx_port_table {
 /* One elementary interval of a 32-bit field: its first value and the id of its box vector in hfx_vec. */
 struct hfx_span {
 	__u32 start;
+	__u32 vec;
+};
+
+/* IPv6's table set (a family-6 plan, docs/ipv6.md "## xdp"): the same scheme over the plan's ranked addresses, the
+ * address fields searched over the 128-bit starts of their elementary intervals (most significant word first, each
+ * in host order). CONTROL, generation and the conntrack settings are hfx_config's. */
+struct hfx6_config {
+	__u32 num_entries; /* n6: local match index n6 is the IPv6 policy entry */
+	__u32 index_base;  /* M's match_index of local entry 0 (the dual-stack index space: n4 + 1) */
+	__u32 num_words;   /* 64-bit words of hfx6_vec in use */
+	__u32 nb_src;	   /* rows in hfx6_f_src */
+	__u32 nb_dst;	   /* rows in hfx6_f_dst */
+	__u32 ct_hit[2];   /* as hfx_config.ct_hit, local entries */
+	__u32 num_boxes;
+};
+
+struct hfx_span6 {
+	__u32 start[4];
 	__u32 vec;
 };
 

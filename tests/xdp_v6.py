@@ -220,3 +220,202 @@ def flow_label(f: bytes) -> int | None:
     if f[at - 2 : at] != b"\x86\xdd" or len(f) < at + 40:
         return None
     return struct.unpack("!I", f[at : at + 4])[0] & 0xFFFFF
+
+
+# ---- the kernel as oracle ------------------------------------------------------------------------------------------
+
+SENDER = r"""
+import json, select, socket, struct, sys, time
+data = open(sys.argv[1], "rb").read()
+frames, at = [], 0
+while at < len(data):
+    (n,) = struct.unpack_from("<I", data, at)
+    frames.append(data[at + 4 : at + 4 + n])
+    at += 4 + n
+rx = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
+rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 23)
+rx.bind((sys.argv[3], 0))
+tx = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+tx.bind((sys.argv[2], 0))
+for f in frames:
+    tx.send(f)
+seen, quiet = [], time.monotonic() + 0.5
+while time.monotonic() < quiet:
+    if not select.select([rx], [], [], 0.05)[0]:
+        continue
+    f, addr = rx.recvfrom(65536)
+    if addr[2] == socket.PACKET_OUTGOING:
+        continue
+    seen.append(f.hex())
+    quiet = time.monotonic() + 0.3
+print(json.dumps(seen))
+"""
+
+
+class Oracle:
+    """ip6tables alone on a bridge (br_netfilter, bridge-nf-call-ip6tables and bridge-nf-filter-vlan-tagged on):
+    namespace `<prefix>-k` holds br0 over k0, k1; `<prefix>-w` the other ends w0, w1. Frames go in at w0; the
+    flow labels of those that come out at w1 are the ones the kernel passed. IPv6 is off on every interface, so no
+    frame of the namespaces' own is captured."""
+
+    def __init__(self, prefix: str):
+        self.k, self.w = f"{prefix}-k", f"{prefix}-w"
+
+    def __enter__(self):
+        from hypafilter import netns
+
+        for ns in (self.k, self.w):
+            netns.delete(ns)
+            netns.add(ns)
+        try:
+            netns.run(["modprobe", "br_netfilter"], check=False)
+            for i in (0, 1):
+                netns.run(["ip", "-n", self.k, "link", "add", f"k{i}", "type", "veth", "peer", "name", f"w{i}"])
+                netns.run(["ip", "-n", self.k, "link", "set", f"w{i}", "netns", self.w])
+            netns.run(["ip", "-n", self.k, "link", "add", "br0", "type", "bridge"])
+            for ns, names in ((self.k, ("k0", "k1", "br0")), (self.w, ("w0", "w1"))):
+                netns.run(["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"], ns)
+                netns.run(["sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1"], ns)
+                for n in names:
+                    netns.run(["ip", "-n", ns, "link", "set", n, "up"])
+            for i in (0, 1):
+                netns.run(["ip", "-n", self.k, "link", "set", f"k{i}", "master", "br0"])
+            for key in ("bridge-nf-call-ip6tables", "bridge-nf-filter-vlan-tagged"):
+                netns.run(["sysctl", "-qw", f"net.bridge.{key}=1"], self.k)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        from hypafilter import netns
+
+        for ns in (self.k, self.w):
+            netns.delete(ns)
+
+    def passed(self, ruleset: str, frames: list[bytes]) -> set[int]:
+        """The flow labels (uids) of `frames` that the kernel forwards under the ip6tables-save text `ruleset`."""
+        import json
+        import subprocess
+        import sys
+        import tempfile
+
+        from hypafilter import netns
+
+        netns.run(["ip6tables-restore"], self.k, input=ruleset)
+        with tempfile.TemporaryDirectory(prefix="v6x-") as d:
+            path = f"{d}/frames"
+            with open(path, "wb") as fh:
+                for f in frames:
+                    fh.write(struct.pack("<I", len(f)) + f)
+            out = subprocess.run(
+                ["ip", "netns", "exec", self.w, sys.executable, "-c", SENDER, path, "w0", "w1"],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=60,
+            ).stdout
+        return {u for u in (flow_label(bytes.fromhex(h)) for h in json.loads(out)) if u is not None}
+
+
+# Chains of extension headers the frames carry (kinds: 0 hop-by-hop, 60 destination options, 43 routing, 51 AH).
+CHAINS = [(), (), (), (0,), (60,), (43,), (0, 60, 43), (60, 0), (60, 60, 60), (43, 60)]
+AH_CHAINS = [(51,), (0, 60, 43, 51), (51, 43), (60, 51, 60)]  # AH: unparsed (the backends read it apart)
+LONG = (60,) * 9  # more than the program's budget (HFX6_EXT_MAX 8): unparsed
+PARSED = ("plain", "chain", "vlan", "esp", "none59", "other")
+
+
+def frames_for(rules: list[Rule6], rng: random.Random, count: int) -> list[tuple[int, str, bytes]]:
+    """(uid, kind, frame): frames aimed at the rules' prefixes, ports and types (and around them) with every
+    extension-header shape, and the malformed or special shapes the program must leave unparsed."""
+    out = []
+    uid = 0
+
+    def addrs():
+        r = rng.choice(rules)
+        s = addr_in(r.src if rng.random() < 0.8 else None, rng)
+        d = addr_in(r.dst if rng.random() < 0.8 else None, rng)
+        return r, s, d
+
+    def upper(r):
+        p = r.proto if r.proto and rng.random() < 0.8 else rng.choice(["tcp", "udp", "icmpv6"])
+        p = int(PROTO.get(p, p))
+        kw = {}
+        if p in (6, 17):
+            lo, hi = r.dport if r.dport else (1, 65535)
+            kw["dport"] = rng.randint(lo, hi) if rng.random() < 0.8 else rng.randint(1, 65535)
+            kw["sport"] = rng.randint(1024, 65535)
+            if p == 6:
+                kw["flags"] = rng.choice([0x10, 0x02, 0x18, 0x11])
+        elif p == 58:
+            t = r.icmp6 if r.icmp6 is not None and rng.random() < 0.7 else rng.choice([1, 128, 129, 135, 136, 143])
+            kw["icmp"] = (t, rng.choice([0, 0, 1]))
+        if rng.random() < 0.1:
+            kw["payload"] = b"xxhfx6xx"  # the complex rule's string
+        return p, kw
+
+    while len(out) < count:
+        uid += 1
+        r, s, d = addrs()
+        p, kw = upper(r)
+        kind = rng.choice(
+            ["plain"] * 6
+            + ["chain"] * 4
+            + ["vlan", "esp", "none59", "other", "long", "ah", "frag0", "fragn", "trunc_plen", "trunc_ext", "trunc_l4"]
+            + ["jumbo", "hbh_bad", "hbh_pad1", "trailing", "version"]
+        )
+        if kind == "plain":
+            f = frame(uid, s, d, p, **kw)
+        elif kind == "chain":
+            f = frame(uid, s, d, p, chain=rng.choice(CHAINS[3:]), **kw)
+        elif kind == "vlan":
+            f = frame(uid, s, d, p, chain=rng.choice(CHAINS), vlan=5, **kw)
+        elif kind == "esp":
+            f = raw_frame(uid, s, d, 50, struct.pack("!II", 0x200, 1) + bytes(16))
+        elif kind == "none59":
+            f = raw_frame(uid, s, d, 60, ext(60, 59) + bytes(8))  # payload after no-next-header: ignored
+        elif kind == "other":
+            f = raw_frame(uid, s, d, 0, ext(0, 132) + bytes(16))  # SCTP-numbered, after a hop-by-hop header
+        elif kind == "ah":
+            f = frame(uid, s, d, p, chain=rng.choice(AH_CHAINS), **kw)
+        elif kind == "long":
+            f = frame(uid, s, d, p, chain=LONG, **kw)
+        elif kind in ("frag0", "fragn"):
+            off = 0x0001 if kind == "frag0" else (8 << 3)  # offset 0 with M, or offset 8 bytes, last
+            body = bytes([p, 0]) + struct.pack("!HI", off, uid) + l4(p, s, d, **kw)
+            f = raw_frame(uid, s, d, 44, body)
+        elif kind == "trunc_plen":
+            b = l4(p, s, d, **kw)
+            f = raw_frame(uid, s, d, p, b, plen=len(b) + 8)  # claims more than the frame has: the kernel drops
+        elif kind == "trunc_ext":
+            f = raw_frame(uid, s, d, 60, bytes([p, 2]) + bytes(14))  # says 24 bytes, 16 there
+        elif kind == "trunc_l4":
+            b = l4(p, s, d, **kw)
+            f = raw_frame(uid, s, d, p if p in (6, 17, 58) else 6, b[:6])
+        elif kind == "jumbo":
+            hbh = bytes([p, 0, 0xC2, 4]) + struct.pack("!I", 70000)
+            f = raw_frame(uid, s, d, 0, hbh + l4(p, s, d, **kw), plen=0)
+        elif kind == "hbh_bad":
+            hbh = bytes([p, 0, 0x1E, 9, 0, 0, 0, 0])  # an option longer than the header
+            f = raw_frame(uid, s, d, 0, hbh + l4(p, s, d, **kw))
+        elif kind == "hbh_pad1":
+            hbh = bytes([p, 1]) + bytes(14)  # 14 Pad1 options: more than the budget, valid to the kernel
+            f = raw_frame(uid, s, d, 0, hbh + l4(p, s, d, **kw))
+        elif kind == "trailing":
+            f = frame(uid, s, d, p, **kw) + bytes(6)  # bytes beyond the payload: the kernel trims them
+        else:  # version
+            f = bytearray(frame(uid, s, d, p, **kw))
+            f[14] = (5 << 4) | (f[14] & 0xF)
+            f = bytes(f)
+        out.append((uid, kind, f))
+    return out
+
+
+def ipv4_tcp(src: str, dst: str, sport: int, dport: int) -> bytes:
+    """An IPv4 TCP ACK frame (header checksum right; the TCP one is not read)."""
+    tcp = struct.pack("!HHIIBBHHH", sport, dport, 1, 1, 5 << 4, 0x10, 65535, 0, 0)
+    ip = struct.pack(
+        "!BBHHHBBH4s4s", 0x45, 0, 20 + len(tcp), 1, 0, 64, 6, 0, *(ipaddress.IPv4Address(a).packed for a in (src, dst))
+    )
+    ip = ip[:10] + struct.pack("!H", _csum(ip)) + ip[12:]
+    return MAC + b"\x08\x00" + ip + tcp

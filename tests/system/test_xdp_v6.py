@@ -1,0 +1,152 @@
+"""IPv6 decided by the xdp program (docs/ipv6.md "## xdp"), the kernel as oracle: family-6 plans from hand-made IR
+(tests/xdp_v6.py: ranked boxes and an AddrMap, until the IR's parser and compress are merged), frames of every
+extension-header shape and the malformed ones, each through the program (BPF_PROG_TEST_RUN) and through the same
+rules in ip6tables alone on a bridge (namespaces `v6x-k`, `v6x-w`). Every frame the program decides (forwarded or
+dropped) must get the kernel's verdict; the frames the kernel reads differently from a plain header (fragments,
+truncated or over-long chains, jumbo and malformed hop-by-hop options, trailing bytes, another version) must be
+unparsed (value 0: the full policy in software, M reason 2). Shunted frames (k > 0) are not compared here: their
+chains are ip6tables' (verify -6 on the lab, s12-v6ops)."""
+
+from __future__ import annotations
+
+import collections
+import random
+
+import pytest
+
+from tests.system.test_xdp import veth_namespace
+from tests.xdp_v6 import PARSED, Oracle, Rule6, frame, frames_for, ipv4_tcp, ranked_plan
+
+pytestmark = pytest.mark.system
+
+RUN_NS = "v6x-t"
+PORTS = ("n0", "n1")
+XDP_DROP, XDP_PASS, XDP_REDIRECT = 1, 2, 4
+INDEX_BASE = 5  # the dual-stack index space: the IPv4 plan's n4 + 1 (below: 4 entries)
+
+V4 = """*filter
+:FORWARD ACCEPT [0:0]
+-A FORWARD -s 10.0.0.0/8 -j DROP
+-A FORWARD -p tcp --dport 22 -j DROP
+-A FORWARD -p udp -j ACCEPT
+-A FORWARD -d 192.0.2.0/24 -j DROP
+COMMIT
+"""
+
+RULES = {
+    "drop-default": (
+        [
+            Rule6(src="2001:db8:1::/48", proto="tcp", dport=(80, 88)),
+            Rule6(src="2001:db8:1:5::/64", dst="2001:db8:2::/48", target="DROP"),
+            Rule6(dst="2001:db8:2::/48", proto="udp", dport=(53, 53)),
+            Rule6(proto="icmpv6", icmp6=128),
+            Rule6(proto="icmpv6", icmp6=135),
+            Rule6(src="2001:db8::/32", proto="tcp", dport=(8000, 8999), complex_=True),
+            Rule6(dst="2001:db8:3::/64", proto="esp"),
+            Rule6(src="2001:db8:4::/48", proto="59"),
+            Rule6(src="2001:db8:4::/48", proto="132"),
+            Rule6(dst="ff02::/16", target="DROP"),
+            Rule6(src="::/0", dst="2001:db8:5::/48"),
+        ],
+        "DROP",
+    ),
+    "accept-default": (
+        [
+            Rule6(src="2001:db8:1::/48", dst="2001:db8:2::/48", target="DROP"),
+            Rule6(proto="tcp", dport=(22, 23), target="DROP"),
+            Rule6(src="2001:db8:1:8000::/49", complex_=True, target="DROP"),
+            Rule6(proto="udp", dport=(1, 1023), target="DROP"),
+            Rule6(proto="icmpv6", icmp6=1, target="DROP"),
+            Rule6(dst="2001:db8:3::/64", proto="esp", target="DROP"),
+            Rule6(src="fe80::/10", target="DROP"),
+        ],
+        "ACCEPT",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def oracle():
+    from conftest import need_root, need_tool
+
+    need_root()
+    need_tool("ip", "ip6tables-restore", "sysctl", "modprobe")
+    with Oracle("v6x") as o:
+        yield o
+
+
+@pytest.fixture(scope="module")
+def run_ns():
+    with veth_namespace(RUN_NS, PORTS) as name:
+        yield name
+
+
+def _plan4():
+    from hypafilter.analysis.plan import build_plan
+    from hypafilter.iptables.document import parse_policy
+
+    return build_plan(parse_policy(V4, "v6x-v4"))
+
+
+@pytest.mark.parametrize("name,mode", [("drop-default", "selective"), ("accept-default", "exact")])
+def test_decided_frames_agree_with_ip6tables(oracle, run_ns, name, mode):
+    from hypafilter.targets.xdp.run import run_frames
+
+    rules, policy = RULES[name]
+    text, plan6 = ranked_plan(rules, policy, mode=mode, index_base=INDEX_BASE)
+    n6 = len(plan6.entries)
+    frames = frames_for(rules, random.Random(hash(name) & 0xFFFF), 500)
+    v4frame = ipv4_tcp("10.0.0.1", "192.0.2.1", 1234, 22)
+    res = run_frames(_plan4(), [(0, f) for _, _, f in frames] + [(0, v4frame)], PORTS, ns=run_ns, plan6=plan6)
+    kernel = oracle.passed(text, [f for _, _, f in frames])
+    tally = collections.Counter()
+    wrong = []
+    for (uid, kind, _f), v in zip(frames, res.verdicts, strict=False):
+        reason = (v.meta >> 28) & 0xF
+        index = v.meta & 0xFFFFFF
+        if v.retval in (XDP_DROP, XDP_REDIRECT):
+            assert reason == 15 and INDEX_BASE <= index <= INDEX_BASE + n6, (uid, kind, hex(v.meta))
+            assert not plan6.shunt[index - INDEX_BASE]
+            tally[kind, "decided"] += 1
+            if (v.retval == XDP_REDIRECT) != (uid in kernel):
+                wrong.append((uid, kind, v.retval, uid in kernel))
+        else:
+            assert v.retval == XDP_PASS, (uid, kind, v.retval)
+            tally[kind, "unparsed" if reason == 2 else "shunted"] += 1
+            if reason == 2:
+                assert v.value == 0 and index == INDEX_BASE + n6, (uid, kind, hex(v.meta))
+            else:
+                j = index - INDEX_BASE  # a shunted entry's frame, marked with its interval k
+                assert plan6.shunt[j] and v.value >> 4 == plan6.interval[j], (uid, kind, hex(v.meta), v.value)
+        if kind in PARSED:
+            assert reason != 2, (uid, kind, "parsed frames are classified")
+        else:
+            assert reason == 2, (uid, kind, "left to the kernel")
+    assert not wrong, f"{len(wrong)} frames decided against ip6tables: {wrong[:10]}"
+    parsed = sum(c for (k, how), c in tally.items() if k in PARSED)
+    decided = sum(c for (k, how), c in tally.items() if how == "decided")
+    assert decided >= 0.3 * parsed, tally
+    assert tally["plain", "shunted"] + tally["chain", "shunted"] > 0, "the complex rule's frames go to the kernel"
+    assert 0 < len(kernel) < len(frames), "the kernel both passed and dropped frames"
+    # The IPv4 frame beside them: the IPv4 table set (10/8 DROP, index 0), unchanged by the IPv6 one.
+    v = res.verdicts[-1]
+    assert v.retval == XDP_DROP and v.meta & 0xFFFFFF == 0
+    assert res.counters["PKTIN"] == len(frames) + 1
+
+
+def test_chain_budget_and_hop_by_hop_in_host_mode(run_ns):
+    """Eight extension headers are walked, nine are unparsed; a leading hop-by-hop header is unparsed in host mode
+    (ip6_rcv_core parses its options before PREROUTING), parsed in bridge mode."""
+    from hypafilter.targets.xdp.run import run_frames
+
+    rules = [Rule6(proto="tcp", dport=(80, 80), target="DROP")]
+    _, plan6 = ranked_plan(rules, "ACCEPT", index_base=INDEX_BASE)
+    a, b = 0x20010DB8 << 96 | 1, 0x20010DB8 << 96 | 2
+    frames = [frame(1, a, b, 6, chain=(60,) * 8, dport=80), frame(2, a, b, 6, chain=(60,) * 9, dport=80)]
+    frames += [frame(3, a, b, 6, chain=(0,), dport=80)]
+    bridge = run_frames(_plan4(), [(0, f) for f in frames], PORTS, ns=run_ns, plan6=plan6).verdicts
+    host = run_frames(_plan4(), [(0, f) for f in frames], PORTS, ns=run_ns, plan6=plan6, control=1 | 8).verdicts
+    assert [v.retval for v in bridge] == [XDP_DROP, XDP_PASS, XDP_DROP]
+    assert (bridge[1].meta >> 28) & 0xF == 2
+    assert [v.retval for v in host] == [XDP_DROP, XDP_PASS, XDP_PASS]
+    assert [(v.meta >> 28) & 0xF for v in host[1:]] == [2, 2]

@@ -49,8 +49,12 @@ def _prefix(p: str | None) -> tuple[int, int]:
 PROTO = {"tcp": 6, "udp": 17, "icmpv6": 58, "esp": 50}
 
 
-def texts(rules: list[Rule6], policy: str = "DROP") -> tuple[str, str, AddrMap]:
-    """(ip6tables-save text, the ranked policy as an iptables-save text, AddrMap)."""
+def texts(
+    rules: list[Rule6], policy: str = "DROP", ct_first: bool = False, full_ranks: bool = False
+) -> tuple[str, str, AddrMap]:
+    """(ip6tables-save text, the ranked policy as an iptables-save text, AddrMap); `ct_first`: an ESTABLISHED,RELATED
+    accept before the rules; `full_ranks`: an unrestricted address written as the range of every rank, 0 .. the
+    last (the other form a compress may give it)."""
     starts = {}
     for i, dim in enumerate(("src", "dst")):
         cut = {0}
@@ -62,10 +66,16 @@ def texts(rules: list[Rule6], policy: str = "DROP") -> tuple[str, str, AddrMap]:
         starts[dim] = sorted(cut)
     amap = AddrMap(starts)
     v6, v4 = ["*filter", f":FORWARD {policy} [0:0]"], ["*filter", f":FORWARD {policy} [0:0]"]
+    if ct_first:
+        for t in (v6, v4):
+            t.append("-A FORWARD -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT")
     for r in rules:
         a6, a4 = ["-A FORWARD"], ["-A FORWARD"]
         rng = []
         for dim, p, flag in (("src", r.src, "-s"), ("dst", r.dst, "-d")):
+            if p is None and full_ranks:
+                top = ipaddress.IPv4Address(len(amap.starts[dim]) - 1)
+                rng.append(f"--{dim}-range 0.0.0.0-{top}")
             if p is None:
                 continue
             a6.append(f"{flag} {p}")
@@ -97,13 +107,20 @@ def texts(rules: list[Rule6], policy: str = "DROP") -> tuple[str, str, AddrMap]:
     return "\n".join(v6) + "\n", "\n".join(v4) + "\n", amap
 
 
-def ranked_plan(rules: list[Rule6], policy: str = "DROP", mode: str = "selective", index_base: int = 0):
+def ranked_plan(
+    rules: list[Rule6],
+    policy: str = "DROP",
+    mode: str = "selective",
+    index_base: int = 0,
+    ct_first: bool = False,
+    full_ranks: bool = False,
+):
     """(ip6tables-save text, family-6 Plan)."""
     from hypafilter.analysis.plan import build_plan
     from hypafilter.config import Config
     from hypafilter.iptables.document import parse_policy
 
-    t6, t4, amap = texts(rules, policy)
+    t6, t4, amap = texts(rules, policy, ct_first, full_ranks)
     plan = build_plan(parse_policy(t4, "v6x-ranked"), Config(shunt_mode=mode))
     plan.entries = [_icmp6(e) for e in plan.entries]
     plan.family = 6

@@ -10,6 +10,7 @@ chains are ip6tables' (verify -6 on the lab, s12-v6ops)."""
 from __future__ import annotations
 
 import collections
+import ipaddress
 import random
 
 import pytest
@@ -150,3 +151,68 @@ def test_chain_budget_and_hop_by_hop_in_host_mode(run_ns):
     assert (bridge[1].meta >> 28) & 0xF == 2
     assert [v.retval for v in host] == [XDP_DROP, XDP_PASS, XDP_PASS]
     assert [(v.meta >> 28) & 0xF for v in host[1:]] == [2, 2]
+
+
+def _ct_insert(ns: str, proto: str, src: str, dst: str, sport: int, dport: int) -> None:
+    from hypafilter import netns
+
+    argv = ["conntrack", "-I", "-s", src, "-d", dst, "-r", dst, "-q", src, "-p", proto, "--sport", str(sport)]
+    argv += ["--dport", str(dport), "--reply-port-src", str(dport), "--reply-port-dst", str(sport), "-t", "600"]
+    argv += ["-u", "SEEN_REPLY,ASSURED"] + (["--state", "ESTABLISHED"] if proto == "tcp" else [])
+    netns.run(argv, ns)
+
+
+def test_conntrack_lookup_with_ipv6_tuples(run_ns):
+    """bpf_xdp_ct_lookup with bpf_sock_tuple.ipv6 against the kernel's own IPv6 entries (conntrack -I in the run's
+    namespace) under a conntrack-first policy: UDP frames of an entry (either direction, behind extension headers too)
+    are hits decided by the ESTABLISHED accept, and so is an ACK of a TCP entry (made through ctnetlink, which the
+    program reads as liberal, as for IPv4), but never its FIN (forced to conntrack); frames without an entry are ct
+    3: dropped here where the policy drops them, forced where it accepts them."""
+    from hypafilter import netns
+    from hypafilter.targets.xdp.run import run_frames
+    from hypafilter.targets.xdp.tables import CtConfig
+    from hypafilter.targets.xdp.target import control_of
+
+    from conftest import need_tool
+
+    need_tool("conntrack")
+    rules = [
+        Rule6(proto="udp", dport=(5353, 5353)),
+        Rule6(proto="tcp", dport=(22, 22), target="DROP"),
+    ]
+    _, plan6 = ranked_plan(rules, "DROP", index_base=INDEX_BASE, ct_first=True)
+    assert plan6.miss_shunt[0]
+    a, b = "2001:db8:1::10", "2001:db8:2::20"
+    ia, ib = (int(ipaddress.IPv6Address(x)) for x in (a, b))
+    netns.run(["conntrack", "-F"], run_ns, check=False)
+    _ct_insert(run_ns, "udp", a, b, 40000, 9999)
+    _ct_insert(run_ns, "tcp", a, b, 40001, 443)
+    frames = [
+        frame(1, ia, ib, 17, sport=40000, dport=9999),  # UDP entry, original direction
+        frame(2, ib, ia, 17, sport=9999, dport=40000),  # its reply direction
+        frame(3, ia, ib, 17, chain=(0, 60), sport=40000, dport=9999),  # behind extension headers
+        frame(4, ia, ib, 6, sport=40001, dport=443),  # an ACK of the TCP ESTABLISHED entry
+        frame(8, ia, ib, 6, sport=40001, dport=443, flags=0x11),  # its FIN: ct 0, to conntrack
+        frame(5, ia, ib, 17, sport=40002, dport=9999),  # no entry, the policy drops it: ct 3, decided
+        frame(6, ia, ib, 17, sport=40002, dport=5353),  # no entry, accepted: ct 3, forced to conntrack
+        frame(7, ia, ib, 6, sport=40003, dport=22, flags=0x02),  # a SYN without entry to a dropped port
+    ]
+    ct = CtConfig(lookup=True, tcp_ms=432000000, udp_ms=120000, udp_unreplied_ms=30000, none=True)
+    control = control_of("drop", "bridge", plan6.miss_shunt)
+    res = run_frames(_plan4(), [(0, f) for f in frames], PORTS, ns=run_ns, plan6=plan6, ct=ct, control=control)
+    got = [(v.retval, (v.meta >> 28) & 0xF, (v.meta & 0xFFFFFF) - INDEX_BASE) for v in res.verdicts]
+    n6 = len(plan6.entries)
+    assert got == [
+        (XDP_REDIRECT, 15, 0),
+        (XDP_REDIRECT, 15, 0),
+        (XDP_REDIRECT, 15, 0),
+        (XDP_REDIRECT, 15, 0),
+        (XDP_PASS, 1, n6),  # the FIN, ct 0: the ESTABLISHED accept cannot decide it; the policy entry is shunted
+        (XDP_DROP, 15, n6),
+        (XDP_PASS, 3, 1),
+        (XDP_DROP, 15, 2),
+    ], got
+    # Without the entries every TCP/UDP frame is a miss: none is forwarded.
+    netns.run(["conntrack", "-F"], run_ns, check=False)
+    res = run_frames(_plan4(), [(0, f) for f in frames], PORTS, ns=run_ns, plan6=plan6, ct=ct, control=control)
+    assert XDP_REDIRECT not in [v.retval for v in res.verdicts]

@@ -121,6 +121,14 @@ struct hfx6_config {
 	__u32 nb_dst;	   /* rows in hfx6_f_dst */
 	__u32 ct_hit[2];   /* as hfx_config.ct_hit, local entries */
 	__u32 num_boxes;
+	/* The IPv6 plan's own miss forcing (HFX_CONTROL_MISS_SHUNT_* from its Plan.miss_shunt) and conntrack lookup
+	 * (HFX_CT_*, timeouts as hfx_config's): the two families' policies read conntrack independently. The rest of
+	 * CONTROL (enable, shunt everything, host mode) is hfx_config's. */
+	__u32 miss;
+	__u32 ct_flags;
+	__u32 ct_tcp_ms;
+	__u32 ct_udp_ms;
+	__u32 ct_udp_unreplied_ms;
 };
 
 struct hfx_span6 {

@@ -166,7 +166,7 @@ def test_conntrack_lookup_with_ipv6_tuples(run_ns):
     """bpf_xdp_ct_lookup with bpf_sock_tuple.ipv6 against the kernel's own IPv6 entries (conntrack -I in the run's
     namespace) under a conntrack-first policy: UDP frames of an entry (either direction, behind extension headers too)
     are hits decided by the ESTABLISHED accept, and so is an ACK of a TCP entry (made through ctnetlink, which the
-    program reads as liberal, as for IPv4), but never its FIN (forced to conntrack); frames without an entry are ct
+    program reads as liberal, as for IPv4), but never its FIN (to the stack); frames without an entry are ct
     3: dropped here where the policy drops them, forced where it accepts them."""
     from hypafilter import netns
     from hypafilter.targets.xdp.run import run_frames
@@ -197,9 +197,10 @@ def test_conntrack_lookup_with_ipv6_tuples(run_ns):
         frame(6, ia, ib, 17, sport=40002, dport=5353),  # no entry, accepted: ct 3, forced to conntrack
         frame(7, ia, ib, 6, sport=40003, dport=22, flags=0x02),  # a SYN without entry to a dropped port
     ]
+    # The IPv4 plan is stateless (no lookup, no miss forcing); the IPv6 one's own settings (hfx6_config) decide.
     ct = CtConfig(lookup=True, tcp_ms=432000000, udp_ms=120000, udp_unreplied_ms=30000, none=True)
-    control = control_of("drop", "bridge", plan6.miss_shunt)
-    res = run_frames(_plan4(), [(0, f) for f in frames], PORTS, ns=run_ns, plan6=plan6, ct=ct, control=control)
+    kw = {"control": control_of("drop", "bridge"), "control6": control_of("drop", "bridge", plan6.miss_shunt)}
+    res = run_frames(_plan4(), [(0, f) for f in frames], PORTS, ns=run_ns, plan6=plan6, ct6=ct, **kw)
     got = [(v.retval, (v.meta >> 28) & 0xF, (v.meta & 0xFFFFFF) - INDEX_BASE) for v in res.verdicts]
     n6 = len(plan6.entries)
     assert got == [
@@ -214,5 +215,58 @@ def test_conntrack_lookup_with_ipv6_tuples(run_ns):
     ], got
     # Without the entries every TCP/UDP frame is a miss: none is forwarded.
     netns.run(["conntrack", "-F"], run_ns, check=False)
-    res = run_frames(_plan4(), [(0, f) for f in frames], PORTS, ns=run_ns, plan6=plan6, ct=ct, control=control)
+    res = run_frames(_plan4(), [(0, f) for f in frames], PORTS, ns=run_ns, plan6=plan6, ct6=ct, **kw)
     assert XDP_REDIRECT not in [v.retval for v in res.verdicts]
+
+
+ACCEPT, DROP = 1, 2  # M's action field
+
+
+def _decision(v) -> tuple[int, int]:
+    """(action, match_index) of a frame the program decided itself (reason 15 or 5, host mode's decided ACCEPT)."""
+    assert (v.meta >> 28) & 0xF in (5, 15), hex(v.meta)
+    return (v.meta >> 24) & 0xF, v.meta & 0xFFFFFF
+
+
+def test_target_programs_both_table_sets(run_ns, tmp_path):
+    """XdpTarget with a dual-stack plan (the IPv6 plan as `plan6`): the started program decides IPv6 frames by the
+    IPv6 table set and IPv4 frames by the IPv4 one; a new IPv6 plan of the same shape is a map update of the running
+    program; an IPv4 plan alone does not fit a program with an IPv6 table set (a new program), nor the reverse."""
+    from hypafilter.config import Config
+    from hypafilter.errors import HypafilterError
+    from hypafilter.targets.base import Site
+    from hypafilter.targets.xdp.run import run_pinned
+    from hypafilter.targets.xdp.target import XdpTarget
+
+    rules = [Rule6(dst="2001:db8:2::/48", proto="udp", target="DROP"), Rule6(proto="tcp", dport=(80, 80))]
+    _, plan6 = ranked_plan(rules, "DROP", index_base=INDEX_BASE)
+    flipped = [Rule6(dst="2001:db8:2::/48", proto="udp"), Rule6(proto="tcp", dport=(80, 80), target="DROP")]
+    _, plan6b = ranked_plan(flipped, "DROP", index_base=INDEX_BASE)
+    plan4 = _plan4()
+    tgt = XdpTarget(Config(), Site("v6xt", run_ns, {"wire0": PORTS[0], "wire1": PORTS[1]}, tmp_path))
+    a, b = 0x20010DB8000100000000000000000001, 0x20010DB8000200000000000000000002
+    frames = [(0, frame(1, a, b, 17)), (0, frame(2, a, b, 6, dport=80)), (0, ipv4_tcp("10.0.0.1", "192.0.2.1", 1, 22))]
+    info = tgt.start(tgt.build(plan4, plan6), 3)
+    try:
+        state = tgt.program(info, plan4, 3, plan6=plan6)
+        assert state["v6"]["entries"] == len(plan6.entries) and state["v6"]["index_base"] == INDEX_BASE
+        got = [_decision(v) for v in run_pinned(info["pin"], frames, ns=run_ns).verdicts]
+        assert got == [(DROP, INDEX_BASE), (ACCEPT, INDEX_BASE + 1), (DROP, 0)]
+        plan4.plan6 = plan6b  # the attribute form: the same update
+        tgt.program(info, plan4, 4)
+        got = [_decision(v) for v in run_pinned(info["pin"], frames, ns=run_ns).verdicts]
+        assert got == [(ACCEPT, INDEX_BASE), (DROP, INDEX_BASE + 1), (DROP, 0)]
+        del plan4.plan6
+        with pytest.raises(HypafilterError, match="do not fit"):
+            tgt.program(info, plan4, 5)
+    finally:
+        tgt.stop(info)
+    info = tgt.start(tgt.build(plan4), 6)
+    try:
+        with pytest.raises(HypafilterError, match="do not fit"):
+            tgt.program(info, plan4, 6, plan6=plan6)
+        tgt.program(info, plan4, 6)
+        v = run_pinned(info["pin"], frames[:1], ns=run_ns).verdicts[0]
+        assert v.retval == XDP_PASS and (v.meta >> 28) & 0xF == 2  # no IPv6 table set: unparsed, as before
+    finally:
+        tgt.stop(info)

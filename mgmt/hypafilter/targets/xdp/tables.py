@@ -357,9 +357,12 @@ def tables_file(
     ct: CtConfig | None = None,
     hold: bool = False,
     t6: Tables | None = None,
+    control6: int | None = None,
+    ct6: CtConfig | None = None,
 ) -> bytes:
     """The loader's tables file (driver/xdp/hf_xdp.c) for a program of `shape`; hfx_cfg is written last by it.
-    `t6`: the IPv6 table set (build_tables6) for a program whose shape has "v6"."""
+    `t6`: the IPv6 table set (build_tables6) for a program whose shape has "v6", with its plan's miss forcing
+    (`control6`'s bits 4/5; default `control`'s) and conntrack lookup (`ct6`; default `ct`)."""
     ct = ct or CtConfig()
     if (t6 is not None) != bool(shape.get("v6")):
         raise ValueError("IPv6 tables need a program with an IPv6 table set, and such a program needs them")
@@ -402,7 +405,7 @@ def tables_file(
     if buf:
         out.append(_record("hfx_buf", SLOT.size, buf, slot_rows(t.overlay, buf)))
     if t6 is not None:
-        out.append(tables6_records(t6, shape["v6"]))
+        out.append(tables6_records(t6, shape["v6"], control if control6 is None else control6, ct6 or ct))
     nb = {f: len(t.spans[f]) if f in t.spans else 1 for f in SEARCH_FIELDS}
     cfg = CONFIG.pack(
         0 if hold else control,  # hold: still shunting everything after the write; `armed` below is what ends it
@@ -427,8 +430,10 @@ def tables_file(
 
 # ---- IPv6: a family-6 plan's table set (docs/ipv6.md "## xdp") ---------------------------------------------------
 
-# struct hfx6_config: num_entries, index_base, num_words, nb_src, nb_dst, ct_hit[2], num_boxes
-CONFIG6 = struct.Struct("<8I")
+# struct hfx6_config: num_entries, index_base, num_words, nb_src, nb_dst, ct_hit[2], num_boxes, miss, ct_flags,
+# ct_tcp_ms, ct_udp_ms, ct_udp_unreplied_ms
+CONFIG6 = struct.Struct("<13I")
+MISS_BITS = 16 | 32  # HFX_CONTROL_MISS_SHUNT_ACCEPT | _DROP
 # struct hfx_span6: the interval's first address as four 32-bit words, most significant first; its vector id
 SPAN6 = np.dtype([("start", "<u4", (4,)), ("vec", "<u4")])
 ADDR6_TOP = (1 << 128) - 1
@@ -530,8 +535,11 @@ def fits6(t6: Tables, v6shape: dict | None) -> bool:
     )
 
 
-def tables6_records(t6: Tables, v6shape: dict) -> bytes:
-    """The IPv6 table set's records of the loader's tables file (written before hfx_cfg, which enables them)."""
+def tables6_records(t6: Tables, v6shape: dict, miss: int = 0, ct: CtConfig | None = None) -> bytes:
+    """The IPv6 table set's records of the loader's tables file (written before hfx_cfg, which enables them). `miss`:
+    the IPv6 plan's miss forcing bits (CONTROL bits 4/5, as `control_of` gives them for its Plan.miss_shunt); `ct`:
+    its conntrack lookup."""
+    ct = ct or CtConfig()
     if not fits6(t6, v6shape):
         raise ValueError("IPv6 tables do not fit the program's shape")
     W = v6shape["words"]
@@ -564,6 +572,19 @@ def tables6_records(t6: Tables, v6shape: dict) -> bytes:
         out.append(_record("hfx6_box", 4, t6.boxes, box.astype("<u4").tobytes()))
     out.append(_record("hfx6_ent", ENTRY.size, t6.n + 1, t6.entries))
     nb = {f: len(t6.spans[f]) if f in t6.spans else 1 for f in SEARCH_FIELDS}
-    cfg = CONFIG6.pack(t6.n, t6.index_base, t6.words, nb["src"], nb["dst"], *t6.ct_hit, t6.boxes)
+    cfg = CONFIG6.pack(
+        t6.n,
+        t6.index_base,
+        t6.words,
+        nb["src"],
+        nb["dst"],
+        *t6.ct_hit,
+        t6.boxes,
+        miss & MISS_BITS,
+        ct.flags(),
+        ct.tcp_ms,
+        ct.udp_ms,
+        ct.udp_unreplied_ms,
+    )
     out.append(_record("hfx6_cfg", CONFIG6.size, 1, cfg))
     return b"".join(out)

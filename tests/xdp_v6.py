@@ -436,3 +436,82 @@ def ipv4_tcp(src: str, dst: str, sport: int, dport: int) -> bytes:
     )
     ip = ip[:10] + struct.pack("!H", _csum(ip)) + ip[12:]
     return MAC + b"\x08\x00" + ip + tcp
+
+
+# ---- cost (docs/ipv6.md "## xdp": `python -m tests.xdp_v6 cost`) ---------------------------------------------------
+
+
+def cost(rules: int = 1000, frames: int = 400, repeat: int = 2000, seed: int = 1) -> dict:
+    """BPF_PROG_TEST_RUN ns per frame of the IPv6 path against the IPv4 one, on policies of the same structure:
+    `rules` rules of a random source and destination prefix each (IPv6 /32../64 under 2001:db8::/16's neighbours,
+    IPv4 /8../24), half of them TCP with a destination port range, a chain policy DROP; frames aimed at the rules.
+    Needs root (a namespace `v6x-cost` of its own)."""
+    from hypafilter import netns
+    from hypafilter.analysis.plan import build_plan
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.targets.xdp.run import run_frames
+
+    rng = random.Random(seed)
+    r6, lines4 = [], ["*filter", ":FORWARD DROP [0:0]"]
+    for _ in range(rules):
+        tcp = rng.random() < 0.5
+        lo = rng.randint(1, 60000)
+        dport = (lo, lo + rng.randint(0, 100)) if tcp else None
+        s6 = f"{ipaddress.IPv6Address(rng.getrandbits(128) & ~((1 << 96) - 1))}/{rng.choice([32, 48, 64])}"
+        d6 = f"{ipaddress.IPv6Address(rng.getrandbits(128) & ~((1 << 96) - 1))}/{rng.choice([32, 48, 64])}"
+        r6.append(
+            Rule6(
+                src=str(ipaddress.IPv6Network(s6, strict=False)),
+                dst=str(ipaddress.IPv6Network(d6, strict=False)),
+                proto="tcp" if tcp else "udp",
+                dport=dport,
+                target=rng.choice(["ACCEPT", "DROP"]),
+            )
+        )
+        s4 = ipaddress.IPv4Network(
+            f"{ipaddress.IPv4Address(rng.getrandbits(32))}/{rng.choice([8, 16, 24])}", strict=False
+        )
+        d4 = ipaddress.IPv4Network(
+            f"{ipaddress.IPv4Address(rng.getrandbits(32))}/{rng.choice([8, 16, 24])}", strict=False
+        )
+        port = f" -m tcp --dport {dport[0]}:{dport[1]}" if tcp else ""
+        lines4.append(f"-A FORWARD -s {s4} -d {d4} -p {'tcp' if tcp else 'udp'}{port} -j {r6[-1].target}")
+    plan4 = build_plan(parse_policy("\n".join([*lines4, "COMMIT", ""]), "cost4"))
+    _, plan6 = ranked_plan(r6, "DROP", index_base=len(plan4.entries) + 1)
+    f6, f4 = [], []
+    for uid in range(frames):
+        r = rng.choice(r6)
+        p = 6 if r.proto == "tcp" else 17
+        dport = rng.randint(*r.dport) if r.dport else rng.randint(1, 65535)
+        f6.append((0, frame(uid, addr_in(r.src, rng), addr_in(r.dst, rng), p, dport=dport)))
+        ln = rng.choice(lines4[2:]).split()
+        s4, d4 = (ipaddress.IPv4Network(ln[ln.index(k) + 1]) for k in ("-s", "-d"))
+        a4 = str(s4[rng.randrange(s4.num_addresses)])
+        b4 = str(d4[rng.randrange(d4.num_addresses)])
+        f4.append((0, ipv4_tcp(a4, b4, 1234, dport)))
+    ns = "v6x-cost"
+    netns.delete(ns)
+    netns.add(ns)
+    try:
+        netns.run(["ip", "-n", ns, "link", "add", "n0", "type", "veth", "peer", "name", "n1"])
+        for p in ("n0", "n1"):
+            netns.run(["ip", "-n", ns, "link", "set", p, "up"])
+        out = {}
+        for name, fr in (("ipv4", f4), ("ipv6", f6)):
+            res = run_frames(plan4, fr, ["n0", "n1"], ns=ns, repeat=repeat, plan6=plan6)
+            ns_per = sorted(v.ns for v in res.verdicts)
+            out[name] = {"median_ns": ns_per[len(ns_per) // 2], "mean_ns": round(sum(ns_per) / len(ns_per), 1)}
+        out["rules"], out["entries4"], out["entries6"] = rules, len(plan4.entries), len(plan6.entries)
+        out["spans6"] = {d: len(plan6.addr_map.starts[d]) for d in ("src", "dst")}
+        out["prog"] = res.prog
+        return out
+    finally:
+        netns.delete(ns)
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    if sys.argv[1:2] == ["cost"]:
+        print(json.dumps(cost(*(int(x) for x in sys.argv[2:])), indent=1))

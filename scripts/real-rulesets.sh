@@ -55,6 +55,9 @@ version_of() { dpkg-query -W -f='${Version}' "$1"; }
 run_in_ns() {
     local tool=$1 config=$2 description=$3 script=$4
     local ns="rr-$tool-$$" w="$WORK/$tool-$config" log
+    # V4_FILE: the IPv4 side's file name (default TOOL-CONFIG.rules; a dual-stack configuration's is
+    # TOOL-CONFIG-v4.rules4, kept out of the *.rules the IPv4 system tests read one by one)
+    local v4="${V4_FILE:-$tool-$config.rules}"
     mkdir -p "$w"
     log="$w/log"
     NAMESPACES+=("$ns")
@@ -66,8 +69,19 @@ run_in_ns() {
             echo "# $tool $(version_of "$PKG") (Debian package $PKG), configuration '$config': $description." \
                 "Made by scripts/real-rulesets.sh in a scratch network namespace, dumped with iptables-save."
             cat "$w/dump"
-        } > "$OUT/$tool-$config.rules"
-        MADE+=("$tool-$config ($(grep -c '^-A' "$OUT/$tool-$config.rules") rules)")
+        } > "$OUT/$v4"
+        MADE+=("$v4 ($(grep -c '^-A' "$OUT/$v4") rules)")
+        # the tool's ip6tables side, when the script dumped one (ip6tables-save > $W/dump6): TOOL-CONFIG-v6.rules6,
+        # an ip6tables policy (hypafilter lint -6 FILE; not *.rules, which the IPv4 tests read)
+        if [ -s "$w/dump6" ] && grep -q '^\*filter$' "$w/dump6"; then
+            {
+                echo "# $tool $(version_of "$PKG") (Debian package $PKG), configuration '$config': $description." \
+                    "Made by scripts/real-rulesets.sh in a scratch network namespace; its IPv6 side, dumped with" \
+                    "ip6tables-save."
+                cat "$w/dump6"
+            } > "$OUT/$tool-$config-v6.rules6"
+            MADE+=("$tool-$config-v6.rules6 ($(grep -c '^-A' "$OUT/$tool-$config-v6.rules6") rules)")
+        fi
     else
         echo "   FAILED; last lines of its output:" >&2
         tail -15 "$log" | sed 's/^/   | /' >&2
@@ -91,7 +105,8 @@ cp -a /etc/ufw \$W/etc; cp /etc/default/ufw \$W/default
 mount --bind \$W/etc /etc/ufw; mount --bind \$W/default /etc/default/ufw
 $commands
 ufw status verbose
-iptables-save > \$W/dump"
+iptables-save > \$W/dump
+${UFW_DUMP6:+ip6tables-save > \$W/dump6}"
 }
 
 do_ufw() {
@@ -101,7 +116,7 @@ do_ufw() {
         "ufw default deny incoming; ufw allow 22/tcp; ufw --force enable"
     ufw_config limit-ssh "default deny incoming, limit ssh (recent-based rate limit), enable" \
         "ufw default deny incoming; ufw limit ssh; ufw --force enable"
-    ufw_config routed "default deny incoming and routed, allow 22/tcp, route allow in on eth0 out on eth1 to \
+    UFW_DUMP6=1 ufw_config routed "default deny incoming and routed, allow 22/tcp, route allow in on eth0 out on eth1 to \
 10.0.1.0/24 port 80 proto tcp, route deny from 192.0.2.0/24, route allow proto udp to 10.0.1.53 port 53, enable" \
         "ufw default deny incoming; ufw default deny routed; ufw allow 22/tcp
 ufw route allow in on eth0 out on eth1 to 10.0.1.0/24 port 80 proto tcp
@@ -111,6 +126,18 @@ ufw --force enable"
     ufw_config route-limit "default deny routed, route limit proto tcp to 10.0.1.22 port 22 (recent-based rate \
 limit on forwarded ssh), enable" \
         "ufw default deny routed; ufw route limit proto tcp to 10.0.1.22 port 22; ufw --force enable"
+    # Dual stack (IPV6=yes, ufw's default): rules for both families; both sides are dumped
+    UFW_DUMP6=1 V4_FILE=ufw-dual-stack-v4.rules4 ufw_config dual-stack "IPV6=yes, default deny incoming and routed, allow 22/tcp, allow from \
+2001:db8:1::/48 to port 443 proto tcp, deny from 2001:db8:bad::/48, route allow in on eth0 out on eth1 to \
+2001:db8:2::/64 port 80 proto tcp, route allow in on eth0 out on eth1 to 10.0.1.0/24 port 80 proto tcp, limit \
+5353/udp, enable" \
+        "ufw default deny incoming; ufw default deny routed; ufw allow 22/tcp
+ufw allow from 2001:db8:1::/48 to any port 443 proto tcp
+ufw deny from 2001:db8:bad::/48
+ufw route allow in on eth0 out on eth1 to 2001:db8:2::/64 port 80 proto tcp
+ufw route allow in on eth0 out on eth1 to 10.0.1.0/24 port 80 proto tcp
+ufw limit 5353/udp
+ufw --force enable"
 }
 
 # ---- shorewall ----------------------------------------------------------------------------------------------------

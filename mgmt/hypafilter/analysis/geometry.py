@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.ma  # np.unique's first call imports it (~10 ms): at import, not inside the first update
 
+from hypafilter.errors import HypafilterError
 from hypafilter.ir import MAXV, NDIM, Box
 from hypafilter.ir.sets import MAX_SET_SLOTS
 
@@ -67,9 +68,15 @@ class BoxSet:
                 ow.append(o)
         if not ow:
             return cls.empty()
+        try:
+            lo_a, hi_a = np.array(lo, dtype=np.int64), np.array(hi, dtype=np.int64)
+        except OverflowError:  # 128-bit addresses of an IPv6 policy that was not ranked
+            raise HypafilterError(
+                "boxes with 128-bit addresses: an IPv6 policy is analysed on its address ranks (ir.family.compress)"
+            ) from None
         return cls(
-            np.array(lo, dtype=np.int64).reshape(-1, NDIM),
-            np.array(hi, dtype=np.int64).reshape(-1, NDIM),
+            lo_a.reshape(-1, NDIM),
+            hi_a.reshape(-1, NDIM),
             np.array(fm, dtype=np.int64),
             np.array(fv, dtype=np.int64),
             np.array(ow, dtype=np.int64),

@@ -104,6 +104,10 @@ class Plan:
     # Slots of the update buffer of the core built for it (Config.update_buffer): part of the hardware's identity
     # (hw.vhdl.matcher_hash); the tables of such a core have n + 1 + buffer_depth rows (analysis.overlay)
     buffer_depth: int = UPDATE_BUFFER_DEFAULT
+    # The address family (ir.family): 6 for a plan of an ip6tables policy, whose entries hold address ranks; a frame's
+    # addresses map to them by `addr_map.rank(dim, addr)` (ir.family.AddrMap; None for IPv4).
+    family: int = 4
+    addr_map: object | None = field(default=None, repr=False)
     _geo: dict[int, list[int]] | None = field(default=None, repr=False)
 
     # Derived arrays, computed once (refresh): bool [n + 1] each.
@@ -216,6 +220,9 @@ class Plan:
             "geo_chains": {str(k): list(v) for k, v in sorted(self.geo_chains.items())},
             "partition": rules,
         }
+        if self.family != 4:  # an IPv6 plan: its entries hold address ranks (addr_map; IPv4 reports as they were)
+            out["family"] = self.family
+            out["address_ranks"] = {d: len(v) for d, v in self.addr_map.starts.items()}
         if any(self.miss_shunt):  # (only then, so that reports of policies without conntrack stay as they were)
             out["miss_shunt"] = {"accept": bool(self.miss_shunt[0]), "drop": bool(self.miss_shunt[1])}
             # the shunt bits for frames no conntrack entry holds (ct 3, the xdp target's lookup)
@@ -259,6 +266,16 @@ def forced_entries(entries, actions: np.ndarray, miss_shunt: tuple[bool, bool]) 
     return out
 
 
+def ranked(policy: Policy) -> Policy:
+    """The policy itself, or for an IPv6 policy not yet ranked its ranked form (ir.family.compress): what the numpy
+    analysis takes (same rules, same positions)."""
+    if policy.family == 4 or policy.addr_map is not None:
+        return policy
+    from hypafilter.ir.family import compress
+
+    return compress(policy)[0]
+
+
 def rule_boxset(policy: Policy, positions) -> BoxSet:
     """The boxes of the given rules, owner = rule position."""
     pos = list(positions)
@@ -279,6 +296,7 @@ def at_ct(bs: BoxSet, value: int | None) -> BoxSet:
 def selective_bits(policy: Policy, sources: list[int] | None = None, ct: int | None = None) -> np.ndarray:
     """Alg. 1 for every rule at once: bool[len(rules)], True for a simple rule met by an earlier complex reduction
     (`sources`: the complex rules to test, all of them by default; `ct`: only frames with that ct value)."""
+    policy = ranked(policy)
     simple = policy.simple_indices
     cplx = policy.complex_indices if sources is None else sources
     out = np.zeros(len(policy.rules), dtype=bool)
@@ -298,6 +316,7 @@ def policy_entry_reachable(policy: Policy, sources: list[int] | None = None, ct:
     packet in the reduction always matches a simple entry, so it never gets the policy entry). Empty reductions
     never match. `sources`: the complex rules to test, all of them by default; `ct`: only frames with that ct value.
     """
+    policy = ranked(policy)
     cplx = policy.complex_indices if sources is None else sources
     if not cplx:
         return False
@@ -346,6 +365,7 @@ def build_plan(
     if strategy not in STRATEGIES:
         raise HypafilterError(f"unknown strategy {strategy!r} (choose {', '.join(STRATEGIES)})")
     t0 = time.perf_counter()
+    policy = ranked(policy)  # an IPv6 policy: analysed on its address ranks (ir.family)
     rules = policy.rules
     cplx = policy.complex_indices
     mirroring = mirrors(mode, strategy)
@@ -439,6 +459,8 @@ def build_plan(
         strategy=strategy,
         live=live,
         buffer_depth=config.update_buffer,
+        family=policy.family,
+        addr_map=policy.addr_map,
     )
     plan.analysis_seconds = time.perf_counter() - t0
     return plan

@@ -72,6 +72,12 @@ def analyze(policy, config, points: np.ndarray | None = None) -> dict:
     packets (copies software runs the interval chain on; counted in the interval strategy's traversed rules),
     while full, cut and hsa_cut are costed on the plan without mirroring they would run with."""
     t0 = time.perf_counter()
+    ranks = None
+    if policy.family != 4 and policy.addr_map is None:  # an IPv6 policy: analysed on its address ranks (ir.family)
+        from hypafilter.ir.family import compress
+
+        policy, amap = compress(policy)
+        ranks = {d: len(s) for d, s in amap.starts.items()}
     sel = build_plan(policy, config, mode="selective")
     idx = build_plan(policy, config, mode="index")
     idx_plain = build_plan(policy, config, mode="index", strategy="cut") if idx.observing.any() else idx
@@ -118,5 +124,8 @@ def analyze(policy, config, points: np.ndarray | None = None) -> dict:
             out["mirrored_packets_index_based"] = int(idx_copies.sum())
         out["traversed_rules"] = {s: int((plain_hist * costs[s]).sum()) for s in ("full", "cut", "hsa_cut")}
         out["traversed_rules"]["interval"] = int(((idx_hist + idx_copies) * costs["interval"]).sum())
+    if ranks is not None:
+        out["family"] = policy.family
+        out["address_ranks"] = ranks
     out["analysis_seconds"] = round(time.perf_counter() - t0, 6)
     return out

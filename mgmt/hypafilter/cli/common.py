@@ -10,8 +10,23 @@ from hypafilter.errors import HypafilterError, PolicyError
 from hypafilter.ir import Policy
 
 
-def add_policy_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+def add_policy_args(p: argparse.ArgumentParser, required: bool = True, ipv6: bool = False) -> None:
+    """The policy arguments; `ipv6`: also -6 (POLICY is an ip6tables policy) and --ipv6 V6POLICY (dual stack), for the
+    commands that handle them (docs/ipv6.md)."""
     p.add_argument("policy", nargs="?", metavar="POLICY", help="iptables-save file or plain rule file")
+    if ipv6:
+        p.add_argument(
+            "-6",
+            dest="family6",
+            action="store_true",
+            help="POLICY is an ip6tables policy (ip6tables-save file or ip6tables command lines); with --classbench: "
+            "the filters mapped into IPv6 (docs/ipv6.md)",
+        )
+        p.add_argument(
+            "--ipv6",
+            metavar="V6POLICY",
+            help="the ip6tables policy beside the IPv4 POLICY (dual stack): both are read, checked and reported",
+        )
     p.add_argument("--chain", default="FORWARD", help="base chain (default FORWARD)")
     p.add_argument("--config", metavar="TOML", help="site configuration (see docs/configuration.md)")
     p.add_argument(
@@ -114,12 +129,32 @@ def set_env(args: argparse.Namespace, config: Config):
 
 def load_policy(args: argparse.Namespace, config: Config | None = None) -> Policy:
     """The Policy named by the arguments (a file, or a ClassBench import); the sets its -m set matches read from
-    --ipsets or the live kernel (Policy.sets, .ipsets_text)."""
+    --ipsets or the live kernel (Policy.sets, .ipsets_text). With -6 an ip6tables policy (Policy.family 6)."""
+    config = config or load_config(args)
+    if getattr(args, "family6", False) and getattr(args, "ipv6", None):
+        raise HypafilterError("give either -6 POLICY (IPv6 only) or POLICY --ipv6 V6POLICY (dual stack), not both")
+    return _with_sets(
+        args, config, lambda env: _load_policy(args, config, env, 6 if getattr(args, "family6", False) else 4)
+    )
+
+
+def load_policy6(args: argparse.Namespace, config: Config | None = None) -> Policy | None:
+    """The ip6tables policy of --ipv6 V6POLICY (dual stack), None without it; read as POLICY is (same chain,
+    configuration and sets)."""
+    path = getattr(args, "ipv6", None)
+    if not path:
+        return None
+    config = config or load_config(args)
+    return _with_sets(
+        args, config, lambda env: parse_policy_file(path, args.chain, config, args.allow_empty, env, family=6)
+    )
+
+
+def _with_sets(args: argparse.Namespace, config: Config, load) -> Policy:
     import dataclasses
 
-    config = config or load_config(args)
     env = set_env(args, config)
-    policy = _load_policy(args, config, env)
+    policy = load(env)
     if not env.text:
         return policy
     return dataclasses.replace(
@@ -127,7 +162,7 @@ def load_policy(args: argparse.Namespace, config: Config | None = None) -> Polic
     )
 
 
-def _load_policy(args: argparse.Namespace, config: Config, env) -> Policy:
+def _load_policy(args: argparse.Namespace, config: Config, env, family: int = 4) -> Policy:
     from hypafilter.iptables.document import parse_policy
 
     if args.classbench and args.policy:
@@ -142,24 +177,41 @@ def _load_policy(args: argparse.Namespace, config: Config, env) -> Policy:
             actions=args.actions,
             deterministic=args.deterministic,
         )
+        if family == 6:
+            from hypafilter.tools.classbench6 import v6_policy_text
+
+            text = v6_policy_text(text)
         return parse_policy(
-            text, filename=args.classbench, base_chain=args.chain, config=config, allow_empty=args.allow_empty, sets=env
+            text,
+            filename=args.classbench,
+            base_chain=args.chain,
+            config=config,
+            allow_empty=args.allow_empty,
+            sets=env,
+            family=family,
         )
     if not args.policy:
         raise HypafilterError("no policy given (POLICY or --classbench FILTERS)")
+    return parse_policy_file(args.policy, args.chain, config, args.allow_empty, env, family)
+
+
+def parse_policy_file(path: str, chain: str, config: Config, allow_empty: bool, env, family: int = 4) -> Policy:
+    """parse_policy of a file, with the file's own errors (missing, not UTF-8) said as such."""
+    from hypafilter.iptables.document import parse_policy
+
     try:
-        with open(args.policy, "rb") as f:
+        with open(path, "rb") as f:
             data = f.read()
     except OSError as e:
-        raise HypafilterError(f"{args.policy}: {e.strerror}") from e
+        raise HypafilterError(f"{path}: {e.strerror}") from e
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
         raise PolicyError(
-            f"not UTF-8 text: byte 0x{data[e.start]:02x} (is this an iptables-save file?)", args.policy, line, column
+            f"not UTF-8 text: byte 0x{data[e.start]:02x} (is this an iptables-save file?)", path, line, column
         ) from e
     return parse_policy(
-        text, filename=args.policy, base_chain=args.chain, config=config, allow_empty=args.allow_empty, sets=env
+        text, filename=path, base_chain=chain, config=config, allow_empty=allow_empty, sets=env, family=family
     )

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from hypafilter.analysis.plan import MODES, Plan, action_words, build_plan
 from hypafilter.analysis.program import STRATEGIES
-from hypafilter.cli.common import add_policy_args, load_config, load_policy
+from hypafilter.cli.common import add_policy_args, load_config, load_policy, load_policy6
 from hypafilter.config import MIRROR_STRATEGIES
 from hypafilter.errors import HypafilterError
 from hypafilter.hw.model import CONTROL_MISS_SHUNT, miss_shunt_control
@@ -25,7 +25,7 @@ ENTRY_LIMIT = 1 << 24  # match_index is 24 bits in the metadata
 
 def register(sub) -> None:
     p = sub.add_parser("compile", help="compile a policy into hardware/software artifacts")
-    add_policy_args(p)
+    add_policy_args(p, ipv6=True)
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory (replaced atomically)")
     p.add_argument("--mode", choices=MODES, help="shunting mode (default: the configuration's shunt_mode)")
     p.add_argument("--prefix", help="netfilter chain prefix (default: <chain_prefix>1_)")
@@ -86,8 +86,18 @@ def partition_text(plan: Plan) -> str:
     return "\n".join(lines) + "\n"
 
 
-def compile_to(policy: Policy, config, out: Path, mode: str | None = None, prefix: str | None = None) -> dict:
-    """Write every artifact to `out` (created or replaced only when everything succeeded); the manifest."""
+def compile_to(
+    policy: Policy,
+    config,
+    out: Path,
+    mode: str | None = None,
+    prefix: str | None = None,
+    dual_base: dict | None = None,
+) -> dict:
+    """Write every artifact to `out` (created or replaced only when everything succeeded); the manifest. An IPv6
+    policy (Policy.family 6) is compiled on its address ranks (ir.family; addr_map.json holds them), its netfilter
+    text is for ip6tables-restore (`.ip6tables`); `dual_base`: for the IPv6 side of a dual stack, where the contract
+    (docs/ipv6.md) places its hardware indices and interval numbers after the IPv4 plan's (manifest "dual_stack")."""
     plan = build_plan(policy, config, mode)
     if plan.n + 1 > ENTRY_LIMIT:
         raise HypafilterError(f"{plan.n} hardware entries: more than the 24-bit match_index allows")
@@ -119,14 +129,18 @@ def compile_to(policy: Policy, config, out: Path, mode: str | None = None, prefi
             why = f'the plan mirrors observing rules (strategy {plan.strategy}); set strategy = "{s}" in the site configuration for these'
             skipped[f"netfilter/{s}.iptables"] = skipped[f"netfilter/{s}.nft"] = why
             continue
+        ext = "ip6tables" if plan.family == 6 else "iptables"  # (an ip6tables-restore text for an IPv6 policy)
         try:
-            files[f"netfilter/{s}.iptables"] = to_iptables_restore(
+            files[f"netfilter/{s}.{ext}"] = to_iptables_restore(
                 plan, s, prefix, mm, ms, table=config.table, nic_mode=nic_mode
             )
         except HypafilterError as e:
             if s != "hsa_cut":
                 raise
-            skipped[f"netfilter/{s}.iptables"] = str(e)
+            skipped[f"netfilter/{s}.{ext}"] = str(e)
+            continue
+        if plan.family == 6:
+            skipped[f"netfilter/{s}.nft"] = "the nft output writes IPv4 expressions (ip saddr): use the .ip6tables file"
             continue
         try:
             files[f"netfilter/{s}.nft"] = to_nft(plan, s, prefix, mm, ms, nic_mode=nic_mode)
@@ -144,6 +158,8 @@ def compile_to(policy: Policy, config, out: Path, mode: str | None = None, prefi
         + "\n"
     )
     files["registers.json"] = json.dumps(register_image(plan)) + "\n"
+    if plan.addr_map is not None:  # an IPv6 plan: the rank space its entries' addresses are in (ir.family)
+        files["addr_map.json"] = json.dumps({d: [hex(v) for v in s] for d, s in plan.addr_map.starts.items()}) + "\n"
     manifest = {
         "policy": policy.source,
         "policy_hash": plan.policy_hash,
@@ -159,6 +175,11 @@ def compile_to(policy: Policy, config, out: Path, mode: str | None = None, prefi
         "files": sorted([*files, "manifest.json"]),
         "skipped": skipped,
     }
+    if plan.family != 4:  # (only then: IPv4 manifests stay as they were)
+        manifest["family"] = plan.family
+        manifest["address_ranks"] = {d: len(s) for d, s in plan.addr_map.starts.items()}
+        if dual_base is not None:
+            manifest["dual_stack"] = dual_base
     files["manifest.json"] = json.dumps(manifest, indent=1) + "\n"
     out = Path(out)
     parent = out.resolve().parent
@@ -185,11 +206,40 @@ def compile_to(policy: Policy, config, out: Path, mode: str | None = None, prefi
 def run(args: argparse.Namespace) -> int:
     config = load_config(args)
     policy = load_policy(args, config)
-    m = compile_to(policy, config, Path(args.output), args.mode, args.prefix)
+    policy6 = load_policy6(args, config)  # dual stack: the IPv6 side goes to OUTPUT/ipv6
+    out = Path(args.output)
+    if policy6 is None:
+        _said(args.output, compile_to(policy, config, out, args.mode, args.prefix))
+        return 0
+    # The IPv6 side first, beside OUTPUT, then the IPv4 side, then the IPv6 side moved in: a failure on either side
+    # leaves OUTPUT as it was.
+    parent = out.resolve().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.v6.", dir=parent))
+    try:
+        m4 = _plan_sizes(policy, config, args.mode)
+        base = {"index_base": m4[0] + 1, "k_base": m4[1]}
+        m6 = compile_to(policy6, config, tmp / "ipv6", args.mode, args.prefix, dual_base=base)
+        m = compile_to(policy, config, out, args.mode, args.prefix)
+        os.rename(tmp / "ipv6", out / "ipv6")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _said(args.output, m)
+    _said(str(out / "ipv6"), m6)
+    return 0
+
+
+def _plan_sizes(policy: Policy, config, mode: str | None) -> tuple[int, int]:
+    """(entries, largest k) of the IPv4 plan compile_to builds."""
+    plan = build_plan(policy, config, mode)
+    return plan.n, plan.num_intervals
+
+
+def _said(output: str, m: dict) -> None:
+    fam = f", IPv{m['family']}" if m.get("family") else ""
     print(
-        f"{args.output}: {m['rules']} rules ({m['simple']} simple, {m['complex']} complex), mode {m['mode']}, "
+        f"{output}: {m['rules']} rules ({m['simple']} simple, {m['complex']} complex){fam}, mode {m['mode']}, "
         f"{m['shunting_entries']} shunting entries, {m['intervals']} intervals, {len(m['files'])} files"
     )
     for f, why in m["skipped"].items():
         print(f"  skipped {f}: {why}")
-    return 0

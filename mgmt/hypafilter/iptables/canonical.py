@@ -14,9 +14,50 @@ def ip_str(v: int) -> str:
     return ".".join(str((v >> s) & 0xFF) for s in (24, 16, 8, 0))
 
 
+@lru_cache(maxsize=1 << 16)
+def ip6_str(v: int) -> str:
+    """A 128-bit address as glibc's inet_ntop writes it (what ip6tables prints): the longest run of two or more zero
+    groups (the first of equal runs) as `::`, lower-case hex without leading zeros, and the last 32 bits dotted for
+    an IPv4-mapped (::ffff:a.b.c.d) or IPv4-compatible (::a.b.c.d, not ::, ::1 or ::0.0.x.y) address."""
+    groups = [(v >> (112 - 16 * i)) & 0xFFFF for i in range(8)]
+    best, cur = (-1, 0), (-1, 0)
+    for i, g in enumerate(groups):
+        if g == 0:
+            cur = (cur[0] if cur[0] >= 0 else i, cur[1] + 1)
+            if cur[1] > best[1]:
+                best = cur
+        else:
+            cur = (-1, 0)
+    if best[1] < 2:
+        best = (-1, 0)
+    dotted = best[0] == 0 and (best[1] == 6 or (best[1] == 5 and groups[5] == 0xFFFF))
+    if dotted and best[1] == 6 and groups[6] == 0:  # (glibc: ::0.0.x.y is written as hex, ::1 and :: too)
+        dotted = False
+    out = []
+    i = 0
+    while i < 8:
+        if i == best[0]:
+            out.append(":" if i == 0 else "")
+            i += best[1]
+            if i == 8:
+                out.append("")
+            continue
+        if dotted and i == 6:
+            out.append(ip_str(v & 0xFFFFFFFF))
+            break
+        out.append(f"{groups[i]:x}")
+        i += 1
+    return ":".join(out)
+
+
+def family_ip_str(v: int, family: int) -> str:
+    return ip6_str(v) if family == 6 else ip_str(v)
+
+
 def addr_text(a: pr.Addr) -> str:
     p = a.prefix
-    return f"{ip_str(a.net)}/{p}" if p is not None else f"{ip_str(a.net)}/{ip_str(a.mask)}"
+    ip = ip6_str if a.family == 6 else ip_str
+    return f"{ip(a.net)}/{p}" if p is not None else f"{ip(a.net)}/{ip(a.mask)}"
 
 
 def proto_text(p: int) -> str:
@@ -56,8 +97,12 @@ def match_tokens(m) -> tuple[str, ...]:
         out = ["-m", "iprange"]
         for opt, r in (("--src-range", m.src), ("--dst-range", m.dst)):
             if r is not None:
-                out += [*_neg(r[2]), opt, f"{ip_str(r[0])}-{ip_str(r[1])}"]
+                ip = ip6_str if m.family == 6 else ip_str
+                out += [*_neg(r[2]), opt, f"{ip(r[0])}-{ip(r[1])}"]
         return tuple(out)
+    if isinstance(m, pr.Icmp6):  # libip6t_icmp6's save: the type, and the code unless it is every code
+        t = str(m.type) if (m.code_min, m.code_max) == (0, 0xFF) else f"{m.type}/{m.code_min}"
+        return ("-m", "icmp6", *_neg(m.invert), "--icmpv6-type", t)
     if isinstance(m, pr.Icmp):
         if m.type == 0xFF and m.code_min == 0 and m.code_max == 0xFF:
             t = "any"

@@ -16,6 +16,7 @@ from hypafilter.iptables.flatten import flatten
 from hypafilter.iptables.parser import (
     IMPLICIT_MATCH,
     MAX_CHAIN_NAME,
+    V6_HINT,
     Ctx,
     RuleParser,
     addresses,
@@ -23,11 +24,12 @@ from hypafilter.iptables.parser import (
     interfaces_for,
     port_range,
 )
-from hypafilter.iptables.rule import Addr, ParsedRule, PortCheck, TcpUdp, Verbatim, target_column
+from hypafilter.iptables.rule import IPV6_EXT_PROTOS, Addr, ParsedRule, PortCheck, TcpUdp, Verbatim, target_column
 from hypafilter.iptables.sets import SetEnv, apply_sets, changed_sets
 from hypafilter.iptables.tables import BUILTIN_CHAINS, CONNTRACK_MATCHES, CONNTRACK_TARGETS
 from hypafilter.iptables.tokens import RESTORE, SHELL, SPECIAL, Tok, tokenize
 from hypafilter.ir import PROTO_TCP, PROTO_UDP, Box, Origin, Policy, UserChain
+from hypafilter.ir.family import address_space
 from hypafilter.ir.semantics import KNOWN_TARGETS
 
 
@@ -44,12 +46,15 @@ _CMD_LONG = {"--append": "-A", "--insert": "-I", "--new-chain": "-N", "--policy"
 _OTHER_COMMANDS = frozenset(
     {"--delete", "--replace", "--flush", "--delete-chain", "--zero", "--rename-chain", "--list", "--check"}
 )
-_PLAIN_PREFIXES = frozenset({"iptables", "iptables-legacy", "iptables-nft"})
+_PLAIN_PREFIXES = {
+    4: frozenset({"iptables", "iptables-legacy", "iptables-nft"}),
+    6: frozenset({"ip6tables", "ip6tables-legacy", "ip6tables-nft"}),
+}
 
 
 class _Document:
-    def __init__(self, filename: str, base_chain: str, config: Config):
-        self.filename, self.base_chain, self.config = filename, base_chain, config
+    def __init__(self, filename: str, base_chain: str, config: Config, family: int = 4):
+        self.filename, self.base_chain, self.config, self.family = filename, base_chain, config, family
         self.ifaces = interfaces_for(config, base_chain)
         self.table = config.table
         builtins = set(BUILTIN_CHAINS.get(self.table, ()))
@@ -70,7 +75,7 @@ class _Document:
             toks = tokenize(raw, no, self.filename, SHELL)
             if not toks:
                 continue
-            ctx, first = Ctx(self.filename, no), toks[0]
+            ctx, first = Ctx(self.filename, no, self.family), toks[0]
             if first.text.startswith("*") or first.text.startswith(":") or first.text == "COMMIT":
                 raise ctx.err("iptables-save syntax in a plain rule file (start the file with *filter)", first)
             self._plain_line(ctx, raw, toks)
@@ -86,6 +91,7 @@ class _Document:
         for no, raw in enumerate(lines, 1):
             if (
                 FAST_PATH
+                and self.family == 4
                 and in_table == self.table
                 and raw.startswith("-A ")
                 and not SPECIAL.search(raw)
@@ -94,7 +100,7 @@ class _Document:
                 continue
             if not raw or raw[0] == "#":
                 continue
-            ctx = Ctx(self.filename, no)
+            ctx = Ctx(self.filename, no, self.family)
             toks = tokenize(raw, no, self.filename, RESTORE)
             if not toks:
                 raise ctx.err("a line of blanks (iptables-restore refuses it: no command specified)", Tok(raw, 1))
@@ -224,10 +230,18 @@ class _Document:
             raise ctx.err(f"bad chain name (1..{MAX_CHAIN_NAME} characters, not starting with - or !)", tok)
 
     def _plain_line(self, ctx: Ctx, raw: str, toks: list[Tok]) -> None:
-        if os.path.basename(toks[0].text) in _PLAIN_PREFIXES:
+        cmd = os.path.basename(toks[0].text)
+        if cmd in _PLAIN_PREFIXES[self.family]:
             toks = toks[1:]
             if not toks:
-                raise ctx.err("iptables without a command", None)
+                raise ctx.err(f"{cmd} without a command", None)
+        elif cmd in _PLAIN_PREFIXES[10 - self.family]:
+            raise ctx.err(
+                f"an {cmd} command in an IPv{self.family} policy ("
+                + (V6_HINT if self.family == 4 else "give the IPv4 rules as the policy and these with --ipv6")
+                + ")",
+                toks[0],
+            )
         ours = True
         table = self.table
         if toks[0].text in ("-t", "--table"):
@@ -405,14 +419,16 @@ class TableChains:
     tables: dict[str, int]  # every table the file fills -> its first line
 
 
-def read_table(text: str, filename: str, config: Config | None = None) -> TableChains:
+def read_table(text: str, filename: str, config: Config | None = None, family: int = 4) -> TableChains:
     """All chains of `config.table` (default filter) as parsed rules, for tools that rewrite a whole table.
 
-    Interface checks stay checks (no bridge is assumed), so a rule's boxes are its header checks alone."""
+    Interface checks stay checks (no bridge is assumed), so a rule's boxes are its header checks alone. `family` 6:
+    an ip6tables table (its boxes hold 128-bit addresses, ir.family)."""
     config = config or Config()
-    doc = _Document(filename, "INPUT", config)
+    doc = _Document(filename, "INPUT", config, family)
     doc.ifaces = Interfaces()
-    doc.read(text)
+    with address_space(family):
+        doc.read(text)
     return TableChains(config.table, doc.chains, doc.tables)
 
 
@@ -423,15 +439,34 @@ def parse_policy(
     config: Config | None = None,
     allow_empty: bool = False,
     sets: SetEnv | None = None,
+    family: int = 4,
 ) -> Policy:
     """Parse and flatten a policy for `base_chain`; bad input raises PolicyError (file:line:column, token).
+
+    `family` 6 reads an ip6tables policy (ip6tables-save file or ip6tables command lines): 128-bit addresses in the
+    boxes (ir.family; compress() ranks them for analysis), the matches as ip6tables reads them (docs/ipv6.md).
+    """
+    with address_space(family):
+        return _parse_policy(text, filename, base_chain, config, allow_empty, sets, family)
+
+
+def _parse_policy(
+    text: str,
+    filename: str,
+    base_chain: str,
+    config: Config | None,
+    allow_empty: bool,
+    sets: SetEnv | None,
+    family: int,
+) -> Policy:
+    """parse_policy inside the family's address space.
 
     A policy that says nothing about its base chain is refused unless `allow_empty`: no table of ours in the
     file, a base chain the file never names, or one without rules would otherwise become an accept-all (or
     drop-all) firewall without a word."""
 
     config = config or Config()
-    doc = _Document(filename, base_chain, config)
+    doc = _Document(filename, base_chain, config, family)
     doc.read(text)
     base = doc.chains.get(base_chain)
     if base is None:
@@ -463,7 +498,9 @@ def parse_policy(
     reach = reachable_chains(doc.chains, base_chain)
     if sets is not None:
         sets.changed = sets.changed | changed_sets(text)
-    rules, set_slots, set_notes = apply_sets(flatten(doc.chains, base_chain, base.policy or "ACCEPT", config), sets)
+    rules, set_slots, set_notes = apply_sets(
+        flatten(doc.chains, base_chain, base.policy or "ACCEPT", config), sets, family
+    )
     rules = split_states(rules)
     reads_ct = any(
         r.target in CONNTRACK_TARGETS or any(isinstance(m, Verbatim) and m.name in CONNTRACK_MATCHES for m in r.matches)
@@ -499,4 +536,21 @@ def parse_policy(
             for r in doc.chains[name].rules
             for toks, outcome in r.resolved
         ],
+        family=family,
+        notes=[
+            (r.origin, (_AH_NOTE if r.proto == 51 else _EXT_PROTO_NOTE).format(p=canonical.proto_text(r.proto)))
+            for name in (base_chain, *reach)
+            for r in doc.chains[name].rules
+            if family == 6 and (r.proto in IPV6_EXT_PROTOS or r.proto == 51) and not r.proto_invert
+        ],
     )
+
+
+_EXT_PROTO_NOTE = (
+    "-p {p} never matches: ip6tables compares -p with the upper-layer protocol ipv6_find_hdr finds after the "
+    'extension headers (ip6tables warns "never matched protocol"; use -m ipv6header or the header\'s own match)'
+)
+_AH_NOTE = (
+    "-p {p} matches frames whose extension-header chain reaches AH (nf_tables stops ipv6_find_hdr there); with "
+    'ip6tables-legacy it would never match (ip6tables warns "never matched protocol")'
+)

@@ -31,8 +31,6 @@ from hypafilter.ir import Box, Level, Rule
 from hypafilter.ir.box import boxes_intersect, boxes_minus
 from hypafilter.ir.semantics import STATE_CHANGING_TARGETS
 
-_ROOT = (Box.full(),)
-
 
 class _NotFlat(Exception):
     """This chain cannot be flattened exactly at this jump; keep the jump verbatim."""
@@ -73,6 +71,7 @@ class _Flattener:
         guard_opts: list[tuple[str, ...]] = []
         approx_here = False
         in_base = name == self.base
+        root = (Box.full(),)  # (ir.family: the family's full box)
         depth = len(fr.levels)
         for pos, r in enumerate(self.chains[name].rules):
             opts = canonical.rule_options(r)
@@ -84,7 +83,7 @@ class _Flattener:
                     approx = True
                 else:
                     own = cut
-            if fr.boxes == _ROOT:  # the base chain: meeting the full box changes nothing (drops empty boxes)
+            if fr.boxes == root:  # the base chain: meeting the full box changes nothing (drops empty boxes)
                 eff = tuple(b for b in own if all(map(operator.le, b.lo, b.hi)))
             else:
                 eff = tuple(boxes_intersect(list(fr.boxes), own))

@@ -25,7 +25,7 @@ from hypafilter.ir import Origin, Policy
 MAX_ERRORS = 50  # each refused line is commented out and the load retried; a file this broken is reported in part
 _USERSPACE = re.compile(r"^Error occurred at line: (\d+)$", re.M)
 _KERNEL = re.compile(r"^line (\d+): (.*)$", re.M)
-_PREFIX = re.compile(r"^iptables-restore v[\d.]+ \([^)]*\): ?", re.M)
+_PREFIX = re.compile(r"^ip6?tables-restore v[\d.]+ \([^)]*\): ?", re.M)
 
 
 @dataclass(frozen=True)
@@ -36,12 +36,19 @@ class Line:
     origin: Origin | None = None
 
 
-def available() -> str | None:
-    """Why the kernel check cannot run here (None: it can): it needs root and iptables-restore."""
+def restore_command(family: int = 4) -> str:
+    """The restore tool of a policy's family (ir.family): iptables-restore, or ip6tables-restore for IPv6."""
+    return "ip6tables-restore" if family == 6 else "iptables-restore"
+
+
+def available(family: int = 4) -> str | None:
+    """Why the kernel check cannot run here (None: it can): it needs root and iptables-restore (ip6tables-restore for
+    an IPv6 policy)."""
+    tool = restore_command(family)
     if os.geteuid() != 0:
         return "not root (network namespaces need it)"
-    if not shutil.which("iptables-restore") or not shutil.which("ip"):
-        return "iptables-restore or ip is not installed"
+    if not shutil.which(tool) or not shutil.which("ip"):
+        return f"{tool} or ip is not installed"
     return None
 
 
@@ -66,11 +73,15 @@ def _host_sets(text: str | None = None) -> dict[str, str]:
 
 
 def check(
-    lines: Sequence[Line], sets: dict[str, Origin], table: str = "filter", sets_text: str | None = None
+    lines: Sequence[Line],
+    sets: dict[str, Origin],
+    table: str = "filter",
+    sets_text: str | None = None,
+    family: int = 4,
 ) -> list[PolicyError]:
     """Load `lines` (a complete iptables-restore text for `table`) into a scratch namespace; every refusal as a
     PolicyError at the user's line. `sets`: ipset name -> the first rule that names it; `sets_text`: the `ipset save`
-    text they come from (--ipsets, or the firewall's; None: this namespace's)."""
+    text they come from (--ipsets, or the firewall's; None: this namespace's). `family` 6: ip6tables-restore."""
     errors: list[PolicyError] = []
     host_sets = _host_sets(sets_text or None) if sets else {}
     missing = {name: o for name, o in sets.items() if name not in host_sets}
@@ -88,7 +99,8 @@ def check(
     ns = f"hflint-{os.getpid()}" if needed else None
     if ns:
         netns.add(ns)
-    restore = ["iptables-restore", "-w"] if ns else ["unshare", "--net", "iptables-restore", "-w"]
+    tool = restore_command(family)
+    restore = [tool, "-w"] if ns else ["unshare", "--net", tool, "-w"]
     try:
         for name in needed:
             netns.run(["ipset", "restore"], ns, input=host_sets[name] + "\n")

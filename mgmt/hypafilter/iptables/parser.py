@@ -3,7 +3,9 @@ and errors that name the user's file, line, column and token (see docs/policy-la
 
 from __future__ import annotations
 
+import ipaddress
 import re
+from functools import lru_cache
 
 from hypafilter.config import Config, Interfaces
 from hypafilter.errors import PolicyError
@@ -12,6 +14,7 @@ from hypafilter.iptables.rule import (
     Addr,
     Comment,
     Icmp,
+    Icmp6,
     Iface,
     Iprange,
     Multiport,
@@ -22,9 +25,11 @@ from hypafilter.iptables.rule import (
     analyse,
 )
 from hypafilter.iptables.tables import (
+    ICMP6_TYPES,
     ICMP_TYPES,
     PROTO_ALIASES,
     PROTO_BY_NAME,
+    REJECT6_WITH,
     SERVICES,
     TCP_FLAG_WORDS,
 )
@@ -82,6 +87,7 @@ _MATCH_OPTS: dict[str, dict[str, tuple[str, int]]] = {
     },
     "udp": _PORT_OPTS,
     "icmp": {"--icmp-type": ("--icmp-type", 1)},
+    "icmp6": {"--icmpv6-type": ("--icmpv6-type", 1)},
     "multiport": {
         "--sports": ("--sports", 1),
         "--source-ports": ("--sports", 1),
@@ -94,6 +100,14 @@ _MATCH_OPTS: dict[str, dict[str, tuple[str, int]]] = {
 }
 IMPLICIT_MATCH = {PROTO_TCP: "tcp", PROTO_UDP: "udp", PROTO_ICMP: "icmp"}
 _MATCH_PROTO = {"tcp": PROTO_TCP, "udp": PROTO_UDP, "icmp": PROTO_ICMP}
+# ip6tables: `-p ipv6-icmp` (icmpv6, 58) loads icmp6, `-p icmp` loads nothing (libipt_icmp is IPv4's)
+PROTO_ICMPV6 = 58
+IMPLICIT_MATCH6 = {PROTO_TCP: "tcp", PROTO_UDP: "udp", PROTO_ICMPV6: "icmp6"}
+_MATCH_PROTO6 = {"tcp": PROTO_TCP, "udp": PROTO_UDP, "icmp6": PROTO_ICMPV6}
+# libxtables loads icmp6 under these names (xtables_find_match)
+ICMP6_NAMES = frozenset({"icmp6", "icmpv6", "ipv6-icmp"})
+# A hint for an IPv6 input met in an IPv4 policy (and the reverse)
+V6_HINT = "give an ip6tables policy with -6 FILE, or beside the IPv4 policy with --ipv6 FILE"
 
 
 def _is_std(text: str) -> bool:
@@ -110,10 +124,10 @@ _IPV4 = re.compile(r"^\d{1,3}(\.\d{1,3}){0,3}$")
 
 
 class Ctx:
-    """Where we are, for errors."""
+    """Where we are, for errors; and which family the policy is (4: iptables, 6: ip6tables)."""
 
-    def __init__(self, filename: str, line: int):
-        self.filename, self.line = filename, line
+    def __init__(self, filename: str, line: int, family: int = 4):
+        self.filename, self.line, self.family = filename, line, family
 
     def err(self, msg: str, tok: Tok | None) -> PolicyError:
         return PolicyError(msg, self.filename, self.line, tok.col if tok else 0, tok.text if tok else "")
@@ -123,9 +137,7 @@ def _ipv4(ctx: Ctx, tok: Tok, text: str) -> int:
     m = _IPV4.match(text)
     if not m:
         if ":" in text:
-            raise ctx.err(
-                "an IPv6 address in an IPv4 policy (iptables is IPv4; ip6tables policies are not supported)", tok
-            )
+            raise ctx.err(f"an IPv6 address in an IPv4 policy (iptables is IPv4: {V6_HINT})", tok)
         if re.search(r"[A-Za-z]", text):
             raise ctx.err("host names are not accepted, write an IPv4 address", tok)
         raise ctx.err("bad IPv4 address", tok)
@@ -136,7 +148,65 @@ def _ipv4(ctx: Ctx, tok: Tok, text: str) -> int:
     return (octets[0] << 24) | (octets[1] << 16) | (octets[2] << 8) | octets[3]
 
 
+_IPV6 = re.compile(r"^[0-9A-Fa-f:.]+$")
+V6_ALL = (1 << 128) - 1
+
+
+def _ipv6(ctx: Ctx, tok: Tok, text: str) -> int:
+    """One IPv6 address as inet_pton(AF_INET6) reads it (full, `::`-compressed, or with a dotted IPv4 tail)."""
+    if not _IPV6.match(text) or ":" not in text:
+        if _IPV4.match(text):
+            raise ctx.err("an IPv4 address in an IPv6 policy (ip6tables takes IPv6 addresses only)", tok)
+        if "%" in text:
+            raise ctx.err("bad IPv6 address (a zone index %... is not accepted by ip6tables)", tok)
+        if re.search(r"[G-Zg-z]", text):
+            raise ctx.err("host names are not accepted, write an IPv6 address", tok)
+        raise ctx.err("bad IPv6 address", tok)
+    try:
+        return int(ipaddress.IPv6Address(text))
+    except ValueError:
+        raise ctx.err("bad IPv6 address", tok) from None
+
+
+def addresses6(ctx: Ctx, tok: Tok) -> list[tuple[int, int]]:
+    """`-s`/`-d` of ip6tables: ADDR[/LEN|/MASK][,...]; LEN 0..128 or an IPv6 mask (xtables parse_ip6mask; an
+    IPv4-style dotted mask is refused, as ip6tables refuses it)."""
+    ok = _addresses6_ok(tok.text)  # (policies repeat their addresses: valid texts are parsed once)
+    return list(ok) if ok is not None else _addresses6(ctx, tok)
+
+
+@lru_cache(maxsize=1 << 16)
+def _addresses6_ok(text: str) -> tuple[tuple[int, int], ...] | None:
+    try:
+        return tuple(_addresses6(Ctx("", 0, 6), Tok(text, 0)))
+    except PolicyError:
+        return None
+
+
+def _addresses6(ctx: Ctx, tok: Tok) -> list[tuple[int, int]]:
+    out = []
+    for part in tok.text.split(","):
+        if not part:
+            raise ctx.err("empty address in list", tok)
+        addr, slash, m = part.partition("/")
+        ip = _ipv6(ctx, tok, addr)
+        if not slash:
+            mask = V6_ALL
+        elif m.isdigit():
+            if int(m) > 128:
+                raise ctx.err("bad prefix length (0..128)", tok)
+            mask = (V6_ALL << (128 - int(m))) & V6_ALL
+        elif ":" in m:
+            mask = _ipv6(ctx, tok, m)
+        else:
+            raise ctx.err(f"invalid mask {m!r} (ip6tables takes a prefix length 0..128 or an IPv6 mask)", tok)
+        out.append((ip & mask, mask))
+    return out
+
+
 def addresses(ctx: Ctx, tok: Tok) -> list[tuple[int, int]]:
+    if ctx.family == 6:
+        return addresses6(ctx, tok)
     out = []
     for part in tok.text.split(","):
         if not part:
@@ -226,6 +296,34 @@ def _icmp(ctx: Ctx, tok: Tok) -> tuple[int, int, int]:
     return ty, c, c
 
 
+def _icmp6(ctx: Ctx, tok: Tok) -> tuple[int, int, int]:
+    """`--icmpv6-type` as ip6tables 1.8.9 reads it (parse_icmpv6): a unique case-insensitive prefix of a name, or
+    TYPE[/CODE]. Code ranges are refused: ip6tables keeps them but saves only their minimum, which reloads as
+    another rule (the same reason the IPv4 parser refuses them)."""
+    t = tok.text
+    hits = [n for n in ICMP6_TYPES if t and n.startswith(t.lower())]
+    if len(hits) > 1:
+        raise ctx.err(f"ambiguous ICMPv6 type {t!r}: {hits[0]!r} or {hits[1]!r}?", tok)
+    if hits:
+        return ICMP6_TYPES[hits[0]]
+    typ, slash, code = t.partition("/")
+    if ":" in typ:
+        raise ctx.err("ICMPv6 type ranges are not supported (ip6tables refuses them)", tok)
+    if not typ.isdigit():
+        raise ctx.err(f"unknown ICMPv6 type {t!r}", tok)
+    ty = _number(ctx, tok, typ, 255, "ICMPv6 type")
+    if not slash:
+        return ty, 0, 0xFF
+    if ":" in code:
+        a, _, b = code.partition(":")
+        c1, c2 = _number(ctx, tok, a, 255, "ICMPv6 code"), _number(ctx, tok, b, 255, "ICMPv6 code")
+        if c1 != c2 and (c1, c2) != (0, 255):
+            raise ctx.err("ICMPv6 code ranges other than 0:255 are not supported (ip6tables saves only the first)", tok)
+        return ty, c1, c2
+    c = _number(ctx, tok, code, 255, "ICMPv6 code")
+    return ty, c, c
+
+
 def _iface(ctx: Ctx, tok: Tok) -> str:
     if not tok.text:
         raise ctx.err("empty interface name", tok)
@@ -246,7 +344,9 @@ class RuleParser:
         self.ctx, self.chain, self.chains, self.origin = ctx, chain, chains, origin
         self.toks = self._split(toks)
         self.i = 0
-        self.r = ParsedRule(chain=chain, origin=origin)
+        self.family = ctx.family
+        self.implicit = IMPLICIT_MATCH6 if ctx.family == 6 else IMPLICIT_MATCH
+        self.r = ParsedRule(chain=chain, origin=origin, family=ctx.family)
         self.srcs: list[tuple[int, int]] | None = None
         self.dsts: list[tuple[int, int]] | None = None
         self.src_inv = self.dst_inv = False
@@ -327,9 +427,17 @@ class RuleParser:
         self.seen.setdefault(opt, t)
         self.current = None
         if opt == "-4":
+            if self.family == 6:
+                raise self.ctx.err("-4: an IPv4 rule in an IPv6 policy (ip6tables-restore skips such a line)", t)
             return
         if opt == "-6":
-            raise self.ctx.err("IPv6 rules are not supported", t)
+            if self.family == 4:
+                raise self.ctx.err(
+                    f"-6: an IPv6 rule in an IPv4 policy (iptables-restore skips such a line; {V6_HINT})", t
+                )
+            return
+        if opt == "-f" and self.family == 6:
+            raise self.ctx.err("-f is not supported in IPv6 (ip6tables: use -m frag)", t)
         if opt == "-f":
             self.r.frag = not inv
             return
@@ -377,12 +485,16 @@ class RuleParser:
         # an option goes to the latest instance that takes it (`_owner`). The instances' boxes are intersected.
         if name in ("tcp", "udp"):
             m = TcpUdp(name)
+        elif self.family == 6 and name in ICMP6_NAMES:
+            m = Icmp6()
+        elif self.family == 6 and name == "icmp":
+            raise self.ctx.err("-m icmp is IPv4's (ip6tables: -p ipv6-icmp -m icmp6 --icmpv6-type T)", name_tok)
         elif name == "icmp":
             m = Icmp()
         elif name == "multiport":
             m = Multiport()
         elif name == "iprange":
-            m = Iprange()
+            m = Iprange(family=self.family)
         elif name == "comment":
             m = Comment()
         else:
@@ -402,6 +514,8 @@ class RuleParser:
                 raise self.ctx.err("-g needs a user-defined chain", arg)
         elif name not in KNOWN_TARGETS and name not in self.chains:
             raise self.ctx.err("unknown target (neither a netfilter target nor a defined chain)", arg)
+        elif self.family == 6 and name in _IPV4_ONLY_TARGETS:
+            raise self.ctx.err(f"target {name} is IPv4's (ip6tables has no such target)", arg)
         if name == self.chain:
             raise self.ctx.err(f"chain {name} jumps to itself (loop)", arg)
         self.r.target, self.r.goto = name, opt == "-g"
@@ -415,8 +529,8 @@ class RuleParser:
         for m in reversed(self.r.matches):
             if not isinstance(m, Verbatim) and name in _MATCH_OPTS.get(_kind(m), {}):
                 return m, None
-        if self.r.proto in IMPLICIT_MATCH and not self.r.proto_invert:
-            mname = IMPLICIT_MATCH[self.r.proto]
+        if self.r.proto in self.implicit and not self.r.proto_invert:
+            mname = self.implicit[self.r.proto]
             if name in _MATCH_OPTS[mname]:
                 return None, mname
         return None, None
@@ -439,7 +553,14 @@ class RuleParser:
         if owner is None and implicit is not None:
             owner = self._load(Tok(implicit, t.col))
         if owner is None:
-            if self.r.proto in IMPLICIT_MATCH and name in ("--sport", "--dport", "--icmp-type", "--tcp-flags", "--syn"):
+            if self.r.proto in self.implicit and name in (
+                "--sport",
+                "--dport",
+                "--icmp-type",
+                "--icmpv6-type",
+                "--tcp-flags",
+                "--syn",
+            ):
                 raise self.ctx.err(f"unknown option for -p {canonical.proto_text(self.r.proto)}", t)
             raise self.ctx.err("unknown option", t)
         self.current = owner
@@ -468,6 +589,9 @@ class RuleParser:
                 owner.flags = (0x17, 0x02, inv)
             elif canon == "--tcp-option":
                 owner.option = (_number(ctx, args[0], args[0].text, 255, "TCP option"), inv)
+        elif isinstance(owner, Icmp6):
+            owner.type, owner.code_min, owner.code_max = _icmp6(ctx, args[0])
+            owner.invert = inv
         elif isinstance(owner, Icmp):
             owner.type, owner.code_min, owner.code_max = _icmp(ctx, args[0])
             owner.invert = inv
@@ -486,8 +610,9 @@ class RuleParser:
                 raise ctx.err(f"too many ports in multiport list (at most {MULTIPORT_MAX}; a range counts 2)", args[0])
         elif isinstance(owner, Iprange):
             a, dash, b = args[0].text.partition("-")
-            lo = _ipv4(ctx, args[0], a)
-            hi = _ipv4(ctx, args[0], b) if dash else lo
+            ip = _ipv6 if self.family == 6 else _ipv4
+            lo = ip(ctx, args[0], a)
+            hi = ip(ctx, args[0], b) if dash else lo
             if lo > hi:
                 raise ctx.err("address range is reversed and would never match", args[0])
             setattr(owner, "src" if canon == "--src-range" else "dst", (lo, hi, inv))
@@ -501,9 +626,10 @@ class RuleParser:
         for m in r.matches:
             mt = self.match_toks[id(m)]
             kind = _kind(m)
-            need = _MATCH_PROTO.get(kind)
+            need = (_MATCH_PROTO6 if self.family == 6 else _MATCH_PROTO).get(kind)
             if need is not None and (r.proto != need or r.proto_invert):
-                raise ctx.err(f"-m {kind} needs -p {kind} (not negated)", mt)
+                pname = "ipv6-icmp" if kind == "icmp6" else kind
+                raise ctx.err(f"-m {kind} needs -p {pname} (not negated)", mt)
             if kind == "multiport":
                 if not m.kind:
                     raise ctx.err("multiport needs --sports, --dports or --ports", mt)
@@ -511,30 +637,58 @@ class RuleParser:
                     raise ctx.err("multiport needs -p tcp, udp, udplite, sctp or dccp", mt)
             if kind == "icmp" and m.type < 0:
                 raise ctx.err("icmp needs --icmp-type", mt)
+            if kind == "icmp6" and m.type < 0:
+                raise ctx.err("icmp6 needs --icmpv6-type", mt)
             if kind == "iprange" and m.src is None and m.dst is None:
                 raise ctx.err("iprange needs --src-range or --dst-range", mt)
             if kind == "comment" and m.text is None:
                 raise ctx.err("comment needs --comment", mt)
             if isinstance(m, Verbatim) and not m.tokens and m.name in _NEED_OPTIONS:
                 raise ctx.err(f"-m {m.name} needs options", mt)
+        if self.family == 6 and r.target == "REJECT":
+            self._reject6()
         out = []
+        fam = self.family
         for s in self.srcs or [None]:
             for d in self.dsts or [None]:
                 rr = ParsedRule(**{k: getattr(r, k) for k in r.__dataclass_fields__})
-                rr.src = Addr(s[0], s[1], self.src_inv) if s else None
-                rr.dst = Addr(d[0], d[1], self.dst_inv) if d else None
+                rr.src = Addr(s[0], s[1], self.src_inv, fam) if s else None
+                rr.dst = Addr(d[0], d[1], self.dst_inv, fam) if d else None
                 out.append(rr)
         return out
+
+    def _reject6(self) -> None:
+        """REJECT's options as ip6tables takes them (libip6t_REJECT: a unique prefix of a reject type; tcp-reset
+        only for -p tcp). The tokens stay as written (ip6tables-restore reads them the same way)."""
+        args, tok = self.r.target_args, self.target_tok
+        if not args:
+            return
+        if args[0] != "--reject-with" or len(args) != 2:
+            raise self.ctx.err(f"REJECT takes only --reject-with TYPE (got {' '.join(args)})", tok)
+        want = args[1]
+        hits = sorted({v for k, v in REJECT6_WITH.items() if want and k.startswith(want.lower())})
+        if len(hits) != 1:
+            why = "ambiguous" if hits else "unknown"
+            hint = " (icmp-* types are IPv4's; ip6tables: icmp6-*)" if want.startswith("icmp-") else ""
+            raise self.ctx.err(f"{why} IPv6 reject type {want!r}{hint}", tok)
+        if hits[0] == "tcp-reset" and (self.r.proto != PROTO_TCP or self.r.proto_invert):
+            raise self.ctx.err("--reject-with tcp-reset needs -p tcp (the kernel refuses it otherwise)", tok)
 
 
 # Matches that iptables refuses without any option (so `-m X` alone is an error, not a complex rule).
 _NEED_OPTIONS = frozenset({"string", "conntrack", "state", "mark", "connmark", "physdev", "set", "recent", "u32"})
 
 
+# Targets ip6tables does not have (IPv4-only xtables targets).
+_IPV4_ONLY_TARGETS = frozenset({"ULOG", "CLUSTERIP", "ECN", "TTL"})
+
+
 def _kind(m) -> str:
     if isinstance(m, TcpUdp):
         return m.name
-    return {Icmp: "icmp", Multiport: "multiport", Iprange: "iprange", Comment: "comment"}.get(type(m), "verbatim")
+    return {Icmp: "icmp", Icmp6: "icmp6", Multiport: "multiport", Iprange: "iprange", Comment: "comment"}.get(
+        type(m), "verbatim"
+    )
 
 
 def parse_rule(
@@ -545,17 +699,21 @@ def parse_rule(
     line: int = 1,
     config: Config | None = None,
     mode: str = SHELL,
+    family: int = 4,
 ) -> list[ParsedRule]:
     """Parse one rule's options (no `-A`); the parsed rules carry boxes and complex groups (see analyse).
 
     The text is read as written after `iptables -A CHAIN` on a shell command line (the form of the iptables
     project's .t tests); `mode=RESTORE` reads it as a line of an iptables-save file (iptables.tokens)."""
+    from hypafilter.ir.family import address_space
+
     config = config or Config()
-    ctx = Ctx(filename, line)
+    ctx = Ctx(filename, line, family)
     toks = tokenize(text, line, filename, mode)
     origin = Origin(filename, line, chain, text.strip())
     rules = RuleParser(ctx, toks, chain, set(chains or ()), origin).parse()
-    analyse_all(rules, interfaces_for(config, chain))
+    with address_space(family):
+        analyse_all(rules, interfaces_for(config, chain))
     return rules
 
 

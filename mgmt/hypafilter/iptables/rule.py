@@ -16,6 +16,7 @@ from hypafilter.ir.box import (
     flags_boxes,
     product_boxes,
 )
+from hypafilter.ir.family import ADDR_BITS, ADDR_MAX
 
 Boxes = list[Box]
 
@@ -27,21 +28,24 @@ class Addr:
     net: int
     mask: int
     invert: bool = False
+    family: int = 4  # 6: 128-bit net and mask (ip6tables)
 
     @property
     def prefix(self) -> int | None:
-        inv = ~self.mask & 0xFFFFFFFF
+        top = ADDR_MAX[self.family]
+        inv = ~self.mask & top
         if inv & (inv + 1):
             return None  # not contiguous
-        return 32 - inv.bit_length()
+        return ADDR_BITS[self.family] - inv.bit_length()
 
     def intervals(self) -> list[tuple[int, int]] | None:
         p = self.prefix
         if p is None:
             return None
+        top = ADDR_MAX[self.family]
         lo = self.net
-        hi = self.net | (~self.mask & 0xFFFFFFFF)
-        return complement(lo, hi, MAXV[0]) if self.invert else [(lo, hi)]
+        hi = self.net | (~self.mask & top)
+        return complement(lo, hi, top) if self.invert else [(lo, hi)]
 
 
 @dataclass
@@ -100,6 +104,7 @@ class Multiport:
 class Iprange:
     src: tuple[int, int, bool] | None = None
     dst: tuple[int, int, bool] | None = None
+    family: int = 4  # 6: 128-bit addresses (ip6tables)
 
 
 @dataclass
@@ -115,6 +120,15 @@ class Icmp:
 
 
 @dataclass
+class Icmp6(Icmp):
+    """`-m icmp6 --icmpv6-type T[/C]` (ip6tables): the kernel's icmp6_match has no "any" type (IPv4's type 255)."""
+
+    @property
+    def is_any(self) -> bool:
+        return False
+
+
+@dataclass
 class Comment:
     text: str | None = None
 
@@ -127,7 +141,19 @@ class Verbatim:
     tokens: list[str] = field(default_factory=list)
 
 
-Match = TcpUdp | Multiport | Iprange | Icmp | Comment | Verbatim
+Match = TcpUdp | Multiport | Iprange | Icmp | Icmp6 | Comment | Verbatim
+
+# `-p` of an ip6tables rule compares the protocol ipv6_find_hdr(skb, &thoff, -1, ...) returns: the header after the
+# extension-header chain (net/ipv6/exthdrs_core.c). With the nf_tables back end (iptables-nft, what this project's
+# kernel runs) `-p` is `meta l4proto`, set by nft_set_pktinfo_ipv6 (include/net/netfilter/nf_tables_ipv6.h), which
+# passes IP6_FH_F_AUTH: the walk stops at an AH header and 51 is the protocol. So hop-by-hop (0), routing (43),
+# fragment (44) and destination options (60) are never the protocol: `-p` of one of them never matches (ip6tables
+# warns "never matched protocol"), `! -p` of one matches every frame; `-p 0` is "all". AH (51) is the protocol of a
+# frame whose chain reaches AH (legacy ip6_tables' ip6_packet_match passes no flags and walks past AH: there
+# `-p ah` never matches; docs/ipv6.md). No Next Header (59) is returned for a chain that ends with it.
+# A frame the walk cannot finish (truncated, bad lengths) gets no protocol: no `-p` test matches it under nf_tables
+# (hotdrop under legacy); the fast paths hand such frames to the stack unparsed.
+IPV6_EXT_PROTOS = frozenset({43, 44, 60})
 
 
 @dataclass
@@ -147,6 +173,7 @@ class ParsedRule:
     target_args: list[str] = field(default_factory=list)
     goto: bool = False
     origin: Origin | None = None
+    family: int = 4  # 6: a rule of an ip6tables policy
     # Filled by `analyse`:
     boxes: Boxes = field(default_factory=list)
     complex: list[tuple[str, ...]] = field(default_factory=list)
@@ -196,7 +223,10 @@ def analyse(rule: ParsedRule, ifaces: Interfaces, options_of) -> None:
         holds = if_match(iface.name, ifaces.bridge) != iface.invert
         rule.resolved.append((toks, f"{ALWAYS if holds else NEVER} (its {what} device is the bridge {ifaces.bridge})"))
         rule.never |= not holds
-    if rule.proto:
+    if rule.proto and rule.family == 6 and rule.proto in IPV6_EXT_PROTOS:
+        if not rule.proto_invert:  # never the upper-layer protocol (see IPV6_EXT_PROTOS); `!` of it: every frame
+            parts.append([])
+    elif rule.proto:
         p = rule.proto
         parts.append(_FieldPart("proto", complement(p, p, 0xFF) if rule.proto_invert else [(p, p)]))
     if rule.frag is not None:
@@ -234,7 +264,8 @@ def analyse(rule: ParsedRule, ifaces: Interfaces, options_of) -> None:
             for r, fname in ((m.src, "src"), (m.dst, "dst")):
                 if r is not None:
                     lo, hi, inv = r
-                    parts.append(_FieldPart(fname, complement(lo, hi, MAXV[0]) if inv else [(lo, hi)]))
+                    top = ADDR_MAX[m.family]
+                    parts.append(_FieldPart(fname, complement(lo, hi, top) if inv else [(lo, hi)]))
         elif isinstance(m, Icmp):
             if m.is_any:
                 if m.invert:

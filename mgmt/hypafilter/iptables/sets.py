@@ -114,9 +114,41 @@ def changed_sets(text: str) -> frozenset[str]:
     return frozenset(SET_TARGET_RE.findall(text))
 
 
-def apply_sets(rules: list[Rule], env: SetEnv | None) -> tuple[list[Rule], tuple[SetSlot, ...], list[SetNote]]:
+# Set types without a family of their own (NFPROTO_UNSPEC in the kernel): ip6tables may name them.
+FAMILY_FREE_TYPES = frozenset({"bitmap:port", "hash:mac", "list:set"})
+
+
+def why_not6(env: SetEnv | None, name: str, origin: Origin | None) -> str:
+    """Why a set match of an ip6tables policy stays complex; a PolicyError for a set ip6tables refuses.
+
+    The kernel's ip_set_test answers "not a member" when the frame's family is not the set's (ip_set_core.c: the
+    test runs only if `opt->family == set->family || set->family == NFPROTO_UNSPEC`), and ip6tables refuses to add a
+    rule naming an inet set at all (libxt_set: "The protocol family of set X is IPv4, which is not applicable"): so
+    an inet set in an ip6tables policy is an error here too, never a rule that silently matches nothing. Set slots
+    are IPv4's for now (the fast paths' tables hold 32-bit keys): every set match of an IPv6 policy stays complex."""
+    if env is not None:
+        env.load()
+        info = env.sets.get(name)
+        if info is not None and info.family == "inet" and info.settype not in FAMILY_FREE_TYPES:
+            from hypafilter.errors import PolicyError
+
+            col = origin.text.find(name) + 1 if origin and name in origin.text else 0
+            raise PolicyError(
+                f'set {name} is family inet (IPv4): ip6tables refuses it in an IPv6 rule ("The protocol family of '
+                f'set {name} is IPv4, which is not applicable"); use a family inet6 set',
+                origin.file if origin else "<policy>",
+                origin.line if origin else 0,
+                col,
+                name,
+            )
+    return "a set match of an IPv6 policy (set slots hold IPv4 keys: it stays in software)"
+
+
+def apply_sets(
+    rules: list[Rule], env: SetEnv | None, family: int = 4
+) -> tuple[list[Rule], tuple[SetSlot, ...], list[SetNote]]:
     """The rules with every eligible set match turned into its slot ternary, the slots in order, and a note per
-    set match (see the module docstring)."""
+    set match (see the module docstring). An ip6tables policy (`family` 6): see why_not6."""
     slots: list[SetSlot] = []
     index: dict[tuple[str, tuple[str, ...]], int] = {}
     notes: list[SetNote] = []
@@ -133,7 +165,7 @@ def apply_sets(rules: list[Rule], env: SetEnv | None) -> tuple[list[Rule], tuple
             neg, name, dirs_text, rest = m
             dirs = tuple(dirs_text.split(",")) if dirs_text else ()
             test = f"{'! ' if neg else ''}--match-set {name} {dirs_text}".strip()
-            why = why_not(env, name, dirs, rest)
+            why = why_not6(env, name, r.origin) if family == 6 else why_not(env, name, dirs, rest)
             if not why and r.stateful_pos is not None:
                 why = "the rule keeps per-rule state"
             slot = -1

@@ -180,3 +180,53 @@ BUILTIN_CHAINS = {
     "raw": ("PREROUTING", "OUTPUT"),
     "security": ("INPUT", "FORWARD", "OUTPUT"),
 }
+
+# ICMPv6 type names as ip6tables 1.8.9 takes them (extensions/libxt_icmp.h, icmpv6_codes), in its order: name -> (type,
+# code_min, code_max). ip6tables accepts any unambiguous prefix of a name, case-insensitively (parse_icmpv6).
+ICMP6_TYPES: dict[str, tuple[int, int, int]] = {
+    "destination-unreachable": (1, 0, 0xFF),
+    "no-route": (1, 0, 0),
+    "communication-prohibited": (1, 1, 1),
+    "beyond-scope": (1, 2, 2),
+    "address-unreachable": (1, 3, 3),
+    "port-unreachable": (1, 4, 4),
+    "failed-policy": (1, 5, 5),
+    "reject-route": (1, 6, 6),
+    "packet-too-big": (2, 0, 0xFF),
+    "time-exceeded": (3, 0, 0xFF),
+    "ttl-exceeded": (3, 0, 0xFF),
+    "ttl-zero-during-transit": (3, 0, 0),
+    "ttl-zero-during-reassembly": (3, 1, 1),
+    "parameter-problem": (4, 0, 0xFF),
+    "bad-header": (4, 0, 0),
+    "unknown-header-type": (4, 1, 1),
+    "unknown-option": (4, 2, 2),
+    "echo-request": (128, 0, 0xFF),
+    "ping": (128, 0, 0xFF),
+    "echo-reply": (129, 0, 0xFF),
+    "pong": (129, 0, 0xFF),
+    "router-solicitation": (133, 0, 0xFF),
+    "router-advertisement": (134, 0, 0xFF),
+    "neighbour-solicitation": (135, 0, 0xFF),
+    "neighbor-solicitation": (135, 0, 0xFF),
+    "neighbour-advertisement": (136, 0, 0xFF),
+    "neighbor-advertisement": (136, 0, 0xFF),
+    "redirect": (137, 0, 0xFF),
+}
+
+# REJECT --reject-with values ip6tables takes (libip6t_REJECT.c; the short forms are aliases it saves as icmp6-*).
+REJECT6_WITH: dict[str, str] = {
+    "icmp6-no-route": "icmp6-no-route",
+    "no-route": "icmp6-no-route",
+    "icmp6-adm-prohibited": "icmp6-adm-prohibited",
+    "adm-prohibited": "icmp6-adm-prohibited",
+    "icmp6-addr-unreachable": "icmp6-addr-unreachable",
+    "addr-unreach": "icmp6-addr-unreachable",
+    "icmp6-port-unreachable": "icmp6-port-unreachable",
+    "port-unreach": "icmp6-port-unreachable",
+    "tcp-reset": "tcp-reset",
+    "icmp6-policy-fail": "icmp6-policy-fail",
+    "policy-fail": "icmp6-policy-fail",
+    "icmp6-reject-route": "icmp6-reject-route",
+    "reject-route": "icmp6-reject-route",
+}

@@ -18,6 +18,7 @@ rule spans ct 0..3.
 from __future__ import annotations
 
 import itertools
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 # Interval dimensions of a box, in this order everywhere (numpy arrays use this column order).
@@ -40,6 +41,12 @@ FIELD_INDEX = {f: i for i, f in enumerate(FIELDS)}
 PROTO_ICMP, PROTO_TCP, PROTO_UDP = 1, 6, 17
 # Values of the ct field (see the module docstring).
 CT_UNKNOWN, CT_ORIGINAL, CT_REPLY, CT_NONE = 0, 1, 2, 3
+
+# The upper corner of the full box. MAXV (32-bit addresses) except while the front end builds the boxes of an
+# ip6tables policy, whose src/dst are 128-bit (ir.family.address_space sets it; compress() brings such a policy back
+# to 32-bit ranks before any analysis).
+_ZERO: tuple[int, ...] = tuple(0 for _ in FIELDS)
+FULL_HI: ContextVar[tuple[int, ...]] = ContextVar("hypafilter_full_hi", default=MAXV)
 
 
 @dataclass(frozen=True, order=True)
@@ -68,7 +75,7 @@ class Box:
 
     @staticmethod
     def full() -> Box:
-        return Box(tuple(0 for _ in FIELDS), MAXV)
+        return Box(_ZERO, FULL_HI.get())
 
     def with_field(self, name: str, lo: int, hi: int) -> Box:
         i = FIELD_INDEX[name]

@@ -123,6 +123,13 @@ class Policy:
     # The `ipset save` text the sets came from when given as a file (--ipsets): what labs and the oracle create.
     ipsets_text: str = ""
     ipsets_file: str = ""  # the file it came from ("": the live kernel's sets, read where the firewall runs)
+    # The address family (ir.family): 4 = an iptables policy, 6 = an ip6tables one, whose boxes hold 128-bit addresses
+    # until ir.family.compress ranks them; the ranked policy carries its AddrMap in `addr_map` (None: not ranked).
+    family: int = 4
+    addr_map: object | None = field(default=None, repr=False, compare=False)
+    # What the front end noticed about rules that are not errors (where, what), for lint: for an ip6tables policy the
+    # rules that can never match (`-p` of an extension header, as ip6tables warns).
+    notes: list[tuple[Origin | None, str]] = field(default_factory=list)
 
     @property
     def simple_indices(self) -> list[int]:
@@ -139,6 +146,8 @@ class Policy:
     def canonical_text(self) -> str:
         """A stable text form of what the policy means (drives the policy hash)."""
         lines = [f"base {self.base_chain} policy {self.default}"]
+        if self.family != 4:  # (only then: the hashes of IPv4 policies stay as they were)
+            lines.append(f"family {self.family}")
         lines += [" ".join(r) for r in self.original_rules]
         for name in sorted(self.user_chains):
             lines.append(f"chain {name}")

@@ -1,11 +1,10 @@
-"""IPv6 on the xdp target before the IR and verify -6 land (docs/ipv6.md "## xdp"): a family-6 plan from hand-made IR
-and IPv6 frames of every extension-header shape.
+"""IPv6 on the xdp target (docs/ipv6.md "## xdp"): family-6 plans of generated rules and IPv6 frames of every
+extension-header shape, the kernel (ip6tables alone on a bridge) as oracle, and the IPv6 path's cost.
 
-`ranked_plan(rules)` makes, from rules over 128-bit prefixes, both the ip6tables-save text (the kernel's oracle) and
-the plan `build_plan` gives for the ranked policy (each address dimension cut at the rules' prefix boundaries, every
-prefix a range of ranks, the ranked policy written as an ordinary IPv4 policy whose addresses are the ranks), with
-`plan.family = 6` and `plan.addr_map` as the contract's `ir.family.compress` gives them. To be replaced by the IR
-engineer's parser and compress once they are merged."""
+`ranked_plan(rules)` gives the ip6tables-save text of rules over 128-bit prefixes (the kernel's oracle) and its plan:
+the front end's (`parse_policy(..., family=6)`, `ir.family.compress`), or, with `hand`, one made without it (each
+address dimension cut at the rules' prefix boundaries, every prefix a range of ranks, the ranked policy written as
+an ordinary IPv4 policy whose addresses are the ranks, `plan.addr_map` an `AddrMap` of the contract's shape)."""
 
 from __future__ import annotations
 
@@ -114,14 +113,23 @@ def ranked_plan(
     index_base: int = 0,
     ct_first: bool = False,
     full_ranks: bool = False,
+    hand: bool = False,
 ):
-    """(ip6tables-save text, family-6 Plan)."""
+    """(ip6tables-save text, family-6 Plan). The plan is the front end's: `parse_policy(text, family=6)`, ranked by
+    `ir.family.compress` inside `build_plan`. `hand`: from the hand-made ranked text instead (the IR as the contract
+    describes it, with `full_ranks` the other form a compress may write an unrestricted address in)."""
     from hypafilter.analysis.plan import build_plan
     from hypafilter.config import Config
     from hypafilter.iptables.document import parse_policy
 
     t6, t4, amap = texts(rules, policy, ct_first, full_ranks)
-    plan = build_plan(parse_policy(t4, "v6x-ranked"), Config(shunt_mode=mode))
+    cfg = Config(shunt_mode=mode)
+    if not hand:
+        plan = build_plan(parse_policy(t6, "v6x", config=cfg, family=6), cfg)
+        assert plan.family == 6 and plan.addr_map is not None
+        plan.index_base = index_base
+        return t6, plan
+    plan = build_plan(parse_policy(t4, "v6x-ranked", config=cfg), cfg)
     plan.entries = [_icmp6(e) for e in plan.entries]
     plan.family = 6
     plan.addr_map = amap

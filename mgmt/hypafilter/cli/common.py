@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from hypafilter.config import Config
@@ -215,3 +216,51 @@ def parse_policy_file(path: str, chain: str, config: Config, allow_empty: bool, 
     return parse_policy(
         text, filename=path, base_chain=chain, config=config, allow_empty=allow_empty, sets=env, family=family
     )
+
+
+def add_ipv6_default_arg(p: argparse.ArgumentParser) -> None:
+    """--ipv6-default of deploy, update and verify (docs/ipv6.md, "Deploy and verify"); their -6 and --ipv6 are
+    add_policy_args(ipv6=True)'s."""
+    p.add_argument(
+        "--ipv6-default",
+        choices=("kernel", "drop"),
+        default=None,
+        help="without an IPv6 policy: kernel (default) leaves ip6tables as the operator has it, drop drops every "
+        "IPv6 frame (ip6tables' base chain policy DROP, no rule)",
+    )
+
+
+EMPTY_V4 = "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\nCOMMIT\n"
+
+
+def load_ipv6(args: argparse.Namespace, config: Config, base_chain: str):
+    """The IPv6 side the arguments name, as deploy and verify load it (netfilter.ip6.V6Policy: the file verbatim,
+    for ip6tables): --ipv6 V6POLICY, or POLICY with -6, or --ipv6-default drop; None for mode kernel. The file is
+    read by the IPv6 front end first (its errors name file, line and token; its rules aim verify's frames) and then
+    loaded by ip6tables itself in a scratch namespace."""
+    from hypafilter.netfilter import ip6
+
+    path = getattr(args, "ipv6", None) or (args.policy if getattr(args, "family6", False) else None)
+    if path and args.ipv6_default:
+        raise HypafilterError("--ipv6-default is for a deployment without an IPv6 policy: drop it or the policy")
+    if path:
+        if getattr(args, "family6", False) and getattr(args, "ipv6", None):
+            raise HypafilterError("give either -6 POLICY (IPv6 only) or POLICY --ipv6 V6POLICY (dual stack), not both")
+        env = set_env(args, config)
+        ir = parse_policy_file(path, base_chain, config, True, env, family=6)
+        return dataclasses.replace(ip6.read(path, base_chain), ir=ir)
+    if args.ipv6_default == "drop":
+        return ip6.drop_policy(base_chain)
+    return None
+
+
+def load_policy_v4(args: argparse.Namespace, config: Config) -> Policy:
+    """load_policy, or with -6 (POLICY is the IPv6 policy) the empty IPv4 policy (every IPv4 frame accepted) that
+    verify puts beside an IPv6 policy alone."""
+    if getattr(args, "family6", False):
+        from hypafilter.iptables.document import parse_policy
+
+        return parse_policy(
+            EMPTY_V4, filename="(no IPv4 policy: -6)", base_chain=args.chain, config=config, allow_empty=True
+        )
+    return load_policy(args, config)

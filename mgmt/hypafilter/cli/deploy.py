@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from hypafilter.cli.common import add_policy_args, load_config, load_policy, progress
+from hypafilter.cli.common import add_ipv6_default_arg, add_policy_args, load_config, load_ipv6, load_policy, progress
 from hypafilter.config import MODES, STRATEGIES
 from hypafilter.errors import HypafilterError
 
@@ -16,6 +16,8 @@ EXIT_DEGRADED = 1  # deploy/update: committed, but a service the deployment want
 def _summary(state: dict) -> dict:
     keys = ("policy_hash", "policy_source", "generation", "mode", "strategy", "partition", "main_chain")
     out = {k: state.get(k) for k in keys}
+    six = state.get("ipv6") or {"mode": "kernel"}
+    out["ipv6"] = {k: six.get(k) for k in ("mode", "source", "rules") if k in six}
     last = (state.get("history") or [{}])[-1]
     out["duration_s"] = last.get("duration_s")
     out["applied_s"] = last.get("applied_s")  # from the start until the new policy held (the rest: tidying up)
@@ -40,13 +42,25 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     elif args.command == "update":
         deploy.configure_from_state()
     cfg = deploy.site_config(cfg)  # the policy's interface checks meet the lab's interfaces
+    if args.family6:
+        raise HypafilterError(
+            "deploy -6: the IPv6 policy goes beside an IPv4 one in this stage (POLICY --ipv6 V6POLICY); a deployment "
+            "of an IPv6 policy alone would leave the operator's IPv4 side undecided"
+        )
     policy = load_policy(args, cfg)
+    v6 = load_ipv6(args, cfg, policy.base_chain)
+    if args.command == "update" and v6 is None and args.ipv6_default is None:
+        # an update without IPv6 arguments keeps the deployed IPv6 side
+        from hypafilter.netfilter import ip6
+
+        six = (deploy.read_state() or {}).get("ipv6") or {}
+        v6 = ip6.V6Policy.from_state(six) if six.get("mode", "kernel") != "kernel" else None
     if policy.ipsets_file:  # --ipsets: the sets created where the policy is loaded, before it (docs/sets.md)
         from hypafilter.netfilter import ipset
 
         ipset.restore(deploy.NS_FW, policy.ipsets_text)
     before = deploy.read_state()
-    state = deploy.deploy(policy, cfg, target=cfg.target, force=args.force, log=progress(args))
+    state = deploy.deploy(policy, cfg, target=cfg.target, force=args.force, log=progress(args), v6=v6)
     summary = _summary(state)
     # Nothing changed (the same policy and settings, no drift): say so instead of the old summary as if new.
     summary["changed"] = not before or before.get("generation") != state.get("generation")
@@ -81,9 +95,10 @@ def _fmt_status(st: dict) -> str:
         lines.insert(0, "BUSY     a deploy, update or policy sync apply still runs: what follows may be half-way")
     lines += [
         f"policy   {st['policy_source']} (hash {st['policy_hash'][:16]}), generation {st['generation']}",
-        f"rules    {p.get('rules')} ({p.get('simple')} simple, {p.get('complex')} complex), "
+        f"rules    IPv4 (iptables): {p.get('rules')} ({p.get('simple')} simple, {p.get('complex')} complex), "
         f"{p.get('entries')} hardware entries, {p.get('shunted_entries')} shunted; "
         f"mode {st['mode']}, strategy {st['strategy']}",
+        _fmt_ipv6(st.get("ipv6") or {}),
         f"nic      {st['nic'].get('name')} pid {st['nic'].get('pid')}",
     ]
     nc = st.get("nic_counters") or {}
@@ -103,7 +118,7 @@ def _fmt_status(st: dict) -> str:
     lines.append("shim     " + ", ".join(f"{k}={v}" for k, v in ss.items() if not isinstance(v, dict)))
     for chain, rules in sorted((st.get("netfilter") or {}).items()):
         if isinstance(rules, list):
-            lines.append(f"chain    {chain}: {len(rules)} rules")
+            lines.append(f"chain    {chain} (IPv4, iptables): {len(rules)} rules")
             for r in rules:
                 if r["packets"]:
                     lines.append(f"  {r['packets']:>8} pkts  {r['rule']}")
@@ -115,6 +130,30 @@ def _fmt_status(st: dict) -> str:
     last = (st.get("history") or [{}])[-1]
     lines.append(f"last     {last.get('kind', last.get('result'))} took {last.get('duration_s')}s")
     return "\n".join(lines)
+
+
+def _fmt_ipv6(six: dict) -> str:
+    """The IPv6 line of `status` (docs/ipv6.md): what happens to IPv6 frames, and ip6tables' rules."""
+    base = six.get("base_chain", "FORWARD")
+    if six.get("error"):
+        live = f"ip6tables unreadable: {six['error']}"
+    else:
+        live = (
+            f"ip6tables filter holds {six.get('live_rules')} rules (IPv6), {six.get('live_base_rules')} in {base}, "
+            f"{base} policy {six.get('live_base_policy')}"
+        )
+    mode = six.get("mode", "kernel")
+    if mode == "drop":
+        what = f"every IPv6 frame DROPPED (--ipv6-default drop: ip6tables {base} policy DROP, no rule)"
+    elif mode == "policy":
+        n = sum((six.get("rules") or {}).values())
+        what = f"IPv6 policy {six.get('source')} ({n} rules, IPv6) decides every IPv6 frame in ip6tables (k = 0)"
+    else:
+        what = (
+            "IPv6 NOT filtered by hypafilter: every IPv6 frame goes to the stack (k = 0) and meets ip6tables as the "
+            "operator has it (--ipv6-default kernel)"
+        )
+    return f"ipv6     {what}; {live}"
 
 
 def _fmt_flowsync(fs: dict) -> str:
@@ -211,7 +250,7 @@ def register(sub) -> None:
         ("update", "replace the deployed policy, make-before-break"),
     ):
         p = sub.add_parser(name, help=help_)
-        add_policy_args(p)
+        add_policy_args(p, ipv6=True)
         p.add_argument(
             "--target",
             choices=("emu", "xdp"),
@@ -223,6 +262,7 @@ def register(sub) -> None:
             help="xdp: deploy on these two interfaces (a bridge port pair) instead of the lab's firewall",
         )
         p.add_argument("--netns", metavar="NS", help="with --ports: the network namespace holding them")
+        add_ipv6_default_arg(p)
         p.add_argument("--strategy", choices=STRATEGIES, help="software strategy")
         p.add_argument("--mode", choices=MODES, help="shunting mode")
         p.add_argument("--force", action="store_true", help="redeploy even if this policy is deployed")

@@ -6,7 +6,15 @@ import argparse
 import json
 import sys
 
-from hypafilter.cli.common import add_policy_args, frame_options, load_config, load_policy, progress
+from hypafilter.cli.common import (
+    add_ipv6_default_arg,
+    add_policy_args,
+    frame_options,
+    load_config,
+    load_ipv6,
+    load_policy_v4,
+    progress,
+)
 from hypafilter.config import MODES, STRATEGIES
 from hypafilter.errors import HypafilterError
 
@@ -38,7 +46,7 @@ def kinds_arg(text: str) -> tuple[str, ...]:
 def cmd_verify(args: argparse.Namespace) -> int:
     from hypafilter.ops import deploy
     from hypafilter.ops.connections import ConnectionSpec
-    from hypafilter.ops.verify import MALFORMED_KINDS, verify
+    from hypafilter.ops.verify import MALFORMED_KINDS, Six, verify
 
     conns = None
     if args.connections is not None:
@@ -69,7 +77,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
     else:
         if args.unfollowed:
             raise HypafilterError("--unfollowed needs --live")
-        policy = load_policy(args, cfg)
+        policy = load_policy_v4(args, cfg)
+    v6 = load_ipv6(args, cfg, policy.base_chain)
+    six = None
+    if v6 is not None or args.ipv6_default:
+        six = Six(v6, packets=args.packets, ipv4=not args.family6)
     log = progress(args, quiet=args.json)
     report = verify(
         policy,
@@ -78,6 +90,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         kinds=args.kinds or MALFORMED_KINDS,
         connections=conns,
         live=args.live,
+        six=six,
         log=log,
         cover=args.cover,
         attack=args.attack or (),
@@ -94,11 +107,20 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if obs["rules"]:  # the observing rules' counters, compared with the oracle's (ops/observers.py)
             keep = ("rules", "mismatches", "matched_oracle", "matched_hybrid", "not_comparable")
             summary["observers"] = {k: obs[k] for k in keep}
+        if "ipv6" in report:
+            keep = ("packets", "mismatches", "delivered_oracle", "mode")
+            summary["ipv6"] = {k: report["ipv6"][k] for k in keep}
         print(json.dumps(summary))
         for ex in report["examples"]:
             print(f"mismatch: {json.dumps(ex)}", file=sys.stderr)
         for ex in obs["examples"]:
             print(f"observer mismatch: {json.dumps(ex)}", file=sys.stderr)
+        conn6 = (report.get("ipv6") or {}).get("connections")
+        if conn6:
+            keep = ("connections", "bytes", "mismatches", "completed_oracle", "by_kind")
+            print(json.dumps({"ipv6_connections": {k: conn6[k] for k in keep}}))
+            for ex in conn6["examples"]:
+                print(f"IPv6 connection mismatch: {json.dumps(ex)}", file=sys.stderr)
         if conn:
             keep = ("connections", "bytes", "mismatches", "completed_oracle", "hw_share", "by_kind")
             print(json.dumps({"connections": {k: conn[k] for k in keep}}))
@@ -110,12 +132,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
         for ex in lim["examples"]:
             print(f"limited rule mismatch: {json.dumps(ex)}", file=sys.stderr)
     bad = report["mismatches"] or report["observers"]["mismatches"] or lim.get("mismatches")
-    return 1 if bad or (conn and conn["mismatches"]) else 0
+    conn6 = (report.get("ipv6") or {}).get("connections")
+    return 1 if bad or (conn and conn["mismatches"]) or (conn6 and conn6["mismatches"]) else 0
 
 
 def register(sub) -> None:
     p = sub.add_parser("verify", help="compare the hybrid path with the original policy alone (the kernel as oracle)")
-    add_policy_args(p)
+    add_policy_args(p, ipv6=True)
     p.add_argument("--trace", metavar="T[.gz]", help="ClassBench header trace to draw headers from")
     p.add_argument(
         "--live",
@@ -180,6 +203,7 @@ def register(sub) -> None:
         metavar="K[,K]",
         help="kinds of the connections, in turn: tcp, udp or tcp,udp (default)",
     )
+    add_ipv6_default_arg(p)
     p.add_argument("--strategy", choices=STRATEGIES, metavar="STRATEGY", help="software strategy: %(choices)s")
     p.add_argument("--mode", choices=MODES, metavar="MODE", help="shunting mode: %(choices)s")
     p.add_argument("--target", choices=("emu", "xdp"), help="fast path (default: the configuration's target, emu)")

@@ -34,13 +34,17 @@ KINDS = ("tcp", "udp")  # connection kinds, in the order verify runs them in tur
 MAX_BYTES = 1 << 20
 PARALLEL = 32  # connections in flight per path: a blocked one costs one TIMEOUT, not one each
 UNNAMED_PORT = 47999  # a port no fixed rule of a typical policy names, so some connections meet the chain policy
+AF = {4: socket.AF_INET, 6: socket.AF_INET6}
+ANY = {4: "0.0.0.0", 6: "::"}
 
 
 class TcpServers:
     """Listening sockets in `ns`, one per port (see the module text). `received`: bytes each connection delivered,
     by (client address, client port, server port)."""
 
-    def __init__(self, ns: str, ports: Sequence[int], repeat: int = REPLY_REPEAT, timeout: float = TIMEOUT):
+    def __init__(
+        self, ns: str, ports: Sequence[int], repeat: int = REPLY_REPEAT, timeout: float = TIMEOUT, family: int = 4
+    ):
         self.repeat, self.timeout = repeat, timeout
         self.received: dict[tuple[str, int, int], int] = {}
         self._stop = threading.Event()
@@ -49,9 +53,11 @@ class TcpServers:
         self._socks = []
         with inside(ns):
             for port in sorted(set(ports)):
-                s = socket.socket()
+                s = socket.socket(AF[family])
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                s.bind(("0.0.0.0", port))
+                if family == 6:
+                    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                s.bind((ANY[family], port))
                 s.listen(128)
                 s.settimeout(0.2)
                 self._socks.append(s)
@@ -109,7 +115,7 @@ class UdpServers:
     arrival order. With `echo`, each datagram goes back to its sender: its 4-byte sequence number, then the rest
     reversed."""
 
-    def __init__(self, ns: str, ports: Sequence[int], echo: bool = False):
+    def __init__(self, ns: str, ports: Sequence[int], echo: bool = False, family: int = 4):
         self.echo = echo
         self.got: list[tuple[str, int, int, bytes]] = []
         self.last = time.monotonic()
@@ -117,8 +123,10 @@ class UdpServers:
         with inside(ns):
             self._socks = {}
             for port in sorted(set(ports)):
-                s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-                s.bind(("0.0.0.0", port))
+                s = socket.socket(AF[family], socket.SOCK_DGRAM)
+                if family == 6:
+                    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                s.bind((ANY[family], port))
                 s.setblocking(False)
                 self._socks[s.fileno()] = (s, port)
         self._thread = threading.Thread(target=self._serve, daemon=True)
@@ -172,7 +180,7 @@ def _tcp_client(
     """Connect from `ns` (from address `src`), send `message`, shut the sending side, read to the end (or until
     `want` bytes came): (what came back, whether it all went without an error)."""
     with inside(ns):
-        c = socket.socket()
+        c = socket.socket(AF[6] if ":" in dst else AF[4])
     c.settimeout(timeout)
     out = b""
     try:
@@ -247,10 +255,12 @@ class Conn:
     port: int
     sport: int
     direction: str = ""
+    family: int = 4  # 6: over IPv6, between the lab's IPv6 addresses (docs/ipv6.md)
 
     @property
     def name(self) -> str:
-        return f"{self.proto}/{self.sport}->{self.port}" + (f" ({self.direction})" if self.direction else "")
+        v6 = " (IPv6)" if self.family == 6 else ""
+        return f"{self.proto}/{self.sport}->{self.port}" + (f" ({self.direction})" if self.direction else "") + v6
 
 
 @dataclass(frozen=True)
@@ -324,8 +334,13 @@ HOST_ADDRESS = {"hyb": "10.0.254.1", "plain": "10.1.254.1"}
 HOST_ROLE = {"hyb": "fw", "plain": "plain"}
 
 
-def ends(lab, path: str, direction: str) -> Ends:
-    """The ends of a connection of `direction` ("" bridge mode, "in", "out": host mode) on `path`."""
+def ends(lab, path: str, direction: str, family: int = 4) -> Ends:
+    """The ends of a connection of `direction` ("" bridge mode, "in", "out": host mode) on `path`; `family` 6: over
+    the lab's IPv6 addresses (bridge mode only)."""
+    if family == 6:
+        if direction:
+            raise HypafilterError("IPv6 connections run in bridge mode only")
+        return Ends(lab.ns_send, lab.ns_recv, lab.ip6("recv", path), lab.ip6("send", path))
     sender = lab.ip("send", path)
     if direction == "in":
         return Ends(lab.ns_send, lab.ns(HOST_ROLE[path]), HOST_ADDRESS[path], sender)
@@ -381,21 +396,26 @@ def host_connections(lab):
 
 
 def run_path(
-    lab, path: str, conns: Sequence[Conn], nbytes: int, tcp: dict[str, TcpServers], udp: dict[str, UdpServers]
+    lab,
+    path: str,
+    conns: Sequence[Conn],
+    nbytes: int,
+    tcp: dict[tuple[str, int], TcpServers],
+    udp: dict[tuple[str, int], UdpServers],
 ) -> list[dict]:
-    """Run `conns` on one path ("hyb" or "plain") against running servers (`tcp`, `udp`: by namespace); per
+    """Run `conns` on one path ("hyb" or "plain") against running servers (`tcp`, `udp`: by namespace and family); per
     connection its outcome: completed, what arrived up (client to server) and down (TCP: bytes; UDP: the sequence
     numbers of the datagrams) and whether what came back was what was sent, reversed."""
 
     def one(c: Conn) -> dict:
-        e = ends(lab, path, c.direction)
+        e = ends(lab, path, c.direction, c.family)
         if c.proto == "tcp":
             message = _payload(nbytes, c.sport)
             out, ok = _tcp_client(e.client_ns, e.dst, c.port, message, TIMEOUT, c.sport, src=e.src)
             return {"completed": ok, "down": len(out), "intact": out == message[::-1][: len(out)]}
         grams = _datagrams(nbytes)
         with inside(e.client_ns):
-            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s = socket.socket(AF[c.family], socket.SOCK_DGRAM)
         back, intact = set(), True
         try:
             s.bind((e.src, c.sport))  # the path's own address: the other path's client has the same port
@@ -420,12 +440,13 @@ def run_path(
     for srv in udp.values():
         srv.quiet(0.2)
     for c, r in zip(conns, results, strict=True):
-        e = ends(lab, path, c.direction)
+        e = ends(lab, path, c.direction, c.family)
+        key = (e.server_ns, c.family)
         if c.proto == "tcp":
-            r["up"] = tcp[e.server_ns].received.get((e.src, c.sport, c.port), 0)
+            r["up"] = tcp[key].received.get((e.src, c.sport, c.port), 0)
             r["completed"] &= r["up"] == nbytes and r["down"] == nbytes
         else:
-            up = [d for a, sp, p, d in udp[e.server_ns].got if (a, sp, p) == (e.src, c.sport, c.port)]
+            up = [d for a, sp, p, d in udp[key].got if (a, sp, p) == (e.src, c.sport, c.port)]
             r["up"] = sorted(SEQ.unpack_from(d)[0] for d in up if len(d) >= SEQ.size)
             r["completed"] &= len(r["up"]) == len(_datagrams(nbytes))
     return results
@@ -436,16 +457,17 @@ def run_both(lab, conns: Sequence[Conn], nbytes: int, repeat: int = 1) -> dict[s
     by side: they share no namespace but the sender's and the receiver's (whose servers tell them apart by the
     client's address), so a blocked connection costs its timeout once, not once per path."""
     with contextlib.ExitStack() as stack:
-        tcp: dict[str, TcpServers] = {}
-        udp: dict[str, UdpServers] = {}
-        where: dict[str, dict[str, set[int]]] = {}
+        tcp: dict[tuple[str, int], TcpServers] = {}
+        udp: dict[tuple[str, int], UdpServers] = {}
+        where: dict[tuple[str, int], dict[str, set[int]]] = {}
         for path in ("hyb", "plain"):
             for c in conns:
-                ns = ends(lab, path, c.direction).server_ns
-                where.setdefault(ns, {"tcp": set(), "udp": set()})[c.proto].add(c.port)
-        for ns, ports in where.items():
-            tcp[ns] = stack.enter_context(TcpServers(ns, sorted(ports["tcp"]), repeat))
-            udp[ns] = stack.enter_context(UdpServers(ns, sorted(ports["udp"]), echo=True))
+                key = (ends(lab, path, c.direction, c.family).server_ns, c.family)
+                where.setdefault(key, {"tcp": set(), "udp": set()})[c.proto].add(c.port)
+        for key, ports in where.items():
+            ns, fam = key
+            tcp[key] = stack.enter_context(TcpServers(ns, sorted(ports["tcp"]), repeat, family=fam))
+            udp[key] = stack.enter_context(UdpServers(ns, sorted(ports["udp"]), echo=True, family=fam))
         with ThreadPoolExecutor(2) as pool:
             runs = {path: pool.submit(run_path, lab, path, conns, nbytes, tcp, udp) for path in ("hyb", "plain")}
             return {path: f.result() for path, f in runs.items()}

@@ -29,6 +29,7 @@ from hypafilter.hw.model import CONTROL_MISS_SHUNT, miss_shunt_control
 from hypafilter.iptables import kernel
 from hypafilter.iptables.writer import body_of, policy_restore
 from hypafilter.ir import Policy
+from hypafilter.netfilter import ip6
 from hypafilter.netfilter.bridge import TABLE as BRIDGE_TABLE
 from hypafilter.netfilter.bridge import unfilterable_nft
 from hypafilter.netfilter.restore import to_iptables_restore
@@ -222,6 +223,7 @@ def drift(st: dict, tgt: Target | None = None) -> list[str]:
     except HypafilterError as e:
         out.append(f"netfilter: {e}")
     out += bridge_drift(st)
+    out += ipv6_drift(st)
     try:
         sh = shim_of(st)
         if not sh.loaded:
@@ -491,8 +493,11 @@ def deploy(
     target: str = "emu",
     force: bool = False,
     log: Callable[[str], None] = lambda s: None,
+    v6: ip6.V6Policy | None = None,
 ) -> dict:
-    """Deploy `policy` (or update to it). Returns the new state; raises DeployError with everything as before."""
+    """Deploy `policy` (or update to it), with `v6` the IPv6 side (None: ip6tables as the operator has it; an
+    ip6tables policy or --ipv6-default drop: loaded into ip6tables in the same transaction, both families applied or
+    neither). Returns the new state; raises DeployError with everything as before."""
     tgt = _target(target, config)
     missing = tgt.missing()
     if missing:
@@ -509,8 +514,12 @@ def deploy(
     if mode != config.nic_mode:
         config = dataclasses.replace(config, nic_mode=mode)
         tgt = _target(target, config)
+    if v6 is not None and v6.base_chain != policy.base_chain:
+        raise HypafilterError(
+            f"{v6.source}: the IPv6 policy is for chain {v6.base_chain}, the IPv4 policy for {policy.base_chain}"
+        )
     with _lock(LOCK_WAIT):
-        return _deploy_locked(policy, config, force, log, tgt)
+        return _deploy_locked(policy, config, force, log, tgt, v6=v6)
 
 
 def follow(
@@ -590,27 +599,38 @@ def _deploy_locked(
     follow: bool = False,
     watch: FollowWatch | None = None,
     digest: str | None = None,
+    v6: ip6.V6Policy | None = None,
 ) -> dict:
     t0 = time.monotonic()
     watch = watch or FollowWatch()
     old = read_state()
+    old6 = (old or {}).get("ipv6") or {"mode": "kernel"}
+    if follow:  # following the live IPv4 ruleset: the IPv6 side stays as deployed
+        v6 = ip6.V6Policy.from_state(old6) if old6.get("mode") != "kernel" else None
+    v6_hash = v6.policy_hash() if v6 is not None else None
+    # ip6tables' tables as they were before the first deploy that loaded an IPv6 side: what undeploy gives back
+    before6 = (old or {}).get("ipv6_before")
     if old and old.get("target", "emu") != tgt.name:
         raise HypafilterError(f"a policy is deployed on target '{old.get('target', 'emu')}': undeploy it first")
     phash = policy.policy_hash()
-    same = old and all(
-        old.get(k) == v
-        for k, v in (
-            ("policy_hash", phash),
-            ("mode", config.shunt_mode),
-            ("strategy", config.strategy),
-            ("mark_mask", config.mark_mask),
-            ("mark_shift", config.mark_shift),
-            ("unfilterable", config.unfilterable),
-            ("interfaces", _interfaces_state(policy)),
-            ("nic_mode", config.nic_mode),
-            ("update_buffer", config.update_buffer),
-            ("lease_ms", config.policysync_lease_ms),
+    same = (
+        old
+        and all(
+            old.get(k) == v
+            for k, v in (
+                ("policy_hash", phash),
+                ("mode", config.shunt_mode),
+                ("strategy", config.strategy),
+                ("mark_mask", config.mark_mask),
+                ("mark_shift", config.mark_shift),
+                ("unfilterable", config.unfilterable),
+                ("interfaces", _interfaces_state(policy)),
+                ("nic_mode", config.nic_mode),
+                ("update_buffer", config.update_buffer),
+                ("lease_ms", config.policysync_lease_ms),
+            )
         )
+        and old6.get("hash") == v6_hash
     )
     if same and follow and not force:
         log("the live ruleset is the deployed policy")
@@ -659,6 +679,11 @@ def _deploy_locked(
             "iptables here is the legacy xtables backend, which announces no ruleset change: hypafilter follows the "
             "live ruleset through nf_tables events (docs/deploy.md, Live policy); use iptables-nft "
             "(update-alternatives --set iptables /usr/sbin/iptables-nft)"
+        )
+    if not follow and v6 is not None and ip6.backend(NS_FW) != "nf_tables":
+        raise HypafilterError(
+            "ip6tables here is the legacy xtables backend while iptables is nf_tables: the IPv6 policy goes into the "
+            "same backend as the IPv4 one (update-alternatives --set ip6tables /usr/sbin/ip6tables-nft)"
         )
     gen = (old["generation"] + 1) if old else 1
     gen = gen if gen <= 0xFFFF else 1  # the hardware carries 16 bits of generation
@@ -810,6 +835,31 @@ def _deploy_locked(
                 ),
             )
         else:
+            # The IPv6 side first (docs/ipv6.md): its tables replaced by the IPv6 policy (or given back to the
+            # operator when the deployment no longer has one); the undo puts them back as they were just before.
+            # Loaded before the IPv4 ruleset, so that the IPv4 load stays the deploy's last commit (nft_generation).
+            if (
+                v6_hash != old6.get("hash")
+                or force
+                or (v6 is not None and old6.get("fingerprint") != ip6.fingerprint(NS_FW, v6.tables))
+            ):
+                tables6 = tuple(dict.fromkeys((*(v6.tables if v6 else ()), *old6.get("tables", ()))))
+                snap6 = ip6.snapshot(NS_FW, tables6)
+                if v6 is not None:
+                    before6 = {**snap6, **(before6 or {})}
+                    v6_load = v6
+                    if os.environ.get(FAIL_ENV) == "netfilter6":  # a real ip6tables-restore error (tests)
+                        v6_load = dataclasses.replace(
+                            v6, text=v6.text.replace("COMMIT", f"-A {v6.base_chain} -m hf-no-such-match\nCOMMIT", 1)
+                        )
+                    tx.step("netfilter6", lambda: ip6.load(NS_FW, v6_load), lambda: ip6.give_back(NS_FW, snap6))
+                elif (old or {}).get("ipv6_before") is not None:
+                    tx.step(
+                        "netfilter6",
+                        lambda: ip6.give_back(NS_FW, old["ipv6_before"]),
+                        lambda: ip6.give_back(NS_FW, snap6),
+                    )
+                    before6 = None
             snapshot = table_snapshot(NS_FW, config)
             gone = orphans(snapshot, policy, config.chain_prefix)
             nft = NfTables(NS_FW)
@@ -983,6 +1033,9 @@ def _deploy_locked(
         "vlan_filter_before": (old or {}).get("vlan_filter_before", old_vlan),
         "partition": partition_counts(policy, plan),
         "sets": sets_state(policy),
+        # the IPv6 side (docs/ipv6.md): every IPv6 frame to the stack with k = 0, decided by ip6tables
+        "ipv6": ipv6_state(v6, warnings),
+        "ipv6_before": before6,
         "intervals": intervals,
         "nic": new_nic,
         "tables": {k: v for k, v in written.items() if k != "writes"},
@@ -1035,6 +1088,55 @@ def _deploy_locked(
         log(f"warning: {w}")
     log(f"deployed generation {gen} in {took:.2f}s")
     return state
+
+
+def ipv6_state(v6: ip6.V6Policy | None, warnings: list[str]) -> dict:
+    """What the state keeps of the IPv6 side: the policy (or drop) with a fingerprint of its tables as loaded, or
+    mode "kernel" (ip6tables as the operator has it)."""
+    if v6 is None:
+        return {"mode": "kernel"}
+    out = v6.state()
+    try:
+        out["fingerprint"] = ip6.fingerprint(NS_FW, v6.tables)
+    except HypafilterError as e:
+        warnings.append(f"reading back ip6tables: {e}")
+    return out
+
+
+def ipv6_drift(st: dict) -> list[str]:
+    """ip6tables against the IPv6 side the deployment loaded (nothing to compare in mode kernel)."""
+    six = st.get("ipv6") or {"mode": "kernel"}
+    if six.get("mode") == "kernel" or not six.get("fingerprint"):
+        return []
+    try:
+        if ip6.fingerprint(NS_FW, six.get("tables", ())) != six["fingerprint"]:
+            return [f"ip6tables: changed since the deploy of the IPv6 side ({six.get('source')})"]
+    except HypafilterError as e:
+        return [f"ip6tables: {e}"]
+    return []
+
+
+def ipv6_status(st: dict) -> dict:
+    """The IPv6 line's facts: what happens to IPv6 frames and the ip6tables rules in the base chain's table."""
+    six = dict(st.get("ipv6") or {"mode": "kernel"})
+    six.pop("text", None)
+    base = six.get("base_chain") or st.get("base_chain", "FORWARD")
+    try:
+        live = ip6.counts(NS_FW, "filter")
+        six["live_rules"] = sum(live.values())
+        six["live_base_rules"] = live.get(base, 0)
+        six["live_base_policy"] = _ip6_policy(base) if live else "ACCEPT"
+    except HypafilterError as e:
+        six["error"] = str(e)
+    six["base_chain"] = base
+    return six
+
+
+def _ip6_policy(base: str) -> str:
+    for ln in netns.run(["ip6tables", "-w", "-S", base], NS_FW).splitlines():
+        if ln.startswith(f"-P {base} "):
+            return ln.split()[2]
+    return "?"
 
 
 def _own_commit(commit: Callable[[], object], recorded: int | None) -> int | None:
@@ -1108,6 +1210,11 @@ def undeploy(log: Callable[[str], None] = lambda s: None) -> bool:
                 restore(NS_FW, delete_text(cfg, chains, base, jump))
             except HypafilterError as e:
                 errors.append(f"netfilter: {e}")
+            try:  # ip6tables as it was before the first deploy of an IPv6 side
+                if st.get("ipv6_before") is not None:
+                    ip6.give_back(NS_FW, st["ipv6_before"])
+            except HypafilterError as e:
+                errors.append(f"ip6tables: {e}")
             try:
                 netns.run(["nft", "-f", "-"], NS_FW, input=unfilterable_nft("pass"))  # the bridge as it was
             except HypafilterError as e:
@@ -1175,7 +1282,7 @@ def _status() -> dict:
     st = read_state()
     if not st:
         return {"deployed": False}
-    out = {k: v for k, v in st.items() if k not in ("intervals", "plain_rules")}
+    out = {k: v for k, v in st.items() if k not in ("intervals", "plain_rules", "ipv6_before")}
     out["deployed"] = True
     cfg = state_config(st)
     try:
@@ -1190,6 +1297,7 @@ def _status() -> dict:
         out["netfilter"] = chain_counters(NS_FW, cfg, st["prefix"])
     except HypafilterError as e:
         out["netfilter"] = {"error": str(e)}
+    out["ipv6"] = ipv6_status(st)
     out.update(services.status(st, STATE_DIR))
     out["drift"] = drift(st)
     return out

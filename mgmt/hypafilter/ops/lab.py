@@ -9,7 +9,15 @@ Hybrid path: sender 10.0.1.1/16, receiver 10.0.2.1/16. Plain path: sender 10.1.1
 (net.bridge.bridge-nf-call-iptables=1 in that namespace), so their iptables FORWARD chains see bridged
 packets. The plain bridge and its ports have the firewall's names (br0, nf0 in, nf1 out), so a policy's interface
 checks (-i/-o, physdev) see the same devices on both paths and the oracle judges them as the firewall would.
-IPv6 is off in every lab namespace and all offloads are off on every lab interface.
+All offloads are off on every lab interface.
+
+IPv6 (docs/ipv6.md, "Deploy and verify"): the sender and the receiver carry it, with static addresses beside their
+IPv4 ones (hybrid path fd48:4600::1:1/64 and ::2:1, plain path fd48:4601::1:1/64 and ::2:1) and nothing they would
+send on their own: no link-local address (addr_gen_mode 1), no duplicate address detection, no router solicitation
+or advertisement handling, and their MLD reports dropped at output (the nftables table `hf_lab6`), so every frame on
+the paths is one verify sent or one of a connection it runs. The NIC, firewall and plain namespaces keep IPv6 off:
+their bridges still hand IPv6 frames to ip6tables (br_netfilter needs no IPv6 address), and their own stacks take
+no IPv6 frame, so nothing there answers one.
 
 Host mode (`Lab.host_mode(True)`, for policies of the INPUT chain): the firewall and the plain namespace terminate
 the traffic. Both bridges get the same MAC (HOST_MAC) and address, and every IPv4 destination is local to them
@@ -34,6 +42,28 @@ from hypafilter.targets import shim as shim_mod
 from hypafilter.targets.xdp.target import PIN_ROOT as XDP_PIN_ROOT
 
 HOST_MTU = 1600  # host0/host1 and nf0/nf1 carry frames grown by the 10-byte in-band tag
+IPV6_ROLES = ("send", "recv")  # the lab namespaces whose stacks carry IPv6 (the module text)
+# Before any interface exists, so each gets these: no link-local address, no DAD, no router discovery.
+IPV6_QUIET = {
+    "disable_ipv6": "0",
+    "addr_gen_mode": "1",
+    "accept_dad": "0",
+    "dad_transmits": "0",
+    "router_solicitations": "0",
+    "accept_ra": "0",
+    "autoconf": "0",
+}
+LAB6_TABLE = "hf_lab6"
+# MLD reports and dones (130-132, 143) and router solicitations (133) the endpoints' stacks would send on their own
+LAB6_NFT = f"""table ip6 {LAB6_TABLE}
+delete table ip6 {LAB6_TABLE}
+table ip6 {LAB6_TABLE} {{
+  chain out {{
+    type filter hook output priority -300; policy accept;
+    icmpv6 type {{ 130, 131, 132, 133, 143 }} drop
+  }}
+}}
+"""
 
 
 class LabError(HypafilterError):
@@ -83,6 +113,12 @@ ADDRS = (
     Addr("recv", "hyb0", "10.0.2.1/16", "02:48:46:00:02:01"),
     Addr("send", "plain0", "10.1.1.1/16", "02:48:46:01:01:01"),
     Addr("recv", "plain0", "10.1.2.1/16", "02:48:46:01:02:01"),
+)
+ADDRS6 = (
+    Addr("send", "hyb0", "fd48:4600::1:1/64", "02:48:46:00:01:01"),
+    Addr("recv", "hyb0", "fd48:4600::2:1/64", "02:48:46:00:02:01"),
+    Addr("send", "plain0", "fd48:4601::1:1/64", "02:48:46:01:01:01"),
+    Addr("recv", "plain0", "fd48:4601::2:1/64", "02:48:46:01:02:01"),
 )
 NIC_INTERFACES = {"wire0": "wire0", "wire1": "wire1", "host0": "host0", "host1": "host1"}
 # Host mode: the address the firewall and the oracle share, and the table that observes local delivery.
@@ -172,6 +208,14 @@ class Lab:
         return Lab.address(role, f"{path}0").cidr.split("/")[0]
 
     @staticmethod
+    def ip6(role: str, path: str = "hyb") -> str:
+        """IPv6 address (no prefix) of the sender or receiver on the hybrid ("hyb") or plain ("plain") path."""
+        for a in ADDRS6:
+            if a.role == role and a.ifname == f"{path}0":
+                return a.cidr.split("/")[0]
+        raise LabError(f"no IPv6 address for {role}/{path}0")
+
+    @staticmethod
     def mac(role: str, path: str = "hyb") -> str:
         return Lab.address(role, f"{path}0").mac
 
@@ -204,9 +248,12 @@ class Lab:
             ns = self.ns(role)
             if ns not in existing:
                 netns.add(ns)
-            # Before any interface exists, so none of them ever gets an IPv6 address or sends solicitations.
-            for key in ("all", "default"):
-                self.exec_in(ns, ["sysctl", "-qw", f"net.ipv6.conf.{key}.disable_ipv6=1"], check=False)
+            # Before any interface exists, so none of them ever gets an address of its own or sends solicitations.
+            if role in IPV6_ROLES:
+                self._ipv6_quiet(ns)
+            else:
+                for key in ("all", "default"):
+                    self.exec_in(ns, ["sysctl", "-qw", f"net.ipv6.conf.{key}.disable_ipv6=1"], check=False)
             netns.run(["ip", "-n", ns, "link", "set", "lo", "up"])
         for link in self.links:
             a, b = self._has_link(link.a_role, link.a_if), self._has_link(link.b_role, link.b_if)
@@ -227,6 +274,8 @@ class Lab:
             ns = self.ns(a.role)
             netns.run(["ip", "-n", ns, "link", "set", a.ifname, "address", a.mac])
             netns.run(["ip", "-n", ns, "addr", "replace", a.cidr, "dev", a.ifname])
+        for a in ADDRS6:
+            netns.run(["ip", "-n", self.ns(a.role), "addr", "replace", a.cidr, "dev", a.ifname, "nodad"])
         for link in self.links:
             for role, ifname in ((link.a_role, link.a_if), (link.b_role, link.b_if)):
                 netns.offloads_off(ifname, self.ns(role))
@@ -239,10 +288,26 @@ class Lab:
         for role, (br, _) in BRIDGES.items():
             netns.run(["ip", "-n", self.ns(role), "link", "set", br, "up"])
 
-    def host_mode(self, on: bool) -> None:
-        """Host mode on (the bridges terminate traffic, local delivery observed) or off (bridge mode as built)."""
+    def _ipv6_quiet(self, ns: str) -> None:
+        """IPv6 on in `ns` with nothing sent on its own (IPV6_QUIET, LAB6_NFT): the default for new interfaces and
+        each existing one (a lab built while IPv6 was off) set first, IPv6 switched on last."""
+        self.exec_in(ns, ["nft", "-f", "-"], input=LAB6_NFT)
+        links = [ln["ifname"] for ln in json.loads(netns.run(["ip", "-n", ns, "-j", "link", "show"]) or "[]")]
+        quiet = {k: v for k, v in IPV6_QUIET.items() if k != "disable_ipv6"}
+        for key in ("default", *links, "all"):
+            sets = [f"net.ipv6.conf.{key}.{k}={v}" for k, v in quiet.items()]
+            self.exec_in(ns, ["sysctl", "-qw", *sets], check=False)
+        for key in ("default", *links, "all"):
+            self.exec_in(ns, ["sysctl", "-qw", f"net.ipv6.conf.{key}.disable_ipv6=0"], check=False)
+
+    def host_mode(self, on: bool, ipv6: bool = False) -> None:
+        """Host mode on (the bridges terminate traffic, local delivery observed) or off (bridge mode as built).
+        `ipv6`: the bridges take IPv6 frames to their own stacks too (every IPv6 destination local, as IPv4's; no
+        address of their own, nothing sent: IPV6_QUIET, and the observing table drops all output); else IPv6 stays
+        off there."""
         for role in HOST_ROLES:
             ns, br = self.ns(role), BRIDGES[role][0]
+            self._host6(ns, br, on and ipv6)
             if on:
                 netns.run(["ip", "-n", ns, "link", "set", br, "address", HOST_MAC])
                 netns.run(["ip", "-n", ns, "addr", "replace", HOST_CIDR, "dev", br])
@@ -257,6 +322,23 @@ class Lab:
                     ["ip", "-n", ns, "route", "del", "local", "0.0.0.0/0", "dev", "lo", "table", "local"], check=False
                 )
                 netns.run(["ip", "-n", ns, "addr", "del", HOST_CIDR, "dev", br], check=False)
+
+    def _host6(self, ns: str, br: str, on: bool) -> None:
+        local6 = ["ip", "-n", ns, "-6", "route"]
+        if on:
+            quiet = [
+                f"net.ipv6.conf.{i}.{k}={v}" for i in (br, "lo") for k, v in IPV6_QUIET.items() if k != "disable_ipv6"
+            ]
+            self.exec_in(ns, ["sysctl", "-qw", *quiet])
+            self.exec_in(ns, ["sysctl", "-qw", f"net.ipv6.conf.{br}.disable_ipv6=0", "net.ipv6.conf.lo.disable_ipv6=0"])
+            netns.run([*local6, "replace", "local", "::/0", "dev", "lo", "table", "local"])
+        else:
+            netns.run([*local6, "del", "local", "::/0", "dev", "lo", "table", "local"], check=False)
+            self.exec_in(
+                ns,
+                ["sysctl", "-qw", f"net.ipv6.conf.{br}.disable_ipv6=1", "net.ipv6.conf.lo.disable_ipv6=1"],
+                check=False,
+            )
 
     def host_seen(self, role: str, reset: bool = False) -> set[int]:
         """Frame ids INPUT let through in `role`'s namespace since the last reset (host mode)."""

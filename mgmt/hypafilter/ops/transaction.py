@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from hypafilter.errors import DeployError, HypafilterError
 
-FAIL_ENV = "HF_FAIL_STEP"  # test hook: the named step fails (netfilter: a real iptables-restore error)
+FAIL_ENV = "HF_FAIL_STEP"  # test hook: the named step fails (netfilter, netfilter6: a real (ip6)tables-restore error)
 
 
 @dataclass
@@ -33,7 +33,7 @@ class Transaction:
         if undo is not None and undo_first:
             self.undo.append((name, undo))
         try:
-            if os.environ.get(FAIL_ENV) == name and name != "netfilter":
+            if os.environ.get(FAIL_ENV) == name and name not in ("netfilter", "netfilter6"):
                 raise HypafilterError(f"injected failure ({FAIL_ENV}={name})")
             result = fn()
         except DeployError:

@@ -36,7 +36,8 @@ from hypafilter.ir import MAXV, PROTO_ICMP, PROTO_TCP, PROTO_UDP, Policy
 from hypafilter.ir.semantics import OBSERVING_TARGETS
 from hypafilter.netfilter import ipset
 from hypafilter.netfilter.bridge import unfilterable_nft
-from hypafilter.ops import connections, deploy, observers
+from hypafilter.ops import connections, deploy, observers, verify6
+from hypafilter.ops import connections as connections_mod
 from hypafilter.ops.connections import ConnectionSpec
 from hypafilter.ops.lab import HOST_MAC, HOST_SEEN_MAX, Lab
 from hypafilter.shared import pack_meta
@@ -1338,7 +1339,9 @@ def load_oracle(ns: str, policy: Policy, table: str = "filter", unfilterable: st
         raise HypafilterError(f"loading the original policy into {ns} failed: {e}") from e
 
 
-def _deployed(policy: Policy, config: Config, log: Callable[[str], None], live: bool = False) -> tuple[Lab, dict]:
+def _deployed(
+    policy: Policy, config: Config, log: Callable[[str], None], live: bool = False, six: Six | None = None
+) -> tuple[Lab, dict]:
     """The lab up, this policy deployed, the original policy alone in the plain namespace: (lab, state). `live`:
     the policy is the firewall's live ruleset, which the deployment must already follow (nothing is deployed)."""
     if live:
@@ -1359,8 +1362,10 @@ def _deployed(policy: Policy, config: Config, log: Callable[[str], None], live: 
     if not state or state.get("policy_hash") != policy.policy_hash():
         log("policy not deployed: deploying it")
     # deploy() returns at once when exactly this policy and configuration are live (and its NIC runs).
-    state = deploy.deploy(policy, config, target=config.target, log=log)
+    state = deploy.deploy(policy, config, target=config.target, log=log, v6=six.policy if six else None)
     load_oracle(lab.ns_plain, policy, config.table, config.unfilterable, lab.ns_fw)
+    if six is not None:  # the IPv6 side alone in the oracle's ip6tables (docs/ipv6.md)
+        verify6.load_oracle6(lab.ns_plain, six.policy, lab.ns_fw)
     # VLAN-tagged IPv4 is filtered on both bridges: the hardware parses VLAN tags and classifies the frame, so the
     # oracle must see it through iptables too (the kernel default, 0, lets such frames bypass the policy).
     for n in (lab.ns_fw, lab.ns_plain):
@@ -1384,12 +1389,24 @@ def hw_share(nic: dict) -> float | None:
     return round(sum(nic.get(k, 0) for k in HW_DECIDED) / wire, 4) if wire else None
 
 
+@dataclass(frozen=True)
+class Six:
+    """The IPv6 side of a verify run (docs/ipv6.md): the IPv6 policy deployed beside the IPv4 one (None: mode
+    kernel, the oracle then gets the firewall's ip6tables as they are), `packets` IPv6 frames sent after the IPv4
+    ones, and whether IPv4 frames are sent at all (`verify -6`: none)."""
+
+    policy: object | None
+    packets: int = 1000
+    ipv4: bool = True
+
+
 def verify(
     policy: Policy,
     config: Config,
     log: Callable[[str], None] = lambda s: None,
     connections: ConnectionSpec | None = None,
     live: bool = False,
+    six: Six | None = None,
     **probes,
 ) -> dict:
     """Deploy if needed (`live`: never; the policy is the live ruleset the deployment follows), send the probes (`probes`: ProbeSpec fields) through both paths, compare per frame; with
@@ -1399,7 +1416,7 @@ def verify(
     limited = refuse_nondeterministic(policy)
     spec = ProbeSpec(**probes)
     with deploy.measuring():
-        return _verify(policy, config, log, connections, live, spec, limited)
+        return _verify(policy, config, log, connections, live, spec, limited, six)
 
 
 def _verify(
@@ -1410,21 +1427,34 @@ def _verify(
     live: bool,
     spec: ProbeSpec,
     limited: list[Limited] = (),
+    six: Six | None = None,
 ) -> dict:
-    lab, state = _deployed(policy, config, log, live)
+    if six is not None and live:
+        raise HypafilterError("--live compares the IPv4 live ruleset; give no IPv6 policy with it")
+    lab, state = _deployed(policy, config, log, live, six)
     host = state.get("nic_mode") == "host"
     if host and spec.packets > HOST_SEEN_MAX:
         raise HypafilterError(f"host mode observes at most {HOST_SEEN_MAX} frames per run: use fewer --packets")
-    lab.host_mode(host)
+    lab.host_mode(host, ipv6=six is not None)
     ns = {"send": lab.ns_send, "recv": lab.ns_recv, "fw": lab.ns_fw, "plain": lab.ns_plain, "nic": lab.ns_nic}
     t0 = time.monotonic()
-    sent = spec.probes(policy, state["generation"], bytes.fromhex(HOST_MAC.replace(":", "")) if host else DST_MAC)
+    dst_mac = bytes.fromhex(HOST_MAC.replace(":", "")) if host else DST_MAC
+    sent = spec.probes(policy, state["generation"], dst_mac) if six is None or six.ipv4 else []
+    sent6 = []
+    if six is not None and six.packets:
+        sent6 = [
+            Probe(*f)
+            for f in verify6.probes6(six.policy, len(sent) + 1, six.packets, spec.seed, dst_mac, ID_MAC_PREFIX)
+        ]
+        sent = sent + sent6
     t_gen = time.monotonic() - t0
     tgt = deploy.target_of(state, config)
     nic_before = tgt.counters(state["nic"])
     sh = deploy.shim_of(state)
     shim_before = sh.stats()
     flush_conntrack(lab, tgt, state)
+    if six is not None:
+        verify6.flush6(lab.ns_fw, lab.ns_plain)
     obs_before = {role: observers.snapshot(ns[role], config.table) for role in ("fw", "plain")}
     lim_before = limits_before(list(limited), policy, ns, config.table)
     t1 = time.monotonic()
@@ -1455,6 +1485,12 @@ def _verify(
         comparable=lambda text: not NONDETERMINISTIC.keys() & set(_matches_in(shlex.split(text))),
     )
     report["limited"] = report_limited
+    if six is not None:  # the IPv6 frames' own figures (they are counted in the totals too)
+        r6 = compare(sent6, got)
+        report["ipv6"] = {
+            k: r6[k] for k in ("packets", "delivered_oracle", "delivered_hybrid", "mismatches", "altered", "by_kind")
+        }
+        report["ipv6"]["mode"] = (state.get("ipv6") or {}).get("mode", "kernel")
     report.update(
         {
             "shunted": sum(v for k, v in nic.items() if k.startswith("CNT_SHUNT_") and k != "CNT_SHUNT_FORCED"),
@@ -1475,7 +1511,24 @@ def _verify(
             "window": {"closed_by": "counters", **closed} if closed is not None else {"closed_by": "quiet time"},
         }
     )
-    if connections is not None:
+    if connections is not None and six is not None:
+        if host:
+            raise HypafilterError("IPv6 connections run in bridge mode only (host mode: --connections without IPv6)")
+        conns6 = verify6.conns6(six.policy, connections)
+        before = tgt.counters(state["nic"])
+        flush_conntrack(lab, tgt, state)
+        verify6.flush6(lab.ns_fw, lab.ns_plain)
+        t = time.monotonic()
+        got6 = connections_mod.run_both(lab, conns6, connections.nbytes)
+        c6 = connections_mod.compare(conns6, got6, connections.nbytes)
+        c6.update(
+            {
+                "hw_share": hw_share(_counter_delta(before, tgt.counters(state["nic"]))),
+                "seconds": round(time.monotonic() - t, 3),
+            }
+        )
+        report["ipv6"]["connections"] = c6
+    if connections is not None and (six is None or six.ipv4):
         report["connections"] = verify_connections(
             lab,
             policy,

@@ -1,0 +1,156 @@
+"""IPv6 stage 1 (docs/ipv6.md, "Deploy and verify"), on the command line as an operator runs it: a dual-stack deploy
+(`deploy POLICY --ipv6 V6POLICY`) and verify with the kernel as oracle — IPv6 frames of every kind (extension-header
+chains, fragments, truncations, neighbour discovery, ICMPv6 errors, jumbo) and real IPv6 connections through the
+hybrid and through the IPv6 policy alone in the oracle's ip6tables — on the emulated NIC and on xdp, 0 mismatches;
+the IPv6 side rolled back with the IPv4 side (both families or neither); `--ipv6-default drop` against the kernel
+with ip6tables' FORWARD policy DROP; status' IPv6 line; undeploy gives ip6tables back as the operator had it.
+
+The IPv4 side is test_deploy's POLICY_A: its core is built once per run (the emulator build is cached by matcher)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from hypafilter import netns
+
+from tests.hfcli import HfCli
+from tests.system.test_deploy import POLICY_A
+
+pytestmark = pytest.mark.system
+
+EMU, XDP = "v6oe", "v6ox"
+hf = {EMU: HfCli(EMU, f"/run/hypafilter/test-{EMU}"), XDP: HfCli(XDP, f"/run/hypafilter/test-{XDP}")}
+PACKETS = 150
+V6 = """*filter
+:INPUT ACCEPT [0:0]
+:FORWARD DROP [0:0]
+:OUTPUT ACCEPT [0:0]
+-A FORWARD -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT
+-A FORWARD -p ipv6-icmp --icmpv6-type neighbour-solicitation -j ACCEPT
+-A FORWARD -p ipv6-icmp --icmpv6-type neighbour-advertisement -j ACCEPT
+-A FORWARD -p ipv6-icmp --icmpv6-type echo-request -j ACCEPT
+-A FORWARD -s fd48:4600::/64 -p tcp --dport 80 -j ACCEPT
+-A FORWARD -s fd48:4601::/64 -p tcp --dport 80 -j ACCEPT
+-A FORWARD -s 2001:db8:1::/48 -d 2001:db8:2::/48 -p udp --dport 53 -j ACCEPT
+-A FORWARD -p udp -m multiport --dports 5000,5001 -j ACCEPT
+-A FORWARD -m ipv6header --header frag --soft -j DROP
+-A FORWARD -p tcp --dport 8080 -j REJECT --reject-with icmp6-port-unreachable
+COMMIT
+"""
+OPERATOR6 = "-A FORWARD -p tcp -m tcp --dport 25 -j DROP"  # the operator's own ip6tables rule before any deploy
+
+
+def _save6(ns: str) -> str:
+    text = netns.run(["ip6tables-save"], ns)
+    return "\n".join(re.sub(r"\[\d+:\d+\]", "", ln) for ln in text.splitlines() if not ln.startswith("#"))
+
+
+def _save4(ns: str) -> str:
+    text = netns.run(["iptables-save", "-t", "filter"], ns)
+    return "\n".join(re.sub(r"\[\d+:\d+\]", "", ln) for ln in text.splitlines() if not ln.startswith("#"))
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("v6o")
+    (d / "a.rules").write_text(POLICY_A)
+    (d / "v6.rules").write_text(V6)
+    (d / "v6b.rules").write_text(V6.replace("--dport 80", "--dport 81"))
+    return d
+
+
+@pytest.fixture(scope="module")
+def emu(files):
+    """The emu lab with the operator's own ip6tables rule; undeployed at the end, which must give it back."""
+    with hf[EMU].deployed_lab("emu", files / "a.rules"):
+        netns.run(["ip6tables", "-A", *OPERATOR6.split()[1:]], f"{EMU}-fw")
+        yield _save6(f"{EMU}-fw")
+
+
+def _verify(lab: str, *args: str) -> dict:
+    p = hf[lab]("verify", *args, "--packets", str(PACKETS), "--json", check=False)
+    assert p.stdout, p.stderr[-3000:]
+    r = json.loads(p.stdout)
+    assert p.returncode == 0 and r["mismatches"] == 0, (r["examples"][:3], (r.get("ipv6") or {}).get("connections"))
+    return r
+
+
+def _every_v6_frame_unparsed(r: dict) -> None:
+    """Every IPv6 frame went to the stack with k = 0: the fast path counted each as unparsed."""
+    assert r["nic"]["CNT_SHUNT_UNPARSED"] >= r["ipv6"]["packets"], r["nic"]
+
+
+def test_dual_stack_emu(emu, files):
+    # deployed without an IPv6 side: status says IPv6 is left to ip6tables as the operator has it
+    line = next(ln for ln in hf[EMU]("status").stdout.splitlines() if ln.startswith("ipv6"))
+    assert "NOT filtered by hypafilter" in line and "--ipv6-default kernel" in line and "1 in FORWARD" in line, line
+    r = _verify(EMU, str(files / "a.rules"), "--ipv6", str(files / "v6.rules"), "--connections", "4")
+    six = r["ipv6"]
+    print({k: six[k] for k in ("packets", "mismatches", "delivered_oracle")}, six["connections"]["by_kind"])
+    assert six["packets"] == PACKETS and six["mismatches"] == 0 and six["mode"] == "policy"
+    assert 0 < six["delivered_oracle"] < PACKETS  # the policy both accepts and drops IPv6 frames
+    kinds = set(six["by_kind"])
+    assert {"v6_chain", "v6_frag_first", "v6_frag_later", "v6_nd_ns", "v6_icmp_error_real", "v6_jumbo"} <= kinds
+    c6 = six["connections"]
+    assert c6["mismatches"] == 0 and 0 < c6["completed_oracle"] < c6["connections"], c6
+    _every_v6_frame_unparsed(r)
+    # the firewall's ip6tables holds the IPv6 policy as loaded (the operator's rule replaced with its table)
+    assert OPERATOR6 not in _save6(f"{EMU}-fw")
+    st = hf[EMU]("status").stdout
+    line = next(ln for ln in st.splitlines() if ln.startswith("ipv6"))
+    assert "IPv6 policy" in line and "10 rules, IPv6" in line and "FORWARD policy DROP" in line, line
+    assert "rules    IPv4 (iptables)" in st and "(IPv4, iptables)" in st, st
+
+
+def _state(lab: str) -> dict:
+    return json.loads((Path(hf[lab].state) / "state.json").read_text())
+
+
+def test_ipv6_side_fails_nothing_half_applied(emu, files):
+    """An update whose IPv6 side fails to load (a real ip6tables-restore error) leaves both families, the NIC and
+    the state as they were; so does one whose IPv4 load fails after the IPv6 side went in."""
+    fw = f"{EMU}-fw"
+    before = (_save4(fw), _save6(fw), _state(EMU))
+    for step in ("netfilter6", "netfilter"):
+        p = hf[EMU]("deploy", str(files / "a.rules"), "--ipv6", str(files / "v6b.rules"), "-q", check=False, fail=step)
+        assert p.returncode != 0 and step in p.stderr, p.stderr[-2000:]
+        assert _save4(fw) == before[0]
+        assert _save6(fw) == before[1]
+        st = _state(EMU)
+        assert (st["generation"], st["nic"], st["ipv6"]) == (
+            before[2]["generation"],
+            before[2]["nic"],
+            before[2]["ipv6"],
+        )
+        assert st["history"][-1]["result"] == "failed" and st["history"][-1]["step"] == step
+
+
+def test_ipv6_default_drop_and_undeploy(emu, files):
+    r = _verify(EMU, str(files / "a.rules"), "--ipv6-default", "drop")
+    six = r["ipv6"]
+    assert six["mode"] == "drop" and six["packets"] == PACKETS and six["mismatches"] == 0
+    assert six["delivered_oracle"] == 0, six["by_kind"]
+    oracle = _save6(f"{EMU}-plain")  # the kernel the hybrid was compared with: FORWARD policy DROP, no rule
+    assert ":FORWARD DROP" in oracle and "-A " not in oracle, oracle
+    _every_v6_frame_unparsed(r)
+    line = next(ln for ln in hf[EMU]("status").stdout.splitlines() if ln.startswith("ipv6"))
+    assert "every IPv6 frame DROPPED" in line and "0 in FORWARD, FORWARD policy DROP" in line, line
+    # undeploy gives ip6tables back as the operator had them before the first deploy of an IPv6 side
+    hf[EMU]("undeploy", "-q")
+    assert _save6(f"{EMU}-fw") == emu
+
+
+@pytest.fixture(scope="module")
+def xdp(files):
+    with hf[XDP].xdp_lab() as lab:  # verify deploys
+        yield lab
+
+
+def test_dual_stack_xdp(xdp, files):
+    r = _verify(XDP, str(files / "a.rules"), "--ipv6", str(files / "v6.rules"), "--target", "xdp")
+    six = r["ipv6"]
+    assert six["packets"] == PACKETS and six["mismatches"] == 0 and 0 < six["delivered_oracle"] < PACKETS
+    _every_v6_frame_unparsed(r)

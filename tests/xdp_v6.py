@@ -450,7 +450,8 @@ def ipv4_tcp(src: str, dst: str, sport: int, dport: int) -> bytes:
 
 
 def cost(rules: int = 1000, frames: int = 400, repeat: int = 2000, seed: int = 1) -> dict:
-    """BPF_PROG_TEST_RUN ns per frame of the IPv6 path against the IPv4 one, on policies of the same structure:
+    """BPF_PROG_TEST_RUN ns per frame of the IPv6 path against the IPv4 one (in the same program, and in a program
+    without an IPv6 table set: `ipv4_alone`), on policies of the same structure:
     `rules` rules of a random source and destination prefix each (IPv6 /32../64 under 2001:db8::/16's neighbours,
     IPv4 /8../24), half of them TCP with a destination port range, a chain policy DROP; frames aimed at the rules.
     Needs root (a namespace `v6x-cost` of its own)."""
@@ -505,8 +506,8 @@ def cost(rules: int = 1000, frames: int = 400, repeat: int = 2000, seed: int = 1
         for p in ("n0", "n1"):
             netns.run(["ip", "-n", ns, "link", "set", p, "up"])
         out = {}
-        for name, fr in (("ipv4", f4), ("ipv6", f6)):
-            res = run_frames(plan4, fr, ["n0", "n1"], ns=ns, repeat=repeat, plan6=plan6)
+        for name, fr, p6 in (("ipv4_alone", f4, None), ("ipv4", f4, plan6), ("ipv6", f6, plan6)):
+            res = run_frames(plan4, fr, ["n0", "n1"], ns=ns, repeat=repeat, plan6=p6)
             ns_per = sorted(v.ns for v in res.verdicts)
             out[name] = {"median_ns": ns_per[len(ns_per) // 2], "mean_ns": round(sum(ns_per) / len(ns_per), 1)}
         out["rules"], out["entries4"], out["entries6"] = rules, len(plan4.entries), len(plan6.entries)

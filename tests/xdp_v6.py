@@ -347,7 +347,7 @@ class Oracle:
 CHAINS = [(), (), (), (0,), (60,), (43,), (0, 60, 43), (60, 0), (60, 60, 60), (43, 60)]
 AH_CHAINS = [(51,), (0, 60, 43, 51), (51, 43), (60, 51, 60)]  # AH: unparsed (the backends read it apart)
 LONG = (60,) * 9  # more than the program's budget (HFX6_EXT_MAX 8): unparsed
-PARSED = ("plain", "chain", "vlan", "esp", "none59", "other")
+PARSED = ("plain", "chain", "chain8", "vlan", "esp", "none59", "other")
 
 
 def frames_for(rules: list[Rule6], rng: random.Random, count: int) -> list[tuple[int, str, bytes]]:
@@ -386,7 +386,20 @@ def frames_for(rules: list[Rule6], rng: random.Random, count: int) -> list[tuple
         kind = rng.choice(
             ["plain"] * 6
             + ["chain"] * 4
-            + ["vlan", "esp", "none59", "other", "long", "ah", "frag0", "fragn", "trunc_plen", "trunc_ext", "trunc_l4"]
+            + [
+                "chain8",
+                "vlan",
+                "esp",
+                "none59",
+                "other",
+                "long",
+                "ah",
+                "frag0",
+                "fragn",
+                "trunc_plen",
+                "trunc_ext",
+                "trunc_l4",
+            ]
             + ["jumbo", "hbh_bad", "hbh_pad1", "trailing", "version"]
         )
         if kind == "plain":
@@ -401,6 +414,8 @@ def frames_for(rules: list[Rule6], rng: random.Random, count: int) -> list[tuple
             f = raw_frame(uid, s, d, 60, ext(60, 59) + bytes(8))  # payload after no-next-header: ignored
         elif kind == "other":
             f = raw_frame(uid, s, d, 0, ext(0, 132) + bytes(16))  # SCTP-numbered, after a hop-by-hop header
+        elif kind == "chain8":
+            f = frame(uid, s, d, p, chain=(60,) * 7 + (43,), **kw)  # the budget's eight headers: walked
         elif kind == "ah":
             f = frame(uid, s, d, p, chain=rng.choice(AH_CHAINS), **kw)
         elif kind == "long":

@@ -129,7 +129,13 @@ struct hfx6_config {
 	__u32 ct_tcp_ms;
 	__u32 ct_udp_ms;
 	__u32 ct_udp_unreplied_ms;
+	__u32 soft; /* HFX6_SOFT_*: what software does with the IPv6 frames the program passes */
 };
+
+/* hfx6_config.soft: ip6tables holds the IPv6 policy verbatim (stage 1's deploy), no interval chains and no mark
+ * give-back: every IPv6 frame passed to software carries value 0 (mark 0, as from the wire), a host-mode ACCEPT
+ * included, and the plan's k are 0 (targets.xdp.tables.build_tables6). */
+#define HFX6_SOFT_VERBATIM 1
 
 struct hfx_span6 {
 	__u32 start[4];

@@ -78,6 +78,7 @@ class Tables:
     sets: list = field(default_factory=list)
     family: int = 4  # 6: an IPv6 table set (build_tables6): spans of SPAN6 (128-bit starts)
     index_base: int = 0  # IPv6: M's match_index of local entry 0
+    soft: int = 0  # IPv6: hfx6_config.soft (SOFT_VERBATIM)
 
     @property
     def depth(self) -> int:
@@ -431,8 +432,9 @@ def tables_file(
 # ---- IPv6: a family-6 plan's table set (docs/ipv6.md "## xdp") ---------------------------------------------------
 
 # struct hfx6_config: num_entries, index_base, num_words, nb_src, nb_dst, ct_hit[2], num_boxes, miss, ct_flags,
-# ct_tcp_ms, ct_udp_ms, ct_udp_unreplied_ms
-CONFIG6 = struct.Struct("<13I")
+# ct_tcp_ms, ct_udp_ms, ct_udp_unreplied_ms, soft
+CONFIG6 = struct.Struct("<14I")
+SOFT_VERBATIM = 1  # hfx6_config.soft HFX6_SOFT_VERBATIM
 MISS_BITS = 16 | 32  # HFX_CONTROL_MISS_SHUNT_ACCEPT | _DROP
 # struct hfx_span6: the interval's first address as four 32-bit words, most significant first; its vector id
 SPAN6 = np.dtype([("start", "<u4", (4,)), ("vec", "<u4")])
@@ -450,13 +452,17 @@ def words128(values) -> np.ndarray:
     return out
 
 
-def build_tables6(plan, index_base: int | None = None, k_base: int | None = None) -> Tables:
+def build_tables6(
+    plan, index_base: int | None = None, k_base: int | None = None, verbatim: bool | None = None
+) -> Tables:
     """The IPv6 table set for a family-6 plan (`plan.family == 6`, `plan.addr_map`: the 128-bit starts of every
     elementary interval per address dimension, `starts[dim][0] == 0`; the plan's boxes hold ranks into them, as
     `ir.family.compress` gives them). The plan's tables are built as any plan's, over the ranks; each address span's
     rank then becomes its interval's 128-bit start. A rank range that reaches the last rank reaches the top address.
     `index_base`: M's match_index of local entry 0 (the contract's n4 + 1; default the plan's `index_base`, else 0);
-    `k_base`: added to every non-zero interval k (default the plan's `k_base`, else 0: the plan's k as they are)."""
+    `k_base`: added to every non-zero interval k (default the plan's `k_base`, else 0: the plan's k as they are).
+    `verbatim` (default the plan's `verbatim`, else False): ip6tables holds the policy verbatim, without interval
+    chains: every k is 0 and software gets every passed IPv6 frame with value 0 (hfx6_config.soft)."""
     if getattr(plan, "family", 4) != 6:
         raise ValueError("build_tables6 takes a family-6 plan (plan.family == 6)")
     amap = getattr(plan, "addr_map", None)
@@ -488,7 +494,8 @@ def build_tables6(plan, index_base: int | None = None, k_base: int | None = None
             boxes.append(Box(tuple(lo), tuple(hi), b.flags_mask, b.flags_value, b.sets_mask, b.sets_value))
         entries.append(type(e)(e.rule_index, tuple(boxes), e.action, e.is_complex))
     kb = int(getattr(plan, "k_base", 0) if k_base is None else k_base)
-    interval = np.array([int(k) + kb if int(k) else 0 for k in plan.interval], dtype=np.int64)
+    verbatim = bool(getattr(plan, "verbatim", False) if verbatim is None else verbatim)
+    interval = np.array([int(k) + kb if int(k) and not verbatim else 0 for k in plan.interval], dtype=np.int64)
     view = _Plan6(entries, plan.shunt, getattr(plan, "shunt_none", None), plan.actions, interval, plan.mirror)
     t = build_tables(view)
     for d in SEARCH_FIELDS:
@@ -502,6 +509,7 @@ def build_tables6(plan, index_base: int | None = None, k_base: int | None = None
         t.spans[d] = out
     t.family = 6
     t.index_base = int(getattr(plan, "index_base", 0) if index_base is None else index_base)
+    t.soft = SOFT_VERBATIM if verbatim else 0
     return t
 
 
@@ -585,6 +593,7 @@ def tables6_records(t6: Tables, v6shape: dict, miss: int = 0, ct: CtConfig | Non
         ct.tcp_ms,
         ct.udp_ms,
         ct.udp_unreplied_ms,
+        t6.soft,
     )
     out.append(_record("hfx6_cfg", CONFIG6.size, 1, cfg))
     return b"".join(out)

@@ -147,3 +147,26 @@ def test_refusals():
     del plan.addr_map
     with pytest.raises(ValueError, match="addr_map"):
         build_tables6(plan)
+
+
+def test_plan6_for_a_deployment():
+    """deploy's hook (targets.xdp.v6.plan6_for): the IPv6 side's plan with the index base after the IPv4 plan and k 0
+    (ip6tables verbatim), read again from the text when the state is all there is; None with the reason otherwise."""
+    from hypafilter.config import Config
+    from hypafilter.netfilter.ip6 import V6Policy
+    from hypafilter.targets.xdp.v6 import plan6_for
+
+    text, _ = ranked_plan(RULES, "DROP")
+    _, plan4 = ranked_plan(RULES[:3], "ACCEPT")
+    v6 = V6Policy("v6.rules", text, "FORWARD", "policy", ("filter",))
+    on = Config(xdp_ipv6=True)
+    p6, why = plan6_for(v6, on, plan4)
+    assert why == "" and p6.family == 6 and p6.index_base == len(plan4.entries) + 1 and p6.verbatim
+    t6 = build_tables6(p6)
+    assert t6.soft == 1 and not any(struct.unpack_from("<BBHI", t6.entries, 8 * j)[3] for j in range(t6.n + 1))
+    assert any(int(k) for k in p6.interval)  # the plan's own k, zeroed in the tables only
+    assert plan6_for(v6, Config(), plan4) == (None, "xdp_ipv6 is off in the configuration")
+    assert plan6_for(None, on, plan4)[0] is None
+    assert "besides filter" in plan6_for(V6Policy("v6.rules", text, tables=("filter", "raw")), on, plan4)[1]
+    bad = V6Policy("v6.rules", text.replace("-p 6", "-p nosuchproto"), tables=("filter",))
+    assert "does not read again" in plan6_for(bad, on, plan4)[1]

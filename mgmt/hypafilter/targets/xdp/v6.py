@@ -15,13 +15,20 @@ def plan6_for(v6, config, plan4) -> tuple[object | None, str]:
         return None, "xdp_ipv6 is off in the configuration"
     if v6 is None or getattr(v6, "kind", "policy") != "policy":
         return None, "no IPv6 policy (ip6tables as the operator has it, or --ipv6-default drop)"
-    if getattr(v6, "ir", None) is None:
-        return None, "the IPv6 policy's front-end reading is not at hand (a deployment followed from its state)"
     if tuple(v6.tables) != ("filter",):
         return None, f"the IPv6 policy has tables besides filter ({', '.join(v6.tables)}): decided by ip6tables"
-    if getattr(v6.ir, "set_slots", ()):
+    ir = getattr(v6, "ir", None)
+    if ir is None:  # the IPv6 side as the state keeps it (update, the policy sync service): read its text again
+        from hypafilter.errors import HypafilterError
+        from hypafilter.iptables.document import parse_policy
+
+        try:
+            ir = parse_policy(v6.text, v6.source, base_chain=v6.base_chain, config=config, family=6)
+        except HypafilterError as e:
+            return None, f"the IPv6 policy as deployed does not read again: {e}"
+    if getattr(ir, "set_slots", ()):
         return None, "the IPv6 policy matches ipsets: the xdp program has no IPv6 set tables"
-    plan6 = build_plan(v6.ir, config)
+    plan6 = build_plan(ir, config)
     plan6.index_base = len(plan4.entries) + 1
     plan6.verbatim = True
     return plan6, ""

@@ -9,6 +9,7 @@ prefixes, fd48:4600::/64 and fd48:4601::/64: a rule on one has its twin on the o
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,34 @@ def test_dual_stack_decided_in_xdp(lab):
     assert "decided in the XDP program" in line, line
     state = json.loads((Path(hf.state) / "state.json").read_text())
     assert state["xdp_ipv6"] and state["tables"]["v6"]["index_base"] == state["tables"]["entries"] + 1
+
+
+IN4 = """*filter
+:INPUT DROP [0:0]
+-A INPUT -p udp --dport 1000 -j ACCEPT
+-A INPUT -p tcp --dport 22 -j ACCEPT
+COMMIT
+"""
+IN6 = (
+    V6.replace("FORWARD -", "INPUT -")
+    .replace(":INPUT ACCEPT", ":INPUT DROP")
+    .replace(":FORWARD DROP", ":FORWARD ACCEPT")
+)
+
+if os.environ.get("HF_XDP_V6_FULL") == "1":  # `make test-xdp-v6`
+
+    def test_host_mode_decided_in_xdp(lab):
+        """An INPUT dual stack in host mode: the program's IPv6 ACCEPT passes with value 0 (ip6tables holds the policy
+        verbatim and decides it again), its DROP drops; verify's IPv6 frames (no connections: host mode runs IPv4
+        ones only) against the policies alone: 0 mismatches, IPv6 frames classified in XDP."""
+        hf("undeploy", "-q")  # the bridge-mode deployment of the test before
+        (lab / "in4.rules").write_text(IN4)
+        (lab / "in6.rules").write_text(IN6)
+        args = ["verify", str(lab / "in4.rules"), "--ipv6", str(lab / "in6.rules"), "--chain", "INPUT"]
+        args += ["--target", "xdp", "--config", str(lab / "cfg.toml"), "--packets", "300", "--json"]
+        p = hf(*args, check=False)
+        assert p.stdout, p.stderr[-3000:]
+        r = json.loads(p.stdout)
+        six = r["ipv6"]
+        assert p.returncode == 0 and r["mismatches"] == 0 and six["mismatches"] == 0, (r["examples"][:3], six)
+        assert 0 < six["delivered_oracle"] < six["packets"] and r["nic"]["CNT_SHUNT_UNPARSED"] < six["packets"] // 2

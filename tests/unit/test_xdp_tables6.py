@@ -161,7 +161,7 @@ def test_plan6_for_a_deployment():
     v6 = V6Policy("v6.rules", text, "FORWARD", "policy", ("filter",))
     on = Config(xdp_ipv6=True)
     p6, why = plan6_for(v6, on, plan4)
-    assert why == "" and p6.family == 6 and p6.index_base == len(plan4.entries) + 1 and p6.verbatim
+    assert why == "" and p6.family == 6 and p6.index_base == len(plan4.entries) + 1 + on.update_buffer and p6.verbatim
     t6 = build_tables6(p6)
     assert t6.soft == 1 and not any(struct.unpack_from("<BBHI", t6.entries, 8 * j)[3] for j in range(t6.n + 1))
     assert any(int(k) for k in p6.interval)  # the plan's own k, zeroed in the tables only

@@ -739,6 +739,7 @@ def _deploy_locked(
             t_ov = time.monotonic()
             try:
                 view = align(static[0], plan, static[1])
+                view.plan6 = getattr(plan, "plan6", None)  # xdp: the IPv6 table set is written with the overlay
             except BufferFull as e:
                 log(f"update buffer: {e}; building a new core")
             tx.timings["overlay"] = round(time.monotonic() - t_ov, 4)

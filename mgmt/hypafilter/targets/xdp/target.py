@@ -369,6 +369,8 @@ class XdpTarget(Target):
         decides IPv6 frames with its own miss forcing and conntrack lookup (docs/ipv6.md "## xdp")."""
         t, t6, shape, p6 = self._tables(plan, plan6)
         running = _shape_of(info)
+        if t6 is not None:  # after every row of the IPv4 side: its entries, policy entry and update-buffer slots
+            t6.index_base = t.n + 1 + running.get("buf", 0)
         fits = t.fits(running) and (fits6(t6, running.get("v6")) if t6 is not None else not running.get("v6"))
         if shape_id(shape) != info["shape"].split("-")[0] and not fits:
             raise HypafilterError(f"the plan's tables do not fit the running program (shape {info['shape']})")

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 def plan6_for(v6, config, plan4) -> tuple[object | None, str]:
     """(family-6 Plan, "") for the deployment's IPv6 side `v6` (netfilter.ip6.V6Policy) beside the IPv4 `plan4`, or
-    (None, why not). The plan's hardware indices follow the IPv4 plan's (index_base n4 + 1); ip6tables holds the
+    (None, why not). The plan's hardware indices follow the IPv4 side's (index_base n4 + 1 + the update buffer's
+    slots, which XdpTarget.program sets from the running program); ip6tables holds the
     IPv6 policy verbatim (stage 1's deploy: no interval chains, no mark give-back), so every k is 0 and every IPv6
     frame passed to software has value 0 (`verbatim`): the frames the program decides are the only change."""
     from hypafilter.analysis.plan import build_plan
@@ -29,7 +30,7 @@ def plan6_for(v6, config, plan4) -> tuple[object | None, str]:
     if getattr(ir, "set_slots", ()):
         return None, "the IPv6 policy matches ipsets: the xdp program has no IPv6 set tables"
     plan6 = build_plan(ir, config)
-    plan6.index_base = len(plan4.entries) + 1
+    plan6.index_base = len(plan4.entries) + 1 + config.update_buffer
     plan6.verbatim = True
     return plan6, ""
 

@@ -115,7 +115,7 @@ struct hfx_span {
  * in host order). CONTROL, generation and the conntrack settings are hfx_config's. */
 struct hfx6_config {
 	__u32 num_entries; /* n6: local match index n6 is the IPv6 policy entry */
-	__u32 index_base;  /* M's match_index of local entry 0 (the dual-stack index space: n4 + 1) */
+	__u32 index_base;  /* M's match_index of local entry 0: after the IPv4 entries, policy entry and buffer slots */
 	__u32 num_words;   /* 64-bit words of hfx6_vec in use */
 	__u32 nb_src;	   /* rows in hfx6_f_src */
 	__u32 nb_dst;	   /* rows in hfx6_f_dst */

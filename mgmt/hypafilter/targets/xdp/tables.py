@@ -459,7 +459,7 @@ def build_tables6(
     elementary interval per address dimension, `starts[dim][0] == 0`; the plan's boxes hold ranks into them, as
     `ir.family.compress` gives them). The plan's tables are built as any plan's, over the ranks; each address span's
     rank then becomes its interval's 128-bit start. A rank range that reaches the last rank reaches the top address.
-    `index_base`: M's match_index of local entry 0 (the contract's n4 + 1; default the plan's `index_base`, else 0);
+    `index_base`: M's match_index of local entry 0 (after the IPv4 side's rows; default the plan's `index_base`, else 0);
     `k_base`: added to every non-zero interval k (default the plan's `k_base`, else 0: the plan's k as they are).
     `verbatim` (default the plan's `verbatim`, else False): ip6tables holds the policy verbatim, without interval
     chains: every k is 0 and software gets every passed IPv6 frame with value 0 (hfx6_config.soft)."""

@@ -95,6 +95,13 @@ test-xdp-large:
 	@scripts/setup.sh system
 	CI=true HF_XDP_LARGE=1 $(PYTEST) -q -s tests/system/test_xdp.py -k classbench_10k
 
+# opt-in: every IPv6 test of the xdp program (docs/ipv6.md "## xdp"): the second policy against ip6tables, the header
+# budget and host mode's hop-by-hop, XdpTarget with both table sets (`make test` runs one policy and the lab's verify)
+.PHONY: test-xdp-v6
+test-xdp-v6:
+	@scripts/setup.sh system
+	CI=true HF_XDP_V6_FULL=1 scripts/run-system-tests.sh -n 0 tests/system/test_xdp_v6.py tests/system/test_xdp_v6_lab.py
+
 # opt-in: the kernel-differential fuzzer at 1,000,000 frames (not part of `make test`; figures in docs/deploy.md)
 .PHONY: fuzz
 fuzz:

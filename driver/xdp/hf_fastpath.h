@@ -69,6 +69,11 @@
 #define HFX_SETVAL_NOMATCH 2
 #define HFX_CNT_SETS_UNKNOWN 13 /* shunted (reason 3) because a set table was not known to equal the kernel's */
 
+/* IPv6 (docs/ipv6.md "## xdp"): the extension headers the program walks before it calls a chain unparsed (hop-by-hop,
+ * routing, destination options, AH), and the hop-by-hop options (TLVs) it checks as br_nf_check_hbh_len does. */
+#define HFX6_EXT_MAX 8
+#define HFX6_HBH_TLV_MAX 8
+
 #define HFX_META_COOKIE 0x48465348 /* "HFSH", the shim's HF_META_COOKIE */
 #define HFX_META_LEN 24
 
@@ -102,6 +107,38 @@ struct hfx_port_table {
 /* One elementary interval of a 32-bit field: its first value and the id of its box vector in hfx_vec. */
 struct hfx_span {
 	__u32 start;
+	__u32 vec;
+};
+
+/* IPv6's table set (a family-6 plan, docs/ipv6.md "## xdp"): the same scheme over the plan's ranked addresses, the
+ * address fields searched over the 128-bit starts of their elementary intervals (most significant word first, each
+ * in host order). CONTROL, generation and the conntrack settings are hfx_config's. */
+struct hfx6_config {
+	__u32 num_entries; /* n6: local match index n6 is the IPv6 policy entry */
+	__u32 index_base;  /* M's match_index of local entry 0: after the IPv4 entries, policy entry and buffer slots */
+	__u32 num_words;   /* 64-bit words of hfx6_vec in use */
+	__u32 nb_src;	   /* rows in hfx6_f_src */
+	__u32 nb_dst;	   /* rows in hfx6_f_dst */
+	__u32 ct_hit[2];   /* as hfx_config.ct_hit, local entries */
+	__u32 num_boxes;
+	/* The IPv6 plan's own miss forcing (HFX_CONTROL_MISS_SHUNT_* from its Plan.miss_shunt) and conntrack lookup
+	 * (HFX_CT_*, timeouts as hfx_config's): the two families' policies read conntrack independently. The rest of
+	 * CONTROL (enable, shunt everything, host mode) is hfx_config's. */
+	__u32 miss;
+	__u32 ct_flags;
+	__u32 ct_tcp_ms;
+	__u32 ct_udp_ms;
+	__u32 ct_udp_unreplied_ms;
+	__u32 soft; /* HFX6_SOFT_*: what software does with the IPv6 frames the program passes */
+};
+
+/* hfx6_config.soft: ip6tables holds the IPv6 policy verbatim (stage 1's deploy), no interval chains and no mark
+ * give-back: every IPv6 frame passed to software carries value 0 (mark 0, as from the wire), a host-mode ACCEPT
+ * included, and the plan's k are 0 (targets.xdp.tables.build_tables6). */
+#define HFX6_SOFT_VERBATIM 1
+
+struct hfx_span6 {
+	__u32 start[4];
 	__u32 vec;
 };
 

@@ -148,6 +148,11 @@ def _fmt_ipv6(six: dict) -> str:
     elif mode == "policy":
         n = sum((six.get("rules") or {}).values())
         what = f"IPv6 policy {six.get('source')} ({n} rules, IPv6) decides every IPv6 frame in ip6tables (k = 0)"
+        if six.get("xdp"):
+            what = (
+                f"IPv6 policy {six.get('source')} ({n} rules, IPv6) decided in the XDP program by its "
+                f"{six['xdp'].get('entries')} entries where it parses the frame, else in ip6tables (k = 0)"
+            )
     else:
         what = (
             "IPv6 NOT filtered by hypafilter: every IPv6 frame goes to the stack (k = 0) and meets ip6tables as the "

@@ -58,6 +58,7 @@ from hypafilter.paths import BUILD_ROOT
 from hypafilter.targets import shim as shim_mod
 from hypafilter.targets.base import Site, Target
 from hypafilter.targets.nic import CONTROL_ENABLE, CONTROL_HOST_MODE, CONTROL_PASS_UNFILTERABLE, CONTROL_SHUNT_ALL
+from hypafilter.targets.xdp import v6 as xdp_v6
 
 STATE_DIR = Path(os.environ.get("HF_STATE_DIR", "/run/hypafilter"))
 HISTORY_KEEP = 50
@@ -631,6 +632,7 @@ def _deploy_locked(
             )
         )
         and old6.get("hash") == v6_hash
+        and bool(old.get("xdp_ipv6")) == config.xdp_ipv6
     )
     if same and follow and not force:
         log("the live ruleset is the deployed policy")
@@ -711,6 +713,10 @@ def _deploy_locked(
         try:
             tx.step("interfaces", lambda: _check_interfaces(policy))
             plan = tx.step("compile", lambda: build_plan(policy, config, live=True))
+            if tgt.name == "xdp" and config.xdp_ipv6:  # the xdp target's hook: IPv6 decided in XDP (docs/ipv6.md)
+                plan.plan6, why6 = tx.step("compile6", lambda: xdp_v6.plan6_for(v6, config, plan))
+                if why6:
+                    log(f"IPv6 frames to ip6tables unparsed: {why6}")
         except DeployError:
             if kernel is not None:
                 tx.step("kernel-check", kernel)
@@ -719,6 +725,12 @@ def _deploy_locked(
         # makes it decide as the new plan; a new core (program) only when the change does not fit.
         view = None
         static = read_static(STATE_DIR, old_nic.get("binary", "")) if old_nic and not force else None
+        if (
+            static is not None
+            and tgt.name == "xdp"
+            and not xdp_v6.buffer_keeps_v6(old_nic, plan, old6.get("hash") != v6_hash)
+        ):
+            static = None  # the update buffer changes IPv4 entries only: a new IPv6 side is a tables write
         # a configuration with another buffer depth builds a new core (program): the depth is part of its build
         # the running program's set slots must be the plan's (their maps are part of its build: docs/sets.md)
         if static is not None and not tgt.same_sets(old_nic, plan):
@@ -727,6 +739,7 @@ def _deploy_locked(
             t_ov = time.monotonic()
             try:
                 view = align(static[0], plan, static[1])
+                view.plan6 = getattr(plan, "plan6", None)  # xdp: the IPv6 table set is written with the overlay
             except BufferFull as e:
                 log(f"update buffer: {e}; building a new core")
             tx.timings["overlay"] = round(time.monotonic() - t_ov, 4)
@@ -1029,6 +1042,7 @@ def _deploy_locked(
         "update_buffer": config.update_buffer,
         # the policy sync lease the service renews (0: none; docs/deploy.md "Live policy")
         "lease_ms": config.policysync_lease_ms,
+        "xdp_ipv6": config.xdp_ipv6,
         # The firewall's VLAN setting found before the first deploy, given back at undeploy.
         "vlan_filter_before": (old or {}).get("vlan_filter_before", old_vlan),
         "partition": partition_counts(policy, plan),
@@ -1129,6 +1143,8 @@ def ipv6_status(st: dict) -> dict:
     except HypafilterError as e:
         six["error"] = str(e)
     six["base_chain"] = base
+    if (st.get("tables") or {}).get("v6"):  # the xdp program decides IPv6 frames too (docs/ipv6.md "## xdp")
+        six["xdp"] = st["tables"]["v6"]
     return six
 
 

@@ -38,6 +38,7 @@ def render(shape: dict) -> str:
         ent_cap=shape["ent_cap"],
         buf=shape.get("buf", 0),
         sets=shape.get("sets", []),
+        v6=shape.get("v6"),  # a family-6 plan's table set (docs/ipv6.md "## xdp"); None: IPv6 frames unparsed
     )
 
 

@@ -14,7 +14,7 @@ from hypafilter import netns
 from hypafilter.errors import HypafilterError
 from hypafilter.paths import BUILD_ROOT
 from hypafilter.targets.xdp.build import build_loader, build_program
-from hypafilter.targets.xdp.tables import CtConfig, _record, build_tables, tables_file
+from hypafilter.targets.xdp.tables import CtConfig, _record, build_tables, build_tables6, shape6, tables_file
 
 XDP_ABORTED, XDP_DROP, XDP_PASS, XDP_TX, XDP_REDIRECT = range(5)
 
@@ -55,20 +55,26 @@ def run_frames(
     shape: dict | None = None,
     ct: CtConfig | None = None,
     lease_ns: int = 0,
+    plan6=None,
+    control6: int | None = None,
+    ct6: CtConfig | None = None,
 ) -> RunResult:
     """Each (iport, frame) through the program built for `plan` (a Plan, or an analysis.overlay.View: the static
     entries' program with its update buffer and valid mask written); `ports[i]` is the interface of iport i in `ns`
     (it must exist there: the kernel resolves the ingress ifindex), paired 0<->1, 2<->3 for the devmap. `shape`:
     a larger program than the plan needs (fields and capacities, update-buffer slots; the tables must fit it).
-    `lease_ns`: the lease word (hfx_lease; 0 disarmed, else the CLOCK_MONOTONIC ns it holds until)."""
+    `lease_ns`: the lease word (hfx_lease; 0 disarmed, else the CLOCK_MONOTONIC ns it holds until). `plan6`: a
+    family-6 plan whose table set decides the IPv6 frames (docs/ipv6.md "## xdp"); without it they are unparsed;
+    `control6`/`ct6`: its miss forcing bits and conntrack lookup (default: `control`'s and `ct`)."""
     t = build_tables(plan)
-    shape = shape or t.shape()
+    t6 = build_tables6(plan6) if plan6 is not None else None
+    shape = shape or ({**t.shape(), "v6": shape6(t6)} if t6 is not None else t.shape())
     obj = build_program(shape, build_root)
     tool = build_loader(build_root)
     with tempfile.TemporaryDirectory(prefix="hfx-") as d:
         tf, ff = Path(d) / "tables", Path(d) / "frames"
         lease = _record("hfx_lease", 8, 1, struct.pack("<Q", lease_ns)) if lease_ns else b""
-        tf.write_bytes(lease + tables_file(t, shape, control, generation, ct))
+        tf.write_bytes(lease + tables_file(t, shape, control, generation, ct, t6=t6, control6=control6, ct6=ct6))
         ff.write_bytes(frames_file(frames))
         argv = [str(tool), "run", "--obj", str(obj), "--tables", str(tf), "--frames", str(ff), "--repeat", str(repeat)]
         for i, name in enumerate(ports):

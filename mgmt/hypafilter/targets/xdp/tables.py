@@ -76,6 +76,9 @@ class Tables:
     overlay: Overlay | None = None  # the update buffer's contents (a View's); None: pristine, no slot
     # the set slots' maps (docs/sets.md), in slot order: {"type", "dirs", "mask" (hash:ip's netmask), "cap"}
     sets: list = field(default_factory=list)
+    family: int = 4  # 6: an IPv6 table set (build_tables6): spans of SPAN6 (128-bit starts)
+    index_base: int = 0  # IPv6: M's match_index of local entry 0
+    soft: int = 0  # IPv6: hfx6_config.soft (SOFT_VERBATIM)
 
     @property
     def depth(self) -> int:
@@ -348,10 +351,22 @@ class CtConfig:
 
 
 def tables_file(
-    t: Tables, shape: dict, control: int, generation: int, ct: CtConfig | None = None, hold: bool = False
+    t: Tables,
+    shape: dict,
+    control: int,
+    generation: int,
+    ct: CtConfig | None = None,
+    hold: bool = False,
+    t6: Tables | None = None,
+    control6: int | None = None,
+    ct6: CtConfig | None = None,
 ) -> bytes:
-    """The loader's tables file (driver/xdp/hf_xdp.c) for a program of `shape`; hfx_cfg is written last by it."""
+    """The loader's tables file (driver/xdp/hf_xdp.c) for a program of `shape`; hfx_cfg is written last by it.
+    `t6`: the IPv6 table set (build_tables6) for a program whose shape has "v6", with its plan's miss forcing
+    (`control6`'s bits 4/5; default `control`'s) and conntrack lookup (`ct6`; default `ct`)."""
     ct = ct or CtConfig()
+    if (t6 is not None) != bool(shape.get("v6")):
+        raise ValueError("IPv6 tables need a program with an IPv6 table set, and such a program needs them")
     if not t.fits(shape):
         raise ValueError("tables do not fit the program's shape")
     W = shape["words"]
@@ -390,6 +405,8 @@ def tables_file(
     out.append(_record("hfx_valid", 8, words, valid_words(valid, words).astype("<u8").tobytes()))
     if buf:
         out.append(_record("hfx_buf", SLOT.size, buf, slot_rows(t.overlay, buf)))
+    if t6 is not None:
+        out.append(tables6_records(t6, shape["v6"], control if control6 is None else control6, ct6 or ct))
     nb = {f: len(t.spans[f]) if f in t.spans else 1 for f in SEARCH_FIELDS}
     cfg = CONFIG.pack(
         0 if hold else control,  # hold: still shunting everything after the write; `armed` below is what ends it
@@ -409,4 +426,174 @@ def tables_file(
         len(t.overlay.slots) if t.overlay is not None else 0,
     )
     out.append(_record("hfx_cfg", CONFIG.size, 1, cfg))
+    return b"".join(out)
+
+
+# ---- IPv6: a family-6 plan's table set (docs/ipv6.md "## xdp") ---------------------------------------------------
+
+# struct hfx6_config: num_entries, index_base, num_words, nb_src, nb_dst, ct_hit[2], num_boxes, miss, ct_flags,
+# ct_tcp_ms, ct_udp_ms, ct_udp_unreplied_ms, soft
+CONFIG6 = struct.Struct("<14I")
+SOFT_VERBATIM = 1  # hfx6_config.soft HFX6_SOFT_VERBATIM
+MISS_BITS = 16 | 32  # HFX_CONTROL_MISS_SHUNT_ACCEPT | _DROP
+# struct hfx_span6: the interval's first address as four 32-bit words, most significant first; its vector id
+SPAN6 = np.dtype([("start", "<u4", (4,)), ("vec", "<u4")])
+ADDR6_TOP = (1 << 128) - 1
+
+
+def words128(values) -> np.ndarray:
+    """uint32 [len, 4]: each 128-bit int as four words, most significant first (struct hfx_span6.start)."""
+    out = np.zeros((len(values), 4), dtype=np.uint32)
+    for i, v in enumerate(values):
+        v = int(v)
+        if not 0 <= v <= ADDR6_TOP:
+            raise ValueError(f"address {v:#x} is not a 128-bit value")
+        out[i] = [(v >> s) & 0xFFFFFFFF for s in (96, 64, 32, 0)]
+    return out
+
+
+def build_tables6(
+    plan, index_base: int | None = None, k_base: int | None = None, verbatim: bool | None = None
+) -> Tables:
+    """The IPv6 table set for a family-6 plan (`plan.family == 6`, `plan.addr_map`: the 128-bit starts of every
+    elementary interval per address dimension, `starts[dim][0] == 0`; the plan's boxes hold ranks into them, as
+    `ir.family.compress` gives them). The plan's tables are built as any plan's, over the ranks; each address span's
+    rank then becomes its interval's 128-bit start. A rank range that reaches the last rank reaches the top address.
+    `index_base`: M's match_index of local entry 0 (after the IPv4 side's rows; default the plan's `index_base`, else 0);
+    `k_base`: added to every non-zero interval k (default the plan's `k_base`, else 0: the plan's k as they are).
+    `verbatim` (default the plan's `verbatim`, else False): ip6tables holds the policy verbatim, without interval
+    chains: every k is 0 and software gets every passed IPv6 frame with value 0 (hfx6_config.soft)."""
+    if getattr(plan, "family", 4) != 6:
+        raise ValueError("build_tables6 takes a family-6 plan (plan.family == 6)")
+    amap = getattr(plan, "addr_map", None)
+    if amap is None:
+        raise ValueError("a family-6 plan without addr_map (the 128-bit interval starts of its ranks)")
+    if getattr(plan, "overlay", None) is not None:
+        raise ValueError("the xdp program has no update buffer for IPv6: a family-6 View is not supported")
+    policy = getattr(plan, "policy", None)
+    if policy is not None and getattr(policy, "set_slots", ()):
+        raise ValueError("set matches in a family-6 plan: the xdp program has no IPv6 set tables")
+    starts = {}
+    for dim in SEARCH_FIELDS:
+        s = [int(x) for x in amap.starts[dim]]
+        if not s or s[0] != 0 or any(b <= a for a, b in zip(s, s[1:], strict=False)) or s[-1] > ADDR6_TOP:
+            raise ValueError(f"addr_map.starts[{dim!r}] must rise strictly from 0 within 128 bits")
+        starts[dim] = s
+    idx = {d: FIELDS.index(d) for d in SEARCH_FIELDS}
+    top = {d: len(starts[d]) - 1 for d in SEARCH_FIELDS}
+    entries = []
+    for e in plan.entries:
+        boxes = []
+        for b in e.boxes:
+            lo, hi = list(b.lo), list(b.hi)
+            for d, i in idx.items():
+                if hi[i] >= top[d] and lo[i] <= top[d]:
+                    hi[i] = MAXV[i]  # up to the top address: the rank space's last interval and beyond
+                elif lo[i] > top[d]:
+                    lo[i] = hi[i] = MAXV[i]  # no address has this rank (an empty box in address space)
+            boxes.append(Box(tuple(lo), tuple(hi), b.flags_mask, b.flags_value, b.sets_mask, b.sets_value))
+        entries.append(type(e)(e.rule_index, tuple(boxes), e.action, e.is_complex))
+    kb = int(getattr(plan, "k_base", 0) if k_base is None else k_base)
+    verbatim = bool(getattr(plan, "verbatim", False) if verbatim is None else verbatim)
+    interval = np.array([int(k) + kb if int(k) and not verbatim else 0 for k in plan.interval], dtype=np.int64)
+    view = _Plan6(entries, plan.shunt, getattr(plan, "shunt_none", None), plan.actions, interval, plan.mirror)
+    t = build_tables(view)
+    for d in SEARCH_FIELDS:
+        sp = t.spans.get(d)
+        if sp is None:
+            continue
+        sp = sp[sp["start"] <= top[d]]  # spans of ranks no address has (only the widened boxes' beyond the top)
+        out = np.zeros(len(sp), dtype=SPAN6)
+        out["start"] = words128([starts[d][int(r)] for r in sp["start"]])
+        out["vec"] = sp["vec"]
+        t.spans[d] = out
+    t.family = 6
+    t.index_base = int(getattr(plan, "index_base", 0) if index_base is None else index_base)
+    t.soft = SOFT_VERBATIM if verbatim else 0
+    return t
+
+
+class _Plan6:
+    """What build_tables reads of a plan, for the rank-space view of a family-6 plan."""
+
+    overlay = None
+    policy = None
+
+    def __init__(self, entries, shunt, shunt_none, actions, interval, mirror):
+        self.entries, self.shunt, self.shunt_none = entries, shunt, shunt_none
+        self.actions, self.interval, self.mirror = actions, interval, mirror
+
+
+def shape6(t6: Tables) -> dict:
+    """The IPv6 part of a program's shape (`shape["v6"]`): fields, vector words, capacities."""
+    s = t6.shape(0)
+    return {k: s[k] for k in ("fields", "words", "vec_cap", "nb_cap", "ent_cap")}
+
+
+def fits6(t6: Tables, v6shape: dict | None) -> bool:
+    if v6shape is None:
+        return False
+    nb = max((len(s) for s in t6.spans.values()), default=1)
+    return (
+        set(t6.fields) <= set(v6shape["fields"])
+        and t6.words <= v6shape["words"]
+        and len(t6.vectors) + (1 if set(t6.fields) != set(v6shape["fields"]) else 0) <= v6shape["vec_cap"]
+        and nb <= v6shape["nb_cap"]
+        and t6.n + 1 <= v6shape["ent_cap"]
+    )
+
+
+def tables6_records(t6: Tables, v6shape: dict, miss: int = 0, ct: CtConfig | None = None) -> bytes:
+    """The IPv6 table set's records of the loader's tables file (written before hfx_cfg, which enables them). `miss`:
+    the IPv6 plan's miss forcing bits (CONTROL bits 4/5, as `control_of` gives them for its Plan.miss_shunt); `ct`:
+    its conntrack lookup."""
+    ct = ct or CtConfig()
+    if not fits6(t6, v6shape):
+        raise ValueError("IPv6 tables do not fit the program's shape")
+    W = v6shape["words"]
+    vec = np.zeros((len(t6.vectors), W), dtype=np.uint64)
+    vec[:, : t6.words] = t6.vectors[:, : t6.words] if t6.words else vec[:, :0]
+    ones = None
+    if set(t6.fields) != set(v6shape["fields"]):
+        ones = len(vec)
+        row = np.zeros((1, W), dtype=np.uint64)
+        full, rest = divmod(t6.boxes, 64)
+        row[0, :full] = np.uint64(0xFFFFFFFFFFFFFFFF)
+        if rest:
+            row[0, full] = np.uint64((1 << rest) - 1)
+        vec = np.concatenate([vec, row])
+    out = [_record("hfx6_vec", 8 * W, len(vec), vec.astype("<u8").tobytes())]
+    for f in v6shape["fields"]:
+        if f in SEARCH_FIELDS:
+            sp = t6.spans.get(f)
+            if sp is None:
+                sp = np.zeros(1, dtype=SPAN6)
+                sp["vec"] = ones
+            out.append(_record(f"hfx6_f_{f}", SPAN6.itemsize, len(sp), sp.tobytes()))
+        else:
+            ids = t6.direct.get(f)
+            if ids is None:
+                ids = np.full(DIRECT_SIZE[f], ones, dtype=np.uint32)
+            out.append(_record(f"hfx6_f_{f}", 4, len(ids), ids.astype("<u4").tobytes()))
+    if t6.boxes:
+        box = t6.box_entry.astype(np.uint32) | np.where(t6.box_wild, np.uint32(BOX_WILD), np.uint32(0))
+        out.append(_record("hfx6_box", 4, t6.boxes, box.astype("<u4").tobytes()))
+    out.append(_record("hfx6_ent", ENTRY.size, t6.n + 1, t6.entries))
+    nb = {f: len(t6.spans[f]) if f in t6.spans else 1 for f in SEARCH_FIELDS}
+    cfg = CONFIG6.pack(
+        t6.n,
+        t6.index_base,
+        t6.words,
+        nb["src"],
+        nb["dst"],
+        *t6.ct_hit,
+        t6.boxes,
+        miss & MISS_BITS,
+        ct.flags(),
+        ct.tcp_ms,
+        ct.udp_ms,
+        ct.udp_unreplied_ms,
+        t6.soft,
+    )
+    out.append(_record("hfx6_cfg", CONFIG6.size, 1, cfg))
     return b"".join(out)

@@ -42,11 +42,15 @@ from hypafilter.targets.xdp.tables import (
     CONFIG,
     CT_NONE_FLAG,
     CtConfig,
+    Tables,
     build_tables,
+    build_tables6,
     entry_rows,
+    fits6,
     overlay_records,
     read_slot,
     set_maps,
+    shape6,
     shape_id,
     tables_file,
 )
@@ -171,8 +175,22 @@ class XdpTarget(Target):
 
     # --- Target ----------------------------------------------------------------------------------------------------
 
-    def build(self, plan) -> str:
-        return str(build_program(build_tables(plan).shape(self.config.update_buffer), self.build_root))
+    def _tables(self, plan, plan6=None) -> tuple[Tables, Tables | None, dict, object]:
+        """The tables of `plan`, those of its IPv6 plan (`plan6`, or the plan's `plan6` attribute: a dual-stack
+        deployment's family-6 Plan, docs/ipv6.md "## xdp"), the program's shape, the IPv6 plan."""
+        t = build_tables(plan)
+        shape = t.shape(self.config.update_buffer)
+        p6 = plan6 if plan6 is not None else getattr(plan, "plan6", None)
+        if p6 is None:
+            return t, None, shape, None
+        try:
+            t6 = build_tables6(p6)
+        except ValueError as e:
+            raise HypafilterError(f"the IPv6 plan cannot go into the XDP program: {e}") from e
+        return t, t6, {**shape, "v6": shape6(t6)}, p6
+
+    def build(self, plan, plan6=None) -> str:
+        return str(build_program(self._tables(plan, plan6)[2], self.build_root))
 
     def _attached_ids(self, links: Path) -> set[int]:
         out = self._tool("links", ["links", "--links", str(links)])
@@ -343,7 +361,7 @@ class XdpTarget(Target):
         """Undeploy: every link of this site."""
         self._tool("detach", ["detach", "--pin", str(self._root() / "links")])
 
-    def program(self, info: dict, plan, generation: int, known: dict | None = None) -> dict:
+    def program(self, info: dict, plan, generation: int, known: dict | None = None, plan6=None) -> dict:
         """The tables of `plan` into the program (CONTROL 0 meanwhile): a Plan, or an analysis.overlay.View (its
         static entries' tables, the rows of every hardware index, its valid mask and buffer).
 
@@ -351,15 +369,32 @@ class XdpTarget(Target):
         CONTROL at 0, the tables' CONTROL as the word that ends it (`armed`, what shunt_all(off) writes), as the NIC
         keeps CONTROL bit 1 through its register writes: a change of the live ruleset that comes meanwhile
         (FollowWatch.hold) must find the program still shunting everything, not deciding by the tables being
-        applied."""
-        t = build_tables(plan)
-        shape = t.shape(self.config.update_buffer)
-        if shape_id(shape) != info["shape"].split("-")[0] and not t.fits(_shape_of(info)):
+        applied.
+
+        `plan6` (or the plan's `plan6` attribute): the family-6 plan of a dual-stack deployment, whose table set
+        decides IPv6 frames with its own miss forcing and conntrack lookup (docs/ipv6.md "## xdp")."""
+        t, t6, shape, p6 = self._tables(plan, plan6)
+        running = _shape_of(info)
+        if t6 is not None:  # after every row of the IPv4 side: its entries, policy entry and update-buffer slots
+            t6.index_base = t.n + 1 + running.get("buf", 0)
+        fits = t.fits(running) and (fits6(t6, running.get("v6")) if t6 is not None else not running.get("v6"))
+        if shape_id(shape) != info["shape"].split("-")[0] and not fits:
             raise HypafilterError(f"the plan's tables do not fit the running program (shape {info['shape']})")
         path = self._run_dir() / f"{info['name']}-{generation}.tables"
         sets = self.sync_sets(info)  # the set tables equal the kernel's sets before the tables enable anything
-        ct = self.ct_config(plan)
-        data = tables_file(t, _shape_of(info), self.control(plan), generation, ct, hold=known is not None)
+        ct6 = self.ct_config(p6) if p6 is not None else None
+        ct = self.ct_config(plan)  # after ct6: the state's new_flows line is the IPv4 plan's
+        data = tables_file(
+            t,
+            running,
+            self.control(plan),
+            generation,
+            ct,
+            hold=known is not None,
+            t6=t6,
+            control6=self.control(p6) if p6 is not None else None,
+            ct6=ct6,
+        )
         path.write_bytes(data)
         self._tool("update", ["update", "--pin", info["pin"], "--tables", str(path)])
         keep = {path.name, Path((known or {}).get("file", "")).name}  # the previous tables: a rollback's
@@ -377,6 +412,7 @@ class XdpTarget(Target):
             "new_flows": "decided" if ct.none else (self._new_flows_why_not or "no conntrack lookup"),
             "overlay": overlay_state(t.overlay if t.overlay is not None else Overlay.empty(t.n, 0)),
             **({"sets": sets} if sets else {}),
+            **({"v6": _v6_state(t6, p6, ct6)} if t6 is not None else {}),
         }
 
     def same_sets(self, info: dict, plan) -> bool:
@@ -572,6 +608,17 @@ def overlay_state(ov: Overlay) -> dict:
     return {
         "invalid": [int(j) for j in np.flatnonzero(~ov.valid)],
         "slots": [[[int(x) for x in k[0]], [int(x) for x in k[1]], *(int(x) for x in k[2:])] for k in box_key(ov)],
+    }
+
+
+def _v6_state(t6: Tables, plan6, ct6: CtConfig) -> dict:
+    """What the state records of the IPv6 table set (docs/ipv6.md "## xdp")."""
+    return {
+        "entries": t6.n,
+        "index_base": t6.index_base,
+        "miss_shunt": [bool(x) for x in plan6.miss_shunt],
+        "ct_lookup": ct6.lookup,
+        "new_flows": "decided" if ct6.none else "not decided",
     }
 
 

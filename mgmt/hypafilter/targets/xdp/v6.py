@@ -1,0 +1,50 @@
+"""The IPv6 side of an xdp deployment (docs/ipv6.md "## xdp"): the family-6 plan whose table set the program decides
+IPv6 frames by, or why IPv6 frames stay unparsed (stage 1: every one to ip6tables with k = 0)."""
+
+from __future__ import annotations
+
+
+def plan6_for(v6, config, plan4) -> tuple[object | None, str]:
+    """(family-6 Plan, "") for the deployment's IPv6 side `v6` (netfilter.ip6.V6Policy) beside the IPv4 `plan4`, or
+    (None, why not). The plan's hardware indices follow the IPv4 side's (index_base n4 + 1 + the update buffer's
+    slots, which XdpTarget.program sets from the running program); ip6tables holds the
+    IPv6 policy verbatim (stage 1's deploy: no interval chains, no mark give-back), so every k is 0 and every IPv6
+    frame passed to software has value 0 (`verbatim`): the frames the program decides are the only change."""
+    from hypafilter.analysis.plan import build_plan
+
+    if not getattr(config, "xdp_ipv6", False):
+        return None, "xdp_ipv6 is off in the configuration"
+    if v6 is None or getattr(v6, "kind", "policy") != "policy":
+        return None, "no IPv6 policy (ip6tables as the operator has it, or --ipv6-default drop)"
+    if tuple(v6.tables) != ("filter",):
+        return None, f"the IPv6 policy has tables besides filter ({', '.join(v6.tables)}): decided by ip6tables"
+    ir = getattr(v6, "ir", None)
+    if ir is None:  # the IPv6 side as the state keeps it (update, the policy sync service): read its text again
+        from hypafilter.errors import HypafilterError
+        from hypafilter.iptables.document import parse_policy
+
+        try:
+            ir = parse_policy(v6.text, v6.source, base_chain=v6.base_chain, config=config, family=6)
+        except HypafilterError as e:
+            return None, f"the IPv6 policy as deployed does not read again: {e}"
+    if getattr(ir, "set_slots", ()):
+        return None, "the IPv6 policy matches ipsets: the xdp program has no IPv6 set tables"
+    plan6 = build_plan(ir, config)
+    plan6.index_base = len(plan4.entries) + 1 + config.update_buffer
+    plan6.verbatim = True
+    return plan6, ""
+
+
+def buffer_keeps_v6(old_nic: dict, plan4, v6_changed: bool) -> bool:
+    """Whether an IPv4 change through the update buffer (the running program, its tables but the overlay unchanged)
+    leaves the IPv6 side right: the running program has an IPv6 table set exactly when the new plan has one, and
+    the IPv6 policy did not change."""
+    import json
+    from pathlib import Path
+
+    try:
+        shape = json.loads(Path(old_nic.get("binary", "")).with_name("shape.json").read_text())
+    except (OSError, ValueError):
+        return getattr(plan4, "plan6", None) is None and not v6_changed
+    has = bool(shape.get("v6"))
+    return has == (getattr(plan4, "plan6", None) is not None) and not (has and v6_changed)

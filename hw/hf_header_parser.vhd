@@ -109,57 +109,82 @@ architecture rtl of hf_header_parser is
   subtype pos6_t is natural range 0 to J6 + 1;
   type pos6_arr_t is array (0 to J6) of pos6_t;
   type nh6_arr_t is array (0 to J6) of std_logic_vector(7 downto 0);
-  -- the walk's state: a header of type nh starts at position j (bad: the chain cannot be followed)
+  type room6_arr_t is array (0 to J6) of unsigned(16 downto 0);
+  -- a header type as the walk needs it: ext (ipv6_find_hdr steps over it: ipv6_ext_hdr without NEXTHDR_NONE, which
+  -- ends the walk as protocol 59), ah (its length counts 4-byte units), frag
+  type cls_t is record
+    ext, ah, frag : std_logic;
+  end record;
+  type cls_arr_t is array (0 to J6) of cls_t;
+  -- what stage 1 reads at every position: the next-header byte, its class, and the successor for either type of
+  -- the header there (AH or not; the type is the previous header's next-header byte, known only in the walk)
+  type tab6_t is record
+    nh   : nh6_arr_t;
+    c    : cls_arr_t;
+    sopt : pos6_arr_t;
+    sah  : pos6_arr_t;
+  end record;
+  -- the walk's state: a header of type nh (class c) starts at position j; bad: the chain cannot be followed
   type walk_t is record
     j   : pos6_t;
     nh  : std_logic_vector(7 downto 0);
+    c   : cls_t;
     bad : std_logic;
   end record;
   type walk2_t is array (0 to 1) of walk_t;
-  constant WALK_ZERO : walk_t := (0, (others => '0'), '0');
+  constant WALK_ZERO : walk_t := (0, (others => '0'), ('0', '0', '0'), '0');
 
-  -- the headers ipv6_find_hdr steps over (ipv6_ext_hdr without NEXTHDR_NONE, which ends the walk as 59)
-  function is_ext(nh : std_logic_vector(7 downto 0)) return boolean is
+  function classify(nh : std_logic_vector(7 downto 0)) return cls_t is
   begin
-    return nh = x"00" or nh = x"2B" or nh = x"2C" or nh = x"33" or nh = x"3C";
+    return (to_sl(nh = x"00" or nh = x"2B" or nh = x"2C" or nh = x"33" or nh = x"3C"), to_sl(nh = x"33"),
+            to_sl(nh = x"2C"));
   end function;
 
-  -- position j + units (4-byte units), J6 + 1 when it is beyond J6
-  function advance(j : natural; nu : unsigned(9 downto 0)) return pos6_t is
-    variable v : unsigned(10 downto 0);
+  -- the position after a header at j whose length byte is len: ipv6_authlen, (len + 2) * 4 bytes, for AH, else
+  -- ipv6_optlen, (len + 1) * 8 bytes; J6 + 1 when beyond J6. The limit is a constant compare on len, so no adder
+  -- lies in front of the saturation
+  function succ(j : natural; len : unsigned(7 downto 0); ah : boolean) return pos6_t is
+    constant LIM : integer := J6 - j - 2;  -- the most 4-byte units the header may add beyond its first 2
   begin
-    v := resize(nu, 11) + j;
-    if v > J6 then
+    if ah then
+      if LIM < 0 or len > LIM then
+        return J6 + 1;
+      end if;
+      return j + 2 + to_integer(len(4 downto 0));
+    end if;
+    if LIM < 0 or len > LIM / 2 then
       return J6 + 1;
     end if;
-    return to_integer(v);
+    return j + 2 + 2 * to_integer(len(3 downto 0));
   end function;
 
   -- one step of the walk: a fragment header, or an extension header whose bytes are beyond the capture, ends it as
-  -- bad; an upper-layer protocol (59 included) ends it as found; else the next header at j + its length
-  -- (ipv6_authlen for AH: (len + 2) * 4 bytes, ipv6_optlen for the others: (len + 1) * 8)
-  function step(w : walk_t; nh6 : nh6_arr_t; sopt, sah : pos6_arr_t) return walk_t is
+  -- bad; an upper-layer protocol (59 included) ends it as found; else the next header at the successor
+  function step(w : walk_t; t : tab6_t) return walk_t is
     variable r : walk_t := w;
     variable nxt : std_logic_vector(7 downto 0) := (others => '0');
+    variable nc : cls_t := ('0', '0', '0');
     variable so, sa : pos6_t := 0;
   begin
-    if w.bad = '0' and is_ext(w.nh) then
-      if w.nh = x"2C" or w.j > J6 then
+    if w.bad = '0' and w.c.ext = '1' then
+      if w.c.frag = '1' or w.j > J6 then
         r.bad := '1';
       else
         for k in 0 to J6 loop  -- fixed indices selected in a loop (no variable slice)
           if w.j = k then
-            nxt := nh6(k);
-            so := sopt(k);
-            sa := sah(k);
+            nxt := t.nh(k);
+            nc := t.c(k);
+            so := t.sopt(k);
+            sa := t.sah(k);
           end if;
         end loop;
-        if w.nh = x"33" then
+        if w.c.ah = '1' then
           r.j := sa;
         else
           r.j := so;
         end if;
         r.nh := nxt;
+        r.c := nc;
       end if;
     end if;
     return r;
@@ -183,9 +208,8 @@ architecture rtl of hf_header_parser is
   signal p1_have : std_logic_vector(HB - 1 downto 0) := (others => '0');
   signal p1_tuser : std_logic_vector(TUSER_WIDTH - 1 downto 0) := (others => '0');
   signal p1_fam6, p1_ip6 : std_logic := '0';
-  signal p1_nh6 : nh6_arr_t := (others => (others => '0'));
-  signal p1_sopt, p1_sah : pos6_arr_t := (others => 0);
-  signal p1_w6 : walk2_t := (others => WALK_ZERO);  -- after the first step, per tag position
+  signal p1_t6 : tab6_t := ((others => (others => '0')), (others => ('0', '0', '0')), (others => 0), (others => 0));
+  signal p1_w6 : walk2_t := (others => WALK_ZERO);  -- after the first two steps, per tag position
   -- stage 2: IPv4 header
   signal p2_v, p2_ok, p2_unf : std_logic := '0';
   signal p2_cs : unsigned(20 downto 0) := (others => '0');  -- sum of the header's words (30 * 0xFFFF < 2 ** 21)
@@ -199,6 +223,7 @@ architecture rtl of hf_header_parser is
   signal p2_fam6, p2_ok6 : std_logic := '0';
   signal p2_j6 : pos6_t := 0;
   signal p2_nh6, p2_hlim : std_logic_vector(7 downto 0) := (others => '0');
+  signal p2_room6 : room6_arr_t := (others => (others => '0'));  -- frame length - (V6_BASE + 4 * j), bit 16: < 0
   signal p2_src6, p2_dst6 : std_logic_vector(127 downto 0) := (others => '0');
   -- stage 3: output
   signal o_v, o_unp, o_unf : std_logic := '0';
@@ -268,8 +293,7 @@ begin
     variable ihl : unsigned(3 downto 0);
     variable w : cs_words_t;
     variable len6 : unsigned(7 downto 0);
-    variable nh6 : nh6_arr_t;
-    variable sopt, sah : pos6_arr_t;
+    variable t6 : tab6_t;
     variable w6 : walk_t;
     variable hbh_ok, fam6 : boolean;
   begin
@@ -316,13 +340,14 @@ begin
       p1_fam6 <= to_sl(fam6);
       p1_ip6 <= to_sl(fam6 and not unf and not ll);
       for j in 0 to J6 loop
-        nh6(j) := std_logic_vector(byte(c_buf, V6_BASE + 4 * j));
+        t6.nh(j) := std_logic_vector(byte(c_buf, V6_BASE + 4 * j));
+        t6.c(j) := classify(t6.nh(j));
         len6 := byte(c_buf, V6_BASE + 4 * j + 1);
-        sopt(j) := advance(j, resize(len6 & "0", 10) + 2);
-        sah(j) := advance(j, resize(len6, 10) + 2);
+        t6.sopt(j) := succ(j, len6, false);
+        t6.sah(j) := succ(j, len6, true);
       end loop;
       for t in 0 to 1 loop
-        w6 := (t, std_logic_vector(byte(c_buf, 20 + 4 * t)), '0');
+        w6 := (t, std_logic_vector(byte(c_buf, 20 + 4 * t)), classify(std_logic_vector(byte(c_buf, 20 + 4 * t))), '0');
         -- a hop-by-hop header first is judged before any rule (br_netfilter's nf_ip6_check_hbh_len, or
         -- ip6_parse_tlv on the host's input path: jumbo payload, malformed or unknown options): walked only in the
         -- two 8-byte forms both accept, PadN of 4 zero bytes and a Router Alert followed by PadN of 0 (MLD)
@@ -336,11 +361,13 @@ begin
             w6.bad := '1';
           end if;
         end if;
-        p1_w6(t) <= step(w6, nh6, sopt, sah);
+        -- steps 1 and 2 here (the first at a fixed position), the rest in stage 2
+        for s in 1 to minimum(2, V6_MAX_HDRS) loop
+          w6 := step(w6, t6);
+        end loop;
+        p1_w6(t) <= w6;
       end loop;
-      p1_nh6 <= nh6;
-      p1_sopt <= sopt;
-      p1_sah <= sah;
+      p1_t6 <= t6;
       p1_buf <= c_buf;
       p1_have <= c_have;
       p1_tuser <= c_tuser;
@@ -364,8 +391,11 @@ begin
           w6 := p1_w6(t);
         end if;
       end loop;
-      for s in 2 to V6_MAX_HDRS loop
-        w6 := step(w6, p1_nh6, p1_sopt, p1_sah);
+      for s in 3 to V6_MAX_HDRS loop
+        w6 := step(w6, p1_t6);
+      end loop;
+      for j in 0 to J6 loop
+        p2_room6(j) <= resize(unsigned(p1_tuser(TUSER_LEN_LO + 15 downto TUSER_LEN_LO)), 17) - (V6_BASE + 4 * j);
       end loop;
       plen := unsigned(ip(39 downto 32)) & unsigned(ip(47 downto 40));
       p2_fam6 <= p1_fam6;
@@ -375,7 +405,7 @@ begin
       p2_ok6 <= to_sl(p1_ip6 = '1' and present = '1' and ip(7 downto 4) = "0110" and plen /= 0
                       and resize(plen, 17) + 40 + 14 + 4 * p1_l3
                           = resize(unsigned(p1_tuser(TUSER_LEN_LO + 15 downto TUSER_LEN_LO)), 17)
-                      and w6.bad = '0' and not is_ext(w6.nh) and w6.j <= J6);
+                      and w6.bad = '0' and w6.c.ext = '0' and w6.j <= J6);
       p2_j6 <= w6.j;
       p2_nh6 <= w6.nh;
       p2_hlim <= ip(63 downto 56);
@@ -516,6 +546,7 @@ begin
       -- lie in the capture
       l4b6 := (others => '0');
       fit := false;
+      room6 := (others => '1');
       for j in 0 to J6 loop
         if p2_j6 = j then
           for i in 0 to L4_READ - 1 loop
@@ -523,6 +554,7 @@ begin
               l4b6(8 * i + 7 downto 8 * i) := p2_buf(8 * (V6_BASE + 4 * j + i) + 7 downto 8 * (V6_BASE + 4 * j + i));
             end if;
           end loop;
+          room6 := p2_room6(j);
           if p2_nh6 = x"06" then
             fit := V6_BASE + 4 * j + 14 <= HB;
           elsif p2_nh6 = x"11" then
@@ -544,7 +576,6 @@ begin
       else
         need := 0;
       end if;
-      room6 := resize(unsigned(p2_tuser(TUSER_LEN_LO + 15 downto TUSER_LEN_LO)), 17) - (V6_BASE + 4 * p2_j6);
       o_fam6 <= p2_fam6;
       if p2_fam6 = '1' then
         o_unp <= not (p2_ok6 and to_sl(fit and room6(16) = '0' and room6 >= need));

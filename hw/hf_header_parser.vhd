@@ -46,10 +46,11 @@ entity hf_header_parser is
     -- TCP data offset >= 5 words and within the IPv4 payload, UDP length field >= 8 and within it ('1' for every
     -- other protocol): conntrack's tcp_error/udp_error call a packet failing them INVALID, so it must not hit
     h_l4_ok    : out std_logic;
-    -- IPv6 (0x86DD after at most one tag): h_family '1', and h_unparsed is then the IPv6 walk's verdict; the h6_*
-    -- fields hold when h_family = '1' and h_unparsed = '0' (fields a packet does not carry are 0). For every other
-    -- frame h_family is '0' and the outputs above are what they always were.
+    -- IPv6 (0x86DD after at most one tag): h_family '1'; h6_unparsed '0' when the walk parsed it, and then the
+    -- h6_* fields hold (fields a packet does not carry are 0). The outputs above do not change with these: an IPv6
+    -- frame is h_unparsed = '1' there, as before the walk, so a core that reads only them treats it as unparsed.
     h_family    : out std_logic;
+    h6_unparsed : out std_logic;
     h6_src      : out std_logic_vector(127 downto 0);  -- bit 127: the first address bit on the wire
     h6_dst      : out std_logic_vector(127 downto 0);
     h6_hlim     : out std_logic_vector(7 downto 0);
@@ -234,6 +235,7 @@ architecture rtl of hf_header_parser is
   signal o_iport : std_logic_vector(1 downto 0) := (others => '0');
   signal o_l4ok : std_logic := '1';
   signal o_fam6, o_l4ok6 : std_logic := '0';
+  signal o_unp6 : std_logic := '1';
   signal o_src6, o_dst6 : std_logic_vector(127 downto 0) := (others => '0');
   signal o_hlim, o_proto6, o_it6, o_ic6, o_flags6 : std_logic_vector(7 downto 0) := (others => '0');
   signal o_sport6, o_dport6 : std_logic_vector(15 downto 0) := (others => '0');
@@ -577,9 +579,7 @@ begin
         need := 0;
       end if;
       o_fam6 <= p2_fam6;
-      if p2_fam6 = '1' then
-        o_unp <= not (p2_ok6 and to_sl(fit and room6(16) = '0' and room6 >= need));
-      end if;
+      o_unp6 <= not (p2_fam6 and p2_ok6 and to_sl(fit and room6(16) = '0' and room6 >= need));
       o_src6 <= p2_src6;
       o_dst6 <= p2_dst6;
       o_hlim <= p2_hlim;
@@ -633,6 +633,7 @@ begin
   h_flags <= o_flags;
   h_l4_ok <= o_l4ok;
   h_family <= o_fam6;
+  h6_unparsed <= o_unp6;
   h6_src <= o_src6;
   h6_dst <= o_dst6;
   h6_hlim <= o_hlim;

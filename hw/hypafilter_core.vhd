@@ -158,7 +158,7 @@ architecture rtl of hypafilter_core is
 
   signal rst : std_logic;
   signal accept, pkt_in_ready : std_logic;
-  signal h_valid, h_unp, h_unf, h_fam : std_logic;
+  signal h_valid, h_unp, h_unf : std_logic;
   signal h_tuser : std_logic_vector(UW - 1 downto 0);
   signal h_src, h_dst : std_logic_vector(31 downto 0);
   signal h_proto, h_it, h_ic, h_flags : std_logic_vector(7 downto 0);
@@ -260,11 +260,9 @@ begin
       h_valid => h_valid, h_unparsed => h_unp, h_unfilterable => h_unf, h_tuser => h_tuser,
       h_src => h_src, h_dst => h_dst, h_proto => h_proto, h_sport => h_sport, h_dport => h_dport,
       h_icmp_type => h_it, h_icmp_code => h_ic, h_iport => h_iport, h_flags => h_flags,
-      h_l4_ok => h_l4ok, h_family => h_fam);
+      h_l4_ok => h_l4ok);
 
-  -- IPv6 (issue #25): the parser walks the chain (h6_* outputs), but until a 128-bit matcher exists every IPv6
-  -- frame stays unparsed here (reason 2, k = 0: the whole ip6tables policy in software), exactly as before the walk
-  hp <= (h_valid, h_unp or h_fam, h_unf, h_tuser, h_src, h_dst, h_proto, h_it, h_ic, h_flags, h_sport, h_dport, h_iport, h_l4ok);
+  hp <= (h_valid, h_unp, h_unf, h_tuser, h_src, h_dst, h_proto, h_it, h_ic, h_flags, h_sport, h_dport, h_iport, h_l4ok);
 
   no_cache : if not FC_ON generate
     hq <= hp;

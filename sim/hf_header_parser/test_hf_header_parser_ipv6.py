@@ -1,7 +1,8 @@
-"""Testbench of hf_header_parser's IPv6 walk (issue #25): every IPv6 frame's h_family / h_unparsed / h6_* outputs
-equal an independent model — scapy's IPv6 layers dissect each header at the offset the kernel's ipv6_find_hdr
-reaches, and the kernel's rules decide what the hardware must not guess — and every other frame's IPv4 outputs
-still equal hwmodel.parse_frame, every header 4 cycles after the beat that completes the capture, at 256 and 512.
+"""Testbench of hf_header_parser's IPv6 walk (issue #25): every frame's h_family / h6_unparsed / h6_* outputs equal
+an independent model — scapy's IPv6 layers dissect each header at the offset the kernel's ipv6_find_hdr reaches,
+and the kernel's rules decide what the hardware must not guess — and every frame's IPv4 outputs (IPv6 frames
+included: unparsed there) still equal hwmodel.parse_frame, every header LATENCY edges after the beat that completes
+the capture whatever its family, at 256 and 512.
 
 The kernel's rules the model applies (docs/ipv6.md "The NIC's parser"):
 - ipv6_find_hdr (net/ipv6/exthdrs_core.c) steps over hop-by-hop 0, routing 43, fragment 44, destination options 60
@@ -20,6 +21,7 @@ The kernel's rules the model applies (docs/ipv6.md "The NIC's parser"):
 
 from __future__ import annotations
 
+import collections
 import ipaddress
 import random
 
@@ -93,34 +95,49 @@ def first_hbh_ok(h) -> bool:
 def model6(f: bytes, width: int, max_hdrs: int = V6_MAX_HDRS):
     """(src, dst, hlim, proto, sport, dport, icmp type, icmp code, tcp flags, l4_ok) of an IPv6 frame the parser
     must parse, else None."""
+    return walk6(f, width, max_hdrs)[0]
+
+
+def walk6(f: bytes, width: int, max_hdrs: int = V6_MAX_HDRS) -> tuple[tuple | None, str]:
+    """model6's answer and why: "parsed/<ext headers>" or the rule that leaves the frame unparsed."""
     hb = capture_bytes(width)
     n = len(f)
     if hwmodel.unfilterable(f) or hwmodel.link_local(f):
-        return None
+        return None, "ethernet"
     l3 = 18 if _u16(f, 12) in (0x8100, 0x88A8) else 14
     if l3 + 40 > n:
-        return None
+        return None, "short"
     ip = IPv6(f[l3 : l3 + 40])
-    if ip.version != 6 or ip.plen == 0 or l3 + 40 + ip.plen != n:
-        return None
+    if ip.version != 6:
+        return None, "version"
+    if ip.plen == 0:
+        return None, "jumbo"
+    if l3 + 40 + ip.plen != n:
+        return None, "length"
     off, nh, count = l3 + 40, ip.nh, 0
     while nh in EXT:
-        if nh == 44 or count == max_hdrs or off + 2 > hb:
-            return None
+        if nh == 44:
+            return None, "fragment"
+        if count == max_hdrs:
+            return None, "budget/headers"
+        if off + 2 > hb:
+            return None, "budget/bytes"
         if off + 2 > n:  # ipv6_find_hdr's skb_header_pointer of the 2-byte header fails: -EBADMSG
-            return None
+            return None, "truncated"
         if nh == 0 and count == 0 and off + 8 > n:  # nf_ip6_check_hbh_len cannot pull 8 bytes
-            return None
+            return None, "truncated"
         # scapy reads the whole header: zeros after the frame's end stand for bytes that are not there (only nh and
         # the length byte, inside the frame, steer the walk; a header that does not end in the frame leaves the
         # upper layer beyond it, below)
         h = EXT_CLS[nh](f[off:].ljust(64, b"\0"))
         if nh == 0 and count == 0 and not first_hbh_ok(h):
-            return None
+            return None, "hop-by-hop"
         off += (h.payloadlen + 2) * 4 if nh == 51 else (h.len + 1) * 8
         nh, count = h.nh, count + 1
-    if off + 2 > hb or off + NEED.get(nh, 0) > n or off + READ.get(nh, 0) > hb:
-        return None
+    if off + 2 > hb or off + READ.get(nh, 0) > hb:
+        return None, "budget/bytes"
+    if off + NEED.get(nh, 0) > n:
+        return None, "truncated"
     sport = dport = it = ic = flags = 0
     l4ok = 1
     if nh == 6:
@@ -135,7 +152,7 @@ def model6(f: bytes, width: int, max_hdrs: int = V6_MAX_HDRS):
         c = ICMPv6Unknown(f[off:])
         it, ic = c.type, c.code
     src, dst = int(ipaddress.IPv6Address(ip.src)), int(ipaddress.IPv6Address(ip.dst))
-    return (src, dst, ip.hlim, nh, sport, dport, it, ic, flags, l4ok)
+    return (src, dst, ip.hlim, nh, sport, dport, it, ic, flags, l4ok), f"parsed/{count}"
 
 
 # ---------------------------------------------------------------- frames
@@ -303,17 +320,16 @@ class TB:
                 if int(d.tlast.value):
                     beats = 0
             if int(d.h_valid.value):
-                fam, unp = int(d.h_family.value), int(d.h_unparsed.value)
-                fields = None
-                if not unp and fam:
-                    names = ("h6_src", "h6_dst", "h6_hlim", "h6_proto", "h6_sport", "h6_dport")
-                    names += ("h6_icmp_type", "h6_icmp_code", "h6_flags", "h6_l4_ok")
-                    fields = tuple(int(getattr(d, s).value) for s in names)
-                elif not unp:
+                v4 = v6 = None
+                if not int(d.h_unparsed.value):
                     names = ("h_src", "h_dst", "h_proto", "h_sport", "h_dport", "h_icmp_type", "h_icmp_code")
                     names += ("h_iport", "h_flags")
-                    fields = (hwmodel.Header(*(int(getattr(d, s).value) for s in names)), int(d.h_l4_ok.value))
-                self.out.append((fam, fields, int(d.h_unfilterable.value), cyc))
+                    v4 = (hwmodel.Header(*(int(getattr(d, s).value) for s in names)), int(d.h_l4_ok.value))
+                if not int(d.h6_unparsed.value):
+                    names = ("h6_src", "h6_dst", "h6_hlim", "h6_proto", "h6_sport", "h6_dport")
+                    names += ("h6_icmp_type", "h6_icmp_code", "h6_flags", "h6_l4_ok")
+                    v6 = tuple(int(getattr(d, s).value) for s in names)
+                self.out.append((int(d.h_family.value), v4, v6, int(d.h_unfilterable.value), cyc))
 
 
 @cocotb.test()
@@ -344,17 +360,23 @@ async def ipv6_walk_matches_model(dut):
     await ClockCycles(dut.clk, 20)
     assert len(tb.out) == len(frames) == len(tb.done), "one header per frame, none left in flight"
     parsed6 = 0
-    for k, ((f, tuser), (fam, got, unf, cyc), done) in enumerate(zip(frames, tb.out, tb.done, strict=True)):
+    for k, ((f, tuser), (fam, v4, v6, unf, cyc), done) in enumerate(zip(frames, tb.out, tb.done, strict=True)):
         assert cyc - done == LATENCY, f"frame {k}: header {cyc - done} cycles after the capture, not {LATENCY}"
         assert unf == int(hwmodel.unfilterable(f)), f"frame {k} ({f.hex()}): unfilterable {unf}"
         assert fam == family(f), f"frame {k} ({f.hex()}): family {fam}"
-        if fam:
-            want = model6(f, width)
-            parsed6 += want is not None
-        else:
-            h = hwmodel.parse_frame(f, (tuser >> 16) & 0xFF)
-            want = h if h is None else (h, int(hwmodel.l4_ok(f)))
-        assert got == want, f"frame {k} ({f.hex()}): {got} != {want}"
+        # the IPv4 outputs of every frame (IPv6 ones included: unparsed there) as before the walk
+        h = hwmodel.parse_frame(f, (tuser >> 16) & 0xFF)
+        want4 = h if h is None else (h, int(hwmodel.l4_ok(f)))
+        assert v4 == want4, f"frame {k} ({f.hex()}): IPv4 outputs {v4} != {want4}"
+        want6 = model6(f, width) if fam else None
+        parsed6 += want6 is not None
+        assert v6 == want6, f"frame {k} ({f.hex()}): IPv6 outputs {v6} != {want6}"
+    # every rule met, every chain length parsed (a generator change that loses a case fails here)
+    whys = collections.Counter(walk6(f, width)[1] for f, _ in frames if family(f))
+    want = {"ethernet", "short", "version", "jumbo", "length", "fragment", "budget/headers", "budget/bytes"}
+    want |= {"truncated", "hop-by-hop", *(f"parsed/{i}" for i in range(V6_MAX_HDRS + 1))}
+    assert want <= set(whys), f"cases not met: {want - set(whys)}"
+    dut._log.info(f"IPv6 cases: {dict(sorted(whys.items()))}")
     dut._log.info(f"{len(frames)} frames, {sum(family(f) for f, _ in frames)} IPv6, {parsed6} parsed")
 
 
@@ -365,13 +387,13 @@ def ipv6_frames(width: int, rng: random.Random) -> list[tuple[bytes, int]]:
     for chain in ([], [0], [43], [60], [51], [44], [0, 60], [0, 43, 60], [60, 51, 43], [51, 51], [0, 0], [43, 44]):
         for proto in (6, 17, 58, 59, 50):
             out.append(ipv6_frame(rng, chain, proto, vlan=rng.random() < 0.3))
-    out += [random_ipv6(rng, width) for _ in range(420)]
-    out += [budget_edge(rng, width) for _ in range(160)]
+    out += [random_ipv6(rng, width) for _ in range(260)]
+    out += [budget_edge(rng, width) for _ in range(100)]
     frames = [(f, tuser_for(f, rng.choice(WIRE))) for f in out]
     # IPv4 and the rest, as the IPv4 testbench sends them: their outputs and timing must not change
-    frames += frames_for(hwmodel_plan(), rng, 120)
-    frames += [(f, tuser_for(f, p)) for f, p in (malformed(rng) for _ in range(60))]
-    frames += [(f, tuser_for(f, p)) for f, p in (kernel_apart(rng) for _ in range(60))]
+    frames += frames_for(hwmodel_plan(), rng, 60)
+    frames += [(f, tuser_for(f, p)) for f, p in (malformed(rng) for _ in range(30))]
+    frames += [(f, tuser_for(f, p)) for f, p in (kernel_apart(rng) for _ in range(30))]
     rng.shuffle(frames)
     return frames
 

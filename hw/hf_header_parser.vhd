@@ -481,9 +481,9 @@ begin
     variable cs_ok : boolean;
     variable doff : unsigned(3 downto 0);
     variable ulen : unsigned(15 downto 0);
-    variable l4b6 : std_logic_vector(8 * L4_READ - 1 downto 0);
-    variable fit, is_tcp6, is_udp6, is_icmp6 : boolean;
-    variable room6 : unsigned(16 downto 0);  -- payload end - upper-layer offset; bit 16: negative
+    variable l4b6, lb : std_logic_vector(8 * L4_READ - 1 downto 0);
+    variable fit, is_tcp6, is_udp6, is_icmp6, g0, g8, g20, tcp_ok, udp_ok, room_ok : boolean;
+    variable room6 : unsigned(16 downto 0);  -- payload end - upper-layer offset at a position; bit 16: negative
     variable doff6 : unsigned(3 downto 0);
     variable ulen6 : unsigned(15 downto 0);
   begin
@@ -546,40 +546,55 @@ begin
       -- IPv6: the upper-layer header at the walk's end, the same minimum sizes (tcp_mt, udp_mt, icmp6_match
       -- hotdrop shorter ones), against the payload's end (= the frame's end, checked in stage 2); the bytes read must
       -- lie in the capture
+      -- per position: the upper-layer bytes, and the length tests against that position's room (in parallel, so
+      -- that only single bits are selected by the walk's end)
       l4b6 := (others => '0');
       fit := false;
-      room6 := (others => '1');
+      g0 := false;
+      g8 := false;
+      g20 := false;
+      tcp_ok := false;
+      udp_ok := false;
+      is_tcp6 := p2_nh6 = x"06";
+      is_udp6 := p2_nh6 = x"11";
+      is_icmp6 := p2_nh6 = x"3A";
       for j in 0 to J6 loop
+        lb := (others => '0');
+        for i in 0 to L4_READ - 1 loop
+          if V6_BASE + 4 * j + i < HB then
+            lb(8 * i + 7 downto 8 * i) := p2_buf(8 * (V6_BASE + 4 * j + i) + 7 downto 8 * (V6_BASE + 4 * j + i));
+          end if;
+        end loop;
+        room6 := p2_room6(j);
+        doff6 := unsigned(lb(103 downto 100));
+        ulen6 := unsigned(lb(39 downto 32)) & unsigned(lb(47 downto 40));
         if p2_j6 = j then
-          for i in 0 to L4_READ - 1 loop
-            if V6_BASE + 4 * j + i < HB then
-              l4b6(8 * i + 7 downto 8 * i) := p2_buf(8 * (V6_BASE + 4 * j + i) + 7 downto 8 * (V6_BASE + 4 * j + i));
-            end if;
-          end loop;
-          room6 := p2_room6(j);
-          if p2_nh6 = x"06" then
+          l4b6 := lb;
+          g0 := room6(16) = '0';
+          g8 := room6(16) = '0' and room6 >= 8;
+          g20 := room6(16) = '0' and room6 >= 20;
+          tcp_ok := doff6 >= 5 and resize(doff6 & "00", 17) <= room6;
+          udp_ok := ulen6 >= 8 and resize(ulen6, 17) <= room6;
+          if is_tcp6 then
             fit := V6_BASE + 4 * j + 14 <= HB;
-          elsif p2_nh6 = x"11" then
+          elsif is_udp6 then
             fit := V6_BASE + 4 * j + 4 <= HB;
-          elsif p2_nh6 = x"3A" then
+          elsif is_icmp6 then
             fit := V6_BASE + 4 * j + 2 <= HB;
           else
             fit := true;
           end if;
         end if;
       end loop;
-      is_tcp6 := p2_nh6 = x"06";
-      is_udp6 := p2_nh6 = x"11";
-      is_icmp6 := p2_nh6 = x"3A";
       if is_tcp6 then
-        need := 20;
+        room_ok := g20;
       elsif is_udp6 or is_icmp6 then
-        need := 8;
+        room_ok := g8;
       else
-        need := 0;
+        room_ok := g0;
       end if;
       o_fam6 <= p2_fam6;
-      o_unp6 <= not (p2_fam6 and p2_ok6 and to_sl(fit and room6(16) = '0' and room6 >= need));
+      o_unp6 <= not (p2_fam6 and p2_ok6 and to_sl(fit and room_ok));
       o_src6 <= p2_src6;
       o_dst6 <= p2_dst6;
       o_hlim <= p2_hlim;
@@ -600,13 +615,11 @@ begin
         o_it6 <= l4b6(7 downto 0);
         o_ic6 <= l4b6(15 downto 8);
       end if;
-      doff6 := unsigned(l4b6(103 downto 100));
-      ulen6 := unsigned(l4b6(39 downto 32)) & unsigned(l4b6(47 downto 40));
       o_l4ok6 <= '1';
       if is_tcp6 then
-        o_l4ok6 <= to_sl(doff6 >= 5 and resize(doff6 & "00", 17) <= room6);
+        o_l4ok6 <= to_sl(tcp_ok);
       elsif is_udp6 then
-        o_l4ok6 <= to_sl(ulen6 >= 8 and resize(ulen6, 17) <= room6);
+        o_l4ok6 <= to_sl(udp_ok);
       end if;
       sp := p2_tuser(TUSER_SRC_LO + 7 downto TUSER_SRC_LO);
       case sp is

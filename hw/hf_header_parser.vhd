@@ -377,37 +377,41 @@ begin
   end process;
 
   ipv6 : process (clk)
-    variable ip : std_logic_vector(319 downto 0);  -- the 40 fixed IPv6 header bytes, byte 0 in bits 7..0
-    variable present : std_logic;
-    variable w6 : walk_t;
+    variable ip, ipt : std_logic_vector(319 downto 0);  -- the 40 fixed IPv6 header bytes, byte 0 in bits 7..0
+    variable w6, wt : walk_t;
     variable plen : unsigned(15 downto 0);
+    variable ok, okt : boolean;
   begin
     if rising_edge(clk) then
+      -- the rest of the walk and the fixed header's checks for both tag positions, then the tag's: the 2-way
+      -- choice comes last, off the walk's path
       ip := (others => '0');
-      present := '0';
       w6 := WALK_ZERO;
+      ok := false;
       for t in 0 to 1 loop
+        ipt := p1_buf(8 * (14 + 4 * t) + 319 downto 8 * (14 + 4 * t));
+        wt := p1_w6(t);
+        for s in 3 to V6_MAX_HDRS loop
+          wt := step(wt, p1_t6);
+        end loop;
+        plen := unsigned(ipt(39 downto 32)) & unsigned(ipt(47 downto 40));
+        -- version 6; a payload length of 0 is a jumbogram (or nothing): br_netfilter and ip6_rcv_core judge it;
+        -- the payload ends where the frame ends (br_validate_ipv6 trims bytes after it: the kernel would forward a
+        -- shorter frame); the walk found an upper-layer protocol within the budget
+        okt := p1_have(14 + 4 * t + 39) = '1' and ipt(7 downto 4) = "0110" and plen /= 0
+               and resize(plen, 17) + (54 + 4 * t) = resize(unsigned(p1_tuser(TUSER_LEN_LO + 15 downto TUSER_LEN_LO)), 17)
+               and wt.bad = '0' and wt.c.ext = '0' and wt.j <= J6;
         if p1_l3 = t then
-          ip := p1_buf(8 * (14 + 4 * t) + 319 downto 8 * (14 + 4 * t));
-          present := p1_have(14 + 4 * t + 39);
-          w6 := p1_w6(t);
+          ip := ipt;
+          w6 := wt;
+          ok := okt;
         end if;
-      end loop;
-      for s in 3 to V6_MAX_HDRS loop
-        w6 := step(w6, p1_t6);
       end loop;
       for j in 0 to J6 loop
         p2_room6(j) <= resize(unsigned(p1_tuser(TUSER_LEN_LO + 15 downto TUSER_LEN_LO)), 17) - (V6_BASE + 4 * j);
       end loop;
-      plen := unsigned(ip(39 downto 32)) & unsigned(ip(47 downto 40));
       p2_fam6 <= p1_fam6;
-      -- version 6; a payload length of 0 is a jumbogram (or nothing): br_netfilter and ip6_rcv_core judge it; the
-      -- payload ends where the frame ends (br_validate_ipv6 trims bytes after it: the kernel would forward a
-      -- shorter frame); the walk found an upper-layer protocol within the budget
-      p2_ok6 <= to_sl(p1_ip6 = '1' and present = '1' and ip(7 downto 4) = "0110" and plen /= 0
-                      and resize(plen, 17) + 40 + 14 + 4 * p1_l3
-                          = resize(unsigned(p1_tuser(TUSER_LEN_LO + 15 downto TUSER_LEN_LO)), 17)
-                      and w6.bad = '0' and w6.c.ext = '0' and w6.j <= J6);
+      p2_ok6 <= to_sl(p1_ip6 = '1' and ok);
       p2_j6 <= w6.j;
       p2_nh6 <= w6.nh;
       p2_hlim <= ip(63 downto 56);

@@ -4,10 +4,11 @@
 -- The rules (what counts as unparsed or unfilterable) are the ones of hypafilter.hw.model.parse_frame and
 -- .unfilterable; the IPv4 header checksum is summed by adder trees in stages 1 and 2 and checked in stage 3.
 -- IPv6 (issue #25, docs/ipv6.md "The NIC's parser"): the extension-header chain is walked as the kernel's
--- ipv6_find_hdr reads it, in the same stages and the same capture (h_family, h6_* ports): stage 1 reads, at every
--- 4-byte position after the fixed header, the next-header and length bytes and both possible successors, and takes
--- the first step for both tag positions; stage 2 takes steps 2..V6_MAX_HDRS through those tables; stage 3 reads the
--- upper-layer bytes at the chain's end. A chain it cannot finish within the capture and V6_MAX_HDRS extension
+-- ipv6_find_hdr reads it, in the same stages and the same capture (h_family, h6_unparsed, h6_* ports; the IPv4
+-- outputs do not change): stage 1 reads, at every 4-byte position after the fixed header, the next-header byte, its
+-- class and both possible successors, and takes steps 1 and 2 for both tag positions; stage 2 takes steps
+-- 3..V6_MAX_HDRS and checks the fixed header, for both, then chooses the tag's; stage 3 reads the upper-layer bytes
+-- and the room tests at the chain's end. A chain it cannot finish within the capture and V6_MAX_HDRS extension
 -- headers, any fragment header, a hop-by-hop header first that is not one of the two 8-byte forms below, a payload
 -- length of 0 (jumbo) or not ending where the frame ends, and a truncated header are unparsed, never guessed.
 library ieee;

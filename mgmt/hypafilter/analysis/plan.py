@@ -104,6 +104,7 @@ class Plan:
     # Slots of the update buffer of the core built for it (Config.update_buffer): part of the hardware's identity
     # (hw.vhdl.matcher_hash); the tables of such a core have n + 1 + buffer_depth rows (analysis.overlay)
     buffer_depth: int = UPDATE_BUFFER_DEFAULT
+    tree_min_segment: int = 16  # strategy tree's runs (Config.tree_min_segment; analysis.trees)
     _geo: dict[int, list[int]] | None = field(default=None, repr=False)
 
     # Derived arrays, computed once (refresh): bool [n + 1] each.
@@ -439,6 +440,7 @@ def build_plan(
         strategy=strategy,
         live=live,
         buffer_depth=config.update_buffer,
+        tree_min_segment=config.tree_min_segment,
     )
     plan.analysis_seconds = time.perf_counter() - t0
     return plan

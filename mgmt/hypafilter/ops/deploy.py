@@ -142,6 +142,7 @@ def state_config(st: dict, plan: bool = False) -> Config:
             cfg.mark_mask = int(st["mark_mask"])
         if "mark_shift" in st:
             cfg.mark_shift = int(st["mark_shift"])
+        cfg.tree_min_segment = int(st.get("tree_min_segment", 16))
     return cfg
 
 
@@ -603,6 +604,7 @@ def _deploy_locked(
             ("policy_hash", phash),
             ("mode", config.shunt_mode),
             ("strategy", config.strategy),
+            ("tree_min_segment", config.tree_min_segment),
             ("mark_mask", config.mark_mask),
             ("mark_shift", config.mark_shift),
             ("unfilterable", config.unfilterable),
@@ -971,6 +973,7 @@ def _deploy_locked(
         "generation": gen,
         "mode": config.shunt_mode,
         "strategy": config.strategy,
+        "tree_min_segment": config.tree_min_segment,
         "mark_mask": config.mark_mask,
         "mark_shift": config.mark_shift,
         "unfilterable": config.unfilterable,

@@ -14,6 +14,7 @@ import random
 import re
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -176,6 +177,38 @@ def nft_peers(rb: pktrate.RateBench, text: str, tmp: Path) -> dict:
     out["nft_o_merges"] = said.count("Merging:")
     out["nft_o"] = netns.run(["nft", "list", "ruleset"], rb.ns_f)
     return out
+
+
+def k0_program(text: str, name: str, strategy: str, min_segment: int = 16) -> tuple[Result, dict]:
+    """The hybrid's k = 0 path of `strategy` as the rewrite to compare: the program compile writes for the policy
+    (not live: K0 walks FULL, or strategy tree's trees, then the chain policy), with `-A FORWARD -j <prefix>MAIN`.
+    A frame the bench sends carries no mark, so MAIN sends it to K0: the path every untagged, unparsed or stale
+    frame takes, and every frame while an update shunts everything."""
+    from hypafilter.analysis.plan import build_plan
+    from hypafilter.analysis.program import build_program
+    from hypafilter.config import Config
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.netfilter.restore import render_iptables
+
+    t0 = time.monotonic()
+    config = Config(strategy=strategy, tree_min_segment=min_segment)
+    policy = parse_policy(text, filename=name, base_chain="FORWARD", config=config)
+    prog = build_program(build_plan(policy, config), strategy)
+    body = render_iptables(prog).rstrip("\n")
+    if not body.endswith("COMMIT"):
+        raise HypafilterError("the rendered program does not end in COMMIT")
+    out = body[: -len("COMMIT")] + f"-A FORWARD -j {prog.main}\nCOMMIT\n"
+    rules_out = sum(1 for ln in out.splitlines() if ln.startswith("-A "))
+    res = Result(out, len(policy.original_rules), rules_out, build_s=time.monotonic() - t0)
+    summary = {
+        "k0_strategy": strategy,
+        "rules_in": res.rules_in,
+        "rules_out": rules_out,
+        "expansion": round(res.expansion, 3),
+        **prog.tree_stats,
+        "build_s": round(res.build_s, 3),
+    }
+    return res, summary
 
 
 def run(text: str, res: Result, rows, seconds: float = 2.0, repeats: int = 3, probes: int = 5000,

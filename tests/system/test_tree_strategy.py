@@ -76,3 +76,16 @@ def test_the_k0_tree_alone_matches_the_policy_alone(shared_dir, backend):
     rep = bench.run(text, res, rows, repeats=0, probes=2000, backend=backend, log=lambda m: None)
     print(f"k0 tree ({backend}): {rep['probes']} probes, {rep['mismatches']} mismatches")
     assert rep["probes"] > 2000 and rep["mismatches"] == 0, rep
+
+
+def test_the_k0_tree_of_fuzzer_policies_matches_them():
+    """The fuzzer's random policies (user chains with RETURN and goto, MARK read back, conntrack states, strings,
+    observing and per-rule-state rules), trees on runs of 2: each policy alone and its K0 tree alone in the kernel,
+    the same probes (rule corners, drawn headers, malformed frames, attack shapes). `make fuzz-tree`: 100 policies."""
+    need_root()
+    need_tool("gcc", "iptables-restore", "ip", "conntrack")
+    from hypafilter.tools.bench import optimize as bench
+
+    reps = bench.fuzz((3, 4), packets=2000, min_segment=2, k0="tree", log=print)
+    assert all(r["trees"] >= 4 for r in reps), reps
+    assert [r["mismatches"] for r in reps] == [0, 0], reps

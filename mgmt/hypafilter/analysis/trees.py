@@ -19,6 +19,7 @@ frames only.
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -239,10 +240,62 @@ def treeify(prog, kit: Kit, nft_max_depth: int, min_segment: int = 16) -> dict:
         return _helper_depth(r) + (1 + uh[r.target] if r.target in uh else 0)
 
     depth = _depths(prog)
+    built = set(prog.chains)  # the interval structure's chains (trees are not made trees again)
     t = _Trees(prog, regs, min_segment, kit)
+
+    def room(name: str, idx: list[int]) -> int:
+        # base -> ... -> this chain (depth[name]) -> the tree's root -> gotos -> the linear copy -> helpers/user chains
+        deepest = max((below(i) for i in idx), default=0)
+        return min(Params().max_depth, nft_max_depth - depth[name] - 2 - deepest)
+
+    # 1. Interval chains: a leaf L<k>A<a> whose whole chain (its blocks and segments, concatenated) is long walks it
+    # as one tree, longest chains first while the trees written stay within TREE_MAX_EXPANSION rules per policy rule;
+    # leaves with the same chain share its tree.
+    leaf = re.compile(re.escape(prog.prefix) + r"L\d+A\d+")
+
+    def expand(chain: str) -> list[int]:
+        out = []
+        for r in prog.chains[chain]:
+            if r.kind == "policy":
+                out += range(r.index, r.index + r.span)
+            else:  # "block": a segment or block chain
+                out += expand(r.target)
+        return out
+
+    cands = []
+    for name, rules in prog.chains.items():
+        if leaf.fullmatch(name) and all(r.kind == "block" for r in rules[1:-1]):
+            idx = [i for r in rules[1:-1] for i in expand(r.target)]
+            if len(idx) >= 2 * min_segment:
+                cands.append((len(idx), name, idx))
+    budget = TREE_MAX_EXPANSION * max(len(pol.rules), 1)
+    shared: dict[tuple[int, ...], list] = {}
+    for n, name, idx in sorted(cands, key=lambda c: -c[0]):
+        key = tuple(idx)
+        if key not in shared:
+            if t.rules_out + TREE_MAX_EXPANSION * n > budget:
+                continue
+            before = t.trees
+            lines = t.rewrite(idx, room(name, idx))
+            if t.trees == before:
+                continue
+            shared[key] = lines
+        rules = prog.chains[name]
+        prog.chains[name] = [rules[0], *shared[key], rules[-1]]
+    if shared:  # segments and blocks no leaf jumps to any more
+        seen, todo = {prog.main}, [prog.main]
+        while todo:
+            for r in prog.chains[todo.pop()]:
+                if r.target in prog.chains and r.target not in seen:
+                    seen.add(r.target)
+                    todo.append(r.target)
+        for name in [n for n in prog.chains if n not in seen]:
+            del prog.chains[name]
+
+    # 2. What is left: K0 (the whole policy) and every long chain of policy lines (a segment, a level-1 block)
     work = []
     for name, rules in list(prog.chains.items()):
-        if name == prog.verbatim_full or not rules or any(r.kind != "policy" for r in rules):
+        if name not in built or name == prog.verbatim_full or not rules or any(r.kind != "policy" for r in rules):
             continue
         idx = [i for r in rules for i in range(r.index, r.index + r.span)]
         if len(rules) >= 2 * min_segment:
@@ -251,11 +304,8 @@ def treeify(prog, kit: Kit, nft_max_depth: int, min_segment: int = 16) -> dict:
     if prog.verbatim_full and not pol.resolved and pol.rules:
         work.append((k0, list(range(len(pol.rules)))))
     for name, idx in work:
-        # base -> ... -> this chain (depth[name]) -> the tree's root -> gotos -> the linear copy -> helpers/user chains
-        deepest = max((below(i) for i in idx), default=0)
-        max_depth = min(Params().max_depth, nft_max_depth - depth[name] - 2 - deepest)
         before = t.trees
-        lines = t.rewrite(idx, max_depth)
+        lines = t.rewrite(idx, room(name, idx))
         if t.trees == before:  # no run long enough (or no room below nf_tables' limit): the chain stays as it was
             continue
         if name == k0:

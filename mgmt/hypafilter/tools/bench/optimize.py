@@ -281,11 +281,12 @@ def run(text: str, res: Result, rows, seconds: float = 2.0, repeats: int = 3, pr
     return out
 
 
-def fuzz(seeds, packets: int = 3000, params=None, min_segment: int = 4, log=print) -> list[dict]:
+def fuzz(seeds, packets: int = 3000, params=None, min_segment: int = 4, log=print, k0: str | None = None) -> list[dict]:
     """`optimize` against the kernel on the fuzzer's random policies (tools.fuzz.random_policy: user chains with
     RETURN and goto, MARK read back, conntrack states, strings, observing rules, per-rule state), trees forced small
     (`params`, default binth 2): each policy and its rewrite alone in the kernel, the same probes (rule corners,
-    drawn headers, malformed frames, attack shapes) through both. One report per seed."""
+    drawn headers, malformed frames, attack shapes) through both. One report per seed. `k0`: a strategy whose k = 0
+    path (`k0_program`, runs of `min_segment`) is the rewrite instead (strategy tree: the K0 tree)."""
     from hypafilter.iptables.document import parse_policy
     from hypafilter.ops.verify import ATTACK_SHAPES, ProbeSpec
     from hypafilter.optimize.emit import optimize
@@ -298,7 +299,10 @@ def fuzz(seeds, packets: int = 3000, params=None, min_segment: int = 4, log=prin
     with pktrate.RateBench(blaster, f"htz{random.randrange(10**4)}") as rb:
         for seed in seeds:
             text = random_policy(seed, rules=random.Random(seed).randint(20, 40))
-            res = optimize(text, f"fuzz-{seed}.rules", params, min_segment=min_segment)
+            if k0:
+                res, summary = k0_program(text, f"fuzz-{seed}.rules", k0, min_segment)
+            else:
+                res = optimize(text, f"fuzz-{seed}.rules", params, min_segment=min_segment)
             policy = parse_policy(text, f"fuzz-{seed}.rules")
             spec = ProbeSpec(packets, seed=seed, cover=True, attack=ATTACK_SHAPES, attack_share=0.1)
             pr = [(p.uid, p.frame) for p in spec.probes(policy, dst_mac=pktrate.DST_MAC)]
@@ -312,8 +316,8 @@ def fuzz(seeds, packets: int = 3000, params=None, min_segment: int = 4, log=prin
                 "seed": seed,
                 "rules_in": res.rules_in,
                 "rules_out": res.rules_out,
-                "trees": len(res.segments),
-                "rules_in_trees": sum(len(s.rules) for s in res.segments),
+                "trees": summary["trees"] if k0 else len(res.segments),
+                "rules_in_trees": summary["rules_in_trees"] if k0 else sum(len(s.rules) for s in res.segments),
                 "probes": len(pr),
                 "delivered": len(got["in"]),
                 "mismatches": len(got["in"] ^ got["out"]),

@@ -37,6 +37,7 @@ from hypafilter.analysis.dtree import (
     regions,
 )
 from hypafilter.errors import HypafilterError
+from hypafilter.iptables.document import read_table
 from hypafilter.iptables.parser import parse_rule
 from hypafilter.iptables.tokens import RESTORE
 from hypafilter.iptables.writer import tokens_text
@@ -47,22 +48,45 @@ from hypafilter.iptables.writer import tokens_text
 TREE_MAX_EXPANSION = 4.0  # rules written per rule of a run (optimize's --max-expansion)
 
 
+def _parse_all(options: list[tuple[str, ...]]) -> list[list]:
+    """The parsed rules of each option list: one document (the parser's fast path), or one by one when the document
+    is refused (a rule that does not parse alone then stays in place)."""
+    lines = ["*filter", ":HFTREE - [0:0]", *(f"-A HFTREE {tokens_text(o)}" for o in options), "COMMIT"]
+    try:
+        chains = read_table("\n".join(lines) + "\n", "<flattened rules>").chains
+    except HypafilterError:
+        chains = None
+    if chains is not None:
+        by_line: dict[int, list] = {}
+        for p in chains["HFTREE"].rules:
+            by_line.setdefault(p.origin.line, []).append(p)
+        return [by_line.get(j + 3, []) for j in range(len(options))]
+    out = []
+    for o in options:
+        try:
+            out.append(parse_rule(tokens_text(o), chain="HFTREE", mode=RESTORE))
+        except HypafilterError:
+            out.append([])
+    return out
+
+
 def flat_regions(pol) -> list[tuple[list, list] | None]:
     """(region_any, region) per flattened rule, as optimize.tree.build takes them; None for a rule that stays."""
     out: list[tuple[list, list] | None] = []
     cache: dict[tuple[str, ...], tuple[list, list] | None] = {}
-    for r in pol.rules:
-        if r.stateful_pos is not None or not r.levels or r.target == "RETURN":
+    keys = [
+        (str(len(r.levels) == 1 and not r.levels[0].unless), *r.levels[0].options) if r.levels else None
+        for r in pol.rules
+    ]
+    todo = list(dict.fromkeys(k[1:] for k in keys if k is not None))
+    parsed_of = dict(zip(todo, _parse_all(todo), strict=True))
+    for r, key in zip(pol.rules, keys, strict=True):
+        if r.stateful_pos is not None or key is None or r.target == "RETURN":
             out.append(None)
             continue
-        opts = r.levels[0].options
-        single = len(r.levels) == 1 and not r.levels[0].unless
-        key = (str(single), *opts)
+        single = key[0] == "True"
         if key not in cache:
-            try:
-                parsed = parse_rule(tokens_text(opts), chain=pol.base_chain, mode=RESTORE)
-            except HypafilterError:
-                parsed = []
+            parsed = parsed_of[key[1:]]
             if not parsed or any(p.stateful for p in parsed):
                 cache[key] = None
             elif single:

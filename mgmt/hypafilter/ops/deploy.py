@@ -604,7 +604,6 @@ def _deploy_locked(
             ("policy_hash", phash),
             ("mode", config.shunt_mode),
             ("strategy", config.strategy),
-            ("tree_min_segment", config.tree_min_segment),
             ("mark_mask", config.mark_mask),
             ("mark_shift", config.mark_shift),
             ("unfilterable", config.unfilterable),
@@ -614,6 +613,7 @@ def _deploy_locked(
             ("lease_ms", config.policysync_lease_ms),
         )
     )
+    same = same and old.get("tree_min_segment", 16) == config.tree_min_segment  # (states before strategy tree: 16)
     if same and follow and not force:
         log("the live ruleset is the deployed policy")
         return old

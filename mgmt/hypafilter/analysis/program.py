@@ -10,8 +10,8 @@ structure that gets loaded. Strategies:
                exact with selective/exact shunting only)
   interval     binary search on the mark → chain C_k of complex rules above the interval → hardware action
   interval_geo interval, keeping in C_k only complex rules whose reduction meets the interval's shunted boxes
-  tree         interval, with the k = 0 path (K0) and every chain of at least 2 × Config.tree_min_segment policy lines walking
-               the policy as decision trees (analysis.trees, optimize.tree; docs/optimize.md)
+  tree         interval, with the k = 0 path (K0, not live) and long interval chains (2 × Config.tree_min_segment
+               rules and more) walked as decision trees (analysis.trees over analysis.dtree; docs/optimize.md)
 
 Chains, all named prefix+…: MAIN (entry), K0 (mark k = 0: FULL then the chain policy), FULL (original policy
 verbatim, user chains renamed prefix+name), CUT, D<n> (dispatch nodes), L<k>A<a> (leaf: the complex rules above

@@ -70,13 +70,16 @@ def _parse_all(options: list[tuple[str, ...]]) -> list[list]:
     return out
 
 
-def flat_regions(pol) -> list[tuple[list, list] | None]:
-    """(region_any, region) per flattened rule, as optimize.tree.build takes them; None for a rule that stays."""
+def flat_regions(pol, wanted=None) -> list[tuple[list, list] | None]:
+    """(region_any, region) per flattened rule, as optimize.tree.build takes them; None for a rule that stays (and
+    for a rule not in `wanted`, when given: only those are parsed)."""
     out: list[tuple[list, list] | None] = []
     cache: dict[tuple[str, ...], tuple[list, list] | None] = {}
     keys = [
-        (str(len(r.levels) == 1 and not r.levels[0].unless), *r.levels[0].options) if r.levels else None
-        for r in pol.rules
+        (str(len(r.levels) == 1 and not r.levels[0].unless), *r.levels[0].options)
+        if r.levels and (wanted is None or i in wanted)
+        else None
+        for i, r in enumerate(pol.rules)
     ]
     todo = list(dict.fromkeys(k[1:] for k in keys if k is not None))
     parsed_of = dict(zip(todo, _parse_all(todo), strict=True))
@@ -256,7 +259,16 @@ def treeify(prog, kit: Kit, nft_max_depth: int, min_segment: int = 16) -> dict:
     _helper_depth = kit.helper_depth
 
     pol = prog.policy
-    regs = flat_regions(pol)
+    # the rules some chain may walk as a tree: those of the policy lines (all of them when K0 gets one)
+    k0_tree = bool(prog.verbatim_full) and not pol.resolved
+    wanted = (
+        None
+        if k0_tree
+        else {
+            i for ch in prog.chains.values() for r in ch if r.kind == "policy" for i in range(r.index, r.index + r.span)
+        }
+    )
+    regs = flat_regions(pol, wanted)
     uh = _user_height(pol)
 
     def below(i: int) -> int:  # nesting a policy line adds: helper chains, then a user chain's own jumps
@@ -325,7 +337,7 @@ def treeify(prog, kit: Kit, nft_max_depth: int, min_segment: int = 16) -> dict:
         if len(rules) >= 2 * min_segment:
             work.append((name, idx))
     k0 = prog.name("K0")
-    if prog.verbatim_full and not pol.resolved and pol.rules:
+    if k0_tree and pol.rules:
         work.append((k0, list(range(len(pol.rules)))))
     for name, idx in work:
         before = t.trees

@@ -54,7 +54,7 @@ format:
 
 # opt-in: the flow sync service over 250,000 conntrack entries on the emulated NIC and on xdp (deploy, kill -9 of the
 # worker, restart; about 3 minutes; `make test` runs the same tests at 20,000). Figures in docs/flowsync.md.
-.PHONY: test-ctscale fuzz-optimize
+.PHONY: test-ctscale fuzz-optimize fuzz-tree
 test-ctscale:
 	@scripts/setup.sh system
 	HF_CT_SCALE=250000 scripts/run-system-tests.sh -n 0 -s tests/system/test_flowsync_scale.py \
@@ -107,6 +107,15 @@ test-xdp-v6:
 fuzz:
 	@scripts/setup.sh system
 	CI=true HF_FUZZ_FRAMES=1000000 HF_FUZZ_POLICIES=24 HF_FUZZ_ALL_PAIRS=1 $(PYTEST) -q -s tests/system/test_fuzz.py
+
+# opt-in: strategy tree (docs/optimize.md): its K0 tree alone against each of 100 fuzzer policies alone in the kernel
+# (TREE_FUZZ_SEEDS=N), then the fuzzer's deployments on tree's three pairs, emu and xdp (TREE_FUZZ_POLICIES=N, 12)
+fuzz-tree:
+	@scripts/setup.sh system
+	PYTHONPATH=mgmt .venv/bin/python -c "import json, sys; from hypafilter.tools.bench.optimize import fuzz; \
+	r = fuzz(range(1, $${TREE_FUZZ_SEEDS:-100} + 1), packets=3000, min_segment=2, k0='tree'); \
+	bad = [x for x in r if x['mismatches']]; print(json.dumps(bad)); sys.exit(1 if bad else 0)"
+	CI=true HF_FUZZ_STRATEGY=tree HF_FUZZ_POLICIES=$${TREE_FUZZ_POLICIES:-12} $(PYTEST) -q -s tests/system/test_fuzz.py
 
 # opt-in: `hypafilter optimize` against the kernel on 200 fuzzer policies (docs/optimize.md); OPT_FUZZ_SEEDS=N
 fuzz-optimize:

@@ -11,7 +11,7 @@ from hypafilter.errors import HypafilterError
 # The shunting modes (paper §V: index-based, Alg. 1 selective; exact: complex reductions in hardware) and the
 # software strategies (paper §VI, plus interval_geo), named once for the analysis, the CLI and the configuration.
 MODES = ("index", "selective", "exact")
-STRATEGIES = ("full", "cut", "hsa_cut", "interval", "interval_geo")
+STRATEGIES = ("full", "cut", "hsa_cut", "interval", "interval_geo", "tree")
 # Log mirroring (docs/compiler.md) applies to these modes and strategies only: the copy of a decided frame runs the
 # interval chain above its entry and is then discarded; full/cut/hsa_cut would run deciding simple rules on it, and
 # exact mode has no interval chain of that shape.
@@ -102,6 +102,9 @@ class Config:
     shunt_mode: str = "selective"
     # Software strategy: one of STRATEGIES.
     strategy: str = "interval"
+    # Strategy tree (docs/optimize.md, "The hybrid's software side"): the shortest run of movable rules walked as a
+    # decision tree (2..; chains of twice as many policy lines get trees, leaves hold up to half as many rules).
+    tree_min_segment: int = 16
     # Netfilter table/base chain the tool hooks into, and the prefix of every chain it owns.
     table: str = "filter"
     chain_prefix: str = "HF"
@@ -159,6 +162,8 @@ class Config:
             raise HypafilterError(f"{where}: shunt_mode must be one of {', '.join(MODES)}")
         if self.strategy not in STRATEGIES:
             raise HypafilterError(f"{where}: strategy must be one of {', '.join(STRATEGIES)}")
+        if not isinstance(self.tree_min_segment, int) or self.tree_min_segment < 2:
+            raise HypafilterError(f"{where}: tree_min_segment must be an integer of at least 2")
         if self.unfilterable not in ("drop", "pass"):
             raise HypafilterError(f"{where}: unfilterable must be drop or pass")
         if self.nic_mode not in ("auto", *NIC_MODES):

@@ -12,7 +12,8 @@ errors quoting flows sent before and invented ones) make up ATTACK_SHARE of ever
 sources at the policy's own destinations and ports; test_attack_shapes_xdp sends them through the xdp target too.
 Each policy runs on a third of the (mode, strategy) pairs, the thirds taken in turn by pairs of seeds, so that every
 pair meets a stateless policy and a conntrack one (with its connection checks) in the default run of six;
-HF_FUZZ_ALL_PAIRS=1 (`make fuzz`) runs every policy on every pair.
+HF_FUZZ_ALL_PAIRS=1 (`make fuzz`) runs every policy on every pair, HF_FUZZ_STRATEGY=S every policy on strategy S's pairs
+(`make fuzz-tree`).
 
 HF_FUZZ_FRAMES (total frames, default 50,000), HF_FUZZ_POLICIES (default 6) and HF_FUZZ_SEED (first policy
 seed) scale it, HF_FUZZ_LAB names its lab (default hff); `make fuzz` is the long run (docs/deploy.md)."""
@@ -37,6 +38,8 @@ FIRST_SEED = int(os.environ.get("HF_FUZZ_SEED", "1"))
 MALFORMED = 0.5  # half the frames that are not attack frames are of one of the kinds, half well-formed
 ATTACK_SHARE = 0.3  # of every pair's frames: attack shapes, each shape about 4 % of the frames
 ALL_PAIRS = os.environ.get("HF_FUZZ_ALL_PAIRS", "") not in ("", "0")
+# HF_FUZZ_STRATEGY=S: every policy on every mode of strategy S only (e.g. tree: `make fuzz-tree`)
+ONLY_STRATEGY = os.environ.get("HF_FUZZ_STRATEGY", "")
 TCP_PORTS = (22, 80, 443, 5001, 8080)
 UDP_PORTS = (53, 123, 5002)
 STATEFUL = ("limit", "hashlimit", "quota", "statistic", "recent", "connlimit")
@@ -55,12 +58,14 @@ def pairs_of(seed: int) -> tuple[tuple[str, str], ...]:
     """The (mode, strategy) pairs policy `seed` runs on: every third pair of COMBOS, seeds 1-2 (and 7-8, ...) pairs
     0, 3, 6..., seeds 3-4 pairs 1, 4, 7..., seeds 5-6 pairs 2, 5, 8..., so each pair meets an odd (stateless) and an
     even (conntrack) seed in the default run of six; all with ALL_PAIRS."""
-    from hypafilter.tools.fuzz import COMBOS
+    from hypafilter.tools.fuzz import COMBOS, QUICK_COMBOS
 
+    if ONLY_STRATEGY:
+        return tuple(p for p in COMBOS if p[1] == ONLY_STRATEGY)
     if ALL_PAIRS:
         return COMBOS
     third = ((seed - 1) // 2) % 3
-    return tuple(p for i, p in enumerate(COMBOS) if i % 3 == third)
+    return tuple(p for i, p in enumerate(QUICK_COMBOS) if i % 3 == third)
 
 
 def counted_rules(ns: str) -> list[tuple[int, str]]:
@@ -174,7 +179,7 @@ def test_features_were_reached():
     assert not one_way, f"attack shapes the kernel only passed or only dropped: {one_way} ({ATTACKS})"
 
 
-XDP_LAB = "vlmx"  # the xdp target's lab of this module
+XDP_LAB = os.environ.get("HF_FUZZ_XDP_LAB", "vlmx")  # the xdp target's lab of this module
 XDP_FRAMES = 400  # per pair
 XDP_ATTACK_SHARE = 0.6
 
@@ -217,11 +222,13 @@ def test_attack_shapes_xdp(xdp_lab, seed):
     from hypafilter.iptables.document import parse_policy
     from hypafilter.ops import deploy
     from hypafilter.ops.verify import ATTACK_SHAPES, FRAME_KINDS
-    from hypafilter.tools.fuzz import COMBOS, Tally, fuzz_policy, random_policy
+    from hypafilter.tools.fuzz import COMBOS, QUICK_COMBOS, Tally, fuzz_policy, random_policy
 
     _, state = xdp_lab
     conntrack = seed % 2 == 0
-    pairs = tuple(p for i, p in enumerate(COMBOS) if ALL_PAIRS or i % 3 == seed % 3)
+    pairs = COMBOS if ALL_PAIRS else tuple(p for i, p in enumerate(QUICK_COMBOS) if i % 3 == seed % 3)
+    if ONLY_STRATEGY:
+        pairs = tuple(p for p in COMBOS if p[1] == ONLY_STRATEGY)
     text = random_policy(seed, conntrack=conntrack)
     policy = parse_policy(text, filename=f"fuzz-seed-{seed}", base_chain="FORWARD", config=Config())
     was = (deploy.LAB_NAME, deploy.STATE_DIR)

@@ -108,6 +108,7 @@ class Plan:
     # addresses map to them by `addr_map.rank(dim, addr)` (ir.family.AddrMap; None for IPv4).
     family: int = 4
     addr_map: object | None = field(default=None, repr=False)
+    tree_min_segment: int = 16  # strategy tree's runs (Config.tree_min_segment; analysis.trees)
     _geo: dict[int, list[int]] | None = field(default=None, repr=False)
 
     # Derived arrays, computed once (refresh): bool [n + 1] each.
@@ -461,6 +462,7 @@ def build_plan(
         buffer_depth=config.update_buffer,
         family=policy.family,
         addr_map=policy.addr_map,
+        tree_min_segment=config.tree_min_segment,
     )
     plan.analysis_seconds = time.perf_counter() - t0
     return plan

@@ -10,13 +10,16 @@ structure that gets loaded. Strategies:
                exact with selective/exact shunting only)
   interval     binary search on the mark → chain C_k of complex rules above the interval → hardware action
   interval_geo interval, keeping in C_k only complex rules whose reduction meets the interval's shunted boxes
+  tree         interval, with the k = 0 path (K0, not live) and long interval chains (2 × Config.tree_min_segment
+               rules and more) walked as decision trees (analysis.trees over analysis.dtree; docs/optimize.md)
 
 Chains, all named prefix+…: MAIN (entry), K0 (mark k = 0: FULL then the chain policy), FULL (original policy
 verbatim, user chains renamed prefix+name), CUT, D<n> (dispatch nodes), L<k>A<a> (leaf: the complex rules above
 interval k, as jumps to segment and block chains, then the action), C<k> (segment: the complex rules interval k's
 chain adds to the previous interval's), B<f>L<l>N<i> (block of B^l consecutive segments of chain family f),
 R<i>L<j> (helper chains
-that rebuild a multi-level flattened rule exactly), and the renamed user chains. Dispatch compares the whole mark
+that rebuild a multi-level flattened rule exactly), T<n> (strategy tree: a tree's nodes, leaves and linear copy),
+and the renamed user chains. Dispatch compares the whole mark
 value under the mask and the mark is never read after complex rules ran.
 
 Nesting depth: nf_tables refuses a ruleset whose chains nest deeper than NFT_JUMP_STACK_SIZE (16) below a base
@@ -31,6 +34,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hypafilter.analysis import trees
+from hypafilter.analysis.dtree import DIMS as TREE_DIMS
 from hypafilter.analysis.plan import PrefixView
 from hypafilter.config import STRATEGIES
 from hypafilter.errors import HypafilterError
@@ -69,6 +74,23 @@ class NfRule:
     # "mark"/"always": `-g` instead of `-j`: where the target chain ends, MAIN's caller goes on (a live deployment's
     # K0: the operator's rules after the base chain's jump decide, not the rest of MAIN)
     goto: bool = False
+    # "hdr" only (strategy tree's dispatch): the option tokens the rule is written with and what they test, for
+    # Program.run: ("proto", p), ("range", dim of analysis.dtree.DIMS, lo, hi, protocol or None), or ("guard", p):
+    # a TCP/UDP frame without readable ports (never a Header of the model, whose frames are whole)
+    options: tuple[str, ...] = ()
+    test: tuple = ()
+
+
+def hdr_holds(test: tuple, header: Header) -> bool:
+    """Does a "hdr" rule's test hold for a (whole) header?"""
+    if test[0] == "proto":
+        return header.proto == test[1]
+    if test[0] == "range":
+        _, d, lo, hi, proto = test
+        if proto is not None and header.proto != proto:
+            return False
+        return lo <= getattr(header, TREE_DIMS[d]) <= hi
+    return False  # "guard": the model's frames are whole first fragments
 
 
 @dataclass
@@ -84,6 +106,7 @@ class Program:
     # Live (a deployment, Plan.live): the policy stays in the kernel under its own chain names after the base chain's
     # jump to MAIN; K0 and every frame no leaf decides return to it, user chains are the operator's own (no copies).
     live: bool = False
+    tree_stats: dict = field(default_factory=dict)  # strategy tree: trees built, rules in them, rules written
 
     def name(self, suffix: str) -> str:
         return self.prefix + suffix
@@ -144,7 +167,11 @@ class Program:
             if r.kind == "unmark":
                 mark &= ~r.mask
                 continue
-            if r.kind == "mark":
+            if r.kind == "hdr":
+                count[0] += 1
+                if header is None or not hdr_holds(r.test, header):
+                    continue
+            elif r.kind == "mark":
                 count[0] += 1
                 if (mark & r.mask) != r.value:
                     continue
@@ -155,6 +182,8 @@ class Program:
                     continue
             if r.target in ("ACCEPT", "DROP"):
                 return r.target
+            if r.target == "RETURN":
+                return None
             out = self._run(r.target, header, mark, ev, count, depth + 1)
             if out is not None or r.goto:  # a goto's chain ending ends this one too
                 return out
@@ -258,7 +287,7 @@ def build_program(
         c[main] = [NfRule("mark", k0, 0, kmask, goto=live), NfRule("always", cut)]
         c[cut] = [unmark, *policy_rules(pol, _cut_list(plan, strategy)), NfRule("always", default)]
     else:
-        chains = plan.geo_chains if strategy == "interval_geo" else plan.chains
+        chains = plan.geo_chains if strategy == "interval_geo" else plan.chains  # tree: interval's chains
         may = plan.may_shunt  # an entry forced on a flow-cache miss delivers (k, action) like a shunting one
         leaves = {(int(plan.interval[j]), int(plan.actions[j])) for j in range(plan.n + 1) if may[j]}
         if mirror is not None:  # a mirrored entry's copy carries (k, action | MARK_MIRROR)
@@ -321,11 +350,16 @@ def build_program(
         c[main].insert(0, NfRule("mark", da, _field(prog, DECIDED_ACCEPT), mark_mask & 0xFFFFFFFF))
         c[da] = [unmark, NfRule("always", "ACCEPT")]
     if live:
-        c[k0] = [unmark]  # falls off: back through MAIN to the base chain, whose rules after the jump are the policy
-        return prog
-    c[k0] = [unmark, NfRule("always", full), NfRule("always", default)]
-    c[full] = policy_rules(pol, range(len(pol.rules)))
-    prog.verbatim_full = full
+        # falls off: back through MAIN to the base chain, whose rules after the jump are the policy (strategy tree:
+        # K0 stays the live list, only long interval chains get trees)
+        c[k0] = [unmark]
+    else:
+        c[k0] = [unmark, NfRule("always", full), NfRule("always", default)]
+        c[full] = policy_rules(pol, range(len(pol.rules)))
+        prog.verbatim_full = full
+    if strategy == "tree":
+        kit = trees.Kit(NfRule, policy_rules, _helper_depth)
+        prog.tree_stats = trees.treeify(prog, kit, NFT_MAX_DEPTH, getattr(plan, "tree_min_segment", 16))
     return prog
 
 

@@ -176,6 +176,13 @@ def register(sub) -> None:
         help="iptables back end both are loaded with (default nft: iptables-nft; legacy: x_tables)",
     )
     o.add_argument(
+        "--k0",
+        metavar="STRATEGY",
+        choices=STRATEGIES,
+        help="instead of optimize's rewrite: the hybrid's k = 0 path of STRATEGY (the chains compile writes, FORWARD "
+        "jumping to MAIN, every frame unmarked: k = 0), e.g. tree against interval (docs/optimize.md)",
+    )
+    o.add_argument(
         "--peers",
         action="store_true",
         help="also the policy in nft (iptables-restore-translate) and as `nft -o` rewrites it (nft back end)",
@@ -238,11 +245,17 @@ def run_optimize(args: argparse.Namespace) -> int:
     from hypafilter.tools.classbench import read_filters, read_trace
 
     text, name = policy_text(args)
-    res = optimize(text, name, Params(binth=args.binth, max_expansion=args.max_expansion), min_segment=args.min_segment)
+    if args.k0:
+        res, summary = bench.k0_program(text, name, args.k0, args.min_segment)
+    else:
+        res = optimize(
+            text, name, Params(binth=args.binth, max_expansion=args.max_expansion), min_segment=args.min_segment
+        )
+        summary = res.summary()
     trace = read_trace(args.trace)
     rows = bench.trace_rows(trace[: args.frames])
-    report = {"policy": name, "trace": args.trace, **res.summary()}
-    if args.classbench:
+    report = {"policy": name, "trace": args.trace, **summary}
+    if args.classbench and not args.k0:
         f = read_filters(args.classbench)
         report.update(bench.path_stats(res, f[:, [0, 2, 4, 6]], f[:, [1, 3, 5, 7]], rows[:5000]))
     log = (lambda m: print(m, file=sys.stderr)) if args.json else print

@@ -7,6 +7,7 @@ matches from text. iptables-restore (`netfilter.restore`) is the reference form.
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import replace
 
 from hypafilter.analysis.program import (
@@ -205,6 +206,8 @@ def to_nft(plan, strategy: str, *program, family: str = "ip", table: str | None 
                     lines.append(f"meta mark & {r.mask:#x} == {r.value:#x} {_nft_verdict(r.target, r.goto)}")
                 elif r.kind == "unmark":
                     lines.append(f"meta mark set meta mark & {~r.mask & 0xFFFFFFFF:#x}")
+                elif r.kind == "hdr":
+                    lines += _nft_hdr(r)
                 else:
                     lines.append(_nft_verdict(r.target, r.goto))
         chains[name] = lines
@@ -226,6 +229,27 @@ def to_nft(plan, strategy: str, *program, family: str = "ip", table: str | None 
         out.append("\t}")
     out.append("}")
     return "\n".join(out) + "\n"
+
+
+def _nft_hdr(r) -> list[str]:
+    """Strategy tree's dispatch rule (NfRule "hdr") in nft: what its test says, natively."""
+    verdict = "return" if r.target == "RETURN" else _nft_verdict(r.target, r.goto)
+    if r.test[0] == "proto":
+        return [f"meta l4proto {r.test[1]} {verdict}"]
+    if r.test[0] == "range":
+        _, d, lo, hi, proto = r.test
+        span = lambda a, b: str(a) if a == b else f"{a}-{b}"  # noqa: E731
+        if d < 2:
+            ip = lambda v: str(ipaddress.IPv4Address(v))  # noqa: E731
+            return [f"ip {'saddr' if d == 0 else 'daddr'} {span(ip(lo), ip(hi))} {verdict}"]
+        name = {6: "tcp", 17: "udp"}[proto]
+        return [f"meta l4proto {proto} {name} {'sport' if d == 3 else 'dport'} {span(lo, hi)} {verdict}"]
+    # "guard": a TCP (UDP) frame that is a later fragment or whose 20 (8) byte header is not all there goes to the
+    # linear copy (the u32 test of the iptables form); the kernel has trimmed a frame to its IP total length
+    need = 20 if r.test[1] == 6 else 8
+    out = [f"meta l4proto {r.test[1]} ip frag-off & 0x1fff != 0 {verdict}"]
+    out += [f"meta l4proto {r.test[1]} ip hdrlength {h} ip length < {4 * h + need} {verdict}" for h in range(5, 16)]
+    return out
 
 
 def _nft_verdict(target: str, goto: bool = False) -> str:

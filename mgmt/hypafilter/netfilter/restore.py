@@ -49,6 +49,8 @@ def chain_bodies(prog: Program) -> dict[str, list[tuple[str, ...]]]:
                 lines.append(("-m", "mark", "--mark", f"{r.value:#x}/{r.mask:#x}", "-g" if r.goto else "-j", r.target))
             elif r.kind == "unmark":
                 lines.append(("-j", "MARK", "--set-xmark", f"0x0/{r.mask:#x}"))
+            elif r.kind == "hdr":  # strategy tree's dispatch: a header test, then a goto (or RETURN: an empty leaf)
+                lines.append((*r.options, "-j" if r.target == "RETURN" or not r.goto else "-g", r.target))
             else:
                 lines.append(("-g" if r.goto else "-j", r.target))
         body[name] = lines

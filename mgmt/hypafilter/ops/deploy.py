@@ -144,6 +144,7 @@ def state_config(st: dict, plan: bool = False) -> Config:
             cfg.mark_mask = int(st["mark_mask"])
         if "mark_shift" in st:
             cfg.mark_shift = int(st["mark_shift"])
+        cfg.tree_min_segment = int(st.get("tree_min_segment", 16))
     return cfg
 
 
@@ -634,6 +635,7 @@ def _deploy_locked(
         and old6.get("hash") == v6_hash
         and bool(old.get("xdp_ipv6")) == config.xdp_ipv6
     )
+    same = same and old.get("tree_min_segment", 16) == config.tree_min_segment  # (states before strategy tree: 16)
     if same and follow and not force:
         log("the live ruleset is the deployed policy")
         return old
@@ -1034,6 +1036,7 @@ def _deploy_locked(
         "generation": gen,
         "mode": config.shunt_mode,
         "strategy": config.strategy,
+        "tree_min_segment": config.tree_min_segment,
         "mark_mask": config.mark_mask,
         "mark_shift": config.mark_shift,
         "unfilterable": config.unfilterable,

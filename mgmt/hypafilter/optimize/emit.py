@@ -8,6 +8,8 @@ import re
 import time
 from dataclasses import dataclass, field, replace
 
+from hypafilter.analysis.dtree import PROTO_NAMES as _PROTO_NAMES
+from hypafilter.analysis.dtree import range_test as _range_test
 from hypafilter.config import Config
 from hypafilter.errors import HypafilterError
 from hypafilter.iptables import canonical
@@ -17,9 +19,6 @@ from hypafilter.iptables.rule import Comment, ParsedRule
 from hypafilter.iptables.tables import BUILTIN_CHAINS
 from hypafilter.iptables.writer import quote, rule_line
 from hypafilter.optimize.tree import (
-    DST,
-    SPORT,
-    SRC,
     WHOLE_L4,
     Leaf,
     Node,
@@ -31,7 +30,6 @@ from hypafilter.optimize.tree import (
     regions,
 )
 
-_PROTO_NAMES = {1: "icmp", 6: "tcp", 17: "udp"}
 NFT_MAX_DEPTH = 15  # NFT_JUMP_STACK_SIZE - 1 (analysis.program explains)
 
 
@@ -71,10 +69,6 @@ class Result:
         }
 
 
-def _ip(v: int) -> str:
-    return canonical.ip_str(v)
-
-
 class _Writer:
     def __init__(self, prefix: str, taken: set[str]):
         self.prefix, self.taken = prefix, taken
@@ -95,23 +89,6 @@ class _Writer:
 
     def rule(self, chain: str, tokens) -> None:
         self.lines.append(rule_line(chain, tokens))
-
-
-def _range_test(d: int, rlo: int, rhi: int, c: int, proto: int | None) -> tuple[bool, tuple[str, ...]]:
-    """Tokens testing, for a packet already in [rlo, rhi] on dimension d, which side of the cut c it is on:
-    (True, tokens) when the tokens hold exactly for the left part [rlo, c-1], (False, tokens) for the right."""
-    if d in (SRC, DST):
-        opt = "-s" if d == SRC else "-d"
-        k = min((c & -c).bit_length() - 1, 32)
-        if c - (1 << k) <= rlo:  # one prefix ending at c-1 holds the left part
-            return True, (opt, f"{_ip(c - (1 << k))}/{32 - k}")
-        if c + (1 << k) - 1 >= rhi:  # one prefix starting at c holds the right part
-            return False, (opt, f"{_ip(c)}/{32 - k}")
-        which = "--src-range" if d == SRC else "--dst-range"
-        return True, ("-m", "iprange", which, f"{_ip(rlo)}-{_ip(c - 1)}")
-    name = _PROTO_NAMES[proto]
-    opt = "--sport" if d == SPORT else "--dport"
-    return True, ("-p", name, "-m", name, opt, f"{rlo}:{c - 1}" if rlo != c - 1 else str(rlo))
 
 
 def _leaf_tokens(r: ParsedRule, label: str) -> tuple[str, ...]:

@@ -68,7 +68,16 @@ PATHS_NET = ipaddress.ip_network("10.0.0.0/15")
 # Every (mode, strategy) pair deploy accepts: hsa_cut with index shunting is refused by design (a shunted packet
 # may first match a simple rule that hsa_cut left out of software; analysis.program says so and refuses it).
 REFUSED = {("index", "hsa_cut")}
-COMBOS = tuple((m, s) for m in MODES for s in STRATEGIES if (m, s) not in REFUSED)
+# Strategy tree's pairs come last, so that the other pairs keep their numbers (frame seeds, test_fuzz's thirds).
+COMBOS = tuple(
+    (m, s) for s0 in (False, True) for m in MODES for s in STRATEGIES if (m, s) not in REFUSED and (s == "tree") == s0
+)
+# test_fuzz's default run: tree with one mode only (its K0 tree is the same in every mode, and its interval part is
+# interval's), the 15th pair, which falls in the third that had 4 pairs; `make fuzz` (HF_FUZZ_ALL_PAIRS) runs all.
+QUICK_COMBOS = tuple(p for p in COMBOS if p[1] != "tree") + (("selective", "tree"),)
+# Strategy tree's deployments in the fuzzer walk trees on runs of 2 rules (leaves of 1), so that a random policy of
+# a few rules already has them (Config.tree_min_segment, like test_optimize's small trees).
+FUZZ_TREE_MIN_SEGMENT = 2
 
 
 @dataclass
@@ -392,7 +401,7 @@ def fuzz_policy(
         frame_seed = seed * 100 + COMBOS.index((mode, strategy))
         report = verify(
             policy,
-            Config(shunt_mode=mode, strategy=strategy, target=target),
+            Config(shunt_mode=mode, strategy=strategy, target=target, tree_min_segment=FUZZ_TREE_MIN_SEGMENT),
             packets=frames,
             seed=frame_seed,
             malformed=malformed,

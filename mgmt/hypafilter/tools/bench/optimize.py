@@ -14,6 +14,7 @@ import random
 import re
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -178,6 +179,38 @@ def nft_peers(rb: pktrate.RateBench, text: str, tmp: Path) -> dict:
     return out
 
 
+def k0_program(text: str, name: str, strategy: str, min_segment: int = 16) -> tuple[Result, dict]:
+    """The hybrid's k = 0 path of `strategy` as the rewrite to compare: the program compile writes for the policy
+    (not live: K0 walks FULL, or strategy tree's trees, then the chain policy), with `-A FORWARD -j <prefix>MAIN`.
+    A frame the bench sends carries no mark, so MAIN sends it to K0: the path every untagged, unparsed or stale
+    frame takes, and every frame while an update shunts everything."""
+    from hypafilter.analysis.plan import build_plan
+    from hypafilter.analysis.program import build_program
+    from hypafilter.config import Config
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.netfilter.restore import render_iptables
+
+    t0 = time.monotonic()
+    config = Config(strategy=strategy, tree_min_segment=min_segment)
+    policy = parse_policy(text, filename=name, base_chain="FORWARD", config=config)
+    prog = build_program(build_plan(policy, config), strategy)
+    body = render_iptables(prog).rstrip("\n")
+    if not body.endswith("COMMIT"):
+        raise HypafilterError("the rendered program does not end in COMMIT")
+    out = body[: -len("COMMIT")] + f"-A FORWARD -j {prog.main}\nCOMMIT\n"
+    rules_out = sum(1 for ln in out.splitlines() if ln.startswith("-A "))
+    res = Result(out, len(policy.original_rules), rules_out, build_s=time.monotonic() - t0)
+    summary = {
+        "k0_strategy": strategy,
+        "rules_in": res.rules_in,
+        "rules_out": rules_out,
+        "expansion": round(res.expansion, 3),
+        **prog.tree_stats,
+        "build_s": round(res.build_s, 3),
+    }
+    return res, summary
+
+
 def run(text: str, res: Result, rows, seconds: float = 2.0, repeats: int = 3, probes: int = 5000,
         seed: int = 1, backend: str = "nft", peers: bool = False, log=print) -> dict:  # fmt: skip
     """The measurement; `rows` are (src, dst, sport, dport) headers (UDP) for the rate frames and the probes.
@@ -248,11 +281,12 @@ def run(text: str, res: Result, rows, seconds: float = 2.0, repeats: int = 3, pr
     return out
 
 
-def fuzz(seeds, packets: int = 3000, params=None, min_segment: int = 4, log=print) -> list[dict]:
+def fuzz(seeds, packets: int = 3000, params=None, min_segment: int = 4, log=print, k0: str | None = None) -> list[dict]:
     """`optimize` against the kernel on the fuzzer's random policies (tools.fuzz.random_policy: user chains with
     RETURN and goto, MARK read back, conntrack states, strings, observing rules, per-rule state), trees forced small
     (`params`, default binth 2): each policy and its rewrite alone in the kernel, the same probes (rule corners,
-    drawn headers, malformed frames, attack shapes) through both. One report per seed."""
+    drawn headers, malformed frames, attack shapes) through both. One report per seed. `k0`: a strategy whose k = 0
+    path (`k0_program`, runs of `min_segment`) is the rewrite instead (strategy tree: the K0 tree)."""
     from hypafilter.iptables.document import parse_policy
     from hypafilter.ops.verify import ATTACK_SHAPES, ProbeSpec
     from hypafilter.optimize.emit import optimize
@@ -265,7 +299,10 @@ def fuzz(seeds, packets: int = 3000, params=None, min_segment: int = 4, log=prin
     with pktrate.RateBench(blaster, f"htz{random.randrange(10**4)}") as rb:
         for seed in seeds:
             text = random_policy(seed, rules=random.Random(seed).randint(20, 40))
-            res = optimize(text, f"fuzz-{seed}.rules", params, min_segment=min_segment)
+            if k0:
+                res, summary = k0_program(text, f"fuzz-{seed}.rules", k0, min_segment)
+            else:
+                res = optimize(text, f"fuzz-{seed}.rules", params, min_segment=min_segment)
             policy = parse_policy(text, f"fuzz-{seed}.rules")
             spec = ProbeSpec(packets, seed=seed, cover=True, attack=ATTACK_SHAPES, attack_share=0.1)
             pr = [(p.uid, p.frame) for p in spec.probes(policy, dst_mac=pktrate.DST_MAC)]
@@ -279,8 +316,8 @@ def fuzz(seeds, packets: int = 3000, params=None, min_segment: int = 4, log=prin
                 "seed": seed,
                 "rules_in": res.rules_in,
                 "rules_out": res.rules_out,
-                "trees": len(res.segments),
-                "rules_in_trees": sum(len(s.rules) for s in res.segments),
+                "trees": summary["trees"] if k0 else len(res.segments),
+                "rules_in_trees": summary["rules_in_trees"] if k0 else sum(len(s.rules) for s in res.segments),
                 "probes": len(pr),
                 "delivered": len(got["in"]),
                 "mismatches": len(got["in"] ^ got["out"]),

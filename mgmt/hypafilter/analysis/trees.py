@@ -1,0 +1,354 @@
+"""Strategy `tree`: the lists software still walks, as decision trees (HiTables, docs/optimize.md) in the Program.
+
+`treeify(prog)` rewrites a built interval program in place: the k = 0 path (K0: untagged, unparsed and stale frames,
+every frame while an update shunts everything) walks the whole flattened policy as optimize.tree's trees instead of
+the verbatim FULL chain, and every chain of at least 2 × Config.tree_min_segment policy lines (an interval's segment or block of
+complex rules) walks its movable runs as trees too. The trees are optimize.tree's, built over the flattened rules:
+inner nodes are `hdr` rules (a header test with a goto), leaves are the same `policy` lines every other chain holds,
+so `Program.run` executes them and both emitters render them.
+
+What stays linear (a run ends there), as in optimize: rules with per-rule state (they jump to their one copy S<pos>)
+and rules whose options the parser cannot read back. A flattened rule never returns or goes to its caller by itself
+(RETURN and -g are folded into the flattening), and its region is the one optimize gives the rule as written in the
+base chain (level 0): a multi-level rule's helper chains only run after that rule's -s/-d/-p held, so its -s/-d/-p
+alone over-approximate where any part of it can act. A policy whose interface checks were resolved against the
+deployment's NIC ports (Policy.resolved) keeps K0 on the verbatim FULL chain: its flattened rules are exact for NIC
+frames only.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hypafilter.analysis.dtree import (
+    DIMS,
+    PROTO_NAMES,
+    SPORT,
+    WHOLE_L4,
+    Leaf,
+    Params,
+    Split,
+    build,
+    range_test,
+    region_any,
+    regions,
+)
+from hypafilter.errors import HypafilterError
+from hypafilter.iptables.document import read_table
+from hypafilter.iptables.parser import parse_rule
+from hypafilter.iptables.tokens import RESTORE
+from hypafilter.iptables.writer import tokens_text
+
+# Config.tree_min_segment (default 16, optimize's --min-segment) is the shortest run of movable rules made a tree;
+# a chain of at least twice as many policy lines (K0 always) is cut into runs, and a tree node of at most half as
+# many rules is a leaf (optimize's --binth, 8 by default).
+TREE_MAX_EXPANSION = 4.0  # rules written per rule of a run (optimize's --max-expansion)
+
+
+def _parse_all(options: list[tuple[str, ...]]) -> list[list]:
+    """The parsed rules of each option list: one document (the parser's fast path), or one by one when the document
+    is refused (a rule that does not parse alone then stays in place)."""
+    lines = ["*filter", ":HFTREE - [0:0]", *(f"-A HFTREE {tokens_text(o)}" for o in options), "COMMIT"]
+    try:
+        chains = read_table("\n".join(lines) + "\n", "<flattened rules>").chains
+    except HypafilterError:
+        chains = None
+    if chains is not None:
+        by_line: dict[int, list] = {}
+        for p in chains["HFTREE"].rules:
+            by_line.setdefault(p.origin.line, []).append(p)
+        return [by_line.get(j + 3, []) for j in range(len(options))]
+    out = []
+    for o in options:
+        try:
+            out.append(parse_rule(tokens_text(o), chain="HFTREE", mode=RESTORE))
+        except HypafilterError:
+            out.append([])
+    return out
+
+
+def flat_regions(pol, wanted=None) -> list[tuple[list, list] | None]:
+    """(region_any, region) per flattened rule, as optimize.tree.build takes them; None for a rule that stays (and
+    for a rule not in `wanted`, when given: only those are parsed)."""
+    out: list[tuple[list, list] | None] = []
+    cache: dict[tuple[str, ...], tuple[list, list] | None] = {}
+    keys = [
+        (str(len(r.levels) == 1 and not r.levels[0].unless), *r.levels[0].options)
+        if r.levels and (wanted is None or i in wanted)
+        else None
+        for i, r in enumerate(pol.rules)
+    ]
+    todo = list(dict.fromkeys(k[1:] for k in keys if k is not None))
+    parsed_of = dict(zip(todo, _parse_all(todo), strict=True))
+    for r, key in zip(pol.rules, keys, strict=True):
+        if r.stateful_pos is not None or key is None or r.target == "RETURN":
+            out.append(None)
+            continue
+        single = key[0] == "True"
+        if key not in cache:
+            parsed = parsed_of[key[1:]]
+            if not parsed or any(p.stateful for p in parsed):
+                cache[key] = None
+            elif single:
+                any_, whole = [], []
+                for p in parsed:
+                    a, w = regions(p)
+                    any_ += a
+                    whole += w
+                cache[key] = (any_, whole)
+            else:  # helper chains follow: only level 0's header checks tell where the rule can act
+                any_ = [b for p in parsed for b in region_any(p)]
+                cache[key] = (any_, any_)
+        out.append(cache[key])
+    return out
+
+
+def _ip_range(spec: str) -> tuple[int, int]:
+    if "-" in spec:
+        a, b = spec.split("-")
+        return int(ipaddress.IPv4Address(a)), int(ipaddress.IPv4Address(b))
+    net = ipaddress.IPv4Network(spec)
+    return int(net.network_address), int(net.broadcast_address)
+
+
+def tested(options: tuple[str, ...]) -> tuple:
+    """What a dispatch rule's tokens test, for Program.run: ("range", dim, lo, hi, proto | None)."""
+    if options[0] in ("-s", "-d"):
+        return ("range", DIMS.index("src" if options[0] == "-s" else "dst"), *_ip_range(options[1]), None)
+    if options[:2] == ("-m", "iprange"):
+        return ("range", DIMS.index("src" if options[2] == "--src-range" else "dst"), *_ip_range(options[3]), None)
+    # ("-p", name, "-m", name, "--sport"/"--dport", "A:B" or "A")
+    proto = {v: k for k, v in PROTO_NAMES.items()}[options[1]]
+    lo, _, hi = options[5].partition(":")
+    return ("range", DIMS.index(options[4][2:]), int(lo), int(hi or lo), proto)
+
+
+class _Trees:
+    def __init__(self, prog, regs, min_segment: int, kit):
+        self.prog, self.regs, self.min_segment = prog, regs, min_segment
+        self.rule, self.lines = kit.rule, kit.lines
+        self.n = 0
+        self.trees = 0
+        self.rules_in = 0
+        self.rules_out = 0
+
+    def chain(self) -> str:
+        while True:
+            name = self.prog.name(f"T{self.n}")
+            self.n += 1
+            if name not in self.prog.chains:
+                self.prog.chains[name] = []
+                return name
+
+    def rewrite(self, indices: list[int], max_depth: int) -> list:
+        """The lines replacing a chain's policy lines over flattened rules `indices` (in order)."""
+        policy_rules = self.lines
+        pol = self.prog.policy
+        out: list = []
+        run: list[int] = []
+
+        def flush() -> None:
+            if len(run) >= self.min_segment and max_depth >= 2:
+                out.append(self._tree(list(run), max_depth))
+            else:
+                out.extend(policy_rules(pol, run))
+            run.clear()
+
+        for i in indices:
+            if self.regs[i] is None:
+                flush()
+                out.extend(policy_rules(pol, [i]))
+            else:
+                run.append(i)
+        flush()
+        return out
+
+    def _tree(self, run: list[int], max_depth: int):
+        NfRule, policy_rules = self.rule, self.lines
+        prog, pol = self.prog, self.prog.policy
+        params = Params(binth=max(1, self.min_segment // 2), max_expansion=TREE_MAX_EXPANSION, max_depth=max_depth)
+        tree = build([self.regs[i] for i in run], params)
+        self.trees += 1
+        self.rules_in += len(run)
+        self.rules_out += tree.emitted_rules
+        root = self.chain()
+        linear = self.chain() if tree.linear else None
+        if linear:
+            prog.chains[linear] = policy_rules(pol, run)
+
+        def target(node) -> str:
+            if isinstance(node.body, Leaf) and not node.body.rules:
+                return "RETURN"  # nothing here can match: back to the chain after the tree's jump
+            name = self.chain()
+            body(node, name)
+            return name
+
+        def body(node, chain: str) -> None:
+            lines = prog.chains[chain]
+            while True:
+                b = node.body
+                if isinstance(b, Leaf):
+                    lines.extend(policy_rules(pol, [run[j] for j in b.rules]))
+                    return
+                assert isinstance(b, Split)
+                rg = node.region
+                if b.guard is not None:
+                    opts = ("-m", "u32", "!", "--u32", WHOLE_L4[b.guard])
+                    lines.append(NfRule("hdr", linear, goto=True, options=opts, test=("guard", b.guard)))
+                if b.kind == "proto":
+                    for v, child in zip(b.tests, b.children, strict=True):
+                        opts = ("-p", PROTO_NAMES.get(v, str(v)))
+                        lines.append(NfRule("hdr", target(child), goto=True, options=opts, test=("proto", v)))
+                    node = b.rest
+                    continue
+                d, _, c1 = b.tests[0]
+                left, opts = range_test(d, rg.lo[d], rg.hi[d], c1 + 1, rg.proto() if d >= SPORT else None)
+                first, then = (b.children[0], b.rest) if left else (b.rest, b.children[0])
+                lines.append(NfRule("hdr", target(first), goto=True, options=opts, test=tested(opts)))
+                node = then
+
+        body(tree.root, root)
+        return NfRule("always", root)
+
+
+def _depths(prog) -> dict[str, int]:
+    """Chains nested below the base chain to reach each chain of the program (its longest path; MAIN is 1)."""
+    depth = {prog.main: 1}
+    order = [prog.main]
+    while order:
+        name = order.pop()
+        for r in prog.chains.get(name, ()):
+            if r.target in prog.chains and depth[name] + 1 > depth.get(r.target, 0):
+                depth[r.target] = depth[name] + 1
+                order.append(r.target)
+    return depth
+
+
+def _user_height(pol) -> dict[str, int]:
+    """Nested jumps below each of the policy's user chains (its own chains of jumps)."""
+    memo: dict[str, int] = {}
+
+    def h(name: str, seen: frozenset) -> int:
+        if name not in memo:
+            best = 0
+            for toks in pol.user_chains[name].rules:
+                for a, b in zip(toks, toks[1:], strict=False):
+                    if a in ("-j", "-g", "--jump", "--goto") and b in pol.user_chains and b not in seen:
+                        best = max(best, 1 + h(b, seen | {b}))
+            memo[name] = best
+        return memo[name]
+
+    return {n: h(n, frozenset({n})) for n in pol.user_chains}
+
+
+@dataclass(frozen=True)
+class Kit:
+    """What treeify writes with (analysis.program's, passed in: that module imports this one)."""
+
+    rule: Callable  # NfRule
+    lines: Callable  # policy_rules(policy, indices) -> the "policy" lines
+    helper_depth: Callable  # a flattened rule -> nested helper chains its rendering adds
+
+
+def treeify(prog, kit: Kit, nft_max_depth: int, min_segment: int = 16) -> dict:
+    """Rewrite K0 and the long chains of policy lines of a built program as trees (see the module docstring).
+    Returns a summary: trees, rules in them, rules written."""
+    _helper_depth = kit.helper_depth
+
+    pol = prog.policy
+    # the rules some chain may walk as a tree: those of the policy lines (all of them when K0 gets one)
+    k0_tree = bool(prog.verbatim_full) and not pol.resolved
+    wanted = (
+        None
+        if k0_tree
+        else {
+            i for ch in prog.chains.values() for r in ch if r.kind == "policy" for i in range(r.index, r.index + r.span)
+        }
+    )
+    regs = flat_regions(pol, wanted)
+    uh = _user_height(pol)
+
+    def below(i: int) -> int:  # nesting a policy line adds: helper chains, then a user chain's own jumps
+        r = pol.rules[i]
+        return _helper_depth(r) + (1 + uh[r.target] if r.target in uh else 0)
+
+    depth = _depths(prog)
+    built = set(prog.chains)  # the interval structure's chains (trees are not made trees again)
+    t = _Trees(prog, regs, min_segment, kit)
+
+    def room(name: str, idx: list[int]) -> int:
+        # base -> ... -> this chain (depth[name]) -> the tree's root -> gotos -> the linear copy -> helpers/user chains
+        deepest = max((below(i) for i in idx), default=0)
+        return min(Params().max_depth, nft_max_depth - depth[name] - 2 - deepest)
+
+    # 1. Interval chains: a leaf L<k>A<a> whose whole chain (its blocks and segments, concatenated) is long walks it
+    # as one tree, longest chains first while the trees written stay within TREE_MAX_EXPANSION rules per policy rule;
+    # leaves with the same chain share its tree.
+    leaf = re.compile(re.escape(prog.prefix) + r"L\d+A\d+")
+
+    def expand(chain: str) -> list[int]:
+        out = []
+        for r in prog.chains[chain]:
+            if r.kind == "policy":
+                out += range(r.index, r.index + r.span)
+            else:  # "block": a segment or block chain
+                out += expand(r.target)
+        return out
+
+    cands = []
+    for name, rules in prog.chains.items():
+        if leaf.fullmatch(name) and all(r.kind == "block" for r in rules[1:-1]):
+            idx = [i for r in rules[1:-1] for i in expand(r.target)]
+            if len(idx) >= 2 * min_segment:
+                cands.append((len(idx), name, idx))
+    budget = TREE_MAX_EXPANSION * max(len(pol.rules), 1)
+    shared: dict[tuple[int, ...], list] = {}
+    for n, name, idx in sorted(cands, key=lambda c: -c[0]):
+        key = tuple(idx)
+        if key not in shared:
+            if t.rules_out + TREE_MAX_EXPANSION * n > budget:
+                continue
+            before = t.trees
+            lines = t.rewrite(idx, room(name, idx))
+            if t.trees == before:
+                continue
+            shared[key] = lines
+        rules = prog.chains[name]
+        prog.chains[name] = [rules[0], *shared[key], rules[-1]]
+    if shared:  # segments and blocks no leaf jumps to any more
+        seen, todo = {prog.main}, [prog.main]
+        while todo:
+            for r in prog.chains[todo.pop()]:
+                if r.target in prog.chains and r.target not in seen:
+                    seen.add(r.target)
+                    todo.append(r.target)
+        for name in [n for n in prog.chains if n not in seen]:
+            del prog.chains[name]
+
+    # 2. What is left: K0 (the whole policy) and every long chain of policy lines (a segment, a level-1 block)
+    work = []
+    for name, rules in list(prog.chains.items()):
+        if name not in built or name == prog.verbatim_full or not rules or any(r.kind != "policy" for r in rules):
+            continue
+        idx = [i for r in rules for i in range(r.index, r.index + r.span)]
+        if len(rules) >= 2 * min_segment:
+            work.append((name, idx))
+    k0 = prog.name("K0")
+    if k0_tree and pol.rules:
+        work.append((k0, list(range(len(pol.rules)))))
+    for name, idx in work:
+        before = t.trees
+        lines = t.rewrite(idx, room(name, idx))
+        if t.trees == before:  # no run long enough (or no room below nf_tables' limit): the chain stays as it was
+            continue
+        if name == k0:
+            unmark, default = prog.chains[k0][0], prog.chains[k0][-1]
+            prog.chains[k0] = [unmark, *lines, default]
+            del prog.chains[prog.verbatim_full]
+            prog.verbatim_full = ""
+        else:
+            prog.chains[name] = lines
+    return {"trees": t.trees, "rules_in_trees": t.rules_in, "rules_written": t.rules_out}

@@ -1,0 +1,141 @@
+"""Strategy tree (analysis.trees): the k = 0 path and long chains of complex rules as decision trees in the Program.
+
+The model side of the kernel-differential tests: Program.run interprets exactly the chains the emitters write, and
+on random policies (trees forced small) every frame gets the flattened policy's first-match verdict and passes the
+same observing rules, on the k = 0 path (any mark with k = 0) and through the hardware model (hybrid_verdict).
+The kernel checks the loaded form: tests/system/test_tree_strategy.py, verify and the fuzzer.
+"""
+
+from __future__ import annotations
+
+from hypafilter.analysis.plan import build_plan
+from hypafilter.analysis.program import NFT_MAX_DEPTH, build_program, mark_for
+from hypafilter.config import Config
+from hypafilter.ir.semantics import reference_verdict
+from hypafilter.netfilter.nft import to_nft
+from hypafilter.netfilter.restore import chain_depth, render_iptables
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.irbuild import make_policy, make_rule
+from tests.unit.test_properties import OBSERVING, _callback, headers, mismatches, reference_observed, rules
+
+
+def _k0_mismatches(prog, pol, hdrs, ev, foreign=0):
+    bad = []
+    for h in hdrs:
+        want = reference_verdict(pol, h, ev)
+        trace: list[int] = []
+        got, _ = prog.run(h, mark_for(prog, 0, 0, foreign), ev, trace)
+        seen = [i for i in trace if pol.rules[i].target in OBSERVING and any(b.contains(h) for b in pol.rules[i].boxes)]
+        if (got, seen) != (want, reference_observed(pol, h, ev)):
+            bad.append((h, want, got))
+    return bad
+
+
+def _tree_chains(prog) -> list[str]:
+    return [n for n in prog.chains if n.startswith(prog.name("T"))]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(rules(), min_size=4, max_size=24),
+    st.sampled_from(["ACCEPT", "DROP"]),
+    st.lists(headers(), min_size=4, max_size=16),
+    st.integers(0, (1 << 61) - 1),
+    st.sampled_from(["bridge", "host"]),
+)
+def test_tree_program_equals_reference(rs, default, hdrs, seed, nic_mode):
+    pol = make_policy(rs, default)
+    ev = _callback(seed)
+    config = Config(nic_mode=nic_mode, tree_min_segment=2)  # trees on runs of 2 rules, leaves of 1
+    for mode in ("index", "selective", "exact"):
+        plan = build_plan(pol, config, mode=mode, strategy="tree")
+        prog = build_program(plan, "tree", nic_mode=nic_mode)
+        assert prog.tree_stats["trees"] >= 1, "K0 walks the policy as a tree"
+        assert not prog.verbatim_full
+        assert _k0_mismatches(prog, pol, hdrs, ev, foreign=seed & 0xFFFFFFFF) == [], (mode, nic_mode)
+        assert mismatches(plan, "tree", hdrs, ev, nic_mode=nic_mode) == [], (mode, nic_mode)
+        depth, path = chain_depth(prog)
+        assert depth + 1 <= NFT_MAX_DEPTH, path
+
+
+def _policy(n: int, complex_every: int = 0):
+    rs = []
+    for i in range(n):
+        kw = {"src": f"10.{i % 7}.{i % 5}.0/24", "proto": ("tcp", "udp")[i % 2], "dport": (i, i + 3)}
+        if complex_every and i % complex_every == 0:
+            kw["complex"] = [("-m", "mark", "--mark", f"{i:#x}/0xff")]
+        rs.append(make_rule(("ACCEPT", "DROP", "LOG")[i % 3], **kw))
+    return make_policy(rs, "DROP")
+
+
+def _headers():
+    from hypafilter.ir import Header
+
+    return [
+        Header(src=(10 << 24) | (a << 16) | (b << 8) | 9, dst=1, proto=p, dport=d)
+        for a in range(8)
+        for b in range(6)
+        for p in (6, 17, 1)
+        for d in (0, 3, 40, 120)
+    ]
+
+
+def test_k0_and_long_complex_chains_walk_trees_and_render():
+    pol = _policy(200, complex_every=1)  # every rule complex: the interval chains are long lists of complex rules
+    plan = build_plan(pol, Config(), mode="selective", strategy="tree")
+    prog = build_program(plan, "tree")
+    k0 = prog.chains[prog.name("K0")]
+    assert any(r.kind == "always" and r.target.startswith(prog.name("T")) for r in k0)
+    assert not any(r.kind == "policy" for r in k0), "every rule movable: K0 holds only the tree's jump"
+    # a chain of complex rules of the interval structure got a tree too
+    jumps = {r.target for n, ch in prog.chains.items() if not n.startswith(prog.name("T")) for r in ch}
+    assert len({t for t in jumps if t.startswith(prog.name("T"))}) >= 2
+    hdrs = _headers()
+    ev = _callback(12345)
+    assert _k0_mismatches(prog, pol, hdrs, ev) == []
+    assert mismatches(plan, "tree", hdrs, ev) == []
+    text = render_iptables(prog)
+    assert "-g " + prog.name("T") in text and "-m u32 ! --u32" in text  # gotos between nodes, the port guard
+    assert chain_depth(text)[0] + 1 <= NFT_MAX_DEPTH
+    nft = to_nft(plan, "tree", "HF1_", table="t")
+    assert "ip saddr 10." in nft and "ip frag-off & 0x1fff != 0" in nft
+
+
+def test_a_broken_tree_is_caught():
+    """The comparison can fail: drop one rule from one tree leaf and some k = 0 frame gets another verdict."""
+    pol = _policy(120)
+    plan = build_plan(pol, Config(), mode="selective", strategy="tree")
+    prog = build_program(plan, "tree")
+    ev = _callback(1)
+    hdrs = _headers()[::3]
+    assert _k0_mismatches(prog, pol, hdrs, ev) == []
+    found = 0
+    for name in _tree_chains(prog):
+        ch = prog.chains[name]
+        pos = next((j for j, r in enumerate(ch) if r.kind == "policy" and pol.rules[r.index].target != "LOG"), None)
+        if pos is None:
+            continue
+        saved = list(ch)
+        del ch[pos]
+        found += bool(_k0_mismatches(prog, pol, hdrs, ev))
+        prog.chains[name] = saved
+        if found:
+            break
+    assert found
+
+
+def test_per_rule_state_and_resolved_interfaces_stay_linear():
+    pol = _policy(60)
+    st_rule = make_rule("ACCEPT", proto="tcp", complex=[("-m", "limit", "--limit", "1/s")])
+    from dataclasses import replace
+
+    pol.rules.insert(30, replace(st_rule, stateful_pos=30))
+    prog = build_program(build_plan(pol, Config(), mode="selective", strategy="tree"), "tree")
+    k0 = prog.chains[prog.name("K0")]
+    kinds = [(r.kind, r.index if r.kind == "policy" else r.target[len(prog.prefix) :]) for r in k0[1:-1]]
+    assert ("policy", 30) in kinds and sum(k == "always" for k, _ in kinds) == 2, kinds
+    pol.resolved = [(None, ("-i", "eth0"), "true for every NIC frame")]
+    prog = build_program(build_plan(pol, Config(), mode="selective", strategy="tree"), "tree")
+    assert prog.verbatim_full and prog.chains[prog.name("K0")][1].target == prog.verbatim_full

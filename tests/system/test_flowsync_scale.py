@@ -216,6 +216,10 @@ def run_scale(hf: HfCli, target: str, tmp_path: Path, check_table) -> None:
     # kill -9 of the worker: status is non-zero while the supervisor restarts it, then the new one has resynced
     worker = doc["worker"]
     os.kill(worker, signal.SIGKILL)
+    # SIGKILL is delivered asynchronously: until the worker has exited (a zombie or gone), it still serves
+    deadline = time.monotonic() + 5
+    while alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.01)
     rc, out = status_rc(hf)
     assert rc != 0 and "flowsync" in out, f"status exited {rc} right after the worker was killed:\n{out}"
     took = wait_ready(hf, worker, bound(20, 40))

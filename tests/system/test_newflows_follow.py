@@ -230,12 +230,18 @@ def dropped() -> int:
         return percpu_sum(m, 3)  # HFX_CNT_DROPPED
 
 
+def opt_in(test):
+    """The measurements below are defined only with HF_NEWFLOWS_LAG=N (`make newflows-lag`): `make test` neither
+    runs nor lists them (as the other opt-in measurements: HF_XDP_LARGE, HF_XDP_V6_FULL)."""
+    return test if LAG_RUNS else None
+
+
 def _pcts(xs: list[float]) -> str:
     s = sorted(xs)
     return f"p50 {s[len(s) // 2]:.1f} ms, max {s[-1]:.1f} ms (n={len(s)})"
 
 
-@pytest.mark.skipif(not LAG_RUNS, reason="opt-in: HF_NEWFLOWS_LAG=N (make newflows-lag)")
+@opt_in
 @pytest.mark.parametrize("kind", ("nft-object", "iptables-nft", "iptables-legacy", "expectation"))
 def test_withdraw_lag(lab, kind):
     """N times: the change made, then HFX_CT_NONE polled every 0.2 ms until it is clear: the time from the command's
@@ -288,7 +294,7 @@ def test_withdraw_lag(lab, kind):
     assert wait_for(decided, 5.0) is not None
 
 
-@pytest.mark.skipif(not LAG_RUNS, reason="opt-in: HF_NEWFLOWS_LAG=N (make newflows-lag)")
+@opt_in
 @pytest.mark.parametrize("tool", ("iptables", "iptables-legacy"))
 def test_ftp_right_after_the_rule(lab, tool):
     """The race itself, N times: the helper rule added and an active-FTP exchange started at once (the control

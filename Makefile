@@ -7,8 +7,10 @@ PYTEST := $(VENV)/bin/pytest
 BUILD ?= build
 
 .PHONY: all setup test test-quick test-unit test-sim test-system demo lint format synth-estimate bench clean
-# pytest-xdist workers of the sim and system tiers (each test module keeps its own lab; docs/testing.md)
+# pytest-xdist workers of the sim tier (GHDL: one per core) and of the system tier (it waits on the network more than
+# it computes: three on the two cores; each test module keeps its own lab; docs/testing.md)
 TEST_WORKERS ?= 2
+SYSTEM_WORKERS ?= 3
 
 all: test
 
@@ -27,7 +29,7 @@ test-sim:
 
 test-system:
 	@scripts/setup.sh system browser
-	TEST_WORKERS=$(TEST_WORKERS) scripts/run-system-tests.sh
+	TEST_WORKERS=$(SYSTEM_WORKERS) scripts/run-system-tests.sh
 
 # the edit loop: the unit tier, then one deploy + verify per target (emu, xdp), tests of the system tier run alone;
 # docs/testing.md

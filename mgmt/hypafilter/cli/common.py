@@ -7,7 +7,7 @@ import dataclasses
 import sys
 
 from hypafilter.config import Config
-from hypafilter.errors import HypafilterError, PolicyError
+from hypafilter.errors import HypafilterError
 from hypafilter.ir import Policy
 
 
@@ -198,21 +198,9 @@ def _load_policy(args: argparse.Namespace, config: Config, env, family: int = 4)
 
 def parse_policy_file(path: str, chain: str, config: Config, allow_empty: bool, env, family: int = 4) -> Policy:
     """parse_policy of a file, with the file's own errors (missing, not UTF-8) said as such."""
-    from hypafilter.iptables.document import parse_policy
+    from hypafilter.iptables.document import parse_policy, read_policy_text
 
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise HypafilterError(f"{path}: {e.strerror}") from e
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
-        raise PolicyError(
-            f"not UTF-8 text: byte 0x{data[e.start]:02x} (is this an iptables-save file?)", path, line, column
-        ) from e
+    text = read_policy_text(path)
     return parse_policy(
         text, filename=path, base_chain=chain, config=config, allow_empty=allow_empty, sets=env, family=family
     )

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from hypafilter.config import Config, Interfaces
-from hypafilter.errors import PolicyError
+from hypafilter.errors import HypafilterError, PolicyError
 from hypafilter.iptables import canonical
 from hypafilter.iptables.ctstate import split_states
 from hypafilter.iptables.flatten import flatten
@@ -430,6 +430,24 @@ def read_table(text: str, filename: str, config: Config | None = None, family: i
     with address_space(family):
         doc.read(text)
     return TableChains(config.table, doc.chains, doc.tables)
+
+
+def read_policy_text(path: str) -> str:
+    """A policy file's text, with the file's own errors (missing, not UTF-8) said as such, naming file, line and
+    column."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise HypafilterError(f"{path}: {e.strerror}") from e
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise PolicyError(
+            f"not UTF-8 text: byte 0x{data[e.start]:02x} (is this an iptables-save file?)", path, line, column
+        ) from e
 
 
 def parse_policy(

@@ -22,7 +22,8 @@ import shlex
 from dataclasses import dataclass, field
 
 from hypafilter import netns
-from hypafilter.errors import HypafilterError, PolicyError
+from hypafilter.errors import PolicyError
+from hypafilter.iptables.document import read_policy_text
 from hypafilter.netfilter import ipset
 
 DEFAULTS = ("kernel", "drop")  # --ipv6-default
@@ -212,16 +213,7 @@ def parse(text: str, source: str, base_chain: str = "FORWARD", validate: bool = 
 
 
 def read(path: str, base_chain: str = "FORWARD", sets_text: str = "") -> V6Policy:
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise HypafilterError(f"{path}: {e.strerror}") from e
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise PolicyError(f"not UTF-8 text: byte 0x{data[e.start]:02x}", path, line, 1) from e
+    text = read_policy_text(path)
     return parse(text, path, base_chain, sets_text=sets_text)
 
 

@@ -9,10 +9,8 @@ Prints each figure (median of --repeat) and the command line; docs/ipv6.md "Inpu
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from hypafilter.analysis.plan import build_plan, selective_bits
@@ -22,15 +20,8 @@ from hypafilter.ir.family import compress
 from hypafilter.tools.classbench import classbench_policy_text
 from hypafilter.tools.classbench6 import v6_policy_text
 
-
-def median(fn, repeat: int) -> tuple[float, object]:
-    """Median wall time of `repeat` runs (the machine is shared, so the best run flatters and the mean wobbles)."""
-    times, res = [], None
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        res = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), res
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from analysis_speed import median
 
 
 def main() -> int:

@@ -350,6 +350,40 @@ class CtConfig:
         return (CT_LOOKUP if self.lookup else 0) | (CT_NONE_FLAG if self.lookup and self.none else 0)
 
 
+def _lookup_records(t, shape: dict, prefix: str, span_dtype) -> list[bytes]:
+    """The records of one family's lookup maps: the vectors (PREFIX_vec), each field's spans or direct table
+    (PREFIX_f_F) and the boxes' owners (PREFIX_box); span_dtype: SPAN (IPv4) or SPAN6 (128-bit starts)."""
+    W = shape["words"]
+    vec = np.zeros((len(t.vectors), W), dtype=np.uint64)
+    vec[:, : t.words] = t.vectors[:, : t.words] if t.words else vec[:, :0]
+    ones = None
+    if set(t.fields) != set(shape["fields"]):
+        ones = len(vec)  # fields the program looks up but no box restricts any more: an all-ones vector
+        row = np.zeros((1, W), dtype=np.uint64)
+        full, rest = divmod(t.boxes, 64)
+        row[0, :full] = np.uint64(0xFFFFFFFFFFFFFFFF)
+        if rest:
+            row[0, full] = np.uint64((1 << rest) - 1)
+        vec = np.concatenate([vec, row])
+    out = [_record(f"{prefix}_vec", 8 * W, len(vec), vec.astype("<u8").tobytes())]
+    for f in shape["fields"]:
+        if f in SEARCH_FIELDS:
+            sp = t.spans.get(f)
+            if sp is None:
+                sp = np.zeros(1, dtype=span_dtype)
+                sp["vec"] = ones
+            out.append(_record(f"{prefix}_f_{f}", span_dtype.itemsize, len(sp), sp.tobytes()))
+        else:
+            ids = t.direct.get(f)
+            if ids is None:
+                ids = np.full(DIRECT_SIZE[f], ones, dtype=np.uint32)
+            out.append(_record(f"{prefix}_f_{f}", 4, len(ids), ids.astype("<u4").tobytes()))
+    if t.boxes:
+        box = t.box_entry.astype(np.uint32) | np.where(t.box_wild, np.uint32(BOX_WILD), np.uint32(0))
+        out.append(_record(f"{prefix}_box", 4, t.boxes, box.astype("<u4").tobytes()))
+    return out
+
+
 def tables_file(
     t: Tables,
     shape: dict,
@@ -369,35 +403,7 @@ def tables_file(
         raise ValueError("IPv6 tables need a program with an IPv6 table set, and such a program needs them")
     if not t.fits(shape):
         raise ValueError("tables do not fit the program's shape")
-    W = shape["words"]
-    out = []
-    vec = np.zeros((len(t.vectors), W), dtype=np.uint64)
-    vec[:, : t.words] = t.vectors[:, : t.words] if t.words else vec[:, :0]
-    ones = None
-    if set(t.fields) != set(shape["fields"]):
-        ones = len(vec)  # fields the program looks up but no box restricts any more: an all-ones vector
-        row = np.zeros((1, W), dtype=np.uint64)
-        full, rest = divmod(t.boxes, 64)
-        row[0, :full] = np.uint64(0xFFFFFFFFFFFFFFFF)
-        if rest:
-            row[0, full] = np.uint64((1 << rest) - 1)
-        vec = np.concatenate([vec, row])
-    out.append(_record("hfx_vec", 8 * W, len(vec), vec.astype("<u8").tobytes()))
-    for f in shape["fields"]:
-        if f in SEARCH_FIELDS:
-            sp = t.spans.get(f)
-            if sp is None:
-                sp = np.zeros(1, dtype=SPAN)
-                sp["vec"] = ones
-            out.append(_record(f"hfx_f_{f}", 8, len(sp), sp.tobytes()))
-        else:
-            ids = t.direct.get(f)
-            if ids is None:
-                ids = np.full(DIRECT_SIZE[f], ones, dtype=np.uint32)
-            out.append(_record(f"hfx_f_{f}", 4, len(ids), ids.astype("<u4").tobytes()))
-    if t.boxes:
-        box = t.box_entry.astype(np.uint32) | np.where(t.box_wild, np.uint32(BOX_WILD), np.uint32(0))
-        out.append(_record("hfx_box", 4, t.boxes, box.astype("<u4").tobytes()))
+    out = _lookup_records(t, shape, "hfx", SPAN)
     buf = shape.get("buf", 0)
     out.append(_entry_record(t.entries, t.n, buf))
     words = shape["ent_cap"] // 64
@@ -550,34 +556,7 @@ def tables6_records(t6: Tables, v6shape: dict, miss: int = 0, ct: CtConfig | Non
     ct = ct or CtConfig()
     if not fits6(t6, v6shape):
         raise ValueError("IPv6 tables do not fit the program's shape")
-    W = v6shape["words"]
-    vec = np.zeros((len(t6.vectors), W), dtype=np.uint64)
-    vec[:, : t6.words] = t6.vectors[:, : t6.words] if t6.words else vec[:, :0]
-    ones = None
-    if set(t6.fields) != set(v6shape["fields"]):
-        ones = len(vec)
-        row = np.zeros((1, W), dtype=np.uint64)
-        full, rest = divmod(t6.boxes, 64)
-        row[0, :full] = np.uint64(0xFFFFFFFFFFFFFFFF)
-        if rest:
-            row[0, full] = np.uint64((1 << rest) - 1)
-        vec = np.concatenate([vec, row])
-    out = [_record("hfx6_vec", 8 * W, len(vec), vec.astype("<u8").tobytes())]
-    for f in v6shape["fields"]:
-        if f in SEARCH_FIELDS:
-            sp = t6.spans.get(f)
-            if sp is None:
-                sp = np.zeros(1, dtype=SPAN6)
-                sp["vec"] = ones
-            out.append(_record(f"hfx6_f_{f}", SPAN6.itemsize, len(sp), sp.tobytes()))
-        else:
-            ids = t6.direct.get(f)
-            if ids is None:
-                ids = np.full(DIRECT_SIZE[f], ones, dtype=np.uint32)
-            out.append(_record(f"hfx6_f_{f}", 4, len(ids), ids.astype("<u4").tobytes()))
-    if t6.boxes:
-        box = t6.box_entry.astype(np.uint32) | np.where(t6.box_wild, np.uint32(BOX_WILD), np.uint32(0))
-        out.append(_record("hfx6_box", 4, t6.boxes, box.astype("<u4").tobytes()))
+    out = _lookup_records(t6, v6shape, "hfx6", SPAN6)
     out.append(_record("hfx6_ent", ENTRY.size, t6.n + 1, t6.entries))
     nb = {f: len(t6.spans[f]) if f in t6.spans else 1 for f in SEARCH_FIELDS}
     cfg = CONFIG6.pack(

@@ -281,18 +281,23 @@ def _icmp(ctx: Ctx, tok: Tok) -> tuple[int, int, int]:
     if t.lower() in ICMP_TYPES:
         return ICMP_TYPES[t.lower()]
     typ, slash, code = t.partition("/")
-    ty = _number(ctx, tok, typ, 255, "ICMP type")
+    return _type_code(ctx, tok, typ, slash, code, "ICMP", "")
+
+
+def _type_code(ctx: Ctx, tok: Tok, typ: str, slash: str, code: str, what: str, why: str) -> tuple[int, int, int]:
+    """TYPE[/CODE] of `--icmp-type` and `--icmpv6-type`: (type, code low, code high). Code ranges other than 0:255
+    are refused: iptables and ip6tables accept them but print only their minimum back, which would reload as another
+    rule; refuse rather than change the policy's meaning."""
+    ty = _number(ctx, tok, typ, 255, f"{what} type")
     if not slash:
         return ty, 0, 0xFF
     if ":" in code:
         a, _, b = code.partition(":")
-        c1, c2 = _number(ctx, tok, a, 255, "ICMP code"), _number(ctx, tok, b, 255, "ICMP code")
+        c1, c2 = _number(ctx, tok, a, 255, f"{what} code"), _number(ctx, tok, b, 255, f"{what} code")
         if c1 != c2 and (c1, c2) != (0, 255):
-            # iptables accepts other code ranges but prints only their minimum back, which would reload
-            # differently; refuse rather than change the policy's meaning.
-            raise ctx.err("ICMP code ranges other than 0:255 are not supported", tok)
+            raise ctx.err(f"{what} code ranges other than 0:255 are not supported{why}", tok)
         return ty, c1, c2
-    c = _number(ctx, tok, code, 255, "ICMP code")
+    c = _number(ctx, tok, code, 255, f"{what} code")
     return ty, c, c
 
 
@@ -311,17 +316,7 @@ def _icmp6(ctx: Ctx, tok: Tok) -> tuple[int, int, int]:
         raise ctx.err("ICMPv6 type ranges are not supported (ip6tables refuses them)", tok)
     if not typ.isdigit():
         raise ctx.err(f"unknown ICMPv6 type {t!r}", tok)
-    ty = _number(ctx, tok, typ, 255, "ICMPv6 type")
-    if not slash:
-        return ty, 0, 0xFF
-    if ":" in code:
-        a, _, b = code.partition(":")
-        c1, c2 = _number(ctx, tok, a, 255, "ICMPv6 code"), _number(ctx, tok, b, 255, "ICMPv6 code")
-        if c1 != c2 and (c1, c2) != (0, 255):
-            raise ctx.err("ICMPv6 code ranges other than 0:255 are not supported (ip6tables saves only the first)", tok)
-        return ty, c1, c2
-    c = _number(ctx, tok, code, 255, "ICMPv6 code")
-    return ty, c, c
+    return _type_code(ctx, tok, typ, slash, code, "ICMPv6", " (ip6tables saves only the first)")
 
 
 def _iface(ctx: Ctx, tok: Tok) -> str:

@@ -56,10 +56,29 @@ def test_blocklist_networks_disjoint_and_clear_of_the_avoided():
 def test_ipset_restore_text():
     nets = [(0x01020300, 24), (0x05060708, 32)]
     assert attack.ipset_restore(nets, "x").splitlines() == [
-        "create x hash:net family inet hashsize 16384 maxelem 131072",
+        "create x hash:net family inet hashsize 16384 maxelem 65536",
         "add x 1.2.3.0/24",
         "add x 5.6.7.8/32",
     ]
+
+
+@pytest.mark.parametrize("target", ["emu", "xdp"])
+def test_blocklist_set_fits_a_set_slot(target):
+    """The bench's blocklist set, at its largest, is a set slot on each target with set tables: its rule a simple
+    one (a maxelem above the target's slot makes it complex, and then every frame of the mix is shunted)."""
+    from hypafilter.iptables.sets import SetEnv
+    from hypafilter.netfilter.ipset import parse_save
+    from hypafilter.targets import set_capability
+
+    nets = attack.blocklist_networks(attack.MAX_BLOCKLIST, 3)
+    text = attack.ipset_restore(nets)
+    slots, capacity = set_capability(target)
+    env = SetEnv(parse_save(text, "bench"), slots, capacity, target, "bench", text=text)
+    rules = attack.blocklist_rules(nets, "ipset", "FORWARD")
+    doc = "*filter\n:FORWARD DROP [0:0]\n" + "\n".join(rules) + "\n-A FORWARD -p udp -j ACCEPT\nCOMMIT\n"
+    pol = parse_policy(doc, "p", config=Config(target=target), sets=env)
+    assert not pol.rules[0].complex, pol.rules[0]
+    assert len(pol.set_slots) == 1
 
 
 @pytest.mark.parametrize("as_", attack.BLOCKLIST_AS)

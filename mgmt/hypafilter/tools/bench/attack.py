@@ -91,7 +91,9 @@ def address_in(net: tuple[int, int], rng: random.Random) -> int:
 
 def ipset_restore(networks: list[tuple[int, int]], name: str = BLOCKLIST_SET) -> str:
     """`ipset restore` input that creates the set `name` holding the blocklist's networks."""
-    lines = [f"create {name} hash:net family inet hashsize 16384 maxelem 131072"]
+    # maxelem: ipset's default (what fail2ban's, firewalld's and Docker's sets use), above MAX_BLOCKLIST and within
+    # every target's set slot (the emulated NIC's holds 65,536; a larger maxelem makes the set match complex there)
+    lines = [f"create {name} hash:net family inet hashsize 16384 maxelem 65536"]
     lines += [f"add {name} {net_text(n)}" for n in networks]
     return "\n".join(lines) + "\n"
 

@@ -21,7 +21,10 @@ entity hf_header_parser is
   generic (
     DATA_WIDTH  : positive := 256;  -- TDATA bits: 256 (SUME) or 512 (NetFPGA-PLUS)
     TUSER_WIDTH : positive := 128;  -- TUSER bits (SUME: 128)
-    V6_MAX_HDRS : positive := 3     -- IPv6 extension headers walked at most (the chain's budget, with the capture)
+    V6_MAX_HDRS : positive := 3;    -- IPv6 extension headers walked at most (the chain's budget, with the capture)
+    -- false: the walk is generated out (h6_unparsed stays '1', the other h6_* 0; h_family still follows the
+    -- ethertype). hypafilter_core sets it while no matcher reads the h6_* outputs (docs/ipv6.md)
+    V6_WALK     : boolean := true
   );
   port (
     clk        : in  std_logic;
@@ -342,6 +345,7 @@ begin
       fam6 := et = x"86DD" and c_have(13) = '1' and (not tag or c_have(17) = '1');
       p1_fam6 <= to_sl(fam6);
       p1_ip6 <= to_sl(fam6 and not unf and not ll);
+      if V6_WALK then
       for j in 0 to J6 loop
         t6.nh(j) := std_logic_vector(byte(c_buf, V6_BASE + 4 * j));
         t6.c(j) := classify(t6.nh(j));
@@ -371,6 +375,7 @@ begin
         p1_w6(t) <= w6;
       end loop;
       p1_t6 <= t6;
+      end if;
       p1_buf <= c_buf;
       p1_have <= c_have;
       p1_tuser <= c_tuser;
@@ -384,6 +389,7 @@ begin
     variable ok, okt : boolean;
   begin
     if rising_edge(clk) then
+      if V6_WALK then
       -- the rest of the walk and the fixed header's checks for both tag positions, then the tag's: the 2-way
       -- choice comes last, off the walk's path
       ip := (others => '0');
@@ -420,6 +426,7 @@ begin
         p2_src6(127 - 8 * i downto 120 - 8 * i) <= ip(8 * (8 + i) + 7 downto 8 * (8 + i));
         p2_dst6(127 - 8 * i downto 120 - 8 * i) <= ip(8 * (24 + i) + 7 downto 8 * (24 + i));
       end loop;
+      end if;
     end if;
   end process;
 
@@ -553,6 +560,7 @@ begin
       -- lie in the capture
       -- per position: the upper-layer bytes, and the length tests against that position's room (in parallel, so
       -- that only single bits are selected by the walk's end)
+      if V6_WALK then
       l4b6 := (others => '0');
       fit := false;
       g0 := false;
@@ -625,6 +633,7 @@ begin
         o_l4ok6 <= to_sl(tcp_ok);
       elsif is_udp6 then
         o_l4ok6 <= to_sl(udp_ok);
+      end if;
       end if;
       sp := p2_tuser(TUSER_SRC_LO + 7 downto TUSER_SRC_LO);
       case sp is

@@ -169,7 +169,10 @@ def test_helper_rule_withdraws_and_restores(lab):
         assert ftp("hyb") == "226 ok"
         assert not decided()
         doc = service()
-        assert doc["withdrawals"] >= 2 and doc["why_not"], doc
+        # the legacy rule is withdrawn by the follower itself (no nf_tables event); iptables-nft's may have been
+        # withdrawn by the policy sync's own follow of that foreign base chain first (its tables written with the
+        # check's answer, under the deployment's lock), which the follower does not count (seen at load)
+        assert doc["withdrawals"] >= 1 and doc["why_not"], doc
         print("service:", {k: doc[k] for k in ("withdrawals", "restores", "exp_events", "lag_withdraw_ms", "check_ms")})
     finally:
         netns.run(["iptables-legacy", "-t", "raw", "-F"], FW)

@@ -97,6 +97,13 @@ test-xdp-large:
 	@scripts/setup.sh system
 	CI=true HF_XDP_LARGE=1 $(PYTEST) -q -s tests/system/test_xdp.py -k classbench_10k
 
+# opt-in: every (IN, OUT) interface pair of the real rule sets' bridged verify (`make test` runs half of them, in turn
+# per policy; docs/testing.md)
+.PHONY: test-real-all
+test-real-all:
+	@scripts/setup.sh system
+	CI=true HF_REAL_ALL=1 scripts/run-system-tests.sh tests/system/test_real_rulesets.py
+
 # opt-in: every IPv6 test of the xdp program (docs/ipv6.md "## xdp"): the second policy against ip6tables, the header
 # budget and host mode's hop-by-hop, XdpTarget with both table sets (`make test` runs one policy and the lab's verify)
 .PHONY: test-xdp-v6

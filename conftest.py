@@ -79,42 +79,44 @@ def lab(request):
         deploy.configure(*was)
 
 
-# Modules of the sim and system tiers that take longest, with their seconds in one sequential run (`make test` with
+# Modules of the sim and system tiers that take longest, with their seconds in one run (`make test` with
 # PYTEST_ADDOPTS=--durations=0, setup + call + teardown summed per module; docs/testing.md). Under pytest-xdist
-# (`make test` runs both tiers on two workers) the longest start first, so no worker is left with a long module at
-# the end while the other idles. Modules not listed keep their collection order after these.
+# (`make test`: sim on two workers, system on three) the longest start first, so no worker is left with a long module at
+# the end while the others idle. Modules not listed keep their collection order after these.
 LONG_MODULES = {
-    "test_fuzz.py": 170,  # 252 in the full run at ec8b42c (half the pairs per policy); a third of them since
-    "test_emu_sets.py": 43,
-    "test_real_rulesets.py": 138,
-    "test_hypafilter_core.py": 108,
-    "test_equivalence.py": 110,
-    "test_exactness.py": 86,
-    "test_xdp_lab.py": 84,
-    "test_exact_state.py": 70,
-    "test_live_tools.py": 69,
-    "test_livepolicy.py": 60,
-    "test_core_flow_cache.py": 60,
-    "test_hf_flow_cache.py": 58,
-    "test_deploy.py": 53,
-    "test_dashboard_live.py": 52,
-    "test_ct_timewait.py": 51,
-    "test_ctstate.py": 49,
-    "test_lazy_rebuild.py": 42,
-    "test_postsynth.py": 43,
-    "test_verify_connections.py": 38,
-    "test_synth_tools.py": 41,
-    "test_xdp_ct_timewait.py": 41,
-    "test_flowsync_scale.py": 40,
-    "test_flowsync.py": 35,
-    "test_verify_load.py": 31,
-    # added in session 11 (the full run at ec8b42c)
-    "test_verify_limits.py": 36,
-    "test_ct_member.py": 24,
-    "test_set_table_verilog.py": 21,
-    # added in session 12 (their engineers' runs on the loaded machine, scaled down)
+    # the fresh-clone `make test` at ec8392b (three system workers, two sim workers), setup + call + teardown
+    "test_fuzz.py": 338,
+    "test_real_rulesets.py": 218,
+    "test_equivalence.py": 188,
+    "test_xdp_lab.py": 130,
+    "test_exactness.py": 97,
+    "test_deploy.py": 95,
+    "test_live_tools.py": 93,
+    "test_verify_connections.py": 87,
+    "test_livepolicy.py": 80,
+    "test_ct_timewait.py": 72,
+    "test_postsynth.py": 70,  # sim: one test of 55 s, started first so that no worker is left with it at the end
+    "test_core_flow_cache.py": 65,
+    "test_hypafilter_core.py": 60,
+    "test_verify_limits.py": 57,
+    "test_emu_sets.py": 50,
+    "test_exact_state.py": 49,
+    "test_xdp_overlay.py": 48,
+    "test_dashboard_live.py": 46,
+    "test_flowsync.py": 46,
+    "test_xdp_ct_timewait.py": 46,
+    "test_lazy_rebuild.py": 46,
+    "test_policysync_lease.py": 45,
+    "test_bench_quick.py": 42,
+    "test_verify_load.py": 41,
+    "test_ctstate.py": 40,
+    "test_hf_flow_cache.py": 40,
+    "test_synth_tools.py": 40,
     "test_ipv6_deploy.py": 40,
-    "test_hf_header_parser_ipv6.py": 25,
+    "test_emu.py": 35,
+    "test_xdp_newflows.py": 31,
+    "test_flowsync_scale.py": 31,
+    "test_set_table_verilog.py": 21,
     "test_xdp_v6_lab.py": 23,
     "test_newflows_follow.py": 20,
     "test_tree_strategy.py": 20,

@@ -168,10 +168,12 @@ def test_helper_rule_withdraws_and_restores(lab):
         assert ftp("plain") == "226 ok"
         assert ftp("hyb") == "226 ok"
         assert not decided()
-        doc = service()
         # the legacy rule is withdrawn by the follower itself (no nf_tables event); iptables-nft's may have been
         # withdrawn by the policy sync's own follow of that foreign base chain first (its tables written with the
-        # check's answer, under the deployment's lock), which the follower does not count (seen at load)
+        # check's answer, under the deployment's lock), which the follower does not count (seen at load). The
+        # check that names the rule is one begun after it: a check begun before may still report "" meanwhile.
+        assert wait_for(lambda: service()["why_not"], 5.0, step=0.05) is not None, service()
+        doc = service()
         assert doc["withdrawals"] >= 1 and doc["why_not"], doc
         print("service:", {k: doc[k] for k in ("withdrawals", "restores", "exp_events", "lag_withdraw_ms", "check_ms")})
     finally:

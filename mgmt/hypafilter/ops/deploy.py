@@ -36,6 +36,7 @@ from hypafilter.netfilter.restore import to_iptables_restore
 from hypafilter.ops import services
 from hypafilter.ops.buffer import overlay_json, read_static, static_path, write_static
 from hypafilter.ops.daemon import READY_TIMEOUT
+from hypafilter.ops.locks import flock_now
 from hypafilter.ops.policysync import live
 from hypafilter.ops.policysync.nftevents import NfTables
 from hypafilter.ops.ruleset import (
@@ -198,13 +199,8 @@ def unmeasured() -> Iterator[bool]:
     """The measurement lock held exclusively if nothing measures now (True), else False at once: the lazy rebuild
     swaps its core only under it, and tries again later otherwise."""
     STATE_DIR.mkdir(parents=True, exist_ok=True)
-    with open(STATE_DIR / "measure.lock", "a+") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        yield True
+    with flock_now(STATE_DIR / "measure.lock") as free:
+        yield free
 
 
 def drift(st: dict, tgt: Target | None = None) -> list[str]:

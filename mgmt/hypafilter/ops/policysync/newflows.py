@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import fcntl
 import os
 import socket
 import struct
@@ -37,6 +36,7 @@ from pathlib import Path
 from hypafilter import netns
 from hypafilter.errors import HypafilterError
 from hypafilter.ops.flowsync.hold import HOLD_FILE, held, hold_lock
+from hypafilter.ops.locks import flock_now
 from hypafilter.ops.netlink import NETLINK_NETFILTER, Netlink, NetlinkError
 
 # include/uapi/linux/netfilter/nfnetlink.h, nfnetlink_conntrack.h
@@ -183,13 +183,8 @@ def deploy_lock_now(state_dir: Path):
     """The deployment's lock (ops.deploy's deploy.lock), taken without waiting: yields whether it is held. The
     permission is written only under it: a deploy writes the program's whole configuration with its own check's
     answer, and a read-modify-write racing it would put back the old tables' configuration."""
-    with open(Path(state_dir) / "deploy.lock", "a+") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        yield True
+    with flock_now(Path(state_dir) / "deploy.lock") as free:
+        yield free
 
 
 class NicPermission:

@@ -167,3 +167,15 @@ def test_marks_that_do_not_fit_leave_ip6tables_verbatim():
     chains, text = deploy._chains6(plan6, v6, config, said.append)
     assert chains is None and text == v6.text and plan6.verbatim  # k = 0 for every IPv6 frame: exact
     assert "IPv6 interval chains not written" in said[0] and "k = 0" in said[0]
+
+
+def test_status_names_the_chains():
+    from hypafilter.cli.deploy import _fmt_ipv6
+
+    six = {"mode": "policy", "source": "v6.rules", "rules": {"filter/FORWARD": 9}, "xdp": {"entries": 10}}
+    six |= {"live_rules": 40, "live_base_rules": 10, "live_base_policy": "DROP"}
+    assert "interval chains" not in _fmt_ipv6(six)  # verbatim: every passed IPv6 frame with k = 0
+    six["chains"] = {"main": "HFv6_MAIN", "strategy": "interval", "k_base": 3}
+    line = _fmt_ipv6(six)
+    assert "decided in the XDP program by its 10 entries" in line
+    assert "shunted frames with their k (> 3) through the interval chains in ip6tables (HFv6_MAIN" in line

@@ -2,12 +2,14 @@
 the kernel as oracle through the project's own verify: a dual-stack deployment (`--ipv6`, `xdp_ipv6 = true`) whose
 IPv6 frames the program shunts carry their interval's k (after the IPv4 plan's largest k), so ip6tables runs that
 interval's rules, the mark given back first; k = 0 still runs the whole policy. 0 mismatches, and ip6tables' own
-counters show the shunted IPv6 frames taking the leaves of k > k_base. All or nothing: a failure after the IPv6 load
-(a real iptables-restore error) leaves ip6tables as the operator had it, and undeploy gives it back (lab `q2c`)."""
+counters show the shunted IPv6 frames taking the leaves of k > k_base; undeploy gives the operator's ip6tables back.
+Opt-in (`make test-xdp-v6`): all or nothing, a failure after ip6tables took new chains (a real iptables-restore
+error) leaves ip6tables as the deployment before had it (lab `q2c`)."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -21,6 +23,11 @@ pytestmark = pytest.mark.system
 LAB = "q2c"
 FW = f"{LAB}-fw"
 hf = HfCli(LAB, f"/run/hypafilter/test-{LAB}")
+# an IPv4 policy with more intervals than POLICY_A: the IPv6 side's k move (k_base), so ip6tables is reloaded
+POLICY_B = POLICY_A.replace(
+    "COMMIT",
+    "-A FORWARD -p udp --dport 4000 -m string --string X --algo bm -j DROP\n-A FORWARD -p udp -j ACCEPT\nCOMMIT",
+)
 PACKETS = 100
 # Complex rules (hop limit, extension headers, REJECT) above simple ones: the simple rules' entries shunt with k > 0.
 V6 = """*filter
@@ -49,6 +56,7 @@ COMMIT
 def lab(tmp_path_factory):
     d = tmp_path_factory.mktemp(LAB)
     (d / "a.rules").write_text(POLICY_A)
+    (d / "b.rules").write_text(POLICY_B)
     (d / "v6.rules").write_text(V6)
     (d / "cfg.toml").write_text("xdp_ipv6 = true\n")
     with hf.xdp_lab():  # verify deploys
@@ -65,17 +73,16 @@ def _rules(text: str) -> list[str]:
     return [ln for ln in text.splitlines() if not ln.startswith("#")]
 
 
+def _args(lab, v4: str) -> list[str]:
+    return [str(lab / v4), "--ipv6", str(lab / "v6.rules"), "--target", "xdp", "--config", str(lab / "cfg.toml")]
+
+
 def test_shunted_ipv6_frames_run_their_interval_chain(lab):
     from hypafilter import netns
 
     netns.run(["ip6tables", "-w", "-A", "FORWARD", "-s", "2001:db8:99::/48", "-j", "DROP"], FW)  # the operator's
     before = _rules(_ip6("-t", "filter"))
-    args = [str(lab / "a.rules"), "--ipv6", str(lab / "v6.rules"), "--target", "xdp", "--config", str(lab / "cfg.toml")]
-    # A real iptables-restore failure after ip6tables took the IPv6 policy and its chains: both rolled back.
-    p = hf("deploy", *args, fail="netfilter", check=False)
-    assert p.returncode != 0 and _rules(_ip6("-t", "filter")) == before, p.stderr[-2000:]
-
-    p = hf("verify", *args, "--packets", str(PACKETS), "--json", check=False)
+    p = hf("verify", *_args(lab, "a.rules"), "--packets", str(PACKETS), "--json", check=False)
     assert p.stdout, p.stderr[-3000:]
     r = json.loads(p.stdout)
     six = r["ipv6"]
@@ -100,3 +107,25 @@ def test_shunted_ipv6_frames_run_their_interval_chain(lab):
 
     hf("undeploy")
     assert _rules(_ip6("-t", "filter")) == before  # the operator's ip6tables back, the tool's chains gone
+
+
+if os.environ.get("HF_XDP_V6_FULL") == "1":  # `make test-xdp-v6`
+
+    def test_rollback_keeps_the_deployed_chains(lab):
+        """A deploy that fails after ip6tables took the new IPv6 chains (the IPv4 side's new k_base; a real
+        iptables-restore error after it) leaves ip6tables exactly as the deployment before had it, chains included;
+        undeploy then gives the operator's ip6tables back."""
+        from hypafilter import netns
+
+        netns.run(["ip6tables", "-w", "-A", "FORWARD", "-s", "2001:db8:98::/48", "-j", "DROP"], FW)
+        operator = _rules(_ip6("-t", "filter"))
+        hf("deploy", *_args(lab, "a.rules"))
+        deployed = _rules(_ip6("-t", "filter"))
+        st = json.loads((Path(hf.state) / "state.json").read_text())
+        assert "-A FORWARD -j HFv6_MAIN" in deployed and st["ipv6"]["chains"]["k_base"] == max(st["intervals"])
+        p = hf("deploy", *_args(lab, "b.rules"), fail="netfilter", check=False)
+        assert p.returncode != 0 and "netfilter6" in p.stderr, p.stderr[-2000:]  # ip6tables was reloaded, then undone
+        assert _rules(_ip6("-t", "filter")) == deployed
+        assert json.loads((Path(hf.state) / "state.json").read_text())["ipv6"]["chains"] == st["ipv6"]["chains"]
+        hf("undeploy")
+        assert _rules(_ip6("-t", "filter")) == operator

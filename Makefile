@@ -105,11 +105,13 @@ test-real-all:
 	CI=true HF_REAL_ALL=1 scripts/run-system-tests.sh tests/system/test_real_rulesets.py
 
 # opt-in: every IPv6 test of the xdp program (docs/ipv6.md "## xdp"): the second policy against ip6tables, the header
-# budget and host mode's hop-by-hop, XdpTarget with both table sets (`make test` runs one policy and the lab's verify)
+# budget and host mode's hop-by-hop, XdpTarget with both table sets, the rollback that keeps the IPv6 interval chains
+# (`make test` runs one policy and the lab's verifies)
 .PHONY: test-xdp-v6
 test-xdp-v6:
 	@scripts/setup.sh system
-	CI=true HF_XDP_V6_FULL=1 scripts/run-system-tests.sh -n 0 tests/system/test_xdp_v6.py tests/system/test_xdp_v6_lab.py
+	CI=true HF_XDP_V6_FULL=1 scripts/run-system-tests.sh -n 0 tests/system/test_xdp_v6.py tests/system/test_xdp_v6_lab.py \
+		tests/system/test_xdp_v6_chains.py
 
 # opt-in: the kernel-differential fuzzer at 1,000,000 frames (not part of `make test`; figures in docs/deploy.md)
 .PHONY: fuzz

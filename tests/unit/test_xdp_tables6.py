@@ -150,8 +150,9 @@ def test_refusals():
 
 
 def test_plan6_for_a_deployment():
-    """deploy's hook (targets.xdp.v6.plan6_for): the IPv6 side's plan with the index base after the IPv4 plan and k 0
-    (ip6tables verbatim), read again from the text when the state is all there is; None with the reason otherwise."""
+    """deploy's hook (targets.xdp.v6.plan6_for): the IPv6 side's plan with the index base after the IPv4 plan and its
+    k after the IPv4 plan's largest k (its interval chains are in ip6tables), or k 0 when ip6tables holds the policy
+    verbatim; read again from the text when the state is all there is; None with the reason otherwise."""
     from hypafilter.config import Config
     from hypafilter.netfilter.ip6 import V6Policy
     from hypafilter.targets.xdp.v6 import plan6_for
@@ -161,7 +162,13 @@ def test_plan6_for_a_deployment():
     v6 = V6Policy("v6.rules", text, "FORWARD", "policy", ("filter",))
     on = Config(xdp_ipv6=True)
     p6, why = plan6_for(v6, on, plan4)
-    assert why == "" and p6.family == 6 and p6.index_base == len(plan4.entries) + 1 + on.update_buffer and p6.verbatim
+    assert why == "" and p6.family == 6 and p6.index_base == len(plan4.entries) + 1 + on.update_buffer
+    assert not p6.verbatim and p6.k_base == plan4.num_intervals > 0 and p6.live
+    t6 = build_tables6(p6)
+    ks = [struct.unpack_from("<BBHI", t6.entries, 8 * j)[3] for j in range(t6.n + 1)]
+    assert t6.soft == 0 and ks == [int(k) + p6.k_base if int(k) else 0 for k in p6.interval]
+    p6, why = plan6_for(v6, on, plan4, k_base=7, verbatim=True)  # a follow keeps ip6tables' k; verbatim: k 0
+    assert p6.k_base == 7 and p6.verbatim
     t6 = build_tables6(p6)
     assert t6.soft == 1 and not any(struct.unpack_from("<BBHI", t6.entries, 8 * j)[3] for j in range(t6.n + 1))
     assert any(int(k) for k in p6.interval)  # the plan's own k, zeroed in the tables only

@@ -107,6 +107,7 @@ class Program:
     # jump to MAIN; K0 and every frame no leaf decides return to it, user chains are the operator's own (no copies).
     live: bool = False
     tree_stats: dict = field(default_factory=dict)  # strategy tree: trees built, rules in them, rules written
+    k_base: int = 0  # added to the plan's k > 0 in the marks (build_program)
 
     def name(self, suffix: str) -> str:
         return self.prefix + suffix
@@ -216,7 +217,9 @@ def _check_mark(mark_mask: int, mark_shift: int) -> None:
 
 
 def mark_for(prog: Program, k: int, action: int, foreign: int = 0) -> int:
-    """The skb mark the shim writes for (k, action), other bits taken from `foreign`."""
+    """The skb mark the shim writes for (k, action) — k the plan's interval, the program's k_base added to a k > 0 —,
+    other bits taken from `foreign`."""
+    k = k + prog.k_base if k else 0
     v = ((k << K_SHIFT) | action) << prog.mark_shift
     return ((foreign & ~prog.mark_mask) | (v & prog.mark_mask)) & 0xFFFFFFFF
 
@@ -238,9 +241,14 @@ def build_program(
     mark_mask: int = 0xFFFFFFFF,
     mark_shift: int = 0,
     nic_mode: str = "bridge",
+    k_base: int = 0,
 ) -> Program:
     """The chains of `strategy` for `plan`. nic_mode "host": MAIN first accepts the mark value "decided ACCEPT"
     (HF_MARK_DECIDED_ACCEPT: the hardware's ACCEPT is final) through chain DA, which gives back the mark bits.
+
+    `k_base`: added to every interval k > 0 of the plan in the marks the dispatch tests and the leaves' names (the
+    IPv6 plan of a dual-stack deployment numbers its intervals after the IPv4 plan's largest k, docs/ipv6.md); k = 0
+    stays the full policy.
 
     Log mirroring (Plan.mirror, strategies interval/interval_geo): leaf (k, action | HF_MARK_MIRROR) runs chain k
     on the copy, then DROP (bridge mode, and a copy of a DROP in host mode) or ACCEPT (host mode, copy of an ACCEPT:
@@ -264,7 +272,9 @@ def build_program(
     _check_mark(mark_mask, mark_shift)
     pol = plan.policy
     live = bool(getattr(plan, "live", False))
-    prog = Program(pol, strategy, prefix, mark_mask, mark_shift, live=live)
+    if k_base < 0:
+        raise HypafilterError(f"k_base must be >= 0, not {k_base}")
+    prog = Program(pol, strategy, prefix, mark_mask, mark_shift, live=live, k_base=k_base)
     if len(prefix) + len("R99999L99") > MAX_CHAIN_NAME:
         raise HypafilterError(f"chain prefix {prefix!r} is too long: the tool's chain names must fit {MAX_CHAIN_NAME}")
     prog.user_names = {n: n for n in pol.user_chains} if live else user_chain_names(prefix, pol.user_chains)
@@ -322,13 +332,14 @@ def build_program(
             if a & MARK_MIRROR:  # a copy: discarded, except in host mode where a copy of an ACCEPT is the frame
                 verdict = "ACCEPT" if nic_mode == "host" and a & ~MARK_MIRROR == 1 else "DROP"
             ch = chain_of(k, a)
+            km = k + k_base if k else 0  # the k the mark carries
             if ch:
-                lname = prog.name(f"L{k}A{a}")
+                lname = prog.name(f"L{km}A{a}")
                 c[lname] = [unmark, *(NfRule("block", t) for t in pieces.cover(ch)), NfRule("always", verdict)]
                 tgt = lname
             else:
                 tgt = verdict
-            leaf_rules.append(((k << K_SHIFT) | a, tgt))
+            leaf_rules.append(((km << K_SHIFT) | a, tgt))
         _dispatch(prog, main, leaf_rules, d_levels, [0])
         if mirror is not None and mirror.any():
             # A copy is never forwarded or delivered: a mark with the mirror bit that no leaf took is dropped, not

@@ -153,6 +153,12 @@ def _fmt_ipv6(six: dict) -> str:
                 f"IPv6 policy {six.get('source')} ({n} rules, IPv6) decided in the XDP program by its "
                 f"{six['xdp'].get('entries')} entries where it parses the frame, else in ip6tables (k = 0)"
             )
+            if six.get("chains"):
+                ch = six["chains"]
+                what += (
+                    f"; shunted frames with their k (> {ch.get('k_base')}) through the interval chains in ip6tables "
+                    f"({ch.get('main')}, strategy {ch.get('strategy')})"
+                )
     else:
         what = (
             "IPv6 NOT filtered by hypafilter: every IPv6 frame goes to the stack (k = 0) and meets ip6tables as the "

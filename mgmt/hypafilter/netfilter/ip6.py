@@ -267,6 +267,88 @@ def load(ns: str | None, policy: V6Policy) -> None:
     netns.run(["ip6tables-restore", "-w"], ns, input=policy.text)
 
 
+# ---- stage 2: the IPv6 plan's interval chains in ip6tables (docs/ipv6.md "### Interval chains in ip6tables") ------
+
+# The tree strategy's dispatch writes header tests (addresses as IPv4 ranges) from the plan's boxes, which for an IPv6
+# plan hold ranks: its IPv6 side runs the interval chains the tree would walk, as written (strategy interval).
+STRATEGY6 = {"tree": "interval"}
+
+
+@dataclass(frozen=True)
+class Chains6:
+    """The tool's chains for the IPv6 plan: ip6tables-restore text (table filter, the tool's chains only, as the
+    IPv4 writer renders them), the entry chain, the strategy they were written for and the k added to the plan's."""
+
+    text: str
+    main: str
+    strategy: str
+    k_base: int
+
+    def state(self) -> dict:
+        return {"main": self.main, "strategy": self.strategy, "k_base": self.k_base}
+
+
+def render_chains(plan6, config, prefix: str) -> Chains6:
+    """The IPv6 plan's chains through the one iptables writer (netfilter.restore, analysis.program), with the
+    family's only differences: the IPv6 plan's k numbered after the IPv4 plan's (`plan6.k_base`), the filter table
+    (the IPv6 policy's), and the tree strategy written as its interval chains (STRATEGY6). The policy rules in them
+    are the file's own tokens (the ranked plan keeps each rule's levels), so they carry the real IPv6 addresses."""
+    from hypafilter.netfilter.restore import to_iptables_restore
+
+    strategy = STRATEGY6.get(config.strategy, config.strategy)
+    kb = int(getattr(plan6, "k_base", 0))
+    text = to_iptables_restore(
+        plan6,
+        strategy,
+        prefix,
+        config.mark_mask,
+        config.mark_shift,
+        table="filter",
+        nic_mode=config.nic_mode,
+        k_base=kb,
+    )
+    return Chains6(text, f"{prefix}MAIN", strategy, kb)
+
+
+def with_chains(policy: V6Policy, chains: Chains6) -> str:
+    """The ip6tables-restore text a deploy loads: the policy's file as it is, its filter table with the tool's chains
+    declared first, their rules after the policy's own, and the base chain's jump to MAIN inserted first (`-I base 1`),
+    the IPv4 live ruleset's form (ops.ruleset.live_text). One restore: nf_tables commits it whole."""
+    body = [ln for ln in chains.text.splitlines() if ln.strip() and not ln.startswith(("*", "COMMIT", "#"))]
+    decls = [ln for ln in body if ln.startswith(":")]
+    rules = [ln for ln in body if not ln.startswith(":")]
+    ours = {ln[1:].split()[0] for ln in decls}
+    out: list[str] = []
+    table = None
+    done = False
+    for lineno, raw in enumerate(policy.text.splitlines(), 1):
+        line = raw.strip()
+        if line.startswith("*"):
+            table = line[1:].strip()
+        if table == "filter" and line.startswith(":") and line[1:].split()[0] in ours:
+            raise PolicyError(
+                f"chain {line[1:].split()[0]} is the tool's (chain_prefix {chains.main[:-4]!r}): rename it",
+                policy.source,
+                lineno,
+                2,
+            )
+        if table == "filter" and line == "COMMIT" and not done:
+            out += [*rules, f"-I {policy.base_chain} 1 -j {chains.main}"]
+            done = True
+            table = None
+        out.append(raw)
+        if line == "*filter":
+            out += decls
+    if not done:
+        raise PolicyError("no *filter table: the IPv6 chains go in ip6tables' filter table", policy.source, 1, 1)
+    return "\n".join(out) + "\n"
+
+
+def load_text(ns: str | None, text: str) -> None:
+    """An ip6tables-restore text (`with_chains`) into `ns`, in one restore."""
+    netns.run(["ip6tables-restore", "-w"], ns, input=text)
+
+
 def _normal(text: str) -> list[str]:
     out = []
     for ln in text.splitlines():

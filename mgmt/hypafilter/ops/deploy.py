@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import hashlib
 import json
 import os
 import threading
@@ -707,14 +708,22 @@ def _deploy_locked(
     # failure); an update through the update buffer or the registers does not wait for it: the load of the
     # ruleset itself refuses the same rules, atomically, and the transaction rolls back.
     kernel = ready.get("kernel")
+    # the IPv6 side's ip6tables text (the policy, with the IPv6 plan's interval chains when the xdp program writes k)
+    chains6, text6 = None, (v6.text if v6 is not None else None)
     try:
         try:
             tx.step("interfaces", lambda: _check_interfaces(policy))
             plan = tx.step("compile", lambda: build_plan(policy, config, live=True))
             if tgt.name == "xdp" and config.xdp_ipv6:  # the xdp target's hook: IPv6 decided in XDP (docs/ipv6.md)
-                plan.plan6, why6 = tx.step("compile6", lambda: xdp_v6.plan6_for(v6, config, plan))
+                # Following the live IPv4 ruleset, ip6tables stays as deployed: the IPv6 plan keeps the k its chains
+                # there were written with (or none: verbatim).
+                kb6 = (old6.get("chains") or {}).get("k_base", 0) if follow else None
+                verb6 = follow and not old6.get("chains")
+                plan.plan6, why6 = tx.step("compile6", lambda: xdp_v6.plan6_for(v6, config, plan, kb6, verb6))
                 if why6:
                     log(f"IPv6 frames to ip6tables unparsed: {why6}")
+                elif not follow:
+                    chains6, text6 = _chains6(plan.plan6, v6, config, log)
         except DeployError:
             if kernel is not None:
                 tx.step("kernel-check", kernel)
@@ -853,17 +862,16 @@ def _deploy_locked(
                 v6_hash != old6.get("hash")
                 or force
                 or (v6 is not None and old6.get("fingerprint") != ip6.fingerprint(NS_FW, v6.tables))
+                or ((chains6 is not None or old6.get("chains")) and old6.get("loaded") != _digest(text6))
             ):
                 tables6 = tuple(dict.fromkeys((*(v6.tables if v6 else ()), *old6.get("tables", ()))))
                 snap6 = ip6.snapshot(NS_FW, tables6)
                 if v6 is not None:
                     before6 = {**snap6, **(before6 or {})}
-                    v6_load = v6
+                    text6_load = text6
                     if os.environ.get(FAIL_ENV) == "netfilter6":  # a real ip6tables-restore error (tests)
-                        v6_load = dataclasses.replace(
-                            v6, text=v6.text.replace("COMMIT", f"-A {v6.base_chain} -m hf-no-such-match\nCOMMIT", 1)
-                        )
-                    tx.step("netfilter6", lambda: ip6.load(NS_FW, v6_load), lambda: ip6.give_back(NS_FW, snap6))
+                        text6_load = text6.replace("COMMIT", f"-A {v6.base_chain} -m hf-no-such-match\nCOMMIT", 1)
+                    tx.step("netfilter6", lambda: ip6.load_text(NS_FW, text6_load), lambda: ip6.give_back(NS_FW, snap6))
                 elif (old or {}).get("ipv6_before") is not None:
                     tx.step(
                         "netfilter6",
@@ -1013,6 +1021,12 @@ def _deploy_locked(
         fingerprint = None
         warnings.append(f"reading back the chains: {e}")
     took = round(time.monotonic() - t0, 3)
+    if follow:  # ip6tables as the deploy before this one loaded it
+        six_chains = {k: old6[k] for k in ("chains", "loaded") if k in old6}
+    else:
+        six_chains = {"loaded": _digest(text6)} if v6 is not None else {}
+        if chains6 is not None:
+            six_chains["chains"] = chains6.state()
     state = {
         "target": tgt.name,
         "policy_hash": phash,
@@ -1046,8 +1060,9 @@ def _deploy_locked(
         "vlan_filter_before": (old or {}).get("vlan_filter_before", old_vlan),
         "partition": partition_counts(policy, plan),
         "sets": sets_state(policy),
-        # the IPv6 side (docs/ipv6.md): every IPv6 frame to the stack with k = 0, decided by ip6tables
-        "ipv6": ipv6_state(v6, warnings),
+        # the IPv6 side (docs/ipv6.md): the ip6tables policy, and the IPv6 plan's interval chains there (`chains`) when
+        # the xdp program decides IPv6 frames and passes the shunted ones with their k
+        "ipv6": {**ipv6_state(v6, warnings), **six_chains},
         "ipv6_before": before6,
         "intervals": intervals,
         "nic": new_nic,
@@ -1101,6 +1116,23 @@ def _deploy_locked(
         log(f"warning: {w}")
     log(f"deployed generation {gen} in {took:.2f}s")
     return state
+
+
+def _digest(text: str | None) -> str | None:
+    return hashlib.sha256(text.encode()).hexdigest() if text is not None else None
+
+
+def _chains6(plan6, v6: ip6.V6Policy, config: Config, log) -> tuple[ip6.Chains6 | None, str]:
+    """The IPv6 plan's interval chains and the ip6tables text that carries them (docs/ipv6.md "### Interval chains in
+    ip6tables"), or (None, the policy's text) with the plan made verbatim (k = 0 for every IPv6 frame: the whole
+    policy in ip6tables, exact as in stage 1) when they cannot be written, which is said."""
+    try:
+        chains = ip6.render_chains(plan6, config, f"{config.chain_prefix}v6_")
+        return chains, ip6.with_chains(v6, chains)
+    except HypafilterError as e:
+        log(f"IPv6 interval chains not written ({e}): every IPv6 frame the program passes gets k = 0")
+        plan6.verbatim = True
+        return None, v6.text
 
 
 def ipv6_state(v6: ip6.V6Policy | None, warnings: list[str]) -> dict:

@@ -4,12 +4,15 @@ IPv6 frames by, or why IPv6 frames stay unparsed (stage 1: every one to ip6table
 from __future__ import annotations
 
 
-def plan6_for(v6, config, plan4) -> tuple[object | None, str]:
+def plan6_for(v6, config, plan4, k_base: int | None = None, verbatim: bool = False) -> tuple[object | None, str]:
     """(family-6 Plan, "") for the deployment's IPv6 side `v6` (netfilter.ip6.V6Policy) beside the IPv4 `plan4`, or
     (None, why not). The plan's hardware indices follow the IPv4 side's (index_base n4 + 1 + the update buffer's
-    slots, which XdpTarget.program sets from the running program); ip6tables holds the
-    IPv6 policy verbatim (stage 1's deploy: no interval chains, no mark give-back), so every k is 0 and every IPv6
-    frame passed to software has value 0 (`verbatim`): the frames the program decides are the only change."""
+    slots, which XdpTarget.program sets from the running program) and its interval numbers the IPv4 plan's largest k
+    (`k_base`, default `plan4.num_intervals`): ip6tables holds the IPv6 policy live with the plan's interval chains
+    and the mark give-back before it (netfilter.ip6.render_chains, with_chains), so a shunted IPv6 frame carries its
+    k and runs its interval's rules only. Built for the live ruleset (`live`, as the IPv4 plan of a deployment).
+    `verbatim`: ip6tables holds the policy alone (no interval chains): every k is 0 and every IPv6 frame passed to
+    software has value 0, the whole policy decides it (stage 1's form)."""
     from hypafilter.analysis.plan import build_plan
 
     if not getattr(config, "xdp_ipv6", False):
@@ -29,9 +32,10 @@ def plan6_for(v6, config, plan4) -> tuple[object | None, str]:
             return None, f"the IPv6 policy as deployed does not read again: {e}"
     if getattr(ir, "set_slots", ()):
         return None, "the IPv6 policy matches ipsets: the xdp program has no IPv6 set tables"
-    plan6 = build_plan(ir, config)
+    plan6 = build_plan(ir, config, live=True)
     plan6.index_base = len(plan4.entries) + 1 + config.update_buffer
-    plan6.verbatim = True
+    plan6.k_base = int(plan4.num_intervals if k_base is None else k_base)
+    plan6.verbatim = bool(verbatim)
     return plan6, ""
 
 

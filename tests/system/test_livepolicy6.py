@@ -8,6 +8,7 @@ safe for it. Lifting the ban lets the datagrams through again."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -111,3 +112,39 @@ def test_an_ip6tables_ban_holds_in_xdp_and_lifts(lab):
     lines = hf("status").stdout.splitlines()  # exit 0: no drift (ip6tables is the deployment's IPv6 side)
     assert any(ln.startswith("ipv6     IPv6 policy live ip6tables") for ln in lines), lines
     assert any(ln.startswith("policysync") and "IPv6: following ip6tables" in ln for ln in lines), lines
+
+
+def ipv6_error(timeout: float = 10.0) -> str:
+    """The service's IPv6 error once it has one."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        err = (hf.service().get("ipv6") or {}).get("error")
+        if err:
+            return err
+        time.sleep(0.05)
+    raise AssertionError(f"no IPv6 error within {timeout:g} s: {hf.service().get('ipv6')}")
+
+
+# With HF_LIVEPOLICY6_FULL=1 (`make test-livepolicy6`): the legacy ip6tables tables and a change that needs a new
+# program (not in `make test`: its budget).
+if os.environ.get("HF_LIVEPOLICY6_FULL") == "1":
+
+    def test_legacy_ip6tables_and_a_new_program(lab):
+        applied = (hf.service().get("ipv6") or {}).get("applied", 0)
+        # a legacy (xtables) table filters IPv6 beside ip6tables-nft's: held, said, and the kernel's verdict holds
+        netns.run(["ip6tables-legacy", "-w", "-I", *BAN], FW)
+        assert "legacy ip6tables" in ipv6_error()
+        assert delivered() == [OTHER]  # the legacy rule drops it in the kernel; XDP no longer forwards it
+        assert hf("status", check=False).returncode == 1
+        netns.run(["ip6tables-legacy", "-w", "-D", *BAN], FW)  # the table stays, empty, ACCEPT: it filters nothing
+        assert ipv6_settled(applied) and delivered() == [BANNED, OTHER]
+
+        # a destination the IPv6 side never tested: a field the running program's IPv6 table set lacks
+        ip6t("-I", "FORWARD", "1", "-d", "2001:db8:5::/64", "-j", "DROP")
+        six = ipv6_settled(applied + 1, timeout=60)
+        assert six.get("last_how") == "new program" and six["new_programs"] >= 1, six
+        r = hf.verify_live(packets=PACKETS)
+        assert r["ipv6"]["mismatches"] == 0, r["ipv6"]
+        assert delivered() == [BANNED, OTHER]
+        ip6t("-D", "FORWARD", "-d", "2001:db8:5::/64", "-j", "DROP")
+        assert ipv6_settled(applied + 2)

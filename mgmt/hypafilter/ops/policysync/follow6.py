@@ -35,6 +35,8 @@ from hypafilter.ops.policysync import live
 from hypafilter.ops.policysync.nftevents import NfTables
 
 IP6TABLES_TABLES = set(ip6.BUILTIN)  # the ip6 nftables tables ip6tables-nft makes; any other is foreign to it
+IP6T_SO_GET_INFO = 64  # IP6T_BASE_CTL (include/uapi/linux/netfilter_ipv6/ip6_tables.h), at SOL_IPV6
+LEGACY_POLL_S = 0.05  # the legacy ip6tables tables are read this often (xtables sends no event)
 
 
 def normal_text(text: str) -> str:
@@ -129,10 +131,100 @@ def foreign6(ns: str | None, nic_mode: str) -> list[str]:
     ]
 
 
-def _pct(xs) -> dict:
-    from hypafilter.ops.policysync.worker import _pct as pct
+class Legacy6:
+    """The legacy (xtables) ip6tables tables of the firewall namespace, watched without a process: ip6tables-legacy
+    announces nothing, so a thread that lives in the namespace reads which tables exist
+    (/proc/net/ip6_tables_names) and each one's entry count and size (IP6T_SO_GET_INFO: asked only of listed tables,
+    which asking would otherwise create) every LEGACY_POLL_S, and wakes the worker (a pipe it selects on) when they
+    change. A legacy table filters IPv6 frames beside ip6tables-nft's (both are netfilter hooks): the IPv6 side
+    cannot decide frames without it, so one that holds a rule or a policy other than ACCEPT keeps the IPv6 hold
+    (`rules`)."""
 
-    return pct(xs)
+    def __init__(self, ns: str | None):
+        import os
+        import threading
+
+        self.ns = ns
+        self.seen: tuple | None = None
+        self.rfd, self.wfd = os.pipe()
+        os.set_blocking(self.rfd, False)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, name="legacy6", daemon=True)
+        self.thread.start()
+
+    def fileno(self) -> int:
+        return self.rfd
+
+    def read(self, sock) -> tuple | None:
+        """((table, entries, size), ...) of the legacy ip6tables tables (None: none exists)."""
+        import ctypes
+        import socket
+
+        from hypafilter.ops.policysync.newflows import IPT_GETINFO, _libc
+
+        try:
+            with open("/proc/thread-self/net/ip6_tables_names", "rb") as f:
+                names = f.read().split()
+        except OSError:
+            return None  # no ip6_tables in this namespace's kernel: no legacy table
+        out = []
+        for name in sorted(names):
+            buf = ctypes.create_string_buffer(IPT_GETINFO.pack(name, 0, *(0,) * 10, 0, 0), IPT_GETINFO.size)
+            size = ctypes.c_uint32(IPT_GETINFO.size)
+            rc = _libc.getsockopt(sock.fileno(), socket.IPPROTO_IPV6, IP6T_SO_GET_INFO, buf, ctypes.byref(size))
+            out.append((name.decode(), *(IPT_GETINFO.unpack(buf.raw)[-2:] if rc == 0 else (-1, ctypes.get_errno()))))
+        return tuple(out) or None
+
+    def run(self) -> None:
+        import os
+        import socket
+
+        from hypafilter import netns
+
+        with netns.inside(self.ns):  # this thread stays in the firewall namespace
+            sock = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
+            try:
+                self.seen = self.read(sock)
+                while not self.stop.wait(LEGACY_POLL_S):
+                    now = self.read(sock)
+                    if now != self.seen:
+                        self.seen = now
+                        os.write(self.wfd, b"x")
+            finally:
+                sock.close()
+
+    def drain(self) -> None:
+        import os
+
+        try:
+            while os.read(self.rfd, 64):
+                pass
+        except BlockingIOError:
+            pass
+
+    def rules(self) -> list[str]:
+        """The legacy tables that filter (a rule, or a built-in chain's policy other than ACCEPT), as
+        ip6tables-legacy-save lists them: read only while one exists."""
+        from hypafilter import netns
+
+        if not self.seen:
+            return []
+        bad = []
+        for t, text in chunks(netns.run(["ip6tables-legacy-save"], self.ns)).items():
+            lines = text.splitlines()
+            if any(ln.startswith("-A ") for ln in lines) or any(
+                ln.startswith(":") and ln.split()[1] not in ("ACCEPT", "-") for ln in lines
+            ):
+                bad.append(t)
+        return bad
+
+    def close(self) -> None:
+        import os
+
+        self.stop.set()
+        self.thread.join(timeout=2)
+        os.close(self.rfd)
+        os.close(self.wfd)
 
 
 class Follower6:
@@ -151,6 +243,7 @@ class Follower6:
         self.last_try = 0.0
         self.last_how = ""
         self.starting_nic: dict | None = None  # a new program of a running follow, not in the state yet
+        self.legacy: Legacy6 | None = None  # the legacy ip6tables tables' watch, set by the worker's `serve`
         self.counts = {"changes": 0, "applied": 0, "unchanged": 0, "failed": 0, "new_programs": 0, "held": 0}
         self.lag_safe: deque[float] = deque(maxlen=2000)  # ms: events read -> the IPv6 path decides nothing
         self.lag_apply: deque[float] = deque(maxlen=2000)  # ms: events read -> it decides by the new policy
@@ -238,6 +331,13 @@ class Follower6:
                     "ip6 nftables base chains besides ip6tables' filter the frames the fast path decides: "
                     + "; ".join(others)
                 )
+            legacy = self.legacy.rules() if self.legacy is not None else []
+            if legacy:
+                raise HypafilterError(
+                    f"legacy ip6tables (xtables) tables hold rules ({', '.join(legacy)}): they filter IPv6 frames "
+                    "beside ip6tables-nft's, and the fast path cannot follow them (ip6tables-legacy announces no "
+                    "change); move their rules into ip6tables (nf_tables)"
+                )
             text, self.generation = listing6(self.f.ns, self.f.nft.generation)
             if unchanged(text, six):
                 self.counts["unchanged"] += 1
@@ -255,10 +355,9 @@ class Follower6:
                 self.f.state()
                 self.last_how = how
                 self.counts["applied"] += 1
-                if how == "held":
-                    self.counts["held"] += 1  # stays held: ip6tables decides every IPv6 frame
-                elif not self.hold():
-                    self.release()
+                self.counts["held"] += how == "held"  # held for good: ip6tables decides every IPv6 frame
+                if not self.hold():
+                    self.release()  # (release keeps the hold of a policy that cannot go into the program)
                 self.f.log(f"IPv6 {reason}: {how}{' (' + r['why'] + ')' if r['why'] else ''}")
             if t0 is not None:
                 self.lag_apply.append((time.monotonic() - t0) * 1000)
@@ -300,6 +399,6 @@ class Follower6:
             "nft_generation": self.generation,
             **self.counts,
             "last_how": self.last_how,
-            "lag_safe_ms": _pct(self.lag_safe),
-            "lag_apply_ms": _pct(self.lag_apply),
+            "lag_safe_ms": live.percentiles(self.lag_safe),
+            "lag_apply_ms": live.percentiles(self.lag_apply),
         }

@@ -43,7 +43,8 @@ from hypafilter.netfilter.bridge import TABLE as BRIDGE_TABLE
 from hypafilter.ops import deploy
 from hypafilter.ops.lab import HOST_TABLE
 from hypafilter.ops.policysync import live
-from hypafilter.ops.policysync.follow6 import Follower6
+from hypafilter.ops.policysync.follow6 import Follower6, Legacy6
+from hypafilter.ops.policysync.live import percentiles as _pct
 from hypafilter.ops.policysync.newflows import NewFlows
 from hypafilter.ops.policysync.nftevents import NfTables, NftEvent
 from hypafilter.ops.policysync.service import SERVICE
@@ -54,19 +55,6 @@ RETRY_S = 2.0  # a sync that failed (the fast path shunting everything meanwhile
 REBUILD_IDLE_S = 60.0  # a buffer in use and no change for this long: the lazy rebuild starts (SFL's idle link)
 STATUS_EVERY = 1.0  # seconds between two status files while nothing happens
 SERVICE_NICE = -10
-
-
-def _pct(xs) -> dict:
-    if not xs:
-        return {"n": 0}
-    s = sorted(xs)
-    return {
-        "n": len(s),
-        "p50": round(s[len(s) // 2], 3),
-        "p99": round(s[min(len(s) - 1, int(len(s) * 0.99))], 3),
-        "max": round(s[-1], 3),
-        "last": round(xs[-1], 3),
-    }
 
 
 class Rebuild:
@@ -491,6 +479,7 @@ def serve(ns: str, state_dir: Path, service_pid: int | None = None, restarts: in
     f.safe = restarts > 0  # after an abnormal end the supervisor left the fail safe in force: the first sync lifts it
     f.table = deploy.deployed_config(f.state()).table
     six = f.six = Follower6(f)  # ip6tables, the IPv6 side's policy (ops.policysync.follow6)
+    legacy6 = six.legacy = Legacy6(ns)  # ... and the legacy ip6tables tables beside it, polled in a thread
     # conntrack's expectation events, subscribed before the first check (docs/xdp.md "New flows")
     watch = f.newflows = NewFlows(ns, state_dir, log, lambda: deploy_busy(state_dir))
 
@@ -528,17 +517,27 @@ def serve(ns: str, state_dir: Path, service_pid: int | None = None, restarts: in
             poll_in = watch.poll(time.monotonic(), f.state(fresh=False))
             if watch.checking is not None:
                 poll_in = min(poll_in, 0.005)
-            wait = 0.0 if f.pending or f.lost else 0.05 if f.after_deploy else max(0.0, next_status - time.monotonic())
-            r, _, _ = select.select([nft.events, watch], [], [], min(wait, lease_in, poll_in))
+            wait = (
+                0.0
+                if f.pending or f.lost or six.pending
+                else 0.05
+                if f.after_deploy
+                else max(0.0, next_status - time.monotonic())
+            )
+            r, _, _ = select.select([nft.events, watch, legacy6], [], [], min(wait, lease_in, poll_in))
             t0 = time.monotonic()
             if watch in r:
                 watch.intake(t0, f.state(fresh=False))
+            if legacy6 in r:  # a legacy ip6tables table changed: the IPv6 hold at once, then read again
+                legacy6.drain()
+                six.commit(t0)
             r = [x for x in r if x is nft.events]
             if watch.pending():
                 watch.step(f.state(fresh=False))
             # a wake-up only to renew the lease changes nothing else: the rest of the round (the lazy rebuild's
             # checks included) keeps the pace it has without the lease (events, or the status interval)
             lease_only = not r and t0 < next_status and not (f.pending or f.lost or f.after_deploy or f.error)
+            lease_only = lease_only and not six.pending
             if lease_only:
                 continue
             while r:
@@ -572,6 +571,7 @@ def serve(ns: str, state_dir: Path, service_pid: int | None = None, restarts: in
                 next_status = time.monotonic() + STATUS_EVERY
     finally:
         sets.close()
+        legacy6.close()
         watch.close()
         nft.close()
         SERVICE.write_status_file(

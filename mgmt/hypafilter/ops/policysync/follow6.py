@@ -341,7 +341,8 @@ class Follower6:
             text, self.generation = listing6(self.f.ns, self.f.nft.generation)
             if unchanged(text, six):
                 self.counts["unchanged"] += 1
-                if self.safe and not self.hold():
+                # at the start too: a worker that ended mid-apply may have left the program's hold in force
+                if (self.safe or reason == "start") and not self.hold():
                     self.release()
             else:
                 self.fail_safe()

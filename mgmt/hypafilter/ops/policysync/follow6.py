@@ -149,6 +149,7 @@ class Legacy6:
         self.rfd, self.wfd = os.pipe()
         os.set_blocking(self.rfd, False)
         self.stop = threading.Event()
+        self.ready = threading.Event()  # the first read done (what `rules` needs at the service's start)
         self.thread = threading.Thread(target=self.run, name="legacy6", daemon=True)
         self.thread.start()
 
@@ -185,6 +186,7 @@ class Legacy6:
             sock = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
             try:
                 self.seen = self.read(sock)
+                self.ready.set()
                 while not self.stop.wait(LEGACY_POLL_S):
                     now = self.read(sock)
                     if now != self.seen:
@@ -207,6 +209,8 @@ class Legacy6:
         ip6tables-legacy-save lists them: read only while one exists."""
         from hypafilter import netns
 
+        if not self.ready.wait(2.0):
+            raise HypafilterError("the legacy ip6tables tables were not read yet")
         if not self.seen:
             return []
         bad = []

@@ -108,7 +108,13 @@ def test_an_ip6tables_ban_holds_in_xdp_and_lifts(lab):
     ip6t("-D", *BAN)
     six = ipv6_settled(base6 + 2)
     assert six and delivered() == [BANNED, OTHER]
-    print(f"policysync IPv6: {six['lag_safe_ms']} ms to the hold, {six['lag_apply_ms']} ms to the new tables")
+    from hypafilter.ops import deploy
+
+    follows = [h for h in deploy.read_state(f"{hf.state}/state.json")["history"] if h.get("kind") == "follow6"]
+    print(
+        f"policysync IPv6: {six['lag_safe_ms']} ms to the hold, {six['lag_apply_ms']} ms to the new tables, "
+        f"of which deploy.follow6 {[h['duration_s'] for h in follows]} s"
+    )
     lines = hf("status").stdout.splitlines()  # exit 0: no drift (ip6tables is the deployment's IPv6 side)
     assert any(ln.startswith("ipv6     IPv6 policy live ip6tables") for ln in lines), lines
     assert any(ln.startswith("policysync") and "IPv6: following ip6tables" in ln for ln in lines), lines

@@ -263,23 +263,24 @@ class Follower6:
                 nics.append(extra)
         return nics
 
-    def _hold(self, nic: dict, on: bool) -> None:
+    def _hold(self, nic: dict, on: bool) -> bool:
         tgt = self.f._tgt
-        if hasattr(tgt, "hold_ipv6"):
-            tgt.hold_ipv6(nic, on)
+        return bool(tgt.hold_ipv6(nic, on)) if hasattr(tgt, "hold_ipv6") else False
 
-    def fail_safe(self) -> None:
+    def fail_safe(self) -> bool:
         """The IPv6 path of every program that may decide (the deployed one, one a running follow made live or is
-        starting) decides nothing from here."""
+        starting) decides nothing from here. True when a program had an IPv6 path to hold."""
         if self.safe:
-            return
+            return False
+        held = False
         for i, nic in enumerate(self._nics()):
             try:
-                self._hold(nic, True)
+                held |= self._hold(nic, True)
             except HypafilterError:
                 if i == 0:
                     raise  # a program being replaced may be gone: the deployed one must hold
         self.safe = True
+        return held
 
     def starting(self, nic: dict) -> None:
         """A new program of a running follow, before it decides: held too while the hold is in force."""
@@ -301,8 +302,8 @@ class Follower6:
             self.counts["changes"] += 1
         if not self.safe and self.mode() != "kernel":
             try:
-                self.fail_safe()
-                self.lag_safe.append((time.monotonic() - t0) * 1000)
+                if self.fail_safe():  # (nothing to hold where no fast path decides IPv6: no lag either)
+                    self.lag_safe.append((time.monotonic() - t0) * 1000)
             except (HypafilterError, OSError) as e:
                 self.error = f"IPv6 fail safe: {e}"
 

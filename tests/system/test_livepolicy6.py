@@ -75,6 +75,15 @@ def delivered() -> list[int]:
     return sorted({port for _, _, port, _ in srv.got})
 
 
+def held(cli: HfCli) -> bool | None:
+    """The running program's IPv6 hold word (None: no IPv6 table set)."""
+    from hypafilter.ops import deploy
+    from hypafilter.targets.xdp.target import XdpTarget
+
+    st = deploy.read_state(f"{cli.state}/state.json")
+    return XdpTarget(deploy.deployed_config(st)).ipv6_held(st["nic"])
+
+
 def ipv6_settled(applied: int, timeout: float = 10.0) -> dict:
     """The service's IPv6 part once it has applied `applied` ip6tables changes and holds nothing ({} if not)."""
     deadline = time.monotonic() + timeout
@@ -107,7 +116,17 @@ def test_an_ip6tables_ban_holds_in_xdp_and_lifts(lab):
 
     ip6t("-D", *BAN)
     six = ipv6_settled(base6 + 2)
-    assert six and delivered() == [BANNED, OTHER]
+    assert six, hf.service().get("ipv6")
+
+    # an IPv4 change leaves the IPv6 side alone: no IPv6 change, the hold word clear, IPv6 decided in XDP
+    netns.run(["iptables", "-w", "-I", "FORWARD", "1", "-s", "10.0.1.1/32", "-j", "DROP"], FW)
+    deadline = time.monotonic() + 10
+    while not ((doc := hf.service()).get("applied", 0) > after["applied"] and not doc.get("safe")):
+        assert time.monotonic() < deadline, doc
+        time.sleep(0.05)
+    assert doc["ipv6"]["changes"] == six["changes"] and not doc["ipv6"]["safe"], doc["ipv6"]
+    assert held(hf) is False
+    assert delivered() == [BANNED, OTHER]
     from hypafilter.ops import deploy
 
     follows = [h for h in deploy.read_state(f"{hf.state}/state.json")["history"] if h.get("kind") == "follow6"]

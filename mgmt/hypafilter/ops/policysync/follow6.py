@@ -283,10 +283,16 @@ class Follower6:
         return held
 
     def starting(self, nic: dict) -> None:
-        """A new program of a running follow, before it decides: held too while the hold is in force."""
+        """A new program of a running follow, before it decides: held too while the hold is in force. Never raises
+        into the update (its step would not roll back): a hold that could not be written is written again by the
+        next sync's fail safe (`safe` cleared), which a pending change brings at once."""
         self.starting_nic = nic
         if self.safe:
-            self._hold(nic, True)
+            try:
+                self._hold(nic, True)
+            except (HypafilterError, OSError) as e:
+                self.safe = False
+                self.f.log(f"IPv6 hold of the new program: {e}")
 
     def release(self) -> None:
         """The hold lifted: the program decides IPv6 frames by the deployment's IPv6 table set again, if the state

@@ -113,6 +113,12 @@ test-xdp-v6:
 	CI=true HF_XDP_V6_FULL=1 scripts/run-system-tests.sh -n 0 tests/system/test_xdp_v6.py tests/system/test_xdp_v6_lab.py \
 		tests/system/test_xdp_v6_chains.py
 
+# opt-in: the policy sync service's IPv6 side beyond `make test`'s check: legacy ip6tables tables, a new program
+.PHONY: test-livepolicy6
+test-livepolicy6:
+	@scripts/setup.sh system
+	CI=true HF_LIVEPOLICY6_FULL=1 scripts/run-system-tests.sh -n 0 tests/system/test_livepolicy6.py
+
 # opt-in: the kernel-differential fuzzer at 1,000,000 frames (not part of `make test`; figures in docs/deploy.md)
 .PHONY: fuzz
 fuzz:

@@ -233,6 +233,24 @@ def _fmt_policysync(ps: dict, overlay: dict | None) -> str:
         f"{ps.get('applied')} applied (last: {ps.get('last_kind') or '-'}), {ps.get('own')} own; "
         f"fail-safe lag p50 {lag.get('p50')} ms, p99 {lag.get('p99')} ms; applied p50 {app.get('p50')} ms; {buf}; "
         + _fmt_lease(ps)
+        + _fmt_follow6(ps.get("ipv6"))
+    )
+
+
+def _fmt_follow6(six: dict | None) -> str:
+    """The IPv6 side's part of the policy sync line (docs/ipv6.md "Following ip6tables")."""
+    if not six:
+        return ""
+    if six.get("mode", "kernel") == "kernel":
+        return "; IPv6: nothing to follow (ip6tables as the operator has it decides every IPv6 frame)"
+    if six.get("error"):
+        return f"; IPv6 CANNOT FOLLOW ip6tables: {six['error']}; every IPv6 frame to ip6tables (k = 0)"
+    lag, app = six.get("lag_safe_ms") or {}, six.get("lag_apply_ms") or {}
+    held = "; IPv6 held: every IPv6 frame to ip6tables until applied" if six.get("safe") else ""
+    return (
+        f"; IPv6: following ip6tables; {six.get('changes')} changes, {six.get('applied')} applied "
+        f"(last: {six.get('last_how') or '-'}); hold lag p50 {lag.get('p50')} ms; applied p50 {app.get('p50')} ms"
+        + held
     )
 
 

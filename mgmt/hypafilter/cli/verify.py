@@ -60,6 +60,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.target:
         cfg.target = args.target
     cfg = deploy.site_config(cfg)  # the policy's interface checks meet the lab's interfaces
+    live6 = None
     if args.live:
         # the deployment's policy as the firewall's live ruleset has it now (the oracle gets the same rules)
         from hypafilter import netns
@@ -74,13 +75,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
         cfg = deploy.site_config(deploy.deployed_config(st))
         text = netns.run(["iptables-save", "-t", cfg.table], st["site"].get("netns"))
         policy = live.live_policy(text, st, cfg) if args.unfollowed else live.followed(text, st, cfg)
+        live6 = _live_six(st, args)
     else:
         if args.unfollowed:
             raise HypafilterError("--unfollowed needs --live")
         policy = load_policy_v4(args, cfg)
     v6 = load_ipv6(args, cfg, policy.base_chain)
-    six = None
+    six = live6
     if v6 is not None or args.ipv6_default:
+        if args.live:
+            raise HypafilterError("--live takes the IPv6 side from the firewall's ip6tables too: give no IPv6 policy")
         six = Six(v6, packets=args.packets, ipv4=not args.family6)
     log = progress(args, quiet=args.json)
     report = verify(
@@ -134,6 +138,24 @@ def cmd_verify(args: argparse.Namespace) -> int:
     bad = report["mismatches"] or report["observers"]["mismatches"] or lim.get("mismatches")
     conn6 = (report.get("ipv6") or {}).get("connections")
     return 1 if bad or (conn and conn["mismatches"]) or (conn6 and conn6["mismatches"]) else 0
+
+
+def _live_six(st: dict, args):
+    """verify --live of a deployment with an IPv6 side (docs/ipv6.md "Following ip6tables"): the IPv6 policy is
+    ip6tables' live ruleset, which the deployment must follow (unless --unfollowed); None in mode kernel."""
+    from hypafilter import netns
+    from hypafilter.ops.policysync import follow6
+    from hypafilter.ops.verify import Six
+
+    six = st.get("ipv6") or {"mode": "kernel"}
+    if six.get("mode", "kernel") == "kernel":
+        return None
+    text = netns.run(["ip6tables-save"], st["site"].get("netns"))
+    if not args.unfollowed and not follow6.unchanged(text, six):
+        raise HypafilterError(
+            "the deployment has not followed ip6tables' live ruleset (the policy sync service has not applied it yet)"
+        )
+    return Six(follow6.live_v6(text, st), packets=args.packets)
 
 
 def register(sub) -> None:

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 from hypafilter import netns, targets
 from hypafilter.analysis.overlay import BufferFull, align
@@ -528,6 +529,7 @@ def follow(
     watch: FollowWatch | None = None,
     abort: Callable[[], bool] = lambda: False,
     digest: str | None = None,
+    v6: ip6.V6Policy | None = None,
 ) -> dict:
     """Bring the deployment into step with `policy`, the live ruleset as the policy sync service read it (the
     fast path already shunts everything, every tag stale: ops.policysync). The operator's chains are live already:
@@ -535,15 +537,73 @@ def follow(
     the running matcher can hold the change. A failure leaves the fast path shunting (fail closed). `rebuild`: the
     lazy rebuild — a new core (program) for `policy`, the deployed one, built beforehand (the build is cached),
     swapped make-before-break, the update buffer empty after it. `watch` (FollowWatch): the service's eye on the
-    ruleset while the update runs. The lock is waited for (30 s at most, or until `abort()`)."""
+    ruleset while the update runs. The lock is waited for (30 s at most, or until `abort()`). `v6`: the IPv6 side
+    as ip6tables now holds it (follow6, when its tables need a new program); None: as deployed."""
     with _lock(30.0, abort):
         old = read_state()
         if not old:
             raise HypafilterError("nothing is deployed")
         config = deployed_config(old)
         return _deploy_locked(
-            policy, config, rebuild, log, target_of(old, config), follow=True, watch=watch, digest=digest
+            policy, config, rebuild, log, target_of(old, config), follow=True, watch=watch, digest=digest, v6=v6
         )
+
+
+def follow6(
+    v6: ip6.V6Policy,
+    live_digest: str,
+    log: Callable[[str], None] = lambda s: None,
+    abort: Callable[[], bool] = lambda: False,
+) -> dict:
+    """Bring the deployment's IPv6 side into step with `v6`, ip6tables' live ruleset as the policy sync service
+    read it (docs/ipv6.md "Following ip6tables"; the xdp program's IPv6 path is held meanwhile: the service's IPv6
+    fail safe). Nothing of the IPv4 side changes: ip6tables already holds the change, so what remains is the state's
+    IPv6 side (what drift, `update` and a later IPv4 follow read) and, where the xdp program decides IPv6 frames,
+    its IPv6 table set rebuilt from `v6` and written into the running program (the update buffer is IPv4's: a
+    ranked IPv6 plan has no overlay yet). Returns {"state", "how", "why"}: how "tables" (written; the caller
+    releases the hold), "ip6tables" (no fast path decides IPv6 here: nothing to release), "held" (the program has an
+    IPv6 table set but this policy cannot go into it, `why`: the hold stays, every IPv6 frame to ip6tables) or "new
+    program" (the tables do not fit the running program: the caller runs `follow` with `v6`)."""
+    t0 = time.monotonic()
+    with _lock(30.0, abort):
+        st = read_state()
+        if not st:
+            raise HypafilterError("nothing is deployed")
+        config = deployed_config(st)
+        tgt = target_of(st, config)
+        warnings: list[str] = []
+        six = {**ipv6_state(v6, warnings), "live_digest": live_digest}
+        if warnings:
+            raise HypafilterError("; ".join(warnings))
+        how, why, tables = "ip6tables", "", st.get("tables") or {}
+        if tgt.name == "xdp" and (tables.get("v6") or tgt.ipv6_held(st["nic"]) is not None):
+            n4 = SimpleNamespace(entries=range(int(tables.get("entries", 0))))  # plan6_for's index base (unused)
+            plan6, why = xdp_v6.plan6_for(v6, config, n4)
+            if plan6 is None:
+                how, tables = "held", {k: v for k, v in tables.items() if k != "v6"}
+            else:
+                try:
+                    tables = tgt.write_tables6(st["nic"], plan6, tables)
+                    how = "tables"
+                except HypafilterError as e:
+                    return {"state": st, "how": "new program", "why": str(e)}
+        new = {**st, "ipv6": six, "tables": tables}
+        new["history"] = (st.get("history") or [])[-HISTORY_KEEP + 1 :] + [
+            {
+                "time": time.time(),
+                "policy_hash": st["policy_hash"],
+                "generation": st["generation"],
+                "result": "ok",
+                "kind": "follow6",
+                "how": how,
+                "ipv6_hash": six["hash"],
+                "duration_s": round(time.monotonic() - t0, 4),
+            }
+        ]
+        write_state(new)
+        if why:
+            log(f"IPv6 frames to ip6tables unparsed: {why}")
+        return {"state": new, "how": how, "why": why}
 
 
 def first_lease_ms(config: Config) -> int:
@@ -572,6 +632,10 @@ class FollowWatch:
 
     def poll(self) -> None:
         pass
+
+    def starting(self, nic: dict) -> None:
+        """A new NIC (program) of this update, before it decides anything: the service's IPv6 fail safe, when in
+        force, is written to it too (a new program's IPv6 path starts deciding)."""
 
 
 def stale_generation(gen: int) -> int:
@@ -604,7 +668,7 @@ def _deploy_locked(
     watch = watch or FollowWatch()
     old = read_state()
     old6 = (old or {}).get("ipv6") or {"mode": "kernel"}
-    if follow:  # following the live IPv4 ruleset: the IPv6 side stays as deployed
+    if follow and v6 is None:  # following the live IPv4 ruleset: the IPv6 side stays as deployed
         v6 = ip6.V6Policy.from_state(old6) if old6.get("mode") != "kernel" else None
     v6_hash = v6.policy_hash() if v6 is not None else None
     # ip6tables' tables as they were before the first deploy that loaded an IPv6 side: what undeploy gives back
@@ -916,6 +980,7 @@ def _deploy_locked(
             tx.undo.append(("nic", lambda: tgt.stop(new_nic)))
             written = tx.step("registers", lambda: tgt.program(new_nic, plan, gen))
             tx.step("lease", lambda: tgt.set_lease(new_nic, first_lease_ms(config)))
+            watch.starting(new_nic)
             if watch.hold():  # a newer change of the live ruleset: the new NIC decides nothing yet
                 tgt.shunt_all(new_nic, True)
                 fwshim.set_generation(stale_generation(gen))

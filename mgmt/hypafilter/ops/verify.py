@@ -1350,6 +1350,8 @@ def _deployed(
             raise HypafilterError("nothing is deployed")
         lab = Lab(deploy.LAB_NAME, target=state.get("target", "emu"))
         load_oracle(lab.ns_plain, policy, config.table, config.unfilterable, lab.ns_fw)
+        if six is not None:  # ip6tables' live ruleset alone in the oracle's ip6tables (docs/ipv6.md)
+            verify6.load_oracle6(lab.ns_plain, six.policy, lab.ns_fw)
         netns.run(["sysctl", "-qw", "net.bridge.bridge-nf-filter-vlan-tagged=1"], lab.ns_plain)
         return lab, state
     lab = Lab(deploy.LAB_NAME, target=config.target)
@@ -1429,8 +1431,6 @@ def _verify(
     limited: list[Limited] = (),
     six: Six | None = None,
 ) -> dict:
-    if six is not None and live:
-        raise HypafilterError("--live compares the IPv4 live ruleset; give no IPv6 policy with it")
     lab, state = _deployed(policy, config, log, live, six)
     host = state.get("nic_mode") == "host"
     if host and spec.packets > HOST_SEEN_MAX:

@@ -61,6 +61,20 @@ def foreign_chains(ns: str | None, table: str, nic_mode: str) -> list[str]:
     return found
 
 
+def percentiles(xs) -> dict:
+    """Count, p50, p99, max and last of a series (ms): how the service's status file gives its lags."""
+    if not xs:
+        return {"n": 0}
+    s = sorted(xs)
+    return {
+        "n": len(s),
+        "p50": round(s[len(s) // 2], 3),
+        "p99": round(s[min(len(s) - 1, int(len(s) * 0.99))], 3),
+        "max": round(s[-1], 3),
+        "last": round(xs[-1], 3),
+    }
+
+
 def digest(text: str, prefix: str) -> str:
     """SHA-256 of a listing as the policy reads it: the tool's chains stripped, the chain counters and comment
     lines left out. Equal digests, equal live policies: a follow records the digest of the listing its policy was

@@ -32,9 +32,13 @@ class PolicySync(Service):
         """What makes the running service not vouch for the fast path: a change it could not apply (then the fast
         path shunts everything, fail closed, until it can)."""
         doc = self.read_status_file(state_dir) or {}
+        out = []
         if doc.get("running") and doc.get("error"):
-            return [f"{self.name}: cannot follow the live ruleset ({doc['error']}); the fast path shunts everything"]
-        return []
+            out.append(f"{self.name}: cannot follow the live ruleset ({doc['error']}); the fast path shunts everything")
+        six = doc.get("ipv6") or {}
+        if doc.get("running") and six.get("error"):
+            out.append(f"{self.name}: cannot follow ip6tables ({six['error']}); every IPv6 frame goes to ip6tables")
+        return out
 
 
 SERVICE = PolicySync("policysync", "policy sync service")

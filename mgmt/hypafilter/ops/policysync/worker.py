@@ -43,6 +43,8 @@ from hypafilter.netfilter.bridge import TABLE as BRIDGE_TABLE
 from hypafilter.ops import deploy
 from hypafilter.ops.lab import HOST_TABLE
 from hypafilter.ops.policysync import live
+from hypafilter.ops.policysync.follow6 import Follower6, Legacy6
+from hypafilter.ops.policysync.live import percentiles as _pct
 from hypafilter.ops.policysync.newflows import NewFlows
 from hypafilter.ops.policysync.nftevents import NfTables, NftEvent
 from hypafilter.ops.policysync.service import SERVICE
@@ -53,19 +55,6 @@ RETRY_S = 2.0  # a sync that failed (the fast path shunting everything meanwhile
 REBUILD_IDLE_S = 60.0  # a buffer in use and no change for this long: the lazy rebuild starts (SFL's idle link)
 STATUS_EVERY = 1.0  # seconds between two status files while nothing happens
 SERVICE_NICE = -10
-
-
-def _pct(xs) -> dict:
-    if not xs:
-        return {"n": 0}
-    s = sorted(xs)
-    return {
-        "n": len(s),
-        "p50": round(s[len(s) // 2], 3),
-        "p99": round(s[min(len(s) - 1, int(len(s) * 0.99))], 3),
-        "max": round(s[-1], 3),
-        "last": round(xs[-1], 3),
-    }
 
 
 class Rebuild:
@@ -153,6 +142,7 @@ class Follower(deploy.FollowWatch):
         self.lag_lease: deque[float] = deque(maxlen=2000)  # ms: time between two renewals
         self.lease_last: float | None = None
         self.newflows = None  # the new-flow permission's watch (ops.policysync.newflows), set by `serve`
+        self.six = None  # ip6tables followed (ops.policysync.follow6.Follower6), set by `serve`
         self.adds = False  # a message of the transaction being read adds a rule or an object (any table)
 
     def state(self, fresh: bool = True) -> dict:
@@ -216,6 +206,11 @@ class Follower(deploy.FollowWatch):
         """Between the steps of the running follow's tidying up: a newer change read and failed safe now."""
         if self.released and select.select([self.nft.events], [], [], 0)[0]:
             self.intake(time.monotonic())
+
+    def starting(self, nic: dict) -> None:
+        """A follow's new NIC (program), before it decides: the IPv6 hold written to it while in force."""
+        if self.six is not None:
+            self.six.starting(nic)
 
     def release(self) -> None:
         """Undo `fail_safe` when the live ruleset turned out to be the deployed policy."""
@@ -297,7 +292,10 @@ class Follower(deploy.FollowWatch):
             if e.kind != "newgen":
                 self.adds |= e.kind in ("newrule", "newobj")
                 self.dirty |= relevant(e, self.table)
-                self.elsewhere |= not relevant(e, self.table) and e.table not in OWN_TABLES
+                # an ip6 table filters no IPv4 frame: ip6tables is the IPv6 side's (follow6), not IPv4's business
+                self.elsewhere |= not relevant(e, self.table) and e.table not in OWN_TABLES and e.family != "ip6"
+                if self.six is not None:
+                    self.six.dirty |= e.family == "ip6"
                 continue
             self.seen = max(self.seen, e.gen)
             if self.newflows is not None and e.pid not in netns.SPAWNED:
@@ -323,10 +321,16 @@ class Follower(deploy.FollowWatch):
             elif self.dirty:
                 self.counts["own"] += 1
             self.dirty = False
+            if self.six is not None and self.six.dirty:
+                if e.pid not in netns.SPAWNED and not self.deployed(e.gen):
+                    self.six.commit(t0)  # the IPv6 hold at once; IPv4 goes on deciding
+                self.six.dirty = False
         if self.lost and not self.safe:
             with contextlib.suppress(HypafilterError, OSError):
                 self.fail_safe()
-        return self.pending or self.lost
+        if self.lost and self.six is not None:
+            self.six.lost = True
+        return self.pending or self.lost or (self.six is not None and self.six.pending)
 
     def deployed(self, gen: int) -> bool:
         """A commit a deploy made (its generation at most the one the deployment recorded after its own commits), or
@@ -355,6 +359,8 @@ class Follower(deploy.FollowWatch):
         use for REBUILD_IDLE_S without a change; swap it in make-before-break once built, if the policy is still
         the one it was built for (else build again)."""
         used, depth = self.buffer_use()
+        if self.six is not None and self.six.safe:
+            return  # an ip6tables change not applied yet: a new program now would decide IPv6 by the old tables
         if self.rebuild is not None and self.rebuild.done:
             with deploy.unmeasured() as free:
                 if free:  # else a verify reads the NIC's counters across a window: swap in a later round
@@ -472,6 +478,8 @@ def serve(ns: str, state_dir: Path, service_pid: int | None = None, restarts: in
     sets = SetFollower(log)  # the kernel's ipsets into the xdp program's set tables (docs/sets.md)
     f.safe = restarts > 0  # after an abnormal end the supervisor left the fail safe in force: the first sync lifts it
     f.table = deploy.deployed_config(f.state()).table
+    six = f.six = Follower6(f)  # ip6tables, the IPv6 side's policy (ops.policysync.follow6)
+    legacy6 = six.legacy = Legacy6(ns)  # ... and the legacy ip6tables tables beside it, polled in a thread
     # conntrack's expectation events, subscribed before the first check (docs/xdp.md "New flows")
     watch = f.newflows = NewFlows(ns, state_dir, log, lambda: deploy_busy(state_dir))
 
@@ -487,6 +495,7 @@ def serve(ns: str, state_dir: Path, service_pid: int | None = None, restarts: in
                 "started_at": started,
                 "updated_at": time.time(),
                 **f.doc(),
+                "ipv6": six.doc(),
                 "sets": sets.doc(),
                 "new_flows": watch.doc(f.state(fresh=False)),
             },
@@ -496,6 +505,9 @@ def serve(ns: str, state_dir: Path, service_pid: int | None = None, restarts: in
     try:
         f.renew_lease(force=True)  # first: a deploy armed the fast path only for the time this start may take
         status()  # ready: subscribed; the first listing below may take a while on a large ruleset
+        # ip6tables first: after a worker's abnormal end the supervisor's fail safe (CONTROL 0) covers IPv6 too, and
+        # the IPv4 sync lifts it; an ip6tables change made meanwhile is held and applied before that
+        six.sync("start")
         f.sync("start")
         f.renew_lease()
         status()
@@ -505,17 +517,27 @@ def serve(ns: str, state_dir: Path, service_pid: int | None = None, restarts: in
             poll_in = watch.poll(time.monotonic(), f.state(fresh=False))
             if watch.checking is not None:
                 poll_in = min(poll_in, 0.005)
-            wait = 0.0 if f.pending or f.lost else 0.05 if f.after_deploy else max(0.0, next_status - time.monotonic())
-            r, _, _ = select.select([nft.events, watch], [], [], min(wait, lease_in, poll_in))
+            wait = (
+                0.0
+                if f.pending or f.lost or six.pending
+                else 0.05
+                if f.after_deploy
+                else max(0.0, next_status - time.monotonic())
+            )
+            r, _, _ = select.select([nft.events, watch, legacy6], [], [], min(wait, lease_in, poll_in))
             t0 = time.monotonic()
             if watch in r:
                 watch.intake(t0, f.state(fresh=False))
+            if legacy6 in r:  # a legacy ip6tables table changed: the IPv6 hold at once, then read again
+                legacy6.drain()
+                six.commit(t0)
             r = [x for x in r if x is nft.events]
             if watch.pending():
                 watch.step(f.state(fresh=False))
             # a wake-up only to renew the lease changes nothing else: the rest of the round (the lazy rebuild's
             # checks included) keeps the pace it has without the lease (events, or the status interval)
             lease_only = not r and t0 < next_status and not (f.pending or f.lost or f.after_deploy or f.error)
+            lease_only = lease_only and not six.pending
             if lease_only:
                 continue
             while r:
@@ -537,6 +559,11 @@ def serve(ns: str, state_dir: Path, service_pid: int | None = None, restarts: in
                 status()
                 f.sync(why, f.pending_since or t0)
                 watch.want_check = True  # a follow writes the tables with its own check's answer
+            if six.due():  # after IPv4's: a new program for IPv6 is built on the IPv4 side as now deployed
+                why6 = "change" if six.pending else "events lost (ENOBUFS)" if six.lost else "retry"
+                status()
+                six.sync(why6)
+                change = True
             watch.step(f.state(fresh=False))
             f.maybe_rebuild()
             if change or lost or retry or time.monotonic() >= next_status:
@@ -544,6 +571,7 @@ def serve(ns: str, state_dir: Path, service_pid: int | None = None, restarts: in
                 next_status = time.monotonic() + STATUS_EVERY
     finally:
         sets.close()
+        legacy6.close()
         watch.close()
         nft.close()
         SERVICE.write_status_file(

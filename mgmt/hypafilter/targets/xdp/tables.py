@@ -576,3 +576,25 @@ def tables6_records(t6: Tables, v6shape: dict, miss: int = 0, ct: CtConfig | Non
     )
     out.append(_record("hfx6_cfg", CONFIG6.size, 1, cfg))
     return b"".join(out)
+
+
+def split_records(data: bytes) -> list[tuple[str, int, int, bytes]]:
+    """The records of a tables file: (map name, value size, count, values)."""
+    out, off = [], 0
+    while off < len(data):
+        (n,) = struct.unpack_from("<I", data, off)
+        name = data[off + 4 : off + 4 + n].decode()
+        vsize, count = struct.unpack_from("<II", data, off + 4 + n)
+        start = off + 12 + n
+        out.append((name, vsize, count, data[start : start + vsize * count]))
+        off = start + vsize * count
+    return out
+
+
+def with_v6_records(data: bytes, v6: bytes) -> bytes:
+    """Tables file `data` with its IPv6 records (hfx6_*) replaced by those of `v6` (tables6_records), placed where
+    tables_file puts them: before hfx_cfg, the loader's last."""
+    keep = [r for r in split_records(data) if not r[0].startswith("hfx6_")]
+    body = [_record(*r) for r in keep if r[0] != "hfx_cfg"]
+    cfg = [_record(*r) for r in keep if r[0] == "hfx_cfg"]
+    return b"".join(body) + v6 + b"".join(cfg)

@@ -52,12 +52,16 @@ from hypafilter.targets.xdp.tables import (
     set_maps,
     shape6,
     shape_id,
+    split_records,
+    tables6_records,
     tables_file,
+    with_v6_records,
 )
 
 PIN_ROOT = Path("/sys/fs/bpf/hypafilter-xdp")
 CLOCK_MONOTONIC_COARSE = getattr(time, "CLOCK_MONOTONIC_COARSE", 6)  # Linux's clock id; Python names it on few builds
 LEASE_MAP = "hfx_lease"  # the policy sync lease: u64 CLOCK_MONOTONIC ns until which the tables are vouched for
+HOLD6_MAP = "hfx6_hold"  # the policy sync service's IPv6 fail safe: u32, nonzero = the IPv6 path decides nothing
 CONTROL_ENABLE, CONTROL_PASS_UNFILTERABLE, CONTROL_HOST_MODE = 1, 4, 8
 CONTROL_MISS_SHUNT_ACCEPT, CONTROL_MISS_SHUNT_DROP = 16, 32  # Plan.miss_shunt (hw/regmap.txt CONTROL bits 4/5)
 CONTROL_MISS_SHUNT = CONTROL_MISS_SHUNT_ACCEPT | CONTROL_MISS_SHUNT_DROP
@@ -541,6 +545,60 @@ class XdpTarget(Target):
             )
         with PinnedArray(path) as m:
             m.write(struct.pack("=Q", value))
+
+    def hold_ipv6(self, info: dict, on: bool) -> bool:
+        """The policy sync service's IPv6 fail safe (docs/ipv6.md "Following ip6tables"): `on`, the program's IPv6
+        path decides nothing (every IPv6 frame unparsed, value 0: ip6tables decides it whole); off, it decides by
+        its IPv6 table set again. One u32 through the bpf() syscall; the IPv4 path and CONTROL are untouched. False
+        when the program has no IPv6 table set (its IPv6 frames are unparsed anyway)."""
+        path = Path(info["pin"]) / HOLD6_MAP
+        if not path.exists():
+            return False
+        with PinnedArray(path) as m:
+            m.write(struct.pack("=I", 1 if on else 0))
+        return True
+
+    def ipv6_held(self, info: dict) -> bool | None:
+        """Whether the IPv6 fail safe is in force (None: no IPv6 table set)."""
+        path = Path(info["pin"]) / HOLD6_MAP
+        if not path.exists():
+            return None
+        with PinnedArray(path) as m:
+            return struct.unpack("=I", m.read())[0] != 0
+
+    def write_tables6(self, info: dict, plan6, known: dict) -> dict:
+        """The IPv6 table set of the family-6 `plan6` into the running program, with the IPv4 tables, the update
+        buffer and CONTROL untouched: the IPv6 path must be held meanwhile (hold_ipv6), and this does not release
+        it. The maps are written through the bpf() syscall (the loader's `update` would set CONTROL 0, every IPv4
+        frame to software, while it writes); the tables file of `known` (the state's tables, what a rollback writes
+        back) is rewritten with the new IPv6 records. Returns the state's tables with the new file and `v6`.
+        HypafilterError when the program has no IPv6 table set or the tables do not fit it (a new program is
+        needed); nothing is written then."""
+        running = _shape_of(info)
+        if not running.get("v6"):
+            raise HypafilterError("the running XDP program has no IPv6 table set")
+        try:
+            t6 = build_tables6(plan6)
+        except ValueError as e:
+            raise HypafilterError(f"the IPv6 plan cannot go into the XDP program: {e}") from e
+        t6.index_base = int((known.get("v6") or {}).get("index_base", plan6.index_base))
+        if not fits6(t6, running["v6"]):
+            raise HypafilterError("the IPv6 tables do not fit the running program's IPv6 table set")
+        ct6 = self.ct_config(plan6)
+        records = tables6_records(t6, running["v6"], self.control(plan6), ct6)
+        old_file = Path(known.get("file", ""))
+        data = with_v6_records(old_file.read_bytes(), records) if old_file.is_file() else None
+        for name, vsize, count, vals in split_records(records):
+            with PinnedArray(Path(info["pin"]) / name) as m:
+                m.write_many([vals[i * vsize : (i + 1) * vsize] for i in range(count)])
+        out = {**known, "v6": _v6_state(t6, plan6, ct6)}
+        if data is not None:
+            path = self._run_dir() / f"{info['name']}-{known.get('generation', 0)}-v6.tables"
+            tmp = path.with_suffix(".tmp")
+            tmp.write_bytes(data)
+            tmp.replace(path)
+            out["file"] = str(path)
+        return out
 
     def lease(self, info: dict) -> dict:
         """{armed, expired, left_ms} of the lease word (a program from before the lease has none: disarmed)."""

@@ -11,6 +11,7 @@ import gc
 import os
 import select
 import signal
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -227,6 +228,8 @@ def _status_doc(syncer: Syncer, table, ns: str, nic: str, started: float, interv
         "running": True,
         "pid": os.getpid(),
         "mode": table.mode,
+        # the address families whose entries the service offloads (the NIC's flow cache: IPv4 only)
+        "families": ["ipv6" if f == socket.AF_INET6 else "ipv4" for f in getattr(table, "families", (socket.AF_INET,))],
         "ns": ns,
         "nic": nic,
         "started_at": started,

@@ -41,10 +41,15 @@ class FlowSync(Service):
     new_flows: str | None = None
 
     def why_not(self, policy, plan, tgt, nic: dict) -> str:
+        """Why the service does not run for the deployment ("" when it does): wanted when the plan's entries, or
+        those of its IPv6 side (`plan.plan6`, the xdp target's family-6 plan: docs/ipv6.md "## xdp"), decide
+        established frames by conntrack and the target can serve them."""
         self.new_flows = None
-        if not decides_established(policy, plan):
-            return "the policy's hardware entries do not read conntrack state"
-        why = tgt.flowsync_why_not(plan, nic)
+        why = _plan_why_not(policy, plan, tgt, nic)
+        plan6 = getattr(plan, "plan6", None)
+        if why and plan6 is not None:
+            why6 = _plan_why_not(None, plan6, tgt, nic)
+            why = "" if not why6 else f"{why}; IPv6 side: {why6}"
         if not why and tgt.flowsync_mode == "flowcache":
             self.new_flows = getattr(tgt, "new_flows_why_not", lambda *_: "not on this target")(plan, nic)
         return why
@@ -78,6 +83,12 @@ class FlowSync(Service):
 
     def down(self, tgt) -> str:
         return tgt.flowsync_down
+
+
+def _plan_why_not(policy, plan, tgt, nic: dict) -> str:
+    if not decides_established(policy, plan):
+        return "the policy's hardware entries do not read conntrack state"
+    return tgt.flowsync_why_not(plan, nic)
 
 
 SERVICE = FlowSync("flowsync", "flow sync service")

@@ -165,7 +165,8 @@ def test_plan6_for_a_deployment():
     t6 = build_tables6(p6)
     assert t6.soft == 1 and not any(struct.unpack_from("<BBHI", t6.entries, 8 * j)[3] for j in range(t6.n + 1))
     assert any(int(k) for k in p6.interval)  # the plan's own k, zeroed in the tables only
-    assert plan6_for(v6, Config(), plan4) == (None, "xdp_ipv6 is off in the configuration")
+    assert plan6_for(v6, Config(), plan4)[1] == ""  # on by default
+    assert plan6_for(v6, Config(xdp_ipv6=False), plan4) == (None, "xdp_ipv6 is off in the configuration")
     assert plan6_for(None, on, plan4)[0] is None
     assert "besides filter" in plan6_for(V6Policy("v6.rules", text, tables=("filter", "raw")), on, plan4)[1]
     bad = V6Policy("v6.rules", text.replace("-p 6", "-p nosuchproto"), tables=("filter",))

@@ -97,6 +97,9 @@ struct hfx_config {
 	__u32 num_boxes; /* boxes in use (hfx_box rows): what hfx_vbox is projected over */
 	__u32 buf_depth; /* update-buffer slots of the program (hfx_buf rows; 0: no buffer) */
 	__u32 buf_scan;	 /* slots the program reads, 0 .. buf_scan - 1 (every enabled one lies below it) */
+	/* conntrack's TCP CLOSE_WAIT timeout, ms: what an ACK sets on an entry in FIN_WAIT or CLOSE_WAIT (both go to
+	 * CLOSE_WAIT), the timeout a frame decided on such an entry refreshes it to (0: such entries not decided) */
+	__u32 ct_tcp_cw_ms;
 };
 
 /* hfx_ports: the ifindex of each port 0..3 (0: no such port), one row written whole by the loader. */
@@ -130,6 +133,7 @@ struct hfx6_config {
 	__u32 ct_udp_ms;
 	__u32 ct_udp_unreplied_ms;
 	__u32 soft; /* HFX6_SOFT_*: what software does with the IPv6 frames the program passes */
+	__u32 ct_tcp_cw_ms; /* as hfx_config's */
 };
 
 /* hfx6_config.soft: ip6tables holds the IPv6 policy verbatim (stage 1's deploy), no interval chains and no mark

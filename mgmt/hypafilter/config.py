@@ -121,9 +121,10 @@ class Config:
     target: str = "emu"
     # xdp: attach in generic (skb) mode instead of native (driver) mode.
     xdp_generic: bool = False
-    # xdp with an IPv6 policy (--ipv6): the XDP program decides IPv6 frames by it as well (docs/ipv6.md "## xdp");
-    # off, every IPv6 frame goes to ip6tables unparsed.
-    xdp_ipv6: bool = False
+    # xdp with an IPv6 policy (--ipv6): the XDP program decides IPv6 frames by it as well (docs/ipv6.md "## xdp"),
+    # IPv6 TCP on the conntrack entries the flow sync service marks liberal as IPv4's; false: every IPv6 frame goes
+    # to ip6tables unparsed (stage 1).
+    xdp_ipv6: bool = True
     # Hardware generation parameters.
     tdata_width: int = 256
     encoder_fanin: int = 8

@@ -164,7 +164,7 @@ def test_shape_and_file():
     # The config record is the last one; its fields: control, generation, num_entries, num_words, nb, armed, the
     # conntrack fields (no lookup; no rule reads conntrack, so no hit entry), boxes, the update buffer (none here).
     nb = (len(t.spans["src"]), len(t.spans["dst"]))
-    assert data.endswith(struct.pack("<16I", 1, 3, t.n, t.words, *nb, 1, 0, 0, 0, 0, 0, 0, t.boxes, 0, 0))
+    assert data.endswith(struct.pack("<17I", 1, 3, t.n, t.words, *nb, 1, 0, 0, 0, 0, 0, 0, t.boxes, 0, 0, 0))
     small = dict(shape, words=0)
     assert not t.fits(small)
     with pytest.raises(ValueError):
@@ -305,7 +305,7 @@ def test_update_buffer_in_the_tables_file(seed):
                 0,
                 3,
             )  # shunt for every ct, never decides
-        assert CONFIG.unpack(rec["hfx_cfg"][2])[13:] == (t.boxes, 48, view.overlay.used)
+        assert CONFIG.unpack(rec["hfx_cfg"][2])[13:16] == (t.boxes, 48, view.overlay.used)
         for h in headers(master, rng, 300) + headers(static, rng, 100):
             assert lookup_buffered(t, data, h) == decision.match_index(view, h), (mode, h)
         # the same static tables without the overlay: the static plan's first match

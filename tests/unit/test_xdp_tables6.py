@@ -172,8 +172,32 @@ def test_plan6_for_a_deployment():
     t6 = build_tables6(p6)
     assert t6.soft == 1 and not any(struct.unpack_from("<BBHI", t6.entries, 8 * j)[3] for j in range(t6.n + 1))
     assert any(int(k) for k in p6.interval)  # the plan's own k, zeroed in the tables only
-    assert plan6_for(v6, Config(), plan4) == (None, "xdp_ipv6 is off in the configuration")
+    assert plan6_for(v6, Config(), plan4)[1] == ""  # on by default
+    assert plan6_for(v6, Config(xdp_ipv6=False), plan4) == (None, "xdp_ipv6 is off in the configuration")
     assert plan6_for(None, on, plan4)[0] is None
     assert "besides filter" in plan6_for(V6Policy("v6.rules", text, tables=("filter", "raw")), on, plan4)[1]
     bad = V6Policy("v6.rules", text.replace("-p 6", "-p nosuchproto"), tables=("filter",))
     assert "does not read again" in plan6_for(bad, on, plan4)[1]
+
+
+def test_the_close_wait_timeout_reaches_both_configs():
+    """CtConfig.tcp_cw_ms (what a frame decided on a half-closed TCP entry refreshes it to; 0: such entries are not
+    decided) is the last word of hfx_config and of hfx6_config, each family's from its own CtConfig."""
+    from hypafilter.targets.xdp.tables import CONFIG, CtConfig, tables_file
+
+    t6 = build_tables6(ranked_plan(RULES, "DROP")[1])
+    t4 = build_tables(ranked_plan(RULES[:2], "ACCEPT")[1])
+    shape = {**t4.shape(), "v6": shape6(t6)}
+    ct4 = CtConfig(lookup=True, tcp_ms=1000, tcp_cw_ms=60_000)
+    ct6 = CtConfig(lookup=True, tcp_ms=2000, tcp_cw_ms=30_000)
+    blob = tables_file(t4, shape, 1, 0, ct=ct4, t6=t6, ct6=ct6)
+    rec, at = {}, 0
+    while at < len(blob):
+        (n,) = struct.unpack_from("<I", blob, at)
+        name = blob[at + 4 : at + 4 + n].decode()
+        size, count = struct.unpack_from("<II", blob, at + 4 + n)
+        rec[name] = blob[at + 12 + n : at + 12 + n + size * count]
+        at += 12 + n + size * count
+    cfg, cfg6 = CONFIG.unpack(rec["hfx_cfg"]), CONFIG6.unpack(rec["hfx6_cfg"])
+    assert (cfg[7], cfg[-1]) == (1000, 60_000) and (cfg6[10], cfg6[-1]) == (2000, 30_000)
+    assert CONFIG.unpack(tables_file(t4, {**t4.shape()}, 1, 0)[-CONFIG.size :])[-1] == 0  # no lookup: not decided

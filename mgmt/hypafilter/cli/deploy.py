@@ -177,14 +177,17 @@ def _fmt_flowsync(fs: dict) -> str:
         if fs.get("down") and fs["down"] != "is not running":  # its supervisor runs: restarting or starting
             return f"flowsync DOWN: {what}; the service {fs['down']}"
         return f"flowsync DOWN: {what} (deploy again, or undeploy)"
+    # the families whose entries it offloads (a status file of an older service does not say: IPv4)
+    fams = " and ".join({"ipv4": "IPv4", "ipv6": "IPv6"}.get(f, f) for f in fs.get("families", ()))
+    fams = f" ({fams} only)" if fams and " and " not in fams else f" ({fams})" if fams else ""
     if liberal:
         return (
-            f"flowsync pid {fs.get('pid')} (liberal marks): {fs.get('offloaded')} TCP flows held, "
+            f"flowsync pid {fs.get('pid')} (liberal marks): {fs.get('offloaded')} TCP flows held{fams}, "
             f"{fs.get('liberal')} entries marked liberal; sync lag p50 {fs.get('lag_p50_ms')} ms, "
             f"max {fs.get('lag_max_ms')} ms"
         )
     return (
-        f"flowsync pid {fs.get('pid')}: {fs.get('offloaded')} flows offloaded, occupancy {fs.get('occupancy')}, "
+        f"flowsync pid {fs.get('pid')}: {fs.get('offloaded')} flows offloaded{fams}, occupancy {fs.get('occupancy')}, "
         f"{fs.get('waiting')} waiting for a way (set full); "
         f"inserts {fs.get('inserts')}, deletes {fs.get('deletes')}, evictions {fs.get('evictions')}, "
         f"insert failures (set full) {fs.get('insert_failures')}, timeout refreshes {fs.get('refreshes')}; "

@@ -212,9 +212,11 @@ class NicClient:
     """Register-level interface to one hypafilter core, whatever carries the accesses."""
 
     # What its flow API is as a table of the flow sync service (ops.flowsync.syncer.Syncer): the NIC's flow cache,
-    # which holds TCP and UDP flows and counts their hits, in sets of `ways` entries (`flow_set`).
+    # which holds TCP and UDP flows and counts their hits, in sets of `ways` entries (`flow_set`). IPv4 only: its
+    # keys have 32-bit addresses (the core shunts every IPv6 frame unparsed), so the service sends it no IPv6 entry.
     mode = "flowcache"
     protocols = (flowcache.PROTO_TCP, flowcache.PROTO_UDP)
+    families = (socket.AF_INET,)
     hit_counters = True
     set_limited = True
 

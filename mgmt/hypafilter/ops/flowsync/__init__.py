@@ -1,7 +1,8 @@
 """The flow sync service: the NIC's flow cache follows the firewall's conntrack (docs/flowsync.md).
 
 A flow goes into the hardware flow cache when conntrack confirms it established (TCP: protoinfo state ESTABLISHED,
-confirmed, seen a reply; UDP: confirmed and seen a reply; IPv4 without NAT, helper or zone only), and leaves it
+confirmed, seen a reply; UDP: confirmed and seen a reply; of an address family the table holds, without NAT,
+helper or zone: the NIC's flow cache IPv4 only, the xdp target's liberal marks IPv4 and IPv6), and leaves it
 when conntrack destroys it or it stops being established. Before an insert the conntrack entry is put in TCP
 window liberal mode, since conntrack stops seeing the flow's established frames. Every `interval` seconds the
 hardware's per-flow hit counters are read: a flow that was hit since the last poll gets its conntrack timeout set

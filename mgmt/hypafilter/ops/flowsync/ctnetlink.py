@@ -9,7 +9,7 @@ import struct
 from collections.abc import Sequence
 
 from hypafilter.hw.flowcache import PROTO_TCP, Flow
-from hypafilter.ops.flowsync.events import CtEvent, offload_reason
+from hypafilter.ops.flowsync.events import CtEvent, Flow6, offload_reason
 from hypafilter.ops.netlink import (
     NETLINK_NETFILTER,
     NLM_F_ACK,
@@ -126,13 +126,23 @@ def _dumped(data: bytes, off: int) -> CtEvent | None:
     return parse_event(data, off, "dump")
 
 
-def ct_tuple_attr(flow: Flow) -> bytes:
-    """CTA_TUPLE_ORIG of an IPv4 TCP/UDP flow: what names a conntrack entry in a get or an update."""
-    ip = nla(CTA_IP_V4_SRC, struct.pack(">I", flow.src)) + nla(CTA_IP_V4_DST, struct.pack(">I", flow.dst))
+def ct_tuple_attr(flow: Flow | Flow6) -> bytes:
+    """CTA_TUPLE_ORIG of a TCP/UDP flow: what names a conntrack entry in a get or an update. IPv4 (`Flow`):
+    CTA_IP_V4_SRC/DST, 4 bytes each; IPv6 (`Flow6`): CTA_IP_V6_SRC/DST, 16 bytes each (ctnetlink_parse_tuple_ip
+    reads the pair of the request's nfgenmsg family: send it with `ct_family(flow)`)."""
+    if ct_family(flow) == socket.AF_INET6:
+        ip = nla(CTA_IP_V6_SRC, flow.src.to_bytes(16, "big")) + nla(CTA_IP_V6_DST, flow.dst.to_bytes(16, "big"))
+    else:
+        ip = nla(CTA_IP_V4_SRC, struct.pack(">I", flow.src)) + nla(CTA_IP_V4_DST, struct.pack(">I", flow.dst))
     sport, dport = struct.pack(">H", flow.sport), struct.pack(">H", flow.dport)
     proto = nla(CTA_PROTO_NUM, bytes([flow.proto]))
     proto += nla(CTA_PROTO_SRC_PORT, sport) + nla(CTA_PROTO_DST_PORT, dport)
     return nla(CTA_TUPLE_ORIG, nla(CTA_TUPLE_IP, ip, True) + nla(CTA_TUPLE_PROTO, proto, True), True)
+
+
+def ct_family(flow: Flow | Flow6) -> int:
+    """The nfgenmsg family of a request naming `flow`'s entry: AF_INET6 for a `Flow6`, else AF_INET."""
+    return getattr(flow, "family", socket.AF_INET)
 
 
 def ct_request(mtype: int, flags: int, seq: int, attrs: bytes = b"", family: int = socket.AF_INET) -> bytes:
@@ -166,30 +176,35 @@ class Conntrack(Netlink):
         resyncs)."""
         return self.read(parse_event)
 
-    def request(self, what: str, mtype: int, flags: int, attrs: bytes = b"") -> tuple[list[CtEvent], bool]:
+    def request(
+        self, what: str, mtype: int, flags: int, attrs: bytes = b"", family: int = socket.AF_INET
+    ) -> tuple[list[CtEvent], bool]:
         """One ctnetlink request and its replies (`Netlink.exchange`): the conntrack entries replied (kind "dump")
         and whether the kernel marked the dump inconsistent. ConntrackError: the kernel refused it (its errno)."""
-        return self.exchange(what, lambda seq: ct_request(mtype, flags, seq, attrs), _dumped)
+        return self.exchange(what, lambda seq: ct_request(mtype, flags, seq, attrs, family), _dumped)
 
     def dump(self) -> list[CtEvent]:
-        """Every IPv4 conntrack entry (kind "dump"). A dump the kernel marked inconsistent (the table changed under
-        it) is taken again, DUMP_TRIES times at most; then HypafilterError."""
-        return self.consistent_dump("dump", lambda seq: ct_request(IPCTNL_MSG_CT_GET, NLM_F_DUMP, seq), _dumped)
+        """Every conntrack entry, IPv4 and IPv6 (kind "dump": nfgenmsg family AF_UNSPEC, which ctnetlink_dump_table
+        does not filter by; AF_INET would dump IPv4 entries only). A dump the kernel marked inconsistent (the table
+        changed under it) is taken again, DUMP_TRIES times at most; then HypafilterError."""
+        return self.consistent_dump(
+            "dump", lambda seq: ct_request(IPCTNL_MSG_CT_GET, NLM_F_DUMP, seq, family=socket.AF_UNSPEC), _dumped
+        )
 
-    def get(self, flow: Flow) -> CtEvent | None:
+    def get(self, flow: Flow | Flow6) -> CtEvent | None:
         """The entry of `flow` (original direction; kind "dump"), None when conntrack has none."""
         try:
-            entries, _ = self.request("get", IPCTNL_MSG_CT_GET, NLM_F_ACK, ct_tuple_attr(flow))
+            entries, _ = self.request("get", IPCTNL_MSG_CT_GET, NLM_F_ACK, ct_tuple_attr(flow), ct_family(flow))
         except ConntrackError as e:
             if e.code == errno.ENOENT:
                 return None
             raise
         return entries[0] if entries else None
 
-    def _set(self, flow: Flow, what: str, attrs: bytes) -> bool:
+    def _set(self, flow: Flow | Flow6, what: str, attrs: bytes) -> bool:
         """An update of `flow`'s entry (IPCTNL_MSG_CT_NEW without NLM_F_CREATE); False when conntrack has none."""
         try:
-            self.request(what, IPCTNL_MSG_CT_NEW, NLM_F_ACK, ct_tuple_attr(flow) + attrs)
+            self.request(what, IPCTNL_MSG_CT_NEW, NLM_F_ACK, ct_tuple_attr(flow) + attrs, ct_family(flow))
         except ConntrackError as e:
             if e.code == errno.ENOENT:
                 return False
@@ -203,22 +218,24 @@ class Conntrack(Netlink):
     def set_liberal_many(self, evs: Sequence[CtEvent]) -> list[bool]:
         """set_liberal for several entries, as many in one sendmsg as the socket's buffers take (`Netlink.acked`):
         one IPCTNL_MSG_CT_NEW update (no NLM_F_CREATE) per entry, each with NLM_F_ACK and its own sequence
-        number. Per entry True once its ack says done, False when conntrack has no such entry
-        (ENOENT); any other error raises ConntrackError (the worker ends and the supervisor starts another, which
-        resyncs)."""
+        number, in the entry's family (nfgenmsg AF_INET or AF_INET6, `ct_tuple_attr`'s address pair: an IPv6 update
+        is 24 bytes longer, and the batch is bounded by its bytes as much as by its count, `Netlink.acked`). Per
+        entry True once its ack says done, False when conntrack has no such entry (ENOENT); any other error raises
+        ConntrackError (the worker ends and the supervisor starts another, which resyncs)."""
         flags = struct.pack("=BB", IP_CT_TCP_FLAG_BE_LIBERAL, IP_CT_TCP_FLAG_BE_LIBERAL)  # nf_ct_tcp_flags
         tcp = nla(CTA_PROTOINFO_TCP_FLAGS_ORIGINAL, flags) + nla(CTA_PROTOINFO_TCP_FLAGS_REPLY, flags)
         protoinfo = nla(CTA_PROTOINFO, nla(CTA_PROTOINFO_TCP, tcp, True), True)
 
         def update(seq: int, ev: CtEvent) -> bytes:
-            return ct_request(IPCTNL_MSG_CT_NEW, NLM_F_ACK, seq, ct_tuple_attr(ev.flow) + protoinfo)
+            attrs = ct_tuple_attr(ev.flow) + protoinfo
+            return ct_request(IPCTNL_MSG_CT_NEW, NLM_F_ACK, seq, attrs, ct_family(ev.flow))
 
         return self.acked("liberal-flag update", update, evs)
 
-    def set_timeout(self, flow: Flow, proto: int, seconds: int) -> bool:
+    def set_timeout(self, flow: Flow | Flow6, proto: int, seconds: int) -> bool:
         return self._set(flow, "timeout update", nla(CTA_TIMEOUT, struct.pack(">I", int(seconds))))
 
-    def refresh(self, flow: Flow, proto: int, seconds: int, tcp_state: int | None = None) -> bool:
+    def refresh(self, flow: Flow | Flow6, proto: int, seconds: int, tcp_state: int | None = None) -> bool:
         """The timeout of a flow the hardware saw, if conntrack still holds it as offloadable (an entry of the
         same tuple that is new again, after a destroy whose event came late, is not refreshed: False) and, for
         TCP with `tcp_state` given, in the state whose timeout `seconds` is (an entry whose state changed before

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import socket
 from dataclasses import dataclass
+from typing import ClassVar
 
 from hypafilter.hw.flowcache import PROTO_TCP, PROTO_UDP, Flow
 
@@ -30,6 +31,24 @@ TCP_OFFLOAD_STATES = {
     TCP_CONNTRACK_CLOSE_WAIT: "close_wait",
     TCP_CONNTRACK_TIME_WAIT: "time_wait",
 }
+
+
+@dataclass(frozen=True)
+class Flow6:
+    """An IPv6 TCP/UDP flow in its original direction (128-bit addresses): what names an AF_INET6 conntrack entry.
+    A class of its own, not `Flow` with wider numbers, so that nothing mistakes it for a flow the NIC's flow cache
+    can hold (its keys are IPv4: a table says which families it holds, `families`), and `family` tells the
+    ctnetlink codec which tuple attributes and nfgenmsg family a request about it carries."""
+
+    family: ClassVar[int] = socket.AF_INET6
+    src: int
+    dst: int
+    proto: int
+    sport: int = 0
+    dport: int = 0
+
+    def reply(self) -> Flow6:
+        return Flow6(self.dst, self.src, self.proto, self.dport, self.sport)
 
 
 @dataclass(frozen=True)
@@ -70,12 +89,17 @@ class CtEvent:
         )
 
     @functools.cached_property
-    def flow(self) -> Flow | None:
-        """The hardware flow (original direction), None for what the flow cache cannot hold (not IPv4 TCP/UDP).
-        Made once per entry (a resync over 250,000 entries asks for it several times each)."""
-        if self.family != socket.AF_INET or self.proto not in (PROTO_TCP, PROTO_UDP):
+    def flow(self) -> Flow | Flow6 | None:
+        """The flow (original direction): `Flow` for IPv4, `Flow6` for IPv6; None for what no table holds (not
+        TCP/UDP, another family). Whether a table holds the family is the table's (`families`: the NIC's flow cache
+        IPv4 only). Made once per entry (a resync over 250,000 entries asks for it several times each)."""
+        if self.proto not in (PROTO_TCP, PROTO_UDP):
             return None
-        return Flow(_ipv4(self.src), _ipv4(self.dst), self.proto, self.sport, self.dport)
+        if self.family == socket.AF_INET:
+            return Flow(_ipv4(self.src), _ipv4(self.dst), self.proto, self.sport, self.dport)
+        if self.family == socket.AF_INET6:
+            return Flow6(_ipv6(self.src), _ipv6(self.dst), self.proto, self.sport, self.dport)
+        return None
 
 
 def _ipv4(text: str) -> int:
@@ -83,17 +107,21 @@ def _ipv4(text: str) -> int:
     return int.from_bytes(socket.inet_aton(text), "big")
 
 
+def _ipv6(text: str) -> int:
+    return int.from_bytes(socket.inet_pton(socket.AF_INET6, text), "big")
+
+
 def offload_reason(ev: CtEvent) -> str | None:
     """None when the entry's established frames may be decided by the hardware; else why not.
 
-    TCP: ESTABLISHED (protoinfo state), confirmed and seen a reply. UDP: confirmed and seen a reply. Never: not IPv4
-    TCP/UDP, NAT (the reply is not the original reversed: the one hardware key covers both directions only
-    without it), a helper (it must see every packet to create its expectations), a zone other than 0 (the key has
+    TCP: ESTABLISHED (protoinfo state), confirmed and seen a reply. UDP: confirmed and seen a reply. Never: not
+    TCP/UDP over IPv4 or IPv6 (whether the table holds the family is the table's: `Syncer.wants`), NAT (the
+    reply is not the original reversed: the one hardware key covers both directions only without it), a helper (it must see every packet to create its expectations), a zone other than 0 (the key has
     no zone), an entry dying, a template, untracked, or offloaded to a kernel flowtable."""
     if ev.kind == "destroy":
         return "destroyed"
     if ev.flow is None:
-        return "not IPv4 TCP/UDP"
+        return "not TCP/UDP over IPv4 or IPv6"
     if ev.status & (IPS_DYING | IPS_TEMPLATE | IPS_UNTRACKED | IPS_OFFLOAD):
         return "dying, template, untracked or in a kernel flowtable"
     if not ev.status & IPS_CONFIRMED:

@@ -3,10 +3,12 @@ conntrack entries the service has set liberal, behind NicClient's flow API."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterable, Sequence
 
 from hypafilter.errors import HypafilterError
 from hypafilter.hw.flowcache import OP_DELETE, OP_INSERT, PROTO_TCP, ST_EXISTS, ST_FULL, ST_NOT_FOUND, ST_OK, Flow
+from hypafilter.ops.flowsync.events import Flow6
 
 MARKS_CAPACITY = 1 << 22  # LiberalMarks: flows held at most (nf_conntrack_max is 262,144 here)
 
@@ -24,6 +26,9 @@ class LiberalMarks:
     these are facts about what holds the flows, and every place that asks reads them from it):
 
     - `protocols` TCP only: a UDP entry needs no mark (the program reads conntrack's UDP state as it is);
+    - `families` IPv4 and IPv6: the program looks IPv6 TCP up in conntrack as IPv4's (`bpf_sock_tuple.ipv6`, the
+      same liberal condition, docs/ipv6.md "## xdp"), so an IPv6 entry is marked as an IPv4 one (a `Flow6`, its
+      ctnetlink update in family AF_INET6);
     - `hit_counters` False: no hits to read, so the Syncer does not poll it. The program refreshes the timeout of
       every entry whose frame it decides (`bpf_ct_change_timeout`, to what conntrack would set): the service must
       neither refresh timeouts from hits nor evict idle flows for it;
@@ -37,12 +42,13 @@ class LiberalMarks:
 
     mode = "liberal"
     protocols = (PROTO_TCP,)
+    families = (socket.AF_INET, socket.AF_INET6)
     hit_counters = False
     set_limited = False  # no sets: an insert fails only beyond `capacity`
 
     def __init__(self, capacity: int = MARKS_CAPACITY):
         self.capacity = capacity
-        self.flows: dict[Flow, int] = {}  # flow (original direction) -> its slot number, an insert count
+        self.flows: dict[Flow | Flow6, int] = {}  # flow (original direction) -> its slot number, an insert count
         self.inserts = self.deletes = self.full = 0
 
     def flow_config(self):

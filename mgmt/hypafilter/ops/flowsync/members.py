@@ -6,6 +6,7 @@ the clock are parameters."""
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -27,8 +28,9 @@ LOAD_CHUNK = 2048  # inserts a `load_step` sends (about 0.5 s on the emulated NI
 
 def entry_keys(ev: CtEvent) -> tuple[int, ...]:
     """The canonical keys of an entry's tuples as seen on the wire (original, and reply when NAT makes it another
-    key); () for what the structure does not hold (not IPv4 TCP/UDP: such frames never get ct 3)."""
-    if ev.flow is None or ev.proto not in (PROTO_TCP, PROTO_UDP):
+    key); () for what the structure does not hold (not IPv4 TCP/UDP: such frames never get ct 3; the core shunts
+    every IPv6 frame unparsed)."""
+    if ev.family != socket.AF_INET or ev.flow is None or ev.proto not in (PROTO_TCP, PROTO_UDP):
         return ()
     keys = [ctmember.key_of(ev.flow)]
     if ev.reply is not None:

@@ -11,6 +11,7 @@ import gc
 import os
 import select
 import signal
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,10 +41,15 @@ class FlowSync(Service):
     new_flows: str | None = None
 
     def why_not(self, policy, plan, tgt, nic: dict) -> str:
+        """Why the service does not run for the deployment ("" when it does): wanted when the plan's entries, or
+        those of its IPv6 side (`plan.plan6`, the xdp target's family-6 plan: docs/ipv6.md "## xdp"), decide
+        established frames by conntrack and the target can serve them."""
         self.new_flows = None
-        if not decides_established(policy, plan):
-            return "the policy's hardware entries do not read conntrack state"
-        why = tgt.flowsync_why_not(plan, nic)
+        why = _plan_why_not(policy, plan, tgt, nic)
+        plan6 = getattr(plan, "plan6", None)
+        if why and plan6 is not None:
+            why6 = _plan_why_not(None, plan6, tgt, nic)
+            why = "" if not why6 else f"{why}; IPv6 side: {why6}"
         if not why and tgt.flowsync_mode == "flowcache":
             self.new_flows = getattr(tgt, "new_flows_why_not", lambda *_: "not on this target")(plan, nic)
         return why
@@ -77,6 +83,12 @@ class FlowSync(Service):
 
     def down(self, tgt) -> str:
         return tgt.flowsync_down
+
+
+def _plan_why_not(policy, plan, tgt, nic: dict) -> str:
+    if not decides_established(policy, plan):
+        return "the policy's hardware entries do not read conntrack state"
+    return tgt.flowsync_why_not(plan, nic)
 
 
 SERVICE = FlowSync("flowsync", "flow sync service")
@@ -227,6 +239,8 @@ def _status_doc(syncer: Syncer, table, ns: str, nic: str, started: float, interv
         "running": True,
         "pid": os.getpid(),
         "mode": table.mode,
+        # the address families whose entries the service offloads (the NIC's flow cache: IPv4 only)
+        "families": ["ipv6" if f == socket.AF_INET6 else "ipv4" for f in getattr(table, "families", (socket.AF_INET,))],
         "ns": ns,
         "nic": nic,
         "started_at": started,

@@ -4,6 +4,7 @@ API equal to the offloadable entries of conntrack, from its events, a dump at st
 from __future__ import annotations
 
 import bisect
+import socket
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -78,9 +79,9 @@ class Syncer:
     conntrack no longer has it; refresh(flow, proto, seconds): True when the entry is there and still
     offloadable and its timeout is set, else False).
 
-    Two properties of the table, which every table declares (NicClient, `LiberalMarks`), say what it is:
-    `protocols`, the protocols of the flows it holds, and `hit_counters`, whether it counts hits that the poll
-    reads. A table without hit counters (`LiberalMarks`, the xdp target's) gets no poll: nothing to refresh from,
+    Properties of the table, which every table declares (NicClient, `LiberalMarks`), say what it is:
+    `protocols` and `families`, the protocols and address families of the flows it holds, and `hit_counters`,
+    whether it counts hits that the poll reads. A table without hit counters (`LiberalMarks`, the xdp target's) gets no poll: nothing to refresh from,
     nothing another writer could leave in it."""
 
     table: object
@@ -330,9 +331,14 @@ class Syncer:
         return out
 
     def wants(self, ev: CtEvent) -> bool:
-        """Whether the entry's flow belongs in the table: offloadable (`offload_reason`) and of a protocol the
-        table holds."""
-        return offload_reason(ev) is None and ev.proto in self.table.protocols
+        """Whether the entry's flow belongs in the table: offloadable (`offload_reason`) and of a protocol and an
+        address family the table holds (`families`; a table that does not say holds IPv4 only: the NIC's flow
+        cache has no IPv6 tuples, `LiberalMarks` holds both)."""
+        return (
+            offload_reason(ev) is None
+            and ev.proto in self.table.protocols
+            and ev.family in getattr(self.table, "families", (socket.AF_INET,))
+        )
 
     def resync(self, entries: Iterable[CtEvent], between: Callable[[], None] = lambda: None) -> None:
         """Reconcile the table with a full conntrack dump: insert what should be there, delete the rest. When more

@@ -38,8 +38,8 @@ DIRECT_SIZE["sets"] = 1 << MAX_SET_SLOTS  # the frame's set-slot bits (docs/sets
 CHUNK = 1024  # boxes per sweep step (memory: intervals x CHUNK bytes)
 
 # hfx_config (driver/xdp/hf_fastpath.h): control, generation, num_entries, num_words, nb_src, nb_dst, armed,
-# ct_tcp_ms, ct_udp_ms, ct_flags, ct_udp_unreplied_ms, ct_hit[2], num_boxes, buf_depth, buf_scan
-CONFIG = struct.Struct("<16I")
+# ct_tcp_ms, ct_udp_ms, ct_flags, ct_udp_unreplied_ms, ct_hit[2], num_boxes, buf_depth, buf_scan, ct_tcp_cw_ms
+CONFIG = struct.Struct("<17I")
 CT_HIT_SET = 0x80000000  # hfx_config.ct_hit[] bit HFX_CT_HIT_SET
 CT_LOOKUP, CT_NONE_FLAG = 1, 2  # hfx_config.ct_flags (HFX_CT_LOOKUP, HFX_CT_NONE)
 SHUNT, SHUNT_NONE = 1, 2  # hfx_entry.shunt bits (HFX_SHUNT, HFX_SHUNT_NONE): ct 0..2, ct 3
@@ -345,6 +345,9 @@ class CtConfig:
     udp_unreplied_ms: int = 0
     # a lookup without an entry is ct 3, NEW or INVALID (docs/xdp.md "New flows"; targets.xdp.newflows says when)
     none: bool = False
+    # TCP CLOSE_WAIT timeout: what a frame decided on a half-closed entry (FIN_WAIT, CLOSE_WAIT) refreshes it to;
+    # 0: such entries are not decided (their frames go to conntrack)
+    tcp_cw_ms: int = 0
 
     def flags(self) -> int:
         return (CT_LOOKUP if self.lookup else 0) | (CT_NONE_FLAG if self.lookup and self.none else 0)
@@ -430,6 +433,7 @@ def tables_file(
         t.boxes,
         buf,
         len(t.overlay.slots) if t.overlay is not None else 0,
+        ct.tcp_cw_ms,
     )
     out.append(_record("hfx_cfg", CONFIG.size, 1, cfg))
     return b"".join(out)
@@ -438,8 +442,8 @@ def tables_file(
 # ---- IPv6: a family-6 plan's table set (docs/ipv6.md "## xdp") ---------------------------------------------------
 
 # struct hfx6_config: num_entries, index_base, num_words, nb_src, nb_dst, ct_hit[2], num_boxes, miss, ct_flags,
-# ct_tcp_ms, ct_udp_ms, ct_udp_unreplied_ms, soft
-CONFIG6 = struct.Struct("<14I")
+# ct_tcp_ms, ct_udp_ms, ct_udp_unreplied_ms, soft, ct_tcp_cw_ms
+CONFIG6 = struct.Struct("<15I")
 SOFT_VERBATIM = 1  # hfx6_config.soft HFX6_SOFT_VERBATIM
 MISS_BITS = 16 | 32  # HFX_CONTROL_MISS_SHUNT_ACCEPT | _DROP
 # struct hfx_span6: the interval's first address as four 32-bit words, most significant first; its vector id
@@ -573,6 +577,7 @@ def tables6_records(t6: Tables, v6shape: dict, miss: int = 0, ct: CtConfig | Non
         ct.udp_ms,
         ct.udp_unreplied_ms,
         t6.soft,
+        ct.tcp_cw_ms,
     )
     out.append(_record("hfx6_cfg", CONFIG6.size, 1, cfg))
     return b"".join(out)

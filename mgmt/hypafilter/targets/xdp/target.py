@@ -637,14 +637,15 @@ def read_ct_config(ns: str | None) -> CtConfig:
         "nf_conntrack_tcp_timeout_established",
         "nf_conntrack_udp_timeout_stream",
         "nf_conntrack_udp_timeout",
+        "nf_conntrack_tcp_timeout_close_wait",
     )
     try:
         out = netns.run(["sysctl", "-n", *(f"net.netfilter.{k}" for k in keys)], ns).split()
-        tcp_s, udp_s, udp_unreplied_s = (int(x) for x in out)
+        tcp_s, udp_s, udp_unreplied_s, tcp_cw_s = (int(x) for x in out)
     except (netns.CommandError, ValueError):
         return CtConfig()
     ms = lambda s: min(s * 1000, 0xFFFFFFFF)  # noqa: E731
-    return CtConfig(True, ms(tcp_s), ms(udp_s), ms(udp_unreplied_s))
+    return CtConfig(True, ms(tcp_s), ms(udp_s), ms(udp_unreplied_s), tcp_cw_ms=ms(tcp_cw_s))
 
 
 def control_of(unfilterable: str, nic_mode: str, miss_shunt=(False, False)) -> int:

@@ -184,6 +184,64 @@ def test_helper_rule_withdraws_and_restores(lab):
     assert p.returncode == 0, p.stdout[-2000:]
 
 
+# a SYN to a port the policy drops, sent the moment it is told (a process started ahead: no process start between)
+SYN = r"""
+import socket, sys
+print("ready", flush=True)
+for _ in sys.stdin:
+    s = socket.socket()
+    s.setblocking(False)
+    try:
+        s.connect(("10.0.2.1", 8081))
+    except BlockingIOError:
+        pass
+    print("sent", flush=True)
+    s.close()
+"""
+
+
+def counter(index: int) -> int:
+    from hypafilter.targets.bpfmap import PinnedArray, percpu_sum
+
+    st = json.loads((Path(STATE) / "state.json").read_text())
+    with PinnedArray(Path(st["nic"]["pin"]) / "hfx_cnt") as m:
+        return percpu_sum(m, index)
+
+
+def granted() -> bool:
+    """HFX_CT_NONE set and granted at the watcher's count now: the program reads a miss as ct 3."""
+    from hypafilter.targets.xdp.newflows import Gate
+
+    st = json.loads((Path(STATE) / "state.json").read_text())
+    return decided() and Gate(st["nic"]["pin"], FW).current()
+
+
+def test_legacy_rule_holds_at_once(lab):
+    """The legacy raw table sends no event and is polled every 50 ms, but the host's watcher counts its replacement
+    on setsockopt's entry: a new flow's SYN (to a port the policy drops, a conntrack miss) sent the instant
+    `iptables-legacy -t raw ... -j CT --helper ftp` returns goes to the stack (forced, as any miss while a helper may
+    make it RELATED), never dropped in XDP as NEW; three times (on main the poll lets nearly every one through XDP)."""
+    snd = netns.popen([sys.executable, "-u", "-c", SYN], SEND, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert snd.stdout.readline().strip() == "ready"
+        for _ in range(3):
+            assert wait_for(granted, 5.0) is not None, service()
+            d0, p0 = counter(3), counter(0)  # HFX_CNT_DROPPED, HFX_CNT_PKTIN
+            netns.run(["iptables-legacy", *HELPER], FW)
+            snd.stdin.write("go\n")
+            snd.stdin.flush()
+            assert snd.stdout.readline().strip() == "sent"
+            try:
+                assert wait_for(lambda p0=p0: counter(0) > p0, 1.0) is not None, "the SYN did not reach the program"
+                time.sleep(0.01)
+                assert counter(3) == d0, "the SYN was dropped in XDP as NEW while the helper rule was in force"
+            finally:
+                netns.run(["iptables-legacy", "-t", "raw", "-F"], FW)
+    finally:
+        snd.kill()
+        netns.reap(snd)
+
+
 def test_expectation_withdraws_and_restores(lab):
     """An expectation created through ctnetlink (`conntrack -I expect`) on a control connection that got the ftp
     helper while a (legacy) CT rule was in force, the rule since removed: the EXP_NEW event withdraws HFX_CT_NONE;

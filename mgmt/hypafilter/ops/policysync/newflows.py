@@ -363,9 +363,10 @@ class NewFlows:
                 started = perm.started()
                 if started != self.seen_started:
                     self.seen_started = started
-                    self.want_check = True
-                elif not self.why and self.checking is None and not perm.current():
-                    self.want_check = True  # the last check began while a change ran: again
+                    self.want_check = self.want_check or bool(self.why)  # it may have lifted the reason
+                covered = self.grant_seq == started or (self.checking is not None and self.check_seq == started)
+                if not self.why and not covered and not perm.current():
+                    self.want_check = True  # no check answers for the count now (one began before it, or unsettled)
         legacy, sysctl = self.legacy.read(), self.sysctl.read()
         if legacy != self.seen_legacy or sysctl != self.seen_sysctl:
             self.seen_legacy, self.seen_sysctl = legacy, sysctl

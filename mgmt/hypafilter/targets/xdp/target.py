@@ -224,8 +224,10 @@ class XdpTarget(Target):
         if slots or ct:  # the host's watcher, and its count maps shared with this program (docs/sets.md)
             with setmaps.host_lock():  # no release of the watcher between its load and this program's start
                 watcher = setmaps.ensure_watcher(self.build_root)
-                if slots:
-                    setmaps.link_seq(pin, watcher)
+                # hfx_setseq linked also without set slots (the program then has no such map, and libbpf ignores
+                # the link): tools that know only that name as the mark of the watcher's users (older builds on
+                # the same host) would otherwise unload the watcher this program counts through
+                setmaps.link_seq(pin, watcher)
                 if ct:
                     setmaps.link_seq(pin, watcher, "hfx_ctseq")
                 self._tool("start", args, ns=True)

@@ -40,7 +40,9 @@ def why_not(ns: str | None) -> str:
     m = NFT_SIGNS.search(ruleset)
     if m:
         return f"the ruleset has {m.group(0)!r} (a helper, notrack or zone)"
-    for tool in ("iptables-save", "iptables-legacy-save"):
+    # ip6tables-legacy's raw table too: the IPv6 plan's misses are read the same way (ip6tables-nft's rules are in
+    # nft's listing)
+    for tool in ("iptables-save", "iptables-legacy-save", "ip6tables-legacy-save"):
         try:
             text = netns.run([tool], ns, check=tool == "iptables-save")
         except netns.CommandError as e:

@@ -6,6 +6,8 @@ Runs two loops of a small C program, without the watcher and with it loaded, alt
   getppid  `syscall(SYS_getppid)` 2,000,000 times (a syscall the watcher does not look at)
   udp      `sendto` of 64-byte UDP datagrams 300,000 times, in a namespace of its own (HF_LAB, default "wcost") whose
            veth sends them to a static neighbour (a send the watcher looks at, not netlink)
+  setsockopt  `setsockopt(SOL_SOCKET, SO_PRIORITY)` on a UDP socket 2,000,000 times (a setsockopt the watcher looks at
+           and lets go after two compares: only a legacy xtables table replacement is counted)
 The watcher is the working tree's driver/xdp/setwatch.bpf.c, or `--ref REV`'s (git show), loaded with `hf_xdp watch`
 into a pin directory of its own and unloaded after each round. Another watcher loaded on the host (a deployed xdp
 program with set slots) changes the baseline: the script refuses to run while one is.
@@ -55,6 +57,11 @@ int main(int argc, char **argv) {
 		double t0 = now(), dt;
 		if (!strcmp(argv[1], "getppid")) {
 			for (long i = 0; i < n; i++) syscall(SYS_getppid);
+		} else if (!strcmp(argv[1], "setsockopt")) {
+			int s = socket(AF_INET, SOCK_DGRAM, 0), v = 1;
+			for (long i = 0; i < n; i++)
+				if (setsockopt(s, SOL_SOCKET, SO_PRIORITY, &v, sizeof v) < 0) { perror("setsockopt"); return 1; }
+			close(s);
 		} else {
 			int s = socket(AF_INET, SOCK_DGRAM, 0);
 			struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(9)};
@@ -117,6 +124,7 @@ def main() -> int:
                     for loop, argv in (
                         ("getppid", [str(tmp / "bench"), "getppid", "2000000"]),
                         ("udp", ["ip", "netns", "exec", LAB, str(tmp / "bench"), "udp", "300000"]),
+                        ("setsockopt", [str(tmp / "bench"), "setsockopt", "2000000"]),
                     ):
                         runs[mode].setdefault(loop, []).append(float(sh(*argv)))
                 finally:

@@ -68,6 +68,14 @@
 #define HFX_SETVAL_PRESENT 1
 #define HFX_SETVAL_NOMATCH 2
 #define HFX_CNT_SETS_UNKNOWN 13 /* shunted (reason 3) because a set table was not known to equal the kernel's */
+/* New flows (docs/xdp.md "Following the configuration"): hfx_ctseq (shared with setwatch.bpf.c like hfx_setseq): per
+ * network namespace, the changes that can make a conntrack miss RELATED or UNTRACKED (a legacy xtables raw table
+ * replaced, an nf_tables batch that adds a rule or an object) entered and returned (struct hfx_setcount);
+ * hfx_ctsync[]: the STARTED count HFX_CT_NONE was granted at (the check that allowed it began after it), and the
+ * namespace whose changes it follows. A conntrack miss is ct 3 only while the two are equal. */
+#define HFX_CTSYNC_SEQ 0
+#define HFX_CTSYNC_NETNS 1
+#define HFX_CTSYNC_LEN 2
 
 /* IPv6 (docs/ipv6.md "## xdp"): the extension headers the program walks before it calls a chain unparsed (hop-by-hop,
  * routing, destination options, AH), and the hop-by-hop options (TLVs) it checks as br_nf_check_hbh_len does. */

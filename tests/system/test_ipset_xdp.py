@@ -254,12 +254,15 @@ s.recv(65536)
 def test_watcher_counts_only_set_changing_sends(lab, tmp_path):
     """The watcher counts an ipset command that changes a set into the socket's namespace, started and finished,
     whether sent by sendto or sendmsg, and not a read-only one; its programs sit on the per-syscall tracepoints of
-    the sends (perf_event links), not on the raw sys_enter/sys_exit tracepoints every syscall of the host would pay
-    for (docs/sets.md "Its cost")."""
+    the sends and of setsockopt (perf_event links), not on the raw sys_enter/sys_exit tracepoints every syscall of the
+    host would pay for (docs/sets.md "Its cost"). Its new-flow count (hfx_ctseq, docs/xdp.md "Following the
+    configuration") takes an nf_tables batch that adds a rule and a legacy raw table replacement, not a batch that
+    only adds a table and chain or deletes, a listing, nor a replacement of another legacy table."""
     import shutil
     import struct
     import sys
 
+    from hypafilter import netns
     from hypafilter.ops import deploy
     from hypafilter.targets.bpfmap import PinnedMap
     from hypafilter.targets.xdp import sets as setmaps
@@ -277,8 +280,27 @@ def test_watcher_counts_only_set_changing_sends(lab, tmp_path):
     finally:
         seq.close()
     assert (s1 - s0, f1 - f0) == (2, 2), (s0, f0, s1, f1)
+    ct = PinnedMap(watcher / "hfx_ctseq")
+    ctc = lambda: struct.unpack("<QQ", ct.get(key) or bytes(16))  # noqa: E731
+    try:
+        c0 = ctc()
+        netns.run(["nft", "add table ip q8t; add chain ip q8t c"], FW)
+        netns.run(["nft", "list", "ruleset"], FW)
+        netns.run(["nft", "delete table ip q8t"], FW)
+        for op in ("-N", "-X"):
+            netns.run(["iptables-legacy", "-t", "mangle", op, "q8x"], FW)
+        c1 = ctc()
+        netns.run(["nft", "add table ip q8t; add chain ip q8t c; add rule ip q8t c counter"], FW)
+        for op in ("-N", "-X"):
+            netns.run(["iptables-legacy", "-t", "raw", op, "q8x"], FW)
+        c2 = ctc()
+        netns.run(["nft", "delete table ip q8t"], FW)
+    finally:
+        ct.close()
+    assert c1 == c0, (c0, c1)
+    assert c2[0] - c1[0] >= 3 and c2[0] == c2[1], (c1, c2)  # (the policy sync service's own follow may add its own)
     links = sorted(watcher.glob("link_*"))
-    assert len(links) == 6, links
+    assert len(links) == 8, links
     if shutil.which("bpftool"):
         for link in links:
             out = subprocess.run(["bpftool", "-j", "link", "show", "pinned", str(link)], capture_output=True, text=True)

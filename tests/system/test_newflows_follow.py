@@ -4,7 +4,9 @@ namespace gets what can make such a frame RELATED or UNTRACKED, without `status`
 that is gone: a CT helper rule through iptables-nft (an nf_tables event), the same through iptables-legacy (no event:
 polled), an expectation created through ctnetlink (`conntrack -I expect`: its EXP_NEW event). With the helper in
 place an active-FTP exchange's data connection, RELATED to the kernel and dropped by the policy as NEW, completes
-through the hybrid as it does through the plain namespace (the kernel alone, the same policy and helper rule)."""
+through the hybrid as it does through the plain namespace (the kernel alone, the same policy and helper rule). The
+program itself holds from the legacy rule's setsockopt on (the host watcher's count): a new flow's SYN sent the
+instant the command returns is not dropped in XDP as NEW."""
 
 from __future__ import annotations
 
@@ -184,6 +186,64 @@ def test_helper_rule_withdraws_and_restores(lab):
     assert p.returncode == 0, p.stdout[-2000:]
 
 
+# a SYN to a port the policy drops, sent the moment it is told (a process started ahead: no process start between)
+SYN = r"""
+import socket, sys
+print("ready", flush=True)
+for _ in sys.stdin:
+    s = socket.socket()
+    s.setblocking(False)
+    try:
+        s.connect(("10.0.2.1", 8081))
+    except BlockingIOError:
+        pass
+    print("sent", flush=True)
+    s.close()
+"""
+
+
+def counter(index: int) -> int:
+    from hypafilter.targets.bpfmap import PinnedArray, percpu_sum
+
+    st = json.loads((Path(STATE) / "state.json").read_text())
+    with PinnedArray(Path(st["nic"]["pin"]) / "hfx_cnt") as m:
+        return percpu_sum(m, index)
+
+
+def granted() -> bool:
+    """HFX_CT_NONE set and granted at the watcher's count now: the program reads a miss as ct 3."""
+    from hypafilter.targets.xdp.newflows import Gate
+
+    st = json.loads((Path(STATE) / "state.json").read_text())
+    return decided() and Gate(st["nic"]["pin"], FW).current()
+
+
+def test_legacy_rule_holds_at_once(lab):
+    """The legacy raw table sends no event and is polled every 50 ms, but the host's watcher counts its replacement
+    on setsockopt's entry: a new flow's SYN (to a port the policy drops, a conntrack miss) sent the instant
+    `iptables-legacy -t raw ... -j CT --helper ftp` returns goes to the stack (forced, as any miss while a helper may
+    make it RELATED), never dropped in XDP as NEW; three times (on main the poll lets nearly every one through XDP)."""
+    snd = netns.popen([sys.executable, "-u", "-c", SYN], SEND, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert snd.stdout.readline().strip() == "ready"
+        for _ in range(3):
+            assert wait_for(granted, 5.0) is not None, service()
+            d0, p0 = counter(3), counter(0)  # HFX_CNT_DROPPED, HFX_CNT_PKTIN
+            netns.run(["iptables-legacy", *HELPER], FW)
+            snd.stdin.write("go\n")
+            snd.stdin.flush()
+            assert snd.stdout.readline().strip() == "sent"
+            try:
+                assert wait_for(lambda p0=p0: counter(0) > p0, 1.0) is not None, "the SYN did not reach the program"
+                time.sleep(0.01)
+                assert counter(3) == d0, "the SYN was dropped in XDP as NEW while the helper rule was in force"
+            finally:
+                netns.run(["iptables-legacy", "-t", "raw", "-F"], FW)
+    finally:
+        snd.kill()
+        netns.reap(snd)
+
+
 def test_expectation_withdraws_and_restores(lab):
     """An expectation created through ctnetlink (`conntrack -I expect`) on a control connection that got the ftp
     helper while a (legacy) CT rule was in force, the rule since removed: the EXP_NEW event withdraws HFX_CT_NONE;
@@ -247,11 +307,13 @@ def _pcts(xs: list[float]) -> str:
 
 
 @opt_in
-@pytest.mark.parametrize("kind", ("nft-object", "iptables-nft", "iptables-legacy", "expectation"))
+@pytest.mark.parametrize("kind", ("nft-object", "iptables-nft", "iptables-legacy", "expectation", "nft-rule"))
 def test_withdraw_lag(lab, kind):
     """N times: the change made, then HFX_CT_NONE polled every 0.2 ms until it is clear: the time from the command's
-    start and from its return, and the service's own (the cause read -> the map written); then undone, and the
-    permission back before the next run."""
+    start and from its return, and the service's own (the cause read -> the map written); whether the program
+    already held (the watcher's count moved past the grant) when the command returned; then undone, and the
+    permission back before the next run. "nft-rule" is a rule that makes nothing RELATED (a counter in a table of its
+    own): the time from its command's return until ct 3 is granted again (the check's, after the count moved)."""
     import socket
 
     from hypafilter.netns import inside
@@ -263,6 +325,7 @@ def test_withdraw_lag(lab, kind):
         ),
         "iptables-nft": (["iptables", *HELPER], [["iptables", "-t", "raw", "-F"], ["nft", "delete table ip raw"]]),
         "iptables-legacy": (["iptables-legacy", *HELPER], [["iptables-legacy", "-t", "raw", "-F"]]),
+        "nft-rule": (["nft", "add table ip cthr; add chain ip cthr c; add rule ip cthr c counter"], []),
     }.get(kind, (None, [["conntrack", "-F", "expect"]]))
     c = None
     if kind == "expectation":  # a master with the ftp helper, the rule gone
@@ -276,23 +339,30 @@ def test_withdraw_lag(lab, kind):
         add += ["--tuple-dst", "10.0.1.1", "--tuple-port-src", "0", "--tuple-port-dst", "50022"]
         add += ["--mask-src", "255.255.255.255", "--mask-dst", "255.255.255.255", "--mask-port-src", "0"]
         add += ["--mask-port-dst", "65535", "-t", "60"]
-    from_start, from_return = [], []
+    from_start, from_return, back, held = [], [], [], 0
     try:
         for _ in range(LAG_RUNS):
-            assert wait_for(decided, 5.0) is not None, service()
+            assert wait_for(granted, 5.0) is not None, service()
             time.sleep(0.1)
             t0 = time.monotonic()
             netns.run(add, FW)
             t1 = time.monotonic()
+            held += not granted()
             w = wait_for(lambda: not decided(), 2.0, 0.0002)
             assert w is not None
             from_start.append((t1 - t0 + w) * 1000)
             from_return.append(w * 1000)
+            if kind == "nft-rule":
+                b = wait_for(granted, 2.0, 0.0002)
+                assert b is not None, service()
+                back.append((time.monotonic() - t1) * 1000)
+                netns.run(["nft", "delete table ip cthr"], FW)
             for u in undo:
                 netns.run(u, FW)
         time.sleep(1.1)  # the status file (every second)
         print(f"\n{kind}: command start -> withdrawn {_pcts(from_start)}; command return -> withdrawn "
-              f"{_pcts(from_return)}; service (cause read -> written) {service()['lag_withdraw_ms']}")  # fmt: skip
+              f"{_pcts(from_return)}; service (cause read -> written) {service()['lag_withdraw_ms']}; held at the "
+              f"command's return {held} of {LAG_RUNS}" + (f"; return -> granted again {_pcts(back)}" if back else ""))  # fmt: skip
     finally:
         if c is not None:
             c.close()
@@ -308,7 +378,7 @@ def test_ftp_right_after_the_rule(lab, tool):
     as RELATED, decided as NEW) or the exchange failed."""
     wrong, failed, slow = 0, 0, 0
     for _ in range(LAG_RUNS):
-        assert wait_for(decided, 5.0) is not None, service()
+        assert wait_for(granted, 5.0) is not None, service()
         if tool == "iptables":
             hf.followed(timeout=30)
         time.sleep(0.1)

@@ -12,9 +12,12 @@ from hypafilter.ops.policysync.newflows import NewFlows
 
 
 class Perm:
+    """A permission with the xdp program's count: `started`/`finished` the watcher's, `granted` hfx_ctsync's."""
+
     def __init__(self):
         self.bit = True
         self.writes = []
+        self.started_n = self.finished = self.granted = 0
 
     def allowed(self) -> bool:
         return True
@@ -22,9 +25,25 @@ class Perm:
     def on(self) -> bool:
         return self.bit
 
-    def set(self, on: bool) -> None:
+    def settled(self):
+        return self.started_n if self.started_n == self.finished else None
+
+    def started(self):
+        return self.started_n
+
+    def current(self) -> bool:
+        return self.granted == self.started_n
+
+    def set(self, on: bool, seq=None) -> None:
+        if on:
+            self.granted = seq
         self.bit = on
         self.writes.append(on)
+
+    def change(self, running: bool = False) -> None:
+        """A change counted as it enters the kernel (and returned, unless `running`)."""
+        self.started_n += 1
+        self.finished += not running
 
 
 class Quiet:
@@ -111,3 +130,36 @@ def test_nothing_written_while_the_deployments_lock_is_held(tmp_path):
     assert perm.writes == [False], "the deferred withdrawal"
     settle(w)
     assert perm.writes == [False, True]
+
+
+def test_a_counted_change_is_granted_again_at_the_count_read_before_the_check(tmp_path):
+    """The watcher counted a change (the program already reads no miss as ct 3): the poll asks for the check, which
+    grants at the count read before it began; a change counted during the check, or still running when it began,
+    makes that answer stale: no grant until a check begun after it."""
+    perm, check = Perm(), Check("", "", "", "", "")
+    w = watch(tmp_path, check, perm)
+    settle(w)
+    assert perm.writes == [] and perm.current()
+    perm.change()
+    assert not perm.current()
+    w.poll(time.monotonic() + 1, {})
+    settle(w)
+    assert perm.granted == 1 and perm.current() and w.counts["regrants"] == 1 and w.counts["restores"] == 0
+    perm.change()
+    w.poll(time.monotonic() + 2, {})
+    check.go.clear()
+    w.step({})  # the check begins at count 2
+    perm.change()  # ... and a change comes meanwhile
+    check.go.set()
+    while w.checking.is_alive():
+        time.sleep(0.001)
+    w.step({})
+    assert perm.granted == 1, "granted at a count another change followed"
+    perm.change(running=True)  # a change entered the kernel and has not returned: nothing read now is its result
+    w.poll(time.monotonic() + 3, {})
+    settle(w)
+    assert perm.granted == 1 and not perm.current()
+    perm.finished += 1
+    w.poll(time.monotonic() + 4, {})
+    settle(w)
+    assert perm.granted == 4 and perm.current()

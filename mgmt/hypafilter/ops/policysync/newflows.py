@@ -17,6 +17,13 @@ worker keeps it true while the deployment runs, with a `NewFlows` watch:
   (IPT_SO_GET_INFO), every POLL_S; `net.netfilter.nf_conntrack_helper` where the kernel still has it (gone since
   Linux 6.0). `nf_conntrack_tcp_loose` needs nothing: it only chooses between NEW and INVALID, and ct 3 is decided
   only where both readings drop.
+
+On xdp the withdrawal is the second line: the host's watcher (driver/xdp/setwatch.bpf.c) counts a legacy raw table's
+replacement and an nf_tables batch that adds a rule or an object as it enters the kernel, and the program reads no
+miss as ct 3 while that count differs from the one its permission was granted at (targets.xdp.newflows.Gate). A
+grant is therefore made with the count read, every counted change returned, before the check began; a count that
+moved (seen in the poll) asks for the check again, which grants anew. The emulated NIC cannot read the counts: there
+the withdrawal is all (docs/flowsync.md).
 """
 
 from __future__ import annotations
@@ -148,10 +155,24 @@ def _pct(xs) -> dict:
 
 class XdpPermission:
     """HFX_CT_NONE in the running program's hfx_config (its pin directory `pin`), read-modified-written under the
-    deployment's lock (`deploy_lock_now`)."""
+    deployment's lock (`deploy_lock_now`), and the count it is granted at (targets.xdp.newflows.Gate)."""
 
-    def __init__(self, pin: str):
+    def __init__(self, pin: str, ns: str | None = None):
+        from hypafilter.targets.xdp.newflows import Gate
+
         self.path = Path(pin) / "hfx_cfg"
+        self.gate = Gate(pin, ns)
+
+    def settled(self) -> int | None:
+        """The watcher's count of changes now, if every one counted has returned (None: not, or not counted)."""
+        return self.gate.settled()
+
+    def started(self) -> int | None:
+        return self.gate.counts()[0] if self.gate.linked() else None
+
+    def current(self) -> bool:
+        """The program reads misses as ct 3 as far as the count goes (granted at the count now)."""
+        return self.gate.linked() and self.gate.current()
 
     def _flags(self) -> int:
         from hypafilter.targets.bpfmap import PinnedArray
@@ -166,9 +187,14 @@ class XdpPermission:
     def on(self) -> bool:
         return bool(self._flags() & CT_NONE)
 
-    def set(self, on: bool) -> None:
+    def set(self, on: bool, seq: int | None = None) -> None:
+        """HFX_CT_NONE set (granted at count `seq`, written first) or cleared."""
         from hypafilter.targets.bpfmap import PinnedArray
 
+        if on:
+            if seq is None:
+                return
+            self.gate.grant(seq)
         with PinnedArray(self.path) as m:
             cur = bytearray(m.read())
             flags = struct.unpack_from("=I", cur, 4 * CFG_CT_FLAGS)[0]
@@ -204,7 +230,16 @@ class NicPermission:
     def on(self) -> bool:
         return not held(self.state_dir)
 
-    def set(self, on: bool) -> None:
+    def settled(self) -> int | None:
+        return 0  # a NIC cannot read the watcher's counts: the withdrawal is all
+
+    def started(self) -> int | None:
+        return None
+
+    def current(self) -> bool:
+        return True
+
+    def set(self, on: bool, seq: int | None = None) -> None:
         path = self.state_dir / HOLD_FILE
         with hold_lock(self.state_dir):
             if on:
@@ -252,6 +287,10 @@ class NewFlows:
         self.t_off: float | None = None  # when the pending withdrawal's cause was read
         self.error = ""
         self.counts = {"checks": 0, "withdrawals": 0, "restores": 0, "exp_events": 0, "polled_changes": 0}
+        self.counts["regrants"] = 0  # the permission granted again at a newer count (xdp: a counted change passed)
+        self.check_seq: int | None = None  # the count read before the running check began (None: not settled)
+        self.grant_seq: int | None = None  # the count the last check's clean answer holds at
+        self.seen_started: int | None = None  # the count at the last poll
         self.lag_withdraw: deque[float] = deque(maxlen=2000)  # ms: the cause read -> the permission withdrawn
         self.check_ms: deque[float] = deque(maxlen=2000)
         self.checking: threading.Thread | None = None  # the check running now
@@ -279,7 +318,7 @@ class NewFlows:
             return self.perm
         self.pin, self.perm = key, None
         if st.get("target") == "xdp" and (st.get("nic") or {}).get("pin"):
-            perm = XdpPermission(st["nic"]["pin"])
+            perm = XdpPermission(st["nic"]["pin"], self.ns)
             with contextlib.suppress(HypafilterError, OSError):  # unreadable: a program being replaced, next time
                 self.perm = perm if perm.allowed() else None
         elif st.get("target") == "emu" and (st.get("flowsync") or {}).get("new_flows") == "decided":
@@ -313,6 +352,16 @@ class NewFlows:
         if t0 < self.next_poll:
             return self.next_poll - t0
         self.next_poll = t0 + POLL_S
+        perm = self._permission(st)
+        if perm is not None:  # the watcher's count: a change counted asks for the check (the program already holds)
+            with contextlib.suppress(HypafilterError, OSError):
+                started = perm.started()
+                if started != self.seen_started:
+                    self.seen_started = started
+                    self.want_check = self.want_check or bool(self.why)  # it may have lifted the reason
+                covered = self.grant_seq == started or (self.checking is not None and self.check_seq == started)
+                if not self.why and not covered and not perm.current():
+                    self.want_check = True  # no check answers for the count now (one began before it, or unsettled)
         legacy, sysctl = self.legacy.read(), self.sysctl.read()
         if legacy != self.seen_legacy or sysctl != self.seen_sysctl:
             self.seen_legacy, self.seen_sysctl = legacy, sysctl
@@ -334,6 +383,7 @@ class NewFlows:
             if why != self.why:
                 self.log(f"new flows: {why or 'nothing against deciding them (ct 3)'}")
             self.why = why
+            self.grant_seq = None if why else self.check_seq
             if why:
                 self.want_off = True
         if self.busy():
@@ -344,6 +394,10 @@ class NewFlows:
             return
         if self.want_check and self.checking is None:
             self.want_check = False
+            try:  # read before the check begins: what it grants holds while no change is counted after it
+                self.check_seq = self._permission(st).settled()
+            except (HypafilterError, OSError):
+                self.check_seq = None
             self.checking = threading.Thread(target=self._run_check, name="newflows", daemon=True)
             self.checking.start()
         self._apply(st)
@@ -379,10 +433,21 @@ class NewFlows:
                         if self.t_off is not None:
                             self.lag_withdraw.append((time.monotonic() - self.t_off) * 1000)
                     self.t_off, self.want_off = None, False  # withdrawn; the check to come decides whether it stays
-                elif not self.want_check and self.checking is None and not perm.on() and perm.allowed():
-                    perm.set(True)
-                    self.counts["restores"] += 1
-                    self.log("new flows: decided again (ct 3)")
+                elif (
+                    not self.want_check
+                    and self.checking is None
+                    and self.grant_seq is not None
+                    and not (perm.on() and perm.current())
+                    and perm.started() in (None, self.grant_seq)  # else stale: the poll asks for a check
+                    and perm.allowed()
+                ):
+                    was = perm.on()
+                    perm.set(True, self.grant_seq)
+                    if was:
+                        self.counts["regrants"] += 1
+                    else:
+                        self.counts["restores"] += 1
+                        self.log("new flows: decided again (ct 3)")
             self.error = ""
         except (HypafilterError, OSError) as e:
             if str(e) != self.error:
@@ -394,7 +459,7 @@ class NewFlows:
         if perm is None:
             return None
         try:
-            return perm.on() and perm.allowed()
+            return perm.on() and perm.allowed() and perm.current()
         except (HypafilterError, OSError):
             return None
 

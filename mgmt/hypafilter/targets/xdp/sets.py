@@ -156,14 +156,15 @@ def ensure_watcher(build_root: Path) -> Path:
     return pin
 
 
-def link_seq(pin: Path, watcher: Path) -> None:
-    """Before `hf_xdp start`: the program's hfx_setseq pin made a link to the watcher's map, so that loading the
-    program reuses that map (libbpf reuses a pinned map by path) instead of creating its own."""
+def link_seq(pin: Path, watcher: Path, name: str = "hfx_setseq") -> None:
+    """Before `hf_xdp start`: the program's count map pin (hfx_setseq: ipset commands; hfx_ctseq: changes of what
+    makes a conntrack miss RELATED or UNTRACKED) made a link to the watcher's map, so that loading the program reuses
+    that map (libbpf reuses a pinned map by path) instead of creating its own."""
     pin.mkdir(parents=True, exist_ok=True)
-    link = pin / "hfx_setseq"
+    link = pin / name
     if link.is_symlink() or link.exists():
         link.unlink()
-    os.symlink(watcher / "hfx_setseq", link)
+    os.symlink(watcher / name, link)
 
 
 @contextlib.contextmanager
@@ -177,18 +178,25 @@ def host_lock():
             fcntl.flock(lk, fcntl.LOCK_UN)
 
 
+WATCHED = ("hfx_setseq", "hfx_ctseq")  # the count maps a program may share with the watcher
+
+
+def _watcher_links(pin_root: Path) -> list[Path]:
+    return [p for name in WATCHED for p in sorted(Path(pin_root).glob(f"*/g*/{name}")) if p.is_symlink()]
+
+
 def watcher_users(pin_root: Path) -> list[Path]:
-    """The started programs (of every site under `pin_root`) whose count map is the watcher's."""
-    return [p.parent for p in Path(pin_root).glob("*/g*/hfx_setseq") if p.is_symlink()]
+    """The started programs (of every site under `pin_root`) that share a count map with the watcher."""
+    return list(dict.fromkeys(p.parent for p in _watcher_links(pin_root)))
 
 
 def release_watcher(pin_root: Path) -> bool:
-    """Unload every loaded build of the ipset watcher that no started program uses (while attached, its syscall
+    """Unload every loaded build of the watcher that no started program uses (while attached, its syscall
     tracepoints cost every syscall of the host ~40 ns and every send ~400 ns: docs/sets.md); True when one was
     unloaded. Call with host_lock() held."""
     if not SETWATCH_PIN.exists():
         return False
-    used = {Path(os.readlink(p / "hfx_setseq")).parent for p in watcher_users(pin_root)}
+    used = {Path(os.readlink(p)).parent for p in _watcher_links(pin_root)}
     gone = False
     for d in SETWATCH_PIN.iterdir():
         if d not in used:

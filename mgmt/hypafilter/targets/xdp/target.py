@@ -220,13 +220,24 @@ class XdpTarget(Target):
         for i, name in enumerate(ports):
             mate = ports[i ^ 1] if (i ^ 1) < len(ports) else None
             args += ["--port", f"{name}={i}" + (f":{mate}" if mate and self.config.nic_mode == "bridge" else "")]
-        slots = json.loads(obj.with_name("shape.json").read_text()).get("sets", [])
-        if slots:  # the host's ipset watcher, and its count map shared with this program (docs/sets.md)
+        shape = json.loads(obj.with_name("shape.json").read_text())
+        slots = shape.get("sets", [])
+        # a program that can look conntrack up: the watcher's count of the changes that make a miss RELATED or
+        # UNTRACKED (docs/xdp.md "Following the configuration"); without it no miss is ever read as ct 3
+        ct = "ct" in shape.get("fields", []) or "ct" in (shape.get("v6") or {}).get("fields", [])
+        if slots or ct:  # the host's watcher, and its count maps shared with this program (docs/sets.md)
             with setmaps.host_lock():  # no release of the watcher between its load and this program's start
-                setmaps.link_seq(pin, setmaps.ensure_watcher(self.build_root))
+                watcher = setmaps.ensure_watcher(self.build_root)
+                # hfx_setseq linked also without set slots (the program then has no such map, and libbpf ignores
+                # the link): tools that know only that name as the mark of the watcher's users (older builds on
+                # the same host) would otherwise unload the watcher this program counts through
+                setmaps.link_seq(pin, watcher)
+                if ct:
+                    setmaps.link_seq(pin, watcher, "hfx_ctseq")
                 self._tool("start", args, ns=True)
         else:
             self._tool("start", args, ns=True)
+        newflows.Gate(pin, self.site.netns).grant(None)  # no miss is ct 3 before a grant
         if slots:
             sm = setmaps.SetMaps(pin, slots, self.site.netns)
             try:
@@ -386,8 +397,12 @@ class XdpTarget(Target):
             raise HypafilterError(f"the plan's tables do not fit the running program (shape {info['shape']})")
         path = self._run_dir() / f"{info['name']}-{generation}.tables"
         sets = self.sync_sets(info)  # the set tables equal the kernel's sets before the tables enable anything
-        ct6 = self.ct_config(p6) if p6 is not None else None
-        ct = self.ct_config(plan)  # after ct6: the state's new_flows line is the IPv4 plan's
+        # the count of changes read (settled) before the checks below: a grant of ct 3 holds only while it stays
+        gate = newflows.Gate(info["pin"], self.site.netns)
+        seq = gate.settled(newflows.SETTLE_S)
+        ct6 = self.ct_config(p6, seq) if p6 is not None else None
+        ct = self.ct_config(plan, seq)  # after ct6: the state's new_flows line is the IPv4 plan's
+        gate.grant(seq if ct.none or (ct6 is not None and ct6.none) else None)
         data = tables_file(
             t,
             running,
@@ -485,15 +500,18 @@ class XdpTarget(Target):
         except ValueError as e:
             raise HypafilterError(str(e)) from e
 
-    def ct_config(self, plan) -> CtConfig:
+    def ct_config(self, plan, seq: int | None = 0) -> CtConfig:
         """Conntrack state from the kernel's table for a policy that reads it (docs/xdp.md): the timeouts conntrack
         sets for established TCP and replied UDP, read from the firewall namespace's sysctls now, and whether a miss
         is ct 3 (NEW or INVALID: newflows.why_not finds nothing that makes such a frame RELATED or UNTRACKED).
-        Unreadable: no lookup (ct 0 everywhere, every frame conntrack must see goes to it)."""
+        Unreadable: no lookup (ct 0 everywhere, every frame conntrack must see goes to it). `seq`: the watcher's
+        count of such changes, read before (None: not counted for this program, or changes still running: no ct 3)."""
         if not any(plan.miss_shunt):
             return CtConfig()
         ct = read_ct_config(self.site.netns)
         self._new_flows_why_not = newflows.why_not(self.site.netns) if ct.lookup else ""
+        if ct.lookup and not self._new_flows_why_not and seq is None:
+            self._new_flows_why_not = "changes to the firewall's configuration are not counted or still running"
         if ct.lookup and not self._new_flows_why_not:
             ct = dataclasses.replace(ct, none=True)
         return ct

@@ -9,15 +9,22 @@
    FORWARD jumping to MAIN, against the policy alone: the same probes (trace headers, rule corners, truncated
    transport headers, first and later fragments, IP options) through both, with iptables-nft and iptables-legacy
    (`hypafilter bench optimize --k0 tree`'s comparison): 0 mismatches.
+3. The live K0 tree (docs/optimize.md, "The live K0 tree"): a deployment with strategy tree, a rule inserted by the
+   real iptables while deployed (the tree kept, the change diverted ahead of it), then the tree rebuilt; frames that
+   take k = 0 at each stage through the hybrid and the live ruleset alone (verify --live): 0 mismatches.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import time
 
 import pytest
+from hypafilter import netns
 
-from conftest import need_root, need_tool, ns_sh
+from conftest import ROOT, need_root, need_tool, ns_sh
 
 pytestmark = pytest.mark.system
 
@@ -89,3 +96,83 @@ def test_the_k0_tree_of_fuzzer_policies_matches_them():
     reps = bench.fuzz((3, 4), packets=2000, min_segment=2, k0="tree", log=print)
     assert all(r["trees"] >= 4 for r in reps), reps
     assert [r["mismatches"] for r in reps] == [0, 0], reps
+
+
+FULL = bool(os.environ.get("HF_LIVE_K0_FULL"))  # also verify before the change and after the rebuild
+BAN = "-s 10.0.1.0/25 -p udp -j DROP"  # inserted before the udp/9999 ACCEPT: verify's frames come from 10.0.1.x
+ANCHOR = "-A FORWARD -p udp -m udp --dport 9999 -j ACCEPT"
+
+
+def _counted(fw: str, pattern: str) -> int:
+    """Packets counted by the filter table's rules whose text matches `pattern` (iptables-save -c)."""
+    listing = netns.run(["iptables-save", "-c", "-t", "filter"], fw)
+    return sum(
+        int(m.group(1)) for ln in listing.splitlines() if re.search(pattern, ln) for m in [re.match(r"\[(\d+):", ln)]
+    )
+
+
+def _verify(hf) -> dict:
+    p = hf("verify", "--live", "--packets", "600", "--malformed", "0.5", "--seed", "5", "--json", check=False)
+    assert p.stdout, p.stderr[-2000:]
+    r = json.loads(p.stdout)
+    assert r["mismatches"] == 0, r["examples"][:3]
+    return r
+
+
+def test_live_k0_tree_diverts_a_live_insert_until_its_rebuild(lab, tmp_path):
+    """The live K0 tree on xdp (docs/optimize.md, "The live K0 tree"; issue #26, Updates): rulesets/example.rules
+    deployed with strategy tree (trees on runs of 4), so the xdp program marks the IPv4 frames it passes unparsed
+    (fragments, IP options, truncated headers) HF_MARK_K0_TREE and MAIN sends them to K0T, the policy's tree. A rule
+    inserted in the operator's chain by the real `iptables -I` while deployed: the policy sync service follows, and
+    the new generation's K0T keeps the deployed rules' tree with the new rule's -s/-p ahead of it, returning those
+    frames to the live rules; a deploy of the changed policy rebuilds the tree with the rule in it. At each stage
+    `verify --live` (half of its frames malformed) through the hybrid and the live ruleset alone: 0 mismatches, and
+    the counters show frames that walked K0T's tree (and its diversion, before the rebuild)."""
+    from tests.hfcli import HfCli
+
+    hf = HfCli(LAB, f"/run/hypafilter/test-{LAB}")
+    fw = lab.ns_fw
+    cfg = tmp_path / "tree.toml"
+    cfg.write_text('strategy = "tree"\ntree_min_segment = 4\ntarget = "xdp"\n')
+    text = (ROOT / "rulesets" / "example.rules").read_text()
+    hf("deploy", str(ROOT / "rulesets" / "example.rules"), "--config", str(cfg), "-q")
+    listing = netns.run(["iptables-save", "-t", "filter"], fw)
+    assert re.search(r"-A HF\d+_MAIN -m mark --mark 0x3(/0xffffffff)? -g HF\d+_K0T", listing), listing[:2000]
+    if FULL:
+        _verify(hf)
+        walked = _counted(fw, r"-A HF\d+_K0T -j HF\d+_T\d+")
+        print(f"deployed: {walked} frames walked the K0 tree")
+        assert walked > 50
+
+    # the live change: the real iptables inserts a rule in the operator's chain, the service follows lazily
+    t0 = time.monotonic()
+    pos = [ln for ln in text.splitlines() if ln.startswith("-A FORWARD")].index(ANCHOR) + 2  # after the jump
+    netns.run(["iptables", "-w", "-I", "FORWARD", str(pos), *BAN.split()], fw)
+    hf.followed()
+    print(f"followed in {time.monotonic() - t0:.2f} s")
+    listing = netns.run(["iptables-save", "-t", "filter"], fw)
+    k0t = [ln for ln in listing.splitlines() if re.match(r"-A HF\d+_K0T ", ln)]
+    assert any("--src-range 10.0.1.0-10.0.1.127 -j RETURN" in ln for ln in k0t), k0t  # the change, ahead of the tree
+    assert any(re.search(r"-j HF\d+_T\d+$", ln) for ln in k0t), k0t  # the tree of the deployed rules stays
+    r = _verify(hf)
+    diverted = _counted(fw, r"-A HF\d+_K0T .*--src-range 10.0.1.0-10.0.1.127 -j RETURN")
+    walked = _counted(fw, r"-A HF\d+_K0T -j HF\d+_T\d+")
+    print(f"lazy: {diverted} frames diverted to the live rules, {walked} walked the old tree; {r['packets']} frames")
+    assert diverted > 0 and walked > 0
+    st = hf("status", check=False)
+    assert st.returncode == 0, st.stdout  # no drift: the program's control word is the plan's
+
+    if FULL:  # the rebuild (opt-in: make test-live-k0; the default tier's budget)
+        # the changed policy deployed: its tree built with the new rule in it, no diversion left
+        lines = text.splitlines()
+        lines.insert(lines.index(ANCHOR), f"-A FORWARD {BAN}")
+        changed = tmp_path / "changed.rules"
+        changed.write_text("\n".join(lines) + "\n")
+        hf("deploy", str(changed), "--config", str(cfg), "-q", "--force")
+        listing = netns.run(["iptables-save", "-t", "filter"], fw)
+        assert not re.search(r"-A HF\d+_K0T .* -j RETURN", listing)
+        _verify(hf)
+        walked = _counted(fw, r"-A HF\d+_K0T -j HF\d+_T\d+")
+        print(f"rebuilt: {walked} frames walked the new tree")
+        assert walked > 50
+    hf("undeploy", "-q")

@@ -365,7 +365,7 @@ def build_program(
         kit = trees.Kit(NfRule, policy_rules, _helper_depth)
         min_segment = getattr(plan, "tree_min_segment", 16)
         prog.tree_stats = trees.treeify(prog, kit, NFT_MAX_DEPTH, min_segment)
-        if live:
+        if live and getattr(plan, "k0_tree", False):
             # The live K0 tree (docs/optimize.md, "The live K0 tree"): only frames with the mark value K0_TREE walk
             # it; every other k = 0 frame keeps the live list. `plan.k0_fresh` False (a follow) reuses the tree of
             # the last rebuild with the changes since diverted to the live rules ahead of it.
@@ -389,11 +389,12 @@ def build_program(
 
 def k0_tree_wanted(plan, strategy: str) -> bool:
     """Does a live deployment of `plan` under `strategy` give its unparsed frames the K0 tree (the fast path then
-    marks them HF_MARK_K0_TREE)?"""
+    marks them HF_MARK_K0_TREE)? `plan.k0_tree`: the deployment's fast path can mark them (ops.deploy: xdp)."""
     pol = plan.policy
     return (
         strategy == "tree"
         and bool(getattr(plan, "live", False))
+        and bool(getattr(plan, "k0_tree", False))
         and not trees.live_k0_blocked(pol, lambda i: _live_only(pol, i))
     )
 

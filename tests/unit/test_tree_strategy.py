@@ -225,8 +225,8 @@ def _chain(text: str, name: str) -> list[str]:
 def test_live_k0_tree_chain_text_before_and_after_a_change():
     """MAIN sends the K0-tree mark value (k = 0, action 3, whole mask) to K0T before its k = 0 test (which still
     takes that value when no K0T exists); K0T gives back the mark bits, walks the tree, ends with the chain policy.
-    After a rule is inserted, the follow's K0T keeps the tree and returns frames in the new rule's -s/-p to the live
-    rules first, in iptables and in nft."""
+    After a rule is inserted, the follow's K0T keeps the tree and first sends frames in the new rule's -s/-p to a
+    chain of the live rules that can act there, in iptables and in nft."""
     from hypafilter.analysis.program import k0_tree_wanted
 
     plan, prog = _live_text_prog(_LIVE_TEXT, "HF1_")
@@ -238,7 +238,7 @@ def test_live_k0_tree_chain_text_before_and_after_a_change():
     ]
     k0t = _chain(text, "HF1_K0T")
     assert k0t[0] == "-A HF1_K0T -j MARK --set-xmark 0x0/0xffffffff" and k0t[-1] == "-A HF1_K0T -j DROP", k0t
-    assert not any("RETURN" in ln for ln in k0t) and any(ln.startswith("-A HF1_K0T -j HF1_T") for ln in k0t), k0t
+    assert not any("K0D" in ln for ln in k0t) and any(ln.startswith("-A HF1_K0T -j HF1_T") for ln in k0t), k0t
 
     changed = _LIVE_TEXT.replace(
         "-A FORWARD -s 10.5.", "-A FORWARD -s 10.99.0.0/16 -p udp -j DROP\n-A FORWARD -s 10.5."
@@ -246,14 +246,19 @@ def test_live_k0_tree_chain_text_before_and_after_a_change():
     lazy_plan, lazy = _live_text_prog(changed, "HF2_", fresh=False)
     assert lazy.tree_stats["k0_tree"] == "lazy" and lazy.tree_stats["k0_changed"] == 1, lazy.tree_stats
     k0t = _chain(render_iptables(lazy), "HF2_K0T")
-    assert k0t[1] == "-A HF2_K0T -p 17 -m iprange --src-range 10.99.0.0-10.99.255.255 -j RETURN", k0t
+    assert k0t[1] == "-A HF2_K0T -p 17 -m iprange --src-range 10.99.0.0-10.99.255.255 -g HF2_K0D0", k0t
     assert any(ln.startswith("-A HF2_K0T -j HF2_T") for ln in k0t) and k0t[-1] == "-A HF2_K0T -j DROP"
-    assert "meta l4proto 17 ip saddr 10.99.0.0-10.99.255.255 return" in to_nft(lazy_plan, "tree", "HF2_")
+    # the affected part: the live policy's rules that can act on UDP from 10.99.0.0/16 (the new one), then the policy
+    assert _chain(render_iptables(lazy), "HF2_K0D0") == [
+        "-A HF2_K0D0 -s 10.99.0.0/16 -p udp -j DROP",
+        "-A HF2_K0D0 -j DROP",
+    ]
+    assert "meta l4proto 17 ip saddr 10.99.0.0-10.99.255.255 goto HF2_K0D0" in to_nft(lazy_plan, "tree", "HF2_")
 
     # a rebuild: the same policy, fresh: no diversion left
     _, rebuilt = _live_text_prog(changed, "HF3_")
     assert rebuilt.tree_stats["k0_tree"] == "built"
-    assert not any("RETURN" in ln for ln in _chain(render_iptables(rebuilt), "HF3_K0T"))
+    assert not any("K0D" in ln for ln in render_iptables(rebuilt).splitlines())
 
 
 def test_live_k0_tree_rebuilds_past_delta_and_stays_live_where_it_cannot_be_exact():

@@ -10,10 +10,13 @@ structure that gets loaded. Strategies:
                exact with selective/exact shunting only)
   interval     binary search on the mark → chain C_k of complex rules above the interval → hardware action
   interval_geo interval, keeping in C_k only complex rules whose reduction meets the interval's shunted boxes
-  tree         interval, with the k = 0 path (K0, not live) and long interval chains (2 × Config.tree_min_segment
-               rules and more) walked as decision trees (analysis.trees over analysis.dtree; docs/optimize.md)
+  tree         interval, with the k = 0 path (K0, not live; K0T, live on xdp: the frames marked HF_MARK_K0_TREE,
+               lazily rebuilt) and long interval chains (2 × Config.tree_min_segment rules and more) walked as
+               decision trees (analysis.trees over analysis.dtree; docs/optimize.md)
 
-Chains, all named prefix+…: MAIN (entry), K0 (mark k = 0: FULL then the chain policy), FULL (original policy
+Chains, all named prefix+…: MAIN (entry), K0 (mark k = 0: FULL then the chain policy), K0T (strategy tree, live: the
+mark value HF_MARK_K0_TREE; the changes since the tree's base returned to the live rules, the tree, the chain
+policy), FULL (original policy
 verbatim, user chains renamed prefix+name), CUT, D<n> (dispatch nodes), L<k>A<a> (leaf: the complex rules above
 interval k, as jumps to segment and block chains, then the action), C<k> (segment: the complex rules interval k's
 chain adds to the previous interval's), B<f>L<l>N<i> (block of B^l consecutive segments of chain family f),

@@ -14,6 +14,10 @@ base chain (level 0): a multi-level rule's helper chains only run after that rul
 alone over-approximate where any part of it can act. A policy whose interface checks were resolved against the
 deployment's NIC ports (Policy.resolved) keeps K0 on the verbatim FULL chain: its flattened rules are exact for NIC
 frames only.
+
+`live_k0` is a live deployment's K0 tree (chain K0T, for the frames xdp marks HF_MARK_K0_TREE), rebuilt lazily: a
+follow keeps the tree of its base policy and returns the frames in the -s/-d/-p of the rules changed since to the
+live rules ahead of it (docs/optimize.md, "The live K0 tree").
 """
 
 from __future__ import annotations
@@ -428,9 +432,20 @@ def live_k0_blocked(pol, live_only: Callable[[int], bool]) -> str:
     return ""
 
 
-def _diversions(rule_cls, boxes_list) -> list:
-    """One `hdr` rule per distinct box of the changed rules' region_any (-s, -d, -p): a frame in it RETURNs from K0T
-    to the live rules (K0T is entered with a goto, so the operator's rules after the base chain's jump decide)."""
+def _meets(boxes, box) -> bool:
+    """Does a rule's region_any meet a diversion box (src, dst, protocol ranges)?"""
+    slo, shi, dlo, dhi, plo, phi = box
+    return any(
+        lo[0] <= shi and slo <= hi[0] and lo[1] <= dhi and dlo <= hi[1] and lo[2] <= phi and plo <= hi[2]
+        for lo, hi in boxes
+    )
+
+
+def _diversions(prog, kit, boxes_list, regs) -> list:
+    """One `hdr` rule per distinct box of the changed rules' region_any (-s, -d, -p), going to a chain K0D<n> that
+    holds, in order, every rule of the live policy that can act on a frame of the box (its region_any meets it; a
+    rule without a region too), then the chain policy: the live list for the affected part, the rules that cannot
+    act there left out (`regs`: the live policy's rules' regions)."""
     seen: dict[tuple, None] = {}
     for boxes in boxes_list:
         for lo, hi in boxes:
@@ -438,8 +453,9 @@ def _diversions(rule_cls, boxes_list) -> list:
             if plo != phi:
                 plo, phi = 0, 255  # iptables' -p names one protocol: a wider box is still a cover
             seen[(lo[0], hi[0], lo[1], hi[1], plo, phi)] = None
+    pol = prog.policy
     out = []
-    for box in seen:
+    for n, box in enumerate(seen):
         slo, shi, dlo, dhi, plo, phi = box
         opts: list[str] = []
         if (slo, shi) != (0, 0xFFFFFFFF) or (dlo, dhi) != (0, 0xFFFFFFFF):
@@ -450,7 +466,10 @@ def _diversions(rule_cls, boxes_list) -> list:
                 opts += ["--dst-range", f"{ipaddress.IPv4Address(dlo)}-{ipaddress.IPv4Address(dhi)}"]
         if (plo, phi) != (0, 255):
             opts = ["-p", str(plo), *opts]
-        out.append(rule_cls("hdr", "RETURN", options=tuple(opts), test=("box", *box)))
+        name = prog.name(f"K0D{n}")
+        idx = [j for j, rg in enumerate(regs) if rg is None or _meets(rg[0], box)]
+        prog.chains[name] = [*kit.lines(pol, idx), kit.rule("always", pol.default)]
+        out.append(kit.rule("hdr", name, goto=True, options=tuple(opts), test=("box", *box)))
     return out
 
 
@@ -460,9 +479,10 @@ def live_k0(
     """A live deployment's K0 tree: chain `chain` (K0T), entered with a goto for the mark value HF_MARK_K0_TREE
     (the fast path's unparsed frames while it trusts its tables), walks the policy as trees and ends with its chain
     policy. The tree is the one built for the policy of the last rebuild (the base); the flattened rules changed
-    since (deleted from the base, inserted in the live policy) come first as `hdr` rules that RETURN a frame in their
-    -s/-d/-p to the live rules, which hold the change: outside every changed rule's -s/-d/-p the base's walk and the
-    live policy's pass the same rules in the same order (the base's deleted rules are left out of the leaves). A
+    since (deleted from the base, inserted in the live policy) come first as `hdr` rules that send a frame in their
+    -s/-d/-p to a linear chain of the live policy's rules that can act there (`_diversions`): outside every changed
+    rule's -s/-d/-p the base's walk and the live policy's pass the same rules in the same order (the base's deleted
+    rules are left out of the leaves). A
     rebuild (`fresh`, more than K0_LAZY_DELTA changes, a changed rule no region covers) builds the tree of the live
     policy. `base_keys`: the base's rule keys as the deployment recorded them (this process may not have built it).
     Returns the summary (`k0_tree`: "built", "lazy" or why not, `k0_changed`, trees, rules, and `k0_base`: the keys
@@ -493,6 +513,8 @@ def live_k0(
             base = None
         else:
             changed = [c[0] for c in covers]
+            inv = {b: a for a, b in enumerate(remap) if b is not None}
+            live_regs = [base.regs[inv[j]] if j in inv else regs_new[j] for j in range(len(keys))]
     reused = base is not None
     if base is None:
         base = _Base(keys, flat_regions(pol), {})
@@ -511,7 +533,7 @@ def live_k0(
         return {"k0_tree": "no run long enough for a tree", "k0_changed": len(changed)}
     prog.chains[chain] = [
         kit.rule("unmark", mask=prog.mark_mask & 0xFFFFFFFF),
-        *_diversions(kit.rule, changed),
+        *(_diversions(prog, kit, changed, live_regs) if changed else ()),
         *lines,
         kit.rule("always", pol.default),
     ]

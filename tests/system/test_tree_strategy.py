@@ -2,9 +2,9 @@
 
 1. A 1,100-rule ClassBench policy with 64 complex rules (string matches) ahead of it, deployed on the xdp target
    with strategy tree: every shunted frame's interval chain is those 64 rules, walked as a tree (dispatch gotos, the
-   port guard, leaves). verify sends trace-like frames, malformed ones and fragments (which the fast path leaves
-   unparsed: k = 0, the operator's live rules) through the hybrid and through the policy alone in the plain
-   namespace: 0 mismatches.
+   port guard, leaves). verify sends trace-like frames, malformed ones and fragments (which the fast path passes
+   unparsed: k = 0, the live K0 tree) through the hybrid and through the policy alone in the plain namespace: 0
+   mismatches.
 2. The k = 0 path of the program compile writes (not live: K0 walks the whole policy as a tree) loaded alone with
    FORWARD jumping to MAIN, against the policy alone: the same probes (trace headers, rule corners, truncated
    transport headers, first and later fragments, IP options) through both, with iptables-nft and iptables-legacy

@@ -11,7 +11,8 @@
    (`hypafilter bench optimize --k0 tree`'s comparison): 0 mismatches.
 3. The live K0 tree (docs/optimize.md, "The live K0 tree"): a deployment with strategy tree, a rule inserted by the
    real iptables while deployed (the tree kept, the change diverted ahead of it), then the tree rebuilt; frames that
-   take k = 0 at each stage through the hybrid and the live ruleset alone (verify --live): 0 mismatches.
+   take k = 0 at each stage through the hybrid and the live ruleset alone (verify --live): 0 mismatches. And the xdp
+   program alone: only trusted unparsed IPv4 frames get the K0 tree's mark value.
 """
 
 from __future__ import annotations
@@ -176,3 +177,46 @@ def test_live_k0_tree_diverts_a_live_insert_until_its_rebuild(lab, tmp_path):
         print(f"rebuilt: {walked} frames walked the new tree")
         assert walked > 50
     hf("undeploy", "-q")
+
+
+def test_the_xdp_program_marks_only_trusted_unparsed_ipv4_frames_for_the_k0_tree():
+    """The xdp program alone (BPF_PROG_TEST_RUN in a scratch namespace): with CONTROL bit 6 an IPv4 frame it passes
+    unparsed (a first fragment, a bad header checksum) carries HF_MARK_K0_TREE; under its shunt-everything (control
+    0, the fail safe) and with an expired lease it carries 0, as do frames that are not IPv4 (IPv6, an unknown
+    ethertype): those go to the live rules."""
+    need_root()
+    need_tool("clang", "cc", "make", "ip")
+    import random
+
+    from hypafilter.analysis.plan import build_plan
+    from hypafilter.analysis.program import K0_TREE
+    from hypafilter.config import Config
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.ops.verify import build_frame, malform
+    from hypafilter.targets.xdp.run import run_frames
+    from hypafilter.targets.xdp.target import CONTROL_ENABLE, CONTROL_K0_TREE
+
+    example = ROOT / "rulesets" / "example.rules"
+    plan = build_plan(parse_policy(example.read_text(), str(example)), Config())
+    rng = random.Random(3)
+    udp = build_frame(1, {"src": 0x0A000101, "dst": 0x0A000201, "proto": 17, "sport": 1000, "dport": 53}, b"x")
+    v6 = udp[:12] + b"\x86\xdd" + bytes([0x60, 0, 0, 0, 0, 8, 17, 64]) + bytes(32) + bytes(8)
+    frames = [(0, malform("fragment_first", udp, rng)), (0, malform("bad_ip_checksum", udp, rng)), (0, v6)]
+    frames.append((0, udp[:12] + b"\x88\xb6" + udp[14:]))
+    ns = f"q6k0-{os.getpid()}"
+    netns.delete(ns)
+    netns.add(ns)
+    try:
+        netns.run(["ip", "-n", ns, "link", "add", "c0", "type", "veth", "peer", "name", "c1"])
+        for i in ("c0", "c1"):
+            netns.run(["ip", "-n", ns, "link", "set", i, "up"])
+
+        def values(control: int, lease_ns: int = 0) -> list[int]:
+            res = run_frames(plan, frames, ["c0", "c1"], ns=ns, control=control, lease_ns=lease_ns)
+            return [v.value for v in res.verdicts]
+
+        assert values(CONTROL_ENABLE | CONTROL_K0_TREE) == [K0_TREE, K0_TREE, 0, 0]
+        assert values(CONTROL_K0_TREE) == [0, 0, 0, 0]  # not enabled: the fail safe's control 0
+        assert values(CONTROL_ENABLE | CONTROL_K0_TREE, lease_ns=1) == [0, 0, 0, 0]  # the lease long past
+    finally:
+        netns.delete(ns)

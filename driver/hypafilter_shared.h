@@ -58,6 +58,12 @@
 /* Mirror copies (reason 4): mark value (k << HF_MARK_K_SHIFT) | HF_MARK_MIRROR | action: 0x5 = copy of an ACCEPT,
  * 0x6 = copy of a DROP. A mark whose action nibble has this bit is never forwarded (bridge mode: MAIN drops it). */
 #define HF_MARK_MIRROR 0x4
+/* "K0 tree" (strategy tree, a live deployment on xdp): k = 0 with action 3, a frame the fast path passes unparsed
+ * while it trusts its tables (CONTROL enabled, the policy sync lease held, CONTROL bit HFX_CONTROL_K0_TREE set). The
+ * tool's MAIN chain sends this value to the K0 tree of the deployed policy (chain K0T) before the k = 0 test; every
+ * other k = 0 frame (no tag, bad magic, stale generation, shunt-everything, an expired lease) keeps action 0 and the
+ * live rules. A chain set without K0T reads this value as k = 0 (its k = 0 test compares the k bits only). */
+#define HF_MARK_K0_TREE 0x3
 
 /* Shim BPF maps (pinned under HF_PIN_DIR). */
 #define HF_PIN_DIR "/sys/fs/bpf/hypafilter"

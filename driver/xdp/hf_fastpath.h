@@ -14,6 +14,10 @@
  * software with reason 3 ("state unknown") instead, so that conntrack sees every frame it has to. */
 #define HFX_CONTROL_MISS_SHUNT_ACCEPT 16
 #define HFX_CONTROL_MISS_SHUNT_DROP 32
+/* Strategy tree, live (docs/optimize.md "The live K0 tree"): an IPv4 frame passed unparsed while the program is
+ * enabled and its lease holds carries the mark value HF_MARK_K0_TREE (the K0 tree) instead of 0 (the live rules). Not
+ * a bit of the NIC's register: the emulated NIC leaves K0 on the live rules. */
+#define HFX_CONTROL_K0_TREE 64
 
 /* hfx_config.ct_flags: conntrack state from the kernel's table (docs/xdp.md "Conntrack state from the kernel"). */
 #define HFX_CT_LOOKUP 1	     /* look TCP/UDP frames up in conntrack (bpf_xdp_ct_lookup): ct 1/2 for established ones */

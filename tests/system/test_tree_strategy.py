@@ -2,22 +2,30 @@
 
 1. A 1,100-rule ClassBench policy with 64 complex rules (string matches) ahead of it, deployed on the xdp target
    with strategy tree: every shunted frame's interval chain is those 64 rules, walked as a tree (dispatch gotos, the
-   port guard, leaves). verify sends trace-like frames, malformed ones and fragments (which the fast path leaves
-   unparsed: k = 0, the operator's live rules) through the hybrid and through the policy alone in the plain
-   namespace: 0 mismatches.
+   port guard, leaves). verify sends trace-like frames, malformed ones and fragments (which the fast path passes
+   unparsed: k = 0, the live K0 tree) through the hybrid and through the policy alone in the plain namespace: 0
+   mismatches.
 2. The k = 0 path of the program compile writes (not live: K0 walks the whole policy as a tree) loaded alone with
    FORWARD jumping to MAIN, against the policy alone: the same probes (trace headers, rule corners, truncated
    transport headers, first and later fragments, IP options) through both, with iptables-nft and iptables-legacy
    (`hypafilter bench optimize --k0 tree`'s comparison): 0 mismatches.
+3. The live K0 tree (docs/optimize.md, "The live K0 tree"): a deployment with strategy tree, a rule inserted by the
+   real iptables while deployed (the tree kept, the change diverted ahead of it), then the tree rebuilt; frames that
+   take k = 0 at each stage through the hybrid and the live ruleset alone (verify --live): 0 mismatches. And the xdp
+   program alone: only trusted unparsed IPv4 frames get the K0 tree's mark value.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import time
 
 import pytest
+from hypafilter import netns
 
-from conftest import need_root, need_tool, ns_sh
+from conftest import ROOT, need_root, need_tool, ns_sh
 
 pytestmark = pytest.mark.system
 
@@ -89,3 +97,126 @@ def test_the_k0_tree_of_fuzzer_policies_matches_them():
     reps = bench.fuzz((3, 4), packets=2000, min_segment=2, k0="tree", log=print)
     assert all(r["trees"] >= 4 for r in reps), reps
     assert [r["mismatches"] for r in reps] == [0, 0], reps
+
+
+FULL = bool(os.environ.get("HF_LIVE_K0_FULL"))  # also verify before the change and after the rebuild
+BAN = "-s 10.0.1.0/25 -p udp -j DROP"  # inserted before the udp/9999 ACCEPT: verify's frames come from 10.0.1.x
+ANCHOR = "-A FORWARD -p udp -m udp --dport 9999 -j ACCEPT"
+
+
+def _counted(fw: str, pattern: str) -> int:
+    """Packets counted by the filter table's rules whose text matches `pattern` (iptables-save -c)."""
+    listing = netns.run(["iptables-save", "-c", "-t", "filter"], fw)
+    return sum(
+        int(m.group(1)) for ln in listing.splitlines() if re.search(pattern, ln) for m in [re.match(r"\[(\d+):", ln)]
+    )
+
+
+def _verify(hf) -> dict:
+    p = hf("verify", "--live", "--packets", "600", "--malformed", "0.5", "--seed", "5", "--json", check=False)
+    assert p.stdout, p.stderr[-2000:]
+    r = json.loads(p.stdout)
+    assert r["mismatches"] == 0, r["examples"][:3]
+    return r
+
+
+def test_live_k0_tree_diverts_a_live_insert_until_its_rebuild(lab, tmp_path):
+    """The live K0 tree on xdp (docs/optimize.md, "The live K0 tree"; issue #26, Updates): rulesets/example.rules
+    deployed with strategy tree (trees on runs of 4), so the xdp program marks the IPv4 frames it passes unparsed
+    (fragments, IP options, truncated headers) HF_MARK_K0_TREE and MAIN sends them to K0T, the policy's tree. A rule
+    inserted in the operator's chain by the real `iptables -I` while deployed: the policy sync service follows, and
+    the new generation's K0T keeps the deployed rules' tree with the new rule's -s/-p ahead of it, sending those
+    frames to a linear chain of the live rules that can act there; a deploy of the changed policy rebuilds the tree with the rule in it. At each stage
+    `verify --live` (half of its frames malformed) through the hybrid and the live ruleset alone: 0 mismatches, and
+    the counters show frames that walked K0T's tree (and its diversion, before the rebuild)."""
+    from tests.hfcli import HfCli
+
+    hf = HfCli(LAB, f"/run/hypafilter/test-{LAB}")
+    fw = lab.ns_fw
+    cfg = tmp_path / "tree.toml"
+    cfg.write_text('strategy = "tree"\ntree_min_segment = 4\ntarget = "xdp"\n')
+    text = (ROOT / "rulesets" / "example.rules").read_text()
+    hf("deploy", str(ROOT / "rulesets" / "example.rules"), "--config", str(cfg), "-q")
+    listing = netns.run(["iptables-save", "-t", "filter"], fw)
+    assert re.search(r"-A HF\d+_MAIN -m mark --mark 0x3(/0xffffffff)? -g HF\d+_K0T", listing), listing[:2000]
+    if FULL:
+        _verify(hf)
+        walked = _counted(fw, r"-A HF\d+_K0T -j HF\d+_T\d+")
+        print(f"deployed: {walked} frames walked the K0 tree")
+        assert walked > 50
+
+    # the live change: the real iptables inserts a rule in the operator's chain, the service follows lazily
+    t0 = time.monotonic()
+    pos = [ln for ln in text.splitlines() if ln.startswith("-A FORWARD")].index(ANCHOR) + 2  # after the jump
+    netns.run(["iptables", "-w", "-I", "FORWARD", str(pos), *BAN.split()], fw)
+    hf.followed()
+    print(f"followed in {time.monotonic() - t0:.2f} s")
+    listing = netns.run(["iptables-save", "-t", "filter"], fw)
+    k0t = [ln for ln in listing.splitlines() if re.match(r"-A HF\d+_K0T ", ln)]
+    assert any(re.search(r"--src-range 10.0.1.0-10.0.1.127 -g HF\d+_K0D0$", ln) for ln in k0t), k0t  # the change
+    assert any(re.search(r"-j HF\d+_T\d+$", ln) for ln in k0t), k0t  # the tree of the deployed rules stays
+    r = _verify(hf)
+    diverted = _counted(fw, r"-A HF\d+_K0T .*--src-range 10.0.1.0-10.0.1.127 -g HF\d+_K0D0")
+    walked = _counted(fw, r"-A HF\d+_K0T -j HF\d+_T\d+")
+    print(f"lazy: {diverted} frames diverted to the changed part, {walked} walked the old tree; {r['packets']} frames")
+    assert diverted > 0 and walked > 0
+    st = hf("status", check=False)
+    assert st.returncode == 0, st.stdout  # no drift: the program's control word is the plan's
+
+    if FULL:  # the rebuild (opt-in: make test-live-k0; the default tier's budget)
+        # the changed policy deployed: its tree built with the new rule in it, no diversion left
+        lines = text.splitlines()
+        lines.insert(lines.index(ANCHOR), f"-A FORWARD {BAN}")
+        changed = tmp_path / "changed.rules"
+        changed.write_text("\n".join(lines) + "\n")
+        hf("deploy", str(changed), "--config", str(cfg), "-q", "--force")
+        listing = netns.run(["iptables-save", "-t", "filter"], fw)
+        assert "_K0D" not in listing
+        _verify(hf)
+        walked = _counted(fw, r"-A HF\d+_K0T -j HF\d+_T\d+")
+        print(f"rebuilt: {walked} frames walked the new tree")
+        assert walked > 50
+    hf("undeploy", "-q")
+
+
+def test_the_xdp_program_marks_only_trusted_unparsed_ipv4_frames_for_the_k0_tree():
+    """The xdp program alone (BPF_PROG_TEST_RUN in a scratch namespace): with CONTROL bit 6 an IPv4 frame it passes
+    unparsed (a first fragment, a bad header checksum) carries HF_MARK_K0_TREE; under its shunt-everything (control
+    0, the fail safe) and with an expired lease it carries 0, as do frames that are not IPv4 (IPv6, an unknown
+    ethertype): those go to the live rules."""
+    need_root()
+    need_tool("clang", "cc", "make", "ip")
+    import random
+
+    from hypafilter.analysis.plan import build_plan
+    from hypafilter.analysis.program import K0_TREE
+    from hypafilter.config import Config
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.ops.verify import build_frame, malform
+    from hypafilter.targets.xdp.run import run_frames
+    from hypafilter.targets.xdp.target import CONTROL_ENABLE, CONTROL_K0_TREE
+
+    example = ROOT / "rulesets" / "example.rules"
+    plan = build_plan(parse_policy(example.read_text(), str(example)), Config())
+    rng = random.Random(3)
+    udp = build_frame(1, {"src": 0x0A000101, "dst": 0x0A000201, "proto": 17, "sport": 1000, "dport": 53}, b"x")
+    v6 = udp[:12] + b"\x86\xdd" + bytes([0x60, 0, 0, 0, 0, 8, 17, 64]) + bytes(32) + bytes(8)
+    frames = [(0, malform("fragment_first", udp, rng)), (0, malform("bad_ip_checksum", udp, rng)), (0, v6)]
+    frames.append((0, udp[:12] + b"\x88\xb6" + udp[14:]))
+    ns = f"q6k0-{os.getpid()}"
+    netns.delete(ns)
+    netns.add(ns)
+    try:
+        netns.run(["ip", "-n", ns, "link", "add", "c0", "type", "veth", "peer", "name", "c1"])
+        for i in ("c0", "c1"):
+            netns.run(["ip", "-n", ns, "link", "set", i, "up"])
+
+        def values(control: int, lease_ns: int = 0) -> list[int]:
+            res = run_frames(plan, frames, ["c0", "c1"], ns=ns, control=control, lease_ns=lease_ns)
+            return [v.value for v in res.verdicts]
+
+        assert values(CONTROL_ENABLE | CONTROL_K0_TREE) == [K0_TREE, K0_TREE, 0, 0]
+        assert values(CONTROL_K0_TREE) == [0, 0, 0, 0]  # not enabled: the fail safe's control 0
+        assert values(CONTROL_ENABLE | CONTROL_K0_TREE, lease_ns=1) == [0, 0, 0, 0]  # the lease long past
+    finally:
+        netns.delete(ns)

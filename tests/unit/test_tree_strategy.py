@@ -9,7 +9,7 @@ The kernel checks the loaded form: tests/system/test_tree_strategy.py, verify an
 from __future__ import annotations
 
 from hypafilter.analysis.plan import build_plan
-from hypafilter.analysis.program import NFT_MAX_DEPTH, build_program, mark_for
+from hypafilter.analysis.program import K0_TREE, NFT_MAX_DEPTH, build_program, mark_for
 from hypafilter.config import Config
 from hypafilter.ir.semantics import reference_verdict
 from hypafilter.netfilter.nft import to_nft
@@ -139,3 +139,148 @@ def test_per_rule_state_and_resolved_interfaces_stay_linear():
     pol.resolved = [(None, ("-i", "eth0"), "true for every NIC frame")]
     prog = build_program(build_plan(pol, Config(), mode="selective", strategy="tree"), "tree")
     assert prog.verbatim_full and prog.chains[prog.name("K0")][1].target == prog.verbatim_full
+
+
+# ---------------------------------------------------------------- the live K0 tree, lazily rebuilt
+
+
+def _live_prog(pol, nic_mode="bridge", fresh=True, min_segment=2):
+    plan = build_plan(pol, Config(nic_mode=nic_mode, tree_min_segment=min_segment), live=True, strategy="tree")
+    plan.k0_fresh, plan.k0_tree = fresh, True
+    return build_program(plan, "tree", nic_mode=nic_mode)
+
+
+def _k0t_mismatches(prog, pol, hdrs, ev, foreign=0):
+    """Frames marked HF_MARK_K0_TREE (the K0 tree, or the live rules for a diverted one) against the reference."""
+    bad = []
+    for h in hdrs:
+        want = reference_verdict(pol, h, ev)
+        trace: list[int] = []
+        got, _ = prog.run(h, mark_for(prog, 0, K0_TREE, foreign), ev, trace)
+        seen = [i for i in trace if pol.rules[i].target in OBSERVING and any(b.contains(h) for b in pol.rules[i].boxes)]
+        if (got, seen) != (want, reference_observed(pol, h, ev)):
+            bad.append((h, want, got))
+    return bad
+
+
+def _stateless(rs):
+    return [r for r in rs if r.stateful_pos is None]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(rules(), min_size=4, max_size=20),
+    st.lists(rules(), min_size=0, max_size=4),
+    st.lists(st.integers(0, 40), min_size=0, max_size=4),
+    st.sampled_from(["ACCEPT", "DROP"]),
+    st.lists(headers(), min_size=4, max_size=16),
+    st.integers(0, (1 << 61) - 1),
+    st.sampled_from(["bridge", "host"]),
+)
+def test_live_k0_tree_equals_the_live_policy_after_inserts_and_deletes(rs, ins, dels, default, hdrs, seed, nic_mode):
+    """A live deployment's K0 tree, built for one policy, then reused for a changed one (rules inserted and deleted):
+    frames with the K0-tree mark get the changed policy's verdict and pass its observing rules, before and after the
+    rebuild."""
+    rs, ins = _stateless(rs), _stateless(ins)
+    base = make_policy(rs, default)
+    ev = _callback(seed)
+    prog = _live_prog(base, nic_mode)
+    if prog.name("K0T") not in prog.chains:
+        return  # no run of movable rules long enough (or K0 stays live: tree_stats says why)
+    assert _k0t_mismatches(prog, base, hdrs, ev, seed & 0xFFFFFFFF) == []
+    changed = list(rs)
+    for j in dels:
+        if changed:
+            changed.pop(j % len(changed))
+    for j, r in zip(dels + [0] * len(ins), ins, strict=False):
+        changed.insert(j % (len(changed) + 1), r)
+    live = make_policy(changed, default)
+    lazy = _live_prog(live, nic_mode, fresh=False)
+    assert _k0t_mismatches(lazy, live, hdrs, ev, seed & 0xFFFFFFFF) == [], lazy.tree_stats
+    rebuilt = _live_prog(live, nic_mode, fresh=True)
+    assert _k0t_mismatches(rebuilt, live, hdrs, ev, seed & 0xFFFFFFFF) == []
+
+
+_LIVE_TEXT = "*filter\n:FORWARD DROP [0:0]\n" + "".join(
+    f"-A FORWARD -s 10.{i}.0.0/16 -p {('tcp', 'udp')[i % 2]} -m {('tcp', 'udp')[i % 2]} --dport {i + 1} -j "
+    f"{('ACCEPT', 'DROP')[i % 3 == 0]}\n"
+    for i in range(12)
+)
+
+
+def _live_text_prog(text, prefix, fresh=True, nic_mode="bridge", k0_tree=True):
+    from hypafilter.iptables.document import parse_policy
+
+    cfg = Config(strategy="tree", tree_min_segment=2, nic_mode=nic_mode)
+    pol = parse_policy(text + "COMMIT\n", filename="live.rules", base_chain="FORWARD", config=cfg)
+    plan = build_plan(pol, cfg, live=True)
+    plan.k0_fresh, plan.k0_tree = fresh, k0_tree
+    return plan, build_program(plan, "tree", prefix=prefix, nic_mode=nic_mode)
+
+
+def _chain(text: str, name: str) -> list[str]:
+    return [ln for ln in text.splitlines() if ln.startswith(f"-A {name} ")]
+
+
+def test_live_k0_tree_chain_text_before_and_after_a_change():
+    """MAIN sends the K0-tree mark value (k = 0, action 3, whole mask) to K0T before its k = 0 test (which still
+    takes that value when no K0T exists); K0T gives back the mark bits, walks the tree, ends with the chain policy.
+    After a rule is inserted, the follow's K0T keeps the tree and first sends frames in the new rule's -s/-p to a
+    chain of the live rules that can act there, in iptables and in nft."""
+    from hypafilter.analysis.program import k0_tree_wanted
+
+    plan, prog = _live_text_prog(_LIVE_TEXT, "HF1_")
+    assert k0_tree_wanted(plan, "tree") and prog.tree_stats["k0_tree"] == "built", prog.tree_stats
+    text = render_iptables(prog)
+    assert _chain(text, "HF1_MAIN")[:2] == [
+        "-A HF1_MAIN -m mark --mark 0x3/0xffffffff -g HF1_K0T",
+        "-A HF1_MAIN -m mark --mark 0x0/0xfffffff0 -g HF1_K0",
+    ]
+    k0t = _chain(text, "HF1_K0T")
+    assert k0t[0] == "-A HF1_K0T -j MARK --set-xmark 0x0/0xffffffff" and k0t[-1] == "-A HF1_K0T -j DROP", k0t
+    assert not any("K0D" in ln for ln in k0t) and any(ln.startswith("-A HF1_K0T -j HF1_T") for ln in k0t), k0t
+
+    changed = _LIVE_TEXT.replace(
+        "-A FORWARD -s 10.5.", "-A FORWARD -s 10.99.0.0/16 -p udp -j DROP\n-A FORWARD -s 10.5."
+    )
+    lazy_plan, lazy = _live_text_prog(changed, "HF2_", fresh=False)
+    assert lazy.tree_stats["k0_tree"] == "lazy" and lazy.tree_stats["k0_changed"] == 1, lazy.tree_stats
+    k0t = _chain(render_iptables(lazy), "HF2_K0T")
+    assert k0t[1] == "-A HF2_K0T -p 17 -m iprange --src-range 10.99.0.0-10.99.255.255 -g HF2_K0D0", k0t
+    assert any(ln.startswith("-A HF2_K0T -j HF2_T") for ln in k0t) and k0t[-1] == "-A HF2_K0T -j DROP"
+    # the affected part: the live policy's rules that can act on UDP from 10.99.0.0/16 (the new one), then the policy
+    assert _chain(render_iptables(lazy), "HF2_K0D0") == [
+        "-A HF2_K0D0 -s 10.99.0.0/16 -p udp -j DROP",
+        "-A HF2_K0D0 -j DROP",
+    ]
+    assert "meta l4proto 17 ip saddr 10.99.0.0-10.99.255.255 goto HF2_K0D0" in to_nft(lazy_plan, "tree", "HF2_")
+
+    # a rebuild: the same policy, fresh: no diversion left
+    _, rebuilt = _live_text_prog(changed, "HF3_")
+    assert rebuilt.tree_stats["k0_tree"] == "built"
+    assert not any("K0D" in ln for ln in render_iptables(rebuilt).splitlines())
+
+
+def test_live_k0_tree_rebuilds_past_delta_and_stays_live_where_it_cannot_be_exact():
+    from hypafilter.analysis.program import k0_tree_wanted
+    from hypafilter.analysis.trees import K0_LAZY_DELTA
+
+    _live_text_prog(_LIVE_TEXT, "HF1_")
+    more = "".join(f"-A FORWARD -s 10.{200 + i}.0.0/16 -j DROP\n" for i in range(K0_LAZY_DELTA + 1))
+    _, prog = _live_text_prog(
+        _LIVE_TEXT.replace(":FORWARD DROP [0:0]\n", ":FORWARD DROP [0:0]\n" + more), "HF2_", False
+    )
+    assert prog.tree_stats["k0_tree"] == "built" and prog.tree_stats["k0_changed"] == 0  # past δ: built anew
+
+    # host mode: the decided-ACCEPT value first, then the K0 tree's
+    _, host = _live_text_prog(_LIVE_TEXT, "HF4_", nic_mode="host")
+    assert [ln.split()[-1] for ln in _chain(render_iptables(host), "HF4_MAIN")[:2]] == ["HF4_DA", "HF4_K0T"]
+
+    # per-rule state only the live chain may run: K0 stays the live list, and the fast path does not mark for it
+    limited = _LIVE_TEXT + "-A FORWARD -p udp -m limit --limit 5/sec -j ACCEPT\n"
+    plan, prog = _live_text_prog(limited, "HF5_")
+    assert "per-rule state" in prog.tree_stats["k0_tree"] and prog.name("K0T") not in prog.chains
+    assert not k0_tree_wanted(plan, "tree")
+    # a fast path that cannot mark (the emulated NIC): no K0T
+    plan, prog = _live_text_prog(_LIVE_TEXT, "HF6_", k0_tree=False)
+    assert prog.name("K0T") not in prog.chains and not k0_tree_wanted(plan, "tree")

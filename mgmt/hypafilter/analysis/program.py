@@ -10,10 +10,13 @@ structure that gets loaded. Strategies:
                exact with selective/exact shunting only)
   interval     binary search on the mark → chain C_k of complex rules above the interval → hardware action
   interval_geo interval, keeping in C_k only complex rules whose reduction meets the interval's shunted boxes
-  tree         interval, with the k = 0 path (K0, not live) and long interval chains (2 × Config.tree_min_segment
-               rules and more) walked as decision trees (analysis.trees over analysis.dtree; docs/optimize.md)
+  tree         interval, with the k = 0 path (K0, not live; K0T, live on xdp: the frames marked HF_MARK_K0_TREE,
+               lazily rebuilt) and long interval chains (2 × Config.tree_min_segment rules and more) walked as
+               decision trees (analysis.trees over analysis.dtree; docs/optimize.md)
 
-Chains, all named prefix+…: MAIN (entry), K0 (mark k = 0: FULL then the chain policy), FULL (original policy
+Chains, all named prefix+…: MAIN (entry), K0 (mark k = 0: FULL then the chain policy), K0T (strategy tree, live: the
+mark value HF_MARK_K0_TREE; the changes since the tree's base returned to the live rules, the tree, the chain
+policy), FULL (original policy
 verbatim, user chains renamed prefix+name), CUT, D<n> (dispatch nodes), L<k>A<a> (leaf: the complex rules above
 interval k, as jumps to segment and block chains, then the action), C<k> (segment: the complex rules interval k's
 chain adds to the previous interval's), B<f>L<l>N<i> (block of B^l consecutive segments of chain family f),
@@ -46,6 +49,7 @@ from hypafilter.shared import C
 K_SHIFT = C["HF_MARK_K_SHIFT"]
 DECIDED_ACCEPT = C["HF_MARK_DECIDED_ACCEPT"]  # host mode: the hardware's ACCEPT is final (k = 0, action ACCEPT)
 MARK_MIRROR = C["HF_MARK_MIRROR"]  # log mirroring: the mark's action nibble of a copy is action | MARK_MIRROR
+K0_TREE = C["HF_MARK_K0_TREE"]  # strategy tree, live: an unparsed frame of a trusted fast path walks the K0 tree
 LEAF_FANOUT = 4  # leaves tested linearly once a dispatch node holds this few
 BLOCK_FANOUT = 8  # a family of more segments than this gets block chains (then more levels, up to the budget)
 MAX_DEPTH = 8  # target nesting below the base chain (its jump to MAIN included); nf_tables allows 15
@@ -90,6 +94,9 @@ def hdr_holds(test: tuple, header: Header) -> bool:
         if proto is not None and header.proto != proto:
             return False
         return lo <= getattr(header, TREE_DIMS[d]) <= hi
+    if test[0] == "box":  # the live K0 tree's diversion: -s, -d (ranges) and -p
+        _, slo, shi, dlo, dhi, plo, phi = test
+        return slo <= header.src <= shi and dlo <= header.dst <= dhi and plo <= header.proto <= phi
     return False  # "guard": the model's frames are whole first fragments
 
 
@@ -370,8 +377,40 @@ def build_program(
         prog.verbatim_full = full
     if strategy == "tree":
         kit = trees.Kit(NfRule, policy_rules, _helper_depth)
-        prog.tree_stats = trees.treeify(prog, kit, NFT_MAX_DEPTH, getattr(plan, "tree_min_segment", 16))
+        min_segment = getattr(plan, "tree_min_segment", 16)
+        prog.tree_stats = trees.treeify(prog, kit, NFT_MAX_DEPTH, min_segment)
+        if live and getattr(plan, "k0_tree", False):
+            # The live K0 tree (docs/optimize.md, "The live K0 tree"): only frames with the mark value K0_TREE walk
+            # it; every other k = 0 frame keeps the live list. `plan.k0_fresh` False (a follow) reuses the tree of
+            # the last rebuild with the changes since diverted to the live rules ahead of it.
+            why = trees.live_k0_blocked(pol, lambda i: _live_only(pol, i))
+            if why:
+                prog.tree_stats["k0_tree"] = why
+            else:
+                k0t = prog.name("K0T")
+                fresh = getattr(plan, "k0_fresh", True)
+                stats = trees.live_k0(
+                    prog, kit, NFT_MAX_DEPTH, min_segment, fresh, k0t, getattr(plan, "k0_base_keys", None)
+                )
+                if "k0_base" in stats:  # a tree built here: the deployment records its rules (ops.deploy)
+                    plan.k0_built_keys = stats.pop("k0_base")
+                prog.tree_stats.update(stats)
+                if k0t in c:
+                    at = 1 if nic_mode == "host" else 0  # after host mode's decided-ACCEPT test
+                    c[main].insert(at, NfRule("mark", k0t, _field(prog, K0_TREE), mark_mask & 0xFFFFFFFF, goto=True))
     return prog
+
+
+def k0_tree_wanted(plan, strategy: str) -> bool:
+    """Does a live deployment of `plan` under `strategy` give its unparsed frames the K0 tree (the fast path then
+    marks them HF_MARK_K0_TREE)? `plan.k0_tree`: the deployment's fast path can mark them (ops.deploy: xdp)."""
+    pol = plan.policy
+    return (
+        strategy == "tree"
+        and bool(getattr(plan, "live", False))
+        and bool(getattr(plan, "k0_tree", False))
+        and not trees.live_k0_blocked(pol, lambda i: _live_only(pol, i))
+    )
 
 
 def _live_only(pol, i: int) -> bool:

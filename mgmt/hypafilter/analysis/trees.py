@@ -14,6 +14,10 @@ base chain (level 0): a multi-level rule's helper chains only run after that rul
 alone over-approximate where any part of it can act. A policy whose interface checks were resolved against the
 deployment's NIC ports (Policy.resolved) keeps K0 on the verbatim FULL chain: its flattened rules are exact for NIC
 frames only.
+
+`live_k0` is a live deployment's K0 tree (chain K0T, for the frames xdp marks HF_MARK_K0_TREE), rebuilt lazily: a
+follow keeps the tree of its base policy and returns the frames in the -s/-d/-p of the rules changed since to the
+live rules ahead of it (docs/optimize.md, "The live K0 tree").
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 from hypafilter.analysis.dtree import (
     DIMS,
@@ -127,9 +131,17 @@ def tested(options: tuple[str, ...]) -> tuple:
 
 
 class _Trees:
-    def __init__(self, prog, regs, min_segment: int, kit):
+    def __init__(self, prog, regs, min_segment: int, kit, remap=None, cache=None):
         self.prog, self.regs, self.min_segment = prog, regs, min_segment
-        self.rule, self.lines = kit.rule, kit.lines
+        self.rule = kit.rule
+        # remap (the live K0 tree, lazily rebuilt): the tree is built over the rules of its base policy; a rule of
+        # the base is written as the program's policy rule remap[i] (None: gone from the policy, left out)
+        self.lines = (
+            kit.lines
+            if remap is None
+            else lambda pol, idx: kit.lines(pol, [remap[i] for i in idx if remap[i] is not None])
+        )
+        self.cache = cache  # (run, params) -> built tree, kept with the base policy
         self.n = 0
         self.trees = 0
         self.rules_in = 0
@@ -170,7 +182,12 @@ class _Trees:
         NfRule, policy_rules = self.rule, self.lines
         prog, pol = self.prog, self.prog.policy
         params = Params(binth=max(1, self.min_segment // 2), max_expansion=TREE_MAX_EXPANSION, max_depth=max_depth)
-        tree = build([self.regs[i] for i in run], params)
+        ckey = (tuple(run), astuple(params))
+        tree = self.cache.get(ckey) if self.cache is not None else None
+        if tree is None:
+            tree = build([self.regs[i] for i in run], params)
+            if self.cache is not None:
+                self.cache[ckey] = tree
         self.trees += 1
         self.rules_in += len(run)
         self.rules_out += tree.emitted_rules
@@ -352,3 +369,179 @@ def treeify(prog, kit: Kit, nft_max_depth: int, min_segment: int = 16) -> dict:
         else:
             prog.chains[name] = lines
     return {"trees": t.trees, "rules_in_trees": t.rules_in, "rules_written": t.rules_out}
+
+
+# ---------------------------------------------------------------- the live K0 tree, lazily rebuilt (SFL in software)
+
+# Changed flattened rules (deleted from the base and inserted since) a live K0 tree keeps diverting to the live list
+# before it is built anew from the live policy (SFL's δ: docs/optimize.md, "The live K0 tree").
+K0_LAZY_DELTA = 8
+
+
+@dataclass
+class _Base:
+    """The policy a live K0 tree was last built from, with its rules' regions and built trees (one per process:
+    the policy sync worker's follows reuse it until the next rebuild)."""
+
+    keys: list
+    regs: list
+    trees: dict
+
+
+_BASES: dict[tuple, _Base] = {}
+
+
+def rule_key(r) -> tuple:
+    """What a flattened rule is written from (its place in the file left out): equal keys, equal rules in netfilter.
+    Nested tuples of strings, so that a deployment keeps them in its state (`keys_of_json`)."""
+    levels = tuple((tuple(lv.options), tuple(tuple(u) for u in lv.unless)) for lv in r.levels)
+    return (levels, r.target, tuple(r.target_args), r.ct_part)
+
+
+def keys_of_json(doc) -> list[tuple]:
+    """rule_key tuples back from their JSON lists."""
+
+    def tup(x):
+        return tuple(tup(y) for y in x) if isinstance(x, list) else x
+
+    return [tup(k) for k in doc]
+
+
+def _base_of_keys(keys: list[tuple]) -> _Base:
+    """A base from its rules' keys alone (a new process, as the policy sync worker after a deploy): the regions are
+    the flattened rules' (flat_regions reads the levels and the target), the trees are built again on first use."""
+    from types import SimpleNamespace as NS
+
+    rules = [NS(levels=[NS(options=lv[0], unless=lv[1]) for lv in k[0]], target=k[1], stateful_pos=None) for k in keys]
+    return _Base(list(keys), flat_regions(NS(rules=rules)), {})
+
+
+def live_k0_blocked(pol, live_only: Callable[[int], bool]) -> str:
+    """Why a live deployment's K0 stays the live list ("" when it may walk a tree)."""
+    if getattr(pol, "family", 4) != 4:
+        return "an IPv6 policy: the xdp program passes IPv6 frames it does not decide with value 0"
+    if pol.resolved:
+        return "the policy's interface checks were resolved against the NIC's ports (exact for NIC frames only)"
+    if not pol.rules:
+        return "the policy has no rules"
+    for i in range(len(pol.rules)):
+        if live_only(i):
+            r = pol.rules[i]
+            what = "per-rule state" if r.stateful_pos is not None else f"a jump into the operator's chain {r.target}"
+            return f"flattened rule {i} has {what}, which only the live chain may run"
+    return ""
+
+
+def _meets(boxes, box) -> bool:
+    """Does a rule's region_any meet a diversion box (src, dst, protocol ranges)?"""
+    slo, shi, dlo, dhi, plo, phi = box
+    return any(
+        lo[0] <= shi and slo <= hi[0] and lo[1] <= dhi and dlo <= hi[1] and lo[2] <= phi and plo <= hi[2]
+        for lo, hi in boxes
+    )
+
+
+def _diversions(prog, kit, boxes_list, regs) -> list:
+    """One `hdr` rule per distinct box of the changed rules' region_any (-s, -d, -p), going to a chain K0D<n> that
+    holds, in order, every rule of the live policy that can act on a frame of the box (its region_any meets it; a
+    rule without a region too), then the chain policy: the live list for the affected part, the rules that cannot
+    act there left out (`regs`: the live policy's rules' regions)."""
+    seen: dict[tuple, None] = {}
+    for boxes in boxes_list:
+        for lo, hi in boxes:
+            plo, phi = lo[2], hi[2]
+            if plo != phi:
+                plo, phi = 0, 255  # iptables' -p names one protocol: a wider box is still a cover
+            seen[(lo[0], hi[0], lo[1], hi[1], plo, phi)] = None
+    pol = prog.policy
+    out = []
+    for n, box in enumerate(seen):
+        slo, shi, dlo, dhi, plo, phi = box
+        opts: list[str] = []
+        if (slo, shi) != (0, 0xFFFFFFFF) or (dlo, dhi) != (0, 0xFFFFFFFF):
+            opts += ["-m", "iprange"]
+            if (slo, shi) != (0, 0xFFFFFFFF):
+                opts += ["--src-range", f"{ipaddress.IPv4Address(slo)}-{ipaddress.IPv4Address(shi)}"]
+            if (dlo, dhi) != (0, 0xFFFFFFFF):
+                opts += ["--dst-range", f"{ipaddress.IPv4Address(dlo)}-{ipaddress.IPv4Address(dhi)}"]
+        if (plo, phi) != (0, 255):
+            opts = ["-p", str(plo), *opts]
+        name = prog.name(f"K0D{n}")
+        idx = [j for j, rg in enumerate(regs) if rg is None or _meets(rg[0], box)]
+        prog.chains[name] = [*kit.lines(pol, idx), kit.rule("always", pol.default)]
+        out.append(kit.rule("hdr", name, goto=True, options=tuple(opts), test=("box", *box)))
+    return out
+
+
+def live_k0(
+    prog, kit: Kit, nft_max_depth: int, min_segment: int, fresh: bool, chain: str, base_keys: list | None = None
+) -> dict:
+    """A live deployment's K0 tree: chain `chain` (K0T), entered with a goto for the mark value HF_MARK_K0_TREE
+    (the fast path's unparsed frames while it trusts its tables), walks the policy as trees and ends with its chain
+    policy. The tree is the one built for the policy of the last rebuild (the base); the flattened rules changed
+    since (deleted from the base, inserted in the live policy) come first as `hdr` rules that send a frame in their
+    -s/-d/-p to a linear chain of the live policy's rules that can act there (`_diversions`): outside every changed
+    rule's -s/-d/-p the base's walk and the live policy's pass the same rules in the same order (the base's deleted
+    rules are left out of the leaves). A
+    rebuild (`fresh`, more than K0_LAZY_DELTA changes, a changed rule no region covers) builds the tree of the live
+    policy. `base_keys`: the base's rule keys as the deployment recorded them (this process may not have built it).
+    Returns the summary (`k0_tree`: "built", "lazy" or why not, `k0_changed`, trees, rules, and `k0_base`: the keys
+    of a tree built here, for the deployment to record)."""
+    pol = prog.policy
+    keys = [rule_key(r) for r in pol.rules]
+    bkey = (pol.base_chain, pol.family, min_segment)
+    base = None if fresh else _BASES.get(bkey)
+    if not fresh and base_keys is not None and (base is None or base.keys != list(base_keys)):
+        base = _BASES[bkey] = _base_of_keys(list(base_keys))
+    remap: list[int | None]
+    changed: list = []
+    if base is not None:
+        import difflib
+
+        sm = difflib.SequenceMatcher(None, base.keys, keys, autojunk=False)
+        remap = [None] * len(base.keys)
+        kept_b: set[int] = set()
+        for a, b, n in sm.get_matching_blocks():
+            for x in range(n):
+                remap[a + x] = b + x
+                kept_b.add(b + x)
+        gone = [i for i, m in enumerate(remap) if m is None]
+        new = [j for j in range(len(keys)) if j not in kept_b]
+        regs_new = flat_regions(pol, set(new)) if new else []
+        covers = [base.regs[i] for i in gone] + [regs_new[j] for j in new]
+        if len(gone) + len(new) > K0_LAZY_DELTA or any(c is None for c in covers):
+            base = None
+        else:
+            changed = [c[0] for c in covers]
+            inv = {b: a for a, b in enumerate(remap) if b is not None}
+            live_regs = [base.regs[inv[j]] if j in inv else regs_new[j] for j in range(len(keys))]
+    reused = base is not None
+    if base is None:
+        base = _Base(keys, flat_regions(pol), {})
+        _BASES[bkey] = base
+        remap = list(range(len(keys)))
+    prog.chains[chain] = []  # placed for the depth computation
+    t = _Trees(prog, base.regs, min_segment, kit, remap=remap, cache=base.trees)
+    depth = _depths(prog)
+    _helper_depth = kit.helper_depth
+    uh = _user_height(pol)
+    deepest = max((_helper_depth(r) + (1 + uh[r.target] if r.target in uh else 0) for r in pol.rules), default=0)
+    room = min(Params().max_depth, nft_max_depth - depth.get(chain, 2) - 2 - deepest)
+    lines = t.rewrite(list(range(len(base.keys))), room)
+    if t.trees == 0:
+        del prog.chains[chain]
+        return {"k0_tree": "no run long enough for a tree", "k0_changed": len(changed)}
+    prog.chains[chain] = [
+        kit.rule("unmark", mask=prog.mark_mask & 0xFFFFFFFF),
+        *(_diversions(prog, kit, changed, live_regs) if changed else ()),
+        *lines,
+        kit.rule("always", pol.default),
+    ]
+    return {
+        "k0_tree": "lazy" if reused else "built",
+        "k0_changed": len(changed),
+        "k0_trees": t.trees,
+        "k0_rules_in_trees": t.rules_in,
+        "k0_rules_written": t.rules_out,
+        **({} if reused else {"k0_base": keys}),
+    }

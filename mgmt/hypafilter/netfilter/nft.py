@@ -236,6 +236,13 @@ def _nft_hdr(r) -> list[str]:
     verdict = "return" if r.target == "RETURN" else _nft_verdict(r.target, r.goto)
     if r.test[0] == "proto":
         return [f"meta l4proto {r.test[1]} {verdict}"]
+    if r.test[0] == "box":  # the live K0 tree's diversion to the live rules
+        _, slo, shi, dlo, dhi, plo, phi = r.test
+        ip = lambda v: str(ipaddress.IPv4Address(v))  # noqa: E731
+        parts = [] if (plo, phi) == (0, 255) else [f"meta l4proto {plo}"]
+        parts += [] if (slo, shi) == (0, 0xFFFFFFFF) else [f"ip saddr {ip(slo)}-{ip(shi)}"]
+        parts += [] if (dlo, dhi) == (0, 0xFFFFFFFF) else [f"ip daddr {ip(dlo)}-{ip(dhi)}"]
+        return [" ".join([*parts, verdict])]
     if r.test[0] == "range":
         _, d, lo, hi, proto = r.test
         span = lambda a, b: str(a) if a == b else f"{a}-{b}"  # noqa: E731

@@ -155,6 +155,21 @@ def write_state(state: dict) -> None:
     _write_private(state_file(), json.dumps(state, indent=1, sort_keys=True) + "\n")
 
 
+def K0_BASE_FILE() -> Path:  # a function: the state directory is configured at run time
+    """Strategy tree's live K0 tree: the flattened rules (analysis.trees.rule_key) of the policy its tree was last
+    built from, so that the policy sync worker's follows divert the changes since instead of building it again."""
+    return STATE_DIR / "k0_base.json"
+
+
+def _k0_base_keys() -> list | None:
+    from hypafilter.analysis.trees import keys_of_json
+
+    try:
+        return keys_of_json(json.loads(K0_BASE_FILE().read_text()))
+    except (OSError, ValueError, TypeError):
+        return None  # none recorded (or unreadable): the follow builds the tree anew
+
+
 def _write_private(path: Path, text: str) -> None:
     """A file of the state directory: it holds the whole policy, so readable by root only (created so, never
     world-readable for a moment), and replaced whole (readers such as status and the dashboard never see half)."""
@@ -778,6 +793,12 @@ def _deploy_locked(
         try:
             tx.step("interfaces", lambda: _check_interfaces(policy))
             plan = tx.step("compile", lambda: build_plan(policy, config, live=True))
+            # strategy tree's live K0 tree: a follow reuses the last rebuild's tree with the changes diverted ahead
+            # of it (docs/optimize.md, "The live K0 tree"); a deploy and a lazy rebuild build it anew
+            plan.k0_tree = tgt.name == "xdp"  # the emulated NIC's lease expiry looks like an unparsed frame
+            plan.k0_fresh = bool(force or not follow)
+            if not plan.k0_fresh:
+                plan.k0_base_keys = _k0_base_keys()
             if tgt.name == "xdp" and config.xdp_ipv6:  # the xdp target's hook: IPv6 decided in XDP (docs/ipv6.md)
                 # Following the live IPv4 ruleset, ip6tables stays as deployed: the IPv6 plan keeps the k its chains
                 # there were written with (or none: verbatim).
@@ -1048,6 +1069,11 @@ def _deploy_locked(
             write_static(STATE_DIR, plan, tgt.buffer_depth(), binary, _write_private)
         except OSError as e:
             warnings.append(f"writing {static_path(STATE_DIR)}: {e}")
+    if getattr(plan, "k0_built_keys", None) is not None:  # the live K0 tree's base: the rules it was built from
+        try:
+            _write_private(K0_BASE_FILE(), json.dumps(plan.k0_built_keys) + "\n")
+        except OSError as e:
+            warnings.append(f"writing {K0_BASE_FILE()}: {e}")
     if old_nic and replace:
         try:
             tgt.stop(old_nic)

@@ -30,6 +30,7 @@ import numpy as np
 
 from hypafilter import netns
 from hypafilter.analysis.overlay import Overlay, View, box_key
+from hypafilter.analysis.program import k0_tree_wanted
 from hypafilter.errors import HypafilterError
 from hypafilter.ir.sets import MAX_SET_SLOTS
 from hypafilter.targets.base import DECISIONS, SHUNTED, Expected, Target, WindowStages
@@ -65,6 +66,7 @@ HOLD6_MAP = "hfx6_hold"  # the policy sync service's IPv6 fail safe: u32, nonzer
 CONTROL_ENABLE, CONTROL_PASS_UNFILTERABLE, CONTROL_HOST_MODE = 1, 4, 8
 CONTROL_MISS_SHUNT_ACCEPT, CONTROL_MISS_SHUNT_DROP = 16, 32  # Plan.miss_shunt (hw/regmap.txt CONTROL bits 4/5)
 CONTROL_MISS_SHUNT = CONTROL_MISS_SHUNT_ACCEPT | CONTROL_MISS_SHUNT_DROP
+CONTROL_K0_TREE = 64  # HFX_CONTROL_K0_TREE (strategy tree, live): unparsed IPv4 frames get HF_MARK_K0_TREE
 DEFAULT_PORTS = {"wire0": "wire0", "wire1": "wire1"}
 
 
@@ -175,7 +177,13 @@ class XdpTarget(Target):
             raise HypafilterError(f"xdp {step} failed: {e}") from e
 
     def control(self, plan) -> int:
-        return control_of(self.config.unfilterable, self.config.nic_mode, plan.miss_shunt)
+        c = control_of(self.config.unfilterable, self.config.nic_mode, plan.miss_shunt)
+        master = getattr(plan, "plan", None) or plan  # an overlay's View: its master rule set's Plan
+        if getattr(master, "family", 4) == 4 and k0_tree_wanted(
+            master, self.config.strategy
+        ):  # unparsed frames walk the live K0 tree (docs/optimize.md)
+            c |= CONTROL_K0_TREE
+        return c
 
     # --- Target ----------------------------------------------------------------------------------------------------
 
@@ -335,6 +343,7 @@ class XdpTarget(Target):
                     )
         miss = (st.get("tables") or {}).get("miss_shunt")
         want = control_of(st.get("unfilterable", "drop"), st.get("nic_mode", "bridge"), miss or (False, False))
+        want |= CONTROL_K0_TREE if (st.get("tables") or {}).get("k0_tree") else 0
         have = cfg.get("control", 0) & (~0 if miss is not None else ~CONTROL_MISS_SHUNT)  # older states: no bits 4/5
         if have != want:
             out.append(f"xdp: CONTROL {cfg.get('control')}, deployed {want}")
@@ -403,10 +412,11 @@ class XdpTarget(Target):
         ct6 = self.ct_config(p6, seq) if p6 is not None else None
         ct = self.ct_config(plan, seq)  # after ct6: the state's new_flows line is the IPv4 plan's
         gate.grant(seq if ct.none or (ct6 is not None and ct6.none) else None)
+        control = self.control(plan)
         data = tables_file(
             t,
             running,
-            self.control(plan),
+            control,
             generation,
             ct,
             hold=known is not None,
@@ -427,6 +437,7 @@ class XdpTarget(Target):
             "entries": t.n,
             "writes": len(data),
             "miss_shunt": miss,
+            "k0_tree": bool(control & CONTROL_K0_TREE),  # unparsed frames marked for the live K0 tree
             # new flows: a conntrack miss is ct 3 (decided when dropped), or why not (docs/xdp.md "New flows")
             "new_flows": "decided" if ct.none else (self._new_flows_why_not or "no conntrack lookup"),
             "overlay": overlay_state(t.overlay if t.overlay is not None else Overlay.empty(t.n, 0)),

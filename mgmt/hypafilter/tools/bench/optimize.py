@@ -211,6 +211,46 @@ def k0_program(text: str, name: str, strategy: str, min_segment: int = 16) -> tu
     return res, summary
 
 
+def k0_live_program(text: str, name: str, base_text: str | None = None, min_segment: int = 16) -> tuple[Result, dict]:
+    """Strategy tree's live K0 tree (docs/optimize.md, "The live K0 tree") as a deployment on xdp loads it, to compare
+    with the policy alone: the policy's own rules with `-A FORWARD -j <prefix>K0T` ahead of them (the path of every
+    frame the fast path marks HF_MARK_K0_TREE; a frame K0T returns meets the policy's rules, as in a live deployment)
+    and the tool's chains. `base_text`: the policy the tree was last built from (a follow since: its changes are
+    diverted ahead of the tree); None builds the tree of `text` (a rebuild). `build_s`: the program's build."""
+    from hypafilter.analysis.plan import build_plan
+    from hypafilter.analysis.program import build_program
+    from hypafilter.config import Config
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.netfilter.restore import render_iptables
+
+    config = Config(strategy="tree", tree_min_segment=min_segment)
+
+    def program(t: str, fresh: bool):
+        policy = parse_policy(t, filename=name, base_chain="FORWARD", config=config)
+        plan = build_plan(policy, config, live=True)
+        plan.k0_tree, plan.k0_fresh = True, fresh
+        t0 = time.monotonic()
+        return policy, build_program(plan, "tree"), time.monotonic() - t0
+
+    if base_text is not None:
+        program(base_text, True)  # the tree of the last rebuild, kept by this process
+    policy, prog, build_s = program(text, base_text is None)
+    k0t = prog.name("K0T")
+    if k0t not in prog.chains:
+        raise HypafilterError(f"no live K0 tree: {prog.tree_stats.get('k0_tree')}")
+    body = [ln for ln in render_iptables(prog).splitlines() if ln.startswith((":", "-A "))]
+    lines = text.splitlines()
+    end = max(i for i, ln in enumerate(lines) if ln.strip() == "COMMIT")
+    first = next(i for i, ln in enumerate(lines) if ln.startswith("-A FORWARD"))
+    out = lines[:first] + [ln for ln in body if ln.startswith(":")] + [f"-A FORWARD -j {k0t}"]
+    out += lines[first:end] + [ln for ln in body if ln.startswith("-A ")] + lines[end:]
+    out_text = "\n".join(out) + "\n"
+    rules_out = sum(1 for ln in out if ln.startswith("-A "))
+    res = Result(out_text, len(policy.original_rules), rules_out, build_s=build_s)
+    return res, {"k0_strategy": "tree-live", "rules_in": res.rules_in, "rules_out": rules_out, **prog.tree_stats,
+                 "build_s": round(build_s, 3)}  # fmt: skip
+
+
 def run(text: str, res: Result, rows, seconds: float = 2.0, repeats: int = 3, probes: int = 5000,
         seed: int = 1, backend: str = "nft", peers: bool = False, log=print) -> dict:  # fmt: skip
     """The measurement; `rows` are (src, dst, sport, dport) headers (UDP) for the rate frames and the probes.

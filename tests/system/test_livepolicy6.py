@@ -51,9 +51,16 @@ def lab(tmp_path_factory):
     (d / "v6.rules").write_text(V6)
     (d / "cfg.toml").write_text("xdp_ipv6 = true\n")
     with hf.xdp_lab():
+        (d / "ip6tables.before").write_text(operator6())  # what undeploy gives back (test_undeploy_...)
         hf("deploy", str(ROOT / "rulesets" / "example.rules"), "--ipv6", str(d / "v6.rules"), "--target", "xdp",
            "--config", str(d / "cfg.toml"), "-q")  # fmt: skip
         yield d
+
+
+def operator6() -> str:
+    """ip6tables of the firewall namespace as policy lines (no comments, no counters)."""
+    saved = netns.run(["ip6tables-save"], FW)
+    return "".join(re.sub(r" \[\d+:\d+\]$", "", ln) + "\n" for ln in saved.splitlines() if not ln.startswith("#"))
 
 
 def ip6t(*args: str) -> None:
@@ -206,3 +213,11 @@ if os.environ.get("HF_LIVEPOLICY6_FULL") == "1":
         assert delivered() == [BANNED, OTHER]
         ip6t("-D", "FORWARD", "-d", "2001:db8:5::/64", "-j", "DROP")
         assert ipv6_settled(applied + 2)
+
+
+def test_undeploy_gives_the_operators_ip6tables_back(lab):
+    """After follows of ip6tables (the tool's chains rewritten there), undeploy gives back ip6tables as it was
+    before the first deploy, the tool's chains and jump gone (the IPv6 side's give-back: docs/ipv6.md)."""
+    assert "HFv6_MAIN" in operator6()
+    hf("undeploy", "-q")
+    assert operator6() == (lab / "ip6tables.before").read_text()

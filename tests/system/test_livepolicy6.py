@@ -208,8 +208,14 @@ if os.environ.get("HF_LIVEPOLICY6_FULL") == "1":
         ip6t("-I", "FORWARD", "1", "-d", "2001:db8:5::/64", "-j", "DROP")
         six = ipv6_settled(applied + 1, timeout=60)
         assert six.get("last_how") == "new program" and six["new_programs"] >= 1, six
+        # the new plan's chains went into ip6tables before the new program tags frames with their k (same k_base)
+        kb = state()["ipv6"]["chains"]["k_base"]
+        forward = [ln for ln in netns.run(["ip6tables-save", "-t", "filter"], FW).splitlines() if "-A FORWARD" in ln]
+        assert forward[:2] == ["-A FORWARD -j HFv6_MAIN", "-A FORWARD -d 2001:db8:5::/64 -j DROP"], forward
+        before = sum(leaf_packets(kb).values())
         r = hf.verify_live(packets=PACKETS)
         assert r["ipv6"]["mismatches"] == 0, r["ipv6"]
+        assert sum(leaf_packets(kb).values()) > before  # frames shunted with k > k_base among them
         assert delivered() == [BANNED, OTHER]
         ip6t("-D", "FORWARD", "-d", "2001:db8:5::/64", "-j", "DROP")
         assert ipv6_settled(applied + 2)

@@ -9,6 +9,7 @@ safe for it. Lifting the ban lets the datagrams through again."""
 from __future__ import annotations
 
 import os
+import re
 import time
 
 import pytest
@@ -50,9 +51,16 @@ def lab(tmp_path_factory):
     (d / "v6.rules").write_text(V6)
     (d / "cfg.toml").write_text("xdp_ipv6 = true\n")
     with hf.xdp_lab():
+        (d / "ip6tables.before").write_text(operator6())  # what undeploy gives back (test_undeploy_...)
         hf("deploy", str(ROOT / "rulesets" / "example.rules"), "--ipv6", str(d / "v6.rules"), "--target", "xdp",
            "--config", str(d / "cfg.toml"), "-q")  # fmt: skip
         yield d
+
+
+def operator6() -> str:
+    """ip6tables of the firewall namespace as policy lines (no comments, no counters)."""
+    saved = netns.run(["ip6tables-save"], FW)
+    return "".join(re.sub(r" \[\d+:\d+\]$", "", ln) + "\n" for ln in saved.splitlines() if not ln.startswith("#"))
 
 
 def ip6t(*args: str) -> None:
@@ -84,6 +92,24 @@ def held(cli: HfCli) -> bool | None:
     return XdpTarget(deploy.deployed_config(st)).ipv6_held(st["nic"])
 
 
+def state() -> dict:
+    from hypafilter.ops import deploy
+
+    return deploy.read_state(f"{hf.state}/state.json")
+
+
+def leaf_packets(k_base: int) -> dict[str, int]:
+    """Packets of the dispatch rules into the IPv6 leaves (ip6tables' counters), by leaf; every leaf's k > k_base."""
+    saved = netns.run(["ip6tables-save", "-c", "-t", "filter"], FW)
+    out: dict[str, int] = {}
+    for n, v, k, a in re.findall(
+        r"^\[(\d+):\d+\] -A HFv6_\w+ -m mark --mark (0x[0-9a-f]+) -j HFv6_L(\d+)A(\d+)$", saved, re.M
+    ):
+        assert int(k) > k_base and int(v, 16) >> 4 == int(k), (k, v, k_base)
+        out[f"L{k}A{a}"] = out.get(f"L{k}A{a}", 0) + int(n)
+    return out
+
+
 def ipv6_settled(applied: int, timeout: float = 10.0) -> dict:
     """The service's IPv6 part once it has applied `applied` ip6tables changes and holds nothing ({} if not)."""
     deadline = time.monotonic() + timeout
@@ -107,12 +133,26 @@ def test_an_ip6tables_ban_holds_in_xdp_and_lifts(lab):
     after = hf.service()
     assert after["changes"] == before["changes"] and after["resyncs"] == before["resyncs"], after  # IPv4 untouched
 
+    # ip6tables holds the new IPv6 plan's interval chains (k after the IPv4 plan's), the jump first again, the
+    # operator's ban after it: the tool's chains rewritten, the operator's rules untouched
+    kb = state()["ipv6"]["chains"]["k_base"]
+    saved = netns.run(["ip6tables-save", "-t", "filter"], FW)
+    forward = [ln for ln in saved.splitlines() if ln.startswith("-A FORWARD ")]
+    assert forward[:2] == ["-A FORWARD -j HFv6_MAIN", f"-A FORWARD -s {SENDER}/128 -p udp -m udp --dport 53 -j DROP"]
+    assert saved.count("-j HFv6_MAIN") == 1, saved
+
+    before_leaves = leaf_packets(kb)
     t = time.monotonic()
     r = hf.verify_live(packets=PACKETS)  # both families' live rulesets alone in the oracle's namespace
     print(f"verify --live: {time.monotonic() - t:.1f} s, unparsed {r['nic']['CNT_SHUNT_UNPARSED']}, {r['ipv6']}")
     assert r["ipv6"]["mismatches"] == 0 and r["ipv6"]["packets"] == PACKETS, r["ipv6"]
     # the program still decides IPv6 frames itself (every one of them unparsed while held)
     assert r["nic"]["CNT_SHUNT_UNPARSED"] < PACKETS, r["nic"]
+    # ... and among them frames shunted with the new plan's k > k_base ran their interval chain in ip6tables (the
+    # counters of MAIN's dispatch into the leaves), with ip6tables-alone's verdict
+    shunted = sum(leaf_packets(kb).values()) - sum(before_leaves.values())
+    print(f"IPv6 frames into leaves of k > {kb} during verify --live: {shunted}")
+    assert shunted > 0, leaf_packets(kb)
 
     ip6t("-D", *BAN)
     six = ipv6_settled(base6 + 2)
@@ -168,8 +208,22 @@ if os.environ.get("HF_LIVEPOLICY6_FULL") == "1":
         ip6t("-I", "FORWARD", "1", "-d", "2001:db8:5::/64", "-j", "DROP")
         six = ipv6_settled(applied + 1, timeout=60)
         assert six.get("last_how") == "new program" and six["new_programs"] >= 1, six
+        # the new plan's chains went into ip6tables before the new program tags frames with their k (same k_base)
+        kb = state()["ipv6"]["chains"]["k_base"]
+        forward = [ln for ln in netns.run(["ip6tables-save", "-t", "filter"], FW).splitlines() if "-A FORWARD" in ln]
+        assert forward[:2] == ["-A FORWARD -j HFv6_MAIN", "-A FORWARD -d 2001:db8:5::/64 -j DROP"], forward
+        before = sum(leaf_packets(kb).values())
         r = hf.verify_live(packets=PACKETS)
         assert r["ipv6"]["mismatches"] == 0, r["ipv6"]
+        assert sum(leaf_packets(kb).values()) > before  # frames shunted with k > k_base among them
         assert delivered() == [BANNED, OTHER]
         ip6t("-D", "FORWARD", "-d", "2001:db8:5::/64", "-j", "DROP")
         assert ipv6_settled(applied + 2)
+
+
+def test_undeploy_gives_the_operators_ip6tables_back(lab):
+    """After follows of ip6tables (the tool's chains rewritten there), undeploy gives back ip6tables as it was
+    before the first deploy, the tool's chains and jump gone (the IPv6 side's give-back: docs/ipv6.md)."""
+    assert "HFv6_MAIN" in operator6()
+    hf("undeploy", "-q")
+    assert operator6() == (lab / "ip6tables.before").read_text()

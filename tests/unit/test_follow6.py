@@ -72,3 +72,57 @@ def test_v6_records_replaced_before_hfx_cfg_and_ipv4_records_kept():
     out = split_records(with_v6_records(b"".join(v4 + old6) + cfg, new6))
     assert [r[0] for r in out] == ["hfx_vec", "hfx_ent", "hfx6_ent", "hfx6_cfg", "hfx_cfg"]
     assert out[0][3] == bytes(range(16)) and out[2][2] == 2 and out[2][3] == b"\5" * 16 and out[4][3] == b"\4" * 4
+
+
+CHAINED = """*filter
+:INPUT ACCEPT [0:0]
+:FORWARD DROP [3:240]
+:OUTPUT ACCEPT [0:0]
+:HFv6_K0 - [0:0]
+:HFv6_L4A1 - [0:0]
+:HFv6_MAIN - [0:0]
+-A FORWARD -s 2001:db8::/64 -j DROP
+-A FORWARD -j HFv6_MAIN
+-A FORWARD -s fd48:4600::/64 -p udp -m udp --dport 53 -j ACCEPT
+-A HFv6_K0 -j MARK --set-xmark 0x0/0xfffffff0
+-A HFv6_L4A1 -j MARK --set-xmark 0x0/0xfffffff0
+-A HFv6_L4A1 -j ACCEPT
+-A HFv6_MAIN -m mark --mark 0x0/0xfffffff0 -g HFv6_K0
+-A HFv6_MAIN -m mark --mark 0x41/0xfffffff1 -j HFv6_L4A1
+COMMIT
+"""
+
+
+def test_the_operator_part_leaves_the_tools_chains_and_jump_out():
+    six = {"chains": {"main": "HFv6_MAIN", "k_base": 3}}
+    op = follow6.strip6(CHAINED, follow6.tool_prefix(six))
+    assert "HFv6" not in op and op.count("-A FORWARD") == 2  # the operator's ban and rule, in their order
+    assert follow6.strip6(CHAINED, follow6.tool_prefix({})) == CHAINED  # no chains deployed: nothing is the tool's
+    # the follow recorded the operator's part: the tool's chains rewritten (another leaf, the jump moved) are no change
+    recorded = {**six, "live_digest": follow6.digest6(op)}
+    rewritten = CHAINED.replace("HFv6_L4A1", "HFv6_L6A1").replace("0x41/", "0x61/")
+    moved = rewritten.replace("-A FORWARD -j HFv6_MAIN\n", "").replace(
+        "-A FORWARD -s 2001", "-A FORWARD -j HFv6_MAIN\n-A FORWARD -s 2001"
+    )
+    assert follow6.unchanged(moved, recorded)
+    assert not follow6.unchanged(moved.replace("--dport 53", "--dport 54"), recorded)  # the operator's: a change
+    v6 = follow6.live_v6(CHAINED, {"ipv6": six, "site": {"netns": "x"}, "base_chain": "FORWARD"})
+    assert "HFv6" not in v6.text and v6.rules["filter/FORWARD"] == 2
+
+
+def test_a_follow_rewrites_the_tools_chains_only_and_puts_the_jump_first():
+    c6 = ip6.Chains6(
+        "*filter\n:HFv6_K0 - [0:0]\n:HFv6_L6A1 - [0:0]\n:HFv6_MAIN - [0:0]\n-A HFv6_K0 -j RETURN\n"
+        "-A HFv6_L6A1 -j ACCEPT\n-A HFv6_MAIN -m mark --mark 0x61/0xfffffff1 -j HFv6_L6A1\nCOMMIT\n",
+        "HFv6_MAIN",
+        "interval",
+        3,
+    )
+    lines = ip6.chains_text(c6, "FORWARD", CHAINED).splitlines()
+    assert lines[0] == "*filter" and lines[-1] == "COMMIT"
+    assert lines[1:4] == [":HFv6_K0 - [0:0]", ":HFv6_L6A1 - [0:0]", ":HFv6_MAIN - [0:0]"]  # created or flushed
+    assert lines.index("-F HFv6_L4A1") < lines.index("-X HFv6_L4A1")  # the old leaf the new plan has not: removed
+    assert lines[-3:-1] == ["-D FORWARD -j HFv6_MAIN", "-I FORWARD 1 -j HFv6_MAIN"]  # the jump first again
+    assert not [ln for ln in lines if "FORWARD" in ln and "HFv6_MAIN" not in ln]  # the operator's rules untouched
+    no_jump = CHAINED.replace("-A FORWARD -j HFv6_MAIN\n", "")
+    assert "-D FORWARD -j HFv6_MAIN" not in ip6.chains_text(c6, "FORWARD", no_jump)

@@ -344,6 +344,40 @@ def with_chains(policy: V6Policy, chains: Chains6) -> str:
     return "\n".join(out) + "\n"
 
 
+def chains_text(chains: Chains6, base: str, listing: str) -> str:
+    """The ip6tables-restore --noflush text a follow of ip6tables loads (docs/ipv6.md "Following ip6tables"): the
+    tool's chains replaced by `chains` (declared: created, or flushed if they exist), the tool's chains of the filter
+    table `listing` (ip6tables-save of it now) that `chains` has not removed, and the base chain's jump to MAIN
+    moved first again (an operator's `-I base 1` put a rule before it). The operator's rules and chains are not
+    touched. One restore: nf_tables commits it whole."""
+    body = [ln for ln in chains.text.splitlines() if ln.strip() and not ln.startswith(("*", "COMMIT", "#"))]
+    decls = [ln for ln in body if ln.startswith(":")]
+    ours = {ln[1:].split()[0] for ln in decls}
+    prefix = chains.main[: -len("MAIN")]
+    had = [ln[1:].split()[0] for ln in listing.splitlines() if ln.startswith(f":{prefix}")]
+    stale = [c for c in had if c not in ours]
+    jump = f"-A {base} -j {chains.main}" in listing.splitlines()
+    return "\n".join(
+        [
+            "*filter",
+            *decls,
+            *(f"-F {c}" for c in stale),
+            *(f"-X {c}" for c in stale),
+            *(ln for ln in body if not ln.startswith(":")),
+            *([f"-D {base} -j {chains.main}"] if jump else []),
+            f"-I {base} 1 -j {chains.main}",
+            "COMMIT",
+            "",
+        ]
+    )
+
+
+def load_chains(ns: str | None, chains: Chains6, base: str) -> None:
+    """`chains` into ip6tables of `ns` in place of the tool's chains there (`chains_text`: one restore, --noflush)."""
+    listing = netns.run(["ip6tables-save", "-t", "filter"], ns)
+    netns.run(["ip6tables-restore", "-w", "--noflush"], ns, input=chains_text(chains, base, listing))
+
+
 def load_text(ns: str | None, text: str) -> None:
     """An ip6tables-restore text (`with_chains`) into `ns`, in one restore."""
     netns.run(["ip6tables-restore", "-w"], ns, input=text)

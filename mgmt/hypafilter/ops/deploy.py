@@ -586,22 +586,38 @@ def follow6(
             raise HypafilterError("nothing is deployed")
         config = deployed_config(st)
         tgt = target_of(st, config)
-        warnings: list[str] = []
-        six = {**ipv6_state(v6, warnings), "live_digest": live_digest}
-        if warnings:
-            raise HypafilterError("; ".join(warnings))
+        old6 = st.get("ipv6") or {}
+        # the interval chains the deployment wrote into ip6tables (docs/ipv6.md "Interval chains in ip6tables"): the
+        # new plan keeps their k_base (the IPv4 plan is the deployed one), or is verbatim (k = 0) where there are none
+        chains = old6.get("chains")
         how, why, tables = "ip6tables", "", st.get("tables") or {}
         if tgt.name == "xdp" and (tables.get("v6") or tgt.ipv6_held(st["nic"]) is not None):
             n4 = SimpleNamespace(entries=range(int(tables.get("entries", 0))))  # plan6_for's index base (unused)
-            plan6, why = xdp_v6.plan6_for(v6, config, n4)
+            kb = int((chains or {}).get("k_base", 0))
+            plan6, why = xdp_v6.plan6_for(v6, config, n4, k_base=kb, verbatim=not chains)
             if plan6 is None:
                 how, tables = "held", {k: v for k, v in tables.items() if k != "v6"}
             else:
+                if chains:
+                    # The new plan's chains into ip6tables before any table tags a frame with its k: the tool's
+                    # chains only, in one restore (the operator's rules, which are the policy, untouched), while the
+                    # hold passes every IPv6 frame with k = 0 (HFv6_K0: the whole policy). A failure leaves the hold.
+                    c6 = ip6.render_chains(plan6, config, (chains.get("main") or "")[: -len("MAIN")])
+                    if c6.main != chains.get("main") or c6.k_base != kb:
+                        raise HypafilterError(f"the IPv6 chains would move ({c6.state()} after {chains})")
+                    ip6.load_chains(NS_FW, c6, v6.base_chain)
+                    log(f"IPv6 interval chains rewritten in ip6tables (k_base {kb})")
                 try:
                     tables = tgt.write_tables6(st["nic"], plan6, tables)
                     how = "tables"
                 except HypafilterError as e:
                     return {"state": st, "how": "new program", "why": str(e)}
+        warnings: list[str] = []
+        # (read after the chains were written: the fingerprint of ip6tables as it is now, the tool's chains included)
+        six = {**ipv6_state(v6, warnings), "live_digest": live_digest}
+        six.update({k: old6[k] for k in ("chains", "loaded") if k in old6})
+        if warnings:
+            raise HypafilterError("; ".join(warnings))
         new = {**st, "ipv6": six, "tables": tables}
         new["history"] = (st.get("history") or [])[-HISTORY_KEEP + 1 :] + [
             {

@@ -25,6 +25,7 @@ frames but ip6tables, so there is nothing to follow.
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 from collections import deque
 
@@ -37,6 +38,30 @@ from hypafilter.ops.policysync.nftevents import NfTables
 IP6TABLES_TABLES = set(ip6.BUILTIN)  # the ip6 nftables tables ip6tables-nft makes; any other is foreign to it
 IP6T_SO_GET_INFO = 64  # IP6T_BASE_CTL (include/uapi/linux/netfilter_ipv6/ip6_tables.h), at SOL_IPV6
 LEGACY_POLL_S = 0.05  # the legacy ip6tables tables are read this often (xtables sends no event)
+
+
+def tool_prefix(six: dict) -> str | None:
+    """The prefix of the tool's chains in ip6tables (`HFv6_`: docs/ipv6.md "Interval chains in ip6tables") when the
+    deployment wrote the IPv6 plan's interval chains there (the state's `ipv6.chains`), else None."""
+    main = (six.get("chains") or {}).get("main") or ""
+    return main[: -len("MAIN")] if main.endswith("MAIN") else None
+
+
+def strip6(text: str, prefix: str | None) -> str:
+    """A listing without the tool's chains (`prefix...` in the filter table) and the base chain's jump to their MAIN:
+    the operator's part, which is the IPv6 policy (as ops.policysync.live.strip_tool for iptables)."""
+    if not prefix:
+        return text
+    own = re.compile(rf"^(:|-A ){re.escape(prefix)}")
+    jump = re.compile(rf"^-A \S+ -j {re.escape(prefix)}MAIN$")
+    out, table = [], None
+    for ln in text.splitlines():
+        if ln.startswith("*"):
+            table = ln[1:].strip()
+        if table == "filter" and (own.match(ln) or jump.match(ln)):
+            continue
+        out.append(ln)
+    return "\n".join(out) + "\n" if out else ""
 
 
 def normal_text(text: str) -> str:
@@ -82,9 +107,11 @@ def fingerprint_of(text: str, tables) -> str:
 
 
 def unchanged(text: str, six: dict) -> bool:
-    """Whether listing `text` is the IPv6 side the deployment has: the listing a follow recorded (`live_digest`),
-    or the tables a deploy loaded (their fingerprint) and no other ip6tables table."""
-    if six.get("live_digest") and digest6(text) == six["live_digest"]:
+    """Whether listing `text` is the IPv6 side the deployment has: the operator's part of it (the tool's chains and
+    jump stripped) the one a follow recorded (`live_digest`), or the tables a deploy or follow loaded as they are (their
+    fingerprint, the tool's chains included) and no other ip6tables table. The tool's own chains, which a follow
+    rewrites, are never an operator's change."""
+    if six.get("live_digest") and digest6(strip6(text, tool_prefix(six))) == six["live_digest"]:
         return True
     tables = list(six.get("tables") or ())
     return (
@@ -110,7 +137,7 @@ def live_v6(text: str, st: dict) -> ip6.V6Policy:
     """The live IPv6 policy of listing `text` (what ip6tables holds; the kernel took it, so no kernel check)."""
     six = st.get("ipv6") or {}
     where = st["site"].get("netns") or "this namespace"
-    body = normal_text(text)
+    body = normal_text(strip6(text, tool_prefix(six)))
     if not body:
         raise HypafilterError(f"ip6tables of {where} holds no table: the IPv6 side has no filter table any more")
     return ip6.parse(body, f"live ip6tables ({where})", six.get("base_chain") or st["base_chain"], validate=False)
@@ -358,7 +385,7 @@ class Follower6:
             else:
                 self.fail_safe()
                 v6 = live_v6(text, st)
-                r = deploy.follow6(v6, digest6(text), self.f.log, abort=self.f.stopping)
+                r = deploy.follow6(v6, digest6(strip6(text, tool_prefix(six))), self.f.log, abort=self.f.stopping)
                 how = r["how"]
                 if how == "new program":
                     self.f.log(f"IPv6 {reason}: {r['why']}: a new program")

@@ -447,6 +447,17 @@ def test_status_line():
         "evictions 1"
     )
     assert line.endswith("sync lag p50 0.4 ms, max 2.5 ms")
+    # [ctm] the membership structure's phase: ready while its clear sweeps, COMPLETE only after (issue #24)
+    running = {"wanted": True, "running": True, "pid": 7}
+    assert _fmt_flowsync({**running, "members": {"phase": "clearing", "pending": 4}}).endswith(
+        "; new flows NOT decided yet: clearing the membership structure; misses go to conntrack"
+    )
+    assert "loading the membership structure (4 entries pending)" in _fmt_flowsync(
+        {**running, "members": {"phase": "loading", "pending": 4}}
+    )
+    assert _fmt_flowsync({**running, "members": {"phase": "complete", "entries": 9}}).endswith(
+        "; new flows decided: membership COMPLETE (9 entries)"
+    )
     liberal = {"wanted": True, "mode": "liberal", "pid": 8, "offloaded": 2, "liberal": 3, "lag_p50_ms": 0.3}
     assert _fmt_flowsync({**liberal, "running": True}).startswith(
         "flowsync pid 8 (liberal marks): 2 TCP flows held, 3 entries marked liberal; sync lag p50 0.3 ms"

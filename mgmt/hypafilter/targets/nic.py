@@ -846,16 +846,21 @@ class NicClient:
         for i in range(0, len(words), CTM_BATCH_WORDS):
             self.write_table_many("CTM_CMD", 0, words[i : i + CTM_BATCH_WORDS])
 
-    def ctm_wait_idle(self, timeout: float = CTM_IDLE_SECONDS) -> None:
-        """Until CTM_STATUS says the structure is idle (a clear's sweep of 2**LOG2 cycles, or the one after reset,
-        done: lookups answer "member" meanwhile). The emulated core runs its clock only for work, so this reads the
-        status in pipelined bursts, which also clock it."""
+    def ctm_idle(self) -> bool:
+        """Whether CTM_STATUS says the structure is idle (a clear's sweep of 2**LOG2 cycles, or the one after reset,
+        done: lookups answer "member" meanwhile, and a CTM_CMD write waits on the bus). The emulated core runs its
+        clock only for work, so this reads the status in one pipelined burst, which also clocks it: a caller that
+        must not block (the flow sync service, between its events) asks again until it is."""
         addr = self._addr("CTM_STATUS")
         bulk = getattr(self.t, "read_many", None)
+        values = bulk([addr] * CTM_IDLE_BURST) if bulk is not None else [self.read(addr)]
+        return not values[-1] >> 31
+
+    def ctm_wait_idle(self, timeout: float = CTM_IDLE_SECONDS) -> None:
+        """Until the structure is idle (`ctm_idle`)."""
         deadline = time.monotonic() + timeout
         while True:
-            values = bulk([addr] * CTM_IDLE_BURST) if bulk is not None else [self.read(addr)]
-            if not values[-1] >> 31:
+            if self.ctm_idle():
                 return
             if time.monotonic() > deadline:
                 raise NicError(f"the conntrack membership structure still busy (CTM_STATUS) after {timeout:.0f} s")

@@ -360,6 +360,11 @@ def test_resync_inserts_and_deletes_against_a_dump():
     assert {r.flow for r in table.flow_entries()} == {keep.flow, new.flow}
     assert s.installed[keep.flow].last_hits == 7  # no refresh for hits from before the restart
     assert s.counters["evictions"] == 2 and s.counters["inserts"] == 1
+    # an empty table (FC_OCCUPANCY 0) is not read slot by slot (issue #24: 12-53 s on an 11,100-entry emulated core)
+    table.flow_clear()
+    table.reads.clear()
+    s.resync([keep, new])
+    assert table.reads == [] and {r.flow for r in table.flow_entries()} == {keep.flow, new.flow}
 
 
 def test_decides_established():

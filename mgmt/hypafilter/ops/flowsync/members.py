@@ -58,9 +58,10 @@ class Members:
     # COMPLETE until none is left
     pending: dict[tuple, tuple[int, ...]] = field(default_factory=dict)
     complete: bool = False
-    # a load's clear is sweeping (`load_step` asks the NIC between the events; nothing is written to CTM_CMD, which
-    # would wait on the bus for the rest of the sweep: seconds on a large emulated core)
+    # a load's clear is to be made or is sweeping (`load_step` asks the NIC between the events; nothing is written to
+    # CTM_CMD while a sweep runs, the write would wait on the bus for the rest of it: 9-44 s on a large emulated core)
     clearing: bool = False
+    clear_sent: bool = False
     # wall-clock moments of the last load, of its sweep seen done and of its first COMPLETE (status, docs)
     load_at: float | None = None
     cleared_at: float | None = None
@@ -106,18 +107,18 @@ class Members:
             self.nic.ctm_commands(ops)
 
     def load(self, entries: Iterable[CtEvent]) -> None:
-        """A full load (start, lost events): COMPLETE off, a clear, every entry of the dump pending; returns without
-        waiting for the clear's sweep (2**LOG2 cycles: 9.4 s on an 11,100-entry emulated core, which held the
-        service's start past its readiness limit). `load_step`, between the events, waits for the sweep and then
-        inserts the pending entries a chunk at a time, so that the service goes on with its events (and its start is
-        not held up: 250,000 entries take about a minute on the emulated NIC). COMPLETE comes back with the first
-        renewal after the last chunk, once the service has caught up."""
+        """A full load (start, lost events): COMPLETE off, every entry of the dump pending, a clear to make. Returns
+        without making it or waiting for its sweep (2**LOG2 cycles: 9-44 s on an 11,100-entry emulated core, which
+        held the service's start past its readiness limit): `load_step`, between the events, makes the clear, waits
+        for its sweep and then inserts the pending entries a chunk at a time, so that the service goes on with its
+        events (and its start is not held up: 250,000 entries take about a minute on the emulated NIC). COMPLETE
+        comes back with the first renewal after the last chunk, once the service has caught up."""
         self.withdraw()
         self.held.clear()
         self.pending.clear()
-        self.nic.ctm_commands([(ctmember.OP_CLEAR, None)])
-        # the sweep: lookups answer "member" meanwhile (only share is lost), and COMPLETE waits for its end
-        self.clearing = True
+        # the clear and its sweep (`load_step`): lookups answer "member" meanwhile (only share is lost), and
+        # COMPLETE waits for its end
+        self.clearing, self.clear_sent = True, False
         self.load_at, self.cleared_at, self.complete_at = time.time(), None, None
         for ev in entries:
             if ev.kind != "destroy" and (keys := entry_keys(ev)):
@@ -125,10 +126,15 @@ class Members:
         self.counters["loads"] += 1
 
     def load_step(self, limit: int = LOAD_CHUNK) -> bool:
-        """While a load's clear sweeps: whether it is over yet (one status read burst, `NicClient.ctm_idle`);
-        after it, insert up to `limit` pending entries. Whether the load has more to do."""
+        """A load's clear: once the structure is idle (one status read burst, `NicClient.ctm_idle`; a sweep may run
+        already, the one after the core's reset) the clear command, then whether its sweep is over yet; after it,
+        insert up to `limit` pending entries. Whether the load has more to do."""
         if self.clearing:
             if not self.nic.ctm_idle():
+                return True
+            if not self.clear_sent:
+                self.nic.ctm_commands([(ctmember.OP_CLEAR, None)])
+                self.clear_sent = True
                 return True
             self.clearing = False
             self.cleared_at = time.time()

@@ -39,6 +39,10 @@ from hypafilter.hw.vhdl import matcher_hash
 CORE_ID = 0x48594641  # "HYPA", the ID register's fixed value
 PIPELINE = 256  # requests sent before their replies are read (the server answers in order)
 STREAM_CHUNK = 512  # table words per stream-write request (a line of ~6 kB)
+# More reply wait per table word a pipelined chunk streams: the emulated NIC answers what one read of its socket
+# brought (64 KiB: up to ~16,000 words) once it has run all of it. An 11,100-entry core under load 15 ran 3.3 ms a
+# word: table 1's 11,264 words took 37 s, past the 30 s timeout, and deploy's registers step failed (issue #24).
+STREAM_WORD_SECONDS = 0.01
 
 
 class NicError(HypafilterError):
@@ -66,6 +70,7 @@ class EmuTransport:
         self.path = str(path)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(timeout)
+        self.timeout = timeout
         try:
             self.sock.connect(self.path)
         except OSError as e:
@@ -93,6 +98,9 @@ class EmuTransport:
         out: list[str] = []
         for start in range(0, len(lines), PIPELINE):
             chunk = lines[start : start + PIPELINE]
+            words = sum(x.count(" ") - 3 for x in chunk if x.startswith("T WS "))
+            if self.timeout is not None:
+                self.sock.settimeout(self.timeout + STREAM_WORD_SECONDS * words)
             self.sock.sendall("".join(f"{x}\n" for x in chunk).encode())
             for req in chunk:
                 reply = self._readline()

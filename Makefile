@@ -173,8 +173,8 @@ bench-xdp-attack:
 # and 10,000-network blocklist as an ipset at 1,100 rules, three runs each (~2 min here with the core cached; a cold
 # Verilator build adds ~2 min); the conntrack membership structure (ct 3) and the set tables decide the attack
 # frames in the core. `make bench-emu-attack EMU_BLOCKLIST_AS=rules`: the blocklist as 10,000 rules (a core of
-# 11,100 entries: its cold GHDL + Verilator build takes 10-26 min here, each run ~5-12 min, the emulator of that core
-# moves ~2,000-3,000 frames/s; docs/results.md). Lab name from HF_LAB (default hf).
+# 11,100 entries: its cold GHDL + Verilator build took 5 min at load 3-13 and 26 min at nice 19 here, a run 3-6
+# min; the emulator of that core moved 560-2,900 frames/s, by load; docs/results.md). Lab name from HF_LAB.
 BENCH_EMU_ATTACK := $(BUILD)/bench-emu-attack
 EMU_BLOCKLIST_AS ?= ipset
 .PHONY: bench-emu-attack

@@ -187,9 +187,11 @@ bench-xdp-attack:
 # opt-in: the attack mix on the emulated NIC (issue #24; docs/results.md "Attack mix"): the same SYN and UDP floods
 # and 10,000-network blocklist as an ipset at 1,100 rules, three runs each (~2 min here with the core cached; a cold
 # Verilator build adds ~2 min); the conntrack membership structure (ct 3) and the set tables decide the attack
-# frames in the core. The blocklist as 10,000 rules (a core of 11,100 entries) is left out: its flow sync service
-# does not get ready there (docs/results.md). Lab name from HF_LAB (default hf).
+# frames in the core. `make bench-emu-attack EMU_BLOCKLIST_AS=rules`: the blocklist as 10,000 rules (a core of
+# 11,100 entries: its cold GHDL + Verilator build took 5 min at load 3-13 and 26 min at nice 19 here, a run 3-6
+# min; the emulator of that core moved 560-2,900 frames/s, by load; docs/results.md). Lab name from HF_LAB.
 BENCH_EMU_ATTACK := $(BUILD)/bench-emu-attack
+EMU_BLOCKLIST_AS ?= ipset
 .PHONY: bench-emu-attack
 bench-emu-attack:
 	@scripts/setup.sh system
@@ -197,5 +199,6 @@ bench-emu-attack:
 	set -e; for r in 1 2 3; do for a in syn udp; do $(VENV)/bin/hypafilter bench rate --target emu \
 	  --classbench $(SHARED)/data/classbench/acl1_1100.filters --ct-first --policy DROP \
 	  --trace $(SHARED)/data/classbench/acl1_1100_trace.gz --prog-repeat 0 --attack $$a --attackers 1000 \
-	  --blocklist-as ipset --json > $(BENCH_EMU_ATTACK)/acl1_1100_$${a}_ipset_$$r.json; done; done
+	  --blocklist-as $(EMU_BLOCKLIST_AS) --json > $(BENCH_EMU_ATTACK)/acl1_1100_$${a}_$(EMU_BLOCKLIST_AS)_$$r.json; \
+	  done; done
 	$(PY) -c 'import json,sys; [print(f, json.dumps({k: json.load(open(f))[k] for k in ("attack_hw_share","attack","legit_connections_ok","legit","hybrid_pps","iptables_pps","nft_pps","speedup_vs_iptables","speedup_vs_nft","mismatches","nic","load")})) for f in sys.argv[1:]]' $(BENCH_EMU_ATTACK)/*.json

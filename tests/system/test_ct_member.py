@@ -154,6 +154,17 @@ def test_new_flows_dropped_in_hardware_and_replies_racing_a_stopped_service(lab,
     assert state["flowsync"]["new_flows"] == "decided", state["flowsync"]
     with tgt.client(state["nic"]) as nic:
         assert wait_for(lambda: nic.ctm_counters()["complete"], timeout=5), nic.ctm_counters()
+        # the service was ready (its first status file) before its load's clear was over, and set COMPLETE only
+        # after it (issue #24: waiting for the sweep held an 11,100-entry core's service past its readiness limit);
+        # `status` says where the structure stands
+        doc = json.loads((sd / "flowsync.json").read_text())
+        m = doc["members"]
+        assert m["load_at"] <= doc["ready_at"] < m["cleared_at"] <= m["complete_at"], doc
+        assert m["phase"] == "complete" and not m["pending"], m
+        from hypafilter.cli.deploy import _fmt_flowsync
+        from hypafilter.ops import deploy
+
+        assert "new flows decided: membership COMPLETE" in _fmt_flowsync(deploy.status()["flowsync"])
         # the oracle first: every connection completes on the plain path
         assert all(connections(lab, "plain", 6))
         # new flows the policy drops: decided in hardware (ct 3, dropped), nothing for the host

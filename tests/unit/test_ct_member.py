@@ -89,8 +89,35 @@ class Recorder:
     def ctm_wait_idle(self):
         pass
 
+    def ctm_idle(self):
+        return True
+
     def ctm_complete(self, lease_ms: int):
         self.complete.append(lease_ms)
+
+
+class SlowSweep(Recorder):
+    """A core whose clear's sweep lasts `sweep` status reads (the emulated core clocks only while it is read; an
+    11,100-entry core's sweep took 9.4 s): a CTM_CMD write meanwhile would wait on the bus for the rest of it, and
+    waiting for it holds up the service's start past the readiness limit (issue #24)."""
+
+    def __init__(self, sweep: int, left: int = 0):
+        super().__init__()
+        self.sweep, self.left, self.reads = sweep, left, 0  # left: a sweep running already (the core's reset)
+
+    def ctm_commands(self, cmds):
+        assert not self.left, "a CTM_CMD write while the clear's sweep runs (it waits on the bus until the end)"
+        super().ctm_commands(cmds)
+        if any(op == cm.OP_CLEAR for op, _ in cmds):
+            self.left = self.sweep
+
+    def ctm_wait_idle(self):
+        raise AssertionError("the service waited for the clear's sweep (its readiness waits with it)")
+
+    def ctm_idle(self):
+        self.reads += 1
+        self.left = max(0, self.left - 1)
+        return not self.left
 
 
 def test_members_follow_events_and_loads():
@@ -99,6 +126,7 @@ def test_members_follow_events_and_loads():
     a, b = ev("dump"), ev("dump", sport=40001)
     mem.load([a, b, ev("dump", sport=40003)])
     assert nic.complete == [0] and nic.m.members == 0 and len(mem.pending) == 3
+    assert mem.load_step() and mem.clearing  # the clear made (its sweep: the next step finds it over)
     # events during the load: a pending entry destroyed is never inserted (nor deleted: the hardware never had it)
     mem.events([ev("destroy", sport=40003), ev("new", sport=40001)])
     assert nic.m.members == 0 and len(mem.pending) == 2
@@ -115,8 +143,50 @@ def test_members_follow_events_and_loads():
     mem.events([ev("destroy", sport=5, reply=("10.0.9.9", "100.64.0.1", 80, 61000))])
     assert nic.m.members == 2
     mem.load([a])
-    mem.load_step()
+    while mem.load_step():
+        pass
     assert nic.m.members == 1 and nic.complete[-1] == 0
+
+
+def test_load_returns_before_the_sweep_and_complete_only_after_it():
+    """The service is ready before the clear's sweep is over, and COMPLETE (a miss is NEW) comes only after it and
+    the resync's inserts (issue #24: an 11,100-entry emulated core's sweep took 9.4 s, the service never got ready).
+    The load returns at once; events meanwhile wait with the dump's entries (no CTM_CMD write while a sweep runs,
+    the one after the core's reset included); `load_step` makes the clear once the structure is idle and asks
+    whether its sweep is over between the events, then inserts."""
+    t = [100.0]
+    nic = SlowSweep(sweep=3, left=2)
+    mem = Members(nic, clock=lambda: t[0], window_ms=2000)
+    mem.load([ev("dump"), ev("dump", sport=40001)])
+    assert mem.clearing and nic.complete == [0] and nic.reads == 0
+    assert mem.stats()["phase"] == "clearing" and not mem.stats()["complete"]
+    mem.events([ev("new", sport=40002), ev("destroy", sport=40001), ev("new", sport=40003)])
+    assert nic.m.members == 0 and len(mem.pending) == 3
+    steps = 0
+    while mem.load_step():
+        steps += 1
+        mem.caught_up()
+        mem.renew()
+        assert nic.complete == [0] and not mem.complete, "COMPLETE before the sweep and the resync's inserts"
+    assert nic.reads == 2 + 3 and steps == 4 and not mem.clearing  # the reset's sweep, then the clear's
+    assert nic.m.members == 3 and not mem.pending and mem.stats()["phase"] == "loaded"
+    mem.caught_up()
+    mem.renew()
+    assert nic.complete[-1] == LEASE_MS and mem.complete and mem.stats()["phase"] == "complete"
+    st = mem.stats()
+    assert st["load_at"] <= st["cleared_at"] <= st["complete_at"]
+    # lost events: a new load withdraws COMPLETE at once and clears again, without waiting
+    mem.events([ev("new", sport=40004)])
+    mem.load([ev("dump")])
+    assert nic.complete[-1] == 0 and not mem.complete and mem.clearing and mem.stats()["complete_at"] is None
+    mem.caught_up()
+    mem.renew()
+    assert nic.complete[-1] == 0
+    while mem.load_step():
+        pass
+    mem.caught_up()
+    mem.renew()
+    assert nic.m.members == 1 and nic.complete[-1] == LEASE_MS
 
 
 def test_complete_only_renewed_when_caught_up_within_the_window():
@@ -124,6 +194,8 @@ def test_complete_only_renewed_when_caught_up_within_the_window():
     nic = Recorder()
     mem = Members(nic, clock=lambda: t[0], window_ms=2000)
     mem.load([])
+    while mem.load_step():  # the clear, its sweep seen over, nothing pending
+        pass
     mem.renew()
     assert nic.complete == [0], "renewed before the service caught up"
     mem.caught_up()
@@ -147,6 +219,8 @@ def test_no_renewal_while_the_policy_sync_service_holds_new_flows(tmp_path):
     nic = Recorder()
     mem = Members(nic, clock=lambda: t[0], window_ms=2000, state_dir=tmp_path)
     mem.load([])
+    while mem.load_step():
+        pass
     mem.caught_up()
     (tmp_path / HOLD_FILE).write_text("held\n")
     assert held(tmp_path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -116,6 +117,23 @@ def test_pipelined_batches_keep_order(fake):
     assert [int(w[3]) for w in writes] == [0, 512]  # stream requests of at most 512 words, the core counts
     assert [int(v, 0) for w in writes for v in w[4:]] == list(range(1000))
     assert [fake.tables[(regmap.TABLE_SHUNT, i)] for i in range(1000)] == list(range(1000))
+
+
+def test_a_stream_write_waits_for_its_words(fake, monkeypatch):
+    """The emulated NIC answers a read of its socket once it ran all of it: a stream of many table words (an
+    11,100-entry core's table 1 took 37 s under load) may take longer than the reply timeout, which grows with the
+    words a chunk streams; a register read keeps the plain timeout."""
+    from hypafilter.targets import nic as nicmod
+
+    answer = fake._answer
+    fake._answer = lambda line: (time.sleep(0.4) if line.startswith("T WS") else None) or answer(line)
+    monkeypatch.setattr(nicmod, "STREAM_WORD_SECONDS", 0.5)
+    with NicClient(EmuTransport(fake.path, timeout=0.2)) as c:
+        c.write_table_many("SHUNT", 0, [1, 2, 3])
+        assert c.read_table("SHUNT", 2) == 3
+    monkeypatch.setattr(nicmod, "STREAM_WORD_SECONDS", 0.0)
+    with NicClient(EmuTransport(fake.path, timeout=0.2)) as c, pytest.raises(NicError, match="no reply"):
+        c.write_table_many("SHUNT", 0, [1, 2, 3])
 
 
 def test_bulk_reads_are_pipelined_in_order(fake):

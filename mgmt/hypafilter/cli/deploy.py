@@ -192,7 +192,22 @@ def _fmt_flowsync(fs: dict) -> str:
         f"inserts {fs.get('inserts')}, deletes {fs.get('deletes')}, evictions {fs.get('evictions')}, "
         f"insert failures (set full) {fs.get('insert_failures')}, timeout refreshes {fs.get('refreshes')}; "
         f"sync lag p50 {fs.get('lag_p50_ms')} ms, max {fs.get('lag_max_ms')} ms"
-    )
+    ) + _fmt_members(fs.get("members"))
+
+
+def _fmt_members(m: dict | None) -> str:
+    """[ctm] Where the NIC's conntrack membership structure stands (ops/flowsync/members.py `Members.phase`): the
+    service is ready before a load's clear is over; until COMPLETE a miss is not NEW (it goes to conntrack)."""
+    if not m:
+        return ""
+    phase = m.get("phase")
+    if phase == "complete":
+        return f"; new flows decided: membership COMPLETE ({m.get('entries')} entries)"
+    what = {
+        "clearing": "clearing the membership structure",
+        "loading": f"loading the membership structure ({m.get('pending')} entries pending)",
+    }.get(phase, "membership loaded, COMPLETE not renewed (held, or behind conntrack's events)")
+    return f"; new flows NOT decided yet: {what}; misses go to conntrack"
 
 
 def _fmt_sets(sets: dict, follow: dict) -> list[str]:

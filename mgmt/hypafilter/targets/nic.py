@@ -39,6 +39,10 @@ from hypafilter.hw.vhdl import matcher_hash
 CORE_ID = 0x48594641  # "HYPA", the ID register's fixed value
 PIPELINE = 256  # requests sent before their replies are read (the server answers in order)
 STREAM_CHUNK = 512  # table words per stream-write request (a line of ~6 kB)
+# More reply wait per table word a pipelined chunk streams: the emulated NIC answers what one read of its socket
+# brought (64 KiB: up to ~16,000 words) once it has run all of it. An 11,100-entry core under load 15 ran 3.3 ms a
+# word: table 1's 11,264 words took 37 s, past the 30 s timeout, and deploy's registers step failed (issue #24).
+STREAM_WORD_SECONDS = 0.01
 
 
 class NicError(HypafilterError):
@@ -66,6 +70,7 @@ class EmuTransport:
         self.path = str(path)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(timeout)
+        self.timeout = timeout
         try:
             self.sock.connect(self.path)
         except OSError as e:
@@ -93,6 +98,9 @@ class EmuTransport:
         out: list[str] = []
         for start in range(0, len(lines), PIPELINE):
             chunk = lines[start : start + PIPELINE]
+            words = sum(x.count(" ") - 3 for x in chunk if x.startswith("T WS "))
+            if self.timeout is not None:
+                self.sock.settimeout(self.timeout + STREAM_WORD_SECONDS * words)
             self.sock.sendall("".join(f"{x}\n" for x in chunk).encode())
             for req in chunk:
                 reply = self._readline()
@@ -848,16 +856,21 @@ class NicClient:
         for i in range(0, len(words), CTM_BATCH_WORDS):
             self.write_table_many("CTM_CMD", 0, words[i : i + CTM_BATCH_WORDS])
 
-    def ctm_wait_idle(self, timeout: float = CTM_IDLE_SECONDS) -> None:
-        """Until CTM_STATUS says the structure is idle (a clear's sweep of 2**LOG2 cycles, or the one after reset,
-        done: lookups answer "member" meanwhile). The emulated core runs its clock only for work, so this reads the
-        status in pipelined bursts, which also clock it."""
+    def ctm_idle(self) -> bool:
+        """Whether CTM_STATUS says the structure is idle (a clear's sweep of 2**LOG2 cycles, or the one after reset,
+        done: lookups answer "member" meanwhile, and a CTM_CMD write waits on the bus). The emulated core runs its
+        clock only for work, so this reads the status in one pipelined burst, which also clocks it: a caller that
+        must not block (the flow sync service, between its events) asks again until it is."""
         addr = self._addr("CTM_STATUS")
         bulk = getattr(self.t, "read_many", None)
+        values = bulk([addr] * CTM_IDLE_BURST) if bulk is not None else [self.read(addr)]
+        return not values[-1] >> 31
+
+    def ctm_wait_idle(self, timeout: float = CTM_IDLE_SECONDS) -> None:
+        """Until the structure is idle (`ctm_idle`)."""
         deadline = time.monotonic() + timeout
         while True:
-            values = bulk([addr] * CTM_IDLE_BURST) if bulk is not None else [self.read(addr)]
-            if not values[-1] >> 31:
+            if self.ctm_idle():
                 return
             if time.monotonic() > deadline:
                 raise NicError(f"the conntrack membership structure still busy (CTM_STATUS) after {timeout:.0f} s")

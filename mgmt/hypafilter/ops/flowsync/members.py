@@ -1,8 +1,9 @@
 """The NIC's conntrack membership structure kept complete (docs/flowsync.md, "New flows on the NIC"): every conntrack
 entry's tuples go in on its first event or dump line, out on its destroy; a full load at start and after lost events;
 COMPLETE set, and its lease renewed, only while the service has caught up with conntrack's events recently enough that
-the NIC's recent-egress window covers every reply it has not inserted yet (`Members.renew`). Pure: the NIC client and
-the clock are parameters."""
+the NIC's recent-egress window covers every reply it has not inserted yet (`Members.renew`), and never before a load's
+clear and inserts are done (the load does not wait for the clear's sweep: the service is ready first). Pure: the NIC
+client and the clock are parameters."""
 
 from __future__ import annotations
 
@@ -59,6 +60,14 @@ class Members:
     # COMPLETE until none is left
     pending: dict[tuple, tuple[int, ...]] = field(default_factory=dict)
     complete: bool = False
+    # a load's clear is to be made or is sweeping (`load_step` asks the NIC between the events; nothing is written to
+    # CTM_CMD while a sweep runs, the write would wait on the bus for the rest of it: 9-44 s on a large emulated core)
+    clearing: bool = False
+    clear_sent: bool = False
+    # wall-clock moments of the last load, of its sweep seen done and of its first COMPLETE (status, docs)
+    load_at: float | None = None
+    cleared_at: float | None = None
+    complete_at: float | None = None
     caught_up_at: float | None = None  # the last moment no conntrack event was waiting
     renewed_at: float = 0.0
     # the deployment's state directory: while its new-flows hold exists (the policy sync service found a helper,
@@ -84,7 +93,9 @@ class Members:
                     self.counters["deletes"] += 1
             elif ident not in self.held and ident not in self.pending:
                 keys = entry_keys(ev)
-                if keys:
+                if keys and self.clearing:
+                    self.pending[ident] = keys  # inserted after the sweep, with the load's entries
+                elif keys:
                     self.held[ident] = keys
                     for k in keys:
                         ops.append((ctmember.OP_INSERT, _key_flow(k)))
@@ -98,22 +109,37 @@ class Members:
             self.nic.ctm_commands(ops)
 
     def load(self, entries: Iterable[CtEvent]) -> None:
-        """A full load (start, lost events): COMPLETE off, clear, every entry of the dump pending; `load_step` inserts
-        them a chunk at a time, so that the service goes on with its events (and its start is not held up: 250,000
-        entries take about a minute on the emulated NIC). COMPLETE comes back with the first renewal after the last
-        chunk, once the service has caught up."""
+        """A full load (start, lost events): COMPLETE off, every entry of the dump pending, a clear to make. Returns
+        without making it or waiting for its sweep (2**LOG2 cycles: 9-44 s on an 11,100-entry emulated core, which
+        held the service's start past its readiness limit): `load_step`, between the events, makes the clear, waits
+        for its sweep and then inserts the pending entries a chunk at a time, so that the service goes on with its
+        events (and its start is not held up: 250,000 entries take about a minute on the emulated NIC). COMPLETE
+        comes back with the first renewal after the last chunk, once the service has caught up."""
         self.withdraw()
         self.held.clear()
         self.pending.clear()
-        self.nic.ctm_commands([(ctmember.OP_CLEAR, None)])
-        self.nic.ctm_wait_idle()  # the clear's sweep (lookups answer "member" meanwhile: only share is lost)
+        # the clear and its sweep (`load_step`): lookups answer "member" meanwhile (only share is lost), and
+        # COMPLETE waits for its end
+        self.clearing, self.clear_sent = True, False
+        self.load_at, self.cleared_at, self.complete_at = time.time(), None, None
         for ev in entries:
             if ev.kind != "destroy" and (keys := entry_keys(ev)):
                 self.pending[self.ident(ev)] = keys
         self.counters["loads"] += 1
 
     def load_step(self, limit: int = LOAD_CHUNK) -> bool:
-        """Insert up to `limit` pending entries; whether any are left."""
+        """A load's clear: once the structure is idle (one status read burst, `NicClient.ctm_idle`; a sweep may run
+        already, the one after the core's reset) the clear command, then whether its sweep is over yet; after it,
+        insert up to `limit` pending entries. Whether the load has more to do."""
+        if self.clearing:
+            if not self.nic.ctm_idle():
+                return True
+            if not self.clear_sent:
+                self.nic.ctm_commands([(ctmember.OP_CLEAR, None)])
+                self.clear_sent = True
+                return True
+            self.clearing = False
+            self.cleared_at = time.time()
         ops = []
         while self.pending and len(ops) < limit:
             ident, keys = next(iter(self.pending.items()))
@@ -141,7 +167,7 @@ class Members:
         now = self.clock()
         if now - self.renewed_at < RENEW_EVERY and self.complete:
             return
-        if self.caught_up_at is None or self.pending:
+        if self.caught_up_at is None or self.pending or self.clearing:
             return
         behind_ms = (now - self.caught_up_at) * 1000.0
         if behind_ms + self.lease_ms > self.window_ms - MARGIN_MS:
@@ -157,8 +183,28 @@ class Members:
         else:
             self.nic.ctm_complete(self.lease_ms)
         self.complete = True
+        if self.complete_at is None:
+            self.complete_at = time.time()
         self.renewed_at = now
         self.counters["renewals"] += 1
 
+    def phase(self) -> str:
+        """Where the structure stands: "clearing" (a load's sweep), "loading" (inserts pending), "loaded" (waiting
+        for a renewal: caught up, within the window, no hold), "complete" (a miss is NEW: ct 3)."""
+        if self.clearing:
+            return "clearing"
+        if self.pending:
+            return "loading"
+        return "complete" if self.complete else "loaded"
+
     def stats(self) -> dict:
-        return {"entries": len(self.held), "pending": len(self.pending), "complete": self.complete, **self.counters}
+        return {
+            "entries": len(self.held),
+            "pending": len(self.pending),
+            "complete": self.complete,
+            "phase": self.phase(),
+            "load_at": self.load_at,
+            "cleared_at": self.cleared_at,
+            "complete_at": self.complete_at,
+            **self.counters,
+        }

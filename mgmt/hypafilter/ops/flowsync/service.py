@@ -158,6 +158,7 @@ def serve(
         gc.collect()
         gc.freeze()
         next_poll = time.monotonic()
+        ready_at = None  # the first status file (deploy's readiness): before a load's clear is over, if any
 
         def drain() -> None:
             """Apply the conntrack events queued now, together."""
@@ -198,8 +199,10 @@ def serve(
         while not stopping and not stop():
             now = time.monotonic()
             if now >= next_poll:
-                syncer.poll(between)
+                if ready_at is not None:  # the first status file (ready) right after the resync, before a poll
+                    syncer.poll(between)  # (512 slots: 6 s of an 11,100-entry emulated core under load)
                 doc = _status_doc(syncer, table, ns, nic, started, interval)
+                doc["ready_at"] = ready_at = ready_at or doc["updated_at"]
                 if mem is not None:
                     doc["members"] = {**mem.stats(), "hw": _ctm_counters(table)}
                 SERVICE.write_status_file(
@@ -209,7 +212,7 @@ def serve(
             if ct.backlog or ct.lost:  # taken off the socket while the service waited for a reply
                 drain()
                 continue
-            if mem is not None and mem.pending:  # a full load, a chunk between the events
+            if mem is not None and (mem.clearing or mem.pending):  # a full load: its sweep, then chunks, between events
                 mem.load_step()
                 wait = 0.0
             else:

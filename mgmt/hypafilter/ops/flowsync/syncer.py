@@ -355,7 +355,10 @@ class Syncer:
                 want[flow] = ev
             if k % RESYNC_PIECE == RESYNC_PIECE - 1:
                 between()
-        present = {r.flow: r for r in self.table.flow_entries()}
+        # an empty table (a new NIC at deploy, the supervisor's clear before a restart) is not read slot by slot:
+        # every slot of the flow cache took 12-53 s of an 11,100-entry emulated core's time (issue #24)
+        empty = self.table.flow_counters().get("occupancy") == 0
+        present = {} if empty else {r.flow: r for r in self.table.flow_entries()}
         self.installed, self.fill, self.waiting, self.queues = {}, {}, {}, {}
         ops: list[tuple] = []
         inserts = []

@@ -107,6 +107,7 @@ FIELDS = (
 NFT_TABLE = "hfrate"  # the plain namespace's nft table while the nft run lasts (removed afterwards)
 SINK = ("hfsink0", "hfsink1")  # the sink's veth pair, both ends in the sender's namespace while the bench runs
 SINK_MAC = bytes.fromhex("02484600ff01")  # the sink end's own address; frames go to the lab's DST_MAC, not to it
+CT_COMPLETE_SECONDS = 300.0  # emu: how long the bench waits for the conntrack membership structure's COMPLETE
 
 
 class EmuFast:
@@ -123,6 +124,25 @@ class EmuFast:
         self.target = deploy.target_of(self.state, config)
         self.nic = NicClient(self.target.transport(self.state["nic"]))
         self.generation = self.state["generation"]
+        self.ct_complete_after = self._await_new_flows(log)
+
+    def _await_new_flows(self, log: Callable[[str], None]) -> float | None:
+        """[ctm] Seconds from the end of deploy until the conntrack membership structure is COMPLETE (a miss is NEW:
+        ct 3), when the deployment decides new flows; None when it does not (or its flow sync service did not
+        start). The service is ready before its clear's sweep is over (9-44 s on an 11,100-entry core, which clocks
+        for work only), and frames meanwhile go to the host (safe): the bench measures the fast path once it
+        decides."""
+        fs = self.state.get("flowsync") or {}
+        if fs.get("new_flows") != "decided" or any(d.startswith("flowsync") for d in self.state.get("degraded", [])):
+            return None
+        t0 = time.monotonic()
+        while not self.nic.ctm_counters()["complete"]:
+            if time.monotonic() - t0 > CT_COMPLETE_SECONDS:
+                log(f"the conntrack membership structure not COMPLETE after {CT_COMPLETE_SECONDS:g} s: measuring")
+                return None
+            time.sleep(0.2)
+        log(f"the conntrack membership structure COMPLETE {time.monotonic() - t0:.1f} s after deploy")
+        return round(time.monotonic() - t0, 2)
 
     def decided(self) -> int:
         return self.nic.read("PKTIN")
@@ -821,6 +841,7 @@ def rate(
         "correctness_seconds": {"hybrid": round(hybrid.seconds, 3), "iptables": round(ipt.seconds, 3)}
         | ({"nft": round(nft.seconds, 3)} if nft else {}),
         "nic": {k: v for k, v in delta.items() if v},
+        "ct_complete_after": getattr(fast, "ct_complete_after", None),  # emu: seconds the bench waited for it
         "examples": vs_ipt["examples"][:5],
         "established_flows": len(flows) if established else None,
         # every frame an attack frame: the share of them decided in the fast path (and per part of the mix)

@@ -38,7 +38,7 @@ V4_RULES = """*filter
 -A FORWARD -p tcp -s 10.0.0.0/8 --dport 22 -j ACCEPT
 -A FORWARD -p udp -d 192.168.1.0/24 -j DROP
 -A FORWARD -p icmp --icmp-type 8 -j ACCEPT
--A FORWARD -s 0.0.0.0/1 -p tcp -j DROP
+-A FORWARD -s 0.0.0.0/1 -j DROP
 COMMIT
 """
 # Prefixes of several lengths, a single address, iprange ranges that are no prefix (128-bit range comparators),

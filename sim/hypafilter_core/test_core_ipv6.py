@@ -54,7 +54,7 @@ V6_RULES = """*filter
 -A FORWARD -p ipv6-icmp --icmpv6-type echo-request -s fe80::/10 -j ACCEPT
 -A FORWARD -p tcp --tcp-flags SYN,ACK SYN -d 2001:db8:2::/48 -j DROP
 -A FORWARD -p 47 -s 2001:db8:3::/64 -j DROP
--A FORWARD -d ::/1 -p udp -j DROP
+-A FORWARD -d ::/1 -j DROP
 COMMIT
 """
 TAG = "dual_stack_w256"

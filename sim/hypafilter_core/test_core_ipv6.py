@@ -318,6 +318,7 @@ def test_core_dual_stack():
         env={"HF_TB_CFG": str(cfg)},
         testcase="core_dual_stack",
         test_module="test_core_ipv6",
+        build_args=["-O0"],
     )
 
 

@@ -141,10 +141,29 @@ def _field_tests(name: str, lo: int, hi: int, sig: str | None = None, w: int | N
         return tests
     tests = []
     if lo > 0:
-        tests.append(f"unsigned({sig}) >= unsigned'({_bits(lo, w)})")
+        tests.append(_order(sig, w, lo, ">"))
     if hi < maxv:
-        tests.append(f"unsigned({sig}) <= unsigned'({_bits(hi, w)})")
+        tests.append(_order(sig, w, hi, "<"))
     return tests
+
+
+WIDE = 32  # constants wider than this: GHDL 2.0's Verilog writes them as quoted strings (docs/hardware.md's traps)
+
+
+def _order(sig: str, w: int, c: int, strict: str) -> str:
+    """sig >= c (strict ">") or sig <= c ("<") on a w-bit field, as one VHDL boolean: for w > WIDE a lexicographic
+    compare of WIDE-bit chunks from the top (a 128-bit address bound), so that no constant is wider than WIDE bits."""
+    if w <= WIDE:
+        return f"unsigned({sig}) {strict}= unsigned'({_bits(c, w)})"
+    expr = ""
+    for c0 in range(0, w, WIDE):  # from the least significant chunk up: each wraps the one below
+        c1 = min(w, c0 + WIDE) - 1
+        part, val = f"{sig}({c1} downto {c0})", _bits((c >> c0) & ((1 << (c1 - c0 + 1)) - 1), c1 - c0 + 1)
+        if not expr:
+            expr = f"unsigned({part}) {strict}= unsigned'({val})"
+        else:
+            expr = f"(unsigned({part}) {strict} unsigned'({val}) or ({part} = {val} and {expr}))"
+    return expr
 
 
 def _box_tests(b: Box, sets_w: int = 1, amap=None) -> list[str]:

@@ -150,20 +150,27 @@ def _field_tests(name: str, lo: int, hi: int, sig: str | None = None, w: int | N
 WIDE = 32  # constants wider than this: GHDL 2.0's Verilog writes them as quoted strings (docs/hardware.md's traps)
 
 
-def _order(sig: str, w: int, c: int, strict: str) -> str:
-    """sig >= c (strict ">") or sig <= c ("<") on a w-bit field, as one VHDL boolean: for w > WIDE a lexicographic
-    compare of WIDE-bit chunks from the top (a 128-bit address bound), so that no constant is wider than WIDE bits."""
+class Lex(tuple):
+    """A wide bound as the comparators it needs, (last, ((strict, equal), ...)) from the lowest chunk up: the chunks'
+    tests are registered comparators like any other (the equalities shared by a range's two bounds), and the entry
+    stage combines them lexicographically (`strict_k or (equal_k and ...)`), so that neither stage holds a 128-bit
+    compare's whole depth (in one stage: 6 LUT levels, docs/ipv6.md "The NIC's core")."""
+
+
+def _order(sig: str, w: int, c: int, strict: str):
+    """sig >= c (strict ">") or sig <= c ("<") on a w-bit field: one VHDL boolean up to WIDE bits, else a Lex of
+    WIDE-bit chunk tests (a 128-bit address bound), so that no constant is wider than WIDE bits."""
     if w <= WIDE:
         return f"unsigned({sig}) {strict}= unsigned'({_bits(c, w)})"
-    expr = ""
-    for c0 in range(0, w, WIDE):  # from the least significant chunk up: each wraps the one below
+    last, upper = "", []
+    for c0 in range(0, w, WIDE):
         c1 = min(w, c0 + WIDE) - 1
         part, val = f"{sig}({c1} downto {c0})", _bits((c >> c0) & ((1 << (c1 - c0 + 1)) - 1), c1 - c0 + 1)
-        if not expr:
-            expr = f"unsigned({part}) {strict}= unsigned'({val})"
+        if not last:
+            last = f"unsigned({part}) {strict}= unsigned'({val})"
         else:
-            expr = f"(unsigned({part}) {strict} unsigned'({val}) or ({part} = {val} and {expr}))"
-    return expr
+            upper.append((f"unsigned({part}) {strict} unsigned'({val})", f"{part} = {val}"))
+    return Lex((last, tuple(upper)))
 
 
 def _box_tests(b: Box, sets_w: int = 1, amap=None) -> list[str]:
@@ -246,9 +253,17 @@ def matcher_source(plan, plan6=None) -> dict:
     sets_w = max(len(set_slots(plan)), 1)
     boxes, entries, rows = [], [], []
 
+    def term(t) -> str:
+        if not isinstance(t, Lex):
+            return ref(t)
+        expr = ref(t[0])
+        for gt, eq in t[1]:
+            expr = f"({ref(gt)} or ({ref(eq)} and {expr}))"
+        return expr
+
     def entry(e, extra: list[str], amap) -> str:
         live = [b for b in e.boxes if not b.is_empty()]
-        exprs = [_and([ref(t) for t in [*extra, *_box_tests(b, sets_w, amap)]]) for b in live]
+        exprs = [_and([term(t) for t in [*extra, *_box_tests(b, sets_w, amap)]]) for b in live]
         if box_stage:
             refs = []
             for x in exprs:

@@ -32,6 +32,10 @@
 -- header waits beside it) and gives the matcher h_sets; a lookup that rests on an uncertain element shunts the frame
 -- with reason 3 and match_index 0xFFFFFF (no index: the shim gives it k = 0, the whole policy), counted in
 -- CNT_SHUNT_STATE and CNT_SET_UNCERTAIN. Tables SET_* (IDs 8-11, index bits 22:20 = slot) go to the slot's unit.
+-- Dual stack (issue #25, V6_ON from a plan6, docs/ipv6.md "The NIC's core"): the parser walks the IPv6 chain (a chain
+-- with AH unparsed), the matcher's IPv6 entries match parsed IPv6 frames only (hardware indices V6_BASE.., the IPv6
+-- policy entry V6_POLICY) and its IPv4 entries the other frames; flow cache, sets, conntrack membership and the
+-- update buffer's slots stay IPv4's (an IPv6 frame has ct 0 and no slot matches it).
 library ieee;
 use ieee.std_logic_1164.all;
 use ieee.numeric_std.all;

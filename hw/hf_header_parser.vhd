@@ -24,7 +24,10 @@ entity hf_header_parser is
     V6_MAX_HDRS : positive := 3;    -- IPv6 extension headers walked at most (the chain's budget, with the capture)
     -- false: the walk is generated out (h6_unparsed stays '1', the other h6_* 0; h_family still follows the
     -- ethertype). hypafilter_core sets it while no matcher reads the h6_* outputs (docs/ipv6.md)
-    V6_WALK     : boolean := true
+    V6_WALK     : boolean := true;
+    -- true: AH is stepped over as ipv6_find_hdr does (legacy ip6tables' -p); false: a chain holding AH is unparsed,
+    -- as a core that decides IPv6 frames needs (iptables-nft's -p stops at AH: the back ends disagree there)
+    V6_AH       : boolean := true
   );
   port (
     clk        : in  std_logic;
@@ -172,7 +175,7 @@ architecture rtl of hf_header_parser is
     variable so, sa : pos6_t := 0;
   begin
     if w.bad = '0' and w.c.ext = '1' then
-      if w.c.frag = '1' or w.j > J6 then
+      if w.c.frag = '1' or w.j > J6 or (w.c.ah = '1' and not V6_AH) then
         r.bad := '1';
       else
         for k in 0 to J6 loop  -- fixed indices selected in a loop (no variable slice)

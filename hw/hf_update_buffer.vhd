@@ -40,6 +40,7 @@ entity hf_update_buffer is
     h_ct        : in  std_logic_vector(1 downto 0);
     h_flags     : in  std_logic_vector(7 downto 0);
     h_sets      : in  std_logic_vector(7 downto 0) := (others => '0');  -- set slot bits (hf_set_table), 0 padded
+    h_on        : in  std_logic := '1';  -- '0': no slot may match the header (an IPv6 frame: the slots are IPv4's)
     valid       : out std_logic_vector(maximum(N_STATIC, 1) - 1 downto 0);  -- the valid mask, to the matcher
     st_idx      : in  unsigned(IDX_W - 1 downto 0);  -- the static index, I_DELAY cycles after the header
     -- the hardware index, LATENCY cycles after st_idx: 0 without slots (combinational), else 1 + STAGES
@@ -255,6 +256,7 @@ begin
       signal w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10 : std_logic_vector(31 downto 0) := (others => '0');
       signal c : std_logic_vector(NF downto 0) := (others => '0');
       signal m : std_logic_vector(2 to maximum(I_DELAY, 2)) := (others => '0');
+      signal on1 : std_logic := '0';  -- h_on, registered beside the stage-1 tests
     begin
       words : process (clk)
       begin
@@ -295,8 +297,9 @@ begin
           c(8) <= in_range(h_ct, w7(21 downto 20), w7(23 downto 22));
           c(9) <= to_sl((h_flags and w8(7 downto 0)) = w8(15 downto 8));
           c(10) <= to_sl((h_sets and w10(7 downto 0)) = w10(15 downto 8));
+          on1 <= h_on;
           -- stage 2: the slot's box holds the header; then the bit waits for the static index
-          m(2) <= to_sl(c = (c'range => '1'));
+          m(2) <= to_sl(c = (c'range => '1')) and on1;
           for k in 3 to I_DELAY loop
             m(k) <= m(k - 1);
           end loop;

@@ -32,6 +32,10 @@
 -- header waits beside it) and gives the matcher h_sets; a lookup that rests on an uncertain element shunts the frame
 -- with reason 3 and match_index 0xFFFFFF (no index: the shim gives it k = 0, the whole policy), counted in
 -- CNT_SHUNT_STATE and CNT_SET_UNCERTAIN. Tables SET_* (IDs 8-11, index bits 22:20 = slot) go to the slot's unit.
+-- Dual stack (issue #25, V6_ON from a plan6, docs/ipv6.md "The NIC's core"): the parser walks the IPv6 chain (a chain
+-- with AH unparsed), the matcher's IPv6 entries match parsed IPv6 frames only (hardware indices V6_BASE.., the IPv6
+-- policy entry V6_POLICY) and its IPv4 entries the other frames; flow cache, sets, conntrack membership and the
+-- update buffer's slots stay IPv4's (an IPv6 frame has ct 0 and no slot matches it).
 library ieee;
 use ieee.std_logic_1164.all;
 use ieee.numeric_std.all;
@@ -119,10 +123,18 @@ architecture rtl of hypafilter_core is
     dport : std_logic_vector(15 downto 0);
     iport : std_logic_vector(1 downto 0);
     l4ok  : std_logic;
+    -- IPv6 (a dual-stack core, V6_ON): f6 '1' for an IPv6 frame the walk parsed (unp stays '1' for it: the flow
+    -- cache, the set tables and the conntrack membership structure look up IPv4 frames only), and its fields
+    f6    : std_logic;
+    src6, dst6 : std_logic_vector(127 downto 0);
+    proto6, it6, ic6, flags6 : std_logic_vector(7 downto 0);
+    sport6, dport6 : std_logic_vector(15 downto 0);
   end record;
   constant HDR_ZERO : hdr_t := ('0', '0', '0', (others => '0'), (others => '0'), (others => '0'), (others => '0'),
                                 (others => '0'), (others => '0'), (others => '0'), (others => '0'),
-                                (others => '0'), (others => '0'), '0');
+                                (others => '0'), (others => '0'), '0',
+                                '0', (others => '0'), (others => '0'), (others => '0'), (others => '0'),
+                                (others => '0'), (others => '0'), (others => '0'), (others => '0'));
   signal hp, hq : hdr_t;
   signal q_ct : std_logic_vector(1 downto 0);
   -- after the set tables: the header the matcher takes, its ct, its set bits and whether they are uncertain
@@ -141,9 +153,10 @@ architecture rtl of hypafilter_core is
     sa  : std_logic;  -- CONTROL bit 1 (shunt everything) was set in some cycle since the header entered the matcher
     su  : std_logic;  -- a set lookup was uncertain
     tu  : std_logic_vector(UW - 1 downto 0);
+    f6  : std_logic;  -- a parsed IPv6 frame (its index is an IPv6 entry's or the IPv6 policy entry)
   end record;
   type side_line is array (1 to SIDE_DELAY) of side_t;
-  constant SIDE_ZERO : side_t := ('0', '0', '0', "00", '0', '0', (others => '0'));
+  constant SIDE_ZERO : side_t := ('0', '0', '0', "00", '0', '0', (others => '0'), '0');
   signal side_in : side_t;
   signal side : side_line := (others => SIDE_ZERO);
 
@@ -165,8 +178,12 @@ architecture rtl of hypafilter_core is
   signal h_l4ok : std_logic;
   signal h_sport, h_dport : std_logic_vector(15 downto 0);
   signal h_iport : std_logic_vector(1 downto 0);
+  signal h_fam, h6_unp : std_logic;
+  signal h6_src, h6_dst : std_logic_vector(127 downto 0);
+  signal h6_proto, h6_it, h6_ic, h6_flags : std_logic_vector(7 downto 0);
+  signal h6_sport, h6_dport : std_logic_vector(15 downto 0);
   signal res : std_logic_vector(RES_WIDTH - 1 downto 0);
-  signal valid_mask : std_logic_vector(RES_WIDTH - 1 downto 0);
+  signal valid_mask : std_logic_vector(VALID_WIDTH - 1 downto 0);
   signal st_idx : unsigned(IDX_W - 1 downto 0);  -- the static encoder's index (N_ENTRIES when none matched)
   signal ub_tbl, ub_req, ub_done : std_logic;
   signal ub_rdata : std_logic_vector(31 downto 0);
@@ -252,19 +269,23 @@ begin
       in_data => s_axis_tlast & s_axis_tkeep & s_axis_tdata, in_valid => s_axis_tvalid, in_ready => pkt_in_ready,
       out_data => p_out, out_valid => p_valid, out_ready => p_ready);
 
-  -- the IPv6 walk is generated out while no matcher reads its h6_* outputs: every IPv6 frame is h_unparsed, as
-  -- before it; its logic made the post-synthesis simulations five times slower (docs/ipv6.md)
+  -- the IPv6 walk only in a dual-stack core (V6_ON): in an IPv4-only core it is generated out and every IPv6 frame
+  -- is h_unparsed (its logic made the post-synthesis simulations five times slower, docs/ipv6.md); a chain holding
+  -- AH stays unparsed (V6_AH: nf_tables' -p stops at AH, legacy's steps over it)
   parser : entity work.hf_header_parser
-    generic map (DATA_WIDTH => DW, TUSER_WIDTH => UW, V6_WALK => false)
+    generic map (DATA_WIDTH => DW, TUSER_WIDTH => UW, V6_WALK => V6_ON, V6_AH => false)
     port map (
       clk => axis_aclk, rst => rst, beat_valid => accept,
       tdata => s_axis_tdata, tkeep => s_axis_tkeep, tlast => s_axis_tlast, tuser => s_axis_tuser,
       h_valid => h_valid, h_unparsed => h_unp, h_unfilterable => h_unf, h_tuser => h_tuser,
       h_src => h_src, h_dst => h_dst, h_proto => h_proto, h_sport => h_sport, h_dport => h_dport,
       h_icmp_type => h_it, h_icmp_code => h_ic, h_iport => h_iport, h_flags => h_flags,
-      h_l4_ok => h_l4ok);
+      h_l4_ok => h_l4ok, h_family => h_fam, h6_unparsed => h6_unp, h6_src => h6_src, h6_dst => h6_dst,
+      h6_hlim => open, h6_proto => h6_proto, h6_sport => h6_sport, h6_dport => h6_dport, h6_icmp_type => h6_it,
+      h6_icmp_code => h6_ic, h6_flags => h6_flags, h6_l4_ok => open);
 
-  hp <= (h_valid, h_unp, h_unf, h_tuser, h_src, h_dst, h_proto, h_it, h_ic, h_flags, h_sport, h_dport, h_iport, h_l4ok);
+  hp <= (h_valid, h_unp, h_unf, h_tuser, h_src, h_dst, h_proto, h_it, h_ic, h_flags, h_sport, h_dport, h_iport, h_l4ok,
+         h_fam and not h6_unp, h6_src, h6_dst, h6_proto, h6_it, h6_ic, h6_flags, h6_sport, h6_dport);
 
   no_cache : if not FC_ON generate
     hq <= hp;
@@ -548,13 +569,18 @@ begin
     port map (
       clk => axis_aclk, h_src => hs.src, h_dst => hs.dst, h_proto => hs.proto, h_sport => hs.sport,
       h_dport => hs.dport, h_icmp_type => hs.it, h_icmp_code => hs.ic, h_iport => hs.iport, h_flags => hs.flags,
-      h_ct => s_ct, h_sets => s_sets, valid => valid_mask, res => res);
+      h_ct => s_ct, h_sets => s_sets, h_f6 => hs.f6, h6_src => hs.src6, h6_dst => hs.dst6, h6_proto => hs.proto6,
+      h6_sport => hs.sport6, h6_dport => hs.dport6, h6_icmp_type => hs.it6, h6_icmp_code => hs.ic6,
+      h6_flags => hs.flags6, valid => valid_mask, res => res);
 
   encoder : entity work.hf_prio_enc
     generic map (N_IN => RES_WIDTH, FANIN => ENC_FANIN, STAGES => ENC_STAGES, IDX_W => IDX_W)
     port map (clk => axis_aclk, vec => res, any => enc_any, idx => enc_idx);
 
-  st_idx <= enc_idx when enc_any = '1' else to_unsigned(N_ENTRIES, IDX_W);
+  -- no entry matched: the policy entry of the frame's family (the IPv6 one after the IPv6 entries)
+  st_idx <= enc_idx when enc_any = '1' else
+            to_unsigned(V6_POLICY, IDX_W) when V6_ON and side(MATCH_LATENCY + ENC_STAGES).f6 = '1' else
+            to_unsigned(N_ENTRIES, IDX_W);
 
   -- the valid mask and the buffer slots: the header enters with the matcher's, the hardware index comes out
   -- BUF_LATENCY cycles after the static index
@@ -564,12 +590,14 @@ begin
     port map (
       clk => axis_aclk, rst => rst, h_src => hs.src, h_dst => hs.dst, h_proto => hs.proto, h_sport => hs.sport,
       h_dport => hs.dport, h_icmp_type => hs.it, h_icmp_code => hs.ic, h_iport => hs.iport, h_ct => s_ct,
-      h_flags => hs.flags, h_sets => std_logic_vector(resize(unsigned(s_sets), 8)), valid => valid_mask, st_idx => st_idx, idx => lk_idx,
+      h_flags => hs.flags, h_sets => std_logic_vector(resize(unsigned(s_sets), 8)), h_on => not hs.f6,
+      valid => valid_mask, st_idx => st_idx, idx => lk_idx,
       ind_req => ub_req, ind_write => ind_write, ind_addr => ind_addr, ind_wdata => ind_wdata,
       ind_done => ub_done, ind_rdata => ub_rdata);
 
   -- frame information travelling beside matcher, encoder and buffer
-  side_in <= (hs.v, hs.unp, hs.unf, s_ct, control(1), s_unc, hs.tu);
+  -- a parsed IPv6 frame is classified (its set bits are not read: no IPv6 entry tests a set slot)
+  side_in <= (hs.v, hs.unp and not hs.f6, hs.unf, s_ct, control(1), s_unc and not hs.f6, hs.tu, hs.f6);
   side_shift : process (axis_aclk)
   begin
     if rising_edge(axis_aclk) then
@@ -643,7 +671,7 @@ begin
       mirror := lk_action(3) = '1';
       action := '0' & lk_action(2 downto 0);
       reason := REASON_OVERRULE;
-      if t1_idx = N_ENTRIES then
+      if t1_idx = N_ENTRIES or (V6_ON and t1_idx = V6_POLICY) then
         reason := REASON_POLICY;
       end if;
       if host then

@@ -13,6 +13,12 @@ from hypafilter.cli.common import add_policy_args, load_config, load_policy
 def register(sub) -> None:
     p = sub.add_parser("synth", help="synthesis estimate of the generated hardware (yosys) or Vivado Tcl")
     add_policy_args(p)
+    # (no -6 here: an option that looks like a negative number makes argparse read "--slices -2" as two options)
+    v6 = p.add_argument_group('dual-stack core (docs/ipv6.md "The NIC\'s core"; without POLICY: no IPv4 entry)')
+    v6.add_argument("--ipv6", metavar="V6POLICY", help="the ip6tables policy beside the IPv4 one")
+    v6.add_argument(
+        "--ipv6-classbench", metavar="FILTERS", help="the IPv6 side from a ClassBench set mapped into IPv6 (as -6)"
+    )
     p.add_argument("--tool", choices=("yosys", "vivado"), default="yosys", help="yosys estimate or Vivado script")
     p.add_argument("--json", action="store_true", help="print the estimate as JSON")
     p.add_argument("--width", type=int, choices=(256, 512), default=256, help="TDATA width (default 256)")
@@ -63,7 +69,10 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     # the analysis and the synthesis flow load only when the command runs (start-up time of every other command)
     from hypafilter.analysis.plan import build_plan
+    from hypafilter.cli.common import load_policy6
+    from hypafilter.errors import HypafilterError
     from hypafilter.hw import synth
+    from hypafilter.ir import Policy
 
     if args.flow_cache:
         return _flow_cache(args)
@@ -74,9 +83,25 @@ def run(args: argparse.Namespace) -> int:
     if args.update_buffer is not None:
         config.update_buffer = args.update_buffer
         config.validate("--update-buffer")
-    policy = load_policy(args, config)
+    # a dual-stack core (docs/ipv6.md "The NIC's core"): the IPv6 side from --ipv6 or --ipv6-classbench, the IPv4
+    # side from POLICY or --classbench, or none (IPv6 entries alone)
+    if args.ipv6 and args.ipv6_classbench:
+        raise HypafilterError("give either --ipv6 V6POLICY or --ipv6-classbench FILTERS, not both")
+    dual = bool(args.ipv6 or args.ipv6_classbench)
+    policy = load_policy(args, config) if args.policy or args.classbench or not dual else Policy([], "ACCEPT")
+    policy6 = load_policy6(args, config)
+    if args.ipv6_classbench:
+        from hypafilter.iptables.document import parse_policy
+        from hypafilter.tools.classbench import classbench_policy_text
+        from hypafilter.tools.classbench6 import v6_policy_text
+
+        text6 = v6_policy_text(classbench_policy_text(args.ipv6_classbench, complex_rules=args.complex))
+        policy6 = parse_policy(text6, args.ipv6_classbench, args.chain, config, family=6)
     plan = build_plan(policy, config)
+    plan6 = build_plan(policy6, config) if policy6 is not None else None
     if args.tool == "vivado":
+        if plan6 is not None:
+            raise HypafilterError("the Vivado script is for IPv4-only cores for now (docs/ipv6.md)")
         out = Path(args.out or "build/vivado")
         tcl = synth.vivado_project(plan, out, args.width, args.fanin, args.fifo_bytes, flow_cache=fc)
         rc = synth.run_vivado(tcl)
@@ -96,13 +121,15 @@ def run(args: argparse.Namespace) -> int:
             slices=args.slices,
             encoder_split={"auto": None, "whole": False, "subtrees": True}[args.encoder],
             flow_cache=fc,
+            plan6=plan6,
         )
     if args.json:
         print(json.dumps(est, indent=2))
     else:
         me, how = est["matcher_encoder"], est["method"]
+        v6 = f" + {est['entries_ipv6']} IPv6" if "entries_ipv6" in est else ""
         print(
-            f"{est['entries']} entries: matcher+encoder {me['LUT']} LUT, {me['FF']} FF, {me['CARRY4']} CARRY4, "
+            f"{est['entries']}{v6} entries: matcher+encoder {me['LUT']} LUT, {me['FF']} FF, {me['CARRY4']} CARRY4, "
             f"max {me['max_lut_levels']} LUT levels, {me['pipeline_cycles']} cycles"
         )
         if how["matcher"] == "slices":

@@ -50,11 +50,12 @@ def _need(tool: str) -> None:
         raise HypafilterError(f"'{tool}' is not installed (scripts/setup.sh sim installs it)")
 
 
-def render_build(plan, out_dir: Path, tdata_width: int, encoder_fanin: int) -> tuple[Path, Path]:
-    """Render the plan's sources into out_dir/gen; (out_dir resolved, gen), the folders every flow here builds in."""
+def render_build(plan, out_dir: Path, tdata_width: int, encoder_fanin: int, plan6=None) -> tuple[Path, Path]:
+    """Render the plan's sources (a dual-stack core's with `plan6`) into out_dir/gen; (out_dir resolved, gen), the
+    folders every flow here builds in."""
     out_dir = Path(out_dir).resolve()
     gen = out_dir / "gen"
-    vhdl.render(plan, gen, tdata_width=tdata_width, encoder_fanin=encoder_fanin)
+    vhdl.render(plan, gen, tdata_width=tdata_width, encoder_fanin=encoder_fanin, plan6=plan6)
     return out_dir, gen
 
 
@@ -72,11 +73,12 @@ def ghdl_verilog(
     fifo_bytes: int = 65536,
     encoder_fanin: int = 8,
     flow_cache: tuple[int, int] | None = None,
+    plan6=None,
 ) -> Path:
     """Render the plan, analyse every source with GHDL and write the Verilog of hypafilter_core to out_dir
-    (with a flow cache of (LOG2_SETS, WAYS) inside when `flow_cache` is given)."""
+    (with a flow cache of (LOG2_SETS, WAYS) inside when `flow_cache` is given; dual stack with `plan6`)."""
     _need("ghdl")
-    out_dir, gen = render_build(plan, out_dir, tdata_width, encoder_fanin)
+    out_dir, gen = render_build(plan, out_dir, tdata_width, encoder_fanin, plan6)
     work = out_dir / "work"
     work.mkdir(parents=True, exist_ok=True)
     _run(["ghdl", "-a", "--std=08", f"--workdir={work}", *map(str, vhdl.sources(gen))], out_dir, "GHDL analysis")
@@ -144,6 +146,7 @@ def matcher_slice_source(m: dict, lo: int, hi: int) -> dict:
     return {
         "comparators": [m["comparators"][k] for k in cmp_ids],
         "entries": texts[: len(entries)],
+        "rows": [(i, e, i) for i, e in enumerate(texts[: len(entries)])],
         "boxes": texts[len(entries) :],
         "nboxes": len(boxes),
         "box_stage": m["box_stage"],
@@ -458,24 +461,35 @@ def encoder_estimate(out_dir: Path, gen: Path, n_in: int, fanin: int, idx_w: int
     return est
 
 
-def buffer_generics(plan, encoder_fanin: int) -> dict[str, int]:
+def shape(plan, plan6=None) -> tuple[int, int]:
+    """(result vector width, index bits) of the core generated for `plan` (and `plan6`, dual stack): the encoder's
+    N_IN and IDX_W, as vhdl.render sizes them."""
+    n, depth = len(plan.entries), vhdl.buffer_depth(plan)
+    if plan6 is None:
+        return vhdl.res_width(n), vhdl.idx_width(n, depth)
+    n6 = len(plan6.entries)
+    return (vhdl.v6_base(plan) + n6 if n6 else vhdl.res_width(n)), vhdl.idx_width(n + n6 + 1, depth)
+
+
+def buffer_generics(plan, encoder_fanin: int, plan6=None) -> dict[str, int]:
     """hf_update_buffer's generics in the core generated for `plan` (its I_DELAY: matcher and encoder stages)."""
     n, depth = len(plan.entries), vhdl.buffer_depth(plan)
+    res_w, idx_w = shape(plan, plan6)
     return {
         "N_STATIC": n,
         "DEPTH": depth,
-        "IDX_W": vhdl.idx_width(n, depth),
-        "I_DELAY": vhdl.matcher_source(plan)["match_latency"] + vhdl.enc_stages(vhdl.res_width(n), encoder_fanin),
+        "IDX_W": idx_w,
+        "I_DELAY": vhdl.matcher_source(plan, plan6)["match_latency"] + vhdl.enc_stages(res_w, encoder_fanin),
         "FANIN": vhdl.BUF_FANIN,
         "STAGES": vhdl.buffer_stages(depth),
     }
 
 
-def buffer_estimate(plan, out_dir: Path, gen: Path, encoder_fanin: int) -> dict:
+def buffer_estimate(plan, out_dir: Path, gen: Path, encoder_fanin: int, plan6=None) -> dict:
     """yosys estimate of the update buffer as the core instantiates it for `plan` (valid mask over its entries,
     Config.update_buffer slots, the slot encoder, the VALID/BUF register access), and the cycles it adds."""
     t0 = time.monotonic()
-    g = buffer_generics(plan, encoder_fanin)
+    g = buffer_generics(plan, encoder_fanin, plan6)
     bdir = Path(out_dir) / "update_buffer"
     est = yosys_estimate(ghdl_part_verilog(gen, "hf_update_buffer", bdir, g), "hf_update_buffer", bdir)
     est["slots"] = g["DEPTH"]
@@ -498,8 +512,10 @@ def estimate(
     slices: int | None = None,
     encoder_split: bool | None = None,
     flow_cache: tuple[int, int] | None = None,
+    plan6=None,
 ) -> dict:
     """Estimates for matcher+encoder (the policy-specific part) and, when `core`, for the whole core.
+    plan6: the IPv6 side of a dual-stack core (docs/ipv6.md "The NIC's core"); its matcher is synthesised whole.
 
     slices: entries per matcher slice (see slice_size_for). A sliced estimate is the sum of the slices, an upper
     bound of the whole matcher: comparators that entries of different slices share are counted in each slice.
@@ -507,8 +523,10 @@ def estimate(
     flow_cache: (LOG2_SETS, WAYS) of a flow cache inside the whole core (its estimate only).
     """
     n = len(plan.entries)
-    res_w, idx_w = vhdl.res_width(n), vhdl.idx_width(n, vhdl.buffer_depth(plan))
+    res_w, idx_w = shape(plan, plan6)
     size = slice_size_for(n, slices)
+    if size and plan6 is not None:
+        raise HypafilterError("a dual-stack matcher is estimated whole (--slices is for IPv4-only plans)")
     method: dict = {"matcher": "slices" if size else "whole", "encoder": "whole"}
     if size:
         method["slice_entries"] = size
@@ -519,6 +537,7 @@ def estimate(
         )
     result: dict = {
         "entries": n,
+        **({"entries_ipv6": len(plan6.entries)} if plan6 is not None else {}),
         "policy_hash": plan.policy_hash,
         "tdata_width": tdata_width,
         "encoder_fanin": encoder_fanin,
@@ -526,9 +545,9 @@ def estimate(
         "tool": "yosys synth_xilinx -family xc7 (GHDL synth -> Verilog)",
         "method": method,
     }
-    m_lat = vhdl.matcher_source(plan)["match_latency"]
+    m_lat = vhdl.matcher_source(plan, plan6)["match_latency"]
     e_lat = vhdl.enc_stages(res_w, encoder_fanin)
-    out_dir, gen = render_build(plan, out_dir, tdata_width, encoder_fanin)
+    out_dir, gen = render_build(plan, out_dir, tdata_width, encoder_fanin, plan6)
     parts = {"matcher": matcher_estimate(plan, out_dir, gen, tdata_width, encoder_fanin, size)}
     parts["encoder"] = encoder_estimate(out_dir, gen, res_w, encoder_fanin, idx_w, encoder_split)
     method["encoder"] = parts["encoder"]["method"]
@@ -543,11 +562,11 @@ def estimate(
     result["matcher_encoder"] = me
     result["matcher"] = parts["matcher"]
     result["encoder"] = parts["encoder"]
-    result["buffer"] = buffer_estimate(plan, out_dir, gen, encoder_fanin)
+    result["buffer"] = buffer_estimate(plan, out_dir, gen, encoder_fanin, plan6)
     if core:
         t0 = time.monotonic()
         cdir = out_dir / "core"
-        v = ghdl_verilog(plan, cdir, tdata_width, fifo_bytes, encoder_fanin, flow_cache)
+        v = ghdl_verilog(plan, cdir, tdata_width, fifo_bytes, encoder_fanin, flow_cache, plan6)
         result["core"] = yosys_estimate(v, "hypafilter_core", cdir)
         if flow_cache is not None:
             result["core"]["flow_cache"] = {

@@ -15,6 +15,7 @@ from hypafilter.config import UPDATE_BUFFER_DEFAULT, UPDATE_BUFFER_MAX
 from hypafilter.hw import regmap, settable
 from hypafilter.hw.updatebuffer import buffer_depth
 from hypafilter.ir import ACTION_DROP, FIELD_INDEX, MAXV, WIDTHS, Box, Policy
+from hypafilter.ir.family import ADDR_BITS, ADDR_MAX
 from hypafilter.ir.sets import MAX_SET_SLOTS
 from hypafilter.paths import HW_DIR
 
@@ -97,13 +98,29 @@ def _bits(value: int, width: int) -> str:
     return '"' + format(value, f"0{width}b") + '"'
 
 
-def _field_tests(name: str, lo: int, hi: int) -> list[str]:
-    """VHDL boolean expressions testing lo <= field <= hi (nothing for the full range)."""
-    w = WIDTHS[name]
+# The IPv6 side of a dual-stack matcher: the signals of a parsed IPv6 frame (the parser's h6_* outputs) and the
+# widths of its addresses; iport and ct are the frame's whatever its family, and an IPv6 box tests no set slot.
+_SIG6 = {
+    **_SIG,
+    "src": "h6_src",
+    "dst": "h6_dst",
+    "proto": "h6_proto",
+    "sport": "h6_sport",
+    "dport": "h6_dport",
+    "icmp_type": "h6_icmp_type",
+    "icmp_code": "h6_icmp_code",
+}
+_WIDTHS6 = {**WIDTHS, "src": ADDR_BITS[6], "dst": ADDR_BITS[6]}
+
+
+def _field_tests(name: str, lo: int, hi: int, sig: str | None = None, w: int | None = None) -> list[str]:
+    """VHDL boolean expressions testing lo <= field <= hi (nothing for the full range); `sig`/`w`: the signal and
+    width when not the IPv4 field's (the 128-bit address of an IPv6 entry)."""
+    w = WIDTHS[name] if w is None else w
     maxv = (1 << w) - 1
     if lo <= 0 and hi >= maxv:
         return []
-    sig = _SIG[name]
+    sig = _SIG[name] if sig is None else sig
     size = hi - lo + 1
     if size & (size - 1) == 0 and lo % size == 0:
         # prefix: compare the fixed high bits, chunk by chunk
@@ -124,23 +141,75 @@ def _field_tests(name: str, lo: int, hi: int) -> list[str]:
         return tests
     tests = []
     if lo > 0:
-        tests.append(f"unsigned({sig}) >= unsigned'({_bits(lo, w)})")
+        tests.append(_order(sig, w, lo, ">"))
     if hi < maxv:
-        tests.append(f"unsigned({sig}) <= unsigned'({_bits(hi, w)})")
+        tests.append(_order(sig, w, hi, "<"))
     return tests
 
 
-def _box_tests(b: Box, sets_w: int = 1) -> list[str]:
+WIDE = 32  # constants wider than this: GHDL 2.0's Verilog writes them as quoted strings (docs/hardware.md's traps)
+
+
+class Lex(tuple):
+    """A wide bound as the comparators it needs, (last, ((strict, equal), ...)) from the lowest chunk up: the chunks'
+    tests are registered comparators like any other (the equalities shared by a range's two bounds), and the entry
+    stage combines them lexicographically (`strict_k or (equal_k and ...)`), so that neither stage holds a 128-bit
+    compare's whole depth (in one stage: 6 LUT levels, docs/ipv6.md "The NIC's core")."""
+
+
+def _order(sig: str, w: int, c: int, strict: str):
+    """sig >= c (strict ">") or sig <= c ("<") on a w-bit field: one VHDL boolean up to WIDE bits, else a Lex of
+    WIDE-bit chunk tests (a 128-bit address bound), so that no constant is wider than WIDE bits."""
+    if w <= WIDE:
+        return f"unsigned({sig}) {strict}= unsigned'({_bits(c, w)})"
+    last, upper = "", []
+    for c0 in range(0, w, WIDE):
+        c1 = min(w, c0 + WIDE) - 1
+        part, val = f"{sig}({c1} downto {c0})", _bits((c >> c0) & ((1 << (c1 - c0 + 1)) - 1), c1 - c0 + 1)
+        if not last:
+            last = f"unsigned({part}) {strict}= unsigned'({val})"
+        else:
+            upper.append((f"unsigned({part}) {strict} unsigned'({val})", f"{part} = {val}"))
+    return Lex((last, tuple(upper)))
+
+
+def _box_tests(b: Box, sets_w: int = 1, amap=None) -> list[str]:
+    """The comparators of one box; `amap` (ir.family.AddrMap): the box is an IPv6 entry's, its src/dst are address
+    ranks, and the tests compare the 128-bit addresses the ranks stand for (the hardware sees real addresses)."""
     tests = []
-    for name, lo, hi in zip(_SIG, b.lo, b.hi, strict=True):
-        tests += _field_tests(name, lo, hi)
+    if amap is None:
+        for name, lo, hi in zip(_SIG, b.lo, b.hi, strict=True):
+            tests += _field_tests(name, lo, hi)
+    else:
+        if b.sets_mask:
+            raise ValueError("an IPv6 entry tests a set slot: the core has no IPv6 set tables")
+        for name, lo, hi in zip(_SIG6, b.lo, b.hi, strict=True):
+            if name in ("src", "dst"):
+                lo, hi = unrank(amap, name, lo, hi)
+            tests += _field_tests(name, lo, hi, _SIG6[name], _WIDTHS6[name])
+    flags = "h_flags" if amap is None else "h6_flags"
     if b.flags_mask:
-        tests.append(f"(h_flags and {_bits(b.flags_mask, 8)}) = {_bits(b.flags_value, 8)}")
+        tests.append(f"({flags} and {_bits(b.flags_mask, 8)}) = {_bits(b.flags_value, 8)}")
     if b.sets_mask:
         if b.sets_mask >> sets_w:
             raise ValueError(f"a box tests set slot bits {b.sets_mask:#x} beyond the plan's {sets_w} slots")
         tests.append(f"(h_sets and {_bits(b.sets_mask, sets_w)}) = {_bits(b.sets_value, sets_w)}")
     return tests
+
+
+def unrank(amap, dim: str, lo: int, hi: int) -> tuple[int, int]:
+    """The 128-bit address interval a ranked box's [lo, hi] stands for in dimension `dim` (ir.family: a box reaching
+    the top address ends at MAXV instead of the top rank)."""
+    top = ADDR_MAX[amap.family]
+    if hi >= MAXV[FIELD_INDEX[dim]]:
+        return amap.interval(dim, lo)[0], top
+    return amap.interval(dim, lo)[0], amap.interval(dim, hi)[1]
+
+
+def v6_base(plan) -> int:
+    """The hardware index of a dual-stack core's first IPv6 entry: after the IPv4 entries, the IPv4 policy entry and
+    the update buffer's slots (V6_BASE of the policy package; the IPv6 policy entry is V6_BASE + n6)."""
+    return len(plan.entries) + 1 + buffer_depth(plan)
 
 
 def set_slots(plan) -> tuple:
@@ -167,8 +236,11 @@ def _or(terms: list[str]) -> str:
     return " or ".join(terms) if terms else "'0'"
 
 
-def matcher_source(plan) -> dict:
-    """Template variables of the matcher: deduplicated comparators and per-entry expressions."""
+def matcher_source(plan, plan6=None) -> dict:
+    """Template variables of the matcher: deduplicated comparators and per-entry expressions (`entries`, the IPv4
+    ones), and `rows`: (result bit, expression, valid-mask bit or None) for every entry. `plan6`: the IPv6 side of a
+    dual stack (a family-6 Plan); its entries follow at result bits v6_base(plan) + j, every box of theirs tests the
+    128-bit addresses its ranks stand for and the frame's family (h_f6), and every IPv4 box tests h_f6 = '0'."""
     comps: dict[str, int] = {}
 
     def ref(test: str) -> str:
@@ -176,23 +248,44 @@ def matcher_source(plan) -> dict:
             comps[test] = len(comps)
         return f"cmp({comps[test]})"
 
-    box_stage = any(len(e.boxes) > BOX_STAGE_ABOVE for e in plan.entries)
+    e6 = list(plan6.entries) if plan6 is not None else []
+    box_stage = any(len(e.boxes) > BOX_STAGE_ABOVE for e in [*plan.entries, *e6])
     sets_w = max(len(set_slots(plan)), 1)
-    boxes, entries = [], []
-    for e in plan.entries:
+    boxes, entries, rows = [], [], []
+
+    def term(t) -> str:
+        if not isinstance(t, Lex):
+            return ref(t)
+        expr = ref(t[0])
+        for gt, eq in t[1]:
+            expr = f"({ref(gt)} or ({ref(eq)} and {expr}))"
+        return expr
+
+    def entry(e, extra: list[str], amap) -> str:
         live = [b for b in e.boxes if not b.is_empty()]
-        exprs = [_and([ref(t) for t in _box_tests(b, sets_w)]) for b in live]
+        exprs = [_and([term(t) for t in [*extra, *_box_tests(b, sets_w, amap)]]) for b in live]
         if box_stage:
             refs = []
             for x in exprs:
                 refs.append(f"box({len(boxes)})")
                 boxes.append(x)
-            entries.append(_or(refs))
-        else:
-            entries.append(_or([f"({x})" if " and " in x else x for x in exprs]))
+            return _or(refs)
+        return _or([f"({x})" if " and " in x else x for x in exprs])
+
+    fam4 = ["h_f6 = '0'"] if plan6 is not None else []
+    for i, e in enumerate(plan.entries):
+        entries.append(entry(e, fam4, None))
+        rows.append((i, entries[-1], i))
+    if plan6 is not None:
+        if set_slots(plan6):
+            raise ValueError("the IPv6 plan matches ipsets: the core has no IPv6 set tables")
+        base = v6_base(plan)
+        for j, e in enumerate(e6):
+            rows.append((base + j, entry(e, ["h_f6 = '1'"], plan6.addr_map), None))
     return {
         "comparators": list(comps),
         "entries": entries,
+        "rows": rows,
         "boxes": boxes,
         "nboxes": len(boxes),
         "box_stage": box_stage,
@@ -200,7 +293,7 @@ def matcher_source(plan) -> dict:
     }
 
 
-def matcher_hash(plan) -> str:
+def matcher_hash(plan, plan6=None) -> str:
     """Hex SHA-256 of what the matcher is built from: the entries' boxes in order and the update buffer's depth δ
     (not shunt bits, not actions, not the buffer's contents, which are run-time registers). Its low 32 bits are the
     MATCHER_HASH register: a plan with the same value programs a running core by register writes alone; any other
@@ -218,7 +311,21 @@ def matcher_hash(plan) -> str:
     h.update(f"update buffer {buffer_depth(plan)}\n".encode())
     if set_slots(plan):  # the tables' types, directions and geometry are the core's (their contents are not)
         h.update(f"sets {set_generics(plan)}\n".encode())
+    if plan6 is not None:  # a dual-stack core: the IPv6 entries as the addresses their ranks stand for
+        h.update(f"ipv6 {len(plan6.entries)}\n".encode())
+        m = matcher_source(_Empty(), plan6)
+        for _i, expr, _v in m["rows"]:
+            h.update(f"{expr}\n".encode())
+        h.update("\n".join(m["comparators"]).encode())
+        h.update("\n".join(m["boxes"]).encode())
     return h.hexdigest()
+
+
+class _Empty:
+    """An IPv4 side without entries or slots (matcher_hash renders the IPv6 side alone)."""
+
+    entries: tuple = ()
+    buffer_depth = 0
 
 
 def enc_stages(n_in: int, fanin: int) -> int:
@@ -269,13 +376,23 @@ def template_env() -> jinja2.Environment:
     )
 
 
-def render(plan, out_dir: Path, tdata_width: int = 256, encoder_fanin: int = 8, power_on: str = "plan") -> list[Path]:
+def render(
+    plan, out_dir: Path, tdata_width: int = 256, encoder_fanin: int = 8, power_on: str = "plan", plan6=None
+) -> list[Path]:
     """Write the generated VHDL (policy package, matcher) and the register package into out_dir.
 
     power_on: the table contents after power-on/reset. "plan" = this plan's shunt vector and actions (a bitstream
     that filters on its own); "shunt_all" = every entry shunts (safe for any plan with the same matcher; the
     sources then depend on the matcher alone, so one build serves every plan that shares it).
+    plan6: the IPv6 side of a dual stack (a family-6 Plan, docs/ipv6.md "The NIC's core"): a core that walks the
+    IPv6 chain and matches a parsed IPv6 frame against these entries only (hardware indices from v6_base(plan), the
+    IPv6 policy entry after them), an IPv4 frame against the IPv4 entries only. None: an IPv4-only core, whose
+    parser generates the walk out (IPv6 frames unparsed).
     """
+    if plan6 is not None and getattr(plan6, "family", 4) != 6:
+        raise ValueError("plan6 must be the plan of an IPv6 (family 6) policy")
+    if plan6 is not None and len(plan6.shunt) != len(plan6.entries) + 1:
+        raise ValueError("plan6.shunt and plan6.actions need n6 + 1 values")
     if power_on not in POWER_ON:
         raise ValueError(f"power_on must be one of {', '.join(POWER_ON)}")
     if tdata_width not in (256, 512):
@@ -301,24 +418,36 @@ def render(plan, out_dir: Path, tdata_width: int = 256, encoder_fanin: int = 8, 
     actions = action_words(plan) if power_on == "plan" else [ACTION_DROP] * (n + 1)
     shunt += [1] * (rows - len(shunt))
     actions += [0] * (rows - len(actions))
+    n6 = len(plan6.entries) if plan6 is not None else 0
+    if plan6 is not None:  # the IPv6 entries' rows and the IPv6 policy entry's after the buffer's slots
+        rows += n6 + 1
+        shunt += [int(b) for b in plan6.shunt] if power_on == "plan" else [1] * (n6 + 1)
+        actions += action_words(plan6) if power_on == "plan" else [ACTION_DROP] * (n6 + 1)
     words = [0] * ((rows + 31) // 32)
     for i, bit in enumerate(shunt):
         if bit:
             words[i // 32] |= 1 << (i % 32)
-    idx_w = idx_width(n, depth)
+    idx_w = idx_width(n + (n6 + 1 if plan6 is not None else 0), depth)
+    # the result vector: the IPv4 entries, then (dual stack) zeros for the IPv4 policy entry and the buffer's slots,
+    # then the IPv6 entries, so that the encoder's index is the hardware index of either family
+    res_w = res_width(n) if plan6 is None or n6 == 0 else v6_base(plan) + n6
     sw_w = max(1, math.ceil(math.log2(len(words))))
     padded_words = words + [0] * ((1 << sw_w) - len(words))
     padded_actions = [int(a) & 0xF for a in actions] + [0] * ((1 << idx_w) - rows)
     env = template_env()
-    mhash = matcher_hash(plan)
+    mhash = matcher_hash(plan, plan6)
     common = {
         "origin": f"policy {plan.policy_hash}" if power_on == "plan" else f"matcher {mhash} (power-on: shunt all)",
         "n": n,
-        "res_width": res_width(n),
+        "res_width": res_w,
+        "valid_width": res_width(n),
+        "v6_on": plan6 is not None,
+        "n6": n6,
+        "rows": rows,
         "idx_w": idx_w,
         "hash32": mhash[-8:].upper(),
         "fanin": encoder_fanin,
-        "enc_stages": enc_stages(res_width(n), encoder_fanin),
+        "enc_stages": enc_stages(res_w, encoder_fanin),
         "tdata_width": tdata_width,
         "shunt_words": len(words),
         "shunt_depth": len(padded_words),
@@ -333,7 +462,7 @@ def render(plan, out_dir: Path, tdata_width: int = 256, encoder_fanin: int = 8, 
         "sets_or_none": set_generics(plan) or [settable.slot_generics("hash:ip", ("src",), settable.Geometry(1, 1, 1))],
         "set_latency": settable.LATENCY if set_slots(plan) else 0,
     }
-    m = matcher_source(plan)
+    m = matcher_source(plan, plan6)
     common["match_latency"] = m["match_latency"]
     paths = []
     for tmpl, name, extra in (

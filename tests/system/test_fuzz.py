@@ -259,3 +259,96 @@ def test_attack_shapes_xdp(xdp_lab, seed):
         f"policy seed {seed} on xdp: {bad} verdict mismatches, {altered} altered, {observer_bad} observer "
         f"mismatches; reproduce with random_policy({seed}, conntrack={conntrack})\n{tally.table()}\n{tally.examples[:6]}"
     )
+
+
+# ---- IPv6 (issue #25): a random ip6tables policy beside the IPv4 one, verify6's frames -----------------------------
+FRAMES6 = int(os.environ.get("HF_FUZZ_FRAMES6", "300"))  # IPv6 frames of the short dual-stack case, per target
+V6_V4_FRAMES = 100  # the IPv4 frames beside them (the IPv4 side is test_fuzz's)
+
+
+def _dual_stack(seed: int, pair: tuple[str, str], target: str):
+    """One pair of the dual stack: random_policy(seed) and random_policy6(seed) deployed together, FRAMES6 IPv6 frames
+    of every verify6 kind and V6_V4_FRAMES IPv4 frames through both paths; (tally, the IPv6 rules' oracle counters,
+    IPv6 frames the fast path counted unparsed)."""
+    from hypafilter.config import Config
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.ops import deploy
+    from hypafilter.ops.verify import FRAME_KINDS
+    from hypafilter.tools.fuzz import Tally, counted_rules, fuzz_policy, policy6, random_policy, random_policy6
+
+    conntrack = seed % 2 == 0
+    text = random_policy(seed, conntrack=conntrack)
+    policy = parse_policy(text, filename=f"fuzz-seed-{seed}", base_chain="FORWARD", config=Config())
+    text6 = random_policy6(seed, conntrack=conntrack)
+    print(f"\nfuzz ipv6 {target}: policy seed {seed} {pair[0]}/{pair[1]}, IPv6 side:\n{text6}")
+    hits: list[tuple[int, str]] = []
+
+    def after(mode: str, strategy: str, n: int) -> None:
+        hits.extend(counted_rules(f"{deploy.LAB_NAME}-plain", 6))
+
+    tally = fuzz_policy(
+        policy,
+        seed,
+        V6_V4_FRAMES,
+        FRAME_KINDS,
+        MALFORMED,
+        pairs=(pair,),
+        tally=Tally(),
+        after=after,
+        target=target,
+        v6=policy6(text6, f"fuzz6-seed-{seed}"),
+        frames6=FRAMES6,
+        log=lambda s: print(f"fuzz ipv6 {target}: {s}"),
+    )
+    print(tally.table())
+    for packets, rule in hits:
+        print(f"fuzz ipv6:   {packets:>6} {rule}")
+    return tally, hits, tally.runs[0]["unparsed"]
+
+
+def _check_dual_stack(tally, hits, seed: int, target: str) -> dict:
+    from hypafilter.ops.verify6 import KINDS6
+
+    v6 = {k: v for k, v in tally.by_kind.items() if k.startswith("v6_")}
+    assert set(v6) == {f"v6_{k}" for k in KINDS6}, sorted(v6)
+    frames6 = sum(v["packets"] for v in v6.values())
+    delivered6 = sum(v["delivered"] for v in v6.values())
+    assert frames6 == FRAMES6 and tally.frames == FRAMES6 + V6_V4_FRAMES
+    bad = sum(v["mismatches"] for v in tally.by_kind.values())
+    altered = sum(r["altered"] for r in tally.runs)
+    assert bad == 0 and altered == 0, (
+        f"dual stack seed {seed} on {target}: {bad} verdict mismatches, {altered} altered; reproduce with "
+        f"random_policy({seed}) and random_policy6({seed})\n{tally.table()}\n{tally.examples[:6]}"
+    )
+    # the kernel both passed and dropped IPv6 frames, and rules of the IPv6 policy matched them (it was reached)
+    assert 0 < delivered6 < frames6, v6
+    assert sum(1 for packets, _ in hits if packets) >= 3, hits
+    return v6
+
+
+def test_fuzz_ipv6_emu(lab):
+    """The dual stack on the emulated NIC: every IPv6 frame to ip6tables with k = 0 (the core shunts IPv6 unparsed),
+    ip6tables holding the random IPv6 policy beside the hybrid's IPv4 side; the kernel alone as oracle. The last
+    policy of test_fuzz on its last pair, so the IPv4 side is already deployed (no build)."""
+    seed = FIRST_SEED + POLICIES - 1
+    tally, hits, unparsed = _dual_stack(seed, pairs_of(seed)[-1], "emu")
+    _check_dual_stack(tally, hits, seed, "emu")
+    assert unparsed >= FRAMES6, f"every IPv6 frame is unparsed on the core (k = 0): {unparsed} of {FRAMES6}"
+
+
+def test_fuzz_ipv6_xdp(xdp_lab):
+    """The dual stack on xdp with `xdp_ipv6` on: the program decides the IPv6 frames it parses by the random IPv6
+    policy's table set (fewer unparsed frames than IPv6 frames), ip6tables the rest with k = 0; the kernel alone as
+    oracle."""
+    from hypafilter.ops import deploy
+
+    _, state = xdp_lab
+    seed = FIRST_SEED + 1
+    was = (deploy.LAB_NAME, deploy.STATE_DIR)
+    deploy.configure(lab=XDP_LAB, state_dir=state)
+    try:
+        tally, hits, unparsed = _dual_stack(seed, ("selective", "interval"), "xdp")
+    finally:
+        deploy.configure(*was)
+    _check_dual_stack(tally, hits, seed, "xdp")
+    assert unparsed < FRAMES6 * 2 // 3, f"the program decided few IPv6 frames: {unparsed} of {FRAMES6} unparsed"

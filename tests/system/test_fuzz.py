@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from pathlib import Path
 
 import pytest
 from hypafilter.ops.connections import connections_completed
@@ -352,3 +353,74 @@ def test_fuzz_ipv6_xdp(xdp_lab):
         deploy.configure(*was)
     _check_dual_stack(tally, hits, seed, "xdp")
     assert unparsed < FRAMES6 * 2 // 3, f"the program decided few IPv6 frames: {unparsed} of {FRAMES6} unparsed"
+
+
+def test_update_both_families_xdp(xdp_lab, tmp_path):
+    """`hypafilter update POLICY --ipv6 V6POLICY` from test_fuzz_ipv6_xdp's dual stack to the next seed's two random
+    policies: both families change in one transaction (one generation, one history entry with both loads, the
+    program's IPv6 table set rewritten: the IPv6 frames decided in XDP by the new policy), and the kernel alone
+    agrees with the hybrid afterwards; an update without IPv6 arguments keeps the deployed IPv6 side."""
+    import json
+
+    from hypafilter.config import Config
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.ops import deploy
+    from hypafilter.ops.verify import FRAME_KINDS
+    from hypafilter.tools.fuzz import FUZZ_TREE_MIN_SEGMENT, Tally, fuzz_policy, policy6, random_policy, random_policy6
+
+    from tests.hfcli import HfCli
+
+    _, state = xdp_lab
+    hf = HfCli(XDP_LAB, state)
+    st0 = json.loads((Path(state) / "state.json").read_text())
+    assert st0["ipv6"]["mode"] == "policy" and st0["xdp_ipv6"], "needs test_fuzz_ipv6_xdp's dual stack before"
+    seed = FIRST_SEED + 2
+    conntrack = seed % 2 == 0
+    text, text6 = random_policy(seed, conntrack=conntrack), random_policy6(seed, conntrack=conntrack)
+    (tmp_path / "v4.rules").write_text(text)
+    (tmp_path / "v6.rules").write_text(text6)
+    (tmp_path / "cfg.toml").write_text(
+        f'shunt_mode = "selective"\nstrategy = "interval"\ntree_min_segment = {FUZZ_TREE_MIN_SEGMENT}\n'
+        "xdp_ipv6 = true\n"
+    )
+    args = ["update", str(tmp_path / "v4.rules"), "--config", str(tmp_path / "cfg.toml"), "-q"]
+    hf(*args, "--ipv6", str(tmp_path / "v6.rules"))
+    st = json.loads((Path(state) / "state.json").read_text())
+    policy = parse_policy(text, filename=f"fuzz-seed-{seed}", base_chain="FORWARD", config=Config())
+    v6 = policy6(text6, f"fuzz6-seed-{seed}")
+    assert st["policy_hash"] == policy.policy_hash() and st["ipv6"]["hash"] == v6.policy_hash()
+    assert st["generation"] == st0["generation"] + 1 and st["history"][-1]["result"] != "failed"
+    assert st["tables"]["v6"]["entries"] > 0, st["tables"]
+    fw6 = ns_sh(f"{XDP_LAB}-fw", "ip6tables-save", "-t", "filter")
+    assert sum(ln.startswith("-A ") for ln in fw6.splitlines()) == sum(
+        ln.startswith("-A ") for ln in text6.splitlines()
+    )
+    # the hybrid as updated against both policies alone (verify finds them deployed: no deploy of its own)
+    was = (deploy.LAB_NAME, deploy.STATE_DIR)
+    deploy.configure(lab=XDP_LAB, state_dir=state)
+    try:
+        tally = fuzz_policy(
+            policy,
+            seed,
+            V6_V4_FRAMES,
+            FRAME_KINDS,
+            MALFORMED,
+            pairs=(("selective", "interval"),),
+            tally=Tally(),
+            target="xdp",
+            v6=v6,
+            frames6=FRAMES6,
+            log=lambda s: print(f"fuzz update: {s}"),
+        )
+    finally:
+        deploy.configure(*was)
+    assert tally.runs[0]["packets_ipv6"] == FRAMES6 and tally.mismatches == 0, (tally.table(), tally.examples[:6])
+    st1 = json.loads((Path(state) / "state.json").read_text())
+    assert st1["generation"] == st["generation"], "verify redeployed what update had deployed"
+    assert tally.runs[0]["unparsed"] < FRAMES6 * 2 // 3, tally.runs
+    # without IPv6 arguments: the IPv4 side replaced, the IPv6 side kept as deployed
+    (tmp_path / "v4b.rules").write_text(random_policy(seed + 1, conntrack=conntrack))
+    hf("update", str(tmp_path / "v4b.rules"), "--config", str(tmp_path / "cfg.toml"), "-q")
+    st2 = json.loads((Path(state) / "state.json").read_text())
+    assert st2["policy_hash"] != st["policy_hash"] and st2["ipv6"]["hash"] == v6.policy_hash()
+    assert ns_sh(f"{XDP_LAB}-fw", "ip6tables-save", "-t", "filter").count("-A ") == fw6.count("-A ")

@@ -32,6 +32,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         frames6=frames6,
         log=progress(args, quiet=args.json),
         attack_share=args.attack_share,
+        connections=args.connections,
     )
     s = r.summary()
     if args.json:
@@ -67,5 +68,13 @@ def register(sub) -> None:
         "MODE/STRATEGY[,...] (default quick)",
     )
     p.add_argument("--attack-share", type=float, default=0.3, help="share of IPv4 attack frames (default 0.3)")
+    p.add_argument(
+        "--connections",
+        type=int,
+        default=0,
+        metavar="N",
+        help="policies that read conntrack state (even seeds): N real connections per pair after the frames "
+        "(verify --connections; IPv6 ones too with -6)",
+    )
     p.add_argument("--json", action="store_true", help="the summary, frames by kind and every pair's run as JSON")
     p.set_defaults(func=cmd_fuzz)

@@ -614,6 +614,11 @@ class Tally:
                 "observer_mismatches": obs.get("mismatches", 0),
                 "packets_ipv6": report.get("ipv6", {}).get("packets", 0),
                 "unparsed": unparsed(report),
+                # verify --connections: connections whose outcome differs (IPv4's and the dual stack's IPv6 ones)
+                "connection_mismatches": sum(
+                    (c or {}).get("mismatches", 0)
+                    for c in (report.get("connections"), report.get("ipv6", {}).get("connections"))
+                ),
             }
         )
         self.examples += [{**where, **ex} for ex in report["examples"][:3]]
@@ -625,8 +630,9 @@ class Tally:
 
     @property
     def mismatches(self) -> int:
-        """Frames whose verdict or bytes differ, plus observing rules whose counters differ (verify's observers)."""
-        return sum(r["mismatches"] + r["observer_mismatches"] for r in self.runs)
+        """Frames whose verdict or bytes differ, plus observing rules whose counters differ (verify's observers) and
+        connections whose outcome differs (verify's connections)."""
+        return sum(r["mismatches"] + r["observer_mismatches"] + r["connection_mismatches"] for r in self.runs)
 
     def table(self) -> str:
         rows = [f"{'kind':<20} {'frames':>9} {'delivered':>9} {'mismatches':>10}"]
@@ -650,6 +656,7 @@ def fuzz_policy(
     attack_share: float = 0.0,
     v6=None,
     frames6: int = 0,
+    connections: int = 0,
 ) -> Tally:
     """`frames` frames per (mode, strategy) pair through verify, frame seed = seed·100 + the pair's number in
     COMBOS (so a subset of `pairs` sends the same frames per pair as the whole run); `after` runs after each pair
@@ -657,7 +664,10 @@ def fuzz_policy(
     attack shapes (verify.ATTACK_SHAPES) drawn for a share `attack_share` of the frames, counted by kind
     attack_<shape>. `v6` (a policy6()): the dual stack, that ip6tables policy deployed beside `policy` and
     `frames6` IPv6 frames of every verify6 kind after the IPv4 ones (kinds v6_<kind>); on xdp with `xdp_ipv6` on,
-    so that the program decides the IPv6 frames it parses (on emu every IPv6 frame goes to ip6tables with k = 0)."""
+    so that the program decides the IPv6 frames it parses (on emu every IPv6 frame goes to ip6tables with k = 0).
+    `connections`: verify's real connections after the frames of each pair (IPv4 ones, and IPv6 ones with `v6`)."""
+    from hypafilter.ops.connections import ConnectionSpec
+
     tally = tally or Tally()
     six = Six(v6, packets=frames6) if v6 is not None else None
     for n, (mode, strategy) in enumerate(pairs):
@@ -674,6 +684,7 @@ def fuzz_policy(
             policy,
             config,
             six=six,
+            connections=ConnectionSpec(connections) if connections else None,
             packets=frames,
             seed=frame_seed,
             malformed=malformed,
@@ -770,11 +781,13 @@ def run(
     frames6: int = 0,
     log: Callable[[str], None] = lambda s: None,
     attack_share: float = 0.3,
+    connections: int = 0,
 ) -> Run:
     """Each policy seed on every pair of `pairs` (`frames` IPv4 frames per pair; with `ipv6`, the dual stack:
     random_policy6(seed) beside random_policy(seed) and `frames6` IPv6 frames per pair) through verify on the lab
     deploy points at; the oracle's rule counters read after every pair for the coverage. Even seeds read
-    conntrack state (as tests/system/test_fuzz.py draws them)."""
+    conntrack state (as tests/system/test_fuzz.py draws them) and get `connections` real connections per pair
+    (verify's, both families with `ipv6`; their address matches treat the lab's two paths alike)."""
     from hypafilter.iptables.document import parse_policy
     from hypafilter.ops import deploy
     from hypafilter.ops.verify import ATTACK_SHAPES, FRAME_KINDS
@@ -814,6 +827,7 @@ def run(
             attack_share=attack_share,
             v6=v6,
             frames6=frames6,
+            connections=connections if conntrack else 0,
         )
         for feature, needle in features.items():
             rules = [r for r in hits if needle in r]

@@ -607,6 +607,7 @@ class Tally:
             for k in mine:
                 mine[k] += counts[k]
         obs = report.get("observers", {})
+        conns = (report.get("connections"), report.get("ipv6", {}).get("connections"))
         self.runs.append(
             {
                 **where,
@@ -614,11 +615,10 @@ class Tally:
                 "observer_mismatches": obs.get("mismatches", 0),
                 "packets_ipv6": report.get("ipv6", {}).get("packets", 0),
                 "unparsed": unparsed(report),
-                # verify --connections: connections whose outcome differs (IPv4's and the dual stack's IPv6 ones)
-                "connection_mismatches": sum(
-                    (c or {}).get("mismatches", 0)
-                    for c in (report.get("connections"), report.get("ipv6", {}).get("connections"))
-                ),
+                # verify --connections: connections run and those whose outcome differs (IPv4's and the dual
+                # stack's IPv6 ones)
+                "connections": sum((c or {}).get("connections", 0) for c in conns),
+                "connection_mismatches": sum((c or {}).get("mismatches", 0) for c in conns),
             }
         )
         self.examples += [{**where, **ex} for ex in report["examples"][:3]]
@@ -765,6 +765,8 @@ class Run:
             "frames_ipv6": sum(v["packets"] for v in v6.values()),
             "mismatches": self.mismatches,
             "mismatches_ipv6": sum(v["mismatches"] for v in v6.values()),
+            "connections": sum(r["connections"] for r in self.tally.runs),
+            "connection_mismatches": sum(r["connection_mismatches"] for r in self.tally.runs),
             "seconds": round(self.seconds, 1),
             "coverage": self.coverage,
             "unreached": sorted(f for f, (_, packets) in self.coverage.items() if not packets),

@@ -458,8 +458,8 @@ class _Gen6(_Gen):
             names = sorted(set(rng.sample(IPV6HEADER_NAMES, rng.randint(1, 2))))
             soft = ["--soft"] if rng.random() < 0.6 else []
             return ["-m", "ipv6header", *self.neg(0.2), "--header", ",".join(names), *soft]
-        if kind in ("hbh", "dst"):
-            return ["-m", kind, *self.neg(0.2), f"--{kind}-len", str(rng.choice((0, 1, 2)))]
+        if kind in ("hbh", "dst"):  # the header's whole length in bytes (ipv6_optlen): 8, 16, ...
+            return ["-m", kind, *self.neg(0.2), f"--{kind}-len", str(rng.choice((8, 8, 16, 24, 1)))]
         if kind == "rt":
             out = ["-m", "rt", *self.neg(0.2), "--rt-type", str(rng.choice((0, 2, 4)))]
             if rng.random() < 0.4:
@@ -470,6 +470,15 @@ class _Gen6(_Gen):
     def matches(self, in_user_chain: bool) -> list[str]:
         rng, out = self.rng, []
         proto = rng.choice(("tcp", "tcp", "udp", "udp", "ipv6-icmp", "ipv6-icmp", None, None, "ext"))
+        # A rule with an IPv6 match tests fewer header fields: the frame shapes it reads (chains, fragments, hop
+        # limits) are a share of verify6's frames, so its other tests must leave it frames to match.
+        ext = self.ext() if rng.random() < 0.25 else []
+        if ext[:2] == ["-m", "ah"] and rng.random() < 0.7:
+            # iptables-nft's -p stops at AH (meta l4proto 51): -m ah beside -p tcp/udp/icmpv6 matches nothing
+            proto = rng.choice((None, "ah"))
+            if proto:
+                out += ["-p", proto]
+                proto = None
         if proto == "ext":  # -p of an extension header or another protocol as ipv6_find_hdr reads it
             p = rng.choice(("ah", "esp", "59", "0", "ipv6-frag", "ipv6-opts", "gre"))
             out += [*(self.neg(0.3) if p != "0" else []), "-p", p]  # `! -p 0` never matches: ip6tables refuses it
@@ -479,9 +488,8 @@ class _Gen6(_Gen):
             proto = None
         elif proto:
             out += ["-p", proto]
-        # A rule with an IPv6 match tests fewer header fields: the frame shapes it reads (chains, fragments, hop
-        # limits) are a share of verify6's frames, so its other tests must leave it frames to match.
-        ext = bool(out and out[-1] == "0") or rng.random() < 0.25
+        if not ext and out and out[-1] == "0":  # -p 0 (every protocol): the rule tests something else
+            ext = self.ext()
         for opt in ("-s", "-d"):
             if rng.random() < (0.12 if ext else 0.35):
                 out += [*self.neg(), opt, self.prefix()]
@@ -493,9 +501,7 @@ class _Gen6(_Gen):
             out += ["-m", "mark", *self.neg(0.3), "--mark", rng.choice(MARKS)]
         if self.conntrack and rng.random() < 0.25:
             out += ["-m", "conntrack", *self.neg(0.15), "--ctstate", rng.choice(CT_STATES)]
-        if ext:
-            out += self.ext()
-        return out
+        return out + ext
 
     def target(self, chain_index: int | None) -> list[str]:
         rng = self.rng

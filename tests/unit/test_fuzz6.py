@@ -39,3 +39,29 @@ def test_every_ipv6_feature_drawn():
     missing = [f for f, needle in FEATURES6.items() if not any(needle in t for t in texts)]
     assert not missing, missing
     assert any("-m conntrack" in t for t in texts) and any("-m conntrack" not in t for t in texts)
+
+
+def test_conntrack_policies_treat_both_lab_paths_alike():
+    """Policies that get real connections (conntrack) must decide the hybrid path's and the plain path's addresses
+    alike (fd48:4600::/64, fd48:4601::/64: they differ in the second group): every address match holds both or
+    neither, else the connection checks compare two different policies."""
+    import ipaddress
+
+    paths = [ipaddress.ip_network(n) for n in ("fd48:4600::/64", "fd48:4601::/64")]
+    for seed in SEEDS:
+        for ln in random_policy6(seed, conntrack=True).splitlines():
+            toks = shlex.split(ln)
+            for i, t in enumerate(toks[:-1]):
+                if t in ("-s", "-d"):
+                    net = ipaddress.ip_network(toks[i + 1])
+                    held = [p.subnet_of(net) for p in paths]
+                    touched = [p.overlaps(net) for p in paths]
+                elif t in ("--src-range", "--dst-range"):
+                    lo, hi = (ipaddress.ip_address(a) for a in toks[i + 1].split("-"))
+                    held = [lo <= p[0] and p[-1] <= hi for p in paths]
+                    touched = [not (hi < p[0] or lo > p[-1]) for p in paths]
+                else:
+                    continue
+                assert held in ([True, True], [False, False]) and touched in ([True, True], [False, False]), (
+                    f"seed {seed}: {ln}"
+                )

@@ -336,8 +336,10 @@ def _draw(rng: random.Random, seed: int, conntrack: bool | None, rules: int | No
 
 # Networks the IPv6 policies draw from: the lab's two paths (verify6.LAB_NETS: hybrid fd48:4600::/64, plain
 # fd48:4601::/64), documentation space, a link-local and a multicast range, and (in prefix6) random addresses.
-NETS6 = ("fd48:4600::/64", "fd48:4601::/64", "fd48:4600::/63", "2001:db8::/32", "fe80::/10", "ff02::/16")
-PATHS_NET6 = ipaddress.ip_network("fd48:4600::/63")
+NETS6 = ("fd48:4600::/64", "fd48:4601::/64", "fd48:4600::/31", "2001:db8::/32", "fe80::/10", "ff02::/16")
+# The smallest network holding both paths' (they differ in the second group): a policy checked with real
+# connections treats both alike, its address matches contain all of it or miss it (as PATHS_NET for IPv4).
+PATHS_NET6 = ipaddress.ip_network("fd48:4600::/31")
 # Types as ip6tables reads them (names, unique prefixes, numbers, TYPE/CODE); verify6 sends echo, ND, errors and
 # unknown types.
 ICMP6_TYPES = (
@@ -629,6 +631,12 @@ class Tally:
         )
         self.examples += [{**where, **ex} for ex in report["examples"][:3]]
         self.examples += [{**where, "observer": ex} for ex in obs.get("examples", [])[:3]]
+        fam = ("ipv4", "ipv6")
+        self.examples += [
+            {**where, "connection": ex, "family": f}
+            for f, c in zip(fam, conns, strict=True)
+            for ex in (c or {}).get("examples", [])[:3]
+        ]
 
     @property
     def frames(self) -> int:

@@ -141,6 +141,21 @@ test-live-k0:
 	@scripts/setup.sh system
 	HF_LIVE_K0_FULL=1 scripts/run-system-tests.sh -n 0 -s tests/system/test_tree_strategy.py -k live_k0
 
+# opt-in: the fuzzer's dual stack (docs/deploy.md "Fuzzing", IPv6): `hypafilter fuzz -6`, a random ip6tables policy
+# beside each IPv4 one and verify's IPv6 frames, on xdp (the program decides IPv6: xdp_ipv6 on) then on the emulated
+# NIC (IPv6 to ip6tables with k = 0; the pairs without exact, which builds a core per policy); 4 real connections
+# per pair of each family for the policies that read conntrack (even seeds). FUZZ6_POLICIES (12),
+# FUZZ6_FRAMES6 (IPv6 frames per pair, 400), FUZZ6_SEED (1), FUZZ6_LAB (lab name prefix, f6z: labs f6zx and f6ze)
+.PHONY: fuzz-ipv6
+FUZZ6 = HF_LAB=$${FUZZ6_LAB:-f6z}$(1) HF_STATE_DIR=/run/hypafilter/$${FUZZ6_LAB:-f6z}$(1) PYTHONPATH=mgmt .venv/bin/python -m hypafilter
+FUZZ6_ARGS = -6 --seed $${FUZZ6_SEED:-1} --policies $${FUZZ6_POLICIES:-12} --frames 200 --frames6 $${FUZZ6_FRAMES6:-400} --connections 4
+fuzz-ipv6:
+	@scripts/setup.sh system
+	$(call FUZZ6,x) fuzz $(FUZZ6_ARGS) --target xdp --pairs quick
+	$(call FUZZ6,x) undeploy -q && $(call FUZZ6,x) lab down
+	$(call FUZZ6,e) fuzz $(FUZZ6_ARGS) --target emu --pairs selective/interval,index/full,selective/cut,index/interval,selective/tree
+	$(call FUZZ6,e) undeploy -q && $(call FUZZ6,e) lab down
+
 # opt-in: `hypafilter optimize` against the kernel on 200 fuzzer policies (docs/optimize.md); OPT_FUZZ_SEEDS=N
 fuzz-optimize:
 	@scripts/setup.sh system

@@ -21,11 +21,12 @@ seed) scale it, HF_FUZZ_LAB names its lab (default hff); `make fuzz` is the long
 from __future__ import annotations
 
 import os
-import re
 import time
+from pathlib import Path
 
 import pytest
 from hypafilter.ops.connections import connections_completed
+from hypafilter.tools.fuzz import counted_rules  # (packets, rule) per rule of a namespace's filter table
 
 from conftest import need, ns_sh
 
@@ -66,16 +67,6 @@ def pairs_of(seed: int) -> tuple[tuple[str, str], ...]:
         return COMBOS
     third = ((seed - 1) // 2) % 3
     return tuple(p for i, p in enumerate(QUICK_COMBOS) if i % 3 == third)
-
-
-def counted_rules(ns: str) -> list[tuple[int, str]]:
-    """(packets, rule text) of every rule in the namespace's filter table, from iptables-save -c."""
-    out = []
-    for ln in ns_sh(ns, "iptables-save", "-c", "-t", "filter").splitlines():
-        m = re.match(r"\[(\d+):\d+\] (-A .*)", ln)
-        if m:
-            out.append((int(m.group(1)), m.group(2)))
-    return out
 
 
 @pytest.mark.parametrize("seed", policy_seeds())
@@ -259,3 +250,184 @@ def test_attack_shapes_xdp(xdp_lab, seed):
         f"policy seed {seed} on xdp: {bad} verdict mismatches, {altered} altered, {observer_bad} observer "
         f"mismatches; reproduce with random_policy({seed}, conntrack={conntrack})\n{tally.table()}\n{tally.examples[:6]}"
     )
+
+
+# ---- IPv6 (issue #25): a random ip6tables policy beside the IPv4 one, verify6's frames -----------------------------
+FRAMES6 = int(os.environ.get("HF_FUZZ_FRAMES6", "300"))  # IPv6 frames of the short dual-stack case, per target
+V6_V4_FRAMES = 100  # the IPv4 frames beside them (the IPv4 side is test_fuzz's)
+
+
+def _dual_stack(seed: int, pair: tuple[str, str], target: str):
+    """One pair of the dual stack: random_policy(seed) and random_policy6(seed) deployed together, FRAMES6 IPv6 frames
+    of every verify6 kind and V6_V4_FRAMES IPv4 frames through both paths; (tally, the IPv6 rules' oracle counters,
+    IPv6 frames the fast path counted unparsed)."""
+    from hypafilter.config import Config
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.ops import deploy
+    from hypafilter.ops.verify import FRAME_KINDS
+    from hypafilter.tools.fuzz import Tally, fuzz_policy, policy6, random_policy, random_policy6
+
+    conntrack = seed % 2 == 0
+    text = random_policy(seed, conntrack=conntrack)
+    policy = parse_policy(text, filename=f"fuzz-seed-{seed}", base_chain="FORWARD", config=Config())
+    text6 = random_policy6(seed, conntrack=conntrack)
+    print(f"\nfuzz ipv6 {target}: policy seed {seed} {pair[0]}/{pair[1]}, IPv6 side:\n{text6}")
+    hits: list[tuple[int, str]] = []
+
+    def after(mode: str, strategy: str, n: int) -> None:
+        hits.extend(counted_rules(f"{deploy.LAB_NAME}-plain", 6))
+
+    tally = fuzz_policy(
+        policy,
+        seed,
+        V6_V4_FRAMES,
+        FRAME_KINDS,
+        MALFORMED,
+        pairs=(pair,),
+        tally=Tally(),
+        after=after,
+        target=target,
+        v6=policy6(text6, f"fuzz6-seed-{seed}"),
+        frames6=FRAMES6,
+        log=lambda s: print(f"fuzz ipv6 {target}: {s}"),
+    )
+    print(tally.table())
+    for packets, rule in hits:
+        print(f"fuzz ipv6:   {packets:>6} {rule}")
+    return tally, hits, tally.runs[0]["unparsed"]
+
+
+def _check_dual_stack(tally, hits, seed: int, target: str) -> dict:
+    from hypafilter.ops.verify6 import KINDS6
+
+    v6 = {k: v for k, v in tally.by_kind.items() if k.startswith("v6_")}
+    assert set(v6) == {f"v6_{k}" for k in KINDS6}, sorted(v6)
+    frames6 = sum(v["packets"] for v in v6.values())
+    delivered6 = sum(v["delivered"] for v in v6.values())
+    assert frames6 == FRAMES6 and tally.frames == FRAMES6 + V6_V4_FRAMES
+    bad = sum(v["mismatches"] for v in tally.by_kind.values())
+    altered = sum(r["altered"] for r in tally.runs)
+    assert bad == 0 and altered == 0, (
+        f"dual stack seed {seed} on {target}: {bad} verdict mismatches, {altered} altered; reproduce with "
+        f"random_policy({seed}) and random_policy6({seed})\n{tally.table()}\n{tally.examples[:6]}"
+    )
+    # the kernel both passed and dropped IPv6 frames, and rules of the IPv6 policy matched them (it was reached)
+    assert 0 < delivered6 < frames6, v6
+    assert sum(1 for packets, _ in hits if packets) >= 3, hits
+    return v6
+
+
+def test_fuzz_ipv6_emu(lab):
+    """The dual stack on the emulated NIC: every IPv6 frame to ip6tables with k = 0 (the core shunts IPv6 unparsed),
+    ip6tables holding the random IPv6 policy beside the hybrid's IPv4 side; the kernel alone as oracle. The last
+    policy of test_fuzz on its last pair, so the IPv4 side is already deployed (no build)."""
+    seed = FIRST_SEED + POLICIES - 1
+    tally, hits, unparsed = _dual_stack(seed, pairs_of(seed)[-1], "emu")
+    _check_dual_stack(tally, hits, seed, "emu")
+    assert unparsed >= FRAMES6, f"every IPv6 frame is unparsed on the core (k = 0): {unparsed} of {FRAMES6}"
+
+
+# The xdp dual stack's policy seed: its draws showed that a change of shunting mode could not be deployed (below).
+XDP6_SEED = 9
+
+
+def test_fuzz_ipv6_xdp_update(xdp_lab, tmp_path):
+    """The dual stack on xdp with `xdp_ipv6` on, reached by `hypafilter update POLICY --ipv6 V6POLICY` from what the
+    lab has (test_attack_shapes_xdp's IPv4 policy alone): both families change in one transaction (one generation,
+    the IPv6 side loaded and the program's IPv6 table set written), then verify finds it deployed and sends the
+    fuzzer's frames: the program decides the IPv6 frames it parses by the random IPv6 policy's table set (fewer
+    unparsed frames than two thirds of the IPv6 frames), ip6tables the rest with k = 0, the kernel alone as oracle.
+    Then the same policies in exact mode: the IPv4 change fits the running program's update buffer, the IPv6 plan
+    (exact mode has other entries) does not fit its IPv6 table set — the fuzzer found this deploy refused ("the
+    plan's tables do not fit the running program", rolled back) while only the IPv4 side's fit was checked. Last, an
+    update without IPv6 arguments keeps the deployed IPv6 side."""
+    import json
+
+    from hypafilter.config import Config
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.ops import deploy
+    from hypafilter.ops.verify import FRAME_KINDS
+    from hypafilter.tools.fuzz import FUZZ_TREE_MIN_SEGMENT, Tally, fuzz_policy, policy6, random_policy, random_policy6
+
+    from tests.hfcli import HfCli
+
+    _, state = xdp_lab
+    hf = HfCli(XDP_LAB, state)
+    seed = XDP6_SEED
+    conntrack = seed % 2 == 0
+    text, text6 = random_policy(seed, conntrack=conntrack), random_policy6(seed, conntrack=conntrack)
+    print(f"\nfuzz ipv6 xdp: policy seed {seed}, IPv6 side:\n{text6}")
+    (tmp_path / "v4.rules").write_text(text)
+    (tmp_path / "v6.rules").write_text(text6)
+    (tmp_path / "cfg.toml").write_text(
+        f'shunt_mode = "selective"\nstrategy = "interval"\ntree_min_segment = {FUZZ_TREE_MIN_SEGMENT}\n'
+        "xdp_ipv6 = true\n"
+    )
+    st0 = deploy.read_state(Path(state) / "state.json") or {}
+    cmd = ["update"] if st0 else ["deploy", "--target", "xdp"]  # (alone, -k: nothing deployed yet)
+    cfg = ["--config", str(tmp_path / "cfg.toml"), "-q"]
+    hf(*cmd, str(tmp_path / "v4.rules"), "--ipv6", str(tmp_path / "v6.rules"), *cfg)
+    st = json.loads((Path(state) / "state.json").read_text())
+    policy = parse_policy(text, filename=f"fuzz-seed-{seed}", base_chain="FORWARD", config=Config())
+    v6 = policy6(text6, f"fuzz6-seed-{seed}")
+    assert st["policy_hash"] == policy.policy_hash() and st["ipv6"]["hash"] == v6.policy_hash()
+    assert st["generation"] == st0.get("generation", 0) + 1 and st["xdp_ipv6"], st["history"][-2:]
+    assert st["tables"]["v6"]["entries"] > 0, st["tables"]
+    fw6 = ns_sh(f"{XDP_LAB}-fw", "ip6tables-save", "-t", "filter")
+    assert fw6.count("\n-A ") == text6.count("\n-A "), fw6
+    hits: list[tuple[int, str]] = []
+    was = (deploy.LAB_NAME, deploy.STATE_DIR)
+    deploy.configure(lab=XDP_LAB, state_dir=state)
+    try:
+        tally = fuzz_policy(
+            policy,
+            seed,
+            V6_V4_FRAMES,
+            FRAME_KINDS,
+            MALFORMED,
+            pairs=(("selective", "interval"),),
+            tally=Tally(),
+            after=lambda *_: hits.extend(counted_rules(f"{XDP_LAB}-plain", 6)),
+            target="xdp",
+            v6=v6,
+            frames6=FRAMES6,
+            log=lambda s: print(f"fuzz ipv6 xdp: {s}"),
+        )
+    finally:
+        deploy.configure(*was)
+    print(tally.table())
+    for packets, rule in hits:
+        print(f"fuzz ipv6:   {packets:>6} {rule}")
+    assert json.loads((Path(state) / "state.json").read_text())["generation"] == st["generation"], (
+        "verify deployed again what update had deployed"
+    )
+    _check_dual_stack(tally, hits, seed, "xdp")
+    unparsed = tally.runs[0]["unparsed"]
+    assert unparsed < FRAMES6 * 2 // 3, f"the program decided few IPv6 frames: {unparsed} of {FRAMES6} unparsed"
+    # exact mode (deploy within verify): the IPv4 side through the update buffer, the IPv6 table set rewritten
+    deploy.configure(lab=XDP_LAB, state_dir=state)
+    try:
+        exact = fuzz_policy(
+            policy,
+            seed,
+            V6_V4_FRAMES // 2,
+            FRAME_KINDS,
+            MALFORMED,
+            pairs=(("exact", "interval"),),
+            tally=Tally(),
+            target="xdp",
+            v6=v6,
+            frames6=FRAMES6 // 2,
+            log=lambda s: print(f"fuzz ipv6 xdp: {s}"),
+        )
+    finally:
+        deploy.configure(*was)
+    assert exact.mismatches == 0 and exact.runs[0]["packets_ipv6"] == FRAMES6 // 2, (exact.table(), exact.examples)
+    st_exact = json.loads((Path(state) / "state.json").read_text())
+    assert st_exact["mode"] == "exact" and st_exact["tables"]["v6"]["entries"] > 0, st_exact["tables"]
+    # without IPv6 arguments: the IPv4 side replaced, the IPv6 side kept as deployed
+    (tmp_path / "v4b.rules").write_text(random_policy(seed + 1, conntrack=conntrack))
+    hf("update", str(tmp_path / "v4b.rules"), *cfg)
+    st2 = json.loads((Path(state) / "state.json").read_text())
+    assert st2["policy_hash"] != st["policy_hash"] and st2["ipv6"]["hash"] == v6.policy_hash()
+    assert ns_sh(f"{XDP_LAB}-fw", "ip6tables-save", "-t", "filter").count("\n-A ") == fw6.count("\n-A ")

@@ -83,9 +83,9 @@ class TcpServers:
             except OSError:
                 continue
             t = threading.Thread(target=self._handle, args=(c, peer, srv.getsockname()[1]), daemon=True)
-            with self._lock:
+            with self._lock:  # started under the lock: settle() never sees a listed thread it cannot join yet
+                t.start()
                 self._handlers.append(t)
-            t.start()
 
     def _handle(self, c: socket.socket, peer: tuple[str, int], port: int) -> None:
         data = b""

@@ -25,7 +25,7 @@ from hypafilter.analysis.program import STRATEGIES
 from hypafilter.config import Config
 from hypafilter.iptables.writer import Restore
 from hypafilter.ir import Policy
-from hypafilter.ops.verify import verify
+from hypafilter.ops.verify import Six, verify
 
 # Strings for `-m string`: every character iptables-restore treats specially inside a quoted token, plus `#`
 # (a comment only in column 1) and blanks.
@@ -330,6 +330,271 @@ def _draw(rng: random.Random, seed: int, conntrack: bool | None, rules: int | No
     return doc.text()
 
 
+# ---- IPv6 (issue #25; docs/deploy.md "Fuzzing", docs/ipv6.md) -------------------------------------------------
+# An ip6tables policy deployed beside an IPv4 one (dual stack), verify's IPv6 frames (ops.verify6: extension-header
+# chains, AH, fragments, truncations, neighbour discovery, ICMPv6 errors quoting flows, jumbo) through both paths.
+
+# Networks the IPv6 policies draw from: the lab's two paths (verify6.LAB_NETS: hybrid fd48:4600::/64, plain
+# fd48:4601::/64), documentation space, a link-local and a multicast range, and (in prefix6) random addresses.
+NETS6 = ("fd48:4600::/64", "fd48:4601::/64", "fd48:4600::/31", "2001:db8::/32", "fe80::/10", "ff02::/16")
+# The smallest network holding both paths' (they differ in the second group): a policy checked with real
+# connections treats both alike, its address matches contain all of it or miss it (as PATHS_NET for IPv4).
+PATHS_NET6 = ipaddress.ip_network("fd48:4600::/31")
+# Types as ip6tables reads them (names, unique prefixes, numbers, TYPE/CODE); verify6 sends echo, ND, errors and
+# unknown types.
+ICMP6_TYPES = (
+    "echo-request",
+    "echo-reply",
+    "destination-unreachable",
+    "port-unreachable",
+    "packet-too-big",
+    "time-exceeded",
+    "parameter-problem",
+    "neighbour-solicitation",
+    "neighbour-advertisement",
+    "router-solicitation",
+    "router-advertisement",
+    "dest",
+    "128",
+    "135",
+    "1/4",
+    "3/0",
+    "200",
+)
+REJECT6 = (
+    "icmp6-port-unreachable",
+    "icmp6-adm-prohibited",
+    "icmp6-no-route",
+    "no-route",
+    "icmp6-addr-unreachable",
+    "addr-unreach",
+    "adm-prohibited",
+    "port-unreach",
+    "icmp6-policy-fail",
+    "icmp6-reject-route",
+)
+# The extension-header matches (complex: decided by ip6tables) and ipv6header's header names.
+IPV6HEADER_NAMES = ("hop", "dst", "route", "frag", "auth", "esp", "none", "prot", "ipv6-frag", "ipv6-route")
+# As FEATURES, in the oracle's `ip6tables-save -c` (tests/system/test_fuzz.py).
+FEATURES6 = {
+    "MARK6": "-j MARK",
+    "RETURN6": "-j RETURN",
+    "goto6": " -g U",
+    "jump6": " -j U",
+    "multiport6": "-m multiport",
+    "iprange6": "-m iprange",
+    "tcp-flags6": "--tcp-flags",
+    "icmpv6": "--icmpv6-type",
+    "conntrack6": "-m conntrack",
+    "frag": "-m frag",
+    "hl": "-m hl",
+    "ipv6header": "-m ipv6header",
+    "hbh": "-m hbh",
+    "dst-opts": "-m dst",
+    "rt": "-m rt",
+    "ah": "-m ah",
+    "REJECT6": "-j REJECT",
+    "p-all-ext": "-p ah",
+}
+
+
+@dataclass
+class _Gen6(_Gen):
+    """IPv6 rules: _Gen's structure (chains, targets, negations) with IPv6 addresses, ICMPv6 types and the IPv6
+    matches."""
+
+    def prefix(self) -> str:
+        rng = self.rng
+        while True:
+            r = rng.random()
+            if r < 0.75:
+                base = ipaddress.ip_network(rng.choice(NETS6))
+                n = rng.choice((base.prefixlen, 64, 96, 112, 120, 127, 128, max(base.prefixlen, 48)))
+                n = max(n, base.prefixlen)
+                host = int(base.network_address) + rng.getrandbits(base.max_prefixlen - base.prefixlen)
+                if rng.random() < 0.5:  # low addresses of the network (verify6 aims at the edges)
+                    host = int(base.network_address) + rng.randint(0, 300)
+            else:
+                n = rng.choice((1, 3, 16, 32, 48, 64, 128))
+                host = rng.getrandbits(128)
+            net = ipaddress.ip_network((host & ((1 << 128) - 1), n), strict=False)
+            if not self.symmetric or not net.overlaps(PATHS_NET6) or net.supernet_of(PATHS_NET6):
+                return str(net)
+
+    def iprange(self) -> str:
+        rng = self.rng
+        while True:
+            base = ipaddress.ip_network(rng.choice(NETS6[:4]))
+            lo = int(base.network_address) + rng.choice((0, rng.randint(0, 4000), rng.getrandbits(64)))
+            hi = lo + rng.choice((0, rng.randint(0, 5000), rng.getrandbits(64) << rng.randint(0, 60)))
+            hi = min(hi, (1 << 128) - 1)
+            lo_a, hi_a = ipaddress.IPv6Address(lo), ipaddress.IPv6Address(hi)
+            touches = not (hi_a < PATHS_NET6[0] or lo_a > PATHS_NET6[-1])
+            covers = lo_a <= PATHS_NET6[0] and hi_a >= PATHS_NET6[-1]
+            if not self.symmetric or not touches or covers:
+                return f"{lo_a}-{hi_a}"
+
+    def l4(self, proto: str) -> list[str]:
+        rng = self.rng
+        if proto == "ipv6-icmp":
+            if rng.random() < 0.75:
+                return ["-m", "icmp6", *self.neg(), "--icmpv6-type", rng.choice(ICMP6_TYPES)]
+            return []
+        return super().l4(proto)
+
+    def ext(self) -> list[str]:
+        """One of the IPv6 matches ip6tables decides (complex in the hybrid): fragment, hop limit, extension
+        headers (ipv6header, hbh, dst, rt, ah)."""
+        rng = self.rng
+        kind = rng.choice(("frag", "hl", "hl", "ipv6header", "ipv6header", "hbh", "dst", "rt", "ah"))
+        if kind == "frag":
+            opt = rng.choice(
+                (["--fragfirst"], ["--fragmore"], ["--fraglast"], ["--fragid", f"0:{rng.randint(1, 2**32 - 1)}"])
+            )
+            return ["-m", "frag", *(self.neg(0.3) if opt[0] == "--fragid" else []), *opt]
+        if kind == "hl":
+            op = rng.choice(("--hl-eq", "--hl-lt", "--hl-gt"))
+            val = rng.choice((1, 2, 63, 64, 65, 254, 255))
+            return ["-m", "hl", *(self.neg(0.3) if op == "--hl-eq" else []), op, str(val)]
+        if kind == "ipv6header":
+            names = sorted(set(rng.sample(IPV6HEADER_NAMES, rng.randint(1, 2))))
+            soft = ["--soft"] if rng.random() < 0.6 else []
+            return ["-m", "ipv6header", *self.neg(0.2), "--header", ",".join(names), *soft]
+        if kind in ("hbh", "dst"):  # the header's whole length in bytes (ipv6_optlen): 8, 16, ...
+            return ["-m", kind, *self.neg(0.2), f"--{kind}-len", str(rng.choice((8, 8, 16, 24, 1)))]
+        if kind == "rt":
+            out = ["-m", "rt", *self.neg(0.2), "--rt-type", str(rng.choice((0, 2, 4)))]
+            if rng.random() < 0.4:
+                out += ["--rt-segsleft", rng.choice(("0", "1", "0:1"))]
+            return out
+        return ["-m", "ah", *self.neg(0.2), "--ahspi", f"{rng.randint(0, 3000)}:{rng.randint(3000, 65535)}"]
+
+    def matches(self, in_user_chain: bool) -> list[str]:
+        rng, out = self.rng, []
+        proto = rng.choice(("tcp", "tcp", "udp", "udp", "ipv6-icmp", "ipv6-icmp", None, None, "ext"))
+        # A rule with an IPv6 match tests fewer header fields: the frame shapes it reads (chains, fragments, hop
+        # limits) are a share of verify6's frames, so its other tests must leave it frames to match.
+        ext = self.ext() if rng.random() < 0.25 else []
+        if ext[:2] == ["-m", "ah"] and rng.random() < 0.7:
+            # iptables-nft's -p stops at AH (meta l4proto 51): -m ah beside -p tcp/udp/icmpv6 matches nothing
+            proto = rng.choice((None, "ah"))
+            if proto:
+                out += ["-p", proto]
+                proto = None
+        if proto == "ext":  # -p of an extension header or another protocol as ipv6_find_hdr reads it
+            p = rng.choice(("ah", "esp", "59", "0", "ipv6-frag", "ipv6-opts", "gre"))
+            out += [*(self.neg(0.3) if p != "0" else []), "-p", p]  # `! -p 0` never matches: ip6tables refuses it
+            proto = None  # (-p 0, every protocol: the rule gets an IPv6 match below)
+        elif proto and rng.random() < 0.12:
+            out += ["!", "-p", proto]
+            proto = None
+        elif proto:
+            out += ["-p", proto]
+        if not ext and out and out[-1] == "0":  # -p 0 (every protocol): the rule tests something else
+            ext = self.ext()
+        for opt in ("-s", "-d"):
+            if rng.random() < (0.12 if ext else 0.35):
+                out += [*self.neg(), opt, self.prefix()]
+        if proto:
+            out += self.l4(proto) if not ext or rng.random() < 0.4 else []
+        if rng.random() < (0.03 if ext else 0.12):
+            out += ["-m", "iprange", *self.neg(), rng.choice(("--src-range", "--dst-range")), self.iprange()]
+        if rng.random() < (0.3 if in_user_chain else 0.05):
+            out += ["-m", "mark", *self.neg(0.3), "--mark", rng.choice(MARKS)]
+        if self.conntrack and rng.random() < 0.25:
+            out += ["-m", "conntrack", *self.neg(0.15), "--ctstate", rng.choice(CT_STATES)]
+        return out + ext
+
+    def target(self, chain_index: int | None) -> list[str]:
+        rng = self.rng
+        t = super().target(chain_index)
+        if t[:1] == ["-j"] and t[1] in ("ACCEPT", "DROP") and rng.random() < 0.15:
+            return ["-j", "REJECT", "--reject-with", rng.choice(REJECT6)]
+        if t[:2] == ["-j", "CONNMARK"] or t[:2] == ["-j", "NFLOG"]:
+            return ["-j", "LOG", "--log-prefix", f"fz6{rng.randint(0, 9)}: "]
+        return t
+
+
+def shadowed_lines6(text: str) -> list[int]:
+    """shadowed_lines for an ip6tables policy: the containment test on the ranked boxes (ir.family.compress keeps
+    containment exact: every address of one elementary interval lies in the same boxes)."""
+    from hypafilter.analysis.geometry import BoxSet, contained_in_any
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.ir.family import compress
+
+    pol, _ = compress(parse_policy(text, filename="<fuzz6>", base_chain="FORWARD", config=Config(), family=6))
+    live: dict[int, bool] = {}
+    for i, r in enumerate(pol.rules):
+        line = r.origin.line if r.origin else -1
+        earlier = [pol.rules[j].boxes for j in range(i) if pol.rules[j].is_simple]
+        hidden = bool(r.boxes) and bool(earlier)
+        if hidden:
+            hidden = bool(contained_in_any(BoxSet.from_unions([r.boxes]), BoxSet.from_unions(earlier)).all())
+        live[line] = live.get(line, False) or not hidden
+    return sorted(line for line, ok in live.items() if not ok)
+
+
+def random_policy6(seed: int, conntrack: bool | None = None, rules: int | None = None) -> str:
+    """A random ip6tables FORWARD policy as ip6tables-save text, the same for the same arguments (its own random
+    stream: seed 1's IPv6 policy is not drawn from seed 1's IPv4 one). What it draws: prefixes and iprange ranges
+    over the lab's networks and elsewhere, tcp/udp ports, multiport, tcp-flags, ICMPv6 types (names, prefixes,
+    numbers, TYPE/CODE), conntrack states, `-p` of extension headers and other protocols, the matches ip6tables
+    decides (frag, hl, ipv6header, hbh, dst, rt, ah), user chains with RETURN, goto and MARK read back, LOG, and
+    REJECT with the icmp6-* types. Drawn again while a rule is shadowed by an earlier one (as random_policy)."""
+    rng = random.Random(seed * 7919 + 6)
+    text = ""
+    for _ in range(50):
+        text = _draw6(rng, seed, conntrack, rules)
+        if not shadowed_lines6(text):
+            return text
+    return text
+
+
+def _draw6(rng: random.Random, seed: int, conntrack: bool | None, rules: int | None) -> str:
+    ct = rng.random() < 0.4 if conntrack is None else conntrack
+    g = _Gen6(rng, ct, symmetric=ct)
+    g.chains = [f"U{i}" for i in range(rng.randint(1, 2))]
+    doc = Restore("filter", comment=f"hypafilter fuzz IPv6 policy, seed {seed}")
+    doc.chain("INPUT", "ACCEPT")
+    doc.chain("FORWARD", rng.choice(("ACCEPT", "DROP")))
+    doc.chain("OUTPUT", "ACCEPT")
+    for c in g.chains:
+        doc.chain(c)
+    base = [g.checks(False) + g.target(None) for _ in range(rules if rules is not None else rng.randint(6, 18))]
+    if rng.random() < 0.5:  # neighbour discovery accepted, as every real IPv6 policy does, somewhere
+        for t in ("neighbour-solicitation", "neighbour-advertisement"):
+            base.insert(
+                rng.randint(0, len(base)), ["-p", "ipv6-icmp", "-m", "icmp6", "--icmpv6-type", t, "-j", "ACCEPT"]
+            )
+    if ct:
+        rule = ["-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"]
+        base.insert(0 if rng.random() < 0.6 else rng.randint(0, len(base)), rule)
+    for c in g.chains:
+        if not any(c in rule for rule in base):
+            base.insert(rng.randint(0, len(base)), g.checks(False) + ["-j", c])
+    for rule in base:
+        doc.rule("FORWARD", rule)
+    for i, c in enumerate(g.chains):
+        if i == 0:
+            doc.rule(c, g.checks(True) + ["-j", "MARK", "--set-xmark", rng.choice(MARKS[:4])])
+        for _ in range(rng.randint(2, 5)):
+            doc.rule(c, g.checks(True) + g.target(i))
+    return doc.text()
+
+
+def policy6(text: str, source: str = "fuzz6", base_chain: str = "FORWARD"):
+    """The IPv6 side verify and deploy take (netfilter.ip6.V6Policy: the text as ip6tables loads it, checked by
+    ip6tables-restore in a scratch namespace) with the IPv6 front end's reading of it (its rules aim verify6's
+    frames; the xdp target plans it)."""
+    import dataclasses
+
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.netfilter import ip6
+
+    ir = parse_policy(text, filename=source, base_chain=base_chain, config=Config(), family=6)
+    return dataclasses.replace(ip6.parse(text, source, base_chain), ir=ir)
+
+
 def combos(modes=MODES, strategies=STRATEGIES) -> Iterator[tuple[str, str]]:
     """The (mode, strategy) pairs deploy accepts, index and selective first: they share the hardware (register
     writes only), exact needs another emulator build."""
@@ -350,15 +615,28 @@ class Tally:
             for k in mine:
                 mine[k] += counts[k]
         obs = report.get("observers", {})
+        conns = (report.get("connections"), report.get("ipv6", {}).get("connections"))
         self.runs.append(
             {
                 **where,
                 **{k: report[k] for k in ("packets", "mismatches", "altered", "delivered_oracle")},
                 "observer_mismatches": obs.get("mismatches", 0),
+                "packets_ipv6": report.get("ipv6", {}).get("packets", 0),
+                "unparsed": unparsed(report),
+                # verify --connections: connections run and those whose outcome differs (IPv4's and the dual
+                # stack's IPv6 ones)
+                "connections": sum((c or {}).get("connections", 0) for c in conns),
+                "connection_mismatches": sum((c or {}).get("mismatches", 0) for c in conns),
             }
         )
         self.examples += [{**where, **ex} for ex in report["examples"][:3]]
         self.examples += [{**where, "observer": ex} for ex in obs.get("examples", [])[:3]]
+        fam = ("ipv4", "ipv6")
+        self.examples += [
+            {**where, "connection": ex, "family": f}
+            for f, c in zip(fam, conns, strict=True)
+            for ex in (c or {}).get("examples", [])[:3]
+        ]
 
     @property
     def frames(self) -> int:
@@ -366,8 +644,9 @@ class Tally:
 
     @property
     def mismatches(self) -> int:
-        """Frames whose verdict or bytes differ, plus observing rules whose counters differ (verify's observers)."""
-        return sum(r["mismatches"] + r["observer_mismatches"] for r in self.runs)
+        """Frames whose verdict or bytes differ, plus observing rules whose counters differ (verify's observers) and
+        connections whose outcome differs (verify's connections)."""
+        return sum(r["mismatches"] + r["observer_mismatches"] + r["connection_mismatches"] for r in self.runs)
 
     def table(self) -> str:
         rows = [f"{'kind':<20} {'frames':>9} {'delivered':>9} {'mismatches':>10}"]
@@ -389,19 +668,37 @@ def fuzz_policy(
     target: str = "emu",
     attack: tuple[str, ...] = (),
     attack_share: float = 0.0,
+    v6=None,
+    frames6: int = 0,
+    connections: int = 0,
 ) -> Tally:
     """`frames` frames per (mode, strategy) pair through verify, frame seed = seed·100 + the pair's number in
     COMBOS (so a subset of `pairs` sends the same frames per pair as the whole run); `after` runs after each pair
     with the deployment still up (the connection checks); `target`: the fast path (emu, xdp); `attack`: the
     attack shapes (verify.ATTACK_SHAPES) drawn for a share `attack_share` of the frames, counted by kind
-    attack_<shape>."""
+    attack_<shape>. `v6` (a policy6()): the dual stack, that ip6tables policy deployed beside `policy` and
+    `frames6` IPv6 frames of every verify6 kind after the IPv4 ones (kinds v6_<kind>); on xdp with `xdp_ipv6` on,
+    so that the program decides the IPv6 frames it parses (on emu every IPv6 frame goes to ip6tables with k = 0).
+    `connections`: verify's real connections after the frames of each pair (IPv4 ones, and IPv6 ones with `v6`)."""
+    from hypafilter.ops.connections import ConnectionSpec
+
     tally = tally or Tally()
+    six = Six(v6, packets=frames6) if v6 is not None else None
     for n, (mode, strategy) in enumerate(pairs):
         t = time.monotonic()
         frame_seed = seed * 100 + COMBOS.index((mode, strategy))
+        config = Config(
+            shunt_mode=mode,
+            strategy=strategy,
+            target=target,
+            tree_min_segment=FUZZ_TREE_MIN_SEGMENT,
+            xdp_ipv6=six is not None and target == "xdp",  # explicit: whatever the configuration's default is
+        )
         report = verify(
             policy,
-            Config(shunt_mode=mode, strategy=strategy, target=target, tree_min_segment=FUZZ_TREE_MIN_SEGMENT),
+            config,
+            six=six,
+            connections=ConnectionSpec(connections) if connections else None,
             packets=frames,
             seed=frame_seed,
             malformed=malformed,
@@ -410,10 +707,149 @@ def fuzz_policy(
             attack_share=attack_share,
         )
         tally.add(report, policy_seed=seed, mode=mode, strategy=strategy, frame_seed=frame_seed)
+        v6_note = ""
+        if six is not None:
+            r6 = report["ipv6"]
+            v6_note = f", IPv6 {r6['packets']} frames {r6['mismatches']} mismatches, {unparsed(report)} unparsed"
         log(
             f"seed {seed} {mode}/{strategy}: {report['packets']} frames, {report['mismatches']} mismatches "
-            f"(frame seed {frame_seed}, {time.monotonic() - t:.1f} s)"
+            f"(frame seed {frame_seed}, {time.monotonic() - t:.1f} s{v6_note})"
         )
         if after:
             after(mode, strategy, n)
     return tally
+
+
+def unparsed(report: dict) -> int:
+    """Frames the fast path counted unparsed in a verify report (emu: CNT_SHUNT_UNPARSED; xdp: the same name)."""
+    return int(report["nic"].get("CNT_SHUNT_UNPARSED", 0))
+
+
+def counted_rules(ns: str, family: int = 4) -> list[tuple[int, str]]:
+    """(packets, rule text) of every rule in the namespace's filter table, from iptables-save -c (ip6tables-save
+    for family 6)."""
+    import re
+
+    from hypafilter import netns
+
+    out = []
+    save = "ip6tables-save" if family == 6 else "iptables-save"
+    for ln in netns.run([save, "-c", "-t", "filter"], ns).splitlines():
+        m = re.match(r"\[(\d+):\d+\] (-A .*)", ln)
+        if m:
+            out.append((int(m.group(1)), m.group(2)))
+    return out
+
+
+def pairs_named(text: str) -> tuple[tuple[str, str], ...]:
+    """`--pairs`: `quick` (QUICK_COMBOS), `all` (COMBOS) or MODE/STRATEGY[,MODE/STRATEGY...]."""
+    if text in ("quick", "all"):
+        return QUICK_COMBOS if text == "quick" else COMBOS
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        pair = tuple(part.split("/", 1))
+        if pair not in COMBOS:
+            raise ValueError(f"{part!r} is no (mode/strategy) pair deploy accepts: {', '.join(map('/'.join, COMBOS))}")
+        out.append(pair)
+    if not out:
+        raise ValueError("no pair given")
+    return tuple(out)
+
+
+@dataclass
+class Run:
+    """A fuzz run over several policy seeds (`hypafilter fuzz`, `make fuzz-ipv6`): its tally and, per feature of
+    FEATURES (FEATURES6 with IPv6), [rules carrying it, packets they matched in the oracle]."""
+
+    tally: Tally = field(default_factory=Tally)
+    coverage: dict[str, list[int]] = field(default_factory=dict)
+    policies: int = 0
+    seconds: float = 0.0
+
+    @property
+    def mismatches(self) -> int:
+        return self.tally.mismatches + sum(r["altered"] for r in self.tally.runs)
+
+    def summary(self) -> dict:
+        v6 = {k: v for k, v in self.tally.by_kind.items() if k.startswith("v6_")}
+        return {
+            "policies": self.policies,
+            "pairs": len(self.tally.runs),
+            "frames": self.tally.frames,
+            "frames_ipv6": sum(v["packets"] for v in v6.values()),
+            "mismatches": self.mismatches,
+            "mismatches_ipv6": sum(v["mismatches"] for v in v6.values()),
+            "connections": sum(r["connections"] for r in self.tally.runs),
+            "connection_mismatches": sum(r["connection_mismatches"] for r in self.tally.runs),
+            "seconds": round(self.seconds, 1),
+            "coverage": self.coverage,
+            "unreached": sorted(f for f, (_, packets) in self.coverage.items() if not packets),
+            "examples": self.tally.examples[:6],
+        }
+
+
+def run(
+    seeds,
+    frames: int,
+    pairs: tuple[tuple[str, str], ...] = QUICK_COMBOS,
+    target: str = "emu",
+    ipv6: bool = False,
+    frames6: int = 0,
+    log: Callable[[str], None] = lambda s: None,
+    attack_share: float = 0.3,
+    connections: int = 0,
+) -> Run:
+    """Each policy seed on every pair of `pairs` (`frames` IPv4 frames per pair; with `ipv6`, the dual stack:
+    random_policy6(seed) beside random_policy(seed) and `frames6` IPv6 frames per pair) through verify on the lab
+    deploy points at; the oracle's rule counters read after every pair for the coverage. Even seeds read
+    conntrack state (as tests/system/test_fuzz.py draws them) and get `connections` real connections per pair
+    (verify's, both families with `ipv6`; their address matches treat the lab's two paths alike)."""
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.ops import deploy
+    from hypafilter.ops.verify import ATTACK_SHAPES, FRAME_KINDS
+
+    out = Run()
+    t0 = time.monotonic()
+    features = FEATURES6 if ipv6 else FEATURES
+    for seed in seeds:
+        conntrack = seed % 2 == 0
+        text = random_policy(seed, conntrack=conntrack)
+        policy = parse_policy(text, filename=f"fuzz-seed-{seed}", base_chain="FORWARD", config=Config())
+        v6 = None
+        if ipv6:
+            text6 = random_policy6(seed, conntrack=conntrack)
+            v6 = policy6(text6, f"fuzz6-seed-{seed}")
+            log(f"policy seed {seed} (conntrack {conntrack}), IPv6 side:\n{text6}")
+        else:
+            log(f"policy seed {seed} (conntrack {conntrack}):\n{text}")
+        hits: dict[str, int] = {}
+
+        def after(mode: str, strategy: str, n: int, hits: dict[str, int] = hits) -> None:
+            for packets, rule in counted_rules(f"{deploy.LAB_NAME}-plain", 6 if ipv6 else 4):
+                hits[rule] = hits.get(rule, 0) + packets
+
+        fuzz_policy(
+            policy,
+            seed,
+            frames,
+            FRAME_KINDS,
+            0.5,
+            pairs=pairs,
+            tally=out.tally,
+            after=after,
+            log=log,
+            target=target,
+            attack=ATTACK_SHAPES if attack_share else (),
+            attack_share=attack_share,
+            v6=v6,
+            frames6=frames6,
+            connections=connections if conntrack else 0,
+        )
+        for feature, needle in features.items():
+            rules = [r for r in hits if needle in r]
+            cov = out.coverage.setdefault(feature, [0, 0])
+            cov[0] += len(rules)
+            cov[1] += sum(hits[r] for r in rules)
+        out.policies += 1
+    out.seconds = time.monotonic() - t0
+    return out

@@ -41,14 +41,21 @@ def plan6_for(v6, config, plan4, k_base: int | None = None, verbatim: bool = Fal
 
 def buffer_keeps_v6(old_nic: dict, plan4, v6_changed: bool) -> bool:
     """Whether an IPv4 change through the update buffer (the running program, its tables but the overlay unchanged)
-    leaves the IPv6 side right: the running program has an IPv6 table set exactly when the new plan has one, and
-    the IPv6 policy did not change."""
+    leaves the IPv6 side right: the running program has an IPv6 table set exactly when the new plan has one, the
+    IPv6 policy did not change, and the new IPv6 plan's tables fit the running program's IPv6 table set (the
+    overlay's write rewrites them): the same IPv6 policy planned in another shunting mode has other entries (exact
+    mode's reductions), which may not fit (found by the fuzzer: the deploy was refused at `registers`)."""
     import json
     from pathlib import Path
 
+    from hypafilter.targets.xdp.tables import build_tables6, fits6
+
+    plan6 = getattr(plan4, "plan6", None)
     try:
         shape = json.loads(Path(old_nic.get("binary", "")).with_name("shape.json").read_text())
     except (OSError, ValueError):
-        return getattr(plan4, "plan6", None) is None and not v6_changed
+        return plan6 is None and not v6_changed
     has = bool(shape.get("v6"))
-    return has == (getattr(plan4, "plan6", None) is not None) and not (has and v6_changed)
+    if has != (plan6 is not None) or (has and v6_changed):
+        return False
+    return not has or fits6(build_tables6(plan6), shape["v6"])

@@ -10,6 +10,7 @@ import pytest
 from hypafilter.analysis.decision import decision, match_index
 from hypafilter.analysis.plan import build_plan
 from hypafilter.cli import main
+from hypafilter.config import Config
 from hypafilter.iptables.document import parse_policy
 from hypafilter.ir import ACTION_CODES, MAXV, Header
 from hypafilter.ir.family import ADDR_BITS, ADDR_MAX, compress
@@ -206,7 +207,8 @@ def test_compile_and_analyze_a_dual_stack(tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["compile", v4, "--ipv6", v6, "-o", str(out)]) == 0
     m6 = json.loads((out / "ipv6" / "manifest.json").read_text())
-    assert m6["family"] == 6 and m6["dual_stack"] == {"index_base": 2, "k_base": 2}
+    delta = Config().update_buffer  # the IPv4 entry, its policy entry, the update buffer, then the IPv6 entries
+    assert m6["family"] == 6 and m6["dual_stack"] == {"index_base": 2 + delta, "k_base": 2}
     assert "netfilter/interval.ip6tables" in m6["files"] and (out / "netfilter" / "interval.iptables").exists()
     starts = json.loads((out / "ipv6" / "addr_map.json").read_text())
     assert starts["src"] == ["0x0", hex(0x20010DB8 << 96), hex(0x20010DB9 << 96)]

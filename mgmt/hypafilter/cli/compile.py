@@ -218,7 +218,9 @@ def run(args: argparse.Namespace) -> int:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.v6.", dir=parent))
     try:
         m4 = _plan_sizes(policy, config, args.mode)
-        base = {"index_base": m4[0] + 1, "k_base": m4[1]}
+        # the IPv6 entries follow the IPv4 entries, the IPv4 policy entry and the update buffer's slots, as in the
+        # dual-stack core (hw.vhdl.v6_base) and the xdp program (targets.xdp.v6.plan6_for)
+        base = {"index_base": m4[0] + 1 + config.update_buffer, "k_base": m4[1]}
         m6 = compile_to(policy6, config, tmp / "ipv6", args.mode, args.prefix, dual_base=base)
         m = compile_to(policy, config, out, args.mode, args.prefix)
         os.rename(tmp / "ipv6", out / "ipv6")

@@ -25,7 +25,8 @@
 -- an ACCEPT of such a frame is forced to the host by CONTROL bit 4 (conntrack must create its entry).
 -- The policy sync lease (LEASE, hw/regmap.txt): while the host's policy sync service runs it re-arms a count of 1 ms
 -- ticks; armed and run down it has expired, and the core then judges no wire frame (as with CONTROL bit 0 clear:
--- every one is shunted as unparsed, k = 0, so the live ruleset decides it whole), until LEASE is written again. The
+-- every one is shunted as unparsed with match_index 0xFFFFFF (no index: never the shim's live K0 tree), k = 0, so the
+-- live ruleset decides it whole), until LEASE is written again. The
 -- ticks come from a divider of axis_aclk (LEASE_TICK_CYCLES), or, with LEASE_TICK_CYCLES = 0, from the lease_ticks
 -- input: the emulator, whose clock runs only while it works, gives there the milliseconds of wall time it owes.
 -- Sets (issue #24, N_SET_SLOTS > 0): one hf_set_table per set slot looks the header up (SET_LATENCY cycles, the
@@ -685,6 +686,11 @@ begin
       elsif not classify then
         shunt := true;
         idx := to_unsigned(N_ENTRIES, 24);
+        if not judge then
+          -- not judged (CONTROL bit 0 clear, tables sweeping, the lease expired): no index, so the shim can tell it
+          -- from a frame judged unparsed while the core vouched for its tables (the live K0 tree, docs/shim.md)
+          idx := (others => '1');
+        end if;
         action := x"0";
         reason := REASON_UNPARSED;
         ev(EV_UNPARSED) := '1';

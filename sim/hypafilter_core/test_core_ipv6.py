@@ -189,7 +189,10 @@ def expect6(plan4, plan6, h: Header | None, src_port: int, tuser: int, regs: hwm
     n4 = len(plan4.entries)
     gen = regs.generation & 0xFFFF
     shunt_port = src_port << 1
-    if h is None or not regs.control & hwmodel.CONTROL_ENABLE:
+    if not regs.control & hwmodel.CONTROL_ENABLE:  # not judged: no index (docs/shim.md)
+        meta = pack_meta(hwmodel.NO_INDEX, 0, hwmodel.REASON_UNPARSED, gen)
+        return hwmodel.Decision(hwmodel.Kind.SHUNT, shunt_port, meta, None, 0, hwmodel.REASON_UNPARSED)
+    if h is None:
         meta = pack_meta(n4, 0, hwmodel.REASON_UNPARSED, gen)
         return hwmodel.Decision(hwmodel.Kind.SHUNT, shunt_port, meta, n4, 0, hwmodel.REASON_UNPARSED)
     base = vhdl.v6_base(plan4)

@@ -20,12 +20,14 @@ from cocotb.triggers import ClockCycles, RisingEdge
 from hypafilter.hw import model as hwmodel
 from hypafilter.hw import regmap as R
 from hypafilter.hw import vhdl
+from hypafilter.shared import unpack_meta
 
 from sim.hftb import fresh_build, load_obj, run_ghdl, save_obj
 from sim.hftraffic import frames_for
 from sim.hypafilter_core.test_hypafilter_core import TB, random_policy
 
 DIVIDER = 8  # LEASE_TICK_CYCLES of the divider build
+M64 = (1 << 64) - 1  # M: TUSER[127:64] of a shunted frame's first beat
 
 
 class Ticks:
@@ -120,9 +122,12 @@ async def core_lease(dut):
     async def status() -> dict:
         return hwmodel.lease_status(await ax.read(R.REG_LEASE_STATUS))
 
-    # disarmed (after reset): the core decides, whatever the ticks
+    # disarmed (after reset): the core decides, whatever the ticks; what it calls unparsed keeps the index n
     ticks.rate = 1
     assert set(await stream(60, (False, False))) <= {False}
+    out = [unpack_meta((o[1] >> 64) & M64) for o in tb.sink.frames[:pos]]
+    unp = [m for m in out if m["magic"] == 0x4846 and m["reason"] == 2]
+    assert unp and all(m["index"] == n for m in unp), out[:3]
     assert await status() == {"armed": False, "expired": False, "expiries": 0}
     # armed with a long lease: still decides, the counter runs
     await ax.write(R.REG_LEASE, 1_000_000)
@@ -139,8 +144,12 @@ async def core_lease(dut):
     assert taken and taken[0] is False and taken[-1] is True, f"no expiry seen while streaming: {taken}"
     assert await status() == {"armed": True, "expired": True, "expiries": 1}
     assert await ax.read(R.REG_LEASE) == 0
-    # expired: every wire frame unparsed
+    # expired: every wire frame unparsed, and with no index (M[23:0] = 0xFFFFFF, reason 2), unlike a frame the core
+    # judged unparsed (M[23:0] = n): the shim marks only those for the live K0 tree (docs/shim.md)
+    first = pos
     assert set(await stream(60, (True, True))) <= {True}
+    got = [m for m in (unpack_meta((o[1] >> 64) & M64) for o in tb.sink.frames[first:pos]) if m["magic"] == 0x4846]
+    assert len(got) > 30 and all(m["reason"] == 2 and m["index"] == hwmodel.NO_INDEX for m in got), got[:3]
 
     # re-armed while frames stream: shunted, then decided again
     async def rearm():

@@ -245,10 +245,10 @@ def test_expired_lease_judges_no_wire_frame():
             hwmodel.Kind.SHUNT,
             0x02,
             2,
-            len(plan.entries),
+            None,
             ("CNT_SHUNT_UNPARSED",),
         )
-        assert unpack_meta(d.meta)["reason"] == 2
+        assert (unpack_meta(d.meta)["reason"], unpack_meta(d.meta)["index"]) == (2, hwmodel.NO_INDEX)  # not judged
     assert hwmodel.decide(plan, web, 0x08, regs).kind == hwmodel.Kind.FORWARD  # from the host: unclassified
     off = hwmodel.Regs.from_plan(plan)
     off.control = 0

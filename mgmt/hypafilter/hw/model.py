@@ -78,7 +78,7 @@ REASON_MIRROR = C["HF_REASON_MIRROR"]
 ACTION_MIRROR_BIT = C["HF_ACTION_MIRROR_BIT"]  # in the ACTION table word: the entry's decided frames are mirrored
 CNT_MIRROR = "CNT_MIRROR"  # counts every frame delivered with reason 4
 REASON_DECIDED = C["HF_REASON_DECIDED"]
-NO_INDEX = 0xFFFFFF  # M[23:0] of a frame shunted for an uncertain set lookup: no hardware index (k = 0)
+NO_INDEX = 0xFFFFFF  # M[23:0] of a frame shunted for an uncertain set lookup or not judged: no hardware index (k = 0)
 
 
 class Kind(IntEnum):
@@ -312,7 +312,8 @@ def decide(plan, frame: bytes, src_port: int, regs: Regs, ct: int = 0) -> Decisi
     ct = 3 whose verdict would be ACCEPT (reason 3: conntrack must create its entry; a NEW frame the policy drops
     leaves none); the entry's mirror bit (ACTION word bit 3, reason 4: Kind.MIRROR); host-mode ACCEPT (reason 5);
     forward or drop. An expired policy sync lease (`regs.lease_expired`) acts as CONTROL bit 0 clear: every wire
-    frame unparsed, two-tag frames included."""
+    frame unparsed, two-tag frames included, and with no index (M[23:0] = NO_INDEX, match_index None): the shim marks
+    a frame unparsed by a core that judged it (M[23:0] = n) for the live K0 tree, never one the core did not judge."""
     n = len(plan.entries)
     gen = regs.generation & 0xFFFF
     if src_port in HOST_PORTS:
@@ -326,6 +327,11 @@ def decide(plan, frame: bytes, src_port: int, regs: Regs, ct: int = 0) -> Decisi
     hdr = parse_frame(frame, src_port) if enabled else None
     if hdr is not None and ct:
         hdr = dataclasses.replace(hdr, ct=ct & 3)
+    if hdr is None and not enabled:
+        # not judged (CONTROL bit 0 clear, the lease expired): no index, so the shim never takes it for a frame the
+        # core judged unparsed while it vouched for its tables (docs/shim.md, "The live K0 tree on the NIC")
+        meta = pack_meta(NO_INDEX, ACTION_NONE, REASON_UNPARSED, gen)
+        return Decision(Kind.SHUNT, shunt_port, meta, None, ACTION_NONE, REASON_UNPARSED, False, ("CNT_SHUNT_UNPARSED",))
     if hdr is None:
         meta = pack_meta(n, ACTION_NONE, REASON_UNPARSED, gen)
         return Decision(Kind.SHUNT, shunt_port, meta, n, ACTION_NONE, REASON_UNPARSED, False, ("CNT_SHUNT_UNPARSED",))

@@ -134,8 +134,9 @@ fuzz-tree:
 	bad = [x for x in r if x['mismatches']]; print(json.dumps(bad)); sys.exit(1 if bad else 0)"
 	CI=true HF_FUZZ_STRATEGY=tree HF_FUZZ_POLICIES=$${TREE_FUZZ_POLICIES:-12} $(PYTEST) -q -s tests/system/test_fuzz.py
 
-# opt-in: strategy tree's live K0 tree on xdp in full (docs/optimize.md "The live K0 tree"): verify --live also before
-# the live insert and after the rebuild (`make test` runs the insert and the lazy stage; about 20 s)
+# opt-in: strategy tree's live K0 tree on xdp and on the emulated NIC in full (docs/optimize.md "The live K0 tree"):
+# verify --live also before the live insert and after the rebuild (`make test` runs the insert and the lazy stage;
+# about 20 s on xdp, the emulated NIC's rebuild an emulator build more)
 .PHONY: test-live-k0
 test-live-k0:
 	@scripts/setup.sh system

@@ -4,7 +4,7 @@
  *   hf_shim load   --obj OBJ --pin DIR [--netns NAME] [--generic] [--tc-only] IFACE...
  *                  (--tc-only: TC ingress only; the XDP program is the fast path's own, docs/xdp.md)
  *   hf_shim unload --pin DIR [--netns NAME] IFACE...
- *   hf_shim update --pin DIR [--generation G] [--mask M] [--shift S] [--num-entries N] [--intervals]
+ *   hf_shim update --pin DIR [--generation G] [--mask M] [--shift S] [--num-entries N] [--control C] [--intervals]
  *                  (--intervals: whitespace-separated k values for match_index 0, 1, ... on stdin)
  *   hf_shim stats  --pin DIR [--reset]
  *   hf_shim dump   --pin DIR --count N
@@ -47,11 +47,12 @@ static const struct option options[] = {
 	{"shift", required_argument, 0, 's'},	    {"num-entries", required_argument, 0, 'e'},
 	{"intervals", no_argument, 0, 'i'},	    {"reset", no_argument, 0, 'r'},
 	{"count", required_argument, 0, 'c'},	    {"tc-only", no_argument, 0, 'T'},
+	{"control", required_argument, 0, 'k'},
 	{0, 0, 0, 0},
 };
 
 struct hf_config {
-	__u32 generation, mark_mask, mark_shift, num_entries;
+	__u32 generation, mark_mask, mark_shift, num_entries, control; /* control: not in pins from before it */
 };
 
 static const char *stat_names[HF_STAT_COUNT] = {"tagged", "untagged", "bad_magic", "stale_gen", "unparsed", "marked",
@@ -143,9 +144,21 @@ static int cmd_unload(const char *pin, char **ifaces, int n)
 	return failed;
 }
 
-static int cmd_update(const char *pin, long long gen, long long mask, long long shift, long long nent, int intervals)
+/* The pinned hf_config's value size (pins made before the control word have 16 bytes). */
+static __u32 config_size(int fd)
 {
-	struct hf_config cfg;
+	struct bpf_map_info info = {0};
+	__u32 len = sizeof(info);
+
+	if (bpf_obj_get_info_by_fd(fd, &info, &len))
+		die("config", "map info: %s", strerror(errno));
+	return info.value_size;
+}
+
+static int cmd_update(const char *pin, long long gen, long long mask, long long shift, long long nent, long long ctl,
+		      int intervals)
+{
+	struct hf_config cfg = {0};
 	__u32 zero = 0;
 	int cfd, ifd;
 
@@ -189,9 +202,11 @@ static int cmd_update(const char *pin, long long gen, long long mask, long long 
 		free(vals);
 		close(ifd);
 	}
-	if (gen < 0 && mask < 0 && shift < 0 && nent < 0)
+	if (gen < 0 && mask < 0 && shift < 0 && nent < 0 && ctl < 0)
 		return 0;
 	cfd = map_fd(pin, HF_MAP_CONFIG);
+	if (ctl > 0 && config_size(cfd) < sizeof(cfg))
+		die("config", "the pinned hf_config predates its control word: unload the shim and load it again");
 	if (bpf_map_lookup_elem(cfd, &zero, &cfg))
 		die("config", "read: %s", strerror(errno));
 	if (gen >= 0)
@@ -202,6 +217,8 @@ static int cmd_update(const char *pin, long long gen, long long mask, long long 
 		cfg.mark_shift = (__u32)shift;
 	if (nent >= 0)
 		cfg.num_entries = (__u32)nent;
+	if (ctl >= 0)
+		cfg.control = (__u32)ctl;
 	if (bpf_map_update_elem(cfd, &zero, &cfg, BPF_ANY))
 		die("config", "write: %s", strerror(errno));
 	close(cfd);
@@ -211,7 +228,7 @@ static int cmd_update(const char *pin, long long gen, long long mask, long long 
 static int cmd_stats(const char *pin, int reset)
 {
 	int ncpu, sfd, cfd;
-	struct hf_config cfg;
+	struct hf_config cfg = {0};
 	__u64 *vals = percpu_room(&ncpu);
 	__u32 zero = 0;
 
@@ -219,8 +236,9 @@ static int cmd_stats(const char *pin, int reset)
 	cfd = map_fd(pin, HF_MAP_CONFIG);
 	if (bpf_map_lookup_elem(cfd, &zero, &cfg))
 		die("config", "read: %s", strerror(errno));
-	printf("{\"config\": {\"generation\": %u, \"mark_mask\": %u, \"mark_shift\": %u, \"num_entries\": %u}",
-	       cfg.generation, cfg.mark_mask, cfg.mark_shift, cfg.num_entries);
+	printf("{\"config\": {\"generation\": %u, \"mark_mask\": %u, \"mark_shift\": %u, \"num_entries\": %u, "
+	       "\"control\": %u}",
+	       cfg.generation, cfg.mark_mask, cfg.mark_shift, cfg.num_entries, cfg.control);
 	for (__u32 s = 0; s < HF_STAT_COUNT; s++)
 		printf(", \"%s\": %llu", stat_names[s], percpu_sum(sfd, s, vals, ncpu, reset, HF_MAP_STATS));
 	printf("}\n");
@@ -253,7 +271,7 @@ static long long num_arg(const char *opt, const char *s)
 
 /* What hf_shim's own options say (-1, 0: not given). */
 struct shim_args {
-	long long gen, mask, shift, nent, count;
+	long long gen, mask, shift, nent, ctl, count;
 	int intervals, reset, tc_only;
 };
 
@@ -266,6 +284,7 @@ static void shim_option(int c, const char *arg, void *ctx)
 	case 'm': s->mask = num_arg("--mask", arg); break;
 	case 's': s->shift = num_arg("--shift", arg); break;
 	case 'e': s->nent = num_arg("--num-entries", arg); break;
+	case 'k': s->ctl = num_arg("--control", arg); break;
 	case 'i': s->intervals = 1; break;
 	case 'r': s->reset = 1; break;
 	case 'c': s->count = num_arg("--count", arg); break;
@@ -276,7 +295,7 @@ static void shim_option(int c, const char *arg, void *ctx)
 
 int main(int argc, char **argv)
 {
-	struct shim_args s = {.gen = -1, .mask = -1, .shift = -1, .nent = -1};
+	struct shim_args s = {.gen = -1, .mask = -1, .shift = -1, .nent = -1, .ctl = -1};
 	struct loader_args a;
 	const char *cmd = parse_loader_args(argc, argv,
 					    "hf_shim load|unload|update|stats|dump [options] (see the source's header)",
@@ -295,7 +314,7 @@ int main(int argc, char **argv)
 		return cmd_unload(a.pin, argv + optind, argc - optind);
 	}
 	if (!strcmp(cmd, "update"))
-		return cmd_update(a.pin, s.gen, s.mask, s.shift, s.nent, s.intervals);
+		return cmd_update(a.pin, s.gen, s.mask, s.shift, s.nent, s.ctl, s.intervals);
 	if (!strcmp(cmd, "stats"))
 		return cmd_stats(a.pin, s.reset);
 	if (!strcmp(cmd, "dump"))

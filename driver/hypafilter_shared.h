@@ -64,6 +64,12 @@
  * other k = 0 frame (no tag, bad magic, stale generation, shunt-everything, an expired lease) keeps action 0 and the
  * live rules. A chain set without K0T reads this value as k = 0 (its k = 0 test compares the k bits only). */
 #define HF_MARK_K0_TREE 0x3
+/* The NIC's shim writes HF_MARK_K0_TREE for a tagged IPv4 frame the core judged unparsed (reason 2, valid magic and
+ * generation, match_index < num_entries) while hf_config.control has HF_SHIM_CONTROL_K0_TREE (deploy: strategy tree,
+ * live). A frame the core did not judge (CONTROL bit 0 clear, tables sweeping, its lease expired) carries reason 2 with
+ * match_index HF_META_NO_INDEX and keeps value 0: the live rules. */
+#define HF_SHIM_CONTROL_K0_TREE 1
+#define HF_META_NO_INDEX 0xFFFFFF
 
 /* Shim BPF maps (pinned under HF_PIN_DIR). */
 #define HF_PIN_DIR "/sys/fs/bpf/hypafilter"
@@ -72,11 +78,12 @@
 #define HF_MAP_STATS "hf_stats"           /* per-cpu array: HF_STAT_* counters (u64) */
 #define HF_MAX_ENTRIES 1048576
 
-/* hf_config fields (struct hf_config { u32 generation, mark_mask, mark_shift, num_entries; }). */
+/* hf_config fields (struct hf_config { u32 generation, mark_mask, mark_shift, num_entries, control; }). */
 #define HF_CFG_GENERATION 0
 #define HF_CFG_MARK_MASK 1
 #define HF_CFG_MARK_SHIFT 2
 #define HF_CFG_NUM_ENTRIES 3
+#define HF_CFG_CONTROL 4 /* HF_SHIM_CONTROL_* bits; pins from before it (16-byte hf_config) have none */
 
 /* XDP metadata in front of a frame for the shim's TC program: {u32 value, u32 cookie} (struct hf_xdp_meta). The XDP
  * fast path (driver/xdp) leaves more: M (u64) at offset 8 and, at HF_XDP_META_PEER_OFFSET, the ifindex of the port

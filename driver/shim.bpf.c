@@ -25,6 +25,7 @@ struct hf_config {
 	__u32 mark_mask;
 	__u32 mark_shift;
 	__u32 num_entries; /* valid entries of hf_intervals (n + 1: hardware entries plus the policy entry) */
+	__u32 control;	   /* HF_SHIM_CONTROL_* */
 };
 
 /* What XDP leaves in front of the frame for TC. The cookie tells our metadata from anybody else's. */
@@ -66,7 +67,7 @@ static __always_inline void count(__u32 which)
 /* Mark value for a tagged frame's metadata, 0 (k = 0) whenever the metadata cannot be trusted. A mirror copy
  * (reason 4) gets (k << HF_MARK_K_SHIFT) | HF_MARK_MIRROR | action; one with untrusted metadata sets *drop: a copy is
  * never handed to netfilter as an ordinary frame (k = 0 would run the whole policy and could forward it). */
-static __always_inline __u32 mark_value(__u64 m, int *drop)
+static __always_inline __u32 mark_value(__u64 m, int ipv4, int *drop)
 {
 	__u32 zero = 0, index, k, *kp, action, reason;
 	struct hf_config *cfg = bpf_map_lookup_elem(&hf_config, &zero);
@@ -86,6 +87,11 @@ static __always_inline __u32 mark_value(__u64 m, int *drop)
 	}
 	if (reason == HF_REASON_UNPARSED) {
 		count(HF_STAT_UNPARSED);
+		/* The live K0 tree (strategy tree): an IPv4 frame the core judged unparsed while it vouched for its tables
+		 * (match_index n); one it did not judge (CONTROL bit 0 clear, its lease expired) has HF_META_NO_INDEX. */
+		index = (m >> HF_META_INDEX_SHIFT) & HF_META_INDEX_MASK;
+		if (ipv4 && (cfg->control & HF_SHIM_CONTROL_K0_TREE) && index < cfg->num_entries)
+			return HF_MARK_K0_TREE;
 		return 0;
 	}
 	/* Host mode: the hardware's ACCEPT is final; only the value itself is needed, no interval. */
@@ -120,13 +126,16 @@ int hf_xdp(struct xdp_md *ctx)
 	if (p + 2 * ETH_ALEN + HF_TAG_LEN + 2 <= (__u8 *)end &&
 	    *(__be16 *)(p + 2 * ETH_ALEN) == bpf_htons(HF_TAG_ETHERTYPE)) {
 		__u64 m = 0;
-		int i;
+		int i, ipv4;
 
 		count(HF_STAT_TAGGED);
 #pragma unroll
 		for (i = 0; i < 8; i++)
 			m = (m << 8) | p[2 * ETH_ALEN + 2 + i];
-		value = mark_value(m, &drop);
+		/* the frame's own ethertype, after the tag: only iptables' frames (IPv4) may walk the K0 tree */
+		ipv4 = p + 2 * ETH_ALEN + HF_TAG_LEN + 2 <= (__u8 *)end &&
+		       *(__be16 *)(p + 2 * ETH_ALEN + HF_TAG_LEN) == bpf_htons(ETH_P_IP);
+		value = mark_value(m, ipv4, &drop);
 		if (drop) {
 			count(HF_STAT_MIRROR_DROPPED);
 			return XDP_DROP;

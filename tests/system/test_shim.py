@@ -232,3 +232,50 @@ def test_mirror_mark_under_mask_and_shift(topo):
     assert len(got) == 1
     assert rule_counts()[("ACCEPT", 5301)] == 1
     shim.update(mark_mask=0xFFFFFFFF, mark_shift=0)
+
+
+# --- the live K0 tree (strategy tree, docs/shim.md): with HF_SHIM_CONTROL_K0_TREE an IPv4 frame the core judged
+# unparsed (reason 2, match_index n) gets HF_MARK_K0_TREE = 0x3; one it did not judge (CONTROL bit 0 clear, its lease
+# expired: match_index 0xFFFFFF), a stale one, a frame that is not IPv4, and every frame without the bit get 0.
+
+
+def test_judged_unparsed_ipv4_frames_marked_for_the_k0_tree(topo):
+    from hypafilter import shared
+    from hypafilter.targets.shim import mark_value, tag_frame
+    from scapy.layers.inet import UDP
+    from scapy.layers.inet6 import IPv6
+    from scapy.layers.l2 import Ether
+
+    shim, pm, unp = topo, shared.pack_meta, shared.HF_REASON_UNPARSED
+    n, k0 = len(INTERVALS) - 1, shared.HF_MARK_K0_TREE
+    cases = {
+        # port: (metadata, mark with the control bit, mark without it)
+        5401: (pm(n, 0, unp, GEN), k0, 0),  # judged unparsed
+        5402: (pm(shared.HF_META_NO_INDEX, 0, unp, GEN), 0, 0),  # not judged: fail safe, lease expired
+        5403: (pm(n, 0, unp, GEN + 1), 0, 0),  # stale generation
+        5404: (pm(0, 1, 0, GEN), mark_value(3, 1), mark_value(3, 1)),  # an ordinary shunt beside them
+    }
+    netns.run(["sysctl", "-qw", "net.bridge.bridge-nf-call-ip6tables=1"], F)
+    six = "*filter\n:FORWARD ACCEPT [0:0]\n-A FORWARD -p udp --dport 5405 -m mark ! --mark 0 -j DROP\nCOMMIT\n"
+    netns.run(["ip6tables-restore"], F, input=six)
+    v6 = bytes(
+        Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02")
+        / IPv6(src="fd00::1", dst="fd00::2")
+        / UDP(sport=4000, dport=5405)
+        / (b"HFID%08d" % 99 + b"x" * 24)
+    )
+    try:
+        for control, col in ((shared.HF_SHIM_CONTROL_K0_TREE, 1), (0, 2)):
+            shim.update(INTERVALS, generation=GEN, mark_mask=0xFFFFFFFF, mark_shift=0, num_entries=n + 1)
+            shim.update(control=control)
+            assert shim.stats()["config"]["control"] == control
+            load_rules({p: c[col] for p, c in cases.items()})
+            sent = [tag_frame(frame(p, i), c[0]) for i, (p, c) in enumerate(cases.items())]
+            got = exchange([*sent, tag_frame(v6, pm(n, 0, unp, GEN))])  # IPv6: never the K0 tree's (no DROP)
+            ids = sorted(int(g[g.index(b"HFID") + 4 : g.index(b"HFID") + 12]) for g in got)
+            assert ids == [0, 1, 2, 3, 99], (control, ids)
+            assert accept_counts() == {p: 1 for p in cases}, (control, rule_counts())
+    finally:
+        shim.update(control=0)
+        netns.run(["ip6tables", "-w", "-F", "FORWARD"], F)
+        netns.run(["sysctl", "-qw", "net.bridge.bridge-nf-call-ip6tables=0"], F)

@@ -13,6 +13,9 @@
    real iptables while deployed (the tree kept, the change diverted ahead of it), then the tree rebuilt; frames that
    take k = 0 at each stage through the hybrid and the live ruleset alone (verify --live): 0 mismatches. And the xdp
    program alone: only trusted unparsed IPv4 frames get the K0 tree's mark value.
+4. The same on the emulated NIC (the shim marks the frames its core judged unparsed), and once the policy sync
+   service is killed and the core's lease has run out, a rule inserted that K0T does not know: no frame walks K0T,
+   verify --live --unfollowed: 0 mismatches. The core is the example's, shared with the other emu modules' builds.
 """
 
 from __future__ import annotations
@@ -20,7 +23,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import signal
 import time
+from pathlib import Path
 
 import pytest
 from hypafilter import netns
@@ -129,12 +135,51 @@ def test_live_k0_tree_diverts_a_live_insert_until_its_rebuild(lab, tmp_path):
     frames to a linear chain of the live rules that can act there; a deploy of the changed policy rebuilds the tree with the rule in it. At each stage
     `verify --live` (half of its frames malformed) through the hybrid and the live ruleset alone: 0 mismatches, and
     the counters show frames that walked K0T's tree (and its diversion, before the rebuild)."""
+    _live_k0(lab, "xdp", tmp_path)
+
+
+EMU_LAB = "qak0"
+
+
+@pytest.fixture
+def emu_lab():
+    """A lab of its own on the emulated NIC (the module's lab is the xdp target's)."""
+    need_root()
+    need_tool("ip", "iptables-restore", "clang", "ghdl", "verilator", "ethtool")
+    from hypafilter.ops import deploy
+    from hypafilter.ops.lab import Lab
+
+    state = f"/run/hypafilter/test-{EMU_LAB}"
+    was = (deploy.LAB_NAME, deploy.STATE_DIR)
+    deploy.configure(lab=EMU_LAB, state_dir=state)
+    shutil.rmtree(state, ignore_errors=True)
+    lab = Lab(EMU_LAB, target="emu")
+    lab.down()
+    lab.up()
+    yield lab
+    try:
+        deploy.undeploy()
+    finally:
+        lab.down()
+        shutil.rmtree(state, ignore_errors=True)
+        deploy.configure(*was)
+
+
+def test_live_k0_tree_on_the_emulated_nic(emu_lab, tmp_path):
+    """The same on the emulated NIC: its core shunts a frame it judged unparsed with match_index n and one it did not
+    judge (fail safe, an expired lease) with 0xFFFFFF; the shim, with hf_config.control's K0-tree bit (deploy:
+    strategy tree, live), marks only the first kind HF_MARK_K0_TREE. The counters of K0T's tree show frames the shim
+    marked; `verify --live` through the hybrid and the live ruleset alone: 0 mismatches."""
+    _live_k0(emu_lab, "emu", tmp_path)
+
+
+def _live_k0(lab, target: str, tmp_path) -> None:
     from tests.hfcli import HfCli
 
-    hf = HfCli(LAB, f"/run/hypafilter/test-{LAB}")
+    hf = HfCli(lab.name, f"/run/hypafilter/test-{lab.name}")
     fw = lab.ns_fw
     cfg = tmp_path / "tree.toml"
-    cfg.write_text('strategy = "tree"\ntree_min_segment = 4\ntarget = "xdp"\n')
+    cfg.write_text(f'strategy = "tree"\ntree_min_segment = 4\ntarget = "{target}"\n')
     text = (ROOT / "rulesets" / "example.rules").read_text()
     hf("deploy", str(ROOT / "rulesets" / "example.rules"), "--config", str(cfg), "-q")
     listing = netns.run(["iptables-save", "-t", "filter"], fw)
@@ -161,7 +206,7 @@ def test_live_k0_tree_diverts_a_live_insert_until_its_rebuild(lab, tmp_path):
     print(f"lazy: {diverted} frames diverted to the changed part, {walked} walked the old tree; {r['packets']} frames")
     assert diverted > 0 and walked > 0
     st = hf("status", check=False)
-    assert st.returncode == 0, st.stdout  # no drift: the program's control word is the plan's
+    assert st.returncode == 0, st.stdout  # no drift: the program's (or the shim's) control word is the plan's
 
     if FULL:  # the rebuild (opt-in: make test-live-k0; the default tier's budget)
         # the changed policy deployed: its tree built with the new rule in it, no diversion left
@@ -176,7 +221,50 @@ def test_live_k0_tree_diverts_a_live_insert_until_its_rebuild(lab, tmp_path):
         walked = _counted(fw, r"-A HF\d+_K0T -j HF\d+_T\d+")
         print(f"rebuilt: {walked} frames walked the new tree")
         assert walked > 50
+    if target == "emu":
+        _lease_runs_out(hf, fw)
     hf("undeploy", "-q")
+
+
+def _lease_runs_out(hf, fw: str) -> None:
+    """The policy sync service killed, a rule inserted that K0T (the service's) does not know (everything from the
+    sender accepted, against the policy's drops); once the core's lease
+    has run out it judges nothing and shunts every frame with no index: no frame may walk K0T (its counters stay),
+    and `verify --live --unfollowed` with the live ruleset (the new rule in it) alone as oracle: 0 mismatches."""
+    from hypafilter.ops import deploy
+
+    st = deploy.read_state(Path(hf.state) / "state.json")
+    pids = [int((Path(hf.state) / "policysync.pid").read_text()), hf.service()["worker"]]
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    allow = ["-s", "10.0.1.0/24", "-j", "ACCEPT"]
+    netns.run(["iptables", "-w", "-I", "FORWARD", "2", *allow], fw)  # after the jump to MAIN
+    nic = deploy.target_of(st, deploy.state_config(st))
+    deadline = time.monotonic() + st.get("lease_ms", 1000) / 1000 + 3
+    while not nic.lease(st["nic"])["expired"]:
+        assert time.monotonic() < deadline, "the lease did not run out"
+        time.sleep(0.05)
+    before = _counted(fw, r"-A HF\d+_K0T ")
+    p = hf(
+        "verify",
+        "--live",
+        "--unfollowed",
+        "--packets",
+        "600",
+        "--malformed",
+        "0.5",
+        "--seed",
+        "6",
+        "--json",
+        check=False,
+    )
+    assert p.stdout, p.stderr[-2000:]
+    r = json.loads(p.stdout)
+    walked = _counted(fw, r"-A HF\d+_K0T ") - before
+    assert r["mismatches"] == 0, (walked, r["examples"][:3])
+    assert r["hw_forwarded"] + r["hw_dropped"] == 0, r  # the core decided nothing
+    assert walked == 0, f"{walked} frames walked K0T after the lease ran out"
+    netns.run(["iptables", "-w", "-D", "FORWARD", *allow], fw)
 
 
 def test_the_xdp_program_marks_only_trusted_unparsed_ipv4_frames_for_the_k0_tree():

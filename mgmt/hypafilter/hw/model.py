@@ -331,7 +331,9 @@ def decide(plan, frame: bytes, src_port: int, regs: Regs, ct: int = 0) -> Decisi
         # not judged (CONTROL bit 0 clear, the lease expired): no index, so the shim never takes it for a frame the
         # core judged unparsed while it vouched for its tables (docs/shim.md, "The live K0 tree on the NIC")
         meta = pack_meta(NO_INDEX, ACTION_NONE, REASON_UNPARSED, gen)
-        return Decision(Kind.SHUNT, shunt_port, meta, None, ACTION_NONE, REASON_UNPARSED, False, ("CNT_SHUNT_UNPARSED",))
+        return Decision(
+            Kind.SHUNT, shunt_port, meta, None, ACTION_NONE, REASON_UNPARSED, False, ("CNT_SHUNT_UNPARSED",)
+        )
     if hdr is None:
         meta = pack_meta(n, ACTION_NONE, REASON_UNPARSED, gen)
         return Decision(Kind.SHUNT, shunt_port, meta, n, ACTION_NONE, REASON_UNPARSED, False, ("CNT_SHUNT_UNPARSED",))

@@ -21,10 +21,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
-from hypafilter import netns, targets
+from hypafilter import netns, shared, targets
 from hypafilter.analysis.overlay import BufferFull, align
 from hypafilter.analysis.plan import build_plan
-from hypafilter.analysis.program import user_chain_names
+from hypafilter.analysis.program import k0_tree_wanted, user_chain_names
 from hypafilter.config import Config, Interfaces
 from hypafilter.errors import DeployError, HypafilterError
 from hypafilter.hw.model import CONTROL_MISS_SHUNT, miss_shunt_control
@@ -285,6 +285,7 @@ def shim_drift(sh: shim_mod.Shim, st: dict) -> list[str]:
     out = []
     cfg = sh.stats()["config"]
     want = {"generation": st["generation"], "mark_mask": st.get("mark_mask"), "mark_shift": st.get("mark_shift")}
+    want["control"] = st.get("shim_control")  # None (a state from before it): not compared
     for key, value in want.items():
         if value is not None and cfg.get(key) != value:
             out.append(f"shim: {key} {cfg.get(key)}, deployed {value}")
@@ -378,6 +379,9 @@ def _target(name: str, config: Config) -> Target:
 def target_of(state: dict, config: Config) -> Target:
     """The target a deployment in the state file runs on."""
     return _target(state.get("target", "emu"), config)
+
+
+K0_SHIM = shared.C["HF_SHIM_CONTROL_K0_TREE"]  # hf_config.control: the live K0 tree's mark (docs/shim.md)
 
 
 def _fw_shim(target: str = "emu") -> shim_mod.Shim:
@@ -811,7 +815,9 @@ def _deploy_locked(
             plan = tx.step("compile", lambda: build_plan(policy, config, live=True))
             # strategy tree's live K0 tree: a follow reuses the last rebuild's tree with the changes diverted ahead
             # of it (docs/optimize.md, "The live K0 tree"); a deploy and a lazy rebuild build it anew
-            plan.k0_tree = tgt.name == "xdp"  # the emulated NIC's lease expiry looks like an unparsed frame
+            # the fast paths that mark the frames they pass unparsed while they vouch for their tables: the xdp
+            # program, and the NIC's shim (its core shunts a frame it does not judge with no index, docs/shim.md)
+            plan.k0_tree = tgt.name in ("xdp", "emu")
             plan.k0_fresh = bool(force or not follow)
             if not plan.k0_fresh:
                 plan.k0_base_keys = _k0_base_keys()
@@ -999,12 +1005,20 @@ def _deploy_locked(
                 nft.close()
         # 4. Interval table of the new plan (read by nobody yet: everything is stale).
         old_intervals = old.get("intervals") if old else None
+        # the NIC's shim marks the frames its core judged unparsed for the live K0 tree (strategy tree, live; the
+        # xdp target's TC-only shim never sees a tag: its fast path marks them itself, CONTROL bit 64)
+        shim_control = 0 if fwshim.tc_only or not k0_tree_wanted(plan, config.strategy) else K0_SHIM
+        old_control = (old or {}).get("shim_control", 0)
 
         def shim_tables_undo():
             if old_intervals is not None:
-                fwshim.update(old_intervals, num_entries=len(old_intervals))
+                fwshim.update(old_intervals, num_entries=len(old_intervals), control=old_control)
 
-        tx.step("shim-tables", lambda: fwshim.update(intervals, num_entries=len(intervals)), shim_tables_undo)
+        tx.step(
+            "shim-tables",
+            lambda: fwshim.update(intervals, num_entries=len(intervals), control=shim_control),
+            shim_tables_undo,
+        )
         # 5. Hardware: a new NIC for a new matcher (standby until programmed), else rewrite the registers. The
         #    build is keyed on the matcher (hw.vhdl.matcher_hash), so only a change of the hardware entries replaces it.
         replace = not old_nic or old_nic.get("binary") != binary or force
@@ -1172,6 +1186,7 @@ def _deploy_locked(
         "ipv6": {**ipv6_state(v6, warnings), **six_chains},
         "ipv6_before": before6,
         "intervals": intervals,
+        "shim_control": shim_control,
         "nic": new_nic,
         "tables": {k: v for k, v in written.items() if k != "writes"},
         "shim": {"netns": NS_FW, "ifaces": list(FW_IFACES), "pin": str(fwshim.pin), "tc_only": fwshim.tc_only},

@@ -115,9 +115,12 @@ class Shim:
         mark_mask: int | None = None,
         mark_shift: int | None = None,
         num_entries: int | None = None,
+        control: int | None = None,
     ) -> None:
         """Write intervals (match_index 0.. → k, one batch syscall) first, then the given hf_config fields (one
-        write of the config element), through the bpf() system call into the pinned maps: no helper process."""
+        write of the config element), through the bpf() system call into the pinned maps: no helper process.
+        `control`: HF_SHIM_CONTROL_* (K0_TREE: the live K0 tree's mark for the frames the core judged unparsed);
+        pins from before the control word have none, and a bit to set there is an error (0 is what they do)."""
         if intervals is not None:
             with PinnedArray(self.pin / shared.HF_MAP_INTERVALS) as m:
                 m.write_many([struct.pack("=I", int(k) & 0xFFFFFFFF) for k in intervals])
@@ -126,11 +129,19 @@ class Shim:
             ("HF_CFG_MARK_MASK", mark_mask),
             ("HF_CFG_MARK_SHIFT", mark_shift),
             ("HF_CFG_NUM_ENTRIES", num_entries),
+            ("HF_CFG_CONTROL", control),
         )
         if any(v is not None for _, v in fields):
             with PinnedArray(self.pin / shared.HF_MAP_CONFIG) as m:
                 cur = bytearray(m.read())
                 for name, v in fields:
+                    if name == "HF_CFG_CONTROL" and v is not None and 4 * shared.C[name] >= len(cur):
+                        if v:
+                            raise HypafilterError(
+                                f"shim: the pinned hf_config in {self.pin} predates its control word; unload the "
+                                "shim (hypafilter undeploy) and deploy again"
+                            )
+                        continue
                     if v is not None:
                         struct.pack_into("=I", cur, 4 * shared.C[name], int(v) & 0xFFFFFFFF)
                 m.write(bytes(cur))

@@ -10,7 +10,7 @@ structure that gets loaded. Strategies:
                exact with selective/exact shunting only)
   interval     binary search on the mark → chain C_k of complex rules above the interval → hardware action
   interval_geo interval, keeping in C_k only complex rules whose reduction meets the interval's shunted boxes
-  tree         interval, with the k = 0 path (K0, not live; K0T, live on xdp: the frames marked HF_MARK_K0_TREE,
+  tree         interval, with the k = 0 path (K0, not live; K0T, live on xdp and emu: the frames marked HF_MARK_K0_TREE,
                lazily rebuilt) and long interval chains (2 × Config.tree_min_segment rules and more) walked as
                decision trees (analysis.trees over analysis.dtree; docs/optimize.md)
 
@@ -403,7 +403,7 @@ def build_program(
 
 def k0_tree_wanted(plan, strategy: str) -> bool:
     """Does a live deployment of `plan` under `strategy` give its unparsed frames the K0 tree (the fast path then
-    marks them HF_MARK_K0_TREE)? `plan.k0_tree`: the deployment's fast path can mark them (ops.deploy: xdp)."""
+    marks them HF_MARK_K0_TREE)? `plan.k0_tree`: the deployment's fast path can mark them (ops.deploy: xdp, emu)."""
     pol = plan.policy
     return (
         strategy == "tree"

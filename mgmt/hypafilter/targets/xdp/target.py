@@ -230,20 +230,18 @@ class XdpTarget(Target):
             args += ["--port", f"{name}={i}" + (f":{mate}" if mate and self.config.nic_mode == "bridge" else "")]
         shape = json.loads(obj.with_name("shape.json").read_text())
         slots = shape.get("sets", [])
-        # a program that can look conntrack up: the watcher's count of the changes that make a miss RELATED or
-        # UNTRACKED (docs/xdp.md "Following the configuration"); without it no miss is ever read as ct 3
-        ct = "ct" in shape.get("fields", []) or "ct" in (shape.get("v6") or {}).get("fields", [])
-        if slots or ct:  # the host's watcher, and its count maps shared with this program (docs/sets.md)
-            with setmaps.host_lock():  # no release of the watcher between its load and this program's start
-                watcher = setmaps.ensure_watcher(self.build_root)
-                # hfx_setseq linked also without set slots (the program then has no such map, and libbpf ignores
-                # the link): tools that know only that name as the mark of the watcher's users (older builds on
-                # the same host) would otherwise unload the watcher this program counts through
-                setmaps.link_seq(pin, watcher)
-                if ct:
-                    setmaps.link_seq(pin, watcher, "hfx_ctseq")
-                self._tool("start", args, ns=True)
-        else:
+        # Every program can look conntrack up (the tables' HFX_CT_LOOKUP: a plan that forces misses, whatever its
+        # fields read), so every program counts through the host's watcher the changes that make a miss RELATED or
+        # UNTRACKED (docs/xdp.md "Following the configuration"); without it no miss would ever be read as ct 3, and a
+        # stateless policy's new flows would all be forced to the stack. The watcher and its count maps are shared
+        # with this program (docs/sets.md).
+        with setmaps.host_lock():  # no release of the watcher between its load and this program's start
+            watcher = setmaps.ensure_watcher(self.build_root)
+            # hfx_setseq linked also without set slots (the program then has no such map, and libbpf ignores the
+            # link): tools that know only that name as the mark of the watcher's users (older builds on the same
+            # host) would otherwise unload the watcher this program counts through
+            setmaps.link_seq(pin, watcher)
+            setmaps.link_seq(pin, watcher, "hfx_ctseq")
             self._tool("start", args, ns=True)
         newflows.Gate(pin, self.site.netns).grant(None)  # no miss is ct 3 before a grant
         if slots:

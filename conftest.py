@@ -47,14 +47,11 @@ def ns_sh(ns: str, *cmd: str, stdin: str | None = None) -> str:
     return netns.run(cmd, ns, input=stdin)
 
 
-@pytest.fixture(scope="module")
-def lab(request):
-    """System tier: a lab of the test module's own (its LAB constant; its TARGET, emu unless the module says xdp)
-    with deploy pointed at it; state in /run/hypafilter/test-<LAB>; undeployed and torn down after the module, and
-    deploy pointed back where it was. Modules with a `lab` of their own (a bare lab, no deploy) define it and so
-    override this one."""
+@contextlib.contextmanager
+def deployed_lab(name: str, target: str = "emu"):
+    """A lab `name` for `target` with deploy pointed at it; state in /run/hypafilter/test-<name>; undeployed and torn
+    down after, and deploy pointed back where it was."""
     need_root()
-    target = getattr(request.module, "TARGET", "emu")
     if target == "xdp":
         need_tool("ip", "iptables-restore", "clang", "cc", "make", "tc", "ethtool", "nft")
     else:
@@ -62,7 +59,6 @@ def lab(request):
     from hypafilter.ops import deploy
     from hypafilter.ops.lab import Lab
 
-    name = request.module.LAB
     state = f"/run/hypafilter/test-{name}"
     was = (deploy.LAB_NAME, deploy.STATE_DIR)
     deploy.configure(lab=name, state_dir=state)
@@ -70,13 +66,24 @@ def lab(request):
     lab = Lab(name, target=target)
     lab.down()
     lab.up()
-    yield lab
     try:
-        deploy.undeploy()
+        yield lab
     finally:
-        lab.down()
-        shutil.rmtree(state, ignore_errors=True)
-        deploy.configure(*was)
+        try:
+            deploy.undeploy()
+        finally:
+            lab.down()
+            shutil.rmtree(state, ignore_errors=True)
+            deploy.configure(*was)
+
+
+@pytest.fixture(scope="module")
+def lab(request):
+    """System tier: a lab of the test module's own (its LAB constant; its TARGET, emu unless the module says xdp)
+    with deploy pointed at it (deployed_lab). Modules with a `lab` of their own (a bare lab, no deploy) define it and
+    so override this one."""
+    with deployed_lab(request.module.LAB, getattr(request.module, "TARGET", "emu")) as lab:
+        yield lab
 
 
 # Modules of the sim and system tiers that take longest, with their seconds in one run (`make test` with

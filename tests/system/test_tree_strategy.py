@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import time
 from pathlib import Path
@@ -31,7 +30,7 @@ from pathlib import Path
 import pytest
 from hypafilter import netns
 
-from conftest import ROOT, need_root, need_tool, ns_sh
+from conftest import ROOT, deployed_lab, need_root, need_tool, ns_sh
 
 pytestmark = pytest.mark.system
 
@@ -144,25 +143,8 @@ EMU_LAB = "qak0"
 @pytest.fixture
 def emu_lab():
     """A lab of its own on the emulated NIC (the module's lab is the xdp target's)."""
-    need_root()
-    need_tool("ip", "iptables-restore", "clang", "ghdl", "verilator", "ethtool")
-    from hypafilter.ops import deploy
-    from hypafilter.ops.lab import Lab
-
-    state = f"/run/hypafilter/test-{EMU_LAB}"
-    was = (deploy.LAB_NAME, deploy.STATE_DIR)
-    deploy.configure(lab=EMU_LAB, state_dir=state)
-    shutil.rmtree(state, ignore_errors=True)
-    lab = Lab(EMU_LAB, target="emu")
-    lab.down()
-    lab.up()
-    yield lab
-    try:
-        deploy.undeploy()
-    finally:
-        lab.down()
-        shutil.rmtree(state, ignore_errors=True)
-        deploy.configure(*was)
+    with deployed_lab(EMU_LAB, "emu") as lab:
+        yield lab
 
 
 def test_live_k0_tree_on_the_emulated_nic(emu_lab, tmp_path):

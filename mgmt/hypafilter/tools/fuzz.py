@@ -279,10 +279,15 @@ def random_policy(seed: int, conntrack: bool | None = None, rules: int | None = 
     conntrack state (then its address matches treat the lab's two paths alike, for real connections); None lets
     the seed decide. Drawn again (from the same random stream) while a rule is shadowed by an earlier one."""
     rng = random.Random(seed)
+    return _unshadowed(lambda: _draw(rng, seed, conntrack, rules), shadowed_lines)
+
+
+def _unshadowed(draw, shadowed) -> str:
+    """The first of up to 50 draws in which no rule is shadowed (`shadowed(text)` empty), else the last."""
     text = ""
     for _ in range(50):
-        text = _draw(rng, seed, conntrack, rules)
-        if not shadowed_lines(text):
+        text = draw()
+        if not shadowed(text):
             return text
     return text
 
@@ -542,12 +547,7 @@ def random_policy6(seed: int, conntrack: bool | None = None, rules: int | None =
     decides (frag, hl, ipv6header, hbh, dst, rt, ah), user chains with RETURN, goto and MARK read back, LOG, and
     REJECT with the icmp6-* types. Drawn again while a rule is shadowed by an earlier one (as random_policy)."""
     rng = random.Random(seed * 7919 + 6)
-    text = ""
-    for _ in range(50):
-        text = _draw6(rng, seed, conntrack, rules)
-        if not shadowed_lines6(text):
-            return text
-    return text
+    return _unshadowed(lambda: _draw6(rng, seed, conntrack, rules), shadowed_lines6)
 
 
 def _draw6(rng: random.Random, seed: int, conntrack: bool | None, rules: int | None) -> str:

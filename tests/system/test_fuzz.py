@@ -15,7 +15,7 @@ pair meets a stateless policy and a conntrack one (with its connection checks) i
 HF_FUZZ_ALL_PAIRS=1 (`make fuzz`) runs every policy on every pair, HF_FUZZ_STRATEGY=S every policy on strategy S's pairs
 (`make fuzz-tree`).
 
-HF_FUZZ_FRAMES (total frames, default 36,000), HF_FUZZ_POLICIES (default 6) and HF_FUZZ_SEED (first policy
+HF_FUZZ_FRAMES (total frames, default 50,000), HF_FUZZ_POLICIES (default 6) and HF_FUZZ_SEED (first policy
 seed) scale it, HF_FUZZ_LAB names its lab (default hff); `make fuzz` is the long run (docs/deploy.md)."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from conftest import need, ns_sh
 pytestmark = pytest.mark.system
 
 LAB = os.environ.get("HF_FUZZ_LAB", "hff")  # another name lets a second run go beside this one
-FRAMES = int(os.environ.get("HF_FUZZ_FRAMES", "36000"))
+FRAMES = int(os.environ.get("HF_FUZZ_FRAMES", "50000"))
 POLICIES = int(os.environ.get("HF_FUZZ_POLICIES", "6"))
 FIRST_SEED = int(os.environ.get("HF_FUZZ_SEED", "1"))
 MALFORMED = 0.5  # half the frames that are not attack frames are of one of the kinds, half well-formed

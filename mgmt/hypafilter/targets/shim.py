@@ -10,17 +10,19 @@ from pathlib import Path
 
 from hypafilter import netns, shared
 from hypafilter.errors import HypafilterError
-from hypafilter.paths import ROOT
+from hypafilter.paths import ROOT, build_lock
 from hypafilter.targets.bpfmap import PinnedArray
 
 DRIVER = ROOT / "driver"
 
 
 def build(build_root: str | Path = ROOT / "build") -> tuple[Path, Path]:
-    """(shim.bpf.o, hf_shim loader), rebuilt by make only when their sources changed."""
+    """(shim.bpf.o, hf_shim loader), rebuilt by make only when their sources changed. One build at a time per
+    build folder (deploys of several labs start together); the Makefile renames each output into place."""
     out = (Path(build_root) / "shim").resolve()
     try:
-        netns.run(["make", "-s", "-C", str(DRIVER), f"OUT={out}"], timeout=None)
+        with build_lock(out / ".build.lock"):
+            netns.run(["make", "-s", "-C", str(DRIVER), f"OUT={out}"], timeout=None)
     except netns.CommandError as e:
         raise HypafilterError(f"building the eBPF shim failed: {e}") from e
     return out / "shim.bpf.o", out / "hf_shim"

@@ -35,6 +35,9 @@ EMU_LEASE_GENERICS = {"LEASE_TICK_CYCLES": 0}
 # NIC") and 65,536 recent-egress stamps (few collide with the keys of the frames the host sent in the last 2 s).
 # HF_EMU_CTM_LOG2 overrides the banks' size (the opt-in 250,000-entry runs: 20).
 EMU_CTM_LOG2, EMU_CTM_EGRESS_LOG2 = 16, 16
+# Cores whose Verilog is larger than this are compiled file by file, JOBS at once (driver/emu/Makefile PARALLEL=1);
+# smaller ones as one translation unit, a third of the CPU (every core measured so far, up to 5 MB; docs/emulator.md).
+PARALLEL_BUILD_BYTES = 8 << 20
 
 
 def core_generics(config) -> dict[str, int]:
@@ -199,6 +202,7 @@ def build(plan, config=None, build_root: str | Path = "build", verbose: bool = F
                 f"OUT={scratch}",
                 f"TDATA_WIDTH={width}",
                 f"JOBS={jobs}",
+                f"PARALLEL={int(len(synthesized) > PARALLEL_BUILD_BYTES)}",
             ],
             env=compiler_cache_env(root),
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import jinja2
 
 from hypafilter import netns
 from hypafilter.errors import HypafilterError
-from hypafilter.paths import BUILD_ROOT, DRIVER_DIR
+from hypafilter.paths import BUILD_ROOT, DRIVER_DIR, build_lock
 from hypafilter.targets.xdp.tables import DIRECT_SIZE, SEARCH_FIELDS, shape_id
 
 XDP_DIR = DRIVER_DIR / "xdp"
@@ -56,25 +57,36 @@ def build_program(shape: dict, build_root: Path = BUILD_ROOT) -> Path:
     headers = "".join(f"// {h.name} {hashlib.sha256(h.read_bytes()).hexdigest()}\n" for h in INCLUDED)
     text = headers + text
     out = Path(build_root) / "xdp" / f"{shape_id(shape)}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
-    out.mkdir(parents=True, exist_ok=True)
     src, obj = out / "fastpath.bpf.c", out / "fastpath.bpf.o"
-    (out / "shape.json").write_text(json.dumps(shape, sort_keys=True) + "\n")
-    if obj.exists() and src.exists() and src.read_text() == text:
-        return obj
-    src.write_text(text)
-    obj.unlink(missing_ok=True)
-    argv = ["clang", "-O2", "-g", "-target", "bpf", "-Wall", f"-I{XDP_DIR}", f"-I{DRIVER_DIR}", f"-I{_arch_include()}"]
-    try:
-        netns.run([*argv, "-c", str(src), "-o", str(obj)], timeout=None)
-    except netns.CommandError as e:
-        raise HypafilterError(f"compiling the XDP fast path failed: {e}") from e
+    # One compile per folder at a time (deploys of several labs may start the same program); every file is renamed
+    # into place, so a loader reading the folder meanwhile sees the previous complete object or the new one.
+    with build_lock(out / ".build.lock"):
+        _write_atomic(out / "shape.json", json.dumps(shape, sort_keys=True) + "\n")
+        if obj.exists() and src.exists() and src.read_text() == text:
+            return obj
+        _write_atomic(src, text)
+        tmp = obj.with_name(f".{obj.name}.{os.getpid()}")
+        argv = ["clang", "-O2", "-g", "-target", "bpf", "-Wall", f"-I{XDP_DIR}", f"-I{DRIVER_DIR}"]
+        try:
+            netns.run([*argv, f"-I{_arch_include()}", "-c", str(src), "-o", str(tmp)], timeout=None)
+        except netns.CommandError as e:
+            tmp.unlink(missing_ok=True)
+            raise HypafilterError(f"compiling the XDP fast path failed: {e}") from e
+        tmp.replace(obj)
     return obj
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(text)
+    tmp.replace(path)
 
 
 def build_loader(build_root: Path = BUILD_ROOT) -> Path:
     out = (Path(build_root) / "xdp").resolve()
     try:
-        netns.run(["make", "-s", "-C", str(XDP_DIR), f"OUT={out}"], timeout=None)
+        with build_lock(out / ".loader.lock"):
+            netns.run(["make", "-s", "-C", str(XDP_DIR), f"OUT={out}"], timeout=None)
     except netns.CommandError as e:
         raise HypafilterError(f"building the XDP loader failed: {e}") from e
     return out / "hf_xdp"

@@ -47,12 +47,13 @@ def build_cached(src: Path, build_dir: Path, compiler: list[str], suffix: str = 
     out = build_dir / f"{src.stem.removesuffix('.bpf')}-{digest}{suffix}"
     if not out.exists():
         build_dir.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(".tmp")
+        tmp = out.with_name(f".{out.name}.{os.getpid()}")  # each builder its own: two never write one file
         try:
             netns.run([*compiler, str(src), "-o", str(tmp), *libs], timeout=None)
         except netns.CommandError as e:
+            tmp.unlink(missing_ok=True)
             raise HypafilterError(f"building {src.name} failed: {e}") from e
-        tmp.rename(out)
+        tmp.replace(out)
     return out
 
 

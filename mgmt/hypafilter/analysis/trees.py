@@ -510,7 +510,7 @@ class Bases:
             if k0:
                 cands = [self.old["k0"]] if self.old["k0"] is not None else []
             else:
-                same = self.new["chains"].get(tuple(keys)) or self.old["chains"].get(tuple(keys))
+                same = self.old["chains"].get(tuple(keys))
                 cands = [same] if same is not None else self._near(keys)
             for base in cands:
                 f = self._fit(base, keys, idx)
@@ -539,7 +539,7 @@ class Bases:
         """The recorded chains' bases whose rules differ from `keys` by at most LAZY_DELTA (as multisets)."""
         have = Counter(keys)
         out = []
-        for base in (*self.new["chains"].values(), *self.old["chains"].values()):
+        for base in self.old["chains"].values():  # a tree built in this program is its own chain's
             c = self._counts.get(id(base))
             if c is None:
                 c = self._counts[id(base)] = Counter(base.keys)

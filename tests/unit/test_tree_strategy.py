@@ -399,3 +399,47 @@ def test_a_live_interval_chain_tree_is_kept_for_a_small_change_and_rebuilt_past_
     assert LAZY_DELTA < 9
     _, past = _cx_prog(_cx_text(40, many), "HF5_", False)
     assert past.tree_stats["lazy_trees"] == 0 and "TD" not in render_iptables(past), past.tree_stats
+
+
+def test_analyze_costs_strategy_tree_by_the_walk_of_its_trees():
+    """`analyze` with strategy tree: the software rules a shunted frame walks are the tree's path — the mark tests
+    to its leaf, then what `bench optimize` reports as a tree's path (analysis.dtree.path: each dispatch test, the
+    guard, the rules of the one tree leaf the header reaches) — not the whole list; every frame here is shunted to a
+    leaf whose chain is the 40 complex rules, one tree."""
+    import numpy as np
+    from hypafilter.analysis.decision import match_indices
+    from hypafilter.analysis.dtree import Params, build, path
+    from hypafilter.analysis.program import dispatch_cost
+    from hypafilter.analysis.traffic import analyze
+    from hypafilter.analysis.trees import TREE_MAX_EXPANSION, flat_regions
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.ir import FIELD_INDEX, NDIM
+
+    cfg = Config(strategy="tree", tree_min_segment=4)
+    pol = parse_policy(_cx_text(40), filename="cx.rules", base_chain="FORWARD", config=cfg)
+    rng = np.random.default_rng(3)
+    n = 600
+    pts = np.zeros((n, NDIM), dtype=np.int64)
+    pts[:, FIELD_INDEX["src"]] = (10 << 24) | (rng.integers(0, 48, n) << 16) | rng.integers(0, 1 << 16, n)
+    pts[:, FIELD_INDEX["dst"]] = rng.integers(0, 1 << 32, n)
+    pts[:, FIELD_INDEX["proto"]] = rng.choice([6, 17], n)
+    pts[:, FIELD_INDEX["sport"]] = rng.integers(0, 1 << 16, n)
+    pts[:, FIELD_INDEX["dport"]] = rng.integers(0, 1 << 16, n)
+    res = analyze(pol, cfg, pts)
+    assert res["shunted_packets_index_based"] == n
+
+    plan = build_plan(pol, cfg, mode="index")
+    prog = build_program(plan, "tree")
+    assert {len(c) for c in plan.chains.values()} == {40}
+    regs = flat_regions(pol)
+    tree = build([regs[i] for i in range(40)], Params(binth=2, max_expansion=TREE_MAX_EXPANSION))
+    want = 0
+    for p, j in zip(pts, match_indices(plan, pts), strict=True):
+        mark = mark_for(prog, int(plan.interval[j]), int(plan.actions[j]))
+        walk, _ = path(
+            tree, tuple(int(p[FIELD_INDEX[d]]) for d in ("src", "dst", "proto", "sport", "dport")), lambda r: None
+        )
+        want += dispatch_cost(prog, mark) + walk
+    assert res["traversed_rules"]["tree"] == want
+    assert res["traversed_rules"]["tree"] < 0.7 * res["traversed_rules"]["interval"], res["traversed_rules"]
+    assert "tree" not in analyze(pol, Config(tree_min_segment=4), pts)["traversed_rules"]  # interval: as before

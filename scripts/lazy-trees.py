@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""Strategy tree's interval chains, lazily rebuilt (docs/optimize.md, "Lazy trees"): what one change costs a follow.
+
+The policy: a ClassBench set (acl1_1100 by default) as a FORWARD policy with --complex string-match rules ahead of it
+on the headers of every --stride-th rule (4), so that every shunted frame's interval chain is those rules, written as one tree.
+
+Default (no root): the program a follow builds (analysis.program.build_program, which writes the trees) for the
+policy with one complex rule inserted, the trees built anew (`fresh`: what every follow did before the interval
+chains' trees were lazy) and kept with the change diverted ahead of them (`lazy`: a follow); `--repeats` runs each,
+medians. With PYTHONPATH at an older tree's mgmt/, `lazy` is that version's follow.
+
+`--live` (root, the xdp lab LAB): the policy deployed with strategy tree, then `--repeats` times the real iptables
+inserts one complex rule in the operator's chain and deletes it again; for each change the policy sync service's
+follow as the deployment's history records it: `applied_s` (the change read -> the new policy holds), `render_s`
+(the step that builds and writes the chains) and the tree chains written. Run it with PYTHONPATH pointing at
+another tree's mgmt/ to measure that version (the script uses only the CLI and the state file). One JSON line per
+stage or change, then the medians.
+
+    PYTHONPATH=mgmt .venv/bin/python scripts/lazy-trees.py [--complex N] [--stride S] [--repeats R]
+    PYTHONPATH=mgmt .venv/bin/python scripts/lazy-trees.py --live [--lab h3m] [--complex N] [--repeats R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared" / "data" / "classbench"
+BAN = "-s 10.250.{i}.0/24 -p udp -m string --string HFLAZY{i} --algo bm -j DROP"
+
+
+def policy_text(filters: str, n_complex: int, stride: int = 4) -> str:
+    from hypafilter.tools.classbench import classbench_policy_text
+
+    text = classbench_policy_text(filters, policy="DROP", actions="alternate")
+    lines = text.splitlines()
+    first = next(i for i, ln in enumerate(lines) if ln.startswith("-A FORWARD"))
+    rules = [ln for ln in lines if ln.startswith("-A FORWARD")]
+    cx = [
+        f"{r.rsplit(' -j ', 1)[0]} -m string --string BAD{j % 5} --algo bm -j {('DROP', 'ACCEPT')[j % 2]}"
+        for j, r in enumerate(rules[::stride][:n_complex])
+    ]
+    return "\n".join(lines[:first] + cx + lines[first:]) + "\n"
+
+
+def in_process(text: str, repeats: int) -> None:
+    from hypafilter.analysis.plan import build_plan
+    from hypafilter.analysis.program import build_program
+    from hypafilter.config import Config
+    from hypafilter.iptables.document import parse_policy
+
+    cfg = Config(strategy="tree")
+    lines = text.splitlines()
+    first = next(i for i, ln in enumerate(lines) if ln.startswith("-A FORWARD"))
+    changed = "\n".join(lines[:first] + ["-A FORWARD " + BAN.format(i=1)] + lines[first:]) + "\n"
+
+    def build(t: str, fresh: bool) -> tuple[float, dict]:
+        plan = build_plan(parse_policy(t, filename="p", base_chain="FORWARD", config=cfg), cfg, live=True)
+        plan.trees_fresh = plan.k0_fresh = fresh  # (k0_fresh: the name before the chains' trees were lazy)
+        plan.k0_tree = True
+        t0 = time.monotonic()
+        prog = build_program(plan, "tree")
+        return time.monotonic() - t0, prog.tree_stats
+
+    out: dict[str, list[float]] = {"lazy": [], "fresh": []}
+    for _ in range(repeats):
+        for how in out:
+            build(text, True)  # the deployment: the bases a follow starts from
+            s, stats = build(changed, how == "fresh")
+            out[how].append(s)
+            print(json.dumps({"build": how, "s": round(s, 3), **stats}), flush=True)
+    print(json.dumps({k + "_median_s": round(statistics.median(v), 3) for k, v in out.items()}))
+
+
+def live(text: str, lab: str, repeats: int) -> None:
+    state = Path(f"/run/hypafilter/{lab}-bench")
+    env = dict(os.environ, HF_LAB=lab, HF_STATE_DIR=str(state))
+    hf = [sys.executable, "-m", "hypafilter"]
+
+    def run(*args: str) -> str:
+        return subprocess.run(hf + list(args), env=env, check=True, capture_output=True, text=True).stdout
+
+    def ipt(*args: str) -> str:
+        return subprocess.run(
+            ["ip", "netns", "exec", f"{lab}-fw", *args], check=True, capture_output=True, text=True
+        ).stdout
+
+    def history() -> list:
+        try:
+            return json.loads((state / "state.json").read_text()).get("history") or []
+        except (OSError, ValueError):
+            return []
+
+    def trees() -> set[str]:
+        listing = ipt("iptables-save", "-t", "filter")
+        prefix = re.search(r"-j (HF\d+_)MAIN", listing).group(1)
+        return {ln.replace(prefix, "P_") for ln in listing.splitlines() if re.match(rf"-A {prefix}T\d+ ", ln)}
+
+    run("lab", "down", "--name", lab)
+    run("lab", "up", "--target", "xdp", "--name", lab)
+    rows = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            pol, cfg = Path(tmp) / "p.rules", Path(tmp) / "tree.toml"
+            pol.write_text(text)
+            cfg.write_text('strategy = "tree"\ntarget = "xdp"\n')
+            run("deploy", str(pol), "--config", str(cfg), "-q")
+        for i in range(repeats):
+            for verb in ("-I", "-D"):
+                before, seen = trees(), len(history())
+                rule = BAN.format(i=i).split()
+                ipt("iptables", "-w", verb, "FORWARD", *(["2"] if verb == "-I" else []), *rule)
+                deadline = time.monotonic() + 120
+                while len(history()) <= seen or history()[-1].get("kind") != "follow":
+                    if time.monotonic() > deadline:
+                        raise SystemExit("the deployment did not follow within 120 s")
+                    time.sleep(0.05)
+                h = history()[-1]
+                after = trees()
+                row = {
+                    "change": f"iptables {verb}",
+                    "applied_s": h.get("applied_s"),
+                    "render_s": (h.get("steps") or {}).get("render"),
+                    "duration_s": h.get("duration_s"),
+                    "tree_rules": len(after),
+                    "tree_rules_rewritten": len(after - before),
+                }
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    finally:
+        subprocess.run(hf + ["undeploy", "-q"], env=env, capture_output=True)
+        subprocess.run(hf + ["lab", "down", "--name", lab], env=env, capture_output=True)
+    print(json.dumps({f"{k}_median": statistics.median(r[k] for r in rows) for k in ("applied_s", "render_s")}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--filters", default=str(SHARED / "acl1_1100.filters"))
+    ap.add_argument("--complex", type=int, default=256, help="complex rules ahead of the set (the chains' length)")
+    ap.add_argument("--stride", type=int, default=4, help="the complex rules' headers: every STRIDE-th rule's")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--live", action="store_true", help="follows of a deployment on the xdp lab (root)")
+    ap.add_argument("--lab", default="h3m")
+    a = ap.parse_args()
+    text = policy_text(a.filters, a.complex, a.stride)
+    if a.live:
+        live(text, a.lab, a.repeats)
+    else:
+        in_process(text, a.repeats)
+
+
+if __name__ == "__main__":
+    main()

@@ -309,6 +309,9 @@ def test_a_live_interval_chain_tree_is_kept_for_a_small_change(h3_lab, tmp_path)
     td = [ln for ln in listing.splitlines() if re.match(rf"-A {gen2}TD\d+ ", ln)]
     assert any(re.search(r"-s 10.0.1.0/25 .*--string \"?BAD\"? ", ln) for ln in td), td
 
+    st = hf("status", check=False)
+    assert st.returncode == 0 and re.search(r"trees .* \d+ kept from the last rebuild", st.stdout), st.stdout
+
     r = _verify(hf)
     diverted = _counted(fw, rf"-A {gen2}L\d+A\d+ .*-g {gen2}TD\d+")
     walked = _counted(fw, rf"-A {gen2}L\d+A\d+ -j {gen2}T\d+")

@@ -443,3 +443,15 @@ def test_analyze_costs_strategy_tree_by_the_walk_of_its_trees():
     assert res["traversed_rules"]["tree"] == want
     assert res["traversed_rules"]["tree"] < 0.7 * res["traversed_rules"]["interval"], res["traversed_rules"]
     assert "tree" not in analyze(pol, Config(tree_min_segment=4), pts)["traversed_rules"]  # interval: as before
+
+
+def test_status_says_which_trees_a_follow_kept():
+    from hypafilter.cli.deploy import _fmt_trees
+
+    kept = {"trees": 4, "rules_in_trees": 55, "lazy_trees": 3, "lazy_changed": 5, "k0_tree": "lazy", "k0_changed": 1}
+    line = _fmt_trees(kept)
+    assert line.startswith("trees    4 interval-chain trees over 55 rules, 3 kept from the last rebuild")
+    assert "(5 over all of them); K0T lazy (1 changed rules diverted)" in line
+    built = _fmt_trees({"trees": 2, "rules_in_trees": 9, "lazy_trees": 0, "k0_tree": "built"})
+    assert "kept" not in built and built.endswith("; K0T built")
+    assert "K0 stays the live list: the policy has no rules" in _fmt_trees({"k0_tree": "the policy has no rules"})

@@ -405,6 +405,8 @@ def build_program(
         recorded = bases.commit()
         if recorded is not None:  # bases built (or dropped) here: the deployment records them (ops.deploy)
             plan.tree_bases_built = recorded
+        if live:
+            plan.tree_stats = dict(prog.tree_stats)  # what the deployment's chains hold (its state, `status`)
     return prog
 
 

@@ -1169,6 +1169,8 @@ def _deploy_locked(
         "mode": config.shunt_mode,
         "strategy": config.strategy,
         "tree_min_segment": config.tree_min_segment,
+        # strategy tree: the trees the chains hold, and how many a follow kept (docs/optimize.md, "Lazy trees")
+        "trees": getattr(plan, "tree_stats", None) if config.strategy == "tree" else None,
         "mark_mask": config.mark_mask,
         "mark_shift": config.mark_shift,
         "unfilterable": config.unfilterable,

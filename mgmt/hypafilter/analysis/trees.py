@@ -15,9 +15,10 @@ alone over-approximate where any part of it can act. A policy whose interface ch
 deployment's NIC ports (Policy.resolved) keeps K0 on the verbatim FULL chain: its flattened rules are exact for NIC
 frames only.
 
-`live_k0` is a live deployment's K0 tree (chain K0T, for the frames xdp marks HF_MARK_K0_TREE), rebuilt lazily: a
-follow keeps the tree of its base policy and returns the frames in the -s/-d/-p of the rules changed since to the
-live rules ahead of it (docs/optimize.md, "The live K0 tree").
+`live_k0` is a live deployment's K0 tree (chain K0T, for the frames xdp marks HF_MARK_K0_TREE). A live deployment's
+trees, K0T's and the interval chains', are rebuilt lazily (`Bases`): a follow writes each as the tree of its base
+(the rules of the last rebuild) and sends the frames in the -s/-d/-p of the rules changed since to a linear chain of
+the live rules that can act there, ahead of it (docs/optimize.md, "The live K0 tree" and "Lazy trees").
 """
 
 from __future__ import annotations

@@ -277,7 +277,8 @@ def test_a_live_interval_chain_tree_is_kept_for_a_small_change(h3_lab, tmp_path)
     the kernel's tree chains are the deployed ones rule for rule (counted from iptables-save, the generation's prefix
     taken out), the new rule is in none of them, and every leaf first sends the new rule's -s/-p to a chain TD<n>.
     `verify --live` (half of its frames malformed) through the hybrid and the live ruleset alone: 0 mismatches, with
-    frames counted on the diversion and in the trees."""
+    frames counted on the diversion and in the trees. Then `iptables -D` of a deployed complex rule: the trees are
+    still the deployed ones, its source diverted too, and verify --live again gives 0 mismatches."""
     from tests.hfcli import HfCli
 
     hf = HfCli(h3_lab.name, f"/run/hypafilter/test-{h3_lab.name}")
@@ -317,6 +318,16 @@ def test_a_live_interval_chain_tree_is_kept_for_a_small_change(h3_lab, tmp_path)
     walked = _counted(fw, rf"-A {gen2}L\d+A\d+ -j {gen2}T\d+")
     print(f"lazy: {diverted} frames diverted, {walked} walked the kept trees; {r['packets']} frames")
     assert diverted > 0 and walked > 0
+
+    # the operator deletes one of the deployed complex rules: two changes since the deploy, the trees still kept
+    # (written without the deleted rule's copies in their leaves)
+    netns.run(["iptables", "-w", "-D", "FORWARD", *CX[2].split()[2:]], fw)
+    hf.followed()
+    gen3, trees3 = _tree_chains(fw)
+    assert gen3 != gen2 and trees3 == [ln for ln in trees1 if '"EVIL2"' not in ln], "the follow rewrote the trees"
+    _verify(hf)
+    gone = _counted(fw, rf"-A {gen3}L\d+A\d+ .*--src-range 10.0.1.32-10.0.1.47 -g {gen3}TD\d+")
+    assert gone > 0, "frames in the deleted rule's source went to its diversion"
     hf("undeploy", "-q")
 
 

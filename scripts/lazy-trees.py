@@ -12,12 +12,13 @@ medians. With PYTHONPATH at an older tree's mgmt/, `lazy` is that version's foll
 `--live` (root, the xdp lab LAB): the policy deployed with strategy tree, then `--repeats` times the real iptables
 inserts one complex rule in the operator's chain and deletes it again; for each change the policy sync service's
 follow as the deployment's history records it: `applied_s` (the change read -> the new policy holds), `render_s`
-(the step that builds and writes the chains) and the tree chains written. Run it with PYTHONPATH pointing at
+(the step that builds and writes the chains) and the tree chains written; `--verify N`: then `verify --live` with N
+frames (30 % malformed) through the hybrid and the live ruleset alone, its mismatches. Run it with PYTHONPATH pointing at
 another tree's mgmt/ to measure that version (the script uses only the CLI and the state file). One JSON line per
 stage or change, then the medians.
 
     PYTHONPATH=mgmt .venv/bin/python scripts/lazy-trees.py [--complex N] [--stride S] [--repeats R]
-    PYTHONPATH=mgmt .venv/bin/python scripts/lazy-trees.py --live [--lab h3m] [--complex N] [--repeats R]
+    PYTHONPATH=mgmt .venv/bin/python scripts/lazy-trees.py --live [--lab h3m] [--complex N] [--repeats R] [--verify N]
 """
 
 from __future__ import annotations
@@ -31,11 +32,24 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "data" / "classbench"
-BAN = "-s 10.250.{i}.0/24 -p udp -m string --string HFLAZY{i} --algo bm -j DROP"
+
+
+def ban(text: str, i: int) -> str:
+    """The change: a string-match DROP for UDP from the i-th most common /16 of the set's sources (so that frames
+    drawn from the policy meet it), the options after `-A FORWARD`."""
+    nets = Counter(
+        ".".join(m.group(1).split(".")[:2])
+        for ln in text.splitlines()
+        for m in [re.search(r"-A FORWARD -s (\S+)/", ln)]
+        if m
+    )
+    net = [n for n, _ in nets.most_common()][i % len(nets)]
+    return f"-s {net}.0.0/16 -p udp -m string --string HFLAZY{i} --algo bm -j DROP"
 
 
 def policy_text(filters: str, n_complex: int, stride: int = 4) -> str:
@@ -61,7 +75,7 @@ def in_process(text: str, repeats: int) -> None:
     cfg = Config(strategy="tree")
     lines = text.splitlines()
     first = next(i for i, ln in enumerate(lines) if ln.startswith("-A FORWARD"))
-    changed = "\n".join(lines[:first] + ["-A FORWARD " + BAN.format(i=1)] + lines[first:]) + "\n"
+    changed = "\n".join(lines[:first] + ["-A FORWARD " + ban(text, 1)] + lines[first:]) + "\n"
 
     def build(t: str, fresh: bool) -> tuple[float, dict]:
         plan = build_plan(parse_policy(t, filename="p", base_chain="FORWARD", config=cfg), cfg, live=True)
@@ -81,7 +95,7 @@ def in_process(text: str, repeats: int) -> None:
     print(json.dumps({k + "_median_s": round(statistics.median(v), 3) for k, v in out.items()}))
 
 
-def live(text: str, lab: str, repeats: int) -> None:
+def live(text: str, lab: str, repeats: int, verify: int = 0) -> None:
     state = Path(f"/run/hypafilter/{lab}-bench")
     env = dict(os.environ, HF_LAB=lab, HF_STATE_DIR=str(state))
     hf = [sys.executable, "-m", "hypafilter"]
@@ -117,7 +131,7 @@ def live(text: str, lab: str, repeats: int) -> None:
         for i in range(repeats):
             for verb in ("-I", "-D"):
                 before, seen = trees(), len(history())
-                rule = BAN.format(i=i).split()
+                rule = ban(text, i).split()
                 ipt("iptables", "-w", verb, "FORWARD", *(["2"] if verb == "-I" else []), *rule)
                 deadline = time.monotonic() + 120
                 while len(history()) <= seen or history()[-1].get("kind") != "follow":
@@ -134,6 +148,22 @@ def live(text: str, lab: str, repeats: int) -> None:
                     "tree_rules": len(after),
                     "tree_rules_rewritten": len(after - before),
                 }
+                if verify:  # the hybrid against the live ruleset alone in the kernel, after this follow
+                    p = subprocess.run(
+                        hf + ["verify", "--live", "--packets", str(verify), "--malformed", "0.3", "--json"],
+                        env=env,
+                        capture_output=True,
+                        text=True,
+                    )
+                    rep = json.loads(p.stdout) if p.stdout else {"mismatches": None, "error": p.stderr[-300:]}
+                    row.update(verify_frames=rep.get("packets"), mismatches=rep.get("mismatches"))
+                    counted = ipt("iptables-save", "-c", "-t", "filter")
+                    row["diverted"] = sum(
+                        int(m.group(1))
+                        for ln in counted.splitlines()
+                        if re.search(r"-A HF\d+_L\d+A\d+ .*-j HF\d+_TD\d+", ln)
+                        for m in [re.match(r"\[(\d+):", ln)]
+                    )
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     finally:
@@ -150,10 +180,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--live", action="store_true", help="follows of a deployment on the xdp lab (root)")
     ap.add_argument("--lab", default="h3m")
+    ap.add_argument("--verify", type=int, default=0, help="--live: verify --live with N frames after each follow")
     a = ap.parse_args()
     text = policy_text(a.filters, a.complex, a.stride)
     if a.live:
-        live(text, a.lab, a.repeats)
+        live(text, a.lab, a.repeats, a.verify)
     else:
         in_process(text, a.repeats)
 

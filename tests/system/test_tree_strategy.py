@@ -302,7 +302,7 @@ def test_a_live_interval_chain_tree_is_kept_for_a_small_change(h3_lab, tmp_path)
     assert trees2 == trees1, "the follow rewrote the trees"
     listing = netns.run(["iptables-save", "-t", "filter"], fw)
     leaves = {ln.split()[1] for ln in listing.splitlines() if re.match(rf"-A {gen2}L\d+A\d+ ", ln)}
-    divert = re.compile(rf"-p (17|udp) -m iprange --src-range 10.0.1.0-10.0.1.127 -g {gen2}TD\d+$")
+    divert = re.compile(rf"-p (17|udp) -m iprange --src-range 10.0.1.0-10.0.1.127 -j {gen2}TD\d+$")
     trees_jumped = [leaf for leaf in leaves if any(f"-A {leaf} -j {gen2}T" in ln for ln in listing.splitlines())]
     assert trees_jumped and all(
         any(ln.startswith(f"-A {leaf} ") and divert.search(ln) for ln in listing.splitlines()) for leaf in trees_jumped
@@ -314,7 +314,7 @@ def test_a_live_interval_chain_tree_is_kept_for_a_small_change(h3_lab, tmp_path)
     assert st.returncode == 0 and re.search(r"trees .* \d+ kept from the last rebuild", st.stdout), st.stdout
 
     r = _verify(hf)
-    diverted = _counted(fw, rf"-A {gen2}L\d+A\d+ .*-g {gen2}TD\d+")
+    diverted = _counted(fw, rf"-A {gen2}L\d+A\d+ .*-j {gen2}TD\d+")
     walked = _counted(fw, rf"-A {gen2}L\d+A\d+ -j {gen2}T\d+")
     print(f"lazy: {diverted} frames diverted, {walked} walked the kept trees; {r['packets']} frames")
     assert diverted > 0 and walked > 0
@@ -326,7 +326,7 @@ def test_a_live_interval_chain_tree_is_kept_for_a_small_change(h3_lab, tmp_path)
     gen3, trees3 = _tree_chains(fw)
     assert gen3 != gen2 and trees3 == [ln for ln in trees1 if '"EVIL2"' not in ln], "the follow rewrote the trees"
     _verify(hf)
-    gone = _counted(fw, rf"-A {gen3}L\d+A\d+ .*--src-range 10.0.1.32-10.0.1.47 -g {gen3}TD\d+")
+    gone = _counted(fw, rf"-A {gen3}L\d+A\d+ .*--src-range 10.0.1.32-10.0.1.47 -j {gen3}TD\d+")
     assert gone > 0, "frames in the deleted rule's source went to its diversion"
     hf("undeploy", "-q")
 

@@ -361,8 +361,8 @@ def _tree_lines(text: str, prefix: str) -> list[str]:
 def test_a_live_interval_chain_tree_is_kept_for_a_small_change_and_rebuilt_past_delta():
     """A follow of one inserted complex rule writes the interval chain's tree of the last rebuild, rule for rule (the
     new rule in no tree chain), and a diversion ahead of it in every leaf: the new rule's -s/-p to a chain TD<n> of
-    the live chain's rules that can act there, then the leaf's verdict. A rebuild (a deploy) and more than
-    LAZY_DELTA changes build the tree of the live chain."""
+    the live chain's rules that can act there (one for all the leaves of the chain), then the same test with the
+    leaf's verdict. A rebuild (a deploy) and more than LAZY_DELTA changes build the tree of the live chain."""
     from hypafilter.analysis.trees import LAZY_DELTA
 
     base_text = _cx_text(40)
@@ -379,11 +379,14 @@ def test_a_live_interval_chain_tree_is_kept_for_a_small_change_and_rebuilt_past_
     assert lazy.tree_stats["lazy_trees"] >= 1 and lazy.tree_stats["lazy_changed"] == 1, lazy.tree_stats
     assert _tree_lines(text2, "HF2_") == trees1  # the tree as deployed: not rebuilt
     leaves = {ln.split()[1] for ln in text2.splitlines() if re.match(r"-A HF2_L\d+A\d+ ", ln)}
+    box = "-p 17 -m iprange --src-range 10.99.0.0-10.99.255.255"
     for leaf in leaves:
         chain = _chain(text2, leaf)
-        assert re.fullmatch(rf"-A {leaf} -p 17 -m iprange --src-range 10.99.0.0-10.99.255.255 -g HF2_TD\d+", chain[1])
+        verdict = chain[-1].split()[-1]
+        assert chain[1:3] == [f"-A {leaf} {box} -j HF2_TD0", f"-A {leaf} {box} -j {verdict}"], chain
     td = [ln for ln in text2.splitlines() if re.match(r"-A HF2_TD\d+ ", ln)]
     assert any("EVIL" in ln for ln in td) and not any("10.98." in ln for ln in td), td  # only rules acting there
+    assert not any(ln.endswith(("-j ACCEPT", "-j DROP")) and "string" not in ln for ln in td), td  # back to the leaf
     assert getattr(plan2, "tree_bases_built", None) is None  # the bases stay the deployment's
     hdrs = [h for h in _headers() if (h.src >> 16) in range(0x0A00, 0x0A64)] + _headers()[::7]
     hdrs += [Header(src=0x0A630001, dst=1, proto=17, sport=1, dport=2)]

@@ -319,7 +319,7 @@ def treeify(prog, kit: Kit, nft_max_depth: int, min_segment: int = 16, bases: Ba
 
     # 1. Interval chains: a leaf L<k>A<a> whose whole chain (its blocks and segments, concatenated) is long walks it
     # as one tree, longest chains first while the trees written stay within TREE_MAX_EXPANSION rules per policy rule;
-    # leaves with the same chain share its tree (and, per verdict, its diversion).
+    # leaves with the same chain share its tree and its diversion.
     leaf = re.compile(re.escape(prog.prefix) + r"L\d+A\d+")
 
     def expand(chain: str) -> list[int]:
@@ -352,9 +352,19 @@ def treeify(prog, kit: Kit, nft_max_depth: int, min_segment: int = 16, bases: Ba
         lines, fit = shared[key]
         rules = prog.chains[name]
         verdict = rules[-1]
-        if (key, verdict.target) not in heads:  # the diversion's chain ends with the leaf's verdict
-            heads[key, verdict.target] = diverted(fit, idx, [verdict])
-        prog.chains[name] = [rules[0], *heads[key, verdict.target], *lines, verdict]
+        if key not in heads:
+            heads[key] = diverted(fit, idx, [])
+        # a diverted frame jumps to the live rules that can act there (shared by the leaves of the chain), then
+        # meets its box again and the leaf's verdict: the tree is not walked
+        head = [
+            r
+            for d in heads[key]
+            for r in (
+                kit.rule("hdr", d.target, options=d.options, test=d.test),
+                kit.rule("hdr", verdict.target, options=d.options, test=d.test),
+            )
+        ]
+        prog.chains[name] = [rules[0], *head, *lines, verdict]
     if shared:  # segments and blocks no leaf jumps to any more
         seen, todo = {prog.main}, [prog.main]
         while todo:

@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """Strategy tree's interval chains, lazily rebuilt (docs/optimize.md, "Lazy trees"): what one change costs a follow.
 
+The change: a string-match DROP inserted at the top of the operator's chain (`--ban`: dense, UDP from the set's
+most common /16, which many of its rules meet; sparse, from an address none of them meets).
+
 The policy: a ClassBench set (acl1_1100 by default) as a FORWARD policy with --complex string-match rules ahead of it
 on the headers of every --stride-th rule (4), so that every shunted frame's interval chain is those rules, written as one tree.
 
@@ -12,12 +15,14 @@ medians. With PYTHONPATH at an older tree's mgmt/, `lazy` is that version's foll
 `--live` (root, the xdp lab LAB): the policy deployed with strategy tree, then `--repeats` times the real iptables
 inserts one complex rule in the operator's chain and deletes it again; for each change the policy sync service's
 follow as the deployment's history records it: `applied_s` (the change read -> the new policy holds), `render_s`
-(the step that builds and writes the chains) and the tree chains written; `--verify N`: then `verify --live` with N
+(the step that builds and writes the chains), the tool's rules loaded and its tree chains' rules (those whose text
+changed: `tree_rules_rewritten`, the generation's prefix taken out); `--verify N`: then `verify --live` with N
 frames (30 % malformed) through the hybrid and the live ruleset alone, its mismatches. Run it with PYTHONPATH pointing at
 another tree's mgmt/ to measure that version (the script uses only the CLI and the state file). One JSON line per
-stage or change, then the medians.
+stage or change, then the medians of the changes after the first (which builds the bases' trees in the service's
+new process).
 
-    PYTHONPATH=mgmt .venv/bin/python scripts/lazy-trees.py [--complex N] [--stride S] [--repeats R]
+    PYTHONPATH=mgmt .venv/bin/python scripts/lazy-trees.py [--complex N] [--stride S] [--ban dense|sparse] [--repeats R]
     PYTHONPATH=mgmt .venv/bin/python scripts/lazy-trees.py --live [--lab h3m] [--complex N] [--repeats R] [--verify N]
 """
 
@@ -39,9 +44,12 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "data" / "classbench"
 
 
-def ban(text: str, i: int) -> str:
-    """The change: a string-match DROP for UDP from the i-th most common /16 of the set's sources (so that frames
-    drawn from the policy meet it), the options after `-A FORWARD`."""
+def ban(text: str, i: int, where: str = "dense") -> str:
+    """The change, the options after `-A FORWARD`: a string-match DROP for UDP from the i-th most common /16 of the
+    set's sources (`dense`: frames drawn from the policy meet it, and so do many of its rules, which its diversion
+    holds), or from 10.250.i.0/24, which no rule of the set meets (`sparse`: the diversion holds the new rule)."""
+    if where == "sparse":
+        return f"-s 10.250.{i}.0/24 -p udp -m string --string HFLAZY{i} --algo bm -j DROP"
     nets = Counter(
         ".".join(m.group(1).split(".")[:2])
         for ln in text.splitlines()
@@ -66,7 +74,7 @@ def policy_text(filters: str, n_complex: int, stride: int = 4) -> str:
     return "\n".join(lines[:first] + cx + lines[first:]) + "\n"
 
 
-def in_process(text: str, repeats: int) -> None:
+def in_process(text: str, repeats: int, where: str) -> None:
     from hypafilter.analysis.plan import build_plan
     from hypafilter.analysis.program import build_program
     from hypafilter.config import Config
@@ -75,7 +83,7 @@ def in_process(text: str, repeats: int) -> None:
     cfg = Config(strategy="tree")
     lines = text.splitlines()
     first = next(i for i, ln in enumerate(lines) if ln.startswith("-A FORWARD"))
-    changed = "\n".join(lines[:first] + ["-A FORWARD " + ban(text, 1)] + lines[first:]) + "\n"
+    changed = "\n".join(lines[:first] + ["-A FORWARD " + ban(text, 1, where)] + lines[first:]) + "\n"
 
     def build(t: str, fresh: bool) -> tuple[float, dict]:
         plan = build_plan(parse_policy(t, filename="p", base_chain="FORWARD", config=cfg), cfg, live=True)
@@ -95,7 +103,7 @@ def in_process(text: str, repeats: int) -> None:
     print(json.dumps({k + "_median_s": round(statistics.median(v), 3) for k, v in out.items()}))
 
 
-def live(text: str, lab: str, repeats: int, verify: int = 0) -> None:
+def live(text: str, lab: str, repeats: int, where: str, verify: int = 0) -> None:
     state = Path(f"/run/hypafilter/{lab}-bench")
     env = dict(os.environ, HF_LAB=lab, HF_STATE_DIR=str(state))
     hf = [sys.executable, "-m", "hypafilter"]
@@ -114,9 +122,12 @@ def live(text: str, lab: str, repeats: int, verify: int = 0) -> None:
         except (OSError, ValueError):
             return []
 
+    loaded = [0]
+
     def trees() -> set[str]:
         listing = ipt("iptables-save", "-t", "filter")
         prefix = re.search(r"-j (HF\d+_)MAIN", listing).group(1)
+        loaded[0] = sum(ln.startswith(f"-A {prefix}") for ln in listing.splitlines())
         return {ln.replace(prefix, "P_") for ln in listing.splitlines() if re.match(rf"-A {prefix}T\d+ ", ln)}
 
     run("lab", "down", "--name", lab)
@@ -131,7 +142,7 @@ def live(text: str, lab: str, repeats: int, verify: int = 0) -> None:
         for i in range(repeats):
             for verb in ("-I", "-D"):
                 before, seen = trees(), len(history())
-                rule = ban(text, i).split()
+                rule = ban(text, i, where).split()
                 ipt("iptables", "-w", verb, "FORWARD", *(["2"] if verb == "-I" else []), *rule)
                 deadline = time.monotonic() + 120
                 while len(history()) <= seen or history()[-1].get("kind") != "follow":
@@ -145,6 +156,7 @@ def live(text: str, lab: str, repeats: int, verify: int = 0) -> None:
                     "applied_s": h.get("applied_s"),
                     "render_s": (h.get("steps") or {}).get("render"),
                     "duration_s": h.get("duration_s"),
+                    "tool_rules": loaded[0],
                     "tree_rules": len(after),
                     "tree_rules_rewritten": len(after - before),
                 }
@@ -169,7 +181,13 @@ def live(text: str, lab: str, repeats: int, verify: int = 0) -> None:
     finally:
         subprocess.run(hf + ["undeploy", "-q"], env=env, capture_output=True)
         subprocess.run(hf + ["lab", "down", "--name", lab], env=env, capture_output=True)
-    print(json.dumps({f"{k}_median": statistics.median(r[k] for r in rows) for k in ("applied_s", "render_s")}))
+    # the first follow builds the bases' trees again in the service's fresh process (a rebuild's cost): left out
+    later = rows[1:] or rows
+    print(
+        json.dumps(
+            {f"{k}_median_after_first": statistics.median(r[k] for r in later) for k in ("applied_s", "render_s")}
+        )
+    )
 
 
 def main() -> None:
@@ -179,14 +197,15 @@ def main() -> None:
     ap.add_argument("--stride", type=int, default=4, help="the complex rules' headers: every STRIDE-th rule's")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--live", action="store_true", help="follows of a deployment on the xdp lab (root)")
+    ap.add_argument("--ban", choices=("dense", "sparse"), default="dense", help="where the change is (see ban)")
     ap.add_argument("--lab", default="h3m")
     ap.add_argument("--verify", type=int, default=0, help="--live: verify --live with N frames after each follow")
     a = ap.parse_args()
     text = policy_text(a.filters, a.complex, a.stride)
     if a.live:
-        live(text, a.lab, a.repeats, a.verify)
+        live(text, a.lab, a.repeats, a.ban, a.verify)
     else:
-        in_process(text, a.repeats)
+        in_process(text, a.repeats, a.ban)
 
 
 if __name__ == "__main__":

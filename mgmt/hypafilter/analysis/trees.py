@@ -449,10 +449,7 @@ def keys_of_json(doc) -> list[tuple]:
 
 
 def bases_of_json(doc) -> dict:
-    """A deployment's recorded bases ({"k0": keys or None, "chains": [keys, ...]}) back from JSON; a bare list is
-    the K0 tree's alone (a state from before the interval chains' trees were lazy)."""
-    if isinstance(doc, list):
-        return {"k0": keys_of_json(doc), "chains": []}
+    """A deployment's recorded bases ({"k0": keys or None, "chains": [keys, ...]}) back from JSON."""
     return {
         "k0": keys_of_json(doc["k0"]) if doc.get("k0") else None,
         "chains": [keys_of_json(c) for c in doc.get("chains", [])],

@@ -188,6 +188,8 @@ def live(text: str, lab: str, repeats: int, where: str, verify: int = 0) -> None
             {f"{k}_median_after_first": statistics.median(r[k] for r in later) for k in ("applied_s", "render_s")}
         )
     )
+    if verify and any(r.get("mismatches") != 0 for r in rows):
+        raise SystemExit("verify --live found mismatches (or did not run): see the rows above")
 
 
 def main() -> None:

@@ -344,12 +344,12 @@ def _cx_text(n: int, extra: str = "") -> str:
     return f"*filter\n:FORWARD DROP [0:0]\n{extra}{cx}-A FORWARD -p tcp -j ACCEPT\n-A FORWARD -p udp -j DROP\nCOMMIT\n"
 
 
-def _cx_prog(text: str, prefix: str, fresh: bool):
+def _cx_prog(text: str, prefix: str, fresh: bool, recorded=None):
     from hypafilter.iptables.document import parse_policy
 
     cfg = Config(strategy="tree", tree_min_segment=4)
     plan = build_plan(parse_policy(text, filename="cx.rules", base_chain="FORWARD", config=cfg), cfg, live=True)
-    plan.trees_fresh, plan.k0_tree = fresh, False
+    plan.trees_fresh, plan.k0_tree, plan.tree_bases = fresh, False, recorded
     return plan, build_program(plan, "tree", prefix=prefix)
 
 
@@ -388,6 +388,15 @@ def test_a_live_interval_chain_tree_is_kept_for_a_small_change_and_rebuilt_past_
     assert any("EVIL" in ln for ln in td) and not any("10.98." in ln for ln in td), td  # only rules acting there
     assert not any(ln.endswith(("-j ACCEPT", "-j DROP")) and "string" not in ln for ln in td), td  # back to the leaf
     assert getattr(plan2, "tree_bases_built", None) is None  # the bases stay the deployment's
+    # another process (the policy sync worker after a deploy) with the bases as the deployment recorded them
+    import json
+
+    from hypafilter.analysis import trees
+
+    recorded = trees.bases_of_json(json.loads(json.dumps(plan.tree_bases_built)))
+    trees._POOLS.clear()
+    _, again = _cx_prog(changed, "HF2_", False, recorded)
+    assert render_iptables(again) == text2
     hdrs = [h for h in _headers() if (h.src >> 16) in range(0x0A00, 0x0A64)] + _headers()[::7]
     hdrs += [Header(src=0x0A630001, dst=1, proto=17, sport=1, dport=2)]
     ev = _callback(9)

@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -181,6 +182,7 @@ def live(text: str, lab: str, repeats: int, where: str, verify: int = 0) -> None
     finally:
         subprocess.run(hf + ["undeploy", "-q"], env=env, capture_output=True)
         subprocess.run(hf + ["lab", "down", "--name", lab], env=env, capture_output=True)
+        shutil.rmtree(state, ignore_errors=True)
     # the first follow builds the bases' trees again in the service's fresh process (a rebuild's cost): left out
     later = rows[1:] or rows
     print(

@@ -548,10 +548,12 @@ class Bases:
         have = Counter(keys)
         out = []
         for base in self.old["chains"].values():  # a tree built in this program is its own chain's
+            if abs(len(base.keys) - len(keys)) > LAZY_DELTA:
+                continue
             c = self._counts.get(id(base))
             if c is None:
                 c = self._counts[id(base)] = Counter(base.keys)
-            if abs(len(base.keys) - len(keys)) <= LAZY_DELTA and (c - have).total() + (have - c).total() <= LAZY_DELTA:
+            if (c - have).total() + (have - c).total() <= LAZY_DELTA:
                 out.append(base)
         return out
 

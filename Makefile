@@ -148,6 +148,13 @@ test-live-k0:
 	@scripts/setup.sh system
 	HF_LIVE_K0_FULL=1 scripts/run-system-tests.sh -n 0 -s tests/system/test_tree_strategy.py -k live_k0
 
+# opt-in: strategy tree's lazy interval chains at 1,000 rules on xdp (docs/optimize.md "Lazy trees"): inserts and
+# deletes by iptables, each follow timed and checked by verify --live (2,000 frames); fails on any mismatch (about 1 min)
+.PHONY: test-lazy-trees
+test-lazy-trees:
+	@scripts/setup.sh system
+	PYTHONPATH=mgmt $(VENV)/bin/python scripts/lazy-trees.py --live --complex 1000 --stride 1 --repeats 2 --verify 2000
+
 # opt-in: the fuzzer's dual stack (docs/deploy.md "Fuzzing", IPv6): `hypafilter fuzz -6`, a random ip6tables policy
 # beside each IPv4 one and verify's IPv6 frames, on xdp (the program decides IPv6: xdp_ipv6 on) then on the emulated
 # NIC (IPv6 to ip6tables with k = 0; the pairs without exact, which builds a core per policy); 4 real connections

@@ -60,7 +60,7 @@ def main() -> None:
             p0.k0_tree = True
             build_program(p0, "tree")
         plan = build_plan(parse_policy(t, filename="p", base_chain="FORWARD", config=cfg), cfg, live=True)
-        plan.k0_tree, plan.k0_fresh = True, base is None
+        plan.k0_tree, plan.trees_fresh = True, base is None
         prog = build_program(plan, "tree")
         hs = [Header(src=s, dst=d, proto=17, sport=sp, dport=dp) for s, d, sp, dp in rows[:3000]]
         return statistics.mean(prog.run(h, mark_for(prog, 0, K0_TREE), lambda *x: False)[1] for h in hs)

@@ -249,6 +249,88 @@ def _lease_runs_out(hf, fw: str) -> None:
     netns.run(["iptables", "-w", "-D", "FORWARD", *allow], fw)
 
 
+H3_LAB = "h3tr"
+# 12 complex rules ahead of rulesets/example.rules: every shunted frame's interval chain holds them, long enough for
+# a tree with runs of 4 (chains of 8 rules and more); their sources split 10.0.1.0/24, where verify's clients are
+CX = [f"-A FORWARD -s 10.0.1.{16 * i}/28 -p udp -m string --string EVIL{i} --algo bm -j DROP" for i in range(12)]
+CX_BAN = "-s 10.0.1.0/25 -p udp -m string --string BAD --algo bm -j DROP"  # the operator's change, at position 5
+
+
+@pytest.fixture
+def h3_lab():
+    """A lab of its own on xdp (the module's lab is the other tests')."""
+    with deployed_lab(H3_LAB, "xdp") as lab:
+        yield lab
+
+
+def _tree_chains(fw: str) -> tuple[str, list[str]]:
+    """(the generation's prefix, its tree chains' rules T<n> with that prefix taken out, sorted) in the kernel."""
+    listing = netns.run(["iptables-save", "-t", "filter"], fw)
+    prefix = re.search(r"-j (HF\d+_)MAIN", listing).group(1)
+    return prefix, sorted(ln.replace(prefix, "P_") for ln in listing.splitlines() if re.match(rf"-A {prefix}T\d+ ", ln))
+
+
+def test_a_live_interval_chain_tree_is_kept_for_a_small_change(h3_lab, tmp_path):
+    """The interval chains' trees rebuilt lazily (docs/optimize.md, "Lazy trees"; issue #26, Updates): example.rules
+    with 12 complex rules ahead deployed on xdp with strategy tree (runs of 4), so every leaf walks its chain as a
+    tree; the real `iptables -I` adds a complex rule to the operator's chain. Once the policy sync service followed,
+    the kernel's tree chains are the deployed ones rule for rule (counted from iptables-save, the generation's prefix
+    taken out), the new rule is in none of them, and every leaf first sends the new rule's -s/-p to a chain TD<n>.
+    `verify --live` (half of its frames malformed) through the hybrid and the live ruleset alone: 0 mismatches, with
+    frames counted on the diversion and in the trees. Then `iptables -D` of a deployed complex rule: the trees are
+    still the deployed ones, its source diverted too, and verify --live again gives 0 mismatches."""
+    from tests.hfcli import HfCli
+
+    hf = HfCli(h3_lab.name, f"/run/hypafilter/test-{h3_lab.name}")
+    fw = h3_lab.ns_fw
+    cfg = tmp_path / "tree.toml"
+    cfg.write_text('strategy = "tree"\ntree_min_segment = 4\ntarget = "xdp"\n')
+    lines = (ROOT / "rulesets" / "example.rules").read_text().splitlines()
+    first = next(i for i, ln in enumerate(lines) if ln.startswith("-A FORWARD"))
+    policy = tmp_path / "cx.rules"
+    policy.write_text("\n".join(lines[:first] + CX + lines[first:]) + "\n")
+    hf("deploy", str(policy), "--config", str(cfg), "-q")
+    gen1, trees1 = _tree_chains(fw)
+    assert len(trees1) > 20, trees1
+
+    t0 = time.monotonic()
+    netns.run(["iptables", "-w", "-I", "FORWARD", "5", *CX_BAN.split()], fw)  # after the jump to MAIN
+    doc = hf.followed()
+    print(f"followed in {time.monotonic() - t0:.2f} s (apply {doc.get('lag_apply_ms')} ms)")
+    gen2, trees2 = _tree_chains(fw)
+    assert gen2 != gen1
+    assert trees2 == trees1, "the follow rewrote the trees"
+    listing = netns.run(["iptables-save", "-t", "filter"], fw)
+    leaves = {ln.split()[1] for ln in listing.splitlines() if re.match(rf"-A {gen2}L\d+A\d+ ", ln)}
+    divert = re.compile(rf"-p (17|udp) -m iprange --src-range 10.0.1.0-10.0.1.127 -j {gen2}TD\d+$")
+    trees_jumped = [leaf for leaf in leaves if any(f"-A {leaf} -j {gen2}T" in ln for ln in listing.splitlines())]
+    assert trees_jumped and all(
+        any(ln.startswith(f"-A {leaf} ") and divert.search(ln) for ln in listing.splitlines()) for leaf in trees_jumped
+    ), [ln for ln in listing.splitlines() if ln.startswith(f"-A {gen2}L")]
+    td = [ln for ln in listing.splitlines() if re.match(rf"-A {gen2}TD\d+ ", ln)]
+    assert any(re.search(r"-s 10.0.1.0/25 .*--string \"?BAD\"? ", ln) for ln in td), td
+
+    st = hf("status", check=False)
+    assert st.returncode == 0 and re.search(r"trees .* \d+ kept from the last rebuild", st.stdout), st.stdout
+
+    r = _verify(hf)
+    diverted = _counted(fw, rf"-A {gen2}L\d+A\d+ .*-j {gen2}TD\d+")
+    walked = _counted(fw, rf"-A {gen2}L\d+A\d+ -j {gen2}T\d+")
+    print(f"lazy: {diverted} frames diverted, {walked} walked the kept trees; {r['packets']} frames")
+    assert diverted > 0 and walked > 0
+
+    # the operator deletes one of the deployed complex rules: two changes since the deploy, the trees still kept
+    # (written without the deleted rule's copies in their leaves)
+    netns.run(["iptables", "-w", "-D", "FORWARD", *CX[2].split()[2:]], fw)
+    hf.followed()
+    gen3, trees3 = _tree_chains(fw)
+    assert gen3 != gen2 and trees3 == [ln for ln in trees1 if '"EVIL2"' not in ln], "the follow rewrote the trees"
+    _verify(hf)
+    gone = _counted(fw, rf"-A {gen3}L\d+A\d+ .*--src-range 10.0.1.32-10.0.1.47 -j {gen3}TD\d+")
+    assert gone > 0, "frames in the deleted rule's source went to its diversion"
+    hf("undeploy", "-q")
+
+
 def test_the_xdp_program_marks_only_trusted_unparsed_ipv4_frames_for_the_k0_tree():
     """The xdp program alone (BPF_PROG_TEST_RUN in a scratch namespace): with CONTROL bit 6 an IPv4 frame it passes
     unparsed (a first fragment, a bad header checksum) carries HF_MARK_K0_TREE; under its shunt-everything (control

@@ -8,9 +8,12 @@ The kernel checks the loaded form: tests/system/test_tree_strategy.py, verify an
 
 from __future__ import annotations
 
+import re
+
 from hypafilter.analysis.plan import build_plan
 from hypafilter.analysis.program import K0_TREE, NFT_MAX_DEPTH, build_program, mark_for
 from hypafilter.config import Config
+from hypafilter.ir import Header
 from hypafilter.ir.semantics import reference_verdict
 from hypafilter.netfilter.nft import to_nft
 from hypafilter.netfilter.restore import chain_depth, render_iptables
@@ -146,7 +149,7 @@ def test_per_rule_state_and_resolved_interfaces_stay_linear():
 
 def _live_prog(pol, nic_mode="bridge", fresh=True, min_segment=2):
     plan = build_plan(pol, Config(nic_mode=nic_mode, tree_min_segment=min_segment), live=True, strategy="tree")
-    plan.k0_fresh, plan.k0_tree = fresh, True
+    plan.trees_fresh, plan.k0_tree = fresh, True
     return build_program(plan, "tree", nic_mode=nic_mode)
 
 
@@ -214,7 +217,7 @@ def _live_text_prog(text, prefix, fresh=True, nic_mode="bridge", k0_tree=True):
     cfg = Config(strategy="tree", tree_min_segment=2, nic_mode=nic_mode)
     pol = parse_policy(text + "COMMIT\n", filename="live.rules", base_chain="FORWARD", config=cfg)
     plan = build_plan(pol, cfg, live=True)
-    plan.k0_fresh, plan.k0_tree = fresh, k0_tree
+    plan.trees_fresh, plan.k0_tree = fresh, k0_tree
     return plan, build_program(plan, "tree", prefix=prefix, nic_mode=nic_mode)
 
 
@@ -263,10 +266,10 @@ def test_live_k0_tree_chain_text_before_and_after_a_change():
 
 def test_live_k0_tree_rebuilds_past_delta_and_stays_live_where_it_cannot_be_exact():
     from hypafilter.analysis.program import k0_tree_wanted
-    from hypafilter.analysis.trees import K0_LAZY_DELTA
+    from hypafilter.analysis.trees import LAZY_DELTA
 
     _live_text_prog(_LIVE_TEXT, "HF1_")
-    more = "".join(f"-A FORWARD -s 10.{200 + i}.0.0/16 -j DROP\n" for i in range(K0_LAZY_DELTA + 1))
+    more = "".join(f"-A FORWARD -s 10.{200 + i}.0.0/16 -j DROP\n" for i in range(LAZY_DELTA + 1))
     _, prog = _live_text_prog(
         _LIVE_TEXT.replace(":FORWARD DROP [0:0]\n", ":FORWARD DROP [0:0]\n" + more), "HF2_", False
     )
@@ -284,3 +287,183 @@ def test_live_k0_tree_rebuilds_past_delta_and_stays_live_where_it_cannot_be_exac
     # a fast path that cannot mark (the emulated NIC): no K0T
     plan, prog = _live_text_prog(_LIVE_TEXT, "HF6_", k0_tree=False)
     assert prog.name("K0T") not in prog.chains and not k0_tree_wanted(plan, "tree")
+
+
+# ---------------------------------------------------------------- the interval chains' trees, lazily rebuilt
+
+
+def _live_plan(pol, fresh, min_segment=2, k0_tree=False, nic_mode="bridge"):
+    plan = build_plan(pol, Config(nic_mode=nic_mode, tree_min_segment=min_segment), live=True, strategy="tree")
+    plan.trees_fresh, plan.k0_tree = fresh, k0_tree
+    return plan
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(rules(), min_size=6, max_size=20),
+    st.lists(rules(), min_size=0, max_size=4),
+    st.lists(st.integers(0, 40), min_size=0, max_size=4),
+    st.sampled_from(["ACCEPT", "DROP"]),
+    st.lists(headers(), min_size=4, max_size=16),
+    st.integers(0, (1 << 61) - 1),
+    st.sampled_from(["bridge", "host"]),
+)
+def test_live_interval_trees_equal_the_live_policy_after_inserts_and_deletes(
+    rs, ins, dels, default, hdrs, seed, nic_mode
+):
+    """A live deployment's interval chains written as trees for one policy, then followed to a changed one (rules
+    inserted and deleted): each chain's tree is its base's with the changes diverted ahead of it, and the hybrid
+    (hardware model, mark, the chains as written) gives the changed policy's verdicts and observed rules, with the
+    K0 tree too."""
+    rs, ins = _stateless(rs), _stateless(ins)
+    ev = _callback(seed)
+    base = make_policy(rs, default)
+    plan = _live_plan(base, True, nic_mode=nic_mode, k0_tree=True)
+    assert mismatches(plan, "tree", hdrs, ev, nic_mode=nic_mode) == []
+    changed = list(rs)
+    for j in dels:
+        if changed:
+            changed.pop(j % len(changed))
+    for j, r in zip(dels + [0] * len(ins), ins, strict=False):
+        changed.insert(j % (len(changed) + 1), r)
+    live = make_policy(changed, default)
+    lazy = _live_plan(live, False, nic_mode=nic_mode, k0_tree=True)
+    prog = build_program(lazy, "tree", nic_mode=nic_mode)
+    assert mismatches(lazy, "tree", hdrs, ev, nic_mode=nic_mode) == [], prog.tree_stats
+    assert _k0t_mismatches(prog, live, hdrs, ev) == [], prog.tree_stats
+
+
+def _cx_text(n: int, extra: str = "") -> str:
+    """n complex rules (string matches) on distinct /16 sources ahead of two simple ones: every shunted frame's
+    interval chain is the n rules, long enough for a tree with runs of 4."""
+    cx = "".join(
+        f"-A FORWARD -s 10.{i}.0.0/16 -p {('tcp', 'udp')[i % 2]} -m string --string BAD{i} --algo bm "
+        f"-j {('ACCEPT', 'DROP')[i % 3 == 0]}\n"
+        for i in range(n)
+    )
+    return f"*filter\n:FORWARD DROP [0:0]\n{extra}{cx}-A FORWARD -p tcp -j ACCEPT\n-A FORWARD -p udp -j DROP\nCOMMIT\n"
+
+
+def _cx_prog(text: str, prefix: str, fresh: bool, recorded=None):
+    from hypafilter.iptables.document import parse_policy
+
+    cfg = Config(strategy="tree", tree_min_segment=4)
+    plan = build_plan(parse_policy(text, filename="cx.rules", base_chain="FORWARD", config=cfg), cfg, live=True)
+    plan.trees_fresh, plan.k0_tree, plan.tree_bases = fresh, False, recorded
+    return plan, build_program(plan, "tree", prefix=prefix)
+
+
+def _tree_lines(text: str, prefix: str) -> list[str]:
+    """The tree chains' rules (T<n>), their generation's prefix taken out."""
+    return sorted(ln.replace(prefix, "P_") for ln in text.splitlines() if re.match(rf"-A {prefix}T\d+ ", ln))
+
+
+def test_a_live_interval_chain_tree_is_kept_for_a_small_change_and_rebuilt_past_delta():
+    """A follow of one inserted complex rule writes the interval chain's tree of the last rebuild, rule for rule (the
+    new rule in no tree chain), and a diversion ahead of it in every leaf: the new rule's -s/-p to a chain TD<n> of
+    the live chain's rules that can act there (one for all the leaves of the chain), then the same test with the
+    leaf's verdict. A rebuild (a deploy) and more than LAZY_DELTA changes build the tree of the live chain."""
+    from hypafilter.analysis.trees import LAZY_DELTA
+
+    base_text = _cx_text(40)
+    plan, prog = _cx_prog(base_text, "HF1_", True)
+    text1 = render_iptables(prog)
+    trees1 = _tree_lines(text1, "HF1_")
+    assert prog.tree_stats["trees"] >= 1 and trees1 and plan.tree_bases_built["chains"], prog.tree_stats
+    assert "TD" not in text1
+
+    ban = "-A FORWARD -s 10.99.0.0/16 -p udp -m string --string EVIL --algo bm -j DROP\n"
+    changed = base_text.replace("-A FORWARD -s 10.7.", ban + "-A FORWARD -s 10.7.")
+    plan2, lazy = _cx_prog(changed, "HF2_", False)
+    text2 = render_iptables(lazy)
+    assert lazy.tree_stats["lazy_trees"] >= 1 and lazy.tree_stats["lazy_changed"] == 1, lazy.tree_stats
+    assert _tree_lines(text2, "HF2_") == trees1  # the tree as deployed: not rebuilt
+    leaves = {ln.split()[1] for ln in text2.splitlines() if re.match(r"-A HF2_L\d+A\d+ ", ln)}
+    box = "-p 17 -m iprange --src-range 10.99.0.0-10.99.255.255"
+    for leaf in leaves:
+        chain = _chain(text2, leaf)
+        verdict = chain[-1].split()[-1]
+        assert chain[1:3] == [f"-A {leaf} {box} -j HF2_TD0", f"-A {leaf} {box} -j {verdict}"], chain
+    td = [ln for ln in text2.splitlines() if re.match(r"-A HF2_TD\d+ ", ln)]
+    assert any("EVIL" in ln for ln in td) and not any("10.98." in ln for ln in td), td  # only rules acting there
+    assert not any(ln.endswith(("-j ACCEPT", "-j DROP")) and "string" not in ln for ln in td), td  # back to the leaf
+    assert getattr(plan2, "tree_bases_built", None) is None  # the bases stay the deployment's
+    # another process (the policy sync worker after a deploy) with the bases as the deployment recorded them
+    import json
+
+    from hypafilter.analysis import trees
+
+    recorded = trees.bases_of_json(json.loads(json.dumps(plan.tree_bases_built)))
+    trees._POOLS.clear()
+    _, again = _cx_prog(changed, "HF2_", False, recorded)
+    assert render_iptables(again) == text2
+    hdrs = [h for h in _headers() if (h.src >> 16) in range(0x0A00, 0x0A64)] + _headers()[::7]
+    hdrs += [Header(src=0x0A630001, dst=1, proto=17, sport=1, dport=2)]
+    ev = _callback(9)
+    assert mismatches(plan2, "tree", hdrs, ev) == []
+
+    _, rebuilt = _cx_prog(changed, "HF3_", True)
+    text3 = render_iptables(rebuilt)
+    assert "TD" not in text3 and any("EVIL" in ln for ln in _tree_lines(text3, "HF3_"))
+
+    _cx_prog(base_text, "HF4_", True)
+    many = "".join(f"-A FORWARD -s 10.{200 + i}.0.0/16 -m string --string X --algo bm -j DROP\n" for i in range(9))
+    assert LAZY_DELTA < 9
+    _, past = _cx_prog(_cx_text(40, many), "HF5_", False)
+    assert past.tree_stats["lazy_trees"] == 0 and "TD" not in render_iptables(past), past.tree_stats
+
+
+def test_analyze_costs_strategy_tree_by_the_walk_of_its_trees():
+    """`analyze` with strategy tree: the software rules a shunted frame walks are the tree's path — the mark tests
+    to its leaf, then what `bench optimize` reports as a tree's path (analysis.dtree.path: each dispatch test, the
+    guard, the rules of the one tree leaf the header reaches) — not the whole list; every frame here is shunted to a
+    leaf whose chain is the 40 complex rules, one tree."""
+    import numpy as np
+    from hypafilter.analysis.decision import match_indices
+    from hypafilter.analysis.dtree import Params, build, path
+    from hypafilter.analysis.program import dispatch_cost
+    from hypafilter.analysis.traffic import analyze
+    from hypafilter.analysis.trees import TREE_MAX_EXPANSION, flat_regions
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.ir import FIELD_INDEX, NDIM
+
+    cfg = Config(strategy="tree", tree_min_segment=4)
+    pol = parse_policy(_cx_text(40), filename="cx.rules", base_chain="FORWARD", config=cfg)
+    rng = np.random.default_rng(3)
+    n = 600
+    pts = np.zeros((n, NDIM), dtype=np.int64)
+    pts[:, FIELD_INDEX["src"]] = (10 << 24) | (rng.integers(0, 48, n) << 16) | rng.integers(0, 1 << 16, n)
+    pts[:, FIELD_INDEX["dst"]] = rng.integers(0, 1 << 32, n)
+    pts[:, FIELD_INDEX["proto"]] = rng.choice([6, 17], n)
+    pts[:, FIELD_INDEX["sport"]] = rng.integers(0, 1 << 16, n)
+    pts[:, FIELD_INDEX["dport"]] = rng.integers(0, 1 << 16, n)
+    res = analyze(pol, cfg, pts)
+    assert res["shunted_packets_index_based"] == n
+
+    plan = build_plan(pol, cfg, mode="index")
+    prog = build_program(plan, "tree")
+    assert {len(c) for c in plan.chains.values()} == {40}
+    regs = flat_regions(pol)
+    tree = build([regs[i] for i in range(40)], Params(binth=2, max_expansion=TREE_MAX_EXPANSION))
+    want = 0
+    for p, j in zip(pts, match_indices(plan, pts), strict=True):
+        mark = mark_for(prog, int(plan.interval[j]), int(plan.actions[j]))
+        walk, _ = path(
+            tree, tuple(int(p[FIELD_INDEX[d]]) for d in ("src", "dst", "proto", "sport", "dport")), lambda r: None
+        )
+        want += dispatch_cost(prog, mark) + walk
+    assert res["traversed_rules"]["tree"] == want
+    assert res["traversed_rules"]["tree"] < 0.7 * res["traversed_rules"]["interval"], res["traversed_rules"]
+    assert "tree" not in analyze(pol, Config(tree_min_segment=4), pts)["traversed_rules"]  # interval: as before
+
+
+def test_status_says_which_trees_a_follow_kept():
+    from hypafilter.cli.deploy import _fmt_trees
+
+    kept = {"trees": 4, "rules_in_trees": 55, "lazy_trees": 3, "lazy_changed": 5, "k0_tree": "lazy", "k0_changed": 1}
+    line = _fmt_trees(kept)
+    assert line.startswith("trees    4 interval-chain trees over 55 rules, 3 kept from the last rebuild")
+    assert "(5 over all of them); K0T lazy (1 changed rules diverted)" in line
+    built = _fmt_trees({"trees": 2, "rules_in_trees": 9, "lazy_trees": 0, "k0_tree": "built"})
+    assert "kept" not in built and built.endswith("; K0T built")
+    assert "K0 stays the live list: the policy has no rules" in _fmt_trees({"k0_tree": "the policy has no rules"})

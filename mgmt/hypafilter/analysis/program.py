@@ -10,9 +10,9 @@ structure that gets loaded. Strategies:
                exact with selective/exact shunting only)
   interval     binary search on the mark → chain C_k of complex rules above the interval → hardware action
   interval_geo interval, keeping in C_k only complex rules whose reduction meets the interval's shunted boxes
-  tree         interval, with the k = 0 path (K0, not live; K0T, live on xdp and emu: the frames marked HF_MARK_K0_TREE,
-               lazily rebuilt) and long interval chains (2 × Config.tree_min_segment rules and more) walked as
-               decision trees (analysis.trees over analysis.dtree; docs/optimize.md)
+  tree         interval, with the k = 0 path (K0, not live; K0T, live on xdp and emu: the frames marked HF_MARK_K0_TREE)
+               and long interval chains (2 × Config.tree_min_segment rules and more) walked as decision trees
+               (analysis.trees over analysis.dtree; docs/optimize.md), live ones rebuilt lazily
 
 Chains, all named prefix+…: MAIN (entry), K0 (mark k = 0: FULL then the chain policy), K0T (strategy tree, live: the
 mark value HF_MARK_K0_TREE; the changes since the tree's base returned to the live rules, the tree, the chain
@@ -22,6 +22,7 @@ interval k, as jumps to segment and block chains, then the action), C<k> (segmen
 chain adds to the previous interval's), B<f>L<l>N<i> (block of B^l consecutive segments of chain family f),
 R<i>L<j> (helper chains
 that rebuild a multi-level flattened rule exactly), T<n> (strategy tree: a tree's nodes, leaves and linear copy),
+K0D<n> and TD<n> (strategy tree, live: the rules changed since a tree's base, ahead of K0T's and a chain's tree),
 and the renamed user chains. Dispatch compares the whole mark
 value under the mask and the mark is never read after complex rules ran.
 
@@ -378,26 +379,34 @@ def build_program(
     if strategy == "tree":
         kit = trees.Kit(NfRule, policy_rules, _helper_depth)
         min_segment = getattr(plan, "tree_min_segment", 16)
-        prog.tree_stats = trees.treeify(prog, kit, NFT_MAX_DEPTH, min_segment)
+        # A live deployment's trees are rebuilt lazily (docs/optimize.md, "Lazy trees"): `plan.trees_fresh` False (a
+        # follow) writes each tree of the last rebuild (`plan.tree_bases`: as the deployment recorded them) with the
+        # rules changed since diverted to a linear chain ahead of it.
+        bases = trees.Bases(
+            pol,
+            min_segment,
+            live=live,
+            fresh=getattr(plan, "trees_fresh", True),
+            recorded=getattr(plan, "tree_bases", None),
+        )
+        prog.tree_stats = trees.treeify(prog, kit, NFT_MAX_DEPTH, min_segment, bases)
         if live and getattr(plan, "k0_tree", False):
             # The live K0 tree (docs/optimize.md, "The live K0 tree"): only frames with the mark value K0_TREE walk
-            # it; every other k = 0 frame keeps the live list. `plan.k0_fresh` False (a follow) reuses the tree of
-            # the last rebuild with the changes since diverted to the live rules ahead of it.
+            # it; every other k = 0 frame keeps the live list.
             why = trees.live_k0_blocked(pol, lambda i: _live_only(pol, i))
             if why:
                 prog.tree_stats["k0_tree"] = why
             else:
                 k0t = prog.name("K0T")
-                fresh = getattr(plan, "k0_fresh", True)
-                stats = trees.live_k0(
-                    prog, kit, NFT_MAX_DEPTH, min_segment, fresh, k0t, getattr(plan, "k0_base_keys", None)
-                )
-                if "k0_base" in stats:  # a tree built here: the deployment records its rules (ops.deploy)
-                    plan.k0_built_keys = stats.pop("k0_base")
-                prog.tree_stats.update(stats)
+                prog.tree_stats.update(trees.live_k0(prog, kit, NFT_MAX_DEPTH, min_segment, bases, k0t))
                 if k0t in c:
                     at = 1 if nic_mode == "host" else 0  # after host mode's decided-ACCEPT test
                     c[main].insert(at, NfRule("mark", k0t, _field(prog, K0_TREE), mark_mask & 0xFFFFFFFF, goto=True))
+        recorded = bases.commit()
+        if recorded is not None:  # bases built (or dropped) here: the deployment records them (ops.deploy)
+            plan.tree_bases_built = recorded
+        if live:
+            plan.tree_stats = dict(prog.tree_stats)  # what the deployment's chains hold (its state, `status`)
     return prog
 
 

@@ -10,7 +10,8 @@ import numpy as np
 from hypafilter.analysis.decision import match_indices
 from hypafilter.analysis.plan import Plan, build_plan
 from hypafilter.analysis.program import MARK_MIRROR, build_program, mark_for
-from hypafilter.ir import FIELD_INDEX
+from hypafilter.ir import FIELD_INDEX, FIELDS, Header
+from hypafilter.ir.semantics import never
 
 
 def strategy_costs(plan: Plan, plain: Plan | None = None) -> dict[str, np.ndarray]:
@@ -59,6 +60,26 @@ def strategy_costs(plan: Plan, plain: Plan | None = None) -> dict[str, np.ndarra
             c[j] = memo[key]
         costs[name] = c
     return costs
+
+
+def tree_costs(plan: Plan, points: np.ndarray, mi: np.ndarray, delivered: np.ndarray) -> np.ndarray:
+    """Rules software tests for each point under strategy tree (0 for a point not `delivered` to software), complex
+    checks evaluating false: Program.run over the chains compile writes, so a leaf whose chain is a decision tree
+    counts its walk (the tree's dispatch tests, the guard, the rules of the one leaf it reaches: `bench optimize`'s
+    path), not the whole list. The walk depends on the header, not only on the entry: one run per distinct
+    (leaf, header)."""
+    prog = build_program(plan, "tree")
+    out = np.zeros(len(points), dtype=np.int64)
+    memo: dict[tuple, int] = {}
+    for p in np.flatnonzero(delivered):
+        j = int(mi[p])
+        row = tuple(int(v) for v in points[p])
+        key = (int(plan.interval[j]), int(plan.actions[j]), row)
+        if key not in memo:
+            h = Header(**dict(zip(FIELDS, row, strict=True)))
+            memo[key] = prog.run(h, mark_for(prog, key[0], key[1]), never)[1]
+        out[p] = memo[key]
+    return out
 
 
 def _where(rule) -> str:
@@ -124,6 +145,8 @@ def analyze(policy, config, points: np.ndarray | None = None) -> dict:
             out["mirrored_packets_index_based"] = int(idx_copies.sum())
         out["traversed_rules"] = {s: int((plain_hist * costs[s]).sum()) for s in ("full", "cut", "hsa_cut")}
         out["traversed_rules"]["interval"] = int(((idx_hist + idx_copies) * costs["interval"]).sum())
+        if config.strategy == "tree":  # the walks of its chains as written (idx is built for it: no mirroring)
+            out["traversed_rules"]["tree"] = int(tree_costs(idx, points, mi, shunted(idx)).sum())
     if ranks is not None:
         out["family"] = policy.family
         out["address_ranks"] = ranks

@@ -15,15 +15,18 @@ alone over-approximate where any part of it can act. A policy whose interface ch
 deployment's NIC ports (Policy.resolved) keeps K0 on the verbatim FULL chain: its flattened rules are exact for NIC
 frames only.
 
-`live_k0` is a live deployment's K0 tree (chain K0T, for the frames xdp marks HF_MARK_K0_TREE), rebuilt lazily: a
-follow keeps the tree of its base policy and returns the frames in the -s/-d/-p of the rules changed since to the
-live rules ahead of it (docs/optimize.md, "The live K0 tree").
+`live_k0` is a live deployment's K0 tree (chain K0T, for the frames xdp marks HF_MARK_K0_TREE). A live deployment's
+trees, K0T's and the interval chains', are rebuilt lazily (`Bases`): a follow writes each as the tree of its base
+(the rules of the last rebuild) and sends the frames in the -s/-d/-p of the rules changed since to a linear chain of
+the live rules that can act there, ahead of it (docs/optimize.md, "The live K0 tree" and "Lazy trees").
 """
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import re
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import astuple, dataclass
 
@@ -131,32 +134,34 @@ def tested(options: tuple[str, ...]) -> tuple:
 
 
 class _Trees:
-    def __init__(self, prog, regs, min_segment: int, kit, remap=None, cache=None):
-        self.prog, self.regs, self.min_segment = prog, regs, min_segment
-        self.rule = kit.rule
-        # remap (the live K0 tree, lazily rebuilt): the tree is built over the rules of its base policy; a rule of
-        # the base is written as the program's policy rule remap[i] (None: gone from the policy, left out)
-        self.lines = (
-            kit.lines
-            if remap is None
-            else lambda pol, idx: kit.lines(pol, [remap[i] for i in idx if remap[i] is not None])
-        )
-        self.cache = cache  # (run, params) -> built tree, kept with the base policy
+    def __init__(self, prog, min_segment: int, kit):
+        self.prog, self.min_segment = prog, min_segment
+        self.rule, self.kit_lines = kit.rule, kit.lines
+        self.regs: list = []
+        self.lines = kit.lines
+        self.cache: dict = {}
         self.n = 0
         self.trees = 0
         self.rules_in = 0
         self.rules_out = 0
 
-    def chain(self) -> str:
+    def use(self, fit: _Fit) -> None:
+        """Write over the rules of `fit`'s base (indices are its positions): its regions and built trees, each rule
+        written as the live policy's rule fit.remap[p] (None: deleted since, left out)."""
+        remap, lines = fit.remap, self.kit_lines
+        self.regs, self.cache = fit.base.regs, fit.base.trees
+        self.lines = lambda pol, idx: lines(pol, [remap[i] for i in idx if remap[i] is not None])
+
+    def chain(self, stem: str = "T") -> str:
         while True:
-            name = self.prog.name(f"T{self.n}")
+            name = self.prog.name(f"{stem}{self.n}")
             self.n += 1
             if name not in self.prog.chains:
                 self.prog.chains[name] = []
                 return name
 
     def rewrite(self, indices: list[int], max_depth: int) -> list:
-        """The lines replacing a chain's policy lines over flattened rules `indices` (in order)."""
+        """The lines replacing a chain's policy lines over the base's rules `indices` (in order)."""
         policy_rules = self.lines
         pol = self.prog.policy
         out: list = []
@@ -183,11 +188,9 @@ class _Trees:
         prog, pol = self.prog, self.prog.policy
         params = Params(binth=max(1, self.min_segment // 2), max_expansion=TREE_MAX_EXPANSION, max_depth=max_depth)
         ckey = (tuple(run), astuple(params))
-        tree = self.cache.get(ckey) if self.cache is not None else None
+        tree = self.cache.get(ckey)
         if tree is None:
-            tree = build([self.regs[i] for i in run], params)
-            if self.cache is not None:
-                self.cache[ckey] = tree
+            tree = self.cache[ckey] = build([self.regs[i] for i in run], params)
         self.trees += 1
         self.rules_in += len(run)
         self.rules_out += tree.emitted_rules
@@ -270,22 +273,16 @@ class Kit:
     helper_depth: Callable  # a flattened rule -> nested helper chains its rendering adds
 
 
-def treeify(prog, kit: Kit, nft_max_depth: int, min_segment: int = 16) -> dict:
+def treeify(prog, kit: Kit, nft_max_depth: int, min_segment: int = 16, bases: Bases | None = None) -> dict:
     """Rewrite K0 and the long chains of policy lines of a built program as trees (see the module docstring).
-    Returns a summary: trees, rules in them, rules written."""
+    `bases` (a live deployment's follow): each chain's tree is its base's, the rules changed since diverted ahead of
+    it (`Bases`, docs/optimize.md "Lazy trees"); default: every tree built. Returns a summary: trees, rules in
+    them, rules written, and (lazy) `lazy_trees` and `lazy_changed`: the chains' trees kept and the rules diverted."""
     _helper_depth = kit.helper_depth
 
     pol = prog.policy
-    # the rules some chain may walk as a tree: those of the policy lines (all of them when K0 gets one)
+    bases = bases or Bases(pol, min_segment, live=False, fresh=True)
     k0_tree = bool(prog.verbatim_full) and not pol.resolved
-    wanted = (
-        None
-        if k0_tree
-        else {
-            i for ch in prog.chains.values() for r in ch if r.kind == "policy" for i in range(r.index, r.index + r.span)
-        }
-    )
-    regs = flat_regions(pol, wanted)
     uh = _user_height(pol)
 
     def below(i: int) -> int:  # nesting a policy line adds: helper chains, then a user chain's own jumps
@@ -294,16 +291,35 @@ def treeify(prog, kit: Kit, nft_max_depth: int, min_segment: int = 16) -> dict:
 
     depth = _depths(prog)
     built = set(prog.chains)  # the interval structure's chains (trees are not made trees again)
-    t = _Trees(prog, regs, min_segment, kit)
+    t = _Trees(prog, min_segment, kit)
+    divs = iter(range(1 << 30))  # diversion chains TD<n>, numbered apart from the trees' T<n>
+    lazy = {"lazy_trees": 0, "lazy_changed": 0}
 
     def room(name: str, idx: list[int]) -> int:
         # base -> ... -> this chain (depth[name]) -> the tree's root -> gotos -> the linear copy -> helpers/user chains
         deepest = max((below(i) for i in idx), default=0)
         return min(Params().max_depth, nft_max_depth - depth[name] - 2 - deepest)
 
+    def as_tree(name: str, idx: list[int]):
+        """(lines, fit) writing the policy's rules `idx` as a tree (its base's), or None: no tree was written."""
+        fit = bases.fit(idx)
+        t.use(fit)
+        before = t.trees
+        lines = t.rewrite(list(range(len(fit.remap))), room(name, idx))
+        if t.trees == before:  # no run long enough (or no room below nf_tables' limit)
+            return None
+        bases.keep(fit)
+        if not fit.fresh:
+            lazy["lazy_trees"] += 1
+            lazy["lazy_changed"] += len(fit.changed)
+        return lines, fit
+
+    def diverted(fit: _Fit, idx: list[int], tail: list) -> list:
+        return _diversions(prog, kit, fit, idx, lambda: prog.name(f"TD{next(divs)}"), tail) if fit.changed else []
+
     # 1. Interval chains: a leaf L<k>A<a> whose whole chain (its blocks and segments, concatenated) is long walks it
     # as one tree, longest chains first while the trees written stay within TREE_MAX_EXPANSION rules per policy rule;
-    # leaves with the same chain share its tree.
+    # leaves with the same chain share its tree and its diversion.
     leaf = re.compile(re.escape(prog.prefix) + r"L\d+A\d+")
 
     def expand(chain: str) -> list[int]:
@@ -322,19 +338,33 @@ def treeify(prog, kit: Kit, nft_max_depth: int, min_segment: int = 16) -> dict:
             if len(idx) >= 2 * min_segment:
                 cands.append((len(idx), name, idx))
     budget = TREE_MAX_EXPANSION * max(len(pol.rules), 1)
-    shared: dict[tuple[int, ...], list] = {}
+    shared: dict[tuple[int, ...], tuple] = {}
+    heads: dict[tuple, list] = {}
     for n, name, idx in sorted(cands, key=lambda c: -c[0]):
         key = tuple(idx)
         if key not in shared:
             if t.rules_out + TREE_MAX_EXPANSION * n > budget:
                 continue
-            before = t.trees
-            lines = t.rewrite(idx, room(name, idx))
-            if t.trees == before:
+            got = as_tree(name, idx)
+            if got is None:
                 continue
-            shared[key] = lines
+            shared[key] = got
+        lines, fit = shared[key]
         rules = prog.chains[name]
-        prog.chains[name] = [rules[0], *shared[key], rules[-1]]
+        verdict = rules[-1]
+        if key not in heads:
+            heads[key] = diverted(fit, idx, [])
+        # a diverted frame jumps to the live rules that can act there (shared by the leaves of the chain), then
+        # meets its box again and the leaf's verdict: the tree is not walked
+        head = [
+            r
+            for d in heads[key]
+            for r in (
+                kit.rule("hdr", d.target, options=d.options, test=d.test),
+                kit.rule("hdr", verdict.target, options=d.options, test=d.test),
+            )
+        ]
+        prog.chains[name] = [rules[0], *head, *lines, verdict]
     if shared:  # segments and blocks no leaf jumps to any more
         seen, todo = {prog.main}, [prog.main]
         while todo:
@@ -357,30 +387,31 @@ def treeify(prog, kit: Kit, nft_max_depth: int, min_segment: int = 16) -> dict:
     if k0_tree and pol.rules:
         work.append((k0, list(range(len(pol.rules)))))
     for name, idx in work:
-        before = t.trees
-        lines = t.rewrite(idx, room(name, idx))
-        if t.trees == before:  # no run long enough (or no room below nf_tables' limit): the chain stays as it was
+        got = as_tree(name, idx)
+        if got is None:  # the chain stays as it was
             continue
+        lines, fit = got
         if name == k0:
             unmark, default = prog.chains[k0][0], prog.chains[k0][-1]
             prog.chains[k0] = [unmark, *lines, default]
             del prog.chains[prog.verbatim_full]
             prog.verbatim_full = ""
-        else:
-            prog.chains[name] = lines
-    return {"trees": t.trees, "rules_in_trees": t.rules_in, "rules_written": t.rules_out}
+        else:  # a segment or block, jumped to: a diverted frame's chain ends where it would (back to the caller)
+            prog.chains[name] = [*diverted(fit, idx, []), *lines]
+    out = {"trees": t.trees, "rules_in_trees": t.rules_in, "rules_written": t.rules_out}
+    return {**out, **lazy} if bases.live else out
 
 
-# ---------------------------------------------------------------- the live K0 tree, lazily rebuilt (SFL in software)
+# ---------------------------------------------------------------- live trees, lazily rebuilt (SFL in software)
 
-# Changed flattened rules (deleted from the base and inserted since) a live K0 tree keeps diverting to the live list
-# before it is built anew from the live policy (SFL's δ: docs/optimize.md, "The live K0 tree").
-K0_LAZY_DELTA = 8
+# Changed rules (deleted from a tree's base and inserted since) a live tree keeps diverting to a linear chain before
+# it is built anew from the live rules (SFL's δ: docs/optimize.md, "Lazy trees").
+LAZY_DELTA = 8
 
 
 @dataclass
 class _Base:
-    """The policy a live K0 tree was last built from, with its rules' regions and built trees (one per process:
+    """The rules a live tree was last built from (its base), with their regions and built trees (one per process:
     the policy sync worker's follows reuse it until the next rebuild)."""
 
     keys: list
@@ -388,12 +419,22 @@ class _Base:
     trees: dict
 
 
-_BASES: dict[tuple, _Base] = {}
+@dataclass
+class _Fit:
+    """A live list of rules written as the tree of `base`: remap[p] is the live policy's rule that base position p
+    is written as (None: deleted since), `changed` the region_any of every rule deleted or inserted since, and
+    `live_regs` the regions of the live list's rules, in its order."""
+
+    base: _Base
+    remap: list
+    changed: list
+    live_regs: list
+    fresh: bool
 
 
 def rule_key(r) -> tuple:
     """What a flattened rule is written from (its place in the file left out): equal keys, equal rules in netfilter.
-    Nested tuples of strings, so that a deployment keeps them in its state (`keys_of_json`)."""
+    Nested tuples of strings, so that a deployment keeps them in its state (`bases_of_json`)."""
     levels = tuple((tuple(lv.options), tuple(tuple(u) for u in lv.unless)) for lv in r.levels)
     return (levels, r.target, tuple(r.target_args), r.ct_part)
 
@@ -407,6 +448,14 @@ def keys_of_json(doc) -> list[tuple]:
     return [tup(k) for k in doc]
 
 
+def bases_of_json(doc) -> dict:
+    """A deployment's recorded bases ({"k0": keys or None, "chains": [keys, ...]}) back from JSON."""
+    return {
+        "k0": keys_of_json(doc["k0"]) if doc.get("k0") else None,
+        "chains": [keys_of_json(c) for c in doc.get("chains", [])],
+    }
+
+
 def _base_of_keys(keys: list[tuple]) -> _Base:
     """A base from its rules' keys alone (a new process, as the policy sync worker after a deploy): the regions are
     the flattened rules' (flat_regions reads the levels and the target), the trees are built again on first use."""
@@ -414,6 +463,128 @@ def _base_of_keys(keys: list[tuple]) -> _Base:
 
     rules = [NS(levels=[NS(options=lv[0], unless=lv[1]) for lv in k[0]], target=k[1], stateful_pos=None) for k in keys]
     return _Base(list(keys), flat_regions(NS(rules=rules)), {})
+
+
+_POOLS: dict[tuple, dict] = {}  # (base chain, family, min_segment) -> {"k0": _Base | None, "chains": {keys: _Base}}
+
+
+def _pool_keys(pool: dict) -> dict:
+    k0 = pool["k0"]
+    return {"k0": list(k0.keys) if k0 is not None else None, "chains": sorted(list(k) for k in pool["chains"])}
+
+
+class Bases:
+    """The bases of one program's trees. Not live (`fresh`, no `live`): every tree is built. Live: a list of rules
+    (K0T's whole policy, an interval chain) is written as the tree of the base it differs least from, K0's for K0T,
+    any recorded interval chain's for a chain, when at most LAZY_DELTA rules changed and each has a region; else its
+    tree is built and becomes its base. `recorded`: the bases as the deployment recorded them (this process may not
+    have built them). `commit()` keeps this program's bases for the next follow in this process, and returns them
+    for the deployment to record when they changed."""
+
+    def __init__(self, pol, min_segment: int, live: bool, fresh: bool, recorded: dict | None = None):
+        self.pol, self.live = pol, live
+        self.keys = [rule_key(r) for r in pol.rules] if live else []
+        self.pkey = (pol.base_chain, getattr(pol, "family", 4), min_segment)
+        pool = None if fresh or not live else _POOLS.get(self.pkey)
+        if (
+            live
+            and not fresh
+            and recorded is not None
+            and (pool is None or _pool_keys(pool) != _pool_keys_of(recorded))
+        ):
+            pool = {
+                "k0": _base_of_keys(recorded["k0"]) if recorded.get("k0") else None,
+                "chains": {tuple(k): _base_of_keys(k) for k in recorded.get("chains", [])},
+            }
+        self.old = pool or {"k0": None, "chains": {}}
+        self.new: dict = {"k0": None, "chains": {}}
+        self._regs: dict[int, tuple | None] = {}
+        self._counts: dict[int, Counter] = {}
+
+    def regs(self, idx) -> list:
+        """The policy rules' regions (flat_regions), parsed once per program."""
+        missing = [i for i in idx if i not in self._regs]
+        if missing:
+            got = flat_regions(self.pol, set(missing))
+            for i in missing:
+                self._regs[i] = got[i]
+        return [self._regs[i] for i in idx]
+
+    def fit(self, idx: list[int], k0: bool = False) -> _Fit:
+        """The policy's rules `idx` (in order) as a tree: of a base with at most LAZY_DELTA changes, or built."""
+        best = None
+        if self.live:
+            keys = [self.keys[i] for i in idx]
+            if k0:
+                cands = [self.old["k0"]] if self.old["k0"] is not None else []
+            else:
+                same = self.old["chains"].get(tuple(keys))
+                cands = [same] if same is not None else self._near(keys)
+            for base in cands:
+                f = self._fit(base, keys, idx)
+                if f is not None and (best is None or len(f.changed) < len(best.changed)):
+                    best = f
+        if best is None:
+            base = _Base([self.keys[i] for i in idx] if self.live else [], self.regs(idx), {})
+            best = _Fit(base, list(idx), [], [], True)
+        return best
+
+    def keep(self, fit: _Fit, k0: bool = False) -> None:
+        """`fit`'s base is a base of this program (its tree was written)."""
+        if k0:
+            self.new["k0"] = fit.base
+        else:
+            self.new["chains"][tuple(fit.base.keys)] = fit.base
+
+    def commit(self) -> dict | None:
+        if not self.live:
+            return None
+        _POOLS[self.pkey] = self.new
+        now = _pool_keys(self.new)
+        return now if now != _pool_keys(self.old) else None
+
+    def _near(self, keys: list) -> list[_Base]:
+        """The recorded chains' bases whose rules differ from `keys` by at most LAZY_DELTA (as multisets)."""
+        have = Counter(keys)
+        out = []
+        for base in self.old["chains"].values():  # a tree built in this program is its own chain's
+            if abs(len(base.keys) - len(keys)) > LAZY_DELTA:
+                continue
+            c = self._counts.get(id(base))
+            if c is None:
+                c = self._counts[id(base)] = Counter(base.keys)
+            if (c - have).total() + (have - c).total() <= LAZY_DELTA:
+                out.append(base)
+        return out
+
+    def _fit(self, base: _Base, keys: list, idx: list[int]) -> _Fit | None:
+        if base.keys == keys:
+            return _Fit(base, list(idx), [], None, False)
+        sm = difflib.SequenceMatcher(None, base.keys, keys, autojunk=False)
+        at: list[int | None] = [None] * len(base.keys)
+        kept: set[int] = set()
+        for a, b, n in sm.get_matching_blocks():
+            for x in range(n):
+                at[a + x] = b + x
+                kept.add(b + x)
+        gone = [p for p, m in enumerate(at) if m is None]
+        new = [q for q in range(len(keys)) if q not in kept]
+        if len(gone) + len(new) > LAZY_DELTA:
+            return None
+        regs_new = self.regs([idx[q] for q in new])
+        covers = [base.regs[p] for p in gone] + regs_new
+        if any(c is None for c in covers):
+            return None
+        inv = {b: a for a, b in enumerate(at) if b is not None}
+        of_new = dict(zip(new, regs_new, strict=True))
+        live_regs = [base.regs[inv[q]] if q in inv else of_new[q] for q in range(len(keys))]
+        remap = [idx[m] if m is not None else None for m in at]
+        return _Fit(base, remap, [c[0] for c in covers], live_regs, False)
+
+
+def _pool_keys_of(recorded: dict) -> dict:
+    k0 = recorded.get("k0")
+    return {"k0": list(k0) if k0 else None, "chains": sorted(list(k) for k in recorded.get("chains", []))}
 
 
 def live_k0_blocked(pol, live_only: Callable[[int], bool]) -> str:
@@ -441,13 +612,13 @@ def _meets(boxes, box) -> bool:
     )
 
 
-def _diversions(prog, kit, boxes_list, regs) -> list:
-    """One `hdr` rule per distinct box of the changed rules' region_any (-s, -d, -p), going to a chain K0D<n> that
-    holds, in order, every rule of the live policy that can act on a frame of the box (its region_any meets it; a
-    rule without a region too), then the chain policy: the live list for the affected part, the rules that cannot
-    act there left out (`regs`: the live policy's rules' regions)."""
+def _diversions(prog, kit, fit: _Fit, idx: list[int], name: Callable[[], str], tail: list) -> list:
+    """One `hdr` rule per distinct box of the changed rules' region_any (-s, -d, -p), going to a chain (`name()`)
+    that holds, in order, every rule of the live list `idx` that can act on a frame of the box (its region_any meets
+    it; a rule without a region too), then `tail`: the live list for the affected part, the rules that cannot act
+    there left out. The tree after the diversion holds the base's kept rules only."""
     seen: dict[tuple, None] = {}
-    for boxes in boxes_list:
+    for boxes in fit.changed:
         for lo, hi in boxes:
             plo, phi = lo[2], hi[2]
             if plo != phi:
@@ -455,7 +626,7 @@ def _diversions(prog, kit, boxes_list, regs) -> list:
             seen[(lo[0], hi[0], lo[1], hi[1], plo, phi)] = None
     pol = prog.policy
     out = []
-    for n, box in enumerate(seen):
+    for box in seen:
         slo, shi, dlo, dhi, plo, phi = box
         opts: list[str] = []
         if (slo, shi) != (0, 0xFFFFFFFF) or (dlo, dhi) != (0, 0xFFFFFFFF):
@@ -466,82 +637,50 @@ def _diversions(prog, kit, boxes_list, regs) -> list:
                 opts += ["--dst-range", f"{ipaddress.IPv4Address(dlo)}-{ipaddress.IPv4Address(dhi)}"]
         if (plo, phi) != (0, 255):
             opts = ["-p", str(plo), *opts]
-        name = prog.name(f"K0D{n}")
-        idx = [j for j, rg in enumerate(regs) if rg is None or _meets(rg[0], box)]
-        prog.chains[name] = [*kit.lines(pol, idx), kit.rule("always", pol.default)]
-        out.append(kit.rule("hdr", name, goto=True, options=tuple(opts), test=("box", *box)))
+        chain = name()
+        acting = [j for j, rg in zip(idx, fit.live_regs, strict=True) if rg is None or _meets(rg[0], box)]
+        prog.chains[chain] = [*kit.lines(pol, acting), *tail]
+        out.append(kit.rule("hdr", chain, goto=True, options=tuple(opts), test=("box", *box)))
     return out
 
 
-def live_k0(
-    prog, kit: Kit, nft_max_depth: int, min_segment: int, fresh: bool, chain: str, base_keys: list | None = None
-) -> dict:
+def live_k0(prog, kit: Kit, nft_max_depth: int, min_segment: int, bases: Bases, chain: str) -> dict:
     """A live deployment's K0 tree: chain `chain` (K0T), entered with a goto for the mark value HF_MARK_K0_TREE
     (the fast path's unparsed frames while it trusts its tables), walks the policy as trees and ends with its chain
-    policy. The tree is the one built for the policy of the last rebuild (the base); the flattened rules changed
-    since (deleted from the base, inserted in the live policy) come first as `hdr` rules that send a frame in their
-    -s/-d/-p to a linear chain of the live policy's rules that can act there (`_diversions`): outside every changed
-    rule's -s/-d/-p the base's walk and the live policy's pass the same rules in the same order (the base's deleted
-    rules are left out of the leaves). A
-    rebuild (`fresh`, more than K0_LAZY_DELTA changes, a changed rule no region covers) builds the tree of the live
-    policy. `base_keys`: the base's rule keys as the deployment recorded them (this process may not have built it).
-    Returns the summary (`k0_tree`: "built", "lazy" or why not, `k0_changed`, trees, rules, and `k0_base`: the keys
-    of a tree built here, for the deployment to record)."""
+    policy. The tree is the one built for the policy of the last rebuild (its base, `bases`); the flattened rules
+    changed since (deleted from the base, inserted in the live policy) come first as `hdr` rules that send a frame in
+    their -s/-d/-p to a linear chain K0D<n> of the live policy's rules that can act there (`_diversions`): outside
+    every changed rule's -s/-d/-p the base's walk and the live policy's pass the same rules in the same order (the
+    base's deleted rules are left out of the leaves). A rebuild (a fresh `bases`, more than LAZY_DELTA changes, a
+    changed rule no region covers) builds the tree of the live policy. Returns the summary (`k0_tree`: "built",
+    "lazy" or why not, `k0_changed`, trees, rules)."""
     pol = prog.policy
-    keys = [rule_key(r) for r in pol.rules]
-    bkey = (pol.base_chain, pol.family, min_segment)
-    base = None if fresh else _BASES.get(bkey)
-    if not fresh and base_keys is not None and (base is None or base.keys != list(base_keys)):
-        base = _BASES[bkey] = _base_of_keys(list(base_keys))
-    remap: list[int | None]
-    changed: list = []
-    if base is not None:
-        import difflib
-
-        sm = difflib.SequenceMatcher(None, base.keys, keys, autojunk=False)
-        remap = [None] * len(base.keys)
-        kept_b: set[int] = set()
-        for a, b, n in sm.get_matching_blocks():
-            for x in range(n):
-                remap[a + x] = b + x
-                kept_b.add(b + x)
-        gone = [i for i, m in enumerate(remap) if m is None]
-        new = [j for j in range(len(keys)) if j not in kept_b]
-        regs_new = flat_regions(pol, set(new)) if new else []
-        covers = [base.regs[i] for i in gone] + [regs_new[j] for j in new]
-        if len(gone) + len(new) > K0_LAZY_DELTA or any(c is None for c in covers):
-            base = None
-        else:
-            changed = [c[0] for c in covers]
-            inv = {b: a for a, b in enumerate(remap) if b is not None}
-            live_regs = [base.regs[inv[j]] if j in inv else regs_new[j] for j in range(len(keys))]
-    reused = base is not None
-    if base is None:
-        base = _Base(keys, flat_regions(pol), {})
-        _BASES[bkey] = base
-        remap = list(range(len(keys)))
+    everything = list(range(len(pol.rules)))
+    fit = bases.fit(everything, k0=True)
     prog.chains[chain] = []  # placed for the depth computation
-    t = _Trees(prog, base.regs, min_segment, kit, remap=remap, cache=base.trees)
+    t = _Trees(prog, min_segment, kit)
+    t.use(fit)
     depth = _depths(prog)
     _helper_depth = kit.helper_depth
     uh = _user_height(pol)
     deepest = max((_helper_depth(r) + (1 + uh[r.target] if r.target in uh else 0) for r in pol.rules), default=0)
     room = min(Params().max_depth, nft_max_depth - depth.get(chain, 2) - 2 - deepest)
-    lines = t.rewrite(list(range(len(base.keys))), room)
+    lines = t.rewrite(list(range(len(fit.remap))), room)
     if t.trees == 0:
         del prog.chains[chain]
-        return {"k0_tree": "no run long enough for a tree", "k0_changed": len(changed)}
+        return {"k0_tree": "no run long enough for a tree", "k0_changed": len(fit.changed)}
+    bases.keep(fit, k0=True)
+    n = iter(range(1 << 30))
     prog.chains[chain] = [
         kit.rule("unmark", mask=prog.mark_mask & 0xFFFFFFFF),
-        *(_diversions(prog, kit, changed, live_regs) if changed else ()),
+        *_diversions(prog, kit, fit, everything, lambda: prog.name(f"K0D{next(n)}"), [kit.rule("always", pol.default)]),
         *lines,
         kit.rule("always", pol.default),
     ]
     return {
-        "k0_tree": "lazy" if reused else "built",
-        "k0_changed": len(changed),
+        "k0_tree": "built" if fit.fresh else "lazy",
+        "k0_changed": len(fit.changed),
         "k0_trees": t.trees,
         "k0_rules_in_trees": t.rules_in,
         "k0_rules_written": t.rules_out,
-        **({} if reused else {"k0_base": keys}),
     }

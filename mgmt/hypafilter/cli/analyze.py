@@ -14,6 +14,7 @@ from hypafilter.cli.common import (
     load_policy6,
     resolved_lines,
 )
+from hypafilter.config import STRATEGIES
 from hypafilter.errors import HypafilterError
 from hypafilter.tools.classbench import read_trace, trace_udp_values
 
@@ -22,6 +23,12 @@ def register(sub) -> None:
     p = sub.add_parser("analyze", help="shunting and software-strategy analysis of a policy (optionally on a trace)")
     add_policy_args(p, ipv6=True)
     p.add_argument("--trace", metavar="T[.gz]", help="ClassBench header trace (headers taken as UDP)")
+    p.add_argument(
+        "--strategy",
+        choices=STRATEGIES,
+        help="the site's strategy (default: the configuration's); tree adds traversed_rules.tree: the walks of its "
+        "chains as written, a tree counted by its path",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 

@@ -101,6 +101,8 @@ def _fmt_status(st: dict) -> str:
         _fmt_ipv6(st.get("ipv6") or {}),
         f"nic      {st['nic'].get('name')} pid {st['nic'].get('pid')}",
     ]
+    if st.get("trees"):
+        lines.insert(-1, _fmt_trees(st["trees"]))
     nc = st.get("nic_counters") or {}
     if "error" in nc:
         lines.append(f"hardware unreachable: {nc['error']}")
@@ -130,6 +132,23 @@ def _fmt_status(st: dict) -> str:
     last = (st.get("history") or [{}])[-1]
     lines.append(f"last     {last.get('kind', last.get('result'))} took {last.get('duration_s')}s")
     return "\n".join(lines)
+
+
+def _fmt_trees(t: dict) -> str:
+    """The trees line of `status` (strategy tree, docs/optimize.md): the trees the chains hold, and what the last
+    follow kept of the last rebuild's (its changed rules diverted ahead of them)."""
+    line = f"trees    {t.get('trees', 0)} interval-chain trees over {t.get('rules_in_trees', 0)} rules"
+    if t.get("lazy_trees"):
+        line += (
+            f", {t['lazy_trees']} kept from the last rebuild with the rules changed since diverted ahead of them"
+            f" ({t.get('lazy_changed', 0)} over all of them)"
+        )
+    k0 = t.get("k0_tree")
+    if k0 in ("built", "lazy"):
+        line += f"; K0T {k0}" + (f" ({t.get('k0_changed', 0)} changed rules diverted)" if k0 == "lazy" else "")
+    elif k0:
+        line += f"; K0 stays the live list: {k0}"
+    return line
 
 
 def _fmt_ipv6(six: dict) -> str:

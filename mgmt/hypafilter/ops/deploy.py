@@ -155,19 +155,20 @@ def write_state(state: dict) -> None:
     _write_private(state_file(), json.dumps(state, indent=1, sort_keys=True) + "\n")
 
 
-def K0_BASE_FILE() -> Path:  # a function: the state directory is configured at run time
-    """Strategy tree's live K0 tree: the flattened rules (analysis.trees.rule_key) of the policy its tree was last
-    built from, so that the policy sync worker's follows divert the changes since instead of building it again."""
-    return STATE_DIR / "k0_base.json"
+def TREE_BASES_FILE() -> Path:  # a function: the state directory is configured at run time
+    """Strategy tree's live trees (K0T's and the interval chains'): the flattened rules (analysis.trees.rule_key) each
+    was last built from, so that the policy sync worker's follows divert the changes since instead of building
+    them again (docs/optimize.md, "Lazy trees")."""
+    return STATE_DIR / "tree_bases.json"
 
 
-def _k0_base_keys() -> list | None:
-    from hypafilter.analysis.trees import keys_of_json
+def _tree_bases() -> dict | None:
+    from hypafilter.analysis.trees import bases_of_json
 
     try:
-        return keys_of_json(json.loads(K0_BASE_FILE().read_text()))
-    except (OSError, ValueError, TypeError):
-        return None  # none recorded (or unreadable): the follow builds the tree anew
+        return bases_of_json(json.loads(TREE_BASES_FILE().read_text()))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None  # none recorded (or unreadable): the follow builds the trees anew
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -813,14 +814,14 @@ def _deploy_locked(
         try:
             tx.step("interfaces", lambda: _check_interfaces(policy))
             plan = tx.step("compile", lambda: build_plan(policy, config, live=True))
-            # strategy tree's live K0 tree: a follow reuses the last rebuild's tree with the changes diverted ahead
-            # of it (docs/optimize.md, "The live K0 tree"); a deploy and a lazy rebuild build it anew
+            # strategy tree's live trees (K0T, long interval chains): a follow reuses the last rebuild's trees with the
+            # changes diverted ahead of them (docs/optimize.md, "Lazy trees"); a deploy and a lazy rebuild build anew
             # the fast paths that mark the frames they pass unparsed while they vouch for their tables: the xdp
             # program, and the NIC's shim (its core shunts a frame it does not judge with no index, docs/shim.md)
             plan.k0_tree = tgt.name in ("xdp", "emu")
-            plan.k0_fresh = bool(force or not follow)
-            if not plan.k0_fresh:
-                plan.k0_base_keys = _k0_base_keys()
+            plan.trees_fresh = bool(force or not follow)
+            if not plan.trees_fresh:
+                plan.tree_bases = _tree_bases()
             if tgt.name == "xdp" and config.xdp_ipv6:  # the xdp target's hook: IPv6 decided in XDP (docs/ipv6.md)
                 # Following the live IPv4 ruleset, ip6tables stays as deployed: the IPv6 plan keeps the k its chains
                 # there were written with (or none: verbatim).
@@ -1099,11 +1100,11 @@ def _deploy_locked(
             write_static(STATE_DIR, plan, tgt.buffer_depth(), binary, _write_private)
         except OSError as e:
             warnings.append(f"writing {static_path(STATE_DIR)}: {e}")
-    if getattr(plan, "k0_built_keys", None) is not None:  # the live K0 tree's base: the rules it was built from
+    if getattr(plan, "tree_bases_built", None) is not None:  # the live trees' bases: the rules they were built from
         try:
-            _write_private(K0_BASE_FILE(), json.dumps(plan.k0_built_keys) + "\n")
+            _write_private(TREE_BASES_FILE(), json.dumps(plan.tree_bases_built) + "\n")
         except OSError as e:
-            warnings.append(f"writing {K0_BASE_FILE()}: {e}")
+            warnings.append(f"writing {TREE_BASES_FILE()}: {e}")
     if old_nic and replace:
         try:
             tgt.stop(old_nic)
@@ -1168,6 +1169,8 @@ def _deploy_locked(
         "mode": config.shunt_mode,
         "strategy": config.strategy,
         "tree_min_segment": config.tree_min_segment,
+        # strategy tree: the trees the chains hold, and how many a follow kept (docs/optimize.md, "Lazy trees")
+        "trees": getattr(plan, "tree_stats", None) if config.strategy == "tree" else None,
         "mark_mask": config.mark_mask,
         "mark_shift": config.mark_shift,
         "unfilterable": config.unfilterable,

@@ -228,7 +228,7 @@ def k0_live_program(text: str, name: str, base_text: str | None = None, min_segm
     def program(t: str, fresh: bool):
         policy = parse_policy(t, filename=name, base_chain="FORWARD", config=config)
         plan = build_plan(policy, config, live=True)
-        plan.k0_tree, plan.k0_fresh = True, fresh
+        plan.k0_tree, plan.trees_fresh = True, fresh
         t0 = time.monotonic()
         return policy, build_program(plan, "tree"), time.monotonic() - t0
 

@@ -1,0 +1,216 @@
+#!/usr/bin/env python3
+"""Strategy tree's interval chains, lazily rebuilt (docs/optimize.md, "Lazy trees"): what one change costs a follow.
+
+The change: a string-match DROP inserted at the top of the operator's chain (`--ban`: dense, UDP from the set's
+most common /16, which many of its rules meet; sparse, from an address none of them meets).
+
+The policy: a ClassBench set (acl1_1100 by default) as a FORWARD policy with --complex string-match rules ahead of it
+on the headers of every --stride-th rule (4), so that every shunted frame's interval chain is those rules, written as one tree.
+
+Default (no root): the program a follow builds (analysis.program.build_program, which writes the trees) for the
+policy with one complex rule inserted, the trees built anew (`fresh`: what every follow did before the interval
+chains' trees were lazy) and kept with the change diverted ahead of them (`lazy`: a follow); `--repeats` runs each,
+medians. With PYTHONPATH at an older tree's mgmt/, `lazy` is that version's follow.
+
+`--live` (root, the xdp lab LAB): the policy deployed with strategy tree, then `--repeats` times the real iptables
+inserts one complex rule in the operator's chain and deletes it again; for each change the policy sync service's
+follow as the deployment's history records it: `applied_s` (the change read -> the new policy holds), `render_s`
+(the step that builds and writes the chains), the tool's rules loaded and its tree chains' rules (those whose text
+changed: `tree_rules_rewritten`, the generation's prefix taken out); `--verify N`: then `verify --live` with N
+frames (30 % malformed) through the hybrid and the live ruleset alone, its mismatches. Run it with PYTHONPATH pointing at
+another tree's mgmt/ to measure that version (the script uses only the CLI and the state file). One JSON line per
+stage or change, then the medians of the changes after the first (which builds the bases' trees in the service's
+new process).
+
+    PYTHONPATH=mgmt .venv/bin/python scripts/lazy-trees.py [--complex N] [--stride S] [--ban dense|sparse] [--repeats R]
+    PYTHONPATH=mgmt .venv/bin/python scripts/lazy-trees.py --live [--lab h3m] [--complex N] [--repeats R] [--verify N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared" / "data" / "classbench"
+
+
+def ban(text: str, i: int, where: str = "dense") -> str:
+    """The change, the options after `-A FORWARD`: a string-match DROP for UDP from the i-th most common /16 of the
+    set's sources (`dense`: frames drawn from the policy meet it, and so do many of its rules, which its diversion
+    holds), or from 10.250.i.0/24, which no rule of the set meets (`sparse`: the diversion holds the new rule)."""
+    if where == "sparse":
+        return f"-s 10.250.{i}.0/24 -p udp -m string --string HFLAZY{i} --algo bm -j DROP"
+    nets = Counter(
+        ".".join(m.group(1).split(".")[:2])
+        for ln in text.splitlines()
+        for m in [re.search(r"-A FORWARD -s (\S+)/", ln)]
+        if m
+    )
+    net = [n for n, _ in nets.most_common()][i % len(nets)]
+    return f"-s {net}.0.0/16 -p udp -m string --string HFLAZY{i} --algo bm -j DROP"
+
+
+def policy_text(filters: str, n_complex: int, stride: int = 4) -> str:
+    from hypafilter.tools.classbench import classbench_policy_text
+
+    text = classbench_policy_text(filters, policy="DROP", actions="alternate")
+    lines = text.splitlines()
+    first = next(i for i, ln in enumerate(lines) if ln.startswith("-A FORWARD"))
+    rules = [ln for ln in lines if ln.startswith("-A FORWARD")]
+    cx = [
+        f"{r.rsplit(' -j ', 1)[0]} -m string --string BAD{j % 5} --algo bm -j {('DROP', 'ACCEPT')[j % 2]}"
+        for j, r in enumerate(rules[::stride][:n_complex])
+    ]
+    return "\n".join(lines[:first] + cx + lines[first:]) + "\n"
+
+
+def in_process(text: str, repeats: int, where: str) -> None:
+    from hypafilter.analysis.plan import build_plan
+    from hypafilter.analysis.program import build_program
+    from hypafilter.config import Config
+    from hypafilter.iptables.document import parse_policy
+
+    cfg = Config(strategy="tree")
+    lines = text.splitlines()
+    first = next(i for i, ln in enumerate(lines) if ln.startswith("-A FORWARD"))
+    changed = "\n".join(lines[:first] + ["-A FORWARD " + ban(text, 1, where)] + lines[first:]) + "\n"
+
+    def build(t: str, fresh: bool) -> tuple[float, dict]:
+        plan = build_plan(parse_policy(t, filename="p", base_chain="FORWARD", config=cfg), cfg, live=True)
+        plan.trees_fresh = plan.k0_fresh = fresh  # (k0_fresh: the name before the chains' trees were lazy)
+        plan.k0_tree = True
+        t0 = time.monotonic()
+        prog = build_program(plan, "tree")
+        return time.monotonic() - t0, prog.tree_stats
+
+    out: dict[str, list[float]] = {"lazy": [], "fresh": []}
+    for _ in range(repeats):
+        for how in out:
+            build(text, True)  # the deployment: the bases a follow starts from
+            s, stats = build(changed, how == "fresh")
+            out[how].append(s)
+            print(json.dumps({"build": how, "s": round(s, 3), **stats}), flush=True)
+    print(json.dumps({k + "_median_s": round(statistics.median(v), 3) for k, v in out.items()}))
+
+
+def live(text: str, lab: str, repeats: int, where: str, verify: int = 0) -> None:
+    state = Path(f"/run/hypafilter/{lab}-bench")
+    env = dict(os.environ, HF_LAB=lab, HF_STATE_DIR=str(state))
+    hf = [sys.executable, "-m", "hypafilter"]
+
+    def run(*args: str) -> str:
+        return subprocess.run(hf + list(args), env=env, check=True, capture_output=True, text=True).stdout
+
+    def ipt(*args: str) -> str:
+        return subprocess.run(
+            ["ip", "netns", "exec", f"{lab}-fw", *args], check=True, capture_output=True, text=True
+        ).stdout
+
+    def history() -> list:
+        try:
+            return json.loads((state / "state.json").read_text()).get("history") or []
+        except (OSError, ValueError):
+            return []
+
+    loaded = [0]
+
+    def trees() -> set[str]:
+        listing = ipt("iptables-save", "-t", "filter")
+        prefix = re.search(r"-j (HF\d+_)MAIN", listing).group(1)
+        loaded[0] = sum(ln.startswith(f"-A {prefix}") for ln in listing.splitlines())
+        return {ln.replace(prefix, "P_") for ln in listing.splitlines() if re.match(rf"-A {prefix}T\d+ ", ln)}
+
+    run("lab", "down", "--name", lab)
+    run("lab", "up", "--target", "xdp", "--name", lab)
+    rows = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            pol, cfg = Path(tmp) / "p.rules", Path(tmp) / "tree.toml"
+            pol.write_text(text)
+            cfg.write_text('strategy = "tree"\ntarget = "xdp"\n')
+            run("deploy", str(pol), "--config", str(cfg), "-q")
+        for i in range(repeats):
+            for verb in ("-I", "-D"):
+                before, seen = trees(), len(history())
+                rule = ban(text, i, where).split()
+                ipt("iptables", "-w", verb, "FORWARD", *(["2"] if verb == "-I" else []), *rule)
+                deadline = time.monotonic() + 120
+                while len(history()) <= seen or history()[-1].get("kind") != "follow":
+                    if time.monotonic() > deadline:
+                        raise SystemExit("the deployment did not follow within 120 s")
+                    time.sleep(0.05)
+                h = history()[-1]
+                after = trees()
+                row = {
+                    "change": f"iptables {verb}",
+                    "applied_s": h.get("applied_s"),
+                    "render_s": (h.get("steps") or {}).get("render"),
+                    "duration_s": h.get("duration_s"),
+                    "tool_rules": loaded[0],
+                    "tree_rules": len(after),
+                    "tree_rules_rewritten": len(after - before),
+                }
+                if verify:  # the hybrid against the live ruleset alone in the kernel, after this follow
+                    p = subprocess.run(
+                        hf + ["verify", "--live", "--packets", str(verify), "--malformed", "0.3", "--json"],
+                        env=env,
+                        capture_output=True,
+                        text=True,
+                    )
+                    rep = json.loads(p.stdout) if p.stdout else {"mismatches": None, "error": p.stderr[-300:]}
+                    row.update(verify_frames=rep.get("packets"), mismatches=rep.get("mismatches"))
+                    counted = ipt("iptables-save", "-c", "-t", "filter")
+                    row["diverted"] = sum(
+                        int(m.group(1))
+                        for ln in counted.splitlines()
+                        if re.search(r"-A HF\d+_L\d+A\d+ .*-j HF\d+_TD\d+", ln)
+                        for m in [re.match(r"\[(\d+):", ln)]
+                    )
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    finally:
+        subprocess.run(hf + ["undeploy", "-q"], env=env, capture_output=True)
+        subprocess.run(hf + ["lab", "down", "--name", lab], env=env, capture_output=True)
+        shutil.rmtree(state, ignore_errors=True)
+    # the first follow builds the bases' trees again in the service's fresh process (a rebuild's cost): left out
+    later = rows[1:] or rows
+    print(
+        json.dumps(
+            {f"{k}_median_after_first": statistics.median(r[k] for r in later) for k in ("applied_s", "render_s")}
+        )
+    )
+    if verify and any(r.get("mismatches") != 0 for r in rows):
+        raise SystemExit("verify --live found mismatches (or did not run): see the rows above")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--filters", default=str(SHARED / "acl1_1100.filters"))
+    ap.add_argument("--complex", type=int, default=256, help="complex rules ahead of the set (the chains' length)")
+    ap.add_argument("--stride", type=int, default=4, help="the complex rules' headers: every STRIDE-th rule's")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--live", action="store_true", help="follows of a deployment on the xdp lab (root)")
+    ap.add_argument("--ban", choices=("dense", "sparse"), default="dense", help="where the change is (see ban)")
+    ap.add_argument("--lab", default="h3m")
+    ap.add_argument("--verify", type=int, default=0, help="--live: verify --live with N frames after each follow")
+    a = ap.parse_args()
+    text = policy_text(a.filters, a.complex, a.stride)
+    if a.live:
+        live(text, a.lab, a.repeats, a.ban, a.verify)
+    else:
+        in_process(text, a.repeats, a.ban)
+
+
+if __name__ == "__main__":
+    main()

@@ -27,7 +27,7 @@ from hypafilter.analysis.plan import build_plan
 from hypafilter.analysis.program import k0_tree_wanted, user_chain_names
 from hypafilter.config import Config, Interfaces
 from hypafilter.errors import DeployError, HypafilterError
-from hypafilter.hw.model import CONTROL_MISS_SHUNT, miss_shunt_control
+from hypafilter.hw.model import CONTROL_MISS_SHUNT, CONTROL_MISS_SHUNT6, miss_shunt6_control, miss_shunt_control
 from hypafilter.iptables import kernel
 from hypafilter.iptables.writer import body_of, policy_restore
 from hypafilter.ir import Policy
@@ -60,6 +60,7 @@ from hypafilter.ops.transaction import FAIL_ENV, Transaction
 from hypafilter.paths import BUILD_ROOT
 from hypafilter.targets import shim as shim_mod
 from hypafilter.targets.base import Site, Target
+from hypafilter.targets.emu import v6 as emu_v6
 from hypafilter.targets.nic import CONTROL_ENABLE, CONTROL_HOST_MODE, CONTROL_PASS_UNFILTERABLE, CONTROL_SHUNT_ALL
 from hypafilter.targets.xdp import v6 as xdp_v6
 
@@ -322,6 +323,13 @@ def nic_drift(c, st: dict) -> list[str]:
             out.append(
                 f"nic: CONTROL miss forcing bits 4/5 are {(control & CONTROL_MISS_SHUNT) >> 4:02b} (drop, accept), "
                 f"deployed {want_bits >> 4:02b}"
+            )
+    if tables.get("miss_shunt6") is not None:  # a dual-stack core's IPv6 miss forcing (docs/ipv6.md "## emu")
+        want_bits = miss_shunt6_control(tables["miss_shunt6"])
+        if control & CONTROL_MISS_SHUNT6 != want_bits:
+            out.append(
+                f"nic: CONTROL IPv6 miss forcing bits 6/7 are {(control & CONTROL_MISS_SHUNT6) >> 6:02b} (drop, "
+                f"accept), deployed {want_bits >> 6:02b}"
             )
     for name, key in (("SHUNT", "shunt"), ("ACTION", "actions")):
         want = tables.get(key)
@@ -730,6 +738,7 @@ def _deploy_locked(
         )
         and old6.get("hash") == v6_hash
         and bool(old.get("xdp_ipv6")) == config.xdp_ipv6
+        and bool(old.get("emu_ipv6")) == config.emu_ipv6
     )
     same = same and old.get("tree_min_segment", 16) == config.tree_min_segment  # (states before strategy tree: 16)
     if same and follow and not force:
@@ -821,16 +830,24 @@ def _deploy_locked(
             plan.k0_fresh = bool(force or not follow)
             if not plan.k0_fresh:
                 plan.k0_base_keys = _k0_base_keys()
-            if tgt.name == "xdp" and config.xdp_ipv6:  # the xdp target's hook: IPv6 decided in XDP (docs/ipv6.md)
+            if (tgt.name == "xdp" and config.xdp_ipv6) or (tgt.name == "emu" and config.emu_ipv6):
+                # the fast path's hook: IPv6 decided in XDP, or in the emulated NIC's dual-stack core (docs/ipv6.md)
                 # Following the live IPv4 ruleset, ip6tables stays as deployed: the IPv6 plan keeps the k its chains
                 # there were written with (or none: verbatim).
                 kb6 = (old6.get("chains") or {}).get("k_base", 0) if follow else None
                 verb6 = follow and not old6.get("chains")
-                plan.plan6, why6 = tx.step("compile6", lambda: xdp_v6.plan6_for(v6, config, plan, kb6, verb6))
+                plan.plan6, why6 = tx.step(
+                    "compile6", lambda: xdp_v6.plan6_for(v6, config, plan, kb6, verb6, target=tgt.name)
+                )
                 if why6:
                     log(f"IPv6 frames to ip6tables unparsed: {why6}")
                 elif not follow:
                     chains6, text6 = _chains6(plan.plan6, v6, config, log)
+                if tgt.name == "emu" and plan.plan6 is not None and plan.plan6.verbatim and config.nic_mode == "host":
+                    # the core's host-mode ACCEPT reaches ip6tables marked "decided" (the shim's value 1), which only
+                    # the interval chains' DA rule takes: without them the IPv6 side stays in ip6tables alone
+                    plan.plan6 = None
+                    log("IPv6 frames to ip6tables unparsed: host mode without the IPv6 interval chains")
         except DeployError:
             if kernel is not None:
                 tx.step("kernel-check", kernel)
@@ -845,6 +862,12 @@ def _deploy_locked(
             and not xdp_v6.buffer_keeps_v6(old_nic, plan, old6.get("hash") != v6_hash)
         ):
             static = None  # the update buffer changes IPv4 entries only: a new IPv6 side is a tables write
+        if (
+            static is not None
+            and tgt.name == "emu"
+            and not emu_v6.core_keeps_v6((old or {}).get("tables") or {}, getattr(plan, "plan6", None))
+        ):
+            static = None  # the running core's IPv6 matcher is not the new IPv6 plan's: a new core
         # a configuration with another buffer depth builds a new core (program): the depth is part of its build
         # the running program's set slots must be the plan's (their maps are part of its build: docs/sets.md)
         if static is not None and not tgt.same_sets(old_nic, plan):
@@ -863,6 +886,9 @@ def _deploy_locked(
             kernel = None
         binary = old_nic["binary"] if view is not None else tx.step("build", lambda: tgt.build(plan))
         intervals = [int(k) for k in hw.interval]
+        if tgt.name == "emu" and getattr(plan, "plan6", None) is not None:
+            # the dual-stack core's IPv6 indices (V6_BASE = n + 1 + δ ..): the shim maps them to the IPv6 plan's k
+            intervals = emu_v6.intervals(intervals, plan.plan6)
         nf_text = tx.step(
             "render",
             lambda: to_iptables_restore(
@@ -1177,6 +1203,7 @@ def _deploy_locked(
         # the policy sync lease the service renews (0: none; docs/deploy.md "Live policy")
         "lease_ms": config.policysync_lease_ms,
         "xdp_ipv6": config.xdp_ipv6,
+        "emu_ipv6": config.emu_ipv6,
         # The firewall's VLAN setting found before the first deploy, given back at undeploy.
         "vlan_filter_before": (old or {}).get("vlan_filter_before", old_vlan),
         "partition": partition_counts(policy, plan),
@@ -1296,8 +1323,8 @@ def ipv6_status(st: dict) -> dict:
     except HypafilterError as e:
         six["error"] = str(e)
     six["base_chain"] = base
-    if (st.get("tables") or {}).get("v6"):  # the xdp program decides IPv6 frames too (docs/ipv6.md "## xdp")
-        six["xdp"] = st["tables"]["v6"]
+    if (st.get("tables") or {}).get("v6"):  # the xdp program or the NIC's core decides IPv6 frames too (docs/ipv6.md)
+        six["nic" if st.get("target", "emu") == "emu" else "xdp"] = st["tables"]["v6"]
     return six
 
 

@@ -557,6 +557,7 @@ def follow(
     abort: Callable[[], bool] = lambda: False,
     digest: str | None = None,
     v6: ip6.V6Policy | None = None,
+    live6: str | None = None,
 ) -> dict:
     """Bring the deployment into step with `policy`, the live ruleset as the policy sync service read it (the
     fast path already shunts everything, every tag stale: ops.policysync). The operator's chains are live already:
@@ -565,15 +566,18 @@ def follow(
     lazy rebuild — a new core (program) for `policy`, the deployed one, built beforehand (the build is cached),
     swapped make-before-break, the update buffer empty after it. `watch` (FollowWatch): the service's eye on the
     ruleset while the update runs. The lock is waited for (30 s at most, or until `abort()`). `v6`: the IPv6 side
-    as ip6tables now holds it (follow6, when its tables need a new program); None: as deployed."""
+    as ip6tables now holds it (follow6, when its tables need a new program); None: as deployed. `live6`: the digest
+    of the operator's part of the ip6tables listing `v6` was read from (follow6's `live_digest`): the state's IPv6 side
+    is then that listing, not ip6tables as it is once the update ends (a change made meanwhile stays a change)."""
     with _lock(30.0, abort):
         old = read_state()
         if not old:
             raise HypafilterError("nothing is deployed")
         config = deployed_config(old)
         return _deploy_locked(
-            policy, config, rebuild, log, target_of(old, config), follow=True, watch=watch, digest=digest, v6=v6
-        )
+            policy, config, rebuild, log, target_of(old, config), follow=True, watch=watch, digest=digest, v6=v6,
+            live6=live6,
+        )  # fmt: skip
 
 
 def follow6(
@@ -624,6 +628,21 @@ def follow6(
                     how = "tables"
                 except HypafilterError as e:
                     return {"state": st, "how": "new program", "why": str(e)}
+        elif tgt.name == "emu" and tables.get("v6"):
+            # the NIC's dual-stack core (docs/ipv6.md "## emu"): the IPv6 rows, the shim's IPv6 k and perhaps the core
+            # change with the plan, so the change is an update of the deployment (deploy.follow with `v6`: register
+            # writes on the running core when its IPv6 matcher is the new plan's, else a new core), while the whole
+            # fast path stays held (the IPv4 fail safe). The new plan's chains go into ip6tables first, as on xdp.
+            n4 = SimpleNamespace(entries=(), num_intervals=int((chains or {}).get("k_base", 0)))
+            kb = int((chains or {}).get("k_base", 0))
+            plan6, why = xdp_v6.plan6_for(v6, config, n4, k_base=kb, verbatim=not chains, target="emu")
+            if plan6 is not None and chains:
+                c6 = ip6.render_chains(plan6, config, (chains.get("main") or "")[: -len("MAIN")])
+                if c6.main != chains.get("main") or c6.k_base != kb:
+                    raise HypafilterError(f"the IPv6 chains would move ({c6.state()} after {chains})")
+                ip6.load_chains(NS_FW, c6, v6.base_chain)
+                log(f"IPv6 interval chains rewritten in ip6tables (k_base {kb})")
+            return {"state": st, "how": "update", "why": why or "the NIC's core takes the IPv6 plan by an update"}
         warnings: list[str] = []
         # (read after the chains were written: the fingerprint of ip6tables as it is now, the tool's chains included)
         six = {**ipv6_state(v6, warnings), "live_digest": live_digest}
@@ -706,12 +725,14 @@ def _deploy_locked(
     watch: FollowWatch | None = None,
     digest: str | None = None,
     v6: ip6.V6Policy | None = None,
+    live6: str | None = None,
 ) -> dict:
     t0 = time.monotonic()
     watch = watch or FollowWatch()
     old = read_state()
     old6 = (old or {}).get("ipv6") or {"mode": "kernel"}
-    if follow and v6 is None:  # following the live IPv4 ruleset: the IPv6 side stays as deployed
+    kept6 = follow and v6 is None
+    if kept6:  # following the live IPv4 ruleset: the IPv6 side stays as deployed
         v6 = ip6.V6Policy.from_state(old6) if old6.get("mode") != "kernel" else None
     v6_hash = v6.policy_hash() if v6 is not None else None
     # ip6tables' tables as they were before the first deploy that loaded an IPv6 side: what undeploy gives back
@@ -1210,7 +1231,14 @@ def _deploy_locked(
         "sets": sets_state(policy),
         # the IPv6 side (docs/ipv6.md): the ip6tables policy, and the IPv6 plan's interval chains there (`chains`) when
         # the xdp program decides IPv6 frames and passes the shunted ones with their k
-        "ipv6": {**ipv6_state(v6, warnings), **six_chains},
+        "ipv6": {
+            **ipv6_state(v6, warnings),
+            **six_chains,
+            # followed from ip6tables (live6): that listing is the IPv6 side; no fingerprint of ip6tables as it is now
+            **({"live_digest": live6, "fingerprint": None} if live6 else {}),
+            # an IPv4 follow keeps the IPv6 side as recorded (ip6tables may hold a change the service has not read)
+            **({k: old6[k] for k in ("live_digest", "fingerprint") if k in old6} if kept6 and v6 is not None else {}),
+        },
         "ipv6_before": before6,
         "intervals": intervals,
         "shim_control": shim_control,

@@ -223,7 +223,7 @@ class NicClient:
 
     # What its flow API is as a table of the flow sync service (ops.flowsync.syncer.Syncer): the NIC's flow cache,
     # which holds TCP and UDP flows and counts their hits, in sets of `ways` entries (`flow_set`). IPv4 only: its
-    # keys have 32-bit addresses (the core shunts every IPv6 frame unparsed), so the service sends it no IPv6 entry.
+    # keys have 32-bit addresses (a dual-stack core gives every IPv6 frame ct 0), so the service sends it no IPv6 entry.
     mode = "flowcache"
     protocols = (flowcache.PROTO_TCP, flowcache.PROTO_UDP)
     families = (socket.AF_INET,)

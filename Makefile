@@ -113,6 +113,12 @@ test-real-all:
 # opt-in: every IPv6 test of the xdp program (docs/ipv6.md "## xdp"): the second policy against ip6tables, the header
 # budget and host mode's hop-by-hop, XdpTarget with both table sets, the rollback that keeps the IPv6 interval chains
 # (`make test` runs one policy and the lab's verifies)
+.PHONY: test-emu-v6
+# opt-in: the emulated NIC's dual-stack core through deploy, verify (frames, connections) and update (docs/ipv6.md "## emu")
+test-emu-v6:
+	@scripts/setup.sh system
+	CI=true HF_EMU_V6_FULL=1 scripts/run-system-tests.sh -n 0 tests/system/test_ipv6_deploy.py -k emu
+
 .PHONY: test-xdp-v6
 test-xdp-v6:
 	@scripts/setup.sh system

@@ -197,7 +197,8 @@ architecture rtl of hypafilter_core is
 
   signal t1 : side_t := SIDE_ZERO;
   signal t1_idx : unsigned(IDX_W - 1 downto 0) := (others => '0');
-  signal t1_mfa, t1_mfd : std_logic := '0';  -- ct = 0 and CONTROL bit 4 (5): registered here, off the decision's path
+  -- ct = 0 and CONTROL bit 4 (5), an IPv6 frame's bit 6 (7): registered here, off the decision's path
+  signal t1_mfa, t1_mfd : std_logic := '0';
   signal d_in_v : std_logic := '0';
   signal d_in : std_logic_vector(DECW - 1 downto 0) := (others => '0');
   signal d_in_ready : std_logic;
@@ -653,8 +654,15 @@ begin
       t1.sa <= side(SIDE_DELAY).sa or control(1);
       t1_idx <= lk_idx;
       -- ct 3 (no conntrack entry) accepted: to the host all the same, conntrack must create the entry ([ctm])
-      t1_mfa <= to_sl(side(SIDE_DELAY).ct = "00" or side(SIDE_DELAY).ct = "11") and control(4);
-      t1_mfd <= to_sl(side(SIDE_DELAY).ct = "00") and control(5);
+      -- an IPv6 frame (ct always 0: the flow cache holds IPv4 tuples) by the IPv6 side's own bits 6/7, so that one
+      -- family's conntrack-reading policy does not send the other family's frames to the host
+      if side(SIDE_DELAY).f6 = '1' then
+        t1_mfa <= control(6);
+        t1_mfd <= control(7);
+      else
+        t1_mfa <= to_sl(side(SIDE_DELAY).ct = "00" or side(SIDE_DELAY).ct = "11") and control(4);
+        t1_mfd <= to_sl(side(SIDE_DELAY).ct = "00") and control(5);
+      end if;
 
       sp := t1.tu(TUSER_SRC_LO + 7 downto TUSER_SRC_LO);
       wire := sp = x"01" or sp = x"04" or sp = x"10" or sp = x"40";

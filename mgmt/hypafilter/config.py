@@ -125,6 +125,10 @@ class Config:
     # IPv6 TCP on the conntrack entries the flow sync service marks liberal as IPv4's; false: every IPv6 frame goes
     # to ip6tables unparsed (stage 1).
     xdp_ipv6: bool = True
+    # emu with an IPv6 policy (--ipv6): the emulated NIC's core is built with the IPv6 plan too (a dual-stack core,
+    # docs/ipv6.md "## emu") and decides the IPv6 frames it parses, passing the shunted ones with their interval's k to
+    # ip6tables' interval chains; false: every IPv6 frame goes to ip6tables unparsed (stage 1).
+    emu_ipv6: bool = True
     # Hardware generation parameters.
     tdata_width: int = 256
     encoder_fanin: int = 8

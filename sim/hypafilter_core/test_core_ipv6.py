@@ -203,6 +203,11 @@ def expect6(plan4, plan6, h: Header | None, src_port: int, tuser: int, regs: hwm
     meta = pack_meta(idx, action, reason, gen)
     if regs.shunt[idx] or action not in (1, 2) or regs.control & hwmodel.CONTROL_SHUNT_ALL:
         return hwmodel.Decision(hwmodel.Kind.SHUNT, shunt_port, meta, idx, action, reason)
+    # the IPv6 side's miss forcing (CONTROL bits 6/7; an IPv6 frame has ct 0), never the IPv4 side's bits 4/5
+    forced = hwmodel.CONTROL_MISS_SHUNT6_ACCEPT if action == 1 else hwmodel.CONTROL_MISS_SHUNT6_DROP
+    if regs.control & forced:
+        meta = pack_meta(idx, action, hwmodel.REASON_STATE, gen)
+        return hwmodel.Decision(hwmodel.Kind.SHUNT, shunt_port, meta, idx, action, hwmodel.REASON_STATE)
     if action == 1:
         return hwmodel.Decision(hwmodel.Kind.FORWARD, hwmodel.PAIRED[src_port], None, idx, action, None)
     return hwmodel.Decision(hwmodel.Kind.DROP, 0, None, idx, action, None)
@@ -230,7 +235,8 @@ def _parsed(plan4, x: tuple, regs: hwmodel.Regs) -> bool:
 @cocotb.test()
 async def core_dual_stack(dut):
     """Shunt everything (every frame's match_index and reason visible), then the tables' verdicts, then a SHUNT
-    and ACTION rewrite of IPv6 rows; every output frame and TUSER, the hit counters of every row."""
+    and ACTION rewrite of IPv6 rows, then each family's miss forcing alone (CONTROL bits 4/5: IPv4 frames forced,
+    IPv6 ones decided; bits 6/7: the reverse); every output frame and TUSER, the hit counters of every row."""
     cfg = load_obj("HF_TB_CFG")
     p4, p6, phases = cfg["plan4"], cfg["plan6"], cfg["phases"]
     n4, n6 = len(p4.entries), len(p6.entries)
@@ -248,6 +254,8 @@ async def core_dual_stack(dut):
     assert len(regs.shunt) == rows
     hits = [0] * rows
     expected, seen = [], {"v6_entries": set(), "v4": 0, "unparsed6": 0}
+    forced = {3: [0, 0], 4: [0, 0]}  # phase -> [IPv4, IPv6] frames shunted by miss forcing (reason 3)
+    decided6 = {3: 0, 4: 0}
     for phase, frames in enumerate(phases):
         if phase == 0:
             regs.control = hwmodel.CONTROL_ENABLE | hwmodel.CONTROL_SHUNT_ALL
@@ -264,6 +272,10 @@ async def core_dual_stack(dut):
                     regs.shunt[i] = rng.randrange(2)
                 word = sum(b << k for k, b in enumerate(regs.shunt[32 * w : 32 * w + 32]))
                 await ax.table_access(R, R.TABLE_SHUNT, w, word)
+        elif phase == 3:  # the IPv4 side reads conntrack, the IPv6 side does not
+            regs.control = hwmodel.CONTROL_ENABLE | hwmodel.CONTROL_MISS_SHUNT
+        elif phase == 4:  # the reverse
+            regs.control = hwmodel.CONTROL_ENABLE | hwmodel.CONTROL_MISS_SHUNT6
         await ax.write(R.REG_CONTROL, regs.control)
         if phase == 0:  # the latency probes first: a parsed IPv4 frame, a parsed IPv6 frame
             frames = list(frames)
@@ -283,6 +295,10 @@ async def core_dual_stack(dut):
                     seen["v6_entries"].add(d.match_index)
             if d.match_index is not None and d.reason != hwmodel.REASON_UNPARSED and sp in hwmodel.PAIRED:
                 hits[d.match_index] += 1
+            if phase in forced and d.reason == hwmodel.REASON_STATE:
+                forced[phase][h != "v4"] += 1
+            if phase in forced and h not in ("v4", None) and d.kind != hwmodel.Kind.SHUNT:
+                decided6[phase] += 1
             if d.kind != hwmodel.Kind.DROP:
                 expected.append((f, hwmodel.out_tuser(tu, d), d))
         if phase == 0:
@@ -315,6 +331,9 @@ async def core_dual_stack(dut):
     # every IPv6 entry and the IPv6 policy entry decided some frame; AH and fragments were met
     assert seen["v6_entries"] >= set(range(base, base + n6 + 1)), sorted(seen["v6_entries"])
     assert seen["unparsed6"] > 0 and seen["v4"] > 0
+    # each family's miss forcing met frames of its own family only
+    assert forced[3][0] > 0 and forced[3][1] == 0 and decided6[3] > 0, (forced, decided6)
+    assert forced[4][0] == 0 and forced[4][1] > 0 and decided6[4] == 0, (forced, decided6)
     await ClockCycles(dut.axis_aclk, 10)
     dut._log.info("core_dual_stack: %d frames out of %s", len(expected), [len(p) for p in phases])
 
@@ -333,7 +352,7 @@ def test_core_dual_stack():
     vhdl.render(p4, gen, tdata_width=256, plan6=p6)
     rng = random.Random(25)
     phases = []
-    for k in range(3):
+    for k in range(5):
         v6 = frames6(p6, rng) if k == 0 else rng.sample(frames6(p6, rng), 120)
         v4 = [(f, t, "v4") for f, t in frames_for(p4, rng, 150 if k == 0 else 60) if not _ipv6(f)]
         mix = v6 + v4

@@ -317,14 +317,31 @@ def _check_dual_stack(tally, hits, seed: int, target: str) -> dict:
     return v6
 
 
+# The emulated NIC's dual stack's policy seed (stateless; its IPv6 plan in exact mode: 13 entries, 7 of its 14 rows
+# decided in hardware, the IPv6 policy entry one of them; most of verify6's frames meet its complex rules first).
+EMU6_SEED = 9
+
+
 def test_fuzz_ipv6_emu(lab):
-    """The dual stack on the emulated NIC: every IPv6 frame to ip6tables with k = 0 (the core shunts IPv6 unparsed),
-    ip6tables holding the random IPv6 policy beside the hybrid's IPv4 side; the kernel alone as oracle. The last
-    policy of test_fuzz on its last pair, so the IPv4 side is already deployed (no build)."""
-    seed = FIRST_SEED + POLICIES - 1
+    """The dual stack on the emulated NIC with `emu_ipv6` on (docs/ipv6.md "## emu"): a dual-stack core built with
+    the random IPv6 policy's plan decides the IPv6 frames it parses (stage 1 shunted every one unparsed), ip6tables
+    holds the IPv6 policy with the plan's interval chains beside the hybrid's IPv4 side; the kernel alone as oracle.
+    One build of a dual-stack core. A stateless seed whose IPv6 plan leaves many rows to the hardware: a
+    conntrack-reading IPv6 side sets the core's IPv6 miss forcing (CONTROL bits 6/7), which sends every IPv6 frame an
+    ACCEPT or DROP row matches to the host (ct 0: the flow cache holds IPv4 tuples), so a stateful one would show
+    only forced frames. A random policy puts complex rules (REJECT, LOG, ipv6header, marks) before most simple ones,
+    so the share of its frames the hardware decides is small (17 of the 207 the core matched in the run this was
+    written with); the share on an operator's kind of policy is measured in docs/ipv6.md "## emu"."""
+    seed = EMU6_SEED
     tally, hits, unparsed = _dual_stack(seed, pairs_of(seed)[-1], "emu")
     _check_dual_stack(tally, hits, seed, "emu")
-    assert unparsed >= FRAMES6, f"every IPv6 frame is unparsed on the core (k = 0): {unparsed} of {FRAMES6}"
+    hw6 = tally.runs[0]["hw6"] or {}
+    print(f"fuzz ipv6 emu: {unparsed} unparsed, IPv6 rows matched {hw6.get('matched')}, decided {hw6.get('decided')}")
+    # the core parses and matches most IPv6 frames (the rest: fragments, AH, truncations, jumbo, ... unparsed) and
+    # decides some of them itself; the verdicts are the kernel's (0 mismatches above). Stage 1: all unparsed.
+    assert unparsed < FRAMES6 / 2, f"{unparsed} of {FRAMES6} IPv6 frames unparsed: the core does not decide IPv6"
+    assert hw6.get("matched", 0) >= FRAMES6 / 2, hw6
+    assert hw6.get("decided", 0) >= FRAMES6 / 30, hw6
 
 
 # The xdp dual stack's policy seed: its draws showed that a change of shunting mode could not be deployed (below).

@@ -167,10 +167,12 @@ def _fmt_ipv6(six: dict) -> str:
     elif mode == "policy":
         n = sum((six.get("rules") or {}).values())
         what = f"IPv6 policy {six.get('source')} ({n} rules, IPv6) decides every IPv6 frame in ip6tables (k = 0)"
-        if six.get("xdp"):
+        fast = six.get("xdp") or six.get("nic")
+        if fast:
+            where = "the XDP program" if six.get("xdp") else "the NIC's core"
             what = (
-                f"IPv6 policy {six.get('source')} ({n} rules, IPv6) decided in the XDP program by its "
-                f"{six['xdp'].get('entries')} entries where it parses the frame, else in ip6tables (k = 0)"
+                f"IPv6 policy {six.get('source')} ({n} rules, IPv6) decided in {where} by its "
+                f"{fast.get('entries')} entries where it parses the frame, else in ip6tables (k = 0)"
             )
             if six.get("chains"):
                 ch = six["chains"]

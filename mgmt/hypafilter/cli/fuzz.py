@@ -54,7 +54,7 @@ def register(sub) -> None:
         "--ipv6",
         action="store_true",
         help="dual stack: a random ip6tables policy beside each IPv4 one, IPv6 frames of every kind (on xdp the "
-        "program decides IPv6: xdp_ipv6 on)",
+        "program decides IPv6: xdp_ipv6 on; on emu the dual-stack core: emu_ipv6 on)",
     )
     p.add_argument("--target", choices=("emu", "xdp"), default="emu", help="fast path (default emu)")
     p.add_argument("--seed", type=int, default=1, help="first policy seed (default 1)")

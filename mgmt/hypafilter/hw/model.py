@@ -70,6 +70,10 @@ CONTROL_HOST_MODE = 1 << 3
 CONTROL_MISS_SHUNT_ACCEPT = 1 << 4
 CONTROL_MISS_SHUNT_DROP = 1 << 5
 CONTROL_MISS_SHUNT = CONTROL_MISS_SHUNT_ACCEPT | CONTROL_MISS_SHUNT_DROP
+# a dual-stack core's IPv6 frames (ct always 0) by the IPv6 plan's miss forcing (docs/ipv6.md "## emu")
+CONTROL_MISS_SHUNT6_ACCEPT = 1 << 6
+CONTROL_MISS_SHUNT6_DROP = 1 << 7
+CONTROL_MISS_SHUNT6 = CONTROL_MISS_SHUNT6_ACCEPT | CONTROL_MISS_SHUNT6_DROP
 REASON_OVERRULE = C["HF_REASON_OVERRULE"]
 REASON_POLICY = C["HF_REASON_POLICY"]
 REASON_UNPARSED = C["HF_REASON_UNPARSED"]
@@ -284,6 +288,12 @@ def miss_shunt_control(miss_shunt) -> int:
     """The CONTROL bits 4/5 (MISS_SHUNT_ACCEPT, MISS_SHUNT_DROP) of Plan.miss_shunt, (accept, drop)."""
     accept, drop = miss_shunt
     return (CONTROL_MISS_SHUNT_ACCEPT if accept else 0) | (CONTROL_MISS_SHUNT_DROP if drop else 0)
+
+
+def miss_shunt6_control(miss_shunt6) -> int:
+    """The CONTROL bits 6/7 (MISS_SHUNT6_ACCEPT, MISS_SHUNT6_DROP) of a dual-stack core's IPv6 plan's miss_shunt."""
+    accept, drop = miss_shunt6
+    return (CONTROL_MISS_SHUNT6_ACCEPT if accept else 0) | (CONTROL_MISS_SHUNT6_DROP if drop else 0)
 
 
 @dataclass

@@ -27,7 +27,7 @@ from hypafilter.analysis.plan import build_plan
 from hypafilter.analysis.program import k0_tree_wanted, user_chain_names
 from hypafilter.config import Config, Interfaces
 from hypafilter.errors import DeployError, HypafilterError
-from hypafilter.hw.model import CONTROL_MISS_SHUNT, miss_shunt_control
+from hypafilter.hw.model import CONTROL_MISS_SHUNT, CONTROL_MISS_SHUNT6, miss_shunt6_control, miss_shunt_control
 from hypafilter.iptables import kernel
 from hypafilter.iptables.writer import body_of, policy_restore
 from hypafilter.ir import Policy
@@ -60,6 +60,7 @@ from hypafilter.ops.transaction import FAIL_ENV, Transaction
 from hypafilter.paths import BUILD_ROOT
 from hypafilter.targets import shim as shim_mod
 from hypafilter.targets.base import Site, Target
+from hypafilter.targets.emu import v6 as emu_v6
 from hypafilter.targets.nic import CONTROL_ENABLE, CONTROL_HOST_MODE, CONTROL_PASS_UNFILTERABLE, CONTROL_SHUNT_ALL
 from hypafilter.targets.xdp import v6 as xdp_v6
 
@@ -324,6 +325,13 @@ def nic_drift(c, st: dict) -> list[str]:
                 f"nic: CONTROL miss forcing bits 4/5 are {(control & CONTROL_MISS_SHUNT) >> 4:02b} (drop, accept), "
                 f"deployed {want_bits >> 4:02b}"
             )
+    if tables.get("miss_shunt6") is not None:  # a dual-stack core's IPv6 miss forcing (docs/ipv6.md "## emu")
+        want_bits = miss_shunt6_control(tables["miss_shunt6"])
+        if control & CONTROL_MISS_SHUNT6 != want_bits:
+            out.append(
+                f"nic: CONTROL IPv6 miss forcing bits 6/7 are {(control & CONTROL_MISS_SHUNT6) >> 6:02b} (drop, "
+                f"accept), deployed {want_bits >> 6:02b}"
+            )
     for name, key in (("SHUNT", "shunt"), ("ACTION", "actions")):
         want = tables.get(key)
         if want is None:
@@ -550,6 +558,7 @@ def follow(
     abort: Callable[[], bool] = lambda: False,
     digest: str | None = None,
     v6: ip6.V6Policy | None = None,
+    live6: str | None = None,
 ) -> dict:
     """Bring the deployment into step with `policy`, the live ruleset as the policy sync service read it (the
     fast path already shunts everything, every tag stale: ops.policysync). The operator's chains are live already:
@@ -558,15 +567,18 @@ def follow(
     lazy rebuild — a new core (program) for `policy`, the deployed one, built beforehand (the build is cached),
     swapped make-before-break, the update buffer empty after it. `watch` (FollowWatch): the service's eye on the
     ruleset while the update runs. The lock is waited for (30 s at most, or until `abort()`). `v6`: the IPv6 side
-    as ip6tables now holds it (follow6, when its tables need a new program); None: as deployed."""
+    as ip6tables now holds it (follow6, when its tables need a new program); None: as deployed. `live6`: the digest
+    of the operator's part of the ip6tables listing `v6` was read from (follow6's `live_digest`): the state's IPv6 side
+    is then that listing, not ip6tables as it is once the update ends (a change made meanwhile stays a change)."""
     with _lock(30.0, abort):
         old = read_state()
         if not old:
             raise HypafilterError("nothing is deployed")
         config = deployed_config(old)
         return _deploy_locked(
-            policy, config, rebuild, log, target_of(old, config), follow=True, watch=watch, digest=digest, v6=v6
-        )
+            policy, config, rebuild, log, target_of(old, config), follow=True, watch=watch, digest=digest, v6=v6,
+            live6=live6,
+        )  # fmt: skip
 
 
 def follow6(
@@ -617,6 +629,21 @@ def follow6(
                     how = "tables"
                 except HypafilterError as e:
                     return {"state": st, "how": "new program", "why": str(e)}
+        elif tgt.name == "emu" and tables.get("v6"):
+            # the NIC's dual-stack core (docs/ipv6.md "## emu"): the IPv6 rows, the shim's IPv6 k and perhaps the core
+            # change with the plan, so the change is an update of the deployment (deploy.follow with `v6`: register
+            # writes on the running core when its IPv6 matcher is the new plan's, else a new core), while the whole
+            # fast path stays held (the IPv4 fail safe). The new plan's chains go into ip6tables first, as on xdp.
+            n4 = SimpleNamespace(entries=(), num_intervals=int((chains or {}).get("k_base", 0)))
+            kb = int((chains or {}).get("k_base", 0))
+            plan6, why = xdp_v6.plan6_for(v6, config, n4, k_base=kb, verbatim=not chains, target="emu")
+            if plan6 is not None and chains:
+                c6 = ip6.render_chains(plan6, config, (chains.get("main") or "")[: -len("MAIN")])
+                if c6.main != chains.get("main") or c6.k_base != kb:
+                    raise HypafilterError(f"the IPv6 chains would move ({c6.state()} after {chains})")
+                ip6.load_chains(NS_FW, c6, v6.base_chain)
+                log(f"IPv6 interval chains rewritten in ip6tables (k_base {kb})")
+            return {"state": st, "how": "update", "why": why or "the NIC's core takes the IPv6 plan by an update"}
         warnings: list[str] = []
         # (read after the chains were written: the fingerprint of ip6tables as it is now, the tool's chains included)
         six = {**ipv6_state(v6, warnings), "live_digest": live_digest}
@@ -699,12 +726,14 @@ def _deploy_locked(
     watch: FollowWatch | None = None,
     digest: str | None = None,
     v6: ip6.V6Policy | None = None,
+    live6: str | None = None,
 ) -> dict:
     t0 = time.monotonic()
     watch = watch or FollowWatch()
     old = read_state()
     old6 = (old or {}).get("ipv6") or {"mode": "kernel"}
-    if follow and v6 is None:  # following the live IPv4 ruleset: the IPv6 side stays as deployed
+    kept6 = follow and v6 is None
+    if kept6:  # following the live IPv4 ruleset: the IPv6 side stays as deployed
         v6 = ip6.V6Policy.from_state(old6) if old6.get("mode") != "kernel" else None
     v6_hash = v6.policy_hash() if v6 is not None else None
     # ip6tables' tables as they were before the first deploy that loaded an IPv6 side: what undeploy gives back
@@ -731,6 +760,7 @@ def _deploy_locked(
         )
         and old6.get("hash") == v6_hash
         and bool(old.get("xdp_ipv6")) == config.xdp_ipv6
+        and bool(old.get("emu_ipv6")) == config.emu_ipv6
     )
     same = same and old.get("tree_min_segment", 16) == config.tree_min_segment  # (states before strategy tree: 16)
     if same and follow and not force:
@@ -822,16 +852,24 @@ def _deploy_locked(
             plan.trees_fresh = bool(force or not follow)
             if not plan.trees_fresh:
                 plan.tree_bases = _tree_bases()
-            if tgt.name == "xdp" and config.xdp_ipv6:  # the xdp target's hook: IPv6 decided in XDP (docs/ipv6.md)
+            if (tgt.name == "xdp" and config.xdp_ipv6) or (tgt.name == "emu" and config.emu_ipv6):
+                # the fast path's hook: IPv6 decided in XDP, or in the emulated NIC's dual-stack core (docs/ipv6.md)
                 # Following the live IPv4 ruleset, ip6tables stays as deployed: the IPv6 plan keeps the k its chains
                 # there were written with (or none: verbatim).
                 kb6 = (old6.get("chains") or {}).get("k_base", 0) if follow else None
                 verb6 = follow and not old6.get("chains")
-                plan.plan6, why6 = tx.step("compile6", lambda: xdp_v6.plan6_for(v6, config, plan, kb6, verb6))
+                plan.plan6, why6 = tx.step(
+                    "compile6", lambda: xdp_v6.plan6_for(v6, config, plan, kb6, verb6, target=tgt.name)
+                )
                 if why6:
                     log(f"IPv6 frames to ip6tables unparsed: {why6}")
                 elif not follow:
                     chains6, text6 = _chains6(plan.plan6, v6, config, log)
+                if tgt.name == "emu" and plan.plan6 is not None and plan.plan6.verbatim and config.nic_mode == "host":
+                    # the core's host-mode ACCEPT reaches ip6tables marked "decided" (the shim's value 1), which only
+                    # the interval chains' DA rule takes: without them the IPv6 side stays in ip6tables alone
+                    plan.plan6 = None
+                    log("IPv6 frames to ip6tables unparsed: host mode without the IPv6 interval chains")
         except DeployError:
             if kernel is not None:
                 tx.step("kernel-check", kernel)
@@ -846,6 +884,12 @@ def _deploy_locked(
             and not xdp_v6.buffer_keeps_v6(old_nic, plan, old6.get("hash") != v6_hash)
         ):
             static = None  # the update buffer changes IPv4 entries only: a new IPv6 side is a tables write
+        if (
+            static is not None
+            and tgt.name == "emu"
+            and not emu_v6.core_keeps_v6((old or {}).get("tables") or {}, getattr(plan, "plan6", None))
+        ):
+            static = None  # the running core's IPv6 matcher is not the new IPv6 plan's: a new core
         # a configuration with another buffer depth builds a new core (program): the depth is part of its build
         # the running program's set slots must be the plan's (their maps are part of its build: docs/sets.md)
         if static is not None and not tgt.same_sets(old_nic, plan):
@@ -864,6 +908,9 @@ def _deploy_locked(
             kernel = None
         binary = old_nic["binary"] if view is not None else tx.step("build", lambda: tgt.build(plan))
         intervals = [int(k) for k in hw.interval]
+        if tgt.name == "emu" and getattr(plan, "plan6", None) is not None:
+            # the dual-stack core's IPv6 indices (V6_BASE = n + 1 + δ ..): the shim maps them to the IPv6 plan's k
+            intervals = emu_v6.intervals(intervals, plan.plan6)
         nf_text = tx.step(
             "render",
             lambda: to_iptables_restore(
@@ -1180,13 +1227,21 @@ def _deploy_locked(
         # the policy sync lease the service renews (0: none; docs/deploy.md "Live policy")
         "lease_ms": config.policysync_lease_ms,
         "xdp_ipv6": config.xdp_ipv6,
+        "emu_ipv6": config.emu_ipv6,
         # The firewall's VLAN setting found before the first deploy, given back at undeploy.
         "vlan_filter_before": (old or {}).get("vlan_filter_before", old_vlan),
         "partition": partition_counts(policy, plan),
         "sets": sets_state(policy),
         # the IPv6 side (docs/ipv6.md): the ip6tables policy, and the IPv6 plan's interval chains there (`chains`) when
         # the xdp program decides IPv6 frames and passes the shunted ones with their k
-        "ipv6": {**ipv6_state(v6, warnings), **six_chains},
+        "ipv6": {
+            **ipv6_state(v6, warnings),
+            **six_chains,
+            # followed from ip6tables (live6): that listing is the IPv6 side; no fingerprint of ip6tables as it is now
+            **({"live_digest": live6, "fingerprint": None} if live6 else {}),
+            # an IPv4 follow keeps the IPv6 side as recorded (ip6tables may hold a change the service has not read)
+            **({k: old6[k] for k in ("live_digest", "fingerprint") if k in old6} if kept6 and v6 is not None else {}),
+        },
         "ipv6_before": before6,
         "intervals": intervals,
         "shim_control": shim_control,
@@ -1299,8 +1354,8 @@ def ipv6_status(st: dict) -> dict:
     except HypafilterError as e:
         six["error"] = str(e)
     six["base_chain"] = base
-    if (st.get("tables") or {}).get("v6"):  # the xdp program decides IPv6 frames too (docs/ipv6.md "## xdp")
-        six["xdp"] = st["tables"]["v6"]
+    if (st.get("tables") or {}).get("v6"):  # the xdp program or the NIC's core decides IPv6 frames too (docs/ipv6.md)
+        six["nic" if st.get("target", "emu") == "emu" else "xdp"] = st["tables"]["v6"]
     return six
 
 

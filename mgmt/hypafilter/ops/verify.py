@@ -1384,6 +1384,16 @@ def flush_conntrack(lab: Lab, tgt, state: dict) -> None:
     tgt.forget_flushed_flows(state["nic"])
 
 
+def _hits6(tgt, state: dict) -> list[int]:
+    """HITS of the NIC core's IPv6 rows ([] where no core decides IPv6: the xdp target, an IPv4-only core)."""
+    if tgt.name != "emu" or not (state.get("tables") or {}).get("v6"):
+        return []
+    from hypafilter.targets.emu.v6 import hits6
+
+    with tgt.client(state["nic"]) as c:
+        return hits6(c, state["tables"])
+
+
 def hw_share(nic: dict) -> float | None:
     """Share of the wire frames the NIC classified (PKTIN) that it decided itself (HW_DECIDED), from a counter
     delta; None when no wire frame came."""
@@ -1450,6 +1460,7 @@ def _verify(
     t_gen = time.monotonic() - t0
     tgt = deploy.target_of(state, config)
     nic_before = tgt.counters(state["nic"])
+    hits6_before = _hits6(tgt, state) if six is not None else []
     sh = deploy.shim_of(state)
     shim_before = sh.stats()
     flush_conntrack(lab, tgt, state)
@@ -1491,6 +1502,15 @@ def _verify(
             k: r6[k] for k in ("packets", "delivered_oracle", "delivered_hybrid", "mismatches", "altered", "by_kind")
         }
         report["ipv6"]["mode"] = (state.get("ipv6") or {}).get("mode", "kernel")
+        if hits6_before:  # the NIC's core decides IPv6 frames (docs/ipv6.md "## emu"): its IPv6 rows' HITS
+            from hypafilter.targets.emu.v6 import deciding_rows
+
+            delta = [b - a for a, b in zip(hits6_before, _hits6(tgt, state), strict=True)]
+            rows = deciding_rows(state.get("tables") or {})
+            report["ipv6"]["hw"] = {
+                "matched": sum(delta),
+                "decided": sum(d for d, r in zip(delta, rows, strict=True) if r),
+            }
     report.update(
         {
             "shunted": sum(v for k, v in nic.items() if k.startswith("CNT_SHUNT_") and k != "CNT_SHUNT_FORCED"),

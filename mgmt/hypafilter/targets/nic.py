@@ -25,10 +25,12 @@ from hypafilter.hw.model import CONTROL_ENABLE as CONTROL_ENABLE  # the targets'
 from hypafilter.hw.model import (
     CONTROL_HOST_MODE,
     CONTROL_MISS_SHUNT,
+    CONTROL_MISS_SHUNT6,
     CONTROL_PASS_UNFILTERABLE,
     CONTROL_SHUNT_ALL,
     LEASE_MAX,
     lease_status,
+    miss_shunt6_control,
     miss_shunt_control,
     nic_mode_control,
     unfilterable_control,
@@ -221,7 +223,7 @@ class NicClient:
 
     # What its flow API is as a table of the flow sync service (ops.flowsync.syncer.Syncer): the NIC's flow cache,
     # which holds TCP and UDP flows and counts their hits, in sets of `ways` entries (`flow_set`). IPv4 only: its
-    # keys have 32-bit addresses (the core shunts every IPv6 frame unparsed), so the service sends it no IPv6 entry.
+    # keys have 32-bit addresses (a dual-stack core gives every IPv6 frame ct 0), so the service sends it no IPv6 entry.
     mode = "flowcache"
     protocols = (flowcache.PROTO_TCP, flowcache.PROTO_UDP)
     families = (socket.AF_INET,)
@@ -354,7 +356,10 @@ class NicClient:
         have = self.read("NUM_ENTRIES")
         if have != n:
             raise NicError(f"core has {have} hardware entries, the plan {n}: it was generated from another plan")
-        want_hash = int(matcher_hash(plan)[-8:], 16)
+        # a dual-stack core's IPv6 side (docs/ipv6.md "## emu"): the family-6 plan the deployment hangs on the IPv4
+        # plan (or View); its rows follow the IPv4 ones and the buffer's slots, at V6_BASE = n + 1 + δ
+        plan6 = getattr(plan, "plan6", None)
+        want_hash = int(matcher_hash(plan, plan6)[-8:], 16)
         got_hash = self.read("MATCHER_HASH")
         if got_hash != want_hash:
             raise NicError(
@@ -368,6 +373,15 @@ class NicClient:
         # a Plan's buffer rows as after reset: shunted, no action (no enabled slot reaches them)
         shunt += [1] * (rows - len(shunt))
         actions += [0] * (rows - len(actions))
+        miss = [bool(x) for x in getattr(plan, "miss_shunt", (False, False))]
+        v6 = None
+        if plan6 is not None:
+            # the IPv6 entries' rows and the IPv6 policy entry's; the IPv6 plan's miss forcing in CONTROL bits 6/7 (an
+            # IPv6 frame has ct 0: the flow cache holds IPv4 tuples)
+            n6 = len(plan6.entries)
+            shunt += [int(b) for b in plan6.shunt]
+            actions += action_words(plan6)
+            v6 = {"entries": n6, "index_base": rows, "matcher": v6_matcher(plan6)}
         ov = getattr(plan, "overlay", None) or Overlay.empty(n, updatebuffer.buffer_depth(plan))
         tables = {
             "matcher_hash": f"{want_hash:08x}",
@@ -378,8 +392,11 @@ class NicClient:
             "nic_mode": nic_mode,
             # CONTROL bits 4/5 (shunt a flow-cache miss decided ACCEPT / DROP): the plan's miss forcing, none for a
             # plan without the field
-            "miss_shunt": [bool(x) for x in getattr(plan, "miss_shunt", (False, False))],
+            "miss_shunt": miss,
         }
+        if v6 is not None:
+            tables["v6"] = v6
+            tables["miss_shunt6"] = [bool(x) for x in getattr(plan6, "miss_shunt", (False, False))]
         slots = tuple(getattr(plan, "set_slots", ()) or ())
         if slots:
             # the set slots' contents: the kernel's sets as the front end read them (Policy.sets)
@@ -392,7 +409,8 @@ class NicClient:
             ]  # fmt: skip
         if self.ctm_config() is not None:  # [ctm] the shunt bits of frames with ct 3 (Plan.shunt_none; else shunt's)
             none = getattr(plan, "shunt_none", None)
-            bits = shunt if none is None else [int(b) for b in none] + [1] * (rows - len(none))
+            # (IPv6 rows: all shunted; an IPv6 frame never has ct 3, the structure holds IPv4 tuples)
+            bits = shunt if none is None else [int(b) for b in none] + [1] * (len(shunt) - len(none))
             tables["shunt_none"] = pack_shunt(bits)
         return self.write_tables(tables, generation, known)
 
@@ -418,6 +436,10 @@ class NicClient:
             if tables.get("miss_shunt") is not None:
                 keep &= ~CONTROL_MISS_SHUNT
                 bits |= miss_shunt_control(tables["miss_shunt"])
+            # a dual-stack core's IPv6 miss forcing (bits 6/7); tables without an IPv6 side clear them
+            if tables.get("miss_shunt") is not None or tables.get("miss_shunt6") is not None:
+                keep &= ~CONTROL_MISS_SHUNT6
+                bits |= miss_shunt6_control(tables.get("miss_shunt6") or (False, False))
         except ValueError as e:
             raise NicError(str(e)) from e
         if keep != ~0:
@@ -897,6 +919,14 @@ class NicClient:
             "refused": v["CTM_STATUS"] & 0xFFFF,
             "ct_none_frames": v["CNT_CT_NONE"],
         }
+
+
+def v6_matcher(plan6) -> str:
+    """The low 32 bits (hex) of the IPv6 side's own matcher hash: what a dual-stack core's IPv6 rows were generated
+    from, whatever its IPv4 side (the state's tables "v6", which the update buffer's path compares)."""
+    from hypafilter.hw.vhdl import _Empty
+
+    return matcher_hash(_Empty(), plan6)[-8:]
 
 
 def pack_shunt(bits: Sequence[int]) -> list[int]:

@@ -623,6 +623,8 @@ class Tally:
                 "observer_mismatches": obs.get("mismatches", 0),
                 "packets_ipv6": report.get("ipv6", {}).get("packets", 0),
                 "unparsed": unparsed(report),
+                # the IPv6 frames the NIC's core matched against its IPv6 rows and decided itself (emu, dual stack)
+                "hw6": report.get("ipv6", {}).get("hw"),
                 # verify --connections: connections run and those whose outcome differs (IPv4's and the dual
                 # stack's IPv6 ones)
                 "connections": sum((c or {}).get("connections", 0) for c in conns),
@@ -677,8 +679,9 @@ def fuzz_policy(
     with the deployment still up (the connection checks); `target`: the fast path (emu, xdp); `attack`: the
     attack shapes (verify.ATTACK_SHAPES) drawn for a share `attack_share` of the frames, counted by kind
     attack_<shape>. `v6` (a policy6()): the dual stack, that ip6tables policy deployed beside `policy` and
-    `frames6` IPv6 frames of every verify6 kind after the IPv4 ones (kinds v6_<kind>); on xdp with `xdp_ipv6` on,
-    so that the program decides the IPv6 frames it parses (on emu every IPv6 frame goes to ip6tables with k = 0).
+    `frames6` IPv6 frames of every verify6 kind after the IPv4 ones (kinds v6_<kind>); on xdp with `xdp_ipv6` on
+    and on emu with `emu_ipv6` on, so that the program or the NIC's dual-stack core decides the IPv6 frames it
+    parses.
     `connections`: verify's real connections after the frames of each pair (IPv4 ones, and IPv6 ones with `v6`)."""
     from hypafilter.ops.connections import ConnectionSpec
 
@@ -693,6 +696,7 @@ def fuzz_policy(
             target=target,
             tree_min_segment=FUZZ_TREE_MIN_SEGMENT,
             xdp_ipv6=six is not None and target == "xdp",  # explicit: whatever the configuration's default is
+            emu_ipv6=six is not None and target == "emu",
         )
         report = verify(
             policy,

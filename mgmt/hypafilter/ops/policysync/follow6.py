@@ -5,8 +5,10 @@ that another process made is followed as the worker follows family ip, but for I
 1. **fail safe for IPv6**, at once, before anything is read: the xdp program's IPv6 path stops deciding (its
    `hfx6_hold` word, one bpf() write: every IPv6 frame unparsed, value 0, so k = 0 and ip6tables, which already
    holds the change, decides it whole). IPv4 frames are decided on as before: their tables, CONTROL and the shim's
-   generation are not touched. (On the emulated NIC, and on xdp without `xdp_ipv6`, no fast path decides IPv6
-   frames: there is nothing to hold.)
+   generation are not touched. The emulated NIC's dual-stack core (docs/ipv6.md "## emu") has no IPv6 hold of its
+   own: there the hold is the IPv4 fail safe (everything shunted, every tag stale), and the apply is an update of
+   the deployment with the new IPv6 side (`deploy.follow`: register writes, or a new core). (On xdp without
+   `xdp_ipv6`, and on the emulated NIC without `emu_ipv6`, no fast path decides IPv6 frames: nothing to hold.)
 2. **read**: `ip6tables-save` of every table between two reads of the same nf_tables generation; a listing whose
    digest or fingerprint is the deployed IPv6 side's is unchanged, any other is the new IPv6 policy.
 3. **apply**: `deploy.follow6` — the state's IPv6 side becomes the live one, and the IPv6 table set is built from
@@ -274,6 +276,7 @@ class Follower6:
         self.last_try = 0.0
         self.last_how = ""
         self.starting_nic: dict | None = None  # a new program of a running follow, not in the state yet
+        self.emu_took = False  # the emulated NIC's IPv6 hold: the IPv4 follower's fail safe, taken by this side
         self.legacy: Legacy6 | None = None  # the legacy ip6tables tables' watch, set by the worker's `serve`
         self.counts = {"changes": 0, "applied": 0, "unchanged": 0, "failed": 0, "new_programs": 0, "held": 0}
         self.lag_safe: deque[float] = deque(maxlen=2000)  # ms: events read -> the IPv6 path decides nothing
@@ -290,8 +293,27 @@ class Follower6:
                 nics.append(extra)
         return nics
 
+    def emu_holds(self) -> bool:
+        """Whether the deployment's IPv6 side is decided in the emulated NIC's dual-stack core (docs/ipv6.md "## emu"),
+        which has no hold of its own: there the IPv6 hold is the IPv4 follower's fail safe (everything shunted, every
+        tag stale: the live rules of both families decide), lifted only when neither family has a change pending."""
+        st = self.f.state(fresh=False)
+        return st.get("target", "emu") == "emu" and bool((st.get("tables") or {}).get("v6"))
+
     def _hold(self, nic: dict, on: bool) -> bool:
+        self.f.state(fresh=False)  # (the target is known once a state was read)
         tgt = self.f._tgt
+        if getattr(tgt, "name", "") == "emu":
+            if on:
+                if not self.emu_holds():
+                    return False
+                self.f.fail_safe()
+                self.emu_took = True
+            elif self.emu_took and not (self.f.pending or self.f.lost or self.f.in_follow):
+                if self.f.safe:
+                    self.f.release()
+                self.emu_took = False
+            return True
         return bool(tgt.hold_ipv6(nic, on)) if hasattr(tgt, "hold_ipv6") else False
 
     def fail_safe(self) -> bool:
@@ -314,7 +336,7 @@ class Follower6:
         into the update (its step would not roll back): a hold that could not be written is written again by the
         next sync's fail safe (`safe` cleared), which a pending change brings at once."""
         self.starting_nic = nic
-        if self.safe:
+        if self.safe and getattr(self.f._tgt, "name", "") != "emu":  # (emu: the update's watch.hold() keeps it held)
             try:
                 self._hold(nic, True)
             except (HypafilterError, OSError) as e:
@@ -325,7 +347,8 @@ class Follower6:
         """The hold lifted: the program decides IPv6 frames by the deployment's IPv6 table set again, if the state
         has one (an IPv6 policy that cannot go into the program keeps the hold for good: `follow6`'s "held")."""
         st = self.f.state()
-        self._hold(st["nic"], not (st.get("tables") or {}).get("v6"))
+        emu = getattr(self.f._tgt, "name", "") == "emu"  # (its hold, the IPv4 fail safe, is lifted whatever the plan)
+        self._hold(st["nic"], not emu and not (st.get("tables") or {}).get("v6"))
         self.safe = False
 
     def commit(self, t0: float) -> None:
@@ -344,6 +367,11 @@ class Follower6:
         """Whether a newer ip6 change came while one was applied (the IPv4 follower reads the queued events)."""
         self.f.hold()
         return self.pending or self.lost
+
+    def holds_all(self) -> bool:
+        """Whether an ip6 change is pending that the whole fast path must stay held for (the emulated NIC, whose IPv6
+        hold is the IPv4 fail safe): the IPv4 follower's `hold` then keeps an update from releasing it."""
+        return (self.pending or self.lost) and self.emu_holds()
 
     def due(self) -> bool:
         retry = bool(self.error) and time.monotonic() - self.last_try >= 2.0
@@ -385,12 +413,15 @@ class Follower6:
             else:
                 self.fail_safe()
                 v6 = live_v6(text, st)
-                r = deploy.follow6(v6, digest6(strip6(text, tool_prefix(six))), self.f.log, abort=self.f.stopping)
+                live6 = digest6(strip6(text, tool_prefix(six)))
+                r = deploy.follow6(v6, live6, self.f.log, abort=self.f.stopping)
                 how = r["how"]
                 if how == "new program":
                     self.f.log(f"IPv6 {reason}: {r['why']}: a new program")
                     self.new_program(v6)
                     self.counts["new_programs"] += 1
+                elif how == "update":  # the emulated NIC: an update of the deployment with the new IPv6 side
+                    self.new_program(v6, rebuild=False, live6=live6)
                 self.f.state()
                 self.last_how = how
                 self.counts["applied"] += 1
@@ -410,10 +441,11 @@ class Follower6:
             except (HypafilterError, OSError):
                 pass
 
-    def new_program(self, v6: ip6.V6Policy) -> None:
+    def new_program(self, v6: ip6.V6Policy, rebuild: bool = True, live6: str | None = None) -> None:
         """The IPv6 tables outgrew the running program: a new one for the deployed IPv4 policy and `v6`
         (deploy.follow(rebuild=True): make-before-break, the IPv4 side shunted meanwhile, the new program held
-        from its start while the IPv6 hold is in force)."""
+        from its start while the IPv6 hold is in force). `rebuild` False: an update as any follow's (the emulated
+        NIC's core: register writes when its IPv6 matcher is the new plan's, else a new core)."""
         f = self.f
         st = f.state()
         cfg = deploy.deployed_config(st)
@@ -421,7 +453,7 @@ class Follower6:
         policy = live.live_policy(text, st, cfg)
         f.in_follow, f.released = True, False
         try:
-            new = deploy.follow(policy, f.log, rebuild=True, watch=f, abort=f.stopping, v6=v6)
+            new = deploy.follow(policy, f.log, rebuild=rebuild, watch=f, abort=f.stopping, v6=v6, live6=live6)
         finally:
             f.in_follow = False
             f.applying = None

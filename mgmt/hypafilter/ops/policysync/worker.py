@@ -347,7 +347,8 @@ class Follower(deploy.FollowWatch):
         (then the update leaves everything to software, every tag stale, and the next sync applies it)."""
         if select.select([self.nft.events], [], [], 0)[0]:
             self.intake(time.monotonic())
-        return self.pending or self.lost
+        # (the emulated NIC's IPv6 hold is this fail safe: an ip6 change pending keeps it too)
+        return self.pending or self.lost or (self.six is not None and self.six.holds_all())
 
     def buffer_use(self) -> tuple[int, int]:
         """(slots in use, depth) of the running matcher's update buffer ((0, 0): none in use)."""

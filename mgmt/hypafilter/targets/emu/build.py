@@ -147,7 +147,9 @@ def build(plan, config=None, build_root: str | Path = "build", verbose: bool = F
     t0 = time.monotonic()
     root = Path(build_root).resolve() / "emu"
     root.mkdir(parents=True, exist_ok=True)
-    mhash = vhdl.matcher_hash(plan)
+    # a dual-stack deployment's IPv6 side (docs/ipv6.md "## emu"): its entries are part of the matcher
+    plan6 = getattr(plan, "plan6", None)
+    mhash = vhdl.matcher_hash(plan, plan6)
     index = root / "index" / quick_key(mhash, width, fanin, generics)
     if index.exists():
         binary = root / index.read_text().strip() / "hf_emu"
@@ -162,7 +164,7 @@ def build(plan, config=None, build_root: str | Path = "build", verbose: bool = F
             # Power-on tables "shunt all": the binary depends on the matcher alone, so every plan with the same
             # hardware entries (any complex-only change, any shunt mode over the same simple rules) reuses it
             # and is loaded by register writes (NicClient.program).
-            vhdl.render(plan, gen, tdata_width=width, encoder_fanin=fanin, power_on="shunt_all")
+            vhdl.render(plan, gen, tdata_width=width, encoder_fanin=fanin, power_on="shunt_all", plan6=plan6)
         except (ValueError, OSError) as e:
             raise EmuError("render VHDL", str(e)) from e
         sources = vhdl.sources(gen)

@@ -4,7 +4,9 @@ IPv6 frames by, or why IPv6 frames stay unparsed (stage 1: every one to ip6table
 from __future__ import annotations
 
 
-def plan6_for(v6, config, plan4, k_base: int | None = None, verbatim: bool = False) -> tuple[object | None, str]:
+def plan6_for(
+    v6, config, plan4, k_base: int | None = None, verbatim: bool = False, target: str = "xdp"
+) -> tuple[object | None, str]:
     """(family-6 Plan, "") for the deployment's IPv6 side `v6` (netfilter.ip6.V6Policy) beside the IPv4 `plan4`, or
     (None, why not). The plan's hardware indices follow the IPv4 side's (index_base n4 + 1 + the update buffer's
     slots, which XdpTarget.program sets from the running program) and its interval numbers the IPv4 plan's largest k
@@ -12,11 +14,14 @@ def plan6_for(v6, config, plan4, k_base: int | None = None, verbatim: bool = Fal
     and the mark give-back before it (netfilter.ip6.render_chains, with_chains), so a shunted IPv6 frame carries its
     k and runs its interval's rules only. Built for the live ruleset (`live`, as the IPv4 plan of a deployment).
     `verbatim`: ip6tables holds the policy alone (no interval chains): every k is 0 and every IPv6 frame passed to
-    software has value 0, the whole policy decides it (stage 1's form)."""
+    software has value 0, the whole policy decides it (stage 1's form). `target`: "xdp", or "emu" (the emulated NIC's
+    dual-stack core, docs/ipv6.md "## emu": switched by `emu_ipv6`; its index base is the core's V6_BASE, the same
+    n4 + 1 + δ)."""
     from hypafilter.analysis.plan import build_plan
 
-    if not getattr(config, "xdp_ipv6", False):
-        return None, "xdp_ipv6 is off in the configuration"
+    switch = f"{target}_ipv6"
+    if not getattr(config, switch, False):
+        return None, f"{switch} is off in the configuration"
     if v6 is None or getattr(v6, "kind", "policy") != "policy":
         return None, "no IPv6 policy (ip6tables as the operator has it, or --ipv6-default drop)"
     if tuple(v6.tables) != ("filter",):
@@ -31,7 +36,8 @@ def plan6_for(v6, config, plan4, k_base: int | None = None, verbatim: bool = Fal
         except HypafilterError as e:
             return None, f"the IPv6 policy as deployed does not read again: {e}"
     if getattr(ir, "set_slots", ()):
-        return None, "the IPv6 policy matches ipsets: the xdp program has no IPv6 set tables"
+        where = "the xdp program has" if target == "xdp" else "the NIC's core has"
+        return None, f"the IPv6 policy matches ipsets: {where} no IPv6 set tables"
     plan6 = build_plan(ir, config, live=True)
     plan6.index_base = len(plan4.entries) + 1 + config.update_buffer
     plan6.k_base = int(plan4.num_intervals if k_base is None else k_base)

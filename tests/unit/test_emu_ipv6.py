@@ -1,0 +1,168 @@
+"""The emulated NIC's IPv6 side (docs/ipv6.md "## emu"): the family-6 plan deploy hangs on the IPv4 plan goes into the
+dual-stack core's rows at V6_BASE = n4 + 1 + δ through the same registers as IPv4 (NicClient.program), the shim's
+interval table gets the IPv6 indices' k, and the update buffer's path keeps a core only while its IPv6 matcher is
+the plan's. Behaviour on the real emulator: tests/system/test_fuzz.py::test_fuzz_ipv6_emu, test_ipv6_deploy.py."""
+
+from __future__ import annotations
+
+import pytest
+from hypafilter.analysis.plan import build_plan
+from hypafilter.config import Config
+from hypafilter.hw import regmap, vhdl
+from hypafilter.hw.model import ACTION_ACCEPT, ACTION_DROP
+from hypafilter.iptables.document import parse_policy
+from hypafilter.netfilter import ip6
+from hypafilter.targets.emu import v6 as emu_v6
+from hypafilter.targets.nic import CORE_ID, EmuTransport, NicClient, NicError
+from hypafilter.targets.xdp.v6 import plan6_for
+
+from tests.unit.test_nic import BUF_CONFIG, FakeNic
+
+V4 = """*filter
+:INPUT ACCEPT [0:0]
+:FORWARD ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+-A FORWARD -s 10.0.0.0/8 -p tcp --dport 80 -j ACCEPT
+-A FORWARD -p udp --dport 53 -j DROP
+-A FORWARD -p tcp -m limit --limit 5/s -j ACCEPT
+COMMIT
+"""
+V6 = """*filter
+:INPUT ACCEPT [0:0]
+:FORWARD DROP [0:0]
+:OUTPUT ACCEPT [0:0]
+-A FORWARD -p ipv6-icmp --icmpv6-type echo-request -j ACCEPT
+-A FORWARD -s 2001:db8:1::/48 -p tcp --dport 80 -j ACCEPT
+-A FORWARD -p udp --dport 5000:5100 -j DROP
+-A FORWARD -p tcp --dport 8080 -j REJECT --reject-with icmp6-port-unreachable
+-A FORWARD -p tcp -j ACCEPT
+COMMIT
+"""
+CT6 = V6.replace(
+    ":OUTPUT ACCEPT [0:0]\n", ":OUTPUT ACCEPT [0:0]\n-A FORWARD -m conntrack --ctstate ESTABLISHED -j ACCEPT\n"
+)
+
+
+def _plans(v6_text: str = V6, config: Config | None = None):
+    config = config or Config()
+    plan = build_plan(parse_policy(V4, filename="v4.rules", base_chain="FORWARD", config=config), config, live=True)
+    plan6, why = plan6_for(ip6.V6Policy("v6.rules", v6_text, tables=("filter",)), config, plan, target="emu")
+    assert why == "" and plan6 is not None
+    return plan, plan6
+
+
+@pytest.fixture
+def fake(tmp_path):
+    f = FakeNic(tmp_path / "nic.sock", {regmap.REG_ID: CORE_ID})
+    f.regs[regmap.REG_BUF_CONFIG] = BUF_CONFIG
+    yield f
+    f.srv.close()
+
+
+def test_plan6_for_the_emulated_nic():
+    plan, plan6 = _plans()
+    # the core's V6_BASE: after the IPv4 entries, their policy entry and the 16 buffer slots
+    assert plan6.index_base == vhdl.v6_base(plan) == len(plan.entries) + 1 + 16
+    assert plan6.k_base == plan.num_intervals and plan6.family == 6
+    assert plan6_for(None, Config(), plan, target="emu")[0] is None
+    off = plan6_for(ip6.V6Policy("v6.rules", V6, tables=("filter",)), Config(emu_ipv6=False), plan, target="emu")
+    assert off == (None, "emu_ipv6 is off in the configuration")
+    # the switches are the targets' own
+    assert plan6_for(ip6.V6Policy("v6.rules", V6, tables=("filter",)), Config(xdp_ipv6=False), plan, target="emu")[0]
+
+
+def test_program_writes_the_ipv6_rows(fake):
+    plan, plan6 = _plans()
+    n4, n6, base = len(plan.entries), len(plan6.entries), vhdl.v6_base(plan)
+    fake.regs[regmap.REG_NUM_ENTRIES] = n4
+    # a core generated without the IPv6 side is refused: its MATCHER_HASH is the IPv4 matcher's
+    fake.regs[regmap.REG_MATCHER_HASH] = int(vhdl.matcher_hash(plan)[-8:], 16)
+    plan.plan6 = plan6
+    with NicClient(EmuTransport(fake.path)) as c, pytest.raises(NicError, match="MATCHER_HASH"):
+        c.program(plan, 1)
+    fake.regs[regmap.REG_MATCHER_HASH] = int(vhdl.matcher_hash(plan, plan6)[-8:], 16)
+    with NicClient(EmuTransport(fake.path)) as c:
+        written = c.program(plan, 2)
+    shunt = [(fake.tables.get((regmap.TABLE_SHUNT, i // 32), 0) >> (i % 32)) & 1 for i in range(base + n6 + 1)]
+    action = [fake.tables.get((regmap.TABLE_ACTION, i), 0) for i in range(base + n6 + 1)]
+    assert shunt[: n4 + 1] == [int(b) for b in plan.shunt] and action[: n4 + 1] == [int(a) for a in plan.actions]
+    assert shunt[n4 + 1 : base] == [1] * 16 and action[n4 + 1 : base] == [0] * 16  # the buffer's slots
+    assert shunt[base:] == [int(b) for b in plan6.shunt] and action[base:] == [int(a) for a in plan6.actions]
+    assert ACTION_ACCEPT in action[base:] and ACTION_DROP in action[base:] and 0 in shunt[base:]
+    assert written["v6"] == {"entries": n6, "index_base": base, "matcher": emu_v6.v6_matcher(plan6)}
+    assert written["miss_shunt"] == [False, False]
+    # only the IPv6 rows that changed are written again
+    plan6.shunt[:] = True
+    fake.log.clear()
+    with NicClient(EmuTransport(fake.path)) as c:
+        c.program(plan, 3, known=written)
+    rows = [int(w) for ln in fake.log if ln.startswith(f"T WS {regmap.TABLE_SHUNT} ") for w in ln.split()[3:4]]
+    assert rows and all(w * 32 + 31 >= base for w in rows), fake.log
+
+
+def test_miss_forcing_of_each_family(fake):
+    """An IPv6 frame has ct 0 on the core (its flow cache holds IPv4 tuples): a conntrack-reading IPv6 side sets
+    CONTROL's IPv6 miss forcing bits (6/7), the IPv4 side's its own (4/5), so one family's conntrack does not send
+    the other's frames to the host."""
+    plan, plan6 = _plans(CT6)
+    assert tuple(plan.miss_shunt) == (False, False) and tuple(plan6.miss_shunt) == (True, True)
+    plan.plan6 = plan6
+    fake.regs[regmap.REG_NUM_ENTRIES] = len(plan.entries)
+    fake.regs[regmap.REG_MATCHER_HASH] = int(vhdl.matcher_hash(plan, plan6)[-8:], 16)
+    fake.regs[regmap.REG_CONTROL] = 0x1
+    with NicClient(EmuTransport(fake.path)) as c:
+        written = c.program(plan, 1)
+    assert written["miss_shunt"] == [False, False] and written["miss_shunt6"] == [True, True]
+    assert fake.regs[regmap.REG_CONTROL] == 0xC1
+    plan.plan6 = None  # a core programmed without an IPv6 side: bits 6/7 cleared
+    fake.regs[regmap.REG_MATCHER_HASH] = int(vhdl.matcher_hash(plan)[-8:], 16)
+    with NicClient(EmuTransport(fake.path)) as c:
+        assert "miss_shunt6" not in c.program(plan, 2)
+    assert fake.regs[regmap.REG_CONTROL] == 0x1
+
+
+def test_shim_intervals_of_the_ipv6_indices():
+    plan, plan6 = _plans()
+    four = [int(k) for k in plan.interval]
+    rows = emu_v6.intervals(four, plan6)
+    base, kb = plan6.index_base, plan6.k_base
+    assert rows[: len(four)] == four and rows[len(four) : base] == [0] * (base - len(four))
+    assert rows[base:] == [int(k) + kb if k else 0 for k in plan6.interval]
+    assert min(rows[base:]) > kb  # every IPv6 entry's k follows the IPv4 plan's (the chains' numbers)
+    plan6.verbatim = True  # ip6tables holds the policy alone: every IPv6 frame passed with k = 0
+    assert emu_v6.intervals(four, plan6)[base:] == [0] * (len(plan6.entries) + 1)
+    with pytest.raises(ValueError, match="start at"):
+        emu_v6.intervals([1] * (base + 1), plan6)
+
+
+def test_a_core_keeps_its_ipv6_matcher_only():
+    plan, plan6 = _plans()
+    tables = {"v6": {"entries": len(plan6.entries), "matcher": emu_v6.v6_matcher(plan6)}}
+    assert emu_v6.core_keeps_v6(tables, plan6)
+    _, complex_only = _plans(V6.replace("--dport 8080", "--dport 8081"))  # a complex rule: the same hardware
+    assert emu_v6.core_keeps_v6(tables, complex_only)
+    _, other = _plans(V6.replace("5000:5100", "5000:5200"))
+    assert not emu_v6.core_keeps_v6(tables, other)
+    assert not emu_v6.core_keeps_v6({}, plan6) and not emu_v6.core_keeps_v6(tables, None)
+    assert emu_v6.core_keeps_v6({}, None)
+
+
+def test_deciding_rows_of_the_written_tables(fake):
+    plan, plan6 = _plans()
+    plan.plan6 = plan6
+    fake.regs[regmap.REG_NUM_ENTRIES] = len(plan.entries)
+    fake.regs[regmap.REG_MATCHER_HASH] = int(vhdl.matcher_hash(plan, plan6)[-8:], 16)
+    with NicClient(EmuTransport(fake.path)) as c:
+        written = c.program(plan, 1)
+        rows = emu_v6.deciding_rows(written)
+        want = [
+            not s and int(a) in (ACTION_ACCEPT, ACTION_DROP) for s, a in zip(plan6.shunt, plan6.actions, strict=True)
+        ]
+        assert rows == want and any(rows) and not all(rows)
+        base = plan6.index_base
+        fake.tables[(regmap.TABLE_HITS, base + 1)] = 7
+        assert emu_v6.hits6(c, written) == [0, 7] + [0] * (len(plan6.entries) - 1)
+    # miss forcing (either family's) sends an ACCEPT or DROP row's ct-0 frames to the host
+    assert not any(emu_v6.deciding_rows({**written, "miss_shunt6": [True, True]}))
+    assert emu_v6.deciding_rows({**written, "miss_shunt": [True, True]}) == rows  # the IPv4 side's bits
+    assert emu_v6.deciding_rows({k: v for k, v in written.items() if k != "v6"}) == []

@@ -759,8 +759,9 @@ def _deploy_locked(
             )
         )
         and old6.get("hash") == v6_hash
-        and bool(old.get("xdp_ipv6")) == config.xdp_ipv6
-        and bool(old.get("emu_ipv6")) == config.emu_ipv6
+        # each target's own IPv6 switch: the other target's is not part of this deployment
+        and (tgt.name != "xdp" or bool(old.get("xdp_ipv6")) == config.xdp_ipv6)
+        and (tgt.name != "emu" or bool(old.get("emu_ipv6")) == config.emu_ipv6)
     )
     same = same and old.get("tree_min_segment", 16) == config.tree_min_segment  # (states before strategy tree: 16)
     if same and follow and not force:

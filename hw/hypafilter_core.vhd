@@ -897,13 +897,16 @@ begin
         if lease_expired = '1' then
           r_complete <= '0';
         end if;
-        if x_wr = '1' then
-          case x_waddr is
-            when "000" => r_complete <= x_wdata(0);
-            when "001" => r_lease <= unsigned(x_wdata);
-            when "010" => r_window <= x_wdata(15 downto 0);
-            when others => null;
-          end case;
+        -- an `if` per register, not a case with `others => null`: GHDL 2.0's Verilog drops `others`, a latch in the
+        -- emulator's model (a write of a read-only CTM register loaded these with stale values; hf_regs.vhd)
+        if x_wr = '1' and x_waddr = "000" then
+          r_complete <= x_wdata(0);
+        end if;
+        if x_wr = '1' and x_waddr = "001" then
+          r_lease <= unsigned(x_wdata);
+        end if;
+        if x_wr = '1' and x_waddr = "010" then
+          r_window <= x_wdata(15 downto 0);
         end if;
         complete <= r_complete and to_sl(r_lease /= 0);
         if hq.v = '1' and q_ct = "11" then

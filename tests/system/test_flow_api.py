@@ -170,3 +170,27 @@ def test_flow_api_on_the_emulated_nic(setup):
     assert c.flow_counters()["deletes"] == start["deletes"] + 1
     c.flow_clear()
     assert c.flow_entries() == [] and c.flow_counters()["occupancy"] == 0
+
+
+def test_a_write_changes_no_other_register(setup):
+    """A register write changes that register alone (issue #24: CONTROL read 0 on the emulated NIC under the attack
+    bench). The register case's `when others => null` became a latch in GHDL 2.0's Verilog: a write of an address
+    outside the case (the conntrack membership registers, which the flow sync service writes every renewal, or a
+    read-only one) loaded CONTROL, GENERATION, ... with a stale multiplexer value, such as the data of the bus's last
+    write. Here each register is read (as `status` reads CONTROL) after a write of data 0 (the flow sync service's
+    FC_SLOT), then another address is written: every register must keep its value."""
+    c, _, _ = setup
+    control, generation = c.read("CONTROL"), c.read("GENERATION")
+    want = {"CONTROL": control | MISS_ACCEPT | MISS_DROP, "GENERATION": 0x2345, "DEBUG": 0x5A5A5A5A}
+    window = c.read("CTM_WINDOW")
+    try:
+        c.write_many(list(want.items()))
+        for other, value in (("CTM_WINDOW", window), ("CTM_LEASE", 0), ("CTM_CONTROL", 0), ("PKTIN", 0)):
+            for reg in want:
+                c.write("FC_SLOT", 0)
+                c.read(reg)
+                c.write(other, value)
+                have = {r: c.read(r) for r in want}
+                assert have == want, f"after {reg} read and a write of {other}: {have}, want {want}"
+    finally:
+        c.write_many([("CONTROL", control), ("GENERATION", generation), ("DEBUG", 0)])

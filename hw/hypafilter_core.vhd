@@ -730,12 +730,17 @@ begin
         end if;
       elsif action = x"1" then
         ev(EV_FORWARDED) := '1';
-        case sp is
-          when x"01" => dst := x"04";
-          when x"04" => dst := x"01";
-          when x"10" => dst := x"40";
-          when others => dst := x"10";
-        end case;
+        -- ifs, not a case: GHDL 2.0's Verilog drops a case's `when others` (MAC3 here; hf_header_parser's iport)
+        dst := x"10";
+        if sp = x"01" then
+          dst := x"04";
+        end if;
+        if sp = x"04" then
+          dst := x"01";
+        end if;
+        if sp = x"10" then
+          dst := x"40";
+        end if;
         if mirror then
           -- also a copy to the ingress port's DMA queue: SUME's output queues (and the emulator) deliver the frame
           -- to every dst_port bit; only the DMA copy carries M (a MAC sends no TUSER)

@@ -214,7 +214,7 @@ bench-xdp-attack:
 	head -n 5000 $(SHARED)/data/classbench/acl1_10k.filters > $(BENCH_ATTACK)/acl1_5k.filters
 	zcat $(SHARED)/data/classbench/acl1_10k_trace.gz | awk '$$7 < 5000' | gzip -n > $(BENCH_ATTACK)/acl1_5k_trace.gz
 	set -e; for set in $(SHARED)/data/classbench/acl1_1100 $(BENCH_ATTACK)/acl1_5k; do for as in ipset rules; do \
-	  for a in syn udp; do $(VENV)/bin/hypafilter bench rate --target xdp --classbench $$set.filters --ct-first \
+	  for a in syn udp; do PYTHONPATH=mgmt $(VENV)/bin/hypafilter bench rate --target xdp --classbench $$set.filters --ct-first \
 	    --policy DROP --trace $${set}_trace.gz --prog-repeat 0 --attack $$a --attackers 1000 --blocklist-as $$as \
 	    --json > $(BENCH_ATTACK)/$$(basename $$set)_$${a}_$$as.json; done; done; done
 	$(PY) -c 'import json,sys; [print(f, json.dumps({k: json.load(open(f))[k] for k in ("attack_hw_share","attack","legit_connections_ok","legit","hybrid_pps","iptables_pps","nft_pps","fw_ns","fw_speedup_vs_iptables","fw_speedup_vs_nft","speedup_vs_iptables","speedup_vs_nft","mismatches","load")})) for f in sys.argv[1:]]' $(BENCH_ATTACK)/*.json
@@ -231,9 +231,9 @@ EMU_BLOCKLIST_AS ?= ipset
 bench-emu-attack:
 	@scripts/setup.sh system
 	mkdir -p $(BENCH_EMU_ATTACK)
-	set -e; for r in 1 2 3; do for a in syn udp; do $(VENV)/bin/hypafilter bench rate --target emu \
+	set -e; for r in 1 2 3; do for a in syn udp; do PYTHONPATH=mgmt $(VENV)/bin/hypafilter bench rate --target emu \
 	  --classbench $(SHARED)/data/classbench/acl1_1100.filters --ct-first --policy DROP \
 	  --trace $(SHARED)/data/classbench/acl1_1100_trace.gz --prog-repeat 0 --attack $$a --attackers 1000 \
 	  --blocklist-as $(EMU_BLOCKLIST_AS) --json > $(BENCH_EMU_ATTACK)/acl1_1100_$${a}_$(EMU_BLOCKLIST_AS)_$$r.json; \
 	  done; done
-	$(PY) -c 'import json,sys; [print(f, json.dumps({k: json.load(open(f))[k] for k in ("attack_hw_share","attack","legit_connections_ok","legit","hybrid_pps","iptables_pps","nft_pps","speedup_vs_iptables","speedup_vs_nft","mismatches","nic","load")})) for f in sys.argv[1:]]' $(BENCH_EMU_ATTACK)/*.json
+	$(PY) -c 'import json,sys; [print(f, json.dumps({k: json.load(open(f))[k] for k in ("attack_hw_share","attack","legit_connections_ok","legit","hybrid_pps","iptables_pps","nft_pps","speedup_vs_iptables","speedup_vs_nft","mismatches","nic","ct_complete_after","load")})) for f in sys.argv[1:]]' $(BENCH_EMU_ATTACK)/*.json

@@ -171,52 +171,69 @@ begin
       end if;
       if wr_fire = '1' then
         bvalid <= '1';
-        case waddr is
-          when REG_RESET =>
-            clear_cnt <= s_axi_wdata(0);
-          when REG_FLIP =>
-            r_flip <= s_axi_wdata;
-          when REG_DEBUG =>
-            r_debug <= s_axi_wdata;
-          when REG_IND_ADDRESS =>
-            r_ind_addr <= s_axi_wdata;
-          when REG_IND_WR_DATA =>
-            r_ind_wdata <= s_axi_wdata;
-            if r_ind_stream = '1' then  -- not busy here (wr_stall): this word is a table write
-              r_ind_rd <= '0';
-              r_ind_busy <= '1';
-              req <= '1';
-            end if;
-          when REG_IND_COMMAND =>
-            r_ind_rd <= s_axi_wdata(4);
-            r_ind_stream <= s_axi_wdata(8);
-            if s_axi_wdata(0) = '1' and r_ind_busy = '0' then
-              r_ind_busy <= '1';
-              req <= '1';
-            end if;
-          when REG_GENERATION =>
-            r_gen <= s_axi_wdata;
-          when REG_CONTROL =>
-            r_control <= s_axi_wdata;
-          when REG_LEASE =>
-            r_lease <= unsigned(s_axi_wdata);
-            r_lease_armed <= to_sl(unsigned(s_axi_wdata) /= 0);
-          when REG_FC_KEY0 =>
-            r_fc_key0 <= s_axi_wdata;
-          when REG_FC_KEY1 =>
-            r_fc_key1 <= s_axi_wdata;
-          when REG_FC_KEY2 =>
-            r_fc_key2 <= s_axi_wdata;
-          when REG_FC_KEY3 =>
-            r_fc_key3 <= s_axi_wdata;
-          when REG_FC_SLOT =>
-            r_fc_slot <= s_axi_wdata(23 downto 0);
-          when REG_FC_CMD =>
-            r_fc_op <= s_axi_wdata(2 downto 0);
-            r_fc_cmd <= not fc_status(31);  -- ignored while the last command runs
-          when others =>
-            null;
-        end case;
+        -- One `if` per register, not a case: GHDL 2.0's Verilog netlist drops a case's `when others`, and the
+        -- register case's `others => null` (hold) became a latch in the emulator's model: a write of an address
+        -- outside the case (the CTM registers, 0xC0-0xDC) loaded every register of the case with the mux's
+        -- stale value, e.g. CONTROL with the data of the bus's last write (issue #24: CONTROL read 0 on the
+        -- 11,100-entry core after the flow sync service renewed CTM_LEASE). The addresses are distinct constants:
+        -- the same registers as the case, a compare and a multiplexer each.
+        if waddr = REG_RESET then
+          clear_cnt <= s_axi_wdata(0);
+        end if;
+        if waddr = REG_FLIP then
+          r_flip <= s_axi_wdata;
+        end if;
+        if waddr = REG_DEBUG then
+          r_debug <= s_axi_wdata;
+        end if;
+        if waddr = REG_IND_ADDRESS then
+          r_ind_addr <= s_axi_wdata;
+        end if;
+        if waddr = REG_IND_WR_DATA then
+          r_ind_wdata <= s_axi_wdata;
+          if r_ind_stream = '1' then  -- not busy here (wr_stall): this word is a table write
+            r_ind_rd <= '0';
+            r_ind_busy <= '1';
+            req <= '1';
+          end if;
+        end if;
+        if waddr = REG_IND_COMMAND then
+          r_ind_rd <= s_axi_wdata(4);
+          r_ind_stream <= s_axi_wdata(8);
+          if s_axi_wdata(0) = '1' and r_ind_busy = '0' then
+            r_ind_busy <= '1';
+            req <= '1';
+          end if;
+        end if;
+        if waddr = REG_GENERATION then
+          r_gen <= s_axi_wdata;
+        end if;
+        if waddr = REG_CONTROL then
+          r_control <= s_axi_wdata;
+        end if;
+        if waddr = REG_LEASE then
+          r_lease <= unsigned(s_axi_wdata);
+          r_lease_armed <= to_sl(unsigned(s_axi_wdata) /= 0);
+        end if;
+        if waddr = REG_FC_KEY0 then
+          r_fc_key0 <= s_axi_wdata;
+        end if;
+        if waddr = REG_FC_KEY1 then
+          r_fc_key1 <= s_axi_wdata;
+        end if;
+        if waddr = REG_FC_KEY2 then
+          r_fc_key2 <= s_axi_wdata;
+        end if;
+        if waddr = REG_FC_KEY3 then
+          r_fc_key3 <= s_axi_wdata;
+        end if;
+        if waddr = REG_FC_SLOT then
+          r_fc_slot <= s_axi_wdata(23 downto 0);
+        end if;
+        if waddr = REG_FC_CMD then
+          r_fc_op <= s_axi_wdata(2 downto 0);
+          r_fc_cmd <= not fc_status(31);  -- ignored while the last command runs
+        end if;
         r_x_wr <= x_whit;  -- [ctm] (x_whit: 0 outside 0xC0-0xDC)
         r_x_waddr <= x_widx;
         r_x_wdata <= s_axi_wdata;

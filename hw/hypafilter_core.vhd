@@ -738,12 +738,17 @@ begin
         end if;
       elsif action = x"1" then
         ev(EV_FORWARDED) := '1';
-        case sp is
-          when x"01" => dst := x"04";
-          when x"04" => dst := x"01";
-          when x"10" => dst := x"40";
-          when others => dst := x"10";
-        end case;
+        -- ifs, not a case: GHDL 2.0's Verilog drops a case's `when others` (MAC3 here; hf_header_parser's iport)
+        dst := x"10";
+        if sp = x"01" then
+          dst := x"04";
+        end if;
+        if sp = x"04" then
+          dst := x"01";
+        end if;
+        if sp = x"10" then
+          dst := x"40";
+        end if;
         if mirror then
           -- also a copy to the ingress port's DMA queue: SUME's output queues (and the emulator) deliver the frame
           -- to every dst_port bit; only the DMA copy carries M (a MAC sends no TUSER)
@@ -905,13 +910,16 @@ begin
         if lease_expired = '1' then
           r_complete <= '0';
         end if;
-        if x_wr = '1' then
-          case x_waddr is
-            when "000" => r_complete <= x_wdata(0);
-            when "001" => r_lease <= unsigned(x_wdata);
-            when "010" => r_window <= x_wdata(15 downto 0);
-            when others => null;
-          end case;
+        -- an `if` per register, not a case with `others => null`: GHDL 2.0's Verilog drops `others`, a latch in the
+        -- emulator's model (a write of a read-only CTM register loaded these with stale values; hf_regs.vhd)
+        if x_wr = '1' and x_waddr = "000" then
+          r_complete <= x_wdata(0);
+        end if;
+        if x_wr = '1' and x_waddr = "001" then
+          r_lease <= unsigned(x_wdata);
+        end if;
+        if x_wr = '1' and x_waddr = "010" then
+          r_window <= x_wdata(15 downto 0);
         end if;
         complete <= r_complete and to_sl(r_lease /= 0);
         if hq.v = '1' and q_ct = "11" then

@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from conftest import ROOT, need_root, need_tool
-from tests.system.test_emu import collect, drain, port_sockets, untag
+from tests.system.test_emu import check_against_model, collect, drain, port_sockets, untag
 
 pytestmark = pytest.mark.system
 
@@ -25,13 +25,18 @@ MISS_ACCEPT, MISS_DROP = 1 << 4, 1 << 5
 
 
 def make_plan():
-    """UDP to port 53 from 10.0.1.0/24 accepted, TCP to 22 dropped, everything else accepted (policy)."""
+    """UDP to port 53 in on MAC1 dropped (iport 1, a `--physdev-in` rule's field), UDP to port 53 from 10.0.1.0/24
+    accepted, TCP to 22 dropped, everything else accepted (policy)."""
+    import dataclasses
+
     from hypafilter.analysis.plan import build_plan
     from hypafilter.config import Config
 
     from tests.irbuild import make_policy, make_rule
 
+    mac1 = make_rule("DROP", proto="udp", dport=(53, 53))
     rules = [
+        dataclasses.replace(mac1, boxes=tuple(b.with_field("iport", 1, 1) for b in mac1.boxes)),
         make_rule("DROP", proto="tcp", dport=(22, 22)),
         make_rule("ACCEPT", src="10.0.1.0/24", proto="udp", dport=(53, 53)),
     ]
@@ -170,3 +175,47 @@ def test_flow_api_on_the_emulated_nic(setup):
     assert c.flow_counters()["deletes"] == start["deletes"] + 1
     c.flow_clear()
     assert c.flow_entries() == [] and c.flow_counters()["occupancy"] == 0
+
+
+def test_a_write_changes_no_other_register(setup):
+    """A register write changes that register alone (issue #24: CONTROL read 0 on the emulated NIC under the attack
+    bench). The register case's `when others => null` became a latch in GHDL 2.0's Verilog: a write of an address
+    outside the case (the conntrack membership registers, which the flow sync service writes every renewal, or a
+    read-only one) loaded CONTROL, GENERATION, ... with a stale multiplexer value, such as the data of the bus's last
+    write. Here each register is read (as `status` reads CONTROL) after a write of data 0 (the flow sync service's
+    FC_SLOT), then another address is written: every register must keep its value."""
+    c, _, _ = setup
+    control, generation = c.read("CONTROL"), c.read("GENERATION")
+    want = {"CONTROL": control | MISS_ACCEPT | MISS_DROP, "GENERATION": 0x2345, "DEBUG": 0x5A5A5A5A}
+    window = c.read("CTM_WINDOW")
+    try:
+        c.write_many(list(want.items()))
+        for other, value in (("CTM_WINDOW", window), ("CTM_LEASE", 0), ("CTM_CONTROL", 0), ("PKTIN", 0)):
+            for reg in want:
+                c.write("FC_SLOT", 0)
+                c.read(reg)
+                c.write(other, value)
+                have = {r: c.read(r) for r in want}
+                assert have == want, f"after {reg} read and a write of {other}: {have}, want {want}"
+    finally:
+        c.write_many([("CONTROL", control), ("GENERATION", generation), ("DEBUG", 0)])
+
+
+def test_iport_of_each_frame_is_its_own(setup):
+    """The ingress port of each frame (`iport`): GHDL 2.0's Verilog of the header parser's `case` over the source port
+    dropped its `when others` branch (MAC0: iport 0), a latch in the emulator's model that gave a MAC0 frame the iport
+    of the MAC1 frame before it (docs/hardware.md, "Known GHDL 2.0 synthesis traps"). The same frame from each wire
+    port, one after the other, decided as hw.model says: dropped from MAC1, forwarded from MAC0."""
+    from hypafilter.hw import model as hwmodel
+    from hypafilter.hw.flowcache import Flow
+
+    c, socks, plan = setup
+    c.flow_clear()
+    regs = hwmodel.Regs.from_plan(plan)
+    dns = frame(Flow(ip("10.0.1.5"), ip("10.9.0.2"), 17, 4000, 53))
+    before = c.counters()
+    for role in ("wire1", "wire0", "wire1", "wire0"):
+        check_against_model(socks, plan, regs, [(role, dns)])
+    after = c.counters()
+    assert after["CNT_DROPPED"] - before["CNT_DROPPED"] == 2
+    assert after["CNT_FORWARDED"] - before["CNT_FORWARDED"] == 2

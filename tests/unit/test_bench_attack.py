@@ -167,3 +167,54 @@ def test_parse_legit_refuses(text):
 
 def test_parse_legit():
     assert attack.parse_legit("udp:53") == ("udp", 53) and attack.parse_legit(None) is None
+
+
+def test_legit_window_is_time_of_the_measured_rate():
+    # 600 frames/s: 0.25 s of it; a fast emulator capped at --window; a slow one at the floor; 0 s: --window
+    assert attack.legit_window(2048, 20000, 20000 / 600, 0.25) == 150
+    assert attack.legit_window(2048, 20000, 0.5, 0.25) == 2048
+    assert attack.legit_window(2048, 20000, 2000.0, 0.25) == attack.LEGIT_WINDOW_MIN
+    assert attack.legit_window(2048, 20000, 20000 / 600, 0) == 2048
+    assert attack.legit_window(32, 20000, 2000.0, 0.25) == 32
+
+
+def test_udp_flow_backs_off_while_unanswered(monkeypatch):
+    """A UDP flow that gets no answer resends its datagrams after UDP_RETRY, then after twice that, ... (RFC 8085
+    section 3.1), instead of every UDP_RETRY: a queue longer than UDP_RETRY ahead of the path must not multiply the
+    datagrams. The time scaled down tenfold: resends at 0.1 and 0.3 s, the next (0.7 s) after the 0.45 s of quiet."""
+    import socket
+    import threading
+
+    monkeypatch.setattr(attack, "UDP_RETRY", 0.1)
+    monkeypatch.setattr(attack, "UDP_RETRY_MAX", 0.4)
+    sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sink.bind(("127.0.0.1", 0))
+    got: list[bytes] = []
+    done = threading.Event()
+
+    def count() -> None:
+        sink.settimeout(0.05)
+        while not done.is_set():
+            try:
+                got.append(sink.recv(65536))
+            except TimeoutError:
+                pass
+
+    t = threading.Thread(target=count)
+    t.start()
+    flow = attack.LegitFlow(
+        "udp",
+        int(ipaddress.ip_address("127.0.0.1")),
+        int(ipaddress.ip_address("127.0.0.1")),
+        sink.getsockname()[1],
+        (0,),
+    )
+    try:
+        res = attack._udp(None, flow, 0, 0.45)
+    finally:
+        done.set()
+        t.join()
+        sink.close()
+    grams = attack.LEGIT_BYTES // attack.UDP_CHUNK
+    assert not res.ok and res.needed == grams
+    assert res.sent == 3 * grams == len(got)

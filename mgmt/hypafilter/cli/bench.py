@@ -129,6 +129,14 @@ def register(sub) -> None:
         default=5.0,
         help="--attack: seconds a legitimate connection's connect or read may take (default 5)",
     )
+    r.add_argument(
+        "--legit-queue",
+        type=float,
+        default=0.25,
+        metavar="SECONDS",
+        help="--attack on emu: the flood's queue ahead of the NIC while the legitimate connections run, in seconds of "
+        "the NIC's rate in the correctness pass (default 0.25; 0: --window frames)",
+    )
     r.add_argument("--strategy", choices=STRATEGIES, metavar="STRATEGY", help="software strategy: %(choices)s")
     r.add_argument("--mode", choices=MODES, metavar="MODE", help="shunting mode: %(choices)s")
     r.add_argument("--json", action="store_true", help="the full report as one JSON object")
@@ -308,6 +316,7 @@ def run_rate(args: argparse.Namespace) -> int:
         legit=parse_legit(args.legit),
         legit_connections=args.legit_connections,
         legit_timeout=args.legit_timeout,
+        legit_queue=args.legit_queue,
         prog_repeat=args.prog_repeat,
         prog_frames=args.prog_frames,
         sender=args.sender,

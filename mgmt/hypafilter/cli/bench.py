@@ -132,10 +132,9 @@ def register(sub) -> None:
     r.add_argument(
         "--legit-queue",
         type=float,
-        default=0.25,
         metavar="SECONDS",
         help="--attack on emu: the flood's queue ahead of the NIC while the legitimate connections run, in seconds of "
-        "the NIC's rate in the correctness pass (default 0.25; 0: --window frames)",
+        "the NIC's rate in the correctness pass (default 0.25: tools/bench/attack.LEGIT_QUEUE_S; 0: --window frames)",
     )
     r.add_argument("--strategy", choices=STRATEGIES, metavar="STRATEGY", help="software strategy: %(choices)s")
     r.add_argument("--mode", choices=MODES, metavar="MODE", help="shunting mode: %(choices)s")
@@ -316,7 +315,7 @@ def run_rate(args: argparse.Namespace) -> int:
         legit=parse_legit(args.legit),
         legit_connections=args.legit_connections,
         legit_timeout=args.legit_timeout,
-        legit_queue=args.legit_queue,
+        **({"legit_queue": args.legit_queue} if args.legit_queue is not None else {}),
         prog_repeat=args.prog_repeat,
         prog_frames=args.prog_frames,
         sender=args.sender,

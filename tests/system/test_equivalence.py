@@ -3,7 +3,6 @@ path exactly the verdicts of the original policy alone (hypafilter.ops.verify, i
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -110,29 +109,26 @@ def test_classbench(lab, shared_dir, tmp_path, k):
     assert r["delivered_oracle"] > 0
 
 
-# opt-in (`make test-equivalence-whole`; 73 s of one worker in a make test run, which is at its 20-minute limit):
-# test_classbench runs a ClassBench core with complex rules among them by default
-if os.environ.get("HF_EQUIV_WHOLE"):
+# (also alone: `make test-equivalence-whole`) test_classbench runs a ClassBench core with complex rules among them
+@pytest.mark.slow
+def test_classbench_whole_set(lab, shared_dir):
+    """The whole acl1_1100 set on the emulated NIC with every rule in hardware (the `bench rate` set: DROP policy,
+    actions alternating): both corners of every rule's ranges (verify --cover), then headers from its ClassBench
+    trace, get the verdicts of the policy alone in the kernel. Complex rules among ClassBench rules:
+    test_classbench. The corners caught Verilator 5.006's DFG pass building entry 1064 of this core as never
+    matching (driver/emu/Makefile: -fno-dfg)."""
+    from hypafilter.config import Config
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.tools.classbench import classbench_policy_text
 
-    @pytest.mark.slow
-    def test_classbench_whole_set(lab, shared_dir):
-        """The whole acl1_1100 set on the emulated NIC with every rule in hardware (the `bench rate` set: DROP policy,
-        actions alternating): both corners of every rule's ranges (verify --cover), then headers from its ClassBench
-        trace, get the verdicts of the policy alone in the kernel. Complex rules among ClassBench rules:
-        test_classbench. The corners caught Verilator 5.006's DFG pass building entry 1064 of this core as never
-        matching (driver/emu/Makefile: -fno-dfg)."""
-        from hypafilter.config import Config
-        from hypafilter.iptables.document import parse_policy
-        from hypafilter.tools.classbench import classbench_policy_text
-
-        src = shared_dir / "data" / "classbench" / "acl1_1100.filters"
-        text = classbench_policy_text(src, policy="DROP", actions="alternate")
-        pol = parse_policy(text, filename=str(src), base_chain="FORWARD", config=Config())
-        assert len(pol.rules) >= 1000 and not pol.complex_indices
-        corners = 2 * sum(len(r.boxes) for r in pol.rules)
-        r = check(pol, packets=corners + 1000, trace=src.with_name("acl1_1100_trace.gz"), cover=True)
-        print(f"acl1_1100 whole set: {r['packets']} frames ({corners} corners), hw share {r['hw_share']}, 0 mismatches")
-        assert r["delivered_oracle"] > 0 and r["nic"]["PKTIN"] >= r["packets"]
+    src = shared_dir / "data" / "classbench" / "acl1_1100.filters"
+    text = classbench_policy_text(src, policy="DROP", actions="alternate")
+    pol = parse_policy(text, filename=str(src), base_chain="FORWARD", config=Config())
+    assert len(pol.rules) >= 1000 and not pol.complex_indices
+    corners = 2 * sum(len(r.boxes) for r in pol.rules)
+    r = check(pol, packets=corners + 1000, trace=src.with_name("acl1_1100_trace.gz"), cover=True)
+    print(f"acl1_1100 whole set: {r['packets']} frames ({corners} corners), hw share {r['hw_share']}, 0 mismatches")
+    assert r["delivered_oracle"] > 0 and r["nic"]["PKTIN"] >= r["packets"]
 
 
 def test_truncated_l4_headers(lab, tmp_path):

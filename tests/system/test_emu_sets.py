@@ -140,3 +140,37 @@ def test_sets_on_the_emulated_nic(lab):
     print(f"set follower: {doc}")
     r = json.loads(hf("verify", str(pol), "--target", "emu", "--packets", "1500", "--json").stdout)
     assert r["mismatches"] == 0, r["examples"][:3]
+
+
+SMALL_SETS = """create bl2 hash:net family inet hashsize 1024 maxelem 65536
+add bl2 10.0.1.0/25
+add bl2 10.0.3.0/24
+"""
+WITHOUT_SET = """*filter
+:FORWARD ACCEPT [0:0]
+-A FORWARD -p tcp -m tcp --dport 1:1024 -j DROP
+-A FORWARD -p udp -j ACCEPT
+COMMIT
+"""
+WITH_SET = WITHOUT_SET.replace("-A FORWARD -p tcp", "-A FORWARD -m set --match-set bl2 src -j DROP\n-A FORWARD -p tcp")
+
+
+def test_a_set_rule_on_a_core_without_its_table_builds_one(lab):
+    """A policy change that adds a set match, on a core built without a table for that set: the update buffer
+    would hold the rule in a slot that tests no set (the core forwarded the blocklisted frames the kernel drops:
+    the attack bench's switch from a blocklist of rules to an ipset). The update builds a core with the table, and
+    verify finds the kernel's verdicts."""
+    from hypafilter.ops import deploy
+
+    (lab / "small.save").write_text(SMALL_SETS)
+    (lab / "without.rules").write_text(WITHOUT_SET)
+    (lab / "with.rules").write_text(WITH_SET)
+    hf("undeploy", "-q", check=False)
+    hf("deploy", str(lab / "without.rules"), "--target", "emu", "-q")
+    before = deploy.read_state(Path(STATE) / "state.json")["nic"]["binary"]
+    hf("deploy", str(lab / "with.rules"), "--ipsets", str(lab / "small.save"), "--target", "emu", "-q")
+    r = json.loads(hf("verify", str(lab / "with.rules"), "--target", "emu", "--packets", "600", "--json").stdout)
+    assert r["mismatches"] == 0, r["examples"][:3]
+    assert r["hw_dropped"] > 0, r["nic"]
+    st = deploy.read_state(Path(STATE) / "state.json")
+    assert st["nic"]["binary"] != before, "the set rule went into the update buffer of a core without its table"

@@ -171,3 +171,33 @@ def test_split_save_and_watcher_release(tmp_path, monkeypatch):
     assert not xs.release_watcher(tmp_path / "root") and watcher.exists()  # a program still uses this one
     (prog / "hfx_setseq").unlink()
     assert xs.release_watcher(tmp_path / "root") and not root.exists()
+
+
+def test_an_update_keeps_a_matcher_only_with_the_plans_set_tables(tmp_path):
+    """The update buffer's record of the running matcher (ops.buffer) keeps its set tables: a plan whose set slots
+    differ is not aligned onto it (a set rule in a buffer slot of a core without that table would match without its
+    set: the emulated NIC forwarded blocklisted frames); a plan with the same slots is, and the view hashes as the
+    matcher (the core's MATCHER_HASH: a lazy rebuild's core with a set table refused the next update's registers)."""
+    from hypafilter.analysis.overlay import align
+    from hypafilter.analysis.plan import build_plan
+    from hypafilter.config import Config
+    from hypafilter.hw import vhdl
+    from hypafilter.ops.buffer import read_static, write_static
+
+    cfg = Config()
+    env = SetEnv(parse_save(SAVE), 8, 1 << 20, "emu")
+    plain = "*filter\n:FORWARD ACCEPT [0:0]\n-A FORWARD -p tcp --dport 22 -j DROP\nCOMMIT\n"
+    with_set = plain.replace("-A FORWARD -p tcp", "-A FORWARD -m set --match-set bl src -j DROP\n-A FORWARD -p tcp")
+    p0 = build_plan(parse_policy(plain, "a.rules", sets=env), cfg)
+    p1 = build_plan(parse_policy(with_set, "b.rules", sets=env), cfg)
+    assert not vhdl.set_slots(p0) and vhdl.set_slots(p1)
+    write_static(tmp_path, p0, 16, "core-a")
+    assert read_static(tmp_path, "core-a") is not None  # (no plan: the record alone)
+    assert read_static(tmp_path, "core-a", p1) is None  # the core has no table for bl: a new core
+    assert read_static(tmp_path, "core-a", p0) is not None
+    write_static(tmp_path, p1, 16, "core-b")
+    static = read_static(tmp_path, "core-b", p1)
+    assert static is not None
+    view = align(static[0], p1, static[1])
+    assert vhdl.set_slots(view) == vhdl.set_slots(p1)
+    assert vhdl.matcher_hash(view) == vhdl.matcher_hash(p1)

@@ -134,6 +134,16 @@ class View:
     def slots(self) -> tuple[Slot, ...]:
         return self.overlay.slots
 
+    # The matcher's set tables are the master's: an update keeps a matcher only when its set slots are the master
+    # plan's (ops.buffer.static_sets), so the view's hash and tables read them from the master.
+    @property
+    def set_slots(self) -> tuple:
+        return tuple(getattr(self.plan, "set_slots", ()) or ())
+
+    @property
+    def set_geometry(self):
+        return getattr(self.plan, "set_geometry", None)
+
 
 class BufferFull(Exception):
     """The master rule set needs more buffer slots than the matcher has: a new core (program) must be built."""

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from hypafilter.analysis.overlay import Overlay, Slot
+from hypafilter.hw import vhdl
 from hypafilter.ir import Box
 
 
@@ -35,10 +36,21 @@ def static_path(state_dir: Path) -> Path:
     return Path(state_dir) / "static.json"
 
 
+def sets_key(plan) -> list:
+    """The set tables a matcher is built with (each slot's type, directions and geometry, in slot order: what the
+    core's hash takes of them); [] for a plan without set slots."""
+    return vhdl.set_generics(plan) if vhdl.set_slots(plan) else []
+
+
 def write_static(state_dir: Path, plan, depth: int, binary: str, write=None) -> None:
-    """The running matcher's entries (their boxes, in order) and its update buffer's depth: written when a new
-    core (program) starts, read by every update that tries the buffer first."""
-    doc = {"binary": binary, "depth": depth, "entries": [[_box_json(b) for b in e.boxes] for e in plan.entries]}
+    """The running matcher's entries (their boxes, in order), its update buffer's depth and its set tables: written
+    when a new core (program) starts, read by every update that tries the buffer first."""
+    doc = {
+        "binary": binary,
+        "depth": depth,
+        "entries": [[_box_json(b) for b in e.boxes] for e in plan.entries],
+        "sets": sets_key(plan),
+    }
     text = json.dumps(doc) + "\n"
     if write is not None:  # the state directory's private writer (ops.deploy)
         write(static_path(state_dir), text)
@@ -46,13 +58,18 @@ def write_static(state_dir: Path, plan, depth: int, binary: str, write=None) -> 
         static_path(state_dir).write_text(text)
 
 
-def read_static(state_dir: Path, binary: str) -> tuple[list[StaticEntry], int] | None:
-    """(entries, depth) of the running matcher `binary`, None when unknown or of another matcher."""
+def read_static(state_dir: Path, binary: str, plan=None) -> tuple[list[StaticEntry], int] | None:
+    """(entries, depth) of the running matcher `binary`, None when unknown or of another matcher. With `plan`: None
+    too when the matcher's set tables are not the plan's (a rule of a set the matcher has no table for, in a buffer
+    slot, would match without its set: a new core must be built; a record from before the sets were kept counts as
+    different)."""
     try:
         doc = json.loads(static_path(state_dir).read_text())
     except (OSError, ValueError):
         return None
     if doc.get("binary") != binary:
+        return None
+    if plan is not None and doc.get("sets") != sets_key(plan):
         return None
     return [StaticEntry(_box_of(b) for b in e) for e in doc["entries"]], int(doc.get("depth", 0))
 

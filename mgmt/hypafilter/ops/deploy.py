@@ -878,7 +878,7 @@ def _deploy_locked(
         # The update buffer first (SFL, docs/deploy.md "Update buffer"): the running matcher with an overlay that
         # makes it decide as the new plan; a new core (program) only when the change does not fit.
         view = None
-        static = read_static(STATE_DIR, old_nic.get("binary", "")) if old_nic and not force else None
+        static = read_static(STATE_DIR, old_nic.get("binary", ""), plan) if old_nic and not force else None
         if (
             static is not None
             and tgt.name == "xdp"

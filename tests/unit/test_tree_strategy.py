@@ -170,16 +170,34 @@ def _stateless(rs):
     return [r for r in rs if r.stateful_pos is None]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    st.lists(rules(), min_size=4, max_size=20),
-    st.lists(rules(), min_size=0, max_size=4),
-    st.lists(st.integers(0, 40), min_size=0, max_size=4),
-    st.sampled_from(["ACCEPT", "DROP"]),
-    st.lists(headers(), min_size=4, max_size=16),
-    st.integers(0, (1 << 61) - 1),
-    st.sampled_from(["bridge", "host"]),
-)
+def _changed(rs, ins, dels) -> list:
+    """`rs` with the rules at `dels` (modulo the length) deleted, then `ins` inserted at positions drawn from `dels`."""
+    changed = list(rs)
+    for j in dels:
+        if changed:
+            changed.pop(j % len(changed))
+    for j, r in zip(dels + [0] * len(ins), ins, strict=False):
+        changed.insert(j % (len(changed) + 1), r)
+    return changed
+
+
+def _live_changes(min_rules: int):
+    """The live-tree property tests' draws: a policy of `min_rules`..20 rules, up to 4 inserted and 4 deleted, the
+    default policy, frames, a seed and the NIC mode."""
+    return lambda f: settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])(
+        given(
+            st.lists(rules(), min_size=min_rules, max_size=20),
+            st.lists(rules(), min_size=0, max_size=4),
+            st.lists(st.integers(0, 40), min_size=0, max_size=4),
+            st.sampled_from(["ACCEPT", "DROP"]),
+            st.lists(headers(), min_size=4, max_size=16),
+            st.integers(0, (1 << 61) - 1),
+            st.sampled_from(["bridge", "host"]),
+        )(f)
+    )
+
+
+@_live_changes(4)
 def test_live_k0_tree_equals_the_live_policy_after_inserts_and_deletes(rs, ins, dels, default, hdrs, seed, nic_mode):
     """A live deployment's K0 tree, built for one policy, then reused for a changed one (rules inserted and deleted):
     frames with the K0-tree mark get the changed policy's verdict and pass its observing rules, before and after the
@@ -191,13 +209,7 @@ def test_live_k0_tree_equals_the_live_policy_after_inserts_and_deletes(rs, ins, 
     if prog.name("K0T") not in prog.chains:
         return  # no run of movable rules long enough (or K0 stays live: tree_stats says why)
     assert _k0t_mismatches(prog, base, hdrs, ev, seed & 0xFFFFFFFF) == []
-    changed = list(rs)
-    for j in dels:
-        if changed:
-            changed.pop(j % len(changed))
-    for j, r in zip(dels + [0] * len(ins), ins, strict=False):
-        changed.insert(j % (len(changed) + 1), r)
-    live = make_policy(changed, default)
+    live = make_policy(_changed(rs, ins, dels), default)
     lazy = _live_prog(live, nic_mode, fresh=False)
     assert _k0t_mismatches(lazy, live, hdrs, ev, seed & 0xFFFFFFFF) == [], lazy.tree_stats
     rebuilt = _live_prog(live, nic_mode, fresh=True)
@@ -298,16 +310,7 @@ def _live_plan(pol, fresh, min_segment=2, k0_tree=False, nic_mode="bridge"):
     return plan
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    st.lists(rules(), min_size=6, max_size=20),
-    st.lists(rules(), min_size=0, max_size=4),
-    st.lists(st.integers(0, 40), min_size=0, max_size=4),
-    st.sampled_from(["ACCEPT", "DROP"]),
-    st.lists(headers(), min_size=4, max_size=16),
-    st.integers(0, (1 << 61) - 1),
-    st.sampled_from(["bridge", "host"]),
-)
+@_live_changes(6)
 def test_live_interval_trees_equal_the_live_policy_after_inserts_and_deletes(
     rs, ins, dels, default, hdrs, seed, nic_mode
 ):
@@ -320,13 +323,7 @@ def test_live_interval_trees_equal_the_live_policy_after_inserts_and_deletes(
     base = make_policy(rs, default)
     plan = _live_plan(base, True, nic_mode=nic_mode, k0_tree=True)
     assert mismatches(plan, "tree", hdrs, ev, nic_mode=nic_mode) == []
-    changed = list(rs)
-    for j in dels:
-        if changed:
-            changed.pop(j % len(changed))
-    for j, r in zip(dels + [0] * len(ins), ins, strict=False):
-        changed.insert(j % (len(changed) + 1), r)
-    live = make_policy(changed, default)
+    live = make_policy(_changed(rs, ins, dels), default)
     lazy = _live_plan(live, False, nic_mode=nic_mode, k0_tree=True)
     prog = build_program(lazy, "tree", nic_mode=nic_mode)
     assert mismatches(lazy, "tree", hdrs, ev, nic_mode=nic_mode) == [], prog.tree_stats

@@ -86,31 +86,10 @@ def test_a_second_run_starts_clean(lab, tmp_path, capsys):
 @pytest.fixture
 def host_lab(request):
     """A lab of its own per target for host mode (INPUT), with deploy pointed at it; down afterwards."""
-    import shutil
+    from conftest import deployed_lab
 
-    from hypafilter.ops import deploy
-    from hypafilter.ops.lab import Lab
-
-    from conftest import need_root
-
-    need_root()
-    target = request.param
-    name, state = f"vhc{target[0]}", f"/run/hypafilter/test-vhc{target[0]}"
-    was = (deploy.LAB_NAME, deploy.STATE_DIR)
-    deploy.configure(lab=name, state_dir=state)
-    shutil.rmtree(state, ignore_errors=True)
-    lab = Lab(name, target=target)
-    lab.down()
-    lab.up()
-    try:
+    with deployed_lab(f"vhc{request.param[0]}", request.param) as lab:
         yield lab
-    finally:
-        try:
-            deploy.undeploy()
-        finally:
-            lab.down()
-            shutil.rmtree(state, ignore_errors=True)
-            deploy.configure(*was)
 
 
 @pytest.mark.parametrize("host_lab", ["emu", "xdp"], indirect=True)

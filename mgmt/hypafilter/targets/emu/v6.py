@@ -4,6 +4,8 @@ beyond the IPv4 path is the shim's k of the IPv6 indices and whether the running
 
 from __future__ import annotations
 
+from hypafilter.targets.nic import v6_matcher
+
 
 def intervals(intervals4: list[int], plan6) -> list[int]:
     """The shim's interval table (hardware index -> k) of a dual-stack core: the IPv4 side's rows (`intervals4`: its
@@ -20,13 +22,6 @@ def intervals(intervals4: list[int], plan6) -> list[int]:
     verbatim = bool(getattr(plan6, "verbatim", False))
     rows += [0 if verbatim or int(k) == 0 else int(k) + kb for k in plan6.interval]
     return rows
-
-
-def v6_matcher(plan6) -> str:
-    """The IPv6 side's own matcher hash as the state's tables keep it (targets.nic.v6_matcher)."""
-    from hypafilter.targets.nic import v6_matcher as of
-
-    return of(plan6)
 
 
 def core_keeps_v6(tables: dict, plan6) -> bool:

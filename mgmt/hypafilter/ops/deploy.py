@@ -634,8 +634,8 @@ def follow6(
             # change with the plan, so the change is an update of the deployment (deploy.follow with `v6`: register
             # writes on the running core when its IPv6 matcher is the new plan's, else a new core), while the whole
             # fast path stays held (the IPv4 fail safe). The new plan's chains go into ip6tables first, as on xdp.
-            n4 = SimpleNamespace(entries=(), num_intervals=int((chains or {}).get("k_base", 0)))
             kb = int((chains or {}).get("k_base", 0))
+            n4 = SimpleNamespace(entries=(), num_intervals=kb)
             plan6, why = xdp_v6.plan6_for(v6, config, n4, k_base=kb, verbatim=not chains, target="emu")
             if plan6 is not None and chains:
                 c6 = ip6.render_chains(plan6, config, (chains.get("main") or "")[: -len("MAIN")])

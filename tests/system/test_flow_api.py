@@ -219,3 +219,56 @@ def test_iport_of_each_frame_is_its_own(setup):
     after = c.counters()
     assert after["CNT_DROPPED"] - before["CNT_DROPPED"] == 2
     assert after["CNT_FORWARDED"] - before["CNT_FORWARDED"] == 2
+
+
+def test_a_clients_batch_does_not_hold_another_clients_request(setup):
+    """Each control-socket client gets a slice of the model's time in turn (issue #24: on the attack bench's
+    11,100-entry core the policy sync service's lease renewal, one write, waited behind the flow sync service's
+    pipelined batches and its 1,000 ms lease ran out about ten times a minute). One client sends a long batch of
+    table reads at once; a second client meanwhile reads a register again and again and must get many answers before
+    the batch's end. The emulator that served all a client had sent (up to one 64 KiB read of its socket) before the
+    next client answered the second client about once per 64 KiB of the batch."""
+    import threading
+    import time
+
+    c, _, _ = setup
+    path = c.t.path
+    lines = "".join(f"T R FLOW_KEY {i % 4096}\n" for i in range(12000)).encode()
+    chunks = -(-len(lines) // 65536)
+    a = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    b = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    a.settimeout(60)
+    b.settimeout(60)
+    got = bytearray()
+    done = threading.Event()
+
+    def read_batch():
+        try:
+            while got.count(b"\n") < 12000:
+                chunk = a.recv(1 << 16)
+                if not chunk:
+                    break
+                got.extend(chunk)
+        finally:
+            done.set()
+
+    try:
+        a.connect(path)
+        b.connect(path)
+        reader = threading.Thread(target=read_batch)
+        reader.start()
+        t0 = time.monotonic()
+        a.sendall(lines)
+        answered = 0
+        while not done.is_set():
+            b.sendall(b"R 0x0\n")
+            assert b.recv(64).startswith(b"OK")
+            answered += 1
+        total = time.monotonic() - t0
+        reader.join()
+    finally:
+        a.close()
+        b.close()
+    assert got.count(b"OK") == 12000, "every request of the batch answered"
+    print(f"12,000 table reads ({len(lines)} bytes, {chunks} x 64 KiB) in {total:.3f} s; the other client: {answered} reads")
+    assert answered > 3 * chunks, f"the other client got {answered} answers during a {total:.3f} s batch"

@@ -262,7 +262,12 @@ def load_policy_v4(args: argparse.Namespace, config: Config) -> Policy:
     if getattr(args, "family6", False):
         from hypafilter.iptables.document import parse_policy
 
-        return parse_policy(
-            EMPTY_V4, filename="(no IPv4 policy: -6)", base_chain=args.chain, config=config, allow_empty=True
+        # with the --ipsets text (the IPv6 policy's inet6 sets): the lab and the oracle get them as for IPv4
+        return _with_sets(
+            args,
+            config,
+            lambda env: parse_policy(
+                EMPTY_V4, filename="(no IPv4 policy: -6)", base_chain=args.chain, config=config, allow_empty=True
+            ),
         )
     return load_policy(args, config)

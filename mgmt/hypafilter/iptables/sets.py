@@ -101,7 +101,7 @@ def why_not(env: SetEnv | None, name: str, dirs: tuple[str, ...], rest: tuple[st
         return "directions other than src/dst"
     if len(dirs) < SET_TYPES[info.settype]:
         return f"{len(dirs)} direction(s) for a {info.settype} set: the kernel matches no frame"
-    full = 32 if family == 4 else 128
+    full = 128 if info.family == "inet6" else 32  # (bitmap:port, family-less, reads as inet: 32)
     if info.netmask != full and info.settype != "hash:ip":
         return f"netmask {info.netmask} on a {info.settype} set"
     if family == 6 and info.netmask != full:

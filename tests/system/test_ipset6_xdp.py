@@ -185,6 +185,8 @@ def test_inet6_ban_added_during_traffic(lab):
     )
     synced()
     assert state()["tables"]["sets"]["slots"] == ["ban6"]
+    out = hf("status").stdout
+    assert "sets     1 slot(s) in the fast path: ban6 (hash:ip) by src [IPv6]; following the kernel's sets" in out, out
     cnt = counters()
     recv = raw_socket(f"{LAB}-recv", "hyb0")
     sent: list = []

@@ -491,10 +491,11 @@ def _in_background(fn: Callable[[], object]) -> Callable[[], object]:
     return result
 
 
-def sets_state(policy: Policy) -> dict:
+def sets_state(policy: Policy, v6=None, plan6=None) -> dict:
     """What became of the policy's -m set matches (docs/sets.md): the set slots of the fast path, and each match
-    that stays complex with why (what `status` says)."""
-    return {
+    that stays complex with why (what `status` says). `v6`/`plan6`: the deployment's IPv6 side and its plan in the
+    fast path (None: ip6tables decides every IPv6 frame), whose inet6 set slots are listed as "[IPv6]"."""
+    out = {
         "slots": [f"{s.name} ({s.settype}) by {','.join(s.dirs)}" for s in policy.set_slots],
         "complex": [
             {"where": f"{n.origin.file}:{n.origin.line}" if n.origin else "?", "test": n.test, "why": n.why}
@@ -502,6 +503,18 @@ def sets_state(policy: Policy) -> dict:
             if n.slot < 0
         ],
     }
+    ir6 = getattr(v6, "ir", None)
+    if ir6 is None:
+        return out
+    slots6 = tuple(getattr(getattr(plan6, "policy", None), "set_slots", ()) or ())
+    out["slots"] += [f"{s.name} ({s.settype}) by {','.join(s.dirs)} [IPv6]" for s in slots6]
+    for n in ir6.set_notes:
+        if n.slot >= 0 and slots6:
+            continue
+        why = n.why or "the IPv6 side has no plan in the fast path: ip6tables decides every IPv6 frame"
+        where = f"{n.origin.file}:{n.origin.line}" if n.origin else "?"
+        out["complex"].append({"where": where, "test": n.test + " [IPv6]", "why": why})
+    return out
 
 
 def partition_counts(policy: Policy, plan) -> dict:
@@ -1232,7 +1245,7 @@ def _deploy_locked(
         # The firewall's VLAN setting found before the first deploy, given back at undeploy.
         "vlan_filter_before": (old or {}).get("vlan_filter_before", old_vlan),
         "partition": partition_counts(policy, plan),
-        "sets": sets_state(policy),
+        "sets": sets_state(policy, v6, getattr(plan, "plan6", None)),
         # the IPv6 side (docs/ipv6.md): the ip6tables policy, and the IPv6 plan's interval chains there (`chains`) when
         # the xdp program decides IPv6 frames and passes the shunted ones with their k
         "ipv6": {

@@ -8,7 +8,6 @@ import ipaddress
 import struct
 
 import pytest
-
 from hypafilter.analysis.plan import build_plan
 from hypafilter.config import Config
 from hypafilter.errors import PolicyError
@@ -17,6 +16,7 @@ from hypafilter.iptables.sets import SetEnv
 from hypafilter.ir.family import compress
 from hypafilter.ir.sets import frame_ports6, member
 from hypafilter.netfilter import ipset
+from hypafilter.targets import set_capability6
 from hypafilter.targets.xdp import sets as setmaps
 from hypafilter.targets.xdp.tables import build_tables6, fits6, shape6
 
@@ -51,7 +51,7 @@ def a(text: str) -> int:
 
 def env(target: str = "xdp") -> SetEnv:
     sets = ipset.parse_save(SAVE)
-    return SetEnv(sets, 8, 1 << 20, target, "sets.save", text=SAVE)
+    return SetEnv(sets, 8, 1 << 20, target, "sets.save", text=SAVE, v6_slots=set_capability6(target))
 
 
 def test_ipset_save_reads_inet6_elements():

@@ -105,14 +105,14 @@ def set_env(args: argparse.Namespace, config: Config):
     live sets (the lab's or the site's, when it exists; else this namespace's), with the target's set slots."""
     from hypafilter.iptables.sets import SetEnv
     from hypafilter.netfilter import ipset
-    from hypafilter.targets import set_capability
+    from hypafilter.targets import set_capability, set_capability6
 
     target = getattr(args, "target", None) or config.target
     slots, capacity = set_capability(target)
     path = getattr(args, "ipsets", None)
     if path:
         sets, text = ipset.read_file(path)
-        return SetEnv(sets, slots, capacity, target, path, text=text)
+        return SetEnv(sets, slots, capacity, target, path, text=text, v6_slots=set_capability6(target))
     from hypafilter import netns
     from hypafilter.ops import deploy
 
@@ -125,7 +125,15 @@ def set_env(args: argparse.Namespace, config: Config):
         except HypafilterError:
             return {}, ""
 
-    return SetEnv({}, slots, capacity, target, f"live sets of {ns or 'this namespace'}", loader=live)
+    return SetEnv(
+        {},
+        slots,
+        capacity,
+        target,
+        f"live sets of {ns or 'this namespace'}",
+        loader=live,
+        v6_slots=set_capability6(target),
+    )
 
 
 def load_policy(args: argparse.Namespace, config: Config | None = None) -> Policy:

@@ -43,6 +43,9 @@ class SetEnv:
     # reads (sets, text) when the first set match needs them (the live kernel is asked only for a policy with set
     # matches)
     loader: Callable[[], tuple[dict[str, SetInfo], str]] | None = field(default=None, repr=False, compare=False)
+    # whether the target has IPv6 set slots (Target.set_slots6, targets.set_capability6: the xdp program's 128-bit-key
+    # maps); the emulated NIC's hardware set tables key IPv4 addresses: an IPv6 policy's set matches stay complex there
+    v6_slots: bool = True
 
     def load(self) -> None:
         if self.loader is not None:
@@ -122,18 +125,6 @@ def changed_sets(text: str) -> frozenset[str]:
 FAMILY_FREE_TYPES = frozenset({"bitmap:port", "hash:mac", "list:set"})
 
 
-def v6_set_slots(target: str) -> bool:
-    """Whether target `target` has IPv6 set slots (Target.set_slots6): the xdp program's 128-bit-key maps. The
-    emulated NIC's hardware set tables key IPv4 addresses: its IPv6 set matches stay complex. An unnamed target (the
-    front end used alone) has them, as it has IPv4's."""
-    if not target:
-        return True
-    from hypafilter.targets import TARGETS  # (the front end names targets only here)
-
-    cls = TARGETS.get(target)
-    return bool(getattr(cls, "set_slots6", False)) if cls is not None else False
-
-
 def why_not6(
     env: SetEnv | None, name: str, origin: Origin | None, dirs: tuple[str, ...] = (), rest: tuple[str, ...] = ()
 ) -> str:
@@ -160,7 +151,7 @@ def why_not6(
                 col,
                 name,
             )
-    if env is not None and env.slots > 0 and not v6_set_slots(env.target):
+    if env is not None and env.slots > 0 and not env.v6_slots:
         return f"target {env.target} has no IPv6 set slots (its hardware set tables key IPv4 addresses)"
     return why_not(env, name, dirs, rest, family=6)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 
 def plan6_for(
-    v6, config, plan4, k_base: int | None = None, verbatim: bool = False, target: str = "xdp"
+    v6, config, plan4, k_base: int | None = None, verbatim: bool = False, target: str = "xdp", sets=None
 ) -> tuple[object | None, str]:
     """(family-6 Plan, "") for the deployment's IPv6 side `v6` (netfilter.ip6.V6Policy) beside the IPv4 `plan4`, or
     (None, why not). The plan's hardware indices follow the IPv4 side's (index_base n4 + 1 + the update buffer's
@@ -32,10 +32,7 @@ def plan6_for(
         from hypafilter.iptables.document import parse_policy
 
         try:
-            # with the firewall's live sets (docs/sets.md "IPv6 sets"): the IPv6 plan keeps its set slots
-            ir = parse_policy(
-                v6.text, v6.source, base_chain=v6.base_chain, config=config, family=6, sets=_live_sets(target)
-            )
+            ir = parse_policy(v6.text, v6.source, base_chain=v6.base_chain, config=config, family=6, sets=sets)
         except HypafilterError as e:
             return None, f"the IPv6 policy as deployed does not read again: {e}"
     if getattr(ir, "set_slots", ()) and target != "xdp":  # (the front end keeps them complex there: never met)
@@ -67,21 +64,3 @@ def buffer_keeps_v6(old_nic: dict, plan4, v6_changed: bool) -> bool:
     if has != (plan6 is not None) or (has and v6_changed):
         return False
     return not has or fits6(build_tables6(plan6), shape["v6"])
-
-
-def _live_sets(target: str):
-    """The firewall namespace's live ipsets (the deployment's: ops.deploy.NS_FW, the lab's or the site's), read only
-    if the IPv6 policy has a set match, as the front end reads them for `target`."""
-    from hypafilter import netns
-    from hypafilter.iptables.sets import SetEnv
-    from hypafilter.netfilter import ipset
-    from hypafilter.ops import deploy
-    from hypafilter.targets import set_capability
-
-    ns = deploy.NS_FW if deploy.NS_FW and netns.exists(deploy.NS_FW) else None
-
-    def load() -> tuple[dict, str]:
-        text = ipset.save_text(ns)
-        return ipset.parse_save(text, f"ipset save ({ns or 'this namespace'})"), text
-
-    return SetEnv({}, *set_capability(target), target, f"live sets of {ns or 'this namespace'}", loader=load)

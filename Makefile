@@ -71,6 +71,14 @@ test-sets-scale:
 	PYTHONPATH=mgmt $(VENV)/bin/python scripts/set-lag.py --tool ipset --bans 20 --blocklist 10000
 	PYTHONPATH=mgmt $(VENV)/bin/python scripts/set-lag.py --tool fail2ban --bans 20 --blocklist 10000
 
+# opt-in: inet6 sets in the xdp program's IPv6 path at scale (a 10,000-network blocklist, 3,000 frames, connections)
+# and the lag of an inet6 ban (docs/sets.md "IPv6 sets")
+.PHONY: test-sets6
+test-sets6:
+	@scripts/setup.sh system
+	HF_SETS6_SCALE=10000 scripts/run-system-tests.sh -n 0 -s tests/system/test_ipset6_xdp.py -k scale
+	HF_LAB=w3b PYTHONPATH=mgmt $(VENV)/bin/python scripts/set-lag.py --family 6 --tool ipset --bans 20 --blocklist 10000
+
 # opt-in: the new-flow permission's withdrawal lag and the FTP race right after a helper rule, 20 runs each (xdp lab
 # cth, about a minute; figures in docs/xdp.md "Following the configuration")
 .PHONY: newflows-lag

@@ -14,6 +14,10 @@ thread runs a ban up to a second after `banip` returned, which is fail2ban's own
 frame dropped in XDP.
 
     PYTHONPATH=mgmt .venv/bin/python scripts/set-lag.py --tool ipset --bans 20 --blocklist 10000
+
+`--family 6`: the same with IPv6 (docs/sets.md "IPv6 sets"): `family inet6` sets (f2b-lag hash:ip, bl hash:net of
+/64 networks), the ban rule and the blocklist in an ip6tables policy deployed beside an empty IPv4 one (`--ipv6`),
+the sender streaming IPv6 UDP frames from fd48:4600::1:<100 + i> (--tool ipset only).
 """
 
 from __future__ import annotations
@@ -35,6 +39,24 @@ LAB = os.environ.setdefault("HF_LAB", "ips")
 STATE = os.environ.setdefault("HF_STATE_DIR", f"/run/hypafilter/test-{LAB}")
 HF = [sys.executable, "-m", "hypafilter"]
 CNT_DROPPED = 3  # hfx_cnt index (driver/xdp/hf_fastpath.h)
+
+SENDER6 = r"""
+import socket, struct, sys, time
+src, dst = socket.inet_pton(socket.AF_INET6, sys.argv[1]), socket.inet_pton(socket.AF_INET6, "fd48:4600::2:1")
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+s.bind(("hyb0", 0))
+udp = bytearray(struct.pack("!HHHH", 4000, 9, 16, 0) + b"x" * 8)
+ph = src + dst + struct.pack("!IxxxB", len(udp), 17) + bytes(udp)
+t = sum(struct.unpack(f"!{len(ph) // 2}H", ph))
+while t >> 16:
+    t = (t & 0xFFFF) + (t >> 16)
+udp[6:8] = struct.pack("!H", ~t & 0xFFFF or 0xFFFF)
+ip = struct.pack("!IHBB", 6 << 28, len(udp), 17, 64) + src + dst
+frame = bytes.fromhex("0e48fffffffe" "024846000101" "86dd") + ip + bytes(udp)
+while True:
+    s.send(frame)
+    time.sleep(0.00005)
+"""
 
 SENDER = r"""
 import socket, struct, sys, time
@@ -71,6 +93,10 @@ def blocklist(n: int) -> list[str]:
     return out
 
 
+def blocklist6(n: int) -> list[str]:
+    return [f"add bl 2001:db8:{i >> 16:x}:{i & 0xFFFF:x}::/64" for i in range(n)]
+
+
 def f2b_config(d: Path) -> Path:
     """A fail2ban configuration of its own (the stock action and filter files, a jail `lag` with the stock
     iptables-ipset action on FORWARD, blocktype DROP, UDP port 9), its socket and state under `d`."""
@@ -98,32 +124,45 @@ def main() -> int:
     ap.add_argument("--bans", type=int, default=20)
     ap.add_argument("--blocklist", type=int, default=10000, help="networks in the blocklist set beside f2b-lag")
     ap.add_argument("--keep", action="store_true", help="leave the lab up")
+    ap.add_argument("--family", type=int, choices=(4, 6), default=4, help="6: inet6 sets in an ip6tables policy")
     args = ap.parse_args()
+    if args.family == 6 and args.tool != "ipset":
+        raise SystemExit("--family 6 measures `ipset add` (--tool ipset)")
     from hypafilter import netns
     from hypafilter.ops import deploy
     from hypafilter.targets.bpfmap import PinnedArray, percpu_sum
-    from hypafilter.targets.xdp.sets import SetMaps
+    from hypafilter.targets.xdp.sets import SetMaps, slots_of
     from hypafilter.targets.xdp.target import _shape_of
 
     fw, snd = f"{LAB}-fw", f"{LAB}-send"
     work = Path(tempfile.mkdtemp(prefix="set-lag-"))
     hf("lab", "up", "--target", "xdp", "--name", LAB)
+    fam = "inet6" if args.family == 6 else "inet"
     (work / "sets.save").write_text(
         "\n".join(
             [
-                "create f2b-lag hash:ip family inet hashsize 1024 maxelem 65536 timeout 0",
-                "create bl hash:net family inet hashsize 4096 maxelem 65536",
-                *blocklist(args.blocklist),
+                f"create f2b-lag hash:ip family {fam} hashsize 1024 maxelem 65536 timeout 0",
+                f"create bl hash:net family {fam} hashsize 4096 maxelem 65536",
+                *(blocklist(args.blocklist) if args.family == 4 else blocklist6(args.blocklist)),
             ]
         )
         + "\n"
     )
-    (work / "p.rules").write_text(
-        "*filter\n:FORWARD ACCEPT [0:0]\n"
+    rules = (
+        "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n"
         "-A FORWARD -p udp -m udp --dport 9 -m set --match-set f2b-lag src -j DROP\n"
         "-A FORWARD -m set --match-set bl src -j DROP\nCOMMIT\n"
     )
-    hf("deploy", str(work / "p.rules"), "--ipsets", str(work / "sets.save"), "--target", "xdp")
+    if args.family == 6:
+        (work / "p.rules").write_text(
+            "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\nCOMMIT\n"
+        )
+        (work / "p6.rules").write_text(rules)
+        six = ["--ipv6", str(work / "p6.rules"), "--allow-empty"]
+    else:
+        (work / "p.rules").write_text(rules)
+        six = []
+    hf("deploy", str(work / "p.rules"), *six, "--ipsets", str(work / "sets.save"), "--target", "xdp")
     server = None
     client: list[str] = []
     if args.tool == "fail2ban":
@@ -141,12 +180,13 @@ def main() -> int:
         time.sleep(1.0)
     st = deploy.read_state(Path(STATE) / "state.json")
     cnt = PinnedArray(Path(st["nic"]["pin"]) / "hfx_cnt")
-    sm = SetMaps(st["nic"]["pin"], _shape_of(st["nic"])["sets"], fw)  # the watcher's counts of the namespace
+    sm = SetMaps(st["nic"]["pin"], slots_of(_shape_of(st["nic"])), fw)  # the watcher's counts of the namespace
     lags, lags_call, tool_lags = [], [], []
     try:
         for i in range(args.bans):
-            src = f"10.0.1.{100 + i}"
-            sender = subprocess.Popen(["ip", "netns", "exec", snd, sys.executable, "-c", SENDER, src])
+            src = f"10.0.1.{100 + i}" if args.family == 4 else f"fd48:4600::1:{100 + i:x}"
+            code = SENDER if args.family == 4 else SENDER6
+            sender = subprocess.Popen(["ip", "netns", "exec", snd, sys.executable, "-c", code, src])
             time.sleep(0.3)
             d0 = percpu_sum(cnt, CNT_DROPPED)
             c0 = sm.counts()[0]
@@ -200,6 +240,7 @@ def main() -> int:
         json.dumps(
             {
                 "tool": args.tool,
+                "family": args.family,
                 "blocklist": args.blocklist,
                 ("lag_from_return_ms" if args.tool == "ipset" else "lag_from_kernel_command_ms"): pct(lags),
                 "lag_from_start_ms": pct(lags_call),

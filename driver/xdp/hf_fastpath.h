@@ -220,6 +220,28 @@ struct hfx_setkey_netport {
 	__u16 port; /* big-endian */
 	__u32 addr; /* big-endian */
 };
+/* The IPv6 path's keys (docs/sets.md "IPv6 sets"): the address as its 16 bytes in network order; hash:ip,port's
+ * port in host order as IPv4's; LPM trie keys as IPv4's with the 128-bit address last. */
+struct hfx6_setkey_ip {
+	__u8 addr[16];
+};
+struct hfx6_setkey_ipport {
+	__u8 addr[16];
+	__u16 port;
+	__u8 proto;
+	__u8 pad;
+};
+struct hfx6_setkey_net {
+	__u32 prefixlen; /* the net's prefix length */
+	__u8 addr[16];
+};
+struct hfx6_setkey_netport {
+	__u32 prefixlen; /* 32 + the net's prefix length */
+	__u8 proto;
+	__u8 pad;
+	__u16 port; /* big-endian */
+	__u8 addr[16];
+};
 
 struct hfx_meta {
 	__u32 value;  /* the shim's mark value: k << 4 | action, 0x1 decided ACCEPT (host mode), 0 full policy */

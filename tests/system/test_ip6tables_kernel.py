@@ -111,7 +111,8 @@ def test_protocol_of_frames_with_extension_headers_is_the_kernels():
 
 def test_sets_ip6tables_refuses_are_errors_and_the_others_are_read():
     """An inet set in an IPv6 rule: ip6tables refuses it ("The protocol family of set ... is IPv4"), and so does the
-    parser, at the rule; an inet6 set and a family-free bitmap:port set load, and the parser reads them (complex)."""
+    parser, at the rule; an inet6 set and a family-free bitmap:port set load, and the parser reads them (set slots on
+    a target with IPv6 set slots, complex on one without)."""
     from hypafilter.errors import PolicyError
     from hypafilter.iptables.document import parse_policy
     from hypafilter.iptables.sets import SetEnv
@@ -133,7 +134,9 @@ def test_sets_ip6tables_refuses_are_errors_and_the_others_are_read():
             text = f"*filter\n:FORWARD ACCEPT [0:0]\n-A FORWARD {rule}\nCOMMIT\n"
             try:
                 p = parse_policy(text, "sets6.rules", family=6, sets=SetEnv(sets))
-                assert not p.rules[0].is_simple, name
+                assert p.rules[0].is_simple, name  # a set slot of the IPv6 plan (docs/sets.md "IPv6 sets")
+                p = parse_policy(text, "sets6.rules", family=6, sets=SetEnv(sets, v6_slots=False))
+                assert not p.rules[0].is_simple, name  # a target without IPv6 set slots: complex
                 parsed = True
             except PolicyError as e:
                 assert (e.line, e.token) == (3, name)

@@ -263,7 +263,7 @@ def test_family_is_part_of_the_policy_identity_and_ipv4_hashes_stay():
 def test_sets_in_an_ipv6_policy():
     env = SetEnv(
         {
-            "bad6": SetInfo("bad6", "hash:net", family="inet6"),
+            "bad6": SetInfo("bad6", "hash:net", family="inet6", netmask=128),
             "bad4": SetInfo("bad4", "hash:net", family="inet"),
             "ports": SetInfo("ports", "bitmap:port", family="inet"),
         }
@@ -271,8 +271,16 @@ def test_sets_in_an_ipv6_policy():
     p = policy(
         "-m set --match-set bad6 src -j DROP", "-m set --match-set ports dst -j DROP", "-p tcp -j ACCEPT", sets=env
     )
-    assert [r.is_simple for r in p.rules] == [False, False, True]
-    assert all(n.slot == -1 and "IPv6 policy" in n.why for n in p.set_notes)
+    # inet6 sets and the family-less bitmap:port are set slots of the IPv6 plan (docs/sets.md "IPv6 sets") ...
+    assert [r.is_simple for r in p.rules] == [True, True, True]
+    assert [(n.slot, n.why) for n in p.set_notes] == [(0, ""), (1, "")]
+    assert [s.name for s in p.set_slots] == ["bad6", "ports"]
+    # ... except on a target without IPv6 set slots (the emulated NIC's set tables key IPv4 addresses)
+    env.target, env.v6_slots = "emu", False  # (targets.set_capability6("emu"))
+    p = policy("-m set --match-set bad6 src -j DROP", "-p tcp -j ACCEPT", sets=env)
+    assert not p.rules[0].is_simple and not p.set_slots
+    assert "target emu has no IPv6 set slots" in p.set_notes[0].why
+    env.target, env.v6_slots = "", True
     with pytest.raises(PolicyError, match="set bad4 is family inet") as e:
         policy("-p tcp -j ACCEPT", "-m set --match-set bad4 src -j DROP", sets=env)
     assert (e.value.line, e.value.token) == (6, "bad4")

@@ -105,14 +105,14 @@ def set_env(args: argparse.Namespace, config: Config):
     live sets (the lab's or the site's, when it exists; else this namespace's), with the target's set slots."""
     from hypafilter.iptables.sets import SetEnv
     from hypafilter.netfilter import ipset
-    from hypafilter.targets import set_capability
+    from hypafilter.targets import set_capability, set_capability6
 
     target = getattr(args, "target", None) or config.target
     slots, capacity = set_capability(target)
     path = getattr(args, "ipsets", None)
     if path:
         sets, text = ipset.read_file(path)
-        return SetEnv(sets, slots, capacity, target, path, text=text)
+        return SetEnv(sets, slots, capacity, target, path, text=text, v6_slots=set_capability6(target))
     from hypafilter import netns
     from hypafilter.ops import deploy
 
@@ -125,7 +125,15 @@ def set_env(args: argparse.Namespace, config: Config):
         except HypafilterError:
             return {}, ""
 
-    return SetEnv({}, slots, capacity, target, f"live sets of {ns or 'this namespace'}", loader=live)
+    return SetEnv(
+        {},
+        slots,
+        capacity,
+        target,
+        f"live sets of {ns or 'this namespace'}",
+        loader=live,
+        v6_slots=set_capability6(target),
+    )
 
 
 def load_policy(args: argparse.Namespace, config: Config | None = None) -> Policy:
@@ -262,7 +270,12 @@ def load_policy_v4(args: argparse.Namespace, config: Config) -> Policy:
     if getattr(args, "family6", False):
         from hypafilter.iptables.document import parse_policy
 
-        return parse_policy(
-            EMPTY_V4, filename="(no IPv4 policy: -6)", base_chain=args.chain, config=config, allow_empty=True
+        # with the --ipsets text (the IPv6 policy's inet6 sets): the lab and the oracle get them as for IPv4
+        return _with_sets(
+            args,
+            config,
+            lambda env: parse_policy(
+                EMPTY_V4, filename="(no IPv4 policy: -6)", base_chain=args.chain, config=config, allow_empty=True
+            ),
         )
     return load_policy(args, config)

@@ -6,7 +6,8 @@ After flattening, each set match of a rule either becomes the set-slot ternary o
 - `--return-nomatch`, counter tests and updates (`--packets-*`, `--bytes-*`, `--update-counters`,
   `--update-subcounters` in any form), or any other option beside `--match-set`;
 - a set the front end does not know (not in the live kernel, not in --ipsets), of another type than hash:ip,
-  hash:net, hash:ip,port, hash:net,port, bitmap:port, family inet6, or hash:ip with a netmask on a port type;
+  hash:net, hash:ip,port, hash:net,port, bitmap:port, of the other family than the policy's (an IPv6 policy's
+  inet6 sets are slots only on a target with IPv6 set slots: xdp), or with a netmask on a port type;
 - a set some `-j SET --add-set/--del-set` of the policy changes (its contents change per packet);
 - fewer directions than the set has dimensions (the kernel's ip_set_test answers "no" to every frame then);
 - a set whose maxelem exceeds what the target holds per slot, or a ninth slot (MAX_SET_SLOTS), or a target
@@ -42,6 +43,9 @@ class SetEnv:
     # reads (sets, text) when the first set match needs them (the live kernel is asked only for a policy with set
     # matches)
     loader: Callable[[], tuple[dict[str, SetInfo], str]] | None = field(default=None, repr=False, compare=False)
+    # whether the target has IPv6 set slots (Target.set_slots6, targets.set_capability6: the xdp program's 128-bit-key
+    # maps); the emulated NIC's hardware set tables key IPv4 addresses: an IPv6 policy's set matches stay complex there
+    v6_slots: bool = True
 
     def load(self) -> None:
         if self.loader is not None:
@@ -80,8 +84,8 @@ def set_match(group: tuple[str, ...]) -> tuple[bool, str, str, tuple[str, ...]] 
     return (neg, name, dirs, tuple(rest)) if name else None
 
 
-def why_not(env: SetEnv | None, name: str, dirs: tuple[str, ...], rest: tuple[str, ...]) -> str:
-    """Why a set match cannot be a slot ('' when it can), before slot counting."""
+def why_not(env: SetEnv | None, name: str, dirs: tuple[str, ...], rest: tuple[str, ...], family: int = 4) -> str:
+    """Why a set match of a policy of `family` cannot be a slot ('' when it can), before slot counting."""
     if env is None or env.slots <= 0:
         who = f"target {env.target}" if env is not None and env.target else "the target"
         return f"{who} has no set slots"
@@ -91,7 +95,7 @@ def why_not(env: SetEnv | None, name: str, dirs: tuple[str, ...], rest: tuple[st
     info = env.sets.get(name)
     if info is None:
         return f"set {name} is unknown ({env.source or 'no sets read'}): give --ipsets or create it first"
-    why = info.supported()
+    why = info.supported(family)
     if why:
         return why
     if name in env.changed:
@@ -100,8 +104,11 @@ def why_not(env: SetEnv | None, name: str, dirs: tuple[str, ...], rest: tuple[st
         return "directions other than src/dst"
     if len(dirs) < SET_TYPES[info.settype]:
         return f"{len(dirs)} direction(s) for a {info.settype} set: the kernel matches no frame"
-    if info.netmask != 32 and info.settype != "hash:ip":
+    full = 128 if info.family == "inet6" else 32  # (bitmap:port, family-less, reads as inet: 32)
+    if info.netmask != full and info.settype != "hash:ip":
         return f"netmask {info.netmask} on a {info.settype} set"
+    if family == 6 and info.netmask != full:
+        return f"netmask {info.netmask} on a family inet6 hash:ip set (IPv6 set slots key whole addresses)"
     if any(o.startswith(("bitmask", "markmask")) for o in info.options):
         return f"set {name}: a bitmask/markmask option"
     if info.maxelem > env.capacity:
@@ -118,14 +125,17 @@ def changed_sets(text: str) -> frozenset[str]:
 FAMILY_FREE_TYPES = frozenset({"bitmap:port", "hash:mac", "list:set"})
 
 
-def why_not6(env: SetEnv | None, name: str, origin: Origin | None) -> str:
+def why_not6(
+    env: SetEnv | None, name: str, origin: Origin | None, dirs: tuple[str, ...] = (), rest: tuple[str, ...] = ()
+) -> str:
     """Why a set match of an ip6tables policy stays complex; a PolicyError for a set ip6tables refuses.
 
     The kernel's ip_set_test answers "not a member" when the frame's family is not the set's (ip_set_core.c: the
     test runs only if `opt->family == set->family || set->family == NFPROTO_UNSPEC`), and ip6tables refuses to add a
     rule naming an inet set at all (libxt_set: "The protocol family of set X is IPv4, which is not applicable"): so
-    an inet set in an ip6tables policy is an error here too, never a rule that silently matches nothing. Set slots
-    are IPv4's for now (the fast paths' tables hold 32-bit keys): every set match of an IPv6 policy stays complex."""
+    an inet set in an ip6tables policy is an error here too, never a rule that silently matches nothing. A family
+    inet6 set (or a family-less bitmap:port) of the fast path's types is a set slot of the IPv6 plan on a target with
+    IPv6 set slots (xdp), under the same conditions as IPv4's (why_not); on others it stays complex."""
     if env is not None:
         env.load()
         info = env.sets.get(name)
@@ -141,7 +151,9 @@ def why_not6(env: SetEnv | None, name: str, origin: Origin | None) -> str:
                 col,
                 name,
             )
-    return "a set match of an IPv6 policy (set slots hold IPv4 keys: it stays in software)"
+    if env is not None and env.slots > 0 and not env.v6_slots:
+        return f"target {env.target} has no IPv6 set slots (its hardware set tables key IPv4 addresses)"
+    return why_not(env, name, dirs, rest, family=6)
 
 
 def apply_sets(
@@ -165,7 +177,7 @@ def apply_sets(
             neg, name, dirs_text, rest = m
             dirs = tuple(dirs_text.split(",")) if dirs_text else ()
             test = f"{'! ' if neg else ''}--match-set {name} {dirs_text}".strip()
-            why = why_not6(env, name, r.origin) if family == 6 else why_not(env, name, dirs, rest)
+            why = why_not6(env, name, r.origin, dirs, rest) if family == 6 else why_not(env, name, dirs, rest)
             if not why and r.stateful_pos is not None:
                 why = "the rule keeps per-rule state"
             slot = -1

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 # At most this many slots in one compiled program: a rule needing another slot stays complex.
 MAX_SET_SLOTS = 8
 
-# The set types the fast path implements (family inet), and their dimensions (how many directions they read).
+# The set types the fast path implements (family inet; family inet6 on targets with IPv6 set slots, bitmap:port being
+# family-less), and their dimensions (how many directions they read).
 SET_TYPES: dict[str, int] = {
     "hash:ip": 1,
     "hash:net": 1,
@@ -44,8 +45,8 @@ class SetSlot:
 
 @dataclass(frozen=True)
 class SetElem:
-    """One element. Addresses as ints (IPv4); a net is [addr_lo, addr_hi] with `prefix` its length (32 for an
-    address). `proto`/`port` for the port types (port = type << 8 | code for icmp, proto 0 = the set's default),
+    """One element. Addresses as ints (IPv4, or 128-bit for a family inet6 set); a net is [addr_lo, addr_hi] with
+    `prefix` its length (32 for an IPv4 address, 128 for an IPv6 one). `proto`/`port` for the port types (port = type << 8 | code for icmp, proto 0 = the set's default),
     `port` alone for bitmap:port. `timeout_s` = seconds left when read (None: no timeout). `nomatch` as ipset's."""
 
     addr_lo: int = 0
@@ -80,17 +81,19 @@ class SetInfo:
     def dimension(self) -> int:
         return SET_TYPES.get(self.settype, 0)
 
-    def supported(self) -> str:
-        """'' when the fast path implements this set, else why not (for lint)."""
+    def supported(self, family: int = 4) -> str:
+        """'' when the fast path implements this set for a policy of `family` (4: iptables, 6: ip6tables), else why
+        not (for lint). bitmap:port has no family (the kernel's NFPROTO_UNSPEC): either policy reads it."""
         if self.settype not in SET_TYPES:
             return f"set {self.name}: type {self.settype} is not in the fast path"
-        if self.family != "inet":
-            return f"set {self.name}: family {self.family} is not in the fast path"
+        want = "inet" if family == 4 else "inet6"
+        if self.settype != "bitmap:port" and self.family != want:
+            return f"set {self.name}: family {self.family} in an IPv{family} policy"
         return ""
 
 
-def ip_str(a: int) -> str:
-    return str(ipaddress.IPv4Address(a))
+def ip_str(a: int, family: int = 4) -> str:
+    return str(ipaddress.IPv4Address(a) if family == 4 else ipaddress.IPv6Address(a))
 
 
 def elem_matches(info: SetInfo, e: SetElem, src: int, dst: int, proto: int, sport: int, dport: int,
@@ -114,6 +117,19 @@ def frame_ports(proto: int, sport: int, dport: int, icmp_type: int, icmp_code: i
     if proto == 0:
         return None
     if proto == 1:
+        p = icmp_type << 8 | icmp_code
+        return p, p
+    return sport, dport
+
+
+def frame_ports6(proto: int, sport: int, dport: int, icmp_type: int, icmp_code: int) -> tuple[int, int] | None:
+    """(source, destination) "port" a set's kadt reads from an unfragmented IPv6 frame (ip_set_get_ip6_port: the
+    upper-layer protocol after ipv6_skip_exthdr): TCP, UDP, SCTP, UDP-Lite ports, type << 8 | code for ICMPv6 (58),
+    0 for other protocols; None for no-next-header (59: ipv6_skip_exthdr fails, no element matches). ICMP (1) inside
+    IPv6 is read as ICMP by the kernel (type << 8 | code of its first two bytes): callers pass them as icmp fields."""
+    if proto == 59:
+        return None
+    if proto in (1, 58):
         p = icmp_type << 8 | icmp_code
         return p, p
     return sport, dport

@@ -7,6 +7,7 @@ unknown option or a malformed element is an error naming file, line and token, a
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 from dataclasses import replace
 
@@ -92,6 +93,22 @@ def _net(text: str, default_prefix: int = 32) -> tuple[int, int, int]:
     return v & mask, (v & mask) | (~mask & 0xFFFFFFFF), prefix
 
 
+def _net6(text: str, default_prefix: int = 128) -> tuple[int, int, int]:
+    """(first, last, prefix length) of an IPv6 `addr[/len]` (masked, as ipset saves nets)."""
+    addr, sep, plen = text.partition("/")
+    if ":" not in addr or "%" in addr:
+        raise ValueError(text)
+    v = int(ipaddress.IPv6Address(addr))  # ValueError when malformed
+    if sep and not plen.isdigit():
+        raise ValueError(text)
+    prefix = int(plen) if sep else default_prefix
+    if not 0 <= prefix <= 128:
+        raise ValueError(text)
+    top = (1 << 128) - 1
+    mask = (top << (128 - prefix)) & top
+    return v & mask, (v & mask) | (~mask & top), prefix
+
+
 def parse_element(info: SetInfo, text: str) -> SetElem:
     """One element as `ipset save` writes it for this set (options excluded); ValueError when malformed."""
     t = info.settype
@@ -102,6 +119,8 @@ def parse_element(info: SetInfo, text: str) -> SetElem:
             raise ValueError(text)
         return SetElem(port=port)
     addr, _, rest = text.partition(",")
+    v6 = info.family == "inet6"
+    net, full = (_net6, 128) if v6 else (_net, 32)
     if t in ("hash:ip,port", "hash:net,port"):
         if not rest:
             raise ValueError(text)
@@ -111,16 +130,17 @@ def parse_element(info: SetInfo, text: str) -> SetElem:
     else:
         proto, port = 0, 0
     if t.startswith("hash:net"):
-        lo, hi, prefix = _net(addr)
+        lo, hi, prefix = net(addr, full)
         if prefix == 0:
             raise ValueError(text)  # the kernel refuses /0 in hash:net
     else:
-        lo, hi, prefix = _net(addr, 32)
-        if prefix != 32:
+        lo, hi, prefix = net(addr, full)
+        if prefix != full:
             raise ValueError(text)
-        if info.netmask != 32:  # the kernel keys the address masked by the set's netmask (saved masked)
-            mask = (0xFFFFFFFF << (32 - info.netmask)) & 0xFFFFFFFF
-            lo, hi, prefix = lo & mask, (lo & mask) | (~mask & 0xFFFFFFFF), info.netmask
+        if info.netmask != full:  # the kernel keys the address masked by the set's netmask (saved masked)
+            top = (1 << full) - 1
+            mask = (top << (full - info.netmask)) & top
+            lo, hi, prefix = lo & mask, (lo & mask) | (~mask & top), info.netmask
     return SetElem(lo, hi, prefix, proto, port)
 
 
@@ -168,13 +188,14 @@ def parse_save(text: str, filename: str = "<ipsets>") -> dict[str, SetInfo]:
                 if "range" in opts and stype == "bitmap:port":
                     a, _, b = opts["range"].partition("-")
                     port_range = (int(a), int(b or a))
+                family = opts.get("family", "inet")
                 info = SetInfo(
                     name,
                     stype,
-                    family=opts.get("family", "inet"),
+                    family=family,
                     hashsize=int(opts.get("hashsize", 1024)),
                     maxelem=int(opts.get("maxelem", 65536)),
-                    netmask=int(opts.get("netmask", 32)),
+                    netmask=int(opts.get("netmask", 128 if family == "inet6" else 32)),
                     timeout_default=int(opts["timeout"]) if "timeout" in opts else None,
                     port_range=port_range,
                     options=tuple(flags) + tuple(f"{k} {v}" for k, v in opts.items() if k in ("markmask", "bitmask")),
@@ -215,11 +236,11 @@ def parse_save(text: str, filename: str = "<ipsets>") -> dict[str, SetInfo]:
                         i = j + 1
                         continue
                     i += 2
-                elif info.settype not in SET_TYPES or info.family != "inet":
+                elif info.settype not in SET_TYPES or info.family not in ("inet", "inet6"):
                     i += 1  # an element of a set netfilter alone decides: not read
                 else:
                     raise err(f"unknown element option {o}", o)
-            if info.family != "inet" or info.settype not in SET_TYPES:
+            if info.family not in ("inet", "inet6") or info.settype not in SET_TYPES:
                 elems[name].append(SetElem(timeout_s=timeout, nomatch=nomatch))  # kept for counting only
                 continue
             try:

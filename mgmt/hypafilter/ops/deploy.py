@@ -491,10 +491,35 @@ def _in_background(fn: Callable[[], object]) -> Callable[[], object]:
     return result
 
 
-def sets_state(policy: Policy) -> dict:
+def live_sets6(target: str):
+    """The firewall namespace's live ipsets (the deployment's: NS_FW, the lab's or the site's), read only
+    if the IPv6 policy has a set match, as the front end reads them for `target`."""
+    from hypafilter import netns
+    from hypafilter.iptables.sets import SetEnv
+    from hypafilter.netfilter import ipset
+    from hypafilter.targets import set_capability, set_capability6
+
+    ns = NS_FW if NS_FW and netns.exists(NS_FW) else None
+
+    def load() -> tuple[dict, str]:
+        text = ipset.save_text(ns)
+        return ipset.parse_save(text, f"ipset save ({ns or 'this namespace'})"), text
+
+    return SetEnv(
+        {},
+        *set_capability(target),
+        target,
+        f"live sets of {ns or 'this namespace'}",
+        loader=load,
+        v6_slots=set_capability6(target),
+    )
+
+
+def sets_state(policy: Policy, v6=None, plan6=None) -> dict:
     """What became of the policy's -m set matches (docs/sets.md): the set slots of the fast path, and each match
-    that stays complex with why (what `status` says)."""
-    return {
+    that stays complex with why (what `status` says). `v6`/`plan6`: the deployment's IPv6 side and its plan in the
+    fast path (None: ip6tables decides every IPv6 frame), whose inet6 set slots are listed as "[IPv6]"."""
+    out = {
         "slots": [f"{s.name} ({s.settype}) by {','.join(s.dirs)}" for s in policy.set_slots],
         "complex": [
             {"where": f"{n.origin.file}:{n.origin.line}" if n.origin else "?", "test": n.test, "why": n.why}
@@ -502,6 +527,18 @@ def sets_state(policy: Policy) -> dict:
             if n.slot < 0
         ],
     }
+    ir6 = getattr(v6, "ir", None)
+    if ir6 is None:
+        return out
+    slots6 = tuple(getattr(getattr(plan6, "policy", None), "set_slots", ()) or ())
+    out["slots"] += [f"{s.name} ({s.settype}) by {','.join(s.dirs)} [IPv6]" for s in slots6]
+    for n in ir6.set_notes:
+        if n.slot >= 0 and slots6:
+            continue
+        why = n.why or "the IPv6 side has no plan in the fast path: ip6tables decides every IPv6 frame"
+        where = f"{n.origin.file}:{n.origin.line}" if n.origin else "?"
+        out["complex"].append({"where": where, "test": n.test + " [IPv6]", "why": why})
+    return out
 
 
 def partition_counts(policy: Policy, plan) -> dict:
@@ -611,7 +648,7 @@ def follow6(
         if tgt.name == "xdp" and (tables.get("v6") or tgt.ipv6_held(st["nic"]) is not None):
             n4 = SimpleNamespace(entries=range(int(tables.get("entries", 0))))  # plan6_for's index base (unused)
             kb = int((chains or {}).get("k_base", 0))
-            plan6, why = xdp_v6.plan6_for(v6, config, n4, k_base=kb, verbatim=not chains)
+            plan6, why = xdp_v6.plan6_for(v6, config, n4, k_base=kb, verbatim=not chains, sets=live_sets6("xdp"))
             if plan6 is None:
                 how, tables = "held", {k: v for k, v in tables.items() if k != "v6"}
             else:
@@ -636,7 +673,9 @@ def follow6(
             # fast path stays held (the IPv4 fail safe). The new plan's chains go into ip6tables first, as on xdp.
             kb = int((chains or {}).get("k_base", 0))
             n4 = SimpleNamespace(entries=(), num_intervals=kb)
-            plan6, why = xdp_v6.plan6_for(v6, config, n4, k_base=kb, verbatim=not chains, target="emu")
+            plan6, why = xdp_v6.plan6_for(
+                v6, config, n4, k_base=kb, verbatim=not chains, target="emu", sets=live_sets6("emu")
+            )
             if plan6 is not None and chains:
                 c6 = ip6.render_chains(plan6, config, (chains.get("main") or "")[: -len("MAIN")])
                 if c6.main != chains.get("main") or c6.k_base != kb:
@@ -860,7 +899,8 @@ def _deploy_locked(
                 kb6 = (old6.get("chains") or {}).get("k_base", 0) if follow else None
                 verb6 = follow and not old6.get("chains")
                 plan.plan6, why6 = tx.step(
-                    "compile6", lambda: xdp_v6.plan6_for(v6, config, plan, kb6, verb6, target=tgt.name)
+                    "compile6",
+                    lambda: xdp_v6.plan6_for(v6, config, plan, kb6, verb6, target=tgt.name, sets=live_sets6(tgt.name)),
                 )
                 if why6:
                     log(f"IPv6 frames to ip6tables unparsed: {why6}")
@@ -1232,7 +1272,7 @@ def _deploy_locked(
         # The firewall's VLAN setting found before the first deploy, given back at undeploy.
         "vlan_filter_before": (old or {}).get("vlan_filter_before", old_vlan),
         "partition": partition_counts(policy, plan),
-        "sets": sets_state(policy),
+        "sets": sets_state(policy, v6, getattr(plan, "plan6", None)),
         # the IPv6 side (docs/ipv6.md): the ip6tables policy, and the IPv6 plan's interval chains there (`chains`) when
         # the xdp program decides IPv6 frames and passes the shunted ones with their k
         "ipv6": {

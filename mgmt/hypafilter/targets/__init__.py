@@ -30,4 +30,10 @@ def set_capability(name: str) -> tuple[int, int]:
     return (cls.set_slots, cls.set_capacity) if cls is not None else (0, 0)
 
 
-__all__ = ["TARGETS", "Site", "Target", "get", "set_capability"]
+def set_capability6(name: str) -> bool:
+    """Whether target `name` has IPv6 set slots (Target.set_slots6; docs/sets.md "IPv6 sets")."""
+    cls = TARGETS.get(name)
+    return bool(getattr(cls, "set_slots6", False)) if cls is not None else False
+
+
+__all__ = ["TARGETS", "Site", "Target", "get", "set_capability", "set_capability6"]

@@ -102,6 +102,7 @@ class Target(ABC):
     # most; 0: every -m set match stays a complex rule) and the most elements one slot's table holds.
     set_slots = 0
     set_capacity = 0
+    set_slots6 = False  # whether an IPv6 plan's set matches on family inet6 sets can be set slots (docs/sets.md)
 
     def __init__(self, config: Config, site: Site | None = None, build_root: Path = BUILD_ROOT):
         self.config = config

@@ -132,7 +132,7 @@ def live_sets(st: dict):
     the policy has a set match."""
     from hypafilter.iptables.sets import SetEnv
     from hypafilter.netfilter import ipset
-    from hypafilter.targets import set_capability
+    from hypafilter.targets import set_capability, set_capability6
 
     ns = st["site"].get("netns")
     target = st.get("target", "emu")
@@ -141,4 +141,11 @@ def live_sets(st: dict):
         text = ipset.save_text(ns)
         return ipset.parse_save(text, f"ipset save ({ns or 'this namespace'})"), text
 
-    return SetEnv({}, *set_capability(target), target, f"live sets of {ns or 'this namespace'}", loader=load)
+    return SetEnv(
+        {},
+        *set_capability(target),
+        target,
+        f"live sets of {ns or 'this namespace'}",
+        loader=load,
+        v6_slots=set_capability6(target),
+    )

@@ -683,7 +683,7 @@ class SetFollower:
         self.pin, self.next_expiry = pin, None
         if not pin:
             return
-        slots = _shape_of(nic).get("sets", [])
+        slots = setmaps.slots_of(_shape_of(nic))
         if slots:
             self.maps = setmaps.SetMaps(pin, slots, st["site"].get("netns"))
             self.wake = PinnedRingbuf(self.maps.watcher / "hfx_setwake")

@@ -57,8 +57,23 @@ def expiry(e: SetElem, t0: int, t1: int) -> Window | None:
     )
 
 
-def key_of(settype: str, e: SetElem) -> bytes:
-    """The map key of element e in a slot of this type (hf_fastpath.h's layouts)."""
+def _a16(a: int) -> bytes:
+    return a.to_bytes(16, "big")
+
+
+def key_of(settype: str, e: SetElem, family: int = 4) -> bytes:
+    """The map key of element e in a slot of this type (hf_fastpath.h's layouts; `family` 6: the IPv6 program's
+    hfx6_setkey_*, the address as its 16 bytes in network order)."""
+    if family == 6 and settype != "bitmap:port":
+        if settype == "hash:ip":
+            return _a16(e.addr_lo)
+        if settype == "hash:ip,port":
+            return _a16(e.addr_lo) + struct.pack("<HBB", e.port, e.proto, 0)
+        if settype == "hash:net":
+            return struct.pack("<I", e.prefix) + _a16(e.addr_lo)
+        if settype == "hash:net,port":
+            return struct.pack("<I", 32 + e.prefix) + struct.pack(">BBH", e.proto, 0, e.port) + _a16(e.addr_lo)
+        raise ValueError(settype)
     if settype == "hash:ip":
         return struct.pack("<I", e.addr_lo)
     if settype == "hash:ip,port":
@@ -76,9 +91,20 @@ def value_of(e: SetElem, w: Window | None) -> bytes:
     return VALUE.pack(max(w.lo, 1) if w is not None else 0, PRESENT | (NOMATCH if e.nomatch else 0), 0)
 
 
-def contents(info: SetInfo, t0: int, t1: int) -> dict[bytes, bytes]:
-    """Every element of `info` (read between t0 and t1) as map key -> value."""
-    return {key_of(info.settype, e): value_of(e, expiry(e, t0, t1)) for e in info.entries}
+def contents(info: SetInfo, t0: int, t1: int, family: int = 4) -> dict[bytes, bytes]:
+    """Every element of `info` (read between t0 and t1) as map key -> value, for a slot of the IPv`family` path."""
+    return {key_of(info.settype, e, family): value_of(e, expiry(e, t0, t1)) for e in info.entries}
+
+
+def slots_of(shape: dict) -> list[dict]:
+    """Every set slot's map of a program of `shape`: the IPv4 path's ("sets", maps hfx_set<i>), then the IPv6 path's
+    ("v6"'s "sets", maps hfx6_set<i>, family 6). One follower keeps them all equal to the kernel's sets and releases
+    them with one count (hfx_setsync), which both paths compare."""
+    return list(shape.get("sets", [])) + list((shape.get("v6") or {}).get("sets", []))
+
+
+def map_name(slot: dict, i: int) -> str:
+    return slot.get("map", f"hfx_set{i}")
 
 
 def split_save(text: str) -> dict[str, str]:
@@ -97,8 +123,19 @@ def split_save(text: str) -> dict[str, str]:
     return out
 
 
-def describe_key(settype: str, key: bytes) -> str:
+def describe_key(settype: str, key: bytes, family: int = 4) -> str:
     """A map key back as ipset writes the element (for messages and tests)."""
+    if family == 6 and settype != "bitmap:port":
+        if settype == "hash:ip":
+            return str(ipaddress.IPv6Address(key[:16]))
+        if settype == "hash:ip,port":
+            port, proto, _ = struct.unpack("<HBB", key[16:20])
+            return f"{ipaddress.IPv6Address(key[:16])},{proto}:{port}"
+        p = struct.unpack("<I", key[:4])[0]
+        if settype == "hash:net":
+            return f"{ipaddress.IPv6Address(key[4:20])}/{p}"
+        proto, _, port = struct.unpack(">BBH", key[4:8])
+        return f"{ipaddress.IPv6Address(key[8:24])}/{p - 32},{proto}:{port}"
     if settype == "hash:ip":
         return str(ipaddress.IPv4Address(struct.unpack("<I", key)[0]))
     if settype == "hash:ip,port":
@@ -224,7 +261,7 @@ class SyncResult:
 
 
 class SetMaps:
-    """The set slots' maps of a started program (`pin`, its shape's "sets"), synchronised with the kernel's sets of
+    """The set slots' maps of a started program (`pin`, slots_of its shape: both families'), synchronised with the kernel's sets of
     network namespace `ns`. A sync waits until no ipset command runs (STARTED == FINISHED), reads every set with
     `ipset save`, writes what differs, and releases (hfx_setsync[0] = the STARTED count read first) only if no
     command began meanwhile; else it reads again. Syncs of this host take turns (LOCK)."""
@@ -235,7 +272,7 @@ class SetMaps:
         self.watcher = Path(os.readlink(self.pin / "hfx_setseq")).parent  # the watcher's pins (its wake-up ring)
         self.seq = PinnedMap(self.pin / "hfx_setseq")
         self.sync_map = PinnedArray(self.pin / "hfx_setsync")
-        self.maps = [PinnedMap(self.pin / f"hfx_set{i}") for i in range(len(slots))]
+        self.maps = [PinnedMap(self.pin / map_name(s, i)) for i, s in enumerate(slots)]
         self.token = int.from_bytes(os.urandom(8), "little") | 1
         self.shadow: list[dict[bytes, bytes] | None] = [None] * len(slots)
         self.texts = [""] * len(slots)  # each slot's set as `ipset save` wrote it when last read
@@ -305,7 +342,7 @@ class SetMaps:
                             + (f" (now {info.settype})" if info is not None else "")
                             + ": the fast path keeps leaving frames to the stack; redeploy"
                         )
-                    want = contents(info, t0, t1)
+                    want = contents(info, t0, t1, slot.get("family", 4))
                     written += self._apply(i, slot["type"], want)
                     elements += len(want)
                     ends = [x.hi for x in (expiry(e, t0, t1) for e in info.entries) if x is not None]

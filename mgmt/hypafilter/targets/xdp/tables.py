@@ -243,7 +243,7 @@ def set_maps(plan) -> list[dict]:
     for s in slots:
         info = policy.sets.get(s.name)
         maxelem = info.maxelem if info is not None else 65536
-        netmask = info.netmask if info is not None else 32
+        netmask = min(info.netmask, 32) if info is not None else 32  # (an inet6 set's 128: set_maps6 drops it)
         out.append(
             {
                 "name": s.name,
@@ -253,6 +253,17 @@ def set_maps(plan) -> list[dict]:
                 "cap": pow2(maxelem, 64),
             }
         )
+    return out
+
+
+def set_maps6(plan) -> list[dict]:
+    """The IPv6 plan's set slots' maps (docs/sets.md "IPv6 sets"): as set_maps, named hfx6_set<i> (the IPv6 program's
+    own maps, 128-bit keys), family 6. An inet6 hash:ip keys the whole address (a netmask keeps its rule complex)."""
+    out = []
+    for i, m in enumerate(set_maps(plan)):
+        m = {**m, "map": f"hfx6_set{i}", "family": 6}
+        m.pop("mask")
+        out.append(m)
     return out
 
 
@@ -480,9 +491,6 @@ def build_tables6(
         raise ValueError("a family-6 plan without addr_map (the 128-bit interval starts of its ranks)")
     if getattr(plan, "overlay", None) is not None:
         raise ValueError("the xdp program has no update buffer for IPv6: a family-6 View is not supported")
-    policy = getattr(plan, "policy", None)
-    if policy is not None and getattr(policy, "set_slots", ()):
-        raise ValueError("set matches in a family-6 plan: the xdp program has no IPv6 set tables")
     starts = {}
     for dim in SEARCH_FIELDS:
         s = [int(x) for x in amap.starts[dim]]
@@ -508,6 +516,7 @@ def build_tables6(
     interval = np.array([int(k) + kb if int(k) and not verbatim else 0 for k in plan.interval], dtype=np.int64)
     view = _Plan6(entries, plan.shunt, getattr(plan, "shunt_none", None), plan.actions, interval, plan.mirror)
     t = build_tables(view)
+    t.sets = set_maps6(plan)
     for d in SEARCH_FIELDS:
         sp = t.spans.get(d)
         if sp is None:
@@ -537,7 +546,7 @@ class _Plan6:
 def shape6(t6: Tables) -> dict:
     """The IPv6 part of a program's shape (`shape["v6"]`): fields, vector words, capacities."""
     s = t6.shape(0)
-    return {k: s[k] for k in ("fields", "words", "vec_cap", "nb_cap", "ent_cap")}
+    return {k: s[k] for k in ("fields", "words", "vec_cap", "nb_cap", "ent_cap", "sets") if k in s}
 
 
 def fits6(t6: Tables, v6shape: dict | None) -> bool:
@@ -550,6 +559,7 @@ def fits6(t6: Tables, v6shape: dict | None) -> bool:
         and len(t6.vectors) + (1 if set(t6.fields) != set(v6shape["fields"]) else 0) <= v6shape["vec_cap"]
         and nb <= v6shape["nb_cap"]
         and t6.n + 1 <= v6shape["ent_cap"]
+        and t6.sets == v6shape.get("sets", [])
     )
 
 

@@ -51,6 +51,7 @@ from hypafilter.targets.xdp.tables import (
     overlay_records,
     read_slot,
     set_maps,
+    set_maps6,
     shape6,
     shape_id,
     split_records,
@@ -142,6 +143,7 @@ class XdpTarget(Target):
     flowsync_down = "no new TCP entry is marked liberal"
     set_slots = MAX_SET_SLOTS  # one BPF map per slot (docs/sets.md)
     set_capacity = SET_CAPACITY
+    set_slots6 = True  # the IPv6 program's own 128-bit-key maps (hfx6_set*, docs/sets.md "IPv6 sets")
     _new_flows_why_not = ""  # why a conntrack miss is not ct 3, from the last ct_config (newflows.why_not)
 
     def missing(self) -> str | None:
@@ -229,7 +231,7 @@ class XdpTarget(Target):
             mate = ports[i ^ 1] if (i ^ 1) < len(ports) else None
             args += ["--port", f"{name}={i}" + (f":{mate}" if mate and self.config.nic_mode == "bridge" else "")]
         shape = json.loads(obj.with_name("shape.json").read_text())
-        slots = shape.get("sets", [])
+        slots = setmaps.slots_of(shape)
         # Every program can look conntrack up (the tables' HFX_CT_LOOKUP: a plan that forces misses, whatever its
         # fields read), so every program counts through the host's watcher the changes that make a miss RELATED or
         # UNTRACKED (docs/xdp.md "Following the configuration"); without it no miss would ever be read as ct 3, and a
@@ -360,7 +362,7 @@ class XdpTarget(Target):
     def _sets_drift(self, info: dict, grace: float = 1.0) -> list[str]:
         """The set tables not released for `grace` seconds (an ipset command's resync takes tens of ms): the policy
         sync service does not follow the kernel's sets, and the program leaves every frame to the stack."""
-        slots = _shape_of(info).get("sets", [])
+        slots = setmaps.slots_of(_shape_of(info))
         if not slots:
             return []
         sm = setmaps.SetMaps(info["pin"], slots, self.site.netns)
@@ -445,14 +447,17 @@ class XdpTarget(Target):
 
     def same_sets(self, info: dict, plan) -> bool:
         try:
-            return _shape_of(info).get("sets", []) == set_maps(plan)
+            shape = _shape_of(info)
+            p6 = getattr(plan, "plan6", None)
+            v6 = set_maps6(p6) if p6 is not None else []
+            return shape.get("sets", []) == set_maps(plan) and (shape.get("v6") or {}).get("sets", []) == v6
         except OSError:
             return False
 
     def sync_sets(self, info: dict) -> dict:
         """The program's set tables made equal to the kernel's sets now and released (docs/sets.md); {} for a
         program without set slots."""
-        slots = _shape_of(info).get("sets", [])
+        slots = setmaps.slots_of(_shape_of(info))
         if not slots:
             return {}
         sm = setmaps.SetMaps(info["pin"], slots, self.site.netns)

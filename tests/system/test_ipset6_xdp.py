@@ -47,6 +47,8 @@ add svc6 fd48:4601::2:1,tcp:80
 add svc6 fd48:4600::2:1,udp:53
 add svc6 fd48:4601::2:1,udp:53
 add svc6 2001:db8:1::1,tcp:443
+add svc6 fd48:4600::2:1,ipv6-icmp:echo-request
+add svc6 fd48:4601::2:1,ipv6-icmp:128/0
 """
 
 V6 = """*filter
@@ -56,6 +58,7 @@ V6 = """*filter
 -A FORWARD -m set --match-set ban6 src -j DROP
 -A FORWARD -m set --match-set bl6 src -j DROP
 -A FORWARD -m set --match-set svc6 dst,dst -j ACCEPT
+-A FORWARD -p ipv6-icmp --icmpv6-type echo-request -j DROP
 -A FORWARD -p tcp -j DROP
 -A FORWARD -p udp -m set ! --match-set bl6 dst -j DROP
 COMMIT
@@ -229,6 +232,7 @@ def blocklist6(n: int, seed: int = 25) -> str:
         "add svc6 fd48:4601::2:1,tcp:80",
         "add svc6 fd48:4600::2:1,udp:53",
         "add svc6 fd48:4601::2:1,udp:53",
+        "add svc6 fd48:4600::2:1,ipv6-icmp:echo-request",
         "create np6 hash:net,port family inet6 hashsize 1024 maxelem 65536",
         "add np6 fd48:4600::/64,tcp:22",
         "add np6 fd48:4600::1:0/112,tcp:22 nomatch",

@@ -184,3 +184,25 @@ def test_ipv6_map_keys():
     assert len(k) == 24 and setmaps.describe_key("hash:net,port", k, 6) == "2001:db8::2/128,6:80"
     assert setmaps.key_of("hash:ip", s["h6"].entries[0], 6) == ipaddress.IPv6Address("2001:db8::77").packed
     assert setmaps.key_of("bitmap:port", s["bp"].entries[0], 6) == struct.pack("<I", 25)
+
+
+def test_icmpv6_elements_are_keyed_as_the_kernel_keys_them():
+    """`ipv6-icmp:NAME` (the names `ipset save` prints, read back from the tool) and `ipv6-icmp:TYPE/CODE`: the kernel
+    keys an ICMPv6 element of a hash:*,port set as type << 8 | code, as ICMP's."""
+    s = ipset.parse_save(
+        "create i6 hash:ip,port family inet6 hashsize 1024 maxelem 65536\n"
+        "add i6 2001:db8::2,ipv6-icmp:echo-request\n"
+        "add i6 2001:db8::2,ipv6-icmp:port-unreachable\n"
+        "add i6 2001:db8::2,ipv6-icmp:43/1\n"
+        "add i6 2001:db8::2,ipv6-icmp:neighbour-solicitation\n",
+        "s.save",
+    )
+    assert [(e.proto, e.port) for e in s["i6"].entries] == [
+        (58, 128 << 8),
+        (58, 1 << 8 | 4),
+        (58, 43 << 8 | 1),
+        (58, 135 << 8),
+    ]
+    with pytest.raises(PolicyError) as e:
+        ipset.parse_save("create i6 hash:ip,port family inet6\nadd i6 2001:db8::2,ipv6-icmp:no-such-type\n", "s.save")
+    assert (e.value.line, e.value.token) == (2, "2001:db8::2,ipv6-icmp:no-such-type")

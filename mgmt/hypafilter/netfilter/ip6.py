@@ -498,10 +498,23 @@ def aims(policy: V6Policy) -> Aims:
                     ty, _, code = v.partition("/")
                     if ty.isdigit():
                         a.icmp.append((int(ty), int(code) if code.isdigit() else -1))
-    for ln in policy.sets_text.splitlines():  # the elements of the sets the policy reads
+    for ln in policy.sets_text.splitlines():  # the elements of the sets the policy reads: nets, ports, ICMPv6 types
         parts = ln.split()
         if len(parts) >= 3 and parts[0] == "add":
-            a.nets += _net(parts[2].split(",")[0])
+            elem = parts[2].split(",")
+            a.nets += _net(elem[0])
+            for part in elem[1:] if len(elem) > 1 else elem if elem[0].isdigit() else ():  # hash:*,port; bitmap:port
+                proto, _, port = part.rpartition(":")
+                if proto in ("ipv6-icmp", "icmpv6", "58"):
+                    ty, _, code = port.partition("/")
+                    if port in ICMP6_NAMES or port in ipset.ICMPV6_NAMES:
+                        a.icmp.append(ICMP6_NAMES.get(port) or ipset.ICMPV6_NAMES[port])
+                    elif ty.isdigit():
+                        a.icmp.append((int(ty), int(code) if code.isdigit() else -1))
+                elif port.isdigit():
+                    a.ports.append(int(port))
+                    if proto in PROTO_NAMES:
+                        a.protos.append(PROTO_NAMES[proto])
     a.nets = list(dict.fromkeys(a.nets))
     a.ports = sorted(set(a.ports))
     a.protos = sorted(set(a.protos))

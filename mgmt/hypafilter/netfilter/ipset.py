@@ -30,6 +30,15 @@ ICMP_NAMES = {
     "timestamp-request": (13, 0), "timestamp-reply": (14, 0), "address-mask-request": (17, 0),
     "address-mask-reply": (18, 0),
 }  # fmt: skip
+# The same for ICMPv6 (`ipv6-icmp:NAME` in an inet6 hash:*,port set), read back from the tool the same way.
+ICMPV6_NAMES = {
+    "no-route": (1, 0), "communication-prohibited": (1, 1), "address-unreachable": (1, 3),
+    "port-unreachable": (1, 4), "packet-too-big": (2, 0), "ttl-zero-during-transit": (3, 0),
+    "ttl-zero-during-reassembly": (3, 1), "bad-header": (4, 0), "unknown-header-type": (4, 1),
+    "unknown-option": (4, 2), "echo-request": (128, 0), "echo-reply": (129, 0), "router-solicitation": (133, 0),
+    "router-advertisement": (134, 0), "neighbour-solicitation": (135, 0), "neighbour-advertisement": (136, 0),
+    "redirect": (137, 0),
+}  # fmt: skip
 # create options with a value, and flags; anything else is refused
 _VALUED = {
     "family", "hashsize", "maxelem", "bucketsize", "initval", "timeout", "netmask", "range", "markmask", "bitmask",
@@ -38,7 +47,7 @@ _VALUED = {
 _FLAGS = {"counters", "comment", "skbinfo", "forceadd"}
 # element options: ignored for membership except timeout and nomatch
 _ELEM_VALUED = {"timeout", "packets", "bytes", "comment", "skbmark", "skbprio", "skbqueue"}
-_PROTO_ALIASES = {"tcp": 6, "udp": 17, "icmp": 1, "sctp": 132, "udplite": 136}
+_PROTO_ALIASES = {"tcp": 6, "udp": 17, "icmp": 1, "sctp": 132, "udplite": 136, "ipv6-icmp": 58}
 
 
 def _proto(name: str) -> int:
@@ -53,14 +62,16 @@ def _proto(name: str) -> int:
 
 
 def _port_part(text: str) -> tuple[int, int]:
-    """'tcp:80' / 'icmp:echo-request' / 'icmp:8/0' / 'gre:0' / '80' (tcp) -> (proto, port as the kernel keys it)."""
+    """'tcp:80' / 'icmp:echo-request' / 'icmp:8/0' / 'ipv6-icmp:echo-request' / 'gre:0' / '80' (tcp) -> (proto, port as
+    the kernel keys it)."""
     proto_s, sep, port_s = text.rpartition(":")
     if not sep:
         proto_s, port_s = "tcp", text
     proto = _proto(proto_s)
-    if proto == 1:
-        if port_s in ICMP_NAMES:
-            t, c = ICMP_NAMES[port_s]
+    if proto in (1, 58):  # the kernel keys ICMP and ICMPv6 as type << 8 | code
+        names = ICMP_NAMES if proto == 1 else ICMPV6_NAMES
+        if port_s in names:
+            t, c = names[port_s]
         else:
             t_s, _, c_s = port_s.partition("/")
             t, c = int(t_s), int(c_s or 0)

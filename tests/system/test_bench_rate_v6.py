@@ -1,8 +1,9 @@
-"""`hypafilter bench rate` with IPv6 on xdp (docs/ipv6.md "bench rate with IPv6"): `-6 --classbench` (the filter set and
-its trace mapped into IPv6 as the analysis benchmark maps them) and a dual stack (`POLICY --ipv6 V6POLICY`), each
+"""`hypafilter bench rate` with IPv6 (docs/ipv6.md "bench rate with IPv6"): on xdp `-6 --classbench` (the filter set
+and its trace mapped into IPv6 as the analysis benchmark maps them) and a dual stack (`POLICY --ipv6 V6POLICY`), each
 frame of the correctness pass compared with the kernel alone (iptables and ip6tables of the plain namespace), a short
-rate pass whose delivered counts the bench checks against those verdicts. Opt-in (`make test-bench-v6`,
-HF_BENCH_V6=1: ~25 s with the lab and two program builds); the measured figures are docs/results.md's. Lab `w2c`."""
+rate pass whose delivered counts the bench checks against those verdicts; on the emulated NIC a dual stack through
+its dual-stack core. Opt-in (`make test-bench-v6`, HF_BENCH_V6=1: 25 s with the labs, the program builds and the
+emulator's core cached); the measured figures are docs/results.md's. Labs `w2c` (xdp), `w2d` (emu)."""
 
 from __future__ import annotations
 
@@ -94,3 +95,34 @@ def test_bench_rate_dual_stack(lab, tmp_path):
     assert r["mismatches"] == 0 and r["ipv6"]["frames"] == 500 and r["frames"] == 1000, r["examples"]
     assert 0 < r["delivered"]["hybrid"] == r["delivered"]["iptables"] < 1000
     assert r["hw_share"] > 0.3, r["nic"]
+
+
+EMU_LAB = "w2d"
+
+
+def test_bench_rate_dual_stack_emu(tmp_path):
+    """The emulated NIC's dual-stack core (`emu_ipv6`, docs/ipv6.md "## emu") under the bench: both families' frames
+    through the core (the correctness pass, paced by the NIC), each compared with its own policy alone in the kernel;
+    the IPv6 rows decide frames too. The core of POLICY_A beside HW6 is test_ipv6_deploy's and test_ipv6_alone's
+    (cached by its matchers; a cold build is about a minute)."""
+    need_root()
+    env = dict(os.environ, HF_LAB=EMU_LAB, HF_STATE_DIR=f"/run/hypafilter/test-{EMU_LAB}")
+    subprocess.run(HF + ["lab", "down", "--name", EMU_LAB], capture_output=True, env=env)
+    (tmp_path / "a.rules").write_text(POLICY_A)
+    (tmp_path / "hw6.rules").write_text(HW6)
+    try:
+        p = subprocess.run(HF + ["lab", "up", "--name", EMU_LAB], capture_output=True, text=True, env=env)
+        assert p.returncode == 0, p.stderr[-2000:]
+        p = subprocess.run(
+            HF + ["bench", "rate", str(tmp_path / "a.rules"), "--ipv6", str(tmp_path / "hw6.rules")]
+            + ["--target", "emu", "--frames", "1000", "--json"],
+            capture_output=True, text=True, env=env,
+        )  # fmt: skip
+        assert p.returncode == 0, p.stderr[-3000:]
+        r = json.loads(p.stdout.splitlines()[-1])
+        assert r["mismatches"] == 0 and r["ipv6"]["frames"] == 500 and r["ipv6"]["hw_entries"] == 7, r["examples"]
+        assert 0 < r["delivered"]["hybrid"] == r["delivered"]["iptables"] < 1000
+        assert r["hw_share"] > 0.5 and r["nic"].get("CNT_SHUNT_UNPARSED", 0) < 50, r["nic"]
+    finally:
+        subprocess.run(HF + ["undeploy", "-q"], capture_output=True, env=env)
+        subprocess.run(HF + ["lab", "down", "--name", EMU_LAB], capture_output=True, env=env)

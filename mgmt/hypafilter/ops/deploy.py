@@ -1343,10 +1343,8 @@ def ipv6_drift(st: dict) -> list[str]:
             # ip6tables at its end (a change made during a core build stays a change): ip6tables' operator's part
             # against that listing's (docs/ipv6.md "Following ip6tables"). A change the policy sync service has not
             # applied (stopped, or one it cannot follow) is drift, as after a deploy.
-            from hypafilter.ops.policysync import follow6 as f6
-
             text = netns.run(["ip6tables-save"], NS_FW)
-            if f6.digest6(f6.strip6(text, f6.tool_prefix(six))) != six["live_digest"]:
+            if ip6.digest6(ip6.strip6(text, ip6.tool_prefix(six))) != six["live_digest"]:
                 return [f"ip6tables: changed since the policy sync service followed it ({six.get('source')})"]
     except HypafilterError as e:
         return [f"ip6tables: {e}"]

@@ -262,8 +262,8 @@ def load_policy_v4(args: argparse.Namespace, config: Config, log=lambda s: None)
     if getattr(args, "family6", False):
         if args.classbench:
             raise HypafilterError(
-                "-6 with --classbench: deploy and verify take an ip6tables-save file (`hypafilter import-classbench` "
-                "and `tools/classbench6` write one; analyze and bench take --classbench with -6)"
+                "-6 with --classbench: deploy and verify take an ip6tables-save file (analyze and bench rate take "
+                "--classbench with -6)"
             )
         return live_policy_v4(args, config, log)
     return load_policy(args, config)
@@ -285,12 +285,13 @@ def live_policy_v4(args: argparse.Namespace, config: Config, log=lambda s: None)
 
     ns = deploy.NS_FW if deploy.NS_FW and netns.exists(deploy.NS_FW) else None
     if deploy.NS_FW and ns is None:
-        text, how = EMPTY_V4, f"no IPv4 ruleset ({deploy.NS_FW} does not exist yet: every base chain ACCEPT)"
+        text, how = EMPTY_V4, f"the empty policy, every base chain ACCEPT ({deploy.NS_FW} does not exist yet: no table)"
+        source = "(no IPv4 ruleset: -6)"
     else:
         text = netns.run(["iptables-save", "-t", config.table], ns)
         text = live.strip_tool(text, config.chain_prefix) if text.strip() else EMPTY_V4
         how = "the firewall's live IPv4 ruleset as it is"
-    source = f"iptables-save -t {config.table} ({ns or 'this namespace'})"
+        source = f"iptables-save -t {config.table} ({ns or 'this namespace'})"
     policy = _with_sets(
         args,
         config,
@@ -312,7 +313,7 @@ def live_policy_v4(args: argparse.Namespace, config: Config, log=lambda s: None)
             f"iptables' live ruleset ({source}), which is not the deployed IPv4 policy {st.get('policy_source')}: a "
             "change the policy sync service has not followed yet, deployed with it"
         )
-    else:
+    elif ns is not None or not deploy.NS_FW:
         how = f"{how} ({source})"
     n = len(policy.rules)
     log(

@@ -133,6 +133,7 @@ test-xdp-v6:
 	@scripts/setup.sh system
 	CI=true HF_XDP_V6_FULL=1 scripts/run-system-tests.sh -n 0 tests/system/test_xdp_v6.py tests/system/test_xdp_v6_lab.py \
 		tests/system/test_xdp_v6_chains.py
+	HF_XDP_V6_FULL=1 scripts/run-system-tests.sh -n 0 tests/system/test_ipv6_alone.py -k xdp
 
 # opt-in: the policy sync service's IPv6 side beyond `make test`'s check: legacy ip6tables tables, a new program
 .PHONY: test-livepolicy6

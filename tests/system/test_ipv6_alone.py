@@ -10,6 +10,8 @@
   applied (its worker stopped) is drift in `status` again, and no longer once the service applied it. On main
   (1094066) status said nothing: the follow recorded no fingerprint of ip6tables there.
 
+- Opt-in (HF_XDP_V6_FULL=1, `make test-xdp-v6`; lab `w2e`, 13 s): the same on xdp from a dual-stack deployment.
+
 Lab `w2a`."""
 
 from __future__ import annotations
@@ -149,3 +151,35 @@ def test_ipv6_drift_after_follow_emu(lab, files):
     applied_after(n)  # applied: the live ip6tables is the deployment's IPv6 side again
     p = hf("status", check=False)
     assert p.returncode == 0 and "ip6tables: changed" not in p.stdout, p.stdout[:2000]
+
+
+XDP_LAB = "w2e"
+
+
+@pytest.mark.skipif(
+    os.environ.get("HF_XDP_V6_FULL", "") in ("", "0"), reason="opt-in: HF_XDP_V6_FULL=1, make test-xdp-v6"
+)
+def test_ipv6_policy_alone_xdp(files):
+    """The same on xdp, the IPv6 side decided in the XDP program: with a dual-stack deployment, `deploy -6` replaces
+    the IPv6 side only (the IPv4 policy's hash and name kept); `verify -6` finds it deployed and 0 mismatches."""
+    from conftest import need_root
+
+    need_root()
+    x = HfCli(XDP_LAB, f"/run/hypafilter/test-{XDP_LAB}")
+    x("lab", "down", "--name", XDP_LAB, check=False)
+    try:
+        x("lab", "up", "--target", "xdp", "--name", XDP_LAB)
+        x("deploy", str(files / "a.rules"), "--ipv6", str(files / "v6.rules"), "--target", "xdp", "-q")
+        st = json.loads((Path(x.state) / "state.json").read_text())
+        p = x("deploy", "-6", str(files / "hw6.rules"), "--target", "xdp")
+        assert f"the IPv4 side is the deployed IPv4 policy {files / 'a.rules'}" in p.stderr, p.stderr
+        st2 = json.loads((Path(x.state) / "state.json").read_text())
+        assert (st2["policy_hash"], st2["policy_source"]) == (st["policy_hash"], st["policy_source"])
+        assert st2["ipv6"]["source"].endswith("hw6.rules") and st2["tables"]["v6"]["entries"] > 0
+        p = x("verify", "-6", str(files / "hw6.rules"), "--target", "xdp", "--packets", "100", "--json", check=False)
+        r = json.loads(p.stdout)
+        assert p.returncode == 0 and r["mismatches"] == 0 and r["generation"] == st2["generation"], r["ipv6"]
+        assert r["nic"]["CNT_SHUNT_UNPARSED"] < 50, r["nic"]  # the program decided most IPv6 frames
+    finally:
+        x("undeploy", "-q", check=False)
+        x("lab", "down", "--name", XDP_LAB, check=False)

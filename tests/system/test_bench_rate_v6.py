@@ -108,6 +108,7 @@ def test_bench_rate_dual_stack_emu(tmp_path):
     need_root()
     env = dict(os.environ, HF_LAB=EMU_LAB, HF_STATE_DIR=f"/run/hypafilter/test-{EMU_LAB}")
     subprocess.run(HF + ["lab", "down", "--name", EMU_LAB], capture_output=True, env=env)
+    shutil.rmtree(env["HF_STATE_DIR"], ignore_errors=True)
     (tmp_path / "a.rules").write_text(POLICY_A)
     (tmp_path / "hw6.rules").write_text(HW6)
     try:
@@ -126,3 +127,4 @@ def test_bench_rate_dual_stack_emu(tmp_path):
     finally:
         subprocess.run(HF + ["undeploy", "-q"], capture_output=True, env=env)
         subprocess.run(HF + ["lab", "down", "--name", EMU_LAB], capture_output=True, env=env)
+        shutil.rmtree(env["HF_STATE_DIR"], ignore_errors=True)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -77,12 +78,14 @@ def lab(files):
 
     need_root()
     hf("lab", "down", "--name", LAB, check=False)
+    shutil.rmtree(hf.state, ignore_errors=True)
     hf("lab", "up", "--name", LAB)
     netns.run(["iptables-restore", "-w"], FW, input=POLICY_A)
     yield LAB
     if _state():
         hf("undeploy", "-q", check=False)
     hf("lab", "down", "--name", LAB, check=False)
+    shutil.rmtree(hf.state, ignore_errors=True)
 
 
 def test_ipv6_policy_alone(lab, files):
@@ -167,6 +170,7 @@ def test_ipv6_policy_alone_xdp(files):
     need_root()
     x = HfCli(XDP_LAB, f"/run/hypafilter/test-{XDP_LAB}")
     x("lab", "down", "--name", XDP_LAB, check=False)
+    shutil.rmtree(x.state, ignore_errors=True)
     try:
         x("lab", "up", "--target", "xdp", "--name", XDP_LAB)
         x("deploy", str(files / "a.rules"), "--ipv6", str(files / "v6.rules"), "--target", "xdp", "-q")
@@ -183,3 +187,4 @@ def test_ipv6_policy_alone_xdp(files):
     finally:
         x("undeploy", "-q", check=False)
         x("lab", "down", "--name", XDP_LAB, check=False)
+        shutil.rmtree(x.state, ignore_errors=True)

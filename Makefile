@@ -127,12 +127,21 @@ test-real-all:
 test-emu-v6:
 	@scripts/setup.sh system
 	CI=true HF_EMU_V6_FULL=1 scripts/run-system-tests.sh -n 0 tests/system/test_ipv6_deploy.py -k emu
+	CI=true HF_EMU_V6_FULL=1 scripts/run-system-tests.sh -n 0 tests/system/test_ipv6_alone.py
+
+# opt-in: bench rate with IPv6 on xdp (-6 --classbench with its trace mapped into IPv6, a dual stack), each frame
+# compared with the kernel (docs/ipv6.md "bench rate with IPv6"; the figures: docs/results.md)
+.PHONY: test-bench-v6
+test-bench-v6:
+	@scripts/setup.sh system
+	HF_BENCH_V6=1 scripts/run-system-tests.sh -n 0 tests/system/test_bench_rate_v6.py
 
 .PHONY: test-xdp-v6
 test-xdp-v6:
 	@scripts/setup.sh system
 	CI=true HF_XDP_V6_FULL=1 scripts/run-system-tests.sh -n 0 tests/system/test_xdp_v6.py tests/system/test_xdp_v6_lab.py \
 		tests/system/test_xdp_v6_chains.py
+	HF_XDP_V6_FULL=1 scripts/run-system-tests.sh -n 0 tests/system/test_ipv6_alone.py -k xdp
 
 # opt-in: the policy sync service's IPv6 side beyond `make test`'s check: legacy ip6tables tables, a new program
 .PHONY: test-livepolicy6

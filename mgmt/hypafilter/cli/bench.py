@@ -45,8 +45,15 @@ def register(sub) -> None:
         "rate",
         help="frames/s of the same frames through the hybrid path and through the policy alone in iptables and nft",
     )
-    add_policy_args(r)
+    add_policy_args(r, ipv6=True)
     r.add_argument("--target", default="emu", help="fast path of the hybrid (default emu)")
+    r.add_argument(
+        "--ipv6-share",
+        type=float,
+        default=0.5,
+        metavar="F",
+        help="with POLICY --ipv6 V6POLICY: the share of IPv6 frames (default 0.5; -6: every frame IPv6)",
+    )
     r.add_argument("--frames", type=int, default=20000, help="frames per path (default 20000)")
     r.add_argument("--seed", type=int, default=1, help="random seed of the frames (default 1)")
     r.add_argument("--trace", metavar="T[.gz]", help="ClassBench header trace to draw headers from")
@@ -289,7 +296,13 @@ def run_rate(args: argparse.Namespace) -> int:
     if args.ct_first and not args.classbench:
         raise HypafilterError("--ct-first needs --classbench (a policy file states its own conntrack rule)")
     nft_policy = None
-    if args.classbench:
+    v6, v6_headers, v6_share = None, None, 0.0
+    if args.family6 or args.ipv6:
+        policy, v6, v6_headers = _rate_ipv6(args, cfg)
+        v6_share = 1.0 if args.family6 else args.ipv6_share
+        if not 0 < v6_share <= 1:
+            raise HypafilterError("--ipv6-share: a share in (0, 1]")
+    elif args.classbench:
         policy = _classbench(args, cfg, args.complex)
         if args.complex:
             # nft has no string match: its path loads the same rules without the complex rules' string match
@@ -320,6 +333,9 @@ def run_rate(args: argparse.Namespace) -> int:
         prog_frames=args.prog_frames,
         sender=args.sender,
         nft_policy=nft_policy,
+        v6=v6,
+        v6_frames=v6_share,
+        v6_headers=v6_headers,
         **frame_options(args),
         log=progress(args, quiet=args.json),
     )
@@ -328,6 +344,72 @@ def run_rate(args: argparse.Namespace) -> int:
     if not args.json:
         print(f"command: {report['command']}", file=sys.stderr)
     return 1 if report["mismatches"] else 0
+
+
+def _rate_ipv6(args: argparse.Namespace, cfg):
+    """bench rate's IPv6 side (docs/ipv6.md "bench rate with IPv6"): (the IPv4 policy, the IPv6 policy as deploy takes
+    it, the trace's headers mapped into IPv6 or None). `-6 V6POLICY`: the IPv4 side is the empty policy (every base
+    chain ACCEPT; no IPv4 frame is sent); `-6 --classbench F`: the filter set mapped into IPv6 as the analysis
+    benchmark maps it (tools.classbench6), and with --trace its trace mapped beside it; `POLICY --ipv6 V6POLICY`: both
+    families' frames."""
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.netfilter import ip6
+
+    if args.ct_first:
+        raise HypafilterError("--ct-first is an IPv4 ClassBench import: not with -6 or --ipv6")
+    headers = None
+    if args.family6:
+        if args.classbench:
+            from hypafilter.tools.classbench import classbench_policy_text
+            from hypafilter.tools.classbench6 import v6_policy_text
+
+            text = v6_policy_text(
+                classbench_policy_text(
+                    args.classbench,
+                    complex_rules=args.complex,
+                    policy=args.cb_policy,
+                    actions=args.actions,
+                    deterministic=args.deterministic,
+                )
+            )
+            source = f"{args.classbench} (mapped into IPv6)"
+            if args.trace:
+                import random
+
+                from hypafilter.tools.classbench import read_trace as read_rows
+                from hypafilter.tools.classbench6 import v6_trace
+
+                rows = read_rows(args.trace).tolist()
+                if len(rows) > args.frames:
+                    rows = [rows[i] for i in sorted(random.Random(args.seed).sample(range(len(rows)), args.frames))]
+                headers = v6_trace(text, rows, args.seed)
+        elif args.policy:
+            from hypafilter.iptables.document import read_policy_text
+
+            text, source = read_policy_text(args.policy), args.policy
+            if args.trace:
+                raise HypafilterError(
+                    "-6 --trace: a ClassBench trace maps into IPv6 beside its filter set (--classbench)"
+                )
+        else:
+            raise HypafilterError("-6: give an ip6tables policy (V6POLICY) or --classbench FILTERS")
+        policy = parse_policy(
+            "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\nCOMMIT\n",
+            filename="(no IPv4 policy: -6)",
+            base_chain=args.chain,
+            config=cfg,
+            allow_empty=True,
+        )
+    else:
+        from hypafilter.iptables.document import read_policy_text
+
+        policy = _classbench(args, cfg, args.complex) if args.classbench else load_policy(args, cfg)
+        text, source = read_policy_text(args.ipv6), args.ipv6
+    ir = parse_policy(text, filename=source, base_chain=args.chain, config=cfg, allow_empty=True, family=6)
+    v6 = ip6.parse(text, source, args.chain)  # checked by ip6tables-restore --test in a scratch namespace
+    import dataclasses
+
+    return policy, dataclasses.replace(v6, ir=ir), headers
 
 
 def run_churn(args: argparse.Namespace) -> int:

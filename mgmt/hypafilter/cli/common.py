@@ -264,18 +264,68 @@ def _live_sets_text() -> str:
         return ""
 
 
-def load_policy_v4(args: argparse.Namespace, config: Config) -> Policy:
-    """load_policy, or with -6 (POLICY is the IPv6 policy) the empty IPv4 policy (every IPv4 frame accepted) that
-    verify puts beside an IPv6 policy alone."""
+def load_policy_v4(args: argparse.Namespace, config: Config, log=lambda s: None) -> Policy:
+    """load_policy, or with -6 (POLICY is the IPv6 policy) the IPv4 side an IPv6 policy alone gets: the firewall's
+    live iptables ruleset as it is (`live_policy_v4`; deploy, update and verify take the same one)."""
     if getattr(args, "family6", False):
-        from hypafilter.iptables.document import parse_policy
-
-        # with the --ipsets text (the IPv6 policy's inet6 sets): the lab and the oracle get them as for IPv4
-        return _with_sets(
-            args,
-            config,
-            lambda env: parse_policy(
-                EMPTY_V4, filename="(no IPv4 policy: -6)", base_chain=args.chain, config=config, allow_empty=True
-            ),
-        )
+        if args.classbench:
+            raise HypafilterError(
+                "-6 with --classbench: deploy and verify take an ip6tables-save file (analyze and bench rate take "
+                "--classbench with -6)"
+            )
+        return live_policy_v4(args, config, log)
     return load_policy(args, config)
+
+
+def live_policy_v4(args: argparse.Namespace, config: Config, log=lambda s: None) -> Policy:
+    """The IPv4 side of `deploy|update|verify -6 V6POLICY` (docs/ipv6.md "An IPv6 policy alone"): the firewall's
+    live iptables ruleset as it is, read with `iptables-save -t TABLE` (the policy is the kernel's live ruleset,
+    ARCHITECTURE §2), the tool's own chains left out. With a deployment that is its IPv4 side as the kernel holds it
+    (the deployed policy, and every change the policy sync service followed): only the IPv6 side is replaced. Without
+    one it is what the operator has: deployed as it is, so nothing of the IPv4 filtering changes. A firewall with no
+    such table (nothing filters IPv4) gives the empty policy with every base chain ACCEPT, which is what the kernel
+    then does. The listing is parsed as any policy file: an error names `iptables-save -t TABLE (NS)`, its line and
+    token."""
+    from hypafilter import netns
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.ops import deploy
+    from hypafilter.ops.policysync import live
+
+    ns = deploy.NS_FW if deploy.NS_FW and netns.exists(deploy.NS_FW) else None
+    if deploy.NS_FW and ns is None:
+        text, how = EMPTY_V4, f"the empty policy, every base chain ACCEPT ({deploy.NS_FW} does not exist yet: no table)"
+        source = "(no IPv4 ruleset: -6)"
+    else:
+        text = netns.run(["iptables-save", "-t", config.table], ns)
+        text = live.strip_tool(text, config.chain_prefix) if text.strip() else EMPTY_V4
+        how = "the firewall's live IPv4 ruleset as it is"
+        source = f"iptables-save -t {config.table} ({ns or 'this namespace'})"
+    policy = _with_sets(
+        args,
+        config,
+        lambda env: parse_policy(
+            text, filename=source, base_chain=args.chain, config=config, allow_empty=True, sets=env
+        ),
+    )
+    st = deploy.read_state()
+    if st and (
+        st.get("policy_hash") == policy.policy_hash() or st.get("live_digest") == live.digest(text, config.chain_prefix)
+    ):
+        # the deployment's IPv4 side as it runs: kept under its name (the same policy: nothing of IPv4 changes)
+        policy = dataclasses.replace(policy, source=st.get("policy_source") or source)
+        how = f"the deployed IPv4 policy {policy.source}" + (
+            f", as {source} holds it" if policy.source != source else ""
+        )
+    elif st:
+        how = (
+            f"iptables' live ruleset ({source}), which is not the deployed IPv4 policy {st.get('policy_source')}: a "
+            "change the policy sync service has not followed yet, deployed with it"
+        )
+    elif ns is not None or not deploy.NS_FW:
+        how = f"{how} ({source})"
+    n = len(policy.rules)
+    log(
+        f"-6: the IPv4 side is {how}: {n} rule{'s' * (n != 1)} for {args.chain}, policy {policy.default}; deployed as "
+        'it is beside the IPv6 policy (docs/ipv6.md "An IPv6 policy alone")'
+    )
+    return policy

@@ -6,7 +6,15 @@ import argparse
 import json
 import sys
 
-from hypafilter.cli.common import add_ipv6_default_arg, add_policy_args, load_config, load_ipv6, load_policy, progress
+from hypafilter.cli.common import (
+    add_ipv6_default_arg,
+    add_policy_args,
+    load_config,
+    load_ipv6,
+    load_policy,
+    load_policy_v4,
+    progress,
+)
 from hypafilter.config import MODES, STRATEGIES
 from hypafilter.errors import HypafilterError
 
@@ -42,12 +50,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     elif args.command == "update":
         deploy.configure_from_state()
     cfg = deploy.site_config(cfg)  # the policy's interface checks meet the lab's interfaces
-    if args.family6:
-        raise HypafilterError(
-            "deploy -6: the IPv6 policy goes beside an IPv4 one in this stage (POLICY --ipv6 V6POLICY); a deployment "
-            "of an IPv6 policy alone would leave the operator's IPv4 side undecided"
-        )
-    policy = load_policy(args, cfg)
+    # -6 V6POLICY alone: the IPv4 side is iptables' live ruleset as it is (with a deployment, its deployed IPv4 side
+    # as the kernel holds it): only the IPv6 side changes (docs/ipv6.md "An IPv6 policy alone")
+    policy = load_policy_v4(args, cfg, progress(args)) if args.family6 else load_policy(args, cfg)
     v6 = load_ipv6(args, cfg, policy.base_chain)
     if args.command == "update" and v6 is None and args.ipv6_default is None:
         # an update without IPv6 arguments keeps the deployed IPv6 side

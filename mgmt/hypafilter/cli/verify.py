@@ -79,7 +79,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     else:
         if args.unfollowed:
             raise HypafilterError("--unfollowed needs --live")
-        policy = load_policy_v4(args, cfg)
+        policy = load_policy_v4(args, cfg, progress(args, quiet=args.json))
     v6 = load_ipv6(args, cfg, policy.base_chain)
     six = live6
     if v6 is not None or args.ipv6_default:

@@ -403,6 +403,35 @@ def fingerprint(ns: str | None, tables) -> str:
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
+def tool_prefix(six: dict) -> str | None:
+    """The prefix of the tool's chains in ip6tables (`HFv6_`: docs/ipv6.md "Interval chains in ip6tables") when the
+    deployment wrote the IPv6 plan's interval chains there (the state's `ipv6.chains`), else None."""
+    main = (six.get("chains") or {}).get("main") or ""
+    return main[: -len("MAIN")] if main.endswith("MAIN") else None
+
+
+def strip6(text: str, prefix: str | None) -> str:
+    """A listing without the tool's chains (`prefix...` in the filter table) and the base chain's jump to their MAIN:
+    the operator's part, which is the IPv6 policy (as ops.policysync.live.strip_tool for iptables)."""
+    if not prefix:
+        return text
+    own = re.compile(rf"^(:|-A ){re.escape(prefix)}")
+    jump = re.compile(rf"^-A \S+ -j {re.escape(prefix)}MAIN$")
+    out, table = [], None
+    for ln in text.splitlines():
+        if ln.startswith("*"):
+            table = ln[1:].strip()
+        if table == "filter" and (own.match(ln) or jump.match(ln)):
+            continue
+        out.append(ln)
+    return "\n".join(out) + "\n" if out else ""
+
+
+def digest6(text: str) -> str:
+    """SHA-256 of a listing as the policy reads it (no comments, no counters)."""
+    return hashlib.sha256("\n".join(_normal(text)).encode()).hexdigest()
+
+
 def counts(ns: str | None, table: str = "filter") -> dict[str, int]:
     """Rules per chain of ip6tables' `table` in `ns` as the kernel holds them (empty: no such table)."""
     if not table_exists(ns, table):

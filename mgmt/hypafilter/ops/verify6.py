@@ -267,9 +267,18 @@ def _nd(sc, kind: str, uid: int, h: dict, rng: random.Random, src_mac: str, dst_
 
 
 def probes6(
-    policy: ip6.V6Policy | None, first_uid: int, packets: int, seed: int, dst_mac: bytes, id_prefix: bytes
+    policy: ip6.V6Policy | None,
+    first_uid: int,
+    packets: int,
+    seed: int,
+    dst_mac: bytes,
+    id_prefix: bytes,
+    normal: float = NORMAL_SHARE,
+    headers=None,
 ) -> list[tuple[int, str, bytes]]:
-    """`packets` IPv6 frames as (id, kind, bytes), ids first_uid, first_uid+1, ..., kinds `v6_<kind>`."""
+    """`packets` IPv6 frames as (id, kind, bytes), ids first_uid, first_uid+1, ..., kinds `v6_<kind>`; `normal`: the
+    share of well-formed TCP/UDP/ICMPv6 frames (bench rate: 1 - --malformed); `headers` (a list of header dicts, a
+    trace mapped into IPv6: tools.classbench6.v6_trace) drawn in turn instead of the policy's aims."""
     rng = random.Random(seed * 1000003 + 6)
     gen = Gen6(policy, rng)
     out = []
@@ -277,8 +286,8 @@ def probes6(
     others = KINDS6[1:]
     for i in range(packets):
         uid = first_uid + i
-        h = gen.header()
-        kind = "normal" if rng.random() < NORMAL_SHARE else others[i % len(others)]
+        h = dict(headers[i % len(headers)]) if headers else gen.header()
+        kind = "normal" if rng.random() < normal else others[i % len(others)]
         if kind == "normal" and h["proto"] in (6, 17):
             sent.append(h)
         out.append((uid, PREFIX + kind, build6(uid, kind, h, rng, sent, dst_mac, id_prefix)))

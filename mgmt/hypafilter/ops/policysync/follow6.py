@@ -27,7 +27,6 @@ frames but ip6tables, so there is nothing to follow.
 from __future__ import annotations
 
 import hashlib
-import re
 import time
 from collections import deque
 
@@ -42,28 +41,9 @@ IP6T_SO_GET_INFO = 64  # IP6T_BASE_CTL (include/uapi/linux/netfilter_ipv6/ip6_ta
 LEGACY_POLL_S = 0.05  # the legacy ip6tables tables are read this often (xtables sends no event)
 
 
-def tool_prefix(six: dict) -> str | None:
-    """The prefix of the tool's chains in ip6tables (`HFv6_`: docs/ipv6.md "Interval chains in ip6tables") when the
-    deployment wrote the IPv6 plan's interval chains there (the state's `ipv6.chains`), else None."""
-    main = (six.get("chains") or {}).get("main") or ""
-    return main[: -len("MAIN")] if main.endswith("MAIN") else None
-
-
-def strip6(text: str, prefix: str | None) -> str:
-    """A listing without the tool's chains (`prefix...` in the filter table) and the base chain's jump to their MAIN:
-    the operator's part, which is the IPv6 policy (as ops.policysync.live.strip_tool for iptables)."""
-    if not prefix:
-        return text
-    own = re.compile(rf"^(:|-A ){re.escape(prefix)}")
-    jump = re.compile(rf"^-A \S+ -j {re.escape(prefix)}MAIN$")
-    out, table = [], None
-    for ln in text.splitlines():
-        if ln.startswith("*"):
-            table = ln[1:].strip()
-        if table == "filter" and (own.match(ln) or jump.match(ln)):
-            continue
-        out.append(ln)
-    return "\n".join(out) + "\n" if out else ""
+# the operator's part of a listing and its digest (netfilter.ip6: drift reads them too, without this module)
+tool_prefix = ip6.tool_prefix
+strip6 = ip6.strip6
 
 
 def normal_text(text: str) -> str:
@@ -93,9 +73,7 @@ def chunks(text: str) -> dict[str, str]:
     return {t: "\n".join(lines) + "\n" for t, lines in out.items()}
 
 
-def digest6(text: str) -> str:
-    """SHA-256 of a listing as the policy reads it (no comments, no counters)."""
-    return hashlib.sha256("\n".join(ip6._normal(text)).encode()).hexdigest()
+digest6 = ip6.digest6
 
 
 def fingerprint_of(text: str, tables) -> str:

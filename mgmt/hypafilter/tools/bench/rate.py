@@ -117,10 +117,10 @@ class EmuFast:
     name = "emu"
     counted = False  # the emulator (a user-space process) is slower than the sender: only the paced pass
 
-    def __init__(self, policy: Policy, config: Config, log: Callable[[str], None]):
+    def __init__(self, policy: Policy, config: Config, log: Callable[[str], None], v6=None):
         if policy.ipsets_file:  # --ipsets: the sets in the lab's firewall before the policy that reads them
             ipset.restore(deploy.NS_FW, policy.ipsets_text)
-        self.state = deploy.deploy(policy, config, target="emu", log=log)
+        self.state = deploy.deploy(policy, config, target="emu", log=log, v6=v6)
         self.target = deploy.target_of(self.state, config)
         self.nic = NicClient(self.target.transport(self.state["nic"]))
         self.generation = self.state["generation"]
@@ -161,10 +161,10 @@ class XdpFast:
     name = "xdp"
     counted = True  # runs in the sender's softirq context: the unpaced, counted rate pass
 
-    def __init__(self, policy: Policy, config: Config, log: Callable[[str], None]):
+    def __init__(self, policy: Policy, config: Config, log: Callable[[str], None], v6=None):
         if policy.ipsets_file:  # --ipsets: the sets in the lab's firewall before the policy that reads them
             ipset.restore(deploy.NS_FW, policy.ipsets_text)
-        self.state = deploy.deploy(policy, config, target="xdp", log=log)
+        self.state = deploy.deploy(policy, config, target="xdp", log=log, v6=v6)
         self.target = deploy.target_of(self.state, config)
         self.generation = self.state["generation"]
 
@@ -581,6 +581,9 @@ def rate(
     legit_connections: int = 20,
     legit_timeout: float = 5.0,
     legit_queue: float = attack_mod.LEGIT_QUEUE_S,
+    v6=None,
+    v6_frames: float = 0.0,
+    v6_headers: list[dict] | None = None,
     log: Callable[[str], None] = lambda s: None,
 ) -> dict:
     """Deploy on `target`, send the same frames through the three paths, compare them per frame, then count rates;
@@ -593,7 +596,13 @@ def rate(
     connections the policy accepts (`legit`: (proto, port) forced) run on the hybrid path and on the policy alone in
     iptables while the attack frames flood each; on a paced fast path (emu) the flood is then held `legit_queue`
     seconds of the correctness pass's rate ahead of the NIC (0: `window` frames, as in the correctness pass).
-    `repeats` 0: no rate pass (the correctness pass's figures)."""
+    `repeats` 0: no rate pass (the correctness pass's figures).
+
+    `v6` (netfilter.ip6.V6Policy): the IPv6 side deployed beside `policy` (docs/ipv6.md "bench rate with IPv6"), and
+    the share `v6_frames` of the frames IPv6 ones (1: `bench rate -6`, every frame IPv6; `policy` is then the IPv4
+    side deploy -6 takes): verify6's frames aimed at the IPv6 policy's boxes and networks (`v6_headers`: a trace
+    mapped into IPv6, tools.classbench6.v6_trace), their share of malformed kinds `malformed`. The plain path loads
+    the IPv6 side alone into its ip6tables beside the IPv4 policy; nft has no IPv6 writer yet (no nft path)."""
     if target not in FAST_PATHS:
         raise HypafilterError(f"bench rate: unknown target '{target}' (choose from {', '.join(FAST_PATHS)})")
     if sender not in SENDERS:
@@ -614,6 +623,10 @@ def rate(
         raise HypafilterError(f"bench rate: --blocklist-as is one of {', '.join(attack_mod.BLOCKLIST_AS)}")
     if attack and blocklist is None:
         blocklist = attack_mod.DEFAULT_BLOCKLIST
+    if v6 is not None and (established or attack):
+        raise HypafilterError("bench rate: --established and --attack send IPv4 frames only; not with -6 or --ipv6")
+    if v6 is None and v6_frames:
+        raise HypafilterError("bench rate: IPv6 frames need an IPv6 policy (-6 V6POLICY or --ipv6 V6POLICY)")
     refuse_nondeterministic(policy, limits=False)  # a benchmark checks no limit after its run
     cpu = (os.cpu_count() or 1) - 1 if cpu is None else cpu
     lab = Lab(deploy.LAB_NAME, target=target)
@@ -640,7 +653,7 @@ def rate(
                 attack_mod.create_ipset([lab.ns_fw, lab.ns_plain], networks)
             policy = attack_mod.with_blocklist(base, config, networks, blocklist_as, lab.ns_fw, target)
     with attack_mod.host_set_for_check() if networks and blocklist_as == "ipset" else contextlib.nullcontext():
-        fast = FAST_PATHS[target](policy, config, log)
+        fast = FAST_PATHS[target](policy, config, log, v6=v6)
     work = Path(tempfile.mkdtemp(prefix="hf-rate-"))
     flows: list[tuple] = []
     wire = {"hybrid": (lab.ns_fw, "nf0") if target == "xdp" else (lab.ns_nic, "wire0"), "plain": (lab.ns_plain, "nf0")}
@@ -660,7 +673,20 @@ def rate(
                 f" and from {len(networks)} blocklisted networks"
             )
         else:
-            probes = ProbeSpec(frames, seed=seed, trace=trace, malformed=malformed).probes(policy, fast.generation)
+            n6 = round(frames * v6_frames) if v6 is not None else 0
+            probes = []
+            if frames - n6:
+                spec = ProbeSpec(frames - n6, seed=seed, trace=trace if not v6_headers else None, malformed=malformed)
+                probes = spec.probes(policy, fast.generation)
+            if n6:
+                from hypafilter.ops.verify import DST_MAC, ID_MAC_PREFIX
+                from hypafilter.ops.verify6 import probes6
+
+                log(f"{n6} IPv6 frames" + (" of the trace mapped into IPv6" if v6_headers else ""))
+                first = len(probes) + 1
+                probes += [
+                    Probe(*f) for f in probes6(v6, first, n6, seed, DST_MAC, ID_MAC_PREFIX, 1.0 - malformed, v6_headers)
+                ]
         frames_file = work / "frames.bin"
         with open(frames_file, "wb") as f:
             for p in probes:
@@ -670,6 +696,10 @@ def rate(
             netns.run(["sysctl", "-qw", "net.bridge.bridge-nf-filter-vlan-tagged=1"], ns)
         nft_text_, nft_error = None, None
         try:
+            if v6 is not None:
+                raise HypafilterError(
+                    "the nft writer emits IPv4 expressions only (docs/ipv6.md): no nft path with IPv6"
+                )
             if networks and blocklist_as == "ipset":
                 nft_text_ = nft_text(nft_policy or base, config, networks)
             elif networks and nft_policy is not None:
@@ -682,6 +712,10 @@ def rate(
         def load_ipt() -> None:
             netns.run(["nft", "delete", "table", "ip", NFT_TABLE], lab.ns_plain, check=False)
             load_oracle(lab.ns_plain, policy, config.table, config.unfilterable, lab.ns_fw)
+            if v6 is not None:  # the IPv6 side alone in the plain namespace's ip6tables, as verify's oracle
+                from hypafilter.ops.verify6 import load_oracle6
+
+                load_oracle6(lab.ns_plain, v6, lab.ns_fw)
 
         def load_nft() -> None:
             _empty_filter(lab.ns_plain, config.table)
@@ -731,6 +765,9 @@ def rate(
             for s in rx.values():
                 s.close()
         accepted = [bool(ipt.got.get(p.uid)) for p in probes]
+        # the nft path's own verdicts: with `nft_policy` (no string match) it differs from iptables on frames whose
+        # payload the complex rules' string test reads (compared with the hybrid only on the others)
+        accepted_nft = [bool(nft.got.get(p.uid)) for p in probes] if nft else None
         rounds = []
         if fast.counted and repeats > 0:
             rounds = _rate_rounds(
@@ -739,7 +776,7 @@ def rate(
                 snd,
                 wire,
                 frames_file,
-                accepted,
+                {"iptables": accepted, "nft": accepted_nft},
                 seconds,
                 repeats,
                 cpu,
@@ -748,7 +785,7 @@ def rate(
                 log,
             )
         prog = None
-        if prog_repeat > 0 and target == "xdp":
+        if prog_repeat > 0 and target == "xdp" and v6 is None:  # (xdpcost runs the IPv4 plan's program)
             from hypafilter.analysis.plan import build_plan
             from hypafilter.targets.xdp.target import control_of
             from hypafilter.tools.bench.xdpcost import xdp_cost
@@ -875,16 +912,28 @@ def rate(
         "cpu": cpu,
         "load": [round(x, 2) for x in os.getloadavg()],
         "policy_hash": policy.policy_hash(),
+        # the IPv6 side: its policy and the IPv6 frames among `frames` (None: IPv4 alone)
+        "ipv6": {
+            "policy": v6.source,
+            "policy_hash": v6.policy_hash(),
+            "rules": v6.rule_count,
+            "frames": sum(1 for p in probes if p.kind.startswith("v6_")),
+            "trace": bool(v6_headers),
+            "hw_entries": ((fast.state.get("tables") or {}).get("v6") or {}).get("entries"),
+        }
+        if v6 is not None
+        else None,
         "seed": seed,
         "trace": trace,
     }
     return report
 
 
-def _rate_rounds(lab, fast, snd, wire, frames_file, accepted, seconds, repeats, cpu, load_ipt, load_nft, log) -> list:
+def _rate_rounds(lab, fast, snd, wire, frames_file, verdicts, seconds, repeats, cpu, load_ipt, load_nft, log) -> list:
     """`repeats` rounds of sink, hybrid, iptables and nft runs with the sender `snd`; each run's count at the path's
     first receiver (`wire`) must be the frames sent and its delivered count what the correctness pass's verdicts
-    predict (a difference means frames were lost or counted wrongly: the run is refused)."""
+    predict (a difference means frames were lost or counted wrongly: the run is refused); `verdicts`: each plain
+    path's per-frame deliveries in the correctness pass (the hybrid's are iptables')."""
     rounds = []
     obj = build_sink(BUILD_ROOT / "bench")
     _sink_up(lab.ns_send, obj)
@@ -920,7 +969,7 @@ def _rate_rounds(lab, fast, snd, wire, frames_file, accepted, seconds, repeats, 
                         f"rate round {r + 1}, {path}: the path's first receiver got {c.arrived} of {c.sent} frames"
                         " sent (frames lost before it)"
                     )
-                want = c.sent if path == "sink" else _expected(accepted, c.sent)
+                want = c.sent if path == "sink" else _expected(verdicts.get(path) or verdicts["iptables"], c.sent)
                 if c.delivered != want:
                     raise HypafilterError(
                         f"rate round {r + 1}, {path}: {c.delivered} frames delivered of {c.sent} sent, the verdicts"

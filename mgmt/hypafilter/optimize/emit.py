@@ -202,7 +202,9 @@ def optimize(text: str, filename: str, params: Params | None = None, prefix: str
             start = i + 1
         out_rules[name] = out
     six = " (ip6tables)" if family == 6 else ""
-    lines = [f"# optimised by hypafilter optimize from {base}{six}: decision trees as chains {prefix}* (docs/optimize.md)"]
+    lines = [
+        f"# optimised by hypafilter optimize from {base}{six}: decision trees as chains {prefix}* (docs/optimize.md)"
+    ]
     lines.append("*filter")
     order = [c for c in BUILTIN_CHAINS["filter"] if c in tc.chains]
     order += [c for c in tc.chains if c not in order]

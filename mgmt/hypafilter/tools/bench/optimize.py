@@ -101,9 +101,9 @@ def trace_rows6(text6: str, trace: np.ndarray, seed: int = 6) -> list[tuple[int,
 def probe_frames6(rows, n: int, seed: int) -> list[tuple[int, bytes]]:
     """IPv6 (uid, frame) probes: n trace headers as UDP, then TCP and ICMPv6 twins of some, then adversarial IPv6
     variants of ops.verify6 (extension headers, AH, first and later fragments, truncated headers)."""
+    from hypafilter.iptables.canonical import ip6_str
     from hypafilter.ops.verify import ID_MAC_PREFIX
     from hypafilter.ops.verify6 import build6
-    from hypafilter.iptables.canonical import ip6_str
 
     rng = random.Random(seed)
     pick = [rows[rng.randrange(len(rows))] for _ in range(n)] if rows else []
@@ -359,10 +359,12 @@ def k0_live_program(text: str, name: str, base_text: str | None = None, min_segm
 
 
 def run(text: str, res: Result, rows, seconds: float = 2.0, repeats: int = 3, probes: int = 5000,
-        seed: int = 1, backend: str = "nft", peers: bool = False, log=print, family: int = 4) -> dict:  # fmt: skip
+        seed: int = 1, backend: str = "nft", peers: bool = False, log=print, family: int = 4,
+        tag: str | None = None) -> dict:  # fmt: skip
     """The measurement; `rows` are (src, dst, sport, dport) headers (UDP) for the rate frames and the probes.
     `peers` (nft back end only): the same through the policy in nft and as `nft -o` rewrites it. `family` 6: an
-    ip6tables policy and its rewrite, IPv6 frames (rows with 128-bit addresses; probe_frames6)."""
+    ip6tables policy and its rewrite, IPv6 frames (rows with 128-bit addresses; probe_frames6). `tag`: the
+    namespaces' prefix (default a random `hto<n>`)."""
     if not rows:
         raise HypafilterError("bench optimize needs headers to send: give --trace")
     if peers and backend != "nft":
@@ -376,7 +378,7 @@ def run(text: str, res: Result, rows, seconds: float = 2.0, repeats: int = 3, pr
     out: dict = {}
     with (
         tempfile.TemporaryDirectory() as tmp,
-        pktrate.RateBench(blaster, f"hto{random.randrange(10**4)}", backend, family) as rb,
+        pktrate.RateBench(blaster, tag or f"hto{random.randrange(10**4)}", backend, family) as rb,
     ):
         frames = Path(tmp) / "frames.bin"
         pktrate.write_frames(frames, ((s, d, sp, dp, 0) for s, d, sp, dp in rows), family)
@@ -432,6 +434,25 @@ def run(text: str, res: Result, rows, seconds: float = 2.0, repeats: int = 3, pr
         t_io, t_in, t_out = (1 / out[f"pps_{k}"] if out[f"pps_{k}"] else 0.0 for k in ("empty", "in", "out"))
         out["speedup_without_io"] = round((t_in - t_io) / (t_out - t_io), 2) if t_out > t_io else None
     return out
+
+
+def compare(rb: pktrate.RateBench, text: str, res: Result, probes: list[tuple[int, bytes]]) -> dict:
+    """The probes through the policy and through its rewrite, each loaded alone in `rb` (its family's tables),
+    conntrack and `-m recent` cleared before each: frames one delivers and the other does not, and moved rules whose
+    packet count differs from the sum of their copies'."""
+    got, cnt = {}, {}
+    for which, body in (("in", text), ("out", res.text)):
+        rb.load_restore(body)
+        forget_state(rb)
+        got[which] = delivered(rb, probes)
+        cnt[which] = counters(rb)
+    return {
+        "probes": len(probes),
+        "delivered": len(got["in"]),
+        "mismatches": len(got["in"] ^ got["out"]),
+        "mismatch_uids": sorted(got["in"] ^ got["out"])[:10],
+        "counter_mismatches": counter_mismatches(cnt["in"], cnt["out"], res),
+    }
 
 
 def fuzz(seeds, packets: int = 3000, params=None, min_segment: int = 4, log=print, k0: str | None = None) -> list[dict]:

@@ -300,6 +300,9 @@ def test_a_live_interval_chain_tree_is_kept_for_a_small_change(h3_lab, tmp_path)
     gen2, trees2 = _tree_chains(fw)
     assert gen2 != gen1
     assert trees2 == trees1, "the follow rewrote the trees"
+    # the service's first follow (its process started at the deploy) took the trees from the deployment's tree cache
+    stats = json.loads((Path(hf.state) / "state.json").read_text())["trees"]
+    assert stats["trees_built"] == 0 and stats["lazy_trees"] >= 1, stats
     listing = netns.run(["iptables-save", "-t", "filter"], fw)
     leaves = {ln.split()[1] for ln in listing.splitlines() if re.match(rf"-A {gen2}L\d+A\d+ ", ln)}
     divert = re.compile(rf"-p (17|udp) -m iprange --src-range 10.0.1.0-10.0.1.127 -j {gen2}TD\d+$")

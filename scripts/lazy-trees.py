@@ -109,7 +109,7 @@ def in_process(text: str, repeats: int, where: str) -> None:
                 kept = getattr(dep, "tree_cache_built", None)
                 cache_text = json.dumps(kept) if kept is not None else None
                 trees._POOLS.clear()
-                cache = (lambda: trees.cache_of_json(json.loads(cache_text))) if cache_text else None
+                cache = (lambda c=cache_text: trees.cache_of_json(json.loads(c))) if cache_text else None
                 s, stats, _ = build(changed, False, recorded, cache)
             else:
                 s, stats, _ = build(changed, how == "fresh")

@@ -26,6 +26,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import ipaddress
+import json
 import re
 from collections import Counter
 from collections.abc import Callable
@@ -474,7 +475,7 @@ def _base_of_keys(keys: list[tuple], cache: dict | None = None) -> _Base:
     flattened rules' (flat_regions reads the levels and the target) and the trees are built again on first use."""
     from types import SimpleNamespace as NS
 
-    got = (cache or {}).get(tuple(keys))
+    got = cache.get(_keys_digest(keys)) if cache else None
     if got is not None:
         return _Base(list(keys), got[0], got[1])
     rules = [NS(levels=[NS(options=lv[0], unless=lv[1]) for lv in k[0]], target=k[1], stateful_pos=None) for k in keys]
@@ -529,10 +530,13 @@ def _tree_of_json(doc: dict) -> Tree:
 
 
 def _regs_of_json(regs: list) -> list:
-    def boxes(bx):
-        return [(tuple(lo), tuple(hi)) for lo, hi in bx]
+    # (the boxes' corners stay lists: every reader indexes them or makes arrays of them)
+    return [None if r is None else (r[0], r[1]) for r in regs]
 
-    return [None if r is None else (boxes(r[0]), boxes(r[1])) for r in regs]
+
+def _keys_digest(keys) -> str:
+    """A base's rules named by a digest of their keys (tuples and their JSON lists give the same)."""
+    return hashlib.sha256(json.dumps(keys, separators=(",", ":")).encode()).hexdigest()
 
 
 def cache_json(pool: dict) -> dict:
@@ -543,7 +547,7 @@ def cache_json(pool: dict) -> dict:
         "code": _code_digest(),
         "bases": [
             {
-                "keys": b.keys,
+                "keys": _keys_digest(b.keys),
                 "regs": b.regs,
                 "trees": [[list(run), list(p), _tree_json(t)] for (run, p), t in b.trees.items()],
             }
@@ -553,13 +557,14 @@ def cache_json(pool: dict) -> dict:
 
 
 def cache_of_json(doc) -> dict:
-    """{keys: (regs, trees)} of a cache_json document; empty when another version of the code wrote it."""
+    """{digest of the keys: (regs, trees)} of a cache_json document; empty when another version of the code wrote
+    it."""
     if not isinstance(doc, dict) or doc.get("version") != CACHE_VERSION or doc.get("code") != _code_digest():
         return {}
     out = {}
     for b in doc.get("bases", []):
         trees = {(tuple(run), tuple(p)): _tree_of_json(t) for run, p, t in b["trees"]}
-        out[tuple(keys_of_json(b["keys"]))] = (_regs_of_json(b["regs"]), trees)
+        out[b["keys"]] = (_regs_of_json(b["regs"]), trees)
     return out
 
 

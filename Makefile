@@ -201,6 +201,21 @@ fuzz-optimize:
 	r = fuzz(range(1, $${OPT_FUZZ_SEEDS:-200} + 1), packets=3000); bad = [x for x in r if x['mismatches'] or x['counter_mismatches']]; \
 	print(json.dumps(bad)); sys.exit(1 if bad else 0)"
 
+# opt-in: `optimize -6` on acl1, fw1, ipc1 at 1,100 and 5,000 rules mapped into IPv6, each against the kernel with
+# IPv6 frames (docs/results.md, "HiTables over IPv6"; about 3 minutes); one JSON per set in $(BENCH_OPT6)
+BENCH_OPT6 := $(BUILD)/bench-optimize6
+.PHONY: bench-optimize6
+bench-optimize6:
+	@scripts/setup.sh system
+	mkdir -p $(BENCH_OPT6)
+	set -e; for s in acl1 fw1 ipc1; do \
+	  head -n 5000 $(SHARED)/data/classbench/$${s}_10k.filters > $(BENCH_OPT6)/$${s}_5k.filters; \
+	  zcat $(SHARED)/data/classbench/$${s}_10k_trace.gz | awk '$$7 < 5000' | gzip -n > $(BENCH_OPT6)/$${s}_5k_trace.gz; \
+	  for set in $(SHARED)/data/classbench/$${s}_1100 $(BENCH_OPT6)/$${s}_5k; do \
+	    PYTHONPATH=mgmt $(VENV)/bin/python -m hypafilter bench optimize -6 --classbench $$set.filters \
+	      --trace $${set}_trace.gz --json > $(BENCH_OPT6)/$$(basename $$set).json; \
+	  done; done
+
 # opt-in: XDP target rates (issue: xdp vs iptables vs nft; figures and method in docs/results.md, "XDP target rates").
 # acl1_5k = the first 5,000 rules of acl1_10k, its trace = the acl1_10k trace rows whose first matching rule is among
 # them (column 7, 0-based); lab name from HF_LAB (default hf).

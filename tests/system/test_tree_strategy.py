@@ -300,6 +300,9 @@ def test_a_live_interval_chain_tree_is_kept_for_a_small_change(h3_lab, tmp_path)
     gen2, trees2 = _tree_chains(fw)
     assert gen2 != gen1
     assert trees2 == trees1, "the follow rewrote the trees"
+    # the service's first follow (its process started at the deploy) took the trees from the deployment's tree cache
+    stats = json.loads((Path(hf.state) / "state.json").read_text())["trees"]
+    assert stats["trees_built"] == 0 and stats["lazy_trees"] >= 1, stats
     listing = netns.run(["iptables-save", "-t", "filter"], fw)
     leaves = {ln.split()[1] for ln in listing.splitlines() if re.match(rf"-A {gen2}L\d+A\d+ ", ln)}
     divert = re.compile(rf"-p (17|udp) -m iprange --src-range 10.0.1.0-10.0.1.127 -j {gen2}TD\d+$")
@@ -319,10 +322,19 @@ def test_a_live_interval_chain_tree_is_kept_for_a_small_change(h3_lab, tmp_path)
     print(f"lazy: {diverted} frames diverted, {walked} walked the kept trees; {r['packets']} frames")
     assert diverted > 0 and walked > 0
 
+    # the service's worker restarted (SIGKILL: its supervisor starts the next one, a new process without trees); then
     # the operator deletes one of the deployed complex rules: two changes since the deploy, the trees still kept
-    # (written without the deleted rule's copies in their leaves)
+    # (written without the deleted rule's copies in their leaves), and none built by the new process either
+    svc = hf.service()
+    os.kill(svc["worker"], signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while hf.service().get("restarts", 0) <= svc.get("restarts", 0) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert hf.followed().get("restarts", 0) > svc.get("restarts", 0)
     netns.run(["iptables", "-w", "-D", "FORWARD", *CX[2].split()[2:]], fw)
     hf.followed()
+    stats = json.loads((Path(hf.state) / "state.json").read_text())["trees"]
+    assert stats["trees_built"] == 0 and stats["lazy_trees"] >= 1, stats
     gen3, trees3 = _tree_chains(fw)
     assert gen3 != gen2 and trees3 == [ln for ln in trees1 if '"EVIL2"' not in ln], "the follow rewrote the trees"
     _verify(hf)

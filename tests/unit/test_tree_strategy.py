@@ -464,3 +464,60 @@ def test_status_says_which_trees_a_follow_kept():
     built = _fmt_trees({"trees": 2, "rules_in_trees": 9, "lazy_trees": 0, "k0_tree": "built"})
     assert "kept" not in built and built.endswith("; K0T built")
     assert "K0 stays the live list: the policy has no rules" in _fmt_trees({"k0_tree": "the policy has no rules"})
+
+
+def test_the_first_follow_in_a_new_process_writes_the_deployed_trees_from_the_tree_cache():
+    """The deployment keeps its built trees (`tree_cache.json`: analysis.trees.cache_json) beside their bases: the
+    policy sync worker's first follow after a deploy or a restart (a new process, no trees in memory) builds no tree
+    and writes what a follow that built them again writes; without the cache, or with one another version of the
+    code wrote, it builds them."""
+    import json
+
+    from hypafilter.analysis import trees
+    from hypafilter.iptables.document import parse_policy
+
+    def prog(text, prefix, fresh, recorded=None, cache=None):
+        cfg = Config(strategy="tree", tree_min_segment=4)
+        plan = build_plan(parse_policy(text, filename="cx.rules", base_chain="FORWARD", config=cfg), cfg, live=True)
+        plan.trees_fresh, plan.k0_tree, plan.tree_bases = fresh, True, recorded
+        if cache is not None:
+            plan.tree_cache = cache
+        return plan, build_program(plan, "tree", prefix=prefix)
+
+    base_text = _cx_text(40)
+    plan, deployed = prog(base_text, "HF1_", True)
+    assert deployed.tree_stats["trees_built"] >= 2 and deployed.tree_stats["k0_tree"] == "built"
+    recorded = trees.bases_of_json(json.loads(json.dumps(plan.tree_bases_built)))
+    cache_text = json.dumps(plan.tree_cache_built)  # what the deployment writes
+    ban = "-A FORWARD -s 10.99.0.0/16 -p udp -m string --string EVIL --algo bm -j DROP\n"
+    changed = base_text.replace("-A FORWARD -s 10.7.", ban + "-A FORWARD -s 10.7.")
+
+    trees._POOLS.clear()  # a new process, without the cache: the bases' trees are built again
+    plan_b, built = prog(changed, "HF2_", False, recorded)
+    assert built.tree_stats["trees_built"] == deployed.tree_stats["trees_built"], built.tree_stats
+    assert built.tree_stats["lazy_trees"] >= 1 and built.tree_stats["k0_tree"] == "lazy"
+    assert json.loads(json.dumps(plan_b.tree_cache_built)) == json.loads(cache_text)  # deterministic: the same trees
+
+    trees._POOLS.clear()  # a new process with the cache: no tree built, the same chains
+    reads = []
+
+    def cache():
+        reads.append(1)
+        return trees.cache_of_json(json.loads(cache_text))
+
+    plan_c, reused = prog(changed, "HF2_", False, recorded, cache)
+    assert reused.tree_stats["trees_built"] == 0 and reads == [1], reused.tree_stats
+    assert render_iptables(reused) == render_iptables(built)
+    assert getattr(plan_c, "tree_cache_built", None) is None  # nothing new to keep
+    _, next_follow = prog(changed, "HF3_", False, recorded, cache)  # the process holds them now: no read
+    assert next_follow.tree_stats["trees_built"] == 0 and reads == [1]
+    ev = _callback(9)
+    hdrs = [h for h in _headers() if (h.src >> 16) in range(0x0A00, 0x0A64)] + _headers()[::7]
+    assert mismatches(plan_c, "tree", hdrs, ev) == []
+
+    other = json.loads(cache_text)
+    other["code"] = "0" * 16  # written by another version of the builder: not used
+    trees._POOLS.clear()
+    _, rebuilt = prog(changed, "HF2_", False, recorded, lambda: trees.cache_of_json(other))
+    assert rebuilt.tree_stats["trees_built"] == deployed.tree_stats["trees_built"]
+    assert render_iptables(rebuilt) == render_iptables(built)

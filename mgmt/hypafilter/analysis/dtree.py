@@ -54,21 +54,119 @@ WHOLE_L4 = {
 }
 
 
+# IPv6 (ip6tables): a TCP (UDP) frame whose upper-layer header follows the fixed header directly (next header 6
+# or 17: no extension header, so no fragment header either) with 20 (8) bytes of it there. Every other frame of the
+# protocol (extension headers first, a fragment, a short header) goes to the linear copy.
+WHOLE_L4_6 = {
+    PROTO_TCP: "4>>8&0xFF=6 && 56&0=0",
+    PROTO_UDP: "4>>8&0xFF=17 && 44&0=0",
+}
+
 PROTO_NAMES = {1: "icmp", 6: "tcp", 17: "udp"}
+PROTO_NAMES_6 = {6: "tcp", 17: "udp", 58: "ipv6-icmp"}
 
 
-def range_test(d: int, rlo: int, rhi: int, c: int, proto: int | None) -> tuple[bool, tuple[str, ...]]:
+@dataclass(frozen=True)
+class RankSpace:
+    """The address dimensions of a tree over an IPv6 run (family 6): the trees cut ranks (`rank_regions`), rank r of
+    dimension d standing for the addresses [starts[d][r], starts[d][r + 1] - 1] (the last one up to 2**128 - 1).
+    Every box's bounds are rank bounds, so every address of one rank is in the same boxes and a cut between ranks
+    is exact; the tests are written as the 128-bit addresses the ranks stand for."""
+
+    starts: tuple[tuple[int, ...], tuple[int, ...]]  # per SRC, DST
+    family: int = 6
+
+    @property
+    def bits(self) -> int:
+        return 128 if self.family == 6 else 32
+
+    def addr(self, d: int, r: int) -> int:
+        """The first address of rank r (2**bits past the top rank)."""
+        s = self.starts[d]
+        return s[r] if r < len(s) else 1 << self.bits
+
+    def span(self, d: int, rlo: int, rhi: int) -> tuple[int, int]:
+        """The addresses ranks rlo..rhi stand for."""
+        return self.addr(d, rlo), self.addr(d, rhi + 1) - 1
+
+    def is_prefix_cut(self, d: int, rlo: int, rhi: int, c: int) -> bool:
+        """prefix_cut on the addresses: one -s/-d prefix tells the two sides of the cut at rank c apart."""
+        alo, ahi = self.span(d, rlo, rhi)
+        a = self.addr(d, c)
+        block = a & -a
+        return a - block <= alo or a + block - 1 >= ahi
+
+    def prefix_cuts(self, d: int, rlo: int, rhi: int) -> list[int]:
+        """The ranks in (rlo, rhi] where a cut is one prefix test: an aligned block from the region's first address,
+        or one ending at its last, whose edge is a rank start."""
+        alo, ahi = self.span(d, rlo, rhi)
+        index = self._index[d]
+        out = []
+        for k in range(self.bits):
+            for a in (alo + (1 << k), ahi + 1 - (1 << k)):
+                r = index.get(a)
+                if r is not None and rlo < r <= rhi:
+                    out.append(r)
+        return out
+
+    @property
+    def _index(self) -> tuple[dict[int, int], dict[int, int]]:
+        idx = self.__dict__.get("_idx")
+        if idx is None:
+            idx = tuple({v: i for i, v in enumerate(s)} for s in self.starts)
+            object.__setattr__(self, "_idx", idx)
+        return idx
+
+
+def rank_regions(rules: list[tuple[list, list]], family: int = 6) -> tuple[list[tuple[list, list]], RankSpace]:
+    """(the rules' regions on ranks, RankSpace) of regions over 128-bit addresses (`regions(r, family=6)`): per
+    address dimension the starts of the elementary intervals of every box (lo, hi + 1 below the top, and 0); a box
+    reaching the top address ends at TOP (the tree's full interval), as ir.family.compress does."""
+    top = (1 << (128 if family == 6 else 32)) - 1
+    cuts: tuple[set[int], set[int]] = ({0}, {0})
+    for any_, whole in rules:
+        for lo, hi in (*any_, *whole):
+            for d in (SRC, DST):
+                cuts[d].add(lo[d])
+                if hi[d] < top:
+                    cuts[d].add(hi[d] + 1)
+    starts = tuple(tuple(sorted(c)) for c in cuts)
+    for s in starts:
+        if len(s) > int(TOP[SRC]):
+            raise ValueError(f"{len(s)} elementary address intervals do not fit 32-bit ranks")
+    index = tuple({v: i for i, v in enumerate(s)} for s in starts)
+
+    def ranked(boxes):
+        out = []
+        for lo, hi in boxes:
+            lo, hi = list(lo), list(hi)
+            for d in (SRC, DST):
+                lo[d] = index[d][lo[d]]
+                hi[d] = int(TOP[d]) if hi[d] >= top else index[d][hi[d] + 1] - 1
+            out.append((tuple(lo), tuple(hi)))
+        return out
+
+    return [(ranked(a), ranked(w)) for a, w in rules], RankSpace(starts, family)
+
+
+def range_test(d: int, rlo: int, rhi: int, c: int, proto: int | None, space: RankSpace | None = None
+               ) -> tuple[bool, tuple[str, ...]]:  # fmt: skip
     """Tokens testing, for a packet already in [rlo, rhi] on dimension d, which side of the cut c it is on:
-    (True, tokens) when the tokens hold exactly for the left part [rlo, c-1], (False, tokens) for the right."""
+    (True, tokens) when the tokens hold exactly for the left part [rlo, c-1], (False, tokens) for the right.
+    `space`: the address dimensions are ranks of that RankSpace (IPv6), written as the addresses they stand for."""
     if d in (SRC, DST):
         opt = "-s" if d == SRC else "-d"
-        k = min((c & -c).bit_length() - 1, 32)
+        bits, ip = 32, canonical.ip_str
+        if space is not None:
+            bits, ip = space.bits, (canonical.ip6_str if space.family == 6 else canonical.ip_str)
+            (rlo, rhi), c = space.span(d, rlo, rhi), space.addr(d, c)
+        k = min((c & -c).bit_length() - 1, bits)
         if c - (1 << k) <= rlo:  # one prefix ending at c-1 holds the left part
-            return True, (opt, f"{canonical.ip_str(c - (1 << k))}/{32 - k}")
+            return True, (opt, f"{ip(c - (1 << k))}/{bits - k}")
         if c + (1 << k) - 1 >= rhi:  # one prefix starting at c holds the right part
-            return False, (opt, f"{canonical.ip_str(c)}/{32 - k}")
+            return False, (opt, f"{ip(c)}/{bits - k}")
         which = "--src-range" if d == SRC else "--dst-range"
-        return True, ("-m", "iprange", which, f"{canonical.ip_str(rlo)}-{canonical.ip_str(c - 1)}")
+        return True, ("-m", "iprange", which, f"{ip(rlo)}-{ip(c - 1)}")
     name = PROTO_NAMES[proto]
     opt = "--sport" if d == SPORT else "--dport"
     return True, ("-p", name, "-m", name, opt, f"{rlo}:{c - 1}" if rlo != c - 1 else str(rlo))
@@ -98,11 +196,11 @@ def _quiet(r: ParsedRule) -> bool:
     return True
 
 
-def _addr_iv(a) -> list[tuple[int, int]]:
+def _addr_iv(a, top: int = 0xFFFFFFFF) -> list[tuple[int, int]]:
     if a is None:
-        return [(0, 0xFFFFFFFF)]
+        return [(0, top)]
     iv = a.intervals()
-    return [(0, 0xFFFFFFFF)] if iv is None else iv
+    return [(0, top)] if iv is None else iv
 
 
 def _proto_iv(r: ParsedRule) -> list[tuple[int, int]]:
@@ -118,18 +216,24 @@ def _meet(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple[int,
     return [(x, y) for x, y in out if x <= y]
 
 
-def region_any(r: ParsedRule) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+def _top(family: int) -> int:
+    return (1 << 128) - 1 if family == 6 else 0xFFFFFFFF
+
+
+def region_any(r: ParsedRule, family: int = 4) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
     """Where the rule can act on any packet, a truncated or fragmented one included: its -s, -d and -p (tested by
     ip_packet_match before any match) and the address ranges of the matches before the first one that may drop a
-    packet whose header it cannot read (tcp, udp, multiport, icmp and every match not in QUIET_MATCHES)."""
-    src, dst = _addr_iv(r.src), _addr_iv(r.dst)
+    packet whose header it cannot read (tcp, udp, multiport, icmp and every match not in QUIET_MATCHES). `family`
+    6: an ip6tables rule, 128-bit addresses (rank them with `rank_regions` before `build`)."""
+    top = _top(family)
+    src, dst = _addr_iv(r.src, top), _addr_iv(r.dst, top)
     for m in r.matches:
         if isinstance(m, Iprange):
             for rng_, which in ((m.src, "src"), (m.dst, "dst")):
                 if rng_ is None:
                     continue
                 lo, hi, inv = rng_
-                iv = [(a, b) for a, b in ((0, lo - 1), (hi + 1, 0xFFFFFFFF)) if a <= b] if inv else [(lo, hi)]
+                iv = [(a, b) for a, b in ((0, lo - 1), (hi + 1, top)) if a <= b] if inv else [(lo, hi)]
                 if which == "src":
                     src = _meet(src, iv)
                 else:
@@ -143,7 +247,7 @@ def region_any(r: ParsedRule) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
     ]
 
 
-def region(r: ParsedRule) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+def region(r: ParsedRule, family: int = 4) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
     """Where the rule can act on a whole packet (a TCP/UDP first fragment whose transport header is all there, as
     below a WHOLE_L4 guard): its header checks when no match of it can drop such a packet by itself, its -s, -d and
     -p otherwise. The tree uses it only where every TCP/UDP frame is whole; region_any elsewhere."""
@@ -153,17 +257,18 @@ def region(r: ParsedRule) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
             key = (tuple(b.lo[c] for c in _COLS), tuple(b.hi[c] for c in _COLS))
             seen[key] = None
         return list(seen)
+    top = _top(family)
     return [
         ((s[0], d[0], p[0], 0, 0), (s[1], d[1], p[1], 0xFFFF, 0xFFFF))
-        for s in _addr_iv(r.src)
-        for d in _addr_iv(r.dst)
+        for s in _addr_iv(r.src, top)
+        for d in _addr_iv(r.dst, top)
         for p in _proto_iv(r)
     ]
 
 
-def regions(r: ParsedRule) -> tuple[list, list]:
-    """(region_any, region) of a rule: what `build` takes per rule."""
-    return region_any(r), region(r)
+def regions(r: ParsedRule, family: int = 4) -> tuple[list, list]:
+    """(region_any, region) of a rule: what `build` takes per rule (family 6: 128-bit, to be ranked)."""
+    return region_any(r, family), region(r, family)
 
 
 @dataclass
@@ -261,6 +366,7 @@ class Params:
     max_depth: int = 10
     guard: bool = True  # False only to show what the WHOLE_L4 guard prevents (tests): port cuts without it
     range_cost: float = 10.0  # added to the score of an address cut no prefix test makes (an iprange match)
+    space: RankSpace | None = None  # the address dimensions are ranks (IPv6: rank_regions), not addresses
 
 
 def prefix_cut(c: np.ndarray, rlo: int, rhi: int) -> np.ndarray:
@@ -376,7 +482,10 @@ def _best_split(tree: Tree, node: Node, params: Params):
             continue
         if len(pts) > params.cuts:
             pts = pts[np.linspace(0, len(pts) - 1, params.cuts).round().astype(np.int64)]
-        if d in (SRC, DST):  # the cuts one prefix test can make (-s/-d), next to those the rules suggest
+        if d in (SRC, DST) and params.space is not None:  # ranks: the prefix cuts whose edge is a rank start
+            geo = np.array(params.space.prefix_cuts(d, rlo, rhi), dtype=np.int64)
+            pts = np.unique(np.concatenate([pts, geo]))
+        elif d in (SRC, DST):  # the cuts one prefix test can make (-s/-d), next to those the rules suggest
             pw = np.int64(1) << np.arange(32, dtype=np.int64)
             geo = np.concatenate([rlo + pw, rhi + 1 - pw])
             pts = np.unique(np.concatenate([pts, geo[(geo > rlo) & (geo <= rhi)]]))
@@ -384,7 +493,11 @@ def _best_split(tree: Tree, node: Node, params: Params):
         right = (chi[:, None] >= pts[None, :]).sum(axis=0)
         nb = len(lo)
         score = np.maximum(left, right) + params.dup_weight * (left + right - nb)
-        if d in (SRC, DST):
+        if d in (SRC, DST) and params.space is not None:
+            sp = params.space
+            pre = np.array([sp.is_prefix_cut(d, rlo, rhi, int(c)) for c in pts], dtype=bool)
+            score = score + params.range_cost * ~pre
+        elif d in (SRC, DST):
             score = score + params.range_cost * ~prefix_cut(pts, rlo, rhi)
         k = int(np.argmin(score))
         if max(left[k], right[k]) >= nb:

@@ -388,6 +388,7 @@ def build_program(
             live=live,
             fresh=getattr(plan, "trees_fresh", True),
             recorded=getattr(plan, "tree_bases", None),
+            cache=getattr(plan, "tree_cache", None),
         )
         prog.tree_stats = trees.treeify(prog, kit, NFT_MAX_DEPTH, min_segment, bases)
         if live and getattr(plan, "k0_tree", False):
@@ -402,9 +403,14 @@ def build_program(
                 if k0t in c:
                     at = 1 if nic_mode == "host" else 0  # after host mode's decided-ACCEPT test
                     c[main].insert(at, NfRule("mark", k0t, _field(prog, K0_TREE), mark_mask & 0xFFFFFFFF, goto=True))
+        if live:
+            prog.tree_stats["trees_built"] = bases.built  # K0T's included
         recorded = bases.commit()
         if recorded is not None:  # bases built (or dropped) here: the deployment records them (ops.deploy)
             plan.tree_bases_built = recorded
+        built = bases.cache_json()
+        if built is not None:  # trees built here: the deployment keeps them for a new process (ops.deploy)
+            plan.tree_cache_built = built
         if live:
             plan.tree_stats = dict(prog.tree_stats)  # what the deployment's chains hold (its state, `status`)
     return prog

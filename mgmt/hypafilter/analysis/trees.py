@@ -24,20 +24,29 @@ the live rules that can act there, ahead of it (docs/optimize.md, "The live K0 t
 from __future__ import annotations
 
 import difflib
+import hashlib
 import ipaddress
+import json
 import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import astuple, dataclass
+from pathlib import Path
 
+import numpy as np
+
+from hypafilter.analysis import dtree
 from hypafilter.analysis.dtree import (
     DIMS,
     PROTO_NAMES,
     SPORT,
     WHOLE_L4,
     Leaf,
+    Node,
     Params,
+    Region,
     Split,
+    Tree,
     build,
     range_test,
     region_any,
@@ -140,6 +149,7 @@ class _Trees:
         self.regs: list = []
         self.lines = kit.lines
         self.cache: dict = {}
+        self.bases: Bases | None = None  # counts the trees built (`built`)
         self.n = 0
         self.trees = 0
         self.rules_in = 0
@@ -191,6 +201,8 @@ class _Trees:
         tree = self.cache.get(ckey)
         if tree is None:
             tree = self.cache[ckey] = build([self.regs[i] for i in run], params)
+            if self.bases is not None:
+                self.bases.built += 1
         self.trees += 1
         self.rules_in += len(run)
         self.rules_out += tree.emitted_rules
@@ -292,6 +304,7 @@ def treeify(prog, kit: Kit, nft_max_depth: int, min_segment: int = 16, bases: Ba
     depth = _depths(prog)
     built = set(prog.chains)  # the interval structure's chains (trees are not made trees again)
     t = _Trees(prog, min_segment, kit)
+    t.bases = bases
     divs = iter(range(1 << 30))  # diversion chains TD<n>, numbered apart from the trees' T<n>
     lazy = {"lazy_trees": 0, "lazy_changed": 0}
 
@@ -399,7 +412,7 @@ def treeify(prog, kit: Kit, nft_max_depth: int, min_segment: int = 16, bases: Ba
         else:  # a segment or block, jumped to: a diverted frame's chain ends where it would (back to the caller)
             prog.chains[name] = [*diverted(fit, idx, []), *lines]
     out = {"trees": t.trees, "rules_in_trees": t.rules_in, "rules_written": t.rules_out}
-    return {**out, **lazy} if bases.live else out
+    return {**out, **lazy, "trees_built": bases.built} if bases.live else out
 
 
 # ---------------------------------------------------------------- live trees, lazily rebuilt (SFL in software)
@@ -456,13 +469,103 @@ def bases_of_json(doc) -> dict:
     }
 
 
-def _base_of_keys(keys: list[tuple]) -> _Base:
-    """A base from its rules' keys alone (a new process, as the policy sync worker after a deploy): the regions are
-    the flattened rules' (flat_regions reads the levels and the target), the trees are built again on first use."""
+def _base_of_keys(keys: list[tuple], cache: dict | None = None) -> _Base:
+    """A base from its rules' keys alone (a new process, as the policy sync worker after a deploy): its regions and
+    built trees from the deployment's tree cache (`cache_of_json`) when it has them; else the regions are the
+    flattened rules' (flat_regions reads the levels and the target) and the trees are built again on first use."""
     from types import SimpleNamespace as NS
 
+    got = cache.get(_keys_digest(keys)) if cache else None
+    if got is not None:
+        return _Base(list(keys), got[0], got[1])
     rules = [NS(levels=[NS(options=lv[0], unless=lv[1]) for lv in k[0]], target=k[1], stateful_pos=None) for k in keys]
     return _Base(list(keys), flat_regions(NS(rules=rules)), {})
+
+
+# ---- the tree cache: a deployment's built trees, so that a new process (the policy sync worker after a deploy or a
+# restart) writes them without building them (docs/optimize.md, "Lazy trees"). Deterministic: a base's regions and
+# trees follow from its rules' keys and the code that builds them, so entries are looked up by the keys and the cache
+# is used only by the code that wrote it (`code`: a digest of the builder's sources).
+
+CACHE_VERSION = 1
+
+
+def _code_digest() -> str:
+    h = hashlib.sha256()
+    for f in (dtree.__file__, __file__):
+        h.update(Path(f).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _node_json(n: Node) -> list:
+    b = n.body
+    rg = [list(n.region.lo), list(n.region.hi)]
+    if isinstance(b, Leaf):
+        return [rg, list(b.rules)]
+    tests = [list(t) if isinstance(t, tuple) else t for t in b.tests]
+    return [rg, [b.kind, b.dim, tests, [_node_json(c) for c in b.children], _node_json(b.rest), b.guard]]
+
+
+_NO_BOXES = np.zeros(0, dtype=np.int64)
+
+
+def _node_of_json(doc: list) -> Node:
+    (lo, hi), body = doc
+    node = Node(Region(tuple(lo), tuple(hi)), _NO_BOXES)
+    if body and isinstance(body[0], str):
+        kind, dim, tests, children, rest, guard = body
+        tests = [tuple(t) if isinstance(t, list) else t for t in tests]
+        node.body = Split(kind, dim, tests, [_node_of_json(c) for c in children], _node_of_json(rest), guard)
+    else:
+        node.body = Leaf(list(body))
+    return node
+
+
+def _tree_json(tree: Tree) -> dict:
+    return {"root": _node_json(tree.root), "size": tree.size, "linear": tree.linear, "emitted": tree.emitted_rules}
+
+
+def _tree_of_json(doc: dict) -> Tree:
+    return Tree(_node_of_json(doc["root"]), None, None, doc["size"], doc["linear"], doc["emitted"])
+
+
+def _regs_of_json(regs: list) -> list:
+    # (the boxes' corners stay lists: every reader indexes them or makes arrays of them)
+    return [None if r is None else (r[0], r[1]) for r in regs]
+
+
+def _keys_digest(keys) -> str:
+    """A base's rules named by a digest of their keys (tuples and their JSON lists give the same)."""
+    return hashlib.sha256(json.dumps(keys, separators=(",", ":")).encode()).hexdigest()
+
+
+def cache_json(pool: dict) -> dict:
+    """The built trees (and regions) of a program's bases, for the deployment's state (`cache_of_json`)."""
+    bases = ([pool["k0"]] if pool.get("k0") is not None else []) + list(pool["chains"].values())
+    return {
+        "version": CACHE_VERSION,
+        "code": _code_digest(),
+        "bases": [
+            {
+                "keys": _keys_digest(b.keys),
+                "regs": b.regs,
+                "trees": [[list(run), list(p), _tree_json(t)] for (run, p), t in b.trees.items()],
+            }
+            for b in bases
+        ],
+    }
+
+
+def cache_of_json(doc) -> dict:
+    """{digest of the keys: (regs, trees)} of a cache_json document; empty when another version of the code wrote
+    it."""
+    if not isinstance(doc, dict) or doc.get("version") != CACHE_VERSION or doc.get("code") != _code_digest():
+        return {}
+    out = {}
+    for b in doc.get("bases", []):
+        trees = {(tuple(run), tuple(p)): _tree_of_json(t) for run, p, t in b["trees"]}
+        out[b["keys"]] = (_regs_of_json(b["regs"]), trees)
+    return out
 
 
 _POOLS: dict[tuple, dict] = {}  # (base chain, family, min_segment) -> {"k0": _Base | None, "chains": {keys: _Base}}
@@ -481,8 +584,12 @@ class Bases:
     have built them). `commit()` keeps this program's bases for the next follow in this process, and returns them
     for the deployment to record when they changed."""
 
-    def __init__(self, pol, min_segment: int, live: bool, fresh: bool, recorded: dict | None = None):
+    def __init__(self, pol, min_segment: int, live: bool, fresh: bool, recorded: dict | None = None,
+                 cache: Callable[[], dict] | None = None):  # fmt: skip
+        """`cache`: reads the deployment's tree cache (`cache_of_json`), called only when this process holds no
+        trees of the recorded bases."""
         self.pol, self.live = pol, live
+        self.built = 0  # trees built by this program (a follow that reuses every base's trees builds none)
         self.keys = [rule_key(r) for r in pol.rules] if live else []
         self.pkey = (pol.base_chain, getattr(pol, "family", 4), min_segment)
         pool = None if fresh or not live else _POOLS.get(self.pkey)
@@ -492,9 +599,10 @@ class Bases:
             and recorded is not None
             and (pool is None or _pool_keys(pool) != _pool_keys_of(recorded))
         ):
+            got = cache() if cache is not None else {}
             pool = {
-                "k0": _base_of_keys(recorded["k0"]) if recorded.get("k0") else None,
-                "chains": {tuple(k): _base_of_keys(k) for k in recorded.get("chains", [])},
+                "k0": _base_of_keys(recorded["k0"], got) if recorded.get("k0") else None,
+                "chains": {tuple(k): _base_of_keys(k, got) for k in recorded.get("chains", [])},
             }
         self.old = pool or {"k0": None, "chains": {}}
         self.new: dict = {"k0": None, "chains": {}}
@@ -542,6 +650,10 @@ class Bases:
         _POOLS[self.pkey] = self.new
         now = _pool_keys(self.new)
         return now if now != _pool_keys(self.old) else None
+
+    def cache_json(self) -> dict | None:
+        """The bases' trees for the deployment's tree cache when this program built any (else it holds them)."""
+        return cache_json(self.new) if self.live and self.built else None
 
     def _near(self, keys: list) -> list[_Base]:
         """The recorded chains' bases whose rules differ from `keys` by at most LAZY_DELTA (as multisets)."""
@@ -659,6 +771,7 @@ def live_k0(prog, kit: Kit, nft_max_depth: int, min_segment: int, bases: Bases, 
     fit = bases.fit(everything, k0=True)
     prog.chains[chain] = []  # placed for the depth computation
     t = _Trees(prog, min_segment, kit)
+    t.bases = bases
     t.use(fit)
     depth = _depths(prog)
     _helper_depth = kit.helper_depth

@@ -172,6 +172,13 @@ def register(sub) -> None:
     )
     o.add_argument("policy", nargs="?", metavar="POLICY", help="iptables-save file or plain rule file")
     o.add_argument("--classbench", metavar="FILTERS", help="ClassBench filter set (instead of POLICY)")
+    o.add_argument(
+        "-6",
+        dest="family6",
+        action="store_true",
+        help="POLICY is an ip6tables policy, or the ClassBench set mapped into IPv6 (docs/ipv6.md) with the trace's "
+        "headers drawn inside their filters' mapped prefixes; both loaded with ip6tables-nft, IPv6 frames",
+    )
     o.add_argument("--policy", dest="cb_policy", choices=("ACCEPT", "DROP"), default="DROP", help="chain policy")
     o.add_argument("--actions", choices=("accept", "alternate"), default="alternate", help="rule actions")
     o.add_argument("--trace", metavar="T[.gz]", required=True, help="ClassBench header trace: the frames sent")
@@ -259,23 +266,45 @@ def run_optimize(args: argparse.Namespace) -> int:
     from hypafilter.tools.classbench import read_filters, read_trace
 
     text, name = policy_text(args)
+    family = 6 if args.family6 else 4
+    if args.k0 and family == 6:
+        raise HypafilterError("--k0 is the IPv4 hybrid's k = 0 path: not with -6")
     if args.k0:
         res, summary = bench.k0_program(text, name, args.k0, args.min_segment)
     else:
         res = optimize(
-            text, name, Params(binth=args.binth, max_expansion=args.max_expansion), min_segment=args.min_segment
+            text,
+            name,
+            Params(binth=args.binth, max_expansion=args.max_expansion),
+            min_segment=args.min_segment,
+            family=family,
         )
         summary = res.summary()
     trace = read_trace(args.trace)
-    rows = bench.trace_rows(trace[: args.frames])
+    if family == 6:
+        rows = bench.trace_rows6(text, trace[: args.frames])
+    else:
+        rows = bench.trace_rows(trace[: args.frames])
     report = {"policy": name, "trace": args.trace, **summary}
-    if args.classbench and not args.k0:
+    if args.classbench and not args.k0 and family == 6:
+        report.update(bench.path_stats6(res, rows[:5000]))
+    elif args.classbench and not args.k0:
         f = read_filters(args.classbench)
         report.update(bench.path_stats(res, f[:, [0, 2, 4, 6]], f[:, [1, 3, 5, 7]], rows[:5000]))
     log = (lambda m: print(m, file=sys.stderr)) if args.json else print
     report.update(
         bench.run(
-            text, res, rows, args.seconds, args.repeats, args.probes, args.seed, args.backend, args.peers, log=log
+            text,
+            res,
+            rows,
+            args.seconds,
+            args.repeats,
+            args.probes,
+            args.seed,
+            args.backend,
+            args.peers,
+            log=log,
+            family=family,
         )
     )
     report["command"] = "hypafilter " + " ".join(shlex.quote(a) for a in sys.argv[1:])

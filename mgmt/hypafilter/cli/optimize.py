@@ -16,6 +16,13 @@ def register(sub) -> None:
     )
     p.add_argument("policy", nargs="?", metavar="POLICY", help="iptables-save file or plain rule file")
     p.add_argument("-o", "--output", metavar="OUT", help="iptables-restore file to write (default: standard output)")
+    p.add_argument(
+        "-6",
+        dest="family6",
+        action="store_true",
+        help="POLICY is an ip6tables policy (ip6tables-save file or ip6tables lines); OUT is an ip6tables-restore file."
+        " With --classbench: the set mapped into IPv6 (docs/ipv6.md)",
+    )
     cb = p.add_argument_group("ClassBench import (instead of POLICY)")
     cb.add_argument("--classbench", metavar="FILTERS", help="ClassBench filter set")
     cb.add_argument("--policy", dest="cb_policy", choices=("ACCEPT", "DROP"), default="ACCEPT", help="chain policy")
@@ -45,7 +52,12 @@ def policy_text(args) -> tuple[str, str]:
     if args.classbench:
         from hypafilter.tools.classbench import classbench_policy_text
 
-        return classbench_policy_text(args.classbench, policy=args.cb_policy, actions=args.actions), args.classbench
+        text = classbench_policy_text(args.classbench, policy=args.cb_policy, actions=args.actions)
+        if getattr(args, "family6", False):
+            from hypafilter.tools.classbench6 import v6_policy_text
+
+            text = v6_policy_text(text)
+        return text, args.classbench
     try:
         with open(args.policy, encoding="utf-8") as f:
             return f.read(), args.policy
@@ -62,7 +74,12 @@ def run(args) -> int:
         raise HypafilterError("--binth must be at least 1, --max-expansion at least 1, --min-segment at least 2")
     text, name = policy_text(args)
     res = optimize(
-        text, name, Params(binth=args.binth, max_expansion=args.max_expansion), args.prefix, args.min_segment
+        text,
+        name,
+        Params(binth=args.binth, max_expansion=args.max_expansion),
+        args.prefix,
+        args.min_segment,
+        family=6 if args.family6 else 4,
     )
     if args.output:
         d = os.path.dirname(os.path.abspath(args.output))

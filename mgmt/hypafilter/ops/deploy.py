@@ -163,6 +163,21 @@ def TREE_BASES_FILE() -> Path:  # a function: the state directory is configured 
     return STATE_DIR / "tree_bases.json"
 
 
+def TREE_CACHE_FILE() -> Path:
+    """The live trees themselves (analysis.trees.cache_json: each base's regions and built trees), so that the
+    policy sync worker's first follow after a deploy or a restart of the service writes them without a build."""
+    return STATE_DIR / "tree_cache.json"
+
+
+def _tree_cache() -> dict:
+    from hypafilter.analysis.trees import cache_of_json
+
+    try:
+        return cache_of_json(json.loads(TREE_CACHE_FILE().read_text()))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, IndexError):
+        return {}  # none kept (or unreadable, or of another version): the trees are built anew
+
+
 def _tree_bases() -> dict | None:
     from hypafilter.analysis.trees import bases_of_json
 
@@ -892,6 +907,7 @@ def _deploy_locked(
             plan.trees_fresh = bool(force or not follow)
             if not plan.trees_fresh:
                 plan.tree_bases = _tree_bases()
+                plan.tree_cache = _tree_cache  # read only by a process that holds no trees of those bases
             if (tgt.name == "xdp" and config.xdp_ipv6) or (tgt.name == "emu" and config.emu_ipv6):
                 # the fast path's hook: IPv6 decided in XDP, or in the emulated NIC's dual-stack core (docs/ipv6.md)
                 # Following the live IPv4 ruleset, ip6tables stays as deployed: the IPv6 plan keeps the k its chains
@@ -1193,6 +1209,11 @@ def _deploy_locked(
             _write_private(TREE_BASES_FILE(), json.dumps(plan.tree_bases_built) + "\n")
         except OSError as e:
             warnings.append(f"writing {TREE_BASES_FILE()}: {e}")
+    if getattr(plan, "tree_cache_built", None) is not None:  # the trees built: a new process writes them unbuilt
+        try:
+            _write_private(TREE_CACHE_FILE(), json.dumps(plan.tree_cache_built, separators=(",", ":")) + "\n")
+        except OSError as e:
+            warnings.append(f"writing {TREE_CACHE_FILE()}: {e}")
     if old_nic and replace:
         try:
             tgt.stop(old_nic)

@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass, field, replace
 
 from hypafilter.analysis.dtree import PROTO_NAMES as _PROTO_NAMES
+from hypafilter.analysis.dtree import PROTO_NAMES_6 as _PROTO_NAMES_6
+from hypafilter.analysis.dtree import WHOLE_L4_6, rank_regions
 from hypafilter.analysis.dtree import range_test as _range_test
 from hypafilter.config import Config
 from hypafilter.errors import HypafilterError
@@ -40,6 +42,7 @@ class Segment:
     rules: list[ParsedRule]
     tree: Tree | None = None
     root: str = ""
+    space: object = None  # the tree's RankSpace (IPv6: its address cuts are ranks)
 
 
 @dataclass
@@ -51,6 +54,7 @@ class Result:
     build_s: float = 0.0
     kept: dict[str, int] = field(default_factory=dict)  # why rules stayed in place -> how many
     notes: list[str] = field(default_factory=list)
+    family: int = 4
 
     @property
     def expansion(self) -> float:
@@ -66,6 +70,7 @@ class Result:
             "kept_in_place": self.kept,
             "build_s": round(self.build_s, 3),
             "notes": self.notes,
+            **({"family": 6} if self.family == 6 else {}),
         }
 
 
@@ -98,8 +103,9 @@ def _leaf_tokens(r: ParsedRule, label: str) -> tuple[str, ...]:
     return opts + canonical.target_tokens(r)
 
 
-def _emit_tree(w: _Writer, seg: Segment, labels: list[str]) -> None:
+def _emit_tree(w: _Writer, seg: Segment, labels: list[str], family: int = 4) -> None:
     tree = seg.tree
+    names, whole_l4 = (_PROTO_NAMES_6, WHOLE_L4_6) if family == 6 else (_PROTO_NAMES, WHOLE_L4)
     hint = re.sub(r"[^A-Za-z0-9_]", "", seg.chain)[:12] or "c"
     root = w.new_chain(hint)
     seg.root = root
@@ -125,14 +131,14 @@ def _emit_tree(w: _Writer, seg: Segment, labels: list[str]) -> None:
             assert isinstance(b, Split)
             rg = node.region
             if b.guard is not None:
-                w.rule(chain, ("-m", "u32", "!", "--u32", WHOLE_L4[b.guard], "-g", linear))
+                w.rule(chain, ("-m", "u32", "!", "--u32", whole_l4[b.guard], "-g", linear))
             if b.kind == "proto":
                 for v, child in zip(b.tests, b.children, strict=True):
-                    w.rule(chain, ("-p", _PROTO_NAMES.get(v, str(v)), *leaf_or_chain(child)))
+                    w.rule(chain, ("-p", names.get(v, str(v)), *leaf_or_chain(child)))
                 node = b.rest
                 continue
             (d, _, c1) = b.tests[0]
-            left_side, toks = _range_test(d, rg.lo[d], rg.hi[d], c1 + 1, rg.proto())
+            left_side, toks = _range_test(d, rg.lo[d], rg.hi[d], c1 + 1, rg.proto(), seg.space)
             first, then = (b.children[0], b.rest) if left_side else (b.rest, b.children[0])
             w.rule(chain, (*toks, *leaf_or_chain(first)))
             node = then
@@ -141,11 +147,12 @@ def _emit_tree(w: _Writer, seg: Segment, labels: list[str]) -> None:
 
 
 def optimize(text: str, filename: str, params: Params | None = None, prefix: str = "ht", min_segment: int = 16,
-             config: Config | None = None) -> Result:  # fmt: skip
-    """The optimised filter table of a policy file as an iptables-restore text (other tables copied)."""
+             config: Config | None = None, family: int = 4) -> Result:  # fmt: skip
+    """The optimised filter table of a policy file as an iptables-restore text (other tables copied). `family` 6:
+    an ip6tables policy in, an ip6tables-restore text out (the trees cut ranks of its 128-bit addresses)."""
     params = params or Params()
     t0 = time.monotonic()
-    tc = read_table(text, filename, config)
+    tc = read_table(text, filename, config, family=family)
     if not tc.chains or "filter" not in tc.tables:
         raise HypafilterError(f"{filename}: no rules of table filter in the file")
     w = _Writer(prefix, set(tc.chains))
@@ -178,8 +185,13 @@ def optimize(text: str, filename: str, params: Params | None = None, prefix: str
             run = ch.rules[start:i]  # the movable rules before this one
             if len(run) >= min_segment:
                 seg = Segment(name, start, run)
-                seg.tree = build([regions(x) for x in run], params)
-                _emit_tree(w, seg, [_label(name, start + j, x, base) for j, x in enumerate(run)])
+                regs = [regions(x, family) for x in run]
+                p = params
+                if family == 6:  # 128-bit addresses: the tree cuts their ranks (exact: analysis.dtree.RankSpace)
+                    regs, seg.space = rank_regions(regs, family)
+                    p = replace(params, space=seg.space)
+                seg.tree = build(regs, p)
+                _emit_tree(w, seg, [_label(name, start + j, x, base) for j, x in enumerate(run)], family)
                 segments.append(seg)
                 out.append(("-j", seg.root))
             else:
@@ -189,7 +201,10 @@ def optimize(text: str, filename: str, params: Params | None = None, prefix: str
                 out.append(canonical.rule_tokens(r))
             start = i + 1
         out_rules[name] = out
-    lines = [f"# optimised by hypafilter optimize from {base}: decision trees as chains {prefix}* (docs/optimize.md)"]
+    six = " (ip6tables)" if family == 6 else ""
+    lines = [
+        f"# optimised by hypafilter optimize from {base}{six}: decision trees as chains {prefix}* (docs/optimize.md)"
+    ]
     lines.append("*filter")
     order = [c for c in BUILTIN_CHAINS["filter"] if c in tc.chains]
     order += [c for c in tc.chains if c not in order]
@@ -206,7 +221,9 @@ def optimize(text: str, filename: str, params: Params | None = None, prefix: str
     lines.append("COMMIT")
     others = _other_tables(text, filename, tc.tables)
     rules_out = sum(len(v) for v in out_rules.values()) + len(w.lines)
-    return Result("\n".join(lines) + "\n" + others, rules_in, rules_out, segments, time.monotonic() - t0, kept, notes)
+    return Result(
+        "\n".join(lines) + "\n" + others, rules_in, rules_out, segments, time.monotonic() - t0, kept, notes, family
+    )
 
 
 def _nesting(chains) -> int:

@@ -63,6 +63,75 @@ def probe_frames(rows, n: int, seed: int) -> list[tuple[int, bytes]]:
     return out
 
 
+ADVERSARIAL6 = ("hbh", "dstopt", "rt0", "chain", "ah", "frag_first", "frag_later", "trunc_ext", "trunc_l4", "trunc_len")
+_V6_ADDR = re.compile(r"\s-([sd]) ([0-9a-fA-F:.]+)(?:/(\d+))?(?=\s)")
+
+
+def trace_rows6(text6: str, trace: np.ndarray, seed: int = 6) -> list[tuple[int, int, int, int]]:
+    """IPv6 headers for a ClassBench trace of a set mapped into IPv6 (tools.classbench6, `text6` its ip6tables-save
+    text, one rule per filter in order): each header's source and destination are drawn inside the mapped prefixes
+    of the filter it was made for (the trace's FILTER_NUMBER), random below them; its ports are the trace's. A
+    trace row for a filter the text does not have keeps the mapping of its IPv4 addresses (2001:db8:<a>::)."""
+    import ipaddress
+
+    from hypafilter.tools.classbench6 import BASE
+
+    nets: list[dict[str, tuple[int, int]]] = []
+    for ln in text6.splitlines():
+        if not ln.startswith("-A "):
+            continue
+        got = {}
+        for m in _V6_ADDR.finditer(ln + " "):
+            got[m.group(1)] = (int(ipaddress.IPv6Address(m.group(2))), int(m.group(3) or 128))
+        nets.append(got)
+    rng = random.Random(seed)
+    out = []
+    for r in trace:
+        src, dst, sport, dport, f = int(r[0]), int(r[1]), int(r[2]), int(r[3]), int(r[6])
+        where = nets[f] if 0 <= f < len(nets) else {}
+        addr = []
+        for k, v4 in (("s", src), ("d", dst)):
+            net, plen = where.get(k, (BASE | (v4 << 64), 96))
+            low = 128 - plen
+            addr.append(net | (rng.getrandbits(low) if low else 0))
+        out.append((addr[0], addr[1], sport, dport))
+    return out
+
+
+def probe_frames6(rows, n: int, seed: int) -> list[tuple[int, bytes]]:
+    """IPv6 (uid, frame) probes: n trace headers as UDP, then TCP and ICMPv6 twins of some, then adversarial IPv6
+    variants of ops.verify6 (extension headers, AH, first and later fragments, truncated headers)."""
+    from hypafilter.iptables.canonical import ip6_str
+    from hypafilter.ops.verify import ID_MAC_PREFIX
+    from hypafilter.ops.verify6 import build6
+
+    rng = random.Random(seed)
+    pick = [rows[rng.randrange(len(rows))] for _ in range(n)] if rows else []
+    out: list[tuple[int, bytes]] = []
+    uid = 1
+    sent: list[dict] = []
+    for src, dst, sport, dport in pick:
+        out.append((uid, pktrate.udp6_frame(src, dst, sport, dport, ID_MAC_PREFIX + uid.to_bytes(4, "big"))))
+        uid += 1
+        h = {"src": ip6_str(src), "dst": ip6_str(dst), "proto": PROTO_UDP, "sport": sport, "dport": dport,
+             "flags": "A", "type": 128, "code": 0}  # fmt: skip
+        sent.append(h)
+        r = rng.random()
+        if r < 0.1:
+            f = build6(uid, "normal", {**h, "proto": PROTO_TCP}, rng, sent, pktrate.DST_MAC, ID_MAC_PREFIX)
+        elif r < 0.15:
+            f = build6(uid, "normal", {**h, "proto": 58}, rng, sent, pktrate.DST_MAC, ID_MAC_PREFIX)
+        elif r < 0.35:
+            kind = ADVERSARIAL6[rng.randrange(len(ADVERSARIAL6))]
+            p = PROTO_UDP if rng.random() < 0.7 else PROTO_TCP
+            f = build6(uid, kind, {**h, "proto": p}, rng, sent, pktrate.DST_MAC, ID_MAC_PREFIX)
+        else:
+            continue
+        out.append((uid, f))
+        uid += 1
+    return out
+
+
 def _with_uid(frame: bytes, uid: int) -> bytes:
     return frame[:8] + uid.to_bytes(4, "big") + frame[12:]
 
@@ -71,6 +140,8 @@ def forget_state(rb: pktrate.RateBench) -> None:
     """Conntrack entries and `-m recent` lists outlive a reload of the rules: clear them, so that each policy sees
     the probes from the same empty state."""
     netns.run(["conntrack", "-F"], rb.ns_f, check=False)
+    if getattr(rb, "family", 4) == 6:
+        netns.run(["conntrack", "-F", "-f", "ipv6"], rb.ns_f, check=False)
     netns.run(["sh", "-c", 'for f in /proc/net/xt_recent/*; do [ -e "$f" ] && echo / > "$f"; done; true'], rb.ns_f)
 
 
@@ -143,6 +214,42 @@ def path_stats(res: Result, lo: np.ndarray, hi: np.ndarray, rows) -> dict:
             return next((k for k, i in enumerate(rules) if hit[i]), None)
 
         n, _ = path(tree, (src, dst, PROTO_UDP, sport, dport), fm)
+        pout.append(n)
+        pmax = max(pmax, n)
+    return {
+        "path_mean_in": round(statistics.fmean(pin), 2),
+        "path_mean_out": round(statistics.fmean(pout), 2),
+        "path_max_out": pmax,
+    }
+
+
+def path_stats6(res: Result, rows) -> dict:
+    """path_stats of an IPv6 rewrite (one tree over the whole chain): the trace's headers ranked in the tree's
+    RankSpace, the first rule from the rules' whole-packet boxes on the same ranks (exact: ClassBench rules are
+    header checks alone)."""
+    import bisect
+
+    if len(res.segments) != 1 or res.segments[0].tree is None or not rows:
+        return {}
+    seg = res.segments[0]
+    tree, sp = seg.tree, seg.space
+    lo, hi, own = tree.whole.lo, tree.whole.hi, tree.whole.owner
+    n_rules = len(seg.rules)
+    pin, pout, pmax = [], [], 0
+    for src, dst, sport, dport in rows:
+        pt = np.array(
+            [bisect.bisect_right(sp.starts[0], src) - 1, bisect.bisect_right(sp.starts[1], dst) - 1, PROTO_UDP,
+             sport, dport], dtype=np.int64)  # fmt: skip
+        boxes = np.all((lo <= pt) & (pt <= hi), axis=1)
+        hit = np.zeros(n_rules, dtype=bool)
+        hit[own[boxes]] = True
+        first = np.flatnonzero(hit)
+        pin.append(int(first[0]) + 1 if len(first) else n_rules)
+
+        def fm(rules, hit=hit):
+            return next((k for k, i in enumerate(rules) if hit[i]), None)
+
+        n, _ = path(tree, tuple(int(x) for x in pt), fm)
         pout.append(n)
         pmax = max(pmax, n)
     return {
@@ -252,23 +359,30 @@ def k0_live_program(text: str, name: str, base_text: str | None = None, min_segm
 
 
 def run(text: str, res: Result, rows, seconds: float = 2.0, repeats: int = 3, probes: int = 5000,
-        seed: int = 1, backend: str = "nft", peers: bool = False, log=print) -> dict:  # fmt: skip
+        seed: int = 1, backend: str = "nft", peers: bool = False, log=print, family: int = 4,
+        tag: str | None = None) -> dict:  # fmt: skip
     """The measurement; `rows` are (src, dst, sport, dport) headers (UDP) for the rate frames and the probes.
-    `peers` (nft back end only): the same through the policy in nft and as `nft -o` rewrites it."""
+    `peers` (nft back end only): the same through the policy in nft and as `nft -o` rewrites it. `family` 6: an
+    ip6tables policy and its rewrite, IPv6 frames (rows with 128-bit addresses; probe_frames6). `tag`: the
+    namespaces' prefix (default a random `hto<n>`)."""
     if not rows:
         raise HypafilterError("bench optimize needs headers to send: give --trace")
     if peers and backend != "nft":
         raise HypafilterError("the nft peers are measured with the nft back end")
+    if family == 6 and (peers or backend != "nft"):
+        raise HypafilterError(
+            "bench optimize -6 runs with ip6tables-nft only (no --peers, no --backend legacy: docs/optimize.md)"
+        )
     build = BUILD_ROOT / "bench"
     blaster = pktrate.build_blaster(build)
     out: dict = {}
     with (
         tempfile.TemporaryDirectory() as tmp,
-        pktrate.RateBench(blaster, f"hto{random.randrange(10**4)}", backend) as rb,
+        pktrate.RateBench(blaster, tag or f"hto{random.randrange(10**4)}", backend, family) as rb,
     ):
         frames = Path(tmp) / "frames.bin"
-        pktrate.write_frames(frames, ((s, d, sp, dp, 0) for s, d, sp, dp in rows))
-        pr = probe_frames(rows, probes, seed)
+        pktrate.write_frames(frames, ((s, d, sp, dp, 0) for s, d, sp, dp in rows), family)
+        pr = probe_frames6(rows, probes, seed) if family == 6 else probe_frames(rows, probes, seed)
 
         def ipt(body):
             def load():
@@ -300,6 +414,7 @@ def run(text: str, res: Result, rows, seconds: float = 2.0, repeats: int = 3, pr
             out[f"{which}_mismatches"] = len(got["in"] ^ got[which])
         out["probes"] = len(pr)
         out["backend"] = backend
+        out["delivered"] = len(got["in"])
         if repeats <= 0:
             return out
         loads["empty"] = rb.reset_firewall  # no rules at all: the cost of the path without a firewall
@@ -319,6 +434,25 @@ def run(text: str, res: Result, rows, seconds: float = 2.0, repeats: int = 3, pr
         t_io, t_in, t_out = (1 / out[f"pps_{k}"] if out[f"pps_{k}"] else 0.0 for k in ("empty", "in", "out"))
         out["speedup_without_io"] = round((t_in - t_io) / (t_out - t_io), 2) if t_out > t_io else None
     return out
+
+
+def compare(rb: pktrate.RateBench, text: str, res: Result, probes: list[tuple[int, bytes]]) -> dict:
+    """The probes through the policy and through its rewrite, each loaded alone in `rb` (its family's tables),
+    conntrack and `-m recent` cleared before each: frames one delivers and the other does not, and moved rules whose
+    packet count differs from the sum of their copies'."""
+    got, cnt = {}, {}
+    for which, body in (("in", text), ("out", res.text)):
+        rb.load_restore(body)
+        forget_state(rb)
+        got[which] = delivered(rb, probes)
+        cnt[which] = counters(rb)
+    return {
+        "probes": len(probes),
+        "delivered": len(got["in"]),
+        "mismatches": len(got["in"] ^ got["out"]),
+        "mismatch_uids": sorted(got["in"] ^ got["out"])[:10],
+        "counter_mismatches": counter_mismatches(cnt["in"], cnt["out"], res),
+    }
 
 
 def fuzz(seeds, packets: int = 3000, params=None, min_segment: int = 4, log=print, k0: str | None = None) -> list[dict]:

@@ -79,12 +79,28 @@ def udp_frame(src: int, dst: int, sport: int, dport: int, ip_id: int = 0) -> byt
     return DST_MAC + SRC_MAC + b"\x08\x00" + ip + udp
 
 
-def write_frames(path: Path, rows: Iterable[tuple[int, int, int, int, int]]) -> int:
-    """Writes (src, dst, sport, dport, mark) rows as blaster records; returns the number of frames."""
+def udp6_frame(src: int, dst: int, sport: int, dport: int, src_mac: bytes = SRC_MAC) -> bytes:
+    """One Ethernet/IPv6/UDP frame with the bench payload (128-bit addresses; the UDP checksum IPv6 requires)."""
+    udp_len = 8 + len(PAYLOAD)
+    s16, d16 = src.to_bytes(16, "big"), dst.to_bytes(16, "big")
+    udp = struct.pack("!HHHH", sport, dport, udp_len, 0) + PAYLOAD
+    pseudo = s16 + d16 + struct.pack("!IxxxB", udp_len, 17) + udp
+    c = _csum(pseudo + b"\0" * (len(pseudo) & 1)) or 0xFFFF
+    udp = udp[:6] + struct.pack("!H", c) + udp[8:]
+    ip = struct.pack("!IHBB", 6 << 28, udp_len, 17, 64) + s16 + d16
+    return DST_MAC + src_mac + b"\x86\xdd" + ip + udp
+
+
+def write_frames(path: Path, rows: Iterable[tuple[int, int, int, int, int]], family: int = 4) -> int:
+    """Writes (src, dst, sport, dport, mark) rows as blaster records; returns the number of frames. `family` 6:
+    IPv6 frames (128-bit addresses, no mark)."""
     n = 0
     with open(path, "wb") as f:
         for src, dst, sport, dport, mark in rows:
-            fr = udp_frame(int(src), int(dst), int(sport), int(dport), int(mark))
+            if family == 6:
+                fr = udp6_frame(int(src), int(dst), int(sport), int(dport))
+            else:
+                fr = udp_frame(int(src), int(dst), int(sport), int(dport), int(mark))
             f.write(struct.pack("<H", len(fr)) + fr)
             n += 1
     return n
@@ -93,14 +109,17 @@ def write_frames(path: Path, rows: Iterable[tuple[int, int, int, int, int]]) -> 
 class RateBench:
     """Creates the three namespaces on enter and removes them on exit (also after errors)."""
 
-    def __init__(self, blaster: Path, tag: str | None = None, backend: str = "nft"):
+    def __init__(self, blaster: Path, tag: str | None = None, backend: str = "nft", family: int = 4):
         """`backend`: the iptables back end the rules are loaded with, "nft" (iptables-nft, the default tools) or
-        "legacy" (iptables-legacy: the x_tables interpreter, whose tcp/udp matches drop a truncated header)."""
+        "legacy" (iptables-legacy: the x_tables interpreter, whose tcp/udp matches drop a truncated header).
+        `family` 6: the rules under test are ip6tables' (br_netfilter hands the bridged IPv6 frames to them)."""
         if backend not in ("nft", "legacy"):
             raise HypafilterError(f"unknown iptables back end {backend!r} (nft or legacy)")
         self.blaster = blaster
         self.backend = backend
-        self.iptables = "iptables-legacy" if backend == "legacy" else "iptables"
+        self.family = family
+        tool = "ip6tables" if family == 6 else "iptables"
+        self.iptables = f"{tool}-legacy" if backend == "legacy" else tool
         self.tag = tag or f"hfb{os.getpid() % 100000}"
         self.ns_s, self.ns_f, self.ns_r = f"{self.tag}-s", f"{self.tag}-f", f"{self.tag}-r"
 
@@ -135,6 +154,8 @@ class RateBench:
         # A static entry so that frames are forwarded to f1, not flooded; the bridge never learns DST_MAC.
         netns.run(["bridge", "fdb", "add", DST_MAC.hex(":"), "dev", "f1", "master", "static"], self.ns_f)
         netns.run(["sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=1"], self.ns_f)
+        if self.family == 6:
+            netns.run(["sysctl", "-qw", "net.bridge.bridge-nf-call-ip6tables=1"], self.ns_f)
 
     def _down(self) -> None:
         for ns in (self.ns_s, self.ns_f, self.ns_r):

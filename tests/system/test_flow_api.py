@@ -270,5 +270,7 @@ def test_a_clients_batch_does_not_hold_another_clients_request(setup):
         a.close()
         b.close()
     assert got.count(b"OK") == 12000, "every request of the batch answered"
-    print(f"12,000 table reads ({len(lines)} bytes, {chunks} x 64 KiB) in {total:.3f} s; the other client: {answered} reads")
+    print(
+        f"12,000 table reads ({len(lines)} bytes, {chunks} x 64 KiB) in {total:.3f} s; the other client: {answered} reads"
+    )
     assert answered > 3 * chunks, f"the other client got {answered} answers during a {total:.3f} s batch"

@@ -119,6 +119,7 @@ test-real-all:
 test-emu-v6:
 	@scripts/setup.sh system
 	CI=true HF_EMU_V6_FULL=1 scripts/run-system-tests.sh -n 0 tests/system/test_ipv6_deploy.py -k emu
+	CI=true HF_EMU_V6_FULL=1 scripts/run-system-tests.sh -n 0 tests/system/test_ipv6_flowcache_emu.py
 
 .PHONY: test-xdp-v6
 test-xdp-v6:

@@ -6,7 +6,6 @@ import random
 import zlib
 
 import pytest
-
 from hypafilter.hw import flowcache as fc
 from hypafilter.hw import regmap
 from hypafilter.hw.flowcache import Flow

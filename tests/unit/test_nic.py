@@ -457,7 +457,6 @@ def test_flow_entries_decodes_the_tables(fake):
     ]
 
 
-
 def test_ipv6_flows_on_a_core_whose_cache_holds_them(fake):
     """A dual-stack core's cache (FC_CONFIG bit 24): families IPv4 and IPv6, an IPv6 flow's command writes its
     addresses' upper bits (FC_KEY4..9) and FC_KEY3 bit 8, its set is the wide key's, and flow_entries reads an IPv6

@@ -218,6 +218,15 @@ def _check_flow(flow: Flow | Flow6) -> None:
             raise NicError(f"flow {flow}: {name} {value!r} is not a {bits}-bit value")
 
 
+def _admits_ct0(plan) -> list[bool]:
+    """Per entry of `plan`, then its policy entry: whether a frame with ct 0 (the flow cache does not know it) can
+    match it (some box's ct range holds 0)."""
+    from hypafilter.ir.box import FIELD_INDEX
+
+    ct = FIELD_INDEX["ct"]
+    return [any(b.lo[ct] == 0 for b in e.boxes if not b.is_empty()) for e in plan.entries] + [True]
+
+
 COUNTER_REGS = tuple(r.name for r in regmap.MAP.registers if r.name.startswith("CNT_")) + ("PKTIN", "PKTOUT")
 
 
@@ -385,11 +394,12 @@ class NicClient:
         v6 = None
         if plan6 is not None:
             # the IPv6 entries' rows and the IPv6 policy entry's; the IPv6 plan's miss forcing in CONTROL bits 6/7 (an
-            # IPv6 frame has ct 0: the flow cache holds IPv4 tuples)
+            # IPv6 frame the flow cache does not know, ct 0); per row whether a frame with ct 0 can match it (`ct0`:
+            # only such a row's frames can be forced, targets.emu.v6.deciding_rows)
             n6 = len(plan6.entries)
             shunt += [int(b) for b in plan6.shunt]
             actions += action_words(plan6)
-            v6 = {"entries": n6, "index_base": rows, "matcher": v6_matcher(plan6)}
+            v6 = {"entries": n6, "index_base": rows, "matcher": v6_matcher(plan6), "ct0": _admits_ct0(plan6)}
         ov = getattr(plan, "overlay", None) or Overlay.empty(n, updatebuffer.buffer_depth(plan))
         tables = {
             "matcher_hash": f"{want_hash:08x}",

@@ -73,7 +73,7 @@ class CtEvent:
     def flow(self) -> Flow | Flow6 | None:
         """The flow (original direction): `Flow` for IPv4, `Flow6` for IPv6; None for what no table holds (not
         TCP/UDP, another family). Whether a table holds the family is the table's (`families`: the NIC's flow cache
-        IPv4 only). Made once per entry (a resync over 250,000 entries asks for it several times each)."""
+        IPv6 too on a dual-stack core). Made once per entry (a resync over 250,000 entries asks for it several times each)."""
         if self.proto not in (PROTO_TCP, PROTO_UDP):
             return None
         if self.family == socket.AF_INET:

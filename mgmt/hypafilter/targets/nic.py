@@ -247,8 +247,12 @@ class NicClient:
 
     @property
     def families(self) -> tuple[int, ...]:
-        """The address families the flow cache holds: AF_INET, and AF_INET6 when its keys take IPv6 tuples."""
-        cfg = self.flow_config()
+        """The address families the flow cache holds: AF_INET, and AF_INET6 when its keys take IPv6 tuples (a NIC that
+        cannot be read says IPv4 only: an IPv6 entry then stays in conntrack, never one the cache cannot key)."""
+        try:
+            cfg = self.flow_config()
+        except NicError:
+            return (socket.AF_INET,)
         return (socket.AF_INET, socket.AF_INET6) if cfg is not None and cfg.v6 else (socket.AF_INET,)
 
     @classmethod

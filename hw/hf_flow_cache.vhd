@@ -16,6 +16,14 @@
 --     entry. Counting FINs conntrack would refuse (out of window, no ACK) only ends hits early: more frames to
 --     software, never a wrong hit;
 --   set = the low LOG2_SETS bits of zlib's CRC-32 of the key's 13 bytes (most significant first);
+--   with IPv6 tuples (generic V6, a dual-stack core): the key is 304 bits, family(303:296, 1 for IPv6, 0 for IPv4)
+--     lo_ip(295:168) hi_ip(167:40) lo_port(39:24) hi_port(23:8) proto(7:0), an IPv4 address zero-extended to 128
+--     bits (the family byte keeps it apart from the IPv6 address ::a.b.c.d), endpoints compared as the 144-bit
+--     numbers ip & port, the set from the CRC-32 of the key's 38 bytes; the key word is 307 bits (valid(306)
+--     epoch(305) orient(304) key). Exact: a hit is the flow's own full tuple, never another's that hashes alike.
+--     An address arrives as its low 32 bits (*_src_ip, *_dst_ip) and its upper 96 (*_src_hi, *_dst_hi, read only
+--     with *_v6 = '1'). Without V6 (an IPv4-only core) nothing of this is built: a command with h_v6 = '1'
+--     answers status 4 (bad command) and a lookup with lk_v6 = '1' is a bypass;
 --   slot = way * 2**LOG2_SETS + set.
 -- Memories per way: key words (read by lookups; read and written by host commands: a true dual-port RAM), stats
 -- (read and written by the hit path), and a copy of the stats written with them and read by host commands. The
@@ -32,7 +40,8 @@ entity hf_flow_cache is
     LOG2_SETS   : natural  := 10;      -- sets = 2**LOG2_SETS, indexed by the low bits of the key's CRC-32
     WAYS        : positive := 4;       -- entries per set (one RAM bank each); WAYS * 2**LOG2_SETS in 4,096..65,536
     TS_W        : positive := 32;      -- width of the last-seen timestamp, in ticks (it wraps)
-    TICK_CYCLES : positive := 200000   -- clock cycles per timestamp tick (1 ms at 200 MHz)
+    TICK_CYCLES : positive := 200000;  -- clock cycles per timestamp tick (1 ms at 200 MHz)
+    V6          : boolean  := false    -- IPv6 tuples too (304-bit keys, header comment); false: IPv4 keys only
   );
   port (
     clk          : in  std_logic;
@@ -44,6 +53,9 @@ entity hf_flow_cache is
     lk_proto     : in  std_logic_vector(7 downto 0);
     lk_sport     : in  std_logic_vector(15 downto 0);
     lk_dport     : in  std_logic_vector(15 downto 0);
+    lk_v6        : in  std_logic := '0';  -- an IPv6 tuple: lk_*_hi are the addresses' bits 127:32 (V6 only)
+    lk_src_hi    : in  std_logic_vector(95 downto 0) := (others => '0');
+    lk_dst_hi    : in  std_logic_vector(95 downto 0) := (others => '0');
     lk_tcp_flags : in  std_logic_vector(7 downto 0);  -- FIN 0x01, SYN 0x02, RST 0x04, ACK 0x10 (read when proto = 6)
     lk_l4_ok     : in  std_logic := '1';  -- '0': TCP data offset or UDP length field that conntrack calls INVALID
     res_valid    : out std_logic;
@@ -62,11 +74,15 @@ entity hf_flow_cache is
     h_proto      : in  std_logic_vector(7 downto 0);
     h_sport      : in  std_logic_vector(15 downto 0);
     h_dport      : in  std_logic_vector(15 downto 0);
+    h_v6         : in  std_logic := '0';  -- key ops: an IPv6 flow, h_*_hi its addresses' bits 127:32 (V6 only)
+    h_src_hi     : in  std_logic_vector(95 downto 0) := (others => '0');
+    h_dst_hi     : in  std_logic_vector(95 downto 0) := (others => '0');
     h_slot       : in  std_logic_vector(23 downto 0);  -- slot ops
     r_valid      : out std_logic;
     r_status     : out std_logic_vector(3 downto 0);  -- 0 ok, 1 exists, 2 full, 3 not found, 4 bad command or slot
     r_slot       : out std_logic_vector(23 downto 0);
-    r_word       : out std_logic_vector(106 downto 0);  -- key word of the slot (read, find, insert that exists)
+    r_word       : out std_logic_vector(fc_key_w(V6) + 2 downto 0);  -- key word of the slot (read, find, insert
+                                                                      -- that exists)
     r_counted    : out std_logic;  -- the entry was hit since its insert (r_seen, r_hits are 0 otherwise)
     r_seen       : out std_logic_vector(TS_W - 1 downto 0);
     r_hits       : out std_logic_vector(31 downto 0);
@@ -81,11 +97,12 @@ entity hf_flow_cache is
 end entity;
 
 architecture rtl of hf_flow_cache is
-  constant KEY_W : natural := 104;
+  constant KEY_W : natural := fc_key_w(V6);  -- 104, or 304 with IPv6 tuples
   constant WORD_W : natural := KEY_W + 3;
-  constant V_BIT : natural := 106;
-  constant E_BIT : natural := 105;
-  constant O_BIT : natural := 104;
+  constant V_BIT : natural := KEY_W + 2;
+  constant E_BIT : natural := KEY_W + 1;
+  constant O_BIT : natural := KEY_W;
+  constant AW : natural := (KEY_W - 40) / 2 - 4 * boolean'pos(V6);  -- address bits in the key: 32, or 128
   constant ST_W : natural := 35 + TS_W;
   constant SE_BIT : natural := ST_W - 1;
   constant CL_HI : natural := ST_W - 2;  -- closing count (2 bits)
@@ -108,6 +125,7 @@ architecture rtl of hf_flow_cache is
   constant ST_BAD : std_logic_vector(3 downto 0) := x"4";
 
   subtype key_t is std_logic_vector(KEY_W - 1 downto 0);
+  subtype addr_t is std_logic_vector(AW - 1 downto 0);
   subtype set_t is unsigned(LOG2_SETS - 1 downto 0);
   type word_arr is array (0 to WAYS - 1) of std_logic_vector(WORD_W - 1 downto 0);
   type stat_arr is array (0 to WAYS - 1) of std_logic_vector(ST_W - 1 downto 0);
@@ -158,16 +176,36 @@ architecture rtl of hf_flow_cache is
     return r;
   end function;
 
-  -- the key with the source as "lo" endpoint (keyed), and with the destination as "lo" (keyed the other way)
-  function key_fwd(src, dst : std_logic_vector(31 downto 0); sp, dp : std_logic_vector(15 downto 0);
-                   proto : std_logic_vector(7 downto 0)) return key_t is
+  -- an address as the key holds it: its 32 bits, or with IPv6 tuples 128 (an IPv4 one zero-extended)
+  function addr_of(fam : std_logic; hi : std_logic_vector(95 downto 0); lo : std_logic_vector(31 downto 0))
+    return addr_t is
+    variable a : addr_t;
   begin
-    return src & dst & sp & dp & proto;
+    a(31 downto 0) := lo;
+    if V6 then
+      a(AW - 1 downto 32) := hi and (95 downto 0 => fam);
+    end if;
+    return a;
   end function;
 
-  function swapped(src, dst : std_logic_vector(31 downto 0); sp, dp : std_logic_vector(15 downto 0))
-    return std_logic is
-    variable a, b : std_logic_vector(47 downto 0);
+  -- the key with the source as "lo" endpoint (keyed), and with the destination as "lo" (keyed the other way)
+  function key_fwd(fam : std_logic; src, dst : addr_t; sp, dp : std_logic_vector(15 downto 0);
+                   proto : std_logic_vector(7 downto 0)) return key_t is
+    variable k : key_t;
+  begin
+    k(2 * AW + 39 downto AW + 40) := src;
+    k(AW + 39 downto 40) := dst;
+    k(39 downto 24) := sp;
+    k(23 downto 8) := dp;
+    k(7 downto 0) := proto;
+    if V6 then
+      k(KEY_W - 1 downto KEY_W - 8) := "0000000" & fam;
+    end if;
+    return k;
+  end function;
+
+  function swapped(src, dst : addr_t; sp, dp : std_logic_vector(15 downto 0)) return std_logic is
+    variable a, b : std_logic_vector(AW + 15 downto 0);
   begin
     a := src & sp;
     b := dst & dp;
@@ -264,16 +302,19 @@ begin
   -- s1: canonical key, direction, bypass; the set from the two hashes of both orders (no compare before a hash)
   stage1 : process (clk)
     variable ka, kb : key_t;
+    variable sa, da : addr_t;
     variable sw : std_logic;
   begin
     if rising_edge(clk) then
-      ka := key_fwd(lk_src_ip, lk_dst_ip, lk_sport, lk_dport, lk_proto);
-      kb := key_fwd(lk_dst_ip, lk_src_ip, lk_dport, lk_sport, lk_proto);
-      sw := swapped(lk_src_ip, lk_dst_ip, lk_sport, lk_dport);
+      sa := addr_of(lk_v6, lk_src_hi, lk_src_ip);
+      da := addr_of(lk_v6, lk_dst_hi, lk_dst_ip);
+      ka := key_fwd(lk_v6, sa, da, lk_sport, lk_dport, lk_proto);
+      kb := key_fwd(lk_v6, da, sa, lk_dport, lk_sport, lk_proto);
+      sw := swapped(sa, da, lk_sport, lk_dport);
       s1_v <= lk_valid;
       s1_byp <= to_sl(lk_proto = x"06"
                       and (lk_tcp_flags(0) or lk_tcp_flags(1) or lk_tcp_flags(2) or not lk_tcp_flags(4)) = '1')
-                or not lk_l4_ok;
+                or not lk_l4_ok or (lk_v6 and to_sl(not V6));
       s1_swp <= sw;
       s1_fin <= to_sl(lk_proto = x"06") and lk_tcp_flags(0);
       s1_rst <= to_sl(lk_proto = x"06") and lk_tcp_flags(2);
@@ -433,13 +474,17 @@ begin
     signal s_we : std_logic;
     signal s_addr : set_t;
     signal s_data : std_logic_vector(ST_W - 1 downto 0);
+    signal k_rd : std_logic_vector(2 * WORD_W - 1 downto 0);  -- both read ports (the word width is not locally
+                                                              -- static: a port map cannot slice it)
   begin
     hk_we(w) <= '1' when st = SWEEP or (st = WRITE and c_way = w) else '0';
 
     key_ram : entity work.hf_ram
       generic map (WIDTH => WORD_W, ADDR_W => LOG2_SETS, READS => 2)
       port map (clk => clk, we => hk_we(w), waddr => hb_addr, wdata => hk_data, raddr => rd_set & hb_addr,
-                rdata(2 * WORD_W - 1 downto WORD_W) => lk_word(w), rdata(WORD_W - 1 downto 0) => hb_word(w));
+                rdata => k_rd);
+    lk_word(w) <= k_rd(2 * WORD_W - 1 downto WORD_W);
+    hb_word(w) <= k_rd(WORD_W - 1 downto 0);
 
     -- the hit path owns the stats write port, except in a reset sweep, when no lookup can hit, which zeroes them
     s_we <= s3_we(w) or sw_zero;
@@ -457,6 +502,7 @@ begin
   end generate;
 
   host : process (clk)
+    variable sa, da : addr_t;
     variable match_any, free_any, valid, counted : boolean;
     variable mw, fw, sel : natural range 0 to WAYS - 1;
     variable word : std_logic_vector(WORD_W - 1 downto 0);
@@ -484,12 +530,17 @@ begin
           end if;
         when IDLE =>
           if h_valid = '1' then
+            sa := addr_of(h_v6, h_src_hi, h_src_ip);
+            da := addr_of(h_v6, h_dst_hi, h_dst_ip);
             c_op <= h_op;
-            c_swp <= swapped(h_src_ip, h_dst_ip, h_sport, h_dport);
-            if swapped(h_src_ip, h_dst_ip, h_sport, h_dport) = '1' then
-              c_key <= key_fwd(h_dst_ip, h_src_ip, h_dport, h_sport, h_proto);
+            if h_v6 = '1' and not V6 then
+              c_op <= "111";  -- an IPv6 key in an IPv4-only cache: a bad command
+            end if;
+            c_swp <= swapped(sa, da, h_sport, h_dport);
+            if swapped(sa, da, h_sport, h_dport) = '1' then
+              c_key <= key_fwd(h_v6, da, sa, h_dport, h_sport, h_proto);
             else
-              c_key <= key_fwd(h_src_ip, h_dst_ip, h_sport, h_dport, h_proto);
+              c_key <= key_fwd(h_v6, sa, da, h_sport, h_dport, h_proto);
             end if;
             c_slot <= unsigned(h_slot);
             st <= HASH;

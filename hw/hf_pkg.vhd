@@ -40,6 +40,9 @@ package hf_pkg is
   function clog2(n : natural) return natural;
   function popcount(v : std_logic_vector) return natural;
   function to_sl(b : boolean) return std_logic;
+  -- the flow cache's canonical key width (hf_flow_cache): 104 bits for IPv4 tuples; with IPv6 tuples (V6) 304 bits,
+  -- a family byte, two 128-bit addresses, two ports and the protocol (hypafilter.hw.flowcache.key_bits)
+  function fc_key_w(v6 : boolean) return natural;
 end package;
 
 package body hf_pkg is
@@ -62,6 +65,14 @@ package body hf_pkg is
     end loop;
     return c;
   end function;
+  function fc_key_w(v6 : boolean) return natural is
+  begin
+    if v6 then
+      return 304;
+    end if;
+    return 104;
+  end function;
+
   function to_sl(b : boolean) return std_logic is
   begin
     if b then

@@ -1,6 +1,6 @@
 -- AXI4-Lite register block of the core: the registers of hw/regmap.txt (offsets from the generated
 -- hf_regs_pkg), event counters, the SUME indirect-access protocol to the per-entry tables, and the flow cache's
--- command registers (FC_KEY0..3, FC_SLOT, FC_CMD: a write of FC_CMD pulses fc_cmd unless FC_STATUS bit 31, busy,
+-- command registers (FC_KEY0..9, FC_SLOT, FC_CMD: a write of FC_CMD pulses fc_cmd unless FC_STATUS bit 31, busy,
 -- is set) with its read-back registers, whose values the core supplies (0 when it has no flow cache), and the policy
 -- sync lease (LEASE, LEASE_STATUS): a count of ticks the host re-arms while its policy sync service runs; armed and
 -- run down to 0 it has expired (lease_expired), and the core then decides no wire frame.
@@ -59,6 +59,7 @@ entity hf_regs is
     fc_key1       : out std_logic_vector(31 downto 0);
     fc_key2       : out std_logic_vector(31 downto 0);
     fc_key3       : out std_logic_vector(31 downto 0);
+    fc_key_hi     : out std_logic_vector(191 downto 0);  -- FC_KEY9 & .. & FC_KEY4 (an IPv6 key's upper bits)
     fc_slot       : out std_logic_vector(23 downto 0);
     fc_status     : in  std_logic_vector(31 downto 0) := (others => '0');
     fc_config     : in  std_logic_vector(31 downto 0) := (others => '0');
@@ -86,6 +87,8 @@ architecture rtl of hf_regs is
   signal r_ind_busy, r_ind_rd, r_ind_stream : std_logic := '0';
   signal wr_stall : std_logic;
   signal r_fc_key0, r_fc_key1, r_fc_key2, r_fc_key3 : std_logic_vector(31 downto 0) := (others => '0');
+  signal r_fc_key_hi : std_logic_vector(191 downto 0) := (others => '0');  -- FC_KEY4..9 (a core without IPv6 keys
+                                                                          -- leaves them unread: trimmed)
   signal r_fc_slot : std_logic_vector(23 downto 0) := (others => '0');
   signal r_fc_op : std_logic_vector(2 downto 0) := (others => '0');
   signal r_fc_cmd : std_logic := '0';
@@ -227,6 +230,11 @@ begin
         if waddr = REG_FC_KEY3 then
           r_fc_key3 <= s_axi_wdata;
         end if;
+        for i in 0 to 5 loop  -- FC_KEY4..9: consecutive words
+          if waddr = REG_FC_KEY4 + 4 * i then
+            r_fc_key_hi(32 * i + 31 downto 32 * i) <= s_axi_wdata;
+          end if;
+        end loop;
         if waddr = REG_FC_SLOT then
           r_fc_slot <= s_axi_wdata(23 downto 0);
         end if;
@@ -385,6 +393,7 @@ begin
   fc_key1 <= r_fc_key1;
   fc_key2 <= r_fc_key2;
   fc_key3 <= r_fc_key3;
+  fc_key_hi <= r_fc_key_hi;
   fc_slot <= r_fc_slot;
   x_wr <= r_x_wr;
   x_waddr <= r_x_waddr;

@@ -35,8 +35,9 @@
 -- CNT_SHUNT_STATE and CNT_SET_UNCERTAIN. Tables SET_* (IDs 8-11, index bits 22:20 = slot) go to the slot's unit.
 -- Dual stack (issue #25, V6_ON from a plan6, docs/ipv6.md "The NIC's core"): the parser walks the IPv6 chain (a chain
 -- with AH unparsed), the matcher's IPv6 entries match parsed IPv6 frames only (hardware indices V6_BASE.., the IPv6
--- policy entry V6_POLICY) and its IPv4 entries the other frames; flow cache, sets, conntrack membership and the
--- update buffer's slots stay IPv4's (an IPv6 frame has ct 0 and no slot matches it).
+-- policy entry V6_POLICY) and its IPv4 entries the other frames; the flow cache holds IPv6 tuples too (its generic
+-- V6: 304-bit keys, table FLOW_KEY6, FC_KEY4..9), so a parsed IPv6 TCP/UDP frame of a cached flow has ct 1/2; sets,
+-- conntrack membership and the update buffer's slots stay IPv4's (an IPv6 frame never has ct 3, no slot matches it).
 library ieee;
 use ieee.std_logic_1164.all;
 use ieee.numeric_std.all;
@@ -165,6 +166,7 @@ architecture rtl of hypafilter_core is
   signal fc_cmd : std_logic;
   signal fc_op : std_logic_vector(2 downto 0);
   signal fc_key0, fc_key1, fc_key2, fc_key3 : std_logic_vector(31 downto 0);
+  signal fc_key_hi : std_logic_vector(191 downto 0);
   signal fc_slot : std_logic_vector(23 downto 0);
   signal fc_status, fc_config, fc_now, fc_occ, fc_ins, fc_del, fc_full : std_logic_vector(31 downto 0);
   signal fc_tbl, tbl_req, tbl_done, fc_ind_done : std_logic;
@@ -183,6 +185,7 @@ architecture rtl of hypafilter_core is
   signal h6_src, h6_dst : std_logic_vector(127 downto 0);
   signal h6_proto, h6_it, h6_ic, h6_flags : std_logic_vector(7 downto 0);
   signal h6_sport, h6_dport : std_logic_vector(15 downto 0);
+  signal h6_l4ok : std_logic;
   signal res : std_logic_vector(RES_WIDTH - 1 downto 0);
   signal valid_mask : std_logic_vector(VALID_WIDTH - 1 downto 0);
   signal st_idx : unsigned(IDX_W - 1 downto 0);  -- the static encoder's index (N_ENTRIES when none matched)
@@ -284,7 +287,7 @@ begin
       h_icmp_type => h_it, h_icmp_code => h_ic, h_iport => h_iport, h_flags => h_flags,
       h_l4_ok => h_l4ok, h_family => h_fam, h6_unparsed => h6_unp, h6_src => h6_src, h6_dst => h6_dst,
       h6_hlim => open, h6_proto => h6_proto, h6_sport => h6_sport, h6_dport => h6_dport, h6_icmp_type => h6_it,
-      h6_icmp_code => h6_ic, h6_flags => h6_flags, h6_l4_ok => open);
+      h6_icmp_code => h6_ic, h6_flags => h6_flags, h6_l4_ok => h6_l4ok);
 
   hp <= (h_valid, h_unp, h_unf, h_tuser, h_src, h_dst, h_proto, h_it, h_ic, h_flags, h_sport, h_dport, h_iport, h_l4ok,
          h_fam and not h6_unp, h6_src, h6_dst, h6_proto, h6_it, h6_ic, h6_flags, h6_sport, h6_dport);
@@ -311,6 +314,16 @@ begin
 
   with_cache : if FC_ON generate
     constant LAT : natural := 4;  -- hf_flow_cache's lookup latency (hypafilter.hw.flowcache.LATENCY)
+    constant FKW : natural := fc_key_w(V6_ON);  -- the cache's key bits: 104, or 304 with IPv6 tuples
+    constant LO_AT : natural := 72 + 96 * boolean'pos(V6_ON);  -- the lo address's bit 0 in the key
+    signal lk_f6, lk_l4 : std_logic;
+    signal lk_src, lk_dst : std_logic_vector(31 downto 0);
+    signal lk_proto, lk_flags : std_logic_vector(7 downto 0);
+    signal lk_sport, lk_dport : std_logic_vector(15 downto 0);
+    signal p_khi : std_logic_vector(191 downto 0) := (others => '0');
+    signal c_v6 : std_logic := '0';
+    signal c_src_hi, c_dst_hi : std_logic_vector(95 downto 0) := (others => '0');
+    signal k6_word : std_logic_vector(31 downto 0);  -- the FLOW_KEY6 word i_idx names, of the slot read
     type hdr_line is array (1 to LAT) of hdr_t;
     signal hl : hdr_line := (others => HDR_ZERO);
     signal sp : std_logic_vector(7 downto 0);
@@ -333,27 +346,40 @@ begin
     signal c_v : std_logic := '0';
     signal r_status : std_logic_vector(3 downto 0);
     signal r_slot : std_logic_vector(23 downto 0);
-    signal r_word : std_logic_vector(106 downto 0);
+    signal r_word : std_logic_vector(FKW + 2 downto 0);
     signal r_seen : std_logic_vector(FC_TS_W - 1 downto 0);
     signal r_hits : std_logic_vector(31 downto 0);
     signal stat : std_logic_vector(31 downto 0) := (others => '0');
     signal i_done : std_logic := '0';
     signal i_rdata : std_logic_vector(31 downto 0) := (others => '0');
   begin
-    -- looked up: parsed TCP/UDP frames from a wire port (anything else has ct 0)
+    -- looked up: parsed TCP/UDP frames from a wire port (anything else has ct 0); in a dual-stack core a parsed
+    -- IPv6 frame by its IPv6 fields (its unp stays '1')
     sp <= hp.tu(TUSER_SRC_LO + 7 downto TUSER_SRC_LO);
-    lk_v <= hp.v and not hp.unp and not hp.unf and to_sl(sp = x"01" or sp = x"04" or sp = x"10" or sp = x"40")
-            and to_sl(hp.proto = x"06" or hp.proto = x"11");
+    lk_f6 <= hp.f6 and to_sl(V6_ON);
+    lk_src <= hp.src6(31 downto 0) when lk_f6 = '1' else hp.src;
+    lk_dst <= hp.dst6(31 downto 0) when lk_f6 = '1' else hp.dst;
+    lk_proto <= hp.proto6 when lk_f6 = '1' else hp.proto;
+    lk_flags <= hp.flags6 when lk_f6 = '1' else hp.flags;
+    lk_sport <= hp.sport6 when lk_f6 = '1' else hp.sport;
+    lk_dport <= hp.dport6 when lk_f6 = '1' else hp.dport;
+    lk_l4 <= h6_l4ok when lk_f6 = '1' else hp.l4ok;
+    lk_v <= hp.v and (not hp.unp or lk_f6) and not hp.unf
+            and to_sl(sp = x"01" or sp = x"04" or sp = x"10" or sp = x"40")
+            and to_sl(lk_proto = x"06" or lk_proto = x"11");
 
     cache : entity work.hf_flow_cache
-      generic map (LOG2_SETS => FC_LOG2_SETS, WAYS => FC_WAYS, TS_W => FC_TS_W, TICK_CYCLES => FC_TICK_CYCLES)
+      generic map (LOG2_SETS => FC_LOG2_SETS, WAYS => FC_WAYS, TS_W => FC_TS_W, TICK_CYCLES => FC_TICK_CYCLES,
+                   V6 => V6_ON)
       port map (
         clk => axis_aclk, rst => rst,
-        lk_valid => lk_v, lk_src_ip => hp.src, lk_dst_ip => hp.dst, lk_proto => hp.proto, lk_sport => hp.sport,
-        lk_dport => hp.dport, lk_tcp_flags => hp.flags, lk_l4_ok => hp.l4ok,
+        lk_valid => lk_v, lk_src_ip => lk_src, lk_dst_ip => lk_dst, lk_proto => lk_proto, lk_sport => lk_sport,
+        lk_dport => lk_dport, lk_v6 => lk_f6, lk_src_hi => hp.src6(127 downto 32),
+        lk_dst_hi => hp.dst6(127 downto 32), lk_tcp_flags => lk_flags, lk_l4_ok => lk_l4,
         res_valid => open, res_hit => r_hit, res_bypass => open, res_dir => r_dir, res_slot => open,
         h_valid => c_v, h_ready => c_ready, h_op => c_op, h_src_ip => c_src, h_dst_ip => c_dst, h_proto => c_proto,
-        h_sport => c_sport, h_dport => c_dport, h_slot => c_slot,
+        h_sport => c_sport, h_dport => c_dport, h_v6 => c_v6, h_src_hi => c_src_hi, h_dst_hi => c_dst_hi,
+        h_slot => c_slot,
         r_valid => r_valid, r_status => r_status, r_slot => r_slot, r_word => r_word, r_counted => r_counted,
         r_seen => r_seen, r_hits => r_hits,
         now => fc_now, occupancy => fc_occ, cnt_inserts => fc_ins, cnt_deletes => fc_del, cnt_full => fc_full,
@@ -393,6 +419,7 @@ begin
           p_k1 <= fc_key1;
           p_k2 <= fc_key2;
           p_k3 <= fc_key3;
+          p_khi <= fc_key_hi;
           p_slot <= fc_slot;
         end if;
         if ind_req = '1' and fc_tbl = '1' then
@@ -416,6 +443,9 @@ begin
               c_sport <= p_k2(31 downto 16);
               c_dport <= p_k2(15 downto 0);
               c_proto <= p_k3(7 downto 0);
+              c_v6 <= p_k3(8);  -- an IPv6 key (a cache without IPv6 tuples answers it status 4)
+              c_src_hi <= p_khi(95 downto 0);
+              c_dst_hi <= p_khi(191 downto 96);
               c_slot <= p_slot;
               c_v <= '1';
               arb <= A_ISSUE;
@@ -426,6 +456,9 @@ begin
               slot := unsigned(i_idx);
               if unsigned(i_tbl) = TABLE_FLOW_KEY then
                 slot := shift_right(slot, 2);
+              end if;
+              if unsigned(i_tbl) = TABLE_FLOW_KEY6 then
+                slot := shift_right(slot, 3);
               end if;
               c_slot <= std_logic_vector(slot);
               c_v <= '1';
@@ -447,8 +480,10 @@ begin
                   i_rdata <= std_logic_vector(resize(unsigned(r_seen), 32));
                 elsif unsigned(i_tbl) = TABLE_FLOW_HITS then
                   i_rdata <= r_hits;
+                elsif unsigned(i_tbl) = TABLE_FLOW_KEY6 then
+                  i_rdata <= k6_word;
                 elsif i_idx(1 downto 0) = "00" then
-                  i_rdata <= r_word(103 downto 72);
+                  i_rdata <= r_word(LO_AT + 31 downto LO_AT);
                 elsif i_idx(1 downto 0) = "01" then
                   i_rdata <= r_word(71 downto 40);
                 elsif i_idx(1 downto 0) = "10" then
@@ -457,9 +492,12 @@ begin
                   -- word 3 built bit by bit: GHDL 2.0's Verilog of the same concatenation inside a case branch
                   -- read back word 2 in the emulator (the VHDL netlist was right)
                   w3 := (others => '0');
-                  w3(31) := r_word(106);
+                  w3(31) := r_word(FKW + 2);
                   w3(30) := r_counted;
-                  w3(8) := r_word(104);
+                  if V6_ON then
+                    w3(9) := r_word(FKW - 8);  -- an IPv6 entry (the family byte's bit 0)
+                  end if;
+                  w3(8) := r_word(FKW);
                   w3(7 downto 0) := r_word(7 downto 0);
                   i_rdata <= w3;
                 end if;
@@ -476,8 +514,29 @@ begin
         end if;
       end if;
     end process;
+    -- FLOW_KEY6: the addresses' bits 127:32 of an IPv6 entry (its family byte set), else 0; 0 in an IPv4-only core
+    key6 : if V6_ON generate
+      process (all)
+        variable n : natural range 0 to 7;
+      begin
+        n := to_integer(unsigned(i_idx(2 downto 0)));
+        k6_word <= (others => '0');
+        for i in 0 to 2 loop
+          if n = i and r_word(FKW - 8) = '1' then
+            k6_word <= r_word(LO_AT + 32 * i + 63 downto LO_AT + 32 * i + 32);
+          end if;
+          if n = i + 3 and r_word(FKW - 8) = '1' then
+            k6_word <= r_word(32 * i + 103 downto 32 * i + 72);
+          end if;
+        end loop;
+      end process;
+    end generate;
+    no_key6 : if not V6_ON generate
+      k6_word <= (others => '0');
+    end generate;
     fc_status <= stat;
-    fc_config <= std_logic_vector(to_unsigned(FC_LOG2_SETS + 256 * FC_WAYS + 65536 * FC_TS_W, 32));
+    fc_config <= std_logic_vector(to_unsigned(FC_LOG2_SETS + 256 * FC_WAYS + 65536 * FC_TS_W
+                                              + 16777216 * boolean'pos(V6_ON), 32));
     fc_ind_done <= i_done;
     fc_ind_rdata <= i_rdata;
   end generate;
@@ -619,6 +678,7 @@ begin
   -- indirect accesses to the FLOW_* tables go to the flow cache's command port, VALID and BUF to the update buffer,
   -- the others to hf_tables
   fc_tbl <= '1' when unsigned(ind_addr(31 downto 24)) = TABLE_FLOW_KEY
+                  or unsigned(ind_addr(31 downto 24)) = TABLE_FLOW_KEY6
                   or unsigned(ind_addr(31 downto 24)) = TABLE_FLOW_SEEN
                   or unsigned(ind_addr(31 downto 24)) = TABLE_FLOW_HITS else '0';
   ctm_tbl <= '1' when unsigned(ind_addr(31 downto 24)) = TABLE_SHUNT_NONE
@@ -654,11 +714,12 @@ begin
       t1.sa <= side(SIDE_DELAY).sa or control(1);
       t1_idx <= lk_idx;
       -- ct 3 (no conntrack entry) accepted: to the host all the same, conntrack must create the entry ([ctm])
-      -- an IPv6 frame (ct always 0: the flow cache holds IPv4 tuples) by the IPv6 side's own bits 6/7, so that one
-      -- family's conntrack-reading policy does not send the other family's frames to the host
+      -- an IPv6 frame the flow cache does not know (ct 0; never ct 3: the membership structure holds IPv4 tuples)
+      -- by the IPv6 side's own bits 6/7, so that one family's conntrack-reading policy does not send the other
+      -- family's frames to the host
       if side(SIDE_DELAY).f6 = '1' then
-        t1_mfa <= control(6);
-        t1_mfd <= control(7);
+        t1_mfa <= to_sl(side(SIDE_DELAY).ct = "00") and control(6);
+        t1_mfd <= to_sl(side(SIDE_DELAY).ct = "00") and control(7);
       else
         t1_mfa <= to_sl(side(SIDE_DELAY).ct = "00" or side(SIDE_DELAY).ct = "11") and control(4);
         t1_mfd <= to_sl(side(SIDE_DELAY).ct = "00") and control(5);
@@ -822,7 +883,7 @@ begin
       hits_clear => hits_clear, ind_req => ind_req, ind_write => ind_write, ind_addr => ind_addr,
       ind_wdata => ind_wdata, ind_done => ind_done, ind_rdata => ind_rdata,
       fc_cmd => fc_cmd, fc_op => fc_op, fc_key0 => fc_key0, fc_key1 => fc_key1, fc_key2 => fc_key2,
-      fc_key3 => fc_key3, fc_slot => fc_slot, fc_status => fc_status, fc_config => fc_config, fc_now => fc_now,
+      fc_key3 => fc_key3, fc_key_hi => fc_key_hi, fc_slot => fc_slot, fc_status => fc_status, fc_config => fc_config, fc_now => fc_now,
       fc_occupancy => fc_occ, fc_inserts => fc_ins, fc_deletes => fc_del, fc_full => fc_full,
       lease_ticks => lease_t, lease_expired => lease_expired,
       x_wr => x_wr, x_waddr => x_waddr, x_wdata => x_wdata, x_rdata => x_rdata);

@@ -89,7 +89,8 @@ def test_program_writes_the_ipv6_rows(fake):
     assert shunt[n4 + 1 : base] == [1] * 16 and action[n4 + 1 : base] == [0] * 16  # the buffer's slots
     assert shunt[base:] == [int(b) for b in plan6.shunt] and action[base:] == [int(a) for a in plan6.actions]
     assert ACTION_ACCEPT in action[base:] and ACTION_DROP in action[base:] and 0 in shunt[base:]
-    assert written["v6"] == {"entries": n6, "index_base": base, "matcher": emu_v6.v6_matcher(plan6)}
+    ct0 = [True] * (n6 + 1)  # a stateless IPv6 side: every row meets frames the flow cache does not know
+    assert written["v6"] == {"entries": n6, "index_base": base, "matcher": emu_v6.v6_matcher(plan6), "ct0": ct0}
     assert written["miss_shunt"] == [False, False]
     # only the IPv6 rows that changed are written again
     plan6.shunt[:] = True
@@ -166,3 +167,23 @@ def test_deciding_rows_of_the_written_tables(fake):
     assert not any(emu_v6.deciding_rows({**written, "miss_shunt6": [True, True]}))
     assert emu_v6.deciding_rows({**written, "miss_shunt": [True, True]}) == rows  # the IPv4 side's bits
     assert emu_v6.deciding_rows({k: v for k, v in written.items() if k != "v6"}) == []
+
+
+def test_an_established_row_is_never_forced(fake):
+    """A conntrack-first IPv6 side: its ESTABLISHED row matches only frames of flows the cache knows (ct 1/2), which
+    bits 6/7 never force, so it counts as deciding; the rows that meet ct 0 do not (docs/ipv6.md "## emu")."""
+    plan, plan6 = _plans(CT6)
+    plan.plan6 = plan6
+    assert plan6.miss_shunt[0]  # the IPv6 plan forces its accepted misses
+    fake.regs[regmap.REG_NUM_ENTRIES] = len(plan.entries)
+    fake.regs[regmap.REG_MATCHER_HASH] = int(vhdl.matcher_hash(plan, plan6)[-8:], 16)
+    with NicClient(EmuTransport(fake.path)) as c:
+        written = c.program(plan, 1)
+    ct0 = written["v6"]["ct0"]
+    assert ct0[0] is False and all(ct0[1:]), ct0  # the ESTABLISHED entry comes first
+    rows = emu_v6.deciding_rows(written)
+    assert rows[0] and int(plan6.actions[0]) == ACTION_ACCEPT and not plan6.shunt[0]
+    assert not any(r for r, a in zip(rows[1:], plan6.actions[1:], strict=False) if int(a) == ACTION_ACCEPT)
+    # a state written before `ct0` existed: every row may meet ct 0
+    old = {**written, "v6": {k: v for k, v in written["v6"].items() if k != "ct0"}}
+    assert not emu_v6.deciding_rows(old)[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import zlib
 
+import pytest
 from hypafilter.hw import flowcache as fc
 from hypafilter.hw import regmap
 from hypafilter.hw.flowcache import Flow
@@ -85,3 +86,44 @@ def test_lengths_conntrack_calls_invalid_never_hit():
     assert [d for d in range(16) if model.l4_ok(frame(6, doff=d))] == [5, 6, 7, 8, 9]  # 36 bytes: up to 9 words
     assert [n for n in range(40) if model.l4_ok(frame(17, ulen=n))] == list(range(8, 25))
     assert fc.bypass(17, 0, l4_ok=False) and fc.bypass(6, 0x10, l4_ok=False) and not fc.bypass(6, 0x10, l4_ok=True)
+
+
+def test_ipv6_keys_of_a_wide_cache():
+    """A dual-stack core's cache (`wide`): 304-bit keys over the full 128-bit addresses, both directions under one
+    key, the family byte apart from the addresses (a.b.c.d and ::a.b.c.d are two flows), the CRC-32 of 38 bytes,
+    and the register words (FLOW_KEY with bit 9, FLOW_KEY6, FC_KEY0..9) round-tripping."""
+    from hypafilter.hw.flowcache import Flow6
+
+    rng = random.Random(6)
+    for _ in range(300):
+        f = Flow6(rng.getrandbits(128), rng.getrandbits(128), rng.choice((6, 17)), rng.getrandbits(16), 443)
+        (k1, s1), (k2, s2) = fc.canonical(f, wide=True), fc.canonical(f.reply(), wide=True)
+        assert k1 == k2 and s1 != s2 and k1 >> 296 == 1 and k1 < 1 << fc.KEY_BITS6
+        assert fc.key_hash(k1, wide=True) == zlib.crc32(k1.to_bytes(38, "big"))
+        for k, s, flow in ((k1, s1, f), (k1, s2, f.reply())):
+            word = fc.key_word(k, s, epoch=1, wide=True)
+            assert word < 1 << fc.WORD_BITS6 and fc.decode_word(word, wide=True).flow == flow
+            entry, counted = fc.words_to_entry(fc.flow_key_words(word, True, wide=True), fc.flow_key6_words(word))
+            assert counted and entry.flow == flow and fc.flow_key_words(word, True, wide=True)[3] & fc.FLOW_KEY_V6
+        # one address bit flipped: another key
+        bit = rng.randrange(128)
+        g = Flow6(f.src ^ (1 << bit), f.dst, f.proto, f.sport, f.dport)
+        assert fc.canonical(g, wide=True)[0] != k1
+        regs = (*fc.fc_key_regs(f), *fc.fc_key6_regs(f))
+        assert regs[0] | regs[4] << 32 | regs[5] << 64 | regs[6] << 96 == f.src and regs[3] == 0x100 | f.proto
+        assert regs[1] | regs[7] << 32 | regs[8] << 64 | regs[9] << 96 == f.dst
+    v4, v4c = Flow(0x0A000001, 0x0A000002, 6, 1, 2), Flow6(0x0A000001, 0x0A000002, 6, 1, 2)
+    k4, k6 = fc.canonical(v4, wide=True)[0], fc.canonical(v4c, wide=True)[0]
+    assert k4 != k6 and k4 >> 296 == 0 and k4 & ((1 << 296) - 1) == k6 & ((1 << 296) - 1)
+    word = fc.key_word(k4, 0, wide=True)
+    assert fc.decode_word(word, wide=True).flow == v4 and fc.flow_key6_words(word) == (0,) * 6
+    assert fc.words_to_entry(fc.flow_key_words(word, False, wide=True), (0,) * 6)[0].flow == v4
+    # an IPv4-only cache has no key for an IPv6 flow; its words without FLOW_KEY6 are refused
+    with pytest.raises(ValueError, match="IPv6"):
+        fc.canonical(v4c)
+    with pytest.raises(ValueError, match="FLOW_KEY6"):
+        fc.words_to_entry(fc.flow_key_words(fc.key_word(k6, 0, wide=True), False, wide=True))
+    m = regmap.MAP
+    assert m.table("FLOW_KEY6").depth == fc.FLOW_KEY6_STRIDE * fc.MAX_ENTRIES
+    assert [m.reg(f"FC_KEY{i}").offset for i in range(4, 10)] == list(range(0xE0, 0xF8, 4))
+    assert fc.fc_config(10, 4, 32, wide=True) == fc.fc_config(10, 4, 32) | fc.FC_CONFIG_V6

@@ -56,6 +56,7 @@ class MemTable:
     protocols = (TCP, UDP)
     hit_counters = True
     set_limited = True
+    wide = False  # a dual-stack core's cache: IPv6 tuples too (hw.flowcache's wide keys)
 
     def __init__(self, log2_sets: int = 4, ways: int = 2):
         self.log2_sets, self.ways = log2_sets, ways
@@ -70,14 +71,14 @@ class MemTable:
         return FlowCacheConfig(self.log2_sets, self.ways, 16)
 
     def flow_set(self, flow):
-        return fc.set_index(fc.canonical(flow)[0], self.log2_sets)
+        return fc.set_index(fc.canonical(flow, self.wide)[0], self.log2_sets, self.wide)
 
     def _find(self, flow):
-        key, _ = fc.canonical(flow)
-        s = fc.set_index(key, self.log2_sets)
+        key, _ = fc.canonical(flow, self.wide)
+        s = fc.set_index(key, self.log2_sets, self.wide)
         for w in range(self.ways):
             e = self.slots.get(fc.slot(w, s, self.log2_sets))
-            if e and fc.canonical(e[0])[0] == key:
+            if e and fc.canonical(e[0], self.wide)[0] == key:
                 return fc.slot(w, s, self.log2_sets)
         return None
 
@@ -85,7 +86,7 @@ class MemTable:
         self.ops.append(("insert", flow))
         if (sl := self._find(flow)) is not None:
             return fc.ST_EXISTS, sl
-        s = fc.set_index(fc.canonical(flow)[0], self.log2_sets)
+        s = fc.set_index(fc.canonical(flow, self.wide)[0], self.log2_sets, self.wide)
         for w in range(self.ways):
             sl = fc.slot(w, s, self.log2_sets)
             if sl not in self.slots:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import struct
+from dataclasses import replace
 
 import pytest
 from hypafilter.hw import flowcache as fc
@@ -208,12 +209,12 @@ def test_liberal_marks_hold_ipv6_tcp_as_ipv4():
     assert st["offloaded"] == 4 and st["errors"] == 0
 
 
-def test_the_nic_flow_cache_gets_no_ipv6_entry():
-    """The NIC's flow cache has IPv4 keys (and the core shunts IPv6 unparsed): an IPv6 entry is neither marked
-    liberal nor sent to it, by events or by a resync; its IPv4 neighbours are; the membership structure holds no
-    IPv6 key either."""
-    assert NicClient.families == (socket.AF_INET,) and socket.AF_INET6 in LiberalMarks.families
-    for families in (None, NicClient.families):
+def test_an_ipv4_only_flow_cache_gets_no_ipv6_entry():
+    """An IPv4-only core's flow cache has IPv4 keys (NicClient.families without AF_INET6: FC_CONFIG bit 24 clear,
+    tests/unit/test_nic.py): an IPv6 entry is neither marked liberal nor sent to it, by events or by a resync; its
+    IPv4 neighbours are; the membership structure holds no IPv6 key either (on any core)."""
+    assert isinstance(NicClient.families, property) and socket.AF_INET6 in LiberalMarks.families
+    for families in (None, (socket.AF_INET,)):
         table, ct = MemTable(), MemCt()
         if families is not None:
             table.families = families
@@ -226,6 +227,23 @@ def test_the_nic_flow_cache_gets_no_ipv6_entry():
         assert {f for b in table.batches for _, f in b} == {t4.flow}
         assert set(s.installed) == {t4.flow}
     assert entry_keys(ev6()) == () and entry_keys(ev6(proto=UDP)) == () and len(entry_keys(ev())) == 1
+
+
+def test_a_dual_stack_flow_cache_gets_ipv6_entries():
+    """A dual-stack core's flow cache holds IPv6 tuples (families IPv4 and IPv6): an established IPv6 TCP entry is
+    marked liberal and inserted as an IPv4 one, by events and by a resync, and removed when conntrack destroys it."""
+    table, ct = MemTable(), MemCt()
+    table.families, table.wide = (socket.AF_INET, socket.AF_INET6), True
+    s = Syncer(table, ct, dict(TIMEOUTS))
+    t4, t6 = ev(), ev6()
+    ct.entries |= {t4.flow, t6.flow}
+    assert s.events([t6, t4]) == ["install", "install"]
+    assert set(s.installed) == {t4.flow, t6.flow} and ("liberal", t6.flow) in ct.calls
+    assert {f for b in table.batches for _, f in b} == {t4.flow, t6.flow}
+    assert s.events([replace(t6, kind="destroy")]) == ["remove"]
+    assert set(s.installed) == {t4.flow}
+    s.resync([t6, t4])
+    assert set(s.installed) == {t4.flow, t6.flow}
 
 
 @pytest.mark.parametrize(

@@ -457,6 +457,48 @@ def test_flow_entries_decodes_the_tables(fake):
     ]
 
 
+def test_ipv6_flows_on_a_core_whose_cache_holds_them(fake):
+    """A dual-stack core's cache (FC_CONFIG bit 24): families IPv4 and IPv6, an IPv6 flow's command writes its
+    addresses' upper bits (FC_KEY4..9) and FC_KEY3 bit 8, its set is the wide key's, and flow_entries reads an IPv6
+    entry's FLOW_KEY6 words (only those of IPv6 entries). An IPv4-only cache refuses an IPv6 flow, writing nothing."""
+    from hypafilter.hw import flowcache as fc
+    from hypafilter.hw.flowcache import Flow, Flow6
+
+    f6 = Flow6(0xFD484600000000000000000000000077, 0x20010DB8000200000000000000000010, 6, 41000, 80)
+    v4 = Flow(0x0A000001, 0x0A000002, 17, 9, 8)
+    fake.regs[regmap.REG_FC_CONFIG] = fc.fc_config(10, 4, 32)
+    with NicClient(EmuTransport(fake.path)) as c:
+        assert c.families == (socket.AF_INET,)
+        n = len(fake.log)
+        with pytest.raises(NicError, match="no IPv6 tuples"):
+            c.flow_insert(f6)
+        assert not [x for x in fake.log[n:] if x.startswith("W")]
+    fake.regs[regmap.REG_FC_CONFIG] = fc.fc_config(10, 4, 32, wide=True)
+    for slot, (flow, counted) in {9: (f6, True), 300: (v4, False)}.items():
+        key, swap = fc.canonical(flow, wide=True)
+        word = fc.key_word(key, swap, wide=True)
+        for w, v in enumerate(fc.flow_key_words(word, counted, wide=True)):
+            fake.tables[(regmap.TABLE_FLOW_KEY, 4 * slot + w)] = v
+        for w, v in enumerate(fc.flow_key6_words(word)):
+            fake.tables[(regmap.TABLE_FLOW_KEY6, fc.FLOW_KEY6_STRIDE * slot + w)] = v
+    with NicClient(EmuTransport(fake.path)) as c:
+        assert c.families == (socket.AF_INET, socket.AF_INET6)
+        assert c.flow_set(f6) == fc.set_index(fc.canonical(f6, wide=True)[0], 10, wide=True)
+        assert c.flow_set(v4) == fc.set_index(fc.canonical(v4, wide=True)[0], 10, wide=True)
+        n = len(fake.log)
+        c.flow_insert(f6)
+        writes = [x for x in fake.log[n:] if x.startswith("W")]
+        regs = dict(zip((f"FC_KEY{i}" for i in range(4, 10)), fc.fc_key6_regs(f6), strict=True))
+        regs.update(FC_KEY0=0x77, FC_KEY1=0x10, FC_KEY2=41000 << 16 | 80, FC_KEY3=0x106)
+        for name, v in regs.items():
+            assert f"W 0x{regmap.MAP.reg(name).offset:x} 0x{v:x}" in writes, (name, writes)
+        n = len(fake.log)
+        assert [r.flow for r in c.flow_entries()] == [f6, v4]
+        # FLOW_KEY6 is read for the IPv6 entry only: its 6 words
+        k6 = [x for x in fake.log[n:] if x.startswith(f"T R {regmap.TABLE_FLOW_KEY6} ")]
+        assert len(k6) == 6 and all(9 * fc.FLOW_KEY6_STRIDE <= int(x.split()[3], 0) < 80 for x in k6), k6
+
+
 class SlowFlowCache(FakeNic):
     """A flow cache whose commands take `cycles` requests (each request one step of the core's clock): FC_STATUS
     reads busy until then, and FC_CMD is ignored while busy, as in hw/hf_flow_cache.vhd. Inserts and deletes by

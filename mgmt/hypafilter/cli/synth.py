@@ -45,6 +45,11 @@ def register(sub) -> None:
         help="estimate the flow cache alone (hw/hf_flow_cache.vhd, no policy), e.g. 14:4 for 65,536 entries",
     )
     p.add_argument(
+        "--flow-cache-ipv6",
+        action="store_true",
+        help="with --flow-cache: the cache of a dual-stack core, whose keys hold IPv6 tuples too (generic V6)",
+    )
+    p.add_argument(
         "--ct-member",
         metavar="LOG2:EGRESS_LOG2",
         help="estimate the conntrack membership structure alone (hw/hf_ct_member.vhd), e.g. 20:12 for 4 banks of "
@@ -190,12 +195,14 @@ def _flow_cache(args: argparse.Namespace) -> int:
 
     log2_sets, ways = _geometry("--flow-cache", args.flow_cache)
     with tempfile.TemporaryDirectory(prefix="hf-synth-") as tmp:
-        est = synth.flow_cache_estimate(Path(args.out) if args.out else Path(tmp), log2_sets, ways)
+        est = synth.flow_cache_estimate(
+            Path(args.out) if args.out else Path(tmp), log2_sets, ways, v6=args.flow_cache_ipv6
+        )
     if args.json:
         print(json.dumps(est, indent=2))
     else:
         print(
-            f"flow cache, {est['entries']} entries ({ways} ways): {est['LUT']} LUT, {est['FF']} FF, "
+            f"flow cache{' (IPv6 tuples)' if args.flow_cache_ipv6 else ''}, {est['entries']} entries ({ways} ways): {est['LUT']} LUT, {est['FF']} FF, "
             f"{est['BRAM36']} BRAM36 + {est['BRAM18']} BRAM18, max {est['max_lut_levels']} LUT levels"
         )
     return 0

@@ -271,12 +271,13 @@ def yosys_estimate(verilog: Path, top: str, work: Path) -> dict:
     }
 
 
-def flow_cache_estimate(out_dir: Path, log2_sets: int, ways: int, ts_w: int = 32) -> dict:
-    """The flow cache alone (static hw/hf_flow_cache.vhd, no policy): GHDL synth -> Verilog -> yosys synth_xilinx."""
+def flow_cache_estimate(out_dir: Path, log2_sets: int, ways: int, ts_w: int = 32, v6: bool = False) -> dict:
+    """The flow cache alone (static hw/hf_flow_cache.vhd, no policy): GHDL synth -> Verilog -> yosys synth_xilinx;
+    `v6`: with IPv6 tuples (a dual-stack core's cache, 304-bit keys)."""
     _need("ghdl")
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    gargs = [f"-gLOG2_SETS={log2_sets}", f"-gWAYS={ways}", f"-gTS_W={ts_w}"]
+    gargs = [f"-gLOG2_SETS={log2_sets}", f"-gWAYS={ways}", f"-gTS_W={ts_w}", *(["-gV6=true"] if v6 else [])]
     files = [str(HW_DIR / n) for n in FLOW_CACHE_SOURCES]
     cmd = [
         "ghdl",
@@ -293,7 +294,7 @@ def flow_cache_estimate(out_dir: Path, log2_sets: int, ways: int, ts_w: int = 32
     v.write_text(_run(cmd, out_dir, "GHDL synthesis"))
     t0 = time.monotonic()
     est = yosys_estimate(v, "hf_flow_cache", out_dir)
-    est.update(entries=ways << log2_sets, log2_sets=log2_sets, ways=ways, ts_w=ts_w)
+    est.update(entries=ways << log2_sets, log2_sets=log2_sets, ways=ways, ts_w=ts_w, v6=v6)
     est["yosys_seconds"] = round(time.monotonic() - t0, 1)
     return est
 

@@ -20,7 +20,7 @@ from hypafilter.analysis.overlay import Overlay
 from hypafilter.analysis.plan import action_words
 from hypafilter.errors import HypafilterError
 from hypafilter.hw import ctmember, flowcache, regmap, settable, updatebuffer
-from hypafilter.hw.flowcache import Flow
+from hypafilter.hw.flowcache import Flow, Flow6
 from hypafilter.hw.model import CONTROL_ENABLE as CONTROL_ENABLE  # the targets' name for it
 from hypafilter.hw.model import (
     CONTROL_HOST_MODE,
@@ -170,6 +170,7 @@ class FlowCacheConfig:
     log2_sets: int
     ways: int
     ts_w: int
+    v6: bool = False  # the cache holds IPv6 tuples too (FC_CONFIG bit 24: a dual-stack core's)
 
     @property
     def entries(self) -> int:
@@ -182,7 +183,7 @@ class FlowRecord:
     (counted), its last-seen time (FC_NOW ticks, 0 when not counted) and its hits since the insert."""
 
     slot: int
-    flow: Flow
+    flow: Flow | Flow6
     counted: bool
     seen: int
     hits: int
@@ -201,18 +202,29 @@ CTM_BATCH_WORDS = 1 << 20  # CTM_CMD words per stream (its index is 24 bits; the
 # board an access takes far longer than a command. Correctness does not depend on it (a busy reading before a
 # command's FC_CMD is detected and the rest of the batch runs again), only the number of round trips.
 FC_STATUS_READS = 8
+FC_KEY6_REGS = tuple(f"FC_KEY{i}" for i in range(4, 10))  # an IPv6 key's upper address bits
 
 
-def _check_flow(flow: Flow) -> None:
+def _check_flow(flow: Flow | Flow6) -> None:
+    ab = 128 if flowcache.is_v6(flow) else 32
     for name, value, bits in (
-        ("src", flow.src, 32),
-        ("dst", flow.dst, 32),
+        ("src", flow.src, ab),
+        ("dst", flow.dst, ab),
         ("proto", flow.proto, 8),
         ("sport", flow.sport, 16),
         ("dport", flow.dport, 16),
     ):
         if not isinstance(value, int) or not 0 <= value < 1 << bits:
             raise NicError(f"flow {flow}: {name} {value!r} is not a {bits}-bit value")
+
+
+def _admits_ct0(plan) -> list[bool]:
+    """Per entry of `plan`, then its policy entry: whether a frame with ct 0 (the flow cache does not know it) can
+    match it (some box's ct range holds 0)."""
+    from hypafilter.ir.box import FIELD_INDEX
+
+    ct = FIELD_INDEX["ct"]
+    return [any(b.lo[ct] == 0 for b in e.boxes if not b.is_empty()) for e in plan.entries] + [True]
 
 
 COUNTER_REGS = tuple(r.name for r in regmap.MAP.registers if r.name.startswith("CNT_")) + ("PKTIN", "PKTOUT")
@@ -222,17 +234,26 @@ class NicClient:
     """Register-level interface to one hypafilter core, whatever carries the accesses."""
 
     # What its flow API is as a table of the flow sync service (ops.flowsync.syncer.Syncer): the NIC's flow cache,
-    # which holds TCP and UDP flows and counts their hits, in sets of `ways` entries (`flow_set`). IPv4 only: its
-    # keys have 32-bit addresses (a dual-stack core gives every IPv6 frame ct 0), so the service sends it no IPv6 entry.
+    # which holds TCP and UDP flows and counts their hits, in sets of `ways` entries (`flow_set`). Its families
+    # (`families`): IPv4, and IPv6 when the core's cache holds IPv6 tuples (FC_CONFIG bit 24, a dual-stack core).
     mode = "flowcache"
     protocols = (flowcache.PROTO_TCP, flowcache.PROTO_UDP)
-    families = (socket.AF_INET,)
     hit_counters = True
     set_limited = True
 
     def __init__(self, transport):
         self.t = transport
         self.map = regmap.MAP
+
+    @property
+    def families(self) -> tuple[int, ...]:
+        """The address families the flow cache holds: AF_INET, and AF_INET6 when its keys take IPv6 tuples (a NIC that
+        cannot be read says IPv4 only: an IPv6 entry then stays in conntrack, never one the cache cannot key)."""
+        try:
+            cfg = self.flow_config()
+        except NicError:
+            return (socket.AF_INET,)
+        return (socket.AF_INET, socket.AF_INET6) if cfg is not None and cfg.v6 else (socket.AF_INET,)
 
     @classmethod
     def emu(cls, socket_path: str | Path, timeout: float = 30.0) -> NicClient:
@@ -377,11 +398,12 @@ class NicClient:
         v6 = None
         if plan6 is not None:
             # the IPv6 entries' rows and the IPv6 policy entry's; the IPv6 plan's miss forcing in CONTROL bits 6/7 (an
-            # IPv6 frame has ct 0: the flow cache holds IPv4 tuples)
+            # IPv6 frame the flow cache does not know, ct 0); per row whether a frame with ct 0 can match it (`ct0`:
+            # only such a row's frames can be forced, targets.emu.v6.deciding_rows)
             n6 = len(plan6.entries)
             shunt += [int(b) for b in plan6.shunt]
             actions += action_words(plan6)
-            v6 = {"entries": n6, "index_base": rows, "matcher": v6_matcher(plan6)}
+            v6 = {"entries": n6, "index_base": rows, "matcher": v6_matcher(plan6), "ct0": _admits_ct0(plan6)}
         ov = getattr(plan, "overlay", None) or Overlay.empty(n, updatebuffer.buffer_depth(plan))
         tables = {
             "matcher_hash": f"{want_hash:08x}",
@@ -707,14 +729,17 @@ class NicClient:
         v = self.read("FC_CONFIG")
         if v == 0:
             return None
-        self._fc_config = FlowCacheConfig(v & 0xFF, (v >> 8) & 0xFF, (v >> 16) & 0xFF)
+        self._fc_config = FlowCacheConfig(v & 0xFF, (v >> 8) & 0xFF, (v >> 16) & 0xFF, bool(v & flowcache.FC_CONFIG_V6))
         return self._fc_config
 
-    def flow_set(self, flow: Flow) -> int:
+    def flow_set(self, flow: Flow | Flow6) -> int:
         """The set a flow's entry goes to (either direction: the canonical key's CRC-32, as the core computes it):
         an insert finds a free way among its set's `ways`, or answers ST_FULL."""
-        key, _ = flowcache.canonical(flow)
-        return flowcache.set_index(key, self._need_flow_cache().log2_sets)
+        cfg = self._need_flow_cache()
+        if flowcache.is_v6(flow) and not cfg.v6:
+            raise NicError(f"flow {flow}: this core's flow cache holds no IPv6 tuples (FC_CONFIG bit 24 clear)")
+        key, _ = flowcache.canonical(flow, wide=cfg.v6)
+        return flowcache.set_index(key, cfg.log2_sets, wide=cfg.v6)
 
     def _need_flow_cache(self) -> FlowCacheConfig:
         cfg = self.flow_config()
@@ -730,7 +755,7 @@ class NicClient:
         """Run FC_CMD commands in order, as one batch of requests; per command (status, slot) from FC_STATUS.
 
         `cmds`: (op, flow) or (op, flow, slot) tuples (flow None for the commands without a key). Every command
-        is its key writes (FC_KEY0..3, FC_SLOT), a status read, the FC_CMD write and FC_STATUS_READS status
+        is its key writes (FC_KEY0..3, of an IPv6 flow also FC_KEY4..9; FC_SLOT), a status read, the FC_CMD write and FC_STATUS_READS status
         reads, and the whole batch goes to the transport's `request_many` at once: the emulated NIC's socket
         pipelines it (one round trip for a batch of inserts: the flow sync service's insert latency), the SUME
         transport runs it in order.
@@ -747,7 +772,7 @@ class NicClient:
         (an insert that ran the first time then answers ST_EXISTS, a delete ST_NOT_FOUND)."""
         if not cmds:
             return []
-        self._need_flow_cache()
+        cfg = self._need_flow_cache()
         status_reg, cmd_reg = self._addr("FC_STATUS"), self._addr("FC_CMD")
         reqs: list[RegRequest] = []
         for c in cmds:
@@ -755,6 +780,10 @@ class NicClient:
             writes: list[tuple[int | str, int]] = []
             if flow is not None:
                 _check_flow(flow)
+                if flowcache.is_v6(flow):
+                    if not cfg.v6:
+                        raise NicError(f"flow {flow}: this core's flow cache holds no IPv6 tuples (FC_CONFIG bit 24)")
+                    writes += list(zip(FC_KEY6_REGS, flowcache.fc_key6_regs(flow), strict=True))
                 writes += list(
                     zip(("FC_KEY0", "FC_KEY1", "FC_KEY2", "FC_KEY3"), flowcache.fc_key_regs(flow), strict=True)
                 )
@@ -831,9 +860,15 @@ class NicClient:
         words = self._read_table_at("FLOW_KEY", [4 * s + w for s in valid for w in range(3)])
         seen = self._read_table_at("FLOW_SEEN", valid)
         hits = self._read_table_at("FLOW_HITS", valid)
+        # an IPv6 entry's upper address bits (FLOW_KEY6), in a cache with IPv6 tuples
+        v6 = [s for s in valid if w3[s] & flowcache.FLOW_KEY_V6] if cfg.v6 else []
+        stride = flowcache.FLOW_KEY6_STRIDE
+        w6 = self._read_table_at("FLOW_KEY6", [stride * s + w for s in v6 for w in range(6)]) if v6 else []
+        hi = {s: tuple(w6[6 * k : 6 * k + 6]) for k, s in enumerate(v6)}
         out = []
         for k, s in enumerate(valid):
-            entry, counted = flowcache.words_to_entry((*words[3 * k : 3 * k + 3], w3[s]))
+            words6 = hi.get(s, (0,) * 6) if cfg.v6 else None
+            entry, counted = flowcache.words_to_entry((*words[3 * k : 3 * k + 3], w3[s]), words6)
             out.append(FlowRecord(s, entry.flow, counted, seen[k], hits[k]))
         return out
 

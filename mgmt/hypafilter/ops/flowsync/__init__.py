@@ -2,8 +2,8 @@
 
 A flow goes into the hardware flow cache when conntrack confirms it established (TCP: protoinfo state ESTABLISHED,
 confirmed, seen a reply; UDP: confirmed and seen a reply; of an address family the table holds, without NAT,
-helper or zone: the NIC's flow cache IPv4 only, the xdp target's liberal marks IPv4 and IPv6), and leaves it
-when conntrack destroys it or it stops being established. Before an insert the conntrack entry is put in TCP
+helper or zone: the NIC's flow cache IPv4, and IPv6 on a dual-stack core, the xdp target's liberal marks IPv4 and
+IPv6), and leaves it when conntrack destroys it or it stops being established. Before an insert the conntrack entry is put in TCP
 window liberal mode, since conntrack stops seeing the flow's established frames. Every `interval` seconds the
 hardware's per-flow hit counters are read: a flow that was hit since the last poll gets its conntrack timeout set
 back to the protocol's established timeout (conntrack did not see those frames, so it would let the flow expire),

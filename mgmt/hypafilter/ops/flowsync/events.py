@@ -6,9 +6,8 @@ from __future__ import annotations
 import functools
 import socket
 from dataclasses import dataclass
-from typing import ClassVar
 
-from hypafilter.hw.flowcache import PROTO_TCP, PROTO_UDP, Flow
+from hypafilter.hw.flowcache import PROTO_TCP, PROTO_UDP, Flow, Flow6
 
 # Conntrack's status bits and TCP states (include/uapi/linux/netfilter/nf_conntrack_common.h, nf_conntrack_tcp.h)
 IPS_EXPECTED, IPS_SEEN_REPLY, IPS_ASSURED, IPS_CONFIRMED = 1 << 0, 1 << 1, 1 << 2, 1 << 3
@@ -31,24 +30,6 @@ TCP_OFFLOAD_STATES = {
     TCP_CONNTRACK_CLOSE_WAIT: "close_wait",
     TCP_CONNTRACK_TIME_WAIT: "time_wait",
 }
-
-
-@dataclass(frozen=True)
-class Flow6:
-    """An IPv6 TCP/UDP flow in its original direction (128-bit addresses): what names an AF_INET6 conntrack entry.
-    A class of its own, not `Flow` with wider numbers, so that nothing mistakes it for a flow the NIC's flow cache
-    can hold (its keys are IPv4: a table says which families it holds, `families`), and `family` tells the
-    ctnetlink codec which tuple attributes and nfgenmsg family a request about it carries."""
-
-    family: ClassVar[int] = socket.AF_INET6
-    src: int
-    dst: int
-    proto: int
-    sport: int = 0
-    dport: int = 0
-
-    def reply(self) -> Flow6:
-        return Flow6(self.dst, self.src, self.proto, self.dport, self.sport)
 
 
 @dataclass(frozen=True)
@@ -92,7 +73,7 @@ class CtEvent:
     def flow(self) -> Flow | Flow6 | None:
         """The flow (original direction): `Flow` for IPv4, `Flow6` for IPv6; None for what no table holds (not
         TCP/UDP, another family). Whether a table holds the family is the table's (`families`: the NIC's flow cache
-        IPv4 only). Made once per entry (a resync over 250,000 entries asks for it several times each)."""
+        IPv6 too on a dual-stack core). Made once per entry (a resync over 250,000 entries asks for it several times each)."""
         if self.proto not in (PROTO_TCP, PROTO_UDP):
             return None
         if self.family == socket.AF_INET:

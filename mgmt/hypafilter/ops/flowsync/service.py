@@ -242,7 +242,7 @@ def _status_doc(syncer: Syncer, table, ns: str, nic: str, started: float, interv
         "running": True,
         "pid": os.getpid(),
         "mode": table.mode,
-        # the address families whose entries the service offloads (the NIC's flow cache: IPv4 only)
+        # the address families whose entries the service offloads (the NIC's flow cache: IPv6 on a dual-stack core)
         "families": ["ipv6" if f == socket.AF_INET6 else "ipv4" for f in getattr(table, "families", (socket.AF_INET,))],
         "ns": ns,
         "nic": nic,

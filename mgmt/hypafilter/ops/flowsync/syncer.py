@@ -333,7 +333,7 @@ class Syncer:
     def wants(self, ev: CtEvent) -> bool:
         """Whether the entry's flow belongs in the table: offloadable (`offload_reason`) and of a protocol and an
         address family the table holds (`families`; a table that does not say holds IPv4 only: the NIC's flow
-        cache has no IPv6 tuples, `LiberalMarks` holds both)."""
+        cache holds IPv6 tuples on a dual-stack core only, `LiberalMarks` holds both)."""
         return (
             offload_reason(ev) is None
             and ev.proto in self.table.protocols

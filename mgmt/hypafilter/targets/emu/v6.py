@@ -37,19 +37,22 @@ def deciding_rows(tables: dict) -> list[bool]:
     """Per IPv6 row of the core (its entries, then its policy entry), whether a parsed IPv6 frame that row matches is
     decided in hardware by the tables as written (`tables`: what NicClient.program returned): not shunted, a
     deciding action (ACCEPT or DROP, mirrored or not), not forced to the host by the IPv6 side's miss forcing
-    (CONTROL bits 6/7: every IPv6 frame has ct 0 there). For counting verify's IPv6 frames decided on the NIC (HITS of those rows); the verdicts
-    themselves are compared with the kernel's."""
+    (CONTROL bits 6/7), which reach only a frame the flow cache does not know (ct 0): a row no frame with ct 0 can
+    match (`tables.v6.ct0`, e.g. an ESTABLISHED row) is never forced, a row that some can is counted as forced (its
+    frames of known flows are decided too, so this is a lower bound). For counting verify's IPv6 frames decided on
+    the NIC (HITS of those rows); the verdicts themselves are compared with the kernel's."""
     v6 = tables.get("v6") or {}
     if not v6:
         return []
     base, n = int(v6["index_base"]), int(v6["entries"]) + 1
     words, actions = tables["shunt"], tables["actions"]
     accept, drop = (tables.get("miss_shunt6") or [False, False])[:2]
+    ct0 = v6.get("ct0") or [True] * n  # a state without it: every row may meet ct 0
     out = []
     for i in range(base, base + n):
         a = int(actions[i]) & 0x7
         shunted = (int(words[i // 32]) >> (i % 32)) & 1
-        forced = (a == 1 and accept) or (a == 2 and drop)
+        forced = ((a == 1 and accept) or (a == 2 and drop)) and ct0[i - base]
         out.append(not shunted and a in (1, 2) and not forced)
     return out
 

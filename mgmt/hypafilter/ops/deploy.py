@@ -677,8 +677,17 @@ def follow6(
                     ip6.load_chains(NS_FW, c6, v6.base_chain)
                     log(f"IPv6 interval chains rewritten in ip6tables (k_base {kb})")
                 try:
-                    tables = tgt.write_tables6(st["nic"], plan6, tables)
-                    how = "tables"
+                    # the IPv6 update buffer first (docs/ipv6.md "The update buffer for IPv6"), else the whole
+                    # table set rewritten (which empties the buffer: its lazy rebuild)
+                    static6 = _static6(tables, config, n4, kb, chains)
+                    done = tgt.write_buffer6(st["nic"], plan6, tables, static6) if static6 is not None else None
+                    if done is not None:
+                        tables, how = done, "buffer"
+                        b = tables["v6"]["buffer"]
+                        log(f"IPv6 update buffer: {b['used']} of {b['depth']} slots, {len(b['invalid'])} masked")
+                    else:
+                        tables = tgt.write_tables6(st["nic"], plan6, tables)
+                        how = "tables"
                 except HypafilterError as e:
                     return {"state": st, "how": "new program", "why": str(e)}
         elif tgt.name == "emu" and tables.get("v6"):
@@ -721,6 +730,17 @@ def follow6(
         if why:
             log(f"IPv6 frames to ip6tables unparsed: {why}")
         return {"state": new, "how": how, "why": why}
+
+
+def _static6(tables: dict, config: Config, n4, k_base: int, chains) -> object | None:
+    """The family-6 plan the running xdp program's IPv6 table set was written from (the static entries of its IPv6
+    update buffer: the state's `tables.v6.static`), or None when the state does not say."""
+    src = (tables.get("v6") or {}).get("static")
+    if not src:
+        return None
+    old = ip6.V6Policy(source=src["source"], text=src["text"], base_chain=src["base_chain"], tables=("filter",))
+    plan6, _ = xdp_v6.plan6_for(old, config, n4, k_base=k_base, verbatim=not chains, sets=live_sets6("xdp"))
+    return plan6
 
 
 def first_lease_ms(config: Config) -> int:

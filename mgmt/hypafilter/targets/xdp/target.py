@@ -48,6 +48,7 @@ from hypafilter.targets.xdp.tables import (
     build_tables6,
     entry_rows,
     fits6,
+    lookup6_digest,
     overlay_records,
     read_slot,
     set_maps,
@@ -201,7 +202,7 @@ class XdpTarget(Target):
             t6 = build_tables6(p6)
         except ValueError as e:
             raise HypafilterError(f"the IPv6 plan cannot go into the XDP program: {e}") from e
-        return t, t6, {**shape, "v6": shape6(t6)}, p6
+        return t, t6, {**shape, "v6": shape6(t6, self.config.update_buffer)}, p6
 
     def build(self, plan, plan6=None) -> str:
         return str(build_program(self._tables(plan, plan6)[2], self.build_root))
@@ -442,7 +443,7 @@ class XdpTarget(Target):
             "new_flows": "decided" if ct.none else (self._new_flows_why_not or "no conntrack lookup"),
             "overlay": overlay_state(t.overlay if t.overlay is not None else Overlay.empty(t.n, 0)),
             **({"sets": sets} if sets else {}),
-            **({"v6": _v6_state(t6, p6, ct6)} if t6 is not None else {}),
+            **({"v6": _v6_state(t6, p6, ct6, running.get("v6"))} if t6 is not None else {}),
         }
 
     def same_sets(self, info: dict, plan) -> bool:
@@ -623,7 +624,65 @@ class XdpTarget(Target):
         for name, vsize, count, vals in split_records(records):
             with PinnedArray(Path(info["pin"]) / name) as m:
                 m.write_many([vals[i * vsize : (i + 1) * vsize] for i in range(count)])
-        out = {**known, "v6": _v6_state(t6, plan6, ct6)}
+        out = {**known, "v6": _v6_state(t6, plan6, ct6, running["v6"])}
+        if data is not None:
+            path = self._run_dir() / f"{info['name']}-{known.get('generation', 0)}-v6.tables"
+            tmp = path.with_suffix(".tmp")
+            tmp.write_bytes(data)
+            tmp.replace(path)
+            out["file"] = str(path)
+        return out
+
+    def write_buffer6(self, info: dict, plan6, known: dict, static6) -> dict | None:
+        """The family-6 `plan6` (the master rule set: ip6tables' live IPv6 policy) into the running program through
+        its IPv6 update buffer (docs/ipv6.md "The update buffer for IPv6"): the lookup maps stay those of `static6`
+        (the plan the running IPv6 table set was written from, `known["v6"]["static"]`); the slots (raw 128-bit
+        address intervals), the valid mask over the static boxes, every row (the master's, its k) and the scan bound
+        are written through the bpf() syscall. The IPv6 path must be held meanwhile (hold_ipv6). Returns the state's
+        tables with the new `v6`, or None when the buffer cannot take the change (no buffer in the program, the
+        static plan is not the running table set, set slots, or the change needs more than half the slots: the
+        lazy rebuild, write_tables6, writes the whole table set and empties the buffer); nothing is written then."""
+        from hypafilter.analysis.overlay import BufferFull, align6
+
+        running = _shape_of(info)
+        v6shape = running.get("v6") or {}
+        depth = int(v6shape.get("buf", 0))
+        old = known.get("v6") or {}
+        if not depth or static6 is None or not old.get("lookup"):
+            return None
+        if getattr(static6, "set_slots", ()) or getattr(plan6, "set_slots", ()):
+            return None
+        try:
+            t6 = build_tables6(static6)
+        except ValueError:
+            return None
+        t6.index_base = int(old.get("index_base", plan6.index_base))
+        if not fits6(t6, v6shape) or lookup6_digest(t6, v6shape) != old["lookup"]:
+            return None
+        try:
+            view = align6(static6, plan6, depth, int(plan6.k_base), bool(plan6.verbatim))
+        except BufferFull:
+            return None
+        if 2 * view.overlay.used > depth:
+            return None  # more than half full: the lazy rebuild
+        ct6 = self.ct_config(plan6)
+        miss = self.control(plan6)
+        records = tables6_records(t6, v6shape, miss, ct6, view=view, lookup=False)
+        whole = tables6_records(t6, v6shape, miss, ct6, view=view)
+        old_file = Path(known.get("file", ""))
+        data = with_v6_records(old_file.read_bytes(), whole) if old_file.is_file() else None
+        # the slots and mask before the rows they select, the scan bound (hfx6_cfg) last
+        for name, vsize, count, vals in split_records(records):
+            with PinnedArray(Path(info["pin"]) / name) as m:
+                m.write_many([vals[i * vsize : (i + 1) * vsize] for i in range(count)])
+        st6 = _v6_state(t6, plan6, ct6, v6shape)
+        st6.update(
+            entries=t6.n,
+            static=old.get("static"),
+            lookup=old["lookup"],
+            buffer={**overlay_state(view.overlay), "used": view.overlay.used, "depth": depth},
+        )
+        out = {**known, "v6": st6}
         if data is not None:
             path = self._run_dir() / f"{info['name']}-{known.get('generation', 0)}-v6.tables"
             tmp = path.with_suffix(".tmp")
@@ -702,15 +761,21 @@ def overlay_state(ov: Overlay) -> dict:
     }
 
 
-def _v6_state(t6: Tables, plan6, ct6: CtConfig) -> dict:
-    """What the state records of the IPv6 table set (docs/ipv6.md "## xdp")."""
-    return {
+def _v6_state(t6: Tables, plan6, ct6: CtConfig, v6shape: dict | None = None) -> dict:
+    """What the state records of the IPv6 table set (docs/ipv6.md "## xdp"); with the program's IPv6 shape, what its
+    update buffer's static entries are (`static`: the IPv6 policy the table set was written from, `lookup`: the
+    digest of its lookup maps; the buffer empty)."""
+    out = {
         "entries": t6.n,
         "index_base": t6.index_base,
         "miss_shunt": [bool(x) for x in plan6.miss_shunt],
         "ct_lookup": ct6.lookup,
         "new_flows": "decided" if ct6.none else "not decided",
     }
+    src = getattr(plan6, "source6", None)
+    if v6shape and v6shape.get("buf") and src:
+        out.update(static=src, lookup=lookup6_digest(t6, v6shape), buffer={"used": 0, "depth": v6shape["buf"]})
+    return out
 
 
 def _shape_of(info: dict) -> dict:

@@ -110,6 +110,13 @@ def leaf_packets(k_base: int) -> dict[str, int]:
     return out
 
 
+def prog_id(nic: dict) -> int:
+    """The kernel's id of the running XDP program (bpftool, by its pin)."""
+    import json
+
+    return json.loads(netns.run(["bpftool", "-j", "prog", "show", "pinned", f"{nic['pin']}/prog"]))["id"]
+
+
 def ipv6_settled(applied: int, timeout: float = 10.0) -> dict:
     """The service's IPv6 part once it has applied `applied` ip6tables changes and holds nothing ({} if not)."""
     deadline = time.monotonic() + timeout
@@ -126,10 +133,18 @@ def test_an_ip6tables_ban_holds_in_xdp_and_lifts(lab):
     before = hf.service()
     base6 = (before.get("ipv6") or {}).get("applied", 0)
 
+    nic0 = state()["nic"]
+    id0 = prog_id(nic0)
     ip6t("-I", *BAN[:1], "1", *BAN[1:])
     six = ipv6_settled(base6 + 1)
     assert delivered() == [OTHER]  # the ban holds on the hybrid path (main: both delivered, XDP's old tables)
-    assert six.get("last_how") == "tables" and six["lag_safe_ms"]["n"] >= 1, six  # held, then written in place
+    # held, then written into the IPv6 update buffer (docs/ipv6.md "The update buffer for IPv6"): the same program,
+    # its IPv6 lookup maps those of the deployed policy, the ban a slot ahead of them
+    assert six.get("last_how") == "buffer" and six["lag_safe_ms"]["n"] >= 1, six
+    st = state()
+    assert st["nic"] == nic0 and prog_id(st["nic"]) == id0, (nic0, st["nic"])
+    buf6 = st["tables"]["v6"]["buffer"]
+    assert buf6["used"] == 1 and not buf6["invalid"], buf6
     after = hf.service()
     assert after["changes"] == before["changes"] and after["resyncs"] == before["resyncs"], after  # IPv4 untouched
 

@@ -316,7 +316,7 @@ def test_update_buffer6_decides_as_the_new_policy(oracle, run_ns):
     kernel = oracle.passed(text, [f for _, _, f in frames])
     tally = collections.Counter()
     wrong = []
-    for (uid, kind, f), v in zip(frames, res.verdicts, strict=True):
+    for (uid, kind, _f), v in zip(frames, res.verdicts, strict=True):
         reason = (v.meta >> 28) & 0xF
         local = (v.meta & 0xFFFFFF) - INDEX_BASE
         if reason == 2:

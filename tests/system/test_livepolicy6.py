@@ -219,21 +219,31 @@ if os.environ.get("HF_LIVEPOLICY6_FULL") == "1":
         netns.run(["ip6tables-legacy", "-w", "-D", *BAN], FW)  # the table stays, empty, ACCEPT: it filters nothing
         assert ipv6_settled(applied) and delivered() == [BANNED, OTHER]
 
-        # a destination the IPv6 side never tested: a field the running program's IPv6 table set lacks
+        # a destination the IPv6 side never tested (a field the running program's IPv6 table set lacks): a slot of
+        # the IPv6 update buffer compares every field, so the same program takes it
+        nic0 = state()["nic"]
         ip6t("-I", "FORWARD", "1", "-d", "2001:db8:5::/64", "-j", "DROP")
         six = ipv6_settled(applied + 1, timeout=60)
+        assert six.get("last_how") == "buffer" and state()["nic"] == nic0, six
+        # more than half the buffer in one change (nine more destinations): the lazy rebuild writes the whole IPv6
+        # table set, which lacks the field: a new program
+        more = "".join(f"-I FORWARD 1 -d 2001:db8:6:{i}::/64 -j DROP\n" for i in range(9))
+        netns.run(["ip6tables-restore", "-w", "--noflush"], FW, input=f"*filter\n{more}COMMIT\n")
+        six = ipv6_settled(applied + 2, timeout=60)
         assert six.get("last_how") == "new program" and six["new_programs"] >= 1, six
+        assert state()["nic"]["pin"] != nic0["pin"]
         # the new plan's chains went into ip6tables before the new program tags frames with their k (same k_base)
         kb = state()["ipv6"]["chains"]["k_base"]
         forward = [ln for ln in netns.run(["ip6tables-save", "-t", "filter"], FW).splitlines() if "-A FORWARD" in ln]
-        assert forward[:2] == ["-A FORWARD -j HFv6_MAIN", "-A FORWARD -d 2001:db8:5::/64 -j DROP"], forward
+        assert forward[:2] == ["-A FORWARD -j HFv6_MAIN", "-A FORWARD -d 2001:db8:6:8::/64 -j DROP"], forward
         before = sum(leaf_packets(kb).values())
         r = hf.verify_live(packets=PACKETS)
         assert r["ipv6"]["mismatches"] == 0, r["ipv6"]
         assert sum(leaf_packets(kb).values()) > before  # frames shunted with k > k_base among them
         assert delivered() == [BANNED, OTHER]
         ip6t("-D", "FORWARD", "-d", "2001:db8:5::/64", "-j", "DROP")
-        assert ipv6_settled(applied + 2)
+        six = ipv6_settled(applied + 3)
+        assert six and six.get("last_how") == "buffer", six  # the new program's buffer takes the deletion
 
 
 def test_undeploy_gives_the_operators_ip6tables_back(lab):

@@ -638,6 +638,7 @@ def follow6(
     live_digest: str,
     log: Callable[[str], None] = lambda s: None,
     abort: Callable[[], bool] = lambda: False,
+    rebuild: bool = False,
 ) -> dict:
     """Bring the deployment's IPv6 side into step with `v6`, ip6tables' live ruleset as the policy sync service
     read it (docs/ipv6.md "Following ip6tables"; the xdp program's IPv6 path is held meanwhile: the service's IPv6
@@ -647,7 +648,10 @@ def follow6(
     ranked IPv6 plan has no overlay yet). Returns {"state", "how", "why"}: how "tables" (written; the caller
     releases the hold), "ip6tables" (no fast path decides IPv6 here: nothing to release), "held" (the program has an
     IPv6 table set but this policy cannot go into it, `why`: the hold stays, every IPv6 frame to ip6tables) or "new
-    program" (the tables do not fit the running program: the caller runs `follow` with `v6`)."""
+    program" (the tables do not fit the running program: the caller runs `follow` with `v6`). On xdp the change goes
+    into the program's IPv6 update buffer when it can ("buffer", docs/ipv6.md "The update buffer for IPv6"), else
+    the whole table set is rewritten, which empties the buffer; `rebuild`: that rewrite at once (the buffer's lazy
+    rebuild when idle)."""
     t0 = time.monotonic()
     with _lock(30.0, abort):
         st = read_state()
@@ -679,7 +683,7 @@ def follow6(
                 try:
                     # the IPv6 update buffer first (docs/ipv6.md "The update buffer for IPv6"), else the whole
                     # table set rewritten (which empties the buffer: its lazy rebuild)
-                    static6 = _static6(tables, config, n4, kb, chains)
+                    static6 = None if rebuild else _static6(tables, config, n4, kb, chains)
                     done = tgt.write_buffer6(st["nic"], plan6, tables, static6) if static6 is not None else None
                     if done is not None:
                         tables, how = done, "buffer"

@@ -229,6 +229,7 @@ if FULL:
         ip6t("-I", "FORWARD", "1", "-d", "2001:db8:5::/64", "-j", "DROP")
         six = ipv6_settled(applied + 1, timeout=60)
         assert six.get("last_how") == "buffer" and state()["nic"] == nic0, six
+        print(f"IPv6 destination test into the buffer: applied {six['lag_apply_ms']['last']} ms after the event")
         # more than half the buffer in one change (nine more destinations): the lazy rebuild writes the whole IPv6
         # table set, which lacks the field: a new program
         more = "".join(f"-I FORWARD 1 -d 2001:db8:6:{i}::/64 -j DROP\n" for i in range(9))
@@ -236,6 +237,7 @@ if FULL:
         six = ipv6_settled(applied + 2, timeout=60)
         assert six.get("last_how") == "new program" and six["new_programs"] >= 1, six
         assert state()["nic"]["pin"] != nic0["pin"]
+        print(f"IPv6 lazy rebuild by a new program: applied {six['lag_apply_ms']['last']} ms after the event")
         # the new plan's chains went into ip6tables before the new program tags frames with their k (same k_base)
         kb = state()["ipv6"]["chains"]["k_base"]
         forward = [ln for ln in netns.run(["ip6tables-save", "-t", "filter"], FW).splitlines() if "-A FORWARD" in ln]

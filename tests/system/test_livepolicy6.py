@@ -149,6 +149,8 @@ def test_an_ip6tables_ban_holds_in_xdp_and_lifts(lab):
     assert st["nic"] == nic0 and prog_id(st["nic"]) == id0, (nic0, st["nic"])
     buf6 = st["tables"]["v6"]["buffer"]
     assert buf6["used"] == 1 and not buf6["invalid"], buf6
+    line = next(ln for ln in hf("status").stdout.splitlines() if ln.startswith("ipv6 "))  # exit 0: no drift
+    assert f"with 1 of {buf6['depth']} IPv6 update-buffer slots and 0 entries masked off" in line, line
     after = hf.service()
     assert after["changes"] == before["changes"] and after["resyncs"] == before["resyncs"], after  # IPv4 untouched
 

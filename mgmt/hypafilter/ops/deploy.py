@@ -1450,7 +1450,9 @@ def ipv6_status(st: dict) -> dict:
         six["error"] = str(e)
     six["base_chain"] = base
     if (st.get("tables") or {}).get("v6"):  # the xdp program or the NIC's core decides IPv6 frames too (docs/ipv6.md)
-        six["nic" if st.get("target", "emu") == "emu" else "xdp"] = st["tables"]["v6"]
+        # (without `static`: the text of the IPv6 policy the table set was written from, the update buffer's base)
+        fast = {k: v for k, v in st["tables"]["v6"].items() if k != "static"}
+        six["nic" if st.get("target", "emu") == "emu" else "xdp"] = fast
     return six
 
 

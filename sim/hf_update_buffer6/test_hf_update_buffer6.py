@@ -7,6 +7,7 @@ parsed IPv6 frame and one that is not (h_on '0'); the hardware index every cycle
 
 from __future__ import annotations
 
+import os
 import random
 
 import cocotb
@@ -114,8 +115,12 @@ def headers_for(slots, rng: random.Random) -> list[tuple[tuple, int]]:
 
 @cocotb.test()
 async def slots_match_128_bit_ranges(dut):
-    n, depth = int(dut.N_STATIC.value), int(dut.DEPTH.value)
-    i_delay, fanin = int(dut.I_DELAY.value), int(dut.FANIN.value)
+    given = os.environ.get("HF_UB6_GENERICS")  # a synthesised netlist has no generics left: the test names them
+    if given:
+        n, depth, i_delay, fanin = (int(x) for x in given.split(","))
+    else:
+        n, depth = int(dut.N_STATIC.value), int(dut.DEPTH.value)
+        i_delay, fanin = int(dut.I_DELAY.value), int(dut.FANIN.value)
     lat = vhdl.buffer_latency(depth, fanin)
     rng = random.Random(6)
     static6, new6 = plans()
@@ -206,12 +211,11 @@ async def slots_match_128_bit_ranges(dut):
     dut._log.info("checked %d headers, %d slot wins, %d static wins inside a slot's box", len(runs), wins, edges)
 
 
-@pytest.mark.sim
-def test_update_buffer6():
-    n, depth, i_delay, fanin = 4, 4, 3, 8
-    tag = f"n{n}_d{depth}"
-    SIM_BUILD.joinpath("hf_update_buffer6", tag).mkdir(parents=True, exist_ok=True)
-    generics = {
+N, DEPTH, I_DELAY, FANIN = 4, 4, 3, 8
+
+
+def generics(n: int, depth: int, i_delay: int, fanin: int) -> dict[str, int]:
+    return {
         "N_STATIC": n,
         "DEPTH": depth,
         "IDX_W": vhdl.idx_width(n, depth),
@@ -220,4 +224,38 @@ def test_update_buffer6():
         "STAGES": vhdl.buffer_stages(depth, fanin),
         "T_BUF": T_BUF,
     }
-    run_ghdl("hf_update_buffer6", [*hw(*SOURCES)], tag, generics)
+
+
+@pytest.mark.sim
+def test_update_buffer6():
+    tag = f"n{N}_d{DEPTH}"
+    SIM_BUILD.joinpath("hf_update_buffer6", tag).mkdir(parents=True, exist_ok=True)
+    run_ghdl("hf_update_buffer6", [*hw(*SOURCES)], tag, generics(N, DEPTH, I_DELAY, FANIN))
+
+
+@pytest.mark.sim
+@pytest.mark.skipif(os.environ.get("HF_SIM_POSTSYNTH6") != "1", reason="opt-in: HF_SIM_POSTSYNTH6=1")
+def test_update_buffer6_postsynth():
+    """The GHDL-synthesised VHDL netlist under the same test (GHDL's synthesis traps: docs/hardware.md)."""
+    from hypafilter import netns
+
+    from conftest import need_tool
+    from sim.hftb import fresh_build
+
+    need_tool("ghdl")
+    tag = f"postsynth_n{N}_d{DEPTH}"
+    work = fresh_build("hf_update_buffer6", tag) / "synth"
+    work.mkdir()
+    gargs = [f"-g{k}={v}" for k, v in generics(N, DEPTH, I_DELAY, FANIN).items()]
+    argv = ["ghdl", "--synth", "--std=08", f"--workdir={work}", *gargs, "--out=vhdl", *map(str, hw(*SOURCES))]
+    netlist = work / "update_buffer6_synth.vhd"
+    netlist.write_text(netns.run([*argv, "-e", "hf_update_buffer6"], cwd=work, timeout=None))
+    run_ghdl(
+        "hf_update_buffer6",
+        [*hw("hf_pkg.vhd"), netlist],
+        tag,
+        {},
+        env={"HF_UB6_GENERICS": f"{N},{DEPTH},{I_DELAY},{FANIN}"},
+        test_module="test_hf_update_buffer6",
+        build_args=["-O0"],
+    )

@@ -29,9 +29,10 @@ from pathlib import Path
 import numpy as np
 
 from hypafilter import netns
-from hypafilter.analysis.overlay import Overlay, View, box_key
+from hypafilter.analysis.overlay import Overlay, Slot, View, box_key
 from hypafilter.analysis.program import k0_tree_wanted
 from hypafilter.errors import HypafilterError
+from hypafilter.ir import Box
 from hypafilter.ir.sets import MAX_SET_SLOTS
 from hypafilter.targets.base import DECISIONS, SHUNTED, Expected, Target, WindowStages
 from hypafilter.targets.bpfmap import PinnedArray
@@ -41,6 +42,7 @@ from hypafilter.targets.xdp.build import build_loader, build_program
 from hypafilter.targets.xdp.sets import SET_CAPACITY
 from hypafilter.targets.xdp.tables import (
     CONFIG,
+    CONFIG6,
     CT_NONE_FLAG,
     CtConfig,
     Tables,
@@ -55,6 +57,7 @@ from hypafilter.targets.xdp.tables import (
     set_maps6,
     shape6,
     shape_id,
+    slot_rows6,
     split_records,
     tables6_records,
     tables_file,
@@ -342,6 +345,7 @@ class XdpTarget(Target):
                         f"xdp: update buffer: {len(have_ov['slots'])} slots and {len(have_ov['invalid'])} static "
                         f"entries masked off, deployed {len(want_ov['slots'])} and {len(want_ov['invalid'])}"
                     )
+        out += self._buffer6_drift(info, st)
         miss = (st.get("tables") or {}).get("miss_shunt")
         want = control_of(st.get("unfilterable", "drop"), st.get("nic_mode", "bridge"), miss or (False, False))
         want |= CONTROL_K0_TREE if (st.get("tables") or {}).get("k0_tree") else 0
@@ -359,6 +363,30 @@ class XdpTarget(Target):
                 )
         out += self._sets_drift(info)
         return out
+
+    def _buffer6_drift(self, info: dict, st: dict) -> list[str]:
+        """The IPv6 update buffer (docs/ipv6.md "The update buffer for IPv6") not what the state says it holds: its
+        scan bound and every slot in use, word for word (states and programs without it: nothing to compare)."""
+        buf = ((st.get("tables") or {}).get("v6") or {}).get("buffer")
+        pin = Path(info["pin"])
+        if not buf or not (pin / "hfx6_buf").exists():
+            return []
+        slots = tuple(
+            Slot(Box(tuple(k[0]), tuple(k[1]), k[2], k[3], *(k[5:7] if len(k) > 5 else ())), k[4], -1)
+            for k in buf.get("slots") or ()
+        )
+        depth = int(buf.get("depth", 0))
+        try:
+            with PinnedArray(pin / "hfx6_cfg") as m:
+                scan = CONFIG6.unpack(m.read()[: CONFIG6.size])[-1]
+            with PinnedArray(pin / "hfx6_buf") as m:
+                have = b"".join(m.read(b) for b in range(min(depth, len(slots) + 1)))
+        except (OSError, HypafilterError, struct.error) as e:
+            return [f"xdp: IPv6 update buffer: {e}"]
+        want = slot_rows6(_Slots(slots), depth)[: len(have)]
+        if scan != len(slots) or have != want:
+            return [f"xdp: IPv6 update buffer: {scan} slots scanned, deployed {len(slots)}, or their words differ"]
+        return []
 
     def _sets_drift(self, info: dict, grace: float = 1.0) -> list[str]:
         """The set tables not released for `grace` seconds (an ipset command's resync takes tens of ms): the policy
@@ -759,6 +787,13 @@ def overlay_state(ov: Overlay) -> dict:
         "invalid": [int(j) for j in np.flatnonzero(~ov.valid)],
         "slots": [[[int(x) for x in k[0]], [int(x) for x in k[1]], *(int(x) for x in k[2:])] for k in box_key(ov)],
     }
+
+
+class _Slots:
+    """The slots of an IPv6 overlay as the state keeps them (what slot_rows6 reads)."""
+
+    def __init__(self, slots: tuple):
+        self.slots = slots
 
 
 def _v6_state(t6: Tables, plan6, ct6: CtConfig, v6shape: dict | None = None) -> dict:

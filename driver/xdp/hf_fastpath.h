@@ -146,6 +146,7 @@ struct hfx6_config {
 	__u32 ct_udp_unreplied_ms;
 	__u32 soft; /* HFX6_SOFT_*: what software does with the IPv6 frames the program passes */
 	__u32 ct_tcp_cw_ms; /* as hfx_config's */
+	__u32 buf_scan;	    /* IPv6 update-buffer slots the program reads, 0 .. buf_scan - 1 (hfx6_buf; 0: none) */
 };
 
 /* hfx6_config.soft: ip6tables holds the IPv6 policy verbatim (stage 1's deploy), no interval chains and no mark
@@ -156,6 +157,25 @@ struct hfx6_config {
 struct hfx_span6 {
 	__u32 start[4];
 	__u32 vec;
+};
+
+/* One IPv6 update-buffer slot (docs/ipv6.md "The update buffer for IPv6"): as struct hfx_slot, with the addresses as
+ * raw 128-bit closed intervals (four words each, most significant first, host order), not ranks: a slot needs no
+ * elementary interval of the running table set, so a changed rule goes into the buffer whatever ranks it would add.
+ * lo[0..1]/hi[0..1] (src, dst) are unused; lo[2..8]/hi[2..8] are proto .. ct as in struct hfx_slot. */
+struct hfx6_slot {
+	__u32 src_lo[4];
+	__u32 src_hi[4];
+	__u32 dst_lo[4];
+	__u32 dst_hi[4];
+	__u32 lo[HFX_NFIELDS];
+	__u32 hi[HFX_NFIELDS];
+	__u8 flags_mask;
+	__u8 flags_value;
+	__u8 sets_mask;
+	__u8 sets_value;
+	__u32 pos;    /* the static IPv6 entry it precedes (local, 0 .. n6) */
+	__u32 enable; /* 0: never read as a match */
 };
 
 /* hfx_entry.shunt bits: the shunt bit for frames with ct 0, 1, 2 and the one for frames with ct 3 (Plan.shunt_none). */

@@ -42,6 +42,8 @@ V6 = """*filter
 COMMIT
 """
 PACKETS = 60  # verify's frames per family
+FULL = os.environ.get("HF_LIVEPOLICY6_FULL") == "1"
+IDLE_S = 4  # the opt-in run's idle time before the IPv6 buffer's lazy rebuild (the service's default: 60 s)
 BAN = ["FORWARD", "-s", f"{SENDER}/128", "-p", "udp", "--dport", str(BANNED), "-j", "DROP"]
 
 
@@ -50,6 +52,8 @@ def lab(tmp_path_factory):
     d = tmp_path_factory.mktemp(LAB)
     (d / "v6.rules").write_text(V6)
     (d / "cfg.toml").write_text("xdp_ipv6 = true\n")
+    if FULL:  # the IPv6 buffer's idle rebuild within the opt-in test (the service inherits the deploy's environment)
+        os.environ["HF_REBUILD6_IDLE_S"] = str(IDLE_S)
     with hf.xdp_lab():
         (d / "ip6tables.before").write_text(operator6())  # what undeploy gives back (test_undeploy_...)
         hf("deploy", str(ROOT / "rulesets" / "example.rules"), "--ipv6", str(d / "v6.rules"), "--target", "xdp",
@@ -110,6 +114,13 @@ def leaf_packets(k_base: int) -> dict[str, int]:
     return out
 
 
+def prog_id(nic: dict) -> int:
+    """The kernel's id of the running XDP program (bpftool, by its pin)."""
+    import json
+
+    return json.loads(netns.run(["bpftool", "-j", "prog", "show", "pinned", f"{nic['pin']}/prog"]))["id"]
+
+
 def ipv6_settled(applied: int, timeout: float = 10.0) -> dict:
     """The service's IPv6 part once it has applied `applied` ip6tables changes and holds nothing ({} if not)."""
     deadline = time.monotonic() + timeout
@@ -126,10 +137,30 @@ def test_an_ip6tables_ban_holds_in_xdp_and_lifts(lab):
     before = hf.service()
     base6 = (before.get("ipv6") or {}).get("applied", 0)
 
+    nic0 = state()["nic"]
+    id0 = prog_id(nic0)
     ip6t("-I", *BAN[:1], "1", *BAN[1:])
     six = ipv6_settled(base6 + 1)
     assert delivered() == [OTHER]  # the ban holds on the hybrid path (main: both delivered, XDP's old tables)
-    assert six.get("last_how") == "tables" and six["lag_safe_ms"]["n"] >= 1, six  # held, then written in place
+    # held, then written into the IPv6 update buffer (docs/ipv6.md "The update buffer for IPv6"): the same program,
+    # its IPv6 lookup maps those of the deployed policy, the ban a slot ahead of them
+    assert six.get("last_how") == "buffer" and six["lag_safe_ms"]["n"] >= 1, six
+    st = state()
+    assert st["nic"] == nic0 and prog_id(st["nic"]) == id0, (nic0, st["nic"])
+    buf6 = st["tables"]["v6"]["buffer"]
+    assert buf6["used"] == 1 and not buf6["invalid"], buf6
+    line = next(ln for ln in hf("status").stdout.splitlines() if ln.startswith("ipv6 "))  # exit 0: no drift
+    assert f"with 1 of {buf6['depth']} IPv6 update-buffer slots and 0 entries masked off" in line, line
+    # the slot disabled by hand is drift (status reads the buffer back word for word); written back, none
+    from hypafilter.targets.bpfmap import PinnedArray
+
+    with PinnedArray(f"{st['nic']['pin']}/hfx6_buf") as m:
+        row = m.read(0)
+        m.write_many([row[:-4] + bytes(4)])  # struct hfx6_slot's last word: enable
+        r = hf("status", check=False)
+        m.write_many([row])
+    assert r.returncode == 1 and "DRIFT" in r.stdout and "IPv6 update buffer" in r.stdout, r.stdout
+    assert hf("status", check=False).returncode == 0
     after = hf.service()
     assert after["changes"] == before["changes"] and after["resyncs"] == before["resyncs"], after  # IPv4 untouched
 
@@ -192,7 +223,7 @@ def ipv6_error(timeout: float = 10.0) -> str:
 
 # With HF_LIVEPOLICY6_FULL=1 (`make test-livepolicy6`): the legacy ip6tables tables and a change that needs a new
 # program (not in `make test`: its budget).
-if os.environ.get("HF_LIVEPOLICY6_FULL") == "1":
+if FULL:
 
     def test_legacy_ip6tables_and_a_new_program(lab):
         applied = (hf.service().get("ipv6") or {}).get("applied", 0)
@@ -204,21 +235,46 @@ if os.environ.get("HF_LIVEPOLICY6_FULL") == "1":
         netns.run(["ip6tables-legacy", "-w", "-D", *BAN], FW)  # the table stays, empty, ACCEPT: it filters nothing
         assert ipv6_settled(applied) and delivered() == [BANNED, OTHER]
 
-        # a destination the IPv6 side never tested: a field the running program's IPv6 table set lacks
+        # a destination the IPv6 side never tested (a field the running program's IPv6 table set lacks): a slot of
+        # the IPv6 update buffer compares every field, so the same program takes it
+        nic0 = state()["nic"]
         ip6t("-I", "FORWARD", "1", "-d", "2001:db8:5::/64", "-j", "DROP")
         six = ipv6_settled(applied + 1, timeout=60)
+        assert six.get("last_how") == "buffer" and state()["nic"] == nic0, six
+        print(f"IPv6 destination test into the buffer: applied {six['lag_apply_ms']['last']} ms after the event")
+        # more than half the buffer in one change (nine more destinations): the lazy rebuild writes the whole IPv6
+        # table set, which lacks the field: a new program
+        more = "".join(f"-I FORWARD 1 -d 2001:db8:6:{i}::/64 -j DROP\n" for i in range(9))
+        netns.run(["ip6tables-restore", "-w", "--noflush"], FW, input=f"*filter\n{more}COMMIT\n")
+        six = ipv6_settled(applied + 2, timeout=60)
         assert six.get("last_how") == "new program" and six["new_programs"] >= 1, six
+        assert state()["nic"]["pin"] != nic0["pin"]
+        print(f"IPv6 lazy rebuild by a new program: applied {six['lag_apply_ms']['last']} ms after the event")
         # the new plan's chains went into ip6tables before the new program tags frames with their k (same k_base)
         kb = state()["ipv6"]["chains"]["k_base"]
         forward = [ln for ln in netns.run(["ip6tables-save", "-t", "filter"], FW).splitlines() if "-A FORWARD" in ln]
-        assert forward[:2] == ["-A FORWARD -j HFv6_MAIN", "-A FORWARD -d 2001:db8:5::/64 -j DROP"], forward
+        assert forward[:2] == ["-A FORWARD -j HFv6_MAIN", "-A FORWARD -d 2001:db8:6:8::/64 -j DROP"], forward
         before = sum(leaf_packets(kb).values())
         r = hf.verify_live(packets=PACKETS)
         assert r["ipv6"]["mismatches"] == 0, r["ipv6"]
         assert sum(leaf_packets(kb).values()) > before  # frames shunted with k > k_base among them
         assert delivered() == [BANNED, OTHER]
         ip6t("-D", "FORWARD", "-d", "2001:db8:5::/64", "-j", "DROP")
-        assert ipv6_settled(applied + 2)
+        six = ipv6_settled(applied + 3)
+        assert six and six.get("last_how") == "buffer", six  # the new program's buffer takes the deletion
+        nic1 = state()["nic"]
+        rebuilds = (hf.service().get("ipv6") or {}).get("rebuilds", 0)  # (the main test's buffer may have had one)
+        assert state()["tables"]["v6"]["buffer"]["invalid"], state()["tables"]["v6"]  # its entry masked off
+        # idle for IDLE_S: the lazy rebuild rewrites the IPv6 table set in the same program, the buffer empty again
+        deadline = time.monotonic() + IDLE_S + 10
+        while (hf.service().get("ipv6") or {}).get("rebuilds", 0) <= rebuilds:
+            assert time.monotonic() < deadline, hf.service().get("ipv6")
+            time.sleep(0.2)
+        buf6 = state()["tables"]["v6"]["buffer"]
+        assert buf6["used"] == 0 and "invalid" not in buf6 and state()["nic"] == nic1, buf6
+        assert ipv6_settled(applied + 3) and delivered() == [BANNED, OTHER]
+        r = hf.verify_live(packets=PACKETS)
+        assert r["ipv6"]["mismatches"] == 0, r["ipv6"]
 
 
 def test_undeploy_gives_the_operators_ip6tables_back(lab):

@@ -281,3 +281,70 @@ if FULL:  # `make test-xdp-v6`: the deploy path runs the same (test_xdp_v6_lab.p
             assert v.retval == XDP_PASS and (v.meta >> 28) & 0xF == 2  # no IPv6 table set: unparsed, as before
         finally:
             tgt.stop(info)
+
+
+# The IPv6 update buffer (docs/ipv6.md "The update buffer for IPv6"): the program's table set stays that of STATIC;
+# the buffer (raw 128-bit slots, the valid mask, the master's rows) makes it decide as MASTER, which adds elementary
+# intervals STATIC's ranks do not have (a /128 ban inside a /48 and a /64 destination), inserts them before the
+# static entries they precede (a ban first, a DROP in the middle), and deletes a static entry (echo-request).
+STATIC = RULES["drop-default"][0]
+BAN6 = Rule6(src="2001:db8:1:5::66/128", target="DROP")  # inside STATIC's 2001:db8:1::/48 (and the /64 DROP)
+MID6 = Rule6(dst="2001:db8:2:7::/64", proto="udp", target="DROP")  # before the udp/53 ACCEPT to 2001:db8:2::/48
+# a complex ban (fail2ban's REJECT stays in ip6tables): the entries after it that it overlaps shunt their frames
+CPLX6 = Rule6(src="2001:db8:4:1::/64", complex_=True, target="DROP")
+MASTER = [BAN6, *STATIC[:2], MID6, STATIC[2], *STATIC[4:7], CPLX6, *STATIC[7:]]  # STATIC[3] (echo-request) deleted
+EDGES = [  # one address past each new interval's edges: frames aimed there too
+    Rule6(src="2001:db8:1:5::65/128"),
+    Rule6(src="2001:db8:1:5::67/128"),
+    Rule6(dst="2001:db8:2:6:ffff:ffff:ffff:ffff/128", proto="udp"),
+    Rule6(dst="2001:db8:2:8::/128", proto="udp"),
+]
+
+
+def test_update_buffer6_decides_as_the_new_policy(oracle, run_ns):
+    from hypafilter.analysis.overlay import align6
+    from hypafilter.targets.xdp.run import run_frames
+
+    _, static6 = ranked_plan(STATIC, "DROP", index_base=INDEX_BASE)
+    text, master6 = ranked_plan(MASTER, "DROP", index_base=INDEX_BASE)
+    depth = 8
+    view = align6(static6, master6, depth)
+    ov = view.overlay
+    n6 = len(static6.entries)
+    assert ov.used >= 2 and not ov.valid.all(), ov  # slots for the new rules, the deleted entry masked off
+    assert ov.slots[0].pos == 0 and ov.slots[0].box.lo[0] == ov.slots[0].box.hi[0]  # the ban: first, one address
+    frames = frames_for(STATIC + MASTER + EDGES, random.Random(25), 600)
+    res = run_frames(_plan4(), [(0, f) for _, _, f in frames], PORTS, ns=run_ns, plan6=static6, view6=view)
+    kernel = oracle.passed(text, [f for _, _, f in frames])
+    tally = collections.Counter()
+    wrong = []
+    for (uid, kind, _f), v in zip(frames, res.verdicts, strict=True):
+        reason = (v.meta >> 28) & 0xF
+        local = (v.meta & 0xFFFFFF) - INDEX_BASE
+        if reason == 2:
+            continue
+        assert 0 <= local <= n6 + depth, (uid, hex(v.meta))
+        where = "slot" if local > n6 else "static"
+        assert local >= n6 or ov.valid[local], (uid, local, "a masked-off static entry matched")
+        if v.retval in (XDP_DROP, XDP_REDIRECT):
+            assert not view.shunt[local], (uid, local)
+            tally[where, "decided"] += 1
+            if (v.retval == XDP_REDIRECT) != (uid in kernel):
+                wrong.append((uid, kind, local, v.retval, uid in kernel))
+        else:
+            assert view.shunt[local] and v.value >> 4 == view.interval[local], (uid, local, v.value)
+            tally[where, "shunted"] += 1
+    assert not wrong, f"{len(wrong)} frames decided against ip6tables: {wrong[:10]}"
+    print(f"IPv6 buffer: {ov.used} slots, {int((~ov.valid).sum())} masked; {dict(tally)}")
+    assert tally["slot", "decided"] >= 5 and tally["static", "decided"] >= 30, tally
+    # the complex ban is no entry (selective mode): the kept static entries it overlaps are shunted from here, their
+    # rows rewritten with the new plan's shunt bit and k (checked per frame above)
+    assert any(ov.valid[j] and view.shunt[j] and not static6.shunt[j] for j in range(n6)), list(view.shunt)
+    # the same frames through STATIC's table set without the buffer do disagree with the new policy
+    res0 = run_frames(_plan4(), [(0, f) for _, _, f in frames], PORTS, ns=run_ns, plan6=static6)
+    stale = sum(
+        1
+        for (uid, _, _), v in zip(frames, res0.verdicts, strict=True)
+        if v.retval in (XDP_DROP, XDP_REDIRECT) and (v.retval == XDP_REDIRECT) != (uid in kernel)
+    )
+    assert stale > 0

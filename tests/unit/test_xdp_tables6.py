@@ -199,5 +199,6 @@ def test_the_close_wait_timeout_reaches_both_configs():
         rec[name] = blob[at + 12 + n : at + 12 + n + size * count]
         at += 12 + n + size * count
     cfg, cfg6 = CONFIG.unpack(rec["hfx_cfg"]), CONFIG6.unpack(rec["hfx6_cfg"])
-    assert (cfg[7], cfg[-1]) == (1000, 60_000) and (cfg6[10], cfg6[-1]) == (2000, 30_000)
+    # hfx6_config's ct_tcp_cw_ms is its 15th word (buf_scan follows it)
+    assert (cfg[7], cfg[-1]) == (1000, 60_000) and (cfg6[10], cfg6[14]) == (2000, 30_000)
     assert CONFIG.unpack(tables_file(t4, {**t4.shape()}, 1, 0)[-CONFIG.size :])[-1] == 0  # no lookup: not decided

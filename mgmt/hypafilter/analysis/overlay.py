@@ -243,3 +243,79 @@ def box_key(ov: Overlay) -> list[tuple]:
 
 
 assert NDIM == 9  # the slot word layout (hw/regmap.txt BUF, the XDP program's hf_buf) names these nine fields
+
+
+# ---- IPv6: the buffer of a ranked plan (docs/ipv6.md "The update buffer for IPv6") ---------------------------------
+
+ADDR6_TOP = (1 << 128) - 1
+
+
+def unranked_boxes(plan6, entry) -> tuple[Box, ...]:
+    """An entry of a family-6 plan (boxes on the address ranks of `plan6.addr_map`) as the boxes in address space
+    it stands for: each rank interval [r_lo, r_hi] becomes [starts[r_lo], end of rank r_hi] (a box reaching the last
+    rank reaches the top address, as targets.xdp.tables.build_tables6 writes it); a box whose lowest rank no address
+    has is empty and left out. Exact: every address of one elementary interval is in the same boxes."""
+    from hypafilter.ir import FIELDS
+
+    amap = plan6.addr_map
+    out = []
+    for b in entry.boxes:
+        if b.is_empty():
+            continue
+        lo, hi = list(b.lo), list(b.hi)
+        empty = False
+        for dim in ("src", "dst"):
+            i = FIELDS.index(dim)
+            starts = amap.starts[dim]
+            top = len(starts) - 1
+            if lo[i] > top:
+                empty = True
+                break
+            a_lo = int(starts[lo[i]])
+            a_hi = ADDR6_TOP if hi[i] >= top else int(starts[hi[i] + 1]) - 1
+            lo[i], hi[i] = a_lo, a_hi
+        if not empty:
+            out.append(Box(tuple(lo), tuple(hi), b.flags_mask, b.flags_value, b.sets_mask, b.sets_value))
+    return tuple(out)
+
+
+@dataclass
+class _Entry6:
+    boxes: tuple
+
+
+@dataclass
+class _Master6:
+    entries: list
+    shunt: np.ndarray
+    actions: np.ndarray
+    interval: np.ndarray
+    mirror: object
+    shunt_none: object
+    miss_shunt: tuple
+    policy: object = None
+    set_slots: tuple = ()
+
+
+def align6(static6, master6, depth: int, k_base: int = 0, verbatim: bool = False) -> View:
+    """`align` for family-6 plans: the overlay under which a running IPv6 table set built from the plan `static6`
+    decides as the plan `master6`, though the two rank their addresses differently (a changed rule can add elementary
+    intervals, which renumbers the ranks). Both plans' entries are compared, and the slots written, in address space
+    (`unranked_boxes`): a kept static entry matches the same addresses in the running tables as the master entry it
+    stands for, and a slot holds raw 128-bit address intervals, which the targets compare as such. The rows are the
+    master's, its non-zero k offset by `k_base` (0 everywhere when `verbatim`), as build_tables6 writes them. The
+    View's `entries` and `master`'s boxes are in address space. Raises BufferFull as `align`."""
+    static = [_Entry6(unranked_boxes(static6, e)) for e in static6.entries]
+    entries = [_Entry6(unranked_boxes(master6, e)) for e in master6.entries]
+    interval = np.array([int(k) + k_base if int(k) and not verbatim else 0 for k in master6.interval], dtype=np.int64)
+    m = _Master6(
+        entries=entries,
+        shunt=np.asarray(master6.shunt),
+        actions=np.asarray(master6.actions),
+        interval=interval,
+        mirror=getattr(master6, "mirror", None),
+        shunt_none=getattr(master6, "shunt_none", None),
+        miss_shunt=tuple(getattr(master6, "miss_shunt", (False, False))),
+        policy=getattr(master6, "policy", None),
+    )
+    return align(static, m, depth)

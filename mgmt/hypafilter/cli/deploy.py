@@ -179,6 +179,12 @@ def _fmt_ipv6(six: dict) -> str:
                 f"IPv6 policy {six.get('source')} ({n} rules, IPv6) decided in {where} by its "
                 f"{fast.get('entries')} entries where it parses the frame, else in ip6tables (k = 0)"
             )
+            buf = fast.get("buffer") or {}
+            if buf.get("used") or buf.get("invalid"):  # the IPv6 update buffer in use (docs/ipv6.md)
+                what += (
+                    f", with {buf.get('used', 0)} of {buf.get('depth')} IPv6 update-buffer slots and "
+                    f"{len(buf.get('invalid') or ())} entries masked off"
+                )
             if six.get("chains"):
                 ch = six["chains"]
                 what += (

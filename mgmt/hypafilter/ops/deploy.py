@@ -638,6 +638,7 @@ def follow6(
     live_digest: str,
     log: Callable[[str], None] = lambda s: None,
     abort: Callable[[], bool] = lambda: False,
+    rebuild: bool = False,
 ) -> dict:
     """Bring the deployment's IPv6 side into step with `v6`, ip6tables' live ruleset as the policy sync service
     read it (docs/ipv6.md "Following ip6tables"; the xdp program's IPv6 path is held meanwhile: the service's IPv6
@@ -647,7 +648,10 @@ def follow6(
     ranked IPv6 plan has no overlay yet). Returns {"state", "how", "why"}: how "tables" (written; the caller
     releases the hold), "ip6tables" (no fast path decides IPv6 here: nothing to release), "held" (the program has an
     IPv6 table set but this policy cannot go into it, `why`: the hold stays, every IPv6 frame to ip6tables) or "new
-    program" (the tables do not fit the running program: the caller runs `follow` with `v6`)."""
+    program" (the tables do not fit the running program: the caller runs `follow` with `v6`). On xdp the change goes
+    into the program's IPv6 update buffer when it can ("buffer", docs/ipv6.md "The update buffer for IPv6"), else
+    the whole table set is rewritten, which empties the buffer; `rebuild`: that rewrite at once (the buffer's lazy
+    rebuild when idle)."""
     t0 = time.monotonic()
     with _lock(30.0, abort):
         st = read_state()
@@ -677,8 +681,17 @@ def follow6(
                     ip6.load_chains(NS_FW, c6, v6.base_chain)
                     log(f"IPv6 interval chains rewritten in ip6tables (k_base {kb})")
                 try:
-                    tables = tgt.write_tables6(st["nic"], plan6, tables)
-                    how = "tables"
+                    # the IPv6 update buffer first (docs/ipv6.md "The update buffer for IPv6"), else the whole
+                    # table set rewritten (which empties the buffer: its lazy rebuild)
+                    static6 = None if rebuild else _static6(tables, config, n4, kb, chains)
+                    done = tgt.write_buffer6(st["nic"], plan6, tables, static6) if static6 is not None else None
+                    if done is not None:
+                        tables, how = done, "buffer"
+                        b = tables["v6"]["buffer"]
+                        log(f"IPv6 update buffer: {b['used']} of {b['depth']} slots, {len(b['invalid'])} masked")
+                    else:
+                        tables = tgt.write_tables6(st["nic"], plan6, tables)
+                        how = "tables"
                 except HypafilterError as e:
                     return {"state": st, "how": "new program", "why": str(e)}
         elif tgt.name == "emu" and tables.get("v6"):
@@ -721,6 +734,17 @@ def follow6(
         if why:
             log(f"IPv6 frames to ip6tables unparsed: {why}")
         return {"state": new, "how": how, "why": why}
+
+
+def _static6(tables: dict, config: Config, n4, k_base: int, chains) -> object | None:
+    """The family-6 plan the running xdp program's IPv6 table set was written from (the static entries of its IPv6
+    update buffer: the state's `tables.v6.static`), or None when the state does not say."""
+    src = (tables.get("v6") or {}).get("static")
+    if not src:
+        return None
+    old = ip6.V6Policy(source=src["source"], text=src["text"], base_chain=src["base_chain"], tables=("filter",))
+    plan6, _ = xdp_v6.plan6_for(old, config, n4, k_base=k_base, verbatim=not chains, sets=live_sets6("xdp"))
+    return plan6
 
 
 def first_lease_ms(config: Config) -> int:
@@ -1426,7 +1450,9 @@ def ipv6_status(st: dict) -> dict:
         six["error"] = str(e)
     six["base_chain"] = base
     if (st.get("tables") or {}).get("v6"):  # the xdp program or the NIC's core decides IPv6 frames too (docs/ipv6.md)
-        six["nic" if st.get("target", "emu") == "emu" else "xdp"] = st["tables"]["v6"]
+        # (without `static`: the text of the IPv6 policy the table set was written from, the update buffer's base)
+        fast = {k: v for k, v in st["tables"]["v6"].items() if k != "static"}
+        six["nic" if st.get("target", "emu") == "emu" else "xdp"] = fast
     return six
 
 

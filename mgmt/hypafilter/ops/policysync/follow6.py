@@ -27,6 +27,7 @@ frames but ip6tables, so there is nothing to follow.
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from collections import deque
 
@@ -38,6 +39,9 @@ from hypafilter.ops.policysync.nftevents import NfTables
 
 IP6TABLES_TABLES = set(ip6.BUILTIN)  # the ip6 nftables tables ip6tables-nft makes; any other is foreign to it
 IP6T_SO_GET_INFO = 64  # IP6T_BASE_CTL (include/uapi/linux/netfilter_ipv6/ip6_tables.h), at SOL_IPV6
+# the IPv6 update buffer in use and no ip6tables change for this long: its lazy rebuild (as the IPv4 buffer's
+# REBUILD_IDLE_S; HF_REBUILD6_IDLE_S in the service's environment: the tests' shorter wait)
+REBUILD6_IDLE_S = float(os.environ.get("HF_REBUILD6_IDLE_S", "60"))
 LEGACY_POLL_S = 0.05  # the legacy ip6tables tables are read this often (xtables sends no event)
 
 
@@ -257,6 +261,8 @@ class Follower6:
         self.emu_took = False  # the emulated NIC's IPv6 hold: the IPv4 follower's fail safe, taken by this side
         self.legacy: Legacy6 | None = None  # the legacy ip6tables tables' watch, set by the worker's `serve`
         self.counts = {"changes": 0, "applied": 0, "unchanged": 0, "failed": 0, "new_programs": 0, "held": 0}
+        self.counts["rebuilds"] = 0  # the IPv6 update buffer's idle rebuilds (xdp)
+        self.last_apply_t = time.monotonic()  # the last change applied (what the idle rebuild waits after)
         self.lag_safe: deque[float] = deque(maxlen=2000)  # ms: events read -> the IPv6 path decides nothing
         self.lag_apply: deque[float] = deque(maxlen=2000)  # ms: events read -> it decides by the new policy
 
@@ -402,6 +408,7 @@ class Follower6:
                     self.new_program(v6, rebuild=False, live6=live6)
                 self.f.state()
                 self.last_how = how
+                self.last_apply_t = time.monotonic()
                 self.counts["applied"] += 1
                 self.counts["held"] += how == "held"  # held for good: ip6tables decides every IPv6 frame
                 if not self.hold():
@@ -418,6 +425,39 @@ class Follower6:
                 self.fail_safe()
             except (HypafilterError, OSError):
                 pass
+
+    def maybe_rebuild(self) -> None:
+        """The IPv6 update buffer's lazy rebuild when idle (xdp; docs/ipv6.md "The update buffer for IPv6"): a buffer
+        in use (a slot, or a static entry masked off) and no ip6tables change for REBUILD6_IDLE_S: the whole IPv6
+        table set of the deployment's IPv6 side rewritten into the running program under the hold (which empties
+        the buffer), or a new program where it no longer fits. A buffer more than half full is rebuilt at once by
+        the change that fills it (deploy.follow6)."""
+        if self.pending or self.lost or self.safe or self.error:
+            return
+        if time.monotonic() - self.last_apply_t < REBUILD6_IDLE_S:
+            return
+        st = self.f.state(fresh=False)
+        buf = ((st.get("tables") or {}).get("v6") or {}).get("buffer") or {}
+        if st.get("target") != "xdp" or not (buf.get("used") or buf.get("invalid")):
+            return
+        six = st.get("ipv6") or {}
+        self.last_apply_t = time.monotonic()  # (a failure is tried again after the next idle time)
+        try:
+            v6 = ip6.V6Policy.from_state(six)
+            self.fail_safe()
+            r = deploy.follow6(v6, six.get("live_digest", ""), self.f.log, abort=self.f.stopping, rebuild=True)
+            if r["how"] == "new program":
+                self.new_program(v6)
+                self.counts["new_programs"] += 1
+            self.f.state()
+            self.counts["rebuilds"] += 1
+            self.f.log(f"IPv6 update buffer: lazy rebuild ({r['how']}) after {REBUILD6_IDLE_S:g} s idle")
+        except (HypafilterError, OSError) as e:
+            self.error = f"IPv6 lazy rebuild: {e}"
+            self.f.log(self.error)
+        finally:
+            if not self.hold():
+                self.release()
 
     def new_program(self, v6: ip6.V6Policy, rebuild: bool = True, live6: str | None = None) -> None:
         """The IPv6 tables outgrew the running program: a new one for the deployed IPv4 policy and `v6`

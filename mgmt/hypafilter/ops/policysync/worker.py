@@ -567,6 +567,7 @@ def serve(ns: str, state_dir: Path, service_pid: int | None = None, restarts: in
                 change = True
             watch.step(f.state(fresh=False))
             f.maybe_rebuild()
+            six.maybe_rebuild()
             if change or lost or retry or time.monotonic() >= next_status:
                 status()
                 next_status = time.monotonic() + STATUS_EVERY

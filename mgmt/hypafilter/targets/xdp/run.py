@@ -58,6 +58,7 @@ def run_frames(
     plan6=None,
     control6: int | None = None,
     ct6: CtConfig | None = None,
+    view6=None,
 ) -> RunResult:
     """Each (iport, frame) through the program built for `plan` (a Plan, or an analysis.overlay.View: the static
     entries' program with its update buffer and valid mask written); `ports[i]` is the interface of iport i in `ns`
@@ -65,16 +66,20 @@ def run_frames(
     a larger program than the plan needs (fields and capacities, update-buffer slots; the tables must fit it).
     `lease_ns`: the lease word (hfx_lease; 0 disarmed, else the CLOCK_MONOTONIC ns it holds until). `plan6`: a
     family-6 plan whose table set decides the IPv6 frames (docs/ipv6.md "## xdp"); without it they are unparsed;
-    `control6`/`ct6`: its miss forcing bits and conntrack lookup (default: `control`'s and `ct`)."""
+    `control6`/`ct6`: its miss forcing bits and conntrack lookup (default: `control`'s and `ct`). `view6`: the IPv6
+    update buffer's contents over `plan6`'s table set (analysis.overlay.align6; the program gets its depth)."""
     t = build_tables(plan)
     t6 = build_tables6(plan6) if plan6 is not None else None
-    shape = shape or ({**t.shape(), "v6": shape6(t6)} if t6 is not None else t.shape())
+    depth6 = view6.overlay.depth if view6 is not None else 0
+    shape = shape or ({**t.shape(), "v6": shape6(t6, depth6)} if t6 is not None else t.shape())
     obj = build_program(shape, build_root)
     tool = build_loader(build_root)
     with tempfile.TemporaryDirectory(prefix="hfx-") as d:
         tf, ff = Path(d) / "tables", Path(d) / "frames"
         lease = _record("hfx_lease", 8, 1, struct.pack("<Q", lease_ns)) if lease_ns else b""
-        tf.write_bytes(lease + tables_file(t, shape, control, generation, ct, t6=t6, control6=control6, ct6=ct6))
+        tf.write_bytes(
+            lease + tables_file(t, shape, control, generation, ct, t6=t6, control6=control6, ct6=ct6, view6=view6)
+        )
         ff.write_bytes(frames_file(frames))
         argv = [str(tool), "run", "--obj", str(obj), "--tables", str(tf), "--frames", str(ff), "--repeat", str(repeat)]
         for i, name in enumerate(ports):

@@ -408,6 +408,7 @@ def tables_file(
     t6: Tables | None = None,
     control6: int | None = None,
     ct6: CtConfig | None = None,
+    view6=None,
 ) -> bytes:
     """The loader's tables file (driver/xdp/hf_xdp.c) for a program of `shape`; hfx_cfg is written last by it.
     `t6`: the IPv6 table set (build_tables6) for a program whose shape has "v6", with its plan's miss forcing
@@ -426,7 +427,7 @@ def tables_file(
     if buf:
         out.append(_record("hfx_buf", SLOT.size, buf, slot_rows(t.overlay, buf)))
     if t6 is not None:
-        out.append(tables6_records(t6, shape["v6"], control if control6 is None else control6, ct6 or ct))
+        out.append(tables6_records(t6, shape["v6"], control if control6 is None else control6, ct6 or ct, view=view6))
     nb = {f: len(t.spans[f]) if f in t.spans else 1 for f in SEARCH_FIELDS}
     cfg = CONFIG.pack(
         0 if hold else control,  # hold: still shunting everything after the write; `armed` below is what ends it
@@ -453,8 +454,11 @@ def tables_file(
 # ---- IPv6: a family-6 plan's table set (docs/ipv6.md "## xdp") ---------------------------------------------------
 
 # struct hfx6_config: num_entries, index_base, num_words, nb_src, nb_dst, ct_hit[2], num_boxes, miss, ct_flags,
-# ct_tcp_ms, ct_udp_ms, ct_udp_unreplied_ms, soft, ct_tcp_cw_ms
-CONFIG6 = struct.Struct("<15I")
+# ct_tcp_ms, ct_udp_ms, ct_udp_unreplied_ms, soft, ct_tcp_cw_ms, buf_scan
+CONFIG6 = struct.Struct("<16I")
+# struct hfx6_slot: src lo/hi, dst lo/hi (four words each, most significant first), lo[9], hi[9] (src, dst unused),
+# flags mask, flags value, sets mask, sets value, pos, enable
+SLOT6 = struct.Struct(f"<16I{len(FIELDS)}I{len(FIELDS)}IBBBBII")
 SOFT_VERBATIM = 1  # hfx6_config.soft HFX6_SOFT_VERBATIM
 MISS_BITS = 16 | 32  # HFX_CONTROL_MISS_SHUNT_ACCEPT | _DROP
 # struct hfx_span6: the interval's first address as four 32-bit words, most significant first; its vector id
@@ -543,10 +547,15 @@ class _Plan6:
         self.actions, self.interval, self.mirror = actions, interval, mirror
 
 
-def shape6(t6: Tables) -> dict:
-    """The IPv6 part of a program's shape (`shape["v6"]`): fields, vector words, capacities."""
-    s = t6.shape(0)
-    return {k: s[k] for k in ("fields", "words", "vec_cap", "nb_cap", "ent_cap", "sets") if k in s}
+def shape6(t6: Tables, depth: int = 0) -> dict:
+    """The IPv6 part of a program's shape (`shape["v6"]`): fields, vector words, capacities, and `depth` update-buffer
+    slots ("buf": hfx6_buf, hfx6_vbox; local indices n6 + 1 .. n6 + depth; absent when 0, the shape and program
+    of before the IPv6 buffer)."""
+    s = t6.shape(depth)
+    out = {k: s[k] for k in ("fields", "words", "vec_cap", "nb_cap", "ent_cap", "sets") if k in s}
+    if depth:
+        out["buf"] = depth
+    return out
 
 
 def fits6(t6: Tables, v6shape: dict | None) -> bool:
@@ -558,20 +567,41 @@ def fits6(t6: Tables, v6shape: dict | None) -> bool:
         and t6.words <= v6shape["words"]
         and len(t6.vectors) + (1 if set(t6.fields) != set(v6shape["fields"]) else 0) <= v6shape["vec_cap"]
         and nb <= v6shape["nb_cap"]
-        and t6.n + 1 <= v6shape["ent_cap"]
+        and t6.n + 1 + v6shape.get("buf", 0) <= v6shape["ent_cap"]
         and t6.sets == v6shape.get("sets", [])
     )
 
 
-def tables6_records(t6: Tables, v6shape: dict, miss: int = 0, ct: CtConfig | None = None) -> bytes:
+def tables6_records(
+    t6: Tables, v6shape: dict, miss: int = 0, ct: CtConfig | None = None, view=None, lookup: bool = True
+) -> bytes:
     """The IPv6 table set's records of the loader's tables file (written before hfx_cfg, which enables them). `miss`:
     the IPv6 plan's miss forcing bits (CONTROL bits 4/5, as `control_of` gives them for its Plan.miss_shunt); `ct`:
-    its conntrack lookup."""
+    its conntrack lookup. A program with an IPv6 update buffer (`v6shape["buf"]`) gets its slots, valid mask and
+    rows too: those of `view` (an analysis.overlay.View over `t6`'s static entries, `align6`: the update buffer's
+    contents), else an empty buffer (every static entry valid, no slot). `lookup` False: the lookup maps are left
+    out (a write of the buffer alone into a running program whose lookup maps are `t6`'s)."""
     ct = ct or CtConfig()
     if not fits6(t6, v6shape):
         raise ValueError("IPv6 tables do not fit the program's shape")
-    out = _lookup_records(t6, v6shape, "hfx6", SPAN6)
-    out.append(_record("hfx6_ent", ENTRY.size, t6.n + 1, t6.entries))
+    buf = v6shape.get("buf", 0)
+    ov = view.overlay if view is not None else None
+    if ov is not None and (ov.n_static != t6.n or ov.depth != buf):
+        raise ValueError(f"an IPv6 overlay of {ov.n_static} entries and {ov.depth} slots for {t6.n} and {buf}")
+    out = _lookup_records(t6, v6shape, "hfx6", SPAN6) if lookup else []
+    rows = entry_rows6(view, t6.n) if view is not None else t6.entries
+    out.append(_entry_record6(rows, t6.n, buf))
+    ct_hit = list(t6.ct_hit)
+    if buf:
+        valid = ov.valid if ov is not None else np.ones(t6.n, dtype=bool)
+        out.append(_record("hfx6_buf", SLOT6.size, buf, slot_rows6(ov, buf)))
+        words = v6shape["words"]
+        bits = np.zeros(words * 64, dtype=bool)
+        if t6.boxes:
+            bits[: t6.boxes] = valid[t6.box_entry]
+        out.append(_record("hfx6_vbox", 8 * words, 1, _pack_rows(bits[None, :])[0].astype("<u8").tobytes()))
+        # a conntrack hit's shortcut to an entry the valid mask took out: classify instead
+        ct_hit = [h if not h & CT_HIT_SET or valid[h & ~CT_HIT_SET] else 0 for h in ct_hit]
     nb = {f: len(t6.spans[f]) if f in t6.spans else 1 for f in SEARCH_FIELDS}
     cfg = CONFIG6.pack(
         t6.n,
@@ -579,7 +609,7 @@ def tables6_records(t6: Tables, v6shape: dict, miss: int = 0, ct: CtConfig | Non
         t6.words,
         nb["src"],
         nb["dst"],
-        *t6.ct_hit,
+        *ct_hit,
         t6.boxes,
         miss & MISS_BITS,
         ct.flags(),
@@ -588,9 +618,46 @@ def tables6_records(t6: Tables, v6shape: dict, miss: int = 0, ct: CtConfig | Non
         ct.udp_unreplied_ms,
         t6.soft,
         ct.tcp_cw_ms,
+        len(ov.slots) if ov is not None else 0,
     )
     out.append(_record("hfx6_cfg", CONFIG6.size, 1, cfg))
     return b"".join(out)
+
+
+def _entry_record6(rows: bytes, n: int, buf: int) -> bytes:
+    """hfx6_ent: the rows given (n + 1, or n + 1 + buf with a view's slots), then unused slots' rows up to n + 1 + buf."""
+    have = len(rows) // ENTRY.size
+    if have > n + 1 + buf:
+        raise ValueError(f"{have} IPv6 rows for {n} entries and {buf} buffer slots")
+    return _record("hfx6_ent", ENTRY.size, n + 1 + buf, rows + UNUSED_ROW * (n + 1 + buf - have))
+
+
+def entry_rows6(view, n: int) -> bytes:
+    """hfx6_ent's rows of an IPv6 View (`align6`: the master plan's rows, its k already offset by k_base)."""
+    rows = entry_rows(view)
+    if len(rows) // ENTRY.size != n + 1 + view.overlay.depth:
+        raise ValueError("an IPv6 view's rows do not cover its entries and slots")
+    return rows
+
+
+def slot_rows6(ov: Overlay | None, depth: int) -> bytes:
+    """hfx6_buf's contents: the overlay's slots (their boxes in address space: 128-bit src/dst), enabled, then
+    disabled empty rows up to `depth`."""
+    slots = ov.slots if ov is not None else ()
+    if len(slots) > depth:
+        raise ValueError(f"{len(slots)} IPv6 buffer slots for a program of {depth}")
+    out = []
+    for s in slots:
+        b = s.box
+        lo, hi = list(b.lo), list(b.hi)
+        addr = []
+        for d in SEARCH_FIELDS:
+            i = FIELDS.index(d)
+            addr += [*words128([lo[i]])[0], *words128([hi[i]])[0]]
+            lo[i] = hi[i] = 0
+        out.append(SLOT6.pack(*addr, *lo, *hi, b.flags_mask, b.flags_value, b.sets_mask, b.sets_value, s.pos, 1))
+    empty = SLOT6.pack(*([0] * (16 + 2 * len(FIELDS))), 0, 0, 0, 0, 0, 0)
+    return b"".join(out) + empty * (depth - len(slots))
 
 
 def split_records(data: bytes) -> list[tuple[str, int, int, bytes]]:
@@ -613,3 +680,12 @@ def with_v6_records(data: bytes, v6: bytes) -> bytes:
     body = [_record(*r) for r in keep if r[0] != "hfx_cfg"]
     cfg = [_record(*r) for r in keep if r[0] == "hfx_cfg"]
     return b"".join(body) + v6 + b"".join(cfg)
+
+
+def lookup6_digest(t6: Tables, v6shape: dict) -> str:
+    """A digest of the IPv6 lookup maps `t6` writes into a program of `v6shape` (vectors, spans, direct tables,
+    boxes): what the IPv6 update buffer's static entries are, so that an overlay is only ever computed against the
+    table set the running program holds."""
+    import hashlib
+
+    return hashlib.sha256(b"".join(_lookup_records(t6, v6shape, "hfx6", SPAN6))).hexdigest()[:24]

@@ -29,9 +29,10 @@ from pathlib import Path
 import numpy as np
 
 from hypafilter import netns
-from hypafilter.analysis.overlay import Overlay, View, box_key
+from hypafilter.analysis.overlay import Overlay, Slot, View, box_key
 from hypafilter.analysis.program import k0_tree_wanted
 from hypafilter.errors import HypafilterError
+from hypafilter.ir import Box
 from hypafilter.ir.sets import MAX_SET_SLOTS
 from hypafilter.targets.base import DECISIONS, SHUNTED, Expected, Target, WindowStages
 from hypafilter.targets.bpfmap import PinnedArray
@@ -41,6 +42,7 @@ from hypafilter.targets.xdp.build import build_loader, build_program
 from hypafilter.targets.xdp.sets import SET_CAPACITY
 from hypafilter.targets.xdp.tables import (
     CONFIG,
+    CONFIG6,
     CT_NONE_FLAG,
     CtConfig,
     Tables,
@@ -48,12 +50,14 @@ from hypafilter.targets.xdp.tables import (
     build_tables6,
     entry_rows,
     fits6,
+    lookup6_digest,
     overlay_records,
     read_slot,
     set_maps,
     set_maps6,
     shape6,
     shape_id,
+    slot_rows6,
     split_records,
     tables6_records,
     tables_file,
@@ -201,7 +205,7 @@ class XdpTarget(Target):
             t6 = build_tables6(p6)
         except ValueError as e:
             raise HypafilterError(f"the IPv6 plan cannot go into the XDP program: {e}") from e
-        return t, t6, {**shape, "v6": shape6(t6)}, p6
+        return t, t6, {**shape, "v6": shape6(t6, self.config.update_buffer)}, p6
 
     def build(self, plan, plan6=None) -> str:
         return str(build_program(self._tables(plan, plan6)[2], self.build_root))
@@ -341,6 +345,7 @@ class XdpTarget(Target):
                         f"xdp: update buffer: {len(have_ov['slots'])} slots and {len(have_ov['invalid'])} static "
                         f"entries masked off, deployed {len(want_ov['slots'])} and {len(want_ov['invalid'])}"
                     )
+        out += self._buffer6_drift(info, st)
         miss = (st.get("tables") or {}).get("miss_shunt")
         want = control_of(st.get("unfilterable", "drop"), st.get("nic_mode", "bridge"), miss or (False, False))
         want |= CONTROL_K0_TREE if (st.get("tables") or {}).get("k0_tree") else 0
@@ -358,6 +363,30 @@ class XdpTarget(Target):
                 )
         out += self._sets_drift(info)
         return out
+
+    def _buffer6_drift(self, info: dict, st: dict) -> list[str]:
+        """The IPv6 update buffer (docs/ipv6.md "The update buffer for IPv6") not what the state says it holds: its
+        scan bound and every slot in use, word for word (states and programs without it: nothing to compare)."""
+        buf = ((st.get("tables") or {}).get("v6") or {}).get("buffer")
+        pin = Path(info["pin"])
+        if not buf or not (pin / "hfx6_buf").exists():
+            return []
+        slots = tuple(
+            Slot(Box(tuple(k[0]), tuple(k[1]), k[2], k[3], *(k[5:7] if len(k) > 5 else ())), k[4], -1)
+            for k in buf.get("slots") or ()
+        )
+        depth = int(buf.get("depth", 0))
+        try:
+            with PinnedArray(pin / "hfx6_cfg") as m:
+                scan = CONFIG6.unpack(m.read()[: CONFIG6.size])[-1]
+            with PinnedArray(pin / "hfx6_buf") as m:
+                have = b"".join(m.read(b) for b in range(min(depth, len(slots) + 1)))
+        except (OSError, HypafilterError, struct.error) as e:
+            return [f"xdp: IPv6 update buffer: {e}"]
+        want = slot_rows6(_Slots(slots), depth)[: len(have)]
+        if scan != len(slots) or have != want:
+            return [f"xdp: IPv6 update buffer: {scan} slots scanned, deployed {len(slots)}, or their words differ"]
+        return []
 
     def _sets_drift(self, info: dict, grace: float = 1.0) -> list[str]:
         """The set tables not released for `grace` seconds (an ipset command's resync takes tens of ms): the policy
@@ -442,7 +471,7 @@ class XdpTarget(Target):
             "new_flows": "decided" if ct.none else (self._new_flows_why_not or "no conntrack lookup"),
             "overlay": overlay_state(t.overlay if t.overlay is not None else Overlay.empty(t.n, 0)),
             **({"sets": sets} if sets else {}),
-            **({"v6": _v6_state(t6, p6, ct6)} if t6 is not None else {}),
+            **({"v6": _v6_state(t6, p6, ct6, running.get("v6"))} if t6 is not None else {}),
         }
 
     def same_sets(self, info: dict, plan) -> bool:
@@ -623,7 +652,65 @@ class XdpTarget(Target):
         for name, vsize, count, vals in split_records(records):
             with PinnedArray(Path(info["pin"]) / name) as m:
                 m.write_many([vals[i * vsize : (i + 1) * vsize] for i in range(count)])
-        out = {**known, "v6": _v6_state(t6, plan6, ct6)}
+        out = {**known, "v6": _v6_state(t6, plan6, ct6, running["v6"])}
+        if data is not None:
+            path = self._run_dir() / f"{info['name']}-{known.get('generation', 0)}-v6.tables"
+            tmp = path.with_suffix(".tmp")
+            tmp.write_bytes(data)
+            tmp.replace(path)
+            out["file"] = str(path)
+        return out
+
+    def write_buffer6(self, info: dict, plan6, known: dict, static6) -> dict | None:
+        """The family-6 `plan6` (the master rule set: ip6tables' live IPv6 policy) into the running program through
+        its IPv6 update buffer (docs/ipv6.md "The update buffer for IPv6"): the lookup maps stay those of `static6`
+        (the plan the running IPv6 table set was written from, `known["v6"]["static"]`); the slots (raw 128-bit
+        address intervals), the valid mask over the static boxes, every row (the master's, its k) and the scan bound
+        are written through the bpf() syscall. The IPv6 path must be held meanwhile (hold_ipv6). Returns the state's
+        tables with the new `v6`, or None when the buffer cannot take the change (no buffer in the program, the
+        static plan is not the running table set, set slots, or the change needs more than half the slots: the
+        lazy rebuild, write_tables6, writes the whole table set and empties the buffer); nothing is written then."""
+        from hypafilter.analysis.overlay import BufferFull, align6
+
+        running = _shape_of(info)
+        v6shape = running.get("v6") or {}
+        depth = int(v6shape.get("buf", 0))
+        old = known.get("v6") or {}
+        if not depth or static6 is None or not old.get("lookup"):
+            return None
+        if getattr(static6, "set_slots", ()) or getattr(plan6, "set_slots", ()):
+            return None
+        try:
+            t6 = build_tables6(static6)
+        except ValueError:
+            return None
+        t6.index_base = int(old.get("index_base", plan6.index_base))
+        if not fits6(t6, v6shape) or lookup6_digest(t6, v6shape) != old["lookup"]:
+            return None
+        try:
+            view = align6(static6, plan6, depth, int(plan6.k_base), bool(plan6.verbatim))
+        except BufferFull:
+            return None
+        if 2 * view.overlay.used > depth:
+            return None  # more than half full: the lazy rebuild
+        ct6 = self.ct_config(plan6)
+        miss = self.control(plan6)
+        records = tables6_records(t6, v6shape, miss, ct6, view=view, lookup=False)
+        whole = tables6_records(t6, v6shape, miss, ct6, view=view)
+        old_file = Path(known.get("file", ""))
+        data = with_v6_records(old_file.read_bytes(), whole) if old_file.is_file() else None
+        # the slots and mask before the rows they select, the scan bound (hfx6_cfg) last
+        for name, vsize, count, vals in split_records(records):
+            with PinnedArray(Path(info["pin"]) / name) as m:
+                m.write_many([vals[i * vsize : (i + 1) * vsize] for i in range(count)])
+        st6 = _v6_state(t6, plan6, ct6, v6shape)
+        st6.update(
+            entries=t6.n,
+            static=old.get("static"),
+            lookup=old["lookup"],
+            buffer={**overlay_state(view.overlay), "used": view.overlay.used, "depth": depth},
+        )
+        out = {**known, "v6": st6}
         if data is not None:
             path = self._run_dir() / f"{info['name']}-{known.get('generation', 0)}-v6.tables"
             tmp = path.with_suffix(".tmp")
@@ -702,15 +789,28 @@ def overlay_state(ov: Overlay) -> dict:
     }
 
 
-def _v6_state(t6: Tables, plan6, ct6: CtConfig) -> dict:
-    """What the state records of the IPv6 table set (docs/ipv6.md "## xdp")."""
-    return {
+class _Slots:
+    """The slots of an IPv6 overlay as the state keeps them (what slot_rows6 reads)."""
+
+    def __init__(self, slots: tuple):
+        self.slots = slots
+
+
+def _v6_state(t6: Tables, plan6, ct6: CtConfig, v6shape: dict | None = None) -> dict:
+    """What the state records of the IPv6 table set (docs/ipv6.md "## xdp"); with the program's IPv6 shape, what its
+    update buffer's static entries are (`static`: the IPv6 policy the table set was written from, `lookup`: the
+    digest of its lookup maps; the buffer empty)."""
+    out = {
         "entries": t6.n,
         "index_base": t6.index_base,
         "miss_shunt": [bool(x) for x in plan6.miss_shunt],
         "ct_lookup": ct6.lookup,
         "new_flows": "decided" if ct6.none else "not decided",
     }
+    src = getattr(plan6, "source6", None)
+    if v6shape and v6shape.get("buf") and src:
+        out.update(static=src, lookup=lookup6_digest(t6, v6shape), buffer={"used": 0, "depth": v6shape["buf"]})
+    return out
 
 
 def _shape_of(info: dict) -> dict:

@@ -41,6 +41,9 @@ def plan6_for(
     plan6.index_base = len(plan4.entries) + 1 + config.update_buffer
     plan6.k_base = int(plan4.num_intervals if k_base is None else k_base)
     plan6.verbatim = bool(verbatim)
+    # the IPv6 policy the plan was built from: what the state keeps of the table set a program holds (the static
+    # entries of its IPv6 update buffer, docs/ipv6.md "The update buffer for IPv6")
+    plan6.source6 = {"text": v6.text, "source": v6.source, "base_chain": v6.base_chain}
     return plan6, ""
 
 

@@ -94,7 +94,7 @@ def _where(rule) -> str:
 def analyze(policy, config, points: np.ndarray | None = None) -> dict:
     """Shunt vectors (selective, index-based) and, for header points (values[p, NDIM]), shunted packets and the
     software rules each strategy traverses for them (paper §VIII, Figs. 11-13). With log mirroring (the config's
-    strategy interval or interval_geo and observing rules in the policy) also the mirror vectors and mirrored
+    strategy interval, interval_geo or tree and observing rules in the policy) also the mirror vectors and mirrored
     packets (copies software runs the interval chain on; counted in the interval strategy's traversed rules),
     while full, cut and hsa_cut are costed on the plan without mirroring they would run with."""
     t0 = time.perf_counter()

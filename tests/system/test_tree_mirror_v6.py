@@ -141,8 +141,9 @@ def _v6_text(n: int = 24) -> str:
 def test_the_ipv6_side_walks_its_interval_chain_as_a_tree_over_128_bit_addresses(lab):
     """A dual-stack deployment with strategy tree (`--ipv6`, xdp_ipv6): the IPv6 plan's interval chain of complex
     rules is written as a tree over the ranks of its 128-bit addresses, tested with IPv6 prefixes and ranges and the
-    IPv6 port guard; verify's IPv6 frames (extension headers, fragments, truncated headers among them) through the
-    hybrid and through both policies alone: 0 mismatches, and the tree's gotos counted packets."""
+    IPv6 port guard, and the IPv6 frames the program passes unparsed walk the IPv6 K0 tree (HFv6_K0T); verify's IPv6
+    frames (extension headers, fragments, truncated headers among them) through the hybrid and through both
+    policies alone: 0 mismatches, and the trees' gotos counted packets."""
     import dataclasses
 
     from hypafilter.config import Config
@@ -167,3 +168,11 @@ def test_the_ipv6_side_walks_its_interval_chain_as_a_tree_over_128_bit_addresses
     assert any(re.fullmatch(r"-[sd] fd48:460[01]:\S+/\d+", t) for _, t in tests), tests
     assert not re.search(r"\b\d+\.\d+\.\d+\.\d+\b", "\n".join(t for _, t in tests)), tests
     assert sum(int(n) for n, _ in tests) > 30, "shunted IPv6 frames went through the tree's dispatch"
+    # k = 0: the IPv6 frames the program passes unparsed (extension headers, fragments, truncated ones) walk the IPv6
+    # K0 tree (CONTROL bit 7), whose tree is the whole IPv6 policy's
+    from hypafilter.ops import deploy
+
+    assert (deploy.read_state().get("tables") or {}).get("k0_tree6") is True
+    k0t = re.search(r"^\[(\d+):\d+\] -A HFv6_MAIN -m mark --mark 0x3(?:/0xffffffff)? -g HFv6_K0T$", saved, re.M)
+    assert k0t and int(k0t.group(1)) >= 20, saved
+    assert re.search(r"^\[\d+:\d+\] -A HFv6_K0T -j HFv6_T\d+$", saved, re.M), saved

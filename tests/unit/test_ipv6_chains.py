@@ -244,3 +244,49 @@ def test_the_tree_strategy_writes_the_ipv6_interval_chains_as_trees_over_128_bit
         if found:
             break
     assert found, "taking a rule out of a tree leaf changes some frame's walk"
+
+
+def test_the_ipv6_side_gets_a_live_k0_tree_where_the_xdp_program_marks_its_unparsed_frames():
+    """Strategy tree, live, on xdp (plan6.k0_tree, from the IPv4 plan's): HFv6_MAIN first sends the mark value
+    HF_MARK_K0_TREE to HFv6_K0T, which gives the mark back, walks the whole IPv6 policy as trees and ends with the
+    chain policy; through the chain interpreter every ranked header with that mark gets the reference verdict. The
+    xdp target sets CONTROL bit 7 only then (not for a verbatim IPv6 side, nor for strategy interval)."""
+    import random
+    from types import SimpleNamespace
+
+    from hypafilter.analysis.program import K0_TREE, build_program, mark_for
+    from hypafilter.ir import Header
+    from hypafilter.ir.semantics import reference_verdict
+    from hypafilter.targets.xdp.target import CONTROL_K0_TREE6, XdpTarget
+
+    from tests.unit.test_properties import _callback
+
+    config = _config(strategy="tree", tree_min_segment=4)
+    plan4, v6, _ = _side(config, _v6_cx(32))
+    plan4.k0_tree = True
+    plan6, why = plan6_for(v6, config, plan4)
+    assert why == "" and plan6.k0_tree
+    body = _body(ip6.render_chains(plan6, config, "HFv6_").text)
+    assert body["HFv6_MAIN"][0] == "-m mark --mark 0x3/0xffffffff -g HFv6_K0T"
+    k0t = body["HFv6_K0T"]
+    assert k0t[0] == "-j MARK --set-xmark 0x0/0xffffffff" and k0t[-1] == "-j DROP"
+    assert any(re.fullmatch(r"-j HFv6_T\d+", r) for r in k0t)
+    prog = build_program(plan6, "tree", prefix="HFv6_", k_base=plan6.k_base)
+    pol, rng, ev = plan6.policy, random.Random(5), _callback(5)
+    amap = pol.addr_map
+    for _ in range(800):
+        h = Header(
+            src=rng.randrange(len(amap.starts["src"])),
+            dst=rng.randrange(len(amap.starts["dst"])),
+            proto=rng.choice((6, 17, 58, 0)),
+            dport=rng.choice((53, 80, 443, 5050, 8080, 1)),
+        )
+        assert prog.run(h, mark_for(prog, 0, K0_TREE), ev)[0] == reference_verdict(pol, h, ev), h
+
+    tgt = SimpleNamespace(config=config)
+    assert XdpTarget.control(tgt, plan4, plan6) & CONTROL_K0_TREE6
+    plan6.verbatim = True
+    assert not XdpTarget.control(tgt, plan4, plan6) & CONTROL_K0_TREE6
+    plan6.verbatim = False
+    tgt.config = _config(strategy="interval")
+    assert not XdpTarget.control(tgt, plan4, plan6) & CONTROL_K0_TREE6

@@ -724,9 +724,8 @@ def _pool_keys_of(recorded: dict) -> dict:
 
 
 def live_k0_blocked(pol, live_only: Callable[[int], bool]) -> str:
-    """Why a live deployment's K0 stays the live list ("" when it may walk a tree)."""
-    if getattr(pol, "family", 4) != 4:
-        return "an IPv6 policy: the xdp program passes IPv6 frames it does not decide with value 0"
+    """Why a live deployment's K0 stays the live list ("" when it may walk a tree). An IPv6 policy (the IPv6 side of a
+    dual-stack xdp deployment) may: the xdp program marks the IPv6 frames it passes unparsed too (CONTROL bit 7)."""
     if pol.resolved:
         return "the policy's interface checks were resolved against the NIC's ports (exact for NIC frames only)"
     if not pol.rules:

@@ -41,6 +41,9 @@ def plan6_for(
     plan6.index_base = len(plan4.entries) + 1 + config.update_buffer
     plan6.k_base = int(plan4.num_intervals if k_base is None else k_base)
     plan6.verbatim = bool(verbatim)
+    # strategy tree, live: the IPv6 side's k = 0 frames the xdp program passes unparsed walk HFv6_K0T, as the IPv4
+    # side's walk K0T (docs/optimize.md); the emulated NIC's shim marks IPv4 frames only
+    plan6.k0_tree = target == "xdp" and bool(getattr(plan4, "k0_tree", False))
     return plan6, ""
 
 

@@ -18,6 +18,9 @@
  * enabled and its lease holds carries the mark value HF_MARK_K0_TREE (the K0 tree) instead of 0 (the live rules). Not
  * a bit of the NIC's register: the emulated NIC leaves K0 on the live rules. */
 #define HFX_CONTROL_K0_TREE 64
+/* The same for an IPv6 frame the IPv6 program passes unparsed (its fail safe hfx6_hold aside): set only when the
+ * deployment's ip6tables holds the tool's chains with an IPv6 K0 tree (HFv6_K0T), which give the mark back. */
+#define HFX_CONTROL_K0_TREE6 128
 
 /* hfx_config.ct_flags: conntrack state from the kernel's table (docs/xdp.md "Conntrack state from the kernel"). */
 #define HFX_CT_LOOKUP 1	     /* look TCP/UDP frames up in conntrack (bpf_xdp_ct_lookup): ct 1/2 for established ones */

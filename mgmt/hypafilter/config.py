@@ -16,7 +16,7 @@ STRATEGIES = ("full", "cut", "hsa_cut", "interval", "interval_geo", "tree")
 # interval chain above its entry and is then discarded; full/cut/hsa_cut would run deciding simple rules on it, and
 # exact mode has no interval chain of that shape.
 MIRROR_MODES = ("index", "selective")
-MIRROR_STRATEGIES = ("interval", "interval_geo")
+MIRROR_STRATEGIES = ("interval", "interval_geo", "tree")
 
 
 def mirrors(mode: str, strategy: str) -> bool:

@@ -34,7 +34,7 @@ def expected_files(rules: Path) -> dict[str, str]:
         "partition.json": json.dumps(plans["selective"].report(), indent=1) + "\n",
         "shunt.json": json.dumps({m: p.shunt_string() for m, p in plans.items()}, indent=1) + "\n",
     }
-    for s in STRATEGIES:  # a plan per strategy: log mirroring applies to interval and interval_geo only
+    for s in STRATEGIES:  # a plan per strategy: log mirroring applies to interval, interval_geo and tree only
         files[f"selective.{s}.iptables"] = to_iptables_restore(build_plan(pol, mode="selective", strategy=s), s)
     files["index.interval.iptables"] = to_iptables_restore(plans["index"], "interval")
     files["exact.interval.iptables"] = to_iptables_restore(plans["exact"], "interval")

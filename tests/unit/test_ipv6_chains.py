@@ -143,8 +143,8 @@ def test_host_mode_tree_strategy_and_the_mark_bits():
     host = V6.replace(":INPUT ACCEPT [0:0]\n:FORWARD DROP", ":INPUT DROP [0:0]\n:FORWARD ACCEPT")
     plan4, v6, plan6 = _side(config, host.replace("-A FORWARD", "-A INPUT"), "INPUT")
     ch = ip6.render_chains(plan6, config, "HFv6_")
-    # the tree's header tests would be written from the ranks: its interval chains as written instead
-    assert ch.strategy == "interval" and not any(n.startswith("HFv6_T") for n in _body(ch.text))
+    # strategy tree is written as tree (its chains here are too short for a tree: test_the_tree_strategy_... below)
+    assert ch.strategy == "tree" and not any(n.startswith("HFv6_T") for n in _body(ch.text))
     body = _body(ch.text)
     # host mode: the program's ACCEPT comes with the "decided" value, accepted with the mark given back
     assert body["HFv6_MAIN"][0] == "-m mark --mark 0x100/0xfff00 -j HFv6_DA"
@@ -179,3 +179,114 @@ def test_status_names_the_chains():
     line = _fmt_ipv6(six)
     assert "decided in the XDP program by its 10 entries" in line
     assert "shunted frames with their k (> 3) through the interval chains in ip6tables (HFv6_MAIN" in line
+
+
+def _v6_cx(n: int) -> str:
+    """n complex rules (hop limit on /64s and /96s of three /32s, LOG on 128-bit ranges no prefix states) above
+    simple ones: every shunted frame's interval chain is the n rules."""
+    cx = []
+    for i in range(n):
+        if i % 4 == 3:
+            cx.append(f"-A FORWARD -m iprange --dst-range 2001:db8:ff::{i:x}-2001:db8:ff::{i + 9:x} -p udp -j LOG")
+        else:
+            net = f"2001:db{8 + i % 3}:0:{i:x}::/64" if i % 3 else f"2001:db{8 + i % 3}::{i:x}:0:0/96"
+            act = ("ACCEPT", "DROP")[i % 2]
+            cx.append(f"-A FORWARD -s {net} -p {('tcp', 'udp')[i % 2]} -m hl --hl-eq {60 + i % 5} -j {act}")
+    return V6.replace("-A FORWARD -s fd48:4600::/64", "\n".join(cx) + "\n-A FORWARD -s fd48:4600::/64")
+
+
+def test_the_tree_strategy_writes_the_ipv6_interval_chains_as_trees_over_128_bit_addresses():
+    """Strategy tree on the IPv6 side (issue #26): the long interval chain of an IPv6 plan is a tree cut on the ranks
+    of its own 128-bit addresses and written back as IPv6 prefixes and ranges (never a rank, never an IPv4 address);
+    through the chain interpreter, on the plan's ranked headers, every frame gets the reference verdict and passes
+    the same observing rules, and a leaf with a rule taken out is caught."""
+    import random
+
+    from hypafilter.analysis.program import build_program
+    from hypafilter.ir import Header
+
+    from tests.unit.test_properties import _callback, mismatches
+
+    config = _config(strategy="tree", tree_min_segment=4)
+    _, _, plan6 = _side(config, _v6_cx(32))
+    ch = ip6.render_chains(plan6, config, "HFv6_")
+    body = _body(ch.text)
+    trees = {n: rules for n, rules in body.items() if re.fullmatch(r"HFv6_T\d+", n)}
+    assert ch.strategy == "tree" and len(trees) >= 4
+    tests = [r for rules in trees.values() for r in rules if " -g HFv6_T" in r]
+    assert any(re.match(r"-[sd] 2001:db[89a]:\S*/\d+ -g", t) for t in tests), tests
+    assert not re.search(r"\b\d+\.\d+\.\d+\.\d+\b", ch.text), "an IPv4-looking address (a rank?) in the chains"
+    assert "-s 2001:db9:0:1::/64 -p udp -m hl --hl-eq 61 -j DROP" in "\n".join(r for v in trees.values() for r in v)
+
+    amap, rng = plan6.policy.addr_map, random.Random(7)
+    hdrs = [
+        Header(
+            src=rng.randrange(len(amap.starts["src"])),
+            dst=rng.randrange(len(amap.starts["dst"])),
+            proto=rng.choice((6, 17, 58)),
+            dport=rng.choice((53, 80, 443, 5050, 8080, 1)),
+        )
+        for _ in range(1500)
+    ]
+    ev = _callback(3)
+    prog = build_program(plan6, "tree", k_base=plan6.k_base)
+    plan6.__dict__["_programs"] = {("tree", 0xFFFFFFFF, 0, "bridge"): prog}  # hybrid_verdict runs this very program
+    assert mismatches(plan6, "tree", hdrs, ev) == []
+    found = False
+    for name in [n for n in prog.chains if re.fullmatch(re.escape(prog.prefix) + r"T\d+", n)]:
+        rules = prog.chains[name]
+        pos = next((j for j, r in enumerate(rules) if r.kind == "policy"), None)
+        if pos is None:
+            continue
+        taken = rules.pop(pos)
+        found = bool(mismatches(plan6, "tree", hdrs, ev))
+        rules.insert(pos, taken)
+        if found:
+            break
+    assert found, "taking a rule out of a tree leaf changes some frame's walk"
+
+
+def test_the_ipv6_side_gets_a_live_k0_tree_where_the_xdp_program_marks_its_unparsed_frames():
+    """Strategy tree, live, on xdp (plan6.k0_tree, from the IPv4 plan's): HFv6_MAIN first sends the mark value
+    HF_MARK_K0_TREE to HFv6_K0T, which gives the mark back, walks the whole IPv6 policy as trees and ends with the
+    chain policy; through the chain interpreter every ranked header with that mark gets the reference verdict. The
+    xdp target sets CONTROL bit 7 only then (not for a verbatim IPv6 side, nor for strategy interval)."""
+    import random
+    from types import SimpleNamespace
+
+    from hypafilter.analysis.program import K0_TREE, build_program, mark_for
+    from hypafilter.ir import Header
+    from hypafilter.ir.semantics import reference_verdict
+    from hypafilter.targets.xdp.target import CONTROL_K0_TREE6, XdpTarget
+
+    from tests.unit.test_properties import _callback
+
+    config = _config(strategy="tree", tree_min_segment=4)
+    plan4, v6, _ = _side(config, _v6_cx(32))
+    plan4.k0_tree = True
+    plan6, why = plan6_for(v6, config, plan4)
+    assert why == "" and plan6.k0_tree
+    body = _body(ip6.render_chains(plan6, config, "HFv6_").text)
+    assert body["HFv6_MAIN"][0] == "-m mark --mark 0x3/0xffffffff -g HFv6_K0T"
+    k0t = body["HFv6_K0T"]
+    assert k0t[0] == "-j MARK --set-xmark 0x0/0xffffffff" and k0t[-1] == "-j DROP"
+    assert any(re.fullmatch(r"-j HFv6_T\d+", r) for r in k0t)
+    prog = build_program(plan6, "tree", prefix="HFv6_", k_base=plan6.k_base)
+    pol, rng, ev = plan6.policy, random.Random(5), _callback(5)
+    amap = pol.addr_map
+    for _ in range(800):
+        h = Header(
+            src=rng.randrange(len(amap.starts["src"])),
+            dst=rng.randrange(len(amap.starts["dst"])),
+            proto=rng.choice((6, 17, 58, 0)),
+            dport=rng.choice((53, 80, 443, 5050, 8080, 1)),
+        )
+        assert prog.run(h, mark_for(prog, 0, K0_TREE), ev)[0] == reference_verdict(pol, h, ev), h
+
+    tgt = SimpleNamespace(config=config)
+    assert XdpTarget.control(tgt, plan4, plan6) & CONTROL_K0_TREE6
+    plan6.verbatim = True
+    assert not XdpTarget.control(tgt, plan4, plan6) & CONTROL_K0_TREE6
+    plan6.verbatim = False
+    tgt.config = _config(strategy="interval")
+    assert not XdpTarget.control(tgt, plan4, plan6) & CONTROL_K0_TREE6

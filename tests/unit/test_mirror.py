@@ -259,3 +259,30 @@ def test_vhdl_power_on_actions_carry_the_mirror_bit(tmp_path):
     # entries 1 and 2 (mirrored ACCEPT and DROP) power on as 0x9 and 0xA
     for i, word in ((1, "9"), (2, "A")):
         assert f'if i = {i} then\n      r := x"{word}";' in body, body
+
+
+@pytest.mark.parametrize("strategy", ["interval", "tree"])
+def test_a_live_copy_meets_each_observer_once_when_its_chain_starts_where_a_shunted_one_does(strategy):
+    """A live deployment writes a copy's chain as an explicit list (its rules only the live chain runs left out) and
+    a shunted frame's as a prefix view of the complex list: two families of segments whose first intervals can be
+    the same k. Each needs its own segment C<k> (the second C<k>F<f>): reusing the first family's made the copy of
+    a !10/8 frame meet the counter rule twice (found by test_tree_strategy's live property test)."""
+    from tests.unit.test_properties import _callback, mismatches
+
+    pol = make_policy(
+        [
+            make_rule(""),
+            make_rule("ACCEPT", src="10.0.0.0/8"),
+            make_rule("DROP", src="10.0.0.0/8", complex=[("-m", "string", "--string", "X", "--algo", "bm")]),
+            make_rule("ACCEPT", src="10.0.0.0/8"),
+            make_rule("ACCEPT", src="10.0.0.0/8", not_src=True),
+        ],
+        "ACCEPT",
+    )
+    h = Header(src=0xC0A80101, dst=0x0A010203, proto=1)
+    plan = build_plan(pol, Config(), live=True, strategy=strategy)
+    assert plan.mirror[-2] and plan.shunt.any()
+    assert mismatches(plan, strategy, [h], _callback(0)) == []
+    prog = build_program(plan, strategy)
+    segs = [n for n in prog.chains if n.startswith(prog.name("C"))]
+    assert len(segs) == len(set(segs)) == 3 and prog.name("C2F1") in segs, segs

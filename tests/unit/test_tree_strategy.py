@@ -521,3 +521,112 @@ def test_the_first_follow_in_a_new_process_writes_the_deployed_trees_from_the_tr
     _, rebuilt = prog(changed, "HF2_", False, recorded, lambda: trees.cache_of_json(other))
     assert rebuilt.tree_stats["trees_built"] == deployed.tree_stats["trees_built"]
     assert render_iptables(rebuilt) == render_iptables(built)
+
+
+# ------------------------------------------------------------------------------- log mirroring with strategy tree
+
+
+def _observing_policy(n: int, deciding_every: int = 0):
+    """Simple ACCEPT/DROP rules with an observing rule (NFLOG, LOG, no target) every third rule, and (if asked) a
+    deciding complex rule every `deciding_every` rules: the frames the observers may see are mirrored, the others'
+    shunted, and the mirrored entries' interval chains are long lists of observing rules."""
+    rs = []
+    for i in range(n):
+        kw = {"src": f"10.{i % 7}.{i % 5}.0/24", "proto": ("tcp", "udp")[i % 2], "dport": (i, i + 3)}
+        if i % 3 == 1:  # an observer sees a /16 of one protocol: the later rules it meets are mirrored
+            rs.append(make_rule(("NFLOG", "LOG", "")[i % 9 // 3], src=f"10.{i % 7}.0.0/16", proto=kw["proto"]))
+        elif deciding_every and i % deciding_every == 0:
+            rs.append(make_rule("DROP", complex=[("-m", "mark", "--mark", f"{i:#x}/0xff")], **kw))
+        else:
+            rs.append(make_rule(("ACCEPT", "DROP")[i % 2], **kw))
+    return make_policy(rs, "DROP")
+
+
+def _mirror_leaves(prog) -> dict[str, list]:
+    """The mirror copies' leaves L<k>A<a> (a with HF_MARK_MIRROR) that walk a tree, with their chains."""
+    from hypafilter.analysis.program import MARK_MIRROR
+
+    tree = prog.name("T")
+
+    def reaches_tree(name: str) -> bool:  # directly, or through the segment and block chains it jumps to
+        inner = [r.target for r in prog.chains[name] if r.target in prog.chains]
+        return any(t.startswith(tree) or reaches_tree(t) for t in inner)
+
+    out = {}
+    for name, ch in prog.chains.items():
+        m = re.fullmatch(re.escape(prog.prefix) + r"L\d+A(\d+)", name)
+        if m and int(m.group(1)) & MARK_MIRROR and reaches_tree(name):
+            out[name] = ch
+    return out
+
+
+def _rule_headers(n: int) -> list:
+    """A header inside each rule of _observing_policy(n) (its first simple entries' too), and _headers()."""
+    return [
+        Header(src=(10 << 24) | (i % 7 << 16) | (i % 5 << 8) | 9, dst=1, proto=(6, 17)[i % 2], dport=i + 1)
+        for i in range(n)
+    ] + _headers()
+
+
+def _copies(plan, hdrs) -> int:
+    from hypafilter.analysis.decision import decision, mirrored
+
+    return sum(mirrored(plan, *decision(plan, h)) for h in hdrs)
+
+
+def test_mirror_copies_walk_trees_and_meet_the_observers_the_policy_gives_them():
+    """Strategy tree mirrors (config.mirrors): an entry an observing rule may see is decided by the fast path and its
+    copy walks the interval chain above it as a tree; through Program.run every frame gets the reference verdict
+    and passes exactly the observing rules the flattened policy gives it, copies included, in every NIC mode."""
+    from hypafilter.config import mirrors
+
+    assert mirrors("selective", "tree") and mirrors("index", "tree") and not mirrors("exact", "tree")
+    hdrs = _rule_headers(150)
+    for deciding_every, mode in ((0, "index"), (0, "selective"), (10, "selective")):
+        pol = _observing_policy(150, deciding_every)
+        ev = _callback(deciding_every + 1)
+        for nic_mode in ("bridge", "host"):
+            plan = build_plan(pol, Config(nic_mode=nic_mode, tree_min_segment=4), mode=mode, strategy="tree")
+            assert plan.mirror.any(), mode
+            prog = build_program(plan, "tree", nic_mode=nic_mode)
+            assert _mirror_leaves(prog), "the copies' long chains of observing rules are trees"
+            assert _copies(plan, hdrs) > 50
+            assert mismatches(plan, "tree", hdrs, ev, nic_mode=nic_mode) == [], (mode, nic_mode, deciding_every)
+            depth, path = chain_depth(prog)
+            assert depth + 1 <= NFT_MAX_DEPTH, path
+            if nic_mode == "bridge":
+                text = render_iptables(prog)
+                assert re.search(r"-A HF1_L\d+A[56] .*-j HF1_T\d+", text), "a copy's leaf jumps into a tree"
+
+
+def test_a_copy_that_misses_an_observer_in_a_tree_is_caught():
+    """The comparison can fail: take one observing rule out of a tree leaf that copies reach, and some copy passes
+    fewer observing rules than the policy alone gives its frame."""
+    pol = _observing_policy(150)
+    plan = build_plan(pol, Config(tree_min_segment=4), mode="selective", strategy="tree")
+    prog = build_program(plan, "tree")
+    plan.__dict__["_programs"] = {("tree", 0xFFFFFFFF, 0, "bridge"): prog}  # hybrid_verdict runs this very program
+    hdrs = _rule_headers(150)
+    ev = _callback(3)
+    assert mismatches(plan, "tree", hdrs, ev) == []
+    reached, seen = set(), list(_mirror_leaves(prog))
+    while seen:
+        for r in prog.chains[seen.pop()]:
+            if r.target in prog.chains and r.target not in reached:
+                reached.add(r.target)
+                seen.append(r.target)
+    found = 0
+    for name in sorted(n for n in reached if n.startswith(prog.name("T"))):
+        ch = prog.chains[name]
+        pos = next((j for j, r in enumerate(ch) if r.kind == "policy" and pol.rules[r.index].target in OBSERVING), None)
+        if pos is None:
+            continue
+        saved = list(ch)
+        del ch[pos]
+        bad = mismatches(plan, "tree", hdrs, ev)
+        prog.chains[name] = saved
+        if bad:
+            assert all(want[0] == "observed" for _, want, _ in bad), "verdicts stay the hardware's"
+            found += 1
+            break
+    assert found

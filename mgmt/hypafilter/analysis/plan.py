@@ -354,7 +354,7 @@ def build_plan(
     live: bool = False,
 ) -> Plan:
     """The Plan of `policy` for shunting `mode` and software `strategy` (default: the config's). With mode index or
-    selective and strategy interval or interval_geo, observing rules (ir.semantics.observes) do not make entries
+    selective and strategy interval, interval_geo or tree, observing rules (ir.semantics.observes) do not make entries
     shunt: an entry whose frames would reach one is mirrored instead (Plan.mirror). `live`: for a deployment that
     keeps the operator's chains (Plan.live); a base-chain rule with per-rule state then has one instance, the
     operator's, so an observing one is not mirrored (its copy would need it) but shunts like a deciding rule."""

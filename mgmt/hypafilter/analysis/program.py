@@ -41,7 +41,7 @@ import numpy as np
 from hypafilter.analysis import trees
 from hypafilter.analysis.dtree import DIMS as TREE_DIMS
 from hypafilter.analysis.plan import PrefixView
-from hypafilter.config import STRATEGIES
+from hypafilter.config import MIRROR_STRATEGIES, STRATEGIES
 from hypafilter.errors import HypafilterError
 from hypafilter.ir import Header, Policy
 from hypafilter.ir.semantics import ComplexEval, rule_outcome
@@ -258,7 +258,7 @@ def build_program(
     IPv6 plan of a dual-stack deployment numbers its intervals after the IPv4 plan's largest k, docs/ipv6.md); k = 0
     stays the full policy.
 
-    Log mirroring (Plan.mirror, strategies interval/interval_geo): leaf (k, action | HF_MARK_MIRROR) runs chain k
+    Log mirroring (Plan.mirror, strategies interval/interval_geo/tree): leaf (k, action | HF_MARK_MIRROR) runs chain k
     on the copy, then DROP (bridge mode, and a copy of a DROP in host mode) or ACCEPT (host mode, copy of an ACCEPT:
     the frame itself); before the K0 fallback MAIN drops any other mark with the mirror bit (bridge mode) or of a
     copy of a DROP (host mode)."""
@@ -267,7 +267,7 @@ def build_program(
     if nic_mode not in ("bridge", "host"):
         raise HypafilterError(f"unknown NIC mode {nic_mode!r} (bridge or host)")
     mirror = getattr(plan, "mirror", None)
-    if mirror is not None and mirror.any() and strategy not in ("interval", "interval_geo"):
+    if mirror is not None and mirror.any() and strategy not in MIRROR_STRATEGIES:
         raise HypafilterError(
             f"the plan mirrors observing rules (built for strategy {getattr(plan, 'strategy', '?')}), which strategy "
             f"{strategy} cannot run on a copy: build the plan for strategy {strategy}"
@@ -382,13 +382,16 @@ def build_program(
         # A live deployment's trees are rebuilt lazily (docs/optimize.md, "Lazy trees"): `plan.trees_fresh` False (a
         # follow) writes each tree of the last rebuild (`plan.tree_bases`: as the deployment recorded them) with the
         # rules changed since diverted to a linear chain ahead of it.
+        # The IPv6 side of a dual-stack deployment (a ranked plan, family 6) builds its trees whenever its chains are
+        # written (a deploy, a follow of ip6tables): the deployment records no bases for it.
+        six = getattr(pol, "family", 4) == 6
         bases = trees.Bases(
             pol,
             min_segment,
             live=live,
-            fresh=getattr(plan, "trees_fresh", True),
-            recorded=getattr(plan, "tree_bases", None),
-            cache=getattr(plan, "tree_cache", None),
+            fresh=getattr(plan, "trees_fresh", True) or six,
+            recorded=None if six else getattr(plan, "tree_bases", None),
+            cache=None if six else getattr(plan, "tree_cache", None),
         )
         prog.tree_stats = trees.treeify(prog, kit, NFT_MAX_DEPTH, min_segment, bases)
         if live and getattr(plan, "k0_tree", False):
@@ -533,7 +536,13 @@ class _Blocks:
         self.prog = prog
         self.where: dict[tuple, tuple[int, int]] = {}  # chain key -> (family, segments in the prefix)
         self.fam = []
-        for f, (base, lengths, keys, names) in enumerate(families):
+        taken: set[str] = set()
+        for f, (base, lengths, keys, firsts) in enumerate(families):
+            # segment j is C<k> for the first interval k with its chain; two families can share that k (a live
+            # deployment's mirror copies walk an explicit list of the same rules as the shunted frames' prefix
+            # view), and a second C<k> would silently reuse the first family's segment: C<k>F<f> then
+            names = [f"C{k}" if f"C{k}" not in taken else f"C{k}F{f}" for k in firsts]
+            taken.update(names)
             m = len(lengths)
             # As few levels as keep a leaf's jumps below BLOCK_FANOUT per level, at most `levels`.
             lv = 0
@@ -552,7 +561,7 @@ class _Blocks:
         return policy_rules(self.prog.policy, base[(lengths[j0 - 1] if j0 else 0) : lengths[j1 - 1]])
 
     def _block(self, f: int, level: int, i: int) -> str:
-        name = self.prog.name(f"C{self.fam[f][4][i]}" if level == 0 else f"B{f}L{level}N{i}")
+        name = self.prog.name(self.fam[f][4][i] if level == 0 else f"B{f}L{level}N{i}")
         if name not in self.prog.chains:
             b = self.fam[f][2]
             if level <= 1:

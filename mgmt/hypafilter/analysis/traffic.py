@@ -62,19 +62,24 @@ def strategy_costs(plan: Plan, plain: Plan | None = None) -> dict[str, np.ndarra
     return costs
 
 
-def tree_costs(plan: Plan, points: np.ndarray, mi: np.ndarray, delivered: np.ndarray) -> np.ndarray:
+def tree_costs(
+    plan: Plan, points: np.ndarray, mi: np.ndarray, delivered: np.ndarray, copies: np.ndarray | None = None
+) -> np.ndarray:
     """Rules software tests for each point under strategy tree (0 for a point not `delivered` to software), complex
     checks evaluating false: Program.run over the chains compile writes, so a leaf whose chain is a decision tree
     counts its walk (the tree's dispatch tests, the guard, the rules of the one leaf it reaches: `bench optimize`'s
     path), not the whole list. The walk depends on the header, not only on the entry: one run per distinct
-    (leaf, header)."""
+    (leaf, header). `copies` (log mirroring): the points whose frame is decided by the fast path and mirrored; their
+    copy walks the leaf (k, action | mirror)."""
     prog = build_program(plan, "tree")
     out = np.zeros(len(points), dtype=np.int64)
     memo: dict[tuple, int] = {}
-    for p in np.flatnonzero(delivered):
+    copies = np.zeros(len(points), dtype=bool) if copies is None else copies
+    for p in np.flatnonzero(delivered | copies):
         j = int(mi[p])
         row = tuple(int(v) for v in points[p])
-        key = (int(plan.interval[j]), int(plan.actions[j]), row)
+        copy = MARK_MIRROR if copies[p] and not delivered[p] else 0
+        key = (int(plan.interval[j]), int(plan.actions[j]) | copy, row)
         if key not in memo:
             h = Header(**dict(zip(FIELDS, row, strict=True)))
             memo[key] = prog.run(h, mark_for(prog, key[0], key[1]), never)[1]
@@ -89,7 +94,7 @@ def _where(rule) -> str:
 def analyze(policy, config, points: np.ndarray | None = None) -> dict:
     """Shunt vectors (selective, index-based) and, for header points (values[p, NDIM]), shunted packets and the
     software rules each strategy traverses for them (paper §VIII, Figs. 11-13). With log mirroring (the config's
-    strategy interval or interval_geo and observing rules in the policy) also the mirror vectors and mirrored
+    strategy interval, interval_geo or tree and observing rules in the policy) also the mirror vectors and mirrored
     packets (copies software runs the interval chain on; counted in the interval strategy's traversed rules),
     while full, cut and hsa_cut are costed on the plan without mirroring they would run with."""
     t0 = time.perf_counter()
@@ -145,8 +150,9 @@ def analyze(policy, config, points: np.ndarray | None = None) -> dict:
             out["mirrored_packets_index_based"] = int(idx_copies.sum())
         out["traversed_rules"] = {s: int((plain_hist * costs[s]).sum()) for s in ("full", "cut", "hsa_cut")}
         out["traversed_rules"]["interval"] = int(((idx_hist + idx_copies) * costs["interval"]).sum())
-        if config.strategy == "tree":  # the walks of its chains as written (idx is built for it: no mirroring)
-            out["traversed_rules"]["tree"] = int(tree_costs(idx, points, mi, shunted(idx)).sum())
+        if config.strategy == "tree":  # the walks of its chains as written (idx is built for it), copies included
+            copies = idx.mirror[mi] & ~shunted(idx)
+            out["traversed_rules"]["tree"] = int(tree_costs(idx, points, mi, shunted(idx), copies).sum())
     if ranks is not None:
         out["family"] = policy.family
         out["address_ranks"] = ranks

@@ -30,7 +30,7 @@ import json
 import re
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import astuple, dataclass
+from dataclasses import astuple, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -39,8 +39,10 @@ from hypafilter.analysis import dtree
 from hypafilter.analysis.dtree import (
     DIMS,
     PROTO_NAMES,
+    PROTO_NAMES_6,
     SPORT,
     WHOLE_L4,
+    WHOLE_L4_6,
     Leaf,
     Node,
     Params,
@@ -49,6 +51,7 @@ from hypafilter.analysis.dtree import (
     Tree,
     build,
     range_test,
+    rank_regions,
     region_any,
     regions,
 )
@@ -64,12 +67,12 @@ from hypafilter.iptables.writer import tokens_text
 TREE_MAX_EXPANSION = 4.0  # rules written per rule of a run (optimize's --max-expansion)
 
 
-def _parse_all(options: list[tuple[str, ...]]) -> list[list]:
+def _parse_all(options: list[tuple[str, ...]], family: int = 4) -> list[list]:
     """The parsed rules of each option list: one document (the parser's fast path), or one by one when the document
-    is refused (a rule that does not parse alone then stays in place)."""
+    is refused (a rule that does not parse alone then stays in place). `family` 6: ip6tables rules."""
     lines = ["*filter", ":HFTREE - [0:0]", *(f"-A HFTREE {tokens_text(o)}" for o in options), "COMMIT"]
     try:
-        chains = read_table("\n".join(lines) + "\n", "<flattened rules>").chains
+        chains = read_table("\n".join(lines) + "\n", "<flattened rules>", family=family).chains
     except HypafilterError:
         chains = None
     if chains is not None:
@@ -80,7 +83,7 @@ def _parse_all(options: list[tuple[str, ...]]) -> list[list]:
     out = []
     for o in options:
         try:
-            out.append(parse_rule(tokens_text(o), chain="HFTREE", mode=RESTORE))
+            out.append(parse_rule(tokens_text(o), chain="HFTREE", mode=RESTORE, family=family))
         except HypafilterError:
             out.append([])
     return out
@@ -88,7 +91,9 @@ def _parse_all(options: list[tuple[str, ...]]) -> list[list]:
 
 def flat_regions(pol, wanted=None) -> list[tuple[list, list] | None]:
     """(region_any, region) per flattened rule, as optimize.tree.build takes them; None for a rule that stays (and
-    for a rule not in `wanted`, when given: only those are parsed)."""
+    for a rule not in `wanted`, when given: only those are parsed). An IPv6 policy's (`pol.family` 6, ranked or not)
+    are over 128-bit addresses, read from the rules' own tokens (`_Trees` ranks them per tree)."""
+    family = getattr(pol, "family", 4)
     out: list[tuple[list, list] | None] = []
     cache: dict[tuple[str, ...], tuple[list, list] | None] = {}
     keys = [
@@ -98,7 +103,7 @@ def flat_regions(pol, wanted=None) -> list[tuple[list, list] | None]:
         for i, r in enumerate(pol.rules)
     ]
     todo = list(dict.fromkeys(k[1:] for k in keys if k is not None))
-    parsed_of = dict(zip(todo, _parse_all(todo), strict=True))
+    parsed_of = dict(zip(todo, _parse_all(todo, family), strict=True))
     for r, key in zip(pol.rules, keys, strict=True):
         if r.stateful_pos is not None or key is None or r.target == "RETURN":
             out.append(None)
@@ -111,12 +116,12 @@ def flat_regions(pol, wanted=None) -> list[tuple[list, list] | None]:
             elif single:
                 any_, whole = [], []
                 for p in parsed:
-                    a, w = regions(p)
+                    a, w = regions(p, family)
                     any_ += a
                     whole += w
                 cache[key] = (any_, whole)
             else:  # helper chains follow: only level 0's header checks tell where the rule can act
-                any_ = [b for p in parsed for b in region_any(p)]
+                any_ = [b for p in parsed for b in region_any(p, family)]
                 cache[key] = (any_, any_)
         out.append(cache[key])
     return out
@@ -125,19 +130,27 @@ def flat_regions(pol, wanted=None) -> list[tuple[list, list] | None]:
 def _ip_range(spec: str) -> tuple[int, int]:
     if "-" in spec:
         a, b = spec.split("-")
-        return int(ipaddress.IPv4Address(a)), int(ipaddress.IPv4Address(b))
-    net = ipaddress.IPv4Network(spec)
+        return int(ipaddress.ip_address(a)), int(ipaddress.ip_address(b))
+    net = ipaddress.ip_network(spec)
     return int(net.network_address), int(net.broadcast_address)
 
 
-def tested(options: tuple[str, ...]) -> tuple:
-    """What a dispatch rule's tokens test, for Program.run: ("range", dim, lo, hi, proto | None)."""
+def tested(options: tuple[str, ...], amap=None) -> tuple:
+    """What a dispatch rule's tokens test, for Program.run: ("range", dim, lo, hi, proto | None). `amap` (a ranked
+    IPv6 policy's ir.family.AddrMap): an address range as the ranks of its ends, which the model's headers carry
+    (exact: a tree's cuts are bounds of the policy's own boxes, so they start ranks of the policy too)."""
+
+    def ranks(dim: str, lo: int, hi: int) -> tuple[int, int]:
+        return (amap.rank(dim, lo), amap.rank(dim, hi)) if amap is not None else (lo, hi)
+
     if options[0] in ("-s", "-d"):
-        return ("range", DIMS.index("src" if options[0] == "-s" else "dst"), *_ip_range(options[1]), None)
+        dim = "src" if options[0] == "-s" else "dst"
+        return ("range", DIMS.index(dim), *ranks(dim, *_ip_range(options[1])), None)
     if options[:2] == ("-m", "iprange"):
-        return ("range", DIMS.index("src" if options[2] == "--src-range" else "dst"), *_ip_range(options[3]), None)
+        dim = "src" if options[2] == "--src-range" else "dst"
+        return ("range", DIMS.index(dim), *ranks(dim, *_ip_range(options[3])), None)
     # ("-p", name, "-m", name, "--sport"/"--dport", "A:B" or "A")
-    proto = {v: k for k, v in PROTO_NAMES.items()}[options[1]]
+    proto = {v: k for k, v in (*PROTO_NAMES.items(), *PROTO_NAMES_6.items())}[options[1]]
     lo, _, hi = options[5].partition(":")
     return ("range", DIMS.index(options[4][2:]), int(lo), int(hi or lo), proto)
 
@@ -154,6 +167,10 @@ class _Trees:
         self.trees = 0
         self.rules_in = 0
         self.rules_out = 0
+        # an IPv6 policy's trees cut the ranks of their own run's 128-bit addresses (analysis.dtree.RankSpace) and
+        # are written as ip6tables tests; the model's headers carry the policy's ranks (`addr_map`)
+        self.family = getattr(prog.policy, "family", 4)
+        self.amap = getattr(prog.policy, "addr_map", None)
 
     def use(self, fit: _Fit) -> None:
         """Write over the rules of `fit`'s base (indices are its positions): its regions and built trees, each rule
@@ -198,9 +215,15 @@ class _Trees:
         prog, pol = self.prog, self.prog.policy
         params = Params(binth=max(1, self.min_segment // 2), max_expansion=TREE_MAX_EXPANSION, max_depth=max_depth)
         ckey = (tuple(run), astuple(params))
+        regs, space = [self.regs[i] for i in run], None
+        six = self.family == 6
+        if six:  # the tree's address cuts are ranks of its run's boxes, written back as the addresses they stand for
+            regs, space = rank_regions(regs, 6)
+            params = replace(params, space=space)
+        names, whole_l4 = (PROTO_NAMES_6, WHOLE_L4_6) if six else (PROTO_NAMES, WHOLE_L4)
         tree = self.cache.get(ckey)
         if tree is None:
-            tree = self.cache[ckey] = build([self.regs[i] for i in run], params)
+            tree = self.cache[ckey] = build(regs, params)
             if self.bases is not None:
                 self.bases.built += 1
         self.trees += 1
@@ -228,18 +251,19 @@ class _Trees:
                 assert isinstance(b, Split)
                 rg = node.region
                 if b.guard is not None:
-                    opts = ("-m", "u32", "!", "--u32", WHOLE_L4[b.guard])
+                    opts = ("-m", "u32", "!", "--u32", whole_l4[b.guard])
                     lines.append(NfRule("hdr", linear, goto=True, options=opts, test=("guard", b.guard)))
                 if b.kind == "proto":
                     for v, child in zip(b.tests, b.children, strict=True):
-                        opts = ("-p", PROTO_NAMES.get(v, str(v)))
+                        opts = ("-p", names.get(v, str(v)))
                         lines.append(NfRule("hdr", target(child), goto=True, options=opts, test=("proto", v)))
                     node = b.rest
                     continue
                 d, _, c1 = b.tests[0]
-                left, opts = range_test(d, rg.lo[d], rg.hi[d], c1 + 1, rg.proto() if d >= SPORT else None)
+                proto = rg.proto() if d >= SPORT else None
+                left, opts = range_test(d, rg.lo[d], rg.hi[d], c1 + 1, proto, space)
                 first, then = (b.children[0], b.rest) if left else (b.rest, b.children[0])
-                lines.append(NfRule("hdr", target(first), goto=True, options=opts, test=tested(opts)))
+                lines.append(NfRule("hdr", target(first), goto=True, options=opts, test=tested(opts, self.amap)))
                 node = then
 
         body(tree.root, root)
@@ -700,9 +724,8 @@ def _pool_keys_of(recorded: dict) -> dict:
 
 
 def live_k0_blocked(pol, live_only: Callable[[int], bool]) -> str:
-    """Why a live deployment's K0 stays the live list ("" when it may walk a tree)."""
-    if getattr(pol, "family", 4) != 4:
-        return "an IPv6 policy: the xdp program passes IPv6 frames it does not decide with value 0"
+    """Why a live deployment's K0 stays the live list ("" when it may walk a tree). An IPv6 policy (the IPv6 side of a
+    dual-stack xdp deployment) may: the xdp program marks the IPv6 frames it passes unparsed too (CONTROL bit 7)."""
     if pol.resolved:
         return "the policy's interface checks were resolved against the NIC's ports (exact for NIC frames only)"
     if not pol.rules:

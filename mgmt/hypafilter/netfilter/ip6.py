@@ -269,9 +269,9 @@ def load(ns: str | None, policy: V6Policy) -> None:
 
 # ---- stage 2: the IPv6 plan's interval chains in ip6tables (docs/ipv6.md "### Interval chains in ip6tables") ------
 
-# The tree strategy's dispatch writes header tests (addresses as IPv4 ranges) from the plan's boxes, which for an IPv6
-# plan hold ranks: its IPv6 side runs the interval chains the tree would walk, as written (strategy interval).
-STRATEGY6 = {"tree": "interval"}
+# Every strategy is written for the IPv6 side as for the IPv4 side: strategy tree's trees cut the ranks of their own
+# run's 128-bit addresses and are written back as ip6tables tests (analysis.trees, docs/ipv6.md).
+STRATEGY6: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
@@ -291,7 +291,7 @@ class Chains6:
 def render_chains(plan6, config, prefix: str) -> Chains6:
     """The IPv6 plan's chains through the one iptables writer (netfilter.restore, analysis.program), with the
     family's only differences: the IPv6 plan's k numbered after the IPv4 plan's (`plan6.k_base`), the filter table
-    (the IPv6 policy's), and the tree strategy written as its interval chains (STRATEGY6). The policy rules in them
+    (the IPv6 policy's); strategy tree's trees over 128-bit addresses (analysis.trees). The policy rules in them
     are the file's own tokens (the ranked plan keeps each rule's levels), so they carry the real IPv6 addresses."""
     from hypafilter.netfilter.restore import to_iptables_restore
 

@@ -665,7 +665,8 @@ def follow6(
         chains = old6.get("chains")
         how, why, tables = "ip6tables", "", st.get("tables") or {}
         if tgt.name == "xdp" and (tables.get("v6") or tgt.ipv6_held(st["nic"]) is not None):
-            n4 = SimpleNamespace(entries=range(int(tables.get("entries", 0))))  # plan6_for's index base (unused)
+            # plan6_for's index base (unused), and whether the deployed program marks IPv6 frames for HFv6_K0T
+            n4 = SimpleNamespace(entries=range(int(tables.get("entries", 0))), k0_tree=bool(tables.get("k0_tree6")))
             kb = int((chains or {}).get("k_base", 0))
             plan6, why = xdp_v6.plan6_for(v6, config, n4, k_base=kb, verbatim=not chains, sets=live_sets6("xdp"))
             if plan6 is None:

@@ -72,6 +72,7 @@ CONTROL_ENABLE, CONTROL_PASS_UNFILTERABLE, CONTROL_HOST_MODE = 1, 4, 8
 CONTROL_MISS_SHUNT_ACCEPT, CONTROL_MISS_SHUNT_DROP = 16, 32  # Plan.miss_shunt (hw/regmap.txt CONTROL bits 4/5)
 CONTROL_MISS_SHUNT = CONTROL_MISS_SHUNT_ACCEPT | CONTROL_MISS_SHUNT_DROP
 CONTROL_K0_TREE = 64  # HFX_CONTROL_K0_TREE (strategy tree, live): unparsed IPv4 frames get HF_MARK_K0_TREE
+CONTROL_K0_TREE6 = 128  # HFX_CONTROL_K0_TREE6: the IPv6 program's unparsed frames too (ip6tables holds HFv6_K0T)
 DEFAULT_PORTS = {"wire0": "wire0", "wire1": "wire1"}
 
 
@@ -182,13 +183,17 @@ class XdpTarget(Target):
         except netns.CommandError as e:
             raise HypafilterError(f"xdp {step} failed: {e}") from e
 
-    def control(self, plan) -> int:
+    def control(self, plan, plan6=None) -> int:
+        """CONTROL for `plan`; with the IPv6 plan `plan6` whose chains ip6tables gets (not verbatim), bit 7 when those
+        chains hold an IPv6 K0 tree (docs/optimize.md, "The hybrid's software side": the IPv6 side)."""
         c = control_of(self.config.unfilterable, self.config.nic_mode, plan.miss_shunt)
         master = getattr(plan, "plan", None) or plan  # an overlay's View: its master rule set's Plan
         if getattr(master, "family", 4) == 4 and k0_tree_wanted(
             master, self.config.strategy
         ):  # unparsed frames walk the live K0 tree (docs/optimize.md)
             c |= CONTROL_K0_TREE
+        if plan6 is not None and not getattr(plan6, "verbatim", False) and k0_tree_wanted(plan6, self.config.strategy):
+            c |= CONTROL_K0_TREE6
         return c
 
     # --- Target ----------------------------------------------------------------------------------------------------
@@ -349,6 +354,7 @@ class XdpTarget(Target):
         miss = (st.get("tables") or {}).get("miss_shunt")
         want = control_of(st.get("unfilterable", "drop"), st.get("nic_mode", "bridge"), miss or (False, False))
         want |= CONTROL_K0_TREE if (st.get("tables") or {}).get("k0_tree") else 0
+        want |= CONTROL_K0_TREE6 if (st.get("tables") or {}).get("k0_tree6") else 0
         have = cfg.get("control", 0) & (~0 if miss is not None else ~CONTROL_MISS_SHUNT)  # older states: no bits 4/5
         if have != want:
             out.append(f"xdp: CONTROL {cfg.get('control')}, deployed {want}")
@@ -441,7 +447,7 @@ class XdpTarget(Target):
         ct6 = self.ct_config(p6, seq) if p6 is not None else None
         ct = self.ct_config(plan, seq)  # after ct6: the state's new_flows line is the IPv4 plan's
         gate.grant(seq if ct.none or (ct6 is not None and ct6.none) else None)
-        control = self.control(plan)
+        control = self.control(plan, p6)
         data = tables_file(
             t,
             running,
@@ -467,6 +473,7 @@ class XdpTarget(Target):
             "writes": len(data),
             "miss_shunt": miss,
             "k0_tree": bool(control & CONTROL_K0_TREE),  # unparsed frames marked for the live K0 tree
+            "k0_tree6": bool(control & CONTROL_K0_TREE6),  # and the IPv6 ones for HFv6_K0T
             # new flows: a conntrack miss is ct 3 (decided when dropped), or why not (docs/xdp.md "New flows")
             "new_flows": "decided" if ct.none else (self._new_flows_why_not or "no conntrack lookup"),
             "overlay": overlay_state(t.overlay if t.overlay is not None else Overlay.empty(t.n, 0)),

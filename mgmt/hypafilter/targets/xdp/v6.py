@@ -44,6 +44,9 @@ def plan6_for(
     # the IPv6 policy the plan was built from: what the state keeps of the table set a program holds (the static
     # entries of its IPv6 update buffer, docs/ipv6.md "The update buffer for IPv6")
     plan6.source6 = {"text": v6.text, "source": v6.source, "base_chain": v6.base_chain}
+    # strategy tree, live: the IPv6 side's k = 0 frames the xdp program passes unparsed walk HFv6_K0T, as the IPv4
+    # side's walk K0T (docs/optimize.md); the emulated NIC's shim marks IPv4 frames only
+    plan6.k0_tree = target == "xdp" and bool(getattr(plan4, "k0_tree", False))
     return plan6, ""
 
 

@@ -239,8 +239,10 @@ bench-xdp-rate:
 
 # opt-in: the attack mix on xdp (issue #24; docs/results.md "Attack mix"): SYN and UDP floods from 1,000 spoofed
 # sources and a 10,000-network blocklist (as an ipset, then as rules) with 20 legitimate connections, at 1,100 and
-# 5,000 rules, one run each (~15 min here); lab name from HF_LAB (default hf).
+# 5,000 rules, one run each (~15 min here); lab name from HF_LAB (default hf). ATTACK_SENDERS: the senders, each
+# run once per combination (default "packet live": AF_PACKET, then BPF_PROG_TEST_RUN live frames).
 BENCH_ATTACK := $(BUILD)/bench-attack
+ATTACK_SENDERS ?= packet live
 .PHONY: bench-xdp-attack
 bench-xdp-attack:
 	@scripts/setup.sh system
@@ -248,10 +250,19 @@ bench-xdp-attack:
 	head -n 5000 $(SHARED)/data/classbench/acl1_10k.filters > $(BENCH_ATTACK)/acl1_5k.filters
 	zcat $(SHARED)/data/classbench/acl1_10k_trace.gz | awk '$$7 < 5000' | gzip -n > $(BENCH_ATTACK)/acl1_5k_trace.gz
 	set -e; for set in $(SHARED)/data/classbench/acl1_1100 $(BENCH_ATTACK)/acl1_5k; do for as in ipset rules; do \
-	  for a in syn udp; do PYTHONPATH=mgmt $(VENV)/bin/hypafilter bench rate --target xdp --classbench $$set.filters --ct-first \
-	    --policy DROP --trace $${set}_trace.gz --prog-repeat 0 --attack $$a --attackers 1000 --blocklist-as $$as \
-	    --json > $(BENCH_ATTACK)/$$(basename $$set)_$${a}_$$as.json; done; done; done
-	$(PY) -c 'import json,sys; [print(f, json.dumps({k: json.load(open(f))[k] for k in ("attack_hw_share","attack","legit_connections_ok","legit","hybrid_pps","iptables_pps","nft_pps","fw_ns","fw_speedup_vs_iptables","fw_speedup_vs_nft","speedup_vs_iptables","speedup_vs_nft","mismatches","load")})) for f in sys.argv[1:]]' $(BENCH_ATTACK)/*.json
+	  for a in syn udp; do for s in $(ATTACK_SENDERS); do PYTHONPATH=mgmt $(VENV)/bin/hypafilter bench rate --target xdp \
+	    --classbench $$set.filters --ct-first --policy DROP --trace $${set}_trace.gz --prog-repeat 0 --attack $$a \
+	    --attackers 1000 --blocklist-as $$as --sender $$s --json > $(BENCH_ATTACK)/$$(basename $$set)_$${a}_$${as}_$$s.json; \
+	  done; done; done; done
+	$(PY) -c 'import json,sys; [print(f, json.dumps({k: json.load(open(f))[k] for k in ("sender","sender_ns","attack_hw_share","attack","legit_connections_ok","legit","hybrid_pps","iptables_pps","nft_pps","fw_ns","fw_speedup_vs_iptables","fw_speedup_vs_nft","speedup_vs_iptables","speedup_vs_nft","mismatches","load")})) for f in sys.argv[1:]]' $(BENCH_ATTACK)/*.json
+
+# opt-in: each frame sender's own CPU cost per frame on veth (packet: AF_PACKET, xsk: AF_XDP copy mode, live:
+# BPF_PROG_TEST_RUN live frames) into an XDP-dropping sink, 1 s x 3 rounds alternated, pinned to the last CPU
+# (docs/results.md "Which sender is cheapest on veth"; ~15 s); namespace $(HF_LAB)-snd, HF_LAB default hf.
+.PHONY: bench-senders
+bench-senders:
+	@scripts/setup.sh system
+	PYTHONPATH=mgmt $(VENV)/bin/python -m hypafilter.tools.bench.senders
 
 # opt-in: the attack mix on the emulated NIC (issue #24; docs/results.md "Attack mix"): the same SYN and UDP floods
 # and 10,000-network blocklist as an ipset at 1,100 rules, three runs each (~2 min here with the core cached; a cold

@@ -108,6 +108,8 @@ def test_bench_rate_live_established(lab, shared_dir, tmp_path):
     assert all(c["sent"] > 0 and c["arrived"] == c["delivered"] == c["sent"] for c in rnd.values()), rnd
     assert all(c["cpu_seconds"] > 0 for c in rnd.values()), rnd
     assert set(r["fw_ns"]) == {"hybrid", "iptables", "nft"} and r["sink_pps"] > 0
+    # the sender's own cost per frame: its CPU time into the sink, the part every path's cpu_ns carries
+    assert r["sender_ns"] == r["paths"]["sink"]["cpu_ns"] > 0, r["paths"]
 
 
 def test_live_sender_loss_fails(lab, tmp_path):

@@ -29,6 +29,19 @@ def _build_and_run(args) -> str:
         with open(obj, "rb") as f:
             if f.read(4) != b"\x7fELF":
                 return f"{obj}: not a complete object"
+        # The bench's senders and XDP objects (tools/bench/pktrate.build_cached): no arguments, a sender prints its
+        # usage and exits 2.
+        from hypafilter.tools.bench import pktrate, rate
+
+        bench = Path(root) / "bench"
+        for snd in (rate.build_sender("live", bench), rate.build_sender("packet", bench), rate.build_xsk(bench)):
+            p = subprocess.run(list(snd.argv0), capture_output=True, timeout=10)
+            if p.returncode != 2 or b"usage" not in p.stderr:
+                return f"{snd.argv0}: exit {p.returncode} {p.stderr[-200:]!r}"
+        for bpf in (rate.build_sink(bench), pktrate.build_cached(rate.PASS_SRC, bench, rate.BPF_CC, suffix=".o")):
+            with open(bpf, "rb") as f:
+                if f.read(4) != b"\x7fELF":
+                    return f"{bpf}: not a complete object"
     except Exception as e:  # every failure of a caller is the finding
         return f"{type(e).__name__}: {e}"
     return ""

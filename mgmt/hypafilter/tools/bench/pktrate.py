@@ -25,6 +25,7 @@ from pathlib import Path
 from hypafilter import netns
 from hypafilter.errors import HypafilterError
 from hypafilter.iptables.writer import BUILTIN_FILTER_CHAINS, Restore, body_of
+from hypafilter.paths import build_lock
 
 HERE = Path(__file__).resolve().parent
 BLAST_SRC = HERE / "hf_blast.c"
@@ -45,15 +46,19 @@ def build_cached(src: Path, build_dir: Path, compiler: list[str], suffix: str = 
     text += b"".join(h.read_bytes() for h in local if h.exists())
     digest = hashlib.sha256(text + " ".join([*compiler, *libs]).encode()).hexdigest()[:12]
     out = build_dir / f"{src.stem.removesuffix('.bpf')}-{digest}{suffix}"
-    if not out.exists():
-        build_dir.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.{os.getpid()}")  # each builder its own: two never write one file
-        try:
-            netns.run([*compiler, str(src), "-o", str(tmp), *libs], timeout=None)
-        except netns.CommandError as e:
-            tmp.unlink(missing_ok=True)
-            raise HypafilterError(f"building {src.name} failed: {e}") from e
-        tmp.replace(out)
+    if out.exists():
+        return out
+    # One builder at a time (bench runs and pytest-xdist workers build the same senders): the others wait and find it
+    # built; the file appears whole or not at all (written under a temporary name, then renamed).
+    with build_lock(build_dir / ".bench-build.lock"):
+        if not out.exists():
+            tmp = out.with_name(f".{out.name}.{os.getpid()}")
+            try:
+                netns.run([*compiler, str(src), "-o", str(tmp), *libs], timeout=None)
+            except netns.CommandError as e:
+                tmp.unlink(missing_ok=True)
+                raise HypafilterError(f"building {src.name} failed: {e}") from e
+            tmp.replace(out)
     return out
 
 

@@ -224,6 +224,15 @@ def build_sender(name: str, build_dir: Path) -> Sender:
     raise HypafilterError(f"bench rate: unknown sender '{name}' (choose from {', '.join(SENDERS)})")
 
 
+XSK_SRC = Path(__file__).resolve().parent / "hf_xsk.c"
+
+
+def build_xsk(build_dir: Path) -> Sender:
+    """hf_xsk.c (AF_XDP copy mode) built into build_dir: measured against the bench's senders (tools/bench/senders.py),
+    not one of them."""
+    return Sender("xsk", (str(pktrate.build_cached(XSK_SRC, build_dir, ["gcc", "-O2", "-Wall"])),), 256)
+
+
 def _read(rx, got: dict[int, list[bytes]]) -> float | None:
     """Everything waiting on the receiver socket into `got`; the time of the last frame read, if any."""
     last = None
@@ -784,6 +793,8 @@ def rate(
                 load_nft if nft else None,
                 log,
             )
+            sink_ns = statistics.median(r["sink"]["cpu_ns"] for r in rounds)
+            log(f"the {sender} sender's own cost: {sink_ns:.0f} CPU ns per frame (into the sink, median of the rounds)")
         prog = None
         if prog_repeat > 0 and target == "xdp" and v6 is None:  # (xdpcost runs the IPv4 plan's program)
             from hypafilter.analysis.plan import build_plan
@@ -846,6 +857,8 @@ def rate(
             "fw_speedup_vs_iptables": med["fw_speedup"].get("iptables"),
             "fw_speedup_vs_nft": med["fw_speedup"].get("nft"),
             "sink_pps": round(paths["sink"]["pps"], 1),
+            # the sender's own cost per frame: its CPU ns into the sink (XDP drop at the peer), in every path's cpu_ns
+            "sender_ns": round(paths["sink"]["cpu_ns"], 1),
             "limit": _limit(paths),
             "paths": {k: {m: round(x, 1) for m, x in v.items()} for k, v in paths.items()},
         }
@@ -862,6 +875,7 @@ def rate(
             "fw_speedup_vs_iptables": None,
             "fw_speedup_vs_nft": None,
             "sink_pps": None,
+            "sender_ns": None,
             "limit": f"the {target} fast path paces the sender (correctness pass only)",
             "paths": None,
         }

@@ -699,7 +699,9 @@ bool serve(Client &cl, bool readable) {
     cl.in.erase(0, cl.head);
     cl.head = 0;
   }
-  if (cl.in.size() - cl.head > 1 << 20 && cl.in.find('\n', cl.head) == std::string::npos) {
+  // A line as long as the buffer can hold without its end is refused (else the client's socket would never be read
+  // again: no reply, and a readable socket every round).
+  if (cl.in.size() - cl.head >= kClientBufferCap && cl.in.find('\n', cl.head) == std::string::npos) {
     out += "ERR request line too long\n";
     cl.in.clear();
     cl.head = 0;

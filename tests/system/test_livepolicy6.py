@@ -54,11 +54,14 @@ def lab(tmp_path_factory):
     (d / "cfg.toml").write_text("xdp_ipv6 = true\n")
     if FULL:  # the IPv6 buffer's idle rebuild within the opt-in test (the service inherits the deploy's environment)
         os.environ["HF_REBUILD6_IDLE_S"] = str(IDLE_S)
-    with hf.xdp_lab():
-        (d / "ip6tables.before").write_text(operator6())  # what undeploy gives back (test_undeploy_...)
-        hf("deploy", str(ROOT / "rulesets" / "example.rules"), "--ipv6", str(d / "v6.rules"), "--target", "xdp",
-           "--config", str(d / "cfg.toml"), "-q")  # fmt: skip
-        yield d
+    try:
+        with hf.xdp_lab():
+            (d / "ip6tables.before").write_text(operator6())  # what undeploy gives back (test_undeploy_...)
+            hf("deploy", str(ROOT / "rulesets" / "example.rules"), "--ipv6", str(d / "v6.rules"), "--target", "xdp",
+               "--config", str(d / "cfg.toml"), "-q")  # fmt: skip
+            yield d
+    finally:
+        os.environ.pop("HF_REBUILD6_IDLE_S", None)  # (later modules' services keep the default)
 
 
 def operator6() -> str:
@@ -208,6 +211,36 @@ def test_an_ip6tables_ban_holds_in_xdp_and_lifts(lab):
     lines = hf("status").stdout.splitlines()  # exit 0: no drift (ip6tables is the deployment's IPv6 side)
     assert any(ln.startswith("ipv6     IPv6 policy live ip6tables") for ln in lines), lines
     assert any(ln.startswith("policysync") and "IPv6: following ip6tables" in ln for ln in lines), lines
+
+
+def test_maps_left_unknown_by_a_failed_follow_are_rewritten_whole(lab):
+    """A follow that fails while it writes the program's IPv6 maps (an OSError of a map write, ip6tables-save failing
+    for the fingerprint after them) leaves the state saying so (deploy.follow6's `tables.v6.writing`, its `static`
+    gone), as it writes before its first map write. The service must then rewrite the whole IPv6 table set, never
+    align a buffer change to a static plan the maps may no longer hold (which could give a row another entry's
+    verdict), and never release over half-written maps. The state is set here as such a failure leaves it."""
+    import json
+
+    st = state()
+    v6 = st["tables"]["v6"]
+    assert v6.get("static") and not v6.get("writing"), v6
+    base6 = (hf.service().get("ipv6") or {}).get("applied", 0)
+    st["tables"]["v6"] = {**v6, "static": None, "writing": True}
+    path = f"{hf.state}/state.json"
+    with open(path + ".t", "w") as f:
+        json.dump(st, f, indent=1, sort_keys=True)
+    os.replace(path + ".t", path)
+    ip6t("-I", *BAN[:1], "1", *BAN[1:])
+    try:
+        six = ipv6_settled(base6 + 1)
+        assert six.get("last_how") == "tables", six  # the whole table set, not the buffer (main: "buffer")
+        v6 = state()["tables"]["v6"]
+        assert "writing" not in v6 and v6.get("static"), v6
+        assert delivered() == [OTHER]
+    finally:
+        ip6t("-D", *BAN)
+    assert ipv6_settled(base6 + 2), hf.service().get("ipv6")
+    assert delivered() == [BANNED, OTHER]
 
 
 def ipv6_error(timeout: float = 10.0) -> str:

@@ -24,6 +24,7 @@ the live rules that can act there, ahead of it (docs/optimize.md, "The live K0 t
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import ipaddress
 import json
@@ -514,9 +515,13 @@ def _base_of_keys(keys: list[tuple], cache: dict | None = None) -> _Base:
 CACHE_VERSION = 1
 
 
+@functools.cache
 def _code_digest() -> str:
+    """The code a cached tree depends on: the tree builders and the front end that reads the rules' regions (a cache
+    written by another version of either is not used)."""
     h = hashlib.sha256()
-    for f in (dtree.__file__, __file__):
+    front = Path(dtree.__file__).parent.parent / "iptables"
+    for f in (dtree.__file__, __file__, *sorted(front.glob("*.py"))):
         h.update(Path(f).read_bytes())
     return h.hexdigest()[:16]
 

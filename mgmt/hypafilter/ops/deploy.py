@@ -684,7 +684,17 @@ def follow6(
                 try:
                     # the IPv6 update buffer first (docs/ipv6.md "The update buffer for IPv6"), else the whole
                     # table set rewritten (which empties the buffer: its lazy rebuild)
-                    static6 = None if rebuild else _static6(tables, config, n4, kb, chains)
+                    static6 = (
+                        None
+                        if rebuild or (tables.get("v6") or {}).get("writing")
+                        else _static6(tables, config, n4, kb, chains)
+                    )
+                    # The program's IPv6 maps change from here: until the state written below says what they hold,
+                    # it says they hold nothing known. A failure in between leaves it so: the follower keeps its
+                    # hold and rewrites the whole table set when it tries again (Follower6.sync), never a buffer
+                    # aligned to a static plan the maps no longer hold, and never a release over half-written maps.
+                    write_state({**st, "tables": {**tables, "v6": {**(tables.get("v6") or {}), "static": None,
+                                                                   "writing": True}}})  # fmt: skip
                     done = tgt.write_buffer6(st["nic"], plan6, tables, static6) if static6 is not None else None
                     if done is not None:
                         tables, how = done, "buffer"
@@ -718,6 +728,8 @@ def follow6(
         six.update({k: old6[k] for k in ("chains", "loaded") if k in old6})
         if warnings:
             raise HypafilterError("; ".join(warnings))
+        if isinstance(tables.get("v6"), dict) and "writing" in tables["v6"]:
+            tables = {**tables, "v6": {k: v for k, v in tables["v6"].items() if k != "writing"}}
         new = {**st, "ipv6": six, "tables": tables}
         new["history"] = (st.get("history") or [])[-HISTORY_KEEP + 1 :] + [
             {

@@ -389,7 +389,10 @@ class Follower6:
                     "change); move their rules into ip6tables (nf_tables)"
                 )
             text, self.generation = listing6(self.f.ns, self.f.nft.generation)
-            if unchanged(text, six):
+            # a follow that failed while it wrote the program's IPv6 maps left them unknown (deploy.follow6's
+            # `writing`): held until the whole table set is written again, even for an unchanged ip6tables
+            writing = bool(((st.get("tables") or {}).get("v6") or {}).get("writing"))
+            if unchanged(text, six) and not writing:
                 self.counts["unchanged"] += 1
                 # at the start too: a worker that ended mid-apply may have left the program's hold in force
                 if (self.safe or reason == "start") and not self.hold():
@@ -398,7 +401,7 @@ class Follower6:
                 self.fail_safe()
                 v6 = live_v6(text, st)
                 live6 = digest6(strip6(text, tool_prefix(six)))
-                r = deploy.follow6(v6, live6, self.f.log, abort=self.f.stopping)
+                r = deploy.follow6(v6, live6, self.f.log, abort=self.f.stopping, rebuild=writing)
                 how = r["how"]
                 if how == "new program":
                     self.f.log(f"IPv6 {reason}: {r['why']}: a new program")
@@ -441,7 +444,7 @@ class Follower6:
         if st.get("target") != "xdp" or not (buf.get("used") or buf.get("invalid")):
             return
         six = st.get("ipv6") or {}
-        self.last_apply_t = time.monotonic()  # (a failure is tried again after the next idle time)
+        self.last_apply_t = time.monotonic()
         try:
             v6 = ip6.V6Policy.from_state(six)
             self.fail_safe()
@@ -453,11 +456,17 @@ class Follower6:
             self.counts["rebuilds"] += 1
             self.f.log(f"IPv6 update buffer: lazy rebuild ({r['how']}) after {REBUILD6_IDLE_S:g} s idle")
         except (HypafilterError, OSError) as e:
+            # The hold stays (the maps may be half written): `sync` tries again every 2 s (`due`) and releases
+            # only once it has written the whole table set (deploy.follow6's `writing`), as after any failed follow.
             self.error = f"IPv6 lazy rebuild: {e}"
             self.f.log(self.error)
-        finally:
-            if not self.hold():
-                self.release()
+            try:
+                self.fail_safe()
+            except (HypafilterError, OSError):
+                pass
+            return
+        if not self.hold():
+            self.release()
 
     def new_program(self, v6: ip6.V6Policy, rebuild: bool = True, live6: str | None = None) -> None:
         """The IPv6 tables outgrew the running program: a new one for the deployed IPv4 policy and `v6`

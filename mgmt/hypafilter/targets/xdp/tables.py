@@ -494,7 +494,10 @@ def build_tables6(
     if amap is None:
         raise ValueError("a family-6 plan without addr_map (the 128-bit interval starts of its ranks)")
     if getattr(plan, "overlay", None) is not None:
-        raise ValueError("the xdp program has no update buffer for IPv6: a family-6 View is not supported")
+        raise ValueError(
+            "build_tables6 takes the static family-6 plan: the IPv6 update buffer is written from it and the View by "
+            "tables6_records(view=...)"
+        )
     starts = {}
     for dim in SEARCH_FIELDS:
         s = [int(x) for x in amap.starts[dim]]

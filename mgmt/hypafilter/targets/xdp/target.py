@@ -706,7 +706,7 @@ class XdpTarget(Target):
         whole = tables6_records(t6, v6shape, miss, ct6, view=view)
         old_file = Path(known.get("file", ""))
         data = with_v6_records(old_file.read_bytes(), whole) if old_file.is_file() else None
-        # the slots and mask before the rows they select, the scan bound (hfx6_cfg) last
+        # in record order (the rows, the slots, the mask; the scan bound, hfx6_cfg, last), all under the IPv6 hold
         for name, vsize, count, vals in split_records(records):
             with PinnedArray(Path(info["pin"]) / name) as m:
                 m.write_many([vals[i * vsize : (i + 1) * vsize] for i in range(count)])

@@ -234,7 +234,7 @@ def test_update_buffer6():
 
 
 @pytest.mark.sim
-@pytest.mark.skipif(os.environ.get("HF_SIM_POSTSYNTH6") != "1", reason="opt-in: HF_SIM_POSTSYNTH6=1")
+@pytest.mark.optin("HF_SIM_POSTSYNTH6")  # HF_SIM_POSTSYNTH6=1 pytest -q sim/hf_update_buffer6
 def test_update_buffer6_postsynth():
     """The GHDL-synthesised VHDL netlist under the same test (GHDL's synthesis traps: docs/hardware.md)."""
     from hypafilter import netns

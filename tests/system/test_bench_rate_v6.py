@@ -22,7 +22,7 @@ from tests.system.test_ipv6_deploy import HW6
 
 pytestmark = [
     pytest.mark.system,
-    pytest.mark.skipif(os.environ.get("HF_BENCH_V6", "") in ("", "0"), reason="opt-in: make test-bench-v6"),
+    pytest.mark.optin("HF_BENCH_V6"),  # make test-bench-v6
 ]
 
 LAB = "w2c"

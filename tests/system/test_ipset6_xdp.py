@@ -259,7 +259,7 @@ COMMIT
 """
 
 
-@pytest.mark.skipif(not SCALE, reason="opt-in: make test-sets6 (HF_SETS6_SCALE)")
+@pytest.mark.optin("HF_SETS6_SCALE")  # make test-sets6
 def test_inet6_blocklist_at_scale(lab):
     """A blocklist of HF_SETS6_SCALE inet6 networks with nomatch holes, hash:net,port with a hole, bitmap:port, `!`
     matches: every set match a slot of the IPv6 plan, 0 mismatches against the kernel over 3,000 frames and real

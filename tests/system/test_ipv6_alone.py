@@ -159,9 +159,7 @@ def test_ipv6_drift_after_follow_emu(lab, files):
 XDP_LAB = "w2e"
 
 
-@pytest.mark.skipif(
-    os.environ.get("HF_XDP_V6_FULL", "") in ("", "0"), reason="opt-in: HF_XDP_V6_FULL=1, make test-xdp-v6"
-)
+@pytest.mark.optin("HF_XDP_V6_FULL")  # make test-xdp-v6
 def test_ipv6_policy_alone_xdp(files):
     """The same on xdp, the IPv6 side decided in the XDP program: with a dual-stack deployment, `deploy -6` replaces
     the IPv6 side only (the IPv4 policy's hash and name kept); `verify -6` finds it deployed and 0 mismatches."""

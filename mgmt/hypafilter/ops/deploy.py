@@ -510,24 +510,9 @@ def live_sets6(target: str):
     """The firewall namespace's live ipsets (the deployment's: NS_FW, the lab's or the site's), read only
     if the IPv6 policy has a set match, as the front end reads them for `target`."""
     from hypafilter import netns
-    from hypafilter.iptables.sets import SetEnv
-    from hypafilter.netfilter import ipset
-    from hypafilter.targets import set_capability, set_capability6
+    from hypafilter.targets import live_set_env
 
-    ns = NS_FW if NS_FW and netns.exists(NS_FW) else None
-
-    def load() -> tuple[dict, str]:
-        text = ipset.save_text(ns)
-        return ipset.parse_save(text, f"ipset save ({ns or 'this namespace'})"), text
-
-    return SetEnv(
-        {},
-        *set_capability(target),
-        target,
-        f"live sets of {ns or 'this namespace'}",
-        loader=load,
-        v6_slots=set_capability6(target),
-    )
+    return live_set_env(NS_FW if NS_FW and netns.exists(NS_FW) else None, target)
 
 
 def sets_state(policy: Policy, v6=None, plan6=None) -> dict:

@@ -36,4 +36,24 @@ def set_capability6(name: str) -> bool:
     return bool(getattr(cls, "set_slots6", False)) if cls is not None else False
 
 
-__all__ = ["TARGETS", "Site", "Target", "get", "set_capability", "set_capability6"]
+def live_set_env(ns: str | None, target: str):
+    """The live ipsets of namespace `ns` (None: this one) as the front end reads them for `target` (a SetEnv whose
+    loader runs `ipset save` only if the policy has a set match; docs/sets.md)."""
+    from hypafilter.iptables.sets import SetEnv
+    from hypafilter.netfilter import ipset
+
+    def load() -> tuple[dict, str]:
+        text = ipset.save_text(ns)
+        return ipset.parse_save(text, f"ipset save ({ns or 'this namespace'})"), text
+
+    return SetEnv(
+        {},
+        *set_capability(target),
+        target,
+        f"live sets of {ns or 'this namespace'}",
+        loader=load,
+        v6_slots=set_capability6(target),
+    )
+
+
+__all__ = ["TARGETS", "Site", "Target", "get", "live_set_env", "set_capability", "set_capability6"]

@@ -130,22 +130,6 @@ def live_policy(text: str, st: dict, config: Config) -> Policy:
 def live_sets(st: dict):
     """The firewall's live ipsets as the front end reads them for the deployed target (docs/sets.md), read only if
     the policy has a set match."""
-    from hypafilter.iptables.sets import SetEnv
-    from hypafilter.netfilter import ipset
-    from hypafilter.targets import set_capability, set_capability6
+    from hypafilter.targets import live_set_env
 
-    ns = st["site"].get("netns")
-    target = st.get("target", "emu")
-
-    def load() -> tuple[dict, str]:
-        text = ipset.save_text(ns)
-        return ipset.parse_save(text, f"ipset save ({ns or 'this namespace'})"), text
-
-    return SetEnv(
-        {},
-        *set_capability(target),
-        target,
-        f"live sets of {ns or 'this namespace'}",
-        loader=load,
-        v6_slots=set_capability6(target),
-    )
+    return live_set_env(st["site"].get("netns"), st.get("target", "emu"))

@@ -660,6 +660,11 @@ class XdpTarget(Target):
             with PinnedArray(Path(info["pin"]) / name) as m:
                 m.write_many([vals[i * vsize : (i + 1) * vsize] for i in range(count)])
         out = {**known, "v6": _v6_state(t6, plan6, ct6, running["v6"])}
+        return self._keep_v6_tables(info, known, data, out)
+
+    def _keep_v6_tables(self, info: dict, known: dict, data: bytes | None, out: dict) -> dict:
+        """`out` with `file`: the tables file a rollback writes back, rewritten whole with the new IPv6 records (`data`;
+        None: no file known, `out` as it is)."""
         if data is not None:
             path = self._run_dir() / f"{info['name']}-{known.get('generation', 0)}-v6.tables"
             tmp = path.with_suffix(".tmp")
@@ -718,13 +723,7 @@ class XdpTarget(Target):
             buffer={**overlay_state(view.overlay), "used": view.overlay.used, "depth": depth},
         )
         out = {**known, "v6": st6}
-        if data is not None:
-            path = self._run_dir() / f"{info['name']}-{known.get('generation', 0)}-v6.tables"
-            tmp = path.with_suffix(".tmp")
-            tmp.write_bytes(data)
-            tmp.replace(path)
-            out["file"] = str(path)
-        return out
+        return self._keep_v6_tables(info, known, data, out)
 
     def lease(self, info: dict) -> dict:
         """{armed, expired, left_ms} of the lease word (a program from before the lease has none: disarmed)."""

@@ -21,7 +21,7 @@ from hypafilter.config import Config
 from hypafilter.hw import model as hwmodel
 from hypafilter.hw import regmap, updatebuffer, vhdl
 from hypafilter.iptables.document import parse_policy
-from hypafilter.ir import FIELDS, Header
+from hypafilter.ir import Header
 from hypafilter.shared import pack_meta
 
 from sim.hftb import SIM_BUILD, load_obj, run_ghdl, save_obj, tuser_for
@@ -63,24 +63,6 @@ def plans():
     s6 = build_plan(parse_policy(V6_STATIC, "s6.rules", family=6), cfg)
     n6 = build_plan(parse_policy(V6_NEW, "n6.rules", family=6), cfg)
     return p4, s6, n6
-
-
-def _holds(box, h: Header) -> bool:
-    t = tuple(getattr(h, n) for n in FIELDS)
-    return all(box.lo[i] <= t[i] <= box.hi[i] for i in range(len(FIELDS))) and (
-        h.tcp_flags & box.flags_mask == box.flags_value
-    )
-
-
-def local_index(view, h: Header) -> int:
-    """The SFL decision of the core's IPv6 side (analysis.overlay.hw_indices' rule, in 128-bit address space): the
-    first valid static entry holding h (n6: none), then the first slot holding h whose position is at most that."""
-    n6 = view.n
-    i = next((j for j, e in enumerate(view.entries) if view.valid[j] and any(_holds(b, h) for b in e.boxes)), n6)
-    for b, s in enumerate(view.slots):
-        if s.pos <= i and _holds(s.box, h):
-            return n6 + 1 + b
-    return i
 
 
 def headers(s6, n6, rng: random.Random) -> list[Header]:
@@ -186,7 +168,7 @@ def test_core_buffer6():
     for h in headers(s6, n6, rng):
         f = frame6(h, "", rng)
         i_static = match_index(s6, s6.addr_map.header(h))
-        i_view = local_index(view, h)
+        i_view = hwmodel.hw_index6(view.entries, view.overlay, h)
         # the oracle of the View itself: its row of the SFL decision is the new plan's own row for the header
         j = match_index(n6, n6.addr_map.header(h))
         assert (bool(view.shunt[i_view]), int(view.actions[i_view])) == (bool(n6.shunt[j]), int(n6.actions[j])), h

@@ -65,6 +65,9 @@ def test_ipv6_ban_goes_into_the_cores_update_buffer(lab):
     img = st2["tables"]["v6"]["overlay"]
     enabled = [b for b in range(len(img["buf"]) // 23) if img["buf"][b * 23 + 21] >> 31]
     assert enabled == [0] and st2["tables"]["v6"]["matcher"] == v6["matcher"], img
+    # status reads the IPv6 buffer back (drift): as written
+    p = hf("status", check=False)
+    assert p.returncode == 0 and "DRIFT" not in p.stdout, p.stdout
     r = hf.verify_live(packets=PACKETS)
     six = r["ipv6"]
     assert six["mismatches"] == 0 and six["hw"]["decided"] > 0, six

@@ -223,3 +223,21 @@ def test_program_writes_the_ipv6_update_buffer(fake):
     assert written["v6"]["static"] == static6.source6 and written["v6"]["matcher"] == emu_v6.v6_matcher(static6)
     ks = emu_v6.intervals([0] * (n4 + 1), view)
     assert ks[base:] == [int(k) for k in view.interval] and len(ks) == base + rows6
+
+
+def test_drift_of_the_ipv6_update_buffer(fake):
+    """status' NIC drift reads VALID6 and the IPv6 slots back: a slot's enable word cleared by hand is drift."""
+    from hypafilter.ops.deploy import nic_drift
+
+    plan, static6 = _plans()
+    _, new6 = _plans(BAN6)
+    fake.regs[regmap.REG_NUM_ENTRIES] = len(plan.entries)
+    fake.regs[regmap.REG_MATCHER_HASH] = int(vhdl.matcher_hash(plan, static6)[-8:], 16)
+    plan.plan6 = emu_v6.view6(static6, new6, vhdl.buffer6_depth(plan, static6))
+    with NicClient(EmuTransport(fake.path)) as c:
+        written = c.program(plan, 2)
+        st = {"generation": 2, "tables": written}
+        before = nic_drift(c, st)  # (the fake's CONTROL has classification off: said alike before and after)
+        assert not any("IPv6 update buffer" in d for d in before)
+        c.write_table("BUF6", updatebuffer.W6_CONTROL, 0)
+        assert nic_drift(c, st) == [*before, "nic: the IPv6 update buffer differs from the deployed one (slots [0])"]

@@ -28,6 +28,7 @@ from hypafilter.analysis.program import k0_tree_wanted, user_chain_names
 from hypafilter.config import Config, Interfaces
 from hypafilter.errors import DeployError, HypafilterError
 from hypafilter.hw.model import CONTROL_MISS_SHUNT, CONTROL_MISS_SHUNT6, miss_shunt6_control, miss_shunt_control
+from hypafilter.hw.updatebuffer import Image6
 from hypafilter.iptables import kernel
 from hypafilter.iptables.writer import body_of, policy_restore
 from hypafilter.ir import Policy
@@ -355,6 +356,15 @@ def nic_drift(c, st: dict) -> list[str]:
         wrong = [i for i, (a, b) in enumerate(zip(have, want, strict=True)) if a != b]
         if wrong:
             out.append(f"nic: {len(wrong)} {name} words differ from the deployed ones (first at index {wrong[0]})")
+    # a dual-stack core's IPv6 update buffer (docs/ipv6.md "## emu"): VALID6 and the slots' words as written
+    v6 = tables.get("v6") or {}
+    if v6.get("overlay") is not None:
+        want6 = Image6.from_dict(v6["overlay"])
+        have6 = c.read_image6(want6.depth, want6.n)
+        if not have6.same(want6):
+            bad = [b for b in range(want6.depth) if not have6.same_slot(want6, b)]
+            what = f"slots {bad}" if bad else "the valid mask VALID6"
+            out.append(f"nic: the IPv6 update buffer differs from the deployed one ({what})")
     return out
 
 

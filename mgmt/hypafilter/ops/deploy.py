@@ -1009,7 +1009,7 @@ def _deploy_locked(
             raise
         # The update buffer first (SFL, docs/deploy.md "Update buffer"): the running matcher with an overlay that
         # makes it decide as the new plan; a new core (program) only when the change does not fit.
-        view = None
+        view = view6 = None
         static = read_static(STATE_DIR, old_nic.get("binary", ""), plan) if old_nic and not force else None
         if (
             static is not None
@@ -1028,7 +1028,7 @@ def _deploy_locked(
             if view6 is None:
                 static = None
             else:
-                plan.plan6 = view6
+                plan6_new, plan.plan6 = plan.plan6, view6
         # a configuration with another buffer depth builds a new core (program): the depth is part of its build
         # the running program's set slots must be the plan's (their maps are part of its build: docs/sets.md)
         if static is not None and not tgt.same_sets(old_nic, plan):
@@ -1041,6 +1041,8 @@ def _deploy_locked(
             except BufferFull as e:
                 log(f"update buffer: {e}; building a new core")
             tx.timings["overlay"] = round(time.monotonic() - t_ov, 4)
+        if view is None and view6 is not None:
+            plan.plan6 = plan6_new  # a new core after all (the IPv4 side does not fit): built for the new IPv6 plan
         hw = view if view is not None else plan
         if kernel is not None and (view is None or not old_nic):  # a build may come: the kernel's verdict first
             tx.step("kernel-check", kernel)

@@ -331,6 +331,12 @@ begin
           when REG_NUM_ENTRIES => rdata <= std_logic_vector(to_unsigned(N_ENTRIES, 32));
           when REG_MATCHER_HASH => rdata <= MATCHER_HASH;
           when REG_BUF_CONFIG => rdata <= std_logic_vector(to_unsigned(BUF_DEPTH + 16 * 65536 + 11 * 16777216, 32));
+          when REG_BUF6_CONFIG =>
+            if V6_ON then
+              rdata <= std_logic_vector(to_unsigned(BUF6_DEPTH + 32 * 65536 + 23 * 16777216, 32));
+            else
+              rdata <= (others => '0');
+            end if;
           when REG_FC_STATUS => rdata <= fc_status;
           when REG_FC_CONFIG => rdata <= fc_config;
           when REG_FC_NOW => rdata <= fc_now;

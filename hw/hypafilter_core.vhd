@@ -37,7 +37,10 @@
 -- with AH unparsed), the matcher's IPv6 entries match parsed IPv6 frames only (hardware indices V6_BASE.., the IPv6
 -- policy entry V6_POLICY) and its IPv4 entries the other frames; the flow cache holds IPv6 tuples too (its generic
 -- V6: 304-bit keys, table FLOW_KEY6, FC_KEY4..9), so a parsed IPv6 TCP/UDP frame of a cached flow has ct 1/2; sets,
--- conntrack membership and the update buffer's slots stay IPv4's (an IPv6 frame never has ct 3, no slot matches it).
+-- conntrack membership stay IPv4's (an IPv6 frame never has ct 3); the IPv4 update buffer's slots never match an IPv6
+-- frame: hf_update_buffer6 (BUF6_DEPTH slots with raw 128-bit bounds, tables BUF6/VALID6) holds the IPv6 entries'
+-- valid mask (VALID6, ANDed into the matcher's IPv6 entries) and the IPv6 slots, local indices N6_ENTRIES + 1 + b:
+-- hardware index V6_POLICY + 1 + b (docs/ipv6.md "## emu", "The update buffer for IPv6 rules on the NIC").
 library ieee;
 use ieee.std_logic_1164.all;
 use ieee.numeric_std.all;
@@ -191,6 +194,12 @@ architecture rtl of hypafilter_core is
   signal st_idx : unsigned(IDX_W - 1 downto 0);  -- the static encoder's index (N_ENTRIES when none matched)
   signal ub_tbl, ub_req, ub_done : std_logic;
   signal ub_rdata : std_logic_vector(31 downto 0);
+  -- the IPv6 update buffer (V6_ON): its valid mask, the static IPv6 index as a local one, its local index out
+  signal valid6_mask : std_logic_vector(VALID6_WIDTH - 1 downto 0);
+  signal st_idx6, idx6 : unsigned(IDX_W - 1 downto 0);
+  signal lk_idx4 : unsigned(IDX_W - 1 downto 0);
+  signal ub6_tbl, ub6_req, ub6_done : std_logic;
+  signal ub6_rdata : std_logic_vector(31 downto 0);
   signal enc_any : std_logic;
   signal enc_idx : unsigned(IDX_W - 1 downto 0);
   signal lk_idx : unsigned(IDX_W - 1 downto 0);
@@ -632,7 +641,7 @@ begin
       h_dport => hs.dport, h_icmp_type => hs.it, h_icmp_code => hs.ic, h_iport => hs.iport, h_flags => hs.flags,
       h_ct => s_ct, h_sets => s_sets, h_f6 => hs.f6, h6_src => hs.src6, h6_dst => hs.dst6, h6_proto => hs.proto6,
       h6_sport => hs.sport6, h6_dport => hs.dport6, h6_icmp_type => hs.it6, h6_icmp_code => hs.ic6,
-      h6_flags => hs.flags6, valid => valid_mask, res => res);
+      h6_flags => hs.flags6, valid => valid_mask, valid6 => valid6_mask, res => res);
 
   encoder : entity work.hf_prio_enc
     generic map (N_IN => RES_WIDTH, FANIN => ENC_FANIN, STAGES => ENC_STAGES, IDX_W => IDX_W)
@@ -652,9 +661,57 @@ begin
       clk => axis_aclk, rst => rst, h_src => hs.src, h_dst => hs.dst, h_proto => hs.proto, h_sport => hs.sport,
       h_dport => hs.dport, h_icmp_type => hs.it, h_icmp_code => hs.ic, h_iport => hs.iport, h_ct => s_ct,
       h_flags => hs.flags, h_sets => std_logic_vector(resize(unsigned(s_sets), 8)), h_on => not hs.f6,
-      valid => valid_mask, st_idx => st_idx, idx => lk_idx,
+      valid => valid_mask, st_idx => st_idx, idx => lk_idx4,
       ind_req => ub_req, ind_write => ind_write, ind_addr => ind_addr, ind_wdata => ind_wdata,
       ind_done => ub_done, ind_rdata => ub_rdata);
+
+  -- a dual-stack core's IPv6 update buffer: the same pipeline position, the frame's local IPv6 index (its static
+  -- entry's, or N6_ENTRIES for the IPv6 policy entry) in, the hardware index V6_BASE + local out
+  buf6 : if V6_ON generate
+    signal i6 : unsigned(IDX_W - 1 downto 0);
+  begin
+    assert BUF6_DEPTH = 0 or BUF_DEPTH > 0
+      report "hypafilter_core: the IPv6 update buffer's latency must be the IPv4 buffer's" severity failure;
+    st_idx6 <= enc_idx - to_unsigned(V6_BASE, IDX_W) when enc_any = '1' else to_unsigned(N6_ENTRIES, IDX_W);
+    ub6 : entity work.hf_update_buffer6
+      generic map (N_STATIC => N6_ENTRIES, DEPTH => BUF6_DEPTH, IDX_W => IDX_W, I_DELAY => MATCH_LATENCY + ENC_STAGES,
+                   FANIN => BUF_FANIN, STAGES => BUF_STAGES, T_BUF => TABLE_BUF6)
+      port map (
+        clk => axis_aclk, rst => rst, h_src => hs.src6, h_dst => hs.dst6, h_proto => hs.proto6, h_sport => hs.sport6,
+        h_dport => hs.dport6, h_icmp_type => hs.it6, h_icmp_code => hs.ic6, h_iport => hs.iport, h_ct => s_ct,
+        h_flags => hs.flags6, h_on => hs.f6, valid => valid6_mask, st_idx => st_idx6, idx => i6,
+        ind_req => ub6_req, ind_write => ind_write, ind_addr => ind_addr, ind_wdata => ind_wdata,
+        ind_done => ub6_done, ind_rdata => ub6_rdata);
+    -- without IPv6 slots the index passes at once: it waits the IPv4 buffer's latency here
+    slots6 : if BUF6_DEPTH > 0 or BUF_LATENCY = 0 generate
+      idx6 <= i6;
+    end generate;
+    wait6 : if BUF6_DEPTH = 0 and BUF_LATENCY > 0 generate
+      type idx_line is array (1 to BUF_LATENCY) of unsigned(IDX_W - 1 downto 0);
+      signal l : idx_line := (others => (others => '0'));
+    begin
+      line6 : process (axis_aclk)
+      begin
+        if rising_edge(axis_aclk) then
+          l(1) <= i6;
+          for k in 2 to BUF_LATENCY loop
+            l(k) <= l(k - 1);
+          end loop;
+        end if;
+      end process;
+      idx6 <= l(BUF_LATENCY);
+    end generate;
+    ub6_req <= ind_req and ub6_tbl;
+  end generate;
+  no_buf6 : if not V6_ON generate
+    valid6_mask <= (others => '1');
+    st_idx6 <= (others => '0');
+    idx6 <= (others => '0');
+    ub6_req <= '0';
+    ub6_done <= '0';
+    ub6_rdata <= (others => '0');
+  end generate;
+  lk_idx <= idx6 + to_unsigned(V6_BASE, IDX_W) when V6_ON and side(SIDE_DELAY).f6 = '1' else lk_idx4;
 
   -- frame information travelling beside matcher, encoder and buffer
   -- a parsed IPv6 frame is classified (its set bits are not read: no IPv6 entry tests a set slot)
@@ -685,12 +742,15 @@ begin
                    or unsigned(ind_addr(31 downto 24)) = TABLE_CTM_CMD else '0';
   ub_tbl <= '1' when unsigned(ind_addr(31 downto 24)) = TABLE_VALID
                   or unsigned(ind_addr(31 downto 24)) = TABLE_BUF else '0';
+  ub6_tbl <= '1' when V6_ON and (unsigned(ind_addr(31 downto 24)) = TABLE_VALID6
+                                 or unsigned(ind_addr(31 downto 24)) = TABLE_BUF6) else '0';
   set_tbl <= '1' when unsigned(ind_addr(31 downto 24)) >= TABLE_SET_ELEM
                    and unsigned(ind_addr(31 downto 24)) <= TABLE_SET_CTL else '0';
   ub_req <= ind_req and ub_tbl;
-  tbl_req <= ind_req and not fc_tbl and not ub_tbl and not set_tbl and not ctm_tbl;
-  ind_done <= tbl_done or fc_ind_done or ub_done or set_ind_done or ctm_done;
+  tbl_req <= ind_req and not fc_tbl and not ub_tbl and not ub6_tbl and not set_tbl and not ctm_tbl;
+  ind_done <= tbl_done or fc_ind_done or ub_done or ub6_done or set_ind_done or ctm_done;
   ind_rdata <= fc_ind_rdata when fc_ind_done = '1' else ub_rdata when ub_done = '1' else
+               ub6_rdata when ub6_done = '1' else
                set_ind_rdata when set_ind_done = '1' else ctm_rdata when ctm_done = '1' else tbl_rdata;
 
   tables : entity work.hf_tables

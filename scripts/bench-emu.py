@@ -18,7 +18,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "mgmt"))
-NS_NIC, NS_OUT = "hfbe-nic", "hfbe-out"
+# namespaces: HF_BENCH_EMU_NS (default hfbe) + -nic / -out, so that runs side by side do not meet
+NS_NIC, NS_OUT = (os.environ.get("HF_BENCH_EMU_NS", "hfbe") + s for s in ("-nic", "-out"))
 PORTS = {"wire0": "w0p", "wire1": "w1p", "host0": "h0p", "host1": "h1p"}
 
 

@@ -241,7 +241,7 @@ async def core_dual_stack(dut):
     p4, p6, phases = cfg["plan4"], cfg["plan6"], cfg["phases"]
     n4, n6 = len(p4.entries), len(p6.entries)
     base = vhdl.v6_base(p4)
-    rows = base + n6 + 1
+    rows = base + n6 + 1 + vhdl.buffer6_depth(p4, p6)  # the IPv6 buffer's slots' rows last (no slot enabled here)
     tb = TB(dut, cfg["seed"], idle=0.2, ready=0.7)
     await tb.reset(rows)
     ax, R = tb.axil, regmap
@@ -249,8 +249,9 @@ async def core_dual_stack(dut):
     assert await ax.read(R.REG_IND_CONFIG) == rows
     assert await ax.read(R.REG_MATCHER_HASH) == int(vhdl.matcher_hash(p4, p6)[-8:], 16)
     regs = hwmodel.Regs.from_plan(p4)
-    regs.shunt = list(regs.shunt) + [int(b) for b in p6.shunt]
-    regs.actions = list(regs.actions) + list(action_words(p6))
+    d6 = vhdl.buffer6_depth(p4, p6)
+    regs.shunt = list(regs.shunt) + [int(b) for b in p6.shunt] + [1] * d6
+    regs.actions = list(regs.actions) + list(action_words(p6)) + [0] * d6
     assert len(regs.shunt) == rows
     hits = [0] * rows
     expected, seen = [], {"v6_entries": set(), "v4": 0, "unparsed6": 0}
@@ -376,8 +377,11 @@ def test_dual_stack_rows_follow_ipv4():
     p4, p6 = plans()
     assert vhdl.v6_base(p4) == len(p4.entries) + 1 + p4.buffer_depth
     m = vhdl.matcher_source(p4, p6)
-    assert [i for i, _, _ in m["rows"]] == list(range(len(p4.entries))) + [
+    assert [i for i, _, _, _ in m["rows"]] == list(range(len(p4.entries))) + [
         vhdl.v6_base(p4) + j for j in range(len(p6.entries))
     ]
-    assert all(v is None for i, _, v in m["rows"] if i >= vhdl.v6_base(p4))
+    # the IPv6 entries are masked by the IPv6 update buffer's VALID6 (local bit j), the IPv4 ones by VALID
+    base = vhdl.v6_base(p4)
+    assert all((v, k) == (i - base, "valid6") for i, _, v, k in m["rows"] if i >= base)
+    assert all((v, k) == (i, "valid") for i, _, v, k in m["rows"] if i < base)
     assert vhdl.matcher_hash(p4, p6) != vhdl.matcher_hash(p4)

@@ -89,7 +89,10 @@ def files(tmp_path_factory):
     (d / "stage1.toml").write_text("emu_ipv6 = false\n")
     (d / "hw6.rules").write_text(HW6)
     (d / "hw6b.rules").write_text(HW6.replace("--dport 8080", "--dport 8081"))  # a complex rule: same hardware
-    (d / "hw6c.rules").write_text(HW6.replace("5000:5100", "5000:5200"))  # a simple rule: another core
+    (d / "hw6c.rules").write_text(HW6.replace("5000:5100", "5000:5200"))  # a simple rule: the IPv6 update buffer
+    # more new simple rules than half the IPv6 update buffer's 16 slots: another core (the lazy rebuild)
+    bans = "".join(f"-A FORWARD -s 2001:db8:9::{i}/128 -j DROP\n" for i in range(1, 10))
+    (d / "hw6d.rules").write_text(HW6.replace(":OUTPUT ACCEPT [0:0]\n", ":OUTPUT ACCEPT [0:0]\n" + bans))
     return d
 
 
@@ -183,7 +186,8 @@ def test_dual_stack_emu_hardware(emu, files):
     """The default on the emulated NIC (`emu_ipv6` on, docs/ipv6.md "## emu"): `deploy POLICY --ipv6 V6POLICY` builds
     a dual-stack core, which decides most of the IPv6 frames of an operator's kind of policy itself; verify's frames
     of every kind and IPv6 connections: 0 mismatches. An update whose IPv6 change keeps the hardware entries (a
-    complex rule) is register writes on the running core; one that changes them starts a new core."""
+    complex rule) is register writes on the running core, so is one that changes them when it fits the core's IPv6
+    update buffer (docs/ipv6.md "## emu"); one that fills more than half of it starts a new core."""
     a = str(files / "a.rules")
     hf[EMU]("deploy", a, "--ipv6", str(files / "hw6.rules"), "-q")
     st = _state(EMU)
@@ -204,11 +208,20 @@ def test_dual_stack_emu_hardware(emu, files):
     assert st2["generation"] == st["generation"] + 1
     r = _verify(EMU, a, "--ipv6", str(files / "hw6b.rules"))
     assert r["ipv6"]["mismatches"] == 0 and r["ipv6"]["hw"]["decided"] > 0, r["ipv6"]
-    # a simple IPv6 rule changed: a new core (another IPv6 matcher)
+    # a simple IPv6 rule changed: the running core's IPv6 update buffer (the entry masked off, its new form in
+    # slots), register writes on the same NIC
     hf[EMU]("update", a, "--ipv6", str(files / "hw6c.rules"), "-q")
     st3 = _state(EMU)
-    assert st3["nic"]["binary"] != st["nic"]["binary"] and st3["history"][-1]["replaced_nic"]
+    assert st3["nic"] == st["nic"] and not st3["history"][-1]["replaced_nic"], st3["history"][-1]
+    img = st3["tables"]["v6"]["overlay"]
+    assert any(w >> 31 for w in img["buf"][21::23]) and img["valid"] != [2 ** st3["tables"]["v6"]["entries"] - 1]
     r = _verify(EMU, a, "--ipv6", str(files / "hw6c.rules"))
+    assert r["ipv6"]["mismatches"] == 0 and r["ipv6"]["hw"]["decided"] > 0, r["ipv6"]
+    # nine new simple rules: more than half the slots, a new core (another IPv6 matcher, its buffer empty)
+    hf[EMU]("update", a, "--ipv6", str(files / "hw6d.rules"), "-q")
+    st3 = _state(EMU)
+    assert st3["nic"]["binary"] != st["nic"]["binary"] and st3["history"][-1]["replaced_nic"]
+    r = _verify(EMU, a, "--ipv6", str(files / "hw6d.rules"))
     assert r["ipv6"]["mismatches"] == 0 and r["ipv6"]["hw"]["decided"] > 0, r["ipv6"]
     # the operator REJECTs what the core accepted itself (TCP 80 from the sender's network): the policy sync service
     # holds the whole fast path at once and brings the core's IPv6 rows to ip6tables' new policy (register writes: a

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from hypafilter.analysis.plan import build_plan
 from hypafilter.config import Config
-from hypafilter.hw import regmap, vhdl
+from hypafilter.hw import regmap, updatebuffer, vhdl
 from hypafilter.hw.model import ACTION_ACCEPT, ACTION_DROP
 from hypafilter.iptables.document import parse_policy
 from hypafilter.netfilter import ip6
@@ -90,7 +90,12 @@ def test_program_writes_the_ipv6_rows(fake):
     assert shunt[base:] == [int(b) for b in plan6.shunt] and action[base:] == [int(a) for a in plan6.actions]
     assert ACTION_ACCEPT in action[base:] and ACTION_DROP in action[base:] and 0 in shunt[base:]
     ct0 = [True] * (n6 + 1)  # a stateless IPv6 side: every row meets frames the flow cache does not know
-    assert written["v6"] == {"entries": n6, "index_base": base, "matcher": emu_v6.v6_matcher(plan6), "ct0": ct0}
+    v6 = {k: written["v6"][k] for k in ("entries", "index_base", "matcher", "ct0", "depth", "static")}
+    assert v6 == {"entries": n6, "index_base": base, "matcher": emu_v6.v6_matcher(plan6), "ct0": ct0, "depth": 16,
+                  "static": plan6.source6}  # fmt: skip
+    # the IPv6 update buffer empty (a Plan): VALID6 all ones, no slot enabled
+    assert updatebuffer.Image6.from_dict(written["v6"]["overlay"]).pristine
+    assert fake.tables.get((regmap.TABLE_VALID6, 0)) == (1 << n6) - 1
     assert written["miss_shunt"] == [False, False]
     # only the IPv6 rows that changed are written again
     plan6.shunt[:] = True
@@ -187,3 +192,52 @@ def test_an_established_row_is_never_forced(fake):
     # a state written before `ct0` existed: every row may meet ct 0
     old = {**written, "v6": {k: v for k, v in written["v6"].items() if k != "ct0"}}
     assert not emu_v6.deciding_rows(old)[0]
+
+
+BAN6 = V6.replace(":OUTPUT ACCEPT [0:0]\n", ":OUTPUT ACCEPT [0:0]\n-A FORWARD -s 2001:db8:1:5::66/128 -j DROP\n")
+
+
+def test_program_writes_the_ipv6_update_buffer(fake):
+    """A ban inserted first in the IPv6 policy, as align6's View over the core's static IPv6 plan (emu_v6.view6): the
+    core's MATCHER_HASH stays the static plan's, the rows at V6_BASE are the View's n6 + 1 + δ6, one slot (BUF6 words,
+    enable last) at position 0, VALID6 all ones, the shim's IPv6 k the View's (k_base applied once)."""
+    plan, static6 = _plans()
+    _, new6 = _plans(BAN6)
+    n4, n6, base = len(plan.entries), len(static6.entries), vhdl.v6_base(plan)
+    d6 = vhdl.buffer6_depth(plan, static6)
+    view = emu_v6.view6(static6, new6, d6)
+    assert view.overlay.used == 1 and view.slots[0].pos == 0 and view.valid.all()
+    fake.regs[regmap.REG_NUM_ENTRIES] = n4
+    fake.regs[regmap.REG_MATCHER_HASH] = int(vhdl.matcher_hash(plan, static6)[-8:], 16)
+    plan.plan6 = view
+    with NicClient(EmuTransport(fake.path)) as c:
+        written = c.program(plan, 2)
+    rows6 = n6 + 1 + d6
+    action = [fake.tables.get((regmap.TABLE_ACTION, i), 0) for i in range(base, base + rows6)]
+    assert action == [int(a) for a in view.actions] and action[n6 + 1] == ACTION_DROP
+    words = [fake.tables.get((regmap.TABLE_BUF6, i), 0) for i in range(updatebuffer.USED6)]
+    assert words == updatebuffer.slot_words6(view.slots[0])
+    assert words[:4] == [0x20010DB8, 0x00010005, 0, 0x66] and words[4:8] == words[:4]  # src lo = hi = the /128
+    ctl = [ln.split() for ln in fake.log if ln.startswith("T W") and ln.split()[2] == str(regmap.TABLE_BUF6)]
+    assert ctl and int(ctl[-1][3]) == updatebuffer.W6_CONTROL, ctl  # the enable word last
+    assert written["v6"]["static"] == static6.source6 and written["v6"]["matcher"] == emu_v6.v6_matcher(static6)
+    ks = emu_v6.intervals([0] * (n4 + 1), view)
+    assert ks[base:] == [int(k) for k in view.interval] and len(ks) == base + rows6
+
+
+def test_drift_of_the_ipv6_update_buffer(fake):
+    """status' NIC drift reads VALID6 and the IPv6 slots back: a slot's enable word cleared by hand is drift."""
+    from hypafilter.ops.deploy import nic_drift
+
+    plan, static6 = _plans()
+    _, new6 = _plans(BAN6)
+    fake.regs[regmap.REG_NUM_ENTRIES] = len(plan.entries)
+    fake.regs[regmap.REG_MATCHER_HASH] = int(vhdl.matcher_hash(plan, static6)[-8:], 16)
+    plan.plan6 = emu_v6.view6(static6, new6, vhdl.buffer6_depth(plan, static6))
+    with NicClient(EmuTransport(fake.path)) as c:
+        written = c.program(plan, 2)
+        st = {"generation": 2, "tables": written}
+        before = nic_drift(c, st)  # (the fake's CONTROL has classification off: said alike before and after)
+        assert not any("IPv6 update buffer" in d for d in before)
+        c.write_table("BUF6", updatebuffer.W6_CONTROL, 0)
+        assert nic_drift(c, st) == [*before, "nic: the IPv6 update buffer differs from the deployed one (slots [0])"]

@@ -452,3 +452,24 @@ class Counters:
             if d.match_index >= len(self.hits):
                 self.hits += [0] * (d.match_index + 1 - len(self.hits))
             self.hits[d.match_index] += 1
+
+
+def hw_index6(entries6, ov6: Overlay, hdr: Header) -> int:
+    """The local IPv6 index (hardware index - V6_BASE) of a parsed IPv6 header on a dual-stack core whose IPv6 update
+    buffer holds `ov6` (analysis.overlay.align6's overlay, hw/hf_update_buffer6.vhd): the first static IPv6 entry
+    (`entries6`, boxes in 128-bit address space: analysis.overlay.unranked_boxes) that VALID6 keeps and that holds
+    the header (n6: none, the IPv6 policy entry), then the first slot, in slot order, that holds it and whose position
+    is at most that: n6 + 1 + b (analysis.overlay.hw_indices' rule, on Python ints: the addresses are 128-bit)."""
+    t = hdr.values()
+
+    def holds(box) -> bool:
+        return all(box.lo[i] <= t[i] <= box.hi[i] for i in range(len(t))) and (
+            hdr.tcp_flags & box.flags_mask == box.flags_value and not box.sets_mask
+        )
+
+    n6 = len(entries6)
+    i = next((j for j, e in enumerate(entries6) if ov6.valid[j] and any(holds(b) for b in e.boxes)), n6)
+    for b, s in enumerate(ov6.slots):
+        if s.pos <= i and holds(s.box):
+            return n6 + 1 + b
+    return i

@@ -146,7 +146,7 @@ def matcher_slice_source(m: dict, lo: int, hi: int) -> dict:
     return {
         "comparators": [m["comparators"][k] for k in cmp_ids],
         "entries": texts[: len(entries)],
-        "rows": [(i, e, i) for i, e in enumerate(texts[: len(entries)])],
+        "rows": [(i, e, i, "valid") for i, e in enumerate(texts[: len(entries)])],
         "boxes": texts[len(entries) :],
         "nboxes": len(boxes),
         "box_stage": m["box_stage"],

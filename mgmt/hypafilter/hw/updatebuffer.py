@@ -232,3 +232,96 @@ def box_tuples(ov: Overlay) -> list[tuple | None]:
     return [
         None if s.box == NEVER else (s.box.lo, s.box.hi, s.box.flags_mask, s.box.flags_value, s.pos) for s in ov.slots
     ]
+
+
+# ---- the IPv6 update buffer of a dual-stack core (hw/hf_update_buffer6.vhd; hw/regmap.txt BUF6_CONFIG, tables BUF6
+# and VALID6; docs/ipv6.md "## emu"): the slots of analysis.overlay.align6's View, whose boxes hold raw 128-bit
+# addresses, at local indices n6 + 1 + b (hardware index V6_BASE + n6 + 1 + b)
+WORDS6 = 32  # BUF6 index stride
+USED6 = 23  # w0..w15 the addresses, w16..w22 as BUF's w4..w10
+W6_FLAGS, W6_CONTROL, W6_SETS = 20, 21, 22
+_ADDR6 = 16  # words of the addresses: src lo, src hi, dst lo, dst hi, four 32-bit chunks each, most significant first
+
+
+def slot_words6(slot: Slot | None) -> list[int]:
+    """The USED6 words of an IPv6 slot (its box's src/dst in 128-bit address space), enabled; None: disabled."""
+    if slot is None:
+        return [0] * USED6
+    b = slot.box
+    if b.is_empty():
+        raise ValueError("an empty box cannot be a slot (it would never match; leave the slot disabled)")
+    if not 0 <= slot.pos <= POS_MASK:
+        raise ValueError(f"slot position {slot.pos} does not fit the control word")
+    w: list[int] = []
+    for v in (b.lo[0], b.hi[0], b.lo[1], b.hi[1]):
+        if not 0 <= v < 1 << 128:
+            raise ValueError(f"IPv6 slot bound {v:#x} is not a 128-bit address")
+        w += [(v >> s) & 0xFFFFFFFF for s in (96, 64, 32, 0)]
+    rest = [0] * USED  # the other fields as an IPv4 slot's words 4..10 (the addresses left 0)
+    for k, (lw, ls, hw, hs) in enumerate(LAYOUT.values()):
+        if FIELDS[k] in ("src", "dst"):
+            continue
+        rest[lw] |= b.lo[k] << ls
+        rest[hw] |= b.hi[k] << hs
+    rest[W_FLAGS] = b.flags_mask | b.flags_value << 8
+    rest[W_SETS] = b.sets_mask | b.sets_value << 8
+    rest[W_CONTROL] = ENABLE | slot.pos
+    return w + rest[4:USED]
+
+
+@dataclass(frozen=True)
+class Image6(Image):
+    """What the VALID6 and BUF6 tables hold: `Image` with USED6 words per slot."""
+
+    @property
+    def depth(self) -> int:
+        return len(self.buf) // USED6
+
+    def slot(self, b: int) -> tuple[int, ...]:
+        return self.buf[b * USED6 : (b + 1) * USED6]
+
+    def enabled(self, b: int) -> bool:
+        return bool(self.buf[b * USED6 + W6_CONTROL] & ENABLE)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Image6:
+        return cls(int(d["n"]), tuple(int(x) for x in d["valid"]), tuple(int(x) for x in d["buf"]))
+
+
+def image6(ov: Overlay) -> Image6:
+    """The BUF6/VALID6 register image of an IPv6 overlay (align6's): valid mask, slots in order, the rest disabled."""
+    buf: list[int] = []
+    for b in range(ov.depth):
+        buf += slot_words6(ov.slots[b] if b < len(ov.slots) else None)
+    return Image6(ov.n_static, tuple(valid_words(ov.valid)), tuple(buf))
+
+
+def pristine6(n6: int, depth6: int) -> Image6:
+    """The IPv6 buffer's image after reset: every static IPv6 entry valid, every slot disabled."""
+    return image6(Overlay.empty(n6, depth6))
+
+
+def writes6(old: Image6 | None, new: Image6) -> list[tuple[str, int, list[int]]]:
+    """`writes` for the IPv6 buffer (tables BUF6 and VALID6, USED6 words a slot, the control word w21 last)."""
+    out: list[tuple[str, int, list[int]]] = []
+    changed = [b for b in range(new.depth) if old is None or not old.same_slot(new, b)]
+    for b in changed:
+        if old is None or old.enabled(b):
+            out.append(("BUF6", b * WORDS6 + W6_CONTROL, [0]))
+    i = 0
+    while i < len(new.valid):
+        if old is not None and old.valid[i] == new.valid[i]:
+            i += 1
+            continue
+        j = i
+        while j < len(new.valid) and (old is None or old.valid[j] != new.valid[j]):
+            j += 1
+        out.append(("VALID6", i, list(new.valid[i:j])))
+        i = j
+    for b in changed:
+        if new.enabled(b):
+            words = list(new.slot(b))
+            out.append(("BUF6", b * WORDS6, words[:W6_CONTROL]))
+            out.append(("BUF6", b * WORDS6 + W6_SETS, [words[W6_SETS]]))
+            out.append(("BUF6", b * WORDS6 + W6_CONTROL, [words[W6_CONTROL]]))
+    return out

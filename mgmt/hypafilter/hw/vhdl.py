@@ -35,6 +35,7 @@ STATIC_SOURCES = (
     "hf_header_parser.vhd",
     "hf_prio_enc.vhd",
     "hf_update_buffer.vhd",
+    "hf_update_buffer6.vhd",
     "hf_set_pkg.vhd",
     "hf_set_table.vhd",
     "hf_tables.vhd",
@@ -238,7 +239,8 @@ def _or(terms: list[str]) -> str:
 
 def matcher_source(plan, plan6=None) -> dict:
     """Template variables of the matcher: deduplicated comparators and per-entry expressions (`entries`, the IPv4
-    ones), and `rows`: (result bit, expression, valid-mask bit or None) for every entry. `plan6`: the IPv6 side of a
+    ones), and `rows`: (result bit, expression, valid-mask bit, mask: "valid" or the IPv6 entries' "valid6") for
+    every entry. `plan6`: the IPv6 side of a
     dual stack (a family-6 Plan); its entries follow at result bits v6_base(plan) + j, every box of theirs tests the
     128-bit addresses its ranks stand for and the frame's family (h_f6), and every IPv4 box tests h_f6 = '0'."""
     comps: dict[str, int] = {}
@@ -275,13 +277,13 @@ def matcher_source(plan, plan6=None) -> dict:
     fam4 = ["h_f6 = '0'"] if plan6 is not None else []
     for i, e in enumerate(plan.entries):
         entries.append(entry(e, fam4, None))
-        rows.append((i, entries[-1], i))
+        rows.append((i, entries[-1], i, "valid"))
     if plan6 is not None:
         if set_slots(plan6):
             raise ValueError("the IPv6 plan matches ipsets: the core has no IPv6 set tables")
         base = v6_base(plan)
         for j, e in enumerate(e6):
-            rows.append((base + j, entry(e, ["h_f6 = '1'"], plan6.addr_map), None))
+            rows.append((base + j, entry(e, ["h_f6 = '1'"], plan6.addr_map), j, "valid6"))
     return {
         "comparators": list(comps),
         "entries": entries,
@@ -314,11 +316,24 @@ def matcher_hash(plan, plan6=None) -> str:
     if plan6 is not None:  # a dual-stack core: the IPv6 entries as the addresses their ranks stand for
         h.update(f"ipv6 {len(plan6.entries)}\n".encode())
         m = matcher_source(_Empty(), plan6)
-        for _i, expr, _v in m["rows"]:
+        for _i, expr, _v, _m in m["rows"]:
             h.update(f"{expr}\n".encode())
         h.update("\n".join(m["comparators"]).encode())
         h.update("\n".join(m["boxes"]).encode())
+        if buffer6_depth(plan, plan6):  # the IPv6 update buffer's slots (docs/ipv6.md "## emu")
+            h.update(f"\nupdate buffer6 {buffer6_depth(plan, plan6)}\n".encode())
     return h.hexdigest()
+
+
+def buffer6_depth(plan, plan6) -> int:
+    """The IPv6 update buffer's slots (δ6, hf_update_buffer6's DEPTH) of the dual-stack core for (plan, plan6): the
+    IPv6 plan's `buffer6_depth` when it has one (0: none), else the IPv4 side's δ, as on xdp; 0 without an IPv6 side.
+    Slot b is hardware index v6_base(plan) + n6 + 1 + b. Its latency must be the IPv4 buffer's (the same slot encoder
+    stages), or 0 slots."""
+    if plan6 is None:
+        return 0
+    d6 = getattr(plan6, "buffer6_depth", None)
+    return buffer_depth(plan) if d6 is None else int(d6)
 
 
 class _Empty:
@@ -419,15 +434,22 @@ def render(
     shunt += [1] * (rows - len(shunt))
     actions += [0] * (rows - len(actions))
     n6 = len(plan6.entries) if plan6 is not None else 0
-    if plan6 is not None:  # the IPv6 entries' rows and the IPv6 policy entry's after the buffer's slots
+    depth6 = buffer6_depth(plan, plan6)
+    if depth6 and not (0 < depth6 <= UPDATE_BUFFER_MAX and buffer_latency(depth6) == buffer_latency(depth)):
+        raise ValueError(f"IPv6 update buffer depth {depth6}: 0, or one whose latency is the IPv4 buffer's ({depth})")
+    if plan6 is not None:  # the IPv6 entries' rows and the IPv6 policy entry's after the buffer's slots, then the
+        # IPv6 buffer's slots' rows (shunted, no action: a slot is disabled until the host writes it and its row)
         rows += n6 + 1
         shunt += [int(b) for b in plan6.shunt] if power_on == "plan" else [1] * (n6 + 1)
         actions += action_words(plan6) if power_on == "plan" else [ACTION_DROP] * (n6 + 1)
+        rows += depth6
+        shunt += [1] * depth6
+        actions += [0] * depth6
     words = [0] * ((rows + 31) // 32)
     for i, bit in enumerate(shunt):
         if bit:
             words[i // 32] |= 1 << (i % 32)
-    idx_w = idx_width(n + (n6 + 1 if plan6 is not None else 0), depth)
+    idx_w = idx_width(n + (n6 + 1 if plan6 is not None else 0), depth + depth6)
     # the result vector: the IPv4 entries, then (dual stack) zeros for the IPv4 policy entry and the buffer's slots,
     # then the IPv6 entries, so that the encoder's index is the hardware index of either family
     res_w = res_width(n) if plan6 is None or n6 == 0 else v6_base(plan) + n6
@@ -441,6 +463,8 @@ def render(
         "n": n,
         "res_width": res_w,
         "valid_width": res_width(n),
+        "valid6_width": res_width(n6),
+        "buf6_depth": depth6,
         "v6_on": plan6 is not None,
         "n6": n6,
         "rows": rows,

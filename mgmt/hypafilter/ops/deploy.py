@@ -28,6 +28,7 @@ from hypafilter.analysis.program import k0_tree_wanted, user_chain_names
 from hypafilter.config import Config, Interfaces
 from hypafilter.errors import DeployError, HypafilterError
 from hypafilter.hw.model import CONTROL_MISS_SHUNT, CONTROL_MISS_SHUNT6, miss_shunt6_control, miss_shunt_control
+from hypafilter.hw.updatebuffer import Image6
 from hypafilter.iptables import kernel
 from hypafilter.iptables.writer import body_of, policy_restore
 from hypafilter.ir import Policy
@@ -355,6 +356,15 @@ def nic_drift(c, st: dict) -> list[str]:
         wrong = [i for i, (a, b) in enumerate(zip(have, want, strict=True)) if a != b]
         if wrong:
             out.append(f"nic: {len(wrong)} {name} words differ from the deployed ones (first at index {wrong[0]})")
+    # a dual-stack core's IPv6 update buffer (docs/ipv6.md "## emu"): VALID6 and the slots' words as written
+    v6 = tables.get("v6") or {}
+    if v6.get("overlay") is not None:
+        want6 = Image6.from_dict(v6["overlay"])
+        have6 = c.read_image6(want6.depth, want6.n)
+        if not have6.same(want6):
+            bad = [b for b in range(want6.depth) if not have6.same_slot(want6, b)]
+            what = f"slots {bad}" if bad else "the valid mask VALID6"
+            out.append(f"nic: the IPv6 update buffer differs from the deployed one ({what})")
     return out
 
 
@@ -734,6 +744,35 @@ def follow6(
         return {"state": new, "how": how, "why": why}
 
 
+def _emu_view6(tables: dict, plan, config: Config, log: Callable[[str], None]):
+    """The new IPv6 plan (`plan.plan6`) as the running dual-stack core's IPv6 update buffer holds it: align6's View
+    over the IPv6 plan the core was generated from (the state's `tables.v6.static`, planned again and used only when
+    its IPv6 matcher is the core's, `tables.v6.matcher`), numbered at the core's V6_BASE; None when the state does
+    not say, the change does not fit the δ6 slots, or it would fill more than half of them (the lazy rebuild: a new
+    core, whose buffer is empty)."""
+    v6t = tables.get("v6") or {}
+    plan6, src, d6 = getattr(plan, "plan6", None), v6t.get("static"), int(v6t.get("depth", 0) or 0)
+    if plan6 is None or not src or not d6:
+        return None
+    old = ip6.V6Policy(source=src["source"], text=src["text"], base_chain=src["base_chain"], tables=("filter",))
+    static6, _ = xdp_v6.plan6_for(
+        old, config, plan, plan6.k_base, plan6.verbatim, target="emu", sets=live_sets6("emu")
+    )  # fmt: skip
+    if static6 is None or emu_v6.v6_matcher(static6) != v6t.get("matcher"):
+        return None
+    try:
+        view = emu_v6.view6(static6, plan6, d6)
+    except BufferFull as e:
+        log(f"IPv6 update buffer: {e}; building a new core")
+        return None
+    if view.overlay.used > d6 // 2:
+        log(f"IPv6 update buffer: the change needs {view.overlay.used} of {d6} slots; a new core (lazy rebuild)")
+        return None
+    view.index_base = int(v6t.get("index_base", static6.index_base))
+    log(f"IPv6 update buffer: {view.overlay.used} of {d6} slots, {int((~view.valid).sum())} entries masked")
+    return view
+
+
 def _static6(tables: dict, config: Config, n4, k_base: int, chains) -> object | None:
     """The family-6 plan the running xdp program's IPv6 table set was written from (the static entries of its IPv6
     update buffer: the state's `tables.v6.static`), or None when the state does not say."""
@@ -955,7 +994,7 @@ def _deploy_locked(
             raise
         # The update buffer first (SFL, docs/deploy.md "Update buffer"): the running matcher with an overlay that
         # makes it decide as the new plan; a new core (program) only when the change does not fit.
-        view = None
+        view = view6 = None
         static = read_static(STATE_DIR, old_nic.get("binary", ""), plan) if old_nic and not force else None
         if (
             static is not None
@@ -968,7 +1007,13 @@ def _deploy_locked(
             and tgt.name == "emu"
             and not emu_v6.core_keeps_v6((old or {}).get("tables") or {}, getattr(plan, "plan6", None))
         ):
-            static = None  # the running core's IPv6 matcher is not the new IPv6 plan's: a new core
+            # the running core's IPv6 matcher is not the new IPv6 plan's: the IPv6 update buffer (align6's View over
+            # the core's static IPv6 plan, docs/ipv6.md "## emu"), else a new core
+            view6 = _emu_view6((old or {}).get("tables") or {}, plan, config, log)
+            if view6 is None:
+                static = None
+            else:
+                plan6_new, plan.plan6 = plan.plan6, view6
         # a configuration with another buffer depth builds a new core (program): the depth is part of its build
         # the running program's set slots must be the plan's (their maps are part of its build: docs/sets.md)
         if static is not None and not tgt.same_sets(old_nic, plan):
@@ -981,6 +1026,8 @@ def _deploy_locked(
             except BufferFull as e:
                 log(f"update buffer: {e}; building a new core")
             tx.timings["overlay"] = round(time.monotonic() - t_ov, 4)
+        if view is None and view6 is not None:
+            plan.plan6 = plan6_new  # a new core after all (the IPv4 side does not fit): built for the new IPv6 plan
         hw = view if view is not None else plan
         if kernel is not None and (view is None or not old_nic):  # a build may come: the kernel's verdict first
             tx.step("kernel-check", kernel)

@@ -35,8 +35,8 @@ from hypafilter.hw.model import (
     nic_mode_control,
     unfilterable_control,
 )
-from hypafilter.hw.updatebuffer import Image
-from hypafilter.hw.vhdl import matcher_hash
+from hypafilter.hw.updatebuffer import Image, Image6
+from hypafilter.hw.vhdl import buffer6_depth, matcher_hash
 
 CORE_ID = 0x48594641  # "HYPA", the ID register's fixed value
 PIPELINE = 256  # requests sent before their replies are read (the server answers in order)
@@ -380,7 +380,10 @@ class NicClient:
         # a dual-stack core's IPv6 side (docs/ipv6.md "## emu"): the family-6 plan the deployment hangs on the IPv4
         # plan (or View); its rows follow the IPv4 ones and the buffer's slots, at V6_BASE = n + 1 + δ
         plan6 = getattr(plan, "plan6", None)
-        want_hash = int(matcher_hash(plan, plan6)[-8:], 16)
+        # an IPv6 side changed through the IPv6 update buffer is analysis.overlay.align6's View over the static IPv6
+        # plan the core was generated from (`static6`, targets.emu.v6.view6): that plan is the matcher's identity
+        static6 = getattr(plan6, "static6", None) or plan6
+        want_hash = int(matcher_hash(plan, static6)[-8:], 16)
         got_hash = self.read("MATCHER_HASH")
         if got_hash != want_hash:
             raise NicError(
@@ -400,10 +403,25 @@ class NicClient:
             # the IPv6 entries' rows and the IPv6 policy entry's; the IPv6 plan's miss forcing in CONTROL bits 6/7 (an
             # IPv6 frame the flow cache does not know, ct 0); per row whether a frame with ct 0 can match it (`ct0`:
             # only such a row's frames can be forced, targets.emu.v6.deciding_rows)
-            n6 = len(plan6.entries)
-            shunt += [int(b) for b in plan6.shunt]
-            actions += action_words(plan6)
-            v6 = {"entries": n6, "index_base": rows, "matcher": v6_matcher(plan6), "ct0": _admits_ct0(plan6)}
+            # then the IPv6 update buffer's slots' rows (δ6; a Plan's: shunted, no action, no slot enabled)
+            n6, d6 = len(static6.entries), buffer6_depth(plan, static6)
+            ov6 = getattr(plan6, "overlay", None)
+            if ov6 is not None:  # a View: its n6 + 1 + δ6 rows, valid mask and slots
+                if (ov6.n_static, ov6.depth) != (n6, d6):
+                    raise NicError(
+                        f"IPv6 overlay for {ov6.n_static} entries and {ov6.depth} slots; the core has {n6} and {d6}"
+                    )
+                shunt += [int(b) for b in plan6.shunt]
+                actions += action_words(plan6)
+            else:
+                ov6 = Overlay.empty(n6, d6)
+                shunt += [int(b) for b in plan6.shunt] + [1] * d6
+                actions += action_words(plan6) + [0] * d6
+            v6 = {"entries": n6, "index_base": rows, "matcher": v6_matcher(static6), "ct0": _admits_ct0(static6),
+                  "depth": d6, "overlay": updatebuffer.image6(ov6).as_dict(),
+                  # the IPv6 policy the core's IPv6 matcher was generated from: the static entries of its IPv6
+                  # update buffer (ops.deploy plans it again and aligns a new IPv6 plan to it)
+                  "static": getattr(static6, "source6", None)}  # fmt: skip
         ov = getattr(plan, "overlay", None) or Overlay.empty(n, updatebuffer.buffer_depth(plan))
         tables = {
             "matcher_hash": f"{want_hash:08x}",
@@ -475,6 +493,7 @@ class NicClient:
         old_none: list[int | None] = [None] * len(shunt_none)
         new_img = Image.from_dict(tables["overlay"]) if tables.get("overlay") is not None else None
         old_img: Image | None = None
+        old6: Image6 | None = None
         if (
             known
             and known.get("matcher_hash") == tables.get("matcher_hash")
@@ -487,6 +506,8 @@ class NicClient:
                 old_none = list(known["shunt_none"])
             if known.get("overlay") is not None:
                 old_img = Image.from_dict(known["overlay"])
+            if (known.get("v6") or {}).get("overlay") is not None:
+                old6 = Image6.from_dict(known["v6"]["overlay"])
         buffer_writes: list = []
         if new_img is not None:
             if old_img is None or (old_img.n, old_img.depth) != (new_img.n, new_img.depth):
@@ -495,6 +516,14 @@ class NicClient:
             busy = not (old_img.pristine and new_img.pristine)
         else:
             busy = False
+        # a dual-stack core's IPv6 update buffer (tables VALID6, BUF6), written as IPv4's
+        v6 = tables.get("v6") or {}
+        if v6.get("overlay") is not None:
+            new6 = Image6.from_dict(v6["overlay"])
+            if old6 is None or (old6.n, old6.depth) != (new6.n, new6.depth):
+                old6 = self.read_image6(new6.depth, new6.n)
+            buffer_writes += updatebuffer.writes6(old6, new6)
+            busy = busy or not (old6.pristine and new6.pristine)
         runs: list[tuple[str, int, list[int]]] = []  # the changed words of SHUNT and ACTION, in runs
         for name, new, old in (
             ("SHUNT", shunt, old_shunt),
@@ -676,6 +705,19 @@ class NicClient:
         idx = [b * updatebuffer.WORDS + w for b in range(depth) for w in range(updatebuffer.USED)]
         buf = self._read_table_at("BUF", idx) if idx else []
         return Image(n, tuple(valid), tuple(buf))
+
+    def read_image6(self, depth: int, n: int) -> Image6:
+        """The VALID6 words and every IPv6 slot's words as a dual-stack core holds them (`depth` slots, `n` static
+        IPv6 entries)."""
+        valid = self.read_table_many("VALID6", 0, (n + 31) // 32) if n else []
+        idx = [b * updatebuffer.WORDS6 + w for b in range(depth) for w in range(updatebuffer.USED6)]
+        buf = self._read_table_at("BUF6", idx) if idx else []
+        return Image6(n, tuple(valid), tuple(buf))
+
+    def buffer6_depth(self) -> int:
+        """The IPv6 update buffer's slots (BUF6_CONFIG bits 15:0; 0 for an IPv4-only core or one from before
+        register map 1.12)."""
+        return self.read("BUF6_CONFIG") & 0xFFFF
 
     def write_overlay(self, overlay: Overlay, known: Image | None = None) -> dict:
         """Make the core's valid mask and slots those of `overlay` (analysis.overlay): the words that differ from

@@ -149,6 +149,7 @@ def build(plan, config=None, build_root: str | Path = "build", verbose: bool = F
     root.mkdir(parents=True, exist_ok=True)
     # a dual-stack deployment's IPv6 side (docs/ipv6.md "## emu"): its entries are part of the matcher
     plan6 = getattr(plan, "plan6", None)
+    plan6 = getattr(plan6, "static6", None) or plan6  # an IPv6 View (its buffer's contents): the static plan's core
     mhash = vhdl.matcher_hash(plan, plan6)
     index = root / "index" / quick_key(mhash, width, fanin, generics)
     if index.exists():

@@ -18,10 +18,33 @@ def intervals(intervals4: list[int], plan6) -> list[int]:
     if len(rows) > base:
         raise ValueError(f"the IPv4 side has {len(rows)} rows, the IPv6 entries start at {base}")
     rows += [0] * (base - len(rows))
+    if getattr(plan6, "overlay", None) is not None:  # a View6: its rows' k offset already (align6's k_base)
+        return rows + [int(k) for k in plan6.interval]
     kb = int(getattr(plan6, "k_base", 0) or 0)
     verbatim = bool(getattr(plan6, "verbatim", False))
     rows += [0 if verbatim or int(k) == 0 else int(k) + kb for k in plan6.interval]
     return rows
+
+
+def view6(static6, master6, depth6: int):
+    """The IPv6 side of a dual-stack deployment changed through the core's IPv6 update buffer (docs/ipv6.md "## emu"):
+    analysis.overlay.align6's View of the new IPv6 plan `master6` over the core generated from the plan `static6`
+    (its `depth6` slots, hw.vhdl.buffer6_depth), with what the deployment reads of an IPv6 plan: `static6` (the
+    matcher's identity: hash, rows), index_base, k_base, verbatim and source6 of the new plan. Raises
+    analysis.overlay.BufferFull when the change needs more slots."""
+    from hypafilter.analysis.overlay import align6
+
+    kb = int(getattr(master6, "k_base", 0) or 0)
+    verbatim = bool(getattr(master6, "verbatim", False))
+    v = align6(static6, master6, depth6, k_base=kb, verbatim=verbatim)
+    v.static6 = static6
+    v.family = 6
+    v.index_base = static6.index_base
+    v.k_base = kb
+    v.verbatim = verbatim
+    v.source6 = getattr(master6, "source6", None)
+    v.k0_tree = bool(getattr(master6, "k0_tree", False))
+    return v
 
 
 def core_keeps_v6(tables: dict, plan6) -> bool:

@@ -352,6 +352,10 @@ static void write_ports(struct port *ports, int np, map_fd_fn fdof, void *ctx)
 		die("ports", "hfx_ports: %s", strerror(errno));
 }
 
+/* `run`'s program object with an IPv6 table set: print_counters adds "HITS6", the sum of hfx6_hits over every
+ * IPv6 local index (the frames the IPv6 path matched, times the runs of each; -1: no IPv6 table set). */
+static struct bpf_map *hits6_map = NULL;
+
 static void print_counters(map_fd_fn fdof, void *ctx, int reset, int hits)
 {
 	int ncpu, cfd = fdof(ctx, "hfx_cnt"), hfd = fdof(ctx, "hfx_hits"), gfd = fdof(ctx, "hfx_cfg");
@@ -373,6 +377,13 @@ static void print_counters(map_fd_fn fdof, void *ctx, int reset, int hits)
 		for (__u32 i = 0; i <= cfg.num_entries + cfg.buf_depth; i++)
 			printf("%s%llu", i ? ", " : "", percpu_sum(hfd, i, vals, ncpu, reset, "hfx_hits"));
 		printf("]");
+	}
+	if (hits6_map) {
+		unsigned long long sum = 0;
+
+		for (__u32 i = 0; i < bpf_map__max_entries(hits6_map); i++)
+			sum += percpu_sum(bpf_map__fd(hits6_map), i, vals, ncpu, 0, "hfx6_hits");
+		printf(", \"HITS6\": %llu", sum);
 	}
 	printf("}\n");
 	free(vals);
@@ -459,6 +470,7 @@ static int cmd_run(const char *obj_path, const char *tables, const char *frames,
 	write_tables(tables, obj_map_fd, obj, 0);
 	print_prog_info(pfd);
 	run_frames(pfd, frames, ifindex_of_iport, repeat);
+	hits6_map = bpf_object__find_map_by_name(obj, "hfx6_hits");
 	print_counters(obj_map_fd, obj, 0, 1);
 	bpf_object__close(obj);
 	return 0;

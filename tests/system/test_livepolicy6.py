@@ -163,6 +163,17 @@ def test_an_ip6tables_ban_holds_in_xdp_and_lifts(lab):
         r = hf("status", check=False)
         m.write_many([row])
     assert r.returncode == 1 and "DRIFT" in r.stdout and "IPv6 update buffer" in r.stdout, r.stdout
+    # so is the slot's row (hfx6_ent: its action changed by hand, a verdict the deployment does not hold) and a word
+    # of the valid mask (hfx6_vbox: a static box taken out): status reads back every map the buffer's write rewrites
+    n6 = st["tables"]["v6"]["entries"]
+    for name, index in (("hfx6_ent", n6 + 1), ("hfx6_vbox", 0)):
+        with PinnedArray(f"{st['nic']['pin']}/{name}") as m:
+            row = m.read(index)
+            m.write(bytes([row[0] ^ 1]) + row[1:], index)
+            r = hf("status", check=False)
+            m.write(row, index)
+        print(f"{name}[{index}] changed by hand: {[ln for ln in r.stdout.splitlines() if name in ln]}")
+        assert r.returncode == 1 and f"IPv6 update buffer: {name}" in r.stdout, (name, r.stdout)  # main: exit 0
     assert hf("status", check=False).returncode == 0
     after = hf.service()
     assert after["changes"] == before["changes"] and after["resyncs"] == before["resyncs"], after  # IPv4 untouched

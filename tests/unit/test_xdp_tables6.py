@@ -16,11 +16,14 @@ from hypafilter.ir import FIELDS, Header
 from hypafilter.targets.xdp.tables import (
     CONFIG6,
     SEARCH_FIELDS,
+    buffer6_words,
     build_tables,
     build_tables6,
     shape6,
+    split_records,
     tables6_records,
     tables_file,
+    words6_digest,
 )
 
 from tests.xdp_v6 import TOP, Rule6, ranked_plan
@@ -131,6 +134,24 @@ def test_tables_file_and_index_base():
     small = dict(shape["v6"], nb_cap=1)
     with pytest.raises(ValueError, match="do not fit"):
         tables6_records(t6, small)
+
+
+def test_buffer6_words_cover_every_row_and_the_mask():
+    """What the state keeps of the IPv6 update buffer's maps (drift reads them back): hfx6_ent's every row (the static
+    entries', the policy entry's and each slot's), hfx6_buf and hfx6_vbox, each a count and a digest of its words;
+    one byte of one row changes that map's digest alone."""
+    _, plan = ranked_plan(RULES, "DROP", index_base=9)
+    t6 = build_tables6(plan)
+    records = tables6_records(t6, shape6(t6, 4))
+    words = buffer6_words(records)
+    assert sorted(words) == ["hfx6_buf", "hfx6_ent", "hfx6_vbox"]
+    assert words["hfx6_ent"][0] == len(plan.entries) + 1 + 4 and words["hfx6_buf"][0] == 4, words
+    assert words["hfx6_vbox"][0] == 1, words
+    ent = next(r for r in split_records(records) if r[0] == "hfx6_ent")[3]
+    changed = ent[:8] + bytes([ent[8] ^ 1]) + ent[9:]  # row 1's action
+    assert words6_digest(changed) != words["hfx6_ent"][1] and words6_digest(ent) == words["hfx6_ent"][1]
+    # a program without the buffer: its rows alone (the state keeps `words` only where there is a buffer)
+    assert list(buffer6_words(tables6_records(t6, shape6(t6)))) == ["hfx6_ent"]
 
 
 def test_refusals():

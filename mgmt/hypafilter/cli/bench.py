@@ -11,7 +11,7 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from hypafilter.cli.common import add_policy_args, frame_options, load_config, load_policy, progress
+from hypafilter.cli.common import add_policy_args, frame_options, load_config, load_policy, progress, set_env
 from hypafilter.config import MODES, STRATEGIES
 from hypafilter.errors import HypafilterError
 from hypafilter.paths import ROOT
@@ -211,7 +211,13 @@ def register(sub) -> None:
     o.add_argument("--json", action="store_true", help="the report as one JSON object")
     o.set_defaults(func=run_optimize)
     x = bsub.add_parser("xdp-cost", help="per-frame cost (BPF_PROG_TEST_RUN) and verifier figures of the XDP fast path")
-    add_policy_args(x)
+    add_policy_args(x, ipv6=True)
+    x.add_argument(
+        "--ipv6-share",
+        type=float,
+        default=0.5,
+        help="with POLICY --ipv6 V6POLICY: the share of IPv6 frames (default 0.5; -6: every frame IPv6)",
+    )
     x.add_argument("--frames", type=int, default=2000, help="distinct frames (default 2000)")
     x.add_argument("--repeat", type=int, default=100, help="runs of each frame (default 100)")
     x.add_argument("--seed", type=int, default=1, help="random seed of the frames (default 1)")
@@ -375,12 +381,13 @@ def run_rate(args: argparse.Namespace) -> int:
     return 1 if report["mismatches"] else 0
 
 
-def _rate_ipv6(args: argparse.Namespace, cfg):
+def _rate_ipv6(args: argparse.Namespace, cfg, sets: bool = False):
     """bench rate's IPv6 side (docs/ipv6.md "bench rate with IPv6"): (the IPv4 policy, the IPv6 policy as deploy takes
     it, the trace's headers mapped into IPv6 or None). `-6 V6POLICY`: the IPv4 side is the empty policy (every base
     chain ACCEPT; no IPv4 frame is sent); `-6 --classbench F`: the filter set mapped into IPv6 as the analysis
     benchmark maps it (tools.classbench6), and with --trace its trace mapped beside it; `POLICY --ipv6 V6POLICY`: both
-    families' frames."""
+    families' frames. `sets` (bench xdp-cost): the IPv6 policy's -m set matches read the sets of --ipsets FILE (or
+    the firewall's live ones), inet6 sets as set slots of the IPv6 plan (docs/sets.md "IPv6 sets")."""
     from hypafilter.iptables.document import parse_policy
     from hypafilter.netfilter import ip6
 
@@ -434,8 +441,10 @@ def _rate_ipv6(args: argparse.Namespace, cfg):
 
         policy = _classbench(args, cfg, args.complex) if args.classbench else load_policy(args, cfg)
         text, source = read_policy_text(args.ipv6), args.ipv6
-    ir = parse_policy(text, filename=source, base_chain=args.chain, config=cfg, allow_empty=True, family=6)
-    v6 = ip6.parse(text, source, args.chain)  # checked by ip6tables-restore --test in a scratch namespace
+    env = set_env(args, cfg) if sets else None
+    ir = parse_policy(text, filename=source, base_chain=args.chain, config=cfg, allow_empty=True, family=6, sets=env)
+    # checked by ip6tables-restore --test in a scratch namespace (with the sets it reads)
+    v6 = ip6.parse(text, source, args.chain, sets_text=env.text if env is not None else "")
     import dataclasses
 
     return policy, dataclasses.replace(v6, ir=ir), headers
@@ -500,10 +509,29 @@ def run_xdp_cost(args: argparse.Namespace) -> int:
         raise HypafilterError("--ct-first needs --classbench (a policy file states its own conntrack rule)")
     if args.established and not args.trace:
         raise HypafilterError("--established needs --trace (its TCP and UDP headers are the flows)")
-    policy = _classbench(args, cfg, args.complex) if args.ct_first else load_policy(args, cfg)
+    v6 = None
+    if args.family6 or args.ipv6:
+        if args.established or args.buffer_slots:
+            raise HypafilterError("--established and --buffer-slots measure IPv4 frames: not with -6 or --ipv6")
+        policy, v6, v6_headers = _rate_ipv6(args, cfg, sets=True)
+        v6_share = 1.0 if args.family6 else args.ipv6_share
+        if not 0 < v6_share <= 1:
+            raise HypafilterError("--ipv6-share: a share in (0, 1]")
+    else:
+        policy = _classbench(args, cfg, args.complex) if args.ct_first else load_policy(args, cfg)
     if args.frames < 1 or args.repeat < 1:
         raise HypafilterError("--frames and --repeat must be at least 1")
     plan = build_plan(policy, cfg, mode=args.mode)
+    if v6 is not None:  # the IPv6 side's table set in the program (docs/ipv6.md "## xdp"), as deploy builds it
+        from hypafilter.targets.xdp.v6 import plan6_for
+
+        cfg.xdp_ipv6 = True
+        plan6, why = plan6_for(v6, cfg, plan)
+        if plan6 is None:
+            raise HypafilterError(f"the IPv6 policy cannot go into the XDP program: {why}")
+        v6_args = {"plan6": plan6, "v6": v6, "v6_share": v6_share, "v6_headers": v6_headers}
+    else:
+        v6_args = {}
     options = (
         "frames",
         "repeat",
@@ -528,7 +556,9 @@ def run_xdp_cost(args: argparse.Namespace) -> int:
         from hypafilter.tools.bench.xdpcost import buffer_view
 
         plan = buffer_view(plan, args.buffer_slots, depth, args.buffer_at)
-    report = xdp_cost(plan, policy, **{k: getattr(args, k) for k in options}, **extra, depth=depth)
+    if v6 is not None and args.family6:
+        options = tuple(o for o in options if o != "trace")  # -6 --trace: the trace's headers mapped into IPv6
+    report = xdp_cost(plan, policy, **{k: getattr(args, k) for k in options}, **extra, depth=depth, **v6_args)
     report["command"] = "hypafilter " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     print(json.dumps(report))
     return 0

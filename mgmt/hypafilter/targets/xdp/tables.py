@@ -685,6 +685,22 @@ def with_v6_records(data: bytes, v6: bytes) -> bytes:
     return b"".join(body) + v6 + b"".join(cfg)
 
 
+BUFFER6_MAPS = ("hfx6_ent", "hfx6_buf", "hfx6_vbox")  # what a write of the IPv6 update buffer rewrites whole
+
+
+def buffer6_words(data: bytes) -> dict[str, list]:
+    """What the state keeps of the IPv6 update buffer's maps as a tables file or tables6_records `data` writes them
+    (hfx6_ent's rows: the static entries' and the slots', hfx6_buf's slots, hfx6_vbox's valid mask): per map, its
+    element count and a digest of their words, which drift compares with the maps read back (`words6_digest`)."""
+    return {name: [count, words6_digest(vals)] for name, _, count, vals in split_records(data) if name in BUFFER6_MAPS}
+
+
+def words6_digest(vals: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(vals).hexdigest()[:24]
+
+
 def lookup6_digest(t6: Tables, v6shape: dict) -> str:
     """A digest of the IPv6 lookup maps `t6` writes into a program of `v6shape` (vectors, spans, direct tables,
     boxes): what the IPv6 update buffer's static entries are, so that an overlay is only ever computed against the

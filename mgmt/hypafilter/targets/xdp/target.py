@@ -41,11 +41,13 @@ from hypafilter.targets.xdp import sets as setmaps
 from hypafilter.targets.xdp.build import build_loader, build_program
 from hypafilter.targets.xdp.sets import SET_CAPACITY
 from hypafilter.targets.xdp.tables import (
+    BUFFER6_MAPS,
     CONFIG,
     CONFIG6,
     CT_NONE_FLAG,
     CtConfig,
     Tables,
+    buffer6_words,
     build_tables,
     build_tables6,
     entry_rows,
@@ -62,6 +64,7 @@ from hypafilter.targets.xdp.tables import (
     tables6_records,
     tables_file,
     with_v6_records,
+    words6_digest,
 )
 
 PIN_ROOT = Path("/sys/fs/bpf/hypafilter-xdp")
@@ -372,7 +375,9 @@ class XdpTarget(Target):
 
     def _buffer6_drift(self, info: dict, st: dict) -> list[str]:
         """The IPv6 update buffer (docs/ipv6.md "The update buffer for IPv6") not what the state says it holds: its
-        scan bound and every slot in use, word for word (states and programs without it: nothing to compare)."""
+        scan bound and every slot in use, word for word, and every map a write of the buffer rewrites whole (the
+        rows of the static entries and of the slots, hfx6_ent; the slots, hfx6_buf; the valid mask, hfx6_vbox)
+        against the digest of what was written (`words`; states and programs without them: nothing to compare)."""
         buf = ((st.get("tables") or {}).get("v6") or {}).get("buffer")
         pin = Path(info["pin"])
         if not buf or not (pin / "hfx6_buf").exists():
@@ -390,9 +395,39 @@ class XdpTarget(Target):
         except (OSError, HypafilterError, struct.error) as e:
             return [f"xdp: IPv6 update buffer: {e}"]
         want = slot_rows6(_Slots(slots), depth)[: len(have)]
+        out = []
         if scan != len(slots) or have != want:
-            return [f"xdp: IPv6 update buffer: {scan} slots scanned, deployed {len(slots)}, or their words differ"]
-        return []
+            out.append(f"xdp: IPv6 update buffer: {scan} slots scanned, deployed {len(slots)}, or their words differ")
+        words = buf.get("words") or {}
+        for name in (n for n in BUFFER6_MAPS if n in words):
+            count, digest = words[name]
+            try:
+                with PinnedArray(pin / name) as m:
+                    vals = [m.read(i) for i in range(count)]
+            except (OSError, HypafilterError) as e:
+                out.append(f"xdp: IPv6 update buffer: {e}")
+                continue
+            if words6_digest(b"".join(vals)) != digest:
+                where = self._first_differing(st, name, vals)
+                out.append(
+                    f"xdp: IPv6 update buffer: {name} ({BUFFER6_WHAT[name]}) is not what the deployment wrote"
+                    + (f" (first at element {where})" if where is not None else "")
+                )
+        return out
+
+    @staticmethod
+    def _first_differing(st: dict, name: str, vals: list[bytes]) -> int | None:
+        """The first element of map `name` that differs from the state's tables file (None: no such file, or the
+        file's record is not the one the state's digest was taken of)."""
+        path = Path((st.get("tables") or {}).get("file", ""))
+        try:
+            rec = next((r for r in split_records(path.read_bytes()) if r[0] == name), None) if path.is_file() else None
+        except (OSError, struct.error, UnicodeDecodeError):
+            return None
+        if rec is None or rec[2] != len(vals):
+            return None
+        size = rec[1]
+        return next((i for i, v in enumerate(vals) if v[:size] != rec[3][i * size : (i + 1) * size]), None)
 
     def _sets_drift(self, info: dict, grace: float = 1.0) -> list[str]:
         """The set tables not released for `grace` seconds (an ipset command's resync takes tens of ms): the policy
@@ -478,7 +513,7 @@ class XdpTarget(Target):
             "new_flows": "decided" if ct.none else (self._new_flows_why_not or "no conntrack lookup"),
             "overlay": overlay_state(t.overlay if t.overlay is not None else Overlay.empty(t.n, 0)),
             **({"sets": sets} if sets else {}),
-            **({"v6": _v6_state(t6, p6, ct6, running.get("v6"))} if t6 is not None else {}),
+            **({"v6": _v6_state(t6, p6, ct6, running.get("v6"), data)} if t6 is not None else {}),
         }
 
     def same_sets(self, info: dict, plan) -> bool:
@@ -659,7 +694,7 @@ class XdpTarget(Target):
         for name, vsize, count, vals in split_records(records):
             with PinnedArray(Path(info["pin"]) / name) as m:
                 m.write_many([vals[i * vsize : (i + 1) * vsize] for i in range(count)])
-        out = {**known, "v6": _v6_state(t6, plan6, ct6, running["v6"])}
+        out = {**known, "v6": _v6_state(t6, plan6, ct6, running["v6"], records)}
         return self._keep_v6_tables(info, known, data, out)
 
     def _keep_v6_tables(self, info: dict, known: dict, data: bytes | None, out: dict) -> dict:
@@ -720,7 +755,12 @@ class XdpTarget(Target):
             entries=t6.n,
             static=old.get("static"),
             lookup=old["lookup"],
-            buffer={**overlay_state(view.overlay), "used": view.overlay.used, "depth": depth},
+            buffer={
+                **overlay_state(view.overlay),
+                "used": view.overlay.used,
+                "depth": depth,
+                "words": buffer6_words(records),
+            },
         )
         out = {**known, "v6": st6}
         return self._keep_v6_tables(info, known, data, out)
@@ -795,6 +835,13 @@ def overlay_state(ov: Overlay) -> dict:
     }
 
 
+BUFFER6_WHAT = {
+    "hfx6_ent": "the rows of the static entries and the slots: action, shunt, k",
+    "hfx6_buf": "the slots",
+    "hfx6_vbox": "the valid mask",
+}
+
+
 class _Slots:
     """The slots of an IPv6 overlay as the state keeps them (what slot_rows6 reads)."""
 
@@ -802,10 +849,11 @@ class _Slots:
         self.slots = slots
 
 
-def _v6_state(t6: Tables, plan6, ct6: CtConfig, v6shape: dict | None = None) -> dict:
+def _v6_state(t6: Tables, plan6, ct6: CtConfig, v6shape: dict | None = None, records: bytes | None = None) -> dict:
     """What the state records of the IPv6 table set (docs/ipv6.md "## xdp"); with the program's IPv6 shape, what its
     update buffer's static entries are (`static`: the IPv6 policy the table set was written from, `lookup`: the
-    digest of its lookup maps; the buffer empty)."""
+    digest of its lookup maps; the buffer empty; `words`: what `records`, the tables written, put into the buffer's
+    maps, buffer6_words)."""
     out = {
         "entries": t6.n,
         "index_base": t6.index_base,
@@ -815,7 +863,8 @@ def _v6_state(t6: Tables, plan6, ct6: CtConfig, v6shape: dict | None = None) -> 
     }
     src = getattr(plan6, "source6", None)
     if v6shape and v6shape.get("buf") and src:
-        out.update(static=src, lookup=lookup6_digest(t6, v6shape), buffer={"used": 0, "depth": v6shape["buf"]})
+        buf = {"used": 0, "depth": v6shape["buf"], **({"words": buffer6_words(records)} if records else {})}
+        out.update(static=src, lookup=lookup6_digest(t6, v6shape), buffer=buf)
     return out
 
 

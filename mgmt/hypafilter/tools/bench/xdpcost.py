@@ -11,7 +11,14 @@ shunted (CNT_SHUNT_STATE).
 
 The update buffer (docs/xdp.md "Update buffer (SFL)"): `depth` slots in the program; `buffer_view` puts some of the
 plan's own entries into them (left out of the static matcher), so the frames decide as the plan does and the figure
-is the cost of the slot scan."""
+is the cost of the slot scan.
+
+IPv6 (`bench xdp-cost -6 V6POLICY`, `POLICY --ipv6 V6POLICY`; docs/ipv6.md "## xdp"): `plan6`, the family-6 plan of
+the IPv6 side (targets.xdp.v6.plan6_for), gets the program's IPv6 table set, and the share `v6_share` of the frames
+are verify6's IPv6 frames (`probes6`: aimed at `v6`'s rules and networks, or `v6_headers`, a trace mapped into
+IPv6; well-formed TCP/UDP/ICMPv6 and the extension-header and malformed kinds in verify6's mix). The figures are
+given per frame kind (`by_kind`) and family (`by_family`); `counters.HITS6` is the program's own count of frames
+its IPv6 path matched an IPv6 entry for (hfx6_hits, times `repeat`)."""
 
 from __future__ import annotations
 
@@ -25,7 +32,7 @@ from hypafilter import netns
 from hypafilter.analysis.overlay import View, align
 from hypafilter.errors import HypafilterError
 from hypafilter.targets.xdp.run import run_frames
-from hypafilter.targets.xdp.tables import FAST_FIELDS, build_tables
+from hypafilter.targets.xdp.tables import FAST_FIELDS, build_tables, build_tables6, shape6
 from hypafilter.targets.xdp.target import CONTROL_ENABLE, read_ct_config
 
 # the lease word per `lease` setting: 0 disarmed; 2**62 ns (about 146 years of uptime) ahead; 1 ns, long past
@@ -46,6 +53,10 @@ def xdp_cost(
     control: int = CONTROL_ENABLE,
     depth: int = 0,
     lease: str = "off",
+    plan6=None,
+    v6=None,
+    v6_share: float = 0.0,
+    v6_headers: Sequence[dict] | None = None,
 ) -> dict:
     """`words`/`all_fields`: load the plan's tables into a larger program (vector words, every field looked up), to
     see the verifier's figures of shapes bigger than the plan's. `depth`: the program's update-buffer slots (at
@@ -59,12 +70,22 @@ def xdp_cost(
     rng = random.Random(seed)
     gen = FrameGen(policy, rng)
     rows = read_trace(trace, frames, rng) if trace and frame_list is None else None
+    n6 = round(frames * v6_share) if plan6 is not None else 0
     if frame_list is not None:
-        fr = [(0, f) for f in frame_list[:frames]]
+        fr = [(0, f) for f in frame_list[: frames - n6]]
     else:
         fr = [
-            (0, build_frame(u, rows[(u - 1) % len(rows)] if rows else gen.header(), b"")) for u in range(1, frames + 1)
+            (0, build_frame(u, rows[(u - 1) % len(rows)] if rows else gen.header(), b""))
+            for u in range(1, frames - n6 + 1)
         ]
+    kinds = ["v4"] * len(fr)
+    if n6:
+        from hypafilter.ops.verify import DST_MAC, ID_MAC_PREFIX
+        from hypafilter.ops.verify6 import probes6
+
+        six = probes6(v6, len(fr) + 1, n6, seed, DST_MAC, ID_MAC_PREFIX, headers=v6_headers)
+        fr += [(0, f) for _, _, f in six]
+        kinds += [k for _, k, _ in six]
     t0 = time.perf_counter()
     t = build_tables(plan)
     tables_s = time.perf_counter() - t0
@@ -77,6 +98,11 @@ def xdp_cost(
         shape["words"] = words
     if all_fields:
         shape["fields"] = list(FAST_FIELDS)
+    t6 = None
+    if plan6 is not None:  # the IPv6 table set after the IPv4 side's rows (as XdpTarget.program places it)
+        plan6.index_base = t.n + 1 + depth
+        t6 = build_tables6(plan6)
+        shape["v6"] = shape6(t6)
     ns = f"hfxc-{os.getpid()}"
     netns.delete(ns)
     netns.add(ns)
@@ -96,11 +122,38 @@ def xdp_cost(
         if lease_ns is None:
             raise HypafilterError(f"--lease {lease!r}: one of {', '.join(LEASE_WORDS)}")
         res = run_frames(
-            plan, fr, ["c0", "c1"], ns=ns, control=control, repeat=repeat, shape=shape, ct=ct, lease_ns=lease_ns
+            plan,
+            fr,
+            ["c0", "c1"],
+            ns=ns,
+            control=control,
+            repeat=repeat,
+            shape=shape,
+            ct=ct,
+            lease_ns=lease_ns,
+            plan6=plan6,
         )
     finally:
         netns.delete(ns)
     per = sorted(v.ns for v in res.verdicts)
+    by_kind: dict[str, list[int]] = {}
+    for k, v in zip(kinds, res.verdicts, strict=True):
+        by_kind.setdefault(k, []).append(v.ns)
+    fam = {"4": by_kind.get("v4", []), "6": [x for k, xs in by_kind.items() if k != "v4" for x in xs]}
+    v6_part = {}
+    if plan6 is not None:
+        v6_part = {
+            "ipv6": {
+                "entries": t6.n,
+                "boxes": t6.boxes,
+                "vectors": len(t6.vectors),
+                "address_intervals": {f: len(s) for f, s in t6.spans.items()},
+                "sets": len(t6.sets),
+                "frames": n6,
+            },
+            "by_family": {f: _figures(xs) for f, xs in fam.items() if xs},
+            "by_kind": {k: _figures(xs) for k, xs in sorted(by_kind.items())},
+        }
     return {
         "entries": len(plan.entries),
         "boxes": t.boxes,
@@ -120,6 +173,18 @@ def xdp_cost(
         "buffer_used": t.overlay.used if t.overlay is not None else 0,
         "counters": {k: v for k, v in res.counters.items() if isinstance(v, int) and v},
         "hits_by_slots": sum(res.counters["HITS"][t.n + 1 :]),
+        **v6_part,
+    }
+
+
+def _figures(ns: list[int]) -> dict:
+    """ns per frame of some frames: their count, mean, median and 99th percentile."""
+    s = sorted(ns)
+    return {
+        "frames": len(s),
+        "ns_mean": round(statistics.fmean(s), 1),
+        "ns_median": s[len(s) // 2],
+        "ns_p99": s[min(len(s) - 1, int(len(s) * 0.99))],
     }
 
 

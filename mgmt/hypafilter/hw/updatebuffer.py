@@ -193,18 +193,14 @@ def overlay_of(img: Image) -> Overlay:
     return Overlay(img.n, img.depth, valid_of(img.valid, img.n), tuple(slots))
 
 
-def writes(old: Image | None, new: Image) -> list[tuple[str, int, list[int]]]:
-    """The table writes that take the core from `old` (None: not known) to `new`, in order, as (table, first index,
-    words) runs for stream writes: every enabled slot that changes is disabled first (its control word), then the
-    VALID words that differ, then each changed slot that `new` uses, its words 0..9 in one run, the control word
-    (enable) last; a slot whose sets word (w10, after the control word) is or may have been non-zero gets it written
-    before the control word. Slots disabled in `new` keep their stale fields. Frames classified between the first and the last
-    write see states that are neither `old` nor `new`: the caller brackets the sequence with CONTROL bit 1."""
+def _disable_and_mask(old, new, buf: str, words: int, w_control: int, valid: str):
+    """The first writes of `writes` and `writes6`: (the slots that change, [the control word 0 of each of them that
+    is or may be enabled, then the runs of the valid mask's words that differ])."""
     out: list[tuple[str, int, list[int]]] = []
     changed = [b for b in range(new.depth) if old is None or not old.same_slot(new, b)]
     for b in changed:
         if old is None or old.enabled(b):
-            out.append(("BUF", b * WORDS + W_CONTROL, [0]))
+            out.append((buf, b * words + w_control, [0]))
     i = 0
     while i < len(new.valid):
         if old is not None and old.valid[i] == new.valid[i]:
@@ -213,8 +209,19 @@ def writes(old: Image | None, new: Image) -> list[tuple[str, int, list[int]]]:
         j = i
         while j < len(new.valid) and (old is None or old.valid[j] != new.valid[j]):
             j += 1
-        out.append(("VALID", i, list(new.valid[i:j])))
+        out.append((valid, i, list(new.valid[i:j])))
         i = j
+    return changed, out
+
+
+def writes(old: Image | None, new: Image) -> list[tuple[str, int, list[int]]]:
+    """The table writes that take the core from `old` (None: not known) to `new`, in order, as (table, first index,
+    words) runs for stream writes: every enabled slot that changes is disabled first (its control word), then the
+    VALID words that differ, then each changed slot that `new` uses, its words 0..9 in one run, the control word
+    (enable) last; a slot whose sets word (w10, after the control word) is or may have been non-zero gets it written
+    before the control word. Slots disabled in `new` keep their stale fields. Frames classified between the first and the last
+    write see states that are neither `old` nor `new`: the caller brackets the sequence with CONTROL bit 1."""
+    changed, out = _disable_and_mask(old, new, "BUF", WORDS, W_CONTROL, "VALID")
     for b in changed:
         if new.enabled(b):
             words = list(new.slot(b))
@@ -303,21 +310,7 @@ def pristine6(n6: int, depth6: int) -> Image6:
 
 def writes6(old: Image6 | None, new: Image6) -> list[tuple[str, int, list[int]]]:
     """`writes` for the IPv6 buffer (tables BUF6 and VALID6, USED6 words a slot, the control word w21 last)."""
-    out: list[tuple[str, int, list[int]]] = []
-    changed = [b for b in range(new.depth) if old is None or not old.same_slot(new, b)]
-    for b in changed:
-        if old is None or old.enabled(b):
-            out.append(("BUF6", b * WORDS6 + W6_CONTROL, [0]))
-    i = 0
-    while i < len(new.valid):
-        if old is not None and old.valid[i] == new.valid[i]:
-            i += 1
-            continue
-        j = i
-        while j < len(new.valid) and (old is None or old.valid[j] != new.valid[j]):
-            j += 1
-        out.append(("VALID6", i, list(new.valid[i:j])))
-        i = j
+    changed, out = _disable_and_mask(old, new, "BUF6", WORDS6, W6_CONTROL, "VALID6")
     for b in changed:
         if new.enabled(b):
             words = list(new.slot(b))

@@ -206,7 +206,8 @@ def register(sub) -> None:
     o.add_argument(
         "--peers",
         action="store_true",
-        help="also the policy in nft (iptables-restore-translate) and as `nft -o` rewrites it (nft back end)",
+        help="also the policy in nft (iptables-restore-translate), as `nft -o` rewrites it and as nft verdict maps "
+        "(header rules only; nft back end)",
     )
     o.add_argument("--json", action="store_true", help="the report as one JSON object")
     o.set_defaults(func=run_optimize)
@@ -319,7 +320,8 @@ def run_optimize(args: argparse.Namespace) -> int:
     else:
         for k, v in report.items():
             print(f"{k}: {v}")
-    return 1 if report["mismatches"] or report["counter_mismatches"] else 0
+    peers_bad = any(v for k, v in report.items() if k.endswith("_mismatches") and k != "counter_mismatches")
+    return 1 if report["mismatches"] or report["counter_mismatches"] or peers_bad else 0
 
 
 def run_rate(args: argparse.Namespace) -> int:

@@ -286,6 +286,29 @@ def nft_peers(rb: pktrate.RateBench, text: str, tmp: Path) -> dict:
     return out
 
 
+def sets_peer(rb: pktrate.RateBench, text: str) -> dict:
+    """The policy as nft verdict maps (tools.bench.nftsets), loaded once to see that the kernel takes it:
+    {"text": nft text or None, "summary": its figures, "error": why there is none}."""
+    from hypafilter.tools.bench.nftsets import nft_sets
+
+    try:
+        peer = nft_sets(text)
+    except HypafilterError as e:
+        return {"text": None, "summary": {}, "error": str(e)}
+    try:
+        _nft_load(rb, peer.text)
+    except netns.CommandError as e:
+        said = [ln.strip() for ln in str(e).splitlines() if "Error:" in ln]
+        return {
+            "text": None,
+            "summary": peer.summary(),
+            "error": f"{said[0]} ({len(said)} such)" if said else str(e)[-300:],
+        }
+    finally:
+        netns.run(["nft", "flush", "ruleset"], rb.ns_f)
+    return {"text": peer.text, "summary": peer.summary(), "error": None}
+
+
 def k0_program(text: str, name: str, strategy: str, min_segment: int = 16) -> tuple[Result, dict]:
     """The hybrid's k = 0 path of `strategy` as the rewrite to compare: the program compile writes for the policy
     (not live: K0 walks FULL, or strategy tree's trees, then the chain policy), with `-A FORWARD -j <prefix>MAIN`.
@@ -362,7 +385,8 @@ def run(text: str, res: Result, rows, seconds: float = 2.0, repeats: int = 3, pr
         seed: int = 1, backend: str = "nft", peers: bool = False, log=print, family: int = 4,
         tag: str | None = None) -> dict:  # fmt: skip
     """The measurement; `rows` are (src, dst, sport, dport) headers (UDP) for the rate frames and the probes.
-    `peers` (nft back end only): the same through the policy in nft and as `nft -o` rewrites it. `family` 6: an
+    `peers` (nft back end only): the same through the policy in nft, as `nft -o` rewrites it and as nft verdict maps
+    (`sets_peer`: pps_nft_sets, nft_sets_mismatches, or nft_sets_error). `family` 6: an
     ip6tables policy and its rewrite, IPv6 frames (rows with 128-bit addresses; probe_frames6). `tag`: the
     namespaces' prefix (default a random `hto<n>`)."""
     if not rows:
@@ -399,6 +423,11 @@ def run(text: str, res: Result, rows, seconds: float = 2.0, repeats: int = 3, pr
             loads["nft"] = lambda: _nft_load(rb, nft["nft"])
             if nft["nft_o"] is not None:
                 loads["nft_o"] = lambda: _nft_load(rb, nft["nft_o"])
+            sets = sets_peer(rb, text)
+            out.update(sets["summary"])
+            out["nft_sets_error"] = sets["error"]
+            if sets["text"] is not None:
+                loads["nft_sets"] = lambda: _nft_load(rb, sets["text"])
         got, cnt = {}, {}
         for which, load in loads.items():
             load()

@@ -218,6 +218,21 @@ bench-optimize6:
 	      --trace $${set}_trace.gz --json > $(BENCH_OPT6)/$$(basename $$set).json; \
 	  done; done
 
+# opt-in: `optimize` and the nft peers (--peers: plain nft, `nft -o`, nft verdict maps) on acl1, fw1, ipc1 at 1,100 and
+# 5,000 rules (docs/results.md, "HiTables"; about 10 minutes); one JSON per set in $(BENCH_OPT)
+BENCH_OPT := $(BUILD)/bench-optimize
+.PHONY: bench-optimize
+bench-optimize:
+	@scripts/setup.sh system
+	mkdir -p $(BENCH_OPT)
+	set -e; for s in acl1 fw1 ipc1; do \
+	  head -n 5000 $(SHARED)/data/classbench/$${s}_10k.filters > $(BENCH_OPT)/$${s}_5k.filters; \
+	  zcat $(SHARED)/data/classbench/$${s}_10k_trace.gz | awk '$$7 < 5000' | gzip -n > $(BENCH_OPT)/$${s}_5k_trace.gz; \
+	  for set in $(SHARED)/data/classbench/$${s}_1100 $(BENCH_OPT)/$${s}_5k; do \
+	    PYTHONPATH=mgmt $(VENV)/bin/python -m hypafilter bench optimize --peers --classbench $$set.filters \
+	      --trace $${set}_trace.gz --json > $(BENCH_OPT)/$$(basename $$set).json; \
+	  done; done
+
 # opt-in: XDP target rates (issue: xdp vs iptables vs nft; figures and method in docs/results.md, "XDP target rates").
 # acl1_5k = the first 5,000 rules of acl1_10k, its trace = the acl1_10k trace rows whose first matching rule is among
 # them (column 7, 0-based); lab name from HF_LAB (default hf).

@@ -6,9 +6,10 @@ whose transport header is too short fails the lookup as it fails iptables-nft's 
 order; a map whose key misses lets the frame go on, as a rule that does not match.
 
 Exact by construction: an element is put in the first map of its key shape that comes after every map holding an
-element it overlaps, so two overlapping elements are looked up in their original order, and the elements of one map
-are pairwise disjoint (the kernel refuses overlapping ones: what `nft -o` runs into, "File exists"). An element
-whose frames all match one earlier element is dead and left out. Rules the writer cannot write this way (complex
+element of the other verdict it overlaps and that holds no element it overlaps. So two overlapping elements of
+different verdicts are looked up in their original order (of the same verdict, either order gives the frames they
+share that verdict), and the elements of one map are pairwise disjoint (the kernel refuses overlapping ones: what
+`nft -o` runs into, "File exists"). An element whose frames all match one earlier element is dead and left out. Rules the writer cannot write this way (complex
 matches, negations, other targets, user chains, multiport) make the peer refuse the policy with the rule named.
 """
 
@@ -138,6 +139,7 @@ def group(lo: np.ndarray, hi: np.ndarray, shapes: list[Shape], verdicts: list[st
     gidx = np.full(len(lo), -1, dtype=np.int64)  # the group of each placed element (-1: dead)
     by_shape: dict[Shape, list[int]] = {}
     dead = 0
+    verd = np.array([v == "accept" for v in verdicts])
     for i in range(len(lo)):
         if i % _BLOCK == 0:  # overlap and containment of the next rows against every earlier element, vectorised
             end = min(i + _BLOCK, len(lo))
@@ -155,12 +157,14 @@ def group(lo: np.ndarray, hi: np.ndarray, shapes: list[Shape], verdicts: list[st
         if any(_covers(shapes[j], shapes[i]) for j in inside):
             dead += 1
             continue
-        last = int(gidx[:i][meet].max()) if meet.any() else -1
+        # after every map holding an overlapping element of the other verdict (of the same verdict, either order
+        # gives the frames they share the same verdict), in a map holding none that overlaps
+        other = meet & (verd[:i] != verd[i])
+        last = int(gidx[:i][other].max()) if other.any() else -1
+        taken = set(gidx[:i][meet].tolist())
         mine = by_shape.setdefault(shapes[i], [])
-        at = bisect.bisect_right(mine, last)
-        if at < len(mine):
-            g = mine[at]
-        else:
+        g = next((g for g in mine[bisect.bisect_right(mine, last) :] if g not in taken), None)
+        if g is None:
             g = len(groups)
             groups.append(Group(shapes[i]))
             mine.append(g)

@@ -48,3 +48,10 @@ if [ ! -f "$stamp" ]; then
   rm -f .venv/.lock-*
   touch "$stamp"
 fi
+
+# The system tier's eBPF set watcher attaches to syscall tracepoints, whose ids libbpf reads from tracefs; a machine
+# booted without it mounted (no systemd mount unit) gets it here.
+if [[ " $* " == *" system "* || " $* " == *" all "* ]] && [ "$(id -u)" -eq 0 ] && [ -d /sys/kernel/tracing ] \
+   && [ ! -d /sys/kernel/tracing/events ]; then
+  mount -t tracefs tracefs /sys/kernel/tracing
+fi

@@ -1062,6 +1062,10 @@ static int cmd_watch(const char *obj_path, const char *pin)
 		return 0;
 	}
 	bpf_object__close(obj);
+	/* libbpf reads a tracepoint's id from tracefs: without it the attach fails with a bare ENOENT */
+	if (access("/sys/kernel/tracing/events", F_OK) && access("/sys/kernel/debug/tracing/events", F_OK))
+		die("watch", "tracefs is not mounted (the set watcher's tracepoints need it): "
+			     "mount -t tracefs tracefs /sys/kernel/tracing, or run scripts/setup.sh system");
 	obj = open_load(obj_path, pin);
 	bpf_object__for_each_program(prog, obj) {
 		struct bpf_link *link;

@@ -31,6 +31,11 @@ def _full(pol, **kw) -> list[str]:
     "rule, nft",
     [
         ("-s 2001:db8::/32 -d fd48::1/128 -j DROP", "ip6 saddr 2001:db8::/32 ip6 daddr fd48::1/128 drop"),
+        # the protocol first, as ip6tables-nft writes it
+        (
+            "-s 2001:db8::/32 -p udp -m udp --dport 53 -j DROP",
+            "meta l4proto udp ip6 saddr 2001:db8::/32 udp dport 53 drop",
+        ),
         ("! -s 2001:db8::/32 -j DROP", "ip6 saddr != 2001:db8::/32 drop"),
         ("-m iprange --src-range 2001:db8::5-2001:db8::ff -j DROP", "ip6 saddr 2001:db8::5-2001:db8::ff drop"),
         ("-m iprange ! --dst-range 2001:db8::5-2001:db8::ff -j DROP", "ip6 daddr != 2001:db8::5-2001:db8::ff drop"),
@@ -65,8 +70,8 @@ def test_hotdrop_guards():
         "-A FORWARD -p tcp -j DROP\n"
     )
     assert _full(pol) == [
-        "ip6 saddr 2001:db8::/32 meta l4proto udp jump HF1_SHORT8",
-        "ip6 saddr 2001:db8::/32 meta l4proto udp udp dport 53 drop",
+        "meta l4proto udp ip6 saddr 2001:db8::/32 jump HF1_SHORT8",
+        "meta l4proto udp ip6 saddr 2001:db8::/32 udp dport 53 drop",
         "meta l4proto ipv6-icmp jump HF1_SHORT8",
         "meta l4proto ipv6-icmp icmpv6 type 128 accept",
         "meta l4proto tcp jump HF1_SHORT4",

@@ -131,12 +131,12 @@ test-emu-v6:
 	CI=true HF_EMU_V6_FULL=1 scripts/run-system-tests.sh -n 0 tests/system/test_ipv6_flowcache_emu.py
 	CI=true HF_EMU_V6_FULL=1 scripts/run-system-tests.sh -n 0 tests/system/test_ipv6_buffer_emu.py
 
-# opt-in: bench rate with IPv6 on xdp (-6 --classbench with its trace mapped into IPv6, a dual stack), each frame
-# compared with the kernel (docs/ipv6.md "bench rate with IPv6"; the figures: docs/results.md)
+# opt-in: bench rate with IPv6 on xdp (-6 --classbench with its trace mapped into IPv6, a dual stack, nft alone, inet6
+# ipsets), each frame compared with the kernel (docs/ipv6.md "bench rate with IPv6"; the figures: docs/results.md)
 .PHONY: test-bench-v6
 test-bench-v6:
 	@scripts/setup.sh system
-	HF_BENCH_V6=1 scripts/run-system-tests.sh -n 0 tests/system/test_bench_rate_v6.py
+	HF_BENCH_V6=1 scripts/run-system-tests.sh -n 0 tests/system/test_bench_rate_v6.py tests/system/test_bench_rate_nft6.py
 
 .PHONY: test-xdp-v6
 test-xdp-v6:

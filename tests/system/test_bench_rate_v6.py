@@ -79,9 +79,9 @@ def test_bench_rate_classbench_ipv6(lab, acl60):
     d = r["delivered"]
     assert d["hybrid"] == d["iptables"] and 0 < d["iptables"] < 2000, d  # alternate actions: both verdicts
     assert r["hw_share"] > 0.9 and r["nic"].get("CNT_SHUNT_UNPARSED", 0) == 0, r["nic"]
-    assert r["nft_pps"] is None and "IPv4 expressions only" in r["nft_error"]
-    assert r["hybrid_pps"] > 0 and r["iptables_pps"] > 0 and r["fw_ns"]["hybrid"] is not None
-    assert set(r["paths"]) == {"sink", "hybrid", "iptables"}
+    assert r["nft_error"] is None and r["mismatches_vs_nft"] == 0 and d["nft"] == d["iptables"]  # ip6 table in nft
+    assert r["hybrid_pps"] > 0 and r["iptables_pps"] > 0 and r["nft_pps"] > 0 and r["fw_ns"]["hybrid"] is not None
+    assert set(r["paths"]) == {"sink", "hybrid", "iptables", "nft"}
 
 
 def test_bench_rate_dual_stack(lab, tmp_path):
@@ -95,6 +95,7 @@ def test_bench_rate_dual_stack(lab, tmp_path):
     assert r["mismatches"] == 0 and r["ipv6"]["frames"] == 500 and r["frames"] == 1000, r["examples"]
     assert 0 < r["delivered"]["hybrid"] == r["delivered"]["iptables"] < 1000
     assert r["hw_share"] > 0.3, r["nic"]
+    assert r["nft_pps"] is None and "-m string" in r["nft_error"]  # POLICY_A's string match: no nft path, as for IPv4
 
 
 EMU_LAB = "w2d"

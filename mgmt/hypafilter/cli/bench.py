@@ -334,8 +334,11 @@ def run_rate(args: argparse.Namespace) -> int:
         raise HypafilterError("--ct-first needs --classbench (a policy file states its own conntrack rule)")
     nft_policy = None
     v6, v6_headers, v6_share = None, None, 0.0
+    nft_v6 = None
     if args.family6 or args.ipv6:
-        policy, v6, v6_headers = _rate_ipv6(args, cfg)
+        policy, v6, v6_headers, nft_v6 = _rate_ipv6(args, cfg, sets=True)
+        if args.classbench and args.complex and not args.family6:
+            nft_policy = _classbench(args, cfg, 0)  # as below: the IPv4 side's nft path without the string match
         v6_share = 1.0 if args.family6 else args.ipv6_share
         if not 0 < v6_share <= 1:
             raise HypafilterError("--ipv6-share: a share in (0, 1]")
@@ -370,6 +373,7 @@ def run_rate(args: argparse.Namespace) -> int:
         prog_frames=args.prog_frames,
         sender=args.sender,
         nft_policy=nft_policy,
+        nft_v6=nft_v6,
         v6=v6,
         v6_frames=v6_share,
         v6_headers=v6_headers,
@@ -385,31 +389,38 @@ def run_rate(args: argparse.Namespace) -> int:
 
 def _rate_ipv6(args: argparse.Namespace, cfg, sets: bool = False):
     """bench rate's IPv6 side (docs/ipv6.md "bench rate with IPv6"): (the IPv4 policy, the IPv6 policy as deploy takes
-    it, the trace's headers mapped into IPv6 or None). `-6 V6POLICY`: the IPv4 side is the empty policy (every base
-    chain ACCEPT; no IPv4 frame is sent); `-6 --classbench F`: the filter set mapped into IPv6 as the analysis
-    benchmark maps it (tools.classbench6), and with --trace its trace mapped beside it; `POLICY --ipv6 V6POLICY`: both
-    families' frames. `sets` (bench xdp-cost): the IPv6 policy's -m set matches read the sets of --ipsets FILE (or
-    the firewall's live ones), inet6 sets as set slots of the IPv6 plan (docs/sets.md "IPv6 sets")."""
+    it, the trace's headers mapped into IPv6 or None, the IPv6 policy the nft path loads when it is not that one:
+    `-6 --classbench --complex N` without the complex rules' string match, else None). `-6 V6POLICY`: the IPv4 side
+    is the empty policy (every base chain ACCEPT; no IPv4 frame is sent); `-6 --classbench F`: the filter set mapped
+    into IPv6 as the analysis benchmark maps it (tools.classbench6), and with --trace its trace mapped beside it;
+    `POLICY --ipv6 V6POLICY`: both families' frames. `sets`: the IPv6 policy's -m set matches read the sets of --ipsets FILE (or the firewall's live
+    ones), inet6 sets as set slots of the IPv6 plan (docs/sets.md "IPv6 sets"); with -6 the empty IPv4 side carries
+    the --ipsets text, which the bench creates in the lab's firewall (as deploy -6 and verify -6 do)."""
     from hypafilter.iptables.document import parse_policy
     from hypafilter.netfilter import ip6
 
     if args.ct_first:
         raise HypafilterError("--ct-first is an IPv4 ClassBench import: not with -6 or --ipv6")
-    headers = None
+    headers, text_nft = None, None
     if args.family6:
         if args.classbench:
             from hypafilter.tools.classbench import classbench_policy_text
             from hypafilter.tools.classbench6 import v6_policy_text
 
-            text = v6_policy_text(
-                classbench_policy_text(
-                    args.classbench,
-                    complex_rules=args.complex,
-                    policy=args.cb_policy,
-                    actions=args.actions,
-                    deterministic=args.deterministic,
+            def mapped(complex_rules: int) -> str:
+                return v6_policy_text(
+                    classbench_policy_text(
+                        args.classbench,
+                        complex_rules=complex_rules,
+                        policy=args.cb_policy,
+                        actions=args.actions,
+                        deterministic=args.deterministic,
+                    )
                 )
-            )
+
+            text = mapped(args.complex)
+            if args.complex:  # the same rules without the string match (the mapping draws the same prefixes)
+                text_nft = mapped(0)
             source = f"{args.classbench} (mapped into IPv6)"
             if args.trace:
                 import random
@@ -443,13 +454,19 @@ def _rate_ipv6(args: argparse.Namespace, cfg, sets: bool = False):
 
         policy = _classbench(args, cfg, args.complex) if args.classbench else load_policy(args, cfg)
         text, source = read_policy_text(args.ipv6), args.ipv6
+    import dataclasses
+
     env = set_env(args, cfg) if sets else None
     ir = parse_policy(text, filename=source, base_chain=args.chain, config=cfg, allow_empty=True, family=6, sets=env)
     # checked by ip6tables-restore --test in a scratch namespace (with the sets it reads)
     v6 = ip6.parse(text, source, args.chain, sets_text=env.text if env is not None else "")
-    import dataclasses
-
-    return policy, dataclasses.replace(v6, ir=ir), headers
+    if args.family6 and env is not None and env.text and getattr(args, "ipsets", None):
+        policy = dataclasses.replace(policy, ipsets_text=env.text, ipsets_file=args.ipsets)
+    nft_v6 = None
+    if text_nft is not None:
+        ir0 = parse_policy(text_nft, filename=source, base_chain=args.chain, config=cfg, allow_empty=True, family=6)
+        nft_v6 = dataclasses.replace(v6, text=text_nft, ir=ir0)
+    return policy, dataclasses.replace(v6, ir=ir), headers, nft_v6
 
 
 def run_churn(args: argparse.Namespace) -> int:
@@ -515,7 +532,7 @@ def run_xdp_cost(args: argparse.Namespace) -> int:
     if args.family6 or args.ipv6:
         if args.established or args.buffer_slots:
             raise HypafilterError("--established and --buffer-slots measure IPv4 frames: not with -6 or --ipv6")
-        policy, v6, v6_headers = _rate_ipv6(args, cfg, sets=True)
+        policy, v6, v6_headers, _ = _rate_ipv6(args, cfg, sets=True)
         v6_share = 1.0 if args.family6 else args.ipv6_share
         if not 0 < v6_share <= 1:
             raise HypafilterError("--ipv6-share: a share in (0, 1]")

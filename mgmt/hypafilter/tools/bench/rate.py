@@ -333,26 +333,65 @@ def _run(
     return Run(got, max(t_decided, t_end) - t0)
 
 
-def nft_text(policy: Policy, config: Config, blocklist: list[tuple[int, int]] = ()) -> str:
+def nft_text(policy: Policy, config: Config, blocklist: list[tuple[int, int]] = (), v6=None, hotdrop6=None) -> str:
     """The policy alone for nftables: the full strategy's chains and one base chain at the forward hook; with
-    `blocklist` (networks) an interval set of them and a rule dropping their sources ahead of the policy's chains."""
+    `blocklist` (networks) an interval set of them and a rule dropping their sources ahead of the policy's chains.
+    With `v6` (netfilter.ip6.V6Policy) its filter table too, in a table of family ip6 of the same name (nft_text6,
+    `hotdrop6` its `hotdrop`)."""
     from hypafilter.analysis.plan import build_plan
     from hypafilter.netfilter.nft import to_nft
 
     prefix = NFT_TABLE.upper() + "_"
-    body = to_nft(build_plan(policy, config, strategy="full"), "full", prefix, table=NFT_TABLE)
+    body = to_nft(build_plan(policy, config, strategy="full"), "full", prefix, family="ip", table=NFT_TABLE)
     decl, drop = attack_mod.nft_blocklist(blocklist) if blocklist else ("", "")
     hook = (
         f"table ip {NFT_TABLE} {{\n{decl}\tchain forward {{\n\t\ttype filter hook forward priority filter; policy accept;\n"
         + (f"\t\t{drop}\n" if drop else "")
         + f"\t\tjump {prefix}MAIN\n\t}}\n}}\n"
     )
+    return body + hook + (nft_text6(v6, config, hotdrop6) if v6 is not None else "")
+
+
+def nft_text6(v6, config: Config, hotdrop=None) -> str:
+    """The IPv6 side alone for nftables: its ip6tables policy (the front end's reading of the file, `v6.ir`) as the
+    full strategy's chains in table `ip6 NFT_TABLE`, jumped to from a base chain at the forward hook; ip6tables'
+    hotdrops (a tcp, udp, icmp6 or multiport match drops a frame whose transport header is short) as guards, which
+    only frames with fewer than 20 bytes of transport header meet (netfilter.nft.to_nft's `fast_prefix`), for the
+    matches in `hotdrop` (default: every one, as x_tables runs them; the bench passes xt_matches6 of its oracle's
+    namespace, the matches the loaded ip6tables policy runs as xtables matches). HypafilterError
+    (the bench's `nft_error`) when the file has more than its filter table, or matches nft text cannot express."""
+    from hypafilter.analysis.plan import build_plan
+    from hypafilter.netfilter.nft import to_nft
+
+    if v6.kind != "policy" or v6.ir is None:
+        raise HypafilterError(f"the IPv6 side {v6.source} is not an ip6tables policy the front end read: no nft form")
+    other = [t for t in v6.tables if t != "filter"]
+    if other:
+        raise HypafilterError(
+            f"{v6.source}: tables {', '.join(other)} beside filter have no nft form in the bench (its filter table only)"
+        )
+    prefix = NFT_TABLE.upper() + "_"
+    plan = build_plan(v6.ir, config, strategy="full")
+    # the rules with ip6tables' hotdrop guards for frames a match can drop, without them for the others (to_nft)
+    body = to_nft(
+        plan,
+        "full",
+        prefix,
+        family="ip6",
+        table=NFT_TABLE,
+        fast_prefix=NFT_TABLE.upper() + "F_",
+        **({"hotdrop": hotdrop} if hotdrop is not None else {}),
+    )
+    hook = (
+        f"table ip6 {NFT_TABLE} {{\n\tchain forward {{\n\t\ttype filter hook forward priority filter; policy accept;\n"
+        f"\t\tjump {prefix}ENTRY\n\t}}\n}}\n"
+    )
     return body + hook
 
 
-def _empty_filter(ns: str, table: str) -> None:
+def _empty_filter(ns: str, table: str, restore: str = "iptables-restore") -> None:
     netns.run(
-        ["iptables-restore", "-w"],
+        [restore, "-w"],
         ns,
         input=f"*{table}\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\nCOMMIT\n",
     )
@@ -578,6 +617,7 @@ def rate(
     cpu: int | None = None,
     established: bool = False,
     nft_policy: Policy | None = None,
+    nft_v6=None,
     prog_repeat: int = 100,
     prog_frames: int = 500,
     sender: str = "packet",
@@ -598,7 +638,8 @@ def rate(
     """Deploy on `target`, send the same frames through the three paths, compare them per frame, then count rates;
     the report. `nft_policy`: what the nft path loads when `policy` has matches nft cannot express (the caller says
     what it is; frames are then compared with nft only where the two policies mean the same: payloads without the
-    string "BAD", the ClassBench complex rules' string). `sender`: SENDERS ("live" only with target xdp).
+    string "BAD", the ClassBench complex rules' string); `nft_v6` the same for the IPv6 side `v6`. `sender`: SENDERS
+    ("live" only with target xdp).
 
     `attack` (ATTACKS): every frame an attack frame (attack_probes), `blocklist` networks (default 10,000 with
     `attack`) dropped ahead of the policy as `blocklist_as` (tools/bench/attack.py), and `legit_connections` real
@@ -611,7 +652,8 @@ def rate(
     the share `v6_frames` of the frames IPv6 ones (1: `bench rate -6`, every frame IPv6; `policy` is then the IPv4
     side deploy -6 takes): verify6's frames aimed at the IPv6 policy's boxes and networks (`v6_headers`: a trace
     mapped into IPv6, tools.classbench6.v6_trace), their share of malformed kinds `malformed`. The plain path loads
-    the IPv6 side alone into its ip6tables beside the IPv4 policy; nft has no IPv6 writer yet (no nft path)."""
+    the IPv6 side alone into its ip6tables beside the IPv4 policy; the nft path both sides in nft tables `ip` and
+    `ip6` (nft_text, nft_text6) with iptables' and ip6tables' filter tables emptied."""
     if target not in FAST_PATHS:
         raise HypafilterError(f"bench rate: unknown target '{target}' (choose from {', '.join(FAST_PATHS)})")
     if sender not in SENDERS:
@@ -704,22 +746,32 @@ def rate(
         for ns in (lab.ns_fw, lab.ns_plain):
             netns.run(["sysctl", "-qw", "net.bridge.bridge-nf-filter-vlan-tagged=1"], ns)
         nft_text_, nft_error = None, None
-        try:
-            if v6 is not None:
-                raise HypafilterError(
-                    "the nft writer emits IPv4 expressions only (docs/ipv6.md): no nft path with IPv6"
-                )
-            if networks and blocklist_as == "ipset":
-                nft_text_ = nft_text(nft_policy or base, config, networks)
-            elif networks and nft_policy is not None:
-                nft_text_ = nft_text(attack_mod.with_blocklist(nft_policy, config, networks, blocklist_as), config)
-            else:
-                nft_text_ = nft_text(nft_policy or policy, config)
-        except HypafilterError as e:
-            nft_error = str(e)
+
+        def render_nft() -> None:
+            """The nft path's text (nft_error when there is none); with an IPv6 side, after its oracle is loaded: the
+            hotdrop guards of the matches that ip6tables runs as xtables matches there."""
+            nonlocal nft_text_, nft_error
+            try:
+                if networks and blocklist_as == "ipset":
+                    nft_text_ = nft_text(nft_policy or base, config, networks)
+                elif networks and nft_policy is not None:
+                    nft_text_ = nft_text(attack_mod.with_blocklist(nft_policy, config, networks, blocklist_as), config)
+                else:
+                    hot = None
+                    if v6 is not None:
+                        from hypafilter.netfilter.nft import xt_matches6
+
+                        hot = xt_matches6(lab.ns_plain)
+                    nft_text_ = nft_text(nft_policy or policy, config, v6=nft_v6 or v6, hotdrop6=hot)
+            except HypafilterError as e:
+                nft_error = str(e)
+
+        def drop_nft() -> None:
+            for fam in ("ip", "ip6"):
+                netns.run(["nft", "delete", "table", fam, NFT_TABLE], lab.ns_plain, check=False)
 
         def load_ipt() -> None:
-            netns.run(["nft", "delete", "table", "ip", NFT_TABLE], lab.ns_plain, check=False)
+            drop_nft()
             load_oracle(lab.ns_plain, policy, config.table, config.unfilterable, lab.ns_fw)
             if v6 is not None:  # the IPv6 side alone in the plain namespace's ip6tables, as verify's oracle
                 from hypafilter.ops.verify6 import load_oracle6
@@ -728,7 +780,9 @@ def rate(
 
         def load_nft() -> None:
             _empty_filter(lab.ns_plain, config.table)
-            netns.run(["nft", "delete", "table", "ip", NFT_TABLE], lab.ns_plain, check=False)
+            if v6 is not None:  # nft_text6 is the IPv6 side's filter table (its only one): ip6tables' accepts all
+                _empty_filter(lab.ns_plain, "filter", "ip6tables-restore")
+            drop_nft()
             netns.run(["nft", "-f", "-"], lab.ns_plain, input=nft_text_)
 
         rx = {"hybrid": raw_socket(lab.ns_recv, "hyb0"), "plain": raw_socket(lab.ns_recv, "plain0")}
@@ -759,6 +813,7 @@ def rate(
                 before = after
             log("correctness pass, plain path, iptables")
             load_ipt()
+            render_nft()
             ipt = _run(lab.ns_send, "plain0", rx["plain"], snd, frames_file, n, paced_plain, window, wire["plain"])
             nft = None
             if nft_text_ is not None:
@@ -839,7 +894,8 @@ def rate(
         if sender == "live":
             _xdp_drop(lab.ns_plain, "nf0", None)
     vs_ipt = compare(probes, {"hybrid": hybrid.got, "plain": ipt.got})
-    nft_probes = [p for p in probes if b"BAD" not in p.frame] if nft_policy is not None else probes
+    stringless = nft_policy is not None or nft_v6 is not None  # the nft path loads the rules without string matches
+    nft_probes = [p for p in probes if b"BAD" not in p.frame] if stringless else probes
     vs_nft = compare(nft_probes, {"hybrid": hybrid.got, "plain": nft.got}) if nft else None
     mismatched = _mismatched(probes, hybrid.got, ipt.got) | (
         _mismatched(nft_probes, hybrid.got, nft.got) if nft else set()
@@ -891,7 +947,7 @@ def rate(
         "mismatches_vs_nft": vs_nft["mismatches"] if vs_nft else None,
         "nft_error": nft_error,
         "nft_policy": "complex matches removed (nft has no string match); compared on frames without 'BAD'"
-        if nft_policy is not None
+        if stringless
         else "the policy",
         "delivered": {
             "hybrid": sum(1 for p in probes if hybrid.got.get(p.uid)),
@@ -903,6 +959,7 @@ def rate(
         "nic": {k: v for k, v in delta.items() if v},
         "ct_complete_after": getattr(fast, "ct_complete_after", None),  # emu: seconds the bench waited for it
         "examples": vs_ipt["examples"][:5],
+        "examples_vs_nft": vs_nft["examples"][:5] if vs_nft else None,
         "established_flows": len(flows) if established else None,
         # every frame an attack frame: the share of them decided in the fast path (and per part of the mix)
         "attack": {

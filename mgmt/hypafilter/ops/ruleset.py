@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from dataclasses import dataclass
 
 from hypafilter import netns
 from hypafilter.config import Config
@@ -129,6 +130,81 @@ def live_text(
     return doc.text()
 
 
+@dataclass
+class Reused:
+    """A generation's chains with those already in the kernel under an earlier generation's name taken from there
+    (`reuse_chains`): `body` the lines to load (the chains to create, their jumps to kept chains renamed), `created`
+    their names, `in_use` every chain of the generation as loaded ({name: digest}: created and kept), `kept` {the
+    generation's name: the earlier name it is loaded as}."""
+
+    body: list[str]
+    created: list[str]
+    in_use: dict[str, str]
+    kept: dict[str, str]
+
+    @property
+    def rules_loaded(self) -> int:
+        return sum(ln.startswith("-A ") for ln in self.body)
+
+
+def _jump_targets(rest: str) -> list[str]:
+    toks = rest.split()
+    return [toks[i + 1] for i in range(len(toks) - 1) if toks[i] in ("-j", "-g", "--jump", "--goto")]
+
+
+def reuse_chains(body: list[str], entry: str, loaded: dict[str, str]) -> Reused:
+    """The chains of `body` (restore lines of one generation, ops.deploy's `body`) whose content is that of a chain
+    the kernel holds from an earlier generation (`loaded`: {name: digest} as `in_use` recorded it) are not loaded
+    again: the chains that jump to them jump to the kept one. A chain's digest covers its rules with its jumps to the
+    tool's chains resolved (callees first), so a kept chain holds the same rules and reaches the same rules below it
+    as the one it stands for: a frame walks the same rules either way, whatever generation's names it passes.
+    `entry` (MAIN, which the base chain's jump names) is always loaded anew."""
+    order: list[str] = []
+    rules: dict[str, list[str]] = {}
+    for ln in body:
+        if ln.startswith(":"):
+            name = ln[1:].split()[0]
+            order.append(name)
+            rules.setdefault(name, [])
+        elif ln.startswith("-A "):
+            name, _, rest = ln[3:].partition(" ")
+            rules.setdefault(name, []).append(rest)
+    known = {d: n for n, d in loaded.items()}
+    resolved: dict[str, str] = {}
+    digest: dict[str, str] = {}
+
+    def resolve(name: str) -> str:
+        # iterative post-order: callees before callers (trees nest 15 deep, dispatch levels more: no recursion limit)
+        stack = [(name, False)]
+        while stack:
+            c, done = stack.pop()
+            if c in resolved:
+                continue
+            if not done:
+                stack.append((c, True))
+                stack.extend((t, False) for r in rules[c] for t in _jump_targets(r) if t in rules and t not in resolved)
+                continue
+            lines = []
+            for r in rules[c]:
+                toks = r.split(" ")
+                for i in range(len(toks) - 1):
+                    if toks[i] in ("-j", "-g", "--jump", "--goto") and toks[i + 1] in rules:
+                        toks[i + 1] = resolved[toks[i + 1]]
+                lines.append(" ".join(toks))
+            rules[c] = lines
+            d = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:32]
+            digest[c] = d
+            resolved[c] = known.get(d, c) if c != entry else c
+        return resolved[name]
+
+    for name in order:
+        resolve(name)
+    created = [n for n in order if resolved[n] == n]
+    out = [f":{n} - [0:0]" for n in created] + [f"-A {n} {r}" for n in created for r in rules[n]]
+    in_use = {resolved[n]: digest[n] for n in order}
+    return Reused(out, created, in_use, {n: resolved[n] for n in order if resolved[n] != n})
+
+
 def table_snapshot(ns: str | None, config: Config) -> str:
     """The whole table as iptables-save writes it: what `restore_table` puts back (an undo)."""
     return netns.run(["iptables-save", "-t", config.table], ns)
@@ -173,14 +249,18 @@ def restore(ns: str | None, text: str) -> None:
     netns.run(["iptables-restore", "-w", "--noflush"], ns, input=text)
 
 
-def chain_counters(ns: str | None, config: Config, prefix: str | None = None) -> dict[str, list[dict]]:
-    """Per-rule packet/byte counters of the tool's chains (iptables-save -c)."""
+def chain_counters(
+    ns: str | None, config: Config, prefix: str | None = None, chains: list[str] | None = None
+) -> dict[str, list[dict]]:
+    """Per-rule packet/byte counters of the tool's chains (iptables-save -c): those named `prefix…`, and `chains`
+    (a generation's chains kept from earlier ones carry an earlier prefix)."""
     prefix = prefix or config.chain_prefix
+    wanted = set(chains or ())
     out: dict[str, list[dict]] = {}
     pat = re.compile(r"^\[(\d+):(\d+)\] -A (\S+) ?(.*)$")
     for line in netns.run(["iptables-save", "-c", "-t", config.table], ns).splitlines():
         m = pat.match(line)
-        if m and m.group(3).startswith(prefix):
+        if m and (m.group(3).startswith(prefix) or m.group(3) in wanted):
             out.setdefault(m.group(3), []).append(
                 {"packets": int(m.group(1)), "bytes": int(m.group(2)), "rule": m.group(4)}
             )

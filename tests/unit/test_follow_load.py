@@ -131,3 +131,34 @@ def test_a_chain_is_kept_only_with_everything_below_it():
     }
     assert _walk(kernel3, "HF3_MAIN") == _walk(_chains(gen3), "HF3_MAIN") == _walk(kernel2, "HF2_MAIN")
 
+
+def test_a_follow_loads_no_more_than_a_rebuild():
+    """The cheaper of diverting and rebuilding, by rules loaded: one ban diverted loads far fewer rules than the trees
+    built anew would; eight changes whose boxes each meet the whole chain (a destination no rule names, any source)
+    would write a diversion larger than the trees, so the follow builds them anew (`rebuilt_cheaper`) and loads no
+    more than a rebuild. Either way the hybrid model through the follow's chains gives the live policy's verdicts."""
+    from hypafilter.analysis import trees
+
+    from tests.unit.test_properties import _callback, mismatches
+    from tests.unit.test_tree_strategy import _cx_prog, _headers
+
+    base = _cx_text(40)
+    r1, _ = _load({}, {}, _body(base, 1, True), 1)
+    one = "-A FORWARD -s 10.99.0.0/16 -p udp -m string --string EVIL --algo bm -j DROP\n"
+    wide = "".join(f"-A FORWARD -d 192.168.{i}.0/24 -m string --string W{i} --algo bm -j DROP\n" for i in range(8))
+    for extra, rebuilt in ((one, 0), (wide, 1)):
+        text = base.replace("-A FORWARD -s 10.7.", extra + "-A FORWARD -s 10.7.")
+        trees._POOLS.clear()
+        _load({}, {}, _body(base, 1, True), 1)  # the deployment's trees, this process's bases
+        follow = reuse_chains(_body(text, 2, False), "HF2_MAIN", r1.in_use)
+        fresh = reuse_chains(_body(text, 2, True), "HF2_MAIN", r1.in_use)
+        print(f"{len(extra.splitlines())} changes: follow {follow.rules_loaded}, rebuild {fresh.rules_loaded} rules")
+        assert follow.rules_loaded <= fresh.rules_loaded
+        trees._POOLS.clear()
+        _cx_prog(base, "HF1_", True)
+        plan, prog = _cx_prog(text, "HF2_", False)
+        assert prog.tree_stats["rebuilt_cheaper"] == rebuilt, prog.tree_stats
+        if not rebuilt:
+            assert follow.rules_loaded * 2 < fresh.rules_loaded and prog.tree_stats["lazy_trees"] >= 1
+        hdrs = _headers()[::3] + [h for h in _headers() if h.proto == 17][::2]
+        assert mismatches(plan, "tree", hdrs, _callback(9)) == []

@@ -162,3 +162,14 @@ def test_a_follow_loads_no_more_than_a_rebuild():
             assert follow.rules_loaded * 2 < fresh.rules_loaded and prog.tree_stats["lazy_trees"] >= 1
         hdrs = _headers()[::3] + [h for h in _headers() if h.proto == 17][::2]
         assert mismatches(plan, "tree", hdrs, _callback(9)) == []
+
+
+def test_chains_of_the_same_rules_under_two_names_are_kept():
+    """Two chains of the same rules (leaves of two trees) are one content: the chains above either are kept too."""
+    gen1 = [":G1_MAIN - [0:0]", ":G1_P - [0:0]", ":G1_Q - [0:0]", ":G1_X - [0:0]", ":G1_Y - [0:0]"]
+    gen1 += ["-A G1_MAIN -s 10.0.0.0/8 -j G1_P", "-A G1_MAIN -j G1_Q", "-A G1_P -p tcp -g G1_X", "-A G1_Q -g G1_Y"]
+    gen1 += ["-A G1_X -j DROP", "-A G1_Y -j DROP"]
+    r1, kernel = _load({}, {}, gen1, 1)
+    r2, kernel2 = _load(kernel, r1.in_use, [ln.replace("G1_", "HF2_") for ln in gen1], 2)
+    assert r2.created == ["HF2_MAIN"] and r2.rules_loaded == 2, r2.body
+    assert _walk(kernel2, "HF2_MAIN") == _walk(kernel, "G1_MAIN")

@@ -667,7 +667,7 @@ class Bases:
                 if f is not None and (best is None or len(f.changed) < len(best.changed)):
                     best = f
         if best is not None and best.changed and per_box is not None:
-            rebuilt = rebuild_rules(best)
+            rebuilt = rebuild_rules(best, len(idx))
             if rebuilt is not None and diversion_rules(best, per_box) > rebuilt:
                 self.rebuilt_cheaper += 1
                 best = None
@@ -780,13 +780,18 @@ def diversion_rules(fit: _Fit, per_box: int) -> int:
     return sum(1 + per_box + sum(1 for rg in fit.live_regs if rg is None or _meets(rg[0], box)) for box in _boxes(fit))
 
 
-def rebuild_rules(fit: _Fit) -> int | None:
-    """What building the tree anew would write, estimated by what the base's trees write (a rebuild is the same run
-    of rules up to the few changed); None when this process holds none of them (they are built either way)."""
+def rebuild_rules(fit: _Fit, n_live: int) -> int | None:
+    """What building the tree of the `n_live` live rules anew would write, estimated by what the base's trees write
+    with each rule inserted since written once more and each deleted once less (the same run of rules up to the few
+    changed); None when this process holds none of the base's trees (they are built either way)."""
     runs: dict[tuple, int] = {}
     for (run, _), tree in fit.base.trees.items():
         runs[run] = max(runs.get(run, 0), tree.emitted_rules)
-    return sum(runs.values()) if runs else None
+    if not runs:
+        return None
+    deleted = sum(p is None for p in fit.remap)
+    inserted = n_live - (len(fit.remap) - deleted)
+    return sum(runs.values()) + inserted - deleted
 
 
 def _diversions(prog, kit, fit: _Fit, idx: list[int], name: Callable[[], str], tail: list) -> list:

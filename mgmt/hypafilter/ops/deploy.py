@@ -173,19 +173,21 @@ def TREE_CACHE_FILE() -> Path:
 
 
 def CHAINS_FILE() -> Path:
-    """The tool's chains as the kernel holds them ({name: digest}, ops.ruleset.reuse_chains' `in_use`): a follow
+    """The tool's chains as the kernel holds them (ops.ruleset.reuse_chains' `in_use`: digests and jumps): a follow
     loads only the chains whose content is not among them (docs/optimize.md, "What a follow loads")."""
     return STATE_DIR / "chains.json"
 
 
-def _loaded_chains(old: dict | None) -> dict[str, str]:
-    """The previous generation's chains by digest, when they are the chains the state records (else none is kept)."""
+def _loaded_chains(old: dict | None) -> dict[str, list]:
+    """The previous generation's chains ({name: [digest, the tool's chains it jumps to]}), when they are the chains
+    the state records and hold every chain they jump to (else none is kept: the follow loads every chain)."""
     try:
         doc = json.loads(CHAINS_FILE().read_text())
-        got = {str(k): str(v) for k, v in doc["in_use"].items()}
+        got = {str(k): [str(d), [str(t) for t in refs]] for k, (d, refs) in doc["in_use"].items()}
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return {}
-    return got if old and set(got) == set(old.get("chains") or ()) else {}
+    whole = all(t in got for _, refs in got.values() for t in refs)
+    return got if whole and old and set(got) == set(old.get("chains") or ()) else {}
 
 
 def _tree_cache() -> dict:

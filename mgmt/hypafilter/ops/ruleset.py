@@ -134,12 +134,12 @@ def live_text(
 class Reused:
     """A generation's chains with those already in the kernel under an earlier generation's name taken from there
     (`reuse_chains`): `body` the lines to load (the chains to create, their jumps to kept chains renamed), `created`
-    their names, `in_use` every chain of the generation as loaded ({name: digest}: created and kept), `kept` {the
-    generation's name: the earlier name it is loaded as}."""
+    their names, `in_use` every chain the generation walks in the kernel ({name: [digest, the tool's chains it jumps
+    to]}: created and kept), `kept` {the generation's name: the earlier name it is loaded as}."""
 
     body: list[str]
     created: list[str]
-    in_use: dict[str, str]
+    in_use: dict[str, list]
     kept: dict[str, str]
 
     @property
@@ -152,12 +152,13 @@ def _jump_targets(rest: str) -> list[str]:
     return [toks[i + 1] for i in range(len(toks) - 1) if toks[i] in ("-j", "-g", "--jump", "--goto")]
 
 
-def reuse_chains(body: list[str], entry: str, loaded: dict[str, str]) -> Reused:
+def reuse_chains(body: list[str], entry: str, loaded: dict[str, list]) -> Reused:
     """The chains of `body` (restore lines of one generation, ops.deploy's `body`) whose content is that of a chain
-    the kernel holds from an earlier generation (`loaded`: {name: digest} as `in_use` recorded it) are not loaded
-    again: the chains that jump to them jump to the kept one. A chain's digest covers its rules with its jumps to the
-    tool's chains resolved (callees first), so a kept chain holds the same rules and reaches the same rules below it
-    as the one it stands for: a frame walks the same rules either way, whatever generation's names it passes.
+    the kernel holds from an earlier generation (`loaded`: as `in_use` recorded it) are not loaded
+    again: the chains that jump to them jump to the kept one. A chain's digest covers its rules with each jump to one
+    of the tool's chains written as that chain's digest (callees first), so a kept chain holds the same rules and
+    reaches the same rules below it as the one it stands for: a frame walks the same rules either way, whatever
+    generation's names it passes.
     `entry` (MAIN, which the base chain's jump names) is always loaded anew."""
     order: list[str] = []
     rules: dict[str, list[str]] = {}
@@ -169,7 +170,7 @@ def reuse_chains(body: list[str], entry: str, loaded: dict[str, str]) -> Reused:
         elif ln.startswith("-A "):
             name, _, rest = ln[3:].partition(" ")
             rules.setdefault(name, []).append(rest)
-    known = {d: n for n, d in loaded.items()}
+    known = {d: n for n, (d, _) in loaded.items()}
     resolved: dict[str, str] = {}
     digest: dict[str, str] = {}
 
@@ -184,15 +185,17 @@ def reuse_chains(body: list[str], entry: str, loaded: dict[str, str]) -> Reused:
                 stack.append((c, True))
                 stack.extend((t, False) for r in rules[c] for t in _jump_targets(r) if t in rules and t not in resolved)
                 continue
-            lines = []
+            lines, named = [], []
             for r in rules[c]:
-                toks = r.split(" ")
+                toks, refs = r.split(" "), r.split(" ")
                 for i in range(len(toks) - 1):
                     if toks[i] in ("-j", "-g", "--jump", "--goto") and toks[i + 1] in rules:
+                        refs[i + 1] = digest[toks[i + 1]]  # the content below, whatever chain of it is kept
                         toks[i + 1] = resolved[toks[i + 1]]
                 lines.append(" ".join(toks))
+                named.append(" ".join(refs))
             rules[c] = lines
-            d = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:32]
+            d = hashlib.sha256("\n".join(named).encode()).hexdigest()[:32]
             digest[c] = d
             resolved[c] = known.get(d, c) if c != entry else c
         return resolved[name]
@@ -201,7 +204,22 @@ def reuse_chains(body: list[str], entry: str, loaded: dict[str, str]) -> Reused:
         resolve(name)
     created = [n for n in order if resolved[n] == n]
     out = [f":{n} - [0:0]" for n in created] + [f"-A {n} {r}" for n in created for r in rules[n]]
-    in_use = {resolved[n]: digest[n] for n in order}
+    # in use: the chains loaded, the kept ones, and every chain a kept one jumps to in the kernel (of two kept chains
+    # of the same rules, the one a kept chain was loaded with may not be the one the new chains name)
+    in_use: dict[str, list] = {}
+    todo = [resolved[n] for n in order]
+    while todo:
+        c = todo.pop()
+        if c in in_use:
+            continue
+        if c in loaded and c not in rules:
+            in_use[c] = loaded[c]
+        else:
+            in_use[c] = [
+                digest[c],
+                sorted({t for r in rules[c] for t in _jump_targets(r) if t in rules or t in loaded}),
+            ]
+        todo.extend(in_use[c][1])
     return Reused(out, created, in_use, {n: resolved[n] for n in order if resolved[n] != n})
 
 

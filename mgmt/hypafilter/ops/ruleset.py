@@ -147,9 +147,11 @@ class Reused:
         return sum(ln.startswith("-A ") for ln in self.body)
 
 
+_JUMP = re.compile(r"(?<!\S)(?:-j|-g|--jump|--goto) (\S+)")
+
+
 def _jump_targets(rest: str) -> list[str]:
-    toks = rest.split()
-    return [toks[i + 1] for i in range(len(toks) - 1) if toks[i] in ("-j", "-g", "--jump", "--goto")]
+    return _JUMP.findall(rest)
 
 
 def reuse_chains(body: list[str], entry: str, loaded: dict[str, list]) -> Reused:
@@ -171,6 +173,8 @@ def reuse_chains(body: list[str], entry: str, loaded: dict[str, list]) -> Reused
             name, _, rest = ln[3:].partition(" ")
             rules.setdefault(name, []).append(rest)
     known = {d: n for n, (d, _) in loaded.items()}
+    # each rule's jumps to the tool's chains (most rules jump to none: ACCEPT, DROP, the operator's chains)
+    calls = {c: [[m for m in _JUMP.finditer(r) if m.group(1) in rules] for r in rs] for c, rs in rules.items()}
     resolved: dict[str, str] = {}
     digest: dict[str, str] = {}
 
@@ -183,19 +187,23 @@ def reuse_chains(body: list[str], entry: str, loaded: dict[str, list]) -> Reused
                 continue
             if not done:
                 stack.append((c, True))
-                stack.extend((t, False) for r in rules[c] for t in _jump_targets(r) if t in rules and t not in resolved)
+                stack.extend((m.group(1), False) for ms in calls[c] for m in ms if m.group(1) not in resolved)
                 continue
-            lines, named = [], []
-            for r in rules[c]:
-                toks, refs = r.split(" "), r.split(" ")
-                for i in range(len(toks) - 1):
-                    if toks[i] in ("-j", "-g", "--jump", "--goto") and toks[i + 1] in rules:
-                        refs[i + 1] = digest[toks[i + 1]]  # the content below, whatever chain of it is kept
-                        toks[i + 1] = resolved[toks[i + 1]]
-                lines.append(" ".join(toks))
-                named.append(" ".join(refs))
-            rules[c] = lines
-            d = hashlib.sha256("\n".join(named).encode()).hexdigest()[:32]
+            h = hashlib.sha256()
+            lines = rules[c]
+            for j, ms in enumerate(calls[c]):
+                r = lines[j]
+                if not ms:
+                    h.update(r.encode() + b"\n")
+                    continue
+                named, kept, at = [], [], 0
+                for m in ms:  # the digest names the content below (whatever chain of it is kept), the rule the name
+                    named += [r[at : m.start(1)], digest[m.group(1)]]
+                    kept += [r[at : m.start(1)], resolved[m.group(1)]]
+                    at = m.end(1)
+                h.update(("".join(named) + r[at:]).encode() + b"\n")
+                lines[j] = "".join(kept) + r[at:]
+            d = h.hexdigest()[:32]
             digest[c] = d
             resolved[c] = known.get(d, c) if c != entry else c
         return resolved[name]

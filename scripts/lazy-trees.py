@@ -211,6 +211,7 @@ def live(text: str, lab: str, repeats: int, where: str, verify: int = 0) -> None
                     "change": f"iptables {verb}",
                     "applied_s": h.get("applied_s"),
                     "render_s": (h.get("steps") or {}).get("render"),
+                    "netfilter_s": (h.get("steps") or {}).get("netfilter"),  # the load of the tool's chains
                     "duration_s": h.get("duration_s"),
                     "tool_rules": loaded[0],
                     # the rules the follow's load wrote (before it was recorded, every follow loaded all the tool's)

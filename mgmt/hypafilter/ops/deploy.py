@@ -1081,7 +1081,9 @@ def _deploy_locked(
             raise DeployError("render", f"netfilter rules do not define the entry chain {new_main}")
         # A follow loads only the chains whose content the kernel does not hold yet: the others stay under the
         # earlier generation's name, and the new ones jump to them (docs/optimize.md, "What a follow loads").
+        t_reuse = time.monotonic()
         reused = reuse_chains(body, new_main, _loaded_chains(old) if follow and not force else {})
+        tx.timings["reuse"] = round(time.monotonic() - t_reuse, 4)
         new_chains = list(reused.in_use)
         body = reused.body
 

@@ -120,7 +120,7 @@ def test_a_chain_is_kept_only_with_everything_below_it():
     assert kernel2["HF2_A"] == ["-s 10.0.0.0/8 -g G1_B", "-j HF2_C"]
     # renumbered: B's rules under the name E, D's under B
     gen3 = [ln.replace("HF2_B", "HF3_E").replace("HF2_D", "HF3_B").replace("HF2_", "HF3_") for ln in r2.body]
-    gen3 = [ln for ln in gen3] + [":HF3_E - [0:0]", ":HF3_B - [0:0]", "-A HF3_E -j DROP", "-A HF3_B -j ACCEPT"]
+    gen3 += [":HF3_E - [0:0]", ":HF3_B - [0:0]", "-A HF3_E -j DROP", "-A HF3_B -j ACCEPT"]
     gen3 = [ln.replace("G1_B", "HF3_E").replace("G1_D", "HF3_B") for ln in gen3]
     r3, kernel3 = _load(kernel2, r2.in_use, gen3, 3)
     assert r3.created == ["HF3_MAIN"] and r3.kept == {

@@ -118,6 +118,45 @@ def in_process(text: str, repeats: int, where: str) -> None:
     print(json.dumps({k + "_median_s": round(statistics.median(v), 3) for k, v in out.items()}))
 
 
+def loaded(text: str, where: str) -> None:
+    """The tool's rules a follow loads (no root): the deployment's chains (trees built, generation 1), then the
+    change's follow (generation 2) with the trees kept and the change diverted (`lazy`, what the service does) and
+    with every tree built anew (`rebuilt`), each loaded as ops.deploy loads it: only the chains whose content the
+    kernel does not hold (ops.ruleset.reuse_chains). `all`: the follow's chains, every one of which a follow loaded
+    before (the load of the whole generation)."""
+    from hypafilter.analysis.plan import build_plan
+    from hypafilter.config import Config
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.iptables.writer import body_of
+    from hypafilter.netfilter.restore import to_iptables_restore
+    from hypafilter.ops.ruleset import reuse_chains
+
+    cfg = Config(strategy="tree")
+    lines = text.splitlines()
+    first = next(i for i, ln in enumerate(lines) if ln.startswith("-A FORWARD"))
+    changed = "\n".join(lines[:first] + ["-A FORWARD " + ban(text, 1, where)] + lines[first:]) + "\n"
+
+    def body(t: str, gen: int, fresh: bool) -> tuple[list[str], dict]:
+        plan = build_plan(parse_policy(t, filename="p", base_chain="FORWARD", config=cfg), cfg, live=True)
+        plan.trees_fresh, plan.k0_tree = fresh, True
+        out = body_of(to_iptables_restore(plan, "tree", f"HF{gen}_"))
+        return out, plan.tree_stats
+
+    dep, _ = body(text, 1, True)
+    kernel = reuse_chains(dep, "HF1_MAIN", {}).in_use
+    for how, fresh in (("lazy", False), ("rebuilt", True)):
+        t0 = time.monotonic()
+        new, stats = body(changed, 2, fresh)
+        s = time.monotonic() - t0
+        r = reuse_chains(new, "HF2_MAIN", kernel)
+        row = {"follow": how, "change": where, "rules_all": sum(ln.startswith("-A ") for ln in new)}
+        row.update(
+            rules_loaded=r.rules_loaded, chains_loaded=len(r.created), chains_kept=len(r.kept), build_s=round(s, 3)
+        )
+        row.update({k: stats.get(k) for k in ("lazy_trees", "lazy_changed", "k0_tree", "k0_changed", "trees_built")})
+        print(json.dumps(row), flush=True)
+
+
 def live(text: str, lab: str, repeats: int, where: str, verify: int = 0) -> None:
     state = Path(f"/run/hypafilter/{lab}-bench")
     env = dict(os.environ, HF_LAB=lab, HF_STATE_DIR=str(state))
@@ -140,10 +179,11 @@ def live(text: str, lab: str, repeats: int, where: str, verify: int = 0) -> None
     loaded = [0]
 
     def trees() -> set[str]:
+        # the tool's chains of every generation (a follow keeps unchanged chains under their earlier names), with the
+        # generation's prefix taken out
         listing = ipt("iptables-save", "-t", "filter")
-        prefix = re.search(r"-j (HF\d+_)MAIN", listing).group(1)
-        loaded[0] = sum(ln.startswith(f"-A {prefix}") for ln in listing.splitlines())
-        return {ln.replace(prefix, "P_") for ln in listing.splitlines() if re.match(rf"-A {prefix}T\d+ ", ln)}
+        loaded[0] = sum(bool(re.match(r"-A HF\d+_", ln)) for ln in listing.splitlines())
+        return {re.sub(r"HF\d+_", "P_", ln) for ln in listing.splitlines() if re.match(r"-A HF\d+_T\d+ ", ln)}
 
     run("lab", "down", "--name", lab)
     run("lab", "up", "--target", "xdp", "--name", lab)
@@ -171,8 +211,11 @@ def live(text: str, lab: str, repeats: int, where: str, verify: int = 0) -> None
                     "change": f"iptables {verb}",
                     "applied_s": h.get("applied_s"),
                     "render_s": (h.get("steps") or {}).get("render"),
+                    "netfilter_s": (h.get("steps") or {}).get("netfilter"),  # the load of the tool's chains
                     "duration_s": h.get("duration_s"),
                     "tool_rules": loaded[0],
+                    # the rules the follow's load wrote (before it was recorded, every follow loaded all the tool's)
+                    "rules_loaded": h.get("rules_loaded", loaded[0]),
                     "tree_rules": len(after),
                     "tree_rules_rewritten": len(after - before),
                     "trees_built": st.get("trees_built"),  # (None before the tree cache: not counted)
@@ -202,7 +245,10 @@ def live(text: str, lab: str, repeats: int, where: str, verify: int = 0) -> None
     # the first follow runs in the service's new process (started by the deploy): it builds the bases' trees again
     # unless the deployment's tree cache holds them; reported apart from the medians of the follows after it
     later = rows[1:] or rows
-    summary = {f"{k}_median_after_first": statistics.median(r[k] for r in later) for k in ("applied_s", "render_s")}
+    summary = {
+        f"{k}_median_after_first": statistics.median(r[k] for r in later)
+        for k in ("applied_s", "render_s", "rules_loaded")
+    }
     if rows:
         summary.update({f"{k}_first": rows[0][k] for k in ("applied_s", "render_s", "trees_built")})
     print(json.dumps(summary))
@@ -220,9 +266,12 @@ def main() -> None:
     ap.add_argument("--ban", choices=("dense", "sparse"), default="dense", help="where the change is (see ban)")
     ap.add_argument("--lab", default="h3m", help="the xdp lab's name (--live)")
     ap.add_argument("--verify", type=int, default=0, help="--live: verify --live with N frames after each follow")
+    ap.add_argument("--loaded", action="store_true", help="the rules a follow loads, lazy and rebuilt (no root)")
     a = ap.parse_args()
     text = policy_text(a.filters, a.complex, a.stride)
-    if a.live:
+    if a.loaded:
+        loaded(text, a.ban)
+    elif a.live:
         live(text, a.lab, a.repeats, a.ban, a.verify)
     else:
         in_process(text, a.repeats, a.ban)

@@ -254,6 +254,7 @@ H3_LAB = "h3tr"
 # a tree with runs of 4 (chains of 8 rules and more); their sources split 10.0.1.0/24, where verify's clients are
 CX = [f"-A FORWARD -s 10.0.1.{16 * i}/28 -p udp -m string --string EVIL{i} --algo bm -j DROP" for i in range(12)]
 CX_BAN = "-s 10.0.1.0/25 -p udp -m string --string BAD --algo bm -j DROP"  # the operator's change, at position 5
+SPARSE_BAN = "-s 10.250.0.0/24 -p udp -m string --string FAR --algo bm -j DROP"  # a source no rule names
 
 
 @pytest.fixture
@@ -264,21 +265,54 @@ def h3_lab():
 
 
 def _tree_chains(fw: str) -> tuple[str, list[str]]:
-    """(the generation's prefix, its tree chains' rules T<n> with that prefix taken out, sorted) in the kernel."""
+    """(the generation's prefix, the distinct rules of the tree chains T<n> in the kernel, chain names taken out,
+    sorted): a follow keeps unchanged chains under an earlier generation's name, and one chain for several of the
+    same rules."""
     listing = netns.run(["iptables-save", "-t", "filter"], fw)
     prefix = re.search(r"-j (HF\d+_)MAIN", listing).group(1)
-    return prefix, sorted(ln.replace(prefix, "P_") for ln in listing.splitlines() if re.match(rf"-A {prefix}T\d+ ", ln))
+    lines = {re.sub(r"HF\d+_T\d+", "T", ln) for ln in listing.splitlines() if re.match(r"-A HF\d+_T\d+ ", ln)}
+    return prefix, sorted(lines)
+
+
+def _tool_chains(fw: str) -> dict[str, int]:
+    """The tool's chains in the kernel and their rules."""
+    out: dict[str, int] = {}
+    for ln in netns.run(["iptables-save", "-t", "filter"], fw).splitlines():
+        if m := re.match(r"(?::|-A )(HF\d+_\S+)", ln):
+            out[m.group(1)] = out.get(m.group(1), 0) + ln.startswith("-A ")
+    return out
+
+
+def _follow_loads(hf, fw: str, change: list[str], trees_kept: bool = True) -> tuple[int, int]:
+    """The real `iptables` change, then once the service followed: (the rules of the tool's chains the follow
+    created, read from the kernel: chains that were not there before; all the tool's rules in the kernel).
+    `trees_kept`: no tree chain was loaded again."""
+    before = _tool_chains(fw)
+    netns.run(["iptables", "-w", *change], fw)
+    hf.followed()
+    after = _tool_chains(fw)
+    created = [c for c in after if c not in before]
+    loaded = sum(after[c] for c in created)
+    rec = json.loads((Path(hf.state) / "state.json").read_text())["history"][-1]
+    assert rec["kind"] == "follow" and rec.get("rules_loaded") == loaded, (rec, loaded)
+    if trees_kept:
+        assert not [c for c in created if re.fullmatch(r"HF\d+_T\d+", c)], "the follow loaded tree chains again"
+    return loaded, sum(after.values())
 
 
 def test_a_live_interval_chain_tree_is_kept_for_a_small_change(h3_lab, tmp_path):
     """The interval chains' trees rebuilt lazily (docs/optimize.md, "Lazy trees"; issue #26, Updates): example.rules
     with 12 complex rules ahead deployed on xdp with strategy tree (runs of 4), so every leaf walks its chain as a
-    tree; the real `iptables -I` adds a complex rule to the operator's chain. Once the policy sync service followed,
-    the kernel's tree chains are the deployed ones rule for rule (counted from iptables-save, the generation's prefix
-    taken out), the new rule is in none of them, and every leaf first sends the new rule's -s/-p to a chain TD<n>.
-    `verify --live` (half of its frames malformed) through the hybrid and the live ruleset alone: 0 mismatches, with
-    frames counted on the diversion and in the trees. Then `iptables -D` of a deployed complex rule: the trees are
-    still the deployed ones, its source diverted too, and verify --live again gives 0 mismatches."""
+    tree; the real `iptables -I` adds a complex rule to the operator's chain whose source 8 of the 12 meet (dense).
+    The follow loads only the tool's chains whose content changed, no tree chain (the chains new in the kernel hold
+    less than half of the tool's rules; main loaded them all: docs/optimize.md, "What a follow loads"), and the
+    deployment's history says how many. The kernel's tree chains are the deployed ones rule for rule (iptables-save,
+    chain names taken out), the new rule is in none of them, and every leaf first sends the new rule's -s/-p to a
+    chain TD<n>. `verify --live` (half of its frames malformed) through the hybrid and the live ruleset alone: 0
+    mismatches, with frames counted on the diversion and in the trees. Then `iptables -D` of a deployed complex rule:
+    its copies in no tree, its source diverted where a tree is kept (a tree whose two diversions would write more
+    rules than it is built anew), verify --live again 0 mismatches. Last a sparse ban (a source no rule names):
+    fewer than a third of the tool's rules loaded, verify --live 0 mismatches."""
     from tests.hfcli import HfCli
 
     hf = HfCli(h3_lab.name, f"/run/hypafilter/test-{h3_lab.name}")
@@ -293,10 +327,13 @@ def test_a_live_interval_chain_tree_is_kept_for_a_small_change(h3_lab, tmp_path)
     gen1, trees1 = _tree_chains(fw)
     assert len(trees1) > 20, trees1
 
+    # a dense change: the ban's source meets 8 of the 12 complex rules ahead of the example's. The follow loads only
+    # the chains it changed (the leaves, their diversion, K0T's): the trees and everything else stay under the
+    # deployed generation's names (main loaded all the tool's chains anew)
     t0 = time.monotonic()
-    netns.run(["iptables", "-w", "-I", "FORWARD", "5", *CX_BAN.split()], fw)  # after the jump to MAIN
-    doc = hf.followed()
-    print(f"followed in {time.monotonic() - t0:.2f} s (apply {doc.get('lag_apply_ms')} ms)")
+    loaded, total = _follow_loads(hf, fw, ["-I", "FORWARD", "5", *CX_BAN.split()])  # after the jump to MAIN
+    print(f"dense follow in {time.monotonic() - t0:.2f} s: {loaded} of the tool's {total} rules loaded")
+    assert 0 < loaded * 2 < total, (loaded, total)
     gen2, trees2 = _tree_chains(fw)
     assert gen2 != gen1
     assert trees2 == trees1, "the follow rewrote the trees"
@@ -306,7 +343,9 @@ def test_a_live_interval_chain_tree_is_kept_for_a_small_change(h3_lab, tmp_path)
     listing = netns.run(["iptables-save", "-t", "filter"], fw)
     leaves = {ln.split()[1] for ln in listing.splitlines() if re.match(rf"-A {gen2}L\d+A\d+ ", ln)}
     divert = re.compile(rf"-p (17|udp) -m iprange --src-range 10.0.1.0-10.0.1.127 -j {gen2}TD\d+$")
-    trees_jumped = [leaf for leaf in leaves if any(f"-A {leaf} -j {gen2}T" in ln for ln in listing.splitlines())]
+    trees_jumped = [
+        leaf for leaf in leaves if any(re.match(rf"-A {leaf} -j HF\d+_T", ln) for ln in listing.splitlines())
+    ]
     assert trees_jumped and all(
         any(ln.startswith(f"-A {leaf} ") and divert.search(ln) for ln in listing.splitlines()) for leaf in trees_jumped
     ), [ln for ln in listing.splitlines() if ln.startswith(f"-A {gen2}L")]
@@ -318,13 +357,14 @@ def test_a_live_interval_chain_tree_is_kept_for_a_small_change(h3_lab, tmp_path)
 
     r = _verify(hf)
     diverted = _counted(fw, rf"-A {gen2}L\d+A\d+ .*-j {gen2}TD\d+")
-    walked = _counted(fw, rf"-A {gen2}L\d+A\d+ -j {gen2}T\d+")
+    walked = _counted(fw, rf"-A {gen2}L\d+A\d+ -j HF\d+_T\d+")
     print(f"lazy: {diverted} frames diverted, {walked} walked the kept trees; {r['packets']} frames")
     assert diverted > 0 and walked > 0
 
     # the service's worker restarted (SIGKILL: its supervisor starts the next one, a new process without trees); then
-    # the operator deletes one of the deployed complex rules: two changes since the deploy, the trees still kept
-    # (written without the deleted rule's copies in their leaves), and none built by the new process either
+    # the operator deletes one of the deployed complex rules: two changes since the deploy, the trees kept (written
+    # without the deleted rule's copies in their leaves) where the two diversions write fewer rules than the tree,
+    # else built anew (`rebuilt_cheaper`); none built for want of the trees in the new process
     svc = hf.service()
     os.kill(svc["worker"], signal.SIGKILL)
     deadline = time.monotonic() + 30
@@ -334,12 +374,22 @@ def test_a_live_interval_chain_tree_is_kept_for_a_small_change(h3_lab, tmp_path)
     netns.run(["iptables", "-w", "-D", "FORWARD", *CX[2].split()[2:]], fw)
     hf.followed()
     stats = json.loads((Path(hf.state) / "state.json").read_text())["trees"]
-    assert stats["trees_built"] == 0 and stats["lazy_trees"] >= 1, stats
+    assert stats["trees_built"] == stats["rebuilt_cheaper"] and stats["lazy_trees"] >= 1, stats
     gen3, trees3 = _tree_chains(fw)
-    assert gen3 != gen2 and trees3 == [ln for ln in trees1 if '"EVIL2"' not in ln], "the follow rewrote the trees"
+    assert gen3 != gen2 and not any('"EVIL2"' in ln for ln in trees3), trees3
+    kept = set(trees3) & set(trees1)
+    if not stats["rebuilt_cheaper"]:
+        assert trees3 == sorted({ln for ln in trees1 if '"EVIL2"' not in ln}), "the follow rewrote the trees"
     _verify(hf)
     gone = _counted(fw, rf"-A {gen3}L\d+A\d+ .*--src-range 10.0.1.32-10.0.1.47 -j {gen3}TD\d+")
+    print(f"delete: {stats}, {len(kept)} of {len(trees1)} tree rules kept, {gone} frames diverted")
     assert gone > 0, "frames in the deleted rule's source went to its diversion"
+
+    # a sparse change last (a ban of a source no rule names, the common case of fail2ban-like tools): few rules loaded
+    loaded, total = _follow_loads(hf, fw, ["-I", "FORWARD", "5", *SPARSE_BAN.split()], trees_kept=False)
+    print(f"sparse follow: {loaded} of the tool's {total} rules loaded")
+    assert 0 < loaded * 3 < total, (loaded, total)
+    _verify(hf)
     hf("undeploy", "-q")
 
 

@@ -408,6 +408,7 @@ def build_program(
                     c[main].insert(at, NfRule("mark", k0t, _field(prog, K0_TREE), mark_mask & 0xFFFFFFFF, goto=True))
         if live:
             prog.tree_stats["trees_built"] = bases.built  # K0T's included
+            prog.tree_stats["rebuilt_cheaper"] = bases.rebuilt_cheaper
         recorded = bases.commit()
         if recorded is not None:  # bases built (or dropped) here: the deployment records them (ops.deploy)
             plan.tree_bases_built = recorded

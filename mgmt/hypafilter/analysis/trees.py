@@ -338,9 +338,9 @@ def treeify(prog, kit: Kit, nft_max_depth: int, min_segment: int = 16, bases: Ba
         deepest = max((below(i) for i in idx), default=0)
         return min(Params().max_depth, nft_max_depth - depth[name] - 2 - deepest)
 
-    def as_tree(name: str, idx: list[int]):
+    def as_tree(name: str, idx: list[int], per_box: int):
         """(lines, fit) writing the policy's rules `idx` as a tree (its base's), or None: no tree was written."""
-        fit = bases.fit(idx)
+        fit = bases.fit(idx, per_box=per_box)
         t.use(fit)
         before = t.trees
         lines = t.rewrite(list(range(len(fit.remap))), room(name, idx))
@@ -376,6 +376,7 @@ def treeify(prog, kit: Kit, nft_max_depth: int, min_segment: int = 16, bases: Ba
             if len(idx) >= 2 * min_segment:
                 cands.append((len(idx), name, idx))
     budget = TREE_MAX_EXPANSION * max(len(pol.rules), 1)
+    sharing = Counter(tuple(idx) for _, _, idx in cands)  # leaves of one chain: each tests every box twice
     shared: dict[tuple[int, ...], tuple] = {}
     heads: dict[tuple, list] = {}
     for n, name, idx in sorted(cands, key=lambda c: -c[0]):
@@ -383,7 +384,7 @@ def treeify(prog, kit: Kit, nft_max_depth: int, min_segment: int = 16, bases: Ba
         if key not in shared:
             if t.rules_out + TREE_MAX_EXPANSION * n > budget:
                 continue
-            got = as_tree(name, idx)
+            got = as_tree(name, idx, 2 * sharing[key])
             if got is None:
                 continue
             shared[key] = got
@@ -425,7 +426,7 @@ def treeify(prog, kit: Kit, nft_max_depth: int, min_segment: int = 16, bases: Ba
     if k0_tree and pol.rules:
         work.append((k0, list(range(len(pol.rules)))))
     for name, idx in work:
-        got = as_tree(name, idx)
+        got = as_tree(name, idx, 1)
         if got is None:  # the chain stays as it was
             continue
         lines, fit = got
@@ -619,6 +620,7 @@ class Bases:
         trees of the recorded bases."""
         self.pol, self.live = pol, live
         self.built = 0  # trees built by this program (a follow that reuses every base's trees builds none)
+        self.rebuilt_cheaper = 0  # lazy fits built anew because their diversion would write more rules
         self.keys = [rule_key(r) for r in pol.rules] if live else []
         self.pkey = (pol.base_chain, getattr(pol, "family", 4), min_segment)
         pool = None if fresh or not live else _POOLS.get(self.pkey)
@@ -647,8 +649,11 @@ class Bases:
                 self._regs[i] = got[i]
         return [self._regs[i] for i in idx]
 
-    def fit(self, idx: list[int], k0: bool = False) -> _Fit:
-        """The policy's rules `idx` (in order) as a tree: of a base with at most LAZY_DELTA changes, or built."""
+    def fit(self, idx: list[int], k0: bool = False, per_box: int | None = None) -> _Fit:
+        """The policy's rules `idx` (in order) as a tree: of a base with at most LAZY_DELTA changes, or built.
+        `per_box` (the dispatch rules a diversion box adds where the tree is written): a lazy fit whose diversion
+        writes more rules than the tree built anew is built anew, so that a follow loads no more than a rebuild
+        (docs/optimize.md, "What a follow loads"); counted in `rebuilt_cheaper`."""
         best = None
         if self.live:
             keys = [self.keys[i] for i in idx]
@@ -661,6 +666,11 @@ class Bases:
                 f = self._fit(base, keys, idx)
                 if f is not None and (best is None or len(f.changed) < len(best.changed)):
                     best = f
+        if best is not None and best.changed and per_box is not None:
+            rebuilt = rebuild_rules(best, len(idx))
+            if rebuilt is not None and diversion_rules(best, per_box) > rebuilt:
+                self.rebuilt_cheaper += 1
+                best = None
         if best is None:
             base = _Base([self.keys[i] for i in idx] if self.live else [], self.regs(idx), {})
             best = _Fit(base, list(idx), [], [], True)
@@ -752,11 +762,8 @@ def _meets(boxes, box) -> bool:
     )
 
 
-def _diversions(prog, kit, fit: _Fit, idx: list[int], name: Callable[[], str], tail: list) -> list:
-    """One `hdr` rule per distinct box of the changed rules' region_any (-s, -d, -p), going to a chain (`name()`)
-    that holds, in order, every rule of the live list `idx` that can act on a frame of the box (its region_any meets
-    it; a rule without a region too), then `tail`: the live list for the affected part, the rules that cannot act
-    there left out. The tree after the diversion holds the base's kept rules only."""
+def _boxes(fit: _Fit) -> list[tuple]:
+    """The distinct boxes (src, dst, protocol ranges) of the changed rules' region_any, one diversion each."""
     seen: dict[tuple, None] = {}
     for boxes in fit.changed:
         for lo, hi in boxes:
@@ -764,9 +771,37 @@ def _diversions(prog, kit, fit: _Fit, idx: list[int], name: Callable[[], str], t
             if plo != phi:
                 plo, phi = 0, 255  # iptables' -p names one protocol: a wider box is still a cover
             seen[(lo[0], hi[0], lo[1], hi[1], plo, phi)] = None
+    return list(seen)
+
+
+def diversion_rules(fit: _Fit, per_box: int) -> int:
+    """The rules a lazy fit's diversion writes: per box its chain (the live rules that can act there and the tail's
+    one rule) and `per_box` dispatch rules in the chains that test it."""
+    return sum(1 + per_box + sum(1 for rg in fit.live_regs if rg is None or _meets(rg[0], box)) for box in _boxes(fit))
+
+
+def rebuild_rules(fit: _Fit, n_live: int) -> int | None:
+    """What building the tree of the `n_live` live rules anew would write, estimated by what the base's trees write
+    with each rule inserted since written once more and each deleted once less (the same run of rules up to the few
+    changed); None when this process holds none of the base's trees (they are built either way)."""
+    runs: dict[tuple, int] = {}
+    for (run, _), tree in fit.base.trees.items():
+        runs[run] = max(runs.get(run, 0), tree.emitted_rules)
+    if not runs:
+        return None
+    deleted = sum(p is None for p in fit.remap)
+    inserted = n_live - (len(fit.remap) - deleted)
+    return sum(runs.values()) + inserted - deleted
+
+
+def _diversions(prog, kit, fit: _Fit, idx: list[int], name: Callable[[], str], tail: list) -> list:
+    """One `hdr` rule per distinct box of the changed rules' region_any (-s, -d, -p), going to a chain (`name()`)
+    that holds, in order, every rule of the live list `idx` that can act on a frame of the box (its region_any meets
+    it; a rule without a region too), then `tail`: the live list for the affected part, the rules that cannot act
+    there left out. The tree after the diversion holds the base's kept rules only."""
     pol = prog.policy
     out = []
-    for box in seen:
+    for box in _boxes(fit):
         slo, shi, dlo, dhi, plo, phi = box
         opts: list[str] = []
         if (slo, shi) != (0, 0xFFFFFFFF) or (dlo, dhi) != (0, 0xFFFFFFFF):
@@ -796,7 +831,7 @@ def live_k0(prog, kit: Kit, nft_max_depth: int, min_segment: int, bases: Bases, 
     "lazy" or why not, `k0_changed`, trees, rules)."""
     pol = prog.policy
     everything = list(range(len(pol.rules)))
-    fit = bases.fit(everything, k0=True)
+    fit = bases.fit(everything, k0=True, per_box=1)
     prog.chains[chain] = []  # placed for the depth computation
     t = _Trees(prog, min_segment, kit)
     t.bases = bases

@@ -15,6 +15,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -54,6 +55,7 @@ from hypafilter.ops.ruleset import (
     owned_chains,
     restore,
     restore_table,
+    reuse_chains,
     switch_text,
     table_snapshot,
 )
@@ -168,6 +170,24 @@ def TREE_CACHE_FILE() -> Path:
     """The live trees themselves (analysis.trees.cache_json: each base's regions and built trees), so that the
     policy sync worker's first follow after a deploy or a restart of the service writes them without a build."""
     return STATE_DIR / "tree_cache.json"
+
+
+def CHAINS_FILE() -> Path:
+    """The tool's chains as the kernel holds them (ops.ruleset.reuse_chains' `in_use`: digests and jumps): a follow
+    loads only the chains whose content is not among them (docs/optimize.md, "What a follow loads")."""
+    return STATE_DIR / "chains.json"
+
+
+def _loaded_chains(old: dict | None) -> dict[str, list]:
+    """The previous generation's chains ({name: [digest, the tool's chains it jumps to]}), when they are the chains
+    the state records and hold every chain they jump to (else none is kept: the follow loads every chain)."""
+    try:
+        doc = json.loads(CHAINS_FILE().read_text())
+        got = {str(k): [str(d), [str(t) for t in refs]] for k, (d, refs) in doc["in_use"].items()}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return {}
+    whole = all(t in got for _, refs in got.values() for t in refs)
+    return got if whole and old and set(got) == set(old.get("chains") or ()) else {}
 
 
 def _tree_cache() -> dict:
@@ -934,6 +954,11 @@ def _deploy_locked(
         )
     gen = (old["generation"] + 1) if old else 1
     gen = gen if gen <= 0xFFFF else 1  # the hardware carries 16 bits of generation
+    # chains a follow kept from earlier generations keep their names: a generation number they carry is not reused
+    own = re.compile(rf"^{re.escape(config.chain_prefix)}(\d+)_")
+    kept_gens = {int(m.group(1)) for c in (old or {}).get("chains") or () for m in [own.match(c)] if m}
+    while gen in kept_gens:
+        gen = gen + 1 if gen < 0xFFFF else 1
     tx = Transaction(log=log)
     prefix = chain_prefix(config, gen)
     new_main = f"{prefix}MAIN"
@@ -1052,9 +1077,15 @@ def _deploy_locked(
         body = body_of(nf_text)
         if os.environ.get(FAIL_ENV) == "netfilter":
             body.append(f"-A {new_main} -m hf-no-such-match -j ACCEPT")
-        new_chains = [ln[1:].split()[0] for ln in body if ln.startswith(":")]
-        if new_main not in new_chains:
+        if new_main not in {ln[1:].split()[0] for ln in body if ln.startswith(":")}:
             raise DeployError("render", f"netfilter rules do not define the entry chain {new_main}")
+        # A follow loads only the chains whose content the kernel does not hold yet: the others stay under the
+        # earlier generation's name, and the new ones jump to them (docs/optimize.md, "What a follow loads").
+        t_reuse = time.monotonic()
+        reused = reuse_chains(body, new_main, _loaded_chains(old) if follow and not force else {})
+        tx.timings["reuse"] = round(time.monotonic() - t_reuse, 4)
+        new_chains = list(reused.in_use)
+        body = reused.body
 
         # 1. Everything to software on the running hardware (its metadata stays valid for the old chains).
         if old_nic:
@@ -1132,7 +1163,7 @@ def _deploy_locked(
                 lambda: restore(NS_FW, switch_text(config, base, body, new_main, old_main)),
                 lambda: (
                     restore(NS_FW, switch_text(config, base, [], old_main, new_main)),
-                    restore(NS_FW, delete_text(config, new_chains)),
+                    restore(NS_FW, delete_text(config, reused.created)),
                 ),
             )
         else:
@@ -1273,6 +1304,10 @@ def _deploy_locked(
             write_static(STATE_DIR, plan, tgt.buffer_depth(), binary, _write_private)
         except OSError as e:
             warnings.append(f"writing {static_path(STATE_DIR)}: {e}")
+    try:
+        _write_private(CHAINS_FILE(), json.dumps({"in_use": reused.in_use}, separators=(",", ":")) + "\n")
+    except OSError as e:
+        warnings.append(f"writing {CHAINS_FILE()}: {e}")
     if getattr(plan, "tree_bases_built", None) is not None:  # the live trees' bases: the rules they were built from
         try:
             _write_private(TREE_BASES_FILE(), json.dumps(plan.tree_bases_built) + "\n")
@@ -1308,7 +1343,7 @@ def _deploy_locked(
             finally:
                 nft.close()
     try:
-        stale = [c for g, cs in owned_chains(NS_FW, config).items() if g != gen for c in cs]
+        stale = [c for cs in owned_chains(NS_FW, config).values() for c in cs if c not in reused.in_use]
         if stale:
             nft_gen = _own_commit(lambda: restore(NS_FW, delete_text(config, stale)), nft_gen)
     except HypafilterError as e:
@@ -1339,6 +1374,8 @@ def _deploy_locked(
         "base_policy": policy.default,
         "user_chains": user_chain_names(prefix, policy.user_chains),
         "chains": new_chains,
+        # chains of this generation kept from an earlier one (unchanged, not loaded again): {its name: the kernel's}
+        "chains_kept": reused.kept,
         "chains_sha256": fingerprint,
         # the digest (ops.policysync.live.digest) of the live listing this policy was read from (a follow) or that
         # loading it gave (a deploy; None if another commit came between): a listing with this digest is this policy
@@ -1402,6 +1439,9 @@ def _deploy_locked(
                 "overlay_slots": view.overlay.used if view is not None else None,
                 "replaced_nic": bool(replace),
                 "register_writes": written["writes"],
+                # the tool's rules this load wrote, and its chains kept from earlier generations (unchanged)
+                "rules_loaded": reused.rules_loaded,
+                "chains_kept": len(reused.kept),
                 "duration_s": took,
                 "applied_s": applied,
                 "steps": tx.timings,
@@ -1663,7 +1703,7 @@ def _status() -> dict:
     except HypafilterError as e:
         out["shim_stats"] = {"error": str(e)}
     try:
-        out["netfilter"] = chain_counters(NS_FW, cfg, st["prefix"])
+        out["netfilter"] = chain_counters(NS_FW, cfg, st["prefix"], st.get("chains"))
     except HypafilterError as e:
         out["netfilter"] = {"error": str(e)}
     out["ipv6"] = ipv6_status(st)

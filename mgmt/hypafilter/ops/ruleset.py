@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from dataclasses import dataclass
 
 from hypafilter import netns
 from hypafilter.config import Config
@@ -129,6 +130,107 @@ def live_text(
     return doc.text()
 
 
+@dataclass
+class Reused:
+    """A generation's chains with those already in the kernel under an earlier generation's name taken from there
+    (`reuse_chains`): `body` the lines to load (the chains to create, their jumps to kept chains renamed), `created`
+    their names, `in_use` every chain the generation walks in the kernel ({name: [digest, the tool's chains it jumps
+    to]}: created and kept), `kept` {the generation's name: the earlier name it is loaded as}."""
+
+    body: list[str]
+    created: list[str]
+    in_use: dict[str, list]
+    kept: dict[str, str]
+
+    @property
+    def rules_loaded(self) -> int:
+        return sum(ln.startswith("-A ") for ln in self.body)
+
+
+_JUMP = re.compile(r"(?<!\S)(?:-j|-g|--jump|--goto) (\S+)")
+
+
+def _jump_targets(rest: str) -> list[str]:
+    return _JUMP.findall(rest)
+
+
+def reuse_chains(body: list[str], entry: str, loaded: dict[str, list]) -> Reused:
+    """The chains of `body` (restore lines of one generation, ops.deploy's `body`) whose content is that of a chain
+    the kernel holds from an earlier generation (`loaded`: as `in_use` recorded it) are not loaded
+    again: the chains that jump to them jump to the kept one. A chain's digest covers its rules with each jump to one
+    of the tool's chains written as that chain's digest (callees first), so a kept chain holds the same rules and
+    reaches the same rules below it as the one it stands for: a frame walks the same rules either way, whatever
+    generation's names it passes.
+    `entry` (MAIN, which the base chain's jump names) is always loaded anew."""
+    order: list[str] = []
+    rules: dict[str, list[str]] = {}
+    for ln in body:
+        if ln.startswith(":"):
+            name = ln[1:].split()[0]
+            order.append(name)
+            rules.setdefault(name, [])
+        elif ln.startswith("-A "):
+            name, _, rest = ln[3:].partition(" ")
+            rules.setdefault(name, []).append(rest)
+    known = {d: n for n, (d, _) in loaded.items()}
+    # each rule's jumps to the tool's chains (most rules jump to none: ACCEPT, DROP, the operator's chains)
+    calls = {c: [[m for m in _JUMP.finditer(r) if m.group(1) in rules] for r in rs] for c, rs in rules.items()}
+    resolved: dict[str, str] = {}
+    digest: dict[str, str] = {}
+
+    def resolve(name: str) -> str:
+        # iterative post-order: callees before callers (trees nest 15 deep, dispatch levels more: no recursion limit)
+        stack = [(name, False)]
+        while stack:
+            c, done = stack.pop()
+            if c in resolved:
+                continue
+            if not done:
+                stack.append((c, True))
+                stack.extend((m.group(1), False) for ms in calls[c] for m in ms if m.group(1) not in resolved)
+                continue
+            h = hashlib.sha256()
+            lines = rules[c]
+            for j, ms in enumerate(calls[c]):
+                r = lines[j]
+                if not ms:
+                    h.update(r.encode() + b"\n")
+                    continue
+                named, kept, at = [], [], 0
+                for m in ms:  # the digest names the content below (whatever chain of it is kept), the rule the name
+                    named += [r[at : m.start(1)], digest[m.group(1)]]
+                    kept += [r[at : m.start(1)], resolved[m.group(1)]]
+                    at = m.end(1)
+                h.update(("".join(named) + r[at:]).encode() + b"\n")
+                lines[j] = "".join(kept) + r[at:]
+            d = h.hexdigest()[:32]
+            digest[c] = d
+            resolved[c] = known.get(d, c) if c != entry else c
+        return resolved[name]
+
+    for name in order:
+        resolve(name)
+    created = [n for n in order if resolved[n] == n]
+    out = [f":{n} - [0:0]" for n in created] + [f"-A {n} {r}" for n in created for r in rules[n]]
+    # in use: the chains loaded, the kept ones, and every chain a kept one jumps to in the kernel (of two kept chains
+    # of the same rules, the one a kept chain was loaded with may not be the one the new chains name)
+    in_use: dict[str, list] = {}
+    todo = [resolved[n] for n in order]
+    while todo:
+        c = todo.pop()
+        if c in in_use:
+            continue
+        if c in loaded and c not in rules:
+            in_use[c] = loaded[c]
+        else:
+            in_use[c] = [
+                digest[c],
+                sorted({t for r in rules[c] for t in _jump_targets(r) if t in rules or t in loaded}),
+            ]
+        todo.extend(in_use[c][1])
+    return Reused(out, created, in_use, {n: resolved[n] for n in order if resolved[n] != n})
+
+
 def table_snapshot(ns: str | None, config: Config) -> str:
     """The whole table as iptables-save writes it: what `restore_table` puts back (an undo)."""
     return netns.run(["iptables-save", "-t", config.table], ns)
@@ -173,14 +275,18 @@ def restore(ns: str | None, text: str) -> None:
     netns.run(["iptables-restore", "-w", "--noflush"], ns, input=text)
 
 
-def chain_counters(ns: str | None, config: Config, prefix: str | None = None) -> dict[str, list[dict]]:
-    """Per-rule packet/byte counters of the tool's chains (iptables-save -c)."""
+def chain_counters(
+    ns: str | None, config: Config, prefix: str | None = None, chains: list[str] | None = None
+) -> dict[str, list[dict]]:
+    """Per-rule packet/byte counters of the tool's chains (iptables-save -c): those named `prefix…`, and `chains`
+    (a generation's chains kept from earlier ones carry an earlier prefix)."""
     prefix = prefix or config.chain_prefix
+    wanted = set(chains or ())
     out: dict[str, list[dict]] = {}
     pat = re.compile(r"^\[(\d+):(\d+)\] -A (\S+) ?(.*)$")
     for line in netns.run(["iptables-save", "-c", "-t", config.table], ns).splitlines():
         m = pat.match(line)
-        if m and m.group(3).startswith(prefix):
+        if m and (m.group(3).startswith(prefix) or m.group(3) in wanted):
             out.setdefault(m.group(3), []).append(
                 {"packets": int(m.group(1)), "bytes": int(m.group(2)), "rule": m.group(4)}
             )

@@ -128,6 +128,9 @@ class Deployment:
     nic_id: str = ""  # which NIC process or program: a new one counts from 0
     nic_info: dict = field(default_factory=dict, compare=False)  # the target's info on the NIC (deploy state "nic")
     positions: dict[tuple[str, int], int] = field(default_factory=dict, compare=False)  # see rule_positions
+    # chains of this generation the kernel holds under an earlier generation's name (a follow loads only the chains
+    # that changed: docs/optimize.md, "What a follow loads"): {name in the kernel: name in this generation}
+    aliases: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
     def partition(self) -> dict[str, int]:
@@ -321,15 +324,22 @@ def parse_iptables_save(text: str, table: str = "filter") -> list[NfRule]:
 
 
 def attribute_netfilter(
-    rules: Iterable[NfRule], prefix: str, n_policy_rules: int, positions: dict[tuple[str, int], int] | None = None
+    rules: Iterable[NfRule],
+    prefix: str,
+    n_policy_rules: int,
+    positions: dict[tuple[str, int], int] | None = None,
+    aliases: dict[str, str] | None = None,
 ) -> tuple[dict[int, tuple[int, int]], tuple[int, int]]:
-    """Netfilter counters of one generation's chains (names starting with `prefix`) per policy rule, and what
-    entered its MAIN chain.
+    """Netfilter counters of one generation's chains (names starting with `prefix`, and those it keeps under an
+    earlier name: `aliases`, {name in the kernel: name in the generation}) per policy rule, and what entered its MAIN
+    chain.
 
     `positions` maps (chain, position) to the policy rule whose matches that rule line counts (rule_positions).
     Rules carrying an `hf:rule=<i>` comment count for rule i instead, when the emitter writes such comments; a
     jump into a chain that holds rules tagged i is then not counted again.
     """
+    if aliases:
+        rules = [dataclasses.replace(r, chain=aliases[r.chain]) if r.chain in aliases else r for r in rules]
     mine = [r for r in rules if r.chain.startswith(prefix)]
     tags_in: dict[str, set[int]] = {}
     for r in mine:
@@ -513,6 +523,7 @@ def deployment_from_state(state: dict) -> Deployment:
         strategy=config.strategy,
         default=policy.default,
         prefix=prefix,
+        aliases={v: k for k, v in (state.get("chains_kept") or {}).items()},
         netns=str((state.get("shim") or {}).get("netns", "hf-fw")),
         table=config.table,
         n_entries=n,
@@ -770,7 +781,7 @@ class Collector:
         try:
             text = self._nf_reader(dep.netns, dep.table)
             saved = parse_iptables_save(text, dep.table)
-            nf, nf_main = attribute_netfilter(saved, dep.prefix, len(dep.rules), dep.positions)
+            nf, nf_main = attribute_netfilter(saved, dep.prefix, len(dep.rules), dep.positions, dep.aliases)
             nf_ok = True
         except Exception as e:
             errors.append(f"netfilter: {e}")

@@ -1,0 +1,175 @@
+"""What a follow loads (ops.ruleset.reuse_chains, docs/optimize.md "What a follow loads"): only the tool's chains whose
+content the kernel does not hold yet; every other chain of the new generation stays under its earlier name.
+
+The check is structural: the kernel's chains after the load (the earlier generation's plus those loaded), walked from
+the new MAIN with every jump and goto replaced by the rules of the chain it names, are the new generation's chains
+walked the same way: a frame meets the same rules in the same order (the hybrid's own model of those chains is
+tests/unit/test_tree_strategy.py; the kernel's verdicts tests/system/test_tree_strategy.py)."""
+
+from __future__ import annotations
+
+import re
+
+from hypafilter.analysis.plan import build_plan
+from hypafilter.analysis.program import build_program
+from hypafilter.config import Config
+from hypafilter.iptables.document import parse_policy
+from hypafilter.iptables.writer import body_of
+from hypafilter.netfilter.restore import render_iptables
+from hypafilter.ops.ruleset import reuse_chains
+
+from tests.unit.test_tree_strategy import _cx_text
+
+
+def _chains(body: list[str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for ln in body:
+        if ln.startswith(":"):
+            out.setdefault(ln[1:].split()[0], [])
+        elif ln.startswith("-A "):
+            name, _, rest = ln[3:].partition(" ")
+            out[name].append(rest)
+    return out
+
+
+def _walk(chains: dict[str, list[str]], entry: str) -> str:
+    """The rules reached from `entry`, every jump and goto to a chain replaced by its rules: names left out."""
+    memo: dict[str, str] = {}
+
+    def inline(name: str) -> str:
+        if name not in memo:
+            lines = []
+            for r in chains[name]:
+                toks = r.split(" ")
+                for i in range(len(toks) - 1):
+                    if toks[i] in ("-j", "-g") and toks[i + 1] in chains:
+                        toks[i + 1] = "{" + inline(toks[i + 1]) + "}"
+                lines.append(" ".join(toks))
+            memo[name] = "; ".join(lines)
+        return memo[name]
+
+    return inline(entry)
+
+
+def _body(text: str, gen: int, fresh: bool) -> list[str]:
+    cfg = Config(strategy="tree", tree_min_segment=4)
+    plan = build_plan(parse_policy(text, filename="cx.rules", base_chain="FORWARD", config=cfg), cfg, live=True)
+    plan.trees_fresh, plan.k0_tree = fresh, True
+    return body_of(render_iptables(build_program(plan, "tree", prefix=f"HF{gen}_")))
+
+
+def _load(kernel: dict[str, list[str]], loaded: dict[str, str], body: list[str], gen: int):
+    """ops.deploy's follow on a model kernel: the chains loaded beside the kernel's, then those not in use deleted."""
+    r = reuse_chains(body, f"HF{gen}_MAIN", loaded)
+    after = {**kernel, **_chains(r.body)}
+    return r, {n: after[n] for n in r.in_use}
+
+
+def test_a_follow_loads_only_the_chains_whose_content_changed():
+    """example-sized: 40 complex rules (one interval chain written as a tree) and K0T. An inserted complex rule (the
+    trees kept, the change diverted ahead of them) loads MAIN, the leaves with their diversion, the diversion chains
+    and K0T; a deleted one also the tree chains from the root to each leaf that held its copies. Each time the kernel
+    walks from the new MAIN exactly the rules the new generation's chains give, and no chain in use is missing."""
+    base = _cx_text(40)
+    dep = _body(base, 1, True)
+    r1, kernel = _load({}, {}, dep, 1)
+    assert r1.rules_loaded == sum(ln.startswith("-A ") for ln in dep) and not r1.kept  # a deploy loads everything
+
+    ban = "-A FORWARD -s 10.99.0.0/16 -p udp -m string --string EVIL --algo bm -j DROP\n"
+    changed = base.replace("-A FORWARD -s 10.7.", ban + "-A FORWARD -s 10.7.")
+    new = _body(changed, 2, False)
+    r2, kernel2 = _load(kernel, r1.in_use, new, 2)
+    total = sum(ln.startswith("-A ") for ln in new)
+    print(f"insert: {r2.rules_loaded} of {total} rules loaded, {len(r2.kept)} chains kept")
+    assert "HF2_MAIN" in r2.created and r2.kept and r2.rules_loaded < total / 3
+    assert not any(re.match(r"HF2_T\d+$", c) for c in r2.created)  # the kept trees: not loaded again
+    assert _walk(kernel2, "HF2_MAIN") == _walk(_chains(new), "HF2_MAIN")
+    refs = {t for rules in kernel2.values() for r in rules for t in re.findall(r"-[jg] (HF\d+_\S+)", r)}
+    assert refs <= set(kernel2)
+
+    # the inserted rule deleted again and another deployed one deleted: the trees' leaves with its copies change
+    gone = changed.replace(ban, "").replace(
+        "-A FORWARD -s 10.3.0.0/16 -p udp -m string --string BAD3 --algo bm -j DROP\n", ""
+    )
+    assert gone != base
+    new3 = _body(gone, 3, False)
+    r3, kernel3 = _load(kernel2, r2.in_use, new3, 3)
+    print(f"delete: {r3.rules_loaded} of {sum(ln.startswith('-A ') for ln in new3)} rules loaded")
+    assert any(re.match(r"HF3_T\d+$", c) for c in r3.created) and r3.kept
+    assert _walk(kernel3, "HF3_MAIN") == _walk(_chains(new3), "HF3_MAIN")
+    assert _walk(kernel3, "HF3_MAIN") != _walk(kernel2, "HF2_MAIN")
+
+    # nothing changed in the tool's chains (a change the policy's own names hold): MAIN alone is loaded
+    r4, kernel4 = _load(kernel3, r3.in_use, _body(gone, 4, False), 4)
+    assert r4.created == ["HF4_MAIN"] and _walk(kernel4, "HF4_MAIN") == _walk(kernel3, "HF3_MAIN")
+
+
+def test_a_chain_is_kept_only_with_everything_below_it():
+    """A chain is kept when its rules and every chain below it are the same: a change in a leaf loads the leaf and
+    every chain above it, its siblings stay; a chain of the same rules under another name is kept too (trees renumbered
+    by an insert above them); the entry chain is always loaded."""
+    gen1 = [":G1_MAIN", ":G1_A", ":G1_B", ":G1_C", ":G1_D"]
+    gen1 += ["-A G1_MAIN -j G1_A", "-A G1_MAIN -g G1_D", "-A G1_A -s 10.0.0.0/8 -g G1_B", "-A G1_A -j G1_C"]
+    gen1 += ["-A G1_B -j DROP", "-A G1_C -p tcp -j ACCEPT", "-A G1_D -j ACCEPT"]
+    gen1 = [ln + " - [0:0]" if ln.startswith(":") else ln for ln in gen1]
+    r1, kernel = _load({}, {}, gen1, 1)
+    gen2 = [ln.replace("G1_", "G2_") for ln in gen1]
+    gen2 = [ln.replace("-p tcp", "-p udp") for ln in gen2]  # C changed: C, A (above it) and MAIN loaded
+    r2, kernel2 = _load(kernel, r1.in_use, [ln.replace("G2_", "HF2_") for ln in gen2], 2)
+    assert r2.created == ["HF2_MAIN", "HF2_A", "HF2_C"] and r2.kept == {"HF2_B": "G1_B", "HF2_D": "G1_D"}
+    assert kernel2["HF2_A"] == ["-s 10.0.0.0/8 -g G1_B", "-j HF2_C"]
+    # renumbered: B's rules under the name E, D's under B
+    gen3 = [ln.replace("HF2_B", "HF3_E").replace("HF2_D", "HF3_B").replace("HF2_", "HF3_") for ln in r2.body]
+    gen3 += [":HF3_E - [0:0]", ":HF3_B - [0:0]", "-A HF3_E -j DROP", "-A HF3_B -j ACCEPT"]
+    gen3 = [ln.replace("G1_B", "HF3_E").replace("G1_D", "HF3_B") for ln in gen3]
+    r3, kernel3 = _load(kernel2, r2.in_use, gen3, 3)
+    assert r3.created == ["HF3_MAIN"] and r3.kept == {
+        "HF3_A": "HF2_A",
+        "HF3_C": "HF2_C",
+        "HF3_E": "G1_B",
+        "HF3_B": "G1_D",
+    }
+    assert _walk(kernel3, "HF3_MAIN") == _walk(_chains(gen3), "HF3_MAIN") == _walk(kernel2, "HF2_MAIN")
+
+
+def test_a_follow_loads_no_more_than_a_rebuild():
+    """The cheaper of diverting and rebuilding, by rules loaded: one ban diverted loads far fewer rules than the trees
+    built anew would; eight changes whose boxes each meet the whole chain (a destination no rule names, any source)
+    would write a diversion larger than the trees, so the follow builds them anew (`rebuilt_cheaper`) and loads no
+    more than a rebuild. Either way the hybrid model through the follow's chains gives the live policy's verdicts."""
+    from hypafilter.analysis import trees
+
+    from tests.unit.test_properties import _callback, mismatches
+    from tests.unit.test_tree_strategy import _cx_prog, _headers
+
+    base = _cx_text(40)
+    r1, _ = _load({}, {}, _body(base, 1, True), 1)
+    one = "-A FORWARD -s 10.99.0.0/16 -p udp -m string --string EVIL --algo bm -j DROP\n"
+    wide = "".join(f"-A FORWARD -d 192.168.{i}.0/24 -m string --string W{i} --algo bm -j DROP\n" for i in range(8))
+    for extra, rebuilt in ((one, 0), (wide, 1)):
+        text = base.replace("-A FORWARD -s 10.7.", extra + "-A FORWARD -s 10.7.")
+        trees._POOLS.clear()
+        _load({}, {}, _body(base, 1, True), 1)  # the deployment's trees, this process's bases
+        follow = reuse_chains(_body(text, 2, False), "HF2_MAIN", r1.in_use)
+        fresh = reuse_chains(_body(text, 2, True), "HF2_MAIN", r1.in_use)
+        print(f"{len(extra.splitlines())} changes: follow {follow.rules_loaded}, rebuild {fresh.rules_loaded} rules")
+        assert follow.rules_loaded <= fresh.rules_loaded
+        trees._POOLS.clear()
+        _cx_prog(base, "HF1_", True)
+        plan, prog = _cx_prog(text, "HF2_", False)
+        assert prog.tree_stats["rebuilt_cheaper"] == rebuilt, prog.tree_stats
+        if not rebuilt:
+            assert follow.rules_loaded * 2 < fresh.rules_loaded and prog.tree_stats["lazy_trees"] >= 1
+        hdrs = _headers()[::3] + [h for h in _headers() if h.proto == 17][::2]
+        assert mismatches(plan, "tree", hdrs, _callback(9)) == []
+
+
+def test_chains_of_the_same_rules_under_two_names_are_kept():
+    """Two chains of the same rules (leaves of two trees) are one content: the chains above either are kept too."""
+    gen1 = [":G1_MAIN - [0:0]", ":G1_P - [0:0]", ":G1_Q - [0:0]", ":G1_X - [0:0]", ":G1_Y - [0:0]"]
+    gen1 += ["-A G1_MAIN -s 10.0.0.0/8 -j G1_P", "-A G1_MAIN -j G1_Q", "-A G1_P -p tcp -g G1_X", "-A G1_Q -g G1_Y"]
+    gen1 += ["-A G1_X -j DROP", "-A G1_Y -j DROP"]
+    r1, kernel = _load({}, {}, gen1, 1)
+    r2, kernel2 = _load(kernel, r1.in_use, [ln.replace("G1_", "HF2_") for ln in gen1], 2)
+    assert r2.created == ["HF2_MAIN"] and r2.rules_loaded == 2, r2.body
+    assert _walk(kernel2, "HF2_MAIN") == _walk(kernel, "G1_MAIN")

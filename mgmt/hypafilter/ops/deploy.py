@@ -190,6 +190,19 @@ def _loaded_chains(old: dict | None) -> dict[str, list]:
     return got if whole and old and set(got) == set(old.get("chains") or ()) else {}
 
 
+def _chains_as_loaded(old: dict, config: Config) -> bool:
+    """The tool's chains in the kernel are the ones the last update loaded and fingerprinted (`chains_sha256`, as
+    drift compares them): only then may a follow keep any of them. A chain changed by hand is loaded anew, not kept
+    (keeping it would also make its change the new fingerprint, and so no longer drift)."""
+    want = old.get("chains_sha256")
+    if not want:
+        return False
+    try:
+        return chains_fingerprint(NS_FW, config, list(old.get("chains") or ())) == want
+    except HypafilterError:
+        return False
+
+
 def _tree_cache() -> dict:
     from hypafilter.analysis.trees import cache_of_json
 
@@ -1082,7 +1095,11 @@ def _deploy_locked(
         # A follow loads only the chains whose content the kernel does not hold yet: the others stay under the
         # earlier generation's name, and the new ones jump to them (docs/optimize.md, "What a follow loads").
         t_reuse = time.monotonic()
-        reused = reuse_chains(body, new_main, _loaded_chains(old) if follow and not force else {})
+        kept_before = _loaded_chains(old) if follow and not force else {}
+        if kept_before and not _chains_as_loaded(old, config):
+            log("the tool's chains are not as the last update left them (changed by hand?): every chain loaded anew")
+            kept_before = {}
+        reused = reuse_chains(body, new_main, kept_before)
         tx.timings["reuse"] = round(time.monotonic() - t_reuse, 4)
         new_chains = list(reused.in_use)
         body = reused.body

@@ -30,6 +30,9 @@ POLL_CHUNK = 512  # flow-cache slots a poll reads besides those of the flows it 
 # (p50 985 ms) and kept the emulated NIC busy with register reads half of a core, without a frame.
 POLL_CYCLE = 8
 POLL_PIECE = 32  # slots a poll reads before it looks at the conntrack events again (Syncer.poll's `between`)
+# ... or fewer, as many as the last piece's pace reads in this long: on a slow NIC (an 11,100-entry emulated core at
+# load 20: ~180 ms a slot) 32 slots kept `between`, and with it COMPLETE's renewal (a 500 ms lease), away for seconds
+POLL_PIECE_S = 0.05
 RESYNC_PIECE = 4096  # entries a resync goes through before its `between` (the service: events off their socket)
 LAG_SAMPLES = 4096  # sync lag: the last this many event -> hardware-write times
 LAG_PHASES = ("read", "liberal", "nic")  # the parts of the lag (Syncer.phases)
@@ -113,6 +116,7 @@ class Syncer:
     poll_times: deque = field(default_factory=lambda: deque(maxlen=LAG_SAMPLES))
     poll_blocks: deque = field(default_factory=lambda: deque(maxlen=LAG_SAMPLES))
     scan_at: int = 0  # the first slot of the next poll's part of the table
+    piece: int = POLL_PIECE  # slots the next piece of a poll reads (Syncer.poll: by the last piece's pace)
     held_at: int = 0  # the first of the installed flows' slots (in slot order) the next poll reads, when in turn
     last_error: str = ""
     # Flows whose set is full (`Waiting`), and per set the waiting flows and the ways taken (of installed flows).
@@ -408,7 +412,8 @@ class Syncer:
         every poll, which new flows waited for; only another writer can leave a flow it did not install once the
         resync at start has read everything. TIME_WAIT_IDLE_POLLS counts the polls that read a flow.
 
-        `between()` runs after every POLL_PIECE slots read and every refresh: the service applies the conntrack
+        `between()` runs after every piece of slots read (POLL_PIECE, or as many as the last piece's pace reads in
+        POLL_PIECE_S, at least one) and every refresh: the service applies the conntrack
         events that came meanwhile there, so a flow established during a poll (40-110 ms of it under load when it
         was read in one piece) does not wait for its end. An eviction decided before such events is applied only
         if the flow's record is still the one it was decided on (an event may have removed it, or installed it
@@ -439,8 +444,14 @@ class Syncer:
             self.held_at = held[-1] + 1
         slots = sorted(set(held).union(window))
         evict: list[tuple[Flow, Installed | None]] = []  # flow, its record when the eviction was decided
-        for k in range(0, len(slots), POLL_PIECE):
-            recs = self.table.flow_entries(slots[k : k + POLL_PIECE])
+        k = 0
+        while k < len(slots):
+            part = slots[k : k + max(1, min(self.piece, POLL_PIECE))]
+            k += len(part)
+            t_read = self.clock()
+            recs = self.table.flow_entries(part)
+            per_slot = (self.clock() - t_read) / len(part)
+            self.piece = POLL_PIECE if per_slot <= 0 else max(1, min(POLL_PIECE, int(POLL_PIECE_S / per_slot)))
             gap()
             for rec in recs:
                 inst = self.installed.get(rec.flow)

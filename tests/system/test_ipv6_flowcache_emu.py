@@ -3,7 +3,8 @@ policy the dual-stack core decides the established frames of IPv6 connections it
 sync service offloads an IPv6 conntrack entry the real kernel makes (conntrack -I) to the NIC's cache and removes it
 with the entry; verify with real IPv6 TCP connections through the hybrid and through the policy alone in the
 kernel: 0 mismatches, and a share of the IPv6 connections' wire frames decided on the NIC (0 before: every IPv6
-frame had ct 0 and was forced to conntrack).
+frame had ct 0 and was forced to conntrack), some of them as NEW (ct 3: the conntrack membership structure's IPv6
+keys; none before, an IPv6 frame was never ct 3).
 
 A dual-stack core build of its own (~1 min cold): opt-in outside CI as test_ipv6_deploy's
 test_dual_stack_emu_hardware (HF_EMU_V6_FULL=1, `make test-emu-v6`)."""
@@ -124,8 +125,12 @@ def test_verify_conntrack_first_ipv6_connections(lab):
     six = r["ipv6"]
     c6 = six["connections"]
     print("ipv6:", {k: six[k] for k in ("packets", "mismatches")}, "connections:",
-          {k: c6[k] for k in ("connections", "completed_oracle", "completed_hybrid", "mismatches", "hw_share")})  # fmt: skip
+          {k: c6[k] for k in ("connections", "completed_oracle", "completed_hybrid", "mismatches", "hw_share", "ct_none")})  # fmt: skip
     assert p.returncode == 0 and r["mismatches"] == 0 and six["mismatches"] == 0, r["examples"][:3]
     assert c6["mismatches"] == 0 and c6["completed_hybrid"] == c6["completed_oracle"] > 0, c6
     # before: 0.0 (every IPv6 frame forced to conntrack); measured 0.93 with 20 connections of 200 KB
     assert c6["hw_share"] is not None and c6["hw_share"] >= 0.5, c6
+    # NEW IPv6 frames (ct 3, the conntrack membership structure's IPv6 keys): the refused connections' SYNs the
+    # policy drops decided on the NIC, the accepted ones' SYNs forced to conntrack (bit 6) and their SYN-ACKs, racing
+    # the flow sync service's insert, found by the SYNs' egress stamps (else the hybrid drops them: a mismatch)
+    assert c6["ct_none"] > 0, c6

@@ -277,4 +277,5 @@ def test_entry_keys_of_ipv6_entries():
     rec = Recorder()
     mem = Members(rec, v6=True)
     mem.events([e])
-    assert rec.m.member(want) and mem.stats()["entries"] == 1
+    assert rec.m.member(want) and mem.stats()["entries"] == 1 and mem.stats()["families"] == ["ipv4", "ipv6"]
+    assert Members(Recorder()).stats()["families"] == ["ipv4"]

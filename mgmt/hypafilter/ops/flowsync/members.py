@@ -210,6 +210,7 @@ class Members:
     def stats(self) -> dict:
         return {
             "entries": len(self.held),
+            "families": ["ipv4", "ipv6"] if self.v6 else ["ipv4"],
             "pending": len(self.pending),
             "complete": self.complete,
             "phase": self.phase(),

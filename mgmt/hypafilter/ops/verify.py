@@ -1548,6 +1548,7 @@ def _verify(
                 # the connections' wire frames the NIC's core knew to have no conntrack entry (ct 3: CNT_CT_NONE; an
                 # xdp target counts none here)
                 "ct_none": d6.get("CNT_CT_NONE", 0),
+                "nic": d6,
                 "seconds": round(time.monotonic() - t, 3),
             }
         )

@@ -4,10 +4,17 @@
 -- is in neither is one conntrack holds no entry for (the core then gives it ct 3 while the host says the filter is
 -- complete). Every error is a false positive ("possible member"): saturated counters stay, a delete that finds a
 -- counter at 0 changes nothing, a sweep answers "member" for every lookup.
+-- IPv6 (V6, a dual-stack core): an IPv6 tuple's key is its addresses folded to 32 bits each (the XOR of their four
+-- 32-bit words) in the same 104-bit key, hashed behind a family byte 1 (the CRCs of the 14 bytes: the same XOR
+-- columns, other constants), so it meets an IPv4 key or another IPv6 key only by a collision (a false positive). A
+-- host command carries the folded addresses (h_v6); a lookup or egress frame the full ones (lk_v6, *_hi). An IPv6
+-- host frame whose ports the core does not know (eg_u6: the walk refused it) makes every IPv6 lookup a possible
+-- member for a window.
 --
 -- Definitions (key, hashes, counters, stamps, command codes) are those of mgmt/hypafilter/hw/ctmember.py:
---   key = the flow cache's canonical key (104 bits, both directions one key);
---   bank b's counter: CRC-32 (b = 0, 2) or CRC-32C (b = 1, 3) of the key's 13 bytes, most significant first; low
+--   key = the flow cache's canonical key (104 bits, both directions one key); IPv6: of the folded addresses;
+--   bank b's counter: CRC-32 (b = 0, 2) or CRC-32C (b = 1, 3) of the key's 13 bytes (IPv6: 0x01 and the 13 bytes),
+--     most significant first; low
 --     LOG2 bits for banks 0/1, high LOG2 bits for banks 2/3; counters of 4 bits, 15 sticky;
 --   egress index: bits 8 .. 8 + EGRESS_LOG2 - 1 of CRC-32 xor CRC-32C; stamp = the 32-bit tick count (1 ms);
 --     recent while now - stamp < window (mod 2**32).
@@ -24,7 +31,8 @@ use work.hf_pkg.all;
 entity hf_ct_member is
   generic (
     LOG2        : natural := 14;  -- counters per bank = 2**LOG2 (8..24)
-    EGRESS_LOG2 : natural := 12   -- egress stamps = 2**EGRESS_LOG2 (4..24)
+    EGRESS_LOG2 : natural := 12;  -- egress stamps = 2**EGRESS_LOG2 (4..24)
+    V6          : boolean := false  -- IPv6 keys too (a dual-stack core); false: the IPv4-only design
   );
   port (
     clk        : in  std_logic;
@@ -37,6 +45,12 @@ entity hf_ct_member is
     lk_proto   : in  std_logic_vector(7 downto 0);
     lk_sport   : in  std_logic_vector(15 downto 0);
     lk_dport   : in  std_logic_vector(15 downto 0);
+    -- [V6] an IPv6 header: lk_*_ip are its addresses' bits 31:0, lk_*_hi bits 127:32 (folded here)
+    lk_v6      : in  std_logic := '0';
+    lk_src_hi  : in  std_logic_vector(95 downto 0) := (others => '0');
+    lk_dst_hi  : in  std_logic_vector(95 downto 0) := (others => '0');
+    -- [V6] an IPv6 host frame whose ports are unknown: every IPv6 lookup a possible member for a window after it
+    eg_u6      : in  std_logic := '0';
     -- LATENCY = 4 cycles after the header: a possible member (all counters non-zero, a recent egress, or a sweep)
     res_valid  : out std_logic;
     res_member : out std_logic;
@@ -52,6 +66,7 @@ entity hf_ct_member is
     h_proto    : in  std_logic_vector(7 downto 0);
     h_sport    : in  std_logic_vector(15 downto 0);
     h_dport    : in  std_logic_vector(15 downto 0);
+    h_v6       : in  std_logic := '0';  -- [V6] an IPv6 key: h_*_ip are the folded addresses
     members    : out std_logic_vector(31 downto 0);  -- inserts minus deletes done since the last clear
     saturated  : out std_logic_vector(31 downto 0);  -- counters an insert made sticky
     refused    : out std_logic_vector(31 downto 0);  -- deletes refused (a counter of the key was 0)
@@ -104,6 +119,47 @@ architecture rtl of hf_ct_member is
   constant COLS_C : cols_t := columns(POLY_C);
   constant ZERO_A : w32 := crc_loop((others => '0'), POLY_A);
   constant ZERO_C : w32 := crc_loop((others => '0'), POLY_C);
+  -- an IPv6 key's CRCs: of the family byte 1 and the key; linear in the key as IPv4's, only the constant differs
+  function crc6_zero(poly : w32) return w32 is
+    variable c : w32 := (others => '1');
+    variable k : std_logic_vector(KEY_W + 7 downto 0) := (others => '0');
+  begin
+    k(KEY_W) := '1';
+    for i in k'length / 8 - 1 downto 0 loop
+      c(7 downto 0) := c(7 downto 0) xor k(8 * i + 7 downto 8 * i);
+      for b in 0 to 7 loop
+        c := ('0' & c(31 downto 1)) xor (poly and (31 downto 0 => c(0)));
+      end loop;
+    end loop;
+    return not c;
+  end function;
+  constant ZERO6_A : w32 := crc6_zero(POLY_A);
+  constant ZERO6_C : w32 := crc6_zero(POLY_C);
+
+  function base_a(is6 : std_logic) return w32 is
+  begin
+    if V6 and is6 = '1' then
+      return ZERO6_A;
+    end if;
+    return ZERO_A;
+  end function;
+
+  function base_c(is6 : std_logic) return w32 is
+  begin
+    if V6 and is6 = '1' then
+      return ZERO6_C;
+    end if;
+    return ZERO_C;
+  end function;
+
+  -- an IPv6 address folded to 32 bits (lo: bits 31:0, hi: bits 127:32)
+  function fold(lo : w32; hi : std_logic_vector(95 downto 0); is6 : std_logic) return w32 is
+  begin
+    if V6 and is6 = '1' then
+      return lo xor hi(31 downto 0) xor hi(63 downto 32) xor hi(95 downto 64);
+    end if;
+    return lo;
+  end function;
 
   function crc(k : key_t; cols : cols_t; zero : w32) return w32 is
     variable r : w32;
@@ -151,6 +207,8 @@ architecture rtl of hf_ct_member is
   signal l_idx : idx_arr;
   signal l_eidx : unsigned(EW - 1 downto 0);
   signal s2_lk, s3_lk, s3_nz, s3_rec, s3_rdy : std_logic := '0';
+  signal s1_u6, s2_u6, s3_u6 : std_logic := '0';
+  signal u6_at : unsigned(31 downto 0) := (others => '0');  -- [V6] the last IPv6 host frame with unknown ports
   signal o_v, o_m, o_e : std_logic := '0';
   signal l_cnt : cnt_arr;
   signal l_stamp : w32;
@@ -162,6 +220,7 @@ architecture rtl of hf_ct_member is
   signal sw_reset : std_logic := '1';  -- the sweep after reset: the stamps too
   signal c_op : std_logic_vector(1 downto 0) := (others => '0');
   signal c_key : key_t := (others => '0');
+  signal c_v6 : std_logic := '0';
   signal c_idx : idx_arr := (others => (others => '0'));
   signal h_cnt : cnt_arr;
   signal w_we : std_logic := '0';
@@ -186,20 +245,29 @@ begin
 
   stage1 : process (clk)
     variable ka, kb : key_t;
+    variable src, dst : w32;
   begin
     if rising_edge(clk) then
-      ka := key_fwd(lk_src_ip, lk_dst_ip, lk_sport, lk_dport, lk_proto);
-      kb := key_fwd(lk_dst_ip, lk_src_ip, lk_dport, lk_sport, lk_proto);
-      s1_af <= crc(ka, COLS_A, ZERO_A);
-      s1_ar <= crc(kb, COLS_A, ZERO_A);
-      s1_cf <= crc(ka, COLS_C, ZERO_C);
-      s1_cr <= crc(kb, COLS_C, ZERO_C);
-      s1_swp <= swapped(lk_src_ip, lk_dst_ip, lk_sport, lk_dport);
+      src := fold(lk_src_ip, lk_src_hi, lk_v6);
+      dst := fold(lk_dst_ip, lk_dst_hi, lk_v6);
+      ka := key_fwd(src, dst, lk_sport, lk_dport, lk_proto);
+      kb := key_fwd(dst, src, lk_dport, lk_sport, lk_proto);
+      s1_af <= crc(ka, COLS_A, base_a(lk_v6));
+      s1_ar <= crc(kb, COLS_A, base_a(lk_v6));
+      s1_cf <= crc(ka, COLS_C, base_c(lk_v6));
+      s1_cr <= crc(kb, COLS_C, base_c(lk_v6));
+      s1_swp <= swapped(src, dst, lk_sport, lk_dport);
       s1_lk <= lk_valid;
       s1_eg <= eg_valid;
+      -- [V6] an IPv6 lookup after an IPv6 host frame with unknown ports (in an earlier cycle) is a possible member
+      s1_u6 <= lk_v6 and to_sl(V6) and to_sl(now - u6_at < resize(unsigned(window), 32));
+      if V6 and eg_u6 = '1' then
+        u6_at <= now;
+      end if;
       if rst = '1' then
         s1_lk <= '0';
         s1_eg <= '0';
+        u6_at <= (others => '0');
       end if;
     end if;
   end process;
@@ -248,9 +316,11 @@ begin
       s3_nz <= nz;
       s3_rec <= to_sl(now - unsigned(l_stamp) < resize(unsigned(window), 32));
       s3_rdy <= to_sl(st /= SWEEP);
+      s2_u6 <= s1_u6;
+      s3_u6 <= s2_u6;
       o_v <= s3_lk;
-      o_m <= s3_nz or s3_rec or not s3_rdy;
-      o_e <= s3_rec;
+      o_m <= s3_nz or s3_rec or not s3_rdy or (s3_u6 and to_sl(V6));
+      o_e <= s3_rec or (s3_u6 and to_sl(V6));
       if rst = '1' then
         s2_lk <= '0';
         s3_lk <= '0';
@@ -280,6 +350,7 @@ begin
         when IDLE =>
           if h_valid = '1' then
             c_op <= h_op;
+            c_v6 <= h_v6 and to_sl(V6);
             if swapped(h_src_ip, h_dst_ip, h_sport, h_dport) = '1' then
               c_key <= key_fwd(h_dst_ip, h_src_ip, h_dport, h_sport, h_proto);
             else
@@ -294,7 +365,7 @@ begin
             end if;
           end if;
         when HASH =>
-          c_idx <= indices(crc(c_key, COLS_A, ZERO_A), crc(c_key, COLS_C, ZERO_C));
+          c_idx <= indices(crc(c_key, COLS_A, base_a(c_v6)), crc(c_key, COLS_C, base_c(c_v6)));
           st <= READ;
         when READ =>
           st <= MODIFY;  -- the counters are read at the end of this cycle

@@ -36,8 +36,10 @@
 -- Dual stack (issue #25, V6_ON from a plan6, docs/ipv6.md "The NIC's core"): the parser walks the IPv6 chain (a chain
 -- with AH unparsed), the matcher's IPv6 entries match parsed IPv6 frames only (hardware indices V6_BASE.., the IPv6
 -- policy entry V6_POLICY) and its IPv4 entries the other frames; the flow cache holds IPv6 tuples too (its generic
--- V6: 304-bit keys, table FLOW_KEY6, FC_KEY4..9), so a parsed IPv6 TCP/UDP frame of a cached flow has ct 1/2; sets,
--- conntrack membership stay IPv4's (an IPv6 frame never has ct 3); the IPv4 update buffer's slots never match an IPv6
+-- V6: 304-bit keys, table FLOW_KEY6, FC_KEY4..9), so a parsed IPv6 TCP/UDP frame of a cached flow has ct 1/2; the
+-- conntrack membership structure takes IPv6 keys (its generic V6: folded addresses, CTM_CMD w3 bit 10; parsed IPv6
+-- wire frames looked up, host frames stamped), so a parsed IPv6 TCP/UDP frame it does not hold has ct 3; sets stay
+-- IPv4's; the IPv4 update buffer's slots never match an IPv6
 -- frame: hf_update_buffer6 (BUF6_DEPTH slots with raw 128-bit bounds, tables BUF6/VALID6) holds the IPv6 entries'
 -- valid mask (VALID6, ANDed into the matcher's IPv6 entries) and the IPv6 slots, local indices N6_ENTRIES + 1 + b:
 -- hardware index V6_POLICY + 1 + b (docs/ipv6.md "## emu", "The update buffer for IPv6 rules on the NIC").
@@ -128,8 +130,9 @@ architecture rtl of hypafilter_core is
     dport : std_logic_vector(15 downto 0);
     iport : std_logic_vector(1 downto 0);
     l4ok  : std_logic;
-    -- IPv6 (a dual-stack core, V6_ON): f6 '1' for an IPv6 frame the walk parsed (unp stays '1' for it: the flow
-    -- cache, the set tables and the conntrack membership structure look up IPv4 frames only), and its fields
+    -- IPv6 (a dual-stack core, V6_ON): f6 '1' for an IPv6 frame the walk parsed (unp stays '1' for it: the set
+    -- tables look up IPv4 frames only; the flow cache and the conntrack membership structure take f6 frames by their
+    -- IPv6 fields), and its fields
     f6    : std_logic;
     src6, dst6 : std_logic_vector(127 downto 0);
     proto6, it6, ic6, flags6 : std_logic_vector(7 downto 0);
@@ -774,11 +777,10 @@ begin
       t1.sa <= side(SIDE_DELAY).sa or control(1);
       t1_idx <= lk_idx;
       -- ct 3 (no conntrack entry) accepted: to the host all the same, conntrack must create the entry ([ctm])
-      -- an IPv6 frame the flow cache does not know (ct 0; never ct 3: the membership structure holds IPv4 tuples)
-      -- by the IPv6 side's own bits 6/7, so that one family's conntrack-reading policy does not send the other
-      -- family's frames to the host
+      -- an IPv6 frame the flow cache does not know (ct 0, or ct 3 accepted) by the IPv6 side's own bits 6/7, so
+      -- that one family's conntrack-reading policy does not send the other family's frames to the host
       if side(SIDE_DELAY).f6 = '1' then
-        t1_mfa <= to_sl(side(SIDE_DELAY).ct = "00") and control(6);
+        t1_mfa <= to_sl(side(SIDE_DELAY).ct = "00" or side(SIDE_DELAY).ct = "11") and control(6);
         t1_mfd <= to_sl(side(SIDE_DELAY).ct = "00") and control(7);
       else
         t1_mfa <= to_sl(side(SIDE_DELAY).ct = "00" or side(SIDE_DELAY).ct = "11") and control(4);
@@ -974,6 +976,12 @@ begin
     signal c_op : std_logic_vector(1 downto 0) := (others => '0');
     signal c_proto : std_logic_vector(7 downto 0) := (others => '0');
     signal c_pend, c_hv : std_logic := '0';
+    signal c_v6 : std_logic := '0';
+    -- the header the structure takes: an IPv6 frame's (a dual-stack core) by its IPv6 fields
+    signal m_f6, m_lk4, m_lk6, m_eg, m_u6 : std_logic;
+    signal m_src, m_dst : std_logic_vector(31 downto 0);
+    signal m_proto : std_logic_vector(7 downto 0);
+    signal m_sport, m_dport : std_logic_vector(15 downto 0);
     signal r_complete : std_logic := '0';
     signal r_lease : unsigned(31 downto 0) := (others => '0');
     signal r_window : std_logic_vector(15 downto 0) := REG_CTM_WINDOW_RESET(15 downto 0);
@@ -995,25 +1003,42 @@ begin
 
     hp_wire <= to_sl((hp.tu(TUSER_SRC_LO + 7 downto TUSER_SRC_LO) and x"55") /= x"00");
     hp_host <= to_sl((hp.tu(TUSER_SRC_LO + 7 downto TUSER_SRC_LO) and x"AA") /= x"00");
+    -- looked up: parsed TCP/UDP wire frames (IPv6: the walk parsed it, its layer 4 whole, not double tagged)
+    m_f6 <= hp.f6 and to_sl(V6_ON);
+    m_lk4 <= not hp.unp;
+    m_lk6 <= m_f6 and h6_l4ok and not hp.unf and to_sl(hp.proto6 = x"06" or hp.proto6 = x"11");
+    m_src <= hp.src6(31 downto 0) when m_f6 = '1' else hp.src;
+    m_dst <= hp.dst6(31 downto 0) when m_f6 = '1' else hp.dst;
+    m_proto <= hp.proto6 when m_f6 = '1' else hp.proto;
+    m_sport <= hp.sport6 when m_f6 = '1' else hp.sport;
+    m_dport <= hp.dport6 when m_f6 = '1' else hp.dport;
+    -- stamped: every host frame whose protocol field says TCP or UDP, parsed or not: a connection's first frame out
+    -- may be one the parser refuses (a fragment, options, padding after the datagram), and its header fields are
+    -- there all the same (anything else it stamps is a false positive); a parsed IPv6 one by its IPv6 fields. An
+    -- IPv6 host frame whose ports the walk does not give (refused, or its TCP/UDP header cut) stamps "unknown": no
+    -- IPv6 frame is NEW for a window after it
+    m_eg <= hp.v and hp_host and (to_sl(hp.proto = x"06" or hp.proto = x"11")
+                                  or (m_f6 and to_sl(hp.proto6 = x"06" or hp.proto6 = x"11")));
+    m_u6 <= hp.v and hp_host and to_sl(V6_ON) and h_fam
+            and (h6_unp or (not h6_l4ok and to_sl(hp.proto6 = x"06" or hp.proto6 = x"11")));
     member : entity work.hf_ct_member
-      generic map (LOG2 => CTM_LOG2, EGRESS_LOG2 => CTM_EGRESS_LOG2)
+      generic map (LOG2 => CTM_LOG2, EGRESS_LOG2 => CTM_EGRESS_LOG2, V6 => V6_ON)
       port map (
         clk => axis_aclk, rst => rst,
-        lk_valid => hp.v and hp_wire and not hp.unp,
-        -- every host frame whose protocol field says TCP or UDP, parsed or not: a connection's first frame out may be
-        -- one the parser refuses (a fragment, options, padding after the datagram), and its header fields are there
-        -- all the same (anything else it stamps is a false positive)
-        eg_valid => hp.v and hp_host and to_sl(hp.proto = x"06" or hp.proto = x"11"),
-        lk_src_ip => hp.src, lk_dst_ip => hp.dst, lk_proto => hp.proto, lk_sport => hp.sport, lk_dport => hp.dport,
+        lk_valid => hp.v and hp_wire and (m_lk4 or m_lk6),
+        eg_valid => m_eg,
+        lk_src_ip => m_src, lk_dst_ip => m_dst, lk_proto => m_proto, lk_sport => m_sport, lk_dport => m_dport,
+        lk_v6 => m_f6, lk_src_hi => hp.src6(127 downto 32), lk_dst_hi => hp.dst6(127 downto 32), eg_u6 => m_u6,
         res_valid => m_valid, res_member => m_member, res_egress => m_egress,
         ticks => lease_t, window => r_window,
         h_valid => c_hv, h_ready => m_h_ready, h_op => c_op, h_src_ip => c_w0, h_dst_ip => c_w1, h_proto => c_proto,
-        h_sport => c_w2(31 downto 16), h_dport => c_w2(15 downto 0),
+        h_sport => c_w2(31 downto 16), h_dport => c_w2(15 downto 0), h_v6 => c_v6,
         members => m_members, saturated => m_sat, refused => m_ref, ready => m_ready);
 
-    -- the lookup's answer reaches the matcher with its header (both LATENCY = 4 after the parser)
-    q_none <= complete and m_valid and not m_member and not hq.unp and hq.l4ok
-              and to_sl(hq.proto = x"06" or hq.proto = x"11");
+    -- the lookup's answer reaches the matcher with its header (both LATENCY = 4 after the parser); an IPv6 frame was
+    -- looked up only when it could be NEW (m_lk6)
+    q_none <= complete and m_valid and not m_member
+              and ((not hq.unp and hq.l4ok and to_sl(hq.proto = x"06" or hq.proto = x"11")) or (hq.f6 and to_sl(V6_ON)));
 
     regs_and_commands : process (axis_aclk)
       variable idx : unsigned(23 downto 0);
@@ -1097,6 +1122,7 @@ begin
             i_done <= '1';
           else
             c_op <= ind_wdata(9 downto 8);
+            c_v6 <= ind_wdata(10);
             c_proto <= ind_wdata(7 downto 0);
             c_pend <= '1';  -- done once the structure takes it
           end if;
@@ -1121,7 +1147,8 @@ begin
 
     x_rdata <= std_logic_vector(n_none) & m_sat & m_members
                & (not (m_ready and not c_pend)) & (30 downto 16 => '0') & m_ref(15 downto 0)
-               & std_logic_vector(to_unsigned(CTM_LOG2 + 256 * 4 + 4096 * 4 + 65536 * CTM_EGRESS_LOG2, 32))
+               & (31 downto 25 => '0') & to_sl(V6_ON)
+               & std_logic_vector(to_unsigned(CTM_LOG2 + 256 * 4 + 4096 * 4 + 65536 * CTM_EGRESS_LOG2, 24))
                & x"0000" & r_window & std_logic_vector(r_lease) & (31 downto 1 => '0') & r_complete;
 
     sweep : process (axis_aclk)

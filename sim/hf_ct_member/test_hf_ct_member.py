@@ -3,10 +3,14 @@ records of host frames mixed in) equals the Python reference hypafilter.hw.ctmem
 deletes (counting: a key inserted twice stays after one delete; both tuples of a NAT entry), a delete of a key never
 inserted refused (nothing changes), saturated counters sticky, a small filter driven full (false positives, never a
 lost member), egress stamps recent until the window has passed (the tick input), a clear's sweep (every lookup a
-member meanwhile), the counters (members, saturated, refused)."""
+member meanwhile), the counters (members, saturated, refused). With IPv6 keys (generic V6, a dual-stack core's
+structure): IPv6 tuples beside IPv4 ones through the same checks, an IPv6 tuple whose folded addresses are an IPv4
+member's not a member, and an IPv6 host frame with unknown ports making every IPv6 lookup (no IPv4 one) a member for
+a window."""
 
 from __future__ import annotations
 
+import os
 import random
 from collections import deque
 
@@ -15,12 +19,15 @@ import pytest
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
 from hypafilter.hw import ctmember as cm
-from hypafilter.hw.flowcache import Flow
+from hypafilter.hw.flowcache import Flow, Flow6
 
 from sim.hftb import handshake, hw, run_ghdl
 
 LK = ("lk_src_ip", "lk_dst_ip", "lk_proto", "lk_sport", "lk_dport")
+LK6 = ("lk_v6", "lk_src_hi", "lk_dst_hi")
 HOST = ("h_src_ip", "h_dst_ip", "h_proto", "h_sport", "h_dport")
+V6 = os.environ.get("HF_CTM_V6") == "1"
+M32 = 0xFFFFFFFF
 
 
 def rand_flow(rng: random.Random) -> Flow:
@@ -33,18 +40,29 @@ def rand_flow(rng: random.Random) -> Flow:
     )
 
 
+def rand_flow6(rng: random.Random) -> Flow6:
+    return Flow6(
+        0xFD484600 << 96 | rng.getrandbits(64),
+        0x20010DB8 << 96 | rng.getrandbits(16) << 64 | rng.getrandbits(16),
+        rng.choice((6, 17)),
+        rng.randrange(1024, 65536),
+        rng.choice((80, 443, 53, 8080)),
+    )
+
+
 class TB:
     def __init__(self, dut, seed: int):
         self.dut, self.rng = dut, random.Random(seed)
         self.m = cm.CtMember(int(dut.LOG2.value), int(dut.EGRESS_LOG2.value))
         self.now = 0
         cocotb.start_soon(Clock(dut.clk, 4, units="ns").start())
-        for s in ("rst", "lk_valid", "eg_valid", "h_valid", "h_op", "ticks", *LK, *HOST):
+        for s in ("rst", "lk_valid", "eg_valid", "h_valid", "h_op", "ticks", "eg_u6", "h_v6", *LK, *LK6, *HOST):
             getattr(dut, s).value = 0
         dut.window.value = self.m.window
         self.pending: deque = deque()
         self.flows: list[Flow] = []  # looked up (members or not)
         self.rate, self.egress_rate = 0.0, 0.0
+        self.unknown6_rate = 0.0  # IPv6 host frames whose ports are unknown (eg_u6)
         self.unsure: set[int] = set()  # keys a command is changing (a result may be old or new)
         self.sweeping = False
         self.counts = {"member": 0, "absent": 0, "egress": 0, "unsure": 0}
@@ -74,17 +92,22 @@ class TB:
             r = self.rng.random()
             lk = bool(self.flows) and r < self.rate
             eg = bool(self.flows) and not lk and r < self.rate + self.egress_rate
+            u6 = not lk and not eg and self.rng.random() < self.unknown6_rate
             f = self.rng.choice(self.flows) if lk or eg else Flow(0, 0, 0)
             if self.rng.random() < 0.5:
                 f = f.reply()
-            d.lk_valid.value, d.eg_valid.value = int(lk), int(eg)
-            for p, v in zip(LK, (f.src, f.dst, f.proto, f.sport, f.dport), strict=True):
+            d.lk_valid.value, d.eg_valid.value, d.eg_u6.value = int(lk), int(eg), int(u6)
+            for p, v in zip(LK, (f.src & M32, f.dst & M32, f.proto, f.sport, f.dport), strict=True):
                 getattr(d, p).value = v
+            for p, v in zip(LK6, (isinstance(f, Flow6), f.src >> 32, f.dst >> 32), strict=True):
+                getattr(d, p).value = int(v)
             key = cm.key_of(f)
             want = self.m.possible(key, self.now) if lk else None
             unsure = lk and (self.sweeping or key in self.unsure)
             if eg:
                 self.m.egress(key, self.now)
+            if u6 and V6:
+                self.m.egress_unknown6(self.now)
             await ReadOnly()
             self.pending.append((lk, want, unsure, f))
             if len(self.pending) > cm.LATENCY:
@@ -116,8 +139,10 @@ class TB:
         self.unsure |= related | {key}
         self.sweeping = op == cm.OP_CLEAR
         d.h_op.value = op
-        for p, v in zip(HOST, (f.src, f.dst, f.proto, f.sport, f.dport), strict=True):
+        w = cm.cmd_words(op, f)  # an IPv6 tuple's with its folded addresses and the family bit
+        for p, v in zip(HOST, (w[0], w[1], w[3] & 0xFF, w[2] >> 16, w[2] & 0xFFFF), strict=True):
             getattr(d, p).value = v
+        d.h_v6.value = int(bool(w[3] & cm.CMD_V6))
         d.h_valid.value = 1
         await handshake(d.clk, d.h_ready)
         d.h_valid.value = 0
@@ -134,15 +159,15 @@ class TB:
 
     async def advance(self, ticks: int) -> None:
         """Let `ticks` ms pass, with no lookup in flight (the model's time then matches the stamps exactly)."""
-        rate, egr = self.rate, self.egress_rate
-        self.rate = self.egress_rate = 0.0
+        rate, egr, u6 = self.rate, self.egress_rate, self.unknown6_rate
+        self.rate = self.egress_rate = self.unknown6_rate = 0.0
         await ClockCycles(self.dut.clk, cm.LATENCY + 2)
         self.dut.ticks.value = ticks
         await RisingEdge(self.dut.clk)
         self.dut.ticks.value = 0
         self.now = (self.now + ticks) & 0xFFFFFFFF
         await ClockCycles(self.dut.clk, 2)
-        self.rate, self.egress_rate = rate, egr
+        self.rate, self.egress_rate, self.unknown6_rate = rate, egr, u6
 
     async def counters(self) -> None:
         d = self.dut
@@ -242,15 +267,75 @@ async def full_filter_never_loses_a_member(dut):
     await tb.counters()
 
 
+@cocotb.test()
+async def ipv6_tuples_beside_ipv4_ones(dut):
+    """IPv6 keys (V6): inserts (both directions one key), deletes, refused deletes, egress stamps and lookups of IPv6
+    tuples mixed with IPv4 ones, every result the model's; an IPv6 tuple whose folded addresses and ports are an IPv4
+    member's is not a member (the family byte in its hashes); an IPv6 host frame with unknown ports makes every IPv6
+    lookup a member for a window, no IPv4 one. An IPv4-only structure (V6 false) ignores lk_v6/h_v6: skipped there."""
+    if not V6:
+        return
+    tb = TB(dut, 23)
+    await tb.reset()
+    await tb.advance(tb.m.window + 1)
+    rng = tb.rng
+    m4 = [rand_flow(rng) for _ in range(20)]
+    m6 = [rand_flow6(rng) for _ in range(30)]
+    s6 = [rand_flow6(rng) for _ in range(30)]
+    # the IPv4 member's twin: an IPv6 tuple whose addresses fold to the IPv4 tuple's (::a.b.c.d), its address with
+    # one bit of a high word flipped (another fold), and an IPv6 member's tuple with one bit flipped
+    twin = Flow6(m4[0].src, m4[0].dst, m4[0].proto, m4[0].sport, m4[0].dport)
+    flipped = Flow6(m6[0].src ^ 1 << 77, m6[0].dst, m6[0].proto, m6[0].sport, m6[0].dport)
+    tb.flows = m4 + m6 + s6 + [twin, flipped]
+    cocotb.start_soon(tb.traffic())
+    tb.rate = 0.7
+    for f in m4 + m6:
+        await tb.command(cm.OP_INSERT, f)
+    await ClockCycles(dut.clk, 400)
+    assert cm.key_of(twin) != cm.key_of(m4[0]) and not tb.m.possible(cm.key_of(twin), tb.now)
+    assert not tb.m.possible(cm.key_of(flipped), tb.now)
+    assert all(tb.m.member(cm.key_of(f)) and tb.m.member(cm.key_of(f.reply())) for f in m6)
+    absent6 = tb.counts["absent"]
+    # deletes: an IPv6 member out, an IPv6 stranger refused, an IPv4 member out
+    await tb.command(cm.OP_DELETE, m6[1])
+    await tb.command(cm.OP_DELETE, s6[0])
+    await tb.command(cm.OP_DELETE, m4[1])
+    assert tb.m.refused == 1 and tb.m.members == len(m4) + len(m6) - 2
+    await ClockCycles(dut.clk, 300)
+    await tb.counters()
+    # egress stamps of IPv6 host frames: their tuples (both directions) members until the window has passed
+    tb.egress_rate = 0.2
+    await ClockCycles(dut.clk, 300)
+    tb.egress_rate = 0.0
+    await ClockCycles(dut.clk, 200)
+    await tb.advance(tb.m.window + 1)
+    await ClockCycles(dut.clk, 200)
+    # an IPv6 host frame with unknown ports: every IPv6 lookup a member for a window, IPv4 lookups as they were
+    before = dict(tb.counts)
+    tb.unknown6_rate = 0.05
+    await ClockCycles(dut.clk, 200)
+    tb.unknown6_rate = 0.0
+    assert all(tb.m.possible(cm.key_of(f), tb.now) for f in s6)
+    assert not tb.m.possible(cm.key_of(m4[1]), tb.now)
+    await ClockCycles(dut.clk, 200)
+    await tb.advance(tb.m.window + 1)
+    await ClockCycles(dut.clk, 300)
+    assert not tb.m.possible(cm.key_of(s6[1]), tb.now)
+    await tb.counters()
+    dut._log.info("checked %s", tb.counts)
+    assert tb.counts["absent"] > absent6 and tb.counts["member"] > before["member"] and tb.counts["egress"] > 0
+
+
 # ---------------------------------------------------------------- the pytest side
 
 
 @pytest.mark.sim
-@pytest.mark.parametrize("log2, egress_log2", [(8, 4), (10, 6)])
-def test_ct_member(log2, egress_log2):
+@pytest.mark.parametrize("log2, egress_log2, v6", [(8, 4, False), (10, 6, False), (8, 4, True)])
+def test_ct_member(log2, egress_log2, v6):
     run_ghdl(
         "hf_ct_member",
         hw("hf_pkg.vhd", "hf_ram.vhd", "hf_ct_member.vhd"),
-        f"l{log2}_e{egress_log2}",
-        {"LOG2": log2, "EGRESS_LOG2": egress_log2},
+        f"l{log2}_e{egress_log2}" + ("_v6" if v6 else ""),
+        {"LOG2": log2, "EGRESS_LOG2": egress_log2, "V6": v6},
+        env={"HF_CTM_V6": str(int(v6))},
     )

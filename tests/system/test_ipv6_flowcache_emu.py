@@ -3,7 +3,8 @@ policy the dual-stack core decides the established frames of IPv6 connections it
 sync service offloads an IPv6 conntrack entry the real kernel makes (conntrack -I) to the NIC's cache and removes it
 with the entry; verify with real IPv6 TCP connections through the hybrid and through the policy alone in the
 kernel: 0 mismatches, and a share of the IPv6 connections' wire frames decided on the NIC (0 before: every IPv6
-frame had ct 0 and was forced to conntrack).
+frame had ct 0 and was forced to conntrack), some of them as NEW (ct 3: the conntrack membership structure's IPv6
+keys; none before, an IPv6 frame was never ct 3).
 
 A dual-stack core build of its own (~1 min cold): opt-in outside CI as test_ipv6_deploy's
 test_dual_stack_emu_hardware (HF_EMU_V6_FULL=1, `make test-emu-v6`)."""
@@ -56,6 +57,10 @@ V6 = """*filter
 -A FORWARD -p tcp --dport 8080 -j REJECT --reject-with icmp6-port-unreachable
 COMMIT
 """
+
+# the same IPv6 hardware entries without the two complex rules, whose rows (REJECT overlapping the policy entry)
+# shunt every frame the policy entry meets
+V6NR = "".join(ln for ln in V6.splitlines(keepends=True) if "REJECT" not in ln and "ipv6header" not in ln)
 
 
 @pytest.fixture(scope="module")
@@ -124,8 +129,35 @@ def test_verify_conntrack_first_ipv6_connections(lab):
     six = r["ipv6"]
     c6 = six["connections"]
     print("ipv6:", {k: six[k] for k in ("packets", "mismatches")}, "connections:",
-          {k: c6[k] for k in ("connections", "completed_oracle", "completed_hybrid", "mismatches", "hw_share")})  # fmt: skip
+          {k: c6[k] for k in ("connections", "completed_oracle", "completed_hybrid", "mismatches", "hw_share", "ct_none")})  # fmt: skip
     assert p.returncode == 0 and r["mismatches"] == 0 and six["mismatches"] == 0, r["examples"][:3]
     assert c6["mismatches"] == 0 and c6["completed_hybrid"] == c6["completed_oracle"] > 0, c6
     # before: 0.0 (every IPv6 frame forced to conntrack); measured 0.93 with 20 connections of 200 KB
     assert c6["hw_share"] is not None and c6["hw_share"] >= 0.5, c6
+    # NEW IPv6 frames have ct 3 (the conntrack membership structure's IPv6 keys; the policy entry's row shunts them
+    # here all the same: the REJECT rule overlaps it), the accepted connections' SYN-ACKs, racing the flow sync
+    # service's insert, found by their SYNs' egress stamps (else ct 3 and dropped: a mismatch)
+    assert c6["ct_none"] > 0, c6
+
+
+def test_new_ipv6_frames_dropped_on_the_nic(lab):
+    """The same IPv6 hardware entries without the policy's two complex rules (V6NR: the running core, new register
+    values): the refused IPv6 connections' SYNs meet the IPv6 policy entry (DROP) with ct 3 and are dropped on the
+    NIC (before: ct 0, forced to conntrack by bit 7), and every connection the kernel completes completes through the
+    hybrid: 0 mismatches."""
+    (lab / "v6nr.rules").write_text(V6NR)
+    p = hf(
+        "verify", str(lab / "v4.rules"), "--ipv6", str(lab / "v6nr.rules"), "--target", "emu", "--packets", "50",
+        "--connections", "8", "--connection-kinds", "tcp", "--json", check=False,
+    )  # fmt: skip
+    assert p.stdout, p.stderr[-3000:]
+    r = json.loads(p.stdout)
+    c6 = r["ipv6"]["connections"]
+    nic = c6["nic"]
+    print("connections:", {k: c6[k] for k in ("connections", "completed_oracle", "completed_hybrid", "mismatches",
+          "hw_share", "ct_none")}, {k: nic.get(k) for k in ("PKTIN", "CNT_DROPPED", "CNT_SHUNT_STATE")})  # fmt: skip
+    assert p.returncode == 0 and r["mismatches"] == 0 and r["ipv6"]["mismatches"] == 0, r["examples"][:3]
+    assert c6["mismatches"] == 0 and c6["completed_hybrid"] == c6["completed_oracle"] > 0, c6
+    assert c6["completed_oracle"] < c6["connections"], "no refused connection: nothing NEW to drop"
+    # the only drops on the NIC during the IPv6 connections: NEW frames (ct 3); the established ones are accepted
+    assert 0 < nic["CNT_DROPPED"] <= c6["ct_none"], c6

@@ -231,3 +231,51 @@ def test_no_renewal_while_the_policy_sync_service_holds_new_flows(tmp_path):
     mem.caught_up()
     mem.renew()
     assert nic.complete[-1] == LEASE_MS and mem.complete
+
+
+def test_ipv6_keys_folded_with_their_family():
+    """An IPv6 tuple: folded addresses in the 104-bit key, FAMILY6 above it, hashes over the family byte and the key
+    (the VHDL's constants), either direction one key; a tuple folding to an IPv4 tuple's is another key; CTM_CMD
+    carries the folded addresses with w3 bit 10; CTM_CONFIG bit 24 says the structure takes them."""
+    from hypafilter.hw.flowcache import Flow6
+
+    f6 = Flow6(0xFD484600 << 96 | 0x1234 << 64 | 7, 0x20010DB8 << 96 | 0x10, 6, 41000, 80)
+    k = cm.key_of(f6)
+    assert k == cm.key_of(f6.reply()) and cm.is_v6_key(k)
+    assert cm.fold(f6.src) == 0xFD484600 ^ 0x1234 ^ 7
+    low = cm.key_of(Flow(cm.fold(f6.src), cm.fold(f6.dst), 6, 41000, 80))
+    assert k == cm.FAMILY6 | low and not cm.is_v6_key(low)
+    b = (1 << 104 | low).to_bytes(14, "big")
+    a, c = zlib.crc32(b), cm.crc32c(b)
+    assert b[0] == 1 and cm.bank_indices(k, 16) == (a & 0xFFFF, c & 0xFFFF, a >> 16, c >> 16)
+    assert cm.bank_indices(k, 16) != cm.bank_indices(low, 16)
+    w = cm.cmd_words(cm.OP_INSERT, f6)
+    assert w == [cm.fold(f6.src), cm.fold(f6.dst), 41000 << 16 | 80, cm.CMD_V6 | 1 << 8 | 6]
+    assert cm.cmd_words(cm.OP_INSERT, cm.key_flow(k)) in (w, [w[1], w[0], 80 << 16 | 41000, w[3]])
+    assert cm.config_v6(cm.ctm_config(16, 12, v6=True)) and not cm.config_v6(cm.ctm_config(16, 12))
+    # an IPv6 host frame with unknown ports: every IPv6 key recent for a window, no IPv4 key
+    m = cm.CtMember(8, 4, window=100)
+    m.egress_unknown6(5000)
+    assert m.possible(k, 5099) and not m.possible(k, 5100) and not m.possible(low, 5050)
+
+
+def test_entry_keys_of_ipv6_entries():
+    """IPv6 TCP/UDP entries go in only when the structure takes IPv6 keys (a dual-stack core's); their NAT reply
+    tuple as a second key."""
+    from hypafilter.hw.flowcache import Flow6
+
+    e = CtEvent(kind="new", family=socket.AF_INET6, proto=6, src="fd48:4600::1", dst="2001:db8:2::10", sport=41000,
+                dport=80, reply=("2001:db8:2::10", "fd48:4600::1", 80, 41000), status=IPS_CONFIRMED)  # fmt: skip
+    assert entry_keys(e) == ()
+    want = cm.key_of(Flow6(0xFD484600 << 96 | 1, 0x20010DB8_0002 << 80 | 0x10, 6, 41000, 80))
+    assert entry_keys(e, v6=True) == (want,)
+    nat = CtEvent(kind="new", family=socket.AF_INET6, proto=17, src="fd48:4600::1", dst="2001:db8:2::10",
+                  sport=5000, dport=53, reply=("2001:db8:9::9", "fd48:4600::1", 53, 5000), status=IPS_CONFIRMED)  # fmt: skip
+    assert len(entry_keys(nat, v6=True)) == 2
+    icmp = CtEvent(kind="new", family=socket.AF_INET6, proto=58, src="fd48:4600::1", dst="2001:db8:2::10")
+    assert entry_keys(icmp, v6=True) == ()
+    rec = Recorder()
+    mem = Members(rec, v6=True)
+    mem.events([e])
+    assert rec.m.member(want) and mem.stats()["entries"] == 1 and mem.stats()["families"] == ["ipv4", "ipv6"]
+    assert Members(Recorder()).stats()["families"] == ["ipv4"]

@@ -241,3 +241,24 @@ def test_drift_of_the_ipv6_update_buffer(fake):
         assert not any("IPv6 update buffer" in d for d in before)
         c.write_table("BUF6", updatebuffer.W6_CONTROL, 0)
         assert nic_drift(c, st) == [*before, "nic: the IPv6 update buffer differs from the deployed one (slots [0])"]
+
+
+@pytest.mark.parametrize("ctm_v6", [True, False])
+def test_shunt_none_of_the_ipv6_rows(fake, ctm_v6):
+    """SHUNT_NONE (the shunt bits of frames with ct 3) at V6_BASE: the IPv6 plan's shunt_none when the core's
+    conntrack membership structure takes IPv6 keys (CTM_CONFIG bit 24), else every IPv6 row shunted (an IPv6 frame
+    never has ct 3 there); the IPv4 rows as before."""
+    from hypafilter.hw import ctmember
+
+    plan, plan6 = _plans(CT6)
+    assert plan6.shunt_none is not None and not all(plan6.shunt_none)
+    plan.plan6 = plan6
+    n4, n6, base = len(plan.entries), len(plan6.entries), vhdl.v6_base(plan)
+    fake.regs[regmap.REG_NUM_ENTRIES] = n4
+    fake.regs[regmap.REG_MATCHER_HASH] = int(vhdl.matcher_hash(plan, plan6)[-8:], 16)
+    fake.regs[regmap.REG_CTM_CONFIG] = ctmember.ctm_config(12, 12, v6=ctm_v6)
+    with NicClient(EmuTransport(fake.path)) as c:
+        c.program(plan, 1)
+    none = [(fake.tables.get((regmap.TABLE_SHUNT_NONE, i // 32), 0) >> (i % 32)) & 1 for i in range(base + n6 + 1)]
+    assert none[: n4 + 1] == [int(b) for b in plan.shunt[: n4 + 1]] and none[n4 + 1 : base] == [1] * 16
+    assert none[base:] == ([int(b) for b in plan6.shunt_none] if ctm_v6 else [1] * (n6 + 1))

@@ -466,6 +466,10 @@ def test_status_line():
     assert _fmt_flowsync({**running, "members": {"phase": "complete", "entries": 9}}).endswith(
         "; new flows decided: membership COMPLETE (9 entries)"
     )
+    six = {"phase": "complete", "entries": 9, "families": ["ipv4", "ipv6"]}
+    assert _fmt_flowsync({**running, "members": six}).endswith(
+        "; new flows decided: membership COMPLETE (9 entries, IPv4 and IPv6)"
+    )
     liberal = {"wanted": True, "mode": "liberal", "pid": 8, "offloaded": 2, "liberal": 3, "lag_p50_ms": 0.3}
     assert _fmt_flowsync({**liberal, "running": True}).startswith(
         "flowsync pid 8 (liberal marks): 2 TCP flows held, 3 entries marked liberal; sync lag p50 0.3 ms"

@@ -234,7 +234,8 @@ def _fmt_members(m: dict | None) -> str:
         return ""
     phase = m.get("phase")
     if phase == "complete":
-        return f"; new flows decided: membership COMPLETE ({m.get('entries')} entries)"
+        six = ", IPv4 and IPv6" if "ipv6" in (m.get("families") or ()) else ""
+        return f"; new flows decided: membership COMPLETE ({m.get('entries')} entries{six})"
     what = {
         "clearing": "clearing the membership structure",
         "loading": f"loading the membership structure ({m.get('pending')} entries pending)",

@@ -56,6 +56,11 @@ def register(sub) -> None:
         "2**20 counters and 4,096 egress stamps",
     )
     p.add_argument(
+        "--ct-member-ipv6",
+        action="store_true",
+        help="with --ct-member: the structure of a dual-stack core, whose keys take IPv6 tuples too (generic V6)",
+    )
+    p.add_argument(
         "--core-flow-cache",
         metavar="LOG2_SETS:WAYS",
         help="build the whole core (estimate or Vivado script) with a flow cache inside, e.g. 14:4 for 65,536 "
@@ -179,7 +184,9 @@ def _ct_member(args: argparse.Namespace) -> int:
     if not (8 <= log2 <= 24 and 4 <= egress_log2 <= 24):
         raise HypafilterError(f"--ct-member {args.ct_member}: LOG2 must be 8..24 and EGRESS_LOG2 4..24")
     with tempfile.TemporaryDirectory(prefix="hf-synth-") as tmp:
-        est = synth.ct_member_estimate(Path(args.out) if args.out else Path(tmp), log2, egress_log2)
+        est = synth.ct_member_estimate(
+            Path(args.out) if args.out else Path(tmp), log2, egress_log2, v6=args.ct_member_ipv6
+        )
     if args.json:
         print(json.dumps(est, indent=2))
     else:

@@ -15,6 +15,13 @@ that finds any of its counters at 0 changes nothing (it was never inserted: taki
 members) and is counted as refused. Every error of the structure is thus a false positive: a frame shunted as
 "unknown", never a frame called NEW while conntrack holds it.
 
+IPv6 (a dual-stack core's structure, CTM_CONFIG bit 24): an IPv6 tuple (`Flow6`) is keyed by its addresses folded to
+32 bits (`fold`: the XOR of the four 32-bit words) in the same canonical 104-bit key, with FAMILY6 above it
+(`key_of`: 1 << 104 | key); its hashes are over the family byte and the key's 13 bytes. A fold or a hash collision
+is a false positive, as every other error here. CTM_CMD carries the folded addresses and w3 bit 10 (`cmd_words`).
+An IPv6 frame the host sends whose ports the core does not know (the parser's walk refused it) makes every IPv6
+lookup a possible member for a window (`egress_unknown6`): a reply to it could belong to any tuple.
+
 Recent egress: 2**egress_log2 timestamps (EGRESS_TS_BITS, in lease ticks, 1 ms), indexed by `egress_index`. The
 core writes the current time at the index of every TCP/UDP frame the host sends out through the NIC; a key is
 recent while (now - stamp) mod 2**EGRESS_TS_BITS < window. A stamp only moves forward, so a collision keeps every
@@ -26,7 +33,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass, field
 
-from hypafilter.hw.flowcache import KEY_BITS, Flow, canonical
+from hypafilter.hw.flowcache import KEY_BITS, Flow, Flow6, canonical
 
 BANKS = 4
 COUNTER_BITS = 4
@@ -35,7 +42,10 @@ EGRESS_TS_BITS = 32
 LATENCY = 4  # cycles from a lookup to its result (the flow cache's, so both reach the matcher together)
 MIN_LOG2, MAX_LOG2 = 8, 24
 OP_INSERT, OP_DELETE, OP_CLEAR = 1, 2, 3
-CMD_WORDS = 4  # table CTM_CMD: w0 src, w1 dst, w2 sport << 16 | dport, w3 op << 8 | proto (its write runs it)
+CMD_WORDS = 4  # table CTM_CMD: w0 src, w1 dst, w2 sport << 16 | dport, w3 v6 << 10 | op << 8 | proto (runs it)
+CMD_V6 = 1 << 10  # CTM_CMD w3: an IPv6 key (w0/w1 the folded addresses)
+CONFIG_V6 = 1 << 24  # CTM_CONFIG: the structure takes IPv6 keys (a dual-stack core)
+FAMILY6 = 1 << KEY_BITS  # above an IPv6 key's 104 bits: its hashes cover the family byte 1
 CONTROL_COMPLETE = 1  # CTM_CONTROL bit 0
 DEFAULT_WINDOW_MS = 2000  # CTM_WINDOW after reset
 
@@ -60,12 +70,44 @@ def crc32c(data: bytes) -> int:
     return c ^ 0xFFFFFFFF
 
 
-def key_of(flow: Flow) -> int:
+@dataclass(frozen=True)
+class Folded6(Flow):
+    """An IPv6 tuple with its addresses folded (`fold`): what the structure keys and CTM_CMD carries."""
+
+    def reply(self) -> Folded6:
+        return Folded6(self.dst, self.src, self.proto, self.dport, self.sport)
+
+
+def fold(addr: int) -> int:
+    """A 128-bit address folded to 32 bits: the XOR of its four 32-bit words."""
+    return (addr ^ addr >> 32 ^ addr >> 64 ^ addr >> 96) & 0xFFFFFFFF
+
+
+def folded(flow: Flow6) -> Folded6:
+    return Folded6(fold(flow.src), fold(flow.dst), flow.proto, flow.sport, flow.dport)
+
+
+def key_of(flow: Flow | Flow6) -> int:
+    """The structure's key of a tuple (either direction gives the same key)."""
+    if isinstance(flow, Flow6):
+        flow = folded(flow)
+    if isinstance(flow, Folded6):
+        return FAMILY6 | canonical(Flow(flow.src, flow.dst, flow.proto, flow.sport, flow.dport))[0]
     return canonical(flow)[0]
 
 
+def is_v6_key(key: int) -> bool:
+    return bool(key & FAMILY6)
+
+
+def key_flow(key: int) -> Flow:
+    """A flow whose key is `key` (a Folded6 for an IPv6 key; the hardware canonicalises a command's tuple itself)."""
+    cls = Folded6 if is_v6_key(key) else Flow
+    return cls(key >> 72 & 0xFFFFFFFF, (key >> 40) & 0xFFFFFFFF, key & 0xFF, (key >> 24) & 0xFFFF, (key >> 8) & 0xFFFF)
+
+
 def _crcs(key: int) -> tuple[int, int]:
-    b = key.to_bytes(KEY_BITS // 8, "big")
+    b = key.to_bytes(KEY_BITS // 8 + (1 if is_v6_key(key) else 0), "big")
     return zlib.crc32(b), crc32c(b)
 
 
@@ -81,20 +123,29 @@ def egress_index(key: int, egress_log2: int) -> int:
     return (a ^ c) >> 8 & ((1 << egress_log2) - 1)
 
 
-def cmd_words(op: int, flow: Flow | None = None) -> list[int]:
-    """The 4 CTM_CMD words of a command (a clear has no key)."""
+def cmd_words(op: int, flow: Flow | Flow6 | None = None) -> list[int]:
+    """The 4 CTM_CMD words of a command (a clear has no key); an IPv6 tuple's with its folded addresses and bit 10."""
     f = flow or Flow(0, 0, 0)
-    return [f.src, f.dst, f.sport << 16 | f.dport, op << 8 | f.proto]
+    if isinstance(f, Flow6):
+        f = folded(f)
+    v6 = CMD_V6 if isinstance(f, Folded6) else 0
+    return [f.src, f.dst, f.sport << 16 | f.dport, v6 | op << 8 | f.proto]
 
 
-def ctm_config(log2: int, egress_log2: int) -> int:
-    """CTM_CONFIG of a core with the structure (0: none): LOG2 | BANKS << 8 | COUNTER_BITS << 12 | EGRESS_LOG2 << 16."""
-    return log2 | BANKS << 8 | COUNTER_BITS << 12 | egress_log2 << 16
+def ctm_config(log2: int, egress_log2: int, v6: bool = False) -> int:
+    """CTM_CONFIG of a core with the structure (0: none): LOG2 | BANKS << 8 | COUNTER_BITS << 12 | EGRESS_LOG2 << 16
+    | IPv6 keys << 24."""
+    return log2 | BANKS << 8 | COUNTER_BITS << 12 | egress_log2 << 16 | (CONFIG_V6 if v6 else 0)
 
 
 def parse_config(word: int) -> tuple[int, int] | None:
     """(log2, egress_log2) of CTM_CONFIG, None when the core has no structure."""
     return None if word == 0 else (word & 0xFF, word >> 16 & 0xFF)
+
+
+def config_v6(word: int) -> bool:
+    """Whether CTM_CONFIG says the structure takes IPv6 keys."""
+    return word != 0 and bool(word & CONFIG_V6)
 
 
 @dataclass
@@ -109,6 +160,7 @@ class CtMember:
     members: int = 0  # inserts minus deletes done (CTM_MEMBERS)
     saturated: int = 0  # counters an insert made sticky (CTM_SATURATED)
     refused: int = 0  # deletes refused: a counter of the key was 0 (CTM_STATUS bits 15:0)
+    unknown6: int = 0  # the time of the last IPv6 host frame whose ports are unknown (0 after reset)
 
     def __post_init__(self):
         if not self.banks:
@@ -145,10 +197,16 @@ class CtMember:
     def egress(self, key: int, now: int) -> None:
         self.stamps[egress_index(key, self.egress_log2)] = now & ((1 << EGRESS_TS_BITS) - 1)
 
+    def egress_unknown6(self, now: int) -> None:
+        """An IPv6 frame out whose ports the core does not know: every IPv6 key recent for a window."""
+        self.unknown6 = now & ((1 << EGRESS_TS_BITS) - 1)
+
     def recent(self, key: int, now: int) -> bool:
         """Whether an egress frame of `key` (or of a colliding key) is younger than the window. A stamp never written
         reads 0 (the reset sweep)."""
         s = self.stamps.get(egress_index(key, self.egress_log2), 0)
+        if is_v6_key(key) and (now - self.unknown6) % (1 << EGRESS_TS_BITS) < self.window:
+            return True
         return (now - s) % (1 << EGRESS_TS_BITS) < self.window
 
     def possible(self, key: int, now: int) -> bool:

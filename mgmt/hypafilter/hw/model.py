@@ -70,7 +70,8 @@ CONTROL_HOST_MODE = 1 << 3
 CONTROL_MISS_SHUNT_ACCEPT = 1 << 4
 CONTROL_MISS_SHUNT_DROP = 1 << 5
 CONTROL_MISS_SHUNT = CONTROL_MISS_SHUNT_ACCEPT | CONTROL_MISS_SHUNT_DROP
-# a dual-stack core's IPv6 frames (ct always 0) by the IPv6 plan's miss forcing (docs/ipv6.md "## emu")
+# a dual-stack core's IPv6 frames the flow cache does not know (ct 0; bit 6 also ct 3 accepted) by the IPv6 plan's miss
+# forcing (docs/ipv6.md "## emu")
 CONTROL_MISS_SHUNT6_ACCEPT = 1 << 6
 CONTROL_MISS_SHUNT6_DROP = 1 << 7
 CONTROL_MISS_SHUNT6 = CONTROL_MISS_SHUNT6_ACCEPT | CONTROL_MISS_SHUNT6_DROP

@@ -326,19 +326,20 @@ def set_table_estimate(out_dir: Path, settype: str = "hash:net", geom=None) -> d
     return est
 
 
-def ct_member_estimate(out_dir: Path, log2: int, egress_log2: int) -> dict:
-    """The conntrack membership structure alone (hw/hf_ct_member.vhd): GHDL synth -> Verilog -> yosys synth_xilinx."""
+def ct_member_estimate(out_dir: Path, log2: int, egress_log2: int, v6: bool = False) -> dict:
+    """The conntrack membership structure alone (hw/hf_ct_member.vhd): GHDL synth -> Verilog -> yosys synth_xilinx;
+    `v6`: a dual-stack core's (IPv6 keys, generic V6)."""
     _need("ghdl")
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     files = [str(HW_DIR / n) for n in CT_MEMBER_SOURCES]
     cmd = ["ghdl", "--synth", "--std=08", f"--workdir={out_dir}", f"-gLOG2={log2}", f"-gEGRESS_LOG2={egress_log2}"]
-    cmd += ["--out=verilog", *files, "-e", "hf_ct_member"]
+    cmd += [f"-gV6={'true' if v6 else 'false'}", "--out=verilog", *files, "-e", "hf_ct_member"]
     v = out_dir / "hf_ct_member.v"
     v.write_text(_run(cmd, out_dir, "GHDL synthesis"))
     t0 = time.monotonic()
     est = yosys_estimate(v, "hf_ct_member", out_dir)
-    est.update(log2=log2, egress_log2=egress_log2, counter_bits=4 * 4 << log2, stamp_bits=32 << egress_log2)
+    est.update(log2=log2, egress_log2=egress_log2, counter_bits=4 * 4 << log2, stamp_bits=32 << egress_log2, v6=v6)
     est["yosys_seconds"] = round(time.monotonic() - t0, 1)
     return est
 

@@ -161,12 +161,20 @@ class Target(ABC):
         it is, while the flow sync service keeps the structure complete; docs/flowsync.md "New flows on the NIC"): the
         policy does not read conntrack, the core has no structure, or the firewall namespace has what can make a
         frame without an entry RELATED or UNTRACKED (the xdp target's check, targets.xdp.newflows)."""
-        if not any(getattr(plan, "miss_shunt", (False, False))) or getattr(plan, "shunt_none", None) is None:
+
+        def reads(p) -> bool:
+            return any(getattr(p, "miss_shunt", (False, False))) and getattr(p, "shunt_none", None) is not None
+
+        plan6 = getattr(plan, "plan6", None)
+        reads4, reads6 = reads(plan), plan6 is not None and reads(plan6)
+        if not reads4 and not reads6:
             return "the policy's hardware entries do not read conntrack state"
         try:
             with self.client(info) as c:
                 if not hasattr(c, "ctm_config") or c.ctm_config() is None:
                     return "the NIC has no conntrack membership structure (CTM_CONFIG reads 0)"
+                if not reads4 and not c.ctm_v6():
+                    return "the NIC's conntrack membership structure holds IPv4 tuples only (CTM_CONFIG bit 24 clear)"
         except Exception as e:
             return f"reading the NIC's CTM_CONFIG: {e}"
         from hypafilter.targets.xdp import newflows

@@ -449,8 +449,18 @@ class NicClient:
             ]  # fmt: skip
         if self.ctm_config() is not None:  # [ctm] the shunt bits of frames with ct 3 (Plan.shunt_none; else shunt's)
             none = getattr(plan, "shunt_none", None)
-            # (IPv6 rows: all shunted; an IPv6 frame never has ct 3, the structure holds IPv4 tuples)
-            bits = shunt if none is None else [int(b) for b in none] + [1] * (len(shunt) - len(none))
+            bits = shunt[:rows] if none is None else [int(b) for b in none] + [1] * (rows - len(none))
+            if len(shunt) > rows:
+                # the IPv6 rows at V6_BASE: the IPv6 plan's, when the structure takes IPv6 keys (CTM_CONFIG bit 24);
+                # else all shunted (an IPv6 frame never has ct 3 there)
+                n6rows = len(shunt) - rows
+                none6 = getattr(plan6, "shunt_none", None)
+                if not self.ctm_v6():
+                    bits += [1] * n6rows
+                elif none6 is None:
+                    bits += shunt[rows:]
+                else:
+                    bits += [int(b) for b in none6] + [1] * (n6rows - len(none6))
             tables["shunt_none"] = pack_shunt(bits)
         return self.write_tables(tables, generation, known)
 
@@ -946,12 +956,24 @@ class NicClient:
             cached = self._ctm_config = (ctmember.parse_config(self.read("CTM_CONFIG")),)
         return cached[0]
 
-    def ctm_commands(self, cmds: Sequence[tuple[int, Flow | None]]) -> None:
+    def ctm_v6(self) -> bool:
+        """Whether the core's conntrack membership structure takes IPv6 keys (CTM_CONFIG bit 24: a dual-stack core)."""
+        cached = getattr(self, "_ctm_v6", None)
+        if cached is None:
+            cached = self._ctm_v6 = ctmember.config_v6(self.read("CTM_CONFIG"))
+        return cached
+
+    def ctm_commands(self, cmds: Sequence[tuple[int, Flow | Flow6 | None]]) -> None:
         """Inserts, deletes and clears (ctmember.OP_*, flow) in order, as stream writes of CTM_CMD (a word that finds
-        the structure busy waits on the bus: the writes are the flow control)."""
+        the structure busy waits on the bus: the writes are the flow control). An IPv6 tuple (Flow6, or the folded
+        ctmember.Folded6) only to a structure that takes IPv6 keys: else nothing is written and NicError says why."""
         if self.ctm_config() is None:
             raise NicError("this core has no conntrack membership structure (CTM_CONFIG reads 0)")
         words = [w for op, f in cmds for w in ctmember.cmd_words(op, f)]
+        if any(words[i] & ctmember.CMD_V6 for i in range(3, len(words), 4)) and not self.ctm_v6():
+            raise NicError(
+                "this core's conntrack membership structure holds IPv4 tuples only (CTM_CONFIG bit 24 clear)"
+            )
         for i in range(0, len(words), CTM_BATCH_WORDS):
             self.write_table_many("CTM_CMD", 0, words[i : i + CTM_BATCH_WORDS])
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hypafilter.hw import ctmember
-from hypafilter.hw.flowcache import PROTO_TCP, PROTO_UDP, Flow
-from hypafilter.ops.flowsync.events import CtEvent, _ipv4
+from hypafilter.hw.flowcache import PROTO_TCP, PROTO_UDP, Flow, Flow6
+from hypafilter.ops.flowsync.events import CtEvent, _ipv4, _ipv6
 from hypafilter.ops.flowsync.hold import held, hold_lock
 
 # COMPLETE's lease (ms): the hardware drops COMPLETE this long after the last renewal. The service renews it every
@@ -27,11 +27,21 @@ MARGIN_MS = 200
 LOAD_CHUNK = 2048  # inserts a `load_step` sends (about 0.5 s on the emulated NIC) before the service looks at events
 
 
-def entry_keys(ev: CtEvent) -> tuple[int, ...]:
-    """The canonical keys of an entry's tuples as seen on the wire (original, and reply when NAT makes it another
-    key); () for what the structure does not hold (not IPv4 TCP/UDP: such frames never get ct 3; the core shunts
-    every IPv6 frame unparsed)."""
-    if ev.family != socket.AF_INET or ev.flow is None or ev.proto not in (PROTO_TCP, PROTO_UDP):
+def entry_keys(ev: CtEvent, v6: bool = False) -> tuple[int, ...]:
+    """The keys of an entry's tuples as seen on the wire (original, and reply when NAT makes it another key); () for
+    what the structure does not hold (not TCP/UDP: such frames never get ct 3; IPv6 unless the structure takes IPv6
+    keys, `v6`: a dual-stack core's, whose other IPv6 frames then never get ct 3)."""
+    if ev.flow is None or ev.proto not in (PROTO_TCP, PROTO_UDP):
+        return ()
+    if ev.family == socket.AF_INET6 and v6:
+        keys = [ctmember.key_of(ev.flow)]
+        if ev.reply is not None:
+            rs, rd, rsp, rdp = ev.reply
+            k = ctmember.key_of(Flow6(_ipv6(rs), _ipv6(rd), ev.proto, rsp, rdp))
+            if k != keys[0]:
+                keys.append(k)
+        return tuple(keys)
+    if ev.family != socket.AF_INET:
         return ()
     keys = [ctmember.key_of(ev.flow)]
     if ev.reply is not None:
@@ -42,9 +52,7 @@ def entry_keys(ev: CtEvent) -> tuple[int, ...]:
     return tuple(keys)
 
 
-def _key_flow(key: int) -> Flow:
-    """A flow whose canonical key is `key` (the hardware canonicalises the command's tuple itself)."""
-    return Flow(key >> 72, (key >> 40) & 0xFFFFFFFF, key & 0xFF, (key >> 24) & 0xFFFF, (key >> 8) & 0xFFFF)
+_key_flow = ctmember.key_flow  # a flow whose key is `key` (the hardware canonicalises the command's tuple itself)
 
 
 @dataclass
@@ -55,6 +63,8 @@ class Members:
     clock: Callable[[], float] = time.monotonic
     lease_ms: int = LEASE_MS
     window_ms: int = ctmember.DEFAULT_WINDOW_MS
+    # the structure takes IPv6 keys (NicClient.ctm_v6: a dual-stack core): IPv6 entries go in too, before COMPLETE
+    v6: bool = False
     held: dict[tuple, tuple[int, ...]] = field(default_factory=dict)
     # a full load's entries not inserted yet (`load_step` puts them in, a chunk at a time, between the events): no
     # COMPLETE until none is left
@@ -92,7 +102,7 @@ class Members:
                     ops.append((ctmember.OP_DELETE, _key_flow(k)))
                     self.counters["deletes"] += 1
             elif ident not in self.held and ident not in self.pending:
-                keys = entry_keys(ev)
+                keys = entry_keys(ev, self.v6)
                 if keys and self.clearing:
                     self.pending[ident] = keys  # inserted after the sweep, with the load's entries
                 elif keys:
@@ -123,7 +133,7 @@ class Members:
         self.clearing, self.clear_sent = True, False
         self.load_at, self.cleared_at, self.complete_at = time.time(), None, None
         for ev in entries:
-            if ev.kind != "destroy" and (keys := entry_keys(ev)):
+            if ev.kind != "destroy" and (keys := entry_keys(ev, self.v6)):
                 self.pending[self.ident(ev)] = keys
         self.counters["loads"] += 1
 
@@ -200,6 +210,7 @@ class Members:
     def stats(self) -> dict:
         return {
             "entries": len(self.held),
+            "families": ["ipv4", "ipv6"] if self.v6 else ["ipv4"],
             "pending": len(self.pending),
             "complete": self.complete,
             "phase": self.phase(),

@@ -143,7 +143,10 @@ def serve(
         raise HypafilterError(f"{nic or 'the NIC'} has no flow cache (FC_CONFIG reads 0): nothing to synchronise")
     ct = Conntrack(ns)
     started = time.time()
-    mem = Members(table, window_ms=table.read("CTM_WINDOW"), state_dir=state_dir) if members else None
+    mem = None
+    if members:
+        v6 = bool(getattr(table, "ctm_v6", lambda: False)())
+        mem = Members(table, window_ms=table.read("CTM_WINDOW"), state_dir=state_dir, v6=v6)
     try:
         syncer = Syncer(table, ct, read_timeouts(ns))
         entries = ct.dump()

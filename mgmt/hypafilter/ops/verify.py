@@ -1540,12 +1540,8 @@ def _verify(
         with connections_mod.host_connections(lab, ipv6=True) if host else contextlib.nullcontext():
             got6 = connections_mod.run_both(lab, conns6, connections.nbytes)
         c6 = connections_mod.compare(conns6, got6, connections.nbytes)
-        c6.update(
-            {
-                "hw_share": hw_share(_counter_delta(before, tgt.counters(state["nic"]))),
-                "seconds": round(time.monotonic() - t, 3),
-            }
-        )
+        nic6 = _counter_delta(before, tgt.counters(state["nic"]))
+        c6.update({"hw_share": hw_share(nic6), "nic": nic6, "seconds": round(time.monotonic() - t, 3)})
         report["ipv6"]["connections"] = c6
     if connections is not None and (six is None or six.ipv4):
         report["connections"] = verify_connections(

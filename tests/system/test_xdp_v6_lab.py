@@ -130,8 +130,8 @@ if os.environ.get("HF_XDP_V6_FULL") == "1":  # `make test-xdp-v6`
 
     def test_host_mode_decided_in_xdp(lab):
         """An INPUT dual stack in host mode: the program's IPv6 ACCEPT passes with value 0 (ip6tables holds the policy
-        verbatim and decides it again), its DROP drops; verify's IPv6 frames (no connections: host mode runs IPv4
-        ones only) against the policies alone: 0 mismatches, IPv6 frames classified in XDP."""
+        verbatim and decides it again), its DROP drops; verify's IPv6 frames (IPv6 connections in host mode:
+        test_ipv6_host_connections.py) against the policies alone: 0 mismatches, IPv6 frames classified in XDP."""
         hf("undeploy", "-q")  # the bridge-mode deployment of the test before
         (lab / "in4.rules").write_text(IN4)
         (lab / "in6.rules").write_text(IN6)

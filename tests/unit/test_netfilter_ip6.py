@@ -101,6 +101,28 @@ def test_ipv6_connections_aim_at_the_policy_ports():
     assert len({c.sport for c in conns}) == 8
     assert {c.port for c in conns} <= {22, 443, 5000, 5100, 53, UNNAMED_PORT}
     assert "(IPv6)" in conns[0].name
+    assert {c.direction for c in conns} == {""}  # bridge mode: sender to receiver
+
+
+def test_ipv6_connections_in_host_mode_go_both_ways():
+    """Host mode: every kind into the host, then every kind out of it, in turn (as IPv4's); each end at the lab's
+    IPv6 address on its path, the host at its own address in the sender's /64 on that path."""
+    import ipaddress
+
+    from hypafilter.ops.connections import HOST_ADDRESS6, ConnectionSpec, Ends, ends
+    from hypafilter.ops.lab import Lab
+
+    pol = ip6.parse(V6, "v6.rules", validate=False)
+    conns = verify6.conns6(pol, ConnectionSpec(8), host=True)
+    assert [c.direction for c in conns] == ["in", "in", "out", "out"] * 2
+    assert [c.proto for c in conns] == ["tcp", "udp"] * 4
+    lab = Lab("u6")
+    for path, role in (("hyb", "fw"), ("plain", "plain")):
+        sender, host = Lab.ip6("send", path), HOST_ADDRESS6[path]
+        assert ipaddress.ip_address(host) in ipaddress.ip_network(f"{sender}/64", strict=False)
+        assert ends(lab, path, "in", 6) == Ends(lab.ns_send, lab.ns(role), host, sender)
+        assert ends(lab, path, "out", 6) == Ends(lab.ns(role), lab.ns_send, sender, host)
+    assert HOST_ADDRESS6["hyb"] != HOST_ADDRESS6["plain"]  # the paths' own addresses, as in bridge mode
 
 
 def test_sets_read_by_the_policy_are_aimed_at():

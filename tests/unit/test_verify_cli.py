@@ -241,6 +241,14 @@ def test_connection_outcomes_compared_whole():
     assert got["mismatches"] == 2 and got["completed_hybrid"] == 0
     assert got["by_kind"] == {k: {"connections": 1, "completed": 1, "mismatches": 1} for k in ("tcp", "udp")}
     assert got["examples"][0] == {"connection": "tcp/40000->22", "hybrid": short, "oracle": tcp}
+    assert "by_direction" not in got  # bridge mode
+    host = [Conn("tcp", 22, 40000, "in"), Conn("udp", 53, 40001, "out", family=6)]
+    got = compare(host, {"hyb": [short, udp], "plain": [tcp, udp]}, 10)
+    assert got["by_direction"] == {
+        "in": {"connections": 1, "completed": 1, "mismatches": 1},
+        "out": {"connections": 1, "completed": 1, "mismatches": 0},
+    }
+    assert got["examples"][0]["connection"] == "tcp/40000->22 (in)"
 
 
 def test_cover_reaches_verify(captured, capsys):

@@ -328,67 +328,76 @@ class Ends:
     src: str
 
 
-# Host mode: the host's address on each path, in the sender's subnet of that path (lab.ADDRS), so the sender reaches
-# it on-link (Lab.host_connections gives both ends static neighbours and the host a route back).
+# Host mode: the host's address on each path, in the sender's subnet of that path (lab.ADDRS, lab.ADDRS6), so the
+# sender reaches it on-link (host_connections gives both ends static neighbours and the host a route back).
 HOST_ADDRESS = {"hyb": "10.0.254.1", "plain": "10.1.254.1"}
+HOST_ADDRESS6 = {"hyb": "fd48:4600::fe:1", "plain": "fd48:4601::fe:1"}
 HOST_ROLE = {"hyb": "fw", "plain": "plain"}
 
 
 def ends(lab, path: str, direction: str, family: int = 4) -> Ends:
     """The ends of a connection of `direction` ("" bridge mode, "in", "out": host mode) on `path`; `family` 6: over
-    the lab's IPv6 addresses (bridge mode only)."""
+    the lab's IPv6 addresses (HOST_ADDRESS6 for the host)."""
     if family == 6:
-        if direction:
-            raise HypafilterError("IPv6 connections run in bridge mode only")
-        return Ends(lab.ns_send, lab.ns_recv, lab.ip6("recv", path), lab.ip6("send", path))
-    sender = lab.ip("send", path)
+        sender, host = lab.ip6("send", path), HOST_ADDRESS6[path]
+    else:
+        sender, host = lab.ip("send", path), HOST_ADDRESS[path]
     if direction == "in":
-        return Ends(lab.ns_send, lab.ns(HOST_ROLE[path]), HOST_ADDRESS[path], sender)
+        return Ends(lab.ns_send, lab.ns(HOST_ROLE[path]), host, sender)
     if direction == "out":
-        return Ends(lab.ns(HOST_ROLE[path]), lab.ns_send, sender, HOST_ADDRESS[path])
+        return Ends(lab.ns(HOST_ROLE[path]), lab.ns_send, sender, host)
+    if family == 6:
+        return Ends(lab.ns_send, lab.ns_recv, lab.ip6("recv", path), sender)
     return Ends(lab.ns_send, lab.ns_recv, lab.ip("recv", path), sender)
 
 
 @contextlib.contextmanager
-def host_connections(lab):
+def host_connections(lab, ipv6: bool = False):
     """Host mode (Lab.host_mode on): the host (the firewall, and the plain namespace for the oracle) reachable at
     HOST_ADDRESS[path] from the sender, and able to answer it, while the connections run: static neighbours both
     ways (no ARP, which the host's bridges would answer for every address), a /32 route to the sender in the
     host's local table (where `local 0.0.0.0/0` would take the sender's address for the host's own), and the host's
     own traffic to the sender let out of hf_host's quiet chain (which keeps the host silent while verify's frames
-    run). All taken back afterwards."""
+    run). `ipv6` (Lab.host_mode(on, ipv6=True)): the same at HOST_ADDRESS6 (static neighbours: no neighbour
+    discovery, which the host, without an address, would not answer; a /128 route beside `local ::/0`), and the
+    host's address on its bridge (/128, no duplicate address detection, nothing sent: the quiet chain), which an IPv6
+    socket needs to bind to it (the local route alone lets the host receive for it, not leave from it). All taken
+    back afterwards."""
     from hypafilter.ops.lab import BRIDGES, HOST_MAC, HOST_TABLE
 
     undo: list[tuple[str, list[str]]] = []
+
+    def do(ns: str, argv: list[str], back: list[str]) -> None:
+        lab.exec_in(ns, argv)
+        undo.append((ns, back))
+
     try:
         for path, role in HOST_ROLE.items():
             ns, br = lab.ns(role), BRIDGES[role][0]
-            sender, sender_if = lab.ip("send", path), f"{path}0"
-            lab.exec_in(
-                lab.ns_send,
-                [
-                    "ip",
-                    "neigh",
-                    "replace",
-                    HOST_ADDRESS[path],
-                    "lladdr",
-                    HOST_MAC,
-                    "dev",
-                    sender_if,
-                    "nud",
-                    "permanent",
-                ],
-            )
-            undo.append((lab.ns_send, ["ip", "neigh", "del", HOST_ADDRESS[path], "dev", sender_if]))
-            lab.exec_in(
-                ns, ["ip", "neigh", "replace", sender, "lladdr", lab.mac("send", path), "dev", br, "nud", "permanent"]
-            )
-            undo.append((ns, ["ip", "neigh", "del", sender, "dev", br]))
-            route = [f"{sender}/32", "dev", br, "table", "local", "src", HOST_ADDRESS[path]]
-            lab.exec_in(ns, ["ip", "route", "replace", *route])
-            undo.append((ns, ["ip", "route", "del", *route]))
-            lab.exec_in(ns, ["nft", "insert", "rule", "inet", HOST_TABLE, "quiet", "ip", "daddr", sender, "accept"])
-            undo.append((ns, ["nft", "flush", "chain", "inet", HOST_TABLE, "quiet"]))  # has no rules of its own
+            sender_if, sender_mac = f"{path}0", lab.mac("send", path)
+            families = [("-4", "ip", lab.ip("send", path), HOST_ADDRESS[path], 32)]
+            if ipv6:
+                families.append(("-6", "ip6", lab.ip6("send", path), HOST_ADDRESS6[path], 128))
+            for fam, nft_fam, sender, host, plen in families:
+                if fam == "-6":  # before the route, whose source it is
+                    addr = [f"{host}/128", "dev", br]
+                    do(
+                        ns,
+                        ["ip", fam, "addr", "replace", *addr, "nodad", "noprefixroute"],
+                        ["ip", fam, "addr", "del", *addr],
+                    )
+                neigh = [host, "lladdr", HOST_MAC, "dev", sender_if, "nud", "permanent"]
+                do(
+                    lab.ns_send,
+                    ["ip", fam, "neigh", "replace", *neigh],
+                    ["ip", fam, "neigh", "del", host, "dev", sender_if],
+                )
+                neigh = [sender, "lladdr", sender_mac, "dev", br, "nud", "permanent"]
+                do(ns, ["ip", fam, "neigh", "replace", *neigh], ["ip", fam, "neigh", "del", sender, "dev", br])
+                route = [f"{sender}/{plen}", "dev", br, "table", "local", "src", host]
+                do(ns, ["ip", fam, "route", "replace", *route], ["ip", fam, "route", "del", *route])
+                rule = ["nft", "insert", "rule", "inet", HOST_TABLE, "quiet", nft_fam, "daddr", sender, "accept"]
+                do(ns, rule, ["nft", "flush", "chain", "inet", HOST_TABLE, "quiet"])  # has no rules of its own
         yield
     finally:
         for ns, argv in reversed(undo):
@@ -474,17 +483,22 @@ def run_both(lab, conns: Sequence[Conn], nbytes: int, repeat: int = 1) -> dict[s
 
 
 def compare(conns: Sequence[Conn], got: dict[str, list[dict]], nbytes: int) -> dict:
-    """Per kind: connections, completed on the plain path, mismatches; a mismatch is any difference between the
-    two paths' outcomes (first 10 as examples)."""
+    """Per kind (and in host mode per direction too): connections, completed on the plain path, mismatches; a
+    mismatch is any difference between the two paths' outcomes (first 10 as examples)."""
     by_kind: dict[str, dict[str, int]] = {}
+    by_direction: dict[str, dict[str, int]] = {}
     examples = []
     for c, h, o in zip(conns, got["hyb"], got["plain"], strict=True):
-        k = by_kind.setdefault(c.proto, {"connections": 0, "completed": 0, "mismatches": 0})
-        k["connections"] += 1
-        k["completed"] += o["completed"]
+        groups = [by_kind.setdefault(c.proto, {"connections": 0, "completed": 0, "mismatches": 0})]
+        if c.direction:
+            groups.append(by_direction.setdefault(c.direction, {"connections": 0, "completed": 0, "mismatches": 0}))
+        for k in groups:
+            k["connections"] += 1
+            k["completed"] += o["completed"]
+            k["mismatches"] += h != o
         if h != o:
-            k["mismatches"] += 1
             examples.append({"connection": c.name, "hybrid": h, "oracle": o})
+    extra = {"by_direction": by_direction} if by_direction else {}
     return {
         "connections": len(conns),
         "bytes": nbytes,
@@ -492,6 +506,7 @@ def compare(conns: Sequence[Conn], got: dict[str, list[dict]], nbytes: int) -> d
         "completed_hybrid": sum(h["completed"] for h in got["hyb"]),
         "mismatches": len(examples),
         "by_kind": by_kind,
+        **extra,
         "examples": examples[:10],
     }
 

@@ -1532,14 +1532,13 @@ def _verify(
         }
     )
     if connections is not None and six is not None:
-        if host:
-            raise HypafilterError("IPv6 connections run in bridge mode only (host mode: --connections without IPv6)")
-        conns6 = verify6.conns6(six.policy, connections)
+        conns6 = verify6.conns6(six.policy, connections, host=host)
         before = tgt.counters(state["nic"])
         flush_conntrack(lab, tgt, state)
         verify6.flush6(lab.ns_fw, lab.ns_plain)
         t = time.monotonic()
-        got6 = connections_mod.run_both(lab, conns6, connections.nbytes)
+        with connections_mod.host_connections(lab, ipv6=True) if host else contextlib.nullcontext():
+            got6 = connections_mod.run_both(lab, conns6, connections.nbytes)
         c6 = connections_mod.compare(conns6, got6, connections.nbytes)
         d6 = _counter_delta(before, tgt.counters(state["nic"]))
         c6.update(

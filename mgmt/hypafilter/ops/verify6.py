@@ -319,17 +319,20 @@ def flush6(*namespaces: str) -> None:
             netns.run(["conntrack", "-F", "-f", "ipv6"], ns)
 
 
-def conns6(policy: ip6.V6Policy | None, spec) -> list:
+def conns6(policy: ip6.V6Policy | None, spec, host: bool = False) -> list:
     """`spec.connections` IPv6 connections (ops.connections.Conn, family 6) of the spec's kinds in turn, to the ports
-    the IPv6 policy names and one it does not, from source ports of their own."""
-    from hypafilter.ops.connections import SPORT_BASE, UNNAMED_PORT, Conn
+    the IPv6 policy names and one it does not, from source ports of their own; `host` (host mode): the directions in
+    turn too, every kind into the host, then every kind out of it (as ConnectionSpec.conns for IPv4)."""
+    from hypafilter.ops.connections import DIRECTIONS, SPORT_BASE, UNNAMED_PORT, Conn
 
     ports = sorted({p for p in (ip6.aims(policy).ports if policy is not None else []) if p} | {UNNAMED_PORT})
+    n = len(spec.kinds)
     return [
         Conn(
-            spec.kinds[i % len(spec.kinds)],
-            ports[(i // len(spec.kinds)) % len(ports)],
+            spec.kinds[i % n],
+            ports[(i // n) % len(ports)],
             SPORT_BASE + 10000 + i,
+            DIRECTIONS[(i // n) % 2] if host else "",
             family=6,
         )
         for i in range(spec.connections)

@@ -131,6 +131,7 @@ test-emu-v6:
 	CI=true HF_EMU_V6_FULL=1 scripts/run-system-tests.sh -n 0 tests/system/test_ipv6_flowcache_emu.py
 	CI=true HF_EMU_V6_FULL=1 scripts/run-system-tests.sh -n 0 tests/system/test_ipv6_host_connections.py -k emu
 	CI=true HF_EMU_V6_FULL=1 scripts/run-system-tests.sh -n 0 tests/system/test_ipv6_buffer_emu.py
+	CI=true HF_EMU_V6_FULL=1 scripts/run-system-tests.sh -n 0 tests/system/test_ipv6_rebuild_emu.py
 
 # opt-in: bench rate with IPv6 on xdp (-6 --classbench with its trace mapped into IPv6, a dual stack, nft alone, inet6
 # ipsets), each frame compared with the kernel (docs/ipv6.md "bench rate with IPv6"; the figures: docs/results.md)

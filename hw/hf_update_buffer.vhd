@@ -10,6 +10,8 @@
 -- power-on and every reset, as hf_tables does; the registers are reset at once, so the fast path never waits.
 -- Each slot and each VALID word is a generate block with registers of its own: one process writing an array of
 -- them became, in GHDL's Verilog, one 5,120-bit vector rebuilt by wide inserts every cycle (10x slower emulator).
+-- The register access, the copies, the valid mask and the slot encoder are hf_update_buffer_shell's (shared with
+-- hf_update_buffer6); the slots are this entity's.
 library ieee;
 use ieee.std_logic_1164.all;
 use ieee.numeric_std.all;
@@ -57,8 +59,6 @@ entity hf_update_buffer is
 end entity;
 
 architecture rtl of hf_update_buffer is
-  constant VW : positive := maximum(N_STATIC, 1);
-  constant VWORDS : natural := (N_STATIC + 31) / 32;
   constant SD : positive := maximum(DEPTH, 1);
   constant WORDS : natural := 16;  -- BUF index stride per slot (hypafilter.hw.updatebuffer.WORDS)
   constant USED : natural := 11;   -- words 0..10 hold a slot, 11..15 read 0
@@ -66,10 +66,6 @@ architecture rtl of hf_update_buffer is
   constant W_CONTROL : natural := 9;
   constant W_SETS : natural := 10;  -- set slot bits mask | value << 8 (issue #24)
   constant NF : natural := 10;     -- fields (ir.FIELDS), the flags test, then the sets test: NF + 1 compare bits
-  constant EW : positive := maximum(clog2(SD), 1);
-  constant BA : positive := maximum(clog2(SD * WORDS), 1);  -- address bits of the BUF copy
-  constant VA : positive := maximum(clog2(maximum(VWORDS, 1)), 1);  -- and of the VALID copy
-  constant SWEEP : positive := maximum(2 ** BA, 2 ** VA);  -- cycles of the sweep that resets both copies
 
   -- the bits each word holds (hypafilter.hw.updatebuffer.WORD_MASKS); the control word keeps IDX_W bits of pos
   type mask_arr is array (0 to USED - 1) of std_logic_vector(31 downto 0);
@@ -100,38 +96,11 @@ architecture rtl of hf_update_buffer is
     return m;
   end function;
 
-  -- the bits of VALID word k that are static entries (all but the last word: all of them)
-  function valid_mask(k : natural) return std_logic_vector is
-    variable m : std_logic_vector(31 downto 0) := (others => '0');
-  begin
-    for j in 0 to 31 loop
-      if 32 * k + j < N_STATIC then
-        m(j) := '1';
-      end if;
-    end loop;
-    return m;
-  end function;
-  constant LAST_MASK : std_logic_vector(31 downto 0) := valid_mask(maximum(VWORDS, 1) - 1);
-
-  signal vm : std_logic_vector(VW - 1 downto 0);
-  signal win : std_logic_vector(SD - 1 downto 0);
-  signal e_any : std_logic;
-  signal e_idx : unsigned(EW - 1 downto 0);
-  type idx_line is array (1 to STAGES + 1) of unsigned(IDX_W - 1 downto 0);
-  signal sil : idx_line := (others => (others => '0'));
-
-  -- host side: a request is taken (r_v) unless the sweep runs (then it waits: pend), writes land at the end of the
-  -- r_v cycle, the copies answer a cycle later (r2_v), ind_done the cycle after
-  signal swp : std_logic := '1';
-  signal sw_idx : unsigned(clog2(SWEEP) downto 0) := (others => '0');
-  signal pend, r_v, r2_v, r2_ok, r_buf, r_write, done : std_logic := '0';
-  signal r_index : unsigned(23 downto 0) := (others => '0');
-  signal r_data, rdata : std_logic_vector(31 downto 0) := (others => '0');
-  signal in_buf, in_valid : std_logic;
-  signal b_we, v_we : std_logic;
-  signal b_wa, b_ra : unsigned(BA - 1 downto 0);
-  signal v_wa, v_ra : unsigned(VA - 1 downto 0);
-  signal b_wd, v_wd, b_q, v_q : std_logic_vector(31 downto 0);
+  signal win : std_logic_vector(SD - 1 downto 0) := (others => '0');
+  -- a host write to BUF (hf_update_buffer_shell): word w_index(3 downto 0) of slot w_index(23 downto 4)
+  signal w_en : std_logic;
+  signal w_index : unsigned(23 downto 0);
+  signal w_data, w_mask : std_logic_vector(31 downto 0);
 
   -- lo <= x <= hi with the matching relational operators: std_logic results, no short-circuit `and` of booleans
   -- (GHDL writes that as multiplexers, which the emulator evaluates every cycle for every slot)
@@ -142,111 +111,19 @@ architecture rtl of hf_update_buffer is
 begin
   assert I_DELAY >= 2 report "hf_update_buffer: I_DELAY must be at least 2 (the slot match takes 2 cycles)"
     severity failure;
-  assert DEPTH = 0 or (FANIN ** STAGES >= DEPTH and (STAGES = 1 or FANIN ** (STAGES - 1) < DEPTH))
-    report "hf_update_buffer: STAGES is not the least s with FANIN ** s >= DEPTH" severity failure;
   assert 2 ** IDX_W > N_STATIC + DEPTH report "hf_update_buffer: IDX_W too small" severity failure;
   assert DEPTH * WORDS <= 2 ** 24 and IDX_W <= 24 report "hf_update_buffer: too large for the BUF table and its pos field"
     severity failure;
 
-  valid <= vm;
-
-  in_buf <= to_sl(r_buf = '1' and r_index(3 downto 0) < USED and r_index(23 downto 4) < DEPTH);
-  in_valid <= to_sl(r_buf = '0' and r_index < VWORDS);
-
-  host : process (clk)
-  begin
-    if rising_edge(clk) then
-      done <= '0';
-      r_v <= '0';
-      r2_v <= r_v;
-      r2_ok <= r_v and not r_write and (in_buf or in_valid);
-      if ind_req = '1' then
-        r_v <= not swp;
-        pend <= swp;
-        r_buf <= to_sl(unsigned(ind_addr(31 downto 24)) = TABLE_BUF);
-        r_write <= ind_write;
-        r_index <= unsigned(ind_addr(23 downto 0));
-        r_data <= ind_wdata;
-      elsif pend = '1' and swp = '0' then
-        pend <= '0';
-        r_v <= '1';
-      end if;
-      if r2_v = '1' then
-        done <= '1';
-        rdata <= (others => '0');
-        if r2_ok = '1' then
-          rdata <= b_q when r_buf = '1' else v_q;
-        end if;
-      end if;
-      -- the sweep of the copies: power-on (swp starts at '1') and every reset
-      if swp = '1' then
-        sw_idx <= sw_idx + 1;
-        if sw_idx = SWEEP - 1 then
-          swp <= '0';
-        end if;
-      end if;
-      if rst = '1' then
-        done <= '0';
-        r_v <= '0';
-        r2_v <= '0';
-        pend <= '0';
-        swp <= '1';
-        sw_idx <= (others => '0');
-      end if;
-    end if;
-  end process;
-  ind_done <= done;
-  ind_rdata <= rdata;
-
-  -- the copies the host reads: written with the registers (masked the same way), or by the sweep
-  b_we <= (swp and to_sl(sw_idx < 2 ** BA)) or (r_v and r_write and in_buf);
-  b_wa <= resize(sw_idx, BA) when swp = '1' else resize(r_index, BA);
-  b_wd <= (others => '0') when swp = '1' else r_data and mask_of(r_index(3 downto 0));
-  b_ra <= resize(r_index, BA);
-  v_we <= (swp and to_sl(sw_idx < 2 ** VA)) or (r_v and r_write and in_valid);
-  v_wa <= resize(sw_idx, VA) when swp = '1' else resize(r_index, VA);
-  v_wd <= (others => '1') when swp = '1' and sw_idx + 1 < VWORDS else
-          LAST_MASK when swp = '1' and sw_idx + 1 = VWORDS else
-          (others => '0') when swp = '1' else
-          r_data when r_index + 1 < VWORDS else
-          r_data and LAST_MASK;
-  v_ra <= resize(r_index, VA);
-
-  buf_copy : entity work.hf_ram
-    generic map (WIDTH => 32, ADDR_W => BA)
-    port map (clk => clk, we => b_we, waddr => b_wa, wdata => b_wd, raddr => b_ra, rdata => b_q);
-
-  valid_copy : entity work.hf_ram
-    generic map (WIDTH => 32, ADDR_W => VA)
-    port map (clk => clk, we => v_we, waddr => v_wa, wdata => v_wd, raddr => v_ra, rdata => v_q);
-
-  -- the valid mask, one register per VALID word: written when the host writes that word
-  valid_words : for k in 0 to VWORDS - 1 generate
-    constant LO : natural := 32 * k;
-    constant HI : natural := minimum(32 * k + 31, N_STATIC - 1);
-    signal v : std_logic_vector(HI - LO downto 0) := (others => '1');
-  begin
-    reg : process (clk)
-    begin
-      if rising_edge(clk) then
-        if r_v = '1' and r_write = '1' and r_buf = '0' and r_index = k then
-          v <= r_data(HI - LO downto 0);
-        end if;
-        if rst = '1' then
-          v <= (others => '1');
-        end if;
-      end if;
-    end process;
-    vm(HI downto LO) <= v;
-  end generate;
-  no_entries : if N_STATIC = 0 generate
-    vm <= (others => '1');
-  end generate;
-
-  none : if DEPTH = 0 generate
-    win <= (others => '0');
-    idx <= st_idx;
-  end generate;
+  -- the register access, the read-back copies, the valid mask and the slot encoder
+  w_mask <= mask_of(w_index(3 downto 0));
+  shell : entity work.hf_update_buffer_shell
+    generic map (N_STATIC => N_STATIC, DEPTH => DEPTH, IDX_W => IDX_W, FANIN => FANIN, STAGES => STAGES,
+                 WORD_BITS => 4, USED => USED, T_BUF => TABLE_BUF)
+    port map (clk => clk, rst => rst, valid => valid, st_idx => st_idx, win => win, idx => idx, w_en => w_en,
+              w_index => w_index, w_data => w_data, w_mask => w_mask, ind_req => ind_req,
+              ind_write => ind_write, ind_addr => ind_addr, ind_wdata => ind_wdata, ind_done => ind_done,
+              ind_rdata => ind_rdata);
 
   slots : if DEPTH > 0 generate
     -- one block per slot: its eleven words (written by the host), the two stages that test a header
@@ -261,18 +138,18 @@ begin
       words : process (clk)
       begin
         if rising_edge(clk) then
-          if r_v = '1' and r_write = '1' and r_buf = '1' and r_index(23 downto 4) = b then
-            if r_index(3 downto 0) = 0 then w0 <= r_data; end if;
-            if r_index(3 downto 0) = 1 then w1 <= r_data; end if;
-            if r_index(3 downto 0) = 2 then w2 <= r_data; end if;
-            if r_index(3 downto 0) = 3 then w3 <= r_data; end if;
-            if r_index(3 downto 0) = 4 then w4 <= r_data; end if;
-            if r_index(3 downto 0) = 5 then w5 <= r_data; end if;
-            if r_index(3 downto 0) = 6 then w6 <= r_data and WMASK(6); end if;
-            if r_index(3 downto 0) = 7 then w7 <= r_data and WMASK(7); end if;
-            if r_index(3 downto 0) = W_FLAGS then w8 <= r_data and WMASK(W_FLAGS); end if;
-            if r_index(3 downto 0) = W_CONTROL then w9 <= r_data and WMASK(W_CONTROL); end if;
-            if r_index(3 downto 0) = W_SETS then w10 <= r_data and WMASK(W_SETS); end if;
+          if w_en = '1' and w_index(23 downto 4) = b then
+            if w_index(3 downto 0) = 0 then w0 <= w_data; end if;
+            if w_index(3 downto 0) = 1 then w1 <= w_data; end if;
+            if w_index(3 downto 0) = 2 then w2 <= w_data; end if;
+            if w_index(3 downto 0) = 3 then w3 <= w_data; end if;
+            if w_index(3 downto 0) = 4 then w4 <= w_data; end if;
+            if w_index(3 downto 0) = 5 then w5 <= w_data; end if;
+            if w_index(3 downto 0) = 6 then w6 <= w_data and WMASK(6); end if;
+            if w_index(3 downto 0) = 7 then w7 <= w_data and WMASK(7); end if;
+            if w_index(3 downto 0) = W_FLAGS then w8 <= w_data and WMASK(W_FLAGS); end if;
+            if w_index(3 downto 0) = W_CONTROL then w9 <= w_data and WMASK(W_CONTROL); end if;
+            if w_index(3 downto 0) = W_SETS then w10 <= w_data and WMASK(W_SETS); end if;
           end if;
           -- a reset disables the slot; its other words matter only once the host enables it again, after writing
           -- all eleven (hw.updatebuffer.writes; the host reads them back from the copy, which the sweep zeroes)
@@ -308,21 +185,5 @@ begin
         end if;
       end process;
     end generate;
-
-    static_line : process (clk)
-    begin
-      if rising_edge(clk) then
-        sil(1) <= st_idx;
-        for k in 2 to STAGES + 1 loop
-          sil(k) <= sil(k - 1);
-        end loop;
-      end if;
-    end process;
-
-    encoder : entity work.hf_prio_enc
-      generic map (N_IN => DEPTH, FANIN => FANIN, STAGES => STAGES, IDX_W => EW)
-      port map (clk => clk, vec => win(DEPTH - 1 downto 0), any => e_any, idx => e_idx);
-
-    idx <= to_unsigned(N_STATIC + 1, IDX_W) + resize(e_idx, IDX_W) when e_any = '1' else sil(STAGES + 1);
   end generate;
 end architecture;

@@ -4,7 +4,7 @@
 -- matcher (the core's IPv6 match units compare addresses too). A valid mask over the N_STATIC static IPv6 entries
 -- and DEPTH slots; st_idx is the static IPv6 index, local (0 .. N_STATIC - 1, N_STATIC: no valid entry matched),
 -- and `idx` is N_STATIC + 1 + b for the first enabled slot b, in slot order, that holds the header and has
--- pos_b <= st_idx, else st_idx (the core adds V6_BASE). Not instantiated by hypafilter_core yet.
+-- pos_b <= st_idx, else st_idx (the core adds V6_BASE).
 --
 -- Table BUF6 (T_BUF), 32 words per slot: w0..w3 src lo, w4..w7 src hi, w8..w11 dst lo, w12..w15 dst hi (each four
 -- 32-bit chunks, most significant first), w16..w22 as BUF's w4..w10 (sport, dport, proto | icmp_type, icmp_code |
@@ -12,7 +12,10 @@
 -- routes here): the valid mask, 32 entries a word. A 128-bit bound is compared as four 32-bit chunks in the first
 -- stage (each chunk's > or < and =, the lowest chunk's >= or <=; no comparator wider than 32 bits: GHDL writes a
 -- wider constant into Verilog as a string) and combined lexicographically in the second, so the slot match takes
--- the two cycles of hf_update_buffer's.
+-- the two cycles of hf_update_buffer's. The register access, the read-back copies, the valid mask and the slot
+-- encoder are hf_update_buffer_shell's, as there. A slot's words are one array written by one process:
+-- hf_update_buffer's form (each word a register of its own, in blocks per 32-bit chunk) made the emulator's model
+-- slower, 0.09 against 0.12 M cycles per CPU second at 16 slots (docs/ipv6.md "What it costs the emulator").
 library ieee;
 use ieee.std_logic_1164.all;
 use ieee.numeric_std.all;
@@ -57,19 +60,12 @@ entity hf_update_buffer6 is
 end entity;
 
 architecture rtl of hf_update_buffer6 is
-  constant VW : positive := maximum(N_STATIC, 1);
-  constant VWORDS : natural := (N_STATIC + 31) / 32;
   constant SD : positive := maximum(DEPTH, 1);
-  constant WORDS : natural := 32;
   constant USED : natural := 23;
   constant W_O : natural := 16;  -- the first word after the addresses (BUF's w4)
   constant W_FLAGS : natural := 20;
   constant W_CONTROL : natural := 21;
   constant W_SETS : natural := 22;
-  constant EW : positive := maximum(clog2(SD), 1);
-  constant BA : positive := maximum(clog2(SD * WORDS), 1);
-  constant VA : positive := maximum(clog2(maximum(VWORDS, 1)), 1);
-  constant SWEEP : positive := maximum(2 ** BA, 2 ** VA);
 
   function mask_of(w : unsigned(4 downto 0)) return std_logic_vector is
     variable m : std_logic_vector(31 downto 0) := (others => '0');
@@ -87,42 +83,17 @@ architecture rtl of hf_update_buffer6 is
     return m;
   end function;
 
-  function valid_mask(k : natural) return std_logic_vector is
-    variable m : std_logic_vector(31 downto 0) := (others => '0');
-  begin
-    for j in 0 to 31 loop
-      if 32 * k + j < N_STATIC then
-        m(j) := '1';
-      end if;
-    end loop;
-    return m;
-  end function;
-  constant LAST_MASK : std_logic_vector(31 downto 0) := valid_mask(maximum(VWORDS, 1) - 1);
-
   function chunk(x : std_logic_vector(127 downto 0); k : natural) return unsigned is
   begin
     return unsigned(x(127 - 32 * k downto 96 - 32 * k));
   end function;
 
   type word_arr is array (0 to USED - 1) of std_logic_vector(31 downto 0);
-
-  signal vm : std_logic_vector(VW - 1 downto 0);
-  signal win : std_logic_vector(SD - 1 downto 0);
-  signal e_any : std_logic;
-  signal e_idx : unsigned(EW - 1 downto 0);
-  type idx_line is array (1 to STAGES + 1) of unsigned(IDX_W - 1 downto 0);
-  signal sil : idx_line := (others => (others => '0'));
-
-  signal swp : std_logic := '1';
-  signal sw_idx : unsigned(clog2(SWEEP) downto 0) := (others => '0');
-  signal pend, r_v, r2_v, r2_ok, r_buf, r_write, done : std_logic := '0';
-  signal r_index : unsigned(23 downto 0) := (others => '0');
-  signal r_data, rdata : std_logic_vector(31 downto 0) := (others => '0');
-  signal in_buf, in_valid : std_logic;
-  signal b_we, v_we : std_logic;
-  signal b_wa, b_ra : unsigned(BA - 1 downto 0);
-  signal v_wa, v_ra : unsigned(VA - 1 downto 0);
-  signal b_wd, v_wd, b_q, v_q : std_logic_vector(31 downto 0);
+  signal win : std_logic_vector(SD - 1 downto 0) := (others => '0');
+  -- a host write to BUF6 (hf_update_buffer_shell): word w_index(4 downto 0) of slot w_index(23 downto 5)
+  signal w_en : std_logic;
+  signal w_index : unsigned(23 downto 0);
+  signal w_data, w_mask : std_logic_vector(31 downto 0);
 
   function in_range(x, lo, hi : std_logic_vector) return std_logic is
   begin
@@ -130,106 +101,16 @@ architecture rtl of hf_update_buffer6 is
   end function;
 begin
   assert I_DELAY >= 2 report "hf_update_buffer6: I_DELAY must be at least 2" severity failure;
-  assert DEPTH = 0 or (FANIN ** STAGES >= DEPTH and (STAGES = 1 or FANIN ** (STAGES - 1) < DEPTH))
-    report "hf_update_buffer6: STAGES is not the least s with FANIN ** s >= DEPTH" severity failure;
   assert 2 ** IDX_W > N_STATIC + DEPTH report "hf_update_buffer6: IDX_W too small" severity failure;
 
-  valid <= vm;
-
-  in_buf <= to_sl(r_buf = '1' and r_index(4 downto 0) < USED and r_index(23 downto 5) < DEPTH);
-  in_valid <= to_sl(r_buf = '0' and r_index < VWORDS);
-
-  host : process (clk)
-  begin
-    if rising_edge(clk) then
-      done <= '0';
-      r_v <= '0';
-      r2_v <= r_v;
-      r2_ok <= r_v and not r_write and (in_buf or in_valid);
-      if ind_req = '1' then
-        r_v <= not swp;
-        pend <= swp;
-        r_buf <= to_sl(unsigned(ind_addr(31 downto 24)) = T_BUF);
-        r_write <= ind_write;
-        r_index <= unsigned(ind_addr(23 downto 0));
-        r_data <= ind_wdata;
-      elsif pend = '1' and swp = '0' then
-        pend <= '0';
-        r_v <= '1';
-      end if;
-      if r2_v = '1' then
-        done <= '1';
-        rdata <= (others => '0');
-        if r2_ok = '1' then
-          rdata <= b_q when r_buf = '1' else v_q;
-        end if;
-      end if;
-      if swp = '1' then
-        sw_idx <= sw_idx + 1;
-        if sw_idx = SWEEP - 1 then
-          swp <= '0';
-        end if;
-      end if;
-      if rst = '1' then
-        done <= '0';
-        r_v <= '0';
-        r2_v <= '0';
-        pend <= '0';
-        swp <= '1';
-        sw_idx <= (others => '0');
-      end if;
-    end if;
-  end process;
-  ind_done <= done;
-  ind_rdata <= rdata;
-
-  b_we <= (swp and to_sl(sw_idx < 2 ** BA)) or (r_v and r_write and in_buf);
-  b_wa <= resize(sw_idx, BA) when swp = '1' else resize(r_index, BA);
-  b_wd <= (others => '0') when swp = '1' else r_data and mask_of(r_index(4 downto 0));
-  b_ra <= resize(r_index, BA);
-  v_we <= (swp and to_sl(sw_idx < 2 ** VA)) or (r_v and r_write and in_valid);
-  v_wa <= resize(sw_idx, VA) when swp = '1' else resize(r_index, VA);
-  v_wd <= (others => '1') when swp = '1' and sw_idx + 1 < VWORDS else
-          LAST_MASK when swp = '1' and sw_idx + 1 = VWORDS else
-          (others => '0') when swp = '1' else
-          r_data when r_index + 1 < VWORDS else
-          r_data and LAST_MASK;
-  v_ra <= resize(r_index, VA);
-
-  buf_copy : entity work.hf_ram
-    generic map (WIDTH => 32, ADDR_W => BA)
-    port map (clk => clk, we => b_we, waddr => b_wa, wdata => b_wd, raddr => b_ra, rdata => b_q);
-
-  valid_copy : entity work.hf_ram
-    generic map (WIDTH => 32, ADDR_W => VA)
-    port map (clk => clk, we => v_we, waddr => v_wa, wdata => v_wd, raddr => v_ra, rdata => v_q);
-
-  valid_words : for k in 0 to VWORDS - 1 generate
-    constant LO : natural := 32 * k;
-    constant HI : natural := minimum(32 * k + 31, N_STATIC - 1);
-    signal v : std_logic_vector(HI - LO downto 0) := (others => '1');
-  begin
-    reg : process (clk)
-    begin
-      if rising_edge(clk) then
-        if r_v = '1' and r_write = '1' and r_buf = '0' and r_index = k then
-          v <= r_data(HI - LO downto 0);
-        end if;
-        if rst = '1' then
-          v <= (others => '1');
-        end if;
-      end if;
-    end process;
-    vm(HI downto LO) <= v;
-  end generate;
-  no_entries : if N_STATIC = 0 generate
-    vm <= (others => '1');
-  end generate;
-
-  none : if DEPTH = 0 generate
-    win <= (others => '0');
-    idx <= st_idx;
-  end generate;
+  w_mask <= mask_of(w_index(4 downto 0));
+  shell : entity work.hf_update_buffer_shell
+    generic map (N_STATIC => N_STATIC, DEPTH => DEPTH, IDX_W => IDX_W, FANIN => FANIN, STAGES => STAGES,
+                 WORD_BITS => 5, USED => USED, T_BUF => T_BUF)
+    port map (clk => clk, rst => rst, valid => valid, st_idx => st_idx, win => win, idx => idx, w_en => w_en,
+              w_index => w_index, w_data => w_data, w_mask => w_mask, ind_req => ind_req,
+              ind_write => ind_write, ind_addr => ind_addr, ind_wdata => ind_wdata, ind_done => ind_done,
+              ind_rdata => ind_rdata);
 
   slots : if DEPTH > 0 generate
     slot : for b in 0 to DEPTH - 1 generate
@@ -244,10 +125,10 @@ begin
       slot_words : process (clk)
       begin
         if rising_edge(clk) then
-          if r_v = '1' and r_write = '1' and r_buf = '1' and r_index(23 downto 5) = b then
+          if w_en = '1' and w_index(23 downto 5) = b then
             for k in 0 to USED - 1 loop
-              if r_index(4 downto 0) = k then
-                w(k) <= r_data and mask_of(to_unsigned(k, 5));
+              if w_index(4 downto 0) = k then
+                w(k) <= w_data and mask_of(to_unsigned(k, 5));
               end if;
             end loop;
           end if;
@@ -310,21 +191,5 @@ begin
         end if;
       end process;
     end generate;
-
-    static_line : process (clk)
-    begin
-      if rising_edge(clk) then
-        sil(1) <= st_idx;
-        for k in 2 to STAGES + 1 loop
-          sil(k) <= sil(k - 1);
-        end loop;
-      end if;
-    end process;
-
-    encoder : entity work.hf_prio_enc
-      generic map (N_IN => DEPTH, FANIN => FANIN, STAGES => STAGES, IDX_W => EW)
-      port map (clk => clk, vec => win(DEPTH - 1 downto 0), any => e_any, idx => e_idx);
-
-    idx <= to_unsigned(N_STATIC + 1, IDX_W) + resize(e_idx, IDX_W) when e_any = '1' else sil(STAGES + 1);
   end generate;
 end architecture;

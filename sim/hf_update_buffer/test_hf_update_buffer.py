@@ -23,7 +23,7 @@ from hypafilter.ir import FIELDS, MAXV, Box
 
 from sim.hftb import SIM_BUILD, hw, run_ghdl
 
-SOURCES = ("hf_pkg.vhd", "hf_ram.vhd", "hf_prio_enc.vhd", "hf_update_buffer.vhd")
+SOURCES = ("hf_pkg.vhd", "hf_ram.vhd", "hf_prio_enc.vhd", "hf_update_buffer_shell.vhd", "hf_update_buffer.vhd")
 HDR = ("h_src", "h_dst", "h_proto", "h_sport", "h_dport", "h_icmp_type", "h_icmp_code", "h_iport", "h_ct")  # ir.FIELDS
 
 

@@ -262,3 +262,46 @@ def test_shunt_none_of_the_ipv6_rows(fake, ctm_v6):
     none = [(fake.tables.get((regmap.TABLE_SHUNT_NONE, i // 32), 0) >> (i % 32)) & 1 for i in range(base + n6 + 1)]
     assert none[: n4 + 1] == [int(b) for b in plan.shunt[: n4 + 1]] and none[n4 + 1 : base] == [1] * 16
     assert none[base:] == ([int(b) for b in plan6.shunt_none] if ctm_v6 else [1] * (n6 + 1))
+
+
+def test_the_lazy_rebuild_of_the_ipv6_update_buffer(tmp_path):
+    """The policy sync service's lazy rebuild over a dual-stack core (ops.policysync.worker): the IPv6 buffer's use
+    read from the state (a slot in use; a masked static entry alone is in use but never half full), due when half
+    full or in use and idle, and the core built beforehand in its thread is the one the rebuild's follow looks for
+    (deploy.rebuild_plan: the deployed IPv6 side's entries in the matcher hash; without them the follow would build
+    the dual-stack core again while everything shunts)."""
+    from hypafilter.analysis.overlay import Overlay
+    from hypafilter.ops import deploy
+    from hypafilter.ops.policysync.worker import Follower, rebuild_due
+
+    plan, static6 = _plans()
+    _, new6 = _plans(BAN6)
+    d6 = vhdl.buffer6_depth(plan, static6)
+    f = Follower("w3u-fw", tmp_path, None, lambda s: None)
+    v6 = {"depth": d6, "overlay": updatebuffer.image6(emu_v6.view6(static6, new6, d6).overlay).as_dict()}
+    f._st = {"target": "emu", "tables": {"v6": v6}}
+    assert f.buffer6_use() == (1, d6, True)
+    masked = Overlay.empty(len(static6.entries), d6)
+    masked.valid[1] = False
+    f._st["tables"]["v6"]["overlay"] = updatebuffer.image6(masked).as_dict()
+    assert f.buffer6_use() == (0, d6, True)
+    f._st["tables"]["v6"]["overlay"] = updatebuffer.pristine6(len(static6.entries), d6).as_dict()
+    assert f.buffer6_use() == (0, d6, False)
+    f._st["target"] = "xdp"  # xdp's IPv6 buffer is Follower6's (its tables, not a core)
+    assert f.buffer6_use() == (0, 0, False)
+    assert not rebuild_due(1, 16, 59.0, 60.0) and rebuild_due(1, 16, 60.0, 60.0) and rebuild_due(8, 16, 0.0, 60.0)
+    assert not rebuild_due(0, 16, 0.0, 60.0, masked=True) and rebuild_due(0, 16, 60.0, 60.0, masked=True)
+    assert not rebuild_due(0, 16, 1e9, 60.0)
+
+    six = {"mode": "policy", "source": "v6.rules", "text": V6, "tables": ["filter"], "base_chain": "FORWARD",
+           "chains": {"k_base": plan.num_intervals}}  # fmt: skip
+    policy = parse_policy(V4, filename="v4.rules", base_chain="FORWARD", config=Config())
+    built = deploy.rebuild_plan(policy, {"target": "emu", "ipv6": six}, Config())
+    assert built.plan6 is not None and vhdl.matcher_hash(built, built.plan6) == vhdl.matcher_hash(plan, static6)
+    assert vhdl.matcher_hash(built, None) != vhdl.matcher_hash(plan, static6)
+    for st, cfg in (
+        ({"target": "emu", "ipv6": {"mode": "kernel"}}, Config()),
+        ({"target": "emu", "ipv6": six}, Config(emu_ipv6=False)),
+        ({"target": "xdp", "ipv6": six}, Config()),
+    ):
+        assert getattr(deploy.rebuild_plan(policy, st, cfg), "plan6", None) is None, (st, cfg)

@@ -31,7 +31,14 @@ ENC_WHOLE_WIDE = 4096
 _PART_SOURCES = {
     "hf_matcher": ("hf_regs_pkg.vhd", "hf_policy_pkg.vhd", "hf_pkg.vhd", "hf_matcher.vhd"),
     "hf_prio_enc": ("hf_pkg.vhd", "hf_prio_enc.vhd"),
-    "hf_update_buffer": ("hf_regs_pkg.vhd", "hf_pkg.vhd", "hf_ram.vhd", "hf_prio_enc.vhd", "hf_update_buffer.vhd"),
+    "hf_update_buffer": (
+        "hf_regs_pkg.vhd",
+        "hf_pkg.vhd",
+        "hf_ram.vhd",
+        "hf_prio_enc.vhd",
+        "hf_update_buffer_shell.vhd",
+        "hf_update_buffer.vhd",
+    ),
 }
 FLOW_CACHE_SOURCES = ("hf_pkg.vhd", "hf_ram.vhd", "hf_flow_cache.vhd")
 CT_MEMBER_SOURCES = ("hf_pkg.vhd", "hf_ram.vhd", "hf_ct_member.vhd")

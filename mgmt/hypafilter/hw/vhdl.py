@@ -34,6 +34,7 @@ STATIC_SOURCES = (
     "hf_fifo.vhd",
     "hf_header_parser.vhd",
     "hf_prio_enc.vhd",
+    "hf_update_buffer_shell.vhd",
     "hf_update_buffer.vhd",
     "hf_update_buffer6.vhd",
     "hf_set_pkg.vhd",

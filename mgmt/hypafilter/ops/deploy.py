@@ -777,6 +777,34 @@ def follow6(
         return {"state": new, "how": how, "why": why}
 
 
+def _plan6(v6, config: Config, plan, old6: dict, follow: bool, target: str) -> tuple[object | None, str]:
+    """Step compile6: the IPv6 plan hung on `plan` (xdp_v6.plan6_for). Following the live IPv4 ruleset, ip6tables
+    stays as deployed (`old6`): the IPv6 plan keeps the k its chains there were written with (or none: verbatim)."""
+    kb6 = (old6.get("chains") or {}).get("k_base", 0) if follow else None
+    verb6 = follow and not old6.get("chains")
+    return xdp_v6.plan6_for(v6, config, plan, kb6, verb6, target=target, sets=live_sets6(target))
+
+
+def _host_verbatim6(plan6, config: Config, target: str) -> bool:
+    """A verbatim IPv6 plan in the NIC's core in host mode: the core's host-mode ACCEPT reaches ip6tables marked
+    "decided" (the shim's value 1), which only the interval chains' DA rule takes, so the IPv6 side stays in
+    ip6tables alone (not planned into the core)."""
+    return target == "emu" and plan6 is not None and plan6.verbatim and config.nic_mode == "host"
+
+
+def rebuild_plan(policy: Policy, st: dict, config: Config):
+    """The plan whose core (program) the lazy rebuild's `follow(policy, rebuild=True)` builds on the deployment `st`,
+    compiled as that follow compiles it: what the policy sync service builds beforehand in a thread, so that the
+    follow finds the build in the cache. On the NIC with a dual-stack core the IPv6 side as deployed is part of it
+    (its entries are part of the core: docs/ipv6.md "## emu")."""
+    plan = build_plan(policy, config, live=True)
+    old6 = st.get("ipv6") or {}
+    if st.get("target", "emu") == "emu" and config.emu_ipv6 and old6.get("mode", "kernel") != "kernel":
+        plan6, why = _plan6(ip6.V6Policy.from_state(old6), config, plan, old6, True, "emu")
+        plan.plan6 = None if why or _host_verbatim6(plan6, config, "emu") else plan6
+    return plan
+
+
 def _emu_view6(tables: dict, plan, config: Config, log: Callable[[str], None]):
     """The new IPv6 plan (`plan.plan6`) as the running dual-stack core's IPv6 update buffer holds it: align6's View
     over the IPv6 plan the core was generated from (the state's `tables.v6.static`, planned again and used only when
@@ -1009,21 +1037,12 @@ def _deploy_locked(
                 plan.tree_cache = _tree_cache  # read only by a process that holds no trees of those bases
             if (tgt.name == "xdp" and config.xdp_ipv6) or (tgt.name == "emu" and config.emu_ipv6):
                 # the fast path's hook: IPv6 decided in XDP, or in the emulated NIC's dual-stack core (docs/ipv6.md)
-                # Following the live IPv4 ruleset, ip6tables stays as deployed: the IPv6 plan keeps the k its chains
-                # there were written with (or none: verbatim).
-                kb6 = (old6.get("chains") or {}).get("k_base", 0) if follow else None
-                verb6 = follow and not old6.get("chains")
-                plan.plan6, why6 = tx.step(
-                    "compile6",
-                    lambda: xdp_v6.plan6_for(v6, config, plan, kb6, verb6, target=tgt.name, sets=live_sets6(tgt.name)),
-                )
+                plan.plan6, why6 = tx.step("compile6", lambda: _plan6(v6, config, plan, old6, follow, tgt.name))
                 if why6:
                     log(f"IPv6 frames to ip6tables unparsed: {why6}")
                 elif not follow:
                     chains6, text6 = _chains6(plan.plan6, v6, config, log)
-                if tgt.name == "emu" and plan.plan6 is not None and plan.plan6.verbatim and config.nic_mode == "host":
-                    # the core's host-mode ACCEPT reaches ip6tables marked "decided" (the shim's value 1), which only
-                    # the interval chains' DA rule takes: without them the IPv6 side stays in ip6tables alone
+                if _host_verbatim6(plan.plan6, config, tgt.name):
                     plan.plan6 = None
                     log("IPv6 frames to ip6tables unparsed: host mode without the IPv6 interval chains")
         except DeployError:

@@ -36,14 +36,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hypafilter import netns
-from hypafilter.analysis.plan import build_plan
 from hypafilter.config import POLICYSYNC_LEASE_RENEW_S
 from hypafilter.errors import HypafilterError
+from hypafilter.hw.updatebuffer import Image6
 from hypafilter.netfilter.bridge import TABLE as BRIDGE_TABLE
 from hypafilter.ops import deploy
 from hypafilter.ops.lab import HOST_TABLE
 from hypafilter.ops.policysync import live
-from hypafilter.ops.policysync.follow6 import Follower6, Legacy6
+from hypafilter.ops.policysync.follow6 import REBUILD6_IDLE_S, Follower6, Legacy6
 from hypafilter.ops.policysync.live import percentiles as _pct
 from hypafilter.ops.policysync.newflows import NewFlows
 from hypafilter.ops.policysync.nftevents import NfTables, NftEvent
@@ -59,14 +59,16 @@ SERVICE_NICE = -10
 
 class Rebuild:
     """The lazy rebuild (SFL): the core (program) of the master rule set built in a thread while the buffer
-    serves; `done` once built (or failed), for `policy_hash`."""
+    serves; `done` once built (or failed), for `policy_hash` (and, on the NIC's dual-stack core, the deployed IPv6
+    side, whose entries are part of the core: deploy.rebuild_plan)."""
 
     def __init__(self, policy, st: dict):
         self.policy = policy
         self.policy_hash = policy.policy_hash()
-        # the deployment's policy when the build began: the core is swapped in only if it is still that one (a
+        # the deployment's policies when the build began: the core is swapped in only if they are still those (a
         # deploy's policy, parsed from the live listing here, may hash apart from the file it came from)
         self.deployed_hash = st["policy_hash"]
+        self.deployed6 = ipv6_hash(st)
         self.error = ""
         self.seconds = 0.0
         cfg = deploy.deployed_config(st)
@@ -75,7 +77,7 @@ class Rebuild:
         def work() -> None:
             t = time.monotonic()
             try:
-                tgt.build(build_plan(policy, cfg, live=True))
+                tgt.build(deploy.rebuild_plan(policy, st, cfg))
             except Exception as e:  # reported in the status file; the buffer keeps serving
                 self.error = str(e)
             self.seconds = round(time.monotonic() - t, 3)
@@ -355,29 +357,42 @@ class Follower(deploy.FollowWatch):
         ov = (self._st or {}).get("overlay")
         return (len(ov["slots"]), ov["depth"]) if ov else (0, 0)
 
+    def buffer6_use(self) -> tuple[int, int, bool]:
+        """(slots in use, depth, in use: a slot or a masked static entry) of the NIC's IPv6 update buffer, in a
+        dual-stack core (docs/ipv6.md "## emu"); (0, 0, False) without one (xdp's is Follower6's)."""
+        st = self._st or {}
+        v6 = (st.get("tables") or {}).get("v6") or {}
+        if st.get("target", "emu") != "emu" or not v6.get("overlay") or not v6.get("depth"):
+            return 0, 0, False
+        img = Image6.from_dict(v6["overlay"])
+        return sum(img.enabled(b) for b in range(img.depth)), int(v6["depth"]), not img.pristine
+
     def maybe_rebuild(self) -> None:
-        """The lazy rebuild: start building the master rule set's core once the buffer is half full or has been in
-        use for REBUILD_IDLE_S without a change; swap it in make-before-break once built, if the policy is still
-        the one it was built for (else build again)."""
+        """The lazy rebuild: start building the master rule set's core once the buffer (or the NIC's IPv6 buffer) is
+        half full or has been in use for REBUILD_IDLE_S (REBUILD6_IDLE_S) without a change; swap it in
+        make-before-break once built, if the policy is still the one it was built for (else build again)."""
         used, depth = self.buffer_use()
+        used6, depth6, busy6 = self.buffer6_use()
         if self.six is not None and self.six.safe:
             return  # an ip6tables change not applied yet: a new program now would decide IPv6 by the old tables
         if self.rebuild is not None and self.rebuild.done:
             with deploy.unmeasured() as free:
                 if free:  # else a verify reads the NIC's counters across a window: swap in a later round
-                    self.swap_rebuild(used)
+                    self.swap_rebuild(bool(used or busy6))
             return
-        if self.rebuild is not None or not used or self.safe:
+        if self.rebuild is not None or not (used or busy6) or self.safe:
             return
-        self.start_rebuild(used, depth)
+        self.start_rebuild(used, depth, used6, depth6, busy6)
 
-    def swap_rebuild(self, used: int) -> None:
-        """The finished lazy rebuild's core swapped in (deploy.follow(rebuild=True)) if the deployment's policy is
-        still the one it was built for and the buffer is in use; dropped otherwise (the next round builds again)."""
+    def swap_rebuild(self, used: bool) -> None:
+        """The finished lazy rebuild's core swapped in (deploy.follow(rebuild=True)) if the deployment's policies
+        are still the ones it was built for and a buffer is in use; dropped otherwise (the next round builds
+        again)."""
         rb, self.rebuild = self.rebuild, None
+        st = self.state(fresh=False)
         if rb.error:
             self.log(f"lazy rebuild failed: {rb.error}")
-        elif rb.deployed_hash == self.state(fresh=False)["policy_hash"] and used:
+        elif rb.deployed_hash == st["policy_hash"] and rb.deployed6 == ipv6_hash(st) and used:
             try:
                 self.in_follow = True
                 try:
@@ -392,9 +407,14 @@ class Follower(deploy.FollowWatch):
                 self.error = f"lazy rebuild: {e}"
                 self.log(self.error)
 
-    def start_rebuild(self, used: int, depth: int) -> None:
-        """The lazy rebuild started once the buffer is half full or in use and idle for REBUILD_IDLE_S."""
-        if used * 2 >= depth or time.monotonic() - self.last_change >= REBUILD_IDLE_S:
+    def start_rebuild(self, used: int, depth: int, used6: int = 0, depth6: int = 0, busy6: bool = False) -> None:
+        """The lazy rebuild started once the buffer is half full or in use and idle for REBUILD_IDLE_S, or the NIC's
+        IPv6 buffer half full or in use and idle (no change of either family) for REBUILD6_IDLE_S."""
+        now = time.monotonic()
+        last6 = max(self.last_change, getattr(self.six, "last_apply_t", 0.0))
+        if rebuild_due(used, depth, now - self.last_change, REBUILD_IDLE_S) or rebuild_due(
+            used6, depth6, now - last6, REBUILD6_IDLE_S, busy6
+        ):
             st = self.state(fresh=False)
             if self.policy is None or self.policy.policy_hash() != st["policy_hash"]:
                 # a service started over a buffer in use, or a deploy (not this service) replaced the policy since
@@ -407,7 +427,10 @@ class Follower(deploy.FollowWatch):
                 except (HypafilterError, OSError) as e:
                     self.log(f"lazy rebuild: reading the ruleset: {e}")
                     return
-            self.log(f"lazy rebuild: {used}/{depth} buffer slots in use; building the next core")
+            six = (
+                f", IPv6 {used6}/{depth6} slots{' and masked entries' if busy6 and not used6 else ''}" if busy6 else ""
+            )
+            self.log(f"lazy rebuild: {used}/{depth} buffer slots in use{six}; building the next core")
             self.rebuild = Rebuild(self.policy, self.state(fresh=False))
 
     def doc(self) -> dict:
@@ -428,6 +451,17 @@ class Follower(deploy.FollowWatch):
             "lease_error": self.lease_error,
             "lease_interval_ms": _pct(self.lag_lease),
         }
+
+
+def rebuild_due(used: int, depth: int, idle_s: float, limit_s: float, masked: bool = False) -> bool:
+    """SFL's lazy rebuild is due for a buffer with `used` of its `depth` slots in use (`masked`: static entries
+    masked off, in use too): half full, or in use and no change for `limit_s`."""
+    return (used > 0 and used * 2 >= depth) or ((used > 0 or masked) and idle_s >= limit_s)
+
+
+def ipv6_hash(st: dict) -> str | None:
+    """The deployed IPv6 side's policy hash (None: ip6tables as the operator has it)."""
+    return (st.get("ipv6") or {}).get("hash")
 
 
 OWN_TABLES = (BRIDGE_TABLE, HOST_TABLE)  # the tool's bridge table and the lab's recorder: no policy in them

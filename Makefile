@@ -123,7 +123,8 @@ test-real-all:
 # budget and host mode's hop-by-hop, XdpTarget with both table sets, the rollback that keeps the IPv6 interval chains
 # (`make test` runs one policy and the lab's verifies)
 .PHONY: test-emu-v6
-# opt-in: the emulated NIC's dual-stack core through deploy, verify (frames, connections) and update (docs/ipv6.md "## emu")
+# opt-in: the emulated NIC's dual-stack core through deploy, verify (frames, connections) and update (docs/ipv6.md "## emu"),
+# inet6 ipsets in its IPv6 set tables (docs/sets.md "IPv6 sets on the emulated NIC")
 test-emu-v6:
 	@scripts/setup.sh system
 	CI=true HF_EMU_V6_FULL=1 scripts/run-system-tests.sh -n 0 tests/system/test_ipv6_deploy.py -k emu
@@ -132,6 +133,7 @@ test-emu-v6:
 	CI=true HF_EMU_V6_FULL=1 scripts/run-system-tests.sh -n 0 tests/system/test_ipv6_host_connections.py -k emu
 	CI=true HF_EMU_V6_FULL=1 scripts/run-system-tests.sh -n 0 tests/system/test_ipv6_buffer_emu.py
 	CI=true HF_EMU_V6_FULL=1 scripts/run-system-tests.sh -n 0 tests/system/test_ipv6_rebuild_emu.py
+	CI=true HF_EMU_V6_FULL=1 scripts/run-system-tests.sh -n 0 tests/system/test_ipset6_emu.py
 
 # opt-in: bench rate with IPv6 on xdp (-6 --classbench with its trace mapped into IPv6, a dual stack, nft alone, inet6
 # ipsets), each frame compared with the kernel (docs/ipv6.md "bench rate with IPv6"; the figures: docs/results.md)

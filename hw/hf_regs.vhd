@@ -345,7 +345,7 @@ begin
           when REG_FC_DELETES => rdata <= fc_deletes;
           when REG_FC_FULL => rdata <= fc_full;
           when REG_LEASE => rdata <= std_logic_vector(r_lease);
-          when REG_SET_CONFIG => rdata <= std_logic_vector(to_unsigned(N_SET_SLOTS + 256 * SET_LATENCY, 32));
+          when REG_SET_CONFIG => rdata <= std_logic_vector(to_unsigned(N_SET_SLOTS + 256 * SET_LATENCY + 65536 * N_SET6_SLOTS, 32));
           when REG_LEASE_STATUS =>
             rdata <= std_logic_vector(r_lease_expiries) & (15 downto 2 => '0') & r_lease_exp & r_lease_armed;
           when others => rdata <= (others => '0');

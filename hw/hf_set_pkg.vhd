@@ -15,6 +15,10 @@ package hf_set_pkg is
   constant KEY_W : natural := 56;  -- element key: address << 24 | proto << 16 | port
   constant MAX_HASH_BITS : natural := 16;
 
+  -- address bits of a slot: 32, or 128 for an IPv6 slot (hf_set_table's V6)
+  function addr_w(v6 : boolean) return positive;
+  -- an address folded to the 32 bits the bucket hash reads: itself, or the XOR of an IPv6 address's four words
+  function fold32(a : std_logic_vector) return std_logic_vector;
   function st_has_addr(t : natural) return boolean;
   function st_has_port(t : natural) return boolean;
   -- bucket of a key: H3 hashing, bit i = parity(key and row i), rows from xorshift64 (settable.HASH_ROWS)
@@ -22,6 +26,23 @@ package hf_set_pkg is
 end package;
 
 package body hf_set_pkg is
+  function addr_w(v6 : boolean) return positive is
+  begin
+    if v6 then
+      return 128;
+    end if;
+    return 32;
+  end function;
+
+  function fold32(a : std_logic_vector) return std_logic_vector is
+    variable v : std_logic_vector(a'length - 1 downto 0) := a;
+    variable r : std_logic_vector(31 downto 0) := (others => '0');
+  begin
+    for q in 0 to a'length / 32 - 1 loop
+      r := r xor v(32 * q + 31 downto 32 * q);
+    end loop;
+    return r;
+  end function;
   function st_has_addr(t : natural) return boolean is
   begin
     return t /= ST_BITMAP_PORT;

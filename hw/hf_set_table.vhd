@@ -15,7 +15,7 @@
 --                 stores the element with the last w0 written, in one memory write of its bucket (a lookup sees the
 --                 old or the new element, never a mix).
 --   SET_BANK (9)  index = slot << 20 | bank: enable << 31 | prefix length (5:0). Disabled after reset.
---   SET_INFO (10) index = slot << 20, read-only: type | addr dir << 4 | port dir << 5 | BANKS << 8 |
+--   SET_INFO (10) index = slot << 20, read-only: type | addr dir << 4 | port dir << 5 | V6 << 6 | BANKS << 8 |
 --                 LOG2_BUCKETS << 16 | WAYS << 24.
 --   SET_CTL (11)  index = slot << 20: bit 0 every lookup of the slot is uncertain (the host's fail safe while it
 --                 rewrites the set), set after reset; writing bit 1 clears the slot (every element invalid, every
@@ -23,6 +23,12 @@
 --                 writes with the contents it loaded and reads back (0 after reset).
 -- After every reset a sweep clears the memories (2**LOG2_BUCKETS cycles); until it ends every lookup is uncertain
 -- and host requests wait.
+-- An IPv6 slot (V6, a dual-stack core's slot of an inet6 set, issue #25): 128-bit addresses from the parsed IPv6
+-- header, banks of prefix lengths 0..128, ICMPv6 (58) type << 8 | code as the port (ip_set_get_ip6_port), and the
+-- tables SET6_ELEM/SET6_BANK/SET6_INFO/SET6_CTL (18-21) with the same index layout but 8 words per element cell:
+-- SET6_ELEM index = slot << 20 | bank << 16 | (bucket * WAYS + way) << 3 | w, w0..w3 the address (bits 127:96
+-- first), w4 the flags word (the commit, as w1 above); SET6_BANK's prefix length is bits 7:0. The bucket hash reads
+-- the address folded to 32 bits (the XOR of its four words), so both families share set_hash.
 library ieee;
 use ieee.std_logic_1164.all;
 use ieee.numeric_std.all;
@@ -37,13 +43,14 @@ entity hf_set_table is
     PORT_DIR     : natural := 0;            -- port from the source (0) or destination (1)
     BANKS        : positive := 4;           -- hash banks, one prefix length each (1..16)
     LOG2_BUCKETS : positive := 6;           -- buckets per bank = 2**LOG2_BUCKETS (1..13)
-    WAYS         : positive := 2            -- elements per bucket (1, 2, 4 or 8)
+    WAYS         : positive := 2;           -- elements per bucket (1, 2, 4 or 8)
+    V6           : boolean := false         -- an IPv6 slot: 128-bit addresses, tables SET6_* (18-21)
   );
   port (
     clk       : in  std_logic;
     rst       : in  std_logic;
-    h_src     : in  std_logic_vector(31 downto 0);
-    h_dst     : in  std_logic_vector(31 downto 0);
+    h_src     : in  std_logic_vector(addr_w(V6) - 1 downto 0);  -- the IPv4 or (V6) IPv6 header's addresses
+    h_dst     : in  std_logic_vector(addr_w(V6) - 1 downto 0);
     h_proto   : in  std_logic_vector(7 downto 0);
     h_sport   : in  std_logic_vector(15 downto 0);
     h_dport   : in  std_logic_vector(15 downto 0);
@@ -72,38 +79,43 @@ architecture rtl of hf_set_table is
     end if;
     return 0;
   end function;
-  constant AWD : natural := bits_if(HAS_ADDR, 32);
+  constant AW : positive := addr_w(V6);  -- address bits
+  constant AWD : natural := bits_if(HAS_ADDR, AW);
+  constant MAXLEN : natural := AW;  -- the longest prefix
+  constant LENW : positive := 6 + 2 * boolean'pos(V6);  -- bits of a prefix length (0..32, or 0..128)
+  constant WB : positive := 1 + 2 * boolean'pos(V6);  -- SET_ELEM index bits of the word in a cell: 1, or 3 (V6)
+  constant NW : positive := 2 + 3 * boolean'pos(V6);  -- words of a cell: the address (w0; w0..w3), then the flags
   constant PWD : natural := bits_if(HAS_PORT, 24);
   constant EW : positive := 3 + AWD + PWD;  -- stored element: valid, uncertain, nomatch, address, proto, port
   constant LB : positive := LOG2_BUCKETS;
   constant LW : natural := clog2(WAYS);
   constant BW : positive := WAYS * EW;  -- a bucket: its WAYS elements side by side, way j at bits (j+1)*EW-1..j*EW
-  constant T_ELEM : natural := 8;
-  constant T_BANK : natural := 9;
-  constant T_INFO : natural := 10;
-  constant T_CTL  : natural := 11;
+  constant T_ELEM : natural := 8 + 10 * boolean'pos(V6);
+  constant T_BANK : natural := T_ELEM + 1;
+  constant T_INFO : natural := T_ELEM + 2;
+  constant T_CTL  : natural := T_ELEM + 3;
 
   type key_t is record
-    a  : std_logic_vector(31 downto 0);
+    a  : std_logic_vector(AW - 1 downto 0);
     pp : std_logic_vector(23 downto 0);  -- proto << 16 | port
   end record;
   type key_arr is array (0 to BANKS - 1) of key_t;
   type bkt_arr is array (0 to BANKS - 1) of unsigned(LB - 1 downto 0);
-  type len_arr is array (0 to BANKS - 1) of unsigned(5 downto 0);
+  type len_arr is array (0 to BANKS - 1) of unsigned(LENW - 1 downto 0);
   type word_arr is array (0 to BANKS - 1) of std_logic_vector(BW - 1 downto 0);
 
-  function prefix_mask(len : unsigned(5 downto 0)) return std_logic_vector is
-    variable m : std_logic_vector(31 downto 0) := (others => '0');
+  function prefix_mask(len : unsigned) return std_logic_vector is
+    variable m : std_logic_vector(AW - 1 downto 0) := (others => '0');
   begin
-    for k in 0 to 31 loop
-      if 32 - k <= to_integer(len) then
+    for k in 0 to AW - 1 loop
+      if AW - k <= to_integer(len) then
         m(k) := '1';
       end if;
     end loop;
     return m;
   end function;
 
-  function pack(a : std_logic_vector(31 downto 0); pp : std_logic_vector(23 downto 0);
+  function pack(a : std_logic_vector(AW - 1 downto 0); pp : std_logic_vector(23 downto 0);
                 flags : std_logic_vector(2 downto 0)) return std_logic_vector is
     variable v : std_logic_vector(EW - 1 downto 0) := (others => '0');
   begin
@@ -114,7 +126,7 @@ architecture rtl of hf_set_table is
       end loop;
     end if;
     if HAS_ADDR then
-      for k in 0 to 31 loop
+      for k in 0 to AW - 1 loop
         v(PWD + k) := a(k);
       end loop;
     end if;
@@ -130,7 +142,7 @@ architecture rtl of hf_set_table is
       end loop;
     end if;
     if HAS_ADDR then
-      for k in 0 to 31 loop
+      for k in 0 to AW - 1 loop
         r.a(k) := v(PWD + k);
       end loop;
     end if;
@@ -140,7 +152,7 @@ architecture rtl of hf_set_table is
   -- bank configuration (SET_BANK) and the "longer than" relation between banks, registered off the lookup path
   signal b_en : std_logic_vector(BANKS - 1 downto 0) := (others => '0');
   signal b_len : len_arr := (others => (others => '0'));
-  type mask_arr is array (0 to BANKS - 1) of std_logic_vector(31 downto 0);
+  type mask_arr is array (0 to BANKS - 1) of std_logic_vector(AW - 1 downto 0);
   signal b_mask : mask_arr := (others => (others => '0'));  -- prefix_mask(b_len), computed when the host writes it
   type gt_arr is array (0 to BANKS - 1) of std_logic_vector(BANKS - 1 downto 0);
   signal longer : gt_arr := (others => (others => '0'));  -- longer(b)(q): bank q is enabled and longer than bank b
@@ -167,7 +179,7 @@ architecture rtl of hf_set_table is
   signal w_data : std_logic_vector(BW - 1 downto 0) := (others => '0');
   signal w_new : std_logic_vector(EW - 1 downto 0) := (others => '0');  -- the element a w1 write stores
   signal rmw : std_logic := '0';  -- the bucket read in flight is for a w1 write (read-modify-write)
-  signal w0 : std_logic_vector(31 downto 0) := (others => '0');
+  signal w0 : std_logic_vector(AW - 1 downto 0) := (others => '0');  -- the address words written (w0..w3 for V6)
   signal h_raddr : unsigned(LB - 1 downto 0) := (others => '0');
   signal hb_word : word_arr;
   signal pend, rd1, rd2 : std_logic := '0';
@@ -175,7 +187,7 @@ architecture rtl of hf_set_table is
   signal p_addr, p_wdata : std_logic_vector(31 downto 0) := (others => '0');
   signal rd_mem : natural range 0 to BANKS - 1 := 0;
   signal rd_way : natural range 0 to WAYS - 1 := 0;
-  signal rd_w : std_logic := '0';
+  signal rd_w : natural range 0 to NW - 1 := 0;
   signal done : std_logic := '0';
   signal rdata : std_logic_vector(31 downto 0) := (others => '0');
 begin
@@ -184,13 +196,13 @@ begin
   assert ADDR_DIR <= 1 and PORT_DIR <= 1 report "hf_set_table: a direction is 0 (src) or 1 (dst)" severity failure;
   assert BANKS <= 16 report "hf_set_table: at most 16 banks (SET_ELEM index bits 19:16)" severity failure;
   assert LB <= 13 report "hf_set_table: LOG2_BUCKETS at most 13" severity failure;
-  assert WAYS = 2 ** LW and WAYS <= 8 and LB + LW <= 15
-    report "hf_set_table: WAYS must be 1, 2, 4 or 8, and buckets * WAYS at most 32768 (SET_ELEM index bits 15:1)"
-    severity failure;
+  assert WAYS = 2 ** LW and WAYS <= 8 and LB + LW <= 16 - WB
+    report "hf_set_table: WAYS must be 1, 2, 4 or 8, and buckets * WAYS at most 32768 (SET_ELEM index bits 15:1; "
+           & "8192 for V6, bits 15:3)" severity failure;
 
   -- stage 1: the frame's key, masked to each bank's length, and its bucket in that bank
   stage1 : process (clk)
-    variable a : std_logic_vector(31 downto 0);
+    variable a : std_logic_vector(AW - 1 downto 0);
     variable port_v : std_logic_vector(15 downto 0);
     variable proto_v : std_logic_vector(7 downto 0);
     variable k : key_t;
@@ -208,19 +220,21 @@ begin
       port_v := (others => '0');
       if HAS_PORT then
         -- the kernel's ip_set_get_ip4_port: TCP/UDP ports, ICMP type << 8 | code, 0 for protocols without ports;
-        -- protocol 0 never matches; SCTP and UDP-Lite carry ports the parser does not read: uncertain
+        -- protocol 0 never matches; SCTP and UDP-Lite carry ports the parser does not read: uncertain. IPv6
+        -- (ip_set_get_ip6_port): ICMPv6 type << 8 | code; ICMP (1) is read as ICMP there, whose type and code the
+        -- parser does not give for an IPv6 frame: uncertain; no next header (59) never matches
         if h_proto = x"06" or h_proto = x"11" then
           if PORT_DIR = 0 then
             port_v := h_sport;
           else
             port_v := h_dport;
           end if;
-        elsif h_proto = x"01" then
+        elsif (not V6 and h_proto = x"01") or (V6 and h_proto = x"3A") then
           port_v := h_icmp_type & h_icmp_code;
-        elsif h_proto = x"84" or h_proto = x"88" then
+        elsif h_proto = x"84" or h_proto = x"88" or (V6 and h_proto = x"01") then
           u := '1';
         end if;
-        if h_proto = x"00" then
+        if (not V6 and h_proto = x"00") or (V6 and h_proto = x"3B") then
           ok := '0';
         end if;
       end if;
@@ -242,7 +256,7 @@ begin
           k.pp := proto_v & port_v;
         end if;
         s1_key(b) <= k;
-        s1_bkt(b) <= set_hash(k.a & k.pp, LB);
+        s1_bkt(b) <= set_hash(fold32(k.a) & k.pp, LB);
       end loop;
       s1_ok <= ok;
       s1_unc <= u or ctl_unc or sweeping;
@@ -343,7 +357,8 @@ begin
     variable kk : key_t;
     variable sel : std_logic_vector(EW - 1 downto 0);
     variable bword : std_logic_vector(BW - 1 downto 0);
-    variable plen : unsigned(5 downto 0);
+    variable plen : unsigned(LENW - 1 downto 0);
+    variable wsel : natural range 0 to 7;
     variable req, wr : std_logic;
     variable addr, wd : std_logic_vector(31 downto 0);
   begin
@@ -393,13 +408,19 @@ begin
         if tbl = T_BANK then
           bank := to_integer(unsigned(addr(3 downto 0)));
         end if;
-        ent := unsigned(addr(15 downto 1));
+        ent := resize(unsigned(addr(15 downto WB)), 15);
+        wsel := to_integer(unsigned(addr(WB - 1 downto 0)));
         idx := to_integer(ent) mod WAYS;
         rdata <= (others => '0');
-        if tbl = T_ELEM and bank < BANKS and ent < 2 ** (LB + LW) then
+        if tbl = T_ELEM and bank < BANKS and ent < 2 ** (LB + LW) and wsel < NW then
           if wr = '1' then
-            if addr(0) = '0' then
-              w0 <= wd;
+            if wsel < NW - 1 then
+              -- an address word: w0 (IPv4), or word wsel of the IPv6 address, most significant first
+              for q in 0 to NW - 2 loop
+                if wsel = q then
+                  w0(AW - 1 - 32 * q downto AW - 32 - 32 * q) <= wd;
+                end if;
+              end loop;
               done <= '1';
             else
               -- the element goes into its way of the bucket: read the bucket, then write it back with the way
@@ -408,18 +429,18 @@ begin
               rmw <= '1';
             end if;
           end if;
-          if wr = '0' or addr(0) = '1' then
+          if wr = '0' or wsel = NW - 1 then
             h_raddr <= to_unsigned(to_integer(ent) / WAYS, LB);
             rd_mem <= bank;
             rd_way <= idx;
-            rd_w <= addr(0);
+            rd_w <= wsel;
             rd1 <= '1';
           end if;
         elsif tbl = T_BANK and bank < BANKS then
           if wr = '1' then
-            plen := unsigned(wd(5 downto 0));
-            if plen > 32 then
-              plen := to_unsigned(32, 6);
+            plen := unsigned(wd(LENW - 1 downto 0));
+            if plen > MAXLEN then
+              plen := to_unsigned(MAXLEN, LENW);
             end if;
             -- each bank's registers written under a constant index: GHDL 2.0 synthesis took b_len and b_mask
             -- written at `bank` for memories and wrote them as combinational loops (docs/hardware.md, GHDL traps)
@@ -432,11 +453,12 @@ begin
             end loop;
             recalc <= '1';
           end if;
-          rdata <= b_en(bank) & (30 downto 6 => '0') & std_logic_vector(b_len(bank));
+          rdata <= b_en(bank) & (30 downto LENW => '0') & std_logic_vector(b_len(bank));
           done <= '1';
         elsif tbl = T_INFO then
           rdata <= std_logic_vector(to_unsigned(WAYS, 8))
-                   & std_logic_vector(to_unsigned(SETTYPE + 16 * ADDR_DIR + 32 * PORT_DIR + 256 * BANKS + 65536 * LB, 24));
+                   & std_logic_vector(to_unsigned(SETTYPE + 16 * ADDR_DIR + 32 * PORT_DIR + 64 * boolean'pos(V6)
+                                                 + 256 * BANKS + 65536 * LB, 24));
           done <= '1';
         elsif tbl = T_CTL then
           if wr = '1' then
@@ -472,8 +494,12 @@ begin
           w_addr <= h_raddr;
           w_data <= bword;
           rmw <= '0';
-        elsif rd_w = '0' then
-          rdata <= kk.a;
+        elsif rd_w < NW - 1 then
+          for q in 0 to NW - 2 loop
+            if rd_w = q then
+              rdata <= kk.a(AW - 1 - 32 * q downto AW - 32 - 32 * q);
+            end if;
+          end loop;
         else
           w1 := (others => '0');
           w1(31 downto 29) := sel(EW - 1 downto EW - 3);

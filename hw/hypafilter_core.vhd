@@ -38,8 +38,10 @@
 -- policy entry V6_POLICY) and its IPv4 entries the other frames; the flow cache holds IPv6 tuples too (its generic
 -- V6: 304-bit keys, table FLOW_KEY6, FC_KEY4..9), so a parsed IPv6 TCP/UDP frame of a cached flow has ct 1/2; the
 -- conntrack membership structure takes IPv6 keys (its generic V6: folded addresses, CTM_CMD w3 bit 10; parsed IPv6
--- wire frames looked up, host frames stamped), so a parsed IPv6 TCP/UDP frame it does not hold has ct 3; sets stay
--- IPv4's; the IPv4 update buffer's slots never match an IPv6
+-- wire frames looked up, host frames stamped), so a parsed IPv6 TCP/UDP frame it does not hold has ct 3; the IPv6
+-- plan's set slots have tables of their own (N_SET6_SLOTS hf_set_table with V6, tables SET6_* 18-21, h6_sets: an
+-- IPv6 frame's set bits and its uncertainty come from them, an IPv4 frame's from the IPv4 slots); the IPv4 update
+-- buffer's slots never match an IPv6
 -- frame: hf_update_buffer6 (BUF6_DEPTH slots with raw 128-bit bounds, tables BUF6/VALID6) holds the IPv6 entries'
 -- valid mask (VALID6, ANDed into the matcher's IPv6 entries) and the IPv6 slots, local indices N6_ENTRIES + 1 + b:
 -- hardware index V6_POLICY + 1 + b (docs/ipv6.md "## emu", "The update buffer for IPv6 rules on the NIC").
@@ -149,6 +151,7 @@ architecture rtl of hypafilter_core is
   signal hs : hdr_t;
   signal s_ct : std_logic_vector(1 downto 0);
   signal s_sets : std_logic_vector(SET_SLOTS - 1 downto 0);
+  signal s6_sets : std_logic_vector(SET6_SLOTS - 1 downto 0);
   signal s_unc : std_logic;
   signal set_tbl, set_ind_done : std_logic;
   signal set_ind_rdata : std_logic_vector(31 downto 0);
@@ -554,10 +557,11 @@ begin
   end generate;
 
   -- ---- set membership tables (issue #24) ----
-  no_sets : if N_SET_SLOTS = 0 generate
+  no_sets : if N_SET_SLOTS + N_SET6_SLOTS = 0 generate
     hs <= hq;
     s_ct <= q_ct;
     s_sets <= (others => '0');
+    s6_sets <= (others => '0');
     s_unc <= '0';
     -- the SET_* tables read 0; a write to them does nothing
     answer : process (axis_aclk)
@@ -569,19 +573,23 @@ begin
     set_ind_rdata <= (others => '0');
   end generate;
 
-  with_sets : if N_SET_SLOTS > 0 generate
+  with_sets : if N_SET_SLOTS + N_SET6_SLOTS > 0 generate
+    constant NS : natural := N_SET_SLOTS + N_SET6_SLOTS;  -- units: the IPv4 slots, then the IPv6 slots
     type hdr_line is array (1 to SET_LATENCY) of hdr_t;
     type ct_line is array (1 to SET_LATENCY) of std_logic_vector(1 downto 0);
-    type word_arr is array (0 to N_SET_SLOTS - 1) of std_logic_vector(31 downto 0);
+    type word_arr is array (0 to NS - 1) of std_logic_vector(31 downto 0);
     signal hl : hdr_line := (others => HDR_ZERO);
     signal cl : ct_line := (others => "00");
-    signal unc_v, done_v : std_logic_vector(N_SET_SLOTS - 1 downto 0);
+    signal unc_v, done_v : std_logic_vector(NS - 1 downto 0);
     signal rd_v : word_arr;
-    signal slot_req : std_logic_vector(N_SET_SLOTS - 1 downto 0);
+    signal slot_req : std_logic_vector(NS - 1 downto 0);
     signal miss_done : std_logic := '0';
+    signal tbl6 : std_logic;  -- the request is for a SET6_* table
+    signal unc4, unc6 : std_logic;
   begin
+    tbl6 <= to_sl(unsigned(ind_addr(31 downto 24)) >= TABLE_SET6_ELEM);
     slots : for i in 0 to N_SET_SLOTS - 1 generate
-      slot_req(i) <= ind_req and set_tbl and to_sl(unsigned(ind_addr(22 downto 20)) = i);
+      slot_req(i) <= ind_req and set_tbl and not tbl6 and to_sl(unsigned(ind_addr(22 downto 20)) = i);
       unit : entity work.hf_set_table
         generic map (SETTYPE => SET_TYPE(i), ADDR_DIR => SET_ADDR_DIR(i), PORT_DIR => SET_PORT_DIR(i),
                      BANKS => SET_BANKS(i), LOG2_BUCKETS => SET_LOG2_BUCKETS(i), WAYS => SET_WAYS(i))
@@ -594,13 +602,45 @@ begin
     pad : if SET_SLOTS > N_SET_SLOTS generate
       s_sets(SET_SLOTS - 1 downto N_SET_SLOTS) <= (others => '0');
     end generate;
-    s_unc <= or unc_v;
+    -- the IPv6 slots look the parsed IPv6 fields up (a dual-stack core's); their answers count for IPv6 frames only
+    slots6 : for i in 0 to N_SET6_SLOTS - 1 generate
+      slot_req(N_SET_SLOTS + i) <= ind_req and set_tbl and tbl6 and to_sl(unsigned(ind_addr(22 downto 20)) = i);
+      unit : entity work.hf_set_table
+        generic map (SETTYPE => SET6_TYPE(i), ADDR_DIR => SET6_ADDR_DIR(i), PORT_DIR => SET6_PORT_DIR(i),
+                     BANKS => SET6_BANKS(i), LOG2_BUCKETS => SET6_LOG2_BUCKETS(i), WAYS => SET6_WAYS(i), V6 => true)
+        port map (
+          clk => axis_aclk, rst => rst, h_src => hq.src6, h_dst => hq.dst6, h_proto => hq.proto6,
+          h_sport => hq.sport6, h_dport => hq.dport6, h_icmp_type => hq.it6, h_icmp_code => hq.ic6,
+          member => s6_sets(i), unc => unc_v(N_SET_SLOTS + i),
+          ind_req => slot_req(N_SET_SLOTS + i), ind_write => ind_write, ind_addr => ind_addr, ind_wdata => ind_wdata,
+          ind_done => done_v(N_SET_SLOTS + i), ind_rdata => rd_v(N_SET_SLOTS + i));
+    end generate;
+    pad6 : if SET6_SLOTS > N_SET6_SLOTS generate
+      s6_sets(SET6_SLOTS - 1 downto N_SET6_SLOTS) <= (others => '0');
+    end generate;
+    any4 : if N_SET_SLOTS > 0 generate
+      unc4 <= or unc_v(N_SET_SLOTS - 1 downto 0);
+    end generate;
+    none4 : if N_SET_SLOTS = 0 generate
+      unc4 <= '0';
+    end generate;
+    any6 : if N_SET6_SLOTS > 0 generate
+      unc6 <= or unc_v(NS - 1 downto N_SET_SLOTS);
+    end generate;
+    none6 : if N_SET6_SLOTS = 0 generate
+      unc6 <= '0';
+    end generate;
+    -- an IPv6 frame's answer from the IPv6 slots, any other frame's from the IPv4 slots (side_in masks the IPv4
+    -- slots' for a parsed IPv6 frame as before; in an IPv4-only core hs.f6 is '0')
+    s_unc <= (unc4 and not hs.f6) or (unc6 and hs.f6);
 
     -- a slot without a table answers at once: writes do nothing, reads give 0
     miss : process (axis_aclk)
     begin
       if rising_edge(axis_aclk) then
-        miss_done <= ind_req and set_tbl and to_sl(unsigned(ind_addr(22 downto 20)) >= N_SET_SLOTS) and not rst;
+        miss_done <= ind_req and set_tbl and not rst
+                     and ((not tbl6 and to_sl(unsigned(ind_addr(22 downto 20)) >= N_SET_SLOTS))
+                          or (tbl6 and to_sl(unsigned(ind_addr(22 downto 20)) >= N_SET6_SLOTS)));
       end if;
     end process;
     set_ind_done <= miss_done or (or done_v);
@@ -608,7 +648,7 @@ begin
       variable r : std_logic_vector(31 downto 0);
     begin
       r := (others => '0');
-      for i in 0 to N_SET_SLOTS - 1 loop
+      for i in 0 to NS - 1 loop
         if done_v(i) = '1' then
           r := r or rd_v(i);
         end if;
@@ -644,7 +684,7 @@ begin
       h_dport => hs.dport, h_icmp_type => hs.it, h_icmp_code => hs.ic, h_iport => hs.iport, h_flags => hs.flags,
       h_ct => s_ct, h_sets => s_sets, h_f6 => hs.f6, h6_src => hs.src6, h6_dst => hs.dst6, h6_proto => hs.proto6,
       h6_sport => hs.sport6, h6_dport => hs.dport6, h6_icmp_type => hs.it6, h6_icmp_code => hs.ic6,
-      h6_flags => hs.flags6, valid => valid_mask, valid6 => valid6_mask, res => res);
+      h6_flags => hs.flags6, h6_sets => s6_sets, valid => valid_mask, valid6 => valid6_mask, res => res);
 
   encoder : entity work.hf_prio_enc
     generic map (N_IN => RES_WIDTH, FANIN => ENC_FANIN, STAGES => ENC_STAGES, IDX_W => IDX_W)
@@ -682,7 +722,8 @@ begin
       port map (
         clk => axis_aclk, rst => rst, h_src => hs.src6, h_dst => hs.dst6, h_proto => hs.proto6, h_sport => hs.sport6,
         h_dport => hs.dport6, h_icmp_type => hs.it6, h_icmp_code => hs.ic6, h_iport => hs.iport, h_ct => s_ct,
-        h_flags => hs.flags6, h_on => hs.f6, valid => valid6_mask, st_idx => st_idx6, idx => i6,
+        h_flags => hs.flags6, h_sets => std_logic_vector(resize(unsigned(s6_sets), 8)), h_on => hs.f6,
+        valid => valid6_mask, st_idx => st_idx6, idx => i6,
         ind_req => ub6_req, ind_write => ind_write, ind_addr => ind_addr, ind_wdata => ind_wdata,
         ind_done => ub6_done, ind_rdata => ub6_rdata);
     -- without IPv6 slots the index passes at once: it waits the IPv4 buffer's latency here
@@ -717,8 +758,8 @@ begin
   lk_idx <= idx6 + to_unsigned(V6_BASE, IDX_W) when V6_ON and side(SIDE_DELAY).f6 = '1' else lk_idx4;
 
   -- frame information travelling beside matcher, encoder and buffer
-  -- a parsed IPv6 frame is classified (its set bits are not read: no IPv6 entry tests a set slot)
-  side_in <= (hs.v, hs.unp and not hs.f6, hs.unf, s_ct, control(1), s_unc and not hs.f6, hs.tu, hs.f6);
+  -- a parsed IPv6 frame is classified (its set bits and their uncertainty are the IPv6 slots': s_unc)
+  side_in <= (hs.v, hs.unp and not hs.f6, hs.unf, s_ct, control(1), s_unc, hs.tu, hs.f6);
   side_shift : process (axis_aclk)
   begin
     if rising_edge(axis_aclk) then
@@ -747,8 +788,10 @@ begin
                   or unsigned(ind_addr(31 downto 24)) = TABLE_BUF else '0';
   ub6_tbl <= '1' when V6_ON and (unsigned(ind_addr(31 downto 24)) = TABLE_VALID6
                                  or unsigned(ind_addr(31 downto 24)) = TABLE_BUF6) else '0';
-  set_tbl <= '1' when unsigned(ind_addr(31 downto 24)) >= TABLE_SET_ELEM
-                   and unsigned(ind_addr(31 downto 24)) <= TABLE_SET_CTL else '0';
+  set_tbl <= '1' when (unsigned(ind_addr(31 downto 24)) >= TABLE_SET_ELEM
+                        and unsigned(ind_addr(31 downto 24)) <= TABLE_SET_CTL)
+                       or (unsigned(ind_addr(31 downto 24)) >= TABLE_SET6_ELEM
+                           and unsigned(ind_addr(31 downto 24)) <= TABLE_SET6_CTL) else '0';
   ub_req <= ind_req and ub_tbl;
   tbl_req <= ind_req and not fc_tbl and not ub_tbl and not ub6_tbl and not set_tbl and not ctm_tbl;
   ind_done <= tbl_done or fc_ind_done or ub_done or ub6_done or set_ind_done or ctm_done;

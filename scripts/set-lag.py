@@ -18,11 +18,16 @@ frame dropped in XDP.
 `--family 6`: the same with IPv6 (docs/sets.md "IPv6 sets"): `family inet6` sets (f2b-lag hash:ip, bl hash:net of
 /64 networks), the ban rule and the blocklist in an ip6tables policy deployed beside an empty IPv4 one (`--ipv6`),
 the sender streaming IPv6 UDP frames from fd48:4600::1:<100 + i> (--tool ipset only).
+
+`--target emu`: the same on the emulated NIC (its lab, `--ipv6` a dual-stack core; the core's set tables followed by
+the policy sync service's set follower, ops.policysync.nicsets), the drop counter the core's CNT_DROPPED (read over
+the NIC's control socket, ~1 ms a poll) (--tool ipset only).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -125,9 +130,11 @@ def main() -> int:
     ap.add_argument("--blocklist", type=int, default=10000, help="networks in the blocklist set beside f2b-lag")
     ap.add_argument("--keep", action="store_true", help="leave the lab up")
     ap.add_argument("--family", type=int, choices=(4, 6), default=4, help="6: inet6 sets in an ip6tables policy")
+    ap.add_argument("--target", choices=("xdp", "emu"), default="xdp")
     args = ap.parse_args()
-    if args.family == 6 and args.tool != "ipset":
-        raise SystemExit("--family 6 measures `ipset add` (--tool ipset)")
+    if (args.family == 6 or args.target == "emu") and args.tool != "ipset":
+        raise SystemExit("--family 6 and --target emu measure `ipset add` (--tool ipset)")
+    emu = args.target == "emu"
     from hypafilter import netns
     from hypafilter.ops import deploy
     from hypafilter.targets.bpfmap import PinnedArray, percpu_sum
@@ -136,7 +143,7 @@ def main() -> int:
 
     fw, snd = f"{LAB}-fw", f"{LAB}-send"
     work = Path(tempfile.mkdtemp(prefix="set-lag-"))
-    hf("lab", "up", "--target", "xdp", "--name", LAB)
+    hf("lab", "up", *([] if emu else ["--target", "xdp"]), "--name", LAB)
     fam = "inet6" if args.family == 6 else "inet"
     (work / "sets.save").write_text(
         "\n".join(
@@ -162,7 +169,7 @@ def main() -> int:
     else:
         (work / "p.rules").write_text(rules)
         six = []
-    hf("deploy", str(work / "p.rules"), *six, "--ipsets", str(work / "sets.save"), "--target", "xdp")
+    hf("deploy", str(work / "p.rules"), *six, "--ipsets", str(work / "sets.save"), "--target", args.target)
     server = None
     client: list[str] = []
     if args.tool == "fail2ban":
@@ -179,8 +186,23 @@ def main() -> int:
             time.sleep(0.1)
         time.sleep(1.0)
     st = deploy.read_state(Path(STATE) / "state.json")
-    cnt = PinnedArray(Path(st["nic"]["pin"]) / "hfx_cnt")
-    sm = SetMaps(st["nic"]["pin"], slots_of(_shape_of(st["nic"])), fw)  # the watcher's counts of the namespace
+    stack = contextlib.ExitStack()
+    if emu:
+        from hypafilter.targets.emu.target import EmuTarget
+
+        nic = stack.enter_context(EmuTarget(deploy.deployed_config(st)).client(st["nic"]))
+
+        def dropped() -> int:
+            return nic.read("CNT_DROPPED")
+
+        sm = None
+    else:
+        cnt = PinnedArray(Path(st["nic"]["pin"]) / "hfx_cnt")
+
+        def dropped() -> int:
+            return percpu_sum(cnt, CNT_DROPPED)
+
+        sm = SetMaps(st["nic"]["pin"], slots_of(_shape_of(st["nic"])), fw)  # the watcher's counts of the namespace
     lags, lags_call, tool_lags = [], [], []
     try:
         for i in range(args.bans):
@@ -188,8 +210,8 @@ def main() -> int:
             code = SENDER if args.family == 4 else SENDER6
             sender = subprocess.Popen(["ip", "netns", "exec", snd, sys.executable, "-c", code, src])
             time.sleep(0.3)
-            d0 = percpu_sum(cnt, CNT_DROPPED)
-            c0 = sm.counts()[0]
+            d0 = dropped()
+            c0 = sm.counts()[0] if sm is not None else 0
             t_call = time.monotonic()
             if args.tool == "ipset":
                 netns.run(["ipset", "add", "f2b-lag", src], fw)
@@ -198,16 +220,16 @@ def main() -> int:
             t_ret = time.monotonic()
             t_drop = t_seen = None
             while time.monotonic() - t_ret < 5.0:
-                if t_seen is None and sm.counts()[0] != c0:
+                if t_seen is None and sm is not None and sm.counts()[0] != c0:
                     t_seen = time.monotonic()
-                if percpu_sum(cnt, CNT_DROPPED) > d0:
+                if dropped() > d0:
                     t_drop = time.monotonic()
                     break
                 time.sleep(0.0001)
             sender.kill()
             sender.wait()
             if t_drop is None:
-                print(f"ban {src}: no frame dropped in XDP within 5 s", file=sys.stderr)
+                print(f"ban {src}: no frame dropped in the fast path within 5 s", file=sys.stderr)
                 continue
             if args.tool == "ipset":
                 lags.append((t_drop - t_ret) * 1e3)
@@ -217,6 +239,7 @@ def main() -> int:
             lags_call.append((t_drop - t_call) * 1e3)
             time.sleep(0.2)
     finally:
+        stack.close()
         if server is not None:
             subprocess.run([*client, "stop"], capture_output=True)
             server.wait(timeout=10)
@@ -241,6 +264,7 @@ def main() -> int:
             {
                 "tool": args.tool,
                 "family": args.family,
+                "target": args.target,
                 "blocklist": args.blocklist,
                 ("lag_from_return_ms" if args.tool == "ipset" else "lag_from_kernel_command_ms"): pct(lags),
                 "lag_from_start_ms": pct(lags_call),

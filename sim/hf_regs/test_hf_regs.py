@@ -123,7 +123,7 @@ async def registers_and_indirect_access(dut):
         "NUM_ENTRIES": cfg["n"],
         "MATCHER_HASH": cfg["hash32"],
         "BUF_CONFIG": depth | 16 << 16 | updatebuffer.USED << 24,
-        "SET_CONFIG": 0,  # a plan without set slots: no tables, no latency
+        "SET_CONFIG": 0,  # a plan without set slots of either family: no tables, no latency, no IPv6 slots (23:16)
         "BUF6_CONFIG": 0,  # an IPv4-only core: no IPv6 update buffer
     }
     # [ctm] 0xC0-0xDC live in the core (hypafilter_core's ctm block): hf_regs reads them from x_rdata

@@ -2,7 +2,8 @@
 nested prefixes), run-time inserts and deletes through the indirect port while the headers flow, longest-prefix match
 with nomatch elements, uncertain elements and the slot's SET_CTL bit, a table filled until the host's placement
 refuses (hypafilter.hw.settable is the model the answers are compared with, and the placement the writes come
-from), read-back of elements, banks and SET_INFO."""
+from), read-back of elements, banks and SET_INFO. The IPv6 builds (V6, HF_ST_V6=1: an inet6 set's slot) run the same
+with 128-bit addresses, prefixes up to /128 (nested /32../128), ICMPv6 types as ports and tables SET6_*."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from sim.hftb import hw, run_ghdl
 SOURCES = ("hf_pkg.vhd", "hf_set_pkg.vhd", "hf_ram.vhd", "hf_set_table.vhd")
 TYPES = {v: k for k, v in settable.SETTYPES.items()}
 PROTOS = (6, 17, 1, 47, 132, 0)
+PROTOS6 = (6, 17, 58, 47, 132, 1, 59)
 
 
 GENERICS = ("SETTYPE", "ADDR_DIR", "PORT_DIR", "BANKS", "LOG2_BUCKETS", "WAYS")
@@ -43,12 +45,15 @@ class TB:
         self.dut = dut
         g = generics_of(dut)
         self.g = g
+        self.v6 = os.environ.get("HF_ST_V6") == "1"
+        self.abits = 128 if self.v6 else 32
+        self.t_elem, self.t_bank, self.t_info, self.t_ctl = settable.tables(self.v6)
         self.settype = TYPES[g["SETTYPE"]]
         self.dirs = ("dst" if g["ADDR_DIR"] else "src", "dst" if g["PORT_DIR"] else "src")
         if self.settype == "bitmap:port":
             self.dirs = (self.dirs[1],)
         self.geom = Geometry(g["BANKS"], g["LOG2_BUCKETS"], g["WAYS"])
-        self.img = Image(0, self.settype, self.geom)
+        self.img = Image(0, self.settype, self.geom, v6=self.v6)
         self.ctl_unc = True
         self.rng = random.Random(g["SETTYPE"])
         self.cyc = 0
@@ -66,22 +71,23 @@ class TB:
         self.versions.append((self.cyc, self.img.elems(), self.ctl_unc))
 
     def header(self) -> Header:
-        r, elems = self.rng, self.img.elems()
-        proto = r.choice(PROTOS)
-        h = dict(src=r.getrandbits(32), dst=r.getrandbits(32), proto=proto, sport=r.getrandbits(16),
+        r, elems, ab = self.rng, self.img.elems(), self.abits
+        icmp = 58 if self.v6 else 1
+        proto = r.choice(PROTOS6 if self.v6 else PROTOS)
+        h = dict(src=r.getrandbits(ab), dst=r.getrandbits(ab), proto=proto, sport=r.getrandbits(16),
                  dport=r.getrandbits(16), icmp_type=r.getrandbits(8), icmp_code=r.getrandbits(8))  # fmt: skip
         if proto not in (6, 17):
             h["sport"] = h["dport"] = 0
-        if proto != 1:
+        if proto != icmp:
             h["icmp_type"] = h["icmp_code"] = 0
         if elems and r.random() < 0.8:
             e = r.choice(elems)
-            a = e.addr | (r.getrandbits(32) & ~settable.prefix_mask(e.plen) & 0xFFFFFFFF)
+            a = e.addr | (r.getrandbits(ab) & ~settable.prefix_mask(e.plen, ab) & ((1 << ab) - 1))
             h[self.dirs[0] if self.settype != "bitmap:port" else "src"] = a
             if self.settype in settable.PORT_TYPES:
                 pdir = self.dirs[-1]
                 h["proto"] = e.proto or r.choice((6, 17))
-                if h["proto"] == 1:
+                if h["proto"] == icmp:
                     h["icmp_type"], h["icmp_code"] = e.port >> 8, e.port & 0xFF
                 else:
                     h["sport" if pdir == "src" else "dport"] = e.port
@@ -111,7 +117,7 @@ class TB:
         for k, (since, elems, ctl) in enumerate(self.versions):
             until = self.versions[k + 1][0] if k + 1 < len(self.versions) else 1 << 60
             if since - 4 <= c + 2 and c - 2 <= until + 4:
-                answers.add(settable.lookup(self.settype, self.dirs, elems, h, ctl))
+                answers.add(settable.lookup(self.settype, self.dirs, elems, h, ctl, self.v6))
         self.checked += 1
         got = (bool(member), bool(unc))
         self.members += member
@@ -149,7 +155,7 @@ class TB:
         self.snapshot()
 
     async def set_ctl(self, unc: bool) -> None:
-        await self.access(settable.TABLE_SET_CTL, 0, int(unc))
+        await self.access(self.t_ctl, 0, int(unc))
         self.ctl_unc = unc
         self.snapshot()
 
@@ -164,27 +170,28 @@ class TB:
             await RisingEdge(self.dut.clk)
 
 
-def some_elems(settype: str, rng: random.Random, n: int) -> list[Elem]:
+def some_elems(settype: str, rng: random.Random, n: int, v6: bool = False) -> list[Elem]:
     """Elements of the type: for the net types nested prefixes (a /8, a /16 inside it marked nomatch, a /24
-    inside that, a /32 inside that) besides scattered ones."""
+    inside that, a /32 inside that; IPv6: /32, /48 nomatch, /64, /128, ...) besides scattered ones."""
     out: list[Elem] = []
     if settype == "bitmap:port":
         return [Elem(port=p) for p in rng.sample(range(65536), n)]
     nets = settype in ("hash:net", "hash:net,port")
+    ab = 128 if v6 else 32
     for k in range(n):
-        plen = 32
+        plen = ab
         if nets:
-            plen = (8, 16, 24, 32, 12, 20, 28)[k % 7]
+            plen = ((32, 48, 64, 128, 40, 56, 127) if v6 else (8, 16, 24, 32, 12, 20, 28))[k % 7]
         proto, port = 0, 0
         if settype in settable.PORT_TYPES:
-            proto = rng.choice((6, 17, 1, 47))
+            proto = rng.choice((6, 17, 58, 47) if v6 else (6, 17, 1, 47))
             port = 0 if proto == 47 else rng.getrandbits(16)
         nested = nets and k % 7 and out
-        base = out[k - 1].addr if nested else rng.getrandbits(32)
-        addr = base | (rng.getrandbits(32) & ~settable.prefix_mask(out[k - 1].plen if nested else 0))
+        base = out[k - 1].addr if nested else rng.getrandbits(ab)
+        addr = base | (rng.getrandbits(ab) & ~settable.prefix_mask(out[k - 1].plen if nested else 0, ab))
         if nested and settype in settable.PORT_TYPES:
             proto, port = out[k - 1].proto, out[k - 1].port  # nested keys share proto and port
-        addr &= settable.prefix_mask(plen)
+        addr &= settable.prefix_mask(plen, ab)
         out.append(Elem(addr, plen, proto, port, nomatch=settype in ("hash:net", "hash:net,port") and k % 7 == 1))
     return out
 
@@ -198,14 +205,17 @@ async def set_table(dut):
     cocotb.start_soon(tb.clock())
     # during the sweep and until SET_CTL bit 0 is cleared, every answer is uncertain
     await tb.idle(20)
-    info = await tb.access(settable.TABLE_SET_INFO, 0, write=False)
+    info = await tb.access(tb.t_info, 0, write=False)
     assert info == settable.SETTYPES[tb.settype] | tb.g["ADDR_DIR"] << 4 | tb.g["PORT_DIR"] << 5 | \
-        tb.geom.banks << 8 | tb.geom.log2_buckets << 16 | tb.geom.ways << 24, hex(info)  # fmt: skip
+        (settable.INFO_V6 if tb.v6 else 0) | tb.geom.banks << 8 | tb.geom.log2_buckets << 16 | \
+        tb.geom.ways << 24, hex(info)  # fmt: skip
+    # the other family's tables are not this unit's: reads give 0
+    assert await tb.access(settable.tables(not tb.v6)[2], 0, write=False) == 0
     await tb.set_ctl(False)
-    await tb.access(settable.TABLE_SET_CTL, 0, 0xABCDE5 << 8)  # the host's tag, bit 0 still clear
-    assert await tb.access(settable.TABLE_SET_CTL, 0, write=False) == 0xABCDE5 << 8
+    await tb.access(tb.t_ctl, 0, 0xABCDE5 << 8)  # the host's tag, bit 0 still clear
+    assert await tb.access(tb.t_ctl, 0, write=False) == 0xABCDE5 << 8
     rng = random.Random(7)
-    elems = some_elems(tb.settype, rng, 21)
+    elems = some_elems(tb.settype, rng, 21, tb.v6)
     # inserts while headers flow, one at a time
     for e in elems:
         await tb.insert(e)
@@ -214,11 +224,13 @@ async def set_table(dut):
     # read back one element and a bank register
     e = elems[3]
     bank, bkt, way = tb.img.where[tb.img.normal(e).ident]
-    i0 = settable.elem_index(0, bank, bkt, way, tb.geom.ways, 0)
-    assert await tb.access(settable.TABLE_SET_ELEM, i0, write=False) == tb.img.normal(e).addr
-    w1 = await tb.access(settable.TABLE_SET_ELEM, i0 | 1, write=False)
+    i0 = settable.elem_index(0, bank, bkt, way, tb.geom.ways, 0, tb.v6)
+    nw = 4 if tb.v6 else 1
+    words = [await tb.access(tb.t_elem, i0 | k, write=False) for k in range(nw)]
+    assert sum(w << (32 * (nw - 1 - k)) for k, w in enumerate(words)) == tb.img.normal(e).addr, words
+    w1 = await tb.access(tb.t_elem, i0 | nw, write=False)
     assert w1 == settable.W1_VALID | (settable.W1_NOMATCH if e.nomatch else 0) | e.proto << 16 | e.port, hex(w1)
-    got = await tb.access(settable.TABLE_SET_BANK, bank, write=False)
+    got = await tb.access(tb.t_bank, bank, write=False)
     assert got == settable.BANK_ENABLE | tb.img.bank_len[bank], hex(got)
     # an uncertain element (near its timeout), then certain again
     for e in elems[:4]:
@@ -237,7 +249,7 @@ async def set_table(dut):
     # fill the table until the placement refuses: every placed element still answers, the refused one changed
     # nothing
     full = 0
-    fill = some_elems(tb.settype, random.Random(11), 4 * tb.geom.capacity) if tb.geom.capacity <= 1024 else []
+    fill = some_elems(tb.settype, random.Random(11), 4 * tb.geom.capacity, tb.v6) if tb.geom.capacity <= 1024 else []
     for e in fill:
         try:
             writes = tb.img.insert(e)
@@ -256,15 +268,15 @@ async def set_table(dut):
     await tb.idle(400)
     # SET_CTL bit 1 clears the slot (the host's full reload); a reset empties it too and sets SET_CTL bit 0 again
     tb.traffic = False
-    await tb.access(settable.TABLE_SET_CTL, 0, 0b10)
-    tb.img = Image(0, tb.settype, tb.geom)
+    await tb.access(tb.t_ctl, 0, 0b10)
+    tb.img = Image(0, tb.settype, tb.geom, v6=tb.v6)
     await tb.set_ctl(False)
     tb.traffic = True
     await tb.idle(60)
     for e in elems[:5]:
         await tb.insert(e)
     await tb.idle(60)
-    tb.img = Image(0, tb.settype, tb.geom)
+    tb.img = Image(0, tb.settype, tb.geom, v6=tb.v6)
     tb.ctl_unc = True
     tb.traffic = False
     await tb.reset()
@@ -286,10 +298,33 @@ CASES = [
 ]
 
 
+# IPv6 slots (V6): the address types, small tables again
+CASES6 = [
+    ("hash:ip", 0, 0, 2, 4, 2),
+    ("hash:net", 1, 0, 8, 3, 2),
+    ("hash:ip,port", 1, 1, 2, 3, 4),
+    ("hash:net,port", 0, 1, 8, 2, 2),
+]
+
+
+def _run(settype, adir, pdir, banks, lb, ways, v6: bool) -> None:
+    generics = {"SETTYPE": settable.SETTYPES[settype], "ADDR_DIR": adir, "PORT_DIR": pdir, "BANKS": banks,
+                "LOG2_BUCKETS": lb, "WAYS": ways}  # fmt: skip
+    tag = settype.replace(":", "_").replace(",", "_")
+    if v6:
+        generics["V6"] = True
+        tag += "_v6"
+    run_ghdl("hf_set_table", hw(*SOURCES), tag, generics,
+             env={"HF_SEED": os.environ.get("HF_SEED", "1"), "HF_ST_V6": str(int(v6))})  # fmt: skip
+
+
 @pytest.mark.sim
 @pytest.mark.parametrize("settype, adir, pdir, banks, lb, ways", CASES, ids=[c[0].replace(":", "_") for c in CASES])
 def test_set_table(settype, adir, pdir, banks, lb, ways):
-    generics = {"SETTYPE": settable.SETTYPES[settype], "ADDR_DIR": adir, "PORT_DIR": pdir, "BANKS": banks,
-                "LOG2_BUCKETS": lb, "WAYS": ways}  # fmt: skip
-    run_ghdl("hf_set_table", hw(*SOURCES), settype.replace(":", "_").replace(",", "_"), generics,
-             env={"HF_SEED": os.environ.get("HF_SEED", "1")})  # fmt: skip
+    _run(settype, adir, pdir, banks, lb, ways, False)
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("settype, adir, pdir, banks, lb, ways", CASES6, ids=[c[0].replace(":", "_") for c in CASES6])
+def test_set_table6(settype, adir, pdir, banks, lb, ways):
+    _run(settype, adir, pdir, banks, lb, ways, True)

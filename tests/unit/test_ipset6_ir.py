@@ -97,10 +97,22 @@ def test_inet6_set_matches_are_slots_of_the_ipv6_plan_on_xdp():
     assert p.rules[2].boxes[0].sets_mask == 4 and p.rules[2].boxes[0].sets_value == 0  # `!`: bit 0
 
 
-def test_on_the_emulated_nic_they_stay_complex_with_the_reason():
+def test_on_the_emulated_nic_they_are_slots_too_and_complex_where_no_ipv6_slots():
+    # the emulated NIC's dual-stack core has IPv6 set tables (hf_set_table with V6): the same slots as on xdp
     p = parse_policy(V6, "v6.rules", "FORWARD", Config(), sets=env("emu"), family=6)
+    assert [s.name for s in p.set_slots] == ["bl6", "svc6", "h6", "bp"] and all(r.is_simple for r in p.rules)
+    # a target with IPv4 set slots alone keeps them complex, with the reason
+    e = env("emu")
+    e.v6_slots = False
+    p = parse_policy(V6, "v6.rules", "FORWARD", Config(), sets=e, family=6)
     assert not p.set_slots and [r.is_simple for r in p.rules][:4] == [False] * 4
     assert all("target emu has no IPv6 set slots" in n.why for n in p.set_notes)
+    # a set larger than the NIC's table (emu: 65,536 element cells a slot) makes its rule complex again
+    e = env("emu")
+    e.capacity = 1000
+    p = parse_policy(V6, "v6.rules", "FORWARD", Config(), sets=e, family=6)
+    assert "bl6" not in [s.name for s in p.set_slots]
+    assert any("maxelem" in n.why and "bl6" in n.why for n in p.set_notes if n.slot < 0)
 
 
 def test_an_inet6_set_in_an_ipv4_policy_and_a_netmask_stay_complex():

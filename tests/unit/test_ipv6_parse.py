@@ -275,8 +275,8 @@ def test_sets_in_an_ipv6_policy():
     assert [r.is_simple for r in p.rules] == [True, True, True]
     assert [(n.slot, n.why) for n in p.set_notes] == [(0, ""), (1, "")]
     assert [s.name for s in p.set_slots] == ["bad6", "ports"]
-    # ... except on a target without IPv6 set slots (the emulated NIC's set tables key IPv4 addresses)
-    env.target, env.v6_slots = "emu", False  # (targets.set_capability6("emu"))
+    # ... except on a target without IPv6 set slots (one whose set tables key IPv4 addresses alone)
+    env.target, env.v6_slots = "emu", False
     p = policy("-m set --match-set bad6 src -j DROP", "-p tcp -j ACCEPT", sets=env)
     assert not p.rules[0].is_simple and not p.set_slots
     assert "target emu has no IPv6 set slots" in p.set_notes[0].why

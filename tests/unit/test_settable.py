@@ -9,7 +9,7 @@ import pytest
 from hypafilter.hw import settable
 from hypafilter.hw.settable import Elem, Geometry, Image, TableFull
 from hypafilter.ir import Header
-from hypafilter.ir.sets import SetElem, SetInfo, frame_ports, member
+from hypafilter.ir.sets import SetElem, SetInfo, frame_ports, frame_ports6, member
 
 DIRS = {
     "hash:ip": [("src",), ("dst",)],
@@ -132,3 +132,77 @@ def test_register_map_describes_the_set_tables():
     assert 0xAC <= m.reg("CNT_SET_UNCERTAIN").offset <= 0xBC
     # the slot field (bits 22:20) holds every slot, and every element index of the largest table
     assert (7 << settable.SLOT_SHIFT | settable.elem_index(0, 15, 4095, 7, 8, 1)) < m.table("SET_ELEM").depth
+
+
+# ---- IPv6 slots (a dual-stack core's tables of inet6 sets: hf_set_table with V6)
+
+BASE6 = 0x20010DB8 << 96
+
+
+def random_set6(settype: str, rng: random.Random) -> SetInfo:
+    """A small inet6 set with nested prefixes up to /128 (nomatch among them) over few addresses, protos and ports."""
+    entries, seen = [], set()
+    top = (1 << 128) - 1
+    for _ in range(12):
+        plen = rng.choice((32, 48, 64, 96, 127, 128)) if "net" in settype else 128
+        a = (BASE6 | rng.choice((0, 1)) << 80 | rng.choice((0, 2)) << 64 | rng.choice((0, 5, 77))) & (
+            settable.prefix_mask(plen, 128)
+        )
+        proto, port = 0, 0
+        if "port" in settype:
+            proto = rng.choice((6, 17, 58))
+            port = rng.choice((22, 53, 128 << 8))
+        e = SetElem(a, a | (~settable.prefix_mask(plen, 128) & top), plen, proto, port,
+                    nomatch="net" in settype and rng.random() < 0.3)  # fmt: skip
+        if e.key() not in seen:
+            seen.add(e.key())
+            entries.append(e)
+    return SetInfo("s6", settype, family="inet6", netmask=128, entries=tuple(entries))
+
+
+@pytest.mark.parametrize("settype", ["hash:ip", "hash:net", "hash:ip,port", "hash:net,port"])
+def test_ipv6_slot_answer_is_the_kernels(settype):
+    """An IPv6 slot's answer (128-bit keys, longest prefix up to /128, ICMPv6 type << 8 | code as the port) is
+    ir.sets.member's for IPv6 frames; ICMP inside IPv6 (whose bytes the parser does not give) is uncertain and no
+    next header (59) matches nothing."""
+    rng = random.Random(settype + "6")
+    hits = 0
+    for _ in range(20):
+        info = random_set6(settype, rng)
+        for dirs in DIRS[settype]:
+            img, _ = settable.image_of(0, settype, settable.elems_of(info, dirs), Geometry(16, 4, 2), v6=True)
+            for _ in range(40):
+                proto = rng.choice((6, 17, 58, 47, 59))
+                addr = lambda: BASE6 | rng.choice((0, 1)) << 80 | rng.choice((0, 2, 9)) << 64 | rng.choice((0, 5, 77))  # noqa: E731
+                tcp_udp = proto in (6, 17)
+                h = Header(src=addr(), dst=addr(), proto=proto, sport=rng.choice((22, 53, 7)) if tcp_udp else 0,
+                           dport=rng.choice((22, 53, 7)) if tcp_udp else 0,
+                           icmp_type=rng.choice((128, 129)) if proto == 58 else 0)  # fmt: skip
+                want = member(info, dirs, h.src, h.dst, h.proto,
+                              frame_ports6(h.proto, h.sport, h.dport, h.icmp_type, h.icmp_code))  # fmt: skip
+                got, unc = settable.lookup(settype, dirs, img.elems(), h, v6=True)
+                assert not unc and got == want, (info, dirs, h)
+                hits += got
+    assert hits > 50
+    if "port" in settype:
+        assert settable.lookup(settype, ("dst", "dst"), img.elems(), Header(dst=BASE6, proto=1), v6=True)[1]
+
+
+def test_ipv6_placement_writes_set6_tables():
+    img = Image(2, "hash:net", Geometry(2, 2, 1), v6=True)
+    a = 0x20010DB8_00010002_00000000_00000066
+    w = img.insert(Elem(a, 128))
+    # bank opened at /128 (SET6_BANK), then the four address words (most significant first) and the commit (w4), at
+    # word index (bucket * WAYS + way) << 3 | w
+    assert w[0] == (settable.TABLE_SET6_BANK, 2 << 20 | 0, settable.BANK_ENABLE | 128)
+    assert [x[0] for x in w[1:]] == [settable.TABLE_SET6_ELEM] * 5
+    assert [x[2] for x in w[1:5]] == [0x20010DB8, 0x00010002, 0, 0x66] and w[5][2] == settable.W1_VALID
+    assert [x[1] & 7 for x in w[1:]] == [0, 1, 2, 3, 4] and w[1][1] >> 20 == 2
+    # the bucket hash reads the address folded to 32 bits
+    assert settable.key(a, 6, 80) == (0x20010DB8 ^ 0x00010002 ^ 0x66) << 24 | 6 << 16 | 80
+    assert settable.image_from_dict(settable.image_dict(img)).v6
+    # deleting clears all five words and the bank
+    w = img.delete(Elem(a, 128))
+    assert [x[2] for x in w[:5]] == [0] * 5 and w[-1] == (settable.TABLE_SET6_BANK, 2 << 20, 0)
+    with pytest.raises(ValueError, match="8192"):
+        Image(0, "hash:net", Geometry(1, 12, 4), v6=True)

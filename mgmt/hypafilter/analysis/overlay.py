@@ -317,5 +317,7 @@ def align6(static6, master6, depth: int, k_base: int = 0, verbatim: bool = False
         shunt_none=getattr(master6, "shunt_none", None),
         miss_shunt=tuple(getattr(master6, "miss_shunt", (False, False))),
         policy=getattr(master6, "policy", None),
+        # the set slots the master's boxes test (a dual-stack core's IPv6 set tables: the View's tables load them)
+        set_slots=tuple(getattr(master6, "set_slots", ()) or ()),
     )
     return align(static, m, depth)

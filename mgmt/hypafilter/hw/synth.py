@@ -309,16 +309,18 @@ def flow_cache_estimate(out_dir: Path, log2_sets: int, ways: int, ts_w: int = 32
 SET_TABLE_SOURCES = ("hf_pkg.vhd", "hf_set_pkg.vhd", "hf_ram.vhd", "hf_set_table.vhd")
 
 
-def set_table_estimate(out_dir: Path, settype: str = "hash:net", geom=None) -> dict:
+def set_table_estimate(out_dir: Path, settype: str = "hash:net", geom=None, v6: bool = False) -> dict:
     """One set slot's table alone (static hw/hf_set_table.vhd, issue #24): GHDL synth -> Verilog -> yosys
-    synth_xilinx. geom: hw.settable.Geometry (default: the NIC's)."""
+    synth_xilinx. geom: hw.settable.Geometry (default: the NIC's); v6: an IPv6 slot's (128-bit keys)."""
     from hypafilter.hw import settable
 
     _need("ghdl")
     geom = geom or settable.DEFAULT_GEOMETRY
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    generics = settable.slot_generics(settype, ("src", "dst"), geom)
+    generics: dict = settable.slot_generics(settype, ("src", "dst"), geom)
+    if v6:
+        generics["V6"] = "true"
     files = [str(HW_DIR / n) for n in SET_TABLE_SOURCES]
     cmd = ["ghdl", "--synth", "--std=08", f"--workdir={out_dir}", *(f"-g{k}={v}" for k, v in generics.items()),
            "--out=verilog", *files, "-e", "hf_set_table"]  # fmt: skip
@@ -327,7 +329,7 @@ def set_table_estimate(out_dir: Path, settype: str = "hash:net", geom=None) -> d
     t0 = time.monotonic()
     est = yosys_estimate(v, "hf_set_table", out_dir)
     est.update(settype=settype, banks=geom.banks, log2_buckets=geom.log2_buckets, ways=geom.ways,
-               elements=geom.capacity, element_bits=settable.elem_bits(settype))  # fmt: skip
+               elements=geom.capacity, element_bits=settable.elem_bits(settype, v6), v6=v6)  # fmt: skip
     est["yosys_seconds"] = round(time.monotonic() - t0, 1)
     est.pop("cells", None)
     return est

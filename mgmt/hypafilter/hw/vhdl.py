@@ -177,14 +177,13 @@ def _order(sig: str, w: int, c: int, strict: str):
 
 def _box_tests(b: Box, sets_w: int = 1, amap=None) -> list[str]:
     """The comparators of one box; `amap` (ir.family.AddrMap): the box is an IPv6 entry's, its src/dst are address
-    ranks, and the tests compare the 128-bit addresses the ranks stand for (the hardware sees real addresses)."""
+    ranks, and the tests compare the 128-bit addresses the ranks stand for (the hardware sees real addresses), its
+    set bits the IPv6 slots' (h6_sets; sets_w is then the IPv6 plan's slot count)."""
     tests = []
     if amap is None:
         for name, lo, hi in zip(_SIG, b.lo, b.hi, strict=True):
             tests += _field_tests(name, lo, hi)
     else:
-        if b.sets_mask:
-            raise ValueError("an IPv6 entry tests a set slot: the core has no IPv6 set tables")
         for name, lo, hi in zip(_SIG6, b.lo, b.hi, strict=True):
             if name in ("src", "dst"):
                 lo, hi = unrank(amap, name, lo, hi)
@@ -195,7 +194,8 @@ def _box_tests(b: Box, sets_w: int = 1, amap=None) -> list[str]:
     if b.sets_mask:
         if b.sets_mask >> sets_w:
             raise ValueError(f"a box tests set slot bits {b.sets_mask:#x} beyond the plan's {sets_w} slots")
-        tests.append(f"(h_sets and {_bits(b.sets_mask, sets_w)}) = {_bits(b.sets_value, sets_w)}")
+        sig = "h_sets" if amap is None else "h6_sets"
+        tests.append(f"({sig} and {_bits(b.sets_mask, sets_w)}) = {_bits(b.sets_value, sets_w)}")
     return tests
 
 
@@ -225,7 +225,8 @@ def set_geometry(plan) -> settable.Geometry:
 
 
 def set_generics(plan) -> list[dict[str, int]]:
-    """hf_set_table's generics per slot (the policy package's SET_* arrays)."""
+    """hf_set_table's generics per slot (the policy package's SET_* arrays; of an IPv6 plan, the SET6_* arrays of
+    the dual-stack core's IPv6 slots, whose tables have V6 set)."""
     geom = set_geometry(plan)
     return [settable.slot_generics(s.settype, tuple(s.dirs), geom) for s in set_slots(plan)]
 
@@ -264,9 +265,12 @@ def matcher_source(plan, plan6=None) -> dict:
             expr = f"({ref(gt)} or ({ref(eq)} and {expr}))"
         return expr
 
+    sets6_w = max(len(set_slots(plan6)), 1) if plan6 is not None else 1
+
     def entry(e, extra: list[str], amap) -> str:
         live = [b for b in e.boxes if not b.is_empty()]
-        exprs = [_and([term(t) for t in [*extra, *_box_tests(b, sets_w, amap)]]) for b in live]
+        w = sets_w if amap is None else sets6_w
+        exprs = [_and([term(t) for t in [*extra, *_box_tests(b, w, amap)]]) for b in live]
         if box_stage:
             refs = []
             for x in exprs:
@@ -280,8 +284,6 @@ def matcher_source(plan, plan6=None) -> dict:
         entries.append(entry(e, fam4, None))
         rows.append((i, entries[-1], i, "valid"))
     if plan6 is not None:
-        if set_slots(plan6):
-            raise ValueError("the IPv6 plan matches ipsets: the core has no IPv6 set tables")
         base = v6_base(plan)
         for j, e in enumerate(e6):
             rows.append((base + j, entry(e, ["h_f6 = '1'"], plan6.addr_map), j, "valid6"))
@@ -321,6 +323,8 @@ def matcher_hash(plan, plan6=None) -> str:
             h.update(f"{expr}\n".encode())
         h.update("\n".join(m["comparators"]).encode())
         h.update("\n".join(m["boxes"]).encode())
+        if set_slots(plan6):  # the IPv6 slots' tables (docs/sets.md "IPv6 sets")
+            h.update(f"\nsets6 {set_generics(plan6)}\n".encode())
         if buffer6_depth(plan, plan6):  # the IPv6 update buffer's slots (docs/ipv6.md "## emu")
             h.update(f"\nupdate buffer6 {buffer6_depth(plan, plan6)}\n".encode())
     return h.hexdigest()
@@ -426,6 +430,9 @@ def render(
         raise ValueError(f"plan.shunt and plan.actions need n + 1 values (or n + 1 + {depth}: one per table row)")
     if len(set_slots(plan)) > MAX_SET_SLOTS:
         raise ValueError(f"{len(set_slots(plan))} set slots; the core has tables for at most {MAX_SET_SLOTS}")
+    sets6 = set_generics(plan6) if plan6 is not None else []
+    if len(sets6) > MAX_SET_SLOTS:
+        raise ValueError(f"{len(sets6)} IPv6 set slots; the core has tables for at most {MAX_SET_SLOTS}")
     if any(e.boxes and len(b.lo) != len(MAXV) for e in plan.entries for b in e.boxes):
         raise ValueError("box dimensions do not match ir.FIELDS")
     # the ACTION table words: action code | HF_ACTION_MIRROR_BIT for a mirrored entry (log mirroring); the rows of
@@ -485,7 +492,9 @@ def render(
         "buf_latency": buffer_latency(depth),
         "sets": set_generics(plan),
         "sets_or_none": set_generics(plan) or [settable.slot_generics("hash:ip", ("src",), settable.Geometry(1, 1, 1))],
-        "set_latency": settable.LATENCY if set_slots(plan) else 0,
+        "sets6": sets6,
+        "sets6_or_none": sets6 or [settable.slot_generics("hash:ip", ("src",), settable.Geometry(1, 1, 1))],
+        "set_latency": settable.LATENCY if set_slots(plan) or sets6 else 0,
     }
     m = matcher_source(plan, plan6)
     common["match_latency"] = m["match_latency"]

@@ -7,7 +7,7 @@ After flattening, each set match of a rule either becomes the set-slot ternary o
   `--update-subcounters` in any form), or any other option beside `--match-set`;
 - a set the front end does not know (not in the live kernel, not in --ipsets), of another type than hash:ip,
   hash:net, hash:ip,port, hash:net,port, bitmap:port, of the other family than the policy's (an IPv6 policy's
-  inet6 sets are slots only on a target with IPv6 set slots: xdp), or with a netmask on a port type;
+  inet6 sets are slots only on a target with IPv6 set slots: xdp, emu), or with a netmask on a port type;
 - a set some `-j SET --add-set/--del-set` of the policy changes (its contents change per packet);
 - fewer directions than the set has dimensions (the kernel's ip_set_test answers "no" to every frame then);
 - a set whose maxelem exceeds what the target holds per slot, or a ninth slot (MAX_SET_SLOTS), or a target
@@ -44,7 +44,7 @@ class SetEnv:
     # matches)
     loader: Callable[[], tuple[dict[str, SetInfo], str]] | None = field(default=None, repr=False, compare=False)
     # whether the target has IPv6 set slots (Target.set_slots6, targets.set_capability6: the xdp program's 128-bit-key
-    # maps); the emulated NIC's hardware set tables key IPv4 addresses: an IPv6 policy's set matches stay complex there
+    # maps, the emulated NIC's IPv6 set tables); where not, an IPv6 policy's set matches stay complex
     v6_slots: bool = True
 
     def load(self) -> None:
@@ -135,7 +135,8 @@ def why_not6(
     rule naming an inet set at all (libxt_set: "The protocol family of set X is IPv4, which is not applicable"): so
     an inet set in an ip6tables policy is an error here too, never a rule that silently matches nothing. A family
     inet6 set (or a family-less bitmap:port) of the fast path's types is a set slot of the IPv6 plan on a target with
-    IPv6 set slots (xdp), under the same conditions as IPv4's (why_not); on others it stays complex."""
+    IPv6 set slots (xdp; emu, a dual-stack core's IPv6 set tables), under the same conditions as IPv4's (why_not); on
+    others it stays complex."""
     if env is not None:
         env.load()
         info = env.sets.get(name)
@@ -152,7 +153,7 @@ def why_not6(
                 name,
             )
     if env is not None and env.slots > 0 and not env.v6_slots:
-        return f"target {env.target} has no IPv6 set slots (its hardware set tables key IPv4 addresses)"
+        return f"target {env.target} has no IPv6 set slots"
     return why_not(env, name, dirs, rest, family=6)
 
 

@@ -821,6 +821,13 @@ def _emu_view6(tables: dict, plan, config: Config, log: Callable[[str], None]):
     )  # fmt: skip
     if static6 is None or emu_v6.v6_matcher(static6) != v6t.get("matcher"):
         return None
+    from hypafilter.hw.vhdl import set_generics
+
+    if set_generics(static6) != set_generics(plan6):
+        # the new IPv6 plan tests other IPv6 set slots than the core has tables for (a buffer slot would test a set
+        # bit no table gives): a new core
+        log("IPv6 update buffer: the IPv6 set slots differ from the core's tables; building a new core")
+        return None
     try:
         view = emu_v6.view6(static6, plan6, d6)
     except BufferFull as e:

@@ -438,14 +438,19 @@ class NicClient:
             tables["v6"] = v6
             tables["miss_shunt6"] = [bool(x) for x in getattr(plan6, "miss_shunt", (False, False))]
         slots = tuple(getattr(plan, "set_slots", ()) or ())
-        if slots:
-            # the set slots' contents: the kernel's sets as the front end read them (Policy.sets)
+        slots6 = tuple(getattr(plan6, "set_slots", ()) or ()) if plan6 is not None else ()
+        if slots or slots6:
+            # the set slots' contents: the kernel's sets as the front end read them (Policy.sets); a dual-stack
+            # core's IPv6 slots (tables SET6_*) after the IPv4 ones, marked by a 4th field 6 (`set_families`)
             sets = getattr(getattr(plan, "policy", None), "sets", None) or {}
-            tables["sets"] = [[s.name, s.settype, list(s.dirs)] for s in slots]
+            sets6 = getattr(getattr(plan6, "policy", None), "sets", None) or {}
+            tables["sets"] = [[s.name, s.settype, list(s.dirs)] for s in slots] + [
+                [s.name, s.settype, list(s.dirs), 6] for s in slots6
+            ]
             tables["set_elems"] = [
-                None if s.name not in sets else [list(dataclasses.astuple(e)) for e in
-                                                 settable.elems_of(sets[s.name], tuple(s.dirs))]
-                for s in slots
+                None if s.name not in have else [list(dataclasses.astuple(e)) for e in
+                                                 settable.elems_of(have[s.name], tuple(s.dirs))]
+                for have, group in ((sets, slots), (sets6, slots6)) for s in group
             ]  # fmt: skip
         if self.ctm_config() is not None:  # [ctm] the shunt bits of frames with ct 3 (Plan.shunt_none; else shunt's)
             none = getattr(plan, "shunt_none", None)
@@ -566,17 +571,20 @@ class NicClient:
 
             known_images = known.get("set_images") if known and known.get("sets") == tables["sets"] else None
             images = []
+            ids = set_slot_ids(set_families(tables["sets"]))
             with host_lock():  # the set follower writes the same tables (ops.policysync.nicsets)
-                for i, (_, settype, _) in enumerate(tables["sets"]):
+                for i, row in enumerate(tables["sets"]):
+                    settype = row[1]
+                    v6, slot = ids[i]
                     elems = tables["set_elems"][i]
                     k = known_images[i] if known_images is not None and i < len(known_images) else None
                     if elems is None:
-                        self.set_slot_uncertain(i, True, clear=True)
+                        self.set_slot_uncertain(slot, True, clear=True, v6=v6)
                         images.append(None)
                         writes += 1
                         continue
                     try:
-                        img, n = self.load_set(i, settype, [settable.Elem(*e) for e in elems], known=k)
+                        img, n = self.load_set(slot, settype, [settable.Elem(*e) for e in elems], known=k, v6=v6)
                     except NicError as e:
                         # too large for this table: the slot stays cleared and uncertain, its frames go to the host
                         # (never a wrong verdict); said in the deployment's tables and by status
@@ -598,17 +606,19 @@ class NicClient:
 
     # ---- set membership tables (hw/hf_set_table.vhd; tables SET_*; placement of hypafilter.hw.settable)
 
-    def set_config(self) -> list[dict]:
+    def set_config(self, v6: bool = False) -> list[dict]:
         """Each set slot's table of this core (SET_CONFIG, SET_INFO): [{settype, dirs, geometry}] in slot order;
-        [] for a core without tables (or from before register map 1.9)."""
-        n = self.read("SET_CONFIG") & 0xFF
+        [] for a core without tables (or from before register map 1.9). `v6`: a dual-stack core's IPv6 slots
+        (SET_CONFIG bits 23:16, SET6_INFO; none before register map 1.14)."""
+        n = self.read("SET_CONFIG") >> (16 if v6 else 0) & 0xFF
         out = []
         names = {v: k for k, v in settable.SETTYPES.items()}
+        info = "SET6_INFO" if v6 else "SET_INFO"
         for i in range(n):
-            w = self.read_table("SET_INFO", i << settable.SLOT_SHIFT)
+            w = self.read_table(info, i << settable.SLOT_SHIFT)
             t = names.get(w & 0xF)
-            if t is None:
-                raise NicError(f"set slot {i}: SET_INFO {w:#x} names no set type")
+            if t is None or bool(w & settable.INFO_V6) != v6:
+                raise NicError(f"set slot {i}: {info} {w:#x} names no set type of its family")
             adir, pdir = "dst" if w >> 4 & 1 else "src", "dst" if w >> 5 & 1 else "src"
             dirs = (
                 (pdir,) if t == "bitmap:port" else (adir, pdir) if t in ("hash:ip,port", "hash:net,port") else (adir,)
@@ -622,77 +632,87 @@ class NicClient:
             self.write_table_many(table, start, words)
         return len(writes)
 
-    def set_slot_uncertain(self, slot: int, on: bool, clear: bool = False) -> None:
+    def set_slot_uncertain(self, slot: int, on: bool, clear: bool = False, v6: bool = False) -> None:
         """SET_CTL of a slot: bit 0 every lookup uncertain (frames it could decide go to the host), bit 1 clear."""
-        self.write_table("SET_CTL", slot << settable.SLOT_SHIFT, int(on) | int(clear) << 1)
+        self.write_table(_ctl(v6), slot << settable.SLOT_SHIFT, int(on) | int(clear) << 1)
 
     def load_set(
-        self, slot: int, settype: str, elems, known: dict | None = None, release: bool = True
+        self, slot: int, settype: str, elems, known: dict | None = None, release: bool = True, v6: bool = False
     ) -> tuple[dict, int]:
         """Make slot `slot` hold `elems` (settable.Elem): with `known` (its image as this returned it last) by the
         inserts and deletes that differ, each write one element (a lookup sees the element before or after it);
         else, or when the changes do not fit, the slot cleared and loaded whole, every lookup of it uncertain
         meanwhile. Returns (the image now held, writes). A set that does not fit at all leaves the slot cleared and
-        uncertain (its frames go to the host) and raises NicError."""
-        cfg = self.set_config()
+        uncertain (its frames go to the host) and raises NicError. `v6`: IPv6 slot `slot` (tables SET6_*)."""
+        cfg = self.set_config(v6)
         if not 0 <= slot < len(cfg) or cfg[slot]["settype"] != settype:
             have = cfg[slot]["settype"] if 0 <= slot < len(cfg) else "none"
-            raise NicError(f"set slot {slot}: the core's table is {have}, not {settype}")
+            fam = "IPv6 set slot" if v6 else "set slot"
+            raise NicError(f"{fam} {slot}: the core's table is {have}, not {settype}")
         geom = cfg[slot]["geometry"]
-        ctl = self.read_table("SET_CTL", slot << settable.SLOT_SHIFT)
+        ctl_t = _ctl(v6)
+        ctl = self.read_table(ctl_t, slot << settable.SLOT_SHIFT)
         tag = secrets.randbits(24) | 1
         if known is not None and known.get("tag") == ctl >> 8:
             # the copy is trusted only while the slot's tag is the one written with it: any other writer (a
             # deploy, the set follower, a reset) changed it
             img = settable.image_from_dict(known)
-            if (img.slot, img.settype, img.geom) == (slot, settype, geom):
+            if (img.slot, img.settype, img.geom, img.v6) == (slot, settype, geom, v6):
                 try:
                     writes = settable.diff_writes(img, elems)
                 except settable.TableFull:
                     pass  # placed anew below, from an empty table
                 else:
                     n = self._set_write(writes)
-                    self.write_table("SET_CTL", slot << settable.SLOT_SHIFT, tag << 8 | int(not release))
+                    self.write_table(ctl_t, slot << settable.SLOT_SHIFT, tag << 8 | int(not release))
                     return {**settable.image_dict(img), "tag": tag}, n + 1
-        self.set_slot_uncertain(slot, True, clear=True)
+        self.set_slot_uncertain(slot, True, clear=True, v6=v6)
         try:
-            img, writes = settable.image_of(slot, settype, elems, geom)
+            img, writes = settable.image_of(slot, settype, elems, geom, v6=v6)
         except settable.TableFull as e:
             raise NicError(f"{e} (the slot stays uncertain: its frames go to the host)") from e
         n = self._set_write(writes)
         # certain again (unless the caller releases it), the new tag
-        self.write_table("SET_CTL", slot << settable.SLOT_SHIFT, tag << 8 | int(not release))
+        self.write_table(ctl_t, slot << settable.SLOT_SHIFT, tag << 8 | int(not release))
         return {**settable.image_dict(img), "tag": tag}, n + 2
 
-    def hold_sets(self, images: list) -> None:
+    def hold_sets(self, images: list, fams: list[bool] | None = None) -> None:
         """Every set slot uncertain (its frames go to the host), its tag kept: the set follower's fail safe from a
-        change seen until the tables are the kernel's sets again (`release_sets`)."""
+        change seen until the tables are the kernel's sets again (`release_sets`). `fams`: per slot whether it is
+        an IPv6 slot (set_families; None: all IPv4)."""
+        ids = set_slot_ids(fams or [False] * len(images))
         for i, img in enumerate(images):
             tag = img.get("tag", 0) if img else 0
-            self.write_table("SET_CTL", i << settable.SLOT_SHIFT, tag << 8 | 1)
+            v6, slot = ids[i]
+            self.write_table(_ctl(v6), slot << settable.SLOT_SHIFT, tag << 8 | 1)
 
-    def release_sets(self, images: list) -> None:
+    def release_sets(self, images: list, fams: list[bool] | None = None) -> None:
+        ids = set_slot_ids(fams or [False] * len(images))
         for i, img in enumerate(images):
             if img:  # a slot without an image (its set unknown, too large) stays uncertain
-                self.write_table("SET_CTL", i << settable.SLOT_SHIFT, img["tag"] << 8)
+                v6, slot = ids[i]
+                self.write_table(_ctl(v6), slot << settable.SLOT_SHIFT, img["tag"] << 8)
 
     def program_sets(
-        self, slots, sets: dict, known: list | None = None, release: bool = True
+        self, slots, sets: dict, known: list | None = None, release: bool = True, fams: list[bool] | None = None
     ) -> tuple[list[dict], int]:
         """Load every set slot's table from the kernel's sets by name (ir.sets.SetInfo; Policy.sets); `known`:
-        the images program_sets returned last for this core. A slot whose set is unknown is cleared and left
-        uncertain. Returns (the images, writes)."""
+        the images program_sets returned last for this core; `fams` per slot whether it is an IPv6 slot. A slot
+        whose set is unknown is cleared and left uncertain. Returns (the images, writes)."""
         images, writes = [], 0
+        ids = set_slot_ids(fams or [False] * len(slots))
         for i, s in enumerate(slots):
             info = sets.get(s.name)
             k = known[i] if known is not None and i < len(known) else None
+            v6, slot = ids[i]
             if info is None:
-                self.set_slot_uncertain(i, True, clear=True)
+                self.set_slot_uncertain(slot, True, clear=True, v6=v6)
                 images.append(None)
                 writes += 1
                 continue
             try:
-                img, n = self.load_set(i, s.settype, settable.elems_of(info, tuple(s.dirs)), known=k, release=release)
+                elems = settable.elems_of(info, tuple(s.dirs))
+                img, n = self.load_set(slot, s.settype, elems, known=k, release=release, v6=v6)
             except NicError:
                 images.append(None)  # too large: the slot stays uncertain
                 continue
@@ -1018,6 +1038,26 @@ class NicClient:
             "refused": v["CTM_STATUS"] & 0xFFFF,
             "ct_none_frames": v["CNT_CT_NONE"],
         }
+
+
+def _ctl(v6: bool) -> str:
+    return "SET6_CTL" if v6 else "SET_CTL"
+
+
+def set_families(rows) -> list[bool]:
+    """Per row of a deployment's tables' "sets" ([name, type, dirs] or, an IPv6 slot, [name, type, dirs, 6]) whether
+    it is a dual-stack core's IPv6 slot."""
+    return [len(r) > 3 and r[3] == 6 for r in rows]
+
+
+def set_slot_ids(fams) -> list[tuple[bool, int]]:
+    """(IPv6, the slot's number among its family's tables) per slot, the IPv4 slots and the IPv6 ones numbered apart."""
+    seen = [0, 0]
+    out = []
+    for v6 in fams:
+        out.append((bool(v6), seen[bool(v6)]))
+        seen[bool(v6)] += 1
+    return out
 
 
 def v6_matcher(plan6) -> str:

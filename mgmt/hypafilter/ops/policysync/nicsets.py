@@ -23,6 +23,7 @@ from hypafilter.hw import settable
 from hypafilter.ir.sets import SetSlot
 from hypafilter.netfilter import ipset
 from hypafilter.targets.bpfmap import PinnedMap
+from hypafilter.targets.nic import set_families
 from hypafilter.targets.xdp import sets as setmaps
 from hypafilter.targets.xdp.target import PIN_ROOT as XDP_PIN_ROOT
 
@@ -43,7 +44,8 @@ class NicSets:
 
     def __init__(self, target, info: dict, tables: dict, ns: str | None, watcher: Path):
         self.target, self.info, self.ns = target, info, ns
-        self.slots = [SetSlot(n, t, tuple(d)) for n, t, d in tables["sets"]]
+        self.slots = [SetSlot(r[0], r[1], tuple(r[2])) for r in tables["sets"]]
+        self.fams = set_families(tables["sets"])  # a dual-stack core's IPv6 slots (tables SET6_*) after the IPv4 ones
         self.images = list(tables.get("set_images") or [None] * len(self.slots))
         self.netns = struct.pack("<I", setmaps.netns_inum(ns))
         self.watcher = watcher
@@ -76,7 +78,7 @@ class NicSets:
     def sync(self, timeout: float = setmaps.SETTLE_TIMEOUT_S) -> NicSyncResult:
         t0 = time.monotonic()
         with self.target.client(self.info) as c, setmaps.host_lock():
-            c.hold_sets(self.images)  # fail safe first: nothing decided by the tables from here on
+            c.hold_sets(self.images, self.fams)  # fail safe first: nothing decided by the tables from here on
             written = 0
             while True:
                 started, finished = self.counts()
@@ -87,11 +89,11 @@ class NicSets:
                     started, finished = self.counts()
                 t_read = time.monotonic()
                 sets = ipset.parse_save(ipset.save_text(self.ns), "ipset save")
-                self.images, n = c.program_sets(self.slots, sets, self.images, release=False)
+                self.images, n = c.program_sets(self.slots, sets, self.images, release=False, fams=self.fams)
                 written += n
                 if self.counts()[0] == started:
                     break
-            c.release_sets(self.images)
+            c.release_sets(self.images, self.fams)
         self.at = started
         return NicSyncResult(started, written, time.monotonic() - t0, _next_expiry(sets, t_read))
 

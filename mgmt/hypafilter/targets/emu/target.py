@@ -81,6 +81,8 @@ class EmuTarget(Target):
     # default geometry's element cells each
     set_slots = MAX_SET_SLOTS
     set_capacity = settable.DEFAULT_GEOMETRY.capacity
+    # a dual-stack core's IPv6 slots: tables with 128-bit keys (hf_set_table's V6, tables SET6_*), the same geometry
+    set_slots6 = True
     # NICs started by this process, by pid, so that stopping one also reaps it.
     started: dict[int, EmuNic] = {}
 

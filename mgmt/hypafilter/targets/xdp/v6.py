@@ -35,8 +35,11 @@ def plan6_for(
             ir = parse_policy(v6.text, v6.source, base_chain=v6.base_chain, config=config, family=6, sets=sets)
         except HypafilterError as e:
             return None, f"the IPv6 policy as deployed does not read again: {e}"
-    if getattr(ir, "set_slots", ()) and target != "xdp":  # (the front end keeps them complex there: never met)
-        return None, "the IPv6 policy's set matches are set slots: the NIC's core has no IPv6 set tables"
+    if getattr(ir, "set_slots", ()):
+        from hypafilter.targets import set_capability6
+
+        if not set_capability6(target):  # (the front end keeps them complex there: never met)
+            return None, f"the IPv6 policy's set matches are set slots: target {target} has no IPv6 set slots"
     plan6 = build_plan(ir, config, live=True)
     plan6.index_base = len(plan4.entries) + 1 + config.update_buffer
     plan6.k_base = int(plan4.num_intervals if k_base is None else k_base)

@@ -174,3 +174,59 @@ def test_a_set_rule_on_a_core_without_its_table_builds_one(lab):
     assert r["hw_dropped"] > 0, r["nic"]
     st = deploy.read_state(Path(STATE) / "state.json")
     assert st["nic"]["binary"] != before, "the set rule went into the update buffer of a core without its table"
+
+
+TWO_SETS = """create allow hash:ip family inet hashsize 1024 maxelem 65536
+add allow 10.0.1.5
+create ban hash:ip family inet hashsize 1024 maxelem 65536
+add ban 10.0.1.9
+"""
+TWO_SET_RULES = """*filter
+:FORWARD ACCEPT [0:0]
+-A FORWARD -m set --match-set allow src -j ACCEPT
+-A FORWARD -m set --match-set ban src -j DROP
+-A FORWARD -p udp -j ACCEPT
+COMMIT
+"""
+BANNED = "10.0.1.77"
+
+
+def test_a_follow_that_renumbers_the_set_slots_keeps_each_set_in_its_rules_slot(lab):
+    """Slots are numbered by first use: allow is slot 0 and ban slot 1 until the operator inserts a rule testing ban
+    ahead of both (`iptables -I FORWARD 1 ...`). The policy sync service's follow then loads the tables under the new
+    numbering; the NIC's set follower must write each set into its new slot too. On the same core its follower kept
+    the old numbering, so the next `ipset add ban X` wrote ban's elements into the slot the allow rule reads, and X's
+    frames were accepted where the kernel drops them. Now a plan that numbers the slots otherwise runs on a new core,
+    whose follower starts with the new slots: X's frames are dropped by the core, verify --live finds 0 mismatches."""
+    from hypafilter.ops import deploy
+    from hypafilter.ops.verify import DST_MAC, build_frame, frame_id, raw_socket, receive
+
+    (lab / "two.save").write_text(TWO_SETS)
+    (lab / "two.rules").write_text(TWO_SET_RULES)
+    hf("undeploy", "-q", check=False)
+    hf("deploy", str(lab / "two.rules"), "--ipsets", str(lab / "two.save"), "--target", "emu", "-q")
+    assert [r[0] for r in deploy.read_state(Path(STATE) / "state.json")["tables"]["sets"]] == ["allow", "ban"]
+    rule = "-p tcp -m tcp --dport 22 -m set --match-set ban src -j DROP"
+    subprocess.run(["ip", "netns", "exec", FW, "iptables", "-w", "-I", "FORWARD", "1", *rule.split()], check=True)
+    hf.followed()
+    st = deploy.read_state(Path(STATE) / "state.json")
+    assert [r[0] for r in st["tables"]["sets"]] == ["ban", "allow"], st["tables"]["sets"]
+    syncs = (hf.service().get("sets") or {}).get("syncs", 0)
+    subprocess.run(["ip", "netns", "exec", FW, "ipset", "add", "ban", BANNED], check=True)
+    deadline = time.monotonic() + 30
+    while (hf.service().get("sets") or {}).get("syncs", 0) <= syncs and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)  # the follower's state look (0.5 s) and its first sync of a new NIC
+    send = raw_socket(f"{LAB}-send", "hyb0")
+    recv = raw_socket(f"{LAB}-recv", "hyb0")
+    h = {"src": _ip(BANNED), "dst": _ip("10.0.2.1"), "proto": 17, "sport": 4000, "dport": 9, "flags": 0}
+    for uid in range(1, 201):
+        send.send(build_frame(uid, h, b"x" * 16, DST_MAC))
+        time.sleep(0.002)
+    got = {u for u in (frame_id(f) for f in receive(recv, quiet=0.5)) if u is not None}
+    send.close()
+    recv.close()
+    assert not got, f"{len(got)} of 200 frames from the banned {BANNED} forwarded"
+    r = json.loads(hf("verify", "--live", "--target", "emu", "--packets", "600", "--json").stdout)
+    assert r["mismatches"] == 0, r["examples"][:3]
+    hf("undeploy", "-q", check=False)

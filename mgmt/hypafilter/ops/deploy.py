@@ -190,6 +190,16 @@ def _loaded_chains(old: dict | None) -> dict[str, list]:
     return got if whole and old and set(got) == set(old.get("chains") or ()) else {}
 
 
+def _set_rows(plan) -> list:
+    """The set slots a NIC's tables hold for `plan` as NicClient.program records them (`tables["sets"]`: name, type,
+    directions; a 4th field 6 for a dual-stack core's IPv6 slots), [] for none."""
+    plan6 = getattr(plan, "plan6", None)
+    slots6 = tuple(getattr(plan6, "set_slots", ()) or ()) if plan6 is not None else ()
+    return [[s.name, s.settype, list(s.dirs)] for s in tuple(getattr(plan, "set_slots", ()) or ())] + [
+        [s.name, s.settype, list(s.dirs), 6] for s in slots6
+    ]
+
+
 def _chains_as_loaded(old: dict, config: Config) -> bool:
     """The tool's chains in the kernel are the ones the last update loaded and fingerprinted (`chains_sha256`, as
     drift compares them): only then may a follow keep any of them. A chain changed by hand is loaded anew, not kept
@@ -1081,6 +1091,17 @@ def _deploy_locked(
         # a configuration with another buffer depth builds a new core (program): the depth is part of its build
         # the running program's set slots must be the plan's (their maps are part of its build: docs/sets.md)
         if static is not None and not tgt.same_sets(old_nic, plan):
+            static = None
+        if (
+            static is not None
+            and tgt.name == "emu"
+            and _set_rows(plan) != ((old or {}).get("tables") or {}).get("sets", [])
+        ):
+            # the NIC's set follower (ops.policysync.nicsets) writes each set into the slot the running core's tables
+            # gave it: a plan that numbers the slots otherwise (a rule testing a set first now) on the same core
+            # would have the follower write one set's elements into the slot another rule reads. A new NIC, whose
+            # follower starts with the new slots.
+            log("set slots numbered otherwise than in the running core's tables: a new core")
             static = None
         if static is not None and static[1] > 0 and static[1] == tgt.buffer_depth():
             t_ov = time.monotonic()

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
+import json
 import os
 import select
 import signal
@@ -708,7 +710,10 @@ class SetFollower:
         nic = st.get("nic") or {}
         pin = nic.get("pin", "") if st.get("target") == "xdp" else ""
         if st.get("target") == "emu" and (st.get("tables") or {}).get("sets"):
-            pin = "emu:" + nic.get("socket", "")  # a NIC core's set tables (ops.policysync.nicsets)
+            # a NIC core's set tables (ops.policysync.nicsets), and which set each slot holds: a follower of other
+            # slots starts anew (deploy gives a plan that numbers them otherwise a new core anyway)
+            rows = json.dumps(st["tables"]["sets"], sort_keys=True)
+            pin = "emu:" + nic.get("socket", "") + ":" + hashlib.sha256(rows.encode()).hexdigest()[:16]
         if pin == self.pin:
             return
         if pin.startswith("emu:"):

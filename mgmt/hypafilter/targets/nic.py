@@ -676,6 +676,10 @@ class NicClient:
         self.write_table(ctl_t, slot << settable.SLOT_SHIFT, tag << 8 | int(not release))
         return {**settable.image_dict(img), "tag": tag}, n + 2
 
+    def set_tags(self, fams: list[bool]) -> list[int]:
+        """Per slot (`fams` as for hold_sets) the tag its control word holds (SET_CTL / SET6_CTL bits 31:8)."""
+        return [self.read_table(_ctl(v6), slot << settable.SLOT_SHIFT) >> 8 for v6, slot in set_slot_ids(fams)]
+
     def hold_sets(self, images: list, fams: list[bool] | None = None) -> None:
         """Every set slot uncertain (its frames go to the host), its tag kept: the set follower's fail safe from a
         change seen until the tables are the kernel's sets again (`release_sets`). `fams`: per slot whether it is
@@ -694,16 +698,26 @@ class NicClient:
                 self.write_table(_ctl(v6), slot << settable.SLOT_SHIFT, img["tag"] << 8)
 
     def program_sets(
-        self, slots, sets: dict, known: list | None = None, release: bool = True, fams: list[bool] | None = None
+        self,
+        slots,
+        sets: dict,
+        known: list | None = None,
+        release: bool = True,
+        fams: list[bool] | None = None,
+        only: set[int] | None = None,
     ) -> tuple[list[dict], int]:
         """Load every set slot's table from the kernel's sets by name (ir.sets.SetInfo; Policy.sets); `known`:
-        the images program_sets returned last for this core; `fams` per slot whether it is an IPv6 slot. A slot
-        whose set is unknown is cleared and left uncertain. Returns (the images, writes)."""
+        the images program_sets returned last for this core; `fams` per slot whether it is an IPv6 slot; `only`: the
+        slots to load (the others keep their `known` image, untouched). A slot whose set is unknown is cleared and
+        left uncertain. Returns (the images, writes)."""
         images, writes = [], 0
         ids = set_slot_ids(fams or [False] * len(slots))
         for i, s in enumerate(slots):
             info = sets.get(s.name)
             k = known[i] if known is not None and i < len(known) else None
+            if only is not None and i not in only:
+                images.append(k)
+                continue
             v6, slot = ids[i]
             if info is None:
                 self.set_slot_uncertain(slot, True, clear=True, v6=v6)

@@ -47,6 +47,10 @@ class NicSets:
         self.slots = [SetSlot(r[0], r[1], tuple(r[2])) for r in tables["sets"]]
         self.fams = set_families(tables["sets"])  # a dual-stack core's IPv6 slots (tables SET6_*) after the IPv4 ones
         self.images = list(tables.get("set_images") or [None] * len(self.slots))
+        # per slot: its set's `ipset save` text at the last sync that loaded it and the expiry moment of that read; a
+        # set whose text is unchanged (no command changed it, no timeout ticked) is not parsed or placed again
+        self.texts: list[str] = [""] * len(self.slots)
+        self.expiries: list[int | None] = [None] * len(self.slots)
         self.netns = struct.pack("<I", setmaps.netns_inum(ns))
         self.watcher = watcher
         self.seq = PinnedMap(watcher / "hfx_setseq")
@@ -78,6 +82,11 @@ class NicSets:
     def sync(self, timeout: float = setmaps.SETTLE_TIMEOUT_S) -> NicSyncResult:
         t0 = time.monotonic()
         with self.target.client(self.info) as c, setmaps.host_lock():
+            # a slot whose tag is not its image's was written by another (a deploy, a reset): loaded whole below
+            tags = c.set_tags(self.fams)
+            self.images = [
+                img if img and img.get("tag") == t else None for img, t in zip(self.images, tags, strict=True)
+            ]
             c.hold_sets(self.images, self.fams)  # fail safe first: nothing decided by the tables from here on
             written = 0
             while True:
@@ -88,14 +97,31 @@ class NicSets:
                     time.sleep(0.001)
                     started, finished = self.counts()
                 t_read = time.monotonic()
-                sets = ipset.parse_save(ipset.save_text(self.ns), "ipset save")
-                self.images, n = c.program_sets(self.slots, sets, self.images, release=False, fams=self.fams)
+                chunks = setmaps.split_save(ipset.save_text(self.ns))
+                changed = {
+                    i
+                    for i, slot in enumerate(self.slots)
+                    if not (chunks.get(slot.name) and chunks[slot.name] == self.texts[i] and self.images[i] is not None)
+                }
+                sets = {}
+                for i in changed:
+                    chunk = chunks.get(self.slots[i].name, "")
+                    sets.update(ipset.parse_save(chunk, "ipset save") if chunk else {})
+                self.images, n = c.program_sets(
+                    self.slots, sets, self.images, release=False, fams=self.fams, only=changed
+                )  # fmt: skip
+                for i in changed:
+                    info = sets.get(self.slots[i].name)
+                    loaded = info is not None and self.images[i] is not None
+                    self.texts[i] = chunks.get(self.slots[i].name, "") if loaded else ""
+                    self.expiries[i] = _next_expiry({self.slots[i].name: info}, t_read) if loaded else None
                 written += n
                 if self.counts()[0] == started:
                     break
             c.release_sets(self.images, self.fams)
         self.at = started
-        return NicSyncResult(started, written, time.monotonic() - t0, _next_expiry(sets, t_read))
+        soon = [e for e in self.expiries if e is not None]
+        return NicSyncResult(started, written, time.monotonic() - t0, min(soon) if soon else None)
 
 
 def _next_expiry(sets: dict, t_read: float) -> int | None:

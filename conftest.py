@@ -101,6 +101,11 @@ LONG_MODULES = {
     # not in that run: its rebuild is a cold core build (~1 min), besides test_ipv6_buffer_emu's steps (an estimate)
     "test_ipv6_rebuild_emu.py": 90,
     "test_live_tools.py": 83,
+    # not in that run (estimates from their authors' runs under load, scaled): a dual-stack core with IPv6 set tables
+    # built cold; the set core's IPv4 and IPv6 slots side by side (sim); two verifies with connections
+    "test_ipset6_emu.py": 120,
+    "test_hf_set_core6.py": 100,
+    "test_ipv6_host_connections.py": 60,
     "test_emu_sets.py": 77,
     "test_livepolicy.py": 70,
     "test_equivalence.py": 65,

@@ -137,10 +137,11 @@ def test_verify_conntrack_first_ipv6_connections(lab):
 
 
 @pytest.mark.xfail(
-    strict=True,
-    reason="after the merge of the IPv6 set tables into the dual-stack core (eade176) no IPv6 frame gets ct 3 on the "
-    "NIC although the flow sync service holds COMPLETE with IPv6 keys; passed on the branch that added the IPv6 keys "
-    "(449f5e8); not found yet (docs/ipv6.md, 'IPv6 tuples in the conntrack membership structure')",
+    strict=False,
+    reason="no IPv6 frame got ct 3 on the NIC in this session's last runs, on main and on the branch that added the "
+    "IPv6 keys (449f5e8) alike, although the flow sync service holds COMPLETE with IPv6 keys; the same test passed "
+    "on that branch earlier the same day: cause not found (docs/ipv6.md, 'IPv6 tuples in the conntrack membership "
+    "structure')",
 )
 def test_new_ipv6_frames_dropped_on_the_nic(lab):
     """The same IPv6 hardware entries without the policy's two complex rules (V6NR: the running core, new register

@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTEST := $(VENV)/bin/pytest
 BUILD ?= build
 
-.PHONY: all setup test test-quick test-unit test-sim test-system demo lint format synth-estimate bench clean
+.PHONY: all setup test test-full test-quick test-unit test-sim test-system demo lint format synth-estimate bench clean
 # pytest-xdist workers of the sim tier (GHDL: one per core) and of the system tier (it waits on the network more than
 # it computes: three on the two cores; each test module keeps its own lab; docs/testing.md)
 TEST_WORKERS ?= 2
@@ -21,7 +21,14 @@ test: lint test-unit test-sim test-system
 
 test-unit:
 	@scripts/setup.sh python
-	$(PYTEST) -q tests/unit
+	$(PYTEST) -q -n $(TEST_WORKERS) tests/unit
+
+# opt-in: what `make test` runs and what it leaves out to stay within 20 minutes on a 2-core machine (conftest.TEST_FULL:
+# more fuzzer seeds and frames, the 512-bit and 1,100-entry core simulations, post-synthesis simulations of the whole
+# core, the emulated NIC's runs of tests that xdp also runs, scale; docs/testing.md "make test and make test-full").
+# About 50 minutes on the 2-core machine.
+test-full:
+	HF_TEST_FULL=1 HF_EMU_V6_FULL=1 $(MAKE) test
 
 test-sim:
 	@scripts/setup.sh sim
@@ -55,11 +62,11 @@ format:
 	$(VENV)/bin/ruff check --fix mgmt tests sim scripts bench conftest.py
 
 # opt-in: the flow sync service over 250,000 conntrack entries on the emulated NIC and on xdp (deploy, kill -9 of the
-# worker, restart; about 3 minutes; `make test` runs the same tests at 20,000). Figures in docs/flowsync.md.
+# worker, restart; about 3 minutes; `make test` runs the xdp test at 20,000, `make test-full` both). Figures in docs/flowsync.md.
 .PHONY: test-ctscale fuzz-optimize fuzz-tree
 test-ctscale:
 	@scripts/setup.sh system
-	HF_CT_SCALE=250000 scripts/run-system-tests.sh -n 0 -s tests/system/test_flowsync_scale.py \
+	HF_TEST_FULL=1 HF_CT_SCALE=250000 scripts/run-system-tests.sh -n 0 -s tests/system/test_flowsync_scale.py \
 		tests/system/test_xdp_flowsync_scale.py
 
 # opt-in: sets in the fast path at scale and their lag (docs/sets.md): the blocklist test at 200,000 networks, then the
@@ -108,11 +115,11 @@ test-xdp-large:
 # opt-in: every (IN, OUT) interface pair of the real rule sets' bridged verify (`make test` runs half of them, in turn
 # per policy; docs/testing.md)
 .PHONY: test-equivalence-whole
-# the whole acl1_1100 set on the emulated NIC with every rule in hardware, corners and trace, alone (make test runs it
-# too: test_equivalence)
+# the whole acl1_1100 set on the emulated NIC with every rule in hardware, corners and trace, alone (make test-full runs
+# it too: test_equivalence)
 test-equivalence-whole:
 	@scripts/setup.sh system
-	scripts/run-system-tests.sh -n 0 tests/system/test_equivalence.py -k whole_set
+	HF_TEST_FULL=1 scripts/run-system-tests.sh -n 0 tests/system/test_equivalence.py -k whole_set
 
 .PHONY: test-real-all
 test-real-all:
@@ -127,13 +134,13 @@ test-real-all:
 # inet6 ipsets in its IPv6 set tables (docs/sets.md "IPv6 sets on the emulated NIC")
 test-emu-v6:
 	@scripts/setup.sh system
-	CI=true HF_EMU_V6_FULL=1 scripts/run-system-tests.sh -n 0 tests/system/test_ipv6_deploy.py -k emu
-	CI=true HF_EMU_V6_FULL=1 scripts/run-system-tests.sh -n 0 tests/system/test_ipv6_alone.py
-	CI=true HF_EMU_V6_FULL=1 scripts/run-system-tests.sh -n 0 tests/system/test_ipv6_flowcache_emu.py
-	CI=true HF_EMU_V6_FULL=1 scripts/run-system-tests.sh -n 0 tests/system/test_ipv6_host_connections.py -k emu
-	CI=true HF_EMU_V6_FULL=1 scripts/run-system-tests.sh -n 0 tests/system/test_ipv6_buffer_emu.py
-	CI=true HF_EMU_V6_FULL=1 scripts/run-system-tests.sh -n 0 tests/system/test_ipv6_rebuild_emu.py
-	CI=true HF_EMU_V6_FULL=1 scripts/run-system-tests.sh -n 0 tests/system/test_ipset6_emu.py
+	CI=true HF_TEST_FULL=1 HF_EMU_V6_FULL=1 scripts/run-system-tests.sh -n 0 tests/system/test_ipv6_deploy.py -k emu
+	CI=true HF_TEST_FULL=1 HF_EMU_V6_FULL=1 scripts/run-system-tests.sh -n 0 tests/system/test_ipv6_alone.py
+	CI=true HF_TEST_FULL=1 HF_EMU_V6_FULL=1 scripts/run-system-tests.sh -n 0 tests/system/test_ipv6_flowcache_emu.py
+	CI=true HF_TEST_FULL=1 HF_EMU_V6_FULL=1 scripts/run-system-tests.sh -n 0 tests/system/test_ipv6_host_connections.py -k emu
+	CI=true HF_TEST_FULL=1 HF_EMU_V6_FULL=1 scripts/run-system-tests.sh -n 0 tests/system/test_ipv6_buffer_emu.py
+	CI=true HF_TEST_FULL=1 HF_EMU_V6_FULL=1 scripts/run-system-tests.sh -n 0 tests/system/test_ipv6_rebuild_emu.py
+	CI=true HF_TEST_FULL=1 HF_EMU_V6_FULL=1 scripts/run-system-tests.sh -n 0 tests/system/test_ipset6_emu.py
 
 # opt-in: bench rate with IPv6 on xdp (-6 --classbench with its trace mapped into IPv6, a dual stack, nft alone, inet6
 # ipsets), each frame compared with the kernel (docs/ipv6.md "bench rate with IPv6"; the figures: docs/results.md)

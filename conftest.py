@@ -145,6 +145,22 @@ LONG_MODULES = {
 }
 
 
+# `make test-full` (HF_TEST_FULL=1): tests and parameters that `make test` leaves out to stay within its 20 minutes on
+# a 2-core machine: larger variants (more seeds, wider buses, larger sets), post-synthesis simulations of the whole
+# core, scale runs and second targets of a behaviour `make test` checks elsewhere (docs/testing.md "make test and
+# make test-full"). Deselected, not skipped.
+TEST_FULL = pytest.mark.optin("HF_TEST_FULL")
+FULL_RUN = os.environ.get("HF_TEST_FULL", "") not in ("", "0")  # scales that differ between the two
+
+
+def full_beyond(values, keep: int = 1) -> list:
+    """Parameters for @pytest.mark.parametrize: the first `keep` in `make test`, the others in `make test-full` only."""
+    return [
+        v if i < keep else pytest.param(*(v if isinstance(v, tuple) else (v,)), marks=TEST_FULL)
+        for i, v in enumerate(values)
+    ]
+
+
 def _wanted(item) -> bool:
     """A test marked `optin("VAR")` runs only where VAR is set (its make target sets it), else it is deselected."""
     m = item.get_closest_marker("optin")

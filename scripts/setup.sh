@@ -21,7 +21,11 @@ for tier in "$@"; do
     *) echo "setup.sh: unknown tier '$tier'" >&2; exit 2 ;;
   esac
 done
-command -v python3 >/dev/null && python3 -c 'import venv, ensurepip' 2>/dev/null || want+=($APT_PYTHON)
+# The venv's interpreter: Debian's python3 (APT_PYTHON), not whichever python3 comes first on PATH. A python3 built
+# from source without optimisations (a pyenv shim, say) ran the unit tier and every cocotb testbench 1.3-2.4x slower
+# on the same machine (docs/testing.md "The interpreter"). HF_PYTHON=path picks another one.
+PYTHON=${HF_PYTHON:-/usr/bin/python3}
+[ -x "$PYTHON" ] && "$PYTHON" -c 'import venv, ensurepip' 2>/dev/null || want+=($APT_PYTHON)
 
 missing=()
 for pkg in "${want[@]}"; do
@@ -38,10 +42,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# Python environment, rebuilt only when the lock file changes.
-stamp=.venv/.lock-$(sha256sum requirements.lock pyproject.toml | sha256sum | cut -c1-16)
+# Python environment, rebuilt only when the lock file or the interpreter changes (a venv made by another python3 is
+# made anew: --clear).
+stamp=.venv/.lock-$( (cat requirements.lock pyproject.toml; "$PYTHON" -c 'import sys; print(sys.executable, sys.version)') \
+  | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
-  python3 -m venv .venv
+  "$PYTHON" -m venv --clear .venv
   .venv/bin/pip install -q --upgrade pip >/dev/null
   .venv/bin/pip install -q -r requirements.lock
   .venv/bin/pip install -q --no-deps -e .

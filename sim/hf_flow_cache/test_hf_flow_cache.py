@@ -16,6 +16,7 @@ from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
 from hypafilter.hw import flowcache as fc
 from hypafilter.hw.flowcache import Flow
 
+from conftest import TEST_FULL
 from sim.hftb import handshake, hw, run_ghdl
 
 LOOKUP_PORTS = ("lk_src_ip", "lk_dst_ip", "lk_proto", "lk_sport", "lk_dport", "lk_tcp_flags", "lk_l4_ok")
@@ -531,7 +532,10 @@ async def clear_and_reset(dut):
 
 
 @pytest.mark.sim
-@pytest.mark.parametrize("log2_sets, ways, ts_w", [(10, 4, 32), (11, 3, 12), (12, 1, 16), (14, 4, 32)])
+@pytest.mark.parametrize(
+    "log2_sets, ways, ts_w",
+    [(10, 4, 32), (11, 3, 12), pytest.param(12, 1, 16, marks=TEST_FULL), pytest.param(14, 4, 32, marks=TEST_FULL)],
+)
 def test_flow_cache(log2_sets, ways, ts_w):
     tag = f"s{log2_sets}_w{ways}_t{ts_w}"
     params = {"LOG2_SETS": log2_sets, "WAYS": ways, "TS_W": ts_w, "TICK_CYCLES": 3}

@@ -13,13 +13,14 @@ from hypafilter import netns
 from hypafilter.hw import settable
 from hypafilter.paths import ROOT
 
-from conftest import need_tool
+from conftest import TEST_FULL, need_tool
 from sim.hf_set_table.test_hf_set_table import GENERICS, SOURCES
 from sim.hftb import SIM_DIR, fresh_build, hw
 
 TOP = "hf_set_table"
 
 
+@TEST_FULL  # make test-full
 @pytest.mark.sim
 def test_set_table_verilog():
     need_tool("ghdl", "verilator")

@@ -21,6 +21,7 @@ from hypafilter.hw import regmap, updatebuffer, vhdl
 from hypafilter.hw.updatebuffer import USED, W_CONTROL, WORDS, Image
 from hypafilter.ir import FIELDS, MAXV, Box
 
+from conftest import TEST_FULL
 from sim.hftb import SIM_BUILD, hw, run_ghdl
 
 SOURCES = ("hf_pkg.vhd", "hf_ram.vhd", "hf_prio_enc.vhd", "hf_update_buffer_shell.vhd", "hf_update_buffer.vhd")
@@ -289,7 +290,8 @@ def generics(n: int, depth: int, i_delay: int, fanin: int) -> dict[str, int]:
 
 @pytest.mark.sim
 @pytest.mark.parametrize(
-    ("n", "depth", "i_delay", "fanin"), [(40, 16, 3, 16), (70, 5, 5, 4), (9, 0, 3, 16), (0, 3, 2, 2)]
+    ("n", "depth", "i_delay", "fanin"),
+    [pytest.param(40, 16, 3, 16, marks=TEST_FULL), (70, 5, 5, 4), (9, 0, 3, 16), (0, 3, 2, 2)],
 )
 def test_update_buffer(n, depth, i_delay, fanin):
     tag = f"n{n}_d{depth}_i{i_delay}_f{fanin}"

@@ -22,7 +22,7 @@ from hypafilter.hw import vhdl
 from hypafilter.hw.flowcache import Flow
 from hypafilter.ir import Box, Header, Policy, Rule
 
-from conftest import need_tool
+from conftest import TEST_FULL, need_tool
 from sim.hftb import fresh_build, header_frame, load_obj, run_ghdl, save_obj, tuser_for
 from sim.hftraffic import PORT_OF_IPORT
 from sim.hypafilter_core.test_hypafilter_core import TB
@@ -373,7 +373,7 @@ def _cfg(out, rtl: bool):
 
 
 @pytest.mark.sim
-@pytest.mark.parametrize("width", [256, 512])
+@pytest.mark.parametrize("width", [256, pytest.param(512, marks=TEST_FULL)])
 def test_core_flow_cache(width):
     out = fresh_build("hypafilter_core", f"flow_cache_w{width}")
     plan, cfg = _cfg(out, rtl=True)
@@ -389,6 +389,7 @@ def test_core_flow_cache(width):
     )
 
 
+@TEST_FULL  # make test-full
 @pytest.mark.sim
 def test_core_flow_cache_postsynth():
     """The GHDL netlist of the core with its flow cache passes the same test (no internal signals watched)."""

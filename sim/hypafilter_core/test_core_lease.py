@@ -22,6 +22,7 @@ from hypafilter.hw import regmap as R
 from hypafilter.hw import vhdl
 from hypafilter.shared import unpack_meta
 
+from conftest import TEST_FULL
 from sim.hftb import fresh_build, load_obj, run_ghdl, save_obj
 from sim.hftraffic import frames_for
 from sim.hypafilter_core.test_hypafilter_core import TB, random_policy
@@ -199,7 +200,7 @@ async def core_lease(dut):
 
 
 @pytest.mark.sim
-@pytest.mark.parametrize("divider", [0, DIVIDER])
+@pytest.mark.parametrize("divider", [0, pytest.param(DIVIDER, marks=TEST_FULL)])
 def test_core_lease(divider):
     tag = f"lease_d{divider}"
     out = fresh_build("hypafilter_core", tag)

@@ -18,7 +18,7 @@ from hypafilter.hw import model as hwmodel
 from hypafilter.hw import regmap, synth, updatebuffer, vhdl
 from hypafilter.ir import MAXV, Box, Header, Policy, Rule
 
-from conftest import need_tool
+from conftest import TEST_FULL, need_tool
 from sim.hftb import SIM_BUILD, AxiLite, AxisSink, AxisSource, header_frame, load_obj, run_ghdl, save_obj, tuser_for
 from sim.hftraffic import PORT_OF_IPORT, frames_for
 
@@ -501,7 +501,7 @@ def test_core_mirror():
 
 
 @pytest.mark.sim
-@pytest.mark.parametrize("width", [256, 512])
+@pytest.mark.parametrize("width", [256, pytest.param(512, marks=TEST_FULL)])
 def test_core_random_policy(width):
     rng = random.Random(width)
     plan = mirror_some(vhdl.minimal_plan(random_policy(rng, 40)), random.Random(width + 1))
@@ -509,7 +509,7 @@ def test_core_random_policy(width):
 
 
 @pytest.mark.sim
-@pytest.mark.parametrize("width", [256, 512])
+@pytest.mark.parametrize("width", [256, pytest.param(512, marks=TEST_FULL)])
 def test_core_rate_with_flow_cache(width):
     """The flow cache costs 4 cycles of latency (its lookup) and no throughput: core_rate with and without it."""
     plan = vhdl.minimal_plan(random_policy(random.Random(width), 40))
@@ -564,10 +564,12 @@ def test_core_conntrack_split_policy():
     _run_core("conntrack_w256", plan, 256, seed=5, counts=(300, 60, 60, 60, 60, 300, 150, 100), testcase="core_traffic")
 
 
-# The 10k builds are opt-in (HF_SIM_10K=1, `make sim-10k`; about 40 minutes per width, see docs/hardware.md):
+# The 1,100-entry build is in `make test-full` (conftest.TEST_FULL). The 10k builds are opt-in (HF_SIM_10K=1, `make sim-10k`; about 40 minutes per width, see docs/hardware.md):
 # without it they are not collected at all, so no run reports them as skipped.
 SIM_10K = os.environ.get("HF_SIM_10K") == "1"
-CLASSBENCH_BUILDS = [("acl1_1100", 256)] + ([("acl1_10k", 512), ("acl1_10k", 256)] if SIM_10K else [])
+CLASSBENCH_BUILDS = [pytest.param("acl1_1100", 256, marks=TEST_FULL)] + (
+    [("acl1_10k", 512), ("acl1_10k", 256)] if SIM_10K else []
+)
 
 
 @pytest.mark.sim

@@ -11,7 +11,7 @@ from hypafilter import netns
 from hypafilter.hw import model as hwmodel
 from hypafilter.hw import vhdl
 
-from conftest import need_tool
+from conftest import TEST_FULL, need_tool
 from sim.hftb import fresh_build, run_ghdl, save_obj
 from sim.hftraffic import frames_for
 from sim.hypafilter_core.test_hypafilter_core import mirror_some, random_policy
@@ -76,6 +76,7 @@ def synth_netlist(plan, out: Path, width: int, generics: dict | None = None) -> 
     return [*packages, netlist]
 
 
+@TEST_FULL  # make test-full
 @pytest.mark.sim
 def test_core_postsynth():
     """Synthesis must not change behaviour: the netlist gets the RTL's frame, TUSER, counter and power-on checks."""

@@ -22,6 +22,7 @@ from hypafilter.hw import regmap, updatebuffer, vhdl
 from hypafilter.ir import Policy, Rule
 from hypafilter.shared import unpack_meta
 
+from conftest import TEST_FULL
 from sim.hftb import cycle, load_obj
 from sim.hftraffic import frames_for
 from sim.hypafilter_core.test_hypafilter_core import TB, _run_core, random_policy
@@ -296,6 +297,7 @@ def test_core_update_buffer():
     )
 
 
+@TEST_FULL  # make test-full
 @pytest.mark.sim
 def test_core_rate_with_update_buffer():
     """The buffer costs vhdl.buffer_latency(δ) cycles of latency and no throughput: core_rate at 512 bits (one 60-byte

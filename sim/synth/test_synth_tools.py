@@ -14,7 +14,7 @@ from hypafilter.hw import synth, vhdl
 from hypafilter.iptables.document import parse_policy
 from hypafilter.ir import Box
 
-from conftest import need_tool
+from conftest import TEST_FULL, need_tool
 
 pytestmark = pytest.mark.sim
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,6 +39,7 @@ def test_rendered_slice_is_a_matcher_of_its_entries(tmp_path):
     assert "output [4:0] res" in v
 
 
+@TEST_FULL  # make test-full
 @pytest.mark.slow
 def test_json_names_the_method_and_slices_add_up(tmp_path, capsys):
     need_tool("ghdl", "yosys")
@@ -74,6 +75,7 @@ def test_json_names_the_method_and_slices_add_up(tmp_path, capsys):
     assert mt["FF"] >= whole["matcher"]["FF"] and mt["LUT"] > 0
 
 
+@TEST_FULL  # make test-full
 @pytest.mark.slow
 def test_encoder_by_subtrees_is_close_to_the_whole_encoder(tmp_path):
     need_tool("ghdl", "yosys")

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from conftest import ROOT, need_root, need_tool
+from conftest import ROOT, TEST_FULL, need_root, need_tool
 
-pytestmark = [pytest.mark.system, pytest.mark.shared, pytest.mark.slow]
+pytestmark = [pytest.mark.system, pytest.mark.shared, pytest.mark.slow, TEST_FULL]  # make test-full
 
 
 def _rows(path):

@@ -10,6 +10,8 @@ import json
 
 import pytest
 
+from conftest import TEST_FULL
+
 pytestmark = pytest.mark.system
 
 LAB = "cst"
@@ -37,7 +39,7 @@ def test_policy_splits_as_expected():
     assert build_plan(pol, Config()).miss_shunt == (True, True)
 
 
-@pytest.mark.parametrize("mode", ["selective", "exact"])
+@pytest.mark.parametrize("mode", [pytest.param("selective", marks=TEST_FULL), "exact"])
 def test_conntrack_first_policy_verifies(lab, tmp_path, capsys, mode):
     from hypafilter.cli import main
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import TEST_FULL
 from tests.hfcli import HfCli
 
 pytestmark = pytest.mark.system
@@ -155,6 +156,7 @@ COMMIT
 WITH_SET = WITHOUT_SET.replace("-A FORWARD -p tcp", "-A FORWARD -m set --match-set bl2 src -j DROP\n-A FORWARD -p tcp")
 
 
+@TEST_FULL  # make test-full
 def test_a_set_rule_on_a_core_without_its_table_builds_one(lab):
     """A policy change that adds a set match, on a core built without a table for that set: the update buffer
     would hold the rule in a slot that tests no set (the core forwarded the blocklisted frames the kernel drops:
@@ -191,6 +193,7 @@ COMMIT
 BANNED = "10.0.1.77"
 
 
+@TEST_FULL  # make test-full
 def test_a_follow_that_renumbers_the_set_slots_keeps_each_set_in_its_rules_slot(lab):
     """Slots are numbered by first use: allow is slot 0 and ban slot 1 until the operator inserts a rule testing ban
     ahead of both (`iptables -I FORWARD 1 ...`). The policy sync service's follow then loads the tables under the new

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, TEST_FULL
 
 pytestmark = pytest.mark.system
 
@@ -110,6 +110,7 @@ def test_classbench(lab, shared_dir, tmp_path, k):
 
 
 # (also alone: `make test-equivalence-whole`) test_classbench runs a ClassBench core with complex rules among them
+@TEST_FULL  # make test-full
 @pytest.mark.slow
 def test_classbench_whole_set(lab, shared_dir):
     """The whole acl1_1100 set on the emulated NIC with every rule in hardware (the `bench rate` set: DROP policy,

@@ -28,10 +28,10 @@ import pytest
 from hypafilter import netns
 from test_flowsync import clear_liberal
 
-from conftest import need_root, need_tool
+from conftest import TEST_FULL, need_root, need_tool
 from tests.hfcli import HfCli
 
-pytestmark = pytest.mark.system
+pytestmark = [pytest.mark.system, TEST_FULL]  # make test-full
 
 LAB = "fsce"
 STATE = f"/run/hypafilter/test-{LAB}"

@@ -15,7 +15,7 @@ pair meets a stateless policy and a conntrack one (with its connection checks) i
 HF_FUZZ_ALL_PAIRS=1 (`make fuzz`) runs every policy on every pair, HF_FUZZ_STRATEGY=S every policy on strategy S's pairs
 (`make fuzz-tree`).
 
-HF_FUZZ_FRAMES (total frames, default 50,000), HF_FUZZ_POLICIES (default 6) and HF_FUZZ_SEED (first policy
+HF_FUZZ_FRAMES (total frames, default 25,000 in `make test`, 50,000 in `make test-full`), HF_FUZZ_POLICIES (default 6) and HF_FUZZ_SEED (first policy
 seed) scale it, HF_FUZZ_LAB names its lab (default hff); `make fuzz` is the long run (docs/deploy.md)."""
 
 from __future__ import annotations
@@ -28,12 +28,13 @@ import pytest
 from hypafilter.ops.connections import connections_completed
 from hypafilter.tools.fuzz import counted_rules  # (packets, rule) per rule of a namespace's filter table
 
-from conftest import need, ns_sh
+from conftest import FULL_RUN, TEST_FULL, need, ns_sh
 
 pytestmark = pytest.mark.system
 
 LAB = os.environ.get("HF_FUZZ_LAB", "hff")  # another name lets a second run go beside this one
-FRAMES = int(os.environ.get("HF_FUZZ_FRAMES", "50000"))
+# make test sends half the frames of make test-full (conftest.FULL_RUN)
+FRAMES = int(os.environ.get("HF_FUZZ_FRAMES", "50000" if FULL_RUN else "25000"))
 POLICIES = int(os.environ.get("HF_FUZZ_POLICIES", "6"))
 FIRST_SEED = int(os.environ.get("HF_FUZZ_SEED", "1"))
 MALFORMED = 0.5  # half the frames that are not attack frames are of one of the kinds, half well-formed
@@ -322,6 +323,7 @@ def _check_dual_stack(tally, hits, seed: int, target: str) -> dict:
 EMU6_SEED = 9
 
 
+@TEST_FULL  # make test-full
 def test_fuzz_ipv6_emu(lab):
     """The dual stack on the emulated NIC with `emu_ipv6` on (docs/ipv6.md "## emu"): a dual-stack core built with
     the random IPv6 policy's plan decides the IPv6 frames it parses (stage 1 shunted every one unparsed), ip6tables

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from conftest import TEST_FULL
 from tests.hfcli import HfCli
 
-pytestmark = pytest.mark.system
+pytestmark = [pytest.mark.system, TEST_FULL]  # make test-full
 
 LAB = "w2a"
 STATE = f"/run/hypafilter/test-{LAB}"

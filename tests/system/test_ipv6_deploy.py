@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from hypafilter import netns
 
+from conftest import TEST_FULL
 from tests.hfcli import HfCli
 from tests.system.test_deploy import POLICY_A
 
@@ -181,6 +182,7 @@ def test_ipv6_default_drop_and_undeploy(emu, files):
     assert _save6(f"{EMU}-fw") == emu
 
 
+@TEST_FULL  # make test-full
 @pytest.mark.skipif(not FULL, reason="opt-in outside CI (a dual-stack core build): HF_EMU_V6_FULL=1, make test-emu-v6")
 def test_dual_stack_emu_hardware(emu, files):
     """The default on the emulated NIC (`emu_ipv6` on, docs/ipv6.md "## emu"): `deploy POLICY --ipv6 V6POLICY` builds

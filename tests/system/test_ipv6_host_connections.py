@@ -18,7 +18,7 @@ import shutil
 
 import pytest
 
-from conftest import need_root, need_tool
+from conftest import TEST_FULL, need_root, need_tool
 from tests.hfcli import HfCli
 from tests.system import test_ipv6_flowcache_emu as fc
 
@@ -72,7 +72,7 @@ def lab(request, files):
     shutil.rmtree(hf.state, ignore_errors=True)
 
 
-@pytest.mark.parametrize("lab", ["xdp", "emu"], indirect=True)
+@pytest.mark.parametrize("lab", ["xdp", pytest.param("emu", marks=TEST_FULL)], indirect=True)
 def test_ipv6_connections_in_host_mode(lab, files):
     """xdp: `verify -6 V6POLICY --chain INPUT` (the IPv4 side the lab's live ruleset: none, every chain ACCEPT);
     emu: `verify POLICY --chain INPUT --ipv6 V6POLICY`, whose IPv4 connections run beside."""

@@ -17,11 +17,12 @@ import pytest
 from hypafilter import netns
 from hypafilter.hw.updatebuffer import Image6
 
+from conftest import TEST_FULL
 from tests.hfcli import HfCli
 from tests.system.test_deploy import POLICY_A
 from tests.system.test_ipv6_deploy import FULL, HW6
 
-pytestmark = pytest.mark.system
+pytestmark = [pytest.mark.system, TEST_FULL]  # make test-full
 
 LAB = "w3a"
 hf = HfCli(LAB, f"/run/hypafilter/test-{LAB}")

@@ -18,7 +18,7 @@ from hypafilter import netns
 from hypafilter.ops.connections import udp_delivered
 from hypafilter.ops.lab import Lab
 
-from conftest import ROOT, need_root, need_tool
+from conftest import ROOT, TEST_FULL, need_root, need_tool
 from tests.hfcli import HfCli
 
 pytestmark = pytest.mark.system
@@ -33,7 +33,7 @@ BOTH = [(JAIL_PORT, b"query"), (OTHER_PORT, b"other")]
 hf = HfCli(LAB, STATE)
 
 
-@pytest.fixture(scope="module", params=["emu", "xdp"])
+@pytest.fixture(scope="module", params=[pytest.param("emu", marks=TEST_FULL), "xdp"])
 def lab(request) -> Iterator[str]:
     need_root()
     need_tool("ip", "iptables-restore", "fail2ban-server", "fail2ban-client", "ufw", "unshare", "mount")

@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from conftest import need_root
+from conftest import TEST_FULL, need_root
 
 pytestmark = pytest.mark.system
 
@@ -106,6 +106,7 @@ def seed_policy():
     return parse_policy(text, filename=f"fuzz-seed-{SEED}", base_chain="FORWARD", config=Config())
 
 
+@TEST_FULL  # make test-full
 def test_exact_under_load(lab):
     need_root()
     from hypafilter.config import Config

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from hypafilter import netns
 
-from conftest import ROOT
+from conftest import ROOT, TEST_FULL
 from tests.hfcli import HfCli
 
 pytestmark = pytest.mark.system
@@ -102,7 +102,7 @@ def test_failed_update_keeps_the_previous_program(lab, step, tmp_path):
     assert r["mismatches"] == 0 and r["generation"] == before["generation"]
 
 
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", [1, pytest.param(2, marks=TEST_FULL)])
 def test_fuzz_policies(lab, seed):
     """The kernel-differential fuzzer's policies (every shunting mode x software strategy, every frame kind, half of
     them malformed) through the xdp path against the oracle; seed 2 reads conntrack state."""

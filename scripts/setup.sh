@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_SIM="ghdl ghdl-llvm yosys verilator g++ make ccache"
+APT_SIM="ghdl ghdl-llvm yosys verilator g++ clang make ccache"
 APT_SYSTEM="iproute2 iptables nftables clang llvm libbpf-dev bpftool libelf-dev zlib1g-dev libnetfilter-queue-dev
             libmnl-dev gcc-multilib tcpdump ethtool kmod procps ipset conntrack fail2ban ufw ghdl ghdl-llvm yosys verilator g++ make ccache"
 APT_BROWSER="chromium chromium-driver"

@@ -7,13 +7,14 @@ from __future__ import annotations
 import pytest
 from hypafilter import netns
 
-from conftest import need_tool
+from conftest import TEST_FULL, need_tool
 from sim.hftb import fresh_build, hw, run_ghdl
 
 TOP = "hf_flow_cache"
 LOG2_SETS, WAYS, TS_W = 10, 4, 16
 
 
+@TEST_FULL  # make test-full
 @pytest.mark.sim
 def test_flow_cache_postsynth():
     need_tool("ghdl")

@@ -7,7 +7,7 @@ import pytest
 from hypafilter import netns
 from hypafilter.hw import regmap
 
-from conftest import need_tool
+from conftest import TEST_FULL, need_tool
 from sim.hf_update_buffer.test_hf_update_buffer import SOURCES, generics
 from sim.hftb import fresh_build, hw, run_ghdl
 
@@ -15,6 +15,7 @@ TOP = "hf_update_buffer"
 N, DEPTH, I_DELAY, FANIN = 40, 16, 4, 8
 
 
+@TEST_FULL  # make test-full
 @pytest.mark.sim
 def test_update_buffer_postsynth():
     need_tool("ghdl")

@@ -508,6 +508,7 @@ def test_core_random_policy(width):
     _run_core(f"random_w{width}", plan, width, seed=width, counts=(700, 300, 300, 200, 100, 300, 200, 200))
 
 
+@TEST_FULL  # make test-full
 @pytest.mark.sim
 @pytest.mark.parametrize("width", [256, pytest.param(512, marks=TEST_FULL)])
 def test_core_rate_with_flow_cache(width):

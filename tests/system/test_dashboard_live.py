@@ -15,7 +15,7 @@ from hypafilter import netns
 from conftest import ROOT, TEST_FULL, need
 from tests.dashserver import chromium, dashboard_server, deploy_example, free_port
 
-pytestmark = [pytest.mark.system, pytest.mark.slow]
+pytestmark = [pytest.mark.system, pytest.mark.slow, TEST_FULL]  # make test-full
 
 LAB = "t_dash2"
 EXAMPLE = ROOT / "rulesets" / "example.rules"
@@ -128,7 +128,6 @@ def big(system, tmp_path_factory):
         netns.delete(ns)
 
 
-@TEST_FULL  # make test-full
 @pytest.mark.solo  # a time budget: no other worker's test beside it (conftest)
 def test_snapshot_of_50000_rules_within_one_second(big):
     """The dashboard's collector (per-rule sources on their own thread, as `hypafilter dashboard` runs it): every
@@ -186,7 +185,6 @@ def test_snapshot_of_50000_rules_within_one_second(big):
     assert len(body) < 20_000
 
 
-@TEST_FULL  # make test-full
 @pytest.mark.solo  # a time budget: no other worker's test beside it (conftest)
 def test_page_interactive_within_three_seconds_at_50000_rules(big):
     import uvicorn

@@ -10,12 +10,13 @@ per-rule state are drawn in the forms verify can compare, and each stands exactl
 Attack shapes (verify.ATTACK_SHAPES: SYN and ACK floods, RST/FIN scans, UDP floods, fragments of new flows, ICMP
 errors quoting flows sent before and invented ones) make up ATTACK_SHARE of every pair's frames, from spoofed
 sources at the policy's own destinations and ports; test_attack_shapes_xdp sends them through the xdp target too.
-Each policy runs on a third of the (mode, strategy) pairs, the thirds taken in turn by pairs of seeds, so that every
-pair meets a stateless policy and a conntrack one (with its connection checks) in the default run of six;
+Each policy runs on a third of the (mode, strategy) pairs in `make test-full`, the thirds taken in turn by pairs of
+seeds, so that every pair meets a stateless policy and a conntrack one (with its connection checks) in a run of six;
+`make test` runs each policy on a sixth of them, every pair on one policy (pairs_of);
 HF_FUZZ_ALL_PAIRS=1 (`make fuzz`) runs every policy on every pair, HF_FUZZ_STRATEGY=S every policy on strategy S's pairs
 (`make fuzz-tree`).
 
-HF_FUZZ_FRAMES (total frames, default 25,000 in `make test`, 50,000 in `make test-full`), HF_FUZZ_POLICIES (default 6) and HF_FUZZ_SEED (first policy
+HF_FUZZ_FRAMES (total frames, default 50,000), HF_FUZZ_POLICIES (default 6) and HF_FUZZ_SEED (first policy
 seed) scale it, HF_FUZZ_LAB names its lab (default hff); `make fuzz` is the long run (docs/deploy.md)."""
 
 from __future__ import annotations
@@ -33,8 +34,7 @@ from conftest import FULL_RUN, TEST_FULL, need, ns_sh
 pytestmark = pytest.mark.system
 
 LAB = os.environ.get("HF_FUZZ_LAB", "hff")  # another name lets a second run go beside this one
-# make test sends half the frames of make test-full (conftest.FULL_RUN)
-FRAMES = int(os.environ.get("HF_FUZZ_FRAMES", "50000" if FULL_RUN else "25000"))
+FRAMES = int(os.environ.get("HF_FUZZ_FRAMES", "50000"))
 POLICIES = int(os.environ.get("HF_FUZZ_POLICIES", "6"))
 FIRST_SEED = int(os.environ.get("HF_FUZZ_SEED", "1"))
 MALFORMED = 0.5  # half the frames that are not attack frames are of one of the kinds, half well-formed
@@ -57,15 +57,19 @@ def policy_seeds() -> list[int]:
 
 
 def pairs_of(seed: int) -> tuple[tuple[str, str], ...]:
-    """The (mode, strategy) pairs policy `seed` runs on: every third pair of COMBOS, seeds 1-2 (and 7-8, ...) pairs
-    0, 3, 6..., seeds 3-4 pairs 1, 4, 7..., seeds 5-6 pairs 2, 5, 8..., so each pair meets an odd (stateless) and an
-    even (conntrack) seed in the default run of six; all with ALL_PAIRS."""
+    """The (mode, strategy) pairs policy `seed` runs on. `make test-full`: every third pair of QUICK_COMBOS, seeds 1-2
+    (and 7-8, ...) pairs 0, 3, 6..., seeds 3-4 pairs 1, 4, 7..., seeds 5-6 pairs 2, 5, 8..., so each pair meets an odd
+    (stateless) and an even (conntrack) seed in a run of six. `make test`: every sixth pair, seed 1 pairs 0, 6, 12,
+    seed 2 pairs 1, 7, 13, ..., so each pair meets one policy of the six, stateless or conntrack by turns (half the
+    deploys, core builds and connection checks: docs/testing.md). All with ALL_PAIRS."""
     from hypafilter.tools.fuzz import COMBOS, QUICK_COMBOS
 
     if ONLY_STRATEGY:
         return tuple(p for p in COMBOS if p[1] == ONLY_STRATEGY)
     if ALL_PAIRS:
         return COMBOS
+    if not FULL_RUN:
+        return tuple(p for i, p in enumerate(QUICK_COMBOS) if i % 6 == (seed - 1) % 6)
     third = ((seed - 1) // 2) % 3
     return tuple(p for i, p in enumerate(QUICK_COMBOS) if i % 3 == third)
 

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 from hypafilter import netns
 
+from conftest import TEST_FULL
 from tests.hfcli import HfCli
 from tests.system.test_deploy import POLICY_A
 from tests.system.test_ipv6_deploy import HW6, V6
@@ -120,6 +121,7 @@ def test_ipv6_policy_alone(lab, files):
     assert _save6() == ops6 and _ops4() == ops4
 
 
+@TEST_FULL  # make test-full
 @pytest.mark.skipif(not FULL, reason="opt-in outside CI (a dual-stack core): HF_EMU_V6_FULL=1, make test-emu-v6")
 def test_ipv6_drift_after_follow_emu(lab, files):
     a = str(files / "a.rules")

@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 from hypafilter import netns
 
+from conftest import TEST_FULL
 from tests.hfcli import HfCli
 from tests.system.test_deploy import POLICY_A
 from tests.system.test_ipv6_deploy import FULL, HW6
 
-pytestmark = pytest.mark.system
+pytestmark = [pytest.mark.system, TEST_FULL]  # make test-full
 
 LAB = "w8a"
 hf = HfCli(LAB, f"/run/hypafilter/test-{LAB}")

@@ -102,7 +102,8 @@ def test_failed_update_keeps_the_previous_program(lab, step, tmp_path):
     assert r["mismatches"] == 0 and r["generation"] == before["generation"]
 
 
-@pytest.mark.parametrize("seed", [1, pytest.param(2, marks=TEST_FULL)])
+@TEST_FULL  # make test-full
+@pytest.mark.parametrize("seed", [1, 2])
 def test_fuzz_policies(lab, seed):
     """The kernel-differential fuzzer's policies (every shunting mode x software strategy, every frame kind, half of
     them malformed) through the xdp path against the oracle; seed 2 reads conntrack state."""

@@ -88,7 +88,7 @@ def mixed_frames(old, new, seed, count: int):
     return frames_for(new, rng, count - count // 3) + frames_for(old, rng, count // 3)
 
 
-@pytest.mark.parametrize("seed", full_beyond(range(1, 11), keep=2))
+@pytest.mark.parametrize("seed", full_beyond(range(1, 11), keep=1))
 def test_fuzz_policy_changed(ns, seed):
     """The fuzzer's policies (negations, multiport, ICMP, TCP flags, user chains, complex rules) in every shunt
     mode: every frame and counter of the static program with the overlay against the model over the View."""

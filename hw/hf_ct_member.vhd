@@ -8,8 +8,9 @@
 -- 32-bit words) in the same 104-bit key, hashed behind a family byte 1 (the CRCs of the 14 bytes: the same XOR
 -- columns, other constants), so it meets an IPv4 key or another IPv6 key only by a collision (a false positive). A
 -- host command carries the folded addresses (h_v6); a lookup or egress frame the full ones (lk_v6, *_hi). An IPv6
--- host frame whose ports the core does not know (eg_u6: the walk refused it) makes every IPv6 lookup a possible
--- member for a window.
+-- host frame whose ports the core does not know (eg_u6: the walk refused it) makes every IPv6 lookup between its two
+-- addresses (either direction, any ports) a possible member for a window: its time goes to a table of 2**U6_LOG2
+-- stamps at a symmetric hash of the folded addresses (a collision is a false positive).
 --
 -- Definitions (key, hashes, counters, stamps, command codes) are those of mgmt/hypafilter/hw/ctmember.py:
 --   key = the flow cache's canonical key (104 bits, both directions one key); IPv6: of the folded addresses;
@@ -17,11 +18,14 @@
 --     most significant first; low
 --     LOG2 bits for banks 0/1, high LOG2 bits for banks 2/3; counters of 4 bits, 15 sticky;
 --   egress index: bits 8 .. 8 + EGRESS_LOG2 - 1 of CRC-32 xor CRC-32C; stamp = the 32-bit tick count (1 ms);
---     recent while now - stamp < window (mod 2**32).
+--     recent while now - stamp < window (mod 2**32);
+--   [V6] unknown-ports index (unknown6_index): x = folded src xor folded dst xor (their sum mod 2**32 rotated left
+--     by 13), the XOR of x's four bytes.
 -- Memories: per bank a RAM of 2**LOG2 counters (read port 0 lookups; read port 1 and the write port, on one address,
 -- the host's read-modify-write and the sweeps: a block RAM's second port, so synthesis keeps one copy), the egress
--- stamps (read port lookups, write port egress frames and the reset sweep). The sweep after reset zeroes every
--- counter and stamp; a clear command's sweep the counters only.
+-- stamps (read port lookups, write port egress frames and the reset sweep), [V6] the unknown-ports stamps (the same
+-- ports, eg_u6 frames). The sweep after reset zeroes every counter and stamp; a clear command's sweep the counters
+-- only.
 library ieee;
 use ieee.std_logic_1164.all;
 use ieee.numeric_std.all;
@@ -49,7 +53,8 @@ entity hf_ct_member is
     lk_v6      : in  std_logic := '0';
     lk_src_hi  : in  std_logic_vector(95 downto 0) := (others => '0');
     lk_dst_hi  : in  std_logic_vector(95 downto 0) := (others => '0');
-    -- [V6] an IPv6 host frame whose ports are unknown: every IPv6 lookup a possible member for a window after it
+    -- [V6] an IPv6 host frame whose ports are unknown, its addresses on lk_*_ip and lk_*_hi (lk_v6 not read): every
+    -- IPv6 lookup between the same two addresses a possible member for a window after it
     eg_u6      : in  std_logic := '0';
     -- LATENCY = 4 cycles after the header: a possible member (all counters non-zero, a recent egress, or a sweep)
     res_valid  : out std_logic;
@@ -80,6 +85,7 @@ architecture rtl of hf_ct_member is
   constant CMAX : unsigned(CW - 1 downto 0) := (others => '1');
   constant NB : natural := 4;
   constant EW : natural := EGRESS_LOG2;
+  constant U6_LOG2 : natural := 8;  -- [V6] unknown-ports stamps (ctmember.UNKNOWN6_LOG2); LOG2 >= 8: the sweep covers them
   constant SW_W : natural := maximum(LOG2, EW);
 
   subtype key_t is std_logic_vector(KEY_W - 1 downto 0);
@@ -174,6 +180,16 @@ architecture rtl of hf_ct_member is
     return r;
   end function;
 
+  -- [V6] the unknown-ports stamp of an address pair: the folded addresses' XOR xor their sum rotated left by 13
+  -- (either order), its bytes XORed
+  function u6_index(src, dst : w32) return unsigned is
+    variable x, s : w32;
+  begin
+    s := std_logic_vector(unsigned(src) + unsigned(dst));
+    x := src xor dst xor (s(18 downto 0) & s(31 downto 19));
+    return unsigned(x(7 downto 0) xor x(15 downto 8) xor x(23 downto 16) xor x(31 downto 24));
+  end function;
+
   function key_fwd(src, dst : w32; sp, dp : std_logic_vector(15 downto 0); proto : std_logic_vector(7 downto 0))
     return key_t is
   begin
@@ -207,8 +223,11 @@ architecture rtl of hf_ct_member is
   signal l_idx : idx_arr;
   signal l_eidx : unsigned(EW - 1 downto 0);
   signal s2_lk, s3_lk, s3_nz, s3_rec, s3_rdy : std_logic := '0';
-  signal s1_u6, s2_u6, s3_u6 : std_logic := '0';
-  signal u6_at : unsigned(31 downto 0) := (others => '0');  -- [V6] the last IPv6 host frame with unknown ports
+  signal s1_v6, s1_ueg, s2_v6, s3_u6 : std_logic := '0';
+  signal s1_uidx : unsigned(U6_LOG2 - 1 downto 0) := (others => '0');  -- [V6] the frame's unknown-ports stamp
+  signal u_we : std_logic;
+  signal u_addr : unsigned(U6_LOG2 - 1 downto 0);
+  signal u_data, u_stamp : w32;
   signal o_v, o_m, o_e : std_logic := '0';
   signal l_cnt : cnt_arr;
   signal l_stamp : w32;
@@ -259,15 +278,15 @@ begin
       s1_swp <= swapped(src, dst, lk_sport, lk_dport);
       s1_lk <= lk_valid;
       s1_eg <= eg_valid;
-      -- [V6] an IPv6 lookup after an IPv6 host frame with unknown ports (in an earlier cycle) is a possible member
-      s1_u6 <= lk_v6 and to_sl(V6) and to_sl(now - u6_at < resize(unsigned(window), 32));
-      if V6 and eg_u6 = '1' then
-        u6_at <= now;
-      end if;
+      -- [V6] an IPv6 lookup reads, an IPv6 host frame with unknown ports writes, the stamp of its address pair (the
+      -- addresses folded whatever lk_v6 says: such a frame's are IPv6 ones although the walk refused it)
+      s1_v6 <= lk_v6 and to_sl(V6);
+      s1_ueg <= eg_u6 and to_sl(V6);
+      s1_uidx <= u6_index(fold(lk_src_ip, lk_src_hi, '1'), fold(lk_dst_ip, lk_dst_hi, '1'));
       if rst = '1' then
         s1_lk <= '0';
         s1_eg <= '0';
-        u6_at <= (others => '0');
+        s1_ueg <= '0';
       end if;
     end if;
   end process;
@@ -301,6 +320,19 @@ begin
     generic map (WIDTH => 32, ADDR_W => EW, READS => 1)
     port map (clk => clk, we => e_we, waddr => e_addr, wdata => e_data, raddr => l_eidx, rdata => l_stamp);
 
+  -- [V6] the unknown-ports stamps: a lookup's read and an eg_u6 frame's write at stage 1, as the egress stamps
+  u_we <= '1' when st = SWEEP and sw_reset = '1' else s1_ueg;
+  u_addr <= resize(sw_idx, U6_LOG2) when st = SWEEP and sw_reset = '1' else s1_uidx;
+  u_data <= (others => '0') when st = SWEEP and sw_reset = '1' else std_logic_vector(now);
+  unknown6 : if V6 generate
+    stamps6 : entity work.hf_ram
+      generic map (WIDTH => 32, ADDR_W => U6_LOG2, READS => 1)
+      port map (clk => clk, we => u_we, waddr => u_addr, wdata => u_data, raddr => s1_uidx, rdata => u_stamp);
+  end generate;
+  no_unknown6 : if not V6 generate
+    u_stamp <= (others => '0');
+  end generate;
+
   lookup : process (clk)
     variable nz : std_logic;
   begin
@@ -316,8 +348,8 @@ begin
       s3_nz <= nz;
       s3_rec <= to_sl(now - unsigned(l_stamp) < resize(unsigned(window), 32));
       s3_rdy <= to_sl(st /= SWEEP);
-      s2_u6 <= s1_u6;
-      s3_u6 <= s2_u6;
+      s2_v6 <= s1_v6;
+      s3_u6 <= s2_v6 and to_sl(now - unsigned(u_stamp) < resize(unsigned(window), 32));
       o_v <= s3_lk;
       o_m <= s3_nz or s3_rec or not s3_rdy or (s3_u6 and to_sl(V6));
       o_e <= s3_rec or (s3_u6 and to_sl(V6));

@@ -1021,7 +1021,7 @@ begin
     signal c_pend, c_hv : std_logic := '0';
     signal c_v6 : std_logic := '0';
     -- the header the structure takes: an IPv6 frame's (a dual-stack core) by its IPv6 fields
-    signal m_f6, m_lk4, m_lk6, m_eg, m_u6 : std_logic;
+    signal m_f6, m_a6, m_lk4, m_lk6, m_eg, m_u6 : std_logic;
     signal m_src, m_dst : std_logic_vector(31 downto 0);
     signal m_proto : std_logic_vector(7 downto 0);
     signal m_sport, m_dport : std_logic_vector(15 downto 0);
@@ -1050,16 +1050,18 @@ begin
     m_f6 <= hp.f6 and to_sl(V6_ON);
     m_lk4 <= not hp.unp;
     m_lk6 <= m_f6 and h6_l4ok and not hp.unf and to_sl(hp.proto6 = x"06" or hp.proto6 = x"11");
-    m_src <= hp.src6(31 downto 0) when m_f6 = '1' else hp.src;
-    m_dst <= hp.dst6(31 downto 0) when m_f6 = '1' else hp.dst;
+    -- an IPv6 frame's addresses (fixed header) even when the walk refused it: an m_u6 frame's stamp is of its pair
+    m_a6 <= h_fam and to_sl(V6_ON);
+    m_src <= hp.src6(31 downto 0) when m_a6 = '1' else hp.src;
+    m_dst <= hp.dst6(31 downto 0) when m_a6 = '1' else hp.dst;
     m_proto <= hp.proto6 when m_f6 = '1' else hp.proto;
     m_sport <= hp.sport6 when m_f6 = '1' else hp.sport;
     m_dport <= hp.dport6 when m_f6 = '1' else hp.dport;
     -- stamped: every host frame whose protocol field says TCP or UDP, parsed or not: a connection's first frame out
     -- may be one the parser refuses (a fragment, options, padding after the datagram), and its header fields are
     -- there all the same (anything else it stamps is a false positive); a parsed IPv6 one by its IPv6 fields. An
-    -- IPv6 host frame whose ports the walk does not give (refused, or its TCP/UDP header cut) stamps "unknown": no
-    -- IPv6 frame is NEW for a window after it
+    -- IPv6 host frame whose ports the walk does not give (refused, or its TCP/UDP header cut) stamps "unknown" for its
+    -- address pair: no IPv6 frame between the same two addresses is NEW for a window after it
     m_eg <= hp.v and hp_host and (to_sl(hp.proto = x"06" or hp.proto = x"11")
                                   or (m_f6 and to_sl(hp.proto6 = x"06" or hp.proto6 = x"11")));
     m_u6 <= hp.v and hp_host and to_sl(V6_ON) and h_fam

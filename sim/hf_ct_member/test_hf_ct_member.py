@@ -5,8 +5,8 @@ inserted refused (nothing changes), saturated counters sticky, a small filter dr
 lost member), egress stamps recent until the window has passed (the tick input), a clear's sweep (every lookup a
 member meanwhile), the counters (members, saturated, refused). With IPv6 keys (generic V6, a dual-stack core's
 structure): IPv6 tuples beside IPv4 ones through the same checks, an IPv6 tuple whose folded addresses are an IPv4
-member's not a member, and an IPv6 host frame with unknown ports making every IPv6 lookup (no IPv4 one) a member for
-a window."""
+member's not a member, and an IPv6 host frame with unknown ports making every IPv6 lookup between its two addresses
+(no other IPv6 one, no IPv4 one) a member for a window."""
 
 from __future__ import annotations
 
@@ -62,7 +62,8 @@ class TB:
         self.pending: deque = deque()
         self.flows: list[Flow] = []  # looked up (members or not)
         self.rate, self.egress_rate = 0.0, 0.0
-        self.unknown6_rate = 0.0  # IPv6 host frames whose ports are unknown (eg_u6)
+        self.unknown6_rate = 0.0  # IPv6 host frames whose ports are unknown (eg_u6), of the tuples in u6_flows
+        self.u6_flows: list[Flow6] = []
         self.unsure: set[int] = set()  # keys a command is changing (a result may be old or new)
         self.sweeping = False
         self.counts = {"member": 0, "absent": 0, "egress": 0, "unsure": 0}
@@ -93,13 +94,14 @@ class TB:
             lk = bool(self.flows) and r < self.rate
             eg = bool(self.flows) and not lk and r < self.rate + self.egress_rate
             u6 = not lk and not eg and self.rng.random() < self.unknown6_rate
-            f = self.rng.choice(self.flows) if lk or eg else Flow(0, 0, 0)
+            f = self.rng.choice(self.u6_flows if u6 else self.flows) if lk or eg or u6 else Flow(0, 0, 0)
             if self.rng.random() < 0.5:
                 f = f.reply()
             d.lk_valid.value, d.eg_valid.value, d.eg_u6.value = int(lk), int(eg), int(u6)
             for p, v in zip(LK, (f.src & M32, f.dst & M32, f.proto, f.sport, f.dport), strict=True):
                 getattr(d, p).value = v
-            for p, v in zip(LK6, (isinstance(f, Flow6), f.src >> 32, f.dst >> 32), strict=True):
+            # a u6 frame's addresses as the core gives them: the IPv6 ones, lk_v6 '0' (the walk refused the frame)
+            for p, v in zip(LK6, (isinstance(f, Flow6) and not u6, f.src >> 32, f.dst >> 32), strict=True):
                 getattr(d, p).value = int(v)
             key = cm.key_of(f)
             want = self.m.possible(key, self.now) if lk else None
@@ -107,7 +109,7 @@ class TB:
             if eg:
                 self.m.egress(key, self.now)
             if u6 and V6:
-                self.m.egress_unknown6(self.now)
+                self.m.egress_unknown6(f.src, f.dst, self.now)
             await ReadOnly()
             self.pending.append((lk, want, unsure, f))
             if len(self.pending) > cm.LATENCY:
@@ -272,7 +274,7 @@ async def ipv6_tuples_beside_ipv4_ones(dut):
     """IPv6 keys (V6): inserts (both directions one key), deletes, refused deletes, egress stamps and lookups of IPv6
     tuples mixed with IPv4 ones, every result the model's; an IPv6 tuple whose folded addresses and ports are an IPv4
     member's is not a member (the family byte in its hashes); an IPv6 host frame with unknown ports makes every IPv6
-    lookup a member for a window, no IPv4 one. An IPv4-only structure (V6 false) ignores lk_v6/h_v6: skipped there."""
+    lookup between its two addresses a member for a window, no other IPv6 one and no IPv4 one. An IPv4-only structure (V6 false) ignores lk_v6/h_v6: skipped there."""
     if not V6:
         return
     tb = TB(dut, 23)
@@ -310,20 +312,29 @@ async def ipv6_tuples_beside_ipv4_ones(dut):
     await ClockCycles(dut.clk, 200)
     await tb.advance(tb.m.window + 1)
     await ClockCycles(dut.clk, 200)
-    # an IPv6 host frame with unknown ports: every IPv6 lookup a member for a window, IPv4 lookups as they were
+    # IPv6 host frames with unknown ports, between the addresses of s6[2:6]: every IPv6 lookup between the same two
+    # addresses (either direction, any ports) a member for a window; other IPv6 lookups and IPv4 ones as they were
     before = dict(tb.counts)
-    tb.unknown6_rate = 0.05
-    await ClockCycles(dut.clk, 200)
+    same = [Flow6(f.dst, f.src, 17, 1 + f.dport, 7) for f in s6[2:6]]  # the same addresses, other ports
+    tb.flows += same
+    tb.u6_flows = s6[2:6]
+    tb.unknown6_rate = 0.3
+    await ClockCycles(dut.clk, 300)
     tb.unknown6_rate = 0.0
-    assert all(tb.m.possible(cm.key_of(f), tb.now) for f in s6)
+    assert all(tb.m.possible(cm.key_of(f), tb.now) for f in s6[2:6] + same)
+    stamped = {cm.unknown6_index(cm.fold(f.src), cm.fold(f.dst)) for f in s6[2:6]}
+    others = [f for f in s6[6:] if cm.unknown6_index(cm.fold(f.src), cm.fold(f.dst)) not in stamped]
+    assert len(others) > 10 and not any(tb.m.possible(cm.key_of(f), tb.now) for f in others)
     assert not tb.m.possible(cm.key_of(m4[1]), tb.now)
+    absent_u6 = tb.counts["absent"]
     await ClockCycles(dut.clk, 200)
     await tb.advance(tb.m.window + 1)
     await ClockCycles(dut.clk, 300)
-    assert not tb.m.possible(cm.key_of(s6[1]), tb.now)
+    assert not any(tb.m.possible(cm.key_of(f), tb.now) for f in s6[2:6] + same)
     await tb.counters()
     dut._log.info("checked %s", tb.counts)
-    assert tb.counts["absent"] > absent6 and tb.counts["member"] > before["member"] and tb.counts["egress"] > 0
+    assert tb.counts["absent"] > absent_u6 > absent6 and tb.counts["member"] > before["member"]
+    assert tb.counts["egress"] > 0
 
 
 # ---------------------------------------------------------------- the pytest side

@@ -253,10 +253,15 @@ def test_ipv6_keys_folded_with_their_family():
     assert w == [cm.fold(f6.src), cm.fold(f6.dst), 41000 << 16 | 80, cm.CMD_V6 | 1 << 8 | 6]
     assert cm.cmd_words(cm.OP_INSERT, cm.key_flow(k)) in (w, [w[1], w[0], 80 << 16 | 41000, w[3]])
     assert cm.config_v6(cm.ctm_config(16, 12, v6=True)) and not cm.config_v6(cm.ctm_config(16, 12))
-    # an IPv6 host frame with unknown ports: every IPv6 key recent for a window, no IPv4 key
+    # an IPv6 host frame with unknown ports: every IPv6 key of its two addresses (either direction, any ports) recent
+    # for a window; no other address pair's (unless its index collides), no IPv4 key
     m = cm.CtMember(8, 4, window=100)
-    m.egress_unknown6(5000)
-    assert m.possible(k, 5099) and not m.possible(k, 5100) and not m.possible(low, 5050)
+    m.egress_unknown6(f6.dst, f6.src, 5000)
+    other = cm.key_of(Flow6(f6.src, f6.dst, 17, 1, 2))
+    far = cm.key_of(Flow6(f6.src ^ 1, f6.dst, 6, 41000, 80))
+    assert cm.unknown6_index(cm.fold(f6.src), cm.fold(f6.dst)) == cm.unknown6_index(cm.fold(f6.dst), cm.fold(f6.src))
+    assert m.possible(k, 5099) and m.possible(other, 5099) and not m.possible(k, 5100)
+    assert not m.possible(far, 5050) and not m.possible(low, 5050)
 
 
 def test_entry_keys_of_ipv6_entries():

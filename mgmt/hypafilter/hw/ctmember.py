@@ -20,7 +20,10 @@ IPv6 (a dual-stack core's structure, CTM_CONFIG bit 24): an IPv6 tuple (`Flow6`)
 (`key_of`: 1 << 104 | key); its hashes are over the family byte and the key's 13 bytes. A fold or a hash collision
 is a false positive, as every other error here. CTM_CMD carries the folded addresses and w3 bit 10 (`cmd_words`).
 An IPv6 frame the host sends whose ports the core does not know (the parser's walk refused it) makes every IPv6
-lookup a possible member for a window (`egress_unknown6`): a reply to it could belong to any tuple.
+lookup between its two addresses, either direction and any ports, a possible member for a window
+(`egress_unknown6`): a reply to it could belong to any tuple of that address pair. Its stamp goes to a table of
+2**UNKNOWN6_LOG2 stamps at `unknown6_index`, a symmetric hash of the folded addresses (the addresses sit in the fixed
+header, known whatever the walk refused); a collision is a false positive.
 
 Recent egress: 2**egress_log2 timestamps (EGRESS_TS_BITS, in lease ticks, 1 ms), indexed by `egress_index`. The
 core writes the current time at the index of every TCP/UDP frame the host sends out through the NIC; a key is
@@ -39,6 +42,7 @@ BANKS = 4
 COUNTER_BITS = 4
 COUNTER_MAX = (1 << COUNTER_BITS) - 1
 EGRESS_TS_BITS = 32
+UNKNOWN6_LOG2 = 8  # [V6] stamps of IPv6 host frames with unknown ports, by address pair (hf_ct_member's U6_LOG2)
 LATENCY = 4  # cycles from a lookup to its result (the flow cache's, so both reach the matcher together)
 MIN_LOG2, MAX_LOG2 = 8, 24
 OP_INSERT, OP_DELETE, OP_CLEAR = 1, 2, 3
@@ -123,6 +127,15 @@ def egress_index(key: int, egress_log2: int) -> int:
     return (a ^ c) >> 8 & ((1 << egress_log2) - 1)
 
 
+def unknown6_index(src: int, dst: int) -> int:
+    """The unknown-ports stamp of an IPv6 address pair (folded addresses, `fold`): their XOR xor their sum mod 2**32
+    rotated left by 13 (either order gives one index; the sum parts pairs with the same XOR, as ::1/::2 and
+    ::1:1/::2:1), folded to UNKNOWN6_LOG2 bits, the XOR of its bytes."""
+    s = (src + dst) & 0xFFFFFFFF
+    x = src ^ dst ^ (s << 13 | s >> 19) & 0xFFFFFFFF
+    return (x ^ x >> 8 ^ x >> 16 ^ x >> 24) & ((1 << UNKNOWN6_LOG2) - 1)
+
+
 def cmd_words(op: int, flow: Flow | Flow6 | None = None) -> list[int]:
     """The 4 CTM_CMD words of a command (a clear has no key); an IPv6 tuple's with its folded addresses and bit 10."""
     f = flow or Flow(0, 0, 0)
@@ -160,7 +173,7 @@ class CtMember:
     members: int = 0  # inserts minus deletes done (CTM_MEMBERS)
     saturated: int = 0  # counters an insert made sticky (CTM_SATURATED)
     refused: int = 0  # deletes refused: a counter of the key was 0 (CTM_STATUS bits 15:0)
-    unknown6: int = 0  # the time of the last IPv6 host frame whose ports are unknown (0 after reset)
+    unknown6: dict[int, int] = field(default_factory=dict)  # unknown6_index -> time of the last such frame
 
     def __post_init__(self):
         if not self.banks:
@@ -197,16 +210,20 @@ class CtMember:
     def egress(self, key: int, now: int) -> None:
         self.stamps[egress_index(key, self.egress_log2)] = now & ((1 << EGRESS_TS_BITS) - 1)
 
-    def egress_unknown6(self, now: int) -> None:
-        """An IPv6 frame out whose ports the core does not know: every IPv6 key recent for a window."""
-        self.unknown6 = now & ((1 << EGRESS_TS_BITS) - 1)
+    def egress_unknown6(self, src: int, dst: int, now: int) -> None:
+        """An IPv6 frame out (its 128-bit addresses) whose ports the core does not know: every IPv6 key of the same
+        two addresses recent for a window."""
+        self.unknown6[unknown6_index(fold(src), fold(dst))] = now & ((1 << EGRESS_TS_BITS) - 1)
 
     def recent(self, key: int, now: int) -> bool:
         """Whether an egress frame of `key` (or of a colliding key) is younger than the window. A stamp never written
         reads 0 (the reset sweep)."""
         s = self.stamps.get(egress_index(key, self.egress_log2), 0)
-        if is_v6_key(key) and (now - self.unknown6) % (1 << EGRESS_TS_BITS) < self.window:
-            return True
+        if is_v6_key(key):
+            f = key_flow(key)
+            u = self.unknown6.get(unknown6_index(f.src, f.dst), 0)
+            if (now - u) % (1 << EGRESS_TS_BITS) < self.window:
+                return True
         return (now - s) % (1 << EGRESS_TS_BITS) < self.window
 
     def possible(self, key: int, now: int) -> bool:

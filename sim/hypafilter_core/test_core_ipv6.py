@@ -4,6 +4,7 @@ each frame's decision and match_index checked against the compiler's plans."""
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import random
 import shutil
@@ -183,9 +184,14 @@ def frames6(plan6, rng: random.Random) -> list[tuple[bytes, int, Header | None]]
     return out
 
 
-def expect6(plan4, plan6, h: Header | None, src_port: int, tuser: int, regs: hwmodel.Regs) -> hwmodel.Decision:
+def expect6(
+    plan4, plan6, h: Header | None, src_port: int, tuser: int, regs: hwmodel.Regs, ct: int = 0
+) -> hwmodel.Decision:
     """The core's decision for an IPv6 frame (h: its header, None: unparsed), from the plans: the hardware index is
-    v6_base + the IPv6 plan's first entry holding the header's address ranks (its policy entry when none)."""
+    v6_base + the IPv6 plan's first entry holding the header's address ranks and `ct` (its policy entry when none).
+    `ct` as the core gives it (0 without a flow cache and a conntrack membership structure; 1/2 a flow cache hit; 3
+    no conntrack entry): at ct 3 the row's bit comes from `regs.shunt_none` (SHUNT_NONE), and the IPv6 side's miss
+    forcing takes an ACCEPT at ct 0 or 3 (bit 6), a DROP at ct 0 (bit 7), as hwmodel.decide's bits 4/5 do."""
     n4 = len(plan4.entries)
     gen = regs.generation & 0xFFFF
     shunt_port = src_port << 1
@@ -196,15 +202,19 @@ def expect6(plan4, plan6, h: Header | None, src_port: int, tuser: int, regs: hwm
         meta = pack_meta(n4, 0, hwmodel.REASON_UNPARSED, gen)
         return hwmodel.Decision(hwmodel.Kind.SHUNT, shunt_port, meta, n4, 0, hwmodel.REASON_UNPARSED)
     base = vhdl.v6_base(plan4)
-    j = match_index(plan6, plan6.addr_map.header(h))
+    j = match_index(plan6, plan6.addr_map.header(dataclasses.replace(h, ct=ct)))
     idx = base + j
     action = regs.actions[idx] & 7
     reason = hwmodel.REASON_POLICY if j == len(plan6.entries) else hwmodel.REASON_OVERRULE
     meta = pack_meta(idx, action, reason, gen)
-    if regs.shunt[idx] or action not in (1, 2) or regs.control & hwmodel.CONTROL_SHUNT_ALL:
+    bits = regs.shunt_none if ct == 3 and regs.shunt_none is not None else regs.shunt
+    if bits[idx] or action not in (1, 2) or regs.control & hwmodel.CONTROL_SHUNT_ALL:
         return hwmodel.Decision(hwmodel.Kind.SHUNT, shunt_port, meta, idx, action, reason)
-    # the IPv6 side's miss forcing (CONTROL bits 6/7; an IPv6 frame has ct 0), never the IPv4 side's bits 4/5
-    forced = hwmodel.CONTROL_MISS_SHUNT6_ACCEPT if action == 1 else hwmodel.CONTROL_MISS_SHUNT6_DROP
+    # the IPv6 side's miss forcing (CONTROL bits 6/7), never the IPv4 side's bits 4/5
+    if action == 1:
+        forced = hwmodel.CONTROL_MISS_SHUNT6_ACCEPT if ct in (0, 3) else 0
+    else:
+        forced = hwmodel.CONTROL_MISS_SHUNT6_DROP if ct == 0 else 0
     if regs.control & forced:
         meta = pack_meta(idx, action, hwmodel.REASON_STATE, gen)
         return hwmodel.Decision(hwmodel.Kind.SHUNT, shunt_port, meta, idx, action, hwmodel.REASON_STATE)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import struct
@@ -483,6 +484,29 @@ def test_oversize_dropped_and_counted(nic, topo):
     got = collect(topo, quiet=0.3)
     assert all(big not in v for v in got.values())
     assert nic.stats()["ports"]["wire0"]["rx_oversize"] == before + 1
+
+
+def test_socket_buffer_overflow_counted(nic, topo):
+    """Frames that reach wire0 while its socket's buffer is full are dropped by the kernel before the NIC sees them:
+    counted (`rx_dropped`), every frame sent either taken or counted so. Before, nothing showed them."""
+    import signal
+
+    frame = bytes.fromhex("02000000009902484600010188b6") + b"x" * 1500  # unparsed by the core
+    before = nic.stats()["ports"]["wire0"]
+    drain(topo)
+    sent = 0
+    os.kill(nic.pid, signal.SIGSTOP)  # a NIC that falls behind, as under load
+    try:
+        # ~9 MB: more than the socket's buffer holds (SO_RCVBUFFORCE 4 MB, doubled by the kernel)
+        for _ in range(6000):
+            with contextlib.suppress(BlockingIOError):
+                sent += topo["wire0"].send(frame) > 0
+    finally:
+        os.kill(nic.pid, signal.SIGCONT)
+    collect(topo, quiet=0.5, limit=10.0)
+    after = nic.stats()["ports"]["wire0"]
+    rx, dropped = after["rx"] - before["rx"], after["rx_dropped"] - before["rx_dropped"]
+    assert dropped > 0 and rx + dropped == sent, (rx, dropped)
 
 
 def test_idle_nic_uses_no_cpu(nic):

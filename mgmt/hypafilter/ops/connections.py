@@ -11,9 +11,11 @@ to the end; the server reads to the end and answers with what came, reversed (`r
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import select
 import socket
 import struct
+import termios
 import threading
 import time
 from collections.abc import Sequence
@@ -25,7 +27,7 @@ from hypafilter.ir import FIELD_INDEX, PROTO_TCP, PROTO_UDP, Policy
 from hypafilter.netns import inside
 
 REPLY_REPEAT = 50  # tcp_talk's default: the reversed request this many times, several segments back
-TIMEOUT = 2.0  # seconds a connect, a read or a quiet UDP socket may take before the connection counts as failed
+TIMEOUT = 2.0  # seconds a connect, read, send or quiet UDP socket may go without progress before the connection fails
 UDP_CHUNK = 1024  # payload bytes per datagram, under every lab MTU
 SEQ = struct.Struct("!I")  # the sequence number that opens every datagram of a UDP connection
 SPORT_BASE = 40000  # connection i leaves from SPORT_BASE + i
@@ -98,7 +100,7 @@ class TcpServers:
                 pass
             self.received[(peer[0], peer[1], port)] = len(data)
             try:
-                c.sendall(data[::-1] * self.repeat)
+                send_all(c, data[::-1] * self.repeat)
             except OSError:
                 pass
 
@@ -167,6 +169,35 @@ class UdpServers:
             time.sleep(left)
 
 
+def send_all(c: socket.socket, data: bytes) -> None:
+    """All of `data` into `c`'s send queue, failing after `c`'s timeout without progress (each send waits that long
+    for room). socket.sendall's timeout bounds the whole call (Python 3.5+): 200 KB on a slow path (the emulated NIC
+    under load) failed a connection that never stalled."""
+    view = memoryview(data)
+    while view:
+        view = view[c.send(view) :]
+
+
+def _unacked(c: socket.socket) -> int:
+    """Bytes `c` has sent or queued that its peer has not acknowledged (SIOCOUTQ, = TIOCOUTQ)."""
+    return struct.unpack("i", fcntl.ioctl(c.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+
+
+def recv_waiting(c: socket.socket) -> bytes:
+    """The next bytes from `c`; while none come, waits on as long as the peer still acknowledges `c`'s own bytes
+    (a server answers once it has them all, and they may still be crossing a slow path): fails after `c`'s timeout
+    in which neither happened."""
+    left = _unacked(c)
+    while True:
+        try:
+            return c.recv(65536)
+        except TimeoutError:
+            now = _unacked(c)
+            if not 0 < now < left:
+                raise
+            left = now
+
+
 def _tcp_client(
     ns: str,
     dst: str,
@@ -188,10 +219,10 @@ def _tcp_client(
             c.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             c.bind((src, sport))
         c.connect((dst, port))
-        c.sendall(message)
+        send_all(c, message)
         c.shutdown(socket.SHUT_WR)
         while want is None or len(out) < want:
-            chunk = c.recv(65536)
+            chunk = recv_waiting(c)
             if not chunk:
                 break
             out += chunk

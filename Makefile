@@ -24,7 +24,7 @@ test-unit:
 	$(PYTEST) -q -n $(TEST_WORKERS) tests/unit
 
 # opt-in: what `make test` runs and what it leaves out to stay within 20 minutes on a 2-core machine (conftest.TEST_FULL:
-# more fuzzer seeds and frames, the 512-bit and 1,100-entry core simulations, post-synthesis simulations of the whole
+# the fuzzer's pairs in thirds instead of sixths and its IPv6 policy on the emulated NIC, the 512-bit and 1,100-entry core simulations, post-synthesis simulations of the whole
 # core, the emulated NIC's runs of tests that xdp also runs, scale; docs/testing.md "make test and make test-full").
 # About 50 minutes on the 2-core machine.
 test-full:
@@ -166,7 +166,7 @@ test-livepolicy6:
 .PHONY: fuzz
 fuzz:
 	@scripts/setup.sh system
-	CI=true HF_FUZZ_FRAMES=1000000 HF_FUZZ_POLICIES=24 HF_FUZZ_ALL_PAIRS=1 $(PYTEST) -q -s tests/system/test_fuzz.py
+	CI=true HF_TEST_FULL=1 HF_FUZZ_FRAMES=1000000 HF_FUZZ_POLICIES=24 HF_FUZZ_ALL_PAIRS=1 $(PYTEST) -q -s tests/system/test_fuzz.py
 
 # opt-in: strategy tree (docs/optimize.md): its K0 tree alone against each of 100 fuzzer policies alone in the kernel
 # (TREE_FUZZ_SEEDS=N), then the fuzzer's deployments on tree's three pairs, emu and xdp (TREE_FUZZ_POLICIES=N, 12)
@@ -175,7 +175,7 @@ fuzz-tree:
 	PYTHONPATH=mgmt .venv/bin/python -c "import json, sys; from hypafilter.tools.bench.optimize import fuzz; \
 	r = fuzz(range(1, $${TREE_FUZZ_SEEDS:-100} + 1), packets=3000, min_segment=2, k0='tree'); \
 	bad = [x for x in r if x['mismatches']]; print(json.dumps(bad)); sys.exit(1 if bad else 0)"
-	CI=true HF_FUZZ_STRATEGY=tree HF_FUZZ_POLICIES=$${TREE_FUZZ_POLICIES:-12} $(PYTEST) -q -s tests/system/test_fuzz.py
+	CI=true HF_TEST_FULL=1 HF_FUZZ_STRATEGY=tree HF_FUZZ_POLICIES=$${TREE_FUZZ_POLICIES:-12} $(PYTEST) -q -s tests/system/test_fuzz.py
 
 # opt-in: strategy tree's live K0 tree on xdp and on the emulated NIC in full (docs/optimize.md "The live K0 tree"):
 # verify --live also before the live insert and after the rebuild (`make test` runs the insert and the lazy stage;

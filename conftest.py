@@ -172,8 +172,7 @@ def full_beyond(values, keep: int = 1) -> list:
 
 def _wanted(item) -> bool:
     """A test marked `optin("VAR")` runs only where VAR is set (its make target sets it), else it is deselected."""
-    m = item.get_closest_marker("optin")
-    return m is None or os.environ.get(m.args[0], "") not in ("", "0")
+    return all(os.environ.get(m.args[0], "") not in ("", "0") for m in item.iter_markers("optin"))
 
 
 def pytest_collection_modifyitems(config, items):

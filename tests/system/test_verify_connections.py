@@ -8,8 +8,6 @@ import json
 
 import pytest
 
-from conftest import TEST_FULL
-
 pytestmark = pytest.mark.system
 
 LAB = "t-vconn"
@@ -94,7 +92,7 @@ def host_lab(request):
         yield lab
 
 
-@pytest.mark.parametrize("host_lab", [pytest.param("emu", marks=TEST_FULL), "xdp"], indirect=True)
+@pytest.mark.parametrize("host_lab", ["emu", "xdp"], indirect=True)
 def test_host_mode_connections(host_lab):
     """Host mode (an INPUT policy): real TCP and UDP connections into the host (servers in the firewall and in the
     plain namespace) and out of it (the host the client, INPUT judging the replies), compared per connection with

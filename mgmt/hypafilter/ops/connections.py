@@ -193,7 +193,7 @@ def recv_waiting(c: socket.socket) -> bytes:
             return c.recv(65536)
         except TimeoutError:
             now = _unacked(c)
-            if not 0 < now < left:
+            if now >= left:  # nothing acknowledged in the timeout (all acknowledged earlier: left = 0)
                 raise
             left = now
 

@@ -395,12 +395,14 @@ def _rate_ipv6(args: argparse.Namespace, cfg, sets: bool = False):
     into IPv6 as the analysis benchmark maps it (tools.classbench6), and with --trace its trace mapped beside it;
     `POLICY --ipv6 V6POLICY`: both families' frames. `sets`: the IPv6 policy's -m set matches read the sets of --ipsets FILE (or the firewall's live
     ones), inet6 sets as set slots of the IPv6 plan (docs/sets.md "IPv6 sets"); with -6 the empty IPv4 side carries
-    the --ipsets text, which the bench creates in the lab's firewall (as deploy -6 and verify -6 do)."""
+    the --ipsets text, which the bench creates in the lab's firewall (as deploy -6 and verify -6 do). `--ct-first`
+    (`-6 --classbench` only): the mapped set with the ESTABLISHED,RELATED accept first, as the IPv4 import has it; its
+    trace is mapped beside the set without that rule (the trace names its filters by their 0-based index)."""
     from hypafilter.iptables.document import parse_policy
     from hypafilter.netfilter import ip6
 
-    if args.ct_first:
-        raise HypafilterError("--ct-first is an IPv4 ClassBench import: not with -6 or --ipv6")
+    if args.ct_first and not (args.family6 and args.classbench):
+        raise HypafilterError("--ct-first with IPv6 is -6 --classbench's: not with --ipv6 or an ip6tables policy file")
     headers, text_nft = None, None
     if args.family6:
         if args.classbench:
@@ -420,7 +422,7 @@ def _rate_ipv6(args: argparse.Namespace, cfg, sets: bool = False):
 
             text = mapped(args.complex)
             if args.complex:  # the same rules without the string match (the mapping draws the same prefixes)
-                text_nft = mapped(0)
+                text_nft = ct_first_text(mapped(0), args.chain) if args.ct_first else mapped(0)
             source = f"{args.classbench} (mapped into IPv6)"
             if args.trace:
                 import random
@@ -432,6 +434,8 @@ def _rate_ipv6(args: argparse.Namespace, cfg, sets: bool = False):
                 if len(rows) > args.frames:
                     rows = [rows[i] for i in sorted(random.Random(args.seed).sample(range(len(rows)), args.frames))]
                 headers = v6_trace(text, rows, args.seed)
+            if args.ct_first:
+                text = ct_first_text(text, args.chain)
         elif args.policy:
             from hypafilter.iptables.document import read_policy_text
 
@@ -511,11 +515,17 @@ def _classbench(args: argparse.Namespace, cfg, complex_rules: int):
         deterministic=args.deterministic,
     )
     if args.ct_first:
-        lines = text.splitlines(keepends=True)
-        at = next(i for i, ln in enumerate(lines) if ln.startswith(("-A ", "COMMIT")))
-        lines.insert(at, f"-A {args.chain} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT\n")
-        text = "".join(lines)
+        text = ct_first_text(text, args.chain)
     return parse_policy(text, filename=args.classbench, base_chain=args.chain, config=cfg, allow_empty=args.allow_empty)
+
+
+def ct_first_text(text: str, chain: str) -> str:
+    """A ClassBench import's restore text (IPv4, or mapped into IPv6) with an ESTABLISHED,RELATED accept rule before
+    its rules (--ct-first)."""
+    lines = text.splitlines(keepends=True)
+    at = next(i for i, ln in enumerate(lines) if ln.startswith(("-A ", "COMMIT")))
+    lines.insert(at, f"-A {chain} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT\n")
+    return "".join(lines)
 
 
 def run_xdp_cost(args: argparse.Namespace) -> int:

@@ -155,14 +155,23 @@ def _l4(sc, h: dict, uid: int, payload: bytes):
 
 
 def build6(
-    uid: int, kind: str, h: dict, rng: random.Random, sent: list[dict], dst_mac: bytes, id_prefix: bytes
+    uid: int,
+    kind: str,
+    h: dict,
+    rng: random.Random,
+    sent: list[dict],
+    dst_mac: bytes,
+    id_prefix: bytes,
+    payload: bytes | None = None,
 ) -> bytes:
     """The frame of `kind` (KINDS6) for header `h`, its id `uid` in the source MAC after `id_prefix`; `sent`:
-    well-formed TCP/UDP headers sent before (quoted by icmp_error_real)."""
+    well-formed TCP/UDP headers sent before (quoted by icmp_error_real); `payload`: the upper-layer payload (default
+    0-32 random bytes)."""
     sc = _scapy()
     src_mac = (id_prefix + uid.to_bytes(4, "big")).hex(":")
     eth = sc.Ether(dst=dst_mac.hex(":"), src=src_mac, type=0x86DD)
-    payload = bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 32)))
+    if payload is None:
+        payload = bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 32)))
     ip = sc.IPv6(src=h["src"], dst=h["dst"], hlim=rng.choice((64, 1, 255)))
     l4 = _l4(sc, h, uid, payload)
     cut = None

@@ -4,10 +4,12 @@ the policy accepts, run through each path while the attack frames flood it.
 
 **Blocklist.** `networks` disjoint IPv4 networks (/16 to /32, drawn as published blocklists are: mostly /24s and single
 addresses), each in a /16 of its own that holds no address the bench uses otherwise (the attackers, the legitimate
-connections' ends, 10/8). Expressed `as_`:
+connections' ends, 10/8); with IPv6 (`bench rate -6 --attack`, family 6) each network is in the /48 that the
+ClassBench mapping (tools.classbench6) makes of such a /16, 2001:db8:BLOCK::/48, as a /48 to /128. Expressed `as_`:
 - "ipset": one rule `-m set --match-set SET src -j DROP` ahead of the policy's rules and a hash:net set created with
   `ipset restore` in the firewall's and the oracle's namespaces (the nft path: an interval set and `ip saddr @set
-  drop` ahead of the policy's chains);
+  drop` ahead of the policy's chains); IPv6: an `ip6tables` rule over a `family inet6` set of its own name
+  (BLOCKLIST_SET6), the nft path's set in its `ip6` table;
 - "rules": one rule `-s NET -j DROP` per network ahead of the policy's rules (on every path).
 
 **Legitimate connections.** A client and a server address (taken from the trace's or verify's headers), a protocol and
@@ -16,7 +18,8 @@ accepts a new TCP connection there, else UDP flows whose datagrams the server ec
 only UDP), and per connection a source port the policy accepts too. Chosen from the policy's analysis; whether they
 complete is measured (real sockets, on the hybrid path and on the policy alone in iptables, each under the same
 flood), never derived. The two addresses are added to the lab's sender and receiver interfaces of the path while its
-connections run, then removed.
+connections run, then removed. IPv6 connections (an IPv6 policy's flow) get static neighbours too: neighbour
+discovery is ICMPv6, which the policy under test filters (ARP passes the bridges' iptables unfiltered).
 """
 
 from __future__ import annotations
@@ -43,9 +46,14 @@ BLOCKLIST_AS = ("ipset", "rules")
 MAX_BLOCKLIST = 40000
 DEFAULT_BLOCKLIST = 10000  # networks in --attack's blocklist unless --blocklist says otherwise
 BLOCKLIST_SET = "hfrate-block"  # the ipset in the lab's firewall and plain namespaces (and the nft set's name)
+BLOCKLIST_SET6 = "hfrate-block6"  # the IPv6 blocklist's (family inet6: a set of its own, never swapped for the other)
 NFT_SET = "block"
 # Prefix lengths of the blocklist's networks and their weights (published lists: mostly /24s and single addresses).
 PREFIXES = ((32, 45), (24, 35), (22, 8), (20, 7), (16, 5))
+# IPv6 (family 6): single addresses, /64 subnets, /56 and /48 sites, as IPv6 lists ban them
+PREFIXES6 = ((128, 45), (64, 35), (56, 8), (52, 7), (48, 5))
+AF = {4: socket.AF_INET, 6: socket.AF_INET6}
+V6_BASE = 0x20010DB8 << 96  # 2001:db8::/32, where tools.classbench6 maps the IPv4 space (a/len -> /(32 + len))
 LEGIT_BYTES = 4096  # payload bytes each way per legitimate connection
 UDP_CHUNK = 512
 LEGIT_TIMEOUT = 5.0  # seconds a connect, a read or a quiet UDP socket may take (a lost SYN is retried after 1 s)
@@ -61,83 +69,115 @@ LEGIT_WINDOW_MIN = 64
 
 
 def _ok_unicast(a: int) -> bool:
-    """An address a spoofing or legitimate sender may use: not 0/8, 10/8, 127/8 or class D/E."""
+    """An address a spoofing or legitimate sender may use: not 0/8, 10/8, 127/8 or class D/E; IPv6: global unicast
+    (2000::/3)."""
+    if a >> 32:
+        return a >> 125 == 1
     return (a >> 24) not in (0, 10, 127) and a < 0xE0000000
 
 
-def blocklist_networks(count: int, seed: int, avoid: set[int] = frozenset()) -> list[tuple[int, int]]:
+def family_of(a: int) -> int:
+    """The family of one of the mix's addresses: IPv6 above 32 bits (they are all global unicast, never ::/96)."""
+    return 6 if a >> 32 else 4
+
+
+def _ip(a: int) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    return ipaddress.IPv6Address(a) if family_of(a) == 6 else ipaddress.IPv4Address(a)
+
+
+def _site(a: int) -> int:
+    """The /16 of an IPv4 address, the /48 of an IPv6 one (the mapping of a /16 under V6_BASE): the blocklist's unit."""
+    return a >> (80 if family_of(a) == 6 else 16)
+
+
+def set_name(family: int = 4) -> str:
+    return BLOCKLIST_SET6 if family == 6 else BLOCKLIST_SET
+
+
+def blocklist_networks(count: int, seed: int, avoid: set[int] = frozenset(), family: int = 4) -> list[tuple[int, int]]:
     """`count` disjoint networks (address, prefix length), each in a /16 of its own holding none of the addresses
-    `avoid` (their /16s are skipped) and outside 0/8, 10/8, 127/8 and class D/E."""
+    `avoid` (their /16s are skipped) and outside 0/8, 10/8, 127/8 and class D/E. `family` 6: the same /16s drawn,
+    each network in the /48 the ClassBench mapping makes of it (2001:db8:BLOCK::/48), of PREFIXES6's lengths."""
     if count < 0 or count > MAX_BLOCKLIST:
         raise HypafilterError(f"--blocklist takes 0 to {MAX_BLOCKLIST} networks")
     rng = random.Random(seed ^ 0xB10C)
-    taken = {a >> 16 for a in avoid}
-    lengths = [p for p, _ in PREFIXES]
-    weights = [w for _, w in PREFIXES]
+    bits, top, prefixes = (128, V6_BASE, PREFIXES6) if family == 6 else (32, 0, PREFIXES)
+    low = bits - 48 if family == 6 else 16  # the bits below the /16 (IPv4) or its /48 (IPv6)
+    taken = {_site(a) for a in avoid}
+    lengths = [p for p, _ in prefixes]
+    weights = [w for _, w in prefixes]
     out = []
     while len(out) < count:
         block = rng.randint(0x0100, 0xDFFF)
-        if block in taken or not _ok_unicast(block << 16):
+        site = top | (block << low)
+        if _site(site) in taken or not _ok_unicast(block << 16):
             continue
-        taken.add(block)
+        taken.add(_site(site))
         plen = rng.choices(lengths, weights)[0]
-        addr = (block << 16) | (rng.getrandbits(16) & ~((1 << (32 - plen)) - 1) & 0xFFFF)
+        addr = site | (rng.getrandbits(low) & ~((1 << (bits - plen)) - 1) & ((1 << low) - 1))
         out.append((addr, plen))
     return out
 
 
 def net_text(net: tuple[int, int]) -> str:
-    return f"{ipaddress.IPv4Address(net[0])}/{net[1]}"
+    return f"{_ip(net[0])}/{net[1]}"
 
 
 def address_in(net: tuple[int, int], rng: random.Random) -> int:
     """A random address of the network (its first and last too: a spoofed source needs no host part)."""
     a, plen = net
-    return a | (rng.getrandbits(32 - plen) if plen < 32 else 0)
+    bits = 128 if family_of(a) == 6 else 32
+    return a | (rng.getrandbits(bits - plen) if plen < bits else 0)
 
 
-def ipset_restore(networks: list[tuple[int, int]], name: str = BLOCKLIST_SET) -> str:
-    """`ipset restore` input that creates the set `name` holding the blocklist's networks."""
+def ipset_restore(networks: list[tuple[int, int]], name: str = BLOCKLIST_SET, family: int = 4) -> str:
+    """`ipset restore` input that creates the set `name` holding the blocklist's networks (`family` 6: inet6)."""
     # maxelem: ipset's default (what fail2ban's, firewalld's and Docker's sets use), above MAX_BLOCKLIST and within
     # every target's set slot (the emulated NIC's holds 65,536; a larger maxelem makes the set match complex there)
-    lines = [f"create {name} hash:net family inet hashsize 16384 maxelem 65536"]
+    inet = "inet6" if family == 6 else "inet"
+    lines = [f"create {name} hash:net family {inet} hashsize 16384 maxelem 65536"]
     lines += [f"add {name} {net_text(n)}" for n in networks]
     return "\n".join(lines) + "\n"
 
 
-def create_ipset(namespaces: list[str], networks: list[tuple[int, int]]) -> None:
-    """The blocklist set, exactly these networks, in each namespace. A set of that name made as ipset_restore makes
-    it is emptied and refilled in place (one `ipset restore`: the same set, so a fast path following the kernel's
-    sets sees element changes); any other is replaced: filled under a scratch name, swapped in (rules may reference
-    it) or renamed to it."""
-    scratch = BLOCKLIST_SET + "-new"
-    header = ipset_restore([], BLOCKLIST_SET).split()  # ipset save adds bucketsize and initval to it
-    adds = ipset_restore(networks).split("\n", 1)[1]
+def create_ipset(namespaces: list[str], networks: list[tuple[int, int]], family: int = 4) -> None:
+    """The blocklist set (set_name(family)), exactly these networks, in each namespace. A set of that name made as
+    ipset_restore makes it is emptied and refilled in place (one `ipset restore`: the same set, so a fast path
+    following the kernel's sets sees element changes); any other is replaced: filled under a scratch name, swapped in
+    (rules may reference it) or renamed to it."""
+    name = set_name(family)
+    scratch = name + "-new"
+    header = ipset_restore([], name, family).split()  # ipset save adds bucketsize and initval to it
+    adds = ipset_restore(networks, name, family).split("\n", 1)[1]
+
+    def host(ln: str) -> str:  # ipset save lists a /32 (/128) without its length, in its hash's order
+        return ln.removesuffix("/128" if family == 6 else "/32")
+
     for ns in namespaces:
         try:
-            saved = netns.run(["ipset", "save", BLOCKLIST_SET], ns, check=False).splitlines()
+            saved = netns.run(["ipset", "save", name], ns, check=False).splitlines()
             if saved and saved[0].split()[: len(header)] == header:
-                # ipset save lists a /32 without its length, in its hash's order
-                have = {ln.removesuffix("/32") for ln in saved[1:] if ln.strip()}
-                if have != {ln.removesuffix("/32") for ln in adds.splitlines()}:
-                    netns.run(["ipset", "restore"], ns, input=f"flush {BLOCKLIST_SET}\n" + adds)
+                have = {host(ln) for ln in saved[1:] if ln.strip()}
+                if have != {host(ln) for ln in adds.splitlines()}:
+                    netns.run(["ipset", "restore"], ns, input=f"flush {name}\n" + adds)
                 continue
             netns.run(["ipset", "destroy", scratch], ns, check=False)
-            netns.run(["ipset", "restore"], ns, input=ipset_restore(networks, scratch))
+            netns.run(["ipset", "restore"], ns, input=ipset_restore(networks, scratch, family))
             if saved:
-                netns.run(["ipset", "swap", scratch, BLOCKLIST_SET], ns)
+                netns.run(["ipset", "swap", scratch, name], ns)
                 netns.run(["ipset", "destroy", scratch], ns)
             else:
-                netns.run(["ipset", "rename", scratch, BLOCKLIST_SET], ns)
+                netns.run(["ipset", "rename", scratch, name], ns)
         except netns.CommandError as e:
-            raise HypafilterError(f"creating the blocklist ipset {BLOCKLIST_SET} in {ns} failed: {e}") from e
+            raise HypafilterError(f"creating the blocklist ipset {name} in {ns} failed: {e}") from e
 
 
 @contextlib.contextmanager
 def host_set_for_check() -> Iterator[None]:
     """The blocklist set, empty, in the host's namespace while the body runs, unless it is there already: deploy's
     kernel check (iptables/kernel.py) loads the policy into a scratch namespace with the host's sets' `create` lines
-    (the lab's firewall namespace holds the filled set). Removed afterwards if this made it."""
+    (the lab's firewall namespace holds the filled set). Removed afterwards if this made it. (IPv4: the IPv6 side's
+    check, netfilter.ip6.check, creates the sets of its own `sets_text`.)"""
     made = False
     probe = subprocess.run(["ipset", "list", "-n", BLOCKLIST_SET], capture_output=True)
     if probe.returncode != 0:
@@ -150,57 +190,73 @@ def host_set_for_check() -> Iterator[None]:
             netns.run(["ipset", "destroy", BLOCKLIST_SET], check=False)
 
 
-def blocklist_rules(networks: list[tuple[int, int]], as_: str, chain: str) -> list[str]:
-    """The iptables rules (restore lines) that drop the blocklist's sources ahead of the policy."""
+def blocklist_rules(networks: list[tuple[int, int]], as_: str, chain: str, family: int = 4) -> list[str]:
+    """The iptables (`family` 6: ip6tables) rules, restore lines, that drop the blocklist's sources ahead of the
+    policy."""
     if as_ == "ipset":
-        return [f"-A {chain} -m set --match-set {BLOCKLIST_SET} src -j DROP"] if networks else []
+        return [f"-A {chain} -m set --match-set {set_name(family)} src -j DROP"] if networks else []
     if as_ == "rules":
         return [f"-A {chain} -s {net_text(n)} -j DROP" for n in networks]
     raise HypafilterError(f"--blocklist-as is one of {', '.join(BLOCKLIST_AS)} (got '{as_}')")
 
 
-def with_blocklist(
-    policy: Policy,
-    config: Config,
-    networks: list[tuple[int, int]],
-    as_: str,
-    sets_ns: str | None = None,
-    target: str = "",
-) -> Policy:
+def with_blocklist(policy, config: Config, networks: list[tuple[int, int]], as_: str, sets_ns: str | None = None,
+                   target: str = ""):  # fmt: skip
     """The policy with the blocklist's rules first in its base chain (parsed again from the oracle's text, so that
     every path loads the same rules). `sets_ns`: the namespace whose live sets the set match reads (the lab's
-    firewall, where create_ipset made the blocklist), for `target`'s set slots."""
+    firewall, where create_ipset made the blocklist), for `target`'s set slots. `policy`: an ir.Policy (IPv4), or
+    the IPv6 side (netfilter.ip6.V6Policy: its text, its front end's reading `ir` and the kernel's check of it made
+    again, as bench rate -6 reads the file)."""
     from hypafilter.iptables.document import parse_policy
-    from hypafilter.iptables.writer import policy_restore
 
-    extra = blocklist_rules(networks, as_, policy.base_chain)
+    six = getattr(policy, "kind", None) is not None  # a V6Policy ("policy"; the IR Policy has no kind)
+    extra = blocklist_rules(networks, as_, policy.base_chain, 6 if six else 4)
     if not extra:
         return policy
-    lines = policy_restore(policy, config.table).splitlines()
+    if six:
+        lines = policy.text.splitlines()
+    else:
+        from hypafilter.iptables.writer import policy_restore
+
+        lines = policy_restore(policy, config.table).splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.strip() == "*filter"), 0)  # (an IPv6 file's other tables)
     at = next(
-        (i for i, ln in enumerate(lines) if ln.startswith(f"-A {policy.base_chain} ") or ln == "COMMIT"),
+        (i for i, ln in enumerate(lines[start:], start) if ln.startswith(f"-A {policy.base_chain} ") or ln == "COMMIT"),
         len(lines),
     )
     text = "\n".join(lines[:at] + extra + lines[at:]) + "\n"
+    source = f"{policy.source} + blocklist ({len(networks)} networks as {as_})"
     sets = None
     if as_ == "ipset" and sets_ns:
         from hypafilter.iptables.sets import SetEnv
         from hypafilter.netfilter import ipset
-        from hypafilter.targets import set_capability
+        from hypafilter.targets import set_capability, set_capability6
 
-        slots, capacity = set_capability(target or config.target)
+        tgt = target or config.target
+        slots, capacity = set_capability(tgt)
         saved = ipset.save_text(sets_ns)
         found = ipset.parse_save(saved, f"ipset save ({sets_ns})")
-        sets = SetEnv(found, slots, capacity, target or config.target, f"live sets of {sets_ns}", text=saved)
-    return parse_policy(text, filename=f"{policy.source} + blocklist ({len(networks)} networks as {as_})",
-                        base_chain=policy.base_chain, config=config, sets=sets)  # fmt: skip
+        sets = SetEnv(found, slots, capacity, tgt, f"live sets of {sets_ns}", text=saved,
+                      v6_slots=set_capability6(tgt))  # fmt: skip
+    if not six:
+        return parse_policy(text, filename=source, base_chain=policy.base_chain, config=config, sets=sets)
+    import dataclasses
+
+    from hypafilter.netfilter import ip6
+
+    ir = parse_policy(text, filename=source, base_chain=policy.base_chain, config=config, allow_empty=True, family=6,
+                      sets=sets)  # fmt: skip
+    v6 = ip6.parse(text, source, policy.base_chain, sets_text=sets.text if sets is not None else "")
+    return dataclasses.replace(v6, ir=ir)
 
 
-def nft_blocklist(networks: list[tuple[int, int]]) -> tuple[str, str]:
-    """(the nft set's declaration inside the bench's table, the rule ahead of the policy's chains) for "ipset"."""
+def nft_blocklist(networks: list[tuple[int, int]], family: int = 4) -> tuple[str, str]:
+    """(the nft set's declaration inside the bench's table, the rule ahead of the policy's chains) for "ipset"; its
+    `family` 6 form goes into the bench's ip6 table."""
     elems = ", ".join(net_text(n) for n in networks)
-    decl = f"\tset {NFT_SET} {{\n\t\ttype ipv4_addr; flags interval;\n\t\telements = {{ {elems} }}\n\t}}\n"
-    return decl, f"ip saddr @{NFT_SET} drop"
+    kind, word = ("ipv6_addr", "ip6") if family == 6 else ("ipv4_addr", "ip")
+    decl = f"\tset {NFT_SET} {{\n\t\ttype {kind}; flags interval;\n\t\telements = {{ {elems} }}\n\t}}\n"
+    return decl, f"{word} saddr @{NFT_SET} drop"
 
 
 # ---- legitimate connections ------------------------------------------------------------------------------------------
@@ -216,11 +272,15 @@ class LegitFlow:
     port: int
     sports: tuple[int, ...]
 
+    @property
+    def family(self) -> int:
+        return family_of(self.client)
+
     def summary(self) -> dict:
         return {
             "proto": self.proto,
-            "client": str(ipaddress.IPv4Address(self.client)),
-            "server": str(ipaddress.IPv4Address(self.server)),
+            "client": str(_ip(self.client)),
+            "server": str(_ip(self.server)),
             "port": self.port,
             "connections": len(self.sports),
         }
@@ -228,7 +288,7 @@ class LegitFlow:
 
 def _accepts(plan, proto: int, src: int, dst: int, sport: int, dport: int) -> bool:
     """The policy accepts a new flow src:sport -> dst:dport, its later frames and its replies (ct: no entry, then
-    an entry seen from either side)."""
+    an entry seen from either side). An IPv6 plan's addresses are its ranks (ir.family)."""
     from hypafilter.analysis.decision import decision
     from hypafilter.ir import ACTION_ACCEPT, PROTO_TCP, Header
     from hypafilter.ir.box import CT_NONE, CT_ORIGINAL, CT_REPLY
@@ -240,8 +300,9 @@ def _accepts(plan, proto: int, src: int, dst: int, sport: int, dport: int) -> bo
         (dst, src, dport, sport, 0x12 if tcp else 0, CT_REPLY),
         (dst, src, dport, sport, 0x10 if tcp else 0, CT_REPLY),
     )
+    ranks = plan.addr_map.header if getattr(plan, "addr_map", None) is not None else (lambda h: h)
     return all(
-        decision(plan, Header(s, d, proto, sp, dp, 0, 0, 0, fl, ct))[2] == ACTION_ACCEPT
+        decision(plan, ranks(Header(s, d, proto, sp, dp, 0, 0, 0, fl, ct)))[2] == ACTION_ACCEPT
         for s, d, sp, dp, fl, ct in frames
     )
 
@@ -257,7 +318,8 @@ def legit_flow(
 ) -> LegitFlow:
     """`count` connections the policy accepts (see the module text), from the first header that gives them (TCP
     first); `force` (proto, port): that protocol and port whatever the policy says (addresses from the first usable
-    header, source ports from 40000 on). `avoid`: addresses that may not be an end (the attackers)."""
+    header, source ports from 40000 on). `avoid`: addresses that may not be an end (the attackers). An IPv6 policy
+    (family 6) with headers of 128-bit addresses: an IPv6 flow."""
     from hypafilter.analysis.plan import build_plan
     from hypafilter.ir import PROTO_TCP, PROTO_UDP
 
@@ -267,7 +329,7 @@ def legit_flow(
     usable = [
         h
         for h in headers
-        if _ok_unicast(h["src"]) and _ok_unicast(h["dst"]) and h["src"] >> 16 != h["dst"] >> 16
+        if _ok_unicast(h["src"]) and _ok_unicast(h["dst"]) and _site(h["src"]) != _site(h["dst"])
         and h["src"] not in avoid and h["dst"] not in avoid
     ]  # fmt: skip
     if not usable:
@@ -323,16 +385,16 @@ class Legit:
 
 def _tcp(ns: str, flow: LegitFlow, sport: int, timeout: float) -> Legit:
     """One TCP connection: LEGIT_BYTES up, the server's answer (the same bytes reversed) down, all intact."""
-    dst = str(ipaddress.IPv4Address(flow.server))
+    dst = str(_ip(flow.server))
     msg = _payload(LEGIT_BYTES, sport)
     with netns.inside(ns):
-        c = socket.socket()
+        c = socket.socket(AF[flow.family])
     c.settimeout(timeout)
     t0 = time.monotonic()
     ok = False
     try:
         c.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        c.bind((str(ipaddress.IPv4Address(flow.client)), sport))
+        c.bind((str(_ip(flow.client)), sport))
         c.connect((dst, flow.port))
         c.sendall(msg)
         c.shutdown(socket.SHUT_WR)
@@ -354,14 +416,14 @@ def _udp(ns: str, flow: LegitFlow, sport: int, timeout: float) -> Legit:
     one came back intact or nothing came for `timeout` seconds. (A fixed 0.5 s resend, as before, multiplied the
     flows' datagrams once the path's queue held more than 0.5 s: 16 flows' 8 datagrams each, again every 0.5 s, were
     most of what the 11,100-entry core's emulator moves in a second, issue #24.)"""
-    dst = (str(ipaddress.IPv4Address(flow.server)), flow.port)
+    dst = (str(_ip(flow.server)), flow.port)
     grams = [k.to_bytes(2, "big") + _payload(UDP_CHUNK, sport + k) for k in range(max(1, LEGIT_BYTES // UDP_CHUNK))]
     with netns.inside(ns):
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s = socket.socket(AF[flow.family], socket.SOCK_DGRAM)
     back: set[int] = set()
     sent, retry, t0 = 0, UDP_RETRY, time.monotonic()
     try:
-        s.bind((str(ipaddress.IPv4Address(flow.client)), sport))
+        s.bind((str(_ip(flow.client)), sport))
         last = time.monotonic()
         while len(back) < len(grams) and time.monotonic() - last < timeout:
             for k, g in enumerate(grams):
@@ -396,9 +458,11 @@ class _Servers:
         self._stop = threading.Event()
         with netns.inside(ns):
             kind = socket.SOCK_STREAM if flow.proto == "tcp" else socket.SOCK_DGRAM
-            self.sock = socket.socket(socket.AF_INET, kind)
+            self.sock = socket.socket(AF[flow.family], kind)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("0.0.0.0", flow.port))
+        if flow.family == 6:
+            self.sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        self.sock.bind(("::" if flow.family == 6 else "0.0.0.0", flow.port))
         if flow.proto == "tcp":
             self.sock.listen(256)
         self.sock.settimeout(0.1)
@@ -501,11 +565,15 @@ def legit_under_flood(
     of `frames_file` flood it from the same sender interface: {connections, completed, flood_frames, flood_pps,
     seconds}."""
     ifname = {"hyb": "hyb0", "plain": "plain0"}[path]
-    client, server = (str(ipaddress.IPv4Address(a)) for a in (flow.client, flow.server))
-    ends = ((lab.ns_send, client, server), (lab.ns_recv, server, client))
-    for ns, own, peer in ends:
-        netns.run(["ip", "-n", ns, "addr", "add", f"{own}/32", "dev", ifname])
-        netns.run(["ip", "-n", ns, "route", "add", f"{peer}/32", "dev", ifname, "src", own])
+    client, server = (str(_ip(a)) for a in (flow.client, flow.server))
+    ends = ((lab.ns_send, client, server, "recv"), (lab.ns_recv, server, client, "send"))
+    host = "/128" if flow.family == 6 else "/32"
+    for ns, own, peer, role in ends:
+        netns.run(["ip", "-n", ns, "addr", "add", own + host, "dev", ifname, *(["nodad"] if flow.family == 6 else [])])
+        netns.run(["ip", "-n", ns, "route", "add", peer + host, "dev", ifname, "src", own])
+        if flow.family == 6:  # neighbour discovery is ICMPv6: the policy under test would filter it
+            mac = lab.mac(role, path)
+            netns.run(["ip", "-n", ns, "neigh", "replace", peer, "lladdr", mac, "dev", ifname, "nud", "permanent"])
     stop, flood = threading.Event(), {}
     t = threading.Thread(
         target=_flood, args=(lab.ns_send, ifname, sender, frames_file, cpu, stop, decided, window, flood), daemon=True
@@ -525,9 +593,9 @@ def legit_under_flood(
         stop.set()
         if t.is_alive():
             t.join()
-        for ns, own, peer in ends:
-            netns.run(["ip", "-n", ns, "route", "del", f"{peer}/32", "dev", ifname], check=False)
-            netns.run(["ip", "-n", ns, "addr", "del", f"{own}/32", "dev", ifname], check=False)
+        for ns, own, peer, _ in ends:
+            netns.run(["ip", "-n", ns, "route", "del", peer + host, "dev", ifname], check=False)
+            netns.run(["ip", "-n", ns, "addr", "del", own + host, "dev", ifname], check=False)
             netns.run(["ip", "-n", ns, "neigh", "del", peer, "dev", ifname], check=False)
     if "error" in flood:
         raise HypafilterError(f"legitimate connections on the {path} path: {flood['error']}")

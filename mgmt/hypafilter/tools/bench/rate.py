@@ -333,11 +333,13 @@ def _run(
     return Run(got, max(t_decided, t_end) - t0)
 
 
-def nft_text(policy: Policy, config: Config, blocklist: list[tuple[int, int]] = (), v6=None, hotdrop6=None) -> str:
+def nft_text(
+    policy: Policy, config: Config, blocklist: list[tuple[int, int]] = (), v6=None, hotdrop6=None, blocklist6=()
+) -> str:
     """The policy alone for nftables: the full strategy's chains and one base chain at the forward hook; with
     `blocklist` (networks) an interval set of them and a rule dropping their sources ahead of the policy's chains.
     With `v6` (netfilter.ip6.V6Policy) its filter table too, in a table of family ip6 of the same name (nft_text6,
-    `hotdrop6` its `hotdrop`)."""
+    `hotdrop6` its `hotdrop`, `blocklist6` its `blocklist`)."""
     from hypafilter.analysis.plan import build_plan
     from hypafilter.netfilter.nft import to_nft
 
@@ -349,16 +351,17 @@ def nft_text(policy: Policy, config: Config, blocklist: list[tuple[int, int]] = 
         + (f"\t\t{drop}\n" if drop else "")
         + f"\t\tjump {prefix}MAIN\n\t}}\n}}\n"
     )
-    return body + hook + (nft_text6(v6, config, hotdrop6) if v6 is not None else "")
+    return body + hook + (nft_text6(v6, config, hotdrop6, blocklist6) if v6 is not None else "")
 
 
-def nft_text6(v6, config: Config, hotdrop=None) -> str:
+def nft_text6(v6, config: Config, hotdrop=None, blocklist: list[tuple[int, int]] = ()) -> str:
     """The IPv6 side alone for nftables: its ip6tables policy (the front end's reading of the file, `v6.ir`) as the
     full strategy's chains in table `ip6 NFT_TABLE`, jumped to from a base chain at the forward hook; ip6tables'
     hotdrops (a tcp, udp, icmp6 or multiport match drops a frame whose transport header is short) as guards, which
     only frames with fewer than 20 bytes of transport header meet (netfilter.nft.to_nft's `fast_prefix`), for the
     matches in `hotdrop` (default: every one, as x_tables runs them; the bench passes xt_matches6 of its oracle's
-    namespace, the matches the loaded ip6tables policy runs as xtables matches). HypafilterError
+    namespace, the matches the loaded ip6tables policy runs as xtables matches). `blocklist` (IPv6 networks): an
+    interval set of them and a rule dropping their sources ahead of the policy's chains, as nft_text's. HypafilterError
     (the bench's `nft_error`) when the file has more than its filter table, or matches nft text cannot express."""
     from hypafilter.analysis.plan import build_plan
     from hypafilter.netfilter.nft import to_nft
@@ -382,9 +385,10 @@ def nft_text6(v6, config: Config, hotdrop=None) -> str:
         fast_prefix=NFT_TABLE.upper() + "F_",
         **({"hotdrop": hotdrop} if hotdrop is not None else {}),
     )
+    decl, drop = attack_mod.nft_blocklist(blocklist, 6) if blocklist else ("", "")
     hook = (
-        f"table ip6 {NFT_TABLE} {{\n\tchain forward {{\n\t\ttype filter hook forward priority filter; policy accept;\n"
-        f"\t\tjump {prefix}ENTRY\n\t}}\n}}\n"
+        f"table ip6 {NFT_TABLE} {{\n{decl}\tchain forward {{\n\t\ttype filter hook forward priority filter; "
+        "policy accept;\n" + (f"\t\t{drop}\n" if drop else "") + f"\t\tjump {prefix}ENTRY\n\t}}\n}}\n"
     )
     return body + hook
 
@@ -508,10 +512,33 @@ def _expected(accepted: list[bool], sent: int) -> int:
 ATTACKS = ("syn", "udp")
 
 
-def attacker_pool(seed: int, attackers: int) -> list[int]:
-    """The `attackers` spoofed sources of attack_probes (the same seed gives the same pool)."""
+def attacker_pool(seed: int, attackers: int, family: int = 4) -> list[int]:
+    """The `attackers` spoofed sources of attack_probes (the same seed gives the same pool). `family` 6: each IPv4
+    pick mapped into IPv6 as the ClassBench mapping maps addresses (tools.classbench6: 2001:db8:(a >> 16):(a &
+    0xffff):<64 random bits>), so the spoofed sources spread over the space the mapped policy's rules name."""
     rng = random.Random(seed)
-    return [spoofed_source(rng) for _ in range(attackers)]
+    pool = [spoofed_source(rng) for _ in range(attackers)]
+    if family == 6:
+        from hypafilter.tools.classbench6 import BASE
+
+        return [BASE | (a << 64) | rng.getrandbits(64) for a in pool]
+    return pool
+
+
+def headers6(v6, mapped: list[dict] | None, count: int, rng: random.Random) -> list[dict]:
+    """`count` IPv6 headers with 128-bit int addresses (as verify's IPv4 headers have them): the trace mapped into
+    IPv6 (`mapped`, tools.classbench6.v6_trace) in turn, or verify6's aimed at the policy `v6`."""
+    import ipaddress
+
+    from hypafilter.ops.verify6 import Gen6
+
+    gen = None if mapped else Gen6(v6, rng)
+    out = []
+    for i in range(count):
+        h = dict(mapped[i % len(mapped)]) if mapped else gen.header()
+        h["src"], h["dst"] = (int(ipaddress.IPv6Address(h[k])) for k in ("src", "dst"))
+        out.append(h)
+    return out
 
 
 def attack_probes(
@@ -524,13 +551,17 @@ def attack_probes(
     attackers: int,
     blocklist: list[tuple[int, int]] = (),
     blocklist_share: float = 0.5,
+    v6=None,
+    v6_headers: list[dict] | None = None,
 ) -> list[Probe]:
     """`count` attack frames (`shape`: TCP SYN or UDP). Of them, a share `blocklist_share` (when there is a
     `blocklist`: networks) comes from addresses in the blocklist's networks, aimed at any of the trace's (or the
     policy's boxes') destinations and ports (kind "blocklist_<shape>", last); the others (kind "attack_<shape>",
     first) come from a pool of `attackers` spoofed sources, aimed at the destinations and ports that `policy` (the
     policy without the blocklist) drops when the kernel reads the frame as NEW or INVALID (the plan's entry for ct 3
-    is a DROP): a flood of new flows the policy refuses."""
+    is a DROP): a flood of new flows the policy refuses. `v6` (netfilter.ip6.V6Policy, without the blocklist): IPv6
+    frames instead (kinds "v6_attack_<shape>", "v6_blocklist_<shape>"), aimed by its front end's reading `v6.ir`,
+    headers from `v6_headers` (the trace mapped into IPv6) or verify6's, spoofed sources attacker_pool's family 6."""
     from hypafilter.analysis.decision import decision
     from hypafilter.analysis.plan import build_plan
     from hypafilter.ir import ACTION_DROP, PROTO_TCP, PROTO_UDP, Header
@@ -542,10 +573,29 @@ def attack_probes(
     if not 0.0 <= blocklist_share <= 1.0:
         raise HypafilterError("bench rate: --blocklist-share must be a share between 0 and 1")
     rng = random.Random(seed)
-    plan = build_plan(policy, config)
-    pool = [spoofed_source(rng) for _ in range(attackers)]
-    rows = read_trace(trace, 10**9, rng) if trace else None
-    gen = FrameGen(policy, rng)
+    plan = build_plan(v6.ir if v6 is not None else policy, config)
+    ranks = plan.addr_map.header if plan.addr_map is not None else (lambda h: h)
+    if v6 is not None:
+        import ipaddress
+
+        from hypafilter.ops.verify import DST_MAC, ID_MAC_PREFIX
+        from hypafilter.ops.verify6 import PREFIX, build6
+
+        pool = attacker_pool(seed, attackers, 6)
+        rows = headers6(v6, v6_headers, len(v6_headers) if v6_headers else 2000, rng)
+        kind = PREFIX + "{}_" + shape
+
+        def frame(uid: int, a: dict, payload: bytes) -> bytes:
+            a = dict(a, src=str(ipaddress.IPv6Address(a["src"])), dst=str(ipaddress.IPv6Address(a["dst"])))
+            return build6(uid, "normal", a, rng, [], DST_MAC, ID_MAC_PREFIX, payload=payload)
+
+        def payload() -> bytes:
+            return bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 32)))
+    else:
+        pool = [spoofed_source(rng) for _ in range(attackers)]  # (attacker_pool's: the same draws)
+        rows = read_trace(trace, 10**9, rng) if trace else None
+        gen = FrameGen(policy, rng)
+        kind, frame, payload = "{}_" + shape, build_frame, gen.payload
     proto, flags = (PROTO_TCP, 0x02) if shape == "syn" else (PROTO_UDP, 0)
     from_list = round(count * blocklist_share) if blocklist else 0
     out: list[Probe] = []
@@ -555,10 +605,10 @@ def attack_probes(
         h = rows[rng.randrange(len(rows))] if rows else gen.header()
         a = dict(h, proto=proto, src=rng.choice(pool), sport=rng.randint(1024, 65535), flags=flags)
         hdr = Header(a["src"], a["dst"], proto, a["sport"], a["dport"], 0, 0, 0, flags, CT_NONE)
-        if decision(plan, hdr)[2] != ACTION_DROP:
+        if decision(plan, ranks(hdr))[2] != ACTION_DROP:
             continue
         uid = len(out) + 1
-        out.append(Probe(uid, f"attack_{shape}", build_frame(uid, a, gen.payload() if shape == "udp" else b"")))
+        out.append(Probe(uid, kind.format("attack"), frame(uid, a, payload() if shape == "udp" else b"")))
     if len(out) < count - from_list:
         raise HypafilterError(f"bench rate --attack: the policy drops too few of the destinations ({len(out)} found)")
     for _ in range(from_list):
@@ -566,16 +616,16 @@ def attack_probes(
         src = address_in(blocklist[rng.randrange(len(blocklist))], rng)
         a = dict(h, proto=proto, src=src, sport=rng.randint(1024, 65535), flags=flags)
         uid = len(out) + 1
-        out.append(Probe(uid, f"blocklist_{shape}", build_frame(uid, a, gen.payload() if shape == "udp" else b"")))
+        out.append(Probe(uid, kind.format("blocklist"), frame(uid, a, payload() if shape == "udp" else b"")))
     return out
 
 
 def _parts(probes: list[Probe], work: Path) -> list[tuple[str, Path, int]]:
-    """The attack mix's frames by source ("spoofed": attack_*, then "blocklist": blocklist_*), each part a frames
-    file: (part, file, frames)."""
+    """The attack mix's frames by source ("spoofed": attack_*, then "blocklist": blocklist_*; IPv6's with verify6's
+    prefix v6_), each part a frames file: (part, file, frames)."""
     out = []
     for name, prefix in (("spoofed", "attack_"), ("blocklist", "blocklist_")):
-        part = [p for p in probes if p.kind.startswith(prefix)]
+        part = [p for p in probes if p.kind.removeprefix("v6_").startswith(prefix)]
         if part:
             path = work / f"frames-{name}.bin"
             with open(path, "wb") as f:
@@ -674,8 +724,13 @@ def rate(
         raise HypafilterError(f"bench rate: --blocklist-as is one of {', '.join(attack_mod.BLOCKLIST_AS)}")
     if attack and blocklist is None:
         blocklist = attack_mod.DEFAULT_BLOCKLIST
-    if v6 is not None and (established or attack):
-        raise HypafilterError("bench rate: --established and --attack send IPv4 frames only; not with -6 or --ipv6")
+    if v6 is not None and established:
+        raise HypafilterError("bench rate: --established sends IPv4 flows only; not with -6 or --ipv6")
+    if v6 is not None and attack and (v6_frames < 1 or target != "xdp" or v6.ir is None):
+        raise HypafilterError(
+            "bench rate: --attack with IPv6 is -6's on the xdp target (every frame IPv6, an ip6tables policy): not with"
+            " POLICY --ipv6 V6POLICY or --target emu"
+        )
     if v6 is None and v6_frames:
         raise HypafilterError("bench rate: IPv6 frames need an IPv6 policy (-6 V6POLICY or --ipv6 V6POLICY)")
     refuse_nondeterministic(policy, limits=False)  # a benchmark checks no limit after its run
@@ -689,21 +744,31 @@ def rate(
         # The plain path tracks no window either (the hybrid's entries are marked liberal: tools/bench/ctflows.py).
         for ns in (lab.ns_fw, lab.ns_plain):
             netns.run(["sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_be_liberal=1"], ns)
-    base, networks, flow = policy, [], None
+    base, base6, networks, flow = policy, v6, [], None
     if attack:
         # The mix's parts from the policy without the blocklist: the attackers aim at what it drops, the legitimate
-        # connections at what it accepts; the blocklist avoids both (tools/bench/attack.py).
-        pool = attacker_pool(seed, attackers)
+        # connections at what it accepts; the blocklist avoids both (tools/bench/attack.py). With -6 all of it IPv6:
+        # the IPv6 side's policy, its headers, an inet6 blocklist.
+        family = 6 if v6 is not None else 4
+        pool = attacker_pool(seed, attackers, family)
         rng = random.Random(seed)
-        headers = read_trace(trace, 20000, rng) if trace else [FrameGen(policy, rng).header() for _ in range(20000)]
-        flow = attack_mod.legit_flow(policy, config, headers, legit_connections, seed, legit, set(pool))
-        networks = attack_mod.blocklist_networks(blocklist or 0, seed, set(pool) | {flow.client, flow.server})
+        if v6 is not None:
+            headers = headers6(v6, v6_headers, len(v6_headers) if v6_headers else 5000, rng)
+        else:
+            headers = read_trace(trace, 20000, rng) if trace else [FrameGen(policy, rng).header() for _ in range(20000)]
+        aimed = v6.ir if v6 is not None else policy
+        flow = attack_mod.legit_flow(aimed, config, headers, legit_connections, seed, legit, set(pool))
+        networks = attack_mod.blocklist_networks(blocklist or 0, seed, set(pool) | {flow.client, flow.server}, family)
         if networks:
             log(f"blocklist: {len(networks)} networks as {blocklist_as}, ahead of the policy")
             if blocklist_as == "ipset":
-                attack_mod.create_ipset([lab.ns_fw, lab.ns_plain], networks)
-            policy = attack_mod.with_blocklist(base, config, networks, blocklist_as, lab.ns_fw, target)
-    with attack_mod.host_set_for_check() if networks and blocklist_as == "ipset" else contextlib.nullcontext():
+                attack_mod.create_ipset([lab.ns_fw, lab.ns_plain], networks, family)
+            if v6 is not None:
+                v6 = attack_mod.with_blocklist(base6, config, networks, blocklist_as, lab.ns_fw, target)
+            else:
+                policy = attack_mod.with_blocklist(base, config, networks, blocklist_as, lab.ns_fw, target)
+    host_set = networks and blocklist_as == "ipset" and v6 is None  # (the IPv6 side's check creates its own)
+    with attack_mod.host_set_for_check() if host_set else contextlib.nullcontext():
         fast = FAST_PATHS[target](policy, config, log, v6=v6)
     work = Path(tempfile.mkdtemp(prefix="hf-rate-"))
     flows: list[tuple] = []
@@ -718,7 +783,9 @@ def rate(
             for ns in (lab.ns_fw, lab.ns_plain):
                 open_flows(ns, flows)
         elif attack:
-            probes = attack_probes(base, config, trace, frames, seed, attack, attackers, networks, blocklist_share)
+            probes = attack_probes(
+                base, config, trace, frames, seed, attack, attackers, networks, blocklist_share, base6, v6_headers
+            )
             log(
                 f"attack: {frames} {attack} frames from {attackers} spoofed sources to destinations the policy drops"
                 f" and from {len(networks)} blocklisted networks"
@@ -752,17 +819,21 @@ def rate(
             hotdrop guards of the matches that ip6tables runs as xtables matches there."""
             nonlocal nft_text_, nft_error
             try:
-                if networks and blocklist_as == "ipset":
+                if networks and blocklist_as == "ipset" and v6 is None:
                     nft_text_ = nft_text(nft_policy or base, config, networks)
-                elif networks and nft_policy is not None:
+                elif networks and nft_policy is not None and v6 is None:
                     nft_text_ = nft_text(attack_mod.with_blocklist(nft_policy, config, networks, blocklist_as), config)
                 else:
-                    hot = None
+                    hot, side6, block6 = None, nft_v6 or v6, ()
                     if v6 is not None:
                         from hypafilter.netfilter.nft import xt_matches6
 
                         hot = xt_matches6(lab.ns_plain)
-                    nft_text_ = nft_text(nft_policy or policy, config, v6=nft_v6 or v6, hotdrop6=hot)
+                        if networks and blocklist_as == "ipset":  # the set in nft, the policy's rules without it
+                            side6, block6 = nft_v6 or base6, networks
+                        elif networks and nft_v6 is not None:
+                            side6 = attack_mod.with_blocklist(nft_v6, config, networks, blocklist_as)
+                    nft_text_ = nft_text(nft_policy or policy, config, v6=side6, hotdrop6=hot, blocklist6=block6)
             except HypafilterError as e:
                 nft_error = str(e)
 

@@ -482,21 +482,28 @@ CTM_GENERICS = {
 }
 
 
-@pytest.mark.sim
-def test_core_ct_member():
-    out = fresh_build("hypafilter_core", "ct_member")
-    plan = vhdl.minimal_plan(ct_policy())
-    cfg = save_obj({"plan": plan, "seed": 5}, out / "cfg.pkl")
-    vhdl.render(plan, out / "gen", tdata_width=256)
+def _run_core(tag: str, testcase: str, cfg: dict, generics: dict, plan, plan6=None, build_args=None) -> None:
+    """Render the core of `plan` (and `plan6`: a dual-stack core) at 256 bits into build/sim/hypafilter_core/<tag>
+    and run `testcase` of this module on it with `cfg` (HF_TB_CFG)."""
+    out = fresh_build("hypafilter_core", tag)
+    path = save_obj(cfg, out / "cfg.pkl")
+    vhdl.render(plan, out / "gen", tdata_width=256, plan6=plan6)
     run_ghdl(
         "hypafilter_core",
         vhdl.sources(out / "gen"),
-        "ct_member",
-        {"C_S_AXIS_DATA_WIDTH": 256, "C_FIFO_DEPTH_BYTES": 4096, **CTM_GENERICS},
-        env={"HF_TB_CFG": str(cfg)},
-        testcase="core_ct_member",
+        tag,
+        {"C_S_AXIS_DATA_WIDTH": 256, "C_FIFO_DEPTH_BYTES": 4096, **generics},
+        env={"HF_TB_CFG": str(path)},
+        testcase=testcase,
         test_module="sim.hf_ct_member.test_core_ct_member",
+        build_args=build_args,
     )
+
+
+@pytest.mark.sim
+def test_core_ct_member():
+    plan = vhdl.minimal_plan(ct_policy())
+    _run_core("ct_member", "core_ct_member", {"plan": plan, "seed": 5}, CTM_GENERICS, plan)
 
 
 # the dual-stack core: the flow cache holds IPv6 tuples and the structure IPv6 keys (both generics' V6 follow the plan6)
@@ -513,17 +520,6 @@ DS_GENERICS = {
 @pytest.mark.sim
 def test_core_ct_member_dual_stack():
     """core_ct_member_dual_stack on a dual-stack core (256 bits) of the conntrack-first policies."""
-    out = fresh_build("hypafilter_core", "ct_member6")
     p4, p6 = ds_plans()
-    cfg = save_obj({"plan4": p4, "plan6": p6, "seed": 6}, out / "cfg.pkl")
-    vhdl.render(p4, out / "gen", tdata_width=256, plan6=p6)
-    run_ghdl(
-        "hypafilter_core",
-        vhdl.sources(out / "gen"),
-        "ct_member6",
-        {"C_S_AXIS_DATA_WIDTH": 256, "C_FIFO_DEPTH_BYTES": 4096, **DS_GENERICS},
-        env={"HF_TB_CFG": str(cfg)},
-        testcase="core_ct_member_dual_stack",
-        test_module="sim.hf_ct_member.test_core_ct_member",
-        build_args=["-O0"],
-    )
+    cfg = {"plan4": p4, "plan6": p6, "seed": 6}
+    _run_core("ct_member6", "core_ct_member_dual_stack", cfg, DS_GENERICS, p4, plan6=p6, build_args=["-O0"])

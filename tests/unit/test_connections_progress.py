@@ -40,23 +40,24 @@ def _server(slow: bool) -> tuple[socket.socket, threading.Thread]:
     return srv, t
 
 
-def test_slow_peer_completes():
-    srv, t = _server(slow=True)
+def _connect(slow: bool) -> tuple[bytes, bool, float]:
+    """(what the client read, whether it completed, seconds it took) against a slow or a stalled peer."""
+    srv, t = _server(slow=slow)
     with srv:
         start = time.monotonic()
         out, ok = _tcp_client(None, "127.0.0.1", srv.getsockname()[1], MESSAGE, TIMEOUT, None)
         took = time.monotonic() - start
         t.join()
+    return out, ok, took
+
+
+def test_slow_peer_completes():
+    out, ok, took = _connect(slow=True)
     assert ok and out == MESSAGE
     assert took > 2 * TIMEOUT  # it did go on for longer than one timeout
 
 
 def test_stalled_peer_fails():
-    srv, t = _server(slow=False)
-    with srv:
-        start = time.monotonic()
-        out, ok = _tcp_client(None, "127.0.0.1", srv.getsockname()[1], MESSAGE, TIMEOUT, None)
-        took = time.monotonic() - start
-        t.join()
+    out, ok, took = _connect(slow=False)
     assert not ok and out == b""
     assert took < 3 * TIMEOUT

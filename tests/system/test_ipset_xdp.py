@@ -196,7 +196,11 @@ def test_ban_added_during_traffic(lab, tmp_path):
     assert len(set(before) & got) >= 0.9 * len(before), "frames before the ban should pass"
     assert lag is not None, "the fast path never dropped the banned source itself"
     print(f"ban lag (ipset add returned -> first frame dropped in XDP): {lag * 1e3:.1f} ms")
-    assert cnt(CNT_DROPPED) - dropped0 > 0.5 * len(after)
+    # once it dropped one, the fast path drops the banned source's frames itself: most of those sent after that
+    # moment (not a share of all sent after the command: the lag is load's, 624 ms in a loaded run that sent half
+    # of its frames before it)
+    after_lag = [u for u, t in sent if t > t_ret + lag]
+    assert cnt(CNT_DROPPED) - dropped0 >= 0.8 * len(after_lag) > 0, (len(after_lag), len(after))
     subprocess.run(["ip", "netns", "exec", FW, "ipset", "del", "ban", BANNED], check=True)
 
 

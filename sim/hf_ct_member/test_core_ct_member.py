@@ -79,6 +79,17 @@ class CtmTB(TB):
         await ClockCycles(self.dut.axis_aclk, 4)
 
 
+async def exchange(tb, sends: list, expected: list) -> None:
+    """Send `sends` (frame, tuser) into the core and check what comes out against `expected` (frame, tuser, what), in
+    order: the same frames, the same TUSER."""
+    tb.sink.frames.clear()
+    await tb.src.send(sends)
+    await tb.wait_out(len(expected))
+    for k, ((f, tu, what), (got, gtu, _)) in enumerate(zip(expected, tb.sink.frames, strict=True)):
+        assert got == f, f"frame {k} {what}: another frame came out"
+        assert gtu == tu, f"frame {k} {what}: tuser {gtu:#x}, expected {tu:#x}"
+
+
 @cocotb.test()
 async def core_ct_member(dut):
     cfg = load_obj("HF_TB_CFG")
@@ -165,12 +176,7 @@ async def core_ct_member(dut):
             sends.append((f, tu))
             if d.kind != hwmodel.Kind.DROP:
                 expected.append((f, hwmodel.out_tuser(tu, d), (fl, port, ct, d)))
-        tb.sink.frames.clear()
-        await tb.src.send(sends)
-        await tb.wait_out(len(expected))
-        for k, ((f, tu, what), (got, gtu, _)) in enumerate(zip(expected, tb.sink.frames, strict=True)):
-            assert got == f, f"frame {k} {what}: data differs"
-            assert gtu == tu, f"frame {k} {what}: tuser {gtu:#x}, expected {tu:#x}"
+        await exchange(tb, sends, expected)
         return cts
 
     flows = [rand_flow() for _ in range(60)]
@@ -369,12 +375,7 @@ async def core_ct_member_dual_stack(dut):
             sends.append((f, tu))
             if d.kind != hwmodel.Kind.DROP:
                 expected.append((f, hwmodel.out_tuser(tu, d), (fl, port, ct, d.kind.name, d.reason)))
-        tb.sink.frames.clear()
-        await tb.src.send(sends)
-        await tb.wait_out(len(expected))
-        for k, ((f, tu, what), (got, gtu, _)) in enumerate(zip(expected, tb.sink.frames, strict=True)):
-            assert got == f, f"frame {k} {what}: another frame came out"
-            assert gtu == tu, f"frame {k} {what}: tuser {gtu:#x}, expected {tu:#x}"
+        await exchange(tb, sends, expected)
         return out
 
     def wire() -> int:

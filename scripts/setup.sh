@@ -23,7 +23,7 @@ for tier in "$@"; do
 done
 # The venv's interpreter: Debian's python3 (APT_PYTHON), not whichever python3 comes first on PATH. A python3 built
 # from source without optimisations (a pyenv shim, say) ran the unit tier and every cocotb testbench 1.3-2.4x slower
-# on the same machine (docs/testing.md "The interpreter"). HF_PYTHON=path picks another one.
+# on the same machine (docs/testing.md "make test and make test-full"). HF_PYTHON=path picks another one.
 PYTHON=${HF_PYTHON:-/usr/bin/python3}
 [ -x "$PYTHON" ] && "$PYTHON" -c 'import venv, ensurepip' 2>/dev/null || want+=($APT_PYTHON)
 

@@ -3,7 +3,8 @@
 # Docker), each run inside a scratch network namespace, dumped with iptables-save. Not run by CI; see
 # docs/real-rulesets.md.
 #
-# Usage (root, Debian 12): scripts/real-rulesets.sh [TOOL...]   (TOOL: ufw shorewall fail2ban firewalld docker)
+# Usage (root, Debian 12): scripts/real-rulesets.sh [TOOL[/CONFIG]...]   (TOOL: ufw shorewall fail2ban firewalld
+# docker; TOOL/CONFIG makes only that configuration of the tool, e.g. docker/dual-stack: the other files stay as they are)
 #
 # Every tool runs under `ip netns exec`, which also gives it a mount namespace of its own: the configuration a tool
 # writes (/etc/ufw, /etc/firewalld, /var/lib/shorewall, the D-Bus socket) is bind-mounted from a temporary copy,
@@ -13,7 +14,13 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=$ROOT/rulesets/real
-TOOLS=("$@")
+TOOLS=()
+declare -A ONLY=()  # TOOL -> the configurations asked for (" a b "); a tool asked for alone: all of them
+for a in "$@"; do
+    t=${a%%/*}
+    [[ " ${TOOLS[*]} " == *" $t "* ]] || TOOLS+=("$t")
+    [ "$a" = "$t" ] || ONLY[$t]+=" ${a#*/} "
+done
 [ ${#TOOLS[@]} -gt 0 ] || TOOLS=(ufw shorewall fail2ban firewalld docker)
 [ "$(id -u)" = 0 ] || { echo "real-rulesets: run as root (network namespaces)" >&2; exit 1; }
 
@@ -21,6 +28,7 @@ WORK=$(mktemp -d /tmp/real-rulesets.XXXXXX)
 NAMESPACES=()
 MADE=()
 FAILED=()
+RAN=()
 
 cleanup() {
     local ns pid
@@ -55,6 +63,8 @@ version_of() { dpkg-query -W -f='${Version}' "$1"; }
 run_in_ns() {
     local tool=$1 config=$2 description=$3 script=$4
     local ns="rr-$tool-$$" w="$WORK/$tool-$config" log
+    if [ -n "${ONLY[$tool]:-}" ] && [[ "${ONLY[$tool]}" != *" $config "* ]]; then return 0; fi
+    RAN+=("$tool/$config")
     # V4_FILE: the IPv4 side's file name (default TOOL-CONFIG.rules; a dual-stack configuration's is
     # TOOL-CONFIG-v4.rules4, kept out of the *.rules the IPv4 system tests read one by one)
     local v4="${V4_FILE:-$tool-$config.rules}"
@@ -245,6 +255,7 @@ for i in \$(seq 60); do firewall-cmd --state >/dev/null 2>&1 && break; sleep 1; 
 $commands
 firewall-cmd --list-all-zones >&2
 iptables-save > \$W/dump
+${FIREWALLD_DUMP6:+ip6tables-save > \$W/dump6}
 kill %1; wait; kill \$(cat /run/dbus/pid)"
 }
 
@@ -275,6 +286,28 @@ firewall-cmd --permanent --zone=external --add-rich-rule='rule family=ipv4 sourc
 firewall-cmd --permanent --zone=external --add-port=6000-6010/tcp
 firewall-cmd --permanent --zone=external --add-icmp-block=echo-request
 firewall-cmd --reload"
+    # Dual stack: firewalld writes every zone and policy into iptables and ip6tables (a rich rule with a family
+    # into that family's only); both sides are dumped
+    FIREWALLD_DUMP6=1 V4_FILE=firewalld-dual-stack-v4.rules4 firewalld_config dual-stack "eth0 in zone public \
+(ssh, dhcpv6-client) with services http and https, rich rules accepting ssh from 2001:db8:1::/48 and dropping \
+2001:db8:bad::/48, an IPv4 rich rule accepting tcp/8443 from 192.0.2.0/24; eth1 in zone internal with intra-zone \
+forward; policy int2pub (ingress internal, egress public, target ACCEPT) with a rich rule rejecting \
+2001:db8:bad::/48 (permanent configuration, --reload)" \
+        "" \
+        "firewall-cmd --permanent --zone=public --add-interface=eth0
+firewall-cmd --permanent --zone=internal --add-interface=eth1
+firewall-cmd --permanent --zone=public --add-service=http
+firewall-cmd --permanent --zone=public --add-service=https
+firewall-cmd --permanent --zone=public --add-rich-rule='rule family=ipv6 source address=2001:db8:1::/48 service name=ssh accept'
+firewall-cmd --permanent --zone=public --add-rich-rule='rule family=ipv6 source address=2001:db8:bad::/48 drop'
+firewall-cmd --permanent --zone=public --add-rich-rule='rule family=ipv4 source address=192.0.2.0/24 port port=8443 protocol=tcp accept'
+firewall-cmd --permanent --zone=internal --add-forward
+firewall-cmd --permanent --new-policy int2pub
+firewall-cmd --permanent --policy int2pub --add-ingress-zone internal
+firewall-cmd --permanent --policy int2pub --add-egress-zone public
+firewall-cmd --permanent --policy int2pub --set-target ACCEPT
+firewall-cmd --permanent --policy int2pub --add-rich-rule='rule family=ipv6 destination address=2001:db8:bad::/48 reject'
+firewall-cmd --reload"
 }
 
 # ---- Docker -------------------------------------------------------------------------------------------------------
@@ -297,6 +330,7 @@ DOCKERD_OPTIONS='$options'
 $DOCKERD
 $commands
 iptables-save > \$W/dump
+${DOCKER_DUMP6:+ip6tables-save > \$W/dump6}
 /usr/bin/docker rm -f \$(/usr/bin/docker ps -aq) >&2 || true
 kill %1; wait"
 }
@@ -316,6 +350,17 @@ sleep 1; /usr/bin/docker ps"
         "tar -C / -c bin/busybox | /usr/bin/docker import - real-rulesets-busybox
 /usr/bin/docker run -d --name dns -p 5353:5353/udp -p 127.0.0.1:2222:22 real-rulesets-busybox /bin/busybox sleep 600
 sleep 1; /usr/bin/docker ps" "--icc=false"
+    # Dual stack: IPv6 on docker0 (--fixed-cidr-v6) and on a user network, ip6tables rules written by the daemon
+    # (--ip6tables, experimental in 20.10); both sides are dumped
+    DOCKER_DUMP6=1 V4_FILE=docker-dual-stack-v4.rules4 docker_config dual-stack "dockerd --iptables=true \
+--experimental --ipv6 --ip6tables --fixed-cidr-v6 2001:db8:d0c::/64, user network 'backend' 172.30.0.0/24 + \
+2001:db8:d0c:1::/64 (--ipv6) with a container publishing 8080->80/tcp, a container on docker0 publishing \
+5353/udp (an image imported from busybox-static), both published on IPv4 and IPv6" \
+        "/usr/bin/docker network create --ipv6 --subnet 172.30.0.0/24 --subnet 2001:db8:d0c:1::/64 backend
+tar -C / -c bin/busybox | /usr/bin/docker import - real-rulesets-busybox
+/usr/bin/docker run -d --name web --network backend -p 8080:80 real-rulesets-busybox /bin/busybox httpd -f -p 80
+/usr/bin/docker run -d --name dns -p 5353:5353/udp real-rulesets-busybox /bin/busybox sleep 600
+sleep 1; /usr/bin/docker ps" "--experimental --ipv6 --ip6tables --fixed-cidr-v6 2001:db8:d0c::/64"
 }
 
 mkdir -p "$OUT"
@@ -324,6 +369,11 @@ for t in "${TOOLS[@]}"; do
         ufw | shorewall | fail2ban | firewalld | docker) "do_$t" ;;
         *) echo "real-rulesets: unknown tool '$t'" >&2; exit 2 ;;
     esac
+done
+for t in "${!ONLY[@]}"; do
+    for c in ${ONLY[$t]}; do
+        [[ " ${RAN[*]} " == *" $t/$c "* ]] || FAILED+=("$t/$c (no such configuration)")
+    done
 done
 echo
 echo "made: ${#MADE[@]}"

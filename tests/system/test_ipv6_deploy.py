@@ -67,6 +67,18 @@ HW6 = """*filter
 -A FORWARD -p tcp -j DROP
 COMMIT
 """
+# A table besides filter, as firewalld's IPv6 side has (its mangle PREROUTING drops what fails the reverse-path
+# check): here it drops IPv6 frames V6's filter accepts (ICMPv6 echo requests, UDP to 5000)
+MANGLE6 = """*mangle
+:PREROUTING ACCEPT [0:0]
+:INPUT ACCEPT [0:0]
+:FORWARD ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:POSTROUTING ACCEPT [0:0]
+-A PREROUTING -p ipv6-icmp -m icmp6 --icmpv6-type 128 -j DROP
+-A PREROUTING -p udp -m udp --dport 5000 -j DROP
+COMMIT
+"""
 # opt-in on a developer machine (a dual-stack core build); CI runs it always
 FULL = os.environ.get("HF_EMU_V6_FULL", "") not in ("", "0") or os.environ.get("CI") == "true"
 
@@ -89,6 +101,7 @@ def files(tmp_path_factory):
     (d / "v6b.rules").write_text(V6.replace("--dport 80", "--dport 81"))
     (d / "stage1.toml").write_text("emu_ipv6 = false\n")
     (d / "hw6.rules").write_text(HW6)
+    (d / "v6m.rules").write_text(MANGLE6 + V6)
     (d / "hw6b.rules").write_text(HW6.replace("--dport 8080", "--dport 8081"))  # a complex rule: same hardware
     (d / "hw6c.rules").write_text(HW6.replace("5000:5100", "5000:5200"))  # a simple rule: the IPv6 update buffer
     # more new simple rules than half the IPv6 update buffer's 16 slots: another core (the lazy rebuild)
@@ -259,3 +272,17 @@ def test_dual_stack_xdp(xdp, files):
     assert six["packets"] == PACKETS and six["mismatches"] == 0 and 0 < six["delivered_oracle"] < PACKETS
     assert r["nic"]["CNT_SHUNT_UNPARSED"] < six["packets"] // 2, r["nic"]
     assert _state(XDP)["xdp_ipv6"] is True and _state(XDP)["tables"]["v6"]["entries"] > 0
+
+
+def test_update_drops_tables_the_ipv6_side_no_longer_has(xdp, files):
+    """An update from an IPv6 policy with a table besides filter (mangle here; firewalld's IPv6 side has mangle,
+    raw, security and nat) to one without it gives that table back as it was before the deployment (here: none),
+    as undeploy would: the tables the deployment put there are not left in the firewall's ip6tables, where they
+    went on dropping frames the new policy alone accepts (found with rulesets/real/firewalld-dual-stack then
+    ufw-dual-stack: 193 of 1000 IPv6 frames differed)."""
+    a, fw = str(files / "a.rules"), f"{XDP}-fw"
+    hf[XDP]("deploy", a, "--ipv6", str(files / "v6m.rules"), "--target", "xdp", "-q")
+    assert "-A PREROUTING -p udp -m udp --dport 5000 -j DROP" in _save6(fw)
+    r = _verify(XDP, a, "--ipv6", str(files / "v6.rules"), "--target", "xdp")
+    assert r["ipv6"]["mismatches"] == 0 and 0 < r["ipv6"]["delivered_oracle"], r["ipv6"]
+    assert "*mangle" not in _save6(fw)

@@ -222,3 +222,18 @@ def test_compile_and_analyze_a_dual_stack(tmp_path, capsys):
     assert main(["analyze", v4, "--ipv6", v6, "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert "family" not in res and res["ipv6"]["family"] == 6
+
+
+def test_lint_says_an_ipv6_sides_other_tables_are_loaded(tmp_path, capsys):
+    """An IPv6 side's tables besides filter are deployed as they are (docs/ipv6.md), unlike an IPv4 policy's: lint
+    says so for the IPv6 policy, and that the fast path then leaves every IPv6 frame to ip6tables."""
+    nat = "*nat\n:PREROUTING ACCEPT [0:0]\n-A PREROUTING -p tcp --dport 8080 -j DNAT --to-destination {}\nCOMMIT\n"
+    filt = "*filter\n:FORWARD DROP [0:0]\n-A FORWARD -p tcp --dport 80 -j ACCEPT\nCOMMIT\n"
+    v4, v6 = tmp_path / "v4.rules", tmp_path / "v6.rules"
+    v4.write_text(nat.format("10.0.0.2:80") + filt)
+    v6.write_text(nat.format("[2001:db8::2]:80") + filt)
+    assert main(["lint", str(v4), "--ipv6", str(v6), "--no-kernel"]) == 0
+    out = capsys.readouterr().out
+    assert "tables ignored (only filter is deployed): nat" in out.split("v6.rules")[0]
+    six = out.split("v6.rules: chain FORWARD")[1]
+    assert "tables besides filter (nat): loaded into ip6tables as they are" in six and "ignored" not in six

@@ -110,7 +110,12 @@ def lint_policy(policy, config, args: argparse.Namespace, family: str) -> int:
         f"{len(policy.original_rules)} rules in {policy.base_chain}, {len(policy.user_chains)} user chains reachable; "
         f"flattened: {len(rules)} rules, {n_simple} simple, {len(rules) - n_simple} complex"
     )
-    if policy.ignored_tables:
+    if policy.ignored_tables and policy.family == 6:  # an IPv6 side is deployed verbatim (docs/ipv6.md)
+        print(
+            f"  tables besides {config.table} ({', '.join(policy.ignored_tables)}): loaded into ip6tables as they are; "
+            "while the IPv6 policy has them, the fast path passes every IPv6 frame to ip6tables (k = 0)"
+        )
+    elif policy.ignored_tables:
         print(f"  tables ignored (only {config.table} is deployed): {', '.join(policy.ignored_tables)}")
     if policy.user_chains:
         from hypafilter.analysis.program import user_chain_names  # numpy: loaded only when needed

@@ -378,9 +378,14 @@ def load_chains(ns: str | None, chains: Chains6, base: str) -> None:
     netns.run(["ip6tables-restore", "-w", "--noflush"], ns, input=chains_text(chains, base, listing))
 
 
-def load_text(ns: str | None, text: str) -> None:
-    """An ip6tables-restore text (`with_chains`) into `ns`, in one restore."""
-    netns.run(["ip6tables-restore", "-w"], ns, input=text)
+def load_text(ns: str | None, text: str, gone: dict[str, str | None] | None = None) -> None:
+    """An ip6tables-restore text (`with_chains`) into `ns`, in one restore. `gone`: tables the text does not name
+    that go back to what `snapshot` found (a text: restored whole in the same restore; None: deleted after it)."""
+    gone = gone or {}
+    netns.run(["ip6tables-restore", "-w"], ns, input=text + "".join(v for v in gone.values() if v))
+    for t, v in gone.items():
+        if v is None and table_exists(ns, t):
+            netns.run(["nft", "delete", "table", "ip6", t], ns)
 
 
 def _normal(text: str) -> list[str]:

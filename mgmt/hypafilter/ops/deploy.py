@@ -1244,10 +1244,18 @@ def _deploy_locked(
                 snap6 = ip6.snapshot(NS_FW, tables6)
                 if v6 is not None:
                     before6 = {**snap6, **(before6 or {})}
+                    # the tables the deployed IPv6 policy named and this one does not (firewalld's mangle, raw,
+                    # security and nat after a filter-only policy): given back as they were before the deployment,
+                    # as undeploy does, not left deciding frames beside the new policy
+                    gone6 = {t: before6.get(t) for t in old6.get("tables", ()) if t not in v6.tables}
                     text6_load = text6
                     if os.environ.get(FAIL_ENV) == "netfilter6":  # a real ip6tables-restore error (tests)
                         text6_load = text6.replace("COMMIT", f"-A {v6.base_chain} -m hf-no-such-match\nCOMMIT", 1)
-                    tx.step("netfilter6", lambda: ip6.load_text(NS_FW, text6_load), lambda: ip6.give_back(NS_FW, snap6))
+                    tx.step(
+                        "netfilter6",
+                        lambda: ip6.load_text(NS_FW, text6_load, gone6),
+                        lambda: ip6.give_back(NS_FW, snap6),
+                    )
                 elif (old or {}).get("ipv6_before") is not None:
                     tx.step(
                         "netfilter6",

@@ -794,7 +794,7 @@ def follow6(
                 "how": how,
                 "ipv6_hash": six["hash"],
                 "duration_s": round(time.monotonic() - t0, 4),
-                **({"rules_loaded": loaded6.rules_loaded, "chains_kept": len(loaded6.kept)} if loaded6 else {}),
+                **(loaded6 or {}),
             }
         ]
         write_state(new)
@@ -827,7 +827,8 @@ def _load_chains6(plan6, v6: ip6.V6Policy, config: Config, st: dict, log: Callab
     the name an earlier write gave them, MAIN (which the base chain's jump names) is rewritten in place, and the
     chains no longer in use are deleted, all in one restore (nf_tables commits it whole, or nothing). Chains that
     are not as the last write left them (a rule added by hand) are all loaded anew. Returns the state with the IPv6
-    side's new record of its chains (written: whatever follows reads it) and the reuse_chains result."""
+    side's new record of its chains (written: whatever follows reads it) and what the load did (the history's
+    `rules_loaded`, `chains_kept` and `load6_s`, the restore's time)."""
     old6 = st.get("ipv6") or {}
     chains = old6["chains"]
     prefix = (chains.get("main") or "")[: -len("MAIN")]
@@ -844,7 +845,9 @@ def _load_chains6(plan6, v6: ip6.V6Policy, config: Config, st: dict, log: Callab
         raise HypafilterError(f"the IPv6 chains would move ({c6.state()} after {chains})")
     reused = reuse_chains(ip6.body_lines(c6), c6.main, kept)
     body = dataclasses.replace(c6, text="\n".join(reused.body) + "\n")
+    t_load = time.monotonic()
     ip6.load_chains(NS_FW, body, v6.base_chain, listing, reused.in_use)
+    load_s = round(time.monotonic() - t_load, 4)
     warnings: list[str] = []
     rec = _record_chains6(reused.in_use, config, warnings)
     for w in warnings:
@@ -855,7 +858,7 @@ def _load_chains6(plan6, v6: ip6.V6Policy, config: Config, st: dict, log: Callab
     )
     new = {**st, "ipv6": {**old6, **rec}}
     write_state(new)
-    return new, reused
+    return new, {"rules_loaded": reused.rules_loaded, "chains_kept": len(reused.kept), "load6_s": load_s}
 
 
 def _plan6(v6, config: Config, plan, old6: dict, follow: bool, target: str) -> tuple[object | None, str]:

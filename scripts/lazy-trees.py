@@ -96,11 +96,13 @@ def as_ipv6(text: str) -> str:
 def loaded6(text: str, where: str) -> None:
     """`--loaded --ipv6`: the tool's IPv6 rules a follow of ip6tables loads (no root), the policy and the change moved
     into IPv6 (`as_ipv6`) as the IPv6 side of a dual-stack deployment (rulesets/example.rules its IPv4 side, the xdp
-    program deciding both, strategy tree): the deployment's chains in ip6tables, then the change's follow, loaded as
-    ops.deploy._load_chains6 loads it (ops.ruleset.reuse_chains). `all`: every chain of the follow, what a follow
-    of ip6tables loaded before."""
+    program deciding both, strategy tree): the deployment's chains in ip6tables (trees built), then the change's
+    follow with the trees kept and the change diverted (`lazy`, what the service does) and with every tree built
+    anew (`rebuilt`), each loaded as ops.deploy._load_chains6 loads it (ops.ruleset.reuse_chains). `rules_all`: every
+    chain of the follow, what a follow of ip6tables loaded before."""
     import dataclasses
 
+    from hypafilter.analysis import trees
     from hypafilter.analysis.plan import build_plan
     from hypafilter.config import Config
     from hypafilter.iptables.document import parse_policy
@@ -116,7 +118,7 @@ def loaded6(text: str, where: str) -> None:
     first = next(i for i, ln in enumerate(lines) if ln.startswith("-A FORWARD"))
     changed = "\n".join(lines[:first] + ["-A FORWARD " + ban(text, 1, where)] + lines[first:]) + "\n"
 
-    def chains(t: str, gen: int | None) -> tuple[list[str], float]:
+    def chains(t: str, gen: int | None, fresh: bool) -> tuple[list[str], float, dict]:
         t0 = time.monotonic()
         t6 = as_ipv6(t)
         ir = parse_policy(t6, "p6.rules", base_chain="FORWARD", config=cfg, family=6)
@@ -124,16 +126,22 @@ def loaded6(text: str, where: str) -> None:
         plan6, why = plan6_for(v6, cfg, plan4, k_base=plan4.num_intervals)
         if why:
             raise SystemExit(why)
+        plan6.trees_fresh = fresh
         c6 = ip6.render_chains(plan6, cfg, "HFv6_", gen)
-        return ip6.body_lines(c6), time.monotonic() - t0
+        return ip6.body_lines(c6), time.monotonic() - t0, plan6.tree_stats
 
-    dep, _ = chains(text, None)
-    kernel = reuse_chains(dep, "HFv6_MAIN", {}).in_use
-    new, s = chains(changed, 2)
-    r = reuse_chains(new, "HFv6_MAIN", kernel)
-    row = {"family": 6, "change": where, "rules_all": sum(ln.startswith("-A ") for ln in new)}
-    row.update(rules_loaded=r.rules_loaded, chains_loaded=len(r.created), chains_kept=len(r.kept), build_s=round(s, 3))
-    print(json.dumps(row), flush=True)
+    for how, fresh in (("lazy", False), ("rebuilt", True)):
+        trees._POOLS.clear()
+        dep, _, _ = chains(text, None, True)  # the deployment's trees: this process's bases
+        kernel = reuse_chains(dep, "HFv6_MAIN", {}).in_use
+        new, s, stats = chains(changed, 2, fresh)
+        r = reuse_chains(new, "HFv6_MAIN", kernel)
+        row = {"family": 6, "follow": how, "change": where, "rules_all": sum(ln.startswith("-A ") for ln in new)}
+        row.update(
+            rules_loaded=r.rules_loaded, chains_loaded=len(r.created), chains_kept=len(r.kept), build_s=round(s, 3)
+        )
+        row.update({k: stats.get(k) for k in ("lazy_trees", "lazy_changed", "k0_tree", "k0_changed", "trees_built")})
+        print(json.dumps(row), flush=True)
 
 
 def in_process(text: str, repeats: int, where: str) -> None:
@@ -374,6 +382,8 @@ def live6(text: str, lab: str, repeats: int, where: str, verify: int = 0) -> Non
                     "rules_loaded": h.get("rules_loaded", tool),
                     "chains_kept": h.get("chains_kept", 0),
                     "load6_s": h.get("load6_s"),  # the restore of the chains (not recorded before)
+                    "trees_built": h.get("trees_built"),
+                    "lazy_trees": h.get("lazy_trees"),
                 }
                 if verify:
                     p = subprocess.run(

@@ -1,6 +1,7 @@
 """What a follow of ip6tables loads (docs/optimize.md "What a follow loads"): on a dual-stack deployment whose IPv6
 side the xdp program decides (strategy tree: the IPv6 interval chain written as trees, HFv6_K0T), the real
-`ip6tables -I` of a ban is followed by loading only the tool's IPv6 chains whose content ip6tables does not hold yet;
+`ip6tables -I` of a ban is followed by loading only the tool's IPv6 chains whose content ip6tables does not hold yet
+(the trees the deploy built kept, the ban diverted ahead of them);
 a rule added by hand to a kept chain is not kept by the next follow, which loads every chain anew; and `verify
 --live` (both families' live rulesets alone in the oracle's namespace) finds 0 mismatches."""
 
@@ -77,6 +78,11 @@ def test_a_follow_of_ip6tables_loads_the_changed_chains_and_repairs_a_hand_edit(
     kept = [c for c in after if c in before and c != "HFv6_MAIN"]
     assert kept and h["chains_kept"] == len(kept) and all(re.fullmatch(r"HFv6_\d+_\S+", c) for c in new), kept
     assert after[kept[0]] == before[kept[0]]
+    # the trees are the deploy's (in the service's new process: from the deployment's IPv6 tree cache), the ban's
+    # source diverted ahead of them to the live rules that can act there
+    assert h["k0_tree"] == "lazy" and h["lazy_trees"] >= 1 and h["trees_built"] == 0, h
+    div = [r for c, rules in new.items() for r in rules if re.search(r"-j HFv6_\d+_TD\d+$", r)]
+    assert div and all("--src-range fd48:4600:0:5::-fd48:4600:0:5:ffff:ffff:ffff:ffff" in r for r in div), div
 
     # a rule added by hand to a kept chain is no operator's change (nothing is followed), but the next follow, of a
     # change of the operator's (the ban deleted), does not keep that chain: every chain loaded anew, the rule gone

@@ -285,3 +285,86 @@ def test_a_chain_in_place_of_main_is_never_kept_as_main():
     assert r2.kept == {"HFv6_2_A": "HFv6_A"} and r2.created == ["HFv6_MAIN", "HFv6_2_X"], (r2.kept, r2.created)
     kernel = {**_chains(gen1), **_chains(r2.body)}
     assert _walk(kernel, "HFv6_MAIN") == _walk(_chains(gen2), "HFv6_MAIN")
+
+
+def test_the_ipv6_sides_trees_are_kept_with_the_changes_diverted_ahead_of_them(monkeypatch):
+    """The IPv6 side's trees are lazy as the IPv4 side's (docs/optimize.md "Lazy trees"): a follow of ip6tables
+    (`trees_fresh` False) writes the interval chain's trees and HFv6_K0T as the deployment built them, with TD<n>/K0D<n>
+    diversions on the inserted ban's IPv6 source (ip6tables `-m iprange` over 128-bit addresses) ahead of them, and
+    loads a fraction of what the trees built anew load. Through the chain interpreter on the plan's ranked headers the
+    follow's chains give the changed policy's verdicts, shunted (the hybrid) and on the K0-tree mark; without the
+    diversions they do not."""
+    import dataclasses
+    import ipaddress
+    import random
+
+    from hypafilter.analysis import trees
+    from hypafilter.analysis.program import K0_TREE, mark_for
+    from hypafilter.ir import Header
+    from hypafilter.ir.semantics import reference_verdict
+    from hypafilter.netfilter import ip6
+    from hypafilter.targets.xdp.v6 import plan6_for
+
+    from tests.unit.test_ipv6_chains import _config, _side, _v6_cx
+    from tests.unit.test_properties import _callback, mismatches
+
+    config = _config(strategy="tree", tree_min_segment=4)
+    text = _v6_cx(32)
+    plan4, _, _ = _side(config, text)
+    plan4.k0_tree = True
+
+    def plan6(t: str, fresh: bool):
+        ir = parse_policy(t, "v6.rules", base_chain="FORWARD", config=config, family=6)
+        v6 = dataclasses.replace(ip6.parse(t, "v6.rules", "FORWARD", validate=False), ir=ir, tables=("filter",))
+        p, why = plan6_for(v6, config, plan4, k_base=plan4.num_intervals)
+        assert why == "", why
+        p.trees_fresh = fresh
+        return p
+
+    ban = "-A FORWARD -s 2001:db8:0:5::/64 -p udp -m hl --hl-eq 3 -j DROP\n"  # UDP 5000:5100 is accepted below
+    banned = text.replace("-A FORWARD -s fd48:4600::/64", ban + "-A FORWARD -s fd48:4600::/64")
+    trees._POOLS.clear()
+    dep = ip6.render_chains(plan6(text, True), config, "HFv6_")  # the deploy: its trees are the bases
+    loaded = reuse_chains(ip6.body_lines(dep), dep.main, {}).in_use
+    lazy6 = plan6(banned, False)
+    lazy = ip6.render_chains(lazy6, config, "HFv6_", 2)
+    stats = lazy6.tree_stats
+    assert stats["lazy_trees"] >= 1 and stats["k0_tree"] == "lazy" and stats["trees_built"] == 0, stats
+    body = ip6.body_lines(lazy)
+    src = "-p 17 -m iprange --src-range 2001:db8:0:5::-2001:db8:0:5:ffff:ffff:ffff:ffff"
+    assert any(re.fullmatch(rf"-A HFv6_2_K0T {src} -g HFv6_2_K0D\d+", ln) for ln in body), body
+    assert any(re.fullmatch(rf"-A HFv6_2_L\d+A\d+ {src} -j HFv6_2_TD\d+", ln) for ln in body), body
+    fresh = ip6.render_chains(plan6(banned, True), config, "HFv6_", 2)
+    n_lazy = reuse_chains(body, lazy.main, loaded).rules_loaded
+    n_fresh = reuse_chains(ip6.body_lines(fresh), fresh.main, loaded).rules_loaded
+    print(f"IPv6 ban: {n_lazy} rules loaded with the trees kept, {n_fresh} with the trees built anew")
+    assert n_lazy * 3 < n_fresh
+
+    def wrong(p) -> int:
+        from hypafilter.analysis.program import build_program
+
+        prog = build_program(p, "tree", k_base=p.k_base)
+        p.__dict__["_programs"] = {("tree", 0xFFFFFFFF, 0, "bridge"): prog}  # hybrid_verdict runs this program
+        pol, rng, ev = p.policy, random.Random(7), _callback(0x5A5A5A5A5A5A5A5)  # complex matches: half of them
+        amap = pol.addr_map
+        hdrs = [
+            Header(
+                src=rng.randrange(len(amap.starts["src"])),
+                dst=rng.randrange(len(amap.starts["dst"])),
+                proto=rng.choice((6, 17, 58)),
+                dport=rng.choice((53, 80, 443, 5050, 8080, 1)),
+            )
+            for _ in range(1500)
+        ]
+        banned_src = amap.rank("src", int(ipaddress.IPv6Address("2001:db8:0:5::")))  # UDP from the ban's source
+        hdrs += [Header(src=banned_src, dst=d, proto=17, dport=5000 + d) for d in range(len(amap.starts["dst"]))]
+        k0 = sum(prog.run(h, mark_for(prog, 0, K0_TREE), ev)[0] != reference_verdict(pol, h, ev) for h in hdrs)
+        return len(mismatches(p, "tree", hdrs, ev)) + k0
+
+    trees._POOLS.clear()  # the deploy's bases, as the follow's process holds them
+    ip6.render_chains(plan6(text, True), config, "HFv6_")
+    assert wrong(plan6(banned, False)) == 0
+    monkeypatch.setattr(trees, "_diversions", lambda *a, **k: [])
+    trees._POOLS.clear()
+    ip6.render_chains(plan6(text, True), config, "HFv6_")
+    assert wrong(plan6(banned, False)) > 0

@@ -159,17 +159,32 @@ def write_state(state: dict) -> None:
     _write_private(state_file(), json.dumps(state, indent=1, sort_keys=True) + "\n")
 
 
-def TREE_BASES_FILE() -> Path:  # a function: the state directory is configured at run time
+def TREE_BASES_FILE(family: int = 4) -> Path:  # a function: the state directory is configured at run time
     """Strategy tree's live trees (K0T's and the interval chains'): the flattened rules (analysis.trees.rule_key) each
     was last built from, so that the policy sync worker's follows divert the changes since instead of building
-    them again (docs/optimize.md, "Lazy trees")."""
-    return STATE_DIR / "tree_bases.json"
+    them again (docs/optimize.md, "Lazy trees"). Family 6: the IPv6 side's, in ip6tables."""
+    return STATE_DIR / ("tree_bases.json" if family == 4 else "tree_bases6.json")
 
 
-def TREE_CACHE_FILE() -> Path:
+def TREE_CACHE_FILE(family: int = 4) -> Path:
     """The live trees themselves (analysis.trees.cache_json: each base's regions and built trees), so that the
     policy sync worker's first follow after a deploy or a restart of the service writes them without a build."""
-    return STATE_DIR / "tree_cache.json"
+    return STATE_DIR / ("tree_cache.json" if family == 4 else "tree_cache6.json")
+
+
+def _write_trees(plan, family: int, warnings: list[str]) -> None:
+    """The bases and trees a program built for `plan` (build_program's `tree_bases_built`, `tree_cache_built`), for
+    the next follow's process."""
+    if getattr(plan, "tree_bases_built", None) is not None:  # the live trees' bases: the rules they were built from
+        try:
+            _write_private(TREE_BASES_FILE(family), json.dumps(plan.tree_bases_built) + "\n")
+        except OSError as e:
+            warnings.append(f"writing {TREE_BASES_FILE(family)}: {e}")
+    if getattr(plan, "tree_cache_built", None) is not None:  # the trees built: a new process writes them unbuilt
+        try:
+            _write_private(TREE_CACHE_FILE(family), json.dumps(plan.tree_cache_built, separators=(",", ":")) + "\n")
+        except OSError as e:
+            warnings.append(f"writing {TREE_CACHE_FILE(family)}: {e}")
 
 
 def CHAINS_FILE(family: int = 4) -> Path:
@@ -235,20 +250,20 @@ def _kept_chains(rec: dict | None, config: Config, log: Callable[[str], None], f
     return kept
 
 
-def _tree_cache() -> dict:
+def _tree_cache(family: int = 4) -> dict:
     from hypafilter.analysis.trees import cache_of_json
 
     try:
-        return cache_of_json(json.loads(TREE_CACHE_FILE().read_text()))
+        return cache_of_json(json.loads(TREE_CACHE_FILE(family).read_text()))
     except (OSError, ValueError, TypeError, KeyError, AttributeError, IndexError):
         return {}  # none kept (or unreadable, or of another version): the trees are built anew
 
 
-def _tree_bases() -> dict | None:
+def _tree_bases(family: int = 4) -> dict | None:
     from hypafilter.analysis.trees import bases_of_json
 
     try:
-        return bases_of_json(json.loads(TREE_BASES_FILE().read_text()))
+        return bases_of_json(json.loads(TREE_BASES_FILE(family).read_text()))
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None  # none recorded (or unreadable): the follow builds the trees anew
 
@@ -736,7 +751,7 @@ def follow6(
                     # The new plan's chains into ip6tables before any table tags a frame with its k: the tool's
                     # chains only, in one restore (the operator's rules, which are the policy, untouched), while the
                     # hold passes every IPv6 frame with k = 0 (HFv6_K0: the whole policy). A failure leaves the hold.
-                    st, loaded6 = _load_chains6(plan6, v6, config, st, log)
+                    st, loaded6 = _load_chains6(plan6, v6, config, st, log, fresh=rebuild)
                     old6 = st["ipv6"]
                 try:
                     # the IPv6 update buffer first (docs/ipv6.md "The update buffer for IPv6"), else the whole
@@ -820,13 +835,15 @@ def _record_chains6(in_use: dict, config: Config, warnings: list[str], text: str
     return {"chains_in_use": list(in_use), "chains_sha256": fp}
 
 
-def _load_chains6(plan6, v6: ip6.V6Policy, config: Config, st: dict, log: Callable[[str], None]):
+def _load_chains6(plan6, v6: ip6.V6Policy, config: Config, st: dict, log: Callable[[str], None], fresh=False):
     """A follow of ip6tables: the new IPv6 plan's chains into ip6tables, only those whose content ip6tables does not
     hold yet, as an IPv4 follow loads its chains (ops.ruleset.reuse_chains; docs/optimize.md "What a follow loads"):
     the chains created are named after a generation no chain in ip6tables carries (`HFv6_<g>_…`), the kept ones keep
     the name an earlier write gave them, MAIN (which the base chain's jump names) is rewritten in place, and the
     chains no longer in use are deleted, all in one restore (nf_tables commits it whole, or nothing). Chains that
-    are not as the last write left them (a rule added by hand) are all loaded anew. Returns the state with the IPv6
+    are not as the last write left them (a rule added by hand) are all loaded anew. Strategy tree's trees are the last
+    rebuild's with the changes since diverted ahead of them (docs/optimize.md "Lazy trees"; the IPv6 side's bases and
+    tree cache), built anew when `fresh` (the IPv6 update buffer's lazy rebuild). Returns the state with the IPv6
     side's new record of its chains (written: whatever follows reads it) and what the load did (the history's
     `rules_loaded`, `chains_kept` and `load6_s`, the restore's time)."""
     old6 = st.get("ipv6") or {}
@@ -840,6 +857,10 @@ def _load_chains6(plan6, v6: ip6.V6Policy, config: Config, st: dict, log: Callab
     gen = max(gens, default=0) % 0xFFFF + 1
     while gen in gens:
         gen = gen % 0xFFFF + 1
+    plan6.trees_fresh = fresh
+    if not fresh:
+        plan6.tree_bases = _tree_bases(6)
+        plan6.tree_cache = lambda: _tree_cache(6)  # read only by a process that holds no trees of those bases
     c6 = ip6.render_chains(plan6, config, prefix, gen)
     if c6.main != chains.get("main") or c6.k_base != kb:
         raise HypafilterError(f"the IPv6 chains would move ({c6.state()} after {chains})")
@@ -850,6 +871,7 @@ def _load_chains6(plan6, v6: ip6.V6Policy, config: Config, st: dict, log: Callab
     load_s = round(time.monotonic() - t_load, 4)
     warnings: list[str] = []
     rec = _record_chains6(reused.in_use, config, warnings)
+    _write_trees(plan6, 6, warnings)
     for w in warnings:
         log(w)
     log(
@@ -858,7 +880,9 @@ def _load_chains6(plan6, v6: ip6.V6Policy, config: Config, st: dict, log: Callab
     )
     new = {**st, "ipv6": {**old6, **rec}}
     write_state(new)
-    return new, {"rules_loaded": reused.rules_loaded, "chains_kept": len(reused.kept), "load6_s": load_s}
+    stats = getattr(plan6, "tree_stats", None) or {}
+    lazy = {k: stats[k] for k in ("lazy_trees", "lazy_changed", "trees_built", "k0_tree") if k in stats}
+    return new, {"rules_loaded": reused.rules_loaded, "chains_kept": len(reused.kept), "load6_s": load_s, **lazy}
 
 
 def _plan6(v6, config: Config, plan, old6: dict, follow: bool, target: str) -> tuple[object | None, str]:
@@ -1442,16 +1466,9 @@ def _deploy_locked(
         except OSError as e:
             warnings.append(f"writing {static_path(STATE_DIR)}: {e}")
     _write_chains(reused.in_use, 4, warnings)
-    if getattr(plan, "tree_bases_built", None) is not None:  # the live trees' bases: the rules they were built from
-        try:
-            _write_private(TREE_BASES_FILE(), json.dumps(plan.tree_bases_built) + "\n")
-        except OSError as e:
-            warnings.append(f"writing {TREE_BASES_FILE()}: {e}")
-    if getattr(plan, "tree_cache_built", None) is not None:  # the trees built: a new process writes them unbuilt
-        try:
-            _write_private(TREE_CACHE_FILE(), json.dumps(plan.tree_cache_built, separators=(",", ":")) + "\n")
-        except OSError as e:
-            warnings.append(f"writing {TREE_CACHE_FILE()}: {e}")
+    _write_trees(plan, 4, warnings)
+    if loaded6 and chains6 is not None:  # the IPv6 side's trees as ip6tables now holds them
+        _write_trees(plan.plan6, 6, warnings)
     if old_nic and replace:
         try:
             tgt.stop(old_nic)

@@ -24,6 +24,10 @@ new process).
 
     PYTHONPATH=mgmt .venv/bin/python scripts/lazy-trees.py [--complex N] [--stride S] [--ban dense|sparse] [--repeats R]
     PYTHONPATH=mgmt .venv/bin/python scripts/lazy-trees.py --live [--lab h3m] [--complex N] [--repeats R] [--verify N]
+
+`--ipv6` (with --loaded or --live): the policy and the change moved into IPv6 as the IPv6 side of a dual-stack
+deployment (rulesets/example.rules its IPv4 side): what a follow of ip6tables loads (docs/optimize.md "What a follow
+loads").
 """
 
 from __future__ import annotations
@@ -73,6 +77,71 @@ def policy_text(filters: str, n_complex: int, stride: int = 4) -> str:
         for j, r in enumerate(rules[::stride][:n_complex])
     ]
     return "\n".join(lines[:first] + cx + lines[first:]) + "\n"
+
+
+def as_ipv6(text: str) -> str:
+    """The policy (or a rule) with every IPv4 address and prefix moved into 2001:db8::/32 at the same place of its
+    last 32 bits (a /p becomes a /96+p), as an ip6tables policy: the same rules, the same overlaps."""
+    import ipaddress
+
+    def six(m: re.Match) -> str:
+        net = ipaddress.IPv4Network(m.group(0), strict=False)
+        v6 = ipaddress.IPv6Network((0x20010DB8 << 96 | int(net.network_address), 96 + net.prefixlen))
+        return str(v6)
+
+    out = re.sub(r"\b\d+\.\d+\.\d+\.\d+/\d+\b", six, text)
+    return out.replace(":FORWARD DROP [0:0]", ":INPUT ACCEPT [0:0]\n:FORWARD DROP [0:0]\n:OUTPUT ACCEPT [0:0]")
+
+
+def loaded6(text: str, where: str) -> None:
+    """`--loaded --ipv6`: the tool's IPv6 rules a follow of ip6tables loads (no root), the policy and the change moved
+    into IPv6 (`as_ipv6`) as the IPv6 side of a dual-stack deployment (rulesets/example.rules its IPv4 side, the xdp
+    program deciding both, strategy tree): the deployment's chains in ip6tables (trees built), then the change's
+    follow with the trees kept and the change diverted (`lazy`, what the service does) and with every tree built
+    anew (`rebuilt`), each loaded as ops.deploy._load_chains6 loads it (ops.ruleset.reuse_chains). `rules_all`: every
+    chain of the follow, what a follow of ip6tables loaded before."""
+    import dataclasses
+
+    from hypafilter.analysis import trees
+    from hypafilter.analysis.plan import build_plan
+    from hypafilter.config import Config
+    from hypafilter.iptables.document import parse_policy
+    from hypafilter.netfilter import ip6
+    from hypafilter.ops.ruleset import reuse_chains
+    from hypafilter.targets.xdp.v6 import plan6_for
+
+    cfg = Config(strategy="tree", xdp_ipv6=True, nic_mode="bridge")
+    v4 = (ROOT / "rulesets" / "example.rules").read_text()
+    plan4 = build_plan(parse_policy(v4, filename="example.rules", base_chain="FORWARD", config=cfg), cfg, live=True)
+    plan4.k0_tree = True
+    lines = text.splitlines()
+    first = next(i for i, ln in enumerate(lines) if ln.startswith("-A FORWARD"))
+    changed = "\n".join(lines[:first] + ["-A FORWARD " + ban(text, 1, where)] + lines[first:]) + "\n"
+
+    def chains(t: str, gen: int | None, fresh: bool) -> tuple[list[str], float, dict]:
+        t0 = time.monotonic()
+        t6 = as_ipv6(t)
+        ir = parse_policy(t6, "p6.rules", base_chain="FORWARD", config=cfg, family=6)
+        v6 = dataclasses.replace(ip6.parse(t6, "p6.rules", "FORWARD", validate=False), ir=ir, tables=("filter",))
+        plan6, why = plan6_for(v6, cfg, plan4, k_base=plan4.num_intervals)
+        if why:
+            raise SystemExit(why)
+        plan6.trees_fresh = fresh
+        c6 = ip6.render_chains(plan6, cfg, "HFv6_", gen)
+        return ip6.body_lines(c6), time.monotonic() - t0, plan6.tree_stats
+
+    for how, fresh in (("lazy", False), ("rebuilt", True)):
+        trees._POOLS.clear()
+        dep, _, _ = chains(text, None, True)  # the deployment's trees: this process's bases
+        kernel = reuse_chains(dep, "HFv6_MAIN", {}).in_use
+        new, s, stats = chains(changed, 2, fresh)
+        r = reuse_chains(new, "HFv6_MAIN", kernel)
+        row = {"family": 6, "follow": how, "change": where, "rules_all": sum(ln.startswith("-A ") for ln in new)}
+        row.update(
+            rules_loaded=r.rules_loaded, chains_loaded=len(r.created), chains_kept=len(r.kept), build_s=round(s, 3)
+        )
+        row.update({k: stats.get(k) for k in ("lazy_trees", "lazy_changed", "k0_tree", "k0_changed", "trees_built")})
+        print(json.dumps(row), flush=True)
 
 
 def in_process(text: str, repeats: int, where: str) -> None:
@@ -256,6 +325,90 @@ def live(text: str, lab: str, repeats: int, where: str, verify: int = 0) -> None
         raise SystemExit("verify --live found mismatches (or did not run): see the rows above")
 
 
+def live6(text: str, lab: str, repeats: int, where: str, verify: int = 0) -> None:
+    """`--live --ipv6` (root, the xdp lab LAB): rulesets/example.rules deployed with the policy as its IPv6 side
+    (`as_ipv6`; xdp_ipv6, strategy tree), then `--repeats` times the real ip6tables inserts the change (moved into
+    IPv6) in the operator's chain and deletes it; for each, the policy sync service's follow of ip6tables as the
+    deployment's history records it (`duration_s`: deploy.follow6, the chains' load and the program's IPv6 tables),
+    the tool's IPv6 rules it loaded (`rules_loaded`; a version that does not record it loaded every one: the tool's
+    rules in ip6tables after it) and the tool's IPv6 rules; `--verify N`: then `verify --live` with N frames of each
+    family, its IPv6 mismatches."""
+    state = Path(f"/run/hypafilter/{lab}-bench")
+    env = dict(os.environ, HF_LAB=lab, HF_STATE_DIR=str(state))
+    hf = [sys.executable, "-m", "hypafilter"]
+
+    def run(*args: str) -> str:
+        return subprocess.run(hf + list(args), env=env, check=True, capture_output=True, text=True).stdout
+
+    def ns(*args: str) -> str:
+        return subprocess.run(
+            ["ip", "netns", "exec", f"{lab}-fw", *args], check=True, capture_output=True, text=True
+        ).stdout
+
+    def history() -> list:
+        try:
+            return json.loads((state / "state.json").read_text()).get("history") or []
+        except (OSError, ValueError):
+            return []
+
+    run("lab", "down", "--name", lab)
+    run("lab", "up", "--target", "xdp", "--name", lab)
+    rows = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            pol, cfg = Path(tmp) / "p6.rules", Path(tmp) / "tree.toml"
+            pol.write_text(as_ipv6(text))
+            cfg.write_text('strategy = "tree"\ntarget = "xdp"\nxdp_ipv6 = true\n')
+            t0 = time.monotonic()
+            run("deploy", str(ROOT / "rulesets" / "example.rules"), "--ipv6", str(pol), "--config", str(cfg), "-q")
+            print(json.dumps({"deploy_s": round(time.monotonic() - t0, 2)}), flush=True)
+        for i in range(repeats):
+            for verb in ("-I", "-D"):
+                seen = len(history())
+                rule = as_ipv6(ban(text, i, where)).split()
+                ns("ip6tables", "-w", verb, "FORWARD", *(["2"] if verb == "-I" else []), *rule)
+                deadline = time.monotonic() + 120
+                while not [h for h in history()[seen:] if h.get("kind") == "follow6"]:
+                    if time.monotonic() > deadline:
+                        raise SystemExit("the deployment did not follow ip6tables within 120 s")
+                    time.sleep(0.05)
+                h = [h for h in history()[seen:] if h.get("kind") == "follow6"][-1]
+                tool = sum(ln.startswith("-A HFv6_") for ln in ns("ip6tables-save", "-t", "filter").splitlines())
+                row = {
+                    "change": f"ip6tables {verb}",
+                    "how": h.get("how"),
+                    "duration_s": h.get("duration_s"),
+                    "tool_rules": tool,
+                    "rules_loaded": h.get("rules_loaded", tool),
+                    "chains_kept": h.get("chains_kept", 0),
+                    "load6_s": h.get("load6_s"),  # the restore of the chains (not recorded before)
+                    "trees_built": h.get("trees_built"),
+                    "lazy_trees": h.get("lazy_trees"),
+                }
+                if verify:
+                    p = subprocess.run(
+                        hf + ["verify", "--live", "--packets", str(verify), "--json"],
+                        env=env,
+                        capture_output=True,
+                        text=True,
+                    )
+                    rep = json.loads(p.stdout) if p.stdout else {"error": p.stderr[-300:]}
+                    six = rep.get("ipv6") or {}
+                    row.update(verify6_frames=six.get("packets"), mismatches6=six.get("mismatches"))
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    finally:
+        subprocess.run(hf + ["undeploy", "-q"], env=env, capture_output=True)
+        subprocess.run(hf + ["lab", "down", "--name", lab], env=env, capture_output=True)
+        shutil.rmtree(state, ignore_errors=True)
+    if rows:
+        print(
+            json.dumps({f"{k}_median": statistics.median(r[k] for r in rows) for k in ("duration_s", "rules_loaded")})
+        )
+    if verify and any(r.get("mismatches6") != 0 for r in rows):
+        raise SystemExit("verify --live found IPv6 mismatches (or did not run): see the rows above")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--filters", default=str(SHARED / "acl1_1100.filters"))
@@ -267,9 +420,14 @@ def main() -> None:
     ap.add_argument("--lab", default="h3m", help="the xdp lab's name (--live)")
     ap.add_argument("--verify", type=int, default=0, help="--live: verify --live with N frames after each follow")
     ap.add_argument("--loaded", action="store_true", help="the rules a follow loads, lazy and rebuilt (no root)")
+    ap.add_argument("--ipv6", action="store_true", help="the policy and the change as the IPv6 side (as_ipv6)")
     a = ap.parse_args()
     text = policy_text(a.filters, a.complex, a.stride)
-    if a.loaded:
+    if a.loaded and a.ipv6:
+        loaded6(text, a.ban)
+    elif a.live and a.ipv6:
+        live6(text, a.lab, a.repeats, a.ban, a.verify)
+    elif a.loaded:
         loaded(text, a.ban)
     elif a.live:
         live(text, a.lab, a.repeats, a.ban, a.verify)

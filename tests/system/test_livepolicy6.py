@@ -106,11 +106,12 @@ def state() -> dict:
 
 
 def leaf_packets(k_base: int) -> dict[str, int]:
-    """Packets of the dispatch rules into the IPv6 leaves (ip6tables' counters), by leaf; every leaf's k > k_base."""
+    """Packets of the dispatch rules into the IPv6 leaves (ip6tables' counters), by leaf; every leaf's k > k_base (a
+    leaf a follow loaded is named after its generation, HFv6_<g>_L<k>A<a>)."""
     saved = netns.run(["ip6tables-save", "-c", "-t", "filter"], FW)
     out: dict[str, int] = {}
     for n, v, k, a in re.findall(
-        r"^\[(\d+):\d+\] -A HFv6_\w+ -m mark --mark (0x[0-9a-f]+) -j HFv6_L(\d+)A(\d+)$", saved, re.M
+        r"^\[(\d+):\d+\] -A HFv6_\w+ -m mark --mark (0x[0-9a-f]+) -j HFv6_(?:\d+_)?L(\d+)A(\d+)$", saved, re.M
     ):
         assert int(k) > k_base and int(v, 16) >> 4 == int(k), (k, v, k_base)
         out[f"L{k}A{a}"] = out.get(f"L{k}A{a}", 0) + int(n)

@@ -173,3 +173,198 @@ def test_chains_of_the_same_rules_under_two_names_are_kept():
     r2, kernel2 = _load(kernel, r1.in_use, [ln.replace("G1_", "HF2_") for ln in gen1], 2)
     assert r2.created == ["HF2_MAIN"] and r2.rules_loaded == 2, r2.body
     assert _walk(kernel2, "HF2_MAIN") == _walk(kernel, "G1_MAIN")
+
+
+# ---- the IPv6 side: a follow of ip6tables (ops.deploy._load_chains6) ------------------------------------------------
+
+
+def _restore6(kernel: dict[str, list[str]], text: str) -> dict[str, list[str]]:
+    """`ip6tables-restore --noflush` of `text` (netfilter.ip6.chains_text) on a model filter table: a declaration
+    creates or flushes its chain, -F flushes, -X deletes, -A appends, -D deletes the rule, -I inserts."""
+    out = {c: list(rules) for c, rules in kernel.items()}
+    for ln in text.splitlines():
+        if ln.startswith(":"):
+            out[ln[1:].split()[0]] = []
+        elif ln.startswith(("-F ", "-X ")):
+            name = ln.split()[1]
+            assert name in out, ln
+            if ln.startswith("-X "):
+                del out[name]
+            else:
+                out[name] = []
+        elif ln.startswith(("-A ", "-D ")):
+            name, _, rest = ln[3:].partition(" ")
+            (out[name].append if ln.startswith("-A ") else out[name].remove)(rest)
+        elif ln.startswith("-I "):
+            name, pos, rest = ln[3:].split(" ", 2)
+            out[name].insert(int(pos) - 1, rest)
+    return out
+
+
+def _listing6(kernel: dict[str, list[str]]) -> str:
+    """The model table as ip6tables-save lists it."""
+    decl = [f":{c} {'DROP' if c == 'FORWARD' else '-'} [0:0]" for c in kernel]
+    return "\n".join(["*filter", *decl, *(f"-A {c} {r}" for c, rs in kernel.items() for r in rs), "COMMIT", ""])
+
+
+def _follow6(kernel: dict[str, list[str]], c6, loaded: dict[str, list], keep: bool = True):
+    """ops.deploy._load_chains6 on a model kernel: the chains reuse_chains leaves to load, in one restore of
+    ip6.chains_text that keeps the chains in use (`keep` False: the text as it was before, which keeps none)."""
+    from hypafilter.netfilter import ip6
+
+    r = reuse_chains(ip6.body_lines(c6), c6.main, loaded)
+    body = ip6.Chains6("\n".join(r.body) + "\n", c6.main, c6.strategy, c6.k_base)
+    text = ip6.chains_text(body, "FORWARD", _listing6(kernel), r.in_use if keep else ())
+    return r, _restore6(kernel, text)
+
+
+def test_a_follow_of_ip6tables_loads_only_the_ipv6_chains_whose_content_changed():
+    """The IPv6 side of a dual-stack deployment (strategy tree, live: 32 complex rules written as trees, HFv6_K0T):
+    the follow of an inserted ban loads under a new generation's names (`HFv6_2_…`) only the chains whose content
+    ip6tables does not hold, rewrites HFv6_MAIN in place and deletes the chains no longer in use, in one restore. The
+    kernel's chains after it, walked from HFv6_MAIN with every jump inlined, are the new plan's chains walked the same
+    way; so after a second follow (the ban deleted). Keeping no chain in the restore (the text of before) leaves
+    jumps to deleted chains: caught."""
+    import dataclasses
+
+    from hypafilter.netfilter import ip6
+    from hypafilter.targets.xdp.v6 import plan6_for
+
+    from tests.unit.test_ipv6_chains import _config, _side, _v6_cx
+
+    config = _config(strategy="tree", tree_min_segment=4)
+    text = _v6_cx(32)
+    plan4, _, _ = _side(config, text)
+    plan4.k0_tree = True
+
+    def chains(t: str, gen: int | None):
+        ir = parse_policy(t, "v6.rules", base_chain="FORWARD", config=config, family=6)
+        v6 = dataclasses.replace(ip6.parse(t, "v6.rules", "FORWARD", validate=False), ir=ir, tables=("filter",))
+        plan6, why = plan6_for(v6, config, plan4, k_base=plan4.num_intervals)
+        assert why == "", why
+        return ip6.render_chains(plan6, config, "HFv6_", gen)
+
+    dep = chains(text, None)
+    r1, kernel = _follow6({"FORWARD": ["-s 2001:db8:7::/48 -j DROP"]}, dep, {})
+    assert r1.rules_loaded == sum(ln.startswith("-A ") for ln in ip6.body_lines(dep)) and not r1.kept
+    assert kernel["FORWARD"][0] == "-j HFv6_MAIN" and "HFv6_K0T" in kernel
+
+    ban = "-A FORWARD -s 2001:db8:0:5::/64 -p tcp -m hl --hl-eq 3 -j DROP\n"
+    banned = text.replace("-A FORWARD -s fd48:4600::/64", ban + "-A FORWARD -s fd48:4600::/64")
+    new = chains(banned, 2)
+    r2, kernel2 = _follow6(kernel, new, r1.in_use)
+    total = sum(ln.startswith("-A ") for ln in ip6.body_lines(new))
+    print(f"IPv6 ban: {r2.rules_loaded} of {total} rules loaded, {len(r2.kept)} chains kept")
+    assert new.main == "HFv6_MAIN" and "HFv6_MAIN" in r2.created and r2.rules_loaded < total / 2
+    assert all(re.fullmatch(r"HFv6_2_\S+", c) for c in r2.created if c != "HFv6_MAIN") and r2.kept
+    assert _walk(kernel2, "HFv6_MAIN") == _walk(_chains(ip6.body_lines(new)), "HFv6_MAIN")
+    assert _walk(kernel2, "HFv6_MAIN") != _walk(kernel, "HFv6_MAIN")
+    assert {c for c in kernel2 if c.startswith("HFv6_")} == set(r2.in_use)  # nothing stale, nothing missing
+    assert kernel2["FORWARD"] == kernel["FORWARD"]  # the operator's rules and the jump as they were
+
+    # the ban deleted: a third generation, HFv6_2_ chains kept where their content stays
+    again = chains(text, 3)
+    r3, kernel3 = _follow6(kernel2, again, r2.in_use)
+    assert r3.kept and _walk(kernel3, "HFv6_MAIN") == _walk(_chains(ip6.body_lines(again)), "HFv6_MAIN")
+    assert {c for c in kernel3 if c.startswith("HFv6_")} == set(r3.in_use)
+
+    # the restore's text of before (the chains the new plan does not name deleted) would delete the kept ones
+    _, broken = _follow6(kernel, new, r1.in_use, keep=False)
+    refs = {t for rules in broken.values() for r in rules for t in re.findall(r"-[jg] (HFv6_\S+)", r)}
+    assert not refs <= set(broken)
+
+
+def test_a_chain_in_place_of_main_is_never_kept_as_main():
+    """MAIN keeps its name across the IPv6 side's follows: a new chain whose content is the old MAIN's is loaded,
+    not kept as HFv6_MAIN (whose rules the same restore replaces: MAIN would jump to itself)."""
+    gen1 = [":HFv6_MAIN - [0:0]", ":HFv6_A - [0:0]", "-A HFv6_MAIN -j HFv6_A", "-A HFv6_A -j DROP"]
+    r1 = reuse_chains(gen1, "HFv6_MAIN", {})
+    gen2 = [":HFv6_MAIN - [0:0]", ":HFv6_2_X - [0:0]", ":HFv6_2_A - [0:0]"]
+    gen2 += ["-A HFv6_MAIN -p tcp -j HFv6_2_X", "-A HFv6_2_X -j HFv6_2_A", "-A HFv6_2_A -j DROP"]
+    r2 = reuse_chains(gen2, "HFv6_MAIN", r1.in_use)
+    assert r2.kept == {"HFv6_2_A": "HFv6_A"} and r2.created == ["HFv6_MAIN", "HFv6_2_X"], (r2.kept, r2.created)
+    kernel = {**_chains(gen1), **_chains(r2.body)}
+    assert _walk(kernel, "HFv6_MAIN") == _walk(_chains(gen2), "HFv6_MAIN")
+
+
+def test_the_ipv6_sides_trees_are_kept_with_the_changes_diverted_ahead_of_them(monkeypatch):
+    """The IPv6 side's trees are lazy as the IPv4 side's (docs/optimize.md "Lazy trees"): a follow of ip6tables
+    (`trees_fresh` False) writes the interval chain's trees and HFv6_K0T as the deployment built them, with TD<n>/K0D<n>
+    diversions on the inserted ban's IPv6 source (ip6tables `-m iprange` over 128-bit addresses) ahead of them, and
+    loads a fraction of what the trees built anew load. Through the chain interpreter on the plan's ranked headers the
+    follow's chains give the changed policy's verdicts, shunted (the hybrid) and on the K0-tree mark; without the
+    diversions they do not."""
+    import dataclasses
+    import ipaddress
+    import random
+
+    from hypafilter.analysis import trees
+    from hypafilter.analysis.program import K0_TREE, mark_for
+    from hypafilter.ir import Header
+    from hypafilter.ir.semantics import reference_verdict
+    from hypafilter.netfilter import ip6
+    from hypafilter.targets.xdp.v6 import plan6_for
+
+    from tests.unit.test_ipv6_chains import _config, _side, _v6_cx
+    from tests.unit.test_properties import _callback, mismatches
+
+    config = _config(strategy="tree", tree_min_segment=4)
+    text = _v6_cx(32)
+    plan4, _, _ = _side(config, text)
+    plan4.k0_tree = True
+
+    def plan6(t: str, fresh: bool):
+        ir = parse_policy(t, "v6.rules", base_chain="FORWARD", config=config, family=6)
+        v6 = dataclasses.replace(ip6.parse(t, "v6.rules", "FORWARD", validate=False), ir=ir, tables=("filter",))
+        p, why = plan6_for(v6, config, plan4, k_base=plan4.num_intervals)
+        assert why == "", why
+        p.trees_fresh = fresh
+        return p
+
+    ban = "-A FORWARD -s 2001:db8:0:5::/64 -p udp -m hl --hl-eq 3 -j DROP\n"  # UDP 5000:5100 is accepted below
+    banned = text.replace("-A FORWARD -s fd48:4600::/64", ban + "-A FORWARD -s fd48:4600::/64")
+    trees._POOLS.clear()
+    dep = ip6.render_chains(plan6(text, True), config, "HFv6_")  # the deploy: its trees are the bases
+    loaded = reuse_chains(ip6.body_lines(dep), dep.main, {}).in_use
+    lazy6 = plan6(banned, False)
+    lazy = ip6.render_chains(lazy6, config, "HFv6_", 2)
+    stats = lazy6.tree_stats
+    assert stats["lazy_trees"] >= 1 and stats["k0_tree"] == "lazy" and stats["trees_built"] == 0, stats
+    body = ip6.body_lines(lazy)
+    src = "-p 17 -m iprange --src-range 2001:db8:0:5::-2001:db8:0:5:ffff:ffff:ffff:ffff"
+    assert any(re.fullmatch(rf"-A HFv6_2_K0T {src} -g HFv6_2_K0D\d+", ln) for ln in body), body
+    assert any(re.fullmatch(rf"-A HFv6_2_L\d+A\d+ {src} -j HFv6_2_TD\d+", ln) for ln in body), body
+    fresh = ip6.render_chains(plan6(banned, True), config, "HFv6_", 2)
+    n_lazy = reuse_chains(body, lazy.main, loaded).rules_loaded
+    n_fresh = reuse_chains(ip6.body_lines(fresh), fresh.main, loaded).rules_loaded
+    print(f"IPv6 ban: {n_lazy} rules loaded with the trees kept, {n_fresh} with the trees built anew")
+    assert n_lazy * 3 < n_fresh
+
+    def wrong(p) -> int:
+        from hypafilter.analysis.program import build_program
+
+        prog = build_program(p, "tree", k_base=p.k_base)
+        p.__dict__["_programs"] = {("tree", 0xFFFFFFFF, 0, "bridge"): prog}  # hybrid_verdict runs this program
+        pol, rng, ev = p.policy, random.Random(7), _callback(0x5A5A5A5A5A5A5A5)  # complex matches: half of them
+        amap = pol.addr_map
+        hdrs = [
+            Header(
+                src=rng.randrange(len(amap.starts["src"])),
+                dst=rng.randrange(len(amap.starts["dst"])),
+                proto=rng.choice((6, 17, 58)),
+                dport=rng.choice((53, 80, 443, 5050, 8080, 1)),
+            )
+            for _ in range(1500)
+        ]
+        banned_src = amap.rank("src", int(ipaddress.IPv6Address("2001:db8:0:5::")))  # UDP from the ban's source
+        hdrs += [Header(src=banned_src, dst=d, proto=17, dport=5000 + d) for d in range(len(amap.starts["dst"]))]
+        k0 = sum(prog.run(h, mark_for(prog, 0, K0_TREE), ev)[0] != reference_verdict(pol, h, ev) for h in hdrs)
+        return len(mismatches(p, "tree", hdrs, ev)) + k0
+
+    trees._POOLS.clear()  # the deploy's bases, as the follow's process holds them
+    ip6.render_chains(plan6(text, True), config, "HFv6_")
+    assert wrong(plan6(banned, False)) == 0
+    monkeypatch.setattr(trees, "_diversions", lambda *a, **k: [])
+    trees._POOLS.clear()
+    ip6.render_chains(plan6(text, True), config, "HFv6_")
+    assert wrong(plan6(banned, False)) > 0

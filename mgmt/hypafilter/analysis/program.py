@@ -382,16 +382,15 @@ def build_program(
         # A live deployment's trees are rebuilt lazily (docs/optimize.md, "Lazy trees"): `plan.trees_fresh` False (a
         # follow) writes each tree of the last rebuild (`plan.tree_bases`: as the deployment recorded them) with the
         # rules changed since diverted to a linear chain ahead of it.
-        # The IPv6 side of a dual-stack deployment (a ranked plan, family 6) builds its trees whenever its chains are
-        # written (a deploy, a follow of ip6tables): the deployment records no bases for it.
-        six = getattr(pol, "family", 4) == 6
+        # The IPv6 side of a dual-stack deployment (a ranked plan, family 6) too: its trees' cuts are ranks of each
+        # run's own boxes (written back as addresses), its bases and cache the deployment's family-6 ones.
         bases = trees.Bases(
             pol,
             min_segment,
             live=live,
-            fresh=getattr(plan, "trees_fresh", True) or six,
-            recorded=None if six else getattr(plan, "tree_bases", None),
-            cache=None if six else getattr(plan, "tree_cache", None),
+            fresh=getattr(plan, "trees_fresh", True),
+            recorded=getattr(plan, "tree_bases", None),
+            cache=getattr(plan, "tree_cache", None),
         )
         prog.tree_stats = trees.treeify(prog, kit, NFT_MAX_DEPTH, min_segment, bases)
         if live and getattr(plan, "k0_tree", False):

@@ -800,22 +800,33 @@ def _diversions(prog, kit, fit: _Fit, idx: list[int], name: Callable[[], str], t
     it; a rule without a region too), then `tail`: the live list for the affected part, the rules that cannot act
     there left out. The tree after the diversion holds the base's kept rules only."""
     pol = prog.policy
+    six = getattr(pol, "family", 4) == 6
+    top = (1 << 128) - 1 if six else 0xFFFFFFFF
+    addr = (lambda a: str(ipaddress.IPv6Address(a))) if six else (lambda a: str(ipaddress.IPv4Address(a)))
+    amap = getattr(pol, "addr_map", None)
     out = []
     for box in _boxes(fit):
         slo, shi, dlo, dhi, plo, phi = box
         opts: list[str] = []
-        if (slo, shi) != (0, 0xFFFFFFFF) or (dlo, dhi) != (0, 0xFFFFFFFF):
+        if (slo, shi) != (0, top) or (dlo, dhi) != (0, top):
             opts += ["-m", "iprange"]
-            if (slo, shi) != (0, 0xFFFFFFFF):
-                opts += ["--src-range", f"{ipaddress.IPv4Address(slo)}-{ipaddress.IPv4Address(shi)}"]
-            if (dlo, dhi) != (0, 0xFFFFFFFF):
-                opts += ["--dst-range", f"{ipaddress.IPv4Address(dlo)}-{ipaddress.IPv4Address(dhi)}"]
+            if (slo, shi) != (0, top):
+                opts += ["--src-range", f"{addr(slo)}-{addr(shi)}"]
+            if (dlo, dhi) != (0, top):
+                opts += ["--dst-range", f"{addr(dlo)}-{addr(dhi)}"]
         if (plo, phi) != (0, 255):
             opts = ["-p", str(plo), *opts]
         chain = name()
         acting = [j for j, rg in zip(idx, fit.live_regs, strict=True) if rg is None or _meets(rg[0], box)]
         prog.chains[chain] = [*kit.lines(pol, acting), *tail]
-        out.append(kit.rule("hdr", chain, goto=True, options=tuple(opts), test=("box", *box)))
+        test = ("box", *box)
+        if amap is not None:
+            # the model's headers carry the policy's ranks: the ranks the box's addresses fall in. A rank holds no
+            # bound of a live rule inside it, so a live rule that acts on any address of a rank the box reaches meets
+            # the box, and is in the chain: the model diverts as exactly as the kernel (which tests the addresses)
+            test = ("box", amap.rank("src", slo), amap.rank("src", shi), amap.rank("dst", dlo),
+                    amap.rank("dst", dhi), plo, phi)  # fmt: skip
+        out.append(kit.rule("hdr", chain, goto=True, options=tuple(opts), test=test))
     return out
 
 

@@ -288,33 +288,44 @@ class Chains6:
         return {"main": self.main, "strategy": self.strategy, "k_base": self.k_base}
 
 
-def render_chains(plan6, config, prefix: str) -> Chains6:
+def render_chains(plan6, config, prefix: str, gen: int | None = None) -> Chains6:
     """The IPv6 plan's chains through the one iptables writer (netfilter.restore, analysis.program), with the
     family's only differences: the IPv6 plan's k numbered after the IPv4 plan's (`plan6.k_base`), the filter table
     (the IPv6 policy's); strategy tree's trees over 128-bit addresses (analysis.trees). The policy rules in them
-    are the file's own tokens (the ranked plan keeps each rule's levels), so they carry the real IPv6 addresses."""
+    are the file's own tokens (the ranked plan keeps each rule's levels), so they carry the real IPv6 addresses.
+    `gen` (a follow): every chain but MAIN named `<prefix><gen>_…`, apart from the chains an earlier write left in
+    ip6tables, which the follow may keep (docs/optimize.md "What a follow loads"); MAIN keeps its name (the base
+    chain's jump names it) and is rewritten in place."""
     from hypafilter.netfilter.restore import to_iptables_restore
 
     strategy = STRATEGY6.get(config.strategy, config.strategy)
     kb = int(getattr(plan6, "k_base", 0))
+    names = f"{prefix}{gen}_" if gen else prefix
     text = to_iptables_restore(
         plan6,
         strategy,
-        prefix,
+        names,
         config.mark_mask,
         config.mark_shift,
         table="filter",
         nic_mode=config.nic_mode,
         k_base=kb,
     )
+    if gen:
+        text = re.sub(rf"{re.escape(names)}MAIN\b", f"{prefix}MAIN", text)
     return Chains6(text, f"{prefix}MAIN", strategy, kb)
+
+
+def body_lines(chains: Chains6) -> list[str]:
+    """The restore lines of the tool's chains (declarations and rules, no table or COMMIT line)."""
+    return [ln for ln in chains.text.splitlines() if ln.strip() and not ln.startswith(("*", "COMMIT", "#"))]
 
 
 def with_chains(policy: V6Policy, chains: Chains6) -> str:
     """The ip6tables-restore text a deploy loads: the policy's file as it is, its filter table with the tool's chains
     declared first, their rules after the policy's own, and the base chain's jump to MAIN inserted first (`-I base 1`),
     the IPv4 live ruleset's form (ops.ruleset.live_text). One restore: nf_tables commits it whole."""
-    body = [ln for ln in chains.text.splitlines() if ln.strip() and not ln.startswith(("*", "COMMIT", "#"))]
+    body = body_lines(chains)
     decls = [ln for ln in body if ln.startswith(":")]
     rules = [ln for ln in body if not ln.startswith(":")]
     ours = {ln[1:].split()[0] for ln in decls}
@@ -344,15 +355,16 @@ def with_chains(policy: V6Policy, chains: Chains6) -> str:
     return "\n".join(out) + "\n"
 
 
-def chains_text(chains: Chains6, base: str, listing: str) -> str:
+def chains_text(chains: Chains6, base: str, listing: str, keep=()) -> str:
     """The ip6tables-restore --noflush text a follow of ip6tables loads (docs/ipv6.md "Following ip6tables"): the
     tool's chains replaced by `chains` (declared: created, or flushed if they exist), the tool's chains of the filter
-    table `listing` (ip6tables-save of it now) that `chains` has not removed, and the base chain's jump to MAIN
-    moved first again (an operator's `-I base 1` put a rule before it). The operator's rules and chains are not
-    touched. One restore: nf_tables commits it whole."""
-    body = [ln for ln in chains.text.splitlines() if ln.strip() and not ln.startswith(("*", "COMMIT", "#"))]
+    table `listing` (ip6tables-save of it now) that neither `chains` nor `keep` (the chains kept from an earlier
+    write: ops.ruleset.reuse_chains) names removed, and the base chain's jump to MAIN moved first again (an
+    operator's `-I base 1` put a rule before it). The operator's rules and chains are not touched. One restore:
+    nf_tables commits it whole."""
+    body = body_lines(chains)
     decls = [ln for ln in body if ln.startswith(":")]
-    ours = {ln[1:].split()[0] for ln in decls}
+    ours = {ln[1:].split()[0] for ln in decls} | set(keep)
     prefix = chains.main[: -len("MAIN")]
     had = [ln[1:].split()[0] for ln in listing.splitlines() if ln.startswith(f":{prefix}")]
     stale = [c for c in had if c not in ours]
@@ -372,10 +384,12 @@ def chains_text(chains: Chains6, base: str, listing: str) -> str:
     )
 
 
-def load_chains(ns: str | None, chains: Chains6, base: str) -> None:
-    """`chains` into ip6tables of `ns` in place of the tool's chains there (`chains_text`: one restore, --noflush)."""
-    listing = netns.run(["ip6tables-save", "-t", "filter"], ns)
-    netns.run(["ip6tables-restore", "-w", "--noflush"], ns, input=chains_text(chains, base, listing))
+def load_chains(ns: str | None, chains: Chains6, base: str, listing: str | None = None, keep=()) -> None:
+    """`chains` into ip6tables of `ns` in place of the tool's chains there but `keep` (`chains_text`: one restore,
+    --noflush). `listing`: ip6tables-save of the filter table, if already read."""
+    if listing is None:
+        listing = netns.run(["ip6tables-save", "-t", "filter"], ns)
+    netns.run(["ip6tables-restore", "-w", "--noflush"], ns, input=chains_text(chains, base, listing, keep))
 
 
 def load_text(ns: str | None, text: str, gone: dict[str, str | None] | None = None) -> None:

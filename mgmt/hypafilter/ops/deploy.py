@@ -159,35 +159,59 @@ def write_state(state: dict) -> None:
     _write_private(state_file(), json.dumps(state, indent=1, sort_keys=True) + "\n")
 
 
-def TREE_BASES_FILE() -> Path:  # a function: the state directory is configured at run time
+def TREE_BASES_FILE(family: int = 4) -> Path:  # a function: the state directory is configured at run time
     """Strategy tree's live trees (K0T's and the interval chains'): the flattened rules (analysis.trees.rule_key) each
     was last built from, so that the policy sync worker's follows divert the changes since instead of building
-    them again (docs/optimize.md, "Lazy trees")."""
-    return STATE_DIR / "tree_bases.json"
+    them again (docs/optimize.md, "Lazy trees"). Family 6: the IPv6 side's, in ip6tables."""
+    return STATE_DIR / ("tree_bases.json" if family == 4 else "tree_bases6.json")
 
 
-def TREE_CACHE_FILE() -> Path:
+def TREE_CACHE_FILE(family: int = 4) -> Path:
     """The live trees themselves (analysis.trees.cache_json: each base's regions and built trees), so that the
     policy sync worker's first follow after a deploy or a restart of the service writes them without a build."""
-    return STATE_DIR / "tree_cache.json"
+    return STATE_DIR / ("tree_cache.json" if family == 4 else "tree_cache6.json")
 
 
-def CHAINS_FILE() -> Path:
+def _write_trees(plan, family: int, warnings: list[str]) -> None:
+    """The bases and trees a program built for `plan` (build_program's `tree_bases_built`, `tree_cache_built`), for
+    the next follow's process."""
+    if getattr(plan, "tree_bases_built", None) is not None:  # the live trees' bases: the rules they were built from
+        try:
+            _write_private(TREE_BASES_FILE(family), json.dumps(plan.tree_bases_built) + "\n")
+        except OSError as e:
+            warnings.append(f"writing {TREE_BASES_FILE(family)}: {e}")
+    if getattr(plan, "tree_cache_built", None) is not None:  # the trees built: a new process writes them unbuilt
+        try:
+            _write_private(TREE_CACHE_FILE(family), json.dumps(plan.tree_cache_built, separators=(",", ":")) + "\n")
+        except OSError as e:
+            warnings.append(f"writing {TREE_CACHE_FILE(family)}: {e}")
+
+
+def CHAINS_FILE(family: int = 4) -> Path:
     """The tool's chains as the kernel holds them (ops.ruleset.reuse_chains' `in_use`: digests and jumps): a follow
-    loads only the chains whose content is not among them (docs/optimize.md, "What a follow loads")."""
-    return STATE_DIR / "chains.json"
+    loads only the chains whose content is not among them (docs/optimize.md, "What a follow loads"). Family 6: the
+    IPv6 side's chains in ip6tables."""
+    return STATE_DIR / ("chains.json" if family == 4 else "chains6.json")
 
 
-def _loaded_chains(old: dict | None) -> dict[str, list]:
-    """The previous generation's chains ({name: [digest, the tool's chains it jumps to]}), when they are the chains
-    the state records and hold every chain they jump to (else none is kept: the follow loads every chain)."""
+def _write_chains(in_use: dict, family: int, warnings: list[str]) -> None:
     try:
-        doc = json.loads(CHAINS_FILE().read_text())
+        _write_private(CHAINS_FILE(family), json.dumps({"in_use": in_use}, separators=(",", ":")) + "\n")
+    except OSError as e:
+        warnings.append(f"writing {CHAINS_FILE(family)}: {e}")
+
+
+def _loaded_chains(names, family: int = 4) -> dict[str, list]:
+    """The previous generation's chains ({name: [digest, the tool's chains it jumps to]}), when they are the chains
+    the state records (`names`: the state's `chains`, the IPv6 side's `chains_in_use`) and hold every chain they jump
+    to (else none is kept: the follow loads every chain)."""
+    try:
+        doc = json.loads(CHAINS_FILE(family).read_text())
         got = {str(k): [str(d), [str(t) for t in refs]] for k, (d, refs) in doc["in_use"].items()}
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return {}
     whole = all(t in got for _, refs in got.values() for t in refs)
-    return got if whole and old and set(got) == set(old.get("chains") or ()) else {}
+    return got if whole and names and set(got) == set(names) else {}
 
 
 def _set_rows(plan) -> list:
@@ -200,33 +224,46 @@ def _set_rows(plan) -> list:
     ]
 
 
-def _chains_as_loaded(old: dict, config: Config) -> bool:
+def _chains_as_loaded(rec: dict, config: Config, family: int = 4, text: str | None = None) -> bool:
     """The tool's chains in the kernel are the ones the last update loaded and fingerprinted (`chains_sha256`, as
     drift compares them): only then may a follow keep any of them. A chain changed by hand is loaded anew, not kept
-    (keeping it would also make its change the new fingerprint, and so no longer drift)."""
-    want = old.get("chains_sha256")
+    (keeping it would also make its change the new fingerprint, and so no longer drift). `rec`: the state (family 4:
+    `chains`) or its IPv6 side (family 6: `chains_in_use`); `text`: the table's listing, if already read."""
+    want = rec.get("chains_sha256")
     if not want:
         return False
+    names = list(rec.get("chains" if family == 4 else "chains_in_use") or ())
     try:
-        return chains_fingerprint(NS_FW, config, list(old.get("chains") or ())) == want
+        return chains_fingerprint(NS_FW, config, names, text, family) == want
     except HypafilterError:
         return False
 
 
-def _tree_cache() -> dict:
+def _kept_chains(rec: dict | None, config: Config, log: Callable[[str], None], family: int = 4, text=None) -> dict:
+    """The chains a follow may keep (`_loaded_chains`), none when they are not as the last update left them."""
+    rec = rec or {}
+    kept = _loaded_chains(rec.get("chains" if family == 4 else "chains_in_use"), family)
+    if kept and not _chains_as_loaded(rec, config, family, text):
+        what = "the tool's chains" if family == 4 else "the tool's IPv6 chains"
+        log(f"{what} are not as the last update left them (changed by hand?): every chain loaded anew")
+        return {}
+    return kept
+
+
+def _tree_cache(family: int = 4) -> dict:
     from hypafilter.analysis.trees import cache_of_json
 
     try:
-        return cache_of_json(json.loads(TREE_CACHE_FILE().read_text()))
+        return cache_of_json(json.loads(TREE_CACHE_FILE(family).read_text()))
     except (OSError, ValueError, TypeError, KeyError, AttributeError, IndexError):
         return {}  # none kept (or unreadable, or of another version): the trees are built anew
 
 
-def _tree_bases() -> dict | None:
+def _tree_bases(family: int = 4) -> dict | None:
     from hypafilter.analysis.trees import bases_of_json
 
     try:
-        return bases_of_json(json.loads(TREE_BASES_FILE().read_text()))
+        return bases_of_json(json.loads(TREE_BASES_FILE(family).read_text()))
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None  # none recorded (or unreadable): the follow builds the trees anew
 
@@ -701,7 +738,7 @@ def follow6(
         # the interval chains the deployment wrote into ip6tables (docs/ipv6.md "Interval chains in ip6tables"): the
         # new plan keeps their k_base (the IPv4 plan is the deployed one), or is verbatim (k = 0) where there are none
         chains = old6.get("chains")
-        how, why, tables = "ip6tables", "", st.get("tables") or {}
+        how, why, tables, loaded6 = "ip6tables", "", st.get("tables") or {}, None
         if tgt.name == "xdp" and (tables.get("v6") or tgt.ipv6_held(st["nic"]) is not None):
             # plan6_for's index base (unused), and whether the deployed program marks IPv6 frames for HFv6_K0T
             n4 = SimpleNamespace(entries=range(int(tables.get("entries", 0))), k0_tree=bool(tables.get("k0_tree6")))
@@ -714,11 +751,8 @@ def follow6(
                     # The new plan's chains into ip6tables before any table tags a frame with its k: the tool's
                     # chains only, in one restore (the operator's rules, which are the policy, untouched), while the
                     # hold passes every IPv6 frame with k = 0 (HFv6_K0: the whole policy). A failure leaves the hold.
-                    c6 = ip6.render_chains(plan6, config, (chains.get("main") or "")[: -len("MAIN")])
-                    if c6.main != chains.get("main") or c6.k_base != kb:
-                        raise HypafilterError(f"the IPv6 chains would move ({c6.state()} after {chains})")
-                    ip6.load_chains(NS_FW, c6, v6.base_chain)
-                    log(f"IPv6 interval chains rewritten in ip6tables (k_base {kb})")
+                    st, loaded6 = _load_chains6(plan6, v6, config, st, log, fresh=rebuild)
+                    old6 = st["ipv6"]
                 try:
                     # the IPv6 update buffer first (docs/ipv6.md "The update buffer for IPv6"), else the whole
                     # table set rewritten (which empties the buffer: its lazy rebuild)
@@ -754,16 +788,12 @@ def follow6(
                 v6, config, n4, k_base=kb, verbatim=not chains, target="emu", sets=live_sets6("emu")
             )
             if plan6 is not None and chains:
-                c6 = ip6.render_chains(plan6, config, (chains.get("main") or "")[: -len("MAIN")])
-                if c6.main != chains.get("main") or c6.k_base != kb:
-                    raise HypafilterError(f"the IPv6 chains would move ({c6.state()} after {chains})")
-                ip6.load_chains(NS_FW, c6, v6.base_chain)
-                log(f"IPv6 interval chains rewritten in ip6tables (k_base {kb})")
+                _load_chains6(plan6, v6, config, st, log)  # (the state says so: the update reads it)
             return {"state": st, "how": "update", "why": why or "the NIC's core takes the IPv6 plan by an update"}
         warnings: list[str] = []
         # (read after the chains were written: the fingerprint of ip6tables as it is now, the tool's chains included)
         six = {**ipv6_state(v6, warnings), "live_digest": live_digest}
-        six.update({k: old6[k] for k in ("chains", "loaded") if k in old6})
+        six.update({k: old6[k] for k in CHAINS6_KEYS if k in old6})
         if warnings:
             raise HypafilterError("; ".join(warnings))
         if isinstance(tables.get("v6"), dict) and "writing" in tables["v6"]:
@@ -779,12 +809,80 @@ def follow6(
                 "how": how,
                 "ipv6_hash": six["hash"],
                 "duration_s": round(time.monotonic() - t0, 4),
+                **(loaded6 or {}),
             }
         ]
         write_state(new)
         if why:
             log(f"IPv6 frames to ip6tables unparsed: {why}")
         return {"state": new, "how": how, "why": why}
+
+
+# the IPv6 side's record of its chains in ip6tables (docs/ipv6.md "Interval chains in ip6tables"): the plan's chains
+# (main, strategy, k_base), the digest of the text a deploy loaded, the chains in use and their fingerprint
+CHAINS6_KEYS = ("chains", "loaded", "chains_in_use", "chains_sha256")
+
+
+def _record_chains6(in_use: dict, config: Config, warnings: list[str], text: str | None = None) -> dict:
+    """The state's record of the IPv6 side's chains in use (ops.ruleset.reuse_chains' `in_use`, written to
+    chains6.json) and their fingerprint as ip6tables now lists them (`text`, if already read)."""
+    _write_chains(in_use, 6, warnings)
+    try:
+        fp = chains_fingerprint(NS_FW, config, list(in_use), text, 6)
+    except HypafilterError as e:
+        fp = None
+        warnings.append(f"reading back the IPv6 chains: {e}")
+    return {"chains_in_use": list(in_use), "chains_sha256": fp}
+
+
+def _load_chains6(plan6, v6: ip6.V6Policy, config: Config, st: dict, log: Callable[[str], None], fresh=False):
+    """A follow of ip6tables: the new IPv6 plan's chains into ip6tables, only those whose content ip6tables does not
+    hold yet, as an IPv4 follow loads its chains (ops.ruleset.reuse_chains; docs/optimize.md "What a follow loads"):
+    the chains created are named after a generation no chain in ip6tables carries (`HFv6_<g>_…`), the kept ones keep
+    the name an earlier write gave them, MAIN (which the base chain's jump names) is rewritten in place, and the
+    chains no longer in use are deleted, all in one restore (nf_tables commits it whole, or nothing). Chains that
+    are not as the last write left them (a rule added by hand) are all loaded anew. Strategy tree's trees are the last
+    rebuild's with the changes since diverted ahead of them (docs/optimize.md "Lazy trees"; the IPv6 side's bases and
+    tree cache), built anew when `fresh` (the IPv6 update buffer's lazy rebuild). Returns the state with the IPv6
+    side's new record of its chains (written: whatever follows reads it) and what the load did (the history's
+    `rules_loaded`, `chains_kept` and `load6_s`, the restore's time)."""
+    old6 = st.get("ipv6") or {}
+    chains = old6["chains"]
+    prefix = (chains.get("main") or "")[: -len("MAIN")]
+    kb = int(chains.get("k_base", 0))
+    listing = netns.run(["ip6tables-save", "-t", "filter"], NS_FW)
+    kept = _kept_chains(old6, config, log, 6, listing)
+    own = re.compile(rf":{re.escape(prefix)}(\d+)_")
+    gens = {int(m.group(1)) for ln in listing.splitlines() for m in [own.match(ln)] if m}
+    gen = max(gens, default=0) % 0xFFFF + 1
+    while gen in gens:
+        gen = gen % 0xFFFF + 1
+    plan6.trees_fresh = fresh
+    if not fresh:
+        plan6.tree_bases = _tree_bases(6)
+        plan6.tree_cache = lambda: _tree_cache(6)  # read only by a process that holds no trees of those bases
+    c6 = ip6.render_chains(plan6, config, prefix, gen)
+    if c6.main != chains.get("main") or c6.k_base != kb:
+        raise HypafilterError(f"the IPv6 chains would move ({c6.state()} after {chains})")
+    reused = reuse_chains(ip6.body_lines(c6), c6.main, kept)
+    body = dataclasses.replace(c6, text="\n".join(reused.body) + "\n")
+    t_load = time.monotonic()
+    ip6.load_chains(NS_FW, body, v6.base_chain, listing, reused.in_use)
+    load_s = round(time.monotonic() - t_load, 4)
+    warnings: list[str] = []
+    rec = _record_chains6(reused.in_use, config, warnings)
+    _write_trees(plan6, 6, warnings)
+    for w in warnings:
+        log(w)
+    log(
+        f"IPv6 interval chains rewritten in ip6tables (k_base {kb}): {reused.rules_loaded} rules loaded, "
+        f"{len(reused.kept)} chains kept"
+    )
+    new = {**st, "ipv6": {**old6, **rec}}
+    write_state(new)
+    stats = getattr(plan6, "tree_stats", None) or {}
+    lazy = {k: stats[k] for k in ("lazy_trees", "lazy_changed", "trees_built", "k0_tree") if k in stats}
+    return new, {"rules_loaded": reused.rules_loaded, "chains_kept": len(reused.kept), "load6_s": load_s, **lazy}
 
 
 def _plan6(v6, config: Config, plan, old6: dict, follow: bool, target: str) -> tuple[object | None, str]:
@@ -1039,6 +1137,7 @@ def _deploy_locked(
     kernel = ready.get("kernel")
     # the IPv6 side's ip6tables text (the policy, with the IPv6 plan's interval chains when the xdp program writes k)
     chains6, text6 = None, (v6.text if v6 is not None else None)
+    loaded6 = False  # the deploy loaded ip6tables (the IPv6 side's chains among it)
     try:
         try:
             tx.step("interfaces", lambda: _check_interfaces(policy))
@@ -1142,10 +1241,7 @@ def _deploy_locked(
         # A follow loads only the chains whose content the kernel does not hold yet: the others stay under the
         # earlier generation's name, and the new ones jump to them (docs/optimize.md, "What a follow loads").
         t_reuse = time.monotonic()
-        kept_before = _loaded_chains(old) if follow and not force else {}
-        if kept_before and not _chains_as_loaded(old, config):
-            log("the tool's chains are not as the last update left them (changed by hand?): every chain loaded anew")
-            kept_before = {}
+        kept_before = _kept_chains(old, config, log) if follow and not force else {}
         reused = reuse_chains(body, new_main, kept_before)
         tx.timings["reuse"] = round(time.monotonic() - t_reuse, 4)
         new_chains = list(reused.in_use)
@@ -1256,6 +1352,7 @@ def _deploy_locked(
                         lambda: ip6.load_text(NS_FW, text6_load, gone6),
                         lambda: ip6.give_back(NS_FW, snap6),
                     )
+                    loaded6 = True
                 elif (old or {}).get("ipv6_before") is not None:
                     tx.step(
                         "netfilter6",
@@ -1376,20 +1473,10 @@ def _deploy_locked(
             write_static(STATE_DIR, plan, tgt.buffer_depth(), binary, _write_private)
         except OSError as e:
             warnings.append(f"writing {static_path(STATE_DIR)}: {e}")
-    try:
-        _write_private(CHAINS_FILE(), json.dumps({"in_use": reused.in_use}, separators=(",", ":")) + "\n")
-    except OSError as e:
-        warnings.append(f"writing {CHAINS_FILE()}: {e}")
-    if getattr(plan, "tree_bases_built", None) is not None:  # the live trees' bases: the rules they were built from
-        try:
-            _write_private(TREE_BASES_FILE(), json.dumps(plan.tree_bases_built) + "\n")
-        except OSError as e:
-            warnings.append(f"writing {TREE_BASES_FILE()}: {e}")
-    if getattr(plan, "tree_cache_built", None) is not None:  # the trees built: a new process writes them unbuilt
-        try:
-            _write_private(TREE_CACHE_FILE(), json.dumps(plan.tree_cache_built, separators=(",", ":")) + "\n")
-        except OSError as e:
-            warnings.append(f"writing {TREE_CACHE_FILE()}: {e}")
+    _write_chains(reused.in_use, 4, warnings)
+    _write_trees(plan, 4, warnings)
+    if loaded6 and chains6 is not None:  # the IPv6 side's trees as ip6tables now holds them
+        _write_trees(plan.plan6, 6, warnings)
     if old_nic and replace:
         try:
             tgt.stop(old_nic)
@@ -1429,11 +1516,16 @@ def _deploy_locked(
         warnings.append(f"reading back the chains: {e}")
     took = round(time.monotonic() - t0, 3)
     if follow:  # ip6tables as the deploy before this one loaded it
-        six_chains = {k: old6[k] for k in ("chains", "loaded") if k in old6}
+        six_chains = {k: old6[k] for k in CHAINS6_KEYS if k in old6}
     else:
         six_chains = {"loaded": _digest(text6)} if v6 is not None else {}
         if chains6 is not None:
             six_chains["chains"] = chains6.state()
+            if loaded6:  # every chain of the IPv6 side loaded: what the IPv6 side's follows may keep
+                six_chains.update(_record_chains6(reuse_chains(ip6.body_lines(chains6), chains6.main, {}).in_use,
+                                                  config, warnings))  # fmt: skip
+            else:  # ip6tables as the last update left it
+                six_chains.update({k: old6[k] for k in ("chains_in_use", "chains_sha256") if k in old6})
     state = {
         "target": tgt.name,
         "policy_hash": phash,

@@ -161,7 +161,8 @@ def reuse_chains(body: list[str], entry: str, loaded: dict[str, list]) -> Reused
     of the tool's chains written as that chain's digest (callees first), so a kept chain holds the same rules and
     reaches the same rules below it as the one it stands for: a frame walks the same rules either way, whatever
     generation's names it passes.
-    `entry` (MAIN, which the base chain's jump names) is always loaded anew."""
+    `entry` (MAIN, which the base chain's jump names) is always loaded anew; where it keeps its name (the IPv6
+    side's `HFv6_MAIN`, rewritten in place) no other chain is kept as it."""
     order: list[str] = []
     rules: dict[str, list[str]] = {}
     for ln in body:
@@ -172,7 +173,7 @@ def reuse_chains(body: list[str], entry: str, loaded: dict[str, list]) -> Reused
         elif ln.startswith("-A "):
             name, _, rest = ln[3:].partition(" ")
             rules.setdefault(name, []).append(rest)
-    known = {d: n for n, (d, _) in loaded.items()}
+    known = {d: n for n, (d, _) in loaded.items() if n != entry}
     # each rule's jumps to the tool's chains (most rules jump to none: ACCEPT, DROP, the operator's chains)
     calls = {c: [[m for m in _JUMP.finditer(r) if m.group(1) in rules] for r in rs] for c, rs in rules.items()}
     resolved: dict[str, str] = {}
@@ -253,12 +254,18 @@ def base_policy(ns: str | None, config: Config, base: str) -> str:
     raise HypafilterError(f"{base} is not a built-in chain of table {config.table}")
 
 
-def chains_fingerprint(ns: str | None, config: Config, chains: list[str], text: str | None = None) -> str:
+SAVE = {4: "iptables-save", 6: "ip6tables-save"}
+
+
+def chains_fingerprint(
+    ns: str | None, config: Config, chains: list[str], text: str | None = None, family: int = 4
+) -> str:
     """SHA-256 of the tool's chains as the kernel lists them (rules in order, no counters): any rule added,
-    removed or changed by hand changes it. `text`: the table's iptables-save listing, if already read."""
+    removed or changed by hand changes it. `text`: the table's iptables-save listing, if already read. `family` 6:
+    the IPv6 side's chains, in ip6tables' filter table."""
     wanted = set(chains)
     if text is None:
-        text = netns.run(["iptables-save", "-t", config.table], ns)
+        text = netns.run([SAVE[family], "-t", config.table if family == 4 else "filter"], ns)
     lines = [
         ln
         for ln in text.splitlines()

@@ -11,6 +11,10 @@
 -- host frame whose ports the core does not know (eg_u6: the walk refused it) makes every IPv6 lookup between its two
 -- addresses (either direction, any ports) a possible member for a window: its time goes to a table of 2**U6_LOG2
 -- stamps at a symmetric hash of the folded addresses (a collision is a false positive).
+-- Shunt stamps (the core's decision): a wire frame with a key that the core hands the host writes the time at the
+-- egress index its lookup gave (res_eidx); a frame at the decision reads its own (ck_idx, ck_recent a cycle later): a
+-- frame with ct 3 whose key went to the host less than a window ago is not decided (docs/flowsync.md, "A frame of the
+-- reverse tuple right behind the first frame").
 --
 -- Definitions (key, hashes, counters, stamps, command codes) are those of mgmt/hypafilter/hw/ctmember.py:
 --   key = the flow cache's canonical key (104 bits, both directions one key); IPv6: of the folded addresses;
@@ -24,8 +28,8 @@
 -- Memories: per bank a RAM of 2**LOG2 counters (read port 0 lookups; read port 1 and the write port, on one address,
 -- the host's read-modify-write and the sweeps: a block RAM's second port, so synthesis keeps one copy), the egress
 -- stamps (read port lookups, write port egress frames and the reset sweep), [V6] the unknown-ports stamps (the same
--- ports, eg_u6 frames). The sweep after reset zeroes every counter and stamp; a clear command's sweep the counters
--- only.
+-- ports, eg_u6 frames), the shunt stamps (write port the decision's sh_*, read port its ck_idx). The sweep after
+-- reset zeroes every counter and stamp; a clear command's sweep the counters only.
 library ieee;
 use ieee.std_logic_1164.all;
 use ieee.numeric_std.all;
@@ -60,6 +64,14 @@ entity hf_ct_member is
     res_valid  : out std_logic;
     res_member : out std_logic;
     res_egress : out std_logic;  -- the recent-egress part of it
+    res_eidx   : out std_logic_vector(23 downto 0);  -- the lookup's stamp index (low EGRESS_LOG2 bits), with res_*
+    -- shunt stamps: a wire frame the core hands the host (sh_valid, its lookup's res_eidx) writes the time at its
+    -- index; ck_idx (a frame at the decision) reads them: ck_recent one cycle later, whether a frame of that index
+    -- went to the host less than `window` ago, the write of the cycle of the read included
+    sh_valid   : in  std_logic := '0';
+    sh_idx     : in  std_logic_vector(23 downto 0) := (others => '0');
+    ck_idx     : in  std_logic_vector(23 downto 0) := (others => '0');
+    ck_recent  : out std_logic;
     ticks      : in  std_logic_vector(31 downto 0);  -- ticks (1 ms) elapsed in this cycle
     window     : in  std_logic_vector(15 downto 0);  -- egress life in ticks
     -- host commands: taken in a cycle with h_valid = h_ready = '1'; 1 insert, 2 delete, 3 clear
@@ -229,6 +241,11 @@ architecture rtl of hf_ct_member is
   signal u_addr : unsigned(U6_LOG2 - 1 downto 0);
   signal u_data, u_stamp : w32;
   signal o_v, o_m, o_e : std_logic := '0';
+  signal e2_idx, e3_idx, o_idx : unsigned(EW - 1 downto 0) := (others => '0');
+  -- shunt stamps (written by the decision, read by it)
+  signal k_we, k_byp : std_logic := '0';
+  signal k_addr : unsigned(EW - 1 downto 0);
+  signal k_data, k_q : w32;
   signal l_cnt : cnt_arr;
   signal l_stamp : w32;
 
@@ -320,6 +337,26 @@ begin
     generic map (WIDTH => 32, ADDR_W => EW, READS => 1)
     port map (clk => clk, we => e_we, waddr => e_addr, wdata => e_data, raddr => l_eidx, rdata => l_stamp);
 
+  -- the shunt stamps: the decision's writes (and the reset sweep's), the decision's reads; a read of the word written in
+  -- the same cycle gets the old word from the RAM, so the match of the two indices is kept beside it (k_byp)
+  k_we <= '1' when st = SWEEP and sw_reset = '1' else sh_valid;
+  k_addr <= resize(sw_idx, EW) when st = SWEEP and sw_reset = '1' else unsigned(sh_idx(EW - 1 downto 0));
+  k_data <= (others => '0') when st = SWEEP and sw_reset = '1' else std_logic_vector(now);
+  shunts : entity work.hf_ram
+    generic map (WIDTH => 32, ADDR_W => EW, READS => 1)
+    port map (clk => clk, we => k_we, waddr => k_addr, wdata => k_data, raddr => unsigned(ck_idx(EW - 1 downto 0)),
+              rdata => k_q);
+  bypass : process (clk)
+  begin
+    if rising_edge(clk) then
+      k_byp <= sh_valid and to_sl(sh_idx(EW - 1 downto 0) = ck_idx(EW - 1 downto 0));
+      if rst = '1' then
+        k_byp <= '0';
+      end if;
+    end if;
+  end process;
+  ck_recent <= k_byp or to_sl(now - unsigned(k_q) < resize(unsigned(window), 32));
+
   -- [V6] the unknown-ports stamps: a lookup's read and an eg_u6 frame's write at stage 1, as the egress stamps
   u_we <= '1' when st = SWEEP and sw_reset = '1' else s1_ueg;
   u_addr <= resize(sw_idx, U6_LOG2) when st = SWEEP and sw_reset = '1' else s1_uidx;
@@ -339,6 +376,9 @@ begin
     if rising_edge(clk) then
       s2_lk <= s1_lk;
       s3_lk <= s2_lk;
+      e2_idx <= l_eidx;
+      e3_idx <= e2_idx;
+      o_idx <= e3_idx;
       nz := '1';
       for b in 0 to NB - 1 loop
         if l_cnt(b) = 0 then
@@ -363,6 +403,7 @@ begin
   res_valid <= o_v;
   res_member <= o_m;
   res_egress <= o_e;
+  res_eidx <= std_logic_vector(resize(o_idx, 24));
 
   host : process (clk)
     variable ka : key_t;

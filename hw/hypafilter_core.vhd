@@ -22,7 +22,10 @@
 -- tuples (the flow sync service's inserts and deletes, table CTM_CMD) and the recent egress of the frames the host
 -- sends out; while CTM_CONTROL's COMPLETE holds (and CTM_LEASE runs), a wire TCP/UDP frame that misses the flow cache
 -- and is in neither gets ct 3 (no conntrack entry: NEW or INVALID to the kernel), decided with the SHUNT_NONE vector;
--- an ACCEPT of such a frame is forced to the host by CONTROL bit 4 (conntrack must create its entry).
+-- an ACCEPT of such a frame is forced to the host by CONTROL bit 4 (conntrack must create its entry). A wire TCP/UDP
+-- frame handed to the host stamps its key (shunt stamps, written by the decision); a frame with ct 3 whose key went to
+-- the host less than CTM_WINDOW ago goes to the host unjudged (reason 3, no index): the frame that went may make its
+-- entry before the host sees it.
 -- The policy sync lease (LEASE, hw/regmap.txt): while the host's policy sync service runs it re-arms a count of 1 ms
 -- ticks; armed and run down it has expired, and the core then judges no wire frame (as with CONTROL bit 0 clear:
 -- every one is shunted as unparsed with match_index 0xFFFFFF (no index: never the shim's live K0 tree), k = 0, so the
@@ -153,6 +156,9 @@ architecture rtl of hypafilter_core is
   signal s_sets : std_logic_vector(SET_SLOTS - 1 downto 0);
   signal s6_sets : std_logic_vector(SET6_SLOTS - 1 downto 0);
   signal s_unc : std_logic;
+  -- [ctm] the frame's TCP/UDP key and its stamp index, beside the header from the lookup to the decision
+  signal q_ek, s_ek : std_logic;
+  signal q_ei, s_ei : std_logic_vector(23 downto 0);
   signal set_tbl, set_ind_done : std_logic;
   signal set_ind_rdata : std_logic_vector(31 downto 0);
 
@@ -165,9 +171,11 @@ architecture rtl of hypafilter_core is
     su  : std_logic;  -- a set lookup was uncertain
     tu  : std_logic_vector(UW - 1 downto 0);
     f6  : std_logic;  -- a parsed IPv6 frame (its index is an IPv6 entry's or the IPv6 policy entry)
+    ek  : std_logic;  -- [ctm] a wire frame with a TCP/UDP key: ei is its shunt stamp's index
+    ei  : std_logic_vector(23 downto 0);
   end record;
   type side_line is array (1 to SIDE_DELAY) of side_t;
-  constant SIDE_ZERO : side_t := ('0', '0', '0', "00", '0', '0', (others => '0'), '0');
+  constant SIDE_ZERO : side_t := ('0', '0', '0', "00", '0', '0', (others => '0'), '0', '0', (others => '0'));
   signal side_in : side_t;
   signal side : side_line := (others => SIDE_ZERO);
 
@@ -245,6 +253,10 @@ architecture rtl of hypafilter_core is
   signal x_waddr : std_logic_vector(2 downto 0);
   signal x_wdata : std_logic_vector(31 downto 0);
   signal x_rdata : std_logic_vector(255 downto 0);
+  -- [ctm] shunt stamps: the decision's write (a wire frame with a key handed to the host) and its read's answer
+  signal sh_v_r : std_logic := '0';
+  signal sh_i_r : std_logic_vector(23 downto 0) := (others => '0');
+  signal ck_rec : std_logic;
 begin
   assert C_S_AXIS_DATA_WIDTH = 256 or C_S_AXIS_DATA_WIDTH = 512
     report "hypafilter_core: C_S_AXIS_DATA_WIDTH must be 256 or 512" severity failure;
@@ -560,6 +572,8 @@ begin
   no_sets : if N_SET_SLOTS + N_SET6_SLOTS = 0 generate
     hs <= hq;
     s_ct <= q_ct;
+    s_ek <= q_ek;
+    s_ei <= q_ei;
     s_sets <= (others => '0');
     s6_sets <= (others => '0');
     s_unc <= '0';
@@ -577,6 +591,8 @@ begin
     constant NS : natural := N_SET_SLOTS + N_SET6_SLOTS;  -- units: the IPv4 slots, then the IPv6 slots
     type hdr_line is array (1 to SET_LATENCY) of hdr_t;
     type ct_line is array (1 to SET_LATENCY) of std_logic_vector(1 downto 0);
+    type ei_line is array (1 to SET_LATENCY) of std_logic_vector(24 downto 0);
+    signal el : ei_line := (others => (others => '0'));
     type word_arr is array (0 to NS - 1) of std_logic_vector(31 downto 0);
     signal hl : hdr_line := (others => HDR_ZERO);
     signal cl : ct_line := (others => "00");
@@ -662,9 +678,11 @@ begin
       if rising_edge(axis_aclk) then
         hl(1) <= hq;
         cl(1) <= q_ct;
+        el(1) <= q_ek & q_ei;
         for i in 2 to SET_LATENCY loop
           hl(i) <= hl(i - 1);
           cl(i) <= cl(i - 1);
+          el(i) <= el(i - 1);
         end loop;
         if rst = '1' then
           for i in 1 to SET_LATENCY loop
@@ -675,6 +693,8 @@ begin
     end process;
     hs <= hl(SET_LATENCY);
     s_ct <= cl(SET_LATENCY);
+    s_ek <= el(SET_LATENCY)(24);
+    s_ei <= el(SET_LATENCY)(23 downto 0);
   end generate;
   -- ---- end of the set membership tables ----
 
@@ -759,7 +779,7 @@ begin
 
   -- frame information travelling beside matcher, encoder and buffer
   -- a parsed IPv6 frame is classified (its set bits and their uncertainty are the IPv6 slots': s_unc)
-  side_in <= (hs.v, hs.unp and not hs.f6, hs.unf, s_ct, control(1), s_unc, hs.tu, hs.f6);
+  side_in <= (hs.v, hs.unp and not hs.f6, hs.unf, s_ct, control(1), s_unc, hs.tu, hs.f6, s_ek, s_ei);
   side_shift : process (axis_aclk)
   begin
     if rising_edge(axis_aclk) then
@@ -808,7 +828,7 @@ begin
 
   decide : process (axis_aclk)
     variable sp : std_logic_vector(7 downto 0);
-    variable wire, host, judge, classify, shunt, drop, deliver, mirror : boolean;
+    variable wire, host, judge, classify, shunt, drop, deliver, mirror, late : boolean;
     variable ev : std_logic_vector(EV_W - 1 downto 0);
     variable tu : std_logic_vector(UW - 1 downto 0);
     variable dst : std_logic_vector(7 downto 0);
@@ -837,6 +857,10 @@ begin
       -- frames go to netfilter as unparsed
       judge := wire and control(0) = '1' and tbl_ready = '1' and lease_expired = '0';
       classify := judge and t1.unp = '0';
+      -- [ctm] a frame with ct 3 whose key went to the host less than CTM_WINDOW ago (a shunt stamp: the decisions of
+      -- this cycle's frame's predecessors, the one just before through sh_v_r): the frame that went may create the
+      -- entry this one belongs to before the host sees this one, so "no entry" is not known
+      late := t1.ct = "11" and t1.ek = '1' and (ck_rec = '1' or (sh_v_r = '1' and sh_i_r = t1.ei));
       ev := (others => '0');
       shunt := false;
       drop := false;
@@ -876,6 +900,14 @@ begin
         reason := REASON_STATE;
         ev(EV_STATE) := '1';
         ev(EV_SET_UNC) := '1';
+      elsif late then
+        -- [ctm] ct 3 while a frame of the same key is on its way through the host: state unknown, no index (k = 0:
+        -- the whole policy decides with conntrack's own state)
+        shunt := true;
+        idx := (others => '1');
+        action := x"0";
+        reason := REASON_STATE;
+        ev(EV_STATE) := '1';
       elsif sh_bit = '1' or (action /= x"1" and action /= x"2") or control(1) = '1' or t1.sa = '1' then
         shunt := true;
         if reason = REASON_POLICY then
@@ -943,12 +975,16 @@ begin
       tu(TUSER_DST_LO + 7 downto TUSER_DST_LO) := dst;
       d_in_v <= t1.v;
       d_in <= to_sl(drop) & ev & tu;
-      hit_v <= t1.v and to_sl(classify) and not t1.su;
+      hit_v <= t1.v and to_sl(classify) and not t1.su and to_sl(not late);
       hit_idx <= t1_idx;
+      -- [ctm] a wire frame with a TCP/UDP key handed to the host stamps its key (hf_ct_member's shunt stamps)
+      sh_v_r <= t1.v and t1.ek and to_sl(wire and (shunt or deliver));
+      sh_i_r <= t1.ei;
       if rst = '1' then
         t1.v <= '0';
         d_in_v <= '0';
         hit_v <= '0';
+        sh_v_r <= '0';
       end if;
     end if;
   end process;
@@ -998,6 +1034,9 @@ begin
 
   no_ctm : if CTM_LOG2 = 0 generate
     q_none <= '0';
+    q_ek <= '0';
+    q_ei <= (others => '0');
+    ck_rec <= '0';
     sn_bit <= lk_shunt;
     x_rdata <= (others => '0');
     ctm_rdata <= (others => '0');
@@ -1014,6 +1053,9 @@ begin
     constant SNW : natural := maximum(1, clog2(SHUNT_WORDS));
     signal hp_wire, hp_host : std_logic;
     signal m_valid, m_member, m_egress, m_ready, m_h_ready, m_h_valid : std_logic;
+    signal m_eidx : std_logic_vector(23 downto 0);
+    signal p_ek : std_logic;
+    signal ek_d : std_logic_vector(3 downto 0) := (others => '0');  -- p_ek beside the lookup (hf_ct_member LATENCY)
     signal m_members, m_sat, m_ref : std_logic_vector(31 downto 0);
     signal c_w0, c_w1, c_w2 : std_logic_vector(31 downto 0) := (others => '0');
     signal c_op : std_logic_vector(1 downto 0) := (others => '0');
@@ -1074,7 +1116,8 @@ begin
         eg_valid => m_eg,
         lk_src_ip => m_src, lk_dst_ip => m_dst, lk_proto => m_proto, lk_sport => m_sport, lk_dport => m_dport,
         lk_v6 => m_f6, lk_src_hi => hp.src6(127 downto 32), lk_dst_hi => hp.dst6(127 downto 32), eg_u6 => m_u6,
-        res_valid => m_valid, res_member => m_member, res_egress => m_egress,
+        res_valid => m_valid, res_member => m_member, res_egress => m_egress, res_eidx => m_eidx,
+        sh_valid => sh_v_r, sh_idx => sh_i_r, ck_idx => side(SIDE_DELAY).ei, ck_recent => ck_rec,
         ticks => lease_t, window => r_window,
         h_valid => c_hv, h_ready => m_h_ready, h_op => c_op, h_src_ip => c_w0, h_dst_ip => c_w1, h_proto => c_proto,
         h_sport => c_w2(31 downto 16), h_dport => c_w2(15 downto 0), h_v6 => c_v6,
@@ -1084,6 +1127,22 @@ begin
     -- looked up only when it could be NEW (m_lk6)
     q_none <= complete and m_valid and not m_member
               and ((not hq.unp and hq.l4ok and to_sl(hq.proto = x"06" or hq.proto = x"11")) or (hq.f6 and to_sl(V6_ON)));
+    -- a wire frame with a key: an IPv4 one whose protocol says TCP or UDP, parsed or not (its fields are read all the
+    -- same, as a host frame's egress stamp), or a parsed IPv6 TCP/UDP frame; handed to the host, it stamps its key (the
+    -- lookup's stamp index, which comes with the lookup's result)
+    p_ek <= hp.v and hp_wire and ((not h_fam and to_sl(hp.proto = x"06" or hp.proto = x"11"))
+                                  or (m_f6 and to_sl(hp.proto6 = x"06" or hp.proto6 = x"11")));
+    ek_line : process (axis_aclk)
+    begin
+      if rising_edge(axis_aclk) then
+        ek_d <= ek_d(ek_d'high - 1 downto 0) & p_ek;
+        if rst = '1' then
+          ek_d <= (others => '0');
+        end if;
+      end if;
+    end process;
+    q_ek <= ek_d(ek_d'high);
+    q_ei <= m_eidx;
 
     regs_and_commands : process (axis_aclk)
       variable idx : unsigned(23 downto 0);

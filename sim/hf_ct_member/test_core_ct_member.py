@@ -156,10 +156,13 @@ async def core_ct_member(dut):
             f = bytes(b)
         return f, tuser_for(f, port), h
 
+    decisions: list[hwmodel.Decision] = []  # of the frames of the last run
+
     async def run(items: list[tuple[Flow, int, dict]], complete: bool) -> list[int]:
         """Send the frames (wire or host ports); every output checked; the ct each wire frame had."""
         nonlocal ct_none
         expected, cts, sends = [], [], []
+        decisions.clear()
         for fl, port, kw in items:
             f, tu, h = frame(fl, port, **kw)
             key = cm.key_of(fl)
@@ -169,7 +172,10 @@ async def core_ct_member(dut):
                     model.egress(key, now)
             else:
                 ct = hwmodel.nic_miss_ct(f, port, model.possible(key, now), complete)
-            d = hwmodel.decide(plan, f, port, regs, ct=ct)
+            d = hwmodel.decide(plan, f, port, regs, ct=ct, shunted=ct == 3 and model.shunted(key, now))
+            if port in hwmodel.WIRE_PORTS and h.proto in (6, 17) and d.dst_port & 0xAA:
+                model.shunt(key, now)  # a wire frame handed to the host stamps its key
+            decisions.append(d)
             counters.add(d, port)
             ct_none += ct == 3
             cts.append(ct)
@@ -204,6 +210,25 @@ async def core_ct_member(dut):
     await ax.write(R.REG_CTM_CONTROL, cm.CONTROL_COMPLETE)
     got = await run(mix(200), complete=True)
     assert 3 in got and 0 in got
+    # -- a stranger's SYN the host gets (TCP 80 accepted: to the host) and its reverse tuple right behind it on a wire
+    # (an RST/ACK; the kernel calls it ESTABLISHED, the first frame having made the entry): ct 3, the structure and
+    # the egress stamps do not hold it yet, but the first frame's shunt stamp sends it to the host with no index
+    race = [Flow(0x0B000000 | rng.getrandbits(16), 0xC0A80000 | rng.getrandbits(8), 6, 1024 + k, 80) for k in range(8)]
+    items = [
+        it
+        for fl in race
+        for it in ((fl, 0x01, {"flags": 0x02}), (fl.reply(), rng.choice((0x01, 0x04)), {"flags": 0x14}))
+    ]
+    got = await run(items, complete=True)
+    assert got == [3] * len(items), got
+    assert all(d.dst_port & 0xAA for d in decisions[0::2]), decisions
+    late = [(d.kind, d.reason, d.match_index) for d in decisions[1::2]]
+    assert late == [(hwmodel.Kind.SHUNT, hwmodel.REASON_STATE, None)] * len(race), late
+    # a window later the stamps have aged: the same replies (NEW or INVALID to a kernel without their entries) dropped
+    await tb.ticks(cm.DEFAULT_WINDOW_MS)
+    now += cm.DEFAULT_WINDOW_MS
+    assert await run([(fl.reply(), 0x01, {"flags": 0x14}) for fl in race], complete=True) == [3] * len(race)
+    assert all(d.kind == hwmodel.Kind.DROP for d in decisions), decisions
     # -- egress: the host sends frames of strangers; their replies are members until the window has passed
     out = strangers[:10]
     await run([(fl, rng.choice(sorted(hwmodel.HOST_PORTS)), {}) for fl in out], complete=True)
@@ -350,6 +375,7 @@ async def core_ct_member_dual_stack(dut):
             f, h = frame_of(fl, port, **kw)
             tu = tuser_for(f, port)
             v6, ct = isinstance(fl, Flow6), 0
+            mkey = cm.key_of(fl)  # the structure's key (the flow cache's wide one is `key` below)
             if port in hwmodel.HOST_PORTS:  # passed to the paired MAC; its stamp as the core writes it
                 if v6 and h is None:
                     model.egress_unknown6(fl.src, fl.dst, now)
@@ -361,12 +387,19 @@ async def core_ct_member_dual_stack(dut):
                     key, swap = fc.canonical(fl, wide=True)
                     if key in fc6 and not fc.bypass(h.proto, h.tcp_flags):
                         ct = 1 + fc.direction(swap, fc6[key])
-                    elif complete and not model.possible(cm.key_of(fl), now):
+                    elif complete and not model.possible(mkey, now):
                         ct = 3
-                d = expect6(p4, p6, h, port, tu, regs, ct=ct)
+                if ct == 3 and model.shunted(mkey, now):  # a frame of its key went to the host: unjudged
+                    meta = hwmodel.pack_meta(hwmodel.NO_INDEX, 0, hwmodel.REASON_STATE, regs.generation & 0xFFFF)
+                    d = hwmodel.Decision(hwmodel.Kind.SHUNT, port << 1, meta, None, 0, hwmodel.REASON_STATE)
+                else:
+                    d = expect6(p4, p6, h, port, tu, regs, ct=ct)
             else:
-                ct = hwmodel.nic_miss_ct(f, port, model.possible(cm.key_of(fl), now), complete)
-                d = hwmodel.decide(p4, f, port, regs, ct=ct)
+                ct = hwmodel.nic_miss_ct(f, port, model.possible(mkey, now), complete)
+                d = hwmodel.decide(p4, f, port, regs, ct=ct, shunted=ct == 3 and model.shunted(mkey, now))
+            # a wire frame with a key (IPv4 TCP/UDP, a parsed IPv6 TCP/UDP one) handed to the host stamps it
+            if port in hwmodel.WIRE_PORTS and h is not None and h.proto in (6, 17) and d.dst_port & 0xAA:
+                model.shunt(mkey, now)
             tally["ct3"] += ct == 3
             tally["dropped"] += d.kind == hwmodel.Kind.DROP
             tally["state"] += d.reason == hwmodel.REASON_STATE
@@ -394,6 +427,9 @@ async def core_ct_member_dual_stack(dut):
 
     # -- not complete: no frame of either family gets ct 3
     assert all(ct == 0 for ct, _ in await run(syn_all))
+    # those frames went to the host (ct 0: shunted), so their shunt stamps hold their tuples off ct 3 for a window
+    await tb.ticks(cm.DEFAULT_WINDOW_MS)
+    now += cm.DEFAULT_WINDOW_MS
     # -- complete: inserts by CTM_CMD (IPv6 ones with w3 bit 10), either direction's tuple
     await ax.write(R.REG_CTM_LEASE, 60000)
     await ax.write(R.REG_CTM_CONTROL, cm.CONTROL_COMPLETE)
@@ -429,6 +465,11 @@ async def core_ct_member_dual_stack(dut):
     assert kinds(out[:2]) == [(0, "SHUNT", hwmodel.REASON_POLICY)] * 2 and kinds(out)[2][:2] == (3, "SHUNT")
     await tb.ctm(cm.OP_DELETE, target)
     model.delete(cm.key_of(target))
+    # ct 3 again, but its frames just went to the host: unjudged (reason 3, no index) until their shunt stamp ages
+    out = await run([(target, wire(), {})])
+    assert kinds(out) == [(3, "SHUNT", hwmodel.REASON_STATE)] and out[0][1].match_index is None, kinds(out)
+    await tb.ticks(cm.DEFAULT_WINDOW_MS)
+    now += cm.DEFAULT_WINDOW_MS
     assert kinds(await run([(target, wire(), {})])) == [(3, "DROP", None)]
     # -- egress: the host sends SYNs of strangers (either family); their replies are ct 0 until the window has passed
     eg = [flow6(NET6_B, 22) for _ in range(3)] + [flow4(22)]

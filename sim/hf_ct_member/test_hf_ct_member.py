@@ -56,7 +56,22 @@ class TB:
         self.m = cm.CtMember(int(dut.LOG2.value), int(dut.EGRESS_LOG2.value))
         self.now = 0
         cocotb.start_soon(Clock(dut.clk, 4, units="ns").start())
-        for s in ("rst", "lk_valid", "eg_valid", "h_valid", "h_op", "ticks", "eg_u6", "h_v6", *LK, *LK6, *HOST):
+        for s in (
+            "rst",
+            "lk_valid",
+            "eg_valid",
+            "h_valid",
+            "h_op",
+            "ticks",
+            "eg_u6",
+            "h_v6",
+            "sh_valid",
+            "sh_idx",
+            "ck_idx",
+            *LK,
+            *LK6,
+            *HOST,
+        ):
             getattr(dut, s).value = 0
         dut.window.value = self.m.window
         self.pending: deque = deque()
@@ -121,6 +136,8 @@ class TB:
         if not lk:
             return
         got = bool(int(d.res_member.value))
+        # the lookup's stamp index, which the core carries to the decision (its shunt stamp)
+        assert int(d.res_eidx.value) == cm.egress_index(cm.key_of(f), self.m.egress_log2), f"res_eidx of {f}"
         if unsure:
             self.counts["unsure"] += 1
             return
@@ -335,6 +352,55 @@ async def ipv6_tuples_beside_ipv4_ones(dut):
     dut._log.info("checked %s", tb.counts)
     assert tb.counts["absent"] > absent_u6 > absent6 and tb.counts["member"] > before["member"]
     assert tb.counts["egress"] > 0
+
+
+@cocotb.test()
+async def shunt_stamps_follow_the_model(dut):
+    """The decision's shunt stamps: in every cycle a write (sh_valid, sh_idx: a key handed to the host) and a read
+    (ck_idx), whose ck_recent the next cycle is CtMember.shunted, the write of the read's own cycle included (the RAM
+    gives the old word then: the bypass); a window minus one tick later every stamp still recent, one tick more none."""
+    tb = TB(dut, 21)
+    await tb.reset()
+    d, rng = tb.dut, tb.rng
+    await tb.advance(tb.m.window + 1)  # right after reset every stamp reads 0: recent for a window
+    flows = [rand_flow(rng) for _ in range(24)]
+    idx = {f: cm.egress_index(cm.key_of(f), tb.m.egress_log2) for f in flows}
+    seen = {"recent": 0, "not": 0, "bypass": 0}
+
+    async def cycles(n: int, write_rate: float) -> None:
+        pending = None
+        for _ in range(n + 1):
+            await RisingEdge(d.clk)
+            w = rng.random() < write_rate and _ < n
+            fw = rng.choice(flows)
+            fr = fw if w and rng.random() < 0.5 else rng.choice(flows)  # often the key written in the same cycle
+            d.sh_valid.value, d.sh_idx.value, d.ck_idx.value = int(w), idx[fw], idx[fr]
+            old = tb.m.shunted(cm.key_of(fr), tb.now)
+            if w:
+                tb.m.shunt(cm.key_of(fw), tb.now)
+            want = tb.m.shunted(cm.key_of(fr), tb.now)
+            await ReadOnly()
+            if pending is not None:
+                got = bool(int(d.ck_recent.value))
+                assert got == pending[0], f"ck_recent of {pending[1]}: {got}, model {pending[0]} (now {tb.now})"
+                seen["recent" if got else "not"] += 1
+            pending = (want, fr) if _ < n else None
+            seen["bypass"] += want and not old and w and idx[fw] == idx[fr]
+        await RisingEdge(d.clk)
+        d.sh_valid.value = 0
+
+    await cycles(600, 0.1)
+    await tb.advance(tb.m.window - 1)
+    await cycles(200, 0.0)
+    assert seen["recent"] > 0 and seen["not"] > 0 and seen["bypass"] > 0, seen
+    await tb.advance(1)
+    n = seen["recent"]
+    await cycles(200, 0.0)
+    assert seen["recent"] == n, "a stamp recent at the window's end"
+    b = seen["bypass"]
+    await cycles(200, 0.2)  # every stamp aged: the first write of each key again, read in its own cycle
+    assert seen["bypass"] > b, seen
+    dut._log.info("shunt stamps: %s", seen)
 
 
 # ---------------------------------------------------------------- the pytest side

@@ -47,6 +47,36 @@ def test_counting_sticky_refused_and_egress():
     assert not m.recent(k1, 999 + 2**32)  # a stamp from the future after a wrap reads old, not recent
 
 
+def test_shunt_stamps_and_the_decision():
+    """A key handed to the host is shunted for a window (not a member: its frames still get ct 3), and the decision
+    sends a frame with ct 3 whose key is shunted to the host with reason 3 and no index (the whole policy in
+    software); ct 0 frames and frames of other keys are decided as before."""
+    from hypafilter.hw import model as hwmodel
+    from hypafilter.hw import vhdl
+    from hypafilter.ir import Box, Policy, Rule
+    from hypafilter.ops.verify import PROTO_TCP, build_frame
+
+    m = cm.CtMember(8, 4, window=100)
+    fl = Flow(0x0A000001, 0xC0A80001, 6, 40000, 80)
+    k = cm.key_of(fl)
+    m.shunt(k, 1000)
+    assert m.shunted(cm.key_of(fl.reply()), 1099) and not m.shunted(k, 1100)
+    assert not m.possible(k, 1050)
+    tcp = Box.full().with_field("proto", 6, 6)
+    rules = [Rule((Box.full().with_field("ct", 1, 2),), "ACCEPT"), Rule((tcp.with_field("dport", 80, 80),), "ACCEPT")]
+    plan = vhdl.minimal_plan(Policy(rules, "DROP", original_rules=[("shunt stamps",)]))
+    regs = hwmodel.Regs.from_plan(plan)
+    regs.control = hwmodel.CONTROL_ENABLE | hwmodel.CONTROL_MISS_SHUNT_ACCEPT
+    regs.shunt_none = [0] * len(regs.shunt)
+    h = {"proto": PROTO_TCP, "src": fl.dst, "dst": fl.src, "sport": 80, "dport": 40000, "flags": 0x14}
+    reply = build_frame(7, h, b"")
+    assert hwmodel.decide(plan, reply, 0x01, regs, ct=3).kind == hwmodel.Kind.DROP  # NEW: the policy drops it
+    d = hwmodel.decide(plan, reply, 0x01, regs, ct=3, shunted=True)
+    assert (d.kind, d.dst_port, d.reason, d.match_index) == (hwmodel.Kind.SHUNT, 0x02, hwmodel.REASON_STATE, None)
+    assert d.meta & 0xFFFFFF == hwmodel.NO_INDEX and d.counters == ("CNT_SHUNT_STATE",)
+    assert hwmodel.decide(plan, reply, 0x01, regs, ct=0, shunted=True) == hwmodel.decide(plan, reply, 0x01, regs)
+
+
 def ev(kind: str, src="10.0.0.1", dst="10.0.1.1", sport=40000, dport=80, reply=None, status=IPS_CONFIRMED, proto=6):
     return CtEvent(
         kind=kind,

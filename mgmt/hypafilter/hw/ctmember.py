@@ -174,6 +174,8 @@ class CtMember:
     saturated: int = 0  # counters an insert made sticky (CTM_SATURATED)
     refused: int = 0  # deletes refused: a counter of the key was 0 (CTM_STATUS bits 15:0)
     unknown6: dict[int, int] = field(default_factory=dict)  # unknown6_index -> time of the last such frame
+    # shunt stamps: egress_index -> time the last wire frame of that index went to the host (the decision writes them)
+    shunts: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self):
         if not self.banks:
@@ -214,6 +216,17 @@ class CtMember:
         """An IPv6 frame out (its 128-bit addresses) whose ports the core does not know: every IPv6 key of the same
         two addresses recent for a window."""
         self.unknown6[unknown6_index(fold(src), fold(dst))] = now & ((1 << EGRESS_TS_BITS) - 1)
+
+    def shunt(self, key: int, now: int) -> None:
+        """A wire frame of `key` handed to the host (shunted, or a copy delivered): it may create the entry of a frame
+        of the same key that comes after it, before the host has seen it."""
+        self.shunts[egress_index(key, self.egress_log2)] = now & ((1 << EGRESS_TS_BITS) - 1)
+
+    def shunted(self, key: int, now: int) -> bool:
+        """Whether a wire frame of `key` (or of a colliding key) went to the host less than the window ago: the
+        decision then sends a frame with ct 3 to the host with no index (hw/model.py `decide`)."""
+        s = self.shunts.get(egress_index(key, self.egress_log2), 0)
+        return (now - s) % (1 << EGRESS_TS_BITS) < self.window
 
     def recent(self, key: int, now: int) -> bool:
         """Whether an egress frame of `key` (or of a colliding key) is younger than the window. A stamp never written

@@ -309,11 +309,14 @@ class Decision:
     counters: tuple[str, ...] = field(default=())  # register names this frame increments
 
 
-def decide(plan, frame: bytes, src_port: int, regs: Regs, ct: int = 0) -> Decision:
+def decide(plan, frame: bytes, src_port: int, regs: Regs, ct: int = 0, shunted: bool = False) -> Decision:
     """What the core does with one frame arriving on `src_port` (one-hot TUSER[23:16]); `ct` is what the flow cache
     knows of it (ir.box CT_*: 0 unknown, 1/2 a hit in the original/reply direction), 0 without a flow cache; 3 (no
     conntrack entry: the kernel reads the frame as NEW or INVALID) from the xdp target's lookup or the NIC's conntrack
-    membership structure (hw/ctmember.py: not a member, no recent egress, COMPLETE).
+    membership structure (hw/ctmember.py: not a member, no recent egress, COMPLETE). `shunted`: the NIC's shunt stamp
+    of the frame's key is recent (hw/ctmember.py `CtMember.shunted`: a wire frame of that key went to the host less
+    than the window ago, or the frame just before it did); a frame with ct 3 then goes to the host with reason 3 and
+    no index, since the frame that went may create its entry before the host sees it.
 
     The hardware index (match_index, the row of every table) is `hw_index`: the static first match under the update
     buffer's valid mask and slots (`regs.buffer`). Precedence (the first that applies): a host port, not a wire port,
@@ -362,6 +365,9 @@ def decide(plan, frame: bytes, src_port: int, regs: Regs, ct: int = 0) -> Decisi
             cnt = ("CNT_SHUNT_STATE", "CNT_SET_UNCERTAIN")
             return Decision(Kind.SHUNT, shunt_port, meta, None, ACTION_NONE, REASON_STATE, False, cnt)
         hdr = dataclasses.replace(hdr, sets=bits)
+    if hdr.ct == CT_NONE and shunted:
+        meta = pack_meta(NO_INDEX, ACTION_NONE, REASON_STATE, gen)
+        return Decision(Kind.SHUNT, shunt_port, meta, None, ACTION_NONE, REASON_STATE, False, ("CNT_SHUNT_STATE",))
     idx = hw_index(plan, hdr, regs.buffer)
     word = regs.actions[idx] & 0xF
     action = word & 0x7  # bit 3 is the mirror bit (HF_ACTION_MIRROR_BIT), never part of the action code

@@ -20,6 +20,7 @@ HARNESS_FILES = (
     HARNESS_DIR / "hf_emu.cpp",
     HARNESS_DIR / "hf_emu.vlt",
     HARNESS_DIR / "Makefile",
+    HARNESS_DIR / "model.mk",
     ROOT / "driver" / "hypafilter_shared.h",
 )
 TOP = "hypafilter_core"

@@ -1,10 +1,11 @@
 # driver/emu/model.mk: the emulated NIC's model in two translation units (driver/emu/Makefile, PARALLEL=0).
-# HF_STEP=split (alone, after Verilator wrote its makefiles): writes Vhypafilter_core__hf_fast.cpp, which includes every
-# per-cycle file Verilator wrote, and Vhypafilter_core__hf_slow.cpp, every file that runs once (construction, initial
-# settle, the symbol table). Otherwise (read after Vhypafilter_core.mk, whose class lists the Makefile replaces by
-# these two units): HF_PCH=1 (clang++) compiles each unit after a precompiled verilated.h built with the unit's own
-# flags (clang refuses a header precompiled with other defines or another -O); ccache (sloppiness pch_defines and
-# time_macros, these targets only) keeps the precompiled header, so a clone builds it once.
+# HF_STEP=split (alone, after Verilator wrote its makefiles): writes Vhypafilter_core__hf_fast.cpp, which includes
+# every per-cycle file Verilator wrote, and Vhypafilter_core__hf_slow.cpp, every file that runs once (construction,
+# initial settle, the symbol table). Otherwise (read after Vhypafilter_core.mk, whose class lists the Makefile
+# replaces by these two units): HF_PCH=1 (clang++ with ccache) compiles each unit after a precompiled verilated.h
+# built with the unit's own flags (clang refuses a header precompiled with other defines or another -O); ccache
+# (sloppiness pch_defines and time_macros, these targets only) keeps the precompiled header, so a clone builds it
+# once.
 PREFIX := Vhypafilter_core
 
 ifeq ($(HF_STEP),split)

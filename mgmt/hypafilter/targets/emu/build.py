@@ -20,6 +20,7 @@ HARNESS_FILES = (
     HARNESS_DIR / "hf_emu.cpp",
     HARNESS_DIR / "hf_emu.vlt",
     HARNESS_DIR / "Makefile",
+    HARNESS_DIR / "model.mk",
     ROOT / "driver" / "hypafilter_shared.h",
 )
 TOP = "hypafilter_core"
@@ -36,7 +37,8 @@ EMU_LEASE_GENERICS = {"LEASE_TICK_CYCLES": 0}
 # HF_EMU_CTM_LOG2 overrides the banks' size (the opt-in 250,000-entry runs: 20).
 EMU_CTM_LOG2, EMU_CTM_EGRESS_LOG2 = 16, 16
 # Cores whose Verilog is larger than this are compiled file by file, JOBS at once (driver/emu/Makefile PARALLEL=1);
-# smaller ones as one translation unit, a third of the CPU (every core measured so far, up to 5 MB; docs/emulator.md).
+# smaller ones as two translation units, per-cycle and run-once code (every core measured so far, up to 5 MB: a
+# fraction of the CPU of the ~35 files one by one, which each parse verilated.h; docs/emulator.md, "Build").
 PARALLEL_BUILD_BYTES = 8 << 20
 
 

@@ -368,3 +368,81 @@ def test_the_ipv6_sides_trees_are_kept_with_the_changes_diverted_ahead_of_them(m
     trees._POOLS.clear()
     ip6.render_chains(plan6(text, True), config, "HFv6_")
     assert wrong(plan6(banned, False)) > 0
+
+
+def test_recorded_ipv6_bases_without_the_tree_cache_are_read_as_ipv6():
+    """A follow in a new process (the policy sync worker after a restart or an upgrade, whose tree cache is gone or
+    written by other code) takes the deployment's recorded IPv6 bases from their rules' keys alone and reads their
+    regions again. They are ip6tables rules: a rule without an address spans the 128-bit space. Read as IPv4 (the
+    bug), such a rule spanned 0..2**32-1, the trees over those regions and the diversions that leave the rule out of a
+    box at real IPv6 addresses gave wrong verdicts (DROP for ACCEPT). The chain interpreter on the plan's ranked headers
+    gives the changed policy's verdicts, shunted and on the K0-tree mark, with the cache and without it."""
+    import dataclasses
+    import ipaddress
+    import json
+    import random
+
+    from hypafilter.analysis import trees
+    from hypafilter.analysis.program import K0_TREE, build_program, mark_for
+    from hypafilter.ir import Header
+    from hypafilter.ir.semantics import reference_verdict
+    from hypafilter.netfilter import ip6
+    from hypafilter.targets.xdp.v6 import plan6_for
+
+    from tests.unit import test_ipv6_chains as v6c
+    from tests.unit.test_properties import _callback, mismatches
+
+    config = v6c._config(strategy="tree", tree_min_segment=4)
+    anchor = "-A FORWARD -s fd48:4600::/64"
+    no_addr = [
+        f"-A FORWARD -p tcp --dport {2000 + i} -m hl --hl-eq 3 -j {('DROP', 'ACCEPT')[i % 2]}" for i in range(32)
+    ]
+    text = v6c.V6.replace(anchor, "\n".join(no_addr) + "\n" + anchor)
+    plan4, _, _ = v6c._side(config, text)
+    plan4.k0_tree = True
+
+    def plan6(t: str, fresh: bool):
+        ir = parse_policy(t, "v6.rules", base_chain="FORWARD", config=config, family=6)
+        v6 = dataclasses.replace(ip6.parse(t, "v6.rules", "FORWARD", validate=False), ir=ir, tables=("filter",))
+        p, why = plan6_for(v6, config, plan4, k_base=plan4.num_intervals)
+        assert why == "", why
+        p.trees_fresh = fresh
+        return p
+
+    bans = (
+        "-A FORWARD -s 2001:db8:0:5::/64 -p tcp -m hl --hl-eq 3 -j ACCEPT\n"
+        "-A FORWARD -s 2001:db8:0:6::/64 -p tcp -m hl --hl-eq 3 -j DROP\n"
+    )
+    banned = text.replace(anchor, bans + anchor)
+    trees._POOLS.clear()
+    dep = plan6(text, True)
+    ip6.render_chains(dep, config, "HFv6_")  # the deploy: what it records, as the state files keep it
+    bases = json.loads(json.dumps(dep.tree_bases_built))
+    cache = json.loads(json.dumps(dep.tree_cache_built))
+
+    def wrong(read_cache) -> int:
+        trees._POOLS.clear()  # a new process: nothing held
+        p = plan6(banned, False)
+        p.tree_bases, p.tree_cache = trees.bases_of_json(bases), read_cache
+        prog = build_program(p, "tree", k_base=p.k_base)
+        assert prog.tree_stats["k0_tree"] == "lazy", prog.tree_stats
+        p.__dict__["_programs"] = {("tree", 0xFFFFFFFF, 0, "bridge"): prog}  # hybrid_verdict runs this program
+        pol, rng, ev = p.policy, random.Random(7), _callback(0x5A5A5A5A5A5A5A5)
+        amap = pol.addr_map
+        hdrs = [
+            Header(
+                src=rng.randrange(len(amap.starts["src"])),
+                dst=rng.randrange(len(amap.starts["dst"])),
+                proto=rng.choice((6, 17, 58)),
+                dport=rng.choice((53, 80, 443, 5050, 8080, 1)),
+            )
+            for _ in range(600)
+        ]
+        for a in ("2001:db8:0:5::", "2001:db8:0:6::"):  # the bans' sources, to the address-less rules' ports
+            r = amap.rank("src", int(ipaddress.IPv6Address(a)))
+            hdrs += [Header(src=r, dst=d, proto=6, dport=2000 + i) for i in range(0, 32, 3) for d in range(len(amap.starts["dst"]))]  # fmt: skip
+        k0 = sum(prog.run(h, mark_for(prog, 0, K0_TREE), ev)[0] != reference_verdict(pol, h, ev) for h in hdrs)
+        return len(mismatches(p, "tree", hdrs, ev)) + k0
+
+    assert wrong(lambda: trees.cache_of_json(cache)) == 0
+    assert wrong(lambda: {}) == 0

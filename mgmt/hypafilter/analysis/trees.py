@@ -495,17 +495,18 @@ def bases_of_json(doc) -> dict:
     }
 
 
-def _base_of_keys(keys: list[tuple], cache: dict | None = None) -> _Base:
+def _base_of_keys(keys: list[tuple], cache: dict | None = None, family: int = 4) -> _Base:
     """A base from its rules' keys alone (a new process, as the policy sync worker after a deploy): its regions and
     built trees from the deployment's tree cache (`cache_of_json`) when it has them; else the regions are the
-    flattened rules' (flat_regions reads the levels and the target) and the trees are built again on first use."""
+    flattened rules' (flat_regions reads the levels and the target, as rules of `family`: an ip6tables rule without
+    an address spans 128 bits) and the trees are built again on first use."""
     from types import SimpleNamespace as NS
 
     got = cache.get(_keys_digest(keys)) if cache else None
     if got is not None:
         return _Base(list(keys), got[0], got[1])
     rules = [NS(levels=[NS(options=lv[0], unless=lv[1]) for lv in k[0]], target=k[1], stateful_pos=None) for k in keys]
-    return _Base(list(keys), flat_regions(NS(rules=rules)), {})
+    return _Base(list(keys), flat_regions(NS(rules=rules, family=family)), {})
 
 
 # ---- the tree cache: a deployment's built trees, so that a new process (the policy sync worker after a deploy or a
@@ -631,9 +632,10 @@ class Bases:
             and (pool is None or _pool_keys(pool) != _pool_keys_of(recorded))
         ):
             got = cache() if cache is not None else {}
+            fam = self.pkey[1]
             pool = {
-                "k0": _base_of_keys(recorded["k0"], got) if recorded.get("k0") else None,
-                "chains": {tuple(k): _base_of_keys(k, got) for k in recorded.get("chains", [])},
+                "k0": _base_of_keys(recorded["k0"], got, fam) if recorded.get("k0") else None,
+                "chains": {tuple(k): _base_of_keys(k, got, fam) for k in recorded.get("chains", [])},
             }
         self.old = pool or {"k0": None, "chains": {}}
         self.new: dict = {"k0": None, "chains": {}}

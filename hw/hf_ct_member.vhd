@@ -8,9 +8,10 @@
 -- 32-bit words) in the same 104-bit key, hashed behind a family byte 1 (the CRCs of the 14 bytes: the same XOR
 -- columns, other constants), so it meets an IPv4 key or another IPv6 key only by a collision (a false positive). A
 -- host command carries the folded addresses (h_v6); a lookup or egress frame the full ones (lk_v6, *_hi). An IPv6
--- host frame whose ports the core does not know (eg_u6: the walk refused it) makes every IPv6 lookup between its two
--- addresses (either direction, any ports) a possible member for a window: its time goes to a table of 2**U6_LOG2
--- stamps at a symmetric hash of the folded addresses (a collision is a false positive).
+-- frame whose ports the core does not know (eg_u6: the walk refused it), a host frame or a wire frame the core hands
+-- the host, makes every IPv6 lookup between its two addresses (either direction, any ports) a possible member for a
+-- window: its time goes to a table of 2**U6_LOG2 stamps at a symmetric hash of the folded addresses (a collision is
+-- a false positive).
 -- Shunt stamps (the core's decision): a wire frame with a key that the core hands the host writes the time at the
 -- egress index its lookup gave (res_eidx); a frame at the decision reads its own (ck_idx, ck_recent a cycle later): a
 -- frame with ct 3 whose key went to the host less than a window ago is not decided (docs/flowsync.md, "A frame of the
@@ -57,8 +58,9 @@ entity hf_ct_member is
     lk_v6      : in  std_logic := '0';
     lk_src_hi  : in  std_logic_vector(95 downto 0) := (others => '0');
     lk_dst_hi  : in  std_logic_vector(95 downto 0) := (others => '0');
-    -- [V6] an IPv6 host frame whose ports are unknown, its addresses on lk_*_ip and lk_*_hi (lk_v6 not read): every
-    -- IPv6 lookup between the same two addresses a possible member for a window after it
+    -- [V6] an IPv6 frame whose ports are unknown (a host frame, or a refused wire frame), its addresses on lk_*_ip and
+    -- lk_*_hi (lk_v6 not read): every IPv6 lookup between the same two addresses a possible member for a window after
+    -- it
     eg_u6      : in  std_logic := '0';
     -- LATENCY = 4 cycles after the header: a possible member (all counters non-zero, a recent egress, or a sweep)
     res_valid  : out std_logic;
@@ -295,7 +297,7 @@ begin
       s1_swp <= swapped(src, dst, lk_sport, lk_dport);
       s1_lk <= lk_valid;
       s1_eg <= eg_valid;
-      -- [V6] an IPv6 lookup reads, an IPv6 host frame with unknown ports writes, the stamp of its address pair (the
+      -- [V6] an IPv6 lookup reads, an IPv6 frame with unknown ports (eg_u6) writes, the stamp of its address pair (the
       -- addresses folded whatever lk_v6 says: such a frame's are IPv6 ones although the walk refused it)
       s1_v6 <= lk_v6 and to_sl(V6);
       s1_ueg <= eg_u6 and to_sl(V6);

@@ -1103,10 +1103,14 @@ begin
     -- may be one the parser refuses (a fragment, options, padding after the datagram), and its header fields are
     -- there all the same (anything else it stamps is a false positive); a parsed IPv6 one by its IPv6 fields. An
     -- IPv6 host frame whose ports the walk does not give (refused, or its TCP/UDP header cut) stamps "unknown" for its
-    -- address pair: no IPv6 frame between the same two addresses is NEW for a window after it
+    -- address pair: no IPv6 frame between the same two addresses is NEW for a window after it. So does such a wire
+    -- frame: it has no key, so no shunt stamp, yet the walk's refusal hands it to the host (unparsed) and conntrack
+    -- may make its entry from it (ipv6_skip_exthdr walks any chain), before a reply right behind it is decided; one
+    -- header per cycle, so the two sides never write the stamps in the same cycle (a wire frame dropped as
+    -- unfilterable stamps too: a false positive)
     m_eg <= hp.v and hp_host and (to_sl(hp.proto = x"06" or hp.proto = x"11")
                                   or (m_f6 and to_sl(hp.proto6 = x"06" or hp.proto6 = x"11")));
-    m_u6 <= hp.v and hp_host and to_sl(V6_ON) and h_fam
+    m_u6 <= hp.v and (hp_host or hp_wire) and to_sl(V6_ON) and h_fam
             and (h6_unp or (not h6_l4ok and to_sl(hp.proto6 = x"06" or hp.proto6 = x"11")));
     member : entity work.hf_ct_member
       generic map (LOG2 => CTM_LOG2, EGRESS_LOG2 => CTM_EGRESS_LOG2, V6 => V6_ON)

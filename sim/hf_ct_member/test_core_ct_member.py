@@ -31,6 +31,8 @@ from hypafilter.hw import vhdl
 from hypafilter.hw.flowcache import Flow, Flow6
 from hypafilter.iptables.document import parse_policy
 from hypafilter.ir import Box, Header, Policy, Rule
+from scapy.layers.inet6 import IPv6, IPv6ExtHdrDestOpt
+from scapy.layers.l2 import Ether
 
 from sim.hftb import fresh_build, header_frame, load_obj, run_ghdl, save_obj, tuser_for
 from sim.hypafilter_core.test_core_ipv6 import expect6, frame6
@@ -363,6 +365,13 @@ async def core_ct_member_dual_stack(dut):
                 h = Header(fl.src, fl.dst, 58, 0, 0, 128, 0, iport, 0)
             else:
                 h = Header(fl.src, fl.dst, fl.proto, fl.sport, fl.dport, 0, 0, iport, flags if fl.proto == 6 else 0)
+            if ext == "dst4":  # 4 destination options headers: a longer chain than the walk takes (refused)
+                pkt = Ether(frame6(h, "", rng))
+                l4 = pkt[IPv6].payload.copy()
+                pkt[IPv6].remove_payload()
+                del pkt[IPv6].nh, pkt[IPv6].plen
+                opts = IPv6ExtHdrDestOpt() / IPv6ExtHdrDestOpt() / IPv6ExtHdrDestOpt() / IPv6ExtHdrDestOpt(nh=fl.proto)
+                return bytes(pkt / opts / l4), None
             return frame6(h, ext, rng), None if ext in ("ah", "frag") else h
         h = Header(fl.src, fl.dst, fl.proto, fl.sport, fl.dport, 0, 0, iport, flags if fl.proto == 6 else 0)
         return header_frame(h, rng), h
@@ -383,6 +392,8 @@ async def core_ct_member_dual_stack(dut):
                     model.egress(cm.key_of(fl), now)
                 d = hwmodel.decide(p4, f, port, regs)
             elif v6:
+                if h is None:  # refused by the walk: to the host unparsed, its address pair stamped "unknown"
+                    model.refused6(fl.src, fl.dst, now)
                 if h is not None and h.proto in (6, 17):
                     key, swap = fc.canonical(fl, wide=True)
                     if key in fc6 and not fc.bypass(h.proto, h.tcp_flags):
@@ -479,6 +490,21 @@ async def core_ct_member_dual_stack(dut):
     await tb.ticks(cm.DEFAULT_WINDOW_MS)
     now += cm.DEFAULT_WINDOW_MS
     assert kinds(await run(replies)) == [(3, "DROP", None)] * len(eg)
+    # -- strangers' first frames on a wire behind 4 destination options headers (the walk refuses the chain; the
+    # kernel's conntrack walks it and makes the entry of an accepted one), each with its plain reverse tuple right
+    # behind it: the refused frame stamps its address pair, so the reply is not NEW to the core (ct 0: shunted); a
+    # window later the same replies get ct 3 and are dropped
+    race6 = [flow6(NET6_A, 80), flow6(NET6_B, 5050, 17), flow6(NET6_A, 80)]
+    flags = {6: SYNACK, 17: 0}
+    items = [
+        it for fl in race6 for it in ((fl, wire(), {"ext": "dst4"}), (fl.reply(), wire(), {"flags": flags[fl.proto]}))
+    ]
+    out = await run(items)
+    assert kinds(out[0::2]) == [(0, "SHUNT", hwmodel.REASON_UNPARSED)] * len(race6), kinds(out)
+    assert all(ct == 0 and d.kind == hwmodel.Kind.SHUNT for ct, d in out[1::2]), kinds(out)
+    await tb.ticks(cm.DEFAULT_WINDOW_MS)
+    now += cm.DEFAULT_WINDOW_MS
+    assert kinds(await run(items[1::2])) == [(3, "DROP", None)] * len(race6)
     # -- IPv6 host frames the walk refuses (an AH chain, a first fragment): their ports unknown, every IPv6 lookup
     # between the same two addresses (either direction, any ports) ct 0 for the window; another pair's ct 3, and an
     # IPv4 tuple of the pair's folded addresses too (its key is not IPv6)

@@ -4,7 +4,9 @@ sync service offloads an IPv6 conntrack entry the real kernel makes (conntrack -
 with the entry; verify with real IPv6 TCP connections through the hybrid and through the policy alone in the
 kernel: 0 mismatches, and a share of the IPv6 connections' wire frames decided on the NIC (0 before: every IPv6
 frame had ct 0 and was forced to conntrack), some of them as NEW (ct 3: the conntrack membership structure's IPv6
-keys; none before, an IPv6 frame was never ct 3).
+keys; none before, an IPv6 frame was never ct 3). A reply right behind a first frame the core's walk refuses (4
+destination options headers) goes to the host, as the kernel alone delivers it (docs/flowsync.md, "A frame of the
+reverse tuple right behind the first frame").
 
 A dual-stack core build of its own (~1 min cold): opt-in outside CI as test_ipv6_deploy's
 test_dual_stack_emu_hardware (HF_EMU_V6_FULL=1, `make test-emu-v6`)."""
@@ -162,3 +164,67 @@ def test_new_ipv6_frames_dropped_on_the_nic(lab):
     assert c6["completed_oracle"] < c6["connections"], "no refused connection: nothing NEW to drop"
     # the only drops on the NIC during the IPv6 connections: NEW frames (ct 3); the established ones are accepted
     assert 0 < nic["CNT_DROPPED"] <= c6["ct_none"], c6
+
+
+def test_a_reply_right_behind_a_refused_ipv6_first_frame(lab):
+    """A new IPv6 flow's first frame behind 4 destination options headers (the walk takes 3: refused, shunted
+    unparsed; the kernel's conntrack walks the chain, ip6tables accepts it as NEW and the entry is made) with a plain
+    frame of its reverse tuple right behind it on the same wire. The kernel alone calls the second ESTABLISHED and
+    delivers it; the core looks it up before the first has been through the host's conntrack: no member, no egress,
+    and the first frame, having no key, wrote no shunt stamp, so it was ct 3 and V6NR's policy entry dropped it in
+    hardware. Now the refused wire frame stamps its address pair ("IPv6 unknown"): the reply is ct 0, to the host.
+    Sent as verify sends, both paths, the window closed on counters."""
+    from hypafilter.config import Config
+    from hypafilter.netfilter import ip6
+    from hypafilter.ops import deploy, verify6
+    from hypafilter.ops.lab import Lab
+    from hypafilter.ops.verify import DST_MAC, ID_MAC_PREFIX, CounterWindow, Probe, exchange, quiet_stacks
+    from scapy.layers.inet import TCP, UDP
+    from scapy.layers.inet6 import IPv6, IPv6ExtHdrDestOpt
+    from scapy.layers.l2 import Ether
+
+    (lab / "v6nr.rules").write_text(V6NR)  # the policy entry (DROP) decides ct 3 on the NIC: no REJECT row over it
+    hf("deploy", str(lab / "v4.rules"), "--ipv6", str(lab / "v6nr.rules"), "--target", "emu", "-q")
+    st = deploy.read_state(Path(hf.state) / "state.json")
+    lb = Lab(LAB, target="emu")
+    ns = {"send": lb.ns_send, "recv": lb.ns_recv, "fw": lb.ns_fw, "plain": lb.ns_plain, "nic": lb.ns_nic}
+    verify6.load_oracle6(lb.ns_plain, ip6.parse(V6NR, "v6nr.rules"), lb.ns_fw)
+    verify6.flush6(lb.ns_fw, lb.ns_plain)
+
+    def frame(uid: int, src: str, dst: str, l4, opts: int):
+        eth = Ether(dst=DST_MAC.hex(":"), src=(ID_MAC_PREFIX + uid.to_bytes(4, "big")).hex(":"), type=0x86DD)
+        pkt = eth / IPv6(src=src, dst=dst, hlim=64)
+        for _ in range(opts):
+            pkt = pkt / IPv6ExtHdrDestOpt()
+        return bytes(pkt / l4 / b"q6")
+
+    probes = []  # first frames (TCP SYNs to port 80, UDP to 53, both accepted as NEW), each with its reply
+    for i in range(6):
+        if i % 3 == 2:
+            a, b, sp, dp = f"2001:db8:1::{i + 0x60:x}", f"2001:db8:2::{i + 0x60:x}", 33000 + i, 53
+            first, back = UDP(sport=sp, dport=dp), UDP(sport=dp, dport=sp)
+        else:
+            a, b, sp, dp = f"fd48:4600::{i + 0x60:x}", "2001:db8:2::10", 33000 + i, 80
+            first, back = TCP(sport=sp, dport=dp, flags="S", seq=i), TCP(sport=dp, dport=sp, flags="SA", ack=i + 1)
+        probes.append(Probe(len(probes) + 1, "first", frame(len(probes) + 1, a, b, first, 4)))
+        probes.append(Probe(len(probes) + 1, "reply", frame(len(probes) + 1, b, a, back, 0)))
+    tgt = deploy.target_of(st, Config())
+    with tgt.client(st["nic"]) as nic:
+        _wait(lambda: nic.ctm_counters()["complete"], "COMPLETE", timeout=5)
+        c0 = nic.counters()
+        with quiet_stacks(ns):
+            window = CounterWindow.of(tgt, st["nic"], ns)
+            try:
+                got = exchange(ns, probes, window=window)
+            finally:
+                window.close()
+        c1 = nic.counters()
+    firsts = [p.uid for p in probes if p.kind == "first"]
+    replies = [p.uid for p in probes if p.kind == "reply"]
+    plain = [u for u in replies if got["plain"].get(u)]
+    hybrid = [u for u in replies if got["hybrid"].get(u)]
+    print("replies: plain", plain, "hybrid", hybrid, "CNT_CT_NONE", c1["CNT_CT_NONE"] - c0["CNT_CT_NONE"])
+    # the oracle: every first frame accepted as NEW, every reply ESTABLISHED
+    assert [u for u in firsts if got["plain"].get(u)] == firsts == [u for u in firsts if got["hybrid"].get(u)]
+    assert plain == replies, f"the kernel alone delivered replies {plain} of {replies}"
+    assert hybrid == plain, f"the hybrid path delivered replies {hybrid}, the kernel {plain}"

@@ -292,6 +292,9 @@ def test_ipv6_keys_folded_with_their_family():
     assert cm.unknown6_index(cm.fold(f6.src), cm.fold(f6.dst)) == cm.unknown6_index(cm.fold(f6.dst), cm.fold(f6.src))
     assert m.possible(k, 5099) and m.possible(other, 5099) and not m.possible(k, 5100)
     assert not m.possible(far, 5050) and not m.possible(low, 5050)
+    # a refused IPv6 wire frame handed to the host: the same stamp of its pair (its reverse tuple a possible member)
+    m.refused6(f6.src, f6.dst, 6000)
+    assert m.possible(cm.key_of(Flow6(f6.dst, f6.src, 6, 80, 41000)), 6099) and not m.possible(k, 6100)
 
 
 def test_entry_keys_of_ipv6_entries():

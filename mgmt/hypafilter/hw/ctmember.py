@@ -23,7 +23,9 @@ An IPv6 frame the host sends whose ports the core does not know (the parser's wa
 lookup between its two addresses, either direction and any ports, a possible member for a window
 (`egress_unknown6`): a reply to it could belong to any tuple of that address pair. Its stamp goes to a table of
 2**UNKNOWN6_LOG2 stamps at `unknown6_index`, a symmetric hash of the folded addresses (the addresses sit in the fixed
-header, known whatever the walk refused); a collision is a false positive.
+header, known whatever the walk refused); a collision is a false positive. A wire frame the walk refuses
+(`refused6`) stamps its pair the same way: it has no key, so no shunt stamp, yet it goes to the host (unparsed) and
+conntrack may make its entry from it before a reply right behind it is decided.
 
 Recent egress: 2**egress_log2 timestamps (EGRESS_TS_BITS, in lease ticks, 1 ms), indexed by `egress_index`. The
 core writes the current time at the index of every TCP/UDP frame the host sends out through the NIC; a key is
@@ -216,6 +218,12 @@ class CtMember:
         """An IPv6 frame out (its 128-bit addresses) whose ports the core does not know: every IPv6 key of the same
         two addresses recent for a window."""
         self.unknown6[unknown6_index(fold(src), fold(dst))] = now & ((1 << EGRESS_TS_BITS) - 1)
+
+    def refused6(self, src: int, dst: int, now: int) -> None:
+        """An IPv6 wire frame whose ports the core does not know (the walk refused it, or its TCP/UDP header is cut):
+        the core writes the same stamp as `egress_unknown6`, whatever its decision (it goes to the host unparsed, or
+        is dropped as unfilterable: a false positive then), since the kernel's conntrack may make an entry of it."""
+        self.egress_unknown6(src, dst, now)
 
     def shunt(self, key: int, now: int) -> None:
         """A wire frame of `key` handed to the host (shunted, or a copy delivered): it may create the entry of a frame

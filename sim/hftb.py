@@ -6,10 +6,12 @@ simulator's path), so no testbench edits sys.path.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
 import random
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -47,6 +49,69 @@ def hw(*names: str) -> list[Path]:
     return [HW_DIR / n for n in names]
 
 
+def _ghdl_version() -> str:
+    global _GHDL_VERSION
+    if _GHDL_VERSION is None:
+        _GHDL_VERSION = subprocess.run(["ghdl", "--version"], check=True, capture_output=True, text=True).stdout
+    return _GHDL_VERSION
+
+
+_GHDL_VERSION: str | None = None
+SEEDS = SIM_BUILD / ".seeds"
+
+
+def _seed_key(entity: str, names: list[str], args: list[str]) -> str:
+    """What a seed library is valid for: GHDL's version, the options, the top level, the source names in order and
+    the content of every source outside the build folder (an edited hw/*.vhd makes a new seed)."""
+    h = hashlib.sha256()
+    for part in (_ghdl_version(), entity, *args, *names):
+        h.update(part.encode() + b"\0")
+    for n in names:
+        if os.path.isabs(n):
+            h.update(Path(n).read_bytes())
+    return h.hexdigest()[:24]
+
+
+def _library_files(folder: Path) -> list[Path]:
+    """GHDL's library index and the analysed units' objects (not the elaborated top level: built every time)."""
+    return [p for p in folder.iterdir() if p.suffix == ".cf" or (p.suffix == ".o" and not p.name.startswith("e~"))]
+
+
+def ghdl_build(entity: str, sources: list[Path], build_dir: Path, args: list[str]) -> None:
+    """ghdl -i and ghdl -m (analysis of what is out of date, elaboration) of `entity` in build_dir, the library
+    seeded from an earlier build of the same sources.
+
+    Most builds of a session analyse the same static hw/*.vhd files; only the files generated per build (inside
+    build_dir: named relative to it, so a library is valid in any build folder) differ. A build folder without a
+    library starts from a copy of the seed of its key (_seed_key); GHDL's make then re-analyses every file whose
+    content differs from what the library recorded (GHDL keeps each file's SHA-1 and compares it whatever the
+    file's time) and every unit that depends on one, as in a folder it had built before. The first finished build
+    of a key publishes its library as the seed (copied, then renamed into place: a worker sees a whole seed or none).
+    """
+    build_dir = build_dir.resolve()
+    names = [os.path.relpath(s, build_dir) if s.resolve().is_relative_to(build_dir) else str(s) for s in sources]
+    seed = SEEDS / _seed_key(entity, names, args)
+    cmds = [["ghdl", "-i", "--work=top", *args, *names], ["ghdl", "-m", "--work=top", *args, entity]]
+    if seed.is_dir() and not any(p.suffix == ".cf" for p in build_dir.iterdir()):
+        for f in seed.iterdir():
+            shutil.copyfile(f, build_dir / f.name)
+        del cmds[0]  # the seed holds every file of the list; `ghdl -i` would mark all its units unanalysed again
+    for cmd in cmds:
+        print(f"INFO: Running command {' '.join(cmd)} in directory {build_dir}")
+        if subprocess.run(cmd, cwd=build_dir).returncode:
+            raise AssertionError(f"{cmd[1]} failed (output above): {' '.join(cmd)} in {build_dir}")
+    if not seed.exists():
+        tmp = SEEDS / f"{seed.name}.{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for f in _library_files(build_dir):
+            shutil.copyfile(f, tmp / f.name)
+        try:
+            tmp.rename(seed)
+        except OSError:  # another worker published it first
+            shutil.rmtree(tmp)
+
+
 def run_ghdl(
     entity: str,
     sources: list[Path],
@@ -57,7 +122,7 @@ def run_ghdl(
     build_args: list[str] | None = None,
     test_module: str | None = None,
 ) -> None:
-    """Build `entity` with GHDL (VHDL-2008) into build/sim/<entity>/<tag> and run the cocotb tests of
+    """Build `entity` with GHDL (VHDL-2008) into build/sim/<entity>/<tag> (ghdl_build) and run the cocotb tests of
     sim/<entity>/<test_module> (default test_<entity>).
 
     build_args are added to the analysis options: `-O0` makes ghdl-llvm skip LLVM's optimiser, which takes
@@ -67,19 +132,13 @@ def run_ghdl(
     build_dir = SIM_BUILD / entity / tag
     build_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    runner = get_runner("ghdl")
-    runner.build(
-        vhdl_sources=[str(s) for s in sources],
-        hdl_toplevel=entity,
-        build_args=["--std=08", *(build_args or [])],
-        build_dir=build_dir,
-        always=True,
-    )
+    ghdl_build(entity, sources, build_dir, ["--std=08", *(build_args or [])])
     t1 = time.monotonic()
     path = [str(ROOT), str(SIM_DIR / entity), *sys.path]
     # the LLVM backend runs the elaborated binary from the build folder, so the tests run there too
-    results = runner.test(
+    results = get_runner("ghdl").test(
         hdl_toplevel=entity,
+        hdl_toplevel_lang="vhdl",
         test_module=test_module or f"test_{entity}",
         test_args=["--std=08"],
         parameters=parameters,

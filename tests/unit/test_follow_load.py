@@ -287,30 +287,17 @@ def test_a_chain_in_place_of_main_is_never_kept_as_main():
     assert _walk(kernel, "HFv6_MAIN") == _walk(_chains(gen2), "HFv6_MAIN")
 
 
-def test_the_ipv6_sides_trees_are_kept_with_the_changes_diverted_ahead_of_them(monkeypatch):
-    """The IPv6 side's trees are lazy as the IPv4 side's (docs/optimize.md "Lazy trees"): a follow of ip6tables
-    (`trees_fresh` False) writes the interval chain's trees and HFv6_K0T as the deployment built them, with TD<n>/K0D<n>
-    diversions on the inserted ban's IPv6 source (ip6tables `-m iprange` over 128-bit addresses) ahead of them, and
-    loads a fraction of what the trees built anew load. Through the chain interpreter on the plan's ranked headers the
-    follow's chains give the changed policy's verdicts, shunted (the hybrid) and on the K0-tree mark; without the
-    diversions they do not."""
+def _plan6_maker(config, text4: str):
+    """(plan6(text, fresh), plan4): the family-6 plan of an ip6tables text beside the IPv4 side of `text4` (its K0 a
+    tree), as deploy and a follow build it (`fresh`: the trees built anew, else kept from the recorded bases)."""
     import dataclasses
-    import ipaddress
-    import random
 
-    from hypafilter.analysis import trees
-    from hypafilter.analysis.program import K0_TREE, mark_for
-    from hypafilter.ir import Header
-    from hypafilter.ir.semantics import reference_verdict
     from hypafilter.netfilter import ip6
     from hypafilter.targets.xdp.v6 import plan6_for
 
-    from tests.unit.test_ipv6_chains import _config, _side, _v6_cx
-    from tests.unit.test_properties import _callback, mismatches
+    from tests.unit.test_ipv6_chains import _side
 
-    config = _config(strategy="tree", tree_min_segment=4)
-    text = _v6_cx(32)
-    plan4, _, _ = _side(config, text)
+    plan4, _, _ = _side(config, text4)
     plan4.k0_tree = True
 
     def plan6(t: str, fresh: bool):
@@ -320,6 +307,47 @@ def test_the_ipv6_sides_trees_are_kept_with_the_changes_diverted_ahead_of_them(m
         assert why == "", why
         p.trees_fresh = fresh
         return p
+
+    return plan6, plan4
+
+
+def _tree_wrong(p, extra, n: int = 1500) -> int:
+    """Wrong verdicts of a tree-strategy IPv6 plan through the chain interpreter: `n` random ranked headers and those
+    `extra(amap)` gives, shunted (the hybrid) and on the K0-tree mark, against the reference (complex matches: half)."""
+    import random
+
+    from hypafilter.analysis.program import K0_TREE, build_program, mark_for
+    from hypafilter.ir.semantics import reference_verdict
+
+    from tests.unit.test_ipv6_chains import random_headers6
+    from tests.unit.test_properties import _callback, mismatches
+
+    prog = build_program(p, "tree", k_base=p.k_base)
+    p.__dict__["_programs"] = {("tree", 0xFFFFFFFF, 0, "bridge"): prog}  # hybrid_verdict runs this program
+    pol, ev = p.policy, _callback(0x5A5A5A5A5A5A5A5)
+    hdrs = random_headers6(pol.addr_map, random.Random(7), n) + extra(pol.addr_map)
+    k0 = sum(prog.run(h, mark_for(prog, 0, K0_TREE), ev)[0] != reference_verdict(pol, h, ev) for h in hdrs)
+    return len(mismatches(p, "tree", hdrs, ev)) + k0
+
+
+def test_the_ipv6_sides_trees_are_kept_with_the_changes_diverted_ahead_of_them(monkeypatch):
+    """The IPv6 side's trees are lazy as the IPv4 side's (docs/optimize.md "Lazy trees"): a follow of ip6tables
+    (`trees_fresh` False) writes the interval chain's trees and HFv6_K0T as the deployment built them, with TD<n>/K0D<n>
+    diversions on the inserted ban's IPv6 source (ip6tables `-m iprange` over 128-bit addresses) ahead of them, and
+    loads a fraction of what the trees built anew load. Through the chain interpreter on the plan's ranked headers the
+    follow's chains give the changed policy's verdicts, shunted (the hybrid) and on the K0-tree mark; without the
+    diversions they do not."""
+    import ipaddress
+
+    from hypafilter.analysis import trees
+    from hypafilter.ir import Header
+    from hypafilter.netfilter import ip6
+
+    from tests.unit.test_ipv6_chains import _config, _v6_cx
+
+    config = _config(strategy="tree", tree_min_segment=4)
+    text = _v6_cx(32)
+    plan6, _ = _plan6_maker(config, text)
 
     ban = "-A FORWARD -s 2001:db8:0:5::/64 -p udp -m hl --hl-eq 3 -j DROP\n"  # UDP 5000:5100 is accepted below
     banned = text.replace("-A FORWARD -s fd48:4600::/64", ban + "-A FORWARD -s fd48:4600::/64")
@@ -341,25 +369,11 @@ def test_the_ipv6_sides_trees_are_kept_with_the_changes_diverted_ahead_of_them(m
     assert n_lazy * 3 < n_fresh
 
     def wrong(p) -> int:
-        from hypafilter.analysis.program import build_program
+        def ban_udp(amap):  # UDP from the ban's source
+            banned_src = amap.rank("src", int(ipaddress.IPv6Address("2001:db8:0:5::")))
+            return [Header(src=banned_src, dst=d, proto=17, dport=5000 + d) for d in range(len(amap.starts["dst"]))]
 
-        prog = build_program(p, "tree", k_base=p.k_base)
-        p.__dict__["_programs"] = {("tree", 0xFFFFFFFF, 0, "bridge"): prog}  # hybrid_verdict runs this program
-        pol, rng, ev = p.policy, random.Random(7), _callback(0x5A5A5A5A5A5A5A5)  # complex matches: half of them
-        amap = pol.addr_map
-        hdrs = [
-            Header(
-                src=rng.randrange(len(amap.starts["src"])),
-                dst=rng.randrange(len(amap.starts["dst"])),
-                proto=rng.choice((6, 17, 58)),
-                dport=rng.choice((53, 80, 443, 5050, 8080, 1)),
-            )
-            for _ in range(1500)
-        ]
-        banned_src = amap.rank("src", int(ipaddress.IPv6Address("2001:db8:0:5::")))  # UDP from the ban's source
-        hdrs += [Header(src=banned_src, dst=d, proto=17, dport=5000 + d) for d in range(len(amap.starts["dst"]))]
-        k0 = sum(prog.run(h, mark_for(prog, 0, K0_TREE), ev)[0] != reference_verdict(pol, h, ev) for h in hdrs)
-        return len(mismatches(p, "tree", hdrs, ev)) + k0
+        return _tree_wrong(p, ban_udp)
 
     trees._POOLS.clear()  # the deploy's bases, as the follow's process holds them
     ip6.render_chains(plan6(text, True), config, "HFv6_")
@@ -377,20 +391,14 @@ def test_recorded_ipv6_bases_without_the_tree_cache_are_read_as_ipv6():
     bug), such a rule spanned 0..2**32-1, the trees over those regions and the diversions that leave the rule out of a
     box at real IPv6 addresses gave wrong verdicts (DROP for ACCEPT). The chain interpreter on the plan's ranked headers
     gives the changed policy's verdicts, shunted and on the K0-tree mark, with the cache and without it."""
-    import dataclasses
     import ipaddress
     import json
-    import random
 
     from hypafilter.analysis import trees
-    from hypafilter.analysis.program import K0_TREE, build_program, mark_for
     from hypafilter.ir import Header
-    from hypafilter.ir.semantics import reference_verdict
     from hypafilter.netfilter import ip6
-    from hypafilter.targets.xdp.v6 import plan6_for
 
     from tests.unit import test_ipv6_chains as v6c
-    from tests.unit.test_properties import _callback, mismatches
 
     config = v6c._config(strategy="tree", tree_min_segment=4)
     anchor = "-A FORWARD -s fd48:4600::/64"
@@ -398,16 +406,7 @@ def test_recorded_ipv6_bases_without_the_tree_cache_are_read_as_ipv6():
         f"-A FORWARD -p tcp --dport {2000 + i} -m hl --hl-eq 3 -j {('DROP', 'ACCEPT')[i % 2]}" for i in range(32)
     ]
     text = v6c.V6.replace(anchor, "\n".join(no_addr) + "\n" + anchor)
-    plan4, _, _ = v6c._side(config, text)
-    plan4.k0_tree = True
-
-    def plan6(t: str, fresh: bool):
-        ir = parse_policy(t, "v6.rules", base_chain="FORWARD", config=config, family=6)
-        v6 = dataclasses.replace(ip6.parse(t, "v6.rules", "FORWARD", validate=False), ir=ir, tables=("filter",))
-        p, why = plan6_for(v6, config, plan4, k_base=plan4.num_intervals)
-        assert why == "", why
-        p.trees_fresh = fresh
-        return p
+    plan6, _ = _plan6_maker(config, text)
 
     bans = (
         "-A FORWARD -s 2001:db8:0:5::/64 -p tcp -m hl --hl-eq 3 -j ACCEPT\n"
@@ -424,25 +423,18 @@ def test_recorded_ipv6_bases_without_the_tree_cache_are_read_as_ipv6():
         trees._POOLS.clear()  # a new process: nothing held
         p = plan6(banned, False)
         p.tree_bases, p.tree_cache = trees.bases_of_json(bases), read_cache
-        prog = build_program(p, "tree", k_base=p.k_base)
-        assert prog.tree_stats["k0_tree"] == "lazy", prog.tree_stats
-        p.__dict__["_programs"] = {("tree", 0xFFFFFFFF, 0, "bridge"): prog}  # hybrid_verdict runs this program
-        pol, rng, ev = p.policy, random.Random(7), _callback(0x5A5A5A5A5A5A5A5)
-        amap = pol.addr_map
-        hdrs = [
-            Header(
-                src=rng.randrange(len(amap.starts["src"])),
-                dst=rng.randrange(len(amap.starts["dst"])),
-                proto=rng.choice((6, 17, 58)),
-                dport=rng.choice((53, 80, 443, 5050, 8080, 1)),
-            )
-            for _ in range(600)
-        ]
-        for a in ("2001:db8:0:5::", "2001:db8:0:6::"):  # the bans' sources, to the address-less rules' ports
-            r = amap.rank("src", int(ipaddress.IPv6Address(a)))
-            hdrs += [Header(src=r, dst=d, proto=6, dport=2000 + i) for i in range(0, 32, 3) for d in range(len(amap.starts["dst"]))]  # fmt: skip
-        k0 = sum(prog.run(h, mark_for(prog, 0, K0_TREE), ev)[0] != reference_verdict(pol, h, ev) for h in hdrs)
-        return len(mismatches(p, "tree", hdrs, ev)) + k0
+        from hypafilter.analysis.program import build_program
+
+        assert build_program(p, "tree", k_base=p.k_base).tree_stats["k0_tree"] == "lazy"
+
+        def bans_to_ports(amap):  # the bans' sources, to the address-less rules' ports
+            out = []
+            for a in ("2001:db8:0:5::", "2001:db8:0:6::"):
+                r = amap.rank("src", int(ipaddress.IPv6Address(a)))
+                out += [Header(src=r, dst=d, proto=6, dport=2000 + i) for i in range(0, 32, 3) for d in range(len(amap.starts["dst"]))]  # fmt: skip
+            return out
+
+        return _tree_wrong(p, bans_to_ports, 600)
 
     assert wrong(lambda: trees.cache_of_json(cache)) == 0
     assert wrong(lambda: {}) == 0

@@ -195,6 +195,22 @@ def _v6_cx(n: int) -> str:
     return V6.replace("-A FORWARD -s fd48:4600::/64", "\n".join(cx) + "\n-A FORWARD -s fd48:4600::/64")
 
 
+def random_headers6(amap, rng, n: int) -> list:
+    """`n` headers of a ranked IPv6 plan (`amap`: its AddrMap): random source and destination ranks, TCP, UDP or
+    ICMPv6, a few ports the test policies name."""
+    from hypafilter.ir import Header
+
+    return [
+        Header(
+            src=rng.randrange(len(amap.starts["src"])),
+            dst=rng.randrange(len(amap.starts["dst"])),
+            proto=rng.choice((6, 17, 58)),
+            dport=rng.choice((53, 80, 443, 5050, 8080, 1)),
+        )
+        for _ in range(n)
+    ]
+
+
 def test_the_tree_strategy_writes_the_ipv6_interval_chains_as_trees_over_128_bit_addresses():
     """Strategy tree on the IPv6 side (issue #26): the long interval chain of an IPv6 plan is a tree cut on the ranks
     of its own 128-bit addresses and written back as IPv6 prefixes and ranges (never a rank, never an IPv4 address);
@@ -203,7 +219,6 @@ def test_the_tree_strategy_writes_the_ipv6_interval_chains_as_trees_over_128_bit
     import random
 
     from hypafilter.analysis.program import build_program
-    from hypafilter.ir import Header
 
     from tests.unit.test_properties import _callback, mismatches
 
@@ -218,16 +233,7 @@ def test_the_tree_strategy_writes_the_ipv6_interval_chains_as_trees_over_128_bit
     assert not re.search(r"\b\d+\.\d+\.\d+\.\d+\b", ch.text), "an IPv4-looking address (a rank?) in the chains"
     assert "-s 2001:db9:0:1::/64 -p udp -m hl --hl-eq 61 -j DROP" in "\n".join(r for v in trees.values() for r in v)
 
-    amap, rng = plan6.policy.addr_map, random.Random(7)
-    hdrs = [
-        Header(
-            src=rng.randrange(len(amap.starts["src"])),
-            dst=rng.randrange(len(amap.starts["dst"])),
-            proto=rng.choice((6, 17, 58)),
-            dport=rng.choice((53, 80, 443, 5050, 8080, 1)),
-        )
-        for _ in range(1500)
-    ]
+    hdrs = random_headers6(plan6.policy.addr_map, random.Random(7), 1500)
     ev = _callback(3)
     prog = build_program(plan6, "tree", k_base=plan6.k_base)
     plan6.__dict__["_programs"] = {("tree", 0xFFFFFFFF, 0, "bridge"): prog}  # hybrid_verdict runs this very program

@@ -226,24 +226,38 @@ def loaded(text: str, where: str) -> None:
         print(json.dumps(row), flush=True)
 
 
-def live(text: str, lab: str, repeats: int, where: str, verify: int = 0) -> None:
-    state = Path(f"/run/hypafilter/{lab}-bench")
-    env = dict(os.environ, HF_LAB=lab, HF_STATE_DIR=str(state))
-    hf = [sys.executable, "-m", "hypafilter"]
+class LiveLab:
+    """The bench's xdp lab `lab` (state in /run/hypafilter/<lab>-bench): hypafilter commands, commands in its
+    firewall namespace, the deployment's history."""
 
-    def run(*args: str) -> str:
-        return subprocess.run(hf + list(args), env=env, check=True, capture_output=True, text=True).stdout
+    def __init__(self, lab: str):
+        self.lab, self.state = lab, Path(f"/run/hypafilter/{lab}-bench")
+        self.env = dict(os.environ, HF_LAB=lab, HF_STATE_DIR=str(self.state))
+        self.cli = [sys.executable, "-m", "hypafilter"]
 
-    def ipt(*args: str) -> str:
-        return subprocess.run(
-            ["ip", "netns", "exec", f"{lab}-fw", *args], check=True, capture_output=True, text=True
-        ).stdout
+    def hf(self, *args: str) -> str:
+        return subprocess.run([*self.cli, *args], env=self.env, check=True, capture_output=True, text=True).stdout
 
-    def history() -> list:
+    def down(self) -> None:
+        """Undeploy, the lab down, its state removed (whatever failed before)."""
+        subprocess.run([*self.cli, "undeploy", "-q"], env=self.env, capture_output=True)
+        subprocess.run([*self.cli, "lab", "down", "--name", self.lab], env=self.env, capture_output=True)
+        shutil.rmtree(self.state, ignore_errors=True)
+
+    def ns(self, *args: str) -> str:
+        argv = ["ip", "netns", "exec", f"{self.lab}-fw", *args]
+        return subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+
+    def history(self) -> list:
         try:
-            return json.loads((state / "state.json").read_text()).get("history") or []
+            return json.loads((self.state / "state.json").read_text()).get("history") or []
         except (OSError, ValueError):
             return []
+
+
+def live(text: str, lab: str, repeats: int, where: str, verify: int = 0) -> None:
+    lab_ = LiveLab(lab)
+    state, run, ipt, history, hf, env = lab_.state, lab_.hf, lab_.ns, lab_.history, lab_.cli, lab_.env
 
     loaded = [0]
 
@@ -308,9 +322,7 @@ def live(text: str, lab: str, repeats: int, where: str, verify: int = 0) -> None
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     finally:
-        subprocess.run(hf + ["undeploy", "-q"], env=env, capture_output=True)
-        subprocess.run(hf + ["lab", "down", "--name", lab], env=env, capture_output=True)
-        shutil.rmtree(state, ignore_errors=True)
+        lab_.down()
     # the first follow runs in the service's new process (started by the deploy): it builds the bases' trees again
     # unless the deployment's tree cache holds them; reported apart from the medians of the follows after it
     later = rows[1:] or rows
@@ -333,23 +345,8 @@ def live6(text: str, lab: str, repeats: int, where: str, verify: int = 0) -> Non
     the tool's IPv6 rules it loaded (`rules_loaded`; a version that does not record it loaded every one: the tool's
     rules in ip6tables after it) and the tool's IPv6 rules; `--verify N`: then `verify --live` with N frames of each
     family, its IPv6 mismatches."""
-    state = Path(f"/run/hypafilter/{lab}-bench")
-    env = dict(os.environ, HF_LAB=lab, HF_STATE_DIR=str(state))
-    hf = [sys.executable, "-m", "hypafilter"]
-
-    def run(*args: str) -> str:
-        return subprocess.run(hf + list(args), env=env, check=True, capture_output=True, text=True).stdout
-
-    def ns(*args: str) -> str:
-        return subprocess.run(
-            ["ip", "netns", "exec", f"{lab}-fw", *args], check=True, capture_output=True, text=True
-        ).stdout
-
-    def history() -> list:
-        try:
-            return json.loads((state / "state.json").read_text()).get("history") or []
-        except (OSError, ValueError):
-            return []
+    lab_ = LiveLab(lab)
+    run, ns, history, hf, env = lab_.hf, lab_.ns, lab_.history, lab_.cli, lab_.env
 
     run("lab", "down", "--name", lab)
     run("lab", "up", "--target", "xdp", "--name", lab)
@@ -398,9 +395,7 @@ def live6(text: str, lab: str, repeats: int, where: str, verify: int = 0) -> Non
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     finally:
-        subprocess.run(hf + ["undeploy", "-q"], env=env, capture_output=True)
-        subprocess.run(hf + ["lab", "down", "--name", lab], env=env, capture_output=True)
-        shutil.rmtree(state, ignore_errors=True)
+        lab_.down()
     if rows:
         print(
             json.dumps({f"{k}_median": statistics.median(r[k] for r in rows) for k in ("duration_s", "rules_loaded")})

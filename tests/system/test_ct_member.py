@@ -273,6 +273,24 @@ def test_notrack_added_after_deploy_is_followed(lab, deployed):
     assert not [d for d in deploy.status()["drift"] if "new flows" in d]
 
 
+def exchange_on_complete_nic(tgt, info: dict, ns: dict, probes: list) -> tuple[dict, dict, dict]:
+    """`probes` sent as verify sends them (both paths, the stacks quiet, the window closed on the NIC's counters) once
+    the NIC's conntrack membership structure is COMPLETE: (what each path delivered, the NIC's counters before, after).
+    Also test_ipv6_flowcache_emu's."""
+    from hypafilter.ops.verify import CounterWindow, exchange, quiet_stacks
+
+    with tgt.client(info) as nic:
+        assert wait_for(lambda: nic.ctm_counters()["complete"], timeout=5), nic.ctm_counters()
+        c0 = nic.counters()
+        with quiet_stacks(ns):
+            window = CounterWindow.of(tgt, info, ns)
+            try:
+                got = exchange(ns, probes, window=window)
+            finally:
+                window.close()
+        return got, c0, nic.counters()
+
+
 def test_a_reply_from_the_same_side_right_after_the_first_frame(lab, deployed):
     """A new flow's first frame and, right behind it on the same wire, a frame of the reverse tuple (the fuzzer's
     policy seed 6, frame seed 610: a SYN 0.0.0.0:0 → 0.0.0.0:123 that `--ctstate NEW` accepted and, three frames
@@ -281,7 +299,7 @@ def test_a_reply_from_the_same_side_right_after_the_first_frame(lab, deployed):
     holds its key: it was ct 3 and dropped as NEW in hardware where the kernel alone delivers it. Now the first frame,
     handed to the host, stamps its key (a shunt stamp), and the second goes to the host unjudged (reason 3, no index).
     Sent as verify sends, both paths, the window closed on counters."""
-    from hypafilter.ops.verify import PROTO_TCP, PROTO_UDP, CounterWindow, Probe, build_frame, exchange, quiet_stacks
+    from hypafilter.ops.verify import PROTO_TCP, PROTO_UDP, Probe, build_frame
 
     state, tgt, sd, udp = deployed
     pairs = []  # (first frame's header, the reverse tuple's): UDP, TCP SYN then SYN/ACK, SYN then RST/ACK
@@ -307,16 +325,7 @@ def test_a_reply_from_the_same_side_right_after_the_first_frame(lab, deployed):
     ns = {"send": lab.ns_send, "recv": lab.ns_recv, "fw": lab.ns_fw, "plain": lab.ns_plain, "nic": lab.ns_nic}
     for role in ("fw", "plain"):
         lab.flush_conntrack(role)
-    with tgt.client(state["nic"]) as nic:
-        assert wait_for(lambda: nic.ctm_counters()["complete"], timeout=5), nic.ctm_counters()
-        c0 = nic.counters()
-        with quiet_stacks(ns):
-            window = CounterWindow.of(tgt, state["nic"], ns)
-            try:
-                got = exchange(ns, probes, window=window)
-            finally:
-                window.close()
-        c1 = nic.counters()
+    got, c0, c1 = exchange_on_complete_nic(tgt, state["nic"], ns, probes)
     replies = [p.uid for p in probes if p.kind == "reply"]
     plain = [u for u in replies if got["plain"].get(u)]
     hybrid = [u for u in replies if got["hybrid"].get(u)]

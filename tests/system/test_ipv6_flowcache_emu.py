@@ -178,10 +178,12 @@ def test_a_reply_right_behind_a_refused_ipv6_first_frame(lab):
     from hypafilter.netfilter import ip6
     from hypafilter.ops import deploy, verify6
     from hypafilter.ops.lab import Lab
-    from hypafilter.ops.verify import DST_MAC, ID_MAC_PREFIX, CounterWindow, Probe, exchange, quiet_stacks
+    from hypafilter.ops.verify import DST_MAC, ID_MAC_PREFIX, Probe
     from scapy.layers.inet import TCP, UDP
     from scapy.layers.inet6 import IPv6, IPv6ExtHdrDestOpt
     from scapy.layers.l2 import Ether
+
+    from tests.system.test_ct_member import exchange_on_complete_nic
 
     (lab / "v6nr.rules").write_text(V6NR)  # the policy entry (DROP) decides ct 3 on the NIC: no REJECT row over it
     hf("deploy", str(lab / "v4.rules"), "--ipv6", str(lab / "v6nr.rules"), "--target", "emu", "-q")
@@ -209,16 +211,7 @@ def test_a_reply_right_behind_a_refused_ipv6_first_frame(lab):
         probes.append(Probe(len(probes) + 1, "first", frame(len(probes) + 1, a, b, first, 4)))
         probes.append(Probe(len(probes) + 1, "reply", frame(len(probes) + 1, b, a, back, 0)))
     tgt = deploy.target_of(st, Config())
-    with tgt.client(st["nic"]) as nic:
-        _wait(lambda: nic.ctm_counters()["complete"], "COMPLETE", timeout=5)
-        c0 = nic.counters()
-        with quiet_stacks(ns):
-            window = CounterWindow.of(tgt, st["nic"], ns)
-            try:
-                got = exchange(ns, probes, window=window)
-            finally:
-                window.close()
-        c1 = nic.counters()
+    got, c0, c1 = exchange_on_complete_nic(tgt, st["nic"], ns, probes)
     firsts = [p.uid for p in probes if p.kind == "first"]
     replies = [p.uid for p in probes if p.kind == "reply"]
     plain = [u for u in replies if got["plain"].get(u)]

@@ -18,6 +18,7 @@ from hypafilter.cli import main
 from conftest import ROOT, TEST_FULL, deployed_lab, ns_sh
 from tests.hfcli import HfCli
 from tests.scratchns import scratch_netns
+from tests.system.test_real_rulesets import chains_with_rules
 
 pytestmark = pytest.mark.system
 
@@ -40,13 +41,7 @@ PAIRS = {p.name.removesuffix("-v6.rules6"): (v4_side(p), p) for p in sorted(REAL
 
 def filled(path: Path) -> set[str]:
     """The built-in chains of the filter table that have rules of their own."""
-    table, found = None, set()
-    for line in path.read_text().splitlines():
-        if line.startswith("*"):
-            table = line[1:].strip()
-        elif table == "filter" and line.startswith("-A "):
-            found.add(line.split()[1])
-    return found
+    return set(chains_with_rules(path))
 
 
 CHAINS = [(name, c) for name, (v4, v6) in PAIRS.items() for c in ("FORWARD", "INPUT") if c in filled(v4) & filled(v6)]

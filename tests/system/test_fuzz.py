@@ -29,7 +29,7 @@ import pytest
 from hypafilter.ops.connections import connections_completed
 from hypafilter.tools.fuzz import counted_rules  # (packets, rule) per rule of a namespace's filter table
 
-from conftest import FULL_RUN, TEST_FULL, need, ns_sh
+from conftest import FULL_RUN, TEST_FULL, full_beyond, need, ns_sh
 
 pytestmark = pytest.mark.system
 
@@ -210,7 +210,7 @@ def xdp_lab():
         shutil.rmtree(state, ignore_errors=True)
 
 
-@pytest.mark.parametrize("seed", [FIRST_SEED, FIRST_SEED + 1])
+@pytest.mark.parametrize("seed", full_beyond([FIRST_SEED, FIRST_SEED + 1]))  # the second: make test-full
 def test_attack_shapes_xdp(xdp_lab, seed):
     """The attack shapes through the xdp target against the kernel, a third of the (mode, strategy) pairs per policy
     (every pair with HF_FUZZ_ALL_PAIRS; tests/system/test_xdp_lab.py runs the frame kinds on every pair): a

@@ -11,7 +11,7 @@ import time
 import pytest
 from hypafilter import netns
 
-from conftest import ROOT
+from conftest import ROOT, TEST_FULL
 from tests.hfcli import HfCli
 
 pytestmark = pytest.mark.system
@@ -22,7 +22,9 @@ FW = f"{LAB}-fw"
 hf = HfCli(LAB, STATE)
 
 
-@pytest.fixture(scope="module", params=["emu", "xdp"])
+# the emulated NIC's run in make test-full: its follow of a ban is in make test through test_policysync_lease[emu],
+# test_lazy_rebuild[emu], test_tree_strategy's live K0 tree on it and test_emu_sets (docs/testing.md)
+@pytest.fixture(scope="module", params=[pytest.param("emu", marks=TEST_FULL), "xdp"])
 def lab(request):
     with hf.deployed_lab(request.param, ROOT / "rulesets" / "example.rules") as target:
         yield target

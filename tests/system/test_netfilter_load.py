@@ -16,7 +16,7 @@ from hypafilter.netfilter.nft import to_nft
 from hypafilter.netfilter.restore import to_iptables_restore
 from hypafilter.tools.classbench import classbench_policy_text
 
-from conftest import ns_sh
+from conftest import full_beyond, ns_sh
 from tests.irbuild import listing1
 from tests.scratchns import scratch_netns
 
@@ -105,7 +105,7 @@ def test_rulesets_load(netns, name):
     _load_all(netns, dict(_policies())[name])
 
 
-@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("deterministic", full_beyond([False, True]))  # the deterministic import: make test-full
 def test_classbench_policy_loads(netns, shared_dir, deterministic):
     _load_all(netns, _classbench(shared_dir, deterministic))
 

@@ -238,6 +238,25 @@ class LiveLab:
     def hf(self, *args: str) -> str:
         return subprocess.run([*self.cli, *args], env=self.env, check=True, capture_output=True, text=True).stdout
 
+    def deploy(self, config: str, v4: str | None, v6: str | None = None) -> float:
+        """The lab brought up afresh (xdp) and `v4` (None: rulesets/example.rules) deployed with `config` (TOML text),
+        `v6` beside it (--ipv6) when given; the deploy's seconds."""
+        self.hf("lab", "down", "--name", self.lab)
+        self.hf("lab", "up", "--target", "xdp", "--name", self.lab)
+        with tempfile.TemporaryDirectory() as tmp:
+            cfg, pol = Path(tmp) / "tree.toml", Path(tmp) / "p.rules"
+            cfg.write_text(config)
+            argv = [str(ROOT / "rulesets" / "example.rules")]
+            if v4 is not None:
+                pol.write_text(v4)
+                argv = [str(pol)]
+            if v6 is not None:
+                (Path(tmp) / "p6.rules").write_text(v6)
+                argv += ["--ipv6", str(Path(tmp) / "p6.rules")]
+            t0 = time.monotonic()
+            self.hf("deploy", *argv, "--config", str(cfg), "-q")
+            return time.monotonic() - t0
+
     def down(self) -> None:
         """Undeploy, the lab down, its state removed (whatever failed before)."""
         subprocess.run([*self.cli, "undeploy", "-q"], env=self.env, capture_output=True)
@@ -257,7 +276,7 @@ class LiveLab:
 
 def live(text: str, lab: str, repeats: int, where: str, verify: int = 0) -> None:
     lab_ = LiveLab(lab)
-    state, run, ipt, history, hf, env = lab_.state, lab_.hf, lab_.ns, lab_.history, lab_.cli, lab_.env
+    state, ipt, history, hf, env = lab_.state, lab_.ns, lab_.history, lab_.cli, lab_.env
 
     loaded = [0]
 
@@ -268,15 +287,9 @@ def live(text: str, lab: str, repeats: int, where: str, verify: int = 0) -> None
         loaded[0] = sum(bool(re.match(r"-A HF\d+_", ln)) for ln in listing.splitlines())
         return {re.sub(r"HF\d+_", "P_", ln) for ln in listing.splitlines() if re.match(r"-A HF\d+_T\d+ ", ln)}
 
-    run("lab", "down", "--name", lab)
-    run("lab", "up", "--target", "xdp", "--name", lab)
     rows = []
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            pol, cfg = Path(tmp) / "p.rules", Path(tmp) / "tree.toml"
-            pol.write_text(text)
-            cfg.write_text('strategy = "tree"\ntarget = "xdp"\n')
-            run("deploy", str(pol), "--config", str(cfg), "-q")
+        lab_.deploy('strategy = "tree"\ntarget = "xdp"\n', text)
         for i in range(repeats):
             for verb in ("-I", "-D"):
                 before, seen = trees(), len(history())
@@ -346,19 +359,12 @@ def live6(text: str, lab: str, repeats: int, where: str, verify: int = 0) -> Non
     rules in ip6tables after it) and the tool's IPv6 rules; `--verify N`: then `verify --live` with N frames of each
     family, its IPv6 mismatches."""
     lab_ = LiveLab(lab)
-    run, ns, history, hf, env = lab_.hf, lab_.ns, lab_.history, lab_.cli, lab_.env
+    ns, history, hf, env = lab_.ns, lab_.history, lab_.cli, lab_.env
 
-    run("lab", "down", "--name", lab)
-    run("lab", "up", "--target", "xdp", "--name", lab)
     rows = []
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            pol, cfg = Path(tmp) / "p6.rules", Path(tmp) / "tree.toml"
-            pol.write_text(as_ipv6(text))
-            cfg.write_text('strategy = "tree"\ntarget = "xdp"\nxdp_ipv6 = true\n')
-            t0 = time.monotonic()
-            run("deploy", str(ROOT / "rulesets" / "example.rules"), "--ipv6", str(pol), "--config", str(cfg), "-q")
-            print(json.dumps({"deploy_s": round(time.monotonic() - t0, 2)}), flush=True)
+        took = lab_.deploy('strategy = "tree"\ntarget = "xdp"\nxdp_ipv6 = true\n', None, as_ipv6(text))
+        print(json.dumps({"deploy_s": round(took, 2)}), flush=True)
         for i in range(repeats):
             for verb in ("-I", "-D"):
                 seen = len(history())
